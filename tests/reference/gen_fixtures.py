@@ -1,0 +1,177 @@
+"""Write forward-parity fixtures for the C implementation.
+
+Usage: /usr/bin/python3 tests/reference/gen_fixtures.py OUTDIR
+
+For each case NAME this writes
+    OUTDIR/parity/NAME/config.json        the config as the C side should read it
+    OUTDIR/parity/NAME/model.safetensors  every parameter, F32, canonical names and order
+    OUTDIR/parity/NAME/io.safetensors     ids, targets (I32 [B,T]), logits (F32 [B,T,V]),
+                                          loss (F32 [1]); metadata pos_offset, B, T
+and OUTDIR/parity/cases.txt with the case names, one per line. Deterministic: each case seeds
+its own generator from its index.
+"""
+
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from model import Config, Model  # noqa: E402
+from safetensors_io import write_safetensors  # noqa: E402
+
+
+def case(name, B, T, pos_offset=0, ignore=False, omit=(), **config):
+    """One parity case. `omit` lists config keys left out of config.json so the C side has to
+    derive them (the generator still uses the finalized values)."""
+    return dict(name=name, B=B, T=T, pos_offset=pos_offset, ignore=ignore, omit=omit,
+                config=config)
+
+
+CASES = [
+    # GPT-2 style: LayerNorm with biases, tanh GELU, learned positions, tied head.
+    case("gpt2", B=2, T=16, ignore=True,
+         vocab_size=96, context_length=16, d_model=64, n_layers=2, n_heads=4,
+         norm="layernorm", bias=True, ffn="gelu_tanh", position="learned", tie_embeddings=True),
+    # Llama style: RMSNorm, SwiGLU, interleaved RoPE, GQA 4q/2kv, untied, continuing at pos 5.
+    case("llama", B=2, T=12, pos_offset=5,
+         vocab_size=128, context_length=32, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
+         norm="rmsnorm", norm_eps=1e-6, ffn="swiglu", position="rope", rope_pairing="interleaved",
+         tie_embeddings=False, bias=False),
+    # Only the required keys: everything else comes from the defaults (d_ff = 192 for d = 64).
+    case("defaults", B=1, T=10,
+         omit=("n_kv_heads", "d_ff", "norm", "norm_eps", "norm_position", "ffn", "position",
+               "rope_theta", "rope_pairing", "tie_embeddings", "bias", "dropout"),
+         vocab_size=80, context_length=24, d_model=64, n_layers=2, n_heads=4),
+    # Multi-query attention (6 query heads share 1 kv head), biases everywhere, exact GELU.
+    case("mqa_bias_gelu", B=2, T=9, pos_offset=7, ignore=True,
+         vocab_size=100, context_length=20, d_model=96, n_layers=1, n_heads=6, n_kv_heads=1,
+         norm="rmsnorm", ffn="gelu", position="rope", rope_pairing="half", bias=True,
+         tie_embeddings=False),
+    # Post-norm (no output_norm), LayerNorm + bias, ReLU, learned positions from pos 3.
+    case("post_layernorm_relu_learned", B=2, T=11, pos_offset=3,
+         vocab_size=70, context_length=24, d_model=48, n_layers=2, n_heads=4,
+         norm="layernorm", norm_position="post", ffn="relu", position="learned", bias=True,
+         tie_embeddings=False),
+    # Post-norm RMSNorm + SwiGLU with biases on the linears only; d_ff not a multiple of 64;
+    # T = context_length.
+    case("post_rmsnorm_swiglu_rope", B=1, T=16,
+         vocab_size=90, context_length=16, d_model=64, n_layers=2, n_heads=2, d_ff=100,
+         norm="rmsnorm", norm_position="post", ffn="swiglu", position="rope",
+         rope_pairing="interleaved", bias=True, tie_embeddings=True),
+    # Sinusoidal positions from pos 4, LayerNorm WITHOUT bias, exact GELU, d_ff defaulted (4d).
+    case("sinusoidal_layernorm_nobias", B=3, T=7, pos_offset=4, omit=("d_ff",),
+         vocab_size=60, context_length=32, d_model=48, n_layers=2, n_heads=3,
+         norm="layernorm", ffn="gelu", position="sinusoidal", bias=False, tie_embeddings=True),
+    # Sinusoidal + post-norm + tanh GELU, T = context_length, untied.
+    case("sinusoidal_post_gelu_tanh", B=2, T=12, ignore=True,
+         vocab_size=50, context_length=12, d_model=32, n_layers=2, n_heads=4,
+         norm="layernorm", norm_position="post", ffn="gelu_tanh", position="sinusoidal",
+         bias=True, tie_embeddings=False),
+    # No positional information at all; GQA 4/2; ReLU; biases.
+    case("nope_gqa_relu", B=2, T=8, ignore=True,
+         vocab_size=110, context_length=16, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
+         norm="rmsnorm", ffn="relu", position="none", bias=True, tie_embeddings=False),
+    # One token at the last position (a decode step without cache), large rope_theta.
+    case("t1_rope_last_pos", B=2, T=1, pos_offset=31,
+         vocab_size=120, context_length=32, d_model=64, n_layers=2, n_heads=4,
+         norm="rmsnorm", ffn="swiglu", position="rope", rope_pairing="half",
+         rope_theta=500000.0, tie_embeddings=True),
+    # One token with learned positions at pos 10.
+    case("t1_learned", B=1, T=1, pos_offset=10,
+         vocab_size=64, context_length=16, d_model=32, n_layers=1, n_heads=2,
+         norm="layernorm", ffn="gelu", position="learned", bias=True, tie_embeddings=True),
+    # One token with sinusoidal positions at pos 9.
+    case("t1_sinusoidal", B=3, T=1, pos_offset=9,
+         vocab_size=72, context_length=12, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
+         norm="rmsnorm", ffn="relu", position="sinusoidal", tie_embeddings=False),
+    # Three layers, MQA with 2 heads, small rope_theta (fast-turning pairs), big norm_eps so a
+    # misplaced eps shows, T = context_length.
+    case("deep3_rope_half", B=2, T=20,
+         vocab_size=150, context_length=20, d_model=32, n_layers=3, n_heads=2, n_kv_heads=1,
+         norm="rmsnorm", norm_eps=1e-2, ffn="swiglu", position="rope", rope_pairing="half",
+         rope_theta=100.0, tie_embeddings=False),
+    # Post-norm with no positions and bias-free LayerNorm; larger vocab.
+    case("post_nope_layernorm", B=2, T=6, pos_offset=2,
+         vocab_size=300, context_length=8, d_model=48, n_layers=1, n_heads=6, n_kv_heads=3,
+         norm="layernorm", norm_position="post", ffn="gelu", position="none", bias=False,
+         tie_embeddings=True),
+]
+
+
+def randomize(model, gen):
+    """Random weights with every gain and bias visibly different from 1 / 0 so that a missing
+    term shows up, while keeping logits around 1..10."""
+    with torch.no_grad():
+        for name, p in model.canonical_params():
+            if name == "token_embd.weight":
+                # Also the LM head when tied: logits ~ N(0, (0.2^2)·d), i.e. std 1.1..2 here.
+                p.copy_(0.2 * torch.randn(p.shape, generator=gen))
+            elif name == "position_embd.weight":
+                p.copy_(0.2 * torch.randn(p.shape, generator=gen))
+            elif name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
+            elif name.endswith(".bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+            else:  # a matrix [out, in]
+                p.copy_(torch.randn(p.shape, generator=gen) / p.shape[1] ** 0.5)
+
+
+def make_case(c, index):
+    """Build the model and inputs for case `c`; returns (cfg, config_json_dict, model, ids,
+    targets)."""
+    cfg = Config.from_dict(dict(c["config"]))
+    written = {k: v for k, v in cfg.to_dict().items() if k not in c["omit"]}
+    torch.manual_seed(1000 + index)
+    gen = torch.Generator().manual_seed(1000 + index)
+    model = Model(cfg)
+    randomize(model, gen)
+    model.eval()
+    B, T = c["B"], c["T"]
+    ids = torch.randint(0, cfg.vocab_size, (B, T), generator=gen)
+    targets = torch.randint(0, cfg.vocab_size, (B, T), generator=gen)
+    if c["ignore"]:
+        # Ignore a few positions, including a first and a last one, but never a whole batch.
+        flat = targets.view(-1)
+        flat[0] = -1
+        flat[-1] = -1
+        flat[(B * T) // 2] = -1
+    return cfg, written, model, ids, targets
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit("usage: gen_fixtures.py OUTDIR")
+    torch.set_num_threads(1)
+    root = os.path.join(sys.argv[1], "parity")
+    os.makedirs(root, exist_ok=True)
+    t0 = time.time()
+    names = []
+    for index, c in enumerate(CASES):
+        cfg, written, model, ids, targets = make_case(c, index)
+        with torch.no_grad():
+            logits, loss = model(ids, pos_offset=c["pos_offset"], targets=targets)
+        d = os.path.join(root, c["name"])
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(written, f, indent=2)
+            f.write("\n")
+        write_safetensors(os.path.join(d, "model.safetensors"),
+                          [(n, t.float()) for n, t in model.state_dict_canonical().items()])
+        write_safetensors(
+            os.path.join(d, "io.safetensors"),
+            [("ids", ids.to(torch.int32)), ("targets", targets.to(torch.int32)),
+             ("logits", logits.float()), ("loss", loss.reshape(1).float())],
+            metadata={"pos_offset": str(c["pos_offset"]), "B": str(c["B"]), "T": str(c["T"])})
+        names.append(c["name"])
+        print(f"{c['name']:30s} B={c['B']} T={c['T']:2d} pos={c['pos_offset']:2d} "
+              f"max|logits|={logits.abs().max().item():7.3f} loss={loss.item():.4f}")
+    with open(os.path.join(root, "cases.txt"), "w") as f:
+        f.write("".join(n + "\n" for n in names))
+    print(f"{len(names)} cases written to {root} in {time.time() - t0:.2f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,498 @@
+"""Plain-PyTorch reference for tlm's decoder-only Transformer.
+
+Written for clarity, not speed: every op is spelled out (no fused attention, no F.layer_norm, no
+F.gelu) so it can be read side by side with the C kernels. The config semantics, parameter names
+and parameter order match the C side (see /work/shared/DESIGN.md and tests/reference/README.md).
+
+Run with Debian's PyTorch: /usr/bin/python3.
+"""
+
+import json
+import math
+from collections import OrderedDict
+from dataclasses import dataclass, fields
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+torch.set_default_dtype(torch.float32)
+
+NORMS = ("rmsnorm", "layernorm")
+NORM_POSITIONS = ("pre", "post")
+FFNS = ("swiglu", "gelu", "gelu_tanh", "relu")
+POSITIONS = ("rope", "learned", "sinusoidal", "none")
+ROPE_PAIRINGS = ("half", "interleaved")
+
+
+# ----------------------------------------------------------------------------------------------
+# Config
+# ----------------------------------------------------------------------------------------------
+
+
+def default_d_ff(d_model, ffn):
+    """swiglu: ceil(8*d/3) rounded up to a multiple of 64 (keeps the parameter count close to a
+    4*d GELU FFN with 3 matrices instead of 2). Others: 4*d. Integer arithmetic only."""
+    if ffn == "swiglu":
+        ceil_8d_3 = (8 * d_model + 2) // 3
+        return (ceil_8d_3 + 63) // 64 * 64
+    return 4 * d_model
+
+
+@dataclass
+class Config:
+    vocab_size: int = 0
+    context_length: int = 0
+    d_model: int = 0
+    n_layers: int = 0
+    n_heads: int = 0
+    n_kv_heads: Optional[int] = None  # None -> n_heads
+    d_ff: Optional[int] = None  # None -> default_d_ff(d_model, ffn)
+    norm: str = "rmsnorm"
+    norm_eps: float = 1e-5
+    norm_position: str = "pre"
+    ffn: str = "swiglu"
+    position: str = "rope"
+    rope_theta: float = 10000.0
+    rope_pairing: str = "half"
+    tie_embeddings: bool = True
+    bias: bool = False
+    dropout: float = 0.0
+
+    @classmethod
+    def from_dict(cls, d):
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown config keys: {', '.join(unknown)}")
+        required = ("vocab_size", "context_length", "d_model", "n_layers", "n_heads")
+        missing = [k for k in required if k not in d]
+        if missing:
+            raise ValueError(f"missing config keys: {', '.join(missing)}")
+        return cls(**d).finalize()
+
+    @classmethod
+    def from_json(cls, path_or_text):
+        """Accepts a path to a JSON file or the JSON text itself."""
+        text = path_or_text
+        if not path_or_text.lstrip().startswith("{"):
+            with open(path_or_text) as f:
+                text = f.read()
+        return cls.from_dict(json.loads(text))
+
+    def finalize(self):
+        """Fill derived defaults and validate; returns self."""
+        if self.n_kv_heads is None:
+            self.n_kv_heads = self.n_heads
+        if self.d_ff is None:
+            self.d_ff = default_d_ff(self.d_model, self.ffn)
+        for name in ("vocab_size", "context_length", "d_model", "n_layers", "n_heads",
+                     "n_kv_heads", "d_ff"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        for name, allowed in (("norm", NORMS), ("norm_position", NORM_POSITIONS), ("ffn", FFNS),
+                              ("position", POSITIONS), ("rope_pairing", ROPE_PAIRINGS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        for name in ("tie_embeddings", "bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false")
+        if self.d_model % self.n_heads:
+            raise ValueError("d_model must be divisible by n_heads")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError("n_heads must be divisible by n_kv_heads")
+        if self.position == "rope" and self.head_dim % 2:
+            raise ValueError("rope needs an even head_dim")
+        if not self.norm_eps > 0 or not self.rope_theta > 0:
+            raise ValueError("norm_eps and rope_theta must be > 0")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError("dropout must be in [0, 1)")
+        self.norm_eps = float(self.norm_eps)
+        self.rope_theta = float(self.rope_theta)
+        self.dropout = float(self.dropout)
+        return self
+
+    @property
+    def head_dim(self):
+        return self.d_model // self.n_heads
+
+    def to_dict(self):
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def tensor_schema(cfg):
+    """Canonical (name, shape) list, in canonical order. The single source of truth here too."""
+    d, hd, V = cfg.d_model, cfg.head_dim, cfg.vocab_size
+    layernorm_bias = cfg.norm == "layernorm" and cfg.bias
+    out = [("token_embd.weight", (V, d))]
+    if cfg.position == "learned":
+        out.append(("position_embd.weight", (cfg.context_length, d)))
+
+    def linear(name, n_out, n_in):
+        out.append((name + ".weight", (n_out, n_in)))
+        if cfg.bias:
+            out.append((name + ".bias", (n_out,)))
+
+    def norm(name):
+        out.append((name + ".weight", (d,)))
+        if layernorm_bias:
+            out.append((name + ".bias", (d,)))
+
+    for l in range(cfg.n_layers):
+        p = f"blk.{l}."
+        norm(p + "attn_norm")
+        linear(p + "attn_q", cfg.n_heads * hd, d)
+        linear(p + "attn_k", cfg.n_kv_heads * hd, d)
+        linear(p + "attn_v", cfg.n_kv_heads * hd, d)
+        linear(p + "attn_output", d, d)
+        norm(p + "ffn_norm")
+        if cfg.ffn == "swiglu":
+            linear(p + "ffn_gate", cfg.d_ff, d)
+        linear(p + "ffn_up", cfg.d_ff, d)
+        linear(p + "ffn_down", d, cfg.d_ff)
+    if cfg.norm_position == "pre":
+        norm("output_norm")
+    if not cfg.tie_embeddings:
+        out.append(("output.weight", (V, d)))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Building blocks
+# ----------------------------------------------------------------------------------------------
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        # eps inside the sqrt, as in the C kernel.
+        return x / torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps) * self.weight
+
+
+class LayerNorm(nn.Module):
+    def __init__(self, d, eps, bias):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))
+        self.bias = nn.Parameter(torch.zeros(d)) if bias else None
+
+    def forward(self, x):
+        mean = x.mean(dim=-1, keepdim=True)
+        var = (x - mean).pow(2).mean(dim=-1, keepdim=True)  # biased variance
+        y = (x - mean) / torch.sqrt(var + self.eps) * self.weight
+        return y + self.bias if self.bias is not None else y
+
+
+def make_norm(cfg):
+    if cfg.norm == "rmsnorm":
+        return RMSNorm(cfg.d_model, cfg.norm_eps)
+    return LayerNorm(cfg.d_model, cfg.norm_eps, cfg.bias)
+
+
+def gelu_erf(x):
+    return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x.pow(3))))
+
+
+def silu(x):
+    return x * torch.sigmoid(x)
+
+
+def rope_cos_sin(head_dim, theta, positions):
+    """cos/sin tables [T, head_dim/2] for the given absolute positions. Angles are computed in
+    float64 (like the C side's table) and only the final cos/sin are cast to float32."""
+    i = torch.arange(head_dim // 2, dtype=torch.float64)
+    freq = theta ** (-2.0 * i / head_dim)
+    angle = positions.to(torch.float64)[:, None] * freq[None, :]
+    return torch.cos(angle).float(), torch.sin(angle).float()
+
+
+def apply_rope(x, cos, sin, pairing):
+    """x: [B, T, heads, hd]; cos/sin: [T, hd/2]. Rotates each pair (a, b) by the angle."""
+    cos = cos.to(x.dtype)[None, :, None, :]  # .to(): lets a float64 copy of the model run too
+    sin = sin.to(x.dtype)[None, :, None, :]
+    hd = x.shape[-1]
+    if pairing == "half":
+        a, b = x[..., : hd // 2], x[..., hd // 2:]
+        return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
+    a, b = x[..., 0::2], x[..., 1::2]  # interleaved: (x[2i], x[2i+1])
+    return torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)
+
+
+def sinusoidal_table(n_pos, d):
+    """PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(same); float64 then float32."""
+    p = torch.arange(n_pos, dtype=torch.float64)[:, None]
+    j = torch.arange(d)
+    pair = (j // 2).to(torch.float64)  # i for both columns 2i and 2i+1
+    angle = p / (10000.0 ** (2.0 * pair / d))[None, :]
+    pe = torch.where(j[None, :] % 2 == 0, torch.sin(angle), torch.cos(angle))
+    return pe.float()
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        hd = cfg.head_dim
+        self.q = nn.Linear(cfg.d_model, cfg.n_heads * hd, bias=cfg.bias)
+        self.k = nn.Linear(cfg.d_model, cfg.n_kv_heads * hd, bias=cfg.bias)
+        self.v = nn.Linear(cfg.d_model, cfg.n_kv_heads * hd, bias=cfg.bias)
+        self.o = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+
+    def forward(self, x, cos, sin, cache=None, rec=None):
+        """x: [B, T, d]. cache: None, or a dict this layer keeps its post-RoPE k and v in
+        ({"k": [B, S, KVH, hd], "v": ...}); new keys are appended so the next call attends to
+        them (the KV-cache path used by incremental-decoding tests)."""
+        cfg = self.cfg
+        B, T, _ = x.shape
+        H, KVH, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        q = self.q(x).view(B, T, H, hd)
+        k = self.k(x).view(B, T, KVH, hd)
+        v = self.v(x).view(B, T, KVH, hd)
+        if cos is not None:
+            q = apply_rope(q, cos, sin, cfg.rope_pairing)
+            k = apply_rope(k, cos, sin, cfg.rope_pairing)
+        past = 0
+        if cache is not None:
+            if "k" in cache:
+                past = cache["k"].shape[1]
+                k = torch.cat([cache["k"], k], dim=1)
+                v = torch.cat([cache["v"], v], dim=1)
+            cache["k"], cache["v"] = k, v
+        S = k.shape[1]
+        # Query head h reads kv head h // group: repeat each kv head `group` times in a row.
+        group = H // KVH
+        k_rep = k.repeat_interleave(group, dim=2)
+        v_rep = v.repeat_interleave(group, dim=2)
+        # [B, heads, T, hd] for batched matmul over (batch, head).
+        qh, kh, vh = q.transpose(1, 2), k_rep.transpose(1, 2), v_rep.transpose(1, 2)
+        scores = qh @ kh.transpose(-1, -2) / math.sqrt(hd)  # [B, H, T, S]
+        # Query t (at cache index past + t) sees keys 0 .. past + t.
+        qi = torch.arange(T)[:, None] + past
+        kj = torch.arange(S)[None, :]
+        scores = scores.masked_fill(kj > qi, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        probs = F.dropout(probs, cfg.dropout, self.training)
+        out = (probs @ vh).transpose(1, 2).reshape(B, T, H * hd)  # concat heads
+        out = self.o(out)
+        if rec is not None:
+            rec.update(q=q, k=k, v=v, attn_probs=probs, attn_heads=out)
+        return out
+
+
+class FFN(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.kind = cfg.ffn
+        self.gate = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias) if cfg.ffn == "swiglu" else None
+        self.up = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
+        self.down = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
+
+    def forward(self, x, rec=None):
+        if self.kind == "swiglu":
+            h = silu(self.gate(x)) * self.up(x)
+        elif self.kind == "gelu":
+            h = gelu_erf(self.up(x))
+        elif self.kind == "gelu_tanh":
+            h = gelu_tanh(self.up(x))
+        else:
+            h = torch.relu(self.up(x))
+        if rec is not None:
+            rec["ffn_hidden"] = h
+        return self.down(h)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        self.attn_norm = make_norm(cfg)
+        self.attn = Attention(cfg)
+        self.ffn_norm = make_norm(cfg)
+        self.ffn = FFN(cfg)
+
+    def forward(self, x, cos, sin, cache=None, rec=None):
+        p, train = self.cfg.dropout, self.training
+        if self.cfg.norm_position == "pre":
+            a = F.dropout(self.attn(self.attn_norm(x), cos, sin, cache, rec), p, train)
+            x = x + a
+            if rec is not None:
+                rec["attn_out"], rec["resid_attn"] = a, x
+            f = F.dropout(self.ffn(self.ffn_norm(x), rec), p, train)
+            x = x + f
+        else:  # post-norm: normalise after each residual add
+            a = F.dropout(self.attn(x, cos, sin, cache, rec), p, train)
+            x = self.attn_norm(x + a)
+            if rec is not None:
+                rec["attn_out"], rec["resid_attn"] = a, x
+            f = F.dropout(self.ffn(x, rec), p, train)
+            x = self.ffn_norm(x + f)
+        if rec is not None:
+            rec["ffn_out"], rec["out"] = f, x
+        return x
+
+
+# ----------------------------------------------------------------------------------------------
+# Model
+# ----------------------------------------------------------------------------------------------
+
+
+class Model(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        if isinstance(cfg, dict):
+            cfg = Config.from_dict(cfg)
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_emb = (nn.Embedding(cfg.context_length, cfg.d_model)
+                        if cfg.position == "learned" else None)
+        if cfg.position == "sinusoidal":
+            # Fixed table, not a parameter (and not in the canonical state dict).
+            self.register_buffer("pe", sinusoidal_table(cfg.context_length, cfg.d_model),
+                                 persistent=False)
+        self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layers)])
+        self.output_norm = make_norm(cfg) if cfg.norm_position == "pre" else None
+        self.output = (None if cfg.tie_embeddings
+                       else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False))
+        # Set `record = True` to keep every intermediate of the last forward in `self.acts`
+        # (names like "embed", "blk.0.q", "blk.0.attn_probs", "blk.1.out", "final_norm").
+        self.record = False
+        self.acts = {}
+        self.init_weights()
+
+    def init_weights(self, std=0.02, generator=None):
+        """Simple GPT-2-like init (the C side has its own; parity tests load explicit weights)."""
+        for name, p in self.canonical_params():
+            with torch.no_grad():
+                if name.endswith("norm.weight"):
+                    p.fill_(1.0)
+                elif name.endswith(".bias"):
+                    p.zero_()
+                else:
+                    p.normal_(0.0, std, generator=generator)
+
+    # --- canonical names ---------------------------------------------------------------------
+
+    def canonical_params(self):
+        """(canonical name, Parameter) in canonical order."""
+        out = [("token_embd.weight", self.tok_emb.weight)]
+        if self.pos_emb is not None:
+            out.append(("position_embd.weight", self.pos_emb.weight))
+
+        def add(name, module):
+            out.append((name + ".weight", module.weight))
+            if getattr(module, "bias", None) is not None:
+                out.append((name + ".bias", module.bias))
+
+        for l, blk in enumerate(self.blocks):
+            p = f"blk.{l}."
+            add(p + "attn_norm", blk.attn_norm)
+            add(p + "attn_q", blk.attn.q)
+            add(p + "attn_k", blk.attn.k)
+            add(p + "attn_v", blk.attn.v)
+            add(p + "attn_output", blk.attn.o)
+            add(p + "ffn_norm", blk.ffn_norm)
+            if blk.ffn.gate is not None:
+                add(p + "ffn_gate", blk.ffn.gate)
+            add(p + "ffn_up", blk.ffn.up)
+            add(p + "ffn_down", blk.ffn.down)
+        if self.output_norm is not None:
+            add("output_norm", self.output_norm)
+        if self.output is not None:
+            add("output", self.output)
+        # Guard: the module tree and the schema must agree on names, order and shapes.
+        got = [(n, tuple(t.shape)) for n, t in out]
+        assert got == tensor_schema(self.cfg), "canonical_params disagrees with tensor_schema"
+        return out
+
+    def canonical_grads(self):
+        """OrderedDict canonical name -> gradient (None where no gradient was computed)."""
+        return OrderedDict((n, None if p.grad is None else p.grad.detach().clone())
+                           for n, p in self.canonical_params())
+
+    def state_dict_canonical(self):
+        return OrderedDict((n, p.detach().clone()) for n, p in self.canonical_params())
+
+    def load_canonical(self, tensors):
+        """Load from {canonical name: tensor or numpy array}. Names and shapes must match exactly."""
+        params = self.canonical_params()
+        expected = {n for n, _ in params}
+        missing, extra = expected - set(tensors), set(tensors) - expected
+        if missing or extra:
+            raise KeyError(f"missing {sorted(missing)}, unexpected {sorted(extra)}")
+        with torch.no_grad():
+            for name, p in params:
+                t = torch.as_tensor(tensors[name])
+                if tuple(t.shape) != tuple(p.shape):
+                    raise ValueError(f"{name}: shape {tuple(t.shape)} != {tuple(p.shape)}")
+                p.copy_(t.to(p.dtype))
+
+    # --- forward -----------------------------------------------------------------------------
+
+    def forward(self, ids, pos_offset=0, targets=None, cache=None):
+        """ids: [B, T] int. Tokens sit at absolute positions pos_offset .. pos_offset+T-1.
+        cache: optional list with one dict per layer (start with [{} for each layer]); keys and
+        values are appended so a later call with pos_offset = tokens so far continues the sequence.
+        Returns (logits [B, T, V], loss or None)."""
+        cfg = self.cfg
+        B, T = ids.shape
+        if pos_offset < 0 or pos_offset + T > cfg.context_length:
+            raise ValueError(f"positions {pos_offset}..{pos_offset + T - 1} exceed context_length")
+        rec = {} if self.record else None
+        positions = torch.arange(pos_offset, pos_offset + T)
+
+        x = self.tok_emb(ids)  # no scaling
+        if cfg.position == "learned":
+            x = x + self.pos_emb(positions)[None]
+        elif cfg.position == "sinusoidal":
+            x = x + self.pe[positions][None]
+        x = F.dropout(x, cfg.dropout, self.training)
+        if rec is not None:
+            rec["embed"] = x
+
+        cos = sin = None
+        if cfg.position == "rope":
+            cos, sin = rope_cos_sin(cfg.head_dim, cfg.rope_theta, positions)
+
+        for l, blk in enumerate(self.blocks):
+            r = {} if rec is not None else None
+            x = blk(x, cos, sin, None if cache is None else cache[l], r)
+            if rec is not None:
+                rec.update({f"blk.{l}.{k}": v for k, v in r.items()})
+
+        if self.output_norm is not None:
+            x = self.output_norm(x)
+        if rec is not None:
+            rec["final_norm"] = x
+        w = self.tok_emb.weight if cfg.tie_embeddings else self.output.weight
+        logits = x @ w.t()  # LM head never has a bias
+        if rec is not None:
+            rec["logits"] = logits
+            self.acts = rec
+
+        loss = None
+        if targets is not None:
+            loss = cross_entropy(logits, targets)
+        return logits, loss
+
+
+def cross_entropy(logits, targets):
+    """Mean over positions with target >= 0 (negatives are ignored). With no valid position the
+    loss is 0 (a sum over nothing divided by max(count, 1)) rather than NaN."""
+    V = logits.shape[-1]
+    logits = logits.reshape(-1, V)
+    targets = targets.reshape(-1).long()
+    valid = targets >= 0
+    logp = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
+    picked = logp.gather(1, targets.clamp(min=0)[:, None])[:, 0]
+    nll = -(picked * valid.to(logp.dtype)).sum()
+    return nll / valid.sum().clamp(min=1).to(logp.dtype)
