@@ -1,0 +1,288 @@
+/* tlm: a decoder-only Transformer language model in C.
+ *
+ * Public API. Every fallible call returns a tlm_status; on failure a one-line message naming the
+ * problem is available from tlm_last_error() (per thread). The library never prints or exits. */
+#ifndef TLM_H
+#define TLM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TLM_VERSION "0.1.0"
+
+/* ---- errors ------------------------------------------------------------------------------- */
+
+typedef enum {
+    TLM_OK = 0,
+    TLM_ERR_ARG,         /* invalid argument (shape, range, null) */
+    TLM_ERR_CONFIG,      /* impossible or malformed config */
+    TLM_ERR_IO,          /* file could not be opened, read or written */
+    TLM_ERR_FORMAT,      /* malformed or unsupported file content */
+    TLM_ERR_NOMEM,       /* allocation failed */
+    TLM_ERR_RANGE,       /* id or index out of range */
+    TLM_ERR_UNSUPPORTED, /* valid request that this build does not support */
+    TLM_ERR_NUMERIC,     /* NaN or Inf where a finite number was needed */
+    TLM_ERR_INTERRUPTED, /* stopped on request (signal, callback) */
+} tlm_status;
+
+/* Message of the last failed call on this thread ("" if none). */
+const char *tlm_last_error(void);
+/* Short name of a status code, e.g. "config error". */
+const char *tlm_status_name(tlm_status s);
+
+/* ---- runtime ------------------------------------------------------------------------------ */
+
+/* Sets the thread count for both OpenMP loops and BLAS; n <= 0 means all cores. */
+void tlm_set_threads(int n);
+int tlm_get_threads(void);
+
+/* ---- config ------------------------------------------------------------------------------- */
+
+typedef enum { TLM_NORM_RMSNORM = 0, TLM_NORM_LAYERNORM } tlm_norm_kind;
+typedef enum { TLM_NORM_PRE = 0, TLM_NORM_POST } tlm_norm_position;
+typedef enum { TLM_FFN_SWIGLU = 0, TLM_FFN_GELU, TLM_FFN_GELU_TANH, TLM_FFN_RELU } tlm_ffn_kind;
+typedef enum {
+    TLM_POS_ROPE = 0,
+    TLM_POS_LEARNED,
+    TLM_POS_SINUSOIDAL,
+    TLM_POS_NONE
+} tlm_position_kind;
+/* half: x[i] rotates with x[i + d/2] (Hugging Face); interleaved: x[2i] with x[2i+1] (llama2.c,
+ * GGUF, Meta's original). */
+typedef enum { TLM_ROPE_HALF = 0, TLM_ROPE_INTERLEAVED } tlm_rope_pairing;
+
+typedef struct {
+    int vocab_size;
+    int context_length;
+    int d_model;
+    int n_layers;
+    int n_heads;
+    int n_kv_heads; /* 0 = n_heads */
+    int d_ff;       /* 0 = derived: swiglu 8/3*d rounded up to 64, else 4*d */
+    tlm_norm_kind norm;
+    float norm_eps;
+    tlm_norm_position norm_position;
+    tlm_ffn_kind ffn;
+    tlm_position_kind position;
+    float rope_theta;
+    tlm_rope_pairing rope_pairing;
+    int tie_embeddings; /* 0/1 */
+    int bias;           /* 0/1: biases on every Linear (not the LM head) and on LayerNorm */
+    float dropout;
+} tlm_config;
+
+/* The modern defaults (pre-norm, rmsnorm, swiglu, rope, tied, no bias) with a small size. */
+void tlm_config_default(tlm_config *c);
+/* Fills derived fields (n_kv_heads, d_ff when 0) and validates; clear error otherwise. */
+tlm_status tlm_config_finalize(tlm_config *c);
+/* Parses JSON text: keys are the field names; unknown keys or enum values are errors. Fields not
+ * given keep the defaults. The result is finalized. */
+tlm_status tlm_config_from_json(const char *json, tlm_config *c);
+tlm_status tlm_config_load(const char *path, tlm_config *c);
+/* JSON text of every field (malloc'd; free with free()). NULL on allocation failure. */
+char *tlm_config_to_json(const tlm_config *c);
+tlm_status tlm_config_save(const tlm_config *c, const char *path);
+
+const char *tlm_norm_name(tlm_norm_kind k);
+const char *tlm_norm_position_name(tlm_norm_position k);
+const char *tlm_ffn_name(tlm_ffn_kind k);
+const char *tlm_position_name(tlm_position_kind k);
+const char *tlm_rope_pairing_name(tlm_rope_pairing k);
+
+/* ---- tensor schema ------------------------------------------------------------------------ */
+
+typedef enum {
+    TLM_COMP_EMBEDDING = 0, /* token embedding */
+    TLM_COMP_POSITION,      /* learned position table */
+    TLM_COMP_ATTN_NORM,
+    TLM_COMP_ATTN,
+    TLM_COMP_FFN_NORM,
+    TLM_COMP_FFN,
+    TLM_COMP_OUTPUT_NORM,
+    TLM_COMP_OUTPUT, /* untied LM head */
+    TLM_COMP_COUNT
+} tlm_component;
+
+#define TLM_NAME_MAX 64
+
+typedef struct {
+    char name[TLM_NAME_MAX]; /* canonical GGUF-style name, e.g. "blk.3.attn_q.weight" */
+    int ndim;                /* 1 or 2 */
+    int64_t shape[2];        /* PyTorch order: [out, in] for matrices */
+    size_t offset;           /* in floats, into the flat parameter buffer */
+    size_t numel;
+    int layer;               /* block index, -1 outside blocks */
+    tlm_component component;
+    int decay;     /* AdamW weight decay applies (matrices, embeddings) */
+    int embedding; /* excluded from the non-embedding count */
+} tlm_tensor_info;
+
+/* Enumerates every tensor of a (finalized) config. Writes up to cap entries into out (may be NULL)
+ * and returns the total number of tensors; *n_params receives the total float count. */
+int tlm_schema(const tlm_config *c, tlm_tensor_info *out, int cap, size_t *n_params);
+const char *tlm_component_name(tlm_component k);
+
+typedef struct {
+    size_t total;
+    size_t non_embedding;
+    size_t per_component[TLM_COMP_COUNT];
+} tlm_param_count;
+
+void tlm_count_params(const tlm_config *c, tlm_param_count *out);
+
+/* ---- model -------------------------------------------------------------------------------- */
+
+typedef struct tlm_model tlm_model;
+
+typedef enum {
+    TLM_INIT_DEFAULT = 0, /* Linear: trunc normal var 2/(fan_in+fan_out), cut 3 sigma; embeddings
+                             trunc N(0,1) cut at 3; gains 1, biases 0 */
+    TLM_INIT_GPT2         /* N(0, 0.02); block output projections / sqrt(2 n_layers) */
+} tlm_init_scheme;
+
+/* Creates a model with zeroed parameters. The config is finalized (copied). */
+tlm_status tlm_model_create(const tlm_config *c, tlm_model **out);
+void tlm_model_free(tlm_model *m);
+const tlm_config *tlm_model_config(const tlm_model *m);
+/* The flat parameter buffer and its length in floats. */
+float *tlm_model_params(tlm_model *m);
+size_t tlm_model_num_params(const tlm_model *m);
+/* The schema entries of this model (owned by the model) and their number. */
+const tlm_tensor_info *tlm_model_tensors(const tlm_model *m, int *n);
+/* Finds a tensor by canonical name; NULL if absent. */
+const tlm_tensor_info *tlm_model_find(const tlm_model *m, const char *name);
+tlm_status tlm_model_init(tlm_model *m, uint64_t seed, tlm_init_scheme scheme);
+
+/* Reserves the activation arena for batches up to B x T so that later forward calls of that size
+ * never allocate. Called implicitly by tlm_forward when needed. */
+tlm_status tlm_model_reserve(tlm_model *m, int B, int T);
+
+typedef struct {
+    const int32_t *targets; /* [B*T] or NULL; negative targets are ignored in the loss */
+    int pos_offset;         /* position of the first token (KV cache continuation) */
+    int want_probs;         /* also compute softmax probabilities */
+} tlm_forward_opts;
+
+typedef struct {
+    const float *logits; /* [B, T, V], owned by the model, valid until the next call */
+    const float *probs;  /* [B, T, V] if want_probs, else NULL */
+    float loss;          /* mean cross-entropy over counted targets, or NAN without targets */
+} tlm_forward_out;
+
+/* Forward pass over ids [B, T] (row-major). opts may be NULL. */
+tlm_status tlm_forward(tlm_model *m, const int32_t *ids, int B, int T, const tlm_forward_opts *opts,
+                       tlm_forward_out *out);
+
+/* ---- safetensors (tlm checkpoints and test fixtures) --------------------------------------- */
+
+/* Writes every tensor of the model as F32 plus the config under __metadata__ "tlm_config". Writes
+ * to a temporary file and renames it into place. */
+tlm_status tlm_model_save_safetensors(const tlm_model *m, const char *path);
+/* Loads parameters by canonical name into a model whose config matches; every schema tensor must
+ * be present with the right shape. */
+tlm_status tlm_model_load_safetensors(tlm_model *m, const char *path);
+
+/* ---- tokenizer ---------------------------------------------------------------------------- */
+
+/* One interface over every vocabulary kind: byte-level BPE (GPT-2 encoder.json + vocab.bpe, GGUF
+ * `gpt2`, tlm-trained), SentencePiece-style (llama2.c tokenizer.bin, GGUF `llama`) and char-level.
+ * Ids are int32. Decoding is lossless: decode(encode(x)) == x for any byte string (for vocabularies
+ * that can represent every byte, which all but char-level can). */
+typedef struct tlm_tokenizer tlm_tokenizer;
+
+typedef enum {
+    TLM_TOKENIZER_BPE = 0, /* byte-level BPE, GPT-2 pre-tokenization, merges by rank */
+    TLM_TOKENIZER_SPM,     /* scores, best-score merges, byte fallback, dummy-prefix space */
+    TLM_TOKENIZER_CHAR     /* one id per distinct character of the training text */
+} tlm_tokenizer_kind;
+
+/* Encode flags. */
+#define TLM_ENCODE_ALLOW_SPECIAL 1u /* special tokens in the text are encoded atomically (longest
+                                       match wins); otherwise they are plain text */
+#define TLM_ENCODE_ADD_BOS 2u       /* prepend BOS (error if the vocabulary has none) */
+#define TLM_ENCODE_ADD_EOS 4u       /* append EOS (error if the vocabulary has none) */
+/* Decode flags. */
+#define TLM_DECODE_SKIP_SPECIAL 1u /* special tokens (BOS, EOS, <|endoftext|> ...) produce nothing */
+
+/* Largest text tlm_tokenizer_encode accepts, in bytes. */
+#define TLM_TOKENIZER_MAX_INPUT ((size_t)0x7FFFFFFF)
+
+/* Loads TOKENIZER, detecting its kind: a llama2.c tokenizer.bin, a .gguf with a vocabulary, a
+ * directory with encoder.json + vocab.bpe (GPT-2 or tlm-trained BPE), a tlm tokenizer directory
+ * (tokenizer.json), or a tokenizer.json / encoder.json / vocab.bpe file inside such a directory. */
+tlm_status tlm_tokenizer_load(const char *path, tlm_tokenizer **out);
+/* Loads GPT-2's pair of files given separately. */
+tlm_status tlm_tokenizer_load_gpt2(const char *encoder_json, const char *vocab_bpe,
+                                   tlm_tokenizer **out);
+void tlm_tokenizer_free(tlm_tokenizer *t);
+
+tlm_tokenizer_kind tlm_tokenizer_get_kind(const tlm_tokenizer *t);
+const char *tlm_tokenizer_kind_name(tlm_tokenizer_kind k);
+int32_t tlm_tokenizer_vocab_size(const tlm_tokenizer *t);
+/* Special ids, -1 when the vocabulary has none. */
+int32_t tlm_tokenizer_bos(const tlm_tokenizer *t);
+int32_t tlm_tokenizer_eos(const tlm_tokenizer *t);
+/* 1 if id is a special (control) token. */
+int tlm_tokenizer_is_special(const tlm_tokenizer *t, int32_t id);
+/* The bytes token id stands for (byte-fallback tokens give their byte; specials their text).
+ * Points into the tokenizer. TLM_ERR_RANGE for an unknown id. */
+tlm_status tlm_tokenizer_piece(const tlm_tokenizer *t, int32_t id, const char **bytes,
+                               size_t *len);
+/* Id whose piece is exactly these bytes (specials included), or -1. */
+int32_t tlm_tokenizer_find(const tlm_tokenizer *t, const void *bytes, size_t len);
+/* Longest piece in bytes. */
+size_t tlm_tokenizer_max_piece(const tlm_tokenizer *t);
+
+/* Encodes len bytes into *ids (malloc'd, free with free(); NULL when *n is 0). */
+tlm_status tlm_tokenizer_encode(const tlm_tokenizer *t, const void *text, size_t len,
+                                unsigned flags, int32_t **ids, size_t *n);
+/* Decodes ids into *text (malloc'd, NUL-terminated, *len excludes the NUL). SentencePiece-style
+ * vocabularies drop the dummy-prefix space at the start and after a special token (BOS). */
+tlm_status tlm_tokenizer_decode(const tlm_tokenizer *t, const int32_t *ids, size_t n,
+                                unsigned flags, char **text, size_t *len);
+
+/* Streaming decoder for generation: emits only complete UTF-8 characters (bytes that can never
+ * complete a character are emitted as they are, so nothing is lost). */
+typedef struct tlm_decoder tlm_decoder;
+tlm_status tlm_decoder_new(const tlm_tokenizer *t, unsigned flags, tlm_decoder **out);
+void tlm_decoder_free(tlm_decoder *d);
+/* Feeds one id; bytes and len receive what can be printed now (valid until the next call). */
+tlm_status tlm_decoder_push(tlm_decoder *d, int32_t id, const char **bytes, size_t *len);
+/* Emits whatever is still held back (an incomplete character at the end). */
+void tlm_decoder_flush(tlm_decoder *d, const char **bytes, size_t *len);
+
+/* Char-level vocabulary from training text: its distinct UTF-8 characters sorted by code point
+ * (a byte that is not valid UTF-8 counts as a character of its own). */
+tlm_status tlm_tokenizer_char_from_text(const void *text, size_t len, tlm_tokenizer **out);
+
+/* Writes a tlm tokenizer directory (created if missing): tokenizer.json always; BPE adds
+ * encoder.json + vocab.bpe (GPT-2 format), SentencePiece-style adds tokenizer.bin (llama2.c
+ * format). tlm_tokenizer_load reads it back. */
+tlm_status tlm_tokenizer_save(const tlm_tokenizer *t, const char *dir);
+
+typedef struct {
+    int32_t vocab_size;            /* specials + 256 bytes + merges */
+    const char *const *specials;   /* NUL-terminated special tokens, ids 0.. in this order */
+    int n_specials;
+    int threads;                   /* pre-tokenization threads; <= 0: tlm_get_threads() */
+    /* Optional progress: called now and then with merges done and total; non-zero stops. */
+    int (*progress)(void *user, int32_t done, int32_t total);
+    void *user;
+} tlm_bpe_train_opts;
+
+/* Trains a byte-level BPE on the concatenation of the files (GPT-2 pre-tokenization; special
+ * tokens split the text and never merge; ties go to the lexicographically greater pair). */
+tlm_status tlm_tokenizer_train_bpe(const char *const *files, int n_files,
+                                   const tlm_bpe_train_opts *opts, tlm_tokenizer **out);
+/* Same over texts in memory. */
+tlm_status tlm_tokenizer_train_bpe_texts(const char *const *texts, const size_t *lens, int n_texts,
+                                         const tlm_bpe_train_opts *opts, tlm_tokenizer **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

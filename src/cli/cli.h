@@ -1,0 +1,27 @@
+/* The tlm command line: one function per subcommand, each thin over the library. */
+#ifndef TLM_CLI_H
+#define TLM_CLI_H
+
+#include <stdio.h>
+
+#include "tlm.h"
+
+/* Each returns the process exit status. argv[0] is the subcommand name. */
+int cmd_info(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_tokenizer(int argc, char **argv);
+
+/* Prints "tlm: <msg>" on stderr and returns 1. */
+int cli_fail(const char *fmt, ...);
+/* Prints "tlm: <what>: <tlm_last_error()>" and returns 1. */
+int cli_fail_status(const char *what);
+/* True when argv[i] is name; fetches the value that follows into *val (error if missing). */
+int cli_flag_value(int argc, char **argv, int *i, const char *name, const char *alt,
+                   const char **val);
+/* Strict number parsing: whole string must be a number; returns 0 on error. */
+int cli_parse_int(const char *s, long *out);
+int cli_parse_float(const char *s, double *out);
+/* True if argv contains -h or --help. */
+int cli_wants_help(int argc, char **argv);
+
+#endif

@@ -1,0 +1,76 @@
+/* Internal helpers shared by every layer of the library: errors, memory, RNG, files. */
+#ifndef TLM_CORE_H
+#define TLM_CORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "tlm.h"
+
+#if defined(__GNUC__)
+#define TLM_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define TLM_PRINTF(a, b)
+#endif
+
+/* Records a message for tlm_last_error() and returns s, so callers can `return tlm_err(...)`. */
+tlm_status tlm_err(tlm_status s, const char *fmt, ...) TLM_PRINTF(2, 3);
+/* Prefixes the current message with context ("loading x.safetensors: ..."). Returns s. */
+tlm_status tlm_err_context(tlm_status s, const char *fmt, ...) TLM_PRINTF(2, 3);
+
+/* Large, 64-byte aligned, zeroed allocations backed by mmap with transparent huge pages; first
+ * touch of 4 KiB pages is expensive on our machines, so big buffers are allocated once and reused.
+ */
+void *tlm_big_alloc(size_t bytes);
+void tlm_big_free(void *p, size_t bytes);
+
+/* Overflow-checked size arithmetic: return 0 on overflow. */
+int tlm_mul_ok(size_t a, size_t b, size_t *out);
+int tlm_add_ok(size_t a, size_t b, size_t *out);
+
+/* Deterministic RNG (PCG32 stream), same sequence on every platform. */
+typedef struct {
+    uint64_t state;
+    uint64_t inc;
+} tlm_rng;
+
+void tlm_rng_seed(tlm_rng *r, uint64_t seed, uint64_t stream);
+uint32_t tlm_rng_u32(tlm_rng *r);
+/* Uniform in [0, 1) with 24 bits. */
+float tlm_rng_float(tlm_rng *r);
+/* Uniform in (0, 1), 53 bits. */
+double tlm_rng_double_open(tlm_rng *r);
+double tlm_rng_normal(tlm_rng *r);
+/* Normal(0, sigma) truncated to [-cut*sigma, cut*sigma] by rejection. */
+double tlm_rng_trunc_normal(tlm_rng *r, double sigma, double cut);
+/* Uniform integer in [0, n). */
+uint32_t tlm_rng_below(tlm_rng *r, uint32_t n);
+
+/* Reads a whole file (NUL-terminated for convenience; *len excludes the NUL). */
+tlm_status tlm_read_file(const char *path, char **data, size_t *len);
+
+/* Crash-safe writes: data goes to "PATH.tmp.PID", is fsynced, then renamed over PATH. */
+typedef struct {
+    FILE *f;
+    char *path;
+    char *tmp;
+} tlm_atomic_file;
+
+tlm_status tlm_atomic_open(tlm_atomic_file *a, const char *path);
+tlm_status tlm_atomic_write(tlm_atomic_file *a, const void *data, size_t n);
+/* Flushes, fsyncs, renames; on failure removes the temporary file. */
+tlm_status tlm_atomic_commit(tlm_atomic_file *a);
+void tlm_atomic_abort(tlm_atomic_file *a);
+tlm_status tlm_write_file_atomic(const char *path, const void *data, size_t n);
+
+/* Read-only memory map of a whole file. */
+typedef struct {
+    const uint8_t *data;
+    size_t size;
+} tlm_mmap;
+
+tlm_status tlm_mmap_open(tlm_mmap *m, const char *path);
+void tlm_mmap_close(tlm_mmap *m);
+
+#endif

@@ -1,0 +1,142 @@
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core.h"
+
+tlm_status tlm_read_file(const char *path, char **data, size_t *len) {
+    *data = NULL;
+    if (len) *len = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return tlm_err(TLM_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    if (!buf) {
+        fclose(f);
+        return tlm_err(TLM_ERR_NOMEM, "out of memory reading '%s'", path);
+    }
+    for (;;) {
+        if (n + 1 >= cap) {
+            char *nb = cap > SIZE_MAX / 2 ? NULL : realloc(buf, cap * 2);
+            if (!nb) {
+                free(buf);
+                fclose(f);
+                return tlm_err(TLM_ERR_NOMEM, "out of memory reading '%s'", path);
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        size_t got = fread(buf + n, 1, cap - n - 1, f);
+        n += got;
+        if (got == 0) break;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        free(buf);
+        return tlm_err(TLM_ERR_IO, "error reading '%s'", path);
+    }
+    buf[n] = 0;
+    *data = buf;
+    if (len) *len = n;
+    return TLM_OK;
+}
+
+tlm_status tlm_atomic_open(tlm_atomic_file *a, const char *path) {
+    memset(a, 0, sizeof *a);
+    size_t n = strlen(path);
+    a->path = malloc(n + 1);
+    a->tmp = malloc(n + 32);
+    if (!a->path || !a->tmp) {
+        free(a->path);
+        free(a->tmp);
+        return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    }
+    memcpy(a->path, path, n + 1);
+    snprintf(a->tmp, n + 32, "%s.tmp.%ld", path, (long)getpid());
+    a->f = fopen(a->tmp, "wb");
+    if (!a->f) {
+        tlm_status s = tlm_err(TLM_ERR_IO, "cannot create '%s': %s", a->tmp, strerror(errno));
+        free(a->path);
+        free(a->tmp);
+        memset(a, 0, sizeof *a);
+        return s;
+    }
+    return TLM_OK;
+}
+
+tlm_status tlm_atomic_write(tlm_atomic_file *a, const void *data, size_t n) {
+    if (n && fwrite(data, 1, n, a->f) != n)
+        return tlm_err(TLM_ERR_IO, "cannot write '%s': %s", a->tmp, strerror(errno));
+    return TLM_OK;
+}
+
+void tlm_atomic_abort(tlm_atomic_file *a) {
+    if (a->f) fclose(a->f);
+    if (a->tmp) unlink(a->tmp);
+    free(a->path);
+    free(a->tmp);
+    memset(a, 0, sizeof *a);
+}
+
+tlm_status tlm_atomic_commit(tlm_atomic_file *a) {
+    tlm_status s = TLM_OK;
+    if (fflush(a->f) != 0 || fsync(fileno(a->f)) != 0)
+        s = tlm_err(TLM_ERR_IO, "cannot flush '%s': %s", a->tmp, strerror(errno));
+    if (fclose(a->f) != 0 && s == TLM_OK)
+        s = tlm_err(TLM_ERR_IO, "cannot close '%s': %s", a->tmp, strerror(errno));
+    a->f = NULL;
+    if (s == TLM_OK && rename(a->tmp, a->path) != 0)
+        s = tlm_err(TLM_ERR_IO, "cannot rename '%s' to '%s': %s", a->tmp, a->path, strerror(errno));
+    if (s != TLM_OK) unlink(a->tmp);
+    free(a->path);
+    free(a->tmp);
+    memset(a, 0, sizeof *a);
+    return s;
+}
+
+tlm_status tlm_write_file_atomic(const char *path, const void *data, size_t n) {
+    tlm_atomic_file a;
+    tlm_status s = tlm_atomic_open(&a, path);
+    if (s) return s;
+    s = tlm_atomic_write(&a, data, n);
+    if (s) {
+        tlm_atomic_abort(&a);
+        return s;
+    }
+    return tlm_atomic_commit(&a);
+}
+
+tlm_status tlm_mmap_open(tlm_mmap *m, const char *path) {
+    m->data = NULL;
+    m->size = 0;
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return tlm_err(TLM_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return tlm_err(TLM_ERR_IO, "'%s' is not a regular file", path);
+    }
+    if (st.st_size == 0) {
+        close(fd);
+        m->data = (const uint8_t *)"";
+        return TLM_OK;
+    }
+    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) return tlm_err(TLM_ERR_IO, "cannot map '%s': %s", path, strerror(errno));
+    m->data = p;
+    m->size = (size_t)st.st_size;
+    return TLM_OK;
+}
+
+void tlm_mmap_close(tlm_mmap *m) {
+    if (m->data && m->size) munmap((void *)m->data, m->size);
+    m->data = NULL;
+    m->size = 0;
+}

@@ -1,0 +1,70 @@
+/* safetensors: an 8-byte little-endian header length, a JSON header naming each tensor's dtype,
+ * shape and byte range, then the raw data. Every field is validated against the file before use. */
+#ifndef TLM_SAFETENSORS_H
+#define TLM_SAFETENSORS_H
+
+#include <cjson/cJSON.h>
+
+#include "core/core.h"
+
+typedef enum {
+    TLM_DT_F32 = 0,
+    TLM_DT_F16,
+    TLM_DT_BF16,
+    TLM_DT_F64,
+    TLM_DT_I64,
+    TLM_DT_I32,
+    TLM_DT_I16,
+    TLM_DT_I8,
+    TLM_DT_U8,
+    TLM_DT_BOOL,
+    TLM_DT_COUNT
+} tlm_dtype;
+
+const char *tlm_dtype_name(tlm_dtype t);
+size_t tlm_dtype_size(tlm_dtype t);
+
+#define ST_MAX_DIMS 8
+
+typedef struct {
+    char *name;
+    tlm_dtype dtype;
+    int ndim;
+    int64_t shape[ST_MAX_DIMS];
+    size_t numel;
+    size_t begin, end; /* byte range inside the data section */
+} st_tensor;
+
+typedef struct {
+    tlm_mmap map;
+    st_tensor *tensors;
+    int n;
+    cJSON *metadata; /* the __metadata__ object, or NULL */
+    const uint8_t *data;
+    size_t data_len;
+} st_file;
+
+tlm_status st_open(st_file *f, const char *path);
+void st_close(st_file *f);
+const st_tensor *st_find(const st_file *f, const char *name);
+/* A string value from __metadata__, or NULL. */
+const char *st_meta(const st_file *f, const char *key);
+/* Converts a float tensor (F32, F16, BF16, F64) into n floats; n must equal its element count. */
+tlm_status st_read_f32(const st_file *f, const st_tensor *t, float *dst, size_t n);
+/* Reads an integer tensor (I32, I64) into n int32 values. */
+tlm_status st_read_i32(const st_file *f, const st_tensor *t, int32_t *dst, size_t n);
+
+typedef struct {
+    const char *name;
+    tlm_dtype dtype; /* of the file; data is float32 when dtype is F32/F16/BF16 and converted */
+    int ndim;
+    int64_t shape[ST_MAX_DIMS];
+    const void *data; /* float* for float dtypes, int32_t* for I32 */
+} st_out_tensor;
+
+/* Writes tensors (in the given order) and string metadata pairs (keys[i] -> values[i]) atomically.
+ */
+tlm_status st_write(const char *path, const st_out_tensor *t, int n, const char *const *keys,
+                    const char *const *values, int n_meta);
+
+#endif

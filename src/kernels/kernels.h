@@ -1,0 +1,49 @@
+/* Math over raw float arrays with explicit sizes. Each kernel's forward and backward live side by
+ * side in one file. Rows are parallelized with OpenMP; matrix products go to OpenBLAS sgemm. */
+#ifndef TLM_KERNELS_H
+#define TLM_KERNELS_H
+
+#include <stddef.h>
+
+/* ---- linear.c: y[N,out] = x[N,in] W[out,in]^T (+ b[out]) ---- */
+void k_linear_fwd(float *y, const float *x, const float *w, const float *b, int N, int in, int out);
+
+/* ---- norm.c ---- */
+/* y = x / sqrt(mean(x^2) + eps) * g; saves rstd[N] (may be NULL). */
+void k_rmsnorm_fwd(float *y, float *rstd, const float *x, const float *g, int N, int d, float eps);
+/* y = (x - mean) / sqrt(var + eps) * g + b (b may be NULL); saves mean[N], rstd[N] (may be NULL).
+ */
+void k_layernorm_fwd(float *y, float *mean, float *rstd, const float *x, const float *g,
+                     const float *b, int N, int d, float eps);
+
+/* ---- act.c ---- */
+typedef enum { K_ACT_GELU, K_ACT_GELU_TANH, K_ACT_RELU, K_ACT_SILU } k_act;
+/* y = act(x) elementwise over n. */
+void k_act_fwd(float *y, const float *x, size_t n, k_act act);
+/* y = silu(gate) * up elementwise over n. */
+void k_swiglu_fwd(float *y, const float *gate, const float *up, size_t n);
+
+/* ---- rope.c ---- */
+/* Rotates x [B*T, n_heads*hd] in place; row t of each sequence has position pos0 + t. cos/sin are
+ * tables [positions, hd/2]. interleaved pairs (2i, 2i+1), else (i, i + hd/2). */
+void k_rope_fwd(float *x, int B, int T, int n_heads, int hd, int pos0, const float *cos_t,
+                const float *sin_t, int interleaved);
+
+/* ---- attention.c ---- */
+/* Causal attention. q [B*T, H*hd], k/v [B*T, KVH*hd]; probs [B, H, T, T] (saved for backward);
+ * out [B*T, H*hd]. */
+void k_attention_fwd(float *out, float *probs, const float *q, const float *k, const float *v,
+                     int B, int T, int H, int KVH, int hd);
+
+/* ---- loss.c ---- */
+/* Mean cross-entropy over rows whose target >= 0 (NAN if none); writes softmax probabilities to
+ * probs when not NULL. Returns the number of counted rows in *count. */
+double k_cross_entropy_fwd(const float *logits, const int *targets, float *probs, int N, int V,
+                           int *count);
+/* Row-wise softmax of logits into probs. */
+void k_softmax_rows(float *probs, const float *logits, int N, int V);
+
+/* ---- misc ---- */
+void k_add(float *y, const float *a, const float *b, size_t n); /* y = a + b */
+
+#endif

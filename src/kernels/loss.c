@@ -1,0 +1,38 @@
+#include <math.h>
+
+#include "kernels.h"
+
+/* log-sum-exp with the max subtracted first, so exp never sees a large argument. */
+static float row_lse(const float *x, int V) {
+    float mx = x[0];
+    for (int j = 1; j < V; j++) mx = x[j] > mx ? x[j] : mx;
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int j = 0; j < V; j++) s += expf(x[j] - mx);
+    return mx + logf(s);
+}
+
+double k_cross_entropy_fwd(const float *logits, const int *targets, float *probs, int N, int V,
+                           int *count) {
+    double total = 0.0;
+    int n = 0;
+#pragma omp parallel for schedule(static) reduction(+ : total, n)
+    for (int i = 0; i < N; i++) {
+        const float *x = logits + (size_t)i * V;
+        float lse = row_lse(x, V);
+        if (probs) {
+            float *p = probs + (size_t)i * V;
+            for (int j = 0; j < V; j++) p[j] = expf(x[j] - lse);
+        }
+        if (targets && targets[i] >= 0) {
+            total += (double)(lse - x[targets[i]]);
+            n++;
+        }
+    }
+    if (count) *count = n;
+    return n ? total / n : NAN;
+}
+
+void k_softmax_rows(float *probs, const float *logits, int N, int V) {
+    k_cross_entropy_fwd(logits, NULL, probs, N, V, NULL);
+}

@@ -1,0 +1,273 @@
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "core/core.h"
+
+void tlm_config_default(tlm_config *c) {
+    memset(c, 0, sizeof *c);
+    c->vocab_size = 256;
+    c->context_length = 256;
+    c->d_model = 128;
+    c->n_layers = 4;
+    c->n_heads = 4;
+    c->n_kv_heads = 0;
+    c->d_ff = 0;
+    c->norm = TLM_NORM_RMSNORM;
+    c->norm_eps = 1e-5f;
+    c->norm_position = TLM_NORM_PRE;
+    c->ffn = TLM_FFN_SWIGLU;
+    c->position = TLM_POS_ROPE;
+    c->rope_theta = 10000.0f;
+    c->rope_pairing = TLM_ROPE_HALF;
+    c->tie_embeddings = 1;
+    c->bias = 0;
+    c->dropout = 0.0f;
+}
+
+/* Enum tables: index = enum value. */
+static const char *const norm_names[] = {"rmsnorm", "layernorm"};
+static const char *const normpos_names[] = {"pre", "post"};
+static const char *const ffn_names[] = {"swiglu", "gelu", "gelu_tanh", "relu"};
+static const char *const pos_names[] = {"rope", "learned", "sinusoidal", "none"};
+static const char *const pairing_names[] = {"half", "interleaved"};
+#define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+static const char *enum_name(const char *const *names, int n, int v) {
+    return v >= 0 && v < n ? names[v] : "?";
+}
+const char *tlm_norm_name(tlm_norm_kind k) { return enum_name(norm_names, COUNT(norm_names), k); }
+const char *tlm_norm_position_name(tlm_norm_position k) {
+    return enum_name(normpos_names, COUNT(normpos_names), k);
+}
+const char *tlm_ffn_name(tlm_ffn_kind k) { return enum_name(ffn_names, COUNT(ffn_names), k); }
+const char *tlm_position_name(tlm_position_kind k) {
+    return enum_name(pos_names, COUNT(pos_names), k);
+}
+const char *tlm_rope_pairing_name(tlm_rope_pairing k) {
+    return enum_name(pairing_names, COUNT(pairing_names), k);
+}
+
+tlm_status tlm_config_finalize(tlm_config *c) {
+    struct {
+        const char *name;
+        int v;
+    } sizes[] = {{"vocab_size", c->vocab_size},
+                 {"context_length", c->context_length},
+                 {"d_model", c->d_model},
+                 {"n_layers", c->n_layers},
+                 {"n_heads", c->n_heads}};
+    for (int i = 0; i < COUNT(sizes); i++)
+        if (sizes[i].v <= 0)
+            return tlm_err(TLM_ERR_CONFIG, "%s must be > 0 (got %d)", sizes[i].name, sizes[i].v);
+    if (c->n_kv_heads < 0 || c->d_ff < 0)
+        return tlm_err(TLM_ERR_CONFIG, "%s must be > 0 (got %d)",
+                       c->n_kv_heads < 0 ? "n_kv_heads" : "d_ff",
+                       c->n_kv_heads < 0 ? c->n_kv_heads : c->d_ff);
+    if (c->n_kv_heads == 0) c->n_kv_heads = c->n_heads;
+    if (c->d_ff == 0) {
+        if (c->ffn == TLM_FFN_SWIGLU) {
+            /* 8/3 d rounded up to a multiple of 64, in integers: ceil(8d/3), then up to 64. */
+            long ff = ((long)8 * c->d_model + 2) / 3;
+            ff = (ff + 63) / 64 * 64;
+            if (ff > 1L << 30) return tlm_err(TLM_ERR_CONFIG, "d_model %d too large", c->d_model);
+            c->d_ff = (int)ff;
+        } else {
+            if (c->d_model > (1 << 28))
+                return tlm_err(TLM_ERR_CONFIG, "d_model %d too large", c->d_model);
+            c->d_ff = 4 * c->d_model;
+        }
+    }
+    if ((unsigned)c->norm >= (unsigned)COUNT(norm_names))
+        return tlm_err(TLM_ERR_CONFIG, "unknown norm %d", (int)c->norm);
+    if ((unsigned)c->norm_position >= (unsigned)COUNT(normpos_names))
+        return tlm_err(TLM_ERR_CONFIG, "unknown norm_position %d", (int)c->norm_position);
+    if ((unsigned)c->ffn >= (unsigned)COUNT(ffn_names))
+        return tlm_err(TLM_ERR_CONFIG, "unknown ffn %d", (int)c->ffn);
+    if ((unsigned)c->position >= (unsigned)COUNT(pos_names))
+        return tlm_err(TLM_ERR_CONFIG, "unknown position %d", (int)c->position);
+    if ((unsigned)c->rope_pairing >= (unsigned)COUNT(pairing_names))
+        return tlm_err(TLM_ERR_CONFIG, "unknown rope_pairing %d", (int)c->rope_pairing);
+    if (c->d_model % c->n_heads != 0)
+        return tlm_err(TLM_ERR_CONFIG, "d_model %d is not divisible by n_heads %d", c->d_model,
+                       c->n_heads);
+    if (c->n_kv_heads > c->n_heads || c->n_heads % c->n_kv_heads != 0)
+        return tlm_err(TLM_ERR_CONFIG, "n_heads %d is not divisible by n_kv_heads %d", c->n_heads,
+                       c->n_kv_heads);
+    int hd = c->d_model / c->n_heads;
+    if (c->position == TLM_POS_ROPE && hd % 2 != 0)
+        return tlm_err(TLM_ERR_CONFIG, "rope needs an even head dim (d_model/n_heads = %d)", hd);
+    if (!(c->norm_eps > 0.0f) || !isfinite(c->norm_eps))
+        return tlm_err(TLM_ERR_CONFIG, "norm_eps must be > 0 (got %g)", (double)c->norm_eps);
+    if (c->position == TLM_POS_ROPE && (!(c->rope_theta > 0.0f) || !isfinite(c->rope_theta)))
+        return tlm_err(TLM_ERR_CONFIG, "rope_theta must be > 0 (got %g)", (double)c->rope_theta);
+    if (!(c->dropout >= 0.0f && c->dropout < 1.0f))
+        return tlm_err(TLM_ERR_CONFIG, "dropout must be in [0, 1) (got %g)", (double)c->dropout);
+    if (c->tie_embeddings != 0 && c->tie_embeddings != 1)
+        return tlm_err(TLM_ERR_CONFIG, "tie_embeddings must be true or false");
+    if (c->bias != 0 && c->bias != 1) return tlm_err(TLM_ERR_CONFIG, "bias must be true or false");
+    /* Keep every tensor's element count and the whole buffer well inside size_t and int64. */
+    double total = (double)c->vocab_size * c->d_model * 2 + (double)c->context_length * c->d_model +
+                   (double)c->n_layers * ((double)c->d_model * c->d_model * 4 +
+                                          (double)c->d_model * c->d_ff * 3 + 8.0 * c->d_model);
+    if (total > 1e11) return tlm_err(TLM_ERR_CONFIG, "model too large (%.3g parameters)", total);
+    return TLM_OK;
+}
+
+static tlm_status parse_enum(const cJSON *item, const char *key, const char *const *names, int n,
+                             int *out) {
+    if (!cJSON_IsString(item)) return tlm_err(TLM_ERR_CONFIG, "'%s' must be a string", key);
+    for (int i = 0; i < n; i++)
+        if (!strcmp(item->valuestring, names[i])) {
+            *out = i;
+            return TLM_OK;
+        }
+    char allowed[256] = "";
+    for (int i = 0; i < n; i++) {
+        strncat(allowed, names[i], sizeof allowed - strlen(allowed) - 1);
+        if (i + 1 < n) strncat(allowed, "|", sizeof allowed - strlen(allowed) - 1);
+    }
+    return tlm_err(TLM_ERR_CONFIG, "unknown %s '%s' (expected %s)", key, item->valuestring,
+                   allowed);
+}
+
+static tlm_status parse_int(const cJSON *item, const char *key, int *out) {
+    if (!cJSON_IsNumber(item)) return tlm_err(TLM_ERR_CONFIG, "'%s' must be a number", key);
+    double v = item->valuedouble;
+    if (v != floor(v) || v < -2147483648.0 || v > 2147483647.0)
+        return tlm_err(TLM_ERR_CONFIG, "'%s' must be an integer (got %g)", key, v);
+    *out = (int)v;
+    return TLM_OK;
+}
+
+static tlm_status parse_float(const cJSON *item, const char *key, float *out) {
+    if (!cJSON_IsNumber(item)) return tlm_err(TLM_ERR_CONFIG, "'%s' must be a number", key);
+    *out = (float)item->valuedouble;
+    return TLM_OK;
+}
+
+static tlm_status parse_bool(const cJSON *item, const char *key, int *out) {
+    if (cJSON_IsBool(item)) {
+        *out = cJSON_IsTrue(item) ? 1 : 0;
+        return TLM_OK;
+    }
+    if (cJSON_IsNumber(item) && (item->valuedouble == 0 || item->valuedouble == 1)) {
+        *out = (int)item->valuedouble;
+        return TLM_OK;
+    }
+    return tlm_err(TLM_ERR_CONFIG, "'%s' must be true or false", key);
+}
+
+tlm_status tlm_config_from_json(const char *json, tlm_config *c) {
+    tlm_config_default(c);
+    cJSON *root = cJSON_Parse(json);
+    if (!root) return tlm_err(TLM_ERR_CONFIG, "config is not valid JSON");
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return tlm_err(TLM_ERR_CONFIG, "config must be a JSON object");
+    }
+    tlm_status s = TLM_OK;
+    int e;
+    for (cJSON *it = root->child; it && s == TLM_OK; it = it->next) {
+        const char *k = it->string;
+        if (!strcmp(k, "vocab_size"))
+            s = parse_int(it, k, &c->vocab_size);
+        else if (!strcmp(k, "context_length"))
+            s = parse_int(it, k, &c->context_length);
+        else if (!strcmp(k, "d_model"))
+            s = parse_int(it, k, &c->d_model);
+        else if (!strcmp(k, "n_layers"))
+            s = parse_int(it, k, &c->n_layers);
+        else if (!strcmp(k, "n_heads"))
+            s = parse_int(it, k, &c->n_heads);
+        else if (!strcmp(k, "n_kv_heads"))
+            s = parse_int(it, k, &c->n_kv_heads);
+        else if (!strcmp(k, "d_ff"))
+            s = parse_int(it, k, &c->d_ff);
+        else if (!strcmp(k, "norm_eps"))
+            s = parse_float(it, k, &c->norm_eps);
+        else if (!strcmp(k, "rope_theta"))
+            s = parse_float(it, k, &c->rope_theta);
+        else if (!strcmp(k, "dropout"))
+            s = parse_float(it, k, &c->dropout);
+        else if (!strcmp(k, "tie_embeddings"))
+            s = parse_bool(it, k, &c->tie_embeddings);
+        else if (!strcmp(k, "bias"))
+            s = parse_bool(it, k, &c->bias);
+        else if (!strcmp(k, "norm")) {
+            if (!(s = parse_enum(it, k, norm_names, COUNT(norm_names), &e))) c->norm = e;
+        } else if (!strcmp(k, "norm_position")) {
+            if (!(s = parse_enum(it, k, normpos_names, COUNT(normpos_names), &e)))
+                c->norm_position = e;
+        } else if (!strcmp(k, "ffn")) {
+            if (!(s = parse_enum(it, k, ffn_names, COUNT(ffn_names), &e))) c->ffn = e;
+        } else if (!strcmp(k, "position")) {
+            if (!(s = parse_enum(it, k, pos_names, COUNT(pos_names), &e))) c->position = e;
+        } else if (!strcmp(k, "rope_pairing")) {
+            if (!(s = parse_enum(it, k, pairing_names, COUNT(pairing_names), &e)))
+                c->rope_pairing = e;
+        } else
+            s = tlm_err(TLM_ERR_CONFIG, "unknown config key '%s'", k);
+    }
+    cJSON_Delete(root);
+    if (s) return s;
+    return tlm_config_finalize(c);
+}
+
+tlm_status tlm_config_load(const char *path, tlm_config *c) {
+    char *text;
+    tlm_status s = tlm_read_file(path, &text, NULL);
+    if (s) return s;
+    s = tlm_config_from_json(text, c);
+    free(text);
+    if (s) return tlm_err_context(s, "%s", path);
+    return TLM_OK;
+}
+
+/* The shortest decimal that reads back as the same float, so 1e-5 prints as 1e-05. */
+static double short_float(float f) {
+    char buf[32];
+    for (int prec = 6; prec <= 9; prec++) {
+        snprintf(buf, sizeof buf, "%.*g", prec, (double)f);
+        if ((float)strtod(buf, NULL) == f) break;
+    }
+    return strtod(buf, NULL);
+}
+
+char *tlm_config_to_json(const tlm_config *c) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
+    cJSON_AddNumberToObject(o, "vocab_size", c->vocab_size);
+    cJSON_AddNumberToObject(o, "context_length", c->context_length);
+    cJSON_AddNumberToObject(o, "d_model", c->d_model);
+    cJSON_AddNumberToObject(o, "n_layers", c->n_layers);
+    cJSON_AddNumberToObject(o, "n_heads", c->n_heads);
+    cJSON_AddNumberToObject(o, "n_kv_heads", c->n_kv_heads);
+    cJSON_AddNumberToObject(o, "d_ff", c->d_ff);
+    cJSON_AddStringToObject(o, "norm", tlm_norm_name(c->norm));
+    cJSON_AddNumberToObject(o, "norm_eps", short_float(c->norm_eps));
+    cJSON_AddStringToObject(o, "norm_position", tlm_norm_position_name(c->norm_position));
+    cJSON_AddStringToObject(o, "ffn", tlm_ffn_name(c->ffn));
+    cJSON_AddStringToObject(o, "position", tlm_position_name(c->position));
+    cJSON_AddNumberToObject(o, "rope_theta", short_float(c->rope_theta));
+    cJSON_AddStringToObject(o, "rope_pairing", tlm_rope_pairing_name(c->rope_pairing));
+    cJSON_AddBoolToObject(o, "tie_embeddings", c->tie_embeddings);
+    cJSON_AddBoolToObject(o, "bias", c->bias);
+    cJSON_AddNumberToObject(o, "dropout", short_float(c->dropout));
+    char *s = cJSON_Print(o);
+    cJSON_Delete(o);
+    return s;
+}
+
+tlm_status tlm_config_save(const tlm_config *c, const char *path) {
+    char *s = tlm_config_to_json(c);
+    if (!s) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    size_t n = strlen(s);
+    s[n] = '\n'; /* cJSON's buffer has the NUL we overwrite; write n+1 bytes */
+    tlm_status st = tlm_write_file_atomic(path, s, n + 1);
+    free(s);
+    return st;
+}

@@ -1,0 +1,71 @@
+/* Internal view of a model: the config, its schema, the flat parameter buffer, per-layer offsets
+ * into it (the same offsets index the gradient and optimizer buffers), fixed tables and the
+ * activation arena. */
+#ifndef TLM_MODEL_INTERNAL_H
+#define TLM_MODEL_INTERNAL_H
+
+#include "core/core.h"
+
+#define TLM_NO_TENSOR ((size_t)-1)
+
+/* Offsets (in floats) of a block's tensors; TLM_NO_TENSOR when the config has no such tensor. */
+typedef struct {
+    size_t attn_norm_w, attn_norm_b;
+    size_t wq, bq, wk, bk, wv, bv, wo, bo;
+    size_t ffn_norm_w, ffn_norm_b;
+    size_t wgate, bgate, wup, bup, wdown, bdown;
+} tlm_layer_offsets;
+
+typedef struct {
+    size_t tok_emb, pos_emb, out_norm_w, out_norm_b, out_w;
+    tlm_layer_offsets *layer; /* [n_layers] */
+} tlm_offsets;
+
+/* Activations of one layer, kept for the backward pass. Rows are B*T tokens. */
+typedef struct {
+    float *x;         /* [N, d] block input (residual stream) */
+    float *n1;        /* [N, d] pre-norm: norm1(x) (attention input); post-norm: norm1(x + attn) */
+    float *n1_mean;   /* [N] layernorm only */
+    float *n1_rstd;   /* [N] */
+    float *q, *k, *v; /* [N, H*hd], [N, KVH*hd] x2, after RoPE */
+    float *probs;     /* [B, H, T, T] */
+    float *att;       /* [N, H*hd] attention output before the projection */
+    float *h;         /* [N, d] residual after attention (pre-norm) / x + attn (post-norm) */
+    float *n2;        /* [N, d] pre-norm: norm2(h) (ffn input); post-norm: norm2(n1 + ffn) */
+    float *n2_mean, *n2_rstd;
+    float *ff_a; /* [N, d_ff] swiglu: gate pre-activation; else up pre-activation */
+    float *ff_b; /* [N, d_ff] swiglu: up; else unused */
+    float *ff_h; /* [N, d_ff] activated hidden */
+    float *y;    /* [N, d] block output before the next residual (post-norm: pre-norm2 sum) */
+} tlm_layer_acts;
+
+typedef struct {
+    int B, T;
+    float *base;
+    size_t floats;
+    tlm_layer_acts *layer; /* [n_layers] */
+    float *x_final;        /* [N, d] final residual stream */
+    float *xn;             /* [N, d] after the output norm (or = x_final for post-norm) */
+    float *xn_mean, *xn_rstd;
+    float *logits;   /* [N, V] */
+    float *probs;    /* [N, V] */
+    float *attn_tmp; /* [N, d] projection output scratch */
+} tlm_arena;
+
+struct tlm_model {
+    tlm_config c;
+    tlm_tensor_info *tensors;
+    int n_tensors;
+    float *params;
+    size_t n_params;
+    tlm_offsets off;
+    float *rope_cos, *rope_sin; /* [context_length, hd/2] */
+    float *sinus;               /* [context_length, d] */
+    tlm_arena arena;
+};
+
+static inline float *tlm_at(float *base, size_t off) {
+    return off == TLM_NO_TENSOR ? NULL : base + off;
+}
+
+#endif

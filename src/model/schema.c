@@ -1,0 +1,104 @@
+#include <stdio.h>
+#include <string.h>
+
+#include "core/core.h"
+
+typedef struct {
+    tlm_tensor_info *out;
+    int cap;
+    int n;
+    size_t offset;
+    tlm_param_count *count; /* optional: per-component totals */
+} builder;
+
+static void add(builder *b, const char *name, int layer, tlm_component comp, int64_t d0, int64_t d1,
+                int decay, int embedding) {
+    tlm_tensor_info t;
+    memset(&t, 0, sizeof t);
+    if (layer >= 0)
+        snprintf(t.name, sizeof t.name, "blk.%d.%s", layer, name);
+    else
+        snprintf(t.name, sizeof t.name, "%s", name);
+    t.ndim = d1 > 0 ? 2 : 1;
+    t.shape[0] = d0;
+    t.shape[1] = d1 > 0 ? d1 : 0;
+    t.numel = (size_t)d0 * (size_t)(d1 > 0 ? d1 : 1);
+    t.offset = b->offset;
+    t.layer = layer;
+    t.component = comp;
+    t.decay = decay;
+    t.embedding = embedding;
+    if (b->out && b->n < b->cap) b->out[b->n] = t;
+    if (b->count) {
+        b->count->per_component[comp] += t.numel;
+        if (!embedding) b->count->non_embedding += t.numel;
+    }
+    b->n++;
+    b->offset += t.numel;
+}
+
+/* A Linear layer: weight [out, in] (decays) and, with bias, a bias [out] (does not). */
+static void linear(builder *b, const char *name, int layer, tlm_component comp, int64_t out,
+                   int64_t in, int bias) {
+    char n[TLM_NAME_MAX];
+    snprintf(n, sizeof n, "%s.weight", name);
+    add(b, n, layer, comp, out, in, 1, 0);
+    if (bias) {
+        snprintf(n, sizeof n, "%s.bias", name);
+        add(b, n, layer, comp, out, 0, 0, 0);
+    }
+}
+
+static void norm(builder *b, const tlm_config *c, const char *name, int layer, tlm_component comp) {
+    char n[TLM_NAME_MAX];
+    snprintf(n, sizeof n, "%s.weight", name);
+    add(b, n, layer, comp, c->d_model, 0, 0, 0);
+    if (c->norm == TLM_NORM_LAYERNORM && c->bias) {
+        snprintf(n, sizeof n, "%s.bias", name);
+        add(b, n, layer, comp, c->d_model, 0, 0, 0);
+    }
+}
+
+static void walk(builder *b, const tlm_config *c);
+
+int tlm_schema(const tlm_config *c, tlm_tensor_info *out, int cap, size_t *n_params) {
+    builder b = {out, cap, 0, 0, NULL};
+    walk(&b, c);
+    if (n_params) *n_params = b.offset;
+    return b.n;
+}
+
+static void walk(builder *b, const tlm_config *c) {
+    int64_t d = c->d_model, hd = c->d_model / c->n_heads;
+    add(b, "token_embd.weight", -1, TLM_COMP_EMBEDDING, c->vocab_size, d, 1, 1);
+    if (c->position == TLM_POS_LEARNED)
+        add(b, "position_embd.weight", -1, TLM_COMP_POSITION, c->context_length, d, 1, 1);
+    for (int l = 0; l < c->n_layers; l++) {
+        norm(b, c, "attn_norm", l, TLM_COMP_ATTN_NORM);
+        linear(b, "attn_q", l, TLM_COMP_ATTN, c->n_heads * hd, d, c->bias);
+        linear(b, "attn_k", l, TLM_COMP_ATTN, c->n_kv_heads * hd, d, c->bias);
+        linear(b, "attn_v", l, TLM_COMP_ATTN, c->n_kv_heads * hd, d, c->bias);
+        linear(b, "attn_output", l, TLM_COMP_ATTN, d, c->n_heads * hd, c->bias);
+        norm(b, c, "ffn_norm", l, TLM_COMP_FFN_NORM);
+        if (c->ffn == TLM_FFN_SWIGLU) linear(b, "ffn_gate", l, TLM_COMP_FFN, c->d_ff, d, c->bias);
+        linear(b, "ffn_up", l, TLM_COMP_FFN, c->d_ff, d, c->bias);
+        linear(b, "ffn_down", l, TLM_COMP_FFN, d, c->d_ff, c->bias);
+    }
+    /* Post-norm blocks end normalized already, so only pre-norm models have a final norm. */
+    if (c->norm_position == TLM_NORM_PRE) norm(b, c, "output_norm", -1, TLM_COMP_OUTPUT_NORM);
+    if (!c->tie_embeddings) add(b, "output.weight", -1, TLM_COMP_OUTPUT, c->vocab_size, d, 1, 0);
+}
+
+const char *tlm_component_name(tlm_component k) {
+    static const char *const names[TLM_COMP_COUNT] = {
+        "token embedding", "position embedding", "attention norms", "attention", "ffn norms", "ffn",
+        "output norm",     "output head"};
+    return (unsigned)k < TLM_COMP_COUNT ? names[k] : "?";
+}
+
+void tlm_count_params(const tlm_config *c, tlm_param_count *out) {
+    memset(out, 0, sizeof *out);
+    builder b = {NULL, 0, 0, 0, out};
+    walk(&b, c);
+    out->total = b.offset;
+}

@@ -1,0 +1,205 @@
+/* Config defaults, validation errors, JSON round trip, schema and exact parameter counts. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "tlm.h"
+
+static tlm_config cfg_json(const char *json, tlm_status *st) {
+    tlm_config c;
+    *st = tlm_config_from_json(json, &c);
+    return c;
+}
+
+static void expect_error(const char *json, const char *needle) {
+    tlm_status s;
+    cfg_json(json, &s);
+    CHECK(s == TLM_ERR_CONFIG, "expected a config error for %s", json);
+    CHECK(strstr(tlm_last_error(), needle) != NULL, "error '%s' should mention '%s'",
+          tlm_last_error(), needle);
+}
+
+static void test_defaults(void) {
+    tlm_status s;
+    tlm_config c = cfg_json("{\"d_model\": 768, \"n_heads\": 12}", &s);
+    CHECK_OK(s);
+    CHECK(c.n_kv_heads == 12, "n_kv_heads default %d", c.n_kv_heads);
+    CHECK(c.d_ff == 2048, "swiglu d_ff for 768: %d", c.d_ff);
+    CHECK(c.norm == TLM_NORM_RMSNORM && c.norm_position == TLM_NORM_PRE, "modern norm defaults");
+    CHECK(c.ffn == TLM_FFN_SWIGLU && c.position == TLM_POS_ROPE, "modern ffn/position defaults");
+    CHECK(c.tie_embeddings == 1 && c.bias == 0, "tied, no bias");
+    CHECK_NEAR(c.norm_eps, 1e-5, 1e-12);
+    CHECK_NEAR(c.rope_theta, 10000.0, 0);
+    c = cfg_json("{\"d_model\": 100, \"n_heads\": 4}", &s);
+    CHECK(c.d_ff == 320, "ceil(800/3)=267 -> 320, got %d", c.d_ff);
+    c = cfg_json("{\"d_model\": 96, \"n_heads\": 4}", &s);
+    CHECK(c.d_ff == 256, "8/3*96=256 exactly, got %d", c.d_ff);
+    c = cfg_json("{\"d_model\": 128, \"n_heads\": 4, \"ffn\": \"gelu\"}", &s);
+    CHECK(c.d_ff == 512, "4*d for gelu, got %d", c.d_ff);
+}
+
+static void test_errors(void) {
+    expect_error("{\"d_model\": 100, \"n_heads\": 3}", "not divisible by n_heads");
+    expect_error("{\"n_heads\": 4, \"n_kv_heads\": 3}", "not divisible by n_kv_heads");
+    expect_error("{\"d_model\": 12, \"n_heads\": 4}", "even head dim");
+    expect_error("{\"position\": \"learned\", \"context_length\": 0}", "context_length");
+    expect_error("{\"vocab_size\": -1}", "vocab_size must be > 0");
+    expect_error("{\"n_layers\": 0}", "n_layers must be > 0");
+    expect_error("{\"d_ff\": -5}", "d_ff");
+    expect_error("{\"colour\": 3}", "unknown config key 'colour'");
+    expect_error("{\"norm\": \"batchnorm\"}", "unknown norm 'batchnorm'");
+    expect_error("{\"ffn\": \"tanh\"}", "unknown ffn 'tanh'");
+    expect_error("{\"position\": \"alibi\"}", "unknown position 'alibi'");
+    expect_error("{\"rope_pairing\": \"odd\"}", "unknown rope_pairing 'odd'");
+    expect_error("{\"norm_position\": \"middle\"}", "unknown norm_position 'middle'");
+    expect_error("{\"d_model\": 64.5}", "integer");
+    expect_error("{\"bias\": \"yes\"}", "bias");
+    expect_error("{\"dropout\": 1.5}", "dropout");
+    expect_error("[1, 2]", "object");
+    expect_error("{\"d_model\": ", "not valid JSON");
+    /* A learned table shorter than the context is impossible by construction (one row per
+     * position), but sizes must still be positive and sane. */
+    expect_error("{\"d_model\": 2000000000, \"n_heads\": 1, \"vocab_size\": 1000000}", "too large");
+}
+
+static void test_roundtrip(void) {
+    tlm_status s;
+    tlm_config a =
+        cfg_json("{\"vocab_size\": 300, \"d_model\": 96, \"n_heads\": 6, \"n_kv_heads\": 2,"
+                 "\"norm\": \"layernorm\", \"norm_position\": \"post\", \"ffn\": "
+                 "\"gelu_tanh\", \"position\": \"sinusoidal\", \"rope_pairing\": "
+                 "\"interleaved\", \"tie_embeddings\": false, \"bias\": true, "
+                 "\"dropout\": 0.1, \"norm_eps\": 1e-6, \"rope_theta\": 500000}",
+                 &s);
+    CHECK_OK(s);
+    char *json = tlm_config_to_json(&a);
+    CHECK(json && strstr(json, "\"norm_eps\":\t1e-06"), "norm_eps printed short: %s", json);
+    tlm_config b = cfg_json(json, &s);
+    CHECK_OK(s);
+    CHECK(memcmp(&a, &b, sizeof a) == 0, "config JSON round trip differs");
+    free(json);
+    CHECK_OK(tlm_config_save(&a, "test_config_rt.json"));
+    tlm_config c;
+    CHECK_OK(tlm_config_load("test_config_rt.json", &c));
+    CHECK(memcmp(&a, &c, sizeof a) == 0, "config file round trip differs");
+    remove("test_config_rt.json");
+    CHECK(tlm_config_load("no/such/file.json", &c) == TLM_ERR_IO, "missing file is an IO error");
+}
+
+static tlm_param_count count(const char *json) {
+    tlm_status s;
+    tlm_config c = cfg_json(json, &s);
+    CHECK_OK(s);
+    tlm_param_count pc;
+    tlm_count_params(&c, &pc);
+    /* The per-component table adds up to the total, and the schema agrees. */
+    size_t sum = 0, n_params = 0;
+    for (int k = 0; k < TLM_COMP_COUNT; k++) sum += pc.per_component[k];
+    CHECK(sum == pc.total, "components sum %zu != total %zu", sum, pc.total);
+    tlm_schema(&c, NULL, 0, &n_params);
+    CHECK(n_params == pc.total, "schema %zu != count %zu", n_params, pc.total);
+    return pc;
+}
+
+static void test_counts(void) {
+    const char *modern = "{\"vocab_size\": 50257, \"d_model\": 768, \"n_layers\": 12, \"n_heads\": "
+                         "12, \"d_ff\": 2048, \"context_length\": 1024}";
+    tlm_param_count pc = count(modern);
+    CHECK(pc.total == 123551232, "modern total %zu", pc.total);
+    CHECK(pc.non_embedding == 84953856, "modern non-embedding %zu", pc.non_embedding);
+    pc = count("{\"vocab_size\": 50257, \"d_model\": 768, \"n_layers\": 12, \"n_heads\": 12, "
+               "\"d_ff\": 2048, \"tie_embeddings\": false}");
+    CHECK(pc.total == 162148608, "untied total %zu", pc.total);
+    pc = count("{\"vocab_size\": 50257, \"d_model\": 768, \"n_layers\": 12, \"n_heads\": 12, "
+               "\"d_ff\": 3072, \"context_length\": 1024, \"norm\": \"layernorm\", \"ffn\": "
+               "\"gelu_tanh\", \"position\": \"learned\", \"bias\": true}");
+    CHECK(pc.total == 124439808, "gpt2 small total %zu", pc.total);
+    CHECK(pc.non_embedding == 124439808 - 50257 * 768 - 1024 * 768, "gpt2 non-emb %zu",
+          pc.non_embedding);
+    /* GQA shrinks k and v: 8 heads, 2 kv heads, d 64 -> k,v are [16, 64] each. */
+    pc = count("{\"vocab_size\": 10, \"d_model\": 64, \"n_layers\": 1, \"n_heads\": 8, "
+               "\"n_kv_heads\": 2, \"d_ff\": 128}");
+    CHECK(pc.per_component[TLM_COMP_ATTN] == 64 * 64 * 2 + 16 * 64 * 2, "gqa attention %zu",
+          pc.per_component[TLM_COMP_ATTN]);
+}
+
+static void test_schema(void) {
+    tlm_status s;
+    tlm_config c = cfg_json("{\"vocab_size\": 10, \"d_model\": 8, \"n_layers\": 2, \"n_heads\": 2, "
+                            "\"n_kv_heads\": 1, \"d_ff\": 16, \"bias\": true, \"norm\": "
+                            "\"layernorm\", \"tie_embeddings\": false, \"position\": \"learned\", "
+                            "\"context_length\": 5}",
+                            &s);
+    CHECK_OK(s);
+    tlm_tensor_info t[64];
+    size_t total;
+    int n = tlm_schema(&c, t, 64, &total);
+    CHECK(n == 2 + 2 * 18 + 2 + 1, "tensor count %d", n);
+    CHECK(!strcmp(t[0].name, "token_embd.weight") && t[0].shape[0] == 10 && t[0].shape[1] == 8,
+          "first tensor %s", t[0].name);
+    CHECK(!strcmp(t[1].name, "position_embd.weight") && t[1].embedding, "position table");
+    CHECK(!strcmp(t[4].name, "blk.0.attn_q.weight") && t[4].shape[0] == 8 && t[4].decay, "%s",
+          t[4].name);
+    CHECK(!strcmp(t[6].name, "blk.0.attn_k.weight") && t[6].shape[0] == 4, "k rows %lld",
+          (long long)t[6].shape[0]);
+    CHECK(!strcmp(t[5].name, "blk.0.attn_q.bias") && !t[5].decay, "bias doesn't decay");
+    CHECK(!strcmp(t[2].name, "blk.0.attn_norm.weight") && !t[2].decay, "gain doesn't decay");
+    CHECK(!strcmp(t[n - 1].name, "output.weight") && t[n - 1].decay, "%s", t[n - 1].name);
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        CHECK(t[i].offset == off, "%s offset %zu expected %zu", t[i].name, t[i].offset, off);
+        off += t[i].numel;
+    }
+    CHECK(off == total, "offsets cover the buffer");
+    /* Post-norm models have no final norm. */
+    c.norm_position = TLM_NORM_POST;
+    n = tlm_schema(&c, t, 64, &total);
+    for (int i = 0; i < n; i++) CHECK(strncmp(t[i].name, "output_norm", 11) != 0, "post-norm");
+}
+
+static void test_init(void) {
+    tlm_status s;
+    tlm_config c =
+        cfg_json("{\"vocab_size\": 1000, \"d_model\": 256, \"n_layers\": 2, \"n_heads\": "
+                 "4, \"bias\": true, \"norm\": \"layernorm\"}",
+                 &s);
+    tlm_model *m = NULL;
+    CHECK_OK(tlm_model_create(&c, &m));
+    if (!m) return;
+    CHECK_OK(tlm_model_init(m, 42, TLM_INIT_DEFAULT));
+    float *p = tlm_model_params(m);
+    const tlm_tensor_info *q = tlm_model_find(m, "blk.0.attn_q.weight");
+    double ss = 0, mx = 0;
+    for (size_t i = 0; i < q->numel; i++) {
+        ss += (double)p[q->offset + i] * p[q->offset + i];
+        mx = fabs(p[q->offset + i]) > mx ? fabs(p[q->offset + i]) : mx;
+    }
+    double sigma = sqrt(2.0 / 512), var = ss / q->numel;
+    /* Truncation at 3 sigma keeps 98.9% of the variance. */
+    CHECK(fabs(var / (sigma * sigma) - 0.973) < 0.03, "q variance ratio %g", var / (sigma * sigma));
+    CHECK(mx <= 3 * sigma + 1e-6, "cut at 3 sigma: %g", mx);
+    const tlm_tensor_info *g = tlm_model_find(m, "blk.1.ffn_norm.weight");
+    const tlm_tensor_info *b = tlm_model_find(m, "blk.1.ffn_norm.bias");
+    CHECK(p[g->offset] == 1.0f && p[b->offset + 3] == 0.0f, "gain 1, bias 0");
+    float first = p[q->offset];
+    CHECK_OK(tlm_model_init(m, 42, TLM_INIT_DEFAULT));
+    CHECK(p[q->offset] == first, "init is deterministic");
+    CHECK_OK(tlm_model_init(m, 7, TLM_INIT_GPT2));
+    const tlm_tensor_info *o = tlm_model_find(m, "blk.0.ffn_down.weight");
+    ss = 0;
+    for (size_t i = 0; i < o->numel; i++) ss += (double)p[o->offset + i] * p[o->offset + i];
+    double want = 0.02 / sqrt(4.0);
+    CHECK(fabs(sqrt(ss / o->numel) / want - 1) < 0.02, "gpt2 scaled std %g want %g",
+          sqrt(ss / o->numel), want);
+    tlm_model_free(m);
+}
+
+int main(void) {
+    test_defaults();
+    test_errors();
+    test_roundtrip();
+    test_counts();
+    test_schema();
+    test_init();
+    return t_finish("test_config");
+}

@@ -1,0 +1,134 @@
+/* Forward pass parity with the PyTorch reference (fixtures written by
+ * tests/reference/gen_fixtures.py), plus forward-pass argument errors. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "formats/safetensors.h"
+#include "harness.h"
+#include "tlm.h"
+
+#define FIXTURES TLM_BUILD_DIR "/fixtures/parity"
+
+static void parity_case(const char *name) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/%s", FIXTURES, name);
+    tlm_config c;
+    CHECK_OK(tlm_config_load(t_path(dir, "config.json"), &c));
+    tlm_model *m = NULL;
+    CHECK_OK(tlm_model_create(&c, &m));
+    if (!m) return;
+    CHECK_OK(tlm_model_load_safetensors(m, t_path(dir, "model.safetensors")));
+    st_file io;
+    if (st_open(&io, t_path(dir, "io.safetensors")) != TLM_OK) {
+        CHECK(0, "%s", tlm_last_error());
+        tlm_model_free(m);
+        return;
+    }
+    int B = atoi(st_meta(&io, "B")), T = atoi(st_meta(&io, "T"));
+    int pos = atoi(st_meta(&io, "pos_offset"));
+    size_t N = (size_t)B * T, V = (size_t)c.vocab_size;
+    int32_t *ids = malloc(N * sizeof *ids), *tg = malloc(N * sizeof *tg);
+    float *want = malloc(N * V * sizeof *want), loss_want;
+    CHECK_OK(st_read_i32(&io, st_find(&io, "ids"), ids, N));
+    CHECK_OK(st_read_i32(&io, st_find(&io, "targets"), tg, N));
+    CHECK_OK(st_read_f32(&io, st_find(&io, "logits"), want, N * V));
+    CHECK_OK(st_read_f32(&io, st_find(&io, "loss"), &loss_want, 1));
+    tlm_forward_opts o = {.targets = tg, .pos_offset = pos, .want_probs = 1};
+    tlm_forward_out out;
+    CHECK_OK(tlm_forward(m, ids, B, T, &o, &out));
+    double err = 0, mag = 0, perr = 0;
+    for (size_t i = 0; i < N * V; i++) {
+        double e = fabs((double)out.logits[i] - want[i]);
+        err = e > err ? e : err;
+        mag = fabs(want[i]) > mag ? fabs(want[i]) : mag;
+    }
+    /* Probabilities are the softmax of the reference logits. */
+    for (size_t r = 0; r < N; r++) {
+        double mx = -1e30, s = 0;
+        for (size_t j = 0; j < V; j++) mx = want[r * V + j] > mx ? want[r * V + j] : mx;
+        for (size_t j = 0; j < V; j++) s += exp(want[r * V + j] - mx);
+        for (size_t j = 0; j < V; j++) {
+            double e = fabs(out.probs[r * V + j] - exp(want[r * V + j] - mx) / s);
+            perr = e > perr ? e : perr;
+        }
+    }
+    printf("  %-28s B=%d T=%-3d pos=%-3d max|logit| %6.2f  max err %.2e  loss %.6f vs %.6f\n", name,
+           B, T, pos, mag, err, out.loss, loss_want);
+    CHECK(err <= 1e-4, "%s: logits max abs error %.3g", name, err);
+    CHECK(perr <= 1e-5, "%s: probabilities max abs error %.3g", name, perr);
+    CHECK(mag >= 1.0, "%s: fixture logits too small (%g) to be a meaningful check", name, mag);
+    CHECK_NEAR(out.loss, loss_want, 1e-5);
+    free(ids);
+    free(tg);
+    free(want);
+    st_close(&io);
+    tlm_model_free(m);
+}
+
+static void test_parity(void) {
+    FILE *f = fopen(FIXTURES "/cases.txt", "r");
+    CHECK(f != NULL, "missing %s (run tests/reference/gen_fixtures.py)", FIXTURES "/cases.txt");
+    if (!f) return;
+    char line[256];
+    int n = 0;
+    printf("forward parity with PyTorch:\n");
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\r\n")] = 0;
+        if (!line[0]) continue;
+        parity_case(line);
+        n++;
+    }
+    fclose(f);
+    CHECK(n >= 10, "only %d parity cases", n);
+}
+
+static void test_errors(void) {
+    tlm_config c;
+    tlm_config_default(&c);
+    c.vocab_size = 10;
+    c.context_length = 8;
+    c.d_model = 16;
+    c.n_layers = 1;
+    c.n_heads = 2;
+    tlm_model *m = NULL;
+    CHECK_OK(tlm_model_create(&c, &m));
+    CHECK_OK(tlm_model_init(m, 1, TLM_INIT_DEFAULT));
+    int32_t ids[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4, 5, 6};
+    tlm_forward_out out;
+    CHECK(tlm_forward(m, ids, 1, 9, NULL, &out) == TLM_ERR_ARG, "T > context is an error");
+    CHECK(strstr(tlm_last_error(), "context_length") != NULL, "%s", tlm_last_error());
+    tlm_forward_opts o = {.pos_offset = 5};
+    CHECK(tlm_forward(m, ids, 1, 4, &o, &out) == TLM_ERR_RANGE, "offset past context");
+    int32_t bad[2] = {3, 10};
+    CHECK(tlm_forward(m, bad, 1, 2, NULL, &out) == TLM_ERR_RANGE, "id >= vocab");
+    CHECK(strstr(tlm_last_error(), "token id 10") != NULL, "%s", tlm_last_error());
+    bad[1] = -1;
+    CHECK(tlm_forward(m, bad, 1, 2, NULL, &out) == TLM_ERR_RANGE, "negative id");
+    CHECK(tlm_forward(m, ids, 0, 2, NULL, &out) == TLM_ERR_ARG, "empty batch");
+    /* Batch rows are independent: row 1 of a B=2 batch equals the same row alone. */
+    CHECK_OK(tlm_forward(m, ids, 2, 8, NULL, &out));
+    float row1[8 * 10];
+    memcpy(row1, out.logits + 80, sizeof row1);
+    CHECK_OK(tlm_forward(m, ids + 8, 1, 8, NULL, &out));
+    double e = 0;
+    for (int i = 0; i < 80; i++) e = fmax(e, fabs(row1[i] - out.logits[i]));
+    CHECK(e < 1e-5, "batch row independence %g", e);
+    /* Causality: changing a later token leaves earlier logits unchanged. */
+    float first[4 * 10];
+    memcpy(first, out.logits, sizeof first);
+    int32_t alt[8];
+    memcpy(alt, ids + 8, sizeof alt);
+    alt[5] = (alt[5] + 1) % 10;
+    CHECK_OK(tlm_forward(m, alt, 1, 8, NULL, &out));
+    e = 0;
+    for (int i = 0; i < 40; i++) e = fmax(e, fabs(first[i] - out.logits[i]));
+    CHECK(e == 0, "future token changed past logits by %g", e);
+    tlm_model_free(m);
+}
+
+int main(void) {
+    tlm_set_threads(2);
+    test_errors();
+    test_parity();
+    return t_finish("test_forward");
+}

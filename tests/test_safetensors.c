@@ -1,0 +1,135 @@
+/* safetensors: round trip of every float dtype and rejection of malformed files. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/half.h"
+#include "formats/safetensors.h"
+#include "harness.h"
+#include "tlm.h"
+
+static void write_raw(const char *path, const char *header, size_t data_len) {
+    FILE *f = fopen(path, "wb");
+    uint64_t n = strlen(header);
+    fwrite(&n, 8, 1, f);
+    fwrite(header, 1, n, f);
+    for (size_t i = 0; i < data_len; i++) fputc(0, f);
+    fclose(f);
+}
+
+static void expect_bad(const char *header, size_t data_len, const char *needle) {
+    write_raw("bad.safetensors", header, data_len);
+    st_file f;
+    tlm_status s = st_open(&f, "bad.safetensors");
+    CHECK(s == TLM_ERR_FORMAT, "accepted bad header %s", header);
+    CHECK(strstr(tlm_last_error(), needle) != NULL, "error '%s' lacks '%s'", tlm_last_error(),
+          needle);
+    if (s == TLM_OK) st_close(&f);
+}
+
+static void test_malformed(void) {
+    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,12]}}", 8, "outside");
+    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 8, "bytes");
+    expect_bad("{\"a\":{\"dtype\":\"Q4\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, "dtype");
+    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+               "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+               8, "overlap");
+    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", 8, "dimension");
+    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,4294967296],"
+               "\"data_offsets\":[0,8]}}",
+               8, "overflow");
+    expect_bad("not json", 0, "JSON");
+    FILE *f = fopen("bad.safetensors", "wb");
+    uint64_t huge = (uint64_t)1 << 40;
+    fwrite(&huge, 8, 1, f);
+    fclose(f);
+    st_file sf;
+    CHECK(st_open(&sf, "bad.safetensors") == TLM_ERR_FORMAT, "huge header length accepted");
+    f = fopen("bad.safetensors", "wb");
+    fwrite("abc", 1, 3, f);
+    fclose(f);
+    CHECK(st_open(&sf, "bad.safetensors") == TLM_ERR_FORMAT, "3-byte file accepted");
+    remove("bad.safetensors");
+}
+
+static void test_roundtrip(void) {
+    float a[6] = {1.0f, -2.5f, 3.14159f, 65504.0f, 1e-7f, -0.0f};
+    int32_t ids[3] = {7, -1, 1 << 30};
+    st_out_tensor t[4] = {
+        {"a32", TLM_DT_F32, 2, {2, 3}, a},
+        {"a16", TLM_DT_F16, 1, {6}, a},
+        {"abf", TLM_DT_BF16, 2, {3, 2}, a},
+        {"ids", TLM_DT_I32, 1, {3}, ids},
+    };
+    const char *k[] = {"note"}, *v[] = {"hello"};
+    CHECK_OK(st_write("rt.safetensors", t, 4, k, v, 1));
+    st_file f;
+    CHECK_OK(st_open(&f, "rt.safetensors"));
+    CHECK(f.n == 4, "tensor count %d", f.n);
+    CHECK(st_meta(&f, "note") && !strcmp(st_meta(&f, "note"), "hello"), "metadata");
+    float b[6];
+    CHECK_OK(st_read_f32(&f, st_find(&f, "a32"), b, 6));
+    CHECK(memcmp(a, b, sizeof a) == 0, "F32 exact");
+    CHECK_OK(st_read_f32(&f, st_find(&f, "a16"), b, 6));
+    for (int i = 0; i < 6; i++)
+        CHECK(b[i] == tlm_f16_to_f32(tlm_f32_to_f16(a[i])), "F16 element %d", i);
+    CHECK(b[3] == 65504.0f && fabsf(b[2] - 3.140625f) < 1e-6f, "F16 values %g %g", b[3], b[2]);
+    CHECK_OK(st_read_f32(&f, st_find(&f, "abf"), b, 6));
+    CHECK(b[1] == -2.5f && fabsf(b[2] - 3.140625f) < 1e-6f, "BF16 values %g", b[2]);
+    int32_t got[3];
+    CHECK_OK(st_read_i32(&f, st_find(&f, "ids"), got, 3));
+    CHECK(memcmp(got, ids, sizeof ids) == 0, "I32 exact");
+    CHECK(st_read_f32(&f, st_find(&f, "a32"), b, 5) == TLM_ERR_FORMAT, "count mismatch");
+    st_close(&f);
+    remove("rt.safetensors");
+}
+
+static void test_half(void) {
+    /* Every half value survives f16 -> f32 -> f16. */
+    int bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = tlm_f16_to_f32((uint16_t)h);
+        if (f != f) continue;
+        if (tlm_f32_to_f16(f) != h) bad++;
+    }
+    CHECK(bad == 0, "%d half values do not round trip", bad);
+    CHECK(tlm_f32_to_f16(1.0f + 1.0f / 2048) == 0x3c00, "ties to even (down)");
+    CHECK(tlm_f32_to_f16(1.0f + 3.0f / 2048) == 0x3c02, "ties to even (up)");
+    CHECK(tlm_f32_to_f16(1e6f) == 0x7c00, "overflow to inf");
+    CHECK(tlm_f32_to_bf16(1.00390625f) == 0x3f80, "bf16 tie to even");
+}
+
+static void test_model_io(void) {
+    tlm_config c;
+    tlm_config_default(&c);
+    c.vocab_size = 17;
+    c.d_model = 16;
+    c.n_heads = 2;
+    c.n_layers = 2;
+    c.bias = 1;
+    c.norm = TLM_NORM_LAYERNORM;
+    tlm_model *m = NULL, *m2 = NULL;
+    CHECK_OK(tlm_model_create(&c, &m));
+    CHECK_OK(tlm_model_init(m, 3, TLM_INIT_GPT2));
+    CHECK_OK(tlm_model_save_safetensors(m, "model_rt.safetensors"));
+    CHECK_OK(tlm_model_create(&c, &m2));
+    CHECK_OK(tlm_model_load_safetensors(m2, "model_rt.safetensors"));
+    CHECK(memcmp(tlm_model_params(m), tlm_model_params(m2), tlm_model_num_params(m) * 4) == 0,
+          "model parameters round trip");
+    tlm_model_free(m2);
+    c.d_model = 32;
+    CHECK_OK(tlm_model_create(&c, &m2));
+    CHECK(tlm_model_load_safetensors(m2, "model_rt.safetensors") == TLM_ERR_FORMAT,
+          "shape mismatch rejected");
+    CHECK(strstr(tlm_last_error(), "wrong shape") != NULL, "%s", tlm_last_error());
+    tlm_model_free(m2);
+    tlm_model_free(m);
+    remove("model_rt.safetensors");
+}
+
+int main(void) {
+    test_half();
+    test_malformed();
+    test_roundtrip();
+    test_model_io();
+    return t_finish("test_safetensors");
+}
