@@ -177,6 +177,12 @@ typedef struct {
 tlm_status tlm_forward(tlm_model *m, const int32_t *ids, int B, int T, const tlm_forward_opts *opts,
                        tlm_forward_out *out);
 
+/* Training step core: forward over ids [B, T] at positions pos0.., mean cross-entropy against
+ * targets (negative = ignored) into *loss, and the gradient of that loss for every parameter into
+ * grads (the parameter buffer's layout; zeroed first unless accumulate). Consumes the logits. */
+tlm_status tlm_forward_backward(tlm_model *m, const int32_t *ids, const int32_t *targets, int B,
+                                int T, int pos0, float *grads, int accumulate, float *loss);
+
 /* ---- safetensors (tlm checkpoints and test fixtures) --------------------------------------- */
 
 /* Writes every tensor of the model as F32 plus the config under __metadata__ "tlm_config". Writes
@@ -185,6 +191,121 @@ tlm_status tlm_model_save_safetensors(const tlm_model *m, const char *path);
 /* Loads parameters by canonical name into a model whose config matches; every schema tensor must
  * be present with the right shape. */
 tlm_status tlm_model_load_safetensors(tlm_model *m, const char *path);
+
+/* ---- formats ------------------------------------------------------------------------------ */
+
+/* Real model files: llama2.c .bin (legacy and version 1), GGUF v3 (arch llama), Hugging Face
+ * directories (config.json + *.safetensors: LlamaForCausalLM, GPT2LMHeadModel) and tlm's own
+ * checkpoints. Every reader validates the file against its length before touching memory. */
+
+typedef struct tlm_tokenizer tlm_tokenizer;
+
+typedef enum {
+    TLM_FORMAT_UNKNOWN = 0,
+    TLM_FORMAT_TLM,     /* tlm checkpoint directory or tlm .safetensors */
+    TLM_FORMAT_LLAMA2C, /* llama2.c .bin */
+    TLM_FORMAT_GGUF,
+    TLM_FORMAT_HF /* Hugging Face directory */
+} tlm_model_format;
+
+const char *tlm_model_format_name(tlm_model_format f);
+/* Identifies a MODEL path by its content (magic, header sanity) and layout. */
+tlm_status tlm_model_detect(const char *path, tlm_model_format *fmt);
+
+/* Opens a model from any supported path (see tlm_model_detect), creating it with the config the
+ * file describes. */
+tlm_status tlm_model_load(const char *path, tlm_model **out);
+
+/* llama2.c: version 0 = legacy (7 x int32 header, negative vocab = separate classifier; what
+ * run.c reads), 1 = "ak42" 256-byte header. Writing needs a Llama-style model (rmsnorm, swiglu,
+ * rope theta 10000, eps 1e-5, no bias); half-pairing q/k rows are reordered to adjacent pairs. */
+tlm_status tlm_model_load_llama2c(const char *path, tlm_model **out);
+tlm_status tlm_model_save_llama2c(const tlm_model *m, const char *path, int version);
+
+/* ---- generation --------------------------------------------------------------------------- */
+
+/* A session holds the KV cache of `batch` independent sequences over one model (which must outlive
+ * it and may be shared by several sessions). Each layer caches n_kv_heads keys and values per
+ * position, after RoPE, so cached keys are never rotated again. Prompts are prefilled in one
+ * batched pass (sgemm); each later token goes through a matrix-vector path that streams the
+ * weights once per step. Nothing is allocated per decode step. The cache holds at most
+ * `capacity` positions (<= context_length); there is no sliding window: a sequence that is full
+ * refuses more tokens with TLM_ERR_RANGE. */
+typedef struct tlm_session tlm_session;
+
+/* capacity <= 0 means context_length. */
+tlm_status tlm_session_new(tlm_model *m, int batch, int capacity, tlm_session **out);
+void tlm_session_free(tlm_session *s);
+/* Empties sequence seq's cache (seq < 0: every sequence). */
+void tlm_session_reset(tlm_session *s, int seq);
+int tlm_session_batch(const tlm_session *s);
+int tlm_session_capacity(const tlm_session *s);
+/* Positions cached so far for sequence seq (its next token's position). */
+int tlm_session_length(const tlm_session *s, int seq);
+
+/* Appends n tokens to sequence seq in one batched pass. logits (may be NULL) receives [n, V]
+ * logits when all_rows, else only the last token's [V]. */
+tlm_status tlm_prefill(tlm_session *s, int seq, const int32_t *ids, int n, float *logits,
+                       int all_rows);
+/* Appends one token to each sequence b with active[b] != 0 (active NULL: all of them) in one step;
+ * logits [batch, V] receives the rows of the active sequences (others are left untouched). */
+tlm_status tlm_decode(tlm_session *s, const int32_t *ids, const uint8_t *active, float *logits);
+/* Appends one token to sequence 0; logits receives [V]. */
+tlm_status tlm_decode_step(tlm_session *s, int32_t id, float *logits);
+
+typedef struct {
+    float temperature; /* 0: greedy (argmax, lowest id on ties); else logits / temperature */
+    int top_k;         /* keep the k most likely ids; <= 0 keeps all */
+    float top_p;       /* keep the smallest set of most likely ids with mass >= top_p; >= 1 all */
+    uint64_t seed;
+    uint64_t stream; /* independent streams for the same seed (e.g. one per batch member) */
+} tlm_sampler_opts;
+
+/* Defaults: temperature 0.8, top_k 0, top_p 0.95, seed 0, stream 0. */
+void tlm_sampler_opts_default(tlm_sampler_opts *o);
+
+/* Draws ids from logits. Reproducible: the same options and logits give the same ids. Neither
+ * top-k nor top-p sorts the vocabulary (a k-heap, and a sort of only the ids that can be in the
+ * nucleus). */
+typedef struct tlm_sampler tlm_sampler;
+tlm_status tlm_sampler_new(const tlm_sampler_opts *o, int vocab_size, tlm_sampler **out);
+void tlm_sampler_free(tlm_sampler *s);
+/* TLM_ERR_NUMERIC when the logits hold a NaN or no finite value. */
+tlm_status tlm_sample(tlm_sampler *s, const float *logits, int32_t *id);
+
+typedef enum {
+    TLM_STOP_NONE = 0,
+    TLM_STOP_LENGTH,   /* max_new_tokens generated */
+    TLM_STOP_EOS,      /* the end-of-sequence id was generated (it is reported to on_token) */
+    TLM_STOP_CONTEXT,  /* prompt + generated reached the cache capacity (context_length) */
+    TLM_STOP_CALLBACK, /* on_token asked to stop */
+} tlm_stop_reason;
+
+typedef struct {
+    int max_new_tokens;
+    int32_t eos_id; /* < 0: none */
+    tlm_sampler_opts sampling;
+    /* Called with each new id as it is sampled; non-zero stops that sequence. May be NULL. */
+    int (*on_token)(void *user, int seq, int32_t id);
+    void *user;
+} tlm_generate_opts;
+
+typedef struct {
+    int prompt_tokens;     /* over all sequences */
+    int new_tokens;        /* ids sampled, over all sequences */
+    int decode_steps;      /* tlm_decode calls */
+    double prefill_seconds;
+    double decode_seconds; /* decode steps plus sampling */
+} tlm_generate_stats;
+
+/* Generates from n_prompts (<= batch) prompts at once, after resetting the session: each prompt
+ * is prefilled, then all unfinished sequences advance together one token per step until each has
+ * stopped. A sequence never exceeds the capacity: prompt + new ids <= capacity. stops (may be
+ * NULL) receives each sequence's reason; stats may be NULL. Sequence b samples with stream
+ * sampling.stream + b, so its ids do not depend on the other prompts. */
+tlm_status tlm_generate(tlm_session *s, const int32_t *const *prompts, const int *prompt_lens,
+                        int n_prompts, const tlm_generate_opts *o, tlm_stop_reason *stops,
+                        tlm_generate_stats *stats);
 
 /* ---- tokenizer ---------------------------------------------------------------------------- */
 

@@ -44,3 +44,59 @@ void k_add(float *y, const float *a, const float *b, size_t n) {
 #pragma omp parallel for schedule(static)
     for (long i = 0; i < nn; i++) y[i] = a[i] + b[i];
 }
+
+static inline float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+static inline float gelu_erf_grad(float x) {
+    /* d/dx x*Phi(x) = Phi(x) + x*phi(x) */
+    return 0.5f * (1.0f + erff(x * INV_SQRT_2)) + x * 0.3989422804014327f * expf(-0.5f * x * x);
+}
+
+static inline float gelu_tanh_grad(float x) {
+    float u = SQRT_2_OVER_PI * (x + 0.044715f * x * x * x);
+    float t = tanhf(u);
+    float du = SQRT_2_OVER_PI * (1.0f + 3.0f * 0.044715f * x * x);
+    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
+}
+
+void k_act_bwd(float *dx, const float *dy, const float *x, size_t n, k_act act) {
+    long nn = (long)n;
+    switch (act) {
+    case K_ACT_GELU:
+#pragma omp parallel for schedule(static)
+        for (long i = 0; i < nn; i++) dx[i] = dy[i] * gelu_erf_grad(x[i]);
+        break;
+    case K_ACT_GELU_TANH:
+#pragma omp parallel for schedule(static)
+        for (long i = 0; i < nn; i++) dx[i] = dy[i] * gelu_tanh_grad(x[i]);
+        break;
+    case K_ACT_RELU:
+#pragma omp parallel for schedule(static)
+        for (long i = 0; i < nn; i++) dx[i] = x[i] > 0.0f ? dy[i] : 0.0f;
+        break;
+    case K_ACT_SILU:
+#pragma omp parallel for schedule(static)
+        for (long i = 0; i < nn; i++) {
+            float s = sigmoid(x[i]);
+            dx[i] = dy[i] * s * (1.0f + x[i] * (1.0f - s));
+        }
+        break;
+    }
+}
+
+void k_swiglu_bwd(float *dgate, float *dup, const float *dy, const float *gate, const float *up,
+                  size_t n) {
+    long nn = (long)n;
+#pragma omp parallel for schedule(static)
+    for (long i = 0; i < nn; i++) {
+        float g = gate[i], s = sigmoid(g), sl = g * s;
+        dup[i] = dy[i] * sl;
+        dgate[i] = dy[i] * up[i] * s * (1.0f + g * (1.0f - s));
+    }
+}
+
+void k_acc(float *y, const float *a, size_t n) {
+    long nn = (long)n;
+#pragma omp parallel for schedule(static)
+    for (long i = 0; i < nn; i++) y[i] += a[i];
+}

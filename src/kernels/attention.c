@@ -1,5 +1,7 @@
 #include <cblas.h>
 #include <math.h>
+#include <omp.h>
+#include <string.h>
 
 #include "kernels.h"
 
@@ -33,5 +35,52 @@ void k_attention_fwd(float *out, float *probs, const float *q, const float *k, c
         }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, p, T, vb, kw, 0.0f,
                     out + (size_t)b * T * qw + (size_t)h * hd, qw);
+    }
+}
+
+void k_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                     const float *k, const float *v, const float *probs, int B, int T, int H,
+                     int KVH, int hd, float *scratch) {
+    int qw = H * hd, kw = KVH * hd, group = H / KVH;
+    float scale = 1.0f / sqrtf((float)hd);
+    /* Tasks own one (batch, kv head): the query heads sharing it accumulate dK, dV serially, so
+     * no two threads write the same rows. */
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int bk = 0; bk < B * KVH; bk++) {
+        int b = bk / KVH, kvh = bk % KVH;
+        float *dP = scratch + (size_t)omp_get_thread_num() * T * T;
+        const float *kb = k + (size_t)b * T * kw + (size_t)kvh * hd;
+        const float *vb = v + (size_t)b * T * kw + (size_t)kvh * hd;
+        float *dkb = dk + (size_t)b * T * kw + (size_t)kvh * hd;
+        float *dvb = dv + (size_t)b * T * kw + (size_t)kvh * hd;
+        for (int t = 0; t < T; t++) {
+            memset(dkb + (size_t)t * kw, 0, (size_t)hd * sizeof(float));
+            memset(dvb + (size_t)t * kw, 0, (size_t)hd * sizeof(float));
+        }
+        for (int h = kvh * group; h < (kvh + 1) * group; h++) {
+            const float *P = probs + ((size_t)b * H + h) * T * T;
+            const float *dO = dout + (size_t)b * T * qw + (size_t)h * hd;
+            const float *qb = q + (size_t)b * T * qw + (size_t)h * hd;
+            float *dqb = dq + (size_t)b * T * qw + (size_t)h * hd;
+            /* dV += P^T dO; dP = dO V^T */
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1.0f, P, T, dO, qw, 1.0f,
+                        dvb, kw);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, 1.0f, dO, qw, vb, kw,
+                        0.0f, dP, T);
+            /* Softmax backward row by row: dS = P * (dP - sum(P * dP)), scaled. */
+            for (int t = 0; t < T; t++) {
+                const float *pr = P + (size_t)t * T;
+                float *dr = dP + (size_t)t * T;
+                float dot = 0.0f;
+                for (int j = 0; j <= t; j++) dot += pr[j] * dr[j];
+                for (int j = 0; j <= t; j++) dr[j] = pr[j] * (dr[j] - dot) * scale;
+                for (int j = t + 1; j < T; j++) dr[j] = 0.0f;
+            }
+            /* dQ = dS K; dK += dS^T Q */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, dP, T, kb, kw,
+                        0.0f, dqb, qw);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1.0f, dP, T, qb, qw,
+                        1.0f, dkb, kw);
+        }
     }
 }

@@ -7,14 +7,24 @@
 
 /* ---- linear.c: y[N,out] = x[N,in] W[out,in]^T (+ b[out]) ---- */
 void k_linear_fwd(float *y, const float *x, const float *w, const float *b, int N, int in, int out);
+/* dx = dy W (or dx += when acc_dx), dW += dy^T x, db += column sums of dy (db may be NULL). */
+void k_linear_bwd(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w,
+                  int N, int in, int out, int acc_dx);
+/* db[j] += sum_i dy[i, j] over N rows of width n; deterministic, cache-line blocked. */
+void k_colsum_acc(float *db, const float *dy, int N, int n);
 
 /* ---- norm.c ---- */
 /* y = x / sqrt(mean(x^2) + eps) * g; saves rstd[N] (may be NULL). */
 void k_rmsnorm_fwd(float *y, float *rstd, const float *x, const float *g, int N, int d, float eps);
-/* y = (x - mean) / sqrt(var + eps) * g + b (b may be NULL); saves mean[N], rstd[N] (may be NULL).
- */
+/* y = (x - mean) / sqrt(var + eps) * g + b (b may be NULL); saves mean, rstd [N] (may be NULL). */
 void k_layernorm_fwd(float *y, float *mean, float *rstd, const float *x, const float *g,
                      const float *b, int N, int d, float eps);
+
+/* dx = d/dx of the norm given dy (overwrites dx); dg (and db) accumulate. x is the norm's input. */
+void k_rmsnorm_bwd(float *dx, float *dg, const float *dy, const float *x, const float *g,
+                   const float *rstd, int N, int d);
+void k_layernorm_bwd(float *dx, float *dg, float *db, const float *dy, const float *x,
+                     const float *g, const float *mean, const float *rstd, int N, int d);
 
 /* ---- act.c ---- */
 typedef enum { K_ACT_GELU, K_ACT_GELU_TANH, K_ACT_RELU, K_ACT_SILU } k_act;
@@ -22,11 +32,19 @@ typedef enum { K_ACT_GELU, K_ACT_GELU_TANH, K_ACT_RELU, K_ACT_SILU } k_act;
 void k_act_fwd(float *y, const float *x, size_t n, k_act act);
 /* y = silu(gate) * up elementwise over n. */
 void k_swiglu_fwd(float *y, const float *gate, const float *up, size_t n);
+/* dx = dy * act'(x) (x is the activation's input). */
+void k_act_bwd(float *dx, const float *dy, const float *x, size_t n, k_act act);
+void k_swiglu_bwd(float *dgate, float *dup, const float *dy, const float *gate, const float *up,
+                  size_t n);
 
 /* ---- rope.c ---- */
 /* Rotates x [B*T, n_heads*hd] in place; row t of each sequence has position pos0 + t. cos/sin are
  * tables [positions, hd/2]. interleaved pairs (2i, 2i+1), else (i, i + hd/2). */
 void k_rope_fwd(float *x, int B, int T, int n_heads, int hd, int pos0, const float *cos_t,
+                const float *sin_t, int interleaved);
+
+/* Gradient through the rotation: rotates dx in place by the negative angle. */
+void k_rope_bwd(float *dx, int B, int T, int n_heads, int hd, int pos0, const float *cos_t,
                 const float *sin_t, int interleaved);
 
 /* ---- attention.c ---- */
@@ -35,15 +53,25 @@ void k_rope_fwd(float *x, int B, int T, int n_heads, int hd, int pos0, const flo
 void k_attention_fwd(float *out, float *probs, const float *q, const float *k, const float *v,
                      int B, int T, int H, int KVH, int hd);
 
+/* dq [B*T, H*hd] is overwritten; dk, dv [B*T, KVH*hd] are overwritten. scratch holds
+ * omp_get_max_threads() * T * T floats. */
+void k_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                     const float *k, const float *v, const float *probs, int B, int T, int H,
+                     int KVH, int hd, float *scratch);
+
 /* ---- loss.c ---- */
 /* Mean cross-entropy over rows whose target >= 0 (NAN if none); writes softmax probabilities to
  * probs when not NULL. Returns the number of counted rows in *count. */
 double k_cross_entropy_fwd(const float *logits, const int *targets, float *probs, int N, int V,
                            int *count);
+/* Training: returns the mean loss over counted rows and replaces logits in place with
+ * d(loss)/d(logits) = (softmax - onehot) / count (zero rows for ignored targets). */
+double k_cross_entropy_fwd_bwd(float *logits, const int *targets, int N, int V, int *count);
 /* Row-wise softmax of logits into probs. */
 void k_softmax_rows(float *probs, const float *logits, int N, int V);
 
 /* ---- misc ---- */
 void k_add(float *y, const float *a, const float *b, size_t n); /* y = a + b */
+void k_acc(float *y, const float *a, size_t n);                 /* y += a */
 
 #endif

@@ -15,3 +15,27 @@ void k_linear_fwd(float *y, const float *x, const float *w, const float *b, int 
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, out, in, 1.0f, x, in, w, in, beta, y,
                 out);
 }
+
+void k_colsum_acc(float *db, const float *dy, int N, int n) {
+    int blocks = (n + 15) / 16;
+#pragma omp parallel for schedule(static)
+    for (int bl = 0; bl < blocks; bl++) {
+        int j0 = bl * 16, j1 = j0 + 16 < n ? j0 + 16 : n;
+        float acc[16] = {0};
+        for (int i = 0; i < N; i++) {
+            const float *row = dy + (size_t)i * n;
+            for (int j = j0; j < j1; j++) acc[j - j0] += row[j];
+        }
+        for (int j = j0; j < j1; j++) db[j] += acc[j - j0];
+    }
+}
+
+void k_linear_bwd(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w,
+                  int N, int in, int out, int acc_dx) {
+    if (dx)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, in, out, 1.0f, dy, out, w, in,
+                    acc_dx ? 1.0f : 0.0f, dx, in);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, N, 1.0f, dy, out, x, in, 1.0f, dw,
+                in);
+    if (db) k_colsum_acc(db, dy, N, out);
+}

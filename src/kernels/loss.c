@@ -1,4 +1,5 @@
 #include <math.h>
+#include <string.h>
 
 #include "kernels.h"
 
@@ -35,4 +36,25 @@ double k_cross_entropy_fwd(const float *logits, const int *targets, float *probs
 
 void k_softmax_rows(float *probs, const float *logits, int N, int V) {
     k_cross_entropy_fwd(logits, NULL, probs, N, V, NULL);
+}
+
+double k_cross_entropy_fwd_bwd(float *logits, const int *targets, int N, int V, int *count) {
+    int n = 0;
+    for (int i = 0; i < N; i++) n += targets[i] >= 0;
+    double total = 0.0;
+    float inv = n ? 1.0f / (float)n : 0.0f;
+#pragma omp parallel for schedule(static) reduction(+ : total)
+    for (int i = 0; i < N; i++) {
+        float *x = logits + (size_t)i * V;
+        if (targets[i] < 0) {
+            memset(x, 0, (size_t)V * sizeof(float));
+            continue;
+        }
+        float lse = row_lse(x, V);
+        total += (double)(lse - x[targets[i]]);
+        for (int j = 0; j < V; j++) x[j] = expf(x[j] - lse) * inv;
+        x[targets[i]] -= inv;
+    }
+    if (count) *count = n;
+    return n ? total / n : NAN;
 }

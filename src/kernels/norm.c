@@ -42,3 +42,66 @@ void k_layernorm_fwd(float *y, float *mean, float *rstd, const float *x, const f
         if (rstd) rstd[i] = r;
     }
 }
+
+/* Gain (and bias) gradients are column sums over rows; blocking by 16 columns keeps them
+ * deterministic and cache friendly without per-thread buffers. */
+static void gain_grads(float *dg, float *db, const float *dy, const float *x, const float *mean,
+                       const float *rstd, int N, int d) {
+    int blocks = (d + 15) / 16;
+#pragma omp parallel for schedule(static)
+    for (int bl = 0; bl < blocks; bl++) {
+        int j0 = bl * 16, j1 = j0 + 16 < d ? j0 + 16 : d;
+        float ag[16] = {0}, ab[16] = {0};
+        for (int i = 0; i < N; i++) {
+            const float *dyi = dy + (size_t)i * d, *xi = x + (size_t)i * d;
+            float m = mean ? mean[i] : 0.0f, r = rstd[i];
+            for (int j = j0; j < j1; j++) {
+                ag[j - j0] += dyi[j] * (xi[j] - m) * r;
+                ab[j - j0] += dyi[j];
+            }
+        }
+        for (int j = j0; j < j1; j++) {
+            dg[j] += ag[j - j0];
+            if (db) db[j] += ab[j - j0];
+        }
+    }
+}
+
+void k_rmsnorm_bwd(float *dx, float *dg, const float *dy, const float *x, const float *g,
+                   const float *rstd, int N, int d) {
+    gain_grads(dg, NULL, dy, x, NULL, rstd, N, d);
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) {
+        const float *dyi = dy + (size_t)i * d, *xi = x + (size_t)i * d;
+        float *dxi = dx + (size_t)i * d;
+        float r = rstd[i], dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+        for (int j = 0; j < d; j++) dot += dyi[j] * g[j] * xi[j];
+        /* d/dx of x*r: r*dy*g - x * r^3 * mean(dy*g*x) */
+        float c = dot * r * r * r / (float)d;
+        for (int j = 0; j < d; j++) dxi[j] = r * dyi[j] * g[j] - xi[j] * c;
+    }
+}
+
+void k_layernorm_bwd(float *dx, float *dg, float *db, const float *dy, const float *x,
+                     const float *g, const float *mean, const float *rstd, int N, int d) {
+    gain_grads(dg, db, dy, x, mean, rstd, N, d);
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) {
+        const float *dyi = dy + (size_t)i * d, *xi = x + (size_t)i * d;
+        float *dxi = dx + (size_t)i * d;
+        float m = mean[i], r = rstd[i], s1 = 0.0f, s2 = 0.0f;
+#pragma omp simd reduction(+ : s1, s2)
+        for (int j = 0; j < d; j++) {
+            float dxh = dyi[j] * g[j];
+            s1 += dxh;
+            s2 += dxh * (xi[j] - m) * r;
+        }
+        s1 /= (float)d;
+        s2 /= (float)d;
+        for (int j = 0; j < d; j++) {
+            float xh = (xi[j] - m) * r;
+            dxi[j] = r * (dyi[j] * g[j] - s1 - xh * s2);
+        }
+    }
+}

@@ -1,12 +1,15 @@
 #include "kernels.h"
 
-void k_rope_fwd(float *x, int B, int T, int n_heads, int hd, int pos0, const float *cos_t,
-                const float *sin_t, int interleaved) {
+/* sign = +1 rotates forward; -1 applies the transpose (the backward pass). */
+static void rope(float *x, int B, int T, int n_heads, int hd, int pos0, const float *cos_t,
+                 const float *sin_t, int interleaved, float sign) {
     int half = hd / 2, width = n_heads * hd;
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < B * T; r++) {
         int pos = pos0 + r % T;
-        const float *c = cos_t + (size_t)pos * half, *s = sin_t + (size_t)pos * half;
+        const float *c = cos_t + (size_t)pos * half, *s0 = sin_t + (size_t)pos * half;
+        float s[half > 0 ? half : 1];
+        for (int i = 0; i < half; i++) s[i] = sign * s0[i];
         float *row = x + (size_t)r * width;
         for (int h = 0; h < n_heads; h++) {
             float *v = row + h * hd;
@@ -25,4 +28,14 @@ void k_rope_fwd(float *x, int B, int T, int n_heads, int hd, int pos0, const flo
             }
         }
     }
+}
+
+void k_rope_fwd(float *x, int B, int T, int n_heads, int hd, int pos0, const float *cos_t,
+                const float *sin_t, int interleaved) {
+    rope(x, B, T, n_heads, hd, pos0, cos_t, sin_t, interleaved, 1.0f);
+}
+
+void k_rope_bwd(float *dx, int B, int T, int n_heads, int hd, int pos0, const float *cos_t,
+                const float *sin_t, int interleaved) {
+    rope(dx, B, T, n_heads, hd, pos0, cos_t, sin_t, interleaved, -1.0f);
 }

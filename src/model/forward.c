@@ -147,27 +147,19 @@ static void embed(tlm_model *m, float *x, const int32_t *ids, int B, int T, int 
     }
 }
 
-tlm_status tlm_forward(tlm_model *m, const int32_t *ids, int B, int T, const tlm_forward_opts *opts,
-                       tlm_forward_out *out) {
-    static const tlm_forward_opts none = {0};
-    if (!opts) opts = &none;
+tlm_status tlm_forward_internal(tlm_model *m, const int32_t *ids, int B, int T, int pos0) {
     const tlm_config *c = &m->c;
-    if (!ids || !out) return tlm_err(TLM_ERR_ARG, "forward: ids and out must not be NULL");
+    if (!ids) return tlm_err(TLM_ERR_ARG, "forward: ids must not be NULL");
     tlm_status s = tlm_model_reserve(m, B, T);
     if (s) return s;
-    int pos0 = opts->pos_offset;
     if (pos0 < 0 || pos0 > c->context_length - T)
         return tlm_err(TLM_ERR_RANGE, "positions %d..%d exceed context_length %d", pos0,
                        pos0 + T - 1, c->context_length);
     int N = B * T;
-    for (int i = 0; i < N; i++) {
+    for (int i = 0; i < N; i++)
         if (ids[i] < 0 || ids[i] >= c->vocab_size)
             return tlm_err(TLM_ERR_RANGE, "token id %d at index %d is outside the vocabulary (%d)",
                            ids[i], i, c->vocab_size);
-        if (opts->targets && opts->targets[i] >= c->vocab_size)
-            return tlm_err(TLM_ERR_RANGE, "target id %d at index %d is outside the vocabulary (%d)",
-                           opts->targets[i], i, c->vocab_size);
-    }
     tlm_arena *a = &m->arena;
     float *P = m->params;
     int d = c->d_model;
@@ -204,6 +196,25 @@ tlm_status tlm_forward(tlm_model *m, const int32_t *ids, int B, int T, const tlm
         head_in = a->xn;
     }
     k_linear_fwd(a->logits, head_in, P + m->off.out_w, NULL, N, d, c->vocab_size);
+    return TLM_OK;
+}
+
+tlm_status tlm_forward(tlm_model *m, const int32_t *ids, int B, int T, const tlm_forward_opts *opts,
+                       tlm_forward_out *out) {
+    static const tlm_forward_opts none = {0};
+    if (!opts) opts = &none;
+    const tlm_config *c = &m->c;
+    if (!out) return tlm_err(TLM_ERR_ARG, "forward: out must not be NULL");
+    if (opts->targets && B > 0 && T > 0)
+        for (int i = 0; i < B * T; i++)
+            if (opts->targets[i] >= c->vocab_size)
+                return tlm_err(TLM_ERR_RANGE,
+                               "target id %d at index %d is outside the vocabulary (%d)",
+                               opts->targets[i], i, c->vocab_size);
+    tlm_status s = tlm_forward_internal(m, ids, B, T, opts->pos_offset);
+    if (s) return s;
+    tlm_arena *a = &m->arena;
+    int N = B * T;
     int counted = 0;
     double loss = NAN;
     if (opts->targets || opts->want_probs)

@@ -102,11 +102,10 @@ tlm_status tlm_model_create(const tlm_config *cfg, tlm_model **out) {
     return TLM_OK;
 }
 
-void tlm_arena_free(tlm_arena *a);
-
 void tlm_model_free(tlm_model *m) {
     if (!m) return;
     tlm_arena_free(&m->arena);
+    tlm_grad_arena_free(&m->garena);
     tlm_big_free(m->params, m->n_params * sizeof(float));
     free(m->tensors);
     free(m->off.layer);

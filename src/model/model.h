@@ -52,6 +52,18 @@ typedef struct {
     float *attn_tmp; /* [N, d] projection output scratch */
 } tlm_arena;
 
+/* Scratch for the backward pass, sized like the activation arena. */
+typedef struct {
+    int B, T, threads;
+    float *base;
+    size_t floats;
+    float *dres, *dtmp, *dn;      /* [N, d] */
+    float *dq, *datt;             /* [N, H*hd] */
+    float *dk, *dv;               /* [N, KVH*hd] */
+    float *dff_a, *dff_b, *dff_h; /* [N, d_ff] */
+    float *att_scratch;           /* [threads, T, T] */
+} tlm_grad_arena;
+
 struct tlm_model {
     tlm_config c;
     tlm_tensor_info *tensors;
@@ -62,7 +74,13 @@ struct tlm_model {
     float *rope_cos, *rope_sin; /* [context_length, hd/2] */
     float *sinus;               /* [context_length, d] */
     tlm_arena arena;
+    tlm_grad_arena garena;
 };
+
+void tlm_arena_free(tlm_arena *a);
+void tlm_grad_arena_free(tlm_grad_arena *g);
+/* Runs the forward pass into the arena (no loss). */
+tlm_status tlm_forward_internal(tlm_model *m, const int32_t *ids, int B, int T, int pos0);
 
 static inline float *tlm_at(float *base, size_t off) {
     return off == TLM_NO_TENSOR ? NULL : base + off;

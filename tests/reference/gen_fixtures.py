@@ -5,7 +5,7 @@ Usage: /usr/bin/python3 tests/reference/gen_fixtures.py OUTDIR
 For each case NAME this writes
     OUTDIR/parity/NAME/config.json        the config as the C side should read it
     OUTDIR/parity/NAME/model.safetensors  every parameter, F32, canonical names and order
-    OUTDIR/parity/NAME/io.safetensors     ids, targets (I32 [B,T]), logits (F32 [B,T,V]),
+    OUTDIR/parity/NAME/io.safetensors     ids, targets (I32 [B,T]), logits (F32 [B,T,V]), grad.NAME,
                                           loss (F32 [1]); metadata pos_offset, B, T
 and OUTDIR/parity/cases.txt with the case names, one per line. Deterministic: each case seeds
 its own generator from its index.
@@ -151,8 +151,12 @@ def main():
     names = []
     for index, c in enumerate(CASES):
         cfg, written, model, ids, targets = make_case(c, index)
-        with torch.no_grad():
-            logits, loss = model(ids, pos_offset=c["pos_offset"], targets=targets)
+        model.zero_grad()
+        logits, loss = model(ids, pos_offset=c["pos_offset"], targets=targets)
+        loss.backward()
+        # Gradients of the mean loss for every parameter, for the backward-pass parity test.
+        grads = [("grad." + n, g.float()) for n, g in model.canonical_grads().items()]
+        logits, loss = logits.detach(), loss.detach()
         d = os.path.join(root, c["name"])
         os.makedirs(d, exist_ok=True)
         with open(os.path.join(d, "config.json"), "w") as f:
@@ -163,7 +167,7 @@ def main():
         write_safetensors(
             os.path.join(d, "io.safetensors"),
             [("ids", ids.to(torch.int32)), ("targets", targets.to(torch.int32)),
-             ("logits", logits.float()), ("loss", loss.reshape(1).float())],
+             ("logits", logits.float()), ("loss", loss.reshape(1).float())] + grads,
             metadata={"pos_offset": str(c["pos_offset"]), "B": str(c["B"]), "T": str(c["T"])})
         names.append(c["name"])
         print(f"{c['name']:30s} B={c['B']} T={c['T']:2d} pos={c['pos_offset']:2d} "

@@ -1,0 +1,140 @@
+/* Opening a model from any supported path. Format detection lives here so that every command
+ * (info, generate, eval, convert) accepts the same MODEL argument. */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "formats/safetensors.h"
+#include "model/model.h"
+
+static int is_dir(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static int file_exists(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* A tlm .safetensors file carries its config in the metadata; a sibling config.json also works. */
+static tlm_status load_tlm_safetensors(const char *path, tlm_model **out) {
+    st_file f;
+    tlm_status s = st_open(&f, path);
+    if (s) return s;
+    tlm_config c;
+    const char *cfg = st_meta(&f, "tlm_config");
+    if (cfg) {
+        s = tlm_config_from_json(cfg, &c);
+        if (s) tlm_err_context(s, "%s: config in metadata", path);
+    } else {
+        s = tlm_err(TLM_ERR_FORMAT, "%s: no tlm_config in the metadata", path);
+    }
+    st_close(&f);
+    if (s) return s;
+    s = tlm_model_create(&c, out);
+    if (s) return s;
+    s = tlm_model_load_safetensors(*out, path);
+    if (s) {
+        tlm_model_free(*out);
+        *out = NULL;
+    }
+    return s;
+}
+
+int fmt_llama2c_sniff(const uint8_t *p, size_t n);
+
+const char *tlm_model_format_name(tlm_model_format f) {
+    switch (f) {
+    case TLM_FORMAT_TLM: return "tlm";
+    case TLM_FORMAT_LLAMA2C: return "llama2.c";
+    case TLM_FORMAT_GGUF: return "gguf";
+    case TLM_FORMAT_HF: return "huggingface";
+    default: return "unknown";
+    }
+}
+
+static char *join(const char *dir, const char *name) {
+    size_t n = strlen(dir) + strlen(name) + 2;
+    char *p = malloc(n);
+    if (p) snprintf(p, n, "%s/%s", dir, name);
+    return p;
+}
+
+static int dir_has(const char *dir, const char *name) {
+    char *p = join(dir, name);
+    int r = p && file_exists(p);
+    free(p);
+    return r;
+}
+
+tlm_status tlm_model_detect(const char *path, tlm_model_format *fmt) {
+    *fmt = TLM_FORMAT_UNKNOWN;
+    if (is_dir(path)) {
+        /* tlm writes model.safetensors with its config inside; Hugging Face keeps config.json. */
+        if (dir_has(path, "model.safetensors") && !dir_has(path, "config.json"))
+            *fmt = TLM_FORMAT_TLM;
+        else if (dir_has(path, "config.json"))
+            *fmt = TLM_FORMAT_HF;
+        else
+            return tlm_err(TLM_ERR_FORMAT,
+                           "'%s' is a directory with neither model.safetensors (tlm checkpoint) "
+                           "nor config.json (Hugging Face model)",
+                           path);
+        if (*fmt == TLM_FORMAT_TLM || !dir_has(path, "model.safetensors")) return TLM_OK;
+        /* Both present: a tlm checkpoint directory also holds tlm's config.json. */
+        st_file f;
+        char *p = join(path, "model.safetensors");
+        if (!p) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+        tlm_status s = st_open(&f, p);
+        free(p);
+        if (s) return s;
+        if (st_meta(&f, "tlm_config")) *fmt = TLM_FORMAT_TLM;
+        st_close(&f);
+        return TLM_OK;
+    }
+    if (!file_exists(path))
+        return tlm_err(TLM_ERR_IO, "no such model file or directory '%s'", path);
+    size_t n = strlen(path);
+    if (n >= 12 && !strcmp(path + n - 12, ".safetensors")) {
+        *fmt = TLM_FORMAT_TLM;
+        return TLM_OK;
+    }
+    tlm_mmap map;
+    tlm_status s = tlm_mmap_open(&map, path);
+    if (s) return s;
+    if (map.size >= 4 && !memcmp(map.data, "GGUF", 4))
+        *fmt = TLM_FORMAT_GGUF;
+    else if (fmt_llama2c_sniff(map.data, map.size))
+        *fmt = TLM_FORMAT_LLAMA2C;
+    tlm_mmap_close(&map);
+    if (*fmt == TLM_FORMAT_UNKNOWN)
+        return tlm_err(TLM_ERR_FORMAT,
+                       "'%s': unrecognized model format (not GGUF, not a llama2.c .bin whose "
+                       "header matches its size, not .safetensors)",
+                       path);
+    return TLM_OK;
+}
+
+static tlm_status load_tlm(const char *path, tlm_model **out) {
+    if (!is_dir(path)) return load_tlm_safetensors(path, out);
+    char *p = join(path, "model.safetensors");
+    if (!p) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    tlm_status s = load_tlm_safetensors(p, out);
+    free(p);
+    return s;
+}
+
+tlm_status tlm_model_load(const char *path, tlm_model **out) {
+    *out = NULL;
+    tlm_model_format f;
+    tlm_status s = tlm_model_detect(path, &f);
+    if (s) return s;
+    switch (f) {
+    case TLM_FORMAT_TLM: return load_tlm(path, out);
+    case TLM_FORMAT_LLAMA2C: return tlm_model_load_llama2c(path, out);
+    default: break;
+    }
+    return tlm_err(TLM_ERR_UNSUPPORTED, "'%s': %s models are not supported yet", path,
+                   tlm_model_format_name(f));
+}
