@@ -1,0 +1,79 @@
+/* Helpers shared by the model-format readers and writers. */
+#include "formats/formats.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+tlm_status fmt_permute_qk(float *w, float *bias, int rows, int cols, int hd, int to_interleaved) {
+    if (hd <= 0 || hd % 2 || rows % hd)
+        return tlm_err(TLM_ERR_ARG, "cannot permute %d rows with head dim %d", rows, hd);
+    int half = hd / 2;
+    size_t row_bytes = (size_t)cols * sizeof(float);
+    float *tmp = malloc((size_t)hd * row_bytes);
+    float btmp[1024];
+    if (!tmp) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    if (bias && hd > 1024) {
+        free(tmp);
+        return tlm_err(TLM_ERR_UNSUPPORTED, "head dim %d too large", hd);
+    }
+    for (int h = 0; h < rows / hd; h++) {
+        float *blk = w + (size_t)h * hd * cols;
+        float *b = bias ? bias + (size_t)h * hd : NULL;
+        for (int i = 0; i < half; i++)
+            for (int j = 0; j < 2; j++) {
+                /* half order: row j*half + i; interleaved order: row 2i + j */
+                int hrow = j * half + i, irow = 2 * i + j;
+                int dst = to_interleaved ? irow : hrow, src = to_interleaved ? hrow : irow;
+                memcpy(tmp + (size_t)dst * cols, blk + (size_t)src * cols, row_bytes);
+                if (b) btmp[dst] = b[src];
+            }
+        memcpy(blk, tmp, (size_t)hd * row_bytes);
+        if (b) memcpy(b, btmp, (size_t)hd * sizeof(float));
+    }
+    free(tmp);
+    return TLM_OK;
+}
+
+int fmt_is_llama_style(const tlm_config *c, char *why, size_t why_len) {
+    const char *bad = NULL;
+    if (c->norm != TLM_NORM_RMSNORM)
+        bad = "norm is not rmsnorm";
+    else if (c->norm_position != TLM_NORM_PRE)
+        bad = "norm_position is not pre";
+    else if (c->ffn != TLM_FFN_SWIGLU)
+        bad = "ffn is not swiglu";
+    else if (c->position != TLM_POS_ROPE)
+        bad = "position is not rope";
+    else if (c->bias)
+        bad = "the model has biases";
+    if (bad && why) snprintf(why, why_len, "%s", bad);
+    return bad == NULL;
+}
+
+tlm_status fmt_model_create(const tlm_config *c, const char *path, tlm_model **out) {
+    tlm_status s = tlm_model_create(c, out);
+    if (s) return tlm_err_context(s, "%s", path);
+    return TLM_OK;
+}
+
+float *fmt_tensor(tlm_model *m, const char *name) {
+    const tlm_tensor_info *t = tlm_model_find(m, name);
+    return t ? m->params + t->offset : NULL;
+}
+
+const float *fmt_tensor_c(const tlm_model *m, const char *name) {
+    const tlm_tensor_info *t = tlm_model_find(m, name);
+    return t ? m->params + t->offset : NULL;
+}
+
+float *fmt_layer_tensor(tlm_model *m, int layer, const char *name) {
+    char n[TLM_NAME_MAX];
+    snprintf(n, sizeof n, "blk.%d.%s", layer, name);
+    return fmt_tensor(m, n);
+}
+
+const float *fmt_layer_tensor_c(const tlm_model *m, int layer, const char *name) {
+    char n[TLM_NAME_MAX];
+    snprintf(n, sizeof n, "blk.%d.%s", layer, name);
+    return fmt_tensor_c(m, n);
+}

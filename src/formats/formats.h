@@ -1,0 +1,28 @@
+/* Helpers shared by the model-format readers and writers (llama2.c, GGUF, Hugging Face). */
+#ifndef TLM_FORMATS_H
+#define TLM_FORMATS_H
+
+#include "core/core.h"
+#include "model/model.h"
+
+/* Reorders the rows of a q or k projection [rows, cols] head by head between the two RoPE pairings.
+ * Half pairing rotates row i with row i + hd/2, interleaved rotates 2i with 2i+1; the same rows
+ * in the other order give the same attention scores, so a model converts losslessly.
+ * to_interleaved: half-order rows -> interleaved order; otherwise the inverse. bias may be a
+ * [rows] vector (or NULL) that moves with its rows. */
+tlm_status fmt_permute_qk(float *w, float *bias, int rows, int cols, int hd, int to_interleaved);
+
+/* 1 if the config is the Llama shape that llama2.c and GGUF `llama` describe: pre-norm RMSNorm,
+ * SwiGLU, RoPE, no bias. Otherwise writes the first difference into why. */
+int fmt_is_llama_style(const tlm_config *c, char *why, size_t why_len);
+
+/* Creates a model from c, with a context message on failure ("<path>: ..."). */
+tlm_status fmt_model_create(const tlm_config *c, const char *path, tlm_model **out);
+
+/* Pointer to a tensor's floats by canonical name (NULL if the model lacks it). */
+float *fmt_tensor(tlm_model *m, const char *name);
+const float *fmt_tensor_c(const tlm_model *m, const char *name);
+float *fmt_layer_tensor(tlm_model *m, int layer, const char *name);
+const float *fmt_layer_tensor_c(const tlm_model *m, int layer, const char *name);
+
+#endif
