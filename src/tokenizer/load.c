@@ -1,0 +1,228 @@
+/* Finding and loading a tokenizer from a path, and writing tlm tokenizer directories. */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "tok_internal.h"
+
+static int is_dir(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static int is_file(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static char *join(const char *dir, const char *name) {
+    size_t a = strlen(dir), b = strlen(name);
+    char *p = malloc(a + b + 2);
+    if (!p) return NULL;
+    memcpy(p, dir, a);
+    p[a] = '/';
+    memcpy(p + a + 1, name, b + 1);
+    return p;
+}
+
+static char *dirname_of(const char *path) {
+    const char *sl = strrchr(path, '/');
+    if (!sl) {
+        char *d = malloc(2);
+        if (d) strcpy(d, ".");
+        return d;
+    }
+    size_t n = sl == path ? 1 : (size_t)(sl - path);
+    char *d = malloc(n + 1);
+    if (!d) return NULL;
+    memcpy(d, path, n);
+    d[n] = 0;
+    return d;
+}
+
+static const char *basename_of(const char *path) {
+    const char *sl = strrchr(path, '/');
+    return sl ? sl + 1 : path;
+}
+
+static tlm_status load_gpt2_dir(const char *dir, tlm_tokenizer **out) {
+    char *e = join(dir, "encoder.json"), *v = join(dir, "vocab.bpe");
+    tlm_status s = e && v ? tok_load_gpt2(e, v, out) : tlm_err(TLM_ERR_NOMEM, "out of memory");
+    free(e);
+    free(v);
+    return s;
+}
+
+/* Marks the listed texts as specials of a loaded BPE (tlm-trained directories record them). */
+static tlm_status mark_specials(tlm_tokenizer *t, cJSON *arr, const char *path) {
+    if (!arr) return TLM_OK;
+    if (!cJSON_IsArray(arr))
+        return tlm_err(TLM_ERR_FORMAT, "'%s': \"specials\" must be an array of strings", path);
+    for (cJSON *it = arr->child; it; it = it->next) {
+        if (!cJSON_IsString(it))
+            return tlm_err(TLM_ERR_FORMAT, "'%s': \"specials\" must be an array of strings", path);
+        size_t l = strlen(it->valuestring);
+        int32_t id = -1;
+        for (int32_t i = 0; i < t->n && id < 0; i++)
+            if (t->off[i + 1] - t->off[i] == l &&
+                memcmp(t->data + t->off[i], it->valuestring, l) == 0)
+                id = i;
+        if (id < 0)
+            return tlm_err(TLM_ERR_FORMAT, "'%s': special token '%.60s' is not in the vocabulary",
+                           path, it->valuestring);
+        t->attr[id] = TOK_SPECIAL;
+    }
+    return tok_finish(t);
+}
+
+static int json_id(cJSON *root, const char *key, int32_t n, int32_t *out) {
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (!v || cJSON_IsNull(v)) return 1;
+    if (!cJSON_IsNumber(v) || v->valuedouble < -1 || v->valuedouble >= n ||
+        v->valuedouble != (double)(int)v->valuedouble)
+        return 0;
+    *out = (int32_t)v->valuedouble;
+    return 1;
+}
+
+tlm_status tok_load_tlm_dir(const char *dir, tlm_tokenizer **out) {
+    *out = NULL;
+    char *path = join(dir, "tokenizer.json");
+    if (!path) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    char *txt = NULL;
+    size_t n;
+    cJSON *root = NULL;
+    tlm_tokenizer *t = NULL;
+    int32_t *types = NULL;
+    tlm_status s = tlm_read_file(path, &txt, &n);
+    if (s) goto done;
+    root = cJSON_ParseWithLength(txt, n);
+    cJSON *type = root ? cJSON_GetObjectItemCaseSensitive(root, "type") : NULL;
+    if (!root || !cJSON_IsObject(root)) {
+        s = tlm_err(TLM_ERR_FORMAT, "'%s' is not valid JSON", path);
+        goto done;
+    }
+    if (!cJSON_IsString(type)) {
+        s = tlm_err(TLM_ERR_FORMAT,
+                    "'%s' has no \"type\" (a Hugging Face tokenizer.json is not supported; "
+                    "give encoder.json + vocab.bpe instead)",
+                    path);
+        goto done;
+    }
+    if (!strcmp(type->valuestring, "bpe")) {
+        s = load_gpt2_dir(dir, &t);
+        if (!s) s = mark_specials(t, cJSON_GetObjectItemCaseSensitive(root, "specials"), path);
+    } else if (!strcmp(type->valuestring, "char")) {
+        cJSON *chars = cJSON_GetObjectItemCaseSensitive(root, "chars");
+        int nc = cJSON_IsArray(chars) ? cJSON_GetArraySize(chars) : 0;
+        if (nc <= 0) {
+            s = tlm_err(TLM_ERR_FORMAT, "'%s': \"chars\" must be a non-empty array", path);
+            goto done;
+        }
+        const uint8_t **units = malloc((size_t)nc * sizeof *units);
+        size_t *lens = malloc((size_t)nc * sizeof *lens);
+        uint8_t *bytes = malloc((size_t)nc);
+        if (!units || !lens || !bytes) {
+            s = tlm_err(TLM_ERR_NOMEM, "out of memory");
+        } else {
+            int k = 0;
+            for (cJSON *it = chars->child; it && !s; it = it->next, k++) {
+                if (cJSON_IsString(it)) {
+                    units[k] = (const uint8_t *)it->valuestring;
+                    lens[k] = strlen(it->valuestring);
+                } else if (cJSON_IsNumber(it) && it->valuedouble >= 0 && it->valuedouble <= 255 &&
+                           it->valuedouble == (double)(int)it->valuedouble) {
+                    bytes[k] = (uint8_t)it->valueint; /* a byte that is not UTF-8 */
+                    units[k] = &bytes[k];
+                    lens[k] = 1;
+                } else {
+                    s = tlm_err(TLM_ERR_FORMAT, "'%s': chars[%d] is neither a string nor a byte",
+                                path, k);
+                }
+            }
+            if (!s) s = tok_build_char(units, lens, nc, &t);
+        }
+        free(units);
+        free(lens);
+        free(bytes);
+    } else if (!strcmp(type->valuestring, "spm")) {
+        char *bin = join(dir, "tokenizer.bin");
+        cJSON *tarr = cJSON_GetObjectItemCaseSensitive(root, "token_types");
+        int nt = cJSON_IsArray(tarr) ? cJSON_GetArraySize(tarr) : 0;
+        if (nt > 0 && (types = malloc((size_t)nt * sizeof *types))) {
+            int k = 0;
+            for (cJSON *it = tarr->child; it; it = it->next) types[k++] = (int32_t)it->valuedouble;
+        }
+        s = bin ? tok_load_llama2c_typed(bin, nt > 0 ? types : NULL, nt, &t)
+                : tlm_err(TLM_ERR_NOMEM, "out of memory");
+        free(bin);
+    } else {
+        s = tlm_err(TLM_ERR_FORMAT, "'%s': unknown tokenizer type '%.40s' (bpe, spm, char)", path,
+                    type->valuestring);
+    }
+    if (!s && (!json_id(root, "bos", t->n, &t->bos) || !json_id(root, "eos", t->n, &t->eos)))
+        s = tlm_err(TLM_ERR_FORMAT, "'%s': bos/eos must be token ids", path);
+done:
+    if (s) {
+        tlm_tokenizer_free(t);
+        t = NULL;
+    }
+    *out = t;
+    free(types);
+    cJSON_Delete(root);
+    free(txt);
+    free(path);
+    return s;
+}
+
+tlm_status tlm_tokenizer_load_gpt2(const char *encoder_json, const char *vocab_bpe,
+                                   tlm_tokenizer **out) {
+    return tok_load_gpt2(encoder_json, vocab_bpe, out);
+}
+
+tlm_status tlm_tokenizer_load(const char *path, tlm_tokenizer **out) {
+    *out = NULL;
+    if (!path || !*path) return tlm_err(TLM_ERR_ARG, "no tokenizer path given");
+    tlm_status s;
+    if (is_dir(path)) {
+        char *tj = join(path, "tokenizer.json"), *ej = join(path, "encoder.json"),
+             *tb = join(path, "tokenizer.bin");
+        if (!tj || !ej || !tb)
+            s = tlm_err(TLM_ERR_NOMEM, "out of memory");
+        else if (is_file(tj))
+            s = tok_load_tlm_dir(path, out);
+        else if (is_file(ej))
+            s = load_gpt2_dir(path, out);
+        else if (is_file(tb))
+            s = tok_load_llama2c(tb, out);
+        else
+            s = tlm_err(TLM_ERR_IO,
+                        "'%s' holds no tokenizer (expected tokenizer.json, encoder.json + "
+                        "vocab.bpe, or tokenizer.bin)",
+                        path);
+        free(tj);
+        free(ej);
+        free(tb);
+        return s;
+    }
+    if (!is_file(path))
+        return tlm_err(TLM_ERR_IO, "cannot open tokenizer '%s': %s", path, strerror(errno));
+    FILE *f = fopen(path, "rb");
+    char magic[4] = {0};
+    if (!f) return tlm_err(TLM_ERR_IO, "cannot open tokenizer '%s': %s", path, strerror(errno));
+    size_t got = fread(magic, 1, 4, f);
+    fclose(f);
+    if (got == 4 && memcmp(magic, "GGUF", 4) == 0) return tok_load_gguf(path, out);
+    const char *base = basename_of(path);
+    if (!strcmp(base, "tokenizer.json") || !strcmp(base, "encoder.json") ||
+        !strcmp(base, "vocab.bpe")) {
+        char *dir = dirname_of(path);
+        if (!dir) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+        s = !strcmp(base, "tokenizer.json") ? tok_load_tlm_dir(dir, out) : load_gpt2_dir(dir, out);
+        free(dir);
+        return s;
+    }
+    return tok_load_llama2c(path, out);
+}

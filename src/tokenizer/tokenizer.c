@@ -1,0 +1,469 @@
+/* The tokenizer interface shared by every kind: piece table, hash maps, special-token splitting,
+ * decoding and the streaming decoder. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "tok_internal.h"
+#include "unicode.h"
+
+/* ---- buffers ----------------------------------------------------------------------------- */
+
+tlm_status tok_bytes_put(tok_bytes *b, const void *p, size_t n) {
+    if (n > b->cap - b->n) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap - b->n < n) {
+            if (cap > SIZE_MAX / 2) return tlm_err(TLM_ERR_NOMEM, "buffer too large");
+            cap *= 2;
+        }
+        uint8_t *np = realloc(b->p, cap);
+        if (!np) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+        b->p = np;
+        b->cap = cap;
+    }
+    if (n) memcpy(b->p + b->n, p, n);
+    b->n += n;
+    return TLM_OK;
+}
+
+tlm_status tok_ids_reserve(tok_ids *v, size_t extra) {
+    if (extra <= v->cap - v->n) return TLM_OK;
+    size_t cap = v->cap ? v->cap : 64;
+    while (cap - v->n < extra) {
+        if (cap > SIZE_MAX / 2 / sizeof(int32_t)) return tlm_err(TLM_ERR_NOMEM, "too many ids");
+        cap *= 2;
+    }
+    int32_t *np = realloc(v->p, cap * sizeof(int32_t));
+    if (!np) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    v->p = np;
+    v->cap = cap;
+    return TLM_OK;
+}
+
+/* ---- hashing ----------------------------------------------------------------------------- */
+
+uint64_t tok_hash(const uint8_t *p, size_t n) {
+    /* Eight bytes at a time with a multiply-xorshift mix: pieces are short, so this is mostly
+     * one or two rounds. */
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ (n * 0xC2B2AE3D27D4EB4Full);
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        h = (h ^ w) * 0xBF58476D1CE4E5B9ull;
+        h ^= h >> 31;
+        p += 8;
+        n -= 8;
+    }
+    uint64_t w = 0;
+    for (size_t i = 0; i < n; i++) w |= (uint64_t)p[i] << (8 * i);
+    h = (h ^ w) * 0x94D049BB133111EBull;
+    h ^= h >> 29;
+    h *= 0xBF58476D1CE4E5B9ull;
+    h ^= h >> 32;
+    return h;
+}
+
+static size_t pow2_at_least(size_t n) {
+    size_t c = 16;
+    while (c < n) c <<= 1;
+    return c;
+}
+
+tlm_status tok_map_build(tlm_tokenizer *t) {
+    free(t->map.slots);
+    size_t cap = pow2_at_least((size_t)t->n * 2 + 1);
+    t->map.slots = calloc(cap, sizeof(uint64_t));
+    if (!t->map.slots) return tlm_err(TLM_ERR_NOMEM, "out of memory for the vocabulary map");
+    t->map.mask = cap - 1;
+    for (int32_t id = 0; id < t->n; id++) {
+        if (t->attr[id] != TOK_NORMAL) continue;
+        size_t len;
+        const uint8_t *p = tok_piece(t, id, &len);
+        if (tok_map_find(t, p, len) >= 0) {
+            t->attr[id] = TOK_UNUSED; /* a duplicate piece: the first id wins */
+            continue;
+        }
+        uint64_t h = tok_hash(p, len);
+        size_t k = (size_t)h & t->map.mask;
+        while (t->map.slots[k]) k = (k + 1) & t->map.mask;
+        t->map.slots[k] = (h & 0xFFFFFFFF00000000ull) | (uint64_t)(uint32_t)(id + 1);
+    }
+    return TLM_OK;
+}
+
+int32_t tok_map_find(const tlm_tokenizer *t, const uint8_t *p, size_t n) {
+    uint64_t h = tok_hash(p, n);
+    size_t k = (size_t)h & t->map.mask;
+    uint64_t hi = h & 0xFFFFFFFF00000000ull;
+    for (;;) {
+        uint64_t s = t->map.slots[k];
+        if (!s) return -1;
+        if ((s & 0xFFFFFFFF00000000ull) == hi) {
+            int32_t id = (int32_t)(uint32_t)s - 1;
+            size_t len;
+            const uint8_t *q = tok_piece(t, id, &len);
+            if (len == n && memcmp(p, q, n) == 0) return id;
+        }
+        k = (k + 1) & t->map.mask;
+    }
+}
+
+tlm_status tok_pairmap_init(tok_pairmap *m, size_t n) {
+    size_t cap = pow2_at_least(n * 2 + 1);
+    m->keys = malloc(cap * sizeof(uint64_t));
+    m->vals = malloc(cap * sizeof(uint64_t));
+    if (!m->keys || !m->vals) {
+        tok_pairmap_free(m);
+        return tlm_err(TLM_ERR_NOMEM, "out of memory for the merge table");
+    }
+    memset(m->keys, 0xFF, cap * sizeof(uint64_t));
+    m->mask = cap - 1;
+    return TLM_OK;
+}
+
+void tok_pairmap_free(tok_pairmap *m) {
+    free(m->keys);
+    free(m->vals);
+    m->keys = m->vals = NULL;
+    m->mask = 0;
+}
+
+void tok_pairmap_put(tok_pairmap *m, int32_t a, int32_t b, uint32_t rank, int32_t merged) {
+    uint64_t k = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
+    size_t h = (size_t)((k * 0x9E3779B97F4A7C15ull) >> 20) & m->mask;
+    while (m->keys[h] != ~0ull && m->keys[h] != k) h = (h + 1) & m->mask;
+    if (m->keys[h] == k) return; /* a repeated merge keeps its first (best) rank */
+    m->keys[h] = k;
+    m->vals[h] = ((uint64_t)rank << 32) | (uint32_t)merged;
+}
+
+/* ---- construction ------------------------------------------------------------------------ */
+
+tlm_status tok_alloc(tlm_tokenizer **out, tlm_tokenizer_kind kind, int32_t n) {
+    *out = NULL;
+    if (n <= 0 || n > TOK_MAX_VOCAB)
+        return tlm_err(TLM_ERR_FORMAT, "vocabulary size %ld out of range (1..%d)", (long)n,
+                       TOK_MAX_VOCAB);
+    tlm_tokenizer *t = calloc(1, sizeof *t);
+    if (!t) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    t->kind = kind;
+    t->n = n;
+    t->off = calloc((size_t)n + 1, sizeof(uint64_t));
+    t->attr = calloc((size_t)n, 1);
+    if (!t->off || !t->attr) {
+        tlm_tokenizer_free(t);
+        return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    }
+    t->bos = t->eos = t->unk = -1;
+    for (int i = 0; i < 256; i++) t->byte_id[i] = -1;
+    *out = t;
+    return TLM_OK;
+}
+
+tlm_status tok_set_piece(tlm_tokenizer *t, int32_t id, const void *p, size_t len) {
+    tok_bytes b = {t->pieces.p, t->pieces.n, t->pieces.cap};
+    tlm_status s = tok_bytes_put(&b, p, len);
+    t->pieces.p = b.p;
+    t->pieces.n = b.n;
+    t->pieces.cap = b.cap;
+    t->data = b.p;
+    if (s) return s;
+    t->off[id + 1] = b.n;
+    if (len > t->max_piece) t->max_piece = len;
+    return TLM_OK;
+}
+
+static int cmp_special_len(const void *a, const void *b, void *t_) {
+    const tlm_tokenizer *t = t_;
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    uint64_t lx = t->off[x + 1] - t->off[x], ly = t->off[y + 1] - t->off[y];
+    if (lx != ly) return lx > ly ? -1 : 1;
+    return x < y ? -1 : x > y;
+}
+
+tlm_status tok_finish(tlm_tokenizer *t) {
+    if (!t->data) { /* every piece empty (degenerate but possible): keep data non-NULL */
+        t->data = t->pieces.p = malloc(1);
+        if (!t->data) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    }
+    tlm_status s = tok_map_build(t);
+    if (s) return s;
+    int ns = 0;
+    for (int32_t i = 0; i < t->n; i++)
+        if (t->attr[i] == TOK_SPECIAL && t->off[i + 1] > t->off[i]) ns++;
+    free(t->specials);
+    t->specials = malloc(((size_t)ns + 1) * sizeof(int32_t));
+    if (!t->specials) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    t->n_specials = 0;
+    memset(t->special_first, 0, sizeof t->special_first);
+    for (int32_t i = 0; i < t->n; i++)
+        if (t->attr[i] == TOK_SPECIAL && t->off[i + 1] > t->off[i]) {
+            t->specials[t->n_specials++] = i;
+            t->special_first[t->data[t->off[i]]] = 1;
+        }
+    /* insertion sort by length (descending), then id: longest match wins */
+    for (int i = 1; i < t->n_specials; i++) {
+        int32_t v = t->specials[i];
+        int j = i;
+        while (j > 0 && cmp_special_len(&t->specials[j - 1], &v, t) > 0) {
+            t->specials[j] = t->specials[j - 1];
+            j--;
+        }
+        t->specials[j] = v;
+    }
+    return TLM_OK;
+}
+
+void tlm_tokenizer_free(tlm_tokenizer *t) {
+    if (!t) return;
+    free(t->data);
+    free(t->off);
+    free(t->attr);
+    free(t->scores);
+    free(t->map.slots);
+    tok_pairmap_free(&t->merges);
+    free(t->merge_list);
+    free(t->specials);
+    free(t);
+}
+
+/* ---- queries ----------------------------------------------------------------------------- */
+
+tlm_tokenizer_kind tlm_tokenizer_get_kind(const tlm_tokenizer *t) { return t->kind; }
+
+const char *tlm_tokenizer_kind_name(tlm_tokenizer_kind k) {
+    switch (k) {
+    case TLM_TOKENIZER_BPE: return "bpe";
+    case TLM_TOKENIZER_SPM: return "spm";
+    case TLM_TOKENIZER_CHAR: return "char";
+    }
+    return "unknown";
+}
+
+int32_t tlm_tokenizer_vocab_size(const tlm_tokenizer *t) { return t->n; }
+int32_t tlm_tokenizer_bos(const tlm_tokenizer *t) { return t->bos; }
+int32_t tlm_tokenizer_eos(const tlm_tokenizer *t) { return t->eos; }
+size_t tlm_tokenizer_max_piece(const tlm_tokenizer *t) { return t->max_piece; }
+
+int tlm_tokenizer_is_special(const tlm_tokenizer *t, int32_t id) {
+    return id >= 0 && id < t->n && t->attr[id] == TOK_SPECIAL;
+}
+
+tlm_status tlm_tokenizer_piece(const tlm_tokenizer *t, int32_t id, const char **bytes,
+                               size_t *len) {
+    if (id < 0 || id >= t->n) {
+        *bytes = "";
+        *len = 0;
+        return tlm_err(TLM_ERR_RANGE, "token id %ld out of range (vocabulary has %ld tokens)",
+                       (long)id, (long)t->n);
+    }
+    *bytes = (const char *)tok_piece(t, id, len);
+    return TLM_OK;
+}
+
+int32_t tlm_tokenizer_find(const tlm_tokenizer *t, const void *bytes, size_t len) {
+    int32_t id = tok_map_find(t, bytes, len);
+    if (id >= 0) return id;
+    for (int i = 0; i < t->n_specials; i++) {
+        size_t l;
+        const uint8_t *p = tok_piece(t, t->specials[i], &l);
+        if (l == len && memcmp(p, bytes, len) == 0) return t->specials[i];
+    }
+    return -1;
+}
+
+/* ---- encoding ---------------------------------------------------------------------------- */
+
+static tlm_status encode_text(const tlm_tokenizer *t, const uint8_t *s, size_t n, tok_ids *out) {
+    if (n == 0) return TLM_OK;
+    switch (t->kind) {
+    case TLM_TOKENIZER_BPE: return tok_bpe_encode_text(t, s, n, out);
+    case TLM_TOKENIZER_SPM: return tok_spm_encode_text(t, s, n, out);
+    case TLM_TOKENIZER_CHAR: return tok_char_encode_text(t, s, n, out);
+    }
+    return tlm_err(TLM_ERR_ARG, "unknown tokenizer kind");
+}
+
+/* Longest special token starting at s[i], or -1. */
+static int32_t special_at(const tlm_tokenizer *t, const uint8_t *s, size_t n, size_t i) {
+    if (!t->special_first[s[i]]) return -1;
+    for (int k = 0; k < t->n_specials; k++) {
+        size_t l;
+        const uint8_t *p = tok_piece(t, t->specials[k], &l);
+        if (l <= n - i && memcmp(s + i, p, l) == 0) return t->specials[k];
+    }
+    return -1;
+}
+
+tlm_status tlm_tokenizer_encode(const tlm_tokenizer *t, const void *text, size_t len,
+                                unsigned flags, int32_t **ids, size_t *n) {
+    *ids = NULL;
+    *n = 0;
+    if (!text && len) return tlm_err(TLM_ERR_ARG, "encode: NULL text");
+    if (len > TLM_TOKENIZER_MAX_INPUT)
+        return tlm_err(TLM_ERR_RANGE, "encode: input of %zu bytes exceeds the limit of %zu bytes",
+                       len, (size_t)TLM_TOKENIZER_MAX_INPUT);
+    if ((flags & TLM_ENCODE_ADD_BOS) && t->bos < 0)
+        return tlm_err(TLM_ERR_ARG, "encode: this vocabulary has no BOS token");
+    if ((flags & TLM_ENCODE_ADD_EOS) && t->eos < 0)
+        return tlm_err(TLM_ERR_ARG, "encode: this vocabulary has no EOS token");
+    const uint8_t *s = text;
+    tok_ids out = {0};
+    tlm_status st = tok_ids_reserve(&out, len / 3 + 4);
+    if (!st && (flags & TLM_ENCODE_ADD_BOS)) st = tok_ids_push(&out, t->bos);
+    if (!st) {
+        if ((flags & TLM_ENCODE_ALLOW_SPECIAL) && t->n_specials) {
+            size_t start = 0;
+            for (size_t i = 0; i < len && !st;) {
+                int32_t sp = special_at(t, s, len, i);
+                if (sp < 0) {
+                    i++;
+                    continue;
+                }
+                st = encode_text(t, s + start, i - start, &out);
+                if (!st) st = tok_ids_push(&out, sp);
+                i += (size_t)(t->off[sp + 1] - t->off[sp]);
+                start = i;
+            }
+            if (!st) st = encode_text(t, s + start, len - start, &out);
+        } else {
+            st = encode_text(t, s, len, &out);
+        }
+    }
+    if (!st && (flags & TLM_ENCODE_ADD_EOS)) st = tok_ids_push(&out, t->eos);
+    if (st) {
+        free(out.p);
+        return st;
+    }
+    if (out.n == 0) {
+        free(out.p);
+        out.p = NULL;
+    }
+    *ids = out.p;
+    *n = out.n;
+    return TLM_OK;
+}
+
+/* ---- decoding ---------------------------------------------------------------------------- */
+
+/* Appends the bytes of one token, applying the dummy-prefix rule: SentencePiece-style encoders
+ * insert a space at the start of the text and after every special token; the decoder removes
+ * exactly that space. *strip says whether the next text piece starts after such a point. */
+static tlm_status decode_one(const tlm_tokenizer *t, int32_t id, unsigned flags, int *strip,
+                             tok_bytes *b) {
+    if (id < 0 || id >= t->n)
+        return tlm_err(TLM_ERR_RANGE, "decode: token id %ld out of range (vocabulary has %ld)",
+                       (long)id, (long)t->n);
+    size_t len;
+    const uint8_t *p = tok_piece(t, id, &len);
+    if (t->attr[id] == TOK_SPECIAL) {
+        if (t->add_prefix) *strip = 1;
+        if (flags & TLM_DECODE_SKIP_SPECIAL) return TLM_OK;
+        return tok_bytes_put(b, p, len);
+    }
+    if (*strip && len) {
+        if (p[0] == ' ') {
+            p++;
+            len--;
+        }
+        *strip = 0;
+    }
+    return tok_bytes_put(b, p, len);
+}
+
+tlm_status tlm_tokenizer_decode(const tlm_tokenizer *t, const int32_t *ids, size_t n,
+                                unsigned flags, char **text, size_t *len) {
+    *text = NULL;
+    if (len) *len = 0;
+    tok_bytes b = {0};
+    int strip = t->add_prefix;
+    tlm_status s = tok_bytes_put(&b, "", 0);
+    for (size_t i = 0; i < n && !s; i++) s = decode_one(t, ids[i], flags, &strip, &b);
+    if (!s) s = tok_bytes_put(&b, "", 1);
+    if (s) {
+        free(b.p);
+        return s;
+    }
+    *text = (char *)b.p;
+    if (len) *len = b.n - 1;
+    return TLM_OK;
+}
+
+struct tlm_decoder {
+    const tlm_tokenizer *t;
+    unsigned flags;
+    int strip;
+    uint8_t held[4];
+    size_t n_held;
+    tok_bytes buf;
+    tok_bytes out;
+};
+
+tlm_status tlm_decoder_new(const tlm_tokenizer *t, unsigned flags, tlm_decoder **out) {
+    *out = calloc(1, sizeof **out);
+    if (!*out) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    (*out)->t = t;
+    (*out)->flags = flags;
+    (*out)->strip = t->add_prefix;
+    return TLM_OK;
+}
+
+void tlm_decoder_free(tlm_decoder *d) {
+    if (!d) return;
+    free(d->buf.p);
+    free(d->out.p);
+    free(d);
+}
+
+/* Length a UTF-8 sequence starting with lead byte c claims (1 for bytes that cannot lead). */
+static size_t utf8_claim(uint8_t c) {
+    if (c >= 0xC2 && c <= 0xDF) return 2;
+    if (c >= 0xE0 && c <= 0xEF) return 3;
+    if (c >= 0xF0 && c <= 0xF4) return 4;
+    return 1;
+}
+
+tlm_status tlm_decoder_push(tlm_decoder *d, int32_t id, const char **bytes, size_t *len) {
+    *bytes = "";
+    *len = 0;
+    d->buf.n = 0;
+    d->out.n = 0;
+    tlm_status s = tok_bytes_put(&d->buf, d->held, d->n_held);
+    if (!s) s = decode_one(d->t, id, d->flags, &d->strip, &d->buf);
+    if (s) return s;
+    d->n_held = 0;
+    /* Emit every complete or definitely-invalid sequence; hold back a prefix that may still
+     * complete with the next token. */
+    const uint8_t *p = d->buf.p;
+    size_t n = d->buf.n, i = 0;
+    while (i < n) {
+        uint32_t cp;
+        size_t l = tlm_utf8_next(p + i, n - i, &cp);
+        if (cp == TLM_UTF8_INVALID) {
+            size_t want = utf8_claim(p[i]);
+            if (want > n - i) {
+                /* truncated: hold it if what is there so far is a valid prefix */
+                int ok = 1;
+                for (size_t k = 1; k < n - i; k++) ok &= (p[i + k] & 0xC0) == 0x80;
+                if (ok && n - i < 4) break;
+            }
+        }
+        i += l;
+    }
+    memcpy(d->held, p + i, n - i);
+    d->n_held = n - i;
+    *bytes = (const char *)p;
+    *len = i;
+    return TLM_OK;
+}
+
+void tlm_decoder_flush(tlm_decoder *d, const char **bytes, size_t *len) {
+    d->out.n = 0;
+    if (tok_bytes_put(&d->out, d->held, d->n_held) != TLM_OK) {
+        *bytes = "";
+        *len = 0;
+        return;
+    }
+    d->n_held = 0;
+    *bytes = (const char *)d->out.p;
+    *len = d->out.n;
+}

@@ -1,0 +1,100 @@
+#include "unicode.h"
+
+size_t tlm_utf8_put(uint32_t cp, uint8_t *out) {
+    if (cp < 0x80) {
+        out[0] = (uint8_t)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        out[0] = (uint8_t)(0xC0 | (cp >> 6));
+        out[1] = (uint8_t)(0x80 | (cp & 0x3F));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        out[0] = (uint8_t)(0xE0 | (cp >> 12));
+        out[1] = (uint8_t)(0x80 | ((cp >> 6) & 0x3F));
+        out[2] = (uint8_t)(0x80 | (cp & 0x3F));
+        return 3;
+    }
+    out[0] = (uint8_t)(0xF0 | (cp >> 18));
+    out[1] = (uint8_t)(0x80 | ((cp >> 12) & 0x3F));
+    out[2] = (uint8_t)(0x80 | ((cp >> 6) & 0x3F));
+    out[3] = (uint8_t)(0x80 | (cp & 0x3F));
+    return 4;
+}
+
+int tlm_uni_class(uint32_t cp) {
+    if (cp == TLM_UTF8_INVALID) return TLM_UNI_OTHER;
+    int lo = 0, hi = tlm_uni_n_ranges - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) >> 1;
+        if (cp < tlm_uni_ranges[mid].lo)
+            hi = mid - 1;
+        else if (cp > tlm_uni_ranges[mid].hi)
+            lo = mid + 1;
+        else
+            return (int)tlm_uni_ranges[mid].cls;
+    }
+    return TLM_UNI_OTHER;
+}
+
+/* ASCII classes, the hot path of every English text. */
+static const uint8_t ascii_cls[128] = {
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 3, 3, 3, 3, 0, 0, /* \t \n \v \f \r */
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, /* */
+    3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, /* space, punctuation */
+    2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, /* digits */
+    0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, /* @ A-O */
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, /* P-Z */
+    0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, /* ` a-o */
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, /* p-z */
+};
+
+static inline int cls_at(const uint8_t *s, size_t n, size_t i, size_t *len) {
+    uint8_t c = s[i];
+    if (c < 0x80) {
+        *len = 1;
+        return ascii_cls[c];
+    }
+    uint32_t cp;
+    *len = tlm_utf8_next(s + i, n - i, &cp);
+    return tlm_uni_class(cp);
+}
+
+size_t tlm_pretok_next(const uint8_t *s, size_t n, size_t i) {
+    /* The contractions come first in the alternation, so they win even inside a word. */
+    if (s[i] == '\'' && i + 1 < n) {
+        uint8_t c1 = s[i + 1];
+        if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') return i + 2;
+        if (i + 2 < n && ((c1 == 'r' && s[i + 2] == 'e') || (c1 == 'v' && s[i + 2] == 'e') ||
+                          (c1 == 'l' && s[i + 2] == 'l')))
+            return i + 3;
+    }
+    size_t l;
+    int target = cls_at(s, n, i, &l);
+    size_t j = i;
+    if (s[i] == ' ' && i + 1 < n) {
+        int c2 = cls_at(s, n, i + 1, &l);
+        if (c2 != TLM_UNI_SPACE) {
+            target = c2;
+            j = i + 1;
+        }
+    }
+    if (target != TLM_UNI_SPACE) {
+        while (j < n) {
+            if (cls_at(s, n, j, &l) != target) break;
+            j += l;
+        }
+        return j;
+    }
+    /* \s+(?!\S): the whole run if it reaches the end, else the run minus its last character
+     * (which then starts the next pre-token); a single space before a non-space is \s+. */
+    size_t last = i;
+    while (j < n) {
+        if (cls_at(s, n, j, &l) != TLM_UNI_SPACE) break;
+        last = j;
+        j += l;
+    }
+    if (j == n || last == i) return j;
+    return last;
+}

@@ -1,0 +1,107 @@
+/* Helpers shared by the tokenizer tests: reading vector files from ../shared/data. */
+#ifndef TLM_TEST_TOK_COMMON_H
+#define TLM_TEST_TOK_COMMON_H
+
+#include <cjson/cJSON.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "harness.h"
+#include "tlm.h"
+
+/* The shared data directory; fails the test loudly when it is missing (CI has it). */
+static const char *tok_data(void) {
+    const char *d = t_shared_data();
+    CHECK(d != NULL, "../shared/data is missing: the tokenizer vectors cannot be checked");
+    return d;
+}
+
+static cJSON *tok_read_json(const char *path) {
+    char *txt;
+    size_t n;
+    if (tlm_read_file(path, &txt, &n) != TLM_OK) {
+        CHECK(0, "cannot read %s: %s", path, tlm_last_error());
+        return NULL;
+    }
+    cJSON *j = cJSON_ParseWithLength(txt, n);
+    free(txt);
+    CHECK(j != NULL, "%s is not JSON", path);
+    return j;
+}
+
+static int ids_equal(const int32_t *a, size_t na, const cJSON *arr) {
+    if ((size_t)cJSON_GetArraySize(arr) != na) return 0;
+    size_t i = 0;
+    for (const cJSON *it = arr->child; it; it = it->next, i++)
+        if ((int32_t)it->valuedouble != a[i]) return 0;
+    return 1;
+}
+
+static void print_ids(const char *label, const int32_t *a, size_t n) {
+    fprintf(stderr, "  %s:", label);
+    for (size_t i = 0; i < n && i < 64; i++) fprintf(stderr, " %d", a[i]);
+    fprintf(stderr, "%s\n", n > 64 ? " ..." : "");
+}
+
+/* llama.cpp's test files: strings separated by "\n__ggml_vocab_test__\n" in .inp, one line of
+ * space-separated ids per string in .out. Returns the number of cases checked; *passed counts
+ * exact matches. */
+static int llamacpp_vectors(const tlm_tokenizer *tok, const char *inp_path, const char *out_path,
+                            unsigned flags, int *passed) {
+    char *inp, *out;
+    size_t ni, no;
+    *passed = 0;
+    if (tlm_read_file(inp_path, &inp, &ni) != TLM_OK) {
+        CHECK(0, "cannot read %s", inp_path);
+        return 0;
+    }
+    if (tlm_read_file(out_path, &out, &no) != TLM_OK) {
+        free(inp);
+        CHECK(0, "cannot read %s", out_path);
+        return 0;
+    }
+    const char *sep = "\n__ggml_vocab_test__\n";
+    size_t seplen = strlen(sep);
+    char *p = inp, *q = out;
+    int cases = 0;
+    for (;;) {
+        char *e = strstr(p, sep);
+        if (!e) break;
+        char *ql = strchr(q, '\n');
+        if (!ql) {
+            CHECK(0, "%s has fewer lines than %s has strings", out_path, inp_path);
+            break;
+        }
+        *ql = 0;
+        int32_t want[4096];
+        size_t nw = 0;
+        for (char *r = q; *r;) {
+            char *end;
+            long v = strtol(r, &end, 10);
+            if (end == r) break;
+            if (nw < 4096) want[nw++] = (int32_t)v;
+            r = end;
+        }
+        int32_t *ids;
+        size_t n;
+        tlm_status s = tlm_tokenizer_encode(tok, p, (size_t)(e - p), flags, &ids, &n);
+        int ok = s == TLM_OK && n == nw && (n == 0 || memcmp(ids, want, n * sizeof *ids) == 0);
+        CHECK(ok, "%s case %d '%.*s'", inp_path, cases, (int)(e - p > 60 ? 60 : e - p), p);
+        if (!ok) {
+            print_ids("want", want, nw);
+            if (s == TLM_OK) print_ids("got ", ids, n);
+        }
+        *passed += ok;
+        cases++;
+        free(ids);
+        p = e + seplen;
+        q = ql + 1;
+    }
+    free(inp);
+    free(out);
+    return cases;
+}
+
+#endif
