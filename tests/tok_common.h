@@ -12,13 +12,13 @@
 #include "tlm.h"
 
 /* The shared data directory; fails the test loudly when it is missing (CI has it). */
-static const char *tok_data(void) {
+static inline const char *tok_data(void) {
     const char *d = t_shared_data();
     CHECK(d != NULL, "../shared/data is missing: the tokenizer vectors cannot be checked");
     return d;
 }
 
-static cJSON *tok_read_json(const char *path) {
+static inline cJSON *tok_read_json(const char *path) {
     char *txt;
     size_t n;
     if (tlm_read_file(path, &txt, &n) != TLM_OK) {
@@ -31,7 +31,7 @@ static cJSON *tok_read_json(const char *path) {
     return j;
 }
 
-static int ids_equal(const int32_t *a, size_t na, const cJSON *arr) {
+static inline int ids_equal(const int32_t *a, size_t na, const cJSON *arr) {
     if ((size_t)cJSON_GetArraySize(arr) != na) return 0;
     size_t i = 0;
     for (const cJSON *it = arr->child; it; it = it->next, i++)
@@ -39,7 +39,7 @@ static int ids_equal(const int32_t *a, size_t na, const cJSON *arr) {
     return 1;
 }
 
-static void print_ids(const char *label, const int32_t *a, size_t n) {
+static inline void print_ids(const char *label, const int32_t *a, size_t n) {
     fprintf(stderr, "  %s:", label);
     for (size_t i = 0; i < n && i < 64; i++) fprintf(stderr, " %d", a[i]);
     fprintf(stderr, "%s\n", n > 64 ? " ..." : "");
@@ -48,8 +48,8 @@ static void print_ids(const char *label, const int32_t *a, size_t n) {
 /* llama.cpp's test files: strings separated by "\n__ggml_vocab_test__\n" in .inp, one line of
  * space-separated ids per string in .out. Returns the number of cases checked; *passed counts
  * exact matches. */
-static int llamacpp_vectors(const tlm_tokenizer *tok, const char *inp_path, const char *out_path,
-                            unsigned flags, int *passed) {
+static inline int llamacpp_vectors(const tlm_tokenizer *tok, const char *inp_path,
+                                   const char *out_path, unsigned flags, int *passed) {
     char *inp, *out;
     size_t ni, no;
     *passed = 0;

@@ -9,7 +9,7 @@
 /* ---- buffers ----------------------------------------------------------------------------- */
 
 tlm_status tok_bytes_put(tok_bytes *b, const void *p, size_t n) {
-    if (n > b->cap - b->n) {
+    if (n > b->cap - b->n || !b->p) {
         size_t cap = b->cap ? b->cap : 256;
         while (cap - b->n < n) {
             if (cap > SIZE_MAX / 2) return tlm_err(TLM_ERR_NOMEM, "buffer too large");
