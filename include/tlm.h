@@ -183,6 +183,43 @@ tlm_status tlm_forward(tlm_model *m, const int32_t *ids, int B, int T, const tlm
 tlm_status tlm_forward_backward(tlm_model *m, const int32_t *ids, const int32_t *targets, int B,
                                 int T, int pos0, float *grads, int accumulate, float *loss);
 
+/* ---- training ---------------------------------------------------------------------------- */
+
+/* Doubles, like the Python scalars PyTorch computes its step with. */
+typedef struct {
+    double beta1, beta2, eps, weight_decay;
+} tlm_adamw_opts;
+
+/* AdamW state: first and second moments with the parameter buffer's layout, and the step count. */
+typedef struct {
+    size_t n;
+    float *m, *v;
+    long step;
+} tlm_adamw;
+
+/* beta1 0.9, beta2 0.95, eps 1e-8, weight decay 0.1. */
+void tlm_adamw_defaults(tlm_adamw_opts *h);
+tlm_status tlm_adamw_create(const tlm_model *m, tlm_adamw **out);
+void tlm_adamw_free(tlm_adamw *o);
+/* One AdamW step with torch.optim.AdamW's semantics (bias correction, decoupled decay lr*wd*p);
+ * decay applies only to tensors whose schema entry says so (matrices, embeddings). */
+tlm_status tlm_adamw_step(tlm_adamw *o, tlm_model *m, const float *grads, double lr,
+                          const tlm_adamw_opts *h);
+
+/* Linear warmup to max_lr over `warmup` steps, cosine decay to min_lr at the last step
+ * (total_steps - 1), min_lr after. Steps count from 0. */
+typedef struct {
+    double max_lr, min_lr;
+    long warmup, total_steps;
+} tlm_schedule;
+double tlm_lr_at(const tlm_schedule *s, long step);
+
+/* Global L2 norm of the gradient. */
+double tlm_grad_norm(const float *grads, size_t n);
+/* torch.nn.utils.clip_grad_norm_: scales by max_norm / (norm + 1e-6) when that is below 1;
+ * returns the norm before clipping. max_norm <= 0 only measures. */
+double tlm_clip_grad_norm(float *grads, size_t n, double max_norm);
+
 /* ---- safetensors (tlm checkpoints and test fixtures) --------------------------------------- */
 
 /* Writes every tensor of the model as F32 plus the config under __metadata__ "tlm_config". Writes
@@ -221,6 +258,16 @@ tlm_status tlm_model_load(const char *path, tlm_model **out);
  * rope theta 10000, eps 1e-5, no bias); half-pairing q/k rows are reordered to adjacent pairs. */
 tlm_status tlm_model_load_llama2c(const char *path, tlm_model **out);
 tlm_status tlm_model_save_llama2c(const tlm_model *m, const char *path, int version);
+
+/* Element type of float tensors in written files. */
+typedef enum { TLM_FILE_F32 = 0, TLM_FILE_F16, TLM_FILE_BF16 } tlm_file_dtype;
+
+/* Hugging Face directory (config.json + model.safetensors, or shards with
+ * model.safetensors.index.json) of LlamaForCausalLM or GPT2LMHeadModel. Export writes
+ * LlamaForCausalLM for Llama-style models (q/k rows in HF's half order) and GPT2LMHeadModel for
+ * GPT-2-style ones (layernorm with biases, learned positions, gelu); the directory is created. */
+tlm_status tlm_model_load_hf(const char *dir, tlm_model **out);
+tlm_status tlm_model_save_hf(const tlm_model *m, const char *dir, tlm_file_dtype dtype);
 
 /* ---- generation --------------------------------------------------------------------------- */
 

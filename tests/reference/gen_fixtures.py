@@ -18,6 +18,8 @@ import time
 
 import torch
 
+import gen_optim
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from model import Config, Model  # noqa: E402
 from safetensors_io import write_safetensors  # noqa: E402
@@ -175,6 +177,7 @@ def main():
     with open(os.path.join(root, "cases.txt"), "w") as f:
         f.write("".join(n + "\n" for n in names))
     print(f"{len(names)} cases written to {root} in {time.time() - t0:.2f} s")
+    gen_optim.main(sys.argv[1])
 
 
 if __name__ == "__main__":

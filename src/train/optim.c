@@ -1,0 +1,102 @@
+/* AdamW with PyTorch's semantics, the learning-rate schedule and gradient clipping. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model.h"
+
+tlm_status tlm_adamw_create(const tlm_model *m, tlm_adamw **out) {
+    *out = NULL;
+    tlm_adamw *o = calloc(1, sizeof *o);
+    if (!o) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    o->n = m->n_params;
+    o->m = tlm_big_alloc(o->n * sizeof(float));
+    o->v = tlm_big_alloc(o->n * sizeof(float));
+    if (!o->m || !o->v) {
+        tlm_adamw_free(o);
+        return tlm_err(TLM_ERR_NOMEM, "out of memory for optimizer state");
+    }
+    *out = o;
+    return TLM_OK;
+}
+
+void tlm_adamw_free(tlm_adamw *o) {
+    if (!o) return;
+    tlm_big_free(o->m, o->n * sizeof(float));
+    tlm_big_free(o->v, o->n * sizeof(float));
+    free(o);
+}
+
+void tlm_adamw_defaults(tlm_adamw_opts *h) {
+    h->beta1 = 0.9f;
+    h->beta2 = 0.95f;
+    h->eps = 1e-8f;
+    h->weight_decay = 0.1f;
+}
+
+tlm_status tlm_adamw_step(tlm_adamw *o, tlm_model *m, const float *grads, double lr,
+                          const tlm_adamw_opts *h) {
+    if (o->n != m->n_params) return tlm_err(TLM_ERR_ARG, "optimizer does not match the model");
+    o->step++;
+    /* The scalars follow torch.optim.AdamW (single-tensor path): bias corrections in double,
+     * then float tensor arithmetic in the same order. */
+    double bc1 = 1.0 - pow(h->beta1, (double)o->step);
+    double bc2 = 1.0 - pow(h->beta2, (double)o->step);
+    float step_size = (float)(lr / bc1);
+    float bc2_sqrt = (float)sqrt(bc2);
+    float b1 = (float)h->beta1, b2 = (float)h->beta2, eps = (float)h->eps;
+    float a1 = (float)(1.0 - h->beta1), a2 = (float)(1.0 - h->beta2);
+    float decay = (float)(1.0 - lr * h->weight_decay);
+    for (int t = 0; t < m->n_tensors; t++) {
+        const tlm_tensor_info *ti = &m->tensors[t];
+        float *p = m->params + ti->offset, *mm = o->m + ti->offset, *vv = o->v + ti->offset;
+        const float *g = grads + ti->offset;
+        float dec = ti->decay ? decay : 1.0f;
+        long n = (long)ti->numel;
+#pragma omp parallel for schedule(static) if (n > 65536)
+        for (long i = 0; i < n; i++) {
+            float pi = p[i] * dec;
+            float gi = g[i];
+            float mi = mm[i] * b1 + a1 * gi;
+            float vi = vv[i] * b2 + a2 * gi * gi;
+            mm[i] = mi;
+            vv[i] = vi;
+            float denom = sqrtf(vi) / bc2_sqrt + eps;
+            p[i] = pi - step_size * (mi / denom);
+        }
+    }
+    return TLM_OK;
+}
+
+double tlm_lr_at(const tlm_schedule *s, long step) {
+    if (s->warmup > 0 && step < s->warmup)
+        return s->max_lr * (double)(step + 1) / (double)s->warmup;
+    long span = s->total_steps - 1 - s->warmup;
+    if (span <= 0 || step >= s->total_steps - 1) return s->min_lr;
+    double ratio = (double)(step - s->warmup) / (double)span;
+    double coeff = 0.5 * (1.0 + cos(3.14159265358979323846 * ratio));
+    return s->min_lr + coeff * (s->max_lr - s->min_lr);
+}
+
+double tlm_grad_norm(const float *grads, size_t n) {
+    double ss = 0.0;
+    long nn = (long)n;
+#pragma omp parallel for schedule(static) reduction(+ : ss)
+    for (long i = 0; i < nn; i++) ss += (double)grads[i] * grads[i];
+    return sqrt(ss);
+}
+
+double tlm_clip_grad_norm(float *grads, size_t n, double max_norm) {
+    double norm = tlm_grad_norm(grads, n);
+    if (max_norm > 0 && isfinite(norm)) {
+        /* torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) only when below 1. */
+        double coef = max_norm / (norm + 1e-6);
+        if (coef < 1.0) {
+            float c = (float)coef;
+            long nn = (long)n;
+#pragma omp parallel for schedule(static)
+            for (long i = 0; i < nn; i++) grads[i] *= c;
+        }
+    }
+    return norm;
+}

@@ -1,0 +1,117 @@
+/* AdamW, schedule and clipping against torch.optim.AdamW, the reference schedule and
+ * torch.nn.utils.clip_grad_norm_ (fixture from tests/reference/gen_optim.py). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "formats/safetensors.h"
+#include "harness.h"
+#include "tlm.h"
+
+#define DIR TLM_BUILD_DIR "/fixtures/optim"
+
+static int read_named(st_file *f, const char *prefix, const tlm_tensor_info *t, float *dst) {
+    char key[256];
+    snprintf(key, sizeof key, "%s%s", prefix, t->name);
+    const st_tensor *s = st_find(f, key);
+    CHECK(s != NULL, "fixture lacks %s", key);
+    return s && st_read_f32(f, s, dst, t->numel) == TLM_OK;
+}
+
+static void test_adamw(void) {
+    tlm_config c;
+    CHECK_OK(tlm_config_load(DIR "/config.json", &c));
+    tlm_model *m = NULL;
+    CHECK_OK(tlm_model_create(&c, &m));
+    st_file f;
+    tlm_status s = st_open(&f, DIR "/optim.safetensors");
+    CHECK_OK(s);
+    if (s || !m) return;
+    int n, steps = atoi(st_meta(&f, "steps"));
+    const tlm_tensor_info *ts = tlm_model_tensors(m, &n);
+    size_t np = tlm_model_num_params(m);
+    float *P = tlm_model_params(m), *G = malloc(np * 4), *want = malloc(np * 4);
+    float lr_want[16], norm_want[16];
+    CHECK_OK(st_read_f32(&f, st_find(&f, "lr"), lr_want, (size_t)steps));
+    CHECK_OK(st_read_f32(&f, st_find(&f, "norm"), norm_want, (size_t)steps));
+    for (int i = 0; i < n; i++) read_named(&f, "init.", &ts[i], P + ts[i].offset);
+    tlm_adamw *opt = NULL;
+    CHECK_OK(tlm_adamw_create(m, &opt));
+    tlm_adamw_opts h = {atof(st_meta(&f, "beta1")), atof(st_meta(&f, "beta2")),
+                        atof(st_meta(&f, "eps")), atof(st_meta(&f, "weight_decay"))};
+    tlm_schedule sched = {atof(st_meta(&f, "max_lr")), atof(st_meta(&f, "min_lr")),
+                          atol(st_meta(&f, "warmup")), atol(st_meta(&f, "total"))};
+    double clip = atof(st_meta(&f, "clip"));
+    double worst = 0;
+    int clipped = 0;
+    for (int k = 0; k < steps; k++) {
+        char prefix[32];
+        snprintf(prefix, sizeof prefix, "grad.%d.", k);
+        for (int i = 0; i < n; i++) read_named(&f, prefix, &ts[i], G + ts[i].offset);
+        double norm = tlm_clip_grad_norm(G, np, clip);
+        clipped += norm > clip;
+        CHECK(fabs(norm - norm_want[k]) <= 1e-5 * norm_want[k], "step %d norm %.8g vs %.8g", k,
+              norm, norm_want[k]);
+        double lr = tlm_lr_at(&sched, k);
+        CHECK(fabs(lr - lr_want[k]) <= 1e-7 * lr_want[k], "step %d lr %.9g vs %.9g", k, lr,
+              lr_want[k]);
+        CHECK_OK(tlm_adamw_step(opt, m, G, lr, &h));
+        snprintf(prefix, sizeof prefix, "after.%d.", k);
+        for (int i = 0; i < n; i++) read_named(&f, prefix, &ts[i], want + ts[i].offset);
+        for (size_t j = 0; j < np; j++) {
+            /* float32 rounding of the last few operations: within 1e-6 relative, or 1e-7 absolute
+             * for parameters near zero */
+            double e = fabs((double)P[j] - want[j]) / (1e-7 + 1e-6 * fabs(want[j]));
+            if (e > worst && getenv("TLM_DEBUG"))
+                fprintf(stderr, "step %d elem %zu: %.9g vs %.9g\n", k, j, P[j], want[j]);
+            worst = e > worst ? e : worst;
+        }
+    }
+    printf("AdamW vs torch over %d steps (%d clipped): worst error / tolerance %.3g\n", steps,
+           clipped, worst);
+    CHECK(clipped >= 3 && clipped <= steps - 3, "fixture should mix clipped and unclipped steps");
+    CHECK(worst <= 1.0, "AdamW parameters differ from torch: error / tolerance %.3g", worst);
+    CHECK(opt->step == steps, "step count %ld", opt->step);
+    tlm_adamw_free(opt);
+    free(G);
+    free(want);
+    st_close(&f);
+    tlm_model_free(m);
+}
+
+static void test_schedule(void) {
+    tlm_schedule s = {1e-3, 1e-4, 100, 2000};
+    CHECK_NEAR(tlm_lr_at(&s, 0), 1e-5, 1e-12);
+    CHECK_NEAR(tlm_lr_at(&s, 49), 5e-4, 1e-12);
+    CHECK_NEAR(tlm_lr_at(&s, 99), 1e-3, 1e-12);
+    CHECK_NEAR(tlm_lr_at(&s, 100), 1e-3, 1e-12);
+    /* Halfway through the decay the cosine is at its midpoint. */
+    CHECK_NEAR(tlm_lr_at(&s, 100 + 1899 / 2.0), 5.5e-4, 1e-6);
+    CHECK_NEAR(tlm_lr_at(&s, 1999), 1e-4, 1e-12);
+    CHECK_NEAR(tlm_lr_at(&s, 5000), 1e-4, 1e-12);
+    for (long k = 101; k < 2000; k++)
+        if (tlm_lr_at(&s, k) > tlm_lr_at(&s, k - 1)) {
+            CHECK(0, "lr increases at step %ld", k);
+            break;
+        }
+    tlm_schedule none = {1e-3, 1e-3, 0, 10};
+    CHECK_NEAR(tlm_lr_at(&none, 0), 1e-3, 1e-12);
+}
+
+static void test_clip(void) {
+    float g[4] = {3, 4, 0, 0};
+    double n = tlm_clip_grad_norm(g, 4, 10.0);
+    CHECK_NEAR(n, 5.0, 1e-12);
+    CHECK(g[0] == 3 && g[1] == 4, "no clipping below the max");
+    n = tlm_clip_grad_norm(g, 4, 1.0);
+    CHECK_NEAR(n, 5.0, 1e-12);
+    CHECK_NEAR(g[0], 0.6, 1e-6);
+    CHECK_NEAR(tlm_grad_norm(g, 4), 1.0, 1e-6);
+}
+
+int main(void) {
+    tlm_set_threads(2);
+    test_schedule();
+    test_clip();
+    test_adamw();
+    return t_finish("test_optim");
+}
