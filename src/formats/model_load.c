@@ -133,6 +133,7 @@ tlm_status tlm_model_load(const char *path, tlm_model **out) {
     switch (f) {
     case TLM_FORMAT_TLM: return load_tlm(path, out);
     case TLM_FORMAT_LLAMA2C: return tlm_model_load_llama2c(path, out);
+    case TLM_FORMAT_HF: return tlm_model_load_hf(path, out);
     default: break;
     }
     return tlm_err(TLM_ERR_UNSUPPORTED, "'%s': %s models are not supported yet", path,

@@ -1,0 +1,675 @@
+/* Hugging Face model directories: config.json + model.safetensors, or shards listed by
+ * model.safetensors.index.json. Two architectures:
+ *  - LlamaForCausalLM: names model.layers.N.self_attn.q_proj ...; HF rotates halves in RoPE (its
+ *    converter permuted Meta's q/k rows to match), which is tlm's `half` pairing, so the weights
+ *    load as they are. GQA via num_key_value_heads; tied or separate lm_head.
+ *  - GPT2LMHeadModel: Conv1D weights are stored [in, out] (transposed here), c_attn fuses q, k, v
+ *    along the output, names may carry a `transformer.` prefix, and the causal-mask buffers
+ *    attn.bias / attn.masked_bias are ignored. Activation gelu_new = tanh approximation. */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <cjson/cJSON.h>
+
+#include "formats/formats.h"
+#include "formats/safetensors.h"
+
+#define HF_MAX_SHARDS 256
+
+typedef enum { HF_LLAMA, HF_GPT2 } hf_arch;
+
+typedef struct {
+    const char *dir;
+    st_file files[HF_MAX_SHARDS];
+    int n_files;
+    const char *prefix; /* GPT-2: "" or "transformer." */
+} hf_dir;
+
+static char *path_join(const char *dir, const char *name) {
+    size_t n = strlen(dir) + strlen(name) + 2;
+    char *p = malloc(n);
+    if (p) snprintf(p, n, "%s/%s", dir, name);
+    return p;
+}
+
+static int exists(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* A shard name from the index must stay inside the directory. */
+static int safe_name(const char *s) {
+    return s[0] && !strchr(s, '/') && !strchr(s, '\\') && strcmp(s, ".") && strcmp(s, "..");
+}
+
+static tlm_status open_file(hf_dir *h, const char *name) {
+    if (h->n_files >= HF_MAX_SHARDS)
+        return tlm_err(TLM_ERR_FORMAT, "%s: more than %d shards", h->dir, HF_MAX_SHARDS);
+    char *p = path_join(h->dir, name);
+    if (!p) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    tlm_status s = st_open(&h->files[h->n_files], p);
+    free(p);
+    if (s) return s;
+    h->n_files++;
+    return TLM_OK;
+}
+
+static tlm_status open_tensors(hf_dir *h) {
+    char *idx = path_join(h->dir, "model.safetensors.index.json");
+    if (!idx) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    if (!exists(idx)) {
+        free(idx);
+        char *single = path_join(h->dir, "model.safetensors");
+        int ok = single && exists(single);
+        free(single);
+        if (!ok)
+            return tlm_err(TLM_ERR_FORMAT,
+                           "%s: no model.safetensors or model.safetensors.index.json (only "
+                           "safetensors weights are supported)",
+                           h->dir);
+        return open_file(h, "model.safetensors");
+    }
+    char *text;
+    tlm_status s = tlm_read_file(idx, &text, NULL);
+    if (s) {
+        free(idx);
+        return s;
+    }
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    cJSON *map = cJSON_GetObjectItemCaseSensitive(j, "weight_map");
+    if (!cJSON_IsObject(map)) {
+        cJSON_Delete(j);
+        s = tlm_err(TLM_ERR_FORMAT, "%s: no weight_map object", idx);
+        free(idx);
+        return s;
+    }
+    /* Distinct shard names, in order of first appearance. */
+    const char *names[HF_MAX_SHARDS];
+    int n = 0;
+    cJSON *e;
+    cJSON_ArrayForEach(e, map) {
+        if (!cJSON_IsString(e) || !safe_name(e->valuestring)) {
+            s = tlm_err(TLM_ERR_FORMAT, "%s: bad shard name for '%s'", idx, e->string);
+            break;
+        }
+        int seen = 0;
+        for (int i = 0; i < n && !seen; i++) seen = !strcmp(names[i], e->valuestring);
+        if (seen) continue;
+        if (n == HF_MAX_SHARDS) {
+            s = tlm_err(TLM_ERR_FORMAT, "%s: more than %d shards", idx, HF_MAX_SHARDS);
+            break;
+        }
+        names[n++] = e->valuestring;
+    }
+    for (int i = 0; i < n && !s; i++) s = open_file(h, names[i]);
+    cJSON_Delete(j);
+    free(idx);
+    return s;
+}
+
+static void close_dir(hf_dir *h) {
+    for (int i = 0; i < h->n_files; i++) st_close(&h->files[i]);
+    h->n_files = 0;
+}
+
+static const st_tensor *find(const hf_dir *h, const char *name, int *file) {
+    char full[256];
+    snprintf(full, sizeof full, "%s%s", h->prefix, name);
+    for (int i = 0; i < h->n_files; i++) {
+        const st_tensor *t = st_find(&h->files[i], full);
+        if (t) {
+            *file = i;
+            return t;
+        }
+    }
+    return NULL;
+}
+
+/* Reads tensor `name` of shape [d0] or [d0, d1] into dst (floats). */
+static tlm_status read_tensor(const hf_dir *h, const char *name, int64_t d0, int64_t d1,
+                              float *dst) {
+    int fi;
+    const st_tensor *t = find(h, name, &fi);
+    if (!t) return tlm_err(TLM_ERR_FORMAT, "%s: missing tensor '%s%s'", h->dir, h->prefix, name);
+    int ndim = d1 > 0 ? 2 : 1;
+    if (t->ndim != ndim || t->shape[0] != d0 || (ndim == 2 && t->shape[1] != d1))
+        return tlm_err(TLM_ERR_FORMAT,
+                       "%s: tensor '%s%s' has shape [%lld%s%lld], expected [%lld%s%lld]", h->dir,
+                       h->prefix, name, (long long)t->shape[0], t->ndim > 1 ? ", " : "",
+                       t->ndim > 1 ? (long long)t->shape[1] : 0LL, (long long)d0,
+                       ndim > 1 ? ", " : "", ndim > 1 ? (long long)d1 : 0LL);
+    tlm_status s = st_read_f32(&h->files[fi], t, dst, t->numel);
+    if (s) return tlm_err_context(s, "%s: '%s'", h->dir, name);
+    return TLM_OK;
+}
+
+/* Reads an [in, out] Conv1D weight into dst as [out, in]. */
+static tlm_status read_conv1d(const hf_dir *h, const char *name, int64_t in, int64_t out,
+                              float *dst, float *tmp) {
+    tlm_status s = read_tensor(h, name, in, out, tmp);
+    if (s) return s;
+    for (int64_t i = 0; i < in; i++)
+        for (int64_t o = 0; o < out; o++) dst[o * in + i] = tmp[i * out + o];
+    return TLM_OK;
+}
+
+/* Integer config value; def when absent (def < 0: required). */
+static tlm_status cfg_int(const cJSON *j, const char *key, long def, long lo, long hi, long *out,
+                          const char *path) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+    if (!v || cJSON_IsNull(v)) {
+        if (def < 0) return tlm_err(TLM_ERR_FORMAT, "%s: config.json lacks '%s'", path, key);
+        *out = def;
+        return TLM_OK;
+    }
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < lo ||
+        v->valuedouble > hi)
+        return tlm_err(TLM_ERR_FORMAT, "%s: config.json '%s' must be an integer in %ld..%ld", path,
+                       key, lo, hi);
+    *out = (long)v->valuedouble;
+    return TLM_OK;
+}
+
+static tlm_status cfg_float(const cJSON *j, const char *key, double def, double *out,
+                            const char *path) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+    if (!v || cJSON_IsNull(v)) {
+        *out = def;
+        return TLM_OK;
+    }
+    if (!cJSON_IsNumber(v) || !(v->valuedouble > 0) || !isfinite(v->valuedouble))
+        return tlm_err(TLM_ERR_FORMAT, "%s: config.json '%s' must be a positive number", path, key);
+    *out = v->valuedouble;
+    return TLM_OK;
+}
+
+static int cfg_bool(const cJSON *j, const char *key, int def) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+    if (cJSON_IsBool(v)) return cJSON_IsTrue(v);
+    return def;
+}
+
+static const char *cfg_str(const cJSON *j, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+static tlm_status parse_config(const cJSON *j, const char *path, hf_arch *arch, tlm_config *c) {
+    const char *mt = cfg_str(j, "model_type");
+    const cJSON *archs = cJSON_GetObjectItemCaseSensitive(j, "architectures");
+    const char *a0 = cJSON_IsArray(archs) && cJSON_IsString(cJSON_GetArrayItem(archs, 0))
+                         ? cJSON_GetArrayItem(archs, 0)->valuestring
+                         : NULL;
+    if ((a0 && !strcmp(a0, "LlamaForCausalLM")) || (!a0 && mt && !strcmp(mt, "llama")))
+        *arch = HF_LLAMA;
+    else if ((a0 && !strcmp(a0, "GPT2LMHeadModel")) || (!a0 && mt && !strcmp(mt, "gpt2")))
+        *arch = HF_GPT2;
+    else
+        return tlm_err(TLM_ERR_UNSUPPORTED,
+                       "%s: architecture '%s' is not supported (LlamaForCausalLM, "
+                       "GPT2LMHeadModel)",
+                       path,
+                       a0   ? a0
+                       : mt ? mt
+                            : "?");
+    long v[8];
+    double eps, theta;
+    tlm_status s;
+    tlm_config_default(c);
+    c->dropout = 0.0f;
+    if (*arch == HF_LLAMA) {
+        if ((s = cfg_int(j, "hidden_size", -1, 1, 1 << 20, &v[0], path)) ||
+            (s = cfg_int(j, "intermediate_size", -1, 1, 1 << 24, &v[1], path)) ||
+            (s = cfg_int(j, "num_hidden_layers", -1, 1, 1 << 12, &v[2], path)) ||
+            (s = cfg_int(j, "num_attention_heads", -1, 1, 1 << 12, &v[3], path)) ||
+            (s = cfg_int(j, "num_key_value_heads", v[3], 1, 1 << 12, &v[4], path)) ||
+            (s = cfg_int(j, "vocab_size", -1, 1, 1 << 24, &v[5], path)) ||
+            (s = cfg_int(j, "max_position_embeddings", 2048, 1, 1 << 24, &v[6], path)) ||
+            (s = cfg_int(j, "head_dim", v[3] > 0 ? v[0] / v[3] : 0, 1, 1 << 16, &v[7], path)) ||
+            (s = cfg_float(j, "rms_norm_eps", 1e-6, &eps, path)) ||
+            (s = cfg_float(j, "rope_theta", 10000.0, &theta, path)))
+            return s;
+        const char *act = cfg_str(j, "hidden_act");
+        if (act && strcmp(act, "silu"))
+            return tlm_err(TLM_ERR_UNSUPPORTED, "%s: hidden_act '%s' (only silu)", path, act);
+        const cJSON *rs = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
+        if (rs && !cJSON_IsNull(rs))
+            return tlm_err(TLM_ERR_UNSUPPORTED, "%s: rope_scaling is not supported", path);
+        if (v[7] * v[3] != v[0])
+            return tlm_err(TLM_ERR_UNSUPPORTED, "%s: head_dim %ld x %ld heads != hidden_size %ld",
+                           path, v[7], v[3], v[0]);
+        int ab = cfg_bool(j, "attention_bias", 0), mb = cfg_bool(j, "mlp_bias", 0);
+        if (ab || mb)
+            return tlm_err(TLM_ERR_UNSUPPORTED, "%s: Llama with attention_bias/mlp_bias", path);
+        c->d_model = (int)v[0];
+        c->d_ff = (int)v[1];
+        c->n_layers = (int)v[2];
+        c->n_heads = (int)v[3];
+        c->n_kv_heads = (int)v[4];
+        c->vocab_size = (int)v[5];
+        c->context_length = (int)v[6];
+        c->norm = TLM_NORM_RMSNORM;
+        c->norm_eps = (float)eps;
+        c->norm_position = TLM_NORM_PRE;
+        c->ffn = TLM_FFN_SWIGLU;
+        c->position = TLM_POS_ROPE;
+        c->rope_theta = (float)theta;
+        c->rope_pairing = TLM_ROPE_HALF;
+        c->bias = 0;
+        /* LlamaConfig's default is untied. */
+        c->tie_embeddings = cfg_bool(j, "tie_word_embeddings", 0);
+    } else {
+        if ((s = cfg_int(j, "n_embd", 768, 1, 1 << 20, &v[0], path)) ||
+            (s = cfg_int(j, "n_layer", 12, 1, 1 << 12, &v[2], path)) ||
+            (s = cfg_int(j, "n_head", 12, 1, 1 << 12, &v[3], path)) ||
+            (s = cfg_int(j, "vocab_size", 50257, 1, 1 << 24, &v[5], path)) ||
+            (s = cfg_int(j, "n_positions", 1024, 1, 1 << 24, &v[6], path)) ||
+            (s = cfg_int(j, "n_inner", 4 * v[0], 1, 1 << 24, &v[1], path)) ||
+            (s = cfg_float(j, "layer_norm_epsilon", 1e-5, &eps, path)))
+            return s;
+        const char *act = cfg_str(j, "activation_function");
+        if (act && strcmp(act, "gelu_new") && strcmp(act, "gelu_pytorch_tanh") &&
+            strcmp(act, "gelu") && strcmp(act, "relu"))
+            return tlm_err(TLM_ERR_UNSUPPORTED, "%s: activation_function '%s'", path, act);
+        if (cfg_bool(j, "scale_attn_by_inverse_layer_idx", 0) ||
+            !cfg_bool(j, "scale_attn_weights", 1))
+            return tlm_err(TLM_ERR_UNSUPPORTED, "%s: non-standard GPT-2 attention scaling", path);
+        c->d_model = (int)v[0];
+        c->d_ff = (int)v[1];
+        c->n_layers = (int)v[2];
+        c->n_heads = (int)v[3];
+        c->n_kv_heads = (int)v[3];
+        c->vocab_size = (int)v[5];
+        c->context_length = (int)v[6];
+        c->norm = TLM_NORM_LAYERNORM;
+        c->norm_eps = (float)eps;
+        c->norm_position = TLM_NORM_PRE;
+        c->ffn = !act || strcmp(act, "gelu") ? TLM_FFN_GELU_TANH : TLM_FFN_GELU;
+        if (act && !strcmp(act, "relu")) c->ffn = TLM_FFN_RELU;
+        c->position = TLM_POS_LEARNED;
+        c->bias = 1;
+        c->tie_embeddings = cfg_bool(j, "tie_word_embeddings", 1);
+    }
+    s = tlm_config_finalize(c);
+    if (s) return tlm_err_context(s, "%s: config.json", path);
+    return TLM_OK;
+}
+
+static tlm_status load_llama(hf_dir *h, tlm_model *m) {
+    const tlm_config *c = tlm_model_config(m);
+    int64_t d = c->d_model, hd = d / c->n_heads, kv = hd * c->n_kv_heads, ff = c->d_ff;
+    tlm_status s = read_tensor(h, "model.embed_tokens.weight", c->vocab_size, d,
+                               fmt_tensor(m, "token_embd.weight"));
+    static const struct {
+        const char *hf, *tlm;
+        int kind; /* 0 norm, 1 q/o [d,d], 2 k/v [kv,d], 3 gate/up [ff,d], 4 down [d,ff] */
+    } map[] = {{"input_layernorm", "attn_norm", 0},    {"self_attn.q_proj", "attn_q", 1},
+               {"self_attn.k_proj", "attn_k", 2},      {"self_attn.v_proj", "attn_v", 2},
+               {"self_attn.o_proj", "attn_output", 1}, {"post_attention_layernorm", "ffn_norm", 0},
+               {"mlp.gate_proj", "ffn_gate", 3},       {"mlp.up_proj", "ffn_up", 3},
+               {"mlp.down_proj", "ffn_down", 4}};
+    for (int l = 0; l < c->n_layers && !s; l++)
+        for (size_t i = 0; i < sizeof map / sizeof *map && !s; i++) {
+            char hn[128], tn[64];
+            snprintf(hn, sizeof hn, "model.layers.%d.%s.weight", l, map[i].hf);
+            snprintf(tn, sizeof tn, "%s.weight", map[i].tlm);
+            int64_t shp[5][2] = {{d, 0}, {d, d}, {kv, d}, {ff, d}, {d, ff}};
+            s = read_tensor(h, hn, shp[map[i].kind][0], shp[map[i].kind][1],
+                            fmt_layer_tensor(m, l, tn));
+        }
+    if (!s) s = read_tensor(h, "model.norm.weight", d, 0, fmt_tensor(m, "output_norm.weight"));
+    if (!s && !c->tie_embeddings)
+        s = read_tensor(h, "lm_head.weight", c->vocab_size, d, fmt_tensor(m, "output.weight"));
+    return s;
+}
+
+static tlm_status load_gpt2(hf_dir *h, tlm_model *m) {
+    const tlm_config *c = tlm_model_config(m);
+    int64_t d = c->d_model, ff = c->d_ff;
+    int fi;
+    h->prefix = find(h, "wte.weight", &fi) ? "" : "transformer.";
+    size_t big = (size_t)(ff > 3 * d ? ff : 3 * d) * (size_t)d;
+    float *tmp = malloc(big * sizeof(float)), *qkv = malloc((size_t)3 * d * d * sizeof(float));
+    float *qkvb = malloc((size_t)3 * d * sizeof(float));
+    tlm_status s = TLM_OK;
+    if (!tmp || !qkv || !qkvb) s = tlm_err(TLM_ERR_NOMEM, "out of memory");
+    if (!s) s = read_tensor(h, "wte.weight", c->vocab_size, d, fmt_tensor(m, "token_embd.weight"));
+    if (!s)
+        s = read_tensor(h, "wpe.weight", c->context_length, d,
+                        fmt_tensor(m, "position_embd.weight"));
+    for (int l = 0; l < c->n_layers && !s; l++) {
+        char n[128];
+#define P(x) (snprintf(n, sizeof n, "h.%d.%s", l, x), n)
+        if ((s = read_tensor(h, P("ln_1.weight"), d, 0,
+                             fmt_layer_tensor(m, l, "attn_norm.weight"))) ||
+            (s = read_tensor(h, P("ln_1.bias"), d, 0, fmt_layer_tensor(m, l, "attn_norm.bias"))) ||
+            (s = read_conv1d(h, P("attn.c_attn.weight"), d, 3 * d, qkv, tmp)) ||
+            (s = read_tensor(h, P("attn.c_attn.bias"), 3 * d, 0, qkvb)))
+            break;
+        /* After the transpose, rows 0..d-1 are q, d..2d-1 k, 2d..3d-1 v. */
+        static const char *const qkv_names[3] = {"attn_q", "attn_k", "attn_v"};
+        for (int p = 0; p < 3; p++) {
+            char w[64], b[64];
+            snprintf(w, sizeof w, "%s.weight", qkv_names[p]);
+            snprintf(b, sizeof b, "%s.bias", qkv_names[p]);
+            memcpy(fmt_layer_tensor(m, l, w), qkv + (size_t)p * d * d,
+                   (size_t)(d * d) * sizeof(float));
+            memcpy(fmt_layer_tensor(m, l, b), qkvb + (size_t)p * d, (size_t)d * sizeof(float));
+        }
+        if ((s = read_conv1d(h, P("attn.c_proj.weight"), d, d,
+                             fmt_layer_tensor(m, l, "attn_output.weight"), tmp)) ||
+            (s = read_tensor(h, P("attn.c_proj.bias"), d, 0,
+                             fmt_layer_tensor(m, l, "attn_output.bias"))) ||
+            (s = read_tensor(h, P("ln_2.weight"), d, 0,
+                             fmt_layer_tensor(m, l, "ffn_norm.weight"))) ||
+            (s = read_tensor(h, P("ln_2.bias"), d, 0, fmt_layer_tensor(m, l, "ffn_norm.bias"))) ||
+            (s = read_conv1d(h, P("mlp.c_fc.weight"), d, ff,
+                             fmt_layer_tensor(m, l, "ffn_up.weight"), tmp)) ||
+            (s = read_tensor(h, P("mlp.c_fc.bias"), ff, 0,
+                             fmt_layer_tensor(m, l, "ffn_up.bias"))) ||
+            (s = read_conv1d(h, P("mlp.c_proj.weight"), ff, d,
+                             fmt_layer_tensor(m, l, "ffn_down.weight"), tmp)) ||
+            (s = read_tensor(h, P("mlp.c_proj.bias"), d, 0,
+                             fmt_layer_tensor(m, l, "ffn_down.bias"))))
+            break;
+#undef P
+    }
+    if (!s) s = read_tensor(h, "ln_f.weight", d, 0, fmt_tensor(m, "output_norm.weight"));
+    if (!s) s = read_tensor(h, "ln_f.bias", d, 0, fmt_tensor(m, "output_norm.bias"));
+    if (!s && !c->tie_embeddings) {
+        /* lm_head sits outside the transformer. prefix. */
+        const char *saved = h->prefix;
+        h->prefix = "";
+        s = read_tensor(h, "lm_head.weight", c->vocab_size, d, fmt_tensor(m, "output.weight"));
+        h->prefix = saved;
+    }
+    free(tmp);
+    free(qkv);
+    free(qkvb);
+    return s;
+}
+
+tlm_status tlm_model_load_hf(const char *dir, tlm_model **out) {
+    *out = NULL;
+    char *cp = path_join(dir, "config.json"), *text;
+    if (!cp) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    tlm_status s = tlm_read_file(cp, &text, NULL);
+    free(cp);
+    if (s) return s;
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    if (!cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        return tlm_err(TLM_ERR_FORMAT, "%s: config.json is not a JSON object", dir);
+    }
+    hf_arch arch = HF_LLAMA;
+    tlm_config c;
+    s = parse_config(j, dir, &arch, &c);
+    cJSON_Delete(j);
+    if (s) return s;
+    hf_dir *h = calloc(1, sizeof *h);
+    if (!h) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    h->dir = dir;
+    h->prefix = "";
+    tlm_model *m = NULL;
+    s = open_tensors(h);
+    if (!s) s = fmt_model_create(&c, dir, &m);
+    if (!s) s = arch == HF_LLAMA ? load_llama(h, m) : load_gpt2(h, m);
+    close_dir(h);
+    free(h);
+    if (s) {
+        tlm_model_free(m);
+        return s;
+    }
+    *out = m;
+    return TLM_OK;
+}
+
+/* ---- export ---------------------------------------------------------------------------------- */
+
+/* 1 if the config is GPT-2's shape: pre-norm LayerNorm with biases, learned positions, gelu. */
+static int is_gpt2_style(const tlm_config *c) {
+    return c->norm == TLM_NORM_LAYERNORM && c->norm_position == TLM_NORM_PRE && c->bias &&
+           c->position == TLM_POS_LEARNED && c->n_kv_heads == c->n_heads &&
+           (c->ffn == TLM_FFN_GELU_TANH || c->ffn == TLM_FFN_GELU || c->ffn == TLM_FFN_RELU);
+}
+
+typedef struct {
+    st_out_tensor *t;
+    int n, cap;
+    float **owned; /* converted copies to free */
+    int n_owned;
+} out_list;
+
+static tlm_status push(out_list *o, const char *name, tlm_dtype dt, int64_t d0, int64_t d1,
+                       const float *data) {
+    if (o->n == o->cap) {
+        int cap = o->cap ? 2 * o->cap : 64;
+        st_out_tensor *t = realloc(o->t, (size_t)cap * sizeof *t);
+        float **ow = realloc(o->owned, (size_t)cap * sizeof *ow);
+        if (ow) o->owned = ow;
+        if (!t || !ow) {
+            if (t) o->t = t;
+            return tlm_err(TLM_ERR_NOMEM, "out of memory");
+        }
+        o->t = t;
+        o->cap = cap;
+    }
+    st_out_tensor *t = &o->t[o->n++];
+    memset(t, 0, sizeof *t);
+    t->name = strdup(name);
+    if (!t->name) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    t->dtype = dt;
+    t->ndim = d1 > 0 ? 2 : 1;
+    t->shape[0] = d0;
+    t->shape[1] = d1;
+    t->data = data;
+    return TLM_OK;
+}
+
+static float *own(out_list *o, size_t n) {
+    float *p = malloc(n * sizeof(float));
+    if (p) o->owned[o->n_owned++] = p;
+    return p;
+}
+
+static tlm_status own_push(out_list *o, const char *name, tlm_dtype dt, int64_t d0, int64_t d1,
+                           float **p) {
+    /* grow first so that owned has room */
+    tlm_status s = push(o, name, dt, d0, d1, NULL);
+    if (s) return s;
+    *p = own(o, (size_t)d0 * (size_t)(d1 > 0 ? d1 : 1));
+    if (!*p) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    o->t[o->n - 1].data = *p;
+    return TLM_OK;
+}
+
+static void free_list(out_list *o) {
+    for (int i = 0; i < o->n; i++) free((char *)o->t[i].name);
+    for (int i = 0; i < o->n_owned; i++) free(o->owned[i]);
+    free(o->t);
+    free(o->owned);
+}
+
+static void transpose(const float *src, int64_t rows, int64_t cols, float *dst) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t k = 0; k < cols; k++) dst[k * rows + r] = src[r * cols + k];
+}
+
+static tlm_status export_llama(const tlm_model *m, tlm_dtype dt, out_list *o, cJSON *cfg) {
+    const tlm_config *c = &m->c;
+    int64_t d = c->d_model, hd = d / c->n_heads, kv = hd * c->n_kv_heads, ff = c->d_ff;
+    tlm_status s = push(o, "model.embed_tokens.weight", dt, c->vocab_size, d,
+                        fmt_tensor_c(m, "token_embd.weight"));
+    for (int l = 0; l < c->n_layers && !s; l++) {
+        char n[128];
+#define N(x) (snprintf(n, sizeof n, "model.layers.%d.%s.weight", l, x), n)
+        s = push(o, N("input_layernorm"), dt, d, 0, fmt_layer_tensor_c(m, l, "attn_norm.weight"));
+        for (int qk = 0; qk < 2 && !s; qk++) {
+            const float *src = fmt_layer_tensor_c(m, l, qk ? "attn_k.weight" : "attn_q.weight");
+            int64_t rows = qk ? kv : d;
+            if (c->rope_pairing == TLM_ROPE_HALF) {
+                s = push(o, N(qk ? "self_attn.k_proj" : "self_attn.q_proj"), dt, rows, d, src);
+            } else {
+                /* HF rotates halves: reorder adjacent-pair rows into half order. */
+                float *p;
+                s = own_push(o, N(qk ? "self_attn.k_proj" : "self_attn.q_proj"), dt, rows, d, &p);
+                if (!s) memcpy(p, src, (size_t)(rows * d) * sizeof(float));
+                if (!s) s = fmt_permute_qk(p, NULL, (int)rows, (int)d, (int)hd, 0);
+            }
+        }
+        if (!s)
+            s = push(o, N("self_attn.v_proj"), dt, kv, d,
+                     fmt_layer_tensor_c(m, l, "attn_v.weight"));
+        if (!s)
+            s = push(o, N("self_attn.o_proj"), dt, d, d,
+                     fmt_layer_tensor_c(m, l, "attn_output.weight"));
+        if (!s)
+            s = push(o, N("post_attention_layernorm"), dt, d, 0,
+                     fmt_layer_tensor_c(m, l, "ffn_norm.weight"));
+        if (!s)
+            s = push(o, N("mlp.gate_proj"), dt, ff, d, fmt_layer_tensor_c(m, l, "ffn_gate.weight"));
+        if (!s) s = push(o, N("mlp.up_proj"), dt, ff, d, fmt_layer_tensor_c(m, l, "ffn_up.weight"));
+        if (!s)
+            s = push(o, N("mlp.down_proj"), dt, d, ff, fmt_layer_tensor_c(m, l, "ffn_down.weight"));
+#undef N
+    }
+    if (!s) s = push(o, "model.norm.weight", dt, d, 0, fmt_tensor_c(m, "output_norm.weight"));
+    if (!s && !c->tie_embeddings)
+        s = push(o, "lm_head.weight", dt, c->vocab_size, d, fmt_tensor_c(m, "output.weight"));
+    cJSON_AddItemToObject(cfg, "architectures",
+                          cJSON_CreateStringArray((const char *[]){"LlamaForCausalLM"}, 1));
+    cJSON_AddStringToObject(cfg, "model_type", "llama");
+    cJSON_AddNumberToObject(cfg, "hidden_size", (double)d);
+    cJSON_AddNumberToObject(cfg, "intermediate_size", (double)ff);
+    cJSON_AddNumberToObject(cfg, "num_hidden_layers", c->n_layers);
+    cJSON_AddNumberToObject(cfg, "num_attention_heads", c->n_heads);
+    cJSON_AddNumberToObject(cfg, "num_key_value_heads", c->n_kv_heads);
+    cJSON_AddNumberToObject(cfg, "head_dim", (double)hd);
+    cJSON_AddNumberToObject(cfg, "vocab_size", c->vocab_size);
+    cJSON_AddNumberToObject(cfg, "max_position_embeddings", c->context_length);
+    cJSON_AddNumberToObject(cfg, "rms_norm_eps", (double)c->norm_eps);
+    cJSON_AddNumberToObject(cfg, "rope_theta", (double)c->rope_theta);
+    cJSON_AddNullToObject(cfg, "rope_scaling");
+    cJSON_AddStringToObject(cfg, "hidden_act", "silu");
+    cJSON_AddBoolToObject(cfg, "attention_bias", 0);
+    cJSON_AddBoolToObject(cfg, "mlp_bias", 0);
+    cJSON_AddBoolToObject(cfg, "tie_word_embeddings", c->tie_embeddings);
+    return s;
+}
+
+static tlm_status export_gpt2(const tlm_model *m, tlm_dtype dt, out_list *o, cJSON *cfg) {
+    const tlm_config *c = &m->c;
+    int64_t d = c->d_model, ff = c->d_ff;
+    tlm_status s = push(o, "transformer.wte.weight", dt, c->vocab_size, d,
+                        fmt_tensor_c(m, "token_embd.weight"));
+    if (!s)
+        s = push(o, "transformer.wpe.weight", dt, c->context_length, d,
+                 fmt_tensor_c(m, "position_embd.weight"));
+    for (int l = 0; l < c->n_layers && !s; l++) {
+        char n[128];
+        float *p;
+#define N(x) (snprintf(n, sizeof n, "transformer.h.%d.%s", l, x), n)
+#define T(x) fmt_layer_tensor_c(m, l, x)
+        if ((s = push(o, N("ln_1.weight"), dt, d, 0, T("attn_norm.weight"))) ||
+            (s = push(o, N("ln_1.bias"), dt, d, 0, T("attn_norm.bias"))) ||
+            (s = own_push(o, N("attn.c_attn.weight"), dt, d, 3 * d, &p)))
+            break;
+        /* Conv1D [in, out]: column block p of the fused output is q, k, v. */
+        static const char *const qn[3] = {"attn_q", "attn_k", "attn_v"};
+        for (int part = 0; part < 3; part++) {
+            char w[64];
+            snprintf(w, sizeof w, "%s.weight", qn[part]);
+            const float *src = T(w);
+            for (int64_t r = 0; r < d; r++)
+                for (int64_t k = 0; k < d; k++) p[k * 3 * d + part * d + r] = src[r * d + k];
+        }
+        if ((s = own_push(o, N("attn.c_attn.bias"), dt, 3 * d, 0, &p))) break;
+        for (int part = 0; part < 3; part++) {
+            char b[64];
+            snprintf(b, sizeof b, "%s.bias", qn[part]);
+            memcpy(p + part * d, T(b), (size_t)d * sizeof(float));
+        }
+        if ((s = own_push(o, N("attn.c_proj.weight"), dt, d, d, &p))) break;
+        transpose(T("attn_output.weight"), d, d, p);
+        if ((s = push(o, N("attn.c_proj.bias"), dt, d, 0, T("attn_output.bias"))) ||
+            (s = push(o, N("ln_2.weight"), dt, d, 0, T("ffn_norm.weight"))) ||
+            (s = push(o, N("ln_2.bias"), dt, d, 0, T("ffn_norm.bias"))) ||
+            (s = own_push(o, N("mlp.c_fc.weight"), dt, d, ff, &p)))
+            break;
+        transpose(T("ffn_up.weight"), ff, d, p);
+        if ((s = push(o, N("mlp.c_fc.bias"), dt, ff, 0, T("ffn_up.bias"))) ||
+            (s = own_push(o, N("mlp.c_proj.weight"), dt, ff, d, &p)))
+            break;
+        transpose(T("ffn_down.weight"), d, ff, p);
+        if ((s = push(o, N("mlp.c_proj.bias"), dt, d, 0, T("ffn_down.bias")))) break;
+#undef N
+#undef T
+    }
+    if (!s) s = push(o, "transformer.ln_f.weight", dt, d, 0, fmt_tensor_c(m, "output_norm.weight"));
+    if (!s) s = push(o, "transformer.ln_f.bias", dt, d, 0, fmt_tensor_c(m, "output_norm.bias"));
+    if (!s && !c->tie_embeddings)
+        s = push(o, "lm_head.weight", dt, c->vocab_size, d, fmt_tensor_c(m, "output.weight"));
+    cJSON_AddItemToObject(cfg, "architectures",
+                          cJSON_CreateStringArray((const char *[]){"GPT2LMHeadModel"}, 1));
+    cJSON_AddStringToObject(cfg, "model_type", "gpt2");
+    cJSON_AddNumberToObject(cfg, "n_embd", (double)d);
+    cJSON_AddNumberToObject(cfg, "n_layer", c->n_layers);
+    cJSON_AddNumberToObject(cfg, "n_head", c->n_heads);
+    cJSON_AddNumberToObject(cfg, "n_inner", (double)ff);
+    cJSON_AddNumberToObject(cfg, "n_positions", c->context_length);
+    cJSON_AddNumberToObject(cfg, "n_ctx", c->context_length);
+    cJSON_AddNumberToObject(cfg, "vocab_size", c->vocab_size);
+    cJSON_AddNumberToObject(cfg, "layer_norm_epsilon", (double)c->norm_eps);
+    cJSON_AddStringToObject(cfg, "activation_function",
+                            c->ffn == TLM_FFN_GELU   ? "gelu"
+                            : c->ffn == TLM_FFN_RELU ? "relu"
+                                                     : "gelu_new");
+    cJSON_AddBoolToObject(cfg, "scale_attn_weights", 1);
+    cJSON_AddBoolToObject(cfg, "tie_word_embeddings", c->tie_embeddings);
+    return s;
+}
+
+tlm_status tlm_model_save_hf(const tlm_model *m, const char *dir, tlm_file_dtype dtype) {
+    const tlm_config *c = &m->c;
+    tlm_dtype dt = dtype == TLM_FILE_F16    ? TLM_DT_F16
+                   : dtype == TLM_FILE_BF16 ? TLM_DT_BF16
+                                            : TLM_DT_F32;
+    int llama = fmt_is_llama_style(c, NULL, 0);
+    if (!llama && !is_gpt2_style(c))
+        return tlm_err(TLM_ERR_UNSUPPORTED,
+                       "Hugging Face export supports Llama-style (rmsnorm, swiglu, rope, no bias) "
+                       "and GPT-2-style (layernorm with bias, learned positions, gelu) models");
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+        return tlm_err(TLM_ERR_IO, "cannot create directory '%s': %s", dir, strerror(errno));
+    out_list o = {0};
+    cJSON *cfg = cJSON_CreateObject();
+    if (!cfg) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    tlm_status s = llama ? export_llama(m, dt, &o, cfg) : export_gpt2(m, dt, &o, cfg);
+    cJSON_AddStringToObject(cfg, "torch_dtype",
+                            dt == TLM_DT_F16    ? "float16"
+                            : dt == TLM_DT_BF16 ? "bfloat16"
+                                                : "float32");
+    char *p = NULL, *json = NULL;
+    if (!s) {
+        const char *k[] = {"format"}, *v[] = {"pt"};
+        p = path_join(dir, "model.safetensors");
+        s = p ? st_write(p, o.t, o.n, k, v, 1) : tlm_err(TLM_ERR_NOMEM, "out of memory");
+        free(p);
+    }
+    if (!s) {
+        json = cJSON_Print(cfg);
+        p = path_join(dir, "config.json");
+        s = p && json ? tlm_write_file_atomic(p, json, strlen(json))
+                      : tlm_err(TLM_ERR_NOMEM, "out of memory");
+        free(p);
+        free(json);
+    }
+    cJSON_Delete(cfg);
+    free_list(&o);
+    return s;
+}

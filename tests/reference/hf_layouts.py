@@ -1,0 +1,258 @@
+"""Hugging Face checkpoint layouts for the format tests, written from the reference model.
+
+    hf_layouts.py write OUTDIR      random models as HF directories + expected logits
+    hf_layouts.py check HFDIR FILE  loads an HF directory (tlm's export) into the reference and
+                                    compares its logits with FILE's (ids + tlm's logits)
+
+Layouts follow transformers' LlamaForCausalLM and GPT2LMHeadModel state dicts:
+- Llama: the reference model rotates adjacent pairs (Meta's order); HF rotates halves and its
+  converter permutes the q/k rows to match, so we apply the same permutation when writing. tlm must
+  undo that (or use half pairing) to reproduce the reference's logits.
+- GPT-2: Conv1D weights are [in, out], q/k/v fused in c_attn, `transformer.` prefix optional,
+  causal-mask buffers attn.bias / attn.masked_bias sit in old checkpoints and must be ignored.
+Run with /usr/bin/python3 (Debian's torch).
+"""
+
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from model import Config, Model  # noqa: E402
+from safetensors_io import read_safetensors, write_safetensors  # noqa: E402
+
+
+def randomize(model, gen):
+    with torch.no_grad():
+        for name, p in model.canonical_params():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
+            elif name.endswith(".bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+            elif name in ("token_embd.weight", "position_embd.weight"):
+                p.copy_(0.2 * torch.randn(p.shape, generator=gen))
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) / p.shape[1] ** 0.5)
+
+
+def meta_to_hf(w, n_heads):
+    """transformers' convert_llama_weights_to_hf permute: adjacent pairs -> halves, per head."""
+    rows, cols = w.shape
+    return w.view(n_heads, rows // n_heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+
+
+def round_to(t, dtype):
+    return t.to(dtype).to(torch.float32)
+
+
+def llama_tensors(model, cfg, dtype):
+    sd = model.state_dict_canonical()
+    out = [("model.embed_tokens.weight", sd["token_embd.weight"])]
+    for l in range(cfg.n_layers):
+        p, b = f"model.layers.{l}.", f"blk.{l}."
+        out += [
+            (p + "input_layernorm.weight", sd[b + "attn_norm.weight"]),
+            (p + "self_attn.q_proj.weight", meta_to_hf(sd[b + "attn_q.weight"], cfg.n_heads)),
+            (p + "self_attn.k_proj.weight", meta_to_hf(sd[b + "attn_k.weight"], cfg.n_kv_heads)),
+            (p + "self_attn.v_proj.weight", sd[b + "attn_v.weight"]),
+            (p + "self_attn.o_proj.weight", sd[b + "attn_output.weight"]),
+            (p + "post_attention_layernorm.weight", sd[b + "ffn_norm.weight"]),
+            (p + "mlp.gate_proj.weight", sd[b + "ffn_gate.weight"]),
+            (p + "mlp.up_proj.weight", sd[b + "ffn_up.weight"]),
+            (p + "mlp.down_proj.weight", sd[b + "ffn_down.weight"]),
+        ]
+    out.append(("model.norm.weight", sd["output_norm.weight"]))
+    if not cfg.tie_embeddings:
+        out.append(("lm_head.weight", sd["output.weight"]))
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": cfg.d_model, "intermediate_size": cfg.d_ff,
+        "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_kv_heads, "vocab_size": cfg.vocab_size,
+        "max_position_embeddings": cfg.context_length, "rms_norm_eps": cfg.norm_eps,
+        "rope_theta": cfg.rope_theta, "hidden_act": "silu", "rope_scaling": None,
+        "tie_word_embeddings": cfg.tie_embeddings, "torch_dtype": str(dtype).split(".")[1],
+    }
+    return [(n, t.to(dtype)) for n, t in out], config
+
+
+def gpt2_tensors(model, cfg, dtype, prefix, buffers):
+    sd = model.state_dict_canonical()
+    P = prefix
+    out = [(P + "wte.weight", sd["token_embd.weight"]), (P + "wpe.weight", sd["position_embd.weight"])]
+    for l in range(cfg.n_layers):
+        p, b = f"{P}h.{l}.", f"blk.{l}."
+        qkv_w = torch.cat([sd[b + "attn_q.weight"], sd[b + "attn_k.weight"], sd[b + "attn_v.weight"]])
+        qkv_b = torch.cat([sd[b + "attn_q.bias"], sd[b + "attn_k.bias"], sd[b + "attn_v.bias"]])
+        out += [
+            (p + "ln_1.weight", sd[b + "attn_norm.weight"]), (p + "ln_1.bias", sd[b + "attn_norm.bias"]),
+            (p + "attn.c_attn.weight", qkv_w.t()), (p + "attn.c_attn.bias", qkv_b),
+            (p + "attn.c_proj.weight", sd[b + "attn_output.weight"].t()),
+            (p + "attn.c_proj.bias", sd[b + "attn_output.bias"]),
+            (p + "ln_2.weight", sd[b + "ffn_norm.weight"]), (p + "ln_2.bias", sd[b + "ffn_norm.bias"]),
+            (p + "mlp.c_fc.weight", sd[b + "ffn_up.weight"].t()), (p + "mlp.c_fc.bias", sd[b + "ffn_up.bias"]),
+            (p + "mlp.c_proj.weight", sd[b + "ffn_down.weight"].t()),
+            (p + "mlp.c_proj.bias", sd[b + "ffn_down.bias"]),
+        ]
+        if buffers:
+            n = cfg.context_length
+            out.append((p + "attn.bias", torch.tril(torch.ones(n, n)).view(1, 1, n, n)))
+            out.append((p + "attn.masked_bias", torch.tensor(-1e4)))
+    out += [(P + "ln_f.weight", sd["output_norm.weight"]), (P + "ln_f.bias", sd["output_norm.bias"])]
+    if not cfg.tie_embeddings:
+        out.append(("lm_head.weight", sd["output.weight"]))
+    config = {
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": cfg.d_model,
+        "n_layer": cfg.n_layers, "n_head": cfg.n_heads, "n_positions": cfg.context_length,
+        "n_ctx": cfg.context_length, "vocab_size": cfg.vocab_size, "n_inner": None,
+        "layer_norm_epsilon": cfg.norm_eps, "activation_function": "gelu_new",
+        "tie_word_embeddings": cfg.tie_embeddings,
+    }
+    return [(n, t.contiguous().to(dtype)) for n, t in out], config
+
+
+CASES = [
+    # name, arch, config, dtype, shards, extra
+    ("llama_tied", "llama", dict(vocab_size=64, context_length=32, d_model=32, n_layers=2,
+                                 n_heads=4, n_kv_heads=2, d_ff=48, tie_embeddings=True), torch.float32, 1, {}),
+    ("llama_sharded", "llama", dict(vocab_size=80, context_length=24, d_model=48, n_layers=3,
+                                    n_heads=6, n_kv_heads=3, d_ff=64, tie_embeddings=False,
+                                    norm_eps=1e-6, rope_theta=500000.0), torch.bfloat16, 3, {}),
+    ("gpt2_prefix", "gpt2", dict(vocab_size=70, context_length=20, d_model=32, n_layers=2,
+                                 n_heads=4, tie_embeddings=True), torch.float32, 1,
+     {"prefix": "transformer.", "buffers": True}),
+    ("gpt2_untied_f16", "gpt2", dict(vocab_size=50, context_length=16, d_model=24, n_layers=2,
+                                     n_heads=3, tie_embeddings=False), torch.float16, 2,
+     {"prefix": "", "buffers": False}),
+]
+
+
+def write_dir(path, tensors, config, shards):
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    if shards == 1:
+        write_safetensors(os.path.join(path, "model.safetensors"), tensors, {"format": "pt"})
+        return
+    per = (len(tensors) + shards - 1) // shards
+    weight_map = {}
+    for s in range(shards):
+        name = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        part = tensors[s * per:(s + 1) * per]
+        write_safetensors(os.path.join(path, name), part, {"format": "pt"})
+        weight_map.update({n: name for n, _ in part})
+    with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": 0}, "weight_map": weight_map}, f, indent=1)
+
+
+def cmd_write(outdir):
+    os.makedirs(outdir, exist_ok=True)
+    for i, (name, arch, c, dtype, shards, extra) in enumerate(CASES):
+        gen = torch.Generator().manual_seed(4242 + i)
+        if arch == "llama":
+            cfg = Config.from_dict(dict(c, rope_pairing="interleaved"))
+        else:
+            cfg = Config.from_dict(dict(c, norm="layernorm", ffn="gelu_tanh", position="learned",
+                                        bias=True))
+        model = Model(cfg)
+        randomize(model, gen)
+        with torch.no_grad():  # the logits are those of the weights as stored
+            for _, p in model.canonical_params():
+                p.copy_(round_to(p, dtype))
+        model.eval()
+        if arch == "llama":
+            tensors, config = llama_tensors(model, cfg, dtype)
+        else:
+            tensors, config = gpt2_tensors(model, cfg, dtype, extra["prefix"], extra["buffers"])
+        write_dir(os.path.join(outdir, name), tensors, config, shards)
+        ids = torch.randint(0, cfg.vocab_size, (1, cfg.context_length), generator=gen)
+        with torch.no_grad():
+            logits, _ = model(ids)
+        write_safetensors(os.path.join(outdir, name + ".expected.safetensors"),
+                          {"ids": ids[0].to(torch.int32).numpy(),
+                           "logits": logits[0].numpy().astype(np.float32)})
+    print(f"wrote {len(CASES)} Hugging Face layouts to {outdir}")
+
+
+def hf_to_canonical(path):
+    """Inverse mapping of an HF directory into (Config, canonical tensors) for the reference."""
+    with open(os.path.join(path, "config.json")) as f:
+        hc = json.load(f)
+    tensors, _ = read_safetensors(os.path.join(path, "model.safetensors"))
+    t = {k: torch.from_numpy(np.asarray(v, dtype=np.float32)) for k, v in tensors.items()}
+    arch = hc["architectures"][0]
+    sd = {}
+    if arch == "LlamaForCausalLM":
+        cfg = Config.from_dict(dict(
+            vocab_size=hc["vocab_size"], context_length=hc["max_position_embeddings"],
+            d_model=hc["hidden_size"], n_layers=hc["num_hidden_layers"],
+            n_heads=hc["num_attention_heads"], n_kv_heads=hc["num_key_value_heads"],
+            d_ff=hc["intermediate_size"], norm_eps=hc["rms_norm_eps"], rope_theta=hc["rope_theta"],
+            rope_pairing="half", tie_embeddings=hc["tie_word_embeddings"]))
+        sd["token_embd.weight"] = t["model.embed_tokens.weight"]
+        names = [("input_layernorm", "attn_norm"), ("self_attn.q_proj", "attn_q"),
+                 ("self_attn.k_proj", "attn_k"), ("self_attn.v_proj", "attn_v"),
+                 ("self_attn.o_proj", "attn_output"), ("post_attention_layernorm", "ffn_norm"),
+                 ("mlp.gate_proj", "ffn_gate"), ("mlp.up_proj", "ffn_up"), ("mlp.down_proj", "ffn_down")]
+        for l in range(cfg.n_layers):
+            for h, c in names:
+                sd[f"blk.{l}.{c}.weight"] = t[f"model.layers.{l}.{h}.weight"]
+        sd["output_norm.weight"] = t["model.norm.weight"]
+        if not cfg.tie_embeddings:
+            sd["output.weight"] = t["lm_head.weight"]
+    elif arch == "GPT2LMHeadModel":
+        P = "transformer." if "transformer.wte.weight" in t else ""
+        d = hc["n_embd"]
+        cfg = Config.from_dict(dict(
+            vocab_size=hc["vocab_size"], context_length=hc["n_positions"], d_model=d,
+            n_layers=hc["n_layer"], n_heads=hc["n_head"], d_ff=hc.get("n_inner") or 4 * d,
+            norm="layernorm", norm_eps=hc["layer_norm_epsilon"], ffn="gelu_tanh",
+            position="learned", bias=True, tie_embeddings=hc.get("tie_word_embeddings", True)))
+        sd["token_embd.weight"] = t[P + "wte.weight"]
+        sd["position_embd.weight"] = t[P + "wpe.weight"]
+        for l in range(cfg.n_layers):
+            p, b = f"{P}h.{l}.", f"blk.{l}."
+            w, bias = t[p + "attn.c_attn.weight"].t(), t[p + "attn.c_attn.bias"]
+            for i, c in enumerate(("attn_q", "attn_k", "attn_v")):
+                sd[b + c + ".weight"] = w[i * d:(i + 1) * d]
+                sd[b + c + ".bias"] = bias[i * d:(i + 1) * d]
+            sd[b + "attn_output.weight"] = t[p + "attn.c_proj.weight"].t()
+            sd[b + "attn_output.bias"] = t[p + "attn.c_proj.bias"]
+            sd[b + "attn_norm.weight"], sd[b + "attn_norm.bias"] = t[p + "ln_1.weight"], t[p + "ln_1.bias"]
+            sd[b + "ffn_norm.weight"], sd[b + "ffn_norm.bias"] = t[p + "ln_2.weight"], t[p + "ln_2.bias"]
+            sd[b + "ffn_up.weight"] = t[p + "mlp.c_fc.weight"].t()
+            sd[b + "ffn_up.bias"] = t[p + "mlp.c_fc.bias"]
+            sd[b + "ffn_down.weight"] = t[p + "mlp.c_proj.weight"].t()
+            sd[b + "ffn_down.bias"] = t[p + "mlp.c_proj.bias"]
+        sd["output_norm.weight"], sd["output_norm.bias"] = t[P + "ln_f.weight"], t[P + "ln_f.bias"]
+        if not cfg.tie_embeddings:
+            sd["output.weight"] = t["lm_head.weight"]
+    else:
+        raise ValueError(f"unknown architecture {arch}")
+    return cfg, {k: v.contiguous() for k, v in sd.items()}
+
+
+def cmd_check(hfdir, expected):
+    cfg, sd = hf_to_canonical(hfdir)
+    model = Model(cfg)
+    model.load_canonical(sd)
+    model.eval()
+    exp, _ = read_safetensors(expected)
+    ids = torch.from_numpy(exp["ids"].astype(np.int64))[None]
+    with torch.no_grad():
+        logits, _ = model(ids)
+    diff = float((logits[0] - torch.from_numpy(exp["logits"])).abs().max())
+    print(f"{hfdir}: {cfg.n_layers} layers, max |logit diff| vs tlm = {diff:.3g}")
+    return 0 if diff < 1e-4 else 1
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "write":
+        cmd_write(sys.argv[2])
+    elif len(sys.argv) == 4 and sys.argv[1] == "check":
+        sys.exit(cmd_check(sys.argv[2], sys.argv[3]))
+    else:
+        sys.exit(__doc__)

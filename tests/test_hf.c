@@ -1,0 +1,182 @@
+/* Hugging Face layouts: the PyTorch reference writes LlamaForCausalLM / GPT2LMHeadModel
+ * directories of random models (single file and sharded, F32/F16/BF16, tied and untied, with and
+ * without the transformer. prefix); tlm loads them and matches the reference logits. tlm's HF
+ * export loads back into the reference with matching logits, and into tlm bit for bit. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "formats/safetensors.h"
+#include "harness.h"
+#include "tlm.h"
+
+#define SCRIPT TLM_SOURCE_DIR "/tests/reference/hf_layouts.py"
+
+static const char *const cases[] = {"llama_tied", "llama_sharded", "gpt2_prefix",
+                                    "gpt2_untied_f16"};
+
+/* ids and logits of an expected file. */
+static int read_expected(const char *path, int32_t **ids, float **logits, int *T, int *V) {
+    st_file f;
+    if (st_open(&f, path)) return 0;
+    const st_tensor *ti = st_find(&f, "ids"), *tl = st_find(&f, "logits");
+    *T = (int)ti->shape[0];
+    *V = (int)tl->shape[1];
+    *ids = malloc(sizeof(int32_t) * (size_t)*T);
+    *logits = malloc(sizeof(float) * tl->numel);
+    st_read_i32(&f, ti, *ids, (size_t)*T);
+    st_read_f32(&f, tl, *logits, tl->numel);
+    st_close(&f);
+    return 1;
+}
+
+static double max_diff(const float *a, const float *b, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i] - (double)b[i]));
+    return m;
+}
+
+/* Exports m as HF, writes tlm's logits next to it and asks the reference to compare. */
+static void export_and_check(tlm_model *m, const char *dir, const int32_t *ids, int T) {
+    tlm_forward_out fo;
+    CHECK_OK(tlm_forward(m, ids, 1, T, NULL, &fo));
+    int V = tlm_model_config(m)->vocab_size;
+    float *mine = malloc(sizeof(float) * (size_t)T * V);
+    memcpy(mine, fo.logits, sizeof(float) * (size_t)T * V);
+    CHECK_OK(tlm_model_save_hf(m, dir, TLM_FILE_F32));
+    char exp[256], cmd[1024];
+    snprintf(exp, sizeof exp, "%s.tlm_logits.safetensors", dir);
+    st_out_tensor t[2] = {{"ids", TLM_DT_I32, 1, {T}, ids},
+                          {"logits", TLM_DT_F32, 2, {T, V}, mine}};
+    CHECK_OK(st_write(exp, t, 2, NULL, NULL, 0));
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s check %s %s", SCRIPT, dir, exp);
+    CHECK(system(cmd) == 0, "reference rejects tlm's export %s", dir);
+    /* And back into tlm: the same logits. */
+    tlm_model *r = NULL;
+    CHECK_OK(tlm_model_load(dir, &r));
+    if (r) {
+        CHECK_OK(tlm_forward(r, ids, 1, T, NULL, &fo));
+        double d = max_diff(mine, fo.logits, (size_t)T * V);
+        CHECK(d < 1e-5, "%s reloaded: logits differ by %g", dir, d);
+        tlm_model_free(r);
+    }
+    free(mine);
+}
+
+static void test_cases(void) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s write hf_layouts", SCRIPT);
+    int rc = system(cmd);
+    CHECK(rc == 0, "reference failed to write layouts (%d)", rc);
+    if (rc) return;
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char dir[256], exp[256];
+        snprintf(dir, sizeof dir, "hf_layouts/%s", cases[i]);
+        snprintf(exp, sizeof exp, "hf_layouts/%s.expected.safetensors", cases[i]);
+        int32_t *ids = NULL;
+        float *ref = NULL;
+        int T = 0, V = 0;
+        if (!read_expected(exp, &ids, &ref, &T, &V)) {
+            CHECK(0, "cannot read expected file %s", exp);
+            continue;
+        }
+        tlm_model_format f;
+        CHECK_OK(tlm_model_detect(dir, &f));
+        CHECK(f == TLM_FORMAT_HF, "%s detected as %s", dir, tlm_model_format_name(f));
+        tlm_model *m = NULL;
+        CHECK_OK(tlm_model_load(dir, &m));
+        if (!m) continue;
+        CHECK(tlm_model_config(m)->vocab_size == V, "vocab");
+        tlm_forward_out fo;
+        CHECK_OK(tlm_forward(m, ids, 1, T, NULL, &fo));
+        double d = max_diff(ref, fo.logits, (size_t)T * V);
+        CHECK(d < 2e-5, "%s: logits differ from the reference by %g", cases[i], d);
+        printf("%s: max |logit diff| vs PyTorch = %.3g\n", cases[i], d);
+        char out[256];
+        snprintf(out, sizeof out, "hf_export_%s", cases[i]);
+        export_and_check(m, out, ids, T);
+        tlm_model_free(m);
+        free(ids);
+        free(ref);
+    }
+}
+
+/* An interleaved-pairing model (llama2.c/GGUF order) exports with q/k rows permuted to HF's. */
+static void test_interleaved_export(void) {
+    tlm_config c;
+    tlm_config_default(&c);
+    c.vocab_size = 33;
+    c.context_length = 12;
+    c.d_model = 24;
+    c.n_layers = 2;
+    c.n_heads = 3;
+    c.n_kv_heads = 1;
+    c.d_ff = 40;
+    c.tie_embeddings = 0;
+    c.rope_pairing = TLM_ROPE_INTERLEAVED;
+    tlm_model *m = NULL;
+    CHECK_OK(tlm_model_create(&c, &m));
+    CHECK_OK(tlm_model_init(m, 3, TLM_INIT_GPT2));
+    int32_t ids[12] = {0, 32, 5, 9, 1, 17, 17, 2, 30, 4, 8, 11};
+    export_and_check(m, "hf_export_interleaved", ids, 12);
+    tlm_model_free(m);
+}
+
+static void write_text(const char *path, const char *text) {
+    tlm_write_file_atomic(path, text, strlen(text));
+}
+
+static void expect_bad(const char *dir, tlm_status want, const char *needle) {
+    tlm_model *m = NULL;
+    tlm_status s = tlm_model_load(dir, &m);
+    CHECK(s == want && !m, "%s: status %d", dir, (int)s);
+    CHECK(strstr(tlm_last_error(), needle) != NULL, "error '%s' lacks '%s'", tlm_last_error(),
+          needle);
+    tlm_model_free(m);
+}
+
+static void test_malformed(void) {
+    /* Start from a good export and break one thing at a time. */
+    system("rm -rf hf_bad && mkdir -p hf_bad && cp hf_layouts/llama_tied/* hf_bad/");
+    write_text("hf_bad/config.json", "{\"architectures\": [\"MistralForCausalLM\"]}");
+    expect_bad("hf_bad", TLM_ERR_UNSUPPORTED, "MistralForCausalLM");
+    write_text("hf_bad/config.json", "[1, 2]");
+    expect_bad("hf_bad", TLM_ERR_FORMAT, "not a JSON object");
+    write_text("hf_bad/config.json",
+               "{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":32,"
+               "\"intermediate_size\":48,\"num_hidden_layers\":2,\"num_attention_heads\":4,"
+               "\"num_key_value_heads\":2,\"vocab_size\":64,\"max_position_embeddings\":32,"
+               "\"tie_word_embeddings\":false}");
+    expect_bad("hf_bad", TLM_ERR_FORMAT, "lm_head.weight");
+    write_text("hf_bad/config.json",
+               "{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":32,"
+               "\"intermediate_size\":50,\"num_hidden_layers\":2,\"num_attention_heads\":4,"
+               "\"num_key_value_heads\":2,\"vocab_size\":64,\"tie_word_embeddings\":true}");
+    expect_bad("hf_bad", TLM_ERR_FORMAT, "shape");
+    write_text("hf_bad/config.json",
+               "{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":-32}");
+    expect_bad("hf_bad", TLM_ERR_FORMAT, "hidden_size");
+    write_text("hf_bad/config.json",
+               "{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":32,"
+               "\"intermediate_size\":48,\"num_hidden_layers\":2,\"num_attention_heads\":4,"
+               "\"vocab_size\":64,\"rope_scaling\":{\"type\":\"linear\",\"factor\":2}}");
+    expect_bad("hf_bad", TLM_ERR_UNSUPPORTED, "rope_scaling");
+    system("cp hf_layouts/llama_tied/config.json hf_bad/ && rm hf_bad/model.safetensors");
+    expect_bad("hf_bad", TLM_ERR_FORMAT, "no model.safetensors");
+    write_text("hf_bad/model.safetensors.index.json",
+               "{\"weight_map\": {\"model.norm.weight\": \"../../etc/passwd\"}}");
+    expect_bad("hf_bad", TLM_ERR_FORMAT, "bad shard name");
+    /* A truncated shard is caught by the safetensors reader. */
+    system("rm hf_bad/model.safetensors.index.json && head -c 2000 "
+           "hf_layouts/llama_tied/model.safetensors > hf_bad/model.safetensors");
+    expect_bad("hf_bad", TLM_ERR_FORMAT, "");
+    system("rm -rf hf_bad");
+}
+
+int main(void) {
+    tlm_set_threads(2);
+    test_cases();
+    test_interleaved_export();
+    test_malformed();
+    return t_finish("test_hf");
+}
