@@ -26,7 +26,7 @@ static int read_stdin(char **out, size_t *len) {
     char *buf = malloc(cap);
     if (!buf) return cli_fail("tokenize: out of memory");
     for (;;) {
-        if (n == cap) {
+        if (n + 1 >= cap) { /* room for a terminating NUL */
             if (cap > TLM_TOKENIZER_MAX_INPUT) {
                 free(buf);
                 return cli_fail("tokenize: input is larger than the limit of %zu bytes",
@@ -40,7 +40,7 @@ static int read_stdin(char **out, size_t *len) {
             buf = nb;
             cap *= 2;
         }
-        size_t got = fread(buf + n, 1, cap - n, stdin);
+        size_t got = fread(buf + n, 1, cap - n - 1, stdin);
         n += got;
         if (got == 0) break;
     }
@@ -53,6 +53,7 @@ static int read_stdin(char **out, size_t *len) {
         return cli_fail("tokenize: input of %zu bytes is larger than the limit of %zu bytes", n,
                         (size_t)TLM_TOKENIZER_MAX_INPUT);
     }
+    buf[n] = 0;
     *out = buf;
     *len = n;
     return 0;
@@ -90,7 +91,15 @@ static int decode_stdin(tlm_tokenizer *tok, unsigned flags) {
         char *e;
         long v = strtol(p, &e, 10);
         if (e == p || v < INT32_MIN || v > INT32_MAX) {
-            rc = cli_fail("tokenize --decode: '%.20s' is not a token id", p);
+            char word[24];
+            size_t w = 0;
+            while (w < sizeof word - 1 && p + w < end && p[w] > ' ' && p[w] < 0x7F) {
+                word[w] = p[w];
+                w++;
+            }
+            word[w] = 0;
+            rc = cli_fail("tokenize --decode: '%s' (byte %zu of the input) is not a token id", word,
+                          (size_t)(p - in));
             break;
         }
         if (k == cap) {

@@ -123,7 +123,7 @@ tlm_status tlm_tokenizer_char_from_text(const void *text, size_t len, tlm_tokeni
     size_t na = 0;
     for (int b = 0; b < 256; b++)
         if (single[b]) all[na++] = (unit){s + single[b] - 1, 1};
-    memcpy(all + na, multi, nm * sizeof *all);
+    if (nm) memcpy(all + na, multi, nm * sizeof *all);
     na += nm;
     qsort(all, na, sizeof *all, unit_cmp);
     size_t w = 0;

@@ -15,10 +15,16 @@ tlm_status tok_bytes_put(tok_bytes *b, const void *p, size_t n) {
             if (cap > SIZE_MAX / 2) return tlm_err(TLM_ERR_NOMEM, "buffer too large");
             cap *= 2;
         }
+        /* p may point into the buffer itself (BPE training appends token bytes to the token
+         * table): keep its offset across the realloc */
+        const uint8_t *src = p;
+        int inside = b->p && src >= b->p && src < b->p + b->n;
+        size_t at = inside ? (size_t)(src - b->p) : 0;
         uint8_t *np = realloc(b->p, cap);
         if (!np) return tlm_err(TLM_ERR_NOMEM, "out of memory");
         b->p = np;
         b->cap = cap;
+        if (inside) p = np + at;
     }
     if (n) memcpy(b->p + b->n, p, n);
     b->n += n;
