@@ -220,6 +220,55 @@ double tlm_grad_norm(const float *grads, size_t n);
  * returns the norm before clipping. max_norm <= 0 only measures. */
 double tlm_clip_grad_norm(float *grads, size_t n, double max_norm);
 
+/* Token files (tokenized once, memory-mapped while training). */
+typedef struct tlm_dataset tlm_dataset;
+enum { TLM_SPLIT_TRAIN = 0, TLM_SPLIT_VAL = 1 };
+/* Writes ids atomically as uint16 when vocab_size <= 65536, else uint32, after a small header. */
+tlm_status tlm_tokens_write(const char *path, const int32_t *ids, size_t n, int32_t vocab_size);
+/* Maps a token file; the last val_fraction of the tokens is the validation split. */
+tlm_status tlm_dataset_open(const char *path, double val_fraction, tlm_dataset **out);
+void tlm_dataset_free(tlm_dataset *d);
+size_t tlm_dataset_size(const tlm_dataset *d, int split);
+int32_t tlm_dataset_vocab_size(const tlm_dataset *d);
+
+/* Mean loss over `batches` fixed random windows (B x T) of a split; NAN if it cannot be computed. */
+double tlm_evaluate(tlm_model *m, const tlm_dataset *d, int split, int B, int T, int batches,
+                    uint64_t seed);
+
+typedef struct {
+    long step, total;   /* steps completed, steps in the run */
+    float train_loss;   /* of this step's batch */
+    float val_loss;     /* NAN unless evaluated at this step */
+    double lr, grad_norm, tokens_per_s, elapsed_s;
+    long steps_this_run; /* since start or resume */
+} tlm_train_progress;
+
+typedef struct {
+    const char *out_dir; /* checkpoint.safetensors, model.safetensors, log.jsonl, loss.svg */
+    long steps;
+    int batch;
+    int seq_len; /* 0: context_length */
+    double lr, min_lr;
+    long warmup;
+    tlm_adamw_opts adam;
+    double clip; /* <= 0: no clipping */
+    long eval_interval;
+    int eval_batches;
+    long log_interval;
+    long checkpoint_interval; /* 0: at evaluations and at the end */
+    uint64_t seed;
+    int resume; /* continue from out_dir/checkpoint.safetensors */
+    /* Called after every step; returning non-zero stops (after saving a checkpoint). */
+    int (*on_progress)(void *user, const tlm_train_progress *p);
+    void *user;
+    volatile int *stop; /* checked after every step (e.g. set by a SIGINT handler) */
+} tlm_train_opts;
+
+void tlm_train_defaults(tlm_train_opts *o);
+/* Trains m on d. A non-finite loss stops with TLM_ERR_NUMERIC, keeping the last checkpoint; a stop
+ * request saves and returns TLM_ERR_INTERRUPTED. */
+tlm_status tlm_train_run(tlm_model *m, const tlm_dataset *d, const tlm_train_opts *o);
+
 /* ---- safetensors (tlm checkpoints and test fixtures) --------------------------------------- */
 
 /* Writes every tensor of the model as F32 plus the config under __metadata__ "tlm_config". Writes
@@ -269,6 +318,13 @@ typedef enum { TLM_FILE_F32 = 0, TLM_FILE_F16, TLM_FILE_BF16 } tlm_file_dtype;
 tlm_status tlm_model_load_hf(const char *dir, tlm_model **out);
 tlm_status tlm_model_save_hf(const tlm_model *m, const char *dir, tlm_file_dtype dtype);
 
+/* GGUF v3. Reading: arch `llama` (F32, F16, BF16, Q8_0 tensors); the vocabulary inside loads with
+ * tlm_tokenizer_load(path). Writing: Llama-style models as arch `llama`, loadable by llama.cpp
+ * (q/k rows in adjacent-pair order, vectors kept F32), with tok's vocabulary when tok is given. */
+tlm_status tlm_model_load_gguf(const char *path, tlm_model **out);
+tlm_status tlm_model_save_gguf(const tlm_model *m, const tlm_tokenizer *tok, const char *path,
+                               tlm_file_dtype dtype);
+
 /* ---- generation --------------------------------------------------------------------------- */
 
 /* A session holds the KV cache of `batch` independent sequences over one model (which must outlive
@@ -308,7 +364,7 @@ typedef struct {
     uint64_t stream; /* independent streams for the same seed (e.g. one per batch member) */
 } tlm_sampler_opts;
 
-/* Defaults: temperature 0.8, top_k 0, top_p 0.95, seed 0, stream 0. */
+/* Defaults (llama.cpp's): temperature 0.8, top_k 40, top_p 0.95, seed 0, stream 0. */
 void tlm_sampler_opts_default(tlm_sampler_opts *o);
 
 /* Draws ids from logits. Reproducible: the same options and logits give the same ids. Neither

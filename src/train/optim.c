@@ -79,10 +79,20 @@ double tlm_lr_at(const tlm_schedule *s, long step) {
 }
 
 double tlm_grad_norm(const float *grads, size_t n) {
+    /* Fixed chunks summed in a fixed order: the norm (and so clipping) is bit-for-bit the same
+     * whatever the thread count or scheduling, which exact resumption relies on. */
+    enum { CHUNKS = 256 };
+    double part[CHUNKS];
+    size_t per = (n + CHUNKS - 1) / CHUNKS;
+#pragma omp parallel for schedule(static)
+    for (int c = 0; c < CHUNKS; c++) {
+        size_t lo = (size_t)c * per, hi = lo + per < n ? lo + per : n;
+        double ss = 0.0;
+        for (size_t i = lo; i < hi; i++) ss += (double)grads[i] * grads[i];
+        part[c] = ss;
+    }
     double ss = 0.0;
-    long nn = (long)n;
-#pragma omp parallel for schedule(static) reduction(+ : ss)
-    for (long i = 0; i < nn; i++) ss += (double)grads[i] * grads[i];
+    for (int c = 0; c < CHUNKS; c++) ss += part[c];
     return sqrt(ss);
 }
 

@@ -1,0 +1,146 @@
+/* Token files: a 32-byte header ("TLMTOKS1", u32 version, u32 bytes per token, u64 count,
+ * u64 vocab size; little-endian) and the ids as uint16 when the vocabulary fits, else uint32.
+ * Training memory-maps them; batches are random windows drawn from a seeded RNG. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+
+#define TOK_MAGIC "TLMTOKS1"
+#define TOK_HEADER 32
+
+struct tlm_dataset {
+    tlm_mmap map;
+    const uint8_t *tokens;
+    int width;
+    size_t n, n_train;
+    int32_t vocab_size;
+};
+
+static void put_u32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put_u64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint64_t get_u64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
+    return v;
+}
+static uint32_t get_u32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+tlm_status tlm_tokens_write(const char *path, const int32_t *ids, size_t n, int32_t vocab_size) {
+    if (vocab_size <= 0) return tlm_err(TLM_ERR_ARG, "vocab size must be positive");
+    int width = vocab_size <= 65536 ? 2 : 4;
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= vocab_size)
+            return tlm_err(TLM_ERR_RANGE, "token %d at %zu outside the vocabulary (%d)", ids[i], i,
+                           vocab_size);
+    uint8_t head[TOK_HEADER] = {0};
+    memcpy(head, TOK_MAGIC, 8);
+    put_u32(head + 8, 1);
+    put_u32(head + 12, (uint32_t)width);
+    put_u64(head + 16, n);
+    put_u64(head + 24, (uint64_t)vocab_size);
+    tlm_atomic_file a;
+    tlm_status s = tlm_atomic_open(&a, path);
+    if (s) return s;
+    s = tlm_atomic_write(&a, head, sizeof head);
+    uint8_t buf[8192];
+    for (size_t i = 0; i < n && !s;) {
+        size_t k = 0;
+        for (; i < n && k + 4 <= sizeof buf; i++, k += (size_t)width) {
+            uint32_t v = (uint32_t)ids[i];
+            buf[k] = (uint8_t)v;
+            buf[k + 1] = (uint8_t)(v >> 8);
+            if (width == 4) {
+                buf[k + 2] = (uint8_t)(v >> 16);
+                buf[k + 3] = (uint8_t)(v >> 24);
+            }
+        }
+        s = tlm_atomic_write(&a, buf, k);
+    }
+    if (s) {
+        tlm_atomic_abort(&a);
+        return s;
+    }
+    return tlm_atomic_commit(&a);
+}
+
+tlm_status tlm_dataset_open(const char *path, double val_fraction, tlm_dataset **out) {
+    *out = NULL;
+    if (!(val_fraction >= 0.0 && val_fraction < 1.0))
+        return tlm_err(TLM_ERR_ARG, "validation fraction %g must be in [0, 1)", val_fraction);
+    tlm_dataset *d = calloc(1, sizeof *d);
+    if (!d) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    tlm_status s = tlm_mmap_open(&d->map, path);
+    if (s) {
+        free(d);
+        return s;
+    }
+    const uint8_t *p = d->map.data;
+    if (d->map.size < TOK_HEADER || memcmp(p, TOK_MAGIC, 8) != 0) {
+        s = tlm_err(TLM_ERR_FORMAT, "'%s' is not a tlm token file", path);
+    } else if (get_u32(p + 8) != 1 || (get_u32(p + 12) != 2 && get_u32(p + 12) != 4)) {
+        s = tlm_err(TLM_ERR_FORMAT, "'%s': unsupported token file version or width", path);
+    } else {
+        d->width = (int)get_u32(p + 12);
+        d->n = (size_t)get_u64(p + 16);
+        uint64_t vs = get_u64(p + 24);
+        size_t bytes;
+        if (vs == 0 || vs > INT32_MAX || !tlm_mul_ok(d->n, (size_t)d->width, &bytes) ||
+            bytes != d->map.size - TOK_HEADER)
+            s = tlm_err(TLM_ERR_FORMAT, "'%s': header does not match the file size", path);
+        d->vocab_size = (int32_t)vs;
+    }
+    if (s) {
+        tlm_mmap_close(&d->map);
+        free(d);
+        return s;
+    }
+    d->tokens = p + TOK_HEADER;
+    d->n_train = d->n - (size_t)((double)d->n * val_fraction);
+    *out = d;
+    return TLM_OK;
+}
+
+void tlm_dataset_free(tlm_dataset *d) {
+    if (!d) return;
+    tlm_mmap_close(&d->map);
+    free(d);
+}
+
+size_t tlm_dataset_size(const tlm_dataset *d, int split) {
+    return split == TLM_SPLIT_TRAIN ? d->n_train : d->n - d->n_train;
+}
+
+int32_t tlm_dataset_vocab_size(const tlm_dataset *d) { return d->vocab_size; }
+
+static int32_t token_at(const tlm_dataset *d, size_t i) {
+    const uint8_t *p = d->tokens + i * (size_t)d->width;
+    return d->width == 2 ? (int32_t)(p[0] | p[1] << 8) : (int32_t)get_u32(p);
+}
+
+tlm_status tlm_dataset_batch(const tlm_dataset *d, int split, tlm_rng *rng, int B, int T,
+                             int32_t *ids, int32_t *targets) {
+    size_t lo = split == TLM_SPLIT_TRAIN ? 0 : d->n_train;
+    size_t n = tlm_dataset_size(d, split);
+    if (n < (size_t)T + 1)
+        return tlm_err(TLM_ERR_ARG, "the %s split has %zu tokens, fewer than a window of %d + 1",
+                       split == TLM_SPLIT_TRAIN ? "training" : "validation", n, T);
+    size_t windows = n - (size_t)T;
+    for (int b = 0; b < B; b++) {
+        /* Two draws cover splits longer than 2^32 tokens. */
+        size_t start = windows <= UINT32_MAX
+                           ? tlm_rng_below(rng, (uint32_t)windows)
+                           : (((size_t)tlm_rng_u32(rng) << 32) | tlm_rng_u32(rng)) % windows;
+        for (int t = 0; t < T; t++) {
+            ids[b * T + t] = token_at(d, lo + start + t);
+            targets[b * T + t] = token_at(d, lo + start + t + 1);
+        }
+    }
+    return TLM_OK;
+}

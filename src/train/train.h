@@ -1,0 +1,23 @@
+/* Internal pieces of training shared between the data loader, checkpoints and the loop. */
+#ifndef TLM_TRAIN_INTERNAL_H
+#define TLM_TRAIN_INTERNAL_H
+
+#include "core/core.h"
+
+/* B random windows of T tokens from a split: ids and the next-token targets. */
+tlm_status tlm_dataset_batch(const tlm_dataset *d, int split, tlm_rng *rng, int B, int T,
+                             int32_t *ids, int32_t *targets);
+
+/* Everything needed to continue a run bit for bit. */
+typedef struct {
+    long step; /* steps completed */
+    tlm_rng rng;
+    uint64_t seed;
+} tlm_train_state;
+
+/* OUTDIR/checkpoint.safetensors: parameters, AdamW moments, step and RNG; one atomic write. */
+tlm_status tlm_checkpoint_save(const char *path, const tlm_model *m, const tlm_adamw *opt,
+                               const tlm_train_state *st);
+tlm_status tlm_checkpoint_load(const char *path, tlm_model *m, tlm_adamw *opt, tlm_train_state *st);
+
+#endif
