@@ -1,0 +1,324 @@
+/* tlm generate: prompt in, text (or ids) streamed out as tokens are sampled. */
+#include <ctype.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+static const char *generate_help =
+    "usage: tlm generate -m MODEL [-z TOKENIZER] [-p PROMPT | --ids \"ID ID ...\"] [-n N]\n"
+    "                    [--temp T] [--top-k K] [--top-p P] [--seed S] [-t THREADS] [--print-ids]\n"
+    "\n"
+    "Samples a continuation of the prompt and streams it to stdout (the prompt first, then the\n"
+    "new text, never half a UTF-8 character). Timings go to stderr at the end.\n\n"
+    "  -m, --model PATH      model (tlm checkpoint directory or .safetensors)\n"
+    "  -z, --tokenizer PATH  tokenizer; default: the model's own (DIR/tokenizer of a tlm\n"
+    "                        checkpoint). Without one, give --ids and get ids back.\n"
+    "  -p, --prompt TEXT     prompt text (SentencePiece vocabularies get BOS prepended)\n"
+    "  --ids \"I I ...\"       prompt as token ids (spaces or commas between them)\n"
+    "                        without a prompt, generation starts from BOS\n"
+    "  -n, --n-predict N     new tokens to generate (default 256; -1: until EOS or the\n"
+    "                        context is full)\n"
+    "  --temp T              temperature (default 0.8; 0 = greedy)\n"
+    "  --top-k K             keep the K most likely tokens (default 40; 0 = off)\n"
+    "  --top-p P             keep the smallest set with probability mass >= P (default 0.95;\n"
+    "                        1 = off)\n"
+    "  --seed S              sampling seed (default 0: the same output every run)\n"
+    "  -t, --threads N       threads (default: all cores)\n"
+    "  --print-ids           print the whole id sequence (prompt, then generated) on one line\n"
+    "                        instead of text\n"
+    "\n"
+    "Generation stops after N tokens, at the vocabulary's EOS, or when prompt + output reach the\n"
+    "model's context_length (with a notice on stderr; there is no sliding window).\n";
+
+typedef struct {
+    tlm_decoder *dec; /* NULL: print ids */
+    int ids_printed;
+    int failed;
+} stream;
+
+static void put_id(stream *st, int32_t id) { printf(st->ids_printed++ ? " %d" : "%d", (int)id); }
+
+static int on_token(void *user, int seq, int32_t id) {
+    (void)seq;
+    stream *st = user;
+    if (st->dec) {
+        const char *b;
+        size_t n;
+        if (tlm_decoder_push(st->dec, id, &b, &n)) {
+            st->failed = 1;
+            return 1;
+        }
+        fwrite(b, 1, n, stdout);
+    } else {
+        put_id(st, id);
+    }
+    fflush(stdout);
+    return 0;
+}
+
+static int is_dir(const char *p) {
+    struct stat sb;
+    return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+/* The tokenizer that travels with a model: a tlm checkpoint's DIR/tokenizer, or a model file or
+ * directory that holds a vocabulary itself (GGUF, Hugging Face directories). Absent is not an
+ * error; a tokenizer that is there but broken is. */
+static tlm_status model_tokenizer(const char *model, tlm_tokenizer **out) {
+    *out = NULL;
+    if (is_dir(model)) {
+        size_t n = strlen(model) + 16;
+        char *p = malloc(n);
+        if (!p) return TLM_ERR_NOMEM;
+        snprintf(p, n, "%s/tokenizer", model);
+        tlm_status s = is_dir(p) ? tlm_tokenizer_load(p, out) : TLM_OK;
+        free(p);
+        if (s || *out) return s;
+        if (tlm_tokenizer_load(model, out) != TLM_OK) *out = NULL;
+        return TLM_OK;
+    }
+    size_t n = strlen(model);
+    if (n > 5 && !strcmp(model + n - 5, ".gguf") && tlm_tokenizer_load(model, out) != TLM_OK)
+        *out = NULL;
+    return TLM_OK;
+}
+
+static int parse_ids(const char *s, int32_t **ids, int *n) {
+    size_t cap = 16, len = 0;
+    int32_t *v = malloc(cap * sizeof *v);
+    if (!v) return 0;
+    const char *p = s;
+    for (;;) {
+        while (*p == ' ' || *p == ',' || *p == '\t' || *p == '\n') p++;
+        if (!*p) break;
+        char *end;
+        long x = strtol(p, &end, 10);
+        if (end == p || x < 0 || x > INT32_MAX || (*end && !strchr(" ,\t\n", *end))) {
+            free(v);
+            return 0;
+        }
+        if (len == cap) {
+            int32_t *nv = realloc(v, (cap *= 2) * sizeof *v);
+            if (!nv) {
+                free(v);
+                return 0;
+            }
+            v = nv;
+        }
+        v[len++] = (int32_t)x;
+        p = end;
+    }
+    *ids = v;
+    *n = (int)len;
+    return 1;
+}
+
+int cmd_generate(int argc, char **argv) {
+    const char *model_path = NULL, *tok_path = NULL, *prompt = NULL, *ids_arg = NULL;
+    long n_new = 256, top_k = 40, seed = 0, threads = 0;
+    double temp = 0.8, top_p = 0.95;
+    int print_ids = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *v, *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(generate_help, stdout);
+            return 0;
+        } else if (!strcmp(a, "--print-ids")) {
+            print_ids = 1;
+            continue;
+        }
+        if (cli_flag_value(argc, argv, &i, "-m", "--model", &v)) {
+            if (!v) return cli_fail("generate: %s needs a value", a);
+            model_path = v;
+        } else if (cli_flag_value(argc, argv, &i, "-z", "--tokenizer", &v)) {
+            if (!v) return cli_fail("generate: %s needs a value", a);
+            tok_path = v;
+        } else if (cli_flag_value(argc, argv, &i, "-p", "--prompt", &v)) {
+            if (!v) return cli_fail("generate: %s needs a value", a);
+            prompt = v;
+        } else if (cli_flag_value(argc, argv, &i, "--ids", NULL, &v)) {
+            if (!v) return cli_fail("generate: %s needs a value", a);
+            ids_arg = v;
+        } else if (cli_flag_value(argc, argv, &i, "-n", "--n-predict", &v)) {
+            if (!v) return cli_fail("generate: %s needs a value", a);
+            if (!cli_parse_int(v, &n_new) || n_new < -1 || n_new > INT32_MAX)
+                return cli_fail("generate: -n wants a count >= -1, got '%s'", v);
+        } else if (cli_flag_value(argc, argv, &i, "--temp", NULL, &v)) {
+            if (!v) return cli_fail("generate: %s needs a value", a);
+            if (!cli_parse_float(v, &temp) || !(temp >= 0) || temp > 1e6)
+                return cli_fail("generate: --temp wants a number >= 0, got '%s'", v);
+        } else if (cli_flag_value(argc, argv, &i, "--top-k", NULL, &v)) {
+            if (!v) return cli_fail("generate: %s needs a value", a);
+            if (!cli_parse_int(v, &top_k) || top_k < 0 || top_k > INT32_MAX)
+                return cli_fail("generate: --top-k wants a count >= 0, got '%s'", v);
+        } else if (cli_flag_value(argc, argv, &i, "--top-p", NULL, &v)) {
+            if (!v) return cli_fail("generate: %s needs a value", a);
+            if (!cli_parse_float(v, &top_p) || !(top_p > 0 && top_p <= 1))
+                return cli_fail("generate: --top-p wants a number in (0, 1], got '%s'", v);
+        } else if (cli_flag_value(argc, argv, &i, "--seed", NULL, &v)) {
+            if (!v) return cli_fail("generate: %s needs a value", a);
+            if (!cli_parse_int(v, &seed) || seed < 0)
+                return cli_fail("generate: --seed wants an integer >= 0, got '%s'", v);
+        } else if (cli_flag_value(argc, argv, &i, "-t", "--threads", &v)) {
+            if (!v) return cli_fail("generate: %s needs a value", a);
+            if (!cli_parse_int(v, &threads) || threads <= 0 || threads > 4096)
+                return cli_fail("generate: -t wants a thread count >= 1, got '%s'", v);
+        } else {
+            return cli_fail("generate: unknown option '%s' (see tlm generate --help)", a);
+        }
+    }
+    if (!model_path) return cli_fail("generate: -m MODEL is required (see tlm generate --help)");
+    if (prompt && ids_arg) return cli_fail("generate: give -p or --ids, not both");
+    if (threads) tlm_set_threads((int)threads);
+
+    int rc = 1;
+    tlm_model *m = NULL;
+    tlm_tokenizer *tok = NULL;
+    tlm_session *sess = NULL;
+    int32_t *ids = NULL;
+    int n_ids = 0;
+    stream st = {0};
+    if (tlm_model_load(model_path, &m)) {
+        rc = cli_fail_status("generate");
+        goto done;
+    }
+    const tlm_config *c = tlm_model_config(m);
+    if (tok_path ? tlm_tokenizer_load(tok_path, &tok) : model_tokenizer(model_path, &tok)) {
+        rc = cli_fail_status("generate: tokenizer");
+        goto done;
+    }
+    if (tok && tlm_tokenizer_vocab_size(tok) > c->vocab_size) {
+        rc = cli_fail("generate: the tokenizer has %d ids but the model only %d",
+                      (int)tlm_tokenizer_vocab_size(tok), c->vocab_size);
+        goto done;
+    }
+    if (!tok && !print_ids) {
+        if (!ids_arg) {
+            rc = cli_fail("generate: no tokenizer for '%s': give -z TOKENIZER, or --ids with "
+                          "--print-ids",
+                          model_path);
+            goto done;
+        }
+        fprintf(stderr, "tlm: generate: no tokenizer, printing ids\n");
+        print_ids = 1;
+    }
+    if (ids_arg) {
+        if (!parse_ids(ids_arg, &ids, &n_ids)) {
+            rc = cli_fail("generate: --ids wants integers separated by spaces or commas");
+            goto done;
+        }
+    } else if (prompt && *prompt) {
+        unsigned flags = 0;
+        if (tlm_tokenizer_get_kind(tok) == TLM_TOKENIZER_SPM && tlm_tokenizer_bos(tok) >= 0)
+            flags |= TLM_ENCODE_ADD_BOS;
+        size_t n = 0;
+        if (tlm_tokenizer_encode(tok, prompt, strlen(prompt), flags, &ids, &n)) {
+            rc = cli_fail_status("generate: prompt");
+            goto done;
+        }
+        n_ids = (int)n;
+    }
+    if (n_ids == 0) {
+        int32_t bos = tok ? tlm_tokenizer_bos(tok) : -1;
+        if (bos < 0) {
+            rc = cli_fail("generate: the vocabulary has no BOS to start from: give a prompt (-p "
+                          "or --ids)");
+            goto done;
+        }
+        free(ids);
+        ids = malloc(sizeof *ids);
+        if (!ids) {
+            rc = cli_fail("generate: out of memory");
+            goto done;
+        }
+        ids[0] = bos;
+        n_ids = 1;
+    }
+    for (int i = 0; i < n_ids; i++)
+        if (ids[i] >= c->vocab_size) {
+            rc = cli_fail("generate: prompt id %d is outside the vocabulary (%d)", (int)ids[i],
+                          c->vocab_size);
+            goto done;
+        }
+    if (n_ids > c->context_length) {
+        rc = cli_fail("generate: the prompt has %d tokens, more than context_length %d", n_ids,
+                      c->context_length);
+        goto done;
+    }
+    if (tlm_session_new(m, 1, 0, &sess)) {
+        rc = cli_fail_status("generate");
+        goto done;
+    }
+
+    /* The prompt goes out first: as given for -p (exact bytes), else decoded. The decoder sees the
+     * prompt ids either way so that the first generated piece is decoded in context. */
+    if (!print_ids) {
+        if (tlm_decoder_new(tok, TLM_DECODE_SKIP_SPECIAL, &st.dec)) {
+            rc = cli_fail_status("generate");
+            goto done;
+        }
+        for (int i = 0; i < n_ids; i++) {
+            const char *b;
+            size_t n;
+            if (tlm_decoder_push(st.dec, ids[i], &b, &n)) {
+                rc = cli_fail_status("generate: prompt");
+                goto done;
+            }
+            if (!prompt) fwrite(b, 1, n, stdout);
+        }
+        if (prompt) fputs(prompt, stdout);
+    } else {
+        for (int i = 0; i < n_ids; i++) put_id(&st, ids[i]);
+    }
+    fflush(stdout);
+
+    tlm_generate_opts go = {.max_new_tokens = (int)n_new, .on_token = on_token, .user = &st};
+    go.eos_id = tok ? tlm_tokenizer_eos(tok) : -1;
+    go.sampling = (tlm_sampler_opts){.temperature = (float)temp,
+                                     .top_k = (int)top_k,
+                                     .top_p = (float)top_p,
+                                     .seed = (uint64_t)seed};
+    tlm_stop_reason why = TLM_STOP_NONE;
+    tlm_generate_stats gs;
+    const int32_t *prompts[1] = {ids};
+    tlm_status s = tlm_generate(sess, prompts, &n_ids, 1, &go, &why, &gs);
+    if (st.dec) {
+        const char *b;
+        size_t n;
+        tlm_decoder_flush(st.dec, &b, &n);
+        fwrite(b, 1, n, stdout);
+    }
+    if (print_ids) putchar('\n');
+    fflush(stdout);
+    if (s || st.failed) {
+        rc = cli_fail_status("generate");
+        goto done;
+    }
+    /* Text ends without a newline (stdout is exactly prompt + continuation); on a terminal the
+     * timings would otherwise start mid-line. */
+    const char *nl = !print_ids && isatty(STDOUT_FILENO) ? "\n" : "";
+    if (why == TLM_STOP_CONTEXT) {
+        fprintf(stderr,
+                "%stlm: generate: reached context_length %d; stopping (no sliding window)\n", nl,
+                c->context_length);
+        nl = "";
+    }
+    fprintf(stderr,
+            "%sprompt: %d tokens in %.3f s (%.1f tok/s); generation: %d tokens, %d decode steps "
+            "in %.3f s (%.1f tok/s)\n",
+            nl, gs.prompt_tokens, gs.prefill_seconds,
+            gs.prefill_seconds > 0 ? gs.prompt_tokens / gs.prefill_seconds : 0.0, gs.new_tokens,
+            gs.decode_steps, gs.decode_seconds,
+            gs.decode_seconds > 0 ? gs.decode_steps / gs.decode_seconds : 0.0);
+    rc = 0;
+done:
+    tlm_decoder_free(st.dec);
+    tlm_session_free(sess);
+    tlm_tokenizer_free(tok);
+    tlm_model_free(m);
+    free(ids);
+    return rc;
+}

@@ -1,0 +1,48 @@
+/* Internal view of a generation session: the KV cache and the scratch rows of the prefill and
+ * decode passes. */
+#ifndef TLM_INFER_INTERNAL_H
+#define TLM_INFER_INTERNAL_H
+
+#include "core/core.h"
+#include "model/model.h"
+
+struct tlm_session {
+    tlm_model *m;
+    int B, cap;
+    int *len; /* [B] cached positions per sequence */
+
+    /* Cache layout: [layer][seq][K|V][kv_head][cap][hd]. Each kv head's keys are contiguous, so
+     * prefill attention is two sgemm calls per head and decode reads one stream per head. */
+    float *kv;
+    size_t kv_bytes;
+    size_t head_stride; /* cap * hd */
+
+    /* Scratch rows (the residual stream and every per-token intermediate), grown on demand by
+     * prefill; decode never grows it because it is created with B rows. */
+    int rows;
+    float *scratch;
+    size_t scratch_bytes;
+    float *x, *n, *q, *k, *v, *att, *tmp, *ff_a, *ff_b, *ff_h;
+    int *row_seq, *row_pos; /* [rows] sequence and position of each scratch row */
+    int *row_idx;           /* [B] decode: sequence of each compact row */
+    int32_t *ids_tmp;       /* [B] decode: ids of the compact rows */
+    uint8_t *act_tmp;       /* [B] decode_step's activity mask */
+
+    /* Attention scores: decode [B*H, cap]; prefill one [chunk, cap] block per thread. */
+    float *scores;
+    size_t scores_floats;
+
+    float *logits; /* [B, V] decode rows of a partial batch before they are scattered */
+};
+
+/* Floats in one cached head: positions [0, cap) of one kv head of one sequence in one layer. */
+static inline float *infer_cache_k(const struct tlm_session *s, int l, int b, int kvh) {
+    size_t kvhs = (size_t)s->m->c.n_kv_heads;
+    return s->kv + (((size_t)l * s->B + b) * 2 * kvhs + kvh) * s->head_stride;
+}
+static inline float *infer_cache_v(const struct tlm_session *s, int l, int b, int kvh) {
+    size_t kvhs = (size_t)s->m->c.n_kv_heads;
+    return s->kv + ((((size_t)l * s->B + b) * 2 + 1) * kvhs + kvh) * s->head_stride;
+}
+
+#endif

@@ -1,0 +1,177 @@
+/* Sampling ids from logits: greedy, temperature, top-k, top-p. The work per draw is O(V) plus a
+ * sort of the few ids that can matter: top-k keeps a k-heap, and top-p first drops every id whose
+ * probability is below (1 - p) / n, which no id of the nucleus can be (if the smallest member s of
+ * the nucleus were below it, the ids outside the nucleus minus s, at most n of them each no
+ * likelier than s, would hold less than 1 - p, so the nucleus without s would already reach p). */
+#include <math.h>
+#include <stdlib.h>
+
+#include "core/core.h"
+
+typedef struct {
+    double w;
+    int32_t id;
+} cand;
+
+struct tlm_sampler {
+    tlm_sampler_opts o;
+    int V;
+    tlm_rng rng;
+    int32_t *idx; /* [V] candidate ids */
+    double *w;    /* [V] their unnormalized probabilities, same order as idx */
+    cand *c;      /* [V] top-p sorting space */
+};
+
+void tlm_sampler_opts_default(tlm_sampler_opts *o) {
+    o->temperature = 0.8f;
+    o->top_k = 40;
+    o->top_p = 0.95f;
+    o->seed = 0;
+    o->stream = 0;
+}
+
+tlm_status tlm_sampler_new(const tlm_sampler_opts *o, int vocab_size, tlm_sampler **out) {
+    if (!out) return tlm_err(TLM_ERR_ARG, "sampler: out must not be NULL");
+    *out = NULL;
+    tlm_sampler_opts def;
+    if (!o) {
+        tlm_sampler_opts_default(&def);
+        o = &def;
+    }
+    if (vocab_size <= 0)
+        return tlm_err(TLM_ERR_ARG, "sampler: vocab_size %d must be positive", vocab_size);
+    if (!(o->temperature >= 0.0f) || isinf(o->temperature))
+        return tlm_err(TLM_ERR_ARG, "sampler: temperature %g must be finite and >= 0",
+                       (double)o->temperature);
+    if (!(o->top_p > 0.0f))
+        return tlm_err(TLM_ERR_ARG, "sampler: top_p %g must be > 0 (1 disables it)",
+                       (double)o->top_p);
+    if (o->top_k < 0) return tlm_err(TLM_ERR_ARG, "sampler: top_k %d must be >= 0", o->top_k);
+    tlm_sampler *s = calloc(1, sizeof *s);
+    if (!s) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    s->o = *o;
+    s->V = vocab_size;
+    s->idx = malloc((size_t)vocab_size * sizeof *s->idx);
+    s->w = malloc((size_t)vocab_size * sizeof *s->w);
+    s->c = malloc((size_t)vocab_size * sizeof *s->c);
+    if (!s->idx || !s->w || !s->c) {
+        tlm_sampler_free(s);
+        return tlm_err(TLM_ERR_NOMEM, "out of memory for a sampler over %d ids", vocab_size);
+    }
+    tlm_rng_seed(&s->rng, o->seed, o->stream);
+    *out = s;
+    return TLM_OK;
+}
+
+void tlm_sampler_free(tlm_sampler *s) {
+    if (!s) return;
+    free(s->idx);
+    free(s->w);
+    free(s->c);
+    free(s);
+}
+
+/* a ranks before b: larger logit, then lower id. A strict total order keeps ties reproducible. */
+static inline int before(const float *logits, int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+}
+
+/* Min-heap (by `before`, root = the worst kept id) of the k best ids. */
+static void sift_down(const float *logits, int32_t *h, int n, int i) {
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, w = i;
+        if (l < n && before(logits, h[w], h[l])) w = l;
+        if (r < n && before(logits, h[w], h[r])) w = r;
+        if (w == i) return;
+        int32_t t = h[i];
+        h[i] = h[w];
+        h[w] = t;
+        i = w;
+    }
+}
+
+static int top_k_ids(const float *logits, int V, int k, int32_t *h) {
+    for (int i = 0; i < k; i++) h[i] = i;
+    for (int i = k / 2 - 1; i >= 0; i--) sift_down(logits, h, k, i);
+    for (int32_t id = k; id < V; id++)
+        if (before(logits, id, h[0])) {
+            h[0] = id;
+            sift_down(logits, h, k, 0);
+        }
+    return k;
+}
+
+static int cand_cmp(const void *pa, const void *pb) {
+    const cand *a = pa, *b = pb;
+    if (a->w != b->w) return a->w > b->w ? -1 : 1;
+    return a->id < b->id ? -1 : a->id > b->id;
+}
+
+/* Reorders the n candidates so that the nucleus comes first; returns its size. total is the sum
+ * of w. Candidates below the cutoff are set aside before sorting (see the top of the file). */
+static int nucleus(cand *c, int32_t *idx, double *w, int n, double total, double p) {
+    double cutoff = (1.0 - p) / n * total;
+    int m = 0;
+    for (int i = 0; i < n; i++)
+        if (w[i] >= cutoff) c[m++] = (cand){w[i], idx[i]};
+    for (int pass = 0; pass < 2; pass++) {
+        qsort(c, (size_t)m, sizeof *c, cand_cmp);
+        double acc = 0.0, need = p * total;
+        for (int i = 0; i < m; i++) {
+            acc += c[i].w;
+            if (acc >= need) {
+                for (int j = 0; j <= i; j++) {
+                    idx[j] = c[j].id;
+                    w[j] = c[j].w;
+                }
+                return i + 1;
+            }
+        }
+        /* Rounding kept the filtered mass just under p: sort everything once. */
+        m = 0;
+        for (int i = 0; i < n; i++) c[m++] = (cand){w[i], idx[i]};
+    }
+    return n;
+}
+
+tlm_status tlm_sample(tlm_sampler *s, const float *logits, int32_t *id) {
+    if (!s || !logits || !id) return tlm_err(TLM_ERR_ARG, "sample: NULL argument");
+    int V = s->V;
+    int32_t best = -1;
+    for (int32_t i = 0; i < V; i++) {
+        if (isnan(logits[i])) return tlm_err(TLM_ERR_NUMERIC, "sample: logit %d is NaN", i);
+        if (logits[i] > -INFINITY && (best < 0 || logits[i] > logits[best])) best = i;
+    }
+    if (best < 0 || isinf(logits[best]))
+        return tlm_err(TLM_ERR_NUMERIC, "sample: the logits hold no finite maximum");
+    if (s->o.temperature == 0.0f) {
+        *id = best;
+        return TLM_OK;
+    }
+    int n = V;
+    if (s->o.top_k > 0 && s->o.top_k < V) {
+        n = top_k_ids(logits, V, s->o.top_k, s->idx);
+    } else {
+        for (int32_t i = 0; i < V; i++) s->idx[i] = i;
+    }
+    double inv_t = 1.0 / s->o.temperature, mx = logits[best], total = 0.0;
+    for (int i = 0; i < n; i++) {
+        s->w[i] = exp(((double)logits[s->idx[i]] - mx) * inv_t);
+        total += s->w[i];
+    }
+    if (s->o.top_p < 1.0f) {
+        n = nucleus(s->c, s->idx, s->w, n, total, s->o.top_p);
+        total = 0.0;
+        for (int i = 0; i < n; i++) total += s->w[i];
+    }
+    double u = tlm_rng_double_open(&s->rng) * total, acc = 0.0;
+    for (int i = 0; i < n; i++) {
+        acc += s->w[i];
+        if (u < acc) {
+            *id = s->idx[i];
+            return TLM_OK;
+        }
+    }
+    *id = s->idx[n - 1]; /* u landed in the rounding slack at the very top */
+    return TLM_OK;
+}

@@ -1,0 +1,444 @@
+/* KV cache, prefill and decode. One block function serves both passes: prefill runs it over the
+ * T new tokens of one sequence (sgemm, two sgemm per head for attention over the cache), decode
+ * over one token of each active sequence (matrix-vector products that stream each weight once).
+ * The arithmetic per token is the same as tlm_forward's, which is what makes incremental decoding
+ * reproduce the full pass. */
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "infer/infer.h"
+#include "kernels/kernels.h"
+#include "kernels/matvec.h"
+
+/* Queries per prefill attention task: bounds the per-thread score block to QCHUNK x capacity. */
+#define QCHUNK 128
+
+static void free_scratch(tlm_session *s) {
+    tlm_big_free(s->scratch, s->scratch_bytes);
+    s->scratch = NULL;
+    s->scratch_bytes = 0;
+    s->rows = 0;
+    free(s->row_seq);
+    free(s->row_pos);
+    s->row_seq = s->row_pos = NULL;
+}
+
+/* Makes room for `rows` scratch rows. Called at creation with B rows, so decode never lands here
+ * with a larger request. */
+static tlm_status reserve_rows(tlm_session *s, int rows) {
+    if (rows <= s->rows) return TLM_OK;
+    const tlm_config *c = &s->m->c;
+    size_t d = (size_t)c->d_model, hd = d / (size_t)c->n_heads;
+    size_t qw = (size_t)c->n_heads * hd, kw = (size_t)c->n_kv_heads * hd, ff = (size_t)c->d_ff;
+    size_t widths[] = {d, d, qw, kw, kw, qw, d, ff, ff, ff};
+    size_t per_row = 0;
+    for (size_t i = 0; i < sizeof widths / sizeof widths[0]; i++)
+        per_row += (widths[i] + 15) & ~(size_t)15;
+    free_scratch(s);
+    size_t bytes = (size_t)rows * per_row * sizeof(float);
+    s->scratch = tlm_big_alloc(bytes);
+    s->row_seq = malloc((size_t)rows * sizeof(int));
+    s->row_pos = malloc((size_t)rows * sizeof(int));
+    if (!s->scratch || !s->row_seq || !s->row_pos) {
+        tlm_big_free(s->scratch, bytes);
+        s->scratch = NULL;
+        free_scratch(s);
+        return tlm_err(TLM_ERR_NOMEM, "out of memory for %d generation rows (%zu MiB)", rows,
+                       bytes >> 20);
+    }
+    s->scratch_bytes = bytes;
+    s->rows = rows;
+    float *p = s->scratch;
+    float **bufs[] = {&s->x,   &s->n,   &s->q,    &s->k,    &s->v,
+                      &s->att, &s->tmp, &s->ff_a, &s->ff_b, &s->ff_h};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+        *bufs[i] = p;
+        /* Row-major [rows, width]: each buffer keeps its own width as the row stride. */
+        p += (size_t)rows * ((widths[i] + 15) & ~(size_t)15);
+    }
+    return TLM_OK;
+}
+
+static tlm_status reserve_scores(tlm_session *s, size_t floats) {
+    if (floats <= s->scores_floats) return TLM_OK;
+    tlm_big_free(s->scores, s->scores_floats * sizeof(float));
+    s->scores = tlm_big_alloc(floats * sizeof(float));
+    s->scores_floats = s->scores ? floats : 0;
+    if (!s->scores)
+        return tlm_err(TLM_ERR_NOMEM, "out of memory for attention scores (%zu MiB)",
+                       floats * sizeof(float) >> 20);
+    return TLM_OK;
+}
+
+tlm_status tlm_session_new(tlm_model *m, int batch, int capacity, tlm_session **out) {
+    if (!out) return tlm_err(TLM_ERR_ARG, "session: out must not be NULL");
+    *out = NULL;
+    if (!m) return tlm_err(TLM_ERR_ARG, "session: model must not be NULL");
+    const tlm_config *c = &m->c;
+    if (batch <= 0) return tlm_err(TLM_ERR_ARG, "session: batch %d must be positive", batch);
+    if (capacity <= 0) capacity = c->context_length;
+    if (capacity > c->context_length)
+        return tlm_err(TLM_ERR_ARG, "session: capacity %d exceeds context_length %d", capacity,
+                       c->context_length);
+    tlm_session *s = calloc(1, sizeof *s);
+    if (!s) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    s->m = m;
+    s->B = batch;
+    s->cap = capacity;
+    size_t hd = (size_t)(c->d_model / c->n_heads);
+    s->head_stride = (size_t)capacity * hd;
+    size_t kv_floats = 0;
+    int ok =
+        tlm_mul_ok((size_t)c->n_layers * 2 * (size_t)c->n_kv_heads, (size_t)batch, &kv_floats) &&
+        tlm_mul_ok(kv_floats, s->head_stride, &kv_floats) &&
+        tlm_mul_ok(kv_floats, sizeof(float), &s->kv_bytes);
+    tlm_status st = TLM_OK;
+    if (!ok) {
+        st = tlm_err(TLM_ERR_NOMEM, "session: KV cache size overflows");
+        goto fail;
+    }
+    s->len = calloc((size_t)batch, sizeof(int));
+    s->row_idx = calloc((size_t)batch, sizeof(int));
+    s->ids_tmp = calloc((size_t)batch, sizeof(int32_t));
+    s->act_tmp = calloc((size_t)batch, 1);
+    s->kv = tlm_big_alloc(s->kv_bytes);
+    s->logits = tlm_big_alloc((size_t)batch * c->vocab_size * sizeof(float));
+    if (!s->len || !s->row_idx || !s->ids_tmp || !s->act_tmp || !s->kv || !s->logits) {
+        st = tlm_err(TLM_ERR_NOMEM, "out of memory for a KV cache of %zu MiB", s->kv_bytes >> 20);
+        goto fail;
+    }
+    st = reserve_rows(s, batch);
+    if (!st) st = reserve_scores(s, (size_t)batch * c->n_heads * capacity);
+    if (st) goto fail;
+    *out = s;
+    return TLM_OK;
+fail:
+    tlm_session_free(s);
+    return st;
+}
+
+void tlm_session_free(tlm_session *s) {
+    if (!s) return;
+    free_scratch(s);
+    tlm_big_free(s->scores, s->scores_floats * sizeof(float));
+    if (s->kv) tlm_big_free(s->kv, s->kv_bytes);
+    if (s->logits) tlm_big_free(s->logits, (size_t)s->B * s->m->c.vocab_size * sizeof(float));
+    free(s->len);
+    free(s->row_idx);
+    free(s->ids_tmp);
+    free(s->act_tmp);
+    free(s);
+}
+
+void tlm_session_reset(tlm_session *s, int seq) {
+    if (!s) return;
+    for (int b = 0; b < s->B; b++)
+        if (seq < 0 || seq == b) s->len[b] = 0;
+}
+
+int tlm_session_batch(const tlm_session *s) { return s->B; }
+int tlm_session_capacity(const tlm_session *s) { return s->cap; }
+int tlm_session_length(const tlm_session *s, int seq) {
+    return seq >= 0 && seq < s->B ? s->len[seq] : -1;
+}
+
+static void norm_rows(const tlm_config *c, float *y, const float *x, const float *g, const float *b,
+                      int N) {
+    if (c->norm == TLM_NORM_RMSNORM)
+        k_rmsnorm_fwd(y, NULL, x, g, N, c->d_model, c->norm_eps);
+    else
+        k_layernorm_fwd(y, NULL, NULL, x, g, b, N, c->d_model, c->norm_eps);
+}
+
+static void embed_rows(tlm_session *s, const int32_t *ids, int N) {
+    const tlm_model *m = s->m;
+    const tlm_config *c = &m->c;
+    int d = c->d_model;
+    const float *E = m->params + m->off.tok_emb;
+    const float *pos = c->position == TLM_POS_LEARNED      ? m->params + m->off.pos_emb
+                       : c->position == TLM_POS_SINUSOIDAL ? m->sinus
+                                                           : NULL;
+    for (int r = 0; r < N; r++) {
+        float *xr = s->x + (size_t)r * d;
+        const float *er = E + (size_t)ids[r] * d;
+        if (pos) {
+            const float *pr = pos + (size_t)s->row_pos[r] * d;
+            for (int j = 0; j < d; j++) xr[j] = er[j] + pr[j];
+        } else {
+            memcpy(xr, er, (size_t)d * sizeof(float));
+        }
+    }
+}
+
+/* Causal attention of T consecutive new tokens of sequence b (positions pos0..pos0+T-1) over
+ * everything cached for it, the new keys included. */
+static void attend_prefill(tlm_session *s, int l, int b, int pos0, int T) {
+    const tlm_config *c = &s->m->c;
+    int H = c->n_heads, hd = c->d_model / H, group = H / c->n_kv_heads, qw = H * hd;
+    int cap = s->cap, chunks = (T + QCHUNK - 1) / QCHUNK;
+    float scale = 1.0f / sqrtf((float)hd);
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int task = 0; task < H * chunks; task++) {
+        int h = task / chunks, t0 = (task % chunks) * QCHUNK;
+        int tc = T - t0 < QCHUNK ? T - t0 : QCHUNK;
+        int S = pos0 + t0 + tc; /* keys past the chunk's last query are all masked */
+        const float *K = infer_cache_k(s, l, b, h / group), *V = infer_cache_v(s, l, b, h / group);
+        float *p = s->scores + (size_t)omp_get_thread_num() * QCHUNK * cap;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tc, S, hd, scale,
+                    s->q + (size_t)t0 * qw + (size_t)h * hd, qw, K, hd, 0.0f, p, S);
+        for (int i = 0; i < tc; i++) {
+            float *row = p + (size_t)i * S;
+            int last = pos0 + t0 + i;
+            float mx = row[0];
+            for (int j = 1; j <= last; j++) mx = row[j] > mx ? row[j] : mx;
+            float sum = 0.0f;
+            for (int j = 0; j <= last; j++) {
+                row[j] = expf(row[j] - mx);
+                sum += row[j];
+            }
+            float inv = 1.0f / sum;
+            for (int j = 0; j <= last; j++) row[j] *= inv;
+            for (int j = last + 1; j < S; j++) row[j] = 0.0f;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tc, hd, S, 1.0f, p, S, V, hd, 0.0f,
+                    s->att + (size_t)t0 * qw + (size_t)h * hd, qw);
+    }
+}
+
+/* One query per row, each row its own sequence and position. */
+static void attend_decode(tlm_session *s, int l, int N) {
+    const tlm_config *c = &s->m->c;
+    int H = c->n_heads, hd = c->d_model / H, group = H / c->n_kv_heads, qw = H * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    long work = 0;
+    for (int r = 0; r < N; r++) work += (long)(s->row_pos[r] + 1) * H * hd;
+#pragma omp parallel for schedule(static) if (work >= 32768)
+    for (int task = 0; task < N * H; task++) {
+        int r = task / H, h = task % H, S = s->row_pos[r] + 1;
+        const float *K = infer_cache_k(s, l, s->row_seq[r], h / group);
+        const float *V = infer_cache_v(s, l, s->row_seq[r], h / group);
+        const float *q = s->q + (size_t)r * qw + (size_t)h * hd;
+        float *p = s->scores + (size_t)task * s->cap;
+        float mx = -INFINITY;
+        for (int j = 0; j < S; j++) {
+            const float *kj = K + (size_t)j * hd;
+            float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+            for (int i = 0; i < hd; i++) dot += q[i] * kj[i];
+            p[j] = scale * dot;
+            mx = p[j] > mx ? p[j] : mx;
+        }
+        float sum = 0.0f;
+        for (int j = 0; j < S; j++) {
+            p[j] = expf(p[j] - mx);
+            sum += p[j];
+        }
+        float inv = 1.0f / sum;
+        float *o = s->att + (size_t)r * qw + (size_t)h * hd;
+        for (int i = 0; i < hd; i++) o[i] = 0.0f;
+        for (int j = 0; j < S; j++) {
+            float w = p[j] * inv;
+            const float *vj = V + (size_t)j * hd;
+#pragma omp simd
+            for (int i = 0; i < hd; i++) o[i] += w * vj[i];
+        }
+    }
+}
+
+static void attention_rows(tlm_session *s, int l, const float *in, float *out, int N, int prefill) {
+    const tlm_model *m = s->m;
+    const tlm_config *c = &m->c;
+    const tlm_layer_offsets *o = &m->off.layer[l];
+    float *P = m->params;
+    int d = c->d_model, H = c->n_heads, hd = d / H, KVH = c->n_kv_heads;
+    int qw = H * hd, kw = KVH * hd;
+    k_linear_auto(s->q, in, tlm_at(P, o->wq), tlm_at(P, o->bq), N, d, qw);
+    k_linear_auto(s->k, in, tlm_at(P, o->wk), tlm_at(P, o->bk), N, d, kw);
+    k_linear_auto(s->v, in, tlm_at(P, o->wv), tlm_at(P, o->bv), N, d, kw);
+    if (c->position == TLM_POS_ROPE) {
+        int il = c->rope_pairing == TLM_ROPE_INTERLEAVED;
+        if (prefill) {
+            k_rope_fwd(s->q, 1, N, H, hd, s->row_pos[0], m->rope_cos, m->rope_sin, il);
+            k_rope_fwd(s->k, 1, N, KVH, hd, s->row_pos[0], m->rope_cos, m->rope_sin, il);
+        } else {
+            for (int r = 0; r < N; r++) {
+                k_rope_fwd(s->q + (size_t)r * qw, 1, 1, H, hd, s->row_pos[r], m->rope_cos,
+                           m->rope_sin, il);
+                k_rope_fwd(s->k + (size_t)r * kw, 1, 1, KVH, hd, s->row_pos[r], m->rope_cos,
+                           m->rope_sin, il);
+            }
+        }
+    }
+    /* Keys are stored rotated: a cached key is never touched again. */
+    for (int r = 0; r < N; r++)
+        for (int h = 0; h < KVH; h++) {
+            size_t at = (size_t)s->row_pos[r] * hd, src = (size_t)r * kw + (size_t)h * hd;
+            memcpy(infer_cache_k(s, l, s->row_seq[r], h) + at, s->k + src, hd * sizeof(float));
+            memcpy(infer_cache_v(s, l, s->row_seq[r], h) + at, s->v + src, hd * sizeof(float));
+        }
+    if (prefill)
+        attend_prefill(s, l, s->row_seq[0], s->row_pos[0], N);
+    else
+        attend_decode(s, l, N);
+    k_linear_auto(out, s->att, tlm_at(P, o->wo), tlm_at(P, o->bo), N, qw, d);
+}
+
+static void ffn_rows(tlm_session *s, int l, const float *in, float *out, int N) {
+    const tlm_model *m = s->m;
+    const tlm_config *c = &m->c;
+    const tlm_layer_offsets *o = &m->off.layer[l];
+    float *P = m->params;
+    int d = c->d_model, ff = c->d_ff;
+    size_t n = (size_t)N * ff;
+    if (c->ffn == TLM_FFN_SWIGLU) {
+        k_linear_auto(s->ff_a, in, tlm_at(P, o->wgate), tlm_at(P, o->bgate), N, d, ff);
+        k_linear_auto(s->ff_b, in, tlm_at(P, o->wup), tlm_at(P, o->bup), N, d, ff);
+        k_swiglu_fwd(s->ff_h, s->ff_a, s->ff_b, n);
+    } else {
+        k_linear_auto(s->ff_a, in, tlm_at(P, o->wup), tlm_at(P, o->bup), N, d, ff);
+        static const k_act forms[] = {K_ACT_SILU, K_ACT_GELU, K_ACT_GELU_TANH, K_ACT_RELU};
+        k_act_fwd(s->ff_h, s->ff_a, n, forms[c->ffn]);
+    }
+    k_linear_auto(out, s->ff_h, tlm_at(P, o->wdown), tlm_at(P, o->bdown), N, ff, d);
+}
+
+/* Runs the N rows (ids, with row_seq/row_pos filled) through every block; the final residual
+ * stream is left in s->x. Post-norm works in place: the norms and adds are elementwise per row. */
+static void blocks(tlm_session *s, const int32_t *ids, int N, int prefill) {
+    const tlm_model *m = s->m;
+    const tlm_config *c = &m->c;
+    float *P = m->params;
+    size_t nd = (size_t)N * c->d_model;
+    embed_rows(s, ids, N);
+    for (int l = 0; l < c->n_layers; l++) {
+        const tlm_layer_offsets *o = &m->off.layer[l];
+        const float *g1 = tlm_at(P, o->attn_norm_w), *b1 = tlm_at(P, o->attn_norm_b);
+        const float *g2 = tlm_at(P, o->ffn_norm_w), *b2 = tlm_at(P, o->ffn_norm_b);
+        if (c->norm_position == TLM_NORM_PRE) {
+            norm_rows(c, s->n, s->x, g1, b1, N);
+            attention_rows(s, l, s->n, s->tmp, N, prefill);
+            k_add(s->x, s->x, s->tmp, nd);
+            norm_rows(c, s->n, s->x, g2, b2, N);
+            ffn_rows(s, l, s->n, s->tmp, N);
+            k_add(s->x, s->x, s->tmp, nd);
+        } else {
+            attention_rows(s, l, s->x, s->tmp, N, prefill);
+            k_add(s->x, s->x, s->tmp, nd);
+            norm_rows(c, s->x, s->x, g1, b1, N);
+            ffn_rows(s, l, s->x, s->tmp, N);
+            k_add(s->x, s->x, s->tmp, nd);
+            norm_rows(c, s->x, s->x, g2, b2, N);
+        }
+    }
+}
+
+/* Logits of n consecutive scratch rows starting at row r0. */
+static void head_rows(tlm_session *s, int r0, int n, float *logits) {
+    const tlm_model *m = s->m;
+    const tlm_config *c = &m->c;
+    float *P = m->params;
+    int d = c->d_model;
+    const float *in = s->x + (size_t)r0 * d;
+    if (c->norm_position == TLM_NORM_PRE) {
+        float *xn = s->n + (size_t)r0 * d;
+        norm_rows(c, xn, in, tlm_at(P, m->off.out_norm_w), tlm_at(P, m->off.out_norm_b), n);
+        in = xn;
+    }
+    k_linear_auto(logits, in, P + m->off.out_w, NULL, n, d, c->vocab_size);
+}
+
+static tlm_status check_ids(const tlm_config *c, const int32_t *ids, int n) {
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= c->vocab_size)
+            return tlm_err(TLM_ERR_RANGE, "token id %d at index %d is outside the vocabulary (%d)",
+                           ids[i], i, c->vocab_size);
+    return TLM_OK;
+}
+
+tlm_status tlm_prefill(tlm_session *s, int seq, const int32_t *ids, int n, float *logits,
+                       int all_rows) {
+    if (!s || !ids) return tlm_err(TLM_ERR_ARG, "prefill: session and ids must not be NULL");
+    if (seq < 0 || seq >= s->B)
+        return tlm_err(TLM_ERR_ARG, "prefill: sequence %d outside the batch of %d", seq, s->B);
+    if (n <= 0) return tlm_err(TLM_ERR_ARG, "prefill: %d tokens (need at least one)", n);
+    const tlm_config *c = &s->m->c;
+    if (n > s->cap - s->len[seq])
+        return tlm_err(TLM_ERR_RANGE,
+                       "prefill: %d tokens after %d cached exceed the context of %d positions", n,
+                       s->len[seq], s->cap);
+    tlm_status st = check_ids(c, ids, n);
+    if (st) return st;
+    st = reserve_rows(s, n);
+    if (st) return st;
+    st = reserve_scores(s, (size_t)omp_get_max_threads() * QCHUNK * s->cap);
+    if (st) return st;
+    int pos0 = s->len[seq];
+    for (int r = 0; r < n; r++) {
+        s->row_seq[r] = seq;
+        s->row_pos[r] = pos0 + r;
+    }
+    blocks(s, ids, n, 1);
+    s->len[seq] += n;
+    if (logits) {
+        if (all_rows)
+            head_rows(s, 0, n, logits);
+        else
+            head_rows(s, n - 1, 1, logits);
+    }
+    return TLM_OK;
+}
+
+tlm_status tlm_decode(tlm_session *s, const int32_t *ids, const uint8_t *active, float *logits) {
+    if (!s || !ids) return tlm_err(TLM_ERR_ARG, "decode: session and ids must not be NULL");
+    const tlm_config *c = &s->m->c;
+    int N = 0;
+    for (int b = 0; b < s->B; b++) {
+        if (active && !active[b]) continue;
+        if (s->len[b] >= s->cap)
+            return tlm_err(TLM_ERR_RANGE,
+                           "decode: sequence %d is full (%d positions); no sliding window", b,
+                           s->cap);
+        if (ids[b] < 0 || ids[b] >= c->vocab_size)
+            return tlm_err(TLM_ERR_RANGE,
+                           "token id %d of sequence %d is outside the vocabulary (%d)", ids[b], b,
+                           c->vocab_size);
+        s->row_idx[N] = b;
+        N++;
+    }
+    if (N == 0) return TLM_OK;
+    /* Compact the active rows; the row scratch was sized for B rows at creation. */
+    const int32_t *use = ids;
+    if (N != s->B) {
+        for (int r = 0; r < N; r++) s->ids_tmp[r] = ids[s->row_idx[r]];
+        use = s->ids_tmp;
+    }
+    for (int r = 0; r < N; r++) s->row_seq[r] = s->row_idx[r];
+    for (int r = 0; r < N; r++) s->row_pos[r] = s->len[s->row_idx[r]];
+    blocks(s, use, N, 0);
+    for (int r = 0; r < N; r++) s->len[s->row_idx[r]]++;
+    if (logits) {
+        if (N == s->B) {
+            head_rows(s, 0, N, logits);
+        } else {
+            size_t V = (size_t)c->vocab_size;
+            head_rows(s, 0, N, s->logits);
+            for (int r = 0; r < N; r++)
+                memcpy(logits + (size_t)s->row_idx[r] * V, s->logits + (size_t)r * V,
+                       V * sizeof(float));
+        }
+    }
+    return TLM_OK;
+}
+
+tlm_status tlm_decode_step(tlm_session *s, int32_t id, float *logits) {
+    if (!s) return tlm_err(TLM_ERR_ARG, "decode: session must not be NULL");
+    if (s->B == 1) return tlm_decode(s, &id, NULL, logits);
+    /* Only sequence 0 moves; logits row 0 is the whole [V] the caller gave. */
+    memset(s->act_tmp, 0, (size_t)s->B);
+    s->act_tmp[0] = 1;
+    s->ids_tmp[0] = id;
+    return tlm_decode(s, s->ids_tmp, s->act_tmp, logits);
+}

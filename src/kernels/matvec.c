@@ -1,0 +1,102 @@
+#include "matvec.h"
+
+#include "kernels.h"
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#include <immintrin.h>
+#endif
+
+/* Four dot products of w0..w3 with x, written to out[0..3]. Four rows share each load of x and
+ * give the FMA units four independent chains. */
+static inline void dot4(float out[4], const float *w0, const float *w1, const float *w2,
+                        const float *w3, const float *x, int n) {
+    int i = 0;
+#if defined(__AVX512F__)
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(),
+           a3 = _mm512_setzero_ps();
+    for (; i + 16 <= n; i += 16) {
+        __m512 xv = _mm512_loadu_ps(x + i);
+        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w0 + i), xv, a0);
+        a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w1 + i), xv, a1);
+        a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w2 + i), xv, a2);
+        a3 = _mm512_fmadd_ps(_mm512_loadu_ps(w3 + i), xv, a3);
+    }
+    if (i < n) {
+        __mmask16 k = (__mmask16)((1u << (n - i)) - 1u);
+        __m512 xv = _mm512_maskz_loadu_ps(k, x + i);
+        a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, w0 + i), xv, a0);
+        a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, w1 + i), xv, a1);
+        a2 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, w2 + i), xv, a2);
+        a3 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, w3 + i), xv, a3);
+        i = n;
+    }
+    out[0] = _mm512_reduce_add_ps(a0);
+    out[1] = _mm512_reduce_add_ps(a1);
+    out[2] = _mm512_reduce_add_ps(a2);
+    out[3] = _mm512_reduce_add_ps(a3);
+#elif defined(__AVX2__) && defined(__FMA__)
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(),
+           a3 = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) {
+        __m256 xv = _mm256_loadu_ps(x + i);
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + i), xv, a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + i), xv, a1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w2 + i), xv, a2);
+        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w3 + i), xv, a3);
+    }
+    float t[4][8];
+    _mm256_storeu_ps(t[0], a0);
+    _mm256_storeu_ps(t[1], a1);
+    _mm256_storeu_ps(t[2], a2);
+    _mm256_storeu_ps(t[3], a3);
+    for (int r = 0; r < 4; r++) {
+        float s = 0.0f;
+        for (int j = 0; j < 8; j++) s += t[r][j];
+        out[r] = s;
+    }
+#else
+    out[0] = out[1] = out[2] = out[3] = 0.0f;
+#endif
+    for (; i < n; i++) {
+        out[0] += w0[i] * x[i];
+        out[1] += w1[i] * x[i];
+        out[2] += w2[i] * x[i];
+        out[3] += w3[i] * x[i];
+    }
+}
+
+static inline float dot1(const float *w, const float *x, int n) {
+    float r[4];
+    /* The same row four times keeps one code path; this only runs for the last out % 4 rows. */
+    dot4(r, w, w, w, w, x, n);
+    return r[0];
+}
+
+void k_matvec(float *y, const float *x, const float *w, const float *b, int M, int in, int out) {
+    int blocks = out / 4;
+    /* Below ~64K multiply-adds a fork/join costs more than it saves. */
+#pragma omp parallel for schedule(static) if ((long)M * in * out >= 65536)
+    for (int blk = 0; blk < blocks; blk++) {
+        int j = blk * 4;
+        const float *w0 = w + (size_t)j * in;
+        for (int m = 0; m < M; m++) {
+            float r[4];
+            dot4(r, w0, w0 + in, w0 + 2 * (size_t)in, w0 + 3 * (size_t)in, x + (size_t)m * in, in);
+            float *ym = y + (size_t)m * out + j;
+            for (int k = 0; k < 4; k++) ym[k] = b ? r[k] + b[j + k] : r[k];
+        }
+    }
+    for (int j = blocks * 4; j < out; j++)
+        for (int m = 0; m < M; m++) {
+            float r = dot1(w + (size_t)j * in, x + (size_t)m * in, in);
+            y[(size_t)m * out + j] = b ? r + b[j] : r;
+        }
+}
+
+void k_linear_auto(float *y, const float *x, const float *w, const float *b, int M, int in,
+                   int out) {
+    if (M <= K_MATVEC_MAX_ROWS)
+        k_matvec(y, x, w, b, M, in, out);
+    else
+        k_linear_fwd(y, x, w, b, M, in, out);
+}

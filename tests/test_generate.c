@@ -1,0 +1,544 @@
+/* Generation: the KV-cache invariant (incremental decoding and every prefill/decode split give the
+ * logits of one full forward pass) over every config variant, batched decoding, the limits of the
+ * cache, the samplers' distributions (seeded chi-square tests) and the generation loop. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "harness.h"
+#include "tlm.h"
+
+#define TOL 1e-5
+
+/* max|a-b| / max|b| per row of width V over n rows: the worst row. */
+static double rel_err(const float *a, const float *b, int n, int V) {
+    double worst = 0;
+    for (int r = 0; r < n; r++) {
+        double e = 0, mag = 0;
+        for (int j = 0; j < V; j++) {
+            size_t i = (size_t)r * V + j;
+            e = fmax(e, fabs((double)a[i] - b[i]));
+            mag = fmax(mag, fabs((double)b[i]));
+        }
+        worst = fmax(worst, e / (mag > 0 ? mag : 1));
+    }
+    return worst;
+}
+
+typedef struct {
+    const char *name;
+    const char *json;    /* fields beyond the base */
+    int d, heads, vocab; /* 0: base value */
+} variant;
+
+static const variant variants[] = {
+    {"modern (rmsnorm pre swiglu rope-half tied)", "", 0, 0, 0},
+    {"layernorm bias gelu", "\"norm\":\"layernorm\",\"bias\":true,\"ffn\":\"gelu\"", 0, 0, 0},
+    {"post-norm relu learned",
+     "\"norm_position\":\"post\",\"ffn\":\"relu\",\"position\":\"learned\"", 0, 0, 0},
+    {"post layernorm bias gelu_tanh",
+     "\"norm_position\":\"post\",\"norm\":\"layernorm\",\"bias\":true,\"ffn\":\"gelu_tanh\"", 0, 0,
+     0},
+    {"sinusoidal untied gelu_tanh",
+     "\"position\":\"sinusoidal\",\"tie_embeddings\":false,\"ffn\":\"gelu_tanh\"", 0, 0, 0},
+    {"no position", "\"position\":\"none\"", 0, 0, 0},
+    {"rope interleaved", "\"rope_pairing\":\"interleaved\"", 0, 0, 0},
+    {"GQA 4/2", "\"n_kv_heads\":2", 0, 0, 0},
+    {"MQA 4/1 bias untied", "\"n_kv_heads\":1,\"bias\":true,\"tie_embeddings\":false", 0, 0, 0},
+    {"odd sizes d=36 h=3 ff=50 V=101", "\"d_ff\":50", 36, 3, 101},
+    {"GQA 6/3 interleaved layernorm bias",
+     "\"n_kv_heads\":3,\"rope_pairing\":\"interleaved\",\"bias\":true,\"norm\":\"layernorm\"", 48,
+     6, 0},
+};
+
+/* Base: vocab 97, context 24, d 32, 2 layers, 4 heads, plus the variant's fields. */
+static tlm_model *make_model_v(const variant *v, uint64_t seed) {
+    char buf[1024];
+    snprintf(buf, sizeof buf,
+             "{\"vocab_size\":%d,\"context_length\":24,\"d_model\":%d,\"n_layers\":2,"
+             "\"n_heads\":%d%s%s}",
+             v->vocab ? v->vocab : 97, v->d ? v->d : 32, v->heads ? v->heads : 4,
+             v->json[0] ? "," : "", v->json);
+    tlm_config c;
+    tlm_model *m = NULL;
+    if (tlm_config_from_json(buf, &c) || tlm_model_create(&c, &m)) return NULL;
+    if (tlm_model_init(m, seed, TLM_INIT_DEFAULT)) {
+        tlm_model_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+static tlm_model *make_model(const char *json, uint64_t seed) {
+    variant v = {"", json, 0, 0, 0};
+    return make_model_v(&v, seed);
+}
+
+static void random_ids(int32_t *ids, int n, int V, uint64_t seed) {
+    tlm_rng r;
+    tlm_rng_seed(&r, seed, 7);
+    for (int i = 0; i < n; i++) ids[i] = (int32_t)tlm_rng_below(&r, (uint32_t)V);
+}
+
+/* Full-pass logits [T, V] of ids (a copy: the model's buffer is reused by the next call). */
+static float *full_logits(tlm_model *m, const int32_t *ids, int T) {
+    int V = tlm_model_config(m)->vocab_size;
+    tlm_forward_out out;
+    if (tlm_forward(m, ids, 1, T, NULL, &out)) return NULL;
+    float *f = malloc((size_t)T * V * sizeof *f);
+    memcpy(f, out.logits, (size_t)T * V * sizeof *f);
+    return f;
+}
+
+/* Prefill chunks of the given sizes (all rows), then decode the rest one at a time. Returns the
+ * worst relative error against want. */
+static double run_split(tlm_session *s, const int32_t *ids, int T, const int *chunks, int n_chunks,
+                        const float *want, int V) {
+    float *got = malloc((size_t)T * V * sizeof *got);
+    tlm_session_reset(s, -1);
+    int at = 0;
+    for (int i = 0; i < n_chunks; i++) {
+        CHECK_OK(tlm_prefill(s, 0, ids + at, chunks[i], got + (size_t)at * V, 1));
+        at += chunks[i];
+    }
+    for (; at < T; at++) CHECK_OK(tlm_decode_step(s, ids[at], got + (size_t)at * V));
+    CHECK(tlm_session_length(s, 0) == T, "length %d after %d tokens", tlm_session_length(s, 0), T);
+    double e = rel_err(got, want, T, V);
+    free(got);
+    return e;
+}
+
+static void test_invariant(void) {
+    printf("KV-cache invariant (max over rows of max|a-b|/max|b|):\n");
+    int nv = (int)(sizeof variants / sizeof variants[0]);
+    for (int vi = 0; vi < nv; vi++) {
+        tlm_model *m = make_model_v(&variants[vi], 100 + (uint64_t)vi);
+        CHECK(m != NULL, "%s: %s", variants[vi].name, tlm_last_error());
+        if (!m) continue;
+        const tlm_config *c = tlm_model_config(m);
+        int V = c->vocab_size, T = c->context_length;
+        int32_t ids[64];
+        random_ids(ids, T, V, 1000 + (uint64_t)vi);
+        float *want = full_logits(m, ids, T);
+        /* The full-pass logits must be peaked enough that a wrong cache shows up. */
+        double mag = 0;
+        for (size_t i = 0; i < (size_t)T * V; i++) mag = fmax(mag, fabs(want[i]));
+        CHECK(mag > 1.0, "%s: logits too flat (%g)", variants[vi].name, mag);
+        tlm_session *s = NULL;
+        CHECK_OK(tlm_session_new(m, 1, 0, &s));
+        CHECK(tlm_session_capacity(s) == T, "capacity %d", tlm_session_capacity(s));
+        const int splits[][4] = {{1}, {5}, {T / 2}, {T - 1}, {T}, {3, 7}, {1, 1, 9}, {2, 11, 11}};
+        const int n_chunks[] = {1, 1, 1, 1, 1, 2, 3, 3};
+        double worst = 0, token_by_token = 0;
+        for (int k = 0; k < (int)(sizeof n_chunks / sizeof n_chunks[0]); k++) {
+            double e = run_split(s, ids, T, splits[k], n_chunks[k], want, V);
+            if (k == 0) token_by_token = e;
+            CHECK(e <= TOL, "%s: split %d: rel err %.3g", variants[vi].name, k, e);
+            worst = fmax(worst, e);
+        }
+        /* The cache is full: one more token is refused, never written. */
+        float row[128];
+        CHECK(tlm_decode_step(s, 0, row) == TLM_ERR_RANGE, "decode past capacity");
+        CHECK(tlm_prefill(s, 0, ids, 1, row, 0) == TLM_ERR_RANGE, "prefill past capacity");
+        printf("  %-50s token-by-token %.2e  worst split %.2e\n", variants[vi].name, token_by_token,
+               worst);
+        tlm_session_free(s);
+        free(want);
+        tlm_model_free(m);
+    }
+}
+
+/* Prefill longer than one attention chunk (128 queries) after a cached prefix, and a session
+ * capacity below the context length. */
+static void test_long_prefill(void) {
+    tlm_config c;
+    tlm_config_default(&c);
+    c.vocab_size = 61;
+    c.context_length = 300;
+    c.d_model = 32;
+    c.n_layers = 2;
+    c.n_heads = 4;
+    c.n_kv_heads = 2;
+    tlm_model *m = NULL;
+    CHECK_OK(tlm_model_create(&c, &m));
+    CHECK_OK(tlm_model_init(m, 5, TLM_INIT_DEFAULT));
+    int T = 290, V = c.vocab_size;
+    int32_t *ids = malloc(sizeof(int32_t) * T);
+    random_ids(ids, T, V, 55);
+    float *want = full_logits(m, ids, T);
+    tlm_session *s = NULL;
+    CHECK_OK(tlm_session_new(m, 1, 0, &s));
+    int chunks[] = {5, 270};
+    double e = run_split(s, ids, T, chunks, 2, want, V);
+    CHECK(e <= TOL, "long prefill rel err %.3g", e);
+    printf("  %-50s %.2e\n", "prefill 5 + 270 (3 query chunks) + decode 15", e);
+    tlm_session_free(s);
+    CHECK(tlm_session_new(m, 1, 301, &s) == TLM_ERR_ARG, "capacity > context");
+    CHECK_OK(tlm_session_new(m, 1, 10, &s));
+    CHECK(tlm_prefill(s, 0, ids, 11, NULL, 0) == TLM_ERR_RANGE, "prefill past a small capacity");
+    CHECK(tlm_session_length(s, 0) == 0, "failed prefill left length %d", tlm_session_length(s, 0));
+    CHECK_OK(tlm_prefill(s, 0, ids, 10, NULL, 0));
+    CHECK(tlm_decode_step(s, 1, want) == TLM_ERR_RANGE, "decode past a small capacity");
+    tlm_session_free(s);
+    free(want);
+    free(ids);
+    tlm_model_free(m);
+}
+
+/* Batched decode: three sequences at different lengths step together, some paused, and each row
+ * equals its own full pass. */
+static void test_batch_decode(void) {
+    tlm_model *m = make_model("\"n_kv_heads\":2,\"bias\":true", 9);
+    CHECK(m != NULL, "%s", tlm_last_error());
+    if (!m) return;
+    int V = tlm_model_config(m)->vocab_size, T = tlm_model_config(m)->context_length;
+    enum { NB = 3 };
+    int32_t ids[NB][24];
+    float *want[NB];
+    for (int b = 0; b < NB; b++) {
+        random_ids(ids[b], T, V, 300 + (uint64_t)b);
+        want[b] = full_logits(m, ids[b], T);
+    }
+    tlm_session *s = NULL;
+    CHECK_OK(tlm_session_new(m, NB, 0, &s));
+    float *got = malloc((size_t)NB * V * sizeof *got);
+    int len[NB] = {2, 5, 9};
+    double worst = 0;
+    for (int b = 0; b < NB; b++) {
+        CHECK_OK(tlm_prefill(s, b, ids[b], len[b], got + (size_t)b * V, 0));
+        worst = fmax(worst, rel_err(got + (size_t)b * V, want[b] + (size_t)(len[b] - 1) * V, 1, V));
+    }
+    for (int step = 0; step < 14; step++) {
+        uint8_t active[NB] = {1, (uint8_t)(step % 3 != 1), (uint8_t)(step % 2)};
+        int32_t next[NB];
+        for (int b = 0; b < NB; b++) next[b] = active[b] ? ids[b][len[b]] : -5;
+        CHECK_OK(tlm_decode(s, next, active, got));
+        for (int b = 0; b < NB; b++) {
+            if (!active[b]) continue;
+            worst = fmax(worst, rel_err(got + (size_t)b * V, want[b] + (size_t)len[b] * V, 1, V));
+            len[b]++;
+            CHECK(tlm_session_length(s, b) == len[b], "seq %d length", b);
+        }
+    }
+    CHECK(worst <= TOL, "batched decode rel err %.3g", worst);
+    printf("  %-50s %.2e\n", "batch of 3, staggered, partly paused", worst);
+    int32_t bad[NB] = {0, V, 0};
+    CHECK(tlm_decode(s, bad, NULL, got) == TLM_ERR_RANGE, "id outside vocab");
+    CHECK(tlm_prefill(s, 3, ids[0], 1, NULL, 0) == TLM_ERR_ARG, "seq outside batch");
+    CHECK(tlm_prefill(s, 0, ids[0], 0, NULL, 0) == TLM_ERR_ARG, "empty prefill");
+    tlm_session_reset(s, 1);
+    CHECK(tlm_session_length(s, 1) == 0 && tlm_session_length(s, 0) == len[0], "reset one");
+    tlm_session_free(s);
+    free(got);
+    for (int b = 0; b < NB; b++) free(want[b]);
+    tlm_model_free(m);
+}
+
+/* ---- samplers ---- */
+
+#define DRAWS 20000
+
+static void softmax_t(const float *l, int n, double T, double *p) {
+    double mx = -1e300, s = 0;
+    for (int i = 0; i < n; i++) mx = fmax(mx, l[i]);
+    for (int i = 0; i < n; i++) s += p[i] = exp((l[i] - mx) / T);
+    for (int i = 0; i < n; i++) p[i] /= s;
+}
+
+/* Pearson chi-square of counts against probabilities p (cells with p = 0 must be empty: any
+ * count there returns infinity). */
+static double chi2(const int *count, const double *p, int n, int draws) {
+    double x = 0;
+    for (int i = 0; i < n; i++) {
+        if (p[i] == 0) {
+            if (count[i]) return INFINITY;
+            continue;
+        }
+        double e = p[i] * draws;
+        x += (count[i] - e) * (count[i] - e) / e;
+    }
+    return x;
+}
+
+/* Each call draws from a fresh seed, so the checks do not share one random sequence. */
+static void draw_counts(const tlm_sampler_opts *o, const float *l, int n, int *count) {
+    static uint64_t calls = 0;
+    tlm_sampler_opts so = *o;
+    so.seed = 1000 + calls++;
+    tlm_sampler *s = NULL;
+    CHECK_OK(tlm_sampler_new(&so, n, &s));
+    memset(count, 0, sizeof(int) * (size_t)n);
+    for (int i = 0; i < DRAWS && s; i++) {
+        int32_t id = -1;
+        CHECK_OK(tlm_sample(s, l, &id));
+        if (id < 0 || id >= n) {
+            CHECK(0, "id %d outside [0, %d)", id, n);
+            break;
+        }
+        count[id]++;
+    }
+    tlm_sampler_free(s);
+}
+
+/* Chi-square critical values at significance 0.001 by degrees of freedom 1..9. */
+static const double CRIT[] = {0, 10.83, 13.82, 16.27, 18.47, 20.52, 22.46, 24.32, 26.12, 27.88};
+
+static void test_samplers(void) {
+    const float l[8] = {1.0f, 2.5f, 0.3f, 2.0f, -1.0f, 1.7f, 0.0f, 2.2f};
+    int count[8];
+    double p[8], q[8];
+    tlm_sampler_opts o = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .seed = 1};
+    tlm_sampler *s = NULL;
+    /* Greedy: the argmax, lowest id among ties. */
+    CHECK_OK(tlm_sampler_new(&o, 8, &s));
+    int32_t id = -1;
+    CHECK_OK(tlm_sample(s, l, &id));
+    CHECK(id == 1, "greedy picked %d", id);
+    const float tie[4] = {0.5f, 3.0f, -2.0f, 3.0f};
+    tlm_sampler_free(s);
+    CHECK_OK(tlm_sampler_new(&o, 4, &s));
+    CHECK_OK(tlm_sample(s, tie, &id));
+    CHECK(id == 1, "greedy tie picked %d", id);
+    const float bad[4] = {0.5f, NAN, 1.0f, 0.0f};
+    CHECK(tlm_sample(s, bad, &id) == TLM_ERR_NUMERIC, "NaN logits");
+    const float none[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    CHECK(tlm_sample(s, none, &id) == TLM_ERR_NUMERIC, "all -inf");
+    tlm_sampler_free(s);
+
+    /* Temperature: frequencies follow softmax(l / T), and the test can tell T from 1. */
+    o.temperature = 0.7f;
+    draw_counts(&o, l, 8, count);
+    softmax_t(l, 8, 0.7, p);
+    softmax_t(l, 8, 1.0, q);
+    double x = chi2(count, p, 8, DRAWS), xw = chi2(count, q, 8, DRAWS);
+    printf("sampler chi-square (crit at 0.001): T=0.7 %.2f (%.2f), against T=1 %.1f\n", x, CRIT[7],
+           xw);
+    CHECK(x < CRIT[7], "temperature chi2 %.2f", x);
+    CHECK(xw > 10 * CRIT[7], "the test cannot tell T=0.7 from T=1 (%.2f)", xw);
+    o.temperature = 1.0f;
+    draw_counts(&o, l, 8, count);
+    x = chi2(count, q, 8, DRAWS);
+    printf("  T=1 %.2f\n", x);
+    CHECK(x < CRIT[7], "T=1 chi2 %.2f", x);
+
+    /* -inf logits are masked: never drawn. */
+    float masked[8];
+    memcpy(masked, l, sizeof masked);
+    masked[1] = -INFINITY;
+    draw_counts(&o, masked, 8, count);
+    CHECK(count[1] == 0, "masked id drawn %d times", count[1]);
+
+    /* Top-k: only the k largest (ids 1, 7, 3), renormalized. */
+    o.top_k = 3;
+    o.temperature = 1.3f;
+    draw_counts(&o, l, 8, count);
+    softmax_t(l, 8, 1.3, p);
+    double kept = p[1] + p[7] + p[3];
+    for (int i = 0; i < 8; i++) q[i] = (i == 1 || i == 7 || i == 3) ? p[i] / kept : 0;
+    x = chi2(count, q, 8, DRAWS);
+    printf("  top-k 3 %.2f (%.2f)\n", x, CRIT[2]);
+    CHECK(x < CRIT[2], "top-k chi2 %.2f (inf: drew outside the top 3)", x);
+
+    /* Top-p: probabilities 0.4 0.3 0.15 0.1 0.05 (ids permuted). p=0.8 keeps the three largest
+     * (0.85), p=0.5 the two largest (0.7), p=0.3 only the largest. */
+    const double probs5[5] = {0.1, 0.4, 0.05, 0.3, 0.15};
+    float l5[5];
+    for (int i = 0; i < 5; i++) l5[i] = (float)log(probs5[i]);
+    const double ps[3] = {0.8, 0.5, 0.3};
+    const int keep[3][5] = {{0, 1, 0, 1, 1}, {0, 1, 0, 1, 0}, {0, 1, 0, 0, 0}};
+    o.top_k = 0;
+    o.temperature = 1.0f;
+    for (int k = 0; k < 3; k++) {
+        o.top_p = (float)ps[k];
+        draw_counts(&o, l5, 5, count);
+        double mass = 0, q5[5];
+        for (int i = 0; i < 5; i++) mass += keep[k][i] ? probs5[i] : 0;
+        for (int i = 0; i < 5; i++) q5[i] = keep[k][i] ? probs5[i] / mass : 0;
+        int dof = -1;
+        for (int i = 0; i < 5; i++) dof += keep[k][i];
+        x = chi2(count, q5, 5, DRAWS);
+        printf("  top-p %.1f %.2f\n", ps[k], x);
+        CHECK(dof == 0 ? x == 0 : x < CRIT[dof], "top-p %.1f chi2 %.2f", ps[k], x);
+    }
+    /* Top-k applies first and top-p sees its renormalized probabilities: alone, p=0.72 needs
+     * three ids (0.4 + 0.3 < 0.72); after k=4 (mass 0.95) the two largest hold 0.7/0.95 = 0.737. */
+    o.top_k = 4;
+    o.top_p = 0.72f;
+    draw_counts(&o, l5, 5, count);
+    double q5[5] = {0, 0.4 / 0.7, 0, 0.3 / 0.7, 0};
+    x = chi2(count, q5, 5, DRAWS);
+    CHECK(x < CRIT[1], "top-k + top-p chi2 %.2f", x);
+
+    /* Top-p over a large vocabulary: every draw lies in the nucleus computed by a full sort. */
+    enum { BIGV = 50000 };
+    float *big = malloc(sizeof(float) * BIGV);
+    tlm_rng r;
+    tlm_rng_seed(&r, 77, 0);
+    for (int i = 0; i < BIGV; i++) big[i] = (float)(3.0 * tlm_rng_normal(&r));
+    double *pb = malloc(sizeof(double) * BIGV);
+    softmax_t(big, BIGV, 1.0, pb);
+    /* Rank by probability (selection by repeated max is fine for a test: nucleus is small). */
+    char *in = calloc(BIGV, 1);
+    double acc = 0;
+    int nuc = 0;
+    while (acc < 0.6) {
+        int bi = -1;
+        for (int i = 0; i < BIGV; i++)
+            if (!in[i] && (bi < 0 || pb[i] > pb[bi])) bi = i;
+        in[bi] = 1;
+        acc += pb[bi];
+        nuc++;
+    }
+    o.top_k = 0;
+    o.top_p = 0.6f;
+    CHECK_OK(tlm_sampler_new(&o, BIGV, &s));
+    int outside = 0, distinct = 0;
+    char *seen = calloc(BIGV, 1);
+    for (int i = 0; i < 5000; i++) {
+        CHECK_OK(tlm_sample(s, big, &id));
+        outside += !in[id];
+        distinct += !seen[id];
+        seen[id] = 1;
+    }
+    printf("  top-p 0.6 over %d ids: nucleus %d, drew %d distinct, %d outside\n", BIGV, nuc,
+           distinct, outside);
+    CHECK(outside == 0, "%d draws outside the nucleus", outside);
+    CHECK(distinct == nuc || distinct > nuc / 2, "drew only %d of %d nucleus ids", distinct, nuc);
+    tlm_sampler_free(s);
+    free(seen);
+    free(in);
+    free(pb);
+    free(big);
+
+    /* Reproducible: same seed, same ids; another seed or stream, other ids. */
+    o.top_k = 0;
+    o.top_p = 0.95f;
+    o.temperature = 1.0f;
+    int32_t seq[4][200];
+    uint64_t seeds[4] = {42, 42, 43, 42}, streams[4] = {0, 0, 0, 1};
+    for (int k = 0; k < 4; k++) {
+        o.seed = seeds[k];
+        o.stream = streams[k];
+        CHECK_OK(tlm_sampler_new(&o, 8, &s));
+        for (int i = 0; i < 200; i++) CHECK_OK(tlm_sample(s, l, &seq[k][i]));
+        tlm_sampler_free(s);
+    }
+    CHECK(memcmp(seq[0], seq[1], sizeof seq[0]) == 0, "same seed differs");
+    CHECK(memcmp(seq[0], seq[2], sizeof seq[0]) != 0, "another seed repeats");
+    CHECK(memcmp(seq[0], seq[3], sizeof seq[0]) != 0, "another stream repeats");
+
+    o.temperature = -1.0f;
+    CHECK(tlm_sampler_new(&o, 8, &s) == TLM_ERR_ARG, "negative temperature");
+    o.temperature = 1.0f;
+    o.top_p = 0.0f;
+    CHECK(tlm_sampler_new(&o, 8, &s) == TLM_ERR_ARG, "top_p 0");
+    o.top_p = 1.0f;
+    o.top_k = -2;
+    CHECK(tlm_sampler_new(&o, 8, &s) == TLM_ERR_ARG, "negative top_k");
+}
+
+/* ---- the generation loop ---- */
+
+typedef struct {
+    int32_t ids[4][64];
+    int n[4];
+} collected;
+
+static int collect(void *user, int seq, int32_t id) {
+    collected *c = user;
+    c->ids[seq][c->n[seq]++] = id;
+    return 0;
+}
+
+static void test_generate_loop(void) {
+    tlm_model *m = make_model("\"n_kv_heads\":2", 21);
+    CHECK(m != NULL, "%s", tlm_last_error());
+    if (!m) return;
+    int V = tlm_model_config(m)->vocab_size, ctx = tlm_model_config(m)->context_length;
+    tlm_session *s = NULL;
+    CHECK_OK(tlm_session_new(m, 3, 0, &s));
+    int32_t p0[3] = {5, 17, 33}, p1[6] = {1, 2, 3, 4, 5, 6}, p2[21];
+    random_ids(p2, 21, V, 4);
+    const int32_t *prompts[3] = {p0, p1, p2};
+    int lens[3] = {3, 6, 21};
+    collected got = {0};
+    tlm_generate_opts o = {.max_new_tokens = 8, .eos_id = -1, .on_token = collect, .user = &got};
+    o.sampling = (tlm_sampler_opts){.temperature = 0.0f, .top_p = 1.0f};
+    tlm_stop_reason why[3];
+    tlm_generate_stats st;
+    CHECK_OK(tlm_generate(s, prompts, lens, 3, &o, why, &st));
+    CHECK(why[0] == TLM_STOP_LENGTH && got.n[0] == 8, "seq 0: reason %d, %d ids", why[0], got.n[0]);
+    CHECK(why[1] == TLM_STOP_LENGTH && got.n[1] == 8, "seq 1: reason %d, %d ids", why[1], got.n[1]);
+    /* 21 prompt tokens + 3 new ones fill the context of 24: stop there. */
+    CHECK(why[2] == TLM_STOP_CONTEXT && got.n[2] == ctx - 21, "seq 2: reason %d, %d ids", why[2],
+          got.n[2]);
+    CHECK(st.prompt_tokens == 30 && st.new_tokens == 19, "stats %d %d", st.prompt_tokens,
+          st.new_tokens);
+    CHECK(st.decode_steps == 7, "decode steps %d", st.decode_steps);
+    /* Greedy ids are the argmax of the full pass over prompt + generated prefix. */
+    for (int b = 0; b < 3; b++) {
+        int32_t seq[64];
+        memcpy(seq, prompts[b], sizeof(int32_t) * lens[b]);
+        memcpy(seq + lens[b], got.ids[b], sizeof(int32_t) * got.n[b]);
+        int T = lens[b] + got.n[b] - 1;
+        float *f = full_logits(m, seq, T);
+        int bad_at = -1;
+        for (int i = 0; i < got.n[b] && bad_at < 0; i++) {
+            const float *row = f + (size_t)(lens[b] - 1 + i) * V;
+            int best = 0;
+            for (int j = 1; j < V; j++) best = row[j] > row[best] ? j : best;
+            if (best != got.ids[b][i]) bad_at = i;
+        }
+        CHECK(bad_at < 0, "seq %d: greedy id %d is not the full-pass argmax", b, bad_at);
+        free(f);
+    }
+    /* EOS: make the first greedy id of sequence 0 the EOS; it is reported, then stops. */
+    int32_t first = got.ids[0][0];
+    memset(&got, 0, sizeof got);
+    o.eos_id = first;
+    CHECK_OK(tlm_generate(s, prompts, lens, 1, &o, why, NULL));
+    CHECK(why[0] == TLM_STOP_EOS && got.n[0] == 1 && got.ids[0][0] == first, "eos: %d, %d ids",
+          why[0], got.n[0]);
+    /* Sampling in a batch equals sampling each prompt alone (its own stream). */
+    o.eos_id = -1;
+    o.sampling = (tlm_sampler_opts){.temperature = 1.0f, .top_p = 0.9f, .top_k = 20, .seed = 3};
+    memset(&got, 0, sizeof got);
+    CHECK_OK(tlm_generate(s, prompts, lens, 3, &o, why, NULL));
+    collected batch = got;
+    tlm_session *one = NULL;
+    CHECK_OK(tlm_session_new(m, 1, 0, &one));
+    for (int b = 0; b < 3; b++) {
+        memset(&got, 0, sizeof got);
+        tlm_generate_opts ob = o;
+        ob.sampling.stream = (uint64_t)b;
+        CHECK_OK(tlm_generate(one, &prompts[b], &lens[b], 1, &ob, why, NULL));
+        CHECK(got.n[0] == batch.n[b] &&
+                  memcmp(got.ids[0], batch.ids[b], sizeof(int32_t) * got.n[0]) == 0,
+              "seq %d: batch and alone differ", b);
+    }
+    /* A prompt that fills the context generates nothing. */
+    int32_t full[24];
+    random_ids(full, 24, V, 8);
+    const int32_t *pf = full;
+    int lf = 24;
+    memset(&got, 0, sizeof got);
+    CHECK_OK(tlm_generate(one, &pf, &lf, 1, &o, why, NULL));
+    CHECK(why[0] == TLM_STOP_CONTEXT && got.n[0] == 0, "full prompt: %d, %d ids", why[0], got.n[0]);
+    lf = 25;
+    int32_t longer[25] = {0};
+    pf = longer;
+    CHECK(tlm_generate(one, &pf, &lf, 1, &o, why, NULL) == TLM_ERR_RANGE, "prompt > context");
+    tlm_session_free(one);
+    tlm_session_free(s);
+    tlm_model_free(m);
+}
+
+int main(void) {
+    tlm_set_threads(2);
+    test_invariant();
+    test_long_prefill();
+    test_batch_decode();
+    test_samplers();
+    test_generate_loop();
+    return t_finish("test_generate");
+}
