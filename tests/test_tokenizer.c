@@ -400,6 +400,24 @@ int main(void) {
                              200);
             roundtrip_random(spm, "tok512 allow special", TLM_ENCODE_ALLOW_SPECIAL, 0, 200);
         }
+        /* word-by-word encoding (the fast path) equals one pass over the whole text */
+        char *txt;
+        size_t n;
+        if (spm && tlm_read_file(t_path(dir, "text/tinystories_2MiB.txt"), &txt, &n) == TLM_OK) {
+            n = n > 300000 ? 300000 : n;
+            int32_t *a, *b;
+            size_t na, nb;
+            CHECK(spm->spm_split == 1, "tok512 can be encoded word by word");
+            CHECK_OK(tlm_tokenizer_encode(spm, txt, n, 0, &a, &na));
+            spm->spm_split = 0;
+            CHECK_OK(tlm_tokenizer_encode(spm, txt, n, 0, &b, &nb));
+            spm->spm_split = 1;
+            CHECK(na == nb && na > 0 && !memcmp(a, b, na * sizeof *a),
+                  "segmented and whole-text SentencePiece encodings agree");
+            free(a);
+            free(b);
+            free(txt);
+        }
         tlm_tokenizer_free(spm);
     }
     return t_finish("test_tokenizer");

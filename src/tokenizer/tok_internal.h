@@ -53,6 +53,8 @@ struct tlm_tokenizer {
     int n_specials;
     uint8_t special_first[256]; /* 1 if some special piece starts with this byte */
     int add_prefix;             /* SPM: dummy-prefix space at the start and after specials */
+    int spm_split;              /* SPM: no piece holds a non-space byte then a space, so texts
+                                   can be encoded word by word (see spm.c) */
     size_t max_piece;
 };
 
