@@ -15,3 +15,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+# llama.cpp as a real client of our GGUF files (tests/formats_cli.sh, bench/): node-llama-cpp ships
+# prebuilt CPU libraries, so nothing is compiled or downloaded beyond the npm packages.
+if [ ! -d "$(dirname "$0")/../tests/node/node_modules/node-llama-cpp" ]; then
+  (cd "$(dirname "$0")/../tests/node" &&
+   NODE_LLAMA_CPP_SKIP_DOWNLOAD=true npm ci --no-audit --no-fund --loglevel=error)
+fi

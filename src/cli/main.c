@@ -14,6 +14,7 @@ static const command commands[] = {
     {"train", cmd_train, "train a model on a text file (AdamW, checkpoints, --resume)"},
     {"tokenize", cmd_tokenize, "text on stdin -> token ids on stdout"},
     {"tokenizer", cmd_tokenizer, "tokenizer tools: `tlm tokenizer train`"},
+    {"convert", cmd_convert, "convert a model between formats (gguf, safetensors, hf, llama2c)"},
 };
 
 static void usage(FILE *f) {

@@ -4,6 +4,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "formats/formats.h"
 #include "formats/safetensors.h"
 #include "model/model.h"
 
@@ -41,8 +42,6 @@ static tlm_status load_tlm_safetensors(const char *path, tlm_model **out) {
     }
     return s;
 }
-
-int fmt_llama2c_sniff(const uint8_t *p, size_t n);
 
 const char *tlm_model_format_name(tlm_model_format f) {
     switch (f) {
@@ -134,6 +133,7 @@ tlm_status tlm_model_load(const char *path, tlm_model **out) {
     case TLM_FORMAT_TLM: return load_tlm(path, out);
     case TLM_FORMAT_LLAMA2C: return tlm_model_load_llama2c(path, out);
     case TLM_FORMAT_HF: return tlm_model_load_hf(path, out);
+    case TLM_FORMAT_GGUF: return tlm_model_load_gguf(path, out);
     default: break;
     }
     return tlm_err(TLM_ERR_UNSUPPORTED, "'%s': %s models are not supported yet", path,

@@ -1,0 +1,130 @@
+/* tlm convert: any model we can read into any format we can write. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cli.h"
+
+static const char *convert_help =
+    "usage: tlm convert IN OUT --to gguf|safetensors|hf|llama2c [--dtype f32|f16|bf16]\n"
+    "                   [-z TOKENIZER] [--llama2c-version 0|1]\n\n"
+    "Reads IN (tlm checkpoint, llama2.c .bin, .gguf, Hugging Face directory) and writes OUT:\n"
+    "  gguf         GGUF v3, arch llama, with the vocabulary (llama.cpp loads it)\n"
+    "  safetensors  a tlm checkpoint: OUT.safetensors, or a directory OUT with\n"
+    "               model.safetensors and the tokenizer\n"
+    "  hf           a Hugging Face directory (LlamaForCausalLM or GPT2LMHeadModel)\n"
+    "  llama2c      llama2.c .bin (legacy by default: what run.c reads)\n\n"
+    "  --dtype T           element type of matrices (gguf, hf): f32 (default), f16, bf16\n"
+    "  -z, --tokenizer P   tokenizer to embed (default: the one IN carries, if any)\n";
+
+static int ends_with(const char *s, const char *suf) {
+    size_t n = strlen(s), m = strlen(suf);
+    return n >= m && !strcmp(s + n - m, suf);
+}
+
+int cmd_convert(int argc, char **argv) {
+    const char *in = NULL, *out = NULL, *to = NULL, *dtype = "f32", *tokp = NULL;
+    long l2c_version = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *v;
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            fputs(convert_help, stdout);
+            return 0;
+        } else if (cli_flag_value(argc, argv, &i, "--to", NULL, &v)) {
+            if (!v) return cli_fail("convert: --to needs a value");
+            to = v;
+        } else if (cli_flag_value(argc, argv, &i, "--dtype", NULL, &v)) {
+            if (!v) return cli_fail("convert: --dtype needs a value");
+            dtype = v;
+        } else if (cli_flag_value(argc, argv, &i, "-z", "--tokenizer", &v)) {
+            if (!v) return cli_fail("convert: %s needs a value", argv[i]);
+            tokp = v;
+        } else if (cli_flag_value(argc, argv, &i, "--llama2c-version", NULL, &v)) {
+            if (!v || !cli_parse_int(v, &l2c_version) || l2c_version < 0 || l2c_version > 1)
+                return cli_fail("convert: --llama2c-version must be 0 or 1");
+        } else if (argv[i][0] == '-' && argv[i][1]) {
+            return cli_fail("convert: unknown option '%s' (see tlm convert --help)", argv[i]);
+        } else if (!in) {
+            in = argv[i];
+        } else if (!out) {
+            out = argv[i];
+        } else {
+            return cli_fail("convert: unexpected argument '%s'", argv[i]);
+        }
+    }
+    if (!in || !out || !to) return cli_fail("convert: usage: tlm convert IN OUT --to FORMAT");
+    tlm_file_dtype dt;
+    if (!strcmp(dtype, "f32"))
+        dt = TLM_FILE_F32;
+    else if (!strcmp(dtype, "f16"))
+        dt = TLM_FILE_F16;
+    else if (!strcmp(dtype, "bf16"))
+        dt = TLM_FILE_BF16;
+    else
+        return cli_fail("convert: --dtype must be f32, f16 or bf16 (got '%s')", dtype);
+    int fmt = !strcmp(to, "gguf")          ? 1
+              : !strcmp(to, "safetensors") ? 2
+              : !strcmp(to, "hf")          ? 3
+              : !strcmp(to, "llama2c")     ? 4
+                                           : 0;
+    if (!fmt) return cli_fail("convert: --to must be gguf, safetensors, hf or llama2c");
+    if ((fmt == 2 || fmt == 4) && dt != TLM_FILE_F32)
+        return cli_fail("convert: --to %s stores f32 only", to);
+
+    tlm_model *m;
+    if (tlm_model_load(in, &m)) return cli_fail_status("convert");
+    tlm_tokenizer *tok = NULL;
+    if (tokp) {
+        if (tlm_tokenizer_load(tokp, &tok)) {
+            tlm_model_free(m);
+            return cli_fail_status("convert: tokenizer");
+        }
+    } else if (tlm_tokenizer_load(in, &tok)) {
+        /* A tlm checkpoint keeps it in DIR/tokenizer; llama2.c .bin and HF directories carry none
+         * that we read: then the weights go alone. */
+        size_t n = strlen(in) + 16;
+        char *p = malloc(n);
+        tok = NULL;
+        if (p) {
+            snprintf(p, n, "%s/tokenizer", in);
+            struct stat st;
+            if (stat(p, &st) != 0 || !S_ISDIR(st.st_mode) || tlm_tokenizer_load(p, &tok))
+                tok = NULL;
+            free(p);
+        }
+    }
+    tlm_status s = TLM_OK;
+    switch (fmt) {
+    case 1:
+        if (!tok)
+            fprintf(stderr, "tlm: warning: no tokenizer (give -z): %s will have no vocabulary\n",
+                    out);
+        s = tlm_model_save_gguf(m, tok, out, dt);
+        break;
+    case 2:
+        if (ends_with(out, ".safetensors")) {
+            s = tlm_model_save_safetensors(m, out);
+        } else {
+            if (mkdir(out, 0777) != 0 && errno != EEXIST) {
+                tlm_tokenizer_free(tok);
+                tlm_model_free(m);
+                return cli_fail("convert: cannot create '%s': %s", out, strerror(errno));
+            }
+            size_t n = strlen(out) + 32;
+            char *p = malloc(n);
+            snprintf(p, n, "%s/model.safetensors", out);
+            s = tlm_model_save_safetensors(m, p);
+            free(p);
+            if (!s && tok) s = tlm_tokenizer_save(tok, out);
+        }
+        break;
+    case 3: s = tlm_model_save_hf(m, out, dt); break;
+    case 4: s = tlm_model_save_llama2c(m, out, (int)l2c_version); break;
+    }
+    tlm_tokenizer_free(tok);
+    tlm_model_free(m);
+    if (s) return cli_fail_status("convert");
+    fprintf(stderr, "wrote %s (%s)\n", out, to);
+    return 0;
+}

@@ -1,0 +1,188 @@
+/* Llama weights from GGUF (arch `llama`), on top of the general reader in gguf.c, which has
+ * already checked every count, string, shape product and tensor byte range against the file.
+ * Here: the llama.* keys become a config, each schema tensor must be present with ggml dims
+ * [in, out] (innermost first, i.e. tlm's [out, in] row-major), and F32 / F16 / BF16 / Q8_0 data
+ * is converted to floats. llama.cpp's `llama` rotates adjacent pairs, which is tlm's interleaved
+ * pairing, so q/k rows load unchanged. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/half.h"
+#include "formats/formats.h"
+#include "formats/gguf.h"
+
+enum { GGML_F32 = 0, GGML_F16 = 1, GGML_Q8_0 = 8, GGML_BF16 = 30 };
+
+static tlm_status get_dim(const tlm_gguf *g, const char *key, int64_t def, int64_t hi,
+                          const char *path, int *out) {
+    int64_t v;
+    tlm_status s = tlm_gguf_get_int(g, key, &v);
+    if (s == TLM_ERR_RANGE && def >= 0) {
+        v = def;
+    } else if (s) {
+        return tlm_err_context(s, "%s", path);
+    }
+    if (v <= 0 || v > hi)
+        return tlm_err(TLM_ERR_FORMAT, "%s: %s = %lld (expected 1..%lld)", path, key, (long long)v,
+                       (long long)hi);
+    *out = (int)v;
+    return TLM_OK;
+}
+
+static tlm_status get_pos_float(const tlm_gguf *g, const char *key, double def, const char *path,
+                                float *out) {
+    double v;
+    tlm_status s = tlm_gguf_get_float(g, key, &v);
+    if (s == TLM_ERR_RANGE) {
+        v = def;
+    } else if (s) {
+        return tlm_err_context(s, "%s", path);
+    }
+    if (!(v > 0) || !isfinite(v) || v > 1e30)
+        return tlm_err(TLM_ERR_FORMAT, "%s: %s = %g (expected a positive number)", path, key, v);
+    *out = (float)v;
+    return TLM_OK;
+}
+
+static tlm_status llama_config(const tlm_gguf *g, const char *path, tlm_config *c) {
+    const char *arch;
+    size_t alen;
+    tlm_status s = tlm_gguf_get_str(g, "general.architecture", &arch, &alen);
+    if (s) return tlm_err_context(s, "%s", path);
+    if (alen != 5 || memcmp(arch, "llama", 5))
+        return tlm_err(TLM_ERR_UNSUPPORTED, "%s: GGUF architecture '%.*s' is not supported (llama)",
+                       path, (int)(alen > 40 ? 40 : alen), arch);
+    const char *st;
+    size_t sl;
+    if (!tlm_gguf_get_str(g, "llama.rope.scaling.type", &st, &sl) &&
+        !(sl == 4 && !memcmp(st, "none", 4)))
+        return tlm_err(TLM_ERR_UNSUPPORTED, "%s: RoPE scaling '%.*s' is not supported", path,
+                       (int)(sl > 40 ? 40 : sl), st);
+    tlm_config_default(c);
+    int heads = 0, rope_dims = 0, vocab_guess = 0;
+    /* The vocabulary size: llama.vocab_size, else the token list, else the embedding's rows. */
+    const tlm_gguf_tensor *emb = tlm_gguf_find_tensor(g, "token_embd.weight");
+    const tlm_gguf_kv *toks = tlm_gguf_find(g, "tokenizer.ggml.tokens");
+    if (toks && toks->type == TLM_GGUF_ARRAY && toks->len <= (1u << 24))
+        vocab_guess = (int)toks->len;
+    else if (emb && emb->n_dims == 2 && emb->dims[1] <= (1u << 24))
+        vocab_guess = (int)emb->dims[1];
+    if ((s = get_dim(g, "llama.embedding_length", -1, 1 << 20, path, &c->d_model)) ||
+        (s = get_dim(g, "llama.block_count", -1, 1 << 12, path, &c->n_layers)) ||
+        (s = get_dim(g, "llama.feed_forward_length", -1, 1 << 24, path, &c->d_ff)) ||
+        (s = get_dim(g, "llama.attention.head_count", -1, 1 << 12, path, &heads)) ||
+        (s = get_dim(g, "llama.attention.head_count_kv", heads, 1 << 12, path, &c->n_kv_heads)) ||
+        (s = get_dim(g, "llama.context_length", 2048, 1 << 24, path, &c->context_length)) ||
+        (s = get_dim(g, "llama.vocab_size", vocab_guess ? vocab_guess : -1, 1 << 24, path,
+                     &c->vocab_size)) ||
+        (s = get_dim(g, "llama.rope.dimension_count", c->d_model / heads, 1 << 16, path,
+                     &rope_dims)) ||
+        (s = get_pos_float(g, "llama.attention.layer_norm_rms_epsilon", 1e-5, path,
+                           &c->norm_eps)) ||
+        (s = get_pos_float(g, "llama.rope.freq_base", 10000.0, path, &c->rope_theta)))
+        return s;
+    c->n_heads = heads;
+    if (rope_dims * heads != c->d_model)
+        return tlm_err(TLM_ERR_UNSUPPORTED,
+                       "%s: rope.dimension_count %d is not the head dim %d (partial RoPE is not "
+                       "supported)",
+                       path, rope_dims, c->d_model / heads);
+    c->norm = TLM_NORM_RMSNORM;
+    c->norm_position = TLM_NORM_PRE;
+    c->ffn = TLM_FFN_SWIGLU;
+    c->position = TLM_POS_ROPE;
+    c->rope_pairing = TLM_ROPE_INTERLEAVED;
+    c->bias = 0;
+    c->dropout = 0.0f;
+    c->tie_embeddings = tlm_gguf_find_tensor(g, "output.weight") == NULL;
+    s = tlm_config_finalize(c);
+    if (s) return tlm_err_context(s, "%s: llama.* keys", path);
+    return TLM_OK;
+}
+
+/* Converts n elements of a ggml tensor into floats. The reader checked n_bytes against the file;
+ * this checks it against the element count expected here. */
+tlm_status fmt_gguf_tensor_to_f32(const tlm_gguf_tensor *t, float *dst, size_t n,
+                                  const char *path) {
+    if (t->n_elements != n)
+        return tlm_err(TLM_ERR_FORMAT, "%s: tensor '%s' has %llu elements, expected %zu", path,
+                       t->name, (unsigned long long)t->n_elements, n);
+    const uint8_t *p = t->data;
+    if (!p)
+        return tlm_err(TLM_ERR_UNSUPPORTED, "%s: tensor '%s' has unknown ggml type %u", path,
+                       t->name, t->type);
+    switch (t->type) {
+    case GGML_F32: memcpy(dst, p, n * sizeof(float)); return TLM_OK;
+    case GGML_F16:
+    case GGML_BF16:
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h = (uint16_t)(p[2 * i] | p[2 * i + 1] << 8);
+            dst[i] = t->type == GGML_F16 ? tlm_f16_to_f32(h) : tlm_bf16_to_f32(h);
+        }
+        return TLM_OK;
+    case GGML_Q8_0:
+        /* Blocks of 32: an f16 scale then 32 int8 quants; x = d * q. */
+        for (size_t b = 0; b < n / 32; b++) {
+            const uint8_t *blk = p + b * 34;
+            float d = tlm_f16_to_f32((uint16_t)(blk[0] | blk[1] << 8));
+            for (int i = 0; i < 32; i++) dst[b * 32 + i] = d * (float)(int8_t)blk[2 + i];
+        }
+        return TLM_OK;
+    default: {
+        const char *name = "?";
+        tlm_ggml_type_info(t->type, &name, NULL, NULL);
+        return tlm_err(TLM_ERR_UNSUPPORTED,
+                       "%s: tensor '%s' is %s; supported: F32, F16, BF16, Q8_0", path, t->name,
+                       name);
+    }
+    }
+}
+
+tlm_status fmt_gguf_load_model(const tlm_gguf *g, const char *path, tlm_model **out) {
+    *out = NULL;
+    tlm_config c;
+    tlm_status s = llama_config(g, path, &c);
+    if (s) return s;
+    tlm_model *m;
+    s = fmt_model_create(&c, path, &m);
+    if (s) return s;
+    int n;
+    const tlm_tensor_info *ti = tlm_model_tensors(m, &n);
+    for (int i = 0; i < n && !s; i++) {
+        const tlm_gguf_tensor *t = tlm_gguf_find_tensor(g, ti[i].name);
+        if (!t) {
+            s = tlm_err(TLM_ERR_FORMAT, "%s: missing tensor '%s'", path, ti[i].name);
+            break;
+        }
+        int ok = ti[i].ndim == 2 ? t->n_dims == 2 && t->dims[0] == (uint64_t)ti[i].shape[1] &&
+                                       t->dims[1] == (uint64_t)ti[i].shape[0]
+                                 : t->n_dims == 1 && t->dims[0] == (uint64_t)ti[i].shape[0];
+        if (!ok) {
+            s = tlm_err(TLM_ERR_FORMAT,
+                        "%s: tensor '%s' has ggml dims [%llu, %llu] (%u-d), expected [%lld, %lld]",
+                        path, t->name, (unsigned long long)t->dims[0],
+                        (unsigned long long)t->dims[1], t->n_dims,
+                        (long long)(ti[i].ndim == 2 ? ti[i].shape[1] : ti[i].shape[0]),
+                        (long long)(ti[i].ndim == 2 ? ti[i].shape[0] : 1));
+            break;
+        }
+        s = fmt_gguf_tensor_to_f32(t, tlm_model_params(m) + ti[i].offset, ti[i].numel, path);
+    }
+    if (s) {
+        tlm_model_free(m);
+        return s;
+    }
+    *out = m;
+    return TLM_OK;
+}
+
+tlm_status tlm_model_load_gguf(const char *path, tlm_model **out) {
+    *out = NULL;
+    tlm_gguf *g;
+    tlm_status s = tlm_gguf_open(path, &g);
+    if (s) return s;
+    s = fmt_gguf_load_model(g, path, out);
+    tlm_gguf_close(g);
+    return s;
+}

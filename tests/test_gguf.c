@@ -1,0 +1,340 @@
+/* GGUF: the real stories260K.gguf gives the same logits as stories260K.bin, the F16
+ * llama-2-tiny-random.gguf loads with its 32000-token vocabulary, tlm's writer round-trips
+ * (F32 exactly, F16/BF16 within rounding, half-pairing models through the q/k permutation), Q8_0
+ * dequantizes, malformed files fail with clear errors, and llama.cpp (node-llama-cpp) continues
+ * a tlm-written BPE model exactly like tlm does. */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "core/core.h"
+#include "core/half.h"
+#include "formats/formats.h"
+#include "harness.h"
+#include "tlm.h"
+
+static double logits_diff(tlm_model *a, tlm_model *b, const int32_t *ids, int T) {
+    int V = tlm_model_config(a)->vocab_size;
+    tlm_forward_out fa, fb;
+    if (tlm_forward(a, ids, 1, T, NULL, &fa)) return 1e30;
+    float *la = malloc(sizeof(float) * (size_t)T * V);
+    memcpy(la, fa.logits, sizeof(float) * (size_t)T * V);
+    if (tlm_forward(b, ids, 1, T, NULL, &fb)) return 1e30;
+    double m = 0;
+    for (size_t i = 0; i < (size_t)T * V; i++) m = fmax(m, fabs(la[i] - fb.logits[i]));
+    free(la);
+    return m;
+}
+
+static void test_stories(const char *dir) {
+    tlm_model *g = NULL, *b = NULL;
+    CHECK_OK(tlm_model_load(t_path(dir, "models/stories260K.gguf"), &g));
+    CHECK_OK(tlm_model_load(t_path(dir, "models/stories260K.bin"), &b));
+    if (!g || !b) goto done;
+    const tlm_config *c = tlm_model_config(g);
+    CHECK(c->d_model == 64 && c->n_layers == 5 && c->n_heads == 8 && c->n_kv_heads == 4 &&
+              c->d_ff == 172 && c->vocab_size == 512,
+          "config");
+    CHECK(c->context_length == 2048 && !c->tie_embeddings, "ctx %d tie %d", c->context_length,
+          c->tie_embeddings);
+    CHECK(c->rope_pairing == TLM_ROPE_INTERLEAVED && fabsf(c->norm_eps - 1e-5f) < 1e-9f,
+          "pairing/eps");
+    /* The separate output.weight of the GGUF equals the .bin's shared embedding. */
+    const tlm_tensor_info *o = tlm_model_find(g, "output.weight");
+    const tlm_tensor_info *e = tlm_model_find(b, "token_embd.weight");
+    CHECK(o && e &&
+              !memcmp(tlm_model_params(g) + o->offset, tlm_model_params(b) + e->offset,
+                      e->numel * sizeof(float)),
+          "output.weight == .bin embedding");
+    int32_t ids[64];
+    for (int i = 0; i < 64; i++) ids[i] = (int32_t)((i * 37 + 1) % 512);
+    double d = logits_diff(g, b, ids, 64);
+    CHECK(d == 0.0, ".gguf vs .bin logits differ by %g", d);
+
+    /* Writer round trips. */
+    CHECK_OK(tlm_model_save_gguf(g, NULL, "rt32.gguf", TLM_FILE_F32));
+    tlm_model *r = NULL;
+    CHECK_OK(tlm_model_load("rt32.gguf", &r));
+    if (r) {
+        CHECK(tlm_model_num_params(r) == tlm_model_num_params(g) &&
+                  !memcmp(tlm_model_params(r), tlm_model_params(g),
+                          tlm_model_num_params(g) * sizeof(float)),
+              "F32 round trip not exact");
+        CHECK(tlm_model_config(r)->context_length == 2048, "context kept");
+        tlm_model_free(r);
+    }
+    for (int dt = TLM_FILE_F16; dt <= TLM_FILE_BF16; dt++) {
+        CHECK_OK(tlm_model_save_gguf(g, NULL, "rt16.gguf", (tlm_file_dtype)dt));
+        CHECK_OK(tlm_model_load("rt16.gguf", &r));
+        if (!r) continue;
+        const float *a = tlm_model_params(g), *q = tlm_model_params(r);
+        int bad = 0;
+        for (size_t i = 0; i < tlm_model_num_params(g); i++) {
+            float want = dt == TLM_FILE_F16 ? tlm_f16_to_f32(tlm_f32_to_f16(a[i]))
+                                            : tlm_bf16_to_f32(tlm_f32_to_bf16(a[i]));
+            /* norms (vectors) stay F32 */
+            if (q[i] != want && q[i] != a[i]) bad++;
+        }
+        CHECK(bad == 0, "dtype %d: %d values not rounded as expected", dt, bad);
+        tlm_model_free(r);
+        r = NULL;
+    }
+    struct stat st;
+    CHECK(stat("rt16.gguf", &st) == 0 && st.st_size < 600000, "bf16 file is half size");
+done:
+    tlm_model_free(g);
+    tlm_model_free(b);
+    remove("rt32.gguf");
+    remove("rt16.gguf");
+}
+
+static void test_tiny_random(const char *dir) {
+    tlm_model *m = NULL;
+    const char *p = t_path(dir, "models/llama-2-tiny-random.gguf");
+    CHECK_OK(tlm_model_load(p, &m));
+    if (!m) return;
+    const tlm_config *c = tlm_model_config(m);
+    CHECK(c->vocab_size == 32000 && c->d_model == 8 && c->n_layers == 1 && c->n_heads == 2 &&
+              c->d_ff == 32,
+          "tiny config %d %d %d %d %d", c->vocab_size, c->d_model, c->n_layers, c->n_heads,
+          c->d_ff);
+    int32_t ids[4] = {1, 15043, 29892, 3186};
+    tlm_forward_out fo;
+    CHECK_OK(tlm_forward(m, ids, 1, 4, NULL, &fo));
+    int finite = 1;
+    for (int i = 0; i < 4 * 32000; i++) finite &= isfinite(fo.logits[i]);
+    CHECK(finite, "finite logits");
+    tlm_tokenizer *t = NULL;
+    if (tlm_tokenizer_load(p, &t) == TLM_OK) {
+        CHECK(tlm_tokenizer_vocab_size(t) == 32000, "vocab");
+        tlm_tokenizer_free(t);
+    }
+    tlm_model_free(m);
+}
+
+/* A half-pairing model (tlm's default) goes to GGUF with q/k rows in adjacent-pair order. */
+static void test_half_roundtrip(void) {
+    tlm_config c;
+    tlm_config_default(&c);
+    c.vocab_size = 50;
+    c.context_length = 16;
+    c.d_model = 32;
+    c.n_layers = 2;
+    c.n_heads = 4;
+    c.n_kv_heads = 2;
+    c.d_ff = 64;
+    c.rope_theta = 5000.0f;
+    c.norm_eps = 1e-6f;
+    tlm_model *m = NULL, *r = NULL;
+    CHECK_OK(tlm_model_create(&c, &m));
+    CHECK_OK(tlm_model_init(m, 11, TLM_INIT_DEFAULT));
+    CHECK_OK(tlm_model_save_gguf(m, NULL, "half.gguf", TLM_FILE_F32));
+    CHECK_OK(tlm_model_load("half.gguf", &r));
+    if (r) {
+        const tlm_config *rc = tlm_model_config(r);
+        CHECK(rc->rope_theta == 5000.0f && rc->norm_eps == 1e-6f && rc->tie_embeddings,
+              "theta/eps/tie");
+        int32_t ids[16] = {0, 1, 2, 3, 49, 48, 47, 5, 5, 5, 9, 20, 30, 40, 11, 12};
+        double d = logits_diff(m, r, ids, 16);
+        CHECK(d < 1e-4, "half -> gguf logits differ by %g", d);
+        tlm_model_free(r);
+    }
+    /* Non-Llama models are refused with the reason. */
+    tlm_model_free(m);
+    c.norm = TLM_NORM_LAYERNORM;
+    CHECK_OK(tlm_model_create(&c, &m));
+    CHECK(tlm_model_save_gguf(m, NULL, "half.gguf", TLM_FILE_F32) == TLM_ERR_UNSUPPORTED &&
+              strstr(tlm_last_error(), "rmsnorm"),
+          "%s", tlm_last_error());
+    tlm_model_free(m);
+    remove("half.gguf");
+}
+
+static void test_q8_0(void) {
+    uint8_t blk[2 * 34];
+    uint16_t d0 = tlm_f32_to_f16(0.5f), d1 = tlm_f32_to_f16(-0.25f);
+    blk[0] = (uint8_t)d0;
+    blk[1] = (uint8_t)(d0 >> 8);
+    blk[34] = (uint8_t)d1;
+    blk[35] = (uint8_t)(d1 >> 8);
+    for (int i = 0; i < 32; i++) {
+        blk[2 + i] = (uint8_t)(int8_t)(i - 16);
+        blk[36 + i] = (uint8_t)(int8_t)(127 - i);
+    }
+    tlm_gguf_tensor t;
+    memset(&t, 0, sizeof t);
+    t.name = "q";
+    t.type = 8;
+    t.n_dims = 1;
+    t.dims[0] = 64;
+    t.n_elements = 64;
+    t.n_bytes = 68;
+    t.data = blk;
+    float out[64];
+    CHECK_OK(fmt_gguf_tensor_to_f32(&t, out, 64, "mem"));
+    CHECK(out[0] == -8.0f && out[31] == 7.5f && out[32] == -31.75f && out[63] == -24.0f,
+          "q8_0 %g %g %g %g", out[0], out[31], out[32], out[63]);
+    t.type = 12; /* Q4_K */
+    CHECK(fmt_gguf_tensor_to_f32(&t, out, 64, "mem") == TLM_ERR_UNSUPPORTED &&
+              strstr(tlm_last_error(), "Q4_K"),
+          "%s", tlm_last_error());
+}
+
+/* Replaces the u32 value of key `k` in a GGUF image. */
+static int patch_u32(uint8_t *p, size_t n, const char *k, uint32_t v) {
+    size_t kl = strlen(k);
+    for (size_t i = 8; i + kl + 8 <= n; i++)
+        if (!memcmp(p + i, k, kl) && p[i - 8] == kl) {
+            memcpy(p + i + kl + 4, &v, 4);
+            return 1;
+        }
+    return 0;
+}
+
+static void expect_bad_mem(const uint8_t *p, size_t n, const char *needle) {
+    tlm_gguf *g = NULL;
+    tlm_model *m = NULL;
+    tlm_status s = tlm_gguf_open_memory(p, n, "mem.gguf", &g);
+    if (!s) s = fmt_gguf_load_model(g, "mem.gguf", &m);
+    CHECK(s != TLM_OK && !m, "accepted a bad GGUF (%s)", needle);
+    CHECK(strstr(tlm_last_error(), needle) != NULL, "error '%s' lacks '%s'", tlm_last_error(),
+          needle);
+    tlm_model_free(m);
+    tlm_gguf_close(g);
+}
+
+static void test_malformed(const char *dir) {
+    char *data;
+    size_t n;
+    if (tlm_read_file(t_path(dir, "models/stories260K.gguf"), &data, &n)) return;
+    uint8_t *p = (uint8_t *)data;
+    /* Truncation anywhere is an error, never a crash. */
+    size_t cuts[] = {3, 8, 20, 100, 5000, 20000, n / 2, n - 1};
+    for (size_t i = 0; i < sizeof cuts / sizeof *cuts; i++) {
+        tlm_gguf *g = NULL;
+        tlm_model *m = NULL;
+        tlm_status s = tlm_gguf_open_memory(p, cuts[i], "cut.gguf", &g);
+        if (!s) s = fmt_gguf_load_model(g, "cut.gguf", &m);
+        CHECK(s != TLM_OK, "truncated to %zu accepted", cuts[i]);
+        tlm_model_free(m);
+        tlm_gguf_close(g);
+    }
+    uint8_t *q = malloc(n);
+    memcpy(q, p, n);
+    CHECK(patch_u32(q, n, "llama.block_count", 100000), "patch");
+    expect_bad_mem(q, n, "block_count");
+    memcpy(q, p, n);
+    patch_u32(q, n, "llama.block_count", 6); /* more layers than tensors */
+    expect_bad_mem(q, n, "missing tensor 'blk.5.attn_norm.weight'");
+    memcpy(q, p, n);
+    patch_u32(q, n, "llama.embedding_length", 32);
+    patch_u32(q, n, "llama.rope.dimension_count", 4);
+    expect_bad_mem(q, n, "has ggml dims [64, 512]");
+    memcpy(q, p, n);
+    patch_u32(q, n, "llama.attention.head_count_kv", 3);
+    expect_bad_mem(q, n, "n_kv_heads");
+    memcpy(q, p, n);
+    patch_u32(q, n, "llama.rope.dimension_count", 4);
+    expect_bad_mem(q, n, "partial RoPE");
+    memcpy(q, p, n);
+    q[4] = 9;
+    expect_bad_mem(q, n, "version 9");
+    free(q);
+    free(data);
+}
+
+/* llama.cpp continues a tlm-written BPE model exactly like tlm (greedy). */
+static void test_llamacpp_bpe(void) {
+    const char *node_dir = TLM_SOURCE_DIR "/tests/node/node_modules/node-llama-cpp";
+    struct stat st;
+    if (stat(node_dir, &st) != 0) {
+        printf("SKIP llama.cpp check: node-llama-cpp not installed (bash scripts/setup.sh)\n");
+        return;
+    }
+    const char *text =
+        "the cat sat on the mat. the dog sat on the log. a cat and a dog met on a mat by a log. "
+        "once upon a time there was a cat who liked to sit on the warm mat in the sun.";
+    size_t len = strlen(text);
+    const char *specials[] = {"<|endoftext|>"};
+    tlm_bpe_train_opts bo;
+    memset(&bo, 0, sizeof bo);
+    bo.vocab_size = 300;
+    bo.specials = specials;
+    bo.n_specials = 1;
+    bo.threads = 1;
+    tlm_tokenizer *tok = NULL;
+    CHECK_OK(tlm_tokenizer_train_bpe_texts(&text, &len, 1, &bo, &tok));
+    if (!tok) return;
+    tlm_config c;
+    tlm_config_default(&c);
+    c.vocab_size = tlm_tokenizer_vocab_size(tok);
+    c.context_length = 64;
+    c.d_model = 64;
+    c.n_layers = 2;
+    c.n_heads = 4;
+    c.n_kv_heads = 2;
+    c.d_ff = 128;
+    tlm_model *m = NULL;
+    CHECK_OK(tlm_model_create(&c, &m));
+    CHECK_OK(tlm_model_init(m, 5, TLM_INIT_DEFAULT));
+    CHECK_OK(tlm_model_save_gguf(m, tok, "bpe.gguf", TLM_FILE_F32));
+    int32_t *ids = NULL;
+    size_t np = 0;
+    CHECK_OK(tlm_tokenizer_encode(tok, "the cat sat", 11, 0, &ids, &np));
+    int total = (int)np + 20;
+    int32_t seq[64];
+    memcpy(seq, ids, np * sizeof(int32_t));
+    /* tlm's greedy continuation by full forward passes */
+    for (int t = (int)np; t < total; t++) {
+        tlm_forward_out fo;
+        CHECK_OK(tlm_forward(m, seq, 1, t, NULL, &fo));
+        const float *row = fo.logits + (size_t)(t - 1) * c.vocab_size;
+        int best = 0;
+        for (int v = 1; v < c.vocab_size; v++)
+            if (row[v] > row[best]) best = v;
+        seq[t] = best;
+    }
+    char cmd[2048], idstr[512] = "";
+    for (size_t i = 0; i < np; i++)
+        snprintf(idstr + strlen(idstr), sizeof idstr - strlen(idstr), "%d ", seq[i]);
+    snprintf(cmd, sizeof cmd,
+             "cd %s/tests/node && NODE_LLAMA_CPP_SKIP_DOWNLOAD=true node llama_greedy.mjs "
+             "%s/bpe.gguf \"%s\" 20 --text \"the cat sat\"",
+             TLM_SOURCE_DIR, TLM_BUILD_DIR, idstr);
+    FILE *f = popen(cmd, "r");
+    char out[8192] = "";
+    size_t got = f ? fread(out, 1, sizeof out - 1, f) : 0;
+    out[got] = 0;
+    if (f) pclose(f);
+    char want[1024] = "{\"ids\":[";
+    for (int t = (int)np; t < total; t++)
+        snprintf(want + strlen(want), sizeof want - strlen(want), "%s%d", t > (int)np ? "," : "",
+                 seq[t]);
+    CHECK(strstr(out, want) != NULL, "llama.cpp: %s\ntlm:       %s]", out, want);
+    /* llama.cpp's tokenizer on our embedded vocabulary gives tlm's ids. */
+    char pw[256] = "\"prompt_ids\":[";
+    for (size_t i = 0; i < np; i++)
+        snprintf(pw + strlen(pw), sizeof pw - strlen(pw), "%s%d", i ? "," : "", seq[i]);
+    CHECK(strstr(out, pw) != NULL, "prompt ids: %s vs %s]", out, pw);
+    printf("llama.cpp on a tlm-written BPE GGUF: %s", out);
+    free(ids);
+    tlm_model_free(m);
+    tlm_tokenizer_free(tok);
+    remove("bpe.gguf");
+}
+
+int main(void) {
+    tlm_set_threads(2);
+    test_q8_0();
+    test_half_roundtrip();
+    const char *dir = t_shared_data();
+    if (dir) {
+        test_stories(dir);
+        test_tiny_random(dir);
+        test_malformed(dir);
+    } else {
+        printf("no ../shared/data: skipping the real GGUF files\n");
+    }
+    test_llamacpp_bpe();
+    return t_finish("test_gguf");
+}
