@@ -28,6 +28,10 @@ check "special allowed" "$(printf 'a<|endoftext|>' | "$TLM" tokenize -z "$GPT2" 
 check "pieces" "$(printf 'Hi\n' | "$TLM" tokenize -z "$GPT2" --pieces)" "$(printf '17250\tHi\n198\t\\n')"
 check "llama2.c bos" "$(printf 'Once upon a time' | "$TLM" tokenize -z "$DATA/models/tok512.bin" --bos)" "1 403 407 261 378"
 check "gguf" "$(printf 'Hello world' | "$TLM" tokenize -z "$DATA/tokenizers/ggml-vocab-llama-spm.gguf")" "15043 3186"
+# a Hugging Face layout: vocab.json + merges.txt next to a tokenizer.json of HF's own format
+mkdir -p "$TMP/hf" && cp "$GPT2/encoder.json" "$TMP/hf/vocab.json" && cp "$GPT2/vocab.bpe" "$TMP/hf/merges.txt"
+echo '{"version": "1.0", "model": {"type": "BPE"}}' >"$TMP/hf/tokenizer.json"
+check "hf layout" "$(printf 'Hello, world!' | "$TLM" tokenize -z "$TMP/hf")" "15496 11 995 0"
 # decode round trip of bytes that are not UTF-8
 head -c 3000 /dev/urandom >"$TMP/rand"
 for z in "$GPT2" "$DATA/models/tok512.bin" "$DATA/tokenizers/ggml-vocab-gpt-2.gguf"; do

@@ -187,24 +187,46 @@ tlm_status tlm_tokenizer_load(const char *path, tlm_tokenizer **out) {
     if (!path || !*path) return tlm_err(TLM_ERR_ARG, "no tokenizer path given");
     tlm_status s;
     if (is_dir(path)) {
-        char *tj = join(path, "tokenizer.json"), *ej = join(path, "encoder.json"),
-             *tb = join(path, "tokenizer.bin");
-        if (!tj || !ej || !tb)
+        /* A tlm tokenizer.json first; Hugging Face directories also carry a tokenizer.json (of
+         * another format) next to GPT-2's files under the names vocab.json + merges.txt. */
+        const char *names[] = {"tokenizer.json", "encoder.json", "vocab.bpe",
+                               "vocab.json",     "merges.txt",   "tokenizer.bin"};
+        char *p[6];
+        int have[6], nomem = 0;
+        for (int i = 0; i < 6; i++) {
+            p[i] = join(path, names[i]);
+            nomem |= !p[i];
+            have[i] = p[i] && is_file(p[i]);
+        }
+        int tlm_json = 0;
+        if (!nomem && have[0]) {
+            char *txt;
+            size_t n;
+            if (tlm_read_file(p[0], &txt, &n) == TLM_OK) {
+                cJSON *j = cJSON_ParseWithLength(txt, n);
+                tlm_json = j && cJSON_IsString(cJSON_GetObjectItemCaseSensitive(j, "type"));
+                cJSON_Delete(j);
+                free(txt);
+            }
+        }
+        if (nomem)
             s = tlm_err(TLM_ERR_NOMEM, "out of memory");
-        else if (is_file(tj))
+        else if (tlm_json)
             s = tok_load_tlm_dir(path, out);
-        else if (is_file(ej))
-            s = load_gpt2_dir(path, out);
-        else if (is_file(tb))
-            s = tok_load_llama2c(tb, out);
+        else if (have[1] && have[2])
+            s = tok_load_gpt2(p[1], p[2], out);
+        else if (have[3] && have[4])
+            s = tok_load_gpt2(p[3], p[4], out);
+        else if (have[5])
+            s = tok_load_llama2c(p[5], out);
+        else if (have[0])
+            s = tok_load_tlm_dir(path, out); /* explains what is wrong with it */
         else
             s = tlm_err(TLM_ERR_IO,
                         "'%s' holds no tokenizer (expected tokenizer.json, encoder.json + "
-                        "vocab.bpe, or tokenizer.bin)",
+                        "vocab.bpe, vocab.json + merges.txt, or tokenizer.bin)",
                         path);
-        free(tj);
-        free(ej);
-        free(tb);
+        for (int i = 0; i < 6; i++) free(p[i]);
         return s;
     }
     if (!is_file(path))
