@@ -325,6 +325,17 @@ tlm_status tlm_model_load_gguf(const char *path, tlm_model **out);
 tlm_status tlm_model_save_gguf(const tlm_model *m, const tlm_tokenizer *tok, const char *path,
                                tlm_file_dtype dtype);
 
+/* One tensor as a model file stores it, for `tlm info -m`. */
+typedef struct {
+    char name[128];  /* the file's own name (llama2.c files have none: canonical names) */
+    char dtype[16];  /* "F32", "F16", "BF16", "Q8_0", ... */
+    int ndim;
+    int64_t shape[4]; /* row-major order, outermost first (GGUF's innermost-first dims reversed) */
+} tlm_file_tensor;
+
+/* Lists the tensors stored at a MODEL path (every shard of a directory). *out is malloc'd. */
+tlm_status tlm_model_file_tensors(const char *path, tlm_file_tensor **out, int *n);
+
 /* ---- generation --------------------------------------------------------------------------- */
 
 /* A session holds the KV cache of `batch` independent sequences over one model (which must outlive

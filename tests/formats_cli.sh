@@ -52,6 +52,24 @@ done
 grep -q "gguf, safetensors, hf or llama2c" "$W/err" || fail "unclear error: $(cat "$W/err")"
 ok
 
+# --- tlm info -m on every format ---------------------------------------------------------------
+"$TLM" info -m "$M/stories260K.bin" >"$W/info" && grep -q "format            llama2.c" "$W/info" &&
+  grep -q "total                         260032" "$W/info" || fail "info -m .bin: $(cat "$W/info")"
+"$TLM" info -m "$M/llama-2-tiny-random.gguf" --json >"$W/info.json"
+/usr/bin/python3 - "$W/info.json" <<'PY' || fail "info -m .gguf --json"
+import json, sys
+o = json.load(open(sys.argv[1]))
+t = {e["name"]: e for e in o["tensors"]}
+assert o["format"] == "gguf" and o["config"]["vocab_size"] == 32000, o["config"]
+assert t["token_embd.weight"]["dtype"] == "F16" and t["token_embd.weight"]["shape"] == [32000, 8]
+assert t["output_norm.weight"]["dtype"] == "F32"
+assert o["tokenizer"]["kind"] == "spm" and o["tokenizer"]["vocab_size"] == 32000
+PY
+"$TLM" info -m "$W/hf" | grep -Eq "model.layers.4.self_attn.k_proj.weight +F32 +\[32, 64\]" ||
+  fail "info -m hf"
+"$TLM" info -m "$W/ckpt" | grep -q "kind            spm" || fail "info -m tlm checkpoint"
+ok
+
 # --- 3. llama.cpp on tlm-written GGUF -----------------------------------------------------------
 NODE_DIR=$SRC/tests/node
 if [ ! -d "$NODE_DIR/node_modules/node-llama-cpp" ]; then

@@ -10,11 +10,13 @@ static const char *info_help =
     "Shows the architecture and the exact parameter counts, per component, total and\n"
     "non-embedding (total minus the token and learned position embeddings).\n\n"
     "  -c, --config FILE   a config JSON (keys: the config field names)\n"
-    "  -m, --model PATH    a model (tlm checkpoint directory or .safetensors)\n"
+    "  -m, --model PATH    a model: tlm checkpoint (directory or .safetensors), llama2.c .bin,\n"
+    "                      .gguf, Hugging Face directory; adds its format, the tensors it\n"
+    "                      stores (name, dtype, shape outermost first) and its tokenizer\n"
     "  --json              print JSON (keys include parameters, non_embedding_parameters)\n";
 
-static void print_json(const tlm_config *c, const tlm_param_count *pc) {
-    cJSON *o = cJSON_CreateObject();
+static void print_json(const tlm_config *c, const tlm_param_count *pc, cJSON *extra) {
+    cJSON *o = extra ? extra : cJSON_CreateObject();
     char *cfg = tlm_config_to_json(c);
     cJSON_AddItemToObject(o, "config", cJSON_Parse(cfg));
     free(cfg);
@@ -55,6 +57,88 @@ static void print_table(const tlm_config *c, const tlm_param_count *pc) {
     printf("  %-20s %15zu\n", "non-embedding", pc->non_embedding);
 }
 
+/* The tokenizer a model path carries: itself (GGUF, tlm tokenizer dir) or DIR/tokenizer. */
+static tlm_tokenizer *model_tokenizer(const char *path) {
+    tlm_tokenizer *t = NULL;
+    if (tlm_tokenizer_load(path, &t) == TLM_OK) return t;
+    char sub[4096];
+    snprintf(sub, sizeof sub, "%s/tokenizer", path);
+    if (tlm_tokenizer_load(sub, &t) == TLM_OK) return t;
+    return NULL;
+}
+
+static void shape_str(const tlm_file_tensor *t, char *buf, size_t n) {
+    size_t o = (size_t)snprintf(buf, n, "[");
+    for (int d = 0; d < t->ndim && o < n; d++)
+        o += (size_t)snprintf(buf + o, n - o, "%s%lld", d ? ", " : "", (long long)t->shape[d]);
+    if (o < n) snprintf(buf + o, n - o, "]");
+}
+
+static int model_info(const char *path, int json) {
+    tlm_model_format f;
+    if (tlm_model_detect(path, &f)) return cli_fail_status("info");
+    tlm_model *m;
+    if (tlm_model_load(path, &m)) return cli_fail_status("info");
+    tlm_config c = *tlm_model_config(m);
+    tlm_model_free(m);
+    tlm_file_tensor *ft = NULL;
+    int nt = 0;
+    if (tlm_model_file_tensors(path, &ft, &nt)) return cli_fail_status("info");
+    tlm_tokenizer *tok = model_tokenizer(path);
+    tlm_param_count pc;
+    tlm_count_params(&c, &pc);
+    if (json) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "format", tlm_model_format_name(f));
+        cJSON *arr = cJSON_AddArrayToObject(o, "tensors");
+        for (int i = 0; i < nt; i++) {
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddStringToObject(e, "name", ft[i].name);
+            cJSON_AddStringToObject(e, "dtype", ft[i].dtype);
+            cJSON *sh = cJSON_AddArrayToObject(e, "shape");
+            for (int d = 0; d < ft[i].ndim; d++)
+                cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)ft[i].shape[d]));
+            cJSON_AddItemToArray(arr, e);
+        }
+        if (tok) {
+            cJSON *t = cJSON_AddObjectToObject(o, "tokenizer");
+            cJSON_AddStringToObject(t, "kind",
+                                    tlm_tokenizer_kind_name(tlm_tokenizer_get_kind(tok)));
+            cJSON_AddNumberToObject(t, "vocab_size", tlm_tokenizer_vocab_size(tok));
+            cJSON_AddNumberToObject(t, "bos", tlm_tokenizer_bos(tok));
+            cJSON_AddNumberToObject(t, "eos", tlm_tokenizer_eos(tok));
+        } else {
+            cJSON_AddNullToObject(o, "tokenizer");
+        }
+        print_json(&c, &pc, o);
+    } else {
+        printf("format            %s\n\n", tlm_model_format_name(f));
+        print_table(&c, &pc);
+        printf("\ntensors (%d)%s\n", nt,
+               f == TLM_FORMAT_LLAMA2C ? ", unnamed fp32 arrays in the file" : "");
+        size_t w = 4;
+        for (int i = 0; i < nt; i++)
+            if (strlen(ft[i].name) > w) w = strlen(ft[i].name);
+        for (int i = 0; i < nt; i++) {
+            char sh[96];
+            shape_str(&ft[i], sh, sizeof sh);
+            printf("  %-*s  %-5s %s\n", (int)w, ft[i].name, ft[i].dtype, sh);
+        }
+        printf("\ntokenizer\n");
+        if (tok) {
+            printf("  kind            %s\n  vocab_size      %d\n  bos, eos        %d, %d\n",
+                   tlm_tokenizer_kind_name(tlm_tokenizer_get_kind(tok)),
+                   (int)tlm_tokenizer_vocab_size(tok), (int)tlm_tokenizer_bos(tok),
+                   (int)tlm_tokenizer_eos(tok));
+        } else {
+            printf("  none in this model (give -z TOKENIZER to generate text)\n");
+        }
+    }
+    free(ft);
+    tlm_tokenizer_free(tok);
+    return 0;
+}
+
 int cmd_info(int argc, char **argv) {
     const char *config = NULL, *model = NULL;
     int json = 0;
@@ -80,12 +164,12 @@ int cmd_info(int argc, char **argv) {
     if (config) {
         if (tlm_config_load(config, &c)) return cli_fail_status("info");
     } else {
-        return cli_fail("info: -m is not supported yet for '%s'", model);
+        return model_info(model, json);
     }
     tlm_param_count pc;
     tlm_count_params(&c, &pc);
     if (json)
-        print_json(&c, &pc);
+        print_json(&c, &pc, NULL);
     else
         print_table(&c, &pc);
     return 0;

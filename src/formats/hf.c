@@ -673,3 +673,32 @@ tlm_status tlm_model_save_hf(const tlm_model *m, const char *dir, tlm_file_dtype
     free_list(&o);
     return s;
 }
+
+/* ---- listing (tlm info) ---------------------------------------------------------------------- */
+
+tlm_status fmt_safetensors_list(const st_file *f, tlm_file_tensor **out, int *n) {
+    tlm_file_tensor *t = realloc(*out, (size_t)(*n + f->n + 1) * sizeof *t);
+    if (!t) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    *out = t;
+    for (int i = 0; i < f->n; i++) {
+        tlm_file_tensor *e = &t[(*n)++];
+        memset(e, 0, sizeof *e);
+        snprintf(e->name, sizeof e->name, "%s", f->tensors[i].name);
+        snprintf(e->dtype, sizeof e->dtype, "%s", tlm_dtype_name(f->tensors[i].dtype));
+        e->ndim = f->tensors[i].ndim > 4 ? 4 : f->tensors[i].ndim;
+        for (int d = 0; d < e->ndim; d++) e->shape[d] = f->tensors[i].shape[d];
+    }
+    return TLM_OK;
+}
+
+tlm_status fmt_hf_list(const char *dir, tlm_file_tensor **out, int *n) {
+    hf_dir *h = calloc(1, sizeof *h);
+    if (!h) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    h->dir = dir;
+    h->prefix = "";
+    tlm_status s = open_tensors(h);
+    for (int i = 0; i < h->n_files && !s; i++) s = fmt_safetensors_list(&h->files[i], out, n);
+    close_dir(h);
+    free(h);
+    return s;
+}

@@ -1,0 +1,104 @@
+/* What a model file stores, tensor by tensor, for `tlm info -m`. */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "formats/formats.h"
+#include "formats/gguf.h"
+#include "formats/safetensors.h"
+
+tlm_status fmt_safetensors_list(const st_file *f, tlm_file_tensor **out, int *n);
+tlm_status fmt_hf_list(const char *dir, tlm_file_tensor **out, int *n);
+
+static tlm_status list_gguf(const char *path, tlm_file_tensor **out, int *n) {
+    tlm_gguf *g;
+    tlm_status s = tlm_gguf_open(path, &g);
+    if (s) return s;
+    if (g->n_tensors > (1u << 20)) {
+        tlm_gguf_close(g);
+        return tlm_err(TLM_ERR_FORMAT, "%s: too many tensors", path);
+    }
+    *out = calloc((size_t)g->n_tensors + 1, sizeof **out);
+    if (!*out) {
+        tlm_gguf_close(g);
+        return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    }
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const tlm_gguf_tensor *t = &g->tensors[i];
+        tlm_file_tensor *e = &(*out)[i];
+        const char *tn = NULL;
+        snprintf(e->name, sizeof e->name, "%s", t->name);
+        if (tlm_ggml_type_info(t->type, &tn, NULL, NULL))
+            snprintf(e->dtype, sizeof e->dtype, "%s", tn);
+        else
+            snprintf(e->dtype, sizeof e->dtype, "type%u", t->type);
+        e->ndim = (int)t->n_dims;
+        for (int d = 0; d < e->ndim; d++) e->shape[d] = (int64_t)t->dims[e->ndim - 1 - d];
+    }
+    *n = (int)g->n_tensors;
+    tlm_gguf_close(g);
+    return TLM_OK;
+}
+
+/* llama2.c arrays are unnamed: list the schema of the loaded model as F32. */
+static tlm_status list_schema(const char *path, tlm_file_tensor **out, int *n) {
+    tlm_model *m;
+    tlm_status s = tlm_model_load(path, &m);
+    if (s) return s;
+    int nt;
+    const tlm_tensor_info *ti = tlm_model_tensors(m, &nt);
+    *out = calloc((size_t)nt + 1, sizeof **out);
+    if (!*out) {
+        tlm_model_free(m);
+        return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < nt; i++) {
+        tlm_file_tensor *e = &(*out)[i];
+        snprintf(e->name, sizeof e->name, "%s", ti[i].name);
+        snprintf(e->dtype, sizeof e->dtype, "F32");
+        e->ndim = ti[i].ndim;
+        e->shape[0] = ti[i].shape[0];
+        e->shape[1] = ti[i].shape[1];
+    }
+    *n = nt;
+    tlm_model_free(m);
+    return TLM_OK;
+}
+
+tlm_status tlm_model_file_tensors(const char *path, tlm_file_tensor **out, int *n) {
+    *out = NULL;
+    *n = 0;
+    tlm_model_format f;
+    tlm_status s = tlm_model_detect(path, &f);
+    if (s) return s;
+    switch (f) {
+    case TLM_FORMAT_GGUF: s = list_gguf(path, out, n); break;
+    case TLM_FORMAT_LLAMA2C: s = list_schema(path, out, n); break;
+    case TLM_FORMAT_HF: s = fmt_hf_list(path, out, n); break;
+    case TLM_FORMAT_TLM: {
+        struct stat st;
+        char *p = NULL;
+        if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+            size_t len = strlen(path) + 32;
+            p = malloc(len);
+            if (!p) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+            snprintf(p, len, "%s/model.safetensors", path);
+        }
+        st_file sf;
+        s = st_open(&sf, p ? p : path);
+        free(p);
+        if (!s) {
+            s = fmt_safetensors_list(&sf, out, n);
+            st_close(&sf);
+        }
+        break;
+    }
+    default: s = tlm_err(TLM_ERR_FORMAT, "'%s': unknown format", path);
+    }
+    if (s) {
+        free(*out);
+        *out = NULL;
+        *n = 0;
+    }
+    return s;
+}
