@@ -177,6 +177,10 @@ typedef struct {
 tlm_status tlm_forward(tlm_model *m, const int32_t *ids, int B, int T, const tlm_forward_opts *opts,
                        tlm_forward_out *out);
 
+/* Dropout masks of the next training passes derive from (seed, step); the trainer sets them every
+ * step so that a resumed run draws the same masks. */
+void tlm_model_set_dropout_seed(tlm_model *m, uint64_t seed, uint64_t step);
+
 /* Training step core: forward over ids [B, T] at positions pos0.., mean cross-entropy against
  * targets (negative = ignored) into *loss, and the gradient of that loss for every parameter into
  * grads (the parameter buffer's layout; zeroed first unless accumulate). Consumes the logits. */

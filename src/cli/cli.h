@@ -8,8 +8,8 @@
 
 /* Each returns the process exit status. argv[0] is the subcommand name. */
 int cmd_info(int argc, char **argv);
-int cmd_generate(int argc, char **argv);
 int cmd_train(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_tokenizer(int argc, char **argv);
 int cmd_convert(int argc, char **argv);

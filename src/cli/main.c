@@ -10,8 +10,8 @@ typedef struct {
 
 static const command commands[] = {
     {"info", cmd_info, "show a model's architecture and parameter counts"},
-    {"generate", cmd_generate, "sample text from a model (KV cache, streaming)"},
     {"train", cmd_train, "train a model on a text file (AdamW, checkpoints, --resume)"},
+    {"generate", cmd_generate, "sample text from a model (KV cache, streaming)"},
     {"tokenize", cmd_tokenize, "text on stdin -> token ids on stdout"},
     {"tokenizer", cmd_tokenizer, "tokenizer tools: `tlm tokenizer train`"},
     {"convert", cmd_convert, "convert a model between formats (gguf, safetensors, hf, llama2c)"},

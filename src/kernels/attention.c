@@ -5,23 +5,26 @@
 
 #include "kernels.h"
 
-void k_attention_fwd(float *out, float *probs, const float *q, const float *k, const float *v,
-                     int B, int T, int H, int KVH, int hd) {
+/* Causal attention over one (batch, head) per task: sgemm inside runs single-threaded (OpenBLAS
+ * detects the enclosing OpenMP region), so heads scale across cores without oversubscription.
+ * With p > 0 the probabilities are dropped out into per-thread scratch for the P.V product, while
+ * probs keeps them undropped for the softmax backward. */
+static void attention_fwd(float *out, float *probs, const float *q, const float *k, const float *v,
+                          int B, int T, int H, int KVH, int hd, float p, uint64_t key,
+                          float *scratch) {
     int qw = H * hd, kw = KVH * hd, group = H / KVH;
     float scale = 1.0f / sqrtf((float)hd);
-    /* One (batch, head) per task: sgemm inside runs single-threaded (OpenBLAS detects the
-     * enclosing OpenMP region), so heads scale across cores without oversubscription. */
 #pragma omp parallel for schedule(dynamic, 1)
     for (int bh = 0; bh < B * H; bh++) {
         int b = bh / H, h = bh % H, kvh = h / group;
         const float *qb = q + (size_t)b * T * qw + (size_t)h * hd;
         const float *kb = k + (size_t)b * T * kw + (size_t)kvh * hd;
         const float *vb = v + (size_t)b * T * kw + (size_t)kvh * hd;
-        float *p = probs + (size_t)bh * T * T;
+        float *P = probs + (size_t)bh * T * T;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, scale, qb, qw, kb, kw, 0.0f,
-                    p, T);
+                    P, T);
         for (int t = 0; t < T; t++) {
-            float *row = p + (size_t)t * T;
+            float *row = P + (size_t)t * T;
             float mx = row[0];
             for (int j = 1; j <= t; j++) mx = row[j] > mx ? row[j] : mx;
             float sum = 0.0f;
@@ -33,22 +36,43 @@ void k_attention_fwd(float *out, float *probs, const float *q, const float *k, c
             for (int j = 0; j <= t; j++) row[j] *= inv;
             for (int j = t + 1; j < T; j++) row[j] = 0.0f;
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, p, T, vb, kw, 0.0f,
+        const float *PV = P;
+        if (p > 0.0f) {
+            float *D = scratch + (size_t)omp_get_thread_num() * T * T;
+            uint64_t base = (uint64_t)bh * T * T;
+            for (size_t i = 0; i < (size_t)T * T; i++)
+                D[i] = P[i] * k_dropout_keep(key, base + i, p);
+            PV = D;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, PV, T, vb, kw, 0.0f,
                     out + (size_t)b * T * qw + (size_t)h * hd, qw);
     }
 }
 
-void k_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                     const float *k, const float *v, const float *probs, int B, int T, int H,
-                     int KVH, int hd, float *scratch) {
+void k_attention_fwd(float *out, float *probs, const float *q, const float *k, const float *v,
+                     int B, int T, int H, int KVH, int hd) {
+    attention_fwd(out, probs, q, k, v, B, T, H, KVH, hd, 0.0f, 0, NULL);
+}
+
+void k_attention_fwd_dropout(float *out, float *probs, const float *q, const float *k,
+                             const float *v, int B, int T, int H, int KVH, int hd, float p,
+                             uint64_t key, float *scratch) {
+    attention_fwd(out, probs, q, k, v, B, T, H, KVH, hd, p, key, scratch);
+}
+
+static void attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                          const float *k, const float *v, const float *probs, int B, int T, int H,
+                          int KVH, int hd, float p, uint64_t key, float *scratch) {
     int qw = H * hd, kw = KVH * hd, group = H / KVH;
     float scale = 1.0f / sqrtf((float)hd);
+    size_t TT = (size_t)T * T;
     /* Tasks own one (batch, kv head): the query heads sharing it accumulate dK, dV serially, so
      * no two threads write the same rows. */
 #pragma omp parallel for schedule(dynamic, 1)
     for (int bk = 0; bk < B * KVH; bk++) {
         int b = bk / KVH, kvh = bk % KVH;
-        float *dP = scratch + (size_t)omp_get_thread_num() * T * T;
+        float *dP = scratch + (size_t)omp_get_thread_num() * (p > 0.0f ? 2 : 1) * TT;
+        float *D = dP + TT; /* dropped probabilities, when p > 0 */
         const float *kb = k + (size_t)b * T * kw + (size_t)kvh * hd;
         const float *vb = v + (size_t)b * T * kw + (size_t)kvh * hd;
         float *dkb = dk + (size_t)b * T * kw + (size_t)kvh * hd;
@@ -58,19 +82,29 @@ void k_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const f
             memset(dvb + (size_t)t * kw, 0, (size_t)hd * sizeof(float));
         }
         for (int h = kvh * group; h < (kvh + 1) * group; h++) {
-            const float *P = probs + ((size_t)b * H + h) * T * T;
+            size_t bh = (size_t)b * H + h;
+            const float *P = probs + bh * TT;
             const float *dO = dout + (size_t)b * T * qw + (size_t)h * hd;
             const float *qb = q + (size_t)b * T * qw + (size_t)h * hd;
             float *dqb = dq + (size_t)b * T * qw + (size_t)h * hd;
-            /* dV += P^T dO; dP = dO V^T */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1.0f, P, T, dO, qw, 1.0f,
-                        dvb, kw);
+            const float *PV = P;
+            if (p > 0.0f) {
+                for (size_t i = 0; i < TT; i++) D[i] = P[i] * k_dropout_keep(key, bh * TT + i, p);
+                PV = D;
+            }
+            /* dV += Pd^T dO; dPd = dO V^T */
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1.0f, PV, T, dO, qw,
+                        1.0f, dvb, kw);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, 1.0f, dO, qw, vb, kw,
                         0.0f, dP, T);
-            /* Softmax backward row by row: dS = P * (dP - sum(P * dP)), scaled. */
+            /* Softmax backward row by row: dS = P * (dP - sum(P * dP)), scaled, where dP is the
+             * gradient at the undropped probabilities (dPd times the mask). */
             for (int t = 0; t < T; t++) {
                 const float *pr = P + (size_t)t * T;
                 float *dr = dP + (size_t)t * T;
+                if (p > 0.0f)
+                    for (int j = 0; j <= t; j++)
+                        dr[j] *= k_dropout_keep(key, bh * TT + (size_t)t * T + j, p);
                 float dot = 0.0f;
                 for (int j = 0; j <= t; j++) dot += pr[j] * dr[j];
                 for (int j = 0; j <= t; j++) dr[j] = pr[j] * (dr[j] - dot) * scale;
@@ -83,4 +117,16 @@ void k_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const f
                         1.0f, dkb, kw);
         }
     }
+}
+
+void k_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                     const float *k, const float *v, const float *probs, int B, int T, int H,
+                     int KVH, int hd, float *scratch) {
+    attention_bwd(dq, dk, dv, dout, q, k, v, probs, B, T, H, KVH, hd, 0.0f, 0, scratch);
+}
+
+void k_attention_bwd_dropout(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                             const float *k, const float *v, const float *probs, int B, int T,
+                             int H, int KVH, int hd, float p, uint64_t key, float *scratch) {
+    attention_bwd(dq, dk, dv, dout, q, k, v, probs, B, T, H, KVH, hd, p, key, scratch);
 }

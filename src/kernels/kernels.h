@@ -4,6 +4,14 @@
 #define TLM_KERNELS_H
 
 #include <stddef.h>
+#include <stdint.h>
+
+/* ---- dropout.c: masks derived from (key, element index), regenerated in the backward pass ---- */
+uint64_t k_dropout_key(uint64_t seed, uint64_t step, uint64_t site);
+/* 1/(1-p) if element i is kept, else 0. */
+float k_dropout_keep(uint64_t key, uint64_t i, float p);
+/* y = x * keep(i) elementwise (y may be x); the same call is its own backward. */
+void k_dropout(float *y, const float *x, size_t n, float p, uint64_t key);
 
 /* ---- linear.c: y[N,out] = x[N,in] W[out,in]^T (+ b[out]) ---- */
 void k_linear_fwd(float *y, const float *x, const float *w, const float *b, int N, int in, int out);
@@ -52,12 +60,22 @@ void k_rope_bwd(float *dx, int B, int T, int n_heads, int hd, int pos0, const fl
  * out [B*T, H*hd]. */
 void k_attention_fwd(float *out, float *probs, const float *q, const float *k, const float *v,
                      int B, int T, int H, int KVH, int hd);
+/* The same with dropout p on the attention probabilities (key as in k_dropout; element index
+ * (b*H + h)*T*T + t*T + j). probs keeps the probabilities before dropout. scratch holds
+ * omp_get_max_threads() * T * T floats. */
+void k_attention_fwd_dropout(float *out, float *probs, const float *q, const float *k,
+                             const float *v, int B, int T, int H, int KVH, int hd, float p,
+                             uint64_t key, float *scratch);
 
 /* dq [B*T, H*hd] is overwritten; dk, dv [B*T, KVH*hd] are overwritten. scratch holds
  * omp_get_max_threads() * T * T floats. */
 void k_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
                      const float *k, const float *v, const float *probs, int B, int T, int H,
                      int KVH, int hd, float *scratch);
+/* Backward of k_attention_fwd_dropout; scratch holds 2 * omp_get_max_threads() * T * T floats. */
+void k_attention_bwd_dropout(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                             const float *k, const float *v, const float *probs, int B, int T,
+                             int H, int KVH, int hd, float p, uint64_t key, float *scratch);
 
 /* ---- loss.c ---- */
 /* Mean cross-entropy over rows whose target >= 0 (NAN if none); writes softmax probabilities to

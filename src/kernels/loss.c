@@ -8,7 +8,6 @@ static float row_lse(const float *x, int V) {
     float mx = x[0];
     for (int j = 1; j < V; j++) mx = x[j] > mx ? x[j] : mx;
     float s = 0.0f;
-#pragma omp simd reduction(+ : s)
     for (int j = 0; j < V; j++) s += expf(x[j] - mx);
     return mx + logf(s);
 }

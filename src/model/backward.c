@@ -30,9 +30,10 @@ static tlm_status grad_reserve(tlm_model *m) {
                       N * ff,
                       N * ff,
                       N * ff,
-                      (size_t)threads * T * T};
-    float **ptrs[] = {&g->dres, &g->dtmp,  &g->dn,    &g->dq,    &g->datt,       &g->dk,
-                      &g->dv,   &g->dff_a, &g->dff_b, &g->dff_h, &g->att_scratch};
+                      (size_t)threads * T * T * (c->dropout > 0.0f ? 2 : 1),
+                      c->dropout > 0.0f ? N * d : 0};
+    float **ptrs[] = {&g->dres, &g->dtmp,  &g->dn,    &g->dq,    &g->datt,        &g->dk,
+                      &g->dv,   &g->dff_a, &g->dff_b, &g->dff_h, &g->att_scratch, &g->ddrop};
     size_t total = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += (sizes[i] + 15) & ~15ul;
     g->base = tlm_big_alloc(total * sizeof(float));
@@ -81,16 +82,30 @@ static void ffn_bwd(tlm_model *m, float *G, const tlm_layer_offsets *o, const tl
     }
 }
 
-static void attn_bwd(tlm_model *m, float *G, const tlm_layer_offsets *o, const tlm_layer_acts *L,
-                     const float *in, const float *dout, float *din, int B, int T, int pos0) {
+/* Gradient through a dropout mask (into g->ddrop), or the gradient itself without dropout. */
+static const float *undrop(tlm_model *m, const float *dy, int layer, int which, size_t n) {
+    if (m->c.dropout <= 0.0f) return dy;
+    k_dropout(m->garena.ddrop, dy, n, m->c.dropout, drop_key(m, layer, which));
+    return m->garena.ddrop;
+}
+
+static void attn_bwd(tlm_model *m, int layer, float *G, const tlm_layer_offsets *o,
+                     const tlm_layer_acts *L, const float *in, const float *dout, float *din, int B,
+                     int T, int pos0) {
     const tlm_config *c = &m->c;
     tlm_grad_arena *g = &m->garena;
     float *P = m->params;
     int N = B * T, d = c->d_model, hd = d / c->n_heads;
     int qw = c->n_heads * hd, kw = c->n_kv_heads * hd;
+    dout = undrop(m, dout, layer, 1, (size_t)N * d);
     k_linear_bwd(g->datt, G + o->wo, tlm_at(G, o->bo), dout, L->att, P + o->wo, N, qw, d, 0);
-    k_attention_bwd(g->dq, g->dk, g->dv, g->datt, L->q, L->k, L->v, L->probs, B, T, c->n_heads,
-                    c->n_kv_heads, hd, g->att_scratch);
+    if (c->dropout > 0.0f)
+        k_attention_bwd_dropout(g->dq, g->dk, g->dv, g->datt, L->q, L->k, L->v, L->probs, B, T,
+                                c->n_heads, c->n_kv_heads, hd, c->dropout, drop_key(m, layer, 0),
+                                g->att_scratch);
+    else
+        k_attention_bwd(g->dq, g->dk, g->dv, g->datt, L->q, L->k, L->v, L->probs, B, T, c->n_heads,
+                        c->n_kv_heads, hd, g->att_scratch);
     if (c->position == TLM_POS_ROPE) {
         int il = c->rope_pairing == TLM_ROPE_INTERLEAVED;
         k_rope_bwd(g->dq, B, T, c->n_heads, hd, pos0, m->rope_cos, m->rope_sin, il);
@@ -112,7 +127,9 @@ tlm_status tlm_forward_backward(tlm_model *m, const int32_t *ids, const int32_t 
                 return tlm_err(TLM_ERR_RANGE,
                                "target id %d at index %d is outside the vocabulary (%d)",
                                targets[i], i, c->vocab_size);
+    m->training = 1;
     tlm_status s = tlm_forward_internal(m, ids, B, T, pos0);
+    m->training = 0;
     if (s) return s;
     s = grad_reserve(m);
     if (s) return s;
@@ -138,25 +155,26 @@ tlm_status tlm_forward_backward(tlm_model *m, const int32_t *ids, const int32_t 
         const tlm_layer_acts *L = &a->layer[li];
         const tlm_layer_offsets *o = &m->off.layer[li];
         if (pre) {
-            ffn_bwd(m, G, o, L, L->n2, g->dres, g->dn, N);
+            ffn_bwd(m, G, o, L, L->n2, undrop(m, g->dres, li, 2, nd), g->dn, N);
             norm_bwd(c, g->dtmp, G, m, o->ffn_norm_w, o->ffn_norm_b, g->dn, L->h, L->n2_mean,
                      L->n2_rstd, N);
             k_acc(g->dres, g->dtmp, nd);
-            attn_bwd(m, G, o, L, L->n1, g->dres, g->dn, B, T, pos0);
+            attn_bwd(m, li, G, o, L, L->n1, g->dres, g->dn, B, T, pos0);
             norm_bwd(c, g->dtmp, G, m, o->attn_norm_w, o->attn_norm_b, g->dn, L->x, L->n1_mean,
                      L->n1_rstd, N);
             k_acc(g->dres, g->dtmp, nd);
         } else {
             norm_bwd(c, g->dtmp, G, m, o->ffn_norm_w, o->ffn_norm_b, g->dres, L->y, L->n2_mean,
                      L->n2_rstd, N);
-            ffn_bwd(m, G, o, L, L->n1, g->dtmp, g->dn, N);
+            ffn_bwd(m, G, o, L, L->n1, undrop(m, g->dtmp, li, 2, nd), g->dn, N);
             k_acc(g->dn, g->dtmp, nd);
             norm_bwd(c, g->dres, G, m, o->attn_norm_w, o->attn_norm_b, g->dn, L->h, L->n1_mean,
                      L->n1_rstd, N);
-            attn_bwd(m, G, o, L, L->x, g->dres, g->dtmp, B, T, pos0);
+            attn_bwd(m, li, G, o, L, L->x, g->dres, g->dtmp, B, T, pos0);
             k_acc(g->dres, g->dtmp, nd);
         }
     }
+    if (c->dropout > 0.0f) k_dropout(g->dres, g->dres, nd, c->dropout, drop_key(m, -1, 0));
     /* Embedding rows can repeat within a batch, so their scatter-add runs serially. */
     float *dE = G + m->off.tok_emb;
     for (int r = 0; r < N; r++) {

@@ -2,6 +2,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <omp.h>
+
 #include "kernels/kernels.h"
 #include "model/model.h"
 
@@ -51,6 +53,7 @@ static size_t carve(tlm_arena *a, const tlm_config *c, int B, int T, float *base
     TAKE(a->logits, N * (size_t)c->vocab_size);
     TAKE(a->probs, N * (size_t)c->vocab_size);
     TAKE(a->attn_tmp, N * d);
+    TAKE(a->drop_scratch, c->dropout > 0.0f ? (size_t)omp_get_max_threads() * T * T : 0);
 #undef TAKE
     return off;
 }
@@ -109,8 +112,13 @@ static void ffn_forward(const tlm_config *c, float *P, const tlm_layer_offsets *
     k_linear_fwd(out, L->ff_h, tlm_at(P, o->wdown), tlm_at(P, o->bdown), N, ff, d);
 }
 
-static void attention_forward(tlm_model *m, const tlm_layer_offsets *o, tlm_layer_acts *L,
-                              const float *in, float *out, int B, int T, int pos0) {
+uint64_t drop_key(const tlm_model *m, int layer, int which) {
+    return k_dropout_key(m->drop_seed, m->drop_step, layer < 0 ? 0 : tlm_drop_site(layer, which));
+}
+
+static void attention_forward(tlm_model *m, int layer, const tlm_layer_offsets *o,
+                              tlm_layer_acts *L, const float *in, float *out, int B, int T,
+                              int pos0) {
     const tlm_config *c = &m->c;
     float *P = m->params;
     int N = B * T, d = c->d_model, hd = d / c->n_heads;
@@ -123,8 +131,14 @@ static void attention_forward(tlm_model *m, const tlm_layer_offsets *o, tlm_laye
         k_rope_fwd(L->q, B, T, c->n_heads, hd, pos0, m->rope_cos, m->rope_sin, il);
         k_rope_fwd(L->k, B, T, c->n_kv_heads, hd, pos0, m->rope_cos, m->rope_sin, il);
     }
-    k_attention_fwd(L->att, L->probs, L->q, L->k, L->v, B, T, c->n_heads, c->n_kv_heads, hd);
+    if (m->training && c->dropout > 0.0f)
+        k_attention_fwd_dropout(L->att, L->probs, L->q, L->k, L->v, B, T, c->n_heads, c->n_kv_heads,
+                                hd, c->dropout, drop_key(m, layer, 0), m->arena.drop_scratch);
+    else
+        k_attention_fwd(L->att, L->probs, L->q, L->k, L->v, B, T, c->n_heads, c->n_kv_heads, hd);
     k_linear_fwd(out, L->att, tlm_at(P, o->wo), tlm_at(P, o->bo), N, qw, d);
+    if (m->training && c->dropout > 0.0f)
+        k_dropout(out, out, (size_t)N * d, c->dropout, drop_key(m, layer, 1));
 }
 
 static void embed(tlm_model *m, float *x, const int32_t *ids, int B, int T, int pos0) {
@@ -166,7 +180,9 @@ tlm_status tlm_forward_internal(tlm_model *m, const int32_t *ids, int B, int T, 
     size_t nd = (size_t)N * d;
     int pre = c->norm_position == TLM_NORM_PRE;
     /* Arena buffers are carved for the reserved (B, T); a smaller batch uses their prefixes. */
+    int drop = m->training && c->dropout > 0.0f;
     embed(m, a->layer[0].x, ids, B, T, pos0);
+    if (drop) k_dropout(a->layer[0].x, a->layer[0].x, nd, c->dropout, drop_key(m, -1, 0));
     for (int l = 0; l < c->n_layers; l++) {
         tlm_layer_acts *L = &a->layer[l];
         const tlm_layer_offsets *o = &m->off.layer[l];
@@ -175,16 +191,18 @@ tlm_status tlm_forward_internal(tlm_model *m, const int32_t *ids, int B, int T, 
         const float *g2 = tlm_at(P, o->ffn_norm_w), *b2 = tlm_at(P, o->ffn_norm_b);
         if (pre) {
             apply_norm(c, L->n1, L->n1_mean, L->n1_rstd, L->x, g1, b1, N);
-            attention_forward(m, o, L, L->n1, a->attn_tmp, B, T, pos0);
+            attention_forward(m, l, o, L, L->n1, a->attn_tmp, B, T, pos0);
             k_add(L->h, L->x, a->attn_tmp, nd);
             apply_norm(c, L->n2, L->n2_mean, L->n2_rstd, L->h, g2, b2, N);
             ffn_forward(c, P, o, L, L->n2, L->y, N);
+            if (drop) k_dropout(L->y, L->y, nd, c->dropout, drop_key(m, l, 2));
             k_add(next, L->h, L->y, nd);
         } else {
-            attention_forward(m, o, L, L->x, a->attn_tmp, B, T, pos0);
+            attention_forward(m, l, o, L, L->x, a->attn_tmp, B, T, pos0);
             k_add(L->h, L->x, a->attn_tmp, nd);
             apply_norm(c, L->n1, L->n1_mean, L->n1_rstd, L->h, g1, b1, N);
             ffn_forward(c, P, o, L, L->n1, L->y, N);
+            if (drop) k_dropout(L->y, L->y, nd, c->dropout, drop_key(m, l, 2));
             k_add(L->y, L->n1, L->y, nd);
             apply_norm(c, next, L->n2_mean, L->n2_rstd, L->y, g2, b2, N);
         }

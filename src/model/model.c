@@ -164,3 +164,8 @@ tlm_status tlm_model_init(tlm_model *m, uint64_t seed, tlm_init_scheme scheme) {
     }
     return TLM_OK;
 }
+
+void tlm_model_set_dropout_seed(tlm_model *m, uint64_t seed, uint64_t step) {
+    m->drop_seed = seed;
+    m->drop_step = step;
+}

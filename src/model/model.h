@@ -49,7 +49,8 @@ typedef struct {
     float *xn_mean, *xn_rstd;
     float *logits;   /* [N, V] */
     float *probs;    /* [N, V] */
-    float *attn_tmp; /* [N, d] projection output scratch */
+    float *attn_tmp;     /* [N, d] projection output scratch */
+    float *drop_scratch; /* [threads, T, T] dropped attention probabilities (dropout > 0) */
 } tlm_arena;
 
 /* Scratch for the backward pass, sized like the activation arena. */
@@ -61,7 +62,8 @@ typedef struct {
     float *dq, *datt;             /* [N, H*hd] */
     float *dk, *dv;               /* [N, KVH*hd] */
     float *dff_a, *dff_b, *dff_h; /* [N, d_ff] */
-    float *att_scratch;           /* [threads, T, T] */
+    float *att_scratch;           /* [threads, T, T], twice that with dropout */
+    float *ddrop;                 /* [N, d] gradient through a dropout mask */
 } tlm_grad_arena;
 
 struct tlm_model {
@@ -75,10 +77,20 @@ struct tlm_model {
     float *sinus;               /* [context_length, d] */
     tlm_arena arena;
     tlm_grad_arena garena;
+    /* Dropout runs only in training passes (tlm_forward_backward); masks derive from these. */
+    int training;
+    uint64_t drop_seed, drop_step;
 };
+
+/* Dropout sites: the embedding sum, then per layer the attention probabilities, the attention
+ * output and the FFN output. */
+static inline uint64_t tlm_drop_site(int layer, int which) {
+    return 1 + 3 * (uint64_t)layer + which;
+}
 
 void tlm_arena_free(tlm_arena *a);
 void tlm_grad_arena_free(tlm_grad_arena *g);
+uint64_t drop_key(const tlm_model *m, int layer, int which);
 /* Runs the forward pass into the arena (no loss). */
 tlm_status tlm_forward_internal(tlm_model *m, const int32_t *ids, int B, int T, int pos0);
 

@@ -232,6 +232,7 @@ tlm_status tlm_train_run(tlm_model *m, const tlm_dataset *d, const tlm_train_opt
         double lr = tlm_lr_at(&sched, step);
         float loss;
         if ((s = tlm_dataset_batch(d, TLM_SPLIT_TRAIN, &st.rng, B, T, ids, tg)) != TLM_OK) break;
+        tlm_model_set_dropout_seed(m, st.seed, (uint64_t)step);
         if ((s = tlm_forward_backward(m, ids, tg, B, T, 0, grads, 0, &loss)) != TLM_OK) break;
         double norm = tlm_clip_grad_norm(grads, m->n_params, o->clip);
         if (!isfinite(loss) || !isfinite(norm)) {

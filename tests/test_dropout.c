@@ -1,0 +1,100 @@
+/* Dropout: mask statistics, determinism, and the backward pass with dropout against finite
+ * differences of the (deterministic, seeded) training loss. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "kernels/kernels.h"
+#include "tlm.h"
+
+static void test_masks(void) {
+    size_t n = 1000000;
+    float *x = malloc(n * 4), *y = malloc(n * 4), *z = malloc(n * 4);
+    for (size_t i = 0; i < n; i++) x[i] = 1.0f;
+    float p = 0.2f;
+    k_dropout(y, x, n, p, k_dropout_key(7, 3, 1));
+    size_t zeros = 0, scaled = 0;
+    for (size_t i = 0; i < n; i++) {
+        zeros += y[i] == 0.0f;
+        scaled += fabsf(y[i] - 1.25f) < 1e-6f;
+    }
+    CHECK(zeros + scaled == n, "values are 0 or 1/(1-p)");
+    /* Binomial(1e6, 0.2): sd 400; 5 sd is 0.002. */
+    CHECK(fabs((double)zeros / n - p) < 0.002, "dropped fraction %.4f", (double)zeros / n);
+    k_dropout(z, x, n, p, k_dropout_key(7, 3, 1));
+    CHECK(memcmp(y, z, n * 4) == 0, "same key, same mask");
+    k_dropout(z, x, n, p, k_dropout_key(7, 4, 1));
+    size_t same = 0;
+    for (size_t i = 0; i < n; i++) same += y[i] == z[i];
+    /* Independent masks agree with probability 0.8^2 + 0.2^2 = 0.68. */
+    CHECK(fabs((double)same / n - 0.68) < 0.003, "another step gives another mask (%.4f)",
+          (double)same / n);
+    free(x);
+    free(y);
+    free(z);
+}
+
+static float loss_at(tlm_model *m, const int32_t *ids, const int32_t *tg, float *grads) {
+    float loss;
+    tlm_model_set_dropout_seed(m, 5, 11);
+    CHECK_OK(tlm_forward_backward(m, ids, tg, 2, 8, 0, grads, 0, &loss));
+    return loss;
+}
+
+static void test_gradients(tlm_norm_position pos) {
+    tlm_config c;
+    tlm_config_default(&c);
+    c.vocab_size = 11;
+    c.context_length = 8;
+    c.d_model = 16;
+    c.n_layers = 2;
+    c.n_heads = 2;
+    c.dropout = 0.3f;
+    c.norm_position = pos;
+    c.position = TLM_POS_LEARNED;
+    tlm_model *m = NULL;
+    CHECK_OK(tlm_model_create(&c, &m));
+    CHECK_OK(tlm_model_init(m, 3, TLM_INIT_DEFAULT));
+    int32_t ids[16], tg[16];
+    for (int i = 0; i < 16; i++) {
+        ids[i] = (i * 7 + 3) % 11;
+        tg[i] = (i * 5 + 1) % 11;
+    }
+    size_t np = tlm_model_num_params(m);
+    float *g = malloc(np * 4), *scratch = malloc(np * 4), *P = tlm_model_params(m);
+    float l0 = loss_at(m, ids, tg, g);
+    /* Dropout changes the training loss but not evaluation. */
+    tlm_forward_opts o = {.targets = tg};
+    tlm_forward_out out;
+    CHECK_OK(tlm_forward(m, ids, 2, 8, &o, &out));
+    CHECK(fabs(out.loss - l0) > 1e-3, "dropout has no effect on the training loss");
+    int checked = 0, bad = 0;
+    for (size_t k = 0; k < np; k += np / 60 + 1) {
+        float keep = P[k];
+        double eps = 1e-2;
+        P[k] = keep + (float)eps;
+        double lp = loss_at(m, ids, tg, scratch);
+        P[k] = keep - (float)eps;
+        double lm = loss_at(m, ids, tg, scratch);
+        P[k] = keep;
+        double fd = (lp - lm) / (2 * eps);
+        if (fabs(fd - g[k]) > 2e-3 + 0.05 * fabs(fd)) {
+            if (bad < 5) fprintf(stderr, "  param %zu: analytic %g, numeric %g\n", k, g[k], fd);
+            bad++;
+        }
+        checked++;
+    }
+    CHECK(bad == 0, "%d of %d gradients disagree with finite differences (%s-norm)", bad, checked,
+          pos == TLM_NORM_PRE ? "pre" : "post");
+    free(g);
+    free(scratch);
+    tlm_model_free(m);
+}
+
+int main(void) {
+    tlm_set_threads(2);
+    test_masks();
+    test_gradients(TLM_NORM_PRE);
+    test_gradients(TLM_NORM_POST);
+    return t_finish("test_dropout");
+}
