@@ -144,11 +144,12 @@ tlm_status fmt_gguf_load_model(const tlm_gguf *g, const char *path, tlm_model **
     tlm_config c;
     tlm_status s = llama_config(g, path, &c);
     if (s) return s;
-    tlm_model *m;
-    s = fmt_model_create(&c, path, &m);
-    if (s) return s;
-    int n;
-    const tlm_tensor_info *ti = tlm_model_tensors(m, &n);
+    /* Every tensor is checked before the model is allocated, so a header cannot make us allocate
+     * more than the file's tensors hold. */
+    int n = tlm_schema(&c, NULL, 0, NULL);
+    tlm_tensor_info *ti = calloc((size_t)n, sizeof *ti);
+    if (!ti) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    tlm_schema(&c, ti, n, NULL);
     for (int i = 0; i < n && !s; i++) {
         const tlm_gguf_tensor *t = tlm_gguf_find_tensor(g, ti[i].name);
         if (!t) {
@@ -167,8 +168,17 @@ tlm_status fmt_gguf_load_model(const tlm_gguf *g, const char *path, tlm_model **
                         (long long)(ti[i].ndim == 2 ? ti[i].shape[0] : 1));
             break;
         }
-        s = fmt_gguf_tensor_to_f32(t, tlm_model_params(m) + ti[i].offset, ti[i].numel, path);
+        int known = t->type == GGML_F32 || t->type == GGML_F16 || t->type == GGML_BF16 ||
+                    t->type == GGML_Q8_0;
+        if (t->n_elements != ti[i].numel || !t->data || !known)
+            s = fmt_gguf_tensor_to_f32(t, NULL, ti[i].numel, path); /* reports the problem */
     }
+    tlm_model *m = NULL;
+    if (!s) s = fmt_model_create(&c, path, &m);
+    for (int i = 0; i < n && !s; i++)
+        s = fmt_gguf_tensor_to_f32(tlm_gguf_find_tensor(g, ti[i].name),
+                                   tlm_model_params(m) + ti[i].offset, ti[i].numel, path);
+    free(ti);
     if (s) {
         tlm_model_free(m);
         return s;
