@@ -1,4 +1,6 @@
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 
@@ -25,7 +27,19 @@ static void usage(FILE *f) {
         fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
 }
 
+/* libgomp's default is to spin for a long time at every barrier; when another process shares the
+ * cores, spinning threads steal each other's time and throughput collapses (100x seen on 2 cores).
+ * libgomp reads its settings when it loads, before main, so the program re-executes itself once
+ * with passive waits unless the user chose a policy (OMP_WAIT_POLICY=active to spin). */
+static void passive_waits(char **argv) {
+    if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")) return;
+    setenv("OMP_WAIT_POLICY", "passive", 1);
+    execv("/proc/self/exe", argv);
+    /* If re-execution is impossible, carry on with the default policy. */
+}
+
 int main(int argc, char **argv) {
+    passive_waits(argv);
     if (argc < 2) {
         usage(stderr);
         return 1;
