@@ -32,7 +32,7 @@ static tlm_status rd(cursor *c, void *out, size_t n, const char *what) {
 /* A count or length: u64 from version 2 on, u32 in version 1. */
 static tlm_status rd_count(cursor *c, uint64_t *v, const char *what) {
     if (c->version == 1) {
-        uint32_t x;
+        uint32_t x = 0;
         tlm_status s = rd(c, &x, 4, what);
         *v = x;
         return s;
@@ -138,7 +138,7 @@ static tlm_status parse_value(cursor *c, tlm_gguf_type t, int depth, tlm_gguf_kv
     }
     if (depth >= 8)
         return tlm_err(TLM_ERR_FORMAT, "'%s': key '%s' nests arrays too deeply", c->name, key);
-    uint32_t et;
+    uint32_t et = 0;
     uint64_t count;
     tlm_status st = rd(c, &et, 4, "an array type");
     if (!st) st = rd_count(c, &count, "an array length");
@@ -232,7 +232,7 @@ static tlm_status parse(tlm_gguf *g, const char *name) {
         tlm_gguf_kv *kv = &g->kv[i];
         const uint8_t *k;
         uint64_t kl;
-        uint32_t type;
+        uint32_t type = 0;
         if ((s = rd_str(&c, &k, &kl, "a key"))) return s;
         if (!(kv->key = dup_n(k, kl))) return tlm_err(TLM_ERR_NOMEM, "out of memory");
         g->n_kv = i + 1; /* owned from here on */

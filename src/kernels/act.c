@@ -1,15 +1,17 @@
 #include <math.h>
 
+#include "fastmath.h"
 #include "kernels.h"
 
 #define SQRT_2_OVER_PI 0.7978845608028654f
 #define INV_SQRT_2 0.7071067811865476f
 
-static inline float gelu_erf(float x) { return 0.5f * x * (1.0f + erff(x * INV_SQRT_2)); }
+static inline float gelu_erf(float x) { return 0.5f * x * (1.0f + tlm_erff(x * INV_SQRT_2)); }
+/* 0.5 x (1 + tanh(u)) = x sigmoid(2u): one exp and no cancellation near zero. */
 static inline float gelu_tanh(float x) {
-    return 0.5f * x * (1.0f + tanhf(SQRT_2_OVER_PI * (x + 0.044715f * x * x * x)));
+    return x * tlm_sigmoidf(2.0f * SQRT_2_OVER_PI * (x + 0.044715f * x * x * x));
 }
-static inline float silu(float x) { return x / (1.0f + expf(-x)); }
+static inline float silu(float x) { return x / (1.0f + tlm_expf(-x)); }
 
 void k_act_fwd(float *y, const float *x, size_t n, k_act act) {
     long nn = (long)n;
@@ -45,16 +47,17 @@ void k_add(float *y, const float *a, const float *b, size_t n) {
     for (long i = 0; i < nn; i++) y[i] = a[i] + b[i];
 }
 
-static inline float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+static inline float sigmoid(float x) { return 1.0f / (1.0f + tlm_expf(-x)); }
 
 static inline float gelu_erf_grad(float x) {
     /* d/dx x*Phi(x) = Phi(x) + x*phi(x) */
-    return 0.5f * (1.0f + erff(x * INV_SQRT_2)) + x * 0.3989422804014327f * expf(-0.5f * x * x);
+    return 0.5f * (1.0f + tlm_erff(x * INV_SQRT_2)) +
+           x * 0.3989422804014327f * tlm_expf(-0.5f * x * x);
 }
 
 static inline float gelu_tanh_grad(float x) {
     float u = SQRT_2_OVER_PI * (x + 0.044715f * x * x * x);
-    float t = tanhf(u);
+    float t = 2.0f * tlm_sigmoidf(2.0f * u) - 1.0f;
     float du = SQRT_2_OVER_PI * (1.0f + 3.0f * 0.044715f * x * x);
     return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
 }

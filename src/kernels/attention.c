@@ -3,6 +3,7 @@
 #include <omp.h>
 #include <string.h>
 
+#include "fastmath.h"
 #include "kernels.h"
 
 /* Causal attention over one (batch, head) per task: sgemm inside runs single-threaded (OpenBLAS
@@ -29,7 +30,7 @@ static void attention_fwd(float *out, float *probs, const float *q, const float 
             for (int j = 1; j <= t; j++) mx = row[j] > mx ? row[j] : mx;
             float sum = 0.0f;
             for (int j = 0; j <= t; j++) {
-                row[j] = expf(row[j] - mx);
+                row[j] = tlm_expf(row[j] - mx);
                 sum += row[j];
             }
             float inv = 1.0f / sum;

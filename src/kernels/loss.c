@@ -1,6 +1,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "fastmath.h"
 #include "kernels.h"
 
 /* log-sum-exp with the max subtracted first, so exp never sees a large argument. */
@@ -8,7 +9,7 @@ static float row_lse(const float *x, int V) {
     float mx = x[0];
     for (int j = 1; j < V; j++) mx = x[j] > mx ? x[j] : mx;
     float s = 0.0f;
-    for (int j = 0; j < V; j++) s += expf(x[j] - mx);
+    for (int j = 0; j < V; j++) s += tlm_expf(x[j] - mx);
     return mx + logf(s);
 }
 
@@ -22,7 +23,7 @@ double k_cross_entropy_fwd(const float *logits, const int *targets, float *probs
         float lse = row_lse(x, V);
         if (probs) {
             float *p = probs + (size_t)i * V;
-            for (int j = 0; j < V; j++) p[j] = expf(x[j] - lse);
+            for (int j = 0; j < V; j++) p[j] = tlm_expf(x[j] - lse);
         }
         if (targets && targets[i] >= 0) {
             total += (double)(lse - x[targets[i]]);
@@ -51,7 +52,7 @@ double k_cross_entropy_fwd_bwd(float *logits, const int *targets, int N, int V, 
         }
         float lse = row_lse(x, V);
         total += (double)(lse - x[targets[i]]);
-        for (int j = 0; j < V; j++) x[j] = expf(x[j] - lse) * inv;
+        for (int j = 0; j < V; j++) x[j] = tlm_expf(x[j] - lse) * inv;
         x[targets[i]] -= inv;
     }
     if (count) *count = n;
