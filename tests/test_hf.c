@@ -153,6 +153,12 @@ static void test_malformed(void) {
                "\"intermediate_size\":50,\"num_hidden_layers\":2,\"num_attention_heads\":4,"
                "\"num_key_value_heads\":2,\"vocab_size\":64,\"tie_word_embeddings\":true}");
     expect_bad("hf_bad", TLM_ERR_FORMAT, "shape");
+    /* A config that asks for 35 G parameters is checked against the files before any allocation. */
+    write_text("hf_bad/config.json",
+               "{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":16384,"
+               "\"intermediate_size\":65536,\"num_hidden_layers\":8,\"num_attention_heads\":128,"
+               "\"vocab_size\":100000,\"tie_word_embeddings\":true}");
+    expect_bad("hf_bad", TLM_ERR_FORMAT, "[100000, 16384]");
     write_text("hf_bad/config.json",
                "{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":-32}");
     expect_bad("hf_bad", TLM_ERR_FORMAT, "hidden_size");

@@ -67,6 +67,7 @@ tlm_status fmt_model_create(const tlm_config *c, const char *path, tlm_model **o
 }
 
 float *fmt_tensor(tlm_model *m, const char *name) {
+    if (!m) return NULL;
     const tlm_tensor_info *t = tlm_model_find(m, name);
     return t ? m->params + t->offset : NULL;
 }
@@ -77,6 +78,7 @@ const float *fmt_tensor_c(const tlm_model *m, const char *name) {
 }
 
 float *fmt_layer_tensor(tlm_model *m, int layer, const char *name) {
+    if (!m) return NULL;
     char n[TLM_NAME_MAX];
     snprintf(n, sizeof n, "blk.%d.%s", layer, name);
     return fmt_tensor(m, n);

@@ -19,7 +19,7 @@ int fmt_is_llama_style(const tlm_config *c, char *why, size_t why_len);
 /* Creates a model from c, with a context message on failure ("<path>: ..."). */
 tlm_status fmt_model_create(const tlm_config *c, const char *path, tlm_model **out);
 
-/* Pointer to a tensor's floats by canonical name (NULL if the model lacks it). */
+/* Pointer to a tensor's floats by canonical name (NULL if the model lacks it, or m is NULL). */
 float *fmt_tensor(tlm_model *m, const char *name);
 const float *fmt_tensor_c(const tlm_model *m, const char *name);
 float *fmt_layer_tensor(tlm_model *m, int layer, const char *name);

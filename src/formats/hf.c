@@ -142,6 +142,7 @@ static tlm_status read_tensor(const hf_dir *h, const char *name, int64_t d0, int
                        h->prefix, name, (long long)t->shape[0], t->ndim > 1 ? ", " : "",
                        t->ndim > 1 ? (long long)t->shape[1] : 0LL, (long long)d0,
                        ndim > 1 ? ", " : "", ndim > 1 ? (long long)d1 : 0LL);
+    if (!dst) return TLM_OK; /* validation pass */
     tlm_status s = st_read_f32(&h->files[fi], t, dst, t->numel);
     if (s) return tlm_err_context(s, "%s: '%s'", h->dir, name);
     return TLM_OK;
@@ -150,8 +151,8 @@ static tlm_status read_tensor(const hf_dir *h, const char *name, int64_t d0, int
 /* Reads an [in, out] Conv1D weight into dst as [out, in]. */
 static tlm_status read_conv1d(const hf_dir *h, const char *name, int64_t in, int64_t out,
                               float *dst, float *tmp) {
-    tlm_status s = read_tensor(h, name, in, out, tmp);
-    if (s) return s;
+    tlm_status s = read_tensor(h, name, in, out, dst ? tmp : NULL);
+    if (s || !dst) return s;
     for (int64_t i = 0; i < in; i++)
         for (int64_t o = 0; o < out; o++) dst[o * in + i] = tmp[i * out + o];
     return TLM_OK;
@@ -299,8 +300,8 @@ static tlm_status parse_config(const cJSON *j, const char *path, hf_arch *arch, 
     return TLM_OK;
 }
 
-static tlm_status load_llama(hf_dir *h, tlm_model *m) {
-    const tlm_config *c = tlm_model_config(m);
+/* With m NULL, only checks that every tensor is present with its shape (before allocating). */
+static tlm_status load_llama(hf_dir *h, const tlm_config *c, tlm_model *m) {
     int64_t d = c->d_model, hd = d / c->n_heads, kv = hd * c->n_kv_heads, ff = c->d_ff;
     tlm_status s = read_tensor(h, "model.embed_tokens.weight", c->vocab_size, d,
                                fmt_tensor(m, "token_embd.weight"));
@@ -327,16 +328,20 @@ static tlm_status load_llama(hf_dir *h, tlm_model *m) {
     return s;
 }
 
-static tlm_status load_gpt2(hf_dir *h, tlm_model *m) {
-    const tlm_config *c = tlm_model_config(m);
+static tlm_status load_gpt2(hf_dir *h, const tlm_config *c, tlm_model *m) {
     int64_t d = c->d_model, ff = c->d_ff;
     int fi;
+    h->prefix = "";
     h->prefix = find(h, "wte.weight", &fi) ? "" : "transformer.";
     size_t big = (size_t)(ff > 3 * d ? ff : 3 * d) * (size_t)d;
-    float *tmp = malloc(big * sizeof(float)), *qkv = malloc((size_t)3 * d * d * sizeof(float));
-    float *qkvb = malloc((size_t)3 * d * sizeof(float));
+    float *tmp = NULL, *qkv = NULL, *qkvb = NULL;
     tlm_status s = TLM_OK;
-    if (!tmp || !qkv || !qkvb) s = tlm_err(TLM_ERR_NOMEM, "out of memory");
+    if (m) { /* scratch only when reading (the validation pass has checked the shapes) */
+        tmp = malloc(big * sizeof(float));
+        qkv = malloc((size_t)3 * d * d * sizeof(float));
+        qkvb = malloc((size_t)3 * d * sizeof(float));
+        if (!tmp || !qkv || !qkvb) s = tlm_err(TLM_ERR_NOMEM, "out of memory");
+    }
     if (!s) s = read_tensor(h, "wte.weight", c->vocab_size, d, fmt_tensor(m, "token_embd.weight"));
     if (!s)
         s = read_tensor(h, "wpe.weight", c->context_length, d,
@@ -347,12 +352,12 @@ static tlm_status load_gpt2(hf_dir *h, tlm_model *m) {
         if ((s = read_tensor(h, P("ln_1.weight"), d, 0,
                              fmt_layer_tensor(m, l, "attn_norm.weight"))) ||
             (s = read_tensor(h, P("ln_1.bias"), d, 0, fmt_layer_tensor(m, l, "attn_norm.bias"))) ||
-            (s = read_conv1d(h, P("attn.c_attn.weight"), d, 3 * d, qkv, tmp)) ||
-            (s = read_tensor(h, P("attn.c_attn.bias"), 3 * d, 0, qkvb)))
+            (s = read_conv1d(h, P("attn.c_attn.weight"), d, 3 * d, m ? qkv : NULL, tmp)) ||
+            (s = read_tensor(h, P("attn.c_attn.bias"), 3 * d, 0, m ? qkvb : NULL)))
             break;
         /* After the transpose, rows 0..d-1 are q, d..2d-1 k, 2d..3d-1 v. */
         static const char *const qkv_names[3] = {"attn_q", "attn_k", "attn_v"};
-        for (int p = 0; p < 3; p++) {
+        for (int p = 0; p < 3 && m; p++) {
             char w[64], b[64];
             snprintf(w, sizeof w, "%s.weight", qkv_names[p]);
             snprintf(b, sizeof b, "%s.bias", qkv_names[p]);
@@ -417,8 +422,10 @@ tlm_status tlm_model_load_hf(const char *dir, tlm_model **out) {
     h->prefix = "";
     tlm_model *m = NULL;
     s = open_tensors(h);
+    /* First check every tensor against the files, then allocate and read. */
+    if (!s) s = arch == HF_LLAMA ? load_llama(h, &c, NULL) : load_gpt2(h, &c, NULL);
     if (!s) s = fmt_model_create(&c, dir, &m);
-    if (!s) s = arch == HF_LLAMA ? load_llama(h, m) : load_gpt2(h, m);
+    if (!s) s = arch == HF_LLAMA ? load_llama(h, &c, m) : load_gpt2(h, &c, m);
     close_dir(h);
     free(h);
     if (s) {
