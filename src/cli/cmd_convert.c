@@ -119,7 +119,11 @@ int cmd_convert(int argc, char **argv) {
             if (!s && tok) s = tlm_tokenizer_save(tok, out);
         }
         break;
-    case 3: s = tlm_model_save_hf(m, out, dt); break;
+    case 3:
+        s = tlm_model_save_hf(m, out, dt);
+        /* the tokenizer directory layout includes HF's tokenizer.json (+ vocab.json/merges.txt) */
+        if (!s && tok) s = tlm_tokenizer_save(tok, out);
+        break;
     case 4: s = tlm_model_save_llama2c(m, out, (int)l2c_version); break;
     }
     tlm_tokenizer_free(tok);
