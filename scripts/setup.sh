@@ -16,8 +16,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 # llama.cpp as a real client of our GGUF files (tests/formats_cli.sh, bench/): node-llama-cpp ships
-# prebuilt CPU libraries, so nothing is compiled or downloaded beyond the npm packages.
+# prebuilt CPU libraries, so nothing is compiled or downloaded beyond the npm packages. `npm install`
+# (which honours the lock file) rather than `npm ci`, which rejects a lock without every platform.
 if [ ! -d "$(dirname "$0")/../tests/node/node_modules/node-llama-cpp" ]; then
   (cd "$(dirname "$0")/../tests/node" &&
-   NODE_LLAMA_CPP_SKIP_DOWNLOAD=true npm ci --no-audit --no-fund --loglevel=error)
+   NODE_LLAMA_CPP_SKIP_DOWNLOAD=true npm install --no-audit --no-fund --loglevel=error)
 fi
