@@ -138,11 +138,13 @@ static void test_schema(void) {
     CHECK(!strcmp(t[0].name, "token_embd.weight") && t[0].shape[0] == 10 && t[0].shape[1] == 8,
           "first tensor %s", t[0].name);
     CHECK(!strcmp(t[1].name, "position_embd.weight") && t[1].embedding, "position table");
+    /* q, k, v weights back to back, then their biases: one stacked matrix for the kernels. */
     CHECK(!strcmp(t[4].name, "blk.0.attn_q.weight") && t[4].shape[0] == 8 && t[4].decay, "%s",
           t[4].name);
-    CHECK(!strcmp(t[6].name, "blk.0.attn_k.weight") && t[6].shape[0] == 4, "k rows %lld",
-          (long long)t[6].shape[0]);
-    CHECK(!strcmp(t[5].name, "blk.0.attn_q.bias") && !t[5].decay, "bias doesn't decay");
+    CHECK(!strcmp(t[5].name, "blk.0.attn_k.weight") && t[5].shape[0] == 4, "k rows %lld",
+          (long long)t[5].shape[0]);
+    CHECK(!strcmp(t[6].name, "blk.0.attn_v.weight"), "%s", t[6].name);
+    CHECK(!strcmp(t[7].name, "blk.0.attn_q.bias") && !t[7].decay, "bias doesn't decay");
     CHECK(!strcmp(t[2].name, "blk.0.attn_norm.weight") && !t[2].decay, "gain doesn't decay");
     CHECK(!strcmp(t[n - 1].name, "output.weight") && t[n - 1].decay, "%s", t[n - 1].name);
     size_t off = 0;

@@ -103,3 +103,25 @@ void k_acc(float *y, const float *a, size_t n) {
 #pragma omp parallel for schedule(static)
     for (long i = 0; i < nn; i++) y[i] += a[i];
 }
+
+void k_swiglu_rows_fwd(float *y, const float *a, int N, int ff) {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) {
+        const float *g = a + (size_t)i * 2 * ff, *u = g + ff;
+        float *yi = y + (size_t)i * ff;
+        for (int j = 0; j < ff; j++) yi[j] = silu(g[j]) * u[j];
+    }
+}
+
+void k_swiglu_rows_bwd(float *da, const float *dy, const float *a, int N, int ff) {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) {
+        const float *g = a + (size_t)i * 2 * ff, *u = g + ff, *dyi = dy + (size_t)i * ff;
+        float *dg = da + (size_t)i * 2 * ff, *du = dg + ff;
+        for (int j = 0; j < ff; j++) {
+            float s = sigmoid(g[j]);
+            du[j] = dyi[j] * g[j] * s;
+            dg[j] = dyi[j] * u[j] * s * (1.0f + g[j] * (1.0f - s));
+        }
+    }
+}

@@ -11,9 +11,9 @@
  * With p > 0 the probabilities are dropped out into per-thread scratch for the P.V product, while
  * probs keeps them undropped for the softmax backward. */
 static void attention_fwd(float *out, float *probs, const float *q, const float *k, const float *v,
-                          int B, int T, int H, int KVH, int hd, float p, uint64_t key,
-                          float *scratch) {
-    int qw = H * hd, kw = KVH * hd, group = H / KVH;
+                          int ldq, int ldkv, int B, int T, int H, int KVH, int hd, float p,
+                          uint64_t key, float *scratch) {
+    int qw = ldq, kw = ldkv, ow = H * hd, group = H / KVH;
     float scale = 1.0f / sqrtf((float)hd);
 #pragma omp parallel for schedule(dynamic, 1)
     for (int bh = 0; bh < B * H; bh++) {
@@ -46,25 +46,21 @@ static void attention_fwd(float *out, float *probs, const float *q, const float 
             PV = D;
         }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, PV, T, vb, kw, 0.0f,
-                    out + (size_t)b * T * qw + (size_t)h * hd, qw);
+                    out + (size_t)b * T * ow + (size_t)h * hd, ow);
     }
 }
 
 void k_attention_fwd(float *out, float *probs, const float *q, const float *k, const float *v,
-                     int B, int T, int H, int KVH, int hd) {
-    attention_fwd(out, probs, q, k, v, B, T, H, KVH, hd, 0.0f, 0, NULL);
-}
-
-void k_attention_fwd_dropout(float *out, float *probs, const float *q, const float *k,
-                             const float *v, int B, int T, int H, int KVH, int hd, float p,
-                             uint64_t key, float *scratch) {
-    attention_fwd(out, probs, q, k, v, B, T, H, KVH, hd, p, key, scratch);
+                     int ldq, int ldkv, int B, int T, int H, int KVH, int hd, float p, uint64_t key,
+                     float *scratch) {
+    attention_fwd(out, probs, q, k, v, ldq, ldkv, B, T, H, KVH, hd, p, key, scratch);
 }
 
 static void attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                          const float *k, const float *v, const float *probs, int B, int T, int H,
-                          int KVH, int hd, float p, uint64_t key, float *scratch) {
-    int qw = H * hd, kw = KVH * hd, group = H / KVH;
+                          const float *k, const float *v, int ldq, int ldkv, const float *probs,
+                          int B, int T, int H, int KVH, int hd, float p, uint64_t key,
+                          float *scratch) {
+    int qw = ldq, kw = ldkv, ow = H * hd, group = H / KVH;
     float scale = 1.0f / sqrtf((float)hd);
     size_t TT = (size_t)T * T;
     /* Tasks own one (batch, kv head): the query heads sharing it accumulate dK, dV serially, so
@@ -85,7 +81,7 @@ static void attention_bwd(float *dq, float *dk, float *dv, const float *dout, co
         for (int h = kvh * group; h < (kvh + 1) * group; h++) {
             size_t bh = (size_t)b * H + h;
             const float *P = probs + bh * TT;
-            const float *dO = dout + (size_t)b * T * qw + (size_t)h * hd;
+            const float *dO = dout + (size_t)b * T * ow + (size_t)h * hd;
             const float *qb = q + (size_t)b * T * qw + (size_t)h * hd;
             float *dqb = dq + (size_t)b * T * qw + (size_t)h * hd;
             const float *PV = P;
@@ -94,9 +90,9 @@ static void attention_bwd(float *dq, float *dk, float *dv, const float *dout, co
                 PV = D;
             }
             /* dV += Pd^T dO; dPd = dO V^T */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1.0f, PV, T, dO, qw,
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1.0f, PV, T, dO, ow,
                         1.0f, dvb, kw);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, 1.0f, dO, qw, vb, kw,
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, 1.0f, dO, ow, vb, kw,
                         0.0f, dP, T);
             /* Softmax backward row by row: dS = P * (dP - sum(P * dP)), scaled, where dP is the
              * gradient at the undropped probabilities (dPd times the mask). */
@@ -121,13 +117,7 @@ static void attention_bwd(float *dq, float *dk, float *dv, const float *dout, co
 }
 
 void k_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                     const float *k, const float *v, const float *probs, int B, int T, int H,
-                     int KVH, int hd, float *scratch) {
-    attention_bwd(dq, dk, dv, dout, q, k, v, probs, B, T, H, KVH, hd, 0.0f, 0, scratch);
-}
-
-void k_attention_bwd_dropout(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                             const float *k, const float *v, const float *probs, int B, int T,
-                             int H, int KVH, int hd, float p, uint64_t key, float *scratch) {
-    attention_bwd(dq, dk, dv, dout, q, k, v, probs, B, T, H, KVH, hd, p, key, scratch);
+                     const float *k, const float *v, int ldq, int ldkv, const float *probs, int B,
+                     int T, int H, int KVH, int hd, float p, uint64_t key, float *scratch) {
+    attention_bwd(dq, dk, dv, dout, q, k, v, ldq, ldkv, probs, B, T, H, KVH, hd, p, key, scratch);
 }

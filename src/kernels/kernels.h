@@ -40,6 +40,10 @@ typedef enum { K_ACT_GELU, K_ACT_GELU_TANH, K_ACT_RELU, K_ACT_SILU } k_act;
 void k_act_fwd(float *y, const float *x, size_t n, k_act act);
 /* y = silu(gate) * up elementwise over n. */
 void k_swiglu_fwd(float *y, const float *gate, const float *up, size_t n);
+/* Rows of a fused gate|up buffer a [N, 2*ff]: y[i, j] = silu(a[i, j]) * a[i, ff + j]. */
+void k_swiglu_rows_fwd(float *y, const float *a, int N, int ff);
+/* da [N, 2*ff] (gate|up halves) from dy [N, ff]. */
+void k_swiglu_rows_bwd(float *da, const float *dy, const float *a, int N, int ff);
 /* dx = dy * act'(x) (x is the activation's input). */
 void k_act_bwd(float *dx, const float *dy, const float *x, size_t n, k_act act);
 void k_swiglu_bwd(float *dgate, float *dup, const float *dy, const float *gate, const float *up,
@@ -51,31 +55,28 @@ void k_swiglu_bwd(float *dgate, float *dup, const float *dy, const float *gate, 
 void k_rope_fwd(float *x, int B, int T, int n_heads, int hd, int pos0, const float *cos_t,
                 const float *sin_t, int interleaved);
 
+/* The same over rows of stride ld (q or k as a column block of a fused buffer). */
+void k_rope_fwd_ld(float *x, int ld, int B, int T, int n_heads, int hd, int pos0,
+                   const float *cos_t, const float *sin_t, int interleaved);
+void k_rope_bwd_ld(float *dx, int ld, int B, int T, int n_heads, int hd, int pos0,
+                   const float *cos_t, const float *sin_t, int interleaved);
 /* Gradient through the rotation: rotates dx in place by the negative angle. */
 void k_rope_bwd(float *dx, int B, int T, int n_heads, int hd, int pos0, const float *cos_t,
                 const float *sin_t, int interleaved);
 
 /* ---- attention.c ---- */
-/* Causal attention. q [B*T, H*hd], k/v [B*T, KVH*hd]; probs [B, H, T, T] (saved for backward);
- * out [B*T, H*hd]. */
+/* Causal attention. q rows have stride ldq, k and v rows stride ldkv (they may be column blocks of
+ * one fused q|k|v buffer); out [B*T, H*hd]; probs [B, H, T, T] keeps the softmax (before dropout)
+ * for the backward pass. With p > 0 the probabilities are dropped out (element index
+ * (b*H + h)*T*T + t*T + j under key) and scratch holds omp_get_max_threads() * T * T floats. */
 void k_attention_fwd(float *out, float *probs, const float *q, const float *k, const float *v,
-                     int B, int T, int H, int KVH, int hd);
-/* The same with dropout p on the attention probabilities (key as in k_dropout; element index
- * (b*H + h)*T*T + t*T + j). probs keeps the probabilities before dropout. scratch holds
- * omp_get_max_threads() * T * T floats. */
-void k_attention_fwd_dropout(float *out, float *probs, const float *q, const float *k,
-                             const float *v, int B, int T, int H, int KVH, int hd, float p,
-                             uint64_t key, float *scratch);
-
-/* dq [B*T, H*hd] is overwritten; dk, dv [B*T, KVH*hd] are overwritten. scratch holds
- * omp_get_max_threads() * T * T floats. */
+                     int ldq, int ldkv, int B, int T, int H, int KVH, int hd, float p, uint64_t key,
+                     float *scratch);
+/* dq, dk, dv (same strides as q, k, v) are overwritten. scratch holds omp_get_max_threads() * T * T
+ * floats, twice that with dropout. */
 void k_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                     const float *k, const float *v, const float *probs, int B, int T, int H,
-                     int KVH, int hd, float *scratch);
-/* Backward of k_attention_fwd_dropout; scratch holds 2 * omp_get_max_threads() * T * T floats. */
-void k_attention_bwd_dropout(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                             const float *k, const float *v, const float *probs, int B, int T,
-                             int H, int KVH, int hd, float p, uint64_t key, float *scratch);
+                     const float *k, const float *v, int ldq, int ldkv, const float *probs, int B,
+                     int T, int H, int KVH, int hd, float p, uint64_t key, float *scratch);
 
 /* ---- loss.c ---- */
 /* Mean cross-entropy over rows whose target >= 0 (NAN if none); writes softmax probabilities to

@@ -1,9 +1,9 @@
 #include "kernels.h"
 
 /* sign = +1 rotates forward; -1 applies the transpose (the backward pass). */
-static void rope(float *x, int B, int T, int n_heads, int hd, int pos0, const float *cos_t,
+static void rope(float *x, int ld, int B, int T, int n_heads, int hd, int pos0, const float *cos_t,
                  const float *sin_t, int interleaved, float sign) {
-    int half = hd / 2, width = n_heads * hd;
+    int half = hd / 2, width = ld;
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < B * T; r++) {
         int pos = pos0 + r % T;
@@ -32,10 +32,20 @@ static void rope(float *x, int B, int T, int n_heads, int hd, int pos0, const fl
 
 void k_rope_fwd(float *x, int B, int T, int n_heads, int hd, int pos0, const float *cos_t,
                 const float *sin_t, int interleaved) {
-    rope(x, B, T, n_heads, hd, pos0, cos_t, sin_t, interleaved, 1.0f);
+    rope(x, n_heads * hd, B, T, n_heads, hd, pos0, cos_t, sin_t, interleaved, 1.0f);
 }
 
 void k_rope_bwd(float *dx, int B, int T, int n_heads, int hd, int pos0, const float *cos_t,
                 const float *sin_t, int interleaved) {
-    rope(dx, B, T, n_heads, hd, pos0, cos_t, sin_t, interleaved, -1.0f);
+    rope(dx, n_heads * hd, B, T, n_heads, hd, pos0, cos_t, sin_t, interleaved, -1.0f);
+}
+
+void k_rope_fwd_ld(float *x, int ld, int B, int T, int n_heads, int hd, int pos0,
+                   const float *cos_t, const float *sin_t, int interleaved) {
+    rope(x, ld, B, T, n_heads, hd, pos0, cos_t, sin_t, interleaved, 1.0f);
+}
+
+void k_rope_bwd_ld(float *dx, int ld, int B, int T, int n_heads, int hd, int pos0,
+                   const float *cos_t, const float *sin_t, int interleaved) {
+    rope(dx, ld, B, T, n_heads, hd, pos0, cos_t, sin_t, interleaved, -1.0f);
 }

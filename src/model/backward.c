@@ -23,17 +23,14 @@ static tlm_status grad_reserve(tlm_model *m) {
     size_t sizes[] = {N * d,
                       N * d,
                       N * d,
+                      N * (qw + 2 * kw), /* fused dq|dk|dv rows, like the forward's q|k|v */
                       N * qw,
-                      N * qw,
-                      N * kw,
-                      N * kw,
-                      N * ff,
-                      N * ff,
+                      N * ff * (c->ffn == TLM_FFN_SWIGLU ? 2 : 1),
                       N * ff,
                       (size_t)threads * T * T * (c->dropout > 0.0f ? 2 : 1),
                       c->dropout > 0.0f ? N * d : 0};
-    float **ptrs[] = {&g->dres, &g->dtmp,  &g->dn,    &g->dq,    &g->datt,        &g->dk,
-                      &g->dv,   &g->dff_a, &g->dff_b, &g->dff_h, &g->att_scratch, &g->ddrop};
+    float **ptrs[] = {&g->dres,  &g->dtmp,  &g->dn,          &g->dq,   &g->datt,
+                      &g->dff_a, &g->dff_h, &g->att_scratch, &g->ddrop};
     size_t total = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += (sizes[i] + 15) & ~15ul;
     g->base = tlm_big_alloc(total * sizeof(float));
@@ -71,10 +68,9 @@ static void ffn_bwd(tlm_model *m, float *G, const tlm_layer_offsets *o, const tl
     k_linear_bwd(g->dff_h, G + o->wdown, tlm_at(G, o->bdown), dout, L->ff_h, P + o->wdown, N, ff, d,
                  0);
     if (c->ffn == TLM_FFN_SWIGLU) {
-        k_swiglu_bwd(g->dff_a, g->dff_b, g->dff_h, L->ff_a, L->ff_b, n);
-        k_linear_bwd(din, G + o->wgate, tlm_at(G, o->bgate), g->dff_a, in, P + o->wgate, N, d, ff,
-                     0);
-        k_linear_bwd(din, G + o->wup, tlm_at(G, o->bup), g->dff_b, in, P + o->wup, N, d, ff, 1);
+        k_swiglu_rows_bwd(g->dff_a, g->dff_h, L->ff_a, N, ff);
+        k_linear_bwd(din, G + o->wgate, tlm_at(G, o->bgate), g->dff_a, in, P + o->wgate, N, d,
+                     2 * ff, 0);
     } else {
         k_act forms[] = {K_ACT_SILU, K_ACT_GELU, K_ACT_GELU_TANH, K_ACT_RELU};
         k_act_bwd(g->dff_a, g->dff_h, L->ff_a, n, forms[c->ffn]);
@@ -97,23 +93,21 @@ static void attn_bwd(tlm_model *m, int layer, float *G, const tlm_layer_offsets 
     float *P = m->params;
     int N = B * T, d = c->d_model, hd = d / c->n_heads;
     int qw = c->n_heads * hd, kw = c->n_kv_heads * hd;
+    int ld = qw + 2 * kw;
     dout = undrop(m, dout, layer, 1, (size_t)N * d);
     k_linear_bwd(g->datt, G + o->wo, tlm_at(G, o->bo), dout, L->att, P + o->wo, N, qw, d, 0);
-    if (c->dropout > 0.0f)
-        k_attention_bwd_dropout(g->dq, g->dk, g->dv, g->datt, L->q, L->k, L->v, L->probs, B, T,
-                                c->n_heads, c->n_kv_heads, hd, c->dropout, drop_key(m, layer, 0),
-                                g->att_scratch);
-    else
-        k_attention_bwd(g->dq, g->dk, g->dv, g->datt, L->q, L->k, L->v, L->probs, B, T, c->n_heads,
-                        c->n_kv_heads, hd, g->att_scratch);
+    int drop = c->dropout > 0.0f;
+    float *dq = g->dq, *dk = g->dq + qw, *dv = g->dq + qw + kw;
+    k_attention_bwd(dq, dk, dv, g->datt, L->q, L->k, L->v, ld, ld, L->probs, B, T, c->n_heads,
+                    c->n_kv_heads, hd, drop ? c->dropout : 0.0f, drop ? drop_key(m, layer, 0) : 0,
+                    g->att_scratch);
     if (c->position == TLM_POS_ROPE) {
         int il = c->rope_pairing == TLM_ROPE_INTERLEAVED;
-        k_rope_bwd(g->dq, B, T, c->n_heads, hd, pos0, m->rope_cos, m->rope_sin, il);
-        k_rope_bwd(g->dk, B, T, c->n_kv_heads, hd, pos0, m->rope_cos, m->rope_sin, il);
+        k_rope_bwd_ld(dq, ld, B, T, c->n_heads, hd, pos0, m->rope_cos, m->rope_sin, il);
+        k_rope_bwd_ld(dk, ld, B, T, c->n_kv_heads, hd, pos0, m->rope_cos, m->rope_sin, il);
     }
-    k_linear_bwd(din, G + o->wq, tlm_at(G, o->bq), g->dq, in, P + o->wq, N, d, qw, 0);
-    k_linear_bwd(din, G + o->wk, tlm_at(G, o->bk), g->dk, in, P + o->wk, N, d, kw, 1);
-    k_linear_bwd(din, G + o->wv, tlm_at(G, o->bv), g->dv, in, P + o->wv, N, d, kw, 1);
+    /* The stacked q|k|v matrix: one sgemm for the input gradient, one for the weights. */
+    k_linear_bwd(din, G + o->wq, tlm_at(G, o->bq), g->dq, in, P + o->wq, N, d, ld, 0);
 }
 
 tlm_status tlm_forward_backward(tlm_model *m, const int32_t *ids, const int32_t *targets, int B,

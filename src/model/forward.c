@@ -32,17 +32,18 @@ static size_t carve(tlm_arena *a, const tlm_config *c, int B, int T, float *base
         TAKE(L->n1, N * d);
         TAKE(L->n1_mean, ln ? N : 0);
         TAKE(L->n1_rstd, N);
-        TAKE(L->q, N * qw);
-        TAKE(L->k, N * kw);
-        TAKE(L->v, N * kw);
+        TAKE(L->q, N * (qw + 2 * kw)); /* fused q|k|v rows */
+        if (base) {
+            L->k = L->q + qw;
+            L->v = L->q + qw + kw;
+        }
         TAKE(L->probs, (size_t)B * c->n_heads * T * T);
         TAKE(L->att, N * qw);
         TAKE(L->h, N * d);
         TAKE(L->n2, N * d);
         TAKE(L->n2_mean, ln ? N : 0);
         TAKE(L->n2_rstd, N);
-        TAKE(L->ff_a, N * ff);
-        TAKE(L->ff_b, c->ffn == TLM_FFN_SWIGLU ? N * ff : 0);
+        TAKE(L->ff_a, N * ff * (c->ffn == TLM_FFN_SWIGLU ? 2 : 1)); /* swiglu: gate|up rows */
         TAKE(L->ff_h, N * ff);
         TAKE(L->y, N * d);
     }
@@ -101,9 +102,9 @@ static void ffn_forward(const tlm_config *c, float *P, const tlm_layer_offsets *
     int d = c->d_model, ff = c->d_ff;
     size_t n = (size_t)N * ff;
     if (c->ffn == TLM_FFN_SWIGLU) {
-        k_linear_fwd(L->ff_a, in, tlm_at(P, o->wgate), tlm_at(P, o->bgate), N, d, ff);
-        k_linear_fwd(L->ff_b, in, tlm_at(P, o->wup), tlm_at(P, o->bup), N, d, ff);
-        k_swiglu_fwd(L->ff_h, L->ff_a, L->ff_b, n);
+        /* gate and up are one stacked [2*ff, d] matrix (see the schema) */
+        k_linear_fwd(L->ff_a, in, tlm_at(P, o->wgate), tlm_at(P, o->bgate), N, d, 2 * ff);
+        k_swiglu_rows_fwd(L->ff_h, L->ff_a, N, ff);
     } else {
         k_linear_fwd(L->ff_a, in, tlm_at(P, o->wup), tlm_at(P, o->bup), N, d, ff);
         k_act forms[] = {K_ACT_SILU, K_ACT_GELU, K_ACT_GELU_TANH, K_ACT_RELU};
@@ -123,22 +124,20 @@ static void attention_forward(tlm_model *m, int layer, const tlm_layer_offsets *
     float *P = m->params;
     int N = B * T, d = c->d_model, hd = d / c->n_heads;
     int qw = c->n_heads * hd, kw = c->n_kv_heads * hd;
-    k_linear_fwd(L->q, in, tlm_at(P, o->wq), tlm_at(P, o->bq), N, d, qw);
-    k_linear_fwd(L->k, in, tlm_at(P, o->wk), tlm_at(P, o->bk), N, d, kw);
-    k_linear_fwd(L->v, in, tlm_at(P, o->wv), tlm_at(P, o->bv), N, d, kw);
+    int ld = qw + 2 * kw;
+    /* q, k and v weights (and biases) are stacked in the schema: one sgemm for all three. */
+    k_linear_fwd(L->q, in, tlm_at(P, o->wq), tlm_at(P, o->bq), N, d, ld);
     if (c->position == TLM_POS_ROPE) {
         int il = c->rope_pairing == TLM_ROPE_INTERLEAVED;
-        k_rope_fwd(L->q, B, T, c->n_heads, hd, pos0, m->rope_cos, m->rope_sin, il);
-        k_rope_fwd(L->k, B, T, c->n_kv_heads, hd, pos0, m->rope_cos, m->rope_sin, il);
+        k_rope_fwd_ld(L->q, ld, B, T, c->n_heads, hd, pos0, m->rope_cos, m->rope_sin, il);
+        k_rope_fwd_ld(L->k, ld, B, T, c->n_kv_heads, hd, pos0, m->rope_cos, m->rope_sin, il);
     }
-    if (m->training && c->dropout > 0.0f)
-        k_attention_fwd_dropout(L->att, L->probs, L->q, L->k, L->v, B, T, c->n_heads, c->n_kv_heads,
-                                hd, c->dropout, drop_key(m, layer, 0), m->arena.drop_scratch);
-    else
-        k_attention_fwd(L->att, L->probs, L->q, L->k, L->v, B, T, c->n_heads, c->n_kv_heads, hd);
+    int drop = m->training && c->dropout > 0.0f;
+    k_attention_fwd(L->att, L->probs, L->q, L->k, L->v, ld, ld, B, T, c->n_heads, c->n_kv_heads, hd,
+                    drop ? c->dropout : 0.0f, drop ? drop_key(m, layer, 0) : 0,
+                    m->arena.drop_scratch);
     k_linear_fwd(out, L->att, tlm_at(P, o->wo), tlm_at(P, o->bo), N, qw, d);
-    if (m->training && c->dropout > 0.0f)
-        k_dropout(out, out, (size_t)N * d, c->dropout, drop_key(m, layer, 1));
+    if (drop) k_dropout(out, out, (size_t)N * d, c->dropout, drop_key(m, layer, 1));
 }
 
 static void embed(tlm_model *m, float *x, const int32_t *ids, int B, int T, int pos0) {

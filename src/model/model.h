@@ -27,14 +27,13 @@ typedef struct {
     float *n1;        /* [N, d] pre-norm: norm1(x) (attention input); post-norm: norm1(x + attn) */
     float *n1_mean;   /* [N] layernorm only */
     float *n1_rstd;   /* [N] */
-    float *q, *k, *v; /* [N, H*hd], [N, KVH*hd] x2, after RoPE */
+    float *q, *k, *v; /* column blocks of one [N, H*hd + 2*KVH*hd] buffer, after RoPE */
     float *probs;     /* [B, H, T, T] */
     float *att;       /* [N, H*hd] attention output before the projection */
     float *h;         /* [N, d] residual after attention (pre-norm) / x + attn (post-norm) */
     float *n2;        /* [N, d] pre-norm: norm2(h) (ffn input); post-norm: norm2(n1 + ffn) */
     float *n2_mean, *n2_rstd;
-    float *ff_a; /* [N, d_ff] swiglu: gate pre-activation; else up pre-activation */
-    float *ff_b; /* [N, d_ff] swiglu: up; else unused */
+    float *ff_a; /* swiglu: [N, 2*d_ff] gate|up rows; else [N, d_ff] up pre-activation */
     float *ff_h; /* [N, d_ff] activated hidden */
     float *y;    /* [N, d] block output before the next residual (post-norm: pre-norm2 sum) */
 } tlm_layer_acts;
@@ -47,8 +46,8 @@ typedef struct {
     float *x_final;        /* [N, d] final residual stream */
     float *xn;             /* [N, d] after the output norm (or = x_final for post-norm) */
     float *xn_mean, *xn_rstd;
-    float *logits;   /* [N, V] */
-    float *probs;    /* [N, V] */
+    float *logits;       /* [N, V] */
+    float *probs;        /* [N, V] */
     float *attn_tmp;     /* [N, d] projection output scratch */
     float *drop_scratch; /* [threads, T, T] dropped attention probabilities (dropout > 0) */
 } tlm_arena;
@@ -58,12 +57,13 @@ typedef struct {
     int B, T, threads;
     float *base;
     size_t floats;
-    float *dres, *dtmp, *dn;      /* [N, d] */
-    float *dq, *datt;             /* [N, H*hd] */
-    float *dk, *dv;               /* [N, KVH*hd] */
-    float *dff_a, *dff_b, *dff_h; /* [N, d_ff] */
-    float *att_scratch;           /* [threads, T, T], twice that with dropout */
-    float *ddrop;                 /* [N, d] gradient through a dropout mask */
+    float *dres, *dtmp, *dn; /* [N, d] */
+    float *dq;               /* [N, H*hd + 2*KVH*hd]: dq|dk|dv rows */
+    float *datt;             /* [N, H*hd] */
+    float *dff_a;            /* [N, d_ff], or [N, 2*d_ff] gate|up for swiglu */
+    float *dff_h;            /* [N, d_ff] */
+    float *att_scratch;      /* [threads, T, T], twice that with dropout */
+    float *ddrop;            /* [N, d] gradient through a dropout mask */
 } tlm_grad_arena;
 
 struct tlm_model {

@@ -37,16 +37,25 @@ static void add(builder *b, const char *name, int layer, tlm_component comp, int
     b->offset += t.numel;
 }
 
-/* A Linear layer: weight [out, in] (decays) and, with bias, a bias [out] (does not). */
+/* Linear layers that read the same input: their weights [out_i, in] (which decay) come first and
+ * back to back, then their biases [out_i] (which don't), so the forward and backward passes treat
+ * the group as one stacked matrix: one sgemm instead of several small ones (q/k/v, gate/up). */
+static void linears(builder *b, const char *const *names, const int64_t *outs, int n, int layer,
+                    tlm_component comp, int64_t in, int bias) {
+    char nm[TLM_NAME_MAX];
+    for (int i = 0; i < n; i++) {
+        snprintf(nm, sizeof nm, "%s.weight", names[i]);
+        add(b, nm, layer, comp, outs[i], in, 1, 0);
+    }
+    for (int i = 0; bias && i < n; i++) {
+        snprintf(nm, sizeof nm, "%s.bias", names[i]);
+        add(b, nm, layer, comp, outs[i], 0, 0, 0);
+    }
+}
+
 static void linear(builder *b, const char *name, int layer, tlm_component comp, int64_t out,
                    int64_t in, int bias) {
-    char n[TLM_NAME_MAX];
-    snprintf(n, sizeof n, "%s.weight", name);
-    add(b, n, layer, comp, out, in, 1, 0);
-    if (bias) {
-        snprintf(n, sizeof n, "%s.bias", name);
-        add(b, n, layer, comp, out, 0, 0, 0);
-    }
+    linears(b, &name, &out, 1, layer, comp, in, bias);
 }
 
 static void norm(builder *b, const tlm_config *c, const char *name, int layer, tlm_component comp) {
@@ -75,13 +84,17 @@ static void walk(builder *b, const tlm_config *c) {
         add(b, "position_embd.weight", -1, TLM_COMP_POSITION, c->context_length, d, 1, 1);
     for (int l = 0; l < c->n_layers; l++) {
         norm(b, c, "attn_norm", l, TLM_COMP_ATTN_NORM);
-        linear(b, "attn_q", l, TLM_COMP_ATTN, c->n_heads * hd, d, c->bias);
-        linear(b, "attn_k", l, TLM_COMP_ATTN, c->n_kv_heads * hd, d, c->bias);
-        linear(b, "attn_v", l, TLM_COMP_ATTN, c->n_kv_heads * hd, d, c->bias);
+        static const char *const qkv[] = {"attn_q", "attn_k", "attn_v"};
+        int64_t qkv_out[] = {c->n_heads * hd, c->n_kv_heads * hd, c->n_kv_heads * hd};
+        linears(b, qkv, qkv_out, 3, l, TLM_COMP_ATTN, d, c->bias);
         linear(b, "attn_output", l, TLM_COMP_ATTN, d, c->n_heads * hd, c->bias);
         norm(b, c, "ffn_norm", l, TLM_COMP_FFN_NORM);
-        if (c->ffn == TLM_FFN_SWIGLU) linear(b, "ffn_gate", l, TLM_COMP_FFN, c->d_ff, d, c->bias);
-        linear(b, "ffn_up", l, TLM_COMP_FFN, c->d_ff, d, c->bias);
+        static const char *const gate_up[] = {"ffn_gate", "ffn_up"};
+        int64_t ff_out[] = {c->d_ff, c->d_ff};
+        if (c->ffn == TLM_FFN_SWIGLU)
+            linears(b, gate_up, ff_out, 2, l, TLM_COMP_FFN, d, c->bias);
+        else
+            linear(b, "ffn_up", l, TLM_COMP_FFN, c->d_ff, d, c->bias);
         linear(b, "ffn_down", l, TLM_COMP_FFN, d, c->d_ff, c->bias);
     }
     /* Post-norm blocks end normalized already, so only pre-norm models have a final norm. */
