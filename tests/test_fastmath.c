@@ -17,6 +17,8 @@ int main(void) {
     CHECK(worst_erf < 1e-6, "erf absolute error %.3g", worst_erf);
     CHECK(tlm_expf(-200.0f) < 1e-37f && tlm_expf(-200.0f) >= 0.0f, "underflow clamps");
     CHECK(tlm_expf(0.0f) == 1.0f, "exp(0) = 1");
+    CHECK(isnan(tlm_expf(NAN)) && isnan(tlm_erff(NAN)), "NaN propagates");
+    CHECK(tlm_expf(INFINITY) > 1e38f && tlm_expf(-INFINITY) < 1e-37f, "infinities clamp");
     CHECK_NEAR(tlm_sigmoidf(0.0f), 0.5, 1e-7);
     CHECK(tlm_sigmoidf(-100.0f) >= 0.0f && tlm_sigmoidf(100.0f) <= 1.0f, "sigmoid saturates");
     return t_finish("test_fastmath");

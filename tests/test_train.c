@@ -89,8 +89,9 @@ static size_t read_all(const char *path, char **buf) {
     fseek(f, 0, SEEK_END);
     long n = ftell(f);
     fseek(f, 0, SEEK_SET);
-    *buf = malloc((size_t)n);
+    *buf = malloc((size_t)n + 1); /* NUL-terminated so the logs can be searched as strings */
     size_t got = fread(*buf, 1, (size_t)n, f);
+    (*buf)[got] = 0;
     fclose(f);
     return got;
 }

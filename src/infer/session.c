@@ -33,7 +33,8 @@ static tlm_status reserve_rows(tlm_session *s, int rows) {
     const tlm_config *c = &s->m->c;
     size_t d = (size_t)c->d_model, hd = d / (size_t)c->n_heads;
     size_t qw = (size_t)c->n_heads * hd, kw = (size_t)c->n_kv_heads * hd, ff = (size_t)c->d_ff;
-    size_t widths[] = {d, d, qw, kw, kw, qw, d, ff, ff, ff};
+    /* q|k|v rows are one buffer (one matrix product from the stacked weights); so are gate|up. */
+    size_t widths[] = {d, d, qw + 2 * kw, 0, 0, qw, d, 2 * ff, 0, ff};
     size_t per_row = 0;
     for (size_t i = 0; i < sizeof widths / sizeof widths[0]; i++)
         per_row += (widths[i] + 15) & ~(size_t)15;
@@ -59,6 +60,8 @@ static tlm_status reserve_rows(tlm_session *s, int rows) {
         /* Row-major [rows, width]: each buffer keeps its own width as the row stride. */
         p += (size_t)rows * ((widths[i] + 15) & ~(size_t)15);
     }
+    s->k = s->q + qw;
+    s->v = s->q + qw + kw;
     return TLM_OK;
 }
 
@@ -178,6 +181,7 @@ static void embed_rows(tlm_session *s, const int32_t *ids, int N) {
 static void attend_prefill(tlm_session *s, int l, int b, int pos0, int T) {
     const tlm_config *c = &s->m->c;
     int H = c->n_heads, hd = c->d_model / H, group = H / c->n_kv_heads, qw = H * hd;
+    int ld = qw + 2 * c->n_kv_heads * hd; /* row stride of the fused q|k|v buffer */
     int cap = s->cap, chunks = (T + QCHUNK - 1) / QCHUNK;
     float scale = 1.0f / sqrtf((float)hd);
 #pragma omp parallel for schedule(dynamic, 1)
@@ -188,7 +192,7 @@ static void attend_prefill(tlm_session *s, int l, int b, int pos0, int T) {
         const float *K = infer_cache_k(s, l, b, h / group), *V = infer_cache_v(s, l, b, h / group);
         float *p = s->scores + (size_t)omp_get_thread_num() * QCHUNK * cap;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tc, S, hd, scale,
-                    s->q + (size_t)t0 * qw + (size_t)h * hd, qw, K, hd, 0.0f, p, S);
+                    s->q + (size_t)t0 * ld + (size_t)h * hd, ld, K, hd, 0.0f, p, S);
         for (int i = 0; i < tc; i++) {
             float *row = p + (size_t)i * S;
             int last = pos0 + t0 + i;
@@ -212,6 +216,7 @@ static void attend_prefill(tlm_session *s, int l, int b, int pos0, int T) {
 static void attend_decode(tlm_session *s, int l, int N) {
     const tlm_config *c = &s->m->c;
     int H = c->n_heads, hd = c->d_model / H, group = H / c->n_kv_heads, qw = H * hd;
+    int ld = qw + 2 * c->n_kv_heads * hd; /* row stride of the fused q|k|v buffer */
     float scale = 1.0f / sqrtf((float)hd);
     long work = 0;
     for (int r = 0; r < N; r++) work += (long)(s->row_pos[r] + 1) * H * hd;
@@ -220,7 +225,7 @@ static void attend_decode(tlm_session *s, int l, int N) {
         int r = task / H, h = task % H, S = s->row_pos[r] + 1;
         const float *K = infer_cache_k(s, l, s->row_seq[r], h / group);
         const float *V = infer_cache_v(s, l, s->row_seq[r], h / group);
-        const float *q = s->q + (size_t)r * qw + (size_t)h * hd;
+        const float *q = s->q + (size_t)r * ld + (size_t)h * hd;
         float *p = s->scores + (size_t)task * s->cap;
         float mx = -INFINITY;
         for (int j = 0; j < S; j++) {
@@ -255,27 +260,27 @@ static void attention_rows(tlm_session *s, int l, const float *in, float *out, i
     float *P = m->params;
     int d = c->d_model, H = c->n_heads, hd = d / H, KVH = c->n_kv_heads;
     int qw = H * hd, kw = KVH * hd;
-    k_linear_auto(s->q, in, tlm_at(P, o->wq), tlm_at(P, o->bq), N, d, qw);
-    k_linear_auto(s->k, in, tlm_at(P, o->wk), tlm_at(P, o->bk), N, d, kw);
-    k_linear_auto(s->v, in, tlm_at(P, o->wv), tlm_at(P, o->bv), N, d, kw);
+    int ld = qw + 2 * kw;
+    /* q, k, v weights are stacked in the schema: one product for all three. */
+    k_linear_auto(s->q, in, tlm_at(P, o->wq), tlm_at(P, o->bq), N, d, ld);
     if (c->position == TLM_POS_ROPE) {
         int il = c->rope_pairing == TLM_ROPE_INTERLEAVED;
         if (prefill) {
-            k_rope_fwd(s->q, 1, N, H, hd, s->row_pos[0], m->rope_cos, m->rope_sin, il);
-            k_rope_fwd(s->k, 1, N, KVH, hd, s->row_pos[0], m->rope_cos, m->rope_sin, il);
+            k_rope_fwd_ld(s->q, ld, 1, N, H, hd, s->row_pos[0], m->rope_cos, m->rope_sin, il);
+            k_rope_fwd_ld(s->k, ld, 1, N, KVH, hd, s->row_pos[0], m->rope_cos, m->rope_sin, il);
         } else {
             for (int r = 0; r < N; r++) {
-                k_rope_fwd(s->q + (size_t)r * qw, 1, 1, H, hd, s->row_pos[r], m->rope_cos,
-                           m->rope_sin, il);
-                k_rope_fwd(s->k + (size_t)r * kw, 1, 1, KVH, hd, s->row_pos[r], m->rope_cos,
-                           m->rope_sin, il);
+                k_rope_fwd_ld(s->q + (size_t)r * ld, ld, 1, 1, H, hd, s->row_pos[r], m->rope_cos,
+                              m->rope_sin, il);
+                k_rope_fwd_ld(s->k + (size_t)r * ld, ld, 1, 1, KVH, hd, s->row_pos[r], m->rope_cos,
+                              m->rope_sin, il);
             }
         }
     }
     /* Keys are stored rotated: a cached key is never touched again. */
     for (int r = 0; r < N; r++)
         for (int h = 0; h < KVH; h++) {
-            size_t at = (size_t)s->row_pos[r] * hd, src = (size_t)r * kw + (size_t)h * hd;
+            size_t at = (size_t)s->row_pos[r] * hd, src = (size_t)r * ld + (size_t)h * hd;
             memcpy(infer_cache_k(s, l, s->row_seq[r], h) + at, s->k + src, hd * sizeof(float));
             memcpy(infer_cache_v(s, l, s->row_seq[r], h) + at, s->v + src, hd * sizeof(float));
         }
@@ -294,9 +299,9 @@ static void ffn_rows(tlm_session *s, int l, const float *in, float *out, int N) 
     int d = c->d_model, ff = c->d_ff;
     size_t n = (size_t)N * ff;
     if (c->ffn == TLM_FFN_SWIGLU) {
-        k_linear_auto(s->ff_a, in, tlm_at(P, o->wgate), tlm_at(P, o->bgate), N, d, ff);
-        k_linear_auto(s->ff_b, in, tlm_at(P, o->wup), tlm_at(P, o->bup), N, d, ff);
-        k_swiglu_fwd(s->ff_h, s->ff_a, s->ff_b, n);
+        /* gate and up are one stacked [2*ff, d] matrix */
+        k_linear_auto(s->ff_a, in, tlm_at(P, o->wgate), tlm_at(P, o->bgate), N, d, 2 * ff);
+        k_swiglu_rows_fwd(s->ff_h, s->ff_a, N, ff);
     } else {
         k_linear_auto(s->ff_a, in, tlm_at(P, o->wup), tlm_at(P, o->bup), N, d, ff);
         static const k_act forms[] = {K_ACT_SILU, K_ACT_GELU, K_ACT_GELU_TANH, K_ACT_RELU};

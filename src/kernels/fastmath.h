@@ -9,7 +9,10 @@
 
 /* e^x: x = n ln2 + r with |r| <= ln2/2, e^r by a degree-6 Taylor polynomial, 2^n by building the
  * exponent bits. Inputs are clamped to the float range (underflow gives 0 via the clamp). */
-static inline float tlm_expf(float x) {
+static inline float tlm_expf(float in) {
+    /* NaN must come out as NaN (training detects divergence by it), but must not reach the
+     * float-to-int conversion below, where it would be undefined. */
+    float x = in == in ? in : 0.0f;
     x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
     float n = __builtin_rintf(x * 1.44269504088896341f);
     float r = x - n * 0.693145751953125f;
@@ -21,10 +24,10 @@ static inline float tlm_expf(float x) {
     p = p * r + 0.5f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
-    int32_t bits = ((int32_t)n + 127) << 23;
+    uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
     float scale;
     memcpy(&scale, &bits, 4);
-    return p * scale;
+    return in == in ? p * scale : in;
 }
 
 static inline float tlm_sigmoidf(float x) { return 1.0f / (1.0f + tlm_expf(-x)); }
