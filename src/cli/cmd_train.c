@@ -245,6 +245,7 @@ int cmd_train(int argc, char **argv) {
     if (!out) return cli_fail("train: -o OUTDIR is required");
     if (!data) return cli_fail("train: --data TEXT is required");
     if (use_char && tokenizer) return cli_fail("train: give -z TOKENIZER or --char, not both");
+    if (access(data, R_OK) != 0) return cli_fail("train: cannot read data file '%s'", data);
     if (o.warmup >= o.steps && o.warmup > 0)
         return cli_fail("train: --warmup %ld must be below --steps %ld", o.warmup, o.steps);
     if (mkdir(out, 0755) != 0 && access(out, W_OK) != 0)
@@ -260,6 +261,9 @@ int cmd_train(int argc, char **argv) {
 
     tlm_config c;
     if (tlm_config_load(config, &c)) return cli_fail_status("train");
+    if (o.seq_len > c.context_length)
+        return cli_fail("train: --seq-len %d exceeds the model's context_length %d", o.seq_len,
+                        c.context_length);
     tlm_tokenizer *tok = NULL;
     if (o.resume && !tokenizer && !use_char) {
         if (tlm_tokenizer_load(tok_dir, &tok)) return cli_fail_status("train: loading tokenizer");
