@@ -127,7 +127,12 @@ tlm_status tlm_forward_backward(tlm_model *m, const int32_t *ids, const int32_t 
     if (s) return s;
     s = grad_reserve(m);
     if (s) return s;
-    if (!accumulate) memset(grads, 0, m->n_params * sizeof(float));
+    if (!accumulate) {
+        long n = (long)m->n_params, chunk = 1 << 16;
+#pragma omp parallel for schedule(static)
+        for (long i = 0; i < n; i += chunk)
+            memset(grads + i, 0, (size_t)(n - i < chunk ? n - i : chunk) * sizeof(float));
+    }
     tlm_arena *a = &m->arena;
     tlm_grad_arena *g = &m->garena;
     float *G = grads, *P = m->params;

@@ -47,13 +47,16 @@ tlm_status tlm_adamw_step(tlm_adamw *o, tlm_model *m, const float *grads, double
     float b1 = (float)h->beta1, b2 = (float)h->beta2, eps = (float)h->eps;
     float a1 = (float)(1.0 - h->beta1), a2 = (float)(1.0 - h->beta2);
     float decay = (float)(1.0 - lr * h->weight_decay);
+    /* One parallel region for all tensors: most tensors of a small model are too small to be
+     * worth a fork/join each, and `nowait` lets threads run ahead into the next tensor. */
+#pragma omp parallel
     for (int t = 0; t < m->n_tensors; t++) {
         const tlm_tensor_info *ti = &m->tensors[t];
         float *p = m->params + ti->offset, *mm = o->m + ti->offset, *vv = o->v + ti->offset;
         const float *g = grads + ti->offset;
         float dec = ti->decay ? decay : 1.0f;
         long n = (long)ti->numel;
-#pragma omp parallel for schedule(static) if (n > 65536)
+#pragma omp for schedule(static) nowait
         for (long i = 0; i < n; i++) {
             float pi = p[i] * dec;
             float gi = g[i];
