@@ -218,7 +218,7 @@ static tlm_status parse_config(const cJSON *j, const char *path, hf_arch *arch, 
                        : mt ? mt
                             : "?");
     long v[8];
-    double eps, theta;
+    double eps = 0, theta = 0;
     tlm_status s;
     tlm_config_default(c);
     c->dropout = 0.0f;

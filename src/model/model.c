@@ -88,8 +88,9 @@ tlm_status tlm_model_create(const tlm_config *cfg, tlm_model **out) {
     m->off.layer = calloc((size_t)c.n_layers, sizeof *m->off.layer);
     m->params = tlm_big_alloc(m->n_params * sizeof(float));
     if (!m->tensors || !m->off.layer || !m->params) {
+        size_t n = m->n_params;
         tlm_model_free(m);
-        return tlm_err(TLM_ERR_NOMEM, "out of memory for %zu parameters", m->n_params);
+        return tlm_err(TLM_ERR_NOMEM, "out of memory for %zu parameters", n);
     }
     tlm_schema(&c, m->tensors, m->n_tensors, NULL);
     resolve_offsets(m);

@@ -16,7 +16,7 @@ static void add(builder *b, const char *name, int layer, tlm_component comp, int
     tlm_tensor_info t;
     memset(&t, 0, sizeof t);
     if (layer >= 0)
-        snprintf(t.name, sizeof t.name, "blk.%d.%s", layer, name);
+        snprintf(t.name, sizeof t.name, "blk.%d.%.40s", layer, name); /* names are short */
     else
         snprintf(t.name, sizeof t.name, "%s", name);
     t.ndim = d1 > 0 ? 2 : 1;
