@@ -36,6 +36,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%s\n", tlm_last_error());
         return 1;
     }
+    /* TLM_DATA_PARALLEL=0|1 overrides the automatic choice, to compare the two. */
+    const char *dp = getenv("TLM_DATA_PARALLEL");
+    if (dp) tlm_model_set_data_parallel(m, atoi(dp));
     size_t N = (size_t)B * T, np = tlm_model_num_params(m);
     int32_t *ids = malloc(N * 4), *tg = malloc(N * 4);
     srand(1);

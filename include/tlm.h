@@ -181,6 +181,11 @@ tlm_status tlm_forward(tlm_model *m, const int32_t *ids, int B, int T, const tlm
  * step so that a resumed run draws the same masks. */
 void tlm_model_set_dropout_seed(tlm_model *m, uint64_t seed, uint64_t step);
 
+/* How tlm_forward_backward uses several threads: 1 splits the batch across threads, each running
+ * a replica of the model single-threaded (best for small layers); 0 puts every thread on each
+ * operation; -1 (default) picks by model size. Results differ only by float summation order. */
+void tlm_model_set_data_parallel(tlm_model *m, int mode);
+
 /* Training step core: forward over ids [B, T] at positions pos0.., mean cross-entropy against
  * targets (negative = ignored) into *loss, and the gradient of that loss for every parameter into
  * grads (the parameter buffer's layout; zeroed first unless accumulate). Consumes the logits. */

@@ -9,7 +9,7 @@
 
 #define FIXTURES TLM_BUILD_DIR "/fixtures/parity"
 
-static void grad_case(const char *name) {
+static void grad_case(const char *name, int data_parallel) {
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/%s", FIXTURES, name);
     tlm_config c;
@@ -18,6 +18,7 @@ static void grad_case(const char *name) {
     CHECK_OK(tlm_model_create(&c, &m));
     if (!m) return;
     CHECK_OK(tlm_model_load_safetensors(m, t_path(dir, "model.safetensors")));
+    tlm_model_set_data_parallel(m, data_parallel);
     st_file io;
     if (st_open(&io, t_path(dir, "io.safetensors")) != TLM_OK) {
         CHECK(0, "%s", tlm_last_error());
@@ -66,7 +67,9 @@ static void grad_case(const char *name) {
         }
         free(want);
     }
-    printf("  %-28s worst error / tolerance %.3f (%s)\n", name, worst, worst_name);
+    printf("  %-28s %s worst error / tolerance %.3f (%s)\n", name,
+           data_parallel ? "batch split over threads" : "threads on each operation", worst,
+           worst_name);
     CHECK(bad == 0, "%s: %d gradient elements outside |a-b| <= 1e-5 + 1e-3|b|", name, bad);
     /* Accumulation adds a second copy of the same gradient. */
     float probe = grads[ts[0].offset];
@@ -90,7 +93,8 @@ int main(void) {
     while (fgets(line, sizeof line, f)) {
         line[strcspn(line, "\r\n")] = 0;
         if (!line[0]) continue;
-        grad_case(line);
+        grad_case(line, 0);
+        grad_case(line, 1);
         n++;
     }
     fclose(f);

@@ -83,6 +83,7 @@ tlm_status tlm_model_create(const tlm_config *cfg, tlm_model **out) {
     tlm_model *m = calloc(1, sizeof *m);
     if (!m) return tlm_err(TLM_ERR_NOMEM, "out of memory");
     m->c = c;
+    m->data_parallel = -1;
     m->n_tensors = tlm_schema(&c, NULL, 0, &m->n_params);
     m->tensors = calloc((size_t)m->n_tensors, sizeof *m->tensors);
     m->off.layer = calloc((size_t)c.n_layers, sizeof *m->off.layer);
@@ -105,6 +106,7 @@ tlm_status tlm_model_create(const tlm_config *cfg, tlm_model **out) {
 
 void tlm_model_free(tlm_model *m) {
     if (!m) return;
+    tlm_model_free_replicas(m);
     tlm_arena_free(&m->arena);
     tlm_grad_arena_free(&m->garena);
     tlm_big_free(m->params, m->n_params * sizeof(float));

@@ -80,6 +80,14 @@ struct tlm_model {
     /* Dropout runs only in training passes (tlm_forward_backward); masks derive from these. */
     int training;
     uint64_t drop_seed, drop_step;
+    /* Data-parallel training passes: replicas share the parameters (and everything read-only)
+     * but own their arenas and gradient buffers; each thread runs one on a slice of the batch.
+     * is_replica marks such a shallow copy. */
+    int data_parallel; /* -1 auto, 0 off, 1 on */
+    int n_replicas;
+    struct tlm_model **replicas;
+    float **replica_grads;
+    int is_replica;
 };
 
 /* Dropout sites: the embedding sum, then per layer the attention probabilities, the attention
@@ -91,6 +99,7 @@ static inline uint64_t tlm_drop_site(int layer, int which) {
 void tlm_arena_free(tlm_arena *a);
 void tlm_grad_arena_free(tlm_grad_arena *g);
 uint64_t drop_key(const tlm_model *m, int layer, int which);
+void tlm_model_free_replicas(tlm_model *m);
 /* Runs the forward pass into the arena (no loss). */
 tlm_status tlm_forward_internal(tlm_model *m, const int32_t *ids, int B, int T, int pos0);
 
