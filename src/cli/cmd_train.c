@@ -250,8 +250,10 @@ int cmd_train(int argc, char **argv) {
         return cli_fail("train: --warmup %ld must be below --steps %ld", o.warmup, o.steps);
     if (mkdir(out, 0755) != 0 && access(out, W_OK) != 0)
         return cli_fail("train: cannot create output directory '%s'", out);
-    char *cfg_copy = join(out, "config.json"), *tok_dir = join(out, "tokenizer");
-    char *ckpt = join(out, "checkpoint.safetensors");
+    char cfg_copy[4096], tok_dir[4096], ckpt[4096];
+    snprintf(cfg_copy, sizeof cfg_copy, "%s/config.json", out);
+    snprintf(tok_dir, sizeof tok_dir, "%s/tokenizer", out);
+    snprintf(ckpt, sizeof ckpt, "%s/checkpoint.safetensors", out);
     if (o.resume && access(ckpt, R_OK) != 0)
         return cli_fail("train: --resume but '%s' does not exist", ckpt);
     if (!config && o.resume) config = cfg_copy;
@@ -285,7 +287,10 @@ int cmd_train(int argc, char **argv) {
         return cli_fail("train: config vocab_size %d is smaller than the tokenizer's %d",
                         c.vocab_size, tv);
     }
-    if (tlm_config_finalize(&c)) return cli_fail_status("train");
+    if (tlm_config_finalize(&c)) {
+        tlm_tokenizer_free(tok);
+        return cli_fail_status("train");
+    }
     char *tokens_path = NULL;
     if (prepare_tokens(data, out, tok, &tokens_path)) {
         tlm_tokenizer_free(tok);
@@ -334,8 +339,5 @@ int cmd_train(int argc, char **argv) {
     tlm_dataset_free(ds);
     tlm_tokenizer_free(tok);
     free(tokens_path);
-    free(cfg_copy);
-    free(tok_dir);
-    free(ckpt);
     return rc;
 }
