@@ -51,6 +51,17 @@ out=$($TLM generate -m "$tmp/a" -p "the cat" -n 10 --temp 0 2>/dev/null); rc=$?
 expect "generate after train" test $rc -eq 0
 expect "generated text starts with the prompt" test "${out:0:7}" = "the cat"
 
+# tlm eval: the loss over the whole text, as JSON; after 400 steps it is well below log(vocab).
+json=$($TLM eval -m "$tmp/s" --data "$tmp/text.txt" --json 2>/dev/null); rc=$?
+expect "eval exits 0" test $rc -eq 0
+loss=$(sed 's/.*"loss": \([0-9.]*\).*/\1/' <<<"$json")
+expect "eval JSON keys" grep -q '"perplexity".*"bits_per_byte".*"tokens"' <<<"$json"
+expect "eval counts every next token" grep -q "\"tokens\": $(( $(wc -c <"$tmp/text.txt") - 1 ))" <<<"$json"
+expect "trained loss $loss below log(vocab)" awk -v l="$loss" 'BEGIN { exit !(l > 0 && l < 3.0) }'
+err=$($TLM eval -m "$tmp/a" 2>&1 >/dev/null); rc=$?
+expect "eval without data fails" test $rc -ne 0
+expect "eval names the missing flag" grep -q -- "--data" <<<"$err"
+
 # Flag and config errors come before any work, as one line.
 chk_err() { # description, expected text, args...
     local d=$1 want=$2; shift 2

@@ -9,6 +9,7 @@
 /* Each returns the process exit status. argv[0] is the subcommand name. */
 int cmd_info(int argc, char **argv);
 int cmd_train(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_tokenizer(int argc, char **argv);
@@ -24,6 +25,9 @@ int cli_flag_value(int argc, char **argv, int *i, const char *name, const char *
 /* Strict number parsing: whole string must be a number; returns 0 on error. */
 int cli_parse_int(const char *s, long *out);
 int cli_parse_float(const char *s, double *out);
+/* The tokenizer that travels with a model (a tlm checkpoint's DIR/tokenizer, a GGUF or Hugging
+ * Face vocabulary); *out is NULL when there is none. */
+tlm_status cli_model_tokenizer(const char *model, tlm_tokenizer **out);
 /* True if argv contains -h or --help. */
 int cli_wants_help(int argc, char **argv);
 

@@ -59,33 +59,6 @@ static int on_token(void *user, int seq, int32_t id) {
     return 0;
 }
 
-static int is_dir(const char *p) {
-    struct stat sb;
-    return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
-}
-
-/* The tokenizer that travels with a model: a tlm checkpoint's DIR/tokenizer, or a model file or
- * directory that holds a vocabulary itself (GGUF, Hugging Face directories). Absent is not an
- * error; a tokenizer that is there but broken is. */
-static tlm_status model_tokenizer(const char *model, tlm_tokenizer **out) {
-    *out = NULL;
-    if (is_dir(model)) {
-        size_t n = strlen(model) + 16;
-        char *p = malloc(n);
-        if (!p) return TLM_ERR_NOMEM;
-        snprintf(p, n, "%s/tokenizer", model);
-        tlm_status s = is_dir(p) ? tlm_tokenizer_load(p, out) : TLM_OK;
-        free(p);
-        if (s || *out) return s;
-        if (tlm_tokenizer_load(model, out) != TLM_OK) *out = NULL;
-        return TLM_OK;
-    }
-    size_t n = strlen(model);
-    if (n > 5 && !strcmp(model + n - 5, ".gguf") && tlm_tokenizer_load(model, out) != TLM_OK)
-        *out = NULL;
-    return TLM_OK;
-}
-
 static int parse_ids(const char *s, int32_t **ids, int *n) {
     size_t cap = 16, len = 0;
     int32_t *v = malloc(cap * sizeof *v);
@@ -186,7 +159,7 @@ int cmd_generate(int argc, char **argv) {
         goto done;
     }
     const tlm_config *c = tlm_model_config(m);
-    if (tok_path ? tlm_tokenizer_load(tok_path, &tok) : model_tokenizer(model_path, &tok)) {
+    if (tok_path ? tlm_tokenizer_load(tok_path, &tok) : cli_model_tokenizer(model_path, &tok)) {
         rc = cli_fail_status("generate: tokenizer");
         goto done;
     }

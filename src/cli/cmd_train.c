@@ -33,7 +33,7 @@ static const char *train_help =
     "  --clip C               clip the global gradient norm at C; 0 = off (default 1.0)\n"
     "  --val-fraction F       held-out fraction of the tokens (default 0.1)\n"
     "  --eval-interval N      evaluate every N steps (default 250)\n"
-    "  --eval-batches N       validation batches per evaluation (default 50)\n"
+    "  --eval-batches N       validation batches per evaluation (default 100)\n"
     "  --log-interval N       log.jsonl line every N steps (default 10)\n"
     "  --init default|gpt2    initialization scheme (default: default)\n"
     "  --seed S               seed for init, batches and dropout (default 1337)\n"

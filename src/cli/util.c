@@ -3,6 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <sys/stat.h>
+
 #include "cli.h"
 
 int cli_fail(const char *fmt, ...) {
@@ -53,4 +55,31 @@ int cli_wants_help(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return 1;
     return 0;
+}
+
+static int is_dir(const char *p) {
+    struct stat sb;
+    return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+/* The tokenizer that travels with a model: a tlm checkpoint's DIR/tokenizer, or a model file or
+ * directory that holds a vocabulary itself (GGUF, Hugging Face directories). Absent is not an
+ * error; a tokenizer that is there but broken is. */
+tlm_status cli_model_tokenizer(const char *model, tlm_tokenizer **out) {
+    *out = NULL;
+    if (is_dir(model)) {
+        size_t n = strlen(model) + 16;
+        char *p = malloc(n);
+        if (!p) return TLM_ERR_NOMEM;
+        snprintf(p, n, "%s/tokenizer", model);
+        tlm_status s = is_dir(p) ? tlm_tokenizer_load(p, out) : TLM_OK;
+        free(p);
+        if (s || *out) return s;
+        if (tlm_tokenizer_load(model, out) != TLM_OK) *out = NULL;
+        return TLM_OK;
+    }
+    size_t n = strlen(model);
+    if (n > 5 && !strcmp(model + n - 5, ".gguf") && tlm_tokenizer_load(model, out) != TLM_OK)
+        *out = NULL;
+    return TLM_OK;
 }

@@ -1,0 +1,128 @@
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "core/core.h"
+
+static const char *eval_help =
+    "usage: tlm eval -m MODEL [-z TOKENIZER] --data TEXT [--batch B] [-t THREADS] [--json]\n\n"
+    "Mean next-token cross-entropy of the model over the whole text: the tokens are cut into\n"
+    "consecutive windows of context_length (+1 for the targets), every token is predicted once.\n"
+    "Prints loss, perplexity and bits per byte.\n\n"
+    "  -m, --model PATH      model (tlm checkpoint directory, .safetensors, .gguf, llama2.c .bin,\n"
+    "                        Hugging Face directory)\n"
+    "  -z, --tokenizer PATH  tokenizer (default: the model's own)\n"
+    "  --data FILE           text to evaluate\n"
+    "  --batch B             windows per forward pass (default 8)\n"
+    "  -t, --threads N       threads (default: all cores)\n"
+    "  --json                print {\"loss\", \"perplexity\", \"bits_per_byte\", \"tokens\"}\n";
+
+int cmd_eval(int argc, char **argv) {
+    const char *model = NULL, *tokenizer = NULL, *data = NULL;
+    int json = 0;
+    long batch = 8, threads = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *v;
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            fputs(eval_help, stdout);
+            return 0;
+        } else if (cli_flag_value(argc, argv, &i, "-m", "--model", &v)) {
+            if (!v) return cli_fail("eval: %s needs a value", argv[i]);
+            model = v;
+        } else if (cli_flag_value(argc, argv, &i, "-z", "--tokenizer", &v)) {
+            if (!v) return cli_fail("eval: %s needs a value", argv[i]);
+            tokenizer = v;
+        } else if (cli_flag_value(argc, argv, &i, "--data", NULL, &v)) {
+            if (!v) return cli_fail("eval: %s needs a value", argv[i]);
+            data = v;
+        } else if (cli_flag_value(argc, argv, &i, "--batch", NULL, &v)) {
+            if (!cli_parse_int(v, &batch) || batch < 1)
+                return cli_fail("eval: --batch must be a positive integer");
+        } else if (cli_flag_value(argc, argv, &i, "-t", "--threads", &v)) {
+            if (!cli_parse_int(v, &threads) || threads < 1)
+                return cli_fail("eval: --threads must be a positive integer");
+        } else if (!strcmp(argv[i], "--json")) {
+            json = 1;
+        } else {
+            return cli_fail("eval: unknown option '%s' (see tlm eval --help)", argv[i]);
+        }
+    }
+    if (!model) return cli_fail("eval: -m MODEL is required");
+    if (!data) return cli_fail("eval: --data TEXT is required");
+    tlm_set_threads((int)threads);
+    tlm_model *m = NULL;
+    tlm_tokenizer *tok = NULL;
+    char *text = NULL;
+    int32_t *ids = NULL;
+    size_t len = 0, n = 0;
+    int rc = 0;
+    if (tlm_model_load(model, &m)) return cli_fail_status("eval");
+    if (tokenizer) {
+        if (tlm_tokenizer_load(tokenizer, &tok)) rc = cli_fail_status("eval: loading tokenizer");
+    } else if (cli_model_tokenizer(model, &tok)) {
+        rc = cli_fail_status("eval: loading the model's tokenizer");
+    } else if (!tok) {
+        rc = cli_fail("eval: no tokenizer travels with '%s'; give -z TOKENIZER", model);
+    }
+    if (!rc && tlm_read_file(data, &text, &len)) rc = cli_fail_status("eval");
+    if (!rc && tlm_tokenizer_encode(tok, text, len, TLM_ENCODE_ALLOW_SPECIAL, &ids, &n))
+        rc = cli_fail_status("eval: tokenizing");
+    const tlm_config *c = rc ? NULL : tlm_model_config(m);
+    if (!rc && n < 2) rc = cli_fail("eval: the text has fewer than 2 tokens");
+    if (!rc) {
+        for (size_t i = 0; i < n; i++)
+            if (ids[i] >= c->vocab_size) {
+                rc = cli_fail("eval: token %d is outside the model's vocabulary (%d)", ids[i],
+                              c->vocab_size);
+                break;
+            }
+    }
+    if (!rc) {
+        /* Consecutive windows: window w predicts tokens w*T+1 .. (w+1)*T from the ones before. */
+        int T = c->context_length;
+        size_t windows = (n - 1 + (size_t)T - 1) / (size_t)T;
+        int B = (int)batch;
+        int32_t *x = malloc((size_t)B * T * sizeof *x), *y = malloc((size_t)B * T * sizeof *y);
+        double total = 0;
+        size_t counted = 0;
+        for (size_t w0 = 0; w0 < windows && !rc; w0 += (size_t)B) {
+            int nb = (int)(windows - w0 < (size_t)B ? windows - w0 : (size_t)B);
+            for (int b = 0; b < nb; b++)
+                for (int t = 0; t < T; t++) {
+                    size_t i = (w0 + (size_t)b) * T + (size_t)t;
+                    /* The last window is padded: padding predicts nothing (target -1). */
+                    x[b * T + t] = i < n ? ids[i] : 0;
+                    y[b * T + t] = i + 1 < n ? ids[i + 1] : -1;
+                }
+            int cnt = 0;
+            for (int i = 0; i < nb * T; i++) cnt += y[i] >= 0;
+            tlm_forward_opts o = {.targets = y};
+            tlm_forward_out out;
+            if (tlm_forward(m, x, nb, T, &o, &out)) {
+                rc = cli_fail_status("eval");
+                break;
+            }
+            total += (double)out.loss * cnt;
+            counted += (size_t)cnt;
+        }
+        free(x);
+        free(y);
+        if (!rc) {
+            double loss = total / (double)counted;
+            double bpb = loss * (double)counted / ((double)len * log(2.0));
+            if (json)
+                printf("{\"loss\": %.6f, \"perplexity\": %.4f, \"bits_per_byte\": %.4f, "
+                       "\"tokens\": %zu}\n",
+                       loss, exp(loss), bpb, counted);
+            else
+                printf("loss %.6f  perplexity %.4f  bits/byte %.4f  (%zu tokens predicted)\n", loss,
+                       exp(loss), bpb, counted);
+        }
+    }
+    free(ids);
+    free(text);
+    tlm_tokenizer_free(tok);
+    tlm_model_free(m);
+    return rc;
+}
