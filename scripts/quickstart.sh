@@ -11,5 +11,5 @@ find /usr/share/common-licenses -type f | sort | xargs cat >runs/licenses.txt
 build/tlm train -c configs/demo-char.json --data runs/licenses.txt --char -o runs/demo \
     --steps 600 --batch 16 --lr 2e-3 --warmup 50 --eval-interval 200 --eval-batches 20
 echo
-build/tlm generate -m runs/demo -p "This License" -n 120 --temp 0.8 --seed 1
+build/tlm generate -m runs/demo -p "This License" -n 110 --temp 0.8 --seed 1
 echo
