@@ -17,7 +17,6 @@ FLAGS=(-std=c11 -D_POSIX_C_SOURCE=200809L -g -O1 -fsanitize=fuzzer,address,undef
 # The library without OpenMP pragmas mattering (BLAS and OpenMP still link for the model code).
 LIBSRC=$(find src -name '*.c' ! -path 'src/cli/*' | sort)
 LIBS=(-lopenblas -lcjson -lm -fopenmp)
-if ldconfig -p 2>/dev/null | grep -q libpcre2-8; then LIBS+=(-lpcre2-8); fi
 # Objects once (without -fsanitize=fuzzer's main), then one link per target.
 OBJ=$OUT/obj
 mkdir -p "$OBJ"

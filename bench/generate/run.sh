@@ -13,9 +13,8 @@ REPS=${2:-3}
 PY=${PYTHON:-/usr/bin/python3}
 mkdir -p "$OUT"
 [ -f "$ROOT/$BUILD/libtlm.a" ] || { echo "build first: make BUILD=$BUILD" >&2; exit 1; }
-PCRE=$(ls /usr/lib/*/libpcre2-8.so 2>/dev/null | head -1 || true)
 cc -O2 -std=c11 -D_DEFAULT_SOURCE -fopenmp -march=native -I"$ROOT/include" -I"$ROOT/src" \
-  "$ROOT/bench/generate/bench_gen.c" "$ROOT/$BUILD/libtlm.a" -lopenblas -lcjson ${PCRE:+-lpcre2-8} \
+  "$ROOT/bench/generate/bench_gen.c" "$ROOT/$BUILD/libtlm.a" -lopenblas -lcjson \
   -lm -o "$OUT/bench_gen"
 echo "# machine: $(nproc) cores, $(uname -m); load average: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# threads: $THREADS (tlm and torch); OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-<unset>} for both"
