@@ -292,22 +292,7 @@ static void attention_rows(tlm_session *s, int l, const float *in, float *out, i
 }
 
 static void ffn_rows(tlm_session *s, int l, const float *in, float *out, int N) {
-    const tlm_model *m = s->m;
-    const tlm_config *c = &m->c;
-    const tlm_layer_offsets *o = &m->off.layer[l];
-    float *P = m->params;
-    int d = c->d_model, ff = c->d_ff;
-    size_t n = (size_t)N * ff;
-    if (c->ffn == TLM_FFN_SWIGLU) {
-        /* gate and up are one stacked [2*ff, d] matrix */
-        k_linear_auto(s->ff_a, in, tlm_at(P, o->wgate), tlm_at(P, o->bgate), N, d, 2 * ff);
-        k_swiglu_rows_fwd(s->ff_h, s->ff_a, N, ff);
-    } else {
-        k_linear_auto(s->ff_a, in, tlm_at(P, o->wup), tlm_at(P, o->bup), N, d, ff);
-        static const k_act forms[] = {K_ACT_SILU, K_ACT_GELU, K_ACT_GELU_TANH, K_ACT_RELU};
-        k_act_fwd(s->ff_h, s->ff_a, n, forms[c->ffn]);
-    }
-    k_linear_auto(out, s->ff_h, tlm_at(P, o->wdown), tlm_at(P, o->bdown), N, ff, d);
+    tlm_ffn_rows(s->m, l, in, s->ff_a, s->ff_h, out, N);
 }
 
 /* Runs the N rows (ids, with row_seq/row_pos filled) through every block; the final residual

@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include "kernels/kernels.h"
+#include "kernels/matvec.h"
 #include "model/model.h"
 
 void tlm_arena_free(tlm_arena *a) {
@@ -97,20 +98,22 @@ static void apply_norm(const tlm_config *c, float *y, float *mean, float *rstd, 
         k_layernorm_fwd(y, mean, rstd, x, g, b, N, c->d_model, c->norm_eps);
 }
 
-static void ffn_forward(const tlm_config *c, float *P, const tlm_layer_offsets *o,
-                        tlm_layer_acts *L, const float *in, float *out, int N) {
+void tlm_ffn_rows(const tlm_model *m, int layer, const float *in, float *a, float *h, float *out,
+                  int N) {
+    const tlm_config *c = &m->c;
+    const tlm_layer_offsets *o = &m->off.layer[layer];
+    float *P = m->params;
     int d = c->d_model, ff = c->d_ff;
-    size_t n = (size_t)N * ff;
     if (c->ffn == TLM_FFN_SWIGLU) {
         /* gate and up are one stacked [2*ff, d] matrix (see the schema) */
-        k_linear_fwd(L->ff_a, in, tlm_at(P, o->wgate), tlm_at(P, o->bgate), N, d, 2 * ff);
-        k_swiglu_rows_fwd(L->ff_h, L->ff_a, N, ff);
+        k_linear_auto(a, in, tlm_at(P, o->wgate), tlm_at(P, o->bgate), N, d, 2 * ff);
+        k_swiglu_rows_fwd(h, a, N, ff);
     } else {
-        k_linear_fwd(L->ff_a, in, tlm_at(P, o->wup), tlm_at(P, o->bup), N, d, ff);
-        k_act forms[] = {K_ACT_SILU, K_ACT_GELU, K_ACT_GELU_TANH, K_ACT_RELU};
-        k_act_fwd(L->ff_h, L->ff_a, n, forms[c->ffn]);
+        k_linear_auto(a, in, tlm_at(P, o->wup), tlm_at(P, o->bup), N, d, ff);
+        static const k_act forms[] = {K_ACT_SILU, K_ACT_GELU, K_ACT_GELU_TANH, K_ACT_RELU};
+        k_act_fwd(h, a, (size_t)N * ff, forms[c->ffn]);
     }
-    k_linear_fwd(out, L->ff_h, tlm_at(P, o->wdown), tlm_at(P, o->bdown), N, ff, d);
+    k_linear_auto(out, h, tlm_at(P, o->wdown), tlm_at(P, o->bdown), N, ff, d);
 }
 
 uint64_t drop_key(const tlm_model *m, int layer, int which) {
@@ -193,14 +196,14 @@ tlm_status tlm_forward_internal(tlm_model *m, const int32_t *ids, int B, int T, 
             attention_forward(m, l, o, L, L->n1, a->attn_tmp, B, T, pos0);
             k_add(L->h, L->x, a->attn_tmp, nd);
             apply_norm(c, L->n2, L->n2_mean, L->n2_rstd, L->h, g2, b2, N);
-            ffn_forward(c, P, o, L, L->n2, L->y, N);
+            tlm_ffn_rows(m, l, L->n2, L->ff_a, L->ff_h, L->y, N);
             if (drop) k_dropout(L->y, L->y, nd, c->dropout, drop_key(m, l, 2));
             k_add(next, L->h, L->y, nd);
         } else {
             attention_forward(m, l, o, L, L->x, a->attn_tmp, B, T, pos0);
             k_add(L->h, L->x, a->attn_tmp, nd);
             apply_norm(c, L->n1, L->n1_mean, L->n1_rstd, L->h, g1, b1, N);
-            ffn_forward(c, P, o, L, L->n1, L->y, N);
+            tlm_ffn_rows(m, l, L->n1, L->ff_a, L->ff_h, L->y, N);
             if (drop) k_dropout(L->y, L->y, nd, c->dropout, drop_key(m, l, 2));
             k_add(L->y, L->n1, L->y, nd);
             apply_norm(c, next, L->n2_mean, L->n2_rstd, L->y, g2, b2, N);

@@ -100,6 +100,10 @@ void tlm_arena_free(tlm_arena *a);
 void tlm_grad_arena_free(tlm_grad_arena *g);
 uint64_t drop_key(const tlm_model *m, int layer, int which);
 void tlm_model_free_replicas(tlm_model *m);
+/* A block's FFN over N rows: a receives the up (swiglu: gate|up) pre-activations, h the activated
+ * hidden rows, out the result. Shared by the forward pass and the generation path. */
+void tlm_ffn_rows(const tlm_model *m, int layer, const float *in, float *a, float *h, float *out,
+                  int N);
 /* Runs the forward pass into the arena (no loss). */
 tlm_status tlm_forward_internal(tlm_model *m, const int32_t *ids, int B, int T, int pos0);
 
