@@ -115,7 +115,7 @@ typedef struct {
     int64_t shape[2];        /* PyTorch order: [out, in] for matrices */
     size_t offset;           /* in floats, into the flat parameter buffer */
     size_t numel;
-    int layer;               /* block index, -1 outside blocks */
+    int layer; /* block index, -1 outside blocks */
     tlm_component component;
     int decay;     /* AdamW weight decay applies (matrices, embeddings) */
     int embedding; /* excluded from the non-embedding count */
@@ -240,14 +240,15 @@ void tlm_dataset_free(tlm_dataset *d);
 size_t tlm_dataset_size(const tlm_dataset *d, int split);
 int32_t tlm_dataset_vocab_size(const tlm_dataset *d);
 
-/* Mean loss over `batches` fixed random windows (B x T) of a split; NAN if it cannot be computed. */
+/* Mean loss over `batches` fixed random windows (B x T) of a split; NAN if it cannot be computed.
+ */
 double tlm_evaluate(tlm_model *m, const tlm_dataset *d, int split, int B, int T, int batches,
                     uint64_t seed);
 
 typedef struct {
-    long step, total;   /* steps completed, steps in the run */
-    float train_loss;   /* of this step's batch */
-    float val_loss;     /* NAN unless evaluated at this step */
+    long step, total; /* steps completed, steps in the run */
+    float train_loss; /* of this step's batch */
+    float val_loss;   /* NAN unless evaluated at this step */
     double lr, grad_norm, tokens_per_s, elapsed_s;
     long steps_this_run; /* since start or resume */
 } tlm_train_progress;
@@ -336,8 +337,8 @@ tlm_status tlm_model_save_gguf(const tlm_model *m, const tlm_tokenizer *tok, con
 
 /* One tensor as a model file stores it, for `tlm info -m`. */
 typedef struct {
-    char name[128];  /* the file's own name (llama2.c files have none: canonical names) */
-    char dtype[16];  /* "F32", "F16", "BF16", "Q8_0", ... */
+    char name[128]; /* the file's own name (llama2.c files have none: canonical names) */
+    char dtype[16]; /* "F32", "F16", "BF16", "Q8_0", ... */
     int ndim;
     int64_t shape[4]; /* row-major order, outermost first (GGUF's innermost-first dims reversed) */
 } tlm_file_tensor;
@@ -414,9 +415,9 @@ typedef struct {
 } tlm_generate_opts;
 
 typedef struct {
-    int prompt_tokens;     /* over all sequences */
-    int new_tokens;        /* ids sampled, over all sequences */
-    int decode_steps;      /* tlm_decode calls */
+    int prompt_tokens; /* over all sequences */
+    int new_tokens;    /* ids sampled, over all sequences */
+    int decode_steps;  /* tlm_decode calls */
     double prefill_seconds;
     double decode_seconds; /* decode steps plus sampling */
 } tlm_generate_stats;
@@ -445,12 +446,14 @@ typedef enum {
 } tlm_tokenizer_kind;
 
 /* Encode flags. */
-#define TLM_ENCODE_ALLOW_SPECIAL 1u /* special tokens in the text are encoded atomically (longest
-                                       match wins); otherwise they are plain text */
-#define TLM_ENCODE_ADD_BOS 2u       /* prepend BOS (error if the vocabulary has none) */
-#define TLM_ENCODE_ADD_EOS 4u       /* append EOS (error if the vocabulary has none) */
+#define TLM_ENCODE_ALLOW_SPECIAL                                                                   \
+    1u                        /* special tokens in the text are encoded atomically (longest        \
+                                 match wins); otherwise they are plain text */
+#define TLM_ENCODE_ADD_BOS 2u /* prepend BOS (error if the vocabulary has none) */
+#define TLM_ENCODE_ADD_EOS 4u /* append EOS (error if the vocabulary has none) */
 /* Decode flags. */
-#define TLM_DECODE_SKIP_SPECIAL 1u /* special tokens (BOS, EOS, <|endoftext|> ...) produce nothing */
+#define TLM_DECODE_SKIP_SPECIAL                                                                    \
+    1u /* special tokens (BOS, EOS, <|endoftext|> ...) produce nothing */
 
 /* Largest text tlm_tokenizer_encode accepts, in bytes. */
 #define TLM_TOKENIZER_MAX_INPUT ((size_t)0x7FFFFFFF)
@@ -474,8 +477,7 @@ int32_t tlm_tokenizer_eos(const tlm_tokenizer *t);
 int tlm_tokenizer_is_special(const tlm_tokenizer *t, int32_t id);
 /* The bytes token id stands for (byte-fallback tokens give their byte; specials their text).
  * Points into the tokenizer. TLM_ERR_RANGE for an unknown id. */
-tlm_status tlm_tokenizer_piece(const tlm_tokenizer *t, int32_t id, const char **bytes,
-                               size_t *len);
+tlm_status tlm_tokenizer_piece(const tlm_tokenizer *t, int32_t id, const char **bytes, size_t *len);
 /* Id whose piece is exactly these bytes (specials included), or -1. */
 int32_t tlm_tokenizer_find(const tlm_tokenizer *t, const void *bytes, size_t len);
 /* Longest piece in bytes. */
@@ -509,10 +511,10 @@ tlm_status tlm_tokenizer_char_from_text(const void *text, size_t len, tlm_tokeni
 tlm_status tlm_tokenizer_save(const tlm_tokenizer *t, const char *dir);
 
 typedef struct {
-    int32_t vocab_size;            /* specials + 256 bytes + merges */
-    const char *const *specials;   /* NUL-terminated special tokens, ids 0.. in this order */
+    int32_t vocab_size;          /* specials + 256 bytes + merges */
+    const char *const *specials; /* NUL-terminated special tokens, ids 0.. in this order */
     int n_specials;
-    int threads;                   /* pre-tokenization threads; <= 0: tlm_get_threads() */
+    int threads; /* pre-tokenization threads; <= 0: tlm_get_threads() */
     /* Optional progress: called now and then with merges done and total; non-zero stops. */
     int (*progress)(void *user, int32_t done, int32_t total);
     void *user;

@@ -266,14 +266,14 @@ static void attention_rows(tlm_session *s, int l, const float *in, float *out, i
     if (c->position == TLM_POS_ROPE) {
         int il = c->rope_pairing == TLM_ROPE_INTERLEAVED;
         if (prefill) {
-            k_rope_fwd_ld(s->q, ld, 1, N, H, hd, s->row_pos[0], m->rope_cos, m->rope_sin, il);
-            k_rope_fwd_ld(s->k, ld, 1, N, KVH, hd, s->row_pos[0], m->rope_cos, m->rope_sin, il);
+            k_rope_fwd(s->q, ld, 1, N, H, hd, s->row_pos[0], m->rope_cos, m->rope_sin, il);
+            k_rope_fwd(s->k, ld, 1, N, KVH, hd, s->row_pos[0], m->rope_cos, m->rope_sin, il);
         } else {
             for (int r = 0; r < N; r++) {
-                k_rope_fwd_ld(s->q + (size_t)r * ld, ld, 1, 1, H, hd, s->row_pos[r], m->rope_cos,
-                              m->rope_sin, il);
-                k_rope_fwd_ld(s->k + (size_t)r * ld, ld, 1, 1, KVH, hd, s->row_pos[r], m->rope_cos,
-                              m->rope_sin, il);
+                k_rope_fwd(s->q + (size_t)r * ld, ld, 1, 1, H, hd, s->row_pos[r], m->rope_cos,
+                           m->rope_sin, il);
+                k_rope_fwd(s->k + (size_t)r * ld, ld, 1, 1, KVH, hd, s->row_pos[r], m->rope_cos,
+                           m->rope_sin, il);
             }
         }
     }

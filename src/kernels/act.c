@@ -35,12 +35,6 @@ void k_act_fwd(float *y, const float *x, size_t n, k_act act) {
     }
 }
 
-void k_swiglu_fwd(float *y, const float *gate, const float *up, size_t n) {
-    long nn = (long)n;
-#pragma omp parallel for schedule(static)
-    for (long i = 0; i < nn; i++) y[i] = silu(gate[i]) * up[i];
-}
-
 void k_add(float *y, const float *a, const float *b, size_t n) {
     long nn = (long)n;
 #pragma omp parallel for schedule(static)
@@ -84,17 +78,6 @@ void k_act_bwd(float *dx, const float *dy, const float *x, size_t n, k_act act) 
             dx[i] = dy[i] * s * (1.0f + x[i] * (1.0f - s));
         }
         break;
-    }
-}
-
-void k_swiglu_bwd(float *dgate, float *dup, const float *dy, const float *gate, const float *up,
-                  size_t n) {
-    long nn = (long)n;
-#pragma omp parallel for schedule(static)
-    for (long i = 0; i < nn; i++) {
-        float g = gate[i], s = sigmoid(g), sl = g * s;
-        dup[i] = dy[i] * sl;
-        dgate[i] = dy[i] * up[i] * s * (1.0f + g * (1.0f - s));
     }
 }
 

@@ -38,30 +38,21 @@ void k_layernorm_bwd(float *dx, float *dg, float *db, const float *dy, const flo
 typedef enum { K_ACT_GELU, K_ACT_GELU_TANH, K_ACT_RELU, K_ACT_SILU } k_act;
 /* y = act(x) elementwise over n. */
 void k_act_fwd(float *y, const float *x, size_t n, k_act act);
-/* y = silu(gate) * up elementwise over n. */
-void k_swiglu_fwd(float *y, const float *gate, const float *up, size_t n);
 /* Rows of a fused gate|up buffer a [N, 2*ff]: y[i, j] = silu(a[i, j]) * a[i, ff + j]. */
 void k_swiglu_rows_fwd(float *y, const float *a, int N, int ff);
 /* da [N, 2*ff] (gate|up halves) from dy [N, ff]. */
 void k_swiglu_rows_bwd(float *da, const float *dy, const float *a, int N, int ff);
 /* dx = dy * act'(x) (x is the activation's input). */
 void k_act_bwd(float *dx, const float *dy, const float *x, size_t n, k_act act);
-void k_swiglu_bwd(float *dgate, float *dup, const float *dy, const float *gate, const float *up,
-                  size_t n);
 
 /* ---- rope.c ---- */
-/* Rotates x [B*T, n_heads*hd] in place; row t of each sequence has position pos0 + t. cos/sin are
- * tables [positions, hd/2]. interleaved pairs (2i, 2i+1), else (i, i + hd/2). */
-void k_rope_fwd(float *x, int B, int T, int n_heads, int hd, int pos0, const float *cos_t,
+/* Rotates x in place: rows of stride ld (q or k may be a column block of a fused q|k|v buffer),
+ * B*T rows, row t of each sequence at position pos0 + t, n_heads heads of hd. cos/sin are tables
+ * [positions, hd/2]. interleaved pairs (2i, 2i+1), else (i, i + hd/2). */
+void k_rope_fwd(float *x, int ld, int B, int T, int n_heads, int hd, int pos0, const float *cos_t,
                 const float *sin_t, int interleaved);
-
-/* The same over rows of stride ld (q or k as a column block of a fused buffer). */
-void k_rope_fwd_ld(float *x, int ld, int B, int T, int n_heads, int hd, int pos0,
-                   const float *cos_t, const float *sin_t, int interleaved);
-void k_rope_bwd_ld(float *dx, int ld, int B, int T, int n_heads, int hd, int pos0,
-                   const float *cos_t, const float *sin_t, int interleaved);
 /* Gradient through the rotation: rotates dx in place by the negative angle. */
-void k_rope_bwd(float *dx, int B, int T, int n_heads, int hd, int pos0, const float *cos_t,
+void k_rope_bwd(float *dx, int ld, int B, int T, int n_heads, int hd, int pos0, const float *cos_t,
                 const float *sin_t, int interleaved);
 
 /* ---- attention.c ---- */
@@ -86,8 +77,6 @@ double k_cross_entropy_fwd(const float *logits, const int *targets, float *probs
 /* Training: returns the mean loss over counted rows and replaces logits in place with
  * d(loss)/d(logits) = (softmax - onehot) / count (zero rows for ignored targets). */
 double k_cross_entropy_fwd_bwd(float *logits, const int *targets, int N, int V, int *count);
-/* Row-wise softmax of logits into probs. */
-void k_softmax_rows(float *probs, const float *logits, int N, int V);
 
 /* ---- misc ---- */
 void k_add(float *y, const float *a, const float *b, size_t n); /* y = a + b */

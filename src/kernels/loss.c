@@ -34,10 +34,6 @@ double k_cross_entropy_fwd(const float *logits, const int *targets, float *probs
     return n ? total / n : NAN;
 }
 
-void k_softmax_rows(float *probs, const float *logits, int N, int V) {
-    k_cross_entropy_fwd(logits, NULL, probs, N, V, NULL);
-}
-
 double k_cross_entropy_fwd_bwd(float *logits, const int *targets, int N, int V, int *count) {
     int n = 0;
     for (int i = 0; i < N; i++) n += targets[i] >= 0;

@@ -30,22 +30,12 @@ static void rope(float *x, int ld, int B, int T, int n_heads, int hd, int pos0, 
     }
 }
 
-void k_rope_fwd(float *x, int B, int T, int n_heads, int hd, int pos0, const float *cos_t,
+void k_rope_fwd(float *x, int ld, int B, int T, int n_heads, int hd, int pos0, const float *cos_t,
                 const float *sin_t, int interleaved) {
-    rope(x, n_heads * hd, B, T, n_heads, hd, pos0, cos_t, sin_t, interleaved, 1.0f);
-}
-
-void k_rope_bwd(float *dx, int B, int T, int n_heads, int hd, int pos0, const float *cos_t,
-                const float *sin_t, int interleaved) {
-    rope(dx, n_heads * hd, B, T, n_heads, hd, pos0, cos_t, sin_t, interleaved, -1.0f);
-}
-
-void k_rope_fwd_ld(float *x, int ld, int B, int T, int n_heads, int hd, int pos0,
-                   const float *cos_t, const float *sin_t, int interleaved) {
     rope(x, ld, B, T, n_heads, hd, pos0, cos_t, sin_t, interleaved, 1.0f);
 }
 
-void k_rope_bwd_ld(float *dx, int ld, int B, int T, int n_heads, int hd, int pos0,
-                   const float *cos_t, const float *sin_t, int interleaved) {
+void k_rope_bwd(float *dx, int ld, int B, int T, int n_heads, int hd, int pos0, const float *cos_t,
+                const float *sin_t, int interleaved) {
     rope(dx, ld, B, T, n_heads, hd, pos0, cos_t, sin_t, interleaved, -1.0f);
 }

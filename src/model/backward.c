@@ -106,8 +106,8 @@ static void attn_bwd(tlm_model *m, int layer, float *G, const tlm_layer_offsets 
                     g->att_scratch);
     if (c->position == TLM_POS_ROPE) {
         int il = c->rope_pairing == TLM_ROPE_INTERLEAVED;
-        k_rope_bwd_ld(dq, ld, B, T, c->n_heads, hd, pos0, m->rope_cos, m->rope_sin, il);
-        k_rope_bwd_ld(dk, ld, B, T, c->n_kv_heads, hd, pos0, m->rope_cos, m->rope_sin, il);
+        k_rope_bwd(dq, ld, B, T, c->n_heads, hd, pos0, m->rope_cos, m->rope_sin, il);
+        k_rope_bwd(dk, ld, B, T, c->n_kv_heads, hd, pos0, m->rope_cos, m->rope_sin, il);
     }
     /* The stacked q|k|v matrix: one sgemm for the input gradient, one for the weights. */
     k_linear_bwd(din, G + o->wq, tlm_at(G, o->bq), g->dq, in, P + o->wq, N, d, ld, 0);

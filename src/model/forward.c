@@ -132,8 +132,8 @@ static void attention_forward(tlm_model *m, int layer, const tlm_layer_offsets *
     k_linear_fwd(L->q, in, tlm_at(P, o->wq), tlm_at(P, o->bq), N, d, ld);
     if (c->position == TLM_POS_ROPE) {
         int il = c->rope_pairing == TLM_ROPE_INTERLEAVED;
-        k_rope_fwd_ld(L->q, ld, B, T, c->n_heads, hd, pos0, m->rope_cos, m->rope_sin, il);
-        k_rope_fwd_ld(L->k, ld, B, T, c->n_kv_heads, hd, pos0, m->rope_cos, m->rope_sin, il);
+        k_rope_fwd(L->q, ld, B, T, c->n_heads, hd, pos0, m->rope_cos, m->rope_sin, il);
+        k_rope_fwd(L->k, ld, B, T, c->n_kv_heads, hd, pos0, m->rope_cos, m->rope_sin, il);
     }
     int drop = m->training && c->dropout > 0.0f;
     k_attention_fwd(L->att, L->probs, L->q, L->k, L->v, ld, ld, B, T, c->n_heads, c->n_kv_heads, hd,

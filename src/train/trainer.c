@@ -226,7 +226,6 @@ tlm_status tlm_train_run(tlm_model *m, const tlm_dataset *d, const tlm_train_opt
     tlm_schedule sched = {o->lr, o->min_lr, o->warmup, o->steps};
     double t_start = now_s();
     long first = st.step;
-    float last_val = NAN;
     for (long step = st.step; step < o->steps; step++) {
         double t0 = now_s();
         double lr = tlm_lr_at(&sched, step);
@@ -250,7 +249,6 @@ tlm_status tlm_train_run(tlm_model *m, const tlm_dataset *d, const tlm_train_opt
         float val = NAN;
         if (evaluate) {
             val = (float)tlm_evaluate(m, d, TLM_SPLIT_VAL, B, T, o->eval_batches, o->seed);
-            last_val = val;
         }
         tlm_train_progress p = {st.step,        o->steps,          loss,           val, lr, norm,
                                 (double)N / dt, now_s() - t_start, st.step - first};
@@ -280,7 +278,6 @@ tlm_status tlm_train_run(tlm_model *m, const tlm_dataset *d, const tlm_train_opt
             break;
         }
     }
-    (void)last_val;
 done:
     if (log) fclose(log);
     tlm_adamw_free(opt);
