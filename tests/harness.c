@@ -1,6 +1,7 @@
 #include "harness.h"
 
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 
 int t_passed = 0, t_failed = 0;
@@ -25,4 +26,57 @@ const char *t_path(const char *dir, const char *name) {
     char *b = bufs[i++ & 7];
     snprintf(b, 4096, "%s/%s", dir, name);
     return b;
+}
+
+#define T_FIXTURES TLM_BUILD_DIR "/fixtures/parity"
+
+static int parity_open(const char *name, t_parity *p) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/%s", T_FIXTURES, name);
+    memset(p, 0, sizeof *p);
+    p->name = name;
+    tlm_config c;
+    if (tlm_config_load(t_path(dir, "config.json"), &c) || tlm_model_create(&c, &p->m) ||
+        tlm_model_load_safetensors(p->m, t_path(dir, "model.safetensors")) ||
+        st_open(&p->io, t_path(dir, "io.safetensors"))) {
+        CHECK(0, "%s: %s", name, tlm_last_error());
+        tlm_model_free(p->m);
+        return 0;
+    }
+    p->B = atoi(st_meta(&p->io, "B"));
+    p->T = atoi(st_meta(&p->io, "T"));
+    p->pos = atoi(st_meta(&p->io, "pos_offset"));
+    size_t N = (size_t)p->B * p->T;
+    p->ids = malloc(N * sizeof *p->ids);
+    p->targets = malloc(N * sizeof *p->targets);
+    CHECK_OK(st_read_i32(&p->io, st_find(&p->io, "ids"), p->ids, N));
+    CHECK_OK(st_read_i32(&p->io, st_find(&p->io, "targets"), p->targets, N));
+    CHECK_OK(st_read_f32(&p->io, st_find(&p->io, "loss"), &p->loss, 1));
+    return 1;
+}
+
+static void parity_close(t_parity *p) {
+    free(p->ids);
+    free(p->targets);
+    st_close(&p->io);
+    tlm_model_free(p->m);
+}
+
+int t_parity_each(void (*fn)(t_parity *p, void *user), void *user) {
+    FILE *f = fopen(T_FIXTURES "/cases.txt", "r");
+    CHECK(f != NULL, "missing %s (run tests/reference/gen_fixtures.py)", T_FIXTURES "/cases.txt");
+    if (!f) return 0;
+    char line[256];
+    int n = 0;
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\r\n")] = 0;
+        if (!line[0]) continue;
+        t_parity p;
+        if (!parity_open(line, &p)) continue;
+        fn(&p, user);
+        parity_close(&p);
+        n++;
+    }
+    fclose(f);
+    return n;
 }

@@ -38,4 +38,22 @@ const char *t_shared_data(void);
 /* Joins a directory and a name into a static buffer (rotating among a few). */
 const char *t_path(const char *dir, const char *name);
 
+/* A PyTorch parity case (tests/reference/gen_fixtures.py): the model with the reference's weights,
+ * the batch, and the open io.safetensors holding the expected outputs. */
+#include "formats/safetensors.h"
+#include "tlm.h"
+
+typedef struct {
+    const char *name;
+    tlm_model *m;
+    st_file io;
+    int B, T, pos;
+    int32_t *ids, *targets; /* [B*T] */
+    float loss;             /* the reference's mean loss */
+} t_parity;
+
+/* Calls fn for every case listed in the fixtures' cases.txt; returns how many ran. A case that
+ * cannot be opened is a failed check and is skipped. */
+int t_parity_each(void (*fn)(t_parity *p, void *user), void *user);
+
 #endif

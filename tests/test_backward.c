@@ -7,32 +7,15 @@
 #include "harness.h"
 #include "tlm.h"
 
-#define FIXTURES TLM_BUILD_DIR "/fixtures/parity"
-
-static void grad_case(const char *name, int data_parallel) {
-    char dir[1024];
-    snprintf(dir, sizeof dir, "%s/%s", FIXTURES, name);
-    tlm_config c;
-    CHECK_OK(tlm_config_load(t_path(dir, "config.json"), &c));
-    tlm_model *m = NULL;
-    CHECK_OK(tlm_model_create(&c, &m));
-    if (!m) return;
-    CHECK_OK(tlm_model_load_safetensors(m, t_path(dir, "model.safetensors")));
+static void grad_case(t_parity *p, int data_parallel) {
+    tlm_model *m = p->m;
+    const char *name = p->name;
+    const st_file *io = &p->io;
+    int B = p->B, T = p->T, pos = p->pos;
     tlm_model_set_data_parallel(m, data_parallel);
-    st_file io;
-    if (st_open(&io, t_path(dir, "io.safetensors")) != TLM_OK) {
-        CHECK(0, "%s", tlm_last_error());
-        tlm_model_free(m);
-        return;
-    }
-    int B = atoi(st_meta(&io, "B")), T = atoi(st_meta(&io, "T"));
-    int pos = atoi(st_meta(&io, "pos_offset"));
-    size_t N = (size_t)B * T, np = tlm_model_num_params(m);
-    int32_t *ids = malloc(N * sizeof *ids), *tg = malloc(N * sizeof *tg);
-    float *grads = malloc(np * sizeof *grads), loss_want, loss;
-    CHECK_OK(st_read_i32(&io, st_find(&io, "ids"), ids, N));
-    CHECK_OK(st_read_i32(&io, st_find(&io, "targets"), tg, N));
-    CHECK_OK(st_read_f32(&io, st_find(&io, "loss"), &loss_want, 1));
+    size_t np = tlm_model_num_params(m);
+    const int32_t *ids = p->ids, *tg = p->targets;
+    float *grads = malloc(np * sizeof *grads), loss_want = p->loss, loss;
     /* Garbage in the buffer must be overwritten when not accumulating. */
     for (size_t i = 0; i < np; i++) grads[i] = 123.0f;
     CHECK_OK(tlm_forward_backward(m, ids, tg, B, T, pos, grads, 0, &loss));
@@ -45,11 +28,11 @@ static void grad_case(const char *name, int data_parallel) {
     for (int i = 0; i < n; i++) {
         char key[TLM_NAME_MAX + 8];
         snprintf(key, sizeof key, "grad.%s", ts[i].name);
-        const st_tensor *t = st_find(&io, key);
+        const st_tensor *t = st_find(io, key);
         CHECK(t != NULL, "%s: fixture lacks %s", name, key);
         if (!t) continue;
         float *want = malloc(ts[i].numel * sizeof *want);
-        CHECK_OK(st_read_f32(&io, t, want, ts[i].numel));
+        CHECK_OK(st_read_f32(io, t, want, ts[i].numel));
         const float *got = grads + ts[i].offset;
         for (size_t j = 0; j < ts[i].numel; j++) {
             double e = fabs((double)got[j] - want[j]), tol = 1e-5 + 1e-3 * fabs(want[j]);
@@ -75,29 +58,19 @@ static void grad_case(const char *name, int data_parallel) {
     float probe = grads[ts[0].offset];
     CHECK_OK(tlm_forward_backward(m, ids, tg, B, T, pos, grads, 1, &loss));
     CHECK_NEAR(grads[ts[0].offset], 2 * probe, 1e-6 + 1e-5 * fabs(probe));
-    free(ids);
-    free(tg);
     free(grads);
-    st_close(&io);
-    tlm_model_free(m);
+}
+
+static void both_ways(t_parity *p, void *user) {
+    (void)user;
+    grad_case(p, 0);
+    grad_case(p, 1);
 }
 
 int main(void) {
     tlm_set_threads(2);
-    FILE *f = fopen(FIXTURES "/cases.txt", "r");
-    CHECK(f != NULL, "missing %s", FIXTURES "/cases.txt");
-    if (!f) return t_finish("test_backward");
-    char line[256];
-    int n = 0;
     printf("gradient parity with PyTorch autograd:\n");
-    while (fgets(line, sizeof line, f)) {
-        line[strcspn(line, "\r\n")] = 0;
-        if (!line[0]) continue;
-        grad_case(line, 0);
-        grad_case(line, 1);
-        n++;
-    }
-    fclose(f);
+    int n = t_parity_each(both_ways, NULL);
     CHECK(n >= 10, "only %d cases", n);
     return t_finish("test_backward");
 }

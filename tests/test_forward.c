@@ -7,35 +7,16 @@
 #include "harness.h"
 #include "tlm.h"
 
-#define FIXTURES TLM_BUILD_DIR "/fixtures/parity"
-
-static void parity_case(const char *name) {
-    char dir[1024];
-    snprintf(dir, sizeof dir, "%s/%s", FIXTURES, name);
-    tlm_config c;
-    CHECK_OK(tlm_config_load(t_path(dir, "config.json"), &c));
-    tlm_model *m = NULL;
-    CHECK_OK(tlm_model_create(&c, &m));
-    if (!m) return;
-    CHECK_OK(tlm_model_load_safetensors(m, t_path(dir, "model.safetensors")));
-    st_file io;
-    if (st_open(&io, t_path(dir, "io.safetensors")) != TLM_OK) {
-        CHECK(0, "%s", tlm_last_error());
-        tlm_model_free(m);
-        return;
-    }
-    int B = atoi(st_meta(&io, "B")), T = atoi(st_meta(&io, "T"));
-    int pos = atoi(st_meta(&io, "pos_offset"));
-    size_t N = (size_t)B * T, V = (size_t)c.vocab_size;
-    int32_t *ids = malloc(N * sizeof *ids), *tg = malloc(N * sizeof *tg);
-    float *want = malloc(N * V * sizeof *want), loss_want;
-    CHECK_OK(st_read_i32(&io, st_find(&io, "ids"), ids, N));
-    CHECK_OK(st_read_i32(&io, st_find(&io, "targets"), tg, N));
-    CHECK_OK(st_read_f32(&io, st_find(&io, "logits"), want, N * V));
-    CHECK_OK(st_read_f32(&io, st_find(&io, "loss"), &loss_want, 1));
-    tlm_forward_opts o = {.targets = tg, .pos_offset = pos, .want_probs = 1};
+static void parity_case(t_parity *p, void *user) {
+    (void)user;
+    tlm_model *m = p->m;
+    int B = p->B, T = p->T;
+    size_t N = (size_t)B * T, V = (size_t)tlm_model_config(m)->vocab_size;
+    float *want = malloc(N * V * sizeof *want);
+    CHECK_OK(st_read_f32(&p->io, st_find(&p->io, "logits"), want, N * V));
+    tlm_forward_opts o = {.targets = p->targets, .pos_offset = p->pos, .want_probs = 1};
     tlm_forward_out out;
-    CHECK_OK(tlm_forward(m, ids, B, T, &o, &out));
+    CHECK_OK(tlm_forward(m, p->ids, B, T, &o, &out));
     double err = 0, mag = 0, perr = 0;
     for (size_t i = 0; i < N * V; i++) {
         double e = fabs((double)out.logits[i] - want[i]);
@@ -52,33 +33,18 @@ static void parity_case(const char *name) {
             perr = e > perr ? e : perr;
         }
     }
-    printf("  %-28s B=%d T=%-3d pos=%-3d max|logit| %6.2f  max err %.2e  loss %.6f vs %.6f\n", name,
-           B, T, pos, mag, err, out.loss, loss_want);
-    CHECK(err <= 1e-4, "%s: logits max abs error %.3g", name, err);
-    CHECK(perr <= 1e-5, "%s: probabilities max abs error %.3g", name, perr);
-    CHECK(mag >= 1.0, "%s: fixture logits too small (%g) to be a meaningful check", name, mag);
-    CHECK_NEAR(out.loss, loss_want, 1e-5);
-    free(ids);
-    free(tg);
+    printf("  %-28s B=%d T=%-3d pos=%-3d max|logit| %6.2f  max err %.2e  loss %.6f vs %.6f\n",
+           p->name, B, T, p->pos, mag, err, out.loss, p->loss);
+    CHECK(err <= 1e-4, "%s: logits max abs error %.3g", p->name, err);
+    CHECK(perr <= 1e-5, "%s: probabilities max abs error %.3g", p->name, perr);
+    CHECK(mag >= 1.0, "%s: fixture logits too small (%g) to be a meaningful check", p->name, mag);
+    CHECK_NEAR(out.loss, p->loss, 1e-5);
     free(want);
-    st_close(&io);
-    tlm_model_free(m);
 }
 
 static void test_parity(void) {
-    FILE *f = fopen(FIXTURES "/cases.txt", "r");
-    CHECK(f != NULL, "missing %s (run tests/reference/gen_fixtures.py)", FIXTURES "/cases.txt");
-    if (!f) return;
-    char line[256];
-    int n = 0;
     printf("forward parity with PyTorch:\n");
-    while (fgets(line, sizeof line, f)) {
-        line[strcspn(line, "\r\n")] = 0;
-        if (!line[0]) continue;
-        parity_case(line);
-        n++;
-    }
-    fclose(f);
+    int n = t_parity_each(parity_case, NULL);
     CHECK(n >= 10, "only %d parity cases", n);
 }
 
