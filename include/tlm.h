@@ -214,6 +214,10 @@ void tlm_adamw_free(tlm_adamw *o);
  * decay applies only to tensors whose schema entry says so (matrices, embeddings). */
 tlm_status tlm_adamw_step(tlm_adamw *o, tlm_model *m, const float *grads, double lr,
                           const tlm_adamw_opts *h);
+/* The same step on grads * grad_scale, without writing the scaled gradient: clipping folded
+ * into the update (pass tlm_clip_coef) saves a pass over the gradient and gives the same bits. */
+tlm_status tlm_adamw_step_scaled(tlm_adamw *o, tlm_model *m, const float *grads, float grad_scale,
+                                 double lr, const tlm_adamw_opts *h);
 
 /* Linear warmup to max_lr over `warmup` steps, cosine decay to min_lr at the last step
  * (total_steps - 1), min_lr after. Steps count from 0. */
@@ -228,6 +232,8 @@ double tlm_grad_norm(const float *grads, size_t n);
 /* torch.nn.utils.clip_grad_norm_: scales by max_norm / (norm + 1e-6) when that is below 1;
  * returns the norm before clipping. max_norm <= 0 only measures. */
 double tlm_clip_grad_norm(float *grads, size_t n, double max_norm);
+/* The factor tlm_clip_grad_norm scales by for a given norm (1 when no clipping applies). */
+float tlm_clip_coef(double norm, double max_norm);
 
 /* Token files (tokenized once, memory-mapped while training). */
 typedef struct tlm_dataset tlm_dataset;

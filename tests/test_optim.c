@@ -36,6 +36,15 @@ static void test_adamw(void) {
     for (int i = 0; i < n; i++) read_named(&f, "init.", &ts[i], P + ts[i].offset);
     tlm_adamw *opt = NULL;
     CHECK_OK(tlm_adamw_create(m, &opt));
+    /* A twin model steps through the fused path (norm, then clipping folded into the update),
+     * which must give the same bits as clipping in place. */
+    tlm_model *m2 = NULL;
+    CHECK_OK(tlm_model_create(&c, &m2));
+    tlm_adamw *opt2 = NULL;
+    CHECK_OK(tlm_adamw_create(m2, &opt2));
+    float *P2 = tlm_model_params(m2), *G2 = malloc(np * 4);
+    memcpy(P2, P, np * 4);
+    int fused_same = 1;
     tlm_adamw_opts h = {atof(st_meta(&f, "beta1")), atof(st_meta(&f, "beta2")),
                         atof(st_meta(&f, "eps")), atof(st_meta(&f, "weight_decay"))};
     tlm_schedule sched = {atof(st_meta(&f, "max_lr")), atof(st_meta(&f, "min_lr")),
@@ -47,6 +56,7 @@ static void test_adamw(void) {
         char prefix[32];
         snprintf(prefix, sizeof prefix, "grad.%d.", k);
         for (int i = 0; i < n; i++) read_named(&f, prefix, &ts[i], G + ts[i].offset);
+        memcpy(G2, G, np * 4);
         double norm = tlm_clip_grad_norm(G, np, clip);
         clipped += norm > clip;
         CHECK(fabs(norm - norm_want[k]) <= 1e-5 * norm_want[k], "step %d norm %.8g vs %.8g", k,
@@ -55,6 +65,9 @@ static void test_adamw(void) {
         CHECK(fabs(lr - lr_want[k]) <= 1e-7 * lr_want[k], "step %d lr %.9g vs %.9g", k, lr,
               lr_want[k]);
         CHECK_OK(tlm_adamw_step(opt, m, G, lr, &h));
+        double norm2 = tlm_grad_norm(G2, np);
+        CHECK_OK(tlm_adamw_step_scaled(opt2, m2, G2, tlm_clip_coef(norm2, clip), lr, &h));
+        fused_same &= norm2 == norm && memcmp(P, P2, np * 4) == 0;
         snprintf(prefix, sizeof prefix, "after.%d.", k);
         for (int i = 0; i < n; i++) read_named(&f, prefix, &ts[i], want + ts[i].offset);
         for (size_t j = 0; j < np; j++) {
@@ -71,7 +84,11 @@ static void test_adamw(void) {
     CHECK(clipped >= 3 && clipped <= steps - 3, "fixture should mix clipped and unclipped steps");
     CHECK(worst <= 1.0, "AdamW parameters differ from torch: error / tolerance %.3g", worst);
     CHECK(opt->step == steps, "step count %ld", opt->step);
+    CHECK(fused_same, "clipping folded into AdamW differs from clipping in place");
     tlm_adamw_free(opt);
+    tlm_adamw_free(opt2);
+    tlm_model_free(m2);
+    free(G2);
     free(G);
     free(want);
     st_close(&f);
@@ -106,6 +123,9 @@ static void test_clip(void) {
     CHECK_NEAR(n, 5.0, 1e-12);
     CHECK_NEAR(g[0], 0.6, 1e-6);
     CHECK_NEAR(tlm_grad_norm(g, 4), 1.0, 1e-6);
+    CHECK(tlm_clip_coef(0.5, 1.0) == 1.0f, "no factor below the max");
+    CHECK(tlm_clip_coef(4.0, 0.0) == 1.0f, "max_norm 0 only measures");
+    CHECK_NEAR(tlm_clip_coef(4.0, 1.0), 1.0 / (4.0 + 1e-6), 1e-7);
 }
 
 int main(void) {

@@ -27,8 +27,10 @@ static void attention_fwd(float *out, float *probs, const float *q, const float 
         for (int t = 0; t < T; t++) {
             float *row = P + (size_t)t * T;
             float mx = row[0];
+#pragma omp simd reduction(max : mx)
             for (int j = 1; j <= t; j++) mx = row[j] > mx ? row[j] : mx;
             float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
             for (int j = 0; j <= t; j++) {
                 row[j] = tlm_expf(row[j] - mx);
                 sum += row[j];
@@ -103,6 +105,7 @@ static void attention_bwd(float *dq, float *dk, float *dv, const float *dout, co
                     for (int j = 0; j <= t; j++)
                         dr[j] *= k_dropout_keep(key, bh * TT + (size_t)t * T + j, p);
                 float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
                 for (int j = 0; j <= t; j++) dot += pr[j] * dr[j];
                 for (int j = 0; j <= t; j++) dr[j] = pr[j] * (dr[j] - dot) * scale;
                 for (int j = t + 1; j < T; j++) dr[j] = 0.0f;

@@ -32,15 +32,18 @@ static inline float tlm_expf(float in) {
 
 static inline float tlm_sigmoidf(float x) { return 1.0f / (1.0f + tlm_expf(-x)); }
 
-/* erf by Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7), odd-extended. */
-static inline float tlm_erff(float x) {
+/* erf by Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7), odd-extended, given e = exp(-x*x):
+ * callers that need that exponential anyway (the GELU gradient) pass theirs and save one. */
+static inline float tlm_erff_given_exp(float x, float e) {
     float a = x < 0.0f ? -x : x;
     float t = 1.0f / (1.0f + 0.3275911f * a);
     float y = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t +
                0.254829592f) *
               t;
-    float r = 1.0f - y * tlm_expf(-a * a);
+    float r = 1.0f - y * e;
     return x < 0.0f ? -r : r;
 }
+
+static inline float tlm_erff(float x) { return tlm_erff_given_exp(x, tlm_expf(-x * x)); }
 
 #endif

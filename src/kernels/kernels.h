@@ -6,6 +6,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Elementwise work below this many floats runs on the calling thread: a fork/join costs
+ * microseconds (far more with passive waits), more than the work itself in decode steps. */
+#define K_PAR_MIN 16384
+
 /* ---- dropout.c: masks derived from (key, element index), regenerated in the backward pass ---- */
 uint64_t k_dropout_key(uint64_t seed, uint64_t step, uint64_t site);
 /* 1/(1-p) if element i is kept, else 0. */
@@ -75,8 +79,11 @@ void k_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const f
 double k_cross_entropy_fwd(const float *logits, const int *targets, float *probs, int N, int V,
                            int *count);
 /* Training: returns the mean loss over counted rows and replaces logits in place with
- * d(loss)/d(logits) = (softmax - onehot) / count (zero rows for ignored targets). */
-double k_cross_entropy_fwd_bwd(float *logits, const int *targets, int N, int V, int *count);
+ * d(loss)/d(logits) = (softmax - onehot) / divisor (zero rows for ignored targets). divisor <= 0
+ * means the rows' own count; a slice of a batch passes the whole batch's count, so the slices'
+ * gradients simply add up. */
+double k_cross_entropy_fwd_bwd(float *logits, const int *targets, int N, int V, int divisor,
+                               int *count);
 
 /* ---- misc ---- */
 void k_add(float *y, const float *a, const float *b, size_t n); /* y = a + b */

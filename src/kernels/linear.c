@@ -7,7 +7,7 @@ void k_linear_fwd(float *y, const float *x, const float *w, const float *b, int 
     float beta = 0.0f;
     if (b) {
         /* Start from the bias and let sgemm accumulate: one pass over y instead of two. */
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((long)N * out >= K_PAR_MIN)
         for (int i = 0; i < N; i++)
             for (int j = 0; j < out; j++) y[(size_t)i * out + j] = b[j];
         beta = 1.0f;
@@ -18,7 +18,7 @@ void k_linear_fwd(float *y, const float *x, const float *w, const float *b, int 
 
 void k_colsum_acc(float *db, const float *dy, int N, int n) {
     int blocks = (n + 15) / 16;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((long)N * n >= K_PAR_MIN)
     for (int bl = 0; bl < blocks; bl++) {
         int j0 = bl * 16, j1 = j0 + 16 < n ? j0 + 16 : n;
         float acc[16] = {0};

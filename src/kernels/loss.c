@@ -7,8 +7,10 @@
 /* log-sum-exp with the max subtracted first, so exp never sees a large argument. */
 static float row_lse(const float *x, int V) {
     float mx = x[0];
+#pragma omp simd reduction(max : mx)
     for (int j = 1; j < V; j++) mx = x[j] > mx ? x[j] : mx;
     float s = 0.0f;
+#pragma omp simd reduction(+ : s)
     for (int j = 0; j < V; j++) s += tlm_expf(x[j] - mx);
     return mx + logf(s);
 }
@@ -34,11 +36,13 @@ double k_cross_entropy_fwd(const float *logits, const int *targets, float *probs
     return n ? total / n : NAN;
 }
 
-double k_cross_entropy_fwd_bwd(float *logits, const int *targets, int N, int V, int *count) {
+double k_cross_entropy_fwd_bwd(float *logits, const int *targets, int N, int V, int divisor,
+                               int *count) {
     int n = 0;
     for (int i = 0; i < N; i++) n += targets[i] >= 0;
     double total = 0.0;
-    float inv = n ? 1.0f / (float)n : 0.0f;
+    if (divisor <= 0) divisor = n;
+    float inv = divisor ? 1.0f / (float)divisor : 0.0f;
 #pragma omp parallel for schedule(static) reduction(+ : total)
     for (int i = 0; i < N; i++) {
         float *x = logits + (size_t)i * V;

@@ -3,7 +3,7 @@
 #include "kernels.h"
 
 void k_rmsnorm_fwd(float *y, float *rstd, const float *x, const float *g, int N, int d, float eps) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((long)N * d >= K_PAR_MIN)
     for (int i = 0; i < N; i++) {
         const float *xi = x + (size_t)i * d;
         float *yi = y + (size_t)i * d;
@@ -18,7 +18,7 @@ void k_rmsnorm_fwd(float *y, float *rstd, const float *x, const float *g, int N,
 
 void k_layernorm_fwd(float *y, float *mean, float *rstd, const float *x, const float *g,
                      const float *b, int N, int d, float eps) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((long)N * d >= K_PAR_MIN)
     for (int i = 0; i < N; i++) {
         const float *xi = x + (size_t)i * d;
         float *yi = y + (size_t)i * d;
@@ -48,7 +48,7 @@ void k_layernorm_fwd(float *y, float *mean, float *rstd, const float *x, const f
 static void gain_grads(float *dg, float *db, const float *dy, const float *x, const float *mean,
                        const float *rstd, int N, int d) {
     int blocks = (d + 15) / 16;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((long)N * d >= K_PAR_MIN)
     for (int bl = 0; bl < blocks; bl++) {
         int j0 = bl * 16, j1 = j0 + 16 < d ? j0 + 16 : d;
         float ag[16] = {0}, ab[16] = {0};
@@ -70,7 +70,7 @@ static void gain_grads(float *dg, float *db, const float *dy, const float *x, co
 void k_rmsnorm_bwd(float *dx, float *dg, const float *dy, const float *x, const float *g,
                    const float *rstd, int N, int d) {
     gain_grads(dg, NULL, dy, x, NULL, rstd, N, d);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((long)N * d >= K_PAR_MIN)
     for (int i = 0; i < N; i++) {
         const float *dyi = dy + (size_t)i * d, *xi = x + (size_t)i * d;
         float *dxi = dx + (size_t)i * d;
@@ -86,7 +86,7 @@ void k_rmsnorm_bwd(float *dx, float *dg, const float *dy, const float *x, const 
 void k_layernorm_bwd(float *dx, float *dg, float *db, const float *dy, const float *x,
                      const float *g, const float *mean, const float *rstd, int N, int d) {
     gain_grads(dg, db, dy, x, mean, rstd, N, d);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((long)N * d >= K_PAR_MIN)
     for (int i = 0; i < N; i++) {
         const float *dyi = dy + (size_t)i * d, *xi = x + (size_t)i * d;
         float *dxi = dx + (size_t)i * d;

@@ -4,7 +4,7 @@
 static void rope(float *x, int ld, int B, int T, int n_heads, int hd, int pos0, const float *cos_t,
                  const float *sin_t, int interleaved, float sign) {
     int half = hd / 2, width = ld;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((long)B * T * n_heads * hd >= K_PAR_MIN)
     for (int r = 0; r < B * T; r++) {
         int pos = pos0 + r % T;
         const float *c = cos_t + (size_t)pos * half, *s0 = sin_t + (size_t)pos * half;

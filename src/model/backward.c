@@ -114,10 +114,11 @@ static void attn_bwd(tlm_model *m, int layer, float *G, const tlm_layer_offsets 
 }
 
 /* One forward + backward over the whole batch with every thread on each operation. *counted
- * receives the number of targets the mean loss is over. */
+ * receives the number of targets the mean loss is over; the gradient is of the loss summed over
+ * them and divided by divisor (<= 0: by their count, i.e. of the mean loss). */
 static tlm_status forward_backward_one(tlm_model *m, const int32_t *ids, const int32_t *targets,
                                        int B, int T, int pos0, float *grads, int accumulate,
-                                       float *loss, int *counted_out) {
+                                       int divisor, float *loss, int *counted_out) {
     const tlm_config *c = &m->c;
     m->training = 1;
     tlm_status s = tlm_forward_internal(m, ids, B, T, pos0);
@@ -137,7 +138,7 @@ static tlm_status forward_backward_one(tlm_model *m, const int32_t *ids, const i
     int N = B * T, d = c->d_model, pre = c->norm_position == TLM_NORM_PRE;
     size_t nd = (size_t)N * d;
     int counted = 0;
-    double l = k_cross_entropy_fwd_bwd(a->logits, targets, N, c->vocab_size, &counted);
+    double l = k_cross_entropy_fwd_bwd(a->logits, targets, N, c->vocab_size, divisor, &counted);
     if (loss) *loss = (float)l;
     if (counted_out) *counted_out = counted;
     float *dlogits = a->logits;
@@ -221,10 +222,11 @@ static tlm_status make_replicas(tlm_model *m, int R) {
     m->n_replicas = R;
     for (int r = 0; r < R; r++) {
         tlm_model *rep = malloc(sizeof *rep);
-        float *g = tlm_big_alloc(m->n_params * sizeof(float));
+        /* replica 0 writes into the caller's gradient buffer */
+        float *g = r ? tlm_big_alloc(m->n_params * sizeof(float)) : NULL;
         m->replicas[r] = rep;
         m->replica_grads[r] = g;
-        if (!rep || !g) {
+        if (!rep || (r && !g)) {
             tlm_big_free(g, m->n_params * sizeof(float));
             m->replica_grads[r] = NULL;
             free(rep);
@@ -272,15 +274,22 @@ tlm_status tlm_forward_backward(tlm_model *m, const int32_t *ids, const int32_t 
                                targets[i], i, c->vocab_size);
     int R = replicas_for(m, B);
     if (R <= 1)
-        return forward_backward_one(m, ids, targets, B, T, pos0, grads, accumulate, loss, NULL);
+        return forward_backward_one(m, ids, targets, B, T, pos0, grads, accumulate, 0, loss, NULL);
     tlm_status s = make_replicas(m, R);
     if (s) return s;
     enum { MAXR = 64 };
     if (R > MAXR) R = MAXR;
+    /* Every slice divides its loss gradient by the whole batch's target count, so the batch's
+     * gradient is the plain sum of the slices': replica 0 writes (or accumulates) straight into
+     * grads and only the others need buffers of their own. */
+    int total = 0;
+    for (int i = 0; i < B * T; i++) total += targets[i] >= 0;
     tlm_status st[MAXR];
     float losses[MAXR];
     int counts[MAXR];
     char msg[MAXR][256];
+    long n = (long)m->n_params;
+    float *const *g = m->replica_grads;
 #pragma omp parallel num_threads(R)
     {
         int r = omp_get_thread_num();
@@ -290,28 +299,23 @@ tlm_status tlm_forward_backward(tlm_model *m, const int32_t *ids, const int32_t 
         /* Each replica draws its own masks: same (seed, step), different stream per slice. */
         rep->drop_step = m->drop_step * (uint64_t)R + (uint64_t)r;
         st[r] = forward_backward_one(rep, ids + (size_t)b0 * T, targets + (size_t)b0 * T, b1 - b0,
-                                     T, pos0, m->replica_grads[r], 0, &losses[r], &counts[r]);
+                                     T, pos0, r ? g[r] : grads, r ? 0 : accumulate, total,
+                                     &losses[r], &counts[r]);
         snprintf(msg[r], sizeof msg[r], "%s", st[r] ? tlm_last_error() : "");
+#pragma omp barrier
+#pragma omp for schedule(static)
+        for (long i = 0; i < n; i++) {
+            float v = grads[i];
+            for (int q = 1; q < R; q++) v += g[q][i];
+            grads[i] = v;
+        }
     }
     for (int r = 0; r < R; r++)
         if (st[r]) return tlm_err(st[r], "%s", msg[r]);
-    /* The batch's mean loss weights each slice by its counted targets; so do the gradients. */
-    long total = 0;
+    /* The batch's mean loss weights each slice by its counted targets. */
     double lsum = 0;
-    for (int r = 0; r < R; r++) {
-        total += counts[r];
+    for (int r = 0; r < R; r++)
         if (counts[r]) lsum += (double)losses[r] * counts[r];
-    }
-    float w[MAXR];
-    for (int r = 0; r < R; r++) w[r] = total ? (float)counts[r] / (float)total : 0.0f;
     if (loss) *loss = total ? (float)(lsum / (double)total) : NAN;
-    long n = (long)m->n_params;
-    float *const *g = m->replica_grads;
-#pragma omp parallel for schedule(static)
-    for (long i = 0; i < n; i++) {
-        float v = accumulate ? grads[i] : 0.0f;
-        for (int r = 0; r < R; r++) v += w[r] * g[r][i];
-        grads[i] = v;
-    }
     return TLM_OK;
 }

@@ -150,7 +150,7 @@ static void embed(tlm_model *m, float *x, const int32_t *ids, int B, int T, int 
     const float *pos = c->position == TLM_POS_LEARNED      ? m->params + m->off.pos_emb
                        : c->position == TLM_POS_SINUSOIDAL ? m->sinus
                                                            : NULL;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((long)B * T * d >= K_PAR_MIN)
     for (int r = 0; r < B * T; r++) {
         float *xr = x + (size_t)r * d;
         const float *er = E + (size_t)ids[r] * d;

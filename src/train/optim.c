@@ -36,6 +36,11 @@ void tlm_adamw_defaults(tlm_adamw_opts *h) {
 
 tlm_status tlm_adamw_step(tlm_adamw *o, tlm_model *m, const float *grads, double lr,
                           const tlm_adamw_opts *h) {
+    return tlm_adamw_step_scaled(o, m, grads, 1.0f, lr, h);
+}
+
+tlm_status tlm_adamw_step_scaled(tlm_adamw *o, tlm_model *m, const float *grads, float grad_scale,
+                                 double lr, const tlm_adamw_opts *h) {
     if (o->n != m->n_params) return tlm_err(TLM_ERR_ARG, "optimizer does not match the model");
     o->step++;
     /* The scalars follow torch.optim.AdamW (single-tensor path): bias corrections in double,
@@ -59,7 +64,7 @@ tlm_status tlm_adamw_step(tlm_adamw *o, tlm_model *m, const float *grads, double
 #pragma omp for schedule(static) nowait
         for (long i = 0; i < n; i++) {
             float pi = p[i] * dec;
-            float gi = g[i];
+            float gi = g[i] * grad_scale; /* the same product clipping in place would make */
             float mi = mm[i] * b1 + a1 * gi;
             float vi = vv[i] * b2 + a2 * gi * gi;
             mm[i] = mi;
@@ -91,6 +96,8 @@ double tlm_grad_norm(const float *grads, size_t n) {
     for (int c = 0; c < CHUNKS; c++) {
         size_t lo = (size_t)c * per, hi = lo + per < n ? lo + per : n;
         double ss = 0.0;
+        /* A fixed vector-lane order per chunk: still the same result on every run. */
+#pragma omp simd reduction(+ : ss)
         for (size_t i = lo; i < hi; i++) ss += (double)grads[i] * grads[i];
         part[c] = ss;
     }
@@ -99,17 +106,20 @@ double tlm_grad_norm(const float *grads, size_t n) {
     return sqrt(ss);
 }
 
+float tlm_clip_coef(double norm, double max_norm) {
+    /* torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) only when below 1. */
+    if (max_norm <= 0 || !isfinite(norm)) return 1.0f;
+    double coef = max_norm / (norm + 1e-6);
+    return coef < 1.0 ? (float)coef : 1.0f;
+}
+
 double tlm_clip_grad_norm(float *grads, size_t n, double max_norm) {
     double norm = tlm_grad_norm(grads, n);
-    if (max_norm > 0 && isfinite(norm)) {
-        /* torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) only when below 1. */
-        double coef = max_norm / (norm + 1e-6);
-        if (coef < 1.0) {
-            float c = (float)coef;
-            long nn = (long)n;
+    float c = tlm_clip_coef(norm, max_norm);
+    if (c != 1.0f) {
+        long nn = (long)n;
 #pragma omp parallel for schedule(static)
-            for (long i = 0; i < nn; i++) grads[i] *= c;
-        }
+        for (long i = 0; i < nn; i++) grads[i] *= c;
     }
     return norm;
 }

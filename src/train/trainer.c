@@ -233,7 +233,7 @@ tlm_status tlm_train_run(tlm_model *m, const tlm_dataset *d, const tlm_train_opt
         if ((s = tlm_dataset_batch(d, TLM_SPLIT_TRAIN, &st.rng, B, T, ids, tg)) != TLM_OK) break;
         tlm_model_set_dropout_seed(m, st.seed, (uint64_t)step);
         if ((s = tlm_forward_backward(m, ids, tg, B, T, 0, grads, 0, &loss)) != TLM_OK) break;
-        double norm = tlm_clip_grad_norm(grads, m->n_params, o->clip);
+        double norm = tlm_grad_norm(grads, m->n_params);
         if (!isfinite(loss) || !isfinite(norm)) {
             s = tlm_err(TLM_ERR_NUMERIC,
                         "step %ld: loss %g, gradient norm %g; stopped, the last checkpoint is "
@@ -241,7 +241,7 @@ tlm_status tlm_train_run(tlm_model *m, const tlm_dataset *d, const tlm_train_opt
                         step + 1, (double)loss, norm);
             break;
         }
-        tlm_adamw_step(opt, m, grads, lr, &o->adam);
+        tlm_adamw_step_scaled(opt, m, grads, tlm_clip_coef(norm, o->clip), lr, &o->adam);
         st.step = step + 1;
         double dt = now_s() - t0;
         int last = st.step == o->steps;
