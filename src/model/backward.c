@@ -319,3 +319,45 @@ tlm_status tlm_forward_backward(tlm_model *m, const int32_t *ids, const int32_t 
     if (loss) *loss = total ? (float)(lsum / (double)total) : NAN;
     return TLM_OK;
 }
+
+tlm_status tlm_batch_loss(tlm_model *m, const int32_t *ids, const int32_t *targets, int B, int T,
+                          double *loss) {
+    int R = replicas_for(m, B);
+    tlm_status s = R > 1 ? make_replicas(m, R) : TLM_OK;
+    if (s) return s;
+    if (R <= 1) {
+        tlm_forward_opts o = {.targets = targets};
+        tlm_forward_out out;
+        s = tlm_forward(m, ids, B, T, &o, &out);
+        *loss = s ? NAN : out.loss;
+        return s;
+    }
+    enum { MAXR = 64 };
+    if (R > MAXR) R = MAXR;
+    tlm_status st[MAXR];
+    double sums[MAXR];
+    int counts[MAXR];
+    char msg[MAXR][256];
+#pragma omp parallel num_threads(R)
+    {
+        int r = omp_get_thread_num();
+        int b0 = B * r / R, b1 = B * (r + 1) / R;
+        const int32_t *tg = targets + (size_t)b0 * T;
+        tlm_forward_opts o = {.targets = tg};
+        tlm_forward_out out;
+        st[r] = tlm_forward(m->replicas[r], ids + (size_t)b0 * T, b1 - b0, T, &o, &out);
+        counts[r] = 0;
+        for (int i = 0; i < (b1 - b0) * T; i++) counts[r] += tg[i] >= 0;
+        sums[r] = counts[r] ? (double)out.loss * counts[r] : 0.0;
+        snprintf(msg[r], sizeof msg[r], "%s", st[r] ? tlm_last_error() : "");
+    }
+    double sum = 0;
+    long total = 0;
+    for (int r = 0; r < R; r++) {
+        if (st[r]) return tlm_err(st[r], "%s", msg[r]);
+        sum += sums[r];
+        total += counts[r];
+    }
+    *loss = total ? sum / (double)total : NAN;
+    return TLM_OK;
+}

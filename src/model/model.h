@@ -104,6 +104,10 @@ void tlm_model_free_replicas(tlm_model *m);
  * hidden rows, out the result. Shared by the forward pass and the generation path. */
 void tlm_ffn_rows(const tlm_model *m, int layer, const float *in, float *a, float *h, float *out,
                   int N);
+/* Mean loss of a batch (forward only), split across the data-parallel replicas when training
+ * would split it: evaluation then runs as fast per token as training does. */
+tlm_status tlm_batch_loss(tlm_model *m, const int32_t *ids, const int32_t *targets, int B, int T,
+                          double *loss);
 /* Runs the forward pass into the arena (no loss). */
 tlm_status tlm_forward_internal(tlm_model *m, const int32_t *ids, int B, int T, int pos0);
 

@@ -161,11 +161,11 @@ double tlm_evaluate(tlm_model *m, const tlm_dataset *d, int split, int B, int T,
     /* The same windows every evaluation, so successive figures differ only by the model. */
     tlm_rng_seed(&rng, seed, 0x5eed);
     for (int i = 0; ids && tg && i < batches; i++) {
-        tlm_forward_opts o = {.targets = tg};
-        tlm_forward_out out;
-        if (tlm_dataset_batch(d, split, &rng, B, T, ids, tg) || tlm_forward(m, ids, B, T, &o, &out))
+        double loss;
+        if (tlm_dataset_batch(d, split, &rng, B, T, ids, tg) ||
+            tlm_batch_loss(m, ids, tg, B, T, &loss))
             break;
-        sum += out.loss;
+        sum += loss;
         n++;
     }
     free(ids);
