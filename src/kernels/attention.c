@@ -8,8 +8,42 @@
 
 /* Causal attention over one (batch, head) per task: sgemm inside runs single-threaded (OpenBLAS
  * detects the enclosing OpenMP region), so heads scale across cores without oversubscription.
+ *
+ * Scores are kept transposed, keys by queries (row j, column t): each query's softmax then runs
+ * down a column, so every pass walks contiguous rows with the queries in the vector lanes and no
+ * horizontal reductions, where row-wise softmaxes over short causal rows were mostly overhead.
+ * Key j is visible to queries t >= j: the valid part of row j is its suffix [j, T).
+ *
  * With p > 0 the probabilities are dropped out into per-thread scratch for the P.V product, while
- * probs keeps them undropped for the softmax backward. */
+ * probs keeps them undropped for the softmax backward. The mask index of (query t, key j) is
+ * t*T + j within the head's block. */
+static void softmax_columns(float *Pt, int T) {
+    float mx[T], sum[T];
+    memcpy(mx, Pt, (size_t)T * sizeof(float)); /* key 0 is visible to every query */
+    for (int j = 1; j < T; j++) {
+        const float *row = Pt + (size_t)j * T;
+#pragma omp simd
+        for (int t = j; t < T; t++) mx[t] = row[t] > mx[t] ? row[t] : mx[t];
+    }
+    for (int t = 0; t < T; t++) sum[t] = 0.0f;
+    for (int j = 0; j < T; j++) {
+        float *row = Pt + (size_t)j * T;
+        for (int t = 0; t < j; t++) row[t] = 0.0f;
+#pragma omp simd
+        for (int t = j; t < T; t++) {
+            float e = tlm_expf(row[t] - mx[t]);
+            row[t] = e;
+            sum[t] += e;
+        }
+    }
+    for (int t = 0; t < T; t++) sum[t] = 1.0f / sum[t];
+    for (int j = 0; j < T; j++) {
+        float *row = Pt + (size_t)j * T;
+#pragma omp simd
+        for (int t = j; t < T; t++) row[t] *= sum[t];
+    }
+}
+
 static void attention_fwd(float *out, float *probs, const float *q, const float *k, const float *v,
                           int ldq, int ldkv, int B, int T, int H, int KVH, int hd, float p,
                           uint64_t key, float *scratch) {
@@ -21,33 +55,23 @@ static void attention_fwd(float *out, float *probs, const float *q, const float 
         const float *qb = q + (size_t)b * T * qw + (size_t)h * hd;
         const float *kb = k + (size_t)b * T * kw + (size_t)kvh * hd;
         const float *vb = v + (size_t)b * T * kw + (size_t)kvh * hd;
-        float *P = probs + (size_t)bh * T * T;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, scale, qb, qw, kb, kw, 0.0f,
-                    P, T);
-        for (int t = 0; t < T; t++) {
-            float *row = P + (size_t)t * T;
-            float mx = row[0];
-#pragma omp simd reduction(max : mx)
-            for (int j = 1; j <= t; j++) mx = row[j] > mx ? row[j] : mx;
-            float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-            for (int j = 0; j <= t; j++) {
-                row[j] = tlm_expf(row[j] - mx);
-                sum += row[j];
-            }
-            float inv = 1.0f / sum;
-            for (int j = 0; j <= t; j++) row[j] *= inv;
-            for (int j = t + 1; j < T; j++) row[j] = 0.0f;
-        }
-        const float *PV = P;
+        float *Pt = probs + (size_t)bh * T * T;
+        /* Pt = scale * K Q^T */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, scale, kb, kw, qb, qw, 0.0f,
+                    Pt, T);
+        softmax_columns(Pt, T);
+        const float *PV = Pt;
         if (p > 0.0f) {
             float *D = scratch + (size_t)omp_get_thread_num() * T * T;
             uint64_t base = (uint64_t)bh * T * T;
-            for (size_t i = 0; i < (size_t)T * T; i++)
-                D[i] = P[i] * k_dropout_keep(key, base + i, p);
+            for (int j = 0; j < T; j++)
+                for (int t = 0; t < T; t++)
+                    D[(size_t)j * T + t] =
+                        Pt[(size_t)j * T + t] * k_dropout_keep(key, base + (size_t)t * T + j, p);
             PV = D;
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, PV, T, vb, kw, 0.0f,
+        /* out = P V = Pt^T V */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1.0f, PV, T, vb, kw, 0.0f,
                     out + (size_t)b * T * ow + (size_t)h * hd, ow);
     }
 }
@@ -70,8 +94,9 @@ static void attention_bwd(float *dq, float *dk, float *dv, const float *dout, co
 #pragma omp parallel for schedule(dynamic, 1)
     for (int bk = 0; bk < B * KVH; bk++) {
         int b = bk / KVH, kvh = bk % KVH;
-        float *dP = scratch + (size_t)omp_get_thread_num() * (p > 0.0f ? 2 : 1) * TT;
-        float *D = dP + TT; /* dropped probabilities, when p > 0 */
+        float *dPt = scratch + (size_t)omp_get_thread_num() * (p > 0.0f ? 2 : 1) * TT;
+        float *D = dPt + TT; /* dropped probabilities, when p > 0 */
+        float dot[T];
         const float *kb = k + (size_t)b * T * kw + (size_t)kvh * hd;
         const float *vb = v + (size_t)b * T * kw + (size_t)kvh * hd;
         float *dkb = dk + (size_t)b * T * kw + (size_t)kvh * hd;
@@ -82,38 +107,47 @@ static void attention_bwd(float *dq, float *dk, float *dv, const float *dout, co
         }
         for (int h = kvh * group; h < (kvh + 1) * group; h++) {
             size_t bh = (size_t)b * H + h;
-            const float *P = probs + bh * TT;
+            const float *Pt = probs + bh * TT;
             const float *dO = dout + (size_t)b * T * ow + (size_t)h * hd;
             const float *qb = q + (size_t)b * T * qw + (size_t)h * hd;
             float *dqb = dq + (size_t)b * T * qw + (size_t)h * hd;
-            const float *PV = P;
+            const float *PV = Pt;
             if (p > 0.0f) {
-                for (size_t i = 0; i < TT; i++) D[i] = P[i] * k_dropout_keep(key, bh * TT + i, p);
+                for (int j = 0; j < T; j++)
+                    for (int t = 0; t < T; t++)
+                        D[(size_t)j * T + t] = Pt[(size_t)j * T + t] *
+                                               k_dropout_keep(key, bh * TT + (size_t)t * T + j, p);
                 PV = D;
             }
-            /* dV += Pd^T dO; dPd = dO V^T */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1.0f, PV, T, dO, ow,
+            /* dV += Pd^T dO = Ptd dO; dPt = V dO^T (the gradient at the dropped probabilities) */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, PV, T, dO, ow,
                         1.0f, dvb, kw);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, 1.0f, dO, ow, vb, kw,
-                        0.0f, dP, T);
-            /* Softmax backward row by row: dS = P * (dP - sum(P * dP)), scaled, where dP is the
-             * gradient at the undropped probabilities (dPd times the mask). */
-            for (int t = 0; t < T; t++) {
-                const float *pr = P + (size_t)t * T;
-                float *dr = dP + (size_t)t * T;
-                if (p > 0.0f)
-                    for (int j = 0; j <= t; j++)
-                        dr[j] *= k_dropout_keep(key, bh * TT + (size_t)t * T + j, p);
-                float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-                for (int j = 0; j <= t; j++) dot += pr[j] * dr[j];
-                for (int j = 0; j <= t; j++) dr[j] = pr[j] * (dr[j] - dot) * scale;
-                for (int j = t + 1; j < T; j++) dr[j] = 0.0f;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, 1.0f, vb, kw, dO, ow,
+                        0.0f, dPt, T);
+            /* Softmax backward per query (column): dS = P * (dP - sum_keys(P * dP)), scaled, where
+             * dP is the gradient at the undropped probabilities (dPd times the mask). */
+            if (p > 0.0f)
+                for (int j = 0; j < T; j++)
+                    for (int t = j; t < T; t++)
+                        dPt[(size_t)j * T + t] *=
+                            k_dropout_keep(key, bh * TT + (size_t)t * T + j, p);
+            for (int t = 0; t < T; t++) dot[t] = 0.0f;
+            for (int j = 0; j < T; j++) {
+                const float *pr = Pt + (size_t)j * T, *dr = dPt + (size_t)j * T;
+#pragma omp simd
+                for (int t = j; t < T; t++) dot[t] += pr[t] * dr[t];
             }
-            /* dQ = dS K; dK += dS^T Q */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, dP, T, kb, kw,
+            for (int j = 0; j < T; j++) {
+                const float *pr = Pt + (size_t)j * T;
+                float *dr = dPt + (size_t)j * T;
+                for (int t = 0; t < j; t++) dr[t] = 0.0f;
+#pragma omp simd
+                for (int t = j; t < T; t++) dr[t] = pr[t] * (dr[t] - dot[t]) * scale;
+            }
+            /* dQ = dS K = dSt^T K; dK += dS^T Q = dSt Q */
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1.0f, dPt, T, kb, kw,
                         0.0f, dqb, qw);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1.0f, dP, T, qb, qw,
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, dPt, T, qb, qw,
                         1.0f, dkb, kw);
         }
     }

@@ -62,8 +62,9 @@ void k_rope_bwd(float *dx, int ld, int B, int T, int n_heads, int hd, int pos0, 
 /* ---- attention.c ---- */
 /* Causal attention. q rows have stride ldq, k and v rows stride ldkv (they may be column blocks of
  * one fused q|k|v buffer); out [B*T, H*hd]; probs [B, H, T, T] keeps the softmax (before dropout)
- * for the backward pass. With p > 0 the probabilities are dropped out (element index
- * (b*H + h)*T*T + t*T + j under key) and scratch holds omp_get_max_threads() * T * T floats. */
+ * for the backward pass, transposed: keys by queries. With p > 0 the probabilities are dropped out
+ * (element index (b*H + h)*T*T + t*T + j under key) and scratch holds omp_get_max_threads() * T * T
+ * floats. */
 void k_attention_fwd(float *out, float *probs, const float *q, const float *k, const float *v,
                      int ldq, int ldkv, int B, int T, int H, int KVH, int hd, float p, uint64_t key,
                      float *scratch);
