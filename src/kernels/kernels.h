@@ -46,8 +46,8 @@ void k_act_fwd(float *y, const float *x, size_t n, k_act act);
 void k_swiglu_rows_fwd(float *y, const float *a, int N, int ff);
 /* da [N, 2*ff] (gate|up halves) from dy [N, ff]. */
 void k_swiglu_rows_bwd(float *da, const float *dy, const float *a, int N, int ff);
-/* dx = dy * act'(x) (x is the activation's input). */
-void k_act_bwd(float *dx, const float *dy, const float *x, size_t n, k_act act);
+/* Training's forward: y = act(x), and x is overwritten with act'(x) for the backward pass. */
+void k_act_fwd_grad(float *y, float *x, size_t n, k_act act);
 
 /* ---- rope.c ---- */
 /* Rotates x in place: rows of stride ld (q or k may be a column block of a fused q|k|v buffer),
@@ -89,5 +89,6 @@ double k_cross_entropy_fwd_bwd(float *logits, const int *targets, int N, int V, 
 /* ---- misc ---- */
 void k_add(float *y, const float *a, const float *b, size_t n); /* y = a + b */
 void k_acc(float *y, const float *a, size_t n);                 /* y += a */
+void k_mul(float *y, const float *a, const float *b, size_t n); /* y = a * b */
 
 #endif

@@ -28,7 +28,7 @@ static tlm_status grad_reserve(tlm_model *m) {
                       N * d,
                       N * (qw + 2 * kw), /* fused dq|dk|dv rows, like the forward's q|k|v */
                       N * qw,
-                      N * ff * (c->ffn == TLM_FFN_SWIGLU ? 2 : 1),
+                      c->ffn == TLM_FFN_SWIGLU ? N * ff * 2 : 0, /* else dff_h works in place */
                       N * ff,
                       (size_t)threads * T * T * (c->dropout > 0.0f ? 2 : 1),
                       c->dropout > 0.0f ? N * d : 0};
@@ -75,9 +75,8 @@ static void ffn_bwd(tlm_model *m, float *G, const tlm_layer_offsets *o, const tl
         k_linear_bwd(din, G + o->wgate, tlm_at(G, o->bgate), g->dff_a, in, P + o->wgate, N, d,
                      2 * ff, 0);
     } else {
-        k_act forms[] = {K_ACT_SILU, K_ACT_GELU, K_ACT_GELU_TANH, K_ACT_RELU};
-        k_act_bwd(g->dff_a, g->dff_h, L->ff_a, n, forms[c->ffn]);
-        k_linear_bwd(din, G + o->wup, tlm_at(G, o->bup), g->dff_a, in, P + o->wup, N, d, ff, 0);
+        k_mul(g->dff_h, g->dff_h, L->ff_a, n); /* the forward left act'(a) in ff_a */
+        k_linear_bwd(din, G + o->wup, tlm_at(G, o->bup), g->dff_h, in, P + o->wup, N, d, ff, 0);
     }
 }
 

@@ -111,7 +111,11 @@ void tlm_ffn_rows(const tlm_model *m, int layer, const float *in, float *a, floa
     } else {
         k_linear_auto(a, in, tlm_at(P, o->wup), tlm_at(P, o->bup), N, d, ff);
         static const k_act forms[] = {K_ACT_SILU, K_ACT_GELU, K_ACT_GELU_TANH, K_ACT_RELU};
-        k_act_fwd(h, a, (size_t)N * ff, forms[c->ffn]);
+        /* Training keeps act' (in place of the pre-activations) for the backward pass. */
+        if (m->training)
+            k_act_fwd_grad(h, a, (size_t)N * ff, forms[c->ffn]);
+        else
+            k_act_fwd(h, a, (size_t)N * ff, forms[c->ffn]);
     }
     k_linear_auto(out, h, tlm_at(P, o->wdown), tlm_at(P, o->bdown), N, ff, d);
 }

@@ -33,7 +33,8 @@ typedef struct {
     float *h;         /* [N, d] residual after attention (pre-norm) / x + attn (post-norm) */
     float *n2;        /* [N, d] pre-norm: norm2(h) (ffn input); post-norm: norm2(n1 + ffn) */
     float *n2_mean, *n2_rstd;
-    float *ff_a; /* swiglu: [N, 2*d_ff] gate|up rows; else [N, d_ff] up pre-activation */
+    float *ff_a; /* swiglu: [N, 2*d_ff] gate|up rows; else [N, d_ff] up pre-activation (after a
+                  * training forward: the activation's derivative there) */
     float *ff_h; /* [N, d_ff] activated hidden */
     float *y;    /* [N, d] block output before the next residual (post-norm: pre-norm2 sum) */
 } tlm_layer_acts;
@@ -60,7 +61,7 @@ typedef struct {
     float *dres, *dtmp, *dn; /* [N, d] */
     float *dq;               /* [N, H*hd + 2*KVH*hd]: dq|dk|dv rows */
     float *datt;             /* [N, H*hd] */
-    float *dff_a;            /* [N, d_ff], or [N, 2*d_ff] gate|up for swiglu */
+    float *dff_a;            /* swiglu: [N, 2*d_ff] gate|up; unused otherwise */
     float *dff_h;            /* [N, d_ff] */
     float *att_scratch;      /* [threads, T, T], twice that with dropout */
     float *ddrop;            /* [N, d] gradient through a dropout mask */
