@@ -19,11 +19,13 @@ void k_dropout(float *y, const float *x, size_t n, float p, uint64_t key);
 
 /* ---- linear.c: y[N,out] = x[N,in] W[out,in]^T (+ b[out]) ---- */
 void k_linear_fwd(float *y, const float *x, const float *w, const float *b, int N, int in, int out);
-/* dx = dy W (or dx += when acc_dx), dW += dy^T x, db += column sums of dy (db may be NULL). */
+/* dx = dy W (dx may be NULL); dW = dy^T x and db = column sums of dy (db may be NULL), added to
+ * what dW and db hold when acc, else written over it: the first gradient a step writes needs no
+ * zeroed buffer. */
 void k_linear_bwd(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w,
-                  int N, int in, int out, int acc_dx);
-/* db[j] += sum_i dy[i, j] over N rows of width n; deterministic, cache-line blocked. */
-void k_colsum_acc(float *db, const float *dy, int N, int n);
+                  int N, int in, int out, int acc);
+/* db[j] (+)= sum_i dy[i, j] over N rows of width n; deterministic, cache-line blocked. */
+void k_colsum(float *db, const float *dy, int N, int n, int acc);
 
 /* ---- norm.c ---- */
 /* y = x / sqrt(mean(x^2) + eps) * g; saves rstd[N] (may be NULL). */
@@ -32,11 +34,12 @@ void k_rmsnorm_fwd(float *y, float *rstd, const float *x, const float *g, int N,
 void k_layernorm_fwd(float *y, float *mean, float *rstd, const float *x, const float *g,
                      const float *b, int N, int d, float eps);
 
-/* dx = d/dx of the norm given dy (overwrites dx); dg (and db) accumulate. x is the norm's input. */
+/* dx = d/dx of the norm given dy (overwrites dx); dg (and db) accumulate when acc, else are
+ * overwritten. x is the norm's input. */
 void k_rmsnorm_bwd(float *dx, float *dg, const float *dy, const float *x, const float *g,
-                   const float *rstd, int N, int d);
+                   const float *rstd, int N, int d, int acc);
 void k_layernorm_bwd(float *dx, float *dg, float *db, const float *dy, const float *x,
-                     const float *g, const float *mean, const float *rstd, int N, int d);
+                     const float *g, const float *mean, const float *rstd, int N, int d, int acc);
 
 /* ---- act.c ---- */
 typedef enum { K_ACT_GELU, K_ACT_GELU_TANH, K_ACT_RELU, K_ACT_SILU } k_act;

@@ -46,7 +46,7 @@ void k_layernorm_fwd(float *y, float *mean, float *rstd, const float *x, const f
 /* Gain (and bias) gradients are column sums over rows; blocking by 16 columns keeps them
  * deterministic and cache friendly without per-thread buffers. */
 static void gain_grads(float *dg, float *db, const float *dy, const float *x, const float *mean,
-                       const float *rstd, int N, int d) {
+                       const float *rstd, int N, int d, int acc) {
     int blocks = (d + 15) / 16;
 #pragma omp parallel for schedule(static) if ((long)N * d >= K_PAR_MIN)
     for (int bl = 0; bl < blocks; bl++) {
@@ -61,15 +61,15 @@ static void gain_grads(float *dg, float *db, const float *dy, const float *x, co
             }
         }
         for (int j = j0; j < j1; j++) {
-            dg[j] += ag[j - j0];
-            if (db) db[j] += ab[j - j0];
+            dg[j] = (acc ? dg[j] : 0.0f) + ag[j - j0];
+            if (db) db[j] = (acc ? db[j] : 0.0f) + ab[j - j0];
         }
     }
 }
 
 void k_rmsnorm_bwd(float *dx, float *dg, const float *dy, const float *x, const float *g,
-                   const float *rstd, int N, int d) {
-    gain_grads(dg, NULL, dy, x, NULL, rstd, N, d);
+                   const float *rstd, int N, int d, int acc) {
+    gain_grads(dg, NULL, dy, x, NULL, rstd, N, d, acc);
 #pragma omp parallel for schedule(static) if ((long)N * d >= K_PAR_MIN)
     for (int i = 0; i < N; i++) {
         const float *dyi = dy + (size_t)i * d, *xi = x + (size_t)i * d;
@@ -84,8 +84,8 @@ void k_rmsnorm_bwd(float *dx, float *dg, const float *dy, const float *x, const 
 }
 
 void k_layernorm_bwd(float *dx, float *dg, float *db, const float *dy, const float *x,
-                     const float *g, const float *mean, const float *rstd, int N, int d) {
-    gain_grads(dg, db, dy, x, mean, rstd, N, d);
+                     const float *g, const float *mean, const float *rstd, int N, int d, int acc) {
+    gain_grads(dg, db, dy, x, mean, rstd, N, d, acc);
 #pragma omp parallel for schedule(static) if ((long)N * d >= K_PAR_MIN)
     for (int i = 0; i < N; i++) {
         const float *dyi = dy + (size_t)i * d, *xi = x + (size_t)i * d;

@@ -52,31 +52,32 @@ static tlm_status grad_reserve(tlm_model *m) {
 
 static void norm_bwd(const tlm_config *c, float *dx, float *G, const tlm_model *m, size_t gw,
                      size_t gb, const float *dy, const float *x, const float *mean,
-                     const float *rstd, int N) {
+                     const float *rstd, int N, int acc) {
     const float *g = m->params + gw;
     if (c->norm == TLM_NORM_RMSNORM)
-        k_rmsnorm_bwd(dx, G + gw, dy, x, g, rstd, N, c->d_model);
+        k_rmsnorm_bwd(dx, G + gw, dy, x, g, rstd, N, c->d_model, acc);
     else
-        k_layernorm_bwd(dx, G + gw, tlm_at(G, gb), dy, x, g, mean, rstd, N, c->d_model);
+        k_layernorm_bwd(dx, G + gw, tlm_at(G, gb), dy, x, g, mean, rstd, N, c->d_model, acc);
 }
 
-/* dout: gradient at the FFN output; din: gradient at its input (overwritten). */
+/* dout: gradient at the FFN output; din: gradient at its input (overwritten). Parameter
+ * gradients are added to G when acc, else written over it (so throughout this file). */
 static void ffn_bwd(tlm_model *m, float *G, const tlm_layer_offsets *o, const tlm_layer_acts *L,
-                    const float *in, const float *dout, float *din, int N) {
+                    const float *in, const float *dout, float *din, int N, int acc) {
     const tlm_config *c = &m->c;
     tlm_grad_arena *g = &m->garena;
     float *P = m->params;
     int d = c->d_model, ff = c->d_ff;
     size_t n = (size_t)N * ff;
     k_linear_bwd(g->dff_h, G + o->wdown, tlm_at(G, o->bdown), dout, L->ff_h, P + o->wdown, N, ff, d,
-                 0);
+                 acc);
     if (c->ffn == TLM_FFN_SWIGLU) {
         k_swiglu_rows_bwd(g->dff_a, g->dff_h, L->ff_a, N, ff);
         k_linear_bwd(din, G + o->wgate, tlm_at(G, o->bgate), g->dff_a, in, P + o->wgate, N, d,
-                     2 * ff, 0);
+                     2 * ff, acc);
     } else {
         k_mul(g->dff_h, g->dff_h, L->ff_a, n); /* the forward left act'(a) in ff_a */
-        k_linear_bwd(din, G + o->wup, tlm_at(G, o->bup), g->dff_h, in, P + o->wup, N, d, ff, 0);
+        k_linear_bwd(din, G + o->wup, tlm_at(G, o->bup), g->dff_h, in, P + o->wup, N, d, ff, acc);
     }
 }
 
@@ -89,7 +90,7 @@ static const float *undrop(tlm_model *m, const float *dy, int layer, int which, 
 
 static void attn_bwd(tlm_model *m, int layer, float *G, const tlm_layer_offsets *o,
                      const tlm_layer_acts *L, const float *in, const float *dout, float *din, int B,
-                     int T, int pos0) {
+                     int T, int pos0, int acc) {
     const tlm_config *c = &m->c;
     tlm_grad_arena *g = &m->garena;
     float *P = m->params;
@@ -97,7 +98,7 @@ static void attn_bwd(tlm_model *m, int layer, float *G, const tlm_layer_offsets 
     int qw = c->n_heads * hd, kw = c->n_kv_heads * hd;
     int ld = qw + 2 * kw;
     dout = undrop(m, dout, layer, 1, (size_t)N * d);
-    k_linear_bwd(g->datt, G + o->wo, tlm_at(G, o->bo), dout, L->att, P + o->wo, N, qw, d, 0);
+    k_linear_bwd(g->datt, G + o->wo, tlm_at(G, o->bo), dout, L->att, P + o->wo, N, qw, d, acc);
     int drop = c->dropout > 0.0f;
     float *dq = g->dq, *dk = g->dq + qw, *dv = g->dq + qw + kw;
     k_attention_bwd(dq, dk, dv, g->datt, L->q, L->k, L->v, ld, ld, L->probs, B, T, c->n_heads,
@@ -109,7 +110,7 @@ static void attn_bwd(tlm_model *m, int layer, float *G, const tlm_layer_offsets 
         k_rope_bwd(dk, ld, B, T, c->n_kv_heads, hd, pos0, m->rope_cos, m->rope_sin, il);
     }
     /* The stacked q|k|v matrix: one sgemm for the input gradient, one for the weights. */
-    k_linear_bwd(din, G + o->wq, tlm_at(G, o->bq), g->dq, in, P + o->wq, N, d, ld, 0);
+    k_linear_bwd(din, G + o->wq, tlm_at(G, o->bq), g->dq, in, P + o->wq, N, d, ld, acc);
 }
 
 /* One forward + backward over the whole batch with every thread on each operation. *counted
@@ -125,12 +126,10 @@ static tlm_status forward_backward_one(tlm_model *m, const int32_t *ids, const i
     if (s) return s;
     s = grad_reserve(m);
     if (s) return s;
-    if (!accumulate) {
-        long n = (long)m->n_params, chunk = 1 << 16;
-#pragma omp parallel for schedule(static)
-        for (long i = 0; i < n; i += chunk)
-            memset(grads + i, 0, (size_t)(n - i < chunk ? n - i : chunk) * sizeof(float));
-    }
+    /* Without accumulate every parameter gradient is written over on its first write (below), so
+     * the buffer needs no zeroing pass; only the embedding tables, which get scattered adds,
+     * start from zero (a tied table starts from the head's gradient). */
+    int acc = accumulate;
     tlm_arena *a = &m->arena;
     tlm_grad_arena *g = &m->garena;
     float *G = grads, *P = m->params;
@@ -145,36 +144,37 @@ static tlm_status forward_backward_one(tlm_model *m, const int32_t *ids, const i
     /* Gradient at the head's input goes to dres directly for post-norm, else via the norm. */
     float *dhead = pre ? g->dtmp : g->dres;
     k_linear_bwd(dhead, G + m->off.out_w, NULL, dlogits, head_in, P + m->off.out_w, N, d,
-                 c->vocab_size, 0);
+                 c->vocab_size, acc);
     if (pre)
         norm_bwd(c, g->dres, G, m, m->off.out_norm_w, m->off.out_norm_b, g->dtmp, a->x_final,
-                 a->xn_mean, a->xn_rstd, N);
+                 a->xn_mean, a->xn_rstd, N, acc);
     for (int li = c->n_layers - 1; li >= 0; li--) {
         const tlm_layer_acts *L = &a->layer[li];
         const tlm_layer_offsets *o = &m->off.layer[li];
         if (pre) {
-            ffn_bwd(m, G, o, L, L->n2, undrop(m, g->dres, li, 2, nd), g->dn, N);
+            ffn_bwd(m, G, o, L, L->n2, undrop(m, g->dres, li, 2, nd), g->dn, N, acc);
             norm_bwd(c, g->dtmp, G, m, o->ffn_norm_w, o->ffn_norm_b, g->dn, L->h, L->n2_mean,
-                     L->n2_rstd, N);
+                     L->n2_rstd, N, acc);
             k_acc(g->dres, g->dtmp, nd);
-            attn_bwd(m, li, G, o, L, L->n1, g->dres, g->dn, B, T, pos0);
+            attn_bwd(m, li, G, o, L, L->n1, g->dres, g->dn, B, T, pos0, acc);
             norm_bwd(c, g->dtmp, G, m, o->attn_norm_w, o->attn_norm_b, g->dn, L->x, L->n1_mean,
-                     L->n1_rstd, N);
+                     L->n1_rstd, N, acc);
             k_acc(g->dres, g->dtmp, nd);
         } else {
             norm_bwd(c, g->dtmp, G, m, o->ffn_norm_w, o->ffn_norm_b, g->dres, L->y, L->n2_mean,
-                     L->n2_rstd, N);
-            ffn_bwd(m, G, o, L, L->n1, undrop(m, g->dtmp, li, 2, nd), g->dn, N);
+                     L->n2_rstd, N, acc);
+            ffn_bwd(m, G, o, L, L->n1, undrop(m, g->dtmp, li, 2, nd), g->dn, N, acc);
             k_acc(g->dn, g->dtmp, nd);
             norm_bwd(c, g->dres, G, m, o->attn_norm_w, o->attn_norm_b, g->dn, L->h, L->n1_mean,
-                     L->n1_rstd, N);
-            attn_bwd(m, li, G, o, L, L->x, g->dres, g->dtmp, B, T, pos0);
+                     L->n1_rstd, N, acc);
+            attn_bwd(m, li, G, o, L, L->x, g->dres, g->dtmp, B, T, pos0, acc);
             k_acc(g->dres, g->dtmp, nd);
         }
     }
     if (c->dropout > 0.0f) k_dropout(g->dres, g->dres, nd, c->dropout, drop_key(m, -1, 0));
     /* Embedding rows can repeat within a batch, so their scatter-add runs serially. */
     float *dE = G + m->off.tok_emb;
+    if (!acc && !c->tie_embeddings) memset(dE, 0, (size_t)c->vocab_size * d * sizeof(float));
     for (int r = 0; r < N; r++) {
         float *dst = dE + (size_t)ids[r] * d;
         const float *src = g->dres + (size_t)r * d;
@@ -182,6 +182,7 @@ static tlm_status forward_backward_one(tlm_model *m, const int32_t *ids, const i
     }
     if (c->position == TLM_POS_LEARNED) {
         float *dPos = G + m->off.pos_emb;
+        if (!acc) memset(dPos, 0, (size_t)c->context_length * d * sizeof(float));
         for (int r = 0; r < N; r++) {
             float *dst = dPos + (size_t)(pos0 + r % T) * d;
             const float *src = g->dres + (size_t)r * d;
