@@ -53,11 +53,20 @@ static void gain_grads(float *dg, float *db, const float *dy, const float *x, co
         int j0 = bl * 16, j1 = j0 + 16 < d ? j0 + 16 : d;
         float ag[16] = {0}, ab[16] = {0};
         for (int i = 0; i < N; i++) {
-            const float *dyi = dy + (size_t)i * d, *xi = x + (size_t)i * d;
+            const float *dyi = dy + (size_t)i * d + j0, *xi = x + (size_t)i * d + j0;
             float m = mean ? mean[i] : 0.0f, r = rstd[i];
-            for (int j = j0; j < j1; j++) {
-                ag[j - j0] += dyi[j] * (xi[j] - m) * r;
-                ab[j - j0] += dyi[j];
+            if (j1 - j0 == 16) {
+                /* a whole block: a fixed trip count the compiler turns into one vector */
+#pragma omp simd
+                for (int k = 0; k < 16; k++) {
+                    ag[k] += dyi[k] * (xi[k] - m) * r;
+                    ab[k] += dyi[k];
+                }
+            } else {
+                for (int k = 0; k < j1 - j0; k++) {
+                    ag[k] += dyi[k] * (xi[k] - m) * r;
+                    ab[k] += dyi[k];
+                }
             }
         }
         for (int j = j0; j < j1; j++) {
