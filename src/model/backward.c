@@ -303,11 +303,13 @@ tlm_status tlm_forward_backward(tlm_model *m, const int32_t *ids, const int32_t 
                                      &losses[r], &counts[r]);
         snprintf(msg[r], sizeof msg[r], "%s", st[r] ? tlm_last_error() : "");
 #pragma omp barrier
-#pragma omp for schedule(static)
-        for (long i = 0; i < n; i++) {
-            float v = grads[i];
-            for (int q = 1; q < R; q++) v += g[q][i];
-            grads[i] = v;
+        long lo = n * r / R, hi = n * (r + 1) / R;
+        for (int q = 1; q < R; q++) {
+            /* one stream at a time: a plain vectorized add (the runtime replica count in an
+             * inner loop kept the compiler from vectorizing) */
+            const float *gq = g[q];
+#pragma omp simd
+            for (long i = lo; i < hi; i++) grads[i] += gq[i];
         }
     }
     for (int r = 0; r < R; r++)
