@@ -7,7 +7,6 @@
 /* log-sum-exp with the max subtracted first, so exp never sees a large argument. */
 static float row_lse(const float *x, int V) {
     float mx = x[0];
-#pragma omp simd reduction(max : mx)
     for (int j = 1; j < V; j++) mx = x[j] > mx ? x[j] : mx;
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
