@@ -16,7 +16,13 @@
  *
  * With p > 0 the probabilities are dropped out into per-thread scratch for the P.V product, while
  * probs keeps them undropped for the softmax backward. The mask index of (query t, key j) is
- * t*T + j within the head's block. */
+ * t*T + j within the head's block.
+ *
+ * Every product runs per block of QB queries [t0, t1): those see keys [0, t1) only, so the
+ * blocks of scores that are masked whole (keys t1.. for queries below t1) are never computed
+ * (about 3/8 of the products' work at T 256, half at long contexts) nor read. */
+enum { QB = 64 };
+
 static void softmax_columns(float *Pt, int T) {
     float mx[T], sum[T];
     memcpy(mx, Pt, (size_t)T * sizeof(float)); /* key 0 is visible to every query */
@@ -57,8 +63,11 @@ static void attention_fwd(float *out, float *probs, const float *q, const float 
         const float *vb = v + (size_t)b * T * kw + (size_t)kvh * hd;
         float *Pt = probs + (size_t)bh * T * T;
         /* Pt = scale * K Q^T */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, scale, kb, kw, qb, qw, 0.0f,
-                    Pt, T);
+        for (int t0 = 0; t0 < T; t0 += QB) {
+            int t1 = t0 + QB < T ? t0 + QB : T;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t1, t1 - t0, hd, scale, kb, kw,
+                        qb + (size_t)t0 * qw, qw, 0.0f, Pt + t0, T);
+        }
         softmax_columns(Pt, T);
         const float *PV = Pt;
         if (p > 0.0f) {
@@ -71,8 +80,12 @@ static void attention_fwd(float *out, float *probs, const float *q, const float 
             PV = D;
         }
         /* out = P V = Pt^T V */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1.0f, PV, T, vb, kw, 0.0f,
-                    out + (size_t)b * T * ow + (size_t)h * hd, ow);
+        float *ob = out + (size_t)b * T * ow + (size_t)h * hd;
+        for (int t0 = 0; t0 < T; t0 += QB) {
+            int t1 = t0 + QB < T ? t0 + QB : T;
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t1 - t0, hd, t1, 1.0f, PV + t0, T,
+                        vb, kw, 0.0f, ob + (size_t)t0 * ow, ow);
+        }
     }
 }
 
@@ -120,10 +133,14 @@ static void attention_bwd(float *dq, float *dk, float *dv, const float *dout, co
                 PV = D;
             }
             /* dV += Pd^T dO = Ptd dO; dPt = V dO^T (the gradient at the dropped probabilities) */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, PV, T, dO, ow,
-                        1.0f, dvb, kw);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, 1.0f, vb, kw, dO, ow,
-                        0.0f, dPt, T);
+            for (int t0 = 0; t0 < T; t0 += QB) {
+                int t1 = t0 + QB < T ? t0 + QB : T;
+                const float *dOt = dO + (size_t)t0 * ow;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, t1, hd, t1 - t0, 1.0f,
+                            PV + t0, T, dOt, ow, 1.0f, dvb, kw);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t1, t1 - t0, hd, 1.0f, vb, kw,
+                            dOt, ow, 0.0f, dPt + t0, T);
+            }
             /* Softmax backward per query (column): dS = P * (dP - sum_keys(P * dP)), scaled, where
              * dP is the gradient at the undropped probabilities (dPd times the mask). */
             if (p > 0.0f)
@@ -145,10 +162,13 @@ static void attention_bwd(float *dq, float *dk, float *dv, const float *dout, co
                 for (int t = j; t < T; t++) dr[t] = pr[t] * (dr[t] - dot[t]) * scale;
             }
             /* dQ = dS K = dSt^T K; dK += dS^T Q = dSt Q */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1.0f, dPt, T, kb, kw,
-                        0.0f, dqb, qw);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, dPt, T, qb, qw,
-                        1.0f, dkb, kw);
+            for (int t0 = 0; t0 < T; t0 += QB) {
+                int t1 = t0 + QB < T ? t0 + QB : T;
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t1 - t0, hd, t1, 1.0f,
+                            dPt + t0, T, kb, kw, 0.0f, dqb + (size_t)t0 * qw, qw);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, t1, hd, t1 - t0, 1.0f,
+                            dPt + t0, T, qb + (size_t)t0 * qw, qw, 1.0f, dkb, kw);
+            }
         }
     }
 }

@@ -100,6 +100,12 @@ CASES = [
          vocab_size=300, context_length=8, d_model=48, n_layers=1, n_heads=6, n_kv_heads=3,
          norm="layernorm", norm_position="post", ffn="gelu", position="none", bias=False,
          tie_embeddings=True),
+    # A long window: attention runs in blocks of 64 queries (64, 128, 150 here) that skip the
+    # fully masked key blocks; GQA, rope and an offset on top.
+    case("long_blocks_gqa", B=2, T=150, pos_offset=3, ignore=True,
+         vocab_size=40, context_length=160, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2,
+         norm="rmsnorm", ffn="swiglu", position="rope", rope_pairing="half",
+         tie_embeddings=True),
 ]
 
 
