@@ -4,7 +4,9 @@
 # warmup 100, beta2 0.99, wd 0.1, clip 1.0, dropout 0. Reports the final validation loss and the
 # wall time of the whole `tlm train` run (tokenization and evaluations included; 20 validation
 # batches per evaluation, like nanoGPT's eval_iters=20 on CPU).
-# nanoGPT itself reaches 1.886 in 90.6 s wall on this machine (tuned environment).
+# nanoGPT itself reaches 1.886 in 90.6 s wall on this machine (tuned environment). Then, unless
+# PEER=0, the same recipe in PyTorch (shakespeare_torch.py, same seed, threads and OpenBLAS
+# setting: about two minutes) for the same figures in the same run.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${BUILD:-build}
@@ -31,4 +33,12 @@ val=$(grep -o '"val_loss": [0-9.]*' "$OUT/run/log.jsonl" | tail -1 | cut -d' ' -
 n=$(wc -c <"$DATA/text/tinyshakespeare.txt")
 tail -c $((n - (n - n / 10) + 1)) "$DATA/text/tinyshakespeare.txt" >"$OUT/val.txt"
 full=$("$ROOT/$BUILD/tlm" eval -m "$OUT/run" --data "$OUT/val.txt" --json | sed 's/.*"loss": \([0-9.]*\).*/\1/')
-echo "shakespeare-char (seed ${SEED:-1337}): val loss $full on the whole validation split, $val in-training estimate (target <= 1.89), wall $(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }') s (target <= 30 s; nanoGPT 90.6 s); threads $THREADS; OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}"
+wall=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }')
+echo "shakespeare-char (seed ${SEED:-1337}): val loss $full on the whole validation split, $val in-training estimate (target <= 1.89), wall $wall s (target <= 30 s; nanoGPT 90.6 s); threads $THREADS; OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}"
+if [ "${PEER:-1}" != 0 ]; then
+    p=$(/usr/bin/python3 "$ROOT/bench/shakespeare_torch.py" "$DATA/text/tinyshakespeare.txt" \
+        "${SEED:-1337}" "$THREADS")
+    echo "pytorch (same recipe, seed ${SEED:-1337}): val loss $(sed 's/.*"val_loss_whole": \([0-9.]*\).*/\1/' <<<"$p") on the whole validation split, $(sed 's/.*"val_loss_20_batches": \([0-9.]*\).*/\1/' <<<"$p") 20-batch estimate, wall $(sed 's/.*"wall_s": \([0-9.]*\).*/\1/' <<<"$p") s"
+    pw=$(sed 's/.*"wall_s": \([0-9.]*\).*/\1/' <<<"$p")
+    echo "tlm / pytorch wall: $(awk -v a="$wall" -v b="$pw" 'BEGIN { printf "%.2fx faster", b / a }')"
+fi
