@@ -34,18 +34,19 @@ static void test_masks(void) {
     free(z);
 }
 
-static float loss_at(tlm_model *m, const int32_t *ids, const int32_t *tg, float *grads) {
+static float loss_at(tlm_model *m, const int32_t *ids, const int32_t *tg, int T, float *grads) {
     float loss;
     tlm_model_set_dropout_seed(m, 5, 11);
-    CHECK_OK(tlm_forward_backward(m, ids, tg, 2, 8, 0, grads, 0, &loss));
+    CHECK_OK(tlm_forward_backward(m, ids, tg, 2, T, 0, grads, 0, &loss));
     return loss;
 }
 
-static void test_gradients(tlm_norm_position pos) {
+/* T > 64 runs attention in several query blocks (see attention.c). */
+static void test_gradients(tlm_norm_position pos, int T) {
     tlm_config c;
     tlm_config_default(&c);
     c.vocab_size = 11;
-    c.context_length = 8;
+    c.context_length = T;
     c.d_model = 16;
     c.n_layers = 2;
     c.n_heads = 2;
@@ -55,27 +56,27 @@ static void test_gradients(tlm_norm_position pos) {
     tlm_model *m = NULL;
     CHECK_OK(tlm_model_create(&c, &m));
     CHECK_OK(tlm_model_init(m, 3, TLM_INIT_DEFAULT));
-    int32_t ids[16], tg[16];
-    for (int i = 0; i < 16; i++) {
+    int32_t ids[2 * 128], tg[2 * 128];
+    for (int i = 0; i < 2 * T; i++) {
         ids[i] = (i * 7 + 3) % 11;
         tg[i] = (i * 5 + 1) % 11;
     }
     size_t np = tlm_model_num_params(m);
     float *g = malloc(np * 4), *scratch = malloc(np * 4), *P = tlm_model_params(m);
-    float l0 = loss_at(m, ids, tg, g);
+    float l0 = loss_at(m, ids, tg, T, g);
     /* Dropout changes the training loss but not evaluation. */
     tlm_forward_opts o = {.targets = tg};
     tlm_forward_out out;
-    CHECK_OK(tlm_forward(m, ids, 2, 8, &o, &out));
+    CHECK_OK(tlm_forward(m, ids, 2, T, &o, &out));
     CHECK(fabs(out.loss - l0) > 1e-3, "dropout has no effect on the training loss");
     int checked = 0, bad = 0;
     for (size_t k = 0; k < np; k += np / 60 + 1) {
         float keep = P[k];
         double eps = 1e-2;
         P[k] = keep + (float)eps;
-        double lp = loss_at(m, ids, tg, scratch);
+        double lp = loss_at(m, ids, tg, T, scratch);
         P[k] = keep - (float)eps;
-        double lm = loss_at(m, ids, tg, scratch);
+        double lm = loss_at(m, ids, tg, T, scratch);
         P[k] = keep;
         double fd = (lp - lm) / (2 * eps);
         if (fabs(fd - g[k]) > 2e-3 + 0.05 * fabs(fd)) {
@@ -84,8 +85,8 @@ static void test_gradients(tlm_norm_position pos) {
         }
         checked++;
     }
-    CHECK(bad == 0, "%d of %d gradients disagree with finite differences (%s-norm)", bad, checked,
-          pos == TLM_NORM_PRE ? "pre" : "post");
+    CHECK(bad == 0, "%d of %d gradients disagree with finite differences (%s-norm, T %d)", bad,
+          checked, pos == TLM_NORM_PRE ? "pre" : "post", T);
     free(g);
     free(scratch);
     tlm_model_free(m);
@@ -94,7 +95,8 @@ static void test_gradients(tlm_norm_position pos) {
 int main(void) {
     tlm_set_threads(2);
     test_masks();
-    test_gradients(TLM_NORM_PRE);
-    test_gradients(TLM_NORM_POST);
+    test_gradients(TLM_NORM_PRE, 8);
+    test_gradients(TLM_NORM_POST, 8);
+    test_gradients(TLM_NORM_PRE, 100);
     return t_finish("test_dropout");
 }
