@@ -2,7 +2,6 @@
  * Gradients land in a buffer with the parameter buffer's layout, so the same offsets index both. */
 #include <math.h>
 #include <omp.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -113,12 +112,9 @@ static void attn_bwd(tlm_model *m, int layer, float *G, const tlm_layer_offsets 
     k_linear_bwd(din, G + o->wq, tlm_at(G, o->bq), g->dq, in, P + o->wq, N, d, ld, acc);
 }
 
-/* One forward + backward over the whole batch with every thread on each operation. *counted
- * receives the number of targets the mean loss is over; the gradient is of the loss summed over
- * them and divided by divisor (<= 0: by their count, i.e. of the mean loss). */
-static tlm_status forward_backward_one(tlm_model *m, const int32_t *ids, const int32_t *targets,
-                                       int B, int T, int pos0, float *grads, int accumulate,
-                                       int divisor, float *loss, int *counted_out) {
+tlm_status tlm_forward_backward_whole(tlm_model *m, const int32_t *ids, const int32_t *targets,
+                                      int B, int T, int pos0, float *grads, int accumulate,
+                                      int divisor, float *loss, int *counted_out) {
     const tlm_config *c = &m->c;
     m->training = 1;
     tlm_status s = tlm_forward_internal(m, ids, B, T, pos0);
@@ -189,177 +185,5 @@ static tlm_status forward_backward_one(tlm_model *m, const int32_t *ids, const i
             for (int j = 0; j < d; j++) dst[j] += src[j];
         }
     }
-    return TLM_OK;
-}
-
-void tlm_model_free_replicas(tlm_model *m) {
-    for (int r = 0; r < m->n_replicas; r++) {
-        tlm_model *rep = m->replicas[r];
-        tlm_arena_free(&rep->arena);
-        tlm_grad_arena_free(&rep->garena);
-        free(rep);
-        tlm_big_free(m->replica_grads[r], m->n_params * sizeof(float));
-    }
-    free(m->replicas);
-    free(m->replica_grads);
-    m->replicas = NULL;
-    m->replica_grads = NULL;
-    m->n_replicas = 0;
-}
-
-static tlm_status make_replicas(tlm_model *m, int R) {
-    if (m->n_replicas == R) return TLM_OK;
-    tlm_model_free_replicas(m);
-    m->replicas = calloc((size_t)R, sizeof *m->replicas);
-    m->replica_grads = calloc((size_t)R, sizeof *m->replica_grads);
-    if (!m->replicas || !m->replica_grads) {
-        free(m->replicas);
-        free(m->replica_grads);
-        m->replicas = NULL;
-        m->replica_grads = NULL;
-        return tlm_err(TLM_ERR_NOMEM, "out of memory");
-    }
-    m->n_replicas = R;
-    for (int r = 0; r < R; r++) {
-        tlm_model *rep = malloc(sizeof *rep);
-        /* replica 0 writes into the caller's gradient buffer */
-        float *g = r ? tlm_big_alloc(m->n_params * sizeof(float)) : NULL;
-        m->replicas[r] = rep;
-        m->replica_grads[r] = g;
-        if (!rep || (r && !g)) {
-            tlm_big_free(g, m->n_params * sizeof(float));
-            m->replica_grads[r] = NULL;
-            free(rep);
-            m->replicas[r] = NULL;
-            m->n_replicas = r;
-            tlm_model_free_replicas(m);
-            return tlm_err(TLM_ERR_NOMEM, "out of memory for data-parallel replicas");
-        }
-        *rep = *m; /* shares params, schema, offsets and tables */
-        memset(&rep->arena, 0, sizeof rep->arena);
-        memset(&rep->garena, 0, sizeof rep->garena);
-        rep->n_replicas = 0;
-        rep->replicas = NULL;
-        rep->replica_grads = NULL;
-        rep->is_replica = 1;
-    }
-    return TLM_OK;
-}
-
-void tlm_model_set_data_parallel(tlm_model *m, int mode) { m->data_parallel = mode; }
-
-/* Splitting the batch across threads, each running whole layers single-threaded, beats putting
- * both threads on every small operation when operations are small: their fork/join and the
- * small-matrix inefficiency of a shared sgemm dominate there. Large layers keep both threads on
- * each product (and need no second copy of the activations or gradients). */
-static int replicas_for(const tlm_model *m, int B) {
-    int threads = omp_get_max_threads();
-    if (threads < 2 || B < 2 || m->is_replica || omp_in_parallel()) return 1;
-    int R = threads < B ? threads : B;
-    if (m->data_parallel == 0) return 1;
-    if (m->data_parallel == 1) return R;
-    return m->c.d_model <= 512 && m->n_params <= (size_t)64 << 20 ? R : 1;
-}
-
-tlm_status tlm_forward_backward(tlm_model *m, const int32_t *ids, const int32_t *targets, int B,
-                                int T, int pos0, float *grads, int accumulate, float *loss) {
-    const tlm_config *c = &m->c;
-    if (!targets || !grads)
-        return tlm_err(TLM_ERR_ARG, "forward_backward: targets and grads needed");
-    if (B > 0 && T > 0)
-        for (int i = 0; i < B * T; i++)
-            if (targets[i] >= c->vocab_size)
-                return tlm_err(TLM_ERR_RANGE,
-                               "target id %d at index %d is outside the vocabulary (%d)",
-                               targets[i], i, c->vocab_size);
-    int R = replicas_for(m, B);
-    if (R <= 1)
-        return forward_backward_one(m, ids, targets, B, T, pos0, grads, accumulate, 0, loss, NULL);
-    tlm_status s = make_replicas(m, R);
-    if (s) return s;
-    enum { MAXR = 64 };
-    if (R > MAXR) R = MAXR;
-    /* Every slice divides its loss gradient by the whole batch's target count, so the batch's
-     * gradient is the plain sum of the slices': replica 0 writes (or accumulates) straight into
-     * grads and only the others need buffers of their own. */
-    int total = 0;
-    for (int i = 0; i < B * T; i++) total += targets[i] >= 0;
-    tlm_status st[MAXR];
-    float losses[MAXR];
-    int counts[MAXR];
-    char msg[MAXR][256];
-    long n = (long)m->n_params;
-    float *const *g = m->replica_grads;
-#pragma omp parallel num_threads(R)
-    {
-        int r = omp_get_thread_num();
-        int b0 = B * r / R, b1 = B * (r + 1) / R;
-        tlm_model *rep = m->replicas[r];
-        rep->drop_seed = m->drop_seed;
-        /* Each replica draws its own masks: same (seed, step), different stream per slice. */
-        rep->drop_step = m->drop_step * (uint64_t)R + (uint64_t)r;
-        st[r] = forward_backward_one(rep, ids + (size_t)b0 * T, targets + (size_t)b0 * T, b1 - b0,
-                                     T, pos0, r ? g[r] : grads, r ? 0 : accumulate, total,
-                                     &losses[r], &counts[r]);
-        snprintf(msg[r], sizeof msg[r], "%s", st[r] ? tlm_last_error() : "");
-#pragma omp barrier
-        long lo = n * r / R, hi = n * (r + 1) / R;
-        for (int q = 1; q < R; q++) {
-            /* one stream at a time: a plain vectorized add (the runtime replica count in an
-             * inner loop kept the compiler from vectorizing) */
-            const float *gq = g[q];
-#pragma omp simd
-            for (long i = lo; i < hi; i++) grads[i] += gq[i];
-        }
-    }
-    for (int r = 0; r < R; r++)
-        if (st[r]) return tlm_err(st[r], "%s", msg[r]);
-    /* The batch's mean loss weights each slice by its counted targets. */
-    double lsum = 0;
-    for (int r = 0; r < R; r++)
-        if (counts[r]) lsum += (double)losses[r] * counts[r];
-    if (loss) *loss = total ? (float)(lsum / (double)total) : NAN;
-    return TLM_OK;
-}
-
-tlm_status tlm_batch_loss(tlm_model *m, const int32_t *ids, const int32_t *targets, int B, int T,
-                          double *loss) {
-    int R = replicas_for(m, B);
-    tlm_status s = R > 1 ? make_replicas(m, R) : TLM_OK;
-    if (s) return s;
-    if (R <= 1) {
-        tlm_forward_opts o = {.targets = targets};
-        tlm_forward_out out;
-        s = tlm_forward(m, ids, B, T, &o, &out);
-        *loss = s ? NAN : out.loss;
-        return s;
-    }
-    enum { MAXR = 64 };
-    if (R > MAXR) R = MAXR;
-    tlm_status st[MAXR];
-    double sums[MAXR];
-    int counts[MAXR];
-    char msg[MAXR][256];
-#pragma omp parallel num_threads(R)
-    {
-        int r = omp_get_thread_num();
-        int b0 = B * r / R, b1 = B * (r + 1) / R;
-        const int32_t *tg = targets + (size_t)b0 * T;
-        tlm_forward_opts o = {.targets = tg};
-        tlm_forward_out out;
-        st[r] = tlm_forward(m->replicas[r], ids + (size_t)b0 * T, b1 - b0, T, &o, &out);
-        counts[r] = 0;
-        for (int i = 0; i < (b1 - b0) * T; i++) counts[r] += tg[i] >= 0;
-        sums[r] = counts[r] ? (double)out.loss * counts[r] : 0.0;
-        snprintf(msg[r], sizeof msg[r], "%s", st[r] ? tlm_last_error() : "");
-    }
-    double sum = 0;
-    long total = 0;
-    for (int r = 0; r < R; r++) {
-        if (st[r]) return tlm_err(st[r], "%s", msg[r]);
-        sum += sums[r];
-        total += counts[r];
-    }
-    *loss = total ? sum / (double)total : NAN;
     return TLM_OK;
 }

@@ -105,6 +105,13 @@ void tlm_model_free_replicas(tlm_model *m);
  * hidden rows, out the result. Shared by the forward pass and the generation path. */
 void tlm_ffn_rows(const tlm_model *m, int layer, const float *in, float *a, float *h, float *out,
                   int N);
+/* One forward + backward over the whole batch with every thread on each operation (backward.c;
+ * tlm_forward_backward splits small models' batches over replicas running this). *counted_out
+ * receives the number of targets the mean loss is over; the gradient is of the loss summed over
+ * them and divided by divisor (<= 0: by their count, i.e. of the mean loss). */
+tlm_status tlm_forward_backward_whole(tlm_model *m, const int32_t *ids, const int32_t *targets,
+                                      int B, int T, int pos0, float *grads, int accumulate,
+                                      int divisor, float *loss, int *counted_out);
 /* Mean loss of a batch (forward only), split across the data-parallel replicas when training
  * would split it: evaluation then runs as fast per token as training does. */
 tlm_status tlm_batch_loss(tlm_model *m, const int32_t *ids, const int32_t *targets, int B, int T,

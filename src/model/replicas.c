@@ -1,0 +1,210 @@
+/* Data parallelism for small models: the batch is split across threads, each running a replica of
+ * the model (shared parameters, its own activations) single-threaded through whole layers. Used
+ * by training passes and by evaluation; the backward pass itself lives in backward.c. */
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model.h"
+
+enum { MAXR = 64 };
+
+void tlm_model_free_replicas(tlm_model *m) {
+    for (int r = 0; r < m->n_replicas; r++) {
+        tlm_model *rep = m->replicas[r];
+        tlm_arena_free(&rep->arena);
+        tlm_grad_arena_free(&rep->garena);
+        free(rep);
+        tlm_big_free(m->replica_grads[r], m->n_params * sizeof(float));
+    }
+    free(m->replicas);
+    free(m->replica_grads);
+    m->replicas = NULL;
+    m->replica_grads = NULL;
+    m->n_replicas = 0;
+}
+
+static tlm_status make_replicas(tlm_model *m, int R) {
+    if (m->n_replicas == R) return TLM_OK;
+    tlm_model_free_replicas(m);
+    m->replicas = calloc((size_t)R, sizeof *m->replicas);
+    m->replica_grads = calloc((size_t)R, sizeof *m->replica_grads);
+    if (!m->replicas || !m->replica_grads) {
+        free(m->replicas);
+        free(m->replica_grads);
+        m->replicas = NULL;
+        m->replica_grads = NULL;
+        return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    }
+    m->n_replicas = R;
+    for (int r = 0; r < R; r++) {
+        tlm_model *rep = malloc(sizeof *rep);
+        /* replica 0 writes into the caller's gradient buffer */
+        float *g = r ? tlm_big_alloc(m->n_params * sizeof(float)) : NULL;
+        m->replicas[r] = rep;
+        m->replica_grads[r] = g;
+        if (!rep || (r && !g)) {
+            tlm_big_free(g, m->n_params * sizeof(float));
+            m->replica_grads[r] = NULL;
+            free(rep);
+            m->replicas[r] = NULL;
+            m->n_replicas = r;
+            tlm_model_free_replicas(m);
+            return tlm_err(TLM_ERR_NOMEM, "out of memory for data-parallel replicas");
+        }
+        *rep = *m; /* shares params, schema, offsets and tables */
+        memset(&rep->arena, 0, sizeof rep->arena);
+        memset(&rep->garena, 0, sizeof rep->garena);
+        rep->n_replicas = 0;
+        rep->replicas = NULL;
+        rep->replica_grads = NULL;
+        rep->is_replica = 1;
+    }
+    return TLM_OK;
+}
+
+void tlm_model_set_data_parallel(tlm_model *m, int mode) { m->data_parallel = mode; }
+
+/* Splitting the batch across threads, each running whole layers single-threaded, beats putting
+ * both threads on every small operation when operations are small: their fork/join and the
+ * small-matrix inefficiency of a shared sgemm dominate there. Large layers keep both threads on
+ * each product (and need no second copy of the activations or gradients). Sets *R to the number
+ * of slices (1: run the batch whole) and makes their replicas. */
+static tlm_status split_batch(tlm_model *m, int B, int *R) {
+    int threads = omp_get_max_threads();
+    *R = 1;
+    if (threads < 2 || B < 2 || m->is_replica || omp_in_parallel() || m->data_parallel == 0)
+        return TLM_OK;
+    int n = threads < B ? threads : B;
+    if (n > MAXR) n = MAXR;
+    if (m->data_parallel != 1 && !(m->c.d_model <= 512 && m->n_params <= (size_t)64 << 20))
+        return TLM_OK;
+    *R = n;
+    return make_replicas(m, n);
+}
+
+/* Slice r of R of a batch of B sequences: sequences [*b0, *b1). */
+static void slice(int B, int r, int R, int *b0, int *b1) {
+    *b0 = B * r / R;
+    *b1 = B * (r + 1) / R;
+}
+
+/* What each slice's thread reports: the library's error message is per thread. */
+typedef struct {
+    tlm_status st;
+    char msg[256];
+} slice_status;
+
+static void slice_report(slice_status *s, tlm_status st) {
+    s->st = st;
+    snprintf(s->msg, sizeof s->msg, "%s", st ? tlm_last_error() : "");
+}
+
+static tlm_status slices_result(const slice_status *s, int R) {
+    for (int r = 0; r < R; r++)
+        if (s[r].st) return tlm_err(s[r].st, "%s", s[r].msg);
+    return TLM_OK;
+}
+
+static int count_targets(const int32_t *targets, size_t n) {
+    int c = 0;
+    for (size_t i = 0; i < n; i++) c += targets[i] >= 0;
+    return c;
+}
+
+tlm_status tlm_forward_backward(tlm_model *m, const int32_t *ids, const int32_t *targets, int B,
+                                int T, int pos0, float *grads, int accumulate, float *loss) {
+    const tlm_config *c = &m->c;
+    if (!targets || !grads)
+        return tlm_err(TLM_ERR_ARG, "forward_backward: targets and grads needed");
+    if (B > 0 && T > 0)
+        for (int i = 0; i < B * T; i++)
+            if (targets[i] >= c->vocab_size)
+                return tlm_err(TLM_ERR_RANGE,
+                               "target id %d at index %d is outside the vocabulary (%d)",
+                               targets[i], i, c->vocab_size);
+    int R;
+    tlm_status s = split_batch(m, B, &R);
+    if (s) return s;
+    if (R <= 1)
+        return tlm_forward_backward_whole(m, ids, targets, B, T, pos0, grads, accumulate, 0, loss,
+                                          NULL);
+    /* Every slice divides its loss gradient by the whole batch's target count, so the batch's
+     * gradient is the plain sum of the slices': replica 0 writes (or accumulates) straight into
+     * grads and only the others need buffers of their own. */
+    int total = count_targets(targets, (size_t)B * T);
+    slice_status st[MAXR];
+    float losses[MAXR];
+    int counts[MAXR];
+    long n = (long)m->n_params;
+    float *const *g = m->replica_grads;
+#pragma omp parallel num_threads(R)
+    {
+        int r = omp_get_thread_num(), b0, b1;
+        slice(B, r, R, &b0, &b1);
+        tlm_model *rep = m->replicas[r];
+        rep->drop_seed = m->drop_seed;
+        /* Each replica draws its own masks: same (seed, step), different stream per slice. */
+        rep->drop_step = m->drop_step * (uint64_t)R + (uint64_t)r;
+        slice_report(&st[r],
+                     tlm_forward_backward_whole(rep, ids + (size_t)b0 * T, targets + (size_t)b0 * T,
+                                                b1 - b0, T, pos0, r ? g[r] : grads,
+                                                r ? 0 : accumulate, total, &losses[r], &counts[r]));
+#pragma omp barrier
+        long lo = n * r / R, hi = n * (r + 1) / R;
+        for (int q = 1; q < R; q++) {
+            /* one stream at a time: a plain vectorized add (the runtime replica count in an
+             * inner loop kept the compiler from vectorizing) */
+            const float *gq = g[q];
+#pragma omp simd
+            for (long i = lo; i < hi; i++) grads[i] += gq[i];
+        }
+    }
+    if ((s = slices_result(st, R)) != TLM_OK) return s;
+    /* The batch's mean loss weights each slice by its counted targets. */
+    double lsum = 0;
+    for (int r = 0; r < R; r++)
+        if (counts[r]) lsum += (double)losses[r] * counts[r];
+    if (loss) *loss = total ? (float)(lsum / (double)total) : NAN;
+    return TLM_OK;
+}
+
+tlm_status tlm_batch_loss(tlm_model *m, const int32_t *ids, const int32_t *targets, int B, int T,
+                          double *loss) {
+    *loss = NAN;
+    int R;
+    tlm_status s = split_batch(m, B, &R);
+    if (s) return s;
+    if (R <= 1) {
+        tlm_forward_opts o = {.targets = targets};
+        tlm_forward_out out;
+        if ((s = tlm_forward(m, ids, B, T, &o, &out)) == TLM_OK) *loss = out.loss;
+        return s;
+    }
+    slice_status st[MAXR];
+    double sums[MAXR];
+    int counts[MAXR];
+#pragma omp parallel num_threads(R)
+    {
+        int r = omp_get_thread_num(), b0, b1;
+        slice(B, r, R, &b0, &b1);
+        const int32_t *tg = targets + (size_t)b0 * T;
+        tlm_forward_opts o = {.targets = tg};
+        tlm_forward_out out;
+        tlm_status sr = tlm_forward(m->replicas[r], ids + (size_t)b0 * T, b1 - b0, T, &o, &out);
+        counts[r] = count_targets(tg, (size_t)(b1 - b0) * T);
+        sums[r] = !sr && counts[r] ? (double)out.loss * counts[r] : 0.0;
+        slice_report(&st[r], sr);
+    }
+    if ((s = slices_result(st, R)) != TLM_OK) return s;
+    double sum = 0;
+    long total = 0;
+    for (int r = 0; r < R; r++) {
+        sum += sums[r];
+        total += counts[r];
+    }
+    *loss = total ? sum / (double)total : NAN;
+    return TLM_OK;
+}
