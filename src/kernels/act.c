@@ -41,8 +41,6 @@ void k_add(float *y, const float *a, const float *b, size_t n) {
     for (long i = 0; i < nn; i++) y[i] = a[i] + b[i];
 }
 
-static inline float sigmoid(float x) { return 1.0f / (1.0f + tlm_expf(-x)); }
-
 static inline float gelu_tanh_grad(float x) {
     float u = SQRT_2_OVER_PI * (x + 0.044715f * x * x * x);
     float t = 2.0f * tlm_sigmoidf(2.0f * u) - 1.0f;
@@ -121,7 +119,7 @@ void k_swiglu_rows_bwd(float *da, const float *dy, const float *a, int N, int ff
         const float *g = a + (size_t)i * 2 * ff, *u = g + ff, *dyi = dy + (size_t)i * ff;
         float *dg = da + (size_t)i * 2 * ff, *du = dg + ff;
         for (int j = 0; j < ff; j++) {
-            float s = sigmoid(g[j]);
+            float s = tlm_sigmoidf(g[j]);
             du[j] = dyi[j] * g[j] * s;
             dg[j] = dyi[j] * u[j] * s * (1.0f + g[j] * (1.0f - s));
         }

@@ -50,6 +50,15 @@ static void softmax_columns(float *Pt, int T) {
     }
 }
 
+/* D = Pt with the dropout mask of head block bh applied (index t*T + j for query t, key j). */
+static void drop_probs(float *D, const float *Pt, int T, uint64_t key, uint64_t bh, float p) {
+    uint64_t base = bh * (uint64_t)T * (uint64_t)T;
+    for (int j = 0; j < T; j++)
+        for (int t = 0; t < T; t++)
+            D[(size_t)j * T + t] =
+                Pt[(size_t)j * T + t] * k_dropout_keep(key, base + (size_t)t * T + j, p);
+}
+
 static void attention_fwd(float *out, float *probs, const float *q, const float *k, const float *v,
                           int ldq, int ldkv, int B, int T, int H, int KVH, int hd, float p,
                           uint64_t key, float *scratch) {
@@ -72,11 +81,7 @@ static void attention_fwd(float *out, float *probs, const float *q, const float 
         const float *PV = Pt;
         if (p > 0.0f) {
             float *D = scratch + (size_t)omp_get_thread_num() * T * T;
-            uint64_t base = (uint64_t)bh * T * T;
-            for (int j = 0; j < T; j++)
-                for (int t = 0; t < T; t++)
-                    D[(size_t)j * T + t] =
-                        Pt[(size_t)j * T + t] * k_dropout_keep(key, base + (size_t)t * T + j, p);
+            drop_probs(D, Pt, T, key, (uint64_t)bh, p);
             PV = D;
         }
         /* out = P V = Pt^T V */
@@ -126,10 +131,7 @@ static void attention_bwd(float *dq, float *dk, float *dv, const float *dout, co
             float *dqb = dq + (size_t)b * T * qw + (size_t)h * hd;
             const float *PV = Pt;
             if (p > 0.0f) {
-                for (int j = 0; j < T; j++)
-                    for (int t = 0; t < T; t++)
-                        D[(size_t)j * T + t] = Pt[(size_t)j * T + t] *
-                                               k_dropout_keep(key, bh * TT + (size_t)t * T + j, p);
+                drop_probs(D, Pt, T, key, bh, p);
                 PV = D;
             }
             /* dV += Pd^T dO = Ptd dO; dPt = V dO^T (the gradient at the dropped probabilities) */

@@ -55,18 +55,11 @@ static void gain_grads(float *dg, float *db, const float *dy, const float *x, co
         for (int i = 0; i < N; i++) {
             const float *dyi = dy + (size_t)i * d + j0, *xi = x + (size_t)i * d + j0;
             float m = mean ? mean[i] : 0.0f, r = rstd[i];
-            if (j1 - j0 == 16) {
-                /* a whole block: a fixed trip count the compiler turns into one vector */
+            int w = j1 - j0;
 #pragma omp simd
-                for (int k = 0; k < 16; k++) {
-                    ag[k] += dyi[k] * (xi[k] - m) * r;
-                    ab[k] += dyi[k];
-                }
-            } else {
-                for (int k = 0; k < j1 - j0; k++) {
-                    ag[k] += dyi[k] * (xi[k] - m) * r;
-                    ab[k] += dyi[k];
-                }
+            for (int k = 0; k < w; k++) {
+                ag[k] += dyi[k] * (xi[k] - m) * r;
+                ab[k] += dyi[k];
             }
         }
         for (int j = j0; j < j1; j++) {
