@@ -82,13 +82,6 @@ static int config_has_key(const char *path, const char *key) {
     return has;
 }
 
-static char *join(const char *dir, const char *name) {
-    size_t n = strlen(dir) + strlen(name) + 2;
-    char *p = malloc(n);
-    if (p) snprintf(p, n, "%s/%s", dir, name);
-    return p;
-}
-
 /* The token cache is reused when its sidecar names the same text (size, mtime) and vocabulary. */
 static int cache_matches(const char *meta_path, const char *expect) {
     FILE *f = fopen(meta_path, "rb");
@@ -110,7 +103,8 @@ static int prepare_tokens(const char *data, const char *out_dir, tlm_tokenizer *
              "\"vocab_size\": %d, \"kind\": \"%s\"}\n",
              data, (long long)st.st_size, (long long)st.st_mtime, tlm_tokenizer_vocab_size(tok),
              tlm_tokenizer_kind_name(tlm_tokenizer_get_kind(tok)));
-    char *path = join(out_dir, "tokens.bin"), *meta = join(out_dir, "tokens.json");
+    char *path = tlm_path_join(out_dir, "tokens.bin"),
+         *meta = tlm_path_join(out_dir, "tokens.json");
     *tokens_path = path;
     if (cache_matches(meta, expect) && access(path, R_OK) == 0) {
         free(meta);

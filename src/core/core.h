@@ -47,6 +47,9 @@ double tlm_rng_trunc_normal(tlm_rng *r, double sigma, double cut);
 /* Uniform integer in [0, n). */
 uint32_t tlm_rng_below(tlm_rng *r, uint32_t n);
 
+/* "dir/name" in a new malloc'd string (NULL when out of memory). */
+char *tlm_path_join(const char *dir, const char *name);
+
 /* Reads a whole file (NUL-terminated for convenience; *len excludes the NUL). */
 tlm_status tlm_read_file(const char *path, char **data, size_t *len);
 

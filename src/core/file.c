@@ -140,3 +140,10 @@ void tlm_mmap_close(tlm_mmap *m) {
     m->data = NULL;
     m->size = 0;
 }
+
+char *tlm_path_join(const char *dir, const char *name) {
+    size_t n = strlen(dir) + strlen(name) + 2;
+    char *p = malloc(n);
+    if (p) snprintf(p, n, "%s/%s", dir, name);
+    return p;
+}

@@ -53,15 +53,8 @@ const char *tlm_model_format_name(tlm_model_format f) {
     }
 }
 
-static char *join(const char *dir, const char *name) {
-    size_t n = strlen(dir) + strlen(name) + 2;
-    char *p = malloc(n);
-    if (p) snprintf(p, n, "%s/%s", dir, name);
-    return p;
-}
-
 static int dir_has(const char *dir, const char *name) {
-    char *p = join(dir, name);
+    char *p = tlm_path_join(dir, name);
     int r = p && file_exists(p);
     free(p);
     return r;
@@ -83,7 +76,7 @@ tlm_status tlm_model_detect(const char *path, tlm_model_format *fmt) {
         if (*fmt == TLM_FORMAT_TLM || !dir_has(path, "model.safetensors")) return TLM_OK;
         /* Both present: a tlm checkpoint directory also holds tlm's config.json. */
         st_file f;
-        char *p = join(path, "model.safetensors");
+        char *p = tlm_path_join(path, "model.safetensors");
         if (!p) return tlm_err(TLM_ERR_NOMEM, "out of memory");
         tlm_status s = st_open(&f, p);
         free(p);
@@ -117,7 +110,7 @@ tlm_status tlm_model_detect(const char *path, tlm_model_format *fmt) {
 
 static tlm_status load_tlm(const char *path, tlm_model **out) {
     if (!is_dir(path)) return load_tlm_safetensors(path, out);
-    char *p = join(path, "model.safetensors");
+    char *p = tlm_path_join(path, "model.safetensors");
     if (!p) return tlm_err(TLM_ERR_NOMEM, "out of memory");
     tlm_status s = load_tlm_safetensors(p, out);
     free(p);

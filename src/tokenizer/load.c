@@ -17,16 +17,6 @@ static int is_file(const char *p) {
     return stat(p, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-static char *join(const char *dir, const char *name) {
-    size_t a = strlen(dir), b = strlen(name);
-    char *p = malloc(a + b + 2);
-    if (!p) return NULL;
-    memcpy(p, dir, a);
-    p[a] = '/';
-    memcpy(p + a + 1, name, b + 1);
-    return p;
-}
-
 static char *dirname_of(const char *path) {
     const char *sl = strrchr(path, '/');
     if (!sl) {
@@ -48,7 +38,7 @@ static const char *basename_of(const char *path) {
 }
 
 static tlm_status load_gpt2_dir(const char *dir, tlm_tokenizer **out) {
-    char *e = join(dir, "encoder.json"), *v = join(dir, "vocab.bpe");
+    char *e = tlm_path_join(dir, "encoder.json"), *v = tlm_path_join(dir, "vocab.bpe");
     tlm_status s = e && v ? tok_load_gpt2(e, v, out) : tlm_err(TLM_ERR_NOMEM, "out of memory");
     free(e);
     free(v);
@@ -89,7 +79,7 @@ static int json_id(cJSON *root, const char *key, int32_t n, int32_t *out) {
 
 tlm_status tok_load_tlm_dir(const char *dir, tlm_tokenizer **out) {
     *out = NULL;
-    char *path = join(dir, "tokenizer.json");
+    char *path = tlm_path_join(dir, "tokenizer.json");
     if (!path) return tlm_err(TLM_ERR_NOMEM, "out of memory");
     char *txt = NULL;
     size_t n;
@@ -148,7 +138,7 @@ tlm_status tok_load_tlm_dir(const char *dir, tlm_tokenizer **out) {
         free(lens);
         free(bytes);
     } else if (!strcmp(type->valuestring, "spm")) {
-        char *bin = join(dir, "tokenizer.bin");
+        char *bin = tlm_path_join(dir, "tokenizer.bin");
         cJSON *tarr = cJSON_GetObjectItemCaseSensitive(root, "token_types");
         int nt = cJSON_IsArray(tarr) ? cJSON_GetArraySize(tarr) : 0;
         if (nt > 0 && (types = malloc((size_t)nt * sizeof *types))) {
@@ -194,7 +184,7 @@ tlm_status tlm_tokenizer_load(const char *path, tlm_tokenizer **out) {
         char *p[6];
         int have[6], nomem = 0;
         for (int i = 0; i < 6; i++) {
-            p[i] = join(path, names[i]);
+            p[i] = tlm_path_join(path, names[i]);
             nomem |= !p[i];
             have[i] = p[i] && is_file(p[i]);
         }

@@ -32,13 +32,6 @@ static double now_s(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static char *join(const char *dir, const char *name) {
-    size_t n = strlen(dir) + strlen(name) + 2;
-    char *p = malloc(n);
-    if (p) snprintf(p, n, "%s/%s", dir, name);
-    return p;
-}
-
 typedef struct {
     long step;
     float train, val;
@@ -192,10 +185,10 @@ tlm_status tlm_train_run(tlm_model *m, const tlm_dataset *d, const tlm_train_opt
         tlm_dataset_size(d, TLM_SPLIT_VAL) > 0)
         return tlm_err(TLM_ERR_ARG, "validation split has %zu tokens; a window needs %d",
                        tlm_dataset_size(d, TLM_SPLIT_VAL), T + 1);
-    char *ckpt = join(o->out_dir, "checkpoint.safetensors");
-    char *model_path = join(o->out_dir, "model.safetensors");
-    char *log_path = join(o->out_dir, "log.jsonl");
-    char *svg_path = join(o->out_dir, "loss.svg");
+    char *ckpt = tlm_path_join(o->out_dir, "checkpoint.safetensors");
+    char *model_path = tlm_path_join(o->out_dir, "model.safetensors");
+    char *log_path = tlm_path_join(o->out_dir, "log.jsonl");
+    char *svg_path = tlm_path_join(o->out_dir, "loss.svg");
     size_t N = (size_t)B * T;
     int32_t *ids = malloc(N * sizeof *ids), *tg = malloc(N * sizeof *tg);
     float *grads = tlm_big_alloc(m->n_params * sizeof(float));
