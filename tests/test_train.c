@@ -147,6 +147,13 @@ static void test_resume(void) {
     /* The loss went down: the stream is mostly predictable. */
     double v0 = tlm_evaluate(a, d, TLM_SPLIT_VAL, 4, 16, 8, 1);
     CHECK(v0 < 2.4, "val loss after 12 steps %.3f (uniform is 2.565)", v0);
+    /* Evaluation split across replicas gives the loss of the whole batches. */
+    tlm_model_set_data_parallel(a, 0);
+    double whole = tlm_evaluate(a, d, TLM_SPLIT_VAL, 4, 16, 8, 1);
+    tlm_model_set_data_parallel(a, 1);
+    double split = tlm_evaluate(a, d, TLM_SPLIT_VAL, 4, 16, 8, 1);
+    tlm_model_set_data_parallel(a, -1);
+    CHECK(fabs(whole - split) <= 1e-5 * whole, "evaluation whole %.7f vs split %.7f", whole, split);
     /* A NaN parameter stops training with a clear error and leaves the checkpoint as it was. */
     char *before = NULL, *after = NULL;
     size_t n0 = read_all("run_a/checkpoint.safetensors", &before);
