@@ -40,6 +40,29 @@ const char *tlm_status_name(tlm_status s);
 void tlm_set_threads(int n);
 int tlm_get_threads(void);
 
+/* ---- element types ------------------------------------------------------------------------ */
+
+/* The one element-type enum of the library: weights, files and kernels all use it. F32, F16,
+ * BF16 and Q8_0 are weight types (Q8_0: blocks of 32 int8 with one f16 scale); the others appear
+ * only in files (safetensors integer tensors, F64). */
+typedef enum {
+    TLM_DTYPE_F32 = 0,
+    TLM_DTYPE_F16,
+    TLM_DTYPE_BF16,
+    TLM_DTYPE_Q8_0,
+    TLM_DTYPE_F64,
+    TLM_DTYPE_I64,
+    TLM_DTYPE_I32,
+    TLM_DTYPE_I16,
+    TLM_DTYPE_I8,
+    TLM_DTYPE_U8,
+    TLM_DTYPE_BOOL,
+    TLM_DTYPE_COUNT
+} tlm_dtype;
+
+/* "F32", "F16", "BF16", "Q8_0", ... ("?" outside the enum). */
+const char *tlm_dtype_name(tlm_dtype t);
+
 /* ---- config ------------------------------------------------------------------------------- */
 
 typedef enum { TLM_NORM_RMSNORM = 0, TLM_NORM_LAYERNORM } tlm_norm_kind;
@@ -324,22 +347,19 @@ tlm_status tlm_model_load(const char *path, tlm_model **out);
 tlm_status tlm_model_load_llama2c(const char *path, tlm_model **out);
 tlm_status tlm_model_save_llama2c(const tlm_model *m, const char *path, int version);
 
-/* Element type of float tensors in written files. */
-typedef enum { TLM_FILE_F32 = 0, TLM_FILE_F16, TLM_FILE_BF16 } tlm_file_dtype;
-
 /* Hugging Face directory (config.json + model.safetensors, or shards with
  * model.safetensors.index.json) of LlamaForCausalLM or GPT2LMHeadModel. Export writes
  * LlamaForCausalLM for Llama-style models (q/k rows in HF's half order) and GPT2LMHeadModel for
  * GPT-2-style ones (layernorm with biases, learned positions, gelu); the directory is created. */
 tlm_status tlm_model_load_hf(const char *dir, tlm_model **out);
-tlm_status tlm_model_save_hf(const tlm_model *m, const char *dir, tlm_file_dtype dtype);
+tlm_status tlm_model_save_hf(const tlm_model *m, const char *dir, tlm_dtype dtype);
 
 /* GGUF v3. Reading: arch `llama` (F32, F16, BF16, Q8_0 tensors); the vocabulary inside loads with
  * tlm_tokenizer_load(path). Writing: Llama-style models as arch `llama`, loadable by llama.cpp
  * (q/k rows in adjacent-pair order, vectors kept F32), with tok's vocabulary when tok is given. */
 tlm_status tlm_model_load_gguf(const char *path, tlm_model **out);
 tlm_status tlm_model_save_gguf(const tlm_model *m, const tlm_tokenizer *tok, const char *path,
-                               tlm_file_dtype dtype);
+                               tlm_dtype dtype);
 
 /* One tensor as a model file stores it, for `tlm info -m`. */
 typedef struct {

@@ -52,7 +52,7 @@ static void test_stories(const char *dir) {
     CHECK(d == 0.0, ".gguf vs .bin logits differ by %g", d);
 
     /* Writer round trips. */
-    CHECK_OK(tlm_model_save_gguf(g, NULL, "rt32.gguf", TLM_FILE_F32));
+    CHECK_OK(tlm_model_save_gguf(g, NULL, "rt32.gguf", TLM_DTYPE_F32));
     tlm_model *r = NULL;
     CHECK_OK(tlm_model_load("rt32.gguf", &r));
     if (r) {
@@ -63,15 +63,15 @@ static void test_stories(const char *dir) {
         CHECK(tlm_model_config(r)->context_length == 2048, "context kept");
         tlm_model_free(r);
     }
-    for (int dt = TLM_FILE_F16; dt <= TLM_FILE_BF16; dt++) {
-        CHECK_OK(tlm_model_save_gguf(g, NULL, "rt16.gguf", (tlm_file_dtype)dt));
+    for (int dt = TLM_DTYPE_F16; dt <= TLM_DTYPE_BF16; dt++) {
+        CHECK_OK(tlm_model_save_gguf(g, NULL, "rt16.gguf", (tlm_dtype)dt));
         CHECK_OK(tlm_model_load("rt16.gguf", &r));
         if (!r) continue;
         const float *a = tlm_model_params(g), *q = tlm_model_params(r);
         int bad = 0;
         for (size_t i = 0; i < tlm_model_num_params(g); i++) {
-            float want = dt == TLM_FILE_F16 ? tlm_f16_to_f32(tlm_f32_to_f16(a[i]))
-                                            : tlm_bf16_to_f32(tlm_f32_to_bf16(a[i]));
+            float want = dt == TLM_DTYPE_F16 ? tlm_f16_to_f32(tlm_f32_to_f16(a[i]))
+                                             : tlm_bf16_to_f32(tlm_f32_to_bf16(a[i]));
             /* norms (vectors) stay F32 */
             if (q[i] != want && q[i] != a[i]) bad++;
         }
@@ -128,7 +128,7 @@ static void test_half_roundtrip(void) {
     tlm_model *m = NULL, *r = NULL;
     CHECK_OK(tlm_model_create(&c, &m));
     CHECK_OK(tlm_model_init(m, 11, TLM_INIT_DEFAULT));
-    CHECK_OK(tlm_model_save_gguf(m, NULL, "half.gguf", TLM_FILE_F32));
+    CHECK_OK(tlm_model_save_gguf(m, NULL, "half.gguf", TLM_DTYPE_F32));
     CHECK_OK(tlm_model_load("half.gguf", &r));
     if (r) {
         const tlm_config *rc = tlm_model_config(r);
@@ -143,7 +143,7 @@ static void test_half_roundtrip(void) {
     tlm_model_free(m);
     c.norm = TLM_NORM_LAYERNORM;
     CHECK_OK(tlm_model_create(&c, &m));
-    CHECK(tlm_model_save_gguf(m, NULL, "half.gguf", TLM_FILE_F32) == TLM_ERR_UNSUPPORTED &&
+    CHECK(tlm_model_save_gguf(m, NULL, "half.gguf", TLM_DTYPE_F32) == TLM_ERR_UNSUPPORTED &&
               strstr(tlm_last_error(), "rmsnorm"),
           "%s", tlm_last_error());
     tlm_model_free(m);
@@ -277,7 +277,7 @@ static void test_llamacpp_bpe(void) {
     tlm_model *m = NULL;
     CHECK_OK(tlm_model_create(&c, &m));
     CHECK_OK(tlm_model_init(m, 5, TLM_INIT_DEFAULT));
-    CHECK_OK(tlm_model_save_gguf(m, tok, "bpe.gguf", TLM_FILE_F32));
+    CHECK_OK(tlm_model_save_gguf(m, tok, "bpe.gguf", TLM_DTYPE_F32));
     int32_t *ids = NULL;
     size_t np = 0;
     CHECK_OK(tlm_tokenizer_encode(tok, "the cat sat", 11, 0, &ids, &np));

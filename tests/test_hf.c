@@ -43,11 +43,11 @@ static void export_and_check(tlm_model *m, const char *dir, const int32_t *ids, 
     int V = tlm_model_config(m)->vocab_size;
     float *mine = malloc(sizeof(float) * (size_t)T * V);
     memcpy(mine, fo.logits, sizeof(float) * (size_t)T * V);
-    CHECK_OK(tlm_model_save_hf(m, dir, TLM_FILE_F32));
+    CHECK_OK(tlm_model_save_hf(m, dir, TLM_DTYPE_F32));
     char exp[256], cmd[1024];
     snprintf(exp, sizeof exp, "%s.tlm_logits.safetensors", dir);
-    st_out_tensor t[2] = {{"ids", TLM_DT_I32, 1, {T}, ids},
-                          {"logits", TLM_DT_F32, 2, {T, V}, mine}};
+    st_out_tensor t[2] = {{"ids", TLM_DTYPE_I32, 1, {T}, ids},
+                          {"logits", TLM_DTYPE_F32, 2, {T, V}, mine}};
     CHECK_OK(st_write(exp, t, 2, NULL, NULL, 0));
     snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s check %s %s", SCRIPT, dir, exp);
     CHECK(system(cmd) == 0, "reference rejects tlm's export %s", dir);

@@ -55,10 +55,10 @@ static void test_roundtrip(void) {
     float a[6] = {1.0f, -2.5f, 3.14159f, 65504.0f, 1e-7f, -0.0f};
     int32_t ids[3] = {7, -1, 1 << 30};
     st_out_tensor t[4] = {
-        {"a32", TLM_DT_F32, 2, {2, 3}, a},
-        {"a16", TLM_DT_F16, 1, {6}, a},
-        {"abf", TLM_DT_BF16, 2, {3, 2}, a},
-        {"ids", TLM_DT_I32, 1, {3}, ids},
+        {"a32", TLM_DTYPE_F32, 2, {2, 3}, a},
+        {"a16", TLM_DTYPE_F16, 1, {6}, a},
+        {"abf", TLM_DTYPE_BF16, 2, {3, 2}, a},
+        {"ids", TLM_DTYPE_I32, 1, {3}, ids},
     };
     const char *k[] = {"note"}, *v[] = {"hello"};
     CHECK_OK(st_write("rt.safetensors", t, 4, k, v, 1));

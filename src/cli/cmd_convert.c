@@ -54,13 +54,13 @@ int cmd_convert(int argc, char **argv) {
         }
     }
     if (!in || !out || !to) return cli_fail("convert: usage: tlm convert IN OUT --to FORMAT");
-    tlm_file_dtype dt;
+    tlm_dtype dt;
     if (!strcmp(dtype, "f32"))
-        dt = TLM_FILE_F32;
+        dt = TLM_DTYPE_F32;
     else if (!strcmp(dtype, "f16"))
-        dt = TLM_FILE_F16;
+        dt = TLM_DTYPE_F16;
     else if (!strcmp(dtype, "bf16"))
-        dt = TLM_FILE_BF16;
+        dt = TLM_DTYPE_BF16;
     else
         return cli_fail("convert: --dtype must be f32, f16 or bf16 (got '%s')", dtype);
     int fmt = !strcmp(to, "gguf")          ? 1
@@ -69,7 +69,7 @@ int cmd_convert(int argc, char **argv) {
               : !strcmp(to, "llama2c")     ? 4
                                            : 0;
     if (!fmt) return cli_fail("convert: --to must be gguf, safetensors, hf or llama2c");
-    if ((fmt == 2 || fmt == 4) && dt != TLM_FILE_F32)
+    if ((fmt == 2 || fmt == 4) && dt != TLM_DTYPE_F32)
         return cli_fail("convert: --to %s stores f32 only", to);
 
     tlm_model *m;

@@ -8,11 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/half.h"
+#include "core/dtype.h"
 #include "formats/formats.h"
 #include "formats/gguf.h"
-
-enum { GGML_F32 = 0, GGML_F16 = 1, GGML_Q8_0 = 8, GGML_BF16 = 30 };
 
 static tlm_status get_dim(const tlm_gguf *g, const char *key, int64_t def, int64_t hi,
                           const char *path, int *out) {
@@ -112,31 +110,14 @@ tlm_status fmt_gguf_tensor_to_f32(const tlm_gguf_tensor *t, float *dst, size_t n
     if (!p)
         return tlm_err(TLM_ERR_UNSUPPORTED, "%s: tensor '%s' has unknown ggml type %u", path,
                        t->name, t->type);
-    switch (t->type) {
-    case GGML_F32: memcpy(dst, p, n * sizeof(float)); return TLM_OK;
-    case GGML_F16:
-    case GGML_BF16:
-        for (size_t i = 0; i < n; i++) {
-            uint16_t h = (uint16_t)(p[2 * i] | p[2 * i + 1] << 8);
-            dst[i] = t->type == GGML_F16 ? tlm_f16_to_f32(h) : tlm_bf16_to_f32(h);
-        }
-        return TLM_OK;
-    case GGML_Q8_0:
-        /* Blocks of 32: an f16 scale then 32 int8 quants; x = d * q. */
-        for (size_t b = 0; b < n / 32; b++) {
-            const uint8_t *blk = p + b * 34;
-            float d = tlm_f16_to_f32((uint16_t)(blk[0] | blk[1] << 8));
-            for (int i = 0; i < 32; i++) dst[b * 32 + i] = d * (float)(int8_t)blk[2 + i];
-        }
-        return TLM_OK;
-    default: {
-        const char *name = "?";
-        tlm_ggml_type_info(t->type, &name, NULL, NULL);
-        return tlm_err(TLM_ERR_UNSUPPORTED,
-                       "%s: tensor '%s' is %s; supported: F32, F16, BF16, Q8_0", path, t->name,
-                       name);
-    }
-    }
+    tlm_dtype dt;
+    if (tlm_dtype_from_ggml(t->type, &dt) && (dt == TLM_DTYPE_F32 || dt == TLM_DTYPE_F16 ||
+                                              dt == TLM_DTYPE_BF16 || dt == TLM_DTYPE_Q8_0))
+        return tlm_dtype_to_f32(dt, p, dst, n);
+    const char *name = "?";
+    tlm_ggml_type_info(t->type, &name, NULL, NULL);
+    return tlm_err(TLM_ERR_UNSUPPORTED, "%s: tensor '%s' is %s; supported: F32, F16, BF16, Q8_0",
+                   path, t->name, name);
 }
 
 tlm_status fmt_gguf_load_model(const tlm_gguf *g, const char *path, tlm_model **out) {
@@ -168,8 +149,10 @@ tlm_status fmt_gguf_load_model(const tlm_gguf *g, const char *path, tlm_model **
                         (long long)(ti[i].ndim == 2 ? ti[i].shape[0] : 1));
             break;
         }
-        int known = t->type == GGML_F32 || t->type == GGML_F16 || t->type == GGML_BF16 ||
-                    t->type == GGML_Q8_0;
+        tlm_dtype dt;
+        int known =
+            tlm_dtype_from_ggml(t->type, &dt) && (dt == TLM_DTYPE_F32 || dt == TLM_DTYPE_F16 ||
+                                                  dt == TLM_DTYPE_BF16 || dt == TLM_DTYPE_Q8_0);
         if (t->n_elements != ti[i].numel || !t->data || !known)
             s = fmt_gguf_tensor_to_f32(t, NULL, ti[i].numel, path); /* reports the problem */
     }

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/dtype.h"
 #include "core/half.h"
 #include "formats/formats.h"
 #include "tokenizer/tok_internal.h"
@@ -31,7 +32,6 @@ enum {
     GV_INT64,
     GV_FLOAT64
 };
-enum { GGML_F32 = 0, GGML_F16 = 1, GGML_BF16 = 30 };
 enum { TT_NORMAL = 1, TT_UNKNOWN = 2, TT_CONTROL = 3, TT_USER = 4, TT_UNUSED = 5, TT_BYTE = 6 };
 
 /* The whole header is built in memory (the vocabulary makes it a few MB at most), then the data
@@ -186,20 +186,21 @@ static size_t pad_to(size_t n) { return (n + GGUF_ALIGN - 1) / GGUF_ALIGN * GGUF
 
 /* Element type a tensor is written with: vectors stay F32 (llama.cpp's converters keep norms
  * F32 and its CPU kernels expect them so). */
-static uint32_t tensor_type(const tlm_tensor_info *ti, tlm_file_dtype dt) {
-    if (ti->ndim == 1 || dt == TLM_FILE_F32) return GGML_F32;
-    return dt == TLM_FILE_F16 ? GGML_F16 : GGML_BF16;
+static tlm_dtype tensor_type(const tlm_tensor_info *ti, tlm_dtype dt) {
+    return ti->ndim == 1 ? TLM_DTYPE_F32 : dt;
 }
 
-static size_t type_size(uint32_t t) { return t == GGML_F32 ? 4 : 2; }
+static size_t type_size(tlm_dtype t) { return tlm_dtype_get(t)->block_bytes; }
 
 tlm_status tlm_model_save_gguf(const tlm_model *m, const tlm_tokenizer *tok, const char *path,
-                               tlm_file_dtype dtype) {
+                               tlm_dtype dtype) {
     const tlm_config *c = &m->c;
     char why[96];
     if (!fmt_is_llama_style(c, why, sizeof why))
         return tlm_err(TLM_ERR_UNSUPPORTED, "GGUF export supports Llama-style models: %s", why);
-    if ((unsigned)dtype > TLM_FILE_BF16) return tlm_err(TLM_ERR_ARG, "bad dtype %d", (int)dtype);
+    if (dtype != TLM_DTYPE_F32 && dtype != TLM_DTYPE_F16 && dtype != TLM_DTYPE_BF16)
+        return tlm_err(TLM_ERR_UNSUPPORTED, "GGUF export writes F32, F16 or BF16, not %s",
+                       tlm_dtype_name(dtype));
     if (tok && tok->n != c->vocab_size)
         return tlm_err(TLM_ERR_ARG, "tokenizer has %d tokens but the model's vocab_size is %d",
                        (int)tok->n, c->vocab_size);
@@ -208,7 +209,7 @@ tlm_status tlm_model_save_gguf(const tlm_model *m, const tlm_tokenizer *tok, con
     kv_str(&kv, "general.architecture", "llama");
     kv_str(&kv, "general.name", "tlm");
     kv_u32(&kv, "general.alignment", GGUF_ALIGN);
-    kv_u32(&kv, "general.file_type", dtype == TLM_FILE_F32 ? 0 : dtype == TLM_FILE_F16 ? 1 : 32);
+    kv_u32(&kv, "general.file_type", dtype == TLM_DTYPE_F32 ? 0 : dtype == TLM_DTYPE_F16 ? 1 : 32);
     kv_u32(&kv, "llama.context_length", (uint32_t)c->context_length);
     kv_u32(&kv, "llama.embedding_length", (uint32_t)c->d_model);
     kv_u32(&kv, "llama.block_count", (uint32_t)c->n_layers);
@@ -236,8 +237,8 @@ tlm_status tlm_model_save_gguf(const tlm_model *m, const tlm_tokenizer *tok, con
         } else {
             put_u64(&ti, (uint64_t)t->shape[0]);
         }
-        uint32_t ty = tensor_type(t, dtype);
-        put_u32(&ti, ty);
+        tlm_dtype ty = tensor_type(t, dtype);
+        put_u32(&ti, (uint32_t)tlm_dtype_get(ty)->ggml);
         put_u64(&ti, off);
         off = pad_to(off + t->numel * type_size(ty));
         if (t->numel > max_numel) max_numel = t->numel;
@@ -276,12 +277,12 @@ tlm_status tlm_model_save_gguf(const tlm_model *m, const tlm_tokenizer *tok, con
             s = fmt_permute_qk(scratch, NULL, (int)t->shape[0], (int)t->shape[1], hd, 1);
             src = scratch;
         }
-        uint32_t ty = tensor_type(t, dtype);
+        tlm_dtype ty = tensor_type(t, dtype);
         size_t bytes = t->numel * type_size(ty);
-        if (!s && ty == GGML_F32) s = tlm_atomic_write(&a, src, bytes);
-        if (!s && ty != GGML_F32) {
+        if (!s && ty == TLM_DTYPE_F32) s = tlm_atomic_write(&a, src, bytes);
+        if (!s && ty != TLM_DTYPE_F32) {
             for (size_t k = 0; k < t->numel; k++)
-                half[k] = ty == GGML_F16 ? tlm_f32_to_f16(src[k]) : tlm_f32_to_bf16(src[k]);
+                half[k] = ty == TLM_DTYPE_F16 ? tlm_f32_to_f16(src[k]) : tlm_f32_to_bf16(src[k]);
             s = tlm_atomic_write(&a, half, bytes);
         }
         if (!s && pad_to(bytes) > bytes) s = tlm_atomic_write(&a, zeros, pad_to(bytes) - bytes);

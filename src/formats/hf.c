@@ -641,11 +641,12 @@ static tlm_status export_gpt2(const tlm_model *m, tlm_dtype dt, out_list *o, cJS
     return s;
 }
 
-tlm_status tlm_model_save_hf(const tlm_model *m, const char *dir, tlm_file_dtype dtype) {
+tlm_status tlm_model_save_hf(const tlm_model *m, const char *dir, tlm_dtype dtype) {
     const tlm_config *c = &m->c;
-    tlm_dtype dt = dtype == TLM_FILE_F16    ? TLM_DT_F16
-                   : dtype == TLM_FILE_BF16 ? TLM_DT_BF16
-                                            : TLM_DT_F32;
+    if (dtype != TLM_DTYPE_F32 && dtype != TLM_DTYPE_F16 && dtype != TLM_DTYPE_BF16)
+        return tlm_err(TLM_ERR_UNSUPPORTED, "Hugging Face export writes F32, F16 or BF16, not %s",
+                       tlm_dtype_name(dtype));
+    tlm_dtype dt = dtype;
     int llama = fmt_is_llama_style(c, NULL, 0);
     if (!llama && !is_gpt2_style(c))
         return tlm_err(TLM_ERR_UNSUPPORTED,
@@ -658,9 +659,9 @@ tlm_status tlm_model_save_hf(const tlm_model *m, const char *dir, tlm_file_dtype
     if (!cfg) return tlm_err(TLM_ERR_NOMEM, "out of memory");
     tlm_status s = llama ? export_llama(m, dt, &o, cfg) : export_gpt2(m, dt, &o, cfg);
     cJSON_AddStringToObject(cfg, "torch_dtype",
-                            dt == TLM_DT_F16    ? "float16"
-                            : dt == TLM_DT_BF16 ? "bfloat16"
-                                                : "float32");
+                            dt == TLM_DTYPE_F16    ? "float16"
+                            : dt == TLM_DTYPE_BF16 ? "bfloat16"
+                                                   : "float32");
     char *p = NULL, *json = NULL;
     if (!s) {
         const char *k[] = {"format"}, *v[] = {"pt"};

@@ -17,7 +17,7 @@ tlm_status tlm_model_save_safetensors(const tlm_model *m, const char *path) {
     for (int i = 0; i < m->n_tensors; i++) {
         const tlm_tensor_info *ti = &m->tensors[i];
         t[i].name = ti->name;
-        t[i].dtype = TLM_DT_F32;
+        t[i].dtype = TLM_DTYPE_F32;
         t[i].ndim = ti->ndim;
         t[i].shape[0] = ti->shape[0];
         t[i].shape[1] = ti->shape[1];

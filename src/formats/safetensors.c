@@ -7,24 +7,9 @@
 
 #define ST_MAX_HEADER ((size_t)100 << 20)
 
-static const struct {
-    const char *name;
-    size_t size;
-} dtypes[TLM_DT_COUNT] = {{"F32", 4}, {"F16", 2}, {"BF16", 2}, {"F64", 8}, {"I64", 8},
-                          {"I32", 4}, {"I16", 2}, {"I8", 1},   {"U8", 1},  {"BOOL", 1}};
-
-const char *tlm_dtype_name(tlm_dtype t) {
-    return (unsigned)t < TLM_DT_COUNT ? dtypes[t].name : "?";
-}
-size_t tlm_dtype_size(tlm_dtype t) { return (unsigned)t < TLM_DT_COUNT ? dtypes[t].size : 0; }
-
 static int parse_dtype(const char *s, tlm_dtype *out) {
-    for (int i = 0; i < TLM_DT_COUNT; i++)
-        if (!strcmp(s, dtypes[i].name)) {
-            *out = (tlm_dtype)i;
-            return 1;
-        }
-    return 0;
+    /* safetensors has no block types */
+    return tlm_dtype_from_name(s, out) && tlm_dtype_get(*out)->block_elems == 1;
 }
 
 void st_close(st_file *f) {
@@ -73,7 +58,8 @@ static tlm_status parse_entry(const cJSON *e, st_tensor *t, size_t data_len) {
     t->begin = (size_t)b;
     t->end = (size_t)en;
     size_t bytes;
-    if (!tlm_mul_ok(numel, tlm_dtype_size(t->dtype), &bytes) || bytes != t->end - t->begin)
+    if (!tlm_mul_ok(numel, (size_t)tlm_dtype_get(t->dtype)->block_bytes, &bytes) ||
+        bytes != t->end - t->begin)
         return tlm_err(TLM_ERR_FORMAT, "%s x shape is not the %zu bytes of its data_offsets",
                        tlm_dtype_name(t->dtype), t->end - t->begin);
     return TLM_OK;
@@ -171,32 +157,15 @@ const char *st_meta(const st_file *f, const char *key) {
     return cJSON_IsString(v) ? v->valuestring : NULL;
 }
 
-static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
-
 tlm_status st_read_f32(const st_file *f, const st_tensor *t, float *dst, size_t n) {
     if (n != t->numel)
         return tlm_err(TLM_ERR_FORMAT, "tensor '%s' has %zu elements, expected %zu", t->name,
                        t->numel, n);
     const uint8_t *p = f->data + t->begin;
-    switch (t->dtype) {
-    case TLM_DT_F32: memcpy(dst, p, n * 4); return TLM_OK;
-    case TLM_DT_F16:
-        for (size_t i = 0; i < n; i++) dst[i] = tlm_f16_to_f32(rd16(p + 2 * i));
-        return TLM_OK;
-    case TLM_DT_BF16:
-        for (size_t i = 0; i < n; i++) dst[i] = tlm_bf16_to_f32(rd16(p + 2 * i));
-        return TLM_OK;
-    case TLM_DT_F64:
-        for (size_t i = 0; i < n; i++) {
-            double v;
-            memcpy(&v, p + 8 * i, 8);
-            dst[i] = (float)v;
-        }
-        return TLM_OK;
-    default:
+    if (!tlm_dtype_get(t->dtype)->is_float)
         return tlm_err(TLM_ERR_FORMAT, "tensor '%s' has dtype %s, expected a float type", t->name,
                        tlm_dtype_name(t->dtype));
-    }
+    return tlm_dtype_to_f32(t->dtype, p, dst, n);
 }
 
 tlm_status st_read_i32(const st_file *f, const st_tensor *t, int32_t *dst, size_t n) {
@@ -204,11 +173,11 @@ tlm_status st_read_i32(const st_file *f, const st_tensor *t, int32_t *dst, size_
         return tlm_err(TLM_ERR_FORMAT, "tensor '%s' has %zu elements, expected %zu", t->name,
                        t->numel, n);
     const uint8_t *p = f->data + t->begin;
-    if (t->dtype == TLM_DT_I32) {
+    if (t->dtype == TLM_DTYPE_I32) {
         memcpy(dst, p, n * 4);
         return TLM_OK;
     }
-    if (t->dtype == TLM_DT_I64) {
+    if (t->dtype == TLM_DTYPE_I64) {
         for (size_t i = 0; i < n; i++) {
             int64_t v;
             memcpy(&v, p + 8 * i, 8);
@@ -241,7 +210,7 @@ tlm_status st_write(const char *path, const st_out_tensor *t, int n, const char 
             numel *= (size_t)t[i].shape[d];
         }
         cJSON_AddStringToObject(e, "dtype", tlm_dtype_name(t[i].dtype));
-        size_t bytes = numel * tlm_dtype_size(t[i].dtype);
+        size_t bytes = numel * tlm_dtype_get(t[i].dtype)->block_bytes;
         cJSON *offs = cJSON_AddArrayToObject(e, "data_offsets");
         cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
         cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)(off + bytes)));
@@ -267,17 +236,17 @@ tlm_status st_write(const char *path, const st_out_tensor *t, int n, const char 
     for (int i = 0; i < n && !s; i++) {
         size_t numel = 1;
         for (int d = 0; d < t[i].ndim; d++) numel *= (size_t)t[i].shape[d];
-        if (t[i].dtype == TLM_DT_F16 || t[i].dtype == TLM_DT_BF16) {
+        if (t[i].dtype == TLM_DTYPE_F16 || t[i].dtype == TLM_DTYPE_BF16) {
             const float *src = t[i].data;
             for (size_t j = 0; j < numel && !s; j += 4096) {
                 size_t m = numel - j < 4096 ? numel - j : 4096;
                 for (size_t k = 0; k < m; k++)
-                    buf[k] = t[i].dtype == TLM_DT_F16 ? tlm_f32_to_f16(src[j + k])
-                                                      : tlm_f32_to_bf16(src[j + k]);
+                    buf[k] = t[i].dtype == TLM_DTYPE_F16 ? tlm_f32_to_f16(src[j + k])
+                                                         : tlm_f32_to_bf16(src[j + k]);
                 s = tlm_atomic_write(&a, buf, m * 2);
             }
         } else {
-            s = tlm_atomic_write(&a, t[i].data, numel * tlm_dtype_size(t[i].dtype));
+            s = tlm_atomic_write(&a, t[i].data, numel * tlm_dtype_get(t[i].dtype)->block_bytes);
         }
     }
     if (s) {

@@ -6,23 +6,7 @@
 #include <cjson/cJSON.h>
 
 #include "core/core.h"
-
-typedef enum {
-    TLM_DT_F32 = 0,
-    TLM_DT_F16,
-    TLM_DT_BF16,
-    TLM_DT_F64,
-    TLM_DT_I64,
-    TLM_DT_I32,
-    TLM_DT_I16,
-    TLM_DT_I8,
-    TLM_DT_U8,
-    TLM_DT_BOOL,
-    TLM_DT_COUNT
-} tlm_dtype;
-
-const char *tlm_dtype_name(tlm_dtype t);
-size_t tlm_dtype_size(tlm_dtype t);
+#include "core/dtype.h"
 
 #define ST_MAX_DIMS 8
 

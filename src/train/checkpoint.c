@@ -18,11 +18,14 @@ tlm_status tlm_checkpoint_save(const char *path, const tlm_model *m, const tlm_a
     }
     for (int i = 0; i < n; i++) {
         const tlm_tensor_info *ti = &m->tensors[i];
-        t[i] = (st_out_tensor){
-            ti->name, TLM_DT_F32, ti->ndim, {ti->shape[0], ti->shape[1]}, m->params + ti->offset};
+        t[i] = (st_out_tensor){ti->name,
+                               TLM_DTYPE_F32,
+                               ti->ndim,
+                               {ti->shape[0], ti->shape[1]},
+                               m->params + ti->offset};
     }
-    t[n] = (st_out_tensor){"optimizer.m", TLM_DT_F32, 1, {(int64_t)opt->n}, opt->m};
-    t[n + 1] = (st_out_tensor){"optimizer.v", TLM_DT_F32, 1, {(int64_t)opt->n}, opt->v};
+    t[n] = (st_out_tensor){"optimizer.m", TLM_DTYPE_F32, 1, {(int64_t)opt->n}, opt->m};
+    t[n + 1] = (st_out_tensor){"optimizer.v", TLM_DTYPE_F32, 1, {(int64_t)opt->n}, opt->v};
     char step[32], adam_step[32], state[32], inc[32], seed[32];
     snprintf(step, sizeof step, "%ld", st->step);
     snprintf(adam_step, sizeof adam_step, "%ld", opt->step);

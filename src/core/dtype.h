@@ -1,0 +1,32 @@
+/* The library's one element-type table (tlm_dtype, public in tlm.h): sizes, block layout and the
+ * names and ids each file format uses for it, plus reference conversions to floats. Kernels that
+ * compute on a type directly live in src/kernels; what is here is the plain C definition of each
+ * type that loaders and tests rely on. */
+#ifndef TLM_CORE_DTYPE_H
+#define TLM_CORE_DTYPE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tlm.h"
+
+typedef struct {
+    const char *name;      /* "F32", "Q8_0", ... (GGUF's and safetensors' spelling) */
+    uint32_t block_elems;  /* elements per block: 1 for plain types, 32 for Q8_0 */
+    uint32_t block_bytes;  /* bytes per block */
+    int ggml;              /* ggml type id, -1 when GGUF has none */
+    int is_float;          /* widens to float (weights may have it) */
+} tlm_dtype_info;
+
+/* NULL for a value outside the enum. */
+const tlm_dtype_info *tlm_dtype_get(tlm_dtype t);
+/* Bytes of n elements; 0 when n is not a whole number of blocks or the product overflows. */
+size_t tlm_dtype_bytes(tlm_dtype t, uint64_t n);
+/* Maps a ggml type id or a name (safetensors' "F32", "BF16", ...) to the enum; 0 if unknown. */
+int tlm_dtype_from_ggml(uint32_t ggml, tlm_dtype *out);
+int tlm_dtype_from_name(const char *name, tlm_dtype *out);
+/* Widens n elements (a whole number of blocks) of a float type to floats. TLM_ERR_UNSUPPORTED
+ * for integer types. src needs no alignment. */
+tlm_status tlm_dtype_to_f32(tlm_dtype t, const void *src, float *dst, size_t n);
+
+#endif
