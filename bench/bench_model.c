@@ -36,9 +36,14 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%s\n", tlm_last_error());
         return 1;
     }
+    tlm_train_ctx *x = NULL;
+    if (tlm_train_ctx_new(m, &x)) {
+        fprintf(stderr, "%s\n", tlm_last_error());
+        return 1;
+    }
     /* TLM_DATA_PARALLEL=0|1 overrides the automatic choice, to compare the two. */
     const char *dp = getenv("TLM_DATA_PARALLEL");
-    if (dp) tlm_model_set_data_parallel(m, atoi(dp));
+    if (dp) tlm_train_ctx_set_data_parallel(x, atoi(dp));
     size_t N = (size_t)B * T, np = tlm_model_num_params(m);
     int32_t *ids = malloc(N * 4), *tg = malloc(N * 4);
     srand(1);
@@ -58,13 +63,13 @@ int main(int argc, char **argv) {
         float loss;
         tlm_status s;
         if (train) {
-            s = tlm_forward_backward(m, ids, tg, B, T, 0, grads, 0, &loss);
+            s = tlm_forward_backward(x, ids, tg, B, T, 0, grads, 0, &loss);
             if (!s) tlm_clip_grad_norm(grads, np, 1.0);
             if (!s) s = tlm_adamw_step(opt, m, grads, 1e-4, &h);
         } else {
             tlm_forward_opts o = {.targets = tg};
             tlm_forward_out out;
-            s = tlm_forward(m, ids, B, T, &o, &out);
+            s = tlm_forward(x, ids, B, T, &o, &out);
         }
         if (s) {
             fprintf(stderr, "%s\n", tlm_last_error());
@@ -79,6 +84,7 @@ int main(int argc, char **argv) {
            "\"params\": %zu, \"threads\": %d}\n",
            mode, (double)N / med, med, np, threads);
     tlm_adamw_free(opt);
+    tlm_train_ctx_free(x);
     free(grads);
     free(ids);
     free(tg);

@@ -7,7 +7,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     tlm_gguf *g = NULL;
     if (tlm_gguf_open_memory(data, size, "fuzz.gguf", &g) == TLM_OK) {
         tlm_model *m = NULL;
-        if (fmt_gguf_load_model(g, "fuzz.gguf", &m) == TLM_OK) tlm_model_free(m);
+        if (fmt_gguf_load_model(g, "fuzz.gguf", 0, &m) == TLM_OK) tlm_model_free(m);
         tlm_gguf_close(g);
         /* the vocabulary loader reads from a path */
         const char *p = fuzz_file(".gguf", data, size);

@@ -159,6 +159,11 @@ void tlm_count_params(const tlm_config *c, tlm_param_count *out);
 
 /* ---- model -------------------------------------------------------------------------------- */
 
+/* A model is immutable once created or loaded: config, schema, weights and fixed tables (RoPE,
+ * sinusoids). Any number of threads may share one; everything a pass writes lives in objects the
+ * caller owns (a tlm_train_ctx for batched passes and training, a tlm_session for generation).
+ * The one exception is a writable model's flat parameter buffer, which its owner (the optimizer,
+ * tlm_model_init, a loader) updates while nothing else runs on the model. */
 typedef struct tlm_model tlm_model;
 
 typedef enum {
@@ -167,22 +172,59 @@ typedef enum {
     TLM_INIT_GPT2         /* N(0, 0.02); block output projections / sqrt(2 n_layers) */
 } tlm_init_scheme;
 
-/* Creates a model with zeroed parameters. The config is finalized (copied). */
+/* How the model holds one tensor of its schema: element type, data and shape. Matrices are
+ * [rows, cols] = [out, in] with row_bytes between rows; vectors are one row of `cols`. data points
+ * into the flat parameter buffer (writable models), into a memory-mapped file (tensors the kernels
+ * take in the file's own type), or into memory the model owns (tensors widened at load). */
+typedef struct {
+    tlm_dtype dtype;
+    const void *data;
+    int64_t rows, cols;
+    size_t row_bytes;
+} tlm_weight;
+
+/* Creates a writable model with zeroed parameters in one flat F32 buffer (the schema's offsets;
+ * gradients and AdamW moments use the same layout). The config is finalized (copied). */
 tlm_status tlm_model_create(const tlm_config *c, tlm_model **out);
 void tlm_model_free(tlm_model *m);
 const tlm_config *tlm_model_config(const tlm_model *m);
-/* The flat parameter buffer and its length in floats. */
+/* The flat parameter buffer of a writable model; NULL for a read-only (memory-mapped) one. */
 float *tlm_model_params(tlm_model *m);
+/* Parameter count (floats of the flat layout, whether or not the model has the buffer). */
 size_t tlm_model_num_params(const tlm_model *m);
 /* The schema entries of this model (owned by the model) and their number. */
 const tlm_tensor_info *tlm_model_tensors(const tlm_model *m, int *n);
 /* Finds a tensor by canonical name; NULL if absent. */
 const tlm_tensor_info *tlm_model_find(const tlm_model *m, const char *name);
+/* The weight of schema entry i (0 <= i < tensor count), or NULL. */
+const tlm_weight *tlm_model_weight(const tlm_model *m, int i);
+/* Bytes of weights the model maps from files and bytes it owns (flat buffer, widened copies,
+ * tables). */
+void tlm_model_memory(const tlm_model *m, size_t *mapped, size_t *owned);
+/* Needs a writable model. */
 tlm_status tlm_model_init(tlm_model *m, uint64_t seed, tlm_init_scheme scheme);
 
-/* Reserves the activation arena for batches up to B x T so that later forward calls of that size
- * never allocate. Called implicitly by tlm_forward when needed. */
-tlm_status tlm_model_reserve(tlm_model *m, int B, int T);
+/* ---- batched passes and gradients --------------------------------------------------------- */
+
+/* The working state of full-sequence passes over a model: the activation arena, gradient scratch,
+ * dropout state and data-parallel replicas. One per caller (thread); many may share a model. The
+ * model must outlive it. */
+typedef struct tlm_train_ctx tlm_train_ctx;
+
+tlm_status tlm_train_ctx_new(const tlm_model *m, tlm_train_ctx **out);
+void tlm_train_ctx_free(tlm_train_ctx *x);
+const tlm_model *tlm_train_ctx_model(const tlm_train_ctx *x);
+/* Reserves the activation arena for batches up to B x T so that later passes of that size never
+ * allocate. Called implicitly by the passes when needed. */
+tlm_status tlm_train_ctx_reserve(tlm_train_ctx *x, int B, int T);
+/* Dropout masks of the next training passes derive from (seed, step); the trainer sets them every
+ * step so that a resumed run draws the same masks. */
+void tlm_train_ctx_set_dropout_seed(tlm_train_ctx *x, uint64_t seed, uint64_t step);
+/* How passes over a batch use several threads: 1 splits the batch across threads, each running
+ * a replica (its own activations, the shared model) single-threaded (best for small layers); 0
+ * puts every thread on each operation; -1 (default) picks by model size. Results differ only by
+ * float summation order. */
+void tlm_train_ctx_set_data_parallel(tlm_train_ctx *x, int mode);
 
 typedef struct {
     const int32_t *targets; /* [B*T] or NULL; negative targets are ignored in the loss */
@@ -191,28 +233,21 @@ typedef struct {
 } tlm_forward_opts;
 
 typedef struct {
-    const float *logits; /* [B, T, V], owned by the model, valid until the next call */
+    const float *logits; /* [B, T, V], owned by the context, valid until its next pass */
     const float *probs;  /* [B, T, V] if want_probs, else NULL */
     float loss;          /* mean cross-entropy over counted targets, or NAN without targets */
 } tlm_forward_out;
 
 /* Forward pass over ids [B, T] (row-major). opts may be NULL. */
-tlm_status tlm_forward(tlm_model *m, const int32_t *ids, int B, int T, const tlm_forward_opts *opts,
-                       tlm_forward_out *out);
-
-/* Dropout masks of the next training passes derive from (seed, step); the trainer sets them every
- * step so that a resumed run draws the same masks. */
-void tlm_model_set_dropout_seed(tlm_model *m, uint64_t seed, uint64_t step);
-
-/* How tlm_forward_backward uses several threads: 1 splits the batch across threads, each running
- * a replica of the model single-threaded (best for small layers); 0 puts every thread on each
- * operation; -1 (default) picks by model size. Results differ only by float summation order. */
-void tlm_model_set_data_parallel(tlm_model *m, int mode);
+tlm_status tlm_forward(tlm_train_ctx *x, const int32_t *ids, int B, int T,
+                       const tlm_forward_opts *opts, tlm_forward_out *out);
 
 /* Training step core: forward over ids [B, T] at positions pos0.., mean cross-entropy against
  * targets (negative = ignored) into *loss, and the gradient of that loss for every parameter into
- * grads (the parameter buffer's layout; zeroed first unless accumulate). Consumes the logits. */
-tlm_status tlm_forward_backward(tlm_model *m, const int32_t *ids, const int32_t *targets, int B,
+ * grads (the flat layout, tlm_model_num_params floats; written over unless accumulate, which adds
+ * to it). Needs every weight in F32 (any model tlm_model_create makes or TLM_LOAD_WRITABLE
+ * loads). */
+tlm_status tlm_forward_backward(tlm_train_ctx *x, const int32_t *ids, const int32_t *targets, int B,
                                 int T, int pos0, float *grads, int accumulate, float *loss);
 
 /* ---- training ---------------------------------------------------------------------------- */
@@ -222,19 +257,24 @@ typedef struct {
     double beta1, beta2, eps, weight_decay;
 } tlm_adamw_opts;
 
-/* AdamW state: first and second moments with the parameter buffer's layout, and the step count. */
+/* AdamW state over a range [begin, begin + n) of the flat parameter layout (the whole buffer,
+ * or one process's shard): first and second moments for that range, and the step count. */
 typedef struct {
-    size_t n;
+    size_t begin, n;
     float *m, *v;
     long step;
 } tlm_adamw;
 
 /* beta1 0.9, beta2 0.95, eps 1e-8, weight decay 0.1. */
 void tlm_adamw_defaults(tlm_adamw_opts *h);
+/* Moments for the whole flat buffer. */
 tlm_status tlm_adamw_create(const tlm_model *m, tlm_adamw **out);
+/* Moments for params [begin, end) only (end <= tlm_model_num_params). */
+tlm_status tlm_adamw_create_range(const tlm_model *m, size_t begin, size_t end, tlm_adamw **out);
 void tlm_adamw_free(tlm_adamw *o);
-/* One AdamW step with torch.optim.AdamW's semantics (bias correction, decoupled decay lr*wd*p);
- * decay applies only to tensors whose schema entry says so (matrices, embeddings). */
+/* One AdamW step over the optimizer's range with torch.optim.AdamW's semantics (bias correction,
+ * decoupled decay lr*wd*p); decay applies only to tensors whose schema entry says so (matrices,
+ * embeddings). m must be writable; grads has the flat layout (only the range is read). */
 tlm_status tlm_adamw_step(tlm_adamw *o, tlm_model *m, const float *grads, double lr,
                           const tlm_adamw_opts *h);
 /* The same step on grads * grad_scale, without writing the scaled gradient: clipping folded
@@ -252,6 +292,9 @@ double tlm_lr_at(const tlm_schedule *s, long step);
 
 /* Global L2 norm of the gradient. */
 double tlm_grad_norm(const float *grads, size_t n);
+/* Sum of squares of n gradient values, in a fixed order (the same bits for any thread count):
+ * tlm_grad_norm(g, n) == sqrt(tlm_grad_sumsq(g, n)). Shards sum their ranges' parts. */
+double tlm_grad_sumsq(const float *grads, size_t n);
 /* torch.nn.utils.clip_grad_norm_: scales by max_norm / (norm + 1e-6) when that is below 1;
  * returns the norm before clipping. max_norm <= 0 only measures. */
 double tlm_clip_grad_norm(float *grads, size_t n, double max_norm);
@@ -271,7 +314,7 @@ int32_t tlm_dataset_vocab_size(const tlm_dataset *d);
 
 /* Mean loss over `batches` fixed random windows (B x T) of a split; NAN if it cannot be computed.
  */
-double tlm_evaluate(tlm_model *m, const tlm_dataset *d, int split, int B, int T, int batches,
+double tlm_evaluate(tlm_train_ctx *x, const tlm_dataset *d, int split, int B, int T, int batches,
                     uint64_t seed);
 
 typedef struct {
@@ -281,6 +324,25 @@ typedef struct {
     double lr, grad_norm, tokens_per_s, elapsed_s;
     long steps_this_run; /* since start or resume */
 } tlm_train_progress;
+
+/* The seam of a training step between the backward pass and the optimizer, where training over
+ * several processes plugs in. Every hook may be NULL; each returns TLM_OK or stops the run with its
+ * status. */
+typedef struct {
+    /* After the backward pass: grads (the flat layout, n floats) hold this process's gradient of
+     * its batch's mean loss, *loss that loss. Reduce them across processes here (at least over
+     * the optimizer's range [begin, end)), and make *loss the global mean. */
+    tlm_status (*reduce_grads)(void *user, float *grads, size_t n, float *loss);
+    /* *sumsq holds the sum of squares of the gradient over [begin, end): make it the sum over
+     * every process's range, so clipping uses the global norm. */
+    tlm_status (*reduce_sumsq)(void *user, double *sumsq);
+    /* After AdamW updated params [begin, end): gather the other processes' ranges. */
+    tlm_status (*after_update)(void *user, float *params, size_t n);
+    void *user;
+    /* The range of the flat buffer this process's optimizer updates and keeps moments for;
+     * end 0: the whole buffer. Checkpoints need the whole buffer's moments. */
+    size_t begin, end;
+} tlm_train_hooks;
 
 typedef struct {
     const char *out_dir; /* checkpoint.safetensors, model.safetensors, log.jsonl, loss.svg */
@@ -301,12 +363,40 @@ typedef struct {
     int (*on_progress)(void *user, const tlm_train_progress *p);
     void *user;
     volatile int *stop; /* checked after every step (e.g. set by a SIGINT handler) */
+    tlm_train_hooks hooks;
 } tlm_train_opts;
 
 void tlm_train_defaults(tlm_train_opts *o);
-/* Trains m on d. A non-finite loss stops with TLM_ERR_NUMERIC, keeping the last checkpoint; a stop
- * request saves and returns TLM_ERR_INTERRUPTED. */
+/* Trains m (writable) on d: a loop of the steps below with evaluation, logs and checkpoints. A
+ * non-finite loss stops with TLM_ERR_NUMERIC, keeping the last checkpoint; a stop request saves
+ * and returns TLM_ERR_INTERRUPTED. */
 tlm_status tlm_train_run(tlm_model *m, const tlm_dataset *d, const tlm_train_opts *o);
+
+/* One training run's state: the model it updates, a batch context, the gradient buffer, AdamW
+ * over the hooks' range, the data order and the step count. tlm_train_run is
+ *   tlm_trainer_backward -> hooks.reduce_grads -> tlm_trainer_clip -> tlm_trainer_update
+ * per step, plus evaluation, logging and checkpoints. */
+typedef struct tlm_trainer tlm_trainer;
+/* With o->resume, continues from o->out_dir/checkpoint.safetensors (model and optimizer). */
+tlm_status tlm_trainer_new(tlm_model *m, const tlm_dataset *d, const tlm_train_opts *o,
+                           tlm_trainer **out);
+void tlm_trainer_free(tlm_trainer *t);
+long tlm_trainer_step(const tlm_trainer *t); /* steps completed */
+tlm_train_ctx *tlm_trainer_ctx(tlm_trainer *t);
+/* The gradient buffer (flat layout, tlm_model_num_params floats). */
+float *tlm_trainer_grads(tlm_trainer *t);
+/* The next batch of the run's data order (a seeded RNG whose state checkpoints keep, so a resumed
+ * run draws the same batches) through forward and backward into the gradient buffer; *loss
+ * receives its mean loss. */
+tlm_status tlm_trainer_backward(tlm_trainer *t, float *loss);
+/* The gradient's global norm over the optimizer's range (hooks.reduce_sumsq makes it global) and
+ * the factor clipping scales it by. TLM_ERR_NUMERIC for a non-finite norm. */
+tlm_status tlm_trainer_clip(tlm_trainer *t, double *norm, float *scale);
+/* AdamW over the range with the gradient times scale at the schedule's learning rate (returned in
+ * *lr), then hooks.after_update; counts the step. */
+tlm_status tlm_trainer_update(tlm_trainer *t, float scale, double *lr);
+/* Writes the checkpoint (model, optimizer, data order) and model.safetensors into out_dir. */
+tlm_status tlm_trainer_save(tlm_trainer *t);
 
 /* ---- safetensors (tlm checkpoints and test fixtures) --------------------------------------- */
 
@@ -338,8 +428,19 @@ const char *tlm_model_format_name(tlm_model_format f);
 tlm_status tlm_model_detect(const char *path, tlm_model_format *fmt);
 
 /* Opens a model from any supported path (see tlm_model_detect), creating it with the config the
- * file describes. */
+ * file describes. Tensors stored in a type the kernels take (F32), suitably aligned and laid out
+ * as tlm needs them, are used in place from a read-only memory map of the file: loading takes no
+ * time proportional to the model and the weights cost no memory beyond the page cache. Others are
+ * converted into memory the model owns (F16, BF16, Q8_0 are widened to F32; GPT-2's transposed
+ * Conv1D weights are transposed). Such a model is read-only: tlm_model_params is NULL. */
 tlm_status tlm_model_load(const char *path, tlm_model **out);
+
+enum {
+    /* Copy every tensor into one flat writable F32 buffer (training, conversion, editing, or not
+     * keeping the file mapped). */
+    TLM_LOAD_WRITABLE = 1u
+};
+tlm_status tlm_model_load_ex(const char *path, unsigned flags, tlm_model **out);
 
 /* llama2.c: version 0 = legacy (7 x int32 header, negative vocab = separate classifier; what
  * run.c reads), 1 = "ak42" 256-byte header. Writing needs a Llama-style model (rmsnorm, swiglu,
@@ -384,7 +485,7 @@ tlm_status tlm_model_file_tensors(const char *path, tlm_file_tensor **out, int *
 typedef struct tlm_session tlm_session;
 
 /* capacity <= 0 means context_length. */
-tlm_status tlm_session_new(tlm_model *m, int batch, int capacity, tlm_session **out);
+tlm_status tlm_session_new(const tlm_model *m, int batch, int capacity, tlm_session **out);
 void tlm_session_free(tlm_session *s);
 /* Empties sequence seq's cache (seq < 0: every sequence). */
 void tlm_session_reset(tlm_session *s, int seq);

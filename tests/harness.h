@@ -43,9 +43,19 @@ const char *t_path(const char *dir, const char *name);
 #include "formats/safetensors.h"
 #include "tlm.h"
 
+/* tlm_forward through a context of the harness's own: the logits stay valid for the next three
+ * calls (so two models' outputs can be compared). t_finish frees the contexts. */
+tlm_status t_forward(const tlm_model *m, const int32_t *ids, int B, int T,
+                     const tlm_forward_opts *o, tlm_forward_out *out);
+
+/* Every weight of m widened to F32 in the flat layout (malloc'd), whether the model is writable,
+ * mapped or holds other types. */
+float *t_flat(const tlm_model *m);
+
 typedef struct {
     const char *name;
     tlm_model *m;
+    tlm_train_ctx *x; /* a context over m */
     st_file io;
     int B, T, pos;
     int32_t *ids, *targets; /* [B*T] */

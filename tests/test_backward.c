@@ -12,13 +12,13 @@ static void grad_case(t_parity *p, int data_parallel) {
     const char *name = p->name;
     const st_file *io = &p->io;
     int B = p->B, T = p->T, pos = p->pos;
-    tlm_model_set_data_parallel(m, data_parallel);
+    tlm_train_ctx_set_data_parallel(p->x, data_parallel);
     size_t np = tlm_model_num_params(m);
     const int32_t *ids = p->ids, *tg = p->targets;
     float *grads = malloc(np * sizeof *grads), loss_want = p->loss, loss;
     /* Garbage in the buffer must be overwritten when not accumulating. */
     for (size_t i = 0; i < np; i++) grads[i] = 123.0f;
-    CHECK_OK(tlm_forward_backward(m, ids, tg, B, T, pos, grads, 0, &loss));
+    CHECK_OK(tlm_forward_backward(p->x, ids, tg, B, T, pos, grads, 0, &loss));
     CHECK_NEAR(loss, loss_want, 1e-5);
     int n;
     const tlm_tensor_info *ts = tlm_model_tensors(m, &n);
@@ -58,7 +58,7 @@ static void grad_case(t_parity *p, int data_parallel) {
      * buffers of a batch split hold the last call's gradients: they too must be written over). */
     float *once = malloc(np * sizeof *once);
     memcpy(once, grads, np * sizeof *once);
-    CHECK_OK(tlm_forward_backward(m, ids, tg, B, T, pos, grads, 1, &loss));
+    CHECK_OK(tlm_forward_backward(p->x, ids, tg, B, T, pos, grads, 1, &loss));
     size_t off = 0;
     for (size_t i = 0; i < np; i++)
         off += fabsf(grads[i] - 2 * once[i]) > 1e-6f + 1e-5f * fabsf(once[i]);

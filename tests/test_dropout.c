@@ -34,10 +34,10 @@ static void test_masks(void) {
     free(z);
 }
 
-static float loss_at(tlm_model *m, const int32_t *ids, const int32_t *tg, int T, float *grads) {
+static float loss_at(tlm_train_ctx *x, const int32_t *ids, const int32_t *tg, int T, float *grads) {
     float loss;
-    tlm_model_set_dropout_seed(m, 5, 11);
-    CHECK_OK(tlm_forward_backward(m, ids, tg, 2, T, 0, grads, 0, &loss));
+    tlm_train_ctx_set_dropout_seed(x, 5, 11);
+    CHECK_OK(tlm_forward_backward(x, ids, tg, 2, T, 0, grads, 0, &loss));
     return loss;
 }
 
@@ -56,6 +56,8 @@ static void test_gradients(tlm_norm_position pos, int T) {
     tlm_model *m = NULL;
     CHECK_OK(tlm_model_create(&c, &m));
     CHECK_OK(tlm_model_init(m, 3, TLM_INIT_DEFAULT));
+    tlm_train_ctx *x = NULL;
+    CHECK_OK(tlm_train_ctx_new(m, &x));
     int32_t ids[2 * 128], tg[2 * 128];
     for (int i = 0; i < 2 * T; i++) {
         ids[i] = (i * 7 + 3) % 11;
@@ -63,20 +65,20 @@ static void test_gradients(tlm_norm_position pos, int T) {
     }
     size_t np = tlm_model_num_params(m);
     float *g = malloc(np * 4), *scratch = malloc(np * 4), *P = tlm_model_params(m);
-    float l0 = loss_at(m, ids, tg, T, g);
+    float l0 = loss_at(x, ids, tg, T, g);
     /* Dropout changes the training loss but not evaluation. */
     tlm_forward_opts o = {.targets = tg};
     tlm_forward_out out;
-    CHECK_OK(tlm_forward(m, ids, 2, T, &o, &out));
+    CHECK_OK(tlm_forward(x, ids, 2, T, &o, &out));
     CHECK(fabs(out.loss - l0) > 1e-3, "dropout has no effect on the training loss");
     int checked = 0, bad = 0;
     for (size_t k = 0; k < np; k += np / 60 + 1) {
         float keep = P[k];
         double eps = 1e-2;
         P[k] = keep + (float)eps;
-        double lp = loss_at(m, ids, tg, T, scratch);
+        double lp = loss_at(x, ids, tg, T, scratch);
         P[k] = keep - (float)eps;
-        double lm = loss_at(m, ids, tg, T, scratch);
+        double lm = loss_at(x, ids, tg, T, scratch);
         P[k] = keep;
         double fd = (lp - lm) / (2 * eps);
         if (fabs(fd - g[k]) > 2e-3 + 0.05 * fabs(fd)) {
@@ -89,6 +91,7 @@ static void test_gradients(tlm_norm_position pos, int T) {
           checked, pos == TLM_NORM_PRE ? "pre" : "post", T);
     free(g);
     free(scratch);
+    tlm_train_ctx_free(x);
     tlm_model_free(m);
 }
 

@@ -16,7 +16,7 @@ static void parity_case(t_parity *p, void *user) {
     CHECK_OK(st_read_f32(&p->io, st_find(&p->io, "logits"), want, N * V));
     tlm_forward_opts o = {.targets = p->targets, .pos_offset = p->pos, .want_probs = 1};
     tlm_forward_out out;
-    CHECK_OK(tlm_forward(m, p->ids, B, T, &o, &out));
+    CHECK_OK(tlm_forward(p->x, p->ids, B, T, &o, &out));
     double err = 0, mag = 0, perr = 0;
     for (size_t i = 0; i < N * V; i++) {
         double e = fabs((double)out.logits[i] - want[i]);
@@ -59,23 +59,25 @@ static void test_errors(void) {
     tlm_model *m = NULL;
     CHECK_OK(tlm_model_create(&c, &m));
     CHECK_OK(tlm_model_init(m, 1, TLM_INIT_DEFAULT));
+    tlm_train_ctx *x = NULL;
+    CHECK_OK(tlm_train_ctx_new(m, &x));
     int32_t ids[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4, 5, 6};
     tlm_forward_out out;
-    CHECK(tlm_forward(m, ids, 1, 9, NULL, &out) == TLM_ERR_ARG, "T > context is an error");
+    CHECK(tlm_forward(x, ids, 1, 9, NULL, &out) == TLM_ERR_ARG, "T > context is an error");
     CHECK(strstr(tlm_last_error(), "context_length") != NULL, "%s", tlm_last_error());
     tlm_forward_opts o = {.pos_offset = 5};
-    CHECK(tlm_forward(m, ids, 1, 4, &o, &out) == TLM_ERR_RANGE, "offset past context");
+    CHECK(tlm_forward(x, ids, 1, 4, &o, &out) == TLM_ERR_RANGE, "offset past context");
     int32_t bad[2] = {3, 10};
-    CHECK(tlm_forward(m, bad, 1, 2, NULL, &out) == TLM_ERR_RANGE, "id >= vocab");
+    CHECK(tlm_forward(x, bad, 1, 2, NULL, &out) == TLM_ERR_RANGE, "id >= vocab");
     CHECK(strstr(tlm_last_error(), "token id 10") != NULL, "%s", tlm_last_error());
     bad[1] = -1;
-    CHECK(tlm_forward(m, bad, 1, 2, NULL, &out) == TLM_ERR_RANGE, "negative id");
-    CHECK(tlm_forward(m, ids, 0, 2, NULL, &out) == TLM_ERR_ARG, "empty batch");
+    CHECK(tlm_forward(x, bad, 1, 2, NULL, &out) == TLM_ERR_RANGE, "negative id");
+    CHECK(tlm_forward(x, ids, 0, 2, NULL, &out) == TLM_ERR_ARG, "empty batch");
     /* Batch rows are independent: row 1 of a B=2 batch equals the same row alone. */
-    CHECK_OK(tlm_forward(m, ids, 2, 8, NULL, &out));
+    CHECK_OK(tlm_forward(x, ids, 2, 8, NULL, &out));
     float row1[8 * 10];
     memcpy(row1, out.logits + 80, sizeof row1);
-    CHECK_OK(tlm_forward(m, ids + 8, 1, 8, NULL, &out));
+    CHECK_OK(tlm_forward(x, ids + 8, 1, 8, NULL, &out));
     double e = 0;
     for (int i = 0; i < 80; i++) e = fmax(e, fabs(row1[i] - out.logits[i]));
     CHECK(e < 1e-5, "batch row independence %g", e);
@@ -85,10 +87,11 @@ static void test_errors(void) {
     int32_t alt[8];
     memcpy(alt, ids + 8, sizeof alt);
     alt[5] = (alt[5] + 1) % 10;
-    CHECK_OK(tlm_forward(m, alt, 1, 8, NULL, &out));
+    CHECK_OK(tlm_forward(x, alt, 1, 8, NULL, &out));
     e = 0;
     for (int i = 0; i < 40; i++) e = fmax(e, fabs(first[i] - out.logits[i]));
     CHECK(e == 0, "future token changed past logits by %g", e);
+    tlm_train_ctx_free(x);
     tlm_model_free(m);
 }
 

@@ -84,7 +84,7 @@ static void random_ids(int32_t *ids, int n, int V, uint64_t seed) {
 static float *full_logits(tlm_model *m, const int32_t *ids, int T) {
     int V = tlm_model_config(m)->vocab_size;
     tlm_forward_out out;
-    if (tlm_forward(m, ids, 1, T, NULL, &out)) return NULL;
+    if (t_forward(m, ids, 1, T, NULL, &out)) return NULL;
     float *f = malloc((size_t)T * V * sizeof *f);
     memcpy(f, out.logits, (size_t)T * V * sizeof *f);
     return f;

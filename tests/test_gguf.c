@@ -16,10 +16,10 @@
 static double logits_diff(tlm_model *a, tlm_model *b, const int32_t *ids, int T) {
     int V = tlm_model_config(a)->vocab_size;
     tlm_forward_out fa, fb;
-    if (tlm_forward(a, ids, 1, T, NULL, &fa)) return 1e30;
+    if (t_forward(a, ids, 1, T, NULL, &fa)) return 1e30;
     float *la = malloc(sizeof(float) * (size_t)T * V);
     memcpy(la, fa.logits, sizeof(float) * (size_t)T * V);
-    if (tlm_forward(b, ids, 1, T, NULL, &fb)) return 1e30;
+    if (t_forward(b, ids, 1, T, NULL, &fb)) return 1e30;
     double m = 0;
     for (size_t i = 0; i < (size_t)T * V; i++) m = fmax(m, fabs(la[i] - fb.logits[i]));
     free(la);
@@ -42,24 +42,28 @@ static void test_stories(const char *dir) {
     /* The separate output.weight of the GGUF equals the .bin's shared embedding. */
     const tlm_tensor_info *o = tlm_model_find(g, "output.weight");
     const tlm_tensor_info *e = tlm_model_find(b, "token_embd.weight");
-    CHECK(o && e &&
-              !memcmp(tlm_model_params(g) + o->offset, tlm_model_params(b) + e->offset,
-                      e->numel * sizeof(float)),
+    float *fg = t_flat(g), *fb = t_flat(b);
+    CHECK(o && e && !memcmp(fg + o->offset, fb + e->offset, e->numel * sizeof(float)),
           "output.weight == .bin embedding");
+    free(fb);
     int32_t ids[64];
     for (int i = 0; i < 64; i++) ids[i] = (int32_t)((i * 37 + 1) % 512);
     double d = logits_diff(g, b, ids, 64);
-    CHECK(d == 0.0, ".gguf vs .bin logits differ by %g", d);
+    /* The same weights, but the .bin lays q, k and v of a layer apart (all layers' q first), the
+     * GGUF back to back: used in place, one is three products and the other one stacked product,
+     * which sgemm may sum in another order. */
+    CHECK(d <= 1e-4, ".gguf vs .bin logits differ by %g", d);
 
     /* Writer round trips. */
     CHECK_OK(tlm_model_save_gguf(g, NULL, "rt32.gguf", TLM_DTYPE_F32));
     tlm_model *r = NULL;
     CHECK_OK(tlm_model_load("rt32.gguf", &r));
     if (r) {
+        float *fr = t_flat(r);
         CHECK(tlm_model_num_params(r) == tlm_model_num_params(g) &&
-                  !memcmp(tlm_model_params(r), tlm_model_params(g),
-                          tlm_model_num_params(g) * sizeof(float)),
+                  !memcmp(fr, fg, tlm_model_num_params(g) * sizeof(float)),
               "F32 round trip not exact");
+        free(fr);
         CHECK(tlm_model_config(r)->context_length == 2048, "context kept");
         tlm_model_free(r);
     }
@@ -67,7 +71,8 @@ static void test_stories(const char *dir) {
         CHECK_OK(tlm_model_save_gguf(g, NULL, "rt16.gguf", (tlm_dtype)dt));
         CHECK_OK(tlm_model_load("rt16.gguf", &r));
         if (!r) continue;
-        const float *a = tlm_model_params(g), *q = tlm_model_params(r);
+        const float *a = fg;
+        float *q = t_flat(r);
         int bad = 0;
         for (size_t i = 0; i < tlm_model_num_params(g); i++) {
             float want = dt == TLM_DTYPE_F16 ? tlm_f16_to_f32(tlm_f32_to_f16(a[i]))
@@ -76,11 +81,13 @@ static void test_stories(const char *dir) {
             if (q[i] != want && q[i] != a[i]) bad++;
         }
         CHECK(bad == 0, "dtype %d: %d values not rounded as expected", dt, bad);
+        free(q);
         tlm_model_free(r);
         r = NULL;
     }
     struct stat st;
     CHECK(stat("rt16.gguf", &st) == 0 && st.st_size < 600000, "bf16 file is half size");
+    free(fg);
 done:
     tlm_model_free(g);
     tlm_model_free(b);
@@ -100,7 +107,7 @@ static void test_tiny_random(const char *dir) {
           c->d_ff);
     int32_t ids[4] = {1, 15043, 29892, 3186};
     tlm_forward_out fo;
-    CHECK_OK(tlm_forward(m, ids, 1, 4, NULL, &fo));
+    CHECK_OK(t_forward(m, ids, 1, 4, NULL, &fo));
     int finite = 1;
     for (int i = 0; i < 4 * 32000; i++) finite &= isfinite(fo.logits[i]);
     CHECK(finite, "finite logits");
@@ -195,7 +202,7 @@ static void expect_bad_mem(const uint8_t *p, size_t n, const char *needle) {
     tlm_gguf *g = NULL;
     tlm_model *m = NULL;
     tlm_status s = tlm_gguf_open_memory(p, n, "mem.gguf", &g);
-    if (!s) s = fmt_gguf_load_model(g, "mem.gguf", &m);
+    if (!s) s = fmt_gguf_load_model(g, "mem.gguf", 0, &m);
     CHECK(s != TLM_OK && !m, "accepted a bad GGUF (%s)", needle);
     CHECK(strstr(tlm_last_error(), needle) != NULL, "error '%s' lacks '%s'", tlm_last_error(),
           needle);
@@ -214,7 +221,7 @@ static void test_malformed(const char *dir) {
         tlm_gguf *g = NULL;
         tlm_model *m = NULL;
         tlm_status s = tlm_gguf_open_memory(p, cuts[i], "cut.gguf", &g);
-        if (!s) s = fmt_gguf_load_model(g, "cut.gguf", &m);
+        if (!s) s = fmt_gguf_load_model(g, "cut.gguf", 0, &m);
         CHECK(s != TLM_OK, "truncated to %zu accepted", cuts[i]);
         tlm_model_free(m);
         tlm_gguf_close(g);
@@ -287,7 +294,7 @@ static void test_llamacpp_bpe(void) {
     /* tlm's greedy continuation by full forward passes */
     for (int t = (int)np; t < total; t++) {
         tlm_forward_out fo;
-        CHECK_OK(tlm_forward(m, seq, 1, t, NULL, &fo));
+        CHECK_OK(t_forward(m, seq, 1, t, NULL, &fo));
         const float *row = fo.logits + (size_t)(t - 1) * c.vocab_size;
         int best = 0;
         for (int v = 1; v < c.vocab_size; v++)

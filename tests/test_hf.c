@@ -39,7 +39,7 @@ static double max_diff(const float *a, const float *b, size_t n) {
 /* Exports m as HF, writes tlm's logits next to it and asks the reference to compare. */
 static void export_and_check(tlm_model *m, const char *dir, const int32_t *ids, int T) {
     tlm_forward_out fo;
-    CHECK_OK(tlm_forward(m, ids, 1, T, NULL, &fo));
+    CHECK_OK(t_forward(m, ids, 1, T, NULL, &fo));
     int V = tlm_model_config(m)->vocab_size;
     float *mine = malloc(sizeof(float) * (size_t)T * V);
     memcpy(mine, fo.logits, sizeof(float) * (size_t)T * V);
@@ -55,7 +55,7 @@ static void export_and_check(tlm_model *m, const char *dir, const int32_t *ids, 
     tlm_model *r = NULL;
     CHECK_OK(tlm_model_load(dir, &r));
     if (r) {
-        CHECK_OK(tlm_forward(r, ids, 1, T, NULL, &fo));
+        CHECK_OK(t_forward(r, ids, 1, T, NULL, &fo));
         double d = max_diff(mine, fo.logits, (size_t)T * V);
         CHECK(d < 1e-5, "%s reloaded: logits differ by %g", dir, d);
         tlm_model_free(r);
@@ -88,7 +88,7 @@ static void test_cases(void) {
         if (!m) continue;
         CHECK(tlm_model_config(m)->vocab_size == V, "vocab");
         tlm_forward_out fo;
-        CHECK_OK(tlm_forward(m, ids, 1, T, NULL, &fo));
+        CHECK_OK(t_forward(m, ids, 1, T, NULL, &fo));
         double d = max_diff(ref, fo.logits, (size_t)T * V);
         CHECK(d < 2e-5, "%s: logits differ from the reference by %g", cases[i], d);
         printf("%s: max |logit diff| vs PyTorch = %.3g\n", cases[i], d);

@@ -28,7 +28,7 @@ static int32_t *greedy_tokens(const char *dir, int *n) {
 /* Counts positions from `from` whose argmax is the next token of the sequence. */
 static int greedy_matches(tlm_model *m, const int32_t *ids, int n, int from) {
     tlm_forward_out fo;
-    if (tlm_forward(m, ids, 1, n - 1, NULL, &fo)) return -1;
+    if (t_forward(m, ids, 1, n - 1, NULL, &fo)) return -1;
     int V = tlm_model_config(m)->vocab_size, ok = 0;
     for (int t = from; t < n - 1; t++) {
         const float *row = fo.logits + (size_t)t * V;
@@ -74,9 +74,11 @@ static void test_stories(const char *dir) {
         CHECK_OK(tlm_model_load(p, &r));
         if (r) {
             CHECK(tlm_model_num_params(r) == tlm_model_num_params(m), "param count");
-            CHECK(!memcmp(tlm_model_params(r), tlm_model_params(m),
-                          tlm_model_num_params(m) * sizeof(float)),
+            float *fr = t_flat(r), *fm = t_flat(m);
+            CHECK(!memcmp(fr, fm, tlm_model_num_params(m) * sizeof(float)),
                   "version %d params differ", version);
+            free(fr);
+            free(fm);
             tlm_model_free(r);
         }
     }
@@ -118,10 +120,10 @@ static void test_half_pairing(void) {
     CHECK(tlm_model_config(r)->tie_embeddings == 0, "separate classifier via negative vocab");
     int32_t ids[12] = {1, 5, 9, 33, 2, 0, 39, 14, 7, 7, 21, 3};
     tlm_forward_out a, b;
-    CHECK_OK(tlm_forward(m, ids, 1, 12, NULL, &a));
+    CHECK_OK(t_forward(m, ids, 1, 12, NULL, &a));
     float *la = malloc(sizeof(float) * 12 * 40);
     memcpy(la, a.logits, sizeof(float) * 12 * 40);
-    CHECK_OK(tlm_forward(r, ids, 1, 12, NULL, &b));
+    CHECK_OK(t_forward(r, ids, 1, 12, NULL, &b));
     double md = 0;
     for (int i = 0; i < 12 * 40; i++) md = fmax(md, fabs(la[i] - b.logits[i]));
     CHECK(md < 1e-5, "half -> interleaved logits differ by %g", md);

@@ -145,14 +145,16 @@ static void test_resume(void) {
     free(fb);
     CHECK(access("run_b/loss.svg", R_OK) == 0, "loss curve written");
     /* The loss went down: the stream is mostly predictable. */
-    double v0 = tlm_evaluate(a, d, TLM_SPLIT_VAL, 4, 16, 8, 1);
+    tlm_train_ctx *xa = NULL;
+    CHECK_OK(tlm_train_ctx_new(a, &xa));
+    double v0 = tlm_evaluate(xa, d, TLM_SPLIT_VAL, 4, 16, 8, 1);
     CHECK(v0 < 2.4, "val loss after 12 steps %.3f (uniform is 2.565)", v0);
     /* Evaluation split across replicas gives the loss of the whole batches. */
-    tlm_model_set_data_parallel(a, 0);
-    double whole = tlm_evaluate(a, d, TLM_SPLIT_VAL, 4, 16, 8, 1);
-    tlm_model_set_data_parallel(a, 1);
-    double split = tlm_evaluate(a, d, TLM_SPLIT_VAL, 4, 16, 8, 1);
-    tlm_model_set_data_parallel(a, -1);
+    tlm_train_ctx_set_data_parallel(xa, 0);
+    double whole = tlm_evaluate(xa, d, TLM_SPLIT_VAL, 4, 16, 8, 1);
+    tlm_train_ctx_set_data_parallel(xa, 1);
+    double split = tlm_evaluate(xa, d, TLM_SPLIT_VAL, 4, 16, 8, 1);
+    tlm_train_ctx_free(xa);
     CHECK(fabs(whole - split) <= 1e-5 * whole, "evaluation whole %.7f vs split %.7f", whole, split);
     /* A NaN parameter stops training with a clear error and leaves the checkpoint as it was. */
     char *before = NULL, *after = NULL;

@@ -84,6 +84,7 @@ int cmd_eval(int argc, char **argv) {
         size_t windows = (n - 1 + (size_t)T - 1) / (size_t)T;
         int B = (int)batch;
         int32_t *x = malloc((size_t)B * T * sizeof *x), *y = malloc((size_t)B * T * sizeof *y);
+        tlm_train_ctx *ctx = NULL;
         double total = 0;
         size_t counted = 0;
         for (size_t w0 = 0; w0 < windows && !rc; w0 += (size_t)B) {
@@ -99,7 +100,11 @@ int cmd_eval(int argc, char **argv) {
             for (int i = 0; i < nb * T; i++) cnt += y[i] >= 0;
             tlm_forward_opts o = {.targets = y};
             tlm_forward_out out;
-            if (tlm_forward(m, x, nb, T, &o, &out)) {
+            if (!ctx && tlm_train_ctx_new(m, &ctx)) {
+                rc = cli_fail_status("eval");
+                break;
+            }
+            if (tlm_forward(ctx, x, nb, T, &o, &out)) {
                 rc = cli_fail_status("eval");
                 break;
             }
@@ -108,6 +113,7 @@ int cmd_eval(int argc, char **argv) {
         }
         free(x);
         free(y);
+        tlm_train_ctx_free(ctx);
         if (!rc) {
             double loss = total / (double)counted;
             double bpb = loss * (double)counted / ((double)len * log(2.0));

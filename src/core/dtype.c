@@ -6,11 +6,11 @@
 #include "core/half.h"
 
 static const tlm_dtype_info table[TLM_DTYPE_COUNT] = {
-    [TLM_DTYPE_F32] = {"F32", 1, 4, 0, 1},     [TLM_DTYPE_F16] = {"F16", 1, 2, 1, 1},
-    [TLM_DTYPE_BF16] = {"BF16", 1, 2, 30, 1},  [TLM_DTYPE_Q8_0] = {"Q8_0", 32, 34, 8, 1},
-    [TLM_DTYPE_F64] = {"F64", 1, 8, 28, 1},    [TLM_DTYPE_I64] = {"I64", 1, 8, 27, 0},
-    [TLM_DTYPE_I32] = {"I32", 1, 4, 26, 0},    [TLM_DTYPE_I16] = {"I16", 1, 2, 25, 0},
-    [TLM_DTYPE_I8] = {"I8", 1, 1, 24, 0},      [TLM_DTYPE_U8] = {"U8", 1, 1, -1, 0},
+    [TLM_DTYPE_F32] = {"F32", 1, 4, 0, 1},    [TLM_DTYPE_F16] = {"F16", 1, 2, 1, 1},
+    [TLM_DTYPE_BF16] = {"BF16", 1, 2, 30, 1}, [TLM_DTYPE_Q8_0] = {"Q8_0", 32, 34, 8, 1},
+    [TLM_DTYPE_F64] = {"F64", 1, 8, 28, 1},   [TLM_DTYPE_I64] = {"I64", 1, 8, 27, 0},
+    [TLM_DTYPE_I32] = {"I32", 1, 4, 26, 0},   [TLM_DTYPE_I16] = {"I16", 1, 2, 25, 0},
+    [TLM_DTYPE_I8] = {"I8", 1, 1, 24, 0},     [TLM_DTYPE_U8] = {"U8", 1, 1, -1, 0},
     [TLM_DTYPE_BOOL] = {"BOOL", 1, 1, -1, 0},
 };
 

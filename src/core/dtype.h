@@ -11,11 +11,11 @@
 #include "tlm.h"
 
 typedef struct {
-    const char *name;      /* "F32", "Q8_0", ... (GGUF's and safetensors' spelling) */
-    uint32_t block_elems;  /* elements per block: 1 for plain types, 32 for Q8_0 */
-    uint32_t block_bytes;  /* bytes per block */
-    int ggml;              /* ggml type id, -1 when GGUF has none */
-    int is_float;          /* widens to float (weights may have it) */
+    const char *name;     /* "F32", "Q8_0", ... (GGUF's and safetensors' spelling) */
+    uint32_t block_elems; /* elements per block: 1 for plain types, 32 for Q8_0 */
+    uint32_t block_bytes; /* bytes per block */
+    int ggml;             /* ggml type id, -1 when GGUF has none */
+    int is_float;         /* widens to float (weights may have it) */
 } tlm_dtype_info;
 
 /* NULL for a value outside the enum. */

@@ -50,7 +50,7 @@ int fmt_is_llama_style(const tlm_config *c, char *why, size_t why_len) {
     return bad == NULL;
 }
 
-tlm_status fmt_model_create(const tlm_config *c, const char *path, tlm_model **out) {
+tlm_status fmt_model_new(const tlm_config *c, const char *path, int writable, tlm_model **out) {
     *out = NULL;
     /* A file's header alone sets context_length, and the model allocates RoPE / sinusoid tables
      * of context_length x head_dim floats up front: cap that product (2^27 floats = 512 MB covers
@@ -61,20 +61,20 @@ tlm_status fmt_model_create(const tlm_config *c, const char *path, tlm_model **o
     if (c->position != TLM_POS_NONE && tab > (double)(1 << 27))
         return tlm_err(TLM_ERR_FORMAT, "%s: context_length %d x head dim %d is implausibly large",
                        path, c->context_length, c->d_model / c->n_heads);
-    tlm_status s = tlm_model_create(c, out);
+    tlm_status s = tlm_model_new(c, writable, out);
     if (s) return tlm_err_context(s, "%s", path);
     return TLM_OK;
 }
 
 float *fmt_tensor(tlm_model *m, const char *name) {
-    if (!m) return NULL;
+    if (!m || !tlm_model_params(m)) return NULL;
     const tlm_tensor_info *t = tlm_model_find(m, name);
-    return t ? m->params + t->offset : NULL;
+    return t ? tlm_model_params(m) + t->offset : NULL;
 }
 
 const float *fmt_tensor_c(const tlm_model *m, const char *name) {
-    const tlm_tensor_info *t = tlm_model_find(m, name);
-    return t ? m->params + t->offset : NULL;
+    int i = tlm_model_index(m, name);
+    return i < 0 ? NULL : tlm_wf(&m->w[i]);
 }
 
 float *fmt_layer_tensor(tlm_model *m, int layer, const char *name) {
@@ -88,4 +88,12 @@ const float *fmt_layer_tensor_c(const tlm_model *m, int layer, const char *name)
     char n[TLM_NAME_MAX];
     snprintf(n, sizeof n, "blk.%d.%s", layer, name);
     return fmt_tensor_c(m, n);
+}
+
+tlm_status fmt_need_f32(const tlm_model *m, const char *what) {
+    for (int i = 0; i < m->n_tensors; i++)
+        if (m->w[i].dtype != TLM_DTYPE_F32)
+            return tlm_err(TLM_ERR_UNSUPPORTED, "%s: tensor '%s' is %s; writing needs F32 weights",
+                           what, m->tensors[i].name, tlm_dtype_name(m->w[i].dtype));
+    return TLM_OK;
 }

@@ -16,19 +16,34 @@ tlm_status fmt_permute_qk(float *w, float *bias, int rows, int cols, int hd, int
  * SwiGLU, RoPE, no bias. Otherwise writes the first difference into why. */
 int fmt_is_llama_style(const tlm_config *c, char *why, size_t why_len);
 
-/* Creates a model from c, with a context message on failure ("<path>: ..."). */
-tlm_status fmt_model_create(const tlm_config *c, const char *path, tlm_model **out);
+/* Creates a model from c (tlm_model_new: writable, or views to bind), with a context message on
+ * failure ("<path>: ..."). */
+tlm_status fmt_model_new(const tlm_config *c, const char *path, int writable, tlm_model **out);
 
-/* Pointer to a tensor's floats by canonical name (NULL if the model lacks it, or m is NULL). */
+/* Pointer to a writable model's floats of a tensor by canonical name (NULL if the model lacks it,
+ * or m is NULL). */
 float *fmt_tensor(tlm_model *m, const char *name);
-const float *fmt_tensor_c(const tlm_model *m, const char *name);
 float *fmt_layer_tensor(tlm_model *m, int layer, const char *name);
+/* A tensor's floats for writers: every weight must be F32 (see fmt_need_f32). */
+const float *fmt_tensor_c(const tlm_model *m, const char *name);
 const float *fmt_layer_tensor_c(const tlm_model *m, int layer, const char *name);
+/* Writers read F32 weights; TLM_ERR_UNSUPPORTED naming the first other one otherwise. */
+tlm_status fmt_need_f32(const tlm_model *m, const char *what);
+
+/* Loaders behind tlm_model_load_ex: writable asks for the flat F32 copy (TLM_LOAD_WRITABLE). */
+tlm_status fmt_load_llama2c(const char *path, int writable, tlm_model **out);
+tlm_status fmt_load_gguf(const char *path, int writable, tlm_model **out);
+tlm_status fmt_load_hf(const char *dir, int writable, tlm_model **out);
+tlm_status fmt_load_tlm(const char *path, int writable, tlm_model **out);
+/* One tlm .safetensors file (its config in the metadata). */
+tlm_status fmt_load_tlm_file(const char *path, int writable, tlm_model **out);
 
 /* GGUF (gguf_model.c): a model from an opened file; a ggml tensor (F32, F16, BF16, Q8_0) as n
  * floats. */
 #include "formats/gguf.h"
-tlm_status fmt_gguf_load_model(const tlm_gguf *g, const char *path, tlm_model **out);
+/* The model in an opened GGUF. The model takes over the file's mapping (g->owns_map) when it
+ * keeps tensors in place. */
+tlm_status fmt_gguf_load_model(tlm_gguf *g, const char *path, int writable, tlm_model **out);
 tlm_status fmt_gguf_tensor_to_f32(const tlm_gguf_tensor *t, float *dst, size_t n, const char *path);
 
 /* llama2.c: 1 if the bytes look like a llama2.c model (v1 magic, or a legacy header that predicts

@@ -120,7 +120,7 @@ tlm_status fmt_gguf_tensor_to_f32(const tlm_gguf_tensor *t, float *dst, size_t n
                    path, t->name, name);
 }
 
-tlm_status fmt_gguf_load_model(const tlm_gguf *g, const char *path, tlm_model **out) {
+tlm_status fmt_gguf_load_model(tlm_gguf *g, const char *path, int writable, tlm_model **out) {
     *out = NULL;
     tlm_config c;
     tlm_status s = llama_config(g, path, &c);
@@ -129,7 +129,12 @@ tlm_status fmt_gguf_load_model(const tlm_gguf *g, const char *path, tlm_model **
      * more than the file's tensors hold. */
     int n = tlm_schema(&c, NULL, 0, NULL);
     tlm_tensor_info *ti = calloc((size_t)n, sizeof *ti);
-    if (!ti) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    tlm_bind_src *src = calloc((size_t)n, sizeof *src);
+    if (!ti || !src) {
+        free(ti);
+        free(src);
+        return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    }
     tlm_schema(&c, ti, n, NULL);
     for (int i = 0; i < n && !s; i++) {
         const tlm_gguf_tensor *t = tlm_gguf_find_tensor(g, ti[i].name);
@@ -155,13 +160,24 @@ tlm_status fmt_gguf_load_model(const tlm_gguf *g, const char *path, tlm_model **
                                                   dt == TLM_DTYPE_BF16 || dt == TLM_DTYPE_Q8_0);
         if (t->n_elements != ti[i].numel || !t->data || !known)
             s = fmt_gguf_tensor_to_f32(t, NULL, ti[i].numel, path); /* reports the problem */
+        else
+            src[i] = (tlm_bind_src){dt, t->data};
     }
-    tlm_model *m = NULL;
-    if (!s) s = fmt_model_create(&c, path, &m);
-    for (int i = 0; i < n && !s; i++)
-        s = fmt_gguf_tensor_to_f32(tlm_gguf_find_tensor(g, ti[i].name),
-                                   tlm_model_params(m) + ti[i].offset, ti[i].numel, path);
     free(ti);
+    tlm_model *m = NULL;
+    if (!s) s = fmt_model_new(&c, path, writable, &m);
+    if (!s) {
+        /* The model keeps the file mapped while its views point into it. */
+        tlm_mmap map = {0};
+        int give = g->owns_map;
+        if (give) {
+            map = g->map;
+            g->owns_map = 0;
+        }
+        s = tlm_model_bind(m, src, &map, give ? 1 : 0);
+        if (s) tlm_err_context(s, "%s", path);
+    }
+    free(src);
     if (s) {
         tlm_model_free(m);
         return s;
@@ -170,12 +186,16 @@ tlm_status fmt_gguf_load_model(const tlm_gguf *g, const char *path, tlm_model **
     return TLM_OK;
 }
 
-tlm_status tlm_model_load_gguf(const char *path, tlm_model **out) {
+tlm_status fmt_load_gguf(const char *path, int writable, tlm_model **out) {
     *out = NULL;
     tlm_gguf *g;
     tlm_status s = tlm_gguf_open(path, &g);
     if (s) return s;
-    s = fmt_gguf_load_model(g, path, out);
+    s = fmt_gguf_load_model(g, path, writable, out);
     tlm_gguf_close(g);
     return s;
+}
+
+tlm_status tlm_model_load_gguf(const char *path, tlm_model **out) {
+    return fmt_load_gguf(path, 0, out);
 }

@@ -198,6 +198,8 @@ tlm_status tlm_model_save_gguf(const tlm_model *m, const tlm_tokenizer *tok, con
     char why[96];
     if (!fmt_is_llama_style(c, why, sizeof why))
         return tlm_err(TLM_ERR_UNSUPPORTED, "GGUF export supports Llama-style models: %s", why);
+    tlm_status fs = fmt_need_f32(m, "GGUF export");
+    if (fs) return fs;
     if (dtype != TLM_DTYPE_F32 && dtype != TLM_DTYPE_F16 && dtype != TLM_DTYPE_BF16)
         return tlm_err(TLM_ERR_UNSUPPORTED, "GGUF export writes F32, F16 or BF16, not %s",
                        tlm_dtype_name(dtype));
@@ -269,7 +271,7 @@ tlm_status tlm_model_save_gguf(const tlm_model *m, const tlm_tokenizer *tok, con
     free(head.p);
     for (int i = 0; i < m->n_tensors && !s; i++) {
         const tlm_tensor_info *t = &m->tensors[i];
-        const float *src = m->params + t->offset;
+        const float *src = tlm_wf(&m->w[i]);
         int is_q = strstr(t->name, ".attn_q.weight") != NULL;
         int is_k = strstr(t->name, ".attn_k.weight") != NULL;
         if ((is_q || is_k) && c->rope_pairing == TLM_ROPE_HALF) {

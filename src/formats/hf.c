@@ -300,11 +300,29 @@ static tlm_status parse_config(const cJSON *j, const char *path, hf_arch *arch, 
     return TLM_OK;
 }
 
-/* With m NULL, only checks that every tensor is present with its shape (before allocating). */
-static tlm_status load_llama(hf_dir *h, const tlm_config *c, tlm_model *m) {
+/* Where tensor `name` (of shape [d0] or [d0, d1]) lies in the shards: src of the schema tensor
+ * tlm_name of m. With m NULL, only checks it is there with its shape (before allocating). */
+static tlm_status source(const hf_dir *h, const char *name, int64_t d0, int64_t d1,
+                         const tlm_model *m, const char *tlm_name, tlm_bind_src *src) {
+    tlm_status s = read_tensor(h, name, d0, d1, NULL);
+    if (s || !m) return s;
+    int fi, ti = tlm_model_index(m, tlm_name);
+    const st_tensor *t = find(h, name, &fi);
+    if (ti < 0)
+        return tlm_err(TLM_ERR_FORMAT, "%s: no tensor '%s' in this config", h->dir, tlm_name);
+    if (!tlm_dtype_get(t->dtype)->is_float)
+        return tlm_err(TLM_ERR_FORMAT, "%s: tensor '%s' has dtype %s, expected a float type",
+                       h->dir, name, tlm_dtype_name(t->dtype));
+    src[ti] = (tlm_bind_src){t->dtype, h->files[fi].data + t->begin};
+    return TLM_OK;
+}
+
+/* Llama weights need no reordering (HF's half pairing is tlm's `half`): they bind in place. */
+static tlm_status load_llama(hf_dir *h, const tlm_config *c, const tlm_model *m,
+                             tlm_bind_src *src) {
     int64_t d = c->d_model, hd = d / c->n_heads, kv = hd * c->n_kv_heads, ff = c->d_ff;
-    tlm_status s = read_tensor(h, "model.embed_tokens.weight", c->vocab_size, d,
-                               fmt_tensor(m, "token_embd.weight"));
+    tlm_status s =
+        source(h, "model.embed_tokens.weight", c->vocab_size, d, m, "token_embd.weight", src);
     static const struct {
         const char *hf, *tlm;
         int kind; /* 0 norm, 1 q/o [d,d], 2 k/v [kv,d], 3 gate/up [ff,d], 4 down [d,ff] */
@@ -317,14 +335,13 @@ static tlm_status load_llama(hf_dir *h, const tlm_config *c, tlm_model *m) {
         for (size_t i = 0; i < sizeof map / sizeof *map && !s; i++) {
             char hn[128], tn[64];
             snprintf(hn, sizeof hn, "model.layers.%d.%s.weight", l, map[i].hf);
-            snprintf(tn, sizeof tn, "%s.weight", map[i].tlm);
+            snprintf(tn, sizeof tn, "blk.%d.%s.weight", l, map[i].tlm);
             int64_t shp[5][2] = {{d, 0}, {d, d}, {kv, d}, {ff, d}, {d, ff}};
-            s = read_tensor(h, hn, shp[map[i].kind][0], shp[map[i].kind][1],
-                            fmt_layer_tensor(m, l, tn));
+            s = source(h, hn, shp[map[i].kind][0], shp[map[i].kind][1], m, tn, src);
         }
-    if (!s) s = read_tensor(h, "model.norm.weight", d, 0, fmt_tensor(m, "output_norm.weight"));
+    if (!s) s = source(h, "model.norm.weight", d, 0, m, "output_norm.weight", src);
     if (!s && !c->tie_embeddings)
-        s = read_tensor(h, "lm_head.weight", c->vocab_size, d, fmt_tensor(m, "output.weight"));
+        s = source(h, "lm_head.weight", c->vocab_size, d, m, "output.weight", src);
     return s;
 }
 
@@ -398,7 +415,7 @@ static tlm_status load_gpt2(hf_dir *h, const tlm_config *c, tlm_model *m) {
     return s;
 }
 
-tlm_status tlm_model_load_hf(const char *dir, tlm_model **out) {
+tlm_status fmt_load_hf(const char *dir, int writable, tlm_model **out) {
     *out = NULL;
     char *cp = path_join(dir, "config.json"), *text;
     if (!cp) return tlm_err(TLM_ERR_NOMEM, "out of memory");
@@ -421,11 +438,28 @@ tlm_status tlm_model_load_hf(const char *dir, tlm_model **out) {
     h->dir = dir;
     h->prefix = "";
     tlm_model *m = NULL;
+    tlm_bind_src *src = NULL;
     s = open_tensors(h);
-    /* First check every tensor against the files, then allocate and read. */
-    if (!s) s = arch == HF_LLAMA ? load_llama(h, &c, NULL) : load_gpt2(h, &c, NULL);
-    if (!s) s = fmt_model_create(&c, dir, &m);
-    if (!s) s = arch == HF_LLAMA ? load_llama(h, &c, m) : load_gpt2(h, &c, m);
+    /* First check every tensor against the files, then allocate and read. GPT-2's Conv1D weights
+     * are stored transposed and its q, k, v fused: those models are always copied. */
+    if (!s) s = arch == HF_LLAMA ? load_llama(h, &c, NULL, NULL) : load_gpt2(h, &c, NULL);
+    if (!s) s = fmt_model_new(&c, dir, writable || arch == HF_GPT2, &m);
+    if (!s && arch == HF_GPT2) s = load_gpt2(h, &c, m);
+    if (!s && arch == HF_LLAMA) {
+        src = calloc((size_t)m->n_tensors, sizeof *src);
+        tlm_mmap *maps = calloc((size_t)h->n_files + 1, sizeof *maps);
+        s = src && maps ? load_llama(h, &c, m, src) : tlm_err(TLM_ERR_NOMEM, "out of memory");
+        if (!s) {
+            /* The model keeps the shards mapped while its views point into them. */
+            for (int i = 0; i < h->n_files; i++) {
+                maps[i] = h->files[i].map;
+                h->files[i].map = (tlm_mmap){0};
+            }
+            s = tlm_model_bind(m, src, maps, h->n_files);
+        }
+        free(maps);
+    }
+    free(src);
     close_dir(h);
     free(h);
     if (s) {
@@ -435,6 +469,8 @@ tlm_status tlm_model_load_hf(const char *dir, tlm_model **out) {
     *out = m;
     return TLM_OK;
 }
+
+tlm_status tlm_model_load_hf(const char *dir, tlm_model **out) { return fmt_load_hf(dir, 0, out); }
 
 /* ---- export ---------------------------------------------------------------------------------- */
 
@@ -643,6 +679,8 @@ static tlm_status export_gpt2(const tlm_model *m, tlm_dtype dt, out_list *o, cJS
 
 tlm_status tlm_model_save_hf(const tlm_model *m, const char *dir, tlm_dtype dtype) {
     const tlm_config *c = &m->c;
+    tlm_status fs = fmt_need_f32(m, "Hugging Face export");
+    if (fs) return fs;
     if (dtype != TLM_DTYPE_F32 && dtype != TLM_DTYPE_F16 && dtype != TLM_DTYPE_BF16)
         return tlm_err(TLM_ERR_UNSUPPORTED, "Hugging Face export writes F32, F16 or BF16, not %s",
                        tlm_dtype_name(dtype));

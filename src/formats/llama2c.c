@@ -159,23 +159,33 @@ static tlm_status expected_size(const tlm_config *c, int version, size_t data_of
     return TLM_OK;
 }
 
-static tlm_status load_mapped(const uint8_t *p, size_t n, const char *path, tlm_model **out) {
+/* Binds the model's tensors to their bytes in the mapped file (which the model takes over). */
+static tlm_status load_mapped(tlm_mmap *map, const char *path, int writable, tlm_model **out) {
+    const uint8_t *p = map->data;
+    size_t n = map->size;
     tlm_config c;
     int version;
     size_t off, need;
     tlm_status s = parse_header(p, n, path, &c, &version, &off);
-    if (s) return s;
-    s = expected_size(&c, version, off, &need);
-    if (s) return tlm_err_context(s, "%s", path);
-    if (n != need)
-        return tlm_err(TLM_ERR_FORMAT,
-                       "%s: file is %zu bytes but its llama2.c header (dim %d, hidden %d, %d "
-                       "layers, vocab %d, seq_len %d) implies %zu",
-                       path, n, c.d_model, c.d_ff, c.n_layers, c.vocab_size, c.context_length,
-                       need);
-    tlm_model *m;
-    s = fmt_model_create(&c, path, &m);
-    if (s) return s;
+    if (!s) {
+        s = expected_size(&c, version, off, &need);
+        if (s) tlm_err_context(s, "%s", path);
+    }
+    if (!s && n != need)
+        s = tlm_err(TLM_ERR_FORMAT,
+                    "%s: file is %zu bytes but its llama2.c header (dim %d, hidden %d, %d "
+                    "layers, vocab %d, seq_len %d) implies %zu",
+                    path, n, c.d_model, c.d_ff, c.n_layers, c.vocab_size, c.context_length, need);
+    tlm_model *m = NULL;
+    if (!s) s = fmt_model_new(&c, path, writable, &m);
+    tlm_bind_src *src = NULL;
+    if (!s && !(src = calloc((size_t)m->n_tensors, sizeof *src)))
+        s = tlm_err(TLM_ERR_NOMEM, "out of memory");
+    if (s) {
+        tlm_mmap_close(map);
+        tlm_model_free(m);
+        return s;
+    }
     const l2c_kind *order = version ? v1_order : legacy_order;
     size_t n_kinds =
         version ? sizeof v1_order / sizeof *v1_order : sizeof legacy_order / sizeof *legacy_order;
@@ -186,25 +196,37 @@ static tlm_status load_mapped(const uint8_t *p, size_t n, const char *path, tlm_
         int reps = per_layer(k) ? c.n_layers : 1;
         for (int l = 0; l < reps; l++) {
             if (k != K_ROPE) {
-                float *dst = per_layer(k) ? fmt_layer_tensor(m, l, kind_tensor[k])
-                                          : fmt_tensor(m, kind_tensor[k]);
-                memcpy(dst, p + off, cnt * sizeof(float));
+                char name[TLM_NAME_MAX];
+                if (per_layer(k))
+                    snprintf(name, sizeof name, "blk.%d.%s", l, kind_tensor[k]);
+                else
+                    snprintf(name, sizeof name, "%s", kind_tensor[k]);
+                int ti = tlm_model_index(m, name);
+                if (ti >= 0) src[ti] = (tlm_bind_src){TLM_DTYPE_F32, p + off};
             }
             off += cnt * sizeof(float);
         }
+    }
+    s = tlm_model_bind(m, src, map, 1);
+    free(src);
+    if (s) {
+        tlm_model_free(m);
+        return tlm_err_context(s, "%s", path);
     }
     *out = m;
     return TLM_OK;
 }
 
-tlm_status tlm_model_load_llama2c(const char *path, tlm_model **out) {
+tlm_status fmt_load_llama2c(const char *path, int writable, tlm_model **out) {
     *out = NULL;
     tlm_mmap map;
     tlm_status s = tlm_mmap_open(&map, path);
     if (s) return s;
-    s = load_mapped(map.data, map.size, path, out);
-    tlm_mmap_close(&map);
-    return s;
+    return load_mapped(&map, path, writable, out);
+}
+
+tlm_status tlm_model_load_llama2c(const char *path, tlm_model **out) {
+    return fmt_load_llama2c(path, 0, out);
 }
 
 int fmt_llama2c_sniff(const uint8_t *p, size_t n) {
@@ -270,6 +292,8 @@ static tlm_status put_kind(tlm_atomic_file *a, const tlm_model *m, l2c_kind k, f
 tlm_status tlm_model_save_llama2c(const tlm_model *m, const char *path, int version) {
     const tlm_config *c = &m->c;
     char why[96];
+    tlm_status fs = fmt_need_f32(m, "llama2.c export");
+    if (fs) return fs;
     if (version != 0 && version != 1)
         return tlm_err(TLM_ERR_ARG, "llama2.c version must be 0 (legacy) or 1, not %d", version);
     if (!fmt_is_llama_style(c, why, sizeof why))

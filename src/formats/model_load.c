@@ -18,31 +18,6 @@ static int file_exists(const char *p) {
     return stat(p, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-/* A tlm .safetensors file carries its config in the metadata; a sibling config.json also works. */
-static tlm_status load_tlm_safetensors(const char *path, tlm_model **out) {
-    st_file f;
-    tlm_status s = st_open(&f, path);
-    if (s) return s;
-    tlm_config c;
-    const char *cfg = st_meta(&f, "tlm_config");
-    if (cfg) {
-        s = tlm_config_from_json(cfg, &c);
-        if (s) tlm_err_context(s, "%s: config in metadata", path);
-    } else {
-        s = tlm_err(TLM_ERR_FORMAT, "%s: no tlm_config in the metadata", path);
-    }
-    st_close(&f);
-    if (s) return s;
-    s = tlm_model_create(&c, out);
-    if (s) return s;
-    s = tlm_model_load_safetensors(*out, path);
-    if (s) {
-        tlm_model_free(*out);
-        *out = NULL;
-    }
-    return s;
-}
-
 const char *tlm_model_format_name(tlm_model_format f) {
     switch (f) {
     case TLM_FORMAT_TLM: return "tlm";
@@ -108,27 +83,34 @@ tlm_status tlm_model_detect(const char *path, tlm_model_format *fmt) {
     return TLM_OK;
 }
 
-static tlm_status load_tlm(const char *path, tlm_model **out) {
-    if (!is_dir(path)) return load_tlm_safetensors(path, out);
+tlm_status fmt_load_tlm(const char *path, int writable, tlm_model **out) {
+    if (!is_dir(path)) return fmt_load_tlm_file(path, writable, out);
     char *p = tlm_path_join(path, "model.safetensors");
     if (!p) return tlm_err(TLM_ERR_NOMEM, "out of memory");
-    tlm_status s = load_tlm_safetensors(p, out);
+    tlm_status s = fmt_load_tlm_file(p, writable, out);
     free(p);
     return s;
 }
 
-tlm_status tlm_model_load(const char *path, tlm_model **out) {
+tlm_status tlm_model_load_ex(const char *path, unsigned flags, tlm_model **out) {
     *out = NULL;
+    if (flags & ~(unsigned)TLM_LOAD_WRITABLE)
+        return tlm_err(TLM_ERR_ARG, "unknown load flags 0x%x", flags);
+    int w = (flags & TLM_LOAD_WRITABLE) != 0;
     tlm_model_format f;
     tlm_status s = tlm_model_detect(path, &f);
     if (s) return s;
     switch (f) {
-    case TLM_FORMAT_TLM: return load_tlm(path, out);
-    case TLM_FORMAT_LLAMA2C: return tlm_model_load_llama2c(path, out);
-    case TLM_FORMAT_HF: return tlm_model_load_hf(path, out);
-    case TLM_FORMAT_GGUF: return tlm_model_load_gguf(path, out);
+    case TLM_FORMAT_TLM: return fmt_load_tlm(path, w, out);
+    case TLM_FORMAT_LLAMA2C: return fmt_load_llama2c(path, w, out);
+    case TLM_FORMAT_HF: return fmt_load_hf(path, w, out);
+    case TLM_FORMAT_GGUF: return fmt_load_gguf(path, w, out);
     default: break;
     }
     return tlm_err(TLM_ERR_UNSUPPORTED, "'%s': %s models are not supported yet", path,
                    tlm_model_format_name(f));
+}
+
+tlm_status tlm_model_load(const char *path, tlm_model **out) {
+    return tlm_model_load_ex(path, 0, out);
 }

@@ -3,10 +3,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "formats/formats.h"
 #include "formats/safetensors.h"
 #include "model/model.h"
 
 tlm_status tlm_model_save_safetensors(const tlm_model *m, const char *path) {
+    tlm_status fs = fmt_need_f32(m, path);
+    if (fs) return fs;
     st_out_tensor *t = calloc((size_t)m->n_tensors, sizeof *t);
     char *cfg = tlm_config_to_json(&m->c);
     if (!t || !cfg) {
@@ -21,7 +24,7 @@ tlm_status tlm_model_save_safetensors(const tlm_model *m, const char *path) {
         t[i].ndim = ti->ndim;
         t[i].shape[0] = ti->shape[0];
         t[i].shape[1] = ti->shape[1];
-        t[i].data = m->params + ti->offset;
+        t[i].data = m->w[i].data;
     }
     const char *keys[] = {"format", "tlm_config"};
     const char *vals[] = {"tlm", cfg};
@@ -31,26 +34,74 @@ tlm_status tlm_model_save_safetensors(const tlm_model *m, const char *path) {
     return s;
 }
 
+/* Checks that f holds every schema tensor of m with its shape. */
+static tlm_status check_tensors(const tlm_model *m, const st_file *f, const char *path) {
+    for (int i = 0; i < m->n_tensors; i++) {
+        const tlm_tensor_info *ti = &m->tensors[i];
+        const st_tensor *t = st_find(f, ti->name);
+        if (!t) return tlm_err(TLM_ERR_FORMAT, "%s: missing tensor '%s'", path, ti->name);
+        if (t->ndim != ti->ndim || t->shape[0] != ti->shape[0] ||
+            (ti->ndim == 2 && t->shape[1] != ti->shape[1]))
+            return tlm_err(TLM_ERR_FORMAT, "%s: tensor '%s' has the wrong shape for this config",
+                           path, ti->name);
+        if (!tlm_dtype_get(t->dtype)->is_float)
+            return tlm_err(TLM_ERR_FORMAT, "%s: tensor '%s' has dtype %s, expected a float type",
+                           path, ti->name, tlm_dtype_name(t->dtype));
+    }
+    return TLM_OK;
+}
+
 tlm_status tlm_model_load_safetensors(tlm_model *m, const char *path) {
+    if (!m->st.params) return tlm_err(TLM_ERR_ARG, "%s: loading into a read-only model", path);
     st_file f;
     tlm_status s = st_open(&f, path);
     if (s) return s;
+    s = check_tensors(m, &f, path);
     for (int i = 0; i < m->n_tensors && !s; i++) {
         const tlm_tensor_info *ti = &m->tensors[i];
-        const st_tensor *t = st_find(&f, ti->name);
-        if (!t) {
-            s = tlm_err(TLM_ERR_FORMAT, "%s: missing tensor '%s'", path, ti->name);
-            break;
-        }
-        if (t->ndim != ti->ndim || t->shape[0] != ti->shape[0] ||
-            (ti->ndim == 2 && t->shape[1] != ti->shape[1])) {
-            s = tlm_err(TLM_ERR_FORMAT, "%s: tensor '%s' has the wrong shape for this config", path,
-                        ti->name);
-            break;
-        }
-        s = st_read_f32(&f, t, m->params + ti->offset, ti->numel);
+        s = st_read_f32(&f, st_find(&f, ti->name), m->st.params + ti->offset, ti->numel);
         if (s) tlm_err_context(s, "%s", path);
     }
     st_close(&f);
     return s;
+}
+
+tlm_status fmt_load_tlm_file(const char *path, int writable, tlm_model **out) {
+    *out = NULL;
+    st_file f;
+    tlm_status s = st_open(&f, path);
+    if (s) return s;
+    tlm_config c;
+    const char *cfg = st_meta(&f, "tlm_config");
+    if (cfg) {
+        s = tlm_config_from_json(cfg, &c);
+        if (s) tlm_err_context(s, "%s: config in metadata", path);
+    } else {
+        s = tlm_err(TLM_ERR_FORMAT, "%s: no tlm_config in the metadata", path);
+    }
+    tlm_model *m = NULL;
+    if (!s) s = fmt_model_new(&c, path, writable, &m);
+    if (!s) s = check_tensors(m, &f, path);
+    tlm_bind_src *src = NULL;
+    if (!s && !(src = calloc((size_t)m->n_tensors, sizeof *src)))
+        s = tlm_err(TLM_ERR_NOMEM, "out of memory");
+    for (int i = 0; !s && i < m->n_tensors; i++) {
+        const st_tensor *t = st_find(&f, m->tensors[i].name);
+        src[i] = (tlm_bind_src){t->dtype, f.data + t->begin};
+    }
+    if (!s) {
+        /* The model keeps the file mapped while its views point into it. */
+        tlm_mmap map = f.map;
+        f.map = (tlm_mmap){0};
+        s = tlm_model_bind(m, src, &map, 1);
+        if (s) tlm_err_context(s, "%s", path);
+    }
+    free(src);
+    st_close(&f);
+    if (s) {
+        tlm_model_free(m);
+        return s;
+    }
+    *out = m;
+    return TLM_OK;
 }

@@ -7,7 +7,7 @@
 #include "model/model.h"
 
 struct tlm_session {
-    tlm_model *m;
+    const tlm_model *m;
     int B, cap;
     int *len; /* [B] cached positions per sequence */
 
@@ -22,7 +22,8 @@ struct tlm_session {
     int rows;
     float *scratch;
     size_t scratch_bytes;
-    float *x, *n, *q, *k, *v, *att, *tmp, *ff_a, *ff_b, *ff_h;
+    float *x, *n, *qkv, *att, *tmp, *ff_a, *ff_h;
+    int prefilling;         /* the pass running now: a prefill (else a decode step) */
     int *row_seq, *row_pos; /* [rows] sequence and position of each scratch row */
     int *row_idx;           /* [B] decode: sequence of each compact row */
     int32_t *ids_tmp;       /* [B] decode: ids of the compact rows */

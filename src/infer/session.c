@@ -1,8 +1,9 @@
-/* KV cache, prefill and decode. One block function serves both passes: prefill runs it over the
- * T new tokens of one sequence (sgemm, two sgemm per head for attention over the cache), decode
- * over one token of each active sequence (matrix-vector products that stream each weight once).
- * The arithmetic per token is the same as tlm_forward's, which is what makes incremental decoding
- * reproduce the full pass. */
+/* KV cache, prefill and decode. The model's one block function (model/block.c) serves both
+ * passes: prefill runs it over the T new tokens of one sequence (sgemm, two sgemm per head for
+ * attention over the cache), decode over one token of each active sequence (matrix-vector products
+ * that stream each weight once). What is particular to generation is the attention core here:
+ * append the new keys and values to the cache, attend over it. The arithmetic per token is the
+ * same as tlm_forward's, which is what makes incremental decoding reproduce the full pass. */
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
@@ -12,6 +13,7 @@
 #include "infer/infer.h"
 #include "kernels/kernels.h"
 #include "kernels/matvec.h"
+#include "model/block.h"
 
 /* Queries per prefill attention task: bounds the per-thread score block to QCHUNK x capacity. */
 #define QCHUNK 128
@@ -34,7 +36,7 @@ static tlm_status reserve_rows(tlm_session *s, int rows) {
     size_t d = (size_t)c->d_model, hd = d / (size_t)c->n_heads;
     size_t qw = (size_t)c->n_heads * hd, kw = (size_t)c->n_kv_heads * hd, ff = (size_t)c->d_ff;
     /* q|k|v rows are one buffer (one matrix product from the stacked weights); so are gate|up. */
-    size_t widths[] = {d, d, qw + 2 * kw, 0, 0, qw, d, 2 * ff, 0, ff};
+    size_t widths[] = {d, d, qw + 2 * kw, qw, d, 2 * ff, ff};
     size_t per_row = 0;
     for (size_t i = 0; i < sizeof widths / sizeof widths[0]; i++)
         per_row += (widths[i] + 15) & ~(size_t)15;
@@ -53,15 +55,12 @@ static tlm_status reserve_rows(tlm_session *s, int rows) {
     s->scratch_bytes = bytes;
     s->rows = rows;
     float *p = s->scratch;
-    float **bufs[] = {&s->x,   &s->n,   &s->q,    &s->k,    &s->v,
-                      &s->att, &s->tmp, &s->ff_a, &s->ff_b, &s->ff_h};
+    float **bufs[] = {&s->x, &s->n, &s->qkv, &s->att, &s->tmp, &s->ff_a, &s->ff_h};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         *bufs[i] = p;
         /* Row-major [rows, width]: each buffer keeps its own width as the row stride. */
         p += (size_t)rows * ((widths[i] + 15) & ~(size_t)15);
     }
-    s->k = s->q + qw;
-    s->v = s->q + qw + kw;
     return TLM_OK;
 }
 
@@ -76,7 +75,7 @@ static tlm_status reserve_scores(tlm_session *s, size_t floats) {
     return TLM_OK;
 }
 
-tlm_status tlm_session_new(tlm_model *m, int batch, int capacity, tlm_session **out) {
+tlm_status tlm_session_new(const tlm_model *m, int batch, int capacity, tlm_session **out) {
     if (!out) return tlm_err(TLM_ERR_ARG, "session: out must not be NULL");
     *out = NULL;
     if (!m) return tlm_err(TLM_ERR_ARG, "session: model must not be NULL");
@@ -148,34 +147,6 @@ int tlm_session_length(const tlm_session *s, int seq) {
     return seq >= 0 && seq < s->B ? s->len[seq] : -1;
 }
 
-static void norm_rows(const tlm_config *c, float *y, const float *x, const float *g, const float *b,
-                      int N) {
-    if (c->norm == TLM_NORM_RMSNORM)
-        k_rmsnorm_fwd(y, NULL, x, g, N, c->d_model, c->norm_eps);
-    else
-        k_layernorm_fwd(y, NULL, NULL, x, g, b, N, c->d_model, c->norm_eps);
-}
-
-static void embed_rows(tlm_session *s, const int32_t *ids, int N) {
-    const tlm_model *m = s->m;
-    const tlm_config *c = &m->c;
-    int d = c->d_model;
-    const float *E = m->params + m->off.tok_emb;
-    const float *pos = c->position == TLM_POS_LEARNED      ? m->params + m->off.pos_emb
-                       : c->position == TLM_POS_SINUSOIDAL ? m->sinus
-                                                           : NULL;
-    for (int r = 0; r < N; r++) {
-        float *xr = s->x + (size_t)r * d;
-        const float *er = E + (size_t)ids[r] * d;
-        if (pos) {
-            const float *pr = pos + (size_t)s->row_pos[r] * d;
-            for (int j = 0; j < d; j++) xr[j] = er[j] + pr[j];
-        } else {
-            memcpy(xr, er, (size_t)d * sizeof(float));
-        }
-    }
-}
-
 /* Causal attention of T consecutive new tokens of sequence b (positions pos0..pos0+T-1) over
  * everything cached for it, the new keys included. */
 static void attend_prefill(tlm_session *s, int l, int b, int pos0, int T) {
@@ -192,7 +163,7 @@ static void attend_prefill(tlm_session *s, int l, int b, int pos0, int T) {
         const float *K = infer_cache_k(s, l, b, h / group), *V = infer_cache_v(s, l, b, h / group);
         float *p = s->scores + (size_t)omp_get_thread_num() * QCHUNK * cap;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tc, S, hd, scale,
-                    s->q + (size_t)t0 * ld + (size_t)h * hd, ld, K, hd, 0.0f, p, S);
+                    s->qkv + (size_t)t0 * ld + (size_t)h * hd, ld, K, hd, 0.0f, p, S);
         for (int i = 0; i < tc; i++) {
             float *row = p + (size_t)i * S;
             int last = pos0 + t0 + i;
@@ -225,7 +196,7 @@ static void attend_decode(tlm_session *s, int l, int N) {
         int r = task / H, h = task % H, S = s->row_pos[r] + 1;
         const float *K = infer_cache_k(s, l, s->row_seq[r], h / group);
         const float *V = infer_cache_v(s, l, s->row_seq[r], h / group);
-        const float *q = s->q + (size_t)r * ld + (size_t)h * hd;
+        const float *q = s->qkv + (size_t)r * ld + (size_t)h * hd;
         float *p = s->scores + (size_t)task * s->cap;
         float mx = -INFINITY;
         for (int j = 0; j < S; j++) {
@@ -253,91 +224,52 @@ static void attend_decode(tlm_session *s, int l, int N) {
     }
 }
 
-static void attention_rows(tlm_session *s, int l, const float *in, float *out, int N, int prefill) {
-    const tlm_model *m = s->m;
-    const tlm_config *c = &m->c;
-    const tlm_layer_offsets *o = &m->off.layer[l];
-    float *P = m->params;
-    int d = c->d_model, H = c->n_heads, hd = d / H, KVH = c->n_kv_heads;
-    int qw = H * hd, kw = KVH * hd;
-    int ld = qw + 2 * kw;
-    /* q, k, v weights are stacked in the schema: one product for all three. */
-    k_linear_auto(s->q, in, tlm_at(P, o->wq), tlm_at(P, o->bq), N, d, ld);
-    if (c->position == TLM_POS_ROPE) {
-        int il = c->rope_pairing == TLM_ROPE_INTERLEAVED;
-        if (prefill) {
-            k_rope_fwd(s->q, ld, 1, N, H, hd, s->row_pos[0], m->rope_cos, m->rope_sin, il);
-            k_rope_fwd(s->k, ld, 1, N, KVH, hd, s->row_pos[0], m->rope_cos, m->rope_sin, il);
-        } else {
-            for (int r = 0; r < N; r++) {
-                k_rope_fwd(s->q + (size_t)r * ld, ld, 1, 1, H, hd, s->row_pos[r], m->rope_cos,
-                           m->rope_sin, il);
-                k_rope_fwd(s->k + (size_t)r * ld, ld, 1, 1, KVH, hd, s->row_pos[r], m->rope_cos,
-                           m->rope_sin, il);
-            }
-        }
-    }
-    /* Keys are stored rotated: a cached key is never touched again. */
+/* The attention core of generation: the new rows' keys and values go into the cache (rotated:
+ * a cached key is never touched again), then each row attends over its sequence's cache. */
+static void cache_attend(void *user, int l, float *qkv, int ld, float *att, int N) {
+    tlm_session *s = user;
+    const tlm_config *c = &s->m->c;
+    int hd = c->d_model / c->n_heads, qw = c->n_heads * hd, kw = c->n_kv_heads * hd;
+    (void)att; /* s->att */
     for (int r = 0; r < N; r++)
-        for (int h = 0; h < KVH; h++) {
+        for (int h = 0; h < c->n_kv_heads; h++) {
             size_t at = (size_t)s->row_pos[r] * hd, src = (size_t)r * ld + (size_t)h * hd;
-            memcpy(infer_cache_k(s, l, s->row_seq[r], h) + at, s->k + src, hd * sizeof(float));
-            memcpy(infer_cache_v(s, l, s->row_seq[r], h) + at, s->v + src, hd * sizeof(float));
+            memcpy(infer_cache_k(s, l, s->row_seq[r], h) + at, qkv + qw + src, hd * sizeof(float));
+            memcpy(infer_cache_v(s, l, s->row_seq[r], h) + at, qkv + qw + kw + src,
+                   hd * sizeof(float));
         }
-    if (prefill)
+    if (s->prefilling)
         attend_prefill(s, l, s->row_seq[0], s->row_pos[0], N);
     else
         attend_decode(s, l, N);
-    k_linear_auto(out, s->att, tlm_at(P, o->wo), tlm_at(P, o->bo), N, qw, d);
-}
-
-static void ffn_rows(tlm_session *s, int l, const float *in, float *out, int N) {
-    tlm_ffn_rows(s->m, l, in, s->ff_a, s->ff_h, out, N);
 }
 
 /* Runs the N rows (ids, with row_seq/row_pos filled) through every block; the final residual
- * stream is left in s->x. Post-norm works in place: the norms and adds are elementwise per row. */
+ * stream is left in s->x. The block works in place on the scratch rows. */
 static void blocks(tlm_session *s, const int32_t *ids, int N, int prefill) {
     const tlm_model *m = s->m;
-    const tlm_config *c = &m->c;
-    float *P = m->params;
-    size_t nd = (size_t)N * c->d_model;
-    embed_rows(s, ids, N);
-    for (int l = 0; l < c->n_layers; l++) {
-        const tlm_layer_offsets *o = &m->off.layer[l];
-        const float *g1 = tlm_at(P, o->attn_norm_w), *b1 = tlm_at(P, o->attn_norm_b);
-        const float *g2 = tlm_at(P, o->ffn_norm_w), *b2 = tlm_at(P, o->ffn_norm_b);
-        if (c->norm_position == TLM_NORM_PRE) {
-            norm_rows(c, s->n, s->x, g1, b1, N);
-            attention_rows(s, l, s->n, s->tmp, N, prefill);
-            k_add(s->x, s->x, s->tmp, nd);
-            norm_rows(c, s->n, s->x, g2, b2, N);
-            ffn_rows(s, l, s->n, s->tmp, N);
-            k_add(s->x, s->x, s->tmp, nd);
-        } else {
-            attention_rows(s, l, s->x, s->tmp, N, prefill);
-            k_add(s->x, s->x, s->tmp, nd);
-            norm_rows(c, s->x, s->x, g1, b1, N);
-            ffn_rows(s, l, s->x, s->tmp, N);
-            k_add(s->x, s->x, s->tmp, nd);
-            norm_rows(c, s->x, s->x, g2, b2, N);
-        }
-    }
+    s->prefilling = prefill;
+    tlm_pass p = {N, s->row_pos, 0, 0, 0, {cache_attend, NULL, s}};
+    tlm_embed_fwd(m, &p, ids, s->x);
+    int pre = m->c.norm_position == TLM_NORM_PRE;
+    tlm_block_bufs b = {.x = s->x,
+                        .n1 = pre ? s->n : s->x,
+                        .qkv = s->qkv,
+                        .att = s->att,
+                        .attn_out = s->tmp,
+                        .h = s->x,
+                        .n2 = s->n,
+                        .ff_a = s->ff_a,
+                        .ff_h = s->ff_h,
+                        .y = s->tmp,
+                        .out = s->x};
+    for (int l = 0; l < m->c.n_layers; l++) tlm_block_fwd(m, l, &p, &b);
 }
 
 /* Logits of n consecutive scratch rows starting at row r0. */
 static void head_rows(tlm_session *s, int r0, int n, float *logits) {
-    const tlm_model *m = s->m;
-    const tlm_config *c = &m->c;
-    float *P = m->params;
-    int d = c->d_model;
-    const float *in = s->x + (size_t)r0 * d;
-    if (c->norm_position == TLM_NORM_PRE) {
-        float *xn = s->n + (size_t)r0 * d;
-        norm_rows(c, xn, in, tlm_at(P, m->off.out_norm_w), tlm_at(P, m->off.out_norm_b), n);
-        in = xn;
-    }
-    k_linear_auto(logits, in, P + m->off.out_w, NULL, n, d, c->vocab_size);
+    int d = s->m->c.d_model;
+    tlm_head_fwd(s->m, s->x + (size_t)r0 * d, s->n + (size_t)r0 * d, NULL, NULL, logits, n);
 }
 
 static tlm_status check_ids(const tlm_config *c, const int32_t *ids, int n) {

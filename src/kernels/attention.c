@@ -180,3 +180,10 @@ void k_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const f
                      int T, int H, int KVH, int hd, float p, uint64_t key, float *scratch) {
     attention_bwd(dq, dk, dv, dout, q, k, v, ldq, ldkv, probs, B, T, H, KVH, hd, p, key, scratch);
 }
+
+size_t k_attention_scratch_floats(int T, float p, int threads) {
+    /* Per thread: the backward's dPt block, plus the dropped probabilities with dropout (the
+     * forward needs only those). */
+    size_t tt = (size_t)T * (size_t)T;
+    return (size_t)threads * tt * (p > 0.0f ? 2 : 1);
+}

@@ -6,6 +6,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "tlm.h"
+
 /* Elementwise work below this many floats runs on the calling thread: a fork/join costs
  * microseconds (far more with passive waits), more than the work itself in decode steps. */
 #define K_PAR_MIN 16384
@@ -17,13 +19,30 @@ float k_dropout_keep(uint64_t key, uint64_t i, float p);
 /* y = x * keep(i) elementwise (y may be x); the same call is its own backward. */
 void k_dropout(float *y, const float *x, size_t n, float p, uint64_t key);
 
-/* ---- linear.c: y[N,out] = x[N,in] W[out,in]^T (+ b[out]) ---- */
-void k_linear_fwd(float *y, const float *x, const float *w, const float *b, int N, int in, int out);
+/* ---- linear.c: y = x W^T (+ b) for a weight W [out, in] ---- */
+/* 1 if k_linear computes on weights of this type (the loaders widen the others). */
+int k_linear_takes(tlm_dtype t);
+/* y[N, out] (row stride ldy >= out) = x[N, in] W^T + b (b may be NULL). A few rows stream W once
+ * (matrix-vector products, decode); more go through sgemm. */
+void k_linear(float *y, int ldy, const float *x, int N, const tlm_weight *w, const float *b);
+/* Products of the same x with n weights (same `in`) into consecutive column blocks of y: q|k|v or
+ * gate|up. fused, when not NULL, is the n weights as one stacked view (then one product does it
+ * when the biases are stacked too); otherwise decode still covers every part in one parallel
+ * region. */
+void k_linear_parts(float *y, int ldy, const float *x, int N, const tlm_weight *const *w,
+                    const float *const *b, int n, const tlm_weight *fused);
+/* The F32 sgemm behind k_linear: y[N, ldy] = x[N, in] w[out, in]^T (+ b). */
+void k_linear_fwd(float *y, int ldy, const float *x, const float *w, const float *b, int N, int in,
+                  int out);
 /* dx = dy W (dx may be NULL); dW = dy^T x and db = column sums of dy (db may be NULL), added to
  * what dW and db hold when acc, else written over it: the first gradient a step writes needs no
  * zeroed buffer. */
 void k_linear_bwd(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w,
                   int N, int in, int out, int acc);
+/* dx[N, in] = dy[N, out] (row stride ldy) w[out, in] + beta * dx: one part's share of the input
+ * gradient when stacked weights lie apart. */
+void k_linear_bwd_dx(float *dx, const float *dy, int ldy, const float *w, int N, int in, int out,
+                     float beta);
 /* db[j] (+)= sum_i dy[i, j] over N rows of width n; deterministic, cache-line blocked. */
 void k_colsum(float *db, const float *dy, int N, int n, int acc);
 
@@ -53,13 +72,13 @@ void k_swiglu_rows_bwd(float *da, const float *dy, const float *a, int N, int ff
 void k_act_fwd_grad(float *y, float *x, size_t n, k_act act);
 
 /* ---- rope.c ---- */
-/* Rotates x in place: rows of stride ld (q or k may be a column block of a fused q|k|v buffer),
- * B*T rows, row t of each sequence at position pos0 + t, n_heads heads of hd. cos/sin are tables
- * [positions, hd/2]. interleaved pairs (2i, 2i+1), else (i, i + hd/2). */
-void k_rope_fwd(float *x, int ld, int B, int T, int n_heads, int hd, int pos0, const float *cos_t,
+/* Rotates x in place: N rows of stride ld (q or k may be a column block of a fused q|k|v buffer),
+ * row r at position pos[r], n_heads heads of hd. cos/sin are tables [positions, hd/2].
+ * interleaved pairs (2i, 2i+1), else (i, i + hd/2). */
+void k_rope_fwd(float *x, int ld, int N, const int *pos, int n_heads, int hd, const float *cos_t,
                 const float *sin_t, int interleaved);
 /* Gradient through the rotation: rotates dx in place by the negative angle. */
-void k_rope_bwd(float *dx, int ld, int B, int T, int n_heads, int hd, int pos0, const float *cos_t,
+void k_rope_bwd(float *dx, int ld, int N, const int *pos, int n_heads, int hd, const float *cos_t,
                 const float *sin_t, int interleaved);
 
 /* ---- attention.c ---- */
@@ -76,6 +95,10 @@ void k_attention_fwd(float *out, float *probs, const float *q, const float *k, c
 void k_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
                      const float *k, const float *v, int ldq, int ldkv, const float *probs, int B,
                      int T, int H, int KVH, int hd, float p, uint64_t key, float *scratch);
+
+/* Floats of scratch k_attention_fwd and k_attention_bwd need for sequences of T with dropout p
+ * when `threads` threads may run them (omp_get_max_threads() at the time of the call). */
+size_t k_attention_scratch_floats(int T, float p, int threads);
 
 /* ---- loss.c ---- */
 /* Mean cross-entropy over rows whose target >= 0 (NAN if none); writes softmax probabilities to

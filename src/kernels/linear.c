@@ -1,19 +1,75 @@
 #include <cblas.h>
 
 #include "kernels.h"
+#include "matvec.h"
 
-void k_linear_fwd(float *y, const float *x, const float *w, const float *b, int N, int in,
+int k_linear_takes(tlm_dtype t) { return t == TLM_DTYPE_F32; }
+
+void k_linear_fwd(float *y, int ldy, const float *x, const float *w, const float *b, int N, int in,
                   int out) {
     float beta = 0.0f;
     if (b) {
         /* Start from the bias and let sgemm accumulate: one pass over y instead of two. */
 #pragma omp parallel for schedule(static) if ((long)N * out >= K_PAR_MIN)
         for (int i = 0; i < N; i++)
-            for (int j = 0; j < out; j++) y[(size_t)i * out + j] = b[j];
+            for (int j = 0; j < out; j++) y[(size_t)i * ldy + j] = b[j];
         beta = 1.0f;
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, out, in, 1.0f, x, in, w, in, beta, y,
-                out);
+                ldy);
+}
+
+void k_linear(float *y, int ldy, const float *x, int N, const tlm_weight *w, const float *b) {
+    k_linear_parts(y, ldy, x, N, &w, &b, 1, NULL);
+}
+
+/* The biases of n parts as one vector: NULL when there are none, the first when they are stacked
+ * back to back like the weights, else `split` (a per-part bias is needed). */
+static const float *stacked_bias(const tlm_weight *const *w, const float *const *b, int n,
+                                 int *split) {
+    *split = 0;
+    if (!b || !b[0]) {
+        for (int i = 1; b && i < n; i++)
+            if (b[i]) *split = 1;
+        return NULL;
+    }
+    const float *next = b[0] + w[0]->rows;
+    for (int i = 1; i < n; i++) {
+        if (b[i] != next) *split = 1;
+        next += w[i]->rows;
+    }
+    return b[0];
+}
+
+void k_linear_parts(float *y, int ldy, const float *x, int N, const tlm_weight *const *w,
+                    const float *const *b, int n, const tlm_weight *fused) {
+    int in = (int)w[0]->cols, split;
+    const float *fb = stacked_bias(w, b, n, &split);
+    if (N <= K_MATVEC_MAX_ROWS) {
+        k_matvec_part parts[8];
+        int np = 0, col = 0;
+        if (fused && !split) {
+            parts[np++] =
+                (k_matvec_part){fused->data, fb, (int)fused->rows, fused->row_bytes / 4, 0};
+        } else {
+            for (int i = 0; i < n && np < 8; i++) {
+                parts[np++] = (k_matvec_part){w[i]->data, b ? b[i] : NULL, (int)w[i]->rows,
+                                              w[i]->row_bytes / 4, col};
+                col += (int)w[i]->rows;
+            }
+        }
+        k_matvec_parts(y, ldy, x, N, in, parts, np);
+        return;
+    }
+    if (fused && !split) {
+        k_linear_fwd(y, ldy, x, fused->data, fb, N, in, (int)fused->rows);
+        return;
+    }
+    int col = 0;
+    for (int i = 0; i < n; i++) {
+        k_linear_fwd(y + col, ldy, x, w[i]->data, b ? b[i] : NULL, N, in, (int)w[i]->rows);
+        col += (int)w[i]->rows;
+    }
 }
 
 void k_colsum(float *db, const float *dy, int N, int n, int acc) {
@@ -38,4 +94,10 @@ void k_linear_bwd(float *dx, float *dw, float *db, const float *dy, const float 
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, N, 1.0f, dy, out, x, in,
                 acc ? 1.0f : 0.0f, dw, in);
     if (db) k_colsum(db, dy, N, out, acc);
+}
+
+void k_linear_bwd_dx(float *dx, const float *dy, int ldy, const float *w, int N, int in, int out,
+                     float beta) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, in, out, 1.0f, dy, ldy, w, in, beta,
+                dx, in);
 }

@@ -72,31 +72,35 @@ static inline float dot1(const float *w, const float *x, int n) {
     return r[0];
 }
 
-void k_matvec(float *y, const float *x, const float *w, const float *b, int M, int in, int out) {
-    int blocks = out / 4;
+void k_matvec_parts(float *y, int ldy, const float *x, int M, int in, const k_matvec_part *parts,
+                    int n) {
+    /* Units of four output rows, numbered across the parts, so that one parallel region covers
+     * every part (q, k and v of one layer), not one region each. */
+    long first[9], work = 0;
+    first[0] = 0;
+    for (int p = 0; p < n; p++) {
+        first[p + 1] = first[p] + (parts[p].out + 3) / 4;
+        work += (long)parts[p].out;
+    }
+    long units = first[n];
     /* Below ~64K multiply-adds a fork/join costs more than it saves. */
-#pragma omp parallel for schedule(static) if ((long)M * in * out >= 65536)
-    for (int blk = 0; blk < blocks; blk++) {
-        int j = blk * 4;
-        const float *w0 = w + (size_t)j * in;
+#pragma omp parallel for schedule(static) if (work * M * in >= 65536)
+    for (long u = 0; u < units; u++) {
+        int p = 0;
+        while (u >= first[p + 1]) p++;
+        const k_matvec_part *P = &parts[p];
+        int j = (int)(u - first[p]) * 4, rows = P->out - j < 4 ? P->out - j : 4;
+        const float *w0 = P->w + (size_t)j * P->w_stride;
         for (int m = 0; m < M; m++) {
+            const float *xm = x + (size_t)m * in;
             float r[4];
-            dot4(r, w0, w0 + in, w0 + 2 * (size_t)in, w0 + 3 * (size_t)in, x + (size_t)m * in, in);
-            float *ym = y + (size_t)m * out + j;
-            for (int k = 0; k < 4; k++) ym[k] = b ? r[k] + b[j + k] : r[k];
+            if (rows == 4) {
+                dot4(r, w0, w0 + P->w_stride, w0 + 2 * P->w_stride, w0 + 3 * P->w_stride, xm, in);
+            } else {
+                for (int k = 0; k < rows; k++) r[k] = dot1(w0 + (size_t)k * P->w_stride, xm, in);
+            }
+            float *ym = y + (size_t)m * ldy + P->col + j;
+            for (int k = 0; k < rows; k++) ym[k] = P->b ? r[k] + P->b[j + k] : r[k];
         }
     }
-    for (int j = blocks * 4; j < out; j++)
-        for (int m = 0; m < M; m++) {
-            float r = dot1(w + (size_t)j * in, x + (size_t)m * in, in);
-            y[(size_t)m * out + j] = b ? r + b[j] : r;
-        }
-}
-
-void k_linear_auto(float *y, const float *x, const float *w, const float *b, int M, int in,
-                   int out) {
-    if (M <= K_MATVEC_MAX_ROWS)
-        k_matvec(y, x, w, b, M, in, out);
-    else
-        k_linear_fwd(y, x, w, b, M, in, out);
 }

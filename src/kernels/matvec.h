@@ -4,14 +4,23 @@
 #ifndef TLM_KERNELS_MATVEC_H
 #define TLM_KERNELS_MATVEC_H
 
-/* Largest M that k_matvec handles well; above it sgemm's blocking wins. */
+#include <stddef.h>
+
+/* Largest M that the matrix-vector path handles well; above it sgemm's blocking wins. */
 #define K_MATVEC_MAX_ROWS 8
 
-/* y[M,out] = x[M,in] W[out,in]^T (+ b[out]); b may be NULL. OpenMP over output rows. */
-void k_matvec(float *y, const float *x, const float *w, const float *b, int M, int in, int out);
+/* One F32 weight [out, in] of a k_matvec_parts call and where its outputs go. */
+typedef struct {
+    const float *w;
+    const float *b;  /* may be NULL */
+    int out;         /* rows of w */
+    size_t w_stride; /* floats between rows of w */
+    int col;         /* first output column in y */
+} k_matvec_part;
 
-/* Same product, picking k_matvec for small M and sgemm (k_linear_fwd) otherwise. */
-void k_linear_auto(float *y, const float *x, const float *w, const float *b, int M, int in,
-                   int out);
+/* y[m, part.col + j] = x[m, :in] . part.w[j] (+ part.b[j]) for every part, M rows of x (stride
+ * in) and y (stride ldy), in one parallel region over the output rows of all parts. */
+void k_matvec_parts(float *y, int ldy, const float *x, int M, int in, const k_matvec_part *parts,
+                    int n);
 
 #endif

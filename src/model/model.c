@@ -2,7 +2,35 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/dtype.h"
+#include "kernels/kernels.h"
 #include "model/model.h"
+
+/* Lookups by name go through an index sorted by name: loaders resolve every tensor of the schema,
+ * and a linear search each time would make that quadratic in the (header-controlled) layer count.
+ */
+static int cmp_name(const void *a, const void *b) {
+    return strcmp(((const tlm_name_index *)a)->name, ((const tlm_name_index *)b)->name);
+}
+
+int tlm_model_index(const tlm_model *m, const char *name) {
+    int lo = 0, hi = m->n_tensors - 1;
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2;
+        int c = strcmp(m->sorted[mid].name, name);
+        if (c == 0) return m->sorted[mid].index;
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid - 1;
+    }
+    return -1;
+}
+
+const tlm_tensor_info *tlm_model_find(const tlm_model *m, const char *name) {
+    int i = tlm_model_index(m, name);
+    return i < 0 ? NULL : &m->tensors[i];
+}
 
 static size_t find_off(const tlm_model *m, const char *name) {
     const tlm_tensor_info *t = tlm_model_find(m, name);
@@ -45,7 +73,86 @@ static void resolve_offsets(tlm_model *m) {
     }
 }
 
-/* Fixed tables computed in double precision so every position is as exact as float allows. */
+/* The view of the tensor at flat offset off (TLM_NO_TENSOR: none). Offsets are unique, and the
+ * schema lists tensors in offset order, so a binary search over it finds the entry. */
+static const tlm_weight *view_at(const tlm_model *m, size_t off) {
+    if (off == TLM_NO_TENSOR) return NULL;
+    int lo = 0, hi = m->n_tensors - 1;
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2;
+        size_t o = m->tensors[mid].offset;
+        if (o == off) return &m->w[mid];
+        if (o < off)
+            lo = mid + 1;
+        else
+            hi = mid - 1;
+    }
+    return NULL;
+}
+
+static const float *vec_at(const tlm_model *m, size_t off) { return tlm_wf(view_at(m, off)); }
+
+/* parts[0..n) as one stacked view when they lie back to back with one type and row stride. */
+static tlm_weight fuse(const tlm_weight *const *parts, int n) {
+    tlm_weight f = *parts[0];
+    for (int i = 1; i < n; i++) {
+        const tlm_weight *p = parts[i], *q = parts[i - 1];
+        const char *end = (const char *)q->data + (size_t)q->rows * q->row_bytes;
+        if (p->dtype != f.dtype || p->cols != f.cols || p->row_bytes != f.row_bytes ||
+            (const char *)p->data != end) {
+            memset(&f, 0, sizeof f);
+            return f;
+        }
+        f.rows += p->rows;
+    }
+    return f;
+}
+
+/* Points the per-layer handles at the views once they are bound. */
+static void resolve_views(tlm_model *m) {
+    const tlm_offsets *o = &m->off;
+    m->tok_emb = view_at(m, o->tok_emb);
+    m->pos_emb = view_at(m, o->pos_emb);
+    m->out_w = view_at(m, o->out_w);
+    m->out_norm_w = vec_at(m, o->out_norm_w);
+    m->out_norm_b = vec_at(m, o->out_norm_b);
+    m->all_f32 = 1;
+    for (int i = 0; i < m->n_tensors; i++)
+        if (m->w[i].dtype != TLM_DTYPE_F32) m->all_f32 = 0;
+    for (int l = 0; l < m->c.n_layers; l++) {
+        const tlm_layer_offsets *L = &o->layer[l];
+        tlm_layer_weights *W = &m->lw[l];
+        W->attn_norm_w = vec_at(m, L->attn_norm_w);
+        W->attn_norm_b = vec_at(m, L->attn_norm_b);
+        W->ffn_norm_w = vec_at(m, L->ffn_norm_w);
+        W->ffn_norm_b = vec_at(m, L->ffn_norm_b);
+        W->wq = view_at(m, L->wq);
+        W->wk = view_at(m, L->wk);
+        W->wv = view_at(m, L->wv);
+        W->wo = view_at(m, L->wo);
+        W->wgate = view_at(m, L->wgate);
+        W->wup = view_at(m, L->wup);
+        W->wdown = view_at(m, L->wdown);
+        W->bq = vec_at(m, L->bq);
+        W->bk = vec_at(m, L->bk);
+        W->bv = vec_at(m, L->bv);
+        W->bo = vec_at(m, L->bo);
+        W->bgate = vec_at(m, L->bgate);
+        W->bup = vec_at(m, L->bup);
+        W->bdown = vec_at(m, L->bdown);
+        const tlm_weight *qkv[3] = {W->wq, W->wk, W->wv};
+        W->qkv = fuse(qkv, 3);
+        if (W->wgate) {
+            const tlm_weight *gu[2] = {W->wgate, W->wup};
+            W->gate_up = fuse(gu, 2);
+        } else {
+            memset(&W->gate_up, 0, sizeof W->gate_up);
+        }
+    }
+}
+
+/* Fixed tables computed in double precision so every position is as exact as float allows.
+ * tlm_config_finalize has bounded their sizes. */
 static tlm_status build_tables(tlm_model *m) {
     const tlm_config *c = &m->c;
     int hd = c->d_model / c->n_heads, half = hd / 2;
@@ -75,7 +182,20 @@ static tlm_status build_tables(tlm_model *m) {
     return TLM_OK;
 }
 
-tlm_status tlm_model_create(const tlm_config *cfg, tlm_model **out) {
+/* Every view as an F32 window of the flat buffer. */
+static void point_into_params(tlm_model *m) {
+    for (int i = 0; i < m->n_tensors; i++) {
+        const tlm_tensor_info *t = &m->tensors[i];
+        tlm_weight *w = &m->w[i];
+        w->dtype = TLM_DTYPE_F32;
+        w->data = m->st.params + t->offset;
+        w->rows = t->ndim == 2 ? t->shape[0] : 1;
+        w->cols = t->ndim == 2 ? t->shape[1] : t->shape[0];
+        w->row_bytes = (size_t)w->cols * sizeof(float);
+    }
+}
+
+tlm_status tlm_model_new(const tlm_config *cfg, int writable, tlm_model **out) {
     *out = NULL;
     tlm_config c = *cfg;
     tlm_status s = tlm_config_finalize(&c);
@@ -83,18 +203,27 @@ tlm_status tlm_model_create(const tlm_config *cfg, tlm_model **out) {
     tlm_model *m = calloc(1, sizeof *m);
     if (!m) return tlm_err(TLM_ERR_NOMEM, "out of memory");
     m->c = c;
-    m->data_parallel = -1;
     m->n_tensors = tlm_schema(&c, NULL, 0, &m->n_params);
     m->tensors = calloc((size_t)m->n_tensors, sizeof *m->tensors);
+    m->w = calloc((size_t)m->n_tensors, sizeof *m->w);
+    m->sorted = calloc((size_t)m->n_tensors, sizeof *m->sorted);
     m->off.layer = calloc((size_t)c.n_layers, sizeof *m->off.layer);
-    m->params = tlm_big_alloc(m->n_params * sizeof(float));
-    if (!m->tensors || !m->off.layer || !m->params) {
+    m->lw = calloc((size_t)c.n_layers, sizeof *m->lw);
+    if (writable) m->st.params = tlm_big_alloc(m->n_params * sizeof(float));
+    if (!m->tensors || !m->w || !m->sorted || !m->off.layer || !m->lw ||
+        (writable && !m->st.params)) {
         size_t n = m->n_params;
         tlm_model_free(m);
         return tlm_err(TLM_ERR_NOMEM, "out of memory for %zu parameters", n);
     }
     tlm_schema(&c, m->tensors, m->n_tensors, NULL);
+    for (int i = 0; i < m->n_tensors; i++) m->sorted[i] = (tlm_name_index){m->tensors[i].name, i};
+    qsort(m->sorted, (size_t)m->n_tensors, sizeof *m->sorted, cmp_name);
     resolve_offsets(m);
+    if (writable) {
+        point_into_params(m);
+        resolve_views(m);
+    }
     s = build_tables(m);
     if (s) {
         tlm_model_free(m);
@@ -104,14 +233,98 @@ tlm_status tlm_model_create(const tlm_config *cfg, tlm_model **out) {
     return TLM_OK;
 }
 
+tlm_status tlm_model_create(const tlm_config *c, tlm_model **out) {
+    return tlm_model_new(c, 1, out);
+}
+
+static tlm_status tlm_model_bind_views(tlm_model *m, const tlm_bind_src *src, tlm_mmap *maps,
+                                       int n_maps);
+
+/* The kernels compute on F32 weights (quantized and half-precision kernels come later: then this
+ * is where those types start being used in place). */
+static int kernels_take(tlm_dtype t) { return t == TLM_DTYPE_F32; }
+
+tlm_status tlm_model_bind(tlm_model *m, const tlm_bind_src *src, tlm_mmap *maps, int n_maps) {
+    tlm_status s = tlm_model_bind_views(m, src, maps, n_maps);
+    /* A writable model has copied everything: the files need not stay mapped. */
+    if (m->st.params) {
+        for (int i = 0; i < m->st.n_maps; i++) tlm_mmap_close(&m->st.maps[i]);
+        free(m->st.maps);
+        m->st.maps = NULL;
+        m->st.n_maps = 0;
+    }
+    return s;
+}
+
+static tlm_status tlm_model_bind_views(tlm_model *m, const tlm_bind_src *src, tlm_mmap *maps,
+                                       int n_maps) {
+    if (n_maps > 0) {
+        m->st.maps = calloc((size_t)n_maps, sizeof *m->st.maps);
+        if (!m->st.maps) {
+            for (int i = 0; i < n_maps; i++) tlm_mmap_close(&maps[i]);
+            return tlm_err(TLM_ERR_NOMEM, "out of memory");
+        }
+        memcpy(m->st.maps, maps, (size_t)n_maps * sizeof *maps);
+        m->st.n_maps = n_maps;
+    }
+    /* Which tensors need a converted copy, and how much memory those copies take. */
+    size_t owned = 0;
+    for (int i = 0; i < m->n_tensors && !m->st.params; i++) {
+        const tlm_tensor_info *t = &m->tensors[i];
+        uintptr_t a = (uintptr_t)src[i].data;
+        if (!src[i].data) return tlm_err(TLM_ERR_ARG, "tensor '%s' has no data", t->name);
+        if (kernels_take(src[i].dtype) && a % tlm_dtype_get(src[i].dtype)->block_bytes == 0)
+            continue;
+        owned += (t->numel * sizeof(float) + 63) & ~(size_t)63;
+    }
+    if (owned) {
+        m->st.owned = tlm_big_alloc(owned);
+        if (!m->st.owned)
+            return tlm_err(TLM_ERR_NOMEM, "out of memory for %zu MiB of converted weights",
+                           owned >> 20);
+        m->st.owned_bytes = owned;
+    }
+    char *next = m->st.owned;
+    for (int i = 0; i < m->n_tensors; i++) {
+        const tlm_tensor_info *t = &m->tensors[i];
+        tlm_weight *w = &m->w[i];
+        if (!src[i].data) return tlm_err(TLM_ERR_ARG, "tensor '%s' has no data", t->name);
+        w->rows = t->ndim == 2 ? t->shape[0] : 1;
+        w->cols = t->ndim == 2 ? t->shape[1] : t->shape[0];
+        float *dst = NULL;
+        if (m->st.params) {
+            dst = m->st.params + t->offset;
+        } else if (kernels_take(src[i].dtype) &&
+                   (uintptr_t)src[i].data % tlm_dtype_get(src[i].dtype)->block_bytes == 0) {
+            w->dtype = src[i].dtype;
+            w->data = src[i].data;
+            w->row_bytes = tlm_dtype_bytes(src[i].dtype, (uint64_t)w->cols);
+            continue;
+        } else {
+            dst = (float *)next;
+            next += (t->numel * sizeof(float) + 63) & ~(size_t)63;
+        }
+        tlm_status s = tlm_dtype_to_f32(src[i].dtype, src[i].data, dst, t->numel);
+        if (s) return tlm_err_context(s, "tensor '%s'", t->name);
+        w->dtype = TLM_DTYPE_F32;
+        w->data = dst;
+        w->row_bytes = (size_t)w->cols * sizeof(float);
+    }
+    resolve_views(m);
+    return TLM_OK;
+}
+
 void tlm_model_free(tlm_model *m) {
     if (!m) return;
-    tlm_model_free_replicas(m);
-    tlm_arena_free(&m->arena);
-    tlm_grad_arena_free(&m->garena);
-    tlm_big_free(m->params, m->n_params * sizeof(float));
+    tlm_big_free(m->st.params, m->n_params * sizeof(float));
+    tlm_big_free(m->st.owned, m->st.owned_bytes);
+    for (int i = 0; i < m->st.n_maps; i++) tlm_mmap_close(&m->st.maps[i]);
+    free(m->st.maps);
     free(m->tensors);
+    free(m->w);
+    free(m->sorted);
     free(m->off.layer);
+    free(m->lw);
     free(m->rope_cos);
     free(m->rope_sin);
     free(m->sinus);
@@ -119,7 +332,7 @@ void tlm_model_free(tlm_model *m) {
 }
 
 const tlm_config *tlm_model_config(const tlm_model *m) { return &m->c; }
-float *tlm_model_params(tlm_model *m) { return m->params; }
+float *tlm_model_params(tlm_model *m) { return m->st.params; }
 size_t tlm_model_num_params(const tlm_model *m) { return m->n_params; }
 
 const tlm_tensor_info *tlm_model_tensors(const tlm_model *m, int *n) {
@@ -127,10 +340,26 @@ const tlm_tensor_info *tlm_model_tensors(const tlm_model *m, int *n) {
     return m->tensors;
 }
 
-const tlm_tensor_info *tlm_model_find(const tlm_model *m, const char *name) {
-    for (int i = 0; i < m->n_tensors; i++)
-        if (!strcmp(m->tensors[i].name, name)) return &m->tensors[i];
-    return NULL;
+const tlm_weight *tlm_model_weight(const tlm_model *m, int i) {
+    return i >= 0 && i < m->n_tensors ? &m->w[i] : NULL;
+}
+
+void tlm_model_memory(const tlm_model *m, size_t *mapped, size_t *owned) {
+    size_t map = 0, own = m->st.owned_bytes;
+    if (m->st.params) own += m->n_params * sizeof(float);
+    for (int i = 0; i < m->n_tensors; i++) {
+        const tlm_weight *w = &m->w[i];
+        for (int k = 0; k < m->st.n_maps; k++) {
+            const uint8_t *b = m->st.maps[k].data;
+            if ((const uint8_t *)w->data >= b && (const uint8_t *)w->data < b + m->st.maps[k].size)
+                map += (size_t)w->rows * w->row_bytes;
+        }
+    }
+    size_t ctx = (size_t)m->c.context_length, hd = (size_t)(m->c.d_model / m->c.n_heads);
+    if (m->rope_cos) own += 2 * ctx * (hd / 2) * sizeof(float);
+    if (m->sinus) own += ctx * (size_t)m->c.d_model * sizeof(float);
+    if (mapped) *mapped = map;
+    if (owned) *owned = own;
 }
 
 static int is_block_output_proj(const tlm_tensor_info *t) {
@@ -140,9 +369,12 @@ static int is_block_output_proj(const tlm_tensor_info *t) {
 tlm_status tlm_model_init(tlm_model *m, uint64_t seed, tlm_init_scheme scheme) {
     if (scheme != TLM_INIT_DEFAULT && scheme != TLM_INIT_GPT2)
         return tlm_err(TLM_ERR_ARG, "unknown init scheme %d", (int)scheme);
+    if (!m->st.params)
+        return tlm_err(TLM_ERR_ARG,
+                       "init: the model is read-only (load it with TLM_LOAD_WRITABLE)");
     for (int i = 0; i < m->n_tensors; i++) {
         const tlm_tensor_info *t = &m->tensors[i];
-        float *p = m->params + t->offset;
+        float *p = m->st.params + t->offset;
         /* One RNG stream per tensor: a tensor's values don't depend on which others exist. */
         tlm_rng r;
         tlm_rng_seed(&r, seed, (uint64_t)i + 1);
@@ -166,9 +398,4 @@ tlm_status tlm_model_init(tlm_model *m, uint64_t seed, tlm_init_scheme scheme) {
         }
     }
     return TLM_OK;
-}
-
-void tlm_model_set_dropout_seed(tlm_model *m, uint64_t seed, uint64_t step) {
-    m->drop_seed = seed;
-    m->drop_step = step;
 }

@@ -1,88 +1,70 @@
-/* Data parallelism for small models: the batch is split across threads, each running a replica of
- * the model (shared parameters, its own activations) single-threaded through whole layers. Used
- * by training passes and by evaluation; the backward pass itself lives in backward.c. */
+/* Data parallelism for small models: the batch is split across threads, each running a replica
+ * context (the shared model, its own activations and gradient buffer) single-threaded through
+ * whole layers. Used by training passes and by evaluation. */
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/model.h"
+#include "model/ctx.h"
 
 enum { MAXR = 64 };
 
-void tlm_model_free_replicas(tlm_model *m) {
-    for (int r = 0; r < m->n_replicas; r++) {
-        tlm_model *rep = m->replicas[r];
-        tlm_arena_free(&rep->arena);
-        tlm_grad_arena_free(&rep->garena);
-        free(rep);
-        tlm_big_free(m->replica_grads[r], m->n_params * sizeof(float));
+void tlm_ctx_free_replicas(tlm_train_ctx *x) {
+    for (int r = 0; r < x->n_replicas; r++) {
+        tlm_train_ctx_free(x->replicas[r]);
+        tlm_big_free(x->replica_grads[r], x->m->n_params * sizeof(float));
     }
-    free(m->replicas);
-    free(m->replica_grads);
-    m->replicas = NULL;
-    m->replica_grads = NULL;
-    m->n_replicas = 0;
+    free(x->replicas);
+    free(x->replica_grads);
+    x->replicas = NULL;
+    x->replica_grads = NULL;
+    x->n_replicas = 0;
 }
 
-static tlm_status make_replicas(tlm_model *m, int R) {
-    if (m->n_replicas == R) return TLM_OK;
-    tlm_model_free_replicas(m);
-    m->replicas = calloc((size_t)R, sizeof *m->replicas);
-    m->replica_grads = calloc((size_t)R, sizeof *m->replica_grads);
-    if (!m->replicas || !m->replica_grads) {
-        free(m->replicas);
-        free(m->replica_grads);
-        m->replicas = NULL;
-        m->replica_grads = NULL;
+static tlm_status make_replicas(tlm_train_ctx *x, int R) {
+    if (x->n_replicas == R) return TLM_OK;
+    tlm_ctx_free_replicas(x);
+    x->replicas = calloc((size_t)R, sizeof *x->replicas);
+    x->replica_grads = calloc((size_t)R, sizeof *x->replica_grads);
+    if (!x->replicas || !x->replica_grads) {
+        free(x->replicas);
+        free(x->replica_grads);
+        x->replicas = NULL;
+        x->replica_grads = NULL;
         return tlm_err(TLM_ERR_NOMEM, "out of memory");
     }
-    m->n_replicas = R;
+    x->n_replicas = R;
     for (int r = 0; r < R; r++) {
-        tlm_model *rep = malloc(sizeof *rep);
         /* replica 0 writes into the caller's gradient buffer */
-        float *g = r ? tlm_big_alloc(m->n_params * sizeof(float)) : NULL;
-        m->replicas[r] = rep;
-        m->replica_grads[r] = g;
-        if (!rep || (r && !g)) {
-            tlm_big_free(g, m->n_params * sizeof(float));
-            m->replica_grads[r] = NULL;
-            free(rep);
-            m->replicas[r] = NULL;
-            m->n_replicas = r;
-            tlm_model_free_replicas(m);
+        if (tlm_train_ctx_new(x->m, &x->replicas[r]) != TLM_OK ||
+            (r && !(x->replica_grads[r] = tlm_big_alloc(x->m->n_params * sizeof(float))))) {
+            tlm_ctx_free_replicas(x);
             return tlm_err(TLM_ERR_NOMEM, "out of memory for data-parallel replicas");
         }
-        *rep = *m; /* shares params, schema, offsets and tables */
-        memset(&rep->arena, 0, sizeof rep->arena);
-        memset(&rep->garena, 0, sizeof rep->garena);
-        rep->n_replicas = 0;
-        rep->replicas = NULL;
-        rep->replica_grads = NULL;
-        rep->is_replica = 1;
+        x->replicas[r]->is_replica = 1;
+        x->replicas[r]->data_parallel = 0;
     }
     return TLM_OK;
 }
-
-void tlm_model_set_data_parallel(tlm_model *m, int mode) { m->data_parallel = mode; }
 
 /* Splitting the batch across threads, each running whole layers single-threaded, beats putting
  * both threads on every small operation when operations are small: their fork/join and the
  * small-matrix inefficiency of a shared sgemm dominate there. Large layers keep both threads on
  * each product (and need no second copy of the activations or gradients). Sets *R to the number
  * of slices (1: run the batch whole) and makes their replicas. */
-static tlm_status split_batch(tlm_model *m, int B, int *R) {
+static tlm_status split_batch(tlm_train_ctx *x, int B, int *R) {
     int threads = omp_get_max_threads();
     *R = 1;
-    if (threads < 2 || B < 2 || m->is_replica || omp_in_parallel() || m->data_parallel == 0)
+    if (threads < 2 || B < 2 || x->is_replica || omp_in_parallel() || x->data_parallel == 0)
         return TLM_OK;
     int n = threads < B ? threads : B;
     if (n > MAXR) n = MAXR;
-    if (m->data_parallel != 1 && !(m->c.d_model <= 512 && m->n_params <= (size_t)64 << 20))
+    if (x->data_parallel != 1 && !(x->m->c.d_model <= 512 && x->m->n_params <= (size_t)64 << 20))
         return TLM_OK;
     *R = n;
-    return make_replicas(m, n);
+    return make_replicas(x, n);
 }
 
 /* Slice r of R of a batch of B sequences: sequences [*b0, *b1). */
@@ -114,11 +96,17 @@ static int count_targets(const int32_t *targets, size_t n) {
     return c;
 }
 
-tlm_status tlm_forward_backward(tlm_model *m, const int32_t *ids, const int32_t *targets, int B,
+tlm_status tlm_forward_backward(tlm_train_ctx *x, const int32_t *ids, const int32_t *targets, int B,
                                 int T, int pos0, float *grads, int accumulate, float *loss) {
+    if (!x) return tlm_err(TLM_ERR_ARG, "forward_backward: context must not be NULL");
+    const tlm_model *m = x->m;
     const tlm_config *c = &m->c;
     if (!targets || !grads)
         return tlm_err(TLM_ERR_ARG, "forward_backward: targets and grads needed");
+    if (!m->all_f32)
+        return tlm_err(TLM_ERR_UNSUPPORTED,
+                       "forward_backward: gradients need F32 weights (load the model with "
+                       "TLM_LOAD_WRITABLE)");
     if (B > 0 && T > 0)
         for (int i = 0; i < B * T; i++)
             if (targets[i] >= c->vocab_size)
@@ -126,11 +114,11 @@ tlm_status tlm_forward_backward(tlm_model *m, const int32_t *ids, const int32_t 
                                "target id %d at index %d is outside the vocabulary (%d)",
                                targets[i], i, c->vocab_size);
     int R;
-    tlm_status s = split_batch(m, B, &R);
+    tlm_status s = split_batch(x, B, &R);
     if (s) return s;
     if (R <= 1)
-        return tlm_forward_backward_whole(m, ids, targets, B, T, pos0, grads, accumulate, 0, loss,
-                                          NULL);
+        return tlm_ctx_forward_backward_whole(x, ids, targets, B, T, pos0, grads, accumulate, 0,
+                                              loss, NULL);
     /* Every slice divides its loss gradient by the whole batch's target count, so the batch's
      * gradient is the plain sum of the slices': replica 0 writes (or accumulates) straight into
      * grads and only the others need buffers of their own. */
@@ -139,24 +127,30 @@ tlm_status tlm_forward_backward(tlm_model *m, const int32_t *ids, const int32_t 
     float losses[MAXR];
     int counts[MAXR];
     long n = (long)m->n_params;
-    float *const *g = m->replica_grads;
+    float *const *g = x->replica_grads;
+    /* The runtime may deliver fewer threads than asked (OMP_DYNAMIC, a thread limit): each thread
+     * takes slices r, r + team, ... so every slice runs whatever the team size. */
 #pragma omp parallel num_threads(R)
     {
-        int r = omp_get_thread_num(), b0, b1;
-        slice(B, r, R, &b0, &b1);
-        tlm_model *rep = m->replicas[r];
-        rep->drop_seed = m->drop_seed;
-        /* Each replica draws its own masks: same (seed, step), different stream per slice. */
-        rep->drop_step = m->drop_step * (uint64_t)R + (uint64_t)r;
-        slice_report(&st[r],
-                     tlm_forward_backward_whole(rep, ids + (size_t)b0 * T, targets + (size_t)b0 * T,
-                                                b1 - b0, T, pos0, r ? g[r] : grads,
-                                                r ? 0 : accumulate, total, &losses[r], &counts[r]));
+        int team = omp_get_num_threads(), tid = omp_get_thread_num();
+        for (int r = tid; r < R; r += team) {
+            int b0, b1;
+            slice(B, r, R, &b0, &b1);
+            tlm_train_ctx *rep = x->replicas[r];
+            rep->drop_seed = x->drop_seed;
+            /* Each replica draws its own masks: same (seed, step), different stream per slice. */
+            rep->drop_step = x->drop_step * (uint64_t)R + (uint64_t)r;
+            slice_report(&st[r],
+                         tlm_ctx_forward_backward_whole(
+                             rep, ids + (size_t)b0 * T, targets + (size_t)b0 * T, b1 - b0, T, pos0,
+                             r ? g[r] : grads, r ? 0 : accumulate, total, &losses[r], &counts[r]));
+        }
 #pragma omp barrier
-        long lo = n * r / R, hi = n * (r + 1) / R;
+        long lo = n * tid / team, hi = n * (tid + 1) / team;
         for (int q = 1; q < R; q++) {
             /* one stream at a time: a plain vectorized add (the runtime replica count in an
              * inner loop kept the compiler from vectorizing) */
+            if (st[q].st) continue;
             const float *gq = g[q];
 #pragma omp simd
             for (long i = lo; i < hi; i++) grads[i] += gq[i];
@@ -171,16 +165,16 @@ tlm_status tlm_forward_backward(tlm_model *m, const int32_t *ids, const int32_t 
     return TLM_OK;
 }
 
-tlm_status tlm_batch_loss(tlm_model *m, const int32_t *ids, const int32_t *targets, int B, int T,
-                          double *loss) {
+tlm_status tlm_ctx_batch_loss(tlm_train_ctx *x, const int32_t *ids, const int32_t *targets, int B,
+                              int T, double *loss) {
     *loss = NAN;
     int R;
-    tlm_status s = split_batch(m, B, &R);
+    tlm_status s = split_batch(x, B, &R);
     if (s) return s;
     if (R <= 1) {
         tlm_forward_opts o = {.targets = targets};
         tlm_forward_out out;
-        if ((s = tlm_forward(m, ids, B, T, &o, &out)) == TLM_OK) *loss = out.loss;
+        if ((s = tlm_forward(x, ids, B, T, &o, &out)) == TLM_OK) *loss = out.loss;
         return s;
     }
     slice_status st[MAXR];
@@ -188,15 +182,18 @@ tlm_status tlm_batch_loss(tlm_model *m, const int32_t *ids, const int32_t *targe
     int counts[MAXR];
 #pragma omp parallel num_threads(R)
     {
-        int r = omp_get_thread_num(), b0, b1;
-        slice(B, r, R, &b0, &b1);
-        const int32_t *tg = targets + (size_t)b0 * T;
-        tlm_forward_opts o = {.targets = tg};
-        tlm_forward_out out;
-        tlm_status sr = tlm_forward(m->replicas[r], ids + (size_t)b0 * T, b1 - b0, T, &o, &out);
-        counts[r] = count_targets(tg, (size_t)(b1 - b0) * T);
-        sums[r] = !sr && counts[r] ? (double)out.loss * counts[r] : 0.0;
-        slice_report(&st[r], sr);
+        int team = omp_get_num_threads();
+        for (int r = omp_get_thread_num(); r < R; r += team) {
+            int b0, b1;
+            slice(B, r, R, &b0, &b1);
+            const int32_t *tg = targets + (size_t)b0 * T;
+            tlm_forward_opts o = {.targets = tg};
+            tlm_forward_out out;
+            tlm_status sr = tlm_forward(x->replicas[r], ids + (size_t)b0 * T, b1 - b0, T, &o, &out);
+            counts[r] = count_targets(tg, (size_t)(b1 - b0) * T);
+            sums[r] = !sr && counts[r] ? (double)out.loss * counts[r] : 0.0;
+            slice_report(&st[r], sr);
+        }
     }
     if ((s = slices_result(st, R)) != TLM_OK) return s;
     double sum = 0;

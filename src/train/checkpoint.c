@@ -8,6 +8,8 @@
 
 tlm_status tlm_checkpoint_save(const char *path, const tlm_model *m, const tlm_adamw *opt,
                                const tlm_train_state *st) {
+    if (!m->st.params || opt->begin != 0 || opt->n != m->n_params)
+        return tlm_err(TLM_ERR_ARG, "checkpoint: needs a writable model and the whole optimizer");
     int n = m->n_tensors;
     st_out_tensor *t = calloc((size_t)n + 2, sizeof *t);
     char *cfg = tlm_config_to_json(&m->c);
@@ -22,7 +24,7 @@ tlm_status tlm_checkpoint_save(const char *path, const tlm_model *m, const tlm_a
                                TLM_DTYPE_F32,
                                ti->ndim,
                                {ti->shape[0], ti->shape[1]},
-                               m->params + ti->offset};
+                               m->st.params + ti->offset};
     }
     t[n] = (st_out_tensor){"optimizer.m", TLM_DTYPE_F32, 1, {(int64_t)opt->n}, opt->m};
     t[n + 1] = (st_out_tensor){"optimizer.v", TLM_DTYPE_F32, 1, {(int64_t)opt->n}, opt->v};
@@ -53,6 +55,8 @@ static int meta_u64(const st_file *f, const char *key, uint64_t *out) {
 
 tlm_status tlm_checkpoint_load(const char *path, tlm_model *m, tlm_adamw *opt,
                                tlm_train_state *st) {
+    if (!m->st.params || opt->begin != 0 || opt->n != m->n_params)
+        return tlm_err(TLM_ERR_ARG, "checkpoint: needs a writable model and the whole optimizer");
     st_file f;
     tlm_status s = st_open(&f, path);
     if (s) return s;

@@ -6,10 +6,18 @@
 #include "model/model.h"
 
 tlm_status tlm_adamw_create(const tlm_model *m, tlm_adamw **out) {
+    return tlm_adamw_create_range(m, 0, m->n_params, out);
+}
+
+tlm_status tlm_adamw_create_range(const tlm_model *m, size_t begin, size_t end, tlm_adamw **out) {
     *out = NULL;
+    if (begin >= end || end > m->n_params)
+        return tlm_err(TLM_ERR_ARG, "optimizer range [%zu, %zu) is not inside the %zu parameters",
+                       begin, end, m->n_params);
     tlm_adamw *o = calloc(1, sizeof *o);
     if (!o) return tlm_err(TLM_ERR_NOMEM, "out of memory");
-    o->n = m->n_params;
+    o->begin = begin;
+    o->n = end - begin;
     o->m = tlm_big_alloc(o->n * sizeof(float));
     o->v = tlm_big_alloc(o->n * sizeof(float));
     if (!o->m || !o->v) {
@@ -41,7 +49,11 @@ tlm_status tlm_adamw_step(tlm_adamw *o, tlm_model *m, const float *grads, double
 
 tlm_status tlm_adamw_step_scaled(tlm_adamw *o, tlm_model *m, const float *grads, float grad_scale,
                                  double lr, const tlm_adamw_opts *h) {
-    if (o->n != m->n_params) return tlm_err(TLM_ERR_ARG, "optimizer does not match the model");
+    if (o->begin + o->n > m->n_params)
+        return tlm_err(TLM_ERR_ARG, "optimizer does not match the model");
+    if (!m->st.params)
+        return tlm_err(TLM_ERR_ARG, "optimizer: the model is read-only (load it with "
+                                    "TLM_LOAD_WRITABLE)");
     o->step++;
     /* The scalars follow torch.optim.AdamW (single-tensor path): bias corrections in double,
      * then float tensor arithmetic in the same order. */
@@ -52,15 +64,20 @@ tlm_status tlm_adamw_step_scaled(tlm_adamw *o, tlm_model *m, const float *grads,
     float b1 = (float)h->beta1, b2 = (float)h->beta2, eps = (float)h->eps;
     float a1 = (float)(1.0 - h->beta1), a2 = (float)(1.0 - h->beta2);
     float decay = (float)(1.0 - lr * h->weight_decay);
+    size_t lo_all = o->begin, hi_all = o->begin + o->n;
     /* One parallel region for all tensors: most tensors of a small model are too small to be
-     * worth a fork/join each, and `nowait` lets threads run ahead into the next tensor. */
+     * worth a fork/join each, and `nowait` lets threads run ahead into the next tensor. Tensors
+     * are clipped to the optimizer's range (a shard may start or end inside one). */
 #pragma omp parallel
     for (int t = 0; t < m->n_tensors; t++) {
         const tlm_tensor_info *ti = &m->tensors[t];
-        float *p = m->params + ti->offset, *mm = o->m + ti->offset, *vv = o->v + ti->offset;
-        const float *g = grads + ti->offset;
+        size_t lo = ti->offset > lo_all ? ti->offset : lo_all;
+        size_t hi = ti->offset + ti->numel < hi_all ? ti->offset + ti->numel : hi_all;
+        if (lo >= hi) continue;
+        float *p = m->st.params + lo, *mm = o->m + (lo - o->begin), *vv = o->v + (lo - o->begin);
+        const float *g = grads + lo;
         float dec = ti->decay ? decay : 1.0f;
-        long n = (long)ti->numel;
+        long n = (long)(hi - lo);
 #pragma omp for schedule(static) nowait
         for (long i = 0; i < n; i++) {
             float pi = p[i] * dec;
@@ -86,7 +103,9 @@ double tlm_lr_at(const tlm_schedule *s, long step) {
     return s->min_lr + coeff * (s->max_lr - s->min_lr);
 }
 
-double tlm_grad_norm(const float *grads, size_t n) {
+double tlm_grad_norm(const float *grads, size_t n) { return sqrt(tlm_grad_sumsq(grads, n)); }
+
+double tlm_grad_sumsq(const float *grads, size_t n) {
     /* Fixed chunks summed in a fixed order: the norm (and so clipping) is bit-for-bit the same
      * whatever the thread count or scheduling, which exact resumption relies on. */
     enum { CHUNKS = 256 };
@@ -103,7 +122,7 @@ double tlm_grad_norm(const float *grads, size_t n) {
     }
     double ss = 0.0;
     for (int c = 0; c < CHUNKS; c++) ss += part[c];
-    return sqrt(ss);
+    return ss;
 }
 
 float tlm_clip_coef(double norm, double max_norm) {

@@ -7,6 +7,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "model/ctx.h"
 #include "model/model.h"
 #include "train/train.h"
 
@@ -144,7 +145,7 @@ static tlm_status reload_log(const char *path, long upto, history *h) {
     return s;
 }
 
-double tlm_evaluate(tlm_model *m, const tlm_dataset *d, int split, int B, int T, int batches,
+double tlm_evaluate(tlm_train_ctx *x, const tlm_dataset *d, int split, int B, int T, int batches,
                     uint64_t seed) {
     size_t N = (size_t)B * T;
     int32_t *ids = malloc(N * sizeof *ids), *tg = malloc(N * sizeof *tg);
@@ -156,7 +157,7 @@ double tlm_evaluate(tlm_model *m, const tlm_dataset *d, int split, int B, int T,
     for (int i = 0; ids && tg && i < batches; i++) {
         double loss;
         if (tlm_dataset_batch(d, split, &rng, B, T, ids, tg) ||
-            tlm_batch_loss(m, ids, tg, B, T, &loss))
+            tlm_ctx_batch_loss(x, ids, tg, B, T, &loss))
             break;
         sum += loss;
         n++;
@@ -166,9 +167,41 @@ double tlm_evaluate(tlm_model *m, const tlm_dataset *d, int split, int B, int T,
     return n == batches && n > 0 ? sum / n : NAN;
 }
 
-tlm_status tlm_train_run(tlm_model *m, const tlm_dataset *d, const tlm_train_opts *o) {
+struct tlm_trainer {
+    tlm_model *m;
+    const tlm_dataset *d;
+    tlm_train_opts o;
+    int B, T;
+    tlm_train_ctx *x;
+    float *grads;
+    tlm_adamw *opt;
+    tlm_train_state st;
+    tlm_schedule sched;
+    int32_t *ids, *tg;
+    char *ckpt, *model_path;
+    double last_lr;
+};
+
+void tlm_trainer_free(tlm_trainer *t) {
+    if (!t) return;
+    tlm_train_ctx_free(t->x);
+    tlm_adamw_free(t->opt);
+    tlm_big_free(t->grads, t->m->n_params * sizeof(float));
+    free(t->ids);
+    free(t->tg);
+    free(t->ckpt);
+    free(t->model_path);
+    free(t);
+}
+
+tlm_status tlm_trainer_new(tlm_model *m, const tlm_dataset *d, const tlm_train_opts *o,
+                           tlm_trainer **out) {
+    *out = NULL;
     const tlm_config *c = &m->c;
     int B = o->batch, T = o->seq_len ? o->seq_len : c->context_length;
+    if (!m->st.params)
+        return tlm_err(TLM_ERR_ARG,
+                       "train: the model is read-only (load it with TLM_LOAD_WRITABLE)");
     if (B <= 0 || T <= 0 || T > c->context_length)
         return tlm_err(TLM_ERR_ARG, "batch %d x sequence %d invalid for context %d", B, T,
                        c->context_length);
@@ -179,34 +212,114 @@ tlm_status tlm_train_run(tlm_model *m, const tlm_dataset *d, const tlm_train_opt
     if (tlm_dataset_size(d, TLM_SPLIT_TRAIN) < (size_t)T + 1)
         return tlm_err(TLM_ERR_ARG, "training split has %zu tokens; a window needs %d",
                        tlm_dataset_size(d, TLM_SPLIT_TRAIN), T + 1);
+    size_t begin = o->hooks.begin, end = o->hooks.end ? o->hooks.end : m->n_params;
+    if (begin >= end || end > m->n_params)
+        return tlm_err(TLM_ERR_ARG, "optimizer range [%zu, %zu) is not inside the %zu parameters",
+                       begin, end, m->n_params);
+    if (o->resume && (begin != 0 || end != m->n_params))
+        return tlm_err(TLM_ERR_UNSUPPORTED,
+                       "resuming needs the optimizer over the whole buffer (checkpoints hold "
+                       "every moment)");
+    tlm_trainer *t = calloc(1, sizeof *t);
+    if (!t) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    t->m = m;
+    t->d = d;
+    t->o = *o;
+    t->B = B;
+    t->T = T;
+    size_t N = (size_t)B * T;
+    t->ids = malloc(N * sizeof *t->ids);
+    t->tg = malloc(N * sizeof *t->tg);
+    t->grads = tlm_big_alloc(m->n_params * sizeof(float));
+    t->ckpt = tlm_path_join(o->out_dir, "checkpoint.safetensors");
+    t->model_path = tlm_path_join(o->out_dir, "model.safetensors");
+    tlm_status s = TLM_OK;
+    if (!t->ids || !t->tg || !t->grads || !t->ckpt || !t->model_path)
+        s = tlm_err(TLM_ERR_NOMEM, "out of memory");
+    if (!s) s = tlm_train_ctx_new(m, &t->x);
+    if (!s) s = tlm_adamw_create_range(m, begin, end, &t->opt);
+    t->st = (tlm_train_state){0, {0, 0}, o->seed};
+    tlm_rng_seed(&t->st.rng, o->seed, 1);
+    if (!s && o->resume) s = tlm_checkpoint_load(t->ckpt, m, t->opt, &t->st);
+    if (!s) s = tlm_train_ctx_reserve(t->x, B, T);
+    t->sched = (tlm_schedule){o->lr, o->min_lr, o->warmup, o->steps};
+    if (s) {
+        tlm_trainer_free(t);
+        return s;
+    }
+    *out = t;
+    return TLM_OK;
+}
+
+long tlm_trainer_step(const tlm_trainer *t) { return t->st.step; }
+tlm_train_ctx *tlm_trainer_ctx(tlm_trainer *t) { return t->x; }
+float *tlm_trainer_grads(tlm_trainer *t) { return t->grads; }
+
+tlm_status tlm_trainer_backward(tlm_trainer *t, float *loss) {
+    tlm_status s = tlm_dataset_batch(t->d, TLM_SPLIT_TRAIN, &t->st.rng, t->B, t->T, t->ids, t->tg);
+    if (s) return s;
+    tlm_train_ctx_set_dropout_seed(t->x, t->st.seed, (uint64_t)t->st.step);
+    return tlm_forward_backward(t->x, t->ids, t->tg, t->B, t->T, 0, t->grads, 0, loss);
+}
+
+tlm_status tlm_trainer_clip(tlm_trainer *t, double *norm, float *scale) {
+    const tlm_train_hooks *h = &t->o.hooks;
+    double ss = tlm_grad_sumsq(t->grads + t->opt->begin, t->opt->n);
+    if (h->reduce_sumsq) {
+        tlm_status s = h->reduce_sumsq(h->user, &ss);
+        if (s) return s;
+    }
+    *norm = sqrt(ss);
+    *scale = tlm_clip_coef(*norm, t->o.clip);
+    if (!isfinite(*norm))
+        return tlm_err(TLM_ERR_NUMERIC, "step %ld: gradient norm %g", t->st.step + 1, *norm);
+    return TLM_OK;
+}
+
+tlm_status tlm_trainer_update(tlm_trainer *t, float scale, double *lr) {
+    const tlm_train_hooks *h = &t->o.hooks;
+    double rate = tlm_lr_at(&t->sched, t->st.step);
+    tlm_status s = tlm_adamw_step_scaled(t->opt, t->m, t->grads, scale, rate, &t->o.adam);
+    if (!s && h->after_update) s = h->after_update(h->user, t->m->st.params, t->m->n_params);
+    if (s) return s;
+    t->st.step++;
+    if (lr) *lr = rate;
+    return TLM_OK;
+}
+
+tlm_status tlm_trainer_save(tlm_trainer *t) {
+    if (t->opt->begin != 0 || t->opt->n != t->m->n_params)
+        return tlm_err(TLM_ERR_UNSUPPORTED,
+                       "checkpoints need the optimizer over the whole buffer (this process holds "
+                       "[%zu, %zu))",
+                       t->opt->begin, t->opt->begin + t->opt->n);
+    tlm_status s = tlm_checkpoint_save(t->ckpt, t->m, t->opt, &t->st);
+    if (!s) s = tlm_model_save_safetensors(t->m, t->model_path);
+    return s;
+}
+
+tlm_status tlm_train_run(tlm_model *m, const tlm_dataset *d, const tlm_train_opts *o) {
+    int T = o->seq_len ? o->seq_len : m->c.context_length;
     int do_eval = o->eval_interval > 0 && o->eval_batches > 0 &&
                   tlm_dataset_size(d, TLM_SPLIT_VAL) >= (size_t)T + 1;
     if (o->eval_interval > 0 && o->eval_batches > 0 && !do_eval &&
         tlm_dataset_size(d, TLM_SPLIT_VAL) > 0)
         return tlm_err(TLM_ERR_ARG, "validation split has %zu tokens; a window needs %d",
                        tlm_dataset_size(d, TLM_SPLIT_VAL), T + 1);
-    char *ckpt = tlm_path_join(o->out_dir, "checkpoint.safetensors");
-    char *model_path = tlm_path_join(o->out_dir, "model.safetensors");
     char *log_path = tlm_path_join(o->out_dir, "log.jsonl");
     char *svg_path = tlm_path_join(o->out_dir, "loss.svg");
-    size_t N = (size_t)B * T;
-    int32_t *ids = malloc(N * sizeof *ids), *tg = malloc(N * sizeof *tg);
-    float *grads = tlm_big_alloc(m->n_params * sizeof(float));
-    tlm_adamw *opt = NULL;
+    tlm_trainer *t = NULL;
     history hist = {0};
     FILE *log = NULL;
     tlm_status s = TLM_OK;
-    if (!ckpt || !model_path || !log_path || !svg_path || !ids || !tg || !grads) {
+    if (!log_path || !svg_path) {
         s = tlm_err(TLM_ERR_NOMEM, "out of memory");
         goto done;
     }
     mkdir(o->out_dir, 0755);
-    if ((s = tlm_adamw_create(m, &opt)) != TLM_OK) goto done;
-    tlm_train_state st = {0, {0, 0}, o->seed};
-    tlm_rng_seed(&st.rng, o->seed, 1);
+    if ((s = tlm_trainer_new(m, d, o, &t)) != TLM_OK) goto done;
     if (o->resume) {
-        if ((s = tlm_checkpoint_load(ckpt, m, opt, &st)) != TLM_OK) goto done;
-        if ((s = reload_log(log_path, st.step, &hist)) != TLM_OK) goto done;
+        if ((s = reload_log(log_path, t->st.step, &hist)) != TLM_OK) goto done;
     } else {
         remove(log_path);
     }
@@ -215,71 +328,65 @@ tlm_status tlm_train_run(tlm_model *m, const tlm_dataset *d, const tlm_train_opt
         s = tlm_err(TLM_ERR_IO, "cannot open '%s' for writing", log_path);
         goto done;
     }
-    if ((s = tlm_model_reserve(m, B, T)) != TLM_OK) goto done;
-    tlm_schedule sched = {o->lr, o->min_lr, o->warmup, o->steps};
+    size_t N = (size_t)t->B * t->T;
     double t_start = now_s();
-    long first = st.step;
-    for (long step = st.step; step < o->steps; step++) {
-        double t0 = now_s();
-        double lr = tlm_lr_at(&sched, step);
-        float loss;
-        if ((s = tlm_dataset_batch(d, TLM_SPLIT_TRAIN, &st.rng, B, T, ids, tg)) != TLM_OK) break;
-        tlm_model_set_dropout_seed(m, st.seed, (uint64_t)step);
-        if ((s = tlm_forward_backward(m, ids, tg, B, T, 0, grads, 0, &loss)) != TLM_OK) break;
-        double norm = tlm_grad_norm(grads, m->n_params);
-        if (!isfinite(loss) || !isfinite(norm)) {
+    long first = t->st.step;
+    const tlm_train_hooks *hk = &o->hooks;
+    while (t->st.step < o->steps) {
+        double t0 = now_s(), lr, norm;
+        float loss, scale;
+        /* The step: forward/backward -> gradient reduction (hook) -> clip -> AdamW. */
+        if ((s = tlm_trainer_backward(t, &loss)) != TLM_OK) break;
+        if (hk->reduce_grads &&
+            (s = hk->reduce_grads(hk->user, t->grads, m->n_params, &loss)) != TLM_OK)
+            break;
+        s = tlm_trainer_clip(t, &norm, &scale);
+        if (s == TLM_ERR_NUMERIC || (!s && !isfinite(loss))) {
             s = tlm_err(TLM_ERR_NUMERIC,
                         "step %ld: loss %g, gradient norm %g; stopped, the last checkpoint is "
                         "kept (try a lower --lr)",
-                        step + 1, (double)loss, norm);
+                        t->st.step + 1, (double)loss, norm);
             break;
         }
-        tlm_adamw_step_scaled(opt, m, grads, tlm_clip_coef(norm, o->clip), lr, &o->adam);
-        st.step = step + 1;
+        if (s) break;
+        if ((s = tlm_trainer_update(t, scale, &lr)) != TLM_OK) break;
+        long step = t->st.step;
         double dt = now_s() - t0;
-        int last = st.step == o->steps;
-        int evaluate = do_eval && (st.step % o->eval_interval == 0 || last);
+        int last = step == o->steps;
+        int evaluate = do_eval && (step % o->eval_interval == 0 || last);
         float val = NAN;
-        if (evaluate) {
-            val = (float)tlm_evaluate(m, d, TLM_SPLIT_VAL, B, T, o->eval_batches, o->seed);
-        }
-        tlm_train_progress p = {st.step,        o->steps,          loss,           val, lr, norm,
-                                (double)N / dt, now_s() - t_start, st.step - first};
-        if (evaluate || last || (o->log_interval > 0 && st.step % o->log_interval == 0) ||
-            st.step == 1) {
-            fprintf(log, "{\"step\": %ld, \"train_loss\": %.6f", st.step, (double)loss);
+        if (evaluate)
+            val = (float)tlm_evaluate(t->x, d, TLM_SPLIT_VAL, t->B, t->T, o->eval_batches, o->seed);
+        tlm_train_progress p = {step,           o->steps,          loss,        val, lr, norm,
+                                (double)N / dt, now_s() - t_start, step - first};
+        if (evaluate || last || (o->log_interval > 0 && step % o->log_interval == 0) || step == 1) {
+            fprintf(log, "{\"step\": %ld, \"train_loss\": %.6f", step, (double)loss);
             if (evaluate) fprintf(log, ", \"val_loss\": %.6f", (double)val);
             fprintf(log, ", \"lr\": %.6g, \"grad_norm\": %.6g, \"tokens_per_s\": %.1f}\n", lr, norm,
                     p.tokens_per_s);
             fflush(log);
-            hist_add(&hist, st.step, loss, val);
+            hist_add(&hist, step, loss, val);
         }
         int stop = o->stop && *o->stop;
         if (o->on_progress && o->on_progress(o->user, &p)) stop = 1;
         int save = last || stop || evaluate ||
-                   (o->checkpoint_interval > 0 && st.step % o->checkpoint_interval == 0);
+                   (o->checkpoint_interval > 0 && step % o->checkpoint_interval == 0);
         if (save) {
-            if ((s = tlm_checkpoint_save(ckpt, m, opt, &st)) != TLM_OK) break;
-            if ((s = tlm_model_save_safetensors(m, model_path)) != TLM_OK) break;
+            if ((s = tlm_trainer_save(t)) != TLM_OK) break;
             if ((s = write_svg(svg_path, &hist, o->steps)) != TLM_OK) break;
         }
         if (stop && !last) {
             s = tlm_err(TLM_ERR_INTERRUPTED,
                         "stopped at step %ld; checkpoint saved (resume with "
                         "--resume)",
-                        st.step);
+                        step);
             break;
         }
     }
 done:
     if (log) fclose(log);
-    tlm_adamw_free(opt);
-    tlm_big_free(grads, m->n_params * sizeof(float));
+    tlm_trainer_free(t);
     free(hist.p);
-    free(ids);
-    free(tg);
-    free(ckpt);
-    free(model_path);
     free(log_path);
     free(svg_path);
     return s;

@@ -1,0 +1,287 @@
+/* One transformer block over rows, forward and backward side by side, sub-layer by sub-layer. */
+#include <string.h>
+
+#include "core/dtype.h"
+#include "kernels/kernels.h"
+#include "model/block.h"
+
+int tlm_qkv_width(const tlm_config *c) {
+    int hd = c->d_model / c->n_heads;
+    return (c->n_heads + 2 * c->n_kv_heads) * hd;
+}
+
+static int dropping(const tlm_model *m, const tlm_pass *p) {
+    return p->training && m->c.dropout > 0.0f;
+}
+
+uint64_t tlm_drop_key(const tlm_pass *p, int layer, int which) {
+    /* Sites: the embedding sum, then per layer the attention probabilities, the attention output
+     * and the FFN output. */
+    uint64_t site = layer < 0 ? 0 : 1 + 3 * (uint64_t)layer + (uint64_t)which;
+    return k_dropout_key(p->drop_seed, p->drop_step, site);
+}
+
+/* ---- norms ---------------------------------------------------------------------------------- */
+
+static void norm_fwd(const tlm_config *c, float *y, float *mean, float *rstd, const float *x,
+                     const float *g, const float *b, int N) {
+    if (c->norm == TLM_NORM_RMSNORM)
+        k_rmsnorm_fwd(y, rstd, x, g, N, c->d_model, c->norm_eps);
+    else
+        k_layernorm_fwd(y, mean, rstd, x, g, b, N, c->d_model, c->norm_eps);
+}
+
+/* dx from dy through the norm whose gain (bias) lives at flat offsets gw (gb). */
+static void norm_bwd(const tlm_config *c, float *dx, float *G, size_t gw, size_t gb,
+                     const float *g, const float *dy, const float *x, const float *mean,
+                     const float *rstd, int N, int acc) {
+    if (c->norm == TLM_NORM_RMSNORM)
+        k_rmsnorm_bwd(dx, G + gw, dy, x, g, rstd, N, c->d_model, acc);
+    else
+        k_layernorm_bwd(dx, G + gw, tlm_at(G, gb), dy, x, g, mean, rstd, N, c->d_model, acc);
+}
+
+/* Gradient through a dropout mask (into g->ddrop), or dy itself without dropout. */
+static const float *undrop(const tlm_model *m, const tlm_pass *p, const tlm_block_grads *g,
+                           const float *dy, int layer, int which) {
+    if (!dropping(m, p)) return dy;
+    k_dropout(g->ddrop, dy, (size_t)p->N * m->c.d_model, m->c.dropout,
+              tlm_drop_key(p, layer, which));
+    return g->ddrop;
+}
+
+/* Parameter and input gradients of stacked linear parts (q|k|v, gate|up). The gradients' flat
+ * layout always stacks them; the weights may not be (parts of a file), then dx sums the parts'
+ * products. */
+static void parts_bwd(float *dx, float *dW, float *db, const float *dy, const float *x,
+                      const tlm_weight *fused, const tlm_weight *const *w, int n, int N, int in,
+                      int out, int acc) {
+    if (fused->data) {
+        k_linear_bwd(dx, dW, db, dy, x, fused->data, N, in, out, acc);
+        return;
+    }
+    k_linear_bwd(NULL, dW, db, dy, x, NULL, N, in, out, acc);
+    int col = 0;
+    for (int i = 0; i < n; i++) {
+        k_linear_bwd_dx(dx, dy + col, out, w[i]->data, N, in, (int)w[i]->rows, i ? 1.0f : 0.0f);
+        col += (int)w[i]->rows;
+    }
+}
+
+/* ---- attention ------------------------------------------------------------------------------ */
+
+static void rope(const tlm_model *m, const tlm_pass *p, float *qkv, int ld, int bwd) {
+    const tlm_config *c = &m->c;
+    if (c->position != TLM_POS_ROPE) return;
+    int hd = c->d_model / c->n_heads, il = c->rope_pairing == TLM_ROPE_INTERLEAVED;
+    void (*f)(float *, int, int, const int *, int, int, const float *, const float *, int) =
+        bwd ? k_rope_bwd : k_rope_fwd;
+    f(qkv, ld, p->N, p->pos, c->n_heads, hd, m->rope_cos, m->rope_sin, il);
+    f(qkv + c->n_heads * hd, ld, p->N, p->pos, c->n_kv_heads, hd, m->rope_cos, m->rope_sin, il);
+}
+
+static void attn_fwd(const tlm_model *m, int l, const tlm_pass *p, const tlm_block_bufs *b,
+                     const float *in) {
+    const tlm_config *c = &m->c;
+    const tlm_layer_weights *W = &m->lw[l];
+    int N = p->N, ld = tlm_qkv_width(c);
+    const tlm_weight *w[3] = {W->wq, W->wk, W->wv};
+    const float *bias[3] = {W->bq, W->bk, W->bv};
+    k_linear_parts(b->qkv, ld, in, N, w, bias, 3, W->qkv.data ? &W->qkv : NULL);
+    rope(m, p, b->qkv, ld, 0);
+    p->attend.fwd(p->attend.user, l, b->qkv, ld, b->att, N);
+    k_linear(b->attn_out, c->d_model, b->att, N, W->wo, W->bo);
+    if (dropping(m, p))
+        k_dropout(b->attn_out, b->attn_out, (size_t)N * c->d_model, c->dropout,
+                  tlm_drop_key(p, l, 1));
+}
+
+static void attn_bwd(const tlm_model *m, int l, const tlm_pass *p, const tlm_block_bufs *b,
+                     const float *in, const float *dout, float *din, const tlm_block_grads *g,
+                     float *G, int acc) {
+    const tlm_config *c = &m->c;
+    const tlm_layer_weights *W = &m->lw[l];
+    const tlm_layer_offsets *o = &m->off.layer[l];
+    int N = p->N, d = c->d_model, qw = c->n_heads * (d / c->n_heads), ld = tlm_qkv_width(c);
+    dout = undrop(m, p, g, dout, l, 1);
+    k_linear_bwd(g->datt, G + o->wo, tlm_at(G, o->bo), dout, b->att, W->wo->data, N, qw, d, acc);
+    p->attend.bwd(p->attend.user, l, b->qkv, ld, g->datt, g->dqkv, N);
+    rope(m, p, g->dqkv, ld, 1);
+    const tlm_weight *w[3] = {W->wq, W->wk, W->wv};
+    parts_bwd(din, G + o->wq, tlm_at(G, o->bq), g->dqkv, in, &W->qkv, w, 3, N, d, ld, acc);
+}
+
+/* ---- feed-forward --------------------------------------------------------------------------- */
+
+static void ffn_fwd(const tlm_model *m, int l, const tlm_pass *p, const tlm_block_bufs *b,
+                    const float *in) {
+    const tlm_config *c = &m->c;
+    const tlm_layer_weights *W = &m->lw[l];
+    int N = p->N, d = c->d_model, ff = c->d_ff;
+    if (c->ffn == TLM_FFN_SWIGLU) {
+        const tlm_weight *w[2] = {W->wgate, W->wup};
+        const float *bias[2] = {W->bgate, W->bup};
+        k_linear_parts(b->ff_a, 2 * ff, in, N, w, bias, 2, W->gate_up.data ? &W->gate_up : NULL);
+        k_swiglu_rows_fwd(b->ff_h, b->ff_a, N, ff);
+    } else {
+        k_linear(b->ff_a, ff, in, N, W->wup, W->bup);
+        static const k_act forms[] = {K_ACT_SILU, K_ACT_GELU, K_ACT_GELU_TANH, K_ACT_RELU};
+        /* Training keeps act' (in place of the pre-activations) for the backward pass. */
+        if (p->training)
+            k_act_fwd_grad(b->ff_h, b->ff_a, (size_t)N * ff, forms[c->ffn]);
+        else
+            k_act_fwd(b->ff_h, b->ff_a, (size_t)N * ff, forms[c->ffn]);
+    }
+    k_linear(b->y, d, b->ff_h, N, W->wdown, W->bdown);
+    if (dropping(m, p))
+        k_dropout(b->y, b->y, (size_t)N * d, c->dropout, tlm_drop_key(p, l, 2));
+}
+
+static void ffn_bwd(const tlm_model *m, int l, const tlm_pass *p, const tlm_block_bufs *b,
+                    const float *in, const float *dout, float *din, const tlm_block_grads *g,
+                    float *G, int acc) {
+    const tlm_config *c = &m->c;
+    const tlm_layer_weights *W = &m->lw[l];
+    const tlm_layer_offsets *o = &m->off.layer[l];
+    int N = p->N, d = c->d_model, ff = c->d_ff;
+    k_linear_bwd(g->dff_h, G + o->wdown, tlm_at(G, o->bdown), dout, b->ff_h, W->wdown->data, N, ff,
+                 d, acc);
+    if (c->ffn == TLM_FFN_SWIGLU) {
+        k_swiglu_rows_bwd(g->dff_a, g->dff_h, b->ff_a, N, ff);
+        const tlm_weight *w[2] = {W->wgate, W->wup};
+        parts_bwd(din, G + o->wgate, tlm_at(G, o->bgate), g->dff_a, in, &W->gate_up, w, 2, N, d,
+                  2 * ff, acc);
+    } else {
+        k_mul(g->dff_h, g->dff_h, b->ff_a, (size_t)N * ff); /* the forward left act'(a) in ff_a */
+        k_linear_bwd(din, G + o->wup, tlm_at(G, o->bup), g->dff_h, in, W->wup->data, N, d, ff,
+                     acc);
+    }
+}
+
+/* ---- the block ------------------------------------------------------------------------------ */
+
+void tlm_block_fwd(const tlm_model *m, int l, const tlm_pass *p, const tlm_block_bufs *b) {
+    const tlm_config *c = &m->c;
+    const tlm_layer_weights *W = &m->lw[l];
+    int N = p->N;
+    size_t nd = (size_t)N * c->d_model;
+    if (c->norm_position == TLM_NORM_PRE) {
+        norm_fwd(c, b->n1, b->n1_mean, b->n1_rstd, b->x, W->attn_norm_w, W->attn_norm_b, N);
+        attn_fwd(m, l, p, b, b->n1);
+        k_add(b->h, b->x, b->attn_out, nd);
+        norm_fwd(c, b->n2, b->n2_mean, b->n2_rstd, b->h, W->ffn_norm_w, W->ffn_norm_b, N);
+        ffn_fwd(m, l, p, b, b->n2);
+        k_add(b->out, b->h, b->y, nd);
+    } else {
+        attn_fwd(m, l, p, b, b->x);
+        k_add(b->h, b->x, b->attn_out, nd);
+        norm_fwd(c, b->n1, b->n1_mean, b->n1_rstd, b->h, W->attn_norm_w, W->attn_norm_b, N);
+        ffn_fwd(m, l, p, b, b->n1);
+        k_add(b->y, b->n1, b->y, nd);
+        norm_fwd(c, b->out, b->n2_mean, b->n2_rstd, b->y, W->ffn_norm_w, W->ffn_norm_b, N);
+    }
+}
+
+void tlm_block_bwd(const tlm_model *m, int l, const tlm_pass *p, const tlm_block_bufs *b,
+                   const tlm_block_grads *g, float *G, int acc) {
+    const tlm_config *c = &m->c;
+    const tlm_layer_weights *W = &m->lw[l];
+    const tlm_layer_offsets *o = &m->off.layer[l];
+    int N = p->N;
+    size_t nd = (size_t)N * c->d_model;
+    if (c->norm_position == TLM_NORM_PRE) {
+        ffn_bwd(m, l, p, b, b->n2, undrop(m, p, g, g->dres, l, 2), g->dn, g, G, acc);
+        norm_bwd(c, g->dtmp, G, o->ffn_norm_w, o->ffn_norm_b, W->ffn_norm_w, g->dn, b->h,
+                 b->n2_mean, b->n2_rstd, N, acc);
+        k_acc(g->dres, g->dtmp, nd);
+        attn_bwd(m, l, p, b, b->n1, g->dres, g->dn, g, G, acc);
+        norm_bwd(c, g->dtmp, G, o->attn_norm_w, o->attn_norm_b, W->attn_norm_w, g->dn, b->x,
+                 b->n1_mean, b->n1_rstd, N, acc);
+        k_acc(g->dres, g->dtmp, nd);
+    } else {
+        norm_bwd(c, g->dtmp, G, o->ffn_norm_w, o->ffn_norm_b, W->ffn_norm_w, g->dres, b->y,
+                 b->n2_mean, b->n2_rstd, N, acc);
+        ffn_bwd(m, l, p, b, b->n1, undrop(m, p, g, g->dtmp, l, 2), g->dn, g, G, acc);
+        k_acc(g->dn, g->dtmp, nd);
+        norm_bwd(c, g->dres, G, o->attn_norm_w, o->attn_norm_b, W->attn_norm_w, g->dn, b->h,
+                 b->n1_mean, b->n1_rstd, N, acc);
+        attn_bwd(m, l, p, b, b->x, g->dres, g->dtmp, g, G, acc);
+        k_acc(g->dres, g->dtmp, nd);
+    }
+}
+
+/* ---- embedding and head --------------------------------------------------------------------- */
+
+void tlm_embed_fwd(const tlm_model *m, const tlm_pass *p, const int32_t *ids, float *x) {
+    const tlm_config *c = &m->c;
+    int d = c->d_model, N = p->N;
+    const tlm_weight *E = m->tok_emb;
+    const float *pos = c->position == TLM_POS_LEARNED      ? tlm_wf(m->pos_emb)
+                       : c->position == TLM_POS_SINUSOIDAL ? m->sinus
+                                                           : NULL;
+#pragma omp parallel for schedule(static) if ((long)N * d >= K_PAR_MIN)
+    for (int r = 0; r < N; r++) {
+        float *xr = x + (size_t)r * d;
+        /* Only a row is read: any type the model holds widens here. */
+        tlm_dtype_to_f32(E->dtype, (const char *)E->data + (size_t)ids[r] * E->row_bytes, xr,
+                         (size_t)d);
+        if (pos) {
+            const float *pr = pos + (size_t)p->pos[r] * d;
+            for (int j = 0; j < d; j++) xr[j] += pr[j];
+        }
+    }
+    if (dropping(m, p))
+        k_dropout(x, x, (size_t)N * d, c->dropout, tlm_drop_key(p, -1, 0));
+}
+
+void tlm_embed_bwd(const tlm_model *m, const tlm_pass *p, const int32_t *ids,
+                   const tlm_block_grads *g, float *G, int acc) {
+    const tlm_config *c = &m->c;
+    int d = c->d_model, N = p->N;
+    size_t nd = (size_t)N * d;
+    if (dropping(m, p)) k_dropout(g->dres, g->dres, nd, c->dropout, tlm_drop_key(p, -1, 0));
+    /* Embedding rows can repeat within a batch, so their scatter-add runs serially. A tied table
+     * already holds the head's gradient; an untied one starts from zero. */
+    float *dE = G + m->off.tok_emb;
+    if (!acc && !c->tie_embeddings) memset(dE, 0, (size_t)c->vocab_size * d * sizeof(float));
+    for (int r = 0; r < N; r++) {
+        float *dst = dE + (size_t)ids[r] * d;
+        const float *src = g->dres + (size_t)r * d;
+        for (int j = 0; j < d; j++) dst[j] += src[j];
+    }
+    if (c->position == TLM_POS_LEARNED) {
+        float *dPos = G + m->off.pos_emb;
+        if (!acc) memset(dPos, 0, (size_t)c->context_length * d * sizeof(float));
+        for (int r = 0; r < N; r++) {
+            float *dst = dPos + (size_t)p->pos[r] * d;
+            const float *src = g->dres + (size_t)r * d;
+            for (int j = 0; j < d; j++) dst[j] += src[j];
+        }
+    }
+}
+
+void tlm_head_fwd(const tlm_model *m, const float *x, float *xn, float *xn_mean, float *xn_rstd,
+                  float *logits, int N) {
+    const tlm_config *c = &m->c;
+    const float *in = x;
+    /* Post-norm blocks end normalized already; only pre-norm models have a final norm. */
+    if (c->norm_position == TLM_NORM_PRE) {
+        norm_fwd(c, xn, xn_mean, xn_rstd, x, m->out_norm_w, m->out_norm_b, N);
+        in = xn;
+    }
+    k_linear(logits, c->vocab_size, in, N, m->out_w, NULL);
+}
+
+void tlm_head_bwd(const tlm_model *m, const float *x, const float *xn, const float *xn_mean,
+                  const float *xn_rstd, const float *dlogits, const tlm_block_grads *g, float *G,
+                  int N, int acc) {
+    const tlm_config *c = &m->c;
+    int pre = c->norm_position == TLM_NORM_PRE;
+    /* The gradient at the head's input goes to dres directly for post-norm, else via the norm. */
+    float *dhead = pre ? g->dtmp : g->dres;
+    k_linear_bwd(dhead, G + m->off.out_w, NULL, dlogits, pre ? xn : x, m->out_w->data, N,
+                 c->d_model, c->vocab_size, acc);
+    if (pre)
+        norm_bwd(c, g->dres, G, m->off.out_norm_w, m->off.out_norm_b, m->out_norm_w, g->dtmp, x,
+                 xn_mean, xn_rstd, N, acc);
+}

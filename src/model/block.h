@@ -1,0 +1,86 @@
+/* The transformer block over rows, written once: training forward, prefill and decode all run
+ * tlm_block_fwd (they differ in where the rows' buffers are and in the attention core), and the
+ * backward pass tlm_block_bwd walks the same sub-layers in reverse. Also the embedding and the
+ * output head that come before and after the blocks. */
+#ifndef TLM_MODEL_BLOCK_H
+#define TLM_MODEL_BLOCK_H
+
+#include "model/model.h"
+
+/* The rows' buffers of one block. A training pass gives every layer its own (the backward pass
+ * reads them); generation points several at the same scratch, which the block allows: it works
+ * in place where the names below coincide (h == x, out == x, n1 == x for post-norm, n2 == n1).
+ * mean/rstd may be NULL when nothing will read them. */
+typedef struct {
+    float *x;                  /* [N, d] block input (residual stream) */
+    float *n1, *n1_mean, *n1_rstd; /* pre-norm: norm1(x); post-norm: norm1(x + attn) */
+    float *qkv;                /* [N, ld]: q | k | v of each row, after RoPE */
+    float *att;                /* [N, H*hd] attention output before its projection */
+    float *attn_out;           /* [N, d] the projection */
+    float *h;                  /* [N, d] pre-norm: x + attn; post-norm: x + attn before norm1 */
+    float *n2, *n2_mean, *n2_rstd; /* pre-norm: norm2(h); post-norm: stats of norm2 */
+    float *ff_a;               /* swiglu [N, 2*d_ff] gate|up; else [N, d_ff] up (training: act') */
+    float *ff_h;               /* [N, d_ff] activated hidden */
+    float *y;                  /* [N, d] FFN output (post-norm: n1 + ffn, norm2's input) */
+    float *out;                /* [N, d] block output */
+} tlm_block_bufs;
+
+/* The attention core: from the q|k|v rows (stride ld, after RoPE) of a pass, the attention output
+ * rows att [N, H*hd]. Training attends within each sequence of the batch and keeps the
+ * probabilities; generation appends k and v to the KV cache and attends over it. bwd (training
+ * only) computes dq|dk|dv (stride ld, before un-rotating) from datt. */
+typedef struct {
+    void (*fwd)(void *user, int layer, float *qkv, int ld, float *att, int N);
+    void (*bwd)(void *user, int layer, const float *qkv, int ld, const float *datt, float *dqkv,
+                int N);
+    void *user;
+} tlm_attend;
+
+/* What a pass over N rows is: their positions, whether it trains (keeps act' for the backward
+ * pass and applies dropout with masks from (seed, step)), and its attention core. */
+typedef struct {
+    int N;
+    const int *pos; /* [N] */
+    int training;
+    uint64_t drop_seed, drop_step;
+    tlm_attend attend;
+} tlm_pass;
+
+/* Row stride of the fused q|k|v buffers: H*hd + 2*KVH*hd. */
+int tlm_qkv_width(const tlm_config *c);
+/* The dropout key of a site: layer -1 is the embedding; which 0 the attention probabilities, 1 the
+ * attention output, 2 the FFN output. */
+uint64_t tlm_drop_key(const tlm_pass *p, int layer, int which);
+
+/* x[N, d] = token embedding (+ position) of ids at p->pos (+ dropout when training). */
+void tlm_embed_fwd(const tlm_model *m, const tlm_pass *p, const int32_t *ids, float *x);
+void tlm_block_fwd(const tlm_model *m, int layer, const tlm_pass *p, const tlm_block_bufs *b);
+/* logits [N, V] of rows x [N, d] (the output norm into xn first for pre-norm models; xn may be x
+ * when nothing needs x afterwards). */
+void tlm_head_fwd(const tlm_model *m, const float *x, float *xn, float *xn_mean, float *xn_rstd,
+                  float *logits, int N);
+
+/* Scratch of the backward pass, [N, ...] rows like the activations. */
+typedef struct {
+    float *dres, *dtmp, *dn; /* [N, d] */
+    float *dqkv;             /* [N, ld] */
+    float *datt;             /* [N, H*hd] */
+    float *dff_a;            /* swiglu [N, 2*d_ff]; unused otherwise */
+    float *dff_h;            /* [N, d_ff] */
+    float *ddrop;            /* [N, d] gradient through a dropout mask (dropout > 0) */
+} tlm_block_grads;
+
+/* Gradients are written into G (the flat layout) at the model's offsets: added when acc, else
+ * written over. On entry g->dres holds the gradient at the block's output; on return, at its
+ * input. b is what the forward pass left. */
+void tlm_block_bwd(const tlm_model *m, int layer, const tlm_pass *p, const tlm_block_bufs *b,
+                   const tlm_block_grads *g, float *G, int acc);
+/* The head's backward: dlogits [N, V] -> g->dres (gradient at the head's input x). */
+void tlm_head_bwd(const tlm_model *m, const float *x, const float *xn, const float *xn_mean,
+                  const float *xn_rstd, const float *dlogits, const tlm_block_grads *g, float *G,
+                  int N, int acc);
+/* Embedding gradients from g->dres (rows of ids at p->pos). */
+void tlm_embed_bwd(const tlm_model *m, const tlm_pass *p, const int32_t *ids,
+                   const tlm_block_grads *g, float *G, int acc);
+
+#endif

@@ -1,0 +1,63 @@
+/* Internal view of a training context: everything a batched pass writes, owned by one caller. */
+#ifndef TLM_MODEL_CTX_H
+#define TLM_MODEL_CTX_H
+
+#include "model/block.h"
+
+struct tlm_train_ctx {
+    const tlm_model *m;
+
+    /* Activation arena, carved for the reserved shape (B, T); a smaller batch uses prefixes. */
+    int B, T;
+    float *base;
+    size_t floats;
+    tlm_block_bufs *layer; /* [n_layers]: what each block's backward pass reads */
+    float **probs;         /* [n_layers] attention probabilities [B, H, T, T] (keys by queries) */
+    float *x_final;        /* [N, d] the last block's output */
+    float *xn, *xn_mean, *xn_rstd; /* the output norm */
+    float *logits, *softmax;       /* [N, V] */
+    int *pos;                      /* [N] */
+
+    /* Backward scratch, sized like the arena. */
+    float *gbase;
+    size_t gfloats;
+    int gB, gT;
+    tlm_block_grads g;
+
+    /* Attention scratch: grows with the thread count and T at every pass (both can change between
+     * passes: tlm_set_threads). */
+    float *att_scratch;
+    size_t att_floats;
+
+    /* The pass running now. */
+    tlm_pass pass;
+    int curB, curT;
+    uint64_t drop_seed, drop_step;
+
+    /* Data parallelism for small models: replicas are contexts of their own over the same model,
+     * each with a gradient buffer (replica 0 writes into the caller's). */
+    int data_parallel; /* -1 auto, 0 off, 1 on */
+    int n_replicas;
+    struct tlm_train_ctx **replicas;
+    float **replica_grads;
+    int is_replica;
+};
+
+/* Runs the forward pass into the arena (training: keeps what the backward pass needs, dropout). */
+tlm_status tlm_ctx_forward(tlm_train_ctx *x, const int32_t *ids, int B, int T, int pos0,
+                           int training);
+/* One forward + backward over the whole batch with every thread on each operation. *counted_out
+ * receives the number of targets the mean loss is over; the gradient is of the loss summed over
+ * them and divided by divisor (<= 0: by their count, i.e. of the mean loss). */
+tlm_status tlm_ctx_forward_backward_whole(tlm_train_ctx *x, const int32_t *ids,
+                                          const int32_t *targets, int B, int T, int pos0,
+                                          float *grads, int accumulate, int divisor, float *loss,
+                                          int *counted_out);
+/* Mean loss of a batch (forward only), split across the data-parallel replicas when training
+ * would split it: evaluation then runs as fast per token as training does. */
+tlm_status tlm_ctx_batch_loss(tlm_train_ctx *x, const int32_t *ids, const int32_t *targets, int B,
+                              int T, double *loss);
+void tlm_ctx_free_replicas(tlm_train_ctx *x);
+void tlm_ctx_free_grads(tlm_train_ctx *x);
+
+#endif
