@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all test asan clean format bench
+.PHONY: all test asan tsan clean format bench
 
 all:
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null
@@ -15,8 +15,17 @@ test: all
 asan:
 	$(MAKE) test BUILD=build-asan CMAKE_FLAGS="-DTLM_SANITIZE=ON -DTLM_NATIVE=OFF"
 
+# ThreadSanitizer over the C tests (two sessions on one model in two threads, and the rest of the
+# suite). OMP_THREAD_LIMIT=1 keeps every OpenMP team (ours and OpenBLAS's) to its calling thread:
+# libgomp is not instrumented, so races between its workers could not be told from its own
+# synchronisation; the threads under test are the callers' own (pthreads).
+tsan:
+	$(MAKE) all BUILD=build-tsan CMAKE_FLAGS="-DTLM_TSAN=ON -DTLM_NATIVE=OFF"
+	cd build-tsan && OMP_THREAD_LIMIT=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+		ctest --output-on-failure -j 1 -R '^(gen_fixtures|test_)'
+
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')
 
 clean:
-	rm -rf build build-asan build-clang
+	rm -rf build build-asan build-clang build-tsan

@@ -36,7 +36,8 @@ const char *tlm_status_name(tlm_status s);
 
 /* ---- runtime ------------------------------------------------------------------------------ */
 
-/* Sets the thread count for both OpenMP loops and BLAS; n <= 0 means all cores. */
+/* Sets the thread count for both OpenMP loops and BLAS; n <= 0 means all cores. Capped at
+ * OMP_THREAD_LIMIT. */
 void tlm_set_threads(int n);
 int tlm_get_threads(void);
 

@@ -173,9 +173,125 @@ static void test_resume(void) {
     remove("train_tokens.bin");
 }
 
+/* The seam of a training step: hooks see every step, and a run split into two optimizer ranges
+ * whose hooks exchange what MPI would (sum of squares, updated ranges) equals one whole run. */
+typedef struct {
+    int grads, sumsq, updates, fail_at;
+    size_t n;
+    double other;    /* the other "process's" partial sum of squares */
+    tlm_model *peer; /* where after_update copies this range */
+    size_t begin, end;
+} seam;
+
+static tlm_status on_grads(void *user, float *grads, size_t n, float *loss) {
+    seam *h = user;
+    h->grads++;
+    if (!grads || n != h->n || !(*loss > 0)) return tlm_err(TLM_ERR_ARG, "bad hook arguments");
+    return h->grads == h->fail_at ? tlm_err(TLM_ERR_IO, "reduction failed") : TLM_OK;
+}
+
+static tlm_status on_sumsq(void *user, double *ss) {
+    seam *h = user;
+    h->sumsq++;
+    *ss += h->other;
+    return TLM_OK;
+}
+
+static tlm_status on_update(void *user, float *params, size_t n) {
+    seam *h = user;
+    h->updates++;
+    if (h->peer)
+        memcpy(tlm_model_params(h->peer) + h->begin, params + h->begin,
+               (h->end - h->begin) * sizeof(float));
+    return n == h->n ? TLM_OK : tlm_err(TLM_ERR_ARG, "bad size");
+}
+
+static void test_seam(void) {
+    write_tokens("seam_tokens.bin", 4000);
+    tlm_dataset *d = NULL;
+    CHECK_OK(tlm_dataset_open("seam_tokens.bin", 0.1, &d));
+    tlm_config c = tiny();
+    tlm_model *a = NULL, *b = NULL;
+    CHECK_OK(tlm_model_create(&c, &a));
+    CHECK_OK(tlm_model_create(&c, &b));
+    CHECK_OK(tlm_model_init(a, 7, TLM_INIT_DEFAULT));
+    CHECK_OK(tlm_model_init(b, 7, TLM_INIT_DEFAULT));
+    size_t n = tlm_model_num_params(a);
+    mkdir("seam_a", 0755);
+    mkdir("seam_b", 0755);
+    /* Hooks that change nothing leave the run bit for bit as it is, and see every step. */
+    tlm_train_opts o = opts("seam_a", 6);
+    CHECK_OK(tlm_train_run(a, d, &o));
+    seam h = {0};
+    h.n = n;
+    o = opts("seam_b", 6);
+    o.hooks = (tlm_train_hooks){on_grads, on_sumsq, on_update, &h, 0, 0};
+    CHECK_OK(tlm_train_run(b, d, &o));
+    CHECK(h.grads == 6 && h.sumsq == 6 && h.updates == 6, "hooks ran %d/%d/%d times", h.grads,
+          h.sumsq, h.updates);
+    CHECK(!memcmp(tlm_model_params(a), tlm_model_params(b), n * 4), "no-op hooks changed the run");
+    /* A hook's error stops the run with it. */
+    h = (seam){.n = n, .fail_at = 3};
+    o.hooks.user = &h;
+    CHECK(tlm_train_run(b, d, &o) == TLM_ERR_IO && strstr(tlm_last_error(), "reduction"),
+          "a failing hook stops training: %s", tlm_last_error());
+
+    /* Two optimizer ranges, [0, k) on model A and [k, n) on model B, exchanging partial sums of
+     * squares and updated ranges, against one trainer over everything on model W. Without
+     * clipping every update is bitwise the whole run's. */
+    tlm_model *w = NULL;
+    CHECK_OK(tlm_model_create(&c, &w));
+    CHECK_OK(tlm_model_init(w, 11, TLM_INIT_DEFAULT));
+    CHECK_OK(tlm_model_init(a, 11, TLM_INIT_DEFAULT));
+    CHECK_OK(tlm_model_init(b, 11, TLM_INIT_DEFAULT));
+    size_t k = n / 3 + 5; /* inside a tensor */
+    seam ha = {.n = n, .peer = b, .begin = 0, .end = k};
+    seam hb = {.n = n, .peer = a, .begin = k, .end = n};
+    tlm_train_opts ow = opts("seam_a", 5), oa = ow, ob = ow;
+    ow.clip = oa.clip = ob.clip = 0;
+    oa.hooks = (tlm_train_hooks){NULL, on_sumsq, on_update, &ha, 0, k};
+    ob.hooks = (tlm_train_hooks){NULL, on_sumsq, on_update, &hb, k, n};
+    tlm_trainer *tw = NULL, *ta = NULL, *tb = NULL;
+    CHECK_OK(tlm_trainer_new(w, d, &ow, &tw));
+    CHECK_OK(tlm_trainer_new(a, d, &oa, &ta));
+    CHECK_OK(tlm_trainer_new(b, d, &ob, &tb));
+    int same_norm = 1;
+    for (int step = 0; tw && ta && tb && step < 5; step++) {
+        float lw, la, lb, sw, sa, sb;
+        double nw, na, nb, lr;
+        CHECK_OK(tlm_trainer_backward(tw, &lw));
+        CHECK_OK(tlm_trainer_backward(ta, &la));
+        CHECK_OK(tlm_trainer_backward(tb, &lb));
+        ha.other = tlm_grad_sumsq(tlm_trainer_grads(tb) + k, n - k);
+        hb.other = tlm_grad_sumsq(tlm_trainer_grads(ta), k);
+        CHECK_OK(tlm_trainer_clip(tw, &nw, &sw));
+        CHECK_OK(tlm_trainer_clip(ta, &na, &sa));
+        CHECK_OK(tlm_trainer_clip(tb, &nb, &sb));
+        same_norm &= la == lw && lb == lw && fabs(na - nw) <= 1e-6 * nw && nb == na;
+        CHECK_OK(tlm_trainer_update(tw, sw, &lr));
+        CHECK_OK(tlm_trainer_update(ta, sa, &lr));
+        CHECK_OK(tlm_trainer_update(tb, sb, &lr));
+    }
+    CHECK(same_norm, "split run: losses and global norms match the whole run's");
+    CHECK(tw && tlm_trainer_step(tw) == 5 && tlm_trainer_step(ta) == 5, "steps counted");
+    CHECK(!memcmp(tlm_model_params(w), tlm_model_params(a), n * 4) &&
+              !memcmp(tlm_model_params(w), tlm_model_params(b), n * 4),
+          "two optimizer ranges with gathered updates differ from one whole optimizer");
+    CHECK(tlm_trainer_save(ta) == TLM_ERR_UNSUPPORTED, "a shard cannot write a whole checkpoint");
+    tlm_trainer_free(tw);
+    tlm_trainer_free(ta);
+    tlm_trainer_free(tb);
+    tlm_model_free(w);
+    tlm_model_free(a);
+    tlm_model_free(b);
+    tlm_dataset_free(d);
+    remove("seam_tokens.bin");
+}
+
 int main(void) {
     tlm_set_threads(2);
     test_tokens();
     test_resume();
+    test_seam();
     return t_finish("test_train");
 }

@@ -28,6 +28,8 @@ int cli_parse_float(const char *s, double *out);
 /* The tokenizer that travels with a model (a tlm checkpoint's DIR/tokenizer, a GGUF or Hugging
  * Face vocabulary); *out is NULL when there is none. */
 tlm_status cli_model_tokenizer(const char *model, tlm_tokenizer **out);
+/* Monotonic seconds. */
+double cli_now(void);
 /* True if argv contains -h or --help. */
 int cli_wants_help(int argc, char **argv);
 

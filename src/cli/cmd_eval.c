@@ -6,7 +6,8 @@
 #include "core/core.h"
 
 static const char *eval_help =
-    "usage: tlm eval -m MODEL [-z TOKENIZER] --data TEXT [--batch B] [-t THREADS] [--json]\n\n"
+    "usage: tlm eval -m MODEL [-z TOKENIZER] --data TEXT [--batch B] [-t THREADS] [--json]\n"
+    "                [--no-mmap]\n\n"
     "Mean next-token cross-entropy of the model over the whole text: the tokens are cut into\n"
     "consecutive windows of context_length (+1 for the targets), every token is predicted once.\n"
     "Prints loss, perplexity and bits per byte.\n\n"
@@ -16,11 +17,12 @@ static const char *eval_help =
     "  --data FILE           text to evaluate\n"
     "  --batch B             windows per forward pass (default 8)\n"
     "  -t, --threads N       threads (default: all cores)\n"
-    "  --json                print {\"loss\", \"perplexity\", \"bits_per_byte\", \"tokens\"}\n";
+    "  --json                print {\"loss\", \"perplexity\", \"bits_per_byte\", \"tokens\"}\n"
+    "  --no-mmap             read the weights into memory instead of using the file in place\n";
 
 int cmd_eval(int argc, char **argv) {
     const char *model = NULL, *tokenizer = NULL, *data = NULL;
-    int json = 0;
+    int json = 0, no_mmap = 0;
     long batch = 8, threads = 0;
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -44,6 +46,8 @@ int cmd_eval(int argc, char **argv) {
                 return cli_fail("eval: --threads must be a positive integer");
         } else if (!strcmp(argv[i], "--json")) {
             json = 1;
+        } else if (!strcmp(argv[i], "--no-mmap")) {
+            no_mmap = 1;
         } else {
             return cli_fail("eval: unknown option '%s' (see tlm eval --help)", argv[i]);
         }
@@ -57,7 +61,8 @@ int cmd_eval(int argc, char **argv) {
     int32_t *ids = NULL;
     size_t len = 0, n = 0;
     int rc = 0;
-    if (tlm_model_load(model, &m)) return cli_fail_status("eval");
+    if (tlm_model_load_ex(model, no_mmap ? TLM_LOAD_WRITABLE : 0, &m))
+        return cli_fail_status("eval");
     if (tokenizer) {
         if (tlm_tokenizer_load(tokenizer, &tok)) rc = cli_fail_status("eval: loading tokenizer");
     } else if (cli_model_tokenizer(model, &tok)) {

@@ -29,6 +29,7 @@ static const char *generate_help =
     "  -t, --threads N       threads (default: all cores)\n"
     "  --print-ids           print the whole id sequence (prompt, then generated) on one line\n"
     "                        instead of text\n"
+    "  --no-mmap             read the weights into memory instead of using the file in place\n"
     "\n"
     "Generation stops after N tokens, at the vocabulary's EOS, or when prompt + output reach the\n"
     "model's context_length (with a notice on stderr; there is no sliding window).\n";
@@ -93,7 +94,7 @@ int cmd_generate(int argc, char **argv) {
     const char *model_path = NULL, *tok_path = NULL, *prompt = NULL, *ids_arg = NULL;
     long n_new = 256, top_k = 40, seed = 0, threads = 0;
     double temp = 0.8, top_p = 0.95;
-    int print_ids = 0;
+    int print_ids = 0, no_mmap = 0;
     for (int i = 1; i < argc; i++) {
         const char *v, *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -101,6 +102,9 @@ int cmd_generate(int argc, char **argv) {
             return 0;
         } else if (!strcmp(a, "--print-ids")) {
             print_ids = 1;
+            continue;
+        } else if (!strcmp(a, "--no-mmap")) {
+            no_mmap = 1;
             continue;
         }
         if (cli_flag_value(argc, argv, &i, "-m", "--model", &v)) {
@@ -154,10 +158,12 @@ int cmd_generate(int argc, char **argv) {
     int32_t *ids = NULL;
     int n_ids = 0;
     stream st = {0};
-    if (tlm_model_load(model_path, &m)) {
+    double t_load = cli_now();
+    if (tlm_model_load_ex(model_path, no_mmap ? TLM_LOAD_WRITABLE : 0, &m)) {
         rc = cli_fail_status("generate");
         goto done;
     }
+    t_load = cli_now() - t_load;
     const tlm_config *c = tlm_model_config(m);
     if (tok_path ? tlm_tokenizer_load(tok_path, &tok) : cli_model_tokenizer(model_path, &tok)) {
         rc = cli_fail_status("generate: tokenizer");
@@ -279,10 +285,15 @@ int cmd_generate(int argc, char **argv) {
                 c->context_length);
         nl = "";
     }
+    size_t mapped, owned;
+    tlm_model_memory(m, &mapped, &owned);
     fprintf(stderr,
-            "%sprompt: %d tokens in %.3f s (%.1f tok/s); generation: %d tokens, %d decode steps "
+            "%smodel: loaded in %.3f s (%.1f MiB of weights used in place, %.1f MiB in memory)\n",
+            nl, t_load, mapped / 1048576.0, owned / 1048576.0);
+    fprintf(stderr,
+            "prompt: %d tokens in %.3f s (%.1f tok/s); generation: %d tokens, %d decode steps "
             "in %.3f s (%.1f tok/s)\n",
-            nl, gs.prompt_tokens, gs.prefill_seconds,
+            gs.prompt_tokens, gs.prefill_seconds,
             gs.prefill_seconds > 0 ? gs.prompt_tokens / gs.prefill_seconds : 0.0, gs.new_tokens,
             gs.decode_steps, gs.decode_seconds,
             gs.decode_seconds > 0 ? gs.decode_steps / gs.decode_seconds : 0.0);

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include <sys/stat.h>
+#include <time.h>
 
 #include "cli.h"
 
@@ -82,4 +83,10 @@ tlm_status cli_model_tokenizer(const char *model, tlm_tokenizer **out) {
     if (n > 5 && !strcmp(model + n - 5, ".gguf") && tlm_tokenizer_load(model, out) != TLM_OK)
         *out = NULL;
     return TLM_OK;
+}
+
+double cli_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }

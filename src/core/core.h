@@ -25,6 +25,13 @@ tlm_status tlm_err_context(tlm_status s, const char *fmt, ...) TLM_PRINTF(2, 3);
 void *tlm_big_alloc(size_t bytes);
 void tlm_big_free(void *p, size_t bytes);
 
+/* Called before the first computation (model creation): caps OpenBLAS's thread count at
+ * OMP_THREAD_LIMIT even when tlm_set_threads was never called. */
+void tlm_threads_check(void);
+/* Called at the start of every computing entry point: caps the calling thread's OpenMP thread
+ * count (which OpenBLAS follows) at OMP_THREAD_LIMIT. */
+void tlm_threads_enter(void);
+
 /* Overflow-checked size arithmetic: return 0 on overflow. */
 int tlm_mul_ok(size_t a, size_t b, size_t *out);
 int tlm_add_ok(size_t a, size_t b, size_t *out);

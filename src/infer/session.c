@@ -293,6 +293,7 @@ tlm_status tlm_prefill(tlm_session *s, int seq, const int32_t *ids, int n, float
                        s->len[seq], s->cap);
     tlm_status st = check_ids(c, ids, n);
     if (st) return st;
+    tlm_threads_enter();
     st = reserve_rows(s, n);
     if (st) return st;
     st = reserve_scores(s, (size_t)omp_get_max_threads() * QCHUNK * s->cap);
@@ -331,6 +332,7 @@ tlm_status tlm_decode(tlm_session *s, const int32_t *ids, const uint8_t *active,
         N++;
     }
     if (N == 0) return TLM_OK;
+    tlm_threads_enter();
     /* Compact the active rows; the row scratch was sized for B rows at creation. */
     const int32_t *use = ids;
     if (N != s->B) {

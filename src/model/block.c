@@ -32,9 +32,9 @@ static void norm_fwd(const tlm_config *c, float *y, float *mean, float *rstd, co
 }
 
 /* dx from dy through the norm whose gain (bias) lives at flat offsets gw (gb). */
-static void norm_bwd(const tlm_config *c, float *dx, float *G, size_t gw, size_t gb,
-                     const float *g, const float *dy, const float *x, const float *mean,
-                     const float *rstd, int N, int acc) {
+static void norm_bwd(const tlm_config *c, float *dx, float *G, size_t gw, size_t gb, const float *g,
+                     const float *dy, const float *x, const float *mean, const float *rstd, int N,
+                     int acc) {
     if (c->norm == TLM_NORM_RMSNORM)
         k_rmsnorm_bwd(dx, G + gw, dy, x, g, rstd, N, c->d_model, acc);
     else
@@ -133,8 +133,7 @@ static void ffn_fwd(const tlm_model *m, int l, const tlm_pass *p, const tlm_bloc
             k_act_fwd(b->ff_h, b->ff_a, (size_t)N * ff, forms[c->ffn]);
     }
     k_linear(b->y, d, b->ff_h, N, W->wdown, W->bdown);
-    if (dropping(m, p))
-        k_dropout(b->y, b->y, (size_t)N * d, c->dropout, tlm_drop_key(p, l, 2));
+    if (dropping(m, p)) k_dropout(b->y, b->y, (size_t)N * d, c->dropout, tlm_drop_key(p, l, 2));
 }
 
 static void ffn_bwd(const tlm_model *m, int l, const tlm_pass *p, const tlm_block_bufs *b,
@@ -153,8 +152,7 @@ static void ffn_bwd(const tlm_model *m, int l, const tlm_pass *p, const tlm_bloc
                   2 * ff, acc);
     } else {
         k_mul(g->dff_h, g->dff_h, b->ff_a, (size_t)N * ff); /* the forward left act'(a) in ff_a */
-        k_linear_bwd(din, G + o->wup, tlm_at(G, o->bup), g->dff_h, in, W->wup->data, N, d, ff,
-                     acc);
+        k_linear_bwd(din, G + o->wup, tlm_at(G, o->bup), g->dff_h, in, W->wup->data, N, d, ff, acc);
     }
 }
 
@@ -230,8 +228,7 @@ void tlm_embed_fwd(const tlm_model *m, const tlm_pass *p, const int32_t *ids, fl
             for (int j = 0; j < d; j++) xr[j] += pr[j];
         }
     }
-    if (dropping(m, p))
-        k_dropout(x, x, (size_t)N * d, c->dropout, tlm_drop_key(p, -1, 0));
+    if (dropping(m, p)) k_dropout(x, x, (size_t)N * d, c->dropout, tlm_drop_key(p, -1, 0));
 }
 
 void tlm_embed_bwd(const tlm_model *m, const tlm_pass *p, const int32_t *ids,

@@ -12,17 +12,17 @@
  * in place where the names below coincide (h == x, out == x, n1 == x for post-norm, n2 == n1).
  * mean/rstd may be NULL when nothing will read them. */
 typedef struct {
-    float *x;                  /* [N, d] block input (residual stream) */
+    float *x;                      /* [N, d] block input (residual stream) */
     float *n1, *n1_mean, *n1_rstd; /* pre-norm: norm1(x); post-norm: norm1(x + attn) */
-    float *qkv;                /* [N, ld]: q | k | v of each row, after RoPE */
-    float *att;                /* [N, H*hd] attention output before its projection */
-    float *attn_out;           /* [N, d] the projection */
-    float *h;                  /* [N, d] pre-norm: x + attn; post-norm: x + attn before norm1 */
+    float *qkv;                    /* [N, ld]: q | k | v of each row, after RoPE */
+    float *att;                    /* [N, H*hd] attention output before its projection */
+    float *attn_out;               /* [N, d] the projection */
+    float *h;                      /* [N, d] pre-norm: x + attn; post-norm: x + attn before norm1 */
     float *n2, *n2_mean, *n2_rstd; /* pre-norm: norm2(h); post-norm: stats of norm2 */
-    float *ff_a;               /* swiglu [N, 2*d_ff] gate|up; else [N, d_ff] up (training: act') */
-    float *ff_h;               /* [N, d_ff] activated hidden */
-    float *y;                  /* [N, d] FFN output (post-norm: n1 + ffn, norm2's input) */
-    float *out;                /* [N, d] block output */
+    float *ff_a; /* swiglu [N, 2*d_ff] gate|up; else [N, d_ff] up (training: act') */
+    float *ff_h; /* [N, d_ff] activated hidden */
+    float *y;    /* [N, d] FFN output (post-norm: n1 + ffn, norm2's input) */
+    float *out;  /* [N, d] block output */
 } tlm_block_bufs;
 
 /* The attention core: from the q|k|v rows (stride ld, after RoPE) of a pass, the attention output

@@ -186,6 +186,7 @@ tlm_status tlm_ctx_forward(tlm_train_ctx *x, const int32_t *ids, int B, int T, i
     const tlm_model *m = x->m;
     const tlm_config *c = &m->c;
     if (!ids) return tlm_err(TLM_ERR_ARG, "forward: ids must not be NULL");
+    tlm_threads_enter();
     tlm_status s = tlm_train_ctx_reserve(x, B, T);
     if (s) return s;
     if (pos0 < 0 || pos0 > c->context_length - T)

@@ -197,6 +197,7 @@ static void point_into_params(tlm_model *m) {
 
 tlm_status tlm_model_new(const tlm_config *cfg, int writable, tlm_model **out) {
     *out = NULL;
+    tlm_threads_check();
     tlm_config c = *cfg;
     tlm_status s = tlm_config_finalize(&c);
     if (s) return s;

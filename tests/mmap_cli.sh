@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Files used in place: a short generation from an F32 model file (llama2.c .bin, GGUF, tlm
+# safetensors) keeps its peak resident memory within 1.2 x the file + 64 MiB, because the weights
+# are the file's own pages (read-only mmap), not a copy. --no-mmap (a copy) must exceed the file
+# size, which shows the measure can fail. Runs from the build directory; $TLM is the program.
+set -euo pipefail
+TLM=${TLM:?}
+SRC=${TLM_SOURCE_DIR:?}
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+# ~118 MB of F32 weights: dim 512, hidden 1376, 8 layers, vocab 8000, context 256.
+/usr/bin/python3 "$SRC/bench/formats/random_llama2c.py" "$W/m.bin" 512 1376 8 8 8000 256
+"$TLM" convert "$W/m.bin" "$W/m.gguf" --to gguf 2>/dev/null
+"$TLM" convert "$W/m.bin" "$W/tlmdir" --to safetensors 2>/dev/null
+
+# Peak resident set (KiB) of a command, from the kernel's accounting of the finished child.
+peak_kib() {
+  /usr/bin/python3 - "$@" <<'EOF'
+import resource, subprocess, sys
+r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+if r.returncode:
+    sys.stderr.write(r.stderr.decode()); sys.exit(1)
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+for line in r.stderr.decode().splitlines():
+    if line.startswith("model:"): sys.stderr.write(line + "\n")
+EOF
+}
+
+check() { # label model-path file-bytes
+  local label=$1 model=$2 bytes=$3
+  local limit=$(( (bytes * 12 / 10 + 64 * 1048576) / 1024 ))
+  local rss copy
+  rss=$(peak_kib "$TLM" generate -m "$model" --ids "1 2 3" -n 8 --temp 0 --print-ids -t 2)
+  copy=$(peak_kib "$TLM" generate -m "$model" --ids "1 2 3" -n 8 --temp 0 --print-ids -t 2 --no-mmap)
+  echo "$label: file $((bytes / 1048576)) MiB; peak RSS $((rss / 1024)) MiB in place (limit $((limit / 1024)) MiB), $((copy / 1024)) MiB with --no-mmap"
+  [ "$rss" -le "$limit" ] || fail "$label: peak RSS $rss KiB exceeds $limit KiB"
+  [ "$copy" -gt $((bytes / 1024)) ] || fail "$label: --no-mmap should hold a copy ($copy KiB)"
+  # The weights are the file's pages: every byte of every tensor is used in place.
+  "$TLM" generate -m "$model" --ids 1 -n 1 --temp 0 --print-ids 2>&1 >/dev/null |
+    grep -q "MiB of weights used in place, 0.[0-9] MiB in memory" ||
+    fail "$label: weights were copied"
+}
+
+check "llama2.c .bin" "$W/m.bin" "$(stat -c %s "$W/m.bin")"
+check "GGUF" "$W/m.gguf" "$(stat -c %s "$W/m.gguf")"
+check "tlm safetensors" "$W/tlmdir" "$(stat -c %s "$W/tlmdir/model.safetensors")"
+
+# The same tokens either way.
+a=$("$TLM" generate -m "$W/m.gguf" --ids "1 2 3" -n 8 --temp 0 --print-ids 2>/dev/null)
+b=$("$TLM" generate -m "$W/m.gguf" --ids "1 2 3" -n 8 --temp 0 --print-ids --no-mmap 2>/dev/null)
+[ "$a" = "$b" ] || fail "mapped and copied models generate differently: $a / $b"
+echo "mmap_cli: ok"
