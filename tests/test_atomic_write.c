@@ -40,7 +40,8 @@ int __wrap_fsync(int fd) {
 static int file_is(const char *path, const char *want) {
     char *got = NULL;
     size_t n = 0;
-    int same = tlm_read_file(path, &got, &n) == TLM_OK && n == strlen(want) && !memcmp(got, want, n);
+    int same =
+        tlm_read_file(path, &got, &n) == TLM_OK && n == strlen(want) && !memcmp(got, want, n);
     free(got);
     return same;
 }
