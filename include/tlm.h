@@ -79,29 +79,47 @@ typedef enum {
  * GGUF, Meta's original). */
 typedef enum { TLM_ROPE_HALF = 0, TLM_ROPE_INTERLEAVED } tlm_rope_pairing;
 
+/* Upper limits that tlm_config_finalize enforces. A file header alone can set a config, so no
+ * value may make a size computation wrap or make tlm_model_create allocate absurd fixed tables.
+ * Each limit admits every published model we know of (Llama 3 405B: vocab 128256, d_model 16384,
+ * 126 layers, 128 heads, d_ff 53248; million-token contexts at head dim 128). */
+#define TLM_MAX_VOCAB_SIZE (1 << 24)
+#define TLM_MAX_CONTEXT_LENGTH (1 << 24)
+#define TLM_MAX_D_MODEL (1 << 16)
+#define TLM_MAX_N_LAYERS (1 << 12)
+#define TLM_MAX_N_HEADS (1 << 12)
+#define TLM_MAX_D_FF (1 << 20)
+/* Floats in the parameter buffer (4 TiB; 2.7x Llama 3 405B). */
+#define TLM_MAX_PARAMS ((int64_t)1 << 40)
+/* Floats in each fixed table a model builds at creation (1 GiB): RoPE's cos and sin tables
+ * [context_length, head_dim/2], the sinusoid table [context_length, d_model]. */
+#define TLM_MAX_TABLE_FLOATS (1 << 28)
+
 typedef struct {
-    int vocab_size;
-    int context_length;
-    int d_model;
-    int n_layers;
-    int n_heads;
-    int n_kv_heads; /* 0 = n_heads */
-    int d_ff;       /* 0 = derived: swiglu 8/3*d rounded up to 64, else 4*d */
+    int vocab_size;     /* 1 .. TLM_MAX_VOCAB_SIZE */
+    int context_length; /* 1 .. TLM_MAX_CONTEXT_LENGTH, and the tables' limit */
+    int d_model;        /* 1 .. TLM_MAX_D_MODEL, a multiple of n_heads */
+    int n_layers;       /* 1 .. TLM_MAX_N_LAYERS */
+    int n_heads;        /* 1 .. TLM_MAX_N_HEADS; rope needs an even d_model / n_heads */
+    int n_kv_heads;     /* 0 = n_heads; else a divisor of n_heads */
+    int d_ff; /* 1 .. TLM_MAX_D_FF; 0 = derived: swiglu 8/3*d rounded up to 64, else 4*d */
     tlm_norm_kind norm;
-    float norm_eps;
+    float norm_eps; /* > 0, finite */
     tlm_norm_position norm_position;
     tlm_ffn_kind ffn;
     tlm_position_kind position;
-    float rope_theta;
+    float rope_theta; /* > 0, finite (rope only) */
     tlm_rope_pairing rope_pairing;
     int tie_embeddings; /* 0/1 */
     int bias;           /* 0/1: biases on every Linear (not the LM head) and on LayerNorm */
-    float dropout;
+    float dropout;      /* [0, 1) */
 } tlm_config;
 
 /* The modern defaults (pre-norm, rmsnorm, swiglu, rope, tied, no bias) with a small size. */
 void tlm_config_default(tlm_config *c);
-/* Fills derived fields (n_kv_heads, d_ff when 0) and validates; clear error otherwise. */
+/* Fills derived fields (n_kv_heads, d_ff when 0) and validates every field against the limits
+ * above, and the parameter count (TLM_MAX_PARAMS) and fixed tables (TLM_MAX_TABLE_FLOATS) the
+ * config implies; the error message names the offending field and its limit. */
 tlm_status tlm_config_finalize(tlm_config *c);
 /* Parses JSON text: keys are the field names; unknown keys or enum values are errors. Fields not
  * given keep the defaults. The result is finalized. */

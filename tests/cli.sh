@@ -42,5 +42,17 @@ expect "modern non-embedding" grep -q '"non_embedding_parameters":[[:space:]]*84
 table=$($TLM info -c "$SRC/configs/modern-124m.json")
 expect "table total" grep -q "total .*123551232" <<<"$table"
 
+# A tlm .safetensors is a length, a JSON header and tensor data; this one (94 bytes) is only a
+# header whose config asks for 2e9 positions at head dim 2. The model would build RoPE tables of
+# 2e9 floats before reading any tensor: it must be refused at once, naming the field.
+cfg='{\"context_length\":2e9,\"d_model\":2,\"n_heads\":1}'
+hdr="{\"__metadata__\":{\"tlm_config\":\"$cfg\"}}"
+# the header's length (86) as a little-endian u64, then the header
+printf "\\x$(printf %02x ${#hdr})\\0\\0\\0\\0\\0\\0\\0%s" "$hdr" >"$tmp/huge_ctx.safetensors"
+expect "forged header file is 94 bytes" test "$(stat -c %s "$tmp/huge_ctx.safetensors")" -eq 94
+err=$(timeout 5 $TLM info -m "$tmp/huge_ctx.safetensors" 2>&1 >/dev/null); rc=$?
+expect "huge context_length refused in time (rc $rc)" test $rc -ne 0 -a $rc -ne 124
+expect "huge context_length named: $err" grep -q "context_length" <<<"$err"
+
 echo "cli: $pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -1,4 +1,6 @@
 /* Config defaults, validation errors, JSON round trip, schema and exact parameter counts. */
+#include <limits.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -57,9 +59,183 @@ static void test_errors(void) {
     expect_error("{\"dropout\": 1.5}", "dropout");
     expect_error("[1, 2]", "object");
     expect_error("{\"d_model\": ", "not valid JSON");
-    /* A learned table shorter than the context is impossible by construction (one row per
-     * position), but sizes must still be positive and sane. */
-    expect_error("{\"d_model\": 2000000000, \"n_heads\": 1, \"vocab_size\": 1000000}", "too large");
+    expect_error("{\"d_model\": 2000000000, \"n_heads\": 1, \"vocab_size\": 1000000}", "d_model");
+}
+
+/* Finalizes c directly (the loaders fill the struct from file headers, not JSON). */
+static void expect_refused(tlm_config c, const char *needle, const char *what) {
+    tlm_status s = tlm_config_finalize(&c);
+    CHECK(s == TLM_ERR_CONFIG, "%s: expected a config error, got %d", what, (int)s);
+    CHECK(strstr(tlm_last_error(), needle) != NULL, "%s: error '%s' should mention '%s'", what,
+          tlm_last_error(), needle);
+}
+
+static void expect_accepted(tlm_config c, const char *what) {
+    tlm_status s = tlm_config_finalize(&c);
+    CHECK(s == TLM_OK, "%s: refused: %s", what, tlm_last_error());
+}
+
+/* Each field's upper limit: the value at the limit is accepted, one above it is refused with a
+ * message naming the field and the limit; INT_MAX too (the largest a file header can give). */
+static void test_field_limits(void) {
+    struct {
+        const char *name;
+        int limit;
+        size_t offset;
+    } f[] = {{"vocab_size", TLM_MAX_VOCAB_SIZE, offsetof(tlm_config, vocab_size)},
+             {"context_length", TLM_MAX_CONTEXT_LENGTH, offsetof(tlm_config, context_length)},
+             {"d_model", TLM_MAX_D_MODEL, offsetof(tlm_config, d_model)},
+             {"n_layers", TLM_MAX_N_LAYERS, offsetof(tlm_config, n_layers)},
+             {"n_heads", TLM_MAX_N_HEADS, offsetof(tlm_config, n_heads)},
+             {"d_ff", TLM_MAX_D_FF, offsetof(tlm_config, d_ff)}};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        tlm_config c;
+        tlm_config_default(&c);
+        /* Small everything else, with room for the field at its limit: n_heads at its limit needs
+         * a d_model it divides, and a long context a narrow head (RoPE tables). */
+        c.d_model = 64;
+        c.n_heads = 2;
+        c.d_ff = 128;
+        if (!strcmp(f[i].name, "n_heads")) c.d_model = 2 * TLM_MAX_N_HEADS;
+        if (!strcmp(f[i].name, "context_length")) c.position = TLM_POS_NONE;
+        int *field = (int *)((char *)&c + f[i].offset);
+        char msg[64];
+        *field = f[i].limit;
+        expect_accepted(c, f[i].name);
+        snprintf(msg, sizeof msg, "%s %d", f[i].name, f[i].limit + 1);
+        *field = f[i].limit + 1;
+        expect_refused(c, msg, f[i].name);
+        snprintf(msg, sizeof msg, "limit of %d", f[i].limit);
+        expect_refused(c, msg, f[i].name);
+        *field = INT_MAX;
+        snprintf(msg, sizeof msg, "%s %d", f[i].name, INT_MAX);
+        expect_refused(c, msg, f[i].name);
+        *field = INT_MIN;
+        snprintf(msg, sizeof msg, "%s must be %s", f[i].name,
+                 !strcmp(f[i].name, "d_ff") ? ">= 0" : "> 0");
+        expect_refused(c, msg, f[i].name);
+    }
+    tlm_config c;
+    tlm_config_default(&c);
+    c.n_kv_heads = INT_MAX;
+    expect_refused(c, "n_kv_heads", "n_kv_heads above n_heads");
+    c.n_kv_heads = -1;
+    expect_refused(c, "n_kv_heads", "negative n_kv_heads");
+    /* The derived d_ff of the widest d_model stays within d_ff's limit. */
+    c.n_kv_heads = 0;
+    c.d_model = TLM_MAX_D_MODEL;
+    c.n_layers = 1;
+    c.vocab_size = 16;
+    c.d_ff = 0;
+    tlm_config d = c;
+    CHECK_OK(tlm_config_finalize(&d));
+    CHECK(d.d_ff == 174784, "swiglu d_ff of d_model 65536: %d", d.d_ff);
+    c.ffn = TLM_FFN_GELU;
+    d = c;
+    CHECK_OK(tlm_config_finalize(&d));
+    CHECK(d.d_ff == 4 * TLM_MAX_D_MODEL, "gelu d_ff of d_model 65536: %d", d.d_ff);
+}
+
+/* Products of fields that are each within their limits: tensors, the whole buffer and the fixed
+ * tables. Several of these overflow 32-bit arithmetic (and some 64-bit products of limits-free
+ * fields would); the checks must name the fields and refuse before anything is allocated. */
+static void test_size_limits(void) {
+    tlm_config c;
+    /* Llama 3 405B: every dimension and the exact parameter count. */
+    tlm_config_default(&c);
+    c.vocab_size = 128256;
+    c.context_length = 131072;
+    c.d_model = 16384;
+    c.n_layers = 126;
+    c.n_heads = 128;
+    c.n_kv_heads = 8;
+    c.d_ff = 53248;
+    c.rope_theta = 500000.0f;
+    c.tie_embeddings = 0;
+    expect_accepted(c, "Llama 3 405B");
+    tlm_param_count pc;
+    tlm_count_params(&c, &pc);
+    CHECK(pc.total == 405853388800ull, "Llama 3 405B parameters %zu", pc.total);
+    /* A million-token context at head dim 128: RoPE tables of 2^26 floats each. */
+    c.context_length = 1 << 20;
+    expect_accepted(c, "1M context, head dim 128");
+    /* 2^24 positions at head dim 128: each table would be 2^30 floats. */
+    c.context_length = TLM_MAX_CONTEXT_LENGTH;
+    expect_refused(c, "context_length 16777216", "RoPE table of 2^30 floats");
+    expect_refused(c, "RoPE", "RoPE table of 2^30 floats");
+    /* The same context with a narrow head is at the table limit exactly. */
+    tlm_config_default(&c);
+    c.context_length = TLM_MAX_CONTEXT_LENGTH;
+    c.d_model = 32;
+    c.n_heads = 1;
+    expect_accepted(c, "RoPE table of 2^28 floats");
+    c.d_model = 34;
+    expect_refused(c, "context_length", "RoPE table just above 2^28 floats");
+    /* tlm_model_create finalizes before it allocates anything. */
+    tlm_model *m = NULL;
+    CHECK(tlm_model_create(&c, &m) == TLM_ERR_CONFIG && !m, "model_create refuses the tables");
+    CHECK(strstr(tlm_last_error(), "context_length") != NULL, "model_create: %s", tlm_last_error());
+    /* Sinusoids are [context_length, d_model]. */
+    c.position = TLM_POS_SINUSOIDAL;
+    c.d_model = 16;
+    expect_accepted(c, "sinusoid table of 2^28 floats");
+    c.d_model = 32;
+    expect_refused(c, "context_length 16777216 x d_model 32", "sinusoid table of 2^29 floats");
+    expect_refused(c, "sinusoid", "sinusoid table of 2^29 floats");
+    /* Learned positions are a tensor: at 2^24 x 2^16 it alone is the parameter limit. */
+    c.position = TLM_POS_LEARNED;
+    c.d_model = TLM_MAX_D_MODEL;
+    c.n_heads = 64;
+    c.vocab_size = 16;
+    c.d_ff = 64;
+    c.n_layers = 1;
+    expect_refused(c, "context_length", "learned table 2^40 + other tensors");
+    expect_refused(c, "parameters", "learned table 2^40 + other tensors");
+    /* Token embedding: vocab 2^24 x d 2^16 is 2^40 elements (wraps 32-bit int arithmetic to 0). */
+    tlm_config_default(&c);
+    c.vocab_size = TLM_MAX_VOCAB_SIZE;
+    c.d_model = TLM_MAX_D_MODEL;
+    c.n_heads = 64;
+    c.n_layers = 1;
+    c.d_ff = 64;
+    expect_refused(c, "vocab_size 16777216 x d_model 65536", "token embedding of 2^40");
+    /* An untied head doubles it. */
+    c.vocab_size = TLM_MAX_VOCAB_SIZE / 2;
+    expect_accepted(c, "token embedding of 2^39");
+    c.tie_embeddings = 0;
+    expect_refused(c, "vocab_size", "two vocabulary tables of 2^39");
+    /* Blocks: n_layers x (4 d^2 + 3 d d_ff) with every field within its limit. */
+    tlm_config_default(&c);
+    c.vocab_size = 16;
+    c.d_model = TLM_MAX_D_MODEL;
+    c.n_heads = 64;
+    c.d_ff = TLM_MAX_D_FF;
+    c.n_layers = 2;
+    expect_accepted(c, "two widest blocks");
+    c.n_layers = TLM_MAX_N_LAYERS;
+    expect_refused(c, "n_layers 4096", "4096 widest blocks");
+    expect_refused(c, "parameters", "4096 widest blocks");
+    /* The count in the message is the schema's, for every variant of the block. */
+    c.n_layers = 8;
+    for (int v = 0; v < 16; v++) {
+        c.bias = v & 1;
+        c.norm = v & 2 ? TLM_NORM_LAYERNORM : TLM_NORM_RMSNORM;
+        c.ffn = v & 4 ? TLM_FFN_GELU : TLM_FFN_SWIGLU;
+        c.norm_position = v & 8 ? TLM_NORM_POST : TLM_NORM_PRE;
+        c.n_kv_heads = v & 1 ? 16 : 64;
+        c.tie_embeddings = !(v & 2);
+        c.position = v & 4 ? TLM_POS_LEARNED : TLM_POS_ROPE;
+        tlm_count_params(&c, &pc);
+        char want[64];
+        snprintf(want, sizeof want, "needs %zu parameters", pc.total);
+        expect_refused(c, want, "parameter count of a variant");
+    }
+    /* The same through JSON, as a file's metadata would give it. */
+    expect_error("{\"context_length\": 2000000000, \"d_model\": 2, \"n_heads\": 1}",
+                 "context_length");
+    expect_error("{\"vocab_size\": 16777216, \"d_model\": 65536, \"n_heads\": 64, \"n_layers\": 1,"
+                 " \"d_ff\": 64}",
+                 "vocab_size");
 }
 
 static void test_roundtrip(void) {
@@ -199,6 +375,8 @@ static void test_init(void) {
 int main(void) {
     test_defaults();
     test_errors();
+    test_field_limits();
+    test_size_limits();
     test_roundtrip();
     test_counts();
     test_schema();

@@ -128,8 +128,28 @@ static void test_clip(void) {
     CHECK_NEAR(tlm_clip_coef(4.0, 1.0), 1.0 / (4.0 + 1e-6), 1e-7);
 }
 
+/* PyTorch's hyperparameters are Python floats (doubles): a default written as 0.9f would be
+ * 0.89999998, a different optimizer from the one `betas=(0.9, 0.95)` configures. */
+static void test_defaults(void) {
+    tlm_adamw_opts h;
+    tlm_adamw_defaults(&h);
+    CHECK(h.beta1 == 0.9, "beta1 %.17g", h.beta1);
+    CHECK(h.beta2 == 0.95, "beta2 %.17g", h.beta2);
+    CHECK(h.eps == 1e-8, "eps %.17g", h.eps);
+    CHECK(h.weight_decay == 0.1, "weight_decay %.17g", h.weight_decay);
+    tlm_train_opts o;
+    tlm_train_defaults(&o);
+    CHECK(o.adam.beta1 == 0.9 && o.adam.beta2 == 0.95 && o.adam.eps == 1e-8 &&
+              o.adam.weight_decay == 0.1,
+          "training defaults' AdamW: %.17g %.17g %.17g %.17g", o.adam.beta1, o.adam.beta2,
+          o.adam.eps, o.adam.weight_decay);
+    CHECK(o.lr == 1e-3 && o.min_lr == 1e-4 && o.clip == 1.0, "training defaults: %.17g %.17g %.17g",
+          o.lr, o.min_lr, o.clip);
+}
+
 int main(void) {
     tlm_set_threads(2);
+    test_defaults();
     test_schedule();
     test_clip();
     test_adamw();

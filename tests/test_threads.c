@@ -100,8 +100,7 @@ static void test_sessions(const tlm_model *m, const char *what) {
               !memcmp(b[0].ids, b[1].ids, sizeof b[0].ids),
           "%s: session B differs when A runs beside it", what);
     /* The two prompts lead to different text: the comparison above is not of equal streams. */
-    CHECK(memcmp(a[0].ids, b[0].ids, sizeof a[0].ids) != 0, "%s: A and B generated the same",
-          what);
+    CHECK(memcmp(a[0].ids, b[0].ids, sizeof a[0].ids) != 0, "%s: A and B generated the same", what);
     printf("  %s: two sessions in two threads == one after the other (%d tokens each)\n", what,
            STEPS);
     for (int k = 0; k < 2; k++) {

@@ -60,7 +60,8 @@ char *tlm_path_join(const char *dir, const char *name);
 /* Reads a whole file (NUL-terminated for convenience; *len excludes the NUL). */
 tlm_status tlm_read_file(const char *path, char **data, size_t *len);
 
-/* Crash-safe writes: data goes to "PATH.tmp.PID", is fsynced, then renamed over PATH. */
+/* Crash-safe writes: data goes to "PATH.tmp.PID", is fsynced, then renamed over PATH, and PATH's
+ * directory is fsynced so that the rename itself is durable. */
 typedef struct {
     FILE *f;
     char *path;
@@ -69,7 +70,9 @@ typedef struct {
 
 tlm_status tlm_atomic_open(tlm_atomic_file *a, const char *path);
 tlm_status tlm_atomic_write(tlm_atomic_file *a, const void *data, size_t n);
-/* Flushes, fsyncs, renames; on failure removes the temporary file. */
+/* Flushes, fsyncs, renames, fsyncs the directory; a failure before the rename removes the
+ * temporary file, a failure to sync the directory after it is reported (TLM_ERR_IO) with the new
+ * file in place. */
 tlm_status tlm_atomic_commit(tlm_atomic_file *a);
 void tlm_atomic_abort(tlm_atomic_file *a);
 tlm_status tlm_write_file_atomic(const char *path, const void *data, size_t n);

@@ -84,6 +84,29 @@ void tlm_atomic_abort(tlm_atomic_file *a) {
     memset(a, 0, sizeof *a);
 }
 
+/* A rename is an entry in the directory: until the directory reaches the disk, a crash can bring
+ * back the old file (or none) although the new file's data is safe. */
+static tlm_status sync_parent_dir(const char *path) {
+    const char *slash = strrchr(path, '/');
+    size_t n = slash && slash != path ? (size_t)(slash - path) : 1;
+    char *dir = malloc(n + 1);
+    if (!dir) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    memcpy(dir, slash ? path : ".", n);
+    dir[n] = 0;
+    tlm_status s = TLM_OK;
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd < 0)
+        s = tlm_err(TLM_ERR_IO, "cannot open directory '%s' to sync '%s' into it: %s", dir, path,
+                    strerror(errno));
+    /* EINVAL: this file system cannot sync directories at all, so there is nothing to wait for. */
+    else if (fsync(fd) != 0 && errno != EINVAL)
+        s = tlm_err(TLM_ERR_IO, "cannot sync directory '%s' after renaming '%s' into it: %s", dir,
+                    path, strerror(errno));
+    if (fd >= 0) close(fd);
+    free(dir);
+    return s;
+}
+
 tlm_status tlm_atomic_commit(tlm_atomic_file *a) {
     tlm_status s = TLM_OK;
     if (fflush(a->f) != 0 || fsync(fileno(a->f)) != 0)
@@ -93,7 +116,10 @@ tlm_status tlm_atomic_commit(tlm_atomic_file *a) {
     a->f = NULL;
     if (s == TLM_OK && rename(a->tmp, a->path) != 0)
         s = tlm_err(TLM_ERR_IO, "cannot rename '%s' to '%s': %s", a->tmp, a->path, strerror(errno));
-    if (s != TLM_OK) unlink(a->tmp);
+    if (s != TLM_OK)
+        unlink(a->tmp);
+    else
+        s = sync_parent_dir(a->path);
     free(a->path);
     free(a->tmp);
     memset(a, 0, sizeof *a);

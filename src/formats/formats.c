@@ -52,15 +52,6 @@ int fmt_is_llama_style(const tlm_config *c, char *why, size_t why_len) {
 
 tlm_status fmt_model_new(const tlm_config *c, const char *path, int writable, tlm_model **out) {
     *out = NULL;
-    /* A file's header alone sets context_length, and the model allocates RoPE / sinusoid tables
-     * of context_length x head_dim floats up front: cap that product (2^27 floats = 512 MB covers
-     * a 1M-token context at head dim 128) so that a forged header cannot demand terabytes. */
-    double tab =
-        (double)c->context_length *
-        (c->position == TLM_POS_SINUSOIDAL ? (double)c->d_model : (double)c->d_model / c->n_heads);
-    if (c->position != TLM_POS_NONE && tab > (double)(1 << 27))
-        return tlm_err(TLM_ERR_FORMAT, "%s: context_length %d x head dim %d is implausibly large",
-                       path, c->context_length, c->d_model / c->n_heads);
     tlm_status s = tlm_model_new(c, writable, out);
     if (s) return tlm_err_context(s, "%s", path);
     return TLM_OK;

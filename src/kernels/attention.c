@@ -23,30 +23,37 @@
  * (about 3/8 of the products' work at T 256, half at long contexts) nor read. */
 enum { QB = 64 };
 
+/* Columns are taken QB at a time so that their running max and sum are small fixed arrays: this
+ * runs on OpenMP workers, whose stacks (OMP_STACKSIZE) are too small for anything sized by T.
+ * Every column still reduces over its rows in the same order as a whole-width pass would. */
 static void softmax_columns(float *Pt, int T) {
-    float mx[T], sum[T];
-    memcpy(mx, Pt, (size_t)T * sizeof(float)); /* key 0 is visible to every query */
-    for (int j = 1; j < T; j++) {
-        const float *row = Pt + (size_t)j * T;
+    for (int t0 = 0; t0 < T; t0 += QB) {
+        int w = t0 + QB < T ? QB : T - t0, t1 = t0 + w;
+        float mx[QB], sum[QB];
+        memcpy(mx, Pt + t0, (size_t)w * sizeof(float)); /* key 0 is visible to every query */
+        for (int j = 1; j < t1; j++) {
+            const float *row = Pt + (size_t)j * T + t0;
 #pragma omp simd
-        for (int t = j; t < T; t++) mx[t] = row[t] > mx[t] ? row[t] : mx[t];
-    }
-    for (int t = 0; t < T; t++) sum[t] = 0.0f;
-    for (int j = 0; j < T; j++) {
-        float *row = Pt + (size_t)j * T;
-        for (int t = 0; t < j; t++) row[t] = 0.0f;
-#pragma omp simd
-        for (int t = j; t < T; t++) {
-            float e = tlm_expf(row[t] - mx[t]);
-            row[t] = e;
-            sum[t] += e;
+            for (int i = j > t0 ? j - t0 : 0; i < w; i++) mx[i] = row[i] > mx[i] ? row[i] : mx[i];
         }
-    }
-    for (int t = 0; t < T; t++) sum[t] = 1.0f / sum[t];
-    for (int j = 0; j < T; j++) {
-        float *row = Pt + (size_t)j * T;
+        for (int i = 0; i < w; i++) sum[i] = 0.0f;
+        for (int j = 0; j < T; j++) {
+            float *row = Pt + (size_t)j * T + t0;
+            int i0 = j <= t0 ? 0 : j < t1 ? j - t0 : w; /* queries before key j are masked */
+            for (int i = 0; i < i0; i++) row[i] = 0.0f;
 #pragma omp simd
-        for (int t = j; t < T; t++) row[t] *= sum[t];
+            for (int i = i0; i < w; i++) {
+                float e = tlm_expf(row[i] - mx[i]);
+                row[i] = e;
+                sum[i] += e;
+            }
+        }
+        for (int i = 0; i < w; i++) sum[i] = 1.0f / sum[i];
+        for (int j = 0; j < t1; j++) {
+            float *row = Pt + (size_t)j * T + t0;
+#pragma omp simd
+            for (int i = j > t0 ? j - t0 : 0; i < w; i++) row[i] *= sum[i];
+        }
     }
 }
 
@@ -100,6 +107,27 @@ void k_attention_fwd(float *out, float *probs, const float *q, const float *k, c
     attention_fwd(out, probs, q, k, v, ldq, ldkv, B, T, H, KVH, hd, p, key, scratch);
 }
 
+/* Softmax backward for columns [t0, t0 + w) of dPt (queries), over their visible rows (keys):
+ * dS = P * (dP - sum_keys(P * dP)) * scale, masked entries zero. */
+static void softmax_bwd_columns(float *dPt, const float *Pt, int T, int t0, int w, float scale) {
+    int t1 = t0 + w;
+    float dot[QB];
+    for (int i = 0; i < w; i++) dot[i] = 0.0f;
+    for (int j = 0; j < t1; j++) {
+        const float *pr = Pt + (size_t)j * T + t0, *dr = dPt + (size_t)j * T + t0;
+#pragma omp simd
+        for (int i = j > t0 ? j - t0 : 0; i < w; i++) dot[i] += pr[i] * dr[i];
+    }
+    for (int j = 0; j < T; j++) {
+        const float *pr = Pt + (size_t)j * T + t0;
+        float *dr = dPt + (size_t)j * T + t0;
+        int i0 = j <= t0 ? 0 : j < t1 ? j - t0 : w;
+        for (int i = 0; i < i0; i++) dr[i] = 0.0f;
+#pragma omp simd
+        for (int i = i0; i < w; i++) dr[i] = pr[i] * (dr[i] - dot[i]) * scale;
+    }
+}
+
 static void attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
                           const float *k, const float *v, int ldq, int ldkv, const float *probs,
                           int B, int T, int H, int KVH, int hd, float p, uint64_t key,
@@ -114,7 +142,6 @@ static void attention_bwd(float *dq, float *dk, float *dv, const float *dout, co
         int b = bk / KVH, kvh = bk % KVH;
         float *dPt = scratch + (size_t)omp_get_thread_num() * (p > 0.0f ? 2 : 1) * TT;
         float *D = dPt + TT; /* dropped probabilities, when p > 0 */
-        float dot[T];
         const float *kb = k + (size_t)b * T * kw + (size_t)kvh * hd;
         const float *vb = v + (size_t)b * T * kw + (size_t)kvh * hd;
         float *dkb = dk + (size_t)b * T * kw + (size_t)kvh * hd;
@@ -150,19 +177,8 @@ static void attention_bwd(float *dq, float *dk, float *dv, const float *dout, co
                     for (int t = j; t < T; t++)
                         dPt[(size_t)j * T + t] *=
                             k_dropout_keep(key, bh * TT + (size_t)t * T + j, p);
-            for (int t = 0; t < T; t++) dot[t] = 0.0f;
-            for (int j = 0; j < T; j++) {
-                const float *pr = Pt + (size_t)j * T, *dr = dPt + (size_t)j * T;
-#pragma omp simd
-                for (int t = j; t < T; t++) dot[t] += pr[t] * dr[t];
-            }
-            for (int j = 0; j < T; j++) {
-                const float *pr = Pt + (size_t)j * T;
-                float *dr = dPt + (size_t)j * T;
-                for (int t = 0; t < j; t++) dr[t] = 0.0f;
-#pragma omp simd
-                for (int t = j; t < T; t++) dr[t] = pr[t] * (dr[t] - dot[t]) * scale;
-            }
+            for (int t0 = 0; t0 < T; t0 += QB) /* QB columns at a time, as in the forward */
+                softmax_bwd_columns(dPt, Pt, T, t0, t0 + QB < T ? QB : T - t0, scale);
             /* dQ = dS K = dSt^T K; dK += dS^T Q = dSt Q */
             for (int t0 = 0; t0 < T; t0 += QB) {
                 int t1 = t0 + QB < T ? t0 + QB : T;

@@ -51,33 +51,72 @@ const char *tlm_rope_pairing_name(tlm_rope_pairing k) {
     return enum_name(pairing_names, COUNT(pairing_names), k);
 }
 
+/* Size arithmetic that saturates instead of wrapping: a saturated result is above every limit,
+ * so it is refused like any other oversized product. The field limits keep every product here
+ * below 2^63 today; the checks keep it that way if a limit is ever raised. */
+static size_t sat_mul(size_t a, size_t b) {
+    size_t r;
+    return tlm_mul_ok(a, b, &r) ? r : SIZE_MAX;
+}
+
+static size_t sat_add(size_t a, size_t b) {
+    size_t r;
+    return tlm_add_ok(a, b, &r) ? r : SIZE_MAX;
+}
+
+/* The parameter count the schema will give (it multiplies without checks), computed from the
+ * fields with saturating arithmetic before anything relies on it. *per_block: one block's. */
+static size_t checked_param_count(const tlm_config *c, size_t *per_block) {
+    int ln_bias = c->norm == TLM_NORM_LAYERNORM && c->bias, swiglu = c->ffn == TLM_FFN_SWIGLU;
+    size_t d = (size_t)c->d_model, ff = (size_t)c->d_ff, hd = d / (size_t)c->n_heads;
+    size_t q = sat_mul((size_t)c->n_heads, hd), kv = sat_mul((size_t)c->n_kv_heads, hd);
+    size_t norm = ln_bias ? 2 * d : d;
+    size_t attn = sat_mul(d, sat_add(sat_mul(q, 2), sat_mul(kv, 2))); /* q, o; k, v */
+    size_t ffn = sat_mul(sat_mul(d, ff), swiglu ? 3 : 2);
+    size_t blk = sat_add(sat_add(attn, ffn), 2 * norm);
+    if (c->bias) {
+        blk = sat_add(blk, sat_add(sat_add(q, sat_mul(kv, 2)), d));
+        blk = sat_add(blk, sat_add(sat_mul(ff, swiglu ? 2 : 1), d));
+    }
+    *per_block = blk;
+    size_t total = sat_mul(sat_mul((size_t)c->vocab_size, d), c->tie_embeddings ? 1 : 2);
+    if (c->position == TLM_POS_LEARNED)
+        total = sat_add(total, sat_mul((size_t)c->context_length, d));
+    total = sat_add(total, sat_mul((size_t)c->n_layers, blk));
+    return c->norm_position == TLM_NORM_PRE ? sat_add(total, norm) : total;
+}
+
 tlm_status tlm_config_finalize(tlm_config *c) {
     struct {
         const char *name;
-        int v;
-    } sizes[] = {{"vocab_size", c->vocab_size},
-                 {"context_length", c->context_length},
-                 {"d_model", c->d_model},
-                 {"n_layers", c->n_layers},
-                 {"n_heads", c->n_heads}};
-    for (int i = 0; i < COUNT(sizes); i++)
+        int v, max;
+    } sizes[] = {{"vocab_size", c->vocab_size, TLM_MAX_VOCAB_SIZE},
+                 {"context_length", c->context_length, TLM_MAX_CONTEXT_LENGTH},
+                 {"d_model", c->d_model, TLM_MAX_D_MODEL},
+                 {"n_layers", c->n_layers, TLM_MAX_N_LAYERS},
+                 {"n_heads", c->n_heads, TLM_MAX_N_HEADS}};
+    for (int i = 0; i < COUNT(sizes); i++) {
         if (sizes[i].v <= 0)
             return tlm_err(TLM_ERR_CONFIG, "%s must be > 0 (got %d)", sizes[i].name, sizes[i].v);
-    if (c->n_kv_heads < 0 || c->d_ff < 0)
-        return tlm_err(TLM_ERR_CONFIG, "%s must be > 0 (got %d)",
-                       c->n_kv_heads < 0 ? "n_kv_heads" : "d_ff",
-                       c->n_kv_heads < 0 ? c->n_kv_heads : c->d_ff);
+        if (sizes[i].v > sizes[i].max)
+            return tlm_err(TLM_ERR_CONFIG, "%s %d exceeds the limit of %d", sizes[i].name,
+                           sizes[i].v, sizes[i].max);
+    }
+    if (c->n_kv_heads < 0)
+        return tlm_err(TLM_ERR_CONFIG, "n_kv_heads must be >= 0 (0: n_heads; got %d)",
+                       c->n_kv_heads);
+    if (c->d_ff < 0)
+        return tlm_err(TLM_ERR_CONFIG, "d_ff must be >= 0 (0: derived; got %d)", c->d_ff);
+    if (c->d_ff > TLM_MAX_D_FF)
+        return tlm_err(TLM_ERR_CONFIG, "d_ff %d exceeds the limit of %d", c->d_ff, TLM_MAX_D_FF);
     if (c->n_kv_heads == 0) c->n_kv_heads = c->n_heads;
+    /* Derived from a d_model within its limit, d_ff stays within its own (174784 at most). */
     if (c->d_ff == 0) {
         if (c->ffn == TLM_FFN_SWIGLU) {
             /* 8/3 d rounded up to a multiple of 64, in integers: ceil(8d/3), then up to 64. */
-            long ff = ((long)8 * c->d_model + 2) / 3;
-            ff = (ff + 63) / 64 * 64;
-            if (ff > 1L << 30) return tlm_err(TLM_ERR_CONFIG, "d_model %d too large", c->d_model);
-            c->d_ff = (int)ff;
+            int ff = (8 * c->d_model + 2) / 3;
+            c->d_ff = (ff + 63) / 64 * 64;
         } else {
-            if (c->d_model > (1 << 28))
-                return tlm_err(TLM_ERR_CONFIG, "d_model %d too large", c->d_model);
             c->d_ff = 4 * c->d_model;
         }
     }
@@ -109,11 +148,35 @@ tlm_status tlm_config_finalize(tlm_config *c) {
     if (c->tie_embeddings != 0 && c->tie_embeddings != 1)
         return tlm_err(TLM_ERR_CONFIG, "tie_embeddings must be true or false");
     if (c->bias != 0 && c->bias != 1) return tlm_err(TLM_ERR_CONFIG, "bias must be true or false");
-    /* Keep every tensor's element count and the whole buffer well inside size_t and int64. */
-    double total = (double)c->vocab_size * c->d_model * 2 + (double)c->context_length * c->d_model +
-                   (double)c->n_layers * ((double)c->d_model * c->d_model * 4 +
-                                          (double)c->d_model * c->d_ff * 3 + 8.0 * c->d_model);
-    if (total > 1e11) return tlm_err(TLM_ERR_CONFIG, "model too large (%.3g parameters)", total);
+    /* tlm_model_create builds these tables eagerly; a file header that asks for a huge context
+     * must be refused here, not after minutes of filling gigabytes. */
+    size_t ctx = (size_t)c->context_length;
+    if (c->position == TLM_POS_ROPE && sat_mul(ctx, (size_t)hd / 2) > TLM_MAX_TABLE_FLOATS)
+        return tlm_err(TLM_ERR_CONFIG,
+                       "context_length %d x head_dim/2 %d = %zu floats per RoPE table exceeds "
+                       "the limit of %d",
+                       c->context_length, hd / 2, sat_mul(ctx, (size_t)hd / 2),
+                       TLM_MAX_TABLE_FLOATS);
+    if (c->position == TLM_POS_SINUSOIDAL &&
+        sat_mul(ctx, (size_t)c->d_model) > TLM_MAX_TABLE_FLOATS)
+        return tlm_err(TLM_ERR_CONFIG,
+                       "context_length %d x d_model %d = %zu floats of the sinusoid table exceeds "
+                       "the limit of %d",
+                       c->context_length, c->d_model, sat_mul(ctx, (size_t)c->d_model),
+                       TLM_MAX_TABLE_FLOATS);
+    size_t per_block, total = checked_param_count(c, &per_block);
+    if (total > (uint64_t)TLM_MAX_PARAMS) {
+        char pos[96] = "";
+        if (c->position == TLM_POS_LEARNED)
+            snprintf(pos, sizeof pos, ", position table context_length %d x d_model %d",
+                     c->context_length, c->d_model);
+        return tlm_err(TLM_ERR_CONFIG,
+                       "the model needs %s%zu parameters, above the limit of %lld: token "
+                       "embedding vocab_size %d x d_model %d%s%s, n_layers %d blocks of %s%zu",
+                       total == SIZE_MAX ? "more than " : "", total, (long long)TLM_MAX_PARAMS,
+                       c->vocab_size, c->d_model, c->tie_embeddings ? "" : " (twice: untied head)",
+                       pos, c->n_layers, per_block == SIZE_MAX ? "more than " : "", per_block);
+    }
     return TLM_OK;
 }
 

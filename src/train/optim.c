@@ -35,11 +35,12 @@ void tlm_adamw_free(tlm_adamw *o) {
     free(o);
 }
 
+/* Double literals: PyTorch's hyperparameters are Python floats, and 0.9f would be 0.89999998. */
 void tlm_adamw_defaults(tlm_adamw_opts *h) {
-    h->beta1 = 0.9f;
-    h->beta2 = 0.95f;
-    h->eps = 1e-8f;
-    h->weight_decay = 0.1f;
+    h->beta1 = 0.9;
+    h->beta2 = 0.95;
+    h->eps = 1e-8;
+    h->weight_decay = 0.1;
 }
 
 tlm_status tlm_adamw_step(tlm_adamw *o, tlm_model *m, const float *grads, double lr,
