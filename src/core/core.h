@@ -85,5 +85,8 @@ typedef struct {
 
 tlm_status tlm_mmap_open(tlm_mmap *m, const char *path);
 void tlm_mmap_close(tlm_mmap *m);
+/* Drops a read-only mapping's pages inside [p, p + n) from this process (they stay in the page
+ * cache; touching them maps them again): a copy made from a mapping then does not hold both. */
+void tlm_mmap_release(const void *p, size_t n);
 
 #endif

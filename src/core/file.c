@@ -161,6 +161,14 @@ tlm_status tlm_mmap_open(tlm_mmap *m, const char *path) {
     return TLM_OK;
 }
 
+void tlm_mmap_release(const void *p, size_t n) {
+    /* Only whole pages inside [p, p + n): a page shared with a neighbour that is still to be read
+     * would just be faulted in again, but keep it mapped anyway. */
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = ((uintptr_t)p + page - 1) & ~(page - 1), b = ((uintptr_t)p + n) & ~(page - 1);
+    if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
+}
+
 void tlm_mmap_close(tlm_mmap *m) {
     if (m->data && m->size) munmap((void *)m->data, m->size);
     m->data = NULL;

@@ -307,6 +307,7 @@ static tlm_status tlm_model_bind_views(tlm_model *m, const tlm_bind_src *src, tl
         }
         tlm_status s = tlm_dtype_to_f32(src[i].dtype, src[i].data, dst, t->numel);
         if (s) return tlm_err_context(s, "tensor '%s'", t->name);
+        if (m->st.n_maps) tlm_mmap_release(src[i].data, tlm_dtype_bytes(src[i].dtype, t->numel));
         w->dtype = TLM_DTYPE_F32;
         w->data = dst;
         w->row_bytes = (size_t)w->cols * sizeof(float);
