@@ -1,7 +1,7 @@
 /* GGUF: the general reader, then the llama model loader and the vocabulary loader on top. */
 #include "formats/formats.h"
-#include "formats/gguf.h"
 #include "fuzz_common.h"
+#include "io/gguf.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     tlm_gguf *g = NULL;

@@ -1,6 +1,6 @@
 /* safetensors header parsing and float conversion of every tensor. */
-#include "formats/safetensors.h"
 #include "fuzz_common.h"
+#include "io/safetensors.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *p = fuzz_file(".safetensors", data, size);

@@ -40,7 +40,7 @@ const char *t_path(const char *dir, const char *name);
 
 /* A PyTorch parity case (tests/reference/gen_fixtures.py): the model with the reference's weights,
  * the batch, and the open io.safetensors holding the expected outputs. */
-#include "formats/safetensors.h"
+#include "io/safetensors.h"
 #include "tlm.h"
 
 typedef struct {

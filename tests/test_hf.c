@@ -6,8 +6,8 @@
 #include <string.h>
 
 #include "core/core.h"
-#include "formats/safetensors.h"
 #include "harness.h"
+#include "io/safetensors.h"
 #include "tlm.h"
 
 #define SCRIPT TLM_SOURCE_DIR "/tests/reference/hf_layouts.py"

@@ -3,8 +3,8 @@
 #include <string.h>
 
 #include "core/half.h"
-#include "formats/safetensors.h"
 #include "harness.h"
+#include "io/safetensors.h"
 #include "tlm.h"
 
 static void write_raw(const char *path, const char *header, size_t data_len) {

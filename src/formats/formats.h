@@ -27,7 +27,7 @@ const float *fmt_layer_tensor_c(const tlm_model *m, int layer, const char *name)
 
 /* GGUF (gguf_model.c): a model from an opened file; a ggml tensor (F32, F16, BF16, Q8_0) as n
  * floats. */
-#include "formats/gguf.h"
+#include "io/gguf.h"
 tlm_status fmt_gguf_load_model(const tlm_gguf *g, const char *path, tlm_model **out);
 tlm_status fmt_gguf_tensor_to_f32(const tlm_gguf_tensor *t, float *dst, size_t n, const char *path);
 

@@ -15,7 +15,7 @@
 #include <cjson/cJSON.h>
 
 #include "formats/formats.h"
-#include "formats/safetensors.h"
+#include "io/safetensors.h"
 
 #define HF_MAX_SHARDS 256
 

@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "formats/safetensors.h"
+#include "io/safetensors.h"
 #include "model/model.h"
 
 tlm_status tlm_model_save_safetensors(const tlm_model *m, const char *path) {

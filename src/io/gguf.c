@@ -2,7 +2,7 @@
  * n_kv key/value pairs, n_tensors tensor infos, padding to general.alignment, tensor data.
  * Strings are a length (u64; u32 in v1) and bytes; arrays an element type, a count and the
  * elements. */
-#include "gguf.h"
+#include "io/gguf.h"
 
 #include <math.h>
 #include <stdlib.h>

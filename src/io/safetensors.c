@@ -1,4 +1,4 @@
-#include "formats/safetensors.h"
+#include "io/safetensors.h"
 
 #include <stdlib.h>
 #include <string.h>
