@@ -11,8 +11,8 @@
 #include "tlm.h"
 
 /* Header + data of a writer whose tensors hold the given bytes; NULL on failure. */
-static uint8_t *finish(tlm_gguf_writer *w, const uint8_t *const *data, const uint64_t *bytes,
-                       int n, size_t *len) {
+static uint8_t *finish(tlm_gguf_writer *w, const uint8_t *const *data, const uint64_t *bytes, int n,
+                       size_t *len) {
     uint8_t *head;
     size_t hl;
     if (tlm_gguf_writer_header(w, &head, &hl)) return NULL;

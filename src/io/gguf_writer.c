@@ -97,8 +97,7 @@ tlm_status tlm_gguf_write_str(tlm_gguf_writer *w, const char *k, const char *v) 
     return put_str(w, &w->kv, v, strlen(v));
 }
 
-tlm_status tlm_gguf_write_array(tlm_gguf_writer *w, const char *k, tlm_gguf_type elem,
-                                uint64_t n) {
+tlm_status tlm_gguf_write_array(tlm_gguf_writer *w, const char *k, tlm_gguf_type elem, uint64_t n) {
     if (elem != TLM_GGUF_STRING && elem != TLM_GGUF_F32 && elem != TLM_GGUF_I32)
         return misuse(w, "arrays hold strings, f32 or i32", k);
     if (key(w, k, TLM_GGUF_ARRAY)) return w->err;
@@ -160,7 +159,8 @@ tlm_status tlm_gguf_writer_header(tlm_gguf_writer *w, uint8_t **out, size_t *len
     *out = NULL;
     *len = 0;
     if (w->err) return w->err;
-    if (w->array_left) return misuse(w, "header requested before the open array was complete", NULL);
+    if (w->array_left)
+        return misuse(w, "header requested before the open array was complete", NULL);
     if (!w->alignment || (w->alignment & (w->alignment - 1)))
         return misuse(w, "the alignment must be a power of two", NULL);
     tlm_gguf_bytes h = {0};

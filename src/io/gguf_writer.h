@@ -24,9 +24,9 @@ typedef struct {
     tlm_gguf_bytes kv, infos;
     uint64_t n_kv, n_tensors;
     uint32_t alignment;
-    uint64_t data_size;        /* data section so far, each tensor padded to the alignment */
-    tlm_gguf_type array_type;  /* element type of the open array */
-    uint64_t array_left;       /* elements it still expects */
+    uint64_t data_size;       /* data section so far, each tensor padded to the alignment */
+    tlm_gguf_type array_type; /* element type of the open array */
+    uint64_t array_left;      /* elements it still expects */
     tlm_status err;
 } tlm_gguf_writer;
 
