@@ -1,0 +1,173 @@
+/* Untrusted files with very many entries load in O(n log n): each case builds an input whose
+ * size made an earlier pairwise or linear-per-entry pass quadratic, large enough that such code
+ * takes minutes (and CMakeLists.txt gives this test a short timeout), while the whole test runs
+ * in a few seconds. Duplicates are still refused, naming the entry. Cases:
+ *   GGUF with 200k keys / 200k tensors (duplicate checks, lookups of every entry);
+ *   safetensors with 300k tensors (lookup of every tensor, duplicate names). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "harness.h"
+#include "io/gguf.h"
+#include "io/gguf_writer.h"
+#include "io/safetensors.h"
+#include "tlm.h"
+
+/* Header + zeroed data section of a writer; NULL on failure. */
+static uint8_t *gguf_image(tlm_gguf_writer *w, size_t *len) {
+    uint8_t *head;
+    size_t hl;
+    tlm_status s = tlm_gguf_writer_header(w, &head, &hl);
+    CHECK(s == TLM_OK, "writer: %s", tlm_last_error());
+    if (s) return NULL;
+    uint8_t *f = calloc(1, hl + (size_t)w->data_size + 1);
+    memcpy(f, head, hl);
+    free(head);
+    *len = hl + (size_t)w->data_size;
+    return f;
+}
+
+static int write_file(const char *path, const void *p, size_t n) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return 0;
+    size_t w = fwrite(p, 1, n, f);
+    return fclose(f) == 0 && w == n;
+}
+
+#define N_KEYS 200000
+
+static void test_gguf_keys(void) {
+    for (int dup = 0; dup < 2; dup++) {
+        tlm_gguf_writer w;
+        tlm_gguf_writer_init(&w, 32);
+        char k[64];
+        for (int i = 0; i < N_KEYS; i++) {
+            snprintf(k, sizeof k, "general.scale.key.%07d", dup && i == N_KEYS - 1 ? 4242 : i);
+            tlm_gguf_write_u32(&w, k, (uint32_t)i * 3u);
+        }
+        size_t len = 0;
+        uint8_t *f = gguf_image(&w, &len);
+        tlm_gguf_writer_free(&w);
+        if (!f) return;
+        tlm_gguf *g = NULL;
+        tlm_status s = tlm_gguf_open_memory(f, len, "keys.gguf", &g);
+        if (dup) {
+            CHECK(s == TLM_ERR_FORMAT && strstr(tlm_last_error(), "'general.scale.key.0004242'") &&
+                      strstr(tlm_last_error(), "twice"),
+                  "duplicate key: status %d, %s", (int)s, tlm_last_error());
+        } else {
+            CHECK_OK(s);
+            int bad = 0;
+            for (int i = 0; g && i < N_KEYS; i++) { /* a loader reading every key */
+                snprintf(k, sizeof k, "general.scale.key.%07d", i);
+                int64_t v = -1;
+                if (tlm_gguf_get_int(g, k, &v) || v != (int64_t)i * 3) bad++;
+            }
+            CHECK(g && bad == 0, "%d of %d keys wrong", bad, N_KEYS);
+            CHECK(g && tlm_gguf_find(g, "general.scale.key") == NULL, "prefix is not a key");
+        }
+        tlm_gguf_close(g);
+        free(f);
+    }
+}
+
+#define N_TENSORS 200000
+
+static void test_gguf_tensors(void) {
+    for (int dup = 0; dup < 2; dup++) {
+        tlm_gguf_writer w;
+        tlm_gguf_writer_init(&w, 32);
+        char name[64];
+        for (int i = 0; i < N_TENSORS; i++) {
+            uint64_t dims[1] = {(uint64_t)(i % 7 + 1)};
+            snprintf(name, sizeof name, "blk.%d.ffn_gate.weight",
+                     dup && i == N_TENSORS - 1 ? 77 : i);
+            tlm_gguf_write_tensor(&w, name, 1, dims, 0, dims[0] * 4);
+        }
+        size_t len = 0;
+        uint8_t *f = gguf_image(&w, &len);
+        tlm_gguf_writer_free(&w);
+        if (!f) return;
+        tlm_gguf *g = NULL;
+        tlm_status s = tlm_gguf_open_memory(f, len, "tensors.gguf", &g);
+        if (dup) {
+            CHECK(s == TLM_ERR_FORMAT && strstr(tlm_last_error(), "'blk.77.ffn_gate.weight'") &&
+                      strstr(tlm_last_error(), "twice"),
+                  "duplicate tensor: status %d, %s", (int)s, tlm_last_error());
+        } else {
+            CHECK_OK(s);
+            int bad = 0;
+            for (int i = 0; g && i < N_TENSORS; i++) { /* a loader finding every tensor */
+                snprintf(name, sizeof name, "blk.%d.ffn_gate.weight", i);
+                const tlm_gguf_tensor *t = tlm_gguf_find_tensor(g, name);
+                if (!t || t != &g->tensors[i] || t->dims[0] != (uint64_t)(i % 7 + 1)) bad++;
+            }
+            CHECK(g && bad == 0, "%d of %d tensors wrong", bad, N_TENSORS);
+        }
+        tlm_gguf_close(g);
+        free(f);
+    }
+}
+
+/* A safetensors file of n one-float tensors named by fmt and the index (the last one named by
+ * dup_of instead when dup_of >= 0), its JSON header written directly: cJSON's printer would take
+ * longer than the reader under test. */
+static void st_many(const char *path, int n, const char *fmt, int dup_of) {
+    size_t cap = (size_t)n * 128 + 64, len = 8;
+    char *h = malloc(cap);
+    len += (size_t)snprintf(h + len, cap - len, "{");
+    for (int i = 0; i < n; i++) {
+        char name[96];
+        snprintf(name, sizeof name, fmt, dup_of >= 0 && i == n - 1 ? dup_of : i);
+        len +=
+            (size_t)snprintf(h + len, cap - len,
+                             "%s\"%s\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[%d,%d]}",
+                             i ? "," : "", name, 4 * i, 4 * i + 4);
+    }
+    len += (size_t)snprintf(h + len, cap - len, "}");
+    uint64_t hl = len - 8;
+    for (int i = 0; i < 8; i++) h[i] = (char)(hl >> (8 * i));
+    char *f = calloc(1, len + (size_t)n * 4);
+    memcpy(f, h, len);
+    CHECK(write_file(path, f, len + (size_t)n * 4), "write %s", path);
+    free(f);
+    free(h);
+}
+
+#define N_ST 300000
+
+static void test_safetensors(void) {
+    /* names differ only after a long common prefix, as a real model's do within a layer */
+    const char *fmt = "model.language_model.layers.mlp.experts.gate_proj.weight.%07d";
+    st_many("scale.safetensors", N_ST, fmt, -1);
+    st_file f;
+    CHECK_OK(st_open(&f, "scale.safetensors"));
+    if (f.n == N_ST) {
+        int bad = 0;
+        char name[96];
+        for (int i = 0; i < N_ST; i++) { /* a loader finding every tensor */
+            snprintf(name, sizeof name, fmt, i);
+            const st_tensor *t = st_find(&f, name);
+            if (!t || strcmp(t->name, name) || t->begin != (size_t)i * 4) bad++;
+        }
+        CHECK(bad == 0, "%d of %d tensors not found", bad, N_ST);
+        CHECK(st_find(&f, "model.language_model") == NULL, "prefix is not a tensor");
+        st_close(&f);
+    }
+    st_many("scale.safetensors", 1000, fmt, 432);
+    tlm_status s = st_open(&f, "scale.safetensors");
+    CHECK(s == TLM_ERR_FORMAT &&
+              strstr(tlm_last_error(),
+                     "'model.language_model.layers.mlp.experts.gate_proj.weight.0000432'") &&
+              strstr(tlm_last_error(), "twice"),
+          "duplicate: status %d, %s", (int)s, tlm_last_error());
+    remove("scale.safetensors");
+}
+
+int main(void) {
+    test_gguf_keys();
+    test_gguf_tensors();
+    test_safetensors();
+    return t_finish("test_scale");
+}
