@@ -3,9 +3,13 @@
  * takes minutes (and CMakeLists.txt gives this test a short timeout), while the whole test runs
  * in a few seconds. Duplicates are still refused, naming the entry. Cases:
  *   GGUF with 200k keys / 200k tensors (duplicate checks, lookups of every entry);
- *   safetensors with 300k tensors (lookup of every tensor, duplicate names). */
+ *   safetensors with 300k tensors (lookup of every tensor, duplicate names);
+ *   a Hugging Face directory whose loader looks up 37k tensors among 87k (the 4096-layer cap
+ *     bounds the lookups, so a linear search cost seconds here, not minutes). */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/core.h"
 #include "harness.h"
@@ -165,9 +169,63 @@ static void test_safetensors(void) {
     remove("scale.safetensors");
 }
 
+/* A 4096-layer Llama of width 2 whose file also holds 50k other tensors and lacks
+ * model.norm.weight: the loader looks up all 36865 layer tensors before refusing it. */
+static void test_hf_lookups(void) {
+    const int L = 4096, junk = 50000;
+    mkdir("scale_hf", 0777);
+    const char *cfg = "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 2, "
+                      "\"intermediate_size\": 1, \"num_hidden_layers\": 4096, "
+                      "\"num_attention_heads\": 1, \"vocab_size\": 1, "
+                      "\"max_position_embeddings\": 8}";
+    CHECK(write_file("scale_hf/config.json", cfg, strlen(cfg)), "config.json");
+    int n = junk + 1 + 9 * L;
+    st_out_tensor *t = calloc((size_t)n, sizeof *t);
+    char *names = malloc((size_t)n * 64);
+    static const float zeros[4];
+    static const struct {
+        const char *name;
+        int d0, d1;
+    } per_layer[9] = {
+        {"input_layernorm", 2, 0},  {"self_attn.q_proj", 2, 2}, {"self_attn.k_proj", 2, 2},
+        {"self_attn.v_proj", 2, 2}, {"self_attn.o_proj", 2, 2}, {"post_attention_layernorm", 2, 0},
+        {"mlp.gate_proj", 1, 2},    {"mlp.up_proj", 1, 2},      {"mlp.down_proj", 2, 1}};
+    int k = 0;
+    /* first in the file, sharing the real names' prefix: a linear search walks past them all */
+    for (int i = 0; i < junk; i++, k++) {
+        snprintf(names + (size_t)k * 64, 64, "model.layers.%d.self_attn.q_proj.weight.%d", i % L,
+                 i);
+        t[k] = (st_out_tensor){names + (size_t)k * 64, TLM_DTYPE_F32, 1, {1}, zeros};
+    }
+    t[k++] = (st_out_tensor){"model.embed_tokens.weight", TLM_DTYPE_F32, 2, {1, 2}, zeros};
+    for (int l = 0; l < L; l++)
+        for (int j = 0; j < 9; j++, k++) {
+            snprintf(names + (size_t)k * 64, 64, "model.layers.%d.%s.weight", l, per_layer[j].name);
+            int nd = per_layer[j].d1 ? 2 : 1;
+            t[k] = (st_out_tensor){names + (size_t)k * 64,
+                                   TLM_DTYPE_F32,
+                                   nd,
+                                   {per_layer[j].d0, per_layer[j].d1},
+                                   zeros};
+        }
+    CHECK_OK(st_write("scale_hf/model.safetensors", t, n, NULL, NULL, 0));
+    free(t);
+    free(names);
+    tlm_model *m = NULL;
+    tlm_status s = tlm_model_load("scale_hf", &m);
+    CHECK(s == TLM_ERR_FORMAT && !m &&
+              strstr(tlm_last_error(), "missing tensor 'model.norm.weight'"),
+          "status %d: %s", (int)s, tlm_last_error());
+    tlm_model_free(m);
+    remove("scale_hf/model.safetensors");
+    remove("scale_hf/config.json");
+    rmdir("scale_hf");
+}
+
 int main(void) {
     test_gguf_keys();
     test_gguf_tensors();
     test_safetensors();
+    test_hf_lookups();
     return t_finish("test_scale");
 }
