@@ -5,7 +5,9 @@
  *   GGUF with 200k keys / 200k tensors (duplicate checks, lookups of every entry);
  *   safetensors with 300k tensors (lookup of every tensor, duplicate names);
  *   a Hugging Face directory whose loader looks up 37k tensors among 87k (the 4096-layer cap
- *     bounds the lookups, so a linear search cost seconds here, not minutes). */
+ *     bounds the lookups, so a linear search cost seconds here, not minutes);
+ *   a GGUF vocabulary with 300k special tokens (sorting them, matching them in a long text);
+ *   a GPT-2 tokenizer directory naming 400k specials in tokenizer.json. */
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -222,10 +224,129 @@ static void test_hf_lookups(void) {
     rmdir("scale_hf");
 }
 
+#define N_SPECIALS 300000
+
+/* A SentencePiece-style GGUF vocabulary: <unk>, a space, '<', then N_SPECIALS control tokens
+ * "<0>", "<1>", ... (longer ones later, the order that made an insertion sort quadratic). */
+static void test_gguf_specials(void) {
+    int n = 3 + N_SPECIALS;
+    tlm_gguf_writer w;
+    tlm_gguf_writer_init(&w, 32);
+    tlm_gguf_write_str(&w, "tokenizer.ggml.model", "llama");
+    tlm_gguf_write_array(&w, "tokenizer.ggml.tokens", TLM_GGUF_STRING, (uint64_t)n);
+    tlm_gguf_write_elem_str(&w, "<unk>", 5);
+    tlm_gguf_write_elem_str(&w, "\xE2\x96\x81", 3);
+    tlm_gguf_write_elem_str(&w, "<", 1);
+    char p[32];
+    for (int i = 0; i < N_SPECIALS; i++) {
+        int l = snprintf(p, sizeof p, "<%d>", i);
+        tlm_gguf_write_elem_str(&w, p, (size_t)l);
+    }
+    tlm_gguf_write_array(&w, "tokenizer.ggml.scores", TLM_GGUF_F32, (uint64_t)n);
+    for (int i = 0; i < n; i++) tlm_gguf_write_elem_f32(&w, 0.0f);
+    tlm_gguf_write_array(&w, "tokenizer.ggml.token_type", TLM_GGUF_I32, (uint64_t)n);
+    for (int i = 0; i < n; i++) tlm_gguf_write_elem_i32(&w, i == 0 ? 2 : i < 3 ? 1 : 3);
+    size_t len = 0;
+    uint8_t *f = gguf_image(&w, &len);
+    tlm_gguf_writer_free(&w);
+    if (!f) return;
+    CHECK(write_file("specials.gguf", f, len), "write");
+    free(f);
+    tlm_tokenizer *t = NULL;
+    CHECK_OK(tlm_tokenizer_load("specials.gguf", &t));
+    remove("specials.gguf");
+    if (!t) return;
+    CHECK(tlm_tokenizer_find(t, "<299999>", 8) == 3 + 299999, "find a special");
+    CHECK(tlm_tokenizer_find(t, "<29999", 6) == -1, "a prefix of a special is not a token");
+    int32_t *ids = NULL;
+    size_t nid = 0;
+    const char *text = "<17><<<299999><1000000>";
+    CHECK_OK(tlm_tokenizer_encode(t, text, strlen(text), TLM_ENCODE_ALLOW_SPECIAL, &ids, &nid));
+    /* "<17>", then " <<" (dummy prefix after a special), "<299999>", then " <1000000>" as text:
+     * no special is that long, so '<' then digits and '>' as <unk> */
+    int32_t want[] = {3 + 17, 1, 2, 2, 3 + 299999, 1, 2, 0, 0, 0, 0, 0, 0, 0, 0};
+    CHECK(nid == sizeof want / sizeof *want && !memcmp(ids, want, sizeof want), "%zu ids, first %d",
+          nid, nid ? ids[0] : -1);
+    free(ids);
+    /* 300k '<': every position starts like 300k specials and none matches */
+    size_t L = 300000;
+    char *lt = malloc(L);
+    memset(lt, '<', L);
+    CHECK_OK(tlm_tokenizer_encode(t, lt, L, TLM_ENCODE_ALLOW_SPECIAL, &ids, &nid));
+    int bad = nid != L + 1 || ids[0] != 1;
+    for (size_t i = 1; i < nid && !bad; i++) bad = ids[i] != 2;
+    CHECK(!bad, "%zu ids for %zu '<'", nid, L);
+    free(ids);
+    free(lt);
+    tlm_tokenizer_free(t);
+}
+
+#define N_NAMED 400000
+
+/* encoder.json with the 256 bytes and N_NAMED tokens "<i>", no merges, and a tlm tokenizer.json
+ * that lists every one of them as a special. */
+static void test_dir_specials(void) {
+    mkdir("scale_tok", 0777);
+    size_t cap = (size_t)N_NAMED * 24 + 8192, n = 0;
+    char *enc = malloc(cap), *tj = malloc(cap);
+    n += (size_t)snprintf(enc + n, cap - n, "{");
+    int id = 0;
+    for (int b = 0; b < 256; b++) {
+        /* GPT-2's alphabet: printable Latin-1 stands for itself, the rest from U+0100 */
+        unsigned cp = b <= 0x20                ? 256u + (unsigned)b
+                      : b >= 0x7F && b <= 0xA0 ? 256u + 33u + (unsigned)(b - 0x7F)
+                      : b == 0xAD              ? 256u + 67u
+                                               : (unsigned)b;
+        char u[8];
+        if (cp < 0x80) {
+            if (cp == '"' || cp == '\\')
+                snprintf(u, sizeof u, "\\%c", (char)cp);
+            else
+                snprintf(u, sizeof u, "%c", (char)cp);
+        } else {
+            snprintf(u, sizeof u, "%c%c", (char)(0xC0 | (cp >> 6)), (char)(0x80 | (cp & 0x3F)));
+        }
+        n += (size_t)snprintf(enc + n, cap - n, "%s\"%s\": %d", b ? ", " : "", u, id++);
+    }
+    size_t m = (size_t)snprintf(tj, cap, "{\"type\": \"bpe\", \"specials\": [");
+    for (int i = 0; i < N_NAMED; i++) {
+        n += (size_t)snprintf(enc + n, cap - n, ", \"<%d>\": %d", i, id++);
+        m += (size_t)snprintf(tj + m, cap - m, "%s\"<%d>\"", i ? ", " : "", i);
+    }
+    n += (size_t)snprintf(enc + n, cap - n, "}");
+    m += (size_t)snprintf(tj + m, cap - m, "]}");
+    const char *bpe = "#version: 0.2\n";
+    CHECK(write_file("scale_tok/encoder.json", enc, n) &&
+              write_file("scale_tok/vocab.bpe", bpe, strlen(bpe)) &&
+              write_file("scale_tok/tokenizer.json", tj, m),
+          "write");
+    free(enc);
+    free(tj);
+    tlm_tokenizer *t = NULL;
+    CHECK_OK(tlm_tokenizer_load("scale_tok", &t));
+    if (t) {
+        CHECK(tlm_tokenizer_vocab_size(t) == 256 + N_NAMED, "vocab %d",
+              (int)tlm_tokenizer_vocab_size(t));
+        CHECK(tlm_tokenizer_is_special(t, 256 + 123456), "listed special");
+        int32_t *ids = NULL;
+        size_t nid = 0;
+        CHECK_OK(tlm_tokenizer_encode(t, "<123456><7>", 11, TLM_ENCODE_ALLOW_SPECIAL, &ids, &nid));
+        CHECK(nid == 2 && ids[0] == 256 + 123456 && ids[1] == 256 + 7, "%zu ids", nid);
+        free(ids);
+        tlm_tokenizer_free(t);
+    }
+    remove("scale_tok/encoder.json");
+    remove("scale_tok/vocab.bpe");
+    remove("scale_tok/tokenizer.json");
+    rmdir("scale_tok");
+}
+
 int main(void) {
     test_gguf_keys();
     test_gguf_tensors();
     test_safetensors();
     test_hf_lookups();
+    test_gguf_specials();
+    test_dir_specials();
     return t_finish("test_scale");
 }
