@@ -7,7 +7,8 @@
  *   a Hugging Face directory whose loader looks up 37k tensors among 87k (the 4096-layer cap
  *     bounds the lookups, so a linear search cost seconds here, not minutes);
  *   a GGUF vocabulary with 300k special tokens (sorting them, matching them in a long text);
- *   a GPT-2 tokenizer directory naming 400k specials in tokenizer.json. */
+ *   a GPT-2 tokenizer directory naming 400k specials in tokenizer.json;
+ *   a char vocabulary of 65535 characters seen over and over. */
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -341,6 +342,30 @@ static void test_dir_specials(void) {
     rmdir("scale_tok");
 }
 
+/* 65535 distinct 4-byte characters, then the same again eight times: the set of characters seen
+ * stays one short of its capacity, where it used to be re-sorted for every character. */
+static void test_char_vocab(void) {
+    const size_t D = 65535, reps = 9;
+    uint8_t *text = malloc(D * 4 * reps);
+    size_t n = 0;
+    for (size_t r = 0; r < reps; r++)
+        for (size_t i = 0; i < D; i++) {
+            uint32_t cp = 0x10000 + (uint32_t)i;
+            text[n++] = (uint8_t)(0xF0 | (cp >> 18));
+            text[n++] = (uint8_t)(0x80 | ((cp >> 12) & 0x3F));
+            text[n++] = (uint8_t)(0x80 | ((cp >> 6) & 0x3F));
+            text[n++] = (uint8_t)(0x80 | (cp & 0x3F));
+        }
+    tlm_tokenizer *t = NULL;
+    CHECK_OK(tlm_tokenizer_char_from_text(text, n, &t));
+    if (t) {
+        CHECK(tlm_tokenizer_vocab_size(t) == (int32_t)D, "vocab %d",
+              (int)tlm_tokenizer_vocab_size(t));
+        tlm_tokenizer_free(t);
+    }
+    free(text);
+}
+
 int main(void) {
     test_gguf_keys();
     test_gguf_tensors();
@@ -348,5 +373,6 @@ int main(void) {
     test_hf_lookups();
     test_gguf_specials();
     test_dir_specials();
+    test_char_vocab();
     return t_finish("test_scale");
 }

@@ -110,6 +110,18 @@ tlm_status tlm_tokenizer_char_from_text(const void *text, size_t len, tlm_tokeni
                         if (w == 0 || unit_cmp(&multi[w - 1], &multi[k]) != 0)
                             multi[w++] = multi[k];
                     nm = w;
+                    /* Keep at least half the room free: a list that stays nearly full would be
+                     * sorted again every few characters (quadratic on a text with many distinct
+                     * characters that repeat out of the recent-character filter's sight). */
+                    if (nm > cap / 2) {
+                        unit *nu = realloc(multi, 2 * cap * sizeof *nu);
+                        if (!nu) {
+                            free(multi);
+                            return tlm_err(TLM_ERR_NOMEM, "out of memory");
+                        }
+                        multi = nu;
+                        cap *= 2;
+                    }
                 }
             }
         }
