@@ -31,6 +31,10 @@ const float *fmt_layer_tensor_c(const tlm_model *m, int layer, const char *name)
 tlm_status fmt_gguf_load_model(const tlm_gguf *g, const char *path, tlm_model **out);
 tlm_status fmt_gguf_tensor_to_f32(const tlm_gguf_tensor *t, float *dst, size_t n, const char *path);
 
+/* tlm's .safetensors: the config from its metadata, every tensor checked against the file before
+ * the model is created (fmt_model_create), then read. */
+tlm_status fmt_safetensors_load_model(const char *path, tlm_model **out);
+
 /* llama2.c: 1 if the bytes look like a llama2.c model (v1 magic, or a legacy header that predicts
  * the size exactly). */
 int fmt_llama2c_sniff(const uint8_t *p, size_t n);

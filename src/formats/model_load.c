@@ -18,31 +18,6 @@ static int file_exists(const char *p) {
     return stat(p, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-/* A tlm .safetensors file carries its config in the metadata; a sibling config.json also works. */
-static tlm_status load_tlm_safetensors(const char *path, tlm_model **out) {
-    st_file f;
-    tlm_status s = st_open(&f, path);
-    if (s) return s;
-    tlm_config c;
-    const char *cfg = st_meta(&f, "tlm_config");
-    if (cfg) {
-        s = tlm_config_from_json(cfg, &c);
-        if (s) tlm_err_context(s, "%s: config in metadata", path);
-    } else {
-        s = tlm_err(TLM_ERR_FORMAT, "%s: no tlm_config in the metadata", path);
-    }
-    st_close(&f);
-    if (s) return s;
-    s = tlm_model_create(&c, out);
-    if (s) return s;
-    s = tlm_model_load_safetensors(*out, path);
-    if (s) {
-        tlm_model_free(*out);
-        *out = NULL;
-    }
-    return s;
-}
-
 const char *tlm_model_format_name(tlm_model_format f) {
     switch (f) {
     case TLM_FORMAT_TLM: return "tlm";
@@ -109,10 +84,10 @@ tlm_status tlm_model_detect(const char *path, tlm_model_format *fmt) {
 }
 
 static tlm_status load_tlm(const char *path, tlm_model **out) {
-    if (!is_dir(path)) return load_tlm_safetensors(path, out);
+    if (!is_dir(path)) return fmt_safetensors_load_model(path, out);
     char *p = tlm_path_join(path, "model.safetensors");
     if (!p) return tlm_err(TLM_ERR_NOMEM, "out of memory");
-    tlm_status s = load_tlm_safetensors(p, out);
+    tlm_status s = fmt_safetensors_load_model(p, out);
     free(p);
     return s;
 }
