@@ -254,6 +254,12 @@ static void test_char(const char *data) {
     fclose(f);
     CHECK(tlm_tokenizer_load(dir, &t) == TLM_ERR_FORMAT, "multi-char entry rejected");
     f = fopen(t_path(dir, "tokenizer.json"), "w");
+    fputs("{\"type\": \"char\", \"chars\": [\"a\", \"c\", \"b\", \"c\"]}", f);
+    fclose(f);
+    CHECK(tlm_tokenizer_load(dir, &t) == TLM_ERR_FORMAT &&
+              strstr(tlm_last_error(), "lists byte 0x63 twice"),
+          "repeated byte: %s", tlm_last_error());
+    f = fopen(t_path(dir, "tokenizer.json"), "w");
     fputs("{\"type\": \"wordpiece\"}", f);
     fclose(f);
     CHECK(tlm_tokenizer_load(dir, &t) == TLM_ERR_FORMAT && strstr(tlm_last_error(), "wordpiece"),

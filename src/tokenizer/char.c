@@ -61,12 +61,12 @@ tlm_status tok_build_char(const uint8_t *const *units, const size_t *lens, int32
     }
     for (int32_t i = 0; i < n; i++)
         if (t->off[i + 1] - t->off[i] == 1) {
-            if (t->byte_id[t->data[t->off[i]]] >= 0) {
+            uint8_t b = t->data[t->off[i]]; /* read before t is freed for the message */
+            if (t->byte_id[b] >= 0) {
                 tlm_tokenizer_free(t);
-                return tlm_err(TLM_ERR_FORMAT, "char vocabulary lists byte 0x%02X twice",
-                               t->data[t->off[i]]);
+                return tlm_err(TLM_ERR_FORMAT, "char vocabulary lists byte 0x%02X twice", b);
             }
-            t->byte_id[t->data[t->off[i]]] = i;
+            t->byte_id[b] = i;
         }
     *out = t;
     return TLM_OK;
