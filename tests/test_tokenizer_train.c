@@ -259,6 +259,13 @@ static void test_char(const char *data) {
     CHECK(tlm_tokenizer_load(dir, &t) == TLM_ERR_FORMAT &&
               strstr(tlm_last_error(), "lists byte 0x63 twice"),
           "repeated byte: %s", tlm_last_error());
+    /* token types are checked before they are converted to integers */
+    f = fopen(t_path(dir, "tokenizer.json"), "w");
+    fputs("{\"type\": \"spm\", \"token_types\": [2, 3, 1e20]}", f);
+    fclose(f);
+    CHECK(tlm_tokenizer_load(dir, &t) == TLM_ERR_FORMAT &&
+              strstr(tlm_last_error(), "token_types[2] is not a token type"),
+          "token type out of range: %s", tlm_last_error());
     f = fopen(t_path(dir, "tokenizer.json"), "w");
     fputs("{\"type\": \"wordpiece\"}", f);
     fclose(f);

@@ -150,12 +150,20 @@ tlm_status tok_load_tlm_dir(const char *dir, tlm_tokenizer **out) {
         char *bin = tlm_path_join(dir, "tokenizer.bin");
         cJSON *tarr = cJSON_GetObjectItemCaseSensitive(root, "token_types");
         int nt = cJSON_IsArray(tarr) ? cJSON_GetArraySize(tarr) : 0;
-        if (nt > 0 && (types = malloc((size_t)nt * sizeof *types))) {
-            int k = 0;
-            for (cJSON *it = tarr->child; it; it = it->next) types[k++] = (int32_t)it->valuedouble;
+        if (!bin || (nt > 0 && !(types = malloc((size_t)nt * sizeof *types))))
+            s = tlm_err(TLM_ERR_NOMEM, "out of memory");
+        int k = 0;
+        for (cJSON *it = nt > 0 ? tarr->child : NULL; it && !s; it = it->next, k++) {
+            /* GGUF token types (0 undefined .. 6 byte); checked before the cast, which a value
+             * outside int's range would make undefined */
+            if (!cJSON_IsNumber(it) || !(it->valuedouble >= 0 && it->valuedouble <= 6) ||
+                it->valuedouble != (double)(int)it->valuedouble)
+                s = tlm_err(TLM_ERR_FORMAT, "'%s': token_types[%d] is not a token type (0-6)", path,
+                            k);
+            else
+                types[k] = (int32_t)it->valuedouble;
         }
-        s = bin ? tok_load_llama2c_typed(bin, nt > 0 ? types : NULL, nt, &t)
-                : tlm_err(TLM_ERR_NOMEM, "out of memory");
+        if (!s) s = tok_load_llama2c_typed(bin, nt > 0 ? types : NULL, nt, &t);
         free(bin);
     } else {
         s = tlm_err(TLM_ERR_FORMAT, "'%s': unknown tokenizer type '%.40s' (bpe, spm, char)", path,
