@@ -1,19 +1,8 @@
-/* GGUF: the general reader, then the llama model loader and the vocabulary loader on top. */
-#include "formats/formats.h"
-#include "formats/gguf.h"
-#include "fuzz_common.h"
+/* GGUF: the general reader, then the llama model loader and the vocabulary loader. The work is
+ * fuzz_gguf in fuzz_entries.h (tests/test_fuzz_corpus.c replays the corpus through it). */
+#include "fuzz_entries.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    tlm_gguf *g = NULL;
-    if (tlm_gguf_open_memory(data, size, "fuzz.gguf", &g) == TLM_OK) {
-        tlm_model *m = NULL;
-        if (fmt_gguf_load_model(g, "fuzz.gguf", 0, &m) == TLM_OK) tlm_model_free(m);
-        tlm_gguf_close(g);
-        /* the vocabulary loader reads from a path */
-        const char *p = fuzz_file(".gguf", data, size);
-        tlm_tokenizer *t = NULL;
-        if (tlm_tokenizer_load(p, &t) == TLM_OK) tlm_tokenizer_free(t);
-        remove(p);
-    }
+    fuzz_gguf(data, size);
     return 0;
 }

@@ -1,11 +1,8 @@
-/* llama2.c model files (legacy and v1 headers). */
-#include "fuzz_common.h"
-#include "tlm.h"
+/* llama2.c model files (legacy and v1 headers). The work is fuzz_llama2c in fuzz_entries.h
+ * (tests/test_fuzz_corpus.c replays the corpus through it). */
+#include "fuzz_entries.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    const char *p = fuzz_file(".bin", data, size);
-    tlm_model *m = NULL;
-    if (tlm_model_load_llama2c(p, &m) == TLM_OK) tlm_model_free(m);
-    remove(p);
+    fuzz_llama2c(data, size);
     return 0;
 }

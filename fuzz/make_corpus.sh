@@ -1,26 +1,16 @@
 #!/usr/bin/env bash
-# Regenerates the committed seed corpus (fuzz/corpus/) from scratch with tlm itself and Python:
-# tiny but complete files of every format, so the fuzzer starts from valid structure.
+# Regenerates the committed seed corpus (fuzz/corpus/<target>/) with tlm itself and Python: tiny
+# but complete files of every format, so the fuzzer starts from valid structure. Reproducers of
+# fixed bugs (crash-*) are kept. tests/test_fuzz_corpus.c requires every other file to load.
 # Usage: bash fuzz/make_corpus.sh [path/to/tlm]
 set -euo pipefail
 cd "$(dirname "$0")"
 TLM=$(realpath "${1:-../build/tlm}")
 C=corpus
-rm -rf "$C" && mkdir -p "$C"/{safetensors,gguf,llama2c,tokenizer_bin,gpt2_bpe}
+mkdir -p "$C"/{safetensors,gguf,llama2c,tokenizer_bin,gpt2_bpe,model_load,tokenizer_load}
+find "$C" -type f ! -name 'crash-*' -delete
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
-printf 'the cat sat on the mat. the dog sat on the log.\n%.0s' {1..40} >"$W/text.txt"
-"$TLM" tokenizer train -i "$W/text.txt" --vocab-size 262 -o "$W/tok" >/dev/null 2>&1
-echo '{"context_length": 8, "d_model": 8, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1, "d_ff": 16}' >"$W/cfg.json"
-"$TLM" train -c "$W/cfg.json" --data "$W/text.txt" -z "$W/tok" -o "$W/run" --steps 1 --batch 1 --warmup 0 \
-  --eval-interval 100 -t 1 >/dev/null 2>&1
-"$TLM" convert "$W/run" "$C/gguf/tiny_bpe.gguf" --to gguf 2>/dev/null
-"$TLM" convert "$W/run" "$C/gguf/tiny_f16.gguf" --to gguf --dtype f16 2>/dev/null
-"$TLM" convert "$W/run" "$C/llama2c/tiny_legacy.bin" --to llama2c 2>/dev/null
-"$TLM" convert "$W/run" "$C/llama2c/tiny_v1.bin" --to llama2c --llama2c-version 1 2>/dev/null
-"$TLM" convert "$W/run" "$C/safetensors/tiny_tlm.safetensors" --to safetensors 2>/dev/null
-"$TLM" convert "$W/run" "$W/hf" --to hf --dtype bf16 2>/dev/null
-cp "$W/hf/model.safetensors" "$C/safetensors/tiny_hf_bf16.safetensors"
 /usr/bin/python3 - "$C" <<'PY'
 import json, struct, sys
 c = sys.argv[1]
@@ -46,5 +36,85 @@ for m in merges:
 enc["<|endoftext|>"] = len(enc)
 blob = json.dumps(enc).encode() + b"\0" + ("#version: 0.2\n" + "\n".join(merges) + "\n").encode()
 open(f"{c}/gpt2_bpe/tiny", "wb").write(blob)
+PY
+printf 'the cat sat on the mat. the dog sat on the log.\n%.0s' {1..40} >"$W/text.txt"
+"$TLM" tokenizer train -i "$W/text.txt" --vocab-size 262 --special '<|endoftext|>' -o "$W/tok" >/dev/null 2>&1
+echo '{"context_length": 8, "d_model": 8, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1, "d_ff": 16}' >"$W/cfg.json"
+echo '{"context_length": 8, "d_model": 8, "n_layers": 1, "n_heads": 2, "d_ff": 16, "norm": "layernorm",
+  "bias": true, "position": "learned", "ffn": "gelu_tanh"}' >"$W/gpt2.json"
+train() { # CONFIG OUT TOKENIZER-ARGS...
+  local cfg=$1 out=$2
+  shift 2
+  "$TLM" train -c "$cfg" --data "$W/text.txt" "$@" -o "$out" --steps 1 --batch 1 --warmup 0 \
+    --eval-interval 100 -t 1 >/dev/null 2>&1
+}
+train "$W/cfg.json" "$W/run" -z "$W/tok"
+train "$W/cfg.json" "$W/run_spm" -z "$C/tokenizer_bin/tiny.bin"
+train "$W/cfg.json" "$W/run_char" --char
+train "$W/gpt2.json" "$W/run_gpt2" -z "$W/tok"
+"$TLM" convert "$W/run" "$C/gguf/tiny_bpe.gguf" --to gguf 2>/dev/null
+"$TLM" convert "$W/run" "$C/gguf/tiny_f16.gguf" --to gguf --dtype f16 2>/dev/null
+"$TLM" convert "$W/run_spm" "$W/spm_f16.gguf" --to gguf --dtype f16 2>/dev/null
+"$TLM" convert "$W/run" "$C/llama2c/tiny_legacy.bin" --to llama2c 2>/dev/null
+"$TLM" convert "$W/run" "$C/llama2c/tiny_v1.bin" --to llama2c --llama2c-version 1 2>/dev/null
+"$TLM" convert "$W/run" "$C/safetensors/tiny_tlm.safetensors" --to safetensors 2>/dev/null
+"$TLM" convert "$W/run" "$W/hf" --to hf --dtype bf16 2>/dev/null
+"$TLM" convert "$W/run_gpt2" "$W/hf_gpt2" --to hf 2>/dev/null
+cp "$W/hf/model.safetensors" "$C/safetensors/tiny_hf_bf16.safetensors"
+
+# The top-level targets: a format byte, then the file, or a directory's files joined by the split
+# marker of fuzz_entries.h.
+/usr/bin/python3 - "$C" "$W" <<'PY'
+import json, struct, sys
+c, w = sys.argv[1], sys.argv[2]
+SPLIT = b"<<tlm-fuzz-split>>"
+def rd(p):
+    return open(p, "rb").read()
+def seed(target, name, kind, *files):
+    open(f"{c}/{target}/{name}", "wb").write(bytes([kind]) + SPLIT.join(files))
+
+# A Hugging Face model in two shards with an index, from the single-file export.
+st = rd(f"{w}/hf/model.safetensors")
+hlen = struct.unpack("<Q", st[:8])[0]
+head = json.loads(st[8:8 + hlen])
+data = st[8 + hlen:]
+meta = head.pop("__metadata__", None)
+names = sorted(head)
+shards, weight_map = [], {}
+for k, part in enumerate((names[: len(names) // 2], names[len(names) // 2:])):
+    fname = "model-%05d-of-00002.safetensors" % (k + 1)
+    h, blob = {}, b""
+    for n in part:
+        b, e = head[n]["data_offsets"]
+        h[n] = dict(head[n], data_offsets=[len(blob), len(blob) + e - b])
+        blob += data[b:e]
+        weight_map[n] = fname
+    if meta:
+        h["__metadata__"] = meta
+    hj = json.dumps(h).encode()
+    hj += b" " * (-len(hj) % 8)
+    shards.append(struct.pack("<Q", len(hj)) + hj + blob)
+index = json.dumps({"metadata": {"total_size": len(data)}, "weight_map": weight_map}).encode()
+
+seed("model_load", "gguf_bpe", 0, rd(f"{c}/gguf/tiny_bpe.gguf"))
+seed("model_load", "gguf_spm_f16", 0, rd(f"{w}/spm_f16.gguf"))
+seed("model_load", "llama2c_legacy", 1, rd(f"{c}/llama2c/tiny_legacy.bin"))
+seed("model_load", "llama2c_v1", 1, rd(f"{c}/llama2c/tiny_v1.bin"))
+seed("model_load", "tlm_safetensors", 2, rd(f"{c}/safetensors/tiny_tlm.safetensors"))
+seed("model_load", "hf_llama_bf16", 3, rd(f"{w}/hf/config.json"), st)
+seed("model_load", "hf_gpt2", 3, rd(f"{w}/hf_gpt2/config.json"), rd(f"{w}/hf_gpt2/model.safetensors"))
+seed("model_load", "hf_sharded", 4, rd(f"{w}/hf/config.json"), index, *shards)
+seed("model_load", "tlm_dir", 5, rd(f"{w}/run/model.safetensors"))
+
+seed("tokenizer_load", "gguf_bpe", 0, rd(f"{c}/gguf/tiny_bpe.gguf"))
+seed("tokenizer_load", "gguf_spm", 0, rd(f"{w}/spm_f16.gguf"))
+seed("tokenizer_load", "tokenizer_bin", 1, rd(f"{c}/tokenizer_bin/tiny.bin"))
+seed("tokenizer_load", "gpt2_dir", 2, rd(f"{w}/run/tokenizer/encoder.json"),
+     rd(f"{w}/run/tokenizer/vocab.bpe"))
+seed("tokenizer_load", "tlm_bpe_dir", 3, rd(f"{w}/run/tokenizer/tokenizer.json"),
+     rd(f"{w}/run/tokenizer/encoder.json"), rd(f"{w}/run/tokenizer/vocab.bpe"))
+seed("tokenizer_load", "tlm_spm_dir", 4, rd(f"{w}/run_spm/tokenizer/tokenizer.json"),
+     rd(f"{w}/run_spm/tokenizer/tokenizer.bin"))
+seed("tokenizer_load", "tlm_char_dir", 5, rd(f"{w}/run_char/tokenizer/tokenizer.json"))
 PY
 ls -la "$C"/*

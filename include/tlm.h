@@ -91,9 +91,10 @@ typedef enum { TLM_ROPE_HALF = 0, TLM_ROPE_INTERLEAVED } tlm_rope_pairing;
 #define TLM_MAX_D_FF (1 << 20)
 /* Floats in the parameter buffer (4 TiB; 2.7x Llama 3 405B). */
 #define TLM_MAX_PARAMS ((int64_t)1 << 40)
-/* Floats in each fixed table a model builds at creation (1 GiB): RoPE's cos and sin tables
- * [context_length, head_dim/2], the sinusoid table [context_length, d_model]. */
-#define TLM_MAX_TABLE_FLOATS (1 << 28)
+/* Floats in each fixed table a model builds at creation (256 MiB; a million-token context at
+ * head dim 128): RoPE's cos and sin tables [context_length, head_dim/2], the sinusoid table
+ * [context_length, d_model]. A file's header alone sets these, so they stay far below memory. */
+#define TLM_MAX_TABLE_FLOATS (1 << 26)
 
 typedef struct {
     int vocab_size;     /* 1 .. TLM_MAX_VOCAB_SIZE */

@@ -12,7 +12,7 @@ trap 'rm -rf "$W"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 pass=0
 ok() { pass=$((pass + 1)); }
-if [ ! -d "$DATA/models" ]; then echo "no shared data: skipped"; exit 0; fi
+[ -d "$DATA/models" ] || fail "the shared test data is missing: no directory $DATA/models"
 M=$DATA/models
 
 # --- 1. stories260K: llama2.c's greedy vector ------------------------------------------------
@@ -72,11 +72,8 @@ ok
 
 # --- 3. llama.cpp on tlm-written GGUF -----------------------------------------------------------
 NODE_DIR=$SRC/tests/node
-if [ ! -d "$NODE_DIR/node_modules/node-llama-cpp" ]; then
-  echo "SKIP llama.cpp checks: node-llama-cpp not installed (bash scripts/setup.sh)"
-  echo "formats_cli: $pass passed"
-  exit 0
-fi
+[ -d "$NODE_DIR/node_modules/node-llama-cpp" ] ||
+  fail "node-llama-cpp is not installed in $NODE_DIR/node_modules: run bash scripts/setup.sh"
 llamacpp() { # MODEL "IDS" N -> generated ids, space separated
   (cd "$NODE_DIR" && NODE_LLAMA_CPP_SKIP_DOWNLOAD=true node llama_greedy.mjs "$1" "$2" "$3") |
     /usr/bin/python3 -c "import json,sys; print(' '.join(map(str, json.load(sys.stdin)['ids'])))"

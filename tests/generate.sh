@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tlm generate: flags, --ids / --print-ids, limits (-n, context), seeding, errors, and real text
-# from the pretrained llama2.c stories260K model when ../shared/data has it.
+# from the pretrained llama2.c stories260K model in ../shared/data (a failure when it is missing).
 set -u
 TLM=${TLM:-build/tlm}
 SRC=${TLM_SOURCE_DIR:-.}
@@ -130,7 +130,7 @@ if [[ -f $DATA/models/stories260K.bin && -f $DATA/models/tok512.bin ]]; then
     expect "BOS start gives text" test ${#t1} -gt 20
     expect "BOS start reproducible" test "$t1" = "$t2"
 else
-    echo "note: $DATA/models/stories260K.bin not found; skipping the pretrained-model checks"
+    bad "the shared test data is missing: no $DATA/models/stories260K.bin and tok512.bin"
 fi
 
 echo "generate.sh: $pass passed, $fail failed"

@@ -46,13 +46,24 @@ int t_finish(const char *name) {
     return t_failed == 0 && t_passed > 0 ? 0 : 1;
 }
 
-const char *t_shared_data(void) {
+static const char *shared_data_path(void) {
     static char buf[4096];
     const char *env = getenv("TLM_SHARED_DATA");
     if (env) return env;
     snprintf(buf, sizeof buf, "%s/../shared/data", TLM_SOURCE_DIR);
+    return buf;
+}
+
+const char *t_shared_data(void) {
+    const char *p = shared_data_path();
     struct stat st;
-    return stat(buf, &st) == 0 ? buf : NULL;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode) ? p : NULL;
+}
+
+const char *t_require_shared_data(void) {
+    const char *d = t_shared_data();
+    CHECK(d != NULL, "the shared test data is missing: no directory %s", shared_data_path());
+    return d;
 }
 
 const char *t_path(const char *dir, const char *name) {

@@ -33,14 +33,18 @@ extern int t_passed, t_failed;
 
 /* Prints "N passed, N failed" and returns the process exit status. */
 int t_finish(const char *name);
-/* Directory of the shared test data (../shared/data next to the repository), or NULL. */
+/* Directory of the shared test data ($TLM_SHARED_DATA, else ../shared/data next to the
+ * repository), or NULL when it is not there. */
 const char *t_shared_data(void);
+/* The same, as a requirement: when the directory is missing, a failed check naming the path
+ * (CI and every machine set up by scripts/setup.sh have it), and NULL. */
+const char *t_require_shared_data(void);
 /* Joins a directory and a name into a static buffer (rotating among a few). */
 const char *t_path(const char *dir, const char *name);
 
 /* A PyTorch parity case (tests/reference/gen_fixtures.py): the model with the reference's weights,
  * the batch, and the open io.safetensors holding the expected outputs. */
-#include "formats/safetensors.h"
+#include "io/safetensors.h"
 #include "tlm.h"
 
 /* tlm_forward through a context of the harness's own: the logits stay valid for the next three

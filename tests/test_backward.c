@@ -3,8 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "formats/safetensors.h"
 #include "harness.h"
+#include "io/safetensors.h"
 #include "tlm.h"
 
 static void grad_case(t_parity *p, int data_parallel) {

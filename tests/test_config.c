@@ -166,22 +166,22 @@ static void test_size_limits(void) {
     /* The same context with a narrow head is at the table limit exactly. */
     tlm_config_default(&c);
     c.context_length = TLM_MAX_CONTEXT_LENGTH;
-    c.d_model = 32;
+    c.d_model = 8;
     c.n_heads = 1;
-    expect_accepted(c, "RoPE table of 2^28 floats");
-    c.d_model = 34;
-    expect_refused(c, "context_length", "RoPE table just above 2^28 floats");
+    expect_accepted(c, "RoPE table of 2^26 floats");
+    c.d_model = 10;
+    expect_refused(c, "context_length", "RoPE table just above 2^26 floats");
     /* tlm_model_create finalizes before it allocates anything. */
     tlm_model *m = NULL;
     CHECK(tlm_model_create(&c, &m) == TLM_ERR_CONFIG && !m, "model_create refuses the tables");
     CHECK(strstr(tlm_last_error(), "context_length") != NULL, "model_create: %s", tlm_last_error());
     /* Sinusoids are [context_length, d_model]. */
     c.position = TLM_POS_SINUSOIDAL;
-    c.d_model = 16;
-    expect_accepted(c, "sinusoid table of 2^28 floats");
-    c.d_model = 32;
-    expect_refused(c, "context_length 16777216 x d_model 32", "sinusoid table of 2^29 floats");
-    expect_refused(c, "sinusoid", "sinusoid table of 2^29 floats");
+    c.d_model = 4;
+    expect_accepted(c, "sinusoid table of 2^26 floats");
+    c.d_model = 8;
+    expect_refused(c, "context_length 16777216 x d_model 8", "sinusoid table of 2^27 floats");
+    expect_refused(c, "sinusoid", "sinusoid table of 2^27 floats");
     /* Learned positions are a tensor: at 2^24 x 2^16 it alone is the parameter limit. */
     c.position = TLM_POS_LEARNED;
     c.d_model = TLM_MAX_D_MODEL;

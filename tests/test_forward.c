@@ -3,8 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "formats/safetensors.h"
 #include "harness.h"
+#include "io/safetensors.h"
 #include "tlm.h"
 
 static void parity_case(t_parity *p, void *user) {

@@ -255,7 +255,7 @@ static void test_llamacpp_bpe(void) {
     const char *node_dir = TLM_SOURCE_DIR "/tests/node/node_modules/node-llama-cpp";
     struct stat st;
     if (stat(node_dir, &st) != 0) {
-        printf("SKIP llama.cpp check: node-llama-cpp not installed (bash scripts/setup.sh)\n");
+        CHECK(0, "node-llama-cpp is not installed at %s: run bash scripts/setup.sh", node_dir);
         return;
     }
     const char *text =
@@ -334,13 +334,11 @@ int main(void) {
     tlm_set_threads(2);
     test_q8_0();
     test_half_roundtrip();
-    const char *dir = t_shared_data();
+    const char *dir = t_require_shared_data();
     if (dir) {
         test_stories(dir);
         test_tiny_random(dir);
         test_malformed(dir);
-    } else {
-        printf("no ../shared/data: skipping the real GGUF files\n");
     }
     test_llamacpp_bpe();
     return t_finish("test_gguf");

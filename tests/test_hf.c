@@ -6,8 +6,8 @@
 #include <string.h>
 
 #include "core/core.h"
-#include "formats/safetensors.h"
 #include "harness.h"
+#include "io/safetensors.h"
 #include "tlm.h"
 
 #define SCRIPT TLM_SOURCE_DIR "/tests/reference/hf_layouts.py"
@@ -172,6 +172,16 @@ static void test_malformed(void) {
     write_text("hf_bad/model.safetensors.index.json",
                "{\"weight_map\": {\"model.norm.weight\": \"../../etc/passwd\"}}");
     expect_bad("hf_bad", TLM_ERR_FORMAT, "bad shard name");
+    /* Shards open in order of first appearance in the weight map, each once however often it
+     * is named; a tensor in two shards is refused, naming it and both shards. */
+    system("cp hf_layouts/llama_tied/model.safetensors hf_bad/a.safetensors && "
+           "cp hf_layouts/llama_tied/model.safetensors hf_bad/b.safetensors");
+    write_text("hf_bad/model.safetensors.index.json",
+               "{\"weight_map\": {\"x\": \"b.safetensors\", \"y\": \"a.safetensors\", "
+               "\"z\": \"b.safetensors\", \"w\": \"a.safetensors\"}}");
+    expect_bad("hf_bad", TLM_ERR_FORMAT,
+               "tensor 'model.embed_tokens.weight' is in both b.safetensors and a.safetensors");
+    system("rm hf_bad/a.safetensors hf_bad/b.safetensors");
     /* A truncated shard is caught by the safetensors reader. */
     system("rm hf_bad/model.safetensors.index.json && head -c 2000 "
            "hf_layouts/llama_tied/model.safetensors > hf_bad/model.safetensors");

@@ -180,11 +180,8 @@ int main(void) {
     tlm_set_threads(2);
     test_half_pairing();
     test_malformed();
-    const char *dir = t_shared_data();
-    if (dir)
-        test_stories(dir);
-    else
-        printf("no ../shared/data: skipping stories260K\n");
+    const char *dir = t_require_shared_data();
+    if (dir) test_stories(dir);
     remove("l2c_v1.bin");
     remove("l2c_legacy.bin");
     return t_finish("test_llama2c");

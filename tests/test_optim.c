@@ -3,8 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "formats/safetensors.h"
 #include "harness.h"
+#include "io/safetensors.h"
 #include "tlm.h"
 
 #define DIR TLM_BUILD_DIR "/fixtures/optim"

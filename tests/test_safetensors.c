@@ -3,8 +3,8 @@
 #include <string.h>
 
 #include "core/half.h"
-#include "formats/safetensors.h"
 #include "harness.h"
+#include "io/safetensors.h"
 #include "tlm.h"
 
 static void write_raw(const char *path, const char *header, size_t data_len) {
@@ -126,10 +126,59 @@ static void test_model_io(void) {
     remove("model_rt.safetensors");
 }
 
+/* A tlm .safetensors is checked against its config before the model is built: a config that asks
+ * for the largest context allowed in a file without tensors is refused for the missing tensors (it
+ * used to build its RoPE tables first), and a complete file whose config asks for a context beyond
+ * the config's limit is refused naming it (it used to build 3 GB). */
+static void test_model_checked_first(void) {
+    tlm_config c;
+    tlm_config_default(&c);
+    c.vocab_size = 17;
+    c.d_model = 16;
+    c.n_heads = 2;
+    c.n_layers = 1;
+    c.context_length = 1 << 24;
+    char *cfg = tlm_config_to_json(&c);
+    const char *k[] = {"format", "tlm_config"}, *v[] = {"tlm", cfg};
+    CHECK_OK(st_write("huge_ctx.safetensors", NULL, 0, k, v, 2));
+    free(cfg);
+    tlm_model *m = NULL;
+    tlm_status s = tlm_model_load("huge_ctx.safetensors", &m);
+    CHECK(s == TLM_ERR_FORMAT && !m &&
+              strstr(tlm_last_error(), "missing tensor 'token_embd.weight'"),
+          "status %d: %s", (int)s, tlm_last_error());
+    c.context_length = 16;
+    CHECK_OK(tlm_model_create(&c, &m));
+    if (!m) return;
+    int n;
+    const tlm_tensor_info *ti = tlm_model_tensors(m, &n);
+    st_out_tensor *t = calloc((size_t)n, sizeof *t);
+    for (int i = 0; i < n; i++)
+        t[i] = (st_out_tensor){ti[i].name,
+                               TLM_DTYPE_F32,
+                               ti[i].ndim,
+                               {ti[i].shape[0], ti[i].shape[1]},
+                               tlm_model_params(m) + ti[i].offset};
+    c.context_length = 100000000;
+    cfg = tlm_config_to_json(&c);
+    v[1] = cfg;
+    CHECK_OK(st_write("huge_ctx.safetensors", t, n, k, v, 2));
+    free(cfg);
+    free(t);
+    tlm_model_free(m);
+    m = NULL;
+    s = tlm_model_load("huge_ctx.safetensors", &m);
+    CHECK(s == TLM_ERR_CONFIG && !m && strstr(tlm_last_error(), "context_length"), "status %d: %s",
+          (int)s, tlm_last_error());
+    tlm_model_free(m);
+    remove("huge_ctx.safetensors");
+}
+
 int main(void) {
     test_half();
     test_malformed();
     test_roundtrip();
     test_model_io();
+    test_model_checked_first();
     return t_finish("test_safetensors");
 }

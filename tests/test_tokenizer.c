@@ -363,9 +363,58 @@ static void test_malformed(const tlm_tokenizer *gpt2) {
     CHECK(system(cmd) == 0, "cleanup");
 }
 
+/* The sorted special-token table answers like the plain definition: the longest entry that is a
+ * prefix of the text, the lowest id among equal ones; exact lookups likewise. Random tables over
+ * a 3-letter alphabet (many shared prefixes, repeats) against a scan of every entry. */
+static void test_special_table(void) {
+    tlm_rng r;
+    tlm_rng_seed(&r, 7, 1);
+    int bad = 0, matched = 0;
+    for (int round = 0; round < 300; round++) {
+        int n = 1 + (int)tlm_rng_below(&r, 40);
+        uint8_t bytes[40][6];
+        tok_str s[40];
+        for (int i = 0; i < n; i++) {
+            s[i].len = 1 + tlm_rng_below(&r, 5);
+            for (size_t k = 0; k < s[i].len; k++)
+                bytes[i][k] = (uint8_t)('a' + tlm_rng_below(&r, 3));
+            s[i].p = bytes[i];
+            s[i].id = (int32_t)tlm_rng_below(&r, 1000);
+        }
+        tok_str sorted[40];
+        memcpy(sorted, s, sizeof s);
+        tok_strs_sort(sorted, (size_t)n);
+        for (int q = 0; q < 20; q++) {
+            uint8_t text[8];
+            size_t tl = tlm_rng_below(&r, 8);
+            for (size_t k = 0; k < tl; k++) text[k] = (uint8_t)('a' + tlm_rng_below(&r, 3));
+            int want = -1; /* index into s */
+            for (int i = 0; i < n; i++)
+                if (s[i].len <= tl && !memcmp(s[i].p, text, s[i].len) &&
+                    (want < 0 || s[i].len > s[want].len ||
+                     (s[i].len == s[want].len && s[i].id < s[want].id)))
+                    want = i;
+            ptrdiff_t got = tok_strs_longest_prefix(sorted, (size_t)n, text, tl);
+            if ((want < 0) != (got < 0) ||
+                (want >= 0 && (sorted[got].id != s[want].id || sorted[got].len != s[want].len)))
+                bad++;
+            matched += want >= 0;
+            int exact = -1;
+            for (int i = 0; i < n; i++)
+                if (s[i].len == tl && !memcmp(s[i].p, text, tl) &&
+                    (exact < 0 || s[i].id < s[exact].id))
+                    exact = i;
+            ptrdiff_t f = tok_strs_find(sorted, (size_t)n, text, tl);
+            if ((exact < 0) != (f < 0) || (exact >= 0 && sorted[f].id != s[exact].id)) bad++;
+        }
+    }
+    CHECK(bad == 0 && matched > 1000, "%d mismatches (%d queries matched)", bad, matched);
+}
+
 int main(void) {
     const char *dir = tok_data();
     test_unicode_classes();
+    test_special_table();
     if (dir) {
         tlm_tokenizer *gpt2 = NULL;
         CHECK_OK(tlm_tokenizer_load(t_path(dir, "tokenizers/gpt2"), &gpt2));

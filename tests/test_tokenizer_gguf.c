@@ -1,5 +1,5 @@
 /* GGUF reader (valid and malformed files) and GGUF vocabularies against llama.cpp's vectors. */
-#include "formats/gguf.h"
+#include "io/gguf.h"
 #include "tok_common.h"
 #include "tokenizer/tok_internal.h"
 

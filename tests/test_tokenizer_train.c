@@ -148,6 +148,17 @@ static void test_small(void) {
     /* bad arguments */
     tlm_bpe_train_opts bad = {.vocab_size = 100};
     CHECK(tlm_tokenizer_train_bpe_texts(&txt, &len, 1, &bad, &t) == TLM_ERR_ARG, "vocab < 256");
+    const char *rep[] = {"<|b|>", "<|a|>", "<|b|>"};
+    tlm_bpe_train_opts ro = {.vocab_size = 300, .specials = rep, .n_specials = 3};
+    CHECK(tlm_tokenizer_train_bpe_texts(&txt2, &len, 1, &ro, &t) == TLM_ERR_ARG &&
+              strstr(tlm_last_error(), "'<|b|>' is repeated"),
+          "repeated special: %s", tlm_last_error());
+    const char *empty[] = {"<|a|>", ""};
+    ro.specials = empty;
+    ro.n_specials = 2;
+    CHECK(tlm_tokenizer_train_bpe_texts(&txt2, &len, 1, &ro, &t) == TLM_ERR_ARG &&
+              strstr(tlm_last_error(), "empty special"),
+          "empty special: %s", tlm_last_error());
     const char *none = "/nonexistent/file.txt";
     o.vocab_size = 300;
     CHECK(tlm_tokenizer_train_bpe(&none, 1, &o, &t) == TLM_ERR_IO, "missing input");
@@ -242,6 +253,19 @@ static void test_char(const char *data) {
     fputs("{\"type\": \"char\", \"chars\": [\"ab\"]}", f);
     fclose(f);
     CHECK(tlm_tokenizer_load(dir, &t) == TLM_ERR_FORMAT, "multi-char entry rejected");
+    f = fopen(t_path(dir, "tokenizer.json"), "w");
+    fputs("{\"type\": \"char\", \"chars\": [\"a\", \"c\", \"b\", \"c\"]}", f);
+    fclose(f);
+    CHECK(tlm_tokenizer_load(dir, &t) == TLM_ERR_FORMAT &&
+              strstr(tlm_last_error(), "lists byte 0x63 twice"),
+          "repeated byte: %s", tlm_last_error());
+    /* token types are checked before they are converted to integers */
+    f = fopen(t_path(dir, "tokenizer.json"), "w");
+    fputs("{\"type\": \"spm\", \"token_types\": [2, 3, 1e20]}", f);
+    fclose(f);
+    CHECK(tlm_tokenizer_load(dir, &t) == TLM_ERR_FORMAT &&
+              strstr(tlm_last_error(), "token_types[2] is not a token type"),
+          "token type out of range: %s", tlm_last_error());
     f = fopen(t_path(dir, "tokenizer.json"), "w");
     fputs("{\"type\": \"wordpiece\"}", f);
     fclose(f);

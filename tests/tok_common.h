@@ -12,11 +12,7 @@
 #include "tlm.h"
 
 /* The shared data directory; fails the test loudly when it is missing (CI has it). */
-static inline const char *tok_data(void) {
-    const char *d = t_shared_data();
-    CHECK(d != NULL, "../shared/data is missing: the tokenizer vectors cannot be checked");
-    return d;
-}
+static inline const char *tok_data(void) { return t_require_shared_data(); }
 
 static inline cJSON *tok_read_json(const char *path) {
     char *txt;

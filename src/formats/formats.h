@@ -40,7 +40,7 @@ tlm_status fmt_load_tlm_file(const char *path, int writable, tlm_model **out);
 
 /* GGUF (gguf_model.c): a model from an opened file; a ggml tensor (F32, F16, BF16, Q8_0) as n
  * floats. */
-#include "formats/gguf.h"
+#include "io/gguf.h"
 /* The model in an opened GGUF. The model takes over the file's mapping (g->owns_map) when it
  * keeps tensors in place. */
 tlm_status fmt_gguf_load_model(tlm_gguf *g, const char *path, int writable, tlm_model **out);

@@ -10,7 +10,7 @@
 
 #include "core/dtype.h"
 #include "formats/formats.h"
-#include "formats/gguf.h"
+#include "io/gguf.h"
 
 static tlm_status get_dim(const tlm_gguf *g, const char *key, int64_t def, int64_t hi,
                           const char *path, int *out) {

@@ -15,16 +15,26 @@
 #include <cjson/cJSON.h>
 
 #include "formats/formats.h"
-#include "formats/safetensors.h"
+#include "io/safetensors.h"
 
 #define HF_MAX_SHARDS 256
 
 typedef enum { HF_LLAMA, HF_GPT2 } hf_arch;
 
+/* A tensor of some shard, in the name index that spans all shards. */
+typedef struct {
+    const char *name;
+    int file;
+    const st_tensor *t;
+} hf_entry;
+
 typedef struct {
     const char *dir;
     st_file files[HF_MAX_SHARDS];
+    char *file_names[HF_MAX_SHARDS];
     int n_files;
+    hf_entry *index; /* every shard's tensors sorted by name */
+    size_t n_index;
     const char *prefix; /* GPT-2: "" or "transformer." */
 } hf_dir;
 
@@ -53,8 +63,56 @@ static tlm_status open_file(hf_dir *h, const char *name) {
     tlm_status s = st_open(&h->files[h->n_files], p);
     free(p);
     if (s) return s;
+    h->file_names[h->n_files] = strdup(name);
     h->n_files++;
+    return h->file_names[h->n_files - 1] ? TLM_OK : tlm_err(TLM_ERR_NOMEM, "out of memory");
+}
+
+static int cmp_entry_name(const void *a, const void *b) {
+    return strcmp(((const hf_entry *)a)->name, ((const hf_entry *)b)->name);
+}
+
+static int cmp_entry(const void *a, const void *b) {
+    const hf_entry *x = a, *y = b;
+    int c = strcmp(x->name, y->name);
+    return c ? c : (x->file > y->file) - (x->file < y->file);
+}
+
+/* One sorted index over every shard, so that each lookup is a binary search; a name in two
+ * shards is an error, as it would be inside one file. */
+static tlm_status index_tensors(hf_dir *h) {
+    size_t n = 0;
+    for (int i = 0; i < h->n_files; i++) n += (size_t)h->files[i].n;
+    h->index = malloc((n ? n : 1) * sizeof *h->index);
+    if (!h->index) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < h->n_files; i++)
+        for (int k = 0; k < h->files[i].n; k++)
+            h->index[h->n_index++] =
+                (hf_entry){h->files[i].tensors[k].name, i, &h->files[i].tensors[k]};
+    qsort(h->index, n, sizeof *h->index, cmp_entry);
+    for (size_t k = 1; k < n; k++)
+        if (!strcmp(h->index[k - 1].name, h->index[k].name))
+            return tlm_err(TLM_ERR_FORMAT, "%s: tensor '%s' is in both %s and %s", h->dir,
+                           h->index[k].name, h->file_names[h->index[k - 1].file],
+                           h->file_names[h->index[k].file]);
     return TLM_OK;
+}
+
+/* A shard name of the weight map and where it first appears. */
+typedef struct {
+    const char *name;
+    size_t first;
+} shard_ref;
+
+static int cmp_ref_name(const void *a, const void *b) {
+    const shard_ref *x = a, *y = b;
+    int c = strcmp(x->name, y->name);
+    return c ? c : (x->first > y->first) - (x->first < y->first);
+}
+
+static int cmp_ref_first(const void *a, const void *b) {
+    const shard_ref *x = a, *y = b;
+    return (x->first > y->first) - (x->first < y->first);
 }
 
 static tlm_status open_tensors(hf_dir *h) {
@@ -70,7 +128,8 @@ static tlm_status open_tensors(hf_dir *h) {
                            "%s: no model.safetensors or model.safetensors.index.json (only "
                            "safetensors weights are supported)",
                            h->dir);
-        return open_file(h, "model.safetensors");
+        tlm_status s = open_file(h, "model.safetensors");
+        return s ? s : index_tensors(h);
     }
     char *text;
     tlm_status s = tlm_read_file(idx, &text, NULL);
@@ -87,46 +146,58 @@ static tlm_status open_tensors(hf_dir *h) {
         free(idx);
         return s;
     }
-    /* Distinct shard names, in order of first appearance. */
-    const char *names[HF_MAX_SHARDS];
-    int n = 0;
+    /* Distinct shard names in order of first appearance: sorted by name, the first of each run
+     * kept, then back in map order (a map has an entry per tensor, so no pairwise scan). */
+    size_t n_refs = 0;
+    shard_ref *refs = malloc(((size_t)cJSON_GetArraySize(map) + 1) * sizeof *refs);
+    if (!refs) s = tlm_err(TLM_ERR_NOMEM, "out of memory");
     cJSON *e;
     cJSON_ArrayForEach(e, map) {
+        if (s) break;
         if (!cJSON_IsString(e) || !safe_name(e->valuestring)) {
             s = tlm_err(TLM_ERR_FORMAT, "%s: bad shard name for '%s'", idx, e->string);
             break;
         }
-        int seen = 0;
-        for (int i = 0; i < n && !seen; i++) seen = !strcmp(names[i], e->valuestring);
-        if (seen) continue;
-        if (n == HF_MAX_SHARDS) {
-            s = tlm_err(TLM_ERR_FORMAT, "%s: more than %d shards", idx, HF_MAX_SHARDS);
-            break;
-        }
-        names[n++] = e->valuestring;
+        refs[n_refs] = (shard_ref){e->valuestring, n_refs};
+        n_refs++;
     }
-    for (int i = 0; i < n && !s; i++) s = open_file(h, names[i]);
+    size_t n = 0;
+    if (!s) {
+        qsort(refs, n_refs, sizeof *refs, cmp_ref_name);
+        for (size_t i = 0; i < n_refs; i++)
+            if (i == 0 || strcmp(refs[i - 1].name, refs[i].name)) refs[n++] = refs[i];
+        qsort(refs, n, sizeof *refs, cmp_ref_first);
+        if (n > HF_MAX_SHARDS)
+            s = tlm_err(TLM_ERR_FORMAT, "%s: more than %d shards", idx, HF_MAX_SHARDS);
+    }
+    for (size_t i = 0; i < n && !s; i++) s = open_file(h, refs[i].name);
+    if (!s) s = index_tensors(h);
+    free(refs);
     cJSON_Delete(j);
     free(idx);
     return s;
 }
 
 static void close_dir(hf_dir *h) {
-    for (int i = 0; i < h->n_files; i++) st_close(&h->files[i]);
+    for (int i = 0; i < h->n_files; i++) {
+        st_close(&h->files[i]);
+        free(h->file_names[i]);
+    }
     h->n_files = 0;
+    free(h->index);
+    h->index = NULL;
+    h->n_index = 0;
 }
 
 static const st_tensor *find(const hf_dir *h, const char *name, int *file) {
     char full[256];
     snprintf(full, sizeof full, "%s%s", h->prefix, name);
-    for (int i = 0; i < h->n_files; i++) {
-        const st_tensor *t = st_find(&h->files[i], full);
-        if (t) {
-            *file = i;
-            return t;
-        }
-    }
-    return NULL;
+    hf_entry key = {full, -1, NULL};
+    const hf_entry *e =
+        h->index ? bsearch(&key, h->index, h->n_index, sizeof key, cmp_entry_name) : NULL;
+    if (!e) return NULL;
+    *file = e->file;
+    return e->t;
 }
 
 /* Reads tensor `name` of shape [d0] or [d0, d1] into dst (floats). */

@@ -4,8 +4,8 @@
 #include <sys/stat.h>
 
 #include "formats/formats.h"
-#include "formats/gguf.h"
-#include "formats/safetensors.h"
+#include "io/gguf.h"
+#include "io/safetensors.h"
 
 tlm_status fmt_safetensors_list(const st_file *f, tlm_file_tensor **out, int *n);
 tlm_status fmt_hf_list(const char *dir, tlm_file_tensor **out, int *n);

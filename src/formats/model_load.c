@@ -5,7 +5,7 @@
 #include <sys/stat.h>
 
 #include "formats/formats.h"
-#include "formats/safetensors.h"
+#include "io/safetensors.h"
 #include "model/model.h"
 
 static int is_dir(const char *p) {

@@ -3,8 +3,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/dtype.h"
 #include "formats/formats.h"
-#include "formats/safetensors.h"
+#include "io/safetensors.h"
 #include "model/model.h"
 
 tlm_status tlm_model_save_safetensors(const tlm_model *m, const char *path) {
@@ -34,19 +35,20 @@ tlm_status tlm_model_save_safetensors(const tlm_model *m, const char *path) {
     return s;
 }
 
-/* Checks that f holds every schema tensor of m with its shape. */
-static tlm_status check_tensors(const tlm_model *m, const st_file *f, const char *path) {
-    for (int i = 0; i < m->n_tensors; i++) {
-        const tlm_tensor_info *ti = &m->tensors[i];
-        const st_tensor *t = st_find(f, ti->name);
-        if (!t) return tlm_err(TLM_ERR_FORMAT, "%s: missing tensor '%s'", path, ti->name);
-        if (t->ndim != ti->ndim || t->shape[0] != ti->shape[0] ||
-            (ti->ndim == 2 && t->shape[1] != ti->shape[1]))
+/* Every schema tensor is in f with its shape and a float dtype: checked before a model is
+ * allocated or anything is read, so a header cannot make us allocate what its file lacks. */
+static tlm_status check_tensors(const st_file *f, const tlm_tensor_info *ti, int n,
+                                const char *path) {
+    for (int i = 0; i < n; i++) {
+        const st_tensor *t = st_find(f, ti[i].name);
+        if (!t) return tlm_err(TLM_ERR_FORMAT, "%s: missing tensor '%s'", path, ti[i].name);
+        if (t->ndim != ti[i].ndim || t->shape[0] != ti[i].shape[0] ||
+            (ti[i].ndim == 2 && t->shape[1] != ti[i].shape[1]))
             return tlm_err(TLM_ERR_FORMAT, "%s: tensor '%s' has the wrong shape for this config",
-                           path, ti->name);
+                           path, ti[i].name);
         if (!tlm_dtype_get(t->dtype)->is_float)
             return tlm_err(TLM_ERR_FORMAT, "%s: tensor '%s' has dtype %s, expected a float type",
-                           path, ti->name, tlm_dtype_name(t->dtype));
+                           path, ti[i].name, tlm_dtype_name(t->dtype));
     }
     return TLM_OK;
 }
@@ -56,7 +58,7 @@ tlm_status tlm_model_load_safetensors(tlm_model *m, const char *path) {
     st_file f;
     tlm_status s = st_open(&f, path);
     if (s) return s;
-    s = check_tensors(m, &f, path);
+    s = check_tensors(&f, m->tensors, m->n_tensors, path);
     for (int i = 0; i < m->n_tensors && !s; i++) {
         const tlm_tensor_info *ti = &m->tensors[i];
         s = st_read_f32(&f, st_find(&f, ti->name), m->st.params + ti->offset, ti->numel);
@@ -72,16 +74,25 @@ tlm_status fmt_load_tlm_file(const char *path, int writable, tlm_model **out) {
     tlm_status s = st_open(&f, path);
     if (s) return s;
     tlm_config c;
+    tlm_tensor_info *ti = NULL;
+    int n = 0;
     const char *cfg = st_meta(&f, "tlm_config");
-    if (cfg) {
-        s = tlm_config_from_json(cfg, &c);
-        if (s) tlm_err_context(s, "%s: config in metadata", path);
-    } else {
+    if (!cfg) {
         s = tlm_err(TLM_ERR_FORMAT, "%s: no tlm_config in the metadata", path);
+    } else if ((s = tlm_config_from_json(cfg, &c))) {
+        tlm_err_context(s, "%s: config in metadata", path);
+    } else {
+        n = tlm_schema(&c, NULL, 0, NULL);
+        ti = calloc((size_t)n, sizeof *ti);
+        if (!ti) s = tlm_err(TLM_ERR_NOMEM, "out of memory");
     }
+    if (!s) {
+        tlm_schema(&c, ti, n, NULL);
+        s = check_tensors(&f, ti, n, path);
+    }
+    free(ti);
     tlm_model *m = NULL;
     if (!s) s = fmt_model_new(&c, path, writable, &m);
-    if (!s) s = check_tensors(m, &f, path);
     tlm_bind_src *src = NULL;
     if (!s && !(src = calloc((size_t)m->n_tensors, sizeof *src)))
         s = tlm_err(TLM_ERR_NOMEM, "out of memory");

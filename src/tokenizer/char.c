@@ -61,12 +61,12 @@ tlm_status tok_build_char(const uint8_t *const *units, const size_t *lens, int32
     }
     for (int32_t i = 0; i < n; i++)
         if (t->off[i + 1] - t->off[i] == 1) {
-            if (t->byte_id[t->data[t->off[i]]] >= 0) {
+            uint8_t b = t->data[t->off[i]]; /* read before t is freed for the message */
+            if (t->byte_id[b] >= 0) {
                 tlm_tokenizer_free(t);
-                return tlm_err(TLM_ERR_FORMAT, "char vocabulary lists byte 0x%02X twice",
-                               t->data[t->off[i]]);
+                return tlm_err(TLM_ERR_FORMAT, "char vocabulary lists byte 0x%02X twice", b);
             }
-            t->byte_id[t->data[t->off[i]]] = i;
+            t->byte_id[b] = i;
         }
     *out = t;
     return TLM_OK;
@@ -110,6 +110,18 @@ tlm_status tlm_tokenizer_char_from_text(const void *text, size_t len, tlm_tokeni
                         if (w == 0 || unit_cmp(&multi[w - 1], &multi[k]) != 0)
                             multi[w++] = multi[k];
                     nm = w;
+                    /* Keep at least half the room free: a list that stays nearly full would be
+                     * sorted again every few characters (quadratic on a text with many distinct
+                     * characters that repeat out of the recent-character filter's sight). */
+                    if (nm > cap / 2) {
+                        unit *nu = realloc(multi, 2 * cap * sizeof *nu);
+                        if (!nu) {
+                            free(multi);
+                            return tlm_err(TLM_ERR_NOMEM, "out of memory");
+                        }
+                        multi = nu;
+                        cap *= 2;
+                    }
                 }
             }
         }

@@ -1,9 +1,12 @@
 /* Vocabularies inside GGUF files: tokenizer.ggml.model "gpt2" (tokens + merges) or "llama"
- * (tokens + scores + token types), with their special ids. */
+ * (tokens + scores + token types), with their special ids; reading, and writing for the model
+ * writers (tok_gguf.h). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "formats/gguf.h"
+#include "io/gguf.h"
+#include "tok_gguf.h"
 #include "tok_internal.h"
 
 static tlm_status opt_id(const tlm_gguf *g, const char *key, int32_t n, int32_t *out) {
@@ -150,4 +153,74 @@ done:
     free(scores);
     tlm_gguf_close(g);
     return s;
+}
+
+/* GGUF token types (llama.cpp's llama_token_type). */
+enum { TT_NORMAL = 1, TT_UNKNOWN = 2, TT_CONTROL = 3, TT_USER = 4, TT_UNUSED = 5, TT_BYTE = 6 };
+
+tlm_status tok_gguf_write_vocab(tlm_gguf_writer *w, const tlm_tokenizer *t) {
+    int32_t n = t->n;
+    tok_bytes tmp = {0};
+    tlm_status s = TLM_OK;
+    int spm = t->kind == TLM_TOKENIZER_SPM;
+    if (t->kind == TLM_TOKENIZER_CHAR)
+        return tlm_err(TLM_ERR_UNSUPPORTED,
+                       "GGUF has no char-level vocabulary type (use a BPE tokenizer)");
+    tlm_gguf_write_str(w, "tokenizer.ggml.model", spm ? "llama" : "gpt2");
+    if (!spm) tlm_gguf_write_str(w, "tokenizer.ggml.pre", "gpt-2");
+    s = tlm_gguf_write_array(w, "tokenizer.ggml.tokens", TLM_GGUF_STRING, (uint64_t)n);
+    for (int32_t i = 0; i < n && !s; i++) {
+        size_t len;
+        const uint8_t *p = tok_piece(t, i, &len);
+        tmp.n = 0;
+        if (t->attr[i] == TOK_SPECIAL) {
+            s = tok_bytes_put(&tmp, p, len);
+        } else if (spm && t->attr[i] == TOK_BYTE) {
+            char hex[8];
+            snprintf(hex, sizeof hex, "<0x%02X>", p[0]);
+            s = tok_bytes_put(&tmp, hex, 6);
+        } else if (spm) {
+            for (size_t k = 0; k < len && !s; k++)
+                s = p[k] == ' ' ? tok_bytes_put(&tmp, "\xE2\x96\x81", 3)
+                                : tok_bytes_put(&tmp, p + k, 1);
+        } else {
+            s = tok_gpt2_map(&tmp, p, len);
+        }
+        if (!s) s = tlm_gguf_write_elem_str(w, tmp.p, tmp.n);
+    }
+    if (spm && !s) {
+        s = tlm_gguf_write_array(w, "tokenizer.ggml.scores", TLM_GGUF_F32, (uint64_t)n);
+        for (int32_t i = 0; i < n && !s; i++)
+            s = tlm_gguf_write_elem_f32(w, t->scores ? t->scores[i] : 0.0f);
+    }
+    if (!s) s = tlm_gguf_write_array(w, "tokenizer.ggml.token_type", TLM_GGUF_I32, (uint64_t)n);
+    for (int32_t i = 0; i < n && !s; i++) {
+        int32_t tt = TT_NORMAL;
+        if (t->attr[i] == TOK_SPECIAL) tt = i == t->unk ? TT_UNKNOWN : TT_CONTROL;
+        if (t->attr[i] == TOK_BYTE) tt = TT_BYTE;
+        if (t->attr[i] == TOK_UNUSED) tt = TT_UNUSED;
+        s = tlm_gguf_write_elem_i32(w, tt);
+    }
+    if (!spm && !s) {
+        s = tlm_gguf_write_array(w, "tokenizer.ggml.merges", TLM_GGUF_STRING,
+                                 (uint64_t)t->n_merges);
+        for (int32_t r = 0; r < t->n_merges && !s; r++) {
+            size_t la, lb;
+            const uint8_t *pa = tok_piece(t, t->merge_list[r][0], &la);
+            const uint8_t *pb = tok_piece(t, t->merge_list[r][1], &lb);
+            tmp.n = 0;
+            s = tok_gpt2_map(&tmp, pa, la);
+            if (!s) s = tok_bytes_put(&tmp, " ", 1);
+            if (!s) s = tok_gpt2_map(&tmp, pb, lb);
+            if (!s) s = tlm_gguf_write_elem_str(w, tmp.p, tmp.n);
+        }
+    }
+    free(tmp.p);
+    if (s) return s;
+    if (t->bos >= 0) tlm_gguf_write_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)t->bos);
+    if (t->eos >= 0) tlm_gguf_write_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)t->eos);
+    if (t->unk >= 0) tlm_gguf_write_u32(w, "tokenizer.ggml.unknown_token_id", (uint32_t)t->unk);
+    /* SentencePiece models start from BOS; byte-level BPE ones (GPT-2 style) do not. */
+    tlm_gguf_write_bool(w, "tokenizer.ggml.add_bos_token", spm && t->bos >= 0);
+    return tlm_gguf_write_bool(w, "tokenizer.ggml.add_eos_token", 0);
 }

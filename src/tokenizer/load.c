@@ -45,26 +45,35 @@ static tlm_status load_gpt2_dir(const char *dir, tlm_tokenizer **out) {
     return s;
 }
 
-/* Marks the listed texts as specials of a loaded BPE (tlm-trained directories record them). */
+/* Marks the listed texts as specials of a loaded BPE (tlm-trained directories record them): each
+ * is the lowest id with exactly its bytes, found in a sorted table of every piece. */
 static tlm_status mark_specials(tlm_tokenizer *t, cJSON *arr, const char *path) {
     if (!arr) return TLM_OK;
     if (!cJSON_IsArray(arr))
         return tlm_err(TLM_ERR_FORMAT, "'%s': \"specials\" must be an array of strings", path);
-    for (cJSON *it = arr->child; it; it = it->next) {
-        if (!cJSON_IsString(it))
-            return tlm_err(TLM_ERR_FORMAT, "'%s': \"specials\" must be an array of strings", path);
-        size_t l = strlen(it->valuestring);
-        int32_t id = -1;
-        for (int32_t i = 0; i < t->n && id < 0; i++)
-            if (t->off[i + 1] - t->off[i] == l &&
-                memcmp(t->data + t->off[i], it->valuestring, l) == 0)
-                id = i;
-        if (id < 0)
-            return tlm_err(TLM_ERR_FORMAT, "'%s': special token '%.60s' is not in the vocabulary",
-                           path, it->valuestring);
-        t->attr[id] = TOK_SPECIAL;
+    tok_str *all = malloc((size_t)t->n * sizeof *all);
+    if (!all) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    for (int32_t i = 0; i < t->n; i++) {
+        all[i].p = tok_piece(t, i, &all[i].len);
+        all[i].id = i;
     }
-    return tok_finish(t);
+    tok_strs_sort(all, (size_t)t->n);
+    tlm_status s = TLM_OK;
+    for (cJSON *it = arr->child; it && !s; it = it->next) {
+        if (!cJSON_IsString(it)) {
+            s = tlm_err(TLM_ERR_FORMAT, "'%s': \"specials\" must be an array of strings", path);
+            break;
+        }
+        const char *v = it->valuestring;
+        ptrdiff_t k = tok_strs_find(all, (size_t)t->n, (const uint8_t *)v, strlen(v));
+        if (k < 0)
+            s = tlm_err(TLM_ERR_FORMAT, "'%s': special token '%.60s' is not in the vocabulary",
+                        path, v);
+        else
+            t->attr[all[k].id] = TOK_SPECIAL;
+    }
+    free(all);
+    return s ? s : tok_finish(t);
 }
 
 static int json_id(cJSON *root, const char *key, int32_t n, int32_t *out) {
@@ -141,12 +150,20 @@ tlm_status tok_load_tlm_dir(const char *dir, tlm_tokenizer **out) {
         char *bin = tlm_path_join(dir, "tokenizer.bin");
         cJSON *tarr = cJSON_GetObjectItemCaseSensitive(root, "token_types");
         int nt = cJSON_IsArray(tarr) ? cJSON_GetArraySize(tarr) : 0;
-        if (nt > 0 && (types = malloc((size_t)nt * sizeof *types))) {
-            int k = 0;
-            for (cJSON *it = tarr->child; it; it = it->next) types[k++] = (int32_t)it->valuedouble;
+        if (!bin || (nt > 0 && !(types = malloc((size_t)nt * sizeof *types))))
+            s = tlm_err(TLM_ERR_NOMEM, "out of memory");
+        int k = 0;
+        for (cJSON *it = nt > 0 ? tarr->child : NULL; it && !s; it = it->next, k++) {
+            /* GGUF token types (0 undefined .. 6 byte); checked before the cast, which a value
+             * outside int's range would make undefined */
+            if (!cJSON_IsNumber(it) || !(it->valuedouble >= 0 && it->valuedouble <= 6) ||
+                it->valuedouble != (double)(int)it->valuedouble)
+                s = tlm_err(TLM_ERR_FORMAT, "'%s': token_types[%d] is not a token type (0-6)", path,
+                            k);
+            else
+                types[k] = (int32_t)it->valuedouble;
         }
-        s = bin ? tok_load_llama2c_typed(bin, nt > 0 ? types : NULL, nt, &t)
-                : tlm_err(TLM_ERR_NOMEM, "out of memory");
+        if (!s) s = tok_load_llama2c_typed(bin, nt > 0 ? types : NULL, nt, &t);
         free(bin);
     } else {
         s = tlm_err(TLM_ERR_FORMAT, "'%s': unknown tokenizer type '%.40s' (bpe, spm, char)", path,

@@ -32,6 +32,22 @@ typedef struct {
     size_t mask;
 } tok_pairmap;
 
+/* A byte string with an id, in tables sorted by bytes (a proper prefix first), then by id. Such a
+ * table answers exact and longest-prefix queries by binary search, so neither a vocabulary with
+ * many specials nor a long text costs a pass over the whole table. */
+typedef struct {
+    const uint8_t *p;
+    size_t len;
+    int32_t id;
+} tok_str;
+
+void tok_strs_sort(tok_str *s, size_t n);
+/* Index of the entry equal to p[0..n) with the lowest id, or -1. */
+ptrdiff_t tok_strs_find(const tok_str *s, size_t ns, const uint8_t *p, size_t n);
+/* Index of the longest entry that is a prefix of text[0..n) (lowest id among equal ones), or -1.
+ * Costs O(d log ns) for a match depth d. */
+ptrdiff_t tok_strs_longest_prefix(const tok_str *s, size_t ns, const uint8_t *text, size_t n);
+
 struct tlm_tokenizer {
     tlm_tokenizer_kind kind;
     int32_t n;     /* vocabulary size */
@@ -49,7 +65,7 @@ struct tlm_tokenizer {
     tok_pairmap merges;       /* BPE */
     int32_t (*merge_list)[2]; /* BPE merges in rank order (for saving) */
     int32_t n_merges;
-    int32_t *specials; /* TOK_SPECIAL ids, longest piece first */
+    tok_str *specials; /* non-empty TOK_SPECIAL pieces, sorted (tok_strs_sort) */
     int n_specials;
     uint8_t special_first[256]; /* 1 if some special piece starts with this byte */
     int add_prefix;             /* SPM: dummy-prefix space at the start and after specials */
@@ -114,8 +130,9 @@ static inline tlm_status tok_ids_push(tok_ids *v, int32_t id) {
 tlm_status tok_alloc(tlm_tokenizer **out, tlm_tokenizer_kind kind, int32_t n);
 /* Sets piece ids in order 0..n-1 (appends to the data). */
 tlm_status tok_set_piece(tlm_tokenizer *t, int32_t id, const void *p, size_t len);
-/* After every piece and attribute is set: builds the map, the specials list, max_piece. Pieces
- * that repeat an earlier normal piece are marked unused so that lookups are deterministic. */
+/* After every piece and attribute is set: builds the map, the specials table, max_piece. Pieces
+ * that repeat an earlier normal piece are marked unused so that lookups are deterministic. The
+ * specials table points into the piece data, so no piece may be added after this. */
 tlm_status tok_finish(tlm_tokenizer *t);
 
 /* Per-kind encoders of plain text (no specials); they append to out. */

@@ -178,12 +178,71 @@ tlm_status tok_set_piece(tlm_tokenizer *t, int32_t id, const void *p, size_t len
     return TLM_OK;
 }
 
-static int cmp_special_len(const void *a, const void *b, void *t_) {
-    const tlm_tokenizer *t = t_;
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    uint64_t lx = t->off[x + 1] - t->off[x], ly = t->off[y + 1] - t->off[y];
-    if (lx != ly) return lx > ly ? -1 : 1;
-    return x < y ? -1 : x > y;
+static int cmp_str(const void *a, const void *b) {
+    const tok_str *x = a, *y = b;
+    size_t m = x->len < y->len ? x->len : y->len;
+    int c = m ? memcmp(x->p, y->p, m) : 0;
+    if (c) return c;
+    if (x->len != y->len) return x->len < y->len ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+void tok_strs_sort(tok_str *s, size_t n) { qsort(s, n, sizeof *s, cmp_str); }
+
+ptrdiff_t tok_strs_find(const tok_str *s, size_t ns, const uint8_t *p, size_t n) {
+    tok_str key = {p, n, INT32_MIN}; /* sorts before every equal entry */
+    size_t lo = 0, hi = ns;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (cmp_str(&s[mid], &key) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < ns && s[lo].len == n && (n == 0 || !memcmp(s[lo].p, p, n)) ? (ptrdiff_t)lo : -1;
+}
+
+ptrdiff_t tok_strs_longest_prefix(const tok_str *s, size_t ns, const uint8_t *text, size_t n) {
+    /* [lo, hi) holds the entries that start with text[0..k); one byte more of text narrows it by
+     * two binary searches on byte k. Entries of length exactly k equal text[0..k) and sort first
+     * in the range, the lowest id first. */
+    size_t lo = 0, hi = ns;
+    ptrdiff_t best = -1;
+    for (size_t k = 0; lo < hi; k++) {
+        if (s[lo].len == k) {
+            best = (ptrdiff_t)lo;
+            size_t a = lo, b = hi;
+            while (a < b) {
+                size_t mid = a + (b - a) / 2;
+                if (s[mid].len == k)
+                    a = mid + 1;
+                else
+                    b = mid;
+            }
+            lo = a;
+        }
+        if (lo == hi || k == n) break;
+        uint8_t c = text[k];
+        size_t a = lo, b = hi;
+        while (a < b) { /* first entry with byte k >= c */
+            size_t mid = a + (b - a) / 2;
+            if (s[mid].p[k] < c)
+                a = mid + 1;
+            else
+                b = mid;
+        }
+        lo = a;
+        b = hi;
+        while (a < b) { /* first entry with byte k > c */
+            size_t mid = a + (b - a) / 2;
+            if (s[mid].p[k] <= c)
+                a = mid + 1;
+            else
+                b = mid;
+        }
+        hi = a;
+    }
+    return best;
 }
 
 tlm_status tok_finish(tlm_tokenizer *t) {
@@ -197,25 +256,18 @@ tlm_status tok_finish(tlm_tokenizer *t) {
     for (int32_t i = 0; i < t->n; i++)
         if (t->attr[i] == TOK_SPECIAL && t->off[i + 1] > t->off[i]) ns++;
     free(t->specials);
-    t->specials = malloc(((size_t)ns + 1) * sizeof(int32_t));
+    t->specials = malloc(((size_t)ns + 1) * sizeof *t->specials);
     if (!t->specials) return tlm_err(TLM_ERR_NOMEM, "out of memory");
     t->n_specials = 0;
     memset(t->special_first, 0, sizeof t->special_first);
     for (int32_t i = 0; i < t->n; i++)
         if (t->attr[i] == TOK_SPECIAL && t->off[i + 1] > t->off[i]) {
-            t->specials[t->n_specials++] = i;
-            t->special_first[t->data[t->off[i]]] = 1;
+            size_t len;
+            const uint8_t *p = tok_piece(t, i, &len);
+            t->specials[t->n_specials++] = (tok_str){p, len, i};
+            t->special_first[p[0]] = 1;
         }
-    /* insertion sort by length (descending), then id: longest match wins */
-    for (int i = 1; i < t->n_specials; i++) {
-        int32_t v = t->specials[i];
-        int j = i;
-        while (j > 0 && cmp_special_len(&t->specials[j - 1], &v, t) > 0) {
-            t->specials[j] = t->specials[j - 1];
-            j--;
-        }
-        t->specials[j] = v;
-    }
+    tok_strs_sort(t->specials, (size_t)t->n_specials);
     return TLM_OK;
 }
 
@@ -269,12 +321,8 @@ tlm_status tlm_tokenizer_piece(const tlm_tokenizer *t, int32_t id, const char **
 int32_t tlm_tokenizer_find(const tlm_tokenizer *t, const void *bytes, size_t len) {
     int32_t id = tok_map_find(t, bytes, len);
     if (id >= 0) return id;
-    for (int i = 0; i < t->n_specials; i++) {
-        size_t l;
-        const uint8_t *p = tok_piece(t, t->specials[i], &l);
-        if (l == len && memcmp(p, bytes, len) == 0) return t->specials[i];
-    }
-    return -1;
+    ptrdiff_t k = tok_strs_find(t->specials, (size_t)t->n_specials, bytes, len);
+    return k < 0 ? -1 : t->specials[k].id;
 }
 
 /* ---- encoding ---------------------------------------------------------------------------- */
@@ -292,12 +340,8 @@ static tlm_status encode_text(const tlm_tokenizer *t, const uint8_t *s, size_t n
 /* Longest special token starting at s[i], or -1. */
 static int32_t special_at(const tlm_tokenizer *t, const uint8_t *s, size_t n, size_t i) {
     if (!t->special_first[s[i]]) return -1;
-    for (int k = 0; k < t->n_specials; k++) {
-        size_t l;
-        const uint8_t *p = tok_piece(t, t->specials[k], &l);
-        if (l <= n - i && memcmp(s + i, p, l) == 0) return t->specials[k];
-    }
-    return -1;
+    ptrdiff_t k = tok_strs_longest_prefix(t->specials, (size_t)t->n_specials, s + i, n - i);
+    return k < 0 ? -1 : t->specials[k].id;
 }
 
 tlm_status tlm_tokenizer_encode(const tlm_tokenizer *t, const void *text, size_t len,

@@ -97,17 +97,16 @@ static int split_chunk(const uint8_t *p, size_t n, size_t target, segment **segs
 }
 
 typedef struct {
-    const uint8_t *const *sp; /* specials, longest first */
-    const size_t *sl;
-    int ns;
+    const tok_str *sp; /* specials, sorted */
+    size_t ns;
     uint8_t first[256];
 } special_set;
 
+/* Length of the longest special at p, or 0. */
 static size_t special_len_at(const special_set *s, const uint8_t *p, size_t n) {
     if (!s->first[p[0]]) return 0;
-    for (int k = 0; k < s->ns; k++)
-        if (s->sl[k] <= n && memcmp(p, s->sp[k], s->sl[k]) == 0) return s->sl[k];
-    return 0;
+    ptrdiff_t k = tok_strs_longest_prefix(s->sp, s->ns, p, n);
+    return k < 0 ? 0 : s->sp[k].len;
 }
 
 static tlm_status count_words(const char *const *texts, const size_t *lens, int n_texts,
@@ -354,42 +353,28 @@ tlm_status tlm_tokenizer_train_bpe_texts(const char *const *texts, const size_t 
                        "train_bpe: vocabulary size %ld must be at least %d (the %d special tokens "
                        "and 256 bytes) and at most %d",
                        (long)o->vocab_size, nsp + 256, nsp, TOK_MAX_VOCAB);
-    /* specials sorted longest first, for longest-match splitting */
+    /* specials sorted by bytes, for longest-match splitting; a repeat is adjacent to its twin */
     special_set ss = {0};
-    const uint8_t **sp = malloc(((size_t)nsp + 1) * sizeof *sp);
-    size_t *sl = malloc(((size_t)nsp + 1) * sizeof *sl);
-    if (!sp || !sl) {
-        free(sp);
-        free(sl);
-        return tlm_err(TLM_ERR_NOMEM, "out of memory");
-    }
+    tok_str *sp = malloc(((size_t)nsp + 1) * sizeof *sp);
+    if (!sp) return tlm_err(TLM_ERR_NOMEM, "out of memory");
     for (int i = 0; i < nsp; i++) {
-        size_t l = strlen(o->specials[i]);
-        int k = i;
-        while (k > 0 && sl[k - 1] < l) {
-            sp[k] = sp[k - 1];
-            sl[k] = sl[k - 1];
-            k--;
-        }
-        sp[k] = (const uint8_t *)o->specials[i];
-        sl[k] = l;
-        if (l) ss.first[(uint8_t)o->specials[i][0]] = 1;
-        for (int j = 0; j < i; j++)
-            if (!strcmp(o->specials[i], o->specials[j]) || l == 0) {
-                free(sp);
-                free(sl);
-                return tlm_err(TLM_ERR_ARG, "train_bpe: special token '%s' is empty or repeated",
-                               o->specials[i]);
-            }
-        if (l == 0) {
+        sp[i] = (tok_str){(const uint8_t *)o->specials[i], strlen(o->specials[i]), i};
+        if (sp[i].len == 0) {
             free(sp);
-            free(sl);
             return tlm_err(TLM_ERR_ARG, "train_bpe: empty special token");
         }
+        ss.first[sp[i].p[0]] = 1;
     }
+    tok_strs_sort(sp, (size_t)nsp);
+    for (int i = 1; i < nsp; i++)
+        if (sp[i].len == sp[i - 1].len && !memcmp(sp[i].p, sp[i - 1].p, sp[i].len)) {
+            tlm_status e = tlm_err(TLM_ERR_ARG, "train_bpe: special token '%s' is repeated",
+                                   o->specials[sp[i].id]);
+            free(sp);
+            return e;
+        }
     ss.sp = sp;
-    ss.sl = sl;
-    ss.ns = nsp;
+    ss.ns = (size_t)nsp;
     int threads = o->threads > 0 ? o->threads : tlm_get_threads();
     if (threads < 1) threads = 1;
     if (threads > 256) threads = 256;
@@ -574,7 +559,6 @@ done:
     free(wt.e);
     trainer_free(&tr);
     free(sp);
-    free(sl);
     return s;
 }
 

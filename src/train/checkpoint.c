@@ -2,7 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "formats/safetensors.h"
+#include "io/safetensors.h"
 #include "model/model.h"
 #include "train/train.h"
 

@@ -1,4 +1,4 @@
-#include "formats/safetensors.h"
+#include "io/safetensors.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +15,7 @@ static int parse_dtype(const char *s, tlm_dtype *out) {
 void st_close(st_file *f) {
     for (int i = 0; i < f->n; i++) free(f->tensors[i].name);
     free(f->tensors);
+    free(f->by_name);
     cJSON_Delete(f->metadata);
     tlm_mmap_close(&f->map);
     memset(f, 0, sizeof *f);
@@ -23,6 +24,11 @@ void st_close(st_file *f) {
 static int cmp_begin(const void *a, const void *b) {
     const st_tensor *x = *(const st_tensor *const *)a, *y = *(const st_tensor *const *)b;
     return x->begin < y->begin ? -1 : x->begin > y->begin;
+}
+
+static int cmp_name(const void *a, const void *b) {
+    const st_name *x = a, *y = b;
+    return strcmp(x->name, y->name);
 }
 
 static tlm_status parse_entry(const cJSON *e, st_tensor *t, size_t data_len) {
@@ -133,6 +139,16 @@ tlm_status st_open(st_file *f, const char *path) {
             }
     }
     free(order);
+    /* cJSON keeps both members of a repeated key; a name must say which tensor it is */
+    if (!s && !(f->by_name = malloc(((size_t)f->n + 1) * sizeof *f->by_name)))
+        s = tlm_err(TLM_ERR_NOMEM, "out of memory");
+    if (!s) {
+        for (int i = 0; i < f->n; i++) f->by_name[i] = (st_name){f->tensors[i].name, i};
+        qsort(f->by_name, (size_t)f->n, sizeof *f->by_name, cmp_name);
+        for (int i = 1; i < f->n && !s; i++)
+            if (!strcmp(f->by_name[i - 1].name, f->by_name[i].name))
+                s = tlm_err(TLM_ERR_FORMAT, "tensor '%s' appears twice", f->by_name[i].name);
+    }
     if (!s) {
         cJSON *meta = cJSON_DetachItemFromObjectCaseSensitive(root, "__metadata__");
         f->metadata = meta;
@@ -146,9 +162,10 @@ tlm_status st_open(st_file *f, const char *path) {
 }
 
 const st_tensor *st_find(const st_file *f, const char *name) {
-    for (int i = 0; i < f->n; i++)
-        if (!strcmp(f->tensors[i].name, name)) return &f->tensors[i];
-    return NULL;
+    st_name key = {name, 0};
+    const st_name *e =
+        f->by_name ? bsearch(&key, f->by_name, (size_t)f->n, sizeof key, cmp_name) : NULL;
+    return e ? &f->tensors[e->i] : NULL;
 }
 
 const char *st_meta(const st_file *f, const char *key) {

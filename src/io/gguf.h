@@ -51,6 +51,11 @@ typedef struct {
 } tlm_gguf_tensor;
 
 typedef struct {
+    const char *name;
+    uint64_t i; /* index into kv or tensors */
+} tlm_gguf_name;
+
+typedef struct {
     tlm_mmap map;
     int owns_map;
     const uint8_t *base;
@@ -59,6 +64,9 @@ typedef struct {
     uint64_t n_kv, n_tensors;
     tlm_gguf_kv *kv;
     tlm_gguf_tensor *tensors;
+    /* kv and tensors by name (sorted, ties in file order): lookups are binary searches, so a
+     * loader that looks up every tensor of a file does O(n log n) work, not O(n^2) */
+    tlm_gguf_name *kv_by_key, *tensor_by_name;
     uint64_t alignment;
     uint64_t data_offset; /* start of the data section in the file */
 } tlm_gguf;

@@ -20,14 +20,22 @@ typedef struct {
 } st_tensor;
 
 typedef struct {
+    const char *name;
+    int i; /* index into tensors */
+} st_name;
+
+typedef struct {
     tlm_mmap map;
     st_tensor *tensors;
     int n;
-    cJSON *metadata; /* the __metadata__ object, or NULL */
+    st_name *by_name; /* tensors sorted by name: st_find is a binary search */
+    cJSON *metadata;  /* the __metadata__ object, or NULL */
     const uint8_t *data;
     size_t data_len;
 } st_file;
 
+/* Opens and validates a file: every entry's dtype, shape and byte range, no two tensors
+ * overlapping, no name twice. */
 tlm_status st_open(st_file *f, const char *path);
 void st_close(st_file *f);
 const st_tensor *st_find(const st_file *f, const char *name);

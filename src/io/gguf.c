@@ -2,7 +2,7 @@
  * n_kv key/value pairs, n_tensors tensor infos, padding to general.alignment, tensor data.
  * Strings are a length (u64; u32 in v1) and bytes; arrays an element type, a count and the
  * elements. */
-#include "gguf.h"
+#include "io/gguf.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -186,6 +186,34 @@ static tlm_status parse_value(cursor *c, tlm_gguf_type t, int depth, tlm_gguf_kv
     return TLM_OK;
 }
 
+static int cmp_name(const void *a, const void *b) {
+    const tlm_gguf_name *x = a, *y = b;
+    int c = strcmp(x->name, y->name);
+    if (c) return c;
+    return x->i < y->i ? -1 : x->i > y->i;
+}
+
+/* Sorts a name table; returns a name that appears twice, or NULL. */
+static const char *sort_names(tlm_gguf_name *t, uint64_t n) {
+    qsort(t, (size_t)n, sizeof *t, cmp_name);
+    for (uint64_t i = 1; i < n; i++)
+        if (!strcmp(t[i - 1].name, t[i].name)) return t[i].name;
+    return NULL;
+}
+
+/* The entry of the first name equal to name in a sorted table (the earliest in the file), or -1. */
+static int64_t find_name(const tlm_gguf_name *t, uint64_t n, const char *name) {
+    uint64_t lo = 0, hi = n;
+    while (lo < hi) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        if (strcmp(t[mid].name, name) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < n && !strcmp(t[lo].name, name) ? (int64_t)t[lo].i : -1;
+}
+
 void tlm_gguf_close(tlm_gguf *g) {
     if (!g) return;
     for (uint64_t i = 0; g->kv && i < g->n_kv; i++) {
@@ -196,6 +224,8 @@ void tlm_gguf_close(tlm_gguf *g) {
     for (uint64_t i = 0; g->tensors && i < g->n_tensors; i++) free(g->tensors[i].name);
     free(g->kv);
     free(g->tensors);
+    free(g->kv_by_key);
+    free(g->tensor_by_name);
     if (g->owns_map) tlm_mmap_close(&g->map);
     free(g);
 }
@@ -242,11 +272,13 @@ static tlm_status parse(tlm_gguf *g, const char *name) {
         if ((s = rd(&c, &type, 4, "a value type"))) return s;
         kv->type = (tlm_gguf_type)type;
         if ((s = parse_value(&c, kv->type, 0, kv, kv->key))) return s;
-        for (uint64_t j = 0; j < i; j++)
-            if (!strcmp(g->kv[j].key, kv->key))
-                return tlm_err(TLM_ERR_FORMAT, "'%s': key '%s' appears twice", name, kv->key);
     }
     g->n_kv = nkv;
+    if (!(g->kv_by_key = malloc((size_t)(nkv ? nkv : 1) * sizeof *g->kv_by_key)))
+        return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    for (uint64_t i = 0; i < nkv; i++) g->kv_by_key[i] = (tlm_gguf_name){g->kv[i].key, i};
+    const char *dup = sort_names(g->kv_by_key, nkv);
+    if (dup) return tlm_err(TLM_ERR_FORMAT, "'%s': key '%s' appears twice", name, dup);
     const tlm_gguf_kv *al = tlm_gguf_find(g, "general.alignment");
     if (al) {
         uint32_t a = 0;
@@ -280,11 +312,13 @@ static tlm_status parse(tlm_gguf *g, const char *name) {
         if ((s = rd(&c, &t->type, 4, "a tensor type")) ||
             (s = rd(&c, &t->offset, 8, "a tensor offset")))
             return s;
-        for (uint64_t j = 0; j < i; j++)
-            if (!strcmp(g->tensors[j].name, t->name))
-                return tlm_err(TLM_ERR_FORMAT, "'%s': tensor '%s' appears twice", name, t->name);
     }
     g->n_tensors = nt;
+    if (!(g->tensor_by_name = malloc((size_t)(nt ? nt : 1) * sizeof *g->tensor_by_name)))
+        return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    for (uint64_t i = 0; i < nt; i++) g->tensor_by_name[i] = (tlm_gguf_name){g->tensors[i].name, i};
+    if ((dup = sort_names(g->tensor_by_name, nt)))
+        return tlm_err(TLM_ERR_FORMAT, "'%s': tensor '%s' appears twice", name, dup);
     uint64_t pos = c.pos;
     g->data_offset = (pos + g->alignment - 1) / g->alignment * g->alignment;
     for (uint64_t i = 0; i < nt; i++) {
@@ -354,15 +388,15 @@ tlm_status tlm_gguf_open(const char *path, tlm_gguf **out) {
 }
 
 const tlm_gguf_kv *tlm_gguf_find(const tlm_gguf *g, const char *key) {
-    for (uint64_t i = 0; i < g->n_kv; i++)
-        if (!strcmp(g->kv[i].key, key)) return &g->kv[i];
-    return NULL;
+    if (!g->kv_by_key) return NULL; /* only while parsing */
+    int64_t i = find_name(g->kv_by_key, g->n_kv, key);
+    return i < 0 ? NULL : &g->kv[i];
 }
 
 const tlm_gguf_tensor *tlm_gguf_find_tensor(const tlm_gguf *g, const char *name) {
-    for (uint64_t i = 0; i < g->n_tensors; i++)
-        if (!strcmp(g->tensors[i].name, name)) return &g->tensors[i];
-    return NULL;
+    if (!g->tensor_by_name) return NULL;
+    int64_t i = find_name(g->tensor_by_name, g->n_tensors, name);
+    return i < 0 ? NULL : &g->tensors[i];
 }
 
 static int is_int(tlm_gguf_type t) {

@@ -1,0 +1,281 @@
+/* What each libFuzzer target does with one input, shared by the targets (fuzz/fuzz_<name>.c) and
+ * by tests/test_fuzz_corpus.c, which replays every committed corpus file through the same
+ * functions under make test and make asan. Each returns 1 when the input loaded, 0 when it was
+ * refused (the test requires seeds to load; crash-* reproducers may do either).
+ *
+ * The two top-level targets take the first byte as the format and the rest as its bytes; inputs
+ * made of several files (a Hugging Face directory, a tokenizer directory) are split at
+ * FUZZ_SPLIT, the last file taking whatever follows the last split. */
+#ifndef TLM_FUZZ_ENTRIES_H
+#define TLM_FUZZ_ENTRIES_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "formats/formats.h"
+#include "fuzz_common.h"
+#include "io/gguf.h"
+#include "io/safetensors.h"
+#include "tlm.h"
+#include "tokenizer/tok_internal.h"
+
+#define FUZZ_SPLIT "<<tlm-fuzz-split>>"
+#define FUZZ_MAX_FILES 4
+
+/* Cuts data at the first n - 1 FUZZ_SPLITs into parts (missing ones are empty). */
+static inline void fuzz_split(const uint8_t *data, size_t size, int n, const uint8_t **part,
+                              size_t *len) {
+    const size_t m = sizeof FUZZ_SPLIT - 1;
+    size_t start = 0, i = 0;
+    int k = 0;
+    while (k < n - 1 && i + m <= size) {
+        if (memcmp(data + i, FUZZ_SPLIT, m) == 0) {
+            part[k] = data + start;
+            len[k++] = i - start;
+            i += m;
+            start = i;
+        } else {
+            i++;
+        }
+    }
+    part[k] = data + start;
+    len[k++] = size - start;
+    for (; k < n; k++) part[k] = data + size, len[k] = 0;
+}
+
+/* Writes the parts as the named files of a fresh per-process directory, returned. */
+static inline const char *fuzz_dir(const char *const *names, int n, const uint8_t *data,
+                                   size_t size) {
+    static char dir[128];
+    const uint8_t *part[FUZZ_MAX_FILES];
+    size_t len[FUZZ_MAX_FILES];
+    snprintf(dir, sizeof dir, "/tmp/tlm_fuzz_%ld_dir", (long)getpid());
+    if (mkdir(dir, 0700) != 0 && access(dir, W_OK) != 0) abort();
+    fuzz_split(data, size, n, part, len);
+    for (int i = 0; i < n; i++) {
+        char p[256];
+        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+        FILE *f = fopen(p, "wb");
+        if (!f || (len[i] && fwrite(part[i], 1, len[i], f) != len[i])) abort();
+        fclose(f);
+    }
+    return dir;
+}
+
+static inline void fuzz_dir_remove(const char *dir, const char *const *names, int n) {
+    for (int i = 0; i < n; i++) {
+        char p[256];
+        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+        remove(p);
+    }
+    rmdir(dir);
+}
+
+/* ---- top-level entry points ------------------------------------------------------------- */
+
+/* tlm_model_load on every model format; a model that loads runs one token through a session. */
+static inline int fuzz_model_load(const uint8_t *data, size_t size) {
+    static const char *const hf[] = {"config.json", "model.safetensors"};
+    static const char *const sharded[] = {"config.json", "model.safetensors.index.json",
+                                          "model-00001-of-00002.safetensors",
+                                          "model-00002-of-00002.safetensors"};
+    static const char *const tlm_dir[] = {"model.safetensors"};
+    if (size < 1) return 0;
+    unsigned kind = data[0] % 6;
+    data++, size--;
+    const char *const *names = NULL;
+    int n = 0;
+    const char *path;
+    switch (kind) {
+    case 0: path = fuzz_file(".gguf", data, size); break;
+    case 1: path = fuzz_file(".bin", data, size); break;
+    case 2: path = fuzz_file(".safetensors", data, size); break;
+    case 3: names = hf, n = 2; break;
+    case 4: names = sharded, n = 4; break;
+    default: names = tlm_dir, n = 1; break;
+    }
+    if (names) path = fuzz_dir(names, n, data, size);
+    tlm_model *m = NULL;
+    int ok = tlm_model_load(path, &m) == TLM_OK;
+    if (ok) {
+        tlm_session *s = NULL;
+        if (tlm_session_new(m, 1, 1, &s) == TLM_OK) {
+            int32_t id = 0;
+            tlm_prefill(s, 0, &id, 1, NULL, 0);
+            tlm_session_free(s);
+        }
+        tlm_model_free(m);
+    }
+    if (names)
+        fuzz_dir_remove(path, names, n);
+    else
+        remove(path);
+    return ok;
+}
+
+/* Encodes and decodes a text that has specials, multi-byte and invalid UTF-8 in it, whole and
+ * through the streaming decoder. */
+static inline void fuzz_exercise_tokenizer(const tlm_tokenizer *t) {
+    static const char text[] = "Hello world, it's 2024! <|endoftext|><s></s> caf\xC3\xA9 "
+                               "\xE2\x96\x81\xF0\x9F\x98\x80 \xFF\xC3 x\n\n  ";
+    unsigned flags =
+        TLM_ENCODE_ALLOW_SPECIAL | (tlm_tokenizer_bos(t) >= 0 ? TLM_ENCODE_ADD_BOS : 0);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (tlm_tokenizer_encode(t, text, sizeof text - 1, flags, &ids, &n) == TLM_OK) {
+        char *out = NULL;
+        size_t len = 0;
+        if (tlm_tokenizer_decode(t, ids, n, 0, &out, &len) == TLM_OK) free(out);
+        if (tlm_tokenizer_decode(t, ids, n, TLM_DECODE_SKIP_SPECIAL, &out, &len) == TLM_OK)
+            free(out);
+        tlm_decoder *d = NULL;
+        if (tlm_decoder_new(t, 0, &d) == TLM_OK) {
+            const char *b;
+            size_t bl;
+            for (size_t i = 0; i < n; i++) tlm_decoder_push(d, ids[i], &b, &bl);
+            tlm_decoder_flush(d, &b, &bl);
+            tlm_decoder_free(d);
+        }
+        free(ids);
+    }
+    /* the last token's own bytes find it back (or an earlier id with the same piece) */
+    const char *p;
+    size_t pl;
+    int32_t last = tlm_tokenizer_vocab_size(t) - 1;
+    if (tlm_tokenizer_piece(t, last, &p, &pl) == TLM_OK) tlm_tokenizer_find(t, p, pl);
+}
+
+/* tlm_tokenizer_load on every tokenizer format, then fuzz_exercise_tokenizer. */
+static inline int fuzz_tokenizer_load(const uint8_t *data, size_t size) {
+    static const char *const gpt2[] = {"encoder.json", "vocab.bpe"};
+    static const char *const tlm_bpe[] = {"tokenizer.json", "encoder.json", "vocab.bpe"};
+    static const char *const tlm_spm[] = {"tokenizer.json", "tokenizer.bin"};
+    static const char *const tlm_char[] = {"tokenizer.json"};
+    if (size < 1) return 0;
+    unsigned kind = data[0] % 6;
+    data++, size--;
+    const char *const *names = NULL;
+    int n = 0;
+    const char *path = NULL;
+    switch (kind) {
+    case 0: path = fuzz_file(".gguf", data, size); break;
+    case 1: path = fuzz_file(".bin", data, size); break;
+    case 2: names = gpt2, n = 2; break;
+    case 3: names = tlm_bpe, n = 3; break;
+    case 4: names = tlm_spm, n = 2; break;
+    default: names = tlm_char, n = 1; break;
+    }
+    if (names) path = fuzz_dir(names, n, data, size);
+    tlm_tokenizer *t = NULL;
+    int ok = tlm_tokenizer_load(path, &t) == TLM_OK;
+    if (ok) {
+        fuzz_exercise_tokenizer(t);
+        tlm_tokenizer_free(t);
+    }
+    if (names)
+        fuzz_dir_remove(path, names, n);
+    else
+        remove(path);
+    return ok;
+}
+
+/* ---- single-reader entry points --------------------------------------------------------- */
+
+/* GGUF: the general reader, then the llama model loader and the vocabulary loader on top. */
+static inline int fuzz_gguf(const uint8_t *data, size_t size) {
+    tlm_gguf *g = NULL;
+    if (tlm_gguf_open_memory(data, size, "fuzz.gguf", &g) != TLM_OK) return 0;
+    tlm_model *m = NULL;
+    if (fmt_gguf_load_model(g, "fuzz.gguf", 0, &m) == TLM_OK) tlm_model_free(m);
+    tlm_gguf_close(g);
+    /* the vocabulary loader reads from a path */
+    const char *p = fuzz_file(".gguf", data, size);
+    tlm_tokenizer *t = NULL;
+    if (tlm_tokenizer_load(p, &t) == TLM_OK) tlm_tokenizer_free(t);
+    remove(p);
+    return 1;
+}
+
+/* safetensors header parsing and float conversion of every tensor. */
+static inline int fuzz_safetensors(const uint8_t *data, size_t size) {
+    const char *p = fuzz_file(".safetensors", data, size);
+    st_file f;
+    int ok = st_open(&f, p) == TLM_OK;
+    if (ok) {
+        for (int i = 0; i < f.n; i++) {
+            const st_tensor *t = &f.tensors[i];
+            if (t->numel > (1u << 20)) continue;
+            float *buf = malloc((t->numel ? t->numel : 1) * sizeof(float));
+            st_read_f32(&f, t, buf, t->numel);
+            free(buf);
+        }
+        st_find(&f, "token_embd.weight");
+        st_meta(&f, "tlm_config");
+        st_close(&f);
+    }
+    remove(p);
+    return ok;
+}
+
+/* llama2.c model files (legacy and v1 headers). */
+static inline int fuzz_llama2c(const uint8_t *data, size_t size) {
+    const char *p = fuzz_file(".bin", data, size);
+    tlm_model *m = NULL;
+    int ok = tlm_model_load_llama2c(p, &m) == TLM_OK;
+    tlm_model_free(m);
+    remove(p);
+    return ok;
+}
+
+/* llama2.c tokenizer.bin, then encoding and decoding a fixed text with whatever loaded. */
+static inline int fuzz_tokenizer_bin(const uint8_t *data, size_t size) {
+    const char *p = fuzz_file(".bin", data, size);
+    tlm_tokenizer *t = NULL;
+    int ok = tok_load_llama2c(p, &t) == TLM_OK;
+    if (ok) {
+        const char *text = "Once upon a time \xE2\x96\x81 caf\xC3\xA9 \xFF!";
+        int32_t *ids = NULL;
+        size_t n = 0;
+        if (tlm_tokenizer_encode(t, text, strlen(text), 0, &ids, &n) == TLM_OK) {
+            char *out = NULL;
+            size_t len = 0;
+            if (tlm_tokenizer_decode(t, ids, n, 0, &out, &len) == TLM_OK) free(out);
+            free(ids);
+        }
+        tlm_tokenizer_free(t);
+    }
+    remove(p);
+    return ok;
+}
+
+/* GPT-2 encoder.json + vocab.bpe, split at the first NUL byte. */
+static inline int fuzz_gpt2_bpe(const uint8_t *data, size_t size) {
+    const uint8_t *z = memchr(data, 0, size);
+    size_t a = z ? (size_t)(z - data) : size;
+    const char *enc = fuzz_file(".json", data, a);
+    const char *bpe = fuzz_file(".bpe", z ? z + 1 : data, z ? size - a - 1 : 0);
+    tlm_tokenizer *t = NULL;
+    int ok = tlm_tokenizer_load_gpt2(enc, bpe, &t) == TLM_OK;
+    if (ok) {
+        const char *text = "Hello world, it's 2024! \xC3\xA9\xF0\x9F\x98\x80 <|endoftext|>";
+        int32_t *ids = NULL;
+        size_t n = 0;
+        if (tlm_tokenizer_encode(t, text, strlen(text), TLM_ENCODE_ALLOW_SPECIAL, &ids, &n) ==
+            TLM_OK) {
+            char *out = NULL;
+            size_t len = 0;
+            if (tlm_tokenizer_decode(t, ids, n, 0, &out, &len) == TLM_OK) free(out);
+            free(ids);
+        }
+        tlm_tokenizer_free(t);
+    }
+    remove(enc);
+    remove(bpe);
+    return ok;
+}
+
+#endif

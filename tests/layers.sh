@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# The layering of src/ (../shared/DESIGN.md): every `#include "folder/..."` in a folder of src/
+# must name that folder or one it may depend on, and a header called *_internal.h may only be
+# included from its own folder. The checker first runs on a small tree with known violations and
+# must report each of them, so that a broken checker cannot pass silently.
+set -u
+SRC_ROOT=${TLM_SOURCE_DIR:-$(cd "$(dirname "$0")/.." && pwd)}
+
+# folder -> the other folders it may include from (cli may include everything)
+declare -A ALLOWED=(
+  [core]=""
+  [io]="core"
+  [kernels]="core"
+  [model]="core kernels"
+  [infer]="core kernels model"
+  [train]="core io kernels model"
+  [tokenizer]="core io"
+  [formats]="core io kernels model tokenizer"
+  [cli]="*"
+)
+
+# check_tree SRC_DIR: prints "FILE: #include "X" ..." for each violation; returns 1 if any.
+check_tree() {
+  local src=$1 bad=0 file rel folder line inc target allowed
+  while IFS= read -r file; do
+    rel=${file#"$src"/}
+    folder=${rel%%/*}
+    if [ "$folder" = "$rel" ]; then
+      echo "$rel: files belong in a folder of src/"
+      bad=1
+      continue
+    fi
+    if [ -z "${ALLOWED[$folder]+x}" ]; then
+      echo "$rel: folder '$folder' is not in the layering table of tests/layers.sh"
+      bad=1
+      continue
+    fi
+    allowed=${ALLOWED[$folder]}
+    while IFS= read -r line; do
+      inc=$(sed -E 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"([^"]*)".*/\1/' <<<"$line")
+      case $inc in
+      ../* | */../* | /*)
+        echo "$rel: #include \"$inc\": include by folder name, not by relative or absolute path"
+        bad=1
+        continue
+        ;;
+      */*) target=${inc%%/*} ;;
+      *) continue ;; # tlm.h or a header of the same folder
+      esac
+      if [ "$target" != "$folder" ]; then
+        if [[ "$inc" == *_internal.h ]]; then
+          echo "$rel: #include \"$inc\": an _internal.h header is private to $target/"
+          bad=1
+          continue
+        fi
+        if [ -z "${ALLOWED[$target]+x}" ]; then
+          echo "$rel: #include \"$inc\": '$target' is not a folder of src/"
+          bad=1
+        elif [ "$allowed" != "*" ] && [[ " $allowed " != *" $target "* ]]; then
+          echo "$rel: #include \"$inc\": $folder/ may not depend on $target/" \
+            "(allowed: ${allowed:-nothing but itself})"
+          bad=1
+        fi
+      fi
+    done < <(grep -E '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$file")
+  done < <(find "$src" -type f \( -name '*.c' -o -name '*.h' \) | sort)
+  return $bad
+}
+
+# Self-test on a tree with one violation of each kind, and clean files that must pass.
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+mkdir -p "$TMP"/src/{core,io,tokenizer,formats,cli,model}
+printf '#include "core/core.h"\n#include "tlm.h"\n' >"$TMP/src/io/ok.c"
+printf '#include "io/gguf.h"\n#include "tok_internal.h"\n' >"$TMP/src/tokenizer/ok.c"
+printf '#include "tokenizer/tok_gguf.h"\n#include "model/model.h"\n' >"$TMP/src/cli/ok.c"
+printf '#include "model/x_internal.h"\n' >"$TMP/src/cli/private.c"
+printf '#include "formats/gguf.h"\n' >"$TMP/src/tokenizer/up.c"
+printf '  #  include "tokenizer/tok_internal.h"\n' >"$TMP/src/formats/private.c"
+printf '#include "../core/core.h"\n' >"$TMP/src/model/relative.c"
+printf '#include "nowhere/x.h"\n' >"$TMP/src/core/unknown.h"
+want=("tokenizer/up.c: #include \"formats/gguf.h\""
+      "formats/private.c: #include \"tokenizer/tok_internal.h\""
+      "cli/private.c: #include \"model/x_internal.h\""
+      "model/relative.c: #include \"../core/core.h\""
+      "core/unknown.h: #include \"nowhere/x.h\"")
+got=$(check_tree "$TMP/src")
+rc=$?
+fail=0
+if [ $rc -eq 0 ]; then echo "FAIL self-test: the checker passed a tree with violations"; fail=1; fi
+for w in "${want[@]}"; do
+  if ! grep -qF "$w" <<<"$got"; then echo "FAIL self-test: no report of [$w]"; fail=1; fi
+done
+if grep -q "/ok.c" <<<"$got"; then echo "FAIL self-test: allowed includes reported: $got"; fail=1; fi
+[ $fail -eq 0 ] || exit 1
+
+if ! check_tree "$SRC_ROOT/src"; then
+  echo "FAIL: includes above break the layering of src/ (table in tests/layers.sh)"
+  exit 1
+fi
+echo "layers: every include in src/ follows the layering"
