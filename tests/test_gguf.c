@@ -111,6 +111,29 @@ static void test_tiny_random(const char *dir) {
     int finite = 1;
     for (int i = 0; i < 4 * 32000; i++) finite &= isfinite(fo.logits[i]);
     CHECK(finite, "finite logits");
+    /* The untied F16 embedding is only looked up: used in place in its own type, one row widened
+     * per token; matrices are widened at load. The same logits as an all-F32 writable copy. */
+    const tlm_tensor_info *e = tlm_model_find(m, "token_embd.weight");
+    const tlm_weight *ew = tlm_model_weight(m, (int)(e - tlm_model_tensors(m, NULL)));
+    CHECK(ew->dtype == TLM_DTYPE_F16 && ew->row_bytes == 16, "embedding view %s, %zu bytes a row",
+          tlm_dtype_name(ew->dtype), ew->row_bytes);
+    size_t mapped = 0, owned = 0;
+    tlm_model_memory(m, &mapped, &owned);
+    CHECK(mapped == 32000 * 8 * 2 + 3 * 8 * 4, "mapped %zu bytes (the F16 embedding, F32 norms)",
+          mapped);
+    tlm_model *w = NULL;
+    CHECK_OK(tlm_model_load_ex(p, TLM_LOAD_WRITABLE, &w));
+    if (w) {
+        float *a = malloc(sizeof(float) * 4 * 32000);
+        memcpy(a, fo.logits, sizeof(float) * 4 * 32000);
+        tlm_forward_out fw;
+        CHECK_OK(t_forward(w, ids, 1, 4, NULL, &fw));
+        CHECK(!memcmp(a, fw.logits, sizeof(float) * 4 * 32000),
+              "F16 embedding in place differs from the widened copy");
+        CHECK(tlm_model_weight(w, 0)->dtype == TLM_DTYPE_F32, "writable copy is F32");
+        free(a);
+        tlm_model_free(w);
+    }
     tlm_tokenizer *t = NULL;
     if (tlm_tokenizer_load(p, &t) == TLM_OK) {
         CHECK(tlm_tokenizer_vocab_size(t) == 32000, "vocab");

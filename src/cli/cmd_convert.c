@@ -73,7 +73,8 @@ int cmd_convert(int argc, char **argv) {
         return cli_fail("convert: --to %s stores f32 only", to);
 
     tlm_model *m;
-    if (tlm_model_load(in, &m)) return cli_fail_status("convert");
+    /* Writers read F32 weights: a writable copy widens whatever the file holds. */
+    if (tlm_model_load_ex(in, TLM_LOAD_WRITABLE, &m)) return cli_fail_status("convert");
     tlm_tokenizer *tok = NULL;
     if (tokp) {
         if (tlm_tokenizer_load(tokp, &tok)) {

@@ -241,9 +241,22 @@ tlm_status tlm_model_create(const tlm_config *c, tlm_model **out) {
 static tlm_status tlm_model_bind_views(tlm_model *m, const tlm_bind_src *src, tlm_mmap *maps,
                                        int n_maps);
 
-/* The kernels compute on F32 weights (quantized and half-precision kernels come later: then this
- * is where those types start being used in place). */
-static int kernels_take(tlm_dtype t) { return t == TLM_DTYPE_F32; }
+/* Whether tensor i can be used in place in the type and at the address a file has it. Matrix
+ * products take what k_linear_takes (F32 today; quantized and half-precision kernels will widen
+ * this); a token embedding that is only looked up (not tied to the output head) widens one row at
+ * a time, so any weight type works for it. Vectors (norms, biases) are always read as floats. */
+static int used_in_place(const tlm_model *m, int i, tlm_dtype t, const void *data) {
+    const tlm_dtype_info *d = tlm_dtype_get(t);
+    /* plain types need their natural alignment; block types are read bytewise */
+    size_t align = d->block_elems == 1 ? d->block_bytes : 1;
+    if ((uintptr_t)data % align) return 0;
+    const tlm_tensor_info *ti = &m->tensors[i];
+    if (ti->ndim == 2 && tlm_dtype_bytes(t, (uint64_t)ti->shape[1]) == 0) return 0;
+    if (t == TLM_DTYPE_F32) return 1;
+    if (ti->offset == m->off.tok_emb && !m->c.tie_embeddings)
+        return t == TLM_DTYPE_F16 || t == TLM_DTYPE_BF16 || t == TLM_DTYPE_Q8_0;
+    return ti->ndim == 2 && k_linear_takes(t);
+}
 
 tlm_status tlm_model_bind(tlm_model *m, const tlm_bind_src *src, tlm_mmap *maps, int n_maps) {
     tlm_status s = tlm_model_bind_views(m, src, maps, n_maps);
@@ -272,10 +285,8 @@ static tlm_status tlm_model_bind_views(tlm_model *m, const tlm_bind_src *src, tl
     size_t owned = 0;
     for (int i = 0; i < m->n_tensors && !m->st.params; i++) {
         const tlm_tensor_info *t = &m->tensors[i];
-        uintptr_t a = (uintptr_t)src[i].data;
         if (!src[i].data) return tlm_err(TLM_ERR_ARG, "tensor '%s' has no data", t->name);
-        if (kernels_take(src[i].dtype) && a % tlm_dtype_get(src[i].dtype)->block_bytes == 0)
-            continue;
+        if (used_in_place(m, i, src[i].dtype, src[i].data)) continue;
         owned += (t->numel * sizeof(float) + 63) & ~(size_t)63;
     }
     if (owned) {
@@ -295,8 +306,7 @@ static tlm_status tlm_model_bind_views(tlm_model *m, const tlm_bind_src *src, tl
         float *dst = NULL;
         if (m->st.params) {
             dst = m->st.params + t->offset;
-        } else if (kernels_take(src[i].dtype) &&
-                   (uintptr_t)src[i].data % tlm_dtype_get(src[i].dtype)->block_bytes == 0) {
+        } else if (used_in_place(m, i, src[i].dtype, src[i].data)) {
             w->dtype = src[i].dtype;
             w->data = src[i].data;
             w->row_bytes = tlm_dtype_bytes(src[i].dtype, (uint64_t)w->cols);
