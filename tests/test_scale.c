@@ -20,6 +20,7 @@
 #include "io/gguf_writer.h"
 #include "io/safetensors.h"
 #include "tlm.h"
+#include "tokenizer/tok_internal.h"
 
 /* Header + zeroed data section of a writer; NULL on failure. */
 static uint8_t *gguf_image(tlm_gguf_writer *w, size_t *len) {
@@ -366,7 +367,35 @@ static void test_char_vocab(void) {
     free(text);
 }
 
+/* BPE merges a file could choose so that their pair keys agree in the bits a multiplicative hash
+ * of the bare key used (the same second token, first tokens 128 apart): once one cluster that every
+ * insertion walked. The table now mixes the whole key with a per-process secret. */
+static void test_merge_table(void) {
+    enum { N = 200000 };
+    tok_pairmap m;
+    CHECK_OK(tok_pairmap_init(&m, N));
+    if (!m.keys) return;
+    for (int32_t i = 0; i < N; i++) tok_pairmap_put(&m, i * 128, 5, (uint32_t)i, i);
+    int ok = 1;
+    for (int32_t i = 0; i < N; i += 997) {
+        uint32_t r;
+        int32_t id;
+        ok &= tok_pairmap_get(&m, i * 128, 5, &r, &id) && r == (uint32_t)i && id == i;
+        ok &= !tok_pairmap_get(&m, i * 128 + 1, 5, &r, &id);
+    }
+    CHECK(ok, "merge table lookups");
+    /* The longest run of occupied slots stays short: no cluster. */
+    size_t run = 0, worst = 0;
+    for (size_t k = 0; k <= m.mask; k++) {
+        run = m.keys[k] != ~0ull ? run + 1 : 0;
+        worst = run > worst ? run : worst;
+    }
+    CHECK(worst < 200, "longest probe run %zu slots", worst);
+    tok_pairmap_free(&m);
+}
+
 int main(void) {
+    test_merge_table();
     test_gguf_keys();
     test_gguf_tensors();
     test_safetensors();

@@ -80,6 +80,24 @@ static inline const uint8_t *tok_piece(const tlm_tokenizer *t, int32_t id, size_
 }
 
 uint64_t tok_hash(const uint8_t *p, size_t n);
+uint64_t tok_hash_seeded(const uint8_t *p, size_t n, uint64_t seed);
+/* The per-process secret of the lookup tables (tok_seed_init draws it; the table builders call
+ * it). */
+extern uint64_t tok_seed;
+void tok_seed_init(void);
+static inline uint64_t tok_mix64(uint64_t x) {
+    x ^= x >> 30;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 27;
+    x *= 0x94D049BB133111EBull;
+    x ^= x >> 31;
+    return x;
+}
+/* The slot of a pair key: a full mix of the key and the seed (a multiplicative hash of the bare
+ * key let every pair sharing its low bits share a slot). */
+static inline size_t tok_pair_slot(uint64_t k, size_t mask) {
+    return (size_t)tok_mix64(k ^ tok_seed) & mask;
+}
 tlm_status tok_map_build(tlm_tokenizer *t);
 /* Id of a TOK_NORMAL piece or -1. */
 int32_t tok_map_find(const tlm_tokenizer *t, const uint8_t *p, size_t n);
@@ -91,7 +109,7 @@ void tok_pairmap_put(tok_pairmap *m, int32_t a, int32_t b, uint32_t rank, int32_
 static inline int tok_pairmap_get(const tok_pairmap *m, int32_t a, int32_t b, uint32_t *rank,
                                   int32_t *merged) {
     uint64_t k = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
-    size_t h = (size_t)((k * 0x9E3779B97F4A7C15ull) >> 20) & m->mask;
+    size_t h = tok_pair_slot(k, m->mask);
     for (;;) {
         uint64_t kk = m->keys[h];
         if (kk == k) {

@@ -3,6 +3,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <pthread.h>
+#include <sys/random.h>
+#include <time.h>
+
 #include "tok_internal.h"
 #include "unicode.h"
 
@@ -47,10 +51,30 @@ tlm_status tok_ids_reserve(tok_ids *v, size_t extra) {
 
 /* ---- hashing ----------------------------------------------------------------------------- */
 
-uint64_t tok_hash(const uint8_t *p, size_t n) {
+/* The tables a loaded vocabulary builds hash with a secret drawn once per process: a file made to
+ * put many pieces or merges in one bucket would otherwise make loading quadratic. Lookups do not
+ * depend on the order within a table, so results are the same whatever the seed. */
+uint64_t tok_seed;
+static pthread_once_t seed_once = PTHREAD_ONCE_INIT;
+
+static void draw_seed(void) {
+    uint64_t s = 0;
+    if (getrandom(&s, sizeof s, GRND_NONBLOCK) != (ssize_t)sizeof s) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        s = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 32) ^ (uint64_t)(uintptr_t)&s;
+    }
+    tok_seed = tok_mix64(s | 1);
+}
+
+void tok_seed_init(void) { pthread_once(&seed_once, draw_seed); }
+
+uint64_t tok_hash(const uint8_t *p, size_t n) { return tok_hash_seeded(p, n, 0); }
+
+uint64_t tok_hash_seeded(const uint8_t *p, size_t n, uint64_t seed) {
     /* Eight bytes at a time with a multiply-xorshift mix: pieces are short, so this is mostly
      * one or two rounds. */
-    uint64_t h = 0x9E3779B97F4A7C15ull ^ (n * 0xC2B2AE3D27D4EB4Full);
+    uint64_t h = seed ^ 0x9E3779B97F4A7C15ull ^ (n * 0xC2B2AE3D27D4EB4Full);
     while (n >= 8) {
         uint64_t w;
         memcpy(&w, p, 8);
@@ -75,6 +99,7 @@ static size_t pow2_at_least(size_t n) {
 }
 
 tlm_status tok_map_build(tlm_tokenizer *t) {
+    tok_seed_init();
     free(t->map.slots);
     size_t cap = pow2_at_least((size_t)t->n * 2 + 1);
     t->map.slots = calloc(cap, sizeof(uint64_t));
@@ -88,7 +113,7 @@ tlm_status tok_map_build(tlm_tokenizer *t) {
             t->attr[id] = TOK_UNUSED; /* a duplicate piece: the first id wins */
             continue;
         }
-        uint64_t h = tok_hash(p, len);
+        uint64_t h = tok_hash_seeded(p, len, tok_seed);
         size_t k = (size_t)h & t->map.mask;
         while (t->map.slots[k]) k = (k + 1) & t->map.mask;
         t->map.slots[k] = (h & 0xFFFFFFFF00000000ull) | (uint64_t)(uint32_t)(id + 1);
@@ -97,7 +122,7 @@ tlm_status tok_map_build(tlm_tokenizer *t) {
 }
 
 int32_t tok_map_find(const tlm_tokenizer *t, const uint8_t *p, size_t n) {
-    uint64_t h = tok_hash(p, n);
+    uint64_t h = tok_hash_seeded(p, n, tok_seed);
     size_t k = (size_t)h & t->map.mask;
     uint64_t hi = h & 0xFFFFFFFF00000000ull;
     for (;;) {
@@ -114,6 +139,7 @@ int32_t tok_map_find(const tlm_tokenizer *t, const uint8_t *p, size_t n) {
 }
 
 tlm_status tok_pairmap_init(tok_pairmap *m, size_t n) {
+    tok_seed_init();
     size_t cap = pow2_at_least(n * 2 + 1);
     m->keys = malloc(cap * sizeof(uint64_t));
     m->vals = malloc(cap * sizeof(uint64_t));
@@ -135,7 +161,7 @@ void tok_pairmap_free(tok_pairmap *m) {
 
 void tok_pairmap_put(tok_pairmap *m, int32_t a, int32_t b, uint32_t rank, int32_t merged) {
     uint64_t k = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
-    size_t h = (size_t)((k * 0x9E3779B97F4A7C15ull) >> 20) & m->mask;
+    size_t h = tok_pair_slot(k, m->mask);
     while (m->keys[h] != ~0ull && m->keys[h] != k) h = (h + 1) & m->mask;
     if (m->keys[h] == k) return; /* a repeated merge keeps its first (best) rank */
     m->keys[h] = k;
