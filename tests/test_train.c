@@ -278,6 +278,18 @@ static void test_seam(void) {
               !memcmp(tlm_model_params(w), tlm_model_params(b), n * 4),
           "two optimizer ranges with gathered updates differ from one whole optimizer");
     CHECK(tlm_trainer_save(ta) == TLM_ERR_UNSUPPORTED, "a shard cannot write a whole checkpoint");
+    /* Ranges outside the buffer, and resuming a shard, are refused. */
+    tlm_trainer *tx = NULL;
+    tlm_train_opts ox = oa;
+    ox.hooks.begin = k, ox.hooks.end = k;
+    CHECK(tlm_trainer_new(a, d, &ox, &tx) == TLM_ERR_ARG && !tx, "empty range");
+    ox.hooks.begin = 0, ox.hooks.end = n + 1;
+    CHECK(tlm_trainer_new(a, d, &ox, &tx) == TLM_ERR_ARG && !tx, "range past the buffer");
+    ox.hooks.end = k;
+    ox.resume = 1;
+    CHECK(tlm_trainer_new(a, d, &ox, &tx) == TLM_ERR_UNSUPPORTED && !tx, "resuming a shard");
+    tlm_adamw *opt = NULL;
+    CHECK(tlm_adamw_create_range(a, 3, 2, &opt) == TLM_ERR_ARG && !opt, "backwards AdamW range");
     tlm_trainer_free(tw);
     tlm_trainer_free(ta);
     tlm_trainer_free(tb);

@@ -36,6 +36,17 @@ void tlm_threads_enter(void);
 int tlm_mul_ok(size_t a, size_t b, size_t *out);
 int tlm_add_ok(size_t a, size_t b, size_t *out);
 
+/* splitmix64's finalizer: a full 64-bit mix, for counter-based randomness (dropout masks) and
+ * for hashing keys with a seed (tokenizer tables). */
+static inline uint64_t tlm_mix64(uint64_t x) {
+    x ^= x >> 30;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 27;
+    x *= 0x94D049BB133111EBull;
+    x ^= x >> 31;
+    return x;
+}
+
 /* Deterministic RNG (PCG32 stream), same sequence on every platform. */
 typedef struct {
     uint64_t state;

@@ -38,13 +38,11 @@ tlm_status fmt_load_tlm(const char *path, int writable, tlm_model **out);
 /* One tlm .safetensors file (its config in the metadata). */
 tlm_status fmt_load_tlm_file(const char *path, int writable, tlm_model **out);
 
-/* GGUF (gguf_model.c): a model from an opened file; a ggml tensor (F32, F16, BF16, Q8_0) as n
- * floats. */
+/* GGUF (gguf_model.c): a model from an opened file. */
 #include "io/gguf.h"
 /* The model in an opened GGUF. The model takes over the file's mapping (g->owns_map) when it
  * keeps tensors in place. */
 tlm_status fmt_gguf_load_model(tlm_gguf *g, const char *path, int writable, tlm_model **out);
-tlm_status fmt_gguf_tensor_to_f32(const tlm_gguf_tensor *t, float *dst, size_t n, const char *path);
 
 /* llama2.c: 1 if the bytes look like a llama2.c model (v1 magic, or a legacy header that predicts
  * the size exactly). */

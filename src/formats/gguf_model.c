@@ -99,21 +99,18 @@ static tlm_status llama_config(const tlm_gguf *g, const char *path, tlm_config *
     return TLM_OK;
 }
 
-/* Converts n elements of a ggml tensor into floats. The reader checked n_bytes against the file;
- * this checks it against the element count expected here. */
-tlm_status fmt_gguf_tensor_to_f32(const tlm_gguf_tensor *t, float *dst, size_t n,
-                                  const char *path) {
+/* The weight type of tensor t, which must hold n elements of a type the loader binds (the reader
+ * checked its bytes against the file). */
+static tlm_status tensor_type(const tlm_gguf_tensor *t, size_t n, const char *path, tlm_dtype *dt) {
     if (t->n_elements != n)
         return tlm_err(TLM_ERR_FORMAT, "%s: tensor '%s' has %llu elements, expected %zu", path,
                        t->name, (unsigned long long)t->n_elements, n);
-    const uint8_t *p = t->data;
-    if (!p)
+    if (!t->data)
         return tlm_err(TLM_ERR_UNSUPPORTED, "%s: tensor '%s' has unknown ggml type %u", path,
                        t->name, t->type);
-    tlm_dtype dt;
-    if (tlm_dtype_from_ggml(t->type, &dt) && (dt == TLM_DTYPE_F32 || dt == TLM_DTYPE_F16 ||
-                                              dt == TLM_DTYPE_BF16 || dt == TLM_DTYPE_Q8_0))
-        return tlm_dtype_to_f32(dt, p, dst, n);
+    if (tlm_dtype_from_ggml(t->type, dt) && (*dt == TLM_DTYPE_F32 || *dt == TLM_DTYPE_F16 ||
+                                             *dt == TLM_DTYPE_BF16 || *dt == TLM_DTYPE_Q8_0))
+        return TLM_OK;
     const char *name = "?";
     tlm_ggml_type_info(t->type, &name, NULL, NULL);
     return tlm_err(TLM_ERR_UNSUPPORTED, "%s: tensor '%s' is %s; supported: F32, F16, BF16, Q8_0",
@@ -155,12 +152,7 @@ tlm_status fmt_gguf_load_model(tlm_gguf *g, const char *path, int writable, tlm_
             break;
         }
         tlm_dtype dt;
-        int known =
-            tlm_dtype_from_ggml(t->type, &dt) && (dt == TLM_DTYPE_F32 || dt == TLM_DTYPE_F16 ||
-                                                  dt == TLM_DTYPE_BF16 || dt == TLM_DTYPE_Q8_0);
-        if (t->n_elements != ti[i].numel || !t->data || !known)
-            s = fmt_gguf_tensor_to_f32(t, NULL, ti[i].numel, path); /* reports the problem */
-        else
+        if ((s = tensor_type(t, ti[i].numel, path, &dt)) == TLM_OK)
             src[i] = (tlm_bind_src){dt, t->data};
     }
     free(ti);

@@ -38,13 +38,6 @@ typedef struct {
     const char *prefix; /* GPT-2: "" or "transformer." */
 } hf_dir;
 
-static char *path_join(const char *dir, const char *name) {
-    size_t n = strlen(dir) + strlen(name) + 2;
-    char *p = malloc(n);
-    if (p) snprintf(p, n, "%s/%s", dir, name);
-    return p;
-}
-
 static int exists(const char *p) {
     struct stat st;
     return stat(p, &st) == 0 && S_ISREG(st.st_mode);
@@ -58,7 +51,7 @@ static int safe_name(const char *s) {
 static tlm_status open_file(hf_dir *h, const char *name) {
     if (h->n_files >= HF_MAX_SHARDS)
         return tlm_err(TLM_ERR_FORMAT, "%s: more than %d shards", h->dir, HF_MAX_SHARDS);
-    char *p = path_join(h->dir, name);
+    char *p = tlm_path_join(h->dir, name);
     if (!p) return tlm_err(TLM_ERR_NOMEM, "out of memory");
     tlm_status s = st_open(&h->files[h->n_files], p);
     free(p);
@@ -116,11 +109,11 @@ static int cmp_ref_first(const void *a, const void *b) {
 }
 
 static tlm_status open_tensors(hf_dir *h) {
-    char *idx = path_join(h->dir, "model.safetensors.index.json");
+    char *idx = tlm_path_join(h->dir, "model.safetensors.index.json");
     if (!idx) return tlm_err(TLM_ERR_NOMEM, "out of memory");
     if (!exists(idx)) {
         free(idx);
-        char *single = path_join(h->dir, "model.safetensors");
+        char *single = tlm_path_join(h->dir, "model.safetensors");
         int ok = single && exists(single);
         free(single);
         if (!ok)
@@ -488,7 +481,7 @@ static tlm_status load_gpt2(hf_dir *h, const tlm_config *c, tlm_model *m) {
 
 tlm_status fmt_load_hf(const char *dir, int writable, tlm_model **out) {
     *out = NULL;
-    char *cp = path_join(dir, "config.json"), *text;
+    char *cp = tlm_path_join(dir, "config.json"), *text;
     if (!cp) return tlm_err(TLM_ERR_NOMEM, "out of memory");
     tlm_status s = tlm_read_file(cp, &text, NULL);
     free(cp);
@@ -774,13 +767,13 @@ tlm_status tlm_model_save_hf(const tlm_model *m, const char *dir, tlm_dtype dtyp
     char *p = NULL, *json = NULL;
     if (!s) {
         const char *k[] = {"format"}, *v[] = {"pt"};
-        p = path_join(dir, "model.safetensors");
+        p = tlm_path_join(dir, "model.safetensors");
         s = p ? st_write(p, o.t, o.n, k, v, 1) : tlm_err(TLM_ERR_NOMEM, "out of memory");
         free(p);
     }
     if (!s) {
         json = cJSON_Print(cfg);
-        p = path_join(dir, "config.json");
+        p = tlm_path_join(dir, "config.json");
         s = p && json ? tlm_write_file_atomic(p, json, strlen(json))
                       : tlm_err(TLM_ERR_NOMEM, "out of memory");
         free(p);

@@ -23,7 +23,6 @@ struct tlm_session {
     float *scratch;
     size_t scratch_bytes;
     float *x, *n, *qkv, *att, *tmp, *ff_a, *ff_h;
-    int prefilling;         /* the pass running now: a prefill (else a decode step) */
     int *row_seq, *row_pos; /* [rows] sequence and position of each scratch row */
     int *row_idx;           /* [B] decode: sequence of each compact row */
     int32_t *ids_tmp;       /* [B] decode: ids of the compact rows */

@@ -12,7 +12,6 @@
 
 #include "infer/infer.h"
 #include "kernels/kernels.h"
-#include "kernels/matvec.h"
 #include "model/block.h"
 
 /* Queries per prefill attention task: bounds the per-thread score block to QCHUNK x capacity. */
@@ -226,11 +225,9 @@ static void attend_decode(tlm_session *s, int l, int N) {
 
 /* The attention core of generation: the new rows' keys and values go into the cache (rotated:
  * a cached key is never touched again), then each row attends over its sequence's cache. */
-static void cache_attend(void *user, int l, float *qkv, int ld, float *att, int N) {
-    tlm_session *s = user;
+static void cache_store(tlm_session *s, int l, const float *qkv, int ld, int N) {
     const tlm_config *c = &s->m->c;
     int hd = c->d_model / c->n_heads, qw = c->n_heads * hd, kw = c->n_kv_heads * hd;
-    (void)att; /* s->att */
     for (int r = 0; r < N; r++)
         for (int h = 0; h < c->n_kv_heads; h++) {
             size_t at = (size_t)s->row_pos[r] * hd, src = (size_t)r * ld + (size_t)h * hd;
@@ -238,18 +235,30 @@ static void cache_attend(void *user, int l, float *qkv, int ld, float *att, int 
             memcpy(infer_cache_v(s, l, s->row_seq[r], h) + at, qkv + qw + kw + src,
                    hd * sizeof(float));
         }
-    if (s->prefilling)
-        attend_prefill(s, l, s->row_seq[0], s->row_pos[0], N);
-    else
-        attend_decode(s, l, N);
+}
+
+/* Prefill: N consecutive rows of one sequence (attend_prefill writes s->att, which att is). */
+static void cache_attend_prefill(void *user, int l, float *qkv, int ld, float *att, int N) {
+    (void)att;
+    tlm_session *s = user;
+    cache_store(s, l, qkv, ld, N);
+    attend_prefill(s, l, s->row_seq[0], s->row_pos[0], N);
+}
+
+/* Decode: one row of each active sequence. */
+static void cache_attend_decode(void *user, int l, float *qkv, int ld, float *att, int N) {
+    (void)att;
+    tlm_session *s = user;
+    cache_store(s, l, qkv, ld, N);
+    attend_decode(s, l, N);
 }
 
 /* Runs the N rows (ids, with row_seq/row_pos filled) through every block; the final residual
  * stream is left in s->x. The block works in place on the scratch rows. */
 static void blocks(tlm_session *s, const int32_t *ids, int N, int prefill) {
     const tlm_model *m = s->m;
-    s->prefilling = prefill;
-    tlm_pass p = {N, s->row_pos, 0, 0, 0, {cache_attend, NULL, s}};
+    tlm_pass p = {N, s->row_pos, 0,
+                  0, 0,          {prefill ? cache_attend_prefill : cache_attend_decode, NULL, s}};
     tlm_embed_fwd(m, &p, ids, s->x);
     int pre = m->c.norm_position == TLM_NORM_PRE;
     tlm_block_bufs b = {.x = s->x,

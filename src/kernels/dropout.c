@@ -1,24 +1,16 @@
+#include "core/core.h"
 #include "kernels.h"
 
-/* A counter-based hash (splitmix64's finalizer): the mask of element i depends only on the key and
- * i, so the backward pass regenerates it instead of storing it, in any thread order. */
-static inline uint64_t mix64(uint64_t x) {
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebULL;
-    x ^= x >> 31;
-    return x;
-}
-
+/* Masks come from a counter-based hash (tlm_mix64): the mask of element i depends only on the key
+ * and i, so the backward pass regenerates it instead of storing it, in any thread order. */
 uint64_t k_dropout_key(uint64_t seed, uint64_t step, uint64_t site) {
-    return mix64(mix64(seed ^ 0x6a09e667f3bcc909ULL) + mix64(step + 0x3c6ef372fe94f82bULL) +
-                 site * 0x9e3779b97f4a7c15ULL);
+    return tlm_mix64(tlm_mix64(seed ^ 0x6a09e667f3bcc909ULL) +
+                     tlm_mix64(step + 0x3c6ef372fe94f82bULL) + site * 0x9e3779b97f4a7c15ULL);
 }
 
 float k_dropout_keep(uint64_t key, uint64_t i, float p) {
     /* 24 random bits against p: exact enough for any p a model uses. */
-    uint32_t r = (uint32_t)(mix64(key + i * 0x9e3779b97f4a7c15ULL) >> 40);
+    uint32_t r = (uint32_t)(tlm_mix64(key + i * 0x9e3779b97f4a7c15ULL) >> 40);
     return (float)r >= p * 16777216.0f ? 1.0f / (1.0f - p) : 0.0f;
 }
 

@@ -22,13 +22,14 @@ void k_dropout(float *y, const float *x, size_t n, float p, uint64_t key);
 /* ---- linear.c: y = x W^T (+ b) for a weight W [out, in] ---- */
 /* 1 if k_linear computes on weights of this type (the loaders widen the others). */
 int k_linear_takes(tlm_dtype t);
+#define K_LINEAR_MAX_PARTS 8
 /* y[N, out] (row stride ldy >= out) = x[N, in] W^T + b (b may be NULL). A few rows stream W once
  * (matrix-vector products, decode); more go through sgemm. */
 void k_linear(float *y, int ldy, const float *x, int N, const tlm_weight *w, const float *b);
-/* Products of the same x with n weights (same `in`) into consecutive column blocks of y: q|k|v or
- * gate|up. fused, when not NULL, is the n weights as one stacked view (then one product does it
- * when the biases are stacked too); otherwise decode still covers every part in one parallel
- * region. */
+/* Products of the same x with n <= K_LINEAR_MAX_PARTS weights (same `in`) into consecutive column
+ * blocks of y: q|k|v or gate|up. fused, when not NULL, is the n weights as one stacked view (then
+ * one product does it when the biases are stacked too); otherwise decode still covers every part in
+ * one parallel region. */
 void k_linear_parts(float *y, int ldy, const float *x, int N, const tlm_weight *const *w,
                     const float *const *b, int n, const tlm_weight *fused);
 /* The F32 sgemm behind k_linear: y[N, ldy] = x[N, in] w[out, in]^T (+ b). */

@@ -46,13 +46,13 @@ void k_linear_parts(float *y, int ldy, const float *x, int N, const tlm_weight *
     int in = (int)w[0]->cols, split;
     const float *fb = stacked_bias(w, b, n, &split);
     if (N <= K_MATVEC_MAX_ROWS) {
-        k_matvec_part parts[8];
+        k_matvec_part parts[K_LINEAR_MAX_PARTS];
         int np = 0, col = 0;
         if (fused && !split) {
             parts[np++] =
                 (k_matvec_part){fused->data, fb, (int)fused->rows, fused->row_bytes / 4, 0};
         } else {
-            for (int i = 0; i < n && np < 8; i++) {
+            for (int i = 0; i < n && np < K_LINEAR_MAX_PARTS; i++) {
                 parts[np++] = (k_matvec_part){w[i]->data, b ? b[i] : NULL, (int)w[i]->rows,
                                               w[i]->row_bytes / 4, col};
                 col += (int)w[i]->rows;

@@ -76,7 +76,7 @@ void k_matvec_parts(float *y, int ldy, const float *x, int M, int in, const k_ma
                     int n) {
     /* Units of four output rows, numbered across the parts, so that one parallel region covers
      * every part (q, k and v of one layer), not one region each. */
-    long first[9], work = 0;
+    long first[K_LINEAR_MAX_PARTS + 1], work = 0;
     first[0] = 0;
     for (int p = 0; p < n; p++) {
         first[p + 1] = first[p] + (parts[p].out + 3) / 4;

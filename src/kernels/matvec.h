@@ -18,7 +18,8 @@ typedef struct {
     int col;         /* first output column in y */
 } k_matvec_part;
 
-/* y[m, part.col + j] = x[m, :in] . part.w[j] (+ part.b[j]) for every part, M rows of x (stride
+/* y[m, part.col + j] = x[m, :in] . part.w[j] (+ part.b[j]) for every part (n <=
+ * K_LINEAR_MAX_PARTS), M rows of x (stride
  * in) and y (stride ldy), in one parallel region over the output rows of all parts. */
 void k_matvec_parts(float *y, int ldy, const float *x, int M, int in, const k_matvec_part *parts,
                     int n);

@@ -59,33 +59,6 @@ static size_t sat_mul(size_t a, size_t b) {
     return tlm_mul_ok(a, b, &r) ? r : SIZE_MAX;
 }
 
-static size_t sat_add(size_t a, size_t b) {
-    size_t r;
-    return tlm_add_ok(a, b, &r) ? r : SIZE_MAX;
-}
-
-/* The parameter count the schema will give (it multiplies without checks), computed from the
- * fields with saturating arithmetic before anything relies on it. *per_block: one block's. */
-static size_t checked_param_count(const tlm_config *c, size_t *per_block) {
-    int ln_bias = c->norm == TLM_NORM_LAYERNORM && c->bias, swiglu = c->ffn == TLM_FFN_SWIGLU;
-    size_t d = (size_t)c->d_model, ff = (size_t)c->d_ff, hd = d / (size_t)c->n_heads;
-    size_t q = sat_mul((size_t)c->n_heads, hd), kv = sat_mul((size_t)c->n_kv_heads, hd);
-    size_t norm = ln_bias ? 2 * d : d;
-    size_t attn = sat_mul(d, sat_add(sat_mul(q, 2), sat_mul(kv, 2))); /* q, o; k, v */
-    size_t ffn = sat_mul(sat_mul(d, ff), swiglu ? 3 : 2);
-    size_t blk = sat_add(sat_add(attn, ffn), 2 * norm);
-    if (c->bias) {
-        blk = sat_add(blk, sat_add(sat_add(q, sat_mul(kv, 2)), d));
-        blk = sat_add(blk, sat_add(sat_mul(ff, swiglu ? 2 : 1), d));
-    }
-    *per_block = blk;
-    size_t total = sat_mul(sat_mul((size_t)c->vocab_size, d), c->tie_embeddings ? 1 : 2);
-    if (c->position == TLM_POS_LEARNED)
-        total = sat_add(total, sat_mul((size_t)c->context_length, d));
-    total = sat_add(total, sat_mul((size_t)c->n_layers, blk));
-    return c->norm_position == TLM_NORM_PRE ? sat_add(total, norm) : total;
-}
-
 tlm_status tlm_config_finalize(tlm_config *c) {
     struct {
         const char *name;
@@ -164,18 +137,25 @@ tlm_status tlm_config_finalize(tlm_config *c) {
                        "the limit of %d",
                        c->context_length, c->d_model, sat_mul(ctx, (size_t)c->d_model),
                        TLM_MAX_TABLE_FLOATS);
-    size_t per_block, total = checked_param_count(c, &per_block);
+    /* Within the field limits above every tensor has fewer than 2^41 elements and the whole
+     * model fewer than 2^52, so the schema's own count cannot overflow: it is the one formula. */
+    tlm_param_count pc;
+    tlm_count_params(c, &pc);
+    size_t total = pc.total,
+           per_block = (pc.per_component[TLM_COMP_ATTN_NORM] + pc.per_component[TLM_COMP_ATTN] +
+                        pc.per_component[TLM_COMP_FFN_NORM] + pc.per_component[TLM_COMP_FFN]) /
+                       (size_t)c->n_layers;
     if (total > (uint64_t)TLM_MAX_PARAMS) {
         char pos[96] = "";
         if (c->position == TLM_POS_LEARNED)
             snprintf(pos, sizeof pos, ", position table context_length %d x d_model %d",
                      c->context_length, c->d_model);
         return tlm_err(TLM_ERR_CONFIG,
-                       "the model needs %s%zu parameters, above the limit of %lld: token "
-                       "embedding vocab_size %d x d_model %d%s%s, n_layers %d blocks of %s%zu",
-                       total == SIZE_MAX ? "more than " : "", total, (long long)TLM_MAX_PARAMS,
-                       c->vocab_size, c->d_model, c->tie_embeddings ? "" : " (twice: untied head)",
-                       pos, c->n_layers, per_block == SIZE_MAX ? "more than " : "", per_block);
+                       "the model needs %zu parameters, above the limit of %lld: token "
+                       "embedding vocab_size %d x d_model %d%s%s, n_layers %d blocks of %zu",
+                       total, (long long)TLM_MAX_PARAMS, c->vocab_size, c->d_model,
+                       c->tie_embeddings ? "" : " (twice: untied head)", pos, c->n_layers,
+                       per_block);
     }
     return TLM_OK;
 }

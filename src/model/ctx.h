@@ -43,6 +43,8 @@ struct tlm_train_ctx {
     int is_replica;
 };
 
+/* Targets must be below the vocabulary size (negative ones are ignored by the loss). */
+tlm_status tlm_ctx_check_targets(const tlm_config *c, const int32_t *targets, int B, int T);
 /* Runs the forward pass into the arena (training: keeps what the backward pass needs, dropout). */
 tlm_status tlm_ctx_forward(tlm_train_ctx *x, const int32_t *ids, int B, int T, int pos0,
                            int training);

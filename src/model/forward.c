@@ -181,6 +181,14 @@ static tlm_status check_ids(const tlm_config *c, const int32_t *ids, size_t n, c
     return TLM_OK;
 }
 
+tlm_status tlm_ctx_check_targets(const tlm_config *c, const int32_t *targets, int B, int T) {
+    for (int i = 0; B > 0 && T > 0 && i < B * T; i++)
+        if (targets[i] >= c->vocab_size)
+            return tlm_err(TLM_ERR_RANGE, "target id %d at index %d is outside the vocabulary (%d)",
+                           targets[i], i, c->vocab_size);
+    return TLM_OK;
+}
+
 tlm_status tlm_ctx_forward(tlm_train_ctx *x, const int32_t *ids, int B, int T, int pos0,
                            int training) {
     const tlm_model *m = x->m;
@@ -213,13 +221,8 @@ tlm_status tlm_forward(tlm_train_ctx *x, const int32_t *ids, int B, int T,
     if (!opts) opts = &none;
     const tlm_config *c = &x->m->c;
     if (!out) return tlm_err(TLM_ERR_ARG, "forward: out must not be NULL");
-    if (opts->targets && B > 0 && T > 0)
-        for (int i = 0; i < B * T; i++)
-            if (opts->targets[i] >= c->vocab_size)
-                return tlm_err(TLM_ERR_RANGE,
-                               "target id %d at index %d is outside the vocabulary (%d)",
-                               opts->targets[i], i, c->vocab_size);
-    tlm_status s = tlm_ctx_forward(x, ids, B, T, opts->pos_offset, 0);
+    tlm_status s = opts->targets ? tlm_ctx_check_targets(c, opts->targets, B, T) : TLM_OK;
+    if (!s) s = tlm_ctx_forward(x, ids, B, T, opts->pos_offset, 0);
     if (s) return s;
     int N = B * T;
     int counted = 0;

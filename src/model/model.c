@@ -182,17 +182,24 @@ static tlm_status build_tables(tlm_model *m) {
     return TLM_OK;
 }
 
+/* w as an F32 view of t's floats at data (matrices [out, in]; vectors one row). */
+static void f32_view(tlm_weight *w, const tlm_tensor_info *t, const float *data) {
+    w->dtype = TLM_DTYPE_F32;
+    w->data = data;
+    w->rows = t->ndim == 2 ? t->shape[0] : 1;
+    w->cols = t->ndim == 2 ? t->shape[1] : t->shape[0];
+    w->row_bytes = (size_t)w->cols * sizeof(float);
+}
+
 /* Every view as an F32 window of the flat buffer. */
 static void point_into_params(tlm_model *m) {
-    for (int i = 0; i < m->n_tensors; i++) {
-        const tlm_tensor_info *t = &m->tensors[i];
-        tlm_weight *w = &m->w[i];
-        w->dtype = TLM_DTYPE_F32;
-        w->data = m->st.params + t->offset;
-        w->rows = t->ndim == 2 ? t->shape[0] : 1;
-        w->cols = t->ndim == 2 ? t->shape[1] : t->shape[0];
-        w->row_bytes = (size_t)w->cols * sizeof(float);
-    }
+    for (int i = 0; i < m->n_tensors; i++)
+        f32_view(&m->w[i], &m->tensors[i], m->st.params + m->tensors[i].offset);
+}
+
+/* Bytes a widened copy of t takes in the owned block (each copy 64-byte aligned). */
+static size_t copy_bytes(const tlm_tensor_info *t) {
+    return (t->numel * sizeof(float) + 63) & ~(size_t)63;
 }
 
 tlm_status tlm_model_new(const tlm_config *cfg, int writable, tlm_model **out) {
@@ -281,14 +288,13 @@ static tlm_status tlm_model_bind_views(tlm_model *m, const tlm_bind_src *src, tl
         memcpy(m->st.maps, maps, (size_t)n_maps * sizeof *maps);
         m->st.n_maps = n_maps;
     }
+    for (int i = 0; i < m->n_tensors; i++)
+        if (!src[i].data)
+            return tlm_err(TLM_ERR_ARG, "tensor '%s' has no data", m->tensors[i].name);
     /* Which tensors need a converted copy, and how much memory those copies take. */
     size_t owned = 0;
-    for (int i = 0; i < m->n_tensors && !m->st.params; i++) {
-        const tlm_tensor_info *t = &m->tensors[i];
-        if (!src[i].data) return tlm_err(TLM_ERR_ARG, "tensor '%s' has no data", t->name);
-        if (used_in_place(m, i, src[i].dtype, src[i].data)) continue;
-        owned += (t->numel * sizeof(float) + 63) & ~(size_t)63;
-    }
+    for (int i = 0; i < m->n_tensors && !m->st.params; i++)
+        if (!used_in_place(m, i, src[i].dtype, src[i].data)) owned += copy_bytes(&m->tensors[i]);
     if (owned) {
         m->st.owned = tlm_big_alloc(owned);
         if (!m->st.owned)
@@ -300,27 +306,23 @@ static tlm_status tlm_model_bind_views(tlm_model *m, const tlm_bind_src *src, tl
     for (int i = 0; i < m->n_tensors; i++) {
         const tlm_tensor_info *t = &m->tensors[i];
         tlm_weight *w = &m->w[i];
-        if (!src[i].data) return tlm_err(TLM_ERR_ARG, "tensor '%s' has no data", t->name);
-        w->rows = t->ndim == 2 ? t->shape[0] : 1;
-        w->cols = t->ndim == 2 ? t->shape[1] : t->shape[0];
         float *dst = NULL;
         if (m->st.params) {
             dst = m->st.params + t->offset;
         } else if (used_in_place(m, i, src[i].dtype, src[i].data)) {
+            f32_view(w, t, NULL); /* the shape; then the file's own type and bytes */
             w->dtype = src[i].dtype;
             w->data = src[i].data;
             w->row_bytes = tlm_dtype_bytes(src[i].dtype, (uint64_t)w->cols);
             continue;
         } else {
             dst = (float *)next;
-            next += (t->numel * sizeof(float) + 63) & ~(size_t)63;
+            next += copy_bytes(t);
         }
         tlm_status s = tlm_dtype_to_f32(src[i].dtype, src[i].data, dst, t->numel);
         if (s) return tlm_err_context(s, "tensor '%s'", t->name);
         if (m->st.n_maps) tlm_mmap_release(src[i].data, tlm_dtype_bytes(src[i].dtype, t->numel));
-        w->dtype = TLM_DTYPE_F32;
-        w->data = dst;
-        w->row_bytes = (size_t)w->cols * sizeof(float);
+        f32_view(w, t, dst);
     }
     resolve_views(m);
     return TLM_OK;

@@ -107,14 +107,10 @@ tlm_status tlm_forward_backward(tlm_train_ctx *x, const int32_t *ids, const int3
         return tlm_err(TLM_ERR_UNSUPPORTED,
                        "forward_backward: gradients need F32 weights (load the model with "
                        "TLM_LOAD_WRITABLE)");
-    if (B > 0 && T > 0)
-        for (int i = 0; i < B * T; i++)
-            if (targets[i] >= c->vocab_size)
-                return tlm_err(TLM_ERR_RANGE,
-                               "target id %d at index %d is outside the vocabulary (%d)",
-                               targets[i], i, c->vocab_size);
+    tlm_status s = tlm_ctx_check_targets(c, targets, B, T);
+    if (s) return s;
     int R;
-    tlm_status s = split_batch(x, B, &R);
+    s = split_batch(x, B, &R);
     if (s) return s;
     if (R <= 1)
         return tlm_ctx_forward_backward_whole(x, ids, targets, B, T, pos0, grads, accumulate, 0,

@@ -85,18 +85,10 @@ uint64_t tok_hash_seeded(const uint8_t *p, size_t n, uint64_t seed);
  * it). */
 extern uint64_t tok_seed;
 void tok_seed_init(void);
-static inline uint64_t tok_mix64(uint64_t x) {
-    x ^= x >> 30;
-    x *= 0xBF58476D1CE4E5B9ull;
-    x ^= x >> 27;
-    x *= 0x94D049BB133111EBull;
-    x ^= x >> 31;
-    return x;
-}
 /* The slot of a pair key: a full mix of the key and the seed (a multiplicative hash of the bare
  * key let every pair sharing its low bits share a slot). */
 static inline size_t tok_pair_slot(uint64_t k, size_t mask) {
-    return (size_t)tok_mix64(k ^ tok_seed) & mask;
+    return (size_t)tlm_mix64(k ^ tok_seed) & mask;
 }
 tlm_status tok_map_build(tlm_tokenizer *t);
 /* Id of a TOK_NORMAL piece or -1. */

@@ -64,7 +64,7 @@ static void draw_seed(void) {
         clock_gettime(CLOCK_MONOTONIC, &ts);
         s = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 32) ^ (uint64_t)(uintptr_t)&s;
     }
-    tok_seed = tok_mix64(s | 1);
+    tok_seed = tlm_mix64(s | 1);
 }
 
 void tok_seed_init(void) { pthread_once(&seed_once, draw_seed); }

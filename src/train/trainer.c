@@ -179,7 +179,6 @@ struct tlm_trainer {
     tlm_schedule sched;
     int32_t *ids, *tg;
     char *ckpt, *model_path;
-    double last_lr;
 };
 
 void tlm_trainer_free(tlm_trainer *t) {
