@@ -44,8 +44,9 @@ int tlm_get_threads(void);
 /* ---- element types ------------------------------------------------------------------------ */
 
 /* The one element-type enum of the library: weights, files and kernels all use it. F32, F16,
- * BF16 and Q8_0 are weight types (Q8_0: blocks of 32 int8 with one f16 scale); the others appear
- * only in files (safetensors integer tensors, F64). */
+ * BF16 and the ggml block types (Q8_0 ... Q6_K, laid out as in GGUF files: see src/core/quant.h)
+ * are weight types; F64 and the integer types appear only in files (safetensors). New values are
+ * appended, so the numbers stay stable. */
 typedef enum {
     TLM_DTYPE_F32 = 0,
     TLM_DTYPE_F16,
@@ -58,6 +59,13 @@ typedef enum {
     TLM_DTYPE_I8,
     TLM_DTYPE_U8,
     TLM_DTYPE_BOOL,
+    TLM_DTYPE_Q4_0,
+    TLM_DTYPE_Q4_1,
+    TLM_DTYPE_Q5_0,
+    TLM_DTYPE_Q5_1,
+    TLM_DTYPE_Q4_K,
+    TLM_DTYPE_Q5_K,
+    TLM_DTYPE_Q6_K,
     TLM_DTYPE_COUNT
 } tlm_dtype;
 

@@ -296,11 +296,12 @@ static void test_malformed(const char *dir) {
     const char *tn = "token_embd.weight";
     for (size_t i = 8; i + strlen(tn) + 24 <= n; i++)
         if (!memcmp(q + i, tn, strlen(tn)) && q[i - 8] == strlen(tn)) {
-            uint32_t q4_0 = 2;
-            memcpy(q + i + strlen(tn) + 4 + 16, &q4_0, 4);
+            uint32_t iq4_nl = 20;
+            memcpy(q + i + strlen(tn) + 4 + 16, &iq4_nl, 4);
             break;
         }
-    expect_bad_mem(q, n, "'token_embd.weight' is Q4_0; supported: F32, F16, BF16, Q8_0");
+    expect_bad_mem(q, n,
+                   "unsupported tensor type: tensor 'token_embd.weight' is IQ4_NL; supported");
     free(q);
     free(data);
 }

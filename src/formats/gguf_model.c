@@ -108,12 +108,12 @@ static tlm_status tensor_type(const tlm_gguf_tensor *t, size_t n, const char *pa
     if (!t->data)
         return tlm_err(TLM_ERR_UNSUPPORTED, "%s: tensor '%s' has unknown ggml type %u", path,
                        t->name, t->type);
-    if (tlm_dtype_from_ggml(t->type, dt) && (*dt == TLM_DTYPE_F32 || *dt == TLM_DTYPE_F16 ||
-                                             *dt == TLM_DTYPE_BF16 || *dt == TLM_DTYPE_Q8_0))
-        return TLM_OK;
+    if (tlm_dtype_from_ggml(t->type, dt) && tlm_dtype_get(*dt)->is_float) return TLM_OK;
     const char *name = "?";
     tlm_ggml_type_info(t->type, &name, NULL, NULL);
-    return tlm_err(TLM_ERR_UNSUPPORTED, "%s: tensor '%s' is %s; supported: F32, F16, BF16, Q8_0",
+    return tlm_err(TLM_ERR_UNSUPPORTED,
+                   "%s: unsupported tensor type: tensor '%s' is %s; supported: F32, F16, BF16, "
+                   "Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K",
                    path, t->name, name);
 }
 

@@ -1,0 +1,94 @@
+/* The ggml block types as they lie in GGUF files (little-endian, no padding), so that a mapped
+ * file is an array of these structs. Every type stores a run of consecutive elements of one row:
+ * 32 for the simple types, 256 (a "super-block") for the K types, whose sub-blocks of 16 or 32
+ * carry their own small scales multiplied by the block's f16 scale. The reference widening of
+ * each type is tlm_dtype_to_f32 (src/core/dtype.c); kernels in src/kernels compute on them. */
+#ifndef TLM_CORE_QUANT_H
+#define TLM_CORE_QUANT_H
+
+#include <stdint.h>
+
+#define TLM_QK 32    /* elements per block of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 */
+#define TLM_QK_K 256 /* elements per super-block of the K types */
+
+/* x = d * q, q in [-128, 127] */
+typedef struct {
+    uint16_t d; /* f16 */
+    int8_t qs[TLM_QK];
+} tlm_block_q8_0;
+
+/* x = d * (q - 8); byte j holds element j (low nibble) and element j + 16 (high nibble) */
+typedef struct {
+    uint16_t d;
+    uint8_t qs[TLM_QK / 2];
+} tlm_block_q4_0;
+
+/* x = d * q + m, nibbles as in Q4_0 */
+typedef struct {
+    uint16_t d, m;
+    uint8_t qs[TLM_QK / 2];
+} tlm_block_q4_1;
+
+/* x = d * (q - 16); the fifth bit of element j is bit j of qh (a little-endian uint32) */
+typedef struct {
+    uint16_t d;
+    uint8_t qh[4];
+    uint8_t qs[TLM_QK / 2];
+} tlm_block_q5_0;
+
+/* x = d * q + m, bits as in Q5_0 */
+typedef struct {
+    uint16_t d, m;
+    uint8_t qh[4];
+    uint8_t qs[TLM_QK / 2];
+} tlm_block_q5_1;
+
+/* Eight sub-blocks of 32: x = d * sc[j] * q - dmin * mn[j], with 6-bit sc and mn packed in 12
+ * bytes (tlm_q4k_scale_min). qs: 4 groups of 32 bytes; group g holds sub-block 2g in the low
+ * nibbles and 2g + 1 in the high ones. */
+typedef struct {
+    uint16_t d, dmin;
+    uint8_t scales[12];
+    uint8_t qs[TLM_QK_K / 2];
+} tlm_block_q4_k;
+
+/* Q4_K plus a fifth bit: bit 2g (sub-block 2g) and 2g + 1 (sub-block 2g + 1) of qh[l] belong to
+ * the l-th element of those sub-blocks. */
+typedef struct {
+    uint16_t d, dmin;
+    uint8_t scales[12];
+    uint8_t qh[TLM_QK_K / 8];
+    uint8_t qs[TLM_QK_K / 2];
+} tlm_block_q5_k;
+
+/* Sixteen sub-blocks of 16: x = d * sc[j] * (q - 32), q 6 bits: low 4 in ql, high 2 in qh. */
+typedef struct {
+    uint8_t ql[TLM_QK_K / 2];
+    uint8_t qh[TLM_QK_K / 4];
+    int8_t scales[TLM_QK_K / 16];
+    uint16_t d;
+} tlm_block_q6_k;
+
+_Static_assert(sizeof(tlm_block_q8_0) == 34, "Q8_0 block");
+_Static_assert(sizeof(tlm_block_q4_0) == 18, "Q4_0 block");
+_Static_assert(sizeof(tlm_block_q4_1) == 20, "Q4_1 block");
+_Static_assert(sizeof(tlm_block_q5_0) == 22, "Q5_0 block");
+_Static_assert(sizeof(tlm_block_q5_1) == 24, "Q5_1 block");
+_Static_assert(sizeof(tlm_block_q4_k) == 144, "Q4_K block");
+_Static_assert(sizeof(tlm_block_q5_k) == 176, "Q5_K block");
+_Static_assert(sizeof(tlm_block_q6_k) == 210, "Q6_K block");
+
+/* Sub-block j's (0..7) 6-bit scale and min from the 12 packed bytes of Q4_K and Q5_K: bytes 0-3
+ * hold the scales of 0-3 and 4-7 their mins (low 6 bits); sub-blocks 4-7 keep their low 4 bits
+ * in bytes 8-11 and their top 2 bits in the spare top bits of bytes 0-7. */
+static inline void tlm_q4k_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *mn) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *mn = q[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        *mn = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+#endif
