@@ -332,6 +332,11 @@ void tlm_dataset_free(tlm_dataset *d);
 size_t tlm_dataset_size(const tlm_dataset *d, int split);
 int32_t tlm_dataset_vocab_size(const tlm_dataset *d);
 
+/* Start of window `index` of the windows of T + 1 tokens of a split that the stream `stream`
+ * (e.g. a training step) of the run seeded `seed` draws: a hash of (seed, stream, index). */
+size_t tlm_dataset_window(const tlm_dataset *d, int split, uint64_t seed, uint64_t stream,
+                          uint64_t index, int T);
+
 /* Mean loss over `batches` fixed random windows (B x T) of a split; NAN if it cannot be computed.
  */
 double tlm_evaluate(tlm_train_ctx *x, const tlm_dataset *d, int split, int B, int T, int batches,
@@ -360,15 +365,27 @@ typedef struct {
     tlm_status (*after_update)(void *user, float *params, size_t n);
     void *user;
     /* The range of the flat buffer this process's optimizer updates and keeps moments for;
-     * end 0: the whole buffer. Checkpoints need the whole buffer's moments. */
+     * end 0: the whole buffer. */
     size_t begin, end;
+    /* This process's place among `world` processes (world 0 or 1: alone). Rank r of N trains on
+     * its N-th of every step's windows; only rank 0 writes logs, the curve and checkpoints. */
+    int rank, world;
+    /* Sums n doubles element-wise across processes, the result on every process (evaluation
+     * losses, the stop request, a save's outcome). Needed when world > 1. */
+    tlm_status (*reduce_sum)(void *user, double *vals, int n);
+    /* Gathers every process's optimizer range [begin, begin + n) of a vector of `total` floats
+     * into whole on rank 0 (whole is NULL on the others). Needed to save a checkpoint when the
+     * range is not the whole buffer. */
+    tlm_status (*gather)(void *user, const float *part, size_t begin, size_t n, float *whole,
+                         size_t total);
 } tlm_train_hooks;
 
 typedef struct {
     const char *out_dir; /* checkpoint.safetensors, model.safetensors, log.jsonl, loss.svg */
     long steps;
-    int batch;
-    int seq_len; /* 0: context_length */
+    int batch;      /* sequences per optimizer step, over all processes and micro-steps */
+    int grad_accum; /* micro-steps per optimizer step (0 or 1: one); divides batch / world */
+    int seq_len;    /* 0: context_length */
     double lr, min_lr;
     long warmup;
     tlm_adamw_opts adam;
@@ -405,9 +422,10 @@ long tlm_trainer_step(const tlm_trainer *t); /* steps completed */
 tlm_train_ctx *tlm_trainer_ctx(tlm_trainer *t);
 /* The gradient buffer (flat layout, tlm_model_num_params floats). */
 float *tlm_trainer_grads(tlm_trainer *t);
-/* The next batch of the run's data order (a seeded RNG whose state checkpoints keep, so a resumed
- * run draws the same batches) through forward and backward into the gradient buffer; *loss
- * receives its mean loss. */
+/* This process's part of the step's batch through forward and backward into the gradient buffer,
+ * in grad_accum micro-steps; *loss receives its mean loss. The windows of a step are a function of
+ * (seed, step) alone (tlm_dataset_window), divided over the processes and micro-steps, so a resumed
+ * run, or one split differently, sees the same data. */
 tlm_status tlm_trainer_backward(tlm_trainer *t, float *loss);
 /* The gradient's global norm over the optimizer's range (hooks.reduce_sumsq makes it global) and
  * the factor clipping scales it by. TLM_ERR_NUMERIC for a non-finite norm. */

@@ -23,7 +23,9 @@ static const char *train_help =
     "  --char                 character-level vocabulary built from the text\n"
     "  -o, --out DIR          output directory\n"
     "  --steps N              optimizer steps (default 1000)\n"
-    "  --batch B              sequences per step (default 16)\n"
+    "  --batch B              sequences per optimizer step, over all processes (default 16)\n"
+    "  --grad-accum K         micro-steps per optimizer step: B / (processes x K) sequences a\n"
+    "                         pass, the same data and loss curve as one pass (default 1)\n"
     "  --seq-len T            tokens per sequence (default: context_length)\n"
     "  --lr LR                peak learning rate (default 1e-3)\n"
     "  --min-lr LR            final learning rate (default lr/10)\n"
@@ -210,6 +212,7 @@ int cmd_train(int argc, char **argv) {
         }
         INT_FLAG("--steps", NULL, o.steps, 1)
         INT_FLAG("--batch", NULL, o.batch, 1)
+        INT_FLAG("--grad-accum", NULL, o.grad_accum, 1)
         INT_FLAG("--seq-len", NULL, o.seq_len, 1)
         INT_FLAG("--warmup", NULL, o.warmup, 0)
         INT_FLAG("--eval-interval", NULL, o.eval_interval, 0)
@@ -240,6 +243,9 @@ int cmd_train(int argc, char **argv) {
     if (!data) return cli_fail("train: --data TEXT is required");
     if (use_char && tokenizer) return cli_fail("train: give -z TOKENIZER or --char, not both");
     if (access(data, R_OK) != 0) return cli_fail("train: cannot read data file '%s'", data);
+    if (o.batch % (o.grad_accum > 1 ? o.grad_accum : 1) != 0)
+        return cli_fail("train: --batch %d does not divide into --grad-accum %d micro-steps",
+                        o.batch, o.grad_accum);
     if (o.warmup >= o.steps && o.warmup > 0)
         return cli_fail("train: --warmup %ld must be below --steps %ld", o.warmup, o.steps);
     if (mkdir(out, 0755) != 0 && access(out, W_OK) != 0)

@@ -124,22 +124,29 @@ static int32_t token_at(const tlm_dataset *d, size_t i) {
     return d->width == 2 ? (int32_t)(p[0] | p[1] << 8) : (int32_t)get_u32(p);
 }
 
-tlm_status tlm_dataset_batch(const tlm_dataset *d, int split, tlm_rng *rng, int B, int T,
-                             int32_t *ids, int32_t *targets) {
+size_t tlm_dataset_window(const tlm_dataset *d, int split, uint64_t seed, uint64_t stream,
+                          uint64_t index, int T) {
+    size_t n = tlm_dataset_size(d, split);
+    if (T < 1 || n < (size_t)T + 1) return 0;
+    /* Counter-based: any process can draw any window of any step without drawing the others, and
+     * 64 bits make the modulo's bias negligible for any corpus. */
+    const uint64_t golden = 0x9E3779B97F4A7C15ull; /* keeps zero seeds and counters off 0 */
+    uint64_t h = tlm_mix64(tlm_mix64(tlm_mix64(seed + golden) ^ stream) + golden * (index + 1));
+    return (size_t)(h % (uint64_t)(n - (size_t)T));
+}
+
+tlm_status tlm_dataset_windows(const tlm_dataset *d, int split, uint64_t seed, uint64_t stream,
+                               uint64_t first, int B, int T, int32_t *ids, int32_t *targets) {
     size_t lo = split == TLM_SPLIT_TRAIN ? 0 : d->n_train;
     size_t n = tlm_dataset_size(d, split);
     if (n < (size_t)T + 1)
         return tlm_err(TLM_ERR_ARG, "the %s split has %zu tokens, fewer than a window of %d + 1",
                        split == TLM_SPLIT_TRAIN ? "training" : "validation", n, T);
-    size_t windows = n - (size_t)T;
     for (int b = 0; b < B; b++) {
-        /* Two draws cover splits longer than 2^32 tokens. */
-        size_t start = windows <= UINT32_MAX
-                           ? tlm_rng_below(rng, (uint32_t)windows)
-                           : (((size_t)tlm_rng_u32(rng) << 32) | tlm_rng_u32(rng)) % windows;
+        size_t start = lo + tlm_dataset_window(d, split, seed, stream, first + (uint64_t)b, T);
         for (int t = 0; t < T; t++) {
-            ids[b * T + t] = token_at(d, lo + start + t);
-            targets[b * T + t] = token_at(d, lo + start + t + 1);
+            ids[b * T + t] = token_at(d, start + t);
+            targets[b * T + t] = token_at(d, start + t + 1);
         }
     }
     return TLM_OK;

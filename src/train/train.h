@@ -4,9 +4,10 @@
 
 #include "core/core.h"
 
-/* B random windows of T tokens from a split: ids and the next-token targets. */
-tlm_status tlm_dataset_batch(const tlm_dataset *d, int split, tlm_rng *rng, int B, int T,
-                             int32_t *ids, int32_t *targets);
+/* B windows of T tokens of a split: windows first .. first + B - 1 of stream `stream` (see
+ * tlm_dataset_window), ids and the next-token targets. */
+tlm_status tlm_dataset_windows(const tlm_dataset *d, int split, uint64_t seed, uint64_t stream,
+                               uint64_t first, int B, int T, int32_t *ids, int32_t *targets);
 
 /* Everything needed to continue a run bit for bit. */
 typedef struct {
