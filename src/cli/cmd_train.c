@@ -9,6 +9,7 @@
 
 #include "cli.h"
 #include "core/core.h"
+#include "dist/dist.h"
 
 static const char *train_help =
     "usage: tlm train -c CONFIG.json --data TEXT [-z TOKENIZER | --char] -o OUTDIR [options]\n\n"
@@ -40,9 +41,17 @@ static const char *train_help =
     "  --init default|gpt2    initialization scheme (default: default)\n"
     "  --seed S               seed for init, batches and dropout (default 1337)\n"
     "  -t, --threads N        threads (default: all cores)\n"
-    "  --resume               continue from OUTDIR/checkpoint.safetensors, bit for bit\n";
+    "  --resume               continue from OUTDIR/checkpoint.safetensors, bit for bit (also\n"
+    "                         with a different number of processes)\n\n"
+    "Under mpirun (mpirun -np N tlm train ...) the N processes train one model: each takes its\n"
+    "share of every batch, gradients are reduce-scattered, each process updates its 1/N of the\n"
+    "parameters with its 1/N of the AdamW moments, and the parameters are all-gathered.\n";
 
 static volatile int g_stop = 0;
+/* MPI state of a run under mpirun; every process reaches dist_finish through cmd_train. */
+static tlm_dist *g_dist = NULL;
+static int g_rank = 0;
+static int g_agreed = 0; /* every process knows of the failure and returns with it */
 static void on_sigint(int sig) {
     (void)sig;
     g_stop = 1;
@@ -55,6 +64,7 @@ typedef struct {
 
 static int on_progress(void *user, const tlm_train_progress *p) {
     progress_state *ps = user;
+    if (g_rank != 0) return 0;
     int show = ps->tty || p->step == p->total || p->step % 10 == 0 || !isnan(p->val_loss);
     if (!show) return 0;
     double rate = p->steps_this_run > 0 ? p->elapsed_s / (double)p->steps_this_run : 0;
@@ -140,7 +150,17 @@ static int prepare_tokens(const char *data, const char *out_dir, tlm_tokenizer *
     return rc;
 }
 
-int cmd_train(int argc, char **argv) {
+static double peak_rss_mib(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    double kib = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmHWM:", 6)) kib = strtod(line + 6, NULL);
+    if (f) fclose(f);
+    return kib / 1024.0;
+}
+
+static int train_main(int argc, char **argv) {
     const char *config = NULL, *data = NULL, *tokenizer = NULL, *out = NULL, *init = "default";
     int use_char = 0, threads = 0;
     double val_fraction = 0.1, min_lr = -1;
@@ -259,6 +279,32 @@ int cmd_train(int argc, char **argv) {
     if (!config && o.resume) config = cfg_copy;
     if (!config) return cli_fail("train: -c CONFIG is required");
     if (!tokenizer && !use_char && !o.resume) return cli_fail("train: give -z TOKENIZER or --char");
+    /* MPI only when a launcher started us: a plain run pays nothing and prints nothing more. */
+    int world = 1, rank = 0;
+    if (dist_launched(&world, &rank)) {
+        if (!dist_available()) {
+            if (rank == 0)
+                cli_fail("train: started by an MPI launcher (%d processes), but this tlm was built "
+                         "without MPI; install libopenmpi-dev (scripts/setup.sh) and rebuild, or "
+                         "run tlm train without mpirun",
+                         world);
+            return 1;
+        }
+        if (o.batch % (world * (o.grad_accum > 1 ? o.grad_accum : 1)) != 0) {
+            if (rank == 0)
+                cli_fail("train: --batch %d does not divide into %d processes x --grad-accum %d",
+                         o.batch, world, o.grad_accum > 1 ? o.grad_accum : 1);
+            return 1;
+        }
+        if (dist_init(&g_dist)) return cli_fail_status("train");
+        world = dist_world(g_dist);
+        rank = g_rank = dist_rank(g_dist);
+        /* The processes on one host share its cores. */
+        if (!threads) {
+            int per = (int)sysconf(_SC_NPROCESSORS_ONLN) / dist_local_size();
+            threads = per > 0 ? per : 1;
+        }
+    }
     tlm_set_threads(threads);
 
     tlm_config c;
@@ -292,7 +338,12 @@ int cmd_train(int argc, char **argv) {
         return cli_fail_status("train");
     }
     char *tokens_path = NULL;
-    if (prepare_tokens(data, out, tok, &tokens_path)) {
+    /* Rank 0 tokenizes; the others wait for its verdict and map the same file. */
+    int prep = rank == 0 ? prepare_tokens(data, out, tok, &tokens_path) : 0;
+    if (rank != 0) tokens_path = tlm_path_join(out, "tokens.bin");
+    if (g_dist && dist_any(g_dist, prep) != 0) prep = g_agreed = 1;
+    if (prep) {
+        free(tokens_path);
         tlm_tokenizer_free(tok);
         return 1;
     }
@@ -305,11 +356,13 @@ int cmd_train(int argc, char **argv) {
         rc = cli_fail_status("train");
     else if (tlm_model_init(m, o.seed, strcmp(init, "gpt2") ? TLM_INIT_DEFAULT : TLM_INIT_GPT2))
         rc = cli_fail_status("train");
-    else if (tlm_config_save(&c, cfg_copy))
+    else if (rank == 0 && tlm_config_save(&c, cfg_copy))
         rc = cli_fail_status("train: saving config");
-    else if (tlm_tokenizer_save(tok, tok_dir))
+    else if (rank == 0 && tlm_tokenizer_save(tok, tok_dir))
         rc = cli_fail_status("train: saving tokenizer");
-    if (!rc) {
+    if (!rc && g_dist && dist_hooks(g_dist, tlm_model_num_params(m), &o.hooks))
+        rc = cli_fail_status("train");
+    if (!rc && rank == 0) {
         tlm_param_count pc;
         tlm_count_params(&c, &pc);
         fprintf(stderr,
@@ -317,21 +370,45 @@ int cmd_train(int argc, char **argv) {
                 "%d threads\n",
                 pc.total, pc.non_embedding, tlm_dataset_size(ds, TLM_SPLIT_TRAIN),
                 tlm_dataset_size(ds, TLM_SPLIT_VAL), tlm_get_threads());
+        size_t n = tlm_model_num_params(m), mine = o.hooks.end ? o.hooks.end - o.hooks.begin : n;
+        int K = o.grad_accum > 1 ? o.grad_accum : 1;
+        double mib = 1.0 / (1 << 20);
+        fprintf(stderr,
+                "%d process%s x %d micro-step%s of %d sequences; memory per process: parameters "
+                "%.1f MiB, gradients %.1f MiB, AdamW moments %.1f MiB (%zu of %zu parameters)\n",
+                world, world > 1 ? "es" : "", K, K > 1 ? "s" : "", o.batch / (world * K),
+                (double)n * 4 * mib, (double)n * 4 * mib, (double)mine * 8 * mib, mine, n);
+    }
+    if (!rc) {
         progress_state ps = {isatty(2), 0};
         o.out_dir = out;
         o.on_progress = on_progress;
         o.user = &ps;
         o.stop = &g_stop;
         signal(SIGINT, on_sigint);
+        signal(SIGTERM, on_sigint);
+        double t0 = cli_now();
         tlm_status s = tlm_train_run(m, ds, &o);
         signal(SIGINT, SIG_DFL);
+        signal(SIGTERM, SIG_DFL);
+        if (g_dist && (s == TLM_OK || s == TLM_ERR_INTERRUPTED)) {
+            /* Every process reached the same end: report memory and communication. */
+            double rss[4096], comm = dist_comm_seconds(g_dist), wall = cli_now() - t0;
+            if (world <= 4096 && !dist_gather_double(g_dist, peak_rss_mib(), rss) && rank == 0) {
+                fprintf(stderr, "peak memory (RSS) per process, MiB:");
+                for (int r = 0; r < world; r++) fprintf(stderr, " %.1f", rss[r]);
+                fputc('\n', stderr);
+                fprintf(stderr, "communication: %.3f s of %.3f s (%.1f%%) on rank 0\n", comm, wall,
+                        wall > 0 ? 100 * comm / wall : 0.0);
+            }
+        }
         if (s == TLM_ERR_INTERRUPTED) {
-            fprintf(stderr, "\ntlm: %s\n", tlm_last_error());
+            if (rank == 0) fprintf(stderr, "\ntlm: %s\n", tlm_last_error());
             rc = 130;
         } else if (s) {
             if (ps.tty) fputc('\n', stderr);
             rc = cli_fail_status("train");
-        } else {
+        } else if (rank == 0) {
             fprintf(stderr, "saved %s/model.safetensors\n", out);
         }
     }
@@ -339,5 +416,14 @@ int cmd_train(int argc, char **argv) {
     tlm_dataset_free(ds);
     tlm_tokenizer_free(tok);
     free(tokens_path);
+    return rc;
+}
+
+int cmd_train(int argc, char **argv) {
+    int rc = train_main(argc, argv);
+    /* 0 and 130 (a stop every process agreed on) end MPI normally; any other failure may have
+     * left the other processes inside a collective, so it aborts the whole job. */
+    dist_finish(g_dist, rc == 0 || rc == 130 || g_agreed, rc);
+    g_dist = NULL;
     return rc;
 }
