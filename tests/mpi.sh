@@ -124,5 +124,17 @@ wait $mp; rc=$?
 expect "a killed rank ends the job with an error (got $rc, 124 = hang)" test $rc -ne 0 -a $rc -ne 124
 expect "the launcher names the killed rank" grep -q "exited on signal 9" "$tmp/kill.err"
 
+# A build without MPI, started by mpirun, says so once and fails; run alone it trains as ever.
+if [ -x "$(dirname "$TLM")/tlm_nompi" ]; then
+    nompi=$(dirname "$TLM")/tlm_nompi
+    mpi 2 $nompi train "${common[@]}" -o "$tmp/nompi" 2>"$tmp/nompi.err"; rc=$?
+    expect "without MPI under mpirun: fails (got $rc)" test $rc -ne 0
+    expect "... saying it was built without MPI, once" test "$(grep -c "built without MPI" "$tmp/nompi.err")" -eq 1
+    $nompi train "${common[@]}" --steps 3 -o "$tmp/nompi1" 2>/dev/null; rc=$?
+    expect "without MPI, alone: trains (got $rc)" test $rc -eq 0
+else
+    bad "no tlm_nompi next to $TLM"
+fi
+
 echo "mpi: $pass passed, $fail failed"
 [ $fail -eq 0 ]
