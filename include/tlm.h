@@ -328,6 +328,13 @@ enum { TLM_SPLIT_TRAIN = 0, TLM_SPLIT_VAL = 1 };
 tlm_status tlm_tokens_write(const char *path, const int32_t *ids, size_t n, int32_t vocab_size);
 /* Maps a token file; the last val_fraction of the tokens is the validation split. */
 tlm_status tlm_dataset_open(const char *path, double val_fraction, tlm_dataset **out);
+/* Maps token files (tlm token files, or llm.c shards: a header of 256 int32 with magic 20240520,
+ * version 1 and the token count, then uint16 tokens) as one stream of training tokens, windows
+ * crossing from one file into the next like documents in one file. Validation is the val files
+ * when n_val > 0, else the last val_fraction of the stream. Malformed files are refused by name.
+ * tlm_dataset_vocab_size is 0 when no file names its vocabulary (llm.c shards). */
+tlm_status tlm_dataset_open_files(const char *const *train, int n_train, const char *const *val,
+                                  int n_val, double val_fraction, tlm_dataset **out);
 void tlm_dataset_free(tlm_dataset *d);
 size_t tlm_dataset_size(const tlm_dataset *d, int split);
 int32_t tlm_dataset_vocab_size(const tlm_dataset *d);

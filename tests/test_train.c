@@ -7,6 +7,7 @@
 
 #include "harness.h"
 #include "tlm.h"
+#include "train/train.h"
 
 static tlm_config tiny(void) {
     tlm_config c;
@@ -371,11 +372,92 @@ static void test_split(void) {
     remove("split_tokens.bin");
 }
 
+/* llm.c's shard layout (dev/data/data_common.py write_datafile): 256 int32 header (magic, version,
+ * token count), then uint16 tokens. */
+static void write_llmc(const char *path, int n, int magic, int version, int claim, int extra) {
+    int32_t head[256] = {0};
+    head[0] = magic;
+    head[1] = version;
+    head[2] = claim;
+    FILE *f = fopen(path, "wb");
+    fwrite(head, 4, 256, f);
+    for (int i = 0; i < n + extra; i++) {
+        uint16_t t = (uint16_t)(i % 13);
+        fwrite(&t, 2, 1, f);
+    }
+    fclose(f);
+}
+
+static void test_shards(void) {
+    write_llmc("llmc_a.bin", 300, 20240520, 1, 300, 0);
+    write_llmc("llmc_b.bin", 100, 20240520, 1, 100, 0);
+    write_tokens("llmc_t.bin", 200);
+    tlm_dataset *d = NULL;
+    CHECK_OK(tlm_dataset_open("llmc_a.bin", 0.1, &d));
+    CHECK(d && tlm_dataset_size(d, TLM_SPLIT_TRAIN) == 270 &&
+              tlm_dataset_size(d, TLM_SPLIT_VAL) == 30,
+          "llm.c shard split sizes");
+    CHECK(d && tlm_dataset_vocab_size(d) == 0, "an llm.c shard names no vocabulary");
+    int32_t ids[4 * 8], tg[4 * 8];
+    int counting = 1;
+    for (int step = 0; d && step < 20; step++) {
+        CHECK_OK(tlm_dataset_windows(d, TLM_SPLIT_TRAIN, 1, (uint64_t)step, 0, 4, 8, ids, tg));
+        for (int i = 0; i < 32; i++) counting &= tg[i] == (ids[i] + 1) % 13;
+    }
+    CHECK(counting, "llm.c shard tokens read back as written (each target is its id + 1 mod 13)");
+    tlm_dataset_free(d);
+    /* Several files are one stream; validation files replace the held-out fraction. */
+    const char *train[] = {"llmc_a.bin", "llmc_t.bin"}, *val[] = {"llmc_b.bin"};
+    CHECK_OK(tlm_dataset_open_files(train, 2, val, 1, 0.5, &d));
+    CHECK(d && tlm_dataset_size(d, TLM_SPLIT_TRAIN) == 500 &&
+              tlm_dataset_size(d, TLM_SPLIT_VAL) == 100,
+          "train files 300 + 200, validation file 100");
+    CHECK(d && tlm_dataset_vocab_size(d) == 13, "the tlm file's vocabulary");
+    int in_range = 1, val_counting = 1;
+    for (int step = 0; d && step < 50; step++) {
+        CHECK_OK(tlm_dataset_windows(d, TLM_SPLIT_TRAIN, 2, (uint64_t)step, 0, 4, 8, ids, tg));
+        for (int i = 0; i < 32; i++) in_range &= ids[i] >= 0 && ids[i] < 13;
+        CHECK_OK(tlm_dataset_windows(d, TLM_SPLIT_VAL, 2, (uint64_t)step, 0, 4, 8, ids, tg));
+        for (int i = 0; i < 32; i++) val_counting &= tg[i] == (ids[i] + 1) % 13;
+    }
+    CHECK(in_range && val_counting, "windows over two files, validation from the third");
+    tlm_dataset_free(d);
+    d = NULL;
+    /* Malformed shards: refused with the file's name and the reason. */
+    struct {
+        int magic, version, claim, extra;
+        const char *why;
+    } bad[] = {{20240520, 2, 50, 0, "version 2"},
+               {20240520, 1, 60, 0, "header says 60 tokens"},
+               {20240520, 1, 50, 7, "header says 50 tokens"},
+               {20240521, 1, 50, 0, "not a tlm token file or an llm.c shard"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        write_llmc("llmc_bad.bin", 50, bad[i].magic, bad[i].version, bad[i].claim, bad[i].extra);
+        CHECK(tlm_dataset_open("llmc_bad.bin", 0.1, &d) == TLM_ERR_FORMAT && !d &&
+                  strstr(tlm_last_error(), bad[i].why) && strstr(tlm_last_error(), "llmc_bad.bin"),
+              "malformed shard %zu: %s", i, tlm_last_error());
+    }
+    FILE *f = fopen("llmc_bad.bin", "wb");
+    int32_t head[3] = {20240520, 1, 0};
+    fwrite(head, 4, 3, f);
+    fclose(f);
+    CHECK(tlm_dataset_open("llmc_bad.bin", 0.1, &d) == TLM_ERR_FORMAT &&
+              strstr(tlm_last_error(), "shorter than its 1024-byte header"),
+          "short header: %s", tlm_last_error());
+    const char *none[] = {"llmc_a.bin", "missing.bin"};
+    CHECK(tlm_dataset_open_files(none, 2, NULL, 0, 0.1, &d) != TLM_OK && !d, "a missing shard");
+    remove("llmc_a.bin");
+    remove("llmc_b.bin");
+    remove("llmc_t.bin");
+    remove("llmc_bad.bin");
+}
+
 int main(void) {
     tlm_set_threads(2);
     test_tokens();
     test_resume();
     test_seam();
     test_split();
+    test_shards();
     return t_finish("test_train");
 }
