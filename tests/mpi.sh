@@ -111,6 +111,15 @@ mpi 3 $TLM train "${common[@]}" "${long[@]}" -o "$tmp/el" --resume 2>"$tmp/el3.e
 expect "a batch 3 processes do not divide is refused (got $rc)" test $rc -ne 0
 expect "... saying so" grep -q "does not divide into 3 processes" "$tmp/el3.err"
 
+# Ctrl-C on mpirun itself: Open MPI passes it on as SIGTERM, and the ranks stop after a save.
+mpirun -np 2 --mca pml ob1 $TLM train "${common[@]}" "${long[@]}" --steps 100000 -o "$tmp/int" 2>"$tmp/int.err" &
+mp=$!
+for _ in $(seq 1 400); do [ "$(lines "$tmp/int/log.jsonl")" -ge 5 ] && break; sleep 0.05; done
+kill -INT $mp
+wait $mp
+expect "Ctrl-C on mpirun: the ranks save and say so" grep -q "checkpoint saved (resume with --resume)" "$tmp/int.err"
+expect "... the checkpoint exists" test -s "$tmp/int/checkpoint.safetensors"
+
 # A rank killed outright: the job ends (no hang) with the launcher naming the dead rank.
 mpi 2 $TLM train "${common[@]}" --steps 100000 --eval-interval 0 -o "$tmp/kill" 2>"$tmp/kill.err" &
 mp=$!
