@@ -85,5 +85,35 @@ err=$($TLM train -c "$tmp/small.json" --data "$tmp/shards" --steps 2 --warmup 0 
 expect "ids past the model's vocabulary: fails (got $rc)" test $rc -ne 0
 expect "... naming the id ($err)" grep -q "outside the vocabulary (10)" <<<"$err"
 
+# tlm tokenize -o: shards written in parallel chunks hold exactly the ids of the whole text.
+SHARED=${TLM_SOURCE_DIR:-$(cd "$(dirname "$0")/.." && pwd)}/../shared/data
+G=$SHARED/tokenizers/gpt2 T=$SHARED/text/tinystories_2MiB.txt
+if [ -f "$T" ] && [ -f "$G/encoder.json" ]; then
+    $TLM tokenize -z "$G" -o "$tmp/ts" --chunk-kib 64 --shard-tokens 100000 -t 2 "$T" "$T" 2>"$tmp/ts.err"; rc=$?
+    expect "tokenize -o exits 0 (got $rc: $(tail -1 "$tmp/ts.err"))" test $rc -eq 0
+    expect "11 shards of up to 100000 tokens" test "$(ls "$tmp/ts" | wc -l)" -eq 11
+    expect "progress with MB/s and ETA" grep -q "MB/s | ETA" "$tmp/ts.err"
+    $TLM tokenize -z "$G" <"$T" >"$tmp/whole.txt"
+    same=$(/usr/bin/python3 - "$tmp/ts" "$tmp/whole.txt" <<'PY'
+import glob, sys, numpy as np
+got = np.concatenate([np.fromfile(f, np.uint16, offset=32) for f in sorted(glob.glob(sys.argv[1] + "/*.bin"))])
+one = np.array(open(sys.argv[2]).read().split(), dtype=np.int64)
+want = np.concatenate([one, one])
+print("same" if len(got) == len(want) and (got == want).all() else f"differ: {len(got)} vs {len(want)}")
+PY
+)
+    expect "64 KiB chunks on 2 threads give the whole text's ids ($same)" test "$same" = same
+    echo '{"context_length": 16, "d_model": 16, "n_layers": 1, "n_heads": 2}' >"$tmp/gpt2tiny.json"
+    $TLM train -c "$tmp/gpt2tiny.json" -z "$G" --data "$tmp/ts" --steps 2 --warmup 0 --batch 2 -t 1 \
+        --eval-batches 1 -o "$tmp/tsrun" 2>"$tmp/tsrun.err"; rc=$?
+    expect "train on tokenize -o's directory (got $rc: $(tail -1 "$tmp/tsrun.err"))" test $rc -eq 0
+else
+    bad "missing $T or $G (../shared/data)"
+fi
+err=$($TLM tokenize -z "$tmp/text/tokenizer" "$tmp/text.txt" 2>&1 </dev/null); rc=$?
+expect "tokenize FILE without -o is refused: $err" grep -q "files are read with -o DIR" <<<"$err"
+err=$($TLM tokenize -z "$tmp/text/tokenizer" -o "$tmp/x" --bos "$tmp/text.txt" 2>&1); rc=$?
+expect "tokenize -o --bos is refused: $err" grep -q "do not apply" <<<"$err"
+
 echo "shards_cli: $pass passed, $fail failed"
 [ $fail -eq 0 ]
