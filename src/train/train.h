@@ -12,6 +12,8 @@ tlm_status tlm_dataset_windows(const tlm_dataset *d, int split, uint64_t seed, u
 /* Everything needed to continue a run bit for bit. */
 typedef struct {
     long step; /* steps completed */
+    /* Draws nothing since the windows became a hash of (seed, step); kept, seeded as before, so
+     * that checkpoints keep their keys (rng_state, rng_inc) both ways. */
     tlm_rng rng;
     uint64_t seed;
 } tlm_train_state;
