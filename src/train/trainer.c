@@ -372,11 +372,18 @@ tlm_status tlm_trainer_save(tlm_trainer *t) {
     tlm_adamw *whole = NULL;
     tlm_status s = TLM_OK;
     if (sharded && t->rank == 0) s = tlm_adamw_create(t->m, &whole);
-    /* Every process takes part in the gathers, even one that could not allocate. */
-    if (sharded) {
-        tlm_status g = gather_moments(t, whole);
-        if (!s) s = g;
+    if (sharded && t->world > 1) {
+        /* The gathers are collective: all processes skip them if rank 0 has nowhere to put them. */
+        double no_room = s != TLM_OK;
+        tlm_status r = h->reduce_sum(h->user, &no_room, 1);
+        if (r || no_room > 0) {
+            tlm_adamw_free(whole);
+            return r   ? r
+                   : s ? s
+                       : tlm_err(TLM_ERR_NOMEM, "rank 0 is out of memory for the checkpoint");
+        }
     }
+    if (sharded && !s) s = gather_moments(t, whole);
     if (!s && t->rank == 0) {
         s = tlm_checkpoint_save(t->ckpt, t->m, sharded ? whole : t->opt, &t->st);
         if (!s) s = tlm_model_save_safetensors(t->m, t->model_path);
