@@ -70,6 +70,14 @@ expect "peak memory per process printed" grep -q "peak memory (RSS) per process,
 expect "communication time printed" grep -q "^communication: " "$tmp/n2k1.err"
 expect "only rank 0 prints progress" test "$(grep -c "step 40/40" "$tmp/n2k1.err")" -eq 1
 
+# Three processes: uneven ranges of the parameters (tensors straddle them), against one process
+# with 3 micro-steps.
+$TLM train "${common[@]}" --batch 6 --grad-accum 3 -o "$tmp/n1k3" 2>/dev/null
+mpi 3 $TLM train "${common[@]}" --batch 6 -o "$tmp/n3k1" 2>"$tmp/n3k1.err"; rc=$?
+expect "mpirun -np 3 exits 0 (got $rc: $(tail -3 "$tmp/n3k1.err"))" test $rc -eq 0
+d=$(maxdiff "$tmp/n1k3" "$tmp/n3k1" train_loss)
+expect "N=3 K=1 vs N=1 K=3: max |dloss| $d <= 1e-3" within "$d" 1e-3
+
 # The same N gives the same bits: over TCP (what several hosts use) and over shared memory.
 mpi 2 --mca btl tcp,self $TLM train "${common[@]}" -o "$tmp/tcp" 2>"$tmp/tcp.err"; rc=$?
 expect "TCP run exits 0 (got $rc: $(tail -3 "$tmp/tcp.err"))" test $rc -eq 0
