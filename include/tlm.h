@@ -336,9 +336,21 @@ enum { TLM_SPLIT_TRAIN = 0, TLM_SPLIT_VAL = 1 };
 tlm_status tlm_tokens_write(const char *path, const int32_t *ids, size_t n, int32_t vocab_size);
 /* Maps a token file; the last val_fraction of the tokens is the validation split. */
 tlm_status tlm_dataset_open(const char *path, double val_fraction, tlm_dataset **out);
+/* Maps token files (tlm token files, or llm.c shards: a header of 256 int32 with magic 20240520,
+ * version 1 and the token count, then uint16 tokens) as one stream of training tokens, windows
+ * crossing from one file into the next like documents in one file. Validation is the val files
+ * when n_val > 0, else the last val_fraction of the stream. Malformed files are refused by name.
+ * tlm_dataset_vocab_size is 0 when no file names its vocabulary (llm.c shards). */
+tlm_status tlm_dataset_open_files(const char *const *train, int n_train, const char *const *val,
+                                  int n_val, double val_fraction, tlm_dataset **out);
 void tlm_dataset_free(tlm_dataset *d);
 size_t tlm_dataset_size(const tlm_dataset *d, int split);
 int32_t tlm_dataset_vocab_size(const tlm_dataset *d);
+
+/* Start of window `index` of the windows of T + 1 tokens of a split that the stream `stream`
+ * (e.g. a training step) of the run seeded `seed` draws: a hash of (seed, stream, index). */
+size_t tlm_dataset_window(const tlm_dataset *d, int split, uint64_t seed, uint64_t stream,
+                          uint64_t index, int T);
 
 /* Mean loss over `batches` fixed random windows (B x T) of a split; NAN if it cannot be computed.
  */
@@ -368,15 +380,27 @@ typedef struct {
     tlm_status (*after_update)(void *user, float *params, size_t n);
     void *user;
     /* The range of the flat buffer this process's optimizer updates and keeps moments for;
-     * end 0: the whole buffer. Checkpoints need the whole buffer's moments. */
+     * end 0: the whole buffer. */
     size_t begin, end;
+    /* This process's place among `world` processes (world 0 or 1: alone). Rank r of N trains on
+     * its N-th of every step's windows; only rank 0 writes logs, the curve and checkpoints. */
+    int rank, world;
+    /* Sums n doubles element-wise across processes, the result on every process (evaluation
+     * losses, the stop request, a save's outcome). Needed when world > 1. */
+    tlm_status (*reduce_sum)(void *user, double *vals, int n);
+    /* Gathers every process's optimizer range [begin, begin + n) of a vector of `total` floats
+     * into whole on rank 0 (whole is NULL on the others). Needed to save a checkpoint when the
+     * range is not the whole buffer. */
+    tlm_status (*gather)(void *user, const float *part, size_t begin, size_t n, float *whole,
+                         size_t total);
 } tlm_train_hooks;
 
 typedef struct {
     const char *out_dir; /* checkpoint.safetensors, model.safetensors, log.jsonl, loss.svg */
     long steps;
-    int batch;
-    int seq_len; /* 0: context_length */
+    int batch;      /* sequences per optimizer step, over all processes and micro-steps */
+    int grad_accum; /* micro-steps per optimizer step (0 or 1: one); divides batch / world */
+    int seq_len;    /* 0: context_length */
     double lr, min_lr;
     long warmup;
     tlm_adamw_opts adam;
@@ -413,9 +437,10 @@ long tlm_trainer_step(const tlm_trainer *t); /* steps completed */
 tlm_train_ctx *tlm_trainer_ctx(tlm_trainer *t);
 /* The gradient buffer (flat layout, tlm_model_num_params floats). */
 float *tlm_trainer_grads(tlm_trainer *t);
-/* The next batch of the run's data order (a seeded RNG whose state checkpoints keep, so a resumed
- * run draws the same batches) through forward and backward into the gradient buffer; *loss
- * receives its mean loss. */
+/* This process's part of the step's batch through forward and backward into the gradient buffer,
+ * in grad_accum micro-steps; *loss receives its mean loss. The windows of a step are a function of
+ * (seed, step) alone (tlm_dataset_window), divided over the processes and micro-steps, so a resumed
+ * run, or one split differently, sees the same data. */
 tlm_status tlm_trainer_backward(tlm_trainer *t, float *loss);
 /* The gradient's global norm over the optimizer's range (hooks.reduce_sumsq makes it global) and
  * the factor clipping scales it by. TLM_ERR_NUMERIC for a non-finite norm. */

@@ -1,4 +1,5 @@
 /* Training loop: token files, exact resumption, NaN handling, logs, and that loss goes down. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -6,6 +7,7 @@
 
 #include "harness.h"
 #include "tlm.h"
+#include "train/train.h"
 
 static tlm_config tiny(void) {
     tlm_config c;
@@ -225,7 +227,8 @@ static void test_seam(void) {
     seam h = {0};
     h.n = n;
     o = opts("seam_b", 6);
-    o.hooks = (tlm_train_hooks){on_grads, on_sumsq, on_update, &h, 0, 0};
+    o.hooks = (tlm_train_hooks){
+        .reduce_grads = on_grads, .reduce_sumsq = on_sumsq, .after_update = on_update, .user = &h};
     CHECK_OK(tlm_train_run(b, d, &o));
     CHECK(h.grads == 6 && h.sumsq == 6 && h.updates == 6, "hooks ran %d/%d/%d times", h.grads,
           h.sumsq, h.updates);
@@ -249,8 +252,10 @@ static void test_seam(void) {
     seam hb = {.n = n, .peer = a, .begin = k, .end = n};
     tlm_train_opts ow = opts("seam_a", 5), oa = ow, ob = ow;
     ow.clip = oa.clip = ob.clip = 0;
-    oa.hooks = (tlm_train_hooks){NULL, on_sumsq, on_update, &ha, 0, k};
-    ob.hooks = (tlm_train_hooks){NULL, on_sumsq, on_update, &hb, k, n};
+    oa.hooks = (tlm_train_hooks){
+        .reduce_sumsq = on_sumsq, .after_update = on_update, .user = &ha, .begin = 0, .end = k};
+    ob.hooks = (tlm_train_hooks){
+        .reduce_sumsq = on_sumsq, .after_update = on_update, .user = &hb, .begin = k, .end = n};
     tlm_trainer *tw = NULL, *ta = NULL, *tb = NULL;
     CHECK_OK(tlm_trainer_new(w, d, &ow, &tw));
     CHECK_OK(tlm_trainer_new(a, d, &oa, &ta));
@@ -277,7 +282,8 @@ static void test_seam(void) {
     CHECK(!memcmp(tlm_model_params(w), tlm_model_params(a), n * 4) &&
               !memcmp(tlm_model_params(w), tlm_model_params(b), n * 4),
           "two optimizer ranges with gathered updates differ from one whole optimizer");
-    CHECK(tlm_trainer_save(ta) == TLM_ERR_UNSUPPORTED, "a shard cannot write a whole checkpoint");
+    CHECK(tlm_trainer_save(ta) == TLM_ERR_UNSUPPORTED,
+          "a shard without a gather hook cannot write a whole checkpoint");
     /* Ranges outside the buffer, and resuming a shard, are refused. */
     tlm_trainer *tx = NULL;
     tlm_train_opts ox = oa;
@@ -287,7 +293,20 @@ static void test_seam(void) {
     CHECK(tlm_trainer_new(a, d, &ox, &tx) == TLM_ERR_ARG && !tx, "range past the buffer");
     ox.hooks.end = k;
     ox.resume = 1;
-    CHECK(tlm_trainer_new(a, d, &ox, &tx) == TLM_ERR_UNSUPPORTED && !tx, "resuming a shard");
+    /* A shard resumes from a whole checkpoint (seam_a's, of 6 steps), keeping its range. */
+    CHECK_OK(tlm_trainer_new(a, d, &ox, &tx));
+    CHECK(tx && tlm_trainer_step(tx) == 6, "a shard resumes the whole checkpoint's step");
+    tlm_trainer_free(tx);
+    tx = NULL;
+    ox.resume = 0;
+    ox.hooks.world = 2;
+    CHECK(tlm_trainer_new(a, d, &ox, &tx) == TLM_ERR_ARG && !tx, "two processes, no reduce_sum");
+    ox.batch = 3;
+    ox.hooks.world = 1;
+    ox.grad_accum = 2;
+    CHECK(tlm_trainer_new(a, d, &ox, &tx) == TLM_ERR_ARG && !tx &&
+              strstr(tlm_last_error(), "--grad-accum"),
+          "a batch the micro-steps do not divide: %s", tlm_last_error());
     tlm_adamw *opt = NULL;
     CHECK(tlm_adamw_create_range(a, 3, 2, &opt) == TLM_ERR_ARG && !opt, "backwards AdamW range");
     tlm_trainer_free(tw);
@@ -300,10 +319,145 @@ static void test_seam(void) {
     remove("seam_tokens.bin");
 }
 
+static tlm_status sum_alone(void *user, double *v, int n) { return TLM_OK; }
+
+/* The windows of a step depend on (seed, step) alone: one batch of 8 in one pass, in 2
+ * accumulated micro-steps, and as two "processes" of 4 whose gradients are averaged (what MPI
+ * does) follow the same loss curve up to summation order. */
+static void test_split(void) {
+    write_tokens("split_tokens.bin", 4000);
+    tlm_dataset *d = NULL;
+    CHECK_OK(tlm_dataset_open("split_tokens.bin", 0.1, &d));
+    tlm_config c = tiny();
+    enum { RUNS = 4, STEPS = 40 };
+    tlm_model *m[RUNS];
+    tlm_trainer *t[RUNS] = {0};
+    size_t n = 0;
+    for (int r = 0; r < RUNS; r++) {
+        CHECK_OK(tlm_model_create(&c, &m[r]));
+        CHECK_OK(tlm_model_init(m[r], 5, TLM_INIT_DEFAULT));
+        n = tlm_model_num_params(m[r]);
+        tlm_train_opts o = opts("split_run", STEPS);
+        o.batch = 8;
+        o.grad_accum = r == 1 ? 2 : 1;
+        if (r >= 2) o.hooks = (tlm_train_hooks){.rank = r - 2, .world = 2, .reduce_sum = sum_alone};
+        CHECK_OK(tlm_trainer_new(m[r], d, &o, &t[r]));
+    }
+    double worst_k = 0, worst_n = 0;
+    float first = 0, last = 0;
+    for (int step = 0; t[0] && t[1] && t[2] && t[3] && step < STEPS; step++) {
+        float l[RUNS], sc[RUNS];
+        double norm[RUNS], lr;
+        for (int r = 0; r < RUNS; r++) CHECK_OK(tlm_trainer_backward(t[r], &l[r]));
+        float *g2 = tlm_trainer_grads(t[2]), *g3 = tlm_trainer_grads(t[3]);
+        for (size_t i = 0; i < n; i++) g2[i] = g3[i] = (g2[i] + g3[i]) * 0.5f;
+        l[2] = l[3] = (l[2] + l[3]) * 0.5f;
+        for (int r = 0; r < RUNS; r++) CHECK_OK(tlm_trainer_clip(t[r], &norm[r], &sc[r]));
+        for (int r = 0; r < RUNS; r++) CHECK_OK(tlm_trainer_update(t[r], sc[r], &lr));
+        worst_k = fmax(worst_k, fabs((double)l[1] - l[0]));
+        worst_n = fmax(worst_n, fabs((double)l[2] - l[0]));
+        if (step == 0) first = l[0];
+        last = l[0];
+    }
+    CHECK(worst_k <= 1e-3, "batch 8 vs 2 micro-steps of 4: |dloss| up to %g", worst_k);
+    CHECK(worst_n <= 1e-3, "batch 8 vs 2 processes of 4: |dloss| up to %g", worst_n);
+    CHECK(last < first - 0.3f, "the runs learn: loss %.3f -> %.3f", first, last);
+    CHECK(!memcmp(tlm_model_params(m[2]), tlm_model_params(m[3]), n * 4),
+          "averaged gradients keep the two processes' models identical");
+    for (int r = 0; r < RUNS; r++) {
+        tlm_trainer_free(t[r]);
+        tlm_model_free(m[r]);
+    }
+    tlm_dataset_free(d);
+    remove("split_tokens.bin");
+}
+
+/* llm.c's shard layout (dev/data/data_common.py write_datafile): 256 int32 header (magic, version,
+ * token count), then uint16 tokens. */
+static void write_llmc(const char *path, int n, int magic, int version, int claim, int extra) {
+    int32_t head[256] = {0};
+    head[0] = magic;
+    head[1] = version;
+    head[2] = claim;
+    FILE *f = fopen(path, "wb");
+    fwrite(head, 4, 256, f);
+    for (int i = 0; i < n + extra; i++) {
+        uint16_t t = (uint16_t)(i % 13);
+        fwrite(&t, 2, 1, f);
+    }
+    fclose(f);
+}
+
+static void test_shards(void) {
+    write_llmc("llmc_a.bin", 300, 20240520, 1, 300, 0);
+    write_llmc("llmc_b.bin", 100, 20240520, 1, 100, 0);
+    write_tokens("llmc_t.bin", 200);
+    tlm_dataset *d = NULL;
+    CHECK_OK(tlm_dataset_open("llmc_a.bin", 0.1, &d));
+    CHECK(d && tlm_dataset_size(d, TLM_SPLIT_TRAIN) == 270 &&
+              tlm_dataset_size(d, TLM_SPLIT_VAL) == 30,
+          "llm.c shard split sizes");
+    CHECK(d && tlm_dataset_vocab_size(d) == 0, "an llm.c shard names no vocabulary");
+    int32_t ids[4 * 8], tg[4 * 8];
+    int counting = 1;
+    for (int step = 0; d && step < 20; step++) {
+        CHECK_OK(tlm_dataset_windows(d, TLM_SPLIT_TRAIN, 1, (uint64_t)step, 0, 4, 8, ids, tg));
+        for (int i = 0; i < 32; i++) counting &= tg[i] == (ids[i] + 1) % 13;
+    }
+    CHECK(counting, "llm.c shard tokens read back as written (each target is its id + 1 mod 13)");
+    tlm_dataset_free(d);
+    /* Several files are one stream; validation files replace the held-out fraction. */
+    const char *train[] = {"llmc_a.bin", "llmc_t.bin"}, *val[] = {"llmc_b.bin"};
+    CHECK_OK(tlm_dataset_open_files(train, 2, val, 1, 0.5, &d));
+    CHECK(d && tlm_dataset_size(d, TLM_SPLIT_TRAIN) == 500 &&
+              tlm_dataset_size(d, TLM_SPLIT_VAL) == 100,
+          "train files 300 + 200, validation file 100");
+    CHECK(d && tlm_dataset_vocab_size(d) == 13, "the tlm file's vocabulary");
+    int in_range = 1, val_counting = 1;
+    for (int step = 0; d && step < 50; step++) {
+        CHECK_OK(tlm_dataset_windows(d, TLM_SPLIT_TRAIN, 2, (uint64_t)step, 0, 4, 8, ids, tg));
+        for (int i = 0; i < 32; i++) in_range &= ids[i] >= 0 && ids[i] < 13;
+        CHECK_OK(tlm_dataset_windows(d, TLM_SPLIT_VAL, 2, (uint64_t)step, 0, 4, 8, ids, tg));
+        for (int i = 0; i < 32; i++) val_counting &= tg[i] == (ids[i] + 1) % 13;
+    }
+    CHECK(in_range && val_counting, "windows over two files, validation from the third");
+    tlm_dataset_free(d);
+    d = NULL;
+    /* Malformed shards: refused with the file's name and the reason. */
+    struct {
+        int magic, version, claim, extra;
+        const char *why;
+    } bad[] = {{20240520, 2, 50, 0, "version 2"},
+               {20240520, 1, 60, 0, "header says 60 tokens"},
+               {20240520, 1, 50, 7, "header says 50 tokens"},
+               {20240521, 1, 50, 0, "not a tlm token file or an llm.c shard"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        write_llmc("llmc_bad.bin", 50, bad[i].magic, bad[i].version, bad[i].claim, bad[i].extra);
+        CHECK(tlm_dataset_open("llmc_bad.bin", 0.1, &d) == TLM_ERR_FORMAT && !d &&
+                  strstr(tlm_last_error(), bad[i].why) && strstr(tlm_last_error(), "llmc_bad.bin"),
+              "malformed shard %zu: %s", i, tlm_last_error());
+    }
+    FILE *f = fopen("llmc_bad.bin", "wb");
+    int32_t head[3] = {20240520, 1, 0};
+    fwrite(head, 4, 3, f);
+    fclose(f);
+    CHECK(tlm_dataset_open("llmc_bad.bin", 0.1, &d) == TLM_ERR_FORMAT &&
+              strstr(tlm_last_error(), "shorter than its 1024-byte header"),
+          "short header: %s", tlm_last_error());
+    const char *none[] = {"llmc_a.bin", "missing.bin"};
+    CHECK(tlm_dataset_open_files(none, 2, NULL, 0, 0.1, &d) != TLM_OK && !d, "a missing shard");
+    remove("llmc_a.bin");
+    remove("llmc_b.bin");
+    remove("llmc_t.bin");
+    remove("llmc_bad.bin");
+}
+
 int main(void) {
     tlm_set_threads(2);
     test_tokens();
     test_resume();
     test_seam();
+    test_split();
+    test_shards();
     return t_finish("test_train");
 }

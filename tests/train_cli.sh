@@ -74,6 +74,7 @@ chk_err() { # description, expected text, args...
 chk_err "missing -o" "-o OUTDIR is required" -c "$tmp/cfg.json" --data "$tmp/text.txt" --char
 chk_err "bad steps" "--steps must be" "${common[@]}" -o "$tmp/d" --steps 0
 chk_err "bad lr" "--lr must be" "${common[@]}" -o "$tmp/d" --lr abc
+chk_err "batch vs micro-steps" "--grad-accum 3" "${common[@]}" -o "$tmp/d" --grad-accum 3
 chk_err "unknown flag" "unknown option '--frob'" "${common[@]}" -o "$tmp/d" --frob
 chk_err "no data" "cannot read data file" -c "$tmp/cfg.json" --data "$tmp/none.txt" --char -o "$tmp/d"
 chk_err "resume without checkpoint" "does not exist" "${common[@]}" -o "$tmp/e" --resume

@@ -28,6 +28,10 @@ int cli_parse_float(const char *s, double *out);
 /* The tokenizer that travels with a model (a tlm checkpoint's DIR/tokenizer, a GGUF or Hugging
  * Face vocabulary); *out is NULL when there is none. */
 tlm_status cli_model_tokenizer(const char *model, tlm_tokenizer **out);
+/* Text files into token shards DIR/shard_NNNNNN.bin of per_shard tokens (tlm token files), on
+ * every thread, reading a chunk of chunk_bytes per thread at a time (src/cli/tok_shards.c). */
+int cli_tokenize_shards(const tlm_tokenizer *tok, const char *dir, long per_shard,
+                        size_t chunk_bytes, char *const *files, int n_files, unsigned flags);
 /* Monotonic seconds. */
 double cli_now(void);
 /* True if argv contains -h or --help. */

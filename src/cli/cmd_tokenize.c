@@ -6,18 +6,26 @@
 #include "cli.h"
 
 static void tokenize_usage(FILE *f) {
-    fprintf(f,
-            "usage: tlm tokenize -z TOKENIZER [--allow-special] [--bos] [--eos] [--pieces]\n"
-            "       tlm tokenize -z TOKENIZER --decode [--skip-special]\n\n"
-            "Reads stdin exactly as it is (no trimming) and prints the token ids space-separated\n"
-            "on one line. TOKENIZER: a llama2.c tokenizer.bin, a directory (or file) with GPT-2's\n"
-            "encoder.json + vocab.bpe, a .gguf with a vocabulary, or a tlm tokenizer directory.\n\n"
-            "  --allow-special  encode special tokens such as <|endoftext|> atomically\n"
-            "                   (otherwise they are plain text)\n"
-            "  --bos, --eos     add the BOS / EOS token\n"
-            "  --pieces         print one token per line: id, a tab, the piece (escaped)\n"
-            "  --decode         read ids from stdin and print the text they decode to\n"
-            "  --skip-special   with --decode: special tokens print nothing\n");
+    fprintf(
+        f,
+        "usage: tlm tokenize -z TOKENIZER [--allow-special] [--bos] [--eos] [--pieces]\n"
+        "       tlm tokenize -z TOKENIZER --decode [--skip-special]\n\n"
+        "Reads stdin exactly as it is (no trimming) and prints the token ids space-separated\n"
+        "on one line. TOKENIZER: a llama2.c tokenizer.bin, a directory (or file) with GPT-2's\n"
+        "encoder.json + vocab.bpe, a .gguf with a vocabulary, or a tlm tokenizer directory.\n\n"
+        "  --allow-special  encode special tokens such as <|endoftext|> atomically\n"
+        "                   (otherwise they are plain text)\n"
+        "  --bos, --eos     add the BOS / EOS token\n"
+        "  --pieces         print one token per line: id, a tab, the piece (escaped)\n"
+        "  --decode         read ids from stdin and print the text they decode to\n"
+        "  --skip-special   with --decode: special tokens print nothing\n\n"
+        "       tlm tokenize -z TOKENIZER -o DIR [--shard-tokens N] [--chunk-kib K] [-t THREADS]\n"
+        "                    FILE...\n\n"
+        "Token shards for tlm train --data DIR: the files, in order, into DIR/shard_NNNNNN.bin\n"
+        "of N tokens each (default 100000000), on every core, K KiB per core at a time\n"
+        "(default 4096; any corpus size), cut only at line breaks GPT-2-style tokenizers split\n"
+        "at anyway (in a line longer than K/2 KiB, between characters), with progress (MB/s,\n"
+        "ETA) on stderr. SentencePiece-style tokenizers add their leading space per chunk.\n");
 }
 
 /* Reads all of stdin; refuses more than the encoder accepts. */
@@ -123,38 +131,99 @@ static int decode_stdin(tlm_tokenizer *tok, unsigned flags) {
     return rc;
 }
 
+static int tokenize_args(int argc, char **argv, const char **zpath, const char **out,
+                         unsigned *flags, unsigned *dflags, int *pieces, int *decode,
+                         long *per_shard, long *chunk_kib, int *threads, char **files,
+                         int *n_files);
+static int encode_or_decode(tlm_tokenizer *tok, unsigned flags, unsigned dflags, int pieces,
+                            int decode);
+
 int cmd_tokenize(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
         tokenize_usage(stdout);
         return 0;
     }
-    const char *zpath = NULL;
+    const char *zpath = NULL, *out = NULL;
     unsigned flags = 0, dflags = 0;
-    int pieces = 0, decode = 0;
+    int pieces = 0, decode = 0, n_files = 0, threads = 0;
+    long per_shard = 100000000, chunk_kib = 4096;
+    char **files = calloc((size_t)argc, sizeof *files);
+    if (!files) return cli_fail("tokenize: out of memory");
+    int rc = tokenize_args(argc, argv, &zpath, &out, &flags, &dflags, &pieces, &decode, &per_shard,
+                           &chunk_kib, &threads, files, &n_files);
+    if (!rc && out) {
+        if (decode || pieces || (flags & (TLM_ENCODE_ADD_BOS | TLM_ENCODE_ADD_EOS)))
+            rc = cli_fail("tokenize: -o writes shards of ids; --decode, --pieces, --bos and --eos "
+                          "do not apply");
+    } else if (!rc && n_files > 0) {
+        rc = cli_fail("tokenize: '%s': files are read with -o DIR (shards); without it, stdin",
+                      files[0]);
+    }
+    if (!rc && !zpath)
+        rc = cli_fail("tokenize: -z TOKENIZER is required (see tlm tokenize --help)");
+    tlm_tokenizer *tok = NULL;
+    if (!rc && tlm_tokenizer_load(zpath, &tok) != TLM_OK) rc = cli_fail_status("tokenize");
+    if (!rc && out) {
+        tlm_set_threads(threads);
+        rc = cli_tokenize_shards(tok, out, per_shard, (size_t)chunk_kib << 10, files, n_files,
+                                 flags);
+    }
+    free(files);
+    if (rc || out) {
+        tlm_tokenizer_free(tok);
+        return rc;
+    }
+    return encode_or_decode(tok, flags, dflags, pieces, decode);
+}
+
+static int tokenize_args(int argc, char **argv, const char **zpath, const char **out,
+                         unsigned *flags, unsigned *dflags, int *pieces, int *decode,
+                         long *per_shard, long *chunk_kib, int *threads, char **files,
+                         int *n_files) {
     for (int i = 1; i < argc; i++) {
         const char *v;
-        if (cli_flag_value(argc, argv, &i, "-z", "--tokenizer", &v)) {
+        long k;
+        if (cli_flag_value(argc, argv, &i, "-o", "--out", &v)) {
+            if (!v) return cli_fail("tokenize: -o needs a directory");
+            *out = v;
+        } else if (cli_flag_value(argc, argv, &i, "--shard-tokens", NULL, &v)) {
+            if (!v || !cli_parse_int(v, &k) || k < 1 || k > (1L << 31))
+                return cli_fail("tokenize: --shard-tokens must be an integer in [1, 2^31]");
+            *per_shard = k;
+        } else if (cli_flag_value(argc, argv, &i, "--chunk-kib", NULL, &v)) {
+            if (!v || !cli_parse_int(v, &k) || k < 1 || k > (1L << 20))
+                return cli_fail("tokenize: --chunk-kib must be an integer in [1, 1048576]");
+            *chunk_kib = k;
+        } else if (cli_flag_value(argc, argv, &i, "-t", "--threads", &v)) {
+            if (!v || !cli_parse_int(v, &k) || k < 1 || k > 4096)
+                return cli_fail("tokenize: -t must be an integer >= 1");
+            *threads = (int)k;
+        } else if (argv[i][0] != '-') {
+            files[(*n_files)++] = argv[i];
+        } else if (cli_flag_value(argc, argv, &i, "-z", "--tokenizer", &v)) {
             if (!v) return cli_fail("tokenize: -z needs a tokenizer path");
-            zpath = v;
+            *zpath = v;
         } else if (!strcmp(argv[i], "--allow-special")) {
-            flags |= TLM_ENCODE_ALLOW_SPECIAL;
+            *flags |= TLM_ENCODE_ALLOW_SPECIAL;
         } else if (!strcmp(argv[i], "--bos")) {
-            flags |= TLM_ENCODE_ADD_BOS;
+            *flags |= TLM_ENCODE_ADD_BOS;
         } else if (!strcmp(argv[i], "--eos")) {
-            flags |= TLM_ENCODE_ADD_EOS;
+            *flags |= TLM_ENCODE_ADD_EOS;
         } else if (!strcmp(argv[i], "--pieces")) {
-            pieces = 1;
+            *pieces = 1;
         } else if (!strcmp(argv[i], "--decode")) {
-            decode = 1;
+            *decode = 1;
         } else if (!strcmp(argv[i], "--skip-special")) {
-            dflags |= TLM_DECODE_SKIP_SPECIAL;
+            *dflags |= TLM_DECODE_SKIP_SPECIAL;
         } else {
             return cli_fail("tokenize: unknown option '%s' (see tlm tokenize --help)", argv[i]);
         }
     }
-    if (!zpath) return cli_fail("tokenize: -z TOKENIZER is required (see tlm tokenize --help)");
-    tlm_tokenizer *tok;
-    if (tlm_tokenizer_load(zpath, &tok) != TLM_OK) return cli_fail_status("tokenize");
+    return 0;
+}
+
+static int encode_or_decode(tlm_tokenizer *tok, unsigned flags, unsigned dflags, int pieces,
+                            int decode) {
     if (decode) {
         int rc = decode_stdin(tok, dflags);
         tlm_tokenizer_free(tok);

@@ -1,3 +1,5 @@
+#include <dirent.h>
+#include <glob.h>
 #include <math.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -9,21 +11,27 @@
 
 #include "cli.h"
 #include "core/core.h"
+#include "dist/dist.h"
 
 static const char *train_help =
-    "usage: tlm train -c CONFIG.json --data TEXT [-z TOKENIZER | --char] -o OUTDIR [options]\n\n"
+    "usage: tlm train -c CONFIG.json --data TEXT|SHARDS [-z TOKENIZER | --char] -o OUTDIR "
+    "[options]\n\n"
     "Trains a model on a text file. The text is tokenized once into OUTDIR/tokens.bin; the last\n"
     "--val-fraction of it is held out for validation. OUTDIR receives model.safetensors,\n"
     "checkpoint.safetensors (with optimizer state), config.json, tokenizer/, log.jsonl, "
     "loss.svg.\n\n"
     "  -c, --config FILE      model config (JSON); without vocab_size the tokenizer's is used\n"
-    "  --data FILE            training text\n"
+    "  --data PATH            training text, or token shards: a shard file (tlm's tokens.bin or\n"
+    "                         llm.c's .bin), a directory of .bin shards, or a quoted glob\n"
+    "  --val-data PATH        validation text or shards (default: --val-fraction of --data)\n"
     "  -z, --tokenizer PATH   tokenizer (tokenizer.bin, encoder.json+vocab.bpe dir, .gguf, tlm "
     "dir)\n"
     "  --char                 character-level vocabulary built from the text\n"
     "  -o, --out DIR          output directory\n"
     "  --steps N              optimizer steps (default 1000)\n"
-    "  --batch B              sequences per step (default 16)\n"
+    "  --batch B              sequences per optimizer step, over all processes (default 16)\n"
+    "  --grad-accum K         micro-steps per optimizer step: B / (processes x K) sequences a\n"
+    "                         pass, the same data and loss curve as one pass (default 1)\n"
     "  --seq-len T            tokens per sequence (default: context_length)\n"
     "  --lr LR                peak learning rate (default 1e-3)\n"
     "  --min-lr LR            final learning rate (default lr/10)\n"
@@ -38,9 +46,17 @@ static const char *train_help =
     "  --init default|gpt2    initialization scheme (default: default)\n"
     "  --seed S               seed for init, batches and dropout (default 1337)\n"
     "  -t, --threads N        threads (default: all cores)\n"
-    "  --resume               continue from OUTDIR/checkpoint.safetensors, bit for bit\n";
+    "  --resume               continue from OUTDIR/checkpoint.safetensors, bit for bit (also\n"
+    "                         with a different number of processes)\n\n"
+    "Under mpirun (mpirun -np N tlm train ...) the N processes train one model: each takes its\n"
+    "share of every batch, gradients are reduce-scattered, each process updates its 1/N of the\n"
+    "parameters with its 1/N of the AdamW moments, and the parameters are all-gathered.\n";
 
 static volatile int g_stop = 0;
+/* MPI state of a run under mpirun; every process reaches dist_finish through cmd_train. */
+static tlm_dist *g_dist = NULL;
+static int g_rank = 0;
+static int g_agreed = 0; /* every process knows of the failure and returns with it */
 static void on_sigint(int sig) {
     (void)sig;
     g_stop = 1;
@@ -53,6 +69,7 @@ typedef struct {
 
 static int on_progress(void *user, const tlm_train_progress *p) {
     progress_state *ps = user;
+    if (g_rank != 0) return 0;
     int show = ps->tty || p->step == p->total || p->step % 10 == 0 || !isnan(p->val_loss);
     if (!show) return 0;
     double rate = p->steps_this_run > 0 ? p->elapsed_s / (double)p->steps_this_run : 0;
@@ -93,8 +110,86 @@ static int cache_matches(const char *meta_path, const char *expect) {
     return strcmp(buf, expect) == 0;
 }
 
-static int prepare_tokens(const char *data, const char *out_dir, tlm_tokenizer *tok,
-                          char **tokens_path) {
+/* Where the tokens come from: one text file (tokenized into OUTDIR), or token files used as they
+ * are. */
+typedef struct {
+    char **paths;
+    int n;
+    int tokens; /* token files (tlm or llm.c), not text */
+} data_src;
+
+static data_src g_train_src, g_val_src; /* freed by cmd_train on every way out */
+
+static void data_src_free(data_src *d) {
+    for (int i = 0; i < d->n; i++) free(d->paths[i]);
+    free(d->paths);
+    memset(d, 0, sizeof *d);
+}
+
+static int data_src_add(data_src *d, const char *path) {
+    char **np = realloc(d->paths, ((size_t)d->n + 1) * sizeof *np);
+    if (!np) return 0;
+    d->paths = np;
+    d->paths[d->n] = strdup(path);
+    return d->paths[d->n++] != NULL;
+}
+
+static int is_token_file(const char *path) {
+    unsigned char head[8] = {0};
+    FILE *f = fopen(path, "rb");
+    size_t n = f ? fread(head, 1, sizeof head, f) : 0;
+    if (f) fclose(f);
+    if (n == 8 && !memcmp(head, "TLMTOKS1", 8)) return 1;
+    uint32_t magic = (uint32_t)head[0] | (uint32_t)head[1] << 8 | (uint32_t)head[2] << 16 |
+                     (uint32_t)head[3] << 24;
+    return n >= 4 && magic == 20240520u; /* llm.c */
+}
+
+static int cmp_str(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* A text file, one token file, every .bin file of a directory (sorted), or a glob's matches. */
+static int resolve_data(const char *flag, const char *spec, data_src *d) {
+    struct stat st;
+    if (strpbrk(spec, "*?[") && stat(spec, &st) != 0) {
+        glob_t g;
+        int r = glob(spec, 0, NULL, &g);
+        for (size_t i = 0; r == 0 && i < g.gl_pathc; i++)
+            if (!data_src_add(d, g.gl_pathv[i])) r = -1;
+        if (r == 0) globfree(&g);
+        if (r != 0 || d->n == 0) return cli_fail("train: %s '%s' matches no file", flag, spec);
+    } else if (stat(spec, &st) == 0 && S_ISDIR(st.st_mode)) {
+        DIR *dir = opendir(spec);
+        if (!dir) return cli_fail("train: cannot read directory '%s'", spec);
+        for (struct dirent *e; (e = readdir(dir));) {
+            size_t len = strlen(e->d_name);
+            if (len < 5 || strcmp(e->d_name + len - 4, ".bin")) continue;
+            char *path = tlm_path_join(spec, e->d_name);
+            int ok = path && data_src_add(d, path);
+            free(path);
+            if (!ok) break;
+        }
+        closedir(dir);
+        if (d->n == 0) return cli_fail("train: %s '%s' holds no .bin token shards", flag, spec);
+        qsort(d->paths, (size_t)d->n, sizeof *d->paths, cmp_str);
+    } else {
+        if (access(spec, R_OK) != 0) return cli_fail("train: cannot read data file '%s'", spec);
+        if (!data_src_add(d, spec)) return cli_fail("train: out of memory");
+        d->tokens = is_token_file(spec);
+        return 0;
+    }
+    for (int i = 0; i < d->n; i++)
+        if (!is_token_file(d->paths[i]))
+            return cli_fail("train: %s: '%s' is not a token shard (tlm's tokens.bin or llm.c's "
+                            "format)",
+                            flag, d->paths[i]);
+    d->tokens = 1;
+    return 0;
+}
+
+static int prepare_tokens(const char *data, const char *out_dir, const char *name,
+                          tlm_tokenizer *tok, char **tokens_path) {
     struct stat st;
     if (stat(data, &st) != 0) return cli_fail("train: cannot read data file '%s'", data);
     char expect[4096];
@@ -103,8 +198,11 @@ static int prepare_tokens(const char *data, const char *out_dir, tlm_tokenizer *
              "\"vocab_size\": %d, \"kind\": \"%s\"}\n",
              data, (long long)st.st_size, (long long)st.st_mtime, tlm_tokenizer_vocab_size(tok),
              tlm_tokenizer_kind_name(tlm_tokenizer_get_kind(tok)));
-    char *path = tlm_path_join(out_dir, "tokens.bin"),
-         *meta = tlm_path_join(out_dir, "tokens.json");
+    char file[64];
+    snprintf(file, sizeof file, "%s.bin", name);
+    char *path = tlm_path_join(out_dir, file);
+    snprintf(file, sizeof file, "%s.json", name);
+    char *meta = tlm_path_join(out_dir, file);
     *tokens_path = path;
     if (cache_matches(meta, expect) && access(path, R_OK) == 0) {
         free(meta);
@@ -138,8 +236,19 @@ static int prepare_tokens(const char *data, const char *out_dir, tlm_tokenizer *
     return rc;
 }
 
-int cmd_train(int argc, char **argv) {
-    const char *config = NULL, *data = NULL, *tokenizer = NULL, *out = NULL, *init = "default";
+static double peak_rss_mib(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    double kib = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmHWM:", 6)) kib = strtod(line + 6, NULL);
+    if (f) fclose(f);
+    return kib / 1024.0;
+}
+
+static int train_main(int argc, char **argv) {
+    const char *config = NULL, *data = NULL, *val_data = NULL, *tokenizer = NULL, *out = NULL,
+               *init = "default";
     int use_char = 0, threads = 0;
     double val_fraction = 0.1, min_lr = -1;
     tlm_train_opts o;
@@ -183,6 +292,11 @@ int cmd_train(int argc, char **argv) {
             data = v;
             continue;
         }
+        if (cli_flag_value(argc, argv, &i, "--val-data", NULL, &v)) {
+            NEED();
+            val_data = v;
+            continue;
+        }
         if (cli_flag_value(argc, argv, &i, "-z", "--tokenizer", &v)) {
             NEED();
             tokenizer = v;
@@ -210,6 +324,7 @@ int cmd_train(int argc, char **argv) {
         }
         INT_FLAG("--steps", NULL, o.steps, 1)
         INT_FLAG("--batch", NULL, o.batch, 1)
+        INT_FLAG("--grad-accum", NULL, o.grad_accum, 1)
         INT_FLAG("--seq-len", NULL, o.seq_len, 1)
         INT_FLAG("--warmup", NULL, o.warmup, 0)
         INT_FLAG("--eval-interval", NULL, o.eval_interval, 0)
@@ -239,7 +354,15 @@ int cmd_train(int argc, char **argv) {
     if (!out) return cli_fail("train: -o OUTDIR is required");
     if (!data) return cli_fail("train: --data TEXT is required");
     if (use_char && tokenizer) return cli_fail("train: give -z TOKENIZER or --char, not both");
-    if (access(data, R_OK) != 0) return cli_fail("train: cannot read data file '%s'", data);
+    data_src *src = &g_train_src, *vsrc = &g_val_src;
+    if (resolve_data("--data", data, src)) return 1;
+    if (val_data && resolve_data("--val-data", val_data, vsrc)) return 1;
+    if (use_char && (src->tokens || vsrc->tokens))
+        return cli_fail("train: --char builds its vocabulary from text, and --data%s holds tokens",
+                        src->tokens ? "" : " --val-data");
+    if (o.batch % (o.grad_accum > 1 ? o.grad_accum : 1) != 0)
+        return cli_fail("train: --batch %d does not divide into --grad-accum %d micro-steps",
+                        o.batch, o.grad_accum);
     if (o.warmup >= o.steps && o.warmup > 0)
         return cli_fail("train: --warmup %ld must be below --steps %ld", o.warmup, o.steps);
     if (mkdir(out, 0755) != 0 && access(out, W_OK) != 0)
@@ -252,7 +375,37 @@ int cmd_train(int argc, char **argv) {
         return cli_fail("train: --resume but '%s' does not exist", ckpt);
     if (!config && o.resume) config = cfg_copy;
     if (!config) return cli_fail("train: -c CONFIG is required");
-    if (!tokenizer && !use_char && !o.resume) return cli_fail("train: give -z TOKENIZER or --char");
+    int shards_only = src->tokens && (!val_data || vsrc->tokens);
+    if (!tokenizer && !use_char && !o.resume &&
+        !(shards_only && config_has_key(config, "vocab_size")))
+        return cli_fail("train: give -z TOKENIZER or --char%s",
+                        shards_only ? " (or vocab_size in the config, for token shards)" : "");
+    /* MPI only when a launcher started us: a plain run pays nothing and prints nothing more. */
+    int world = 1, rank = 0;
+    if (dist_launched(&world, &rank)) {
+        if (!dist_available()) {
+            if (rank == 0)
+                cli_fail("train: started by an MPI launcher (%d processes), but this tlm was built "
+                         "without MPI; install libopenmpi-dev (scripts/setup.sh) and rebuild, or "
+                         "run tlm train without mpirun",
+                         world);
+            return 1;
+        }
+        if (o.batch % (world * (o.grad_accum > 1 ? o.grad_accum : 1)) != 0) {
+            if (rank == 0)
+                cli_fail("train: --batch %d does not divide into %d processes x --grad-accum %d",
+                         o.batch, world, o.grad_accum > 1 ? o.grad_accum : 1);
+            return 1;
+        }
+        if (dist_init(&g_dist)) return cli_fail_status("train");
+        world = dist_world(g_dist);
+        rank = g_rank = dist_rank(g_dist);
+        /* The processes on one host share its cores. */
+        if (!threads) {
+            int per = (int)sysconf(_SC_NPROCESSORS_ONLN) / dist_local_size();
+            threads = per > 0 ? per : 1;
+        }
+    }
     tlm_set_threads(threads);
 
     tlm_config c;
@@ -262,10 +415,12 @@ int cmd_train(int argc, char **argv) {
                         c.context_length);
     tlm_tokenizer *tok = NULL;
     if (o.resume && !tokenizer && !use_char) {
-        if (tlm_tokenizer_load(tok_dir, &tok)) return cli_fail_status("train: loading tokenizer");
+        /* Token shards with the config's vocab_size may have trained without one. */
+        if (!(shards_only && access(tok_dir, R_OK) != 0) && tlm_tokenizer_load(tok_dir, &tok))
+            return cli_fail_status("train: loading tokenizer");
     } else if (tokenizer) {
         if (tlm_tokenizer_load(tokenizer, &tok)) return cli_fail_status("train: loading tokenizer");
-    } else {
+    } else if (use_char) {
         char *text;
         size_t len;
         if (tlm_read_file(data, &text, &len)) return cli_fail_status("train");
@@ -273,7 +428,7 @@ int cmd_train(int argc, char **argv) {
         free(text);
         if (s) return cli_fail_status("train: building the character vocabulary");
     }
-    int32_t tv = tlm_tokenizer_vocab_size(tok);
+    int32_t tv = tok ? tlm_tokenizer_vocab_size(tok) : 0;
     if (!config_has_key(config, "vocab_size")) {
         c.vocab_size = tv;
     } else if (c.vocab_size < tv) {
@@ -285,25 +440,46 @@ int cmd_train(int argc, char **argv) {
         tlm_tokenizer_free(tok);
         return cli_fail_status("train");
     }
-    char *tokens_path = NULL;
-    if (prepare_tokens(data, out, tok, &tokens_path)) {
+    /* Rank 0 tokenizes text; the others wait for its verdict and map the same files. */
+    int prep = 0;
+    data_src *srcs[2] = {src, vsrc};
+    const char *names[2] = {"tokens", "val_tokens"};
+    for (int k = 0; k < 2 && !prep; k++) {
+        if (srcs[k]->n == 0 || srcs[k]->tokens) continue;
+        char *path = NULL, *text = srcs[k]->paths[0];
+        if (rank == 0)
+            prep = prepare_tokens(text, out, names[k], tok, &path);
+        else {
+            char file[64];
+            snprintf(file, sizeof file, "%s.bin", names[k]);
+            path = tlm_path_join(out, file);
+        }
+        free(srcs[k]->paths[0]);
+        srcs[k]->paths[0] = path;
+        if (!path && !prep) prep = cli_fail("train: out of memory");
+    }
+    if (g_dist && dist_any(g_dist, prep) != 0) prep = g_agreed = 1;
+    if (prep) {
         tlm_tokenizer_free(tok);
         return 1;
     }
     int rc = 0;
     tlm_dataset *ds = NULL;
     tlm_model *m = NULL;
-    if (tlm_dataset_open(tokens_path, val_fraction, &ds))
+    if (tlm_dataset_open_files((const char *const *)src->paths, src->n,
+                               (const char *const *)vsrc->paths, vsrc->n, val_fraction, &ds))
         rc = cli_fail_status("train");
     else if (tlm_model_create(&c, &m))
         rc = cli_fail_status("train");
     else if (tlm_model_init(m, o.seed, strcmp(init, "gpt2") ? TLM_INIT_DEFAULT : TLM_INIT_GPT2))
         rc = cli_fail_status("train");
-    else if (tlm_config_save(&c, cfg_copy))
+    else if (rank == 0 && tlm_config_save(&c, cfg_copy))
         rc = cli_fail_status("train: saving config");
-    else if (tlm_tokenizer_save(tok, tok_dir))
+    else if (rank == 0 && tok && tlm_tokenizer_save(tok, tok_dir))
         rc = cli_fail_status("train: saving tokenizer");
-    if (!rc) {
+    if (!rc && g_dist && dist_hooks(g_dist, tlm_model_num_params(m), &o.hooks))
+        rc = cli_fail_status("train");
+    if (!rc && rank == 0) {
         tlm_param_count pc;
         tlm_count_params(&c, &pc);
         fprintf(stderr,
@@ -311,27 +487,61 @@ int cmd_train(int argc, char **argv) {
                 "%d threads\n",
                 pc.total, pc.non_embedding, tlm_dataset_size(ds, TLM_SPLIT_TRAIN),
                 tlm_dataset_size(ds, TLM_SPLIT_VAL), tlm_get_threads());
+        size_t n = tlm_model_num_params(m), mine = o.hooks.end ? o.hooks.end - o.hooks.begin : n;
+        int K = o.grad_accum > 1 ? o.grad_accum : 1;
+        double mib = 1.0 / (1 << 20);
+        fprintf(stderr,
+                "%d process%s x %d micro-step%s of %d sequences; memory per process: parameters "
+                "%.1f MiB, gradients %.1f MiB, AdamW moments %.1f MiB (%zu of %zu parameters)\n",
+                world, world > 1 ? "es" : "", K, K > 1 ? "s" : "", o.batch / (world * K),
+                (double)n * 4 * mib, (double)n * 4 * mib, (double)mine * 8 * mib, mine, n);
+    }
+    if (!rc) {
         progress_state ps = {isatty(2), 0};
         o.out_dir = out;
         o.on_progress = on_progress;
         o.user = &ps;
         o.stop = &g_stop;
         signal(SIGINT, on_sigint);
+        signal(SIGTERM, on_sigint);
+        double t0 = cli_now();
         tlm_status s = tlm_train_run(m, ds, &o);
         signal(SIGINT, SIG_DFL);
+        signal(SIGTERM, SIG_DFL);
+        if (g_dist && (s == TLM_OK || s == TLM_ERR_INTERRUPTED)) {
+            /* Every process reached the same end: report memory and communication. */
+            double rss[4096], comm = dist_comm_seconds(g_dist), wall = cli_now() - t0;
+            if (world <= 4096 && !dist_gather_double(g_dist, peak_rss_mib(), rss) && rank == 0) {
+                fprintf(stderr, "peak memory (RSS) per process, MiB:");
+                for (int r = 0; r < world; r++) fprintf(stderr, " %.1f", rss[r]);
+                fputc('\n', stderr);
+                fprintf(stderr, "communication: %.3f s of %.3f s (%.1f%%) on rank 0\n", comm, wall,
+                        wall > 0 ? 100 * comm / wall : 0.0);
+            }
+        }
         if (s == TLM_ERR_INTERRUPTED) {
-            fprintf(stderr, "\ntlm: %s\n", tlm_last_error());
+            if (rank == 0) fprintf(stderr, "\ntlm: %s\n", tlm_last_error());
             rc = 130;
         } else if (s) {
             if (ps.tty) fputc('\n', stderr);
             rc = cli_fail_status("train");
-        } else {
+        } else if (rank == 0) {
             fprintf(stderr, "saved %s/model.safetensors\n", out);
         }
     }
     tlm_model_free(m);
     tlm_dataset_free(ds);
     tlm_tokenizer_free(tok);
-    free(tokens_path);
+    return rc;
+}
+
+int cmd_train(int argc, char **argv) {
+    int rc = train_main(argc, argv);
+    /* 0 and 130 (a stop every process agreed on) end MPI normally; any other failure may have
+     * left the other processes inside a collective, so it aborts the whole job. */
+    dist_finish(g_dist, rc == 0 || rc == 130 || g_agreed, rc);
+    g_dist = NULL;
+    data_src_free(&g_train_src);
+    data_src_free(&g_val_src);
     return rc;
 }

@@ -4,13 +4,16 @@
 
 #include "core/core.h"
 
-/* B random windows of T tokens from a split: ids and the next-token targets. */
-tlm_status tlm_dataset_batch(const tlm_dataset *d, int split, tlm_rng *rng, int B, int T,
-                             int32_t *ids, int32_t *targets);
+/* B windows of T tokens of a split: windows first .. first + B - 1 of stream `stream` (see
+ * tlm_dataset_window), ids and the next-token targets. */
+tlm_status tlm_dataset_windows(const tlm_dataset *d, int split, uint64_t seed, uint64_t stream,
+                               uint64_t first, int B, int T, int32_t *ids, int32_t *targets);
 
 /* Everything needed to continue a run bit for bit. */
 typedef struct {
     long step; /* steps completed */
+    /* Draws nothing since the windows became a hash of (seed, step); kept, seeded as before, so
+     * that checkpoints keep their keys (rng_state, rng_inc) both ways. */
     tlm_rng rng;
     uint64_t seed;
 } tlm_train_state;

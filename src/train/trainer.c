@@ -145,26 +145,38 @@ static tlm_status reload_log(const char *path, long upto, history *h) {
     return s;
 }
 
+/* The stream of evaluation windows: apart from every training step's. */
+#define EVAL_STREAM UINT64_MAX
+
+/* Chunks rank, rank + world, ... of `chunks` chunks of B windows of the evaluation stream: the sum
+ * of their mean losses into *sum. */
+static tlm_status eval_chunks(tlm_train_ctx *x, const tlm_dataset *d, int split, int B, int T,
+                              long chunks, uint64_t seed, int rank, int world, int32_t *ids,
+                              int32_t *tg, double *sum) {
+    *sum = 0;
+    for (long i = rank; i < chunks; i += world) {
+        double loss;
+        tlm_status s = tlm_dataset_windows(d, split, seed, EVAL_STREAM, (uint64_t)i * (uint64_t)B,
+                                           B, T, ids, tg);
+        if (!s) s = tlm_ctx_batch_loss(x, ids, tg, B, T, &loss);
+        if (s) return s;
+        *sum += loss;
+    }
+    return TLM_OK;
+}
+
 double tlm_evaluate(tlm_train_ctx *x, const tlm_dataset *d, int split, int B, int T, int batches,
                     uint64_t seed) {
     size_t N = (size_t)B * T;
     int32_t *ids = malloc(N * sizeof *ids), *tg = malloc(N * sizeof *tg);
     double sum = 0;
-    int n = 0;
-    tlm_rng rng;
     /* The same windows every evaluation, so successive figures differ only by the model. */
-    tlm_rng_seed(&rng, seed, 0x5eed);
-    for (int i = 0; ids && tg && i < batches; i++) {
-        double loss;
-        if (tlm_dataset_batch(d, split, &rng, B, T, ids, tg) ||
-            tlm_ctx_batch_loss(x, ids, tg, B, T, &loss))
-            break;
-        sum += loss;
-        n++;
-    }
+    tlm_status s = ids && tg && batches > 0
+                       ? eval_chunks(x, d, split, B, T, batches, seed, 0, 1, ids, tg, &sum)
+                       : TLM_ERR_ARG;
     free(ids);
     free(tg);
-    return n == batches && n > 0 ? sum / n : NAN;
+    return s ? NAN : sum / batches;
 }
 
 struct tlm_trainer {
@@ -172,6 +184,7 @@ struct tlm_trainer {
     const tlm_dataset *d;
     tlm_train_opts o;
     int B, T;
+    int K, rank, world, b; /* micro-steps, this process among world, sequences per micro-step */
     tlm_train_ctx *x;
     float *grads;
     tlm_adamw *opt;
@@ -191,6 +204,24 @@ void tlm_trainer_free(tlm_trainer *t) {
     free(t->ckpt);
     free(t->model_path);
     free(t);
+}
+
+/* Checkpoints hold every moment, whatever the number of processes that wrote them: a process
+ * with a range of the optimizer reads them whole and keeps its range (so a run may resume with a
+ * different number of processes). */
+static tlm_status resume(tlm_trainer *t) {
+    if (t->opt->begin == 0 && t->opt->n == t->m->n_params)
+        return tlm_checkpoint_load(t->ckpt, t->m, t->opt, &t->st);
+    tlm_adamw *whole = NULL;
+    tlm_status s = tlm_adamw_create(t->m, &whole);
+    if (!s) s = tlm_checkpoint_load(t->ckpt, t->m, whole, &t->st);
+    if (!s) {
+        memcpy(t->opt->m, whole->m + t->opt->begin, t->opt->n * sizeof(float));
+        memcpy(t->opt->v, whole->v + t->opt->begin, t->opt->n * sizeof(float));
+        t->opt->step = whole->step;
+    }
+    tlm_adamw_free(whole);
+    return s;
 }
 
 tlm_status tlm_trainer_new(tlm_model *m, const tlm_dataset *d, const tlm_train_opts *o,
@@ -215,10 +246,17 @@ tlm_status tlm_trainer_new(tlm_model *m, const tlm_dataset *d, const tlm_train_o
     if (begin >= end || end > m->n_params)
         return tlm_err(TLM_ERR_ARG, "optimizer range [%zu, %zu) is not inside the %zu parameters",
                        begin, end, m->n_params);
-    if (o->resume && (begin != 0 || end != m->n_params))
-        return tlm_err(TLM_ERR_UNSUPPORTED,
-                       "resuming needs the optimizer over the whole buffer (checkpoints hold "
-                       "every moment)");
+    int K = o->grad_accum > 1 ? o->grad_accum : 1;
+    int world = o->hooks.world > 1 ? o->hooks.world : 1, rank = world > 1 ? o->hooks.rank : 0;
+    if (rank < 0 || rank >= world)
+        return tlm_err(TLM_ERR_ARG, "rank %d outside the %d processes", rank, world);
+    if (world > 1 && !o->hooks.reduce_sum)
+        return tlm_err(TLM_ERR_ARG, "training over %d processes needs hooks.reduce_sum", world);
+    if (B % ((long)world * K) != 0)
+        return tlm_err(
+            TLM_ERR_ARG,
+            "--batch %d does not divide into %d process%s x %d micro-step%s (--grad-accum)", B,
+            world, world > 1 ? "es" : "", K, K > 1 ? "s" : "");
     tlm_trainer *t = calloc(1, sizeof *t);
     if (!t) return tlm_err(TLM_ERR_NOMEM, "out of memory");
     t->m = m;
@@ -226,7 +264,11 @@ tlm_status tlm_trainer_new(tlm_model *m, const tlm_dataset *d, const tlm_train_o
     t->o = *o;
     t->B = B;
     t->T = T;
-    size_t N = (size_t)B * T;
+    t->K = K;
+    t->rank = rank;
+    t->world = world;
+    t->b = B / (world * K);
+    size_t N = (size_t)t->b * T;
     t->ids = malloc(N * sizeof *t->ids);
     t->tg = malloc(N * sizeof *t->tg);
     t->grads = tlm_big_alloc(m->n_params * sizeof(float));
@@ -239,8 +281,8 @@ tlm_status tlm_trainer_new(tlm_model *m, const tlm_dataset *d, const tlm_train_o
     if (!s) s = tlm_adamw_create_range(m, begin, end, &t->opt);
     t->st = (tlm_train_state){0, {0, 0}, o->seed};
     tlm_rng_seed(&t->st.rng, o->seed, 1);
-    if (!s && o->resume) s = tlm_checkpoint_load(t->ckpt, m, t->opt, &t->st);
-    if (!s) s = tlm_train_ctx_reserve(t->x, B, T);
+    if (!s && o->resume) s = resume(t);
+    if (!s) s = tlm_train_ctx_reserve(t->x, t->b, T);
     t->sched = (tlm_schedule){o->lr, o->min_lr, o->warmup, o->steps};
     if (s) {
         tlm_trainer_free(t);
@@ -255,10 +297,32 @@ tlm_train_ctx *tlm_trainer_ctx(tlm_trainer *t) { return t->x; }
 float *tlm_trainer_grads(tlm_trainer *t) { return t->grads; }
 
 tlm_status tlm_trainer_backward(tlm_trainer *t, float *loss) {
-    tlm_status s = tlm_dataset_batch(t->d, TLM_SPLIT_TRAIN, &t->st.rng, t->B, t->T, t->ids, t->tg);
-    if (s) return s;
-    tlm_train_ctx_set_dropout_seed(t->x, t->st.seed, (uint64_t)t->st.step);
-    return tlm_forward_backward(t->x, t->ids, t->tg, t->B, t->T, 0, t->grads, 0, loss);
+    double sum = 0;
+    for (int k = 0; k < t->K; k++) {
+        /* Windows of the step in order: rank r's micro-step k holds the (r K + k)-th b of them. */
+        int part = t->rank * t->K + k;
+        float l;
+        tlm_status s =
+            tlm_dataset_windows(t->d, TLM_SPLIT_TRAIN, t->st.seed, (uint64_t)t->st.step,
+                                (uint64_t)part * (uint64_t)t->b, t->b, t->T, t->ids, t->tg);
+        if (s) return s;
+        /* One dropout stream per part (alone with K = 1, the step's, as before). */
+        uint64_t parts = (uint64_t)t->world * (uint64_t)t->K;
+        tlm_train_ctx_set_dropout_seed(t->x, t->st.seed, (uint64_t)t->st.step * parts + part);
+        s = tlm_forward_backward(t->x, t->ids, t->tg, t->b, t->T, 0, t->grads, k > 0, &l);
+        if (s) return s;
+        sum += l;
+    }
+    if (t->K > 1) {
+        /* Every part has b x T targets, so the batch's mean is the mean of the parts' means. */
+        float inv = 1.0f / (float)t->K;
+        long n = (long)t->m->n_params;
+        float *g = t->grads;
+#pragma omp parallel for schedule(static)
+        for (long i = 0; i < n; i++) g[i] *= inv;
+    }
+    *loss = (float)(sum / t->K);
+    return TLM_OK;
 }
 
 tlm_status tlm_trainer_clip(tlm_trainer *t, double *norm, float *scale) {
@@ -286,15 +350,74 @@ tlm_status tlm_trainer_update(tlm_trainer *t, float scale, double *lr) {
     return TLM_OK;
 }
 
-tlm_status tlm_trainer_save(tlm_trainer *t) {
-    if (t->opt->begin != 0 || t->opt->n != t->m->n_params)
+/* The whole moments on rank 0 from every process's range (NULL whole on the others). */
+static tlm_status gather_moments(tlm_trainer *t, tlm_adamw *whole) {
+    const tlm_train_hooks *h = &t->o.hooks;
+    size_t n = t->m->n_params;
+    if (!h->gather)
         return tlm_err(TLM_ERR_UNSUPPORTED,
-                       "checkpoints need the optimizer over the whole buffer (this process holds "
-                       "[%zu, %zu))",
+                       "checkpoints need the optimizer over the whole buffer or hooks.gather "
+                       "(this process holds [%zu, %zu))",
                        t->opt->begin, t->opt->begin + t->opt->n);
-    tlm_status s = tlm_checkpoint_save(t->ckpt, t->m, t->opt, &t->st);
-    if (!s) s = tlm_model_save_safetensors(t->m, t->model_path);
+    tlm_status s =
+        h->gather(h->user, t->opt->m, t->opt->begin, t->opt->n, whole ? whole->m : NULL, n);
+    if (!s) s = h->gather(h->user, t->opt->v, t->opt->begin, t->opt->n, whole ? whole->v : NULL, n);
+    if (!s && whole) whole->step = t->opt->step;
     return s;
+}
+
+tlm_status tlm_trainer_save(tlm_trainer *t) {
+    const tlm_train_hooks *h = &t->o.hooks;
+    int sharded = t->opt->begin != 0 || t->opt->n != t->m->n_params;
+    tlm_adamw *whole = NULL;
+    tlm_status s = TLM_OK;
+    if (sharded && t->rank == 0) s = tlm_adamw_create(t->m, &whole);
+    if (sharded && t->world > 1) {
+        /* The gathers are collective: all processes skip them if rank 0 has nowhere to put them. */
+        double no_room = s != TLM_OK;
+        tlm_status r = h->reduce_sum(h->user, &no_room, 1);
+        if (r || no_room > 0) {
+            tlm_adamw_free(whole);
+            return r   ? r
+                   : s ? s
+                       : tlm_err(TLM_ERR_NOMEM, "rank 0 is out of memory for the checkpoint");
+        }
+    }
+    if (sharded && !s) s = gather_moments(t, whole);
+    if (!s && t->rank == 0) {
+        s = tlm_checkpoint_save(t->ckpt, t->m, sharded ? whole : t->opt, &t->st);
+        if (!s) s = tlm_model_save_safetensors(t->m, t->model_path);
+    }
+    tlm_adamw_free(whole);
+    if (t->world > 1) {
+        /* Everyone learns whether the checkpoint exists, so no process goes on alone. */
+        double failed = s != TLM_OK;
+        tlm_status r = h->reduce_sum(h->user, &failed, 1);
+        if (r) return r;
+        if (!s && failed > 0)
+            return tlm_err(TLM_ERR_IO, "another process could not save the checkpoint (see its "
+                                       "error)");
+    }
+    return s;
+}
+
+/* The validation loss of eval_batches batches of B windows, in parts of b windows spread over the
+ * processes: the mean of the parts' means, whatever the split. */
+static tlm_status evaluate_split(tlm_trainer *t, float *val) {
+    const tlm_train_hooks *h = &t->o.hooks;
+    long parts = (long)t->o.eval_batches * t->world * t->K;
+    double r[2] = {0, 0};
+    tlm_status s = eval_chunks(t->x, t->d, TLM_SPLIT_VAL, t->b, t->T, parts, t->o.seed, t->rank,
+                               t->world, t->ids, t->tg, &r[0]);
+    r[1] = s != TLM_OK;
+    if (t->world > 1) {
+        tlm_status e = h->reduce_sum(h->user, r, 2);
+        if (e) return e;
+        if (!s && r[1] > 0) return tlm_err(TLM_ERR_IO, "evaluation failed on another process");
+    }
+    if (s) return s;
+    *val = (float)(r[0] / (double)parts);
+    return TLM_OK;
 }
 
 tlm_status tlm_train_run(tlm_model *m, const tlm_dataset *d, const tlm_train_opts *o) {
@@ -317,13 +440,15 @@ tlm_status tlm_train_run(tlm_model *m, const tlm_dataset *d, const tlm_train_opt
     }
     mkdir(o->out_dir, 0755);
     if ((s = tlm_trainer_new(m, d, o, &t)) != TLM_OK) goto done;
-    if (o->resume) {
+    /* Rank 0 alone writes files; the others keep only what the reductions need. */
+    int writer = t->rank == 0;
+    if (writer && o->resume) {
         if ((s = reload_log(log_path, t->st.step, &hist)) != TLM_OK) goto done;
-    } else {
+    } else if (writer) {
         remove(log_path);
     }
-    log = fopen(log_path, "a");
-    if (!log) {
+    log = writer ? fopen(log_path, "a") : NULL;
+    if (writer && !log) {
         s = tlm_err(TLM_ERR_IO, "cannot open '%s' for writing", log_path);
         goto done;
     }
@@ -354,11 +479,11 @@ tlm_status tlm_train_run(tlm_model *m, const tlm_dataset *d, const tlm_train_opt
         int last = step == o->steps;
         int evaluate = do_eval && (step % o->eval_interval == 0 || last);
         float val = NAN;
-        if (evaluate)
-            val = (float)tlm_evaluate(t->x, d, TLM_SPLIT_VAL, t->B, t->T, o->eval_batches, o->seed);
+        if (evaluate && (s = evaluate_split(t, &val)) != TLM_OK) break;
         tlm_train_progress p = {step,           o->steps,          loss,        val, lr, norm,
                                 (double)N / dt, now_s() - t_start, step - first};
-        if (evaluate || last || (o->log_interval > 0 && step % o->log_interval == 0) || step == 1) {
+        if (writer && (evaluate || last || (o->log_interval > 0 && step % o->log_interval == 0) ||
+                       step == 1)) {
             fprintf(log, "{\"step\": %ld, \"train_loss\": %.6f", step, (double)loss);
             if (evaluate) fprintf(log, ", \"val_loss\": %.6f", (double)val);
             fprintf(log, ", \"lr\": %.6g, \"grad_norm\": %.6g, \"tokens_per_s\": %.1f}\n", lr, norm,
@@ -368,11 +493,18 @@ tlm_status tlm_train_run(tlm_model *m, const tlm_dataset *d, const tlm_train_opt
         }
         int stop = o->stop && *o->stop;
         if (o->on_progress && o->on_progress(o->user, &p)) stop = 1;
+        if (t->world > 1) {
+            /* A stop request on any process (a signal reaches only one) stops them all, after
+             * the same save. */
+            double any = stop;
+            if ((s = hk->reduce_sum(hk->user, &any, 1)) != TLM_OK) break;
+            stop = any > 0;
+        }
         int save = last || stop || evaluate ||
                    (o->checkpoint_interval > 0 && step % o->checkpoint_interval == 0);
         if (save) {
             if ((s = tlm_trainer_save(t)) != TLM_OK) break;
-            if ((s = write_svg(svg_path, &hist, o->steps)) != TLM_OK) break;
+            if (writer && (s = write_svg(svg_path, &hist, o->steps)) != TLM_OK) break;
         }
         if (stop && !last) {
             s = tlm_err(TLM_ERR_INTERRUPTED,
