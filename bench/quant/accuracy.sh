@@ -11,19 +11,20 @@
 #
 # Settings (environment): TLM (build/tlm), LLAMA_BIN (/work/llama.cpp/build/bin: a native
 # llama.cpp build with llama-perplexity), DATA (../shared/data/text/tinystories_2MiB.txt), OUT
-# (bench/quant/out), STEPS (1500), D (256), DFF (768), LAYERS (4), HEADS (4), CTX (256), VOCAB
-# (1024), HELD_BYTES (held-out tail of DATA: 200000), THREADS (2), TYPES (all of tlm quantize's).
-# The table goes to stdout and OUT/accuracy.md. OPENBLAS_CORETYPE is unset (the environment
-# presets Haswell, which would slow tlm's training on AVX-512 machines).
+# (bench/out/quant), STEPS (300: about 5 minutes on 2 cores), D (256), DFF (768), LAYERS (4),
+# HEADS (4), CTX (256), VOCAB (1024), HELD_BYTES (held-out tail of DATA: 100000), THREADS (2),
+# TYPES (all of tlm quantize's). A trained model is reused (OUT/f32.gguf) until deleted. The
+# table goes to stdout and OUT/accuracy.md. OPENBLAS_CORETYPE is unset (the environment presets
+# Haswell, which would slow tlm's training on AVX-512 machines).
 set -euo pipefail
 unset OPENBLAS_CORETYPE
 cd "$(dirname "$0")/../.."
 TLM=${TLM:-build/tlm}
 LLAMA_BIN=${LLAMA_BIN:-/work/llama.cpp/build/bin}
 DATA=${DATA:-../shared/data/text/tinystories_2MiB.txt}
-OUT=${OUT:-bench/quant/out}
-STEPS=${STEPS:-1500} D=${D:-256} DFF=${DFF:-768} LAYERS=${LAYERS:-4} HEADS=${HEADS:-4}
-CTX=${CTX:-256} VOCAB=${VOCAB:-1024} HELD_BYTES=${HELD_BYTES:-200000} THREADS=${THREADS:-2}
+OUT=${OUT:-bench/out/quant}
+STEPS=${STEPS:-300} D=${D:-256} DFF=${DFF:-768} LAYERS=${LAYERS:-4} HEADS=${HEADS:-4}
+CTX=${CTX:-256} VOCAB=${VOCAB:-1024} HELD_BYTES=${HELD_BYTES:-100000} THREADS=${THREADS:-2}
 TYPES=${TYPES:-"f32 f16 bf16 q8_0 q6_k q5_k_m q5_k_s q5_1 q5_0 q4_k_m q4_k_s q4_1 q4_0"}
 for f in "$TLM" "$LLAMA_BIN/llama-perplexity" "$DATA"; do
   [ -e "$f" ] || { echo "accuracy.sh: $f not found" >&2; exit 1; }
