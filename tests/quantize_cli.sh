@@ -33,6 +33,13 @@ cmp -s "$W/a.gguf" "$W/b.gguf" || fail "quantize from .bin and from .gguf differ
 cmp -s "$W/a.gguf" "$W/c.gguf" || fail "convert --type differs from quantize"
 ok
 
+# A quantized input is widened and quantized again, with a warning (llama-quantize refuses).
+"$TLM" quantize "$W/a.gguf" "$W/d.gguf" --type q8_0 2>"$W/log" || fail "requantize: $(cat "$W/log")"
+grep -q "warning: .*a.gguf holds Q8_0 blocks" "$W/log" || fail "no requantize warning: $(head -2 "$W/log")"
+"$TLM" quantize "$W/f32.gguf" "$W/d.gguf" --type q8_0 2>"$W/log"
+grep -q warning "$W/log" && fail "warning for an F32 input"
+ok
+
 # Refusals: clear messages, exit status 1, no file left.
 expect_fail() { # MESSAGE ARGS...
   local want=$1

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include "cli.h"
+#include "core/dtype.h"
 
 static const char *convert_help =
     "usage: tlm convert IN OUT --to gguf|safetensors|hf|llama2c [--dtype f32|f16|bf16]\n"
@@ -110,6 +111,24 @@ static int convert(int argc, char **argv, int quantize) {
     if ((fmt == 2 || fmt == 4) && dt != TLM_DTYPE_F32)
         return cli_fail("convert: --to %s stores f32 only", to);
 
+    if (qtype) {
+        /* llama-quantize refuses to requantize (--allow-requantize); tlm widens and warns. */
+        tlm_file_tensor *ft = NULL;
+        int nft = 0;
+        if (!tlm_model_file_tensors(in, &ft, &nft)) {
+            for (int i = 0; i < nft; i++) {
+                tlm_dtype d;
+                if (tlm_dtype_from_name(ft[i].dtype, &d) && tlm_dtype_get(d)->block_elems > 1) {
+                    fprintf(stderr,
+                            "tlm: warning: %s holds %s blocks ('%s'): they are widened and "
+                            "quantized again, which loses more than quantizing the original\n",
+                            in, ft[i].dtype, ft[i].name);
+                    break;
+                }
+            }
+            free(ft);
+        }
+    }
     tlm_model *m;
     /* Writers read F32 weights: a writable copy widens whatever the file holds. */
     if (tlm_model_load_ex(in, TLM_LOAD_WRITABLE, &m)) return cli_fail_status(cmd);
