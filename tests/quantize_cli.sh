@@ -61,7 +61,7 @@ ok
 # --llama-ppl: floor(n / T) chunks of T tokens (n counts the BOS llama.cpp adds for this
 # SentencePiece vocabulary), each predicting T - 1 - T/2 tokens; the model in either file gives
 # the same figure.
-head -c 20000 "$DATA/text/tinystories_2MiB.txt" >"$W/text.txt"
+head -c 8000 "$DATA/text/tinystories_2MiB.txt" >"$W/text.txt"
 n=$("$TLM" eval -m "$M/stories260K.bin" -z "$M/tok512.bin" --data "$W/text.txt" --json |
   /usr/bin/python3 -c "import json,sys; print(json.load(sys.stdin)['tokens'] + 1)")
 want=$(((n + 1) / 512 * (512 - 1 - 256)))
