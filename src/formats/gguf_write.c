@@ -5,7 +5,12 @@
  * Strings are u64 length + bytes. Matrices are [out, in] row-major in tlm, which is ggml's layout
  * with ne0 = in, so the data is written as it is. llama.cpp rotates adjacent pairs for `llama`,
  * so half-pairing q/k rows are reordered. The vocabulary goes in tokenizer.ggml.*, written by the
- * tokenizer (tokenizer/tok_gguf.h); the container itself by io/gguf_writer.h. */
+ * tokenizer (tokenizer/tok_gguf.h); the container itself by io/gguf_writer.h.
+ *
+ * Quantized files (tlm_model_quantize_gguf) follow llama-quantize: its per-tensor types, its
+ * tensor order and its keys, so that quantizing a tlm-written F32 GGUF with either tool gives the
+ * same file. The metadata is always tlm's own: from a GGUF written elsewhere, keys tlm does not
+ * model (chat templates, names) are not carried over, unlike llama-quantize, which copies them. */
 #include <stdlib.h>
 #include <string.h>
 
