@@ -82,10 +82,21 @@ for t in $TYPES; do
   mib=$(awk -v s="$(stat -c %s "$f")" 'BEGIN { printf "%.2f", s / 1048576 }')
   ours=$("$TLM" eval -m "$f" --data "$OUT/held.txt" --llama-ppl --json -t "$THREADS" |
     /usr/bin/python3 -c "import json,sys; print('%.4f' % json.load(sys.stdin)['perplexity'])")
-  "$LLAMA_BIN/llama-perplexity" -m "$f" -f "$OUT/held.txt" -c "$CTX" -b "$CTX" -t "$THREADS" \
-    >"$OUT/$t.perplexity.log" 2>&1 || true
-  theirs=$(sed -n 's/.*Final estimate: PPL = \([0-9.]*\).*/\1/p' "$OUT/$t.perplexity.log")
-  [ -n "$theirs" ] || { echo "llama-perplexity failed on $f:" >&2; tail -5 "$OUT/$t.perplexity.log" >&2; exit 1; }
+  # llama.cpp logs from a thread of its own, and under load its last lines (the final estimate)
+  # are sometimes lost at exit with status 0: run it again then.
+  theirs="" rc=0
+  for attempt in 1 2 3; do
+    rc=0
+    "$LLAMA_BIN/llama-perplexity" -m "$f" -f "$OUT/held.txt" -c "$CTX" -b "$CTX" -t "$THREADS" \
+      </dev/null >"$OUT/$t.perplexity.log" 2>&1 || rc=$?
+    theirs=$(sed -n 's/.*Final estimate: PPL = \([0-9.]*\).*/\1/p' "$OUT/$t.perplexity.log")
+    [ -n "$theirs" ] && break
+  done
+  if [ -z "$theirs" ]; then
+    echo "llama-perplexity failed on $f (exit status $rc):" >&2
+    tail -5 "$OUT/$t.perplexity.log" >&2
+    exit 1
+  fi
   [ -z "$f32_ppl" ] && f32_ppl=$ours
   awk -v t="$t" -v mib="$mib" -v bpw="$(bpw "$f")" -v a="$ours" -v b="$theirs" -v f="$f32_ppl" \
     'BEGIN { printf "| %s | %s | %s | %s | %s | %.4f | %+.2f%% |\n", t, mib, bpw, a, b, a / b,
