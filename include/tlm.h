@@ -515,6 +515,45 @@ tlm_status tlm_model_load_gguf(const char *path, tlm_model **out);
 tlm_status tlm_model_save_gguf(const tlm_model *m, const tlm_tokenizer *tok, const char *path,
                                tlm_dtype dtype);
 
+/* Quantized GGUF, as llama.cpp's llama-quantize writes it without an importance matrix: the same
+ * type for each tensor (the _M mixes give some attn_v and ffn_down layers and output.weight more
+ * bits; 1-D tensors stay F32; rows that are not whole blocks fall back to Q5_0, Q5_1, Q8_0 or F16)
+ * and the same bytes (ggml's reference quantizers; tensors in llama.cpp's order). The values are
+ * llama.cpp's general.file_type. */
+typedef enum {
+    TLM_FTYPE_F32 = 0,
+    TLM_FTYPE_F16 = 1,
+    TLM_FTYPE_Q4_0 = 2,
+    TLM_FTYPE_Q4_1 = 3,
+    TLM_FTYPE_Q8_0 = 7,
+    TLM_FTYPE_Q5_0 = 8,
+    TLM_FTYPE_Q5_1 = 9,
+    TLM_FTYPE_Q4_K_S = 14,
+    TLM_FTYPE_Q4_K_M = 15,
+    TLM_FTYPE_Q5_K_S = 16,
+    TLM_FTYPE_Q5_K_M = 17,
+    TLM_FTYPE_Q6_K = 18,
+    TLM_FTYPE_BF16 = 32
+} tlm_ftype;
+
+/* "q4_k_m", "Q8_0", "f16", ... (case-insensitive); 0 if unknown. */
+int tlm_ftype_from_name(const char *name, tlm_ftype *out);
+/* Lower-case name, "?" for a value outside the enum. */
+const char *tlm_ftype_name(tlm_ftype f);
+
+typedef struct {
+    tlm_ftype ftype;
+    /* Called before each tensor is written (i of n, in file order) with its type and size; may be
+     * NULL. Runs on the calling thread. */
+    void (*progress)(void *user, int i, int n, const char *name, tlm_dtype type, size_t bytes);
+    void *user;
+} tlm_quantize_opts;
+
+/* Writes m (F32 weights: load with TLM_LOAD_WRITABLE) as a GGUF of file type o->ftype to path
+ * (a temporary file renamed into place), with tok's vocabulary when tok is given. */
+tlm_status tlm_model_quantize_gguf(const tlm_model *m, const tlm_tokenizer *tok, const char *path,
+                                   const tlm_quantize_opts *o);
+
 /* One tensor as a model file stores it, for `tlm info -m`. */
 typedef struct {
     char name[128]; /* the file's own name (llama2.c files have none: canonical names) */

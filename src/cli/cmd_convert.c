@@ -5,10 +5,11 @@
 #include <sys/stat.h>
 
 #include "cli.h"
+#include "core/dtype.h"
 
 static const char *convert_help =
     "usage: tlm convert IN OUT --to gguf|safetensors|hf|llama2c [--dtype f32|f16|bf16]\n"
-    "                   [-z TOKENIZER] [--llama2c-version 0|1]\n\n"
+    "                   [--type TYPE] [-z TOKENIZER] [--llama2c-version 0|1]\n\n"
     "Reads IN (tlm checkpoint, llama2.c .bin, .gguf, Hugging Face directory) and writes OUT:\n"
     "  gguf         GGUF v3, arch llama, with the vocabulary (llama.cpp loads it)\n"
     "  safetensors  a tlm checkpoint: OUT.safetensors, or a directory OUT with\n"
@@ -16,6 +17,20 @@ static const char *convert_help =
     "  hf           a Hugging Face directory (LlamaForCausalLM or GPT2LMHeadModel)\n"
     "  llama2c      llama2.c .bin (legacy by default: what run.c reads)\n\n"
     "  --dtype T           element type of matrices (gguf, hf): f32 (default), f16, bf16\n"
+    "  --type TYPE         GGUF as llama-quantize writes it (implies --to gguf; see\n"
+    "                      tlm quantize --help for the types)\n"
+    "  -z, --tokenizer P   tokenizer to embed (default: the one IN carries, if any)\n";
+
+static const char *quantize_help =
+    "usage: tlm quantize IN OUT --type TYPE [-z TOKENIZER]\n\n"
+    "Writes any model tlm reads (tlm checkpoint, llama2.c .bin, .gguf, Hugging Face directory) as\n"
+    "a GGUF file of TYPE, the bytes llama.cpp's llama-quantize writes from the same F32 weights\n"
+    "(no importance matrix): the same type per tensor, the same quantized blocks.\n\n"
+    "  --type TYPE  q8_0, q4_0, q4_1, q5_0, q5_1, q4_k_m, q4_k_s, q5_k_m, q5_k_s, q6_k,\n"
+    "               f16, bf16, f32. The _M mixes give the attn_v and ffn_down weights of\n"
+    "               some layers Q6_K; output.weight (or a tied token_embd) is Q6_K except for\n"
+    "               q8_0; 1-D tensors stay F32; matrices whose rows are not whole 256-blocks\n"
+    "               fall back (Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0).\n"
     "  -z, --tokenizer P   tokenizer to embed (default: the one IN carries, if any)\n";
 
 static int ends_with(const char *s, const char *suf) {
@@ -23,37 +38,61 @@ static int ends_with(const char *s, const char *suf) {
     return n >= m && !strcmp(s + n - m, suf);
 }
 
-int cmd_convert(int argc, char **argv) {
-    const char *in = NULL, *out = NULL, *to = NULL, *dtype = "f32", *tokp = NULL;
+/* One line per tensor on stderr while a quantized file is written. */
+static void quantize_progress(void *user, int i, int n, const char *name, tlm_dtype type,
+                              size_t bytes) {
+    fprintf(stderr, "[%4d/%4d] %-32s %-5s %10.3f MiB\n", i + 1, n, name, tlm_dtype_name(type),
+            (double)bytes / (1024.0 * 1024.0));
+}
+
+/* convert and quantize share everything: quantize is convert --to gguf --type. */
+static int convert(int argc, char **argv, int quantize) {
+    const char *in = NULL, *out = NULL, *to = quantize ? "gguf" : NULL, *dtype = "f32",
+               *tokp = NULL, *qtype = NULL;
+    const char *cmd = quantize ? "quantize" : "convert";
     long l2c_version = 0;
     for (int i = 1; i < argc; i++) {
         const char *v;
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            fputs(convert_help, stdout);
+            fputs(quantize ? quantize_help : convert_help, stdout);
             return 0;
-        } else if (cli_flag_value(argc, argv, &i, "--to", NULL, &v)) {
+        } else if (cli_flag_value(argc, argv, &i, "--type", NULL, &v)) {
+            if (!v) return cli_fail("%s: --type needs a value", cmd);
+            qtype = v;
+        } else if (!quantize && cli_flag_value(argc, argv, &i, "--to", NULL, &v)) {
             if (!v) return cli_fail("convert: --to needs a value");
             to = v;
-        } else if (cli_flag_value(argc, argv, &i, "--dtype", NULL, &v)) {
+        } else if (!quantize && cli_flag_value(argc, argv, &i, "--dtype", NULL, &v)) {
             if (!v) return cli_fail("convert: --dtype needs a value");
             dtype = v;
         } else if (cli_flag_value(argc, argv, &i, "-z", "--tokenizer", &v)) {
-            if (!v) return cli_fail("convert: %s needs a value", argv[i]);
+            if (!v) return cli_fail("%s: %s needs a value", cmd, argv[i]);
             tokp = v;
-        } else if (cli_flag_value(argc, argv, &i, "--llama2c-version", NULL, &v)) {
+        } else if (!quantize && cli_flag_value(argc, argv, &i, "--llama2c-version", NULL, &v)) {
             if (!v || !cli_parse_int(v, &l2c_version) || l2c_version < 0 || l2c_version > 1)
                 return cli_fail("convert: --llama2c-version must be 0 or 1");
         } else if (argv[i][0] == '-' && argv[i][1]) {
-            return cli_fail("convert: unknown option '%s' (see tlm convert --help)", argv[i]);
+            return cli_fail("%s: unknown option '%s' (see tlm %s --help)", cmd, argv[i], cmd);
         } else if (!in) {
             in = argv[i];
         } else if (!out) {
             out = argv[i];
         } else {
-            return cli_fail("convert: unexpected argument '%s'", argv[i]);
+            return cli_fail("%s: unexpected argument '%s'", cmd, argv[i]);
         }
     }
+    if (qtype && !to) to = "gguf";
+    if (quantize && (!in || !out || !qtype))
+        return cli_fail("quantize: usage: tlm quantize IN OUT --type TYPE");
     if (!in || !out || !to) return cli_fail("convert: usage: tlm convert IN OUT --to FORMAT");
+    tlm_ftype ftype = TLM_FTYPE_F32;
+    if (qtype) {
+        if (!tlm_ftype_from_name(qtype, &ftype))
+            return cli_fail("%s: unknown --type '%s' (q8_0, q4_0, q4_1, q5_0, q5_1, q4_k_m, "
+                            "q4_k_s, q5_k_m, q5_k_s, q6_k, f16, bf16, f32)",
+                            cmd, qtype);
+        if (strcmp(to, "gguf")) return cli_fail("convert: --type writes GGUF (--to gguf)");
+    }
     tlm_dtype dt;
     if (!strcmp(dtype, "f32"))
         dt = TLM_DTYPE_F32;
@@ -72,14 +111,32 @@ int cmd_convert(int argc, char **argv) {
     if ((fmt == 2 || fmt == 4) && dt != TLM_DTYPE_F32)
         return cli_fail("convert: --to %s stores f32 only", to);
 
+    if (qtype) {
+        /* llama-quantize refuses to requantize (--allow-requantize); tlm widens and warns. */
+        tlm_file_tensor *ft = NULL;
+        int nft = 0;
+        if (!tlm_model_file_tensors(in, &ft, &nft)) {
+            for (int i = 0; i < nft; i++) {
+                tlm_dtype d;
+                if (tlm_dtype_from_name(ft[i].dtype, &d) && tlm_dtype_get(d)->block_elems > 1) {
+                    fprintf(stderr,
+                            "tlm: warning: %s holds %s blocks ('%s'): they are widened and "
+                            "quantized again, which loses more than quantizing the original\n",
+                            in, ft[i].dtype, ft[i].name);
+                    break;
+                }
+            }
+            free(ft);
+        }
+    }
     tlm_model *m;
     /* Writers read F32 weights: a writable copy widens whatever the file holds. */
-    if (tlm_model_load_ex(in, TLM_LOAD_WRITABLE, &m)) return cli_fail_status("convert");
+    if (tlm_model_load_ex(in, TLM_LOAD_WRITABLE, &m)) return cli_fail_status(cmd);
     tlm_tokenizer *tok = NULL;
     if (tokp) {
         if (tlm_tokenizer_load(tokp, &tok)) {
             tlm_model_free(m);
-            return cli_fail_status("convert: tokenizer");
+            return cli_fail("%s: tokenizer: %s", cmd, tlm_last_error());
         }
     } else if (tlm_tokenizer_load(in, &tok)) {
         /* A tlm checkpoint keeps it in DIR/tokenizer; llama2.c .bin and HF directories carry none
@@ -101,7 +158,12 @@ int cmd_convert(int argc, char **argv) {
         if (!tok)
             fprintf(stderr, "tlm: warning: no tokenizer (give -z): %s will have no vocabulary\n",
                     out);
-        s = tlm_model_save_gguf(m, tok, out, dt);
+        if (qtype) {
+            tlm_quantize_opts qo = {ftype, quantize_progress, NULL};
+            s = tlm_model_quantize_gguf(m, tok, out, &qo);
+        } else {
+            s = tlm_model_save_gguf(m, tok, out, dt);
+        }
         break;
     case 2:
         if (ends_with(out, ".safetensors")) {
@@ -129,7 +191,13 @@ int cmd_convert(int argc, char **argv) {
     }
     tlm_tokenizer_free(tok);
     tlm_model_free(m);
-    if (s) return cli_fail_status("convert");
-    fprintf(stderr, "wrote %s (%s)\n", out, to);
+    if (s) return cli_fail_status(cmd);
+    if (qtype)
+        fprintf(stderr, "wrote %s (gguf, %s)\n", out, tlm_ftype_name(ftype));
+    else
+        fprintf(stderr, "wrote %s (%s)\n", out, to);
     return 0;
 }
+
+int cmd_convert(int argc, char **argv) { return convert(argc, argv, 0); }
+int cmd_quantize(int argc, char **argv) { return convert(argc, argv, 1); }

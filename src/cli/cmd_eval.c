@@ -18,11 +18,17 @@ static const char *eval_help =
     "  --batch B             windows per forward pass (default 8)\n"
     "  -t, --threads N       threads (default: all cores)\n"
     "  --json                print {\"loss\", \"perplexity\", \"bits_per_byte\", \"tokens\"}\n"
-    "  --no-mmap             read the weights into memory instead of using the file in place\n";
+    "  --no-mmap             read the weights into memory instead of using the file in place\n"
+    "  --llama-ppl           score as llama.cpp's llama-perplexity does (to compare the two):\n"
+    "                        the text's tokens (after a BOS where the vocabulary adds one) cut\n"
+    "                        into chunks of context_length, each chunk's first token replaced\n"
+    "                        by BOS, only the second half of each chunk predicted; a last\n"
+    "                        partial chunk is left out; special tokens in the text are plain\n"
+    "                        text\n";
 
 int cmd_eval(int argc, char **argv) {
     const char *model = NULL, *tokenizer = NULL, *data = NULL;
-    int json = 0, no_mmap = 0;
+    int json = 0, no_mmap = 0, llama_ppl = 0;
     long batch = 8, threads = 0;
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -48,6 +54,8 @@ int cmd_eval(int argc, char **argv) {
             json = 1;
         } else if (!strcmp(argv[i], "--no-mmap")) {
             no_mmap = 1;
+        } else if (!strcmp(argv[i], "--llama-ppl")) {
+            llama_ppl = 1;
         } else {
             return cli_fail("eval: unknown option '%s' (see tlm eval --help)", argv[i]);
         }
@@ -71,7 +79,13 @@ int cmd_eval(int argc, char **argv) {
         rc = cli_fail("eval: no tokenizer travels with '%s'; give -z TOKENIZER", model);
     }
     if (!rc && tlm_read_file(data, &text, &len)) rc = cli_fail_status("eval");
-    if (!rc && tlm_tokenizer_encode(tok, text, len, TLM_ENCODE_ALLOW_SPECIAL, &ids, &n))
+    /* llama-perplexity adds BOS where the GGUF vocabulary says so, which tlm writes for
+     * SentencePiece vocabularies with a BOS (tokenizer.ggml.add_bos_token), and reads special
+     * tokens in the text as plain text. */
+    int bos = tok ? tlm_tokenizer_bos(tok) : -1;
+    int add_bos = llama_ppl && tok && tlm_tokenizer_get_kind(tok) == TLM_TOKENIZER_SPM && bos >= 0;
+    unsigned enc = llama_ppl ? (add_bos ? TLM_ENCODE_ADD_BOS : 0u) : TLM_ENCODE_ALLOW_SPECIAL;
+    if (!rc && tlm_tokenizer_encode(tok, text, len, enc, &ids, &n))
         rc = cli_fail_status("eval: tokenizing");
     const tlm_config *c = rc ? NULL : tlm_model_config(m);
     if (!rc && n < 2) rc = cli_fail("eval: the text has fewer than 2 tokens");
@@ -83,10 +97,14 @@ int cmd_eval(int argc, char **argv) {
                 break;
             }
     }
+    if (!rc && llama_ppl && n < 2 * (size_t)c->context_length)
+        rc = cli_fail("eval: --llama-ppl needs at least 2 chunks of %d tokens; the text has %zu",
+                      c->context_length, n);
     if (!rc) {
-        /* Consecutive windows: window w predicts tokens w*T+1 .. (w+1)*T from the ones before. */
+        /* Consecutive windows: window w predicts tokens w*T+1 .. (w+1)*T from the ones before.
+         * With --llama-ppl, chunk w is tokens w*T .. (w+1)*T - 1 and predicts its second half. */
         int T = c->context_length;
-        size_t windows = (n - 1 + (size_t)T - 1) / (size_t)T;
+        size_t windows = llama_ppl ? n / (size_t)T : (n - 1 + (size_t)T - 1) / (size_t)T;
         int B = (int)batch;
         int32_t *x = malloc((size_t)B * T * sizeof *x), *y = malloc((size_t)B * T * sizeof *y);
         tlm_train_ctx *ctx = NULL;
@@ -100,6 +118,10 @@ int cmd_eval(int argc, char **argv) {
                     /* The last window is padded: padding predicts nothing (target -1). */
                     x[b * T + t] = i < n ? ids[i] : 0;
                     y[b * T + t] = i + 1 < n ? ids[i + 1] : -1;
+                    if (llama_ppl) {
+                        if (t == 0 && add_bos) x[b * T] = bos;
+                        y[b * T + t] = t >= T / 2 && t < T - 1 ? ids[i + 1] : -1;
+                    }
                 }
             int cnt = 0;
             for (int i = 0; i < nb * T; i++) cnt += y[i] >= 0;

@@ -18,6 +18,7 @@ static const command commands[] = {
     {"tokenize", cmd_tokenize, "text on stdin -> token ids on stdout"},
     {"tokenizer", cmd_tokenizer, "tokenizer tools: `tlm tokenizer train`"},
     {"convert", cmd_convert, "convert a model between formats (gguf, safetensors, hf, llama2c)"},
+    {"quantize", cmd_quantize, "write a quantized GGUF (q8_0, q4_k_m, ...) as llama-quantize does"},
 };
 
 static void usage(FILE *f) {

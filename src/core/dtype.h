@@ -28,5 +28,10 @@ int tlm_dtype_from_name(const char *name, tlm_dtype *out);
 /* Widens n elements (a whole number of blocks) of a float type to floats. TLM_ERR_UNSUPPORTED
  * for integer types. src needs no alignment. */
 tlm_status tlm_dtype_to_f32(tlm_dtype t, const void *src, float *dst, size_t n);
+/* The inverse: n floats (a whole number of blocks) to type t, byte for byte what ggml's reference
+ * quantizers write without an importance matrix (llama-quantize's output); F16 and BF16 round to
+ * nearest even. dst needs no alignment. TLM_ERR_UNSUPPORTED for non-float types and F64.
+ * (src/core/quantize.c) */
+tlm_status tlm_dtype_from_f32(tlm_dtype t, const float *src, void *dst, size_t n);
 
 #endif

@@ -5,37 +5,43 @@
  * Strings are u64 length + bytes. Matrices are [out, in] row-major in tlm, which is ggml's layout
  * with ne0 = in, so the data is written as it is. llama.cpp rotates adjacent pairs for `llama`,
  * so half-pairing q/k rows are reordered. The vocabulary goes in tokenizer.ggml.*, written by the
- * tokenizer (tokenizer/tok_gguf.h); the container itself by io/gguf_writer.h. */
+ * tokenizer (tokenizer/tok_gguf.h); the container itself by io/gguf_writer.h.
+ *
+ * Quantized files (tlm_model_quantize_gguf) follow llama-quantize: its per-tensor types, its
+ * tensor order and its keys, so that quantizing a tlm-written F32 GGUF with either tool gives the
+ * same file. The metadata is always tlm's own: from a GGUF written elsewhere, keys tlm does not
+ * model (chat templates, names) are not carried over, unlike llama-quantize, which copies them. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/dtype.h"
-#include "core/half.h"
 #include "formats/formats.h"
 #include "io/gguf_writer.h"
 #include "tokenizer/tok_gguf.h"
 
 #define GGUF_ALIGN 32
+#define GGML_QNT_VERSION 2 /* general.quantization_version of the current block layouts */
 
-/* Element type a tensor is written with: vectors stay F32 (llama.cpp's converters keep norms
- * F32 and its CPU kernels expect them so). */
-static tlm_dtype tensor_type(const tlm_tensor_info *ti, tlm_dtype dt) {
-    return ti->ndim == 1 ? TLM_DTYPE_F32 : dt;
-}
+/* What a GGUF file holds beyond the model: each schema tensor's type, the order the tensors are
+ * written in, and how general.file_type is recorded. */
+typedef struct {
+    const tlm_dtype *types; /* [n_tensors] in schema order */
+    const int *order;       /* [n_tensors] schema indices in file order */
+    uint32_t file_type;
+    /* llama-quantize's key layout: general.file_type moves to the end, after
+     * general.quantization_version (it removes and re-appends the keys it sets). */
+    int quantized_layout;
+    const tlm_quantize_opts *progress; /* may be NULL */
+} gguf_plan;
 
-static size_t type_size(tlm_dtype t) { return tlm_dtype_get(t)->block_bytes; }
-
-tlm_status tlm_model_save_gguf(const tlm_model *m, const tlm_tokenizer *tok, const char *path,
-                               tlm_dtype dtype) {
+static tlm_status write_gguf(const tlm_model *m, const tlm_tokenizer *tok, const char *path,
+                             const gguf_plan *plan) {
     const tlm_config *c = &m->c;
     char why[96];
     if (!fmt_is_llama_style(c, why, sizeof why))
         return tlm_err(TLM_ERR_UNSUPPORTED, "GGUF export supports Llama-style models: %s", why);
     tlm_status fs = fmt_need_f32(m, "GGUF export");
     if (fs) return fs;
-    if (dtype != TLM_DTYPE_F32 && dtype != TLM_DTYPE_F16 && dtype != TLM_DTYPE_BF16)
-        return tlm_err(TLM_ERR_UNSUPPORTED, "GGUF export writes F32, F16 or BF16, not %s",
-                       tlm_dtype_name(dtype));
     if (tok && tlm_tokenizer_vocab_size(tok) != c->vocab_size)
         return tlm_err(TLM_ERR_ARG, "tokenizer has %d tokens but the model's vocab_size is %d",
                        (int)tlm_tokenizer_vocab_size(tok), c->vocab_size);
@@ -45,10 +51,7 @@ tlm_status tlm_model_save_gguf(const tlm_model *m, const tlm_tokenizer *tok, con
     tlm_gguf_write_str(&w, "general.architecture", "llama");
     tlm_gguf_write_str(&w, "general.name", "tlm");
     tlm_gguf_write_u32(&w, "general.alignment", GGUF_ALIGN);
-    tlm_gguf_write_u32(&w, "general.file_type",
-                       dtype == TLM_DTYPE_F32   ? 0
-                       : dtype == TLM_DTYPE_F16 ? 1
-                                                : 32);
+    if (!plan->quantized_layout) tlm_gguf_write_u32(&w, "general.file_type", plan->file_type);
     tlm_gguf_write_u32(&w, "llama.context_length", (uint32_t)c->context_length);
     tlm_gguf_write_u32(&w, "llama.embedding_length", (uint32_t)c->d_model);
     tlm_gguf_write_u32(&w, "llama.block_count", (uint32_t)c->n_layers);
@@ -60,14 +63,23 @@ tlm_status tlm_model_save_gguf(const tlm_model *m, const tlm_tokenizer *tok, con
     tlm_gguf_write_u32(&w, "llama.rope.dimension_count", (uint32_t)hd);
     tlm_status s = tlm_gguf_write_u32(&w, "llama.vocab_size", (uint32_t)c->vocab_size);
     if (!s && tok) s = tok_gguf_write_vocab(&w, tok);
-    /* Tensor infos in schema order. */
+    if (!s && plan->quantized_layout) {
+        tlm_gguf_write_u32(&w, "general.quantization_version", GGML_QNT_VERSION);
+        s = tlm_gguf_write_u32(&w, "general.file_type", plan->file_type);
+    }
     size_t max_numel = 0;
-    for (int i = 0; i < m->n_tensors && !s; i++) {
+    for (int k = 0; k < m->n_tensors && !s; k++) {
+        int i = plan->order[k];
         const tlm_tensor_info *t = &m->tensors[i];
         uint64_t dims[2] = {(uint64_t)t->shape[t->ndim - 1], (uint64_t)t->shape[0]};
-        tlm_dtype ty = tensor_type(t, dtype);
-        s = tlm_gguf_write_tensor(&w, t->name, (uint32_t)t->ndim, dims,
-                                  (uint32_t)tlm_dtype_get(ty)->ggml, t->numel * type_size(ty));
+        tlm_dtype ty = plan->types[i];
+        size_t bytes = tlm_dtype_bytes(ty, t->numel);
+        if (!bytes)
+            s = tlm_err(TLM_ERR_ARG, "tensor '%s': %zu columns are not whole %s blocks", t->name,
+                        (size_t)dims[0], tlm_dtype_name(ty));
+        else
+            s = tlm_gguf_write_tensor(&w, t->name, (uint32_t)t->ndim, dims,
+                                      (uint32_t)tlm_dtype_get(ty)->ggml, bytes);
         if (t->numel > max_numel) max_numel = t->numel;
     }
     uint8_t *head = NULL;
@@ -77,20 +89,22 @@ tlm_status tlm_model_save_gguf(const tlm_model *m, const tlm_tokenizer *tok, con
         tlm_gguf_writer_free(&w);
         return s;
     }
+    /* Every type is at most 4 bytes an element, so one F32-sized buffer holds any output. */
     float *scratch = malloc(max_numel * sizeof(float));
-    uint16_t *half = malloc(max_numel * sizeof(uint16_t));
-    if (!scratch || !half) {
+    uint8_t *out = malloc(max_numel * sizeof(float));
+    if (!scratch || !out) {
         tlm_gguf_writer_free(&w);
         free(head);
         free(scratch);
-        free(half);
+        free(out);
         return tlm_err(TLM_ERR_NOMEM, "out of memory");
     }
     tlm_atomic_file a;
     s = tlm_atomic_open(&a, path);
     if (!s) s = tlm_atomic_write(&a, head, head_len);
     free(head);
-    for (int i = 0; i < m->n_tensors && !s; i++) {
+    for (int k = 0; k < m->n_tensors && !s; k++) {
+        int i = plan->order[k];
         const tlm_tensor_info *t = &m->tensors[i];
         const float *src = tlm_wf(&m->w[i]);
         int is_q = strstr(t->name, ".attn_q.weight") != NULL;
@@ -100,13 +114,27 @@ tlm_status tlm_model_save_gguf(const tlm_model *m, const tlm_tokenizer *tok, con
             s = fmt_permute_qk(scratch, NULL, (int)t->shape[0], (int)t->shape[1], hd, 1);
             src = scratch;
         }
-        tlm_dtype ty = tensor_type(t, dtype);
-        size_t bytes = t->numel * type_size(ty);
-        if (!s && ty == TLM_DTYPE_F32) s = tlm_atomic_write(&a, src, bytes);
-        if (!s && ty != TLM_DTYPE_F32) {
-            for (size_t k = 0; k < t->numel; k++)
-                half[k] = ty == TLM_DTYPE_F16 ? tlm_f32_to_f16(src[k]) : tlm_f32_to_bf16(src[k]);
-            s = tlm_atomic_write(&a, half, bytes);
+        tlm_dtype ty = plan->types[i];
+        size_t bytes = tlm_dtype_bytes(ty, t->numel);
+        const tlm_quantize_opts *p = plan->progress;
+        if (p && p->progress) p->progress(p->user, k, m->n_tensors, t->name, ty, bytes);
+        if (!s && ty == TLM_DTYPE_F32) {
+            s = tlm_atomic_write(&a, src, bytes);
+        } else if (!s) {
+            /* Rows are independent and the quantizers pure: threads change nothing in the bytes. */
+            size_t rows = t->ndim == 2 ? (size_t)t->shape[0] : 1, cols = t->numel / rows;
+            size_t row_bytes = bytes / rows;
+            tlm_status rs = TLM_OK;
+#pragma omp parallel for schedule(dynamic, 16) if (t->numel >= 65536)
+            for (size_t r = 0; r < rows; r++) {
+                tlm_status e = tlm_dtype_from_f32(ty, src + r * cols, out + r * row_bytes, cols);
+                if (e) {
+#pragma omp critical
+                    rs = e;
+                }
+            }
+            s = rs ? tlm_err_context(rs, "tensor '%s'", t->name) : TLM_OK;
+            if (!s) s = tlm_atomic_write(&a, out, bytes);
         }
         static const uint8_t zeros[GGUF_ALIGN];
         size_t pad = tlm_gguf_writer_pad(&w, bytes);
@@ -114,10 +142,204 @@ tlm_status tlm_model_save_gguf(const tlm_model *m, const tlm_tokenizer *tok, con
     }
     tlm_gguf_writer_free(&w);
     free(scratch);
-    free(half);
+    free(out);
     if (s) {
         tlm_atomic_abort(&a);
         return tlm_err_context(s, "writing %s", path);
     }
     return tlm_atomic_commit(&a);
+}
+
+tlm_status tlm_model_save_gguf(const tlm_model *m, const tlm_tokenizer *tok, const char *path,
+                               tlm_dtype dtype) {
+    if (dtype != TLM_DTYPE_F32 && dtype != TLM_DTYPE_F16 && dtype != TLM_DTYPE_BF16)
+        return tlm_err(TLM_ERR_UNSUPPORTED,
+                       "GGUF export writes F32, F16 or BF16, not %s (tlm_model_quantize_gguf "
+                       "writes quantized types)",
+                       tlm_dtype_name(dtype));
+    tlm_dtype *types = malloc(sizeof *types * (size_t)m->n_tensors);
+    int *order = malloc(sizeof *order * (size_t)m->n_tensors);
+    if (!types || !order) {
+        free(types);
+        free(order);
+        return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    }
+    /* Vectors stay F32 (llama.cpp's converters keep norms F32 and its CPU kernels expect them so);
+     * tensors go in schema order, which keeps q, k, v adjacent for stacked views. */
+    for (int i = 0; i < m->n_tensors; i++) {
+        types[i] = m->tensors[i].ndim == 1 ? TLM_DTYPE_F32 : dtype;
+        order[i] = i;
+    }
+    gguf_plan plan = {types, order,
+                      dtype == TLM_DTYPE_F32   ? 0
+                      : dtype == TLM_DTYPE_F16 ? 1
+                                               : 32,
+                      0, NULL};
+    tlm_status s = write_gguf(m, tok, path, &plan);
+    free(types);
+    free(order);
+    return s;
+}
+
+/* ---- tlm_model_quantize_gguf: llama-quantize's choices (src/llama-quant.cpp) --------------- */
+
+static const struct {
+    const char *name;
+    tlm_ftype ftype;
+    tlm_dtype base; /* the type of most matrices */
+} ftypes[] = {
+    {"f32", TLM_FTYPE_F32, TLM_DTYPE_F32},        {"f16", TLM_FTYPE_F16, TLM_DTYPE_F16},
+    {"bf16", TLM_FTYPE_BF16, TLM_DTYPE_BF16},     {"q8_0", TLM_FTYPE_Q8_0, TLM_DTYPE_Q8_0},
+    {"q4_0", TLM_FTYPE_Q4_0, TLM_DTYPE_Q4_0},     {"q4_1", TLM_FTYPE_Q4_1, TLM_DTYPE_Q4_1},
+    {"q5_0", TLM_FTYPE_Q5_0, TLM_DTYPE_Q5_0},     {"q5_1", TLM_FTYPE_Q5_1, TLM_DTYPE_Q5_1},
+    {"q4_k_s", TLM_FTYPE_Q4_K_S, TLM_DTYPE_Q4_K}, {"q4_k_m", TLM_FTYPE_Q4_K_M, TLM_DTYPE_Q4_K},
+    {"q5_k_s", TLM_FTYPE_Q5_K_S, TLM_DTYPE_Q5_K}, {"q5_k_m", TLM_FTYPE_Q5_K_M, TLM_DTYPE_Q5_K},
+    {"q6_k", TLM_FTYPE_Q6_K, TLM_DTYPE_Q6_K},
+};
+#define N_FTYPES (int)(sizeof ftypes / sizeof *ftypes)
+
+static int ftype_index(tlm_ftype f) {
+    for (int i = 0; i < N_FTYPES; i++)
+        if (ftypes[i].ftype == f) return i;
+    return -1;
+}
+
+int tlm_ftype_from_name(const char *name, tlm_ftype *out) {
+    for (int i = 0; i < N_FTYPES; i++) {
+        const char *a = ftypes[i].name, *b = name;
+        while (*a && *b && (*b == *a || *b == *a - 'a' + 'A')) a++, b++;
+        if (!*a && !*b) {
+            *out = ftypes[i].ftype;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+const char *tlm_ftype_name(tlm_ftype f) {
+    int i = ftype_index(f);
+    return i < 0 ? "?" : ftypes[i].name;
+}
+
+static int is_quantized(tlm_dtype t) { return tlm_dtype_get(t)->block_elems > 1; }
+
+/* llama.cpp's choice of extra bits for some layers of the _M mixes: the first and last eighth and
+ * every third layer between. */
+static int use_more_bits(int i_layer, int n_layers) {
+    return i_layer < n_layers / 8 || i_layer >= 7 * n_layers / 8 ||
+           (i_layer - n_layers / 8) % 3 == 2;
+}
+
+static int ends_with(const char *s, const char *suf) {
+    size_t n = strlen(s), k = strlen(suf);
+    return n >= k && !strcmp(s + n - k, suf);
+}
+
+/* llama.cpp's tensor order in files it writes: by layer (tensors outside the blocks first), then
+ * by name. */
+static int tensor_layer(const char *name) {
+    int l = -1;
+    if (!strncmp(name, "blk.", 4)) {
+        char *end;
+        long v = strtol(name + 4, &end, 10);
+        if (end != name + 4 && *end == '.') l = (int)v;
+    }
+    return l;
+}
+
+/* 1 if tensor a goes before b in llama.cpp's order. */
+static int llama_before(const char *a, const char *b) {
+    int la = tensor_layer(a), lb = tensor_layer(b);
+    return la != lb ? la < lb : strcmp(a, b) < 0;
+}
+
+/* Types for every tensor in file order, as llama_tensor_get_type decides them for arch llama
+ * without an importance matrix or overrides. */
+static void choose_types(const tlm_model *m, const int *order, tlm_ftype ftype, tlm_dtype base,
+                         tlm_dtype *types) {
+    const tlm_config *c = &m->c;
+    int n = m->n_tensors, n_attn_v = 0, i_attn_v = 0, i_ffn_down = 0, tied = 1;
+    for (int i = 0; i < n; i++) {
+        if (strstr(m->tensors[i].name, "attn_v.weight")) n_attn_v++;
+        if (!strcmp(m->tensors[i].name, "output.weight")) tied = 0;
+    }
+    /* llama.cpp calls an 80-layer llama with grouped-query attention "70B" and gives its small
+     * attn_v more bits. */
+    int is_70b = c->n_layers == 80 && c->n_heads != c->n_kv_heads;
+    for (int k = 0; k < n; k++) {
+        int i = order[k];
+        const tlm_tensor_info *t = &m->tensors[i];
+        const char *name = t->name;
+        tlm_dtype ty = base;
+        if (t->ndim < 2 || !ends_with(name, "weight") || strstr(name, "_norm.weight")) {
+            types[i] = TLM_DTYPE_F32; /* as the F32 source holds it: llama.cpp copies these */
+            continue;
+        }
+        if (!is_quantized(base)) {
+            types[i] = base;
+            continue;
+        }
+        int64_t ncols = t->shape[1];
+        int is_output = !strcmp(name, "output.weight");
+        int is_embd = !strcmp(name, "token_embd.weight");
+        if (is_output || (tied && is_embd)) {
+            if (ncols % tlm_dtype_get(base)->block_elems)
+                ty = TLM_DTYPE_Q8_0;
+            else if (base != TLM_DTYPE_Q8_0)
+                ty = TLM_DTYPE_Q6_K;
+        } else if (is_embd) {
+            /* the base type */
+        } else if (strstr(name, "attn_v.weight")) {
+            if ((ftype == TLM_FTYPE_Q4_K_M || ftype == TLM_FTYPE_Q5_K_M) &&
+                use_more_bits(i_attn_v, n_attn_v))
+                ty = TLM_DTYPE_Q6_K;
+            else if (ftype == TLM_FTYPE_Q4_K_S && i_attn_v < 4)
+                ty = TLM_DTYPE_Q5_K;
+            if (is_70b && ty == TLM_DTYPE_Q4_K) ty = TLM_DTYPE_Q5_K;
+            i_attn_v++;
+        } else if (strstr(name, "ffn_down")) {
+            int nl = c->n_layers;
+            if ((ftype == TLM_FTYPE_Q4_K_M || ftype == TLM_FTYPE_Q5_K_M) &&
+                use_more_bits(i_ffn_down, nl))
+                ty = TLM_DTYPE_Q6_K;
+            else if (ftype == TLM_FTYPE_Q4_K_S && i_ffn_down < nl / 8)
+                ty = TLM_DTYPE_Q5_K;
+            i_ffn_down++;
+        }
+        /* Rows that are not whole blocks of the choice fall back to a 32-element type, then F16. */
+        if (ncols % tlm_dtype_get(ty)->block_elems) {
+            ty = ty == TLM_DTYPE_Q4_K   ? TLM_DTYPE_Q5_0
+                 : ty == TLM_DTYPE_Q5_K ? TLM_DTYPE_Q5_1
+                 : ty == TLM_DTYPE_Q6_K ? TLM_DTYPE_Q8_0
+                                        : ty;
+            if (ncols % tlm_dtype_get(ty)->block_elems) ty = TLM_DTYPE_F16;
+        }
+        types[i] = ty;
+    }
+}
+
+tlm_status tlm_model_quantize_gguf(const tlm_model *m, const tlm_tokenizer *tok, const char *path,
+                                   const tlm_quantize_opts *o) {
+    int fi = ftype_index(o->ftype);
+    if (fi < 0) return tlm_err(TLM_ERR_ARG, "unknown file type %d (see tlm_ftype)", (int)o->ftype);
+    tlm_dtype *types = malloc(sizeof *types * (size_t)m->n_tensors);
+    int *order = malloc(sizeof *order * (size_t)m->n_tensors);
+    if (!types || !order) {
+        free(types);
+        free(order);
+        return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    }
+    /* Insertion sort: a few hundred names, and qsort would need a global for the model. */
+    for (int i = 0; i < m->n_tensors; i++) {
+        int j = i;
+        for (; j > 0 && llama_before(m->tensors[i].name, m->tensors[order[j - 1]].name); j--)
+            order[j] = order[j - 1];
+        order[j] = i;
+    }
+    choose_types(m, order, o->ftype, ftypes[fi].base, types);
+    gguf_plan plan = {types, order, (uint32_t)o->ftype, 1, o};
+    tlm_status s = write_gguf(m, tok, path, &plan);
+    free(types);
+    free(order);
+    return s;
 }

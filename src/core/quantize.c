@@ -1,0 +1,428 @@
+/* Reference quantizers: floats to the ggml block types, byte for byte what ggml's reference
+ * quantizers write (quantize_row_*_ref in ggml-quants.c, which llama-quantize uses when it has no
+ * importance matrix). Files we write are then the files llama.cpp writes, and a test compares the
+ * two on random rows.
+ *
+ * Identity needs ggml's exact float arithmetic: every expression below keeps ggml's order of
+ * operations and its conversions, and this file is compiled with -ffp-contract=off (see
+ * CMakeLists.txt), since a fused multiply-add rounds once where ggml rounds twice. */
+#include <float.h>
+#include <limits.h>
+#include <math.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "core/dtype.h"
+#include "core/half.h"
+#include "core/quant.h"
+
+#define GROUP_MAX_EPS 1e-15f
+
+static int imin(int a, int b) { return a < b ? a : b; }
+static int imax(int a, int b) { return a > b ? a : b; }
+
+/* ggml converts floats to small integers with plain C casts, which x86-64 performs with
+ * cvttss2si: truncation, and INT_MIN for NaN and anything out of range (a block whose scale is
+ * subnormal has an infinite inverse). The same result without undefined behaviour. */
+static int trunc_i32(float v) {
+    if (!(v > -2147483648.0f && v < 2147483648.0f)) return INT_MIN;
+    return (int)v;
+}
+
+/* ggml's nearest_int: round half to even by adding 1.5 * 2^23 and reading the mantissa. */
+static int nearest_int(float fval) {
+    float val = fval + 12582912.f;
+    int32_t i;
+    memcpy(&i, &val, sizeof i);
+    return (i & 0x007fffff) - 0x00400000;
+}
+
+static void q8_0(const float *x, tlm_block_q8_0 *y) {
+    float amax = 0.0f;
+    for (int j = 0; j < TLM_QK; j++) {
+        float a = fabsf(x[j]);
+        amax = amax > a ? amax : a; /* ggml's MAX(amax, a): a NaN is skipped only when first */
+    }
+    const float d = amax / ((1 << 7) - 1);
+    const float id = d ? 1.0f / d : 0.0f;
+    y->d = tlm_f32_to_f16(d);
+    for (int j = 0; j < TLM_QK; ++j) y->qs[j] = (int8_t)trunc_i32(roundf(x[j] * id));
+}
+
+/* Q4_0 and Q5_0: the value of largest magnitude maps to -2^(bits-1), keeping its sign. */
+static float absmax_signed(const float *x) {
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < TLM_QK; j++)
+        if (amax < fabsf(x[j])) {
+            amax = fabsf(x[j]);
+            max = x[j];
+        }
+    return max;
+}
+
+static void q4_0(const float *x, tlm_block_q4_0 *y) {
+    const float d = absmax_signed(x) / -8;
+    const float id = d ? 1.0f / d : 0.0f;
+    y->d = tlm_f32_to_f16(d);
+    for (int j = 0; j < TLM_QK / 2; ++j) {
+        const float x0 = x[j] * id, x1 = x[TLM_QK / 2 + j] * id;
+        const uint8_t xi0 = (uint8_t)imin(15, (int8_t)trunc_i32(x0 + 8.5f));
+        const uint8_t xi1 = (uint8_t)imin(15, (int8_t)trunc_i32(x1 + 8.5f));
+        y->qs[j] = (uint8_t)(xi0 | xi1 << 4);
+    }
+}
+
+static void minmax(const float *x, float *min, float *max) {
+    *min = FLT_MAX;
+    *max = -FLT_MAX;
+    for (int j = 0; j < TLM_QK; j++) {
+        if (x[j] < *min) *min = x[j];
+        if (x[j] > *max) *max = x[j];
+    }
+}
+
+static void q4_1(const float *x, tlm_block_q4_1 *y) {
+    float min, max;
+    minmax(x, &min, &max);
+    const float d = (max - min) / ((1 << 4) - 1);
+    const float id = d ? 1.0f / d : 0.0f;
+    y->d = tlm_f32_to_f16(d);
+    y->m = tlm_f32_to_f16(min);
+    for (int j = 0; j < TLM_QK / 2; ++j) {
+        const float x0 = (x[j] - min) * id, x1 = (x[TLM_QK / 2 + j] - min) * id;
+        const uint8_t xi0 = (uint8_t)imin(15, (int8_t)trunc_i32(x0 + 0.5f));
+        const uint8_t xi1 = (uint8_t)imin(15, (int8_t)trunc_i32(x1 + 0.5f));
+        y->qs[j] = (uint8_t)(xi0 | xi1 << 4);
+    }
+}
+
+/* The fifth bits of Q5_0 and Q5_1: element j's in bit j of a little-endian uint32. */
+static void put_qh(uint8_t qh[4], uint32_t bits) {
+    for (int i = 0; i < 4; i++) qh[i] = (uint8_t)(bits >> (8 * i));
+}
+
+static void q5_0(const float *x, tlm_block_q5_0 *y) {
+    const float d = absmax_signed(x) / -16;
+    const float id = d ? 1.0f / d : 0.0f;
+    y->d = tlm_f32_to_f16(d);
+    uint32_t qh = 0;
+    for (int j = 0; j < TLM_QK / 2; ++j) {
+        const float x0 = x[j] * id, x1 = x[TLM_QK / 2 + j] * id;
+        const uint8_t xi0 = (uint8_t)imin(31, (int8_t)trunc_i32(x0 + 16.5f));
+        const uint8_t xi1 = (uint8_t)imin(31, (int8_t)trunc_i32(x1 + 16.5f));
+        y->qs[j] = (uint8_t)((xi0 & 0x0F) | ((xi1 & 0x0F) << 4));
+        qh |= ((xi0 & 0x10u) >> 4) << j;
+        qh |= ((xi1 & 0x10u) >> 4) << (j + TLM_QK / 2);
+    }
+    put_qh(y->qh, qh);
+}
+
+static void q5_1(const float *x, tlm_block_q5_1 *y) {
+    float min, max;
+    minmax(x, &min, &max);
+    const float d = (max - min) / ((1 << 5) - 1);
+    const float id = d ? 1.0f / d : 0.0f;
+    y->d = tlm_f32_to_f16(d);
+    y->m = tlm_f32_to_f16(min);
+    uint32_t qh = 0;
+    for (int j = 0; j < TLM_QK / 2; ++j) {
+        const float x0 = (x[j] - min) * id, x1 = (x[TLM_QK / 2 + j] - min) * id;
+        /* no clamp to 31 here, as in ggml: x0 <= 31 + rounding */
+        const uint8_t xi0 = (uint8_t)trunc_i32(x0 + 0.5f);
+        const uint8_t xi1 = (uint8_t)trunc_i32(x1 + 0.5f);
+        y->qs[j] = (uint8_t)((xi0 & 0x0F) | ((xi1 & 0x0F) << 4));
+        qh |= ((xi0 & 0x10u) >> 4) << j;
+        qh |= ((xi1 & 0x10u) >> 4) << (j + TLM_QK / 2);
+    }
+    put_qh(y->qh, qh);
+}
+
+/* ggml's make_qkx2_quants (K types with a min): for n values with weights, the scale and min of
+ * L in [0, nmax] that minimise the weighted squared error, searching nstep + 1 candidate inverse
+ * scales around nmax / (max - min) and solving the least-squares fit for each. Returns the scale;
+ * *the_min gets minus the min (ggml stores mins as positive numbers subtracted). */
+static float make_qkx2_quants(int n, int nmax, const float *x, const float *weights, uint8_t *L,
+                              float *the_min, uint8_t *Laux, float rmin, float rdelta, int nstep) {
+    float min = x[0], max = x[0];
+    float sum_w = weights[0];
+    float sum_x = sum_w * x[0];
+    for (int i = 1; i < n; ++i) {
+        if (x[i] < min) min = x[i];
+        if (x[i] > max) max = x[i];
+        float w = weights[i];
+        sum_w += w;
+        sum_x += w * x[i];
+    }
+    if (min > 0) min = 0;
+    if (max == min) {
+        for (int i = 0; i < n; ++i) L[i] = 0;
+        *the_min = -min;
+        return 0.f;
+    }
+    float iscale = nmax / (max - min);
+    float scale = 1 / iscale;
+    float best_error = 0;
+    for (int i = 0; i < n; ++i) {
+        int l = nearest_int(iscale * (x[i] - min));
+        L[i] = (uint8_t)imax(0, imin(nmax, l));
+        float diff = scale * L[i] + min - x[i];
+        diff = diff * diff;
+        float w = weights[i];
+        best_error += w * diff;
+    }
+    for (int is = 0; is <= nstep; ++is) {
+        iscale = (rmin + rdelta * is + nmax) / (max - min);
+        float sum_l = 0, sum_l2 = 0, sum_xl = 0;
+        for (int i = 0; i < n; ++i) {
+            int l = nearest_int(iscale * (x[i] - min));
+            l = imax(0, imin(nmax, l));
+            Laux[i] = (uint8_t)l;
+            float w = weights[i];
+            sum_l += w * l;
+            sum_l2 += w * l * l;
+            sum_xl += w * l * x[i];
+        }
+        float D = sum_w * sum_l2 - sum_l * sum_l;
+        if (D > 0) {
+            float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
+            float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
+            if (this_min > 0) {
+                this_min = 0;
+                this_scale = sum_xl / sum_l2;
+            }
+            float cur_error = 0;
+            for (int i = 0; i < n; ++i) {
+                float diff = this_scale * Laux[i] + this_min - x[i];
+                diff = diff * diff;
+                float w = weights[i];
+                cur_error += w * diff;
+            }
+            if (cur_error < best_error) {
+                for (int i = 0; i < n; ++i) L[i] = Laux[i];
+                best_error = cur_error;
+                scale = this_scale;
+                min = this_min;
+            }
+        }
+    }
+    *the_min = -min;
+    return scale;
+}
+
+/* ggml's make_qx_quants with rmse_type 1 and no importance weights (what Q6_K uses): symmetric
+ * L in [-nmax, nmax - 1] (stored + nmax), weights x^2, and 18 candidate scales around the one
+ * that maps the value of largest magnitude to -nmax. */
+static float make_qx_quants(int n, int nmax, const float *x, int8_t *L) {
+    float max = 0, amax = 0;
+    for (int i = 0; i < n; ++i) {
+        float ax = fabsf(x[i]);
+        if (ax > amax) {
+            amax = ax;
+            max = x[i];
+        }
+    }
+    if (amax < GROUP_MAX_EPS) {
+        for (int i = 0; i < n; ++i) L[i] = 0;
+        return 0.f;
+    }
+    float iscale = -nmax / max;
+    float sumlx = 0, suml2 = 0;
+    for (int i = 0; i < n; ++i) {
+        int l = nearest_int(iscale * x[i]);
+        l = imax(-nmax, imin(nmax - 1, l));
+        L[i] = (int8_t)(l + nmax);
+        float w = x[i] * x[i];
+        sumlx += w * x[i] * l;
+        suml2 += w * l * l;
+    }
+    float scale = suml2 ? sumlx / suml2 : 0.0f;
+    float best = scale * sumlx;
+    for (int is = -9; is <= 9; ++is) {
+        if (is == 0) continue;
+        iscale = -(nmax + 0.1f * is) / max;
+        sumlx = suml2 = 0;
+        for (int i = 0; i < n; ++i) {
+            int l = nearest_int(iscale * x[i]);
+            l = imax(-nmax, imin(nmax - 1, l));
+            float w = x[i] * x[i];
+            sumlx += w * x[i] * l;
+            suml2 += w * l * l;
+        }
+        if (suml2 > 0 && sumlx * sumlx > best * suml2) {
+            for (int i = 0; i < n; ++i) {
+                int l = nearest_int(iscale * x[i]);
+                L[i] = (int8_t)(nmax + imax(-nmax, imin(nmax - 1, l)));
+            }
+            scale = sumlx / suml2;
+            best = scale * sumlx;
+        }
+    }
+    return scale;
+}
+
+/* Q4_K and Q5_K share everything but the bit count: eight sub-blocks of 32, each fitted by
+ * make_qkx2_quants, their scales and mins quantized to 6 bits against the super-block's largest,
+ * then every value requantized with the stored (rounded) scales. */
+static void k_scales_and_levels(const float *x, int nmax, float rmin, int nstep, uint8_t *scales12,
+                                uint16_t *dd, uint16_t *dmin, uint8_t *L) {
+    uint8_t Laux[32];
+    float weights[32], mins[TLM_QK_K / 32], scales[TLM_QK_K / 32];
+    float max_scale = 0, max_min = 0;
+    for (int j = 0; j < TLM_QK_K / 32; ++j) {
+        float sum_x2 = 0;
+        for (int l = 0; l < 32; ++l) sum_x2 += x[32 * j + l] * x[32 * j + l];
+        float av_x = sqrtf(sum_x2 / 32);
+        for (int l = 0; l < 32; ++l) weights[l] = av_x + fabsf(x[32 * j + l]);
+        scales[j] = make_qkx2_quants(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], Laux,
+                                     rmin, 0.1f, nstep);
+        if (scales[j] > max_scale) max_scale = scales[j];
+        if (mins[j] > max_min) max_min = mins[j];
+    }
+    float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f;
+    float inv_min = max_min > 0 ? 63.f / max_min : 0.f;
+    memset(scales12, 0, 12);
+    for (int j = 0; j < TLM_QK_K / 32; ++j) {
+        uint8_t ls = (uint8_t)nearest_int(inv_scale * scales[j]);
+        uint8_t lm = (uint8_t)nearest_int(inv_min * mins[j]);
+        ls = ls < 63 ? ls : 63;
+        lm = lm < 63 ? lm : 63;
+        if (j < 4) {
+            scales12[j] = ls;
+            scales12[j + 4] = lm;
+        } else {
+            scales12[j + 4] = (uint8_t)((ls & 0xF) | ((lm & 0xF) << 4));
+            scales12[j - 4] |= (uint8_t)((ls >> 4) << 6);
+            scales12[j] |= (uint8_t)((lm >> 4) << 6);
+        }
+    }
+    *dd = tlm_f32_to_f16(max_scale / 63.f);
+    *dmin = tlm_f32_to_f16(max_min / 63.f);
+    for (int j = 0; j < TLM_QK_K / 32; ++j) {
+        uint8_t sc, m;
+        tlm_q4k_scale_min(j, scales12, &sc, &m);
+        const float d = tlm_f16_to_f32(*dd) * sc;
+        if (!d) continue; /* keeps make_qkx2_quants' levels, as ggml does */
+        const float dm = tlm_f16_to_f32(*dmin) * m;
+        for (int ii = 0; ii < 32; ++ii) {
+            int l = nearest_int((x[32 * j + ii] + dm) / d);
+            L[32 * j + ii] = (uint8_t)imax(0, imin(nmax, l));
+        }
+    }
+}
+
+static void q4_k(const float *x, tlm_block_q4_k *y) {
+    uint8_t L[TLM_QK_K];
+    k_scales_and_levels(x, 15, -1.f, 20, y->scales, &y->d, &y->dmin, L);
+    uint8_t *q = y->qs;
+    for (int j = 0; j < TLM_QK_K; j += 64, q += 32)
+        for (int l = 0; l < 32; ++l) q[l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 4));
+}
+
+static void q5_k(const float *x, tlm_block_q5_k *y) {
+    uint8_t L[TLM_QK_K];
+    k_scales_and_levels(x, 31, -0.5f, 15, y->scales, &y->d, &y->dmin, L);
+    uint8_t *qh = y->qh, *ql = y->qs;
+    memset(qh, 0, TLM_QK_K / 8);
+    uint8_t m1 = 1, m2 = 2;
+    for (int n = 0; n < TLM_QK_K; n += 64, ql += 32) {
+        for (int j = 0; j < 32; ++j) {
+            int l1 = L[n + j], l2 = L[n + j + 32];
+            if (l1 > 15) {
+                l1 -= 16;
+                qh[j] |= m1;
+            }
+            if (l2 > 15) {
+                l2 -= 16;
+                qh[j] |= m2;
+            }
+            ql[j] = (uint8_t)(l1 | (l2 << 4));
+        }
+        m1 = (uint8_t)(m1 << 2);
+        m2 = (uint8_t)(m2 << 2);
+    }
+}
+
+static void q6_k(const float *x, tlm_block_q6_k *y) {
+    int8_t L[TLM_QK_K];
+    float scales[TLM_QK_K / 16];
+    float max_scale = 0, max_abs_scale = 0;
+    for (int ib = 0; ib < TLM_QK_K / 16; ++ib) {
+        const float scale = make_qx_quants(16, 32, x + 16 * ib, L + 16 * ib);
+        scales[ib] = scale;
+        const float abs_scale = fabsf(scale);
+        if (abs_scale > max_abs_scale) {
+            max_abs_scale = abs_scale;
+            max_scale = scale;
+        }
+    }
+    if (max_abs_scale < GROUP_MAX_EPS) {
+        memset(y, 0, sizeof *y);
+        return;
+    }
+    float iscale = -128.f / max_scale;
+    y->d = tlm_f32_to_f16(1 / iscale);
+    for (int ib = 0; ib < TLM_QK_K / 16; ++ib)
+        y->scales[ib] = (int8_t)imin(127, nearest_int(iscale * scales[ib]));
+    for (int j = 0; j < TLM_QK_K / 16; ++j) {
+        float d = tlm_f16_to_f32(y->d) * y->scales[j];
+        if (!d) continue;
+        for (int ii = 0; ii < 16; ++ii) {
+            int l = nearest_int(x[16 * j + ii] / d);
+            l = imax(-32, imin(31, l));
+            L[16 * j + ii] = (int8_t)(l + 32);
+        }
+    }
+    uint8_t *ql = y->ql, *qh = y->qh;
+    for (int j = 0; j < TLM_QK_K; j += 128, ql += 64, qh += 32)
+        for (int l = 0; l < 32; ++l) {
+            const uint8_t q1 = L[j + l] & 0xF, q2 = L[j + l + 32] & 0xF;
+            const uint8_t q3 = L[j + l + 64] & 0xF, q4 = L[j + l + 96] & 0xF;
+            ql[l] = (uint8_t)(q1 | (q3 << 4));
+            ql[l + 32] = (uint8_t)(q2 | (q4 << 4));
+            qh[l] = (uint8_t)((L[j + l] >> 4) | ((L[j + l + 32] >> 4) << 2) |
+                              ((L[j + l + 64] >> 4) << 4) | ((L[j + l + 96] >> 4) << 6));
+        }
+}
+
+tlm_status tlm_dtype_from_f32(tlm_dtype t, const float *src, void *dst, size_t n) {
+    const tlm_dtype_info *info = tlm_dtype_get(t);
+    if (!info || !info->is_float || t == TLM_DTYPE_F64)
+        return tlm_err(TLM_ERR_UNSUPPORTED, "cannot quantize to %s", tlm_dtype_name(t));
+    if (n % info->block_elems)
+        return tlm_err(TLM_ERR_ARG, "%s: %zu elements is not a whole number of %u-element blocks",
+                       info->name, n, info->block_elems);
+    uint8_t *out = dst;
+    /* Blocks are built in an aligned local and copied out: dst need not be aligned. */
+    for (size_t b = 0; b < n / info->block_elems; b++) {
+        const float *x = src + b * info->block_elems;
+        uint8_t *o = out + b * info->block_bytes;
+        switch (t) {
+        case TLM_DTYPE_F32: memcpy(o, x, 4); break;
+        case TLM_DTYPE_F16:
+        case TLM_DTYPE_BF16: {
+            uint16_t h = t == TLM_DTYPE_F16 ? tlm_f32_to_f16(*x) : tlm_f32_to_bf16(*x);
+            o[0] = (uint8_t)h;
+            o[1] = (uint8_t)(h >> 8);
+            break;
+        }
+#define BLOCK(T, fn)                                                                               \
+    {                                                                                              \
+        T blk;                                                                                     \
+        fn(x, &blk);                                                                               \
+        memcpy(o, &blk, sizeof blk);                                                               \
+        break;                                                                                     \
+    }
+        case TLM_DTYPE_Q8_0: BLOCK(tlm_block_q8_0, q8_0)
+        case TLM_DTYPE_Q4_0: BLOCK(tlm_block_q4_0, q4_0)
+        case TLM_DTYPE_Q4_1: BLOCK(tlm_block_q4_1, q4_1)
+        case TLM_DTYPE_Q5_0: BLOCK(tlm_block_q5_0, q5_0)
+        case TLM_DTYPE_Q5_1: BLOCK(tlm_block_q5_1, q5_1)
+        case TLM_DTYPE_Q4_K: BLOCK(tlm_block_q4_k, q4_k)
+        case TLM_DTYPE_Q5_K: BLOCK(tlm_block_q5_k, q5_k)
+        case TLM_DTYPE_Q6_K: BLOCK(tlm_block_q6_k, q6_k)
+#undef BLOCK
+        default: return tlm_err(TLM_ERR_UNSUPPORTED, "cannot quantize to %s", info->name);
+        }
+    }
+    return TLM_OK;
+}

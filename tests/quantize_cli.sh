@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# tlm quantize and tlm eval --llama-ppl through the command line: progress per tensor, the same
+# file from every input format and from tlm convert --type, clear refusals that leave no file
+# behind, and --llama-ppl's chunking (llama-perplexity's: the byte identity of the files and the
+# agreement with llama-perplexity itself are in test_quant and bench/quant/accuracy.sh).
+set -euo pipefail
+TLM=${TLM:-build/tlm}
+SRC=${TLM_SOURCE_DIR:-.}
+DATA=${TLM_SHARED_DATA:-$SRC/../shared/data}
+W=$(mktemp -d "$PWD/quantize_cli.XXXXXX")
+trap 'rm -rf "$W"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+pass=0
+ok() { pass=$((pass + 1)); }
+[ -d "$DATA/models" ] || fail "the shared test data is missing: no directory $DATA/models"
+M=$DATA/models
+
+# Progress: one line per tensor, in llama.cpp's order, with the mix's types.
+"$TLM" quantize "$M/stories260K.bin" "$W/a.gguf" --type Q4_K_M -z "$M/tok512.bin" 2>"$W/log" ||
+  fail "quantize: $(cat "$W/log")"
+[ "$(grep -c '^\[ *[0-9]*/  47\]' "$W/log")" = 47 ] || fail "47 progress lines: $(cat "$W/log")"
+head -1 "$W/log" | grep -q "output_norm.weight *F32" || fail "first tensor: $(head -1 "$W/log")"
+grep -q "token_embd.weight *Q8_0" "$W/log" || fail "tied embedding falls back to Q8_0"
+grep -q "blk.0.attn_q.weight *Q5_0" "$W/log" || fail "Q4_K falls back to Q5_0 at 64 columns"
+grep -q "wrote .*a.gguf (gguf, q4_k_m)" "$W/log" || fail "summary line"
+ok
+
+# The same bytes from the GGUF the .bin converts to, and from tlm convert --type.
+"$TLM" convert "$M/stories260K.bin" "$W/f32.gguf" --to gguf -z "$M/tok512.bin" 2>/dev/null
+"$TLM" quantize "$W/f32.gguf" "$W/b.gguf" --type q4_k_m 2>/dev/null
+"$TLM" convert "$M/stories260K.bin" "$W/c.gguf" --type q4_k_m -z "$M/tok512.bin" 2>/dev/null
+cmp -s "$W/a.gguf" "$W/b.gguf" || fail "quantize from .bin and from .gguf differ"
+cmp -s "$W/a.gguf" "$W/c.gguf" || fail "convert --type differs from quantize"
+ok
+
+# A quantized input is widened and quantized again, with a warning (llama-quantize refuses).
+"$TLM" quantize "$W/a.gguf" "$W/d.gguf" --type q8_0 2>"$W/log" || fail "requantize: $(cat "$W/log")"
+grep -q "warning: .*a.gguf holds Q8_0 blocks" "$W/log" || fail "no requantize warning: $(head -2 "$W/log")"
+"$TLM" quantize "$W/f32.gguf" "$W/d.gguf" --type q8_0 2>"$W/log"
+grep -q warning "$W/log" && fail "warning for an F32 input"
+ok
+
+# Refusals: clear messages, exit status 1, no file left.
+expect_fail() { # MESSAGE ARGS...
+  local want=$1
+  shift
+  if "$TLM" "$@" >"$W/out" 2>&1; then fail "tlm $* succeeded"; fi
+  grep -qF -- "$want" "$W/out" || fail "tlm $*: expected '$want', got: $(cat "$W/out")"
+  ok
+}
+expect_fail "unknown --type 'q3_k'" quantize "$W/f32.gguf" "$W/x.gguf" --type q3_k
+expect_fail "usage: tlm quantize IN OUT --type TYPE" quantize "$W/f32.gguf" "$W/x.gguf"
+expect_fail "--type writes GGUF" convert "$W/f32.gguf" "$W/x" --to hf --type q8_0
+expect_fail "unknown option '--dtype'" quantize "$W/f32.gguf" "$W/x.gguf" --type q8_0 --dtype f16
+expect_fail "no-such" quantize "$W/no-such.gguf" "$W/x.gguf" --type q8_0
+expect_fail "" quantize "$W/f32.gguf" "$W/missing-dir/x.gguf" --type q8_0
+[ ! -e "$W/x.gguf" ] && [ ! -e "$W/x" ] || fail "a refused command left a file"
+ls "$W" | grep -q tmp && fail "a temporary file was left: $(ls "$W")"
+ok
+
+# --llama-ppl: floor(n / T) chunks of T tokens (n counts the BOS llama.cpp adds for this
+# SentencePiece vocabulary), each predicting T - 1 - T/2 tokens; the model in either file gives
+# the same figure.
+head -c 8000 "$DATA/text/tinystories_2MiB.txt" >"$W/text.txt"
+n=$("$TLM" eval -m "$M/stories260K.bin" -z "$M/tok512.bin" --data "$W/text.txt" --json |
+  /usr/bin/python3 -c "import json,sys; print(json.load(sys.stdin)['tokens'] + 1)")
+want=$(((n + 1) / 512 * (512 - 1 - 256)))
+a=$("$TLM" eval -m "$M/stories260K.bin" -z "$M/tok512.bin" --data "$W/text.txt" --json --llama-ppl)
+b=$("$TLM" eval -m "$W/f32.gguf" --data "$W/text.txt" --json --llama-ppl)
+got=$(/usr/bin/python3 -c "import json,sys; print(json.loads(sys.argv[1])['tokens'])" "$a")
+[ "$got" = "$want" ] || fail "--llama-ppl predicted $got tokens, expected $want (n = $n)"
+/usr/bin/python3 - "$a" "$b" <<'PY' || fail "--llama-ppl: $a vs $b"
+import json, sys
+a, b = (json.loads(x) for x in sys.argv[1:])
+assert abs(a["perplexity"] - b["perplexity"]) < 1e-3 * a["perplexity"], (a, b)
+assert 1 < a["perplexity"] < 50, a
+PY
+ok
+head -c 300 "$W/text.txt" >"$W/short.txt"
+expect_fail "needs at least 2 chunks of 512 tokens" eval -m "$W/f32.gguf" --data "$W/short.txt" --llama-ppl
+echo "quantize_cli: $pass passed"

@@ -1,0 +1,430 @@
+/* The reference quantizers (tlm_dtype_from_f32) against ggml's own, byte for byte: ggml's
+ * ggml_quantize_chunk is called from node-llama-cpp's prebuilt libggml-base.so (dlopen), which is
+ * what llama-quantize runs without an importance matrix. The rows are drawn here (seeded) and
+ * cover the cases where the scale searches branch: zeros, constant rows, one sign only, outliers,
+ * tiny (subnormal) and huge magnitudes. */
+#include <dlfcn.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/dtype.h"
+#include "harness.h"
+#include "tlm.h"
+
+#define NODE_BINS TLM_SOURCE_DIR "/tests/node/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64"
+
+typedef void (*to_float_fn)(const void *src, float *dst, int64_t n);
+typedef size_t (*quantize_chunk_fn)(int type, const float *src, void *dst, int64_t start,
+                                    int64_t nrows, int64_t n_per_row, const float *imatrix);
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static double uniform(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (double)(rng >> 11) / 9007199254740992.0;
+}
+static float gauss(void) {
+    double u = uniform() + 1e-12, v = uniform();
+    return (float)(sqrt(-2 * log(u)) * cos(6.283185307179586 * v));
+}
+
+enum { N_KINDS = 14 };
+
+/* Row kind k of n values. */
+static void fill(float *x, int n, int k) {
+    for (int i = 0; i < n; i++) {
+        float g = gauss();
+        switch (k) {
+        case 0: x[i] = g; break;
+        case 1: x[i] = 0.02f * g; break;                           /* trained-weight scale */
+        case 2: x[i] = 0; break;                                   /* all zero */
+        case 3: x[i] = 0.37f; break;                               /* constant */
+        case 4: x[i] = fabsf(g); break;                            /* positive only */
+        case 5: x[i] = -fabsf(g) - 1.0f; break;                    /* negative, away from 0 */
+        case 6: x[i] = i % 97 == 5 ? 40.0f * g : 0.01f * g; break; /* rare outliers */
+        case 7: x[i] = 1e-30f * g; break;                          /* tiny */
+        case 8: x[i] = 1e-41f * g; break;                          /* subnormal */
+        case 9: x[i] = 3e4f * g; break;                            /* near F16's largest */
+        case 10: x[i] = 1e30f * g; break;                          /* beyond F16 (inf scales) */
+        case 11: x[i] = uniform() < 0.7 ? 0.0f : g; break;         /* mostly zeros */
+        case 12: x[i] = (float)((int)(8 * g)) / 8; break;          /* few distinct values */
+        default: x[i] = (i / 16) % 2 ? 0 : g; break;               /* zero sub-blocks */
+        }
+    }
+}
+
+/* ggml's widening of type t: dequantize_row_q4_K, ggml_fp16_to_fp32_row, ... */
+static to_float_fn ggml_widen(void *lib, tlm_dtype t) {
+    char sym[64];
+    if (t == TLM_DTYPE_F16 || t == TLM_DTYPE_BF16) {
+        snprintf(sym, sizeof sym, "ggml_%s_to_fp32_row", t == TLM_DTYPE_F16 ? "fp16" : "bf16");
+    } else {
+        snprintf(sym, sizeof sym, "dequantize_row_%s", tlm_dtype_name(t));
+        for (char *c = sym + strlen("dequantize_row_"); *c; c++)
+            if (*c == 'Q') *c = 'q';
+    }
+    return (to_float_fn)(uintptr_t)dlsym(lib, sym);
+}
+
+/* Both quantizers' bytes, and both widenings of them (tlm_dtype_to_f32 against ggml's dequantize,
+ * bit for bit: tlm computes with the weights llama.cpp computes with). */
+static void test_rows(void *lib, quantize_chunk_fn chunk) {
+    static const tlm_dtype types[] = {
+        TLM_DTYPE_F16,  TLM_DTYPE_BF16, TLM_DTYPE_Q8_0, TLM_DTYPE_Q4_0, TLM_DTYPE_Q4_1,
+        TLM_DTYPE_Q5_0, TLM_DTYPE_Q5_1, TLM_DTYPE_Q4_K, TLM_DTYPE_Q5_K, TLM_DTYPE_Q6_K};
+    enum { ROWS = 6, MAXN = 3 * 256 };
+    float *x = malloc(sizeof(float) * ROWS * MAXN);
+    uint8_t *a = malloc(ROWS * MAXN * 4), *b = malloc(ROWS * MAXN * 4);
+    float *wa = malloc(sizeof(float) * ROWS * MAXN), *wb = malloc(sizeof(float) * ROWS * MAXN);
+    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
+        tlm_dtype t = types[ti];
+        const tlm_dtype_info *info = tlm_dtype_get(t);
+        int n = info->block_elems == 256 ? 3 * 256 : 5 * 32 + (info->block_elems == 1 ? 7 : 0);
+        int mismatched = 0, widen_mismatched = 0;
+        to_float_fn widen = ggml_widen(lib, t);
+        CHECK(widen != NULL, "no ggml widening for %s", info->name);
+        for (int k = 0; k < N_KINDS; k++) {
+            for (int r = 0; r < ROWS; r++) fill(x + (size_t)r * n, n, k);
+            size_t bytes = tlm_dtype_bytes(t, (uint64_t)ROWS * n);
+            memset(a, 0xAA, bytes);
+            memset(b, 0x55, bytes);
+            CHECK_OK(tlm_dtype_from_f32(t, x, a, (size_t)ROWS * n));
+            size_t got = chunk(info->ggml, x, b, 0, ROWS, n, NULL);
+            CHECK(got == bytes, "%s: ggml wrote %zu bytes, expected %zu", info->name, got, bytes);
+            if (memcmp(a, b, bytes)) {
+                size_t i = 0;
+                while (a[i] == b[i]) i++;
+                CHECK(0, "%s, row kind %d: byte %zu of %zu differs (tlm %02x, ggml %02x)",
+                      info->name, k, i, bytes, a[i], b[i]);
+                mismatched++;
+            }
+            if (!widen) continue;
+            CHECK_OK(tlm_dtype_to_f32(t, b, wa, (size_t)ROWS * n));
+            widen(b, wb, (int64_t)ROWS * n);
+            if (memcmp(wa, wb, sizeof(float) * ROWS * n)) {
+                size_t i = 0;
+                while (!memcmp(wa + i, wb + i, sizeof(float))) i++;
+                CHECK(0, "%s, row kind %d: widened element %zu differs (tlm %.9g, ggml %.9g)",
+                      info->name, k, i, wa[i], wb[i]);
+                widen_mismatched++;
+            }
+        }
+        CHECK(widen_mismatched == 0, "%s: tlm widens %d of %d row kinds unlike ggml", info->name,
+              widen_mismatched, N_KINDS);
+        CHECK(mismatched == 0, "%s: %d of %d row kinds differ from ggml", info->name, mismatched,
+              N_KINDS);
+        if (!mismatched && !widen_mismatched)
+            printf("%-5s == ggml on %d row kinds (bytes and widened floats)\n", info->name,
+                   N_KINDS);
+    }
+    free(wa);
+    free(wb);
+    free(x);
+    free(a);
+    free(b);
+}
+
+/* What tlm widens a quantized row back to stays within the type's resolution of the input. */
+static void test_round_trip(void) {
+    static const struct {
+        tlm_dtype t;
+        float tol; /* relative to the row's largest magnitude: a block's largest value of the
+                    * other sign than its extreme clips by up to one step in Q4_0 and Q5_0 */
+    } cases[] = {{TLM_DTYPE_Q8_0, 0.005f}, {TLM_DTYPE_Q4_0, 0.13f},  {TLM_DTYPE_Q4_1, 0.07f},
+                 {TLM_DTYPE_Q5_0, 0.065f}, {TLM_DTYPE_Q5_1, 0.033f}, {TLM_DTYPE_Q4_K, 0.07f},
+                 {TLM_DTYPE_Q5_K, 0.035f}, {TLM_DTYPE_Q6_K, 0.02f},  {TLM_DTYPE_F16, 0.0005f},
+                 {TLM_DTYPE_BF16, 0.004f}};
+    enum { N = 512 };
+    float x[N], y[N];
+    uint8_t q[N * 4];
+    for (int i = 0; i < N; i++) x[i] = gauss();
+    float amax = 0;
+    for (int i = 0; i < N; i++) amax = fmaxf(amax, fabsf(x[i]));
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        CHECK_OK(tlm_dtype_from_f32(cases[c].t, x, q, N));
+        CHECK_OK(tlm_dtype_to_f32(cases[c].t, q, y, N));
+        float err = 0;
+        for (int i = 0; i < N; i++) err = fmaxf(err, fabsf(x[i] - y[i]));
+        CHECK(err <= cases[c].tol * amax, "%s: max error %g of %g", tlm_dtype_name(cases[c].t), err,
+              amax);
+    }
+    /* Refusals: a partial block, a type that is not a float type. */
+    CHECK(tlm_dtype_from_f32(TLM_DTYPE_Q4_K, x, q, 128) == TLM_ERR_ARG, "partial K block");
+    CHECK(strstr(tlm_last_error(), "Q4_K") != NULL, "%s", tlm_last_error());
+    CHECK(tlm_dtype_from_f32(TLM_DTYPE_I32, x, q, 32) == TLM_ERR_UNSUPPORTED, "I32");
+}
+
+/* ---- whole files: tlm_model_quantize_gguf against llama_model_quantize ---------------------- */
+
+/* llama.h's llama_model_quantize_params (llama.cpp as node-llama-cpp 3.22.1 ships it). */
+typedef struct {
+    int32_t nthread;
+    int ftype;
+    int output_tensor_type;
+    int token_embedding_type;
+    bool allow_requantize, quantize_output_tensor, only_copy, pure, keep_split, dry_run;
+    const void *imatrix, *kv_overrides, *tt_overrides;
+    const int32_t *prune_layers;
+    size_t max_buf_size;
+} llama_quantize_params;
+typedef llama_quantize_params (*default_params_fn)(void);
+typedef uint32_t (*model_quantize_fn)(const char *in, const char *out,
+                                      const llama_quantize_params *p);
+typedef void (*log_cb)(int level, const char *text, void *user);
+typedef void (*log_set_fn)(log_cb cb, void *user);
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void quiet(int level, const char *text, void *user) { (void)level, (void)text, (void)user; }
+
+static uint8_t *slurp(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *p = malloc(len > 0 ? (size_t)len : 1);
+    *n = p ? fread(p, 1, (size_t)len, f) : 0;
+    fclose(f);
+    return p;
+}
+
+static const char *const all_types[] = {"f32",    "f16",    "bf16", "q8_0",   "q4_0",
+                                        "q4_1",   "q5_0",   "q5_1", "q4_k_s", "q4_k_m",
+                                        "q5_k_s", "q5_k_m", "q6_k"};
+#define N_TYPES (int)(sizeof all_types / sizeof *all_types)
+
+/* The types the file at path holds per tensor name, "name:TYPE ..." in file order. */
+static void file_types(const char *path, char *out, size_t cap) {
+    tlm_file_tensor *ts = NULL;
+    int n = 0;
+    out[0] = 0;
+    if (tlm_model_file_tensors(path, &ts, &n)) return;
+    for (int i = 0; i < n; i++)
+        snprintf(out + strlen(out), cap - strlen(out), "%s:%s ", ts[i].name, ts[i].dtype);
+    free(ts);
+}
+
+/* Quantizes m (saved as F32 GGUF first) to every type with tlm and with llama.cpp, and checks:
+ * the files are equal byte for byte; tlm loads ours back within the type's resolution; the
+ * per-tensor types of Q4_K_M are llama.cpp's mix (expect_q4km: "name:TYPE" entries that must
+ * appear). Returns the paths written (for llama.cpp to load) in paths[N_TYPES]. */
+static void test_files(model_quantize_fn llama_quantize, default_params_fn defaults,
+                       const tlm_model *m, const tlm_tokenizer *tok, const char *tag,
+                       const char *const *expect_q4km, char paths[][256]) {
+    char f32[256];
+    snprintf(f32, sizeof f32, "quant_%s_src.gguf", tag);
+    CHECK_OK(tlm_model_save_gguf(m, tok, f32, TLM_DTYPE_F32));
+    /* The weights as tlm reads a GGUF (q and k rows in the file's pairing). */
+    tlm_model *src = NULL;
+    CHECK_OK(tlm_model_load(f32, &src));
+    float *want = src ? t_flat(src) : NULL;
+    for (int k = 0; k < N_TYPES; k++) {
+        tlm_quantize_opts o = {0};
+        CHECK(tlm_ftype_from_name(all_types[k], &o.ftype), "%s", all_types[k]);
+        char theirs[256];
+        snprintf(paths[k], 256, "quant_%s_%s.gguf", tag, all_types[k]);
+        snprintf(theirs, sizeof theirs, "quant_%s_%s_llama.gguf", tag, all_types[k]);
+        double t0 = now();
+        CHECK_OK(tlm_model_quantize_gguf(m, tok, paths[k], &o));
+        double t1 = now();
+        llama_quantize_params p = defaults();
+        p.nthread = 1;
+        p.ftype = (int)o.ftype;
+        CHECK(llama_quantize(f32, theirs, &p) == 0, "llama_model_quantize %s failed", theirs);
+        double t2 = now();
+        size_t na = 0, nb = 0;
+        uint8_t *a = slurp(paths[k], &na), *b = slurp(theirs, &nb);
+        CHECK(a && b && na == nb && !memcmp(a, b, na),
+              "%s: tlm's file (%zu bytes) differs from llama-quantize's (%zu bytes)", paths[k], na,
+              nb);
+        if (a && b && na == nb && !memcmp(a, b, na))
+            printf("%s %-6s == llama-quantize (%zu bytes; %.2f s tlm, %.2f s llama.cpp)\n", tag,
+                   all_types[k], na, t1 - t0, t2 - t1);
+        else {
+            char ta[4096], tb[4096];
+            file_types(paths[k], ta, sizeof ta);
+            file_types(theirs, tb, sizeof tb);
+            fprintf(stderr, "  tlm:   %s\n  llama: %s\n", ta, tb);
+        }
+        free(a);
+        free(b);
+        remove(theirs);
+        /* tlm reads the file back close to the F32 file, tensor by tensor, within the type's
+         * resolution (relative to each tensor's largest magnitude; a 4-bit block's value of the
+         * other sign than its extreme clips by up to one step of 1/8). */
+        tlm_model *back = NULL;
+        CHECK_OK(tlm_model_load(paths[k], &back));
+        if (back && want) {
+            float *got = t_flat(back);
+            const char *ty = all_types[k];
+            double tol = !strcmp(ty, "f32")    ? 0
+                         : !strcmp(ty, "f16")  ? 1e-3
+                         : !strcmp(ty, "bf16") ? 8e-3
+                         : !strcmp(ty, "q8_0") ? 1e-2
+                         : ty[1] == '4'        ? 0.14
+                                               : 0.07;
+            int nt;
+            const tlm_tensor_info *ts = tlm_model_tensors(back, &nt);
+            for (int i = 0; got && i < nt; i++) {
+                double err = 0, scale = 0;
+                for (size_t e = ts[i].offset; e < ts[i].offset + ts[i].numel; e++) {
+                    err = fmax(err, fabs((double)got[e] - want[e]));
+                    scale = fmax(scale, fabs((double)want[e]));
+                }
+                CHECK(err <= tol * scale, "%s: %s read back off by %g (of %g)", paths[k],
+                      ts[i].name, err, scale);
+            }
+            free(got);
+        }
+        tlm_model_free(back);
+        if (!strcmp(all_types[k], "q4_k_m")) {
+            char ta[8192];
+            file_types(paths[k], ta, sizeof ta);
+            for (int e = 0; expect_q4km[e]; e++)
+                CHECK(strstr(ta, expect_q4km[e]) != NULL, "%s: expected %s in %s", paths[k],
+                      expect_q4km[e], ta);
+        }
+    }
+    free(want);
+    tlm_model_free(src);
+    remove(f32);
+}
+
+/* node is not what the sanitizers check: their builds leave llama.cpp's loading out. */
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#define TEST_LLAMACPP_LOADS 1
+#endif
+
+#ifdef TEST_LLAMACPP_LOADS
+/* llama.cpp (node-llama-cpp) loads the files and generates from them. */
+static void test_llamacpp_loads(const char *const *paths, int n) {
+    char cmd[16384];
+    int len = snprintf(cmd, sizeof cmd,
+                       "cd %s/tests/node && NODE_LLAMA_CPP_SKIP_DOWNLOAD=true node "
+                       "llama_load_all.mjs \"1 403 407\" 8",
+                       TLM_SOURCE_DIR);
+    for (int i = 0; i < n; i++)
+        len += snprintf(cmd + len, sizeof cmd - (size_t)len, " %s/%s", TLM_BUILD_DIR, paths[i]);
+    snprintf(cmd + len, sizeof cmd - (size_t)len, " 2>&1");
+    double t0 = now();
+    FILE *f = popen(cmd, "r");
+    CHECK(f != NULL, "cannot run node");
+    if (!f) return;
+    char line[4096];
+    int ok = 0;
+    while (fgets(line, sizeof line, f)) {
+        /* eight ids: "ids":[a,b,c,d,e,f,g,h] */
+        const char *ids = strstr(line, "\"ids\":[");
+        int commas = 0;
+        for (const char *c = ids; c && *c && *c != ']'; c++) commas += *c == ',';
+        CHECK(ids && commas == 7, "llama.cpp: %s", line);
+        ok += ids && commas == 7;
+    }
+    pclose(f);
+    CHECK(ok == n, "llama.cpp generated from %d of %d files", ok, n);
+    if (ok == n)
+        printf("llama.cpp loads and generates from all %d files (%.1f s)\n", n, now() - t0);
+}
+#endif
+
+static void test_whole_files(void) {
+    const char *dir = t_require_shared_data();
+    if (!dir) return;
+    void *lib = dlopen(NODE_BINS "/libllama.v0.5.0.so", RTLD_NOW | RTLD_LOCAL);
+    CHECK(lib != NULL, "cannot load node-llama-cpp's libllama: %s", dlerror());
+    if (!lib) return;
+    model_quantize_fn llama_quantize =
+        (model_quantize_fn)(uintptr_t)dlsym(lib, "llama_model_quantize");
+    default_params_fn defaults =
+        (default_params_fn)(uintptr_t)dlsym(lib, "llama_model_quantize_default_params");
+    log_set_fn log_set = (log_set_fn)(uintptr_t)dlsym(lib, "llama_log_set");
+    CHECK(llama_quantize && defaults && log_set, "libllama lacks the quantize API");
+    if (!llama_quantize || !defaults || !log_set) return;
+    log_set(quiet, NULL);
+    tlm_tokenizer *tok = NULL;
+    CHECK_OK(tlm_tokenizer_load(t_path(t_path(dir, "models"), "tok512.bin"), &tok));
+    static char paths[2 * N_TYPES][256];
+
+    /* Untied, every matrix a multiple of 256 wide, grouped-query attention, 4 layers: the _M
+     * mixes give layers 2 and 3 (use_more_bits) Q6_K attn_v and ffn_down. */
+    tlm_config c;
+    tlm_config_default(&c);
+    c.vocab_size = 512;
+    c.context_length = 64;
+    c.d_model = 256;
+    c.n_layers = 4;
+    c.n_heads = 4;
+    c.n_kv_heads = 2;
+    c.d_ff = 256;
+    c.tie_embeddings = 0;
+    tlm_model *m = NULL;
+    CHECK_OK(tlm_config_finalize(&c));
+    CHECK_OK(tlm_model_create(&c, &m));
+    if (m) {
+        CHECK_OK(tlm_model_init(m, 7, TLM_INIT_DEFAULT));
+        /* A zero row for </s> (id 2): greedy never ends the continuation llama.cpp is asked for. */
+        const tlm_tensor_info *out = tlm_model_find(m, "output.weight");
+        if (out)
+            memset(tlm_model_params(m) + out->offset + 2 * c.d_model, 0, sizeof(float) * c.d_model);
+        static const char *const want[] = {
+            "output.weight:Q6_K",         "token_embd.weight:Q4_K",
+            "blk.0.attn_v.weight:Q4_K",   "blk.2.attn_v.weight:Q6_K",
+            "blk.3.attn_v.weight:Q6_K",   "blk.1.ffn_down.weight:Q4_K",
+            "blk.2.ffn_down.weight:Q6_K", "blk.0.attn_norm.weight:F32",
+            "blk.0.attn_q.weight:Q4_K",   NULL};
+        test_files(llama_quantize, defaults, m, tok, "wide", want, paths);
+        tlm_model_free(m);
+    }
+    /* stories260K: tied, 64 wide: every K type falls back (Q4_K to Q5_0, Q6_K to Q8_0) and the
+     * tied token_embd takes output's type. */
+    m = NULL;
+    CHECK_OK(
+        tlm_model_load_ex(t_path(t_path(dir, "models"), "stories260K.bin"), TLM_LOAD_WRITABLE, &m));
+    if (m) {
+        static const char *const want[] = {"token_embd.weight:Q8_0", "blk.0.attn_q.weight:Q5_0",
+                                           "blk.4.attn_v.weight:Q8_0", NULL};
+        test_files(llama_quantize, defaults, m, tok, "s260k", want, paths + N_TYPES);
+        tlm_model_free(m);
+    }
+    tlm_tokenizer_free(tok);
+#ifdef TEST_LLAMACPP_LOADS
+    /* The files are llama-quantize's bytes, so llama.cpp's loading them is its own business; a
+     * few files that hold every block type between them (about 1.5 s of CPU each) confirm it. */
+    const char *some[] = {paths[2],           /* wide bf16 */
+                          paths[N_TYPES + 1], /* s260k f16 */
+                          paths[4],           /* wide q4_0 (+ Q6_K output) */
+                          paths[5],           /* wide q4_1 */
+                          paths[9],           /* wide q4_k_m: Q4_K, Q6_K */
+                          paths[10],          /* wide q5_k_s: Q5_K */
+                          paths[N_TYPES + 9], /* s260k q4_k_m: Q5_0, Q8_0 */
+                          paths[N_TYPES + 11] /* s260k q5_k_m: Q5_1 */};
+    test_llamacpp_loads(some, (int)(sizeof some / sizeof *some));
+#endif
+    for (int i = 0; i < 2 * N_TYPES; i++) remove(paths[i]);
+    dlclose(lib);
+}
+
+int main(void) {
+    test_round_trip();
+    void *lib = dlopen(NODE_BINS "/libggml-base.so", RTLD_NOW | RTLD_LOCAL);
+    CHECK(lib != NULL,
+          "cannot load node-llama-cpp's libggml-base.so (run bash scripts/setup.sh): %s",
+          dlerror());
+    if (lib) {
+        quantize_chunk_fn chunk = (quantize_chunk_fn)(uintptr_t)dlsym(lib, "ggml_quantize_chunk");
+        CHECK(chunk != NULL, "ggml_quantize_chunk not exported");
+        if (chunk) test_rows(lib, chunk);
+        dlclose(lib);
+    }
+    test_whole_files();
+    return t_finish("test_quant");
+}
