@@ -99,6 +99,11 @@ static void check_type(tlm_dtype t, int n, int mode) {
     k_act_quantize(kind, x, xq, n);
     act_widen(kind, xq, xf, n);
     CHECK_OK(tlm_dtype_to_f32(t, w, wf, (size_t)n));
+    /* the prefill's row widening is the reference's, bit for bit */
+    float *ww = malloc((size_t)n * sizeof(float));
+    k_widen_row(t, w, ww, n);
+    CHECK(!memcmp(ww, wf, (size_t)n * sizeof(float)), "%s n=%d: k_widen_row", name, n);
+    free(ww);
     double exact = 0, mag = 0;
     for (int i = 0; i < n; i++) {
         exact += (double)wf[i] * xf[i];

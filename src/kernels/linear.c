@@ -67,8 +67,8 @@ static void linear_rows(float *y, int ldy, const float *x, int N, const tlm_weig
         int rows = out - r0 < tile ? out - r0 : tile;
 #pragma omp parallel for schedule(static) if ((long)rows * in >= K_PAR_MIN)
         for (int r = 0; r < rows; r++)
-            tlm_dtype_to_f32(w->dtype, (const char *)w->data + (size_t)(r0 + r) * w->row_bytes,
-                             buf + (size_t)r * in, (size_t)in);
+            k_widen_row(w->dtype, (const char *)w->data + (size_t)(r0 + r) * w->row_bytes,
+                        buf + (size_t)r * in, in);
         k_linear_fwd(y + r0, ldy, x, buf, b ? b + r0 : NULL, N, in, rows);
     }
 }

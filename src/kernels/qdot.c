@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/dtype.h"
 #include "core/half.h"
 #include "core/quant.h"
 #include "qdot_simd.h"
@@ -326,6 +327,11 @@ k_vdot_fn k_vdot(tlm_dtype t) {
         if (f) return f;
     }
     return ref_of(t);
+}
+
+void k_widen_row(tlm_dtype t, const void *src, float *dst, int n) {
+    if (k_isa() >= K_ISA_AVX2 && k_simd_widen(t, src, dst, n)) return;
+    tlm_dtype_to_f32(t, src, dst, (size_t)n);
 }
 
 /* ---- scratch -------------------------------------------------------------------------------- */

@@ -44,6 +44,9 @@ void k_isa_cap(int isa);
 k_vdot_fn k_vdot_get(tlm_dtype t, int isa);
 k_vdot_fn k_vdot(tlm_dtype t);
 
+/* One weight row of n elements to floats (tlm_dtype_to_f32, vectorized where it matters). */
+void k_widen_row(tlm_dtype t, const void *src, float *dst, int n);
+
 /* Thread-local scratch (one buffer per slot and thread, kept and grown): NULL when out of
  * memory. Callers must not hold it across calls that may use the same slot. */
 void *k_scratch(int slot, size_t bytes);

@@ -427,6 +427,39 @@ T5 static void a5_q6_k(int n, float *s, const void *w, const void *xq) {
     *s = r;
 }
 
+/* Rows of F16 and BF16 to floats for the prefill tiles (8 at a time; the reference converts one
+ * element per call). */
+T2 static void widen_f16(const void *src, float *dst, int n) {
+    const uint8_t *p = src;
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 2 * i))));
+    for (; i < n; i++) dst[i] = f16s(p + 2 * i);
+}
+
+T2 static void widen_bf16(const void *src, float *dst, int n) {
+    const uint8_t *p = src;
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, bf16x8(p + 2 * i));
+    for (; i < n; i++) {
+        uint16_t h;
+        memcpy(&h, p + 2 * i, 2);
+        uint32_t u = (uint32_t)h << 16;
+        memcpy(dst + i, &u, 4);
+    }
+}
+
+int k_simd_widen(tlm_dtype t, const void *src, float *dst, int n) {
+    if (k_simd_cpu_level() < K_ISA_AVX2) return 0;
+    if (t == TLM_DTYPE_F16)
+        widen_f16(src, dst, n);
+    else if (t == TLM_DTYPE_BF16)
+        widen_bf16(src, dst, n);
+    else
+        return 0;
+    return 1;
+}
+
 k_vdot_fn k_simd_vdot(tlm_dtype t, int isa) {
     if (isa > k_simd_cpu_level()) return NULL;
     if (isa == K_ISA_AVX512) {
@@ -459,6 +492,10 @@ k_vdot_fn k_simd_vdot(tlm_dtype t, int isa) {
 #else
 
 int k_simd_cpu_level(void) { return K_ISA_REF; }
+int k_simd_widen(tlm_dtype t, const void *src, float *dst, int n) {
+    (void)t, (void)src, (void)dst, (void)n;
+    return 0;
+}
 k_vdot_fn k_simd_vdot(tlm_dtype t, int isa) {
     (void)t;
     (void)isa;
