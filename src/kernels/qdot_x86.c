@@ -1,3 +1,4 @@
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -16,7 +17,8 @@
     __attribute__((                                                                                \
         target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,avx2,fma,f16c")))
 
-static int cpu_level = -1, cpu_bf16;
+static int cpu_level, cpu_bf16;
+static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
 
 static uint64_t xcr0(void) {
     uint32_t lo, hi;
@@ -46,8 +48,7 @@ static void detect(void) {
 }
 
 int k_simd_cpu_level(void) {
-    /* Every thread computes the same answer, so a race here only repeats the work. */
-    if (cpu_level < 0) detect();
+    pthread_once(&cpu_once, detect);
     return cpu_level;
 }
 
