@@ -261,6 +261,48 @@ T5 static void a5_q4_0(int n, float *s, const void *w, const void *xq) {
     *s = r;
 }
 
+/* Q4_1, Q5_0, Q5_1 (the fallbacks llama.cpp's K mixes pick for rows that are not whole
+ * 256-blocks), a block per 256-bit vector: the fifth bits come from the 32-bit mask qh directly
+ * (element i is byte i of the nibbles), the min through the activation's block sum. */
+T5 static inline void a5_q451(int n, float *s, const void *w, const void *xq, int five,
+                              int has_min) {
+    const uint8_t *wb = w;
+    const tlm_block_q8_0 *x = xq;
+    size_t bytes = five ? (has_min ? 24 : 22) : 20;
+    int qs_at = (has_min ? 4 : 2) + (five ? 4 : 0);
+    const __m256i ones = _mm256_set1_epi8(1), bit5 = _mm256_set1_epi8(0x10);
+    __m256 acc = _mm256_setzero_ps();
+    for (int b = 0; b < n / TLM_QK; b++, wb += bytes) {
+        __m256i q = nibbles32(wb + qs_at);
+        if (five) {
+            uint32_t qh;
+            memcpy(&qh, wb + (has_min ? 4 : 2), 4);
+            q = _mm256_or_si256(q, _mm256_and_si256(_mm256_movm_epi8(qh), bit5));
+        }
+        __m256i a = _mm256_loadu_si256((const __m256i *)x[b].qs);
+        float xd = _cvtsh_ss(x[b].d), d = f16s(wb) * xd;
+        if (has_min) {
+            __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, a);
+            __m256i sa = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, a);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d), acc);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sa), _mm256_set1_ps(f16s(wb + 2) * xd), acc);
+        } else {
+            __m256i p = dot_ss5y(_mm256_sub_epi8(q, bit5), a);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d), acc);
+        }
+    }
+    *s = hsum8(acc);
+}
+T5 static void a5_q4_1(int n, float *s, const void *w, const void *xq) {
+    a5_q451(n, s, w, xq, 0, 1);
+}
+T5 static void a5_q5_0(int n, float *s, const void *w, const void *xq) {
+    a5_q451(n, s, w, xq, 1, 0);
+}
+T5 static void a5_q5_1(int n, float *s, const void *w, const void *xq) {
+    a5_q451(n, s, w, xq, 1, 1);
+}
+
 /* ---- Q4_K, Q5_K ----------------------------------------------------------------------------- */
 
 /* The 8 scales and the mins' contribution (sum of mn * the activation's sums over the sub-block)
@@ -469,6 +511,9 @@ k_vdot_fn k_simd_vdot(tlm_dtype t, int isa) {
         case TLM_DTYPE_BF16: return cpu_bf16 ? a5_bf16 : a2_bf16;
         case TLM_DTYPE_Q8_0: return a5_q8_0;
         case TLM_DTYPE_Q4_0: return a5_q4_0;
+        case TLM_DTYPE_Q4_1: return a5_q4_1;
+        case TLM_DTYPE_Q5_0: return a5_q5_0;
+        case TLM_DTYPE_Q5_1: return a5_q5_1;
         case TLM_DTYPE_Q4_K: return a5_q4_k;
         case TLM_DTYPE_Q5_K: return a5_q5_k;
         case TLM_DTYPE_Q6_K: return a5_q6_k;
