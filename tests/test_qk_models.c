@@ -221,7 +221,7 @@ static void test_types(void) {
 
 /* stories260K in Q8_0: tlm's greedy continuation (prefill, then decode steps) is llama.cpp's. */
 static void test_stories_q8_0(const char *dir) {
-    const char *q8 = "qk_stories260K_q8_0.gguf";
+    const char *q8 = TLM_BUILD_DIR "/qk_stories260K_q8_0.gguf";
     CHECK(quantize_file(t_path(dir, "models/stories260K.gguf"), q8, TLM_DTYPE_Q8_0),
           "stories260K quantized");
     tlm_model *m = NULL;
@@ -247,10 +247,9 @@ static void test_stories_q8_0(const char *dir) {
     for (int i = 0; i < np; i++)
         snprintf(idstr + strlen(idstr), sizeof idstr - strlen(idstr), "%d ", prompt[i]);
     char cmd[1024];
-    snprintf(
-        cmd, sizeof cmd,
-        "cd %s && NODE_LLAMA_CPP_SKIP_DOWNLOAD=true node llama_greedy.mjs %s/%s \"%s\" %d 2>&1",
-        NODE_DIR, TLM_BUILD_DIR, q8, idstr, n);
+    snprintf(cmd, sizeof cmd,
+             "cd %s && NODE_LLAMA_CPP_SKIP_DOWNLOAD=true node llama_greedy.mjs %s \"%s\" %d 2>&1",
+             NODE_DIR, q8, idstr, n);
     FILE *f = popen(cmd, "r");
     char out[8192] = "";
     size_t got = f ? fread(out, 1, sizeof out - 1, f) : 0;
