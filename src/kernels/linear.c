@@ -1,4 +1,6 @@
 #include <cblas.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "core/dtype.h"
 #include "kernels.h"
@@ -43,6 +45,15 @@ static const float *stacked_bias(const tlm_weight *const *w, const float *const 
     return b[0];
 }
 
+/* TLM_QPREFILL=int8 sends many rows of block-type weights through the integer dot products (the
+ * decode kernels, a few rows at a time) instead of widened tiles and sgemm: which is faster depends
+ * on the machine (bench/quant/run.sh compares them); sgemm is the default. */
+static int int8_prefill(tlm_dtype t) {
+    if (k_act_of(t) == K_ACT_F32 || k_act_of(t) == K_ACT_BF16) return 0;
+    const char *e = getenv("TLM_QPREFILL"); /* once per product of many rows: negligible */
+    return e && !strcmp(e, "int8");
+}
+
 /* Many rows of x against one weight: sgemm, on F32 tiles of the weight widened from its type
  * (4 MiB at a time, so the tile stays in the last-level cache while sgemm reads it). */
 static void linear_rows(float *y, int ldy, const float *x, int N, const tlm_weight *w,
@@ -54,13 +65,12 @@ static void linear_rows(float *y, int ldy, const float *x, int N, const tlm_weig
     }
     int tile = (int)((4u << 20) / ((size_t)in * sizeof(float)));
     tile = tile < 16 ? 16 : tile > out ? out : tile;
-    float *buf = k_scratch(1, (size_t)tile * in * sizeof(float));
+    float *buf = int8_prefill(w->dtype) ? NULL : k_scratch(1, (size_t)tile * in * sizeof(float));
     if (!buf) {
-        /* No memory for a tile: the matrix-vector path needs none, a few rows at a time. */
-        for (int i = 0; i < N; i += K_MATVEC_MAX_ROWS) {
-            int m = N - i < K_MATVEC_MAX_ROWS ? N - i : K_MATVEC_MAX_ROWS;
-            k_linear_parts(y + (size_t)i * ldy, ldy, x + (size_t)i * in, m, &w, &b, 1, NULL);
-        }
+        /* The integer path, or no memory for a tile: the matrix-vector kernels over all N rows
+         * (each weight row read once, against every activation row). */
+        k_matvec_part part = {w->data, b, out, w->row_bytes, w->dtype, 0};
+        k_matvec_parts(y, ldy, x, N, in, &part, 1);
         return;
     }
     for (int r0 = 0; r0 < out; r0 += tile) {
