@@ -1,6 +1,5 @@
 #include "matvec.h"
 
-
 #include "core/dtype.h"
 #include "kernels.h"
 #include "qdot.h"
