@@ -293,6 +293,55 @@ T5 static inline void a5_q451(int n, float *s, const void *w, const void *xq, in
     }
     *s = hsum8(acc);
 }
+/* Bit i of qh as byte i (0xFF or 0): byte i/8 of qh spread over 8 lanes, each testing its bit. */
+T2 static inline __m256i bits_to_bytes(uint32_t qh) {
+    const __m256i spread =
+        _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), spread);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+}
+
+T2 static inline void a2_q451(int n, float *s, const void *w, const void *xq, int five,
+                              int has_min) {
+    const uint8_t *wb = w;
+    const tlm_block_q8_0 *x = xq;
+    size_t bytes = five ? (has_min ? 24 : 22) : 20;
+    int qs_at = (has_min ? 4 : 2) + (five ? 4 : 0);
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1),
+                  bit5 = _mm256_set1_epi8(0x10);
+    __m256 acc = _mm256_setzero_ps();
+    for (int b = 0; b < n / TLM_QK; b++, wb += bytes) {
+        __m256i q = nibbles32(wb + qs_at);
+        if (five) {
+            uint32_t qh;
+            memcpy(&qh, wb + (has_min ? 4 : 2), 4);
+            q = _mm256_or_si256(q, _mm256_and_si256(bits_to_bytes(qh), bit5));
+        }
+        __m256i a = _mm256_loadu_si256((const __m256i *)x[b].qs);
+        float xd = _cvtsh_ss(x[b].d), d = f16s(wb) * xd;
+        if (has_min) {
+            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, a), ones16);
+            __m256i sa = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, a), ones16);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d), acc);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sa), _mm256_set1_ps(f16s(wb + 2) * xd), acc);
+        } else {
+            __m256i p = dot_ss2(_mm256_sub_epi8(q, bit5), a);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d), acc);
+        }
+    }
+    *s = hsum8(acc);
+}
+T2 static void a2_q4_1(int n, float *s, const void *w, const void *xq) {
+    a2_q451(n, s, w, xq, 0, 1);
+}
+T2 static void a2_q5_0(int n, float *s, const void *w, const void *xq) {
+    a2_q451(n, s, w, xq, 1, 0);
+}
+T2 static void a2_q5_1(int n, float *s, const void *w, const void *xq) {
+    a2_q451(n, s, w, xq, 1, 1);
+}
+
 T5 static void a5_q4_1(int n, float *s, const void *w, const void *xq) {
     a5_q451(n, s, w, xq, 0, 1);
 }
@@ -526,6 +575,9 @@ k_vdot_fn k_simd_vdot(tlm_dtype t, int isa) {
         case TLM_DTYPE_BF16: return a2_bf16;
         case TLM_DTYPE_Q8_0: return a2_q8_0;
         case TLM_DTYPE_Q4_0: return a2_q4_0;
+        case TLM_DTYPE_Q4_1: return a2_q4_1;
+        case TLM_DTYPE_Q5_0: return a2_q5_0;
+        case TLM_DTYPE_Q5_1: return a2_q5_1;
         case TLM_DTYPE_Q4_K: return a2_q4_k;
         case TLM_DTYPE_Q5_K: return a2_q5_k;
         case TLM_DTYPE_Q6_K: return a2_q6_k;
