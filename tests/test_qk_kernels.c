@@ -193,6 +193,7 @@ static void check_linear(tlm_dtype t, int in, int out) {
 }
 
 int main(void) {
+    tlm_set_threads(2); /* also keeps OpenBLAS's team within OMP_THREAD_LIMIT (make tsan) */
     printf("vector instruction set: %d\n", k_isa());
     for (int ti = 0; ti < NTYPES; ti++) {
         tlm_dtype t = types[ti];
