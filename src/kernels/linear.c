@@ -1,9 +1,13 @@
 #include <cblas.h>
+#include <stdlib.h>
+#include <string.h>
 
+#include "core/dtype.h"
 #include "kernels.h"
 #include "matvec.h"
+#include "qdot.h"
 
-int k_linear_takes(tlm_dtype t) { return t == TLM_DTYPE_F32; }
+int k_linear_takes(tlm_dtype t) { return k_act_of(t) != K_ACT_NONE; }
 
 void k_linear_fwd(float *y, int ldy, const float *x, const float *w, const float *b, int N, int in,
                   int out) {
@@ -41,6 +45,44 @@ static const float *stacked_bias(const tlm_weight *const *w, const float *const 
     return b[0];
 }
 
+/* TLM_QPREFILL=int8 sends many rows of block-type weights through the integer dot products (the
+ * decode kernels, a few rows at a time) instead of widened tiles and sgemm: which is faster depends
+ * on the machine (bench/quant/run.sh compares them); sgemm is the default. */
+static int int8_prefill(tlm_dtype t) {
+    if (k_act_of(t) == K_ACT_F32 || k_act_of(t) == K_ACT_BF16) return 0;
+    const char *e = getenv("TLM_QPREFILL"); /* once per product of many rows: negligible */
+    return e && !strcmp(e, "int8");
+}
+
+/* Many rows of x against one weight: sgemm, on F32 tiles of the weight widened from its type
+ * (4 MiB at a time, so the tile stays in the last-level cache while sgemm reads it). */
+static void linear_rows(float *y, int ldy, const float *x, int N, const tlm_weight *w,
+                        const float *b) {
+    int in = (int)w->cols, out = (int)w->rows;
+    if (w->dtype == TLM_DTYPE_F32) {
+        k_linear_fwd(y, ldy, x, w->data, b, N, in, out);
+        return;
+    }
+    int tile = (int)((4u << 20) / ((size_t)in * sizeof(float)));
+    tile = tile < 16 ? 16 : tile > out ? out : tile;
+    float *buf = int8_prefill(w->dtype) ? NULL : k_scratch(1, (size_t)tile * in * sizeof(float));
+    if (!buf) {
+        /* The integer path, or no memory for a tile: the matrix-vector kernels over all N rows
+         * (each weight row read once, against every activation row). */
+        k_matvec_part part = {w->data, b, out, w->row_bytes, w->dtype, 0};
+        k_matvec_parts(y, ldy, x, N, in, &part, 1);
+        return;
+    }
+    for (int r0 = 0; r0 < out; r0 += tile) {
+        int rows = out - r0 < tile ? out - r0 : tile;
+#pragma omp parallel for schedule(static) if ((long)rows * in >= K_PAR_MIN)
+        for (int r = 0; r < rows; r++)
+            k_widen_row(w->dtype, (const char *)w->data + (size_t)(r0 + r) * w->row_bytes,
+                        buf + (size_t)r * in, in);
+        k_linear_fwd(y + r0, ldy, x, buf, b ? b + r0 : NULL, N, in, rows);
+    }
+}
+
 void k_linear_parts(float *y, int ldy, const float *x, int N, const tlm_weight *const *w,
                     const float *const *b, int n, const tlm_weight *fused) {
     int in = (int)w[0]->cols, split;
@@ -49,12 +91,12 @@ void k_linear_parts(float *y, int ldy, const float *x, int N, const tlm_weight *
         k_matvec_part parts[K_LINEAR_MAX_PARTS];
         int np = 0, col = 0;
         if (fused && !split) {
-            parts[np++] =
-                (k_matvec_part){fused->data, fb, (int)fused->rows, fused->row_bytes / 4, 0};
+            parts[np++] = (k_matvec_part){fused->data,      fb,           (int)fused->rows,
+                                          fused->row_bytes, fused->dtype, 0};
         } else {
             for (int i = 0; i < n && np < K_LINEAR_MAX_PARTS; i++) {
-                parts[np++] = (k_matvec_part){w[i]->data, b ? b[i] : NULL, (int)w[i]->rows,
-                                              w[i]->row_bytes / 4, col};
+                parts[np++] = (k_matvec_part){w[i]->data,      b ? b[i] : NULL, (int)w[i]->rows,
+                                              w[i]->row_bytes, w[i]->dtype,     col};
                 col += (int)w[i]->rows;
             }
         }
@@ -62,12 +104,12 @@ void k_linear_parts(float *y, int ldy, const float *x, int N, const tlm_weight *
         return;
     }
     if (fused && !split) {
-        k_linear_fwd(y, ldy, x, fused->data, fb, N, in, (int)fused->rows);
+        linear_rows(y, ldy, x, N, fused, fb);
         return;
     }
     int col = 0;
     for (int i = 0; i < n; i++) {
-        k_linear_fwd(y + col, ldy, x, w[i]->data, b ? b[i] : NULL, N, in, (int)w[i]->rows);
+        linear_rows(y + col, ldy, x, N, w[i], b ? b[i] : NULL);
         col += (int)w[i]->rows;
     }
 }

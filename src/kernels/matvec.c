@@ -1,6 +1,8 @@
 #include "matvec.h"
 
+#include "core/dtype.h"
 #include "kernels.h"
+#include "qdot.h"
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
@@ -72,15 +74,90 @@ static inline float dot1(const float *w, const float *x, int n) {
     return r[0];
 }
 
+/* Without memory for the activation rows: w_row widened a chunk at a time on the stack. */
+static float widen_dot(tlm_dtype t, const uint8_t *w, const float *x, int in) {
+    float buf[256], acc = 0.0f;
+    const tlm_dtype_info *d = tlm_dtype_get(t);
+    for (int i = 0; i < in; i += 256) {
+        int n = in - i < 256 ? in - i : 256;
+        tlm_dtype_to_f32(t, w + (size_t)(i / (int)d->block_elems) * d->block_bytes, buf, (size_t)n);
+        for (int k = 0; k < n; k++) acc += buf[k] * x[i + k];
+    }
+    return acc;
+}
+
+/* Parts of several types: each non-F32 type's dot product (qdot.h) over activation rows prepared
+ * once per kind. */
+static void matvec_typed(float *y, int ldy, const float *x, int M, int in,
+                         const k_matvec_part *parts, int n, long work) {
+    size_t off[K_ACT_NONE], total = 0;
+    for (int k = 0; k < K_ACT_NONE; k++) off[k] = (size_t)-1;
+    for (int p = 0; p < n; p++) {
+        k_act_kind kind = k_act_of(parts[p].dtype);
+        if (kind == K_ACT_F32 || off[kind] != (size_t)-1) continue;
+        off[kind] = total;
+        total += (size_t)M * ((k_act_row_bytes(parts[p].dtype, in) + 63) & ~(size_t)63);
+    }
+    uint8_t *act = total ? k_scratch(0, total) : NULL;
+    if (total && act) {
+        for (int k = 0; k < K_ACT_NONE; k++) {
+            if (off[k] == (size_t)-1) continue;
+            size_t rb = 0;
+            for (int p = 0; p < n && !rb; p++)
+                if ((int)k_act_of(parts[p].dtype) == k) rb = k_act_row_bytes(parts[p].dtype, in);
+            rb = (rb + 63) & ~(size_t)63;
+            for (int m = 0; m < M; m++)
+                k_act_quantize((k_act_kind)k, x + (size_t)m * in, act + off[k] + m * rb, in);
+        }
+    }
+    long first[K_LINEAR_MAX_PARTS + 1];
+    first[0] = 0;
+    for (int p = 0; p < n; p++) first[p + 1] = first[p] + (parts[p].out + 3) / 4;
+    long units = first[n];
+#pragma omp parallel for schedule(static) if (work * M * in >= 65536)
+    for (long u = 0; u < units; u++) {
+        int p = 0;
+        while (u >= first[p + 1]) p++;
+        const k_matvec_part *P = &parts[p];
+        int j = (int)(u - first[p]) * 4, rows = P->out - j < 4 ? P->out - j : 4;
+        k_act_kind kind = k_act_of(P->dtype);
+        k_vdot_fn dot = k_vdot(P->dtype);
+        size_t rb = (k_act_row_bytes(P->dtype, in) + 63) & ~(size_t)63;
+        for (int k = 0; k < rows; k++) {
+            const uint8_t *wr = (const uint8_t *)P->w + (size_t)(j + k) * P->row_bytes;
+            for (int m = 0; m < M; m++) {
+                const float *xm = x + (size_t)m * in;
+                float r;
+                if (P->dtype == TLM_DTYPE_F32)
+                    r = dot1((const float *)(const void *)wr, xm, in);
+                else if (kind == K_ACT_F32)
+                    dot(in, &r, wr, xm);
+                else if (act)
+                    dot(in, &r, wr, act + off[kind] + m * rb);
+                else
+                    r = widen_dot(P->dtype, wr, xm, in);
+                float *ym = y + (size_t)m * ldy + P->col + j;
+                ym[k] = P->b ? r + P->b[j + k] : r;
+            }
+        }
+    }
+}
+
 void k_matvec_parts(float *y, int ldy, const float *x, int M, int in, const k_matvec_part *parts,
                     int n) {
     /* Units of four output rows, numbered across the parts, so that one parallel region covers
      * every part (q, k and v of one layer), not one region each. */
     long first[K_LINEAR_MAX_PARTS + 1], work = 0;
+    int typed = 0;
     first[0] = 0;
     for (int p = 0; p < n; p++) {
         first[p + 1] = first[p] + (parts[p].out + 3) / 4;
         work += (long)parts[p].out;
+        if (parts[p].dtype != TLM_DTYPE_F32) typed = 1;
+    }
+    if (typed) {
+        matvec_typed(y, ldy, x, M, in, parts, n, work);
+        return;
     }
     long units = first[n];
     /* Below ~64K multiply-adds a fork/join costs more than it saves. */
@@ -90,14 +167,15 @@ void k_matvec_parts(float *y, int ldy, const float *x, int M, int in, const k_ma
         while (u >= first[p + 1]) p++;
         const k_matvec_part *P = &parts[p];
         int j = (int)(u - first[p]) * 4, rows = P->out - j < 4 ? P->out - j : 4;
-        const float *w0 = P->w + (size_t)j * P->w_stride;
+        size_t stride = P->row_bytes / sizeof(float);
+        const float *w0 = (const float *)P->w + (size_t)j * stride;
         for (int m = 0; m < M; m++) {
             const float *xm = x + (size_t)m * in;
             float r[4];
             if (rows == 4) {
-                dot4(r, w0, w0 + P->w_stride, w0 + 2 * P->w_stride, w0 + 3 * P->w_stride, xm, in);
+                dot4(r, w0, w0 + stride, w0 + 2 * stride, w0 + 3 * stride, xm, in);
             } else {
-                for (int k = 0; k < rows; k++) r[k] = dot1(w0 + (size_t)k * P->w_stride, xm, in);
+                for (int k = 0; k < rows; k++) r[k] = dot1(w0 + (size_t)k * stride, xm, in);
             }
             float *ym = y + (size_t)m * ldy + P->col + j;
             for (int k = 0; k < rows; k++) ym[k] = P->b ? r[k] + P->b[j + k] : r[k];

@@ -9,18 +9,23 @@
 /* Largest M that the matrix-vector path handles well; above it sgemm's blocking wins. */
 #define K_MATVEC_MAX_ROWS 8
 
-/* One F32 weight [out, in] of a k_matvec_parts call and where its outputs go. */
+#include "tlm.h"
+
+/* One weight [out, in] of a k_matvec_parts call, in any type k_linear_takes, and where its
+ * outputs go. */
 typedef struct {
-    const float *w;
-    const float *b;  /* may be NULL */
-    int out;         /* rows of w */
-    size_t w_stride; /* floats between rows of w */
-    int col;         /* first output column in y */
+    const void *w;
+    const float *b;   /* may be NULL */
+    int out;          /* rows of w */
+    size_t row_bytes; /* bytes between rows of w */
+    tlm_dtype dtype;
+    int col; /* first output column in y */
 } k_matvec_part;
 
 /* y[m, part.col + j] = x[m, :in] . part.w[j] (+ part.b[j]) for every part (n <=
- * K_LINEAR_MAX_PARTS), M rows of x (stride
- * in) and y (stride ldy), in one parallel region over the output rows of all parts. */
+ * K_LINEAR_MAX_PARTS), M rows of x (stride in) and y (stride ldy), in one parallel region over the
+ * output rows of all parts. Parts of other types than F32 meet x as their type wants it (qdot.h):
+ * quantized once per call, before the region. */
 void k_matvec_parts(float *y, int ldy, const float *x, int M, int in, const k_matvec_part *parts,
                     int n);
 

@@ -249,9 +249,9 @@ static tlm_status tlm_model_bind_views(tlm_model *m, const tlm_bind_src *src, tl
                                        int n_maps);
 
 /* Whether tensor i can be used in place in the type and at the address a file has it. Matrix
- * products take what k_linear_takes (F32 today; quantized and half-precision kernels will widen
- * this); a token embedding that is only looked up (not tied to the output head) widens one row at
- * a time, so any weight type works for it. Vectors (norms, biases) are always read as floats. */
+ * products take what k_linear_takes (F32, F16, BF16 and the ggml block types); a token embedding
+ * widens one row at a time wherever it is read. Vectors (norms, biases) and learned position
+ * tables are read as floats. */
 static int used_in_place(const tlm_model *m, int i, tlm_dtype t, const void *data) {
     const tlm_dtype_info *d = tlm_dtype_get(t);
     /* plain types need their natural alignment; block types are read bytewise */
@@ -260,8 +260,7 @@ static int used_in_place(const tlm_model *m, int i, tlm_dtype t, const void *dat
     const tlm_tensor_info *ti = &m->tensors[i];
     if (ti->ndim == 2 && tlm_dtype_bytes(t, (uint64_t)ti->shape[1]) == 0) return 0;
     if (t == TLM_DTYPE_F32) return 1;
-    if (ti->offset == m->off.tok_emb && !m->c.tie_embeddings)
-        return t == TLM_DTYPE_F16 || t == TLM_DTYPE_BF16 || t == TLM_DTYPE_Q8_0;
+    if (m->c.position == TLM_POS_LEARNED && ti->offset == m->off.pos_emb) return 0;
     return ti->ndim == 2 && k_linear_takes(t);
 }
 

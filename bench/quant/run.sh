@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Decode and prefill speed of tlm on quantized and half-precision GGUF files against llama.cpp
+# built natively (llama-bench), in the same run, alternating the two, at 1 and 2 threads.
+#
+# Models: random-weight llama2.c-shaped "15M" (dim 256, hidden 768, 6 layers, 8 heads: dims
+# multiples of 256 so that Q4_K_M needs no fallback types) and "110M" (dim 768, hidden 2048,
+# 12 layers, 12 heads), vocab 32000 (Llama's SPM vocabulary from ../shared/data), written by
+# bench/formats/random_llama2c.py and `tlm convert`, then quantized by llama-quantize (no importance
+# matrix) to F16, BF16, Q8_0, Q4_0 and Q4_K_M.
+#
+# Per model, type and thread count: decode tok/s (tlm generate: one-token prompt, N greedy tokens,
+# its "decode steps" rate; llama-bench -n N), prefill tok/s of a 128-token prompt (tlm generate's
+# prompt rate; llama-bench -p 128), best of REPS, and the decode bound: read bandwidth measured here
+# (bench/quant/readbw.c, a buffer of the file's size) / the file's bytes (every weight is read once
+# per token; a tied head counts once).
+#
+# Usage: bash bench/quant/run.sh [THREADS="1 2"] [N=32] [REPS=2]
+#   env: LLAMA_BIN (default /work/llama.cpp/build/bin), MODELS ("15M 110M"), TYPES
+#        ("F32 F16 BF16 Q8_0 Q4_0 Q4_K_M"), TLM (default build/tlm).
+# TLM_QPREFILL=int8 in the environment times tlm's integer prefill path instead of widened sgemm.
+# OPENBLAS_CORETYPE is unset (the environment presets Haswell, which keeps OpenBLAS's sgemm to
+# AVX2 on AVX-512 machines). Run on an otherwise idle machine: llama.cpp's worker threads spin.
+# Prints a table and writes bench/out/quant/results.json.
+set -euo pipefail
+unset OPENBLAS_CORETYPE
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+TLM=${TLM:-$ROOT/build/tlm}
+LLAMA_BIN=${LLAMA_BIN:-/work/llama.cpp/build/bin}
+THREADS_LIST=${1:-"1 2"}
+N=${2:-32}
+REPS=${3:-2}
+MODELS=${MODELS:-"15M 110M"}
+TYPES=${TYPES:-"F32 F16 BF16 Q8_0 Q4_0 Q4_K_M"}
+DATA=${TLM_SHARED_DATA:-$ROOT/../shared/data}
+VOCAB=$DATA/tokenizers/ggml-vocab-llama-spm.gguf
+OUT=$ROOT/bench/out/quant
+mkdir -p "$OUT"
+[ -x "$LLAMA_BIN/llama-bench" ] || { echo "no llama-bench in $LLAMA_BIN (set LLAMA_BIN)"; exit 1; }
+[ -x "$TLM" ] || { echo "build tlm first (make)"; exit 1; }
+gcc -O3 -march=native -fopenmp "$ROOT/bench/quant/readbw.c" -o "$OUT/readbw"
+
+PROMPT=$(/usr/bin/python3 -c "print(' '.join(str(1 + (i * 7919) % 31000) for i in range(128)))")
+py() { /usr/bin/python3 -c "$1"; }
+
+tlm_rate() { # FILE THREADS -> "decode prefill"
+  local d p
+  d=$("$TLM" generate -m "$1" --ids 1 -n "$N" --temp 0 -t "$2" --print-ids 2>&1 >/dev/null |
+    sed -nE 's/.*decode steps in [0-9.]+ s \(([0-9.]+) tok\/s\).*/\1/p')
+  p=$("$TLM" generate -m "$1" --ids "$PROMPT" -n 1 --temp 0 -t "$2" --print-ids 2>&1 >/dev/null |
+    sed -nE 's/.*prompt: [0-9]+ tokens in [0-9.]+ s \(([0-9.]+) tok\/s\).*/\1/p')
+  echo "${d:-0} ${p:-0}"
+}
+
+llama_rate() { # FILE THREADS -> "decode prefill"
+  "$LLAMA_BIN/llama-bench" -m "$1" -p 128 -n "$N" -t "$2" -r 1 -o json 2>/dev/null |
+    py "import json,sys
+r = json.load(sys.stdin)
+d = [x['avg_ts'] for x in r if x['n_gen'] > 0]
+p = [x['avg_ts'] for x in r if x['n_prompt'] > 0]
+print(d[0] if d else 0, p[0] if p else 0)"
+}
+
+results=()
+printf '%-5s %-7s %2s | %9s %9s %6s %9s %5s | %9s %9s %6s\n' model type t "tlm dec" "llama dec" ratio bound "%bnd" \
+  "tlm pp128" "llama pp" ratio
+for name in $MODELS; do
+  case $name in
+    15M) spec="256 768 6 8 256" ;;
+    110M) spec="768 2048 12 12 1024" ;;
+    *) echo "unknown model $name"; exit 1 ;;
+  esac
+  read -r dim hidden layers heads seq <<<"$spec"
+  f32=$OUT/$name-F32.gguf
+  if [ ! -f "$f32" ]; then
+    /usr/bin/python3 "$ROOT/bench/formats/random_llama2c.py" "$OUT/$name.bin" "$dim" "$hidden" \
+      "$layers" "$heads" 32000 "$seq"
+    "$TLM" convert "$OUT/$name.bin" "$f32" --to gguf -z "$VOCAB" >/dev/null 2>&1
+    rm -f "$OUT/$name.bin"
+  fi
+  for type in $TYPES; do
+    f=$OUT/$name-$type.gguf
+    [ -f "$f" ] || "$LLAMA_BIN/llama-quantize" "$f32" "$f" "$type" 2 >/dev/null 2>&1
+    bytes=$(stat -c %s "$f")
+    for T in $THREADS_LIST; do
+      bt_d=0 bt_p=0 bl_d=0 bl_p=0
+      for _ in $(seq "$REPS"); do
+        read -r d p <<<"$(tlm_rate "$f" "$T")"
+        bt_d=$(py "print(max($bt_d, $d))") bt_p=$(py "print(max($bt_p, $p))")
+        read -r d p <<<"$(llama_rate "$f" "$T")"
+        bl_d=$(py "print(max($bl_d, $d))") bl_p=$(py "print(max($bl_p, $p))")
+      done
+      bw=$("$OUT/readbw" "$bytes" "$T" 5)
+      bound=$(py "print(round($bw / $bytes, 1))")
+      rd=$(py "print(round($bt_d / max($bl_d, 1e-9), 3))")
+      rp=$(py "print(round($bt_p / max($bl_p, 1e-9), 3))")
+      pb=$(py "print(round(100 * $bt_d / max($bound, 1e-9)))")
+      printf '%-5s %-7s %2s | %9.1f %9.1f %6s %9.1f %5s | %9.1f %9.1f %6s\n' "$name" "$type" "$T" \
+        "$bt_d" "$bl_d" "$rd" "$bound" "$pb" "$bt_p" "$bl_p" "$rp"
+      results+=("{\"model\": \"$name\", \"type\": \"$type\", \"threads\": $T, \"file_bytes\": $bytes, \"read_bw\": $bw, \"decode_bound\": $bound, \"tlm_decode\": $bt_d, \"llamacpp_decode\": $bl_d, \"decode_ratio\": $rd, \"tlm_pp128\": $bt_p, \"llamacpp_pp128\": $bl_p, \"pp128_ratio\": $rp}")
+    done
+  done
+done
+(IFS=,; echo "[${results[*]}]") >"$OUT/results.json"
+echo "wrote $OUT/results.json"

@@ -1,0 +1,378 @@
+#include "qdot.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/dtype.h"
+#include "core/half.h"
+#include "core/quant.h"
+#include "qdot_simd.h"
+
+/* ---- activation rows ------------------------------------------------------------------------ */
+
+k_act_kind k_act_of(tlm_dtype t) {
+    switch (t) {
+    case TLM_DTYPE_F32:
+    case TLM_DTYPE_F16: return K_ACT_F32;
+    case TLM_DTYPE_BF16: return K_ACT_BF16;
+    case TLM_DTYPE_Q8_0:
+    case TLM_DTYPE_Q4_0:
+    case TLM_DTYPE_Q4_1:
+    case TLM_DTYPE_Q5_0:
+    case TLM_DTYPE_Q5_1: return K_ACT_Q8_0;
+    case TLM_DTYPE_Q4_K:
+    case TLM_DTYPE_Q5_K:
+    case TLM_DTYPE_Q6_K: return K_ACT_Q8_K;
+    default: return K_ACT_NONE;
+    }
+}
+
+size_t k_act_row_bytes(tlm_dtype t, int n) {
+    switch (k_act_of(t)) {
+    case K_ACT_F32: return (size_t)n * sizeof(float);
+    case K_ACT_BF16: return (size_t)n * sizeof(uint16_t);
+    case K_ACT_Q8_0: return (size_t)(n / TLM_QK) * sizeof(tlm_block_q8_0);
+    case K_ACT_Q8_K: return (size_t)(n / TLM_QK_K) * sizeof(k_block_q8_k);
+    default: return 0;
+    }
+}
+
+/* Round to nearest, ties to even, for |f| < 2^22 (llama.cpp's nearest_int). */
+static inline int nearest_int(float f) {
+    float v = f + 12582912.0f;
+    int32_t i;
+    memcpy(&i, &v, 4);
+    return (i & 0x007fffff) - 0x00400000;
+}
+
+void k_act_quantize(k_act_kind kind, const float *x, void *xq, int n) {
+    switch (kind) {
+    case K_ACT_F32: memcpy(xq, x, (size_t)n * sizeof(float)); break;
+    case K_ACT_BF16: {
+        uint16_t *y = xq;
+        for (int i = 0; i < n; i++) y[i] = tlm_f32_to_bf16(x[i]);
+        break;
+    }
+    case K_ACT_Q8_0: {
+        /* As llama.cpp's x86 quantize_row_q8_0: d = amax / 127 stored as f16, q = round-to-even of
+         * x * 127 / amax. */
+        tlm_block_q8_0 *y = xq;
+        for (int b = 0; b < n / TLM_QK; b++, x += TLM_QK) {
+            float amax = 0.0f;
+            for (int i = 0; i < TLM_QK; i++) amax = fmaxf(amax, fabsf(x[i]));
+            float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+            y[b].d = tlm_f32_to_f16(amax / 127.0f);
+            for (int i = 0; i < TLM_QK; i++) y[b].qs[i] = (int8_t)nearest_int(x[i] * id);
+        }
+        break;
+    }
+    case K_ACT_Q8_K: {
+        /* llama.cpp's quantize_row_q8_K_ref: the scale is set by the element of largest magnitude,
+         * with its sign, so that it maps to -127 exactly. */
+        k_block_q8_k *y = xq;
+        for (int b = 0; b < n / TLM_QK_K; b++, x += TLM_QK_K) {
+            float max = 0.0f, amax = 0.0f;
+            for (int i = 0; i < TLM_QK_K; i++) {
+                float ax = fabsf(x[i]);
+                if (ax > amax) amax = ax, max = x[i];
+            }
+            if (amax == 0.0f) {
+                memset(&y[b], 0, sizeof y[b]);
+                continue;
+            }
+            float iscale = -127.0f / max;
+            for (int i = 0; i < TLM_QK_K; i++) {
+                int v = nearest_int(iscale * x[i]);
+                y[b].qs[i] = (int8_t)(v > 127 ? 127 : v);
+            }
+            for (int j = 0; j < 16; j++) {
+                int s = 0;
+                for (int i = 0; i < 16; i++) s += y[b].qs[16 * j + i];
+                y[b].bsums[j] = (int16_t)s;
+            }
+            y[b].d = 1.0f / iscale;
+        }
+        break;
+    }
+    default: break;
+    }
+}
+
+/* ---- reference dot products ----------------------------------------------------------------- */
+
+static float h2f(const void *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return tlm_f16_to_f32(h);
+}
+
+static void ref_f32(int n, float *s, const void *w, const void *xq) {
+    const float *a = w, *x = xq;
+    float acc = 0.0f;
+    for (int i = 0; i < n; i++) acc += a[i] * x[i];
+    *s = acc;
+}
+
+static void ref_f16(int n, float *s, const void *w, const void *xq) {
+    const uint8_t *a = w;
+    const float *x = xq;
+    float acc = 0.0f;
+    for (int i = 0; i < n; i++) acc += h2f(a + 2 * i) * x[i];
+    *s = acc;
+}
+
+static void ref_bf16(int n, float *s, const void *w, const void *xq) {
+    const uint8_t *a = w, *x = xq;
+    float acc = 0.0f;
+    for (int i = 0; i < n; i++) {
+        uint16_t p, q;
+        memcpy(&p, a + 2 * i, 2);
+        memcpy(&q, x + 2 * i, 2);
+        acc += tlm_bf16_to_f32(p) * tlm_bf16_to_f32(q);
+    }
+    *s = acc;
+}
+
+/* The 32-element types: per block an integer sum, then scaled as llama.cpp does. */
+static void ref_q8_0(int n, float *s, const void *w, const void *xq) {
+    const uint8_t *wb = w;
+    const tlm_block_q8_0 *x = xq;
+    float acc = 0.0f;
+    for (int b = 0; b < n / TLM_QK; b++, wb += sizeof(tlm_block_q8_0)) {
+        tlm_block_q8_0 blk;
+        memcpy(&blk, wb, sizeof blk);
+        int sum = 0;
+        for (int i = 0; i < TLM_QK; i++) sum += blk.qs[i] * x[b].qs[i];
+        acc += (float)sum * (tlm_f16_to_f32(blk.d) * tlm_f16_to_f32(x[b].d));
+    }
+    *s = acc;
+}
+
+static void ref_q4_0(int n, float *s, const void *w, const void *xq) {
+    const uint8_t *wb = w;
+    const tlm_block_q8_0 *x = xq;
+    float acc = 0.0f;
+    for (int b = 0; b < n / TLM_QK; b++, wb += sizeof(tlm_block_q4_0)) {
+        tlm_block_q4_0 blk;
+        memcpy(&blk, wb, sizeof blk);
+        int sum = 0;
+        for (int j = 0; j < 16; j++)
+            sum += ((blk.qs[j] & 0xF) - 8) * x[b].qs[j] + ((blk.qs[j] >> 4) - 8) * x[b].qs[j + 16];
+        acc += (float)sum * (tlm_f16_to_f32(blk.d) * tlm_f16_to_f32(x[b].d));
+    }
+    *s = acc;
+}
+
+static void ref_q4_1(int n, float *s, const void *w, const void *xq) {
+    const uint8_t *wb = w;
+    const tlm_block_q8_0 *x = xq;
+    float acc = 0.0f;
+    for (int b = 0; b < n / TLM_QK; b++, wb += sizeof(tlm_block_q4_1)) {
+        tlm_block_q4_1 blk;
+        memcpy(&blk, wb, sizeof blk);
+        int sum = 0, xs = 0;
+        for (int j = 0; j < 16; j++) {
+            sum += (blk.qs[j] & 0xF) * x[b].qs[j] + (blk.qs[j] >> 4) * x[b].qs[j + 16];
+            xs += x[b].qs[j] + x[b].qs[j + 16];
+        }
+        float xd = tlm_f16_to_f32(x[b].d);
+        acc += (float)sum * (tlm_f16_to_f32(blk.d) * xd) + tlm_f16_to_f32(blk.m) * (xd * (float)xs);
+    }
+    *s = acc;
+}
+
+/* Q5_0 (off 16, no min) and Q5_1 (min m, off 0). */
+static void ref_q5(int n, float *s, const void *w, const void *xq, int has_min) {
+    const uint8_t *wb = w;
+    const tlm_block_q8_0 *x = xq;
+    size_t bytes = has_min ? sizeof(tlm_block_q5_1) : sizeof(tlm_block_q5_0);
+    float acc = 0.0f;
+    for (int b = 0; b < n / TLM_QK; b++, wb += bytes) {
+        float d, m = 0.0f;
+        uint8_t qhb[4], qs[16];
+        d = h2f(wb);
+        if (has_min) m = h2f(wb + 2);
+        memcpy(qhb, wb + (has_min ? 4 : 2), 4);
+        memcpy(qs, wb + (has_min ? 8 : 6), 16);
+        uint32_t qh = (uint32_t)qhb[0] | (uint32_t)qhb[1] << 8 | (uint32_t)qhb[2] << 16 |
+                      (uint32_t)qhb[3] << 24;
+        int off = has_min ? 0 : 16, sum = 0, xs = 0;
+        for (int j = 0; j < 16; j++) {
+            int q0 = (int)((qs[j] & 0xF) | (((qh >> j) << 4) & 0x10)) - off;
+            int q1 = (int)((qs[j] >> 4) | ((qh >> (j + 12)) & 0x10)) - off;
+            sum += q0 * x[b].qs[j] + q1 * x[b].qs[j + 16];
+            xs += x[b].qs[j] + x[b].qs[j + 16];
+        }
+        float xd = tlm_f16_to_f32(x[b].d);
+        acc += (float)sum * (d * xd) + m * (xd * (float)xs);
+    }
+    *s = acc;
+}
+static void ref_q5_0(int n, float *s, const void *w, const void *xq) { ref_q5(n, s, w, xq, 0); }
+static void ref_q5_1(int n, float *s, const void *w, const void *xq) { ref_q5(n, s, w, xq, 1); }
+
+/* Q4_K and Q5_K (qh != NULL): per sub-block of 32, sc * sum(q * x) in integers, and the mins
+ * through the activation's sums of 16. */
+static void ref_q45k(int n, float *s, const void *w, const void *xq, int five) {
+    const uint8_t *wb = w;
+    const k_block_q8_k *x = xq;
+    size_t bytes = five ? sizeof(tlm_block_q5_k) : sizeof(tlm_block_q4_k);
+    float acc = 0.0f;
+    for (int b = 0; b < n / TLM_QK_K; b++, wb += bytes) {
+        float d = h2f(wb), dmin = h2f(wb + 2);
+        const uint8_t *scales = wb + 4, *qh = five ? wb + 16 : NULL, *q = wb + (five ? 48 : 16);
+        const int8_t *a = x[b].qs;
+        int sumi = 0, summ = 0;
+        for (int g = 0; g < 4; g++, q += 32, a += 64) {
+            uint8_t sc0, mn0, sc1, mn1;
+            tlm_q4k_scale_min(2 * g, scales, &sc0, &mn0);
+            tlm_q4k_scale_min(2 * g + 1, scales, &sc1, &mn1);
+            int s0 = 0, s1 = 0;
+            for (int l = 0; l < 32; l++) {
+                int h0 = qh ? ((qh[l] >> (2 * g)) & 1) << 4 : 0;
+                int h1 = qh ? ((qh[l] >> (2 * g + 1)) & 1) << 4 : 0;
+                s0 += ((q[l] & 0xF) + h0) * a[l];
+                s1 += ((q[l] >> 4) + h1) * a[l + 32];
+            }
+            sumi += sc0 * s0 + sc1 * s1;
+            summ += mn0 * (x[b].bsums[4 * g] + x[b].bsums[4 * g + 1]) +
+                    mn1 * (x[b].bsums[4 * g + 2] + x[b].bsums[4 * g + 3]);
+        }
+        acc += x[b].d * d * (float)sumi - x[b].d * dmin * (float)summ;
+    }
+    *s = acc;
+}
+static void ref_q4_k(int n, float *s, const void *w, const void *xq) { ref_q45k(n, s, w, xq, 0); }
+static void ref_q5_k(int n, float *s, const void *w, const void *xq) { ref_q45k(n, s, w, xq, 1); }
+
+static void ref_q6_k(int n, float *s, const void *w, const void *xq) {
+    const uint8_t *wb = w;
+    const k_block_q8_k *x = xq;
+    float acc = 0.0f;
+    for (int b = 0; b < n / TLM_QK_K; b++, wb += sizeof(tlm_block_q6_k)) {
+        const uint8_t *ql = wb, *qh = wb + 128;
+        const int8_t *sc = (const int8_t *)(wb + 192), *a = x[b].qs;
+        float d = h2f(wb + 208);
+        int sumi = 0;
+        for (int h = 0; h < 2; h++, ql += 64, qh += 32, sc += 8, a += 128) {
+            int sub[8] = {0};
+            for (int l = 0; l < 32; l++) {
+                int q1 = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) - 32;
+                int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                sub[l / 16] += q1 * a[l];
+                sub[2 + l / 16] += q2 * a[l + 32];
+                sub[4 + l / 16] += q3 * a[l + 64];
+                sub[6 + l / 16] += q4 * a[l + 96];
+            }
+            for (int k = 0; k < 8; k++) sumi += sc[k] * sub[k];
+        }
+        acc += d * x[b].d * (float)sumi;
+    }
+    *s = acc;
+}
+
+/* ---- dispatch ------------------------------------------------------------------------------- */
+
+static k_vdot_fn ref_of(tlm_dtype t) {
+    switch (t) {
+    case TLM_DTYPE_F32: return ref_f32;
+    case TLM_DTYPE_F16: return ref_f16;
+    case TLM_DTYPE_BF16: return ref_bf16;
+    case TLM_DTYPE_Q8_0: return ref_q8_0;
+    case TLM_DTYPE_Q4_0: return ref_q4_0;
+    case TLM_DTYPE_Q4_1: return ref_q4_1;
+    case TLM_DTYPE_Q5_0: return ref_q5_0;
+    case TLM_DTYPE_Q5_1: return ref_q5_1;
+    case TLM_DTYPE_Q4_K: return ref_q4_k;
+    case TLM_DTYPE_Q5_K: return ref_q5_k;
+    case TLM_DTYPE_Q6_K: return ref_q6_k;
+    default: return NULL;
+    }
+}
+
+static int isa_level = -1;
+static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
+
+static void isa_detect(void) {
+    int lvl = k_simd_cpu_level();
+    const char *cap = getenv("TLM_ISA");
+    if (cap && !strcmp(cap, "ref")) lvl = K_ISA_REF;
+    if (cap && !strcmp(cap, "avx2") && lvl > K_ISA_AVX2) lvl = K_ISA_AVX2;
+    isa_level = lvl;
+}
+
+int k_isa(void) {
+    pthread_once(&isa_once, isa_detect);
+    return isa_level;
+}
+
+k_vdot_fn k_vdot_get(tlm_dtype t, int isa) {
+    if (isa < 0 || isa >= K_ISA_COUNT) return NULL;
+    if (isa == K_ISA_REF) return ref_of(t);
+    if (isa > k_simd_cpu_level()) return NULL;
+    return k_simd_vdot(t, isa);
+}
+
+static int isa_cap = K_ISA_COUNT;
+void k_isa_cap(int isa) { isa_cap = isa; }
+
+k_vdot_fn k_vdot(tlm_dtype t) {
+    int top = k_isa() < isa_cap ? k_isa() : isa_cap;
+    for (int isa = top; isa > K_ISA_REF; isa--) {
+        k_vdot_fn f = k_simd_vdot(t, isa);
+        if (f) return f;
+    }
+    return ref_of(t);
+}
+
+void k_widen_row(tlm_dtype t, const void *src, float *dst, int n) {
+    if (k_isa() >= K_ISA_AVX2 && k_simd_widen(t, src, dst, n)) return;
+    tlm_dtype_to_f32(t, src, dst, (size_t)n);
+}
+
+/* ---- scratch -------------------------------------------------------------------------------- */
+
+#define K_SCRATCH_SLOTS 2
+typedef struct {
+    void *p[K_SCRATCH_SLOTS];
+    size_t n[K_SCRATCH_SLOTS];
+} scratch_set;
+
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static int scratch_ok;
+
+static void scratch_free(void *v) {
+    scratch_set *s = v;
+    for (int i = 0; i < K_SCRATCH_SLOTS; i++) free(s->p[i]);
+    free(s);
+}
+
+static void scratch_init(void) { scratch_ok = pthread_key_create(&scratch_key, scratch_free) == 0; }
+
+void *k_scratch(int slot, size_t bytes) {
+    pthread_once(&scratch_once, scratch_init);
+    if (!scratch_ok || slot < 0 || slot >= K_SCRATCH_SLOTS) return NULL;
+    scratch_set *s = pthread_getspecific(scratch_key);
+    if (!s) {
+        s = calloc(1, sizeof *s);
+        if (!s || pthread_setspecific(scratch_key, s)) {
+            free(s);
+            return NULL;
+        }
+    }
+    if (s->n[slot] < bytes) {
+        /* 64-byte aligned so that vector loads of activation rows never split a line needlessly */
+        size_t want = (bytes + 63) & ~(size_t)63;
+        void *p = NULL;
+        if (posix_memalign(&p, 64, want)) return NULL;
+        free(s->p[slot]);
+        s->p[slot] = p;
+        s->n[slot] = want;
+    }
+    return s->p[slot];
+}

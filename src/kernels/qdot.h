@@ -1,0 +1,54 @@
+/* Dot products of one weight row in its file type (F16, BF16, the ggml block types) with one row
+ * of activations prepared for that type, as llama.cpp computes them: the 32-element block types
+ * meet activations quantized to Q8_0 blocks, the K types Q8_K blocks (256 int8 and a float scale,
+ * plus sums of 16), BF16 meets activations rounded to BF16, F16 meets F32. Each type has a plain C
+ * reference; AVX2 and AVX-512 (VNNI vpdpbusd, BF16 vdpbf16ps) versions are compiled with target
+ * attributes and chosen at run time from the CPU's features, so one binary runs on any x86-64. */
+#ifndef TLM_KERNELS_QDOT_H
+#define TLM_KERNELS_QDOT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tlm.h"
+
+/* How a type wants its activations. */
+typedef enum { K_ACT_F32, K_ACT_BF16, K_ACT_Q8_0, K_ACT_Q8_K, K_ACT_NONE } k_act_kind;
+
+/* llama.cpp's block_q8_K: x = d * q; bsums[j] = sum of q[16j .. 16j + 15]. */
+typedef struct {
+    float d;
+    int8_t qs[256];
+    int16_t bsums[16];
+} k_block_q8_k;
+
+/* Instruction sets, in increasing order. */
+enum { K_ISA_REF, K_ISA_AVX2, K_ISA_AVX512, K_ISA_COUNT };
+
+/* s = w . x over n elements (a whole number of w's blocks); xq is the activation row in
+ * k_act_of(type)'s form. */
+typedef void (*k_vdot_fn)(int n, float *s, const void *w, const void *xq);
+
+k_act_kind k_act_of(tlm_dtype t);
+/* Bytes of one activation row of n elements for a type (0: type not computed on). */
+size_t k_act_row_bytes(tlm_dtype t, int n);
+/* x[n] to the activation form the type wants (n a whole number of its blocks). */
+void k_act_quantize(k_act_kind kind, const float *x, void *xq, int n);
+/* The best instruction set this CPU runs (TLM_ISA=ref|avx2|avx512 caps it, for comparisons). */
+int k_isa(void);
+/* Caps the instruction set k_vdot picks from now on (K_ISA_REF: the references). For tests and
+ * comparisons; call it while no product runs. */
+void k_isa_cap(int isa);
+/* The dot product of a type at one instruction set; NULL when that set has no version of its own
+ * for the type or the CPU lacks it. k_vdot: the best available (never NULL for a computed type). */
+k_vdot_fn k_vdot_get(tlm_dtype t, int isa);
+k_vdot_fn k_vdot(tlm_dtype t);
+
+/* One weight row of n elements to floats (tlm_dtype_to_f32, vectorized where it matters). */
+void k_widen_row(tlm_dtype t, const void *src, float *dst, int n);
+
+/* Thread-local scratch (one buffer per slot and thread, kept and grown): NULL when out of
+ * memory. Callers must not hold it across calls that may use the same slot. */
+void *k_scratch(int slot, size_t bytes);
+
+#endif

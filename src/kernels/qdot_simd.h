@@ -1,0 +1,15 @@
+/* The x86 vector versions of the dot products (qdot_x86.c), private to qdot.c. */
+#ifndef TLM_KERNELS_QDOT_SIMD_H
+#define TLM_KERNELS_QDOT_SIMD_H
+
+#include "qdot.h"
+
+/* The highest K_ISA_* this CPU and OS run (K_ISA_REF on other architectures). */
+int k_simd_cpu_level(void);
+/* The type's version at that level, or NULL when it has none of its own. */
+k_vdot_fn k_simd_vdot(tlm_dtype t, int isa);
+
+/* n elements of an F16 or BF16 row to floats when a vector version exists; 0 otherwise. */
+int k_simd_widen(tlm_dtype t, const void *src, float *dst, int n);
+
+#endif

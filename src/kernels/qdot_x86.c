@@ -1,0 +1,603 @@
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "core/quant.h"
+#include "qdot_simd.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#include <immintrin.h>
+
+/* Each function carries its instruction set as a target attribute, so the file builds without
+ * -march flags and the caller picks by what the CPU reports. */
+#define T2 __attribute__((target("avx2,fma,f16c")))
+#define T5 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
+#define T5BF                                                                                       \
+    __attribute__((                                                                                \
+        target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,avx2,fma,f16c")))
+
+static int cpu_level, cpu_bf16;
+static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
+
+static uint64_t xcr0(void) {
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (uint64_t)hi << 32 | lo;
+}
+
+static void detect(void) {
+    unsigned a, b, c, d;
+    int lvl = K_ISA_REF;
+    if (__get_cpuid(1, &a, &b, &c, &d)) {
+        int fma = (c >> 12) & 1, osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, f16c = (c >> 29) & 1;
+        uint64_t x = osxsave ? xcr0() : 0;
+        if (fma && avx && f16c && (x & 6) == 6 && __get_cpuid_max(0, NULL) >= 7) {
+            __cpuid_count(7, 0, a, b, c, d);
+            int avx2 = (b >> 5) & 1, f = (b >> 16) & 1, dq = (b >> 17) & 1, bw = (b >> 30) & 1,
+                vl = (b >> 31) & 1, vnni = (c >> 11) & 1;
+            if (avx2) lvl = K_ISA_AVX2;
+            if (f && dq && bw && vl && vnni && (x & 0xE0) == 0xE0) {
+                lvl = K_ISA_AVX512;
+                __cpuid_count(7, 1, a, b, c, d);
+                cpu_bf16 = (a >> 5) & 1;
+            }
+        }
+    }
+    cpu_level = lvl;
+}
+
+int k_simd_cpu_level(void) {
+    pthread_once(&cpu_once, detect);
+    return cpu_level;
+}
+
+/* ---- helpers -------------------------------------------------------------------------------- */
+
+T2 static inline float f16s(const void *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+T2 static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+T2 static inline int hsum8i(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* 32 nibbles of a 32-element block: the low nibbles are elements 0-15, the high ones 16-31. */
+T2 static inline __m256i nibbles32(const uint8_t *qs) {
+    __m128i q = _mm_loadu_si128((const __m128i *)qs);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
+}
+
+/* Signed bytes times signed bytes, summed in pairs to int16 (|w| <= 128, |x| <= 127 so that the
+ * unsigned-by-signed multiply of maddubs cannot saturate), then to int32. */
+T2 static inline __m256i dot_ss2(__m256i w, __m256i x) {
+    __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+/* The same with VNNI: |w| as unsigned bytes, x negated where w is negative. */
+T5 static inline __m512i dot_ss5(__m512i w, __m512i x) {
+    __m512i sx = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x);
+    return _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(w), sx);
+}
+T5 static inline __m256i dot_ss5y(__m256i w, __m256i x) {
+    __m256i sx = _mm256_mask_sub_epi8(x, _mm256_movepi8_mask(w), _mm256_setzero_si256(), x);
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(w), sx);
+}
+
+T5 static inline __m512i join(__m256i lo, __m256i hi) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+/* ---- F16, BF16 ------------------------------------------------------------------------------ */
+
+T2 static void a2_f16(int n, float *s, const void *w, const void *xq) {
+    const uint8_t *a = w;
+    const float *x = xq;
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + 2 * i))),
+                             _mm256_loadu_ps(x + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + 2 * i + 16))),
+                             _mm256_loadu_ps(x + i + 8), s1);
+    }
+    float r = hsum8(_mm256_add_ps(s0, s1));
+    for (; i < n; i++) r += f16s(a + 2 * i) * x[i];
+    *s = r;
+}
+
+T5 static void a5_f16(int n, float *s, const void *w, const void *xq) {
+    const uint8_t *a = w;
+    const float *x = xq;
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(a + 2 * i))),
+                             _mm512_loadu_ps(x + i), s0);
+        s1 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(a + 2 * i + 32))),
+                             _mm512_loadu_ps(x + i + 16), s1);
+    }
+    for (; i < n; i += 16) {
+        int left = n - i < 16 ? n - i : 16;
+        __mmask16 k = (__mmask16)((1u << left) - 1u);
+        __m512 wv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, a + 2 * i));
+        s0 = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(k, x + i), s0);
+    }
+    *s = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+}
+
+T2 static inline __m256 bf16x8(const uint8_t *p) {
+    __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+
+T2 static void a2_bf16(int n, float *s, const void *w, const void *xq) {
+    const uint8_t *a = w, *x = xq;
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(bf16x8(a + 2 * i), bf16x8(x + 2 * i), s0);
+        s1 = _mm256_fmadd_ps(bf16x8(a + 2 * i + 16), bf16x8(x + 2 * i + 16), s1);
+    }
+    float r = hsum8(_mm256_add_ps(s0, s1));
+    for (; i < n; i++) {
+        uint16_t p, q;
+        memcpy(&p, a + 2 * i, 2);
+        memcpy(&q, x + 2 * i, 2);
+        uint32_t up = (uint32_t)p << 16, uq = (uint32_t)q << 16;
+        float fp, fq;
+        memcpy(&fp, &up, 4);
+        memcpy(&fq, &uq, 4);
+        r += fp * fq;
+    }
+    *s = r;
+}
+
+T5BF static void a5_bf16(int n, float *s, const void *w, const void *xq) {
+    const uint8_t *a = w, *x = xq;
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 64 <= n; i += 64) {
+        s0 = _mm512_dpbf16_ps(s0, (__m512bh)_mm512_loadu_si512(a + 2 * i),
+                              (__m512bh)_mm512_loadu_si512(x + 2 * i));
+        s1 = _mm512_dpbf16_ps(s1, (__m512bh)_mm512_loadu_si512(a + 2 * i + 64),
+                              (__m512bh)_mm512_loadu_si512(x + 2 * i + 64));
+    }
+    for (; i < n; i += 32) {
+        int left = n - i < 32 ? n - i : 32;
+        __mmask32 k = left == 32 ? 0xFFFFFFFFu : (__mmask32)((1u << left) - 1u);
+        s0 = _mm512_dpbf16_ps(s0, (__m512bh)_mm512_maskz_loadu_epi16(k, a + 2 * i),
+                              (__m512bh)_mm512_maskz_loadu_epi16(k, x + 2 * i));
+    }
+    *s = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+}
+
+/* ---- Q8_0, Q4_0 ----------------------------------------------------------------------------- */
+
+T2 static void a2_q8_0(int n, float *s, const void *w, const void *xq) {
+    const uint8_t *wb = w;
+    const tlm_block_q8_0 *x = xq;
+    __m256 acc = _mm256_setzero_ps();
+    for (int b = 0; b < n / TLM_QK; b++, wb += 34) {
+        __m256i p = dot_ss2(_mm256_loadu_si256((const __m256i *)(wb + 2)),
+                            _mm256_loadu_si256((const __m256i *)x[b].qs));
+        float d = f16s(wb) * _cvtsh_ss(x[b].d);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d), acc);
+    }
+    *s = hsum8(acc);
+}
+
+T2 static void a2_q4_0(int n, float *s, const void *w, const void *xq) {
+    const uint8_t *wb = w;
+    const tlm_block_q8_0 *x = xq;
+    __m256 acc = _mm256_setzero_ps();
+    for (int b = 0; b < n / TLM_QK; b++, wb += 18) {
+        __m256i q = _mm256_sub_epi8(nibbles32(wb + 2), _mm256_set1_epi8(8));
+        __m256i p = dot_ss2(q, _mm256_loadu_si256((const __m256i *)x[b].qs));
+        float d = f16s(wb) * _cvtsh_ss(x[b].d);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d), acc);
+    }
+    *s = hsum8(acc);
+}
+
+/* Two blocks per 512-bit vector: lanes 0-7 hold the first block's sums, 8-15 the second's. */
+T5 static void a5_q8_0(int n, float *s, const void *w, const void *xq) {
+    const uint8_t *wb = w;
+    const tlm_block_q8_0 *x = xq;
+    int nb = n / TLM_QK, b = 0;
+    __m512 acc = _mm512_setzero_ps();
+    for (; b + 2 <= nb; b += 2, wb += 68) {
+        __m512i wv = join(_mm256_loadu_si256((const __m256i *)(wb + 2)),
+                          _mm256_loadu_si256((const __m256i *)(wb + 36)));
+        __m512i xv = join(_mm256_loadu_si256((const __m256i *)x[b].qs),
+                          _mm256_loadu_si256((const __m256i *)x[b + 1].qs));
+        __m512 d = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(f16s(wb) * _cvtsh_ss(x[b].d)),
+                                        _mm512_set1_ps(f16s(wb + 34) * _cvtsh_ss(x[b + 1].d)));
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_ss5(wv, xv)), d, acc);
+    }
+    float r = _mm512_reduce_add_ps(acc);
+    if (b < nb) {
+        __m256i p = dot_ss5y(_mm256_loadu_si256((const __m256i *)(wb + 2)),
+                             _mm256_loadu_si256((const __m256i *)x[b].qs));
+        r += (float)hsum8i(p) * (f16s(wb) * _cvtsh_ss(x[b].d));
+    }
+    *s = r;
+}
+
+T5 static void a5_q4_0(int n, float *s, const void *w, const void *xq) {
+    const uint8_t *wb = w;
+    const tlm_block_q8_0 *x = xq;
+    int nb = n / TLM_QK, b = 0;
+    const __m256i eight = _mm256_set1_epi8(8);
+    __m512 acc = _mm512_setzero_ps();
+    for (; b + 2 <= nb; b += 2, wb += 36) {
+        __m512i wv = join(_mm256_sub_epi8(nibbles32(wb + 2), eight),
+                          _mm256_sub_epi8(nibbles32(wb + 20), eight));
+        __m512i xv = join(_mm256_loadu_si256((const __m256i *)x[b].qs),
+                          _mm256_loadu_si256((const __m256i *)x[b + 1].qs));
+        __m512 d = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(f16s(wb) * _cvtsh_ss(x[b].d)),
+                                        _mm512_set1_ps(f16s(wb + 18) * _cvtsh_ss(x[b + 1].d)));
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_ss5(wv, xv)), d, acc);
+    }
+    float r = _mm512_reduce_add_ps(acc);
+    if (b < nb) {
+        __m256i p = dot_ss5y(_mm256_sub_epi8(nibbles32(wb + 2), eight),
+                             _mm256_loadu_si256((const __m256i *)x[b].qs));
+        r += (float)hsum8i(p) * (f16s(wb) * _cvtsh_ss(x[b].d));
+    }
+    *s = r;
+}
+
+/* Q4_1, Q5_0, Q5_1 (the fallbacks llama.cpp's K mixes pick for rows that are not whole
+ * 256-blocks), a block per 256-bit vector: the fifth bits come from the 32-bit mask qh directly
+ * (element i is byte i of the nibbles), the min through the activation's block sum. */
+T5 static inline void a5_q451(int n, float *s, const void *w, const void *xq, int five,
+                              int has_min) {
+    const uint8_t *wb = w;
+    const tlm_block_q8_0 *x = xq;
+    size_t bytes = five ? (has_min ? 24 : 22) : 20;
+    int qs_at = (has_min ? 4 : 2) + (five ? 4 : 0);
+    const __m256i ones = _mm256_set1_epi8(1), bit5 = _mm256_set1_epi8(0x10);
+    __m256 acc = _mm256_setzero_ps();
+    for (int b = 0; b < n / TLM_QK; b++, wb += bytes) {
+        __m256i q = nibbles32(wb + qs_at);
+        if (five) {
+            uint32_t qh;
+            memcpy(&qh, wb + (has_min ? 4 : 2), 4);
+            q = _mm256_or_si256(q, _mm256_and_si256(_mm256_movm_epi8(qh), bit5));
+        }
+        __m256i a = _mm256_loadu_si256((const __m256i *)x[b].qs);
+        float xd = _cvtsh_ss(x[b].d), d = f16s(wb) * xd;
+        if (has_min) {
+            __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, a);
+            __m256i sa = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, a);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d), acc);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sa), _mm256_set1_ps(f16s(wb + 2) * xd), acc);
+        } else {
+            __m256i p = dot_ss5y(_mm256_sub_epi8(q, bit5), a);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d), acc);
+        }
+    }
+    *s = hsum8(acc);
+}
+/* Bit i of qh as byte i (0xFF or 0): byte i/8 of qh spread over 8 lanes, each testing its bit. */
+T2 static inline __m256i bits_to_bytes(uint32_t qh) {
+    const __m256i spread =
+        _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), spread);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+}
+
+T2 static inline void a2_q451(int n, float *s, const void *w, const void *xq, int five,
+                              int has_min) {
+    const uint8_t *wb = w;
+    const tlm_block_q8_0 *x = xq;
+    size_t bytes = five ? (has_min ? 24 : 22) : 20;
+    int qs_at = (has_min ? 4 : 2) + (five ? 4 : 0);
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1),
+                  bit5 = _mm256_set1_epi8(0x10);
+    __m256 acc = _mm256_setzero_ps();
+    for (int b = 0; b < n / TLM_QK; b++, wb += bytes) {
+        __m256i q = nibbles32(wb + qs_at);
+        if (five) {
+            uint32_t qh;
+            memcpy(&qh, wb + (has_min ? 4 : 2), 4);
+            q = _mm256_or_si256(q, _mm256_and_si256(bits_to_bytes(qh), bit5));
+        }
+        __m256i a = _mm256_loadu_si256((const __m256i *)x[b].qs);
+        float xd = _cvtsh_ss(x[b].d), d = f16s(wb) * xd;
+        if (has_min) {
+            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, a), ones16);
+            __m256i sa = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, a), ones16);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d), acc);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sa), _mm256_set1_ps(f16s(wb + 2) * xd), acc);
+        } else {
+            __m256i p = dot_ss2(_mm256_sub_epi8(q, bit5), a);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d), acc);
+        }
+    }
+    *s = hsum8(acc);
+}
+T2 static void a2_q4_1(int n, float *s, const void *w, const void *xq) {
+    a2_q451(n, s, w, xq, 0, 1);
+}
+T2 static void a2_q5_0(int n, float *s, const void *w, const void *xq) {
+    a2_q451(n, s, w, xq, 1, 0);
+}
+T2 static void a2_q5_1(int n, float *s, const void *w, const void *xq) {
+    a2_q451(n, s, w, xq, 1, 1);
+}
+
+T5 static void a5_q4_1(int n, float *s, const void *w, const void *xq) {
+    a5_q451(n, s, w, xq, 0, 1);
+}
+T5 static void a5_q5_0(int n, float *s, const void *w, const void *xq) {
+    a5_q451(n, s, w, xq, 1, 0);
+}
+T5 static void a5_q5_1(int n, float *s, const void *w, const void *xq) {
+    a5_q451(n, s, w, xq, 1, 1);
+}
+
+/* ---- Q4_K, Q5_K ----------------------------------------------------------------------------- */
+
+/* The 8 scales and the mins' contribution (sum of mn * the activation's sums over the sub-block)
+ * of one Q4_K / Q5_K super-block. */
+static inline int q45k_scales(const uint8_t *scales, const int16_t *bsums, uint8_t sc[8]) {
+    int summ = 0;
+    for (int j = 0; j < 8; j++) {
+        uint8_t mn;
+        tlm_q4k_scale_min(j, scales, &sc[j], &mn);
+        summ += mn * (bsums[2 * j] + bsums[2 * j + 1]);
+    }
+    return summ;
+}
+
+/* Sub-blocks 2g (low nibbles, fifth bit 2g of qh) and 2g + 1 (high nibbles, bit 2g + 1). */
+T2 static inline void q45k_group(const uint8_t *q, const uint8_t *qh, int g, __m256i *lo,
+                                 __m256i *hi) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+    __m256i v = _mm256_loadu_si256((const __m256i *)q);
+    *lo = _mm256_and_si256(v, m4);
+    *hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+    if (qh) {
+        __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+        __m256i h0 = _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(2 * g)), one);
+        __m256i h1 = _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(2 * g + 1)), one);
+        *lo = _mm256_or_si256(*lo, _mm256_slli_epi16(h0, 4));
+        *hi = _mm256_or_si256(*hi, _mm256_slli_epi16(h1, 4));
+    }
+}
+
+T2 static void a2_q45k(int n, float *s, const void *w, const void *xq, int five) {
+    const uint8_t *wb = w;
+    const k_block_q8_k *x = xq;
+    size_t bytes = five ? sizeof(tlm_block_q5_k) : sizeof(tlm_block_q4_k);
+    __m256 acc = _mm256_setzero_ps();
+    float accm = 0.0f;
+    for (int b = 0; b < n / TLM_QK_K; b++, wb += bytes) {
+        uint8_t sc[8];
+        int summ = q45k_scales(wb + 4, x[b].bsums, sc);
+        const uint8_t *qh = five ? wb + 16 : NULL, *q = wb + (five ? 48 : 16);
+        __m256i isum = _mm256_setzero_si256();
+        for (int g = 0; g < 4; g++) {
+            __m256i lo, hi;
+            q45k_group(q + 32 * g, qh, g, &lo, &hi);
+            __m256i p0 =
+                _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(x[b].qs + 64 * g)));
+            __m256i p1 = _mm256_maddubs_epi16(
+                hi, _mm256_loadu_si256((const __m256i *)(x[b].qs + 64 * g + 32)));
+            isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p0, _mm256_set1_epi16(sc[2 * g])));
+            isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p1, _mm256_set1_epi16(sc[2 * g + 1])));
+        }
+        float d = x[b].d * f16s(wb);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d), acc);
+        accm += x[b].d * f16s(wb + 2) * (float)summ;
+    }
+    *s = hsum8(acc) - accm;
+}
+T2 static void a2_q4_k(int n, float *s, const void *w, const void *xq) { a2_q45k(n, s, w, xq, 0); }
+T2 static void a2_q5_k(int n, float *s, const void *w, const void *xq) { a2_q45k(n, s, w, xq, 1); }
+
+T5 static void a5_q45k(int n, float *s, const void *w, const void *xq, int five) {
+    const uint8_t *wb = w;
+    const k_block_q8_k *x = xq;
+    size_t bytes = five ? sizeof(tlm_block_q5_k) : sizeof(tlm_block_q4_k);
+    __m512 acc = _mm512_setzero_ps();
+    float accm = 0.0f;
+    for (int b = 0; b < n / TLM_QK_K; b++, wb += bytes) {
+        uint8_t sc[8];
+        int summ = q45k_scales(wb + 4, x[b].bsums, sc);
+        const uint8_t *qh = five ? wb + 16 : NULL, *q = wb + (five ? 48 : 16);
+        __m512i isum = _mm512_setzero_si512();
+        for (int g = 0; g < 4; g++) {
+            __m256i lo, hi;
+            q45k_group(q + 32 * g, qh, g, &lo, &hi);
+            __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), join(lo, hi),
+                                            _mm512_loadu_si512(x[b].qs + 64 * g));
+            __m512i scv = _mm512_mask_blend_epi32(0xFF00, _mm512_set1_epi32(sc[2 * g]),
+                                                  _mm512_set1_epi32(sc[2 * g + 1]));
+            isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(p, scv));
+        }
+        float d = x[b].d * f16s(wb);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(d), acc);
+        accm += x[b].d * f16s(wb + 2) * (float)summ;
+    }
+    *s = _mm512_reduce_add_ps(acc) - accm;
+}
+T5 static void a5_q4_k(int n, float *s, const void *w, const void *xq) { a5_q45k(n, s, w, xq, 0); }
+T5 static void a5_q5_k(int n, float *s, const void *w, const void *xq) { a5_q45k(n, s, w, xq, 1); }
+
+/* ---- Q6_K ----------------------------------------------------------------------------------- */
+
+/* The four 32-element runs of one 128-element half: q1..q4 of the format (0..63, offset 32 not
+ * yet taken off). */
+T2 static inline void q6k_half(const uint8_t *ql, const uint8_t *qh, __m256i q[4]) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
+    __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+    __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+    __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+    q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m3), 4));
+    q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m3), 4));
+    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3), 4));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4));
+}
+
+/* The offset of 32: sum over sub-blocks of sc * 32 * (activation sum). */
+static inline int q6k_offset(const int8_t *sc, const int16_t *bsums) {
+    int c = 0;
+    for (int k = 0; k < 16; k++) c += sc[k] * bsums[k];
+    return 32 * c;
+}
+
+T2 static void a2_q6_k(int n, float *s, const void *w, const void *xq) {
+    const uint8_t *wb = w;
+    const k_block_q8_k *x = xq;
+    float r = 0.0f;
+    for (int b = 0; b < n / TLM_QK_K; b++, wb += sizeof(tlm_block_q6_k)) {
+        const int8_t *sc = (const int8_t *)(wb + 192);
+        __m256i isum = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            __m256i q[4];
+            q6k_half(wb + 64 * h, wb + 128 + 32 * h, q);
+            for (int v = 0; v < 4; v++) {
+                const int8_t *a = x[b].qs + 128 * h + 32 * v;
+                int k = 8 * h + 2 * v; /* sub-blocks k and k + 1 */
+                __m256i p = _mm256_maddubs_epi16(q[v], _mm256_loadu_si256((const __m256i *)a));
+                __m256i scv = _mm256_set_m128i(_mm_set1_epi16(sc[k + 1]), _mm_set1_epi16(sc[k]));
+                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, scv));
+            }
+        }
+        int total = hsum8i(isum) - q6k_offset(sc, x[b].bsums);
+        r += x[b].d * f16s(wb + 208) * (float)total;
+    }
+    *s = r;
+}
+
+T5 static void a5_q6_k(int n, float *s, const void *w, const void *xq) {
+    const uint8_t *wb = w;
+    const k_block_q8_k *x = xq;
+    /* Lane i of the z-th 64-element run belongs to sub-block 4z + i / 4. */
+    const __m512i idx0 = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    const __m512i four = _mm512_set1_epi32(4);
+    float r = 0.0f;
+    for (int b = 0; b < n / TLM_QK_K; b++, wb += sizeof(tlm_block_q6_k)) {
+        const int8_t *sc = (const int8_t *)(wb + 192);
+        __m512i s16 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)sc));
+        __m512i isum = _mm512_setzero_si512(), idx = idx0;
+        for (int h = 0; h < 2; h++) {
+            __m256i q[4];
+            q6k_half(wb + 64 * h, wb + 128 + 32 * h, q);
+            for (int z = 0; z < 2; z++) {
+                __m512i p =
+                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), join(q[2 * z], q[2 * z + 1]),
+                                        _mm512_loadu_si512(x[b].qs + 128 * h + 64 * z));
+                isum = _mm512_add_epi32(isum,
+                                        _mm512_mullo_epi32(p, _mm512_permutexvar_epi32(idx, s16)));
+                idx = _mm512_add_epi32(idx, four);
+            }
+        }
+        int total = _mm512_reduce_add_epi32(isum) - q6k_offset(sc, x[b].bsums);
+        r += x[b].d * f16s(wb + 208) * (float)total;
+    }
+    *s = r;
+}
+
+/* Rows of F16 and BF16 to floats for the prefill tiles (8 at a time; the reference converts one
+ * element per call). */
+T2 static void widen_f16(const void *src, float *dst, int n) {
+    const uint8_t *p = src;
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 2 * i))));
+    for (; i < n; i++) dst[i] = f16s(p + 2 * i);
+}
+
+T2 static void widen_bf16(const void *src, float *dst, int n) {
+    const uint8_t *p = src;
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, bf16x8(p + 2 * i));
+    for (; i < n; i++) {
+        uint16_t h;
+        memcpy(&h, p + 2 * i, 2);
+        uint32_t u = (uint32_t)h << 16;
+        memcpy(dst + i, &u, 4);
+    }
+}
+
+int k_simd_widen(tlm_dtype t, const void *src, float *dst, int n) {
+    if (k_simd_cpu_level() < K_ISA_AVX2) return 0;
+    if (t == TLM_DTYPE_F16)
+        widen_f16(src, dst, n);
+    else if (t == TLM_DTYPE_BF16)
+        widen_bf16(src, dst, n);
+    else
+        return 0;
+    return 1;
+}
+
+k_vdot_fn k_simd_vdot(tlm_dtype t, int isa) {
+    if (isa > k_simd_cpu_level()) return NULL;
+    if (isa == K_ISA_AVX512) {
+        switch (t) {
+        case TLM_DTYPE_F16: return a5_f16;
+        case TLM_DTYPE_BF16: return cpu_bf16 ? a5_bf16 : a2_bf16;
+        case TLM_DTYPE_Q8_0: return a5_q8_0;
+        case TLM_DTYPE_Q4_0: return a5_q4_0;
+        case TLM_DTYPE_Q4_1: return a5_q4_1;
+        case TLM_DTYPE_Q5_0: return a5_q5_0;
+        case TLM_DTYPE_Q5_1: return a5_q5_1;
+        case TLM_DTYPE_Q4_K: return a5_q4_k;
+        case TLM_DTYPE_Q5_K: return a5_q5_k;
+        case TLM_DTYPE_Q6_K: return a5_q6_k;
+        default: return NULL;
+        }
+    }
+    if (isa == K_ISA_AVX2) {
+        switch (t) {
+        case TLM_DTYPE_F16: return a2_f16;
+        case TLM_DTYPE_BF16: return a2_bf16;
+        case TLM_DTYPE_Q8_0: return a2_q8_0;
+        case TLM_DTYPE_Q4_0: return a2_q4_0;
+        case TLM_DTYPE_Q4_1: return a2_q4_1;
+        case TLM_DTYPE_Q5_0: return a2_q5_0;
+        case TLM_DTYPE_Q5_1: return a2_q5_1;
+        case TLM_DTYPE_Q4_K: return a2_q4_k;
+        case TLM_DTYPE_Q5_K: return a2_q5_k;
+        case TLM_DTYPE_Q6_K: return a2_q6_k;
+        default: return NULL;
+        }
+    }
+    return NULL;
+}
+
+#else
+
+int k_simd_cpu_level(void) { return K_ISA_REF; }
+int k_simd_widen(tlm_dtype t, const void *src, float *dst, int n) {
+    (void)t, (void)src, (void)dst, (void)n;
+    return 0;
+}
+k_vdot_fn k_simd_vdot(tlm_dtype t, int isa) {
+    (void)t;
+    (void)isa;
+    return NULL;
+}
+
+#endif

@@ -1,0 +1,213 @@
+/* The typed dot products (src/kernels/qdot.c): each type's reference against the widened weights
+ * (tlm_dtype_to_f32, ggml's dequantization) times the widened activations, every vector version
+ * this CPU runs against the reference, on random blocks with odd tails, extreme and zero scales and
+ * the largest magnitudes; then k_linear on typed weights (decode and prefill paths) against the
+ * same product on the widened F32 weight. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/dtype.h"
+#include "core/half.h"
+#include "core/quant.h"
+#include "harness.h"
+#include "kernels/kernels.h"
+#include "kernels/qdot.h"
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static uint32_t rnd(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng >> 16);
+}
+static float unif(void) { return (float)(rnd() & 0xFFFFFF) / 16777216.0f * 2.0f - 1.0f; }
+
+static const tlm_dtype types[] = {TLM_DTYPE_F16,  TLM_DTYPE_BF16, TLM_DTYPE_Q8_0, TLM_DTYPE_Q4_0,
+                                  TLM_DTYPE_Q4_1, TLM_DTYPE_Q5_0, TLM_DTYPE_Q5_1, TLM_DTYPE_Q4_K,
+                                  TLM_DTYPE_Q5_K, TLM_DTYPE_Q6_K};
+#define NTYPES (int)(sizeof types / sizeof types[0])
+
+/* Offsets of the f16 scales in each block (the rest of a block is random bytes). */
+static int scale_offsets(tlm_dtype t, int off[2]) {
+    switch (t) {
+    case TLM_DTYPE_Q8_0:
+    case TLM_DTYPE_Q4_0:
+    case TLM_DTYPE_Q5_0: off[0] = 0; return 1;
+    case TLM_DTYPE_Q4_1:
+    case TLM_DTYPE_Q5_1:
+    case TLM_DTYPE_Q4_K:
+    case TLM_DTYPE_Q5_K: off[0] = 0, off[1] = 2; return 2;
+    case TLM_DTYPE_Q6_K: off[0] = 208; return 1;
+    default: return 0;
+    }
+}
+
+/* mode 0: random; 1: extreme scales (tiny and large, alternating blocks); 2: all zero;
+ * 3: largest magnitudes (every quant byte 0xFF or 0x80, scales at 1). */
+static void fill_weights(tlm_dtype t, uint8_t *w, int n, int mode) {
+    const tlm_dtype_info *d = tlm_dtype_get(t);
+    size_t bytes = tlm_dtype_bytes(t, (uint64_t)n);
+    if (mode == 2) {
+        memset(w, 0, bytes);
+        return;
+    }
+    if (d->block_elems == 1) {
+        for (int i = 0; i < n; i++) {
+            float v = mode == 3 ? (i % 2 ? -60000.0f : 60000.0f) : unif() * (mode == 1 ? 1e-3f : 2);
+            uint16_t h = t == TLM_DTYPE_F16 ? tlm_f32_to_f16(v) : tlm_f32_to_bf16(v);
+            memcpy(w + 2 * i, &h, 2);
+        }
+        return;
+    }
+    for (size_t i = 0; i < bytes; i++) w[i] = mode == 3 ? ((i & 1) ? 0xFF : 0x80) : (uint8_t)rnd();
+    int off[2], ns = scale_offsets(t, off);
+    for (size_t b = 0; b < bytes / d->block_bytes; b++)
+        for (int k = 0; k < ns; k++) {
+            float v = mode == 3   ? 1.0f
+                      : mode == 1 ? (b % 2 ? 3e-6f : 900.0f) * (1 + unif() / 2)
+                                  : unif() * 0.05f;
+            uint16_t h = tlm_f32_to_f16(v);
+            memcpy(w + b * d->block_bytes + off[k], &h, 2);
+        }
+}
+
+/* The activation row as the kernels see it, widened back to floats. */
+static void act_widen(k_act_kind kind, const void *xq, float *x, int n) {
+    if (kind == K_ACT_F32) {
+        memcpy(x, xq, (size_t)n * sizeof(float));
+    } else if (kind == K_ACT_BF16) {
+        tlm_dtype_to_f32(TLM_DTYPE_BF16, xq, x, (size_t)n);
+    } else if (kind == K_ACT_Q8_0) {
+        tlm_dtype_to_f32(TLM_DTYPE_Q8_0, xq, x, (size_t)n);
+    } else {
+        const k_block_q8_k *b = xq;
+        for (int i = 0; i < n; i++) x[i] = b[i / 256].d * (float)b[i / 256].qs[i % 256];
+    }
+}
+
+static void check_type(tlm_dtype t, int n, int mode) {
+    const char *name = tlm_dtype_name(t);
+    size_t wb = tlm_dtype_bytes(t, (uint64_t)n);
+    uint8_t *w = malloc(wb);
+    float *x = malloc((size_t)n * sizeof(float)), *wf = malloc((size_t)n * sizeof(float));
+    float *xf = malloc((size_t)n * sizeof(float));
+    void *xq = malloc(k_act_row_bytes(t, n) + 64);
+    fill_weights(t, w, n, mode);
+    for (int i = 0; i < n; i++) x[i] = mode == 3 ? (i % 3 ? 1e4f : -1e4f) : unif() * 3;
+    if (mode == 1 && n > 1) x[n / 2] = 1e-30f; /* a tiny element in one activation block */
+    k_act_kind kind = k_act_of(t);
+    k_act_quantize(kind, x, xq, n);
+    act_widen(kind, xq, xf, n);
+    CHECK_OK(tlm_dtype_to_f32(t, w, wf, (size_t)n));
+    /* the prefill's row widening is the reference's, bit for bit */
+    float *ww = malloc((size_t)n * sizeof(float));
+    k_widen_row(t, w, ww, n);
+    CHECK(!memcmp(ww, wf, (size_t)n * sizeof(float)), "%s n=%d: k_widen_row", name, n);
+    free(ww);
+    double exact = 0, mag = 0;
+    for (int i = 0; i < n; i++) {
+        exact += (double)wf[i] * xf[i];
+        mag += fabs((double)wf[i] * xf[i]);
+    }
+    /* The integer sums are exact; what differs is float rounding of scales and partial sums. */
+    double tol = 2e-5 * mag + 1e-30;
+    float ref = -1;
+    k_vdot_get(t, K_ISA_REF)(n, &ref, w, xq);
+    CHECK(fabs(ref - exact) <= tol, "%s n=%d mode %d: reference %.9g, widened %.9g", name, n, mode,
+          ref, exact);
+    if (mode == 2) CHECK(ref == 0.0f, "%s all-zero blocks give %g", name, ref);
+    for (int isa = K_ISA_AVX2; isa < K_ISA_COUNT; isa++) {
+        k_vdot_fn f = k_vdot_get(t, isa);
+        if (!f) continue;
+        float got = -1;
+        f(n, &got, w, xq);
+        CHECK(fabs(got - ref) <= tol, "%s isa %d n=%d mode %d: %.9g vs reference %.9g", name, isa,
+              n, mode, got, ref);
+    }
+    /* The activation quantization itself: every element within half a step of x. */
+    if (kind == K_ACT_Q8_0 || kind == K_ACT_Q8_K) {
+        int bad = 0, blk = kind == K_ACT_Q8_0 ? 32 : 256;
+        /* Q8_0 keeps its step as f16: up to 127 steps of its rounding (2^-11) more */
+        float half = kind == K_ACT_Q8_0 ? 0.5f + 127.0f / 2048 : 0.5f;
+        for (int b = 0; b < n / blk; b++) {
+            float amax = 0;
+            for (int i = 0; i < blk; i++) amax = fmaxf(amax, fabsf(x[b * blk + i]));
+            for (int i = 0; i < blk; i++)
+                if (fabsf(xf[b * blk + i] - x[b * blk + i]) > amax / 127 * half * 1.001f + 1e-30f)
+                    bad++;
+        }
+        CHECK(bad == 0, "%s: %d activations off by more than half a step", name, bad);
+    }
+    free(w);
+    free(x);
+    free(wf);
+    free(xf);
+    free(xq);
+}
+
+/* k_linear on a typed [out, in] weight against the widened F32 weight: M <= 8 rows (decode,
+ * activations quantized: within the quantization's error) and N > 8 (prefill: widened tiles and
+ * sgemm, the same sums). */
+static void check_linear(tlm_dtype t, int in, int out) {
+    size_t rb = tlm_dtype_bytes(t, (uint64_t)in);
+    uint8_t *w = malloc(rb * out);
+    float *wf = malloc(sizeof(float) * in * out);
+    int N = 37;
+    float *x = malloc(sizeof(float) * in * N), *y = malloc(sizeof(float) * out * N),
+          *yf = malloc(sizeof(float) * out * N), *b = malloc(sizeof(float) * out);
+    fill_weights(t, w, in * out, 0);
+    CHECK_OK(tlm_dtype_to_f32(t, w, wf, (size_t)in * out));
+    for (int i = 0; i < in * N; i++) x[i] = unif();
+    for (int i = 0; i < out; i++) b[i] = unif();
+    tlm_weight tw = {.dtype = t, .data = w, .rows = out, .cols = in, .row_bytes = rb};
+    tlm_weight fw = {.dtype = TLM_DTYPE_F32,
+                     .data = wf,
+                     .rows = out,
+                     .cols = in,
+                     .row_bytes = sizeof(float) * in};
+    /* the last case: TLM_QPREFILL=int8, many rows through the integer kernels */
+    const int rows[] = {1, 8, N, N};
+    for (int c = 0; c < 4; c++) {
+        int M = rows[c];
+        int int8 = c == 3 && k_act_of(t) != K_ACT_F32 && k_act_of(t) != K_ACT_BF16;
+        if (c == 3) setenv("TLM_QPREFILL", "int8", 1);
+        k_linear(y, out, x, M, &tw, b);
+        unsetenv("TLM_QPREFILL");
+        k_linear(yf, out, x, M, &fw, b);
+        double worst = 0, scale = 0;
+        for (int i = 0; i < M * out; i++) {
+            worst = fmax(worst, fabs(y[i] - yf[i]));
+            scale = fmax(scale, fabs(yf[i]));
+        }
+        /* Quantized activations carry ~1/254 of each block's largest element as error. */
+        double tol = (M <= 8 || int8) && k_act_of(t) != K_ACT_F32 ? 0.02 * scale : 1e-4 * scale;
+        CHECK(worst <= tol, "%s k_linear M=%d: worst difference %g (scale %g)", tlm_dtype_name(t),
+              M, worst, scale);
+    }
+    free(w);
+    free(wf);
+    free(x);
+    free(y);
+    free(yf);
+    free(b);
+}
+
+int main(void) {
+    tlm_set_threads(2); /* also keeps OpenBLAS's team within OMP_THREAD_LIMIT (make tsan) */
+    printf("vector instruction set: %d\n", k_isa());
+    for (int ti = 0; ti < NTYPES; ti++) {
+        tlm_dtype t = types[ti];
+        int be = (int)tlm_dtype_get(t)->block_elems;
+        CHECK(k_linear_takes(t), "%s computed on", tlm_dtype_name(t));
+        CHECK(k_vdot(t) != NULL, "%s has a dot product", tlm_dtype_name(t));
+        /* whole blocks in odd counts, so that the two-blocks-per-vector kernels see a tail */
+        int counts[] = {1, 3, 7, 8, 33};
+        for (int c = 0; c < 5; c++) {
+            int n = be == 1 ? counts[c] * 17 : counts[c] * be;
+            for (int mode = 0; mode < 4; mode++) check_type(t, n, mode);
+        }
+        check_linear(t, be == 256 ? 512 : 96, 19);
+    }
+    CHECK(!k_linear_takes(TLM_DTYPE_I32), "integers are not weights");
+    return t_finish("test_qk_kernels");
+}

@@ -1,0 +1,286 @@
+/* Models computed on in their file types. GGUF files of each type are made here from F32 files:
+ * tensors quantized by llama.cpp's own quantizer (ggml_quantize_chunk of node-llama-cpp's prebuilt
+ * libggml-base.so, loaded with dlopen) and written next to a raw copy of the metadata. Then:
+ * - the typed model is used in place (its views keep the type, its memory is the file's);
+ * - prefill logits equal those of the widened F32 copy (widened tiles and the same sgemm);
+ * - decode logits of the fast kernels equal those of the reference kernels, and are close to the
+ *   widened copy's (the activations are quantized to 8 bits, as llama.cpp does);
+ * - stories260K in Q8_0 continues greedily with the same tokens as llama.cpp. */
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "core/dtype.h"
+#include "harness.h"
+#include "io/gguf.h"
+#include "kernels/qdot.h"
+
+#define NODE_DIR TLM_SOURCE_DIR "/tests/node"
+#define GGML_LIB NODE_DIR "/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64/libggml-base.so"
+
+typedef size_t (*quantize_chunk_fn)(int type, const float *src, void *dst, int64_t start,
+                                    int64_t nrows, int64_t n_per_row, const float *imatrix);
+static quantize_chunk_fn quantize_chunk;
+
+static size_t gguf_value_size(tlm_gguf_type t) {
+    static const size_t sz[] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
+    return (unsigned)t < TLM_GGUF_TYPE_COUNT ? sz[t] : 0;
+}
+
+/* Where the metadata of g ends in the file (it starts at byte 24 in version 3). */
+static size_t kv_end(const tlm_gguf *g) {
+    const tlm_gguf_kv *kv = &g->kv[g->n_kv - 1];
+    const uint8_t *end;
+    if (kv->type == TLM_GGUF_STRING)
+        end = kv->data + kv->len;
+    else if (kv->type != TLM_GGUF_ARRAY)
+        end = kv->data + gguf_value_size(kv->type);
+    else if (kv->elem_type == TLM_GGUF_STRING)
+        end = kv->len ? kv->strs[kv->len - 1] + kv->str_lens[kv->len - 1] : kv->data;
+    else
+        end = kv->data + kv->len * gguf_value_size(kv->elem_type);
+    return (size_t)(end - g->base);
+}
+
+static void put(FILE *f, const void *p, size_t n) { fwrite(p, 1, n, f); }
+static void put_u32(FILE *f, uint32_t v) { put(f, &v, 4); }
+static void put_u64(FILE *f, uint64_t v) { put(f, &v, 8); }
+
+/* in (F32 GGUF v3) -> out with every matrix whose rows are whole blocks of t in type t. */
+static int quantize_file(const char *in, const char *out, tlm_dtype t) {
+    tlm_gguf *g = NULL;
+    if (tlm_gguf_open(in, &g) != TLM_OK) return 0;
+    const tlm_dtype_info *d = tlm_dtype_get(t);
+    uint32_t *types = calloc(g->n_tensors, sizeof *types);
+    uint64_t *bytes = calloc(g->n_tensors, sizeof *bytes), *offs = calloc(g->n_tensors, 8);
+    void **data = calloc(g->n_tensors, sizeof *data);
+    uint64_t pos = 0, al = g->alignment;
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const tlm_gguf_tensor *ti = &g->tensors[i];
+        int q = ti->n_dims == 2 && ti->type == 0 && ti->dims[0] % d->block_elems == 0;
+        types[i] = q ? (uint32_t)d->ggml : ti->type;
+        bytes[i] = q ? tlm_dtype_bytes(t, ti->n_elements) : ti->n_bytes;
+        data[i] = malloc(bytes[i]);
+        if (q) {
+            /* copied out first: the file's floats need not be aligned for the quantizer */
+            float *src = malloc(ti->n_elements * sizeof(float));
+            memcpy(src, ti->data, ti->n_elements * sizeof(float));
+            quantize_chunk(d->ggml, src, data[i], 0, (int64_t)ti->dims[1], (int64_t)ti->dims[0],
+                           NULL);
+            free(src);
+        } else {
+            memcpy(data[i], ti->data, bytes[i]);
+        }
+        offs[i] = pos;
+        pos += (bytes[i] + al - 1) / al * al;
+    }
+    FILE *f = fopen(out, "wb");
+    put(f, "GGUF", 4);
+    put_u32(f, 3);
+    put_u64(f, g->n_tensors);
+    put_u64(f, g->n_kv);
+    put(f, g->base + 24, kv_end(g) - 24);
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const tlm_gguf_tensor *ti = &g->tensors[i];
+        put_u64(f, strlen(ti->name));
+        put(f, ti->name, strlen(ti->name));
+        put_u32(f, ti->n_dims);
+        for (uint32_t k = 0; k < ti->n_dims; k++) put_u64(f, ti->dims[k]);
+        put_u32(f, types[i]);
+        put_u64(f, offs[i]);
+    }
+    static const uint8_t zero[64];
+    long here = ftell(f);
+    put(f, zero, (size_t)((al - (uint64_t)here % al) % al));
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        put(f, data[i], bytes[i]);
+        put(f, zero, (size_t)((al - bytes[i] % al) % al));
+        free(data[i]);
+    }
+    int ok = fclose(f) == 0;
+    free(types);
+    free(bytes);
+    free(offs);
+    free(data);
+    tlm_gguf_close(g);
+    return ok;
+}
+
+static double max_abs(const float *a, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) m = fmax(m, fabs(a[i]));
+    return m;
+}
+static double max_diff(const float *a, const float *b, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) m = fmax(m, fabs(a[i] - b[i]));
+    return m;
+}
+
+/* Prefill T tokens, then decode `steps` more; logits of the decode steps into out [steps, V]. */
+static void run_decode(const tlm_model *m, const int32_t *ids, int T, int steps, float *out) {
+    tlm_session *s = NULL;
+    CHECK_OK(tlm_session_new(m, 1, 64, &s));
+    if (!s) return;
+    int V = tlm_model_config(m)->vocab_size;
+    CHECK_OK(tlm_prefill(s, 0, ids, T, NULL, 0));
+    for (int k = 0; k < steps; k++) CHECK_OK(tlm_decode_step(s, ids[T + k], out + (size_t)k * V));
+    tlm_session_free(s);
+}
+
+static void check_type(const char *f32_path, tlm_dtype t) {
+    const char *name = tlm_dtype_name(t);
+    char path[256];
+    snprintf(path, sizeof path, "qk_model_%s.gguf", name);
+    CHECK(quantize_file(f32_path, path, t), "%s: quantized file written", name);
+    tlm_model *m = NULL, *w = NULL;
+    CHECK_OK(tlm_model_load(path, &m));
+    CHECK_OK(tlm_model_load_ex(path, TLM_LOAD_WRITABLE, &w));
+    if (!m || !w) goto done;
+    const tlm_config *c = tlm_model_config(m);
+    int V = c->vocab_size;
+    /* in place: the matrices keep the file's type; the model owns only tables */
+    int n = 0, typed = 0;
+    const tlm_tensor_info *ti = tlm_model_tensors(m, &n);
+    size_t want = 0;
+    for (int i = 0; i < n; i++) {
+        const tlm_weight *wi = tlm_model_weight(m, i);
+        if (ti[i].ndim == 2) typed += wi->dtype == t;
+        want += (size_t)wi->rows * wi->row_bytes;
+    }
+    size_t mapped = 0, owned = 0;
+    tlm_model_memory(m, &mapped, &owned);
+    CHECK(typed == (c->tie_embeddings ? 1 : 2) + 7 * c->n_layers, "%s: %d matrices in their type",
+          name, typed);
+    CHECK(mapped == want && owned < 200000, "%s: mapped %zu of %zu, owned %zu", name, mapped, want,
+          owned);
+    int32_t ids[24];
+    for (int i = 0; i < 24; i++) ids[i] = (int32_t)((i * 37 + 11) % V);
+    /* prefill: widened tiles through sgemm, the widened copy's sums */
+    int T = 16;
+    tlm_forward_out a, b;
+    CHECK_OK(t_forward(m, ids, 1, T, NULL, &a));
+    CHECK_OK(t_forward(w, ids, 1, T, NULL, &b));
+    double big = max_abs(b.logits, (size_t)T * V),
+           diff = max_diff(a.logits, b.logits, (size_t)T * V);
+    CHECK(diff <= 1e-4 * big, "%s prefill: %g from the widened copy (of %g)", name, diff, big);
+    /* decode: fast kernels against the references, and near the widened copy */
+    int steps = 6;
+    float *fast = malloc(sizeof(float) * steps * V), *ref = malloc(sizeof(float) * steps * V),
+          *wide = malloc(sizeof(float) * steps * V);
+    run_decode(m, ids, T, steps, fast);
+    k_isa_cap(K_ISA_REF);
+    run_decode(m, ids, T, steps, ref);
+    k_isa_cap(K_ISA_COUNT);
+    run_decode(w, ids, T, steps, wide);
+    big = max_abs(wide, (size_t)steps * V);
+    diff = max_diff(fast, ref, (size_t)steps * V);
+    /* The same integer sums; BF16 rounds activations to 8 bits of mantissa, where a difference in
+     * the last bit of a float (sums in another order) can move a value by a whole step. */
+    double same = t == TLM_DTYPE_BF16 ? 3e-3 : 1e-4;
+    CHECK(diff <= same * big, "%s decode: fast %g from the reference (of %g)", name, diff, big);
+    diff = max_diff(fast, wide, (size_t)steps * V);
+    /* 8-bit activations (F16: none, BF16: 8-bit mantissas) */
+    double tol = t == TLM_DTYPE_F16 ? 1e-4 : 0.03;
+    CHECK(diff <= tol * big, "%s decode: %g from the widened copy (of %g)", name, diff, big);
+    printf("%-5s decode vs widened F32: %.3g of %.3g\n", name, diff, big);
+    free(fast);
+    free(ref);
+    free(wide);
+done:
+    tlm_model_free(m);
+    tlm_model_free(w);
+    remove(path);
+}
+
+/* A random model whose matrices all have rows of whole 256-blocks. */
+static void test_types(void) {
+    tlm_config c;
+    tlm_config_default(&c);
+    c.vocab_size = 300;
+    c.context_length = 64;
+    c.d_model = 256;
+    c.n_layers = 2;
+    c.n_heads = 4;
+    c.n_kv_heads = 2;
+    c.d_ff = 512;
+    tlm_model *m = NULL;
+    CHECK_OK(tlm_model_create(&c, &m));
+    if (!m) return;
+    CHECK_OK(tlm_model_init(m, 7, TLM_INIT_DEFAULT));
+    CHECK_OK(tlm_model_save_gguf(m, NULL, "qk_model_f32.gguf", TLM_DTYPE_F32));
+    tlm_model_free(m);
+    const tlm_dtype types[] = {TLM_DTYPE_F16,  TLM_DTYPE_BF16, TLM_DTYPE_Q8_0, TLM_DTYPE_Q4_0,
+                               TLM_DTYPE_Q4_1, TLM_DTYPE_Q5_0, TLM_DTYPE_Q5_1, TLM_DTYPE_Q4_K,
+                               TLM_DTYPE_Q5_K, TLM_DTYPE_Q6_K};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+        check_type("qk_model_f32.gguf", types[i]);
+    remove("qk_model_f32.gguf");
+}
+
+/* stories260K in Q8_0: tlm's greedy continuation (prefill, then decode steps) is llama.cpp's. */
+static void test_stories_q8_0(const char *dir) {
+    const char *q8 = TLM_BUILD_DIR "/qk_stories260K_q8_0.gguf";
+    CHECK(quantize_file(t_path(dir, "models/stories260K.gguf"), q8, TLM_DTYPE_Q8_0),
+          "stories260K quantized");
+    tlm_model *m = NULL;
+    CHECK_OK(tlm_model_load(q8, &m));
+    if (!m) return;
+    int V = tlm_model_config(m)->vocab_size;
+    int32_t prompt[] = {1, 403, 407, 261, 378, 300};
+    int np = 6, n = 24;
+    tlm_session *s = NULL;
+    CHECK_OK(tlm_session_new(m, 1, 64, &s));
+    float *logits = malloc(sizeof(float) * V);
+    char want[512] = "{\"ids\":[", idstr[128] = "";
+    if (s) {
+        CHECK_OK(tlm_prefill(s, 0, prompt, np, logits, 0));
+        for (int k = 0; k < n; k++) {
+            int best = 0;
+            for (int v = 1; v < V; v++)
+                if (logits[v] > logits[best]) best = v;
+            snprintf(want + strlen(want), sizeof want - strlen(want), "%s%d", k ? "," : "", best);
+            if (k + 1 < n) CHECK_OK(tlm_decode_step(s, best, logits));
+        }
+    }
+    for (int i = 0; i < np; i++)
+        snprintf(idstr + strlen(idstr), sizeof idstr - strlen(idstr), "%d ", prompt[i]);
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "cd %s && NODE_LLAMA_CPP_SKIP_DOWNLOAD=true node llama_greedy.mjs %s \"%s\" %d 2>&1",
+             NODE_DIR, q8, idstr, n);
+    FILE *f = popen(cmd, "r");
+    char out[8192] = "";
+    size_t got = f ? fread(out, 1, sizeof out - 1, f) : 0;
+    out[got] = 0;
+    if (f) pclose(f);
+    strcat(want, "]");
+    CHECK(strstr(out, want) != NULL, "llama.cpp: %s\ntlm:       %s", out, want);
+    printf("stories260K Q8_0 greedy, tlm: %s\n", want);
+    free(logits);
+    tlm_session_free(s);
+    tlm_model_free(m);
+    remove(q8);
+}
+
+int main(void) {
+    tlm_set_threads(2);
+    struct stat st;
+    if (stat(GGML_LIB, &st) != 0) {
+        CHECK(0, "node-llama-cpp is not installed (%s): run bash scripts/setup.sh", GGML_LIB);
+        return t_finish("test_qk_models");
+    }
+    void *lib = dlopen(GGML_LIB, RTLD_NOW | RTLD_LOCAL);
+    CHECK(lib != NULL, "dlopen %s: %s", GGML_LIB, dlerror());
+    if (!lib) return t_finish("test_qk_models");
+    *(void **)&quantize_chunk = dlsym(lib, "ggml_quantize_chunk");
+    CHECK(quantize_chunk != NULL, "ggml_quantize_chunk in %s", GGML_LIB);
+    if (quantize_chunk) {
+        test_types();
+        const char *dir = t_require_shared_data();
+        if (dir) test_stories_q8_0(dir);
+    }
+    dlclose(lib);
+    return t_finish("test_qk_models");
+}
