@@ -16,6 +16,7 @@ declare -A ALLOWED=(
   [train]="core io kernels model"
   [tokenizer]="core io"
   [formats]="core io kernels model tokenizer"
+  [serve]="core"
   [cli]="*"
 )
 

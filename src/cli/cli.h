@@ -14,6 +14,7 @@ int cmd_generate(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_tokenizer(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 
 /* Prints "tlm: <msg>" on stderr and returns 1. */
 int cli_fail(const char *fmt, ...);
