@@ -681,7 +681,8 @@ static enum MHD_Result handle_detokenize(server *sv, struct MHD_Connection *c, c
     cJSON_Delete(root);
     char *text = NULL;
     size_t tl = 0;
-    tlm_status st = tlm_tokenizer_decode(sv->tok, ids, (size_t)n, 0, &text, &tl);
+    tlm_status st =
+        tlm_tokenizer_decode(sv->tok, ids, (size_t)n, TLM_DECODE_SKIP_SPECIAL, &text, &tl);
     free(ids);
     if (st) return send_error(sv, c, 400, "tokens", "%s", tlm_last_error());
     cJSON *out = cJSON_CreateObject();
