@@ -229,53 +229,44 @@ static void test_sampler_extras(void) {
     CHECK(tlm_sampler_new(&o, 3, &s) == TLM_ERR_ARG, "min_p > 1 refused");
 }
 
-/* Greedy continuation by tlm_generate, as text decoded in context. */
+/* The greedy continuation of one sequence alone (prefill, then one decode step per token), as
+ * text decoded in context: what every scheduled job must reproduce. */
 static char *reference_text(const tlm_model *m, const tlm_tokenizer *tok, const int32_t *ids, int n,
                             int n_new) {
-    tlm_session *s = NULL;
-    if (tlm_session_new(m, 1, 0, &s)) return NULL;
-    int32_t out[256];
+    int V = tlm_model_config(m)->vocab_size;
+    int32_t eos = tlm_tokenizer_eos(tok), out[256];
     int n_out = 0;
-    struct cb {
-        int32_t *out;
-        int *n;
-    } u = {out, &n_out};
-    tlm_generate_opts o = {.max_new_tokens = n_new, .eos_id = tlm_tokenizer_eos(tok), .user = &u};
-    o.sampling = (tlm_sampler_opts){.temperature = 0, .top_p = 1};
-    int (*fn)(void *, int, int32_t) = NULL;
-    (void)fn;
-    o.on_token = NULL;
-    tlm_stop_reason why;
-    /* Collect ids through a session of our own: decode step by step. */
-    float *logits = malloc((size_t)tlm_model_config(m)->vocab_size * sizeof(float));
-    tlm_sampler *smp = NULL;
-    tlm_sampler_new(&o.sampling, tlm_model_config(m)->vocab_size, &smp);
-    tlm_prefill(s, 0, ids, n, logits, 0);
-    for (int i = 0; i < n_new; i++) {
-        int32_t id;
-        tlm_sample(smp, logits, &id);
-        if (id == o.eos_id) break;
-        out[n_out++] = id;
-        tlm_decode_step(s, id, logits);
-    }
-    (void)why;
+    tlm_session *s = NULL;
+    float *logits = malloc((size_t)V * sizeof(float));
+    char *text = calloc(4096, 1);
     tlm_decoder *d = NULL;
-    tlm_decoder_new(tok, TLM_DECODE_SKIP_SPECIAL, &d);
+    if (!logits || !text || n_new > 256 || tlm_session_new(m, 1, 0, &s) ||
+        tlm_prefill(s, 0, ids, n, logits, 0) || tlm_decoder_new(tok, TLM_DECODE_SKIP_SPECIAL, &d)) {
+        free(text);
+        text = NULL;
+        goto done;
+    }
+    for (int i = 0; i < n_new; i++) {
+        int32_t best = 0;
+        for (int32_t v = 1; v < V; v++)
+            if (logits[v] > logits[best]) best = v;
+        if (best == eos) break;
+        out[n_out++] = best;
+        if (tlm_decode_step(s, best, logits)) break;
+    }
     const char *b;
-    size_t bl;
+    size_t bl, len = 0;
     for (int i = 0; i < n; i++) tlm_decoder_push(d, ids[i], &b, &bl);
     tlm_decoder_flush(d, &b, &bl);
-    char *text = calloc(4096, 1);
-    size_t len = 0;
     for (int i = 0; i < n_out; i++) {
         tlm_decoder_push(d, out[i], &b, &bl);
-        memcpy(text + len, b, bl);
+        if (len + bl < 4096) memcpy(text + len, b, bl);
         len += bl;
     }
     tlm_decoder_flush(d, &b, &bl);
-    memcpy(text + len, b, bl);
+    if (len + bl < 4096) memcpy(text + len, b, bl);
+done:
     tlm_decoder_free(d);
-    tlm_sampler_free(smp);
     free(logits);
     tlm_session_free(s);
     return text;
@@ -373,6 +364,15 @@ static void test_scheduler(void) {
         srv_sched_release(s, j);
         srv_job_free(j);
     }
+
+    /* max_tokens 0: the prompt is read (and cached), nothing is generated. */
+    j = greedy_job(ids[2], (int)n_ids[2], 0);
+    CHECK_OK(srv_sched_submit(s, &j, 1));
+    wait_done(s, &j, 1);
+    CHECK(j->finish == SRV_FINISH_LENGTH && j->completion_tokens == 0 && j->text_len == 0,
+          "max_tokens 0: %d tokens", j->completion_tokens);
+    srv_sched_release(s, j);
+    srv_job_free(j);
 
     /* Logprobs: the greedy token is the top alternative, and probabilities are <= 1. */
     j = greedy_job(ids[1], (int)n_ids[1], 4);

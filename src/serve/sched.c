@@ -216,6 +216,10 @@ static void token_logprobs(const float *l, int V, int32_t id, int top, srv_token
 static void take_token(srv_sched *s, slot *sl, const float *logits, int32_t id) {
     srv_job *j = sl->job;
     if (!j->t_first) j->t_first = srv_now();
+    if (j->max_tokens == 0) { /* a prompt-only request (usage, cache warming) */
+        finish_job(s, sl, SRV_FINISH_LENGTH);
+        return;
+    }
     int end = id == s->eos || (j->end_id >= 0 && id == j->end_id);
     if (end) {
         finish_job(s, sl, SRV_FINISH_STOP);
