@@ -2,7 +2,7 @@
 # tlm serve end to end on the pretrained stories260K (../shared/data): curl for the HTTP edges
 # (health, metrics, 404, 401, 413, malformed bodies, 429 with Retry-After, SIGTERM draining the
 # running streams and exiting 0), then the official `openai` npm package and a bounded load test
-# (tests/node/serve_clients.mjs).
+# (tests/node/serve_clients.mjs), and the page at / in headless Chromium (tests/node/serve_page.mjs).
 set -u
 TLM=${TLM:-build/tlm}
 SRC=${TLM_SOURCE_DIR:-.}
@@ -79,6 +79,7 @@ expect "SSE body" [ "$(tail -c 14 "$tmp/body")" = 'data: [DONE]' ]
 # The official client and the load test.
 "$TLM" generate -m "$M" -p "Once upon a time" -n 40 --temp 0 2>/dev/null | tail -c +17 >"$tmp/greedy"
 if (cd "$SRC/tests/node" && node serve_clients.mjs "$URL" "$KEY" "$PID" "$tmp/greedy"); then ok; else bad "openai client tests"; fi
+if (cd "$SRC/tests/node" && node serve_page.mjs "$URL" "$KEY"); then ok; else bad "the page in Chromium"; fi
 expect "the server still answers" [ "$(status GET /health)" = 200 ]
 kill -TERM "$PID"
 wait "$PID"
