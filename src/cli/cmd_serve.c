@@ -505,11 +505,12 @@ static enum MHD_Result handle_generate(server *sv, struct MHD_Connection *c, con
     }
     srv_request *r = &g->req;
     if (r->n > sv->parallel) {
+        int n = r->n;
         gen_free(g);
         return send_error(sv, c, 400, "n",
-                          "'n' is %d but the server decodes at most %d sequences "
-                          "at once (--parallel)",
-                          r->n, sv->parallel);
+                          "'n' is %d but the server decodes at most %d sequences at once "
+                          "(--parallel)",
+                          n, sv->parallel);
     }
     int32_t *ids = NULL;
     size_t n_ids = 0;

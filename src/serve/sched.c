@@ -142,7 +142,7 @@ static int release_pending(srv_job *j, int all) {
     append_text(j, j->pend, n);
     if (hit) {
         j->pend_len = 0;
-    } else {
+    } else if (n) {
         memmove(j->pend, j->pend + n, j->pend_len - n);
         j->pend_len -= n;
     }
