@@ -1,5 +1,6 @@
 /* tlm serve's engine without HTTP: chat templates, request parsing, stop strings, the sampler's
  * penalties and min-p, and the scheduler against tlm_generate on the pretrained stories260K. */
+#include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -427,7 +428,100 @@ static void test_scheduler(void) {
     tlm_model_free(m);
 }
 
+static void set_text(srv_job *j, const char *t) {
+    free(j->text);
+    j->text = strdup(t);
+    j->text_len = strlen(t);
+}
+
+static void test_responses(void) {
+    srv_request req = {.chat = 1, .n = 1, .stream = 1, .include_usage = 1};
+    int32_t ids[5] = {1, 2, 3, 4, 5};
+    srv_job *j = srv_job_new(ids, 5);
+    j->cached_tokens = 3;
+    srv_response r;
+    CHECK(srv_response_init(&r, NULL, "m.gguf", &req, &j, 1, "chatcmpl-1", 42) == 0, "init");
+
+    /* Streamed: the first chunk carries the role, then only new text, then the finish reason, the
+     * usage chunk, [DONE]. */
+    set_text(j, "He");
+    j->completion_tokens = 1;
+    CHECK(srv_response_stream(&r) == 0, "not finished");
+    set_text(j, "Hello \xff");
+    j->completion_tokens = 3;
+    j->done = 1;
+    j->finish = SRV_FINISH_STOP;
+    CHECK(srv_response_stream(&r) == 0, "the finish reason goes in a chunk of its own");
+    CHECK(srv_response_stream(&r) == 1, "finished");
+    const char *want[] = {
+        "{\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":42,\"model\":"
+        "\"m.gguf\",\"system_fingerprint\":\"tlm-" TLM_VERSION "\",\"choices\":[{\"index\":0,"
+        "\"delta\":{\"role\":\"assistant\",\"content\":\"He\"},\"logprobs\":null,"
+        "\"finish_reason\":null}]}",
+        "\"choices\":[{\"index\":0,\"delta\":{\"content\":\"llo \xef\xbf\xbd\"},\"logprobs\":null,"
+        "\"finish_reason\":null}]}",
+        "\"choices\":[{\"index\":0,\"delta\":{},\"logprobs\":null,\"finish_reason\":\"stop\"}]}",
+        "\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":3,\"total_tokens\":8,"
+        "\"prompt_tokens_details\":{\"cached_tokens\":3}}}",
+    };
+    char *events = strndup(r.out, r.out_len);
+    char *p = events;
+    for (size_t e = 0; e < sizeof want / sizeof want[0]; e++) {
+        char *end = strstr(p, "\n\n");
+        CHECK(end && !strncmp(p, "data: {", 7), "event %zu framing", e);
+        if (!end) break;
+        *end = 0;
+        CHECK(strstr(p, want[e]) && (e == 0 || !strcmp(p + strlen(p) - strlen(want[e]), want[e])),
+              "event %zu:\n%s\nwants\n%s", e, p, want[e]);
+        p = end + 2;
+    }
+    CHECK(!strcmp(p, "data: [DONE]\n\n"), "then [DONE]: '%s'", p);
+    free(events);
+
+    /* The whole answer. */
+    char *final = srv_response_final(&r);
+    cJSON *o = cJSON_Parse(final);
+    const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
+    const cJSON *msg = cJSON_GetObjectItem(ch, "message");
+    const cJSON *usage = cJSON_GetObjectItem(o, "usage");
+    CHECK(o && !strcmp(cJSON_GetObjectItem(o, "object")->valuestring, "chat.completion") &&
+              !strcmp(cJSON_GetObjectItem(msg, "role")->valuestring, "assistant") &&
+              !strcmp(cJSON_GetObjectItem(msg, "content")->valuestring, "Hello \xef\xbf\xbd") &&
+              !strcmp(cJSON_GetObjectItem(ch, "finish_reason")->valuestring, "stop") &&
+              cJSON_GetObjectItem(usage, "total_tokens")->valueint == 8,
+          "final: %s", final);
+    cJSON_Delete(o);
+    free(final);
+    srv_response_free(&r);
+
+    /* Completions with echo: the prompt text starts the choice. */
+    srv_request creq = {.chat = 0, .n = 1, .echo = 1, .prompt = "Once"};
+    j->finish = SRV_FINISH_LENGTH;
+    CHECK(srv_response_init(&r, NULL, "m", &creq, &j, 1, "cmpl-2", 1) == 0, "init");
+    final = srv_response_final(&r);
+    CHECK(final && strstr(final, "\"object\":\"text_completion\"") &&
+              strstr(final, "\"text\":\"OnceHello \xef\xbf\xbd\"") &&
+              strstr(final, "\"finish_reason\":\"length\""),
+          "completion: %s", final);
+    free(final);
+    srv_response_free(&r);
+    srv_job_free(j);
+
+    char *err = srv_error_json(429, NULL, "the queue is full");
+    CHECK(err && !strcmp(err, "{\"error\":{\"message\":\"the queue is full\",\"type\":"
+                              "\"rate_limit_error\",\"param\":null,\"code\":null}}"),
+          "%s", err);
+    free(err);
+    err = srv_error_json(400, "top_p", "bad");
+    CHECK(err && strstr(err, "\"type\":\"invalid_request_error\",\"param\":\"top_p\""), "%s", err);
+    free(err);
+    char *fixed = srv_utf8_fix("a\xff\xc3\xa9\xe2\x82", 6);
+    CHECK(fixed && !strcmp(fixed, "a\xef\xbf\xbd\xc3\xa9\xef\xbf\xbd\xef\xbf\xbd"), "utf8_fix");
+    free(fixed);
+}
+
 int main(void) {
+    test_responses();
     test_templates();
     test_requests();
     test_stop_scan();

@@ -180,4 +180,40 @@ void srv_sched_stats(srv_sched *s, srv_stats *st);
 /* Monotonic seconds. */
 double srv_now(void);
 
+/* ---- responses ---------------------------------------------------------------------------- */
+
+/* One request's answer in OpenAI's shapes, built from its jobs. Read the jobs only with the
+ * scheduler's lock held (or once they are done). */
+typedef struct {
+    const tlm_tokenizer *tok;
+    const char *model_id;
+    const srv_request *req;
+    srv_job *const *jobs;
+    int n_jobs;
+    char id[48];
+    long long created;
+    /* streaming state */
+    size_t *sent_text;
+    int *sent_lps;
+    char *finished, *role_sent;
+    int usage_sent;
+    char *out; /* SSE bytes produced and not yet taken (the caller consumes and resets out_len) */
+    size_t out_len, out_cap;
+} srv_response;
+
+int srv_response_init(srv_response *g, const tlm_tokenizer *tok, const char *model_id,
+                      const srv_request *req, srv_job *const *jobs, int n_jobs, const char *id,
+                      long long created);
+void srv_response_free(srv_response *g);
+/* The whole answer as JSON (malloc'd); every job must be done. */
+char *srv_response_final(srv_response *g);
+/* Appends to out the events for what the jobs produced since the last call: chunks of new text
+ * (and logprobs), each choice's finish_reason, the usage chunk when asked, then data: [DONE].
+ * Returns 1 once [DONE] is out. */
+int srv_response_stream(srv_response *g);
+/* {"error": {"message", "type", "param", "code"}} (malloc'd); the type follows the status. */
+char *srv_error_json(int status, const char *param, const char *msg);
+/* Bytes as valid UTF-8 for JSON: each byte of an invalid sequence becomes U+FFFD (malloc'd). */
+char *srv_utf8_fix(const char *s, size_t n);
+
 #endif
