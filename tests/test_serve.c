@@ -505,6 +505,13 @@ static void test_responses(void) {
           "completion: %s", final);
     free(final);
     srv_response_free(&r);
+    creq.stream = 1;
+    CHECK(srv_response_init(&r, NULL, "m", &creq, &j, 1, "cmpl-3", 1) == 0, "init");
+    CHECK(srv_response_stream(&r) == 0, "text first");
+    CHECK(r.out && strstr(r.out, "\"text\":\"OnceHello \xef\xbf\xbd\",\"logprobs\":null,"
+                                 "\"finish_reason\":null"),
+          "streamed echo: %.*s", (int)r.out_len, r.out ? r.out : "");
+    srv_response_free(&r);
     srv_job_free(j);
 
     char *err = srv_error_json(429, NULL, "the queue is full");

@@ -224,7 +224,9 @@ int srv_response_stream(srv_response *g) {
         srv_job *j = g->jobs[i];
         if (g->finished[i]) continue;
         int new_text = j->text_len > g->sent_text[i], new_lps = j->n_lps > g->sent_lps[i];
-        int first = g->req->chat && !(g->role_sent[i]);
+        /* The first chunk of a choice carries the chat role, or the echoed prompt. */
+        int echo = !g->req->chat && g->req->echo && g->req->prompt;
+        int first = (g->req->chat || echo) && !g->role_sent[i];
         if (new_text || new_lps || first || j->done) {
             if (j->finish == SRV_FINISH_ERROR) {
                 out_event(g, error_obj(500, NULL, j->error));
@@ -244,6 +246,16 @@ int srv_response_stream(srv_response *g) {
                     g->role_sent[i] = 1;
                 }
                 if (tn || first) add_fixed(d, "content", t, tn);
+            } else if (first) {
+                size_t pl = strlen(g->req->prompt);
+                char *both = malloc(pl + tn + 1);
+                if (both) {
+                    memcpy(both, g->req->prompt, pl);
+                    if (tn) memcpy(both + pl, t, tn);
+                    add_fixed(c, "text", both, pl + tn);
+                    free(both);
+                }
+                g->role_sent[i] = 1;
             } else {
                 add_fixed(c, "text", t, tn);
             }
