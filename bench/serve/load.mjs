@@ -1,5 +1,6 @@
 // Streams C concurrent /v1/completions requests at an OpenAI-compatible server and reports the
-// aggregate generated tok/s and the inter-token latency (p50, p99 over every gap of every stream),
+// aggregate generated tok/s and the inter-token latency (p50, p99 over every gap of every stream,
+// and each stream's own p99),
 // then the time to first token of a 400-token prompt and of its next turn (prefix reuse).
 // Usage: node load.mjs BASE_URL CONCURRENCY TOKENS  -> one JSON line on stdout.
 const [base, concArg, tokArg] = process.argv.slice(2);
@@ -65,6 +66,7 @@ try {
 console.log(JSON.stringify({
   concurrency: C, tokens, wall_s: +wall.toFixed(3), tok_per_s: +(tokens / wall).toFixed(1),
   itl_p50_ms: +pct(gaps, 50).toFixed(2), itl_p99_ms: +pct(gaps, 99).toFixed(2),
+  itl_p99_per_stream_ms: runs.map((r) => +pct(r.gaps, 99).toFixed(2)),
   tokens_per_chunk: +(tokens / runs.reduce((a, r) => a + r.chunks, 0)).toFixed(2),
   ttft_first_turn_ms: +first.ttft.toFixed(1), ttft_second_turn_ms: +second.ttft.toFixed(1),
 }));
