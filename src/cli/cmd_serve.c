@@ -39,7 +39,8 @@ static const char *serve_help =
     "  --max-body BYTES      largest request body (default 1048576; larger get 413)\n"
     "  -t, --threads N       threads (default: all cores)\n"
     "\n"
-    "SIGINT or SIGTERM stops taking requests, finishes the running ones and exits 0.\n";
+    "SIGINT or SIGTERM stops taking requests, finishes the running ones and exits 0; a second\n"
+    "SIGINT quits at once.\n";
 
 extern const unsigned char tlm_web_index[];
 extern const size_t tlm_web_index_len;
@@ -747,7 +748,10 @@ int cmd_serve(int argc, char **argv) {
     char b;
     while (read(stop_pipe[0], &b, 1) < 0 && errno == EINTR) {
     }
-    fprintf(stderr, "tlm: serve: stopping: finishing the running requests\n");
+    /* A second Ctrl-C ends the process at once. */
+    signal(SIGINT, SIG_DFL);
+    fprintf(stderr, "tlm: serve: stopping: finishing the running requests (Ctrl-C again to "
+                    "quit now)\n");
     sv.draining = 1;
     srv_sched_close(sv.sched);
     for (;;) {
