@@ -47,6 +47,19 @@ is_error_body() { # an OpenAI-style error object
     /usr/bin/python3 -c "import json,sys; e=json.load(open(sys.argv[1]))['error']; sys.exit(0 if e['message'] and e['type'] else 1)" "$tmp/body"
 }
 
+# Refusals at start-up: one line naming the problem, exit 1.
+refuses() { # DESCRIPTION PATTERN ARGS...
+    local d=$1 pat=$2 err rc; shift 2
+    err=$("$TLM" serve "$@" 2>&1 >/dev/null); rc=$?
+    expect "$d: exit 1" [ "$rc" = 1 ]
+    expect "$d: names the problem ($err)" grep -q -- "$pat" <<<"$err"
+}
+refuses "unknown template" "is not one of chatml" -m "$M" --chat-template vicuna
+refuses "not an address" "IPv4 address" -m "$M" --host localhost:80
+refuses "ctx beyond the model" "exceeds the model" -m "$M" --ctx 1000000 --port 0
+refuses "bad parallel" "parallel" -m "$M" --parallel 0
+refuses "no model" "MODEL is required" --port 0
+
 KEY=sekrit
 start main --parallel 4 --ctx 256 --api-key "$KEY" --max-body 65536
 AUTH=(-H "Authorization: Bearer $KEY")
