@@ -1,11 +1,12 @@
 /* The continuous-batching scheduler. One thread owns one tlm_session of `parallel` sequences
  * (slots). Each turn of its loop it admits queued jobs into free slots (choosing the slot whose
  * cached tokens share the longest prefix with the prompt, and truncating the cache to it),
- * prefills one chunk of one waiting prompt, then advances every decoding slot by one token in a
- * single tlm_decode call, so each weight is read once per step for all of them. Jobs join and leave
- * between steps. The lock guards the queue, the jobs' outputs and the counters; the model is never
- * touched under it. */
+ * prefills waiting prompts (a bounded number of tokens while others decode), then advances every
+ * decoding slot by one token in a single tlm_decode call, so each weight is read once per step for
+ * all of them. Jobs join and leave between steps. The lock guards the queue, the jobs' outputs and
+ * the counters; the model is never touched under it. */
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -98,6 +99,8 @@ struct srv_sched {
     float *logits;   /* [B, V] */
     int32_t *ids;    /* [B] */
     uint8_t *active; /* [B] */
+    int *pf_n;       /* [B] prompt ids prefilled this step (-1: failed) */
+    int32_t *pf_id;  /* [B] first new id of a prompt finished this step, else -1 */
     uint64_t clock;
     int rr; /* prefill round robin */
 
@@ -363,34 +366,38 @@ static void *loop(void *arg) {
         }
         pthread_mutex_unlock(&s->mu);
 
-        /* One chunk of one prompt; a whole prompt in one pass when nobody is decoding. */
-        int pf = -1, n_pf = 0;
-        tlm_status err = TLM_OK;
+        /* Waiting prompts, round robin from where the last turn stopped: all of them whole when
+         * nobody is decoding, else at most `chunk` tokens in all, so running streams wait for
+         * one chunk per step at most. Each prompt is its own pass. */
+        int budget = decoding ? s->chunk : INT_MAX, n_prefilled = 0;
         double t0 = srv_now();
-        if (prefilling) {
-            for (int k = 0; k < s->B; k++) {
-                int b = (s->rr + k) % s->B;
-                if (s->slots[b].state == SLOT_PREFILL) {
-                    pf = b;
-                    break;
+        int start = s->rr;
+        for (int k = 0; k < s->B && prefilling && budget > 0; k++) {
+            int b = (start + k) % s->B;
+            slot *sl = &s->slots[b];
+            s->pf_n[b] = 0;
+            s->pf_id[b] = -1;
+            if (sl->state != SLOT_PREFILL) continue;
+            srv_job *j = sl->job; /* only this thread detaches jobs from slots */
+            int n = j->n_ids - sl->fed;
+            if (n > budget) n = budget;
+            tlm_status e =
+                tlm_prefill(s->sess, b, j->ids + sl->fed, n, s->logits + (size_t)b * V, 0);
+            s->pf_n[b] = e ? -1 : n;
+            if (!e) {
+                memcpy(sl->toks + sl->n_toks, j->ids + sl->fed, (size_t)n * sizeof(int32_t));
+                sl->n_toks += n;
+                sl->fed += n;
+                budget -= n;
+                n_prefilled += n;
+                if (sl->fed == j->n_ids) {
+                    if (tlm_sample(sl->samp, s->logits + (size_t)b * V, &s->pf_id[b]))
+                        s->pf_n[b] = -1;
                 }
             }
-            s->rr = (pf + 1) % s->B;
-            slot *sl = &s->slots[pf];
-            srv_job *j = sl->job; /* only this thread detaches jobs from slots */
-            n_pf = j->n_ids - sl->fed;
-            if (decoding && n_pf > s->chunk) n_pf = s->chunk;
-            err = tlm_prefill(s->sess, pf, j->ids + sl->fed, n_pf, s->logits + (size_t)pf * V, 0);
-            if (!err) {
-                memcpy(sl->toks + sl->n_toks, j->ids + sl->fed, (size_t)n_pf * sizeof(int32_t));
-                sl->n_toks += n_pf;
-                sl->fed += n_pf;
-            }
+            s->rr = (b + 1) % s->B;
         }
         double t1 = srv_now();
-        int32_t pf_id = -1;
-        if (pf >= 0 && !err && s->slots[pf].fed == s->slots[pf].job->n_ids)
-            err = tlm_sample(s->slots[pf].samp, s->logits + (size_t)pf * V, &pf_id);
 
         /* One decode step for every slot with a token to feed. */
         tlm_status derr = TLM_OK;
@@ -415,19 +422,21 @@ static void *loop(void *arg) {
 
         pthread_mutex_lock(&s->mu);
         s->st.prefill_seconds += t1 - t0;
-        s->st.prompt_tokens += (uint64_t)(err ? 0 : n_pf);
+        s->st.prompt_tokens += (uint64_t)n_prefilled;
         if (n_dec) {
             s->st.decode_seconds += t2 - t1;
             s->st.decode_steps++;
         }
-        if (pf >= 0) {
-            slot *sl = &s->slots[pf];
-            if (err)
+        for (int b = 0; b < s->B && prefilling; b++) {
+            slot *sl = &s->slots[b];
+            if (sl->state != SLOT_PREFILL || !s->pf_n[b]) continue;
+            if (s->pf_n[b] < 0) {
                 fail_job(s, sl, "prefill");
-            else if (pf_id >= 0) {
-                tlm_sampler_accept(sl->samp, pf_id);
-                take_token(s, sl, s->logits + (size_t)pf * V, pf_id);
+            } else if (s->pf_id[b] >= 0) {
+                tlm_sampler_accept(sl->samp, s->pf_id[b]);
+                take_token(s, sl, s->logits + (size_t)b * V, s->pf_id[b]);
             }
+            s->pf_n[b] = 0;
         }
         for (int b = 0; b < s->B && sampled; b++) {
             if (!s->active[b] || !s->slots[b].job) continue;
@@ -472,7 +481,9 @@ tlm_status srv_sched_new(const tlm_model *m, const tlm_tokenizer *tok, const srv
     s->logits = malloc((size_t)s->B * (size_t)s->V * sizeof(float));
     s->ids = calloc((size_t)s->B, sizeof *s->ids);
     s->active = calloc((size_t)s->B, 1);
-    if (!s->slots || !s->logits || !s->ids || !s->active) goto nomem;
+    s->pf_n = calloc((size_t)s->B, sizeof *s->pf_n);
+    s->pf_id = calloc((size_t)s->B, sizeof *s->pf_id);
+    if (!s->slots || !s->logits || !s->ids || !s->active || !s->pf_n || !s->pf_id) goto nomem;
     for (int b = 0; b < s->B; b++)
         if (!(s->slots[b].toks = malloc((size_t)ctx * sizeof(int32_t)))) goto nomem;
     if (pthread_create(&s->thread, NULL, loop, s)) {
@@ -507,6 +518,8 @@ void srv_sched_free(srv_sched *s) {
     free(s->logits);
     free(s->ids);
     free(s->active);
+    free(s->pf_n);
+    free(s->pf_id);
     tlm_session_free(s->sess);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->work);
