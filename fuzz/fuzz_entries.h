@@ -20,6 +20,7 @@
 #include "fuzz_common.h"
 #include "io/gguf.h"
 #include "io/safetensors.h"
+#include "serve/serve.h"
 #include "tlm.h"
 #include "tokenizer/tok_internal.h"
 
@@ -276,6 +277,22 @@ static inline int fuzz_gpt2_bpe(const uint8_t *data, size_t size) {
     remove(enc);
     remove(bpe);
     return ok;
+}
+
+/* tlm serve's request parser: the first byte picks completions (even) or chat (odd); a parsed
+ * chat is rendered through every template. */
+static inline int fuzz_request(const uint8_t *data, size_t size) {
+    if (size < 1) return 0;
+    srv_request r;
+    srv_error e;
+    if (srv_request_parse((const char *)data + 1, size - 1, data[0] & 1, &r, &e)) return 0;
+    for (int t = 0; r.chat && t < SRV_TPL_COUNT; t++) {
+        char *out = NULL;
+        if (srv_template_apply((srv_template)t, r.messages, r.n_messages, &out) == TLM_OK)
+            free(out);
+    }
+    srv_request_free(&r);
+    return 1;
 }
 
 #endif

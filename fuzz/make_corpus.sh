@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 TLM=$(realpath "${1:-../build/tlm}")
 C=corpus
-mkdir -p "$C"/{safetensors,gguf,llama2c,tokenizer_bin,gpt2_bpe,model_load,tokenizer_load}
+mkdir -p "$C"/{safetensors,gguf,llama2c,tokenizer_bin,gpt2_bpe,model_load,tokenizer_load,request}
 find "$C" -type f ! -name 'crash-*' -delete
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
@@ -116,5 +116,24 @@ seed("tokenizer_load", "tlm_bpe_dir", 3, rd(f"{w}/run/tokenizer/tokenizer.json")
 seed("tokenizer_load", "tlm_spm_dir", 4, rd(f"{w}/run_spm/tokenizer/tokenizer.json"),
      rd(f"{w}/run_spm/tokenizer/tokenizer.bin"))
 seed("tokenizer_load", "tlm_char_dir", 5, rd(f"{w}/run_char/tokenizer/tokenizer.json"))
+PY
+# tlm serve's request bodies: the first byte picks the endpoint (0 completions, 1 chat).
+/usr/bin/python3 - "$C/request" <<'PY'
+import json, sys
+d = sys.argv[1]
+def seed(name, chat, body):
+    open(f"{d}/{name}", "wb").write(bytes([chat]) + json.dumps(body).encode())
+seed("completion", 0, {"model": "m", "prompt": "Once upon a time", "max_tokens": 16,
+                       "temperature": 0.7, "top_p": 0.9, "top_k": 40, "min_p": 0.05, "seed": 3,
+                       "stop": ["\n", "END"], "logprobs": 2, "echo": True, "stream": True,
+                       "stream_options": {"include_usage": True}})
+seed("completion_ids", 0, {"prompt": [1, 2, 3], "max_completion_tokens": 4, "n": 2,
+                           "presence_penalty": 0.5, "frequency_penalty": -0.5,
+                           "repeat_penalty": 1.1, "repeat_last_n": 32})
+seed("chat", 1, {"model": "m", "messages": [
+    {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi \u00e9"},
+    {"role": "assistant", "content": None},
+    {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
+    "logprobs": True, "top_logprobs": 3, "stop": "x", "user": "ignored"})
 PY
 ls -la "$C"/*

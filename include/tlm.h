@@ -585,6 +585,10 @@ int tlm_session_batch(const tlm_session *s);
 int tlm_session_capacity(const tlm_session *s);
 /* Positions cached so far for sequence seq (its next token's position). */
 int tlm_session_length(const tlm_session *s, int seq);
+/* Keeps only the first n cached positions of sequence seq (no-op when it holds n or fewer): the
+ * next token goes to position n. Prefix reuse: a prompt sharing n tokens with what a sequence
+ * holds continues from there instead of prefilling them again. */
+tlm_status tlm_session_truncate(tlm_session *s, int seq, int n);
 
 /* Appends n tokens to sequence seq in one batched pass. logits (may be NULL) receives [n, V]
  * logits when all_rows, else only the last token's [V]. */
@@ -602,6 +606,15 @@ typedef struct {
     float top_p;       /* keep the smallest set of most likely ids with mass >= top_p; >= 1 all */
     uint64_t seed;
     uint64_t stream; /* independent streams for the same seed (e.g. one per batch member) */
+    /* The rest is off when zero, so older initializers keep their meaning. */
+    float min_p; /* drop ids whose probability is below min_p times the likeliest one's */
+    /* Penalties over the last penalty_last_n ids given to tlm_sampler_accept (llama.cpp's rules):
+     * a logit l of an id seen there becomes l / repeat_penalty (l > 0) or l * repeat_penalty, then
+     * l - count * frequency_penalty - presence_penalty. repeat_penalty 0 or 1: off. */
+    float repeat_penalty;
+    float presence_penalty;
+    float frequency_penalty;
+    int penalty_last_n; /* 0: 64 */
 } tlm_sampler_opts;
 
 /* Defaults (llama.cpp's): temperature 0.8, top_k 40, top_p 0.95, seed 0, stream 0. */
@@ -615,6 +628,9 @@ tlm_status tlm_sampler_new(const tlm_sampler_opts *o, int vocab_size, tlm_sample
 void tlm_sampler_free(tlm_sampler *s);
 /* TLM_ERR_NUMERIC when the logits hold a NaN or no finite value. */
 tlm_status tlm_sample(tlm_sampler *s, const float *logits, int32_t *id);
+/* Records an id (of the prompt or generated) in the penalty window; a no-op without penalties.
+ * tlm_generate accepts every prompt id and every sampled id. */
+void tlm_sampler_accept(tlm_sampler *s, int32_t id);
 
 typedef enum {
     TLM_STOP_NONE = 0,

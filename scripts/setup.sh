@@ -2,8 +2,8 @@
 # Installs what tlm needs on a fresh Debian machine (run as root). Idempotent.
 set -euo pipefail
 pkgs=(build-essential cmake clang clang-format libclang-rt-14-dev libomp-dev
-      libopenblas-openmp-dev libcjson-dev openmpi-bin libopenmpi-dev
-      python3 python3-torch python3-numpy)
+      libopenblas-openmp-dev libcjson-dev openmpi-bin libopenmpi-dev libmicrohttpd-dev
+      python3 python3-torch python3-numpy chromium)
 # Node.js (for the llama.cpp and tiktoken peers from npm) may come from another source with npm inside.
 command -v npm >/dev/null 2>&1 || pkgs+=(nodejs npm)
 missing=()
@@ -18,7 +18,12 @@ fi
 # llama.cpp as a real client of our GGUF files (tests/formats_cli.sh, bench/): node-llama-cpp ships
 # prebuilt CPU libraries, so nothing is compiled or downloaded beyond the npm packages. `npm install`
 # (which honours the lock file) rather than `npm ci`, which rejects a lock without every platform.
-if [ ! -d "$(dirname "$0")/../tests/node/node_modules/node-llama-cpp" ]; then
+# tlm serve's tests also use the openai package and puppeteer-core (with Debian's chromium).
+node_missing=0
+for p in node-llama-cpp openai puppeteer-core; do
+  [ -d "$(dirname "$0")/../tests/node/node_modules/$p" ] || node_missing=1
+done
+if [ "$node_missing" = 1 ]; then
   (cd "$(dirname "$0")/../tests/node" &&
    NODE_LLAMA_CPP_SKIP_DOWNLOAD=true npm install --no-audit --no-fund --loglevel=error)
 fi

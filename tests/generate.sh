@@ -129,6 +129,18 @@ if [[ -f $DATA/models/stories260K.bin && -f $DATA/models/tok512.bin ]]; then
     t2=$($TLM generate -m "$D/stories260K.bin" -z "$D/tok512.bin" -n 30 --seed 9 2>/dev/null)
     expect "BOS start gives text" test ${#t1} -gt 20
     expect "BOS start reproducible" test "$t1" = "$t2"
+    # The penalties change greedy text (the story repeats "Lily"); neutral values do not.
+    g=(-m "$D/stories260K.bin" -z "$D/tok512.bin" -p "Once upon a time" -n 60 --temp 0)
+    plain=$($TLM generate "${g[@]}" 2>/dev/null)
+    same=$($TLM generate "${g[@]}" --repeat-penalty 1 --presence-penalty 0 --min-p 0 2>/dev/null)
+    expect "neutral sampler flags keep greedy text" test "$plain" = "$same"
+    for f in "--repeat-penalty 1.5" "--presence-penalty 1" "--frequency-penalty 0.5"; do
+        # shellcheck disable=SC2086
+        pen=$($TLM generate "${g[@]}" $f 2>/dev/null)
+        expect "$f changes greedy text" test -n "$pen" -a "$pen" != "$plain"
+    done
+    one_line_error "min-p out of range" "min-p" "${g[@]}" --min-p 1.5
+    one_line_error "repeat-penalty 0" "repeat-penalty" "${g[@]}" --repeat-penalty 0
 else
     bad "the shared test data is missing: no $DATA/models/stories260K.bin and tok512.bin"
 fi

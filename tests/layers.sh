@@ -17,6 +17,7 @@ declare -A ALLOWED=(
   [tokenizer]="core io"
   [formats]="core io kernels model tokenizer"
   [dist]="core"
+  [serve]="core"
   [cli]="*"
 )
 

@@ -23,6 +23,7 @@ static const struct {
     {"llama2c", fuzz_llama2c},
     {"tokenizer_bin", fuzz_tokenizer_bin},
     {"gpt2_bpe", fuzz_gpt2_bpe},
+    {"request", fuzz_request},
 };
 
 static int cmp_str(const void *a, const void *b) {

@@ -9,7 +9,9 @@
 
 static const char *generate_help =
     "usage: tlm generate -m MODEL [-z TOKENIZER] [-p PROMPT | --ids \"ID ID ...\"] [-n N]\n"
-    "                    [--temp T] [--top-k K] [--top-p P] [--seed S] [-t THREADS] [--print-ids]\n"
+    "                    [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
+    "                    [--presence-penalty X] [--frequency-penalty X] [--repeat-last-n N]\n"
+    "                    [--seed S] [-t THREADS] [--print-ids]\n"
     "\n"
     "Samples a continuation of the prompt and streams it to stdout (the prompt first, then the\n"
     "new text, never half a UTF-8 character). Timings go to stderr at the end.\n\n"
@@ -25,6 +27,11 @@ static const char *generate_help =
     "  --top-k K             keep the K most likely tokens (default 40; 0 = off)\n"
     "  --top-p P             keep the smallest set with probability mass >= P (default 0.95;\n"
     "                        1 = off)\n"
+    "  --min-p P             drop tokens less likely than P times the likeliest (default 0)\n"
+    "  --repeat-penalty R    divide the logits of recent tokens by R (default 1 = off)\n"
+    "  --presence-penalty X  subtract X from the logits of recent tokens (default 0)\n"
+    "  --frequency-penalty X subtract X times their count from recent tokens' logits (default 0)\n"
+    "  --repeat-last-n N     tokens the penalties look back over, prompt included (default 64)\n"
     "  --seed S              sampling seed (default 0: the same output every run)\n"
     "  -t, --threads N       threads (default: all cores)\n"
     "  --print-ids           print the whole id sequence (prompt, then generated) on one line\n"
@@ -93,7 +100,8 @@ static int parse_ids(const char *s, int32_t **ids, int *n) {
 int cmd_generate(int argc, char **argv) {
     const char *model_path = NULL, *tok_path = NULL, *prompt = NULL, *ids_arg = NULL;
     long n_new = 256, top_k = 40, seed = 0, threads = 0;
-    double temp = 0.8, top_p = 0.95;
+    double temp = 0.8, top_p = 0.95, min_p = 0, rep_pen = 1, pres_pen = 0, freq_pen = 0;
+    long last_n = 64;
     int print_ids = 0, no_mmap = 0;
     for (int i = 1; i < argc; i++) {
         const char *v, *a = argv[i];
@@ -135,6 +143,27 @@ int cmd_generate(int argc, char **argv) {
             if (!v) return cli_fail("generate: %s needs a value", a);
             if (!cli_parse_float(v, &top_p) || !(top_p > 0 && top_p <= 1))
                 return cli_fail("generate: --top-p wants a number in (0, 1], got '%s'", v);
+        } else if (cli_flag_value(argc, argv, &i, "--min-p", NULL, &v)) {
+            if (!v) return cli_fail("generate: %s needs a value", a);
+            if (!cli_parse_float(v, &min_p) || !(min_p >= 0 && min_p <= 1))
+                return cli_fail("generate: --min-p wants a number in [0, 1], got '%s'", v);
+        } else if (cli_flag_value(argc, argv, &i, "--repeat-penalty", NULL, &v)) {
+            if (!v) return cli_fail("generate: %s needs a value", a);
+            if (!cli_parse_float(v, &rep_pen) || !(rep_pen > 0) || rep_pen > 1e6)
+                return cli_fail("generate: --repeat-penalty wants a number > 0, got '%s'", v);
+        } else if (cli_flag_value(argc, argv, &i, "--presence-penalty", NULL, &v)) {
+            if (!v) return cli_fail("generate: %s needs a value", a);
+            if (!cli_parse_float(v, &pres_pen) || !(pres_pen >= -1e6 && pres_pen <= 1e6))
+                return cli_fail("generate: --presence-penalty wants a number, got '%s'", v);
+        } else if (cli_flag_value(argc, argv, &i, "--frequency-penalty", NULL, &v)) {
+            if (!v) return cli_fail("generate: %s needs a value", a);
+            if (!cli_parse_float(v, &freq_pen) || !(freq_pen >= -1e6 && freq_pen <= 1e6))
+                return cli_fail("generate: --frequency-penalty wants a number, got '%s'", v);
+        } else if (cli_flag_value(argc, argv, &i, "--repeat-last-n", NULL, &v)) {
+            if (!v) return cli_fail("generate: %s needs a value", a);
+            if (!cli_parse_int(v, &last_n) || last_n < 1 || last_n > (1 << 20))
+                return cli_fail("generate: --repeat-last-n wants a count in [1, 2^20], got '%s'",
+                                v);
         } else if (cli_flag_value(argc, argv, &i, "--seed", NULL, &v)) {
             if (!v) return cli_fail("generate: %s needs a value", a);
             if (!cli_parse_int(v, &seed) || seed < 0)
@@ -259,7 +288,12 @@ int cmd_generate(int argc, char **argv) {
     go.sampling = (tlm_sampler_opts){.temperature = (float)temp,
                                      .top_k = (int)top_k,
                                      .top_p = (float)top_p,
-                                     .seed = (uint64_t)seed};
+                                     .seed = (uint64_t)seed,
+                                     .min_p = (float)min_p,
+                                     .repeat_penalty = (float)rep_pen,
+                                     .presence_penalty = (float)pres_pen,
+                                     .frequency_penalty = (float)freq_pen,
+                                     .penalty_last_n = (int)last_n};
     tlm_stop_reason why = TLM_STOP_NONE;
     tlm_generate_stats gs;
     const int32_t *prompts[1] = {ids};

@@ -46,6 +46,7 @@ tlm_status tlm_generate(tlm_session *s, const int32_t *const *prompts, const int
         tlm_sampler_opts so = o->sampling;
         so.stream += (uint64_t)b;
         err = tlm_sampler_new(&so, (int)V, &samp[b]);
+        for (int i = 0; !err && i < prompt_lens[b]; i++) tlm_sampler_accept(samp[b], prompts[b][i]);
     }
     if (err) goto done;
 
@@ -70,6 +71,7 @@ tlm_status tlm_generate(tlm_session *s, const int32_t *const *prompts, const int
             if (!active[b]) continue;
             err = tlm_sample(samp[b], logits + (size_t)b * V, &next[b]);
             if (err) goto done;
+            tlm_sampler_accept(samp[b], next[b]);
             count[b]++;
             st.new_tokens++;
             int total = prompt_lens[b] + count[b];

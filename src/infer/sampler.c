@@ -1,10 +1,12 @@
-/* Sampling ids from logits: greedy, temperature, top-k, top-p. The work per draw is O(V) plus a
- * sort of the few ids that can matter: top-k keeps a k-heap, and top-p first drops every id whose
- * probability is below (1 - p) / n, which no id of the nucleus can be (if the smallest member s of
- * the nucleus were below it, the ids outside the nucleus minus s, at most n of them each no
- * likelier than s, would hold less than 1 - p, so the nucleus without s would already reach p). */
+/* Sampling ids from logits: penalties, greedy, temperature, top-k, min-p, top-p. The work per draw
+ * is O(V) plus a sort of the few ids that can matter: top-k keeps a k-heap, and top-p first drops
+ * every id whose probability is below (1 - p) / n, which no id of the nucleus can be (if the
+ * smallest member s of the nucleus were below it, the ids outside the nucleus minus s, at most n of
+ * them each no likelier than s, would hold less than 1 - p, so the nucleus without s would already
+ * reach p). */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/core.h"
 
@@ -20,6 +22,10 @@ struct tlm_sampler {
     int32_t *idx; /* [V] candidate ids */
     double *w;    /* [V] their unnormalized probabilities, same order as idx */
     cand *c;      /* [V] top-p sorting space */
+    int penalize;
+    float *pl;     /* [V] penalized logits (penalize only) */
+    int32_t *hist; /* [penalty_last_n] ring of accepted ids */
+    int n_hist, hist_pos;
 };
 
 void tlm_sampler_opts_default(tlm_sampler_opts *o) {
@@ -47,6 +53,16 @@ tlm_status tlm_sampler_new(const tlm_sampler_opts *o, int vocab_size, tlm_sample
         return tlm_err(TLM_ERR_ARG, "sampler: top_p %g must be > 0 (1 disables it)",
                        (double)o->top_p);
     if (o->top_k < 0) return tlm_err(TLM_ERR_ARG, "sampler: top_k %d must be >= 0", o->top_k);
+    if (!(o->min_p >= 0.0f && o->min_p <= 1.0f))
+        return tlm_err(TLM_ERR_ARG, "sampler: min_p %g must be in [0, 1]", (double)o->min_p);
+    if (!(o->repeat_penalty >= 0.0f) || isinf(o->repeat_penalty))
+        return tlm_err(TLM_ERR_ARG, "sampler: repeat_penalty %g must be finite and >= 0",
+                       (double)o->repeat_penalty);
+    if (!isfinite(o->presence_penalty) || !isfinite(o->frequency_penalty))
+        return tlm_err(TLM_ERR_ARG, "sampler: presence and frequency penalties must be finite");
+    if (o->penalty_last_n < 0 || o->penalty_last_n > (1 << 20))
+        return tlm_err(TLM_ERR_ARG, "sampler: penalty_last_n %d must be in [0, 2^20]",
+                       o->penalty_last_n);
     tlm_sampler *s = calloc(1, sizeof *s);
     if (!s) return tlm_err(TLM_ERR_NOMEM, "out of memory");
     s->o = *o;
@@ -54,7 +70,15 @@ tlm_status tlm_sampler_new(const tlm_sampler_opts *o, int vocab_size, tlm_sample
     s->idx = malloc((size_t)vocab_size * sizeof *s->idx);
     s->w = malloc((size_t)vocab_size * sizeof *s->w);
     s->c = malloc((size_t)vocab_size * sizeof *s->c);
-    if (!s->idx || !s->w || !s->c) {
+    s->penalize = (o->repeat_penalty != 0.0f && o->repeat_penalty != 1.0f) ||
+                  o->presence_penalty != 0.0f || o->frequency_penalty != 0.0f;
+    int last_n = o->penalty_last_n ? o->penalty_last_n : 64;
+    if (s->penalize) {
+        s->pl = malloc((size_t)vocab_size * sizeof *s->pl);
+        s->hist = malloc((size_t)last_n * sizeof *s->hist);
+        s->o.penalty_last_n = last_n;
+    }
+    if (!s->idx || !s->w || !s->c || (s->penalize && (!s->pl || !s->hist))) {
         tlm_sampler_free(s);
         return tlm_err(TLM_ERR_NOMEM, "out of memory for a sampler over %d ids", vocab_size);
     }
@@ -68,6 +92,8 @@ void tlm_sampler_free(tlm_sampler *s) {
     free(s->idx);
     free(s->w);
     free(s->c);
+    free(s->pl);
+    free(s->hist);
     free(s);
 }
 
@@ -134,9 +160,36 @@ static int nucleus(cand *c, int32_t *idx, double *w, int n, double total, double
     return n;
 }
 
+void tlm_sampler_accept(tlm_sampler *s, int32_t id) {
+    if (!s || !s->penalize || id < 0 || id >= s->V) return;
+    s->hist[s->hist_pos] = id;
+    s->hist_pos = (s->hist_pos + 1) % s->o.penalty_last_n;
+    if (s->n_hist < s->o.penalty_last_n) s->n_hist++;
+}
+
+/* Copies the logits with the penalties of the ids in the window applied; each distinct id once. */
+static const float *penalized(tlm_sampler *s, const float *logits) {
+    memcpy(s->pl, logits, (size_t)s->V * sizeof *s->pl);
+    float rp = s->o.repeat_penalty == 0.0f ? 1.0f : s->o.repeat_penalty;
+    for (int i = 0; i < s->n_hist; i++) {
+        int32_t id = s->hist[i], count = 0, first = 1;
+        for (int j = 0; j < s->n_hist; j++) {
+            if (s->hist[j] != id) continue;
+            if (j < i) first = 0;
+            count++;
+        }
+        if (!first) continue;
+        float l = s->pl[id];
+        l = l > 0 ? l / rp : l * rp;
+        s->pl[id] = l - (float)count * s->o.frequency_penalty - s->o.presence_penalty;
+    }
+    return s->pl;
+}
+
 tlm_status tlm_sample(tlm_sampler *s, const float *logits, int32_t *id) {
     if (!s || !logits || !id) return tlm_err(TLM_ERR_ARG, "sample: NULL argument");
     int V = s->V;
+    if (s->penalize && s->n_hist) logits = penalized(s, logits);
     int32_t best = -1;
     for (int32_t i = 0; i < V; i++) {
         if (isnan(logits[i])) return tlm_err(TLM_ERR_NUMERIC, "sample: logit %d is NaN", i);
@@ -158,6 +211,18 @@ tlm_status tlm_sample(tlm_sampler *s, const float *logits, int32_t *id) {
     for (int i = 0; i < n; i++) {
         s->w[i] = exp(((double)logits[s->idx[i]] - mx) * inv_t);
         total += s->w[i];
+    }
+    if (s->o.min_p > 0.0f) {
+        /* The likeliest id has weight 1 (its logit is mx), so min_p compares weights directly. */
+        int m = 0;
+        total = 0.0;
+        for (int i = 0; i < n; i++)
+            if (s->w[i] >= s->o.min_p) {
+                s->idx[m] = s->idx[i];
+                s->w[m] = s->w[i];
+                total += s->w[m++];
+            }
+        n = m;
     }
     if (s->o.top_p < 1.0f) {
         n = nucleus(s->c, s->idx, s->w, n, total, s->o.top_p);

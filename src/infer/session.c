@@ -146,6 +146,17 @@ int tlm_session_length(const tlm_session *s, int seq) {
     return seq >= 0 && seq < s->B ? s->len[seq] : -1;
 }
 
+/* Cached keys and values depend only on the ids before them, so the first n positions of a
+ * sequence stay valid for any continuation: forgetting the rest is all there is to do. */
+tlm_status tlm_session_truncate(tlm_session *s, int seq, int n) {
+    if (!s) return tlm_err(TLM_ERR_ARG, "session: NULL session");
+    if (seq < 0 || seq >= s->B)
+        return tlm_err(TLM_ERR_RANGE, "session: sequence %d outside the batch of %d", seq, s->B);
+    if (n < 0) return tlm_err(TLM_ERR_ARG, "session: truncate to %d positions", n);
+    if (n < s->len[seq]) s->len[seq] = n;
+    return TLM_OK;
+}
+
 /* Causal attention of T consecutive new tokens of sequence b (positions pos0..pos0+T-1) over
  * everything cached for it, the new keys included. */
 static void attend_prefill(tlm_session *s, int l, int b, int pos0, int T) {

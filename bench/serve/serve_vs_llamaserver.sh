@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# tlm serve against llama.cpp's llama-server on the same GGUF, threads and --parallel: aggregate
+# generated tok/s and inter-token latency (p50/p99) at 1, 4, 8 and 16 concurrent streams, and the
+# time to first token of a ~400-token prompt's second turn (prefix reuse). The model is the
+# random-weight llama2.c-shaped 110M (dim 768, hidden 2048, 12 layers, 12 heads, Llama's 32000
+# SPM vocabulary), as in bench/formats/decode_vs_llamacpp.sh. Unsets OPENBLAS_CORETYPE (the
+# environment presets Haswell) so OpenBLAS picks this CPU's kernels. Run on an idle machine.
+# Usage: bash bench/serve/serve_vs_llamaserver.sh [THREADS=2] [PARALLEL=16] [TOKENS=64]
+#        [CONCURRENCY="1 4 8 16"] [MODEL=110M|15M]
+# Needs /work/llama.cpp/build/bin/llama-server (LLAMA_SERVER= to point elsewhere).
+# Prints a table and writes bench/out/serve_vs_llamaserver.json.
+set -euo pipefail
+unset OPENBLAS_CORETYPE
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+TLM=${TLM:-$ROOT/build/tlm}
+LLAMA_SERVER=${LLAMA_SERVER:-/work/llama.cpp/build/bin/llama-server}
+THREADS=${1:-2}
+PARALLEL=${2:-16}
+N=${3:-64}
+CONC=${4:-1 4 8 16}
+MODEL=${5:-110M}
+DATA=${TLM_SHARED_DATA:-$ROOT/../shared/data}
+VOCAB=$DATA/tokenizers/ggml-vocab-llama-spm.gguf
+OUT=$ROOT/bench/out
+W=$OUT/decode_models
+CTX=1024
+mkdir -p "$W"
+servers="tlm llama-server"
+if [ ! -x "$LLAMA_SERVER" ]; then
+  echo "no llama-server at $LLAMA_SERVER: measuring tlm alone (no ratios)"
+  servers=tlm
+fi
+case $MODEL in
+  15M) spec="288 768 6 6 256" ;;
+  110M) spec="768 2048 12 12 1024" ;;
+  *) echo "MODEL is 15M or 110M"; exit 1 ;;
+esac
+read -r dim hidden layers heads seq <<<"$spec"
+gguf=$W/$MODEL.gguf
+if [ ! -f "$gguf" ]; then
+  /usr/bin/python3 "$ROOT/bench/formats/random_llama2c.py" "$W/$MODEL.bin" "$dim" "$hidden" \
+    "$layers" "$heads" 32000 "$seq"
+  "$TLM" convert "$W/$MODEL.bin" "$gguf" --to gguf -z "$VOCAB" 2>/dev/null
+  rm -f "$W/$MODEL.bin"
+fi
+[ "$seq" -lt "$CTX" ] && CTX=$seq
+
+pid=
+cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null || true; }
+trap cleanup EXIT
+wait_up() { # URL
+  for _ in $(seq 600); do
+    curl -sf "$1/health" >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  echo "server at $1 did not come up"; exit 1
+}
+results=()
+for server in $servers; do
+  port=$((18500 + RANDOM % 1000))
+  if [ "$server" = tlm ]; then
+    "$TLM" serve -m "$gguf" --port "$port" -t "$THREADS" --parallel "$PARALLEL" --ctx "$CTX" \
+      >"$OUT/serve_$server.log" 2>&1 &
+  else
+    # llama-server's -c is the total over its slots.
+    "$LLAMA_SERVER" -m "$gguf" --port "$port" --host 127.0.0.1 -t "$THREADS" -tb "$THREADS" \
+      -np "$PARALLEL" -c $((CTX * PARALLEL)) >"$OUT/serve_$server.log" 2>&1 &
+  fi
+  pid=$!
+  wait_up "http://127.0.0.1:$port"
+  for c in $CONC; do
+    line=$(node "$ROOT/bench/serve/load.mjs" "http://127.0.0.1:$port" "$c" "$N")
+    echo "$server c=$c $line"
+    results+=("{\"server\": \"$server\", \"threads\": $THREADS, \"parallel\": $PARALLEL, \"model\": \"$MODEL\", \"result\": $line}")
+  done
+  kill "$pid"
+  wait "$pid" 2>/dev/null || true
+  pid=
+done
+(IFS=,; echo "[${results[*]}]") >"$OUT/serve_vs_llamaserver.json"
+/usr/bin/python3 - "$OUT/serve_vs_llamaserver.json" <<'PY'
+import json, sys
+rows = json.load(open(sys.argv[1]))
+by = {(r["server"], r["result"]["concurrency"]): r["result"] for r in rows}
+print(f"{'streams':>7} {'tlm tok/s':>10} {'llama tok/s':>12} {'ratio':>6} {'tlm p50/p99 ms':>15} {'llama p50/p99 ms':>17}")
+for c in sorted({k[1] for k in by}):
+    t, l = by.get(("tlm", c)), by.get(("llama-server", c))
+    if not t:
+        continue
+    if not l:
+        print(f"{c:>7} {t['tok_per_s']:>10.1f} {'-':>12} {'-':>6} {t['itl_p50_ms']:>7.1f}/{t['itl_p99_ms']:<7.1f}")
+        continue
+    print(f"{c:>7} {t['tok_per_s']:>10.1f} {l['tok_per_s']:>12.1f} {t['tok_per_s'] / l['tok_per_s']:>6.2f} "
+          f"{t['itl_p50_ms']:>7.1f}/{t['itl_p99_ms']:<7.1f} {l['itl_p50_ms']:>8.1f}/{l['itl_p99_ms']:<8.1f}")
+for s in ("tlm", "llama-server"):
+    r = [v for k, v in by.items() if k[0] == s]
+    if r and r[-1]["ttft_first_turn_ms"] and r[-1]["ttft_second_turn_ms"]:
+        r = r[-1]
+        print(f"{s}: TTFT first turn {r['ttft_first_turn_ms']} ms, second turn {r['ttft_second_turn_ms']} ms "
+              f"({r['ttft_second_turn_ms'] / max(r['ttft_first_turn_ms'], 1e-9):.2f}x)")
+PY

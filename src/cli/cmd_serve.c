@@ -1,0 +1,773 @@
+/* tlm serve: an OpenAI-compatible HTTP server over the scheduler in src/serve/. HTTP is
+ * libmicrohttpd's (one thread per connection, so a handler may wait for its tokens); this file
+ * maps routes to the engine and formats OpenAI's JSON and Server-Sent Events. */
+#include <arpa/inet.h>
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "io/gguf.h"
+#include "serve/serve.h"
+
+static const char *serve_help =
+    "usage: tlm serve -m MODEL [-z TOKENIZER] [--host 127.0.0.1] [--port 8080] [--parallel N]\n"
+    "                 [--ctx T] [--api-key KEY] [-t THREADS] [--chat-template NAME]\n"
+    "                 [--queue N] [--max-body BYTES]\n"
+    "\n"
+    "Serves the OpenAI API (POST /v1/completions, /v1/chat/completions, GET /v1/models) plus\n"
+    "/health, /metrics (Prometheus), /tokenize, /detokenize and a chat page at /.\n\n"
+    "  -m, --model PATH      model\n"
+    "  -z, --tokenizer PATH  tokenizer; default: the model's own\n"
+    "  --host ADDR           IPv4 address to bind (default 127.0.0.1: this machine only)\n"
+    "  --port N              TCP port (default 8080; 0 picks a free one)\n"
+    "  --parallel N          sequences decoded together, one slot each (default 4)\n"
+    "  --ctx T               positions per slot (default: the model's context_length)\n"
+    "  --queue N             requests waiting beyond the slots before 429 (default 4 x parallel)\n"
+    "  --api-key KEY         require 'Authorization: Bearer KEY' on the API\n"
+    "  --chat-template NAME  chatml, llama2, llama3, mistral, gemma or phi3 (default: the\n"
+    "                        GGUF's tokenizer.chat_template when recognised, else chatml)\n"
+    "  --max-body BYTES      largest request body (default 1048576; larger get 413)\n"
+    "  -t, --threads N       threads (default: all cores)\n"
+    "\n"
+    "SIGINT or SIGTERM stops taking requests, finishes the running ones and exits 0; a second\n"
+    "SIGINT quits at once.\n";
+
+extern const unsigned char tlm_web_index[];
+extern const size_t tlm_web_index_len;
+
+typedef struct {
+    srv_sched *sched;
+    const tlm_tokenizer *tok;
+    srv_template tpl;
+    const char *model_id;
+    const char *api_key;
+    size_t max_body;
+    int ctx, parallel;
+    time_t created;
+    _Atomic int draining;
+    _Atomic int active; /* generation requests not yet answered in full */
+    pthread_mutex_t mu;
+    unsigned long long by_status[600];
+} server;
+
+/* ---- small helpers ------------------------------------------------------------------------ */
+
+static void count_status(server *sv, int status) {
+    pthread_mutex_lock(&sv->mu);
+    if (status >= 0 && status < 600) sv->by_status[status]++;
+    pthread_mutex_unlock(&sv->mu);
+}
+
+static enum MHD_Result send_body(server *sv, struct MHD_Connection *c, int status, const char *type,
+                                 const char *body, size_t len, int copy) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(
+        len, (void *)body, copy ? MHD_RESPMEM_MUST_COPY : MHD_RESPMEM_MUST_FREE);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", type);
+    MHD_add_response_header(r, "Access-Control-Allow-Origin", "*");
+    if (status == 429 || status == 503) MHD_add_response_header(r, "Retry-After", "1");
+    enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, r);
+    MHD_destroy_response(r);
+    count_status(sv, status);
+    return ok;
+}
+
+static void add_fixed(cJSON *o, const char *name, const char *s, size_t n) {
+    char *f = srv_utf8_fix(s, n);
+    cJSON_AddStringToObject(o, name, f ? f : "");
+    free(f);
+}
+
+static enum MHD_Result send_json(server *sv, struct MHD_Connection *c, int status, cJSON *j) {
+    char *s = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    if (!s) return MHD_NO;
+    return send_body(sv, c, status, "application/json", s, strlen(s), 0);
+}
+
+static enum MHD_Result send_error(server *sv, struct MHD_Connection *c, int status,
+                                  const char *param, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    char *body = srv_error_json(status, param, msg);
+    if (!body) return MHD_NO;
+    return send_body(sv, c, status, "application/json", body, strlen(body), 0);
+}
+
+/* The client went away: the socket reads end-of-file (checked without consuming anything). */
+static int client_gone(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return 0;
+    char b;
+    ssize_t r = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+/* ---- generation --------------------------------------------------------------------------- */
+
+typedef struct {
+    server *sv;
+    struct MHD_Connection *conn;
+    srv_request req;
+    char *stops[SRV_MAX_STOP + 1];
+    int n_stops;
+    srv_job *jobs[SRV_MAX_N];
+    int n_jobs;
+    srv_response resp;
+    size_t out_pos; /* bytes of resp.out already handed to the library */
+    int done;
+} gen;
+
+static void gen_free(gen *g) {
+    if (!g) return;
+    g->sv->active--;
+    for (int i = 0; i < g->n_jobs; i++) {
+        srv_sched_release(g->sv->sched, g->jobs[i]);
+        srv_job_free(g->jobs[i]);
+    }
+    srv_request_free(&g->req);
+    srv_response_free(&g->resp);
+    free(g);
+}
+
+static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    gen *g = cls;
+    for (;;) {
+        srv_response *r = &g->resp;
+        if (g->out_pos < r->out_len) {
+            size_t n = r->out_len - g->out_pos;
+            if (n > max) n = max;
+            memcpy(buf, r->out + g->out_pos, n);
+            g->out_pos += n;
+            if (g->out_pos == r->out_len) g->out_pos = r->out_len = 0;
+            return (ssize_t)n;
+        }
+        if (g->done) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (client_gone(g->conn)) return MHD_CONTENT_READER_END_WITH_ERROR;
+        srv_sched_lock(g->sv->sched);
+        g->done = srv_response_stream(r);
+        if (!g->done && r->out_len == 0) srv_sched_wait(g->sv->sched, 100);
+        srv_sched_unlock(g->sv->sched);
+    }
+}
+
+static void stream_free(void *cls) { gen_free(cls); }
+
+/* Prompt ids for the request: the template and tokenizer for chat, the text or ids given for
+ * completions. SentencePiece vocabularies start with BOS, as their models were trained. */
+static int prompt_ids(gen *g, int32_t **ids, size_t *n, char *err, size_t errlen) {
+    server *sv = g->sv;
+    const srv_request *r = &g->req;
+    *ids = NULL;
+    *n = 0;
+    if (r->prompt_ids) {
+        *ids = malloc((size_t)r->n_prompt_ids * sizeof **ids);
+        if (!*ids) return snprintf(err, errlen, "out of memory"), -1;
+        memcpy(*ids, r->prompt_ids, (size_t)r->n_prompt_ids * sizeof **ids);
+        *n = (size_t)r->n_prompt_ids;
+        return 0;
+    }
+    char *text = NULL;
+    unsigned flags = 0;
+    if (r->chat) {
+        if (srv_template_apply(sv->tpl, r->messages, r->n_messages, &text))
+            return snprintf(err, errlen, "%s", tlm_last_error()), -1;
+        flags |= TLM_ENCODE_ALLOW_SPECIAL;
+    }
+    const char *src = r->chat ? text : r->prompt;
+    int32_t bos = tlm_tokenizer_bos(sv->tok);
+    int32_t *v = NULL;
+    size_t nv = 0;
+    if (tlm_tokenizer_encode(sv->tok, src, strlen(src), flags, &v, &nv)) {
+        free(text);
+        return snprintf(err, errlen, "tokenizing the prompt: %s", tlm_last_error()), -1;
+    }
+    free(text);
+    int add_bos =
+        bos >= 0 &&
+        (nv == 0 || (tlm_tokenizer_get_kind(sv->tok) == TLM_TOKENIZER_SPM && v[0] != bos));
+    if (add_bos) {
+        int32_t *w = malloc((nv + 1) * sizeof *w);
+        if (!w) {
+            free(v);
+            return snprintf(err, errlen, "out of memory"), -1;
+        }
+        w[0] = bos;
+        if (nv) memcpy(w + 1, v, nv * sizeof *w);
+        free(v);
+        v = w;
+        nv++;
+    }
+    if (nv == 0) {
+        free(v);
+        return snprintf(err, errlen, "the prompt is empty and the vocabulary has no BOS"), -1;
+    }
+    *ids = v;
+    *n = nv;
+    return 0;
+}
+
+static enum MHD_Result handle_generate(server *sv, struct MHD_Connection *c, const char *body,
+                                       size_t len, int chat) {
+    if (sv->draining) return send_error(sv, c, 503, NULL, "the server is shutting down");
+    gen *g = calloc(1, sizeof *g);
+    if (!g) return send_error(sv, c, 500, NULL, "out of memory");
+    sv->active++;
+    g->sv = sv;
+    g->conn = c;
+    srv_error e;
+    if (srv_request_parse(body, len, chat, &g->req, &e)) {
+        gen_free(g);
+        return send_error(sv, c, e.status, e.param, "%s", e.message);
+    }
+    srv_request *r = &g->req;
+    if (r->n > sv->parallel) {
+        int n = r->n;
+        gen_free(g);
+        return send_error(sv, c, 400, "n",
+                          "'n' is %d but the server decodes at most %d sequences at once "
+                          "(--parallel)",
+                          n, sv->parallel);
+    }
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    char err[256];
+    if (prompt_ids(g, &ids, &n_ids, err, sizeof err)) {
+        gen_free(g);
+        return send_error(sv, c, 400, chat ? "messages" : "prompt", "%s", err);
+    }
+    if (n_ids > (size_t)sv->ctx) {
+        free(ids);
+        gen_free(g);
+        return send_error(sv, c, 400, chat ? "messages" : "prompt",
+                          "the prompt has %zu tokens but the context holds %d", n_ids, sv->ctx);
+    }
+    for (int i = 0; i < r->n_stop; i++) g->stops[g->n_stops++] = r->stop[i];
+    int32_t end_id = -1;
+    if (chat) {
+        const char *end = srv_template_end(sv->tpl);
+        g->stops[g->n_stops++] = (char *)end;
+        end_id = tlm_tokenizer_find(sv->tok, end, strlen(end));
+        if (end_id >= 0 && !tlm_tokenizer_is_special(sv->tok, end_id)) end_id = -1;
+    }
+    uint64_t seed =
+        r->seed_given ? r->sampling.seed : (uint64_t)time(NULL) ^ ((uint64_t)(uintptr_t)g << 16);
+    for (int i = 0; i < r->n; i++) {
+        srv_job *j = srv_job_new(ids, (int)n_ids);
+        if (!j) break;
+        j->max_tokens = r->max_tokens;
+        j->sampling = r->sampling;
+        j->sampling.seed = seed;
+        j->sampling.stream = (uint64_t)i;
+        j->stop = g->stops;
+        j->n_stop = g->n_stops;
+        j->end_id = end_id;
+        j->logprobs = r->logprobs;
+        j->top_logprobs = r->top_logprobs;
+        g->jobs[g->n_jobs++] = j;
+    }
+    free(ids);
+    if (g->n_jobs != r->n) {
+        gen_free(g);
+        return send_error(sv, c, 500, NULL, "out of memory");
+    }
+    time_t created = time(NULL);
+    static unsigned long long counter;
+    pthread_mutex_lock(&sv->mu);
+    unsigned long long k = ++counter;
+    pthread_mutex_unlock(&sv->mu);
+    char id[48];
+    snprintf(id, sizeof id, "%s-%llx%llx", chat ? "chatcmpl" : "cmpl", (unsigned long long)created,
+             k);
+    if (srv_response_init(&g->resp, sv->tok, sv->model_id, &g->req, g->jobs, g->n_jobs, id,
+                          (long long)created)) {
+        gen_free(g);
+        return send_error(sv, c, 500, NULL, "out of memory");
+    }
+    tlm_status st = srv_sched_submit(sv->sched, g->jobs, g->n_jobs);
+    if (st) {
+        /* Never queued: nothing to release. */
+        int status = st == TLM_ERR_RANGE && strstr(tlm_last_error(), "queue") ? 429
+                     : st == TLM_ERR_INTERRUPTED                              ? 503
+                                                                              : 400;
+        char msg[256];
+        snprintf(msg, sizeof msg, "%s", tlm_last_error());
+        for (int i = 0; i < g->n_jobs; i++) srv_job_free(g->jobs[i]);
+        g->n_jobs = 0;
+        gen_free(g);
+        return send_error(sv, c, status, NULL, "%s", msg);
+    }
+    if (r->stream) {
+        struct MHD_Response *resp = MHD_create_response_from_callback(
+            MHD_SIZE_UNKNOWN, 4096, stream_reader, g, stream_free);
+        if (!resp) {
+            gen_free(g);
+            return send_error(sv, c, 500, NULL, "out of memory");
+        }
+        MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+        MHD_add_response_header(resp, "Cache-Control", "no-cache");
+        MHD_add_response_header(resp, "Access-Control-Allow-Origin", "*");
+        enum MHD_Result ok = MHD_queue_response(c, 200, resp);
+        MHD_destroy_response(resp);
+        count_status(sv, 200);
+        return ok;
+    }
+    /* Not streamed: this connection's thread waits for the answer, watching the socket so that a
+     * client that gives up frees its slots at once. */
+    srv_sched_lock(sv->sched);
+    for (;;) {
+        int done = 1;
+        for (int i = 0; i < g->n_jobs; i++) done &= g->jobs[i]->done;
+        if (done) break;
+        srv_sched_wait(sv->sched, 100);
+        srv_sched_unlock(sv->sched);
+        int gone = client_gone(c);
+        srv_sched_lock(sv->sched);
+        if (gone) {
+            srv_sched_unlock(sv->sched);
+            gen_free(g);
+            count_status(sv, 499);
+            return MHD_NO;
+        }
+    }
+    for (int i = 0; i < g->n_jobs; i++)
+        if (g->jobs[i]->finish == SRV_FINISH_ERROR) {
+            char msg[256];
+            snprintf(msg, sizeof msg, "%s", g->jobs[i]->error);
+            srv_sched_unlock(sv->sched);
+            gen_free(g);
+            return send_error(sv, c, 500, NULL, "%s", msg);
+        }
+    char *out = srv_response_final(&g->resp);
+    srv_sched_unlock(sv->sched);
+    gen_free(g);
+    if (!out) return send_error(sv, c, 500, NULL, "out of memory");
+    return send_body(sv, c, 200, "application/json", out, strlen(out), 0);
+}
+
+/* ---- the other endpoints ------------------------------------------------------------------ */
+
+static enum MHD_Result handle_tokenize(server *sv, struct MHD_Connection *c, const char *body,
+                                       size_t len) {
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    const cJSON *content = root ? cJSON_GetObjectItemCaseSensitive(root, "content") : NULL;
+    if (!cJSON_IsString(content)) {
+        cJSON_Delete(root);
+        return send_error(sv, c, 400, "content", "the body must be {\"content\": \"text\"}");
+    }
+    const cJSON *add = cJSON_GetObjectItemCaseSensitive(root, "add_special");
+    const cJSON *parse = cJSON_GetObjectItemCaseSensitive(root, "parse_special");
+    const char *text = content->valuestring;
+    if (!srv_utf8_valid(text, strlen(text))) {
+        cJSON_Delete(root);
+        return send_error(sv, c, 400, "content", "'content' is not valid UTF-8");
+    }
+    unsigned flags = cJSON_IsTrue(parse) ? TLM_ENCODE_ALLOW_SPECIAL : 0;
+    if (cJSON_IsTrue(add) && tlm_tokenizer_bos(sv->tok) >= 0) flags |= TLM_ENCODE_ADD_BOS;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (tlm_tokenizer_encode(sv->tok, text, strlen(text), flags, &ids, &n)) {
+        cJSON_Delete(root);
+        return send_error(sv, c, 400, "content", "%s", tlm_last_error());
+    }
+    cJSON_Delete(root);
+    cJSON *out = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(out, "tokens");
+    for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
+    free(ids);
+    return send_json(sv, c, 200, out);
+}
+
+static enum MHD_Result handle_detokenize(server *sv, struct MHD_Connection *c, const char *body,
+                                         size_t len) {
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    const cJSON *toks = root ? cJSON_GetObjectItemCaseSensitive(root, "tokens") : NULL;
+    if (!cJSON_IsArray(toks)) {
+        cJSON_Delete(root);
+        return send_error(sv, c, 400, "tokens", "the body must be {\"tokens\": [ids]}");
+    }
+    int n = cJSON_GetArraySize(toks), i = 0;
+    int32_t *ids = malloc((size_t)(n ? n : 1) * sizeof *ids);
+    const cJSON *x;
+    int32_t V = tlm_tokenizer_vocab_size(sv->tok);
+    cJSON_ArrayForEach(x, toks) {
+        if (!ids || !cJSON_IsNumber(x) || x->valuedouble != (int32_t)x->valuedouble ||
+            x->valuedouble < 0 || x->valuedouble >= V) {
+            free(ids);
+            cJSON_Delete(root);
+            return send_error(sv, c, 400, "tokens", "'tokens' must hold ids in [0, %d)", (int)V);
+        }
+        ids[i++] = (int32_t)x->valuedouble;
+    }
+    cJSON_Delete(root);
+    char *text = NULL;
+    size_t tl = 0;
+    tlm_status st =
+        tlm_tokenizer_decode(sv->tok, ids, (size_t)n, TLM_DECODE_SKIP_SPECIAL, &text, &tl);
+    free(ids);
+    if (st) return send_error(sv, c, 400, "tokens", "%s", tlm_last_error());
+    cJSON *out = cJSON_CreateObject();
+    add_fixed(out, "content", text, tl);
+    free(text);
+    return send_json(sv, c, 200, out);
+}
+
+static enum MHD_Result handle_models(server *sv, struct MHD_Connection *c) {
+    cJSON *out = cJSON_CreateObject();
+    cJSON_AddStringToObject(out, "object", "list");
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", sv->model_id);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)sv->created);
+    cJSON_AddStringToObject(m, "owned_by", "tlm");
+    cJSON *meta = cJSON_AddObjectToObject(m, "meta");
+    cJSON_AddNumberToObject(meta, "n_ctx", sv->ctx);
+    cJSON_AddNumberToObject(meta, "n_vocab", tlm_tokenizer_vocab_size(sv->tok));
+    cJSON_AddNumberToObject(meta, "parallel", sv->parallel);
+    cJSON_AddStringToObject(meta, "chat_template", srv_template_name(sv->tpl));
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(out, "data"), m);
+    return send_json(sv, c, 200, out);
+}
+
+static enum MHD_Result handle_metrics(server *sv, struct MHD_Connection *c) {
+    srv_stats st;
+    srv_sched_stats(sv->sched, &st);
+    size_t cap = 8192, len = 0;
+    char *b = malloc(cap);
+    if (!b) return MHD_NO;
+#define EMIT(...) len += (size_t)snprintf(b + len, len < cap ? cap - len : 0, __VA_ARGS__)
+    EMIT("# HELP tlm_requests_total HTTP requests answered, by status.\n"
+         "# TYPE tlm_requests_total counter\n");
+    pthread_mutex_lock(&sv->mu);
+    for (int s = 100; s < 600; s++)
+        if (sv->by_status[s]) EMIT("tlm_requests_total{status=\"%d\"} %llu\n", s, sv->by_status[s]);
+    pthread_mutex_unlock(&sv->mu);
+    EMIT("# HELP tlm_prompt_tokens_total Prompt tokens prefilled.\n"
+         "# TYPE tlm_prompt_tokens_total counter\ntlm_prompt_tokens_total %llu\n"
+         "# HELP tlm_prompt_tokens_cached_total Prompt tokens reused from a slot's cache.\n"
+         "# TYPE tlm_prompt_tokens_cached_total counter\ntlm_prompt_tokens_cached_total %llu\n"
+         "# HELP tlm_completion_tokens_total Tokens generated.\n"
+         "# TYPE tlm_completion_tokens_total counter\ntlm_completion_tokens_total %llu\n",
+         (unsigned long long)st.prompt_tokens, (unsigned long long)st.cached_tokens,
+         (unsigned long long)st.completion_tokens);
+    EMIT("# HELP tlm_decode_steps_total Batched decode steps.\n"
+         "# TYPE tlm_decode_steps_total counter\ntlm_decode_steps_total %llu\n"
+         "# HELP tlm_decode_tokens_per_second Tokens generated per second of decoding so far.\n"
+         "# TYPE tlm_decode_tokens_per_second gauge\ntlm_decode_tokens_per_second %.3f\n"
+         "# HELP tlm_prefill_seconds_total Seconds spent prefilling prompts.\n"
+         "# TYPE tlm_prefill_seconds_total counter\ntlm_prefill_seconds_total %.6f\n",
+         (unsigned long long)st.decode_steps,
+         st.decode_seconds > 0 ? (double)st.completion_tokens / st.decode_seconds : 0.0,
+         st.prefill_seconds);
+    EMIT("# HELP tlm_queue_depth Requests waiting for a slot.\n"
+         "# TYPE tlm_queue_depth gauge\ntlm_queue_depth %d\n"
+         "# HELP tlm_slots_busy Slots generating.\n# TYPE tlm_slots_busy gauge\ntlm_slots_busy %d\n"
+         "# HELP tlm_slots_total Slots (--parallel).\n"
+         "# TYPE tlm_slots_total gauge\ntlm_slots_total %d\n",
+         st.queued, st.busy, st.slots);
+#undef EMIT
+    if (len >= cap) len = cap - 1;
+    return send_body(sv, c, 200, "text/plain; version=0.0.4", b, len, 0);
+}
+
+/* ---- dispatch ----------------------------------------------------------------------------- */
+
+typedef struct {
+    char *body;
+    size_t len, cap;
+    int too_big;
+} upload;
+
+static int path_is(const char *url, const char *a) {
+    return !strcmp(url, a) || (!strncmp(a, "/v1/", 4) && !strcmp(url, a + 3));
+}
+
+static int authorized(server *sv, struct MHD_Connection *c) {
+    if (!sv->api_key) return 1;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    size_t kl = strlen(sv->api_key);
+    return h && !strncmp(h, "Bearer ", 7) && strlen(h + 7) == kl && !memcmp(h + 7, sv->api_key, kl);
+}
+
+static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url,
+                               const char *method, const char *version, const char *data,
+                               size_t *data_size, void **con_cls) {
+    (void)version;
+    server *sv = cls;
+    upload *u = *con_cls;
+    if (!u) {
+        u = calloc(1, sizeof *u);
+        if (!u) return MHD_NO;
+        *con_cls = u;
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+        if (cl && strtoull(cl, NULL, 10) > sv->max_body) u->too_big = 1;
+        return MHD_YES;
+    }
+    if (*data_size) {
+        if (!u->too_big && u->len + *data_size > sv->max_body) u->too_big = 1;
+        if (!u->too_big) {
+            if (u->len + *data_size + 1 > u->cap) {
+                size_t cap = (u->len + *data_size + 1) * 2;
+                if (cap > sv->max_body + 1) cap = sv->max_body + 1;
+                char *q = realloc(u->body, cap);
+                if (!q) return MHD_NO;
+                u->body = q;
+                u->cap = cap;
+            }
+            memcpy(u->body + u->len, data, *data_size);
+            u->len += *data_size;
+            u->body[u->len] = 0;
+        }
+        *data_size = 0;
+        return MHD_YES;
+    }
+    if (u->too_big)
+        return send_error(sv, c, 413, NULL, "the request body exceeds %zu bytes (--max-body)",
+                          sv->max_body);
+    int get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
+    if (!strcmp(method, "OPTIONS")) {
+        struct MHD_Response *r =
+            MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+        MHD_add_response_header(r, "Access-Control-Allow-Origin", "*");
+        MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+        MHD_add_response_header(r, "Access-Control-Allow-Headers", "Content-Type, Authorization");
+        enum MHD_Result ok = MHD_queue_response(c, 204, r);
+        MHD_destroy_response(r);
+        count_status(sv, 204);
+        return ok;
+    }
+    if (get && (!strcmp(url, "/") || !strcmp(url, "/index.html")))
+        return send_body(sv, c, 200, "text/html; charset=utf-8", (const char *)tlm_web_index,
+                         tlm_web_index_len, 1);
+    if (get && !strcmp(url, "/health")) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "status", sv->draining ? "shutting down" : "ok");
+        return send_json(sv, c, sv->draining ? 503 : 200, o);
+    }
+    if (!authorized(sv, c))
+        return send_error(sv, c, 401, NULL,
+                          "missing or wrong API key: send 'Authorization: Bearer KEY'");
+    const char *body = u->body ? u->body : "";
+    if (get && !strcmp(url, "/metrics")) return handle_metrics(sv, c);
+    if (get && path_is(url, "/v1/models")) return handle_models(sv, c);
+    if (post && path_is(url, "/v1/completions")) return handle_generate(sv, c, body, u->len, 0);
+    if (post && path_is(url, "/v1/chat/completions"))
+        return handle_generate(sv, c, body, u->len, 1);
+    if (post && !strcmp(url, "/tokenize")) return handle_tokenize(sv, c, body, u->len);
+    if (post && !strcmp(url, "/detokenize")) return handle_detokenize(sv, c, body, u->len);
+    return send_error(sv, c, 404, NULL, "Invalid URL (%s %.200s)", method, url);
+}
+
+static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                      enum MHD_RequestTerminationCode toe) {
+    (void)cls, (void)c, (void)toe;
+    upload *u = *con_cls;
+    if (u) {
+        free(u->body);
+        free(u);
+    }
+    *con_cls = NULL;
+}
+
+/* ---- the command -------------------------------------------------------------------------- */
+
+static int stop_pipe[2] = {-1, -1};
+
+static void on_signal(int sig) {
+    char b = (char)sig;
+    ssize_t r = write(stop_pipe[1], &b, 1);
+    (void)r;
+}
+
+/* The family named by a GGUF's tokenizer.chat_template; 0 when there is none or it is unknown. */
+static int gguf_template(const char *model, srv_template *t, int *present) {
+    *present = 0;
+    tlm_model_format f;
+    if (tlm_model_detect(model, &f) || f != TLM_FORMAT_GGUF) return 0;
+    tlm_gguf *g = NULL;
+    if (tlm_gguf_open(model, &g)) return 0;
+    const char *s = NULL;
+    size_t n = 0;
+    int ok = 0;
+    if (!tlm_gguf_get_str(g, "tokenizer.chat_template", &s, &n)) {
+        *present = 1;
+        char *z = malloc(n + 1);
+        if (z) {
+            memcpy(z, s, n);
+            z[n] = 0;
+            ok = srv_template_detect(z, t);
+            free(z);
+        }
+    }
+    tlm_gguf_close(g);
+    return ok;
+}
+
+int cmd_serve(int argc, char **argv) {
+    const char *model_path = NULL, *tok_path = NULL, *host = "127.0.0.1", *api_key = NULL;
+    const char *tpl_name = NULL;
+    long port = 8080, parallel = 4, ctx = 0, threads = 0, queue = 0, max_body = 1 << 20;
+    for (int i = 1; i < argc; i++) {
+        const char *v, *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(serve_help, stdout);
+            return 0;
+        }
+        long *num = NULL;
+        long lo = 0, hi = 0;
+        if (cli_flag_value(argc, argv, &i, "-m", "--model", &v)) {
+            model_path = v;
+        } else if (cli_flag_value(argc, argv, &i, "-z", "--tokenizer", &v)) {
+            tok_path = v;
+        } else if (cli_flag_value(argc, argv, &i, "--host", NULL, &v)) {
+            host = v;
+        } else if (cli_flag_value(argc, argv, &i, "--api-key", NULL, &v)) {
+            api_key = v;
+        } else if (cli_flag_value(argc, argv, &i, "--chat-template", NULL, &v)) {
+            tpl_name = v;
+        } else if (cli_flag_value(argc, argv, &i, "--port", NULL, &v)) {
+            num = &port, lo = 0, hi = 65535;
+        } else if (cli_flag_value(argc, argv, &i, "--parallel", "-np", &v)) {
+            num = &parallel, lo = 1, hi = 256;
+        } else if (cli_flag_value(argc, argv, &i, "--ctx", "-c", &v)) {
+            num = &ctx, lo = 1, hi = TLM_MAX_CONTEXT_LENGTH;
+        } else if (cli_flag_value(argc, argv, &i, "--queue", NULL, &v)) {
+            num = &queue, lo = 1, hi = 1 << 16;
+        } else if (cli_flag_value(argc, argv, &i, "--max-body", NULL, &v)) {
+            num = &max_body, lo = 1024, hi = 1 << 30;
+        } else if (cli_flag_value(argc, argv, &i, "-t", "--threads", &v)) {
+            num = &threads, lo = 1, hi = 4096;
+        } else {
+            return cli_fail("serve: unknown option '%s' (see tlm serve --help)", a);
+        }
+        if (!v) return cli_fail("serve: %s needs a value", a);
+        if (num && (!cli_parse_int(v, num) || *num < lo || *num > hi))
+            return cli_fail("serve: %s wants an integer in [%ld, %ld], got '%s'", a, lo, hi, v);
+    }
+    if (!model_path) return cli_fail("serve: -m MODEL is required (see tlm serve --help)");
+    struct sockaddr_in addr = {0};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons((uint16_t)port);
+    if (inet_pton(AF_INET, host, &addr.sin_addr) != 1)
+        return cli_fail("serve: --host wants an IPv4 address such as 127.0.0.1, got '%s'", host);
+    server sv = {0};
+    sv.tpl = SRV_TPL_CHATML;
+    if (tpl_name && !srv_template_from_name(tpl_name, &sv.tpl))
+        return cli_fail("serve: --chat-template '%s' is not one of chatml, llama2, llama3, "
+                        "mistral, gemma, phi3",
+                        tpl_name);
+    if (threads) tlm_set_threads((int)threads);
+
+    int rc = 1;
+    tlm_model *m = NULL;
+    tlm_tokenizer *tok = NULL;
+    struct MHD_Daemon *d = NULL;
+    if (tlm_model_load(model_path, &m)) {
+        rc = cli_fail_status("serve");
+        goto done;
+    }
+    const tlm_config *cfg = tlm_model_config(m);
+    if (tok_path ? tlm_tokenizer_load(tok_path, &tok) : cli_model_tokenizer(model_path, &tok)) {
+        rc = cli_fail_status("serve: tokenizer");
+        goto done;
+    }
+    if (!tok) {
+        rc = cli_fail("serve: no tokenizer for '%s': give -z TOKENIZER", model_path);
+        goto done;
+    }
+    if (tlm_tokenizer_vocab_size(tok) > cfg->vocab_size) {
+        rc = cli_fail("serve: the tokenizer has %d ids but the model only %d",
+                      (int)tlm_tokenizer_vocab_size(tok), cfg->vocab_size);
+        goto done;
+    }
+    if (ctx > cfg->context_length) {
+        rc = cli_fail("serve: --ctx %ld exceeds the model's context_length %d", ctx,
+                      cfg->context_length);
+        goto done;
+    }
+    if (!tpl_name) {
+        int present = 0;
+        if (!gguf_template(model_path, &sv.tpl, &present) && present)
+            fprintf(stderr, "tlm: serve: the model's chat template is not one tlm knows; using "
+                            "chatml (choose with --chat-template)\n");
+    }
+    srv_sched_opts so = {.parallel = (int)parallel, .ctx = (int)ctx, .queue_max = (int)queue};
+    if (srv_sched_new(m, tok, &so, &sv.sched)) {
+        rc = cli_fail_status("serve");
+        goto done;
+    }
+    const char *base = strrchr(model_path, '/');
+    sv.model_id = base && base[1] ? base + 1 : model_path;
+    sv.tok = tok;
+    sv.api_key = api_key;
+    sv.max_body = (size_t)max_body;
+    sv.ctx = srv_sched_ctx(sv.sched);
+    sv.parallel = (int)parallel;
+    sv.created = time(NULL);
+    pthread_mutex_init(&sv.mu, NULL);
+    if (pipe(stop_pipe)) {
+        rc = cli_fail("serve: pipe: %s", strerror(errno));
+        goto done;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    /* Connections beyond the limit are refused by the library; slow clients time out. */
+    unsigned conn_limit = (unsigned)(parallel + (queue ? queue : 4 * parallel)) * 2 + 32;
+    d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD, 0, NULL,
+                         NULL, handler, &sv, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
+                         MHD_OPTION_CONNECTION_LIMIT, conn_limit, MHD_OPTION_CONNECTION_TIMEOUT,
+                         (unsigned)30, MHD_OPTION_NOTIFY_COMPLETED, completed, &sv, MHD_OPTION_END);
+    if (!d) {
+        rc = cli_fail("serve: cannot listen on %s:%ld (in use, or not an address of this machine)",
+                      host, port);
+        goto done;
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+    printf("tlm serve: %s, %d slots of %d positions, chat template %s\n", sv.model_id, sv.parallel,
+           sv.ctx, srv_template_name(sv.tpl));
+    printf("listening on http://%s:%u/\n", host, di ? di->port : (unsigned)port);
+    fflush(stdout);
+    char b;
+    while (read(stop_pipe[0], &b, 1) < 0 && errno == EINTR) {
+    }
+    /* A second Ctrl-C ends the process at once. */
+    signal(SIGINT, SIG_DFL);
+    fprintf(stderr, "tlm: serve: stopping: finishing the running requests (Ctrl-C again to "
+                    "quit now)\n");
+    sv.draining = 1;
+    srv_sched_close(sv.sched);
+    for (;;) {
+        srv_stats st;
+        srv_sched_stats(sv.sched, &st);
+        if (!st.busy && !st.queued && !sv.active) break;
+        nanosleep(&(struct timespec){0, 20000000}, NULL);
+    }
+    MHD_stop_daemon(d);
+    d = NULL;
+    rc = 0;
+done:
+    if (d) MHD_stop_daemon(d);
+    srv_sched_free(sv.sched);
+    if (sv.sched) pthread_mutex_destroy(&sv.mu);
+    tlm_tokenizer_free(tok);
+    tlm_model_free(m);
+    return rc;
+}

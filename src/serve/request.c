@@ -1,0 +1,336 @@
+/* OpenAI request bodies into srv_request: every field the server uses is type- and range-checked
+ * here, so the scheduler and the HTTP layer only ever see valid values. */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "serve/serve.h"
+
+int srv_utf8_valid(const char *str, size_t n) {
+    const unsigned char *s = (const unsigned char *)str;
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = s[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        int k;
+        unsigned cp, min;
+        if ((c & 0xE0) == 0xC0) {
+            k = 1, cp = c & 0x1F, min = 0x80;
+        } else if ((c & 0xF0) == 0xE0) {
+            k = 2, cp = c & 0x0F, min = 0x800;
+        } else if ((c & 0xF8) == 0xF0) {
+            k = 3, cp = c & 0x07, min = 0x10000;
+        } else {
+            return 0;
+        }
+        if (n - i <= (size_t)k) return 0;
+        for (int j = 1; j <= k; j++) {
+            if ((s[i + j] & 0xC0) != 0x80) return 0;
+            cp = (cp << 6) | (s[i + j] & 0x3F);
+        }
+        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+        i += (size_t)k + 1;
+    }
+    return 1;
+}
+
+static int fail(srv_error *e, const char *param, const char *fmt, ...) TLM_PRINTF(3, 4);
+static int fail(srv_error *e, const char *param, const char *fmt, ...) {
+    e->status = 400;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* The field, or NULL when absent or null (OpenAI clients send explicit nulls for defaults). */
+static const cJSON *field(const cJSON *o, const char *name) {
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(o, name);
+    return f && !cJSON_IsNull(f) ? f : NULL;
+}
+
+static int get_number(const cJSON *o, const char *name, double lo, double hi, double *out,
+                      srv_error *e) {
+    const cJSON *f = field(o, name);
+    if (!f) return 0;
+    if (!cJSON_IsNumber(f)) return fail(e, name, "'%s' must be a number", name);
+    double v = f->valuedouble;
+    if (!(v >= lo && v <= hi))
+        return fail(e, name, "'%s' is %g; it must be between %g and %g", name, v, lo, hi);
+    *out = v;
+    return 1;
+}
+
+static int get_int(const cJSON *o, const char *name, double lo, double hi, long long *out,
+                   srv_error *e) {
+    const cJSON *f = field(o, name);
+    if (!f) return 0;
+    if (!cJSON_IsNumber(f) || f->valuedouble != floor(f->valuedouble))
+        return fail(e, name, "'%s' must be an integer", name);
+    double v = f->valuedouble;
+    if (!(v >= lo && v <= hi))
+        return fail(e, name, "'%s' is %.17g; it must be between %.17g and %.17g", name, v, lo, hi);
+    *out = (long long)v;
+    return 1;
+}
+
+static int get_bool(const cJSON *o, const char *name, int *out, srv_error *e) {
+    const cJSON *f = field(o, name);
+    if (!f) return 0;
+    if (!cJSON_IsBool(f)) return fail(e, name, "'%s' must be true or false", name);
+    *out = cJSON_IsTrue(f);
+    return 1;
+}
+
+static char *dup_checked(const char *s, const char *param, srv_error *e) {
+    size_t n = strlen(s);
+    if (!srv_utf8_valid(s, n)) {
+        fail(e, param, "'%s' is not valid UTF-8", param);
+        return NULL;
+    }
+    char *d = malloc(n + 1);
+    if (!d) {
+        fail(e, param, "out of memory");
+        e->status = 500;
+        return NULL;
+    }
+    memcpy(d, s, n + 1);
+    return d;
+}
+
+/* Message content: a string, or an array of parts of which the text ones are joined. */
+static char *content_text(const cJSON *c, srv_error *e) {
+    if (!c) return dup_checked("", "messages", e);
+    if (cJSON_IsString(c)) return dup_checked(c->valuestring, "messages", e);
+    if (!cJSON_IsArray(c)) {
+        fail(e, "messages", "a message's 'content' must be a string or an array of parts");
+        return NULL;
+    }
+    size_t total = 1;
+    const cJSON *p;
+    cJSON_ArrayForEach(p, c) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(p, "type");
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(p, "text");
+        if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") || !cJSON_IsString(text)) {
+            fail(e, "messages", "content parts must be {\"type\": \"text\", \"text\": ...}");
+            return NULL;
+        }
+        total += strlen(text->valuestring);
+    }
+    char *out = malloc(total), *w = out;
+    if (!out) {
+        fail(e, "messages", "out of memory");
+        return NULL;
+    }
+    cJSON_ArrayForEach(p, c) {
+        const char *t = cJSON_GetObjectItemCaseSensitive(p, "text")->valuestring;
+        size_t n = strlen(t);
+        memcpy(w, t, n);
+        w += n;
+    }
+    *w = 0;
+    if (!srv_utf8_valid(out, (size_t)(w - out))) {
+        free(out);
+        fail(e, "messages", "'messages' is not valid UTF-8");
+        return NULL;
+    }
+    return out;
+}
+
+static int parse_messages(const cJSON *root, srv_request *r, srv_error *e) {
+    const cJSON *ms = field(root, "messages");
+    if (!ms) return fail(e, "messages", "'messages' is required");
+    if (!cJSON_IsArray(ms) || cJSON_GetArraySize(ms) == 0)
+        return fail(e, "messages", "'messages' must be a non-empty array");
+    int n = cJSON_GetArraySize(ms);
+    r->messages = calloc((size_t)n, sizeof *r->messages);
+    if (!r->messages) return fail(e, "messages", "out of memory");
+    const cJSON *m;
+    cJSON_ArrayForEach(m, ms) {
+        if (!cJSON_IsObject(m)) return fail(e, "messages", "each message must be an object");
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        if (!cJSON_IsString(role)) return fail(e, "messages", "each message needs a 'role' string");
+        const char *ro = role->valuestring;
+        if (strcmp(ro, "system") && strcmp(ro, "developer") && strcmp(ro, "user") &&
+            strcmp(ro, "assistant"))
+            return fail(e, "messages",
+                        "role '%.40s' is not one of system, developer, user, assistant", ro);
+        srv_message *dst = &r->messages[r->n_messages++];
+        if (!(dst->role = dup_checked(ro, "messages", e))) return -1;
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
+        if (c && cJSON_IsNull(c)) c = NULL;
+        if (!c && strcmp(ro, "assistant"))
+            return fail(e, "messages", "a %s message needs 'content'", ro);
+        if (!(dst->content = content_text(c, e))) return -1;
+    }
+    return 0;
+}
+
+static int parse_prompt(const cJSON *root, srv_request *r, srv_error *e) {
+    const cJSON *p = field(root, "prompt");
+    if (!p) return fail(e, "prompt", "'prompt' is required");
+    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && cJSON_IsString(p->child)) p = p->child;
+    if (cJSON_IsString(p)) {
+        r->prompt = dup_checked(p->valuestring, "prompt", e);
+        return r->prompt ? 0 : -1;
+    }
+    if (!cJSON_IsArray(p) || cJSON_GetArraySize(p) == 0)
+        return fail(e, "prompt", "'prompt' must be a string, or an array of token ids");
+    int n = cJSON_GetArraySize(p);
+    r->prompt_ids = malloc((size_t)n * sizeof *r->prompt_ids);
+    if (!r->prompt_ids) return fail(e, "prompt", "out of memory");
+    const cJSON *x;
+    cJSON_ArrayForEach(x, p) {
+        if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) ||
+            !(x->valuedouble >= 0 && x->valuedouble < TLM_MAX_VOCAB_SIZE))
+            return fail(e, "prompt",
+                        "'prompt' as an array holds token ids (integers >= 0); several prompts in "
+                        "one request are not supported");
+        r->prompt_ids[r->n_prompt_ids++] = (int32_t)x->valuedouble;
+    }
+    return 0;
+}
+
+static int parse_stop(const cJSON *root, srv_request *r, srv_error *e) {
+    const cJSON *s = field(root, "stop");
+    if (!s) return 0;
+    if (cJSON_IsString(s)) {
+        if (!*s->valuestring) return 0;
+        return (r->stop[r->n_stop++] = dup_checked(s->valuestring, "stop", e)) ? 0 : -1;
+    }
+    if (!cJSON_IsArray(s)) return fail(e, "stop", "'stop' must be a string or an array of them");
+    if (cJSON_GetArraySize(s) > SRV_MAX_STOP)
+        return fail(e, "stop", "'stop' holds at most %d strings", SRV_MAX_STOP);
+    const cJSON *x;
+    cJSON_ArrayForEach(x, s) {
+        if (!cJSON_IsString(x)) return fail(e, "stop", "'stop' must hold strings");
+        if (!*x->valuestring) continue;
+        if (!(r->stop[r->n_stop++] = dup_checked(x->valuestring, "stop", e))) return -1;
+    }
+    return 0;
+}
+
+int srv_request_parse(const char *body, size_t len, int chat, srv_request *r, srv_error *e) {
+    memset(r, 0, sizeof *r);
+    memset(e, 0, sizeof *e);
+    r->chat = chat;
+    r->max_tokens = -1;
+    r->n = 1;
+    tlm_sampler_opts_default(&r->sampling);
+    r->sampling.temperature = 1.0f; /* OpenAI's default */
+    r->sampling.top_k = 0;
+    r->sampling.top_p = 1.0f;
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    int rc = -1;
+    if (!root) {
+        fail(e, NULL, "the body is not valid JSON");
+        goto done;
+    }
+    if (!cJSON_IsObject(root)) {
+        fail(e, NULL, "the body must be a JSON object");
+        goto done;
+    }
+    if (chat ? parse_messages(root, r, e) : parse_prompt(root, r, e)) goto done;
+    long long iv;
+    double dv;
+    int got;
+    const cJSON *model = field(root, "model");
+    if (model) {
+        if (!cJSON_IsString(model)) {
+            fail(e, "model", "'model' must be a string");
+            goto done;
+        }
+        if (!(r->model = dup_checked(model->valuestring, "model", e))) goto done;
+    }
+    /* max_completion_tokens is the newer name; either may come. */
+    const char *mt_names[] = {"max_tokens", "max_completion_tokens", "n_predict"};
+    for (int i = 0; i < 3; i++) {
+        if ((got = get_int(root, mt_names[i], -1, TLM_MAX_CONTEXT_LENGTH, &iv, e)) < 0) goto done;
+        if (got) r->max_tokens = (int)iv;
+    }
+    if ((got = get_number(root, "temperature", 0, 100, &dv, e)) < 0) goto done;
+    if (got) r->sampling.temperature = (float)dv;
+    if ((got = get_number(root, "top_p", 0, 1, &dv, e)) < 0) goto done;
+    if (got) r->sampling.top_p = dv > 0 ? (float)dv : 1e-6f;
+    if ((got = get_int(root, "top_k", 0, TLM_MAX_VOCAB_SIZE, &iv, e)) < 0) goto done;
+    if (got) r->sampling.top_k = (int)iv;
+    if ((got = get_number(root, "min_p", 0, 1, &dv, e)) < 0) goto done;
+    if (got) r->sampling.min_p = (float)dv;
+    if ((got = get_number(root, "presence_penalty", -2, 2, &dv, e)) < 0) goto done;
+    if (got) r->sampling.presence_penalty = (float)dv;
+    if ((got = get_number(root, "frequency_penalty", -2, 2, &dv, e)) < 0) goto done;
+    if (got) r->sampling.frequency_penalty = (float)dv;
+    if ((got = get_number(root, "repeat_penalty", 0, 10, &dv, e)) < 0) goto done;
+    if (got) r->sampling.repeat_penalty = (float)dv;
+    if ((got = get_int(root, "repeat_last_n", 1, 1 << 20, &iv, e)) < 0) goto done;
+    if (got) r->sampling.penalty_last_n = (int)iv;
+    if ((got = get_int(root, "seed", -9007199254740991.0, 9007199254740991.0, &iv, e)) < 0)
+        goto done;
+    if (got) {
+        r->sampling.seed = (uint64_t)iv;
+        r->seed_given = 1;
+    }
+    if ((got = get_int(root, "n", 1, SRV_MAX_N, &iv, e)) < 0) goto done;
+    if (got) r->n = (int)iv;
+    if (parse_stop(root, r, e)) goto done;
+    if (get_bool(root, "stream", &r->stream, e) < 0) goto done;
+    if (get_bool(root, "echo", &r->echo, e) < 0) goto done;
+    if (r->echo && chat) {
+        fail(e, "echo", "'echo' is for /v1/completions");
+        goto done;
+    }
+    const cJSON *so = field(root, "stream_options");
+    if (so) {
+        if (!cJSON_IsObject(so)) {
+            fail(e, "stream_options", "'stream_options' must be an object");
+            goto done;
+        }
+        if (get_bool(so, "include_usage", &r->include_usage, e) < 0) goto done;
+    }
+    /* Chat: logprobs is a boolean and top_logprobs a count; completions: logprobs is the count. */
+    if (chat) {
+        if (get_bool(root, "logprobs", &r->logprobs, e) < 0) goto done;
+        if ((got = get_int(root, "top_logprobs", 0, SRV_MAX_TOP_LOGPROBS, &iv, e)) < 0) goto done;
+        if (got) {
+            if (!r->logprobs) {
+                fail(e, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+                goto done;
+            }
+            r->top_logprobs = (int)iv;
+        }
+    } else {
+        if ((got = get_int(root, "logprobs", 0, SRV_MAX_TOP_LOGPROBS, &iv, e)) < 0) goto done;
+        if (got) {
+            r->logprobs = 1;
+            r->top_logprobs = (int)iv;
+        }
+    }
+    rc = 0;
+done:
+    cJSON_Delete(root);
+    if (rc) srv_request_free(r);
+    return rc;
+}
+
+void srv_request_free(srv_request *r) {
+    if (!r) return;
+    free(r->prompt);
+    free(r->prompt_ids);
+    for (int i = 0; i < r->n_messages; i++) {
+        free(r->messages[i].role);
+        free(r->messages[i].content);
+    }
+    free(r->messages);
+    for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
+    free(r->model);
+    memset(r, 0, sizeof *r);
+}

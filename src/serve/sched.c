@@ -1,0 +1,620 @@
+/* The continuous-batching scheduler. One thread owns one tlm_session of `parallel` sequences
+ * (slots). Each turn of its loop it admits queued jobs into free slots (choosing the slot whose
+ * cached tokens share the longest prefix with the prompt, and truncating the cache to it),
+ * prefills waiting prompts (a bounded number of tokens while others decode), then advances every
+ * decoding slot by one token in a single tlm_decode call, so each weight is read once per step for
+ * all of them. Jobs join and leave between steps. The lock guards the queue, the jobs' outputs and
+ * the counters; the model is never touched under it. */
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/core.h"
+#include "serve/serve.h"
+
+double srv_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+size_t srv_stop_scan(const char *buf, size_t len, char *const *stops, int n_stops, int *hit) {
+    *hit = 0;
+    size_t first = len;
+    for (int i = 0; i < n_stops; i++) {
+        size_t sl = strlen(stops[i]);
+        if (!sl || sl > len) continue;
+        for (size_t p = 0; p + sl <= len && p < first; p++)
+            if (!memcmp(buf + p, stops[i], sl)) {
+                first = p;
+                *hit = 1;
+                break;
+            }
+    }
+    if (*hit) return first;
+    /* Hold back the longest tail that is a proper prefix of some stop string. */
+    size_t hold = 0;
+    for (int i = 0; i < n_stops; i++) {
+        size_t sl = strlen(stops[i]);
+        for (size_t k = sl - 1 < len ? sl - 1 : len; k > hold; k--)
+            if (!memcmp(buf + len - k, stops[i], k)) {
+                hold = k;
+                break;
+            }
+    }
+    return len - hold;
+}
+
+srv_job *srv_job_new(const int32_t *ids, int n) {
+    srv_job *j = calloc(1, sizeof *j);
+    if (!j) return NULL;
+    j->ids = malloc((size_t)(n > 0 ? n : 1) * sizeof *j->ids);
+    if (!j->ids) {
+        free(j);
+        return NULL;
+    }
+    if (n > 0) memcpy(j->ids, ids, (size_t)n * sizeof *ids);
+    j->n_ids = n;
+    j->max_tokens = -1;
+    j->end_id = -1;
+    j->slot = -1;
+    tlm_sampler_opts_default(&j->sampling);
+    return j;
+}
+
+void srv_job_free(srv_job *j) {
+    if (!j) return;
+    free(j->ids);
+    free(j->text);
+    free(j->lps);
+    free(j->pend);
+    free(j);
+}
+
+enum { SLOT_FREE = 0, SLOT_PREFILL, SLOT_DECODE };
+
+typedef struct {
+    srv_job *job;
+    int state;
+    int32_t *toks; /* [ctx] ids whose keys and values the cache holds, kept after the job leaves */
+    int n_toks;
+    int fed;      /* prompt ids in the cache */
+    int32_t next; /* sampled, to be fed by the next decode step */
+    uint64_t last_used;
+    tlm_sampler *samp;
+    tlm_decoder *dec;
+} slot;
+
+struct srv_sched {
+    const tlm_model *m;
+    const tlm_tokenizer *tok;
+    tlm_session *sess;
+    int B, ctx, V, queue_max, chunk;
+    int32_t eos;
+    slot *slots;
+    float *logits;   /* [B, V] */
+    int32_t *ids;    /* [B] */
+    uint8_t *active; /* [B] */
+    int *pf_n;       /* [B] prompt ids prefilled this step (-1: failed) */
+    int32_t *pf_id;  /* [B] first new id of a prompt finished this step, else -1 */
+    uint64_t clock;
+    int rr; /* prefill round robin */
+
+    pthread_t thread;
+    int started;
+    pthread_mutex_t mu;
+    pthread_cond_t work;     /* scheduler waits: new jobs, cancellations, stop */
+    pthread_cond_t progress; /* submitters wait: output, completion */
+    srv_job *qhead, *qtail;
+    int queued, closed, quit;
+    srv_stats st;
+};
+
+static int grow(void **p, size_t *cap, size_t need, size_t elem) {
+    if (need <= *cap) return 1;
+    size_t c = *cap ? *cap : 64;
+    while (c < need) c *= 2;
+    void *q = realloc(*p, c * elem);
+    if (!q) return 0;
+    *p = q;
+    *cap = c;
+    return 1;
+}
+
+static void append_text(srv_job *j, const char *b, size_t n) {
+    if (!n) return;
+    if (!grow((void **)&j->text, &j->text_cap, j->text_len + n + 1, 1)) {
+        j->finish = SRV_FINISH_ERROR;
+        snprintf(j->error, sizeof j->error, "out of memory");
+        return;
+    }
+    memcpy(j->text + j->text_len, b, n);
+    j->text_len += n;
+    j->text[j->text_len] = 0;
+}
+
+/* Moves what the stop strings allow from pend to the job's text; 1 when a stop string hit. */
+static int release_pending(srv_job *j, int all) {
+    int hit = 0;
+    size_t n = srv_stop_scan(j->pend, j->pend_len, j->stop, j->n_stop, &hit);
+    if (all && !hit) n = j->pend_len; /* at the end, a partial stop string is just text */
+    append_text(j, j->pend, n);
+    if (hit) {
+        j->pend_len = 0;
+    } else if (n) {
+        memmove(j->pend, j->pend + n, j->pend_len - n);
+        j->pend_len -= n;
+    }
+    return hit;
+}
+
+static void finish_job(srv_sched *s, slot *sl, srv_finish why) {
+    srv_job *j = sl->job;
+    if (sl->dec && why != SRV_FINISH_ERROR) {
+        const char *b;
+        size_t n;
+        tlm_decoder_flush(sl->dec, &b, &n);
+        if (n && grow((void **)&j->pend, &j->pend_cap, j->pend_len + n, 1)) {
+            memcpy(j->pend + j->pend_len, b, n);
+            j->pend_len += n;
+        }
+    }
+    if (why != SRV_FINISH_ERROR && release_pending(j, 1)) why = SRV_FINISH_STOP;
+    if (j->finish != SRV_FINISH_ERROR) j->finish = why;
+    j->done = 1;
+    j->slot = -1;
+    sl->job = NULL;
+    sl->state = SLOT_FREE;
+    sl->last_used = ++s->clock;
+    tlm_sampler_free(sl->samp);
+    sl->samp = NULL;
+    tlm_decoder_free(sl->dec);
+    sl->dec = NULL;
+    s->st.jobs_done++;
+    s->st.busy--;
+}
+
+static void fail_job(srv_sched *s, slot *sl, const char *what) {
+    snprintf(sl->job->error, sizeof sl->job->error, "%s: %s", what, tlm_last_error());
+    sl->job->finish = SRV_FINISH_ERROR;
+    /* The cache may hold part of a pass: forget it rather than reuse it. */
+    sl->n_toks = 0;
+    tlm_session_reset(s->sess, (int)(sl - s->slots));
+    finish_job(s, sl, SRV_FINISH_ERROR);
+}
+
+/* Log-probabilities of the sampled id and the best others, from the raw logits. */
+static void token_logprobs(const float *l, int V, int32_t id, int top, srv_token_lp *out) {
+    float mx = l[0];
+    for (int i = 1; i < V; i++) mx = l[i] > mx ? l[i] : mx;
+    double sum = 0;
+    for (int i = 0; i < V; i++) sum += exp((double)(l[i] - mx));
+    float lse = mx + (float)log(sum);
+    out->id = id;
+    out->logprob = l[id] - lse;
+    out->n_top = 0;
+    for (int i = 0; i < V; i++) {
+        int k = out->n_top;
+        if (k == top && (k == 0 || l[i] <= out->top_lp[k - 1] + lse)) continue;
+        if (k < top)
+            out->n_top++;
+        else
+            k--;
+        /* insertion into the descending list */
+        while (k > 0 && l[i] - lse > out->top_lp[k - 1]) {
+            out->top_lp[k] = out->top_lp[k - 1];
+            out->top_id[k] = out->top_id[k - 1];
+            k--;
+        }
+        out->top_lp[k] = l[i] - lse;
+        out->top_id[k] = i;
+    }
+}
+
+/* Samples from one slot's logits and hands the token to its job (lock held). */
+static void take_token(srv_sched *s, slot *sl, const float *logits, int32_t id) {
+    srv_job *j = sl->job;
+    if (!j->t_first) j->t_first = srv_now();
+    if (j->max_tokens == 0) { /* a prompt-only request (usage, cache warming) */
+        finish_job(s, sl, SRV_FINISH_LENGTH);
+        return;
+    }
+    int end = id == s->eos || (j->end_id >= 0 && id == j->end_id);
+    if (end) {
+        finish_job(s, sl, SRV_FINISH_STOP);
+        return;
+    }
+    j->completion_tokens++;
+    s->st.completion_tokens++;
+    if (j->logprobs) {
+        if (grow((void **)&j->lps, &j->lps_cap, (size_t)j->n_lps + 1, sizeof *j->lps))
+            token_logprobs(logits, s->V, id, j->top_logprobs, &j->lps[j->n_lps++]);
+    }
+    const char *b;
+    size_t n;
+    if (tlm_decoder_push(sl->dec, id, &b, &n)) {
+        fail_job(s, sl, "decoding a token");
+        return;
+    }
+    if (n) {
+        if (!grow((void **)&j->pend, &j->pend_cap, j->pend_len + n, 1)) {
+            tlm_err(TLM_ERR_NOMEM, "out of memory");
+            fail_job(s, sl, "generation");
+            return;
+        }
+        memcpy(j->pend + j->pend_len, b, n);
+        j->pend_len += n;
+    }
+    if (release_pending(j, 0)) {
+        finish_job(s, sl, SRV_FINISH_STOP);
+        return;
+    }
+    if (j->max_tokens >= 0 && j->completion_tokens >= j->max_tokens) {
+        finish_job(s, sl, SRV_FINISH_LENGTH);
+        return;
+    }
+    if (sl->n_toks >= s->ctx) { /* no position left to feed the token at */
+        finish_job(s, sl, SRV_FINISH_LENGTH);
+        return;
+    }
+    sl->next = id;
+    sl->state = SLOT_DECODE;
+}
+
+static size_t common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
+    int n = na < nb ? na : nb, i = 0;
+    while (i < n && a[i] == b[i]) i++;
+    return (size_t)i;
+}
+
+/* Queued jobs into free slots (lock held). */
+static void admit(srv_sched *s) {
+    while (s->qhead) {
+        srv_job *j = s->qhead;
+        int best = -1;
+        size_t best_lcp = 0;
+        for (int b = 0; b < s->B; b++) {
+            slot *sl = &s->slots[b];
+            if (sl->state != SLOT_FREE) continue;
+            size_t lcp = common_prefix(sl->toks, sl->n_toks, j->ids, j->n_ids);
+            if (best < 0 || lcp > best_lcp ||
+                (lcp == best_lcp && sl->last_used < s->slots[best].last_used)) {
+                best = b;
+                best_lcp = lcp;
+            }
+        }
+        if (best < 0) return;
+        /* Reuse pays when most of the prompt is cached (llama-server's similarity rule);
+         * otherwise the least recently used slot goes, keeping fresher caches for later turns. */
+        if (best_lcp * 2 < (size_t)j->n_ids) {
+            for (int b = 0; b < s->B; b++)
+                if (s->slots[b].state == SLOT_FREE &&
+                    s->slots[b].last_used < s->slots[best].last_used)
+                    best = b;
+            best_lcp = common_prefix(s->slots[best].toks, s->slots[best].n_toks, j->ids, j->n_ids);
+        }
+        s->qhead = j->next;
+        if (!s->qhead) s->qtail = NULL;
+        s->queued--;
+        j->queued = 0;
+        j->next = NULL;
+        slot *sl = &s->slots[best];
+        /* The last prompt id is always prefilled again: its logits give the first new token. */
+        if (best_lcp >= (size_t)j->n_ids) best_lcp = (size_t)j->n_ids - 1;
+        tlm_session_truncate(s->sess, best, (int)best_lcp);
+        sl->n_toks = (int)best_lcp;
+        sl->fed = (int)best_lcp;
+        sl->job = j;
+        sl->state = SLOT_PREFILL;
+        sl->last_used = ++s->clock;
+        j->slot = best;
+        j->cached_tokens = (int)best_lcp;
+        j->prompt_tokens = j->n_ids;
+        s->st.busy++;
+        s->st.cached_tokens += best_lcp;
+        tlm_sampler_opts so = j->sampling;
+        if (tlm_sampler_new(&so, s->V, &sl->samp) ||
+            tlm_decoder_new(s->tok, TLM_DECODE_SKIP_SPECIAL, &sl->dec)) {
+            fail_job(s, sl, "starting a job");
+            continue;
+        }
+        for (int i = 0; i < j->n_ids; i++) tlm_sampler_accept(sl->samp, j->ids[i]);
+        /* The decoder sees the prompt so that the first new piece decodes in context (the
+         * SentencePiece leading space). */
+        for (int i = 0; i < j->n_ids; i++) {
+            const char *bb;
+            size_t nn;
+            tlm_decoder_push(sl->dec, j->ids[i], &bb, &nn);
+        }
+        const char *bb;
+        size_t nn;
+        tlm_decoder_flush(sl->dec, &bb, &nn);
+    }
+}
+
+static void drop_cancelled(srv_sched *s) {
+    for (int b = 0; b < s->B; b++)
+        if (s->slots[b].job && s->slots[b].job->cancelled) {
+            /* Half-prefilled caches stay usable: n_toks only counts what is in. */
+            finish_job(s, &s->slots[b], SRV_FINISH_STOP);
+        }
+}
+
+static void *loop(void *arg) {
+    srv_sched *s = arg;
+    size_t V = (size_t)s->V;
+    /* OpenMP's thread count is per thread: this one takes the count the process chose. */
+    tlm_set_threads(tlm_get_threads());
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        drop_cancelled(s);
+        admit(s);
+        int prefilling = 0, decoding = 0;
+        for (int b = 0; b < s->B; b++) {
+            prefilling += s->slots[b].state == SLOT_PREFILL;
+            decoding += s->slots[b].state == SLOT_DECODE;
+        }
+        pthread_cond_broadcast(&s->progress);
+        if (!prefilling && !decoding) {
+            if (s->quit && !s->qhead) break;
+            pthread_cond_wait(&s->work, &s->mu);
+            continue;
+        }
+        pthread_mutex_unlock(&s->mu);
+
+        /* Waiting prompts, round robin from where the last turn stopped: all of them whole when
+         * nobody is decoding, else at most `chunk` tokens in all, so running streams wait for
+         * one chunk per step at most. Each prompt is its own pass. */
+        int budget = decoding ? s->chunk : INT_MAX, n_prefilled = 0;
+        double t0 = srv_now();
+        int start = s->rr;
+        for (int k = 0; k < s->B && prefilling && budget > 0; k++) {
+            int b = (start + k) % s->B;
+            slot *sl = &s->slots[b];
+            s->pf_n[b] = 0;
+            s->pf_id[b] = -1;
+            if (sl->state != SLOT_PREFILL) continue;
+            srv_job *j = sl->job; /* only this thread detaches jobs from slots */
+            int n = j->n_ids - sl->fed;
+            if (n > budget) n = budget;
+            tlm_status e =
+                tlm_prefill(s->sess, b, j->ids + sl->fed, n, s->logits + (size_t)b * V, 0);
+            s->pf_n[b] = e ? -1 : n;
+            if (!e) {
+                memcpy(sl->toks + sl->n_toks, j->ids + sl->fed, (size_t)n * sizeof(int32_t));
+                sl->n_toks += n;
+                sl->fed += n;
+                budget -= n;
+                n_prefilled += n;
+                if (sl->fed == j->n_ids) {
+                    if (tlm_sample(sl->samp, s->logits + (size_t)b * V, &s->pf_id[b]))
+                        s->pf_n[b] = -1;
+                }
+            }
+            s->rr = (b + 1) % s->B;
+        }
+        double t1 = srv_now();
+
+        /* One decode step for every slot with a token to feed. */
+        tlm_status derr = TLM_OK;
+        int n_dec = 0;
+        for (int b = 0; b < s->B; b++) {
+            s->active[b] = s->slots[b].state == SLOT_DECODE;
+            s->ids[b] = s->slots[b].next;
+            n_dec += s->active[b];
+        }
+        int32_t *sampled = NULL;
+        if (n_dec) {
+            derr = tlm_decode(s->sess, s->ids, s->active, s->logits);
+            for (int b = 0; b < s->B && !derr; b++)
+                if (s->active[b]) {
+                    s->slots[b].toks[s->slots[b].n_toks++] = s->ids[b];
+                    derr = tlm_sample(s->slots[b].samp, s->logits + (size_t)b * V, &s->ids[b]);
+                    if (!derr) tlm_sampler_accept(s->slots[b].samp, s->ids[b]);
+                }
+            sampled = s->ids;
+        }
+        double t2 = srv_now();
+
+        pthread_mutex_lock(&s->mu);
+        s->st.prefill_seconds += t1 - t0;
+        s->st.prompt_tokens += (uint64_t)n_prefilled;
+        if (n_dec) {
+            s->st.decode_seconds += t2 - t1;
+            s->st.decode_steps++;
+        }
+        for (int b = 0; b < s->B && prefilling; b++) {
+            slot *sl = &s->slots[b];
+            if (sl->state != SLOT_PREFILL || !s->pf_n[b]) continue;
+            if (s->pf_n[b] < 0) {
+                fail_job(s, sl, "prefill");
+            } else if (s->pf_id[b] >= 0) {
+                tlm_sampler_accept(sl->samp, s->pf_id[b]);
+                take_token(s, sl, s->logits + (size_t)b * V, s->pf_id[b]);
+            }
+            s->pf_n[b] = 0;
+        }
+        for (int b = 0; b < s->B && sampled; b++) {
+            if (!s->active[b] || !s->slots[b].job) continue;
+            if (derr)
+                fail_job(s, &s->slots[b], "decode");
+            else
+                take_token(s, &s->slots[b], s->logits + (size_t)b * V, sampled[b]);
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+tlm_status srv_sched_new(const tlm_model *m, const tlm_tokenizer *tok, const srv_sched_opts *o,
+                         srv_sched **out) {
+    *out = NULL;
+    if (!m || !tok || !o) return tlm_err(TLM_ERR_ARG, "scheduler: NULL argument");
+    const tlm_config *c = tlm_model_config(m);
+    if (o->parallel < 1 || o->parallel > 256)
+        return tlm_err(TLM_ERR_ARG, "scheduler: parallel %d must be in [1, 256]", o->parallel);
+    int ctx = o->ctx > 0 ? o->ctx : c->context_length;
+    if (ctx > c->context_length)
+        return tlm_err(TLM_ERR_ARG, "scheduler: ctx %d exceeds the model's context_length %d", ctx,
+                       c->context_length);
+    srv_sched *s = calloc(1, sizeof *s);
+    if (!s) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    s->m = m;
+    s->tok = tok;
+    s->B = o->parallel;
+    s->ctx = ctx;
+    s->V = c->vocab_size;
+    s->queue_max = o->queue_max > 0 ? o->queue_max : 4 * o->parallel;
+    s->chunk = o->prefill_chunk > 0 ? o->prefill_chunk : 64;
+    s->eos = tlm_tokenizer_eos(tok);
+    s->st.slots = s->B;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->work, NULL);
+    pthread_cond_init(&s->progress, NULL);
+    tlm_status st = tlm_session_new(m, s->B, ctx, &s->sess);
+    if (st) goto fail;
+    s->slots = calloc((size_t)s->B, sizeof *s->slots);
+    s->logits = malloc((size_t)s->B * (size_t)s->V * sizeof(float));
+    s->ids = calloc((size_t)s->B, sizeof *s->ids);
+    s->active = calloc((size_t)s->B, 1);
+    s->pf_n = calloc((size_t)s->B, sizeof *s->pf_n);
+    s->pf_id = calloc((size_t)s->B, sizeof *s->pf_id);
+    if (!s->slots || !s->logits || !s->ids || !s->active || !s->pf_n || !s->pf_id) goto nomem;
+    for (int b = 0; b < s->B; b++)
+        if (!(s->slots[b].toks = malloc((size_t)ctx * sizeof(int32_t)))) goto nomem;
+    if (pthread_create(&s->thread, NULL, loop, s)) {
+        st = tlm_err(TLM_ERR_NOMEM, "scheduler: cannot start its thread");
+        goto fail;
+    }
+    s->started = 1;
+    *out = s;
+    return TLM_OK;
+nomem:
+    st = tlm_err(TLM_ERR_NOMEM, "out of memory for %d slots", s->B);
+fail:
+    srv_sched_free(s);
+    return st;
+}
+
+void srv_sched_free(srv_sched *s) {
+    if (!s) return;
+    if (s->started) {
+        pthread_mutex_lock(&s->mu);
+        s->quit = s->closed = 1;
+        pthread_cond_signal(&s->work);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->thread, NULL);
+    }
+    for (int b = 0; s->slots && b < s->B; b++) {
+        free(s->slots[b].toks);
+        tlm_sampler_free(s->slots[b].samp);
+        tlm_decoder_free(s->slots[b].dec);
+    }
+    free(s->slots);
+    free(s->logits);
+    free(s->ids);
+    free(s->active);
+    free(s->pf_n);
+    free(s->pf_id);
+    tlm_session_free(s->sess);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->work);
+    pthread_cond_destroy(&s->progress);
+    free(s);
+}
+
+int srv_sched_ctx(const srv_sched *s) { return s->ctx; }
+int srv_sched_parallel(const srv_sched *s) { return s->B; }
+
+tlm_status srv_sched_submit(srv_sched *s, srv_job *const *jobs, int n) {
+    for (int i = 0; i < n; i++) {
+        if (jobs[i]->n_ids < 1 || jobs[i]->n_ids > s->ctx)
+            return tlm_err(TLM_ERR_RANGE, "a prompt of %d tokens does not fit a context of %d",
+                           jobs[i]->n_ids, s->ctx);
+        for (int k = 0; k < jobs[i]->n_ids; k++)
+            if (jobs[i]->ids[k] < 0 || jobs[i]->ids[k] >= s->V)
+                return tlm_err(TLM_ERR_RANGE, "token id %d is outside the vocabulary (%d)",
+                               (int)jobs[i]->ids[k], s->V);
+    }
+    pthread_mutex_lock(&s->mu);
+    tlm_status st = TLM_OK;
+    int free_slots = s->B - s->st.busy;
+    if (s->closed)
+        st = tlm_err(TLM_ERR_INTERRUPTED, "the server is shutting down");
+    else if (s->queued + n > s->queue_max + (free_slots > 0 ? free_slots : 0))
+        st = tlm_err(TLM_ERR_RANGE, "the queue is full (%d waiting)", s->queued);
+    else {
+        double t = srv_now();
+        for (int i = 0; i < n; i++) {
+            srv_job *j = jobs[i];
+            j->t_submit = t;
+            j->queued = 1;
+            j->next = NULL;
+            if (s->qtail)
+                s->qtail->next = j;
+            else
+                s->qhead = j;
+            s->qtail = j;
+            s->queued++;
+        }
+        pthread_cond_signal(&s->work);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+void srv_sched_lock(srv_sched *s) { pthread_mutex_lock(&s->mu); }
+void srv_sched_unlock(srv_sched *s) { pthread_mutex_unlock(&s->mu); }
+
+void srv_sched_wait(srv_sched *s, int timeout_ms) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += timeout_ms / 1000;
+    ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&s->progress, &s->mu, &ts);
+}
+
+void srv_sched_release(srv_sched *s, srv_job *j) {
+    pthread_mutex_lock(&s->mu);
+    if (j->queued) {
+        srv_job **pp = &s->qhead, *prev = NULL;
+        while (*pp && *pp != j) {
+            prev = *pp;
+            pp = &(*pp)->next;
+        }
+        if (*pp) {
+            *pp = j->next;
+            if (s->qtail == j) s->qtail = prev;
+            s->queued--;
+        }
+        j->queued = 0;
+        j->done = 1;
+    }
+    if (!j->done && j->slot >= 0) {
+        j->cancelled = 1;
+        pthread_cond_signal(&s->work);
+        while (!j->done) pthread_cond_wait(&s->progress, &s->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+void srv_sched_close(srv_sched *s) {
+    pthread_mutex_lock(&s->mu);
+    s->closed = 1;
+    pthread_mutex_unlock(&s->mu);
+}
+
+void srv_sched_stats(srv_sched *s, srv_stats *st) {
+    pthread_mutex_lock(&s->mu);
+    *st = s->st;
+    st->queued = s->queued;
+    pthread_mutex_unlock(&s->mu);
+}

@@ -1,0 +1,219 @@
+/* tlm serve's engine without HTTP: chat templates, OpenAI request parsing into plain structs, stop
+ * strings, and the continuous-batching scheduler. Only the public API (tlm.h) and core are used, so
+ * every piece is testable without a socket (tests/test_serve.c); src/cli/serve_http.c is the
+ * libmicrohttpd layer over it. */
+#ifndef TLM_SERVE_H
+#define TLM_SERVE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tlm.h"
+
+/* ---- chat templates ----------------------------------------------------------------------- */
+
+typedef enum {
+    SRV_TPL_CHATML = 0,
+    SRV_TPL_LLAMA2,
+    SRV_TPL_LLAMA3,
+    SRV_TPL_MISTRAL,
+    SRV_TPL_GEMMA,
+    SRV_TPL_PHI3,
+    SRV_TPL_COUNT
+} srv_template;
+
+typedef struct {
+    char *role; /* system, user, assistant (developer is read as system) */
+    char *content;
+} srv_message;
+
+const char *srv_template_name(srv_template t);
+/* 1 and *t set when name is one of srv_template_name's; 0 otherwise. */
+int srv_template_from_name(const char *name, srv_template *t);
+/* Recognises the family of a Jinja chat template (GGUF tokenizer.chat_template) by the markers its
+ * text must contain; 0 when none matches (the caller falls back to ChatML and says so). */
+int srv_template_detect(const char *jinja, srv_template *t);
+/* Renders the conversation and opens the assistant's turn. *out is malloc'd, NUL-terminated. */
+tlm_status srv_template_apply(srv_template t, const srv_message *msgs, int n, char **out);
+/* The text that ends an assistant turn in this family ("<|im_end|>", "<|eot_id|>", ...): a stop
+ * string for chat requests, and an end-of-turn id when the vocabulary has it as one token. */
+const char *srv_template_end(srv_template t);
+
+/* ---- requests ----------------------------------------------------------------------------- */
+
+#define SRV_MAX_STOP 16
+#define SRV_MAX_TOP_LOGPROBS 20
+#define SRV_MAX_N 64
+
+typedef struct {
+    int chat;
+    char *prompt;        /* completion text, NULL when given as ids */
+    int32_t *prompt_ids; /* completion given as token ids */
+    int n_prompt_ids;
+    srv_message *messages; /* chat */
+    int n_messages;
+    int max_tokens; /* -1: until EOS or the context is full */
+    tlm_sampler_opts sampling;
+    int seed_given;
+    char *stop[SRV_MAX_STOP];
+    int n_stop;
+    int logprobs;     /* 0/1 */
+    int top_logprobs; /* 0 .. SRV_MAX_TOP_LOGPROBS */
+    int n;            /* choices, 1 .. SRV_MAX_N */
+    int stream;
+    int include_usage;
+    int echo; /* completions: the prompt text starts each choice */
+    char *model;
+} srv_request;
+
+typedef struct {
+    int status;        /* HTTP status: 400 for everything the parser refuses */
+    char message[256]; /* for the client */
+    char param[48];    /* the offending field, "" when none */
+} srv_error;
+
+/* Parses an OpenAI /v1/completions (chat 0) or /v1/chat/completions (chat 1) body. Types and
+ * ranges are checked; unknown fields are ignored (OpenAI clients send many); strings must be
+ * valid UTF-8. Returns 0, or -1 with *e filled (and r freed). */
+int srv_request_parse(const char *body, size_t len, int chat, srv_request *r, srv_error *e);
+void srv_request_free(srv_request *r);
+/* 1 if the bytes are valid UTF-8 (no overlongs, surrogates or code points past U+10FFFF). */
+int srv_utf8_valid(const char *s, size_t n);
+
+/* ---- stop strings ------------------------------------------------------------------------- */
+
+/* Scans text not yet sent. Returns how many bytes may be sent now: with *hit = 1 the text up to
+ * the first stop string (which ends generation), otherwise all but the longest tail that could
+ * still grow into a stop string. */
+size_t srv_stop_scan(const char *buf, size_t len, char *const *stops, int n_stops, int *hit);
+
+/* ---- the scheduler ------------------------------------------------------------------------ */
+
+typedef struct {
+    int32_t id;
+    float logprob;
+    int n_top;
+    int32_t top_id[SRV_MAX_TOP_LOGPROBS];
+    float top_lp[SRV_MAX_TOP_LOGPROBS];
+} srv_token_lp;
+
+typedef enum {
+    SRV_FINISH_NONE = 0,
+    SRV_FINISH_STOP,
+    SRV_FINISH_LENGTH,
+    SRV_FINISH_ERROR
+} srv_finish;
+
+/* One sequence to generate. The submitter fills the inputs, then reads the outputs only while
+ * holding the scheduler's lock (srv_sched_lock) or after done. */
+typedef struct srv_job {
+    /* inputs */
+    int32_t *ids; /* prompt, owned by the job (freed by srv_job_free) */
+    int n_ids;
+    int max_tokens; /* -1: until the context is full */
+    tlm_sampler_opts sampling;
+    char *const *stop; /* borrowed: must outlive the job */
+    int n_stop;
+    int32_t end_id; /* an extra end-of-turn id, -1: none */
+    int logprobs, top_logprobs;
+
+    /* outputs */
+    char *text; /* sent-safe text so far */
+    size_t text_len, text_cap;
+    srv_token_lp *lps;
+    int n_lps;
+    size_t lps_cap;
+    int prompt_tokens, cached_tokens, completion_tokens;
+    double t_submit, t_first; /* seconds (monotonic) */
+    int done;
+    srv_finish finish;
+    char error[200];
+
+    /* scheduler-private */
+    int cancelled, queued, slot;
+    char *pend; /* decoded, held back for stop strings */
+    size_t pend_len, pend_cap;
+    struct srv_job *next;
+} srv_job;
+
+/* A job for these prompt ids (copied). */
+srv_job *srv_job_new(const int32_t *ids, int n);
+void srv_job_free(srv_job *j);
+
+typedef struct srv_sched srv_sched;
+
+typedef struct {
+    int parallel;      /* sequences decoded together (slots) */
+    int ctx;           /* positions per slot; <= 0: the model's context_length */
+    int queue_max;     /* jobs waiting beyond the slots; <= 0: 4 * parallel */
+    int prefill_chunk; /* prompt tokens per prefill pass while others decode; <= 0: 64 */
+} srv_sched_opts;
+
+typedef struct {
+    int slots, busy, queued;
+    uint64_t prompt_tokens, cached_tokens, completion_tokens, decode_steps, jobs_done;
+    double decode_seconds, prefill_seconds;
+} srv_stats;
+
+/* Starts the scheduler thread over one session of `parallel` sequences. The model and tokenizer
+ * must outlive it. */
+tlm_status srv_sched_new(const tlm_model *m, const tlm_tokenizer *tok, const srv_sched_opts *o,
+                         srv_sched **out);
+/* Finishes every accepted job, stops the thread and frees. */
+void srv_sched_free(srv_sched *s);
+int srv_sched_ctx(const srv_sched *s);
+int srv_sched_parallel(const srv_sched *s);
+/* Queues n jobs at once, or none: TLM_ERR_RANGE when the queue lacks room for them (the server
+ * answers 429), TLM_ERR_INTERRUPTED once draining. */
+tlm_status srv_sched_submit(srv_sched *s, srv_job *const *jobs, int n);
+void srv_sched_lock(srv_sched *s);
+void srv_sched_unlock(srv_sched *s);
+/* With the lock held: waits until some job made progress or timeout_ms passed. */
+void srv_sched_wait(srv_sched *s, int timeout_ms);
+/* Takes a job back (cancelling it if it still runs) and waits until the scheduler has let go of
+ * it; the caller then frees it. Call without the lock. */
+void srv_sched_release(srv_sched *s, srv_job *j);
+/* Refuses new jobs from now on (draining). */
+void srv_sched_close(srv_sched *s);
+void srv_sched_stats(srv_sched *s, srv_stats *st);
+
+/* Monotonic seconds. */
+double srv_now(void);
+
+/* ---- responses ---------------------------------------------------------------------------- */
+
+/* One request's answer in OpenAI's shapes, built from its jobs. Read the jobs only with the
+ * scheduler's lock held (or once they are done). */
+typedef struct {
+    const tlm_tokenizer *tok;
+    const char *model_id;
+    const srv_request *req;
+    srv_job *const *jobs;
+    int n_jobs;
+    char id[48];
+    long long created;
+    /* streaming state */
+    size_t *sent_text;
+    int *sent_lps;
+    char *finished, *role_sent;
+    int usage_sent;
+    char *out; /* SSE bytes produced and not yet taken (the caller consumes and resets out_len) */
+    size_t out_len, out_cap;
+} srv_response;
+
+int srv_response_init(srv_response *g, const tlm_tokenizer *tok, const char *model_id,
+                      const srv_request *req, srv_job *const *jobs, int n_jobs, const char *id,
+                      long long created);
+void srv_response_free(srv_response *g);
+/* The whole answer as JSON (malloc'd); every job must be done. */
+char *srv_response_final(srv_response *g);
+/* Appends to out the events for what the jobs produced since the last call: chunks of new text
+ * (and logprobs), each choice's finish_reason, the usage chunk when asked, then data: [DONE].
+ * Returns 1 once [DONE] is out. */
+int srv_response_stream(srv_response *g);
+/* {"error": {"message", "type", "param", "code"}} (malloc'd); the type follows the status. */
+char *srv_error_json(int status, const char *param, const char *msg);
+/* Bytes as valid UTF-8 for JSON: each byte of an invalid sequence becomes U+FFFD (malloc'd). */
+char *srv_utf8_fix(const char *s, size_t n);
+
+#endif

@@ -1,0 +1,538 @@
+/* tlm serve's engine without HTTP: chat templates, request parsing, stop strings, the sampler's
+ * penalties and min-p, and the scheduler against tlm_generate on the pretrained stories260K. */
+#include <cjson/cJSON.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "serve/serve.h"
+#include "tlm.h"
+
+static void test_templates(void) {
+    srv_message msgs[] = {{"system", "Be brief."},
+                          {"user", "Hi"},
+                          {"assistant", "Hello!"},
+                          {"user", "Name a color."}};
+    struct {
+        srv_template t;
+        const char *want;
+    } cases[] = {
+        {SRV_TPL_CHATML, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+                         "<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nName a "
+                         "color.<|im_end|>\n<|im_start|>assistant\n"},
+        {SRV_TPL_LLAMA3,
+         "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+         "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant"
+         "<|end_header_id|>\n\nHello!<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nName "
+         "a color.<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"},
+        {SRV_TPL_LLAMA2, "<s>[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST] Hello!</s><s>[INST] "
+                         "Name a color. [/INST]"},
+        {SRV_TPL_MISTRAL, "<s>[INST] Be brief.\n\nHi [/INST] Hello!</s><s>[INST] Name a color. "
+                          "[/INST]"},
+        {SRV_TPL_GEMMA, "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>"
+                        "model\nHello!<end_of_turn>\n<start_of_turn>user\nName a color."
+                        "<end_of_turn>\n<start_of_turn>model\n"},
+        {SRV_TPL_PHI3, "<|system|>\nBe brief.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\nHello!"
+                       "<|end|>\n<|user|>\nName a color.<|end|>\n<|assistant|>\n"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *out = NULL;
+        CHECK_OK(srv_template_apply(cases[i].t, msgs, 4, &out));
+        CHECK(out && !strcmp(out, cases[i].want), "%s renders\n%s", srv_template_name(cases[i].t),
+              out ? out : "(null)");
+        free(out);
+        srv_template back;
+        CHECK(srv_template_from_name(srv_template_name(cases[i].t), &back) && back == cases[i].t,
+              "name round trip");
+    }
+    /* Recognition from (abridged) Jinja sources of each family. */
+    struct {
+        const char *jinja;
+        srv_template want;
+    } det[] = {
+        {"{% for m in messages %}{{'<|im_start|>' + m['role'] + '\\n'}}{% endfor %}",
+         SRV_TPL_CHATML},
+        {"{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}",
+         SRV_TPL_LLAMA3},
+        {"{{ bos_token + '[INST] ' + '<<SYS>>\\n' + content }}", SRV_TPL_LLAMA2},
+        {"{{ bos_token }}{% for m in messages %}{{ '[INST] ' + m['content'] + ' [/INST]' }}",
+         SRV_TPL_MISTRAL},
+        {"{{ '<start_of_turn>' + role + '\\n' }}", SRV_TPL_GEMMA},
+        {"{{'<|user|>' + '\\n' + message['content'] + '<|end|>' + '\\n'}}", SRV_TPL_PHI3},
+    };
+    for (size_t i = 0; i < sizeof det / sizeof det[0]; i++) {
+        srv_template t = SRV_TPL_COUNT;
+        CHECK(srv_template_detect(det[i].jinja, &t) && t == det[i].want, "detect case %zu: %d", i,
+              (int)t);
+    }
+    srv_template t;
+    CHECK(!srv_template_detect("{{ messages }}", &t), "an unknown template is not recognised");
+    CHECK(!srv_template_from_name("vicuna", &t), "unknown name");
+}
+
+static int parse_fails(const char *body, int chat, const char *param, int status) {
+    srv_request r;
+    srv_error e;
+    int rc = srv_request_parse(body, strlen(body), chat, &r, &e);
+    if (rc == 0) {
+        srv_request_free(&r);
+        fprintf(stderr, "accepted: %s\n", body);
+        return 0;
+    }
+    if (strcmp(e.param, param) || e.status != status || !e.message[0]) {
+        fprintf(stderr, "%s: param '%s' status %d: %s\n", body, e.param, e.status, e.message);
+        return 0;
+    }
+    return 1;
+}
+
+static void test_requests(void) {
+    srv_request r;
+    srv_error e;
+    const char *ok = "{\"model\":\"x\",\"messages\":[{\"role\":\"system\",\"content\":\"S\"},"
+                     "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},"
+                     "{\"type\":\"text\",\"text\":\"b\"}]},{\"role\":\"assistant\",\"content\":"
+                     "null}],\"max_tokens\":7,\"temperature\":0.5,\"top_p\":0.9,\"top_k\":3,"
+                     "\"min_p\":0.1,\"seed\":42,\"stop\":[\"x\",\"yz\"],\"presence_penalty\":0.5,"
+                     "\"frequency_penalty\":-0.5,\"repeat_penalty\":1.1,\"logprobs\":true,"
+                     "\"top_logprobs\":2,\"n\":2,\"stream\":true,\"stream_options\":"
+                     "{\"include_usage\":true},\"user\":\"unknown fields are ignored\"}";
+    CHECK(srv_request_parse(ok, strlen(ok), 1, &r, &e) == 0, "%s", e.message);
+    CHECK(r.n_messages == 3 && !strcmp(r.messages[1].content, "ab") &&
+              !strcmp(r.messages[2].content, "") && !strcmp(r.messages[0].role, "system"),
+          "messages");
+    CHECK(r.max_tokens == 7 && r.sampling.temperature == 0.5f && r.sampling.top_p == 0.9f &&
+              r.sampling.top_k == 3 && r.sampling.min_p == 0.1f && r.sampling.seed == 42 &&
+              r.seed_given,
+          "sampling fields");
+    CHECK(r.n_stop == 2 && !strcmp(r.stop[1], "yz"), "stop");
+    CHECK(r.sampling.presence_penalty == 0.5f && r.sampling.frequency_penalty == -0.5f &&
+              r.sampling.repeat_penalty == 1.1f,
+          "penalties");
+    CHECK(r.logprobs == 1 && r.top_logprobs == 2 && r.n == 2 && r.stream && r.include_usage,
+          "flags");
+    srv_request_free(&r);
+
+    const char *ids = "{\"prompt\":[1,2,3],\"max_completion_tokens\":4,\"logprobs\":3,"
+                      "\"stop\":\"\\n\"}";
+    CHECK(srv_request_parse(ids, strlen(ids), 0, &r, &e) == 0, "%s", e.message);
+    CHECK(r.n_prompt_ids == 3 && r.prompt_ids[2] == 3 && !r.prompt && r.max_tokens == 4 &&
+              r.logprobs && r.top_logprobs == 3 && r.n_stop == 1 && !strcmp(r.stop[0], "\n"),
+          "completion with ids");
+    CHECK(r.sampling.temperature == 1.0f && r.sampling.top_p == 1.0f && r.sampling.top_k == 0,
+          "OpenAI's defaults");
+    srv_request_free(&r);
+
+    CHECK(parse_fails("{\"prompt\": \"a\"", 0, "", 400), "truncated JSON");
+    CHECK(parse_fails("[1,2]", 0, "", 400), "not an object");
+    CHECK(parse_fails("{}", 0, "prompt", 400), "no prompt");
+    CHECK(parse_fails("{}", 1, "messages", 400), "no messages");
+    CHECK(parse_fails("{\"messages\":[]}", 1, "messages", 400), "empty messages");
+    CHECK(
+        parse_fails("{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", 1, "messages", 400),
+        "bad role");
+    CHECK(parse_fails("{\"messages\":[{\"role\":\"user\"}]}", 1, "messages", 400), "no content");
+    CHECK(parse_fails("{\"prompt\":\"a\",\"max_tokens\":-5}", 0, "max_tokens", 400),
+          "negative max_tokens");
+    CHECK(parse_fails("{\"prompt\":\"a\",\"max_tokens\":1e300}", 0, "max_tokens", 400),
+          "huge max_tokens");
+    CHECK(parse_fails("{\"prompt\":\"a\",\"max_tokens\":1.5}", 0, "max_tokens", 400),
+          "fractional max_tokens");
+    CHECK(parse_fails("{\"prompt\":\"a\",\"max_tokens\":\"9\"}", 0, "max_tokens", 400),
+          "string max_tokens");
+    CHECK(parse_fails("{\"prompt\":\"a\",\"temperature\":-1}", 0, "temperature", 400),
+          "negative temperature");
+    CHECK(parse_fails("{\"prompt\":\"a\",\"top_p\":2}", 0, "top_p", 400), "top_p > 1");
+    CHECK(parse_fails("{\"prompt\":\"a\",\"n\":0}", 0, "n", 400), "n = 0");
+    CHECK(parse_fails("{\"prompt\":\"a\",\"stream\":1}", 0, "stream", 400), "stream not bool");
+    CHECK(parse_fails("{\"prompt\":\"a\",\"stop\":[1]}", 0, "stop", 400), "stop not string");
+    CHECK(parse_fails("{\"prompt\":[[1],[2]]}", 0, "prompt", 400), "several prompts");
+    CHECK(parse_fails("{\"prompt\":[-1]}", 0, "prompt", 400), "negative id");
+    CHECK(parse_fails("{\"prompt\":\"\xff\xfe\"}", 0, "prompt", 400), "invalid UTF-8");
+    CHECK(parse_fails("{\"prompt\":\"\\ud800\"}", 0, "", 400), "lone surrogate escape");
+    CHECK(parse_fails("{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"top_logprobs\":2}",
+                      1, "top_logprobs", 400),
+          "top_logprobs without logprobs");
+    CHECK(parse_fails("{\"prompt\":\"a\",\"logprobs\":21}", 0, "logprobs", 400),
+          "too many logprobs");
+
+    CHECK(srv_utf8_valid("h\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80", 10), "valid UTF-8");
+    CHECK(!srv_utf8_valid("\xc0\xaf", 2), "overlong");
+    CHECK(!srv_utf8_valid("\xed\xa0\x80", 3), "surrogate");
+    CHECK(!srv_utf8_valid("\xe2\x82", 2), "truncated");
+    CHECK(!srv_utf8_valid("\xf4\x90\x80\x80", 4), "past U+10FFFF");
+}
+
+static void test_stop_scan(void) {
+    char *stops[] = {"END", "\n\n"};
+    int hit;
+    size_t n = srv_stop_scan("abcEN", 5, stops, 2, &hit);
+    CHECK(n == 3 && !hit, "holds back a partial stop: %zu", n);
+    n = srv_stop_scan("abcENDxyz", 9, stops, 2, &hit);
+    CHECK(n == 3 && hit, "cuts at the stop: %zu", n);
+    n = srv_stop_scan("a\n\nbEND", 7, stops, 2, &hit);
+    CHECK(n == 1 && hit, "the first stop wins: %zu", n);
+    n = srv_stop_scan("abc\n", 4, stops, 2, &hit);
+    CHECK(n == 3 && !hit, "newline held: %zu", n);
+    n = srv_stop_scan("abcE", 4, NULL, 0, &hit);
+    CHECK(n == 4 && !hit, "no stops: everything");
+}
+
+static void test_sampler_extras(void) {
+    tlm_sampler *s = NULL;
+    float l[5] = {0, 0, 0, 2.0f, 1.5f};
+    int32_t id = -1;
+    tlm_sampler_opts o = {.temperature = 0, .top_p = 1, .repeat_penalty = 2};
+    CHECK_OK(tlm_sampler_new(&o, 5, &s));
+    CHECK_OK(tlm_sample(s, l, &id));
+    CHECK(id == 3, "greedy before any penalty: %d", id);
+    tlm_sampler_accept(s, 3);
+    CHECK_OK(tlm_sample(s, l, &id));
+    CHECK(id == 4, "2.0 / 2 falls below 1.5: %d", id);
+    tlm_sampler_free(s);
+
+    float l2[2] = {1.0f, 0.9f};
+    o = (tlm_sampler_opts){.temperature = 0, .top_p = 1, .frequency_penalty = 0.06f};
+    CHECK_OK(tlm_sampler_new(&o, 2, &s));
+    tlm_sampler_accept(s, 0);
+    CHECK_OK(tlm_sample(s, l2, &id));
+    CHECK(id == 0, "one occurrence: 0.94 > 0.9: %d", id);
+    tlm_sampler_accept(s, 0);
+    CHECK_OK(tlm_sample(s, l2, &id));
+    CHECK(id == 1, "two occurrences: 0.88 < 0.9: %d", id);
+    tlm_sampler_free(s);
+
+    o = (tlm_sampler_opts){
+        .temperature = 0, .top_p = 1, .presence_penalty = 0.2f, .penalty_last_n = 2};
+    CHECK_OK(tlm_sampler_new(&o, 2, &s));
+    tlm_sampler_accept(s, 0);
+    CHECK_OK(tlm_sample(s, l2, &id));
+    CHECK(id == 1, "presence: %d", id);
+    tlm_sampler_accept(s, 1);
+    tlm_sampler_accept(s, 1); /* id 0 leaves the window of 2 */
+    CHECK_OK(tlm_sample(s, l2, &id));
+    CHECK(id == 0, "id 0 out of the window, id 1 penalized: %d", id);
+    tlm_sampler_free(s);
+
+    /* min_p 0.5 at temperature 1: weights 1, e^-0.5 = 0.61, e^-1 = 0.37: id 2 is never drawn. */
+    float l3[3] = {0, -0.5f, -1.0f};
+    o = (tlm_sampler_opts){.temperature = 1, .top_p = 1, .min_p = 0.5f, .seed = 7};
+    CHECK_OK(tlm_sampler_new(&o, 3, &s));
+    int count[3] = {0};
+    for (int i = 0; i < 3000; i++) {
+        CHECK_OK(tlm_sample(s, l3, &id));
+        if (id >= 0 && id < 3) count[id]++;
+    }
+    CHECK(count[2] == 0 && count[1] > 900 && count[1] < 1400, "min_p counts %d %d %d", count[0],
+          count[1], count[2]);
+    tlm_sampler_free(s);
+    o.min_p = 1.5f;
+    CHECK(tlm_sampler_new(&o, 3, &s) == TLM_ERR_ARG, "min_p > 1 refused");
+}
+
+/* The greedy continuation of one sequence alone (prefill, then one decode step per token), as
+ * text decoded in context: what every scheduled job must reproduce. */
+static char *reference_text(const tlm_model *m, const tlm_tokenizer *tok, const int32_t *ids, int n,
+                            int n_new) {
+    int V = tlm_model_config(m)->vocab_size;
+    int32_t eos = tlm_tokenizer_eos(tok), out[256];
+    int n_out = 0;
+    tlm_session *s = NULL;
+    float *logits = malloc((size_t)V * sizeof(float));
+    char *text = calloc(4096, 1);
+    tlm_decoder *d = NULL;
+    if (!logits || !text || n_new > 256 || tlm_session_new(m, 1, 0, &s) ||
+        tlm_prefill(s, 0, ids, n, logits, 0) || tlm_decoder_new(tok, TLM_DECODE_SKIP_SPECIAL, &d)) {
+        free(text);
+        text = NULL;
+        goto done;
+    }
+    for (int i = 0; i < n_new; i++) {
+        int32_t best = 0;
+        for (int32_t v = 1; v < V; v++)
+            if (logits[v] > logits[best]) best = v;
+        if (best == eos) break;
+        out[n_out++] = best;
+        if (tlm_decode_step(s, best, logits)) break;
+    }
+    const char *b;
+    size_t bl, len = 0;
+    for (int i = 0; i < n; i++) tlm_decoder_push(d, ids[i], &b, &bl);
+    tlm_decoder_flush(d, &b, &bl);
+    for (int i = 0; i < n_out; i++) {
+        tlm_decoder_push(d, out[i], &b, &bl);
+        if (len + bl < 4096) memcpy(text + len, b, bl);
+        len += bl;
+    }
+    tlm_decoder_flush(d, &b, &bl);
+    if (len + bl < 4096) memcpy(text + len, b, bl);
+done:
+    tlm_decoder_free(d);
+    free(logits);
+    tlm_session_free(s);
+    return text;
+}
+
+static void wait_done(srv_sched *s, srv_job *const *jobs, int n) {
+    srv_sched_lock(s);
+    for (;;) {
+        int done = 1;
+        for (int i = 0; i < n; i++) done &= jobs[i]->done;
+        if (done) break;
+        srv_sched_wait(s, 50);
+    }
+    srv_sched_unlock(s);
+}
+
+static srv_job *greedy_job(const int32_t *ids, int n, int max_tokens) {
+    srv_job *j = srv_job_new(ids, n);
+    j->max_tokens = max_tokens;
+    j->sampling = (tlm_sampler_opts){.temperature = 0, .top_p = 1};
+    return j;
+}
+
+static void test_scheduler(void) {
+    const char *data = t_require_shared_data();
+    if (!data) return;
+    tlm_model *m = NULL;
+    tlm_tokenizer *tok = NULL;
+    CHECK_OK(tlm_model_load(t_path(data, "models/stories260K.bin"), &m));
+    CHECK_OK(tlm_tokenizer_load(t_path(data, "models/tok512.bin"), &tok));
+    if (!m || !tok) return;
+    const char *prompts[] = {"Once upon a time", "The cat sat", "Lily and Ben went to the park",
+                             "One day"};
+    int32_t *ids[4];
+    size_t n_ids[4];
+    char *want[4];
+    for (int i = 0; i < 4; i++) {
+        CHECK_OK(tlm_tokenizer_encode(tok, prompts[i], strlen(prompts[i]), TLM_ENCODE_ADD_BOS,
+                                      &ids[i], &n_ids[i]));
+        want[i] = reference_text(m, tok, ids[i], (int)n_ids[i], 40);
+    }
+    srv_sched *s = NULL;
+    srv_sched_opts so = {.parallel = 3, .ctx = 256, .queue_max = 2, .prefill_chunk = 3};
+    CHECK_OK(srv_sched_new(m, tok, &so, &s));
+    if (!s) return;
+
+    /* Four jobs on three slots (one waits in the queue), prompts prefilled in chunks of 3 while
+     * the others decode: each text is exactly the one-sequence greedy continuation. */
+    srv_job *jobs[4];
+    for (int i = 0; i < 4; i++) jobs[i] = greedy_job(ids[i], (int)n_ids[i], 40);
+    CHECK_OK(srv_sched_submit(s, jobs, 4));
+    wait_done(s, jobs, 4);
+    for (int i = 0; i < 4; i++) {
+        CHECK(jobs[i]->finish == SRV_FINISH_LENGTH && jobs[i]->completion_tokens == 40,
+              "job %d: finish %d after %d tokens", i, jobs[i]->finish, jobs[i]->completion_tokens);
+        CHECK(jobs[i]->text && want[i] && !strcmp(jobs[i]->text, want[i]),
+              "job %d batched:\n%s\nalone:\n%s", i, jobs[i]->text ? jobs[i]->text : "",
+              want[i] ? want[i] : "");
+        srv_sched_release(s, jobs[i]);
+        srv_job_free(jobs[i]);
+    }
+
+    /* The next turn: the last prompt plus its answer plus more text reuses the cached prefix (the
+     * last job admitted still holds its slot's cache). */
+    int32_t *turn = NULL;
+    size_t n_turn = 0;
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s%s and", prompts[3], want[3]);
+    CHECK_OK(tlm_tokenizer_encode(tok, buf, strlen(buf), TLM_ENCODE_ADD_BOS, &turn, &n_turn));
+    srv_job *j = greedy_job(turn, (int)n_turn, 5);
+    CHECK_OK(srv_sched_submit(s, &j, 1));
+    wait_done(s, &j, 1);
+    CHECK(j->cached_tokens >= (int)n_ids[3] + 20 && j->cached_tokens < (int)n_turn,
+          "cached %d of %zu (first turn %zu)", j->cached_tokens, n_turn, n_ids[3]);
+    char *again = reference_text(m, tok, turn, (int)n_turn, 5);
+    CHECK(again && j->text && !strcmp(j->text, again), "reused cache gives\n%s\nnot\n%s",
+          j->text ? j->text : "", again ? again : "");
+    free(again);
+    srv_sched_release(s, j);
+    srv_job_free(j);
+    free(turn);
+
+    /* A stop string cuts the text exactly before it, even when it spans tokens. */
+    const char *cut = strstr(want[0], "little");
+    if (cut) {
+        char *stops[] = {"little"};
+        j = greedy_job(ids[0], (int)n_ids[0], 40);
+        j->stop = stops;
+        j->n_stop = 1;
+        CHECK_OK(srv_sched_submit(s, &j, 1));
+        wait_done(s, &j, 1);
+        CHECK(j->finish == SRV_FINISH_STOP && j->text_len == (size_t)(cut - want[0]) &&
+                  !memcmp(j->text, want[0], j->text_len),
+              "stop: '%s'", j->text ? j->text : "");
+        srv_sched_release(s, j);
+        srv_job_free(j);
+    }
+
+    /* max_tokens 0: the prompt is read (and cached), nothing is generated. */
+    j = greedy_job(ids[2], (int)n_ids[2], 0);
+    CHECK_OK(srv_sched_submit(s, &j, 1));
+    wait_done(s, &j, 1);
+    CHECK(j->finish == SRV_FINISH_LENGTH && j->completion_tokens == 0 && j->text_len == 0,
+          "max_tokens 0: %d tokens", j->completion_tokens);
+    srv_sched_release(s, j);
+    srv_job_free(j);
+
+    /* Logprobs: the greedy token is the top alternative, and probabilities are <= 1. */
+    j = greedy_job(ids[1], (int)n_ids[1], 4);
+    j->logprobs = 1;
+    j->top_logprobs = 3;
+    CHECK_OK(srv_sched_submit(s, &j, 1));
+    wait_done(s, &j, 1);
+    CHECK(j->n_lps == 4, "%d logprobs", j->n_lps);
+    for (int t = 0; t < j->n_lps; t++) {
+        const srv_token_lp *x = &j->lps[t];
+        CHECK(x->n_top == 3 && x->top_id[0] == x->id && x->logprob <= 0 &&
+                  fabsf(x->top_lp[0] - x->logprob) < 1e-6f && x->top_lp[1] <= x->top_lp[0] &&
+                  x->top_lp[2] <= x->top_lp[1],
+              "token %d logprobs", t);
+    }
+    srv_sched_release(s, j);
+    srv_job_free(j);
+
+    /* Cancelling frees the slot; a full queue refuses. */
+    srv_job *many[6];
+    for (int i = 0; i < 6; i++) many[i] = greedy_job(ids[0], (int)n_ids[0], 200);
+    CHECK_OK(srv_sched_submit(s, many, 5));
+    CHECK(srv_sched_submit(s, many + 5, 1) == TLM_ERR_RANGE, "3 slots + 2 queued: the 6th waits");
+    for (int i = 0; i < 5; i++) {
+        srv_sched_release(s, many[i]);
+        CHECK(many[i]->done, "released job %d is done", i);
+    }
+    srv_stats st;
+    srv_sched_stats(s, &st);
+    CHECK(st.busy == 0 && st.queued == 0, "idle after cancelling: %d busy, %d queued", st.busy,
+          st.queued);
+    CHECK_OK(srv_sched_submit(s, many + 5, 1));
+    srv_sched_release(s, many[5]);
+    for (int i = 0; i < 6; i++) srv_job_free(many[i]);
+
+    /* Prompts that cannot run are refused before queueing. */
+    int32_t big = 100000;
+    j = srv_job_new(&big, 1);
+    CHECK(srv_sched_submit(s, &j, 1) == TLM_ERR_RANGE, "id outside the vocabulary");
+    srv_job_free(j);
+    srv_sched_close(s);
+    j = greedy_job(ids[0], (int)n_ids[0], 1);
+    CHECK(srv_sched_submit(s, &j, 1) == TLM_ERR_INTERRUPTED, "closed");
+    srv_job_free(j);
+
+    srv_sched_free(s);
+    for (int i = 0; i < 4; i++) {
+        free(ids[i]);
+        free(want[i]);
+    }
+    tlm_tokenizer_free(tok);
+    tlm_model_free(m);
+}
+
+static void set_text(srv_job *j, const char *t) {
+    free(j->text);
+    j->text = strdup(t);
+    j->text_len = strlen(t);
+}
+
+static void test_responses(void) {
+    srv_request req = {.chat = 1, .n = 1, .stream = 1, .include_usage = 1};
+    int32_t ids[5] = {1, 2, 3, 4, 5};
+    srv_job *j = srv_job_new(ids, 5);
+    j->cached_tokens = 3;
+    srv_response r;
+    CHECK(srv_response_init(&r, NULL, "m.gguf", &req, &j, 1, "chatcmpl-1", 42) == 0, "init");
+
+    /* Streamed: the first chunk carries the role, then only new text, then the finish reason, the
+     * usage chunk, [DONE]. */
+    set_text(j, "He");
+    j->completion_tokens = 1;
+    CHECK(srv_response_stream(&r) == 0, "not finished");
+    set_text(j, "Hello \xff");
+    j->completion_tokens = 3;
+    j->done = 1;
+    j->finish = SRV_FINISH_STOP;
+    CHECK(srv_response_stream(&r) == 0, "the finish reason goes in a chunk of its own");
+    CHECK(srv_response_stream(&r) == 1, "finished");
+    const char *want[] = {
+        "{\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":42,\"model\":"
+        "\"m.gguf\",\"system_fingerprint\":\"tlm-" TLM_VERSION "\",\"choices\":[{\"index\":0,"
+        "\"delta\":{\"role\":\"assistant\",\"content\":\"He\"},\"logprobs\":null,"
+        "\"finish_reason\":null}]}",
+        "\"choices\":[{\"index\":0,\"delta\":{\"content\":\"llo \xef\xbf\xbd\"},\"logprobs\":null,"
+        "\"finish_reason\":null}]}",
+        "\"choices\":[{\"index\":0,\"delta\":{},\"logprobs\":null,\"finish_reason\":\"stop\"}]}",
+        "\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":3,\"total_tokens\":8,"
+        "\"prompt_tokens_details\":{\"cached_tokens\":3}}}",
+    };
+    char *events = strndup(r.out, r.out_len);
+    char *p = events;
+    for (size_t e = 0; e < sizeof want / sizeof want[0]; e++) {
+        char *end = strstr(p, "\n\n");
+        CHECK(end && !strncmp(p, "data: {", 7), "event %zu framing", e);
+        if (!end) break;
+        *end = 0;
+        CHECK(strstr(p, want[e]) && (e == 0 || !strcmp(p + strlen(p) - strlen(want[e]), want[e])),
+              "event %zu:\n%s\nwants\n%s", e, p, want[e]);
+        p = end + 2;
+    }
+    CHECK(!strcmp(p, "data: [DONE]\n\n"), "then [DONE]: '%s'", p);
+    free(events);
+
+    /* The whole answer. */
+    char *final = srv_response_final(&r);
+    cJSON *o = cJSON_Parse(final);
+    const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
+    const cJSON *msg = cJSON_GetObjectItem(ch, "message");
+    const cJSON *usage = cJSON_GetObjectItem(o, "usage");
+    CHECK(o && !strcmp(cJSON_GetObjectItem(o, "object")->valuestring, "chat.completion") &&
+              !strcmp(cJSON_GetObjectItem(msg, "role")->valuestring, "assistant") &&
+              !strcmp(cJSON_GetObjectItem(msg, "content")->valuestring, "Hello \xef\xbf\xbd") &&
+              !strcmp(cJSON_GetObjectItem(ch, "finish_reason")->valuestring, "stop") &&
+              cJSON_GetObjectItem(usage, "total_tokens")->valueint == 8,
+          "final: %s", final);
+    cJSON_Delete(o);
+    free(final);
+    srv_response_free(&r);
+
+    /* Completions with echo: the prompt text starts the choice. */
+    srv_request creq = {.chat = 0, .n = 1, .echo = 1, .prompt = "Once"};
+    j->finish = SRV_FINISH_LENGTH;
+    CHECK(srv_response_init(&r, NULL, "m", &creq, &j, 1, "cmpl-2", 1) == 0, "init");
+    final = srv_response_final(&r);
+    CHECK(final && strstr(final, "\"object\":\"text_completion\"") &&
+              strstr(final, "\"text\":\"OnceHello \xef\xbf\xbd\"") &&
+              strstr(final, "\"finish_reason\":\"length\""),
+          "completion: %s", final);
+    free(final);
+    srv_response_free(&r);
+    creq.stream = 1;
+    CHECK(srv_response_init(&r, NULL, "m", &creq, &j, 1, "cmpl-3", 1) == 0, "init");
+    CHECK(srv_response_stream(&r) == 0, "text first");
+    CHECK(r.out && strstr(r.out, "\"text\":\"OnceHello \xef\xbf\xbd\",\"logprobs\":null,"
+                                 "\"finish_reason\":null"),
+          "streamed echo: %.*s", (int)r.out_len, r.out ? r.out : "");
+    srv_response_free(&r);
+    srv_job_free(j);
+
+    char *err = srv_error_json(429, NULL, "the queue is full");
+    CHECK(err && !strcmp(err, "{\"error\":{\"message\":\"the queue is full\",\"type\":"
+                              "\"rate_limit_error\",\"param\":null,\"code\":null}}"),
+          "%s", err);
+    free(err);
+    err = srv_error_json(400, "top_p", "bad");
+    CHECK(err && strstr(err, "\"type\":\"invalid_request_error\",\"param\":\"top_p\""), "%s", err);
+    free(err);
+    char *fixed = srv_utf8_fix("a\xff\xc3\xa9\xe2\x82", 6);
+    CHECK(fixed && !strcmp(fixed, "a\xef\xbf\xbd\xc3\xa9\xef\xbf\xbd\xef\xbf\xbd"), "utf8_fix");
+    free(fixed);
+}
+
+int main(void) {
+    test_responses();
+    test_templates();
+    test_requests();
+    test_stop_scan();
+    test_sampler_extras();
+    test_scheduler();
+    return t_finish("test_serve");
+}
