@@ -70,7 +70,8 @@ __attribute__((target("avx512f"))) static double fma_peak_loop(long iters) {
     return _mm512_reduce_add_ps(s);
 }
 
-/* GFLOP/s of all threads together: a vdpbf16ps is 16 lanes x 2 products x 2 flops, an FMA 16 x 2. */
+/* GFLOP/s of all threads together: a vdpbf16ps is 16 lanes x 2 products x 2 flops, an FMA 16 x 2.
+ */
 static double peak(int bf16, int threads) {
     const long iters = 20000000;
     double best = 0, sink = 0;
@@ -235,16 +236,16 @@ int main(int argc, char **argv) {
         const char *layer;
         int in, out;
     } L[] = {
-        {"gpt2like", 1024, "qkv", 768, 2304},   {"gpt2like", 1024, "o", 768, 768},
+        {"gpt2like", 1024, "qkv", 768, 2304},     {"gpt2like", 1024, "o", 768, 768},
         {"gpt2like", 1024, "gate_up", 768, 4096}, {"gpt2like", 1024, "down", 2048, 768},
-        {"gpt2like", 1024, "head", 768, 50257}, {"small", 2048, "qkv", 512, 1536},
-        {"small", 2048, "o", 512, 512},         {"small", 2048, "gate_up", 512, 2688},
-        {"small", 2048, "down", 1344, 512},     {"small", 2048, "head", 512, 10000},
-        {"char", 8192, "qkv", 384, 1152},       {"char", 8192, "o", 384, 384},
-        {"char", 8192, "up", 384, 1536},        {"char", 8192, "down", 1536, 384},
+        {"gpt2like", 1024, "head", 768, 50257},   {"small", 2048, "qkv", 512, 1536},
+        {"small", 2048, "o", 512, 512},           {"small", 2048, "gate_up", 512, 2688},
+        {"small", 2048, "down", 1344, 512},       {"small", 2048, "head", 512, 10000},
+        {"char", 8192, "qkv", 384, 1152},         {"char", 8192, "o", 384, 384},
+        {"char", 8192, "up", 384, 1536},          {"char", 8192, "down", 1536, 384},
     };
-    printf("%-9s %-8s %-4s %6s %6s %6s | %8s %8s %8s %8s | %s\n", "config", "layer", "op", "M",
-           "N", "K", "sgemm", "dnnl", "dnnl+cvt", "sbgemm", "GFLOP/s (median)");
+    printf("%-9s %-8s %-4s %6s %6s %6s | %8s %8s %8s %8s | %s\n", "config", "layer", "op", "M", "N",
+           "K", "sgemm", "dnnl", "dnnl+cvt", "sbgemm", "GFLOP/s (median)");
     for (size_t li = 0; li < sizeof L / sizeof L[0]; li++) {
         if (!strstr(L[li].cfg, filter)) continue;
         int R = L[li].rows, in = L[li].in, out = L[li].out;

@@ -38,6 +38,8 @@ static const char *train_help =
     "  --init default|gpt2    initialization scheme (default: default)\n"
     "  --seed S               seed for init, batches and dropout (default 1337)\n"
     "  -t, --threads N        threads (default: all cores)\n"
+    "  --precision P          fp32 or bf16: matrix products on bf16 operands with fp32\n"
+    "                         accumulation (needs AVX-512 BF16; default fp32)\n"
     "  --resume               continue from OUTDIR/checkpoint.safetensors, bit for bit\n";
 
 static volatile int g_stop = 0;
@@ -202,6 +204,12 @@ int cmd_train(int argc, char **argv) {
         }
         if (!strcmp(a, "--char")) {
             use_char = 1;
+            continue;
+        }
+        if (cli_flag_value(argc, argv, &i, "--precision", NULL, &v)) {
+            NEED();
+            if (tlm_precision_parse(v, &o.precision) != TLM_OK)
+                return cli_fail("train: --precision must be fp32 or bf16 (got '%s')", v);
             continue;
         }
         if (!strcmp(a, "--resume")) {
