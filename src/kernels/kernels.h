@@ -50,7 +50,8 @@ void k_colsum(float *db, const float *dy, int N, int n, int acc);
 /* ---- bf16.c: linear layers with bf16 operands and fp32 accumulation (mixed precision) ---- */
 /* 1 if the CPU runs bf16 dot products (avx512_bf16) and the OS saves AVX-512 state. */
 int k_bf16_supported(void);
-/* dst[i] = src[i] rounded to bf16 (nearest even; NaN stays NaN). */
+/* dst[i] = src[i] rounded to bf16 (nearest even; NaN stays NaN; denormals flush to zero, as the
+ * AVX-512 BF16 conversion does). */
 void k_f32_to_bf16(uint16_t *dst, const float *src, size_t n);
 float k_bf16_to_f32(uint16_t h);
 /* Per-caller state of the bf16 products: oneDNN primitives by shape, rounded weights, scratch.
