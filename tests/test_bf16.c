@@ -3,6 +3,7 @@
  * without bias) against a double-precision sum over the same rounded operands: the only error
  * left is fp32 accumulation, so a wrong layout, transpose or accumulation cannot hide. */
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -73,10 +74,7 @@ static int close(double got, double want, int K, double mag) {
     return fabs(got - want) <= 4.0 * K * 0x1p-24 * mag + 1e-6;
 }
 
-static void products(int N, int in, int out) {
-    k_bf16 *k = k_bf16_new();
-    CHECK(k != NULL, "k_bf16_new failed");
-    if (!k) return;
+static void products(k_bf16 *k, int N, int in, int out) {
     float *x = malloc((size_t)N * in * 4), *w = malloc((size_t)out * in * 4),
           *b = malloc((size_t)out * 4), *y = malloc((size_t)N * (out + 3) * 4),
           *dy = malloc((size_t)N * out * 4), *dx = malloc((size_t)N * in * 4),
@@ -174,7 +172,6 @@ static void products(int N, int in, int out) {
     free(dx);
     free(dw);
     free(db);
-    k_bf16_free(k);
 }
 
 int main(void) {
@@ -183,7 +180,16 @@ int main(void) {
         printf("test_bf16: no avx512_bf16 on this CPU: only the rounding was tested\n");
         return t_finish("test_bf16");
     }
-    products(37, 24, 19); /* odd sizes: no block divides them */
-    products(130, 64, 96);
+    k_bf16 *k = k_bf16_new();
+    CHECK(k != NULL, "k_bf16_new failed");
+    if (!k) return t_finish("test_bf16");
+    /* The same shapes again at another thread count: a primitive made for two threads must not
+     * run on a team of one (test_bf16_thread_limit and _dynamic run this under short teams). */
+    for (int threads = 2; threads >= 1; threads--) {
+        omp_set_num_threads(threads);
+        products(k, 37, 24, 19); /* odd sizes: no block divides them */
+        products(k, 130, 64, 96);
+    }
+    k_bf16_free(k);
     return t_finish("test_bf16");
 }

@@ -9,6 +9,7 @@
 
 #include <cblas.h>
 #include <immintrin.h>
+#include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 
 #include "kernels.h"
@@ -174,9 +175,12 @@ static const uint16_t *weight(k_bf16 *k, const float *w, size_t n) {
     return e->bf;
 }
 
+/* A primitive divides its work among the threads oneDNN counted when it was made, and runs each
+ * share on the thread of that number in the team: the count is part of the key. */
 static mm *primitive(k_bf16 *k, int M, int N, int K, int ta, int lda, int tb, int ldb, int ldc,
                      int add) {
-    int key[10] = {M, N, K, ta, lda, tb, ldb, ldc, add, 0};
+    int nthr = omp_in_parallel() ? 1 : omp_get_max_threads();
+    int key[10] = {M, N, K, ta, lda, tb, ldb, ldc, add, nthr};
     for (int i = 0; i < k->n_mms; i++)
         if (!memcmp(k->mms[i].key, key, sizeof key)) return &k->mms[i];
     if (k->n_mms == k->cap_mms) {
@@ -224,10 +228,8 @@ static mm *primitive(k_bf16 *k, int M, int N, int K, int ta, int lda, int tb, in
     return &k->mms[k->n_mms++];
 }
 
-/* C (+)= op(A) op(B) on rounded operands; 0 when oneDNN could not do it. */
-static int gemm(k_bf16 *k, int M, int N, int K, const uint16_t *A, int ta, int lda,
-                const uint16_t *B, int tb, int ldb, float *C, int ldc, int add) {
-    if (!A || !B) return 0;
+static int run(k_bf16 *k, int M, int N, int K, const uint16_t *A, int ta, int lda,
+               const uint16_t *B, int tb, int ldb, float *C, int ldc, int add) {
     mm *p = primitive(k, M, N, K, ta, lda, tb, ldb, ldc, add);
     if (!p) return 0;
     if (dnnl_memory_set_data_handle(p->a, (void *)A) != dnnl_success ||
@@ -238,6 +240,21 @@ static int gemm(k_bf16 *k, int M, int N, int K, const uint16_t *A, int ta, int l
         {DNNL_ARG_SRC, p->a}, {DNNL_ARG_WEIGHTS, p->b}, {DNNL_ARG_DST, p->c}};
     if (dnnl_primitive_execute(p->prim, k->strm, 3, args) != dnnl_success) return 0;
     return dnnl_stream_wait(k->strm) == dnnl_success;
+}
+
+/* C (+)= op(A) op(B) on rounded operands; 0 when oneDNN could not do it. A team shorter than the
+ * count a primitive was made for would leave the missing threads' shares undone (OMP_THREAD_LIMIT,
+ * dynamic teams), so the calling thread's count is capped and its teams fixed around the call. */
+static int gemm(k_bf16 *k, int M, int N, int K, const uint16_t *A, int ta, int lda,
+                const uint16_t *B, int tb, int ldb, float *C, int ldc, int add) {
+    if (!A || !B) return 0;
+    int dyn = omp_get_dynamic(), n = omp_get_max_threads(), limit = omp_get_thread_limit();
+    if (dyn) omp_set_dynamic(0);
+    if (limit > 0 && n > limit) omp_set_num_threads(limit);
+    int ok = run(k, M, N, K, A, ta, lda, B, tb, ldb, C, ldc, add);
+    if (limit > 0 && n > limit) omp_set_num_threads(n);
+    if (dyn) omp_set_dynamic(1);
+    return ok;
 }
 
 /* ---- the linear layer ---------------------------------------------------------------------- */
