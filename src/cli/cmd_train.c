@@ -210,6 +210,9 @@ int cmd_train(int argc, char **argv) {
             NEED();
             if (tlm_precision_parse(v, &o.precision) != TLM_OK)
                 return cli_fail("train: --precision must be fp32 or bf16 (got '%s')", v);
+            if (o.precision == TLM_PRECISION_BF16 && !tlm_bf16_supported())
+                return cli_fail("train: --precision bf16 needs a CPU with AVX-512 BF16 "
+                                "(avx512_bf16); this one has none: use fp32");
             continue;
         }
         if (!strcmp(a, "--resume")) {
@@ -319,6 +322,9 @@ int cmd_train(int argc, char **argv) {
                 "%d threads\n",
                 pc.total, pc.non_embedding, tlm_dataset_size(ds, TLM_SPLIT_TRAIN),
                 tlm_dataset_size(ds, TLM_SPLIT_VAL), tlm_get_threads());
+        if (o.precision == TLM_PRECISION_BF16)
+            fprintf(stderr, "precision: bf16 matrix products, fp32 accumulation, weights and "
+                            "optimizer\n");
         progress_state ps = {isatty(2), 0};
         o.out_dir = out;
         o.on_progress = on_progress;
