@@ -44,6 +44,13 @@ int main(int argc, char **argv) {
     /* TLM_DATA_PARALLEL=0|1 overrides the automatic choice, to compare the two. */
     const char *dp = getenv("TLM_DATA_PARALLEL");
     if (dp) tlm_train_ctx_set_data_parallel(x, atoi(dp));
+    /* PRECISION=fp32|bf16 (default fp32): the products' arithmetic (tlm train --precision). */
+    tlm_precision prec = TLM_PRECISION_FP32;
+    const char *ps = getenv("PRECISION");
+    if ((ps && tlm_precision_parse(ps, &prec)) || tlm_train_ctx_set_precision(x, prec)) {
+        fprintf(stderr, "%s\n", tlm_last_error());
+        return 1;
+    }
     size_t N = (size_t)B * T, np = tlm_model_num_params(m);
     int32_t *ids = malloc(N * 4), *tg = malloc(N * 4);
     srand(1);
@@ -81,8 +88,8 @@ int main(int argc, char **argv) {
     qsort(t + 2, (size_t)iters, sizeof *t, cmp);
     double med = t[2 + iters / 2];
     printf("{\"impl\": \"tlm\", \"mode\": \"%s\", \"tokens_per_s\": %.1f, \"median_s\": %.5f, "
-           "\"params\": %zu, \"threads\": %d}\n",
-           mode, (double)N / med, med, np, threads);
+           "\"params\": %zu, \"threads\": %d, \"precision\": \"%s\"}\n",
+           mode, (double)N / med, med, np, threads, tlm_precision_name(prec));
     tlm_adamw_free(opt);
     tlm_train_ctx_free(x);
     free(grads);

@@ -13,6 +13,9 @@ BUILD=${BUILD:-build}
 DATA=${TLM_SHARED_DATA:-$ROOT/../shared/data}
 OUT=${OUT:-$ROOT/bench/out/shakespeare}
 THREADS=${THREADS:-2}
+# PRECISION=bf16: tlm train --precision bf16, and the PyTorch peer under autocast to bfloat16.
+PRECISION=${PRECISION:-fp32}
+export PRECISION
 if [ -z "${KEEP_CORETYPE:-}" ]; then unset OPENBLAS_CORETYPE; fi
 rm -rf "$OUT"
 mkdir -p "$OUT"
@@ -23,9 +26,9 @@ cat >"$OUT/config.json" <<'JSON'
 JSON
 start=$(date +%s.%N)
 "$ROOT/$BUILD/tlm" train -c "$OUT/config.json" --data "$DATA/text/tinyshakespeare.txt" --char \
-    -o "$OUT/run" --steps 2000 --batch 12 --lr 1e-3 --min-lr 1e-4 --warmup 100 --beta2 0.99 \
+    -o "$OUT/run" --steps "${STEPS:-2000}" --batch 12 --lr 1e-3 --min-lr 1e-4 --warmup 100 --beta2 0.99 \
     --weight-decay 0.1 --clip 1.0 --eval-interval 250 --eval-batches ${EVAL_BATCHES:-20} \
-    --init gpt2 --seed "${SEED:-1337}" -t "$THREADS" 2>"$OUT/train.log"
+    --init gpt2 --seed "${SEED:-1337}" -t "$THREADS" --precision "$PRECISION" 2>"$OUT/train.log"
 end=$(date +%s.%N)
 val=$(grep -o '"val_loss": [0-9.]*' "$OUT/run/log.jsonl" | tail -1 | cut -d' ' -f2)
 # The whole validation split (the last 10% of the characters; the file is ASCII), every token
@@ -34,11 +37,11 @@ n=$(wc -c <"$DATA/text/tinyshakespeare.txt")
 tail -c $((n - (n - n / 10) + 1)) "$DATA/text/tinyshakespeare.txt" >"$OUT/val.txt"
 full=$("$ROOT/$BUILD/tlm" eval -m "$OUT/run" --data "$OUT/val.txt" --json | sed 's/.*"loss": \([0-9.]*\).*/\1/')
 wall=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }')
-echo "shakespeare-char (seed ${SEED:-1337}): val loss $full on the whole validation split, $val in-training estimate (target <= 1.89), wall $wall s (target <= 30 s; nanoGPT 90.6 s); threads $THREADS; OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}"
+echo "shakespeare-char ($PRECISION, seed ${SEED:-1337}): val loss $full on the whole validation split, $val in-training estimate (target <= 1.89), wall $wall s (target <= 30 s; nanoGPT 90.6 s); threads $THREADS; OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}"
 if [ "${PEER:-1}" != 0 ]; then
     p=$(/usr/bin/python3 "$ROOT/bench/shakespeare_torch.py" "$DATA/text/tinyshakespeare.txt" \
         "${SEED:-1337}" "$THREADS")
-    echo "pytorch (same recipe, seed ${SEED:-1337}): val loss $(sed 's/.*"val_loss_whole": \([0-9.]*\).*/\1/' <<<"$p") on the whole validation split, $(sed 's/.*"val_loss_20_batches": \([0-9.]*\).*/\1/' <<<"$p") 20-batch estimate, wall $(sed 's/.*"wall_s": \([0-9.]*\).*/\1/' <<<"$p") s"
+    echo "pytorch ($PRECISION, same recipe, seed ${SEED:-1337}): val loss $(sed 's/.*"val_loss_whole": \([0-9.]*\).*/\1/' <<<"$p") on the whole validation split, $(sed 's/.*"val_loss_20_batches": \([0-9.]*\).*/\1/' <<<"$p") 20-batch estimate, wall $(sed 's/.*"wall_s": \([0-9.]*\).*/\1/' <<<"$p") s"
     pw=$(sed 's/.*"wall_s": \([0-9.]*\).*/\1/' <<<"$p")
     echo "tlm / pytorch wall: $(awk -v a="$wall" -v b="$pw" 'BEGIN { printf "%.2fx faster", b / a }')"
 fi

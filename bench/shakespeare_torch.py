@@ -10,7 +10,10 @@ start to the last estimate (data preparation and the evaluations every 250 steps
 shakespeare.sh; the whole-split pass after it is not).
 
 usage: shakespeare_torch.py TEXT SEED [THREADS]
+PRECISION=bf16 trains (and estimates) under torch.autocast("cpu", dtype=torch.bfloat16): mixed
+precision the PyTorch way, the peer of tlm train --precision bf16.
 """
+import contextlib
 import json
 import math
 import os
@@ -74,6 +77,11 @@ def main():
         ix = torch.randint(len(d) - T, (B,))
         return (torch.stack([d[i:i + T] for i in ix]), torch.stack([d[i + 1:i + 1 + T] for i in ix]))
 
+    bf16 = os.environ.get("PRECISION", "fp32") == "bf16"
+
+    def cast():
+        return torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+
     def estimate():
         # 20 random validation batches, nanoGPT's estimate_loss with eval_iters=20
         model.eval()
@@ -81,8 +89,9 @@ def main():
             est = 0.0
             for _ in range(20):
                 x2, y2 = batch("val")
-                logits, _ = model(x2)
-                est += F.cross_entropy(logits.reshape(-1, cfg.vocab_size),
+                with cast():
+                    logits, _ = model(x2)
+                est += F.cross_entropy(logits.float().reshape(-1, cfg.vocab_size),
                                        y2.reshape(-1)).item() / 20
         model.train()
         return est
@@ -94,7 +103,8 @@ def main():
         for g in opt.param_groups:
             g["lr"] = get_lr(it)
         x, y = batch("train")
-        _, loss = model(x, targets=y)
+        with cast():
+            _, loss = model(x, targets=y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -108,12 +118,13 @@ def main():
             x = val[w:w + T]
             y = val[w + 1:w + 1 + T]
             x = x[:len(y)]
-            logits, _ = model(x[None])
-            total += F.cross_entropy(logits[0], y, reduction="sum").item()
+            with cast():
+                logits, _ = model(x[None])
+            total += F.cross_entropy(logits[0].float(), y, reduction="sum").item()
             count += len(y)
     print(json.dumps({"impl": "pytorch", "seed": seed, "val_loss_whole": round(total / count, 6),
                       "val_loss_20_batches": round(est, 6), "wall_s": round(wall_s, 1),
-                      "threads": threads}))
+                      "threads": threads, "precision": "bf16" if bf16 else "fp32"}))
 
 
 if __name__ == "__main__":

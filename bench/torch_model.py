@@ -1,6 +1,10 @@
 #!/usr/bin/env python3
 """PyTorch peer for bench_model.c: the reference model (tests/reference/model.py) timed on the
-same config, batch, threads and BLAS. Usage: torch_model.py forward|train CONFIG_JSON B T ITERS THREADS"""
+same config, batch, threads and BLAS. Usage: torch_model.py forward|train CONFIG_JSON B T ITERS THREADS
+PRECISION=bf16 runs forward and loss under torch.autocast("cpu", dtype=torch.bfloat16) (oneDNN's bf16
+matmuls; master weights and the optimizer stay fp32), the way a PyTorch user trains in mixed
+precision on a CPU."""
+import contextlib
 import json
 import os
 import statistics
@@ -31,23 +35,27 @@ def main():
                                 weight_decay=0.1)
     else:
         model.eval()
+    bf16 = os.environ.get("PRECISION", "fp32") == "bf16"
+    cast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
     times = []
     for i in range(iters + 2):
         t0 = time.perf_counter()
         if train:
             opt.zero_grad(set_to_none=True)
-            _, loss = model(ids, targets=tg)
+            with cast():
+                _, loss = model(ids, targets=tg)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
         else:
-            with torch.no_grad():
+            with torch.no_grad(), cast():
                 model(ids, targets=tg)
         times.append(time.perf_counter() - t0)
     med = statistics.median(times[2:])
     n_params = sum(p.numel() for p in model.parameters())
     print(json.dumps({"impl": "pytorch", "mode": mode, "tokens_per_s": round(B * T / med, 1),
-                      "median_s": round(med, 5), "params": n_params, "threads": threads}))
+                      "median_s": round(med, 5), "params": n_params, "threads": threads,
+                      "precision": "bf16" if bf16 else "fp32"}))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ FLAGS=(-std=c11 -D_POSIX_C_SOURCE=200809L -g -O1 -fsanitize=fuzzer,address,undef
        -fno-sanitize-recover=undefined -Iinclude -Isrc -Ifuzz)
 # The library without OpenMP pragmas mattering (BLAS and OpenMP still link for the model code).
 LIBSRC=$(find src -name '*.c' ! -path 'src/cli/*' | sort)
-LIBS=(-lopenblas -lcjson -lm -fopenmp)
+LIBS=(-lopenblas -ldnnl -lcjson -lm -fopenmp)
 # Objects once (without -fsanitize=fuzzer's main), then one link per target.
 OBJ=$OUT/obj
 mkdir -p "$OBJ"

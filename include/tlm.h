@@ -254,6 +254,21 @@ void tlm_train_ctx_set_dropout_seed(tlm_train_ctx *x, uint64_t seed, uint64_t st
  * float summation order. */
 void tlm_train_ctx_set_data_parallel(tlm_train_ctx *x, int mode);
 
+/* The arithmetic of the matrix products of batched passes (forward, backward, evaluation). BF16:
+ * both operands rounded to bfloat16, products accumulated in fp32 (mixed precision, like PyTorch's
+ * autocast to bfloat16); weights, gradients, the optimizer, norms, softmax and the loss stay fp32.
+ * Needs a CPU with AVX-512 BF16 (tlm_bf16_supported). */
+typedef enum { TLM_PRECISION_FP32 = 0, TLM_PRECISION_BF16 } tlm_precision;
+/* 1 if this CPU runs bf16 dot products (avx512_bf16), else 0. */
+int tlm_bf16_supported(void);
+/* "fp32" / "bf16" <-> tlm_precision; the parser returns TLM_ERR_ARG for other names. */
+const char *tlm_precision_name(tlm_precision p);
+tlm_status tlm_precision_parse(const char *name, tlm_precision *out);
+/* TLM_ERR_UNSUPPORTED for BF16 on a CPU without avx512_bf16. Results are bit-reproducible for a
+ * given precision and thread count. */
+tlm_status tlm_train_ctx_set_precision(tlm_train_ctx *x, tlm_precision p);
+tlm_precision tlm_train_ctx_precision(const tlm_train_ctx *x);
+
 typedef struct {
     const int32_t *targets; /* [B*T] or NULL; negative targets are ignored in the loss */
     int pos_offset;         /* position of the first token (KV cache continuation) */
@@ -410,7 +425,8 @@ typedef struct {
     long log_interval;
     long checkpoint_interval; /* 0: at evaluations and at the end */
     uint64_t seed;
-    int resume; /* continue from out_dir/checkpoint.safetensors */
+    int resume;              /* continue from out_dir/checkpoint.safetensors */
+    tlm_precision precision; /* of the matrix products (default fp32); checkpoints are the same */
     /* Called after every step; returning non-zero stops (after saving a checkpoint). */
     int (*on_progress)(void *user, const tlm_train_progress *p);
     void *user;

@@ -2,7 +2,7 @@
 # Installs what tlm needs on a fresh Debian machine (run as root). Idempotent.
 set -euo pipefail
 pkgs=(build-essential cmake clang clang-format libclang-rt-14-dev libomp-dev
-      libopenblas-openmp-dev libcjson-dev openmpi-bin libopenmpi-dev libmicrohttpd-dev
+      libopenblas-openmp-dev libdnnl-dev libcjson-dev openmpi-bin libopenmpi-dev libmicrohttpd-dev
       python3 python3-torch python3-numpy chromium)
 # Node.js (for the llama.cpp and tiktoken peers from npm) may come from another source with npm inside.
 command -v npm >/dev/null 2>&1 || pkgs+=(nodejs npm)

@@ -1,5 +1,6 @@
 /* Backward pass parity: gradients of every parameter tensor against PyTorch autograd on the
  * reference model (fixtures from tests/reference/gen_fixtures.py). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -67,16 +68,113 @@ static void grad_case(t_parity *p, int data_parallel) {
     free(grads);
 }
 
+/* bf16's significand has 8 bits: rounding an operand moves it by at most u = 2^-8 of itself, so
+ * a product over rounded operands is off by at most about 2u of its size. A gradient is the end of
+ * a chain of such products: forward through every layer (4: q|k|v, output, two FFN) and the head,
+ * then back again, so its error is at most 2u per product on the chain, 2u * 2(4L + 1) (linear
+ * growth, the worst case; independent errors grow slower). The loss, one forward, is held to 2u.
+ * The floor (u/64) checks that the products really ran in bf16: fp32 stays below 1e-6. */
+#define BF16_U (1.0 / 256)
+
+static void grad_case_bf16(t_parity *p, int data_parallel) {
+    tlm_model *m = p->m;
+    tlm_train_ctx_set_data_parallel(p->x, data_parallel);
+    CHECK_OK(tlm_train_ctx_set_precision(p->x, TLM_PRECISION_BF16));
+    size_t np = tlm_model_num_params(m);
+    float *grads = malloc(np * sizeof *grads), loss;
+    CHECK_OK(tlm_forward_backward(p->x, p->ids, p->targets, p->B, p->T, p->pos, grads, 0, &loss));
+    CHECK(fabs(loss - p->loss) <= 2 * BF16_U * fabs(p->loss), "%s bf16: loss %g vs %g", p->name,
+          loss, p->loss);
+    int n;
+    const tlm_tensor_info *ts = tlm_model_tensors(m, &n);
+    double *d2 = calloc((size_t)n, sizeof *d2), *w2 = calloc((size_t)n, sizeof *w2);
+    double all_d = 0, all_w = 0;
+    for (int i = 0; i < n; i++) {
+        char key[TLM_NAME_MAX + 8];
+        snprintf(key, sizeof key, "grad.%s", ts[i].name);
+        const st_tensor *t = st_find(&p->io, key);
+        CHECK(t != NULL, "%s: fixture lacks %s", p->name, key);
+        if (!t) continue;
+        float *want = malloc(ts[i].numel * sizeof *want);
+        CHECK_OK(st_read_f32(&p->io, t, want, ts[i].numel));
+        const float *got = grads + ts[i].offset;
+        for (size_t j = 0; j < ts[i].numel; j++) {
+            double e = (double)got[j] - want[j];
+            d2[i] += e * e;
+            w2[i] += (double)want[j] * want[j];
+        }
+        all_d += d2[i];
+        all_w += w2[i];
+        free(want);
+    }
+    /* Relative to the tensor's norm, or, for gradients that vanish by cancellation (a key bias
+     * shifts every score of a query alike: softmax ignores it), to the norm a tensor of its size
+     * has at the model's RMS gradient. */
+    double rms = sqrt(all_w / (double)np), worst = 0;
+    const char *worst_name = "";
+    for (int i = 0; i < n; i++) {
+        double scale = sqrt(w2[i]) + rms * sqrt((double)ts[i].numel) * 1e-2;
+        double rel = sqrt(d2[i]) / scale;
+        if (rel > worst) {
+            worst = rel;
+            worst_name = ts[i].name;
+        }
+    }
+    printf("  %-28s bf16, %s: worst tensor error %.2fu (%s), all %.2fu\n", p->name,
+           data_parallel ? "batch split" : "threads on each op", worst / BF16_U, worst_name,
+           sqrt(all_d / all_w) / BF16_U);
+    double bound = 2 * BF16_U * 2 * (4 * tlm_model_config(m)->n_layers + 1);
+    CHECK(worst <= bound, "%s bf16: %s off by %.2fu > %.0fu", p->name, worst_name, worst / BF16_U,
+          bound / BF16_U);
+    CHECK(sqrt(all_d / all_w) >= BF16_U / 64, "%s bf16: error %g: the products did not round",
+          p->name, sqrt(all_d / all_w));
+    free(d2);
+    free(w2);
+    /* Accumulating (oneDNN's sum post-op) adds the same bf16 gradient a second time. */
+    float *once = malloc(np * sizeof *once);
+    memcpy(once, grads, np * sizeof *once);
+    CHECK_OK(tlm_forward_backward(p->x, p->ids, p->targets, p->B, p->T, p->pos, grads, 1, &loss));
+    size_t off = 0;
+    for (size_t i = 0; i < np; i++)
+        off += fabsf(grads[i] - 2 * once[i]) > 1e-6f + 1e-5f * fabsf(once[i]);
+    CHECK(off == 0, "%s bf16: %zu elements are not twice the gradient after accumulating", p->name,
+          off);
+    free(once);
+    CHECK_OK(tlm_train_ctx_set_precision(p->x, TLM_PRECISION_FP32));
+    free(grads);
+}
+
 static void both_ways(t_parity *p, void *user) {
-    (void)user;
+    int bf16 = *(int *)user;
     grad_case(p, 0);
     grad_case(p, 1);
+    if (bf16) {
+        grad_case_bf16(p, 0);
+        grad_case_bf16(p, 1);
+    }
 }
 
 int main(void) {
     tlm_set_threads(2);
     printf("gradient parity with PyTorch autograd:\n");
-    int n = t_parity_each(both_ways, NULL);
+    int bf16 = tlm_bf16_supported();
+    if (!bf16) {
+        /* Without avx512_bf16 the precision is refused with a clear error, not emulated. */
+        tlm_model *m = NULL;
+        tlm_train_ctx *x = NULL;
+        tlm_config c;
+        CHECK_OK(tlm_config_from_json("{\"vocab_size\": 16, \"context_length\": 8, "
+                                      "\"d_model\": 8, \"n_layers\": 1, \"n_heads\": 2}",
+                                      &c));
+        CHECK_OK(tlm_model_create(&c, &m));
+        CHECK_OK(tlm_train_ctx_new(m, &x));
+        CHECK(tlm_train_ctx_set_precision(x, TLM_PRECISION_BF16) == TLM_ERR_UNSUPPORTED,
+              "bf16 accepted on a CPU without avx512_bf16");
+        printf("  (no avx512_bf16 on this CPU: bf16 parity skipped, the precision is refused)\n");
+        tlm_train_ctx_free(x);
+        tlm_model_free(m);
+    }
+    int n = t_parity_each(both_ways, &bf16);
     CHECK(n >= 10, "only %d cases", n);
     return t_finish("test_backward");
 }

@@ -46,8 +46,10 @@ static const char *train_help =
     "  --init default|gpt2    initialization scheme (default: default)\n"
     "  --seed S               seed for init, batches and dropout (default 1337)\n"
     "  -t, --threads N        threads (default: all cores)\n"
+    "  --precision P          fp32 or bf16: matrix products on bf16 operands with fp32\n"
+    "                         accumulation (needs AVX-512 BF16; default fp32)\n"
     "  --resume               continue from OUTDIR/checkpoint.safetensors, bit for bit (also\n"
-    "                         with a different number of processes)\n\n"
+    "                         with a different number of processes or another precision)\n\n"
     "Under mpirun (mpirun -np N tlm train ...) the N processes train one model: each takes its\n"
     "share of every batch, gradients are reduce-scattered, each process updates its 1/N of the\n"
     "parameters with its 1/N of the AdamW moments, and the parameters are all-gathered.\n";
@@ -318,6 +320,15 @@ static int train_main(int argc, char **argv) {
             use_char = 1;
             continue;
         }
+        if (cli_flag_value(argc, argv, &i, "--precision", NULL, &v)) {
+            NEED();
+            if (tlm_precision_parse(v, &o.precision) != TLM_OK)
+                return cli_fail("train: --precision must be fp32 or bf16 (got '%s')", v);
+            if (o.precision == TLM_PRECISION_BF16 && !tlm_bf16_supported())
+                return cli_fail("train: --precision bf16 needs a CPU with AVX-512 BF16 "
+                                "(avx512_bf16); this one has none: use fp32");
+            continue;
+        }
         if (!strcmp(a, "--resume")) {
             o.resume = 1;
             continue;
@@ -487,6 +498,9 @@ static int train_main(int argc, char **argv) {
                 "%d threads\n",
                 pc.total, pc.non_embedding, tlm_dataset_size(ds, TLM_SPLIT_TRAIN),
                 tlm_dataset_size(ds, TLM_SPLIT_VAL), tlm_get_threads());
+        if (o.precision == TLM_PRECISION_BF16)
+            fprintf(stderr, "precision: bf16 matrix products, fp32 accumulation, weights and "
+                            "optimizer\n");
         size_t n = tlm_model_num_params(m), mine = o.hooks.end ? o.hooks.end - o.hooks.begin : n;
         int K = o.grad_accum > 1 ? o.grad_accum : 1;
         double mib = 1.0 / (1 << 20);

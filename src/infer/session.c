@@ -268,8 +268,9 @@ static void cache_attend_decode(void *user, int l, float *qkv, int ld, float *at
  * stream is left in s->x. The block works in place on the scratch rows. */
 static void blocks(tlm_session *s, const int32_t *ids, int N, int prefill) {
     const tlm_model *m = s->m;
-    tlm_pass p = {N, s->row_pos, 0,
-                  0, 0,          {prefill ? cache_attend_prefill : cache_attend_decode, NULL, s}};
+    tlm_pass p = {N,   s->row_pos, 0,
+                  0,   0,          {prefill ? cache_attend_prefill : cache_attend_decode, NULL, s},
+                  NULL};
     tlm_embed_fwd(m, &p, ids, s->x);
     int pre = m->c.norm_position == TLM_NORM_PRE;
     tlm_block_bufs b = {.x = s->x,

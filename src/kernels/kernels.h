@@ -47,6 +47,32 @@ void k_linear_bwd_dx(float *dx, const float *dy, int ldy, const float *w, int N,
 /* db[j] (+)= sum_i dy[i, j] over N rows of width n; deterministic, cache-line blocked. */
 void k_colsum(float *db, const float *dy, int N, int n, int acc);
 
+/* ---- bf16.c: linear layers with bf16 operands and fp32 accumulation (mixed precision) ---- */
+/* 1 if the CPU runs bf16 dot products (avx512_bf16) and the OS saves AVX-512 state. */
+int k_bf16_supported(void);
+/* dst[i] = src[i] rounded to bf16 (nearest even; NaN stays NaN; denormals flush to zero, as the
+ * AVX-512 BF16 conversion does). */
+void k_f32_to_bf16(uint16_t *dst, const float *src, size_t n);
+float k_bf16_to_f32(uint16_t h);
+/* Per-caller state of the bf16 products: oneDNN primitives by shape, rounded weights, scratch.
+ * NULL from k_bf16_new when out of memory or oneDNN has no CPU engine. */
+typedef struct k_bf16 k_bf16;
+k_bf16 *k_bf16_new(void);
+void k_bf16_free(k_bf16 *k);
+/* Weights may have changed since the last pass: their rounded copies are made again at first use.
+ */
+void k_bf16_next_pass(k_bf16 *k);
+/* Products oneDNN refused and sgemm did in fp32 instead (0 on a CPU k_bf16_supported accepts). */
+long k_bf16_fallbacks(const k_bf16 *k);
+/* k_linear_fwd, k_linear_bwd and k_linear_bwd_dx with both operands of every product rounded to
+ * bf16; accumulation, outputs, biases and their gradients stay fp32. */
+void k_bf16_linear_fwd(k_bf16 *k, float *y, int ldy, const float *x, const float *w, const float *b,
+                       int N, int in, int out);
+void k_bf16_linear_bwd(k_bf16 *k, float *dx, float *dw, float *db, const float *dy, const float *x,
+                       const float *w, int N, int in, int out, int acc);
+void k_bf16_linear_bwd_dx(k_bf16 *k, float *dx, const float *dy, int ldy, const float *w, int N,
+                          int in, int out, float beta);
+
 /* ---- norm.c ---- */
 /* y = x / sqrt(mean(x^2) + eps) * g; saves rstd[N] (may be NULL). */
 void k_rmsnorm_fwd(float *y, float *rstd, const float *x, const float *g, int N, int d, float eps);

@@ -63,7 +63,8 @@ tlm_status tlm_ctx_forward_backward_whole(tlm_train_ctx *x, const int32_t *ids,
     double l = k_cross_entropy_fwd_bwd(x->logits, targets, N, c->vocab_size, divisor, &counted);
     if (loss) *loss = (float)l;
     if (counted_out) *counted_out = counted;
-    tlm_head_bwd(m, x->x_final, x->xn, x->xn_mean, x->xn_rstd, x->logits, &x->g, grads, N, acc);
+    tlm_head_bwd(m, &x->pass, x->x_final, x->xn, x->xn_mean, x->xn_rstd, x->logits, &x->g, grads, N,
+                 acc);
     for (int li = c->n_layers - 1; li >= 0; li--)
         tlm_block_bwd(m, li, &x->pass, &x->layer[li], &x->g, grads, acc);
     tlm_embed_bwd(m, &x->pass, ids, &x->g, grads, acc);

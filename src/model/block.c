@@ -50,20 +50,80 @@ static const float *undrop(const tlm_model *m, const tlm_pass *p, const tlm_bloc
     return g->ddrop;
 }
 
+/* ---- matrix products in the pass's precision ----------------------------------------------- */
+
+/* The F32 data of a view the bf16 products can take (contiguous F32 rows), else NULL. */
+static const float *bf16_weight(const tlm_pass *p, const tlm_weight *w) {
+    if (!p->bf16 || !w->data || w->dtype != TLM_DTYPE_F32 || w->row_bytes != (size_t)w->cols * 4)
+        return NULL;
+    return w->data;
+}
+
+static void linear(const tlm_pass *p, float *y, int ldy, const float *x, int N, const tlm_weight *w,
+                   const float *b) {
+    const float *wf = bf16_weight(p, w);
+    if (wf)
+        k_bf16_linear_fwd(p->bf16, y, ldy, x, wf, b, N, (int)w->cols, (int)w->rows);
+    else
+        k_linear(y, ldy, x, N, w, b);
+}
+
+/* k_linear_parts in the pass's precision: one product over the stacked view when the biases stack
+ * too, else one per part. */
+static void linear_parts(const tlm_pass *p, float *y, int ldy, const float *x, int N,
+                         const tlm_weight *const *w, const float *const *b, int n,
+                         const tlm_weight *fused) {
+    int all = 1;
+    for (int i = 0; i < n; i++) all &= bf16_weight(p, w[i]) != NULL;
+    if (!all) {
+        k_linear_parts(y, ldy, x, N, w, b, n, fused);
+        return;
+    }
+    int stacked = fused && bf16_weight(p, fused);
+    const float *next = b[0];
+    for (int i = 0; i < n && stacked; i++) {
+        stacked = b[i] == next;
+        if (next) next += w[i]->rows;
+    }
+    if (stacked) {
+        k_bf16_linear_fwd(p->bf16, y, ldy, x, fused->data, b[0], N, (int)fused->cols,
+                          (int)fused->rows);
+        return;
+    }
+    int col = 0;
+    for (int i = 0; i < n; i++) {
+        k_bf16_linear_fwd(p->bf16, y + col, ldy, x, w[i]->data, b[i], N, (int)w[i]->cols,
+                          (int)w[i]->rows);
+        col += (int)w[i]->rows;
+    }
+}
+
+static void linear_bwd(const tlm_pass *p, float *dx, float *dw, float *db, const float *dy,
+                       const float *x, const float *w, int N, int in, int out, int acc) {
+    if (p->bf16)
+        k_bf16_linear_bwd(p->bf16, dx, dw, db, dy, x, w, N, in, out, acc);
+    else
+        k_linear_bwd(dx, dw, db, dy, x, w, N, in, out, acc);
+}
+
 /* Parameter and input gradients of stacked linear parts (q|k|v, gate|up). The gradients' flat
  * layout always stacks them; the weights may not be (parts of a file), then dx sums the parts'
  * products. */
-static void parts_bwd(float *dx, float *dW, float *db, const float *dy, const float *x,
-                      const tlm_weight *fused, const tlm_weight *const *w, int n, int N, int in,
-                      int out, int acc) {
+static void parts_bwd(const tlm_pass *p, float *dx, float *dW, float *db, const float *dy,
+                      const float *x, const tlm_weight *fused, const tlm_weight *const *w, int n,
+                      int N, int in, int out, int acc) {
     if (fused->data) {
-        k_linear_bwd(dx, dW, db, dy, x, fused->data, N, in, out, acc);
+        linear_bwd(p, dx, dW, db, dy, x, fused->data, N, in, out, acc);
         return;
     }
-    k_linear_bwd(NULL, dW, db, dy, x, NULL, N, in, out, acc);
+    linear_bwd(p, NULL, dW, db, dy, x, NULL, N, in, out, acc);
     int col = 0;
     for (int i = 0; i < n; i++) {
-        k_linear_bwd_dx(dx, dy + col, out, w[i]->data, N, in, (int)w[i]->rows, i ? 1.0f : 0.0f);
+        if (p->bf16)
+            k_bf16_linear_bwd_dx(p->bf16, dx, dy + col, out, w[i]->data, N, in, (int)w[i]->rows,
+                                 i ? 1.0f : 0.0f);
+        else
+            k_linear_bwd_dx(dx, dy + col, out, w[i]->data, N, in, (int)w[i]->rows, i ? 1.0f : 0.0f);
         col += (int)w[i]->rows;
     }
 }
@@ -87,10 +147,10 @@ static void attn_fwd(const tlm_model *m, int l, const tlm_pass *p, const tlm_blo
     int N = p->N, ld = tlm_qkv_width(c);
     const tlm_weight *w[3] = {W->wq, W->wk, W->wv};
     const float *bias[3] = {W->bq, W->bk, W->bv};
-    k_linear_parts(b->qkv, ld, in, N, w, bias, 3, W->qkv.data ? &W->qkv : NULL);
+    linear_parts(p, b->qkv, ld, in, N, w, bias, 3, W->qkv.data ? &W->qkv : NULL);
     rope(m, p, b->qkv, ld, 0);
     p->attend.fwd(p->attend.user, l, b->qkv, ld, b->att, N);
-    k_linear(b->attn_out, c->d_model, b->att, N, W->wo, W->bo);
+    linear(p, b->attn_out, c->d_model, b->att, N, W->wo, W->bo);
     if (dropping(m, p))
         k_dropout(b->attn_out, b->attn_out, (size_t)N * c->d_model, c->dropout,
                   tlm_drop_key(p, l, 1));
@@ -104,11 +164,11 @@ static void attn_bwd(const tlm_model *m, int l, const tlm_pass *p, const tlm_blo
     const tlm_layer_offsets *o = &m->off.layer[l];
     int N = p->N, d = c->d_model, qw = c->n_heads * (d / c->n_heads), ld = tlm_qkv_width(c);
     dout = undrop(m, p, g, dout, l, 1);
-    k_linear_bwd(g->datt, G + o->wo, tlm_at(G, o->bo), dout, b->att, W->wo->data, N, qw, d, acc);
+    linear_bwd(p, g->datt, G + o->wo, tlm_at(G, o->bo), dout, b->att, W->wo->data, N, qw, d, acc);
     p->attend.bwd(p->attend.user, l, b->qkv, ld, g->datt, g->dqkv, N);
     rope(m, p, g->dqkv, ld, 1);
     const tlm_weight *w[3] = {W->wq, W->wk, W->wv};
-    parts_bwd(din, G + o->wq, tlm_at(G, o->bq), g->dqkv, in, &W->qkv, w, 3, N, d, ld, acc);
+    parts_bwd(p, din, G + o->wq, tlm_at(G, o->bq), g->dqkv, in, &W->qkv, w, 3, N, d, ld, acc);
 }
 
 /* ---- feed-forward --------------------------------------------------------------------------- */
@@ -121,10 +181,10 @@ static void ffn_fwd(const tlm_model *m, int l, const tlm_pass *p, const tlm_bloc
     if (c->ffn == TLM_FFN_SWIGLU) {
         const tlm_weight *w[2] = {W->wgate, W->wup};
         const float *bias[2] = {W->bgate, W->bup};
-        k_linear_parts(b->ff_a, 2 * ff, in, N, w, bias, 2, W->gate_up.data ? &W->gate_up : NULL);
+        linear_parts(p, b->ff_a, 2 * ff, in, N, w, bias, 2, W->gate_up.data ? &W->gate_up : NULL);
         k_swiglu_rows_fwd(b->ff_h, b->ff_a, N, ff);
     } else {
-        k_linear(b->ff_a, ff, in, N, W->wup, W->bup);
+        linear(p, b->ff_a, ff, in, N, W->wup, W->bup);
         static const k_act forms[] = {K_ACT_SILU, K_ACT_GELU, K_ACT_GELU_TANH, K_ACT_RELU};
         /* Training keeps act' (in place of the pre-activations) for the backward pass. */
         if (p->training)
@@ -132,7 +192,7 @@ static void ffn_fwd(const tlm_model *m, int l, const tlm_pass *p, const tlm_bloc
         else
             k_act_fwd(b->ff_h, b->ff_a, (size_t)N * ff, forms[c->ffn]);
     }
-    k_linear(b->y, d, b->ff_h, N, W->wdown, W->bdown);
+    linear(p, b->y, d, b->ff_h, N, W->wdown, W->bdown);
     if (dropping(m, p)) k_dropout(b->y, b->y, (size_t)N * d, c->dropout, tlm_drop_key(p, l, 2));
 }
 
@@ -143,16 +203,17 @@ static void ffn_bwd(const tlm_model *m, int l, const tlm_pass *p, const tlm_bloc
     const tlm_layer_weights *W = &m->lw[l];
     const tlm_layer_offsets *o = &m->off.layer[l];
     int N = p->N, d = c->d_model, ff = c->d_ff;
-    k_linear_bwd(g->dff_h, G + o->wdown, tlm_at(G, o->bdown), dout, b->ff_h, W->wdown->data, N, ff,
-                 d, acc);
+    linear_bwd(p, g->dff_h, G + o->wdown, tlm_at(G, o->bdown), dout, b->ff_h, W->wdown->data, N, ff,
+               d, acc);
     if (c->ffn == TLM_FFN_SWIGLU) {
         k_swiglu_rows_bwd(g->dff_a, g->dff_h, b->ff_a, N, ff);
         const tlm_weight *w[2] = {W->wgate, W->wup};
-        parts_bwd(din, G + o->wgate, tlm_at(G, o->bgate), g->dff_a, in, &W->gate_up, w, 2, N, d,
+        parts_bwd(p, din, G + o->wgate, tlm_at(G, o->bgate), g->dff_a, in, &W->gate_up, w, 2, N, d,
                   2 * ff, acc);
     } else {
         k_mul(g->dff_h, g->dff_h, b->ff_a, (size_t)N * ff); /* the forward left act'(a) in ff_a */
-        k_linear_bwd(din, G + o->wup, tlm_at(G, o->bup), g->dff_h, in, W->wup->data, N, d, ff, acc);
+        linear_bwd(p, din, G + o->wup, tlm_at(G, o->bup), g->dff_h, in, W->wup->data, N, d, ff,
+                   acc);
     }
 }
 
@@ -259,6 +320,12 @@ void tlm_embed_bwd(const tlm_model *m, const tlm_pass *p, const int32_t *ids,
 
 void tlm_head_fwd(const tlm_model *m, const float *x, float *xn, float *xn_mean, float *xn_rstd,
                   float *logits, int N) {
+    tlm_pass fp32 = {0};
+    tlm_head_fwd_pass(m, &fp32, x, xn, xn_mean, xn_rstd, logits, N);
+}
+
+void tlm_head_fwd_pass(const tlm_model *m, const tlm_pass *p, const float *x, float *xn,
+                       float *xn_mean, float *xn_rstd, float *logits, int N) {
     const tlm_config *c = &m->c;
     const float *in = x;
     /* Post-norm blocks end normalized already; only pre-norm models have a final norm. */
@@ -266,18 +333,18 @@ void tlm_head_fwd(const tlm_model *m, const float *x, float *xn, float *xn_mean,
         norm_fwd(c, xn, xn_mean, xn_rstd, x, m->out_norm_w, m->out_norm_b, N);
         in = xn;
     }
-    k_linear(logits, c->vocab_size, in, N, m->out_w, NULL);
+    linear(p, logits, c->vocab_size, in, N, m->out_w, NULL);
 }
 
-void tlm_head_bwd(const tlm_model *m, const float *x, const float *xn, const float *xn_mean,
-                  const float *xn_rstd, const float *dlogits, const tlm_block_grads *g, float *G,
-                  int N, int acc) {
+void tlm_head_bwd(const tlm_model *m, const tlm_pass *p, const float *x, const float *xn,
+                  const float *xn_mean, const float *xn_rstd, const float *dlogits,
+                  const tlm_block_grads *g, float *G, int N, int acc) {
     const tlm_config *c = &m->c;
     int pre = c->norm_position == TLM_NORM_PRE;
     /* The gradient at the head's input goes to dres directly for post-norm, else via the norm. */
     float *dhead = pre ? g->dtmp : g->dres;
-    k_linear_bwd(dhead, G + m->off.out_w, NULL, dlogits, pre ? xn : x, m->out_w->data, N,
-                 c->d_model, c->vocab_size, acc);
+    linear_bwd(p, dhead, G + m->off.out_w, NULL, dlogits, pre ? xn : x, m->out_w->data, N,
+               c->d_model, c->vocab_size, acc);
     if (pre)
         norm_bwd(c, g->dres, G, m->off.out_norm_w, m->off.out_norm_b, m->out_norm_w, g->dtmp, x,
                  xn_mean, xn_rstd, N, acc);

@@ -36,14 +36,17 @@ typedef struct {
     void *user;
 } tlm_attend;
 
+struct k_bf16;
 /* What a pass over N rows is: their positions, whether it trains (keeps act' for the backward
- * pass and applies dropout with masks from (seed, step)), and its attention core. */
+ * pass and applies dropout with masks from (seed, step)), its attention core, and, when bf16 is not
+ * NULL, the state that runs its matrix products on bf16 operands (mixed precision; F32 weights). */
 typedef struct {
     int N;
     const int *pos; /* [N] */
     int training;
     uint64_t drop_seed, drop_step;
     tlm_attend attend;
+    struct k_bf16 *bf16;
 } tlm_pass;
 
 /* Row stride of the fused q|k|v buffers: H*hd + 2*KVH*hd. */
@@ -59,6 +62,9 @@ void tlm_block_fwd(const tlm_model *m, int layer, const tlm_pass *p, const tlm_b
  * when nothing needs x afterwards). */
 void tlm_head_fwd(const tlm_model *m, const float *x, float *xn, float *xn_mean, float *xn_rstd,
                   float *logits, int N);
+/* The same with the pass's precision (p->bf16). */
+void tlm_head_fwd_pass(const tlm_model *m, const tlm_pass *p, const float *x, float *xn,
+                       float *xn_mean, float *xn_rstd, float *logits, int N);
 
 /* Scratch of the backward pass, [N, ...] rows like the activations. */
 typedef struct {
@@ -76,9 +82,9 @@ typedef struct {
 void tlm_block_bwd(const tlm_model *m, int layer, const tlm_pass *p, const tlm_block_bufs *b,
                    const tlm_block_grads *g, float *G, int acc);
 /* The head's backward: dlogits [N, V] -> g->dres (gradient at the head's input x). */
-void tlm_head_bwd(const tlm_model *m, const float *x, const float *xn, const float *xn_mean,
-                  const float *xn_rstd, const float *dlogits, const tlm_block_grads *g, float *G,
-                  int N, int acc);
+void tlm_head_bwd(const tlm_model *m, const tlm_pass *p, const float *x, const float *xn,
+                  const float *xn_mean, const float *xn_rstd, const float *dlogits,
+                  const tlm_block_grads *g, float *G, int N, int acc);
 /* Embedding gradients from g->dres (rows of ids at p->pos). */
 void tlm_embed_bwd(const tlm_model *m, const tlm_pass *p, const int32_t *ids,
                    const tlm_block_grads *g, float *G, int acc);

@@ -29,6 +29,10 @@ struct tlm_train_ctx {
     float *att_scratch;
     size_t att_floats;
 
+    /* Mixed precision: bf16 is the products' state (NULL in fp32). */
+    tlm_precision precision;
+    struct k_bf16 *bf16;
+
     /* The pass running now. */
     tlm_pass pass;
     int curB, curT;

@@ -37,6 +37,7 @@ static void arena_free(tlm_train_ctx *x) {
 void tlm_train_ctx_free(tlm_train_ctx *x) {
     if (!x) return;
     tlm_ctx_free_replicas(x);
+    k_bf16_free(x->bf16);
     arena_free(x);
     tlm_ctx_free_grads(x);
     tlm_big_free(x->att_scratch, x->att_floats * sizeof(float));
@@ -51,6 +52,47 @@ void tlm_train_ctx_set_dropout_seed(tlm_train_ctx *x, uint64_t seed, uint64_t st
 }
 
 void tlm_train_ctx_set_data_parallel(tlm_train_ctx *x, int mode) { x->data_parallel = mode; }
+
+int tlm_bf16_supported(void) { return k_bf16_supported(); }
+
+const char *tlm_precision_name(tlm_precision p) {
+    return p == TLM_PRECISION_BF16 ? "bf16" : "fp32";
+}
+
+tlm_status tlm_precision_parse(const char *name, tlm_precision *out) {
+    if (name && !strcmp(name, "fp32")) {
+        *out = TLM_PRECISION_FP32;
+        return TLM_OK;
+    }
+    if (name && !strcmp(name, "bf16")) {
+        *out = TLM_PRECISION_BF16;
+        return TLM_OK;
+    }
+    return tlm_err(TLM_ERR_ARG, "unknown precision '%s' (fp32 or bf16)", name ? name : "(null)");
+}
+
+tlm_status tlm_train_ctx_set_precision(tlm_train_ctx *x, tlm_precision p) {
+    if (!x) return tlm_err(TLM_ERR_ARG, "set_precision: context must not be NULL");
+    if (p != TLM_PRECISION_FP32 && p != TLM_PRECISION_BF16)
+        return tlm_err(TLM_ERR_ARG, "set_precision: unknown precision %d", (int)p);
+    if (p == TLM_PRECISION_BF16 && !x->bf16) {
+        /* No emulation: rounding in software would make bf16 slower than fp32, for nothing. */
+        if (!k_bf16_supported())
+            return tlm_err(TLM_ERR_UNSUPPORTED,
+                           "bf16 precision needs a CPU with AVX-512 BF16 (avx512_bf16); this one "
+                           "has none: use fp32");
+        if (!(x->bf16 = k_bf16_new()))
+            return tlm_err(TLM_ERR_NOMEM, "bf16: could not set up oneDNN's CPU engine");
+    }
+    x->precision = p;
+    for (int r = 0; r < x->n_replicas; r++) {
+        tlm_status s = tlm_train_ctx_set_precision(x->replicas[r], p);
+        if (s) return s;
+    }
+    return TLM_OK;
+}
+
+tlm_precision tlm_train_ctx_precision(const tlm_train_ctx *x) { return x->precision; }
 
 /* Carves the arena: first pass (base == NULL) only counts floats, second pass assigns pointers. */
 static size_t carve(tlm_train_ctx *x, int B, int T, float *base) {
@@ -206,11 +248,15 @@ tlm_status tlm_ctx_forward(tlm_train_ctx *x, const int32_t *ids, int B, int T, i
     for (int r = 0; r < N; r++) x->pos[r] = pos0 + r % T;
     x->curB = B;
     x->curT = T;
+    k_bf16 *bf = x->precision == TLM_PRECISION_BF16 ? x->bf16 : NULL;
+    /* The weights may have changed since the last pass (an optimizer step). */
+    if (bf) k_bf16_next_pass(bf);
     x->pass = (tlm_pass){
-        N, x->pos, training, x->drop_seed, x->drop_step, {batch_attend_fwd, batch_attend_bwd, x}};
+        N, x->pos, training, x->drop_seed, x->drop_step, {batch_attend_fwd, batch_attend_bwd, x},
+        bf};
     tlm_embed_fwd(m, &x->pass, ids, x->layer[0].x);
     for (int l = 0; l < c->n_layers; l++) tlm_block_fwd(m, l, &x->pass, &x->layer[l]);
-    tlm_head_fwd(m, x->x_final, x->xn, x->xn_mean, x->xn_rstd, x->logits, N);
+    tlm_head_fwd_pass(m, &x->pass, x->x_final, x->xn, x->xn_mean, x->xn_rstd, x->logits, N);
     return TLM_OK;
 }
 

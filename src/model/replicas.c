@@ -46,7 +46,7 @@ static tlm_status make_replicas(tlm_train_ctx *x, int R) {
         x->replicas[r]->is_replica = 1;
         x->replicas[r]->data_parallel = 0;
     }
-    return TLM_OK;
+    return tlm_train_ctx_set_precision(x, x->precision);
 }
 
 /* Splitting the batch across threads, each running whole layers single-threaded, beats putting

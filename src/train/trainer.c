@@ -278,6 +278,7 @@ tlm_status tlm_trainer_new(tlm_model *m, const tlm_dataset *d, const tlm_train_o
     if (!t->ids || !t->tg || !t->grads || !t->ckpt || !t->model_path)
         s = tlm_err(TLM_ERR_NOMEM, "out of memory");
     if (!s) s = tlm_train_ctx_new(m, &t->x);
+    if (!s) s = tlm_train_ctx_set_precision(t->x, o->precision);
     if (!s) s = tlm_adamw_create_range(m, begin, end, &t->opt);
     t->st = (tlm_train_state){0, {0, 0}, o->seed};
     tlm_rng_seed(&t->st.rng, o->seed, 1);

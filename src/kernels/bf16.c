@@ -1,0 +1,310 @@
+/* Matrix products with bf16 operands and fp32 accumulation (mixed-precision training) through
+ * oneDNN's matmul, which runs them on vdpbf16ps where the CPU has avx512_bf16: on this Zen 5 about
+ * twice sgemm's rate on the products of a training step (bench/bf16). The operands are rounded to
+ * bf16 (nearest even) at each product; a weight is rounded once per pass (k_bf16_next_pass) and
+ * reused by the backward pass. Results are fp32, added to what C holds where the fp32 kernels add.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include <cblas.h>
+#include <immintrin.h>
+#include <omp.h>
+#include <oneapi/dnnl/dnnl.h>
+
+#include "kernels.h"
+
+int k_bf16_supported(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512f");
+#else
+    return 0;
+#endif
+}
+
+/* ---- rounding to bf16 ---------------------------------------------------------------------- */
+
+static uint16_t bf16_round(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    /* vcvtne2ps2bf16 flushes denormal inputs to zero: the tails do the same. */
+    if (!(u & 0x7f800000u)) return (uint16_t)((u >> 16) & 0x8000u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* vcvtne2ps2bf16 rounds to nearest even like bf16_round (NaNs stay NaNs, denormals become 0). */
+__attribute__((target("avx512f,avx512bf16"))) static void
+to_bf16_avx512(uint16_t *dst, const float *src, size_t n) {
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + i + 16), _mm512_loadu_ps(src + i));
+        _mm512_storeu_si512((void *)(dst + i), (__m512i)v);
+    }
+    for (; i < n; i++) dst[i] = bf16_round(src[i]);
+}
+
+void k_f32_to_bf16(uint16_t *dst, const float *src, size_t n) {
+    int fast = k_bf16_supported();
+    /* Chunks of 4096 floats keep every thread on whole cache lines of both arrays. */
+    long chunks = (long)((n + 4095) / 4096);
+#pragma omp parallel for schedule(static) if (n >= 4 * K_PAR_MIN)
+    for (long c = 0; c < chunks; c++) {
+        size_t i0 = (size_t)c * 4096, len = n - i0 < 4096 ? n - i0 : 4096;
+        if (fast)
+            to_bf16_avx512(dst + i0, src + i0, len);
+        else
+            for (size_t i = 0; i < len; i++) dst[i0 + i] = bf16_round(src[i0 + i]);
+    }
+}
+
+float k_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* ---- the context --------------------------------------------------------------------------- */
+
+/* One matmul primitive per layout: C[M, N] (+)= op(A)[M, K] op(B)[K, N], all row-major. */
+typedef struct {
+    int key[10];
+    dnnl_primitive_t prim;
+    dnnl_memory_t a, b, c;
+} mm;
+
+/* A weight's rounded copy, valid for the pass it was made in. */
+typedef struct {
+    const float *src;
+    size_t n;
+    uint16_t *bf;
+    unsigned pass;
+} wcopy;
+
+struct k_bf16 {
+    dnnl_engine_t eng;
+    dnnl_stream_t strm;
+    mm *mms;
+    int n_mms, cap_mms;
+    wcopy *w;
+    int n_w, cap_w;
+    unsigned pass;
+    uint16_t *buf[2]; /* rounded activations: the two operands of a product */
+    size_t buf_n[2];
+    long fallbacks;
+};
+
+k_bf16 *k_bf16_new(void) {
+    k_bf16 *k = calloc(1, sizeof *k);
+    if (!k) return NULL;
+    if (dnnl_engine_create(&k->eng, dnnl_cpu, 0) != dnnl_success) {
+        free(k);
+        return NULL;
+    }
+    if (dnnl_stream_create(&k->strm, k->eng, dnnl_stream_default_flags) != dnnl_success) {
+        dnnl_engine_destroy(k->eng);
+        free(k);
+        return NULL;
+    }
+    k->pass = 1;
+    return k;
+}
+
+void k_bf16_free(k_bf16 *k) {
+    if (!k) return;
+    for (int i = 0; i < k->n_mms; i++) {
+        dnnl_memory_destroy(k->mms[i].a);
+        dnnl_memory_destroy(k->mms[i].b);
+        dnnl_memory_destroy(k->mms[i].c);
+        dnnl_primitive_destroy(k->mms[i].prim);
+    }
+    free(k->mms);
+    for (int i = 0; i < k->n_w; i++) free(k->w[i].bf);
+    free(k->w);
+    free(k->buf[0]);
+    free(k->buf[1]);
+    dnnl_stream_destroy(k->strm);
+    dnnl_engine_destroy(k->eng);
+    free(k);
+}
+
+void k_bf16_next_pass(k_bf16 *k) { k->pass++; }
+
+long k_bf16_fallbacks(const k_bf16 *k) { return k->fallbacks; }
+
+static uint16_t *scratch(k_bf16 *k, int which, size_t n) {
+    if (k->buf_n[which] < n) {
+        free(k->buf[which]);
+        k->buf[which] = aligned_alloc(64, (n * 2 + 63) & ~(size_t)63);
+        k->buf_n[which] = k->buf[which] ? n : 0;
+    }
+    return k->buf[which];
+}
+
+static const uint16_t *round_to(k_bf16 *k, int which, const float *src, size_t n) {
+    uint16_t *d = scratch(k, which, n);
+    if (d) k_f32_to_bf16(d, src, n);
+    return d;
+}
+
+/* The weight's copy for this pass: rounded at its first use in the pass. */
+static const uint16_t *weight(k_bf16 *k, const float *w, size_t n) {
+    wcopy *e = NULL;
+    for (int i = 0; i < k->n_w; i++)
+        if (k->w[i].src == w && k->w[i].n == n) e = &k->w[i];
+    if (!e) {
+        if (k->n_w == k->cap_w) {
+            int cap = k->cap_w ? 2 * k->cap_w : 32;
+            wcopy *nw = realloc(k->w, (size_t)cap * sizeof *nw);
+            if (!nw) return NULL;
+            k->w = nw;
+            k->cap_w = cap;
+        }
+        uint16_t *bf = aligned_alloc(64, (n * 2 + 63) & ~(size_t)63);
+        if (!bf) return NULL;
+        e = &k->w[k->n_w++];
+        *e = (wcopy){w, n, bf, 0};
+    }
+    if (e->pass != k->pass) {
+        k_f32_to_bf16(e->bf, w, n);
+        e->pass = k->pass;
+    }
+    return e->bf;
+}
+
+/* A primitive divides its work among the threads oneDNN counted when it was made, and runs each
+ * share on the thread of that number in the team: the count is part of the key. */
+static mm *primitive(k_bf16 *k, int M, int N, int K, int ta, int lda, int tb, int ldb, int ldc,
+                     int add) {
+    int nthr = omp_in_parallel() ? 1 : omp_get_max_threads();
+    int key[10] = {M, N, K, ta, lda, tb, ldb, ldc, add, nthr};
+    for (int i = 0; i < k->n_mms; i++)
+        if (!memcmp(k->mms[i].key, key, sizeof key)) return &k->mms[i];
+    if (k->n_mms == k->cap_mms) {
+        int cap = k->cap_mms ? 2 * k->cap_mms : 16;
+        mm *n = realloc(k->mms, (size_t)cap * sizeof *n);
+        if (!n) return NULL;
+        k->mms = n;
+        k->cap_mms = cap;
+    }
+    dnnl_memory_desc_t amd, bmd, cmd;
+    dnnl_dims_t ad = {M, K}, bd = {K, N}, cd = {M, N};
+    /* A transposed is stored [K, M], B transposed [N, K]: strides say so, no copy. */
+    dnnl_dims_t as = {ta ? 1 : lda, ta ? lda : 1}, bs = {tb ? 1 : ldb, tb ? ldb : 1}, cs = {ldc, 1};
+    dnnl_matmul_desc_t md;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    mm r = {0};
+    memcpy(r.key, key, sizeof key);
+    int ok = dnnl_memory_desc_init_by_strides(&amd, 2, ad, dnnl_bf16, as) == dnnl_success &&
+             dnnl_memory_desc_init_by_strides(&bmd, 2, bd, dnnl_bf16, bs) == dnnl_success &&
+             dnnl_memory_desc_init_by_strides(&cmd, 2, cd, dnnl_f32, cs) == dnnl_success &&
+             dnnl_matmul_desc_init(&md, &amd, &bmd, NULL, &cmd) == dnnl_success &&
+             dnnl_primitive_attr_create(&attr) == dnnl_success;
+    if (ok && add)
+        ok = dnnl_post_ops_create(&po) == dnnl_success &&
+             dnnl_post_ops_append_sum(po, 1.0f) == dnnl_success &&
+             dnnl_primitive_attr_set_post_ops(attr, po) == dnnl_success;
+    ok = ok && dnnl_primitive_desc_create(&pd, &md, attr, k->eng, NULL) == dnnl_success &&
+         dnnl_primitive_create(&r.prim, pd) == dnnl_success &&
+         dnnl_memory_create(&r.a, &amd, k->eng, DNNL_MEMORY_NONE) == dnnl_success &&
+         dnnl_memory_create(&r.b, &bmd, k->eng, DNNL_MEMORY_NONE) == dnnl_success &&
+         dnnl_memory_create(&r.c, &cmd, k->eng, DNNL_MEMORY_NONE) == dnnl_success;
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (po) dnnl_post_ops_destroy(po);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    if (!ok) {
+        if (r.a) dnnl_memory_destroy(r.a);
+        if (r.b) dnnl_memory_destroy(r.b);
+        if (r.c) dnnl_memory_destroy(r.c);
+        if (r.prim) dnnl_primitive_destroy(r.prim);
+        return NULL;
+    }
+    k->mms[k->n_mms] = r;
+    return &k->mms[k->n_mms++];
+}
+
+static int run(k_bf16 *k, int M, int N, int K, const uint16_t *A, int ta, int lda,
+               const uint16_t *B, int tb, int ldb, float *C, int ldc, int add) {
+    mm *p = primitive(k, M, N, K, ta, lda, tb, ldb, ldc, add);
+    if (!p) return 0;
+    if (dnnl_memory_set_data_handle(p->a, (void *)A) != dnnl_success ||
+        dnnl_memory_set_data_handle(p->b, (void *)B) != dnnl_success ||
+        dnnl_memory_set_data_handle(p->c, C) != dnnl_success)
+        return 0;
+    dnnl_exec_arg_t args[3] = {
+        {DNNL_ARG_SRC, p->a}, {DNNL_ARG_WEIGHTS, p->b}, {DNNL_ARG_DST, p->c}};
+    if (dnnl_primitive_execute(p->prim, k->strm, 3, args) != dnnl_success) return 0;
+    return dnnl_stream_wait(k->strm) == dnnl_success;
+}
+
+/* C (+)= op(A) op(B) on rounded operands; 0 when oneDNN could not do it. A team shorter than the
+ * count a primitive was made for would leave the missing threads' shares undone (OMP_THREAD_LIMIT,
+ * dynamic teams), so the calling thread's count is capped and its teams fixed around the call. */
+static int gemm(k_bf16 *k, int M, int N, int K, const uint16_t *A, int ta, int lda,
+                const uint16_t *B, int tb, int ldb, float *C, int ldc, int add) {
+    if (!A || !B) return 0;
+    int dyn = omp_get_dynamic(), n = omp_get_max_threads(), limit = omp_get_thread_limit();
+    if (dyn) omp_set_dynamic(0);
+    if (limit > 0 && n > limit) omp_set_num_threads(limit);
+    int ok = run(k, M, N, K, A, ta, lda, B, tb, ldb, C, ldc, add);
+    if (limit > 0 && n > limit) omp_set_num_threads(n);
+    if (dyn) omp_set_dynamic(1);
+    return ok;
+}
+
+/* ---- the linear layer ---------------------------------------------------------------------- */
+
+void k_bf16_linear_fwd(k_bf16 *k, float *y, int ldy, const float *x, const float *w, const float *b,
+                       int N, int in, int out) {
+    if (b) {
+#pragma omp parallel for schedule(static) if ((long)N * out >= K_PAR_MIN)
+        for (int i = 0; i < N; i++)
+            for (int j = 0; j < out; j++) y[(size_t)i * ldy + j] = b[j];
+    }
+    const uint16_t *xb = round_to(k, 0, x, (size_t)N * in);
+    const uint16_t *wb = weight(k, w, (size_t)out * in);
+    if (gemm(k, N, out, in, xb, 0, in, wb, 1, in, y, ldy, b != NULL)) return;
+    k->fallbacks++;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, out, in, 1.0f, x, in, w, in,
+                b ? 1.0f : 0.0f, y, ldy);
+}
+
+void k_bf16_linear_bwd(k_bf16 *k, float *dx, float *dw, float *db, const float *dy, const float *x,
+                       const float *w, int N, int in, int out, int acc) {
+    const uint16_t *dyb = round_to(k, 0, dy, (size_t)N * out);
+    if (dx) {
+        const uint16_t *wb = weight(k, w, (size_t)out * in);
+        if (!gemm(k, N, in, out, dyb, 0, out, wb, 0, in, dx, in, 0)) {
+            k->fallbacks++;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, in, out, 1.0f, dy, out, w, in,
+                        0.0f, dx, in);
+        }
+    }
+    const uint16_t *xb = round_to(k, 1, x, (size_t)N * in);
+    if (!gemm(k, out, in, N, dyb, 1, out, xb, 0, in, dw, in, acc)) {
+        k->fallbacks++;
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, N, 1.0f, dy, out, x, in,
+                    acc ? 1.0f : 0.0f, dw, in);
+    }
+    if (db) k_colsum(db, dy, N, out, acc);
+}
+
+void k_bf16_linear_bwd_dx(k_bf16 *k, float *dx, const float *dy, int ldy, const float *w, int N,
+                          int in, int out, float beta) {
+    /* dy is a column block of a wider gradient (one part of stacked weights lying apart). */
+    uint16_t *dyb = scratch(k, 0, (size_t)N * out);
+    if (dyb)
+        for (int i = 0; i < N; i++) k_f32_to_bf16(dyb + (size_t)i * out, dy + (size_t)i * ldy, out);
+    const uint16_t *wb = weight(k, w, (size_t)out * in);
+    if (beta == 0.0f || beta == 1.0f) {
+        if (gemm(k, N, in, out, dyb, 0, out, wb, 0, in, dx, in, beta == 1.0f)) return;
+    }
+    k->fallbacks++;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, in, out, 1.0f, dy, ldy, w, in, beta,
+                dx, in);
+}
