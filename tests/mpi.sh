@@ -32,10 +32,12 @@ common=(-c "$tmp/cfg.json" --data "$tmp/text.txt" --char --batch 4 --lr 3e-3 --w
 
 # Column `key` of every log line as "step value".
 col() { sed -n "s/.*\"step\": \([0-9]*\).*\"$2\": \([-0-9.e]*\).*/\1 \2/p" "$1/log.jsonl"; }
-# Largest |difference| of a column between two runs, or "inf" if their steps differ.
+# Largest |difference| of a column between two runs (up to step $4 if given), or "inf" if their
+# steps differ.
 maxdiff() {
     paste -d' ' <(col "$1" "$3") <(col "$2" "$3") |
-        awk 'NF != 4 || $1 != $3 { print "inf"; exit } { d = $2 - $4; if (d < 0) d = -d; if (d > m) m = d }
+        awk -v last="${4:-0}" 'last > 0 && $1 > last { exit }
+             NF != 4 || $1 != $3 { print "inf"; exit } { d = $2 - $4; if (d < 0) d = -d; if (d > m) m = d }
              END { if (NR == 0) print "inf"; else if (m == "") print 0; else print m }'
 }
 # The ranks of a background launch (timeout -> mpirun -> ranks): mpirun's children.
@@ -89,7 +91,12 @@ expect "checkpoints agree too" cmp -s "$tmp/n2k1/checkpoint.safetensors" "$tmp/s
 
 # SIGTERM to one rank stops both after a save (exit 130); resuming with 2 processes ends bit for
 # bit where the straight run did, and resuming with 1 (elastic) follows the same curve.
-long=(--steps 400 --eval-interval 1000)
+# A wider model than the others use, so that 400 steps last over a second even on a quiet machine
+# and the signal arrives mid-run (the last -c wins).
+cat >"$tmp/cfg_long.json" <<'JSON'
+{"context_length": 32, "d_model": 128, "n_layers": 2, "n_heads": 2}
+JSON
+long=(-c "$tmp/cfg_long.json" --steps 400 --eval-interval 1000)
 mpi 2 $TLM train "${common[@]}" "${long[@]}" -o "$tmp/straight" 2>/dev/null
 stop_one_rank() { # outdir
     mpi 2 $TLM train "${common[@]}" "${long[@]}" -o "$1" 2>"$1.err" &
@@ -113,8 +120,10 @@ expect "resume with 2 processes exits 0 (got $rc)" test $rc -eq 0
 expect "stop + resume with the same N is bit for bit" cmp -s "$tmp/straight/model.safetensors" "$tmp/st/model.safetensors"
 $TLM train "${common[@]}" "${long[@]}" -o "$tmp/el" --resume 2>"$tmp/el.err"; rc=$?
 expect "elastic resume with 1 process exits 0 (got $rc: $(tail -2 "$tmp/el.err"))" test $rc -eq 0
-d=$(maxdiff "$tmp/straight" "$tmp/el" train_loss)
-expect "elastic resume (2 -> 1 processes) follows the curve: max |dloss| $d <= 1e-3" within "$d" 1e-3
+# Over the 40 steps after the stop, the horizon the split-independence bound is set for: two float
+# summation orders drift apart as training goes on (on this model to ~0.1 by step 400).
+d=$(maxdiff "$tmp/straight" "$tmp/el" train_loss $((steps + 40)))
+expect "elastic resume (2 -> 1 processes) follows the curve for 40 steps: max |dloss| $d <= 1e-3" within "$d" 1e-3
 mpi 3 $TLM train "${common[@]}" "${long[@]}" -o "$tmp/el" --resume 2>"$tmp/el3.err"; rc=$?
 expect "a batch 3 processes do not divide is refused (got $rc)" test $rc -ne 0
 expect "... saying so" grep -q "does not divide into 3 processes" "$tmp/el3.err"

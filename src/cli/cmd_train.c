@@ -395,18 +395,18 @@ static int train_main(int argc, char **argv) {
     int world = 1, rank = 0;
     if (dist_launched(&world, &rank)) {
         if (!dist_available()) {
-            if (rank == 0)
-                cli_fail("train: started by an MPI launcher (%d processes), but this tlm was built "
-                         "without MPI; install libopenmpi-dev (scripts/setup.sh) and rebuild, or "
-                         "run tlm train without mpirun",
-                         world);
-            return 1;
+            /* Rank 0 alone says why and fails the job; the others end quietly, so that mpirun
+             * cannot kill rank 0 for their failure before it has printed the reason. */
+            if (rank != 0) return 0;
+            return cli_fail("train: started by an MPI launcher (%d processes), but this tlm was "
+                            "built without MPI; install libopenmpi-dev (scripts/setup.sh) and "
+                            "rebuild, or run tlm train without mpirun",
+                            world);
         }
         if (o.batch % (world * (o.grad_accum > 1 ? o.grad_accum : 1)) != 0) {
-            if (rank == 0)
-                cli_fail("train: --batch %d does not divide into %d processes x --grad-accum %d",
-                         o.batch, world, o.grad_accum > 1 ? o.grad_accum : 1);
-            return 1;
+            if (rank != 0) return 0; /* as above: rank 0 fails the job */
+            return cli_fail("train: --batch %d does not divide into %d processes x --grad-accum %d",
+                            o.batch, world, o.grad_accum > 1 ? o.grad_accum : 1);
         }
         if (dist_init(&g_dist)) return cli_fail_status("train");
         world = dist_world(g_dist);
