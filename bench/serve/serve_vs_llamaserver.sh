@@ -36,7 +36,7 @@ case $MODEL in
   *) echo "MODEL is 15M or 110M"; exit 1 ;;
 esac
 read -r dim hidden layers heads seq <<<"$spec"
-gguf=$W/$MODEL.gguf
+gguf=$W/$MODEL-spm.gguf  # with the vocabulary (decode_vs_llamacpp.sh makes $MODEL.gguf without one)
 if [ ! -f "$gguf" ]; then
   /usr/bin/python3 "$ROOT/bench/formats/random_llama2c.py" "$W/$MODEL.bin" "$dim" "$hidden" \
     "$layers" "$heads" 32000 "$seq"
