@@ -213,23 +213,48 @@ T2 static void a2_q4_0(int n, float *s, const void *w, const void *xq) {
     *s = hsum8(acc);
 }
 
-/* Two blocks per 512-bit vector: lanes 0-7 hold the first block's sums, 8-15 the second's. */
+/* Four f16 scales 'stride' bytes apart, packed for one vcvtph2ps. */
+static inline long long f16x4(const uint8_t *p, size_t stride) {
+    uint16_t h[4];
+    for (int i = 0; i < 4; i++) memcpy(&h[i], p + i * stride, 2);
+    return (long long)((uint64_t)h[0] | (uint64_t)h[1] << 16 | (uint64_t)h[2] << 32 |
+                       (uint64_t)h[3] << 48);
+}
+
+/* The products d_w * d_x of four consecutive blocks, lanes 0-3 of the result. */
+T5 static inline __m512 dprod4(const uint8_t *wd, size_t wstride, const tlm_block_q8_0 *x) {
+    __m128 dw = _mm_cvtph_ps(_mm_cvtsi64_si128(f16x4(wd, wstride)));
+    __m128 dx = _mm_cvtph_ps(_mm_cvtsi64_si128(f16x4((const uint8_t *)&x->d, sizeof *x)));
+    return _mm512_castps128_ps512(_mm_mul_ps(dw, dx));
+}
+
+/* Four blocks per iteration, two per 512-bit vector: lanes 0-7 hold the first block's sums, 8-15
+ * the second's; the four scales are converted together and spread by one permute each, and the
+ * sums stay in two vector accumulators until the end. */
 T5 static void a5_q8_0(int n, float *s, const void *w, const void *xq) {
     const uint8_t *wb = w;
     const tlm_block_q8_0 *x = xq;
     int nb = n / TLM_QK, b = 0;
-    __m512 acc = _mm512_setzero_ps();
-    for (; b + 2 <= nb; b += 2, wb += 68) {
-        __m512i wv = join(_mm256_loadu_si256((const __m256i *)(wb + 2)),
+    const __m512i i01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i i23 = _mm512_add_epi32(i01, _mm512_set1_epi32(2));
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    for (; b + 4 <= nb; b += 4, wb += 4 * 34) {
+        __m512 d = dprod4(wb, 34, x + b);
+        __m512i w0 = join(_mm256_loadu_si256((const __m256i *)(wb + 2)),
                           _mm256_loadu_si256((const __m256i *)(wb + 36)));
-        __m512i xv = join(_mm256_loadu_si256((const __m256i *)x[b].qs),
+        __m512i w1 = join(_mm256_loadu_si256((const __m256i *)(wb + 70)),
+                          _mm256_loadu_si256((const __m256i *)(wb + 104)));
+        __m512i x0 = join(_mm256_loadu_si256((const __m256i *)x[b].qs),
                           _mm256_loadu_si256((const __m256i *)x[b + 1].qs));
-        __m512 d = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(f16s(wb) * _cvtsh_ss(x[b].d)),
-                                        _mm512_set1_ps(f16s(wb + 34) * _cvtsh_ss(x[b + 1].d)));
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_ss5(wv, xv)), d, acc);
+        __m512i x1 = join(_mm256_loadu_si256((const __m256i *)x[b + 2].qs),
+                          _mm256_loadu_si256((const __m256i *)x[b + 3].qs));
+        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_ss5(w0, x0)), _mm512_permutexvar_ps(i01, d),
+                               acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_ss5(w1, x1)), _mm512_permutexvar_ps(i23, d),
+                               acc1);
     }
-    float r = _mm512_reduce_add_ps(acc);
-    if (b < nb) {
+    float r = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+    for (; b < nb; b++, wb += 34) {
         __m256i p = dot_ss5y(_mm256_loadu_si256((const __m256i *)(wb + 2)),
                              _mm256_loadu_si256((const __m256i *)x[b].qs));
         r += (float)hsum8i(p) * (f16s(wb) * _cvtsh_ss(x[b].d));
@@ -237,23 +262,42 @@ T5 static void a5_q8_0(int n, float *s, const void *w, const void *xq) {
     *s = r;
 }
 
+/* The nibbles of two Q4_0 blocks (qs at p and p + 18) as unsigned bytes, in the order of the two
+ * activation blocks' 64 bytes: block 0's low nibbles, its high ones, block 1's low, its high. */
+T5 static inline __m512i nibbles64(const uint8_t *p) {
+    __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p)),
+                                        _mm_loadu_si128((const __m128i *)(p + 18)), 1);
+    __m512i j = join(v, _mm256_srli_epi16(v, 4));
+    j = _mm512_and_si512(j, _mm512_set1_epi8(0x0F));
+    return _mm512_shuffle_i64x2(j, j, _MM_SHUFFLE(3, 1, 2, 0));
+}
+
+/* As Q8_0, the weights unsigned (0..15) straight into VNNI and the offset of 8 taken off through
+ * the activation's sums: sum (q - 8) x = sum q x - sum 8 x. */
 T5 static void a5_q4_0(int n, float *s, const void *w, const void *xq) {
     const uint8_t *wb = w;
     const tlm_block_q8_0 *x = xq;
     int nb = n / TLM_QK, b = 0;
     const __m256i eight = _mm256_set1_epi8(8);
-    __m512 acc = _mm512_setzero_ps();
-    for (; b + 2 <= nb; b += 2, wb += 36) {
-        __m512i wv = join(_mm256_sub_epi8(nibbles32(wb + 2), eight),
-                          _mm256_sub_epi8(nibbles32(wb + 20), eight));
-        __m512i xv = join(_mm256_loadu_si256((const __m256i *)x[b].qs),
+    const __m512i eight5 = _mm512_set1_epi8(8);
+    const __m512i i01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i i23 = _mm512_add_epi32(i01, _mm512_set1_epi32(2));
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    for (; b + 4 <= nb; b += 4, wb += 4 * 18) {
+        __m512 d = dprod4(wb, 18, x + b);
+        __m512i x0 = join(_mm256_loadu_si256((const __m256i *)x[b].qs),
                           _mm256_loadu_si256((const __m256i *)x[b + 1].qs));
-        __m512 d = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(f16s(wb) * _cvtsh_ss(x[b].d)),
-                                        _mm512_set1_ps(f16s(wb + 18) * _cvtsh_ss(x[b + 1].d)));
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_ss5(wv, xv)), d, acc);
+        __m512i x1 = join(_mm256_loadu_si256((const __m256i *)x[b + 2].qs),
+                          _mm256_loadu_si256((const __m256i *)x[b + 3].qs));
+        __m512i p0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), nibbles64(wb + 2), x0);
+        __m512i p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), nibbles64(wb + 38), x1);
+        p0 = _mm512_sub_epi32(p0, _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight5, x0));
+        p1 = _mm512_sub_epi32(p1, _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight5, x1));
+        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_permutexvar_ps(i01, d), acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_permutexvar_ps(i23, d), acc1);
     }
-    float r = _mm512_reduce_add_ps(acc);
-    if (b < nb) {
+    float r = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+    for (; b < nb; b++, wb += 18) {
         __m256i p = dot_ss5y(_mm256_sub_epi8(nibbles32(wb + 2), eight),
                              _mm256_loadu_si256((const __m256i *)x[b].qs));
         r += (float)hsum8i(p) * (f16s(wb) * _cvtsh_ss(x[b].d));
