@@ -86,6 +86,8 @@ static float widen_dot(tlm_dtype t, const uint8_t *w, const float *x, int in) {
     return acc;
 }
 
+#define K_TYPED_PAR_MIN (1L << 19)
+
 /* Parts of several types: each non-F32 type's dot product (qdot.h) over activation rows prepared
  * once per kind. */
 static void matvec_typed(float *y, int ldy, const float *x, int M, int in,
@@ -125,7 +127,9 @@ static void matvec_typed(float *y, int ldy, const float *x, int M, int in,
         if (kind == K_ACT_F32) rbs[p] = (size_t)in * sizeof(float);
     }
     long units = first[n];
-#pragma omp parallel for schedule(static) if (work * M * in >= 65536)
+    /* A decode step's typed rows cost a few ns each; waking the team (passive waits: a futex per
+     * thread) costs tens of microseconds, which only the larger products repay. */
+#pragma omp parallel for schedule(static) if (work * M * in >= K_TYPED_PAR_MIN)
     for (long u = 0; u < units; u++) {
         int p = 0;
         while (u >= first[p + 1]) p++;
