@@ -576,6 +576,7 @@ T5 static void a5_q6_k(int n, float *s, const void *w, const void *xq) {
     /* int16 lane i of the r-th 64-element run belongs to sub-block 4r + i / 8 */
     const __m512i idx0 = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1,
                                           1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
     const __m512i four = _mm512_set1_epi16(4);
     __m256 acc = _mm256_setzero_ps();
     for (int b = 0; b < n / TLM_QK_K; b++, wb += sizeof(tlm_block_q6_k)) {
@@ -584,11 +585,19 @@ T5 static void a5_q6_k(int n, float *s, const void *w, const void *xq) {
         __m256i off = _mm256_madd_epi16(s16, _mm256_loadu_si256((const __m256i *)x[b].bsums));
         __m512i isum = _mm512_setzero_si512(), idx = idx0;
         for (int h = 0; h < 2; h++) {
-            __m256i q[4];
-            q6k_half(wb + 64 * h, wb + 128 + 32 * h, q);
+            /* q1 | q2 from the low nibbles of ql's 64 bytes, q3 | q4 from the high ones; their top
+             * bits are bits 0-1 | 2-3 and 4-5 | 6-7 of qh */
+            __m512i L = _mm512_loadu_si512(wb + 64 * h);
+            __m256i hb = _mm256_loadu_si256((const __m256i *)(wb + 128 + 32 * h));
+            __m512i H = join(hb, _mm256_srli_epi16(hb, 2));
+            __m512i qv[2];
+            qv[0] = _mm512_or_si512(_mm512_and_si512(L, m4),
+                                    _mm512_and_si512(_mm512_slli_epi16(H, 4), m30));
+            qv[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(L, 4), m4),
+                                    _mm512_and_si512(H, m30));
             for (int z = 0; z < 2; z++) {
-                __m512i p = _mm512_maddubs_epi16(join(q[2 * z], q[2 * z + 1]),
-                                                 _mm512_loadu_si512(x[b].qs + 128 * h + 64 * z));
+                __m512i p =
+                    _mm512_maddubs_epi16(qv[z], _mm512_loadu_si512(x[b].qs + 128 * h + 64 * z));
                 isum =
                     _mm512_add_epi32(isum, _mm512_madd_epi16(p, _mm512_permutexvar_epi16(idx, sc)));
                 idx = _mm512_add_epi16(idx, four);
