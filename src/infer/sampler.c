@@ -190,11 +190,22 @@ tlm_status tlm_sample(tlm_sampler *s, const float *logits, int32_t *id) {
     if (!s || !logits || !id) return tlm_err(TLM_ERR_ARG, "sample: NULL argument");
     int V = s->V;
     if (s->penalize && s->n_hist) logits = penalized(s, logits);
+    /* The first index of the largest logit above -inf: a branch-free pass for the maximum (and
+     * whether any logit is NaN), then the first index holding it. */
     int32_t best = -1;
+    float top = -INFINITY;
+    int nan = 0;
     for (int32_t i = 0; i < V; i++) {
-        if (isnan(logits[i])) return tlm_err(TLM_ERR_NUMERIC, "sample: logit %d is NaN", i);
-        if (logits[i] > -INFINITY && (best < 0 || logits[i] > logits[best])) best = i;
+        float l = logits[i];
+        nan |= l != l;
+        top = l > top ? l : top;
     }
+    if (nan)
+        for (int32_t i = 0; i < V; i++)
+            if (isnan(logits[i])) return tlm_err(TLM_ERR_NUMERIC, "sample: logit %d is NaN", i);
+    if (top > -INFINITY)
+        for (best = 0; logits[best] != top; best++) {
+        }
     if (best < 0 || isinf(logits[best]))
         return tlm_err(TLM_ERR_NUMERIC, "sample: the logits hold no finite maximum");
     if (s->o.temperature == 0.0f) {

@@ -86,6 +86,8 @@ static float widen_dot(tlm_dtype t, const uint8_t *w, const float *x, int in) {
     return acc;
 }
 
+#define K_TYPED_PAR_MIN (1L << 19)
+
 /* Parts of several types: each non-F32 type's dot product (qdot.h) over activation rows prepared
  * once per kind. */
 static void matvec_typed(float *y, int ldy, const float *x, int M, int in,
@@ -110,35 +112,47 @@ static void matvec_typed(float *y, int ldy, const float *x, int M, int in,
                 k_act_quantize((k_act_kind)k, x + (size_t)m * in, act + off[k] + m * rb, in);
         }
     }
+    /* What each part's rows need, worked out once here rather than per unit or per row. */
     long first[K_LINEAR_MAX_PARTS + 1];
+    k_vdot_fn dots[K_LINEAR_MAX_PARTS];
+    const uint8_t *acts[K_LINEAR_MAX_PARTS];
+    size_t rbs[K_LINEAR_MAX_PARTS];
     first[0] = 0;
-    for (int p = 0; p < n; p++) first[p + 1] = first[p] + (parts[p].out + 3) / 4;
+    for (int p = 0; p < n; p++) {
+        first[p + 1] = first[p] + (parts[p].out + 3) / 4;
+        k_act_kind kind = k_act_of(parts[p].dtype);
+        dots[p] = k_vdot(parts[p].dtype);
+        rbs[p] = (k_act_row_bytes(parts[p].dtype, in) + 63) & ~(size_t)63;
+        acts[p] = kind == K_ACT_F32 ? (const uint8_t *)x : act ? act + off[kind] : NULL;
+        if (kind == K_ACT_F32) rbs[p] = (size_t)in * sizeof(float);
+    }
     long units = first[n];
-#pragma omp parallel for schedule(static) if (work * M * in >= 65536)
+    /* A decode step's typed rows cost a few ns each; waking the team (passive waits: a futex per
+     * thread) costs tens of microseconds, which only the larger products repay. */
+#pragma omp parallel for schedule(static) if (work * M * in >= K_TYPED_PAR_MIN)
     for (long u = 0; u < units; u++) {
         int p = 0;
         while (u >= first[p + 1]) p++;
         const k_matvec_part *P = &parts[p];
         int j = (int)(u - first[p]) * 4, rows = P->out - j < 4 ? P->out - j : 4;
-        k_act_kind kind = k_act_of(P->dtype);
-        k_vdot_fn dot = k_vdot(P->dtype);
-        size_t rb = (k_act_row_bytes(P->dtype, in) + 63) & ~(size_t)63;
-        for (int k = 0; k < rows; k++) {
-            const uint8_t *wr = (const uint8_t *)P->w + (size_t)(j + k) * P->row_bytes;
-            for (int m = 0; m < M; m++) {
-                const float *xm = x + (size_t)m * in;
-                float r;
+        k_vdot_fn dot = dots[p];
+        const uint8_t *a = acts[p];
+        size_t rb = rbs[p];
+        const uint8_t *w0 = (const uint8_t *)P->w + (size_t)j * P->row_bytes;
+        for (int m = 0; m < M; m++) {
+            const float *xm = x + (size_t)m * in;
+            float r[4];
+            for (int k = 0; k < rows; k++) {
+                const uint8_t *wr = w0 + (size_t)k * P->row_bytes;
                 if (P->dtype == TLM_DTYPE_F32)
-                    r = dot1((const float *)(const void *)wr, xm, in);
-                else if (kind == K_ACT_F32)
-                    dot(in, &r, wr, xm);
-                else if (act)
-                    dot(in, &r, wr, act + off[kind] + m * rb);
+                    r[k] = dot1((const float *)(const void *)wr, xm, in);
+                else if (a)
+                    dot(in, &r[k], wr, a + m * rb);
                 else
-                    r = widen_dot(P->dtype, wr, xm, in);
-                float *ym = y + (size_t)m * ldy + P->col + j;
-                ym[k] = P->b ? r + P->b[j + k] : r;
+                    r[k] = widen_dot(P->dtype, wr, xm, in);
             }
+            float *ym = y + (size_t)m * ldy + P->col + j;
+            for (int k = 0; k < rows; k++) ym[k] = P->b ? r[k] + P->b[j + k] : r[k];
         }
     }
 }

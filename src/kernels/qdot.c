@@ -61,7 +61,10 @@ void k_act_quantize(k_act_kind kind, const float *x, void *xq, int n) {
         tlm_block_q8_0 *y = xq;
         for (int b = 0; b < n / TLM_QK; b++, x += TLM_QK) {
             float amax = 0.0f;
-            for (int i = 0; i < TLM_QK; i++) amax = fmaxf(amax, fabsf(x[i]));
+            for (int i = 0; i < TLM_QK; i++) {
+                float a = fabsf(x[i]);
+                amax = a > amax ? a : amax;
+            }
             float id = amax != 0.0f ? 127.0f / amax : 0.0f;
             y[b].d = tlm_f32_to_f16(amax / 127.0f);
             for (int i = 0; i < TLM_QK; i++) y[b].qs[i] = (int8_t)nearest_int(x[i] * id);

@@ -213,23 +213,48 @@ T2 static void a2_q4_0(int n, float *s, const void *w, const void *xq) {
     *s = hsum8(acc);
 }
 
-/* Two blocks per 512-bit vector: lanes 0-7 hold the first block's sums, 8-15 the second's. */
+/* Four f16 scales 'stride' bytes apart, packed for one vcvtph2ps. */
+static inline long long f16x4(const uint8_t *p, size_t stride) {
+    uint16_t h[4];
+    for (int i = 0; i < 4; i++) memcpy(&h[i], p + i * stride, 2);
+    return (long long)((uint64_t)h[0] | (uint64_t)h[1] << 16 | (uint64_t)h[2] << 32 |
+                       (uint64_t)h[3] << 48);
+}
+
+/* The products d_w * d_x of four consecutive blocks, lanes 0-3 of the result. */
+T5 static inline __m512 dprod4(const uint8_t *wd, size_t wstride, const tlm_block_q8_0 *x) {
+    __m128 dw = _mm_cvtph_ps(_mm_cvtsi64_si128(f16x4(wd, wstride)));
+    __m128 dx = _mm_cvtph_ps(_mm_cvtsi64_si128(f16x4((const uint8_t *)&x->d, sizeof *x)));
+    return _mm512_castps128_ps512(_mm_mul_ps(dw, dx));
+}
+
+/* Four blocks per iteration, two per 512-bit vector: lanes 0-7 hold the first block's sums, 8-15
+ * the second's; the four scales are converted together and spread by one permute each, and the
+ * sums stay in two vector accumulators until the end. */
 T5 static void a5_q8_0(int n, float *s, const void *w, const void *xq) {
     const uint8_t *wb = w;
     const tlm_block_q8_0 *x = xq;
     int nb = n / TLM_QK, b = 0;
-    __m512 acc = _mm512_setzero_ps();
-    for (; b + 2 <= nb; b += 2, wb += 68) {
-        __m512i wv = join(_mm256_loadu_si256((const __m256i *)(wb + 2)),
+    const __m512i i01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i i23 = _mm512_add_epi32(i01, _mm512_set1_epi32(2));
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    for (; b + 4 <= nb; b += 4, wb += 4 * 34) {
+        __m512 d = dprod4(wb, 34, x + b);
+        __m512i w0 = join(_mm256_loadu_si256((const __m256i *)(wb + 2)),
                           _mm256_loadu_si256((const __m256i *)(wb + 36)));
-        __m512i xv = join(_mm256_loadu_si256((const __m256i *)x[b].qs),
+        __m512i w1 = join(_mm256_loadu_si256((const __m256i *)(wb + 70)),
+                          _mm256_loadu_si256((const __m256i *)(wb + 104)));
+        __m512i x0 = join(_mm256_loadu_si256((const __m256i *)x[b].qs),
                           _mm256_loadu_si256((const __m256i *)x[b + 1].qs));
-        __m512 d = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(f16s(wb) * _cvtsh_ss(x[b].d)),
-                                        _mm512_set1_ps(f16s(wb + 34) * _cvtsh_ss(x[b + 1].d)));
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_ss5(wv, xv)), d, acc);
+        __m512i x1 = join(_mm256_loadu_si256((const __m256i *)x[b + 2].qs),
+                          _mm256_loadu_si256((const __m256i *)x[b + 3].qs));
+        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_ss5(w0, x0)), _mm512_permutexvar_ps(i01, d),
+                               acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_ss5(w1, x1)), _mm512_permutexvar_ps(i23, d),
+                               acc1);
     }
-    float r = _mm512_reduce_add_ps(acc);
-    if (b < nb) {
+    float r = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+    for (; b < nb; b++, wb += 34) {
         __m256i p = dot_ss5y(_mm256_loadu_si256((const __m256i *)(wb + 2)),
                              _mm256_loadu_si256((const __m256i *)x[b].qs));
         r += (float)hsum8i(p) * (f16s(wb) * _cvtsh_ss(x[b].d));
@@ -237,23 +262,42 @@ T5 static void a5_q8_0(int n, float *s, const void *w, const void *xq) {
     *s = r;
 }
 
+/* The nibbles of two Q4_0 blocks (qs at p and p + 18) as unsigned bytes, in the order of the two
+ * activation blocks' 64 bytes: block 0's low nibbles, its high ones, block 1's low, its high. */
+T5 static inline __m512i nibbles64(const uint8_t *p) {
+    __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p)),
+                                        _mm_loadu_si128((const __m128i *)(p + 18)), 1);
+    __m512i j = join(v, _mm256_srli_epi16(v, 4));
+    j = _mm512_and_si512(j, _mm512_set1_epi8(0x0F));
+    return _mm512_shuffle_i64x2(j, j, _MM_SHUFFLE(3, 1, 2, 0));
+}
+
+/* As Q8_0, the weights unsigned (0..15) straight into VNNI and the offset of 8 taken off through
+ * the activation's sums: sum (q - 8) x = sum q x - sum 8 x. */
 T5 static void a5_q4_0(int n, float *s, const void *w, const void *xq) {
     const uint8_t *wb = w;
     const tlm_block_q8_0 *x = xq;
     int nb = n / TLM_QK, b = 0;
     const __m256i eight = _mm256_set1_epi8(8);
-    __m512 acc = _mm512_setzero_ps();
-    for (; b + 2 <= nb; b += 2, wb += 36) {
-        __m512i wv = join(_mm256_sub_epi8(nibbles32(wb + 2), eight),
-                          _mm256_sub_epi8(nibbles32(wb + 20), eight));
-        __m512i xv = join(_mm256_loadu_si256((const __m256i *)x[b].qs),
+    const __m512i eight5 = _mm512_set1_epi8(8);
+    const __m512i i01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i i23 = _mm512_add_epi32(i01, _mm512_set1_epi32(2));
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    for (; b + 4 <= nb; b += 4, wb += 4 * 18) {
+        __m512 d = dprod4(wb, 18, x + b);
+        __m512i x0 = join(_mm256_loadu_si256((const __m256i *)x[b].qs),
                           _mm256_loadu_si256((const __m256i *)x[b + 1].qs));
-        __m512 d = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(f16s(wb) * _cvtsh_ss(x[b].d)),
-                                        _mm512_set1_ps(f16s(wb + 18) * _cvtsh_ss(x[b + 1].d)));
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_ss5(wv, xv)), d, acc);
+        __m512i x1 = join(_mm256_loadu_si256((const __m256i *)x[b + 2].qs),
+                          _mm256_loadu_si256((const __m256i *)x[b + 3].qs));
+        __m512i p0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), nibbles64(wb + 2), x0);
+        __m512i p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), nibbles64(wb + 38), x1);
+        p0 = _mm512_sub_epi32(p0, _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight5, x0));
+        p1 = _mm512_sub_epi32(p1, _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight5, x1));
+        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_permutexvar_ps(i01, d), acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_permutexvar_ps(i23, d), acc1);
     }
-    float r = _mm512_reduce_add_ps(acc);
-    if (b < nb) {
+    float r = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+    for (; b < nb; b++, wb += 18) {
         __m256i p = dot_ss5y(_mm256_sub_epi8(nibbles32(wb + 2), eight),
                              _mm256_loadu_si256((const __m256i *)x[b].qs));
         r += (float)hsum8i(p) * (f16s(wb) * _cvtsh_ss(x[b].d));
@@ -412,31 +456,64 @@ T2 static void a2_q45k(int n, float *s, const void *w, const void *xq, int five)
 T2 static void a2_q4_k(int n, float *s, const void *w, const void *xq) { a2_q45k(n, s, w, xq, 0); }
 T2 static void a2_q5_k(int n, float *s, const void *w, const void *xq) { a2_q45k(n, s, w, xq, 1); }
 
+/* The 8 six-bit scales (bytes 0-7) and mins (bytes 8-15) of a Q4_K / Q5_K super-block, as
+ * llama.cpp unpacks them with 32-bit masks. */
+static inline void q45k_unpack(const uint8_t *scales, uint32_t u[4]) {
+    const uint32_t km1 = 0x3f3f3f3f, km2 = 0x0f0f0f0f, km3 = 0x03030303;
+    memcpy(u, scales, 12);
+    u[3] = ((u[2] >> 4) & km2) | (((u[1] >> 6) & km3) << 4);
+    uint32_t a = u[1] & km1;
+    u[1] = (u[2] & km2) | (((u[0] >> 6) & km3) << 4);
+    u[2] = a;
+    u[0] &= km1;
+}
+
+/* Per 64 elements one maddubs (q <= 31, |x| <= 127: pairs fit int16) and one madd by the
+ * sub-blocks' scales as int16 (a permute of the 8 scales); the mins through the activation's
+ * pair sums, in a 256-bit vector; both accumulators in floats until the end. */
 T5 static void a5_q45k(int n, float *s, const void *w, const void *xq, int five) {
     const uint8_t *wb = w;
     const k_block_q8_k *x = xq;
     size_t bytes = five ? sizeof(tlm_block_q5_k) : sizeof(tlm_block_q4_k);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    /* int16 lanes 0-15 take scale 2g, 16-31 scale 2g + 1 */
+    const __m512i ig = _mm512_set_epi16(1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0,
+                                        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i two = _mm512_set1_epi16(2);
     __m512 acc = _mm512_setzero_ps();
-    float accm = 0.0f;
+    __m256 accm = _mm256_setzero_ps();
     for (int b = 0; b < n / TLM_QK_K; b++, wb += bytes) {
-        uint8_t sc[8];
-        int summ = q45k_scales(wb + 4, x[b].bsums, sc);
+        uint32_t u[4];
+        q45k_unpack(wb + 4, u);
+        __m128i sm = _mm_loadu_si128((const __m128i *)u);
+        __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(sm));
+        /* mins, each twice, against the 16 sums of 16 */
+        __m128i mn = _mm_unpackhi_epi8(_mm_unpackhi_epi64(sm, sm), _mm_unpackhi_epi64(sm, sm));
+        __m256i mterm = _mm256_madd_epi16(_mm256_cvtepu8_epi16(mn),
+                                          _mm256_loadu_si256((const __m256i *)x[b].bsums));
         const uint8_t *qh = five ? wb + 16 : NULL, *q = wb + (five ? 48 : 16);
-        __m512i isum = _mm512_setzero_si512();
+        __m512i isum = _mm512_setzero_si512(), idx = ig;
         for (int g = 0; g < 4; g++) {
-            __m256i lo, hi;
-            q45k_group(q + 32 * g, qh, g, &lo, &hi);
-            __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), join(lo, hi),
-                                            _mm512_loadu_si512(x[b].qs + 64 * g));
-            __m512i scv = _mm512_mask_blend_epi32(0xFF00, _mm512_set1_epi32(sc[2 * g]),
-                                                  _mm512_set1_epi32(sc[2 * g + 1]));
-            isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(p, scv));
+            __m512i qv;
+            if (qh) {
+                __m256i lo, hi;
+                q45k_group(q + 32 * g, qh, g, &lo, &hi);
+                qv = join(lo, hi);
+            } else {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * g));
+                qv = _mm512_and_si512(join(v, _mm256_srli_epi16(v, 4)), m4);
+            }
+            __m512i p = _mm512_maddubs_epi16(qv, _mm512_loadu_si512(x[b].qs + 64 * g));
+            isum =
+                _mm512_add_epi32(isum, _mm512_madd_epi16(p, _mm512_permutexvar_epi16(idx, sc16)));
+            idx = _mm512_add_epi16(idx, two);
         }
-        float d = x[b].d * f16s(wb);
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(d), acc);
-        accm += x[b].d * f16s(wb + 2) * (float)summ;
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(x[b].d * f16s(wb)), acc);
+        accm =
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(mterm), _mm256_set1_ps(x[b].d * f16s(wb + 2)), accm);
     }
-    *s = _mm512_reduce_add_ps(acc) - accm;
+    __m256 lo = _mm512_castps512_ps256(acc), hi = _mm512_extractf32x8_ps(acc, 1);
+    *s = hsum8(_mm256_sub_ps(_mm256_add_ps(lo, hi), accm));
 }
 T5 static void a5_q4_k(int n, float *s, const void *w, const void *xq) { a5_q45k(n, s, w, xq, 0); }
 T5 static void a5_q5_k(int n, float *s, const void *w, const void *xq) { a5_q45k(n, s, w, xq, 1); }
@@ -490,33 +567,48 @@ T2 static void a2_q6_k(int n, float *s, const void *w, const void *xq) {
     *s = r;
 }
 
+/* Per 64 elements one maddubs (q <= 63) and one madd by the four sub-blocks' scales as int16;
+ * the offset of 32 through the activation's sums, all in vectors, floats accumulated across
+ * super-blocks. */
 T5 static void a5_q6_k(int n, float *s, const void *w, const void *xq) {
     const uint8_t *wb = w;
     const k_block_q8_k *x = xq;
-    /* Lane i of the z-th 64-element run belongs to sub-block 4z + i / 4. */
-    const __m512i idx0 = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-    const __m512i four = _mm512_set1_epi32(4);
-    float r = 0.0f;
+    /* int16 lane i of the r-th 64-element run belongs to sub-block 4r + i / 8 */
+    const __m512i idx0 = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1,
+                                          1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    const __m512i four = _mm512_set1_epi16(4);
+    __m256 acc = _mm256_setzero_ps();
     for (int b = 0; b < n / TLM_QK_K; b++, wb += sizeof(tlm_block_q6_k)) {
-        const int8_t *sc = (const int8_t *)(wb + 192);
-        __m512i s16 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)sc));
+        __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wb + 192)));
+        __m512i sc = _mm512_castsi256_si512(s16);
+        __m256i off = _mm256_madd_epi16(s16, _mm256_loadu_si256((const __m256i *)x[b].bsums));
         __m512i isum = _mm512_setzero_si512(), idx = idx0;
         for (int h = 0; h < 2; h++) {
-            __m256i q[4];
-            q6k_half(wb + 64 * h, wb + 128 + 32 * h, q);
+            /* q1 | q2 from the low nibbles of ql's 64 bytes, q3 | q4 from the high ones; their top
+             * bits are bits 0-1 | 2-3 and 4-5 | 6-7 of qh */
+            __m512i L = _mm512_loadu_si512(wb + 64 * h);
+            __m256i hb = _mm256_loadu_si256((const __m256i *)(wb + 128 + 32 * h));
+            __m512i H = join(hb, _mm256_srli_epi16(hb, 2));
+            __m512i qv[2];
+            qv[0] = _mm512_or_si512(_mm512_and_si512(L, m4),
+                                    _mm512_and_si512(_mm512_slli_epi16(H, 4), m30));
+            qv[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(L, 4), m4),
+                                    _mm512_and_si512(H, m30));
             for (int z = 0; z < 2; z++) {
                 __m512i p =
-                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), join(q[2 * z], q[2 * z + 1]),
-                                        _mm512_loadu_si512(x[b].qs + 128 * h + 64 * z));
-                isum = _mm512_add_epi32(isum,
-                                        _mm512_mullo_epi32(p, _mm512_permutexvar_epi32(idx, s16)));
-                idx = _mm512_add_epi32(idx, four);
+                    _mm512_maddubs_epi16(qv[z], _mm512_loadu_si512(x[b].qs + 128 * h + 64 * z));
+                isum =
+                    _mm512_add_epi32(isum, _mm512_madd_epi16(p, _mm512_permutexvar_epi16(idx, sc)));
+                idx = _mm512_add_epi16(idx, four);
             }
         }
-        int total = _mm512_reduce_add_epi32(isum) - q6k_offset(sc, x[b].bsums);
-        r += x[b].d * f16s(wb + 208) * (float)total;
+        __m256i t =
+            _mm256_add_epi32(_mm512_castsi512_si256(isum), _mm512_extracti64x4_epi64(isum, 1));
+        t = _mm256_sub_epi32(t, _mm256_slli_epi32(off, 5));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_set1_ps(x[b].d * f16s(wb + 208)), acc);
     }
-    *s = r;
+    *s = hsum8(acc);
 }
 
 /* Rows of F16 and BF16 to floats for the prefill tiles (8 at a time; the reference converts one
