@@ -12,6 +12,7 @@
 #include "harness.h"
 #include "kernels/kernels.h"
 #include "kernels/qdot.h"
+#include "kernels/qgemm.h"
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static uint32_t rnd(void) {
@@ -165,12 +166,14 @@ static void check_linear(tlm_dtype t, int in, int out) {
                      .rows = out,
                      .cols = in,
                      .row_bytes = sizeof(float) * in};
-    /* the last case: TLM_QPREFILL=int8, many rows through the integer kernels */
-    const int rows[] = {1, 8, N, N};
-    for (int c = 0; c < 4; c++) {
-        int M = rows[c];
-        int int8 = c == 3 && k_act_of(t) != K_ACT_F32 && k_act_of(t) != K_ACT_BF16;
-        if (c == 3) setenv("TLM_QPREFILL", "int8", 1);
+    /* Many rows: the default path (the repacked 8-bit products where the CPU runs them), then
+     * TLM_QPREFILL=int8 (the integer decode kernels) and =sgemm (widened tiles). */
+    const int rows[] = {1, 8, N, N, N};
+    const char *mode[] = {NULL, NULL, NULL, "int8", "sgemm"};
+    for (int c = 0; c < 5; c++) {
+        int M = rows[c], blocks = k_act_of(t) != K_ACT_F32 && k_act_of(t) != K_ACT_BF16;
+        int int8 = blocks && (c == 3 || (c == 2 && k_qgemm_takes(t)));
+        if (mode[c]) setenv("TLM_QPREFILL", mode[c], 1);
         k_linear(y, out, x, M, &tw, b);
         unsetenv("TLM_QPREFILL");
         k_linear(yf, out, x, M, &fw, b);

@@ -6,6 +6,7 @@
 #include "kernels.h"
 #include "matvec.h"
 #include "qdot.h"
+#include "qgemm.h"
 
 int k_linear_takes(tlm_dtype t) { return k_act_of(t) != K_ACT_NONE; }
 
@@ -45,13 +46,17 @@ static const float *stacked_bias(const tlm_weight *const *w, const float *const 
     return b[0];
 }
 
-/* TLM_QPREFILL=int8 sends many rows of block-type weights through the integer dot products (the
- * decode kernels, a few rows at a time) instead of widened tiles and sgemm: which is faster depends
- * on the machine (bench/quant/run.sh compares them); sgemm is the default. */
-static int int8_prefill(tlm_dtype t) {
-    if (k_act_of(t) == K_ACT_F32 || k_act_of(t) == K_ACT_BF16) return 0;
+/* How many rows of block-type weights are computed: the repacked 8-bit products (qgemm.c) where the
+ * CPU has AVX-512 VNNI, else widened tiles and sgemm. TLM_QPREFILL overrides it for comparisons
+ * (bench/quant/run.sh, the tests): "sgemm", "qgemm", or "int8" (the decode kernels, a few rows at a
+ * time). */
+enum { PREFILL_SGEMM, PREFILL_QGEMM, PREFILL_INT8 };
+static int prefill_path(tlm_dtype t) {
+    if (k_act_of(t) == K_ACT_F32 || k_act_of(t) == K_ACT_BF16) return PREFILL_SGEMM;
     const char *e = getenv("TLM_QPREFILL"); /* once per product of many rows: negligible */
-    return e && !strcmp(e, "int8");
+    if (e && !strcmp(e, "int8")) return PREFILL_INT8;
+    if (e && !strcmp(e, "sgemm")) return PREFILL_SGEMM;
+    return k_qgemm_takes(t) ? PREFILL_QGEMM : PREFILL_SGEMM;
 }
 
 /* Many rows of x against one weight: sgemm, on F32 tiles of the weight widened from its type
@@ -63,9 +68,11 @@ static void linear_rows(float *y, int ldy, const float *x, int N, const tlm_weig
         k_linear_fwd(y, ldy, x, w->data, b, N, in, out);
         return;
     }
+    int path = prefill_path(w->dtype);
+    if (path == PREFILL_QGEMM && !k_qgemm(y, ldy, x, N, w, b, K_ISA_AVX512)) return;
     int tile = (int)((4u << 20) / ((size_t)in * sizeof(float)));
     tile = tile < 16 ? 16 : tile > out ? out : tile;
-    float *buf = int8_prefill(w->dtype) ? NULL : k_scratch(1, (size_t)tile * in * sizeof(float));
+    float *buf = path == PREFILL_INT8 ? NULL : k_scratch(1, (size_t)tile * in * sizeof(float));
     if (!buf) {
         /* The integer path, or no memory for a tile: the matrix-vector kernels over all N rows
          * (each weight row read once, against every activation row). */

@@ -1,0 +1,352 @@
+#include "qgemm.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "core/dtype.h"
+#include "core/half.h"
+#include "core/quant.h"
+#include "kernels.h"
+#include "qdot.h"
+#include "qdot_simd.h"
+
+/* ---- the integer form of weight rows ----------------------------------------------------------
+ */
+
+int k_qgemm_sub(tlm_dtype t) {
+    switch (t) {
+    case TLM_DTYPE_Q8_0:
+    case TLM_DTYPE_Q4_0:
+    case TLM_DTYPE_Q4_1:
+    case TLM_DTYPE_Q5_0:
+    case TLM_DTYPE_Q5_1:
+    case TLM_DTYPE_Q4_K:
+    case TLM_DTYPE_Q5_K: return 32;
+    case TLM_DTYPE_Q6_K: return 16; /* its scales change every 16 elements */
+    default: return 0;
+    }
+}
+
+int k_qgemm_covers(tlm_dtype t) { return k_qgemm_sub(t) != 0; }
+
+int k_qgemm_takes(tlm_dtype t) { return k_qgemm_covers(t) && k_isa() >= K_ISA_AVX512; }
+
+static inline uint32_t rd32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static inline float rdh(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return tlm_f16_to_f32(h);
+}
+
+/* Four bits of a fifth-bit mask (bits j .. j + 3 of qh) as bit 4 of four bytes. */
+static inline uint32_t bit4x4(uint32_t qh, int j) {
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++) v |= ((qh >> (j + i)) & 1u) << (8 * i + 4);
+    return v;
+}
+
+/* Writes word kw (elements 4kw .. 4kw + 3) of row r of a group. */
+static inline void put(uint8_t *q, int kw, int r, uint32_t v) {
+    memcpy(q + (size_t)kw * 4 * K_QG_ROWS + 4 * r, &v, 4);
+}
+
+/* The 32-element types: byte j of qs holds element j (low nibble) and j + 16 (high). */
+static void pack_row32(tlm_dtype t, const uint8_t *blk, int nb, int r, uint8_t *q, float *s,
+                       float *m) {
+    for (int b = 0; b < nb; b++) {
+        float d = rdh(blk), mn = 0.0f;
+        const uint8_t *qs;
+        uint32_t qh = 0;
+        int hasqh = 0;
+        switch (t) {
+        case TLM_DTYPE_Q8_0:
+            s[b * K_QG_ROWS + r] = d;
+            m[b * K_QG_ROWS + r] = -128.0f * d;
+            for (int j = 0; j < 8; j++) put(q, b * 8 + j, r, rd32(blk + 2 + 4 * j) ^ 0x80808080u);
+            blk += sizeof(tlm_block_q8_0);
+            continue;
+        case TLM_DTYPE_Q4_0: qs = blk + 2, mn = -8.0f * d, blk += sizeof(tlm_block_q4_0); break;
+        case TLM_DTYPE_Q4_1: mn = rdh(blk + 2), qs = blk + 4, blk += sizeof(tlm_block_q4_1); break;
+        case TLM_DTYPE_Q5_0:
+            qh = rd32(blk + 2), hasqh = 1, qs = blk + 6, mn = -16.0f * d;
+            blk += sizeof(tlm_block_q5_0);
+            break;
+        default: /* Q5_1 */
+            mn = rdh(blk + 2), qh = rd32(blk + 4), hasqh = 1, qs = blk + 8;
+            blk += sizeof(tlm_block_q5_1);
+            break;
+        }
+        s[b * K_QG_ROWS + r] = d;
+        m[b * K_QG_ROWS + r] = mn;
+        for (int j = 0; j < 4; j++) {
+            uint32_t lo = rd32(qs + 4 * j) & 0x0F0F0F0Fu,
+                     hi = (rd32(qs + 4 * j) >> 4) & 0x0F0F0F0Fu;
+            if (hasqh) lo |= bit4x4(qh, 4 * j), hi |= bit4x4(qh, 16 + 4 * j);
+            put(q, b * 8 + j, r, lo);
+            put(q, b * 8 + 4 + j, r, hi);
+        }
+    }
+}
+
+/* Q4_K and Q5_K: sub-block 2g in the low nibbles of qs[32g ..], 2g + 1 in the high ones; the
+ * fifth bit of element l of sub-block j is bit j of qh[l]. */
+static void pack_row_q45k(tlm_dtype t, const uint8_t *blk, int nb, int r, uint8_t *q, float *s,
+                          float *m) {
+    size_t bytes = t == TLM_DTYPE_Q4_K ? sizeof(tlm_block_q4_k) : sizeof(tlm_block_q5_k);
+    for (int b = 0; b < nb; b++, blk += bytes) {
+        float d = rdh(blk), dmin = rdh(blk + 2);
+        const uint8_t *scales = blk + 4, *qh = t == TLM_DTYPE_Q5_K ? blk + 16 : NULL;
+        const uint8_t *qs = blk + (qh ? 48 : 16);
+        for (int j = 0; j < 8; j++) {
+            uint8_t sc, mn;
+            tlm_q4k_scale_min(j, scales, &sc, &mn);
+            s[(b * 8 + j) * K_QG_ROWS + r] = d * (float)sc;
+            m[(b * 8 + j) * K_QG_ROWS + r] = -dmin * (float)mn;
+            const uint8_t *g = qs + 32 * (j / 2);
+            for (int w = 0; w < 8; w++) {
+                uint32_t v = (rd32(g + 4 * w) >> (4 * (j & 1))) & 0x0F0F0F0Fu;
+                if (qh) v |= ((rd32(qh + 4 * w) >> j) & 0x01010101u) << 4;
+                put(q, b * 64 + j * 8 + w, r, v);
+            }
+        }
+    }
+}
+
+/* Q6_K: per half of 128, element 32u + l takes a nibble of ql[l + 32 (u & 1)] (low for u < 2) and
+ * bits 2u, 2u + 1 of qh[l]; sub-block e / 16 has scale d * scales[e / 16]. */
+static void pack_row_q6k(const uint8_t *blk, int nb, int r, uint8_t *q, float *s, float *m) {
+    for (int b = 0; b < nb; b++, blk += sizeof(tlm_block_q6_k)) {
+        float d = rdh(blk + 208);
+        for (int j = 0; j < 16; j++) {
+            float sc = d * (float)(int8_t)blk[192 + j];
+            s[(b * 16 + j) * K_QG_ROWS + r] = sc;
+            m[(b * 16 + j) * K_QG_ROWS + r] = -32.0f * sc;
+        }
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = blk + 64 * h, *qh = blk + 128 + 32 * h;
+            for (int u = 0; u < 4; u++)
+                for (int w = 0; w < 8; w++) {
+                    uint32_t lo = rd32(ql + 32 * (u & 1) + 4 * w) >> (u < 2 ? 0 : 4);
+                    uint32_t hi = (rd32(qh + 4 * w) >> (2 * u)) & 0x03030303u;
+                    put(q, b * 64 + h * 32 + u * 8 + w, r, (lo & 0x0F0F0F0Fu) | hi << 4);
+                }
+        }
+    }
+}
+
+void k_qgemm_pack(const tlm_weight *w, int r0, int nrows, uint8_t *q, float *s, float *m) {
+    int n = (int)w->cols, sub = k_qgemm_sub(w->dtype);
+    int nb = n / (int)tlm_dtype_get(w->dtype)->block_elems;
+    for (int r = 0; r < K_QG_ROWS; r++) {
+        if (r >= nrows) {
+            for (int k = 0; k < n / 4; k++) put(q, k, r, 0);
+            for (int j = 0; j < n / sub; j++) s[j * K_QG_ROWS + r] = m[j * K_QG_ROWS + r] = 0.0f;
+            continue;
+        }
+        const uint8_t *row = (const uint8_t *)w->data + (size_t)(r0 + r) * w->row_bytes;
+        switch (w->dtype) {
+        case TLM_DTYPE_Q4_K:
+        case TLM_DTYPE_Q5_K: pack_row_q45k(w->dtype, row, nb, r, q, s, m); break;
+        case TLM_DTYPE_Q6_K: pack_row_q6k(row, nb, r, q, s, m); break;
+        default: pack_row32(w->dtype, row, nb, r, q, s, m); break;
+        }
+    }
+}
+
+/* ---- activations -------------------------------------------------------------------------- */
+
+/* Round to nearest, ties to even, for |f| < 2^22. */
+static inline int nearest_int(float f) {
+    float v = f + 12582912.0f;
+    int32_t i;
+    memcpy(&i, &v, 4);
+    return (i & 0x007fffff) - 0x00400000;
+}
+
+void k_qgemm_quantize(const float *x, int n, int sub, int8_t *q, float *d, float *ds) {
+    /* Blocks of 32 with an fp32 scale (Q8_0's form without its f16 rounding of the scale). The
+     * sums let the offset m of each weight sub-block enter once per sub-block, not per element. */
+    for (int b = 0; b < n / 32; b++, x += 32, q += 32) {
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++) {
+            float a = fabsf(x[i]);
+            amax = a > amax ? a : amax;
+        }
+        float dd = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        d[b] = dd;
+        for (int h = 0; h < 32 / sub; h++) {
+            int sum = 0;
+            for (int i = h * sub; i < (h + 1) * sub; i++) {
+                q[i] = (int8_t)nearest_int(x[i] * id);
+                sum += q[i];
+            }
+            ds[b * (32 / sub) + h] = dd * (float)sum;
+        }
+    }
+}
+
+/* ---- micro-kernels ------------------------------------------------------------------------- */
+
+/* The reference: the same operations in the same order as the vector kernel (so that the two
+ * agree exactly), one output at a time. */
+static void micro_ref(int n, int sub, const uint8_t *q, const float *s, const float *m,
+                      const int8_t *xq, const float *xd, const float *xs, int na, float *out) {
+    int nsb = n / sub, nb32 = n / 32;
+    for (int a = 0; a < na; a++)
+        for (int r = 0; r < K_QG_ROWS; r++) {
+            float acc = 0.0f;
+            for (int b = 0; b < nsb; b++) {
+                int32_t isum = 0;
+                for (int k = b * sub; k < (b + 1) * sub; k++)
+                    isum += (int32_t)q[(size_t)(k / 4) * 4 * K_QG_ROWS + 4 * r + k % 4] *
+                            xq[(size_t)a * n + k];
+                float t = (float)isum * s[b * K_QG_ROWS + r];
+                acc = fmaf(t, xd[a * nb32 + b * sub / 32], acc);
+                acc = fmaf(m[b * K_QG_ROWS + r], xs[a * nsb + b], acc);
+            }
+            out[a * K_QG_ROWS + r] = acc;
+        }
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+#define T5 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
+
+/* 16 weight rows x NA activation rows of accumulators over the whole row: per sub-block, int32
+ * dot products by vpdpbusd (unsigned weight bytes x signed activations, 4 columns per step), then
+ * acc += (i * s) * d_x + m * (d_x * sum x_q) in fp32. NA and SUB are constants at each call site,
+ * so the accumulator arrays live in registers. */
+T5 static inline __attribute__((always_inline)) void
+micro_t(const int NA, const int SUB, int n, const uint8_t *q, const float *s, const float *m,
+        const int8_t *xq, const float *xd, const float *xs, float *out) {
+    __m512 fa[K_QG_ACTS];
+    __m512i ia[K_QG_ACTS];
+    const int nsb = n / SUB, nb32 = n / 32;
+#pragma GCC unroll 8
+    for (int a = 0; a < NA; a++) fa[a] = _mm512_setzero_ps();
+    for (int b = 0; b < nsb; b++) {
+#pragma GCC unroll 8
+        for (int a = 0; a < NA; a++) ia[a] = _mm512_setzero_si512();
+        const uint8_t *qb = q + (size_t)b * SUB * K_QG_ROWS;
+        const int8_t *xb = xq + (size_t)b * SUB;
+#pragma GCC unroll 8
+        for (int k4 = 0; k4 < SUB / 4; k4++) {
+            __m512i wv = _mm512_loadu_si512((const void *)(qb + k4 * 4 * K_QG_ROWS));
+#pragma GCC unroll 8
+            for (int a = 0; a < NA; a++) {
+                int32_t xv;
+                memcpy(&xv, xb + (size_t)a * n + 4 * k4, 4);
+                ia[a] = _mm512_dpbusd_epi32(ia[a], wv, _mm512_set1_epi32(xv));
+            }
+        }
+        __m512 sv = _mm512_loadu_ps(s + b * K_QG_ROWS), mv = _mm512_loadu_ps(m + b * K_QG_ROWS);
+#pragma GCC unroll 8
+        for (int a = 0; a < NA; a++) {
+            __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(ia[a]), sv);
+            fa[a] = _mm512_fmadd_ps(t, _mm512_set1_ps(xd[a * nb32 + b * SUB / 32]), fa[a]);
+            fa[a] = _mm512_fmadd_ps(mv, _mm512_set1_ps(xs[a * nsb + b]), fa[a]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int a = 0; a < NA; a++) _mm512_storeu_ps(out + a * K_QG_ROWS, fa[a]);
+}
+
+#define MICRO_CASE(NA, SUB)                                                                        \
+    case NA:                                                                                       \
+        micro_t(NA, SUB, n, q, s, m, xq, xd, xs, out);                                             \
+        return;
+#define MICRO_CASES(SUB)                                                                           \
+    switch (na) {                                                                                  \
+        MICRO_CASE(1, SUB)                                                                         \
+        MICRO_CASE(2, SUB)                                                                         \
+        MICRO_CASE(3, SUB)                                                                         \
+        MICRO_CASE(4, SUB)                                                                         \
+        MICRO_CASE(5, SUB)                                                                         \
+        MICRO_CASE(6, SUB)                                                                         \
+        MICRO_CASE(7, SUB)                                                                         \
+        MICRO_CASE(8, SUB)                                                                         \
+    default: return;                                                                               \
+    }
+
+T5 static void micro_avx512(int n, int sub, const uint8_t *q, const float *s, const float *m,
+                            const int8_t *xq, const float *xd, const float *xs, int na,
+                            float *out) {
+    if (sub == 32) {
+        MICRO_CASES(32)
+    } else {
+        MICRO_CASES(16)
+    }
+}
+#define HAVE_AVX512 1
+#else
+#define HAVE_AVX512 0
+#endif
+
+static int isa_ok(int isa) {
+    if (isa == K_ISA_REF) return 1;
+    return HAVE_AVX512 && isa == K_ISA_AVX512 && k_simd_cpu_level() >= K_ISA_AVX512;
+}
+
+void k_qgemm_micro(int isa, int n, int sub, const uint8_t *q, const float *s, const float *m,
+                   const int8_t *xq, const float *xd, const float *xs, int na, float *out) {
+#if HAVE_AVX512
+    if (isa == K_ISA_AVX512 && isa_ok(isa)) {
+        micro_avx512(n, sub, q, s, m, xq, xd, xs, na, out);
+        return;
+    }
+#endif
+    micro_ref(n, sub, q, s, m, xq, xd, xs, na, out);
+}
+
+/* ---- the product ---------------------------------------------------------------------------- */
+
+int k_qgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const float *b,
+            int isa) {
+    int sub = k_qgemm_sub(w->dtype), n = (int)w->cols, out = (int)w->rows;
+    if (!sub || !isa_ok(isa) || N <= 0 || n <= 0 || n % (int)tlm_dtype_get(w->dtype)->block_elems)
+        return -1;
+    size_t nb32 = (size_t)n / 32, nsb = (size_t)n / sub;
+    /* The calling thread's slot 1 holds the quantized activations, which every thread reads; each
+     * thread's slot 0 holds the group of weight rows it is working on. */
+    float *xd = k_scratch(1, (size_t)N * ((nb32 + nsb) * sizeof(float) + (size_t)n));
+    if (!xd) return -1;
+    float *xs = xd + (size_t)N * nb32;
+    int8_t *xq = (int8_t *)(xs + (size_t)N * nsb);
+#pragma omp parallel for schedule(static) if ((long)N * n >= K_PAR_MIN)
+    for (int i = 0; i < N; i++)
+        k_qgemm_quantize(x + (size_t)i * n, n, sub, xq + (size_t)i * n, xd + (size_t)i * nb32,
+                         xs + (size_t)i * nsb);
+    int groups = (out + K_QG_ROWS - 1) / K_QG_ROWS, failed = 0;
+    size_t pack_bytes = 2 * nsb * K_QG_ROWS * sizeof(float) + (size_t)n * K_QG_ROWS;
+#pragma omp parallel for schedule(static) if ((long)N * out >= K_PAR_MIN / 16)
+    for (int g = 0; g < groups; g++) {
+        float *ps = k_scratch(0, pack_bytes);
+        if (!ps) {
+#pragma omp atomic write
+            failed = 1;
+            continue;
+        }
+        float *pm = ps + nsb * K_QG_ROWS;
+        uint8_t *pq = (uint8_t *)(pm + nsb * K_QG_ROWS);
+        int r0 = g * K_QG_ROWS, nr = out - r0 < K_QG_ROWS ? out - r0 : K_QG_ROWS;
+        k_qgemm_pack(w, r0, nr, pq, ps, pm);
+        float tile[K_QG_ACTS * K_QG_ROWS];
+        for (int a0 = 0; a0 < N; a0 += K_QG_ACTS) {
+            int na = N - a0 < K_QG_ACTS ? N - a0 : K_QG_ACTS;
+            k_qgemm_micro(isa, n, sub, pq, ps, pm, xq + (size_t)a0 * n, xd + (size_t)a0 * nb32,
+                          xs + (size_t)a0 * nsb, na, tile);
+            for (int a = 0; a < na; a++) {
+                float *yr = y + (size_t)(a0 + a) * ldy + r0;
+                for (int r = 0; r < nr; r++)
+                    yr[r] = tile[a * K_QG_ROWS + r] + (b ? b[r0 + r] : 0.0f);
+            }
+        }
+    }
+    return failed ? -1 : 0;
+}

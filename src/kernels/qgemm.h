@@ -1,0 +1,43 @@
+/* Prompt-sized products on the ggml block types in 8-bit integers (qgemm.c): many activation rows
+ * against one weight, as ik_llama.cpp computes them. Each weight row becomes unsigned bytes u with
+ * w = s * u + m per sub-block of 32 (16 for Q6_K), s and m in fp32; sixteen rows are interleaved
+ * four bytes at a time, so that one vpdpbusd multiplies 16 rows x 4 columns by a broadcast group of
+ * four int8 activations (rows quantized in blocks of 32 with an fp32 scale). The repacking is done
+ * per group of 16 rows, in a small per-thread buffer, right before that group meets every
+ * activation row: it costs no memory beyond that buffer, and nothing is cached across calls. */
+#ifndef TLM_KERNELS_QGEMM_H
+#define TLM_KERNELS_QGEMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tlm.h"
+
+#define K_QG_ROWS 16 /* weight rows per interleaved group */
+#define K_QG_ACTS 8  /* activation rows per call of the micro-kernel */
+
+/* 1 if the type has an integer form (all block types), else 0. */
+int k_qgemm_covers(tlm_dtype t);
+/* 1 if k_qgemm will compute a product on this type: covered, and the CPU runs the AVX-512 VNNI
+ * micro-kernel (k_isa() == K_ISA_AVX512). */
+int k_qgemm_takes(tlm_dtype t);
+/* y[N, out] (row stride ldy) = x[N, in] W^T + b (b may be NULL) on W's integer form, with the
+ * micro-kernel of instruction set isa (K_ISA_REF: the plain C reference; K_ISA_AVX512). Returns
+ * 0, or -1 (nothing written) when out of memory or the type/instruction set is not available. */
+int k_qgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const float *b, int isa);
+
+/* ---- the pieces, for tests ---- */
+/* Sub-block length of the type's integer form (32 or 16; 0: not covered). */
+int k_qgemm_sub(tlm_dtype t);
+/* Rows r0 .. r0 + nrows - 1 (nrows <= K_QG_ROWS) of W in the interleaved form: q[in / 4][16][4]
+ * bytes, s and m [in / sub][16] floats; rows past nrows are zero. */
+void k_qgemm_pack(const tlm_weight *w, int r0, int nrows, uint8_t *q, float *s, float *m);
+/* One activation row x[n] as int8 q[n], scales d[n / 32] and d * (sum of q) per sub-block
+ * ds[n / sub]. */
+void k_qgemm_quantize(const float *x, int n, int sub, int8_t *q, float *d, float *ds);
+/* out[a][16] = 16 packed rows . activation rows a < na (na <= K_QG_ACTS); activation row a starts
+ * at xq + a * n, xd + a * n / 32, xs + a * n / sub. */
+void k_qgemm_micro(int isa, int n, int sub, const uint8_t *q, const float *s, const float *m,
+                   const int8_t *xq, const float *xd, const float *xs, int na, float *out);
+
+#endif

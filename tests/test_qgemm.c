@@ -1,0 +1,143 @@
+/* The repacked 8-bit products of prompt-sized inputs (src/kernels/qgemm.c): for every block type,
+ * k_qgemm (plain C reference micro-kernel and, where the CPU runs it, AVX-512 VNNI) against the
+ * widened weights (tlm_dtype_to_f32, ggml's dequantization) times the activations as quantized
+ * (k_qgemm_quantize), summed in double: this checks the repacking, the offsets and scales and the
+ * micro-kernels, on row counts that are not multiples of the 16-row group, 9 to 130 activation
+ * rows (every tail of the 8-row micro-kernel), random, extreme-scale and largest-magnitude blocks.
+ * The vector kernel must equal the reference exactly (the same operations in the same order). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/dtype.h"
+#include "core/half.h"
+#include "core/quant.h"
+#include "harness.h"
+#include "kernels/qdot.h"
+#include "kernels/qgemm.h"
+
+static uint64_t rng = 0x2545F4914F6CDD1Dull;
+static uint32_t rnd(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng >> 16);
+}
+static float unif(void) { return (float)(rnd() & 0xFFFFFF) / 16777216.0f * 2.0f - 1.0f; }
+
+static const tlm_dtype types[] = {TLM_DTYPE_Q8_0, TLM_DTYPE_Q4_0, TLM_DTYPE_Q4_1, TLM_DTYPE_Q5_0,
+                                  TLM_DTYPE_Q5_1, TLM_DTYPE_Q4_K, TLM_DTYPE_Q5_K, TLM_DTYPE_Q6_K};
+#define NTYPES (int)(sizeof types / sizeof types[0])
+
+static void put_f16(uint8_t *p, float v) {
+    uint16_t h = tlm_f32_to_f16(v);
+    memcpy(p, &h, 2);
+}
+
+/* Random bytes, then the f16 scales (and mins) set. mode 0: scales in (-2, 2); 1: alternating
+ * tiny (1e-4) and large (3e3) blocks; 2: every quant byte 0xFF, scales 1 (the largest unsigned
+ * weights, where the 8-bit sums are largest). */
+static void fill(tlm_dtype t, uint8_t *w, size_t bytes, int mode) {
+    const tlm_dtype_info *d = tlm_dtype_get(t);
+    for (size_t i = 0; i < bytes; i++) w[i] = mode == 2 ? 0xFF : (uint8_t)rnd();
+    int off[2] = {0, 2}, nsc = 2;
+    if (t == TLM_DTYPE_Q8_0 || t == TLM_DTYPE_Q4_0 || t == TLM_DTYPE_Q5_0) nsc = 1;
+    if (t == TLM_DTYPE_Q6_K) off[0] = 208, nsc = 1;
+    for (size_t b = 0; b < bytes / d->block_bytes; b++) {
+        uint8_t *blk = w + b * d->block_bytes;
+        for (int j = 0; j < nsc; j++) {
+            float v = mode == 2 ? 1.0f : unif() * 2.0f;
+            if (mode == 1) v = (b % 2 ? 3e3f : 1e-4f) * (unif() < 0 ? -1.0f : 1.0f);
+            put_f16(blk + off[j], v);
+        }
+    }
+}
+
+static int k_simd_ok(void) { return k_vdot_get(TLM_DTYPE_Q8_0, K_ISA_AVX512) != NULL; }
+
+static void check(tlm_dtype t, int in, int out, int N, int mode) {
+    const char *name = tlm_dtype_name(t);
+    int sub = k_qgemm_sub(t);
+    size_t rb = tlm_dtype_bytes(t, (uint64_t)in);
+    uint8_t *w = malloc(rb * out);
+    float *wf = malloc(sizeof(float) * in * out), *x = malloc(sizeof(float) * in * N);
+    float *xdq = malloc(sizeof(float) * in * N), *b = malloc(sizeof(float) * out);
+    float *y0 = malloc(sizeof(float) * out * N), *y1 = malloc(sizeof(float) * out * N);
+    int8_t *xq = malloc((size_t)in);
+    float *xd = malloc(sizeof(float) * (in / 32)), *xs = malloc(sizeof(float) * (in / sub));
+    fill(t, w, rb * out, mode);
+    CHECK_OK(tlm_dtype_to_f32(t, w, wf, (size_t)in * out));
+    for (int i = 0; i < in * N; i++) x[i] = unif() * (i % 97 == 0 ? 50.0f : 1.0f);
+    for (int r = 0; r < out; r++) b[r] = unif();
+    /* the activations as the kernels see them, and the sums they must carry */
+    int sums_ok = 1;
+    for (int i = 0; i < N; i++) {
+        k_qgemm_quantize(x + (size_t)i * in, in, sub, xq, xd, xs);
+        for (int k = 0; k < in; k++) xdq[(size_t)i * in + k] = (float)xq[k] * xd[k / 32];
+        for (int j = 0; j < in / sub; j++) {
+            int s = 0;
+            for (int k = j * sub; k < (j + 1) * sub; k++) s += xq[k];
+            sums_ok &= xs[j] == xd[j * sub / 32] * (float)s;
+        }
+    }
+    CHECK(sums_ok, "%s: activation sums per sub-block of %d", name, sub);
+    tlm_weight tw = {.dtype = t, .data = w, .rows = out, .cols = in, .row_bytes = rb};
+    memset(y0, 0xFF, sizeof(float) * out * N);
+    CHECK(k_qgemm(y0, out, x, N, &tw, b, K_ISA_REF) == 0, "%s: reference product", name);
+    double worst = 0;
+    for (int i = 0; i < N; i++)
+        for (int r = 0; r < out; r++) {
+            double s = b[r], mag = fabs(b[r]);
+            for (int k = 0; k < in; k++) {
+                double p = (double)wf[(size_t)r * in + k] * xdq[(size_t)i * in + k];
+                s += p;
+                mag += fabs(p);
+            }
+            /* fp32 sums of a few dozen sub-block terms, each exact in int32 then scaled; the offset
+             * terms (-128 s for Q8_0's unsigned bytes) cancel part of the sum, hence some slack */
+            double e = fabs(y0[(size_t)i * out + r] - s) / (mag + 1e-30);
+            worst = e > worst || isnan(e) ? e : worst;
+        }
+    CHECK(worst <= 1e-5, "%s in=%d out=%d N=%d mode %d: reference %g from the exact product", name,
+          in, out, N, mode, worst);
+    if (k_simd_ok()) {
+        memset(y1, 0xFF, sizeof(float) * out * N);
+        CHECK(k_qgemm(y1, out, x, N, &tw, b, K_ISA_AVX512) == 0, "%s: AVX-512 product", name);
+        CHECK(!memcmp(y0, y1, sizeof(float) * out * N),
+              "%s in=%d out=%d N=%d mode %d: AVX-512 equals the reference", name, in, out, N, mode);
+    }
+    free(w);
+    free(wf);
+    free(x);
+    free(xdq);
+    free(b);
+    free(y0);
+    free(y1);
+    free(xq);
+    free(xd);
+    free(xs);
+}
+
+int main(void) {
+    tlm_set_threads(2);
+    printf("AVX-512 VNNI micro-kernel: %s\n", k_simd_ok() ? "yes" : "no (reference only)");
+    for (int ti = 0; ti < NTYPES; ti++) {
+        tlm_dtype t = types[ti];
+        CHECK(k_qgemm_covers(t) && k_qgemm_sub(t) == (t == TLM_DTYPE_Q6_K ? 16 : 32), "%s covered",
+              tlm_dtype_name(t));
+        check(t, 512, 37, 9, 0);
+        check(t, 256, 16, 130, 0);
+        check(t, 256, 5, 13, 1);
+        check(t, 256, 21, 11, 2);
+    }
+    /* types without an integer form, and unknown instruction sets, are refused */
+    float y[16], x[32 * 9] = {0};
+    tlm_weight f = {.dtype = TLM_DTYPE_F32, .data = x, .rows = 1, .cols = 16, .row_bytes = 64};
+    CHECK(!k_qgemm_covers(TLM_DTYPE_F32) && !k_qgemm_covers(TLM_DTYPE_BF16), "float types");
+    CHECK(k_qgemm(y, 1, x, 9, &f, NULL, K_ISA_REF) == -1, "F32 refused");
+    uint8_t blk[34] = {0};
+    tlm_weight q = {.dtype = TLM_DTYPE_Q8_0, .data = blk, .rows = 1, .cols = 32, .row_bytes = 34};
+    CHECK(k_qgemm(y, 1, x, 9, &q, NULL, K_ISA_AVX2) == -1, "no AVX2 micro-kernel");
+    CHECK(k_qgemm(y, 1, x, 9, &q, NULL, K_ISA_REF) == 0 && y[0] == 0.0f, "zero weights");
+    return t_finish("test_qgemm");
+}
