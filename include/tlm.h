@@ -227,7 +227,8 @@ const tlm_tensor_info *tlm_model_find(const tlm_model *m, const char *name);
 /* The weight of schema entry i (0 <= i < tensor count), or NULL. */
 const tlm_weight *tlm_model_weight(const tlm_model *m, int i);
 /* Bytes of weights the model maps from files and bytes it owns (flat buffer, widened copies,
- * tables). */
+ * tables, and the repacked copies of block-type weights that prompts of more than 8 tokens made,
+ * about 1.25 bytes per weight). */
 void tlm_model_memory(const tlm_model *m, size_t *mapped, size_t *owned);
 /* Needs a writable model. */
 tlm_status tlm_model_init(tlm_model *m, uint64_t seed, tlm_init_scheme scheme);

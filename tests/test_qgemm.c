@@ -100,6 +100,21 @@ static void check(tlm_dtype t, int in, int out, int N, int mode) {
         }
     CHECK(worst <= 1e-5, "%s in=%d out=%d N=%d mode %d: reference %g from the exact product", name,
           in, out, N, mode, worst);
+    /* registered (as a model's file is): repacked once, kept, and the same products */
+    k_qgemm_register(w, rb * out);
+    CHECK(k_qgemm_cached_bytes(w, rb * out) == 0, "%s: nothing kept before the first product",
+          name);
+    for (int rep = 0; rep < 2; rep++) {
+        memset(y1, 0xFF, sizeof(float) * out * N);
+        CHECK(k_qgemm(y1, out, x, N, &tw, b, K_ISA_REF) == 0 &&
+                  !memcmp(y0, y1, sizeof(float) * out * N),
+              "%s: the kept copy gives the same product (call %d)", name, rep);
+    }
+    size_t want = (size_t)((out + 15) / 16) * (16 * in + 2 * 16 * (in / sub) * sizeof(float));
+    CHECK(k_qgemm_cached_bytes(w, rb * out) == want, "%s: kept %zu bytes, want %zu", name,
+          k_qgemm_cached_bytes(w, rb * out), want);
+    k_qgemm_forget(w, rb * out);
+    CHECK(k_qgemm_cached_bytes(w, rb * out) == 0, "%s: forgotten", name);
     if (k_simd_ok()) {
         memset(y1, 0xFF, sizeof(float) * out * N);
         CHECK(k_qgemm(y1, out, x, N, &tw, b, K_ISA_AVX512) == 0, "%s: AVX-512 product", name);

@@ -171,6 +171,17 @@ static void check_type(const char *f32_path, tlm_dtype t) {
     double qtol = k_qgemm_takes(t) ? 0.015 : 1e-4;
     CHECK(diff <= qtol * big, "%s prefill (default path): %g from the widened copy (of %g)", name,
           diff, big);
+    if (k_qgemm_takes(t)) {
+        /* the repacked copy is kept with the model, and counted as its memory */
+        size_t owned2 = 0;
+        tlm_model_memory(m, NULL, &owned2);
+        CHECK(owned2 >= owned + mapped, "%s: owns %zu after a prompt (mapped %zu)", name, owned2,
+              mapped);
+        tlm_forward_out a2;
+        CHECK_OK(t_forward(m, ids, 1, T, NULL, &a2));
+        CHECK(!memcmp(a.logits, a2.logits, sizeof(float) * T * V), "%s: kept copy, same logits",
+              name);
+    }
     if (k_qgemm_takes(t))
         printf("%-5s qgemm prefill vs widened F32: %.3g of %.3g\n", name, diff, big);
     setenv("TLM_QPREFILL", "sgemm", 1);

@@ -1,6 +1,8 @@
 #include "qgemm.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/dtype.h"
@@ -304,6 +306,122 @@ void k_qgemm_micro(int isa, int n, int sub, const uint8_t *q, const float *s, co
     micro_ref(n, sub, q, s, m, xq, xd, xs, na, out);
 }
 
+/* ---- repacked weights kept for a model's life -------------------------------------------------
+ */
+
+/* Weights whose data lies in a registered range (a model's mapped file) are repacked once, on the
+ * first product that needs them, and kept until the range is forgotten (the model is freed). Other
+ * weights (anything not owned by a model) are repacked group by group on every call. Entries are
+ * immutable once published, and every access holds the lock, so the model stays shareable. */
+typedef struct qc_range {
+    const char *base;
+    size_t len;
+    struct qc_range *next;
+} qc_range;
+
+typedef struct qc_entry {
+    const void *data;
+    tlm_dtype t;
+    int64_t rows, cols;
+    size_t row_bytes, bytes;
+    void *packed; /* groups of pack_bytes, back to back */
+    struct qc_entry *next;
+} qc_entry;
+
+static pthread_mutex_t qc_lock = PTHREAD_MUTEX_INITIALIZER;
+static qc_range *qc_ranges;
+static qc_entry *qc_entries;
+
+void k_qgemm_register(const void *base, size_t len) {
+    qc_range *r = malloc(sizeof *r);
+    if (!r) return; /* then its weights are repacked per call */
+    pthread_mutex_lock(&qc_lock);
+    *r = (qc_range){base, len, qc_ranges};
+    qc_ranges = r;
+    pthread_mutex_unlock(&qc_lock);
+}
+
+static int in_range(const void *p, const char *base, size_t len) {
+    return (const char *)p >= base && (size_t)((const char *)p - base) < len;
+}
+
+void k_qgemm_forget(const void *base, size_t len) {
+    pthread_mutex_lock(&qc_lock);
+    for (qc_range **r = &qc_ranges; *r;) {
+        if ((*r)->base == base && (*r)->len == len) {
+            qc_range *dead = *r;
+            *r = dead->next;
+            free(dead);
+        } else {
+            r = &(*r)->next;
+        }
+    }
+    for (qc_entry **e = &qc_entries; *e;) {
+        if (in_range((*e)->data, base, len)) {
+            qc_entry *dead = *e;
+            *e = dead->next;
+            free(dead->packed);
+            free(dead);
+        } else {
+            e = &(*e)->next;
+        }
+    }
+    pthread_mutex_unlock(&qc_lock);
+}
+
+size_t k_qgemm_cached_bytes(const void *base, size_t len) {
+    size_t n = 0;
+    pthread_mutex_lock(&qc_lock);
+    for (qc_entry *e = qc_entries; e; e = e->next)
+        if (in_range(e->data, base, len)) n += e->bytes;
+    pthread_mutex_unlock(&qc_lock);
+    return n;
+}
+
+static size_t pack_bytes_of(int n, int sub) {
+    return 2 * ((size_t)n / sub) * K_QG_ROWS * sizeof(float) + (size_t)n * K_QG_ROWS;
+}
+
+/* The whole weight repacked, from the cache or built now; NULL when w is not in a registered
+ * range or there is no memory for it. */
+static const char *cached_pack(const tlm_weight *w, size_t pack_bytes) {
+    const char *found = NULL;
+    pthread_mutex_lock(&qc_lock);
+    for (qc_entry *e = qc_entries; e && !found; e = e->next)
+        if (e->data == w->data && e->t == w->dtype && e->rows == w->rows && e->cols == w->cols &&
+            e->row_bytes == w->row_bytes)
+            found = e->packed;
+    int ours = 0;
+    for (qc_range *r = qc_ranges; r && !ours; r = r->next)
+        ours = in_range(w->data, r->base, r->len);
+    if (!found && ours) {
+        /* Built under the lock: a second caller waits for this copy rather than making its own. */
+        int groups = (int)((w->rows + K_QG_ROWS - 1) / K_QG_ROWS), nsb = 0;
+        size_t bytes = (size_t)groups * pack_bytes;
+        qc_entry *e = malloc(sizeof *e);
+        void *p = NULL;
+        if (e && !posix_memalign(&p, 64, bytes)) {
+            nsb = (int)(w->cols / k_qgemm_sub(w->dtype));
+#pragma omp parallel for schedule(static)
+            for (int g = 0; g < groups; g++) {
+                float *ps = (float *)((char *)p + (size_t)g * pack_bytes),
+                      *pm = ps + nsb * K_QG_ROWS;
+                int r0 = g * K_QG_ROWS;
+                int nr = w->rows - r0 < K_QG_ROWS ? (int)(w->rows - r0) : K_QG_ROWS;
+                k_qgemm_pack(w, r0, nr, (uint8_t *)(pm + nsb * K_QG_ROWS), ps, pm);
+            }
+            *e =
+                (qc_entry){w->data, w->dtype, w->rows, w->cols, w->row_bytes, bytes, p, qc_entries};
+            qc_entries = e;
+            found = p;
+        } else {
+            free(e);
+        }
+    }
+    pthread_mutex_unlock(&qc_lock);
+    return found;
+}
+
 /* ---- the product ---------------------------------------------------------------------------- */
 
 int k_qgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const float *b,
@@ -323,10 +441,11 @@ int k_qgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const
         k_qgemm_quantize(x + (size_t)i * n, n, sub, xq + (size_t)i * n, xd + (size_t)i * nb32,
                          xs + (size_t)i * nsb);
     int groups = (out + K_QG_ROWS - 1) / K_QG_ROWS, failed = 0;
-    size_t pack_bytes = 2 * nsb * K_QG_ROWS * sizeof(float) + (size_t)n * K_QG_ROWS;
+    size_t pack_bytes = pack_bytes_of(n, sub);
+    const char *cache = cached_pack(w, pack_bytes);
 #pragma omp parallel for schedule(static) if ((long)N * out >= K_PAR_MIN / 16)
     for (int g = 0; g < groups; g++) {
-        float *ps = k_scratch(0, pack_bytes);
+        float *ps = cache ? (float *)(cache + (size_t)g * pack_bytes) : k_scratch(0, pack_bytes);
         if (!ps) {
 #pragma omp atomic write
             failed = 1;
@@ -335,7 +454,7 @@ int k_qgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const
         float *pm = ps + nsb * K_QG_ROWS;
         uint8_t *pq = (uint8_t *)(pm + nsb * K_QG_ROWS);
         int r0 = g * K_QG_ROWS, nr = out - r0 < K_QG_ROWS ? out - r0 : K_QG_ROWS;
-        k_qgemm_pack(w, r0, nr, pq, ps, pm);
+        if (!cache) k_qgemm_pack(w, r0, nr, pq, ps, pm);
         float tile[K_QG_ACTS * K_QG_ROWS];
         for (int a0 = 0; a0 < N; a0 += K_QG_ACTS) {
             int na = N - a0 < K_QG_ACTS ? N - a0 : K_QG_ACTS;

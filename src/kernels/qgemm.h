@@ -4,7 +4,8 @@
  * four bytes at a time, so that one vpdpbusd multiplies 16 rows x 4 columns by a broadcast group of
  * four int8 activations (rows quantized in blocks of 32 with an fp32 scale). The repacking is done
  * per group of 16 rows, in a small per-thread buffer, right before that group meets every
- * activation row: it costs no memory beyond that buffer, and nothing is cached across calls. */
+ * activation row, or, for weights in a range a model registered (its mapped file), once for the
+ * model's life, on the first product that needs it. */
 #ifndef TLM_KERNELS_QGEMM_H
 #define TLM_KERNELS_QGEMM_H
 
@@ -25,6 +26,14 @@ int k_qgemm_takes(tlm_dtype t);
  * micro-kernel of instruction set isa (K_ISA_REF: the plain C reference; K_ISA_AVX512). Returns
  * 0, or -1 (nothing written) when out of memory or the type/instruction set is not available. */
 int k_qgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const float *b, int isa);
+
+/* Weights with data in [base, base + len) (a read-only model's mapped file) are repacked once and
+ * kept (about 1.25 bytes per weight: a byte, plus two floats per sub-block) until
+ * k_qgemm_forget(base, len), which the model calls before it unmaps the file. */
+void k_qgemm_register(const void *base, size_t len);
+void k_qgemm_forget(const void *base, size_t len);
+/* Bytes of repacked copies kept for weights in [base, base + len). */
+size_t k_qgemm_cached_bytes(const void *base, size_t len);
 
 /* ---- the pieces, for tests ---- */
 /* Sub-block length of the type's integer form (32 or 16; 0: not covered). */

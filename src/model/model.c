@@ -4,6 +4,7 @@
 
 #include "core/dtype.h"
 #include "kernels/kernels.h"
+#include "kernels/qgemm.h"
 #include "model/model.h"
 
 /* Lookups by name go through an index sorted by name: loaders resolve every tensor of the schema,
@@ -273,6 +274,8 @@ tlm_status tlm_model_bind(tlm_model *m, const tlm_bind_src *src, tlm_mmap *maps,
         m->st.maps = NULL;
         m->st.n_maps = 0;
     }
+    /* Block-type weights in the files get their repacked prompt-sized form on first use. */
+    for (int i = 0; i < m->st.n_maps; i++) k_qgemm_register(m->st.maps[i].data, m->st.maps[i].size);
     return s;
 }
 
@@ -331,7 +334,10 @@ void tlm_model_free(tlm_model *m) {
     if (!m) return;
     tlm_big_free(m->st.params, m->n_params * sizeof(float));
     tlm_big_free(m->st.owned, m->st.owned_bytes);
-    for (int i = 0; i < m->st.n_maps; i++) tlm_mmap_close(&m->st.maps[i]);
+    for (int i = 0; i < m->st.n_maps; i++) {
+        k_qgemm_forget(m->st.maps[i].data, m->st.maps[i].size);
+        tlm_mmap_close(&m->st.maps[i]);
+    }
     free(m->st.maps);
     free(m->tensors);
     free(m->w);
@@ -371,6 +377,9 @@ void tlm_model_memory(const tlm_model *m, size_t *mapped, size_t *owned) {
     size_t ctx = (size_t)m->c.context_length, hd = (size_t)(m->c.d_model / m->c.n_heads);
     if (m->rope_cos) own += 2 * ctx * (hd / 2) * sizeof(float);
     if (m->sinus) own += ctx * (size_t)m->c.d_model * sizeof(float);
+    /* repacked copies made by prompt-sized products so far */
+    for (int k = 0; k < m->st.n_maps; k++)
+        own += k_qgemm_cached_bytes(m->st.maps[k].data, m->st.maps[k].size);
     if (mapped) *mapped = map;
     if (owned) *owned = own;
 }
