@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/core.h"
 #include "core/dtype.h"
 #include "core/half.h"
 #include "core/quant.h"
@@ -162,14 +163,6 @@ void k_qgemm_pack(const tlm_weight *w, int r0, int nrows, uint8_t *q, float *s, 
 
 /* ---- activations -------------------------------------------------------------------------- */
 
-/* Round to nearest, ties to even, for |f| < 2^22. */
-static inline int nearest_int(float f) {
-    float v = f + 12582912.0f;
-    int32_t i;
-    memcpy(&i, &v, 4);
-    return (i & 0x007fffff) - 0x00400000;
-}
-
 void k_qgemm_quantize(const float *x, int n, int sub, int8_t *q, float *d, float *ds) {
     /* Blocks of 32 with an fp32 scale (Q8_0's form without its f16 rounding of the scale). The
      * sums let the offset m of each weight sub-block enter once per sub-block, not per element. */
@@ -184,13 +177,18 @@ void k_qgemm_quantize(const float *x, int n, int sub, int8_t *q, float *d, float
         for (int h = 0; h < 32 / sub; h++) {
             int sum = 0;
             for (int i = h * sub; i < (h + 1) * sub; i++) {
-                q[i] = (int8_t)nearest_int(x[i] * id);
+                /* rintf (ties to even): the product cannot be fused into an add as in the
+                 * 2^23 trick, so the vector version's results are the same */
+                q[i] = (int8_t)rintf(x[i] * id);
                 sum += q[i];
             }
             ds[b * (32 / sub) + h] = dd * (float)sum;
         }
     }
 }
+
+static void quantize_rows(int isa, const float *x, int N, int n, int sub, int8_t *xq, float *xd,
+                          float *xs);
 
 /* ---- micro-kernels ------------------------------------------------------------------------- */
 
@@ -285,6 +283,30 @@ T5 static void micro_avx512(int n, int sub, const uint8_t *q, const float *s, co
         MICRO_CASES(16)
     }
 }
+
+/* k_qgemm_quantize in vectors, with the same results: the same products x * id, rounded to nearest
+ * even by vcvtps2dq (the default rounding mode) as nearest_int does. */
+T5 static void quantize_avx512(const float *x, int n, int sub, int8_t *q, float *d, float *ds) {
+    const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+    for (int b = 0; b < n / 32; b++, x += 32, q += 32) {
+        __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
+        float amax = _mm512_reduce_max_ps(
+            _mm512_max_ps(_mm512_and_ps(v0, absmask), _mm512_and_ps(v1, absmask)));
+        float dd = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(id)));
+        __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(id)));
+        _mm_storeu_si128((__m128i *)q, _mm512_cvtepi32_epi8(q0));
+        _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtepi32_epi8(q1));
+        d[b] = dd;
+        int s0 = _mm512_reduce_add_epi32(q0), s1 = _mm512_reduce_add_epi32(q1);
+        if (sub == 32) {
+            ds[b] = dd * (float)(s0 + s1);
+        } else {
+            ds[2 * b] = dd * (float)s0;
+            ds[2 * b + 1] = dd * (float)s1;
+        }
+    }
+}
 #define HAVE_AVX512 1
 #else
 #define HAVE_AVX512 0
@@ -304,6 +326,23 @@ void k_qgemm_micro(int isa, int n, int sub, const uint8_t *q, const float *s, co
     }
 #endif
     micro_ref(n, sub, q, s, m, xq, xd, xs, na, out);
+}
+
+static void quantize_rows(int isa, const float *x, int N, int n, int sub, int8_t *xq, float *xd,
+                          float *xs) {
+    size_t nb32 = (size_t)n / 32, nsb = (size_t)n / sub;
+#pragma omp parallel for schedule(static) if ((long)N * n >= K_PAR_MIN)
+    for (int i = 0; i < N; i++) {
+#if HAVE_AVX512
+        if (isa == K_ISA_AVX512) {
+            quantize_avx512(x + (size_t)i * n, n, sub, xq + (size_t)i * n, xd + (size_t)i * nb32,
+                            xs + (size_t)i * nsb);
+            continue;
+        }
+#endif
+        k_qgemm_quantize(x + (size_t)i * n, n, sub, xq + (size_t)i * n, xd + (size_t)i * nb32,
+                         xs + (size_t)i * nsb);
+    }
 }
 
 /* ---- repacked weights kept for a model's life -------------------------------------------------
@@ -360,7 +399,7 @@ void k_qgemm_forget(const void *base, size_t len) {
         if (in_range((*e)->data, base, len)) {
             qc_entry *dead = *e;
             *e = dead->next;
-            free(dead->packed);
+            tlm_big_free(dead->packed, dead->bytes);
             free(dead);
         } else {
             e = &(*e)->next;
@@ -385,6 +424,10 @@ static size_t pack_bytes_of(int n, int sub) {
 /* The whole weight repacked, from the cache or built now; NULL when w is not in a registered
  * range or there is no memory for it. */
 static const char *cached_pack(const tlm_weight *w, size_t pack_bytes) {
+    /* TLM_QCACHE=off: repack per call (no memory kept; a one-shot prompt then skips the first
+     * touch of the copy, which costs more than the repacking itself on some virtual machines) */
+    const char *env = getenv("TLM_QCACHE");
+    if (env && !strcmp(env, "off")) return NULL;
     const char *found = NULL;
     pthread_mutex_lock(&qc_lock);
     for (qc_entry *e = qc_entries; e && !found; e = e->next)
@@ -399,8 +442,9 @@ static const char *cached_pack(const tlm_weight *w, size_t pack_bytes) {
         int groups = (int)((w->rows + K_QG_ROWS - 1) / K_QG_ROWS), nsb = 0;
         size_t bytes = (size_t)groups * pack_bytes;
         qc_entry *e = malloc(sizeof *e);
-        void *p = NULL;
-        if (e && !posix_memalign(&p, 64, bytes)) {
+        /* huge pages where the system gives them: far fewer faults on the first touch */
+        void *p = e ? tlm_big_alloc(bytes) : NULL;
+        if (p) {
             nsb = (int)(w->cols / k_qgemm_sub(w->dtype));
 #pragma omp parallel for schedule(static)
             for (int g = 0; g < groups; g++) {
@@ -436,10 +480,7 @@ int k_qgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const
     if (!xd) return -1;
     float *xs = xd + (size_t)N * nb32;
     int8_t *xq = (int8_t *)(xs + (size_t)N * nsb);
-#pragma omp parallel for schedule(static) if ((long)N * n >= K_PAR_MIN)
-    for (int i = 0; i < N; i++)
-        k_qgemm_quantize(x + (size_t)i * n, n, sub, xq + (size_t)i * n, xd + (size_t)i * nb32,
-                         xs + (size_t)i * nsb);
+    quantize_rows(isa, x, N, n, sub, xq, xd, xs);
     int groups = (out + K_QG_ROWS - 1) / K_QG_ROWS, failed = 0;
     size_t pack_bytes = pack_bytes_of(n, sub);
     const char *cache = cached_pack(w, pack_bytes);
