@@ -17,7 +17,9 @@
 # Usage: bash bench/quant/run.sh [THREADS="1 2"] [N=32] [REPS=2]
 #   env: LLAMA_BIN (default /work/llama.cpp/build/bin), MODELS ("15M 110M"), TYPES
 #        ("F32 F16 BF16 Q8_0 Q4_0 Q4_K_M"), TLM (default build/tlm).
-# TLM_QPREFILL=int8 in the environment times tlm's integer prefill path instead of widened sgemm.
+# tlm's prefill of block types is its repacked 8-bit GEMM (src/kernels/qgemm.c) on CPUs with AVX-512
+# VNNI; TLM_QPREFILL=sgemm (widened tiles) or =int8 (the decode kernels) in the environment times
+# another path (bench/quant/prefill_paths.sh compares all three in one run).
 # OPENBLAS_CORETYPE is unset (the environment presets Haswell, which keeps OpenBLAS's sgemm to
 # AVX2 on AVX-512 machines). Run on an otherwise idle machine: llama.cpp's worker threads spin.
 # Prints a table and writes bench/out/quant/results.json.
