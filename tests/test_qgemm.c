@@ -4,7 +4,9 @@
  * (k_qgemm_quantize), summed in double: this checks the repacking, the offsets and scales and the
  * micro-kernels, on row counts that are not multiples of the 16-row group, 9 to 130 activation
  * rows (every tail of the 8-row micro-kernel), random, extreme-scale and largest-magnitude blocks.
- * The vector kernel must equal the reference exactly (the same operations in the same order). */
+ * The vector kernel must equal the reference exactly (the same operations in the same order).
+ * BF16 (vdpbf16ps on the weights as they are, activations rounded to BF16) against the exact sum
+ * of the same BF16 values. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -133,6 +135,46 @@ static void check(tlm_dtype t, int in, int out, int N, int mode) {
     free(xs);
 }
 
+/* BF16: activations rounded to BF16, products exact in fp32; each kernel against the double sum. */
+static void check_bf16(int in, int out, int N) {
+    uint16_t *w = malloc(2 * (size_t)in * out);
+    float *x = malloc(sizeof(float) * in * N), *y = malloc(sizeof(float) * out * N);
+    float *b = malloc(sizeof(float) * out);
+    for (int i = 0; i < in * out; i++)
+        w[i] = tlm_f32_to_bf16(unif() * (i % 53 == 0 ? 1e3f : i % 59 == 0 ? 1e-3f : 1.0f));
+    for (int i = 0; i < in * N; i++) x[i] = unif() * (i % 97 == 0 ? 50.0f : 1.0f);
+    for (int r = 0; r < out; r++) b[r] = unif();
+    tlm_weight tw = {
+        .dtype = TLM_DTYPE_BF16, .data = w, .rows = out, .cols = in, .row_bytes = 2 * in};
+    for (int isa = K_ISA_REF; isa <= K_ISA_AVX512; isa += K_ISA_AVX512 - K_ISA_REF) {
+        if (isa == K_ISA_AVX512 && !k_qgemm_bf16_ok()) {
+            CHECK(k_qgemm(y, out, x, N, &tw, b, isa) == -1, "BF16 refused without AVX512_BF16");
+            continue;
+        }
+        memset(y, 0xFF, sizeof(float) * out * N);
+        CHECK(k_qgemm(y, out, x, N, &tw, b, isa) == 0, "BF16 product (isa %d)", isa);
+        double worst = 0;
+        for (int i = 0; i < N; i++)
+            for (int r = 0; r < out; r++) {
+                double s = b[r], mag = fabs(b[r]);
+                for (int k = 0; k < in; k++) {
+                    double p = (double)tlm_bf16_to_f32(w[(size_t)r * in + k]) *
+                               tlm_bf16_to_f32(tlm_f32_to_bf16(x[(size_t)i * in + k]));
+                    s += p;
+                    mag += fabs(p);
+                }
+                double e = fabs(y[(size_t)i * out + r] - s) / (mag + 1e-30);
+                worst = e > worst || isnan(e) ? e : worst;
+            }
+        CHECK(worst <= 1e-5, "BF16 in=%d out=%d N=%d isa %d: %g from the exact product", in, out, N,
+              isa, worst);
+    }
+    free(w);
+    free(x);
+    free(y);
+    free(b);
+}
+
 int main(void) {
     tlm_set_threads(2);
     printf("AVX-512 VNNI micro-kernel: %s\n", k_simd_ok() ? "yes" : "no (reference only)");
@@ -145,6 +187,12 @@ int main(void) {
         check(t, 256, 5, 13, 1);
         check(t, 256, 21, 11, 2);
     }
+    check_bf16(130, 13, 37);
+    check_bf16(64, 8, 9);
+    check_bf16(256, 21, 130);
+    CHECK(k_qgemm(NULL, 1, NULL, 9, &(tlm_weight){.dtype = TLM_DTYPE_BF16, .cols = 3}, NULL,
+                  K_ISA_REF) == -1,
+          "BF16 rows of odd length refused");
     /* types without an integer form, and unknown instruction sets, are refused */
     float y[16], x[32 * 9] = {0};
     tlm_weight f = {.dtype = TLM_DTYPE_F32, .data = x, .rows = 1, .cols = 16, .row_bytes = 64};

@@ -172,7 +172,8 @@ static void check_linear(tlm_dtype t, int in, int out) {
     const char *mode[] = {NULL, NULL, NULL, "int8", "sgemm"};
     for (int c = 0; c < 5; c++) {
         int M = rows[c], blocks = k_act_of(t) != K_ACT_F32 && k_act_of(t) != K_ACT_BF16;
-        int int8 = blocks && (c == 3 || (c == 2 && k_qgemm_takes(t)));
+        /* (BF16 through qgemm.c: activations rounded to BF16, as decode does) */
+        int int8 = (blocks && c == 3) || (c == 2 && k_qgemm_takes(t));
         if (mode[c]) setenv("TLM_QPREFILL", mode[c], 1);
         k_linear(y, out, x, M, &tw, b);
         unsetenv("TLM_QPREFILL");

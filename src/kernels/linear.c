@@ -52,9 +52,9 @@ static const float *stacked_bias(const tlm_weight *const *w, const float *const 
  * time). */
 enum { PREFILL_SGEMM, PREFILL_QGEMM, PREFILL_INT8 };
 static int prefill_path(tlm_dtype t) {
-    if (k_act_of(t) == K_ACT_F32 || k_act_of(t) == K_ACT_BF16) return PREFILL_SGEMM;
+    if (k_act_of(t) == K_ACT_F32) return PREFILL_SGEMM;
     const char *e = getenv("TLM_QPREFILL"); /* once per product of many rows: negligible */
-    if (e && !strcmp(e, "int8")) return PREFILL_INT8;
+    if (e && !strcmp(e, "int8")) return t == TLM_DTYPE_BF16 ? PREFILL_SGEMM : PREFILL_INT8;
     if (e && !strcmp(e, "sgemm")) return PREFILL_SGEMM;
     return k_qgemm_takes(t) ? PREFILL_QGEMM : PREFILL_SGEMM;
 }

@@ -32,7 +32,10 @@ int k_qgemm_sub(tlm_dtype t) {
 
 int k_qgemm_covers(tlm_dtype t) { return k_qgemm_sub(t) != 0; }
 
-int k_qgemm_takes(tlm_dtype t) { return k_qgemm_covers(t) && k_isa() >= K_ISA_AVX512; }
+int k_qgemm_takes(tlm_dtype t) {
+    if (t == TLM_DTYPE_BF16) return k_isa() >= K_ISA_AVX512 && k_qgemm_bf16_ok();
+    return k_qgemm_covers(t) && k_isa() >= K_ISA_AVX512;
+}
 
 static inline uint32_t rd32(const uint8_t *p) {
     uint32_t v;
@@ -214,6 +217,7 @@ static void micro_ref(int n, int sub, const uint8_t *q, const float *s, const fl
 }
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 
 #define T5 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
@@ -307,10 +311,80 @@ T5 static void quantize_avx512(const float *x, int n, int sub, int8_t *q, float 
         }
     }
 }
+
+#define T5BF                                                                                       \
+    __attribute__((                                                                                \
+        target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,avx2,fma,f16c")))
+
+/* BF16 weights need no repacking: each vdpbf16ps takes one pair of columns of 16 activation rows
+ * (interleaved once per call) and a broadcast pair of one weight row, so R weight rows keep R
+ * accumulators of 16 activation rows each. */
+T5BF static inline __attribute__((always_inline)) void
+bf16_t(const int R, int n, const uint8_t *w, size_t row_bytes, const uint32_t *xt, float *out) {
+    __m512 acc[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int kp = 0; kp < n / 2; kp++) {
+        __m512bh xv = (__m512bh)_mm512_loadu_si512((const void *)(xt + (size_t)kp * 16));
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            int32_t wv;
+            memcpy(&wv, w + (size_t)r * row_bytes + 4 * (size_t)kp, 4);
+            acc[r] = _mm512_dpbf16_ps(acc[r], xv, (__m512bh)_mm512_set1_epi32(wv));
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) _mm512_storeu_ps(out + r * 16, acc[r]);
+}
+
+#define BF_CASE(R)                                                                                 \
+    case R: bf16_t(R, n, w, row_bytes, xt, out); return;
+T5BF static void bf16_avx512(int R, int n, const uint8_t *w, size_t row_bytes, const uint32_t *xt,
+                             float *out) {
+    switch (R) {
+        BF_CASE(1)
+        BF_CASE(2)
+        BF_CASE(3)
+        BF_CASE(4)
+        BF_CASE(5)
+        BF_CASE(6)
+        BF_CASE(7)
+        BF_CASE(8)
+    default: return;
+    }
+}
+
+/* A row of n floats to BF16 (round to nearest even, as tlm_f32_to_bf16 for finite values). */
+T5BF static void bf16_round_row(const float *x, int n, uint16_t *y) {
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(x + i));
+        _mm512_storeu_si512((void *)(y + i), (__m512i)v);
+    }
+    for (; i < n; i++) y[i] = tlm_f32_to_bf16(x[i]);
+}
+
+static int bf16_cpu = -1;
+static pthread_once_t bf16_once = PTHREAD_ONCE_INIT;
+static void bf16_detect(void) {
+    unsigned a = 0, b, c, d;
+    if (k_simd_cpu_level() >= K_ISA_AVX512 && __get_cpuid_max(0, NULL) >= 7)
+        __cpuid_count(7, 1, a, b, c, d);
+    bf16_cpu = (a >> 5) & 1;
+}
 #define HAVE_AVX512 1
 #else
 #define HAVE_AVX512 0
 #endif
+
+int k_qgemm_bf16_ok(void) {
+#if HAVE_AVX512
+    pthread_once(&bf16_once, bf16_detect);
+    return bf16_cpu;
+#else
+    return 0;
+#endif
+}
 
 static int isa_ok(int isa) {
     if (isa == K_ISA_REF) return 1;
@@ -468,8 +542,84 @@ static const char *cached_pack(const tlm_weight *w, size_t pack_bytes) {
 
 /* ---- the product ---------------------------------------------------------------------------- */
 
+/* The plain C reference of the BF16 kernel: products of BF16 values are exact in fp32, summed in
+ * pairs as vdpbf16ps does (up to its rounding of each step). */
+static void bf16_ref(int R, int n, const uint8_t *w, size_t row_bytes, const uint32_t *xt,
+                     float *out) {
+    for (int r = 0; r < R; r++)
+        for (int a = 0; a < 16; a++) {
+            float acc = 0.0f;
+            for (int kp = 0; kp < n / 2; kp++) {
+                uint16_t wv[2], xv[2];
+                memcpy(wv, w + (size_t)r * row_bytes + 4 * (size_t)kp, 4);
+                memcpy(xv, xt + (size_t)kp * 16 + a, 4);
+                acc += tlm_bf16_to_f32(wv[0]) * tlm_bf16_to_f32(xv[0]) +
+                       tlm_bf16_to_f32(wv[1]) * tlm_bf16_to_f32(xv[1]);
+            }
+            out[r * 16 + a] = acc;
+        }
+}
+
+static int bf16_gemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const float *b,
+                     int isa) {
+    int n = (int)w->cols, out = (int)w->rows;
+    if (n % 2 || N <= 0 || (isa != K_ISA_REF && !(isa_ok(isa) && k_qgemm_bf16_ok()))) return -1;
+    int tiles = (N + 15) / 16;
+    /* slot 1 of the calling thread: the activation rows in BF16, then interleaved by tiles of 16
+     * rows, a pair of columns of each row per 32-bit word (rows past N are zero) */
+    size_t tile_words = (size_t)n / 2 * 16;
+    uint32_t *xt = k_scratch(1, (size_t)tiles * tile_words * 4 + (size_t)n * 2 * 16);
+    if (!xt) return -1;
+#pragma omp parallel for schedule(static) if ((long)N * n >= K_PAR_MIN)
+    for (int t = 0; t < tiles; t++) {
+        uint32_t *dst = xt + (size_t)t * tile_words;
+        uint16_t row[64];
+        for (int a = 0; a < 16; a++) {
+            int i = t * 16 + a;
+            for (int k0 = 0; k0 < n; k0 += 64) {
+                int len = n - k0 < 64 ? n - k0 : 64;
+                if (i >= N) {
+                    memset(row, 0, sizeof row);
+                } else {
+#if HAVE_AVX512
+                    if (isa == K_ISA_AVX512)
+                        bf16_round_row(x + (size_t)i * n + k0, len, row);
+                    else
+#endif
+                        for (int k = 0; k < len; k++)
+                            row[k] = tlm_f32_to_bf16(x[(size_t)i * n + k0 + k]);
+                }
+                for (int kp = 0; kp < len / 2; kp++)
+                    memcpy(dst + (size_t)(k0 / 2 + kp) * 16 + a, row + 2 * kp, 4);
+            }
+        }
+    }
+    int blocks = (out + 7) / 8;
+#pragma omp parallel for schedule(static) if ((long)N * out >= K_PAR_MIN / 16)
+    for (int bl = 0; bl < blocks; bl++) {
+        int r0 = bl * 8, R = out - r0 < 8 ? out - r0 : 8;
+        const uint8_t *wr = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
+        float tile[8 * 16];
+        for (int t = 0; t < tiles; t++) {
+#if HAVE_AVX512
+            if (isa == K_ISA_AVX512)
+                bf16_avx512(R, n, wr, w->row_bytes, xt + (size_t)t * tile_words, tile);
+            else
+#endif
+                bf16_ref(R, n, wr, w->row_bytes, xt + (size_t)t * tile_words, tile);
+            int na = N - t * 16 < 16 ? N - t * 16 : 16;
+            for (int a = 0; a < na; a++) {
+                float *yr = y + (size_t)(t * 16 + a) * ldy + r0;
+                for (int r = 0; r < R; r++) yr[r] = tile[r * 16 + a] + (b ? b[r0 + r] : 0.0f);
+            }
+        }
+    }
+    return 0;
+}
+
 int k_qgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const float *b,
             int isa) {
+    if (w->dtype == TLM_DTYPE_BF16) return bf16_gemm(y, ldy, x, N, w, b, isa);
     int sub = k_qgemm_sub(w->dtype), n = (int)w->cols, out = (int)w->rows;
     if (!sub || !isa_ok(isa) || N <= 0 || n <= 0 || n % (int)tlm_dtype_get(w->dtype)->block_elems)
         return -1;
