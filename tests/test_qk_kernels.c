@@ -167,13 +167,15 @@ static void check_linear(tlm_dtype t, int in, int out) {
                      .cols = in,
                      .row_bytes = sizeof(float) * in};
     /* Many rows: the default path (the repacked 8-bit products where the CPU runs them), then
-     * TLM_QPREFILL=int8 (the integer decode kernels) and =sgemm (widened tiles). */
-    const int rows[] = {1, 8, N, N, N};
-    const char *mode[] = {NULL, NULL, NULL, "int8", "sgemm"};
-    for (int c = 0; c < 5; c++) {
+     * TLM_QPREFILL=int8 (the integer decode kernels), =sgemm (widened tiles) and =bf16. */
+    const int rows[] = {1, 8, N, N, N, N};
+    const char *mode[] = {NULL, NULL, NULL, "int8", "sgemm", "bf16"};
+    for (int c = 0; c < 6; c++) {
         int M = rows[c], blocks = k_act_of(t) != K_ACT_F32 && k_act_of(t) != K_ACT_BF16;
-        /* (BF16 through qgemm.c: activations rounded to BF16, as decode does) */
-        int int8 = (blocks && c == 3) || (c == 2 && k_qgemm_takes(t));
+        /* (TLM_QPREFILL=bf16: BF16 through qgemm.c, activations rounded to BF16 as decode does;
+         * the block types take their default path) */
+        int int8 = (blocks && c == 3) || ((c == 2 || c == 5) && blocks && k_qgemm_takes(t)) ||
+                   (c == 5 && t == TLM_DTYPE_BF16 && k_qgemm_takes(t));
         if (mode[c]) setenv("TLM_QPREFILL", mode[c], 1);
         k_linear(y, out, x, M, &tw, b);
         unsetenv("TLM_QPREFILL");
