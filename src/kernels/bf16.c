@@ -69,11 +69,14 @@ float k_bf16_to_f32(uint16_t h) {
 
 /* ---- the context --------------------------------------------------------------------------- */
 
-/* One matmul primitive per layout: C[M, N] (+)= op(A)[M, K] op(B)[K, N], all row-major. */
+/* One matmul primitive per layout: C[M, N] (+)= op(A)[M, K] op(B)[K, N], all row-major. A packed
+ * one takes B as fp32 and has oneDNN round it into the blocked layout its kernels read (`pack`, a
+ * reorder into `pbuf`) before the product. */
 typedef struct {
-    int key[10];
-    dnnl_primitive_t prim;
-    dnnl_memory_t a, b, c;
+    int key[11];
+    dnnl_primitive_t prim, pack;
+    dnnl_memory_t a, b, c, bsrc;
+    void *pbuf;
 } mm;
 
 /* A weight's rounded copy, valid for the pass it was made in. */
@@ -120,6 +123,11 @@ void k_bf16_free(k_bf16 *k) {
         dnnl_memory_destroy(k->mms[i].b);
         dnnl_memory_destroy(k->mms[i].c);
         dnnl_primitive_destroy(k->mms[i].prim);
+        if (k->mms[i].pack) {
+            dnnl_memory_destroy(k->mms[i].bsrc);
+            dnnl_primitive_destroy(k->mms[i].pack);
+        }
+        free(k->mms[i].pbuf);
     }
     free(k->mms);
     for (int i = 0; i < k->n_w; i++) free(k->w[i].bf);
@@ -175,12 +183,31 @@ static const uint16_t *weight(k_bf16 *k, const float *w, size_t n) {
     return e->bf;
 }
 
+/* The reorder that rounds fp32 B (layout bmd's dims with strides bs) into the layout the matmul
+ * chose for its weights, and that layout's buffer. */
+static int make_pack(k_bf16 *k, mm *r, const dnnl_dims_t bd, const dnnl_dims_t bs,
+                     const_dnnl_primitive_desc_t pd) {
+    const dnnl_memory_desc_t *wmd = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+    dnnl_memory_desc_t fmd;
+    dnnl_primitive_desc_t rpd = NULL;
+    size_t bytes = wmd ? dnnl_memory_desc_get_size(wmd) : 0;
+    int ok =
+        bytes && (r->pbuf = aligned_alloc(64, (bytes + 63) & ~(size_t)63)) &&
+        dnnl_memory_desc_init_by_strides(&fmd, 2, bd, dnnl_f32, bs) == dnnl_success &&
+        dnnl_reorder_primitive_desc_create(&rpd, &fmd, k->eng, wmd, k->eng, NULL) == dnnl_success &&
+        dnnl_primitive_create(&r->pack, rpd) == dnnl_success &&
+        dnnl_memory_create(&r->bsrc, &fmd, k->eng, DNNL_MEMORY_NONE) == dnnl_success &&
+        dnnl_memory_create(&r->b, wmd, k->eng, r->pbuf) == dnnl_success;
+    if (rpd) dnnl_primitive_desc_destroy(rpd);
+    return ok;
+}
+
 /* A primitive divides its work among the threads oneDNN counted when it was made, and runs each
  * share on the thread of that number in the team: the count is part of the key. */
 static mm *primitive(k_bf16 *k, int M, int N, int K, int ta, int lda, int tb, int ldb, int ldc,
-                     int add) {
+                     int add, int pack) {
     int nthr = omp_in_parallel() ? 1 : omp_get_max_threads();
-    int key[10] = {M, N, K, ta, lda, tb, ldb, ldc, add, nthr};
+    int key[11] = {M, N, K, ta, lda, tb, ldb, ldc, add, nthr, pack};
     for (int i = 0; i < k->n_mms; i++)
         if (!memcmp(k->mms[i].key, key, sizeof key)) return &k->mms[i];
     if (k->n_mms == k->cap_mms) {
@@ -200,11 +227,13 @@ static mm *primitive(k_bf16 *k, int M, int N, int K, int ta, int lda, int tb, in
     dnnl_primitive_desc_t pd = NULL;
     mm r = {0};
     memcpy(r.key, key, sizeof key);
-    int ok = dnnl_memory_desc_init_by_strides(&amd, 2, ad, dnnl_bf16, as) == dnnl_success &&
-             dnnl_memory_desc_init_by_strides(&bmd, 2, bd, dnnl_bf16, bs) == dnnl_success &&
-             dnnl_memory_desc_init_by_strides(&cmd, 2, cd, dnnl_f32, cs) == dnnl_success &&
-             dnnl_matmul_desc_init(&md, &amd, &bmd, NULL, &cmd) == dnnl_success &&
-             dnnl_primitive_attr_create(&attr) == dnnl_success;
+    int ok =
+        dnnl_memory_desc_init_by_strides(&amd, 2, ad, dnnl_bf16, as) == dnnl_success &&
+        (pack ? dnnl_memory_desc_init_by_tag(&bmd, 2, bd, dnnl_bf16, dnnl_format_tag_any)
+              : dnnl_memory_desc_init_by_strides(&bmd, 2, bd, dnnl_bf16, bs)) == dnnl_success &&
+        dnnl_memory_desc_init_by_strides(&cmd, 2, cd, dnnl_f32, cs) == dnnl_success &&
+        dnnl_matmul_desc_init(&md, &amd, &bmd, NULL, &cmd) == dnnl_success &&
+        dnnl_primitive_attr_create(&attr) == dnnl_success;
     if (ok && add)
         ok = dnnl_post_ops_create(&po) == dnnl_success &&
              dnnl_post_ops_append_sum(po, 1.0f) == dnnl_success &&
@@ -212,7 +241,8 @@ static mm *primitive(k_bf16 *k, int M, int N, int K, int ta, int lda, int tb, in
     ok = ok && dnnl_primitive_desc_create(&pd, &md, attr, k->eng, NULL) == dnnl_success &&
          dnnl_primitive_create(&r.prim, pd) == dnnl_success &&
          dnnl_memory_create(&r.a, &amd, k->eng, DNNL_MEMORY_NONE) == dnnl_success &&
-         dnnl_memory_create(&r.b, &bmd, k->eng, DNNL_MEMORY_NONE) == dnnl_success &&
+         (pack ? make_pack(k, &r, bd, bs, pd)
+               : dnnl_memory_create(&r.b, &bmd, k->eng, DNNL_MEMORY_NONE) == dnnl_success) &&
          dnnl_memory_create(&r.c, &cmd, k->eng, DNNL_MEMORY_NONE) == dnnl_success;
     if (pd) dnnl_primitive_desc_destroy(pd);
     if (po) dnnl_post_ops_destroy(po);
@@ -221,19 +251,30 @@ static mm *primitive(k_bf16 *k, int M, int N, int K, int ta, int lda, int tb, in
         if (r.a) dnnl_memory_destroy(r.a);
         if (r.b) dnnl_memory_destroy(r.b);
         if (r.c) dnnl_memory_destroy(r.c);
+        if (r.bsrc) dnnl_memory_destroy(r.bsrc);
+        if (r.pack) dnnl_primitive_destroy(r.pack);
         if (r.prim) dnnl_primitive_destroy(r.prim);
+        free(r.pbuf);
         return NULL;
     }
     k->mms[k->n_mms] = r;
     return &k->mms[k->n_mms++];
 }
 
-static int run(k_bf16 *k, int M, int N, int K, const uint16_t *A, int ta, int lda,
-               const uint16_t *B, int tb, int ldb, float *C, int ldc, int add) {
-    mm *p = primitive(k, M, N, K, ta, lda, tb, ldb, ldc, add);
+/* B is bf16 (rounded by us) or, for a packed primitive, the fp32 source. */
+static int run(k_bf16 *k, int M, int N, int K, const uint16_t *A, int ta, int lda, const void *B,
+               int tb, int ldb, float *C, int ldc, int add, int pack) {
+    mm *p = primitive(k, M, N, K, ta, lda, tb, ldb, ldc, add, pack);
     if (!p) return 0;
+    if (pack) {
+        dnnl_exec_arg_t pargs[2] = {{DNNL_ARG_FROM, p->bsrc}, {DNNL_ARG_TO, p->b}};
+        if (dnnl_memory_set_data_handle(p->bsrc, (void *)B) != dnnl_success ||
+            dnnl_primitive_execute(p->pack, k->strm, 2, pargs) != dnnl_success)
+            return 0;
+    } else if (dnnl_memory_set_data_handle(p->b, (void *)B) != dnnl_success) {
+        return 0;
+    }
     if (dnnl_memory_set_data_handle(p->a, (void *)A) != dnnl_success ||
-        dnnl_memory_set_data_handle(p->b, (void *)B) != dnnl_success ||
         dnnl_memory_set_data_handle(p->c, C) != dnnl_success)
         return 0;
     dnnl_exec_arg_t args[3] = {
@@ -245,16 +286,21 @@ static int run(k_bf16 *k, int M, int N, int K, const uint16_t *A, int ta, int ld
 /* C (+)= op(A) op(B) on rounded operands; 0 when oneDNN could not do it. A team shorter than the
  * count a primitive was made for would leave the missing threads' shares undone (OMP_THREAD_LIMIT,
  * dynamic teams), so the calling thread's count is capped and its teams fixed around the call. */
-static int gemm(k_bf16 *k, int M, int N, int K, const uint16_t *A, int ta, int lda,
-                const uint16_t *B, int tb, int ldb, float *C, int ldc, int add) {
+static int gemm_b(k_bf16 *k, int M, int N, int K, const uint16_t *A, int ta, int lda, const void *B,
+                  int tb, int ldb, float *C, int ldc, int add, int pack) {
     if (!A || !B) return 0;
     int dyn = omp_get_dynamic(), n = omp_get_max_threads(), limit = omp_get_thread_limit();
     if (dyn) omp_set_dynamic(0);
     if (limit > 0 && n > limit) omp_set_num_threads(limit);
-    int ok = run(k, M, N, K, A, ta, lda, B, tb, ldb, C, ldc, add);
+    int ok = run(k, M, N, K, A, ta, lda, B, tb, ldb, C, ldc, add, pack);
     if (limit > 0 && n > limit) omp_set_num_threads(n);
     if (dyn) omp_set_dynamic(1);
     return ok;
+}
+
+static int gemm(k_bf16 *k, int M, int N, int K, const uint16_t *A, int ta, int lda,
+                const uint16_t *B, int tb, int ldb, float *C, int ldc, int add) {
+    return gemm_b(k, M, N, K, A, ta, lda, B, tb, ldb, C, ldc, add, 0);
 }
 
 /* ---- the linear layer ---------------------------------------------------------------------- */
@@ -285,8 +331,17 @@ void k_bf16_linear_bwd(k_bf16 *k, float *dx, float *dw, float *db, const float *
                         0.0f, dx, in);
         }
     }
-    const uint16_t *xb = round_to(k, 1, x, (size_t)N * in);
-    if (!gemm(k, out, in, N, dyb, 1, out, xb, 0, in, dw, in, acc)) {
+    /* dW = dy^T x. With B = x in the plain layout, oneDNN copies B's blocks into its own layout
+     * again for every block of dW's rows: with many more rows than columns (the head: vocabulary
+     * x d_model) rounding x straight into that layout once (a reorder) is 1.3-1.4x faster. */
+    int ok;
+    if (out >= 4 * in) {
+        ok = gemm_b(k, out, in, N, dyb, 1, out, x, 0, in, dw, in, acc, 1);
+    } else {
+        const uint16_t *xb = round_to(k, 1, x, (size_t)N * in);
+        ok = gemm(k, out, in, N, dyb, 1, out, xb, 0, in, dw, in, acc);
+    }
+    if (!ok) {
         k->fallbacks++;
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, N, 1.0f, dy, out, x, in,
                     acc ? 1.0f : 0.0f, dw, in);
