@@ -145,6 +145,54 @@ static void check_type(tlm_dtype t, int n, int mode) {
     free(xq);
 }
 
+/* One weight row against M activation rows (k_vdot_rows_fn, M = 1..K_VDOT_MAX_ROWS) at every
+ * instruction set that has a version: each row's sum against the one-row reference, with the
+ * activation rows at the padded stride the decode uses. */
+static void check_rows(tlm_dtype t, int n) {
+    const char *name = tlm_dtype_name(t);
+    size_t wb = tlm_dtype_bytes(t, (uint64_t)n);
+    size_t rb = (k_act_row_bytes(t, n) + 63) & ~(size_t)63;
+    uint8_t *w = malloc(wb), *xq = malloc(rb * K_VDOT_MAX_ROWS);
+    float *x = malloc(sizeof(float) * n), *wf = malloc(sizeof(float) * n);
+    double mag[K_VDOT_MAX_ROWS];
+    float ref[K_VDOT_MAX_ROWS];
+    if (t == TLM_DTYPE_F32)
+        for (int i = 0; i < n; i++) ((float *)(void *)w)[i] = unif();
+    else
+        fill_weights(t, w, n, 0);
+    CHECK_OK(tlm_dtype_to_f32(t, w, wf, (size_t)n));
+    for (int m = 0; m < K_VDOT_MAX_ROWS; m++) {
+        /* rows of different magnitudes, so that a sum landing in the wrong row shows */
+        mag[m] = 0;
+        for (int i = 0; i < n; i++) {
+            x[i] = unif() * (float)(1 + 3 * m);
+            mag[m] += fabs((double)wf[i] * x[i]);
+        }
+        k_act_quantize(k_act_of(t), x, xq + m * rb, n);
+        k_vdot_get(t, K_ISA_REF)(n, &ref[m], w, xq + m * rb);
+    }
+    CHECK(k_vdot_rows_get(t, K_ISA_REF) == NULL, "%s: the references are one row each", name);
+    for (int isa = K_ISA_AVX2; isa < K_ISA_COUNT; isa++) {
+        k_vdot_rows_fn f = k_vdot_rows_get(t, isa);
+        if (!f) continue;
+        for (int M = 1; M <= K_VDOT_MAX_ROWS; M++) {
+            float got[K_VDOT_MAX_ROWS + 1];
+            got[M] = 12345.0f; /* the element after the last row stays untouched */
+            f(n, M, got, w, xq, rb);
+            for (int m = 0; m < M; m++)
+                CHECK(fabs(got[m] - ref[m]) <= 2e-5 * mag[m] + 1e-30,
+                      "%s rows isa %d n=%d M=%d row %d: %.9g vs reference %.9g", name, isa, n, M, m,
+                      got[m], ref[m]);
+            CHECK(got[M] == 12345.0f, "%s rows isa %d n=%d M=%d wrote past its rows", name, isa, n,
+                  M);
+        }
+    }
+    free(w);
+    free(xq);
+    free(x);
+    free(wf);
+}
+
 /* k_linear on a typed [out, in] weight against the widened F32 weight: M <= 8 rows (decode,
  * activations quantized: within the quantization's error) and N > 8 (prefill: widened tiles and
  * sgemm, the same sums). */
@@ -166,11 +214,11 @@ static void check_linear(tlm_dtype t, int in, int out) {
                      .cols = in,
                      .row_bytes = sizeof(float) * in};
     /* the last case: TLM_QPREFILL=int8, many rows through the integer kernels */
-    const int rows[] = {1, 8, N, N};
-    for (int c = 0; c < 4; c++) {
+    const int rows[] = {1, 3, 8, N, N};
+    for (int c = 0; c < 5; c++) {
         int M = rows[c];
-        int int8 = c == 3 && k_act_of(t) != K_ACT_F32 && k_act_of(t) != K_ACT_BF16;
-        if (c == 3) setenv("TLM_QPREFILL", "int8", 1);
+        int int8 = c == 4 && k_act_of(t) != K_ACT_F32 && k_act_of(t) != K_ACT_BF16;
+        if (c == 4) setenv("TLM_QPREFILL", "int8", 1);
         k_linear(y, out, x, M, &tw, b);
         unsetenv("TLM_QPREFILL");
         k_linear(yf, out, x, M, &fw, b);
@@ -207,7 +255,11 @@ int main(void) {
             for (int mode = 0; mode < 4; mode++) check_type(t, n, mode);
         }
         check_linear(t, be == 256 ? 512 : 96, 19);
+        for (int c = 0; c < 5; c++) check_rows(t, be == 1 ? counts[c] * 17 : counts[c] * be);
     }
+    /* F32 rows: whole vectors, a tail of each width, shorter than one vector */
+    const int f32n[] = {768, 32 * 7 + 5, 16 * 3 + 9, 11};
+    for (int c = 0; c < 4; c++) check_rows(TLM_DTYPE_F32, f32n[c]);
     CHECK(!k_linear_takes(TLM_DTYPE_I32), "integers are not weights");
     return t_finish("test_qk_kernels");
 }

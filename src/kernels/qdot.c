@@ -332,6 +332,21 @@ k_vdot_fn k_vdot(tlm_dtype t) {
     return ref_of(t);
 }
 
+k_vdot_rows_fn k_vdot_rows_get(tlm_dtype t, int isa) {
+    if (isa <= K_ISA_REF || isa >= K_ISA_COUNT || isa > k_simd_cpu_level()) return NULL;
+    return k_simd_vdot_rows(t, isa);
+}
+
+k_vdot_rows_fn k_vdot_rows(tlm_dtype t) {
+    int top = k_isa() < isa_cap ? k_isa() : isa_cap;
+    for (int isa = top; isa > K_ISA_REF; isa--) {
+        k_vdot_rows_fn f = k_simd_vdot_rows(t, isa);
+        /* a type with its own dot product at a higher level must not fall to a lower one here */
+        if (f || k_simd_vdot(t, isa)) return f;
+    }
+    return NULL;
+}
+
 void k_widen_row(tlm_dtype t, const void *src, float *dst, int n) {
     if (k_isa() >= K_ISA_AVX2 && k_simd_widen(t, src, dst, n)) return;
     tlm_dtype_to_f32(t, src, dst, (size_t)n);

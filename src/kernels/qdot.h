@@ -44,6 +44,19 @@ void k_isa_cap(int isa);
 k_vdot_fn k_vdot_get(tlm_dtype t, int isa);
 k_vdot_fn k_vdot(tlm_dtype t);
 
+/* Most activation rows a k_vdot_rows_fn takes in one call. */
+#define K_VDOT_MAX_ROWS 8
+/* s[m] = w . xq_m for m < M (1 <= M <= K_VDOT_MAX_ROWS), xq_m = xq + m * xstride bytes: one
+ * weight row against several activation rows, each weight load and unpacking shared by all of
+ * them (decode of several sequences at once). Defined as the type's k_vdot per row; the vector
+ * versions sum in another order. */
+typedef void (*k_vdot_rows_fn)(int n, int M, float *s, const void *w, const void *xq,
+                               size_t xstride);
+/* The several-row version at one instruction set (NULL where it has none: callers then call the
+ * one-row dot per row); k_vdot_rows: the best available under the cap, or NULL. */
+k_vdot_rows_fn k_vdot_rows_get(tlm_dtype t, int isa);
+k_vdot_rows_fn k_vdot_rows(tlm_dtype t);
+
 /* One weight row of n elements to floats (tlm_dtype_to_f32, vectorized where it matters). */
 void k_widen_row(tlm_dtype t, const void *src, float *dst, int n);
 

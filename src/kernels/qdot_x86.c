@@ -633,6 +633,236 @@ T2 static void widen_bf16(const void *src, float *dst, int n) {
     }
 }
 
+/* ---- one weight row against several activation rows ----------------------------------------- */
+
+/* Each weight vector is loaded (and for the block types unpacked) once and multiplied into every
+ * activation row's accumulators, which stay in registers: M rows cost about one row's weight
+ * traffic and unpacking plus M times the activation side. The functions are inlined with M a
+ * constant (ROWS_SWITCH), so the accumulator arrays are registers, not memory. */
+#define AI __attribute__((always_inline))
+#define ROWS_SWITCH(fn, n, M, s, w, xq, xs)                                                        \
+    switch (M) {                                                                                   \
+    case 1: fn(n, 1, s, w, xq, xs); break;                                                         \
+    case 2: fn(n, 2, s, w, xq, xs); break;                                                         \
+    case 3: fn(n, 3, s, w, xq, xs); break;                                                         \
+    case 4: fn(n, 4, s, w, xq, xs); break;                                                         \
+    case 5: fn(n, 5, s, w, xq, xs); break;                                                         \
+    case 6: fn(n, 6, s, w, xq, xs); break;                                                         \
+    case 7: fn(n, 7, s, w, xq, xs); break;                                                         \
+    default: fn(n, 8, s, w, xq, xs); break;                                                        \
+    }
+
+/* F32 and F16 weights against F32 rows. One row at a time reads the matrix as one sequential
+ * stream (rows are contiguous), which the hardware prefetchers follow better than four
+ * interleaved streams; two accumulators per activation row keep two FMA chains per row. */
+T5 static inline AI __m512 ld16_5(const uint8_t *w, int f16, int i) {
+    return f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + 2 * (size_t)i)))
+               : _mm512_loadu_ps((const float *)(const void *)w + i);
+}
+
+T5 static inline AI void fr5(int n, const int M, float *s, const uint8_t *w, const float *x,
+                             size_t xs, int f16) {
+    __m512 a0[K_VDOT_MAX_ROWS], a1[K_VDOT_MAX_ROWS];
+    for (int m = 0; m < M; m++) a0[m] = a1[m] = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512 w0 = ld16_5(w, f16, i), w1 = ld16_5(w, f16, i + 16);
+        for (int m = 0; m < M; m++) {
+            a0[m] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + m * xs + i), a0[m]);
+            a1[m] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + m * xs + i + 16), a1[m]);
+        }
+    }
+    for (; i < n; i += 16) {
+        int left = n - i < 16 ? n - i : 16;
+        __mmask16 k = (__mmask16)((1u << left) - 1u);
+        __m512 wv = f16 ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, w + 2 * (size_t)i))
+                        : _mm512_maskz_loadu_ps(k, (const float *)(const void *)w + i);
+        for (int m = 0; m < M; m++)
+            a0[m] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(k, x + m * xs + i), a0[m]);
+    }
+    for (int m = 0; m < M; m++) s[m] = _mm512_reduce_add_ps(_mm512_add_ps(a0[m], a1[m]));
+}
+
+#define FR5_F32(n, M, s, w, xq, xs) fr5(n, M, s, w, xq, xs, 0)
+#define FR5_F16(n, M, s, w, xq, xs) fr5(n, M, s, w, xq, xs, 1)
+T5 static void r5_f32(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
+    ROWS_SWITCH(FR5_F32, n, M, s, (const uint8_t *)w, (const float *)xq, xstride / sizeof(float));
+}
+T5 static void r5_f16(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
+    ROWS_SWITCH(FR5_F16, n, M, s, (const uint8_t *)w, (const float *)xq, xstride / sizeof(float));
+}
+
+/* AVX2: 16 registers, so at most four activation rows per pass over the weight row (the next
+ * four read it again, from L1). */
+T2 static inline AI __m256 ld8_2(const uint8_t *w, int f16, int i) {
+    return f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + 2 * (size_t)i)))
+               : _mm256_loadu_ps((const float *)(const void *)w + i);
+}
+
+T2 static inline AI void fr2(int n, const int M, float *s, const uint8_t *w, const float *x,
+                             size_t xs, int f16) {
+    __m256 a0[4], a1[4];
+    for (int m = 0; m < M; m++) a0[m] = a1[m] = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 w0 = ld8_2(w, f16, i), w1 = ld8_2(w, f16, i + 8);
+        for (int m = 0; m < M; m++) {
+            a0[m] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + m * xs + i), a0[m]);
+            a1[m] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + m * xs + i + 8), a1[m]);
+        }
+    }
+    for (int m = 0; m < M; m++) {
+        float r = hsum8(_mm256_add_ps(a0[m], a1[m]));
+        for (int j = i; j < n; j++) {
+            float wj;
+            if (f16)
+                wj = f16s(w + 2 * (size_t)j);
+            else
+                memcpy(&wj, w + 4 * (size_t)j, 4);
+            r += wj * x[m * xs + j];
+        }
+        s[m] = r;
+    }
+}
+
+T2 static inline AI void fr2_all(int n, int M, float *s, const uint8_t *w, const float *x,
+                                 size_t xs, int f16) {
+    for (int m0 = 0; m0 < M; m0 += 4) {
+        int k = M - m0 < 4 ? M - m0 : 4;
+        const float *xm = x + m0 * xs;
+        switch (k) {
+        case 1: fr2(n, 1, s + m0, w, xm, xs, f16); break;
+        case 2: fr2(n, 2, s + m0, w, xm, xs, f16); break;
+        case 3: fr2(n, 3, s + m0, w, xm, xs, f16); break;
+        default: fr2(n, 4, s + m0, w, xm, xs, f16); break;
+        }
+    }
+}
+T2 static void r2_f32(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
+    fr2_all(n, M, s, w, xq, xstride / sizeof(float), 0);
+}
+T2 static void r2_f16(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
+    fr2_all(n, M, s, w, xq, xstride / sizeof(float), 1);
+}
+
+/* Q8_0 and Q4_0: four blocks per step as in a5_q8_0 / a5_q4_0, the weight side (bytes, their
+ * absolute values and signs, or the unpacked nibbles; the four weight scales) done once for all
+ * rows. */
+T5 static inline AI void q8r5(int n, const int M, float *s, const uint8_t *w, const uint8_t *xq,
+                              size_t xs) {
+    const uint8_t *wb = w;
+    int nb = n / TLM_QK, b = 0;
+    const __m512i i01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i i23 = _mm512_add_epi32(i01, _mm512_set1_epi32(2));
+    __m512 a0[K_VDOT_MAX_ROWS], a1[K_VDOT_MAX_ROWS];
+    for (int m = 0; m < M; m++) a0[m] = a1[m] = _mm512_setzero_ps();
+    for (; b + 4 <= nb; b += 4, wb += 4 * 34) {
+        __m128 dw = _mm_cvtph_ps(_mm_cvtsi64_si128(f16x4(wb, 34)));
+        __m512i w0 = join(_mm256_loadu_si256((const __m256i *)(wb + 2)),
+                          _mm256_loadu_si256((const __m256i *)(wb + 36)));
+        __m512i w1 = join(_mm256_loadu_si256((const __m256i *)(wb + 70)),
+                          _mm256_loadu_si256((const __m256i *)(wb + 104)));
+        __mmask64 n0 = _mm512_movepi8_mask(w0), n1 = _mm512_movepi8_mask(w1);
+        __m512i u0 = _mm512_abs_epi8(w0), u1 = _mm512_abs_epi8(w1);
+        for (int m = 0; m < M; m++) {
+            const tlm_block_q8_0 *x = (const tlm_block_q8_0 *)(const void *)(xq + m * xs) + b;
+            __m128 dx = _mm_cvtph_ps(_mm_cvtsi64_si128(f16x4((const uint8_t *)&x->d, sizeof *x)));
+            __m512 d = _mm512_castps128_ps512(_mm_mul_ps(dw, dx));
+            __m512i x0 = join(_mm256_loadu_si256((const __m256i *)x[0].qs),
+                              _mm256_loadu_si256((const __m256i *)x[1].qs));
+            __m512i x1 = join(_mm256_loadu_si256((const __m256i *)x[2].qs),
+                              _mm256_loadu_si256((const __m256i *)x[3].qs));
+            x0 = _mm512_mask_sub_epi8(x0, n0, _mm512_setzero_si512(), x0);
+            x1 = _mm512_mask_sub_epi8(x1, n1, _mm512_setzero_si512(), x1);
+            __m512i p0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u0, x0);
+            __m512i p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u1, x1);
+            a0[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_permutexvar_ps(i01, d), a0[m]);
+            a1[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_permutexvar_ps(i23, d), a1[m]);
+        }
+    }
+    for (int m = 0; m < M; m++) {
+        const tlm_block_q8_0 *x = (const tlm_block_q8_0 *)(const void *)(xq + m * xs);
+        float r = _mm512_reduce_add_ps(_mm512_add_ps(a0[m], a1[m]));
+        const uint8_t *wt = wb;
+        for (int bt = b; bt < nb; bt++, wt += 34) {
+            __m256i p = dot_ss5y(_mm256_loadu_si256((const __m256i *)(wt + 2)),
+                                 _mm256_loadu_si256((const __m256i *)x[bt].qs));
+            r += (float)hsum8i(p) * (f16s(wt) * _cvtsh_ss(x[bt].d));
+        }
+        s[m] = r;
+    }
+}
+
+T5 static inline AI void q4r5(int n, const int M, float *s, const uint8_t *w, const uint8_t *xq,
+                              size_t xs) {
+    const uint8_t *wb = w;
+    int nb = n / TLM_QK, b = 0;
+    const __m512i eight5 = _mm512_set1_epi8(8);
+    const __m512i i01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i i23 = _mm512_add_epi32(i01, _mm512_set1_epi32(2));
+    __m512 a0[K_VDOT_MAX_ROWS], a1[K_VDOT_MAX_ROWS];
+    for (int m = 0; m < M; m++) a0[m] = a1[m] = _mm512_setzero_ps();
+    for (; b + 4 <= nb; b += 4, wb += 4 * 18) {
+        __m128 dw = _mm_cvtph_ps(_mm_cvtsi64_si128(f16x4(wb, 18)));
+        __m512i q0 = nibbles64(wb + 2), q1 = nibbles64(wb + 38);
+        for (int m = 0; m < M; m++) {
+            const tlm_block_q8_0 *x = (const tlm_block_q8_0 *)(const void *)(xq + m * xs) + b;
+            __m128 dx = _mm_cvtph_ps(_mm_cvtsi64_si128(f16x4((const uint8_t *)&x->d, sizeof *x)));
+            __m512 d = _mm512_castps128_ps512(_mm_mul_ps(dw, dx));
+            __m512i x0 = join(_mm256_loadu_si256((const __m256i *)x[0].qs),
+                              _mm256_loadu_si256((const __m256i *)x[1].qs));
+            __m512i x1 = join(_mm256_loadu_si256((const __m256i *)x[2].qs),
+                              _mm256_loadu_si256((const __m256i *)x[3].qs));
+            __m512i p0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q0, x0);
+            __m512i p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q1, x1);
+            p0 = _mm512_sub_epi32(p0, _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight5, x0));
+            p1 = _mm512_sub_epi32(p1, _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight5, x1));
+            a0[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_permutexvar_ps(i01, d), a0[m]);
+            a1[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_permutexvar_ps(i23, d), a1[m]);
+        }
+    }
+    const __m256i eight = _mm256_set1_epi8(8);
+    for (int m = 0; m < M; m++) {
+        const tlm_block_q8_0 *x = (const tlm_block_q8_0 *)(const void *)(xq + m * xs);
+        float r = _mm512_reduce_add_ps(_mm512_add_ps(a0[m], a1[m]));
+        const uint8_t *wt = wb;
+        for (int bt = b; bt < nb; bt++, wt += 18) {
+            __m256i p = dot_ss5y(_mm256_sub_epi8(nibbles32(wt + 2), eight),
+                                 _mm256_loadu_si256((const __m256i *)x[bt].qs));
+            r += (float)hsum8i(p) * (f16s(wt) * _cvtsh_ss(x[bt].d));
+        }
+        s[m] = r;
+    }
+}
+
+T5 static void r5_q8_0(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
+    ROWS_SWITCH(q8r5, n, M, s, (const uint8_t *)w, (const uint8_t *)xq, xstride);
+}
+T5 static void r5_q4_0(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
+    ROWS_SWITCH(q4r5, n, M, s, (const uint8_t *)w, (const uint8_t *)xq, xstride);
+}
+
+k_vdot_rows_fn k_simd_vdot_rows(tlm_dtype t, int isa) {
+    if (isa > k_simd_cpu_level()) return NULL;
+    if (isa == K_ISA_AVX512) {
+        switch (t) {
+        case TLM_DTYPE_F32: return r5_f32;
+        case TLM_DTYPE_F16: return r5_f16;
+        case TLM_DTYPE_Q8_0: return r5_q8_0;
+        case TLM_DTYPE_Q4_0: return r5_q4_0;
+        default: return NULL;
+        }
+    }
+    if (isa == K_ISA_AVX2) {
+        switch (t) {
+        case TLM_DTYPE_F32: return r2_f32;
+        case TLM_DTYPE_F16: return r2_f16;
+        default: return NULL;
+        }
+    }
+    return NULL;
+}
+
 int k_simd_widen(tlm_dtype t, const void *src, float *dst, int n) {
     if (k_simd_cpu_level() < K_ISA_AVX2) return 0;
     if (t == TLM_DTYPE_F16)
@@ -687,6 +917,11 @@ int k_simd_widen(tlm_dtype t, const void *src, float *dst, int n) {
     return 0;
 }
 k_vdot_fn k_simd_vdot(tlm_dtype t, int isa) {
+    (void)t;
+    (void)isa;
+    return NULL;
+}
+k_vdot_rows_fn k_simd_vdot_rows(tlm_dtype t, int isa) {
     (void)t;
     (void)isa;
     return NULL;
