@@ -3,7 +3,9 @@
  * separate one-row products, and for M > 8 against k_linear (widened tiles and sgemm, where
  * decode sends 9 rows or more). The weights are copies of one [OUT, IN] matrix filling about 512
  * MiB, cycled through, so that every product reads its weight from memory as decoding does.
- * Prints one JSON line per M: median ms per product and weight GB/s.
+ * Prints one JSON line per M: median ms per product and weight GB/s, and the median CPU time of
+ * the process per product (all threads; on a shared machine it leaves out time spent waiting for
+ * a core, so A/B comparisons of kernels at one thread stay readable under load).
  *   bench_matvec TYPE IN OUT MAXM REPS THREADS      (TYPE: F32 F16 BF16 Q8_0 Q4_0 Q4_K Q6_K ...) */
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,9 +17,9 @@
 #include "kernels/matvec.h"
 #include "tlm.h"
 
-static double now_s(void) {
+static double clock_s(clockid_t c) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(c, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
@@ -47,8 +49,8 @@ int main(int argc, char **argv) {
     float *wf = malloc(sizeof(float) * (size_t)in * out);
     uint8_t *w = malloc(wbytes * (size_t)copies);
     float *x = malloc(sizeof(float) * (size_t)in * maxm), *y = malloc(sizeof(float) * out * maxm);
-    double *ms = malloc(sizeof(double) * reps);
-    if (!wf || !w || !x || !y || !ms) {
+    double *ms = malloc(sizeof(double) * reps), *cpu = malloc(sizeof(double) * reps);
+    if (!wf || !w || !x || !y || !ms || !cpu) {
         fprintf(stderr, "bench_matvec: out of memory\n");
         return 1;
     }
@@ -74,7 +76,7 @@ int main(int argc, char **argv) {
                 k_matvec_part part = {wc, NULL, out, rb, t, 0};
                 tlm_weight tw = {
                     .dtype = t, .data = (void *)wc, .rows = out, .cols = in, .row_bytes = rb};
-                double t0 = now_s();
+                double t0 = clock_s(CLOCK_MONOTONIC), c0 = clock_s(CLOCK_PROCESS_CPUTIME_ID);
                 if (mode == 0)
                     k_matvec_parts(y, out, x, M, in, &part, 1);
                 else if (mode == 1)
@@ -83,14 +85,19 @@ int main(int argc, char **argv) {
                                        1);
                 else
                     k_linear(y, out, x, M, &tw, NULL);
-                if (r >= 0) ms[r] = (now_s() - t0) * 1e3;
+                if (r >= 0) {
+                    ms[r] = (clock_s(CLOCK_MONOTONIC) - t0) * 1e3;
+                    cpu[r] = (clock_s(CLOCK_PROCESS_CPUTIME_ID) - c0) * 1e3;
+                }
             }
             qsort(ms, reps, sizeof *ms, cmp);
+            qsort(cpu, reps, sizeof *cpu, cmp);
             double med = ms[reps / 2];
             static const char *names[] = {"rows", "separate", "k_linear"};
             printf("{\"type\": \"%s\", \"in\": %d, \"out\": %d, \"M\": %d, \"how\": \"%s\", "
-                   "\"ms\": %.4f, \"weight_GBps\": %.2f, \"ms_per_row\": %.4f}\n",
-                   argv[1], in, out, M, names[mode], med, wbytes / (med * 1e-3) / 1e9, med / M);
+                   "\"ms\": %.4f, \"weight_GBps\": %.2f, \"ms_per_row\": %.4f, \"cpu_ms\": %.4f}\n",
+                   argv[1], in, out, M, names[mode], med, wbytes / (med * 1e-3) / 1e9, med / M,
+                   cpu[reps / 2]);
         }
     }
     free(wf);
@@ -98,5 +105,6 @@ int main(int argc, char **argv) {
     free(x);
     free(y);
     free(ms);
+    free(cpu);
     return 0;
 }

@@ -30,6 +30,15 @@ enum { K_ISA_REF, K_ISA_AVX2, K_ISA_AVX512, K_ISA_COUNT };
 typedef void (*k_vdot_fn)(int n, float *s, const void *w, const void *xq);
 
 k_act_kind k_act_of(tlm_dtype t);
+/* A K_ACT_Q8_0 row of n elements: n / 32 tlm_block_q8_0 as llama.cpp's, then, from the next
+ * 64-byte boundary of the row, n / 32 floats: each block's scale d, widened. The vector kernels
+ * load four of them at once instead of widening four f16 scattered 34 bytes apart; the references
+ * read only the blocks. */
+static inline const float *k_act_q8_0_aux(const void *xq, int n) {
+    return (const float *)(const void *)((const uint8_t *)xq +
+                                         (((size_t)(n / 32) * 34 + 63) & ~(size_t)63));
+}
+
 /* Bytes of one activation row of n elements for a type (0: type not computed on). */
 size_t k_act_row_bytes(tlm_dtype t, int n);
 /* x[n] to the activation form the type wants (n a whole number of its blocks). */

@@ -213,55 +213,6 @@ T2 static void a2_q4_0(int n, float *s, const void *w, const void *xq) {
     *s = hsum8(acc);
 }
 
-/* Four f16 scales 'stride' bytes apart, packed for one vcvtph2ps. */
-static inline long long f16x4(const uint8_t *p, size_t stride) {
-    uint16_t h[4];
-    for (int i = 0; i < 4; i++) memcpy(&h[i], p + i * stride, 2);
-    return (long long)((uint64_t)h[0] | (uint64_t)h[1] << 16 | (uint64_t)h[2] << 32 |
-                       (uint64_t)h[3] << 48);
-}
-
-/* The products d_w * d_x of four consecutive blocks, lanes 0-3 of the result. */
-T5 static inline __m512 dprod4(const uint8_t *wd, size_t wstride, const tlm_block_q8_0 *x) {
-    __m128 dw = _mm_cvtph_ps(_mm_cvtsi64_si128(f16x4(wd, wstride)));
-    __m128 dx = _mm_cvtph_ps(_mm_cvtsi64_si128(f16x4((const uint8_t *)&x->d, sizeof *x)));
-    return _mm512_castps128_ps512(_mm_mul_ps(dw, dx));
-}
-
-/* Four blocks per iteration, two per 512-bit vector: lanes 0-7 hold the first block's sums, 8-15
- * the second's; the four scales are converted together and spread by one permute each, and the
- * sums stay in two vector accumulators until the end. */
-T5 static void a5_q8_0(int n, float *s, const void *w, const void *xq) {
-    const uint8_t *wb = w;
-    const tlm_block_q8_0 *x = xq;
-    int nb = n / TLM_QK, b = 0;
-    const __m512i i01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    const __m512i i23 = _mm512_add_epi32(i01, _mm512_set1_epi32(2));
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    for (; b + 4 <= nb; b += 4, wb += 4 * 34) {
-        __m512 d = dprod4(wb, 34, x + b);
-        __m512i w0 = join(_mm256_loadu_si256((const __m256i *)(wb + 2)),
-                          _mm256_loadu_si256((const __m256i *)(wb + 36)));
-        __m512i w1 = join(_mm256_loadu_si256((const __m256i *)(wb + 70)),
-                          _mm256_loadu_si256((const __m256i *)(wb + 104)));
-        __m512i x0 = join(_mm256_loadu_si256((const __m256i *)x[b].qs),
-                          _mm256_loadu_si256((const __m256i *)x[b + 1].qs));
-        __m512i x1 = join(_mm256_loadu_si256((const __m256i *)x[b + 2].qs),
-                          _mm256_loadu_si256((const __m256i *)x[b + 3].qs));
-        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_ss5(w0, x0)), _mm512_permutexvar_ps(i01, d),
-                               acc0);
-        acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_ss5(w1, x1)), _mm512_permutexvar_ps(i23, d),
-                               acc1);
-    }
-    float r = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-    for (; b < nb; b++, wb += 34) {
-        __m256i p = dot_ss5y(_mm256_loadu_si256((const __m256i *)(wb + 2)),
-                             _mm256_loadu_si256((const __m256i *)x[b].qs));
-        r += (float)hsum8i(p) * (f16s(wb) * _cvtsh_ss(x[b].d));
-    }
-    *s = r;
-}
-
 /* The nibbles of two Q4_0 blocks (qs at p and p + 18) as unsigned bytes, in the order of the two
  * activation blocks' 64 bytes: block 0's low nibbles, its high ones, block 1's low, its high. */
 T5 static inline __m512i nibbles64(const uint8_t *p) {
@@ -270,39 +221,6 @@ T5 static inline __m512i nibbles64(const uint8_t *p) {
     __m512i j = join(v, _mm256_srli_epi16(v, 4));
     j = _mm512_and_si512(j, _mm512_set1_epi8(0x0F));
     return _mm512_shuffle_i64x2(j, j, _MM_SHUFFLE(3, 1, 2, 0));
-}
-
-/* As Q8_0, the weights unsigned (0..15) straight into VNNI and the offset of 8 taken off through
- * the activation's sums: sum (q - 8) x = sum q x - sum 8 x. */
-T5 static void a5_q4_0(int n, float *s, const void *w, const void *xq) {
-    const uint8_t *wb = w;
-    const tlm_block_q8_0 *x = xq;
-    int nb = n / TLM_QK, b = 0;
-    const __m256i eight = _mm256_set1_epi8(8);
-    const __m512i eight5 = _mm512_set1_epi8(8);
-    const __m512i i01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    const __m512i i23 = _mm512_add_epi32(i01, _mm512_set1_epi32(2));
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    for (; b + 4 <= nb; b += 4, wb += 4 * 18) {
-        __m512 d = dprod4(wb, 18, x + b);
-        __m512i x0 = join(_mm256_loadu_si256((const __m256i *)x[b].qs),
-                          _mm256_loadu_si256((const __m256i *)x[b + 1].qs));
-        __m512i x1 = join(_mm256_loadu_si256((const __m256i *)x[b + 2].qs),
-                          _mm256_loadu_si256((const __m256i *)x[b + 3].qs));
-        __m512i p0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), nibbles64(wb + 2), x0);
-        __m512i p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), nibbles64(wb + 38), x1);
-        p0 = _mm512_sub_epi32(p0, _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight5, x0));
-        p1 = _mm512_sub_epi32(p1, _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight5, x1));
-        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_permutexvar_ps(i01, d), acc0);
-        acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_permutexvar_ps(i23, d), acc1);
-    }
-    float r = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-    for (; b < nb; b++, wb += 18) {
-        __m256i p = dot_ss5y(_mm256_sub_epi8(nibbles32(wb + 2), eight),
-                             _mm256_loadu_si256((const __m256i *)x[b].qs));
-        r += (float)hsum8i(p) * (f16s(wb) * _cvtsh_ss(x[b].d));
-    }
-    *s = r;
 }
 
 /* Q4_1, Q5_0, Q5_1 (the fallbacks llama.cpp's K mixes pick for rows that are not whole
@@ -745,19 +663,33 @@ T2 static void r2_f16(int n, int M, float *s, const void *w, const void *xq, siz
     fr2_all(n, M, s, w, xq, xstride / sizeof(float), 1);
 }
 
-/* Q8_0 and Q4_0: four blocks per step as in a5_q8_0 / a5_q4_0, the weight side (bytes, their
- * absolute values and signs, or the unpacked nibbles; the four weight scales) done once for all
- * rows. */
+/* Q8_0 and Q4_0, four blocks per step, two per 512-bit vector (lanes 0-7 hold the first block's
+ * sums, 8-15 the second's), float accumulators until the end. The weight side (bytes, their
+ * absolute values and signs, or the unpacked nibbles; the four weight scales, gathered by one
+ * word permute from the row's own bytes) is done once for all activation rows; the activation
+ * scales come four at a time from the row's side arrays (k_act_q8_0_aux). */
+T5 static inline __m128 wd4_q8_0(const uint8_t *wb) {
+    const __m512i idx = _mm512_zextsi128_si512(_mm_setr_epi16(0, 17, 34, 51, 0, 0, 0, 0));
+    __m512i v = _mm512_permutex2var_epi16(_mm512_loadu_si512(wb), idx, _mm512_loadu_si512(wb + 64));
+    return _mm_cvtph_ps(_mm512_castsi512_si128(v));
+}
+T5 static inline __m128 wd4_q4_0(const uint8_t *wb) {
+    const __m512i idx = _mm512_zextsi128_si512(_mm_setr_epi16(0, 9, 18, 27, 0, 0, 0, 0));
+    __m512i v = _mm512_permutexvar_epi16(idx, _mm512_loadu_si512(wb));
+    return _mm_cvtph_ps(_mm512_castsi512_si128(v));
+}
+
 T5 static inline AI void q8r5(int n, const int M, float *s, const uint8_t *w, const uint8_t *xq,
                               size_t xs) {
     const uint8_t *wb = w;
     int nb = n / TLM_QK, b = 0;
+    size_t aux = (const uint8_t *)k_act_q8_0_aux(xq, n) - xq;
     const __m512i i01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
     const __m512i i23 = _mm512_add_epi32(i01, _mm512_set1_epi32(2));
     __m512 a0[K_VDOT_MAX_ROWS], a1[K_VDOT_MAX_ROWS];
     for (int m = 0; m < M; m++) a0[m] = a1[m] = _mm512_setzero_ps();
     for (; b + 4 <= nb; b += 4, wb += 4 * 34) {
-        __m128 dw = _mm_cvtph_ps(_mm_cvtsi64_si128(f16x4(wb, 34)));
+        __m128 dw = wd4_q8_0(wb);
         __m512i w0 = join(_mm256_loadu_si256((const __m256i *)(wb + 2)),
                           _mm256_loadu_si256((const __m256i *)(wb + 36)));
         __m512i w1 = join(_mm256_loadu_si256((const __m256i *)(wb + 70)),
@@ -765,8 +697,9 @@ T5 static inline AI void q8r5(int n, const int M, float *s, const uint8_t *w, co
         __mmask64 n0 = _mm512_movepi8_mask(w0), n1 = _mm512_movepi8_mask(w1);
         __m512i u0 = _mm512_abs_epi8(w0), u1 = _mm512_abs_epi8(w1);
         for (int m = 0; m < M; m++) {
-            const tlm_block_q8_0 *x = (const tlm_block_q8_0 *)(const void *)(xq + m * xs) + b;
-            __m128 dx = _mm_cvtph_ps(_mm_cvtsi64_si128(f16x4((const uint8_t *)&x->d, sizeof *x)));
+            const uint8_t *xm = xq + m * xs;
+            const tlm_block_q8_0 *x = (const tlm_block_q8_0 *)(const void *)xm + b;
+            __m128 dx = _mm_loadu_ps((const float *)(const void *)(xm + aux) + b);
             __m512 d = _mm512_castps128_ps512(_mm_mul_ps(dw, dx));
             __m512i x0 = join(_mm256_loadu_si256((const __m256i *)x[0].qs),
                               _mm256_loadu_si256((const __m256i *)x[1].qs));
@@ -793,22 +726,29 @@ T5 static inline AI void q8r5(int n, const int M, float *s, const uint8_t *w, co
     }
 }
 
+/* Q4_0's weights go unsigned (0..15) straight into VNNI; the offset of 8 comes off each lane's
+ * integer sum through a second VNNI product with 8s. (Taking 8 sum q_x off one lane per block
+ * instead gives the same block sums but other lane values, so other float rounding, which moves
+ * an 8-bit activation of a later layer by a step now and then: decode must match the reference
+ * to 1e-4, test_qk_models.) */
 T5 static inline AI void q4r5(int n, const int M, float *s, const uint8_t *w, const uint8_t *xq,
                               size_t xs) {
     const uint8_t *wb = w;
     int nb = n / TLM_QK, b = 0;
+    size_t aux = (const uint8_t *)k_act_q8_0_aux(xq, n) - xq;
     const __m512i eight5 = _mm512_set1_epi8(8);
     const __m512i i01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
     const __m512i i23 = _mm512_add_epi32(i01, _mm512_set1_epi32(2));
     __m512 a0[K_VDOT_MAX_ROWS], a1[K_VDOT_MAX_ROWS];
     for (int m = 0; m < M; m++) a0[m] = a1[m] = _mm512_setzero_ps();
     for (; b + 4 <= nb; b += 4, wb += 4 * 18) {
-        __m128 dw = _mm_cvtph_ps(_mm_cvtsi64_si128(f16x4(wb, 18)));
+        __m128 dw = wd4_q4_0(wb);
         __m512i q0 = nibbles64(wb + 2), q1 = nibbles64(wb + 38);
         for (int m = 0; m < M; m++) {
-            const tlm_block_q8_0 *x = (const tlm_block_q8_0 *)(const void *)(xq + m * xs) + b;
-            __m128 dx = _mm_cvtph_ps(_mm_cvtsi64_si128(f16x4((const uint8_t *)&x->d, sizeof *x)));
-            __m512 d = _mm512_castps128_ps512(_mm_mul_ps(dw, dx));
+            const uint8_t *xm = xq + m * xs;
+            const tlm_block_q8_0 *x = (const tlm_block_q8_0 *)(const void *)xm + b;
+            const float *ad = (const float *)(const void *)(xm + aux) + b;
+            __m512 d = _mm512_castps128_ps512(_mm_mul_ps(dw, _mm_loadu_ps(ad)));
             __m512i x0 = join(_mm256_loadu_si256((const __m256i *)x[0].qs),
                               _mm256_loadu_si256((const __m256i *)x[1].qs));
             __m512i x1 = join(_mm256_loadu_si256((const __m256i *)x[2].qs),
@@ -834,6 +774,9 @@ T5 static inline AI void q4r5(int n, const int M, float *s, const uint8_t *w, co
         s[m] = r;
     }
 }
+
+T5 static void a5_q8_0(int n, float *s, const void *w, const void *xq) { q8r5(n, 1, s, w, xq, 0); }
+T5 static void a5_q4_0(int n, float *s, const void *w, const void *xq) { q4r5(n, 1, s, w, xq, 0); }
 
 T5 static void r5_q8_0(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
     ROWS_SWITCH(q8r5, n, M, s, (const uint8_t *)w, (const uint8_t *)xq, xstride);
