@@ -8,9 +8,9 @@
 # bench/formats/random_llama2c.py and `tlm convert`, then quantized by llama-quantize (no importance
 # matrix) to F16, BF16, Q8_0, Q4_0 and Q4_K_M.
 #
-# Per model, type and thread count: decode tok/s (tlm generate: one-token prompt, N greedy tokens,
-# its "decode steps" rate; llama-bench -n N), prefill tok/s of a 128-token prompt (tlm generate's
-# prompt rate; llama-bench -p 128), best of REPS, and the decode bound: read bandwidth measured here
+# Per model, type and thread count: decode tok/s (tgN: N steps of one token from an empty cache)
+# and prefill tok/s of a 128-token prompt (pp128), both measured the same way on both sides
+# (`tlm bench` and `llama-bench`: a warm-up run, then one timed run), best of REPS, and the decode bound: read bandwidth measured here
 # (bench/quant/readbw.c, a buffer of the file's size) / the file's bytes (every weight is read once
 # per token; a tied head counts once).
 #
@@ -39,16 +39,15 @@ mkdir -p "$OUT"
 [ -x "$TLM" ] || { echo "build tlm first (make)"; exit 1; }
 gcc -O3 -march=native -fopenmp "$ROOT/bench/quant/readbw.c" -o "$OUT/readbw"
 
-PROMPT=$(/usr/bin/python3 -c "print(' '.join(str(1 + (i * 7919) % 31000) for i in range(128)))")
 py() { /usr/bin/python3 -c "$1"; }
 
-tlm_rate() { # FILE THREADS -> "decode prefill"
-  local d p
-  d=$("$TLM" generate -m "$1" --ids 1 -n "$N" --temp 0 -t "$2" --print-ids 2>&1 >/dev/null |
-    sed -nE 's/.*decode steps in [0-9.]+ s \(([0-9.]+) tok\/s\).*/\1/p')
-  p=$("$TLM" generate -m "$1" --ids "$PROMPT" -n 1 --temp 0 -t "$2" --print-ids 2>&1 >/dev/null |
-    sed -nE 's/.*prompt: [0-9]+ tokens in [0-9.]+ s \(([0-9.]+) tok\/s\).*/\1/p')
-  echo "${d:-0} ${p:-0}"
+tlm_rate() { # FILE THREADS -> "decode prefill" (tlm bench: warm-up, then one timed run, as below)
+  "$TLM" bench -m "$1" -p 128 -n "$N" -t "$2" -r 1 -o json 2>/dev/null |
+    py "import json,sys
+r = json.load(sys.stdin)
+d = [x['avg_ts'] for x in r if x['n_gen'] > 0]
+p = [x['avg_ts'] for x in r if x['n_prompt'] > 0]
+print(d[0] if d else 0, p[0] if p else 0)"
 }
 
 llama_rate() { # FILE THREADS -> "decode prefill"

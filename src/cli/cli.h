@@ -16,6 +16,7 @@ int cmd_tokenizer(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
 
 /* Prints "tlm: <msg>" on stderr and returns 1. */
 int cli_fail(const char *fmt, ...);

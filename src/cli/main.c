@@ -17,6 +17,7 @@ static const command commands[] = {
     {"generate", cmd_generate, "sample text from a model (KV cache, streaming)"},
     {"tokenize", cmd_tokenize, "text on stdin -> token ids on stdout"},
     {"tokenizer", cmd_tokenizer, "tokenizer tools: `tlm tokenizer train`"},
+    {"bench", cmd_bench, "prompt and generation speed, measured as llama-bench does"},
     {"serve", cmd_serve, "OpenAI-compatible HTTP server (continuous batching, a chat page)"},
     {"convert", cmd_convert, "convert a model between formats (gguf, safetensors, hf, llama2c)"},
     {"quantize", cmd_quantize, "write a quantized GGUF (q8_0, q4_k_m, ...) as llama-quantize does"},

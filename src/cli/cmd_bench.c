@@ -1,0 +1,272 @@
+/* tlm bench: prompt-processing and generation speed of a model, measured the way llama-bench
+ * measures them (a warm-up pass, then repetitions on a fresh cache; mean and standard deviation of
+ * the rates), so that the two tools' figures compare directly. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "cli.h"
+
+static const char *bench_help =
+    "usage: tlm bench -m MODEL [-p N,...] [-n N,...] [-t T,...] [-b B,...] [-r REPS] [-o "
+    "md|json]\n\n"
+    "Measures prompt processing (ppN: one prefill of N tokens) and generation (tgN: N decode\n"
+    "steps of one token each, from an empty cache) as llama-bench does: one warm-up run, then "
+    "REPS\n"
+    "runs, each on a fresh cache with random token ids; reports the mean rate and its standard\n"
+    "deviation. Lists are comma-separated; every combination runs.\n\n"
+    "  -m, --model PATH       a model tlm reads (GGUF of any supported type, checkpoint, ...)\n"
+    "  -p, --n-prompt N,...   prompt lengths (default 512; 0 skips prompt tests)\n"
+    "  -n, --n-gen N,...      generated tokens (default 128; 0 skips generation tests)\n"
+    "  -t, --threads T,...    thread counts (default: tlm's default)\n"
+    "  -b, --batch B,...      sequences decoded together in tgN (default 1; B > 1 is what\n"
+    "                         tlm serve's continuous batching does: the rate is B*N / time)\n"
+    "  -r, --repetitions R    runs per test after the warm-up (default 5)\n"
+    "  -o, --output FMT       md (a table, default) or json\n"
+    "  --no-mmap              read the weights into memory instead of mapping the file\n";
+
+#define MAX_LIST 16
+
+/* "a,b,c" of integers in [lo, hi] into out; returns the count, 0 on a malformed list. */
+static int parse_list(const char *s, long lo, long hi, long *out) {
+    int n = 0;
+    char buf[256];
+    if (strlen(s) >= sizeof buf) return 0;
+    strcpy(buf, s);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
+        long v;
+        if (n == MAX_LIST || !cli_parse_int(tok, &v) || v < lo || v > hi) return 0;
+        out[n++] = v;
+    }
+    return n;
+}
+
+typedef struct {
+    uint64_t s;
+} rng64;
+
+static int32_t rand_id(rng64 *r, int vocab) {
+    r->s = r->s * 6364136223846793005ull + 1442695040888963407ull;
+    return (int32_t)((r->s >> 33) % (uint64_t)vocab);
+}
+
+/* One prompt-processing run: seconds for a prefill of n random ids into a fresh cache. */
+static tlm_status run_pp(tlm_session *s, int n, int vocab, rng64 *r, int32_t *ids, float *logits,
+                         double *sec) {
+    for (int i = 0; i < n; i++) ids[i] = rand_id(r, vocab);
+    tlm_session_reset(s, -1);
+    double t = cli_now();
+    tlm_status st = tlm_prefill(s, 0, ids, n, logits, 0);
+    *sec = cli_now() - t;
+    return st;
+}
+
+/* One generation run: seconds for n decode steps of every sequence from a fresh cache. */
+static tlm_status run_tg(tlm_session *s, int n, int batch, int vocab, rng64 *r, int32_t *ids,
+                         float *logits, double *sec) {
+    tlm_session_reset(s, -1);
+    double t = cli_now();
+    for (int k = 0; k < n; k++) {
+        for (int b = 0; b < batch; b++) ids[b] = rand_id(r, vocab);
+        tlm_status st = tlm_decode(s, ids, NULL, logits);
+        if (st) return st;
+    }
+    *sec = cli_now() - t;
+    return TLM_OK;
+}
+
+static void mean_sd(const double *x, int n, double *mean, double *sd) {
+    double m = 0, v = 0;
+    for (int i = 0; i < n; i++) m += x[i];
+    m /= n;
+    for (int i = 0; i < n; i++) v += (x[i] - m) * (x[i] - m);
+    *mean = m;
+    *sd = n > 1 ? sqrt(v / (n - 1)) : 0.0;
+}
+
+static const char *base_name(const char *p) {
+    const char *s = strrchr(p, '/');
+    /* A directory given with a trailing slash keeps its last component. */
+    if (s && s[1] == '\0') {
+        while (s > p && s[-1] != '/') s--;
+        return s;
+    }
+    return s ? s + 1 : p;
+}
+
+int cmd_bench(int argc, char **argv) {
+    const char *model_path = NULL, *fmt = "md";
+    long pp[MAX_LIST] = {512}, tg[MAX_LIST] = {128}, th[MAX_LIST] = {0}, bs[MAX_LIST] = {1};
+    int n_pp = 1, n_tg = 1, n_th = 1, n_bs = 1, no_mmap = 0;
+    long reps = 5;
+    for (int i = 1; i < argc; i++) {
+        const char *v, *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(bench_help, stdout);
+            return 0;
+        } else if (!strcmp(a, "--no-mmap")) {
+            no_mmap = 1;
+            continue;
+        }
+        if (cli_flag_value(argc, argv, &i, "-m", "--model", &v)) {
+            if (!v) return cli_fail("bench: %s needs a value", a);
+            model_path = v;
+        } else if (cli_flag_value(argc, argv, &i, "-p", "--n-prompt", &v)) {
+            if (!v || !(n_pp = parse_list(v, 0, 1 << 20, pp)))
+                return cli_fail("bench: -p wants counts >= 0 separated by commas, got '%s'",
+                                v ? v : "");
+        } else if (cli_flag_value(argc, argv, &i, "-n", "--n-gen", &v)) {
+            if (!v || !(n_tg = parse_list(v, 0, 1 << 20, tg)))
+                return cli_fail("bench: -n wants counts >= 0 separated by commas, got '%s'",
+                                v ? v : "");
+        } else if (cli_flag_value(argc, argv, &i, "-t", "--threads", &v)) {
+            if (!v || !(n_th = parse_list(v, 1, 4096, th)))
+                return cli_fail("bench: -t wants thread counts >= 1 separated by commas, got '%s'",
+                                v ? v : "");
+        } else if (cli_flag_value(argc, argv, &i, "-b", "--batch", &v)) {
+            if (!v || !(n_bs = parse_list(v, 1, 4096, bs)))
+                return cli_fail("bench: -b wants batch sizes >= 1 separated by commas, got '%s'",
+                                v ? v : "");
+        } else if (cli_flag_value(argc, argv, &i, "-r", "--repetitions", &v)) {
+            if (!v || !cli_parse_int(v, &reps) || reps < 1 || reps > 100000)
+                return cli_fail("bench: -r wants a count >= 1, got '%s'", v ? v : "");
+        } else if (cli_flag_value(argc, argv, &i, "-o", "--output", &v)) {
+            if (!v || (strcmp(v, "md") && strcmp(v, "json")))
+                return cli_fail("bench: -o wants md or json, got '%s'", v ? v : "");
+            fmt = v;
+        } else {
+            return cli_fail("bench: unknown option '%s' (see tlm bench --help)", a);
+        }
+    }
+    if (!model_path) return cli_fail("bench: -m MODEL is required (see tlm bench --help)");
+
+    tlm_model *m = NULL;
+    if (tlm_model_load_ex(model_path, no_mmap ? TLM_LOAD_WRITABLE : 0, &m))
+        return cli_fail_status("bench");
+    const tlm_config *c = tlm_model_config(m);
+    int max_len = 1, max_b = 1;
+    for (int i = 0; i < n_pp; i++) max_len = pp[i] > max_len ? (int)pp[i] : max_len;
+    for (int i = 0; i < n_tg; i++) max_len = tg[i] > max_len ? (int)tg[i] : max_len;
+    for (int i = 0; i < n_bs; i++) max_b = bs[i] > max_b ? (int)bs[i] : max_b;
+    if (max_len > c->context_length) {
+        int ctx = c->context_length; /* c belongs to m */
+        tlm_model_free(m);
+        return cli_fail("bench: a test needs %d positions, the model's context is %d", max_len,
+                        ctx);
+    }
+    /* Weight bytes as the model holds them (the file's types), and the parameter count. */
+    size_t bytes = 0, params = 0;
+    int nt = 0;
+    tlm_model_tensors(m, &nt);
+    for (int i = 0; i < nt; i++) {
+        const tlm_weight *w = tlm_model_weight(m, i);
+        if (!w || !w->data) continue;
+        bytes += (size_t)w->rows * w->row_bytes;
+        params += (size_t)(w->rows * w->cols);
+    }
+
+    int rc = 1;
+    int32_t *ids = malloc((size_t)(max_len > max_b ? max_len : max_b) * sizeof *ids);
+    float *logits = malloc((size_t)max_b * (size_t)c->vocab_size * sizeof *logits);
+    double *rate = malloc((size_t)reps * sizeof *rate);
+    tlm_session *sess[2] = {NULL, NULL}; /* batch 1 for prompts, reused per batch size */
+    cJSON *json = strcmp(fmt, "json") ? NULL : cJSON_CreateArray();
+    rng64 r = {0x9e3779b97f4a7c15ull};
+    if (!ids || !logits || !rate) {
+        cli_fail("bench: out of memory");
+        goto done;
+    }
+    if (!json) {
+        printf("| %-24s | %10s | %8s | %7s | %5s | %12s | %20s |\n", "model", "size", "params",
+               "threads", "batch", "test", "t/s");
+        printf("| %.24s | %.10s | %.8s | %.7s | %.5s | %.12s | %.20s |\n",
+               "-------------------------", "-----------", "---------", "--------", "------",
+               "-------------", "---------------------");
+        fflush(stdout);
+    }
+    for (int ti_ = 0; ti_ < n_th; ti_++) {
+        if (th[ti_]) tlm_set_threads((int)th[ti_]);
+        int threads = tlm_get_threads();
+        /* Tests: prompts at batch 1, then generation at each batch size. */
+        for (int kind = 0; kind < 2; kind++) {
+            int n_len = kind ? n_tg : n_pp;
+            for (int bi = 0; bi < (kind ? n_bs : 1); bi++) {
+                int B = kind ? (int)bs[bi] : 1;
+                for (int li = 0; li < n_len; li++) {
+                    int n = (int)(kind ? tg[li] : pp[li]);
+                    if (n == 0) continue;
+                    tlm_session **sp = &sess[kind];
+                    if (*sp && tlm_session_batch(*sp) != B) {
+                        tlm_session_free(*sp);
+                        *sp = NULL;
+                    }
+                    if (!*sp && tlm_session_new(m, B, max_len, sp)) {
+                        cli_fail_status("bench: session");
+                        goto done;
+                    }
+                    double sec;
+                    /* The warm-up touches the cache, the scratch and the weights' pages once. */
+                    tlm_status st =
+                        kind ? run_tg(*sp, n < 4 ? n : 4, B, c->vocab_size, &r, ids, logits, &sec)
+                             : run_pp(*sp, n, c->vocab_size, &r, ids, logits, &sec);
+                    for (long k = 0; !st && k < reps; k++) {
+                        st = kind ? run_tg(*sp, n, B, c->vocab_size, &r, ids, logits, &sec)
+                                  : run_pp(*sp, n, c->vocab_size, &r, ids, logits, &sec);
+                        rate[k] = (double)n * B / (sec > 0 ? sec : 1e-9);
+                    }
+                    if (st) {
+                        cli_fail_status("bench");
+                        goto done;
+                    }
+                    double mean, sd;
+                    mean_sd(rate, (int)reps, &mean, &sd);
+                    char test[32];
+                    snprintf(test, sizeof test, "%s%d", kind ? "tg" : "pp", n);
+                    if (json) {
+                        cJSON *o = cJSON_CreateObject();
+                        cJSON_AddStringToObject(o, "model", model_path);
+                        cJSON_AddNumberToObject(o, "model_size", (double)bytes);
+                        cJSON_AddNumberToObject(o, "model_n_params", (double)params);
+                        cJSON_AddNumberToObject(o, "n_threads", threads);
+                        cJSON_AddNumberToObject(o, "n_batch_seqs", B);
+                        cJSON_AddNumberToObject(o, "n_prompt", kind ? 0 : n);
+                        cJSON_AddNumberToObject(o, "n_gen", kind ? n : 0);
+                        cJSON_AddNumberToObject(o, "avg_ts", mean);
+                        cJSON_AddNumberToObject(o, "stddev_ts", sd);
+                        cJSON *all = cJSON_AddArrayToObject(o, "samples_ts");
+                        for (long k = 0; k < reps; k++)
+                            cJSON_AddItemToArray(all, cJSON_CreateNumber(rate[k]));
+                        cJSON_AddItemToArray(json, o);
+                    } else {
+                        char size[32], np[32], ts[48];
+                        snprintf(size, sizeof size, "%.2f MiB", bytes / 1048576.0);
+                        snprintf(np, sizeof np, "%.2f M", params / 1e6);
+                        snprintf(ts, sizeof ts, "%.2f ± %.2f", mean, sd);
+                        printf("| %-24.24s | %10s | %8s | %7d | %5d | %12s | %20s |\n",
+                               base_name(model_path), size, np, threads, B, test, ts);
+                        fflush(stdout);
+                    }
+                }
+            }
+        }
+    }
+    if (json) {
+        char *s = cJSON_Print(json);
+        puts(s);
+        free(s);
+    }
+    rc = 0;
+done:
+    cJSON_Delete(json);
+    tlm_session_free(sess[0]);
+    tlm_session_free(sess[1]);
+    free(ids);
+    free(logits);
+    free(rate);
+    tlm_model_free(m);
+    return rc;
+}

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# tlm bench: the table and JSON it prints (one row per test, rates > 0, sample counts), batched
+# generation, thread lists, and its refusals. Speed itself is never asserted here (bench/ does).
+set -u
+TLM=${TLM:-build/tlm}
+SRC=${TLM_SOURCE_DIR:-.}
+DATA=${TLM_SHARED_DATA:-$SRC/../shared/data}
+pass=0 fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+expect() { # expect DESCRIPTION CONDITION...
+    local d=$1; shift
+    if "$@"; then ok; else bad "$d"; fi
+}
+M=$DATA/models/stories260K.bin
+[[ -f $M ]] || { echo "FAIL: $M is missing"; exit 1; }
+
+out=$("$TLM" bench -m "$M" -p 16,32 -n 8 -b 1,3 -t 1,2 -r 2)
+expect "bench exits 0" test $? -eq 0
+# Per thread count: pp16, pp32, tg8 x batch 1, tg8 x batch 3 -> 8 rows plus 2 header lines.
+expect "8 result rows + header ($out)" test "$(printf '%s\n' "$out" | wc -l)" -eq 10
+expect "a pp32 row at 2 threads" grep -qE '\| +2 \| +1 \| +pp32 \| +[0-9.]+ ± [0-9.]+ \|' <<<"$out"
+expect "a batched tg8 row" grep -qE '\| +1 \| +3 \| +tg8 \|' <<<"$out"
+
+json=$("$TLM" bench -m "$M" -p 8 -n 4 -b 2 -r 3 -o json)
+expect "json exits 0" test $? -eq 0
+/usr/bin/python3 - "$json" <<'PY'
+import json, sys
+r = json.loads(sys.argv[1])
+assert len(r) == 2, r
+pp, tg = r
+assert pp["n_prompt"] == 8 and pp["n_gen"] == 0 and pp["n_batch_seqs"] == 1, pp
+assert tg["n_prompt"] == 0 and tg["n_gen"] == 4 and tg["n_batch_seqs"] == 2, tg
+for x in r:
+    assert len(x["samples_ts"]) == 3 and all(v > 0 for v in x["samples_ts"]), x
+    assert abs(x["avg_ts"] - sum(x["samples_ts"]) / 3) <= 1e-6 * x["avg_ts"], x
+    assert x["model_n_params"] > 200000 and x["model_size"] >= 4 * x["model_n_params"] - 4096, x
+PY
+expect "json fields and samples" test $? -eq 0
+
+err() { "$TLM" bench "$@" 2>&1 >/dev/null; }
+expect "no model" grep -q "bench: -m MODEL is required" <<<"$(err -p 8)"
+expect "bad list" grep -q "bench: -p wants counts" <<<"$(err -m "$M" -p 8,,x)"
+expect "zero threads" grep -q "bench: -t wants thread counts" <<<"$(err -m "$M" -t 0)"
+expect "beyond the context" grep -q "the model's context is 512" <<<"$(err -m "$M" -p 600)"
+expect "missing file" grep -q "bench" <<<"$(err -m /nonexistent.gguf)"
+expect "unknown option" grep -q "unknown option '--bogus'" <<<"$(err -m "$M" --bogus)"
+
+echo "bench_cli: $pass passed, $fail failed"
+[[ $fail -eq 0 ]]
