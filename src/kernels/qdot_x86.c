@@ -785,6 +785,117 @@ T5 static void r5_q4_0(int n, int M, float *s, const void *w, const void *xq, si
     ROWS_SWITCH(q4r5, n, M, s, (const uint8_t *)w, (const uint8_t *)xq, xstride);
 }
 
+/* Q4_K, Q5_K and Q6_K as a5_q45k and a5_q6_k, per activation row the same operations in the
+ * same order (so the same sums as the one-row kernels), with each super-block's unpacking (quants,
+ * scales spread to their lanes, mins) done once for all rows. */
+T5 static inline AI void q45kr5(int n, const int M, float *s, const uint8_t *w, const uint8_t *xq,
+                                size_t xs, int five) {
+    const uint8_t *wb = w;
+    size_t bytes = five ? sizeof(tlm_block_q5_k) : sizeof(tlm_block_q4_k);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i ig = _mm512_set_epi16(1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0,
+                                        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i two = _mm512_set1_epi16(2);
+    __m512 acc[K_VDOT_MAX_ROWS];
+    __m256 accm[K_VDOT_MAX_ROWS];
+    for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps(), accm[m] = _mm256_setzero_ps();
+    for (int b = 0; b < n / TLM_QK_K; b++, wb += bytes) {
+        uint32_t u[4];
+        q45k_unpack(wb + 4, u);
+        __m128i sm = _mm_loadu_si128((const __m128i *)u);
+        __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(sm));
+        __m128i mn = _mm_unpackhi_epi8(_mm_unpackhi_epi64(sm, sm), _mm_unpackhi_epi64(sm, sm));
+        __m256i mn16 = _mm256_cvtepu8_epi16(mn);
+        const uint8_t *qh = five ? wb + 16 : NULL, *q = wb + (five ? 48 : 16);
+        __m512i qv[4], scp[4], idx = ig;
+        for (int g = 0; g < 4; g++) {
+            if (qh) {
+                __m256i lo, hi;
+                q45k_group(q + 32 * g, qh, g, &lo, &hi);
+                qv[g] = join(lo, hi);
+            } else {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * g));
+                qv[g] = _mm512_and_si512(join(v, _mm256_srli_epi16(v, 4)), m4);
+            }
+            scp[g] = _mm512_permutexvar_epi16(idx, sc16);
+            idx = _mm512_add_epi16(idx, two);
+        }
+        float dw = f16s(wb), dmin = f16s(wb + 2);
+        for (int m = 0; m < M; m++) {
+            const k_block_q8_k *x = (const k_block_q8_k *)(const void *)(xq + m * xs) + b;
+            __m256i mterm = _mm256_madd_epi16(mn16, _mm256_loadu_si256((const __m256i *)x->bsums));
+            __m512i isum = _mm512_setzero_si512();
+            for (int g = 0; g < 4; g++) {
+                __m512i p = _mm512_maddubs_epi16(qv[g], _mm512_loadu_si512(x->qs + 64 * g));
+                isum = _mm512_add_epi32(isum, _mm512_madd_epi16(p, scp[g]));
+            }
+            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(x->d * dw), acc[m]);
+            accm[m] =
+                _mm256_fmadd_ps(_mm256_cvtepi32_ps(mterm), _mm256_set1_ps(x->d * dmin), accm[m]);
+        }
+    }
+    for (int m = 0; m < M; m++) {
+        __m256 lo = _mm512_castps512_ps256(acc[m]), hi = _mm512_extractf32x8_ps(acc[m], 1);
+        s[m] = hsum8(_mm256_sub_ps(_mm256_add_ps(lo, hi), accm[m]));
+    }
+}
+
+T5 static inline AI void q6kr5(int n, const int M, float *s, const uint8_t *w, const uint8_t *xq,
+                               size_t xs) {
+    const uint8_t *wb = w;
+    const __m512i idx0 = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1,
+                                          1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    const __m512i four = _mm512_set1_epi16(4);
+    __m256 acc[K_VDOT_MAX_ROWS];
+    for (int m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();
+    for (int b = 0; b < n / TLM_QK_K; b++, wb += sizeof(tlm_block_q6_k)) {
+        __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wb + 192)));
+        __m512i sc = _mm512_castsi256_si512(s16);
+        __m512i qv[4], scp[4], idx = idx0;
+        for (int h = 0; h < 2; h++) {
+            __m512i L = _mm512_loadu_si512(wb + 64 * h);
+            __m256i hb = _mm256_loadu_si256((const __m256i *)(wb + 128 + 32 * h));
+            __m512i H = join(hb, _mm256_srli_epi16(hb, 2));
+            qv[2 * h] = _mm512_or_si512(_mm512_and_si512(L, m4),
+                                        _mm512_and_si512(_mm512_slli_epi16(H, 4), m30));
+            qv[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(L, 4), m4),
+                                            _mm512_and_si512(H, m30));
+            for (int z = 0; z < 2; z++) {
+                scp[2 * h + z] = _mm512_permutexvar_epi16(idx, sc);
+                idx = _mm512_add_epi16(idx, four);
+            }
+        }
+        float dw = f16s(wb + 208);
+        for (int m = 0; m < M; m++) {
+            const k_block_q8_k *x = (const k_block_q8_k *)(const void *)(xq + m * xs) + b;
+            __m256i off = _mm256_madd_epi16(s16, _mm256_loadu_si256((const __m256i *)x->bsums));
+            __m512i isum = _mm512_setzero_si512();
+            for (int k = 0; k < 4; k++) {
+                __m512i p = _mm512_maddubs_epi16(qv[k], _mm512_loadu_si512(x->qs + 64 * k));
+                isum = _mm512_add_epi32(isum, _mm512_madd_epi16(p, scp[k]));
+            }
+            __m256i t =
+                _mm256_add_epi32(_mm512_castsi512_si256(isum), _mm512_extracti64x4_epi64(isum, 1));
+            t = _mm256_sub_epi32(t, _mm256_slli_epi32(off, 5));
+            acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_set1_ps(x->d * dw), acc[m]);
+        }
+    }
+    for (int m = 0; m < M; m++) s[m] = hsum8(acc[m]);
+}
+
+#define Q4KR5(n, M, s, w, xq, xs) q45kr5(n, M, s, w, xq, xs, 0)
+#define Q5KR5(n, M, s, w, xq, xs) q45kr5(n, M, s, w, xq, xs, 1)
+T5 static void r5_q4_k(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
+    ROWS_SWITCH(Q4KR5, n, M, s, (const uint8_t *)w, (const uint8_t *)xq, xstride);
+}
+T5 static void r5_q5_k(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
+    ROWS_SWITCH(Q5KR5, n, M, s, (const uint8_t *)w, (const uint8_t *)xq, xstride);
+}
+T5 static void r5_q6_k(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
+    ROWS_SWITCH(q6kr5, n, M, s, (const uint8_t *)w, (const uint8_t *)xq, xstride);
+}
+
 k_vdot_rows_fn k_simd_vdot_rows(tlm_dtype t, int isa) {
     if (isa > k_simd_cpu_level()) return NULL;
     if (isa == K_ISA_AVX512) {
@@ -793,6 +904,9 @@ k_vdot_rows_fn k_simd_vdot_rows(tlm_dtype t, int isa) {
         case TLM_DTYPE_F16: return r5_f16;
         case TLM_DTYPE_Q8_0: return r5_q8_0;
         case TLM_DTYPE_Q4_0: return r5_q4_0;
+        case TLM_DTYPE_Q4_K: return r5_q4_k;
+        case TLM_DTYPE_Q5_K: return r5_q5_k;
+        case TLM_DTYPE_Q6_K: return r5_q6_k;
         default: return NULL;
         }
     }
