@@ -88,10 +88,6 @@ T2 static inline __m256i dot_ss2(__m256i w, __m256i x) {
 }
 
 /* The same with VNNI: |w| as unsigned bytes, x negated where w is negative. */
-T5 static inline __m512i dot_ss5(__m512i w, __m512i x) {
-    __m512i sx = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x);
-    return _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(w), sx);
-}
 T5 static inline __m256i dot_ss5y(__m256i w, __m256i x) {
     __m256i sx = _mm256_mask_sub_epi8(x, _mm256_movepi8_mask(w), _mm256_setzero_si256(), x);
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(w), sx);
