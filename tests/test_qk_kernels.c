@@ -11,6 +11,7 @@
 #include "core/quant.h"
 #include "harness.h"
 #include "kernels/kernels.h"
+#include "kernels/matvec.h"
 #include "kernels/qdot.h"
 #include "kernels/qgemm.h"
 
@@ -146,6 +147,99 @@ static void check_type(tlm_dtype t, int n, int mode) {
     free(xq);
 }
 
+/* One weight row against M activation rows (k_vdot_rows_fn, M = 1..K_VDOT_MAX_ROWS) at every
+ * instruction set that has a version: each row's sum against the one-row reference, with the
+ * activation rows at the padded stride the decode uses. */
+static void check_rows(tlm_dtype t, int n) {
+    const char *name = tlm_dtype_name(t);
+    size_t wb = tlm_dtype_bytes(t, (uint64_t)n);
+    size_t rb = (k_act_row_bytes(t, n) + 63) & ~(size_t)63;
+    uint8_t *w = malloc(wb), *xq = malloc(rb * K_VDOT_MAX_ROWS);
+    float *x = malloc(sizeof(float) * n), *wf = malloc(sizeof(float) * n);
+    double mag[K_VDOT_MAX_ROWS];
+    float ref[K_VDOT_MAX_ROWS];
+    if (t == TLM_DTYPE_F32)
+        for (int i = 0; i < n; i++) ((float *)(void *)w)[i] = unif();
+    else
+        fill_weights(t, w, n, 0);
+    CHECK_OK(tlm_dtype_to_f32(t, w, wf, (size_t)n));
+    for (int m = 0; m < K_VDOT_MAX_ROWS; m++) {
+        /* rows of different magnitudes, so that a sum landing in the wrong row shows */
+        mag[m] = 0;
+        for (int i = 0; i < n; i++) {
+            x[i] = unif() * (float)(1 + 3 * m);
+            mag[m] += fabs((double)wf[i] * x[i]);
+        }
+        k_act_quantize(k_act_of(t), x, xq + m * rb, n);
+        k_vdot_get(t, K_ISA_REF)(n, &ref[m], w, xq + m * rb);
+    }
+    CHECK(k_vdot_rows_get(t, K_ISA_REF) == NULL, "%s: the references are one row each", name);
+    for (int isa = K_ISA_AVX2; isa < K_ISA_COUNT; isa++) {
+        k_vdot_rows_fn f = k_vdot_rows_get(t, isa);
+        if (!f) continue;
+        for (int M = 1; M <= K_VDOT_MAX_ROWS; M++) {
+            float got[K_VDOT_MAX_ROWS + 1];
+            got[M] = 12345.0f; /* the element after the last row stays untouched */
+            f(n, M, got, w, xq, rb);
+            for (int m = 0; m < M; m++)
+                CHECK(fabs(got[m] - ref[m]) <= 2e-5 * mag[m] + 1e-30,
+                      "%s rows isa %d n=%d M=%d row %d: %.9g vs reference %.9g", name, isa, n, M, m,
+                      got[m], ref[m]);
+            CHECK(got[M] == 12345.0f, "%s rows isa %d n=%d M=%d wrote past its rows", name, isa, n,
+                  M);
+        }
+    }
+    free(w);
+    free(xq);
+    free(x);
+    free(wf);
+}
+
+/* k_matvec_parts over M = 11 rows of x (a group of 8 and one of 3) and two parts (19 and 6 output
+ * rows: units of four with a tail, the second part's columns after the first's, one with a bias)
+ * against M one-row calls: every row's sums are computed alike whatever M is, so bit for bit. */
+static void check_matvec_rows(tlm_dtype t, int in) {
+    enum { M = 11, O1 = 19, O2 = 6 };
+    size_t rb = tlm_dtype_bytes(t, (uint64_t)in);
+    uint8_t *w = malloc(rb * (O1 + O2));
+    float *x = malloc(sizeof(float) * in * M), *b = malloc(sizeof(float) * O2);
+    float *y = malloc(sizeof(float) * (O1 + O2) * M), *y1 = malloc(sizeof(float) * (O1 + O2) * M);
+    if (t == TLM_DTYPE_F32)
+        for (int i = 0; i < in * (O1 + O2); i++) ((float *)(void *)w)[i] = unif();
+    else
+        fill_weights(t, w, in * (O1 + O2), 0);
+    for (int i = 0; i < in * M; i++) x[i] = unif() * (1 + i / in);
+    for (int i = 0; i < O2; i++) b[i] = unif();
+    k_matvec_part parts[2] = {{w, NULL, O1, rb, t, 0}, {w + rb * O1, b, O2, rb, t, O1}};
+    k_matvec_parts(y, O1 + O2, x, M, in, parts, 2);
+    for (int m = 0; m < M; m++)
+        k_matvec_parts(y1 + m * (O1 + O2), O1 + O2, x + m * in, 1, in, parts, 2);
+    CHECK(!memcmp(y, y1, sizeof(float) * (O1 + O2) * M),
+          "%s k_matvec_parts: 11 rows at once equal 11 one-row products", tlm_dtype_name(t));
+    /* and near the reference dot products */
+    size_t ab = (k_act_row_bytes(t, in) + 63) & ~(size_t)63;
+    uint8_t *xq = malloc(ab);
+    double worst = 0, scale = 0;
+    for (int m = 0; m < M; m++) {
+        k_act_quantize(k_act_of(t), x + m * in, xq, in);
+        for (int j = 0; j < O1 + O2; j++) {
+            float r;
+            k_vdot_get(t, K_ISA_REF)(in, &r, w + rb * j, xq);
+            if (j >= O1) r += b[j - O1];
+            worst = fmax(worst, fabs(r - y[m * (O1 + O2) + j]));
+            scale = fmax(scale, fabs(r));
+        }
+    }
+    CHECK(worst <= 1e-5 * scale, "%s k_matvec_parts: %g from the reference (of %g)",
+          tlm_dtype_name(t), worst, scale);
+    free(xq);
+    free(w);
+    free(x);
+    free(b);
+    free(y);
+    free(y1);
+}
+
 /* k_linear on a typed [out, in] weight against the widened F32 weight: M <= 8 rows (decode,
  * activations quantized: within the quantization's error) and N > 8 (prefill: widened tiles and
  * sgemm, the same sums). */
@@ -213,7 +307,13 @@ int main(void) {
             for (int mode = 0; mode < 4; mode++) check_type(t, n, mode);
         }
         check_linear(t, be == 256 ? 512 : 96, 19);
+        for (int c = 0; c < 5; c++) check_rows(t, be == 1 ? counts[c] * 17 : counts[c] * be);
+        check_matvec_rows(t, be == 1 ? 200 : 3 * be);
     }
+    /* F32 rows: whole vectors, a tail of each width, shorter than one vector */
+    const int f32n[] = {768, 32 * 7 + 5, 16 * 3 + 9, 11};
+    for (int c = 0; c < 4; c++) check_rows(TLM_DTYPE_F32, f32n[c]);
+    check_matvec_rows(TLM_DTYPE_F32, 200);
     CHECK(!k_linear_takes(TLM_DTYPE_I32), "integers are not weights");
     return t_finish("test_qk_kernels");
 }

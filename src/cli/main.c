@@ -31,19 +31,28 @@ static void usage(FILE *f) {
         fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
 }
 
-/* libgomp's default is to spin for a long time at every barrier; when another process shares the
- * cores, spinning threads steal each other's time and throughput collapses (100x seen on 2 cores).
+/* libgomp's default is to spin for a long time at every barrier (300000 rounds of `pause`, about
+ * 6 ms on a Zen 5 core); when another process shares the cores, spinning threads steal each
+ * other's time and throughput collapses (100x seen on 2 cores). Purely passive waits cost a futex
+ * sleep and wake-up at each of the ~60 parallel regions of a decode step instead (tens of
+ * microseconds each, against a step of 3-5 ms). The middle: spin about as long as the serial
+ * work between two regions of a step takes (a norm, RoPE, attention, sampling: up to tens of
+ * microseconds), then sleep, so a step's regions start without a wake-up while a waiting thread
+ * gives its core back well within a scheduler slice. TLM_SPINCOUNT rounds of `pause` (~19 ns each
+ * on Zen 5, ~40 ns on recent Intel cores): 40-120 us. bench/quant/two_decoders.sh measures it
+ * against passive and active waits, alone and with two processes sharing the cores.
  * libgomp reads its settings when it loads, before main, so the program re-executes itself once
- * with passive waits unless the user chose a policy (OMP_WAIT_POLICY=active to spin). */
-static void passive_waits(char **argv) {
+ * with the setting unless the user chose a policy (OMP_WAIT_POLICY or GOMP_SPINCOUNT). */
+#define TLM_SPINCOUNT "3000"
+static void bounded_spin(char **argv) {
     if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")) return;
-    setenv("OMP_WAIT_POLICY", "passive", 1);
+    setenv("GOMP_SPINCOUNT", TLM_SPINCOUNT, 1);
     execv("/proc/self/exe", argv);
     /* If re-execution is impossible, carry on with the default policy. */
 }
 
 int main(int argc, char **argv) {
-    passive_waits(argv);
+    bounded_spin(argv);
     if (argc < 2) {
         usage(stderr);
         return 1;

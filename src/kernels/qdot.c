@@ -33,7 +33,9 @@ size_t k_act_row_bytes(tlm_dtype t, int n) {
     switch (k_act_of(t)) {
     case K_ACT_F32: return (size_t)n * sizeof(float);
     case K_ACT_BF16: return (size_t)n * sizeof(uint16_t);
-    case K_ACT_Q8_0: return (size_t)(n / TLM_QK) * sizeof(tlm_block_q8_0);
+    case K_ACT_Q8_0:
+        return ((((size_t)(n / TLM_QK) * sizeof(tlm_block_q8_0)) + 63) & ~(size_t)63) +
+               (size_t)(n / TLM_QK) * sizeof(float);
     case K_ACT_Q8_K: return (size_t)(n / TLM_QK_K) * sizeof(k_block_q8_k);
     default: return 0;
     }
@@ -59,6 +61,7 @@ void k_act_quantize(k_act_kind kind, const float *x, void *xq, int n) {
         /* As llama.cpp's x86 quantize_row_q8_0: d = amax / 127 stored as f16, q = round-to-even of
          * x * 127 / amax. */
         tlm_block_q8_0 *y = xq;
+        float *d = (float *)(uintptr_t)k_act_q8_0_aux(xq, n);
         for (int b = 0; b < n / TLM_QK; b++, x += TLM_QK) {
             float amax = 0.0f;
             for (int i = 0; i < TLM_QK; i++) {
@@ -68,6 +71,7 @@ void k_act_quantize(k_act_kind kind, const float *x, void *xq, int n) {
             float id = amax != 0.0f ? 127.0f / amax : 0.0f;
             y[b].d = tlm_f32_to_f16(amax / 127.0f);
             for (int i = 0; i < TLM_QK; i++) y[b].qs[i] = (int8_t)nearest_int(x[i] * id);
+            d[b] = tlm_f16_to_f32(y[b].d);
         }
         break;
     }
@@ -330,6 +334,21 @@ k_vdot_fn k_vdot(tlm_dtype t) {
         if (f) return f;
     }
     return ref_of(t);
+}
+
+k_vdot_rows_fn k_vdot_rows_get(tlm_dtype t, int isa) {
+    if (isa <= K_ISA_REF || isa >= K_ISA_COUNT || isa > k_simd_cpu_level()) return NULL;
+    return k_simd_vdot_rows(t, isa);
+}
+
+k_vdot_rows_fn k_vdot_rows(tlm_dtype t) {
+    int top = k_isa() < isa_cap ? k_isa() : isa_cap;
+    for (int isa = top; isa > K_ISA_REF; isa--) {
+        k_vdot_rows_fn f = k_simd_vdot_rows(t, isa);
+        /* a type with its own dot product at a higher level must not fall to a lower one here */
+        if (f || k_simd_vdot(t, isa)) return f;
+    }
+    return NULL;
 }
 
 void k_widen_row(tlm_dtype t, const void *src, float *dst, int n) {

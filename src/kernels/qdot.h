@@ -30,6 +30,15 @@ enum { K_ISA_REF, K_ISA_AVX2, K_ISA_AVX512, K_ISA_COUNT };
 typedef void (*k_vdot_fn)(int n, float *s, const void *w, const void *xq);
 
 k_act_kind k_act_of(tlm_dtype t);
+/* A K_ACT_Q8_0 row of n elements: n / 32 tlm_block_q8_0 as llama.cpp's, then, from the next
+ * 64-byte boundary of the row, n / 32 floats: each block's scale d, widened. The vector kernels
+ * load four of them at once instead of widening four f16 scattered 34 bytes apart; the references
+ * read only the blocks. */
+static inline const float *k_act_q8_0_aux(const void *xq, int n) {
+    return (const float *)(const void *)((const uint8_t *)xq +
+                                         (((size_t)(n / 32) * 34 + 63) & ~(size_t)63));
+}
+
 /* Bytes of one activation row of n elements for a type (0: type not computed on). */
 size_t k_act_row_bytes(tlm_dtype t, int n);
 /* x[n] to the activation form the type wants (n a whole number of its blocks). */
@@ -43,6 +52,19 @@ void k_isa_cap(int isa);
  * for the type or the CPU lacks it. k_vdot: the best available (never NULL for a computed type). */
 k_vdot_fn k_vdot_get(tlm_dtype t, int isa);
 k_vdot_fn k_vdot(tlm_dtype t);
+
+/* Most activation rows a k_vdot_rows_fn takes in one call. */
+#define K_VDOT_MAX_ROWS 8
+/* s[m] = w . xq_m for m < M (1 <= M <= K_VDOT_MAX_ROWS), xq_m = xq + m * xstride bytes: one
+ * weight row against several activation rows, each weight load and unpacking shared by all of
+ * them (decode of several sequences at once). Defined as the type's k_vdot per row; the vector
+ * versions sum in another order. */
+typedef void (*k_vdot_rows_fn)(int n, int M, float *s, const void *w, const void *xq,
+                               size_t xstride);
+/* The several-row version at one instruction set (NULL where it has none: callers then call the
+ * one-row dot per row); k_vdot_rows: the best available under the cap, or NULL. */
+k_vdot_rows_fn k_vdot_rows_get(tlm_dtype t, int isa);
+k_vdot_rows_fn k_vdot_rows(tlm_dtype t);
 
 /* One weight row of n elements to floats (tlm_dtype_to_f32, vectorized where it matters). */
 void k_widen_row(tlm_dtype t, const void *src, float *dst, int n);

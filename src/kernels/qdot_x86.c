@@ -88,10 +88,6 @@ T2 static inline __m256i dot_ss2(__m256i w, __m256i x) {
 }
 
 /* The same with VNNI: |w| as unsigned bytes, x negated where w is negative. */
-T5 static inline __m512i dot_ss5(__m512i w, __m512i x) {
-    __m512i sx = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x);
-    return _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(w), sx);
-}
 T5 static inline __m256i dot_ss5y(__m256i w, __m256i x) {
     __m256i sx = _mm256_mask_sub_epi8(x, _mm256_movepi8_mask(w), _mm256_setzero_si256(), x);
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(w), sx);
@@ -213,55 +209,6 @@ T2 static void a2_q4_0(int n, float *s, const void *w, const void *xq) {
     *s = hsum8(acc);
 }
 
-/* Four f16 scales 'stride' bytes apart, packed for one vcvtph2ps. */
-static inline long long f16x4(const uint8_t *p, size_t stride) {
-    uint16_t h[4];
-    for (int i = 0; i < 4; i++) memcpy(&h[i], p + i * stride, 2);
-    return (long long)((uint64_t)h[0] | (uint64_t)h[1] << 16 | (uint64_t)h[2] << 32 |
-                       (uint64_t)h[3] << 48);
-}
-
-/* The products d_w * d_x of four consecutive blocks, lanes 0-3 of the result. */
-T5 static inline __m512 dprod4(const uint8_t *wd, size_t wstride, const tlm_block_q8_0 *x) {
-    __m128 dw = _mm_cvtph_ps(_mm_cvtsi64_si128(f16x4(wd, wstride)));
-    __m128 dx = _mm_cvtph_ps(_mm_cvtsi64_si128(f16x4((const uint8_t *)&x->d, sizeof *x)));
-    return _mm512_castps128_ps512(_mm_mul_ps(dw, dx));
-}
-
-/* Four blocks per iteration, two per 512-bit vector: lanes 0-7 hold the first block's sums, 8-15
- * the second's; the four scales are converted together and spread by one permute each, and the
- * sums stay in two vector accumulators until the end. */
-T5 static void a5_q8_0(int n, float *s, const void *w, const void *xq) {
-    const uint8_t *wb = w;
-    const tlm_block_q8_0 *x = xq;
-    int nb = n / TLM_QK, b = 0;
-    const __m512i i01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    const __m512i i23 = _mm512_add_epi32(i01, _mm512_set1_epi32(2));
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    for (; b + 4 <= nb; b += 4, wb += 4 * 34) {
-        __m512 d = dprod4(wb, 34, x + b);
-        __m512i w0 = join(_mm256_loadu_si256((const __m256i *)(wb + 2)),
-                          _mm256_loadu_si256((const __m256i *)(wb + 36)));
-        __m512i w1 = join(_mm256_loadu_si256((const __m256i *)(wb + 70)),
-                          _mm256_loadu_si256((const __m256i *)(wb + 104)));
-        __m512i x0 = join(_mm256_loadu_si256((const __m256i *)x[b].qs),
-                          _mm256_loadu_si256((const __m256i *)x[b + 1].qs));
-        __m512i x1 = join(_mm256_loadu_si256((const __m256i *)x[b + 2].qs),
-                          _mm256_loadu_si256((const __m256i *)x[b + 3].qs));
-        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_ss5(w0, x0)), _mm512_permutexvar_ps(i01, d),
-                               acc0);
-        acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_ss5(w1, x1)), _mm512_permutexvar_ps(i23, d),
-                               acc1);
-    }
-    float r = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-    for (; b < nb; b++, wb += 34) {
-        __m256i p = dot_ss5y(_mm256_loadu_si256((const __m256i *)(wb + 2)),
-                             _mm256_loadu_si256((const __m256i *)x[b].qs));
-        r += (float)hsum8i(p) * (f16s(wb) * _cvtsh_ss(x[b].d));
-    }
-    *s = r;
-}
-
 /* The nibbles of two Q4_0 blocks (qs at p and p + 18) as unsigned bytes, in the order of the two
  * activation blocks' 64 bytes: block 0's low nibbles, its high ones, block 1's low, its high. */
 T5 static inline __m512i nibbles64(const uint8_t *p) {
@@ -270,39 +217,6 @@ T5 static inline __m512i nibbles64(const uint8_t *p) {
     __m512i j = join(v, _mm256_srli_epi16(v, 4));
     j = _mm512_and_si512(j, _mm512_set1_epi8(0x0F));
     return _mm512_shuffle_i64x2(j, j, _MM_SHUFFLE(3, 1, 2, 0));
-}
-
-/* As Q8_0, the weights unsigned (0..15) straight into VNNI and the offset of 8 taken off through
- * the activation's sums: sum (q - 8) x = sum q x - sum 8 x. */
-T5 static void a5_q4_0(int n, float *s, const void *w, const void *xq) {
-    const uint8_t *wb = w;
-    const tlm_block_q8_0 *x = xq;
-    int nb = n / TLM_QK, b = 0;
-    const __m256i eight = _mm256_set1_epi8(8);
-    const __m512i eight5 = _mm512_set1_epi8(8);
-    const __m512i i01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    const __m512i i23 = _mm512_add_epi32(i01, _mm512_set1_epi32(2));
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    for (; b + 4 <= nb; b += 4, wb += 4 * 18) {
-        __m512 d = dprod4(wb, 18, x + b);
-        __m512i x0 = join(_mm256_loadu_si256((const __m256i *)x[b].qs),
-                          _mm256_loadu_si256((const __m256i *)x[b + 1].qs));
-        __m512i x1 = join(_mm256_loadu_si256((const __m256i *)x[b + 2].qs),
-                          _mm256_loadu_si256((const __m256i *)x[b + 3].qs));
-        __m512i p0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), nibbles64(wb + 2), x0);
-        __m512i p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), nibbles64(wb + 38), x1);
-        p0 = _mm512_sub_epi32(p0, _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight5, x0));
-        p1 = _mm512_sub_epi32(p1, _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight5, x1));
-        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_permutexvar_ps(i01, d), acc0);
-        acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_permutexvar_ps(i23, d), acc1);
-    }
-    float r = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-    for (; b < nb; b++, wb += 18) {
-        __m256i p = dot_ss5y(_mm256_sub_epi8(nibbles32(wb + 2), eight),
-                             _mm256_loadu_si256((const __m256i *)x[b].qs));
-        r += (float)hsum8i(p) * (f16s(wb) * _cvtsh_ss(x[b].d));
-    }
-    *s = r;
 }
 
 /* Q4_1, Q5_0, Q5_1 (the fallbacks llama.cpp's K mixes pick for rows that are not whole
@@ -633,6 +547,375 @@ T2 static void widen_bf16(const void *src, float *dst, int n) {
     }
 }
 
+/* ---- one weight row against several activation rows ----------------------------------------- */
+
+/* Each weight vector is loaded (and for the block types unpacked) once and multiplied into every
+ * activation row's accumulators, which stay in registers: M rows cost about one row's weight
+ * traffic and unpacking plus M times the activation side. The functions are inlined with M a
+ * constant (ROWS_SWITCH), so the accumulator arrays are registers, not memory. */
+#define AI __attribute__((always_inline))
+#define ROWS_SWITCH(fn, n, M, s, w, xq, xs)                                                        \
+    switch (M) {                                                                                   \
+    case 1: fn(n, 1, s, w, xq, xs); break;                                                         \
+    case 2: fn(n, 2, s, w, xq, xs); break;                                                         \
+    case 3: fn(n, 3, s, w, xq, xs); break;                                                         \
+    case 4: fn(n, 4, s, w, xq, xs); break;                                                         \
+    case 5: fn(n, 5, s, w, xq, xs); break;                                                         \
+    case 6: fn(n, 6, s, w, xq, xs); break;                                                         \
+    case 7: fn(n, 7, s, w, xq, xs); break;                                                         \
+    default: fn(n, 8, s, w, xq, xs); break;                                                        \
+    }
+
+/* F32 and F16 weights against F32 rows. One row at a time reads the matrix as one sequential
+ * stream (rows are contiguous), which the hardware prefetchers follow better than four
+ * interleaved streams; two accumulators per activation row keep two FMA chains per row. */
+T5 static inline AI __m512 ld16_5(const uint8_t *w, int f16, int i) {
+    return f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + 2 * (size_t)i)))
+               : _mm512_loadu_ps((const float *)(const void *)w + i);
+}
+
+T5 static inline AI void fr5(int n, const int M, float *s, const uint8_t *w, const float *x,
+                             size_t xs, int f16) {
+    __m512 a0[K_VDOT_MAX_ROWS], a1[K_VDOT_MAX_ROWS];
+    for (int m = 0; m < M; m++) a0[m] = a1[m] = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512 w0 = ld16_5(w, f16, i), w1 = ld16_5(w, f16, i + 16);
+        for (int m = 0; m < M; m++) {
+            a0[m] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + m * xs + i), a0[m]);
+            a1[m] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + m * xs + i + 16), a1[m]);
+        }
+    }
+    for (; i < n; i += 16) {
+        int left = n - i < 16 ? n - i : 16;
+        __mmask16 k = (__mmask16)((1u << left) - 1u);
+        __m512 wv = f16 ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, w + 2 * (size_t)i))
+                        : _mm512_maskz_loadu_ps(k, (const float *)(const void *)w + i);
+        for (int m = 0; m < M; m++)
+            a0[m] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(k, x + m * xs + i), a0[m]);
+    }
+    for (int m = 0; m < M; m++) s[m] = _mm512_reduce_add_ps(_mm512_add_ps(a0[m], a1[m]));
+}
+
+#define FR5_F32(n, M, s, w, xq, xs) fr5(n, M, s, w, xq, xs, 0)
+#define FR5_F16(n, M, s, w, xq, xs) fr5(n, M, s, w, xq, xs, 1)
+T5 static void r5_f32(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
+    ROWS_SWITCH(FR5_F32, n, M, s, (const uint8_t *)w, (const float *)xq, xstride / sizeof(float));
+}
+T5 static void r5_f16(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
+    ROWS_SWITCH(FR5_F16, n, M, s, (const uint8_t *)w, (const float *)xq, xstride / sizeof(float));
+}
+
+/* AVX2: 16 registers, so at most four activation rows per pass over the weight row (the next
+ * four read it again, from L1). */
+T2 static inline AI __m256 ld8_2(const uint8_t *w, int f16, int i) {
+    return f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + 2 * (size_t)i)))
+               : _mm256_loadu_ps((const float *)(const void *)w + i);
+}
+
+T2 static inline AI void fr2(int n, const int M, float *s, const uint8_t *w, const float *x,
+                             size_t xs, int f16) {
+    __m256 a0[4], a1[4];
+    for (int m = 0; m < M; m++) a0[m] = a1[m] = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 w0 = ld8_2(w, f16, i), w1 = ld8_2(w, f16, i + 8);
+        for (int m = 0; m < M; m++) {
+            a0[m] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + m * xs + i), a0[m]);
+            a1[m] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + m * xs + i + 8), a1[m]);
+        }
+    }
+    for (int m = 0; m < M; m++) {
+        float r = hsum8(_mm256_add_ps(a0[m], a1[m]));
+        for (int j = i; j < n; j++) {
+            float wj;
+            if (f16)
+                wj = f16s(w + 2 * (size_t)j);
+            else
+                memcpy(&wj, w + 4 * (size_t)j, 4);
+            r += wj * x[m * xs + j];
+        }
+        s[m] = r;
+    }
+}
+
+T2 static inline AI void fr2_all(int n, int M, float *s, const uint8_t *w, const float *x,
+                                 size_t xs, int f16) {
+    for (int m0 = 0; m0 < M; m0 += 4) {
+        int k = M - m0 < 4 ? M - m0 : 4;
+        const float *xm = x + m0 * xs;
+        switch (k) {
+        case 1: fr2(n, 1, s + m0, w, xm, xs, f16); break;
+        case 2: fr2(n, 2, s + m0, w, xm, xs, f16); break;
+        case 3: fr2(n, 3, s + m0, w, xm, xs, f16); break;
+        default: fr2(n, 4, s + m0, w, xm, xs, f16); break;
+        }
+    }
+}
+T2 static void r2_f32(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
+    fr2_all(n, M, s, w, xq, xstride / sizeof(float), 0);
+}
+T2 static void r2_f16(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
+    fr2_all(n, M, s, w, xq, xstride / sizeof(float), 1);
+}
+
+/* Q8_0 and Q4_0, four blocks per step, two per 512-bit vector (lanes 0-7 hold the first block's
+ * sums, 8-15 the second's), float accumulators until the end. The weight side (bytes, their
+ * absolute values and signs, or the unpacked nibbles; the four weight scales, gathered by one
+ * word permute from the row's own bytes) is done once for all activation rows; the activation
+ * scales come four at a time from the row's side arrays (k_act_q8_0_aux). */
+T5 static inline __m128 wd4_q8_0(const uint8_t *wb) {
+    const __m512i idx = _mm512_zextsi128_si512(_mm_setr_epi16(0, 17, 34, 51, 0, 0, 0, 0));
+    __m512i v = _mm512_permutex2var_epi16(_mm512_loadu_si512(wb), idx, _mm512_loadu_si512(wb + 64));
+    return _mm_cvtph_ps(_mm512_castsi512_si128(v));
+}
+T5 static inline __m128 wd4_q4_0(const uint8_t *wb) {
+    const __m512i idx = _mm512_zextsi128_si512(_mm_setr_epi16(0, 9, 18, 27, 0, 0, 0, 0));
+    __m512i v = _mm512_permutexvar_epi16(idx, _mm512_loadu_si512(wb));
+    return _mm_cvtph_ps(_mm512_castsi512_si128(v));
+}
+
+T5 static inline AI void q8r5(int n, const int M, float *s, const uint8_t *w, const uint8_t *xq,
+                              size_t xs) {
+    const uint8_t *wb = w;
+    int nb = n / TLM_QK, b = 0;
+    size_t aux = (const uint8_t *)k_act_q8_0_aux(xq, n) - xq;
+    const __m512i i01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i i23 = _mm512_add_epi32(i01, _mm512_set1_epi32(2));
+    __m512 a0[K_VDOT_MAX_ROWS], a1[K_VDOT_MAX_ROWS];
+    for (int m = 0; m < M; m++) a0[m] = a1[m] = _mm512_setzero_ps();
+    for (; b + 4 <= nb; b += 4, wb += 4 * 34) {
+        __m128 dw = wd4_q8_0(wb);
+        __m512i w0 = join(_mm256_loadu_si256((const __m256i *)(wb + 2)),
+                          _mm256_loadu_si256((const __m256i *)(wb + 36)));
+        __m512i w1 = join(_mm256_loadu_si256((const __m256i *)(wb + 70)),
+                          _mm256_loadu_si256((const __m256i *)(wb + 104)));
+        __mmask64 n0 = _mm512_movepi8_mask(w0), n1 = _mm512_movepi8_mask(w1);
+        __m512i u0 = _mm512_abs_epi8(w0), u1 = _mm512_abs_epi8(w1);
+        for (int m = 0; m < M; m++) {
+            const uint8_t *xm = xq + m * xs;
+            const tlm_block_q8_0 *x = (const tlm_block_q8_0 *)(const void *)xm + b;
+            __m128 dx = _mm_loadu_ps((const float *)(const void *)(xm + aux) + b);
+            __m512 d = _mm512_castps128_ps512(_mm_mul_ps(dw, dx));
+            __m512i x0 = join(_mm256_loadu_si256((const __m256i *)x[0].qs),
+                              _mm256_loadu_si256((const __m256i *)x[1].qs));
+            __m512i x1 = join(_mm256_loadu_si256((const __m256i *)x[2].qs),
+                              _mm256_loadu_si256((const __m256i *)x[3].qs));
+            x0 = _mm512_mask_sub_epi8(x0, n0, _mm512_setzero_si512(), x0);
+            x1 = _mm512_mask_sub_epi8(x1, n1, _mm512_setzero_si512(), x1);
+            __m512i p0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u0, x0);
+            __m512i p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u1, x1);
+            a0[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_permutexvar_ps(i01, d), a0[m]);
+            a1[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_permutexvar_ps(i23, d), a1[m]);
+        }
+    }
+    for (int m = 0; m < M; m++) {
+        const tlm_block_q8_0 *x = (const tlm_block_q8_0 *)(const void *)(xq + m * xs);
+        float r = _mm512_reduce_add_ps(_mm512_add_ps(a0[m], a1[m]));
+        const uint8_t *wt = wb;
+        for (int bt = b; bt < nb; bt++, wt += 34) {
+            __m256i p = dot_ss5y(_mm256_loadu_si256((const __m256i *)(wt + 2)),
+                                 _mm256_loadu_si256((const __m256i *)x[bt].qs));
+            r += (float)hsum8i(p) * (f16s(wt) * _cvtsh_ss(x[bt].d));
+        }
+        s[m] = r;
+    }
+}
+
+/* Q4_0's weights go unsigned (0..15) straight into VNNI; the offset of 8 comes off each lane's
+ * integer sum through a second VNNI product with 8s. (Taking 8 sum q_x off one lane per block
+ * instead gives the same block sums but other lane values, so other float rounding, which moves
+ * an 8-bit activation of a later layer by a step now and then: decode must match the reference
+ * to 1e-4, test_qk_models.) */
+T5 static inline AI void q4r5(int n, const int M, float *s, const uint8_t *w, const uint8_t *xq,
+                              size_t xs) {
+    const uint8_t *wb = w;
+    int nb = n / TLM_QK, b = 0;
+    size_t aux = (const uint8_t *)k_act_q8_0_aux(xq, n) - xq;
+    const __m512i eight5 = _mm512_set1_epi8(8);
+    const __m512i i01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i i23 = _mm512_add_epi32(i01, _mm512_set1_epi32(2));
+    __m512 a0[K_VDOT_MAX_ROWS], a1[K_VDOT_MAX_ROWS];
+    for (int m = 0; m < M; m++) a0[m] = a1[m] = _mm512_setzero_ps();
+    for (; b + 4 <= nb; b += 4, wb += 4 * 18) {
+        __m128 dw = wd4_q4_0(wb);
+        __m512i q0 = nibbles64(wb + 2), q1 = nibbles64(wb + 38);
+        for (int m = 0; m < M; m++) {
+            const uint8_t *xm = xq + m * xs;
+            const tlm_block_q8_0 *x = (const tlm_block_q8_0 *)(const void *)xm + b;
+            const float *ad = (const float *)(const void *)(xm + aux) + b;
+            __m512 d = _mm512_castps128_ps512(_mm_mul_ps(dw, _mm_loadu_ps(ad)));
+            __m512i x0 = join(_mm256_loadu_si256((const __m256i *)x[0].qs),
+                              _mm256_loadu_si256((const __m256i *)x[1].qs));
+            __m512i x1 = join(_mm256_loadu_si256((const __m256i *)x[2].qs),
+                              _mm256_loadu_si256((const __m256i *)x[3].qs));
+            __m512i p0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q0, x0);
+            __m512i p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q1, x1);
+            p0 = _mm512_sub_epi32(p0, _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight5, x0));
+            p1 = _mm512_sub_epi32(p1, _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight5, x1));
+            a0[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_permutexvar_ps(i01, d), a0[m]);
+            a1[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_permutexvar_ps(i23, d), a1[m]);
+        }
+    }
+    const __m256i eight = _mm256_set1_epi8(8);
+    for (int m = 0; m < M; m++) {
+        const tlm_block_q8_0 *x = (const tlm_block_q8_0 *)(const void *)(xq + m * xs);
+        float r = _mm512_reduce_add_ps(_mm512_add_ps(a0[m], a1[m]));
+        const uint8_t *wt = wb;
+        for (int bt = b; bt < nb; bt++, wt += 18) {
+            __m256i p = dot_ss5y(_mm256_sub_epi8(nibbles32(wt + 2), eight),
+                                 _mm256_loadu_si256((const __m256i *)x[bt].qs));
+            r += (float)hsum8i(p) * (f16s(wt) * _cvtsh_ss(x[bt].d));
+        }
+        s[m] = r;
+    }
+}
+
+T5 static void a5_q8_0(int n, float *s, const void *w, const void *xq) { q8r5(n, 1, s, w, xq, 0); }
+T5 static void a5_q4_0(int n, float *s, const void *w, const void *xq) { q4r5(n, 1, s, w, xq, 0); }
+
+T5 static void r5_q8_0(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
+    ROWS_SWITCH(q8r5, n, M, s, (const uint8_t *)w, (const uint8_t *)xq, xstride);
+}
+T5 static void r5_q4_0(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
+    ROWS_SWITCH(q4r5, n, M, s, (const uint8_t *)w, (const uint8_t *)xq, xstride);
+}
+
+/* Q4_K, Q5_K and Q6_K as a5_q45k and a5_q6_k, per activation row the same operations in the
+ * same order (so the same sums as the one-row kernels), with each super-block's unpacking (quants,
+ * scales spread to their lanes, mins) done once for all rows. */
+T5 static inline AI void q45kr5(int n, const int M, float *s, const uint8_t *w, const uint8_t *xq,
+                                size_t xs, int five) {
+    const uint8_t *wb = w;
+    size_t bytes = five ? sizeof(tlm_block_q5_k) : sizeof(tlm_block_q4_k);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i ig = _mm512_set_epi16(1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0,
+                                        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i two = _mm512_set1_epi16(2);
+    __m512 acc[K_VDOT_MAX_ROWS];
+    __m256 accm[K_VDOT_MAX_ROWS];
+    for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps(), accm[m] = _mm256_setzero_ps();
+    for (int b = 0; b < n / TLM_QK_K; b++, wb += bytes) {
+        uint32_t u[4];
+        q45k_unpack(wb + 4, u);
+        __m128i sm = _mm_loadu_si128((const __m128i *)u);
+        __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(sm));
+        __m128i mn = _mm_unpackhi_epi8(_mm_unpackhi_epi64(sm, sm), _mm_unpackhi_epi64(sm, sm));
+        __m256i mn16 = _mm256_cvtepu8_epi16(mn);
+        const uint8_t *qh = five ? wb + 16 : NULL, *q = wb + (five ? 48 : 16);
+        __m512i qv[4], scp[4], idx = ig;
+        for (int g = 0; g < 4; g++) {
+            if (qh) {
+                __m256i lo, hi;
+                q45k_group(q + 32 * g, qh, g, &lo, &hi);
+                qv[g] = join(lo, hi);
+            } else {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * g));
+                qv[g] = _mm512_and_si512(join(v, _mm256_srli_epi16(v, 4)), m4);
+            }
+            scp[g] = _mm512_permutexvar_epi16(idx, sc16);
+            idx = _mm512_add_epi16(idx, two);
+        }
+        float dw = f16s(wb), dmin = f16s(wb + 2);
+        for (int m = 0; m < M; m++) {
+            const k_block_q8_k *x = (const k_block_q8_k *)(const void *)(xq + m * xs) + b;
+            __m256i mterm = _mm256_madd_epi16(mn16, _mm256_loadu_si256((const __m256i *)x->bsums));
+            __m512i isum = _mm512_setzero_si512();
+            for (int g = 0; g < 4; g++) {
+                __m512i p = _mm512_maddubs_epi16(qv[g], _mm512_loadu_si512(x->qs + 64 * g));
+                isum = _mm512_add_epi32(isum, _mm512_madd_epi16(p, scp[g]));
+            }
+            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(x->d * dw), acc[m]);
+            accm[m] =
+                _mm256_fmadd_ps(_mm256_cvtepi32_ps(mterm), _mm256_set1_ps(x->d * dmin), accm[m]);
+        }
+    }
+    for (int m = 0; m < M; m++) {
+        __m256 lo = _mm512_castps512_ps256(acc[m]), hi = _mm512_extractf32x8_ps(acc[m], 1);
+        s[m] = hsum8(_mm256_sub_ps(_mm256_add_ps(lo, hi), accm[m]));
+    }
+}
+
+T5 static inline AI void q6kr5(int n, const int M, float *s, const uint8_t *w, const uint8_t *xq,
+                               size_t xs) {
+    const uint8_t *wb = w;
+    const __m512i idx0 = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1,
+                                          1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    const __m512i four = _mm512_set1_epi16(4);
+    __m256 acc[K_VDOT_MAX_ROWS];
+    for (int m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();
+    for (int b = 0; b < n / TLM_QK_K; b++, wb += sizeof(tlm_block_q6_k)) {
+        __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wb + 192)));
+        __m512i sc = _mm512_castsi256_si512(s16);
+        __m512i qv[4], scp[4], idx = idx0;
+        for (int h = 0; h < 2; h++) {
+            __m512i L = _mm512_loadu_si512(wb + 64 * h);
+            __m256i hb = _mm256_loadu_si256((const __m256i *)(wb + 128 + 32 * h));
+            __m512i H = join(hb, _mm256_srli_epi16(hb, 2));
+            qv[2 * h] = _mm512_or_si512(_mm512_and_si512(L, m4),
+                                        _mm512_and_si512(_mm512_slli_epi16(H, 4), m30));
+            qv[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(L, 4), m4),
+                                            _mm512_and_si512(H, m30));
+            for (int z = 0; z < 2; z++) {
+                scp[2 * h + z] = _mm512_permutexvar_epi16(idx, sc);
+                idx = _mm512_add_epi16(idx, four);
+            }
+        }
+        float dw = f16s(wb + 208);
+        for (int m = 0; m < M; m++) {
+            const k_block_q8_k *x = (const k_block_q8_k *)(const void *)(xq + m * xs) + b;
+            __m256i off = _mm256_madd_epi16(s16, _mm256_loadu_si256((const __m256i *)x->bsums));
+            __m512i isum = _mm512_setzero_si512();
+            for (int k = 0; k < 4; k++) {
+                __m512i p = _mm512_maddubs_epi16(qv[k], _mm512_loadu_si512(x->qs + 64 * k));
+                isum = _mm512_add_epi32(isum, _mm512_madd_epi16(p, scp[k]));
+            }
+            __m256i t =
+                _mm256_add_epi32(_mm512_castsi512_si256(isum), _mm512_extracti64x4_epi64(isum, 1));
+            t = _mm256_sub_epi32(t, _mm256_slli_epi32(off, 5));
+            acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_set1_ps(x->d * dw), acc[m]);
+        }
+    }
+    for (int m = 0; m < M; m++) s[m] = hsum8(acc[m]);
+}
+
+#define Q4KR5(n, M, s, w, xq, xs) q45kr5(n, M, s, w, xq, xs, 0)
+#define Q5KR5(n, M, s, w, xq, xs) q45kr5(n, M, s, w, xq, xs, 1)
+T5 static void r5_q4_k(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
+    ROWS_SWITCH(Q4KR5, n, M, s, (const uint8_t *)w, (const uint8_t *)xq, xstride);
+}
+T5 static void r5_q5_k(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
+    ROWS_SWITCH(Q5KR5, n, M, s, (const uint8_t *)w, (const uint8_t *)xq, xstride);
+}
+T5 static void r5_q6_k(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
+    ROWS_SWITCH(q6kr5, n, M, s, (const uint8_t *)w, (const uint8_t *)xq, xstride);
+}
+
+k_vdot_rows_fn k_simd_vdot_rows(tlm_dtype t, int isa) {
+    if (isa > k_simd_cpu_level()) return NULL;
+    if (isa == K_ISA_AVX512) {
+        switch (t) {
+        case TLM_DTYPE_F32: return r5_f32;
+        case TLM_DTYPE_F16: return r5_f16;
+        case TLM_DTYPE_Q8_0: return r5_q8_0;
+        case TLM_DTYPE_Q4_0: return r5_q4_0;
+        case TLM_DTYPE_Q4_K: return r5_q4_k;
+        case TLM_DTYPE_Q5_K: return r5_q5_k;
+        case TLM_DTYPE_Q6_K: return r5_q6_k;
+        default: return NULL;
+        }
+    }
+    if (isa == K_ISA_AVX2) {
+        switch (t) {
+        case TLM_DTYPE_F32: return r2_f32;
+        case TLM_DTYPE_F16: return r2_f16;
+        default: return NULL;
+        }
+    }
+    return NULL;
+}
+
 int k_simd_widen(tlm_dtype t, const void *src, float *dst, int n) {
     if (k_simd_cpu_level() < K_ISA_AVX2) return 0;
     if (t == TLM_DTYPE_F16)
@@ -687,6 +970,11 @@ int k_simd_widen(tlm_dtype t, const void *src, float *dst, int n) {
     return 0;
 }
 k_vdot_fn k_simd_vdot(tlm_dtype t, int isa) {
+    (void)t;
+    (void)isa;
+    return NULL;
+}
+k_vdot_rows_fn k_simd_vdot_rows(tlm_dtype t, int isa) {
     (void)t;
     (void)isa;
     return NULL;
