@@ -595,6 +595,10 @@ typedef struct tlm_session tlm_session;
 /* capacity <= 0 means context_length. */
 tlm_status tlm_session_new(const tlm_model *m, int batch, int capacity, tlm_session **out);
 void tlm_session_free(tlm_session *s);
+/* Faults in the KV cache's memory now. It is mapped lazily, so otherwise the first tokens of each
+ * sequence pay for the kernel zeroing its pages (a large batch's cache is GiBs): a server calls
+ * this at start-up so that no request waits on it in the middle of a decode step. */
+void tlm_session_prefault(tlm_session *s);
 /* Empties sequence seq's cache (seq < 0: every sequence). */
 void tlm_session_reset(tlm_session *s, int seq);
 int tlm_session_batch(const tlm_session *s);

@@ -474,6 +474,7 @@ tlm_status srv_sched_new(const tlm_model *m, const tlm_tokenizer *tok, const srv
     pthread_cond_init(&s->progress, NULL);
     tlm_status st = tlm_session_new(m, s->B, ctx, &s->sess);
     if (st) goto fail;
+    tlm_session_prefault(s->sess);
     s->slots = calloc((size_t)s->B, sizeof *s->slots);
     s->logits = malloc((size_t)s->B * (size_t)s->V * sizeof(float));
     s->ids = calloc((size_t)s->B + (size_t)(s->chunk > ctx ? s->chunk : ctx), sizeof *s->ids);
