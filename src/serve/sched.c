@@ -423,6 +423,8 @@ static void *loop(void *arg) {
         double t1 = srv_now();
 
         pthread_mutex_lock(&s->mu);
+        /* A pass that also carries prompt chunks counts as decode time: the streams waited on it.
+         */
         if (n_dec) {
             s->st.decode_seconds += t1 - t0;
             s->st.decode_steps++;
