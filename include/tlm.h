@@ -596,6 +596,10 @@ typedef struct tlm_session tlm_session;
 /* capacity <= 0 means context_length. */
 tlm_status tlm_session_new(const tlm_model *m, int batch, int capacity, tlm_session **out);
 void tlm_session_free(tlm_session *s);
+/* Faults in the KV cache's memory now. It is mapped lazily, so otherwise the first tokens of each
+ * sequence pay for the kernel zeroing its pages (a large batch's cache is GiBs): a server calls
+ * this at start-up so that no request waits on it in the middle of a decode step. */
+void tlm_session_prefault(tlm_session *s);
 /* Empties sequence seq's cache (seq < 0: every sequence). */
 void tlm_session_reset(tlm_session *s, int seq);
 int tlm_session_batch(const tlm_session *s);
@@ -616,6 +620,14 @@ tlm_status tlm_prefill(tlm_session *s, int seq, const int32_t *ids, int n, float
 tlm_status tlm_decode(tlm_session *s, const int32_t *ids, const uint8_t *active, float *logits);
 /* Appends one token to sequence 0; logits receives [V]. */
 tlm_status tlm_decode_step(tlm_session *s, int32_t id, float *logits);
+/* One pass over new tokens of any of the sequences: n[b] >= 0 ids for sequence b, given
+ * concatenated in ids (sequence 0's, then 1's, ...). Decoding one token of some sequences while
+ * prefilling prompt chunks of others (or several prompts at once) then reads each weight once for
+ * all of them, where separate tlm_prefill and tlm_decode calls read them once each. logits (may be
+ * NULL) [batch, V] receives, for each sequence with n[b] > 0 and want[b] != 0 (want NULL: all),
+ * the logits after its last new id; other rows are left untouched. */
+tlm_status tlm_session_step(tlm_session *s, const int32_t *ids, const int *n, const uint8_t *want,
+                            float *logits);
 
 typedef struct {
     float temperature; /* 0: greedy (argmax, lowest id on ties); else logits / temperature */

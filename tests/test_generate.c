@@ -234,6 +234,74 @@ static void test_batch_decode(void) {
     tlm_model_free(m);
 }
 
+/* Mixed steps (tlm_session_step): each pass gives some sequences one id, others a run of several,
+ * skips the rest, and asks for logits of only some; every asked row equals its own full pass and
+ * the rows not asked for are left untouched. Runs of more than one id go through the prefill
+ * attention inside the same pass as the single ids. */
+static void test_mixed_step(void) {
+    tlm_model *m = make_model("\"n_kv_heads\":2", 13);
+    CHECK(m != NULL, "%s", tlm_last_error());
+    if (!m) return;
+    int V = tlm_model_config(m)->vocab_size, T = tlm_model_config(m)->context_length;
+    enum { NB = 4 };
+    int32_t ids[NB][24];
+    float *want[NB];
+    for (int b = 0; b < NB; b++) {
+        random_ids(ids[b], T, V, 700 + (uint64_t)b);
+        want[b] = full_logits(m, ids[b], T);
+    }
+    tlm_session *s = NULL;
+    CHECK_OK(tlm_session_new(m, NB, 0, &s));
+    float *got = malloc((size_t)NB * V * sizeof *got);
+    int len[NB] = {0, 0, 0, 0}, checked = 0;
+    /* n[step][b]: a prompt of 5 for sequence 0 while 1 waits, then all kinds of mixes. */
+    static const int plan[][NB] = {{5, 0, 3, 1}, {1, 4, 1, 2}, {1, 1, 0, 6}, {2, 1, 3, 1},
+                                   {1, 0, 1, 1}, {3, 2, 2, 0}, {1, 1, 1, 1}};
+    int nsteps = (int)(sizeof plan / sizeof plan[0]);
+    double worst = 0;
+    for (int st = 0; st < nsteps; st++) {
+        int32_t flat[NB * 24];
+        int at = 0;
+        uint8_t ask[NB];
+        for (int b = 0; b < NB; b++) {
+            for (int i = 0; i < plan[st][b]; i++) flat[at++] = ids[b][len[b] + i];
+            ask[b] = (uint8_t)((st + b) % 3 != 2);
+        }
+        for (size_t i = 0; i < (size_t)NB * V; i++) got[i] = -1234.0f;
+        CHECK_OK(tlm_session_step(s, flat, plan[st], ask, got));
+        for (int b = 0; b < NB; b++) {
+            len[b] += plan[st][b];
+            CHECK(tlm_session_length(s, b) == len[b], "step %d seq %d length %d", st, b,
+                  tlm_session_length(s, b));
+            if (plan[st][b] && ask[b]) {
+                worst = fmax(
+                    worst, rel_err(got + (size_t)b * V, want[b] + (size_t)(len[b] - 1) * V, 1, V));
+                checked++;
+            } else {
+                int untouched = 1;
+                for (int i = 0; i < V; i++) untouched &= got[(size_t)b * V + i] == -1234.0f;
+                CHECK(untouched, "step %d seq %d: a row not asked for was written", st, b);
+            }
+        }
+    }
+    CHECK(checked >= 14, "only %d rows checked", checked);
+    CHECK(worst <= TOL, "mixed step rel err %.3g", worst);
+    printf("  %-50s %.2e\n", "mixed steps: single ids and runs in one pass", worst);
+    int bad_n[NB] = {0, -1, 0, 0}, big[NB] = {0, 0, T - len[2] + 1, 0}, none[NB] = {0};
+    CHECK(tlm_session_step(s, ids[0], bad_n, NULL, got) == TLM_ERR_ARG, "negative count");
+    CHECK(tlm_session_step(s, ids[0], big, NULL, got) == TLM_ERR_RANGE, "past the capacity");
+    int32_t out_of_vocab[2] = {0, V};
+    int two[NB] = {2, 0, 0, 0};
+    CHECK(tlm_session_step(s, out_of_vocab, two, NULL, got) == TLM_ERR_RANGE, "id outside vocab");
+    CHECK_OK(tlm_session_step(s, NULL, none, NULL, got));
+    for (int b = 0; b < NB; b++)
+        CHECK(tlm_session_length(s, b) == len[b], "a refused step changed seq %d", b);
+    tlm_session_free(s);
+    free(got);
+    for (int b = 0; b < NB; b++) free(want[b]);
+    tlm_model_free(m);
+}
+
 /* ---- samplers ---- */
 
 #define DRAWS 20000
@@ -538,6 +606,7 @@ int main(void) {
     test_invariant();
     test_long_prefill();
     test_batch_decode();
+    test_mixed_step();
     test_samplers();
     test_generate_loop();
     return t_finish("test_generate");

@@ -24,9 +24,15 @@ struct tlm_session {
     size_t scratch_bytes;
     float *x, *n, *qkv, *att, *tmp, *ff_a, *ff_h;
     int *row_seq, *row_pos; /* [rows] sequence and position of each scratch row */
-    int *row_idx;           /* [B] decode: sequence of each compact row */
     int32_t *ids_tmp;       /* [B] decode: ids of the compact rows */
     uint8_t *act_tmp;       /* [B] decode_step's activity mask */
+    int *step_n;            /* [B] decode: new ids per sequence */
+    /* A mixed pass (tlm_session_step): rows [0, n_single) are one new token each of distinct
+     * sequences, then n_segs runs of consecutive positions of one sequence each. */
+    int n_single, n_segs;
+    int *seg_b, *seg_r0, *seg_n; /* [B] */
+    int32_t *row_ids;            /* [rows] the ids in row order */
+    int *want_row, *want_seq;    /* [B] rows whose logits are asked for, and their sequences */
 
     /* Attention scores: decode [B*H, cap]; prefill one [chunk, cap] block per thread. */
     float *scores;

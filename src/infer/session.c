@@ -24,11 +24,13 @@ static void free_scratch(tlm_session *s) {
     s->rows = 0;
     free(s->row_seq);
     free(s->row_pos);
+    free(s->row_ids);
     s->row_seq = s->row_pos = NULL;
+    s->row_ids = NULL;
 }
 
-/* Makes room for `rows` scratch rows. Called at creation with B rows, so decode never lands here
- * with a larger request. */
+/* Makes room for `rows` scratch rows. Called at creation with B rows, so decode alone never lands
+ * here with a larger request (prefill and mixed steps may). */
 static tlm_status reserve_rows(tlm_session *s, int rows) {
     if (rows <= s->rows) return TLM_OK;
     const tlm_config *c = &s->m->c;
@@ -44,7 +46,8 @@ static tlm_status reserve_rows(tlm_session *s, int rows) {
     s->scratch = tlm_big_alloc(bytes);
     s->row_seq = malloc((size_t)rows * sizeof(int));
     s->row_pos = malloc((size_t)rows * sizeof(int));
-    if (!s->scratch || !s->row_seq || !s->row_pos) {
+    s->row_ids = malloc((size_t)rows * sizeof(int32_t));
+    if (!s->scratch || !s->row_seq || !s->row_pos || !s->row_ids) {
         tlm_big_free(s->scratch, bytes);
         s->scratch = NULL;
         free_scratch(s);
@@ -102,12 +105,18 @@ tlm_status tlm_session_new(const tlm_model *m, int batch, int capacity, tlm_sess
         goto fail;
     }
     s->len = calloc((size_t)batch, sizeof(int));
-    s->row_idx = calloc((size_t)batch, sizeof(int));
     s->ids_tmp = calloc((size_t)batch, sizeof(int32_t));
     s->act_tmp = calloc((size_t)batch, 1);
+    s->step_n = calloc((size_t)batch, sizeof(int));
+    s->seg_b = calloc((size_t)batch, sizeof(int));
+    s->seg_r0 = calloc((size_t)batch, sizeof(int));
+    s->seg_n = calloc((size_t)batch, sizeof(int));
+    s->want_row = calloc((size_t)batch, sizeof(int));
+    s->want_seq = calloc((size_t)batch, sizeof(int));
     s->kv = tlm_big_alloc(s->kv_bytes);
     s->logits = tlm_big_alloc((size_t)batch * c->vocab_size * sizeof(float));
-    if (!s->len || !s->row_idx || !s->ids_tmp || !s->act_tmp || !s->kv || !s->logits) {
+    if (!s->len || !s->ids_tmp || !s->act_tmp || !s->step_n || !s->seg_b || !s->seg_r0 ||
+        !s->seg_n || !s->want_row || !s->want_seq || !s->kv || !s->logits) {
         st = tlm_err(TLM_ERR_NOMEM, "out of memory for a KV cache of %zu MiB", s->kv_bytes >> 20);
         goto fail;
     }
@@ -128,10 +137,25 @@ void tlm_session_free(tlm_session *s) {
     if (s->kv) tlm_big_free(s->kv, s->kv_bytes);
     if (s->logits) tlm_big_free(s->logits, (size_t)s->B * s->m->c.vocab_size * sizeof(float));
     free(s->len);
-    free(s->row_idx);
     free(s->ids_tmp);
     free(s->act_tmp);
+    free(s->step_n);
+    free(s->seg_b);
+    free(s->seg_r0);
+    free(s->seg_n);
+    free(s->want_row);
+    free(s->want_seq);
     free(s);
+}
+
+void tlm_session_prefault(tlm_session *s) {
+    if (!s) return;
+    /* One write per page: the kernel zero-fills each (a whole huge page at a time) on the first
+     * touch, which is what costs; the second core halves the wait. */
+    volatile char *p = (volatile char *)s->kv;
+    long pages = (long)((s->kv_bytes + 4095) / 4096);
+#pragma omp parallel for schedule(static) if (pages >= 4096)
+    for (long i = 0; i < pages; i++) p[(size_t)i * 4096] = 0;
 }
 
 void tlm_session_reset(tlm_session *s, int seq) {
@@ -157,9 +181,9 @@ tlm_status tlm_session_truncate(tlm_session *s, int seq, int n) {
     return TLM_OK;
 }
 
-/* Causal attention of T consecutive new tokens of sequence b (positions pos0..pos0+T-1) over
- * everything cached for it, the new keys included. */
-static void attend_prefill(tlm_session *s, int l, int b, int pos0, int T) {
+/* Causal attention of T consecutive new tokens of sequence b (positions pos0..pos0+T-1, scratch
+ * rows r0..r0+T-1) over everything cached for it, the new keys included. */
+static void attend_prefill(tlm_session *s, int l, int b, int pos0, int T, int r0) {
     const tlm_config *c = &s->m->c;
     int H = c->n_heads, hd = c->d_model / H, group = H / c->n_kv_heads, qw = H * hd;
     int ld = qw + 2 * c->n_kv_heads * hd; /* row stride of the fused q|k|v buffer */
@@ -173,7 +197,7 @@ static void attend_prefill(tlm_session *s, int l, int b, int pos0, int T) {
         const float *K = infer_cache_k(s, l, b, h / group), *V = infer_cache_v(s, l, b, h / group);
         float *p = s->scores + (size_t)omp_get_thread_num() * QCHUNK * cap;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tc, S, hd, scale,
-                    s->qkv + (size_t)t0 * ld + (size_t)h * hd, ld, K, hd, 0.0f, p, S);
+                    s->qkv + (size_t)(r0 + t0) * ld + (size_t)h * hd, ld, K, hd, 0.0f, p, S);
         for (int i = 0; i < tc; i++) {
             float *row = p + (size_t)i * S;
             int last = pos0 + t0 + i;
@@ -189,7 +213,7 @@ static void attend_prefill(tlm_session *s, int l, int b, int pos0, int T) {
             for (int j = last + 1; j < S; j++) row[j] = 0.0f;
         }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tc, hd, S, 1.0f, p, S, V, hd, 0.0f,
-                    s->att + (size_t)t0 * qw + (size_t)h * hd, qw);
+                    s->att + (size_t)(r0 + t0) * qw + (size_t)h * hd, qw);
     }
 }
 
@@ -253,15 +277,18 @@ static void cache_attend_prefill(void *user, int l, float *qkv, int ld, float *a
     (void)att;
     tlm_session *s = user;
     cache_store(s, l, qkv, ld, N);
-    attend_prefill(s, l, s->row_seq[0], s->row_pos[0], N);
+    attend_prefill(s, l, s->row_seq[0], s->row_pos[0], N, 0);
 }
 
-/* Decode: one row of each active sequence. */
-static void cache_attend_decode(void *user, int l, float *qkv, int ld, float *att, int N) {
+/* A mixed pass: one row each of some sequences, then runs of prompt rows of others. All the new
+ * keys and values are stored first, so a run's later rows see its earlier ones. */
+static void cache_attend_mixed(void *user, int l, float *qkv, int ld, float *att, int N) {
     (void)att;
     tlm_session *s = user;
     cache_store(s, l, qkv, ld, N);
-    attend_decode(s, l, N);
+    if (s->n_single) attend_decode(s, l, s->n_single);
+    for (int g = 0; g < s->n_segs; g++)
+        attend_prefill(s, l, s->seg_b[g], s->row_pos[s->seg_r0[g]], s->seg_n[g], s->seg_r0[g]);
 }
 
 /* Runs the N rows (ids, with row_seq/row_pos filled) through every block; the final residual
@@ -269,7 +296,7 @@ static void cache_attend_decode(void *user, int l, float *qkv, int ld, float *at
 static void blocks(tlm_session *s, const int32_t *ids, int N, int prefill) {
     const tlm_model *m = s->m;
     tlm_pass p = {N,   s->row_pos, 0,
-                  0,   0,          {prefill ? cache_attend_prefill : cache_attend_decode, NULL, s},
+                  0,   0,          {prefill ? cache_attend_prefill : cache_attend_mixed, NULL, s},
                   NULL};
     tlm_embed_fwd(m, &p, ids, s->x);
     int pre = m->c.norm_position == TLM_NORM_PRE;
@@ -335,12 +362,92 @@ tlm_status tlm_prefill(tlm_session *s, int seq, const int32_t *ids, int n, float
     return TLM_OK;
 }
 
+tlm_status tlm_session_step(tlm_session *s, const int32_t *ids, const int *n, const uint8_t *want,
+                            float *logits) {
+    if (!s || !n) return tlm_err(TLM_ERR_ARG, "step: session and counts must not be NULL");
+    const tlm_config *c = &s->m->c;
+    int N = 0;
+    for (int b = 0; b < s->B; b++) {
+        if (n[b] < 0) return tlm_err(TLM_ERR_ARG, "step: %d new ids for sequence %d", n[b], b);
+        if (n[b] > s->cap - s->len[b])
+            return tlm_err(TLM_ERR_RANGE,
+                           "step: %d ids for sequence %d after %d cached exceed the context of %d "
+                           "positions (no sliding window)",
+                           n[b], b, s->len[b], s->cap);
+        N += n[b];
+    }
+    if (N == 0) return TLM_OK;
+    if (!ids) return tlm_err(TLM_ERR_ARG, "step: ids must not be NULL");
+    tlm_status st = check_ids(c, ids, N);
+    if (st) return st;
+    tlm_threads_enter();
+    st = reserve_rows(s, N);
+    if (st) return st;
+    /* Rows: the single new ids first (one query each, attended by the decode path), then each
+     * longer run in one piece (the prefill path's matrix products over the cache). */
+    int r = 0, off = 0;
+    s->n_single = s->n_segs = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        off = 0;
+        for (int b = 0; b < s->B; off += n[b], b++) {
+            if (!n[b] || (n[b] == 1) != (pass == 0)) continue;
+            if (pass) {
+                s->seg_b[s->n_segs] = b;
+                s->seg_r0[s->n_segs] = r;
+                s->seg_n[s->n_segs++] = n[b];
+            } else {
+                s->n_single++;
+            }
+            for (int i = 0; i < n[b]; i++, r++) {
+                s->row_seq[r] = b;
+                s->row_pos[r] = s->len[b] + i;
+                s->row_ids[r] = ids[off + i];
+            }
+        }
+    }
+    size_t sc = (size_t)s->n_single * c->n_heads * s->cap;
+    if (s->n_segs && (size_t)omp_get_max_threads() * QCHUNK * s->cap > sc)
+        sc = (size_t)omp_get_max_threads() * QCHUNK * s->cap;
+    st = reserve_scores(s, sc);
+    if (st) return st;
+    blocks(s, s->row_ids, N, 0);
+    for (int b = 0; b < s->B; b++) s->len[b] += n[b];
+    if (!logits) return TLM_OK;
+    /* The last row of each sequence that asked, in row order, moved to the front of the residual
+     * rows (a row only moves down) so that one head product serves them all. */
+    int nw = 0;
+    for (int k = 0; k < N; k++) {
+        int b = s->row_seq[k];
+        if (s->row_pos[k] != s->len[b] - 1 || (want && !want[b])) continue;
+        s->want_seq[nw] = b;
+        s->want_row[nw] = k;
+        nw++;
+    }
+    int d = c->d_model;
+    for (int k = 0; k < nw; k++)
+        if (s->want_row[k] != k)
+            memcpy(s->x + (size_t)k * d, s->x + (size_t)s->want_row[k] * d,
+                   (size_t)d * sizeof(float));
+    int in_place = nw == s->B;
+    for (int k = 0; k < nw && in_place; k++) in_place = s->want_seq[k] == k;
+    if (in_place) {
+        head_rows(s, 0, nw, logits);
+        return TLM_OK;
+    }
+    size_t V = (size_t)c->vocab_size;
+    head_rows(s, 0, nw, s->logits);
+    for (int k = 0; k < nw; k++)
+        memcpy(logits + (size_t)s->want_seq[k] * V, s->logits + (size_t)k * V, V * sizeof(float));
+    return TLM_OK;
+}
+
 tlm_status tlm_decode(tlm_session *s, const int32_t *ids, const uint8_t *active, float *logits) {
     if (!s || !ids) return tlm_err(TLM_ERR_ARG, "decode: session and ids must not be NULL");
     const tlm_config *c = &s->m->c;
     int N = 0;
     for (int b = 0; b < s->B; b++) {
-        if (active && !active[b]) continue;
+        s->step_n[b] = !active || active[b];
+        if (!s->step_n[b]) continue;
         if (s->len[b] >= s->cap)
             return tlm_err(TLM_ERR_RANGE,
                            "decode: sequence %d is full (%d positions); no sliding window", b,
@@ -349,33 +456,9 @@ tlm_status tlm_decode(tlm_session *s, const int32_t *ids, const uint8_t *active,
             return tlm_err(TLM_ERR_RANGE,
                            "token id %d of sequence %d is outside the vocabulary (%d)", ids[b], b,
                            c->vocab_size);
-        s->row_idx[N] = b;
-        N++;
+        s->ids_tmp[N++] = ids[b];
     }
-    if (N == 0) return TLM_OK;
-    tlm_threads_enter();
-    /* Compact the active rows; the row scratch was sized for B rows at creation. */
-    const int32_t *use = ids;
-    if (N != s->B) {
-        for (int r = 0; r < N; r++) s->ids_tmp[r] = ids[s->row_idx[r]];
-        use = s->ids_tmp;
-    }
-    for (int r = 0; r < N; r++) s->row_seq[r] = s->row_idx[r];
-    for (int r = 0; r < N; r++) s->row_pos[r] = s->len[s->row_idx[r]];
-    blocks(s, use, N, 0);
-    for (int r = 0; r < N; r++) s->len[s->row_idx[r]]++;
-    if (logits) {
-        if (N == s->B) {
-            head_rows(s, 0, N, logits);
-        } else {
-            size_t V = (size_t)c->vocab_size;
-            head_rows(s, 0, N, s->logits);
-            for (int r = 0; r < N; r++)
-                memcpy(logits + (size_t)s->row_idx[r] * V, s->logits + (size_t)r * V,
-                       V * sizeof(float));
-        }
-    }
-    return TLM_OK;
+    return tlm_session_step(s, s->ids_tmp, s->step_n, NULL, logits);
 }
 
 tlm_status tlm_decode_step(tlm_session *s, int32_t id, float *logits) {

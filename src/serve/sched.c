@@ -1,9 +1,10 @@
 /* The continuous-batching scheduler. One thread owns one tlm_session of `parallel` sequences
  * (slots). Each turn of its loop it admits queued jobs into free slots (choosing the slot whose
  * cached tokens share the longest prefix with the prompt, and truncating the cache to it),
- * prefills waiting prompts (a bounded number of tokens while others decode), then advances every
- * decoding slot by one token in a single tlm_decode call, so each weight is read once per step for
- * all of them. Jobs join and leave between steps. The lock guards the queue, the jobs' outputs and
+ * then runs one pass (tlm_session_step) that advances every decoding slot by one token and
+ * prefills chunks of waiting prompts (a bounded number of tokens while others decode), so each
+ * weight is read once per step for all of them, as llama-server's one batch per step does. Jobs
+ * join and leave between steps. The lock guards the queue, the jobs' outputs and
  * the counters; the model is never touched under it. */
 #include <errno.h>
 #include <limits.h>
@@ -96,11 +97,11 @@ struct srv_sched {
     int B, ctx, V, queue_max, chunk;
     int32_t eos;
     slot *slots;
-    float *logits;   /* [B, V] */
-    int32_t *ids;    /* [B] */
-    uint8_t *active; /* [B] */
-    int *pf_n;       /* [B] prompt ids prefilled this step (-1: failed) */
-    int32_t *pf_id;  /* [B] first new id of a prompt finished this step, else -1 */
+    float *logits;  /* [B, V] */
+    int32_t *ids;   /* [B + max(chunk, ctx)] the step's new ids, sequence by sequence */
+    int *step_n;    /* [B] new ids of each slot this step */
+    uint8_t *want;  /* [B] slots whose logits the step must produce */
+    int32_t *pf_id; /* [B] id sampled this step, -1 none, -2 the sampler failed */
     uint64_t clock;
     int rr; /* prefill round robin */
 
@@ -366,84 +367,82 @@ static void *loop(void *arg) {
         }
         pthread_mutex_unlock(&s->mu);
 
-        /* Waiting prompts, round robin from where the last turn stopped: all of them whole when
-         * nobody is decoding, else at most `chunk` tokens in all, so running streams wait for
-         * one chunk per step at most. Each prompt is its own pass. */
-        int budget = decoding ? s->chunk : INT_MAX, n_prefilled = 0;
-        double t0 = srv_now();
+        /* One pass for everything: a token of every decoding slot, and prompt chunks of the
+         * waiting ones, round robin from where the last turn stopped: whole prompts (up to a
+         * context's worth of tokens in all) when nobody is decoding, else at most `chunk` tokens,
+         * so running streams wait for one chunk per step at most. Only this thread detaches jobs
+         * from slots, so the slots' jobs can be read without the lock. */
+        int budget = decoding ? s->chunk : s->ctx, n_prefilled = 0, n_dec = 0;
+        for (int b = 0; b < s->B; b++) {
+            s->step_n[b] = s->slots[b].state == SLOT_DECODE;
+            s->want[b] = (uint8_t)s->step_n[b];
+            s->pf_id[b] = -1;
+            n_dec += s->step_n[b];
+        }
         int start = s->rr;
         for (int k = 0; k < s->B && prefilling && budget > 0; k++) {
             int b = (start + k) % s->B;
             slot *sl = &s->slots[b];
-            s->pf_n[b] = 0;
-            s->pf_id[b] = -1;
             if (sl->state != SLOT_PREFILL) continue;
-            srv_job *j = sl->job; /* only this thread detaches jobs from slots */
-            int n = j->n_ids - sl->fed;
+            int n = sl->job->n_ids - sl->fed;
             if (n > budget) n = budget;
-            tlm_status e =
-                tlm_prefill(s->sess, b, j->ids + sl->fed, n, s->logits + (size_t)b * V, 0);
-            s->pf_n[b] = e ? -1 : n;
-            if (!e) {
-                memcpy(sl->toks + sl->n_toks, j->ids + sl->fed, (size_t)n * sizeof(int32_t));
-                sl->n_toks += n;
-                sl->fed += n;
-                budget -= n;
-                n_prefilled += n;
-                if (sl->fed == j->n_ids) {
-                    if (tlm_sample(sl->samp, s->logits + (size_t)b * V, &s->pf_id[b]))
-                        s->pf_n[b] = -1;
-                }
-            }
+            s->step_n[b] = n;
+            s->want[b] = sl->fed + n == sl->job->n_ids;
+            budget -= n;
+            n_prefilled += n;
             s->rr = (b + 1) % s->B;
+        }
+        int at = 0;
+        for (int b = 0; b < s->B; b++) {
+            slot *sl = &s->slots[b];
+            if (sl->state == SLOT_DECODE)
+                s->ids[at] = sl->next;
+            else if (s->step_n[b])
+                memcpy(s->ids + at, sl->job->ids + sl->fed, (size_t)s->step_n[b] * sizeof(int32_t));
+            at += s->step_n[b];
+        }
+        double t0 = srv_now();
+        tlm_status err = tlm_session_step(s->sess, s->ids, s->step_n, s->want, s->logits);
+        for (int b = 0; b < s->B && !err; b++) {
+            slot *sl = &s->slots[b];
+            if (!s->step_n[b]) continue;
+            if (sl->state == SLOT_DECODE) {
+                sl->toks[sl->n_toks++] = sl->next;
+            } else {
+                memcpy(sl->toks + sl->n_toks, sl->job->ids + sl->fed,
+                       (size_t)s->step_n[b] * sizeof(int32_t));
+                sl->n_toks += s->step_n[b];
+                sl->fed += s->step_n[b];
+            }
+            if (!s->want[b]) continue;
+            if (tlm_sample(sl->samp, s->logits + (size_t)b * V, &s->pf_id[b]))
+                s->pf_id[b] = -2;
+            else
+                tlm_sampler_accept(sl->samp, s->pf_id[b]);
         }
         double t1 = srv_now();
 
-        /* One decode step for every slot with a token to feed. */
-        tlm_status derr = TLM_OK;
-        int n_dec = 0;
-        for (int b = 0; b < s->B; b++) {
-            s->active[b] = s->slots[b].state == SLOT_DECODE;
-            s->ids[b] = s->slots[b].next;
-            n_dec += s->active[b];
-        }
-        int32_t *sampled = NULL;
-        if (n_dec) {
-            derr = tlm_decode(s->sess, s->ids, s->active, s->logits);
-            for (int b = 0; b < s->B && !derr; b++)
-                if (s->active[b]) {
-                    s->slots[b].toks[s->slots[b].n_toks++] = s->ids[b];
-                    derr = tlm_sample(s->slots[b].samp, s->logits + (size_t)b * V, &s->ids[b]);
-                    if (!derr) tlm_sampler_accept(s->slots[b].samp, s->ids[b]);
-                }
-            sampled = s->ids;
-        }
-        double t2 = srv_now();
-
         pthread_mutex_lock(&s->mu);
-        s->st.prefill_seconds += t1 - t0;
-        s->st.prompt_tokens += (uint64_t)n_prefilled;
+        /* A pass that also carries prompt chunks counts as decode time: the streams waited on it.
+         */
         if (n_dec) {
-            s->st.decode_seconds += t2 - t1;
+            s->st.decode_seconds += t1 - t0;
             s->st.decode_steps++;
+        } else {
+            s->st.prefill_seconds += t1 - t0;
         }
-        for (int b = 0; b < s->B && prefilling; b++) {
+        s->st.prompt_tokens += (uint64_t)n_prefilled;
+        for (int b = 0; b < s->B; b++) {
             slot *sl = &s->slots[b];
-            if (sl->state != SLOT_PREFILL || !s->pf_n[b]) continue;
-            if (s->pf_n[b] < 0) {
-                fail_job(s, sl, "prefill");
+            if (!s->step_n[b] || !sl->job) continue;
+            if (err) {
+                fail_job(s, sl, sl->state == SLOT_DECODE ? "decode" : "prefill");
             } else if (s->pf_id[b] >= 0) {
                 tlm_sampler_accept(sl->samp, s->pf_id[b]);
                 take_token(s, sl, s->logits + (size_t)b * V, s->pf_id[b]);
+            } else if (s->pf_id[b] == -2) {
+                fail_job(s, sl, "sampling");
             }
-            s->pf_n[b] = 0;
-        }
-        for (int b = 0; b < s->B && sampled; b++) {
-            if (!s->active[b] || !s->slots[b].job) continue;
-            if (derr)
-                fail_job(s, &s->slots[b], "decode");
-            else
-                take_token(s, &s->slots[b], s->logits + (size_t)b * V, sampled[b]);
         }
     }
     pthread_mutex_unlock(&s->mu);
@@ -477,13 +476,14 @@ tlm_status srv_sched_new(const tlm_model *m, const tlm_tokenizer *tok, const srv
     pthread_cond_init(&s->progress, NULL);
     tlm_status st = tlm_session_new(m, s->B, ctx, &s->sess);
     if (st) goto fail;
+    tlm_session_prefault(s->sess);
     s->slots = calloc((size_t)s->B, sizeof *s->slots);
     s->logits = malloc((size_t)s->B * (size_t)s->V * sizeof(float));
-    s->ids = calloc((size_t)s->B, sizeof *s->ids);
-    s->active = calloc((size_t)s->B, 1);
-    s->pf_n = calloc((size_t)s->B, sizeof *s->pf_n);
+    s->ids = calloc((size_t)s->B + (size_t)(s->chunk > ctx ? s->chunk : ctx), sizeof *s->ids);
+    s->step_n = calloc((size_t)s->B, sizeof *s->step_n);
+    s->want = calloc((size_t)s->B, 1);
     s->pf_id = calloc((size_t)s->B, sizeof *s->pf_id);
-    if (!s->slots || !s->logits || !s->ids || !s->active || !s->pf_n || !s->pf_id) goto nomem;
+    if (!s->slots || !s->logits || !s->ids || !s->step_n || !s->want || !s->pf_id) goto nomem;
     for (int b = 0; b < s->B; b++)
         if (!(s->slots[b].toks = malloc((size_t)ctx * sizeof(int32_t)))) goto nomem;
     if (pthread_create(&s->thread, NULL, loop, s)) {
@@ -517,8 +517,8 @@ void srv_sched_free(srv_sched *s) {
     free(s->slots);
     free(s->logits);
     free(s->ids);
-    free(s->active);
-    free(s->pf_n);
+    free(s->step_n);
+    free(s->want);
     free(s->pf_id);
     tlm_session_free(s->sess);
     pthread_mutex_destroy(&s->mu);
