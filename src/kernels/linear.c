@@ -97,7 +97,10 @@ void k_linear_parts(float *y, int ldy, const float *x, int N, const tlm_weight *
                     const float *const *b, int n, const tlm_weight *fused) {
     int in = (int)w[0]->cols, split;
     const float *fb = stacked_bias(w, b, n, &split);
-    if (N <= K_MATVEC_MAX_ROWS) {
+    int floats = 1;
+    for (int i = 0; i < n; i++)
+        if (w[i]->dtype != TLM_DTYPE_F32 && w[i]->dtype != TLM_DTYPE_F16) floats = 0;
+    if (N <= (floats ? K_MATVEC_MAX_ROWS_FLOAT : K_MATVEC_MAX_ROWS)) {
         k_matvec_part parts[K_LINEAR_MAX_PARTS];
         int np = 0, col = 0;
         if (fused && !split) {

@@ -6,8 +6,13 @@
 
 #include <stddef.h>
 
-/* Largest M that the matrix-vector path handles well; above it sgemm's blocking wins. */
+/* Largest M that the matrix-vector path handles well; above it sgemm's blocking (or, for block
+ * types, the repacked 8-bit GEMM) wins. F32 and F16 weights stay on the matrix-vector path up to
+ * K_MATVEC_MAX_ROWS_FLOAT: at 9-16 rows (tlm serve's batched decode) sgemm re-packs every weight
+ * per call and reads it at a fraction of the rate (110M F32, 2 threads, tlm bench tg: 12 rows 220
+ * tok/s through sgemm, 390-405 here), while qgemm beats the several-row kernels there. */
 #define K_MATVEC_MAX_ROWS 8
+#define K_MATVEC_MAX_ROWS_FLOAT 16
 
 #include "tlm.h"
 
