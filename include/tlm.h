@@ -508,7 +508,14 @@ tlm_status tlm_model_load(const char *path, tlm_model **out);
 enum {
     /* Copy every tensor into one flat writable F32 buffer (training, conversion, editing, or not
      * keeping the file mapped). */
-    TLM_LOAD_WRITABLE = 1u
+    TLM_LOAD_WRITABLE = 1u,
+    /* Products in bf16: F32 and F16 matrices are rounded (to nearest even) into BF16 copies the
+     * model owns, so decoding reads half the bytes of F32 and prompts run on vdpbf16ps where the
+     * CPU has AVX512_BF16; activations meet them rounded to BF16, as on BF16 files. */
+    TLM_LOAD_BF16 = 2u,
+    /* Products in fp32 throughout: BF16 matrices are widened into F32 copies (without it, BF16
+     * weights meet activations rounded to BF16, as llama.cpp computes them). */
+    TLM_LOAD_FP32 = 4u
 };
 tlm_status tlm_model_load_ex(const char *path, unsigned flags, tlm_model **out);
 

@@ -38,6 +38,22 @@ for x in r:
 PY
 expect "json fields and samples" test $? -eq 0
 
+# --precision bf16: the F32 matrices become BF16 copies (model_size about half); generate and
+# eval take the flag too, and refuse other names.
+json=$("$TLM" bench -m "$M" -p 8 -n 4 -r 1 -o json --precision bf16)
+expect "bf16 json exits 0" test $? -eq 0
+/usr/bin/python3 - "$json" <<'PY'
+import json, sys
+r = json.loads(sys.argv[1])
+x = r[0]
+assert x["model_size"] < 2.6 * x["model_n_params"], x
+PY
+expect "bf16: about 2 bytes per parameter" test $? -eq 0
+gen=$("$TLM" generate -m "$M" -z "$DATA/models/tok512.bin" -p "Once" -n 8 --temp 0 --precision bf16 2>&1)
+expect "generate --precision bf16 ($gen)" grep -q "^Once" <<<"$gen"
+expect "generate --precision bogus" grep -q "precision must be auto, fp32 or bf16" \
+    <<<"$("$TLM" generate -m "$M" -p x --precision bogus 2>&1)"
+
 err() { "$TLM" bench "$@" 2>&1 >/dev/null; }
 expect "no model" grep -q "bench: -m MODEL is required" <<<"$(err -p 8)"
 expect "bad list" grep -q "bench: -p wants counts" <<<"$(err -m "$M" -p 8,,x)"

@@ -266,10 +266,10 @@ static void check_linear(tlm_dtype t, int in, int out) {
     const char *mode[] = {NULL, NULL, NULL, "int8", "sgemm", "bf16"};
     for (int c = 0; c < 6; c++) {
         int M = rows[c], blocks = k_act_of(t) != K_ACT_F32 && k_act_of(t) != K_ACT_BF16;
-        /* (TLM_QPREFILL=bf16: BF16 through qgemm.c, activations rounded to BF16 as decode does;
-         * the block types take their default path) */
-        int int8 = (blocks && c == 3) || ((c == 2 || c == 5) && blocks && k_qgemm_takes(t)) ||
-                   (c == 5 && t == TLM_DTYPE_BF16 && k_qgemm_takes(t));
+        /* (BF16 goes through qgemm.c by default, activations rounded to BF16 as decode does;
+         * TLM_QPREFILL=bf16 is the default path for every type) */
+        int int8 = ((blocks || t == TLM_DTYPE_BF16) && c == 3) ||
+                   ((c == 2 || c == 5) && (blocks || t == TLM_DTYPE_BF16) && k_qgemm_takes(t));
         if (mode[c]) setenv("TLM_QPREFILL", mode[c], 1);
         k_linear(y, out, x, M, &tw, b);
         unsetenv("TLM_QPREFILL");

@@ -168,7 +168,8 @@ static void check_type(const char *f32_path, tlm_dtype t) {
     double big = max_abs(b.logits, (size_t)T * V);
     CHECK_OK(t_forward(m, ids, 1, T, NULL, &a));
     double diff = max_diff(a.logits, b.logits, (size_t)T * V);
-    double qtol = k_qgemm_takes(t) && k_qgemm_covers(t) ? 0.015 : 1e-4;
+    /* (BF16: vdpbf16ps on activations rounded to BF16, where the CPU has it) */
+    double qtol = k_qgemm_takes(t) && (k_qgemm_covers(t) || t == TLM_DTYPE_BF16) ? 0.015 : 1e-4;
     CHECK(diff <= qtol * big, "%s prefill (default path): %g from the widened copy (of %g)", name,
           diff, big);
     if (k_qgemm_takes(t) && k_qgemm_covers(t)) {
@@ -218,6 +219,68 @@ done:
     remove(path);
 }
 
+/* Load-time precision: TLM_LOAD_BF16 rounds an F32 file's matrices to exactly the bytes of the
+ * BF16 file llama.cpp's quantizer writes from it (so the same logits, bit for bit), and
+ * TLM_LOAD_FP32 widens a BF16 file's matrices to what a writable load computes. */
+static void check_precision(const char *f32_path) {
+    const char *bf = "qk_model_prec_bf16.gguf";
+    CHECK(quantize_file(f32_path, bf, TLM_DTYPE_BF16), "BF16 file written");
+    tlm_model *r = NULL, *b = NULL, *e = NULL, *w = NULL, *bad = NULL;
+    CHECK_OK(tlm_model_load_ex(f32_path, TLM_LOAD_BF16, &r));
+    CHECK_OK(tlm_model_load(bf, &b));
+    CHECK_OK(tlm_model_load_ex(bf, TLM_LOAD_FP32, &e));
+    CHECK_OK(tlm_model_load_ex(bf, TLM_LOAD_WRITABLE, &w));
+    CHECK(tlm_model_load_ex(f32_path, TLM_LOAD_BF16 | TLM_LOAD_WRITABLE, &bad) == TLM_ERR_ARG &&
+              !bad && strstr(tlm_last_error(), "writable"),
+          "BF16 with WRITABLE refused: %s", tlm_last_error());
+    CHECK(tlm_model_load_ex(f32_path, TLM_LOAD_BF16 | TLM_LOAD_FP32, &bad) == TLM_ERR_ARG && !bad,
+          "BF16 with FP32 refused");
+    if (!r || !b || !e || !w) goto done;
+    const tlm_config *c = tlm_model_config(r);
+    int n = 0, bf16 = 0, f32 = 0, same = 1;
+    const tlm_tensor_info *ti = tlm_model_tensors(r, &n);
+    for (int i = 0; i < n; i++) {
+        const tlm_weight *x = tlm_model_weight(r, i), *y = tlm_model_weight(b, i);
+        if (ti[i].ndim != 2) continue;
+        bf16 += x->dtype == TLM_DTYPE_BF16;
+        f32 += tlm_model_weight(e, i)->dtype == TLM_DTYPE_F32;
+        for (size_t k = 0; k < (size_t)x->rows && same; k++)
+            same = !memcmp((const char *)x->data + k * x->row_bytes,
+                           (const char *)y->data + k * y->row_bytes, (size_t)x->cols * 2);
+    }
+    int mats = (c->tie_embeddings ? 1 : 2) + 7 * c->n_layers;
+    CHECK(bf16 == mats && f32 == mats, "retyped matrices: %d BF16, %d F32 of %d", bf16, f32, mats);
+    CHECK(same, "F32 rounded at load = the BF16 file's bytes");
+    size_t mapped = 0, owned = 0;
+    tlm_model_memory(r, &mapped, &owned);
+    CHECK(owned >= (size_t)mats * 2 && mapped < owned / 10, "BF16 copies owned: %zu, mapped %zu",
+          owned, mapped);
+    int V = c->vocab_size, T = 16;
+    int32_t ids[24];
+    for (int i = 0; i < 24; i++) ids[i] = (int32_t)((i * 37 + 11) % V);
+    tlm_forward_out fr, fb, fe, fw;
+    CHECK_OK(t_forward(r, ids, 1, T, NULL, &fr));
+    CHECK_OK(t_forward(b, ids, 1, T, NULL, &fb));
+    CHECK(!memcmp(fr.logits, fb.logits, sizeof(float) * T * V), "BF16 load = BF16 file (prefill)");
+    CHECK_OK(t_forward(e, ids, 1, T, NULL, &fe));
+    CHECK_OK(t_forward(w, ids, 1, T, NULL, &fw));
+    double big = max_abs(fw.logits, (size_t)T * V);
+    double d = max_diff(fe.logits, fw.logits, (size_t)T * V);
+    CHECK(d <= 1e-5 * big, "FP32 load of BF16 = widened copy: %g (of %g)", d, big);
+    float *x1 = malloc(sizeof(float) * 4 * V), *x2 = malloc(sizeof(float) * 4 * V);
+    run_decode(r, ids, T, 4, x1);
+    run_decode(b, ids, T, 4, x2);
+    CHECK(!memcmp(x1, x2, sizeof(float) * 4 * V), "BF16 load = BF16 file (decode)");
+    free(x1);
+    free(x2);
+done:
+    tlm_model_free(r);
+    tlm_model_free(b);
+    tlm_model_free(e);
+    tlm_model_free(w);
+    remove(bf);
+}
+
 /* A random model whose matrices all have rows of whole 256-blocks. */
 static void test_types(void) {
     tlm_config c;
@@ -240,6 +303,7 @@ static void test_types(void) {
                                TLM_DTYPE_Q5_K, TLM_DTYPE_Q6_K};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         check_type("qk_model_f32.gguf", types[i]);
+    check_precision("qk_model_f32.gguf");
     remove("qk_model_f32.gguf");
 }
 

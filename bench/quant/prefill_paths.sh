@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prompt processing (pp128, tok/s) of tlm's three paths for block-type weights against llama.cpp,
 # in the same run, alternating: the repacked 8-bit GEMM (qgemm, the default on AVX-512 VNNI; for
-# BF16 the qgemm column is TLM_QPREFILL=bf16, vdpbf16ps on BF16-rounded activations),
+# BF16 the qgemm column is the default, vdpbf16ps on BF16-rounded activations),
 # widened F32 tiles through OpenBLAS sgemm (TLM_QPREFILL=sgemm) and the integer decode kernels
 # over all rows (TLM_QPREFILL=int8), each timed by `tlm bench` (warm-up, then REPS runs: the
 # repacked copy is built in the warm-up, as it is once per loaded model); llama-bench -p 128.
@@ -40,7 +40,7 @@ for type in $TYPES; do
   f=$DIR/$MODEL-$type.gguf
   [ -f "$f" ] || { echo "missing $f (run bench/quant/run.sh first)"; exit 1; }
   fast=qgemm
-  [ "$type" = BF16 ] && fast=bf16 # vdpbf16ps is opt-in (TLM_QPREFILL=bf16)
+  [ "$type" = BF16 ] && fast=bf16 # (the default path: vdpbf16ps)
   q=$(tlm_pp "$f" $fast) s=$(tlm_pp "$f" sgemm) i=$(tlm_pp "$f" int8) l=$(llama_pp "$f")
   rl=$(/usr/bin/python3 -c "print(round($q / max($l, 1e-9), 3))")
   rs=$(/usr/bin/python3 -c "print(round($q / max($s, 1e-9), 3))")

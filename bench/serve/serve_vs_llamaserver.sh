@@ -8,6 +8,7 @@
 # Usage: bash bench/serve/serve_vs_llamaserver.sh [THREADS=2] [PARALLEL=16] [TOKENS=64]
 #        [CONCURRENCY="1 4 8 16"] [MODEL=110M|15M]
 # Needs /work/llama.cpp/build/bin/llama-server (LLAMA_SERVER= to point elsewhere).
+# TLM_SERVE_ARGS adds options to tlm serve (e.g. "--precision bf16"; defaults otherwise).
 # Prints a table and writes bench/out/serve_vs_llamaserver.json.
 set -euo pipefail
 unset OPENBLAS_CORETYPE
@@ -59,8 +60,9 @@ results=()
 for server in $servers; do
   port=$((18500 + RANDOM % 1000))
   if [ "$server" = tlm ]; then
+    # shellcheck disable=SC2086 # TLM_SERVE_ARGS is a list of words
     "$TLM" serve -m "$gguf" --port "$port" -t "$THREADS" --parallel "$PARALLEL" --ctx "$CTX" \
-      >"$OUT/serve_$server.log" 2>&1 &
+      ${TLM_SERVE_ARGS:-} >"$OUT/serve_$server.log" 2>&1 &
   else
     # llama-server's -c is the total over its slots.
     "$LLAMA_SERVER" -m "$gguf" --port "$port" --host 127.0.0.1 -t "$THREADS" -tb "$THREADS" \

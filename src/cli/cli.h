@@ -35,6 +35,15 @@ tlm_status cli_model_tokenizer(const char *model, tlm_tokenizer **out);
  * every thread, reading a chunk of chunk_bytes per thread at a time (src/cli/tok_shards.c). */
 int cli_tokenize_shards(const tlm_tokenizer *tok, const char *dir, long per_shard,
                         size_t chunk_bytes, char *const *files, int n_files, unsigned flags);
+/* Load flags for --no-mmap and --precision auto|fp32|bf16 (NULL: auto); 0 and a message on
+ * stderr for another precision name. */
+int cli_load_flags(const char *cmd, int no_mmap, const char *precision, unsigned *flags);
+#define CLI_PRECISION_HELP                                                                         \
+    "  --precision P         auto (default): products in the weights' own type (BF16 weights\n"    \
+    "                        meet activations rounded to BF16, as llama.cpp computes them);\n"     \
+    "                        bf16: F32/F16 matrices rounded to BF16 at load (half the memory\n"    \
+    "                        of F32, faster decode, prompts on vdpbf16ps); fp32: BF16 matrices\n"  \
+    "                        widened to F32 at load (exact fp32 products)\n"
 /* Monotonic seconds. */
 double cli_now(void);
 /* True if argv contains -h or --help. */

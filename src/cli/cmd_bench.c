@@ -26,7 +26,8 @@ static const char *bench_help =
     "                         tlm serve's continuous batching does: the rate is B*N / time)\n"
     "  -r, --repetitions R    runs per test after the warm-up (default 5)\n"
     "  -o, --output FMT       md (a table, default) or json\n"
-    "  --no-mmap              read the weights into memory instead of mapping the file\n";
+    "  --no-mmap              read the weights into memory instead of mapping the file\n"
+    "  --precision P          auto, fp32 or bf16: the type of the products (as tlm generate)\n";
 
 #define MAX_LIST 16
 
@@ -99,7 +100,7 @@ static const char *base_name(const char *p) {
 }
 
 int cmd_bench(int argc, char **argv) {
-    const char *model_path = NULL, *fmt = "md";
+    const char *model_path = NULL, *fmt = "md", *precision = NULL;
     long pp[MAX_LIST] = {512}, tg[MAX_LIST] = {128}, th[MAX_LIST] = {0}, bs[MAX_LIST] = {1};
     int n_pp = 1, n_tg = 1, n_th = 1, n_bs = 1, no_mmap = 0;
     long reps = 5;
@@ -134,6 +135,9 @@ int cmd_bench(int argc, char **argv) {
         } else if (cli_flag_value(argc, argv, &i, "-r", "--repetitions", &v)) {
             if (!v || !cli_parse_int(v, &reps) || reps < 1 || reps > 100000)
                 return cli_fail("bench: -r wants a count >= 1, got '%s'", v ? v : "");
+        } else if (cli_flag_value(argc, argv, &i, "--precision", NULL, &v)) {
+            if (!v) return cli_fail("bench: --precision needs a value");
+            precision = v;
         } else if (cli_flag_value(argc, argv, &i, "-o", "--output", &v)) {
             if (!v || (strcmp(v, "md") && strcmp(v, "json")))
                 return cli_fail("bench: -o wants md or json, got '%s'", v ? v : "");
@@ -145,8 +149,9 @@ int cmd_bench(int argc, char **argv) {
     if (!model_path) return cli_fail("bench: -m MODEL is required (see tlm bench --help)");
 
     tlm_model *m = NULL;
-    if (tlm_model_load_ex(model_path, no_mmap ? TLM_LOAD_WRITABLE : 0, &m))
-        return cli_fail_status("bench");
+    unsigned lf;
+    if (!cli_load_flags("bench", no_mmap, precision, &lf)) return 1;
+    if (tlm_model_load_ex(model_path, lf, &m)) return cli_fail_status("bench");
     const tlm_config *c = tlm_model_config(m);
     int max_len = 1, max_b = 1;
     for (int i = 0; i < n_pp; i++) max_len = pp[i] > max_len ? (int)pp[i] : max_len;

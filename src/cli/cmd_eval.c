@@ -5,9 +5,10 @@
 #include "cli.h"
 #include "core/core.h"
 
+// clang-format off
 static const char *eval_help =
     "usage: tlm eval -m MODEL [-z TOKENIZER] --data TEXT [--batch B] [-t THREADS] [--json]\n"
-    "                [--no-mmap]\n\n"
+    "                [--no-mmap] [--precision auto|fp32|bf16]\n\n"
     "Mean next-token cross-entropy of the model over the whole text: the tokens are cut into\n"
     "consecutive windows of context_length (+1 for the targets), every token is predicted once.\n"
     "Prints loss, perplexity and bits per byte.\n\n"
@@ -18,16 +19,18 @@ static const char *eval_help =
     "  --batch B             windows per forward pass (default 8)\n"
     "  -t, --threads N       threads (default: all cores)\n"
     "  --json                print {\"loss\", \"perplexity\", \"bits_per_byte\", \"tokens\"}\n"
-    "  --no-mmap             read the weights into memory instead of using the file in place\n"
+    "  --no-mmap             read the weights into memory, not the file in place\n"
+    CLI_PRECISION_HELP
     "  --llama-ppl           score as llama.cpp's llama-perplexity does (to compare the two):\n"
     "                        the text's tokens (after a BOS where the vocabulary adds one) cut\n"
     "                        into chunks of context_length, each chunk's first token replaced\n"
     "                        by BOS, only the second half of each chunk predicted; a last\n"
     "                        partial chunk is left out; special tokens in the text are plain\n"
     "                        text\n";
+// clang-format on
 
 int cmd_eval(int argc, char **argv) {
-    const char *model = NULL, *tokenizer = NULL, *data = NULL;
+    const char *model = NULL, *tokenizer = NULL, *data = NULL, *precision = NULL;
     int json = 0, no_mmap = 0, llama_ppl = 0;
     long batch = 8, threads = 0;
     for (int i = 1; i < argc; i++) {
@@ -44,6 +47,9 @@ int cmd_eval(int argc, char **argv) {
         } else if (cli_flag_value(argc, argv, &i, "--data", NULL, &v)) {
             if (!v) return cli_fail("eval: %s needs a value", argv[i]);
             data = v;
+        } else if (cli_flag_value(argc, argv, &i, "--precision", NULL, &v)) {
+            if (!v) return cli_fail("eval: --precision needs a value");
+            precision = v;
         } else if (cli_flag_value(argc, argv, &i, "--batch", NULL, &v)) {
             if (!cli_parse_int(v, &batch) || batch < 1)
                 return cli_fail("eval: --batch must be a positive integer");
@@ -69,8 +75,9 @@ int cmd_eval(int argc, char **argv) {
     int32_t *ids = NULL;
     size_t len = 0, n = 0;
     int rc = 0;
-    if (tlm_model_load_ex(model, no_mmap ? TLM_LOAD_WRITABLE : 0, &m))
-        return cli_fail_status("eval");
+    unsigned lf;
+    if (!cli_load_flags("eval", no_mmap, precision, &lf)) return 1;
+    if (tlm_model_load_ex(model, lf, &m)) return cli_fail_status("eval");
     if (tokenizer) {
         if (tlm_tokenizer_load(tokenizer, &tok)) rc = cli_fail_status("eval: loading tokenizer");
     } else if (cli_model_tokenizer(model, &tok)) {

@@ -7,11 +7,13 @@
 
 #include "cli.h"
 
+// clang-format off
 static const char *generate_help =
     "usage: tlm generate -m MODEL [-z TOKENIZER] [-p PROMPT | --ids \"ID ID ...\"] [-n N]\n"
     "                    [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
     "                    [--presence-penalty X] [--frequency-penalty X] [--repeat-last-n N]\n"
-    "                    [--seed S] [-t THREADS] [--print-ids]\n"
+    "                    [--seed S] [-t THREADS] [--print-ids] [--no-mmap]\n"
+    "                    [--precision auto|fp32|bf16]\n"
     "\n"
     "Samples a continuation of the prompt and streams it to stdout (the prompt first, then the\n"
     "new text, never half a UTF-8 character). Timings go to stderr at the end.\n\n"
@@ -36,10 +38,12 @@ static const char *generate_help =
     "  -t, --threads N       threads (default: all cores)\n"
     "  --print-ids           print the whole id sequence (prompt, then generated) on one line\n"
     "                        instead of text\n"
-    "  --no-mmap             read the weights into memory instead of using the file in place\n"
+    "  --no-mmap             read the weights into memory, not the file in place\n"
+    CLI_PRECISION_HELP
     "\n"
     "Generation stops after N tokens, at the vocabulary's EOS, or when prompt + output reach the\n"
     "model's context_length (with a notice on stderr; there is no sliding window).\n";
+// clang-format on
 
 typedef struct {
     tlm_decoder *dec; /* NULL: print ids */
@@ -99,6 +103,7 @@ static int parse_ids(const char *s, int32_t **ids, int *n) {
 
 int cmd_generate(int argc, char **argv) {
     const char *model_path = NULL, *tok_path = NULL, *prompt = NULL, *ids_arg = NULL;
+    const char *precision = NULL;
     long n_new = 256, top_k = 40, seed = 0, threads = 0;
     double temp = 0.8, top_p = 0.95, min_p = 0, rep_pen = 1, pres_pen = 0, freq_pen = 0;
     long last_n = 64;
@@ -118,6 +123,9 @@ int cmd_generate(int argc, char **argv) {
         if (cli_flag_value(argc, argv, &i, "-m", "--model", &v)) {
             if (!v) return cli_fail("generate: %s needs a value", a);
             model_path = v;
+        } else if (cli_flag_value(argc, argv, &i, "--precision", NULL, &v)) {
+            if (!v) return cli_fail("generate: %s needs a value", a);
+            precision = v;
         } else if (cli_flag_value(argc, argv, &i, "-z", "--tokenizer", &v)) {
             if (!v) return cli_fail("generate: %s needs a value", a);
             tok_path = v;
@@ -188,7 +196,9 @@ int cmd_generate(int argc, char **argv) {
     int n_ids = 0;
     stream st = {0};
     double t_load = cli_now();
-    if (tlm_model_load_ex(model_path, no_mmap ? TLM_LOAD_WRITABLE : 0, &m)) {
+    unsigned lf;
+    if (!cli_load_flags("generate", no_mmap, precision, &lf)) return 1;
+    if (tlm_model_load_ex(model_path, lf, &m)) {
         rc = cli_fail_status("generate");
         goto done;
     }

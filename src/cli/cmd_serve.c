@@ -19,10 +19,11 @@
 #include "io/gguf.h"
 #include "serve/serve.h"
 
+// clang-format off
 static const char *serve_help =
     "usage: tlm serve -m MODEL [-z TOKENIZER] [--host 127.0.0.1] [--port 8080] [--parallel N]\n"
     "                 [--ctx T] [--api-key KEY] [-t THREADS] [--chat-template NAME]\n"
-    "                 [--queue N] [--max-body BYTES]\n"
+    "                 [--queue N] [--max-body BYTES] [--precision auto|fp32|bf16]\n"
     "\n"
     "Serves the OpenAI API (POST /v1/completions, /v1/chat/completions, GET /v1/models) plus\n"
     "/health, /metrics (Prometheus), /tokenize, /detokenize and a chat page at /.\n\n"
@@ -38,9 +39,11 @@ static const char *serve_help =
     "                        GGUF's tokenizer.chat_template when recognised, else chatml)\n"
     "  --max-body BYTES      largest request body (default 1048576; larger get 413)\n"
     "  -t, --threads N       threads (default: all cores)\n"
+    CLI_PRECISION_HELP
     "\n"
     "SIGINT or SIGTERM stops taking requests, finishes the running ones and exits 0; a second\n"
     "SIGINT quits at once.\n";
+// clang-format on
 
 extern const unsigned char tlm_web_index[];
 extern const size_t tlm_web_index_len;
@@ -619,7 +622,7 @@ static int gguf_template(const char *model, srv_template *t, int *present) {
 
 int cmd_serve(int argc, char **argv) {
     const char *model_path = NULL, *tok_path = NULL, *host = "127.0.0.1", *api_key = NULL;
-    const char *tpl_name = NULL;
+    const char *tpl_name = NULL, *precision = NULL;
     long port = 8080, parallel = 4, ctx = 0, threads = 0, queue = 0, max_body = 1 << 20;
     for (int i = 1; i < argc; i++) {
         const char *v, *a = argv[i];
@@ -639,6 +642,8 @@ int cmd_serve(int argc, char **argv) {
             api_key = v;
         } else if (cli_flag_value(argc, argv, &i, "--chat-template", NULL, &v)) {
             tpl_name = v;
+        } else if (cli_flag_value(argc, argv, &i, "--precision", NULL, &v)) {
+            precision = v;
         } else if (cli_flag_value(argc, argv, &i, "--port", NULL, &v)) {
             num = &port, lo = 0, hi = 65535;
         } else if (cli_flag_value(argc, argv, &i, "--parallel", "-np", &v)) {
@@ -671,12 +676,14 @@ int cmd_serve(int argc, char **argv) {
                         "mistral, gemma, phi3",
                         tpl_name);
     if (threads) tlm_set_threads((int)threads);
+    unsigned lf;
+    if (!cli_load_flags("serve", 0, precision, &lf)) return 1;
 
     int rc = 1;
     tlm_model *m = NULL;
     tlm_tokenizer *tok = NULL;
     struct MHD_Daemon *d = NULL;
-    if (tlm_model_load(model_path, &m)) {
+    if (tlm_model_load_ex(model_path, lf, &m)) {
         rc = cli_fail_status("serve");
         goto done;
     }

@@ -90,3 +90,20 @@ double cli_now(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
+
+int cli_load_flags(const char *cmd, int no_mmap, const char *precision, unsigned *flags) {
+    *flags = no_mmap ? TLM_LOAD_WRITABLE : 0;
+    if (!precision || !strcmp(precision, "auto")) return 1;
+    if (!strcmp(precision, "bf16")) {
+        /* the matrices become copies either way; vectors stay in the file */
+        *flags = TLM_LOAD_BF16;
+        return 1;
+    }
+    if (!strcmp(precision, "fp32")) {
+        /* a writable load is all F32 already */
+        if (!no_mmap) *flags = TLM_LOAD_FP32;
+        return 1;
+    }
+    fprintf(stderr, "tlm: %s: --precision must be auto, fp32 or bf16 (got '%s')\n", cmd, precision);
+    return 0;
+}

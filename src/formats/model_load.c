@@ -94,21 +94,35 @@ tlm_status fmt_load_tlm(const char *path, int writable, tlm_model **out) {
 
 tlm_status tlm_model_load_ex(const char *path, unsigned flags, tlm_model **out) {
     *out = NULL;
-    if (flags & ~(unsigned)TLM_LOAD_WRITABLE)
+    if (flags & ~(unsigned)(TLM_LOAD_WRITABLE | TLM_LOAD_BF16 | TLM_LOAD_FP32))
         return tlm_err(TLM_ERR_ARG, "unknown load flags 0x%x", flags);
+    unsigned prec = flags & (TLM_LOAD_BF16 | TLM_LOAD_FP32);
+    if (prec == (TLM_LOAD_BF16 | TLM_LOAD_FP32))
+        return tlm_err(TLM_ERR_ARG,
+                       "load flags: TLM_LOAD_BF16 and TLM_LOAD_FP32 exclude each other");
+    if (prec && (flags & TLM_LOAD_WRITABLE))
+        return tlm_err(TLM_ERR_ARG, "load flags: a writable model keeps F32 weights; the "
+                                    "precision of products is chosen on read-only loads");
     int w = (flags & TLM_LOAD_WRITABLE) != 0;
     tlm_model_format f;
     tlm_status s = tlm_model_detect(path, &f);
     if (s) return s;
     switch (f) {
-    case TLM_FORMAT_TLM: return fmt_load_tlm(path, w, out);
-    case TLM_FORMAT_LLAMA2C: return fmt_load_llama2c(path, w, out);
-    case TLM_FORMAT_HF: return fmt_load_hf(path, w, out);
-    case TLM_FORMAT_GGUF: return fmt_load_gguf(path, w, out);
-    default: break;
+    case TLM_FORMAT_TLM: s = fmt_load_tlm(path, w, out); break;
+    case TLM_FORMAT_LLAMA2C: s = fmt_load_llama2c(path, w, out); break;
+    case TLM_FORMAT_HF: s = fmt_load_hf(path, w, out); break;
+    case TLM_FORMAT_GGUF: s = fmt_load_gguf(path, w, out); break;
+    default:
+        return tlm_err(TLM_ERR_UNSUPPORTED, "'%s': %s models are not supported yet", path,
+                       tlm_model_format_name(f));
     }
-    return tlm_err(TLM_ERR_UNSUPPORTED, "'%s': %s models are not supported yet", path,
-                   tlm_model_format_name(f));
+    if (s || !prec) return s;
+    s = tlm_model_retype(*out, prec == TLM_LOAD_BF16 ? TLM_PRECISION_BF16 : TLM_PRECISION_FP32);
+    if (s) {
+        tlm_model_free(*out);
+        *out = NULL;
+    }
+    return s;
 }
 
 tlm_status tlm_model_load(const char *path, tlm_model **out) {

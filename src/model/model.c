@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "core/dtype.h"
+#include "core/half.h"
 #include "kernels/kernels.h"
 #include "kernels/qgemm.h"
 #include "model/model.h"
@@ -330,9 +331,76 @@ static tlm_status tlm_model_bind_views(tlm_model *m, const tlm_bind_src *src, tl
     return TLM_OK;
 }
 
+/* Whether a bound view is a matrix that tlm_model_retype gives type to (to F32: from BF16; to
+ * BF16: from F32 and F16). Learned position tables are read as floats and stay. */
+static int retyped_to(const tlm_model *m, int i, tlm_dtype to) {
+    const tlm_tensor_info *t = &m->tensors[i];
+    if (t->ndim != 2 || (m->c.position == TLM_POS_LEARNED && t->offset == m->off.pos_emb)) return 0;
+    tlm_dtype from = m->w[i].dtype;
+    return to == TLM_DTYPE_F32 ? from == TLM_DTYPE_BF16
+                               : from == TLM_DTYPE_F32 || from == TLM_DTYPE_F16;
+}
+
+tlm_status tlm_model_retype(tlm_model *m, tlm_precision p) {
+    /* (A model whose loader copied it into the flat buffer, such as GPT-2's transposed weights,
+     * keeps its vectors there; the matrices move: such a model no longer trains or writes.) */
+    if (m->st.retyped) return tlm_err(TLM_ERR_ARG, "the model's weights were retyped already");
+    tlm_dtype to = p == TLM_PRECISION_BF16 ? TLM_DTYPE_BF16 : TLM_DTYPE_F32;
+    size_t esz = to == TLM_DTYPE_BF16 ? 2 : 4, bytes = 0;
+    for (int i = 0; i < m->n_tensors; i++)
+        if (retyped_to(m, i, to)) bytes += (m->tensors[i].numel * esz + 63) & ~(size_t)63;
+    if (!bytes) return TLM_OK;
+    char *next = tlm_big_alloc(bytes);
+    if (!next)
+        return tlm_err(TLM_ERR_NOMEM, "out of memory for %zu MiB of %s weights", bytes >> 20,
+                       tlm_dtype_get(to)->name);
+    m->st.retyped = next;
+    m->st.retyped_bytes = bytes;
+    /* In schema order, as the loaders bind them, so that q|k|v and gate|up stay adjacent where the
+     * rows' bytes keep them so (and fuse into one product). */
+    for (int i = 0; i < m->n_tensors; i++) {
+        if (!retyped_to(m, i, to)) continue;
+        tlm_weight *w = &m->w[i];
+        size_t rb = (size_t)w->cols * esz, tb = (size_t)w->rows * rb;
+        char *dst = next;
+        next += (tb + 63) & ~(size_t)63;
+        int fail = 0;
+#pragma omp parallel for schedule(static) reduction(| : fail) if (tb >= (1u << 20))
+        for (long r = 0; r < (long)w->rows; r++) {
+            const char *src = (const char *)w->data + (size_t)r * w->row_bytes;
+            char *out = dst + (size_t)r * rb;
+            if (to == TLM_DTYPE_F32) {
+                fail |= tlm_dtype_to_f32(w->dtype, src, (float *)(void *)out, w->cols) != TLM_OK;
+            } else if (w->dtype == TLM_DTYPE_F32) {
+                for (size_t c = 0; c < (size_t)w->cols; c++) {
+                    float f;
+                    memcpy(&f, src + 4 * c, 4);
+                    uint16_t h = tlm_f32_to_bf16(f);
+                    memcpy(out + 2 * c, &h, 2);
+                }
+            } else { /* F16: every F16 value widens exactly; then one rounding */
+                for (size_t c = 0; c < (size_t)w->cols; c++) {
+                    uint16_t h;
+                    memcpy(&h, src + 2 * c, 2);
+                    h = tlm_f32_to_bf16(tlm_f16_to_f32(h));
+                    memcpy(out + 2 * c, &h, 2);
+                }
+            }
+        }
+        if (fail) return tlm_err(TLM_ERR_FORMAT, "tensor '%s': cannot convert", m->tensors[i].name);
+        if (m->st.n_maps) tlm_mmap_release(w->data, (size_t)w->rows * w->row_bytes);
+        w->dtype = to;
+        w->data = dst;
+        w->row_bytes = rb;
+    }
+    resolve_views(m);
+    return TLM_OK;
+}
+
 void tlm_model_free(tlm_model *m) {
     if (!m) return;
     tlm_big_free(m->st.params, m->n_params * sizeof(float));
+    tlm_big_free(m->st.retyped, m->st.retyped_bytes);
     tlm_big_free(m->st.owned, m->st.owned_bytes);
     for (int i = 0; i < m->st.n_maps; i++) {
         k_qgemm_forget(m->st.maps[i].data, m->st.maps[i].size);
@@ -364,7 +432,7 @@ const tlm_weight *tlm_model_weight(const tlm_model *m, int i) {
 }
 
 void tlm_model_memory(const tlm_model *m, size_t *mapped, size_t *owned) {
-    size_t map = 0, own = m->st.owned_bytes;
+    size_t map = 0, own = m->st.owned_bytes + m->st.retyped_bytes;
     if (m->st.params) own += m->n_params * sizeof(float);
     for (int i = 0; i < m->n_tensors; i++) {
         const tlm_weight *w = &m->w[i];

@@ -40,6 +40,8 @@ typedef struct {
     float *params; /* flat writable F32 buffer (writable models), else NULL */
     void *owned;   /* tensors converted at load (read-only models) */
     size_t owned_bytes;
+    void *retyped; /* matrices given another type after binding (tlm_model_retype) */
+    size_t retyped_bytes;
     tlm_mmap *maps; /* files the views point into */
     int n_maps;
 } tlm_storage;
@@ -82,6 +84,10 @@ typedef struct {
  * aligned, else a converted copy. The model takes ownership of maps (the files the data lies in;
  * n_maps may be 0) whether or not this succeeds. */
 tlm_status tlm_model_bind(tlm_model *m, const tlm_bind_src *src, tlm_mmap *maps, int n_maps);
+
+/* Gives the matrices of a read-only model the type of the products asked for (TLM_LOAD_BF16,
+ * TLM_LOAD_FP32): copies the model owns from then on; the file pages they came from are dropped. */
+tlm_status tlm_model_retype(tlm_model *m, tlm_precision p);
 
 /* The float data of a view known to be F32 with contiguous rows (vectors, or any weight of a model
  * with all_f32), or NULL. */
