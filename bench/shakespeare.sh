@@ -13,8 +13,15 @@ BUILD=${BUILD:-build}
 DATA=${TLM_SHARED_DATA:-$ROOT/../shared/data}
 OUT=${OUT:-$ROOT/bench/out/shakespeare}
 THREADS=${THREADS:-2}
-# PRECISION=bf16: tlm train --precision bf16, and the PyTorch peer under autocast to bfloat16.
-PRECISION=${PRECISION:-fp32}
+# PRECISION=auto (tlm's default: bf16 on CPUs with AVX-512 BF16, else fp32), fp32 or bf16: tlm
+# train --precision PRECISION, and the PyTorch peer in the precision tlm ran in (bf16: autocast
+# to bfloat16).
+ASKED=${PRECISION:-auto}
+PRECISION=$ASKED
+if [ "$ASKED" = auto ]; then
+    PRECISION=fp32
+    grep -qw avx512_bf16 /proc/cpuinfo && PRECISION=bf16
+fi
 export PRECISION
 if [ -z "${KEEP_CORETYPE:-}" ]; then unset OPENBLAS_CORETYPE; fi
 rm -rf "$OUT"
@@ -28,7 +35,7 @@ start=$(date +%s.%N)
 "$ROOT/$BUILD/tlm" train -c "$OUT/config.json" --data "$DATA/text/tinyshakespeare.txt" --char \
     -o "$OUT/run" --steps "${STEPS:-2000}" --batch 12 --lr 1e-3 --min-lr 1e-4 --warmup 100 --beta2 0.99 \
     --weight-decay 0.1 --clip 1.0 --eval-interval 250 --eval-batches ${EVAL_BATCHES:-20} \
-    --init gpt2 --seed "${SEED:-1337}" -t "$THREADS" --precision "$PRECISION" 2>"$OUT/train.log"
+    --init gpt2 --seed "${SEED:-1337}" -t "$THREADS" --precision "$ASKED" 2>"$OUT/train.log"
 end=$(date +%s.%N)
 val=$(grep -o '"val_loss": [0-9.]*' "$OUT/run/log.jsonl" | tail -1 | cut -d' ' -f2)
 # The whole validation split (the last 10% of the characters; the file is ASCII), every token
@@ -37,7 +44,7 @@ n=$(wc -c <"$DATA/text/tinyshakespeare.txt")
 tail -c $((n - (n - n / 10) + 1)) "$DATA/text/tinyshakespeare.txt" >"$OUT/val.txt"
 full=$("$ROOT/$BUILD/tlm" eval -m "$OUT/run" --data "$OUT/val.txt" --json | sed 's/.*"loss": \([0-9.]*\).*/\1/')
 wall=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }')
-echo "shakespeare-char ($PRECISION, seed ${SEED:-1337}): val loss $full on the whole validation split, $val in-training estimate (target <= 1.89), wall $wall s (target <= 30 s; nanoGPT 90.6 s); threads $THREADS; OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}"
+echo "shakespeare-char ($ASKED: $PRECISION, seed ${SEED:-1337}): val loss $full on the whole validation split, $val in-training estimate (target <= 1.89), wall $wall s (target <= 30 s; nanoGPT 90.6 s); threads $THREADS; OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}"
 if [ "${PEER:-1}" != 0 ]; then
     p=$(/usr/bin/python3 "$ROOT/bench/shakespeare_torch.py" "$DATA/text/tinyshakespeare.txt" \
         "${SEED:-1337}" "$THREADS")

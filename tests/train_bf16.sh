@@ -37,7 +37,11 @@ $TLM train "${common[@]}" -o "$tmp/b1" --steps 60 --precision bf16 2>/dev/null; 
 expect "bf16 train exits 0" test $rc -eq 0
 $TLM train "${common[@]}" -o "$tmp/b2" --steps 60 --precision bf16 2>/dev/null
 expect "bf16 is bit-reproducible at 2 threads" cmp -s "$tmp/b1/model.safetensors" "$tmp/b2/model.safetensors"
-$TLM train "${common[@]}" -o "$tmp/f" --steps 60 2>/dev/null
+$TLM train "${common[@]}" -o "$tmp/f" --steps 60 --precision fp32 2>/dev/null
+# The default (auto) is bf16 on a CPU with AVX-512 BF16, as this one.
+$TLM train "${common[@]}" -o "$tmp/d" --steps 60 2>"$tmp/d.err"
+expect "default is bf16 here" cmp -s "$tmp/b1/model.safetensors" "$tmp/d/model.safetensors"
+expect "default says so" grep -q "precision: bf16" "$tmp/d.err"
 expect "bf16 differs from fp32" bash -c "! cmp -s '$tmp/b1/model.safetensors' '$tmp/f/model.safetensors'"
 lb=$(last_loss "$tmp/b1") lf=$(last_loss "$tmp/f"); echo "  60 steps: bf16 $lb, fp32 $lf"
 expect "bf16 learns like fp32 (train loss $lb vs $lf)" \
