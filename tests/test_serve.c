@@ -232,8 +232,16 @@ static void test_sampler_extras(void) {
 
 /* The greedy continuation of one sequence alone (prefill, then one decode step per token), as
  * text decoded in context: what every scheduled job must reproduce. */
+/* One sequence alone: greedy (o NULL) or sampled with o, the prompt and every new id accepted by
+ * the sampler as tlm_generate does. */
+static char *reference_sampled(const tlm_model *m, const tlm_tokenizer *tok, const int32_t *ids,
+                               int n, int n_new, const tlm_sampler_opts *o);
 static char *reference_text(const tlm_model *m, const tlm_tokenizer *tok, const int32_t *ids, int n,
                             int n_new) {
+    return reference_sampled(m, tok, ids, n, n_new, NULL);
+}
+static char *reference_sampled(const tlm_model *m, const tlm_tokenizer *tok, const int32_t *ids,
+                               int n, int n_new, const tlm_sampler_opts *o) {
     int V = tlm_model_config(m)->vocab_size;
     int32_t eos = tlm_tokenizer_eos(tok), out[256];
     int n_out = 0;
@@ -241,16 +249,24 @@ static char *reference_text(const tlm_model *m, const tlm_tokenizer *tok, const 
     float *logits = malloc((size_t)V * sizeof(float));
     char *text = calloc(4096, 1);
     tlm_decoder *d = NULL;
+    tlm_sampler *samp = NULL;
     if (!logits || !text || n_new > 256 || tlm_session_new(m, 1, 0, &s) ||
-        tlm_prefill(s, 0, ids, n, logits, 0) || tlm_decoder_new(tok, TLM_DECODE_SKIP_SPECIAL, &d)) {
+        tlm_prefill(s, 0, ids, n, logits, 0) || tlm_decoder_new(tok, TLM_DECODE_SKIP_SPECIAL, &d) ||
+        (o && tlm_sampler_new(o, V, &samp))) {
         free(text);
         text = NULL;
         goto done;
     }
+    for (int i = 0; samp && i < n; i++) tlm_sampler_accept(samp, ids[i]);
     for (int i = 0; i < n_new; i++) {
         int32_t best = 0;
-        for (int32_t v = 1; v < V; v++)
-            if (logits[v] > logits[best]) best = v;
+        if (samp) {
+            if (tlm_sample(samp, logits, &best)) break;
+            tlm_sampler_accept(samp, best);
+        } else {
+            for (int32_t v = 1; v < V; v++)
+                if (logits[v] > logits[best]) best = v;
+        }
         if (best == eos) break;
         out[n_out++] = best;
         if (tlm_decode_step(s, best, logits)) break;
@@ -267,6 +283,7 @@ static char *reference_text(const tlm_model *m, const tlm_tokenizer *tok, const 
     tlm_decoder_flush(d, &b, &bl);
     if (len + bl < 4096) memcpy(text + len, b, bl);
 done:
+    tlm_sampler_free(samp);
     tlm_decoder_free(d);
     free(logits);
     tlm_session_free(s);
@@ -329,6 +346,30 @@ static void test_scheduler(void) {
         srv_sched_release(s, jobs[i]);
         srv_job_free(jobs[i]);
     }
+
+    /* Penalties count each id once, as for one sequence alone (tlm_generate's rules): greedy with
+     * a frequency and a presence penalty over a window of 16 ids. */
+    tlm_sampler_opts po = {.temperature = 0,
+                           .top_p = 1,
+                           .frequency_penalty = 0.4f,
+                           .presence_penalty = 0.2f,
+                           .penalty_last_n = 16};
+    char *pen = reference_sampled(m, tok, ids[1], (int)n_ids[1], 40, &po);
+    srv_job *pj[2];
+    for (int i = 0; i < 2; i++) {
+        pj[i] = greedy_job(ids[i], (int)n_ids[i], 40);
+        pj[i]->sampling = po;
+    }
+    CHECK_OK(srv_sched_submit(s, pj, 2));
+    wait_done(s, pj, 2);
+    CHECK(pen && pj[1]->text && !strcmp(pj[1]->text, pen), "penalized batched:\n%s\nalone:\n%s",
+          pj[1]->text ? pj[1]->text : "", pen ? pen : "");
+    CHECK(pen && want[1] && strcmp(pen, want[1]), "the penalties change the greedy text");
+    for (int i = 0; i < 2; i++) {
+        srv_sched_release(s, pj[i]);
+        srv_job_free(pj[i]);
+    }
+    free(pen);
 
     /* The next turn: the last prompt plus its answer plus more text reuses the cached prefix (the
      * last job admitted still holds its slot's cache). */

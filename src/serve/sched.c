@@ -415,6 +415,7 @@ static void *loop(void *arg) {
                 sl->fed += s->step_n[b];
             }
             if (!s->want[b]) continue;
+            /* (accepted here, once: the penalties count each generated id once) */
             if (tlm_sample(sl->samp, s->logits + (size_t)b * V, &s->pf_id[b]))
                 s->pf_id[b] = -2;
             else
@@ -438,7 +439,6 @@ static void *loop(void *arg) {
             if (err) {
                 fail_job(s, sl, sl->state == SLOT_DECODE ? "decode" : "prefill");
             } else if (s->pf_id[b] >= 0) {
-                tlm_sampler_accept(sl->samp, s->pf_id[b]);
                 take_token(s, sl, s->logits + (size_t)b * V, s->pf_id[b]);
             } else if (s->pf_id[b] == -2) {
                 fail_job(s, sl, "sampling");
