@@ -11,6 +11,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -56,6 +57,7 @@ typedef struct {
     const char *api_key;
     size_t max_body;
     int ctx, parallel;
+    int conn_nice; /* nice value of connection threads (TLM_SERVE_NICE, for A/B runs; default 10) */
     time_t created;
     _Atomic int draining;
     _Atomic int active; /* generation requests not yet answered in full */
@@ -513,6 +515,14 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     server *sv = cls;
     upload *u = *con_cls;
     if (!u) {
+        /* Connection threads (one per client) wake at every decode step to stream its tokens; at
+         * the same priority they preempt the decode's OpenMP team on a small machine, and one
+         * preempted team member stalls a whole parallel region. A lower priority lets them run
+         * in the team's gaps instead. Linux gives each thread its own nice value (who = 0: this
+         * thread); elsewhere it lowers the process, harmlessly. */
+        static _Thread_local int niced;
+        if (!niced && sv->conn_nice) setpriority(PRIO_PROCESS, 0, sv->conn_nice);
+        niced = 1;
         u = calloc(1, sizeof *u);
         if (!u) return MHD_NO;
         *con_cls = u;
@@ -671,6 +681,8 @@ int cmd_serve(int argc, char **argv) {
         return cli_fail("serve: --host wants an IPv4 address such as 127.0.0.1, got '%s'", host);
     server sv = {0};
     sv.tpl = SRV_TPL_CHATML;
+    const char *nice_env = getenv("TLM_SERVE_NICE");
+    sv.conn_nice = nice_env ? atoi(nice_env) : 10;
     if (tpl_name && !srv_template_from_name(tpl_name, &sv.tpl))
         return cli_fail("serve: --chat-template '%s' is not one of chatml, llama2, llama3, "
                         "mistral, gemma, phi3",
