@@ -196,7 +196,8 @@ static void check_rows(tlm_dtype t, int n) {
 }
 
 /* k_matvec_parts over M = 11 rows of x (a group of 8 and one of 3) and two parts (19 and 6 output
- * rows: units of four with a tail, the second part's columns after the first's, one with a bias)
+ * rows: units of four, or of three for F32 and F16 past 8 rows, with a tail; the second part's
+ * columns after the first's, one with a bias)
  * against M one-row calls: every row's sums are computed alike whatever M is, so bit for bit. */
 static void check_matvec_rows(tlm_dtype t, int in) {
     enum { M = 11, O1 = 19, O2 = 6 };

@@ -24,13 +24,22 @@ static float widen_dot(tlm_dtype t, const uint8_t *w, const float *x, int in) {
 
 void k_matvec_parts(float *y, int ldy, const float *x, int M, int in, const k_matvec_part *parts,
                     int n) {
-    /* Units of four output rows, numbered across the parts, so that one parallel region covers
+    /* Past K_VDOT_MAX_ROWS activation rows (which then no longer fit in L1), F32 and F16 weights
+     * go three rows at a time through k_vdot_rows3, which loads each activation vector once for
+     * the three (110M F32, 16 rows from memory: 1.2-1.35x one row at a time). */
+    k_vdot_rows3_fn r3s[K_LINEAR_MAX_PARTS];
+    int ur = M > K_VDOT_MAX_ROWS ? 3 : 4;
+    for (int p = 0; p < n; p++) {
+        r3s[p] = ur == 3 ? k_vdot_rows3(parts[p].dtype) : NULL;
+        if (!r3s[p]) ur = 4;
+    }
+    /* Units of ur output rows, numbered across the parts, so that one parallel region covers
      * every part (q, k and v of one layer), not one region each. */
     long first[K_LINEAR_MAX_PARTS + 1], work = 0;
     int typed = 0;
     first[0] = 0;
     for (int p = 0; p < n; p++) {
-        first[p + 1] = first[p] + (parts[p].out + 3) / 4;
+        first[p + 1] = first[p] + (parts[p].out + ur - 1) / ur;
         work += (long)parts[p].out;
         if (parts[p].dtype != TLM_DTYPE_F32) typed = 1;
     }
@@ -75,12 +84,25 @@ void k_matvec_parts(float *y, int ldy, const float *x, int M, int in, const k_ma
         int p = 0;
         while (u >= first[p + 1]) p++;
         const k_matvec_part *P = &parts[p];
-        int j = (int)(u - first[p]) * 4, rows = P->out - j < 4 ? P->out - j : 4;
+        int j = (int)(u - first[p]) * ur, rows = P->out - j < ur ? P->out - j : ur;
         k_vdot_fn dot = dots[p];
         k_vdot_rows_fn rdot = rdots[p];
         const uint8_t *a = acts[p];
         size_t rb = rbs[p];
         const uint8_t *w0 = (const uint8_t *)P->w + (size_t)j * P->row_bytes;
+        if (ur == 3 && rows == 3 && a) {
+            float r3[3 * K_VDOT3_MAX_ROWS];
+            for (int m0 = 0; m0 < M; m0 += K_VDOT3_MAX_ROWS) {
+                int mm = M - m0 < K_VDOT3_MAX_ROWS ? M - m0 : K_VDOT3_MAX_ROWS;
+                r3s[p](in, mm, r3, w0, P->row_bytes, a + m0 * rb, rb);
+                for (int m = 0; m < mm; m++) {
+                    float *ym = y + (size_t)(m0 + m) * ldy + P->col + j;
+                    for (int k = 0; k < 3; k++)
+                        ym[k] = P->b ? r3[k * mm + m] + P->b[j + k] : r3[k * mm + m];
+                }
+            }
+            continue;
+        }
         /* Each weight row once against up to K_VDOT_MAX_ROWS activation rows: the unit's four
          * rows stay in L1 for the next group of activation rows, if any. */
         for (int m0 = 0; m0 < M; m0 += K_VDOT_MAX_ROWS) {

@@ -66,6 +66,17 @@ typedef void (*k_vdot_rows_fn)(int n, int M, float *s, const void *w, const void
 k_vdot_rows_fn k_vdot_rows_get(tlm_dtype t, int isa);
 k_vdot_rows_fn k_vdot_rows(tlm_dtype t);
 
+/* Most activation rows a k_vdot_rows3_fn takes in one call. */
+#define K_VDOT3_MAX_ROWS 4
+/* Three weight rows (w, w + wstride, w + 2 wstride bytes) against M activation rows (1 <= M <=
+ * K_VDOT3_MAX_ROWS): s[r * M + m] = w_r . xq_m, each bit for bit what k_vdot_rows gives for that
+ * pair. Each activation vector loaded serves three weight rows: more than 8 activation rows (tlm
+ * serve's batched decode) no longer fit in L1, and the loads from L2 then bound the one-row
+ * kernel. F32 and F16 (AVX-512); NULL elsewhere. */
+typedef void (*k_vdot_rows3_fn)(int n, int M, float *s, const void *w, size_t wstride,
+                                const void *xq, size_t xstride);
+k_vdot_rows3_fn k_vdot_rows3(tlm_dtype t);
+
 /* One weight row of n elements to floats (tlm_dtype_to_f32, vectorized where it matters). */
 void k_widen_row(tlm_dtype t, const void *src, float *dst, int n);
 

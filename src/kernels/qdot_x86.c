@@ -606,6 +606,60 @@ T5 static void r5_f16(int n, int M, float *s, const void *w, const void *xq, siz
     ROWS_SWITCH(FR5_F16, n, M, s, (const uint8_t *)w, (const float *)xq, xstride / sizeof(float));
 }
 
+/* Three weight rows at once, in fr5's order of sums for every (row, activation row) pair: 24
+ * accumulators for four activation rows, each activation vector loaded once for the three. */
+T5 static inline AI void fr5x3(int n, const int M, float *s, const uint8_t *w, size_t ws,
+                               const float *x, size_t xs, int f16) {
+    __m512 a0[3][K_VDOT3_MAX_ROWS], a1[3][K_VDOT3_MAX_ROWS];
+    for (int r = 0; r < 3; r++)
+        for (int m = 0; m < M; m++) a0[r][m] = a1[r][m] = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512 w0[3], w1[3];
+        for (int r = 0; r < 3; r++) {
+            w0[r] = ld16_5(w + r * ws, f16, i);
+            w1[r] = ld16_5(w + r * ws, f16, i + 16);
+        }
+        for (int m = 0; m < M; m++) {
+            __m512 x0 = _mm512_loadu_ps(x + m * xs + i), x1 = _mm512_loadu_ps(x + m * xs + i + 16);
+            for (int r = 0; r < 3; r++) {
+                a0[r][m] = _mm512_fmadd_ps(w0[r], x0, a0[r][m]);
+                a1[r][m] = _mm512_fmadd_ps(w1[r], x1, a1[r][m]);
+            }
+        }
+    }
+    for (; i < n; i += 16) {
+        int left = n - i < 16 ? n - i : 16;
+        __mmask16 k = (__mmask16)((1u << left) - 1u);
+        for (int r = 0; r < 3; r++) {
+            const uint8_t *wr = w + r * ws;
+            __m512 wv = f16 ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, wr + 2 * (size_t)i))
+                            : _mm512_maskz_loadu_ps(k, (const float *)(const void *)wr + i);
+            for (int m = 0; m < M; m++)
+                a0[r][m] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(k, x + m * xs + i), a0[r][m]);
+        }
+    }
+    for (int r = 0; r < 3; r++)
+        for (int m = 0; m < M; m++)
+            s[r * M + m] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r][m], a1[r][m]));
+}
+
+#define FR5X3(n, M, s, w, ws, x, xs, f16)                                                          \
+    switch (M) {                                                                                   \
+    case 1: fr5x3(n, 1, s, w, ws, x, xs, f16); break;                                              \
+    case 2: fr5x3(n, 2, s, w, ws, x, xs, f16); break;                                              \
+    case 3: fr5x3(n, 3, s, w, ws, x, xs, f16); break;                                              \
+    default: fr5x3(n, 4, s, w, ws, x, xs, f16); break;                                             \
+    }
+T5 static void r53_f32(int n, int M, float *s, const void *w, size_t ws, const void *xq,
+                       size_t xstride) {
+    FR5X3(n, M, s, (const uint8_t *)w, ws, (const float *)xq, xstride / sizeof(float), 0);
+}
+T5 static void r53_f16(int n, int M, float *s, const void *w, size_t ws, const void *xq,
+                       size_t xstride) {
+    FR5X3(n, M, s, (const uint8_t *)w, ws, (const float *)xq, xstride / sizeof(float), 1);
+}
+
 /* AVX2: 16 registers, so at most four activation rows per pass over the weight row (the next
  * four read it again, from L1). */
 T2 static inline AI __m256 ld8_2(const uint8_t *w, int f16, int i) {
@@ -916,6 +970,11 @@ k_vdot_rows_fn k_simd_vdot_rows(tlm_dtype t, int isa) {
     return NULL;
 }
 
+k_vdot_rows3_fn k_simd_vdot_rows3(tlm_dtype t, int isa) {
+    if (isa != K_ISA_AVX512 || isa > k_simd_cpu_level()) return NULL;
+    return t == TLM_DTYPE_F32 ? r53_f32 : t == TLM_DTYPE_F16 ? r53_f16 : NULL;
+}
+
 int k_simd_widen(tlm_dtype t, const void *src, float *dst, int n) {
     if (k_simd_cpu_level() < K_ISA_AVX2) return 0;
     if (t == TLM_DTYPE_F16)
@@ -975,6 +1034,11 @@ k_vdot_fn k_simd_vdot(tlm_dtype t, int isa) {
     return NULL;
 }
 k_vdot_rows_fn k_simd_vdot_rows(tlm_dtype t, int isa) {
+    (void)t;
+    (void)isa;
+    return NULL;
+}
+k_vdot_rows3_fn k_simd_vdot_rows3(tlm_dtype t, int isa) {
     (void)t;
     (void)isa;
     return NULL;
