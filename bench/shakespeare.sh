@@ -17,12 +17,6 @@ THREADS=${THREADS:-2}
 # train --precision PRECISION, and the PyTorch peer in the precision tlm ran in (bf16: autocast
 # to bfloat16).
 ASKED=${PRECISION:-auto}
-PRECISION=$ASKED
-if [ "$ASKED" = auto ]; then
-    PRECISION=fp32
-    grep -qw avx512_bf16 /proc/cpuinfo && PRECISION=bf16
-fi
-export PRECISION
 if [ -z "${KEEP_CORETYPE:-}" ]; then unset OPENBLAS_CORETYPE; fi
 rm -rf "$OUT"
 mkdir -p "$OUT"
@@ -37,6 +31,10 @@ start=$(date +%s.%N)
     --weight-decay 0.1 --clip 1.0 --eval-interval 250 --eval-batches ${EVAL_BATCHES:-20} \
     --init gpt2 --seed "${SEED:-1337}" -t "$THREADS" --precision "$ASKED" 2>"$OUT/train.log"
 end=$(date +%s.%N)
+# What auto chose, as tlm train reports it.
+PRECISION=fp32
+grep -q "^precision: bf16" "$OUT/train.log" && PRECISION=bf16
+export PRECISION
 val=$(grep -o '"val_loss": [0-9.]*' "$OUT/run/log.jsonl" | tail -1 | cut -d' ' -f2)
 # The whole validation split (the last 10% of the characters; the file is ASCII), every token
 # predicted once: no sampling noise, unlike the in-training estimate over random windows.

@@ -127,3 +127,13 @@ int t_parity_each(void (*fn)(t_parity *p, void *user), void *user) {
     fclose(f);
     return n;
 }
+
+static uint64_t t_rng = 0x9E3779B97F4A7C15ull;
+void t_seed(uint64_t seed) { t_rng = seed; }
+uint32_t t_rnd(void) {
+    t_rng ^= t_rng << 13;
+    t_rng ^= t_rng >> 7;
+    t_rng ^= t_rng << 17;
+    return (uint32_t)(t_rng >> 16);
+}
+float t_unif(void) { return (float)(t_rnd() & 0xFFFFFF) / 16777216.0f * 2.0f - 1.0f; }

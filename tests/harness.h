@@ -31,6 +31,13 @@ extern int t_passed, t_failed;
     CHECK(fabs((double)(a) - (double)(b)) <= (tol), "%.9g vs %.9g (tol %g)", (double)(a),          \
           (double)(b), (double)(tol))
 
+/* Test data: xorshift64, one stream per process, seeded with t_seed (default 0x9E3779B97F4A7C15).
+ * t_rnd: 32 random bits; t_unif: uniform in [-1, 1). */
+#include <stdint.h>
+void t_seed(uint64_t seed);
+uint32_t t_rnd(void);
+float t_unif(void);
+
 /* Prints "N passed, N failed" and returns the process exit status. */
 int t_finish(const char *name);
 /* Directory of the shared test data ($TLM_SHARED_DATA, else ../shared/data next to the

@@ -18,15 +18,6 @@
 #include "kernels/qdot.h"
 #include "kernels/qgemm.h"
 
-static uint64_t rng = 0x2545F4914F6CDD1Dull;
-static uint32_t rnd(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 16);
-}
-static float unif(void) { return (float)(rnd() & 0xFFFFFF) / 16777216.0f * 2.0f - 1.0f; }
-
 static const tlm_dtype types[] = {TLM_DTYPE_Q8_0, TLM_DTYPE_Q4_0, TLM_DTYPE_Q4_1, TLM_DTYPE_Q5_0,
                                   TLM_DTYPE_Q5_1, TLM_DTYPE_Q4_K, TLM_DTYPE_Q5_K, TLM_DTYPE_Q6_K};
 #define NTYPES (int)(sizeof types / sizeof types[0])
@@ -41,18 +32,37 @@ static void put_f16(uint8_t *p, float v) {
  * weights, where the 8-bit sums are largest). */
 static void fill(tlm_dtype t, uint8_t *w, size_t bytes, int mode) {
     const tlm_dtype_info *d = tlm_dtype_get(t);
-    for (size_t i = 0; i < bytes; i++) w[i] = mode == 2 ? 0xFF : (uint8_t)rnd();
+    for (size_t i = 0; i < bytes; i++) w[i] = mode == 2 ? 0xFF : (uint8_t)t_rnd();
     int off[2] = {0, 2}, nsc = 2;
     if (t == TLM_DTYPE_Q8_0 || t == TLM_DTYPE_Q4_0 || t == TLM_DTYPE_Q5_0) nsc = 1;
     if (t == TLM_DTYPE_Q6_K) off[0] = 208, nsc = 1;
     for (size_t b = 0; b < bytes / d->block_bytes; b++) {
         uint8_t *blk = w + b * d->block_bytes;
         for (int j = 0; j < nsc; j++) {
-            float v = mode == 2 ? 1.0f : unif() * 2.0f;
-            if (mode == 1) v = (b % 2 ? 3e3f : 1e-4f) * (unif() < 0 ? -1.0f : 1.0f);
+            float v = mode == 2 ? 1.0f : t_unif() * 2.0f;
+            if (mode == 1) v = (b % 2 ? 3e3f : 1e-4f) * (t_unif() < 0 ? -1.0f : 1.0f);
             put_f16(blk + off[j], v);
         }
     }
+}
+
+/* Largest |y - exact| / (sum of |terms|) over y[N, out] (row stride out) = x W^T + b, the exact
+ * sum taken in double from the operands as the kernel sees them: wf[out, in], xf[N, in]. */
+static double worst_rel(const float *y, const float *wf, const float *xf, const float *b, int in,
+                        int out, int N) {
+    double worst = 0;
+    for (int i = 0; i < N; i++)
+        for (int r = 0; r < out; r++) {
+            double s = b[r], mag = fabs(b[r]);
+            for (int k = 0; k < in; k++) {
+                double p = (double)wf[(size_t)r * in + k] * xf[(size_t)i * in + k];
+                s += p;
+                mag += fabs(p);
+            }
+            double e = fabs(y[(size_t)i * out + r] - s) / (mag + 1e-30);
+            worst = e > worst || isnan(e) ? e : worst;
+        }
+    return worst;
 }
 
 static int k_simd_ok(void) { return k_vdot_get(TLM_DTYPE_Q8_0, K_ISA_AVX512) != NULL; }
@@ -69,8 +79,8 @@ static void check(tlm_dtype t, int in, int out, int N, int mode) {
     float *xd = malloc(sizeof(float) * (in / 32)), *xs = malloc(sizeof(float) * (in / sub));
     fill(t, w, rb * out, mode);
     CHECK_OK(tlm_dtype_to_f32(t, w, wf, (size_t)in * out));
-    for (int i = 0; i < in * N; i++) x[i] = unif() * (i % 97 == 0 ? 50.0f : 1.0f);
-    for (int r = 0; r < out; r++) b[r] = unif();
+    for (int i = 0; i < in * N; i++) x[i] = t_unif() * (i % 97 == 0 ? 50.0f : 1.0f);
+    for (int r = 0; r < out; r++) b[r] = t_unif();
     /* the activations as the kernels see them, and the sums they must carry */
     int sums_ok = 1;
     for (int i = 0; i < N; i++) {
@@ -86,20 +96,9 @@ static void check(tlm_dtype t, int in, int out, int N, int mode) {
     tlm_weight tw = {.dtype = t, .data = w, .rows = out, .cols = in, .row_bytes = rb};
     memset(y0, 0xFF, sizeof(float) * out * N);
     CHECK(k_qgemm(y0, out, x, N, &tw, b, K_ISA_REF) == 0, "%s: reference product", name);
-    double worst = 0;
-    for (int i = 0; i < N; i++)
-        for (int r = 0; r < out; r++) {
-            double s = b[r], mag = fabs(b[r]);
-            for (int k = 0; k < in; k++) {
-                double p = (double)wf[(size_t)r * in + k] * xdq[(size_t)i * in + k];
-                s += p;
-                mag += fabs(p);
-            }
-            /* fp32 sums of a few dozen sub-block terms, each exact in int32 then scaled; the offset
-             * terms (-128 s for Q8_0's unsigned bytes) cancel part of the sum, hence some slack */
-            double e = fabs(y0[(size_t)i * out + r] - s) / (mag + 1e-30);
-            worst = e > worst || isnan(e) ? e : worst;
-        }
+    /* fp32 sums of a few dozen sub-block terms, each exact in int32 then scaled; the offset terms
+     * (-128 s for Q8_0's unsigned bytes) cancel part of the sum, hence some slack */
+    double worst = worst_rel(y0, wf, xdq, b, in, out, N);
     CHECK(worst <= 1e-5, "%s in=%d out=%d N=%d mode %d: reference %g from the exact product", name,
           in, out, N, mode, worst);
     /* registered (as a model's file is): repacked once, kept, and the same products */
@@ -141,9 +140,13 @@ static void check_bf16(int in, int out, int N) {
     float *x = malloc(sizeof(float) * in * N), *y = malloc(sizeof(float) * out * N);
     float *b = malloc(sizeof(float) * out);
     for (int i = 0; i < in * out; i++)
-        w[i] = tlm_f32_to_bf16(unif() * (i % 53 == 0 ? 1e3f : i % 59 == 0 ? 1e-3f : 1.0f));
-    for (int i = 0; i < in * N; i++) x[i] = unif() * (i % 97 == 0 ? 50.0f : 1.0f);
-    for (int r = 0; r < out; r++) b[r] = unif();
+        w[i] = tlm_f32_to_bf16(t_unif() * (i % 53 == 0 ? 1e3f : i % 59 == 0 ? 1e-3f : 1.0f));
+    for (int i = 0; i < in * N; i++) x[i] = t_unif() * (i % 97 == 0 ? 50.0f : 1.0f);
+    for (int r = 0; r < out; r++) b[r] = t_unif();
+    /* the operands as the kernels see them: activations rounded to BF16 */
+    float *wf = malloc(sizeof(float) * in * out), *xr = malloc(sizeof(float) * in * N);
+    for (int i = 0; i < in * out; i++) wf[i] = tlm_bf16_to_f32(w[i]);
+    for (int i = 0; i < in * N; i++) xr[i] = tlm_bf16_to_f32(tlm_f32_to_bf16(x[i]));
     tlm_weight tw = {
         .dtype = TLM_DTYPE_BF16, .data = w, .rows = out, .cols = in, .row_bytes = 2 * in};
     for (int isa = K_ISA_REF; isa <= K_ISA_AVX512; isa += K_ISA_AVX512 - K_ISA_REF) {
@@ -153,29 +156,20 @@ static void check_bf16(int in, int out, int N) {
         }
         memset(y, 0xFF, sizeof(float) * out * N);
         CHECK(k_qgemm(y, out, x, N, &tw, b, isa) == 0, "BF16 product (isa %d)", isa);
-        double worst = 0;
-        for (int i = 0; i < N; i++)
-            for (int r = 0; r < out; r++) {
-                double s = b[r], mag = fabs(b[r]);
-                for (int k = 0; k < in; k++) {
-                    double p = (double)tlm_bf16_to_f32(w[(size_t)r * in + k]) *
-                               tlm_bf16_to_f32(tlm_f32_to_bf16(x[(size_t)i * in + k]));
-                    s += p;
-                    mag += fabs(p);
-                }
-                double e = fabs(y[(size_t)i * out + r] - s) / (mag + 1e-30);
-                worst = e > worst || isnan(e) ? e : worst;
-            }
+        double worst = worst_rel(y, wf, xr, b, in, out, N);
         CHECK(worst <= 1e-5, "BF16 in=%d out=%d N=%d isa %d: %g from the exact product", in, out, N,
               isa, worst);
     }
     free(w);
+    free(wf);
     free(x);
+    free(xr);
     free(y);
     free(b);
 }
 
 int main(void) {
+    t_seed(0x2545F4914F6CDD1Dull); /* the data this test was written against */
     tlm_set_threads(2);
     printf("AVX-512 VNNI micro-kernel: %s\n", k_simd_ok() ? "yes" : "no (reference only)");
     for (int ti = 0; ti < NTYPES; ti++) {

@@ -15,15 +15,6 @@
 #include "kernels/qdot.h"
 #include "kernels/qgemm.h"
 
-static uint64_t rng = 0x9E3779B97F4A7C15ull;
-static uint32_t rnd(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 16);
-}
-static float unif(void) { return (float)(rnd() & 0xFFFFFF) / 16777216.0f * 2.0f - 1.0f; }
-
 static const tlm_dtype types[] = {TLM_DTYPE_F16,  TLM_DTYPE_BF16, TLM_DTYPE_Q8_0, TLM_DTYPE_Q4_0,
                                   TLM_DTYPE_Q4_1, TLM_DTYPE_Q5_0, TLM_DTYPE_Q5_1, TLM_DTYPE_Q4_K,
                                   TLM_DTYPE_Q5_K, TLM_DTYPE_Q6_K};
@@ -55,19 +46,21 @@ static void fill_weights(tlm_dtype t, uint8_t *w, int n, int mode) {
     }
     if (d->block_elems == 1) {
         for (int i = 0; i < n; i++) {
-            float v = mode == 3 ? (i % 2 ? -60000.0f : 60000.0f) : unif() * (mode == 1 ? 1e-3f : 2);
+            float v =
+                mode == 3 ? (i % 2 ? -60000.0f : 60000.0f) : t_unif() * (mode == 1 ? 1e-3f : 2);
             uint16_t h = t == TLM_DTYPE_F16 ? tlm_f32_to_f16(v) : tlm_f32_to_bf16(v);
             memcpy(w + 2 * i, &h, 2);
         }
         return;
     }
-    for (size_t i = 0; i < bytes; i++) w[i] = mode == 3 ? ((i & 1) ? 0xFF : 0x80) : (uint8_t)rnd();
+    for (size_t i = 0; i < bytes; i++)
+        w[i] = mode == 3 ? ((i & 1) ? 0xFF : 0x80) : (uint8_t)t_rnd();
     int off[2], ns = scale_offsets(t, off);
     for (size_t b = 0; b < bytes / d->block_bytes; b++)
         for (int k = 0; k < ns; k++) {
             float v = mode == 3   ? 1.0f
-                      : mode == 1 ? (b % 2 ? 3e-6f : 900.0f) * (1 + unif() / 2)
-                                  : unif() * 0.05f;
+                      : mode == 1 ? (b % 2 ? 3e-6f : 900.0f) * (1 + t_unif() / 2)
+                                  : t_unif() * 0.05f;
             uint16_t h = tlm_f32_to_f16(v);
             memcpy(w + b * d->block_bytes + off[k], &h, 2);
         }
@@ -95,7 +88,7 @@ static void check_type(tlm_dtype t, int n, int mode) {
     float *xf = malloc((size_t)n * sizeof(float));
     void *xq = malloc(k_act_row_bytes(t, n) + 64);
     fill_weights(t, w, n, mode);
-    for (int i = 0; i < n; i++) x[i] = mode == 3 ? (i % 3 ? 1e4f : -1e4f) : unif() * 3;
+    for (int i = 0; i < n; i++) x[i] = mode == 3 ? (i % 3 ? 1e4f : -1e4f) : t_unif() * 3;
     if (mode == 1 && n > 1) x[n / 2] = 1e-30f; /* a tiny element in one activation block */
     k_act_kind kind = k_act_of(t);
     k_act_quantize(kind, x, xq, n);
@@ -159,7 +152,7 @@ static void check_rows(tlm_dtype t, int n) {
     double mag[K_VDOT_MAX_ROWS];
     float ref[K_VDOT_MAX_ROWS];
     if (t == TLM_DTYPE_F32)
-        for (int i = 0; i < n; i++) ((float *)(void *)w)[i] = unif();
+        for (int i = 0; i < n; i++) ((float *)(void *)w)[i] = t_unif();
     else
         fill_weights(t, w, n, 0);
     CHECK_OK(tlm_dtype_to_f32(t, w, wf, (size_t)n));
@@ -167,7 +160,7 @@ static void check_rows(tlm_dtype t, int n) {
         /* rows of different magnitudes, so that a sum landing in the wrong row shows */
         mag[m] = 0;
         for (int i = 0; i < n; i++) {
-            x[i] = unif() * (float)(1 + 3 * m);
+            x[i] = t_unif() * (float)(1 + 3 * m);
             mag[m] += fabs((double)wf[i] * x[i]);
         }
         k_act_quantize(k_act_of(t), x, xq + m * rb, n);
@@ -206,11 +199,11 @@ static void check_matvec_rows(tlm_dtype t, int in) {
     float *x = malloc(sizeof(float) * in * M), *b = malloc(sizeof(float) * O2);
     float *y = malloc(sizeof(float) * (O1 + O2) * M), *y1 = malloc(sizeof(float) * (O1 + O2) * M);
     if (t == TLM_DTYPE_F32)
-        for (int i = 0; i < in * (O1 + O2); i++) ((float *)(void *)w)[i] = unif();
+        for (int i = 0; i < in * (O1 + O2); i++) ((float *)(void *)w)[i] = t_unif();
     else
         fill_weights(t, w, in * (O1 + O2), 0);
-    for (int i = 0; i < in * M; i++) x[i] = unif() * (1 + i / in);
-    for (int i = 0; i < O2; i++) b[i] = unif();
+    for (int i = 0; i < in * M; i++) x[i] = t_unif() * (1 + i / in);
+    for (int i = 0; i < O2; i++) b[i] = t_unif();
     k_matvec_part parts[2] = {{w, NULL, O1, rb, t, 0}, {w + rb * O1, b, O2, rb, t, O1}};
     k_matvec_parts(y, O1 + O2, x, M, in, parts, 2);
     for (int m = 0; m < M; m++)
@@ -253,8 +246,8 @@ static void check_linear(tlm_dtype t, int in, int out) {
           *yf = malloc(sizeof(float) * out * N), *b = malloc(sizeof(float) * out);
     fill_weights(t, w, in * out, 0);
     CHECK_OK(tlm_dtype_to_f32(t, w, wf, (size_t)in * out));
-    for (int i = 0; i < in * N; i++) x[i] = unif();
-    for (int i = 0; i < out; i++) b[i] = unif();
+    for (int i = 0; i < in * N; i++) x[i] = t_unif();
+    for (int i = 0; i < out; i++) b[i] = t_unif();
     tlm_weight tw = {.dtype = t, .data = w, .rows = out, .cols = in, .row_bytes = rb};
     tlm_weight fw = {.dtype = TLM_DTYPE_F32,
                      .data = wf,
@@ -262,13 +255,13 @@ static void check_linear(tlm_dtype t, int in, int out) {
                      .cols = in,
                      .row_bytes = sizeof(float) * in};
     /* Many rows: the default path (the repacked 8-bit products where the CPU runs them), then
-     * TLM_QPREFILL=int8 (the integer decode kernels), =sgemm (widened tiles) and =bf16. */
+     * TLM_QPREFILL=int8 (the integer decode kernels), =sgemm (widened tiles) and =qgemm (named:
+     * the default again). */
     const int rows[] = {1, 8, N, N, N, N};
-    const char *mode[] = {NULL, NULL, NULL, "int8", "sgemm", "bf16"};
+    const char *mode[] = {NULL, NULL, NULL, "int8", "sgemm", "qgemm"};
     for (int c = 0; c < 6; c++) {
         int M = rows[c], blocks = k_act_of(t) != K_ACT_F32 && k_act_of(t) != K_ACT_BF16;
-        /* (BF16 goes through qgemm.c by default, activations rounded to BF16 as decode does;
-         * TLM_QPREFILL=bf16 is the default path for every type) */
+        /* (BF16 goes through qgemm.c by default, activations rounded to BF16 as decode does) */
         int int8 = ((blocks || t == TLM_DTYPE_BF16) && c == 3) ||
                    ((c == 2 || c == 5) && (blocks || t == TLM_DTYPE_BF16) && k_qgemm_takes(t));
         if (mode[c]) setenv("TLM_QPREFILL", mode[c], 1);

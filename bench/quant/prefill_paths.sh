@@ -39,9 +39,7 @@ out=()
 for type in $TYPES; do
   f=$DIR/$MODEL-$type.gguf
   [ -f "$f" ] || { echo "missing $f (run bench/quant/run.sh first)"; exit 1; }
-  fast=qgemm
-  [ "$type" = BF16 ] && fast=bf16 # (the default path: vdpbf16ps)
-  q=$(tlm_pp "$f" $fast) s=$(tlm_pp "$f" sgemm) i=$(tlm_pp "$f" int8) l=$(llama_pp "$f")
+  q=$(tlm_pp "$f" qgemm) s=$(tlm_pp "$f" sgemm) i=$(tlm_pp "$f" int8) l=$(llama_pp "$f")
   rl=$(/usr/bin/python3 -c "print(round($q / max($l, 1e-9), 3))")
   rs=$(/usr/bin/python3 -c "print(round($q / max($s, 1e-9), 3))")
   printf '%-8s %9.1f %9.1f %9.1f %9.1f | %7s %7s\n' "$type" "$q" "$s" "$i" "$l" "$rl" "$rs"

@@ -6,6 +6,8 @@
 
 /* The highest K_ISA_* this CPU and OS run (K_ISA_REF on other architectures). */
 int k_simd_cpu_level(void);
+/* 1 if, at K_ISA_AVX512, the CPU also runs AVX512_BF16 (vdpbf16ps). */
+int k_simd_cpu_bf16(void);
 /* The type's version at that level, or NULL when it has none of its own. */
 k_vdot_fn k_simd_vdot(tlm_dtype t, int isa);
 /* The type's several-row version at that level (qdot.h), or NULL. */

@@ -52,6 +52,11 @@ int k_simd_cpu_level(void) {
     return cpu_level;
 }
 
+int k_simd_cpu_bf16(void) {
+    pthread_once(&cpu_once, detect);
+    return cpu_bf16;
+}
+
 /* ---- helpers -------------------------------------------------------------------------------- */
 
 T2 static inline float f16s(const void *p) {
@@ -1024,6 +1029,7 @@ k_vdot_fn k_simd_vdot(tlm_dtype t, int isa) {
 #else
 
 int k_simd_cpu_level(void) { return K_ISA_REF; }
+int k_simd_cpu_bf16(void) { return 0; }
 int k_simd_widen(tlm_dtype t, const void *src, float *dst, int n) {
     (void)t, (void)src, (void)dst, (void)n;
     return 0;

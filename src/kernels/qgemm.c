@@ -217,7 +217,6 @@ static void micro_ref(int n, int sub, const uint8_t *q, const float *s, const fl
 }
 
 #if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
 #include <immintrin.h>
 
 #define T5 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
@@ -364,27 +363,12 @@ T5BF static void bf16_round_row(const float *x, int n, uint16_t *y) {
     for (; i < n; i++) y[i] = tlm_f32_to_bf16(x[i]);
 }
 
-static int bf16_cpu = -1;
-static pthread_once_t bf16_once = PTHREAD_ONCE_INIT;
-static void bf16_detect(void) {
-    unsigned a = 0, b, c, d;
-    if (k_simd_cpu_level() >= K_ISA_AVX512 && __get_cpuid_max(0, NULL) >= 7)
-        __cpuid_count(7, 1, a, b, c, d);
-    bf16_cpu = (a >> 5) & 1;
-}
 #define HAVE_AVX512 1
 #else
 #define HAVE_AVX512 0
 #endif
 
-int k_qgemm_bf16_ok(void) {
-#if HAVE_AVX512
-    pthread_once(&bf16_once, bf16_detect);
-    return bf16_cpu;
-#else
-    return 0;
-#endif
-}
+int k_qgemm_bf16_ok(void) { return HAVE_AVX512 && k_simd_cpu_bf16(); }
 
 static int isa_ok(int isa) {
     if (isa == K_ISA_REF) return 1;

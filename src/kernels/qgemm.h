@@ -24,7 +24,7 @@ int k_qgemm_covers(tlm_dtype t);
 int k_qgemm_takes(tlm_dtype t);
 /* 1 if the CPU runs vdpbf16ps (and the rest of the AVX-512 set k_qgemm uses). */
 int k_qgemm_bf16_ok(void);
-/* BF16 weights (k_qgemm_takes, not k_qgemm_covers; linear.c sends them only on TLM_QPREFILL=bf16)
+/* BF16 weights (k_qgemm_takes, not k_qgemm_covers; linear.c sends them here by default)
  * take another kernel: activations rounded to BF16 (as decode does), interleaved by 16 rows, and
  * vdpbf16ps against the weight rows as they are, so nothing is repacked or kept for them. y[N, out]
  * (row stride ldy) = x[N, in] W^T + b (b may be NULL) on W's integer form, with the micro-kernel of

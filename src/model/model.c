@@ -3,7 +3,6 @@
 #include <string.h>
 
 #include "core/dtype.h"
-#include "core/half.h"
 #include "kernels/kernels.h"
 #include "kernels/qgemm.h"
 #include "model/model.h"
@@ -365,29 +364,29 @@ tlm_status tlm_model_retype(tlm_model *m, tlm_precision p) {
         char *dst = next;
         next += (tb + 63) & ~(size_t)63;
         int fail = 0;
-#pragma omp parallel for schedule(static) reduction(| : fail) if (tb >= (1u << 20))
-        for (long r = 0; r < (long)w->rows; r++) {
-            const char *src = (const char *)w->data + (size_t)r * w->row_bytes;
-            char *out = dst + (size_t)r * rb;
-            if (to == TLM_DTYPE_F32) {
-                fail |= tlm_dtype_to_f32(w->dtype, src, (float *)(void *)out, w->cols) != TLM_OK;
-            } else if (w->dtype == TLM_DTYPE_F32) {
-                for (size_t c = 0; c < (size_t)w->cols; c++) {
-                    float f;
-                    memcpy(&f, src + 4 * c, 4);
-                    uint16_t h = tlm_f32_to_bf16(f);
-                    memcpy(out + 2 * c, &h, 2);
-                }
-            } else { /* F16: every F16 value widens exactly; then one rounding */
-                for (size_t c = 0; c < (size_t)w->cols; c++) {
-                    uint16_t h;
-                    memcpy(&h, src + 2 * c, 2);
-                    h = tlm_f32_to_bf16(tlm_f16_to_f32(h));
-                    memcpy(out + 2 * c, &h, 2);
-                }
+        /* To BF16 through an F32 row (exact for F32 and F16 sources), then the quantizer's
+         * rounding: the bytes `tlm quantize --type bf16` writes. */
+#pragma omp parallel reduction(| : fail) if (tb >= (1u << 20))
+        {
+            float *row = to == TLM_DTYPE_F32 ? NULL : malloc((size_t)w->cols * sizeof(float));
+            fail |= to != TLM_DTYPE_F32 && !row;
+#pragma omp for schedule(static)
+            for (long r = 0; r < (long)w->rows; r++) {
+                const char *src = (const char *)w->data + (size_t)r * w->row_bytes;
+                void *out = dst + (size_t)r * rb;
+                if (!row)
+                    fail |= to != TLM_DTYPE_F32 ||
+                            tlm_dtype_to_f32(w->dtype, src, out, w->cols) != TLM_OK;
+                else
+                    fail |= tlm_dtype_to_f32(w->dtype, src, row, w->cols) != TLM_OK ||
+                            tlm_dtype_from_f32(to, row, out, w->cols) != TLM_OK;
             }
+            free(row);
         }
-        if (fail) return tlm_err(TLM_ERR_FORMAT, "tensor '%s': cannot convert", m->tensors[i].name);
+        /* (rows of F32, F16 and BF16 always convert: only a row buffer can be missing) */
+        if (fail)
+            return tlm_err(TLM_ERR_NOMEM, "tensor '%s': out of memory converting it to %s",
+                           m->tensors[i].name, tlm_dtype_get(to)->name);
         if (m->st.n_maps) tlm_mmap_release(w->data, (size_t)w->rows * w->row_bytes);
         w->dtype = to;
         w->data = dst;
