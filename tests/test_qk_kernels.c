@@ -188,6 +188,37 @@ static void check_rows(tlm_dtype t, int n) {
     free(wf);
 }
 
+/* Four weight rows against one activation row (k_vdot_w4_fn, where the type has one): each sum
+ * bit for bit what the several-row kernel gives that row with M = 1, which the batched decode
+ * uses (so one sequence's tokens do not depend on whether it was batched), the rows at a stride
+ * with a gap between them, nothing written past the fourth. */
+static void check_w4(tlm_dtype t, int n) {
+    k_vdot_w4_fn f = k_vdot_w4(t);
+    if (!f) return;
+    k_vdot_rows_fn one = k_vdot_rows(t);
+    CHECK(one != NULL, "%s: a four-row kernel without a several-row one", tlm_dtype_name(t));
+    if (!one) return;
+    size_t wb = tlm_dtype_bytes(t, (uint64_t)n), ws = wb + 64;
+    size_t rb = (k_act_row_bytes(t, n) + 63) & ~(size_t)63;
+    uint8_t *w = calloc(4, ws), *xq = malloc(rb);
+    float *x = malloc(sizeof(float) * n);
+    for (int r = 0; r < 4; r++) fill_weights(t, w + r * ws, n, 0);
+    for (int i = 0; i < n; i++) x[i] = t_unif() * 3;
+    k_act_quantize(k_act_of(t), x, xq, n);
+    float got[5], want;
+    got[4] = 12345.0f;
+    f(n, got, w, ws, xq);
+    for (int r = 0; r < 4; r++) {
+        one(n, 1, &want, w + r * ws, xq, rb);
+        CHECK(!memcmp(&got[r], &want, sizeof want), "%s w4 n=%d row %d: %.9g vs one row %.9g",
+              tlm_dtype_name(t), n, r, got[r], want);
+    }
+    CHECK(got[4] == 12345.0f, "%s w4 n=%d wrote past its rows", tlm_dtype_name(t), n);
+    free(w);
+    free(xq);
+    free(x);
+}
+
 /* k_matvec_parts over M = 11 rows of x (a group of 8 and one of 3) and two parts (19 and 6 output
  * rows: units of four, or of three for F32 and F16 past 8 rows, with a tail; the second part's
  * columns after the first's, one with a bias)
@@ -302,6 +333,8 @@ int main(void) {
         }
         check_linear(t, be == 256 ? 512 : 96, 19);
         for (int c = 0; c < 5; c++) check_rows(t, be == 1 ? counts[c] * 17 : counts[c] * be);
+        for (int c = 0; c < 5; c++)
+            if (be > 1) check_w4(t, counts[c] * be);
         check_matvec_rows(t, be == 1 ? 200 : 3 * be);
     }
     /* F32 rows: whole vectors, a tail of each width, shorter than one vector */
@@ -309,5 +342,10 @@ int main(void) {
     for (int c = 0; c < 4; c++) check_rows(TLM_DTYPE_F32, f32n[c]);
     check_matvec_rows(TLM_DTYPE_F32, 200);
     CHECK(!k_linear_takes(TLM_DTYPE_I32), "integers are not weights");
+    if (k_isa() >= K_ISA_AVX512) {
+        const tlm_dtype w4t[] = {TLM_DTYPE_Q8_0, TLM_DTYPE_Q4_0, TLM_DTYPE_Q4_K};
+        for (int i = 0; i < 3; i++)
+            CHECK(k_vdot_w4(w4t[i]) != NULL, "%s has a four-row kernel", tlm_dtype_name(w4t[i]));
+    }
     return t_finish("test_qk_kernels");
 }

@@ -356,6 +356,11 @@ k_vdot_rows3_fn k_vdot_rows3(tlm_dtype t) {
     return top >= K_ISA_AVX512 ? k_simd_vdot_rows3(t, K_ISA_AVX512) : NULL;
 }
 
+k_vdot_w4_fn k_vdot_w4(tlm_dtype t) {
+    int top = k_isa() < isa_cap ? k_isa() : isa_cap;
+    return top >= K_ISA_AVX512 ? k_simd_vdot_w4(t, K_ISA_AVX512) : NULL;
+}
+
 void k_widen_row(tlm_dtype t, const void *src, float *dst, int n) {
     if (k_isa() >= K_ISA_AVX2 && k_simd_widen(t, src, dst, n)) return;
     tlm_dtype_to_f32(t, src, dst, (size_t)n);

@@ -77,6 +77,13 @@ typedef void (*k_vdot_rows3_fn)(int n, int M, float *s, const void *w, size_t ws
                                 const void *xq, size_t xstride);
 k_vdot_rows3_fn k_vdot_rows3(tlm_dtype t);
 
+/* Four weight rows (w + r * wstride bytes, r < 4) against one activation row: s[r] = w_r . xq,
+ * each bit for bit what k_vdot_rows gives with M = 1. One sequence's decode of the block types is
+ * bound by arithmetic and per-row fixed costs, not by memory: the activation's loads and
+ * preparation are shared and four rows' reductions overlap. AVX-512 block types; NULL elsewhere. */
+typedef void (*k_vdot_w4_fn)(int n, float *s, const void *w, size_t wstride, const void *xq);
+k_vdot_w4_fn k_vdot_w4(tlm_dtype t);
+
 /* One weight row of n elements to floats (tlm_dtype_to_f32, vectorized where it matters). */
 void k_widen_row(tlm_dtype t, const void *src, float *dst, int n);
 

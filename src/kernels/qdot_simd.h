@@ -13,6 +13,7 @@ k_vdot_fn k_simd_vdot(tlm_dtype t, int isa);
 /* The type's several-row version at that level (qdot.h), or NULL. */
 k_vdot_rows_fn k_simd_vdot_rows(tlm_dtype t, int isa);
 k_vdot_rows3_fn k_simd_vdot_rows3(tlm_dtype t, int isa);
+k_vdot_w4_fn k_simd_vdot_w4(tlm_dtype t, int isa);
 
 /* n elements of an F16 or BF16 row to floats when a vector version exists; 0 otherwise. */
 int k_simd_widen(tlm_dtype t, const void *src, float *dst, int n);

@@ -217,11 +217,13 @@ T2 static void a2_q4_0(int n, float *s, const void *w, const void *xq) {
 /* The nibbles of two Q4_0 blocks (qs at p and p + 18) as unsigned bytes, in the order of the two
  * activation blocks' 64 bytes: block 0's low nibbles, its high ones, block 1's low, its high. */
 T5 static inline __m512i nibbles64(const uint8_t *p) {
-    __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p)),
-                                        _mm_loadu_si128((const __m128i *)(p + 18)), 1);
-    __m512i j = join(v, _mm256_srli_epi16(v, 4));
-    j = _mm512_and_si512(j, _mm512_set1_epi8(0x0F));
-    return _mm512_shuffle_i64x2(j, j, _MM_SHUFFLE(3, 1, 2, 0));
+    /* each block's 16 bytes broadcast to two lanes from memory (a load, no shuffle), the second
+     * lane of each shifted right by 4: one lane insert instead of three shuffles */
+    const __m512i sh = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0);
+    __m512i j = _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p))),
+        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + 18))), 1);
+    return _mm512_and_si512(_mm512_srlv_epi64(j, sh), _mm512_set1_epi8(0x0F));
 }
 
 /* Q4_1, Q5_0, Q5_1 (the fallbacks llama.cpp's K mixes pick for rows that are not whole
@@ -830,6 +832,107 @@ T5 static inline AI void q4r5(int n, const int M, float *s, const uint8_t *w, co
     }
 }
 
+/* Four Q4_0 weight rows against one activation row (decode of one sequence): the activation's
+ * blocks, scales and 8-offsets are loaded and computed once for the four, and the four rows' fixed
+ * costs (call, horizontal sums) overlap. Per row the same integer lane sums (the 8-offset enters
+ * as the product's starting value instead of being subtracted after: integers, so equal) and the
+ * same float operations in the same order as q4r5 with M = 1, so bit for bit its sums. */
+T5 static void w4_q4_0(int n, float *s, const void *w, size_t ws, const void *xqv) {
+    const uint8_t *xq = xqv;
+    const tlm_block_q8_0 *x = xqv;
+    const float *ad = k_act_q8_0_aux(xq, n);
+    int nb = n / TLM_QK, b = 0;
+    const __m512i eight5 = _mm512_set1_epi8(8);
+    const __m512i i01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i i23 = _mm512_add_epi32(i01, _mm512_set1_epi32(2));
+    const uint8_t *wr[4];
+    __m512 a0[4], a1[4];
+    for (int r = 0; r < 4; r++) {
+        wr[r] = (const uint8_t *)w + r * ws;
+        a0[r] = a1[r] = _mm512_setzero_ps();
+    }
+    for (; b + 4 <= nb; b += 4) {
+        __m128 dx = _mm_loadu_ps(ad + b);
+        __m512i x0 = join(_mm256_loadu_si256((const __m256i *)x[b].qs),
+                          _mm256_loadu_si256((const __m256i *)x[b + 1].qs));
+        __m512i x1 = join(_mm256_loadu_si256((const __m256i *)x[b + 2].qs),
+                          _mm256_loadu_si256((const __m256i *)x[b + 3].qs));
+        __m512i e0 = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                      _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight5, x0));
+        __m512i e1 = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                      _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight5, x1));
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *wb = wr[r] + (size_t)b * 18;
+            __m512 d = _mm512_castps128_ps512(_mm_mul_ps(wd4_q4_0(wb), dx));
+            __m512i p0 = _mm512_dpbusd_epi32(e0, nibbles64(wb + 2), x0);
+            __m512i p1 = _mm512_dpbusd_epi32(e1, nibbles64(wb + 38), x1);
+            a0[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_permutexvar_ps(i01, d), a0[r]);
+            a1[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_permutexvar_ps(i23, d), a1[r]);
+        }
+    }
+    const __m256i eight = _mm256_set1_epi8(8);
+    for (int r = 0; r < 4; r++) {
+        float t = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r]));
+        const uint8_t *wt = wr[r] + (size_t)b * 18;
+        for (int bt = b; bt < nb; bt++, wt += 18) {
+            __m256i p = dot_ss5y(_mm256_sub_epi8(nibbles32(wt + 2), eight),
+                                 _mm256_loadu_si256((const __m256i *)x[bt].qs));
+            t += (float)hsum8i(p) * (f16s(wt) * _cvtsh_ss(x[bt].d));
+        }
+        s[r] = t;
+    }
+}
+
+/* Four Q8_0 weight rows against one activation row, q8r5's operations per row with M = 1: the
+ * activation's blocks and scales loaded once for the four. */
+T5 static void w4_q8_0(int n, float *s, const void *w, size_t ws, const void *xqv) {
+    const uint8_t *xq = xqv;
+    const tlm_block_q8_0 *x = xqv;
+    const float *ad = k_act_q8_0_aux(xq, n);
+    int nb = n / TLM_QK, b = 0;
+    const __m512i i01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i i23 = _mm512_add_epi32(i01, _mm512_set1_epi32(2));
+    const uint8_t *wr[4];
+    __m512 a0[4], a1[4];
+    for (int r = 0; r < 4; r++) {
+        wr[r] = (const uint8_t *)w + r * ws;
+        a0[r] = a1[r] = _mm512_setzero_ps();
+    }
+    for (; b + 4 <= nb; b += 4) {
+        __m128 dx = _mm_loadu_ps(ad + b);
+        __m512i x0 = join(_mm256_loadu_si256((const __m256i *)x[b].qs),
+                          _mm256_loadu_si256((const __m256i *)x[b + 1].qs));
+        __m512i x1 = join(_mm256_loadu_si256((const __m256i *)x[b + 2].qs),
+                          _mm256_loadu_si256((const __m256i *)x[b + 3].qs));
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *wb = wr[r] + (size_t)b * 34;
+            __m512 d = _mm512_castps128_ps512(_mm_mul_ps(wd4_q8_0(wb), dx));
+            __m512i w0 = join(_mm256_loadu_si256((const __m256i *)(wb + 2)),
+                              _mm256_loadu_si256((const __m256i *)(wb + 36)));
+            __m512i w1 = join(_mm256_loadu_si256((const __m256i *)(wb + 70)),
+                              _mm256_loadu_si256((const __m256i *)(wb + 104)));
+            __m512i s0 =
+                _mm512_mask_sub_epi8(x0, _mm512_movepi8_mask(w0), _mm512_setzero_si512(), x0);
+            __m512i s1 =
+                _mm512_mask_sub_epi8(x1, _mm512_movepi8_mask(w1), _mm512_setzero_si512(), x1);
+            __m512i p0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(w0), s0);
+            __m512i p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(w1), s1);
+            a0[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_permutexvar_ps(i01, d), a0[r]);
+            a1[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_permutexvar_ps(i23, d), a1[r]);
+        }
+    }
+    for (int r = 0; r < 4; r++) {
+        float t = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r]));
+        const uint8_t *wt = wr[r] + (size_t)b * 34;
+        for (int bt = b; bt < nb; bt++, wt += 34) {
+            __m256i p = dot_ss5y(_mm256_loadu_si256((const __m256i *)(wt + 2)),
+                                 _mm256_loadu_si256((const __m256i *)x[bt].qs));
+            t += (float)hsum8i(p) * (f16s(wt) * _cvtsh_ss(x[bt].d));
+        }
+        s[r] = t;
+    }
+}
+
 T5 static void a5_q8_0(int n, float *s, const void *w, const void *xq) { q8r5(n, 1, s, w, xq, 0); }
 T5 static void a5_q4_0(int n, float *s, const void *w, const void *xq) { q4r5(n, 1, s, w, xq, 0); }
 
@@ -843,98 +946,148 @@ T5 static void r5_q4_0(int n, int M, float *s, const void *w, const void *xq, si
 /* Q4_K, Q5_K and Q6_K as a5_q45k and a5_q6_k, per activation row the same operations in the
  * same order (so the same sums as the one-row kernels), with each super-block's unpacking (quants,
  * scales spread to their lanes, mins) done once for all rows. */
+/* One Q4_K/Q5_K super-block's weight side (quants, scales spread to their lanes, mins), unpacked
+ * once for all activation rows, and one activation row's step on it. */
+typedef struct {
+    __m512i qv[4], scp[4];
+    __m256i mn16;
+    float dw, dmin;
+} q45k_w;
+
+T5 static inline AI void q45k_load(const uint8_t *wb, int five, q45k_w *o) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i two = _mm512_set1_epi16(2);
+    __m512i idx = _mm512_set_epi16(1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0,
+                                   0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    uint32_t u[4];
+    q45k_unpack(wb + 4, u);
+    __m128i sm = _mm_loadu_si128((const __m128i *)u);
+    __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(sm));
+    __m128i mn = _mm_unpackhi_epi8(_mm_unpackhi_epi64(sm, sm), _mm_unpackhi_epi64(sm, sm));
+    o->mn16 = _mm256_cvtepu8_epi16(mn);
+    const uint8_t *qh = five ? wb + 16 : NULL, *q = wb + (five ? 48 : 16);
+    for (int g = 0; g < 4; g++) {
+        if (qh) {
+            __m256i lo, hi;
+            q45k_group(q + 32 * g, qh, g, &lo, &hi);
+            o->qv[g] = join(lo, hi);
+        } else {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * g));
+            o->qv[g] = _mm512_and_si512(join(v, _mm256_srli_epi16(v, 4)), m4);
+        }
+        o->scp[g] = _mm512_permutexvar_epi16(idx, sc16);
+        idx = _mm512_add_epi16(idx, two);
+    }
+    o->dw = f16s(wb);
+    o->dmin = f16s(wb + 2);
+}
+
+T5 static inline AI void q45k_step(const q45k_w *w, const k_block_q8_k *x, __m512 *acc,
+                                   __m256 *accm) {
+    __m256i mterm = _mm256_madd_epi16(w->mn16, _mm256_loadu_si256((const __m256i *)x->bsums));
+    __m512i isum = _mm512_setzero_si512();
+    for (int g = 0; g < 4; g++) {
+        __m512i p = _mm512_maddubs_epi16(w->qv[g], _mm512_loadu_si512(x->qs + 64 * g));
+        isum = _mm512_add_epi32(isum, _mm512_madd_epi16(p, w->scp[g]));
+    }
+    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(x->d * w->dw), *acc);
+    *accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mterm), _mm256_set1_ps(x->d * w->dmin), *accm);
+}
+
+T5 static inline AI float q45k_sum(__m512 acc, __m256 accm) {
+    __m256 lo = _mm512_castps512_ps256(acc), hi = _mm512_extractf32x8_ps(acc, 1);
+    return hsum8(_mm256_sub_ps(_mm256_add_ps(lo, hi), accm));
+}
+
 T5 static inline AI void q45kr5(int n, const int M, float *s, const uint8_t *w, const uint8_t *xq,
                                 size_t xs, int five) {
-    const uint8_t *wb = w;
     size_t bytes = five ? sizeof(tlm_block_q5_k) : sizeof(tlm_block_q4_k);
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    const __m512i ig = _mm512_set_epi16(1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0,
-                                        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-    const __m512i two = _mm512_set1_epi16(2);
     __m512 acc[K_VDOT_MAX_ROWS];
     __m256 accm[K_VDOT_MAX_ROWS];
     for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps(), accm[m] = _mm256_setzero_ps();
-    for (int b = 0; b < n / TLM_QK_K; b++, wb += bytes) {
-        uint32_t u[4];
-        q45k_unpack(wb + 4, u);
-        __m128i sm = _mm_loadu_si128((const __m128i *)u);
-        __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(sm));
-        __m128i mn = _mm_unpackhi_epi8(_mm_unpackhi_epi64(sm, sm), _mm_unpackhi_epi64(sm, sm));
-        __m256i mn16 = _mm256_cvtepu8_epi16(mn);
-        const uint8_t *qh = five ? wb + 16 : NULL, *q = wb + (five ? 48 : 16);
-        __m512i qv[4], scp[4], idx = ig;
-        for (int g = 0; g < 4; g++) {
-            if (qh) {
-                __m256i lo, hi;
-                q45k_group(q + 32 * g, qh, g, &lo, &hi);
-                qv[g] = join(lo, hi);
-            } else {
-                __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * g));
-                qv[g] = _mm512_and_si512(join(v, _mm256_srli_epi16(v, 4)), m4);
-            }
-            scp[g] = _mm512_permutexvar_epi16(idx, sc16);
-            idx = _mm512_add_epi16(idx, two);
-        }
-        float dw = f16s(wb), dmin = f16s(wb + 2);
-        for (int m = 0; m < M; m++) {
-            const k_block_q8_k *x = (const k_block_q8_k *)(const void *)(xq + m * xs) + b;
-            __m256i mterm = _mm256_madd_epi16(mn16, _mm256_loadu_si256((const __m256i *)x->bsums));
-            __m512i isum = _mm512_setzero_si512();
-            for (int g = 0; g < 4; g++) {
-                __m512i p = _mm512_maddubs_epi16(qv[g], _mm512_loadu_si512(x->qs + 64 * g));
-                isum = _mm512_add_epi32(isum, _mm512_madd_epi16(p, scp[g]));
-            }
-            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(x->d * dw), acc[m]);
-            accm[m] =
-                _mm256_fmadd_ps(_mm256_cvtepi32_ps(mterm), _mm256_set1_ps(x->d * dmin), accm[m]);
+    for (int b = 0; b < n / TLM_QK_K; b++) {
+        q45k_w wv;
+        q45k_load(w + b * bytes, five, &wv);
+        for (int m = 0; m < M; m++)
+            q45k_step(&wv, (const k_block_q8_k *)(const void *)(xq + m * xs) + b, &acc[m],
+                      &accm[m]);
+    }
+    for (int m = 0; m < M; m++) s[m] = q45k_sum(acc[m], accm[m]);
+}
+
+/* Four weight rows against one activation row (k_vdot_w4_fn): q45kr5's operations per row with M
+ * = 1, the rows' chains interleaved. Q4_K only: Q5_K's fifth bits need more registers than four
+ * rows leave, and Q6_K's unpacking dominates; both measured slower or no faster this way. */
+T5 static inline AI void q45kw4(int n, float *s, const uint8_t *w, size_t ws, const uint8_t *xq,
+                                int five) {
+    size_t bytes = five ? sizeof(tlm_block_q5_k) : sizeof(tlm_block_q4_k);
+    __m512 acc[4];
+    __m256 accm[4];
+    for (int r = 0; r < 4; r++) acc[r] = _mm512_setzero_ps(), accm[r] = _mm256_setzero_ps();
+    for (int b = 0; b < n / TLM_QK_K; b++) {
+        const k_block_q8_k *x = (const k_block_q8_k *)(const void *)xq + b;
+        for (int r = 0; r < 4; r++) {
+            q45k_w wv;
+            q45k_load(w + r * ws + b * bytes, five, &wv);
+            q45k_step(&wv, x, &acc[r], &accm[r]);
         }
     }
-    for (int m = 0; m < M; m++) {
-        __m256 lo = _mm512_castps512_ps256(acc[m]), hi = _mm512_extractf32x8_ps(acc[m], 1);
-        s[m] = hsum8(_mm256_sub_ps(_mm256_add_ps(lo, hi), accm[m]));
+    for (int r = 0; r < 4; r++) s[r] = q45k_sum(acc[r], accm[r]);
+}
+T5 static void w4_q4_k(int n, float *s, const void *w, size_t ws, const void *xq) {
+    q45kw4(n, s, w, ws, xq, 0);
+}
+
+typedef struct {
+    __m512i qv[4], scp[4];
+    __m256i s16;
+    float dw;
+} q6k_w;
+
+T5 static inline AI void q6k_load(const uint8_t *wb, q6k_w *o) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    const __m512i four = _mm512_set1_epi16(4);
+    __m512i idx = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1,
+                                   1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    o->s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wb + 192)));
+    __m512i sc = _mm512_castsi256_si512(o->s16);
+    for (int h = 0; h < 2; h++) {
+        __m512i L = _mm512_loadu_si512(wb + 64 * h);
+        __m256i hb = _mm256_loadu_si256((const __m256i *)(wb + 128 + 32 * h));
+        __m512i H = join(hb, _mm256_srli_epi16(hb, 2));
+        o->qv[2 * h] = _mm512_or_si512(_mm512_and_si512(L, m4),
+                                       _mm512_and_si512(_mm512_slli_epi16(H, 4), m30));
+        o->qv[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(L, 4), m4),
+                                           _mm512_and_si512(H, m30));
+        for (int z = 0; z < 2; z++) {
+            o->scp[2 * h + z] = _mm512_permutexvar_epi16(idx, sc);
+            idx = _mm512_add_epi16(idx, four);
+        }
     }
+    o->dw = f16s(wb + 208);
+}
+
+T5 static inline AI void q6k_step(const q6k_w *w, const k_block_q8_k *x, __m256 *acc) {
+    __m256i off = _mm256_madd_epi16(w->s16, _mm256_loadu_si256((const __m256i *)x->bsums));
+    __m512i isum = _mm512_setzero_si512();
+    for (int k = 0; k < 4; k++) {
+        __m512i p = _mm512_maddubs_epi16(w->qv[k], _mm512_loadu_si512(x->qs + 64 * k));
+        isum = _mm512_add_epi32(isum, _mm512_madd_epi16(p, w->scp[k]));
+    }
+    __m256i t = _mm256_add_epi32(_mm512_castsi512_si256(isum), _mm512_extracti64x4_epi64(isum, 1));
+    t = _mm256_sub_epi32(t, _mm256_slli_epi32(off, 5));
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_set1_ps(x->d * w->dw), *acc);
 }
 
 T5 static inline AI void q6kr5(int n, const int M, float *s, const uint8_t *w, const uint8_t *xq,
                                size_t xs) {
-    const uint8_t *wb = w;
-    const __m512i idx0 = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1,
-                                          1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
-    const __m512i four = _mm512_set1_epi16(4);
     __m256 acc[K_VDOT_MAX_ROWS];
     for (int m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();
-    for (int b = 0; b < n / TLM_QK_K; b++, wb += sizeof(tlm_block_q6_k)) {
-        __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wb + 192)));
-        __m512i sc = _mm512_castsi256_si512(s16);
-        __m512i qv[4], scp[4], idx = idx0;
-        for (int h = 0; h < 2; h++) {
-            __m512i L = _mm512_loadu_si512(wb + 64 * h);
-            __m256i hb = _mm256_loadu_si256((const __m256i *)(wb + 128 + 32 * h));
-            __m512i H = join(hb, _mm256_srli_epi16(hb, 2));
-            qv[2 * h] = _mm512_or_si512(_mm512_and_si512(L, m4),
-                                        _mm512_and_si512(_mm512_slli_epi16(H, 4), m30));
-            qv[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(L, 4), m4),
-                                            _mm512_and_si512(H, m30));
-            for (int z = 0; z < 2; z++) {
-                scp[2 * h + z] = _mm512_permutexvar_epi16(idx, sc);
-                idx = _mm512_add_epi16(idx, four);
-            }
-        }
-        float dw = f16s(wb + 208);
-        for (int m = 0; m < M; m++) {
-            const k_block_q8_k *x = (const k_block_q8_k *)(const void *)(xq + m * xs) + b;
-            __m256i off = _mm256_madd_epi16(s16, _mm256_loadu_si256((const __m256i *)x->bsums));
-            __m512i isum = _mm512_setzero_si512();
-            for (int k = 0; k < 4; k++) {
-                __m512i p = _mm512_maddubs_epi16(qv[k], _mm512_loadu_si512(x->qs + 64 * k));
-                isum = _mm512_add_epi32(isum, _mm512_madd_epi16(p, scp[k]));
-            }
-            __m256i t =
-                _mm256_add_epi32(_mm512_castsi512_si256(isum), _mm512_extracti64x4_epi64(isum, 1));
-            t = _mm256_sub_epi32(t, _mm256_slli_epi32(off, 5));
-            acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_set1_ps(x->d * dw), acc[m]);
-        }
+    for (int b = 0; b < n / TLM_QK_K; b++) {
+        q6k_w wv;
+        q6k_load(w + b * sizeof(tlm_block_q6_k), &wv);
+        for (int m = 0; m < M; m++)
+            q6k_step(&wv, (const k_block_q8_k *)(const void *)(xq + m * xs) + b, &acc[m]);
     }
     for (int m = 0; m < M; m++) s[m] = hsum8(acc[m]);
 }
@@ -978,6 +1131,16 @@ k_vdot_rows_fn k_simd_vdot_rows(tlm_dtype t, int isa) {
 k_vdot_rows3_fn k_simd_vdot_rows3(tlm_dtype t, int isa) {
     if (isa != K_ISA_AVX512 || isa > k_simd_cpu_level()) return NULL;
     return t == TLM_DTYPE_F32 ? r53_f32 : t == TLM_DTYPE_F16 ? r53_f16 : NULL;
+}
+
+k_vdot_w4_fn k_simd_vdot_w4(tlm_dtype t, int isa) {
+    if (isa != K_ISA_AVX512 || isa > k_simd_cpu_level()) return NULL;
+    switch (t) {
+    case TLM_DTYPE_Q8_0: return w4_q8_0;
+    case TLM_DTYPE_Q4_0: return w4_q4_0;
+    case TLM_DTYPE_Q4_K: return w4_q4_k;
+    default: return NULL;
+    }
 }
 
 int k_simd_widen(tlm_dtype t, const void *src, float *dst, int n) {
@@ -1045,6 +1208,11 @@ k_vdot_rows_fn k_simd_vdot_rows(tlm_dtype t, int isa) {
     return NULL;
 }
 k_vdot_rows3_fn k_simd_vdot_rows3(tlm_dtype t, int isa) {
+    (void)t;
+    (void)isa;
+    return NULL;
+}
+k_vdot_w4_fn k_simd_vdot_w4(tlm_dtype t, int isa) {
     (void)t;
     (void)isa;
     return NULL;
