@@ -152,6 +152,29 @@ static void products(k_bf16 *k, int N, int in, int out) {
     CHECK(bad == 0, "dx of a part %dx%dx%d: %d elements off", N, in, out, bad);
     free(prev);
     CHECK(k_bf16_fallbacks(k) == 0, "%ld products fell back to sgemm", k_bf16_fallbacks(k));
+    /* dW from the forward's kept copy of x equals dW from x rounded afresh (a new pass, no
+     * forward), bit for bit; and a forward over bytes overlapping x drops that copy: after x
+     * changes, dW follows the new x. */
+    float *dw2 = malloc((size_t)out * in * 4);
+    k_bf16_next_pass(k);
+    k_bf16_linear_fwd(k, y, ldy, x, w, NULL, N, in, out);
+    k_bf16_linear_bwd(k, NULL, dw, NULL, dy, x, w, N, in, out, 0);
+    k_bf16_next_pass(k);
+    k_bf16_linear_bwd(k, NULL, dw2, NULL, dy, x, w, N, in, out, 0);
+    CHECK(!memcmp(dw, dw2, (size_t)out * in * 4), "dW from the kept copy differs from afresh");
+    if (N > 1) {
+        k_bf16_linear_fwd(k, y, ldy, x, w, NULL, N, in, out);
+        for (size_t i = 0; i < (size_t)N * in; i++) x[i] = -x[i];
+        /* the second half of x's rows as the input of another product */
+        int h = N / 2;
+        k_bf16_linear_fwd(k, y, ldy, x + (size_t)h * in, w, NULL, N - h, in, out);
+        k_bf16_linear_bwd(k, NULL, dw, NULL, dy, x, w, N, in, out, 0);
+        k_bf16_next_pass(k);
+        k_bf16_linear_bwd(k, NULL, dw2, NULL, dy, x, w, N, in, out, 0);
+        CHECK(!memcmp(dw, dw2, (size_t)out * in * 4), "a stale copy of x served dW");
+        for (size_t i = 0; i < (size_t)N * in; i++) x[i] = -x[i];
+    }
+    free(dw2);
     /* A changed weight is rounded again after k_bf16_next_pass, not before. */
     k_bf16_linear_fwd(k, y, ldy, x, w, NULL, N, in, out);
     float y0 = y[0];

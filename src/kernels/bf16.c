@@ -79,6 +79,19 @@ typedef struct {
     void *pbuf;
 } mm;
 
+/* An activation's rounded copy, made by a forward product and valid for the backward of the same
+ * pass (the backward's dW = dy^T x needs x rounded exactly as the forward did). */
+typedef struct {
+    const float *src;
+    size_t n;
+    uint16_t *bf;
+    unsigned pass;
+} acopy;
+
+/* The most bytes of activation copies kept (beyond them the backward rounds x again): a pass's
+ * copies take half the bytes of the products' fp32 inputs. */
+#define K_BF16_KEEP_MAX ((size_t)2 << 30)
+
 /* A weight's rounded copy, valid for the pass it was made in. */
 typedef struct {
     const float *src;
@@ -94,6 +107,9 @@ struct k_bf16 {
     int n_mms, cap_mms;
     wcopy *w;
     int n_w, cap_w;
+    acopy *a;
+    int n_a, cap_a;
+    size_t a_bytes;
     unsigned pass;
     uint16_t *buf[2]; /* rounded activations: the two operands of a product */
     size_t buf_n[2];
@@ -132,6 +148,8 @@ void k_bf16_free(k_bf16 *k) {
     free(k->mms);
     for (int i = 0; i < k->n_w; i++) free(k->w[i].bf);
     free(k->w);
+    for (int i = 0; i < k->n_a; i++) free(k->a[i].bf);
+    free(k->a);
     free(k->buf[0]);
     free(k->buf[1]);
     dnnl_stream_destroy(k->strm);
@@ -156,6 +174,45 @@ static const uint16_t *round_to(k_bf16 *k, int which, const float *src, size_t n
     uint16_t *d = scratch(k, which, n);
     if (d) k_f32_to_bf16(d, src, n);
     return d;
+}
+
+/* x rounded for a forward product, kept for the backward of this pass. Any other copy of bytes
+ * x overlaps is dropped: they were overwritten since. */
+static const uint16_t *act_fwd(k_bf16 *k, const float *x, size_t n) {
+    acopy *e = NULL;
+    for (int i = 0; i < k->n_a; i++) {
+        acopy *c = &k->a[i];
+        if (c->src == x && c->n == n)
+            e = c;
+        else if (c->src < x + n && x < c->src + c->n)
+            c->pass = 0;
+    }
+    if (!e) {
+        size_t bytes = (n * 2 + 63) & ~(size_t)63;
+        if (k->a_bytes + bytes > K_BF16_KEEP_MAX) return round_to(k, 0, x, n);
+        if (k->n_a == k->cap_a) {
+            int cap = k->cap_a ? 2 * k->cap_a : 32;
+            acopy *na = realloc(k->a, (size_t)cap * sizeof *na);
+            if (!na) return round_to(k, 0, x, n);
+            k->a = na;
+            k->cap_a = cap;
+        }
+        uint16_t *bf = aligned_alloc(64, bytes);
+        if (!bf) return round_to(k, 0, x, n);
+        e = &k->a[k->n_a++];
+        *e = (acopy){x, n, bf, 0};
+        k->a_bytes += bytes;
+    }
+    k_f32_to_bf16(e->bf, x, n);
+    e->pass = k->pass;
+    return e->bf;
+}
+
+/* x rounded for a backward product: the forward's copy when this pass made one, else afresh. */
+static const uint16_t *act_bwd(k_bf16 *k, const float *x, size_t n) {
+    for (int i = 0; i < k->n_a; i++)
+        if (k->a[i].src == x && k->a[i].n == n && k->a[i].pass == k->pass) return k->a[i].bf;
+    return round_to(k, 1, x, n);
 }
 
 /* The weight's copy for this pass: rounded at its first use in the pass. */
@@ -312,7 +369,9 @@ void k_bf16_linear_fwd(k_bf16 *k, float *y, int ldy, const float *x, const float
         for (int i = 0; i < N; i++)
             for (int j = 0; j < out; j++) y[(size_t)i * ldy + j] = b[j];
     }
-    const uint16_t *xb = round_to(k, 0, x, (size_t)N * in);
+    /* Kept for the backward's dW unless that takes x in fp32 (the packed layout, below). */
+    const uint16_t *xb =
+        out >= 4 * in ? round_to(k, 0, x, (size_t)N * in) : act_fwd(k, x, (size_t)N * in);
     const uint16_t *wb = weight(k, w, (size_t)out * in);
     if (gemm(k, N, out, in, xb, 0, in, wb, 1, in, y, ldy, b != NULL)) return;
     k->fallbacks++;
@@ -338,7 +397,7 @@ void k_bf16_linear_bwd(k_bf16 *k, float *dx, float *dw, float *db, const float *
     if (out >= 4 * in) {
         ok = gemm_b(k, out, in, N, dyb, 1, out, x, 0, in, dw, in, acc, 1);
     } else {
-        const uint16_t *xb = round_to(k, 1, x, (size_t)N * in);
+        const uint16_t *xb = act_bwd(k, x, (size_t)N * in);
         ok = gemm(k, out, in, N, dyb, 1, out, xb, 0, in, dw, in, acc);
     }
     if (!ok) {

@@ -60,7 +60,8 @@ typedef struct k_bf16 k_bf16;
 k_bf16 *k_bf16_new(void);
 void k_bf16_free(k_bf16 *k);
 /* Weights may have changed since the last pass: their rounded copies are made again at first use.
- */
+ * A forward product's rounded input is kept for the backward of the same pass, which must then see
+ * it unchanged (as the fp32 backward needs anyway); a new pass drops it. */
 void k_bf16_next_pass(k_bf16 *k);
 /* Products oneDNN refused and sgemm did in fp32 instead (0 on a CPU k_bf16_supported accepts). */
 long k_bf16_fallbacks(const k_bf16 *k);
