@@ -219,12 +219,12 @@ static void check_w4(tlm_dtype t, int n) {
     free(x);
 }
 
-/* k_matvec_parts over M = 11 rows of x (a group of 8 and one of 3) and two parts (19 and 6 output
- * rows: units of four, or of three for F32 and F16 past 8 rows, with a tail; the second part's
- * columns after the first's, one with a bias)
- * against M one-row calls: every row's sums are computed alike whatever M is, so bit for bit. */
-static void check_matvec_rows(tlm_dtype t, int in) {
-    enum { M = 11, O1 = 19, O2 = 6 };
+/* k_matvec_parts over M rows of x (11: a group of 8 and one of 3; 6: F32 three weight rows at a
+ * time) and two parts (19 and 6 output rows: units of four, or of three for F32 and F16 past 8
+ * rows, with a tail; the second part's columns after the first's, one with a bias) against M
+ * one-row calls: every row's sums are computed alike whatever M is, so bit for bit. */
+static void check_matvec_rows(tlm_dtype t, int in, int M) {
+    enum { O1 = 19, O2 = 6 };
     size_t rb = tlm_dtype_bytes(t, (uint64_t)in);
     uint8_t *w = malloc(rb * (O1 + O2));
     float *x = malloc(sizeof(float) * in * M), *b = malloc(sizeof(float) * O2);
@@ -240,7 +240,7 @@ static void check_matvec_rows(tlm_dtype t, int in) {
     for (int m = 0; m < M; m++)
         k_matvec_parts(y1 + m * (O1 + O2), O1 + O2, x + m * in, 1, in, parts, 2);
     CHECK(!memcmp(y, y1, sizeof(float) * (O1 + O2) * M),
-          "%s k_matvec_parts: 11 rows at once equal 11 one-row products", tlm_dtype_name(t));
+          "%s k_matvec_parts: %d rows at once equal %d one-row products", tlm_dtype_name(t), M, M);
     /* and near the reference dot products */
     size_t ab = (k_act_row_bytes(t, in) + 63) & ~(size_t)63;
     uint8_t *xq = malloc(ab);
@@ -335,12 +335,14 @@ int main(void) {
         for (int c = 0; c < 5; c++) check_rows(t, be == 1 ? counts[c] * 17 : counts[c] * be);
         for (int c = 0; c < 5; c++)
             if (be > 1) check_w4(t, counts[c] * be);
-        check_matvec_rows(t, be == 1 ? 200 : 3 * be);
+        check_matvec_rows(t, be == 1 ? 200 : 3 * be, 11);
+        check_matvec_rows(t, be == 1 ? 200 : 3 * be, 6);
     }
     /* F32 rows: whole vectors, a tail of each width, shorter than one vector */
     const int f32n[] = {768, 32 * 7 + 5, 16 * 3 + 9, 11};
     for (int c = 0; c < 4; c++) check_rows(TLM_DTYPE_F32, f32n[c]);
-    check_matvec_rows(TLM_DTYPE_F32, 200);
+    check_matvec_rows(TLM_DTYPE_F32, 200, 11);
+    check_matvec_rows(TLM_DTYPE_F32, 200, 6);
     CHECK(!k_linear_takes(TLM_DTYPE_I32), "integers are not weights");
     if (k_isa() >= K_ISA_AVX512) {
         const tlm_dtype w4t[] = {TLM_DTYPE_Q8_0, TLM_DTYPE_Q4_0, TLM_DTYPE_Q4_K};

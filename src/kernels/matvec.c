@@ -26,10 +26,14 @@ void k_matvec_parts(float *y, int ldy, const float *x, int M, int in, const k_ma
                     int n) {
     /* Past K_VDOT_MAX_ROWS activation rows (which then no longer fit in L1), F32 and F16 weights
      * go three rows at a time through k_vdot_rows3, which loads each activation vector once for
-     * the three (110M F32, 16 rows from memory: 1.2-1.35x one row at a time). */
+     * the three (110M F32, 16 rows from memory: 1.2-1.35x one row at a time); F32 past four rows
+     * already (768 x 2048, 5-8 rows, 2 threads, alternating: 10% less time; F16 within noise). */
     k_vdot_rows3_fn r3s[K_LINEAR_MAX_PARTS];
     k_vdot_w4_fn w4s[K_LINEAR_MAX_PARTS];
-    int ur = M > K_VDOT_MAX_ROWS ? 3 : 4;
+    int pfs[K_LINEAR_MAX_PARTS];
+    int all_f32 = 1;
+    for (int p = 0; p < n; p++) all_f32 &= parts[p].dtype == TLM_DTYPE_F32;
+    int ur = M > (all_f32 ? 4 : K_VDOT_MAX_ROWS) ? 3 : 4;
     for (int p = 0; p < n; p++) {
         r3s[p] = ur == 3 ? k_vdot_rows3(parts[p].dtype) : NULL;
         if (!r3s[p]) ur = 4;
@@ -75,6 +79,13 @@ void k_matvec_parts(float *y, int ldy, const float *x, int M, int in, const k_ma
         dots[p] = k_vdot(parts[p].dtype);
         rdots[p] = k_vdot_rows(parts[p].dtype);
         w4s[p] = M == 1 && ur == 4 ? k_vdot_w4(parts[p].dtype) : NULL;
+        /* Prefetching ahead pays (alternating runs, 2 threads, 768 x 2048): for the four-row
+         * kernels of one sequence (110M Q4_0, 1 thread: 256 -> 302 tok/s with them, about 270
+         * without), and for F32 and F16 weights against more than four activation rows (8-16 rows:
+         * 8-15% less time). With one F32/F16 weight row against up to four activation rows it
+         * costs (decode of one sequence 60 -> 54 tok/s) and for block types past one row it is
+         * within noise. */
+        pfs[p] = w4s[p] || (M > 4 && kind == K_ACT_F32);
         rbs[p] = (k_act_row_bytes(parts[p].dtype, in) + 63) & ~(size_t)63;
         acts[p] = kind == K_ACT_F32 ? (const uint8_t *)x : act ? act + off[kind] : NULL;
         if (kind == K_ACT_F32) rbs[p] = (size_t)in * sizeof(float);
@@ -92,6 +103,15 @@ void k_matvec_parts(float *y, int ldy, const float *x, int M, int in, const k_ma
         const uint8_t *a = acts[p];
         size_t rb = rbs[p];
         const uint8_t *w0 = (const uint8_t *)P->w + (size_t)j * P->row_bytes;
+        if (pfs[p]) {
+            /* The rows of the unit after next asked for now: the kernels read a unit's rows
+             * several at once, or each several times, which the hardware prefetchers here follow
+             * worse than one stream. Past the part's end this asks for bytes the product does not
+             * read, which a prefetch may: it never faults. */
+            const char *pf = (const char *)w0 + 2 * (size_t)ur * P->row_bytes;
+            for (size_t o = 0; o < (size_t)ur * P->row_bytes; o += 64)
+                __builtin_prefetch(pf + o, 0, 3);
+        }
         if (ur == 3 && rows == 3 && a) {
             float r3[3 * K_VDOT3_MAX_ROWS];
             for (int m0 = 0; m0 < M; m0 += K_VDOT3_MAX_ROWS) {
@@ -106,13 +126,6 @@ void k_matvec_parts(float *y, int ldy, const float *x, int M, int in, const k_ma
             continue;
         }
         if (rows == 4 && a && w4s[p]) {
-            /* The rows of the unit after next asked for now: four rows read at once are followed
-             * worse by the hardware prefetchers here than one stream (110M Q4_0, 1 thread,
-             * alternating runs: 256 -> 302 tok/s with it, about 270 without). One row at a time
-             * (F32, F16) it only costs: 60 -> 54. Past the part's end it asks for bytes the
-             * product does not read, which a prefetch may: it never faults. */
-            const char *pf = (const char *)w0 + 2 * 4 * P->row_bytes;
-            for (size_t o = 0; o < 4 * P->row_bytes; o += 64) __builtin_prefetch(pf + o, 0, 3);
             float r4[4];
             w4s[p](in, r4, w0, P->row_bytes, a);
             float *ym = y + P->col + j;

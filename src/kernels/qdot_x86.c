@@ -622,17 +622,18 @@ T5 static inline AI void fr5x3(int n, const int M, float *s, const uint8_t *w, s
         for (int m = 0; m < M; m++) a0[r][m] = a1[r][m] = _mm512_setzero_ps();
     int i = 0;
     for (; i + 32 <= n; i += 32) {
-        __m512 w0[3], w1[3];
-        for (int r = 0; r < 3; r++) {
-            w0[r] = ld16_5(w + r * ws, f16, i);
-            w1[r] = ld16_5(w + r * ws, f16, i + 16);
-        }
+        /* a half (16 columns) at a time: 3 weight vectors and one activation vector live beside
+         * the 24 sums, which leaves the compiler no reason to reload activations per row */
+        __m512 wv[3];
+        for (int r = 0; r < 3; r++) wv[r] = ld16_5(w + r * ws, f16, i);
         for (int m = 0; m < M; m++) {
-            __m512 x0 = _mm512_loadu_ps(x + m * xs + i), x1 = _mm512_loadu_ps(x + m * xs + i + 16);
-            for (int r = 0; r < 3; r++) {
-                a0[r][m] = _mm512_fmadd_ps(w0[r], x0, a0[r][m]);
-                a1[r][m] = _mm512_fmadd_ps(w1[r], x1, a1[r][m]);
-            }
+            __m512 xv = _mm512_loadu_ps(x + m * xs + i);
+            for (int r = 0; r < 3; r++) a0[r][m] = _mm512_fmadd_ps(wv[r], xv, a0[r][m]);
+        }
+        for (int r = 0; r < 3; r++) wv[r] = ld16_5(w + r * ws, f16, i + 16);
+        for (int m = 0; m < M; m++) {
+            __m512 xv = _mm512_loadu_ps(x + m * xs + i + 16);
+            for (int r = 0; r < 3; r++) a1[r][m] = _mm512_fmadd_ps(wv[r], xv, a1[r][m]);
         }
     }
     for (; i < n; i += 16) {
