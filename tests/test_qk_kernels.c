@@ -189,15 +189,15 @@ static void check_rows(tlm_dtype t, int n) {
 }
 
 /* Four weight rows against one activation row (k_vdot_w4_fn, where the type has one): each sum
- * bit for bit what the several-row kernel gives that row with M = 1, which the batched decode
+ * bit for bit what the one-row product gives that row (the several-row kernel with M = 1 where
+ * the type has one), which the batched decode
  * uses (so one sequence's tokens do not depend on whether it was batched), the rows at a stride
  * with a gap between them, nothing written past the fourth. */
 static void check_w4(tlm_dtype t, int n) {
     k_vdot_w4_fn f = k_vdot_w4(t);
     if (!f) return;
-    k_vdot_rows_fn one = k_vdot_rows(t);
-    CHECK(one != NULL, "%s: a four-row kernel without a several-row one", tlm_dtype_name(t));
-    if (!one) return;
+    k_vdot_rows_fn rows = k_vdot_rows(t);
+    k_vdot_fn one = k_vdot(t);
     size_t wb = tlm_dtype_bytes(t, (uint64_t)n), ws = wb + 64;
     size_t rb = (k_act_row_bytes(t, n) + 63) & ~(size_t)63;
     uint8_t *w = calloc(4, ws), *xq = malloc(rb);
@@ -209,7 +209,10 @@ static void check_w4(tlm_dtype t, int n) {
     got[4] = 12345.0f;
     f(n, got, w, ws, xq);
     for (int r = 0; r < 4; r++) {
-        one(n, 1, &want, w + r * ws, xq, rb);
+        if (rows)
+            rows(n, 1, &want, w + r * ws, xq, rb);
+        else
+            one(n, &want, w + r * ws, xq);
         CHECK(!memcmp(&got[r], &want, sizeof want), "%s w4 n=%d row %d: %.9g vs one row %.9g",
               tlm_dtype_name(t), n, r, got[r], want);
     }
@@ -333,8 +336,7 @@ int main(void) {
         }
         check_linear(t, be == 256 ? 512 : 96, 19);
         for (int c = 0; c < 5; c++) check_rows(t, be == 1 ? counts[c] * 17 : counts[c] * be);
-        for (int c = 0; c < 5; c++)
-            if (be > 1) check_w4(t, counts[c] * be);
+        for (int c = 0; c < 5; c++) check_w4(t, be == 1 ? counts[c] * 17 : counts[c] * be);
         check_matvec_rows(t, be == 1 ? 200 : 3 * be, 11);
         check_matvec_rows(t, be == 1 ? 200 : 3 * be, 6);
     }
@@ -345,8 +347,8 @@ int main(void) {
     check_matvec_rows(TLM_DTYPE_F32, 200, 6);
     CHECK(!k_linear_takes(TLM_DTYPE_I32), "integers are not weights");
     if (k_isa() >= K_ISA_AVX512) {
-        const tlm_dtype w4t[] = {TLM_DTYPE_Q8_0, TLM_DTYPE_Q4_0, TLM_DTYPE_Q4_K};
-        for (int i = 0; i < 3; i++)
+        const tlm_dtype w4t[] = {TLM_DTYPE_Q8_0, TLM_DTYPE_Q4_0, TLM_DTYPE_Q4_K, TLM_DTYPE_Q6_K};
+        for (int i = 0; i < 4; i++)
             CHECK(k_vdot_w4(w4t[i]) != NULL, "%s has a four-row kernel", tlm_dtype_name(w4t[i]));
     }
     return t_finish("test_qk_kernels");

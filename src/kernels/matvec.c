@@ -79,12 +79,12 @@ void k_matvec_parts(float *y, int ldy, const float *x, int M, int in, const k_ma
         dots[p] = k_vdot(parts[p].dtype);
         rdots[p] = k_vdot_rows(parts[p].dtype);
         w4s[p] = M == 1 && ur == 4 ? k_vdot_w4(parts[p].dtype) : NULL;
-        /* Prefetching ahead pays (alternating runs, 2 threads, 768 x 2048): for the four-row
-         * kernels of one sequence (110M Q4_0, 1 thread: 256 -> 302 tok/s with them, about 270
-         * without), and for F32 and F16 weights against more than four activation rows (8-16 rows:
-         * 8-15% less time). With one F32/F16 weight row against up to four activation rows it
-         * costs (decode of one sequence 60 -> 54 tok/s) and for block types past one row it is
-         * within noise. */
+        /* Prefetching ahead pays (alternating runs, 2 threads, 768 columns): for the four-row
+         * units of one sequence (110M Q4_0, 1 thread: 256 -> 302 tok/s with them, about 270
+         * without; Q6_K rows: qdot_x86.c), and for F32 and F16 weights against more than
+         * four activation rows (8-16 rows: 8-15% less time). With one F32/F16 weight row against
+         * up to four activation rows it costs (1 thread: 1.16 -> 1.35 ms for 8192 rows), and for
+         * block types past one row it is within noise. */
         pfs[p] = w4s[p] || (M > 4 && kind == K_ACT_F32);
         rbs[p] = (k_act_row_bytes(parts[p].dtype, in) + 63) & ~(size_t)63;
         acts[p] = kind == K_ACT_F32 ? (const uint8_t *)x : act ? act + off[kind] : NULL;
