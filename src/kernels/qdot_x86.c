@@ -1093,13 +1093,25 @@ T5 static inline AI void q6kr5(int n, const int M, float *s, const uint8_t *w, c
     for (int m = 0; m < M; m++) s[m] = hsum8(acc[m]);
 }
 
-/* Q6_K's four rows one after the other, as its one-row kernel: interleaving them gained nothing
- * (its unpacking dominates), but as a unit of four they take k_matvec_parts's prefetch of the rows
- * ahead (32000 x 768 from memory, 1 thread, alternating: 0.92 -> 0.80 ms; 2 threads about equal).
- * The same for BF16 rows measured faster on some shapes and slower on others, and F32 and F16 lose
- * with it (1 thread, 8192 x 768: 1.16 -> 1.35 ms). */
+/* Four Q6_K rows against one activation row, q6kr5's operations per row with M = 1, the rows'
+ * chains interleaved (in cache, 1 thread: 256 columns 19 -> 21-27, 768 columns 29 -> 32 G
+ * weights/s; 32000 x 768 from memory about equal). As a unit of four they also take
+ * k_matvec_parts's prefetch of the rows ahead (from memory, 1 thread, alternating: 0.92 -> 0.80
+ * ms). The same prefetch for BF16 rows measured faster on some shapes and slower on others, and
+ * F32 and F16 lose with it (1 thread, 8192 x 768: 1.16 -> 1.35 ms). */
 T5 static void w4_q6_k(int n, float *s, const void *w, size_t ws, const void *xq) {
-    for (int r = 0; r < 4; r++) q6kr5(n, 1, s + r, (const uint8_t *)w + r * ws, xq, 0);
+    const uint8_t *wb = w;
+    __m256 acc[4];
+    for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_ps();
+    for (int b = 0; b < n / TLM_QK_K; b++) {
+        const k_block_q8_k *x = (const k_block_q8_k *)xq + b;
+        for (int r = 0; r < 4; r++) {
+            q6k_w o;
+            q6k_load(wb + r * ws + b * sizeof(tlm_block_q6_k), &o);
+            q6k_step(&o, x, &acc[r]);
+        }
+    }
+    for (int r = 0; r < 4; r++) s[r] = hsum8(acc[r]);
 }
 
 #define Q4KR5(n, M, s, w, xq, xs) q45kr5(n, M, s, w, xq, xs, 0)
