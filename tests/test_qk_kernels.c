@@ -202,7 +202,12 @@ static void check_w4(tlm_dtype t, int n) {
     size_t rb = (k_act_row_bytes(t, n) + 63) & ~(size_t)63;
     uint8_t *w = calloc(4, ws), *xq = malloc(rb);
     float *x = malloc(sizeof(float) * n);
-    for (int r = 0; r < 4; r++) fill_weights(t, w + r * ws, n, 0);
+    for (int r = 0; r < 4; r++) {
+        if (t == TLM_DTYPE_F32)
+            for (int i = 0; i < n; i++) ((float *)(void *)(w + r * ws))[i] = t_unif();
+        else
+            fill_weights(t, w + r * ws, n, 0);
+    }
     for (int i = 0; i < n; i++) x[i] = t_unif() * 3;
     k_act_quantize(k_act_of(t), x, xq, n);
     float got[5], want;
@@ -343,12 +348,14 @@ int main(void) {
     /* F32 rows: whole vectors, a tail of each width, shorter than one vector */
     const int f32n[] = {768, 32 * 7 + 5, 16 * 3 + 9, 11};
     for (int c = 0; c < 4; c++) check_rows(TLM_DTYPE_F32, f32n[c]);
+    for (int c = 0; c < 4; c++) check_w4(TLM_DTYPE_F32, f32n[c]);
     check_matvec_rows(TLM_DTYPE_F32, 200, 11);
     check_matvec_rows(TLM_DTYPE_F32, 200, 6);
     CHECK(!k_linear_takes(TLM_DTYPE_I32), "integers are not weights");
     if (k_isa() >= K_ISA_AVX512) {
-        const tlm_dtype w4t[] = {TLM_DTYPE_Q8_0, TLM_DTYPE_Q4_0, TLM_DTYPE_Q4_K, TLM_DTYPE_Q6_K};
-        for (int i = 0; i < 4; i++)
+        const tlm_dtype w4t[] = {TLM_DTYPE_F32, TLM_DTYPE_Q8_0, TLM_DTYPE_Q4_0, TLM_DTYPE_Q4_K,
+                                 TLM_DTYPE_Q6_K};
+        for (int i = 0; i < 5; i++)
             CHECK(k_vdot_w4(w4t[i]) != NULL, "%s has a four-row kernel", tlm_dtype_name(w4t[i]));
     }
     return t_finish("test_qk_kernels");

@@ -81,7 +81,7 @@ k_vdot_rows3_fn k_vdot_rows3(tlm_dtype t);
  * each bit for bit what the type's one-row product gives (k_vdot_rows with M = 1 where the type
  * has it, else k_vdot). One sequence's decode of the block types is bound by arithmetic and
  * per-row fixed costs, not by memory: the activation's loads and preparation are shared and four
- * rows' reductions overlap (Q8_0, Q4_0, Q4_K, Q6_K; BF16 with AVX512_BF16). AVX-512; NULL
+ * rows' reductions overlap (F32, Q8_0, Q4_0, Q4_K, Q6_K; BF16 with AVX512_BF16). AVX-512; NULL
  * elsewhere. */
 typedef void (*k_vdot_w4_fn)(int n, float *s, const void *w, size_t wstride, const void *xq);
 k_vdot_w4_fn k_vdot_w4(tlm_dtype t);
