@@ -617,6 +617,17 @@ int tlm_session_length(const tlm_session *s, int seq);
  * next token goes to position n. Prefix reuse: a prompt sharing n tokens with what a sequence
  * holds continues from there instead of prefilling them again. */
 tlm_status tlm_session_truncate(tlm_session *s, int seq, int n);
+/* Saving a sequence's cached prefix outside the session, to load it later into any sequence of a
+ * session of the same model (a server's prompt cache: a slot taken over by another request keeps
+ * its keys and values in memory for a later request that starts the same way). The saved form
+ * is the model's n_layers x 2 x n_kv_heads blocks of n positions x head_dim floats. */
+size_t tlm_session_prefix_bytes(const tlm_session *s, int n);
+/* Copies positions 0..n-1 of sequence seq (n <= its length) into buf of
+ * tlm_session_prefix_bytes(s, n) bytes. */
+tlm_status tlm_session_save_prefix(const tlm_session *s, int seq, int n, void *buf);
+/* Loads the first n positions of a prefix of n_saved positions saved by tlm_session_save_prefix
+ * into sequence seq (n <= n_saved, n <= capacity), which then holds exactly those n. */
+tlm_status tlm_session_load_prefix(tlm_session *s, int seq, const void *buf, int n_saved, int n);
 
 /* Appends n tokens to sequence seq in one batched pass. logits (may be NULL) receives [n, V]
  * logits when all_rows, else only the last token's [V]. */

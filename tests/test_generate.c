@@ -234,6 +234,44 @@ static void test_batch_decode(void) {
     tlm_model_free(m);
 }
 
+/* A sequence's saved prefix loaded into another sequence (and another session) continues exactly
+ * as the original: the next token's logits are bit for bit the same. Bad arguments are refused. */
+static void test_prefix_save_load(void) {
+    tlm_model *m = make_model("\"n_kv_heads\":2", 11);
+    CHECK(m != NULL, "%s", tlm_last_error());
+    if (!m) return;
+    int V = tlm_model_config(m)->vocab_size;
+    int32_t ids[12];
+    random_ids(ids, 12, V, 77);
+    tlm_session *s = NULL, *t = NULL;
+    CHECK_OK(tlm_session_new(m, 2, 0, &s));
+    CHECK_OK(tlm_session_new(m, 3, 16, &t));
+    float *a = malloc((size_t)V * sizeof *a), *b = malloc((size_t)V * sizeof *b);
+    CHECK_OK(tlm_prefill(s, 0, ids, 10, NULL, 0));
+    size_t bytes = tlm_session_prefix_bytes(s, 10);
+    CHECK(bytes == tlm_session_prefix_bytes(t, 10) && bytes > 0, "prefix bytes %zu", bytes);
+    void *buf = malloc(bytes);
+    CHECK_OK(tlm_session_save_prefix(s, 0, 10, buf));
+    CHECK(tlm_session_save_prefix(s, 0, 11, buf) == TLM_ERR_RANGE, "saving past the length");
+    CHECK(tlm_session_save_prefix(s, 2, 1, buf) == TLM_ERR_RANGE, "sequence outside the batch");
+    CHECK(tlm_session_load_prefix(t, 0, buf, 10, 11) == TLM_ERR_RANGE, "loading past the saved");
+    CHECK(tlm_session_load_prefix(t, 0, NULL, 10, 5) == TLM_ERR_ARG, "NULL buffer");
+    /* the first 8 of the 10 into sequence 2 of the other session, which held something else */
+    CHECK_OK(tlm_prefill(t, 2, ids + 4, 3, NULL, 0));
+    CHECK_OK(tlm_session_load_prefix(t, 2, buf, 10, 8));
+    CHECK(tlm_session_length(t, 2) == 8, "length after loading: %d", tlm_session_length(t, 2));
+    CHECK_OK(tlm_session_truncate(s, 0, 8));
+    CHECK_OK(tlm_prefill(s, 0, ids + 8, 2, a, 0));
+    CHECK_OK(tlm_prefill(t, 2, ids + 8, 2, b, 0));
+    CHECK(!memcmp(a, b, (size_t)V * sizeof *a), "continuing from the loaded prefix");
+    free(buf);
+    free(a);
+    free(b);
+    tlm_session_free(s);
+    tlm_session_free(t);
+    tlm_model_free(m);
+}
+
 /* Mixed steps (tlm_session_step): each pass gives some sequences one id, others a run of several,
  * skips the rest, and asks for logits of only some; every asked row equals its own full pass and
  * the rows not asked for are left untouched. Runs of more than one id go through the prefill
@@ -606,6 +644,7 @@ int main(void) {
     test_invariant();
     test_long_prefill();
     test_batch_decode();
+    test_prefix_save_load();
     test_mixed_step();
     test_samplers();
     test_generate_loop();

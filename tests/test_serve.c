@@ -469,6 +469,75 @@ static void test_scheduler(void) {
     tlm_model_free(m);
 }
 
+/* One job to the end; its text (the caller frees the job). */
+static srv_job *run_one(srv_sched *s, const int32_t *ids, int n, int max_tokens) {
+    srv_job *j = greedy_job(ids, n, max_tokens);
+    CHECK_OK(srv_sched_submit(s, &j, 1));
+    wait_done(s, &j, 1);
+    srv_sched_release(s, j);
+    return j;
+}
+
+/* The prompt cache: one slot, a first turn, another conversation taking the slot over, then the
+ * first conversation's next turn, which continues from the prefix the cache kept (and gives the
+ * same text as a fresh prefill). Without the cache, the next turn starts over. */
+static void test_prompt_cache(void) {
+    const char *data = t_require_shared_data();
+    if (!data) return;
+    tlm_model *m = NULL;
+    tlm_tokenizer *tok = NULL;
+    CHECK_OK(tlm_model_load(t_path(data, "models/stories260K.bin"), &m));
+    CHECK_OK(tlm_tokenizer_load(t_path(data, "models/tok512.bin"), &tok));
+    if (!m || !tok) return;
+    const char *first = "Lily and Ben went to the park with their mom and dad to play";
+    int32_t *a = NULL, *b = NULL, *next = NULL;
+    size_t na = 0, nb = 0, nn = 0;
+    CHECK_OK(tlm_tokenizer_encode(tok, first, strlen(first), TLM_ENCODE_ADD_BOS, &a, &na));
+    CHECK_OK(tlm_tokenizer_encode(tok, "Tom", 3, TLM_ENCODE_ADD_BOS, &b, &nb));
+    char *answer = reference_text(m, tok, a, (int)na, 30);
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s%s and", first, answer ? answer : "");
+    CHECK_OK(tlm_tokenizer_encode(tok, buf, strlen(buf), TLM_ENCODE_ADD_BOS, &next, &nn));
+    char *want = reference_text(m, tok, next, (int)nn, 8);
+    for (int mib = 0; mib <= 64; mib += 64) {
+        srv_sched *s = NULL;
+        srv_sched_opts so = {.parallel = 1, .ctx = 256, .cache_mib = mib};
+        CHECK_OK(srv_sched_new(m, tok, &so, &s));
+        if (!s) break;
+        srv_job *j1 = run_one(s, a, (int)na, 30), *j2 = run_one(s, b, (int)nb, 30);
+        srv_job *j3 = run_one(s, next, (int)nn, 8);
+        CHECK(j1->text && answer && !strcmp(j1->text, answer), "first turn as alone");
+        CHECK(j2->cached_tokens <= 1, "another conversation reuses %d tokens", j2->cached_tokens);
+        srv_stats st;
+        srv_sched_stats(s, &st);
+        if (mib) {
+            CHECK(j3->cached_tokens >= (int)na + 20 && j3->cached_tokens < (int)nn,
+                  "next turn from the prompt cache: %d of %zu cached (first turn %zu)",
+                  j3->cached_tokens, nn, na);
+            CHECK(st.cache_hits == 1 && st.cache_entries >= 1 && st.cache_bytes > 0,
+                  "cache stats: %llu hits, %d entries, %zu bytes",
+                  (unsigned long long)st.cache_hits, st.cache_entries, st.cache_bytes);
+        } else {
+            CHECK(j3->cached_tokens <= 1, "no cache: %d cached", j3->cached_tokens);
+            CHECK(st.cache_hits == 0 && st.cache_entries == 0, "no cache, no entries");
+        }
+        CHECK(j3->text && want && !strcmp(j3->text, want),
+              "next turn (cache %d MiB) gives\n%s\nnot\n%s", mib, j3->text ? j3->text : "",
+              want ? want : "");
+        srv_job_free(j1);
+        srv_job_free(j2);
+        srv_job_free(j3);
+        srv_sched_free(s);
+    }
+    free(answer);
+    free(want);
+    free(a);
+    free(b);
+    free(next);
+    tlm_tokenizer_free(tok);
+    tlm_model_free(m);
+}
+
 static void set_text(srv_job *j, const char *t) {
     free(j->text);
     j->text = strdup(t);
@@ -575,5 +644,6 @@ int main(void) {
     test_stop_scan();
     test_sampler_extras();
     test_scheduler();
+    test_prompt_cache();
     return t_finish("test_serve");
 }

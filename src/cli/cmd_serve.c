@@ -35,6 +35,9 @@ static const char *serve_help =
     "  --parallel N          sequences decoded together, one slot each (default 4)\n"
     "  --ctx T               positions per slot (default: the model's context_length)\n"
     "  --queue N             requests waiting beyond the slots before 429 (default 4 x parallel)\n"
+    "  --cache-ram MIB       memory for the prompt cache (default 1024; 0: none): a slot taken\n"
+    "                        over by another request keeps its prefix there for a later request\n"
+    "                        that starts the same way (the next turn of a chat)\n"
     "  --api-key KEY         require 'Authorization: Bearer KEY' on the API\n"
     "  --chat-template NAME  chatml, llama2, llama3, mistral, gemma or phi3 (default: the\n"
     "                        GGUF's tokenizer.chat_template when recognised, else chatml)\n"
@@ -463,7 +466,8 @@ static enum MHD_Result handle_metrics(server *sv, struct MHD_Connection *c) {
     pthread_mutex_unlock(&sv->mu);
     EMIT("# HELP tlm_prompt_tokens_total Prompt tokens prefilled.\n"
          "# TYPE tlm_prompt_tokens_total counter\ntlm_prompt_tokens_total %llu\n"
-         "# HELP tlm_prompt_tokens_cached_total Prompt tokens reused from a slot's cache.\n"
+         "# HELP tlm_prompt_tokens_cached_total Prompt tokens reused from a slot's cache or the "
+         "prompt cache.\n"
          "# TYPE tlm_prompt_tokens_cached_total counter\ntlm_prompt_tokens_cached_total %llu\n"
          "# HELP tlm_completion_tokens_total Tokens generated.\n"
          "# TYPE tlm_completion_tokens_total counter\ntlm_completion_tokens_total %llu\n",
@@ -484,6 +488,14 @@ static enum MHD_Result handle_metrics(server *sv, struct MHD_Connection *c) {
          "# HELP tlm_slots_total Slots (--parallel).\n"
          "# TYPE tlm_slots_total gauge\ntlm_slots_total %d\n",
          st.queued, st.busy, st.slots);
+    EMIT("# HELP tlm_prompt_cache_hits_total Requests that continued from a prefix kept in the "
+         "prompt cache.\n# TYPE tlm_prompt_cache_hits_total counter\n"
+         "tlm_prompt_cache_hits_total %llu\n"
+         "# HELP tlm_prompt_cache_bytes Memory held by the prompt cache.\n"
+         "# TYPE tlm_prompt_cache_bytes gauge\ntlm_prompt_cache_bytes %zu\n"
+         "# HELP tlm_prompt_cache_entries Prefixes in the prompt cache.\n"
+         "# TYPE tlm_prompt_cache_entries gauge\ntlm_prompt_cache_entries %d\n",
+         (unsigned long long)st.cache_hits, st.cache_bytes, st.cache_entries);
 #undef EMIT
     if (len >= cap) len = cap - 1;
     return send_body(sv, c, 200, "text/plain; version=0.0.4", b, len, 0);
@@ -633,7 +645,8 @@ static int gguf_template(const char *model, srv_template *t, int *present) {
 int cmd_serve(int argc, char **argv) {
     const char *model_path = NULL, *tok_path = NULL, *host = "127.0.0.1", *api_key = NULL;
     const char *tpl_name = NULL, *precision = NULL;
-    long port = 8080, parallel = 4, ctx = 0, threads = 0, queue = 0, max_body = 1 << 20;
+    long port = 8080, parallel = 4, ctx = 0, threads = 0, queue = 0, max_body = 1 << 20,
+         cache_mib = 1024;
     for (int i = 1; i < argc; i++) {
         const char *v, *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -662,6 +675,8 @@ int cmd_serve(int argc, char **argv) {
             num = &ctx, lo = 1, hi = TLM_MAX_CONTEXT_LENGTH;
         } else if (cli_flag_value(argc, argv, &i, "--queue", NULL, &v)) {
             num = &queue, lo = 1, hi = 1 << 16;
+        } else if (cli_flag_value(argc, argv, &i, "--cache-ram", "-cram", &v)) {
+            num = &cache_mib, lo = 0, hi = 1 << 24;
         } else if (cli_flag_value(argc, argv, &i, "--max-body", NULL, &v)) {
             num = &max_body, lo = 1024, hi = 1 << 30;
         } else if (cli_flag_value(argc, argv, &i, "-t", "--threads", &v)) {
@@ -724,7 +739,10 @@ int cmd_serve(int argc, char **argv) {
             fprintf(stderr, "tlm: serve: the model's chat template is not one tlm knows; using "
                             "chatml (choose with --chat-template)\n");
     }
-    srv_sched_opts so = {.parallel = (int)parallel, .ctx = (int)ctx, .queue_max = (int)queue};
+    srv_sched_opts so = {.parallel = (int)parallel,
+                         .ctx = (int)ctx,
+                         .queue_max = (int)queue,
+                         .cache_mib = cache_mib};
     if (srv_sched_new(m, tok, &so, &sv.sched)) {
         rc = cli_fail_status("serve");
         goto done;

@@ -181,6 +181,54 @@ tlm_status tlm_session_truncate(tlm_session *s, int seq, int n) {
     return TLM_OK;
 }
 
+size_t tlm_session_prefix_bytes(const tlm_session *s, int n) {
+    if (!s || n < 0) return 0;
+    const tlm_config *c = &s->m->c;
+    size_t hd = (size_t)(c->d_model / c->n_heads);
+    return (size_t)c->n_layers * 2 * (size_t)c->n_kv_heads * (size_t)n * hd * sizeof(float);
+}
+
+/* The blocks of one sequence in the saved order: layer, keys then values, kv head. */
+static float *prefix_block(const tlm_session *s, int l, int kv, int h, int b) {
+    return kv ? infer_cache_v(s, l, b, h) : infer_cache_k(s, l, b, h);
+}
+
+tlm_status tlm_session_save_prefix(const tlm_session *s, int seq, int n, void *buf) {
+    if (!s || !buf) return tlm_err(TLM_ERR_ARG, "session: NULL session or buffer");
+    if (seq < 0 || seq >= s->B)
+        return tlm_err(TLM_ERR_RANGE, "session: sequence %d outside the batch of %d", seq, s->B);
+    if (n < 0 || n > s->len[seq])
+        return tlm_err(TLM_ERR_RANGE, "session: saving %d positions of a sequence holding %d", n,
+                       s->len[seq]);
+    const tlm_config *c = &s->m->c;
+    size_t hd = (size_t)(c->d_model / c->n_heads), blk = (size_t)n * hd;
+    float *o = buf;
+    for (int l = 0; l < c->n_layers; l++)
+        for (int kv = 0; kv < 2; kv++)
+            for (int h = 0; h < c->n_kv_heads; h++, o += blk)
+                memcpy(o, prefix_block(s, l, kv, h, seq), blk * sizeof(float));
+    return TLM_OK;
+}
+
+tlm_status tlm_session_load_prefix(tlm_session *s, int seq, const void *buf, int n_saved, int n) {
+    if (!s || !buf) return tlm_err(TLM_ERR_ARG, "session: NULL session or buffer");
+    if (seq < 0 || seq >= s->B)
+        return tlm_err(TLM_ERR_RANGE, "session: sequence %d outside the batch of %d", seq, s->B);
+    if (n < 0 || n > n_saved || n > s->cap)
+        return tlm_err(TLM_ERR_RANGE,
+                       "session: loading %d positions of a saved %d into a capacity of %d", n,
+                       n_saved, s->cap);
+    const tlm_config *c = &s->m->c;
+    size_t hd = (size_t)(c->d_model / c->n_heads), blk = (size_t)n_saved * hd;
+    const float *in = buf;
+    for (int l = 0; l < c->n_layers; l++)
+        for (int kv = 0; kv < 2; kv++)
+            for (int h = 0; h < c->n_kv_heads; h++, in += blk)
+                memcpy(prefix_block(s, l, kv, h, seq), in, (size_t)n * hd * sizeof(float));
+    s->len[seq] = n;
+    return TLM_OK;
+}
+
 /* Causal attention of T consecutive new tokens of sequence b (positions pos0..pos0+T-1, scratch
  * rows r0..r0+T-1) over everything cached for it, the new keys included. */
 static void attend_prefill(tlm_session *s, int l, int b, int pos0, int T, int r0) {

@@ -90,6 +90,19 @@ typedef struct {
     tlm_decoder *dec;
 } slot;
 
+/* A slot's cached prefix kept in memory after another request took the slot over. */
+typedef struct {
+    int32_t *toks;
+    int n;
+    void *kv; /* tlm_session_save_prefix's form, n positions */
+    size_t bytes;
+    uint64_t used;
+    int pinned; /* being loaded by the admission in progress: not to be dropped */
+} pc_entry;
+
+/* Fewer tokens than this are not worth an entry (nor a load). */
+#define PC_MIN_TOKENS 16
+
 struct srv_sched {
     const tlm_model *m;
     const tlm_tokenizer *tok;
@@ -113,6 +126,9 @@ struct srv_sched {
     srv_job *qhead, *qtail;
     int queued, closed, quit;
     srv_stats st;
+    pc_entry *pc; /* the prompt cache (scheduler thread only, under the lock) */
+    int n_pc, cap_pc;
+    size_t pc_max;
 };
 
 static int grow(void **p, size_t *cap, size_t need, size_t elem) {
@@ -272,6 +288,72 @@ static size_t common_prefix(const int32_t *a, int na, const int32_t *b, int nb) 
     return (size_t)i;
 }
 
+/* ---- the prompt cache ------------------------------------------------------------------------ */
+
+static void pc_drop(srv_sched *s, int i) {
+    free(s->pc[i].toks);
+    free(s->pc[i].kv);
+    s->st.cache_bytes -= s->pc[i].bytes;
+    s->pc[i] = s->pc[--s->n_pc];
+    s->st.cache_entries = s->n_pc;
+}
+
+/* Keeps what slot b holds in the prompt cache before it is cut to its first `keep` positions for
+ * another request: when more than a few positions would be lost and no entry holds them already.
+ * Least recently used entries make room. Best effort: without memory nothing is kept. */
+static void pc_save(srv_sched *s, int b, size_t keep) {
+    slot *sl = &s->slots[b];
+    int n = sl->n_toks, len = tlm_session_length(s->sess, b);
+    if (len < n) n = len;
+    if (!s->pc_max || n < PC_MIN_TOKENS || (size_t)n < keep + PC_MIN_TOKENS) return;
+    for (int i = 0; i < s->n_pc; i++) {
+        size_t c = common_prefix(s->pc[i].toks, s->pc[i].n, sl->toks, n);
+        if (c == (size_t)n) { /* an entry holds all of it already */
+            s->pc[i].used = ++s->clock;
+            return;
+        }
+    }
+    /* entries that are prefixes of this one are superseded by it */
+    for (int i = 0; i < s->n_pc;) {
+        if (!s->pc[i].pinned &&
+            common_prefix(s->pc[i].toks, s->pc[i].n, sl->toks, n) == (size_t)s->pc[i].n)
+            pc_drop(s, i);
+        else
+            i++;
+    }
+    size_t bytes = tlm_session_prefix_bytes(s->sess, n) + (size_t)n * sizeof(int32_t);
+    if (bytes > s->pc_max) return;
+    while (s->st.cache_bytes + bytes > s->pc_max) {
+        int lru = -1;
+        for (int i = 0; i < s->n_pc; i++)
+            if (!s->pc[i].pinned && (lru < 0 || s->pc[i].used < s->pc[lru].used)) lru = i;
+        if (lru < 0) return;
+        pc_drop(s, lru);
+    }
+    if (s->n_pc == s->cap_pc) {
+        int cap = s->cap_pc ? 2 * s->cap_pc : 16;
+        pc_entry *np = realloc(s->pc, (size_t)cap * sizeof *np);
+        if (!np) return;
+        s->pc = np;
+        s->cap_pc = cap;
+    }
+    pc_entry e = {malloc((size_t)n * sizeof(int32_t)),
+                  n,
+                  malloc(tlm_session_prefix_bytes(s->sess, n)),
+                  bytes,
+                  ++s->clock,
+                  0};
+    if (!e.toks || !e.kv || tlm_session_save_prefix(s->sess, b, n, e.kv)) {
+        free(e.toks);
+        free(e.kv);
+        return;
+    }
+    memcpy(e.toks, sl->toks, (size_t)n * sizeof(int32_t));
+    s->pc[s->n_pc++] = e;
+    s->st.cache_bytes += bytes;
+    s->st.cache_entries = s->n_pc;
+}
+
 /* Queued jobs into free slots (lock held). */
 static void admit(srv_sched *s) {
     while (s->qhead) {
@@ -298,6 +380,17 @@ static void admit(srv_sched *s) {
                     best = b;
             best_lcp = common_prefix(s->slots[best].toks, s->slots[best].n_toks, j->ids, j->n_ids);
         }
+        /* A longer prefix in the prompt cache than in any free slot: loaded into the slot. */
+        int ce = -1;
+        size_t ce_lcp = 0;
+        for (int i = 0; i < s->n_pc; i++) {
+            size_t c = common_prefix(s->pc[i].toks, s->pc[i].n, j->ids, j->n_ids);
+            if (c > ce_lcp) ce = i, ce_lcp = c;
+        }
+        if (ce_lcp >= (size_t)j->n_ids) ce_lcp = (size_t)j->n_ids - 1;
+        if (ce >= 0 &&
+            (ce_lcp <= best_lcp || ce_lcp < PC_MIN_TOKENS || ce_lcp * 2 < (size_t)j->n_ids))
+            ce = -1;
         s->qhead = j->next;
         if (!s->qhead) s->qtail = NULL;
         s->queued--;
@@ -306,7 +399,25 @@ static void admit(srv_sched *s) {
         slot *sl = &s->slots[best];
         /* The last prompt id is always prefilled again: its logits give the first new token. */
         if (best_lcp >= (size_t)j->n_ids) best_lcp = (size_t)j->n_ids - 1;
-        tlm_session_truncate(s->sess, best, (int)best_lcp);
+        if (ce >= 0) s->pc[ce].pinned = 1;
+        pc_save(s, best, ce >= 0 ? 0 : best_lcp);
+        if (ce >= 0) {
+            for (ce = 0; !s->pc[ce].pinned; ce++) {
+            } /* pc_save may have moved it */
+            pc_entry *e = &s->pc[ce];
+            e->pinned = 0;
+            e->used = ++s->clock;
+            if (tlm_session_load_prefix(s->sess, best, e->kv, e->n, (int)ce_lcp)) {
+                best_lcp = 0;
+                tlm_session_truncate(s->sess, best, 0);
+            } else {
+                memcpy(sl->toks, e->toks, ce_lcp * sizeof(int32_t));
+                best_lcp = ce_lcp;
+                s->st.cache_hits++;
+            }
+        } else {
+            tlm_session_truncate(s->sess, best, (int)best_lcp);
+        }
         sl->n_toks = (int)best_lcp;
         sl->fed = (int)best_lcp;
         sl->job = j;
@@ -468,6 +579,7 @@ tlm_status srv_sched_new(const tlm_model *m, const tlm_tokenizer *tok, const srv
     s->ctx = ctx;
     s->V = c->vocab_size;
     s->queue_max = o->queue_max > 0 ? o->queue_max : 4 * o->parallel;
+    s->pc_max = o->cache_mib > 0 ? (size_t)o->cache_mib << 20 : 0;
     s->chunk = o->prefill_chunk > 0 ? o->prefill_chunk : 64;
     s->eos = tlm_tokenizer_eos(tok);
     s->st.slots = s->B;
@@ -520,6 +632,8 @@ void srv_sched_free(srv_sched *s) {
     free(s->step_n);
     free(s->want);
     free(s->pf_id);
+    while (s->n_pc) pc_drop(s, s->n_pc - 1);
+    free(s->pc);
     tlm_session_free(s->sess);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->work);

@@ -147,11 +147,17 @@ typedef struct {
     int ctx;           /* positions per slot; <= 0: the model's context_length */
     int queue_max;     /* jobs waiting beyond the slots; <= 0: 4 * parallel */
     int prefill_chunk; /* prompt tokens per prefill pass while others decode; <= 0: 64 */
+    long cache_mib;    /* prompt cache in memory (MiB; <= 0: none): a slot taken over by another
+                        * request keeps its keys and values here for a later request that starts
+                        * the same way (llama-server's --cache-ram) */
 } srv_sched_opts;
 
 typedef struct {
     int slots, busy, queued;
     uint64_t prompt_tokens, cached_tokens, completion_tokens, decode_steps, jobs_done;
+    uint64_t cache_hits; /* admissions that loaded a prefix from the prompt cache */
+    size_t cache_bytes;  /* held by the prompt cache */
+    int cache_entries;
     double decode_seconds, prefill_seconds;
 } srv_stats;
 
