@@ -2,8 +2,10 @@
 // aggregate generated tok/s and the inter-token latency (p50, p99 over every gap of every stream,
 // and each stream's own p99),
 // then the time to first token of a 400-token prompt and of its next turn (prefix reuse).
-// Usage: node load.mjs BASE_URL CONCURRENCY TOKENS  -> one JSON line on stdout.
-const [base, concArg, tokArg] = process.argv.slice(2);
+// Usage: node load.mjs BASE_URL CONCURRENCY TOKENS [TAG]  -> one JSON line on stdout.
+// TAG starts the 400-token prompt, so that a run's first turn is new to the server (servers keep
+// earlier prompts in their prompt caches); default: the time.
+const [base, concArg, tokArg, tagArg] = process.argv.slice(2);
 const C = Number(concArg), N = Number(tokArg);
 
 async function stream(prompt, maxTokens) {
@@ -55,7 +57,8 @@ const tokens = runs.reduce((a, r) => a + r.tokens, 0);
 const gaps = runs.flatMap((r) => r.gaps);
 // Prefix reuse: a long first turn, then the same text plus a little more.
 // About 400 tokens with Llama's vocabulary; a context too small for it skips the measurement.
-const history = Array.from({ length: 50 }, (_, i) => `line ${i} of the story`).join(". ");
+const tag = tagArg || String(Date.now());
+const history = `Run ${tag}. ` + Array.from({ length: 50 }, (_, i) => `line ${i} of the story`).join(". ");
 let first = { ttft: NaN }, second = { ttft: NaN };
 try {
   first = await stream(history, 1);

@@ -6,7 +6,7 @@
 # SPM vocabulary), as in bench/formats/decode_vs_llamacpp.sh. Unsets OPENBLAS_CORETYPE (the
 # environment presets Haswell) so OpenBLAS picks this CPU's kernels. Run on an idle machine.
 # Usage: bash bench/serve/serve_vs_llamaserver.sh [THREADS=2] [PARALLEL=16] [TOKENS=64]
-#        [CONCURRENCY="1 4 8 16"] [MODEL=110M|15M]
+#        [CONCURRENCY="1 4 8 16"] [MODEL=110M|15M]   (env REPS=3: alternating runs per figure)
 # Needs /work/llama.cpp/build/bin/llama-server (LLAMA_SERVER= to point elsewhere).
 # TLM_SERVE_ARGS adds options to tlm serve (e.g. "--precision bf16"; defaults otherwise).
 # Prints a table and writes bench/out/serve_vs_llamaserver.json.
@@ -56,34 +56,48 @@ wait_up() { # URL
   done
   echo "server at $1 did not come up"; exit 1
 }
+# The host's speed drifts by tens of percent within a minute, so the servers take turns: REPS
+# rounds, each starting one server, measuring every concurrency, stopping it, then the other
+# (both up at once measured llama-server at half its speed); each figure is the median of its
+# REPS runs.
+REPS=${REPS:-3}
 results=()
-for server in $servers; do
-  port=$((18500 + RANDOM % 1000))
-  if [ "$server" = tlm ]; then
-    # shellcheck disable=SC2086 # TLM_SERVE_ARGS is a list of words
-    "$TLM" serve -m "$gguf" --port "$port" -t "$THREADS" --parallel "$PARALLEL" --ctx "$CTX" \
-      ${TLM_SERVE_ARGS:-} >"$OUT/serve_$server.log" 2>&1 &
-  else
-    # llama-server's -c is the total over its slots.
-    "$LLAMA_SERVER" -m "$gguf" --port "$port" --host 127.0.0.1 -t "$THREADS" -tb "$THREADS" \
-      -np "$PARALLEL" -c $((CTX * PARALLEL)) >"$OUT/serve_$server.log" 2>&1 &
-  fi
-  pid=$!
-  wait_up "http://127.0.0.1:$port"
-  for c in $CONC; do
-    line=$(node "$ROOT/bench/serve/load.mjs" "http://127.0.0.1:$port" "$c" "$N")
-    echo "$server c=$c $line"
-    results+=("{\"server\": \"$server\", \"threads\": $THREADS, \"parallel\": $PARALLEL, \"model\": \"$MODEL\", \"result\": $line}")
+for rep in $(seq "$REPS"); do
+  for server in $servers; do
+    port=$((18500 + RANDOM % 1000))
+    if [ "$server" = tlm ]; then
+      # shellcheck disable=SC2086 # TLM_SERVE_ARGS is a list of words
+      "$TLM" serve -m "$gguf" --port "$port" -t "$THREADS" --parallel "$PARALLEL" --ctx "$CTX" \
+        ${TLM_SERVE_ARGS:-} >"$OUT/serve_$server.log" 2>&1 &
+    else
+      # llama-server's -c is the total over its slots.
+      "$LLAMA_SERVER" -m "$gguf" --port "$port" --host 127.0.0.1 -t "$THREADS" -tb "$THREADS" \
+        -np "$PARALLEL" -c $((CTX * PARALLEL)) >"$OUT/serve_$server.log" 2>&1 &
+    fi
+    pid=$!
+    wait_up "http://127.0.0.1:$port"
+    for c in $CONC; do
+      line=$(node "$ROOT/bench/serve/load.mjs" "http://127.0.0.1:$port" "$c" "$N" "$server-$rep-$c")
+      echo "$server c=$c rep=$rep $line"
+      results+=("{\"server\": \"$server\", \"threads\": $THREADS, \"parallel\": $PARALLEL, \"model\": \"$MODEL\", \"rep\": $rep, \"result\": $line}")
+    done
+    kill "$pid"
+    wait "$pid" 2>/dev/null || true
+    pid=
   done
-  kill "$pid"
-  wait "$pid" 2>/dev/null || true
-  pid=
 done
 (IFS=,; echo "[${results[*]}]") >"$OUT/serve_vs_llamaserver.json"
 /usr/bin/python3 - "$OUT/serve_vs_llamaserver.json" <<'PY'
 import json, sys
 rows = json.load(open(sys.argv[1]))
-by = {(r["server"], r["result"]["concurrency"]): r["result"] for r in rows}
+runs = {}
+for r in rows:
+    runs.setdefault((r["server"], r["result"]["concurrency"]), []).append(r["result"])
+def med(k):  # the run with the median rate (its latencies with it)
+    rs = sorted(runs[k], key=lambda x: x["tok_per_s"])
+    return rs[(len(rs) - 1) // 2]
+by = {k: med(k) for k in runs}
+print(f"medians of {max(r.get('rep', 1) for r in rows)} rounds, the servers taking turns")
 print(f"{'streams':>7} {'tlm tok/s':>10} {'llama tok/s':>12} {'ratio':>6} {'tlm p50/p99 ms':>15} {'llama p50/p99 ms':>17}")
 for c in sorted({k[1] for k in by}):
     t, l = by.get(("tlm", c)), by.get(("llama-server", c))
@@ -95,9 +109,9 @@ for c in sorted({k[1] for k in by}):
     print(f"{c:>7} {t['tok_per_s']:>10.1f} {l['tok_per_s']:>12.1f} {t['tok_per_s'] / l['tok_per_s']:>6.2f} "
           f"{t['itl_p50_ms']:>7.1f}/{t['itl_p99_ms']:<7.1f} {l['itl_p50_ms']:>8.1f}/{l['itl_p99_ms']:<8.1f}")
 for s in ("tlm", "llama-server"):
-    r = [v for k, v in by.items() if k[0] == s]
-    if r and r[-1]["ttft_first_turn_ms"] and r[-1]["ttft_second_turn_ms"]:
-        r = r[-1]
-        print(f"{s}: TTFT first turn {r['ttft_first_turn_ms']} ms, second turn {r['ttft_second_turn_ms']} ms "
-              f"({r['ttft_second_turn_ms'] / max(r['ttft_first_turn_ms'], 1e-9):.2f}x)")
+    ft = sorted(v["ttft_first_turn_ms"] for k, rs in runs.items() if k[0] == s for v in rs if v["ttft_first_turn_ms"])
+    st = sorted(v["ttft_second_turn_ms"] for k, rs in runs.items() if k[0] == s for v in rs if v["ttft_second_turn_ms"])
+    if ft and st:
+        f, t2 = ft[(len(ft) - 1) // 2], st[(len(st) - 1) // 2]
+        print(f"{s}: TTFT first turn {f} ms, second turn {t2} ms ({t2 / max(f, 1e-9):.2f}x), medians of {len(ft)}")
 PY
