@@ -308,14 +308,22 @@ static srv_job *greedy_job(const int32_t *ids, int n, int max_tokens) {
     return j;
 }
 
-static void test_scheduler(void) {
+/* stories260K and its tokenizer from the shared data; 0 (nothing loaded) without them. */
+static int load_stories(tlm_model **m, tlm_tokenizer **tok) {
     const char *data = t_require_shared_data();
-    if (!data) return;
+    if (!data) return 0;
+    CHECK_OK(tlm_model_load(t_path(data, "models/stories260K.bin"), m));
+    CHECK_OK(tlm_tokenizer_load(t_path(data, "models/tok512.bin"), tok));
+    if (*m && *tok) return 1;
+    tlm_model_free(*m);
+    tlm_tokenizer_free(*tok);
+    return 0;
+}
+
+static void test_scheduler(void) {
     tlm_model *m = NULL;
     tlm_tokenizer *tok = NULL;
-    CHECK_OK(tlm_model_load(t_path(data, "models/stories260K.bin"), &m));
-    CHECK_OK(tlm_tokenizer_load(t_path(data, "models/tok512.bin"), &tok));
-    if (!m || !tok) return;
+    if (!load_stories(&m, &tok)) return;
     const char *prompts[] = {"Once upon a time", "The cat sat", "Lily and Ben went to the park",
                              "One day"};
     int32_t *ids[4];
@@ -482,13 +490,9 @@ static srv_job *run_one(srv_sched *s, const int32_t *ids, int n, int max_tokens)
  * first conversation's next turn, which continues from the prefix the cache kept (and gives the
  * same text as a fresh prefill). Without the cache, the next turn starts over. */
 static void test_prompt_cache(void) {
-    const char *data = t_require_shared_data();
-    if (!data) return;
     tlm_model *m = NULL;
     tlm_tokenizer *tok = NULL;
-    CHECK_OK(tlm_model_load(t_path(data, "models/stories260K.bin"), &m));
-    CHECK_OK(tlm_tokenizer_load(t_path(data, "models/tok512.bin"), &tok));
-    if (!m || !tok) return;
+    if (!load_stories(&m, &tok)) return;
     const char *first = "Lily and Ben went to the park with their mom and dad to play";
     int32_t *a = NULL, *b = NULL, *next = NULL;
     size_t na = 0, nb = 0, nn = 0;

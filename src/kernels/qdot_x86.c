@@ -802,6 +802,28 @@ T5 static inline __m128 wd4_q4_0(const uint8_t *wb) {
     return _mm_cvtph_ps(_mm512_castsi512_si128(v));
 }
 
+/* The blocks past the last whole group of four, one 256-bit block at a time, added to r: the
+ * one- and four-row kernels' common tail (so that their sums agree bit for bit). */
+T5 static inline float q8_0_tail(float r, const uint8_t *wt, const tlm_block_q8_0 *x, int b,
+                                 int nb) {
+    for (int bt = b; bt < nb; bt++, wt += 34) {
+        __m256i p = dot_ss5y(_mm256_loadu_si256((const __m256i *)(wt + 2)),
+                             _mm256_loadu_si256((const __m256i *)x[bt].qs));
+        r += (float)hsum8i(p) * (f16s(wt) * _cvtsh_ss(x[bt].d));
+    }
+    return r;
+}
+T5 static inline float q4_0_tail(float r, const uint8_t *wt, const tlm_block_q8_0 *x, int b,
+                                 int nb) {
+    const __m256i eight = _mm256_set1_epi8(8);
+    for (int bt = b; bt < nb; bt++, wt += 18) {
+        __m256i p = dot_ss5y(_mm256_sub_epi8(nibbles32(wt + 2), eight),
+                             _mm256_loadu_si256((const __m256i *)x[bt].qs));
+        r += (float)hsum8i(p) * (f16s(wt) * _cvtsh_ss(x[bt].d));
+    }
+    return r;
+}
+
 T5 static inline AI void q8r5(int n, const int M, float *s, const uint8_t *w, const uint8_t *xq,
                               size_t xs) {
     const uint8_t *wb = w;
@@ -836,17 +858,9 @@ T5 static inline AI void q8r5(int n, const int M, float *s, const uint8_t *w, co
             a1[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_permutexvar_ps(i23, d), a1[m]);
         }
     }
-    for (int m = 0; m < M; m++) {
-        const tlm_block_q8_0 *x = (const tlm_block_q8_0 *)(const void *)(xq + m * xs);
-        float r = _mm512_reduce_add_ps(_mm512_add_ps(a0[m], a1[m]));
-        const uint8_t *wt = wb;
-        for (int bt = b; bt < nb; bt++, wt += 34) {
-            __m256i p = dot_ss5y(_mm256_loadu_si256((const __m256i *)(wt + 2)),
-                                 _mm256_loadu_si256((const __m256i *)x[bt].qs));
-            r += (float)hsum8i(p) * (f16s(wt) * _cvtsh_ss(x[bt].d));
-        }
-        s[m] = r;
-    }
+    for (int m = 0; m < M; m++)
+        s[m] = q8_0_tail(_mm512_reduce_add_ps(_mm512_add_ps(a0[m], a1[m])), wb,
+                         (const tlm_block_q8_0 *)(const void *)(xq + m * xs), b, nb);
 }
 
 /* Q4_0's weights go unsigned (0..15) straight into VNNI; the offset of 8 comes off each lane's
@@ -884,18 +898,9 @@ T5 static inline AI void q4r5(int n, const int M, float *s, const uint8_t *w, co
             a1[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_permutexvar_ps(i23, d), a1[m]);
         }
     }
-    const __m256i eight = _mm256_set1_epi8(8);
-    for (int m = 0; m < M; m++) {
-        const tlm_block_q8_0 *x = (const tlm_block_q8_0 *)(const void *)(xq + m * xs);
-        float r = _mm512_reduce_add_ps(_mm512_add_ps(a0[m], a1[m]));
-        const uint8_t *wt = wb;
-        for (int bt = b; bt < nb; bt++, wt += 18) {
-            __m256i p = dot_ss5y(_mm256_sub_epi8(nibbles32(wt + 2), eight),
-                                 _mm256_loadu_si256((const __m256i *)x[bt].qs));
-            r += (float)hsum8i(p) * (f16s(wt) * _cvtsh_ss(x[bt].d));
-        }
-        s[m] = r;
-    }
+    for (int m = 0; m < M; m++)
+        s[m] = q4_0_tail(_mm512_reduce_add_ps(_mm512_add_ps(a0[m], a1[m])), wb,
+                         (const tlm_block_q8_0 *)(const void *)(xq + m * xs), b, nb);
 }
 
 /* Four Q4_0 weight rows against one activation row (decode of one sequence): the activation's
@@ -936,17 +941,9 @@ T5 static void w4_q4_0(int n, float *s, const void *w, size_t ws, const void *xq
             a1[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_permutexvar_ps(i23, d), a1[r]);
         }
     }
-    const __m256i eight = _mm256_set1_epi8(8);
-    for (int r = 0; r < 4; r++) {
-        float t = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r]));
-        const uint8_t *wt = wr[r] + (size_t)b * 18;
-        for (int bt = b; bt < nb; bt++, wt += 18) {
-            __m256i p = dot_ss5y(_mm256_sub_epi8(nibbles32(wt + 2), eight),
-                                 _mm256_loadu_si256((const __m256i *)x[bt].qs));
-            t += (float)hsum8i(p) * (f16s(wt) * _cvtsh_ss(x[bt].d));
-        }
-        s[r] = t;
-    }
+    for (int r = 0; r < 4; r++)
+        s[r] = q4_0_tail(_mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r])), wr[r] + (size_t)b * 18,
+                         x, b, nb);
 }
 
 /* Four Q8_0 weight rows against one activation row, q8r5's operations per row with M = 1: the
@@ -987,16 +984,9 @@ T5 static void w4_q8_0(int n, float *s, const void *w, size_t ws, const void *xq
             a1[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_permutexvar_ps(i23, d), a1[r]);
         }
     }
-    for (int r = 0; r < 4; r++) {
-        float t = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r]));
-        const uint8_t *wt = wr[r] + (size_t)b * 34;
-        for (int bt = b; bt < nb; bt++, wt += 34) {
-            __m256i p = dot_ss5y(_mm256_loadu_si256((const __m256i *)(wt + 2)),
-                                 _mm256_loadu_si256((const __m256i *)x[bt].qs));
-            t += (float)hsum8i(p) * (f16s(wt) * _cvtsh_ss(x[bt].d));
-        }
-        s[r] = t;
-    }
+    for (int r = 0; r < 4; r++)
+        s[r] = q8_0_tail(_mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r])), wr[r] + (size_t)b * 34,
+                         x, b, nb);
 }
 
 T5 static void a5_q8_0(int n, float *s, const void *w, const void *xq) { q8r5(n, 1, s, w, xq, 0); }
