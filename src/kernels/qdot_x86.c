@@ -903,90 +903,68 @@ T5 static inline AI void q4r5(int n, const int M, float *s, const uint8_t *w, co
                          (const tlm_block_q8_0 *)(const void *)(xq + m * xs), b, nb);
 }
 
-/* Four Q4_0 weight rows against one activation row (decode of one sequence): the activation's
- * blocks, scales and 8-offsets are loaded and computed once for the four, and the four rows' fixed
- * costs (call, horizontal sums) overlap. Per row the same integer lane sums (the 8-offset enters
- * as the product's starting value instead of being subtracted after: integers, so equal) and the
- * same float operations in the same order as q4r5 with M = 1, so bit for bit its sums. */
-T5 static void w4_q4_0(int n, float *s, const void *w, size_t ws, const void *xqv) {
-    const uint8_t *xq = xqv;
+/* Four Q8_0 or Q4_0 weight rows against one activation row (decode of one sequence): the
+ * activation's blocks and scales (and for Q4_0 its 8-offsets) are loaded and computed once for the
+ * four, and the four rows' fixed costs (call, horizontal sums) overlap. Per row the same integer
+ * lane sums (Q4_0's 8-offset enters as the product's starting value instead of being subtracted
+ * after: integers, so equal) and the same float operations in the same order as q8r5 / q4r5 with
+ * M = 1, so bit for bit their sums. */
+T5 static inline AI void w4_q80(int n, float *s, const uint8_t *w, size_t ws, const void *xqv,
+                                int q4) {
     const tlm_block_q8_0 *x = xqv;
-    const float *ad = k_act_q8_0_aux(xq, n);
+    const float *ad = k_act_q8_0_aux(xqv, n);
+    size_t bb = q4 ? 18 : 34; /* bytes per block */
     int nb = n / TLM_QK, b = 0;
     const __m512i eight5 = _mm512_set1_epi8(8);
     const __m512i i01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
     const __m512i i23 = _mm512_add_epi32(i01, _mm512_set1_epi32(2));
-    const uint8_t *wr[4];
     __m512 a0[4], a1[4];
-    for (int r = 0; r < 4; r++) {
-        wr[r] = (const uint8_t *)w + r * ws;
-        a0[r] = a1[r] = _mm512_setzero_ps();
-    }
+    for (int r = 0; r < 4; r++) a0[r] = a1[r] = _mm512_setzero_ps();
     for (; b + 4 <= nb; b += 4) {
         __m128 dx = _mm_loadu_ps(ad + b);
         __m512i x0 = join(_mm256_loadu_si256((const __m256i *)x[b].qs),
                           _mm256_loadu_si256((const __m256i *)x[b + 1].qs));
         __m512i x1 = join(_mm256_loadu_si256((const __m256i *)x[b + 2].qs),
                           _mm256_loadu_si256((const __m256i *)x[b + 3].qs));
-        __m512i e0 = _mm512_sub_epi32(_mm512_setzero_si512(),
-                                      _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight5, x0));
-        __m512i e1 = _mm512_sub_epi32(_mm512_setzero_si512(),
-                                      _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight5, x1));
+        __m512i e0 = _mm512_setzero_si512(), e1 = e0;
+        if (q4) {
+            e0 = _mm512_sub_epi32(e0, _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight5, x0));
+            e1 = _mm512_sub_epi32(e1, _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight5, x1));
+        }
         for (int r = 0; r < 4; r++) {
-            const uint8_t *wb = wr[r] + (size_t)b * 18;
-            __m512 d = _mm512_castps128_ps512(_mm_mul_ps(wd4_q4_0(wb), dx));
-            __m512i p0 = _mm512_dpbusd_epi32(e0, nibbles64(wb + 2), x0);
-            __m512i p1 = _mm512_dpbusd_epi32(e1, nibbles64(wb + 38), x1);
+            const uint8_t *wb = w + r * ws + (size_t)b * bb;
+            __m512 d = _mm512_castps128_ps512(_mm_mul_ps(q4 ? wd4_q4_0(wb) : wd4_q8_0(wb), dx));
+            __m512i p0, p1;
+            if (q4) {
+                p0 = _mm512_dpbusd_epi32(e0, nibbles64(wb + 2), x0);
+                p1 = _mm512_dpbusd_epi32(e1, nibbles64(wb + 38), x1);
+            } else {
+                __m512i w0 = join(_mm256_loadu_si256((const __m256i *)(wb + 2)),
+                                  _mm256_loadu_si256((const __m256i *)(wb + 36)));
+                __m512i w1 = join(_mm256_loadu_si256((const __m256i *)(wb + 70)),
+                                  _mm256_loadu_si256((const __m256i *)(wb + 104)));
+                __m512i s0 =
+                    _mm512_mask_sub_epi8(x0, _mm512_movepi8_mask(w0), _mm512_setzero_si512(), x0);
+                __m512i s1 =
+                    _mm512_mask_sub_epi8(x1, _mm512_movepi8_mask(w1), _mm512_setzero_si512(), x1);
+                p0 = _mm512_dpbusd_epi32(e0, _mm512_abs_epi8(w0), s0);
+                p1 = _mm512_dpbusd_epi32(e1, _mm512_abs_epi8(w1), s1);
+            }
             a0[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_permutexvar_ps(i01, d), a0[r]);
             a1[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_permutexvar_ps(i23, d), a1[r]);
         }
     }
-    for (int r = 0; r < 4; r++)
-        s[r] = q4_0_tail(_mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r])), wr[r] + (size_t)b * 18,
-                         x, b, nb);
+    for (int r = 0; r < 4; r++) {
+        float t = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r]));
+        const uint8_t *wt = w + r * ws + (size_t)b * bb;
+        s[r] = q4 ? q4_0_tail(t, wt, x, b, nb) : q8_0_tail(t, wt, x, b, nb);
+    }
 }
-
-/* Four Q8_0 weight rows against one activation row, q8r5's operations per row with M = 1: the
- * activation's blocks and scales loaded once for the four. */
-T5 static void w4_q8_0(int n, float *s, const void *w, size_t ws, const void *xqv) {
-    const uint8_t *xq = xqv;
-    const tlm_block_q8_0 *x = xqv;
-    const float *ad = k_act_q8_0_aux(xq, n);
-    int nb = n / TLM_QK, b = 0;
-    const __m512i i01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    const __m512i i23 = _mm512_add_epi32(i01, _mm512_set1_epi32(2));
-    const uint8_t *wr[4];
-    __m512 a0[4], a1[4];
-    for (int r = 0; r < 4; r++) {
-        wr[r] = (const uint8_t *)w + r * ws;
-        a0[r] = a1[r] = _mm512_setzero_ps();
-    }
-    for (; b + 4 <= nb; b += 4) {
-        __m128 dx = _mm_loadu_ps(ad + b);
-        __m512i x0 = join(_mm256_loadu_si256((const __m256i *)x[b].qs),
-                          _mm256_loadu_si256((const __m256i *)x[b + 1].qs));
-        __m512i x1 = join(_mm256_loadu_si256((const __m256i *)x[b + 2].qs),
-                          _mm256_loadu_si256((const __m256i *)x[b + 3].qs));
-        for (int r = 0; r < 4; r++) {
-            const uint8_t *wb = wr[r] + (size_t)b * 34;
-            __m512 d = _mm512_castps128_ps512(_mm_mul_ps(wd4_q8_0(wb), dx));
-            __m512i w0 = join(_mm256_loadu_si256((const __m256i *)(wb + 2)),
-                              _mm256_loadu_si256((const __m256i *)(wb + 36)));
-            __m512i w1 = join(_mm256_loadu_si256((const __m256i *)(wb + 70)),
-                              _mm256_loadu_si256((const __m256i *)(wb + 104)));
-            __m512i s0 =
-                _mm512_mask_sub_epi8(x0, _mm512_movepi8_mask(w0), _mm512_setzero_si512(), x0);
-            __m512i s1 =
-                _mm512_mask_sub_epi8(x1, _mm512_movepi8_mask(w1), _mm512_setzero_si512(), x1);
-            __m512i p0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(w0), s0);
-            __m512i p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(w1), s1);
-            a0[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_permutexvar_ps(i01, d), a0[r]);
-            a1[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_permutexvar_ps(i23, d), a1[r]);
-        }
-    }
-    for (int r = 0; r < 4; r++)
-        s[r] = q8_0_tail(_mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r])), wr[r] + (size_t)b * 34,
-                         x, b, nb);
+T5 static void w4_q8_0(int n, float *s, const void *w, size_t ws, const void *xq) {
+    w4_q80(n, s, w, ws, xq, 0);
+}
+T5 static void w4_q4_0(int n, float *s, const void *w, size_t ws, const void *xq) {
+    w4_q80(n, s, w, ws, xq, 1);
 }
 
 T5 static void a5_q8_0(int n, float *s, const void *w, const void *xq) { q8r5(n, 1, s, w, xq, 0); }
