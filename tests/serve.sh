@@ -58,6 +58,7 @@ refuses "unknown template" "is not one of chatml" -m "$M" --chat-template vicuna
 refuses "not an address" "IPv4 address" -m "$M" --host localhost:80
 refuses "ctx beyond the model" "exceeds the model" -m "$M" --ctx 1000000 --port 0
 refuses "bad parallel" "parallel" -m "$M" --parallel 0
+refuses "bad cache-ram" "cache-ram" -m "$M" --cache-ram -5
 refuses "no model" "MODEL is required" --port 0
 
 KEY=sekrit

@@ -149,6 +149,8 @@ check(await idle(), "idle after the load");
 check(rss2 - rss1 < rssSlack, `RSS grew from ${rss1} to ${rss2} KiB between identical rounds`);
 const m = await metrics();
 check(/tlm_requests_total\{status="200"\} \d+/.test(m.text) && /tlm_completion_tokens_total [1-9]/.test(m.text), "metrics counters");
+check(/tlm_prompt_cache_hits_total \d+/.test(m.text) && /tlm_prompt_cache_bytes \d+/.test(m.text) &&
+  /tlm_prompt_cache_entries \d+/.test(m.text), "prompt cache gauges in /metrics");
 
 if (failures) {
   console.error(`${failures} failures`);
