@@ -316,30 +316,52 @@ T5 static void quantize_avx512(const float *x, int n, int sub, int8_t *q, float 
         target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,avx2,fma,f16c")))
 
 /* BF16 weights need no repacking: each vdpbf16ps takes one pair of columns of 16 activation rows
- * (interleaved once per call) and a broadcast pair of one weight row, so R weight rows keep R
- * accumulators of 16 activation rows each. */
-T5BF static inline __attribute__((always_inline)) void
-bf16_t(const int R, int n, const uint8_t *w, size_t row_bytes, const uint32_t *xt, float *out) {
-    __m512 acc[8];
+ * (interleaved once per call) and a broadcast pair of one weight row. R weight rows against T tiles
+ * of 16 activation rows keep R*T accumulators: 8 x 3 hides vdpbf16ps's latency on both pipes,
+ * where 8 x 1 left them idle about a third of the time. Each sum runs over k in order, whatever R
+ * and T, so a row's result does not depend on the tiling. */
+T5BF static inline __attribute__((always_inline)) void bf16_t(const int R, const int T, int n,
+                                                              const uint8_t *w, size_t row_bytes,
+                                                              const uint32_t *xt, size_t tile_words,
+                                                              float *out) {
+    __m512 acc[3][8];
+#pragma GCC unroll 3
+    for (int t = 0; t < T; t++)
 #pragma GCC unroll 8
-    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+        for (int r = 0; r < R; r++) acc[t][r] = _mm512_setzero_ps();
     for (int kp = 0; kp < n / 2; kp++) {
-        __m512bh xv = (__m512bh)_mm512_loadu_si512((const void *)(xt + (size_t)kp * 16));
+        __m512bh xv[3];
+#pragma GCC unroll 3
+        for (int t = 0; t < T; t++)
+            xv[t] =
+                (__m512bh)_mm512_loadu_si512((const void *)(xt + t * tile_words + (size_t)kp * 16));
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             int32_t wv;
             memcpy(&wv, w + (size_t)r * row_bytes + 4 * (size_t)kp, 4);
-            acc[r] = _mm512_dpbf16_ps(acc[r], xv, (__m512bh)_mm512_set1_epi32(wv));
+            __m512bh wb = (__m512bh)_mm512_set1_epi32(wv);
+#pragma GCC unroll 3
+            for (int t = 0; t < T; t++) acc[t][r] = _mm512_dpbf16_ps(acc[t][r], xv[t], wb);
         }
     }
+#pragma GCC unroll 3
+    for (int t = 0; t < T; t++)
 #pragma GCC unroll 8
-    for (int r = 0; r < R; r++) _mm512_storeu_ps(out + r * 16, acc[r]);
+        for (int r = 0; r < R; r++) _mm512_storeu_ps(out + (t * 8 + r) * 16, acc[t][r]);
 }
 
 #define BF_CASE(R)                                                                                 \
-    case R: bf16_t(R, n, w, row_bytes, xt, out); return;
-T5BF static void bf16_avx512(int R, int n, const uint8_t *w, size_t row_bytes, const uint32_t *xt,
-                             float *out) {
+    case R:                                                                                        \
+        if (T == 3)                                                                                \
+            bf16_t(R, 3, n, w, row_bytes, xt, tile_words, out);                                    \
+        else if (T == 2)                                                                           \
+            bf16_t(R, 2, n, w, row_bytes, xt, tile_words, out);                                    \
+        else                                                                                       \
+            bf16_t(R, 1, n, w, row_bytes, xt, tile_words, out);                                    \
+        return;
+/* out: T tiles of 8 x 16 sums (rows past R unused). */
+T5BF static void bf16_avx512(int R, int T, int n, const uint8_t *w, size_t row_bytes,
+                             const uint32_t *xt, size_t tile_words, float *out) {
     switch (R) {
         BF_CASE(1)
         BF_CASE(2)
@@ -583,18 +605,25 @@ static int bf16_gemm(float *y, int ldy, const float *x, int N, const tlm_weight 
     for (int bl = 0; bl < blocks; bl++) {
         int r0 = bl * 8, R = out - r0 < 8 ? out - r0 : 8;
         const uint8_t *wr = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
-        float tile[8 * 16];
-        for (int t = 0; t < tiles; t++) {
+        float tile[3 * 8 * 16];
+        for (int t0 = 0; t0 < tiles; t0 += 3) {
+            int T = tiles - t0 < 3 ? tiles - t0 : 3;
 #if HAVE_AVX512
             if (isa == K_ISA_AVX512)
-                bf16_avx512(R, n, wr, w->row_bytes, xt + (size_t)t * tile_words, tile);
+                bf16_avx512(R, T, n, wr, w->row_bytes, xt + (size_t)t0 * tile_words, tile_words,
+                            tile);
             else
 #endif
-                bf16_ref(R, n, wr, w->row_bytes, xt + (size_t)t * tile_words, tile);
-            int na = N - t * 16 < 16 ? N - t * 16 : 16;
-            for (int a = 0; a < na; a++) {
-                float *yr = y + (size_t)(t * 16 + a) * ldy + r0;
-                for (int r = 0; r < R; r++) yr[r] = tile[r * 16 + a] + (b ? b[r0 + r] : 0.0f);
+                for (int t = 0; t < T; t++)
+                    bf16_ref(R, n, wr, w->row_bytes, xt + (size_t)(t0 + t) * tile_words,
+                             tile + t * 8 * 16);
+            for (int t = t0; t < t0 + T; t++) {
+                const float *tt = tile + (t - t0) * 8 * 16;
+                int na = N - t * 16 < 16 ? N - t * 16 : 16;
+                for (int a = 0; a < na; a++) {
+                    float *yr = y + (size_t)(t * 16 + a) * ldy + r0;
+                    for (int r = 0; r < R; r++) yr[r] = tt[r * 16 + a] + (b ? b[r0 + r] : 0.0f);
+                }
             }
         }
     }
