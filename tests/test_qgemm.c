@@ -159,6 +159,14 @@ static void check_bf16(int in, int out, int N) {
         double worst = worst_rel(y, wf, xr, b, in, out, N);
         CHECK(worst <= 1e-5, "BF16 in=%d out=%d N=%d isa %d: %g from the exact product", in, out, N,
               isa, worst);
+        if (N > 16) {
+            /* 16 rows alone make one tile: each row's sums match those of the wider tiling */
+            float *y16 = malloc(sizeof(float) * out * 16);
+            CHECK(k_qgemm(y16, out, x, 16, &tw, b, isa) == 0 &&
+                      !memcmp(y16, y, sizeof(float) * out * 16),
+                  "BF16 in=%d out=%d N=%d isa %d: rows independent of the tiling", in, out, N, isa);
+            free(y16);
+        }
     }
     free(w);
     free(wf);
@@ -184,6 +192,7 @@ int main(void) {
     check_bf16(130, 13, 37);
     check_bf16(64, 8, 9);
     check_bf16(256, 21, 130);
+    check_bf16(96, 16, 80); /* tiles of three, then two */
     CHECK(k_qgemm(NULL, 1, NULL, 9, &(tlm_weight){.dtype = TLM_DTYPE_BF16, .cols = 3}, NULL,
                   K_ISA_REF) == -1,
           "BF16 rows of odd length refused");
