@@ -176,6 +176,52 @@ static void check_bf16(int in, int out, int N) {
     free(b);
 }
 
+/* F32 and F16 weights on k_fgemm: fp32 products of the weights as stored (F16 widened exactly)
+ * against the double sum, with a row stride wider than the row for F32; rows independent of N. */
+static void check_fgemm(tlm_dtype t, int in, int out, int N) {
+    int f16 = t == TLM_DTYPE_F16, ld = f16 ? in : in + 3;
+    size_t rb = f16 ? 2 * (size_t)in : 4 * (size_t)ld;
+    uint8_t *w = malloc(rb * out);
+    float *wf = malloc(sizeof(float) * in * out), *x = malloc(sizeof(float) * in * N);
+    float *y = malloc(sizeof(float) * out * N), *y16 = malloc(sizeof(float) * out * 16);
+    float *b = malloc(sizeof(float) * out);
+    for (int r = 0; r < out; r++)
+        for (int k = 0; k < in; k++) {
+            float v = t_unif() * ((r * in + k) % 53 == 0 ? 1e3f : 1.0f);
+            if (f16) {
+                uint16_t h = tlm_f32_to_f16(v);
+                memcpy(w + r * rb + 2 * k, &h, 2);
+                v = tlm_f16_to_f32(h);
+            } else {
+                memcpy(w + r * rb + 4 * k, &v, 4);
+            }
+            wf[(size_t)r * in + k] = v;
+        }
+    for (int i = 0; i < in * N; i++) x[i] = t_unif() * (i % 97 == 0 ? 50.0f : 1.0f);
+    for (int r = 0; r < out; r++) b[r] = t_unif();
+    tlm_weight tw = {.dtype = t, .data = w, .rows = out, .cols = in, .row_bytes = rb};
+    if (!k_simd_ok()) {
+        CHECK(k_fgemm(y, out, x, N, &tw, b) == -1, "%s refused without AVX-512", tlm_dtype_name(t));
+    } else {
+        memset(y, 0xFF, sizeof(float) * out * N);
+        CHECK(k_fgemm(y, out, x, N, &tw, b) == 0, "%s fgemm product", tlm_dtype_name(t));
+        double worst = worst_rel(y, wf, x, b, in, out, N);
+        CHECK(worst <= 1e-5, "%s fgemm in=%d out=%d N=%d: %g from the exact product",
+              tlm_dtype_name(t), in, out, N, worst);
+        if (N > 16)
+            CHECK(k_fgemm(y16, out, x, 16, &tw, b) == 0 &&
+                      !memcmp(y16, y, sizeof(float) * out * 16),
+                  "%s fgemm in=%d out=%d N=%d: rows independent of the tiling", tlm_dtype_name(t),
+                  in, out, N);
+    }
+    free(w);
+    free(wf);
+    free(x);
+    free(y);
+    free(y16);
+    free(b);
+}
+
 int main(void) {
     t_seed(0x2545F4914F6CDD1Dull); /* the data this test was written against */
     tlm_set_threads(2);
@@ -193,6 +239,15 @@ int main(void) {
     check_bf16(64, 8, 9);
     check_bf16(256, 21, 130);
     check_bf16(96, 16, 80); /* tiles of three, then two */
+    for (int f16 = 0; f16 < 2; f16++) {
+        tlm_dtype t = f16 ? TLM_DTYPE_F16 : TLM_DTYPE_F32;
+        check_fgemm(t, 768, 24, 128); /* whole 16 x 16 blocks and tiles */
+        check_fgemm(t, 77, 13, 37);   /* column and row tails, a partial tile */
+        check_fgemm(t, 40, 21, 80);   /* tiles of three, then two */
+        check_fgemm(t, 512, 9, 400);  /* chunks of activation rows */
+    }
+    CHECK(k_fgemm(NULL, 1, NULL, 9, &(tlm_weight){.dtype = TLM_DTYPE_BF16, .cols = 4}, NULL) == -1,
+          "fgemm refuses BF16");
     CHECK(k_qgemm(NULL, 1, NULL, 9, &(tlm_weight){.dtype = TLM_DTYPE_BF16, .cols = 3}, NULL,
                   K_ISA_REF) == -1,
           "BF16 rows of odd length refused");

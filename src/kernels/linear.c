@@ -46,17 +46,19 @@ static const float *stacked_bias(const tlm_weight *const *w, const float *const 
     return b[0];
 }
 
-/* How many rows of block-type weights are computed: the repacked 8-bit products (qgemm.c) where the
- * CPU has AVX-512 VNNI, else widened tiles and sgemm. BF16 weights meet activations rounded to
- * BF16 on vdpbf16ps where the CPU has AVX512_BF16, as their decode kernel and llama.cpp do (1.7x
- * the widened tiles on 110M; about 1e-3 from fp32 logits: TLM_LOAD_FP32 widens them at load for
- * exact products). TLM_QPREFILL overrides it for comparisons (bench/quant/prefill_paths.sh, the
- * tests): "sgemm", "qgemm", or "int8" (the decode kernels, a few rows at a time). */
-enum { PREFILL_SGEMM, PREFILL_QGEMM, PREFILL_INT8 };
+/* How many rows of a weight are computed. F32 and F16 rows: k_fgemm's register tiles where the CPU
+ * has AVX-512 (F16 rows widened a block at a time into L1), else sgemm (F16 on widened tiles).
+ * Block types: the repacked 8-bit products (qgemm.c) where the CPU has AVX-512 VNNI, else widened
+ * tiles and sgemm. BF16 weights meet activations rounded to BF16 on vdpbf16ps where the CPU has
+ * AVX512_BF16, as their decode kernel and llama.cpp do (1.7x the widened tiles on 110M; about 1e-3
+ * from fp32 logits: TLM_LOAD_FP32 widens them at load for exact products). TLM_QPREFILL overrides
+ * it for comparisons (bench/quant/prefill_paths.sh, the tests): "sgemm", "qgemm", or "int8" (the
+ * decode kernels, a few rows at a time). */
+enum { PREFILL_SGEMM, PREFILL_FLOAT, PREFILL_QGEMM, PREFILL_INT8 };
 static int prefill_path(tlm_dtype t) {
-    if (k_act_of(t) == K_ACT_F32) return PREFILL_SGEMM;
     const char *e = getenv("TLM_QPREFILL"); /* once per product of many rows: negligible */
     if (e && !strcmp(e, "sgemm")) return PREFILL_SGEMM;
+    if (k_act_of(t) == K_ACT_F32) return PREFILL_FLOAT;
     if (e && !strcmp(e, "int8")) return PREFILL_INT8;
     return k_qgemm_takes(t) ? PREFILL_QGEMM : PREFILL_SGEMM;
 }
@@ -66,11 +68,13 @@ static int prefill_path(tlm_dtype t) {
 static void linear_rows(float *y, int ldy, const float *x, int N, const tlm_weight *w,
                         const float *b) {
     int in = (int)w->cols, out = (int)w->rows;
-    if (w->dtype == TLM_DTYPE_F32) {
-        k_linear_fwd(y, ldy, x, w->data, b, N, in, out);
-        return;
-    }
     int path = prefill_path(w->dtype);
+    /* k_fgemm beats widened tiles + sgemm on F16 rows everywhere, and sgemm on F32 rows from 512
+     * columns (1.05-1.45x on prefill's shapes, even on training's longer ones), but loses 5-10% on
+     * short rows (bench/quant/fgemm_vs_sgemm.c). */
+    if (path == PREFILL_FLOAT && (w->dtype == TLM_DTYPE_F16 || in >= 512) &&
+        !k_fgemm(y, ldy, x, N, w, b))
+        return;
     if (path == PREFILL_QGEMM && !k_qgemm(y, ldy, x, N, w, b, K_ISA_AVX512)) return;
     int tile = (int)((4u << 20) / ((size_t)in * sizeof(float)));
     tile = tile < 16 ? 16 : tile > out ? out : tile;

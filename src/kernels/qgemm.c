@@ -385,6 +385,97 @@ T5BF static void bf16_round_row(const float *x, int n, uint16_t *y) {
     for (; i < n; i++) y[i] = tlm_f32_to_bf16(x[i]);
 }
 
+/* F32 and F16 weights: the BF16 kernel's shape in fp32. 16 activation rows interleaved by column,
+ * T tiles of them against R weight rows broadcast one value at a time; F16 rows are widened into
+ * wf (R rows of n floats, in L1) once for all the tiles. Each sum runs over k in order. */
+T5BF static inline __attribute__((always_inline)) void
+f32_t(const int R, const int T, int n, const float *w, size_t ldw, const float *xt,
+      size_t tile_floats, float *out, const char *pf, size_t pf_step) {
+    __m512 acc[3][8];
+#pragma GCC unroll 3
+    for (int t = 0; t < T; t++)
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) acc[t][r] = _mm512_setzero_ps();
+    for (int k = 0; k < n; k++) {
+        if (pf) _mm_prefetch(pf + (size_t)k * pf_step, _MM_HINT_T0);
+        __m512 xv[3];
+#pragma GCC unroll 3
+        for (int t = 0; t < T; t++) xv[t] = _mm512_loadu_ps(xt + t * tile_floats + (size_t)k * 16);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            __m512 wb = _mm512_set1_ps(w[(size_t)r * ldw + k]);
+#pragma GCC unroll 3
+            for (int t = 0; t < T; t++) acc[t][r] = _mm512_fmadd_ps(xv[t], wb, acc[t][r]);
+        }
+    }
+#pragma GCC unroll 3
+    for (int t = 0; t < T; t++)
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) _mm512_storeu_ps(out + (t * 8 + r) * 16, acc[t][r]);
+}
+
+/* Rows 0..rows-1 of x (row stride n; rows past them are zero) into dst interleaved by column,
+ * dst[k * 16 + a] = x[a][k]: 16 x 16 blocks transposed in registers (unpacks, then 128-bit lane
+ * shuffles), the columns past the last whole block one at a time. */
+T5BF static void xt_tile(const float *x, int n, int rows, float *dst) {
+    int k = 0;
+    for (; k + 16 <= n; k += 16) {
+        __m512 r[16], a[16], b[16];
+        for (int i = 0; i < 16; i++)
+            r[i] = i < rows ? _mm512_loadu_ps(x + (size_t)i * n + k) : _mm512_setzero_ps();
+        for (int j = 0; j < 8; j++) {
+            a[2 * j] = _mm512_unpacklo_ps(r[2 * j], r[2 * j + 1]);
+            a[2 * j + 1] = _mm512_unpackhi_ps(r[2 * j], r[2 * j + 1]);
+        }
+        /* b[4j + c]: rows 4j..4j+3 of columns c, c+4, c+8, c+12 (one 128-bit lane each) */
+        for (int j = 0; j < 4; j++) {
+            __m512d lo0 = _mm512_castps_pd(a[4 * j]), lo1 = _mm512_castps_pd(a[4 * j + 2]);
+            __m512d hi0 = _mm512_castps_pd(a[4 * j + 1]), hi1 = _mm512_castps_pd(a[4 * j + 3]);
+            b[4 * j] = _mm512_castpd_ps(_mm512_unpacklo_pd(lo0, lo1));
+            b[4 * j + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(lo0, lo1));
+            b[4 * j + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(hi0, hi1));
+            b[4 * j + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(hi0, hi1));
+        }
+        for (int c = 0; c < 4; c++) {
+            __m512 c1 = _mm512_shuffle_f32x4(b[c], b[4 + c], 0x88);
+            __m512 c2 = _mm512_shuffle_f32x4(b[c], b[4 + c], 0xdd);
+            __m512 c3 = _mm512_shuffle_f32x4(b[8 + c], b[12 + c], 0x88);
+            __m512 c4 = _mm512_shuffle_f32x4(b[8 + c], b[12 + c], 0xdd);
+            _mm512_storeu_ps(dst + (size_t)(k + c) * 16, _mm512_shuffle_f32x4(c1, c3, 0x88));
+            _mm512_storeu_ps(dst + (size_t)(k + c + 8) * 16, _mm512_shuffle_f32x4(c1, c3, 0xdd));
+            _mm512_storeu_ps(dst + (size_t)(k + c + 4) * 16, _mm512_shuffle_f32x4(c2, c4, 0x88));
+            _mm512_storeu_ps(dst + (size_t)(k + c + 12) * 16, _mm512_shuffle_f32x4(c2, c4, 0xdd));
+        }
+    }
+    for (; k < n; k++)
+        for (int i = 0; i < 16; i++)
+            dst[(size_t)k * 16 + i] = i < rows ? x[(size_t)i * n + k] : 0.0f;
+}
+
+#define F32_CASE(R)                                                                                \
+    case R:                                                                                        \
+        if (T == 3)                                                                                \
+            f32_t(R, 3, n, w, ldw, xt, tile_floats, out, pf, pf_step);                             \
+        else if (T == 2)                                                                           \
+            f32_t(R, 2, n, w, ldw, xt, tile_floats, out, pf, pf_step);                             \
+        else                                                                                       \
+            f32_t(R, 1, n, w, ldw, xt, tile_floats, out, pf, pf_step);                             \
+        return;
+T5BF static void f32_avx512(int R, int T, int n, const float *w, size_t ldw, const float *xt,
+                            size_t tile_floats, float *out, const char *pf, size_t pf_step) {
+    switch (R) {
+        F32_CASE(1)
+        F32_CASE(2)
+        F32_CASE(3)
+        F32_CASE(4)
+        F32_CASE(5)
+        F32_CASE(6)
+        F32_CASE(7)
+        F32_CASE(8)
+    default: return;
+    }
+}
+
 #define HAVE_AVX512 1
 #else
 #define HAVE_AVX512 0
@@ -628,6 +719,78 @@ static int bf16_gemm(float *y, int ldy, const float *x, int N, const tlm_weight 
         }
     }
     return 0;
+}
+
+int k_fgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const float *b) {
+    int n = (int)w->cols, out = (int)w->rows;
+    if (N <= 0 || n <= 0 || !isa_ok(K_ISA_AVX512) ||
+        (w->dtype != TLM_DTYPE_F32 && w->dtype != TLM_DTYPE_F16) ||
+        (w->dtype == TLM_DTYPE_F32 && w->row_bytes % sizeof(float)))
+        return -1;
+#if HAVE_AVX512
+    int tiles = (N + 15) / 16;
+    size_t tile_floats = (size_t)n * 16;
+    float *xt = k_scratch(1, (size_t)tiles * tile_floats * sizeof(float));
+    if (!xt) return -1;
+#pragma omp parallel for schedule(static) if ((long)N * n >= K_PAR_MIN)
+    for (int t = 0; t < tiles; t++) {
+        int rows = N - t * 16 < 16 ? N - t * 16 : 16;
+        xt_tile(x + (size_t)t * 16 * n, n, rows, xt + (size_t)t * tile_floats);
+    }
+    int blocks = (out + 7) / 8, f16 = w->dtype == TLM_DTYPE_F16, failed = 0;
+    /* Tiles of activation rows are taken a chunk at a time so that a chunk stays in L2 while
+     * every weight block passes over it. */
+    int chunk = (int)((512u << 10) / (tile_floats * sizeof(float))) / 3 * 3;
+    chunk = chunk < 3 ? 3 : chunk;
+#pragma omp parallel
+    {
+        float *wf = f16 ? k_scratch(0, (size_t)8 * n * sizeof(float)) : NULL;
+        if (f16 && !wf) {
+#pragma omp atomic write
+            failed = 1;
+        }
+        for (int c0 = 0; c0 < tiles; c0 += chunk) {
+            int c1 = tiles - c0 < chunk ? tiles : c0 + chunk;
+#pragma omp for schedule(static)
+            for (int bl = 0; bl < blocks; bl++) {
+                if (f16 && !wf) continue;
+                int r0 = bl * 8, R = out - r0 < 8 ? out - r0 : 8;
+                const char *wb = (const char *)w->data + (size_t)r0 * w->row_bytes;
+                const float *wr = (const float *)wb;
+                size_t ldw = w->row_bytes / sizeof(float);
+                if (f16) {
+                    for (int r = 0; r < R; r++)
+                        k_widen_row(w->dtype, wb + (size_t)r * w->row_bytes, wf + (size_t)r * n, n);
+                    wr = wf;
+                    ldw = (size_t)n;
+                }
+                /* the first pass brings the next block's rows in: eight interleaved streams are
+                 * followed poorly by the hardware prefetchers here */
+                int next = bl + 1 < blocks ? (out - r0 - 8 < 8 ? out - r0 - 8 : 8) : 0;
+                size_t pf_step = ((size_t)next * w->row_bytes + n - 1) / n;
+                float tile[3 * 8 * 16];
+                for (int t0 = c0; t0 < c1; t0 += 3) {
+                    int T = c1 - t0 < 3 ? c1 - t0 : 3;
+                    f32_avx512(R, T, n, wr, ldw, xt + (size_t)t0 * tile_floats, tile_floats, tile,
+                               t0 == c0 && next ? wb + 8 * w->row_bytes : NULL, pf_step);
+                    for (int t = t0; t < t0 + T; t++) {
+                        const float *tt = tile + (t - t0) * 8 * 16;
+                        int na = N - t * 16 < 16 ? N - t * 16 : 16;
+                        for (int a = 0; a < na; a++) {
+                            float *yr = y + (size_t)(t * 16 + a) * ldy + r0;
+                            for (int r = 0; r < R; r++)
+                                yr[r] = tt[r * 16 + a] + (b ? b[r0 + r] : 0.0f);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    return failed ? -1 : 0;
+#else
+    (void)y, (void)ldy, (void)x, (void)b;
+    return -1;
+#endif
 }
 
 int k_qgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const float *b,

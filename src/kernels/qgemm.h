@@ -31,6 +31,11 @@ int k_qgemm_bf16_ok(void);
  * instruction set isa (K_ISA_REF: the plain C reference; K_ISA_AVX512). Returns 0, or -1 (nothing
  * written) when out of memory or the type/instruction set is not available. */
 int k_qgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const float *b, int isa);
+/* y[N, out] (row stride ldy) = x[N, in] W^T + b (b may be NULL) for F32 and F16 weights, fp32
+ * arithmetic: register tiles of 8 weight rows x 48 activation rows (F16 rows widened a block at a
+ * time). Each sum runs over the columns in order, so a row's result does not depend on N. Returns
+ * 0, or -1 (nothing written) when out of memory, for other types, or without AVX-512. */
+int k_fgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const float *b);
 
 /* Weights with data in [base, base + len) (a read-only model's mapped file) are repacked once and
  * kept (about 1.25 bytes per weight: a byte, plus two floats per sub-block) until
