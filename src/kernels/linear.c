@@ -70,9 +70,9 @@ static void linear_rows(float *y, int ldy, const float *x, int N, const tlm_weig
     int in = (int)w->cols, out = (int)w->rows;
     int path = prefill_path(w->dtype);
     /* k_fgemm beats widened tiles + sgemm on F16 rows everywhere, and sgemm on F32 rows from 512
-     * columns (1.05-1.45x on prefill's shapes, even on training's longer ones), but loses 5-10% on
-     * short rows (bench/quant/fgemm_vs_sgemm.c). */
-    if (path == PREFILL_FLOAT && (w->dtype == TLM_DTYPE_F16 || in >= 512) &&
+     * columns (1.05-1.45x on prefill's shapes, even on training's longer ones) and on batched
+     * decode's few rows, but loses 5-10% on short rows of training's many (bench/bench_fgemm.c). */
+    if (path == PREFILL_FLOAT && (w->dtype == TLM_DTYPE_F16 || in >= 512 || N < 256) &&
         !k_fgemm(y, ldy, x, N, w, b))
         return;
     if (path == PREFILL_QGEMM && !k_qgemm(y, ldy, x, N, w, b, K_ISA_AVX512)) return;
@@ -100,10 +100,16 @@ void k_linear_parts(float *y, int ldy, const float *x, int N, const tlm_weight *
                     const float *const *b, int n, const tlm_weight *fused) {
     int in = (int)w[0]->cols, split;
     const float *fb = stacked_bias(w, b, n, &split);
-    int floats = 1;
-    for (int i = 0; i < n; i++)
+    int floats = 1, f16 = 0;
+    for (int i = 0; i < n; i++) {
         if (w[i]->dtype != TLM_DTYPE_F32 && w[i]->dtype != TLM_DTYPE_F16) floats = 0;
-    if (N <= (floats ? K_MATVEC_MAX_ROWS_FLOAT : K_MATVEC_MAX_ROWS)) {
+        if (w[i]->dtype == TLM_DTYPE_F16) f16 = 1;
+    }
+    int most = !floats         ? K_MATVEC_MAX_ROWS
+               : !k_fgemm_ok() ? K_MATVEC_MAX_ROWS_FLOAT
+               : f16           ? K_MATVEC_MAX_ROWS_F16_TILED
+                               : K_MATVEC_MAX_ROWS_F32_TILED;
+    if (N <= most) {
         k_matvec_part parts[K_LINEAR_MAX_PARTS];
         int np = 0, col = 0;
         if (fused && !split) {

@@ -7,12 +7,15 @@
 #include <stddef.h>
 
 /* Largest M that the matrix-vector path handles well; above it sgemm's blocking (or, for block
- * types, the repacked 8-bit GEMM) wins. F32 and F16 weights stay on the matrix-vector path up to
- * K_MATVEC_MAX_ROWS_FLOAT: at 9-16 rows (tlm serve's batched decode) sgemm re-packs every weight
- * per call and reads it at a fraction of the rate (110M F32, 2 threads, tlm bench tg: 12 rows 220
- * tok/s through sgemm, 390-405 here), while qgemm beats the several-row kernels there. */
+ * types, the repacked 8-bit GEMM) wins. F32 and F16 weights: where k_fgemm runs (AVX-512), its
+ * register tiles take over from 5 rows of F32 and 11 of F16 (110M, 2 threads, tlm bench tg at 16
+ * rows: F32 450 -> 880 tok/s, F16 655 -> 880); elsewhere they stay here up to 16 rows, as sgemm
+ * re-packs every weight per call and reads it at a fraction of the rate (12 rows 220 tok/s through
+ * sgemm, 390-405 here). */
 #define K_MATVEC_MAX_ROWS 8
 #define K_MATVEC_MAX_ROWS_FLOAT 16
+#define K_MATVEC_MAX_ROWS_F32_TILED 4
+#define K_MATVEC_MAX_ROWS_F16_TILED 10
 
 #include "tlm.h"
 

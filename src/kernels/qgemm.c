@@ -483,6 +483,8 @@ T5BF static void f32_avx512(int R, int T, int n, const float *w, size_t ldw, con
 
 int k_qgemm_bf16_ok(void) { return HAVE_AVX512 && k_simd_cpu_bf16(); }
 
+int k_fgemm_ok(void) { return HAVE_AVX512 && k_isa() >= K_ISA_AVX512; }
+
 static int isa_ok(int isa) {
     if (isa == K_ISA_REF) return 1;
     return HAVE_AVX512 && isa == K_ISA_AVX512 && k_simd_cpu_level() >= K_ISA_AVX512;
@@ -723,7 +725,7 @@ static int bf16_gemm(float *y, int ldy, const float *x, int N, const tlm_weight 
 
 int k_fgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const float *b) {
     int n = (int)w->cols, out = (int)w->rows;
-    if (N <= 0 || n <= 0 || !isa_ok(K_ISA_AVX512) ||
+    if (N <= 0 || n <= 0 || !k_fgemm_ok() ||
         (w->dtype != TLM_DTYPE_F32 && w->dtype != TLM_DTYPE_F16) ||
         (w->dtype == TLM_DTYPE_F32 && w->row_bytes % sizeof(float)))
         return -1;

@@ -35,6 +35,8 @@ int k_qgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const
  * arithmetic: register tiles of 8 weight rows x 48 activation rows (F16 rows widened a block at a
  * time). Each sum runs over the columns in order, so a row's result does not depend on N. Returns
  * 0, or -1 (nothing written) when out of memory, for other types, or without AVX-512. */
+/* 1 if k_fgemm computes products here (AVX-512, not capped by TLM_ISA). */
+int k_fgemm_ok(void);
 int k_fgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const float *b);
 
 /* Weights with data in [base, base + len) (a read-only model's mapped file) are repacked once and
