@@ -238,7 +238,8 @@ int main(void) {
     check_bf16(130, 13, 37);
     check_bf16(64, 8, 9);
     check_bf16(256, 21, 130);
-    check_bf16(96, 16, 80); /* tiles of three, then two */
+    check_bf16(96, 16, 80);   /* tiles of three, then two */
+    check_bf16(2048, 9, 200); /* chunks of activation rows */
     for (int f16 = 0; f16 < 2; f16++) {
         tlm_dtype t = f16 ? TLM_DTYPE_F16 : TLM_DTYPE_F32;
         check_fgemm(t, 768, 24, 128); /* whole 16 x 16 blocks and tiles */

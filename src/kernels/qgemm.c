@@ -694,28 +694,36 @@ static int bf16_gemm(float *y, int ldy, const float *x, int N, const tlm_weight 
         }
     }
     int blocks = (out + 7) / 8;
-#pragma omp parallel for schedule(static) if ((long)N * out >= K_PAR_MIN / 16)
-    for (int bl = 0; bl < blocks; bl++) {
-        int r0 = bl * 8, R = out - r0 < 8 ? out - r0 : 8;
-        const uint8_t *wr = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
-        float tile[3 * 8 * 16];
-        for (int t0 = 0; t0 < tiles; t0 += 3) {
-            int T = tiles - t0 < 3 ? tiles - t0 : 3;
+    /* tiles of activation rows a chunk at a time, so that a chunk stays in L2 while every weight
+     * block passes over it (training's products have thousands of rows) */
+    int chunk = (int)((512u << 10) / (tile_words * 4)) / 3 * 3;
+    chunk = chunk < 3 ? 3 : chunk;
+#pragma omp parallel if ((long)N * out >= K_PAR_MIN / 16)
+    for (int c0 = 0; c0 < tiles; c0 += chunk) {
+        int c1 = tiles - c0 < chunk ? tiles : c0 + chunk;
+#pragma omp for schedule(static)
+        for (int bl = 0; bl < blocks; bl++) {
+            int r0 = bl * 8, R = out - r0 < 8 ? out - r0 : 8;
+            const uint8_t *wr = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
+            float tile[3 * 8 * 16];
+            for (int t0 = c0; t0 < c1; t0 += 3) {
+                int T = c1 - t0 < 3 ? c1 - t0 : 3;
 #if HAVE_AVX512
-            if (isa == K_ISA_AVX512)
-                bf16_avx512(R, T, n, wr, w->row_bytes, xt + (size_t)t0 * tile_words, tile_words,
-                            tile);
-            else
+                if (isa == K_ISA_AVX512)
+                    bf16_avx512(R, T, n, wr, w->row_bytes, xt + (size_t)t0 * tile_words, tile_words,
+                                tile);
+                else
 #endif
-                for (int t = 0; t < T; t++)
-                    bf16_ref(R, n, wr, w->row_bytes, xt + (size_t)(t0 + t) * tile_words,
-                             tile + t * 8 * 16);
-            for (int t = t0; t < t0 + T; t++) {
-                const float *tt = tile + (t - t0) * 8 * 16;
-                int na = N - t * 16 < 16 ? N - t * 16 : 16;
-                for (int a = 0; a < na; a++) {
-                    float *yr = y + (size_t)(t * 16 + a) * ldy + r0;
-                    for (int r = 0; r < R; r++) yr[r] = tt[r * 16 + a] + (b ? b[r0 + r] : 0.0f);
+                    for (int t = 0; t < T; t++)
+                        bf16_ref(R, n, wr, w->row_bytes, xt + (size_t)(t0 + t) * tile_words,
+                                 tile + t * 8 * 16);
+                for (int t = t0; t < t0 + T; t++) {
+                    const float *tt = tile + (t - t0) * 8 * 16;
+                    int na = N - t * 16 < 16 ? N - t * 16 : 16;
+                    for (int a = 0; a < na; a++) {
+                        float *yr = y + (size_t)(t * 16 + a) * ldy + r0;
+                        for (int r = 0; r < R; r++) yr[r] = tt[r * 16 + a] + (b ? b[r0 + r] : 0.0f);
+                    }
                 }
             }
         }
