@@ -96,6 +96,15 @@ static void linear_rows(float *y, int ldy, const float *x, int N, const tlm_weig
     }
 }
 
+/* 1 if N rows of x against F32 (f16: some F16) weights go to the matrix-vector loop. Where k_fgemm
+ * runs it is faster from 3 rows of F32; F16 rows, half the bytes, stay on the loop up to 5 rows
+ * and at 9-10 (between its pair layout, up to 8 rows, and its 16-row tiles), as measured on 110M
+ * at 2 threads (tlm bench tg -b). */
+static int float_rows_matvec(int N, int f16) {
+    if (!k_fgemm_ok()) return N <= K_MATVEC_MAX_ROWS_FLOAT;
+    return f16 ? N <= 5 || (N >= 9 && N <= 10) : N <= 2;
+}
+
 void k_linear_parts(float *y, int ldy, const float *x, int N, const tlm_weight *const *w,
                     const float *const *b, int n, const tlm_weight *fused) {
     int in = (int)w[0]->cols, split;
@@ -105,11 +114,7 @@ void k_linear_parts(float *y, int ldy, const float *x, int N, const tlm_weight *
         if (w[i]->dtype != TLM_DTYPE_F32 && w[i]->dtype != TLM_DTYPE_F16) floats = 0;
         if (w[i]->dtype == TLM_DTYPE_F16) f16 = 1;
     }
-    int most = !floats         ? K_MATVEC_MAX_ROWS
-               : !k_fgemm_ok() ? K_MATVEC_MAX_ROWS_FLOAT
-               : f16           ? K_MATVEC_MAX_ROWS_F16_TILED
-                               : K_MATVEC_MAX_ROWS_F32_TILED;
-    if (N <= most) {
+    if (floats ? float_rows_matvec(N, f16) : N <= K_MATVEC_MAX_ROWS) {
         k_matvec_part parts[K_LINEAR_MAX_PARTS];
         int np = 0, col = 0;
         if (fused && !split) {

@@ -414,6 +414,69 @@ f32_t(const int R, const int T, int n, const float *w, size_t ldw, const float *
         for (int r = 0; r < R; r++) _mm512_storeu_ps(out + (t * 8 + r) * 16, acc[t][r]);
 }
 
+/* Up to 8 activation rows (batched decode): a 16-row tile would leave half of every FMA idle, so
+ * each vector holds two columns of 8 rows instead, xt[p * 16 + 2a + j] = x[a][2p + j], against a
+ * broadcast pair of one weight row; 16 weight rows keep 16 accumulators, and each lane pair is
+ * added at the end (the even columns' sum and the odd ones'). n is even. */
+T5BF static inline __attribute__((always_inline)) void f32p_t(const int R, int n, const float *w,
+                                                              size_t ldw, const float *xt,
+                                                              float *out, const char *pf,
+                                                              size_t pf_step) {
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int p = 0; p < n / 2; p++) {
+        if (pf) _mm_prefetch(pf + (size_t)p * pf_step, _MM_HINT_T0);
+        __m512 xv = _mm512_loadu_ps(xt + (size_t)p * 16);
+#pragma GCC unroll 16
+        for (int r = 0; r < R; r++) {
+            double wv;
+            memcpy(&wv, w + (size_t)r * ldw + 2 * p, 8);
+            acc[r] = _mm512_fmadd_ps(xv, _mm512_castpd_ps(_mm512_set1_pd(wv)), acc[r]);
+        }
+    }
+    /* out[r * 8 + a] = lane 2a + lane 2a+1 of acc[r] */
+    const __m512i even =
+        _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+#pragma GCC unroll 8
+    for (int r = 0; r + 1 < R; r += 2) {
+        __m512 e = _mm512_permutex2var_ps(acc[r], even, acc[r + 1]);
+        __m512 o = _mm512_permutex2var_ps(acc[r], odd, acc[r + 1]);
+        _mm512_storeu_ps(out + r * 8, _mm512_add_ps(e, o));
+    }
+    if (R % 2) {
+        __m512 e = _mm512_permutexvar_ps(even, acc[R - 1]),
+               o = _mm512_permutexvar_ps(odd, acc[R - 1]);
+        _mm256_storeu_ps(out + (R - 1) * 8, _mm512_castps512_ps256(_mm512_add_ps(e, o)));
+    }
+}
+
+#define F32P_CASE(R)                                                                               \
+    case R: f32p_t(R, n, w, ldw, xt, out, pf, pf_step); return;
+T5BF static void f32p_avx512(int R, int n, const float *w, size_t ldw, const float *xt, float *out,
+                             const char *pf, size_t pf_step) {
+    switch (R) {
+        F32P_CASE(1)
+        F32P_CASE(2)
+        F32P_CASE(3)
+        F32P_CASE(4)
+        F32P_CASE(5)
+        F32P_CASE(6)
+        F32P_CASE(7)
+        F32P_CASE(8)
+        F32P_CASE(9)
+        F32P_CASE(10)
+        F32P_CASE(11)
+        F32P_CASE(12)
+        F32P_CASE(13)
+        F32P_CASE(14)
+        F32P_CASE(15)
+        F32P_CASE(16)
+    default: return;
+    }
+}
+
 /* Rows 0..rows-1 of x (row stride n; rows past them are zero) into dst interleaved by column,
  * dst[k * 16 + a] = x[a][k]: 16 x 16 blocks transposed in registers (unpacks, then 128-bit lane
  * shuffles), the columns past the last whole block one at a time. */
@@ -731,6 +794,52 @@ static int bf16_gemm(float *y, int ldy, const float *x, int N, const tlm_weight 
     return 0;
 }
 
+#if HAVE_AVX512
+static int fgemm_pairs(float *y, int ldy, const float *x, int N, const tlm_weight *w,
+                       const float *b) {
+    int n = (int)w->cols, out = (int)w->rows, f16 = w->dtype == TLM_DTYPE_F16, failed = 0;
+    float *xt = k_scratch(1, (size_t)n * 8 * sizeof(float));
+    if (!xt) return -1;
+    for (int p = 0; p < n / 2; p++)
+        for (int a = 0; a < 8; a++)
+            for (int j = 0; j < 2; j++)
+                xt[(size_t)p * 16 + 2 * a + j] = a < N ? x[(size_t)a * n + 2 * p + j] : 0.0f;
+    int blocks = (out + 7) / 8;
+#pragma omp parallel
+    {
+        float *wf = f16 ? k_scratch(0, (size_t)8 * n * sizeof(float)) : NULL;
+        if (f16 && !wf) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int bl = 0; bl < blocks; bl++) {
+            if (f16 && !wf) continue;
+            int r0 = bl * 8, R = out - r0 < 8 ? out - r0 : 8;
+            const char *wb = (const char *)w->data + (size_t)r0 * w->row_bytes;
+            const float *wr = (const float *)wb;
+            size_t ldw = w->row_bytes / sizeof(float);
+            if (f16) {
+                for (int r = 0; r < R; r++)
+                    k_widen_row(w->dtype, wb + (size_t)r * w->row_bytes, wf + (size_t)r * n, n);
+                wr = wf;
+                ldw = (size_t)n;
+            }
+            /* the next block's rows, spread over this one's columns */
+            int next = bl + 1 < blocks ? (out - r0 - 8 < 8 ? out - r0 - 8 : 8) : 0;
+            size_t pf_step = ((size_t)next * w->row_bytes + n / 2 - 1) / (n / 2);
+            float tile[16 * 8];
+            f32p_avx512(R, n, wr, ldw, xt, tile, next ? wb + 8 * w->row_bytes : NULL, pf_step);
+            for (int a = 0; a < N; a++) {
+                float *yr = y + (size_t)a * ldy + r0;
+                for (int r = 0; r < R; r++) yr[r] = tile[r * 8 + a] + (b ? b[r0 + r] : 0.0f);
+            }
+        }
+    }
+    return failed ? -1 : 0;
+}
+#endif
+
 int k_fgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const float *b) {
     int n = (int)w->cols, out = (int)w->rows;
     if (N <= 0 || n <= 0 || !k_fgemm_ok() ||
@@ -738,6 +847,7 @@ int k_fgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const
         (w->dtype == TLM_DTYPE_F32 && w->row_bytes % sizeof(float)))
         return -1;
 #if HAVE_AVX512
+    if (N <= 8 && n % 2 == 0) return fgemm_pairs(y, ldy, x, N, w, b);
     int tiles = (N + 15) / 16;
     size_t tile_floats = (size_t)n * 16;
     float *xt = k_scratch(1, (size_t)tiles * tile_floats * sizeof(float));
