@@ -24,7 +24,9 @@ int main(int argc, char **argv) {
                                     {768, 512, 128},  {768, 128, 384}};
     int threads = argc > 1 ? atoi(argv[1]) : 2, reps = argc > 2 ? atoi(argv[2]) : 12;
     tlm_set_threads(threads);
-    printf("threads %d, GFLOP/s (best of %d)\n", threads, reps);
+    const char *core = getenv("OPENBLAS_CORETYPE");
+    printf("threads %d, GFLOP/s (best of %d), OPENBLAS_CORETYPE=%s\n", threads, reps,
+           core ? core : "unset");
     printf("    N    in   out | F32 sgemm  fgemm ratio | F16 tiles+sgemm  fgemm ratio\n");
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         int N = shapes[s][0], in = shapes[s][1], out = shapes[s][2];
