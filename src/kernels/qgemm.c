@@ -795,49 +795,33 @@ static int bf16_gemm(float *y, int ldy, const float *x, int N, const tlm_weight 
 }
 
 #if HAVE_AVX512
-static int fgemm_pairs(float *y, int ldy, const float *x, int N, const tlm_weight *w,
-                       const float *b) {
-    int n = (int)w->cols, out = (int)w->rows, f16 = w->dtype == TLM_DTYPE_F16, failed = 0;
-    float *xt = k_scratch(1, (size_t)n * 8 * sizeof(float));
-    if (!xt) return -1;
-    for (int p = 0; p < n / 2; p++)
-        for (int a = 0; a < 8; a++)
-            for (int j = 0; j < 2; j++)
-                xt[(size_t)p * 16 + 2 * a + j] = a < N ? x[(size_t)a * n + 2 * p + j] : 0.0f;
-    int blocks = (out + 7) / 8;
-#pragma omp parallel
-    {
-        float *wf = f16 ? k_scratch(0, (size_t)8 * n * sizeof(float)) : NULL;
-        if (f16 && !wf) {
+/* The calling thread's buffer for 8 widened F16 rows (NULL for F32 weights; on failure sets
+ * *failed). */
+static float *widen_buf(const tlm_weight *w, int *failed) {
+    if (w->dtype != TLM_DTYPE_F16) return NULL;
+    float *wf = k_scratch(0, (size_t)8 * w->cols * sizeof(float));
+    if (!wf) {
 #pragma omp atomic write
-            failed = 1;
-        }
-#pragma omp for schedule(static)
-        for (int bl = 0; bl < blocks; bl++) {
-            if (f16 && !wf) continue;
-            int r0 = bl * 8, R = out - r0 < 8 ? out - r0 : 8;
-            const char *wb = (const char *)w->data + (size_t)r0 * w->row_bytes;
-            const float *wr = (const float *)wb;
-            size_t ldw = w->row_bytes / sizeof(float);
-            if (f16) {
-                for (int r = 0; r < R; r++)
-                    k_widen_row(w->dtype, wb + (size_t)r * w->row_bytes, wf + (size_t)r * n, n);
-                wr = wf;
-                ldw = (size_t)n;
-            }
-            /* the next block's rows, spread over this one's columns */
-            int next = bl + 1 < blocks ? (out - r0 - 8 < 8 ? out - r0 - 8 : 8) : 0;
-            size_t pf_step = ((size_t)next * w->row_bytes + n / 2 - 1) / (n / 2);
-            float tile[16 * 8];
-            f32p_avx512(R, n, wr, ldw, xt, tile, next ? wb + 8 * w->row_bytes : NULL, pf_step);
-            for (int a = 0; a < N; a++) {
-                float *yr = y + (size_t)a * ldy + r0;
-                for (int r = 0; r < R; r++) yr[r] = tile[r * 8 + a] + (b ? b[r0 + r] : 0.0f);
-            }
-        }
+        *failed = 1;
     }
-    return failed ? -1 : 0;
+    return wf;
 }
+
+/* Rows r0 .. r0 + R - 1 of w as floats, row stride *ldw: F32 rows in place, F16 rows widened into
+ * wf. */
+static const float *block_rows(const tlm_weight *w, int r0, int R, float *wf, size_t *ldw) {
+    const char *wb = (const char *)w->data + (size_t)r0 * w->row_bytes;
+    if (w->dtype != TLM_DTYPE_F16) {
+        *ldw = w->row_bytes / sizeof(float);
+        return (const float *)wb;
+    }
+    for (int r = 0; r < R; r++)
+        k_widen_row(w->dtype, wb + (size_t)r * w->row_bytes, wf + (size_t)r * w->cols,
+                    (int)w->cols);
+    *ldw = (size_t)w->cols;
+    return wf;
+}
+
 #endif
 
 int k_fgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const float *b) {
@@ -847,15 +831,22 @@ int k_fgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const
         (w->dtype == TLM_DTYPE_F32 && w->row_bytes % sizeof(float)))
         return -1;
 #if HAVE_AVX512
-    if (N <= 8 && n % 2 == 0) return fgemm_pairs(y, ldy, x, N, w, b);
-    int tiles = (N + 15) / 16;
+    /* up to 8 rows (batched decode): pairs of columns of 8 rows, one pass per weight block */
+    int pairs = N <= 8 && n % 2 == 0, tiles = pairs ? 1 : (N + 15) / 16;
     size_t tile_floats = (size_t)n * 16;
     float *xt = k_scratch(1, (size_t)tiles * tile_floats * sizeof(float));
     if (!xt) return -1;
+    if (pairs) {
+        for (int p = 0; p < n / 2; p++)
+            for (int a = 0; a < 8; a++)
+                for (int j = 0; j < 2; j++)
+                    xt[(size_t)p * 16 + 2 * a + j] = a < N ? x[(size_t)a * n + 2 * p + j] : 0.0f;
+    } else {
 #pragma omp parallel for schedule(static) if ((long)N * n >= K_PAR_MIN)
-    for (int t = 0; t < tiles; t++) {
-        int rows = N - t * 16 < 16 ? N - t * 16 : 16;
-        xt_tile(x + (size_t)t * 16 * n, n, rows, xt + (size_t)t * tile_floats);
+        for (int t = 0; t < tiles; t++) {
+            int rows = N - t * 16 < 16 ? N - t * 16 : 16;
+            xt_tile(x + (size_t)t * 16 * n, n, rows, xt + (size_t)t * tile_floats);
+        }
     }
     int blocks = (out + 7) / 8, f16 = w->dtype == TLM_DTYPE_F16, failed = 0;
     /* Tiles of activation rows are taken a chunk at a time so that a chunk stays in L2 while
@@ -864,11 +855,7 @@ int k_fgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const
     chunk = chunk < 3 ? 3 : chunk;
 #pragma omp parallel
     {
-        float *wf = f16 ? k_scratch(0, (size_t)8 * n * sizeof(float)) : NULL;
-        if (f16 && !wf) {
-#pragma omp atomic write
-            failed = 1;
-        }
+        float *wf = widen_buf(w, &failed);
         for (int c0 = 0; c0 < tiles; c0 += chunk) {
             int c1 = tiles - c0 < chunk ? tiles : c0 + chunk;
 #pragma omp for schedule(static)
@@ -876,23 +863,28 @@ int k_fgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const
                 if (f16 && !wf) continue;
                 int r0 = bl * 8, R = out - r0 < 8 ? out - r0 : 8;
                 const char *wb = (const char *)w->data + (size_t)r0 * w->row_bytes;
-                const float *wr = (const float *)wb;
-                size_t ldw = w->row_bytes / sizeof(float);
-                if (f16) {
-                    for (int r = 0; r < R; r++)
-                        k_widen_row(w->dtype, wb + (size_t)r * w->row_bytes, wf + (size_t)r * n, n);
-                    wr = wf;
-                    ldw = (size_t)n;
-                }
-                /* the first pass brings the next block's rows in: eight interleaved streams are
-                 * followed poorly by the hardware prefetchers here */
+                size_t ldw;
+                const float *wr = block_rows(w, r0, R, wf, &ldw);
+                /* the first pass brings the next block's rows in, spread over its columns: eight
+                 * interleaved streams are followed poorly by the hardware prefetchers here */
                 int next = bl + 1 < blocks ? (out - r0 - 8 < 8 ? out - r0 - 8 : 8) : 0;
-                size_t pf_step = ((size_t)next * w->row_bytes + n - 1) / n;
+                const char *pf = next ? wb + 8 * w->row_bytes : NULL;
+                int steps = pairs ? n / 2 : n;
+                size_t pf_step = ((size_t)next * w->row_bytes + steps - 1) / steps;
                 float tile[3 * 8 * 16];
+                if (pairs) {
+                    f32p_avx512(R, n, wr, ldw, xt, tile, pf, pf_step);
+                    for (int a = 0; a < N; a++) {
+                        float *yr = y + (size_t)a * ldy + r0;
+                        for (int r = 0; r < R; r++)
+                            yr[r] = tile[r * 8 + a] + (b ? b[r0 + r] : 0.0f);
+                    }
+                    continue;
+                }
                 for (int t0 = c0; t0 < c1; t0 += 3) {
                     int T = c1 - t0 < 3 ? c1 - t0 : 3;
                     f32_avx512(R, T, n, wr, ldw, xt + (size_t)t0 * tile_floats, tile_floats, tile,
-                               t0 == c0 && next ? wb + 8 * w->row_bytes : NULL, pf_step);
+                               t0 == c0 ? pf : NULL, pf_step);
                     for (int t = t0; t < t0 + T; t++) {
                         const float *tt = tile + (t - t0) * 8 * 16;
                         int na = N - t * 16 < 16 ? N - t * 16 : 16;
