@@ -70,11 +70,15 @@ static void linear_rows(float *y, int ldy, const float *x, int N, const tlm_weig
     int in = (int)w->cols, out = (int)w->rows;
     int path = prefill_path(w->dtype);
     /* k_fgemm beats widened tiles + sgemm on F16 rows everywhere, and sgemm on F32 rows from 512
-     * columns (1.05-1.45x on prefill's shapes, even on training's longer ones) and on batched
-     * decode's few rows, but loses 5-10% on short rows of training's many (bench/bench_fgemm.c). */
+     * columns (1.03-1.40x on prompts, level on training's long products) and on batched decode's
+     * few rows, but is up to 10% slower on short rows of training's many (build/bench_fgemm). */
     if (path == PREFILL_FLOAT && (w->dtype == TLM_DTYPE_F16 || in >= 512 || N < 256) &&
         !k_fgemm(y, ldy, x, N, w, b))
         return;
+    if (w->dtype == TLM_DTYPE_F32) {
+        k_linear_fwd(y, ldy, x, w->data, b, N, in, out);
+        return;
+    }
     if (path == PREFILL_QGEMM && !k_qgemm(y, ldy, x, N, w, b, K_ISA_AVX512)) return;
     int tile = (int)((4u << 20) / ((size_t)in * sizeof(float)));
     tile = tile < 16 ? 16 : tile > out ? out : tile;

@@ -9,9 +9,9 @@
 /* Largest M that the matrix-vector path handles well; above it sgemm's blocking (or, for block
  * types, the repacked 8-bit GEMM) wins. F32 and F16 weights: where k_fgemm runs (AVX-512), it
  * takes F32 from 3 rows and F16 at 6-8 rows and from 11 (k_linear_parts; 110M, 2 threads, tlm bench
- * tg: F32 at 8 rows 270-285 -> 460-535 tok/s, at 16 rows 390-410 -> 760-840); elsewhere they stay
- * here up to 16 rows, as sgemm re-packs every weight per call and reads it at a fraction of the
- * rate (12 rows 220 tok/s through sgemm, 390-405 here). */
+ * tg, medians of 4 alternating runs: F32 at 8 rows 311 -> 511 tok/s, at 16 rows 428 -> 789);
+ * elsewhere they stay here up to 16 rows, as sgemm re-packs every weight per call and reads it at a
+ * fraction of the rate (12 rows 220 tok/s through sgemm, 390-405 here). */
 #define K_MATVEC_MAX_ROWS 8
 #define K_MATVEC_MAX_ROWS_FLOAT 16
 

@@ -31,14 +31,14 @@ int k_qgemm_bf16_ok(void);
  * instruction set isa (K_ISA_REF: the plain C reference; K_ISA_AVX512). Returns 0, or -1 (nothing
  * written) when out of memory or the type/instruction set is not available. */
 int k_qgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const float *b, int isa);
+/* 1 if k_fgemm computes products here (AVX-512, not capped by TLM_ISA). */
+int k_fgemm_ok(void);
 /* y[N, out] (row stride ldy) = x[N, in] W^T + b (b may be NULL) for F32 and F16 weights, fp32
  * arithmetic: register tiles of 8 weight rows x 48 activation rows, or with up to 8 activation rows
  * (batched decode) and an even row length, 8 weight rows against pairs of columns of the 8 (F16
  * rows widened a block at a time). A row's sums do not depend on the other rows within either
  * form. Returns 0, or -1 (nothing written) when out of memory, for other types, or without
  * AVX-512. */
-/* 1 if k_fgemm computes products here (AVX-512, not capped by TLM_ISA). */
-int k_fgemm_ok(void);
 int k_fgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const float *b);
 
 /* Weights with data in [base, base + len) (a read-only model's mapped file) are repacked once and
