@@ -416,19 +416,19 @@ f32_t(const int R, const int T, int n, const float *w, size_t ldw, const float *
 
 /* Up to 8 activation rows (batched decode): a 16-row tile would leave half of every FMA idle, so
  * each vector holds two columns of 8 rows instead, xt[p * 16 + 2a + j] = x[a][2p + j], against a
- * broadcast pair of one weight row; 16 weight rows keep 16 accumulators, and each lane pair is
- * added at the end (the even columns' sum and the odd ones'). n is even. */
+ * broadcast pair of one weight row (R <= 8 rows, one accumulator each), and each lane pair is added
+ * at the end (the even columns' sum and the odd ones'). n is even. */
 T5BF static inline __attribute__((always_inline)) void f32p_t(const int R, int n, const float *w,
                                                               size_t ldw, const float *xt,
                                                               float *out, const char *pf,
                                                               size_t pf_step) {
-    __m512 acc[16];
-#pragma GCC unroll 16
+    __m512 acc[8];
+#pragma GCC unroll 8
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int p = 0; p < n / 2; p++) {
         if (pf) _mm_prefetch(pf + (size_t)p * pf_step, _MM_HINT_T0);
         __m512 xv = _mm512_loadu_ps(xt + (size_t)p * 16);
-#pragma GCC unroll 16
+#pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             double wv;
             memcpy(&wv, w + (size_t)r * ldw + 2 * p, 8);
@@ -465,14 +465,6 @@ T5BF static void f32p_avx512(int R, int n, const float *w, size_t ldw, const flo
         F32P_CASE(6)
         F32P_CASE(7)
         F32P_CASE(8)
-        F32P_CASE(9)
-        F32P_CASE(10)
-        F32P_CASE(11)
-        F32P_CASE(12)
-        F32P_CASE(13)
-        F32P_CASE(14)
-        F32P_CASE(15)
-        F32P_CASE(16)
     default: return;
     }
 }

@@ -37,8 +37,8 @@ int k_fgemm_ok(void);
  * arithmetic: register tiles of 8 weight rows x 48 activation rows, or with up to 8 activation rows
  * (batched decode) and an even row length, 8 weight rows against pairs of columns of the 8 (F16
  * rows widened a block at a time). A row's sums do not depend on the other rows within either
- * form. Returns 0, or -1 (nothing written) when out of memory, for other types, or without
- * AVX-512. */
+ * form. Returns 0; -1 with nothing written for other types or without AVX-512; -1 with y
+ * incomplete when out of memory. */
 int k_fgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const float *b);
 
 /* Weights with data in [base, base + len) (a read-only model's mapped file) are repacked once and
