@@ -200,7 +200,7 @@ static void check_fgemm(tlm_dtype t, int in, int out, int N) {
     for (int i = 0; i < in * N; i++) x[i] = t_unif() * (i % 97 == 0 ? 50.0f : 1.0f);
     for (int r = 0; r < out; r++) b[r] = t_unif();
     tlm_weight tw = {.dtype = t, .data = w, .rows = out, .cols = in, .row_bytes = rb};
-    if (!k_simd_ok()) {
+    if (!k_fgemm_ok()) {
         CHECK(k_fgemm(y, out, x, N, &tw, b) == -1, "%s refused without AVX-512", tlm_dtype_name(t));
     } else {
         memset(y, 0xFF, sizeof(float) * out * N);
