@@ -34,9 +34,9 @@ int main(int argc, char **argv) {
         float *w = malloc(sizeof(float) * in * out);
         uint16_t *h = malloc(2 * (size_t)in * out);
         if (!x || !y || !w || !h) return 1;
-        for (long i = 0; i < (long)N * in; i++) x[i] = (float)rand() / RAND_MAX - 0.5f;
+        for (long i = 0; i < (long)N * in; i++) x[i] = (float)((double)rand() / RAND_MAX) - 0.5f;
         for (long i = 0; i < (long)in * out; i++) {
-            w[i] = (float)rand() / RAND_MAX - 0.5f;
+            w[i] = (float)((double)rand() / RAND_MAX) - 0.5f;
             h[i] = tlm_f32_to_f16(w[i]);
         }
         tlm_weight tf = {.dtype = TLM_DTYPE_F32,
