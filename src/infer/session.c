@@ -189,43 +189,50 @@ size_t tlm_session_prefix_bytes(const tlm_session *s, int n) {
     return (size_t)c->n_layers * 2 * (size_t)c->n_kv_heads * (size_t)n * hd * sizeof(float);
 }
 
-/* The blocks of one sequence in the saved order: layer, keys then values, kv head. */
-static float *prefix_block(const tlm_session *s, int l, int kv, int h, int b) {
-    return kv ? infer_cache_v(s, l, b, h) : infer_cache_k(s, l, b, h);
+/* Copies positions 0..n-1 of sequence seq out of the cache into `to`, or into it from `from` (the
+ * other NULL); the buffer holds n_buf positions per block in the saved order: layer, keys then
+ * values, kv head. */
+static void prefix_copy(const tlm_session *s, int seq, float *to, const float *from, int n_buf,
+                        int n) {
+    const tlm_config *c = &s->m->c;
+    size_t hd = (size_t)(c->d_model / c->n_heads), bytes = (size_t)n * hd * sizeof(float);
+    size_t at = 0, step = (size_t)n_buf * hd;
+    for (int l = 0; l < c->n_layers; l++)
+        for (int kv = 0; kv < 2; kv++)
+            for (int h = 0; h < c->n_kv_heads; h++, at += step) {
+                float *blk = kv ? infer_cache_v(s, l, seq, h) : infer_cache_k(s, l, seq, h);
+                if (to)
+                    memcpy(to + at, blk, bytes);
+                else
+                    memcpy(blk, from + at, bytes);
+            }
 }
 
-tlm_status tlm_session_save_prefix(const tlm_session *s, int seq, int n, void *buf) {
+static tlm_status prefix_args(const tlm_session *s, int seq, const void *buf) {
     if (!s || !buf) return tlm_err(TLM_ERR_ARG, "session: NULL session or buffer");
     if (seq < 0 || seq >= s->B)
         return tlm_err(TLM_ERR_RANGE, "session: sequence %d outside the batch of %d", seq, s->B);
+    return TLM_OK;
+}
+
+tlm_status tlm_session_save_prefix(const tlm_session *s, int seq, int n, void *buf) {
+    tlm_status st = prefix_args(s, seq, buf);
+    if (st) return st;
     if (n < 0 || n > s->len[seq])
         return tlm_err(TLM_ERR_RANGE, "session: saving %d positions of a sequence holding %d", n,
                        s->len[seq]);
-    const tlm_config *c = &s->m->c;
-    size_t hd = (size_t)(c->d_model / c->n_heads), blk = (size_t)n * hd;
-    float *o = buf;
-    for (int l = 0; l < c->n_layers; l++)
-        for (int kv = 0; kv < 2; kv++)
-            for (int h = 0; h < c->n_kv_heads; h++, o += blk)
-                memcpy(o, prefix_block(s, l, kv, h, seq), blk * sizeof(float));
+    prefix_copy(s, seq, buf, NULL, n, n);
     return TLM_OK;
 }
 
 tlm_status tlm_session_load_prefix(tlm_session *s, int seq, const void *buf, int n_saved, int n) {
-    if (!s || !buf) return tlm_err(TLM_ERR_ARG, "session: NULL session or buffer");
-    if (seq < 0 || seq >= s->B)
-        return tlm_err(TLM_ERR_RANGE, "session: sequence %d outside the batch of %d", seq, s->B);
+    tlm_status st = prefix_args(s, seq, buf);
+    if (st) return st;
     if (n < 0 || n > n_saved || n > s->cap)
         return tlm_err(TLM_ERR_RANGE,
                        "session: loading %d positions of a saved %d into a capacity of %d", n,
                        n_saved, s->cap);
-    const tlm_config *c = &s->m->c;
-    size_t hd = (size_t)(c->d_model / c->n_heads), blk = (size_t)n_saved * hd;
-    const float *in = buf;
-    for (int l = 0; l < c->n_layers; l++)
-        for (int kv = 0; kv < 2; kv++)
-            for (int h = 0; h < c->n_kv_heads; h++, in += blk)
-                memcpy(prefix_block(s, l, kv, h, seq), in, (size_t)n * hd * sizeof(float));
+    prefix_copy(s, seq, NULL, buf, n_saved, n);
     s->len[seq] = n;
     return TLM_OK;
 }
