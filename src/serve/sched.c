@@ -321,7 +321,8 @@ static void pc_save(srv_sched *s, int b, size_t keep) {
         else
             i++;
     }
-    size_t bytes = tlm_session_prefix_bytes(s->sess, n) + (size_t)n * sizeof(int32_t);
+    size_t kv_bytes = tlm_session_prefix_bytes(s->sess, n);
+    size_t bytes = kv_bytes + (size_t)n * sizeof(int32_t);
     if (bytes > s->pc_max) return;
     while (s->st.cache_bytes + bytes > s->pc_max) {
         int lru = -1;
@@ -337,12 +338,7 @@ static void pc_save(srv_sched *s, int b, size_t keep) {
         s->pc = np;
         s->cap_pc = cap;
     }
-    pc_entry e = {malloc((size_t)n * sizeof(int32_t)),
-                  n,
-                  malloc(tlm_session_prefix_bytes(s->sess, n)),
-                  bytes,
-                  ++s->clock,
-                  0};
+    pc_entry e = {malloc((size_t)n * sizeof(int32_t)), n, malloc(kv_bytes), bytes, ++s->clock, 0};
     if (!e.toks || !e.kv || tlm_session_save_prefix(s->sess, b, n, e.kv)) {
         free(e.toks);
         free(e.kv);
@@ -402,8 +398,8 @@ static void admit(srv_sched *s) {
         if (ce >= 0) s->pc[ce].pinned = 1;
         pc_save(s, best, ce >= 0 ? 0 : best_lcp);
         if (ce >= 0) {
-            for (ce = 0; !s->pc[ce].pinned; ce++) {
-            } /* pc_save may have moved it */
+            ce = 0; /* pc_save may have moved the pinned entry (never dropped it) */
+            while (!s->pc[ce].pinned) ce++;
             pc_entry *e = &s->pc[ce];
             e->pinned = 0;
             e->used = ++s->clock;
