@@ -696,6 +696,28 @@ static const char *cached_pack(const tlm_weight *w, size_t pack_bytes) {
 
 /* ---- the product ---------------------------------------------------------------------------- */
 
+/* Tiles of 16 activation rows per chunk (in threes): a chunk of tile_bytes each stays in L2 while
+ * every weight block passes over it (prompts and training's products have hundreds to thousands
+ * of rows). */
+static int tiles_per_chunk(size_t tile_bytes) {
+    int chunk = (int)((512u << 10) / tile_bytes) / 3 * 3;
+    return chunk < 3 ? 3 : chunk;
+}
+
+/* T tiles of sums tile[t][r][a] (8 weight rows r, 16 activation rows a) into y: activation rows
+ * from t0 * 16 (those below N), columns r0..r0+R-1, plus b (may be NULL). */
+static void store_tiles(float *y, int ldy, const float *tile, int t0, int T, int N, int r0, int R,
+                        const float *b) {
+    for (int t = t0; t < t0 + T; t++) {
+        const float *tt = tile + (t - t0) * 8 * 16;
+        int na = N - t * 16 < 16 ? N - t * 16 : 16;
+        for (int a = 0; a < na; a++) {
+            float *yr = y + (size_t)(t * 16 + a) * ldy + r0;
+            for (int r = 0; r < R; r++) yr[r] = tt[r * 16 + a] + (b ? b[r0 + r] : 0.0f);
+        }
+    }
+}
+
 /* The plain C reference of the BF16 kernel: products of BF16 values are exact in fp32, summed in
  * pairs as vdpbf16ps does (up to its rounding of each step). */
 static void bf16_ref(int R, int n, const uint8_t *w, size_t row_bytes, const uint32_t *xt,
@@ -749,10 +771,7 @@ static int bf16_gemm(float *y, int ldy, const float *x, int N, const tlm_weight 
         }
     }
     int blocks = (out + 7) / 8;
-    /* tiles of activation rows a chunk at a time, so that a chunk stays in L2 while every weight
-     * block passes over it (training's products have thousands of rows) */
-    int chunk = (int)((512u << 10) / (tile_words * 4)) / 3 * 3;
-    chunk = chunk < 3 ? 3 : chunk;
+    int chunk = tiles_per_chunk(tile_words * 4);
 #pragma omp parallel if ((long)N * out >= K_PAR_MIN / 16)
     for (int c0 = 0; c0 < tiles; c0 += chunk) {
         int c1 = tiles - c0 < chunk ? tiles : c0 + chunk;
@@ -772,14 +791,7 @@ static int bf16_gemm(float *y, int ldy, const float *x, int N, const tlm_weight 
                     for (int t = 0; t < T; t++)
                         bf16_ref(R, n, wr, w->row_bytes, xt + (size_t)(t0 + t) * tile_words,
                                  tile + t * 8 * 16);
-                for (int t = t0; t < t0 + T; t++) {
-                    const float *tt = tile + (t - t0) * 8 * 16;
-                    int na = N - t * 16 < 16 ? N - t * 16 : 16;
-                    for (int a = 0; a < na; a++) {
-                        float *yr = y + (size_t)(t * 16 + a) * ldy + r0;
-                        for (int r = 0; r < R; r++) yr[r] = tt[r * 16 + a] + (b ? b[r0 + r] : 0.0f);
-                    }
-                }
+                store_tiles(y, ldy, tile, t0, T, N, r0, R, b);
             }
         }
     }
@@ -841,10 +853,7 @@ int k_fgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const
         }
     }
     int blocks = (out + 7) / 8, f16 = w->dtype == TLM_DTYPE_F16, failed = 0;
-    /* Tiles of activation rows are taken a chunk at a time so that a chunk stays in L2 while
-     * every weight block passes over it. */
-    int chunk = (int)((512u << 10) / (tile_floats * sizeof(float))) / 3 * 3;
-    chunk = chunk < 3 ? 3 : chunk;
+    int chunk = tiles_per_chunk(tile_floats * sizeof(float));
 #pragma omp parallel
     {
         float *wf = widen_buf(w, &failed);
@@ -877,15 +886,7 @@ int k_fgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const
                     int T = c1 - t0 < 3 ? c1 - t0 : 3;
                     f32_avx512(R, T, n, wr, ldw, xt + (size_t)t0 * tile_floats, tile_floats, tile,
                                t0 == c0 ? pf : NULL, pf_step);
-                    for (int t = t0; t < t0 + T; t++) {
-                        const float *tt = tile + (t - t0) * 8 * 16;
-                        int na = N - t * 16 < 16 ? N - t * 16 : 16;
-                        for (int a = 0; a < na; a++) {
-                            float *yr = y + (size_t)(t * 16 + a) * ldy + r0;
-                            for (int r = 0; r < R; r++)
-                                yr[r] = tt[r * 16 + a] + (b ? b[r0 + r] : 0.0f);
-                        }
-                    }
+                    store_tiles(y, ldy, tile, t0, T, N, r0, R, b);
                 }
             }
         }
