@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <omp.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -743,6 +744,13 @@ int cmd_serve(int argc, char **argv) {
                          .ctx = (int)ctx,
                          .queue_max = (int)queue,
                          .cache_mib = cache_mib};
+    /* Loading may have run parallel regions on this thread, which leaves a team of OpenMP threads
+     * parked here. With the scheduler thread's team beside it, libgomp manages more threads than
+     * there are CPUs (on 2 cores) and cuts its spin before sleeping at a barrier from
+     * GOMP_SPINCOUNT to about 100 rounds: every parallel region of a step then costs a futex
+     * wake-up (110M, 2 threads: one stream 90 -> 104 tok/s and eight 367 -> 410 without it).
+     * This thread runs no parallel region after this. */
+    omp_pause_resource_all(omp_pause_soft);
     if (srv_sched_new(m, tok, &so, &sv.sched)) {
         rc = cli_fail_status("serve");
         goto done;

@@ -119,7 +119,7 @@ struct srv_sched {
     int rr; /* prefill round robin */
 
     pthread_t thread;
-    int started;
+    int started, ready;
     pthread_mutex_t mu;
     pthread_cond_t work;     /* scheduler waits: new jobs, cancellations, stop */
     pthread_cond_t progress; /* submitters wait: output, completion */
@@ -457,7 +457,12 @@ static void *loop(void *arg) {
     size_t V = (size_t)s->V;
     /* OpenMP's thread count is per thread: this one takes the count the process chose. */
     tlm_set_threads(tlm_get_threads());
+    /* The cache's pages are touched here, not by the thread that made the scheduler: every
+     * parallel region of the server then belongs to this thread's one OpenMP team (see
+     * srv_sched_new). */
+    tlm_session_prefault(s->sess);
     pthread_mutex_lock(&s->mu);
+    s->ready = 1;
     for (;;) {
         drop_cancelled(s);
         admit(s);
@@ -584,7 +589,6 @@ tlm_status srv_sched_new(const tlm_model *m, const tlm_tokenizer *tok, const srv
     pthread_cond_init(&s->progress, NULL);
     tlm_status st = tlm_session_new(m, s->B, ctx, &s->sess);
     if (st) goto fail;
-    tlm_session_prefault(s->sess);
     s->slots = calloc((size_t)s->B, sizeof *s->slots);
     s->logits = malloc((size_t)s->B * (size_t)s->V * sizeof(float));
     s->ids = calloc((size_t)s->B + (size_t)(s->chunk > ctx ? s->chunk : ctx), sizeof *s->ids);
@@ -599,6 +603,10 @@ tlm_status srv_sched_new(const tlm_model *m, const tlm_tokenizer *tok, const srv
         goto fail;
     }
     s->started = 1;
+    /* Ready once the cache is in memory (a first request then does not pay its page faults). */
+    pthread_mutex_lock(&s->mu);
+    while (!s->ready) pthread_cond_wait(&s->progress, &s->mu);
+    pthread_mutex_unlock(&s->mu);
     *out = s;
     return TLM_OK;
 nomem:

@@ -162,7 +162,10 @@ typedef struct {
 } srv_stats;
 
 /* Starts the scheduler thread over one session of `parallel` sequences. The model and tokenizer
- * must outlive it. */
+ * must outlive it. All of the server's arithmetic runs in parallel regions of that thread: a
+ * caller whose own thread has an OpenMP team should release it first (omp_pause_resource_all),
+ * because libgomp nearly stops spinning at barriers while it manages more threads than there are
+ * CPUs, and every region then waits on a futex (cmd_serve.c). */
 tlm_status srv_sched_new(const tlm_model *m, const tlm_tokenizer *tok, const srv_sched_opts *o,
                          srv_sched **out);
 /* Finishes every accepted job, stops the thread and frees. */
