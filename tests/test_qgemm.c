@@ -6,7 +6,8 @@
  * rows (every tail of the 8-row micro-kernel), random, extreme-scale and largest-magnitude blocks.
  * The vector kernel must equal the reference exactly (the same operations in the same order).
  * BF16 (vdpbf16ps on the weights as they are, activations rounded to BF16) against the exact sum
- * of the same BF16 values. */
+ * of the same BF16 values. The decode attention of one query over cached keys and values
+ * (k_attend_row) against softmax and the weighted sum in double. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,7 @@
 #include "core/half.h"
 #include "core/quant.h"
 #include "harness.h"
+#include "kernels/kernels.h"
 #include "kernels/qdot.h"
 #include "kernels/qgemm.h"
 
@@ -225,6 +227,44 @@ static void check_fgemm(tlm_dtype t, int in, int out, int N) {
     free(b);
 }
 
+/* One query over S keys of head size hd: the softmax weights and output in double. Keys and
+ * the query span a wide range (scores up to about +-50), so that the maximum's subtraction
+ * matters, and every count of keys left over from the groups of 4 and 2 is covered by the S. */
+static void check_attend_row(int hd, int S) {
+    float *q = malloc(sizeof(float) * hd), *K = malloc(sizeof(float) * S * hd);
+    float *V = malloc(sizeof(float) * S * hd), *p = malloc(sizeof(float) * S);
+    float o[128];
+    double *ref = calloc((size_t)S, sizeof(double));
+    for (int i = 0; i < hd; i++) q[i] = 2.0f * t_unif() - 1.0f;
+    for (int i = 0; i < S * hd; i++) {
+        K[i] = (2.0f * t_unif() - 1.0f) * (i % 7 == 0 ? 8.0f : 1.0f);
+        V[i] = 2.0f * t_unif() - 1.0f;
+    }
+    float scale = 1.0f / sqrtf((float)hd);
+    int ok = k_attend_row(q, K, V, S, hd, scale, p, o);
+    int want =
+        k_isa() >= K_ISA_AVX512 && (hd == 32 || hd == 48 || hd == 64 || hd == 96 || hd == 128);
+    CHECK(ok == (want ? 0 : -1), "attend_row hd=%d S=%d: %s", hd, S, ok ? "refused" : "taken");
+    if (!ok) {
+        double mx = -INFINITY, sum = 0.0, worst = 0.0;
+        for (int j = 0; j < S; j++) {
+            double d = 0.0;
+            for (int i = 0; i < hd; i++) d += (double)q[i] * K[(size_t)j * hd + i];
+            ref[j] = d * scale;
+            mx = ref[j] > mx ? ref[j] : mx;
+        }
+        for (int j = 0; j < S; j++) sum += ref[j] = exp(ref[j] - mx);
+        for (int i = 0; i < hd; i++) {
+            double e = 0.0;
+            for (int j = 0; j < S; j++) e += ref[j] / sum * V[(size_t)j * hd + i];
+            worst = fmax(worst, fabs(e - o[i]));
+        }
+        /* scores of |s| up to ~40 carry float rounding of ~40 * 6e-8 into the weights' exp */
+        CHECK(worst <= 1e-5, "attend_row hd=%d S=%d: %g from the exact attention", hd, S, worst);
+    }
+    free(q), free(K), free(V), free(p), free(ref);
+}
+
 int main(void) {
     t_seed(0x2545F4914F6CDD1Dull); /* the data this test was written against */
     tlm_set_threads(2);
@@ -253,6 +293,10 @@ int main(void) {
         check_fgemm(t, 34, 21, 5);    /* pairs, a partial block of weight rows */
         check_fgemm(t, 33, 9, 3);     /* odd rows: tiles */
     }
+    static const int hds[] = {32, 48, 64, 96, 128, 40};
+    static const int Ss[] = {1, 2, 3, 4, 5, 7, 16, 17, 33, 100};
+    for (int a = 0; a < 6; a++)
+        for (int c = 0; c < 10; c++) check_attend_row(hds[a], Ss[c]);
     CHECK(k_fgemm(NULL, 1, NULL, 9, &(tlm_weight){.dtype = TLM_DTYPE_BF16, .cols = 4}, NULL) == -1,
           "fgemm refuses BF16");
     CHECK(k_qgemm(NULL, 1, NULL, 9, &(tlm_weight){.dtype = TLM_DTYPE_BF16, .cols = 3}, NULL,

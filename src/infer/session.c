@@ -296,6 +296,8 @@ static void attend_decode(tlm_session *s, int l, int N) {
         const float *V = infer_cache_v(s, l, s->row_seq[r], h / group);
         const float *q = s->qkv + (size_t)r * ld + (size_t)h * hd;
         float *p = s->scores + (size_t)task * s->cap;
+        float *o = s->att + (size_t)r * qw + (size_t)h * hd;
+        if (!k_attend_row(q, K, V, S, hd, scale, p, o)) continue;
         float mx = -INFINITY;
         for (int j = 0; j < S; j++) {
             const float *kj = K + (size_t)j * hd;
@@ -306,7 +308,6 @@ static void attend_decode(tlm_session *s, int l, int N) {
             mx = p[j] > mx ? p[j] : mx;
         }
         softmax_row(p, S, mx);
-        float *o = s->att + (size_t)r * qw + (size_t)h * hd;
         for (int i = 0; i < hd; i++) o[i] = 0.0f;
         for (int j = 0; j < S; j++) {
             float w = p[j];

@@ -140,6 +140,13 @@ double k_cross_entropy_fwd(const float *logits, const int *targets, float *probs
 double k_cross_entropy_fwd_bwd(float *logits, const int *targets, int N, int V, int divisor,
                                int *count);
 
+/* ---- decode attention (attend_row.c) ---- */
+/* One query q[hd] over S cached keys K[S, hd] and values V[S, hd]: o[hd] = softmax(scale q.K) V,
+ * with p[0..S) as scratch. Returns -1, computing nothing, where no vector version applies (the CPU,
+ * hd); the caller then runs its plain loops. */
+int k_attend_row(const float *q, const float *K, const float *V, int S, int hd, float scale,
+                 float *p, float *o);
+
 /* ---- misc ---- */
 void k_add(float *y, const float *a, const float *b, size_t n); /* y = a + b */
 void k_acc(float *y, const float *a, size_t n);                 /* y += a */
