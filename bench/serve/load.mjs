@@ -1,6 +1,6 @@
 // Streams C concurrent /v1/completions requests at an OpenAI-compatible server and reports the
-// aggregate generated tok/s and the inter-token latency (p50, p99 over every gap of every stream,
-// and each stream's own p99),
+// aggregate generated tok/s (over the wall time, and over each stream's decoding alone) and the
+// inter-token latency (p50, p99 over every gap of every stream, and each stream's own p99),
 // then the time to first token of a 400-token prompt and of its next turn (prefix reuse).
 // Usage: node load.mjs BASE_URL CONCURRENCY TOKENS [TAG]  -> one JSON line on stdout.
 // TAG starts the 400-token prompt, so that a run's first turn is new to the server (servers keep
@@ -40,7 +40,8 @@ async function stream(prompt, maxTokens) {
       last = now;
     }
   }
-  return { tokens: tokens || chunks, chunks, gaps, ttft: first - t0, end: performance.now() };
+  return { tokens: tokens || chunks, chunks, gaps, ttft: first - t0, end: performance.now(),
+    decodeRate: chunks > 1 && last > first ? ((chunks - 1) * 1000) / (last - first) : 0 };
 }
 
 function pct(a, p) {
@@ -55,6 +56,9 @@ const runs = await Promise.all(Array.from({ length: C }, (_, i) => stream(`Strea
 const wall = (Math.max(...runs.map((r) => r.end)) - t0) / 1000;
 const tokens = runs.reduce((a, r) => a + r.tokens, 0);
 const gaps = runs.flatMap((r) => r.gaps);
+// Decode alone: each stream's chunks after its first over the time from its first to its last,
+// summed over the streams (the wall figure above also counts the prompts' prefill and the ramp).
+const decode = runs.reduce((a, r) => a + r.decodeRate, 0);
 // Prefix reuse: a long first turn, then the same text plus a little more.
 // About 400 tokens with Llama's vocabulary; a context too small for it skips the measurement.
 const tag = tagArg || String(Date.now());
@@ -68,6 +72,7 @@ try {
 }
 console.log(JSON.stringify({
   concurrency: C, tokens, wall_s: +wall.toFixed(3), tok_per_s: +(tokens / wall).toFixed(1),
+  decode_tok_per_s: +decode.toFixed(1),
   itl_p50_ms: +pct(gaps, 50).toFixed(2), itl_p99_ms: +pct(gaps, 99).toFixed(2),
   itl_p99_per_stream_ms: runs.map((r) => +pct(r.gaps, 99).toFixed(2)),
   tokens_per_chunk: +(tokens / runs.reduce((a, r) => a + r.chunks, 0)).toFixed(2),

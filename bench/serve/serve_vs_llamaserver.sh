@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # tlm serve against llama.cpp's llama-server on the same GGUF, threads and --parallel: aggregate
-# generated tok/s and inter-token latency (p50/p99) at 1, 4, 8 and 16 concurrent streams, and the
+# generated tok/s (over the wall time; and decoding alone: each stream's tokens after its first over
+# its first-to-last-token time, summed) and inter-token latency (p50/p99) at 1, 4, 8 and 16
+# concurrent streams, the aggregate decode rate against one stream's (xN), and the
 # time to first token of a ~400-token prompt's second turn (prefix reuse). The model is the
 # random-weight llama2.c-shaped 110M (dim 768, hidden 2048, 12 layers, 12 heads, Llama's 32000
 # SPM vocabulary), as in bench/formats/decode_vs_llamacpp.sh. Unsets OPENBLAS_CORETYPE (the
@@ -98,16 +100,29 @@ def med(k):  # the run with the median rate (its latencies with it)
     return rs[(len(rs) - 1) // 2]
 by = {k: med(k) for k in runs}
 print(f"medians of {max(r.get('rep', 1) for r in rows)} rounds, the servers taking turns")
-print(f"{'streams':>7} {'tlm tok/s':>10} {'llama tok/s':>12} {'ratio':>6} {'tlm p50/p99 ms':>15} {'llama p50/p99 ms':>17}")
+print(f"{'streams':>7} {'tlm tok/s':>10} {'llama tok/s':>12} {'ratio':>6} {'tlm p50/p99 ms':>15} {'llama p50/p99 ms':>17}"
+      f" {'tlm decode':>11} {'llama decode':>13} {'ratio':>6} {'tlm xN':>7} {'llama xN':>9}")
+one = {s: by.get((s, 1)) for s in ("tlm", "llama-server")}
+def dec(r):  # decode alone: the median over the runs of r's server and concurrency
+    if not r:
+        return 0
+    k = next(k for k, rs in runs.items() if r in rs)
+    v = sorted(x.get("decode_tok_per_s", 0) for x in runs[k])
+    return v[(len(v) - 1) // 2]
+def times(s, r):  # decode tok/s against one stream's
+    return f"{dec(r) / dec(one[s]):.2f}x" if one[s] and dec(one[s]) and dec(r) else "-"
 for c in sorted({k[1] for k in by}):
     t, l = by.get(("tlm", c)), by.get(("llama-server", c))
     if not t:
         continue
     if not l:
-        print(f"{c:>7} {t['tok_per_s']:>10.1f} {'-':>12} {'-':>6} {t['itl_p50_ms']:>7.1f}/{t['itl_p99_ms']:<7.1f}")
+        print(f"{c:>7} {t['tok_per_s']:>10.1f} {'-':>12} {'-':>6} {t['itl_p50_ms']:>7.1f}/{t['itl_p99_ms']:<7.1f}"
+              f" {'':>17} {dec(t):>11.1f} {'-':>13} {'-':>6} {times('tlm', t):>7}")
         continue
+    dr = f"{dec(t) / dec(l):.2f}" if dec(l) else "-"
     print(f"{c:>7} {t['tok_per_s']:>10.1f} {l['tok_per_s']:>12.1f} {t['tok_per_s'] / l['tok_per_s']:>6.2f} "
-          f"{t['itl_p50_ms']:>7.1f}/{t['itl_p99_ms']:<7.1f} {l['itl_p50_ms']:>8.1f}/{l['itl_p99_ms']:<8.1f}")
+          f"{t['itl_p50_ms']:>7.1f}/{t['itl_p99_ms']:<7.1f} {l['itl_p50_ms']:>8.1f}/{l['itl_p99_ms']:<8.1f}"
+          f" {dec(t):>11.1f} {dec(l):>13.1f} {dr:>6} {times('tlm', t):>7} {times('llama-server', l):>9}")
 for s in ("tlm", "llama-server"):
     ft = sorted(v["ttft_first_turn_ms"] for k, rs in runs.items() if k[0] == s for v in rs if v["ttft_first_turn_ms"])
     st = sorted(v["ttft_second_turn_ms"] for k, rs in runs.items() if k[0] == s for v in rs if v["ttft_second_turn_ms"])
