@@ -227,9 +227,9 @@ static void check_fgemm(tlm_dtype t, int in, int out, int N) {
     free(b);
 }
 
-/* One query over S keys of head size hd: the softmax weights and output in double. Keys and
- * the query span a wide range (scores up to about +-50), so that the maximum's subtraction
- * matters, and every count of keys left over from the groups of 4 and 2 is covered by the S. */
+/* One query over S keys of head size hd: the softmax weights and output in double. Every seventh
+ * key value is eight times larger, so that scores spread and the maximum's subtraction matters,
+ * and the S cover every count of keys left over from the groups of 4 and 2. */
 static void check_attend_row(int hd, int S) {
     float *q = malloc(sizeof(float) * hd), *K = malloc(sizeof(float) * S * hd);
     float *V = malloc(sizeof(float) * S * hd), *p = malloc(sizeof(float) * S);
@@ -259,7 +259,7 @@ static void check_attend_row(int hd, int S) {
             for (int j = 0; j < S; j++) e += ref[j] / sum * V[(size_t)j * hd + i];
             worst = fmax(worst, fabs(e - o[i]));
         }
-        /* scores of |s| up to ~40 carry float rounding of ~40 * 6e-8 into the weights' exp */
+        /* the float sums of the scores carry rounding of a few 1e-7 into each weight's exp */
         CHECK(worst <= 1e-5, "attend_row hd=%d S=%d: %g from the exact attention", hd, S, worst);
     }
     free(q), free(K), free(V), free(p), free(ref);
