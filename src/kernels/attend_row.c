@@ -1,8 +1,9 @@
 /* One query against its sequence's cached keys and values: the attention of a decode step, per
  * (row, head). The plain loops (session.c) compute one score at a time with one accumulator and
- * a horizontal sum per key, and update the output through memory at every key; at 8 sequences of
- * 110M they were 13% of a step. Here four keys share a pass over the query with four independent
- * chains, and the output stays in registers, two keys' worth of chains at a time. */
+ * a horizontal sum per key, and update the output through memory at every key (8 sequences of
+ * 110M at 256 positions: 13.9% of a step, 10.8% with this). Here four keys share a pass over the
+ * query with four independent chains, and the output stays in registers, two keys' worth of
+ * chains at a time. */
 #include <math.h>
 
 #include "fastmath.h"
