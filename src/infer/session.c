@@ -237,20 +237,6 @@ tlm_status tlm_session_load_prefix(tlm_session *s, int seq, const void *buf, int
     return TLM_OK;
 }
 
-/* p[0..n) = softmax(p[0..n)) given its maximum mx: tlm_expf and OpenMP's simd reductions let the
- * compiler vectorize the row (libm's scalar expf took 9% of a 15M model's prompt). */
-static void softmax_row(float *p, int n, float mx) {
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int j = 0; j < n; j++) {
-        p[j] = tlm_expf(p[j] - mx);
-        sum += p[j];
-    }
-    float inv = 1.0f / sum;
-#pragma omp simd
-    for (int j = 0; j < n; j++) p[j] *= inv;
-}
-
 /* Causal attention of T consecutive new tokens of sequence b (positions pos0..pos0+T-1, scratch
  * rows r0..r0+T-1) over everything cached for it, the new keys included. */
 static void attend_prefill(tlm_session *s, int l, int b, int pos0, int T, int r0) {
@@ -273,7 +259,7 @@ static void attend_prefill(tlm_session *s, int l, int b, int pos0, int T, int r0
             int last = pos0 + t0 + i;
             float mx = row[0];
             for (int j = 1; j <= last; j++) mx = row[j] > mx ? row[j] : mx;
-            softmax_row(row, last + 1, mx);
+            tlm_softmax_row(row, last + 1, mx);
             for (int j = last + 1; j < S; j++) row[j] = 0.0f;
         }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tc, hd, S, 1.0f, p, S, V, hd, 0.0f,
@@ -307,7 +293,7 @@ static void attend_decode(tlm_session *s, int l, int N) {
             p[j] = scale * dot;
             mx = p[j] > mx ? p[j] : mx;
         }
-        softmax_row(p, S, mx);
+        tlm_softmax_row(p, S, mx);
         for (int i = 0; i < hd; i++) o[i] = 0.0f;
         for (int j = 0; j < S; j++) {
             float w = p[j];

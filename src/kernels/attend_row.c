@@ -11,9 +11,7 @@
 #include "qdot.h"
 
 #if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-
-#define T5 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")))
+#include "simd_x86.h"
 
 /* hd = 16 * NB; NB is a constant at each call site, so the arrays below live in registers. */
 T5 static inline __attribute__((always_inline)) void row_avx512(const int NB, const float *q,
@@ -47,15 +45,9 @@ T5 static inline __attribute__((always_inline)) void row_avx512(const int NB, co
         for (int b = 1; b < NB; b++) a = _mm512_fmadd_ps(qv[b], _mm512_loadu_ps(kj + 16 * b), a);
         p[j] = scale * _mm512_reduce_add_ps(a);
     }
-    /* softmax_row's arithmetic (session.c), vectorized by the compiler under this target */
-    float m = -INFINITY, sum = 0.0f;
+    float m = -INFINITY;
     for (j = 0; j < S; j++) m = p[j] > m ? p[j] : m;
-#pragma omp simd reduction(+ : sum)
-    for (j = 0; j < S; j++) {
-        p[j] = tlm_expf(p[j] - m);
-        sum += p[j];
-    }
-    float inv = 1.0f / sum;
+    tlm_softmax_row(p, S, m);
     /* two keys per step into separate sums: 2 x NB independent chains */
     __m512 e0[8], e1[8];
     for (int b = 0; b < NB; b++) e0[b] = e1[b] = _mm512_setzero_ps();
@@ -72,9 +64,7 @@ T5 static inline __attribute__((always_inline)) void row_avx512(const int NB, co
         for (int b = 0; b < NB; b++)
             e0[b] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(V + (size_t)j * hd + 16 * b), e0[b]);
     }
-    __m512 iv = _mm512_set1_ps(inv);
-    for (int b = 0; b < NB; b++)
-        _mm512_storeu_ps(o + 16 * b, _mm512_mul_ps(_mm512_add_ps(e0[b], e1[b]), iv));
+    for (int b = 0; b < NB; b++) _mm512_storeu_ps(o + 16 * b, _mm512_add_ps(e0[b], e1[b]));
 }
 
 T5 static int attend_row_avx512(const float *q, const float *K, const float *V, int S, int hd,

@@ -7,15 +7,8 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
-#include <immintrin.h>
 
-/* Each function carries its instruction set as a target attribute, so the file builds without
- * -march flags and the caller picks by what the CPU reports. */
-#define T2 __attribute__((target("avx2,fma,f16c")))
-#define T5 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
-#define T5BF                                                                                       \
-    __attribute__((                                                                                \
-        target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,avx2,fma,f16c")))
+#include "simd_x86.h"
 
 static int cpu_level, cpu_bf16;
 static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;

@@ -217,9 +217,7 @@ static void micro_ref(int n, int sub, const uint8_t *q, const float *s, const fl
 }
 
 #if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-
-#define T5 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
+#include "simd_x86.h"
 
 /* 16 weight rows x NA activation rows of accumulators over the whole row: per sub-block, int32
  * dot products by vpdpbusd (unsigned weight bytes x signed activations, 4 columns per step), then
@@ -310,10 +308,6 @@ T5 static void quantize_avx512(const float *x, int n, int sub, int8_t *q, float 
         }
     }
 }
-
-#define T5BF                                                                                       \
-    __attribute__((                                                                                \
-        target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,avx2,fma,f16c")))
 
 /* BF16 weights need no repacking: each vdpbf16ps takes one pair of columns of 16 activation rows
  * (interleaved once per call) and a broadcast pair of one weight row. R weight rows against T tiles
