@@ -600,7 +600,18 @@ tlm_status tlm_model_file_tensors(const char *path, tlm_file_tensor **out, int *
  * refuses more tokens with TLM_ERR_RANGE. */
 typedef struct tlm_session tlm_session;
 
-/* capacity <= 0 means context_length. */
+typedef struct {
+    int batch;    /* independent sequences (>= 1) */
+    int capacity; /* positions per sequence; <= 0: context_length */
+    /* TLM_DTYPE_F32 (0) or TLM_DTYPE_F16: keys and values rounded to IEEE half precision as they
+     * are cached (llama.cpp's default cache type), for half the memory and half the traffic of
+     * attention over long contexts; logits then differ from the F32 cache's by about 1e-3
+     * relative. */
+    tlm_dtype kv_type;
+} tlm_session_opts;
+
+tlm_status tlm_session_new_opts(const tlm_model *m, const tlm_session_opts *o, tlm_session **out);
+/* An F32 cache; capacity <= 0 means context_length. */
 tlm_status tlm_session_new(const tlm_model *m, int batch, int capacity, tlm_session **out);
 void tlm_session_free(tlm_session *s);
 /* Faults in the KV cache's memory now. It is mapped lazily, so otherwise the first tokens of each
@@ -610,6 +621,7 @@ void tlm_session_prefault(tlm_session *s);
 /* Empties sequence seq's cache (seq < 0: every sequence). */
 void tlm_session_reset(tlm_session *s, int seq);
 int tlm_session_batch(const tlm_session *s);
+tlm_dtype tlm_session_kv_type(const tlm_session *s);
 int tlm_session_capacity(const tlm_session *s);
 /* Positions cached so far for sequence seq (its next token's position). */
 int tlm_session_length(const tlm_session *s, int seq);
@@ -620,7 +632,8 @@ tlm_status tlm_session_truncate(tlm_session *s, int seq, int n);
 /* Saving a sequence's cached prefix outside the session, to load it later into any sequence of a
  * session of the same model (a server's prompt cache: a slot taken over by another request keeps
  * its keys and values in memory for a later request that starts the same way). The saved form
- * is the model's n_layers x 2 x n_kv_heads blocks of n positions x head_dim floats. */
+ * is the model's n_layers x 2 x n_kv_heads blocks of n positions x head_dim elements of the
+ * session's cache type: load it only into a session with the same kv_type. */
 size_t tlm_session_prefix_bytes(const tlm_session *s, int n);
 /* Copies positions 0..n-1 of sequence seq (n <= its length) into buf of
  * tlm_session_prefix_bytes(s, n) bytes. */

@@ -54,6 +54,14 @@ expect "generate --precision bf16 ($gen)" grep -q "^Once" <<<"$gen"
 expect "generate --precision bogus" grep -q "precision must be auto, fp32 or bf16" \
     <<<"$("$TLM" generate -m "$M" -p x --precision bogus 2>&1)"
 
+# --cache-type: f16 by default, reported with llama-bench's field names
+for ct in "" f32; do
+    json=$("$TLM" bench -m "$M" -p 0 -n 4 -r 1 -o json ${ct:+--cache-type $ct})
+    want=${ct:-f16}
+    /usr/bin/python3 -c 'import json,sys; x=json.loads(sys.argv[1])[0]; assert x["type_k"]==x["type_v"]==sys.argv[2], x' "$json" "$want"
+    expect "bench cache type $want" test $? -eq 0
+done
+
 err() { "$TLM" bench "$@" 2>&1 >/dev/null; }
 expect "no model" grep -q "bench: -m MODEL is required" <<<"$(err -p 8)"
 expect "bad list" grep -q "bench: -p wants counts" <<<"$(err -m "$M" -p 8,,x)"

@@ -111,6 +111,7 @@ one_line_error "bad top-p" "--top-p" -m "$M" --ids 1 --top-p 0
 one_line_error "bad -n" "-n wants" -m "$M" --ids 1 -n abc
 one_line_error "unknown flag" "unknown option" -m "$M" --ids 1 --frobnicate
 one_line_error "missing value" "needs a value" -m "$M" --ids
+one_line_error "bad cache type" "cache-type must be f16 or f32" -m "$M" --ids 1 --cache-type q8
 
 # The pretrained llama2.c stories260K: greedy decoding gives llama2.c's documented story.
 if [[ -f $DATA/models/stories260K.bin && -f $DATA/models/tok512.bin ]]; then
@@ -120,6 +121,10 @@ if [[ -f $DATA/models/stories260K.bin && -f $DATA/models/tok512.bin ]]; then
     expect "stories260K exits 0 ($(cat "$tmp/err"))" test $rc -eq 0
     expect "stories260K greedy story ($out)" grep -q \
         "^Once upon a time, there was a little girl named Lily. She loved to play outside" <<<"$out"
+    # the default F16 cache and an F32 one tell the same greedy story
+    f32=$($TLM generate -m "$D/stories260K.bin" -z "$D/tok512.bin" -p "Once upon a time" -n 40 \
+        --temp 0 -t 2 --cache-type f32 2>/dev/null)
+    expect "stories260K, F32 cache: the same story" test "$out" = "$f32"
     ids=$($TLM generate -m "$D/stories260K.bin" -z "$D/tok512.bin" -p "Once upon a time" -n 40 \
         --temp 0 --print-ids 2>/dev/null)
     read -ra a <<<"$ids"

@@ -1,6 +1,8 @@
 /* Generation: the KV-cache invariant (incremental decoding and every prefill/decode split give the
  * logits of one full forward pass) over every config variant, batched decoding, the limits of the
- * cache, the samplers' distributions (seeded chi-square tests) and the generation loop. */
+ * cache, the samplers' distributions (seeded chi-square tests) and the generation loop. The cache
+ * tests run on an F32 cache (to 1e-5) and again on an F16 one (keys and values rounded to halves:
+ * to TOL_F16, where a cache read or written wrong is off by far more). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -8,7 +10,17 @@
 #include "harness.h"
 #include "tlm.h"
 
-#define TOL 1e-5
+/* The cache type of the session tests (main runs them with each). */
+static tlm_dtype kv_type = TLM_DTYPE_F32;
+#define TOL_F16 2e-3
+#define TOL (kv_type == TLM_DTYPE_F16 ? TOL_F16 : 1e-5)
+
+static tlm_status new_session(const tlm_model *m, int batch, int capacity, tlm_session **out) {
+    tlm_session_opts o = {.batch = batch, .capacity = capacity, .kv_type = kv_type};
+    tlm_status st = tlm_session_new_opts(m, &o, out);
+    if (!st) CHECK(tlm_session_kv_type(*out) == kv_type, "cache type");
+    return st;
+}
 
 /* max|a-b| / max|b| per row of width V over n rows: the worst row. */
 static double rel_err(const float *a, const float *b, int n, int V) {
@@ -49,6 +61,9 @@ static const variant variants[] = {
     {"GQA 6/3 interleaved layernorm bias",
      "\"n_kv_heads\":3,\"rope_pairing\":\"interleaved\",\"bias\":true,\"norm\":\"layernorm\"", 48,
      6, 0},
+    /* head size 32: decode attention takes k_attend_row where the CPU has AVX-512 (the others'
+     * head sizes take the plain loops) */
+    {"head size 32, GQA 4/2", "\"n_kv_heads\":2", 128, 4, 0},
 };
 
 /* Base: vocab 97, context 24, d 32, 2 layers, 4 heads, plus the variant's fields. */
@@ -125,7 +140,7 @@ static void test_invariant(void) {
         for (size_t i = 0; i < (size_t)T * V; i++) mag = fmax(mag, fabs(want[i]));
         CHECK(mag > 1.0, "%s: logits too flat (%g)", variants[vi].name, mag);
         tlm_session *s = NULL;
-        CHECK_OK(tlm_session_new(m, 1, 0, &s));
+        CHECK_OK(new_session(m, 1, 0, &s));
         CHECK(tlm_session_capacity(s) == T, "capacity %d", tlm_session_capacity(s));
         const int splits[][4] = {{1}, {5}, {T / 2}, {T - 1}, {T}, {3, 7}, {1, 1, 9}, {2, 11, 11}};
         const int n_chunks[] = {1, 1, 1, 1, 1, 2, 3, 3};
@@ -167,14 +182,14 @@ static void test_long_prefill(void) {
     random_ids(ids, T, V, 55);
     float *want = full_logits(m, ids, T);
     tlm_session *s = NULL;
-    CHECK_OK(tlm_session_new(m, 1, 0, &s));
+    CHECK_OK(new_session(m, 1, 0, &s));
     int chunks[] = {5, 270};
     double e = run_split(s, ids, T, chunks, 2, want, V);
     CHECK(e <= TOL, "long prefill rel err %.3g", e);
     printf("  %-50s %.2e\n", "prefill 5 + 270 (3 query chunks) + decode 15", e);
     tlm_session_free(s);
-    CHECK(tlm_session_new(m, 1, 301, &s) == TLM_ERR_ARG, "capacity > context");
-    CHECK_OK(tlm_session_new(m, 1, 10, &s));
+    CHECK(new_session(m, 1, 301, &s) == TLM_ERR_ARG, "capacity > context");
+    CHECK_OK(new_session(m, 1, 10, &s));
     CHECK(tlm_prefill(s, 0, ids, 11, NULL, 0) == TLM_ERR_RANGE, "prefill past a small capacity");
     CHECK(tlm_session_length(s, 0) == 0, "failed prefill left length %d", tlm_session_length(s, 0));
     CHECK_OK(tlm_prefill(s, 0, ids, 10, NULL, 0));
@@ -200,7 +215,7 @@ static void test_batch_decode(void) {
         want[b] = full_logits(m, ids[b], T);
     }
     tlm_session *s = NULL;
-    CHECK_OK(tlm_session_new(m, NB, 0, &s));
+    CHECK_OK(new_session(m, NB, 0, &s));
     float *got = malloc((size_t)NB * V * sizeof *got);
     int len[NB] = {2, 5, 9};
     double worst = 0;
@@ -244,8 +259,8 @@ static void test_prefix_save_load(void) {
     int32_t ids[12];
     random_ids(ids, 12, V, 77);
     tlm_session *s = NULL, *t = NULL;
-    CHECK_OK(tlm_session_new(m, 2, 0, &s));
-    CHECK_OK(tlm_session_new(m, 3, 16, &t));
+    CHECK_OK(new_session(m, 2, 0, &s));
+    CHECK_OK(new_session(m, 3, 16, &t));
     float *a = malloc((size_t)V * sizeof *a), *b = malloc((size_t)V * sizeof *b);
     CHECK_OK(tlm_prefill(s, 0, ids, 10, NULL, 0));
     size_t bytes = tlm_session_prefix_bytes(s, 10);
@@ -289,7 +304,7 @@ static void test_mixed_step(void) {
         want[b] = full_logits(m, ids[b], T);
     }
     tlm_session *s = NULL;
-    CHECK_OK(tlm_session_new(m, NB, 0, &s));
+    CHECK_OK(new_session(m, NB, 0, &s));
     float *got = malloc((size_t)NB * V * sizeof *got);
     int len[NB] = {0, 0, 0, 0}, checked = 0;
     /* n[step][b]: a prompt of 5 for sequence 0 while 1 waits, then all kinds of mixes. */
@@ -639,13 +654,40 @@ static void test_generate_loop(void) {
     tlm_model_free(m);
 }
 
+/* Cache types other than F32 and F16 are refused by name. */
+static void test_kv_types(void) {
+    tlm_model *m = make_model("", 3);
+    CHECK(m != NULL, "%s", tlm_last_error());
+    if (!m) return;
+    tlm_session *s = (tlm_session *)&s;
+    tlm_session_opts o = {.batch = 1, .kv_type = TLM_DTYPE_Q8_0};
+    CHECK(tlm_session_new_opts(m, &o, &s) == TLM_ERR_ARG && s == NULL, "Q8_0 cache refused");
+    CHECK(strstr(tlm_last_error(), "Q8_0") != NULL, "error names the type: %s", tlm_last_error());
+    CHECK(tlm_session_new_opts(m, NULL, &s) == TLM_ERR_ARG, "NULL options");
+    o.kv_type = TLM_DTYPE_F16;
+    CHECK_OK(tlm_session_new_opts(m, &o, &s));
+    tlm_session *f = NULL;
+    CHECK_OK(tlm_session_new(m, 1, 0, &f));
+    /* half the bytes of the F32 cache's prefix */
+    CHECK(tlm_session_prefix_bytes(s, 7) * 2 == tlm_session_prefix_bytes(f, 7), "F16 prefix bytes");
+    CHECK(tlm_session_kv_type(f) == TLM_DTYPE_F32, "tlm_session_new is F32");
+    tlm_session_free(s);
+    tlm_session_free(f);
+    tlm_model_free(m);
+}
+
 int main(void) {
     tlm_set_threads(2);
-    test_invariant();
-    test_long_prefill();
-    test_batch_decode();
-    test_prefix_save_load();
-    test_mixed_step();
+    for (int k = 0; k < 2; k++) {
+        kv_type = k ? TLM_DTYPE_F16 : TLM_DTYPE_F32;
+        printf("---- %s cache ----\n", tlm_dtype_name(kv_type));
+        test_invariant();
+        test_long_prefill();
+        test_batch_decode();
+        test_prefix_save_load();
+        test_mixed_step();
+    }
+    test_kv_types();
     test_samplers();
     test_generate_loop();
     return t_finish("test_generate");

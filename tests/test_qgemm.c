@@ -7,7 +7,8 @@
  * The vector kernel must equal the reference exactly (the same operations in the same order).
  * BF16 (vdpbf16ps on the weights as they are, activations rounded to BF16) against the exact sum
  * of the same BF16 values. The decode attention of one query over cached keys and values
- * (k_attend_row) against softmax and the weighted sum in double. */
+ * (k_attend_row), on F32 and F16 caches, against softmax and the weighted sum in double; the F16
+ * cache's row conversions against the scalar ones. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -230,21 +231,29 @@ static void check_fgemm(tlm_dtype t, int in, int out, int N) {
 /* One query over S keys of head size hd: the softmax weights and output in double. Every seventh
  * key value is eight times larger, so that scores spread and the maximum's subtraction matters,
  * and the S cover every count of keys left over from the groups of 4 and 2. */
-static void check_attend_row(int hd, int S) {
+/* The cache in F32 or, with f16, in halves: the reference then takes the halves' values. */
+static void check_attend_row(int hd, int S, int f16) {
     float *q = malloc(sizeof(float) * hd), *K = malloc(sizeof(float) * S * hd);
     float *V = malloc(sizeof(float) * S * hd), *p = malloc(sizeof(float) * S);
+    uint16_t *Kh = malloc(sizeof(uint16_t) * S * hd), *Vh = malloc(sizeof(uint16_t) * S * hd);
     float o[128];
     double *ref = calloc((size_t)S, sizeof(double));
     for (int i = 0; i < hd; i++) q[i] = 2.0f * t_unif() - 1.0f;
     for (int i = 0; i < S * hd; i++) {
         K[i] = (2.0f * t_unif() - 1.0f) * (i % 7 == 0 ? 8.0f : 1.0f);
         V[i] = 2.0f * t_unif() - 1.0f;
+        if (f16) {
+            Kh[i] = tlm_f32_to_f16(K[i]), K[i] = tlm_f16_to_f32(Kh[i]);
+            Vh[i] = tlm_f32_to_f16(V[i]), V[i] = tlm_f16_to_f32(Vh[i]);
+        }
     }
     float scale = 1.0f / sqrtf((float)hd);
-    int ok = k_attend_row(q, K, V, S, hd, scale, p, o);
+    int ok = f16 ? k_attend_row(q, Kh, Vh, 1, S, hd, scale, p, o)
+                 : k_attend_row(q, K, V, 0, S, hd, scale, p, o);
     int want =
         k_isa() >= K_ISA_AVX512 && (hd == 32 || hd == 48 || hd == 64 || hd == 96 || hd == 128);
-    CHECK(ok == (want ? 0 : -1), "attend_row hd=%d S=%d: %s", hd, S, ok ? "refused" : "taken");
+    CHECK(ok == (want ? 0 : -1), "attend_row hd=%d S=%d f16=%d: %s", hd, S, f16,
+          ok ? "refused" : "taken");
     if (!ok) {
         double mx = -INFINITY, sum = 0.0, worst = 0.0;
         for (int j = 0; j < S; j++) {
@@ -260,9 +269,52 @@ static void check_attend_row(int hd, int S) {
             worst = fmax(worst, fabs(e - o[i]));
         }
         /* the float sums of the scores carry rounding of a few 1e-7 into each weight's exp */
-        CHECK(worst <= 1e-5, "attend_row hd=%d S=%d: %g from the exact attention", hd, S, worst);
+        CHECK(worst <= 1e-5, "attend_row hd=%d S=%d f16=%d: %g from the exact attention", hd, S,
+              f16, worst);
     }
-    free(q), free(K), free(V), free(p), free(ref);
+    free(q), free(K), free(V), free(p), free(ref), free(Kh), free(Vh);
+}
+
+/* k_f32_to_f16 / k_f16_to_f32 give tlm_f32_to_f16's and tlm_f16_to_f32's results on every
+ * range: ties, halves' subnormals, overflow to infinity, infinities, signed zeros; odd lengths
+ * take the scalar tail. NaNs stay NaNs. */
+static void check_f16_rows(void) {
+    enum { N = 4099 };
+    float *x = malloc(sizeof(float) * N), *y = malloc(sizeof(float) * N);
+    uint16_t *h = malloc(sizeof(uint16_t) * N);
+    for (int i = 0; i < N; i++) {
+        float e = ldexpf(1.0f, (int)(t_unif() * 44.0f) - 28); /* 2^-28 .. 2^15 */
+        x[i] = (2.0f * t_unif() - 1.0f) * e;
+    }
+    static const float special[] = {0.0f,
+                                    -0.0f,
+                                    65504.0f,
+                                    65520.0f,
+                                    -65536.0f,
+                                    1e-8f,
+                                    3e-8f,
+                                    6.1035156e-05f,
+                                    1.0009765625f /* a tie: 1 + 2^-10 */,
+                                    1.00048828125f /* 1 + 2^-11: a tie, to even */,
+                                    INFINITY,
+                                    -INFINITY,
+                                    NAN};
+    for (int i = 0; i < (int)(sizeof special / sizeof special[0]); i++) x[17 * i + 3] = special[i];
+    k_f32_to_f16(h, x, N);
+    int bad = 0;
+    for (int i = 0; i < N; i++)
+        if (isnan(x[i]) ? (h[i] & 0x7c00) != 0x7c00 || !(h[i] & 0x3ff)
+                        : h[i] != tlm_f32_to_f16(x[i]))
+            bad++;
+    CHECK(!bad, "k_f32_to_f16: %d of %d differ from tlm_f32_to_f16", bad, N);
+    k_f16_to_f32(y, h, N);
+    bad = 0;
+    for (int i = 0; i < N; i++) {
+        float r = tlm_f16_to_f32(h[i]);
+        if (isnan(r) ? !isnan(y[i]) : memcmp(&r, &y[i], 4) != 0) bad++;
+    }
+    CHECK(!bad, "k_f16_to_f32: %d of %d differ from tlm_f16_to_f32", bad, N);
+    free(x), free(y), free(h);
 }
 
 int main(void) {
@@ -296,7 +348,9 @@ int main(void) {
     static const int hds[] = {32, 48, 64, 96, 128, 40};
     static const int Ss[] = {1, 2, 3, 4, 5, 7, 16, 17, 33, 100};
     for (int a = 0; a < 6; a++)
-        for (int c = 0; c < 10; c++) check_attend_row(hds[a], Ss[c]);
+        for (int c = 0; c < 10; c++)
+            for (int f16 = 0; f16 < 2; f16++) check_attend_row(hds[a], Ss[c], f16);
+    check_f16_rows();
     CHECK(k_fgemm(NULL, 1, NULL, 9, &(tlm_weight){.dtype = TLM_DTYPE_BF16, .cols = 4}, NULL) == -1,
           "fgemm refuses BF16");
     CHECK(k_qgemm(NULL, 1, NULL, 9, &(tlm_weight){.dtype = TLM_DTYPE_BF16, .cols = 3}, NULL,

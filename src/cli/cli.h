@@ -44,6 +44,11 @@ int cli_load_flags(const char *cmd, int no_mmap, const char *precision, unsigned
     "                        bf16: F32/F16 matrices rounded to BF16 at load (half the memory\n"    \
     "                        of F32, faster decode, prompts on vdpbf16ps); fp32: BF16 matrices\n"  \
     "                        widened to F32 at load (exact fp32 products)\n"
+#define CLI_CACHE_TYPE_HELP                                                                        \
+    "  --cache-type T        f16 (default, as llama.cpp's) or f32: the type of the KV cache's\n"   \
+    "                        keys and values (f16: half the memory and the attention traffic)\n"
+/* "f16" or "f32" (any case) into *t; else prints an error naming cmd and returns 0. */
+int cli_cache_type(const char *cmd, const char *v, tlm_dtype *t);
 /* Monotonic seconds. */
 double cli_now(void);
 /* True if argv contains -h or --help. */

@@ -27,7 +27,8 @@ static const char *bench_help =
     "  -r, --repetitions R    runs per test after the warm-up (default 5)\n"
     "  -o, --output FMT       md (a table, default) or json\n"
     "  --no-mmap              read the weights into memory instead of mapping the file\n"
-    "  --precision P          auto, fp32 or bf16: the type of the products (as tlm generate)\n";
+    "  --precision P          auto, fp32 or bf16: the type of the products (as tlm generate)\n"
+    "  --cache-type T         f16 (default) or f32: the KV cache's type (as tlm generate)\n";
 
 #define MAX_LIST 16
 
@@ -101,6 +102,7 @@ static const char *base_name(const char *p) {
 
 int cmd_bench(int argc, char **argv) {
     const char *model_path = NULL, *fmt = "md", *precision = NULL;
+    tlm_dtype cache_type = TLM_DTYPE_F16;
     long pp[MAX_LIST] = {512}, tg[MAX_LIST] = {128}, th[MAX_LIST] = {0}, bs[MAX_LIST] = {1};
     int n_pp = 1, n_tg = 1, n_th = 1, n_bs = 1, no_mmap = 0;
     long reps = 5;
@@ -138,6 +140,8 @@ int cmd_bench(int argc, char **argv) {
         } else if (cli_flag_value(argc, argv, &i, "--precision", NULL, &v)) {
             if (!v) return cli_fail("bench: --precision needs a value");
             precision = v;
+        } else if (cli_flag_value(argc, argv, &i, "--cache-type", NULL, &v)) {
+            if (!cli_cache_type("bench", v, &cache_type)) return 1;
         } else if (cli_flag_value(argc, argv, &i, "-o", "--output", &v)) {
             if (!v || (strcmp(v, "md") && strcmp(v, "json")))
                 return cli_fail("bench: -o wants md or json, got '%s'", v ? v : "");
@@ -209,7 +213,8 @@ int cmd_bench(int argc, char **argv) {
                         tlm_session_free(*sp);
                         *sp = NULL;
                     }
-                    if (!*sp && tlm_session_new(m, B, max_len, sp)) {
+                    tlm_session_opts so = {.batch = B, .capacity = max_len, .kv_type = cache_type};
+                    if (!*sp && tlm_session_new_opts(m, &so, sp)) {
                         cli_fail_status("bench: session");
                         goto done;
                     }
@@ -238,6 +243,10 @@ int cmd_bench(int argc, char **argv) {
                         cJSON_AddNumberToObject(o, "model_n_params", (double)params);
                         cJSON_AddNumberToObject(o, "n_threads", threads);
                         cJSON_AddNumberToObject(o, "n_batch_seqs", B);
+                        /* llama-bench's names for the cache's types */
+                        const char *ct = cache_type == TLM_DTYPE_F16 ? "f16" : "f32";
+                        cJSON_AddStringToObject(o, "type_k", ct);
+                        cJSON_AddStringToObject(o, "type_v", ct);
                         cJSON_AddNumberToObject(o, "n_prompt", kind ? 0 : n);
                         cJSON_AddNumberToObject(o, "n_gen", kind ? n : 0);
                         cJSON_AddNumberToObject(o, "avg_ts", mean);

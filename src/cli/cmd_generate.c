@@ -13,7 +13,7 @@ static const char *generate_help =
     "                    [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
     "                    [--presence-penalty X] [--frequency-penalty X] [--repeat-last-n N]\n"
     "                    [--seed S] [-t THREADS] [--print-ids] [--no-mmap]\n"
-    "                    [--precision auto|fp32|bf16]\n"
+    "                    [--precision auto|fp32|bf16] [--cache-type f16|f32]\n"
     "\n"
     "Samples a continuation of the prompt and streams it to stdout (the prompt first, then the\n"
     "new text, never half a UTF-8 character). Timings go to stderr at the end.\n\n"
@@ -40,6 +40,7 @@ static const char *generate_help =
     "                        instead of text\n"
     "  --no-mmap             read the weights into memory, not the file in place\n"
     CLI_PRECISION_HELP
+    CLI_CACHE_TYPE_HELP
     "\n"
     "Generation stops after N tokens, at the vocabulary's EOS, or when prompt + output reach the\n"
     "model's context_length (with a notice on stderr; there is no sliding window).\n";
@@ -104,6 +105,7 @@ static int parse_ids(const char *s, int32_t **ids, int *n) {
 int cmd_generate(int argc, char **argv) {
     const char *model_path = NULL, *tok_path = NULL, *prompt = NULL, *ids_arg = NULL;
     const char *precision = NULL;
+    tlm_dtype cache_type = TLM_DTYPE_F16;
     long n_new = 256, top_k = 40, seed = 0, threads = 0;
     double temp = 0.8, top_p = 0.95, min_p = 0, rep_pen = 1, pres_pen = 0, freq_pen = 0;
     long last_n = 64;
@@ -126,6 +128,8 @@ int cmd_generate(int argc, char **argv) {
         } else if (cli_flag_value(argc, argv, &i, "--precision", NULL, &v)) {
             if (!v) return cli_fail("generate: %s needs a value", a);
             precision = v;
+        } else if (cli_flag_value(argc, argv, &i, "--cache-type", NULL, &v)) {
+            if (!cli_cache_type("generate", v, &cache_type)) return 1;
         } else if (cli_flag_value(argc, argv, &i, "-z", "--tokenizer", &v)) {
             if (!v) return cli_fail("generate: %s needs a value", a);
             tok_path = v;
@@ -266,7 +270,8 @@ int cmd_generate(int argc, char **argv) {
                       c->context_length);
         goto done;
     }
-    if (tlm_session_new(m, 1, 0, &sess)) {
+    tlm_session_opts so = {.batch = 1, .kv_type = cache_type};
+    if (tlm_session_new_opts(m, &so, &sess)) {
         rc = cli_fail_status("generate");
         goto done;
     }

@@ -26,6 +26,7 @@ static const char *serve_help =
     "usage: tlm serve -m MODEL [-z TOKENIZER] [--host 127.0.0.1] [--port 8080] [--parallel N]\n"
     "                 [--ctx T] [--api-key KEY] [-t THREADS] [--chat-template NAME]\n"
     "                 [--queue N] [--max-body BYTES] [--precision auto|fp32|bf16]\n"
+    "                 [--cache-type f16|f32]\n"
     "\n"
     "Serves the OpenAI API (POST /v1/completions, /v1/chat/completions, GET /v1/models) plus\n"
     "/health, /metrics (Prometheus), /tokenize, /detokenize and a chat page at /.\n\n"
@@ -45,6 +46,7 @@ static const char *serve_help =
     "  --max-body BYTES      largest request body (default 1048576; larger get 413)\n"
     "  -t, --threads N       threads (default: all cores)\n"
     CLI_PRECISION_HELP
+    CLI_CACHE_TYPE_HELP
     "\n"
     "SIGINT or SIGTERM stops taking requests, finishes the running ones and exits 0; a second\n"
     "SIGINT quits at once.\n";
@@ -646,6 +648,7 @@ static int gguf_template(const char *model, srv_template *t, int *present) {
 int cmd_serve(int argc, char **argv) {
     const char *model_path = NULL, *tok_path = NULL, *host = "127.0.0.1", *api_key = NULL;
     const char *tpl_name = NULL, *precision = NULL;
+    tlm_dtype cache_type = TLM_DTYPE_F16;
     long port = 8080, parallel = 4, ctx = 0, threads = 0, queue = 0, max_body = 1 << 20,
          cache_mib = 1024;
     for (int i = 1; i < argc; i++) {
@@ -668,6 +671,8 @@ int cmd_serve(int argc, char **argv) {
             tpl_name = v;
         } else if (cli_flag_value(argc, argv, &i, "--precision", NULL, &v)) {
             precision = v;
+        } else if (cli_flag_value(argc, argv, &i, "--cache-type", NULL, &v)) {
+            if (!cli_cache_type("serve", v, &cache_type)) return 1;
         } else if (cli_flag_value(argc, argv, &i, "--port", NULL, &v)) {
             num = &port, lo = 0, hi = 65535;
         } else if (cli_flag_value(argc, argv, &i, "--parallel", "-np", &v)) {
@@ -743,7 +748,8 @@ int cmd_serve(int argc, char **argv) {
     srv_sched_opts so = {.parallel = (int)parallel,
                          .ctx = (int)ctx,
                          .queue_max = (int)queue,
-                         .cache_mib = cache_mib};
+                         .cache_mib = cache_mib,
+                         .kv_type = cache_type};
     /* Loading may have run parallel regions on this thread, which leaves a team of OpenMP threads
      * parked here. With the scheduler thread's team beside it, libgomp manages more threads than
      * there are CPUs (on 2 cores) and cuts its spin before sleeping at a barrier from

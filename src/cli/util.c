@@ -2,6 +2,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <sys/stat.h>
 #include <time.h>
@@ -89,6 +90,15 @@ double cli_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int cli_cache_type(const char *cmd, const char *v, tlm_dtype *t) {
+    if (v && (!strcasecmp(v, "f16") || !strcasecmp(v, "f32"))) {
+        *t = v[1] == '1' ? TLM_DTYPE_F16 : TLM_DTYPE_F32;
+        return 1;
+    }
+    fprintf(stderr, "tlm: %s: --cache-type must be f16 or f32 (got '%s')\n", cmd, v ? v : "");
+    return 0;
 }
 
 int cli_load_flags(const char *cmd, int no_mmap, const char *precision, unsigned *flags) {

@@ -78,11 +78,36 @@ static tlm_status reserve_scores(tlm_session *s, size_t floats) {
     return TLM_OK;
 }
 
+/* An F16 cache's per-thread blocks for widened keys and values (only prefill attention and the
+ * plain decode loops touch them: the mapping costs nothing until then). */
+static tlm_status reserve_wide(tlm_session *s) {
+    if (!s->kv_f16) return TLM_OK;
+    size_t hd = (size_t)(s->m->c.d_model / s->m->c.n_heads);
+    size_t floats = (size_t)omp_get_max_threads() * 2 * (size_t)s->cap * hd;
+    if (floats <= s->wide_floats) return TLM_OK;
+    tlm_big_free(s->wide, s->wide_floats * sizeof(float));
+    s->wide = tlm_big_alloc(floats * sizeof(float));
+    s->wide_floats = s->wide ? floats : 0;
+    if (!s->wide)
+        return tlm_err(TLM_ERR_NOMEM, "out of memory for widening the F16 cache (%zu MiB)",
+                       floats * sizeof(float) >> 20);
+    return TLM_OK;
+}
+
 tlm_status tlm_session_new(const tlm_model *m, int batch, int capacity, tlm_session **out) {
+    tlm_session_opts o = {.batch = batch, .capacity = capacity, .kv_type = TLM_DTYPE_F32};
+    return tlm_session_new_opts(m, &o, out);
+}
+
+tlm_status tlm_session_new_opts(const tlm_model *m, const tlm_session_opts *o, tlm_session **out) {
     if (!out) return tlm_err(TLM_ERR_ARG, "session: out must not be NULL");
     *out = NULL;
-    if (!m) return tlm_err(TLM_ERR_ARG, "session: model must not be NULL");
+    if (!m || !o) return tlm_err(TLM_ERR_ARG, "session: model and options must not be NULL");
     const tlm_config *c = &m->c;
+    int batch = o->batch, capacity = o->capacity;
+    if (o->kv_type != TLM_DTYPE_F32 && o->kv_type != TLM_DTYPE_F16)
+        return tlm_err(TLM_ERR_ARG, "session: KV cache type %s (supported: F32, F16)",
+                       tlm_dtype_name(o->kv_type));
     if (batch <= 0) return tlm_err(TLM_ERR_ARG, "session: batch %d must be positive", batch);
     if (capacity <= 0) capacity = c->context_length;
     if (capacity > c->context_length)
@@ -93,13 +118,15 @@ tlm_status tlm_session_new(const tlm_model *m, int batch, int capacity, tlm_sess
     s->m = m;
     s->B = batch;
     s->cap = capacity;
+    s->kv_f16 = o->kv_type == TLM_DTYPE_F16;
+    s->kv_elt = s->kv_f16 ? sizeof(uint16_t) : sizeof(float);
     size_t hd = (size_t)(c->d_model / c->n_heads);
     s->head_stride = (size_t)capacity * hd;
     size_t kv_floats = 0;
     int ok =
         tlm_mul_ok((size_t)c->n_layers * 2 * (size_t)c->n_kv_heads, (size_t)batch, &kv_floats) &&
         tlm_mul_ok(kv_floats, s->head_stride, &kv_floats) &&
-        tlm_mul_ok(kv_floats, sizeof(float), &s->kv_bytes);
+        tlm_mul_ok(kv_floats, s->kv_elt, &s->kv_bytes);
     tlm_status st = TLM_OK;
     if (!ok) {
         st = tlm_err(TLM_ERR_NOMEM, "session: KV cache size overflows");
@@ -123,6 +150,7 @@ tlm_status tlm_session_new(const tlm_model *m, int batch, int capacity, tlm_sess
     }
     st = reserve_rows(s, batch);
     if (!st) st = reserve_scores(s, (size_t)batch * c->n_heads * capacity);
+    if (!st) st = reserve_wide(s);
     if (st) goto fail;
     *out = s;
     return TLM_OK;
@@ -135,6 +163,7 @@ void tlm_session_free(tlm_session *s) {
     if (!s) return;
     free_scratch(s);
     tlm_big_free(s->scores, s->scores_floats * sizeof(float));
+    tlm_big_free(s->wide, s->wide_floats * sizeof(float));
     if (s->kv) tlm_big_free(s->kv, s->kv_bytes);
     if (s->logits) tlm_big_free(s->logits, (size_t)s->B * s->m->c.vocab_size * sizeof(float));
     free(s->len);
@@ -166,6 +195,9 @@ void tlm_session_reset(tlm_session *s, int seq) {
 }
 
 int tlm_session_batch(const tlm_session *s) { return s->B; }
+tlm_dtype tlm_session_kv_type(const tlm_session *s) {
+    return s->kv_f16 ? TLM_DTYPE_F16 : TLM_DTYPE_F32;
+}
 int tlm_session_capacity(const tlm_session *s) { return s->cap; }
 int tlm_session_length(const tlm_session *s, int seq) {
     return seq >= 0 && seq < s->B ? s->len[seq] : -1;
@@ -186,21 +218,21 @@ size_t tlm_session_prefix_bytes(const tlm_session *s, int n) {
     if (!s || n < 0) return 0;
     const tlm_config *c = &s->m->c;
     size_t hd = (size_t)(c->d_model / c->n_heads);
-    return (size_t)c->n_layers * 2 * (size_t)c->n_kv_heads * (size_t)n * hd * sizeof(float);
+    return (size_t)c->n_layers * 2 * (size_t)c->n_kv_heads * (size_t)n * hd * s->kv_elt;
 }
 
 /* Copies positions 0..n-1 of sequence seq out of the cache into `to`, or into it from `from` (the
  * other NULL); the buffer holds n_buf positions per block in the saved order: layer, keys then
  * values, kv head. */
-static void prefix_copy(const tlm_session *s, int seq, float *to, const float *from, int n_buf,
+static void prefix_copy(const tlm_session *s, int seq, char *to, const char *from, int n_buf,
                         int n) {
     const tlm_config *c = &s->m->c;
-    size_t hd = (size_t)(c->d_model / c->n_heads), bytes = (size_t)n * hd * sizeof(float);
-    size_t at = 0, step = (size_t)n_buf * hd;
+    size_t hd = (size_t)(c->d_model / c->n_heads), bytes = (size_t)n * hd * s->kv_elt;
+    size_t at = 0, step = (size_t)n_buf * hd * s->kv_elt;
     for (int l = 0; l < c->n_layers; l++)
         for (int kv = 0; kv < 2; kv++)
             for (int h = 0; h < c->n_kv_heads; h++, at += step) {
-                float *blk = kv ? infer_cache_v(s, l, seq, h) : infer_cache_k(s, l, seq, h);
+                void *blk = infer_cache(s, l, seq, kv, h);
                 if (to)
                     memcpy(to + at, blk, bytes);
                 else
@@ -250,7 +282,15 @@ static void attend_prefill(tlm_session *s, int l, int b, int pos0, int T, int r0
         int h = task / chunks, t0 = (task % chunks) * QCHUNK;
         int tc = T - t0 < QCHUNK ? T - t0 : QCHUNK;
         int S = pos0 + t0 + tc; /* keys past the chunk's last query are all masked */
-        const float *K = infer_cache_k(s, l, b, h / group), *V = infer_cache_v(s, l, b, h / group);
+        const float *K = infer_cache(s, l, b, 0, h / group),
+                    *V = infer_cache(s, l, b, 1, h / group);
+        if (s->kv_f16) {
+            float *w = s->wide + (size_t)omp_get_thread_num() * 2 * cap * hd;
+            k_f16_to_f32(w, (const uint16_t *)(const void *)K, (size_t)S * hd);
+            k_f16_to_f32(w + (size_t)cap * hd, (const uint16_t *)(const void *)V, (size_t)S * hd);
+            K = w;
+            V = w + (size_t)cap * hd;
+        }
         float *p = s->scores + (size_t)omp_get_thread_num() * QCHUNK * cap;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tc, S, hd, scale,
                     s->qkv + (size_t)(r0 + t0) * ld + (size_t)h * hd, ld, K, hd, 0.0f, p, S);
@@ -278,12 +318,20 @@ static void attend_decode(tlm_session *s, int l, int N) {
 #pragma omp parallel for schedule(static) if (work >= 32768)
     for (int task = 0; task < N * H; task++) {
         int r = task / H, h = task % H, S = s->row_pos[r] + 1;
-        const float *K = infer_cache_k(s, l, s->row_seq[r], h / group);
-        const float *V = infer_cache_v(s, l, s->row_seq[r], h / group);
+        const float *K = infer_cache(s, l, s->row_seq[r], 0, h / group);
+        const float *V = infer_cache(s, l, s->row_seq[r], 1, h / group);
         const float *q = s->qkv + (size_t)r * ld + (size_t)h * hd;
         float *p = s->scores + (size_t)task * s->cap;
         float *o = s->att + (size_t)r * qw + (size_t)h * hd;
-        if (!k_attend_row(q, K, V, S, hd, scale, p, o)) continue;
+        if (!k_attend_row(q, K, V, s->kv_f16, S, hd, scale, p, o)) continue;
+        if (s->kv_f16) {
+            float *w = s->wide + (size_t)omp_get_thread_num() * 2 * s->cap * hd;
+            k_f16_to_f32(w, (const uint16_t *)(const void *)K, (size_t)S * hd);
+            k_f16_to_f32(w + (size_t)s->cap * hd, (const uint16_t *)(const void *)V,
+                         (size_t)S * hd);
+            K = w;
+            V = w + (size_t)s->cap * hd;
+        }
         float mx = -INFINITY;
         for (int j = 0; j < S; j++) {
             const float *kj = K + (size_t)j * hd;
@@ -310,12 +358,16 @@ static void cache_store(tlm_session *s, int l, const float *qkv, int ld, int N) 
     const tlm_config *c = &s->m->c;
     int hd = c->d_model / c->n_heads, qw = c->n_heads * hd, kw = c->n_kv_heads * hd;
     for (int r = 0; r < N; r++)
-        for (int h = 0; h < c->n_kv_heads; h++) {
-            size_t at = (size_t)s->row_pos[r] * hd, src = (size_t)r * ld + (size_t)h * hd;
-            memcpy(infer_cache_k(s, l, s->row_seq[r], h) + at, qkv + qw + src, hd * sizeof(float));
-            memcpy(infer_cache_v(s, l, s->row_seq[r], h) + at, qkv + qw + kw + src,
-                   hd * sizeof(float));
-        }
+        for (int h = 0; h < c->n_kv_heads; h++)
+            for (int kv = 0; kv < 2; kv++) {
+                char *dst = (char *)infer_cache(s, l, s->row_seq[r], kv, h) +
+                            (size_t)s->row_pos[r] * hd * s->kv_elt;
+                const float *src = qkv + (size_t)r * ld + qw + (size_t)kv * kw + (size_t)h * hd;
+                if (s->kv_f16)
+                    k_f32_to_f16((uint16_t *)(void *)dst, src, (size_t)hd);
+                else
+                    memcpy(dst, src, (size_t)hd * sizeof(float));
+            }
 }
 
 /* Prefill: N consecutive rows of one sequence (attend_prefill writes s->att, which att is). */
@@ -391,6 +443,7 @@ tlm_status tlm_prefill(tlm_session *s, int seq, const int32_t *ids, int n, float
     st = reserve_rows(s, n);
     if (st) return st;
     st = reserve_scores(s, (size_t)omp_get_max_threads() * QCHUNK * s->cap);
+    if (!st) st = reserve_wide(s);
     if (st) return st;
     int pos0 = s->len[seq];
     for (int r = 0; r < n; r++) {
@@ -455,6 +508,7 @@ tlm_status tlm_session_step(tlm_session *s, const int32_t *ids, const int *n, co
     if (s->n_segs && (size_t)omp_get_max_threads() * QCHUNK * s->cap > sc)
         sc = (size_t)omp_get_max_threads() * QCHUNK * s->cap;
     st = reserve_scores(s, sc);
+    if (!st) st = reserve_wide(s);
     if (st) return st;
     blocks(s, s->row_ids, N, 0);
     for (int b = 0; b < s->B; b++) s->len[b] += n[b];

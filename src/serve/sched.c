@@ -587,7 +587,8 @@ tlm_status srv_sched_new(const tlm_model *m, const tlm_tokenizer *tok, const srv
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->work, NULL);
     pthread_cond_init(&s->progress, NULL);
-    tlm_status st = tlm_session_new(m, s->B, ctx, &s->sess);
+    tlm_session_opts so = {.batch = s->B, .capacity = ctx, .kv_type = o->kv_type};
+    tlm_status st = tlm_session_new_opts(m, &so, &s->sess);
     if (st) goto fail;
     s->slots = calloc((size_t)s->B, sizeof *s->slots);
     s->logits = malloc((size_t)s->B * (size_t)s->V * sizeof(float));

@@ -150,6 +150,7 @@ typedef struct {
     long cache_mib;    /* prompt cache in memory (MiB; <= 0: none): a slot taken over by another
                         * request keeps its keys and values here for a later request that starts
                         * the same way (llama-server's --cache-ram) */
+    tlm_dtype kv_type; /* the KV cache's: TLM_DTYPE_F32 (0) or TLM_DTYPE_F16 */
 } srv_sched_opts;
 
 typedef struct {
