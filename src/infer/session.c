@@ -67,15 +67,20 @@ static tlm_status reserve_rows(tlm_session *s, int rows) {
     return TLM_OK;
 }
 
-static tlm_status reserve_scores(tlm_session *s, size_t floats) {
-    if (floats <= s->scores_floats) return TLM_OK;
-    tlm_big_free(s->scores, s->scores_floats * sizeof(float));
-    s->scores = tlm_big_alloc(floats * sizeof(float));
-    s->scores_floats = s->scores ? floats : 0;
-    if (!s->scores)
-        return tlm_err(TLM_ERR_NOMEM, "out of memory for attention scores (%zu MiB)",
+/* Grows a float buffer that only ever grows (*have floats now) to hold `floats`. */
+static tlm_status reserve_floats(float **buf, size_t *have, size_t floats, const char *what) {
+    if (floats <= *have) return TLM_OK;
+    tlm_big_free(*buf, *have * sizeof(float));
+    *buf = tlm_big_alloc(floats * sizeof(float));
+    *have = *buf ? floats : 0;
+    if (!*buf)
+        return tlm_err(TLM_ERR_NOMEM, "out of memory for %s (%zu MiB)", what,
                        floats * sizeof(float) >> 20);
     return TLM_OK;
+}
+
+static tlm_status reserve_scores(tlm_session *s, size_t floats) {
+    return reserve_floats(&s->scores, &s->scores_floats, floats, "attention scores");
 }
 
 /* An F16 cache's per-thread blocks for widened keys and values (only prefill attention and the
@@ -83,15 +88,9 @@ static tlm_status reserve_scores(tlm_session *s, size_t floats) {
 static tlm_status reserve_wide(tlm_session *s) {
     if (!s->kv_f16) return TLM_OK;
     size_t hd = (size_t)(s->m->c.d_model / s->m->c.n_heads);
-    size_t floats = (size_t)omp_get_max_threads() * 2 * (size_t)s->cap * hd;
-    if (floats <= s->wide_floats) return TLM_OK;
-    tlm_big_free(s->wide, s->wide_floats * sizeof(float));
-    s->wide = tlm_big_alloc(floats * sizeof(float));
-    s->wide_floats = s->wide ? floats : 0;
-    if (!s->wide)
-        return tlm_err(TLM_ERR_NOMEM, "out of memory for widening the F16 cache (%zu MiB)",
-                       floats * sizeof(float) >> 20);
-    return TLM_OK;
+    return reserve_floats(&s->wide, &s->wide_floats,
+                          (size_t)omp_get_max_threads() * 2 * (size_t)s->cap * hd,
+                          "widening the F16 cache");
 }
 
 tlm_status tlm_session_new(const tlm_model *m, int batch, int capacity, tlm_session **out) {
@@ -269,6 +268,22 @@ tlm_status tlm_session_load_prefix(tlm_session *s, int seq, const void *buf, int
     return TLM_OK;
 }
 
+/* Positions [0, S) of one cached head's keys Kc and values Vc as floats: the cache itself (F32),
+ * or widened into the calling thread's block (F16). */
+static void as_floats(const tlm_session *s, const void *Kc, const void *Vc, int S, const float **K,
+                      const float **V) {
+    if (!s->kv_f16) {
+        *K = Kc, *V = Vc;
+        return;
+    }
+    size_t block = (size_t)s->cap * (size_t)(s->m->c.d_model / s->m->c.n_heads);
+    size_t n = (size_t)S * (size_t)(s->m->c.d_model / s->m->c.n_heads);
+    float *w = s->wide + (size_t)omp_get_thread_num() * 2 * block;
+    k_f16_to_f32(w, Kc, n);
+    k_f16_to_f32(w + block, Vc, n);
+    *K = w, *V = w + block;
+}
+
 /* Causal attention of T consecutive new tokens of sequence b (positions pos0..pos0+T-1, scratch
  * rows r0..r0+T-1) over everything cached for it, the new keys included. */
 static void attend_prefill(tlm_session *s, int l, int b, int pos0, int T, int r0) {
@@ -282,15 +297,9 @@ static void attend_prefill(tlm_session *s, int l, int b, int pos0, int T, int r0
         int h = task / chunks, t0 = (task % chunks) * QCHUNK;
         int tc = T - t0 < QCHUNK ? T - t0 : QCHUNK;
         int S = pos0 + t0 + tc; /* keys past the chunk's last query are all masked */
-        const float *K = infer_cache(s, l, b, 0, h / group),
-                    *V = infer_cache(s, l, b, 1, h / group);
-        if (s->kv_f16) {
-            float *w = s->wide + (size_t)omp_get_thread_num() * 2 * cap * hd;
-            k_f16_to_f32(w, (const uint16_t *)(const void *)K, (size_t)S * hd);
-            k_f16_to_f32(w + (size_t)cap * hd, (const uint16_t *)(const void *)V, (size_t)S * hd);
-            K = w;
-            V = w + (size_t)cap * hd;
-        }
+        const float *K, *V;
+        as_floats(s, infer_cache(s, l, b, 0, h / group), infer_cache(s, l, b, 1, h / group), S, &K,
+                  &V);
         float *p = s->scores + (size_t)omp_get_thread_num() * QCHUNK * cap;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tc, S, hd, scale,
                     s->qkv + (size_t)(r0 + t0) * ld + (size_t)h * hd, ld, K, hd, 0.0f, p, S);
@@ -318,20 +327,14 @@ static void attend_decode(tlm_session *s, int l, int N) {
 #pragma omp parallel for schedule(static) if (work >= 32768)
     for (int task = 0; task < N * H; task++) {
         int r = task / H, h = task % H, S = s->row_pos[r] + 1;
-        const float *K = infer_cache(s, l, s->row_seq[r], 0, h / group);
-        const float *V = infer_cache(s, l, s->row_seq[r], 1, h / group);
+        const void *Kc = infer_cache(s, l, s->row_seq[r], 0, h / group);
+        const void *Vc = infer_cache(s, l, s->row_seq[r], 1, h / group);
         const float *q = s->qkv + (size_t)r * ld + (size_t)h * hd;
         float *p = s->scores + (size_t)task * s->cap;
         float *o = s->att + (size_t)r * qw + (size_t)h * hd;
-        if (!k_attend_row(q, K, V, s->kv_f16, S, hd, scale, p, o)) continue;
-        if (s->kv_f16) {
-            float *w = s->wide + (size_t)omp_get_thread_num() * 2 * s->cap * hd;
-            k_f16_to_f32(w, (const uint16_t *)(const void *)K, (size_t)S * hd);
-            k_f16_to_f32(w + (size_t)s->cap * hd, (const uint16_t *)(const void *)V,
-                         (size_t)S * hd);
-            K = w;
-            V = w + (size_t)s->cap * hd;
-        }
+        if (!k_attend_row(q, Kc, Vc, s->kv_f16, S, hd, scale, p, o)) continue;
+        const float *K, *V;
+        as_floats(s, Kc, Vc, S, &K, &V);
         float mx = -INFINITY;
         for (int j = 0; j < S; j++) {
             const float *kj = K + (size_t)j * hd;
