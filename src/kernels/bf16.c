@@ -46,18 +46,32 @@ to_bf16_avx512(uint16_t *dst, const float *src, size_t n) {
     for (; i < n; i++) dst[i] = bf16_round(src[i]);
 }
 
+static void round_span(uint16_t *dst, const float *src, size_t n, int fast) {
+    if (fast)
+        to_bf16_avx512(dst, src, n);
+    else
+        for (size_t i = 0; i < n; i++) dst[i] = bf16_round(src[i]);
+}
+
 void k_f32_to_bf16(uint16_t *dst, const float *src, size_t n) {
     int fast = k_bf16_supported();
     /* Chunks of 4096 floats keep every thread on whole cache lines of both arrays. */
     long chunks = (long)((n + 4095) / 4096);
 #pragma omp parallel for schedule(static) if (n >= 4 * K_PAR_MIN)
     for (long c = 0; c < chunks; c++) {
-        size_t i0 = (size_t)c * 4096, len = n - i0 < 4096 ? n - i0 : 4096;
-        if (fast)
-            to_bf16_avx512(dst + i0, src + i0, len);
-        else
-            for (size_t i = 0; i < len; i++) dst[i0 + i] = bf16_round(src[i0 + i]);
+        size_t i0 = (size_t)c * 4096;
+        round_span(dst + i0, src + i0, n - i0 < 4096 ? n - i0 : 4096, fast);
     }
+}
+
+/* Rows of cols floats ld apart into contiguous rows, in one parallel region: a k_f32_to_bf16 call
+ * per row is too short to split, so every row ran on one thread while the others waited (the dX
+ * products of q, k and v of a model whose parts lie apart in its file: 3 x N rows per layer). */
+static void round_rows(uint16_t *dst, const float *src, size_t ld, int rows, int cols) {
+    int fast = k_bf16_supported();
+#pragma omp parallel for schedule(static) if ((size_t)rows * (size_t)cols >= 4 * K_PAR_MIN)
+    for (int i = 0; i < rows; i++)
+        round_span(dst + (size_t)i * (size_t)cols, src + (size_t)i * ld, (size_t)cols, fast);
 }
 
 float k_bf16_to_f32(uint16_t h) {
@@ -412,8 +426,7 @@ void k_bf16_linear_bwd_dx(k_bf16 *k, float *dx, const float *dy, int ldy, const 
                           int in, int out, float beta) {
     /* dy is a column block of a wider gradient (one part of stacked weights lying apart). */
     uint16_t *dyb = scratch(k, 0, (size_t)N * out);
-    if (dyb)
-        for (int i = 0; i < N; i++) k_f32_to_bf16(dyb + (size_t)i * out, dy + (size_t)i * ldy, out);
+    if (dyb) round_rows(dyb, dy, (size_t)ldy, N, out);
     const uint16_t *wb = weight(k, w, (size_t)out * in);
     if (beta == 0.0f || beta == 1.0f) {
         if (gemm(k, N, in, out, dyb, 0, out, wb, 0, in, dx, in, beta == 1.0f)) return;
