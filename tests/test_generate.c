@@ -659,7 +659,7 @@ static void test_kv_types(void) {
     tlm_model *m = make_model("", 3);
     CHECK(m != NULL, "%s", tlm_last_error());
     if (!m) return;
-    tlm_session *s = (tlm_session *)&s;
+    tlm_session *s = (tlm_session *)&s; /* not NULL: a refusal must set it to NULL */
     tlm_session_opts o = {.batch = 1, .kv_type = TLM_DTYPE_Q8_0};
     CHECK(tlm_session_new_opts(m, &o, &s) == TLM_ERR_ARG && s == NULL, "Q8_0 cache refused");
     CHECK(strstr(tlm_last_error(), "Q8_0") != NULL, "error names the type: %s", tlm_last_error());
