@@ -60,10 +60,14 @@ refuses "ctx beyond the model" "exceeds the model" -m "$M" --ctx 1000000 --port 
 refuses "bad parallel" "parallel" -m "$M" --parallel 0
 refuses "bad cache-ram" "cache-ram" -m "$M" --cache-ram -5
 refuses "no model" "MODEL is required" --port 0
+refuses "bad cache type" "cache-type must be f16 or f32" -m "$M" --cache-type q4_0
 
 KEY=sekrit
 start main --parallel 4 --ctx 256 --api-key "$KEY" --max-body 65536
 AUTH=(-H "Authorization: Bearer $KEY")
+# stories260K: 5 layers x 2 x 4 kv heads x 8 x 256 positions x 4 slots, halves
+expect "start-up line: the F16 cache and its size ($(head -1 "$tmp/main.out"))" \
+    grep -q "4 slots of 256 positions, KV cache f16 (0.6 MiB)" "$tmp/main.out"
 expect "health" [ "$(status GET /health)" = 200 ]
 expect "page at /" [ "$(status GET /)" = 200 ]
 expect "the page is the embedded one" grep -q "<title>tlm" "$tmp/body"
