@@ -676,6 +676,63 @@ static void test_kv_types(void) {
     tlm_model_free(m);
 }
 
+/* tlm_sampler_opts_default sets every field, the later ones (min_p, penalties) off: it used to
+ * leave them as they were, so a sampler made from a stack struct (or tlm_sampler_new(NULL, ...))
+ * read garbage penalties. */
+static void test_sampler_defaults(void) {
+    tlm_sampler_opts o;
+    memset(&o, 0x5a, sizeof o);
+    tlm_sampler_opts_default(&o);
+    CHECK(o.temperature == 0.8f && o.top_k == 40 && o.top_p == 0.95f && o.seed == 0 &&
+              o.stream == 0 && o.min_p == 0.0f && o.repeat_penalty == 0.0f &&
+              o.presence_penalty == 0.0f && o.frequency_penalty == 0.0f && o.penalty_last_n == 0,
+          "default sampler options");
+    tlm_sampler *s = NULL;
+    CHECK_OK(tlm_sampler_new(NULL, 10, &s));
+    tlm_sampler_free(s);
+}
+
+/* Values past a half's range (65504) become infinities in an F16 cache: the logits are then not
+ * finite and sampling refuses them with TLM_ERR_NUMERIC (README: "--cache-type f32 is then the
+ * way"), while an F32 cache holds the same values and gives finite logits. */
+static void test_f16_overflow(void) {
+    tlm_model *m = make_model("", 21);
+    CHECK(m != NULL, "%s", tlm_last_error());
+    if (!m) return;
+    const tlm_tensor_info *v = tlm_model_find(m, "blk.0.attn_v.weight");
+    CHECK(v != NULL, "blk.0.attn_v.weight");
+    if (!v) return;
+    float *w = tlm_model_params(m) + v->offset;
+    for (size_t i = 0; i < v->numel; i++) w[i] *= 1e6f; /* values of about 1e6 */
+    int V = tlm_model_config(m)->vocab_size;
+    int32_t ids[6];
+    random_ids(ids, 6, V, 5);
+    float *logits = malloc((size_t)V * sizeof *logits);
+    tlm_sampler_opts so;
+    tlm_sampler_opts_default(&so);
+    so.temperature = 0.0f;
+    tlm_sampler *smp = NULL;
+    CHECK_OK(tlm_sampler_new(&so, V, &smp));
+    for (int f16 = 0; f16 < 2; f16++) {
+        tlm_session_opts o = {.batch = 1, .kv_type = f16 ? TLM_DTYPE_F16 : TLM_DTYPE_F32};
+        tlm_session *s = NULL;
+        CHECK_OK(tlm_session_new_opts(m, &o, &s));
+        CHECK_OK(tlm_prefill(s, 0, ids, 6, logits, 0));
+        int finite = 1;
+        for (int i = 0; i < V; i++) finite &= isfinite(logits[i]) != 0;
+        CHECK(finite == !f16, "%s cache: logits %s", f16 ? "F16" : "F32",
+              finite ? "finite" : "not finite");
+        int32_t id = -1;
+        tlm_status st = tlm_sample(smp, logits, &id);
+        CHECK(f16 ? st == TLM_ERR_NUMERIC : st == TLM_OK, "%s cache: sampling gave %d (%s)",
+              f16 ? "F16" : "F32", (int)st, tlm_last_error());
+        tlm_session_free(s);
+    }
+    tlm_sampler_free(smp);
+    free(logits);
+    tlm_model_free(m);
+}
+
 int main(void) {
     tlm_set_threads(2);
     for (int k = 0; k < 2; k++) {
@@ -688,6 +745,8 @@ int main(void) {
         test_mixed_step();
     }
     test_kv_types();
+    test_f16_overflow();
+    test_sampler_defaults();
     test_samplers();
     test_generate_loop();
     return t_finish("test_generate");

@@ -29,11 +29,8 @@ struct tlm_sampler {
 };
 
 void tlm_sampler_opts_default(tlm_sampler_opts *o) {
-    o->temperature = 0.8f;
-    o->top_k = 40;
-    o->top_p = 0.95f;
-    o->seed = 0;
-    o->stream = 0;
+    /* every field: the ones added later (min_p, the penalties) are off at zero */
+    *o = (tlm_sampler_opts){.temperature = 0.8f, .top_k = 40, .top_p = 0.95f};
 }
 
 tlm_status tlm_sampler_new(const tlm_sampler_opts *o, int vocab_size, tlm_sampler **out) {
