@@ -677,7 +677,8 @@ typedef struct {
     int penalty_last_n; /* 0: 64 */
 } tlm_sampler_opts;
 
-/* Defaults (llama.cpp's): temperature 0.8, top_k 40, top_p 0.95, seed 0, stream 0. */
+/* Defaults (llama.cpp's): temperature 0.8, top_k 40, top_p 0.95, seed 0, stream 0; every other
+ * field 0 (min_p and the penalties off). */
 void tlm_sampler_opts_default(tlm_sampler_opts *o);
 
 /* Draws ids from logits. Reproducible: the same options and logits give the same ids. Neither
