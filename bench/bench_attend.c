@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "kernels/kernels.h"
+#include "kernels/qdot.h"
 
 static double now(void) {
     struct timespec ts;
@@ -37,8 +38,8 @@ int main(int argc, char **argv) {
             V[i] = (float)((double)rand() / RAND_MAX) - 0.5f;
         }
         for (int i = 0; i < HD; i++) q[i] = 0.05f * (float)(i % 11);
-        k_f32_to_f16(Kh, K, n);
-        k_f32_to_f16(Vh, V, n);
+        k_narrow_row(TLM_DTYPE_F16, K, Kh, (int)n);
+        k_narrow_row(TLM_DTYPE_F16, V, Vh, (int)n);
         double best[2] = {1e30, 1e30};
         for (int r = 0; r < reps; r++)
             for (int f16 = 0; f16 < 2; f16++) { /* alternating */

@@ -275,9 +275,9 @@ static void check_attend_row(int hd, int S, int f16) {
     free(q), free(K), free(V), free(p), free(ref), free(Kh), free(Vh);
 }
 
-/* k_f32_to_f16 / k_f16_to_f32 give tlm_f32_to_f16's and tlm_f16_to_f32's results on every
- * range: ties, halves' subnormals, overflow to infinity, infinities, signed zeros; odd lengths
- * take the scalar tail. NaNs stay NaNs. */
+/* k_narrow_row / k_widen_row on F16 (the cache's stores and loads) give tlm_f32_to_f16's and
+ * tlm_f16_to_f32's results on every range: ties, halves' subnormals, overflow to infinity,
+ * infinities, signed zeros; odd lengths take the scalar tail. NaNs stay NaNs. */
 static void check_f16_rows(void) {
     enum { N = 4099 };
     float *x = malloc(sizeof(float) * N), *y = malloc(sizeof(float) * N);
@@ -300,20 +300,20 @@ static void check_f16_rows(void) {
                                     -INFINITY,
                                     NAN};
     for (int i = 0; i < (int)(sizeof special / sizeof special[0]); i++) x[17 * i + 3] = special[i];
-    k_f32_to_f16(h, x, N);
+    k_narrow_row(TLM_DTYPE_F16, x, h, N);
     int bad = 0;
     for (int i = 0; i < N; i++)
         if (isnan(x[i]) ? (h[i] & 0x7c00) != 0x7c00 || !(h[i] & 0x3ff)
                         : h[i] != tlm_f32_to_f16(x[i]))
             bad++;
-    CHECK(!bad, "k_f32_to_f16: %d of %d differ from tlm_f32_to_f16", bad, N);
-    k_f16_to_f32(y, h, N);
+    CHECK(!bad, "k_narrow_row: %d of %d differ from tlm_f32_to_f16", bad, N);
+    k_widen_row(TLM_DTYPE_F16, h, y, N);
     bad = 0;
     for (int i = 0; i < N; i++) {
         float r = tlm_f16_to_f32(h[i]);
         if (isnan(r) ? !isnan(y[i]) : memcmp(&r, &y[i], 4) != 0) bad++;
     }
-    CHECK(!bad, "k_f16_to_f32: %d of %d differ from tlm_f16_to_f32", bad, N);
+    CHECK(!bad, "k_widen_row: %d of %d differ from tlm_f16_to_f32", bad, N);
     free(x), free(y), free(h);
 }
 

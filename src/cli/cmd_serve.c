@@ -793,11 +793,10 @@ int cmd_serve(int argc, char **argv) {
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
     /* llama-server reports its cache's size at start-up too */
-    double kv_mib = (double)cfg->n_layers * 2 * cfg->n_kv_heads * (cfg->d_model / cfg->n_heads) *
-                    sv.ctx * sv.parallel * (cache_type == TLM_DTYPE_F16 ? 2 : 4) / 1048576.0;
     printf("tlm serve: %s, %d slots of %d positions, KV cache %s (%.1f MiB), chat template %s\n",
-           sv.model_id, sv.parallel, sv.ctx, cache_type == TLM_DTYPE_F16 ? "f16" : "f32", kv_mib,
-           srv_template_name(sv.tpl));
+           sv.model_id, sv.parallel, sv.ctx,
+           srv_sched_kv_type(sv.sched) == TLM_DTYPE_F16 ? "f16" : "f32",
+           (double)srv_sched_kv_bytes(sv.sched) / 1048576.0, srv_template_name(sv.tpl));
     printf("listening on http://%s:%u/\n", host, di ? di->port : (unsigned)port);
     fflush(stdout);
     char b;

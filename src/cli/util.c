@@ -93,8 +93,9 @@ double cli_now(void) {
 }
 
 int cli_cache_type(const char *cmd, const char *v, tlm_dtype *t) {
-    if (v && (!strcasecmp(v, "f16") || !strcasecmp(v, "f32"))) {
-        *t = v[1] == '1' ? TLM_DTYPE_F16 : TLM_DTYPE_F32;
+    int f16 = v && !strcasecmp(v, "f16");
+    if (f16 || (v && !strcasecmp(v, "f32"))) {
+        *t = f16 ? TLM_DTYPE_F16 : TLM_DTYPE_F32;
         return 1;
     }
     fprintf(stderr, "tlm: %s: --cache-type must be f16 or f32 (got '%s')\n", cmd, v ? v : "");

@@ -13,12 +13,11 @@ struct tlm_session {
 
     /* Cache layout: [layer][seq][K|V][kv_head][cap][hd]. Each kv head's keys are contiguous, so
      * prefill attention is two sgemm calls per head and decode reads one stream per head. The
-     * elements are floats or, with kv_f16, IEEE halves (kv_elt bytes each). */
+     * elements are floats or, with kv_f16, IEEE halves (infer_kv_elt bytes each). */
     void *kv;
     size_t kv_bytes;
     size_t head_stride; /* cap * hd elements */
     int kv_f16;
-    size_t kv_elt;
     /* An F16 cache's keys and values widened for the matrix products of prefill attention (and
      * the plain decode loops): one [2, cap, hd] block per thread. */
     float *wide;
@@ -48,12 +47,16 @@ struct tlm_session {
     float *logits; /* [B, V] decode rows of a partial batch before they are scattered */
 };
 
+static inline size_t infer_kv_elt(const struct tlm_session *s) {
+    return s->kv_f16 ? sizeof(uint16_t) : sizeof(float);
+}
+
 /* One cached head: positions [0, cap) of one kv head of one sequence in one layer, keys (kv 0)
  * or values (kv 1). */
 static inline void *infer_cache(const struct tlm_session *s, int l, int b, int kv, int kvh) {
     size_t kvhs = (size_t)s->m->c.n_kv_heads;
     return (char *)s->kv + ((((size_t)l * s->B + b) * 2 + (size_t)kv) * kvhs + (size_t)kvh) *
-                               s->head_stride * s->kv_elt;
+                               s->head_stride * infer_kv_elt(s);
 }
 
 #endif

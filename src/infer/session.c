@@ -13,6 +13,7 @@
 #include "infer/infer.h"
 #include "kernels/fastmath.h"
 #include "kernels/kernels.h"
+#include "kernels/qdot.h"
 #include "model/block.h"
 
 /* Queries per prefill attention task: bounds the per-thread score block to QCHUNK x capacity. */
@@ -118,14 +119,13 @@ tlm_status tlm_session_new_opts(const tlm_model *m, const tlm_session_opts *o, t
     s->B = batch;
     s->cap = capacity;
     s->kv_f16 = o->kv_type == TLM_DTYPE_F16;
-    s->kv_elt = s->kv_f16 ? sizeof(uint16_t) : sizeof(float);
     size_t hd = (size_t)(c->d_model / c->n_heads);
     s->head_stride = (size_t)capacity * hd;
     size_t kv_floats = 0;
     int ok =
         tlm_mul_ok((size_t)c->n_layers * 2 * (size_t)c->n_kv_heads, (size_t)batch, &kv_floats) &&
         tlm_mul_ok(kv_floats, s->head_stride, &kv_floats) &&
-        tlm_mul_ok(kv_floats, s->kv_elt, &s->kv_bytes);
+        tlm_mul_ok(kv_floats, infer_kv_elt(s), &s->kv_bytes);
     tlm_status st = TLM_OK;
     if (!ok) {
         st = tlm_err(TLM_ERR_NOMEM, "session: KV cache size overflows");
@@ -217,7 +217,7 @@ size_t tlm_session_prefix_bytes(const tlm_session *s, int n) {
     if (!s || n < 0) return 0;
     const tlm_config *c = &s->m->c;
     size_t hd = (size_t)(c->d_model / c->n_heads);
-    return (size_t)c->n_layers * 2 * (size_t)c->n_kv_heads * (size_t)n * hd * s->kv_elt;
+    return (size_t)c->n_layers * 2 * (size_t)c->n_kv_heads * (size_t)n * hd * infer_kv_elt(s);
 }
 
 /* Copies positions 0..n-1 of sequence seq out of the cache into `to`, or into it from `from` (the
@@ -226,8 +226,8 @@ size_t tlm_session_prefix_bytes(const tlm_session *s, int n) {
 static void prefix_copy(const tlm_session *s, int seq, char *to, const char *from, int n_buf,
                         int n) {
     const tlm_config *c = &s->m->c;
-    size_t hd = (size_t)(c->d_model / c->n_heads), bytes = (size_t)n * hd * s->kv_elt;
-    size_t at = 0, step = (size_t)n_buf * hd * s->kv_elt;
+    size_t hd = (size_t)(c->d_model / c->n_heads), bytes = (size_t)n * hd * infer_kv_elt(s);
+    size_t at = 0, step = (size_t)n_buf * hd * infer_kv_elt(s);
     for (int l = 0; l < c->n_layers; l++)
         for (int kv = 0; kv < 2; kv++)
             for (int h = 0; h < c->n_kv_heads; h++, at += step) {
@@ -276,11 +276,14 @@ static void as_floats(const tlm_session *s, const void *Kc, const void *Vc, int 
         *K = Kc, *V = Vc;
         return;
     }
-    size_t block = (size_t)s->cap * (size_t)(s->m->c.d_model / s->m->c.n_heads);
-    size_t n = (size_t)S * (size_t)(s->m->c.d_model / s->m->c.n_heads);
+    size_t hd = (size_t)(s->m->c.d_model / s->m->c.n_heads), block = (size_t)s->cap * hd;
     float *w = s->wide + (size_t)omp_get_thread_num() * 2 * block;
-    k_f16_to_f32(w, Kc, n);
-    k_f16_to_f32(w + block, Vc, n);
+    /* k_widen_row counts in int: a long context widens in parts */
+    for (size_t at = 0, n = (size_t)S * hd, part; at < n; at += part) {
+        part = n - at < ((size_t)1 << 24) ? n - at : (size_t)1 << 24;
+        k_widen_row(TLM_DTYPE_F16, (const uint16_t *)Kc + at, w + at, (int)part);
+        k_widen_row(TLM_DTYPE_F16, (const uint16_t *)Vc + at, w + block + at, (int)part);
+    }
     *K = w, *V = w + block;
 }
 
@@ -364,10 +367,10 @@ static void cache_store(tlm_session *s, int l, const float *qkv, int ld, int N) 
         for (int h = 0; h < c->n_kv_heads; h++)
             for (int kv = 0; kv < 2; kv++) {
                 char *dst = (char *)infer_cache(s, l, s->row_seq[r], kv, h) +
-                            (size_t)s->row_pos[r] * hd * s->kv_elt;
+                            (size_t)s->row_pos[r] * hd * infer_kv_elt(s);
                 const float *src = qkv + (size_t)r * ld + qw + (size_t)kv * kw + (size_t)h * hd;
                 if (s->kv_f16)
-                    k_f32_to_f16((uint16_t *)(void *)dst, src, (size_t)hd);
+                    k_narrow_row(TLM_DTYPE_F16, src, dst, hd);
                 else
                     memcpy(dst, src, (size_t)hd * sizeof(float));
             }

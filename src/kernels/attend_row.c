@@ -4,10 +4,9 @@
  * 110M at 256 positions: 13.9% of a step, 10.8% with this). Here four keys share a pass over the
  * query with four independent chains, and the output stays in registers, two keys' worth of
  * chains at a time. An F16 cache is widened as it is loaded (vcvtph2ps), so it costs half the
- * traffic and no pass of its own. Also here: the F16 cache's conversions of whole rows. */
+ * traffic and no pass of its own. */
 #include <math.h>
 
-#include "core/half.h"
 #include "fastmath.h"
 #include "kernels.h"
 #include "qdot.h"
@@ -94,21 +93,6 @@ T5 static int attend_row_avx512(const float *q, const void *K, const void *V, in
     ROW_CASES(0)
 }
 
-/* F16C converts with the rounding mode given (nearest even), as tlm_f32_to_f16 does. */
-T2 static void to_f16_f16c(uint16_t *dst, const float *src, size_t n) {
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm_storeu_si128((__m128i *)(dst + i),
-                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
-    for (; i < n; i++) dst[i] = tlm_f32_to_f16(src[i]);
-}
-
-T2 static void from_f16_f16c(float *dst, const uint16_t *src, size_t n) {
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
-    for (; i < n; i++) dst[i] = tlm_f16_to_f32(src[i]);
-}
 #define HAVE_X86 1
 #else
 #define HAVE_X86 0
@@ -123,24 +107,4 @@ int k_attend_row(const float *q, const void *K, const void *V, int f16, int S, i
     (void)q, (void)K, (void)V, (void)f16, (void)S, (void)hd, (void)scale, (void)p, (void)o;
 #endif
     return -1;
-}
-
-void k_f32_to_f16(uint16_t *dst, const float *src, size_t n) {
-#if HAVE_X86
-    if (k_isa() >= K_ISA_AVX2) {
-        to_f16_f16c(dst, src, n);
-        return;
-    }
-#endif
-    for (size_t i = 0; i < n; i++) dst[i] = tlm_f32_to_f16(src[i]);
-}
-
-void k_f16_to_f32(float *dst, const uint16_t *src, size_t n) {
-#if HAVE_X86
-    if (k_isa() >= K_ISA_AVX2) {
-        from_f16_f16c(dst, src, n);
-        return;
-    }
-#endif
-    for (size_t i = 0; i < n; i++) dst[i] = tlm_f16_to_f32(src[i]);
 }

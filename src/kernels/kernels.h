@@ -140,16 +140,12 @@ double k_cross_entropy_fwd(const float *logits, const int *targets, float *probs
 double k_cross_entropy_fwd_bwd(float *logits, const int *targets, int N, int V, int divisor,
                                int *count);
 
-/* ---- decode attention and the F16 KV cache (attend_row.c) ---- */
+/* ---- decode attention (attend_row.c) ---- */
 /* One query q[hd] over S cached keys K[S, hd] and values V[S, hd] (floats, or IEEE halves when
  * f16): o[hd] = softmax(scale q.K) V, with p[0..S) as scratch. Returns -1, computing nothing, where
  * no vector version applies (the CPU, hd); the caller then runs its plain loops. */
 int k_attend_row(const float *q, const void *K, const void *V, int f16, int S, int hd, float scale,
                  float *p, float *o);
-/* Rows to and from IEEE half precision, rounding to nearest even (tlm_f32_to_f16's results, with
- * F16C where the CPU has it). */
-void k_f32_to_f16(uint16_t *dst, const float *src, size_t n);
-void k_f16_to_f32(float *dst, const uint16_t *src, size_t n);
 
 /* ---- misc ---- */
 void k_add(float *y, const float *a, const float *b, size_t n); /* y = a + b */

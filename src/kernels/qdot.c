@@ -366,6 +366,11 @@ void k_widen_row(tlm_dtype t, const void *src, float *dst, int n) {
     tlm_dtype_to_f32(t, src, dst, (size_t)n);
 }
 
+void k_narrow_row(tlm_dtype t, const float *src, void *dst, int n) {
+    if (k_isa() >= K_ISA_AVX2 && k_simd_narrow(t, src, dst, n)) return;
+    tlm_dtype_from_f32(t, src, dst, (size_t)n);
+}
+
 /* ---- scratch -------------------------------------------------------------------------------- */
 
 #define K_SCRATCH_SLOTS 2

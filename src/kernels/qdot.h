@@ -88,6 +88,9 @@ k_vdot_w4_fn k_vdot_w4(tlm_dtype t);
 
 /* One weight row of n elements to floats (tlm_dtype_to_f32, vectorized where it matters). */
 void k_widen_row(tlm_dtype t, const void *src, float *dst, int n);
+/* n floats to one row of a float type (tlm_dtype_from_f32's bits, vectorized for F16): the F16 KV
+ * cache's stores. */
+void k_narrow_row(tlm_dtype t, const float *src, void *dst, int n);
 
 /* Thread-local scratch (one buffer per slot and thread, kept and grown): NULL when out of
  * memory. Callers must not hold it across calls that may use the same slot. */

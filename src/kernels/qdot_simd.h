@@ -17,5 +17,7 @@ k_vdot_w4_fn k_simd_vdot_w4(tlm_dtype t, int isa);
 
 /* n elements of an F16 or BF16 row to floats when a vector version exists; 0 otherwise. */
 int k_simd_widen(tlm_dtype t, const void *src, float *dst, int n);
+/* n floats to an F16 row when a vector version exists; 0 otherwise. */
+int k_simd_narrow(tlm_dtype t, const float *src, void *dst, int n);
 
 #endif

@@ -2,6 +2,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "core/half.h"
 #include "core/quant.h"
 #include "qdot_simd.h"
 
@@ -565,6 +566,16 @@ T2 static void widen_f16(const void *src, float *dst, int n) {
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 2 * i))));
     for (; i < n; i++) dst[i] = f16s(p + 2 * i);
+}
+
+/* Floats to F16 (the KV cache's rows), rounding to nearest even as tlm_f32_to_f16 does. */
+T2 static void narrow_f16(const float *src, void *dst, int n) {
+    uint16_t *h = dst;
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(h + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) h[i] = tlm_f32_to_f16(src[i]);
 }
 
 T2 static void widen_bf16(const void *src, float *dst, int n) {
@@ -1205,6 +1216,12 @@ int k_simd_widen(tlm_dtype t, const void *src, float *dst, int n) {
     return 1;
 }
 
+int k_simd_narrow(tlm_dtype t, const float *src, void *dst, int n) {
+    if (k_simd_cpu_level() < K_ISA_AVX2 || t != TLM_DTYPE_F16) return 0;
+    narrow_f16(src, dst, n);
+    return 1;
+}
+
 k_vdot_fn k_simd_vdot(tlm_dtype t, int isa) {
     if (isa > k_simd_cpu_level()) return NULL;
     if (isa == K_ISA_AVX512) {
@@ -1245,6 +1262,10 @@ k_vdot_fn k_simd_vdot(tlm_dtype t, int isa) {
 int k_simd_cpu_level(void) { return K_ISA_REF; }
 int k_simd_cpu_bf16(void) { return 0; }
 int k_simd_widen(tlm_dtype t, const void *src, float *dst, int n) {
+    (void)t, (void)src, (void)dst, (void)n;
+    return 0;
+}
+int k_simd_narrow(tlm_dtype t, const float *src, void *dst, int n) {
     (void)t, (void)src, (void)dst, (void)n;
     return 0;
 }

@@ -648,6 +648,10 @@ void srv_sched_free(srv_sched *s) {
 
 int srv_sched_ctx(const srv_sched *s) { return s->ctx; }
 int srv_sched_parallel(const srv_sched *s) { return s->B; }
+size_t srv_sched_kv_bytes(const srv_sched *s) {
+    return tlm_session_prefix_bytes(s->sess, s->ctx) * (size_t)s->B;
+}
+tlm_dtype srv_sched_kv_type(const srv_sched *s) { return tlm_session_kv_type(s->sess); }
 
 tlm_status srv_sched_submit(srv_sched *s, srv_job *const *jobs, int n) {
     for (int i = 0; i < n; i++) {

@@ -172,6 +172,9 @@ tlm_status srv_sched_new(const tlm_model *m, const tlm_tokenizer *tok, const srv
 /* Finishes every accepted job, stops the thread and frees. */
 void srv_sched_free(srv_sched *s);
 int srv_sched_ctx(const srv_sched *s);
+/* The KV cache of all the slots: its bytes and element type. */
+size_t srv_sched_kv_bytes(const srv_sched *s);
+tlm_dtype srv_sched_kv_type(const srv_sched *s);
 int srv_sched_parallel(const srv_sched *s);
 /* Queues n jobs at once, or none: TLM_ERR_RANGE when the queue lacks room for them (the server
  * answers 429), TLM_ERR_INTERRUPTED once draining. */
