@@ -197,6 +197,119 @@ static void products(k_bf16 *k, int N, int in, int out) {
     free(db);
 }
 
+/* Training attention with bf16 products (k_bf16_attention_*) against double sums over the same
+ * rounded operands. Each product is checked on its own: the reference takes the kernel's fp32
+ * probabilities (rounded as the kernel rounds them) for P V and dV, so what is left is fp32
+ * accumulation; dS is rounded from fp32 in the kernel and from double here, which may differ by
+ * one bf16 step (2^-8 of it): dQ and dK allow that. T crosses a block of 64 queries, so masked
+ * blocks are skipped and the blocks' partial dK, dV sums add up. */
+static void attention(k_bf16 *k, int B, int T, int H, int hd) {
+    int ld = 3 * H * hd, ow = H * hd;
+    size_t N = (size_t)B * T, TT = (size_t)T * T;
+    float *qkv = malloc(N * ld * sizeof *qkv), *dout = malloc(N * ow * sizeof *dout);
+    float *out = malloc(N * ow * sizeof *out), *probs = malloc(B * H * TT * sizeof *probs);
+    float *dqkv = malloc(N * ld * sizeof *dqkv);
+    fill(qkv, N * ld, 11);
+    fill(dout, N * ow, 12);
+    for (size_t i = 0; i < N * ld; i++) qkv[i] *= 2.0f; /* scores of a few units: peaked rows */
+    CHECK(k_bf16_attention_fwd(k, out, probs, qkv, ld, B, T, H, H, hd, 0.0f),
+          "bf16 attention forward refused");
+    CHECK(k_bf16_attention_bwd(k, dqkv, dout, qkv, ld, probs, B, T, H, H, hd, 0.0f),
+          "bf16 attention backward refused");
+    /* In a later pass the forward's rounded copies are gone: the backward rounds afresh, alike. */
+    float *again = malloc(N * ld * sizeof *again);
+    k_bf16_next_pass(k);
+    CHECK(k_bf16_attention_bwd(k, again, dout, qkv, ld, probs, B, T, H, H, hd, 0.0f),
+          "bf16 attention backward refused");
+    CHECK(!memcmp(again, dqkv, N * ld * sizeof *again),
+          "the backward with the forward's copies differs from one without");
+    free(again);
+    double *x = rounded(qkv, N * ld), *dO = rounded(dout, N * ow), *P = rounded(probs, B * H * TT);
+    double scale = 1.0 / sqrt((double)hd), *s = malloc(T * sizeof *s),
+           *dS = malloc(TT * sizeof *dS);
+    int bad_p = 0, bad_o = 0, bad_v = 0, bad_q = 0, bad_k = 0;
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++) {
+            const float *Pk = probs + ((size_t)b * H + h) * TT; /* keys by queries */
+            const double *Pr = P + ((size_t)b * H + h) * TT;
+#define Q(t, d) x[((size_t)b * T + (t)) * ld + (size_t)h * hd + (d)]
+#define K(t, d) x[((size_t)b * T + (t)) * ld + ow + (size_t)h * hd + (d)]
+#define V(t, d) x[((size_t)b * T + (t)) * ld + 2 * ow + (size_t)h * hd + (d)]
+#define DO(t, d) dO[((size_t)b * T + (t)) * ow + (size_t)h * hd + (d)]
+#define G(t, part, d) dqkv[((size_t)b * T + (t)) * ld + (part)*ow + (size_t)h * hd + (d)]
+            for (int t = 0; t < T; t++) {
+                /* probabilities: softmax over keys 0..t, zeros beyond */
+                double mx = -1e300, sum = 0;
+                for (int j = 0; j <= t; j++) {
+                    double v = 0;
+                    for (int d = 0; d < hd; d++) v += Q(t, d) * K(j, d);
+                    s[j] = v * scale;
+                    mx = s[j] > mx ? s[j] : mx;
+                }
+                for (int j = 0; j <= t; j++) sum += (s[j] = exp(s[j] - mx));
+                for (int j = 0; j < T; j++) {
+                    double want = j <= t ? s[j] / sum : 0.0, got = Pk[(size_t)j * T + t];
+                    bad_p += !(fabs(got - want) <= 1e-5 * want + 1e-7);
+                }
+                /* out = P V and dP = dO V^T, then dS in double from the kernel's P */
+                double dot = 0;
+                for (int j = 0; j <= t; j++) {
+                    double dp = 0;
+                    for (int d = 0; d < hd; d++) dp += DO(t, d) * V(j, d);
+                    dS[(size_t)t * T + j] = dp;
+                    dot += Pk[(size_t)j * T + t] * dp;
+                }
+                for (int j = 0; j <= t; j++)
+                    dS[(size_t)t * T + j] =
+                        Pk[(size_t)j * T + t] * (dS[(size_t)t * T + j] - dot) * scale;
+                for (int d = 0; d < hd; d++) {
+                    double want = 0, mag = 0;
+                    for (int j = 0; j <= t; j++) {
+                        want += Pr[(size_t)j * T + t] * V(j, d);
+                        mag += fabs(Pr[(size_t)j * T + t] * V(j, d));
+                    }
+                    bad_o += !close(out[((size_t)b * T + t) * ow + (size_t)h * hd + d], want, t + 1,
+                                    mag);
+                    double wq = 0, mq = 0;
+                    for (int j = 0; j <= t; j++) {
+                        wq += dS[(size_t)t * T + j] * K(j, d);
+                        mq += fabs(dS[(size_t)t * T + j] * K(j, d));
+                    }
+                    bad_q += !(fabs(G(t, 0, d) - wq) <= 0x1p-8 * mq + 1e-6);
+                }
+            }
+            for (int j = 0; j < T; j++)
+                for (int d = 0; d < hd; d++) {
+                    double wv = 0, mv = 0, wk = 0, mk = 0;
+                    for (int t = j; t < T; t++) {
+                        wv += Pr[(size_t)j * T + t] * DO(t, d);
+                        mv += fabs(Pr[(size_t)j * T + t] * DO(t, d));
+                        wk += dS[(size_t)t * T + j] * Q(t, d);
+                        mk += fabs(dS[(size_t)t * T + j] * Q(t, d));
+                    }
+                    bad_v += !close(G(j, 2, d), wv, T - j, mv);
+                    bad_k += !(fabs(G(j, 1, d) - wk) <= 0x1p-8 * mk + 1e-6);
+                }
+#undef Q
+#undef K
+#undef V
+#undef DO
+#undef G
+        }
+    CHECK(bad_p == 0, "attention B%d T%d H%d hd%d: %d probabilities off", B, T, H, hd, bad_p);
+    CHECK(bad_o == 0, "attention B%d T%d H%d hd%d: %d outputs off", B, T, H, hd, bad_o);
+    CHECK(bad_v == 0, "attention B%d T%d H%d hd%d: %d of dV off", B, T, H, hd, bad_v);
+    CHECK(bad_q == 0, "attention B%d T%d H%d hd%d: %d of dQ off", B, T, H, hd, bad_q);
+    CHECK(bad_k == 0, "attention B%d T%d H%d hd%d: %d of dK off", B, T, H, hd, bad_k);
+    /* Grouped kv heads and dropout are left to the fp32 kernels. */
+    CHECK(!k_bf16_attention_fwd(k, out, probs, qkv, ld, B, T, H, 1, hd, 0.0f) &&
+              !k_bf16_attention_bwd(k, dqkv, dout, qkv, ld, probs, B, T, H, H, hd, 0.1f) &&
+              !k_bf16_attention_fwd(NULL, out, probs, qkv, ld, B, T, H, H, hd, 0.0f),
+          "bf16 attention accepted grouped heads, dropout or no state");
+    free(qkv), free(dout), free(out), free(probs), free(dqkv);
+    free(x), free(dO), free(P), free(s), free(dS);
+}
+
 int main(void) {
     rounding();
     if (!k_bf16_supported()) {
@@ -215,6 +328,8 @@ int main(void) {
         /* out >= 4 in: dW takes x packed by oneDNN's reorder instead of our rounding. */
         products(k, 45, 20, 83);
         products(k, 64, 32, 300);
+        attention(k, 2, 70, 3, 16);
+        attention(k, 3, 64, 2, 32); /* one block */
     }
     k_bf16_free(k);
     return t_finish("test_bf16");

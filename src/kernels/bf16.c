@@ -12,6 +12,7 @@
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 
+#include "fastmath.h"
 #include "kernels.h"
 
 int k_bf16_supported(void) {
@@ -25,17 +26,7 @@ int k_bf16_supported(void) {
 
 /* ---- rounding to bf16 ---------------------------------------------------------------------- */
 
-static uint16_t bf16_round(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
-    /* vcvtne2ps2bf16 flushes denormal inputs to zero: the tails do the same. */
-    if (!(u & 0x7f800000u)) return (uint16_t)((u >> 16) & 0x8000u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-/* vcvtne2ps2bf16 rounds to nearest even like bf16_round (NaNs stay NaNs, denormals become 0). */
+/* vcvtne2ps2bf16 rounds to nearest even like tlm_bf16_bits (NaNs stay NaNs, denormals become 0). */
 __attribute__((target("avx512f,avx512bf16"))) static void
 to_bf16_avx512(uint16_t *dst, const float *src, size_t n) {
     size_t i = 0;
@@ -43,14 +34,14 @@ to_bf16_avx512(uint16_t *dst, const float *src, size_t n) {
         __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + i + 16), _mm512_loadu_ps(src + i));
         _mm512_storeu_si512((void *)(dst + i), (__m512i)v);
     }
-    for (; i < n; i++) dst[i] = bf16_round(src[i]);
+    for (; i < n; i++) dst[i] = tlm_bf16_bits(src[i]);
 }
 
 static void round_span(uint16_t *dst, const float *src, size_t n, int fast) {
     if (fast)
         to_bf16_avx512(dst, src, n);
     else
-        for (size_t i = 0; i < n; i++) dst[i] = bf16_round(src[i]);
+        for (size_t i = 0; i < n; i++) dst[i] = tlm_bf16_bits(src[i]);
 }
 
 void k_f32_to_bf16(uint16_t *dst, const float *src, size_t n) {
@@ -74,6 +65,19 @@ static void round_rows(uint16_t *dst, const float *src, size_t ld, int rows, int
         round_span(dst + (size_t)i * (size_t)cols, src + (size_t)i * ld, (size_t)cols, fast);
 }
 
+void k_f32_to_bf16_heads(uint16_t *dst, const float *src, int ld, int B, int T, int parts, int H,
+                         int hd) {
+    int fast = k_bf16_supported(), heads = parts * B * H;
+#pragma omp parallel for schedule(static) if ((size_t)heads * T * hd >= 4 * K_PAR_MIN)
+    for (int i = 0; i < heads; i++) {
+        int part = i / (B * H), b = i / H % B, h = i % H;
+        const float *s = src + (size_t)b * T * ld + (size_t)(part * H + h) * hd;
+        uint16_t *d = dst + (size_t)i * T * hd;
+        for (int t = 0; t < T; t++)
+            round_span(d + (size_t)t * hd, s + (size_t)t * ld, (size_t)hd, fast);
+    }
+}
+
 float k_bf16_to_f32(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
     float f;
@@ -83,11 +87,20 @@ float k_bf16_to_f32(uint16_t h) {
 
 /* ---- the context --------------------------------------------------------------------------- */
 
-/* One matmul primitive per layout: C[M, N] (+)= op(A)[M, K] op(B)[K, N], all row-major. A packed
- * one takes B as fp32 and has oneDNN round it into the blocked layout its kernels read (`pack`, a
- * reorder into `pbuf`) before the product. */
+/* A product's shapes: C [.., M, N] (+)= scale * A [.., M, K] B [.., K, N] with nd - 2 batch
+ * dimensions in front (the attention's batch and heads), strides in elements, so transposed and
+ * column-block operands are read in place. nthr: a primitive divides its work among the threads
+ * oneDNN counted when it was made, and runs each share on the thread of that number in the team. */
 typedef struct {
-    int key[11];
+    dnnl_dims_t ad, as, bd, bs, cd, cs; /* the first nd of each */
+    int nd, add, pack, nthr;
+    float scale;
+} mm_key;
+
+/* One matmul primitive per key. A packed one takes B as fp32 and has oneDNN round it into the
+ * blocked layout its kernels read (`pack`, a reorder into `pbuf`) before the product. */
+typedef struct {
+    mm_key key;
     dnnl_primitive_t prim, pack;
     dnnl_memory_t a, b, c, bsrc;
     void *pbuf;
@@ -100,6 +113,7 @@ typedef struct {
     size_t n;
     uint16_t *bf;
     unsigned pass;
+    int tag; /* the layout: 0 rows as they are, others the callers' (k_bf16_keep) */
 } acopy;
 
 /* The most bytes of activation copies kept (beyond them the backward rounds x again): a pass's
@@ -125,8 +139,10 @@ struct k_bf16 {
     int n_a, cap_a;
     size_t a_bytes;
     unsigned pass;
-    uint16_t *buf[2]; /* rounded activations: the two operands of a product */
-    size_t buf_n[2];
+    /* Scratch: rounded activations (slots 0 and 1, the operands of a product), and the
+     * attention's (k_bf16_scratch). */
+    void *buf[K_BF16_SLOTS];
+    size_t buf_bytes[K_BF16_SLOTS];
     long fallbacks;
 };
 
@@ -164,8 +180,7 @@ void k_bf16_free(k_bf16 *k) {
     free(k->w);
     for (int i = 0; i < k->n_a; i++) free(k->a[i].bf);
     free(k->a);
-    free(k->buf[0]);
-    free(k->buf[1]);
+    for (int i = 0; i < K_BF16_SLOTS; i++) free(k->buf[i]);
     dnnl_stream_destroy(k->strm);
     dnnl_engine_destroy(k->eng);
     free(k);
@@ -175,14 +190,17 @@ void k_bf16_next_pass(k_bf16 *k) { k->pass++; }
 
 long k_bf16_fallbacks(const k_bf16 *k) { return k->fallbacks; }
 
-static uint16_t *scratch(k_bf16 *k, int which, size_t n) {
-    if (k->buf_n[which] < n) {
-        free(k->buf[which]);
-        k->buf[which] = aligned_alloc(64, (n * 2 + 63) & ~(size_t)63);
-        k->buf_n[which] = k->buf[which] ? n : 0;
+void *k_bf16_scratch(k_bf16 *k, int slot, size_t bytes) {
+    if (slot < 0 || slot >= K_BF16_SLOTS) return NULL;
+    if (k->buf_bytes[slot] < bytes) {
+        free(k->buf[slot]);
+        k->buf[slot] = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+        k->buf_bytes[slot] = k->buf[slot] ? bytes : 0;
     }
-    return k->buf[which];
+    return k->buf[slot];
 }
+
+static uint16_t *scratch(k_bf16 *k, int which, size_t n) { return k_bf16_scratch(k, which, n * 2); }
 
 static const uint16_t *round_to(k_bf16 *k, int which, const float *src, size_t n) {
     uint16_t *d = scratch(k, which, n);
@@ -190,43 +208,65 @@ static const uint16_t *round_to(k_bf16 *k, int which, const float *src, size_t n
     return d;
 }
 
-/* x rounded for a forward product, kept for the backward of this pass. Any other copy of bytes
- * x overlaps is dropped: they were overwritten since. */
-static const uint16_t *act_fwd(k_bf16 *k, const float *x, size_t n) {
+/* A buffer for x's rounded copy in layout tag, registered as made in this pass (the caller fills
+ * it); NULL when none can be kept. Any other copy of bytes x overlaps is dropped: they were
+ * overwritten since. */
+static uint16_t *keep(k_bf16 *k, const float *x, size_t n, int tag) {
     acopy *e = NULL;
     for (int i = 0; i < k->n_a; i++) {
         acopy *c = &k->a[i];
-        if (c->src == x && c->n == n)
+        if (c->src == x && c->n == n && c->tag == tag)
             e = c;
         else if (c->src < x + n && x < c->src + c->n)
             c->pass = 0;
     }
     if (!e) {
         size_t bytes = (n * 2 + 63) & ~(size_t)63;
-        if (k->a_bytes + bytes > K_BF16_KEEP_MAX) return round_to(k, 0, x, n);
+        if (k->a_bytes + bytes > K_BF16_KEEP_MAX) return NULL;
         if (k->n_a == k->cap_a) {
             int cap = k->cap_a ? 2 * k->cap_a : 32;
             acopy *na = realloc(k->a, (size_t)cap * sizeof *na);
-            if (!na) return round_to(k, 0, x, n);
+            if (!na) return NULL;
             k->a = na;
             k->cap_a = cap;
         }
         uint16_t *bf = aligned_alloc(64, bytes);
-        if (!bf) return round_to(k, 0, x, n);
+        if (!bf) return NULL;
         e = &k->a[k->n_a++];
-        *e = (acopy){x, n, bf, 0};
+        *e = (acopy){x, n, bf, 0, tag};
         k->a_bytes += bytes;
     }
-    k_f32_to_bf16(e->bf, x, n);
     e->pass = k->pass;
     return e->bf;
 }
 
+static const uint16_t *kept(const k_bf16 *k, const float *x, size_t n, int tag) {
+    for (int i = 0; i < k->n_a; i++)
+        if (k->a[i].src == x && k->a[i].n == n && k->a[i].tag == tag && k->a[i].pass == k->pass)
+            return k->a[i].bf;
+    return NULL;
+}
+
+uint16_t *k_bf16_keep(k_bf16 *k, const float *x, size_t n, int tag) {
+    return tag > 0 ? keep(k, x, n, tag) : NULL;
+}
+
+const uint16_t *k_bf16_kept(const k_bf16 *k, const float *x, size_t n, int tag) {
+    return tag > 0 ? kept(k, x, n, tag) : NULL;
+}
+
+/* x rounded for a forward product, kept for the backward of this pass. */
+static const uint16_t *act_fwd(k_bf16 *k, const float *x, size_t n) {
+    uint16_t *bf = keep(k, x, n, 0);
+    if (!bf) return round_to(k, 0, x, n);
+    k_f32_to_bf16(bf, x, n);
+    return bf;
+}
+
 /* x rounded for a backward product: the forward's copy when this pass made one, else afresh. */
 static const uint16_t *act_bwd(k_bf16 *k, const float *x, size_t n) {
-    for (int i = 0; i < k->n_a; i++)
-        if (k->a[i].src == x && k->a[i].n == n && k->a[i].pass == k->pass) return k->a[i].bf;
-    return round_to(k, 1, x, n);
+    const uint16_t *bf = kept(k, x, n, 0);
+    return bf ? bf : round_to(k, 1, x, n);
 }
 
 /* The weight's copy for this pass: rounded at its first use in the pass. */
@@ -273,14 +313,9 @@ static int make_pack(k_bf16 *k, mm *r, const dnnl_dims_t bd, const dnnl_dims_t b
     return ok;
 }
 
-/* A primitive divides its work among the threads oneDNN counted when it was made, and runs each
- * share on the thread of that number in the team: the count is part of the key. */
-static mm *primitive(k_bf16 *k, int M, int N, int K, int ta, int lda, int tb, int ldb, int ldc,
-                     int add, int pack) {
-    int nthr = omp_in_parallel() ? 1 : omp_get_max_threads();
-    int key[11] = {M, N, K, ta, lda, tb, ldb, ldc, add, nthr, pack};
+static mm *primitive(k_bf16 *k, const mm_key *key) {
     for (int i = 0; i < k->n_mms; i++)
-        if (!memcmp(k->mms[i].key, key, sizeof key)) return &k->mms[i];
+        if (!memcmp(&k->mms[i].key, key, sizeof *key)) return &k->mms[i];
     if (k->n_mms == k->cap_mms) {
         int cap = k->cap_mms ? 2 * k->cap_mms : 16;
         mm *n = realloc(k->mms, (size_t)cap * sizeof *n);
@@ -288,32 +323,32 @@ static mm *primitive(k_bf16 *k, int M, int N, int K, int ta, int lda, int tb, in
         k->mms = n;
         k->cap_mms = cap;
     }
+    int nd = key->nd;
     dnnl_memory_desc_t amd, bmd, cmd;
-    dnnl_dims_t ad = {M, K}, bd = {K, N}, cd = {M, N};
-    /* A transposed is stored [K, M], B transposed [N, K]: strides say so, no copy. */
-    dnnl_dims_t as = {ta ? 1 : lda, ta ? lda : 1}, bs = {tb ? 1 : ldb, tb ? ldb : 1}, cs = {ldc, 1};
     dnnl_matmul_desc_t md;
     dnnl_primitive_attr_t attr = NULL;
     dnnl_post_ops_t po = NULL;
     dnnl_primitive_desc_t pd = NULL;
-    mm r = {0};
-    memcpy(r.key, key, sizeof key);
+    mm r = {.key = *key};
     int ok =
-        dnnl_memory_desc_init_by_strides(&amd, 2, ad, dnnl_bf16, as) == dnnl_success &&
-        (pack ? dnnl_memory_desc_init_by_tag(&bmd, 2, bd, dnnl_bf16, dnnl_format_tag_any)
-              : dnnl_memory_desc_init_by_strides(&bmd, 2, bd, dnnl_bf16, bs)) == dnnl_success &&
-        dnnl_memory_desc_init_by_strides(&cmd, 2, cd, dnnl_f32, cs) == dnnl_success &&
+        dnnl_memory_desc_init_by_strides(&amd, nd, key->ad, dnnl_bf16, key->as) == dnnl_success &&
+        (key->pack ? dnnl_memory_desc_init_by_tag(&bmd, nd, key->bd, dnnl_bf16, dnnl_format_tag_any)
+                   : dnnl_memory_desc_init_by_strides(&bmd, nd, key->bd, dnnl_bf16, key->bs)) ==
+            dnnl_success &&
+        dnnl_memory_desc_init_by_strides(&cmd, nd, key->cd, dnnl_f32, key->cs) == dnnl_success &&
         dnnl_matmul_desc_init(&md, &amd, &bmd, NULL, &cmd) == dnnl_success &&
         dnnl_primitive_attr_create(&attr) == dnnl_success;
-    if (ok && add)
+    if (ok && key->scale != 1.0f)
+        ok = dnnl_primitive_attr_set_output_scales(attr, 1, 0, &key->scale) == dnnl_success;
+    if (ok && key->add)
         ok = dnnl_post_ops_create(&po) == dnnl_success &&
              dnnl_post_ops_append_sum(po, 1.0f) == dnnl_success &&
              dnnl_primitive_attr_set_post_ops(attr, po) == dnnl_success;
     ok = ok && dnnl_primitive_desc_create(&pd, &md, attr, k->eng, NULL) == dnnl_success &&
          dnnl_primitive_create(&r.prim, pd) == dnnl_success &&
          dnnl_memory_create(&r.a, &amd, k->eng, DNNL_MEMORY_NONE) == dnnl_success &&
-         (pack ? make_pack(k, &r, bd, bs, pd)
-               : dnnl_memory_create(&r.b, &bmd, k->eng, DNNL_MEMORY_NONE) == dnnl_success) &&
+         (key->pack ? make_pack(k, &r, key->bd, key->bs, pd)
+                    : dnnl_memory_create(&r.b, &bmd, k->eng, DNNL_MEMORY_NONE) == dnnl_success) &&
          dnnl_memory_create(&r.c, &cmd, k->eng, DNNL_MEMORY_NONE) == dnnl_success;
     if (pd) dnnl_primitive_desc_destroy(pd);
     if (po) dnnl_post_ops_destroy(po);
@@ -333,11 +368,10 @@ static mm *primitive(k_bf16 *k, int M, int N, int K, int ta, int lda, int tb, in
 }
 
 /* B is bf16 (rounded by us) or, for a packed primitive, the fp32 source. */
-static int run(k_bf16 *k, int M, int N, int K, const uint16_t *A, int ta, int lda, const void *B,
-               int tb, int ldb, float *C, int ldc, int add, int pack) {
-    mm *p = primitive(k, M, N, K, ta, lda, tb, ldb, ldc, add, pack);
+static int run(k_bf16 *k, const mm_key *key, const uint16_t *A, const void *B, float *C) {
+    mm *p = primitive(k, key);
     if (!p) return 0;
-    if (pack) {
+    if (key->pack) {
         dnnl_exec_arg_t pargs[2] = {{DNNL_ARG_FROM, p->bsrc}, {DNNL_ARG_TO, p->b}};
         if (dnnl_memory_set_data_handle(p->bsrc, (void *)B) != dnnl_success ||
             dnnl_primitive_execute(p->pack, k->strm, 2, pargs) != dnnl_success)
@@ -354,24 +388,58 @@ static int run(k_bf16 *k, int M, int N, int K, const uint16_t *A, int ta, int ld
     return dnnl_stream_wait(k->strm) == dnnl_success;
 }
 
-/* C (+)= op(A) op(B) on rounded operands; 0 when oneDNN could not do it. A team shorter than the
+/* The product of key on rounded operands; 0 when oneDNN could not do it. A team shorter than the
  * count a primitive was made for would leave the missing threads' shares undone (OMP_THREAD_LIMIT,
  * dynamic teams), so the calling thread's count is capped and its teams fixed around the call. */
-static int gemm_b(k_bf16 *k, int M, int N, int K, const uint16_t *A, int ta, int lda, const void *B,
-                  int tb, int ldb, float *C, int ldc, int add, int pack) {
+static int product(k_bf16 *k, mm_key *key, const uint16_t *A, const void *B, float *C) {
     if (!A || !B) return 0;
     int dyn = omp_get_dynamic(), n = omp_get_max_threads(), limit = omp_get_thread_limit();
     if (dyn) omp_set_dynamic(0);
     if (limit > 0 && n > limit) omp_set_num_threads(limit);
-    int ok = run(k, M, N, K, A, ta, lda, B, tb, ldb, C, ldc, add, pack);
+    key->nthr = omp_in_parallel() ? 1 : omp_get_max_threads();
+    int ok = run(k, key, A, B, C);
     if (limit > 0 && n > limit) omp_set_num_threads(n);
     if (dyn) omp_set_dynamic(1);
     return ok;
 }
 
+/* C[M, N] (+)= op(A)[M, K] op(B)[K, N], row-major; A transposed is stored [K, M], B transposed
+ * [N, K]: the strides say so, no copy. */
+static int gemm_b(k_bf16 *k, int M, int N, int K, const uint16_t *A, int ta, int lda, const void *B,
+                  int tb, int ldb, float *C, int ldc, int add, int pack) {
+    mm_key key;
+    memset(&key, 0, sizeof key); /* compared bytewise: no stray padding */
+    key.nd = 2;
+    key.ad[0] = M, key.ad[1] = K, key.as[0] = ta ? 1 : lda, key.as[1] = ta ? lda : 1;
+    key.bd[0] = K, key.bd[1] = N, key.bs[0] = tb ? 1 : ldb, key.bs[1] = tb ? ldb : 1;
+    key.cd[0] = M, key.cd[1] = N, key.cs[0] = ldc, key.cs[1] = 1;
+    key.add = add, key.pack = pack, key.scale = 1.0f;
+    return product(k, &key, A, B, C);
+}
+
 static int gemm(k_bf16 *k, int M, int N, int K, const uint16_t *A, int ta, int lda,
                 const uint16_t *B, int tb, int ldb, float *C, int ldc, int add) {
     return gemm_b(k, M, N, K, A, ta, lda, B, tb, ldb, C, ldc, add, 0);
+}
+
+int k_bf16_batched(k_bf16 *k, const k_bf16_arr *a, const k_bf16_arr *b, float *c,
+                   const int64_t cstrides[4], float scale, int add) {
+    mm_key key;
+    memset(&key, 0, sizeof key);
+    key.nd = 4;
+    for (int i = 0; i < 4; i++) {
+        key.ad[i] = a->dims[i], key.as[i] = a->strides[i];
+        key.bd[i] = b->dims[i], key.bs[i] = b->strides[i];
+        key.cd[i] = i == 2                    ? a->dims[2]
+                    : i == 3                  ? b->dims[3]
+                    : a->dims[i] > b->dims[i] ? a->dims[i]
+                                              : b->dims[i];
+        key.cs[i] = cstrides[i];
+    }
+    key.add = add, key.scale = scale;
+    int ok = product(k, &key, a->p, b->p, c);
+    if (!ok) k->fallbacks++;
+    return ok;
 }
 
 /* ---- the linear layer ---------------------------------------------------------------------- */

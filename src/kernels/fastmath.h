@@ -30,6 +30,18 @@ static inline float tlm_expf(float in) {
     return in == in ? p * scale : in;
 }
 
+/* f rounded to bf16 (nearest even), as vcvtne2ps2bf16 does it: NaNs stay (quiet) NaNs, denormal
+ * inputs become zeros. Branch-free so that loops of it vectorize (softmaxes that write their
+ * probabilities for bf16 products as well). */
+static inline uint16_t tlm_bf16_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    r = (u & 0x7f800000u) ? r : (u >> 16) & 0x8000u;
+    r = (u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : r;
+    return (uint16_t)r;
+}
+
 /* p[0..n) = softmax(p[0..n)) given its maximum mx: inference attention's rows (session.c,
  * attend_row.c), vectorized under OpenMP simd (libm's scalar expf took 9% of a 15M prompt). */
 static inline void tlm_softmax_row(float *p, int n, float mx) {

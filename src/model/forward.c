@@ -197,6 +197,9 @@ static void batch_attend_fwd(void *user, int l, float *qkv, int ld, float *att, 
     const tlm_config *c = &x->m->c;
     int hd = c->d_model / c->n_heads, qw = c->n_heads * hd, kw = c->n_kv_heads * hd;
     int drop = x->pass.training && c->dropout > 0.0f;
+    if (k_bf16_attention_fwd(x->pass.bf16, att, x->probs[l], qkv, ld, x->curB, x->curT, c->n_heads,
+                             c->n_kv_heads, hd, drop ? c->dropout : 0.0f))
+        return;
     k_attention_fwd(att, x->probs[l], qkv, qkv + qw, qkv + qw + kw, ld, ld, x->curB, x->curT,
                     c->n_heads, c->n_kv_heads, hd, drop ? c->dropout : 0.0f,
                     drop ? tlm_drop_key(&x->pass, l, 0) : 0, x->att_scratch);
@@ -209,6 +212,9 @@ static void batch_attend_bwd(void *user, int l, const float *qkv, int ld, const 
     const tlm_config *c = &x->m->c;
     int hd = c->d_model / c->n_heads, qw = c->n_heads * hd, kw = c->n_kv_heads * hd;
     int drop = c->dropout > 0.0f;
+    if (k_bf16_attention_bwd(x->pass.bf16, dqkv, datt, qkv, ld, x->probs[l], x->curB, x->curT,
+                             c->n_heads, c->n_kv_heads, hd, drop ? c->dropout : 0.0f))
+        return;
     k_attention_bwd(dqkv, dqkv + qw, dqkv + qw + kw, datt, qkv, qkv + qw, qkv + qw + kw, ld, ld,
                     x->probs[l], x->curB, x->curT, c->n_heads, c->n_kv_heads, hd,
                     drop ? c->dropout : 0.0f, drop ? tlm_drop_key(&x->pass, l, 0) : 0,
