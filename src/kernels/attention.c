@@ -263,11 +263,8 @@ static k_bf16_arr square(const uint16_t *p, int B, int H, int T, int j1, int t0,
     return a;
 }
 
-int k_bf16_attention_fwd(k_bf16 *k, float *out, float *probs, const float *qkv, int ld, int B,
-                         int T, int H, int KVH, int hd, float p) {
-    /* Grouped kv heads would need the backward's dK, dV summed over the group's heads, which a
-     * batched product cannot do; dropout's masks are applied per head. Both run in fp32. */
-    if (!k || p > 0.0f || KVH != H) return 0;
+static int attention_fwd_bf16(k_bf16 *k, float *out, float *probs, const float *qkv, int ld, int B,
+                              int T, int H, int hd) {
     size_t TT = (size_t)T * T, part = (size_t)B * H * T * hd;
     /* Rounded copies kept for the backward (made again there when they could not be kept). */
     uint16_t *xb = k_bf16_keep(k, qkv, 3 * part, K_ATT_QKV);
@@ -298,6 +295,19 @@ int k_bf16_attention_fwd(k_bf16 *k, float *out, float *probs, const float *qkv, 
         if (!k_bf16_batched(k, &a, &b, out + (size_t)t0 * ow, out_s, 1.0f, 0)) return 0;
     }
     return 1;
+}
+
+int k_bf16_attention_fwd(k_bf16 *k, float *out, float *probs, const float *qkv, int ld, int B,
+                         int T, int H, int KVH, int hd, float p) {
+    /* Grouped kv heads would need the backward's dK, dV summed over the group's heads, which a
+     * batched product cannot do; dropout's masks are applied per head. Both run in fp32. */
+    if (!k || p > 0.0f || KVH != H) return 0;
+    if (attention_fwd_bf16(k, out, probs, qkv, ld, B, T, H, hd)) return 1;
+    /* The fp32 kernels redo it: copies this left half made must not reach the backward. */
+    size_t n = (size_t)B * T * 3 * H * hd;
+    k_bf16_forget(k, qkv, n, K_ATT_QKV);
+    k_bf16_forget(k, probs, (size_t)B * H * T * T, K_ATT_PROBS);
+    return 0;
 }
 
 int k_bf16_attention_bwd(k_bf16 *k, float *dqkv, const float *dout, const float *qkv, int ld,

@@ -255,6 +255,11 @@ const uint16_t *k_bf16_kept(const k_bf16 *k, const float *x, size_t n, int tag) 
     return tag > 0 ? kept(k, x, n, tag) : NULL;
 }
 
+void k_bf16_forget(k_bf16 *k, const float *x, size_t n, int tag) {
+    for (int i = 0; i < k->n_a; i++)
+        if (k->a[i].src == x && k->a[i].n == n && k->a[i].tag == tag) k->a[i].pass = 0;
+}
+
 /* x rounded for a forward product, kept for the backward of this pass. */
 static const uint16_t *act_fwd(k_bf16 *k, const float *x, size_t n) {
     uint16_t *bf = keep(k, x, n, 0);

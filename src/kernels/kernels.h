@@ -97,6 +97,8 @@ void *k_bf16_scratch(k_bf16 *k, int slot, size_t bytes);
  * capped in size: NULL then, or when out of memory). */
 uint16_t *k_bf16_keep(k_bf16 *k, const float *x, size_t n, int tag);
 const uint16_t *k_bf16_kept(const k_bf16 *k, const float *x, size_t n, int tag);
+/* Drops that copy: its caller could not fill it (a backward must not take it for the data). */
+void k_bf16_forget(k_bf16 *k, const float *x, size_t n, int tag);
 
 /* ---- norm.c ---- */
 /* y = x / sqrt(mean(x^2) + eps) * g; saves rstd[N] (may be NULL). */
