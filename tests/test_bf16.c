@@ -310,6 +310,25 @@ static void attention(k_bf16 *k, int B, int T, int H, int hd) {
     free(x), free(dO), free(P), free(s), free(dS);
 }
 
+/* The store of copies kept for the backward (k_bf16_keep): a copy is found by address, size and
+ * layout tag, in the pass that made it only, and not after k_bf16_forget; tag 0 is the linear
+ * products' own and refused to callers. */
+static void kept_copies(k_bf16 *k) {
+    float x[64] = {0};
+    k_bf16_next_pass(k);
+    uint16_t *c = k_bf16_keep(k, x, 64, 1);
+    CHECK(c != NULL, "no copy kept");
+    CHECK(k_bf16_kept(k, x, 64, 1) == c, "the kept copy is not found");
+    CHECK(!k_bf16_kept(k, x, 64, 2) && !k_bf16_kept(k, x, 32, 1),
+          "a copy found by another tag or size");
+    CHECK(!k_bf16_keep(k, x, 64, 0) && !k_bf16_kept(k, x, 64, 0), "tag 0 given to a caller");
+    k_bf16_forget(k, x, 64, 1);
+    CHECK(!k_bf16_kept(k, x, 64, 1), "a forgotten copy is still found");
+    CHECK(k_bf16_keep(k, x, 64, 1) == c, "the forgotten copy's buffer is not reused");
+    k_bf16_next_pass(k);
+    CHECK(!k_bf16_kept(k, x, 64, 1), "a copy of the last pass is found in this one");
+}
+
 int main(void) {
     rounding();
     if (!k_bf16_supported()) {
@@ -331,6 +350,7 @@ int main(void) {
         attention(k, 2, 70, 3, 16);
         attention(k, 3, 64, 2, 32); /* one block */
     }
+    kept_copies(k);
     k_bf16_free(k);
     return t_finish("test_bf16");
 }

@@ -242,6 +242,9 @@ size_t k_attention_scratch_floats(int T, float p, int threads) {
 /* The layouts of the rounded copies the forward keeps for the backward (k_bf16_keep): q|k|v in
  * head-major blocks, the probabilities as probs holds them. */
 enum { K_ATT_QKV = 1, K_ATT_PROBS = 2 };
+/* The k_bf16_scratch slots used here: rounded q|k|v, rounded P (then dS), rounded dO, dP in fp32,
+ * dq|dk|dv head-major. */
+enum { S_QKV = 2, S_P, S_DO, S_DP, S_GRAD };
 
 /* Rows [r0, r0 + n) of every head of head-major blocks [B, H, T, hd]: [B, H, n, hd], or its
  * transpose. */
@@ -269,8 +272,8 @@ static int attention_fwd_bf16(k_bf16 *k, float *out, float *probs, const float *
     /* Rounded copies kept for the backward (made again there when they could not be kept). */
     uint16_t *xb = k_bf16_keep(k, qkv, 3 * part, K_ATT_QKV);
     uint16_t *pb = k_bf16_keep(k, probs, B * H * TT, K_ATT_PROBS);
-    if (!xb) xb = k_bf16_scratch(k, 2, 3 * part * 2);
-    if (!pb) pb = k_bf16_scratch(k, 3, B * H * TT * 2);
+    if (!xb) xb = k_bf16_scratch(k, S_QKV, 3 * part * 2);
+    if (!pb) pb = k_bf16_scratch(k, S_P, B * H * TT * 2);
     if (!xb || !pb) return 0;
     const uint16_t *qb = xb, *kb = xb + part, *vb = xb + 2 * part;
     int ow = H * hd;
@@ -304,8 +307,8 @@ int k_bf16_attention_fwd(k_bf16 *k, float *out, float *probs, const float *qkv, 
     if (!k || p > 0.0f || KVH != H) return 0;
     if (attention_fwd_bf16(k, out, probs, qkv, ld, B, T, H, hd)) return 1;
     /* The fp32 kernels redo it: copies this left half made must not reach the backward. */
-    size_t n = (size_t)B * T * 3 * H * hd;
-    k_bf16_forget(k, qkv, n, K_ATT_QKV);
+    size_t part = (size_t)B * H * T * hd;
+    k_bf16_forget(k, qkv, 3 * part, K_ATT_QKV);
     k_bf16_forget(k, probs, (size_t)B * H * T * T, K_ATT_PROBS);
     return 0;
 }
@@ -316,13 +319,13 @@ int k_bf16_attention_bwd(k_bf16 *k, float *dqkv, const float *dout, const float 
     size_t TT = (size_t)T * T, hs = (size_t)T * hd, part = (size_t)B * H * hs;
     const uint16_t *xb = k_bf16_kept(k, qkv, 3 * part, K_ATT_QKV);
     const uint16_t *pb = k_bf16_kept(k, probs, B * H * TT, K_ATT_PROBS);
-    uint16_t *sb = k_bf16_scratch(k, 3, B * H * TT * 2), *ob = k_bf16_scratch(k, 4, part * 2);
-    float *dPt = k_bf16_scratch(k, 5, B * H * TT * sizeof(float));
+    uint16_t *sb = k_bf16_scratch(k, S_P, B * H * TT * 2), *ob = k_bf16_scratch(k, S_DO, part * 2);
+    float *dPt = k_bf16_scratch(k, S_DP, B * H * TT * sizeof(float));
     /* dq, dk, dv head-major: oneDNN writes rows ld apart only with its slower kernels */
-    float *g = k_bf16_scratch(k, 6, 3 * part * sizeof(float));
+    float *g = k_bf16_scratch(k, S_GRAD, 3 * part * sizeof(float));
     if (!sb || !ob || !dPt || !g) return 0;
     if (!xb) {
-        uint16_t *x = k_bf16_scratch(k, 2, 3 * part * 2);
+        uint16_t *x = k_bf16_scratch(k, S_QKV, 3 * part * 2);
         if (!x) return 0;
         k_f32_to_bf16_heads(x, qkv, ld, B, T, 3, H, hd);
         xb = x;
