@@ -1,9 +1,9 @@
 /* Training's causal attention, forward and backward, with fp32 products (one OpenBLAS sgemm per
- * head and block of queries) against bf16 products (one oneDNN call over every head per block,
- * k_bf16_attention_*), at the shapes of the bench recipes, on the threads OpenMP gives (2 here).
- * "shakespeare/thread" is what each thread runs when tlm train splits the Shakespeare recipe's
- * batch across two threads (its default there): half the batch on one thread. The two sides
- * alternate; best of REPS. GFLOP/s count the products' unmasked work.
+ * head and block of queries) against bf16 products (tlm's own kernels, one head per task with its
+ * operands in cache, k_bf16_attention_*), at the shapes of the bench recipes, on the threads OpenMP
+ * gives (2 here). "shakespeare/thread" is what each thread runs when tlm train splits the
+ * Shakespeare recipe's batch across two threads (its default there): half the batch on one thread.
+ * The two sides alternate; best of REPS. GFLOP/s count the products' unmasked work.
  *   bench_attn_train [REPS=20]   (bf16 needs avx512_bf16) */
 #include <omp.h>
 #include <stdio.h>

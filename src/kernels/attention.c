@@ -29,8 +29,9 @@ enum { QB = 64 };
  * The loops run over the block's full width and select by the mask: loops that start at each
  * row's first visible query left most of the work to scalar peel and tail code (the rows near
  * the diagonal are short), the softmax then taking 23% of a bf16 attention at T 64. The masked
- * scores they read were computed by the products (every row below t1 is), so they are finite. */
-static void softmax_columns(float *Pt, int T, uint16_t *Pb) {
+ * scores they read are only selected away, so they may be anything (the bf16 kernels leave those
+ * left of their tiles uncomputed). */
+void k_softmax_columns(float *Pt, int T) {
     for (int t0 = 0; t0 < T; t0 += QB) {
         int w = t0 + QB < T ? QB : T - t0, t1 = t0 + w;
         float mx[QB], sum[QB];
@@ -58,11 +59,6 @@ static void softmax_columns(float *Pt, int T, uint16_t *Pb) {
             float *row = Pt + (size_t)j * T + t0;
 #pragma omp simd
             for (int i = 0; i < w; i++) row[i] *= sum[i];
-            if (Pb) { /* the rows the bf16 products read, masked zeros included */
-                uint16_t *prow = Pb + (size_t)j * T + t0;
-#pragma omp simd
-                for (int i = 0; i < w; i++) prow[i] = tlm_bf16_bits(row[i]);
-            }
         }
     }
 }
@@ -94,7 +90,7 @@ static void attention_fwd(float *out, float *probs, const float *q, const float 
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t1, t1 - t0, hd, scale, kb, kw,
                         qb + (size_t)t0 * qw, qw, 0.0f, Pt + t0, T);
         }
-        softmax_columns(Pt, T, NULL);
+        k_softmax_columns(Pt, T);
         const float *PV = Pt;
         if (p > 0.0f) {
             float *D = scratch + (size_t)omp_get_thread_num() * T * T;
@@ -119,8 +115,7 @@ void k_attention_fwd(float *out, float *probs, const float *q, const float *k, c
 
 /* Softmax backward for columns [t0, t0 + w) of dPt (queries), over their visible rows (keys):
  * dS = P * (dP - sum_keys(P * dP)) * scale, masked entries zero. */
-static void softmax_bwd_columns(float *dPt, const float *Pt, int T, int t0, int w, float scale,
-                                uint16_t *dSb) {
+static void softmax_bwd_columns(float *dPt, const float *Pt, int T, int t0, int w, float scale) {
     int t1 = t0 + w;
     float dot[QB];
     for (int i = 0; i < w; i++) dot[i] = 0.0f;
@@ -130,17 +125,6 @@ static void softmax_bwd_columns(float *dPt, const float *Pt, int T, int t0, int 
         int i0 = j - t0;
 #pragma omp simd
         for (int i = 0; i < w; i++) dot[i] += i >= i0 ? pr[i] * dr[i] : 0.0f;
-    }
-    if (dSb) { /* rounded only, the rows the bf16 products read */
-        for (int j = 0; j < t1; j++) {
-            const float *pr = Pt + (size_t)j * T + t0, *dr = dPt + (size_t)j * T + t0;
-            uint16_t *sr = dSb + (size_t)j * T + t0;
-            int i0 = j - t0;
-#pragma omp simd
-            for (int i = 0; i < w; i++)
-                sr[i] = i >= i0 ? tlm_bf16_bits(pr[i] * (dr[i] - dot[i]) * scale) : 0;
-        }
-        return;
     }
     for (int j = 0; j < t1; j++) {
         const float *pr = Pt + (size_t)j * T + t0;
@@ -202,7 +186,7 @@ static void attention_bwd(float *dq, float *dk, float *dv, const float *dout, co
                         dPt[(size_t)j * T + t] *=
                             k_dropout_keep(key, bh * TT + (size_t)t * T + j, p);
             for (int t0 = 0; t0 < T; t0 += QB) /* QB columns at a time, as in the forward */
-                softmax_bwd_columns(dPt, Pt, T, t0, t0 + QB < T ? QB : T - t0, scale, NULL);
+                softmax_bwd_columns(dPt, Pt, T, t0, t0 + QB < T ? QB : T - t0, scale);
             /* dQ = dS K = dSt^T K; dK += dS^T Q = dSt Q */
             for (int t0 = 0; t0 < T; t0 += QB) {
                 int t1 = t0 + QB < T ? t0 + QB : T;
@@ -226,155 +210,4 @@ size_t k_attention_scratch_floats(int T, float p, int threads) {
      * forward needs only those). */
     size_t tt = (size_t)T * (size_t)T;
     return (size_t)threads * tt * (p > 0.0f ? 2 : 1);
-}
-
-/* ---- bf16 products (mixed precision) -------------------------------------------------------- */
-
-/* The same attention with its products on bf16 operands, each one oneDNN call over every
- * (sequence, head) per block of queries: one sgemm per head and block was 13% of a bf16 training
- * step of the Shakespeare recipe. q, k, v and dout are rounded into head-major blocks (every head's
- * rows contiguous), the layout oneDNN's brgemm kernels take: read in place from the fused rows,
- * oneDNN falls back to its slower gemm kernels (1.7x the time at the recipe's shapes). Softmaxes
- * and their gradients stay fp32 (probs is kept in fp32); the probabilities and their gradients are
- * rounded for the products, as PyTorch's autocast does. Blocks whose queries cannot see their
- * keys are skipped as in the fp32 kernels. */
-
-/* The layouts of the rounded copies the forward keeps for the backward (k_bf16_keep): q|k|v in
- * head-major blocks, the probabilities as probs holds them. */
-enum { K_ATT_QKV = 1, K_ATT_PROBS = 2 };
-/* The k_bf16_scratch slots used here: rounded q|k|v, rounded P (then dS), rounded dO, dP in fp32,
- * dq|dk|dv head-major. */
-enum { S_QKV = 2, S_P, S_DO, S_DP, S_GRAD };
-
-/* Rows [r0, r0 + n) of every head of head-major blocks [B, H, T, hd]: [B, H, n, hd], or its
- * transpose. */
-static k_bf16_arr head_rows(const uint16_t *p, int B, int H, int T, int hd, int r0, int n,
-                            int transposed) {
-    int64_t hs = (int64_t)T * hd;
-    k_bf16_arr a = {p + (size_t)r0 * hd, {B, H, n, hd}, {H * hs, hs, hd, 1}};
-    if (transposed) a = (k_bf16_arr){a.p, {B, H, hd, n}, {H * hs, hs, 1, hd}};
-    return a;
-}
-
-/* Keys [0, j1) by queries [t0, t0 + w) of every head's T x T block (keys by queries), or its
- * transpose. */
-static k_bf16_arr square(const uint16_t *p, int B, int H, int T, int j1, int t0, int w,
-                         int transposed) {
-    int64_t TT = (int64_t)T * T;
-    k_bf16_arr a = {p + t0, {B, H, j1, w}, {H * TT, TT, T, 1}};
-    if (transposed) a = (k_bf16_arr){a.p, {B, H, w, j1}, {H * TT, TT, 1, T}};
-    return a;
-}
-
-static int attention_fwd_bf16(k_bf16 *k, float *out, float *probs, const float *qkv, int ld, int B,
-                              int T, int H, int hd) {
-    size_t TT = (size_t)T * T, part = (size_t)B * H * T * hd;
-    /* Rounded copies kept for the backward (made again there when they could not be kept). */
-    uint16_t *xb = k_bf16_keep(k, qkv, 3 * part, K_ATT_QKV);
-    uint16_t *pb = k_bf16_keep(k, probs, B * H * TT, K_ATT_PROBS);
-    if (!xb) xb = k_bf16_scratch(k, S_QKV, 3 * part * 2);
-    if (!pb) pb = k_bf16_scratch(k, S_P, B * H * TT * 2);
-    if (!xb || !pb) return 0;
-    const uint16_t *qb = xb, *kb = xb + part, *vb = xb + 2 * part;
-    int ow = H * hd;
-    float scale = 1.0f / sqrtf((float)hd);
-    int64_t sq_s[4] = {(int64_t)H * TT, (int64_t)TT, T, 1}, out_s[4] = {(int64_t)T * ow, hd, ow, 1};
-    k_f32_to_bf16_heads(xb, qkv, ld, B, T, 3, H, hd);
-    /* Pt = scale * K Q^T */
-    for (int t0 = 0; t0 < T; t0 += QB) {
-        int t1 = t0 + QB < T ? t0 + QB : T;
-        k_bf16_arr a = head_rows(kb, B, H, T, hd, 0, t1, 0);
-        k_bf16_arr b = head_rows(qb, B, H, T, hd, t0, t1 - t0, 1);
-        if (!k_bf16_batched(k, &a, &b, probs + t0, sq_s, scale, 0)) return 0;
-    }
-#pragma omp parallel for schedule(static)
-    for (int bh = 0; bh < B * H; bh++)
-        softmax_columns(probs + (size_t)bh * TT, T, pb + (size_t)bh * TT);
-    /* out = P V = Pt^T V, written straight into out's rows */
-    for (int t0 = 0; t0 < T; t0 += QB) {
-        int t1 = t0 + QB < T ? t0 + QB : T;
-        k_bf16_arr a = square(pb, B, H, T, t1, t0, t1 - t0, 1);
-        k_bf16_arr b = head_rows(vb, B, H, T, hd, 0, t1, 0);
-        if (!k_bf16_batched(k, &a, &b, out + (size_t)t0 * ow, out_s, 1.0f, 0)) return 0;
-    }
-    return 1;
-}
-
-int k_bf16_attention_fwd(k_bf16 *k, float *out, float *probs, const float *qkv, int ld, int B,
-                         int T, int H, int KVH, int hd, float p) {
-    /* Grouped kv heads would need the backward's dK, dV summed over the group's heads, which a
-     * batched product cannot do; dropout's masks are applied per head. Both run in fp32. */
-    if (!k || p > 0.0f || KVH != H) return 0;
-    if (attention_fwd_bf16(k, out, probs, qkv, ld, B, T, H, hd)) return 1;
-    /* The fp32 kernels redo it: copies this left half made must not reach the backward. */
-    size_t part = (size_t)B * H * T * hd;
-    k_bf16_forget(k, qkv, 3 * part, K_ATT_QKV);
-    k_bf16_forget(k, probs, (size_t)B * H * T * T, K_ATT_PROBS);
-    return 0;
-}
-
-int k_bf16_attention_bwd(k_bf16 *k, float *dqkv, const float *dout, const float *qkv, int ld,
-                         const float *probs, int B, int T, int H, int KVH, int hd, float p) {
-    if (!k || p > 0.0f || KVH != H) return 0;
-    size_t TT = (size_t)T * T, hs = (size_t)T * hd, part = (size_t)B * H * hs;
-    const uint16_t *xb = k_bf16_kept(k, qkv, 3 * part, K_ATT_QKV);
-    const uint16_t *pb = k_bf16_kept(k, probs, B * H * TT, K_ATT_PROBS);
-    uint16_t *sb = k_bf16_scratch(k, S_P, B * H * TT * 2), *ob = k_bf16_scratch(k, S_DO, part * 2);
-    float *dPt = k_bf16_scratch(k, S_DP, B * H * TT * sizeof(float));
-    /* dq, dk, dv head-major: oneDNN writes rows ld apart only with its slower kernels */
-    float *g = k_bf16_scratch(k, S_GRAD, 3 * part * sizeof(float));
-    if (!sb || !ob || !dPt || !g) return 0;
-    if (!xb) {
-        uint16_t *x = k_bf16_scratch(k, S_QKV, 3 * part * 2);
-        if (!x) return 0;
-        k_f32_to_bf16_heads(x, qkv, ld, B, T, 3, H, hd);
-        xb = x;
-    }
-    if (!pb) { /* sb holds it until the softmax backward overwrites it with dS */
-        k_f32_to_bf16(sb, probs, B * H * TT);
-        pb = sb;
-    }
-    const uint16_t *qb = xb, *kb = xb + part, *vb = xb + 2 * part;
-    float *gq = g, *gk = g + part, *gv = g + 2 * part;
-    float scale = 1.0f / sqrtf((float)hd);
-    int64_t sq_s[4] = {(int64_t)H * TT, (int64_t)TT, T, 1}, h_s[4] = {(int64_t)H * hs, hs, hd, 1};
-    k_f32_to_bf16_heads(ob, dout, H * hd, B, T, 1, H, hd);
-    /* The last block of queries sees every key: it writes dV and dK whole, the others add. */
-    int last = (T - 1) / QB * QB;
-    /* dV (+)= P^T dO = Pt dO; dPt = V dO^T */
-    for (int t0 = last; t0 >= 0; t0 -= QB) {
-        int t1 = t0 + QB < T ? t0 + QB : T, w = t1 - t0;
-        k_bf16_arr a = square(pb, B, H, T, t1, t0, w, 0);
-        k_bf16_arr b = head_rows(ob, B, H, T, hd, t0, w, 0);
-        if (!k_bf16_batched(k, &a, &b, gv, h_s, 1.0f, t0 != last)) return 0;
-        a = head_rows(vb, B, H, T, hd, 0, t1, 0);
-        b = head_rows(ob, B, H, T, hd, t0, w, 1);
-        if (!k_bf16_batched(k, &a, &b, dPt + t0, sq_s, 1.0f, 0)) return 0;
-    }
-#pragma omp parallel for schedule(static)
-    for (int bh = 0; bh < B * H; bh++)
-        for (int t0 = 0; t0 < T; t0 += QB)
-            softmax_bwd_columns(dPt + (size_t)bh * TT, probs + (size_t)bh * TT, T, t0,
-                                t0 + QB < T ? QB : T - t0, scale, sb + (size_t)bh * TT);
-    /* dQ = dS K = dSt^T K; dK (+)= dS^T Q = dSt Q */
-    for (int t0 = last; t0 >= 0; t0 -= QB) {
-        int t1 = t0 + QB < T ? t0 + QB : T, w = t1 - t0;
-        k_bf16_arr a = square(sb, B, H, T, t1, t0, w, 1);
-        k_bf16_arr b = head_rows(kb, B, H, T, hd, 0, t1, 0);
-        if (!k_bf16_batched(k, &a, &b, gq + (size_t)t0 * hd, h_s, 1.0f, 0)) return 0;
-        a = square(sb, B, H, T, t1, t0, w, 0);
-        b = head_rows(qb, B, H, T, hd, t0, w, 0);
-        if (!k_bf16_batched(k, &a, &b, gk, h_s, 1.0f, t0 != last)) return 0;
-    }
-    /* Back into dqkv's rows: head i of part (q, k, v) of sequence b. */
-    int heads = 3 * B * H;
-#pragma omp parallel for schedule(static) if ((size_t)3 * part >= 4 * K_PAR_MIN)
-    for (int i = 0; i < heads; i++) {
-        int pt = i / (B * H), b = i / H % B, h = i % H;
-        float *d = dqkv + (size_t)b * T * ld + (size_t)(pt * H + h) * hd;
-        for (int t = 0; t < T; t++)
-            memcpy(d + (size_t)t * ld, g + (size_t)i * hs + (size_t)t * hd,
-                   (size_t)hd * sizeof(float));
-    }
-    return 1;
 }

@@ -65,19 +65,6 @@ static void round_rows(uint16_t *dst, const float *src, size_t ld, int rows, int
         round_span(dst + (size_t)i * (size_t)cols, src + (size_t)i * ld, (size_t)cols, fast);
 }
 
-void k_f32_to_bf16_heads(uint16_t *dst, const float *src, int ld, int B, int T, int parts, int H,
-                         int hd) {
-    int fast = k_bf16_supported(), heads = parts * B * H;
-#pragma omp parallel for schedule(static) if ((size_t)heads * T * hd >= 4 * K_PAR_MIN)
-    for (int i = 0; i < heads; i++) {
-        int part = i / (B * H), b = i / H % B, h = i % H;
-        const float *s = src + (size_t)b * T * ld + (size_t)(part * H + h) * hd;
-        uint16_t *d = dst + (size_t)i * T * hd;
-        for (int t = 0; t < T; t++)
-            round_span(d + (size_t)t * hd, s + (size_t)t * ld, (size_t)hd, fast);
-    }
-}
-
 float k_bf16_to_f32(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
     float f;
@@ -87,14 +74,12 @@ float k_bf16_to_f32(uint16_t h) {
 
 /* ---- the context --------------------------------------------------------------------------- */
 
-/* A product's shapes: C [.., M, N] (+)= scale * A [.., M, K] B [.., K, N] with nd - 2 batch
- * dimensions in front (the attention's batch and heads), strides in elements, so transposed and
+/* A product's shapes: C [M, N] (+)= A [M, K] B [K, N], strides in elements, so transposed and
  * column-block operands are read in place. nthr: a primitive divides its work among the threads
  * oneDNN counted when it was made, and runs each share on the thread of that number in the team. */
 typedef struct {
-    dnnl_dims_t ad, as, bd, bs, cd, cs; /* the first nd of each */
-    int nd, add, pack, nthr;
-    float scale;
+    dnnl_dims_t ad, as, bd, bs, cd, cs; /* the first two of each (oneDNN's calls take arrays) */
+    int add, pack, nthr;
 } mm_key;
 
 /* One matmul primitive per key. A packed one takes B as fp32 and has oneDNN round it into the
@@ -113,7 +98,6 @@ typedef struct {
     size_t n;
     uint16_t *bf;
     unsigned pass;
-    int tag; /* the layout: 0 rows as they are, others the callers' (k_bf16_keep) */
 } acopy;
 
 /* The most bytes of activation copies kept (beyond them the backward rounds x again): a pass's
@@ -140,7 +124,7 @@ struct k_bf16 {
     size_t a_bytes;
     unsigned pass;
     /* Scratch: rounded activations (slots 0 and 1, the operands of a product), and the
-     * attention's (k_bf16_scratch). */
+     * attention's operands (k_bf16_scratch). */
     void *buf[K_BF16_SLOTS];
     size_t buf_bytes[K_BF16_SLOTS];
     long fallbacks;
@@ -208,14 +192,13 @@ static const uint16_t *round_to(k_bf16 *k, int which, const float *src, size_t n
     return d;
 }
 
-/* A buffer for x's rounded copy in layout tag, registered as made in this pass (the caller fills
- * it); NULL when none can be kept. Any other copy of bytes x overlaps is dropped: they were
- * overwritten since. */
-static uint16_t *keep(k_bf16 *k, const float *x, size_t n, int tag) {
+/* A buffer for x's rounded copy, registered as made in this pass (the caller fills it); NULL when
+ * none can be kept. Any other copy of bytes x overlaps is dropped: they were overwritten since. */
+static uint16_t *keep(k_bf16 *k, const float *x, size_t n) {
     acopy *e = NULL;
     for (int i = 0; i < k->n_a; i++) {
         acopy *c = &k->a[i];
-        if (c->src == x && c->n == n && c->tag == tag)
+        if (c->src == x && c->n == n)
             e = c;
         else if (c->src < x + n && x < c->src + c->n)
             c->pass = 0;
@@ -233,36 +216,22 @@ static uint16_t *keep(k_bf16 *k, const float *x, size_t n, int tag) {
         uint16_t *bf = aligned_alloc(64, bytes);
         if (!bf) return NULL;
         e = &k->a[k->n_a++];
-        *e = (acopy){x, n, bf, 0, tag};
+        *e = (acopy){x, n, bf, 0};
         k->a_bytes += bytes;
     }
     e->pass = k->pass;
     return e->bf;
 }
 
-static const uint16_t *kept(const k_bf16 *k, const float *x, size_t n, int tag) {
+static const uint16_t *kept(const k_bf16 *k, const float *x, size_t n) {
     for (int i = 0; i < k->n_a; i++)
-        if (k->a[i].src == x && k->a[i].n == n && k->a[i].tag == tag && k->a[i].pass == k->pass)
-            return k->a[i].bf;
+        if (k->a[i].src == x && k->a[i].n == n && k->a[i].pass == k->pass) return k->a[i].bf;
     return NULL;
-}
-
-uint16_t *k_bf16_keep(k_bf16 *k, const float *x, size_t n, int tag) {
-    return tag > 0 ? keep(k, x, n, tag) : NULL;
-}
-
-const uint16_t *k_bf16_kept(const k_bf16 *k, const float *x, size_t n, int tag) {
-    return tag > 0 ? kept(k, x, n, tag) : NULL;
-}
-
-void k_bf16_forget(k_bf16 *k, const float *x, size_t n, int tag) {
-    for (int i = 0; i < k->n_a; i++)
-        if (k->a[i].src == x && k->a[i].n == n && k->a[i].tag == tag) k->a[i].pass = 0;
 }
 
 /* x rounded for a forward product, kept for the backward of this pass. */
 static const uint16_t *act_fwd(k_bf16 *k, const float *x, size_t n) {
-    uint16_t *bf = keep(k, x, n, 0);
+    uint16_t *bf = keep(k, x, n);
     if (!bf) return round_to(k, 0, x, n);
     k_f32_to_bf16(bf, x, n);
     return bf;
@@ -270,7 +239,7 @@ static const uint16_t *act_fwd(k_bf16 *k, const float *x, size_t n) {
 
 /* x rounded for a backward product: the forward's copy when this pass made one, else afresh. */
 static const uint16_t *act_bwd(k_bf16 *k, const float *x, size_t n) {
-    const uint16_t *bf = kept(k, x, n, 0);
+    const uint16_t *bf = kept(k, x, n);
     return bf ? bf : round_to(k, 1, x, n);
 }
 
@@ -328,7 +297,6 @@ static mm *primitive(k_bf16 *k, const mm_key *key) {
         k->mms = n;
         k->cap_mms = cap;
     }
-    int nd = key->nd;
     dnnl_memory_desc_t amd, bmd, cmd;
     dnnl_matmul_desc_t md;
     dnnl_primitive_attr_t attr = NULL;
@@ -336,15 +304,13 @@ static mm *primitive(k_bf16 *k, const mm_key *key) {
     dnnl_primitive_desc_t pd = NULL;
     mm r = {.key = *key};
     int ok =
-        dnnl_memory_desc_init_by_strides(&amd, nd, key->ad, dnnl_bf16, key->as) == dnnl_success &&
-        (key->pack ? dnnl_memory_desc_init_by_tag(&bmd, nd, key->bd, dnnl_bf16, dnnl_format_tag_any)
-                   : dnnl_memory_desc_init_by_strides(&bmd, nd, key->bd, dnnl_bf16, key->bs)) ==
+        dnnl_memory_desc_init_by_strides(&amd, 2, key->ad, dnnl_bf16, key->as) == dnnl_success &&
+        (key->pack ? dnnl_memory_desc_init_by_tag(&bmd, 2, key->bd, dnnl_bf16, dnnl_format_tag_any)
+                   : dnnl_memory_desc_init_by_strides(&bmd, 2, key->bd, dnnl_bf16, key->bs)) ==
             dnnl_success &&
-        dnnl_memory_desc_init_by_strides(&cmd, nd, key->cd, dnnl_f32, key->cs) == dnnl_success &&
+        dnnl_memory_desc_init_by_strides(&cmd, 2, key->cd, dnnl_f32, key->cs) == dnnl_success &&
         dnnl_matmul_desc_init(&md, &amd, &bmd, NULL, &cmd) == dnnl_success &&
         dnnl_primitive_attr_create(&attr) == dnnl_success;
-    if (ok && key->scale != 1.0f)
-        ok = dnnl_primitive_attr_set_output_scales(attr, 1, 0, &key->scale) == dnnl_success;
     if (ok && key->add)
         ok = dnnl_post_ops_create(&po) == dnnl_success &&
              dnnl_post_ops_append_sum(po, 1.0f) == dnnl_success &&
@@ -414,37 +380,16 @@ static int gemm_b(k_bf16 *k, int M, int N, int K, const uint16_t *A, int ta, int
                   int tb, int ldb, float *C, int ldc, int add, int pack) {
     mm_key key;
     memset(&key, 0, sizeof key); /* compared bytewise: no stray padding */
-    key.nd = 2;
     key.ad[0] = M, key.ad[1] = K, key.as[0] = ta ? 1 : lda, key.as[1] = ta ? lda : 1;
     key.bd[0] = K, key.bd[1] = N, key.bs[0] = tb ? 1 : ldb, key.bs[1] = tb ? ldb : 1;
     key.cd[0] = M, key.cd[1] = N, key.cs[0] = ldc, key.cs[1] = 1;
-    key.add = add, key.pack = pack, key.scale = 1.0f;
+    key.add = add, key.pack = pack;
     return product(k, &key, A, B, C);
 }
 
 static int gemm(k_bf16 *k, int M, int N, int K, const uint16_t *A, int ta, int lda,
                 const uint16_t *B, int tb, int ldb, float *C, int ldc, int add) {
     return gemm_b(k, M, N, K, A, ta, lda, B, tb, ldb, C, ldc, add, 0);
-}
-
-int k_bf16_batched(k_bf16 *k, const k_bf16_arr *a, const k_bf16_arr *b, float *c,
-                   const int64_t cstrides[4], float scale, int add) {
-    mm_key key;
-    memset(&key, 0, sizeof key);
-    key.nd = 4;
-    for (int i = 0; i < 4; i++) {
-        key.ad[i] = a->dims[i], key.as[i] = a->strides[i];
-        key.bd[i] = b->dims[i], key.bs[i] = b->strides[i];
-        key.cd[i] = i == 2                    ? a->dims[2]
-                    : i == 3                  ? b->dims[3]
-                    : a->dims[i] > b->dims[i] ? a->dims[i]
-                                              : b->dims[i];
-        key.cs[i] = cstrides[i];
-    }
-    key.add = add, key.scale = scale;
-    int ok = product(k, &key, a->p, b->p, c);
-    if (!ok) k->fallbacks++;
-    return ok;
 }
 
 /* ---- the linear layer ---------------------------------------------------------------------- */

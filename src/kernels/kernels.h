@@ -53,10 +53,6 @@ int k_bf16_supported(void);
 /* dst[i] = src[i] rounded to bf16 (nearest even; NaN stays NaN; denormals flush to zero, as the
  * AVX-512 BF16 conversion does). */
 void k_f32_to_bf16(uint16_t *dst, const float *src, size_t n);
-/* The heads of B*T rows (row r at src + r*ld: parts x H heads of hd floats, e.g. q|k|v) rounded
- * into head-major blocks: dst [parts, B, H, T, hd], every head's T rows contiguous. */
-void k_f32_to_bf16_heads(uint16_t *dst, const float *src, int ld, int B, int T, int parts, int H,
-                         int hd);
 float k_bf16_to_f32(uint16_t h);
 /* Per-caller state of the bf16 products: oneDNN primitives by shape, rounded weights, scratch.
  * NULL from k_bf16_new when out of memory or oneDNN has no CPU engine. */
@@ -77,28 +73,10 @@ void k_bf16_linear_bwd(k_bf16 *k, float *dx, float *dw, float *db, const float *
                        const float *w, int N, int in, int out, int acc);
 void k_bf16_linear_bwd_dx(k_bf16 *k, float *dx, const float *dy, int ldy, const float *w, int N,
                           int in, int out, float beta);
-/* One operand of a batched product: [d0, d1, rows, cols] bf16 at p, strides in elements (any
- * order: transposed and column-block operands are read in place). */
-typedef struct {
-    const uint16_t *p;
-    int64_t dims[4], strides[4];
-} k_bf16_arr;
-/* c [d0, d1, a rows, b cols] (+)= scale * a b, fp32 with strides cstrides; a batch dimension of 1
- * in one operand is broadcast. Returns 0 (and counts a fallback) when oneDNN could not: the caller
- * computes it otherwise. */
-int k_bf16_batched(k_bf16 *k, const k_bf16_arr *a, const k_bf16_arr *b, float *c,
-                   const int64_t cstrides[4], float scale, int add);
 /* Buffers of the bf16 state reused across calls: slots 0 and 1 hold the linear products' rounded
- * operands, 2 to K_BF16_SLOTS - 1 are free for callers (the attention). NULL when out of memory. */
-enum { K_BF16_SLOTS = 7 };
+ * operands, K_BF16_ATT_SLOT the attention's per-thread operands. NULL when out of memory. */
+enum { K_BF16_ATT_SLOT = 2, K_BF16_SLOTS = 3 };
 void *k_bf16_scratch(k_bf16 *k, int slot, size_t bytes);
-/* A buffer for a rounded copy of x[0..n) in a caller's layout (tag >= 1 names it) that the
- * caller fills, kept until the next pass for the backward's k_bf16_kept (the copies of a pass are
- * capped in size: NULL then, or when out of memory). */
-uint16_t *k_bf16_keep(k_bf16 *k, const float *x, size_t n, int tag);
-const uint16_t *k_bf16_kept(const k_bf16 *k, const float *x, size_t n, int tag);
-/* Drops that copy: its caller could not fill it (a backward must not take it for the data). */
-void k_bf16_forget(k_bf16 *k, const float *x, size_t n, int tag);
 
 /* ---- norm.c ---- */
 /* y = x / sqrt(mean(x^2) + eps) * g; saves rstd[N] (may be NULL). */
@@ -153,10 +131,14 @@ void k_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const f
 /* Floats of scratch k_attention_fwd and k_attention_bwd need for sequences of T with dropout p
  * when `threads` threads may run them (omp_get_max_threads() at the time of the call). */
 size_t k_attention_scratch_floats(int T, float p, int threads);
+/* The causal softmax of one head's scores, keys by queries (T x T, in place), masked entries
+ * zeroed. */
+void k_softmax_columns(float *Pt, int T);
 /* The same attention of a fused q|k|v buffer (rows ld apart) with its matrix products on bf16
- * operands and fp32 accumulation, softmaxes in fp32. Returns 0 where it does not apply (no k,
- * grouped kv heads, dropout) or oneDNN failed: the caller runs the fp32 kernels, which overwrite
- * everything these write. dqkv (rows ld apart) is overwritten. */
+ * operands and fp32 accumulation, softmaxes in fp32 (attention_bf16.c). Returns 0 where it does
+ * not apply (no k, no avx512_bf16, grouped kv heads, dropout, a head size not a multiple of 16)
+ * or its buffers could not be had: the caller runs the fp32 kernels, which overwrite everything
+ * these write. dqkv (rows ld apart) is overwritten. */
 int k_bf16_attention_fwd(k_bf16 *k, float *out, float *probs, const float *qkv, int ld, int B,
                          int T, int H, int KVH, int hd, float p);
 int k_bf16_attention_bwd(k_bf16 *k, float *dqkv, const float *dout, const float *qkv, int ld,

@@ -1,0 +1,420 @@
+/* Training's causal attention with bf16 products (mixed precision), one (sequence, head) per task
+ * with every operand in the thread's cache: q, k, v, dO, the probabilities and their gradients are
+ * rounded into the layouts vdpbf16ps reads (below), and the six products run on register tiles of
+ * our own. oneDNN's batched matmul over every head took 3 to 4 times the products' arithmetic time
+ * at the recipes' small heads (T 64, head size 32: 64 x 64 x 32 products) in calls, layouts and
+ * rounding passes over the whole batch. Softmaxes and their gradients stay fp32; probs keeps the
+ * fp32 probabilities in the fp32 kernels' layout (keys by queries), so either backward can follow
+ * either forward.
+ *
+ * vdpbf16ps adds to each fp32 lane the products of one pair of bf16 values of each operand. A
+ * product C = A B over k then takes A's pairs (row i, columns 2p and 2p + 1) as one 32-bit word,
+ * broadcast, and B's rows 2p and 2p + 1 interleaved word by word ("pair rows": B2[p][c] =
+ * (B[2p][c], B[2p + 1][c])), 16 columns to a vector. A row-major matrix is its own pair form along
+ * its columns; along its rows it needs the interleave. The six products and their operands' forms:
+ *   scores  Pt[j][t] = s K[j].Q[t]   A: K rows            B: Q transposed (pair words by column)
+ *   output  O[t] = sum_j P[t][j] V[j] A: Pt pair rows      B: V pair rows
+ *   dV[j] = sum_t Pt[j][t] dO[t]     A: Pt rows           B: dO pair rows
+ *   dPt[j][t] = V[j].dO[t]           A: V rows            B: dO transposed
+ *   dQ[t] = sum_j dSt[j][t] K[j]     A: dSt pair rows     B: K pair rows
+ *   dK[j] = sum_t dSt[j][t] Q[t]     A: dSt rows          B: Q pair rows
+ * Causality skips work by tiles: a tile of rows j needs scores for queries t >= its first row only,
+ * and sums over keys stop at (or start from) the tile's diagonal; the masked entries the sums still
+ * cover are zeros in the operands. */
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#include "fastmath.h"
+#include "kernels.h"
+
+#if defined(__x86_64__)
+#include "simd_x86.h"
+
+/* Causal shapes of a product's row tile [i0, i1): all of it, columns from the tile's first row's
+ * vector on (scores), the sum over pairs up to the tile's last row (outputs, dQ), or from its first
+ * row on (dV, dK). */
+enum { COLS_FROM_ROW, K_TO_ROW, K_FROM_ROW };
+
+typedef struct {
+    const uint32_t *a;
+    long sai, sak; /* A's pair (row i, pair p) is a[i * sai + p * sak] */
+    const uint32_t *b;
+    long ldb; /* B's pair row p starts at b + p * ldb (words); columns padded to whole vectors */
+    float *c;
+    long ldc;
+    int M, N, KP, shape; /* rows, columns, pairs summed, causal shape */
+    float scale;
+    int add;
+} product;
+
+/* MR rows x NV vectors of 16 columns over pairs [p0, p1); the last vector stores the lanes of
+ * mask. Each sum runs over the pairs in order, whatever the tile. */
+T5BF static inline __attribute__((always_inline)) void
+tile(const int MR, const int NV, const product *q, int i0, int v0, int p0, int p1, __mmask16 mask) {
+    __m512 acc[8][4];
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) acc[i][v] = _mm512_setzero_ps();
+    const uint32_t *a = q->a + i0 * q->sai, *b = q->b + 16 * v0;
+    for (int p = p0; p < p1; p++) {
+        __m512bh bv[4];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++)
+            bv[v] = (__m512bh)_mm512_loadu_si512((const void *)(b + p * q->ldb + 16 * v));
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; i++) {
+            __m512bh av = (__m512bh)_mm512_set1_epi32((int)a[i * q->sai + p * q->sak]);
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; v++) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], av, bv[v]);
+        }
+    }
+    __m512 s = _mm512_set1_ps(q->scale);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) {
+            float *c = q->c + (long)(i0 + i) * q->ldc + 16 * (v0 + v);
+            __mmask16 m = v == NV - 1 ? mask : 0xffff;
+            __m512 r = _mm512_mul_ps(acc[i][v], s);
+            if (q->add) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(m, c));
+            _mm512_mask_storeu_ps(c, m, r);
+        }
+}
+
+#define TILE_NV(MR)                                                                                \
+    case MR:                                                                                       \
+        if (nv == 4)                                                                               \
+            tile(MR, 4, q, i0, v0, p0, p1, mask);                                                  \
+        else if (nv == 3)                                                                          \
+            tile(MR, 3, q, i0, v0, p0, p1, mask);                                                  \
+        else if (nv == 2)                                                                          \
+            tile(MR, 2, q, i0, v0, p0, p1, mask);                                                  \
+        else                                                                                       \
+            tile(MR, 1, q, i0, v0, p0, p1, mask);                                                  \
+        return;
+T5BF static void tile_any(int mr, int nv, const product *q, int i0, int v0, int p0, int p1,
+                          __mmask16 mask) {
+    switch (mr) {
+        TILE_NV(1)
+        TILE_NV(2)
+        TILE_NV(3)
+        TILE_NV(4)
+        TILE_NV(5)
+        TILE_NV(6)
+        TILE_NV(7)
+        TILE_NV(8)
+    default: return;
+    }
+}
+
+/* The whole product by tiles: 6 rows by 4 vectors (24 accumulators), or 8 rows by fewer vectors,
+ * the columns taken 4 vectors at a time. */
+T5BF static void run(const product *q) {
+    int vectors = (q->N + 15) / 16, full = q->N % 16 == 0;
+    __mmask16 tail = full ? 0xffff : (__mmask16)((1u << (q->N % 16)) - 1);
+    int wide = vectors >= 4, MR = wide ? 6 : 8;
+    for (int i0 = 0; i0 < q->M; i0 += MR) {
+        int mr = q->M - i0 < MR ? q->M - i0 : MR, i1 = i0 + mr;
+        int p0 = 0, p1 = q->KP, vstart = 0;
+        if (q->shape == COLS_FROM_ROW) vstart = i0 / 16;
+        if (q->shape == K_TO_ROW) p1 = (i1 + 1) / 2 < q->KP ? (i1 + 1) / 2 : q->KP;
+        if (q->shape == K_FROM_ROW) p0 = i0 / 2;
+        for (int v0 = vstart; v0 < vectors; v0 += 4) {
+            int nv = vectors - v0 < 4 ? vectors - v0 : 4;
+            tile_any(mr, nv, q, i0, v0, p0, p1, v0 + nv == vectors ? tail : 0xffff);
+        }
+    }
+}
+
+/* The lanes of a vector of 16 columns from c0 that lie below n. */
+static inline __mmask16 below(int c0, int n) {
+    int k = n - c0;
+    return k >= 16 ? 0xffff : k <= 0 ? 0 : (__mmask16)((1u << k) - 1);
+}
+
+/* Rows of hd floats (a multiple of 16) ld apart to bf16 rows of hd. */
+T5BF static void round_rows(uint16_t *dst, const float *src, long ld, int rows, int hd) {
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < hd; c += 16)
+            _mm256_storeu_si256((__m256i *)(dst + (long)r * hd + c),
+                                (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + r * ld + c)));
+}
+
+/* Pair rows of rows x cols floats (ld apart): dst[p][c] = (src[2p][c], src[2p + 1][c]) rounded,
+ * ldd words apart; a missing last row and the columns from cols to the next vector are zeros. */
+T5BF static void pair_rows(uint32_t *dst, long ldd, const float *src, long ld, int rows, int cols) {
+    const __m512i inter =
+        _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    for (int r = 0; r < rows; r += 2) {
+        const float *s0 = src + r * ld, *s1 = s0 + ld;
+        for (int c = 0; c < cols; c += 16) {
+            __mmask16 m = below(c, cols);
+            __m512 x0 = _mm512_maskz_loadu_ps(m, s0 + c);
+            __m512 x1 = r + 1 < rows ? _mm512_maskz_loadu_ps(m, s1 + c) : _mm512_setzero_ps();
+            __m512i w = (__m512i)_mm512_cvtne2ps_pbh(x1, x0); /* x0's in the low half */
+            _mm512_storeu_si512((void *)(dst + (long)(r / 2) * ldd + c),
+                                _mm512_permutexvar_epi16(inter, w));
+        }
+    }
+}
+
+/* 16 rows of 16 words transposed in registers: r[i] word w becomes r[w] word i. */
+T5BF static void transpose16(__m512i r[16]) {
+    __m512i a[16], b[16];
+    for (int i = 0; i < 8; i++) {
+        a[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        a[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    /* b[4i + c], lane L: word 4L + c of rows 4i .. 4i + 3 */
+    for (int i = 0; i < 4; i++) {
+        b[4 * i] = _mm512_unpacklo_epi64(a[4 * i], a[4 * i + 2]);
+        b[4 * i + 1] = _mm512_unpackhi_epi64(a[4 * i], a[4 * i + 2]);
+        b[4 * i + 2] = _mm512_unpacklo_epi64(a[4 * i + 1], a[4 * i + 3]);
+        b[4 * i + 3] = _mm512_unpackhi_epi64(a[4 * i + 1], a[4 * i + 3]);
+    }
+    for (int c = 0; c < 4; c++) {
+        __m512i e0 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0x44);
+        __m512i e1 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0xee);
+        __m512i f0 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0x44);
+        __m512i f1 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0xee);
+        r[c] = _mm512_shuffle_i32x4(e0, f0, 0x88);
+        r[4 + c] = _mm512_shuffle_i32x4(e0, f0, 0xdd);
+        r[8 + c] = _mm512_shuffle_i32x4(e1, f1, 0x88);
+        r[12 + c] = _mm512_shuffle_i32x4(e1, f1, 0xdd);
+    }
+}
+
+/* Rows of hd floats (ld apart) transposed as pair words: dst[p][t] = (src[t][2p], src[t][2p + 1])
+ * rounded, ldd (a multiple of 16) words apart; columns t from rows to ldd are zeros. Blocks of 16
+ * rows by 16 pairs go through registers. */
+T5BF static void pair_columns(uint32_t *dst, long ldd, const float *src, long ld, int rows,
+                              int hd) {
+    for (int t0 = 0; t0 < ldd; t0 += 16)
+        for (int c = 0; c < hd; c += 32) {
+            int np = hd - c < 32 ? (hd - c) / 2 : 16; /* pairs in this block: 8 or 16 */
+            __m512i r[16];
+            for (int i = 0; i < 16; i++) {
+                const float *x = src + (long)(t0 + i) * ld + c;
+                if (t0 + i >= rows)
+                    r[i] = _mm512_setzero_si512();
+                else if (np == 16)
+                    r[i] =
+                        (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + 16), _mm512_loadu_ps(x));
+                else
+                    r[i] = _mm512_zextsi256_si512((__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x)));
+            }
+            transpose16(r);
+            for (int p = 0; p < np; p++)
+                _mm512_storeu_si512((void *)(dst + (long)(c / 2 + p) * ldd + t0), r[p]);
+        }
+}
+
+/* Rows of n floats (ld apart) to bf16 rows of ldd (a multiple of 16, zeros past n). */
+T5BF static void round_wide_rows(uint16_t *dst, long ldd, const float *src, long ld, int rows,
+                                 int n) {
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < ldd; c += 16)
+            _mm256_storeu_si256(
+                (__m256i *)(dst + r * ldd + c),
+                (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(below(c, n), src + r * ld + c)));
+}
+
+/* The per-thread buffers of one (sequence, head), Te = T rounded up to even, Tv to 16. */
+typedef struct {
+    int T, Te, Tv, hd;
+} dims;
+
+static dims dims_of(int T, int hd) {
+    dims d = {T, (T + 1) & ~1, (T + 15) & ~15, hd};
+    return d;
+}
+
+static size_t al(size_t n) { return (n + 63) & ~(size_t)63; }
+
+/* Forward: K rows, Q transposed, V pair rows, P pair rows. */
+static size_t fwd_bytes(dims d) {
+    return al((size_t)d.Te * d.hd * 2) + al((size_t)d.hd * d.Tv * 2) + al((size_t)d.Te * d.hd * 2) +
+           al((size_t)d.Te * d.Tv * 2);
+}
+
+/* Backward: V rows, dO transposed, dO, K and Q pair rows, P rows, dP (fp32), dS rows and pair
+ * rows, the columns' sums. */
+static size_t bwd_bytes(dims d) {
+    return al((size_t)d.Te * d.hd * 2) + al((size_t)d.hd * d.Tv * 2) +
+           3 * al((size_t)d.Te * d.hd * 2) + al((size_t)d.Te * d.Tv * 2) +
+           al((size_t)d.T * d.Tv * 4) + 2 * al((size_t)d.Te * d.Tv * 2) + al((size_t)d.Tv * 4);
+}
+
+static void *take(char **p, size_t n) {
+    void *r = *p;
+    *p += al(n);
+    return r;
+}
+
+T5BF static void head_fwd(dims d, char *buf, float *out, long ow, float *Pt, const float *q,
+                          const float *k, const float *v, long ld) {
+    int T = d.T, hd = d.hd, Tv = d.Tv, Te = d.Te;
+    uint16_t *Kr = take(&buf, (size_t)Te * hd * 2);
+    uint32_t *Qt = take(&buf, (size_t)hd * Tv * 2), *Vp = take(&buf, (size_t)Te * hd * 2);
+    uint32_t *Pp = take(&buf, (size_t)Te * Tv * 2);
+    round_rows(Kr, k, ld, T, hd);
+    pair_columns(Qt, Tv, q, ld, T, hd);
+    pair_rows(Vp, hd, v, ld, T, hd);
+    /* Pt = scale K Q^T. Scores left of a tile's first vector are not computed: they are masked,
+     * and the softmax reads them only to select them away and overwrites them. */
+    product s = {(const uint32_t *)Kr,    hd / 2, 1, Qt, Tv, Pt, T, T, T, hd / 2, COLS_FROM_ROW,
+                 1.0f / sqrtf((float)hd), 0};
+    run(&s);
+    k_softmax_columns(Pt, T);
+    pair_rows(Pp, Tv, Pt, T, T, T);
+    product o = {Pp, 1, Tv, Vp, hd, out, ow, T, hd, Te / 2, K_TO_ROW, 1.0f, 0};
+    run(&o);
+}
+
+/* dS = P (dP - sum_keys P dP) scale per query (column) over its visible keys, zero elsewhere, as
+ * bf16 rows and pair rows. */
+T5BF static void softmax_bwd(dims d, const float *Pt, const float *dP, float *D, uint16_t *Sr,
+                             uint32_t *Sp, float scale) {
+    int T = d.T, Tv = d.Tv;
+    for (int c = 0; c < Tv; c += 16) _mm512_storeu_ps(D + c, _mm512_setzero_ps());
+    for (int j = 0; j < T; j++)
+        for (int c = j / 16 * 16; c < T; c += 16) {
+            /* visible: queries t >= j; dP left of the product's first vector is not computed */
+            __mmask16 m = below(c, T) & ~below(c, j);
+            __m512 p = _mm512_maskz_loadu_ps(m, Pt + (long)j * T + c);
+            __m512 g = _mm512_maskz_loadu_ps(m, dP + (long)j * Tv + c);
+            _mm512_storeu_ps(D + c, _mm512_fmadd_ps(p, g, _mm512_loadu_ps(D + c)));
+        }
+    const __m512i inter =
+        _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    __m512 sc = _mm512_set1_ps(scale);
+    for (int j = 0; j < d.Te; j += 2)
+        for (int c = 0; c < Tv; c += 16) {
+            __m512 s[2];
+            for (int r = 0; r < 2; r++) {
+                int jj = j + r;
+                __mmask16 m = jj < T ? below(c, T) & ~below(c, jj) : 0;
+                __m512 p = _mm512_maskz_loadu_ps(m, Pt + (long)jj * T + c);
+                __m512 g = _mm512_maskz_loadu_ps(m, dP + (long)jj * Tv + c);
+                s[r] = _mm512_maskz_mul_ps(
+                    m, _mm512_mul_ps(p, _mm512_sub_ps(g, _mm512_loadu_ps(D + c))), sc);
+            }
+            __m512i w = (__m512i)_mm512_cvtne2ps_pbh(s[1], s[0]);
+            _mm512_storeu_si512((void *)(Sp + (long)(j / 2) * Tv + c),
+                                _mm512_permutexvar_epi16(inter, w));
+            _mm256_storeu_si256((__m256i *)(Sr + (long)j * Tv + c), _mm512_castsi512_si256(w));
+            if (j + 1 < T)
+                _mm256_storeu_si256((__m256i *)(Sr + (long)(j + 1) * Tv + c),
+                                    _mm512_extracti64x4_epi64(w, 1));
+        }
+}
+
+T5BF static void head_bwd(dims d, char *buf, float *dq, float *dk, float *dv, const float *dO,
+                          long ow, const float *Pt, const float *q, const float *k, const float *v,
+                          long ld) {
+    int T = d.T, hd = d.hd, Tv = d.Tv, Te = d.Te;
+    uint16_t *Vr = take(&buf, (size_t)Te * hd * 2);
+    uint32_t *dOt = take(&buf, (size_t)hd * Tv * 2), *dOp = take(&buf, (size_t)Te * hd * 2);
+    uint32_t *Kp = take(&buf, (size_t)Te * hd * 2), *Qp = take(&buf, (size_t)Te * hd * 2);
+    uint16_t *Pr = take(&buf, (size_t)Te * Tv * 2);
+    float *dP = take(&buf, (size_t)T * Tv * 4);
+    uint16_t *Sr = take(&buf, (size_t)Te * Tv * 2);
+    uint32_t *Sp = take(&buf, (size_t)Te * Tv * 2);
+    float *D = take(&buf, (size_t)Tv * 4);
+    round_rows(Vr, v, ld, T, hd);
+    pair_columns(dOt, Tv, dO, ow, T, hd);
+    pair_rows(dOp, hd, dO, ow, T, hd);
+    pair_rows(Kp, hd, k, ld, T, hd);
+    pair_rows(Qp, hd, q, ld, T, hd);
+    round_wide_rows(Pr, Tv, Pt, T, T, T);
+    /* dV = Pt dO, dPt = V dO^T */
+    product pv = {(const uint32_t *)Pr, Tv / 2, 1, dOp, hd, dv, ld, T, hd, Te / 2,
+                  K_FROM_ROW,           1.0f,   0};
+    run(&pv);
+    product pp = {(const uint32_t *)Vr, hd / 2, 1, dOt, Tv, dP, Tv, T, T, hd / 2,
+                  COLS_FROM_ROW,        1.0f,   0};
+    run(&pp);
+    softmax_bwd(d, Pt, dP, D, Sr, Sp, 1.0f / sqrtf((float)hd));
+    /* dQ = dS K = dSt^T K, dK = dSt Q */
+    product pq = {Sp, 1, Tv, Kp, hd, dq, ld, T, hd, Te / 2, K_TO_ROW, 1.0f, 0};
+    run(&pq);
+    product pk = {(const uint32_t *)Sr, Tv / 2, 1, Qp, hd, dk, ld, T, hd, Te / 2,
+                  K_FROM_ROW,           1.0f,   0};
+    run(&pk);
+}
+
+/* The next task's probabilities (up to 64 KiB), which the forward left in memory: reading them
+ * as misses took a third of the backward's time at T 64. */
+static void prefetch(const void *p, size_t bytes) {
+    if (bytes > (64 << 10)) bytes = 64 << 10;
+    for (size_t i = 0; i < bytes; i += 64) __builtin_prefetch((const char *)p + i, 0, 2);
+}
+
+/* Per-thread buffers for the team the calling thread would start. */
+static char *buffers(k_bf16 *k, size_t per, int *threads) {
+    *threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+    return k_bf16_scratch(k, K_BF16_ATT_SLOT, per * (size_t)*threads);
+}
+
+int k_bf16_attention_fwd(k_bf16 *k, float *out, float *probs, const float *qkv, int ld, int B,
+                         int T, int H, int KVH, int hd, float p) {
+    /* Grouped kv heads would need the backward's dK, dV summed over the group's heads; dropout's
+     * masks are applied per head by the fp32 kernels. */
+    if (!k || p > 0.0f || KVH != H || hd % 16 || !k_bf16_supported()) return 0;
+    dims d = dims_of(T, hd);
+    int threads;
+    size_t per = al(fwd_bytes(d));
+    char *buf = buffers(k, per, &threads);
+    if (!buf) return 0;
+    int ow = H * hd;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    for (int bh = 0; bh < B * H; bh++) {
+        int b = bh / H, h = bh % H;
+        const float *q = qkv + (size_t)b * T * ld + (size_t)h * hd;
+        head_fwd(d, buf + per * (size_t)omp_get_thread_num(), out + (size_t)b * T * ow + h * hd, ow,
+                 probs + (size_t)bh * T * T, q, q + ow, q + 2 * ow, ld);
+    }
+    return 1;
+}
+
+int k_bf16_attention_bwd(k_bf16 *k, float *dqkv, const float *dout, const float *qkv, int ld,
+                         const float *probs, int B, int T, int H, int KVH, int hd, float p) {
+    if (!k || p > 0.0f || KVH != H || hd % 16 || !k_bf16_supported()) return 0;
+    dims d = dims_of(T, hd);
+    int threads;
+    size_t per = al(bwd_bytes(d));
+    char *buf = buffers(k, per, &threads);
+    if (!buf) return 0;
+    int ow = H * hd;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    for (int bh = 0; bh < B * H; bh++) {
+        int b = bh / H, h = bh % H;
+        size_t x = (size_t)b * T * ld + (size_t)h * hd;
+        if (bh + 1 < B * H) prefetch(probs + (size_t)(bh + 1) * T * T, (size_t)T * T * 4);
+        head_bwd(d, buf + per * (size_t)omp_get_thread_num(), dqkv + x, dqkv + x + ow,
+                 dqkv + x + 2 * ow, dout + (size_t)b * T * ow + h * hd, ow,
+                 probs + (size_t)bh * T * T, qkv + x, qkv + x + ow, qkv + x + 2 * ow, ld);
+    }
+    return 1;
+}
+
+#else /* no x86: the fp32 kernels run */
+
+int k_bf16_attention_fwd(k_bf16 *k, float *out, float *probs, const float *qkv, int ld, int B,
+                         int T, int H, int KVH, int hd, float p) {
+    (void)k, (void)out, (void)probs, (void)qkv, (void)ld, (void)B, (void)T, (void)H, (void)KVH;
+    (void)hd, (void)p;
+    return 0;
+}
+
+int k_bf16_attention_bwd(k_bf16 *k, float *dqkv, const float *dout, const float *qkv, int ld,
+                         const float *probs, int B, int T, int H, int KVH, int hd, float p) {
+    (void)k, (void)dqkv, (void)dout, (void)qkv, (void)ld, (void)probs, (void)B, (void)T, (void)H;
+    (void)KVH, (void)hd, (void)p;
+    return 0;
+}
+#endif
