@@ -71,8 +71,10 @@ int main(int argc, char **argv) {
         tlm_status s;
         if (train) {
             s = tlm_forward_backward(x, ids, tg, B, T, 0, grads, 0, &loss);
-            if (!s) tlm_clip_grad_norm(grads, np, 1.0);
-            if (!s) s = tlm_adamw_step(opt, m, grads, 1e-4, &h);
+            /* As tlm train steps: the clipping factor goes into the update (one pass over the
+             * gradient fewer than clipping in place). */
+            float scale = s ? 1.0f : tlm_clip_coef(tlm_grad_norm(grads, np), 1.0);
+            if (!s) s = tlm_adamw_step_scaled(opt, m, grads, scale, 1e-4, &h);
         } else {
             tlm_forward_opts o = {.targets = tg};
             tlm_forward_out out;

@@ -59,8 +59,9 @@ void k_act_fwd_grad(float *y, float *x, size_t n, k_act act) {
         for (long i = 0; i < nn; i++) {
             /* d/dx x*Phi(x) = Phi(x) + x*phi(x); phi's exp(-x^2/2) is the one erf(x/sqrt 2)
              * needs */
-            float v = x[i], e = tlm_expf(-0.5f * v * v);
-            float cdf = 0.5f * (1.0f + tlm_erff_given_exp(v * INV_SQRT_2, e));
+            float v = x[i], e = tlm_expf_nonpos(-0.5f * v * v); /* v NaN: y and x[i] NaN */
+            float r = tlm_erff_abs_given_exp(__builtin_fabsf(v) * INV_SQRT_2, e);
+            float cdf = 0.5f * (1.0f + __builtin_copysignf(r, v));
             y[i] = v * cdf;
             x[i] = cdf + v * 0.3989422804014327f * e;
         }
