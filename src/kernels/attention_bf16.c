@@ -3,9 +3,9 @@
  * rounded into the layouts vdpbf16ps reads (below), and the six products run on register tiles of
  * our own. oneDNN's batched matmul over every head per block of queries, with q|k|v rounded into
  * head-major blocks for it, took 1.2-1.6x this kernel's time at every bench_attn_train shape,
- * 1.45x at the Shakespeare recipe's heads (T 64, head size 32), bit for bit the same sums. Softmaxes and their gradients stay fp32; probs keeps the
- * fp32 probabilities in the fp32 kernels' layout (keys by queries), so either backward can follow
- * either forward.
+ * 1.45x at the Shakespeare recipe's heads (T 64, head size 32), bit for bit the same sums.
+ * Softmaxes and their gradients stay fp32; probs keeps the fp32 probabilities in the fp32 kernels'
+ * layout (keys by queries), so either backward can follow either forward.
  *
  * vdpbf16ps adds to each fp32 lane the products of one pair of bf16 values of each operand. A
  * product C = A B over k then takes A's pairs (row i, columns 2p and 2p + 1) as one 32-bit word,
@@ -134,6 +134,17 @@ static inline __mmask16 below(int c0, int n) {
     return k >= 16 ? 0xffff : k <= 0 ? 0 : (__mmask16)((1u << k) - 1);
 }
 
+/* The word order that interleaves the two halves of a vector of 32 bf16: (x0, y0, x1, y1, ...). */
+T5BF static inline __m512i interleave(void) {
+    return _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
+                            6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+}
+
+/* Rows x and y (16 floats each) as 16 pair words, rounded. */
+T5BF static inline __m512i pair_words(__m512 x, __m512 y) {
+    return _mm512_permutexvar_epi16(interleave(), (__m512i)_mm512_cvtne2ps_pbh(y, x));
+}
+
 /* Rows of hd floats (a multiple of 16) ld apart to bf16 rows of hd. */
 T5BF static void round_rows(uint16_t *dst, const float *src, long ld, int rows, int hd) {
     for (int r = 0; r < rows; r++)
@@ -145,18 +156,13 @@ T5BF static void round_rows(uint16_t *dst, const float *src, long ld, int rows, 
 /* Pair rows of rows x cols floats (ld apart): dst[p][c] = (src[2p][c], src[2p + 1][c]) rounded,
  * ldd words apart; a missing last row and the columns from cols to the next vector are zeros. */
 T5BF static void pair_rows(uint32_t *dst, long ldd, const float *src, long ld, int rows, int cols) {
-    const __m512i inter =
-        _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
-                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     for (int r = 0; r < rows; r += 2) {
         const float *s0 = src + r * ld, *s1 = s0 + ld;
         for (int c = 0; c < cols; c += 16) {
             __mmask16 m = below(c, cols);
             __m512 x0 = _mm512_maskz_loadu_ps(m, s0 + c);
             __m512 x1 = r + 1 < rows ? _mm512_maskz_loadu_ps(m, s1 + c) : _mm512_setzero_ps();
-            __m512i w = (__m512i)_mm512_cvtne2ps_pbh(x1, x0); /* x0's in the low half */
-            _mm512_storeu_si512((void *)(dst + (long)(r / 2) * ldd + c),
-                                _mm512_permutexvar_epi16(inter, w));
+            _mm512_storeu_si512((void *)(dst + (long)(r / 2) * ldd + c), pair_words(x0, x1));
         }
     }
 }
@@ -254,6 +260,61 @@ static void *take(char **p, size_t n) {
     return r;
 }
 
+/* e^x for the softmax's x <= 0 in 16 lanes, tlm_expf's steps; a NaN stays NaN (vmaxps returns
+ * its second operand when either is NaN). */
+T5BF static inline __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(_mm512_set1_ps(-87.0f), x);
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    __m512i e =
+        _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+
+/* The causal softmax down each column of Pt (the fp32 kernels' k_softmax_columns), 16 queries at
+ * a time in the lanes of one vector, and the probabilities' pair rows for the output product,
+ * written in the pass that normalizes them. Entries of masked keys, and every row below the
+ * block's last query, are zeros in both. */
+T5BF static void softmax_pairs(float *Pt, int T, uint32_t *Pp, long Tv) {
+    for (int c = 0; c < Tv; c += 16) {
+        __mmask16 in = below(c, T);
+        int j1 = c + 16 < T ? c + 16 : T; /* rows some query of the block sees */
+        __m512 mx = _mm512_maskz_loadu_ps(in, Pt + c), sum = _mm512_setzero_ps();
+        for (int j = 1; j < j1; j++) {
+            __mmask16 m = in & ~below(c, j); /* queries t >= j see key j */
+            __m512 x = _mm512_maskz_loadu_ps(m, Pt + (long)j * T + c);
+            mx = _mm512_mask_mov_ps(mx, _mm512_mask_cmp_ps_mask(m, x, mx, _CMP_GT_OQ), x);
+        }
+        for (int j = 0; j < j1; j++) {
+            __mmask16 m = in & ~below(c, j);
+            float *row = Pt + (long)j * T + c;
+            __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row), mx));
+            e = _mm512_maskz_mov_ps(m, e);
+            _mm512_mask_storeu_ps(row, in, e);
+            sum = _mm512_add_ps(sum, e);
+        }
+        __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.0f), sum);
+        for (int j = 0; j < T; j += 2) {
+            __m512 x = _mm512_setzero_ps(), y = _mm512_setzero_ps();
+            float *r0 = Pt + (long)j * T + c, *r1 = r0 + T;
+            if (j < j1) x = _mm512_mul_ps(_mm512_maskz_loadu_ps(in, r0), inv);
+            if (j + 1 < j1) y = _mm512_mul_ps(_mm512_maskz_loadu_ps(in, r1), inv);
+            _mm512_mask_storeu_ps(r0, in, x);
+            if (j + 1 < T) _mm512_mask_storeu_ps(r1, in, y);
+            _mm512_storeu_si512((void *)(Pp + (long)(j / 2) * Tv + c), pair_words(x, y));
+        }
+    }
+}
+
 T5BF static void head_fwd(dims d, char *buf, float *out, long ow, float *Pt, const float *q,
                           const float *k, const float *v, long ld) {
     int T = d.T, hd = d.hd, Tv = d.Tv, Te = d.Te;
@@ -268,8 +329,7 @@ T5BF static void head_fwd(dims d, char *buf, float *out, long ow, float *Pt, con
     product s = {(const uint32_t *)Kr,    hd / 2, 1, Qt, Tv, Pt, T, T, T, hd / 2, COLS_FROM_ROW,
                  1.0f / sqrtf((float)hd), 0};
     run(&s);
-    k_softmax_columns(Pt, T);
-    pair_rows(Pp, Tv, Pt, T, T, T);
+    softmax_pairs(Pt, T, Pp, Tv);
     product o = {Pp, 1, Tv, Vp, hd, out, ow, T, hd, Te / 2, K_TO_ROW, 1.0f, 0};
     run(&o);
 }
@@ -288,9 +348,6 @@ T5BF static void softmax_bwd(dims d, const float *Pt, const float *dP, float *D,
             __m512 g = _mm512_maskz_loadu_ps(m, dP + (long)j * Tv + c);
             _mm512_storeu_ps(D + c, _mm512_fmadd_ps(p, g, _mm512_loadu_ps(D + c)));
         }
-    const __m512i inter =
-        _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
-                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     __m512 sc = _mm512_set1_ps(scale);
     for (int j = 0; j < d.Te; j += 2)
         for (int c = 0; c < Tv; c += 16) {
@@ -305,7 +362,7 @@ T5BF static void softmax_bwd(dims d, const float *Pt, const float *dP, float *D,
             }
             __m512i w = (__m512i)_mm512_cvtne2ps_pbh(s[1], s[0]);
             _mm512_storeu_si512((void *)(Sp + (long)(j / 2) * Tv + c),
-                                _mm512_permutexvar_epi16(inter, w));
+                                _mm512_permutexvar_epi16(interleave(), w));
             _mm256_storeu_si256((__m256i *)(Sr + (long)j * Tv + c), _mm512_castsi512_si256(w));
             if (j + 1 < T)
                 _mm256_storeu_si256((__m256i *)(Sr + (long)(j + 1) * Tv + c),
