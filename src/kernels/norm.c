@@ -43,28 +43,31 @@ void k_layernorm_fwd(float *y, float *mean, float *rstd, const float *x, const f
     }
 }
 
-/* Gain (and bias) gradients are column sums over rows; blocking by 16 columns keeps them
- * deterministic and cache friendly without per-thread buffers. */
+/* Gain (and bias) gradients are column sums over rows, taken in blocks of up to 256 columns:
+ * each block sweeps the rows in order (deterministic, no per-thread buffers) along contiguous
+ * row segments with its sums in L1. Strips of 16 columns down the rows, used before, kept their
+ * sums in a chain of stores and loads and read the rows 64 bytes at a time: 2-3x slower. */
+enum { GAIN_BLOCK = 256 };
 static void gain_grads(float *dg, float *db, const float *dy, const float *x, const float *mean,
                        const float *rstd, int N, int d, int acc) {
-    int blocks = (d + 15) / 16;
+    int blocks = (d + GAIN_BLOCK - 1) / GAIN_BLOCK;
 #pragma omp parallel for schedule(static) if ((long)N * d >= K_PAR_MIN)
     for (int bl = 0; bl < blocks; bl++) {
-        int j0 = bl * 16, j1 = j0 + 16 < d ? j0 + 16 : d;
-        float ag[16] = {0}, ab[16] = {0};
+        int j0 = bl * GAIN_BLOCK, w = j0 + GAIN_BLOCK < d ? GAIN_BLOCK : d - j0;
+        float ag[GAIN_BLOCK], ab[GAIN_BLOCK];
+        for (int k = 0; k < w; k++) ag[k] = ab[k] = 0.0f;
         for (int i = 0; i < N; i++) {
             const float *dyi = dy + (size_t)i * d + j0, *xi = x + (size_t)i * d + j0;
             float m = mean ? mean[i] : 0.0f, r = rstd[i];
-            int w = j1 - j0;
 #pragma omp simd
             for (int k = 0; k < w; k++) {
                 ag[k] += dyi[k] * (xi[k] - m) * r;
                 ab[k] += dyi[k];
             }
         }
-        for (int j = j0; j < j1; j++) {
-            dg[j] = (acc ? dg[j] : 0.0f) + ag[j - j0];
-            if (db) db[j] = (acc ? db[j] : 0.0f) + ab[j - j0];
+        for (int k = 0; k < w; k++) {
+            dg[j0 + k] = (acc ? dg[j0 + k] : 0.0f) + ag[k];
+            if (db) db[j0 + k] = (acc ? db[j0 + k] : 0.0f) + ab[k];
         }
     }
 }
