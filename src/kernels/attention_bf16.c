@@ -417,23 +417,49 @@ static char *buffers(k_bf16 *k, size_t per, int *threads) {
     return k_bf16_scratch(k, K_BF16_ATT_SLOT, per * (size_t)*threads);
 }
 
+/* One call's heads: task bh is head bh % H of sequence bh / H. */
+typedef struct {
+    dims d;
+    float *out, *dqkv;
+    float *probs;          /* the forward's */
+    const float *probs_in; /* the backward's */
+    const float *qkv, *dout;
+    long ld;
+    int H;
+} heads;
+
+T5BF static void fwd_task(const heads *a, int bh, char *buf) {
+    int T = a->d.T, hd = a->d.hd, ow = a->H * hd, b = bh / a->H, h = bh % a->H;
+    const float *q = a->qkv + (size_t)b * T * a->ld + (size_t)h * hd;
+    head_fwd(a->d, buf, a->out + (size_t)b * T * ow + h * hd, ow, a->probs + (size_t)bh * T * T, q,
+             q + ow, q + 2 * ow, a->ld);
+}
+
+T5BF static void bwd_task(const heads *a, int bh, int tasks, char *buf) {
+    int T = a->d.T, hd = a->d.hd, ow = a->H * hd, b = bh / a->H, h = bh % a->H;
+    size_t x = (size_t)b * T * a->ld + (size_t)h * hd;
+    if (bh + 1 < tasks) prefetch(a->probs_in + (size_t)(bh + 1) * T * T, (size_t)T * T * 4);
+    head_bwd(a->d, buf, a->dqkv + x, a->dqkv + x + ow, a->dqkv + x + 2 * ow,
+             a->dout + (size_t)b * T * ow + h * hd, ow, a->probs_in + (size_t)bh * T * T,
+             a->qkv + x, a->qkv + x + ow, a->qkv + x + 2 * ow, a->ld);
+}
+
 int k_bf16_attention_fwd(k_bf16 *k, float *out, float *probs, const float *qkv, int ld, int B,
                          int T, int H, int KVH, int hd, float p) {
     /* Grouped kv heads would need the backward's dK, dV summed over the group's heads; dropout's
      * masks are applied per head by the fp32 kernels. */
     if (!k || p > 0.0f || KVH != H || hd % 16 || !k_bf16_supported()) return 0;
-    dims d = dims_of(T, hd);
-    int threads;
-    size_t per = al(fwd_bytes(d));
+    heads a = {dims_of(T, hd), out, NULL, probs, NULL, qkv, NULL, ld, H};
+    int threads, tasks = B * H;
+    size_t per = al(fwd_bytes(a.d));
     char *buf = buffers(k, per, &threads);
     if (!buf) return 0;
-    int ow = H * hd;
+    if (threads == 1) /* a replica's thread: no region of one (k_fork) */
+        for (int bh = 0; bh < tasks; bh++) fwd_task(&a, bh, buf);
+    else {
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-    for (int bh = 0; bh < B * H; bh++) {
-        int b = bh / H, h = bh % H;
-        const float *q = qkv + (size_t)b * T * ld + (size_t)h * hd;
-        head_fwd(d, buf + per * (size_t)omp_get_thread_num(), out + (size_t)b * T * ow + h * hd, ow,
-                 probs + (size_t)bh * T * T, q, q + ow, q + 2 * ow, ld);
+        for (int bh = 0; bh < tasks; bh++)
+            fwd_task(&a, bh, buf + per * (size_t)omp_get_thread_num());
     }
     return 1;
 }
@@ -441,20 +467,17 @@ int k_bf16_attention_fwd(k_bf16 *k, float *out, float *probs, const float *qkv, 
 int k_bf16_attention_bwd(k_bf16 *k, float *dqkv, const float *dout, const float *qkv, int ld,
                          const float *probs, int B, int T, int H, int KVH, int hd, float p) {
     if (!k || p > 0.0f || KVH != H || hd % 16 || !k_bf16_supported()) return 0;
-    dims d = dims_of(T, hd);
-    int threads;
-    size_t per = al(bwd_bytes(d));
+    heads a = {dims_of(T, hd), NULL, dqkv, NULL, probs, qkv, dout, ld, H};
+    int threads, tasks = B * H;
+    size_t per = al(bwd_bytes(a.d));
     char *buf = buffers(k, per, &threads);
     if (!buf) return 0;
-    int ow = H * hd;
+    if (threads == 1)
+        for (int bh = 0; bh < tasks; bh++) bwd_task(&a, bh, tasks, buf);
+    else {
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-    for (int bh = 0; bh < B * H; bh++) {
-        int b = bh / H, h = bh % H;
-        size_t x = (size_t)b * T * ld + (size_t)h * hd;
-        if (bh + 1 < B * H) prefetch(probs + (size_t)(bh + 1) * T * T, (size_t)T * T * 4);
-        head_bwd(d, buf + per * (size_t)omp_get_thread_num(), dqkv + x, dqkv + x + ow,
-                 dqkv + x + 2 * ow, dout + (size_t)b * T * ow + h * hd, ow,
-                 probs + (size_t)bh * T * T, qkv + x, qkv + x + ow, qkv + x + 2 * ow, ld);
+        for (int bh = 0; bh < tasks; bh++)
+            bwd_task(&a, bh, tasks, buf + per * (size_t)omp_get_thread_num());
     }
     return 1;
 }

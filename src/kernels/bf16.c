@@ -48,11 +48,9 @@ void k_f32_to_bf16(uint16_t *dst, const float *src, size_t n) {
     int fast = k_bf16_supported();
     /* Chunks of 4096 floats keep every thread on whole cache lines of both arrays. */
     long chunks = (long)((n + 4095) / 4096);
-#pragma omp parallel for schedule(static) if (n >= 4 * K_PAR_MIN)
-    for (long c = 0; c < chunks; c++) {
-        size_t i0 = (size_t)c * 4096;
-        round_span(dst + i0, src + i0, n - i0 < 4096 ? n - i0 : 4096, fast);
-    }
+    K_FOR(c, chunks, (long)(n / 4),
+          round_span(dst + (size_t)c * 4096, src + (size_t)c * 4096,
+                     n - (size_t)c * 4096 < 4096 ? n - (size_t)c * 4096 : 4096, fast));
 }
 
 /* Rows of cols floats ld apart into contiguous rows, in one parallel region: a k_f32_to_bf16 call
@@ -60,9 +58,8 @@ void k_f32_to_bf16(uint16_t *dst, const float *src, size_t n) {
  * products of q, k and v of a model whose parts lie apart in its file: 3 x N rows per layer). */
 static void round_rows(uint16_t *dst, const float *src, size_t ld, int rows, int cols) {
     int fast = k_bf16_supported();
-#pragma omp parallel for schedule(static) if ((size_t)rows * (size_t)cols >= 4 * K_PAR_MIN)
-    for (int i = 0; i < rows; i++)
-        round_span(dst + (size_t)i * (size_t)cols, src + (size_t)i * ld, (size_t)cols, fast);
+    K_FOR(i, rows, (long)rows * cols / 4,
+          round_span(dst + (size_t)i * (size_t)cols, src + (size_t)i * ld, (size_t)cols, fast));
 }
 
 float k_bf16_to_f32(uint16_t h) {
@@ -397,9 +394,7 @@ static int gemm(k_bf16 *k, int M, int N, int K, const uint16_t *A, int ta, int l
 void k_bf16_linear_fwd(k_bf16 *k, float *y, int ldy, const float *x, const float *w, const float *b,
                        int N, int in, int out) {
     if (b) {
-#pragma omp parallel for schedule(static) if ((long)N * out >= K_PAR_MIN)
-        for (int i = 0; i < N; i++)
-            for (int j = 0; j < out; j++) y[(size_t)i * ldy + j] = b[j];
+        K_FOR(i, N, (long)N * out, memcpy(y + (size_t)i * ldy, b, (size_t)out * sizeof *b));
     }
     /* Kept for the backward's dW unless that takes x in fp32 (the packed layout, below). */
     const uint16_t *xb =

@@ -16,6 +16,5 @@ float k_dropout_keep(uint64_t key, uint64_t i, float p) {
 
 void k_dropout(float *y, const float *x, size_t n, float p, uint64_t key) {
     long nn = (long)n;
-#pragma omp parallel for schedule(static) if (nn >= K_PAR_MIN)
-    for (long i = 0; i < nn; i++) y[i] = x[i] * k_dropout_keep(key, (uint64_t)i, p);
+    K_FOR(i, nn, nn, y[i] = x[i] * k_dropout_keep(key, (uint64_t)i, p));
 }

@@ -3,6 +3,7 @@
 #ifndef TLM_KERNELS_H
 #define TLM_KERNELS_H
 
+#include <omp.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -11,6 +12,28 @@
 /* Elementwise work below this many floats runs on the calling thread: a fork/join costs
  * microseconds (far more with passive waits), more than the work itself in decode steps. */
 #define K_PAR_MIN 16384
+
+/* Whether a loop of `work` floats should start a team: not below K_PAR_MIN, and not inside a
+ * parallel region (a data-parallel replica's thread), where the region would run on this thread
+ * alone and still cost libgomp a futex wake at its end (about 3.5 us here, even as `if (0)`):
+ * some 200 such regions per replica and step were 7% of the Shakespeare recipe. */
+static inline int k_fork(long work) { return work >= K_PAR_MIN && !omp_in_parallel(); }
+
+/* for (long i = 0; i < n; i++) { body } across a new team (static schedule) when k_fork(work),
+ * else on this thread. The body must not depend on how [0, n) is split. */
+#define K_FOR(i, n, work, ...)                                                                     \
+    do {                                                                                           \
+        long n_ = (long)(n);                                                                       \
+        if (k_fork((long)(work))) {                                                                \
+            _Pragma("omp parallel for schedule(static)") for (long i = 0; i < n_; i++) {           \
+                __VA_ARGS__;                                                                       \
+            }                                                                                      \
+        } else {                                                                                   \
+            for (long i = 0; i < n_; i++) {                                                        \
+                __VA_ARGS__;                                                                       \
+            }                                                                                      \
+        }                                                                                          \
+    } while (0)
 
 /* ---- dropout.c: masks derived from (key, element index), regenerated in the backward pass ---- */
 uint64_t k_dropout_key(uint64_t seed, uint64_t step, uint64_t site);

@@ -15,9 +15,7 @@ void k_linear_fwd(float *y, int ldy, const float *x, const float *w, const float
     float beta = 0.0f;
     if (b) {
         /* Start from the bias and let sgemm accumulate: one pass over y instead of two. */
-#pragma omp parallel for schedule(static) if ((long)N * out >= K_PAR_MIN)
-        for (int i = 0; i < N; i++)
-            for (int j = 0; j < out; j++) y[(size_t)i * ldy + j] = b[j];
+        K_FOR(i, N, (long)N * out, memcpy(y + (size_t)i * ldy, b, (size_t)out * sizeof *b));
         beta = 1.0f;
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, out, in, 1.0f, x, in, w, in, beta, y,
@@ -92,10 +90,9 @@ static void linear_rows(float *y, int ldy, const float *x, int N, const tlm_weig
     }
     for (int r0 = 0; r0 < out; r0 += tile) {
         int rows = out - r0 < tile ? out - r0 : tile;
-#pragma omp parallel for schedule(static) if ((long)rows * in >= K_PAR_MIN)
-        for (int r = 0; r < rows; r++)
-            k_widen_row(w->dtype, (const char *)w->data + (size_t)(r0 + r) * w->row_bytes,
-                        buf + (size_t)r * in, in);
+        K_FOR(r, rows, (long)rows * in,
+              k_widen_row(w->dtype, (const char *)w->data + (size_t)(r0 + r) * w->row_bytes,
+                          buf + (size_t)r * in, in));
         k_linear_fwd(y + r0, ldy, x, buf, b ? b + r0 : NULL, N, in, rows);
     }
 }
@@ -145,18 +142,19 @@ void k_linear_parts(float *y, int ldy, const float *x, int N, const tlm_weight *
     }
 }
 
-void k_colsum(float *db, const float *dy, int N, int n, int acc) {
-    int blocks = (n + 15) / 16;
-#pragma omp parallel for schedule(static) if ((long)N * n >= K_PAR_MIN)
-    for (int bl = 0; bl < blocks; bl++) {
-        int j0 = bl * 16, j1 = j0 + 16 < n ? j0 + 16 : n;
-        float sums[16] = {0};
-        for (int i = 0; i < N; i++) {
-            const float *row = dy + (size_t)i * n;
-            for (int j = j0; j < j1; j++) sums[j - j0] += row[j];
-        }
-        for (int j = j0; j < j1; j++) db[j] = (acc ? db[j] : 0.0f) + sums[j - j0];
+/* Columns [j0, j0 + 16) (or to n) of dy's column sums, the rows in order. */
+static void colsum_block(float *db, const float *dy, int N, int n, int acc, int j0) {
+    int j1 = j0 + 16 < n ? j0 + 16 : n;
+    float sums[16] = {0};
+    for (int i = 0; i < N; i++) {
+        const float *row = dy + (size_t)i * n;
+        for (int j = j0; j < j1; j++) sums[j - j0] += row[j];
     }
+    for (int j = j0; j < j1; j++) db[j] = (acc ? db[j] : 0.0f) + sums[j - j0];
+}
+
+void k_colsum(float *db, const float *dy, int N, int n, int acc) {
+    K_FOR(bl, (n + 15) / 16, (long)N * n, colsum_block(db, dy, N, n, acc, (int)bl * 16));
 }
 
 void k_linear_bwd(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w,

@@ -14,25 +14,46 @@ static float row_lse(const float *x, int V) {
     return mx + logf(s);
 }
 
+/* Row i's loss term (0 when untargeted), its probabilities written when probs is not NULL. */
+static double ce_row(const float *x, int target, float *p, int V) {
+    float lse = row_lse(x, V);
+    if (p)
+        for (int j = 0; j < V; j++) p[j] = tlm_expf(x[j] - lse);
+    return target >= 0 ? (double)(lse - x[target]) : 0.0;
+}
+
 double k_cross_entropy_fwd(const float *logits, const int *targets, float *probs, int N, int V,
                            int *count) {
     double total = 0.0;
     int n = 0;
-#pragma omp parallel for schedule(static) reduction(+ : total, n)
-    for (int i = 0; i < N; i++) {
-        const float *x = logits + (size_t)i * V;
-        float lse = row_lse(x, V);
-        if (probs) {
-            float *p = probs + (size_t)i * V;
-            for (int j = 0; j < V; j++) p[j] = tlm_expf(x[j] - lse);
-        }
-        if (targets && targets[i] >= 0) {
-            total += (double)(lse - x[targets[i]]);
-            n++;
-        }
+    if (targets)
+        for (int i = 0; i < N; i++) n += targets[i] >= 0;
+            /* In a replica's thread a region of one would only add libgomp's cost (k_fork). */
+#define CE_ROW(i)                                                                                  \
+    ce_row(logits + (size_t)(i)*V, targets ? targets[i] : -1,                                      \
+           probs ? probs + (size_t)(i)*V : NULL, V)
+    if (!k_fork((long)N * V))
+        for (int i = 0; i < N; i++) total += CE_ROW(i);
+    else {
+#pragma omp parallel for schedule(static) reduction(+ : total)
+        for (int i = 0; i < N; i++) total += CE_ROW(i);
     }
+#undef CE_ROW
     if (count) *count = n;
     return n ? total / n : NAN;
+}
+
+/* The row's loss term, its logits replaced by their gradient (scaled by inv). */
+static double ce_grad_row(float *x, int target, int V, float inv) {
+    if (target < 0) {
+        memset(x, 0, (size_t)V * sizeof(float));
+        return 0.0;
+    }
+    float lse = row_lse(x, V);
+    double loss = (double)(lse - x[target]);
+    for (int j = 0; j < V; j++) x[j] = tlm_expf(x[j] - lse) * inv;
+    x[target] -= inv;
+    return loss;
 }
 
 double k_cross_entropy_fwd_bwd(float *logits, const int *targets, int N, int V, int divisor,
@@ -42,17 +63,13 @@ double k_cross_entropy_fwd_bwd(float *logits, const int *targets, int N, int V, 
     double total = 0.0;
     if (divisor <= 0) divisor = n;
     float inv = divisor ? 1.0f / (float)divisor : 0.0f;
+    if (!k_fork((long)N * V))
+        for (int i = 0; i < N; i++)
+            total += ce_grad_row(logits + (size_t)i * V, targets[i], V, inv);
+    else {
 #pragma omp parallel for schedule(static) reduction(+ : total)
-    for (int i = 0; i < N; i++) {
-        float *x = logits + (size_t)i * V;
-        if (targets[i] < 0) {
-            memset(x, 0, (size_t)V * sizeof(float));
-            continue;
-        }
-        float lse = row_lse(x, V);
-        total += (double)(lse - x[targets[i]]);
-        for (int j = 0; j < V; j++) x[j] = tlm_expf(x[j] - lse) * inv;
-        x[targets[i]] -= inv;
+        for (int i = 0; i < N; i++)
+            total += ce_grad_row(logits + (size_t)i * V, targets[i], V, inv);
     }
     if (count) *count = n;
     return n ? total / n : NAN;

@@ -1,30 +1,34 @@
 #include "kernels.h"
 
-/* sign = +1 rotates forward; -1 applies the transpose (the backward pass). */
-static void rope(float *x, int ld, int N, const int *pos, int n_heads, int hd, const float *cos_t,
-                 const float *sin_t, int interleaved, float sign) {
+/* One row's heads rotated by the angles c, s of its position. */
+static void rope_row(float *row, const float *c, const float *s, int n_heads, int hd,
+                     int interleaved, float sign) {
     int half = hd / 2;
-#pragma omp parallel for schedule(static) if ((long)N * n_heads * hd >= K_PAR_MIN)
-    for (int r = 0; r < N; r++) {
-        const float *c = cos_t + (size_t)pos[r] * half, *s = sin_t + (size_t)pos[r] * half;
-        float *row = x + (size_t)r * ld;
-        for (int h = 0; h < n_heads; h++) {
-            float *v = row + h * hd;
-            if (interleaved) {
-                for (int i = 0; i < half; i++) {
-                    float a = v[2 * i], b = v[2 * i + 1], si = sign * s[i];
-                    v[2 * i] = a * c[i] - b * si;
-                    v[2 * i + 1] = a * si + b * c[i];
-                }
-            } else {
-                for (int i = 0; i < half; i++) {
-                    float a = v[i], b = v[i + half], si = sign * s[i];
-                    v[i] = a * c[i] - b * si;
-                    v[i + half] = a * si + b * c[i];
-                }
+    for (int h = 0; h < n_heads; h++) {
+        float *v = row + h * hd;
+        if (interleaved) {
+            for (int i = 0; i < half; i++) {
+                float a = v[2 * i], b = v[2 * i + 1], si = sign * s[i];
+                v[2 * i] = a * c[i] - b * si;
+                v[2 * i + 1] = a * si + b * c[i];
+            }
+        } else {
+            for (int i = 0; i < half; i++) {
+                float a = v[i], b = v[i + half], si = sign * s[i];
+                v[i] = a * c[i] - b * si;
+                v[i + half] = a * si + b * c[i];
             }
         }
     }
+}
+
+/* sign = +1 rotates forward; -1 applies the transpose (the backward pass). */
+static void rope(float *x, int ld, int N, const int *pos, int n_heads, int hd, const float *cos_t,
+                 const float *sin_t, int interleaved, float sign) {
+    size_t half = (size_t)hd / 2;
+    K_FOR(r, N, (long)N * n_heads * hd,
+          rope_row(x + (size_t)r * ld, cos_t + (size_t)pos[r] * half, sin_t + (size_t)pos[r] * half,
+                   n_heads, hd, interleaved, sign));
 }
 
 void k_rope_fwd(float *x, int ld, int N, const int *pos, int n_heads, int hd, const float *cos_t,

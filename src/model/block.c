@@ -271,6 +271,14 @@ void tlm_block_bwd(const tlm_model *m, int l, const tlm_pass *p, const tlm_block
 
 /* ---- embedding and head --------------------------------------------------------------------- */
 
+/* Row x of token id, plus its position's row when pos is not NULL. */
+static void embed_row(float *xr, const tlm_weight *E, int32_t id, const float *pos, int d) {
+    /* Only a row is read: any type the model holds widens here. */
+    tlm_dtype_to_f32(E->dtype, (const char *)E->data + (size_t)id * E->row_bytes, xr, (size_t)d);
+    if (pos)
+        for (int j = 0; j < d; j++) xr[j] += pos[j];
+}
+
 void tlm_embed_fwd(const tlm_model *m, const tlm_pass *p, const int32_t *ids, float *x) {
     const tlm_config *c = &m->c;
     int d = c->d_model, N = p->N;
@@ -278,17 +286,8 @@ void tlm_embed_fwd(const tlm_model *m, const tlm_pass *p, const int32_t *ids, fl
     const float *pos = c->position == TLM_POS_LEARNED      ? tlm_wf(m->pos_emb)
                        : c->position == TLM_POS_SINUSOIDAL ? m->sinus
                                                            : NULL;
-#pragma omp parallel for schedule(static) if ((long)N * d >= K_PAR_MIN)
-    for (int r = 0; r < N; r++) {
-        float *xr = x + (size_t)r * d;
-        /* Only a row is read: any type the model holds widens here. */
-        tlm_dtype_to_f32(E->dtype, (const char *)E->data + (size_t)ids[r] * E->row_bytes, xr,
-                         (size_t)d);
-        if (pos) {
-            const float *pr = pos + (size_t)p->pos[r] * d;
-            for (int j = 0; j < d; j++) xr[j] += pr[j];
-        }
-    }
+    K_FOR(r, N, (long)N * d,
+          embed_row(x + (size_t)r * d, E, ids[r], pos ? pos + (size_t)p->pos[r] * d : NULL, d));
     if (dropping(m, p)) k_dropout(x, x, (size_t)N * d, c->dropout, tlm_drop_key(p, -1, 0));
 }
 
