@@ -7,34 +7,9 @@
 #include <stdint.h>
 #include <string.h>
 
-/* e^x: x = n ln2 + r with |r| <= ln2/2, e^r by a degree-6 Taylor polynomial, 2^n by building the
- * exponent bits. Inputs are clamped to the float range (underflow gives 0 via the clamp). */
-static inline float tlm_expf(float in) {
-    /* NaN must come out as NaN (training detects divergence by it), but must not reach the
-     * float-to-int conversion below, where it would be undefined. */
-    float x = in == in ? in : 0.0f;
-    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-    float n = __builtin_rintf(x * 1.44269504088896341f);
-    float r = x - n * 0.693145751953125f;
-    r = r - n * 1.428606765330187045e-06f;
-    float p = 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, 4);
-    return in == in ? p * scale : in;
-}
-
-/* e^x for x <= 0 with tlm_expf's steps, so the same bits there, but none of its NaN and overflow
- * handling: a NaN gives some finite value (callers carry NaN through other terms). Without the
- * selects the loops that use it vectorize into about half the instructions (the GELU gradient). */
-static inline float tlm_expf_nonpos(float x) {
-    x = x > -87.0f ? x : -87.0f; /* a NaN becomes -87: no NaN reaches the conversion */
+/* e^x for x in [-87, 88] (no NaN): x = n ln2 + r with |r| <= ln2/2, e^r by a degree-6 Taylor
+ * polynomial, 2^n by building the exponent bits. */
+static inline float tlm_exp_in_range(float x) {
     float n = __builtin_rintf(x * 1.44269504088896341f);
     float r = x - n * 0.693145751953125f;
     r = r - n * 1.428606765330187045e-06f;
@@ -49,6 +24,23 @@ static inline float tlm_expf_nonpos(float x) {
     float scale;
     memcpy(&scale, &bits, 4);
     return p * scale;
+}
+
+/* e^x. Inputs are clamped to the float range (underflow gives 0 via the clamp). NaN must come out
+ * as NaN (training detects divergence by it), but must not reach the float-to-int conversion,
+ * where it would be undefined. */
+static inline float tlm_expf(float in) {
+    float x = in == in ? in : 0.0f;
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    float e = tlm_exp_in_range(x);
+    return in == in ? e : in;
+}
+
+/* e^x for x <= 0, the same bits as tlm_expf there, without its NaN and overflow handling: a NaN
+ * gives some finite value (callers carry NaN through other terms). Without those selects the
+ * loops that use it vectorize into about half the instructions (the GELU gradient). */
+static inline float tlm_expf_nonpos(float x) {
+    return tlm_exp_in_range(x > -87.0f ? x : -87.0f); /* a NaN becomes -87 */
 }
 
 /* f rounded to bf16 (nearest even), as vcvtne2ps2bf16 does it: NaNs stay (quiet) NaNs, denormal
