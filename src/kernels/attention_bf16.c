@@ -2,10 +2,10 @@
  * with every operand in the thread's cache: q, k, v, dO, the probabilities and their gradients are
  * rounded into the layouts vdpbf16ps reads (below), and the six products run on register tiles of
  * our own. oneDNN's batched matmul over every head per block of queries, with q|k|v rounded into
- * head-major blocks for it, took 1.2-1.6x this kernel's time at every bench_attn_train shape,
- * 1.45x at the Shakespeare recipe's heads (T 64, head size 32), bit for bit the same sums.
- * Softmaxes and their gradients stay fp32; probs keeps the fp32 probabilities in the fp32 kernels'
- * layout (keys by queries), so either backward can follow either forward.
+ * head-major blocks for it, took 1.6-2x this kernel's time at every bench_attn_train shape for
+ * bit for bit the same sums. Softmaxes and their gradients stay fp32; probs keeps the fp32
+ * probabilities in the fp32 kernels' layout (keys by queries), so either backward can follow either
+ * forward.
  *
  * vdpbf16ps adds to each fp32 lane the products of one pair of bf16 values of each operand. A
  * product C = A B over k then takes A's pairs (row i, columns 2p and 2p + 1) as one 32-bit word,
