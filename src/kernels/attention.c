@@ -28,10 +28,9 @@ enum { QB = 64 };
  * Every column still reduces over its rows in the same order as a whole-width pass would.
  * The loops run over the block's full width and select by the mask: loops that start at each
  * row's first visible query left most of the work to scalar peel and tail code (the rows near
- * the diagonal are short), the softmax then taking 23% of a bf16 attention at T 64. The masked
- * scores they read are only selected away, so they may be anything (the bf16 kernels leave those
- * left of their tiles uncomputed). */
-void k_softmax_columns(float *Pt, int T) {
+ * the diagonal are short), the softmax then taking 23% of an attention at T 64. The masked
+ * scores they read were computed by the products (every row below t1 is), so they are finite. */
+static void softmax_columns(float *Pt, int T) {
     for (int t0 = 0; t0 < T; t0 += QB) {
         int w = t0 + QB < T ? QB : T - t0, t1 = t0 + w;
         float mx[QB], sum[QB];
@@ -90,7 +89,7 @@ static void attention_fwd(float *out, float *probs, const float *q, const float 
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t1, t1 - t0, hd, scale, kb, kw,
                         qb + (size_t)t0 * qw, qw, 0.0f, Pt + t0, T);
         }
-        k_softmax_columns(Pt, T);
+        softmax_columns(Pt, T);
         const float *PV = Pt;
         if (p > 0.0f) {
             float *D = scratch + (size_t)omp_get_thread_num() * T * T;

@@ -280,7 +280,7 @@ T5BF static inline __m512 exp16(__m512 x) {
     return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
 }
 
-/* The causal softmax down each column of Pt (the fp32 kernels' k_softmax_columns), 16 queries at
+/* The causal softmax down each column of Pt (the fp32 kernels' softmax_columns), 16 queries at
  * a time in the lanes of one vector, and the probabilities' pair rows for the output product,
  * written in the pass that normalizes them. Entries of masked keys, and every row below the
  * block's last query, are zeros in both. */

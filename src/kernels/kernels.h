@@ -154,9 +154,6 @@ void k_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const f
 /* Floats of scratch k_attention_fwd and k_attention_bwd need for sequences of T with dropout p
  * when `threads` threads may run them (omp_get_max_threads() at the time of the call). */
 size_t k_attention_scratch_floats(int T, float p, int threads);
-/* The causal softmax of one head's scores, keys by queries (T x T, in place), masked entries
- * zeroed. */
-void k_softmax_columns(float *Pt, int T);
 /* The same attention of a fused q|k|v buffer (rows ld apart) with its matrix products on bf16
  * operands and fp32 accumulation, softmaxes in fp32 (attention_bf16.c). Returns 0 where it does
  * not apply (no k, no avx512_bf16, grouped kv heads, dropout, a head size not a multiple of 16)
