@@ -15,11 +15,14 @@ static float row_lse(const float *x, int V) {
 }
 
 /* Row i's loss term (0 when untargeted), its probabilities written when probs is not NULL. */
-static double ce_row(const float *x, int target, float *p, int V) {
+static double ce_row(const float *logits, const int *targets, float *probs, int i, int V) {
+    const float *x = logits + (size_t)i * V;
     float lse = row_lse(x, V);
-    if (p)
+    if (probs) {
+        float *p = probs + (size_t)i * V;
         for (int j = 0; j < V; j++) p[j] = tlm_expf(x[j] - lse);
-    return target >= 0 ? (double)(lse - x[target]) : 0.0;
+    }
+    return targets && targets[i] >= 0 ? (double)(lse - x[targets[i]]) : 0.0;
 }
 
 double k_cross_entropy_fwd(const float *logits, const int *targets, float *probs, int N, int V,
@@ -28,17 +31,13 @@ double k_cross_entropy_fwd(const float *logits, const int *targets, float *probs
     int n = 0;
     if (targets)
         for (int i = 0; i < N; i++) n += targets[i] >= 0;
-            /* In a replica's thread a region of one would only add libgomp's cost (k_fork). */
-#define CE_ROW(i)                                                                                  \
-    ce_row(logits + (size_t)(i)*V, targets ? targets[i] : -1,                                      \
-           probs ? probs + (size_t)(i)*V : NULL, V)
-    if (!k_fork((long)N * V))
-        for (int i = 0; i < N; i++) total += CE_ROW(i);
-    else {
+    /* In a replica's thread a region of one would only add libgomp's cost (k_fork). */
+    if (!k_fork((long)N * V)) {
+        for (int i = 0; i < N; i++) total += ce_row(logits, targets, probs, i, V);
+    } else {
 #pragma omp parallel for schedule(static) reduction(+ : total)
-        for (int i = 0; i < N; i++) total += CE_ROW(i);
+        for (int i = 0; i < N; i++) total += ce_row(logits, targets, probs, i, V);
     }
-#undef CE_ROW
     if (count) *count = n;
     return n ? total / n : NAN;
 }
@@ -63,10 +62,10 @@ double k_cross_entropy_fwd_bwd(float *logits, const int *targets, int N, int V, 
     double total = 0.0;
     if (divisor <= 0) divisor = n;
     float inv = divisor ? 1.0f / (float)divisor : 0.0f;
-    if (!k_fork((long)N * V))
+    if (!k_fork((long)N * V)) {
         for (int i = 0; i < N; i++)
             total += ce_grad_row(logits + (size_t)i * V, targets[i], V, inv);
-    else {
+    } else {
 #pragma omp parallel for schedule(static) reduction(+ : total)
         for (int i = 0; i < N; i++)
             total += ce_grad_row(logits + (size_t)i * V, targets[i], V, inv);

@@ -48,7 +48,8 @@ void k_layernorm_fwd(float *y, float *mean, float *rstd, const float *x, const f
 /* Gain (and bias) gradients are column sums over rows, taken in blocks of up to 256 columns:
  * each block sweeps the rows in order (deterministic, no per-thread buffers) along contiguous
  * row segments with its sums in L1. Strips of 16 columns down the rows, used before, kept their
- * sums in a chain of stores and loads and read the rows 64 bytes at a time: 2-3x slower. */
+ * sums in a chain of stores and loads and read the rows 64 bytes at a time: a Shakespeare
+ * replica's layer-norm backward took 28 us with them, 24 with these. */
 enum { GAIN_BLOCK = 256 };
 static void gain_block(float *dg, float *db, const float *dy, const float *x, const float *mean,
                        const float *rstd, int N, int d, int acc, int j0) {
