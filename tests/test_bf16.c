@@ -306,6 +306,11 @@ static void attention(k_bf16 *k, int B, int T, int H, int hd) {
               !k_bf16_attention_bwd(k, dqkv, dout, qkv, ld, probs, B, T, H, H, hd, 0.1f) &&
               !k_bf16_attention_fwd(NULL, out, probs, qkv, ld, B, T, H, H, hd, 0.0f),
           "bf16 attention accepted grouped heads, dropout or no state");
+    /* A NaN score must reach the output (training stops on a NaN loss), not be clamped away. */
+    qkv[0] = NAN;
+    CHECK(k_bf16_attention_fwd(k, out, probs, qkv, ld, B, T, H, H, hd, 0.0f) && isnan(probs[0]) &&
+              isnan(out[0]),
+          "a NaN query did not reach the probabilities and the output");
     if (hd == 16) /* the same rows as heads of 8: not a whole vector */
         CHECK(!k_bf16_attention_fwd(k, out, probs, qkv, ld, B, T, 2 * H, 2 * H, 8, 0.0f),
               "bf16 attention accepted a head size of 8");

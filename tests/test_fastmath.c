@@ -1,6 +1,9 @@
 /* The vectorizable exp and erf used by the kernels, against double-precision libm. */
+#include <string.h>
+
 #include "harness.h"
 #include "kernels/fastmath.h"
+#include "kernels/kernels.h"
 
 int main(void) {
     double worst_exp = 0, worst_erf = 0;
@@ -21,5 +24,32 @@ int main(void) {
     CHECK(tlm_expf(INFINITY) > 1e38f && tlm_expf(-INFINITY) < 1e-37f, "infinities clamp");
     CHECK_NEAR(tlm_sigmoidf(0.0f), 0.5, 1e-7);
     CHECK(tlm_sigmoidf(-100.0f) >= 0.0f && tlm_sigmoidf(100.0f) <= 1.0f, "sigmoid saturates");
+    /* tlm_expf_nonpos: tlm_expf's bits for x <= 0 (the GELU gradient relies on it). */
+    int differ = 0;
+    for (int i = -900000; i <= 0; i++) {
+        float x = (float)i * 1e-4f, a = tlm_expf(x), b = tlm_expf_nonpos(x);
+        differ += memcmp(&a, &b, sizeof a) != 0;
+    }
+    CHECK(differ == 0, "tlm_expf_nonpos differs from tlm_expf at %d points", differ);
+    /* The GELU forward and gradient of training (k_act_fwd_grad) against double x Phi(x) and
+     * Phi(x) + x phi(x); a NaN input gives NaNs in both. */
+    enum { G = 4003 };
+    static float gx[G + 1], gy[G + 1];
+    for (int i = 0; i < G; i++) gx[i] = -10.0f + 20.0f * (float)i / (G - 1);
+    gx[G] = NAN;
+    float in[G];
+    memcpy(in, gx, sizeof in);
+    k_act_fwd_grad(gy, gx, G + 1, K_ACT_GELU);
+    double worst_y = 0, worst_g = 0;
+    for (int i = 0; i < G; i++) {
+        double v = in[i], cdf = 0.5 * (1.0 + erf(v / sqrt(2.0)));
+        double pdf = exp(-0.5 * v * v) / sqrt(2.0 * 3.14159265358979323846);
+        double ey = fabs(gy[i] - v * cdf), eg = fabs(gx[i] - (cdf + v * pdf));
+        worst_y = ey > worst_y ? ey : worst_y;
+        worst_g = eg > worst_g ? eg : worst_g;
+    }
+    CHECK(worst_y < 1e-5 && worst_g < 1e-5, "GELU off by %.3g (value), %.3g (gradient)", worst_y,
+          worst_g);
+    CHECK(isnan(gy[G]) && isnan(gx[G]), "a NaN into the GELU gradient did not come out NaN");
     return t_finish("test_fastmath");
 }

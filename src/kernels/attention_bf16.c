@@ -417,7 +417,7 @@ static char *buffers(k_bf16 *k, size_t per, int *threads) {
     return k_bf16_scratch(k, K_BF16_ATT_SLOT, per * (size_t)*threads);
 }
 
-/* One call's heads: task bh is head bh % H of sequence bh / H. */
+/* One call's heads: task bh (of tasks = B * H) is head bh % H of sequence bh / H. */
 typedef struct {
     dims d;
     float *out, *dqkv;
@@ -425,8 +425,11 @@ typedef struct {
     const float *probs_in; /* the backward's */
     const float *qkv, *dout;
     long ld;
-    int H;
+    int H, tasks;
 } heads;
+
+/* Task bh of B * H, on buf, the thread's per bytes of buffers. */
+typedef void task_fn(const heads *a, int bh, char *buf);
 
 T5BF static void fwd_task(const heads *a, int bh, char *buf) {
     int T = a->d.T, hd = a->d.hd, ow = a->H * hd, b = bh / a->H, h = bh % a->H;
@@ -435,13 +438,29 @@ T5BF static void fwd_task(const heads *a, int bh, char *buf) {
              q + ow, q + 2 * ow, a->ld);
 }
 
-T5BF static void bwd_task(const heads *a, int bh, int tasks, char *buf) {
+T5BF static void bwd_task(const heads *a, int bh, char *buf) {
     int T = a->d.T, hd = a->d.hd, ow = a->H * hd, b = bh / a->H, h = bh % a->H;
     size_t x = (size_t)b * T * a->ld + (size_t)h * hd;
-    if (bh + 1 < tasks) prefetch(a->probs_in + (size_t)(bh + 1) * T * T, (size_t)T * T * 4);
+    if (bh + 1 < a->tasks) prefetch(a->probs_in + (size_t)(bh + 1) * T * T, (size_t)T * T * 4);
     head_bwd(a->d, buf, a->dqkv + x, a->dqkv + x + ow, a->dqkv + x + 2 * ow,
              a->dout + (size_t)b * T * ow + h * hd, ow, a->probs_in + (size_t)bh * T * T,
              a->qkv + x, a->qkv + x + ow, a->qkv + x + 2 * ow, a->ld);
+}
+
+/* Every task, on the team the calling thread would start (heads are shared out one at a time),
+ * or inline on a replica's thread, where a region of one would only add libgomp's cost (k_fork).
+ * 0 when the buffers could not be had. */
+static int each_head(k_bf16 *k, const heads *a, size_t per, task_fn *task) {
+    int threads;
+    char *buf = buffers(k, per, &threads);
+    if (!buf) return 0;
+    if (threads == 1) {
+        for (int bh = 0; bh < a->tasks; bh++) task(a, bh, buf);
+    } else {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+        for (int bh = 0; bh < a->tasks; bh++) task(a, bh, buf + per * (size_t)omp_get_thread_num());
+    }
+    return 1;
 }
 
 int k_bf16_attention_fwd(k_bf16 *k, float *out, float *probs, const float *qkv, int ld, int B,
@@ -449,37 +468,15 @@ int k_bf16_attention_fwd(k_bf16 *k, float *out, float *probs, const float *qkv, 
     /* Grouped kv heads would need the backward's dK, dV summed over the group's heads; dropout's
      * masks are applied per head by the fp32 kernels. */
     if (!k || p > 0.0f || KVH != H || hd % 16 || !k_bf16_supported()) return 0;
-    heads a = {dims_of(T, hd), out, NULL, probs, NULL, qkv, NULL, ld, H};
-    int threads, tasks = B * H;
-    size_t per = al(fwd_bytes(a.d));
-    char *buf = buffers(k, per, &threads);
-    if (!buf) return 0;
-    if (threads == 1) /* a replica's thread: no region of one (k_fork) */
-        for (int bh = 0; bh < tasks; bh++) fwd_task(&a, bh, buf);
-    else {
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-        for (int bh = 0; bh < tasks; bh++)
-            fwd_task(&a, bh, buf + per * (size_t)omp_get_thread_num());
-    }
-    return 1;
+    heads a = {dims_of(T, hd), out, NULL, probs, NULL, qkv, NULL, ld, H, B * H};
+    return each_head(k, &a, al(fwd_bytes(a.d)), fwd_task);
 }
 
 int k_bf16_attention_bwd(k_bf16 *k, float *dqkv, const float *dout, const float *qkv, int ld,
                          const float *probs, int B, int T, int H, int KVH, int hd, float p) {
     if (!k || p > 0.0f || KVH != H || hd % 16 || !k_bf16_supported()) return 0;
-    heads a = {dims_of(T, hd), NULL, dqkv, NULL, probs, qkv, dout, ld, H};
-    int threads, tasks = B * H;
-    size_t per = al(bwd_bytes(a.d));
-    char *buf = buffers(k, per, &threads);
-    if (!buf) return 0;
-    if (threads == 1)
-        for (int bh = 0; bh < tasks; bh++) bwd_task(&a, bh, tasks, buf);
-    else {
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-        for (int bh = 0; bh < tasks; bh++)
-            bwd_task(&a, bh, tasks, buf + per * (size_t)omp_get_thread_num());
-    }
-    return 1;
+    heads a = {dims_of(T, hd), NULL, dqkv, NULL, probs, qkv, dout, ld, H, B * H};
+    return each_head(k, &a, al(bwd_bytes(a.d)), bwd_task);
 }
 
 #else /* no x86: the fp32 kernels run */

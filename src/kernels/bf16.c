@@ -71,12 +71,12 @@ float k_bf16_to_f32(uint16_t h) {
 
 /* ---- the context --------------------------------------------------------------------------- */
 
-/* A product's shapes: C [M, N] (+)= A [M, K] B [K, N], strides in elements, so transposed and
- * column-block operands are read in place. nthr: a primitive divides its work among the threads
- * oneDNN counted when it was made, and runs each share on the thread of that number in the team. */
+/* A product: C[M, N] (+)= op(A)[M, K] op(B)[K, N], row-major; A transposed is stored [K, M], B
+ * transposed [N, K] (ta, tb: the strides say so, no copy). nthr: a primitive divides its work
+ * among the threads oneDNN counted when it was made, and runs each share on the thread of that
+ * number in the team. */
 typedef struct {
-    dnnl_dims_t ad, as, bd, bs, cd, cs; /* the first two of each (oneDNN's calls take arrays) */
-    int add, pack, nthr;
+    int M, N, K, ta, lda, tb, ldb, ldc, add, pack, nthr;
 } mm_key;
 
 /* One matmul primitive per key. A packed one takes B as fp32 and has oneDNN round it into the
@@ -300,14 +300,16 @@ static mm *primitive(k_bf16 *k, const mm_key *key) {
     dnnl_post_ops_t po = NULL;
     dnnl_primitive_desc_t pd = NULL;
     mm r = {.key = *key};
-    int ok =
-        dnnl_memory_desc_init_by_strides(&amd, 2, key->ad, dnnl_bf16, key->as) == dnnl_success &&
-        (key->pack ? dnnl_memory_desc_init_by_tag(&bmd, 2, key->bd, dnnl_bf16, dnnl_format_tag_any)
-                   : dnnl_memory_desc_init_by_strides(&bmd, 2, key->bd, dnnl_bf16, key->bs)) ==
-            dnnl_success &&
-        dnnl_memory_desc_init_by_strides(&cmd, 2, key->cd, dnnl_f32, key->cs) == dnnl_success &&
-        dnnl_matmul_desc_init(&md, &amd, &bmd, NULL, &cmd) == dnnl_success &&
-        dnnl_primitive_attr_create(&attr) == dnnl_success;
+    dnnl_dims_t ad = {key->M, key->K}, bd = {key->K, key->N}, cd = {key->M, key->N};
+    dnnl_dims_t as = {key->ta ? 1 : key->lda, key->ta ? key->lda : 1};
+    dnnl_dims_t bs = {key->tb ? 1 : key->ldb, key->tb ? key->ldb : 1}, cs = {key->ldc, 1};
+    int ok = dnnl_memory_desc_init_by_strides(&amd, 2, ad, dnnl_bf16, as) == dnnl_success &&
+             (key->pack
+                  ? dnnl_memory_desc_init_by_tag(&bmd, 2, bd, dnnl_bf16, dnnl_format_tag_any)
+                  : dnnl_memory_desc_init_by_strides(&bmd, 2, bd, dnnl_bf16, bs)) == dnnl_success &&
+             dnnl_memory_desc_init_by_strides(&cmd, 2, cd, dnnl_f32, cs) == dnnl_success &&
+             dnnl_matmul_desc_init(&md, &amd, &bmd, NULL, &cmd) == dnnl_success &&
+             dnnl_primitive_attr_create(&attr) == dnnl_success;
     if (ok && key->add)
         ok = dnnl_post_ops_create(&po) == dnnl_success &&
              dnnl_post_ops_append_sum(po, 1.0f) == dnnl_success &&
@@ -315,7 +317,7 @@ static mm *primitive(k_bf16 *k, const mm_key *key) {
     ok = ok && dnnl_primitive_desc_create(&pd, &md, attr, k->eng, NULL) == dnnl_success &&
          dnnl_primitive_create(&r.prim, pd) == dnnl_success &&
          dnnl_memory_create(&r.a, &amd, k->eng, DNNL_MEMORY_NONE) == dnnl_success &&
-         (key->pack ? make_pack(k, &r, key->bd, key->bs, pd)
+         (key->pack ? make_pack(k, &r, bd, bs, pd)
                     : dnnl_memory_create(&r.b, &bmd, k->eng, DNNL_MEMORY_NONE) == dnnl_success) &&
          dnnl_memory_create(&r.c, &cmd, k->eng, DNNL_MEMORY_NONE) == dnnl_success;
     if (pd) dnnl_primitive_desc_destroy(pd);
@@ -371,16 +373,9 @@ static int product(k_bf16 *k, mm_key *key, const uint16_t *A, const void *B, flo
     return ok;
 }
 
-/* C[M, N] (+)= op(A)[M, K] op(B)[K, N], row-major; A transposed is stored [K, M], B transposed
- * [N, K]: the strides say so, no copy. */
 static int gemm_b(k_bf16 *k, int M, int N, int K, const uint16_t *A, int ta, int lda, const void *B,
                   int tb, int ldb, float *C, int ldc, int add, int pack) {
-    mm_key key;
-    memset(&key, 0, sizeof key); /* compared bytewise: no stray padding */
-    key.ad[0] = M, key.ad[1] = K, key.as[0] = ta ? 1 : lda, key.as[1] = ta ? lda : 1;
-    key.bd[0] = K, key.bd[1] = N, key.bs[0] = tb ? 1 : ldb, key.bs[1] = tb ? ldb : 1;
-    key.cd[0] = M, key.cd[1] = N, key.cs[0] = ldc, key.cs[1] = 1;
-    key.add = add, key.pack = pack;
+    mm_key key = {M, N, K, ta, lda, tb, ldb, ldc, add, pack, 0};
     return product(k, &key, A, B, C);
 }
 
