@@ -6,7 +6,9 @@
  * Prints one JSON line per M: median ms per product and weight GB/s, and the median CPU time of
  * the process per product (all threads; on a shared machine it leaves out time spent waiting for
  * a core, so A/B comparisons of kernels at one thread stay readable under load).
- *   bench_matvec TYPE IN OUT MAXM REPS THREADS      (TYPE: F32 F16 BF16 Q8_0 Q4_0 Q4_K Q6_K ...) */
+ *   bench_matvec TYPE IN OUT MAXM REPS THREADS [MIB]   (TYPE: F32 F16 BF16 Q8_0 Q4_0 Q4_K Q6_K ...)
+ * MIB (default 512) sets the bytes of weights cycled through: 1 keeps one copy hot in L2, which
+ * times the kernels' arithmetic without the wait for memory. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,8 +31,8 @@ static int cmp(const void *a, const void *b) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 7) {
-        fprintf(stderr, "usage: bench_matvec TYPE IN OUT MAXM REPS THREADS\n");
+    if (argc != 7 && argc != 8) {
+        fprintf(stderr, "usage: bench_matvec TYPE IN OUT MAXM REPS THREADS [MIB]\n");
         return 2;
     }
     tlm_dtype t;
@@ -39,13 +41,15 @@ int main(int argc, char **argv) {
         return 2;
     }
     int in = atoi(argv[2]), out = atoi(argv[3]), maxm = atoi(argv[4]), reps = atoi(argv[5]);
-    if (in <= 0 || out <= 0 || maxm <= 0 || reps <= 0 || maxm > 64) {
-        fprintf(stderr, "bench_matvec: IN, OUT, REPS > 0 and 0 < MAXM <= 64\n");
+    long mib = argc == 8 ? atol(argv[7]) : 512;
+    if (in <= 0 || out <= 0 || maxm <= 0 || reps <= 0 || maxm > 64 || mib <= 0 || mib > 8192) {
+        fprintf(stderr, "bench_matvec: IN, OUT, REPS > 0, 0 < MAXM <= 64, 0 < MIB <= 8192\n");
         return 2;
     }
     tlm_set_threads(atoi(argv[6]));
     size_t rb = tlm_dtype_bytes(t, (uint64_t)in), wbytes = rb * (size_t)out;
-    int copies = (int)((512u << 20) / wbytes) + 1;
+    int copies = (int)(((size_t)mib << 20) / wbytes);
+    if (copies < 1) copies = 1;
     float *wf = malloc(sizeof(float) * (size_t)in * out);
     uint8_t *w = malloc(wbytes * (size_t)copies);
     float *x = malloc(sizeof(float) * (size_t)in * maxm), *y = malloc(sizeof(float) * out * maxm);

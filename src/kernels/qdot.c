@@ -33,9 +33,7 @@ size_t k_act_row_bytes(tlm_dtype t, int n) {
     switch (k_act_of(t)) {
     case K_ACT_F32: return (size_t)n * sizeof(float);
     case K_ACT_BF16: return (size_t)n * sizeof(uint16_t);
-    case K_ACT_Q8_0:
-        return ((((size_t)(n / TLM_QK) * sizeof(tlm_block_q8_0)) + 63) & ~(size_t)63) +
-               (size_t)(n / TLM_QK) * sizeof(float);
+    case K_ACT_Q8_0: return k_act_q8_0_nib_at(n) + (size_t)(n / 128) * K_ACT_NIB_BYTES;
     case K_ACT_Q8_K: return (size_t)(n / TLM_QK_K) * sizeof(k_block_q8_k);
     default: return 0;
     }
@@ -72,6 +70,21 @@ void k_act_quantize(k_act_kind kind, const float *x, void *xq, int n) {
             y[b].d = tlm_f32_to_f16(amax / 127.0f);
             for (int i = 0; i < TLM_QK; i++) y[b].qs[i] = (int8_t)nearest_int(x[i] * id);
             d[b] = tlm_f16_to_f32(y[b].d);
+        }
+        uint8_t *g = (uint8_t *)(uintptr_t)k_act_q8_0_nib(xq, n);
+        for (int b = 0; b + 4 <= n / TLM_QK; b += 4, g += K_ACT_NIB_BYTES) {
+            int32_t e[16];
+            for (int k = 0; k < 4; k++) {
+                memcpy(g + 16 * k, y[b + k].qs, 16);
+                memcpy(g + 64 + 16 * k, y[b + k].qs + 16, 16);
+                for (int l = 0; l < 4; l++) {
+                    int sum = 0;
+                    for (int i = 0; i < 4; i++)
+                        sum += y[b + k].qs[4 * l + i] + y[b + k].qs[16 + 4 * l + i];
+                    e[4 * k + l] = -8 * sum;
+                }
+            }
+            memcpy(g + 128, e, sizeof e);
         }
         break;
     }

@@ -38,6 +38,20 @@ static inline const float *k_act_q8_0_aux(const void *xq, int n) {
     return (const float *)(const void *)((const uint8_t *)xq +
                                          (((size_t)(n / 32) * 34 + 63) & ~(size_t)63));
 }
+/* Then, from the next 64-byte boundary, per group of four blocks (n / 128 groups, K_ACT_NIB_BYTES
+ * each): the four blocks' elements 0-15 (16 bytes per block), their elements 16-31, and 16 int32:
+ * -8 times the sum of the 8 activations that each 32-bit lane of a VNNI product over the two
+ * vectors meets (lane 4k + l: elements 4l .. 4l + 3 and 16 + 4l .. 19 + 4l of block k). A Q4_0
+ * byte holds elements j and 16 + j of its block, so four weight blocks' nibbles meet these as
+ * they lie, with no shuffle per activation row. */
+#define K_ACT_NIB_BYTES 192
+static inline size_t k_act_q8_0_nib_at(int n) {
+    size_t a = (((size_t)(n / 32) * 34 + 63) & ~(size_t)63) + (size_t)(n / 32) * sizeof(float);
+    return (a + 63) & ~(size_t)63;
+}
+static inline const uint8_t *k_act_q8_0_nib(const void *xq, int n) {
+    return (const uint8_t *)xq + k_act_q8_0_nib_at(n);
+}
 
 /* Bytes of one activation row of n elements for a type (0: type not computed on). */
 size_t k_act_row_bytes(tlm_dtype t, int n);

@@ -240,18 +240,6 @@ T2 static void a2_q4_0(int n, float *s, const void *w, const void *xq) {
     *s = hsum8(acc);
 }
 
-/* The nibbles of two Q4_0 blocks (qs at p and p + 18) as unsigned bytes, in the order of the two
- * activation blocks' 64 bytes: block 0's low nibbles, its high ones, block 1's low, its high. */
-T5 static inline __m512i nibbles64(const uint8_t *p) {
-    /* each block's 16 bytes broadcast to two lanes from memory (a load, no shuffle), the second
-     * lane of each shifted right by 4: one lane insert instead of three shuffles */
-    const __m512i sh = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0);
-    __m512i j = _mm512_inserti64x4(
-        _mm512_castsi256_si512(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p))),
-        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + 18))), 1);
-    return _mm512_and_si512(_mm512_srlv_epi64(j, sh), _mm512_set1_epi8(0x0F));
-}
-
 /* Q4_1, Q5_0, Q5_1 (the fallbacks llama.cpp's K mixes pick for rows that are not whole
  * 256-blocks), a block per 256-bit vector: the fifth bits come from the 32-bit mask qh directly
  * (element i is byte i of the nibbles), the min through the activation's block sum. */
@@ -867,59 +855,98 @@ T5 static inline AI void q8r5(int n, const int M, float *s, const uint8_t *w, co
                          (const tlm_block_q8_0 *)(const void *)(xq + m * xs), b, nb);
 }
 
-/* Q4_0's weights go unsigned (0..15) straight into VNNI; the offset of 8 comes off each lane's
- * integer sum through a second VNNI product with 8s. (Taking 8 sum q_x off one lane per block
- * instead gives the same block sums but other lane values, so other float rounding, which moves
- * an 8-bit activation of a later layer by a step now and then: decode must match the reference
- * to 1e-4, test_qk_models.) */
+/* Q4_0 by groups of four blocks (72 bytes). One word permute of two loads inside the group puts
+ * the four blocks' qs bytes side by side; their low nibbles (elements 0-15 of each block) and high
+ * ones (16-31) then go unsigned (0..15) straight into VNNI against the activation's matching
+ * halves (k_act_q8_0_nib), the products starting from -8 times the activations' sums so that the
+ * offset of 8 costs nothing per row. A 32-bit lane holds 8 products of one block, so the scale
+ * product (weight scale x activation scale, four lanes each) applies per lane. The nibble
+ * extraction of two blocks per vector (a lane insert, a variable shift, per pair of blocks) and
+ * the per-activation-row joins it replaces cost about a third more operations. */
+T5 static inline AI void q4_0_group(const uint8_t *wb, __m512 *dw, __m512i *lo, __m512i *hi) {
+    /* words 9k + 1 .. 9k + 8 hold block k's qs; block 3's come from the second load (at wb + 8,
+     * so nothing past the group is read) */
+    static const uint16_t iq[32] = {1,  2,  3,  4,  5,  6,  7,  8,  10, 11, 12, 13, 14, 15, 16, 17,
+                                    19, 20, 21, 22, 23, 24, 25, 26, 56, 57, 58, 59, 60, 61, 62, 63};
+    static const uint16_t id[16] = {0, 0, 0, 0, 9, 9, 9, 9, 18, 18, 18, 18, 27, 27, 27, 27};
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512i a = _mm512_loadu_si512(wb), b = _mm512_loadu_si512(wb + 8);
+    __m512i q = _mm512_permutex2var_epi16(a, _mm512_loadu_si512(iq), b);
+    *lo = _mm512_and_si512(q, m4);
+    *hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+    __m512i d = _mm512_permutexvar_epi16(
+        _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)id)), a);
+    *dw = _mm512_cvtph_ps(_mm512_castsi512_si256(d));
+}
+
+/* The four activation scales of a group, each over its block's four lanes. */
+T5 static inline AI __m512 q4_0_dx(const float *ad) {
+    const __m512i i4 = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    return _mm512_permutexvar_ps(i4, _mm512_castps128_ps512(_mm_loadu_ps(ad)));
+}
+
+T5 static inline AI __m512 q4_0_dot(__m512 acc, __m512 dw, __m512i lo, __m512i hi, const uint8_t *g,
+                                    __m512 dx) {
+    __m512i p = _mm512_dpbusd_epi32(_mm512_loadu_si512(g + 128), lo, _mm512_loadu_si512(g));
+    p = _mm512_dpbusd_epi32(p, hi, _mm512_loadu_si512(g + 64));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw, dx), acc);
+}
+
 T5 static inline AI void q4r5(int n, const int M, float *s, const uint8_t *w, const uint8_t *xq,
                               size_t xs) {
     const uint8_t *wb = w;
     int nb = n / TLM_QK, b = 0;
-    size_t aux = (const uint8_t *)k_act_q8_0_aux(xq, n) - xq;
-    const __m512i eight5 = _mm512_set1_epi8(8);
-    const __m512i i01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    const __m512i i23 = _mm512_add_epi32(i01, _mm512_set1_epi32(2));
-    __m512 a0[K_VDOT_MAX_ROWS], a1[K_VDOT_MAX_ROWS];
-    for (int m = 0; m < M; m++) a0[m] = a1[m] = _mm512_setzero_ps();
+    size_t aux = (const uint8_t *)k_act_q8_0_aux(xq, n) - xq, nib = k_act_q8_0_nib_at(n);
+    __m512 acc[K_VDOT_MAX_ROWS];
+    for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps();
     for (; b + 4 <= nb; b += 4, wb += 4 * 18) {
-        __m128 dw = wd4_q4_0(wb);
-        __m512i q0 = nibbles64(wb + 2), q1 = nibbles64(wb + 38);
+        __m512 dw;
+        __m512i lo, hi;
+        q4_0_group(wb, &dw, &lo, &hi);
         for (int m = 0; m < M; m++) {
             const uint8_t *xm = xq + m * xs;
-            const tlm_block_q8_0 *x = (const tlm_block_q8_0 *)(const void *)xm + b;
-            const float *ad = (const float *)(const void *)(xm + aux) + b;
-            __m512 d = _mm512_castps128_ps512(_mm_mul_ps(dw, _mm_loadu_ps(ad)));
-            __m512i x0 = join(_mm256_loadu_si256((const __m256i *)x[0].qs),
-                              _mm256_loadu_si256((const __m256i *)x[1].qs));
-            __m512i x1 = join(_mm256_loadu_si256((const __m256i *)x[2].qs),
-                              _mm256_loadu_si256((const __m256i *)x[3].qs));
-            __m512i p0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q0, x0);
-            __m512i p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q1, x1);
-            p0 = _mm512_sub_epi32(p0, _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight5, x0));
-            p1 = _mm512_sub_epi32(p1, _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight5, x1));
-            a0[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_permutexvar_ps(i01, d), a0[m]);
-            a1[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_permutexvar_ps(i23, d), a1[m]);
+            __m512 dx = q4_0_dx((const float *)(const void *)(xm + aux) + b);
+            acc[m] = q4_0_dot(acc[m], dw, lo, hi, xm + nib + (size_t)(b / 4) * K_ACT_NIB_BYTES, dx);
         }
     }
     for (int m = 0; m < M; m++)
-        s[m] = q4_0_tail(_mm512_reduce_add_ps(_mm512_add_ps(a0[m], a1[m])), wb,
+        s[m] = q4_0_tail(_mm512_reduce_add_ps(acc[m]), wb,
                          (const tlm_block_q8_0 *)(const void *)(xq + m * xs), b, nb);
 }
 
-/* Four Q8_0 or Q4_0 weight rows against one activation row (decode of one sequence): the
- * activation's blocks and scales (and for Q4_0 its 8-offsets) are loaded and computed once for the
- * four, and the four rows' fixed costs (call, horizontal sums) overlap. Per row the same integer
- * lane sums (Q4_0's 8-offset enters as the product's starting value instead of being subtracted
- * after: integers, so equal) and the same float operations in the same order as q8r5 / q4r5 with
- * M = 1, so bit for bit their sums. */
-T5 static inline AI void w4_q80(int n, float *s, const uint8_t *w, size_t ws, const void *xqv,
-                                int q4) {
+/* Four Q4_0 weight rows against one activation row (decode of one sequence): q4r5's operations
+ * per row with M = 1 (so bit for bit its sums), the activation's vectors loaded once for the four
+ * and the rows' chains interleaved. */
+T5 static void w4_q4_0(int n, float *s, const void *w, size_t ws, const void *xq) {
+    const float *ad = k_act_q8_0_aux(xq, n);
+    const uint8_t *g = k_act_q8_0_nib(xq, n);
+    int nb = n / TLM_QK, b = 0;
+    __m512 acc[4];
+    for (int r = 0; r < 4; r++) acc[r] = _mm512_setzero_ps();
+    for (; b + 4 <= nb; b += 4, g += K_ACT_NIB_BYTES) {
+        __m512 dx = q4_0_dx(ad + b);
+        for (int r = 0; r < 4; r++) {
+            __m512 dw;
+            __m512i lo, hi;
+            q4_0_group((const uint8_t *)w + r * ws + (size_t)b * 18, &dw, &lo, &hi);
+            acc[r] = q4_0_dot(acc[r], dw, lo, hi, g, dx);
+        }
+    }
+    for (int r = 0; r < 4; r++)
+        s[r] = q4_0_tail(_mm512_reduce_add_ps(acc[r]), (const uint8_t *)w + r * ws + (size_t)b * 18,
+                         (const tlm_block_q8_0 *)xq, b, nb);
+}
+
+/* Four Q8_0 weight rows against one activation row (decode of one sequence): the activation's
+ * blocks, scales and offsets are loaded and computed once for the four, and the four rows' fixed
+ * costs (call, horizontal sums) overlap. Per row the same integer lane sums and the same float
+ * operations in the same order as q8r5 with M = 1, so bit for bit its sums. */
+T5 static void w4_q8_0(int n, float *s, const void *wv, size_t ws, const void *xqv) {
+    const uint8_t *w = wv;
     const tlm_block_q8_0 *x = xqv;
     const float *ad = k_act_q8_0_aux(xqv, n);
-    size_t bb = q4 ? 18 : 34; /* bytes per block */
     int nb = n / TLM_QK, b = 0;
-    const __m512i eight5 = _mm512_set1_epi8(8);
+    const __m512i off5 = _mm512_set1_epi8((char)0x80);
     const __m512i i01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
     const __m512i i23 = _mm512_add_epi32(i01, _mm512_set1_epi32(2));
     __m512 a0[4], a1[4];
@@ -930,45 +957,30 @@ T5 static inline AI void w4_q80(int n, float *s, const uint8_t *w, size_t ws, co
                           _mm256_loadu_si256((const __m256i *)x[b + 1].qs));
         __m512i x1 = join(_mm256_loadu_si256((const __m256i *)x[b + 2].qs),
                           _mm256_loadu_si256((const __m256i *)x[b + 3].qs));
-        __m512i e0 = _mm512_setzero_si512(), e1 = e0;
-        if (q4) {
-            e0 = _mm512_sub_epi32(e0, _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight5, x0));
-            e1 = _mm512_sub_epi32(e1, _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight5, x1));
-        }
+        /* -128 sum x per lane, for weights w + 128 as unsigned bytes (a xor), where the one-row
+         * kernel multiplies |w| by x negated where w < 0: the same integers, with one operation
+         * per row instead of three. */
+        __m512i e0 = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                      _mm512_dpbusd_epi32(_mm512_setzero_si512(), off5, x0));
+        __m512i e1 = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                      _mm512_dpbusd_epi32(_mm512_setzero_si512(), off5, x1));
         for (int r = 0; r < 4; r++) {
-            const uint8_t *wb = w + r * ws + (size_t)b * bb;
-            __m512 d = _mm512_castps128_ps512(_mm_mul_ps(q4 ? wd4_q4_0(wb) : wd4_q8_0(wb), dx));
-            __m512i p0, p1;
-            if (q4) {
-                p0 = _mm512_dpbusd_epi32(e0, nibbles64(wb + 2), x0);
-                p1 = _mm512_dpbusd_epi32(e1, nibbles64(wb + 38), x1);
-            } else {
-                __m512i w0 = join(_mm256_loadu_si256((const __m256i *)(wb + 2)),
-                                  _mm256_loadu_si256((const __m256i *)(wb + 36)));
-                __m512i w1 = join(_mm256_loadu_si256((const __m256i *)(wb + 70)),
-                                  _mm256_loadu_si256((const __m256i *)(wb + 104)));
-                __m512i s0 =
-                    _mm512_mask_sub_epi8(x0, _mm512_movepi8_mask(w0), _mm512_setzero_si512(), x0);
-                __m512i s1 =
-                    _mm512_mask_sub_epi8(x1, _mm512_movepi8_mask(w1), _mm512_setzero_si512(), x1);
-                p0 = _mm512_dpbusd_epi32(e0, _mm512_abs_epi8(w0), s0);
-                p1 = _mm512_dpbusd_epi32(e1, _mm512_abs_epi8(w1), s1);
-            }
+            const uint8_t *wb = w + r * ws + (size_t)b * 34;
+            __m512 d = _mm512_castps128_ps512(_mm_mul_ps(wd4_q8_0(wb), dx));
+            __m512i w0 = join(_mm256_loadu_si256((const __m256i *)(wb + 2)),
+                              _mm256_loadu_si256((const __m256i *)(wb + 36)));
+            __m512i w1 = join(_mm256_loadu_si256((const __m256i *)(wb + 70)),
+                              _mm256_loadu_si256((const __m256i *)(wb + 104)));
+            __m512i p0 = _mm512_dpbusd_epi32(e0, _mm512_xor_si512(w0, off5), x0);
+            __m512i p1 = _mm512_dpbusd_epi32(e1, _mm512_xor_si512(w1, off5), x1);
             a0[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_permutexvar_ps(i01, d), a0[r]);
             a1[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_permutexvar_ps(i23, d), a1[r]);
         }
     }
     for (int r = 0; r < 4; r++) {
         float t = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r]));
-        const uint8_t *wt = w + r * ws + (size_t)b * bb;
-        s[r] = q4 ? q4_0_tail(t, wt, x, b, nb) : q8_0_tail(t, wt, x, b, nb);
+        s[r] = q8_0_tail(t, w + r * ws + (size_t)b * 34, x, b, nb);
     }
-}
-T5 static void w4_q8_0(int n, float *s, const void *w, size_t ws, const void *xq) {
-    w4_q80(n, s, w, ws, xq, 0);
-}
-T5 static void w4_q4_0(int n, float *s, const void *w, size_t ws, const void *xq) {
-    w4_q80(n, s, w, ws, xq, 1);
 }
 
 T5 static void a5_q8_0(int n, float *s, const void *w, const void *xq) { q8r5(n, 1, s, w, xq, 0); }
