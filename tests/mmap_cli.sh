@@ -48,6 +48,29 @@ check "llama2.c .bin" "$W/m.bin" "$(stat -c %s "$W/m.bin")"
 check "GGUF" "$W/m.gguf" "$(stat -c %s "$W/m.gguf")"
 check "tlm safetensors" "$W/tlmdir" "$(stat -c %s "$W/tlmdir/model.safetensors")"
 
+# --no-mmap reads a quantized file into memory in its own type (it used to widen it to F32: four
+# times the memory): the report names the copy, and the peak stays near the file's size.
+"$TLM" quantize "$W/m.gguf" "$W/q8.gguf" --type q8_0 >/dev/null 2>&1
+q8=$(stat -c %s "$W/q8.gguf")
+rss=$(peak_kib "$TLM" generate -m "$W/q8.gguf" --ids "1 2 3" -n 8 --temp 0 --print-ids -t 2 --no-mmap)
+limit=$(( (q8 * 12 / 10 + 64 * 1048576) / 1024 ))
+echo "Q8_0 --no-mmap: file $((q8 / 1048576)) MiB; peak RSS $((rss / 1024)) MiB (limit $((limit / 1024)) MiB)"
+[ "$rss" -le "$limit" ] || fail "Q8_0 --no-mmap: peak RSS $rss KiB exceeds $limit KiB"
+report=$("$TLM" generate -m "$W/q8.gguf" --ids 1 -n 1 --temp 0 --print-ids --no-mmap 2>&1 >/dev/null)
+[[ $report == *"MiB of weights read into 2 MiB pages, 0."?" MiB in memory"* ]] ||
+  fail "Q8_0 --no-mmap: weights converted: $report"
+a=$("$TLM" generate -m "$W/q8.gguf" --ids "1 2 3" -n 8 --temp 0 --print-ids 2>/dev/null)
+b=$("$TLM" generate -m "$W/q8.gguf" --ids "1 2 3" -n 8 --temp 0 --print-ids --no-mmap 2>/dev/null)
+[ "$a" = "$b" ] || fail "Q8_0 mapped and read generate differently: $a / $b"
+# tlm bench reads by default (as tlm serve), maps with --mmap, and says which in its JSON.
+for flag in "" --mmap; do
+  u=$("$TLM" bench -m "$W/q8.gguf" -p 0 -n 2 -r 1 -t 1 -o json $flag |
+    /usr/bin/python3 -c "import json,sys; print(json.load(sys.stdin)[0]['use_mmap'])")
+  want=False
+  [ -n "$flag" ] && want=True
+  [ "$u" = "$want" ] || fail "bench $flag: use_mmap $u, want $want"
+done
+
 # The same tokens either way.
 a=$("$TLM" generate -m "$W/m.gguf" --ids "1 2 3" -n 8 --temp 0 --print-ids 2>/dev/null)
 b=$("$TLM" generate -m "$W/m.gguf" --ids "1 2 3" -n 8 --temp 0 --print-ids --no-mmap 2>/dev/null)

@@ -194,6 +194,28 @@ static void check_type(const char *f32_path, tlm_dtype t) {
     float *fast = malloc(sizeof(float) * steps * V), *ref = malloc(sizeof(float) * steps * V),
           *wide = malloc(sizeof(float) * steps * V);
     run_decode(m, ids, T, steps, fast);
+    {
+        /* read into memory (TLM_LOAD_READ): the same types, all of the file's bytes, the same
+         * logits bit for bit as from the mapping */
+        tlm_model *r = NULL;
+        CHECK_OK(tlm_model_load_ex(path, TLM_LOAD_READ, &r));
+        if (r) {
+            size_t rmap = 0, rown = 0;
+            tlm_model_memory(r, &rmap, &rown);
+            int rtyped = 0;
+            for (int i = 0; i < n; i++)
+                rtyped += ti[i].ndim == 2 && tlm_model_weight(r, i)->dtype == t;
+            CHECK(rtyped == typed && rmap == want && rown < 200000,
+                  "%s read: %d typed, %zu of %zu bytes, owns %zu", name, rtyped, rmap, want, rown);
+            float *got = malloc(sizeof(float) * steps * V);
+            if (got) {
+                run_decode(r, ids, T, steps, got);
+                CHECK(!memcmp(got, fast, sizeof(float) * steps * V), "%s read: same logits", name);
+            }
+            free(got);
+            tlm_model_free(r);
+        }
+    }
     k_isa_cap(K_ISA_REF);
     run_decode(m, ids, T, steps, ref);
     k_isa_cap(K_ISA_COUNT);
@@ -234,6 +256,9 @@ static void check_precision(const char *f32_path) {
     CHECK(tlm_model_load_ex(f32_path, TLM_LOAD_BF16 | TLM_LOAD_WRITABLE, &bad) == TLM_ERR_ARG &&
               !bad && strstr(tlm_last_error(), "writable"),
           "BF16 with WRITABLE refused: %s", tlm_last_error());
+    CHECK(tlm_model_load_ex(f32_path, TLM_LOAD_READ | TLM_LOAD_WRITABLE, &bad) == TLM_ERR_ARG &&
+              !bad && strstr(tlm_last_error(), "TLM_LOAD_READ"),
+          "READ with WRITABLE refused: %s", tlm_last_error());
     CHECK(tlm_model_load_ex(f32_path, TLM_LOAD_BF16 | TLM_LOAD_FP32, &bad) == TLM_ERR_ARG && !bad,
           "BF16 with FP32 refused");
     if (!r || !b || !e || !w) goto done;

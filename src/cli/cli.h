@@ -35,9 +35,15 @@ tlm_status cli_model_tokenizer(const char *model, tlm_tokenizer **out);
  * every thread, reading a chunk of chunk_bytes per thread at a time (src/cli/tok_shards.c). */
 int cli_tokenize_shards(const tlm_tokenizer *tok, const char *dir, long per_shard,
                         size_t chunk_bytes, char *const *files, int n_files, unsigned flags);
-/* Load flags for --no-mmap and --precision auto|fp32|bf16 (NULL: auto); 0 and a message on
- * stderr for another precision name. */
-int cli_load_flags(const char *cmd, int no_mmap, const char *precision, unsigned *flags);
+/* Load flags for reading the file into memory (read: TLM_LOAD_READ, else mapped) and --precision
+ * auto|fp32|bf16 (NULL: auto); 0 and a message on stderr for another precision name. */
+int cli_load_flags(const char *cmd, int read, const char *precision, unsigned *flags);
+/* --mmap / --no-mmap, or neither (CLI_MAP_AUTO: the command's default). */
+enum { CLI_MAP_AUTO, CLI_MAP_FILE, CLI_MAP_READ };
+/* Whether to read the model at path into memory: as --mmap / --no-mmap say, else (auto) when the
+ * file takes at most half the memory available now. Long-running commands (serve, bench) read by
+ * default: their decoding runs on huge pages (TLM_LOAD_READ); generate and eval map. */
+int cli_read_mode(const char *path, int mode);
 #define CLI_PRECISION_HELP                                                                         \
     "  --precision P         auto (default): products in the weights' own type (BF16 weights\n"    \
     "                        meet activations rounded to BF16, as llama.cpp computes them);\n"     \

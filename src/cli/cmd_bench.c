@@ -26,7 +26,9 @@ static const char *bench_help =
     "                         tlm serve's continuous batching does: the rate is B*N / time)\n"
     "  -r, --repetitions R    runs per test after the warm-up (default 5)\n"
     "  -o, --output FMT       md (a table, default) or json\n"
-    "  --no-mmap              read the weights into memory instead of mapping the file\n"
+    "  --mmap / --no-mmap     map the file, or read it into memory on 2 MiB pages (the\n"
+    "                         default, as tlm serve does, where it takes at most half the\n"
+    "                         memory available; json: use_mmap)\n"
     "  --precision P          auto, fp32 or bf16: the type of the products (as tlm generate)\n"
     "  --cache-type T         f16 (default) or f32: the KV cache's type (as tlm generate)\n";
 
@@ -104,15 +106,15 @@ int cmd_bench(int argc, char **argv) {
     const char *model_path = NULL, *fmt = "md", *precision = NULL;
     tlm_dtype cache_type = TLM_DTYPE_F16;
     long pp[MAX_LIST] = {512}, tg[MAX_LIST] = {128}, th[MAX_LIST] = {0}, bs[MAX_LIST] = {1};
-    int n_pp = 1, n_tg = 1, n_th = 1, n_bs = 1, no_mmap = 0;
+    int n_pp = 1, n_tg = 1, n_th = 1, n_bs = 1, map_mode = CLI_MAP_AUTO;
     long reps = 5;
     for (int i = 1; i < argc; i++) {
         const char *v, *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             fputs(bench_help, stdout);
             return 0;
-        } else if (!strcmp(a, "--no-mmap")) {
-            no_mmap = 1;
+        } else if (!strcmp(a, "--no-mmap") || !strcmp(a, "--mmap")) {
+            map_mode = a[2] == 'n' ? CLI_MAP_READ : CLI_MAP_FILE;
             continue;
         }
         if (cli_flag_value(argc, argv, &i, "-m", "--model", &v)) {
@@ -154,7 +156,8 @@ int cmd_bench(int argc, char **argv) {
 
     tlm_model *m = NULL;
     unsigned lf;
-    if (!cli_load_flags("bench", no_mmap, precision, &lf)) return 1;
+    int read = cli_read_mode(model_path, map_mode);
+    if (!cli_load_flags("bench", read, precision, &lf)) return 1;
     if (tlm_model_load_ex(model_path, lf, &m)) return cli_fail_status("bench");
     const tlm_config *c = tlm_model_config(m);
     int max_len = 1, max_b = 1;
@@ -247,6 +250,7 @@ int cmd_bench(int argc, char **argv) {
                         const char *ct = cache_type == TLM_DTYPE_F16 ? "f16" : "f32";
                         cJSON_AddStringToObject(o, "type_k", ct);
                         cJSON_AddStringToObject(o, "type_v", ct);
+                        cJSON_AddBoolToObject(o, "use_mmap", !read);
                         cJSON_AddNumberToObject(o, "n_prompt", kind ? 0 : n);
                         cJSON_AddNumberToObject(o, "n_gen", kind ? n : 0);
                         cJSON_AddNumberToObject(o, "avg_ts", mean);

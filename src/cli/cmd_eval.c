@@ -8,7 +8,7 @@
 // clang-format off
 static const char *eval_help =
     "usage: tlm eval -m MODEL [-z TOKENIZER] --data TEXT [--batch B] [-t THREADS] [--json]\n"
-    "                [--no-mmap] [--precision auto|fp32|bf16]\n\n"
+    "                [--mmap|--no-mmap] [--precision auto|fp32|bf16]\n\n"
     "Mean next-token cross-entropy of the model over the whole text: the tokens are cut into\n"
     "consecutive windows of context_length (+1 for the targets), every token is predicted once.\n"
     "Prints loss, perplexity and bits per byte.\n\n"
@@ -19,7 +19,9 @@ static const char *eval_help =
     "  --batch B             windows per forward pass (default 8)\n"
     "  -t, --threads N       threads (default: all cores)\n"
     "  --json                print {\"loss\", \"perplexity\", \"bits_per_byte\", \"tokens\"}\n"
-    "  --no-mmap             read the weights into memory, not the file in place\n"
+    "  --mmap, --no-mmap     map the file (the default: loads at once, pages shared with\n"
+    "                        other processes) or read it into memory on 2 MiB pages (loads\n"
+    "                        in about 0.3 s per GiB; memory-bound decoding 10-25% faster)\n"
     CLI_PRECISION_HELP
     "  --llama-ppl           score as llama.cpp's llama-perplexity does (to compare the two):\n"
     "                        the text's tokens (after a BOS where the vocabulary adds one) cut\n"
@@ -31,7 +33,7 @@ static const char *eval_help =
 
 int cmd_eval(int argc, char **argv) {
     const char *model = NULL, *tokenizer = NULL, *data = NULL, *precision = NULL;
-    int json = 0, no_mmap = 0, llama_ppl = 0;
+    int json = 0, map_mode = CLI_MAP_AUTO, llama_ppl = 0;
     long batch = 8, threads = 0;
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -58,8 +60,8 @@ int cmd_eval(int argc, char **argv) {
                 return cli_fail("eval: --threads must be a positive integer");
         } else if (!strcmp(argv[i], "--json")) {
             json = 1;
-        } else if (!strcmp(argv[i], "--no-mmap")) {
-            no_mmap = 1;
+        } else if (!strcmp(argv[i], "--no-mmap") || !strcmp(argv[i], "--mmap")) {
+            map_mode = argv[i][2] == 'n' ? CLI_MAP_READ : CLI_MAP_FILE;
         } else if (!strcmp(argv[i], "--llama-ppl")) {
             llama_ppl = 1;
         } else {
@@ -76,7 +78,7 @@ int cmd_eval(int argc, char **argv) {
     size_t len = 0, n = 0;
     int rc = 0;
     unsigned lf;
-    if (!cli_load_flags("eval", no_mmap, precision, &lf)) return 1;
+    if (!cli_load_flags("eval", map_mode == CLI_MAP_READ, precision, &lf)) return 1;
     if (tlm_model_load_ex(model, lf, &m)) return cli_fail_status("eval");
     if (tokenizer) {
         if (tlm_tokenizer_load(tokenizer, &tok)) rc = cli_fail_status("eval: loading tokenizer");

@@ -12,7 +12,7 @@ static const char *generate_help =
     "usage: tlm generate -m MODEL [-z TOKENIZER] [-p PROMPT | --ids \"ID ID ...\"] [-n N]\n"
     "                    [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
     "                    [--presence-penalty X] [--frequency-penalty X] [--repeat-last-n N]\n"
-    "                    [--seed S] [-t THREADS] [--print-ids] [--no-mmap]\n"
+    "                    [--seed S] [-t THREADS] [--print-ids] [--mmap|--no-mmap]\n"
     "                    [--precision auto|fp32|bf16] [--cache-type f16|f32]\n"
     "\n"
     "Samples a continuation of the prompt and streams it to stdout (the prompt first, then the\n"
@@ -38,7 +38,9 @@ static const char *generate_help =
     "  -t, --threads N       threads (default: all cores)\n"
     "  --print-ids           print the whole id sequence (prompt, then generated) on one line\n"
     "                        instead of text\n"
-    "  --no-mmap             read the weights into memory, not the file in place\n"
+    "  --mmap, --no-mmap     map the file (the default: loads at once, pages shared with\n"
+    "                        other processes) or read it into memory on 2 MiB pages (loads\n"
+    "                        in about 0.3 s per GiB; memory-bound decoding 10-25% faster)\n"
     CLI_PRECISION_HELP
     CLI_CACHE_TYPE_HELP
     "\n"
@@ -109,7 +111,7 @@ int cmd_generate(int argc, char **argv) {
     long n_new = 256, top_k = 40, seed = 0, threads = 0;
     double temp = 0.8, top_p = 0.95, min_p = 0, rep_pen = 1, pres_pen = 0, freq_pen = 0;
     long last_n = 64;
-    int print_ids = 0, no_mmap = 0;
+    int print_ids = 0, map_mode = CLI_MAP_AUTO;
     for (int i = 1; i < argc; i++) {
         const char *v, *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -118,8 +120,8 @@ int cmd_generate(int argc, char **argv) {
         } else if (!strcmp(a, "--print-ids")) {
             print_ids = 1;
             continue;
-        } else if (!strcmp(a, "--no-mmap")) {
-            no_mmap = 1;
+        } else if (!strcmp(a, "--no-mmap") || !strcmp(a, "--mmap")) {
+            map_mode = a[2] == 'n' ? CLI_MAP_READ : CLI_MAP_FILE;
             continue;
         }
         if (cli_flag_value(argc, argv, &i, "-m", "--model", &v)) {
@@ -201,7 +203,7 @@ int cmd_generate(int argc, char **argv) {
     stream st = {0};
     double t_load = cli_now();
     unsigned lf;
-    if (!cli_load_flags("generate", no_mmap, precision, &lf)) return 1;
+    if (!cli_load_flags("generate", map_mode == CLI_MAP_READ, precision, &lf)) return 1;
     if (tlm_model_load_ex(model_path, lf, &m)) {
         rc = cli_fail_status("generate");
         goto done;
@@ -336,9 +338,9 @@ int cmd_generate(int argc, char **argv) {
     }
     size_t mapped, owned;
     tlm_model_memory(m, &mapped, &owned);
-    fprintf(stderr,
-            "%smodel: loaded in %.3f s (%.1f MiB of weights used in place, %.1f MiB in memory)\n",
-            nl, t_load, mapped / 1048576.0, owned / 1048576.0);
+    fprintf(stderr, "%smodel: loaded in %.3f s (%.1f MiB of weights %s, %.1f MiB in memory)\n", nl,
+            t_load, mapped / 1048576.0,
+            lf & TLM_LOAD_READ ? "read into 2 MiB pages" : "used in place", owned / 1048576.0);
     fprintf(stderr,
             "prompt: %d tokens in %.3f s (%.1f tok/s); generation: %d tokens, %d decode steps "
             "in %.3f s (%.1f tok/s)\n",

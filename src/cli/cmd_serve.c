@@ -26,7 +26,7 @@ static const char *serve_help =
     "usage: tlm serve -m MODEL [-z TOKENIZER] [--host 127.0.0.1] [--port 8080] [--parallel N]\n"
     "                 [--ctx T] [--api-key KEY] [-t THREADS] [--chat-template NAME]\n"
     "                 [--queue N] [--max-body BYTES] [--precision auto|fp32|bf16]\n"
-    "                 [--cache-type f16|f32]\n"
+    "                 [--cache-type f16|f32] [--mmap|--no-mmap]\n"
     "\n"
     "Serves the OpenAI API (POST /v1/completions, /v1/chat/completions, GET /v1/models) plus\n"
     "/health, /metrics (Prometheus), /tokenize, /detokenize and a chat page at /.\n\n"
@@ -45,6 +45,9 @@ static const char *serve_help =
     "                        GGUF's tokenizer.chat_template when recognised, else chatml)\n"
     "  --max-body BYTES      largest request body (default 1048576; larger get 413)\n"
     "  -t, --threads N       threads (default: all cores)\n"
+    "  --mmap, --no-mmap     map the file, or read it into memory on 2 MiB pages: the default\n"
+    "                        where it takes at most half the memory available (loads in about\n"
+    "                        0.3 s per GiB; memory-bound decoding 10-25% faster)\n"
     CLI_PRECISION_HELP
     CLI_CACHE_TYPE_HELP
     "\n"
@@ -651,11 +654,16 @@ int cmd_serve(int argc, char **argv) {
     tlm_dtype cache_type = TLM_DTYPE_F16;
     long port = 8080, parallel = 4, ctx = 0, threads = 0, queue = 0, max_body = 1 << 20,
          cache_mib = 1024;
+    int map_mode = CLI_MAP_AUTO;
     for (int i = 1; i < argc; i++) {
         const char *v, *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             fputs(serve_help, stdout);
             return 0;
+        }
+        if (!strcmp(a, "--no-mmap") || !strcmp(a, "--mmap")) {
+            map_mode = a[2] == 'n' ? CLI_MAP_READ : CLI_MAP_FILE;
+            continue;
         }
         long *num = NULL;
         long lo = 0, hi = 0;
@@ -710,7 +718,7 @@ int cmd_serve(int argc, char **argv) {
                         tpl_name);
     if (threads) tlm_set_threads((int)threads);
     unsigned lf;
-    if (!cli_load_flags("serve", 0, precision, &lf)) return 1;
+    if (!cli_load_flags("serve", cli_read_mode(model_path, map_mode), precision, &lf)) return 1;
 
     int rc = 1;
     tlm_model *m = NULL;

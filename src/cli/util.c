@@ -1,5 +1,6 @@
 #include <errno.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -102,17 +103,45 @@ int cli_cache_type(const char *cmd, const char *v, tlm_dtype *t) {
     return 0;
 }
 
-int cli_load_flags(const char *cmd, int no_mmap, const char *precision, unsigned *flags) {
-    *flags = no_mmap ? TLM_LOAD_WRITABLE : 0;
+/* Bytes the kernel says could be given to a process now without swapping (0: unknown). */
+static unsigned long long mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kib = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
+    fclose(f);
+    return kib * 1024ull;
+}
+
+int cli_read_mode(const char *path, int mode) {
+    if (mode != CLI_MAP_AUTO) return mode == CLI_MAP_READ;
+    /* a copy of a file that would crowd out the rest (and its own page cache) is not worth it */
+    struct stat st;
+    char *p = NULL;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode) &&
+        (p = malloc(strlen(path) + sizeof "/model.safetensors"))) {
+        sprintf(p, "%s/model.safetensors", path);
+        if (stat(p, &st) != 0) st.st_size = 0;
+    } else if (stat(path, &st) != 0) {
+        st.st_size = 0;
+    }
+    free(p);
+    unsigned long long avail = mem_available();
+    return !avail || (unsigned long long)st.st_size <= avail / 2;
+}
+
+int cli_load_flags(const char *cmd, int read, const char *precision, unsigned *flags) {
+    *flags = read ? TLM_LOAD_READ : 0;
     if (!precision || !strcmp(precision, "auto")) return 1;
     if (!strcmp(precision, "bf16")) {
-        /* the matrices become copies either way; vectors stay in the file */
+        /* the matrices become copies either way: the rest stays in the mapped file */
         *flags = TLM_LOAD_BF16;
         return 1;
     }
     if (!strcmp(precision, "fp32")) {
-        /* a writable load is all F32 already */
-        if (!no_mmap) *flags = TLM_LOAD_FP32;
+        *flags |= TLM_LOAD_FP32;
         return 1;
     }
     fprintf(stderr, "tlm: %s: --precision must be auto, fp32 or bf16 (got '%s')\n", cmd, precision);

@@ -92,9 +92,13 @@ tlm_status tlm_write_file_atomic(const char *path, const void *data, size_t n);
 typedef struct {
     const uint8_t *data;
     size_t size;
+    size_t span; /* bytes of a copy read into memory (0: a mapping of the file) */
 } tlm_mmap;
 
 tlm_status tlm_mmap_open(tlm_mmap *m, const char *path);
+/* While on (this thread only), tlm_mmap_open reads the whole file into read-only memory on huge
+ * pages instead of mapping it (TLM_LOAD_READ); tlm_mmap_close frees either. */
+void tlm_mmap_read_mode(int on);
 void tlm_mmap_close(tlm_mmap *m);
 /* Drops a read-only mapping's pages inside [p, p + n) from this process (they stay in the page
  * cache; touching them maps them again): a copy made from a mapping then does not hold both. */

@@ -94,8 +94,11 @@ tlm_status fmt_load_tlm(const char *path, int writable, tlm_model **out) {
 
 tlm_status tlm_model_load_ex(const char *path, unsigned flags, tlm_model **out) {
     *out = NULL;
-    if (flags & ~(unsigned)(TLM_LOAD_WRITABLE | TLM_LOAD_BF16 | TLM_LOAD_FP32))
+    if (flags & ~(unsigned)(TLM_LOAD_WRITABLE | TLM_LOAD_BF16 | TLM_LOAD_FP32 | TLM_LOAD_READ))
         return tlm_err(TLM_ERR_ARG, "unknown load flags 0x%x", flags);
+    if ((flags & TLM_LOAD_READ) && (flags & TLM_LOAD_WRITABLE))
+        return tlm_err(TLM_ERR_ARG, "load flags: TLM_LOAD_READ and TLM_LOAD_WRITABLE exclude each "
+                                    "other (a writable model is a copy already)");
     unsigned prec = flags & (TLM_LOAD_BF16 | TLM_LOAD_FP32);
     if (prec == (TLM_LOAD_BF16 | TLM_LOAD_FP32))
         return tlm_err(TLM_ERR_ARG,
@@ -107,15 +110,18 @@ tlm_status tlm_model_load_ex(const char *path, unsigned flags, tlm_model **out) 
     tlm_model_format f;
     tlm_status s = tlm_model_detect(path, &f);
     if (s) return s;
+    tlm_mmap_read_mode((flags & TLM_LOAD_READ) != 0);
     switch (f) {
     case TLM_FORMAT_TLM: s = fmt_load_tlm(path, w, out); break;
     case TLM_FORMAT_LLAMA2C: s = fmt_load_llama2c(path, w, out); break;
     case TLM_FORMAT_HF: s = fmt_load_hf(path, w, out); break;
     case TLM_FORMAT_GGUF: s = fmt_load_gguf(path, w, out); break;
     default:
+        tlm_mmap_read_mode(0);
         return tlm_err(TLM_ERR_UNSUPPORTED, "'%s': %s models are not supported yet", path,
                        tlm_model_format_name(f));
     }
+    tlm_mmap_read_mode(0);
     if (s || !prec) return s;
     s = tlm_model_retype(*out, prec == TLM_LOAD_BF16 ? TLM_PRECISION_BF16 : TLM_PRECISION_FP32);
     if (s) {

@@ -253,6 +253,15 @@ static tlm_status tlm_model_bind_views(tlm_model *m, const tlm_bind_src *src, tl
  * products take what k_linear_takes (F32, F16, BF16 and the ggml block types); a token embedding
  * widens one row at a time wherever it is read. Vectors (norms, biases) and learned position
  * tables are read as floats. */
+/* Whether the pages of a source that was copied may be dropped: those of a file mapping come back
+ * from the file if touched again; a copy read into memory (TLM_LOAD_READ) keeps them, since
+ * dropping its pages would leave zeros where the weights were. */
+static int drops_copied(const tlm_model *m) {
+    for (int k = 0; k < m->st.n_maps; k++)
+        if (m->st.maps[k].span) return 0;
+    return m->st.n_maps > 0;
+}
+
 static int used_in_place(const tlm_model *m, int i, tlm_dtype t, const void *data) {
     const tlm_dtype_info *d = tlm_dtype_get(t);
     /* plain types need their natural alignment; block types are read bytewise */
@@ -323,7 +332,7 @@ static tlm_status tlm_model_bind_views(tlm_model *m, const tlm_bind_src *src, tl
         }
         tlm_status s = tlm_dtype_to_f32(src[i].dtype, src[i].data, dst, t->numel);
         if (s) return tlm_err_context(s, "tensor '%s'", t->name);
-        if (m->st.n_maps) tlm_mmap_release(src[i].data, tlm_dtype_bytes(src[i].dtype, t->numel));
+        if (drops_copied(m)) tlm_mmap_release(src[i].data, tlm_dtype_bytes(src[i].dtype, t->numel));
         f32_view(w, t, dst);
     }
     resolve_views(m);
@@ -387,7 +396,7 @@ tlm_status tlm_model_retype(tlm_model *m, tlm_precision p) {
         if (fail)
             return tlm_err(TLM_ERR_NOMEM, "tensor '%s': out of memory converting it to %s",
                            m->tensors[i].name, tlm_dtype_get(to)->name);
-        if (m->st.n_maps) tlm_mmap_release(w->data, (size_t)w->rows * w->row_bytes);
+        if (drops_copied(m)) tlm_mmap_release(w->data, (size_t)w->rows * w->row_bytes);
         w->dtype = to;
         w->data = dst;
         w->row_bytes = rb;
