@@ -17,6 +17,8 @@
 # Usage: bash bench/quant/run.sh [THREADS="1 2"] [N=32] [REPS=2]
 #   env: LLAMA_BIN (default /work/llama.cpp/build/bin), MODELS ("15M 110M"), TYPES
 #        ("F32 F16 BF16 Q8_0 Q4_0 Q4_K_M"), TLM (default build/tlm).
+# Each side runs with its defaults: tlm bench reads the model into 2 MiB pages (as tlm serve does;
+# TLM="build/tlm ... --mmap" wrappers time the mapped file), llama-bench maps it.
 # tlm's prefill of block types is its repacked 8-bit GEMM (src/kernels/qgemm.c) on CPUs with AVX-512
 # VNNI; TLM_QPREFILL=sgemm (widened tiles) or =int8 (the decode kernels) in the environment times
 # another path (bench/quant/prefill_paths.sh compares all three in one run).
