@@ -518,11 +518,11 @@ enum {
     TLM_LOAD_FP32 = 4u,
     /* Read the file into read-only memory the model owns, on 2 MiB pages, instead of mapping it
      * (llama.cpp's --no-mmap): the weights keep the file's types and are used where they lie, as
-     * from a mapping. Loading then costs a copy of the file (about 0.2 s per GiB here), and
+     * from a mapping. Loading then costs a copy of the file (about 0.3 s per GiB here), and
      * decoding, which reads every weight per token, runs faster: a file mapping gets 4 KiB pages,
-     * whose TLB walks and prefetch stops at every page cost memory-bound decoding a sixth of its
-     * speed. tlm_model_memory counts the copy as mapped bytes (the file's image). Not with
-     * TLM_LOAD_WRITABLE (a copy already). */
+     * whose TLB walks and prefetch stops cost memory-bound decoding 10-25% of its speed.
+     * tlm_model_memory counts the copy as mapped bytes (the file's image); sources of converted
+     * tensors keep their pages. Not with TLM_LOAD_WRITABLE (a copy already). */
     TLM_LOAD_READ = 8u
 };
 tlm_status tlm_model_load_ex(const char *path, unsigned flags, tlm_model **out);

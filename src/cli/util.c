@@ -5,10 +5,12 @@
 #include <string.h>
 #include <strings.h>
 
+#include <dirent.h>
 #include <sys/stat.h>
 #include <time.h>
 
 #include "cli.h"
+#include "core/core.h"
 
 int cli_fail(const char *fmt, ...) {
     va_list ap;
@@ -115,21 +117,30 @@ static unsigned long long mem_available(void) {
     return kib * 1024ull;
 }
 
+/* Bytes of the model at path: the file, or a directory's .safetensors files (0: unknown). */
+static unsigned long long model_bytes(const char *path) {
+    struct stat st;
+    if (stat(path, &st) != 0) return 0;
+    if (!S_ISDIR(st.st_mode)) return (unsigned long long)st.st_size;
+    unsigned long long sum = 0;
+    DIR *d = opendir(path);
+    if (!d) return 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        size_t n = strlen(e->d_name);
+        if (n < 12 || strcmp(e->d_name + n - 12, ".safetensors")) continue;
+        char *p = tlm_path_join(path, e->d_name);
+        if (p && stat(p, &st) == 0) sum += (unsigned long long)st.st_size;
+        free(p);
+    }
+    closedir(d);
+    return sum;
+}
+
 int cli_read_mode(const char *path, int mode) {
     if (mode != CLI_MAP_AUTO) return mode == CLI_MAP_READ;
-    /* a copy of a file that would crowd out the rest (and its own page cache) is not worth it */
-    struct stat st;
-    char *p = NULL;
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode) &&
-        (p = malloc(strlen(path) + sizeof "/model.safetensors"))) {
-        sprintf(p, "%s/model.safetensors", path);
-        if (stat(p, &st) != 0) st.st_size = 0;
-    } else if (stat(path, &st) != 0) {
-        st.st_size = 0;
-    }
-    free(p);
+    /* a copy that would crowd out the rest (and the file's own page cache) is not worth it */
     unsigned long long avail = mem_available();
-    return !avail || (unsigned long long)st.st_size <= avail / 2;
+    return !avail || model_bytes(path) <= avail / 2;
 }
 
 int cli_load_flags(const char *cmd, int read, const char *precision, unsigned *flags) {

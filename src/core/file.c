@@ -146,10 +146,11 @@ static _Thread_local int read_mode;
 void tlm_mmap_read_mode(int on) { read_mode = on; }
 
 /* The file's bytes copied into private anonymous memory on 2 MiB pages, then made read-only. A
- * file mapping here always gets 4 KiB pages (no huge pages for ext4's page cache in this kernel),
- * and decoding, which streams every weight once per token, spends a sixth of its time on that:
- * the TLB walks and the hardware prefetchers stopping at each 4 KiB boundary (110M, 1 thread: F32
- * 61 -> 71 tok/s, Q8_0 187 -> 229). */
+ * file mapping here always gets 4 KiB pages (no huge pages for ext4's page cache in this kernel,
+ * not even with MADV_HUGEPAGE on an aligned mapping), and decoding, which streams every weight once
+ * per token, loses 10-25% to that on the larger types (110M, alternating runs: F32 1.12-1.17x,
+ * F16 1.26-1.29x, Q8_0 1.07-1.09x read against mapped): TLB walks, and hardware prefetchers that
+ * stop at each 4 KiB boundary. */
 static tlm_status read_whole(int fd, size_t len, const char *path, void **out, size_t *spanp) {
     size_t huge = (size_t)2 << 20, span = (len + huge - 1) & ~(huge - 1);
     if (len < huge) huge = 0, span = (len + 4095) & ~(size_t)4095; /* small: plain pages */
