@@ -2,7 +2,8 @@
  * activation rows (several sequences decoded at once, as `tlm serve` batches them), against M
  * separate one-row products, and for M > 8 against k_linear (widened tiles and sgemm, where
  * decode sends 9 rows or more). The weights are copies of one [OUT, IN] matrix filling about 512
- * MiB, cycled through, so that every product reads its weight from memory as decoding does.
+ * MiB (on 2 MiB pages, as tlm serve and tlm bench read a model), cycled through, so that every
+ * product reads its weight from memory as decoding does.
  * Prints one JSON line per M: median ms per product and weight GB/s, and the median CPU time of
  * the process per product (all threads; on a shared machine it leaves out time spent waiting for
  * a core, so A/B comparisons of kernels at one thread stay readable under load).
@@ -14,6 +15,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/core.h"
 #include "core/dtype.h"
 #include "kernels/kernels.h"
 #include "kernels/matvec.h"
@@ -51,7 +53,7 @@ int main(int argc, char **argv) {
     int copies = (int)(((size_t)mib << 20) / wbytes);
     if (copies < 1) copies = 1;
     float *wf = malloc(sizeof(float) * (size_t)in * out);
-    uint8_t *w = malloc(wbytes * (size_t)copies);
+    uint8_t *w = tlm_big_alloc(wbytes * (size_t)copies);
     float *x = malloc(sizeof(float) * (size_t)in * maxm), *y = malloc(sizeof(float) * out * maxm);
     double *ms = malloc(sizeof(double) * reps), *cpu = malloc(sizeof(double) * reps);
     if (!wf || !w || !x || !y || !ms || !cpu) {
@@ -105,7 +107,7 @@ int main(int argc, char **argv) {
         }
     }
     free(wf);
-    free(w);
+    tlm_big_free(w, wbytes * (size_t)copies);
     free(x);
     free(y);
     free(ms);

@@ -778,19 +778,14 @@ T2 static void r2_f16(int n, int M, float *s, const void *w, const void *xq, siz
     fr2_all(n, M, s, w, xq, xstride / sizeof(float), 1);
 }
 
-/* Q8_0 and Q4_0, four blocks per step, two per 512-bit vector (lanes 0-7 hold the first block's
- * sums, 8-15 the second's), float accumulators until the end. The weight side (bytes, their
- * absolute values and signs, or the unpacked nibbles; the four weight scales, gathered by one
- * word permute from the row's own bytes) is done once for all activation rows; the activation
- * scales come four at a time from the row's side arrays (k_act_q8_0_aux). */
+/* Q8_0, four blocks per step, two per 512-bit vector (lanes 0-7 hold the first block's sums,
+ * 8-15 the second's), float accumulators until the end. The weight side (bytes, their absolute
+ * values and signs; the four weight scales, gathered by one word permute from the row's own bytes)
+ * is done once for all activation rows; the activation scales come four at a time from the row's
+ * side arrays (k_act_q8_0_aux). */
 T5 static inline __m128 wd4_q8_0(const uint8_t *wb) {
     const __m512i idx = _mm512_zextsi128_si512(_mm_setr_epi16(0, 17, 34, 51, 0, 0, 0, 0));
     __m512i v = _mm512_permutex2var_epi16(_mm512_loadu_si512(wb), idx, _mm512_loadu_si512(wb + 64));
-    return _mm_cvtph_ps(_mm512_castsi512_si128(v));
-}
-T5 static inline __m128 wd4_q4_0(const uint8_t *wb) {
-    const __m512i idx = _mm512_zextsi128_si512(_mm_setr_epi16(0, 9, 18, 27, 0, 0, 0, 0));
-    __m512i v = _mm512_permutexvar_epi16(idx, _mm512_loadu_si512(wb));
     return _mm_cvtph_ps(_mm512_castsi512_si128(v));
 }
 
