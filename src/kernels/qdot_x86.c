@@ -859,13 +859,15 @@ T5 static inline AI void q8r5(int n, const int M, float *s, const uint8_t *w, co
  * extraction of two blocks per vector (a lane insert, a variable shift, per pair of blocks) and
  * the per-activation-row joins it replaces cost about a third more operations. */
 T5 static inline AI void q4_0_group(const uint8_t *wb, __m512 *dw, __m512i *lo, __m512i *hi) {
-    /* words 9k + 1 .. 9k + 8 hold block k's qs; block 3's come from the second load (at wb + 8,
-     * so nothing past the group is read) */
+    /* words 9k + 1 .. 9k + 8 hold block k's qs; block 3's come from a 16-byte load of its own
+     * (nothing past the group is read; a second 64-byte load across two more cache lines made
+     * 2048-column rows from memory slower than the old kernel) */
     static const uint16_t iq[32] = {1,  2,  3,  4,  5,  6,  7,  8,  10, 11, 12, 13, 14, 15, 16, 17,
-                                    19, 20, 21, 22, 23, 24, 25, 26, 56, 57, 58, 59, 60, 61, 62, 63};
+                                    19, 20, 21, 22, 23, 24, 25, 26, 32, 33, 34, 35, 36, 37, 38, 39};
     static const uint16_t id[16] = {0, 0, 0, 0, 9, 9, 9, 9, 18, 18, 18, 18, 27, 27, 27, 27};
     const __m512i m4 = _mm512_set1_epi8(0x0F);
-    __m512i a = _mm512_loadu_si512(wb), b = _mm512_loadu_si512(wb + 8);
+    __m512i a = _mm512_loadu_si512(wb);
+    __m512i b = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(wb + 56)));
     __m512i q = _mm512_permutex2var_epi16(a, _mm512_loadu_si512(iq), b);
     *lo = _mm512_and_si512(q, m4);
     *hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
