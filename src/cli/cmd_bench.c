@@ -113,8 +113,7 @@ int cmd_bench(int argc, char **argv) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             fputs(bench_help, stdout);
             return 0;
-        } else if (!strcmp(a, "--no-mmap") || !strcmp(a, "--mmap")) {
-            map_mode = a[2] == 'n' ? CLI_MAP_READ : CLI_MAP_FILE;
+        } else if (cli_map_flag(a, &map_mode)) {
             continue;
         }
         if (cli_flag_value(argc, argv, &i, "-m", "--model", &v)) {

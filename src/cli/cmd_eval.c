@@ -19,9 +19,7 @@ static const char *eval_help =
     "  --batch B             windows per forward pass (default 8)\n"
     "  -t, --threads N       threads (default: all cores)\n"
     "  --json                print {\"loss\", \"perplexity\", \"bits_per_byte\", \"tokens\"}\n"
-    "  --mmap, --no-mmap     map the file (the default: loads at once, pages shared with\n"
-    "                        other processes) or read it into memory on 2 MiB pages (loads\n"
-    "                        in about 0.3 s per GiB; memory-bound decoding 10-25% faster)\n"
+    CLI_MMAP_HELP
     CLI_PRECISION_HELP
     "  --llama-ppl           score as llama.cpp's llama-perplexity does (to compare the two):\n"
     "                        the text's tokens (after a BOS where the vocabulary adds one) cut\n"
@@ -60,8 +58,8 @@ int cmd_eval(int argc, char **argv) {
                 return cli_fail("eval: --threads must be a positive integer");
         } else if (!strcmp(argv[i], "--json")) {
             json = 1;
-        } else if (!strcmp(argv[i], "--no-mmap") || !strcmp(argv[i], "--mmap")) {
-            map_mode = argv[i][2] == 'n' ? CLI_MAP_READ : CLI_MAP_FILE;
+        } else if (cli_map_flag(argv[i], &map_mode)) {
+            /* map_mode is set */
         } else if (!strcmp(argv[i], "--llama-ppl")) {
             llama_ppl = 1;
         } else {

@@ -38,9 +38,7 @@ static const char *generate_help =
     "  -t, --threads N       threads (default: all cores)\n"
     "  --print-ids           print the whole id sequence (prompt, then generated) on one line\n"
     "                        instead of text\n"
-    "  --mmap, --no-mmap     map the file (the default: loads at once, pages shared with\n"
-    "                        other processes) or read it into memory on 2 MiB pages (loads\n"
-    "                        in about 0.3 s per GiB; memory-bound decoding 10-25% faster)\n"
+    CLI_MMAP_HELP
     CLI_PRECISION_HELP
     CLI_CACHE_TYPE_HELP
     "\n"
@@ -120,8 +118,7 @@ int cmd_generate(int argc, char **argv) {
         } else if (!strcmp(a, "--print-ids")) {
             print_ids = 1;
             continue;
-        } else if (!strcmp(a, "--no-mmap") || !strcmp(a, "--mmap")) {
-            map_mode = a[2] == 'n' ? CLI_MAP_READ : CLI_MAP_FILE;
+        } else if (cli_map_flag(a, &map_mode)) {
             continue;
         }
         if (cli_flag_value(argc, argv, &i, "-m", "--model", &v)) {

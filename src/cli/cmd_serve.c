@@ -661,10 +661,7 @@ int cmd_serve(int argc, char **argv) {
             fputs(serve_help, stdout);
             return 0;
         }
-        if (!strcmp(a, "--no-mmap") || !strcmp(a, "--mmap")) {
-            map_mode = a[2] == 'n' ? CLI_MAP_READ : CLI_MAP_FILE;
-            continue;
-        }
+        if (cli_map_flag(a, &map_mode)) continue;
         long *num = NULL;
         long lo = 0, hi = 0;
         if (cli_flag_value(argc, argv, &i, "-m", "--model", &v)) {

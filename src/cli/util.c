@@ -136,6 +136,12 @@ static unsigned long long model_bytes(const char *path) {
     return sum;
 }
 
+int cli_map_flag(const char *arg, int *mode) {
+    if (strcmp(arg, "--mmap") && strcmp(arg, "--no-mmap")) return 0;
+    *mode = arg[2] == 'n' ? CLI_MAP_READ : CLI_MAP_FILE;
+    return 1;
+}
+
 int cli_read_mode(const char *path, int mode) {
     if (mode != CLI_MAP_AUTO) return mode == CLI_MAP_READ;
     /* a copy that would crowd out the rest (and the file's own page cache) is not worth it */

@@ -23,6 +23,9 @@ tlm_status tlm_err_context(tlm_status s, const char *fmt, ...) TLM_PRINTF(2, 3);
  * touch of 4 KiB pages is expensive on our machines, so big buffers are allocated once and reused.
  */
 void *tlm_big_alloc(size_t bytes);
+/* Makes a tlm_big_alloc buffer read-only (under AddressSanitizer, whose buffers come from the
+ * heap, it stays writable). */
+void tlm_big_seal(void *p, size_t bytes);
 void tlm_big_free(void *p, size_t bytes);
 
 /* Called before the first computation (model creation): caps OpenBLAS's thread count at
@@ -92,7 +95,7 @@ tlm_status tlm_write_file_atomic(const char *path, const void *data, size_t n);
 typedef struct {
     const uint8_t *data;
     size_t size;
-    size_t span; /* bytes of a copy read into memory (0: a mapping of the file) */
+    int copy; /* 1: the file read into a tlm_big_alloc buffer (TLM_LOAD_READ); 0: mapped */
 } tlm_mmap;
 
 tlm_status tlm_mmap_open(tlm_mmap *m, const char *path);

@@ -151,45 +151,31 @@ void tlm_mmap_read_mode(int on) { read_mode = on; }
  * per token, loses 10-25% to that on the larger types (110M, alternating runs: F32 1.12-1.17x,
  * F16 1.26-1.29x, Q8_0 1.07-1.09x read against mapped): TLB walks, and hardware prefetchers that
  * stop at each 4 KiB boundary. */
-static tlm_status read_whole(int fd, size_t len, const char *path, void **out, size_t *spanp) {
-    size_t huge = (size_t)2 << 20, span = (len + huge - 1) & ~(huge - 1);
-    if (len < huge) huge = 0, span = (len + 4095) & ~(size_t)4095; /* small: plain pages */
-    /* an aligned start, so that every whole 2 MiB of the copy can be one page */
-    uint8_t *r =
-        mmap(NULL, span + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (r == MAP_FAILED)
-        return tlm_err(TLM_ERR_NOMEM, "out of memory reading '%s' (%zu MiB)", path, len >> 20);
-    uint8_t *a = r;
-    if (huge) {
-        a = (uint8_t *)(((uintptr_t)r + huge - 1) & ~(uintptr_t)(huge - 1));
-        if (a > r) munmap(r, (size_t)(a - r));
-        if (r + span + huge > a + span) munmap(a + span, (size_t)(r + span + huge - (a + span)));
-#ifdef MADV_HUGEPAGE
-        madvise(a, span, MADV_HUGEPAGE);
-#endif
-    }
+static tlm_status read_whole(int fd, size_t len, const char *path, void **out) {
+    uint8_t *a = tlm_big_alloc(len); /* 2 MiB-aligned huge pages from 2 MiB on */
+    if (!a) return tlm_err(TLM_ERR_NOMEM, "out of memory reading '%s' (%zu MiB)", path, len >> 20);
     size_t got = 0;
     while (got < len) {
         ssize_t n = pread(fd, a + got, len - got, (off_t)got);
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) {
             int e = errno;
-            munmap(a, span);
+            tlm_big_free(a, len);
             return tlm_err(TLM_ERR_IO, "cannot read '%s': %s", path,
                            n < 0 ? strerror(e) : "the file got shorter");
         }
         got += (size_t)n;
     }
     /* read-only, as a mapping would be: the model is immutable and shared by its callers */
-    mprotect(a, span, PROT_READ);
+    tlm_big_seal(a, len);
     *out = a;
-    *spanp = span;
     return TLM_OK;
 }
 
 tlm_status tlm_mmap_open(tlm_mmap *m, const char *path) {
     m->data = NULL;
-    m->size = m->span = 0;
+    m->size = 0;
+    m->copy = 0;
     int fd = open(path, O_RDONLY);
     if (fd < 0) return tlm_err(TLM_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
     struct stat st;
@@ -204,11 +190,12 @@ tlm_status tlm_mmap_open(tlm_mmap *m, const char *path) {
     }
     if (read_mode) {
         void *p = NULL;
-        tlm_status s = read_whole(fd, (size_t)st.st_size, path, &p, &m->span);
+        tlm_status s = read_whole(fd, (size_t)st.st_size, path, &p);
         close(fd);
         if (s) return s;
         m->data = p;
         m->size = (size_t)st.st_size;
+        m->copy = 1;
         return TLM_OK;
     }
     void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -228,9 +215,15 @@ void tlm_mmap_release(const void *p, size_t n) {
 }
 
 void tlm_mmap_close(tlm_mmap *m) {
-    if (m->data && m->size) munmap((void *)m->data, m->span ? m->span : m->size);
+    if (m->data && m->size) {
+        if (m->copy)
+            tlm_big_free((void *)m->data, m->size);
+        else
+            munmap((void *)m->data, m->size);
+    }
     m->data = NULL;
-    m->size = m->span = 0;
+    m->size = 0;
+    m->copy = 0;
 }
 
 char *tlm_path_join(const char *dir, const char *name) {

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "core.h"
 
@@ -23,12 +24,33 @@ void *tlm_big_alloc(size_t bytes) {
     if (q) memset(q, 0, bytes);
     return q;
 #else
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) return NULL;
+    size_t huge = (size_t)2 << 20;
+    if (bytes < huge) {
+        void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        return p == MAP_FAILED ? NULL : p;
+    }
+    /* A start on a 2 MiB boundary, so that every whole 2 MiB of the buffer can be one huge page:
+     * map 2 MiB more and give back the ends (tlm_big_free then unmaps exactly what is left). */
+    uint8_t *r =
+        mmap(NULL, bytes + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (r == MAP_FAILED) return NULL;
+    uint8_t *a = (uint8_t *)(((uintptr_t)r + huge - 1) & ~(uintptr_t)(huge - 1));
+    size_t page = (size_t)sysconf(_SC_PAGESIZE),
+           end = ((size_t)(a - r) + bytes + page - 1) & ~(page - 1);
+    if (a > r) munmap(r, (size_t)(a - r));
+    if (end < bytes + huge) munmap(r + end, bytes + huge - end);
 #ifdef MADV_HUGEPAGE
-    if (bytes >= (size_t)2 << 20) madvise(p, bytes, MADV_HUGEPAGE);
+    madvise(a, bytes, MADV_HUGEPAGE);
 #endif
-    return p;
+    return a;
+#endif
+}
+
+void tlm_big_seal(void *p, size_t bytes) {
+#ifdef TLM_ASAN
+    (void)p, (void)bytes; /* heap memory: not whole pages of its own */
+#else
+    if (p) mprotect(p, bytes ? bytes : 1, PROT_READ);
 #endif
 }
 

@@ -34,9 +34,9 @@ k_act_kind k_act_of(tlm_dtype t);
  * 64-byte boundary of the row, n / 32 floats: each block's scale d, widened. The vector kernels
  * load four of them at once instead of widening four f16 scattered 34 bytes apart; the references
  * read only the blocks. */
+static inline size_t k_act_q8_0_aux_at(int n) { return ((size_t)(n / 32) * 34 + 63) & ~(size_t)63; }
 static inline const float *k_act_q8_0_aux(const void *xq, int n) {
-    return (const float *)(const void *)((const uint8_t *)xq +
-                                         (((size_t)(n / 32) * 34 + 63) & ~(size_t)63));
+    return (const float *)(const void *)((const uint8_t *)xq + k_act_q8_0_aux_at(n));
 }
 /* Then, from the next 64-byte boundary, per group of four blocks (n / 128 groups, K_ACT_NIB_BYTES
  * each): the four blocks' elements 0-15 (16 bytes per block), their elements 16-31, and 16 int32:
@@ -46,8 +46,7 @@ static inline const float *k_act_q8_0_aux(const void *xq, int n) {
  * they lie, with no shuffle per activation row. */
 #define K_ACT_NIB_BYTES 192
 static inline size_t k_act_q8_0_nib_at(int n) {
-    size_t a = (((size_t)(n / 32) * 34 + 63) & ~(size_t)63) + (size_t)(n / 32) * sizeof(float);
-    return (a + 63) & ~(size_t)63;
+    return (k_act_q8_0_aux_at(n) + (size_t)(n / 32) * sizeof(float) + 63) & ~(size_t)63;
 }
 static inline const uint8_t *k_act_q8_0_nib(const void *xq, int n) {
     return (const uint8_t *)xq + k_act_q8_0_nib_at(n);

@@ -815,7 +815,7 @@ T5 static inline AI void q8r5(int n, const int M, float *s, const uint8_t *w, co
                               size_t xs) {
     const uint8_t *wb = w;
     int nb = n / TLM_QK, b = 0;
-    size_t aux = (const uint8_t *)k_act_q8_0_aux(xq, n) - xq;
+    size_t aux = k_act_q8_0_aux_at(n);
     const __m512i i01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
     const __m512i i23 = _mm512_add_epi32(i01, _mm512_set1_epi32(2));
     __m512 a0[K_VDOT_MAX_ROWS], a1[K_VDOT_MAX_ROWS];
@@ -893,7 +893,7 @@ T5 static inline AI void q4r5(int n, const int M, float *s, const uint8_t *w, co
                               size_t xs) {
     const uint8_t *wb = w;
     int nb = n / TLM_QK, b = 0;
-    size_t aux = (const uint8_t *)k_act_q8_0_aux(xq, n) - xq, nib = k_act_q8_0_nib_at(n);
+    size_t aux = k_act_q8_0_aux_at(n), nib = k_act_q8_0_nib_at(n);
     __m512 acc[K_VDOT_MAX_ROWS];
     for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps();
     for (; b + 4 <= nb; b += 4, wb += 4 * 18) {

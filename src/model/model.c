@@ -258,7 +258,7 @@ static tlm_status tlm_model_bind_views(tlm_model *m, const tlm_bind_src *src, tl
  * dropping its pages would leave zeros where the weights were. */
 static int drops_copied(const tlm_model *m) {
     for (int k = 0; k < m->st.n_maps; k++)
-        if (m->st.maps[k].span) return 0;
+        if (m->st.maps[k].copy) return 0;
     return m->st.n_maps > 0;
 }
 
