@@ -79,6 +79,12 @@ void k_matvec_parts(float *y, int ldy, const float *x, int M, int in, const k_ma
         dots[p] = k_vdot(parts[p].dtype);
         rdots[p] = k_vdot_rows(parts[p].dtype);
         w4s[p] = M == 1 && ur == 4 ? k_vdot_w4(parts[p].dtype) : NULL;
+        /* F16 rows of up to 512 columns gain from four at a time (the horizontal sums of short
+         * rows overlap); longer ones lose (one thread, G weights/s from memory, one row against
+         * four: 288 x 32000 21 -> 28, 384 x 4096 23 -> 31; 1024 x 4096 29 -> 27, 2048 x 768
+         * 30 -> 24). Whole 15M F16 decode, alternating runs: 1.02-1.09x at one thread,
+         * 1.15-1.20x at two; four at a time for 110M's rows (768, 2048) cost it 5-10%. */
+        if (parts[p].dtype == TLM_DTYPE_F16 && in > 512) w4s[p] = NULL;
         /* Prefetching ahead pays (alternating runs, 2 threads, 768 columns): for the four-row
          * units of one sequence (110M Q4_0, 1 thread: 256 -> 302 tok/s with them, about 270
          * without; Q6_K rows: qdot_x86.c), and for F32 and F16 weights against more than

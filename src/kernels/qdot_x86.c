@@ -631,7 +631,7 @@ T5 static inline AI void fr5(int n, const int M, float *s, const uint8_t *w, con
 /* Four F32 rows against one activation row, fr5's operations per row with M = 1, the rows' chains
  * interleaved (eight FMA chains instead of two), with the prefetch ahead that units of four take.
  * Four alternating runs: 15M 1 thread 531 -> 622 tok/s (llama.cpp 579), 2 threads 1054 -> 1104;
- * 110M, bound by memory, within noise. F16 the same way lost on 110M (131 -> 95 at 1 thread). */
+ * 110M, bound by memory, within noise. F16 takes it on short rows only (k_matvec_parts). */
 T5 static inline AI void fw4(int n, float *s, const uint8_t *w, size_t ws, const float *x,
                              int f16) {
     __m512 a0[4], a1[4];
@@ -659,6 +659,9 @@ T5 static inline AI void fw4(int n, float *s, const uint8_t *w, size_t ws, const
 }
 T5 static void w4_f32(int n, float *s, const void *w, size_t ws, const void *xq) {
     fw4(n, s, w, ws, (const float *)xq, 0);
+}
+T5 static void w4_f16(int n, float *s, const void *w, size_t ws, const void *xq) {
+    fw4(n, s, w, ws, (const float *)xq, 1);
 }
 
 #define FR5_F32(n, M, s, w, xq, xs) fr5(n, M, s, w, xq, xs, 0)
@@ -1209,6 +1212,7 @@ k_vdot_w4_fn k_simd_vdot_w4(tlm_dtype t, int isa) {
     case TLM_DTYPE_Q4_K: return w4_q4_k;
     case TLM_DTYPE_Q6_K: return w4_q6_k;
     case TLM_DTYPE_F32: return w4_f32;
+    case TLM_DTYPE_F16: return w4_f16;
     case TLM_DTYPE_BF16: return cpu_bf16 ? w4_bf16 : NULL;
     default: return NULL;
     }
