@@ -249,10 +249,6 @@ tlm_status tlm_model_create(const tlm_config *c, tlm_model **out) {
 static tlm_status tlm_model_bind_views(tlm_model *m, const tlm_bind_src *src, tlm_mmap *maps,
                                        int n_maps);
 
-/* Whether tensor i can be used in place in the type and at the address a file has it. Matrix
- * products take what k_linear_takes (F32, F16, BF16 and the ggml block types); a token embedding
- * widens one row at a time wherever it is read. Vectors (norms, biases) and learned position
- * tables are read as floats. */
 /* Whether the pages of a source that was copied may be dropped: those of a file mapping come back
  * from the file if touched again; a copy read into memory (TLM_LOAD_READ) keeps them, since
  * dropping its pages would leave zeros where the weights were. */
@@ -262,6 +258,10 @@ static int drops_copied(const tlm_model *m) {
     return m->st.n_maps > 0;
 }
 
+/* Whether tensor i can be used in place in the type and at the address a file has it. Matrix
+ * products take what k_linear_takes (F32, F16, BF16 and the ggml block types); a token embedding
+ * widens one row at a time wherever it is read. Vectors (norms, biases) and learned position
+ * tables are read as floats. */
 static int used_in_place(const tlm_model *m, int i, tlm_dtype t, const void *data) {
     const tlm_dtype_info *d = tlm_dtype_get(t);
     /* plain types need their natural alignment; block types are read bytewise */
