@@ -24,6 +24,9 @@
 # another path (bench/quant/prefill_paths.sh compares all three in one run).
 # OPENBLAS_CORETYPE is unset (the environment presets Haswell, which keeps OpenBLAS's sgemm to
 # AVX2 on AVX-512 machines). Run on an otherwise idle machine: llama.cpp's worker threads spin.
+# One-thread runs of both sides (and of the bandwidth measure) are pinned to one CPU, PIN1
+# (default 0; PIN1= leaves them to the scheduler): this VM's two vCPUs differ by up to 25% on
+# arithmetic-bound kernels, so unpinned one-thread figures depended on where each run landed.
 # Prints a table and writes bench/out/quant/results.json.
 set -euo pipefail
 unset OPENBLAS_CORETYPE
@@ -44,9 +47,13 @@ mkdir -p "$OUT"
 gcc -O3 -march=native -fopenmp "$ROOT/bench/quant/readbw.c" -o "$OUT/readbw"
 
 py() { /usr/bin/python3 -c "$1"; }
+PIN1=${PIN1-0}
+pin() { # THREADS -> the command prefix that pins a one-thread run, or nothing
+  if [ "$1" = 1 ] && [ -n "$PIN1" ]; then echo "taskset -c $PIN1"; fi
+}
 
 tlm_rate() { # FILE THREADS -> "decode prefill" (tlm bench: warm-up, then one timed run, as below)
-  "$TLM" bench -m "$1" -p 128 -n "$N" -t "$2" -r 1 -o json 2>/dev/null |
+  $(pin "$2") "$TLM" bench -m "$1" -p 128 -n "$N" -t "$2" -r 1 -o json 2>/dev/null |
     py "import json,sys
 r = json.load(sys.stdin)
 d = [x['avg_ts'] for x in r if x['n_gen'] > 0]
@@ -55,7 +62,7 @@ print(d[0] if d else 0, p[0] if p else 0)"
 }
 
 llama_rate() { # FILE THREADS -> "decode prefill"
-  "$LLAMA_BIN/llama-bench" -m "$1" -p 128 -n "$N" -t "$2" -r 1 -o json 2>/dev/null |
+  $(pin "$2") "$LLAMA_BIN/llama-bench" -m "$1" -p 128 -n "$N" -t "$2" -r 1 -o json 2>/dev/null |
     py "import json,sys
 r = json.load(sys.stdin)
 d = [x['avg_ts'] for x in r if x['n_gen'] > 0]
@@ -92,7 +99,7 @@ for name in $MODELS; do
         read -r d p <<<"$(llama_rate "$f" "$T")"
         bl_d=$(py "print(max($bl_d, $d))") bl_p=$(py "print(max($bl_p, $p))")
       done
-      bw=$("$OUT/readbw" "$bytes" "$T" 5)
+      bw=$($(pin "$T") "$OUT/readbw" "$bytes" "$T" 5)
       bound=$(py "print(round($bw / $bytes, 1))")
       rd=$(py "print(round($bt_d / max($bl_d, 1e-9), 3))")
       rp=$(py "print(round($bt_p / max($bl_p, 1e-9), 3))")
