@@ -34,7 +34,7 @@ size_t k_act_row_bytes(tlm_dtype t, int n) {
     case K_ACT_F32: return (size_t)n * sizeof(float);
     case K_ACT_BF16: return (size_t)n * sizeof(uint16_t);
     case K_ACT_Q8_0: return k_act_q8_0_nib_at(n) + (size_t)(n / 128) * K_ACT_NIB_BYTES;
-    case K_ACT_Q8_K: return (size_t)(n / TLM_QK_K) * sizeof(k_block_q8_k);
+    case K_ACT_Q8_K: return k_act_q8_k_nib_at(n) + (size_t)(n / TLM_QK_K) * TLM_QK_K;
     default: return 0;
     }
 }
@@ -114,6 +114,10 @@ void k_act_quantize(k_act_kind kind, const float *x, void *xq, int n) {
             }
             y[b].d = 1.0f / iscale;
         }
+        int8_t *g = (int8_t *)(uintptr_t)k_act_q8_k_nib(xq, n);
+        static const int order[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+        for (int b = 0; b < n / TLM_QK_K; b++, g += TLM_QK_K)
+            for (int r = 0; r < 8; r++) memcpy(g + 32 * r, y[b].qs + 32 * order[r], 32);
         break;
     }
     default: break;

@@ -52,6 +52,18 @@ static inline const uint8_t *k_act_q8_0_nib(const void *xq, int n) {
     return (const uint8_t *)xq + k_act_q8_0_nib_at(n);
 }
 
+/* A K_ACT_Q8_K row of n elements: n / 256 k_block_q8_k as llama.cpp's, then, from the next
+ * 64-byte boundary, per block its 256 qs again with the 32-element runs in the order 0 2 1 3 4 6
+ * 5 7. A 64-byte load of Q4_K's qs holds runs 4h and 4h + 2 in its low nibbles and 4h + 1 and
+ * 4h + 3 in its high ones, so the weights meet these as they lie, with no shuffle per activation
+ * row; the references read only the blocks. */
+static inline size_t k_act_q8_k_nib_at(int n) {
+    return ((size_t)(n / 256) * sizeof(k_block_q8_k) + 63) & ~(size_t)63;
+}
+static inline const int8_t *k_act_q8_k_nib(const void *xq, int n) {
+    return (const int8_t *)(const void *)((const uint8_t *)xq + k_act_q8_k_nib_at(n));
+}
+
 /* Bytes of one activation row of n elements for a type (0: type not computed on). */
 size_t k_act_row_bytes(tlm_dtype t, int n);
 /* x[n] to the activation form the type wants (n a whole number of its blocks). */
