@@ -132,10 +132,12 @@ void k_matvec_parts(float *y, int ldy, const float *x, int M, int in, const k_ma
             continue;
         }
         if (rows == 4 && a && w4s[p]) {
-            float r4[4];
-            w4s[p](in, r4, w0, P->row_bytes, a);
+            /* Straight into y: four floats stored one by one and read back as wider words
+             * cannot be forwarded from the stores, and the load waits for them to retire. */
             float *ym = y + P->col + j;
-            for (int k = 0; k < 4; k++) ym[k] = P->b ? r4[k] + P->b[j + k] : r4[k];
+            w4s[p](in, ym, w0, P->row_bytes, a);
+            if (P->b)
+                for (int k = 0; k < 4; k++) ym[k] += P->b[j + k];
             continue;
         }
         /* Each weight row once against up to K_VDOT_MAX_ROWS activation rows: the unit's four
