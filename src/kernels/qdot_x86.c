@@ -403,6 +403,25 @@ static inline void q45k_unpack(const uint8_t *scales, uint32_t u[4]) {
     u[0] &= km1;
 }
 
+/* The 12 bytes of 6-bit scales and mins unpacked in vector registers (q45k_unpack's bytes: 8
+ * scales, then 8 mins): bytes 0-3 of both halves are the low 6 bits of bytes 0-3 and 4-7, bytes
+ * 4-7 take their low bits from the nibbles of bytes 8-11 and their top two from the top bits of
+ * bytes 0-3 and 4-7. The 16-byte load reads 4 bytes past the scales, inside the block. In place
+ * of the scalar unpacking, moved into a vector four words at a time (one thread, in L2,
+ * alternating: Q4_K and Q5_K 768 x 768 +7%, Q4_K 768 x 32000 from memory +7-10%). */
+T5 static inline __m128i q4k_scales(const uint8_t *p) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)p);
+    const __m128i lo =
+        _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+    const __m128i hi =
+        _mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+    __m128i low = _mm_mask_blend_epi8(0xF000, lo, _mm_srli_epi16(lo, 4));
+    low = _mm_and_si128(
+        low, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15));
+    __m128i top = _mm_srli_epi16(_mm_and_si128(hi, _mm_set1_epi8((char)0xC0)), 2);
+    return _mm_or_si128(low, top);
+}
+
 /* Per 64 elements one maddubs (q <= 31, |x| <= 127: pairs fit int16) and one madd by the
  * sub-blocks' scales as int16 (a permute of the 8 scales); the mins through the activation's
  * pair sums, in a 256-bit vector; both accumulators in floats until the end. */
@@ -418,9 +437,7 @@ T5 static void a5_q45k(int n, float *s, const void *w, const void *xq, int five)
     __m512 acc = _mm512_setzero_ps();
     __m256 accm = _mm256_setzero_ps();
     for (int b = 0; b < n / TLM_QK_K; b++, wb += bytes) {
-        uint32_t u[4];
-        q45k_unpack(wb + 4, u);
-        __m128i sm = _mm_loadu_si128((const __m128i *)u);
+        __m128i sm = q4k_scales(wb + 4);
         __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(sm));
         /* mins, each twice, against the 16 sums of 16 */
         __m128i mn = _mm_unpackhi_epi8(_mm_unpackhi_epi64(sm, sm), _mm_unpackhi_epi64(sm, sm));
@@ -1008,9 +1025,7 @@ T5 static inline AI void q45k_load(const uint8_t *wb, int five, q45k_w *o) {
     const __m512i two = _mm512_set1_epi16(2);
     __m512i idx = _mm512_set_epi16(1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0,
                                    0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-    uint32_t u[4];
-    q45k_unpack(wb + 4, u);
-    __m128i sm = _mm_loadu_si128((const __m128i *)u);
+    __m128i sm = q4k_scales(wb + 4);
     __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(sm));
     __m128i mn = _mm_unpackhi_epi8(_mm_unpackhi_epi64(sm, sm), _mm_unpackhi_epi64(sm, sm));
     o->mn16 = _mm256_cvtepu8_epi16(mn);
@@ -1075,9 +1090,7 @@ T5 static inline AI __m512i q4k_pair(int s0, int s1) {
 
 T5 static inline AI void q4k_load(const uint8_t *wb, q45k_w *o) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
-    uint32_t u[4];
-    q45k_unpack(wb + 4, u);
-    __m128i sm = _mm_loadu_si128((const __m128i *)u);
+    __m128i sm = q4k_scales(wb + 4);
     __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(sm));
     __m128i mn = _mm_unpackhi_epi8(_mm_unpackhi_epi64(sm, sm), _mm_unpackhi_epi64(sm, sm));
     o->mn16 = _mm256_cvtepu8_epi16(mn);
