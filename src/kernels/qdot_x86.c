@@ -391,24 +391,13 @@ T2 static void a2_q45k(int n, float *s, const void *w, const void *xq, int five)
 T2 static void a2_q4_k(int n, float *s, const void *w, const void *xq) { a2_q45k(n, s, w, xq, 0); }
 T2 static void a2_q5_k(int n, float *s, const void *w, const void *xq) { a2_q45k(n, s, w, xq, 1); }
 
-/* The 8 six-bit scales (bytes 0-7) and mins (bytes 8-15) of a Q4_K / Q5_K super-block, as
- * llama.cpp unpacks them with 32-bit masks. */
-static inline void q45k_unpack(const uint8_t *scales, uint32_t u[4]) {
-    const uint32_t km1 = 0x3f3f3f3f, km2 = 0x0f0f0f0f, km3 = 0x03030303;
-    memcpy(u, scales, 12);
-    u[3] = ((u[2] >> 4) & km2) | (((u[1] >> 6) & km3) << 4);
-    uint32_t a = u[1] & km1;
-    u[1] = (u[2] & km2) | (((u[0] >> 6) & km3) << 4);
-    u[2] = a;
-    u[0] &= km1;
-}
-
-/* The 12 bytes of 6-bit scales and mins unpacked in vector registers (q45k_unpack's bytes: 8
- * scales, then 8 mins): bytes 0-3 of both halves are the low 6 bits of bytes 0-3 and 4-7, bytes
- * 4-7 take their low bits from the nibbles of bytes 8-11 and their top two from the top bits of
- * bytes 0-3 and 4-7. The 16-byte load reads 4 bytes past the scales, inside the block. In place
- * of the scalar unpacking, moved into a vector four words at a time (one thread, in L2,
- * alternating: Q4_K and Q5_K 768 x 768 +7%, Q4_K 768 x 32000 from memory +7-10%). */
+/* The 12 bytes of 6-bit scales and mins of a Q4_K / Q5_K super-block unpacked in vector
+ * registers (bytes 0-7 the 8 scales, 8-15 the 8 mins, as llama.cpp's 32-bit masks give them): bytes
+ * 0-3 of both halves are the low 6 bits of bytes 0-3 and 4-7, bytes 4-7 take their low bits from
+ * the nibbles of bytes 8-11 and their top two from the top bits of bytes 0-3 and 4-7. The 16-byte
+ * load reads 4 bytes past the scales, inside the block. In place of the scalar unpacking, moved
+ * into a vector four words at a time (one thread, in L2, alternating: Q4_K and Q5_K 768 x 768 +7%,
+ * Q4_K 768 x 32000 from memory +7-10%). */
 T5 static inline __m128i q4k_scales(const uint8_t *p) {
     const __m128i v = _mm_loadu_si128((const __m128i *)p);
     const __m128i lo =
