@@ -1072,7 +1072,7 @@ T5 static inline AI void q45kr5(int n, const int M, float *s, const uint8_t *w, 
  * load, its low nibbles runs 4h and 4h + 2, its high ones 4h + 1 and 4h + 3, instead of four
  * 32-byte loads each joined with its own shifted copy (half the operations of unpacking the
  * nibbles; one thread, alternating: four rows 2048 x 768 12.6-15.0 -> 15.8-17.7 weight GB/s, 768
- * x 2048 +2-9%, 768 x 768 in cache unchanged; 8 activation rows 3-8% less time). */
+ * x 2048 +2-9%, 768 x 768 unchanged, all from memory; 8 activation rows 3-8% less time). */
 T5 static inline AI __m512i q4k_pair(int s0, int s1) {
     return _mm512_inserti64x4(_mm512_set1_epi16((short)s0), _mm256_set1_epi16((short)s1), 1);
 }
