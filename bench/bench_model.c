@@ -1,12 +1,11 @@
 /* Model throughput: forward tokens/s or training-step tokens/s on random tokens, for a config
  * given as JSON text. Prints one JSON line; the median of the timed iterations is reported. */
-#define _GNU_SOURCE /* madvise's MADV_HUGEPAGE */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <time.h>
 
+#include "core/core.h"
 #include "tlm.h"
 
 static double now_s(void) {
@@ -61,14 +60,10 @@ int main(int argc, char **argv) {
         tg[i] = rand() % c.vocab_size;
     }
     int train = !strcmp(mode, "train");
-    /* On 2 MiB pages, as tlm train's own gradient buffer (tlm_big_alloc): from calloc's 4 KiB
-     * pages the backward's dW products and AdamW ran slower here than in tlm train. */
-    size_t gbytes = (np * 4 + ((size_t)2 << 20) - 1) & ~(((size_t)2 << 20) - 1);
-    float *grads = train ? aligned_alloc((size_t)2 << 20, gbytes) : NULL;
-    if (grads) {
-        madvise(grads, gbytes, MADV_HUGEPAGE);
-        memset(grads, 0, gbytes);
-    }
+    /* tlm train's own allocator (zeroed, on 2 MiB pages): from calloc's 4 KiB pages the
+     * backward's dW products and AdamW ran slower here than in tlm train. */
+    size_t gbytes = np * sizeof(float);
+    float *grads = train ? tlm_big_alloc(gbytes) : NULL;
     tlm_adamw *opt = NULL;
     tlm_adamw_opts h;
     tlm_adamw_defaults(&h);
@@ -103,7 +98,7 @@ int main(int argc, char **argv) {
            mode, (double)N / med, med, np, threads, tlm_precision_name(prec));
     tlm_adamw_free(opt);
     tlm_train_ctx_free(x);
-    free(grads);
+    tlm_big_free(grads, gbytes);
     free(ids);
     free(tg);
     free(t);

@@ -26,6 +26,7 @@ void *tlm_big_alloc(size_t bytes);
 /* Makes a tlm_big_alloc buffer read-only (under AddressSanitizer, whose buffers come from the
  * heap, it stays writable). */
 void tlm_big_seal(void *p, size_t bytes);
+/* Frees a tlm_big_alloc buffer of the size it was asked for; NULL is ignored. */
 void tlm_big_free(void *p, size_t bytes);
 
 /* Called before the first computation (model creation): caps OpenBLAS's thread count at

@@ -163,15 +163,14 @@ void k_bf16_free(k_bf16 *k) {
             dnnl_memory_destroy(k->mms[i].bsrc);
             dnnl_primitive_destroy(k->mms[i].pack);
         }
-        if (k->mms[i].pbuf) tlm_big_free(k->mms[i].pbuf, k->mms[i].pbytes);
+        tlm_big_free(k->mms[i].pbuf, k->mms[i].pbytes);
     }
     free(k->mms);
     for (int i = 0; i < k->n_w; i++) tlm_big_free(k->w[i].bf, bf_bytes(k->w[i].n));
     free(k->w);
     for (int i = 0; i < k->n_a; i++) tlm_big_free(k->a[i].bf, bf_bytes(k->a[i].n));
     free(k->a);
-    for (int i = 0; i < K_BF16_SLOTS; i++)
-        if (k->buf[i]) tlm_big_free(k->buf[i], k->buf_bytes[i]);
+    for (int i = 0; i < K_BF16_SLOTS; i++) tlm_big_free(k->buf[i], k->buf_bytes[i]);
     dnnl_stream_destroy(k->strm);
     dnnl_engine_destroy(k->eng);
     free(k);
@@ -184,7 +183,7 @@ long k_bf16_fallbacks(const k_bf16 *k) { return k->fallbacks; }
 void *k_bf16_scratch(k_bf16 *k, int slot, size_t bytes) {
     if (slot < 0 || slot >= K_BF16_SLOTS) return NULL;
     if (k->buf_bytes[slot] < bytes) {
-        if (k->buf[slot]) tlm_big_free(k->buf[slot], k->buf_bytes[slot]);
+        tlm_big_free(k->buf[slot], k->buf_bytes[slot]);
         k->buf[slot] = tlm_big_alloc(bytes);
         k->buf_bytes[slot] = k->buf[slot] ? bytes : 0;
     }
@@ -341,7 +340,7 @@ static mm *primitive(k_bf16 *k, const mm_key *key) {
         if (r.bsrc) dnnl_memory_destroy(r.bsrc);
         if (r.pack) dnnl_primitive_destroy(r.pack);
         if (r.prim) dnnl_primitive_destroy(r.prim);
-        if (r.pbuf) tlm_big_free(r.pbuf, r.pbytes);
+        tlm_big_free(r.pbuf, r.pbytes);
         return NULL;
     }
     k->mms[k->n_mms] = r;

@@ -392,71 +392,27 @@ T2 static void a2_q4_k(int n, float *s, const void *w, const void *xq) { a2_q45k
 T2 static void a2_q5_k(int n, float *s, const void *w, const void *xq) { a2_q45k(n, s, w, xq, 1); }
 
 /* The 12 bytes of 6-bit scales and mins of a Q4_K / Q5_K super-block unpacked in vector
- * registers (bytes 0-7 the 8 scales, 8-15 the 8 mins, as llama.cpp's 32-bit masks give them): bytes
- * 0-3 of both halves are the low 6 bits of bytes 0-3 and 4-7, bytes 4-7 take their low bits from
- * the nibbles of bytes 8-11 and their top two from the top bits of bytes 0-3 and 4-7. The 16-byte
- * load reads 4 bytes past the scales, inside the block. In place of the scalar unpacking, moved
- * into a vector four words at a time (one thread, in L2, alternating: Q4_K and Q5_K 768 x 768 +7%,
- * Q4_K 768 x 32000 from memory +7-10%). */
-T5 static inline __m128i q4k_scales(const uint8_t *p) {
-    const __m128i v = _mm_loadu_si128((const __m128i *)p);
-    const __m128i lo =
-        _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
-    const __m128i hi =
-        _mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+ * registers (bytes 0-7 the 8 scales, 8-15 the 8 mins, as llama.cpp's 32-bit masks give them),
+ * from the block's first 16 bytes (d, dmin, the 12 bytes): bytes 0-3 of both halves are the low 6
+ * bits of scale bytes 0-3 and 4-7, bytes 4-7 take their low bits from the nibbles of scale bytes
+ * 8-11 and their top two from the top bits of scale bytes 0-3 and 4-7. The shuffles' indices,
+ * per 128-bit lane, serve w4_q4_k's four blocks at once too. In place of the scalar unpacking,
+ * moved into a vector four words at a time (one thread, in L2, alternating: Q4_K and Q5_K 768 x
+ * 768 +7%, Q4_K 768 x 32000 from memory +7-10%). */
+static const int8_t q4k_lo_b[16] = {4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15};
+static const int8_t q4k_hi_b[16] = {-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11};
+static const int8_t q4k_keep_b[16] = {63, 63, 63, 63, 15, 15, 15, 15,
+                                      63, 63, 63, 63, 15, 15, 15, 15};
+
+T5 static inline __m128i q4k_scales(const uint8_t *wb) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)wb);
+    const __m128i lo = _mm_shuffle_epi8(v, _mm_loadu_si128((const __m128i *)q4k_lo_b));
+    const __m128i hi = _mm_shuffle_epi8(v, _mm_loadu_si128((const __m128i *)q4k_hi_b));
     __m128i low = _mm_mask_blend_epi8(0xF000, lo, _mm_srli_epi16(lo, 4));
-    low = _mm_and_si128(
-        low, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15));
+    low = _mm_and_si128(low, _mm_loadu_si128((const __m128i *)q4k_keep_b));
     __m128i top = _mm_srli_epi16(_mm_and_si128(hi, _mm_set1_epi8((char)0xC0)), 2);
     return _mm_or_si128(low, top);
 }
-
-/* Per 64 elements one maddubs (q <= 31, |x| <= 127: pairs fit int16) and one madd by the
- * sub-blocks' scales as int16 (a permute of the 8 scales); the mins through the activation's
- * pair sums, in a 256-bit vector; both accumulators in floats until the end. */
-T5 static void a5_q45k(int n, float *s, const void *w, const void *xq, int five) {
-    const uint8_t *wb = w;
-    const k_block_q8_k *x = xq;
-    size_t bytes = five ? sizeof(tlm_block_q5_k) : sizeof(tlm_block_q4_k);
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    /* int16 lanes 0-15 take scale 2g, 16-31 scale 2g + 1 */
-    const __m512i ig = _mm512_set_epi16(1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0,
-                                        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-    const __m512i two = _mm512_set1_epi16(2);
-    __m512 acc = _mm512_setzero_ps();
-    __m256 accm = _mm256_setzero_ps();
-    for (int b = 0; b < n / TLM_QK_K; b++, wb += bytes) {
-        __m128i sm = q4k_scales(wb + 4);
-        __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(sm));
-        /* mins, each twice, against the 16 sums of 16 */
-        __m128i mn = _mm_unpackhi_epi8(_mm_unpackhi_epi64(sm, sm), _mm_unpackhi_epi64(sm, sm));
-        __m256i mterm = _mm256_madd_epi16(_mm256_cvtepu8_epi16(mn),
-                                          _mm256_loadu_si256((const __m256i *)x[b].bsums));
-        const uint8_t *qh = five ? wb + 16 : NULL, *q = wb + (five ? 48 : 16);
-        __m512i isum = _mm512_setzero_si512(), idx = ig;
-        for (int g = 0; g < 4; g++) {
-            __m512i qv;
-            if (qh) {
-                __m256i lo, hi;
-                q45k_group(q + 32 * g, qh, g, &lo, &hi);
-                qv = join(lo, hi);
-            } else {
-                __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * g));
-                qv = _mm512_and_si512(join(v, _mm256_srli_epi16(v, 4)), m4);
-            }
-            __m512i p = _mm512_maddubs_epi16(qv, _mm512_loadu_si512(x[b].qs + 64 * g));
-            isum =
-                _mm512_add_epi32(isum, _mm512_madd_epi16(p, _mm512_permutexvar_epi16(idx, sc16)));
-            idx = _mm512_add_epi16(idx, two);
-        }
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(x[b].d * f16s(wb)), acc);
-        accm =
-            _mm256_fmadd_ps(_mm256_cvtepi32_ps(mterm), _mm256_set1_ps(x[b].d * f16s(wb + 2)), accm);
-    }
-    __m256 lo = _mm512_castps512_ps256(acc), hi = _mm512_extractf32x8_ps(acc, 1);
-    *s = hsum8(_mm256_sub_ps(_mm256_add_ps(lo, hi), accm));
-}
-T5 static void a5_q5_k(int n, float *s, const void *w, const void *xq) { a5_q45k(n, s, w, xq, 1); }
 
 /* ---- Q6_K ----------------------------------------------------------------------------------- */
 
@@ -998,8 +954,8 @@ T5 static void r5_q4_0(int n, int M, float *s, const void *w, const void *xq, si
     ROWS_SWITCH(q4r5, n, M, s, (const uint8_t *)w, (const uint8_t *)xq, xstride);
 }
 
-/* Q4_K, Q5_K and Q6_K as a5_q45k and a5_q6_k, per activation row the same operations in the
- * same order (so the same sums as the one-row kernels), with each super-block's unpacking (quants,
+/* Q4_K, Q5_K and Q6_K against several activation rows: per row the same operations in the same
+ * order (so the one-row kernels are these with M = 1), with each super-block's unpacking (quants,
  * scales spread to their lanes, mins) done once for all rows. */
 /* One Q4_K/Q5_K super-block's weight side (quants, scales spread to their lanes, mins), unpacked
  * once for all activation rows, and one activation row's step on it. */
@@ -1009,32 +965,35 @@ typedef struct {
     float dw, dmin;
 } q45k_w;
 
-T5 static inline AI void q45k_load(const uint8_t *wb, int five, q45k_w *o) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
+/* d, dmin and the mins (each twice, against the 16 sums of 16); returns the 8 scales as int16. */
+T5 static inline AI __m512i q45k_head(const uint8_t *wb, q45k_w *o) {
+    __m128i sm = q4k_scales(wb);
+    __m128i mn = _mm_unpackhi_epi8(_mm_unpackhi_epi64(sm, sm), _mm_unpackhi_epi64(sm, sm));
+    o->mn16 = _mm256_cvtepu8_epi16(mn);
+    o->dw = f16s(wb);
+    o->dmin = f16s(wb + 2);
+    return _mm512_castsi256_si512(_mm256_cvtepu8_epi16(sm));
+}
+
+/* Q5_K: run g's low nibbles (sub-block 2g) and high ones (2g + 1) with their fifth bits; int16
+ * lanes 0-15 take scale 2g, 16-31 scale 2g + 1. */
+T5 static inline AI void q5k_load(const uint8_t *wb, q45k_w *o) {
     const __m512i two = _mm512_set1_epi16(2);
     __m512i idx = _mm512_set_epi16(1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0,
                                    0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-    __m128i sm = q4k_scales(wb + 4);
-    __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(sm));
-    __m128i mn = _mm_unpackhi_epi8(_mm_unpackhi_epi64(sm, sm), _mm_unpackhi_epi64(sm, sm));
-    o->mn16 = _mm256_cvtepu8_epi16(mn);
-    const uint8_t *qh = five ? wb + 16 : NULL, *q = wb + (five ? 48 : 16);
+    __m512i sc16 = q45k_head(wb, o);
     for (int g = 0; g < 4; g++) {
-        if (qh) {
-            __m256i lo, hi;
-            q45k_group(q + 32 * g, qh, g, &lo, &hi);
-            o->qv[g] = join(lo, hi);
-        } else {
-            __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * g));
-            o->qv[g] = _mm512_and_si512(join(v, _mm256_srli_epi16(v, 4)), m4);
-        }
+        __m256i lo, hi;
+        q45k_group(wb + 48 + 32 * g, wb + 16, g, &lo, &hi);
+        o->qv[g] = join(lo, hi);
         o->scp[g] = _mm512_permutexvar_epi16(idx, sc16);
         idx = _mm512_add_epi16(idx, two);
     }
-    o->dw = f16s(wb);
-    o->dmin = f16s(wb + 2);
 }
 
+/* Per 64 elements one maddubs (q <= 31, |x| <= 127: pairs fit int16) and one madd by the
+ * sub-blocks' scales as int16; the mins through the activation's pair sums, in a 256-bit vector;
+ * both accumulators in floats until the end. */
 T5 static inline AI void q45k_step(const q45k_w *w, const k_block_q8_k *x, __m512 *acc,
                                    __m256 *accm) {
     __m256i mterm = _mm256_madd_epi16(w->mn16, _mm256_loadu_si256((const __m256i *)x->bsums));
@@ -1052,21 +1011,21 @@ T5 static inline AI float q45k_sum(__m512 acc, __m256 accm) {
     return hsum8(_mm256_sub_ps(_mm256_add_ps(lo, hi), accm));
 }
 
-T5 static inline AI void q45kr5(int n, const int M, float *s, const uint8_t *w, const uint8_t *xq,
-                                size_t xs, int five) {
-    size_t bytes = five ? sizeof(tlm_block_q5_k) : sizeof(tlm_block_q4_k);
+T5 static inline AI void q5kr5(int n, const int M, float *s, const uint8_t *w, const uint8_t *xq,
+                               size_t xs) {
     __m512 acc[K_VDOT_MAX_ROWS];
     __m256 accm[K_VDOT_MAX_ROWS];
     for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps(), accm[m] = _mm256_setzero_ps();
     for (int b = 0; b < n / TLM_QK_K; b++) {
         q45k_w wv;
-        q45k_load(w + b * bytes, five, &wv);
+        q5k_load(w + b * sizeof(tlm_block_q5_k), &wv);
         for (int m = 0; m < M; m++)
             q45k_step(&wv, (const k_block_q8_k *)(const void *)(xq + m * xs) + b, &acc[m],
                       &accm[m]);
     }
     for (int m = 0; m < M; m++) s[m] = q45k_sum(acc[m], accm[m]);
 }
+T5 static void a5_q5_k(int n, float *s, const void *w, const void *xq) { q5kr5(n, 1, s, w, xq, 0); }
 
 /* Q4_K against the activations' reordered runs (k_act_q8_k_nib): each 64-byte half of qs is one
  * load, its low nibbles runs 4h and 4h + 2, its high ones 4h + 1 and 4h + 3, instead of four
@@ -1079,10 +1038,7 @@ T5 static inline AI __m512i q4k_pair(int s0, int s1) {
 
 T5 static inline AI void q4k_load(const uint8_t *wb, q45k_w *o) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
-    __m128i sm = q4k_scales(wb + 4);
-    __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(sm));
-    __m128i mn = _mm_unpackhi_epi8(_mm_unpackhi_epi64(sm, sm), _mm_unpackhi_epi64(sm, sm));
-    o->mn16 = _mm256_cvtepu8_epi16(mn);
+    __m512i sc16 = q45k_head(wb, o);
     for (int h = 0; h < 2; h++) {
         __m512i L = _mm512_loadu_si512(wb + 16 + 64 * h);
         o->qv[2 * h] = _mm512_and_si512(L, m4);
@@ -1090,8 +1046,6 @@ T5 static inline AI void q4k_load(const uint8_t *wb, q45k_w *o) {
         o->scp[2 * h] = _mm512_permutexvar_epi16(q4k_pair(4 * h, 4 * h + 2), sc16);
         o->scp[2 * h + 1] = _mm512_permutexvar_epi16(q4k_pair(4 * h + 1, 4 * h + 3), sc16);
     }
-    o->dw = f16s(wb);
-    o->dmin = f16s(wb + 2);
 }
 
 /* q45k_step with the products over xs, block b's reordered runs. */
@@ -1105,19 +1059,6 @@ T5 static inline AI void q4k_step(const q45k_w *w, const k_block_q8_k *x, const 
     }
     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(x->d * w->dw), *acc);
     *accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mterm), _mm256_set1_ps(x->d * w->dmin), *accm);
-}
-
-T5 static void a5_q4_k(int n, float *s, const void *w, const void *xq) {
-    const uint8_t *wb = w;
-    const int8_t *xs = k_act_q8_k_nib(xq, n);
-    __m512 acc = _mm512_setzero_ps();
-    __m256 accm = _mm256_setzero_ps();
-    for (int b = 0; b < n / TLM_QK_K; b++) {
-        q45k_w wv;
-        q4k_load(wb + b * sizeof(tlm_block_q4_k), &wv);
-        q4k_step(&wv, (const k_block_q8_k *)xq + b, xs + TLM_QK_K * b, &acc, &accm);
-    }
-    *s = q45k_sum(acc, accm);
 }
 
 T5 static inline AI void q4kr5(int n, const int M, float *s, const uint8_t *w, const uint8_t *xq,
@@ -1135,6 +1076,7 @@ T5 static inline AI void q4kr5(int n, const int M, float *s, const uint8_t *w, c
     }
     for (int m = 0; m < M; m++) s[m] = q45k_sum(acc[m], accm[m]);
 }
+T5 static void a5_q4_k(int n, float *s, const void *w, const void *xq) { q4kr5(n, 1, s, w, xq, 0); }
 
 T5 static inline AI __m512i q4k_heads(const uint8_t *p, size_t ws) {
     __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)p));
@@ -1146,7 +1088,7 @@ T5 static inline AI __m512i q4k_heads(const uint8_t *p, size_t ws) {
 /* Four weight rows against one activation row (k_vdot_w4_fn): q4kr5's sums per row, bit for bit,
  * with what the rows share per super-block done once for all four. Their 16-byte heads (d, dmin,
  * 12 bytes of 6-bit scales and mins) sit in one register, one row per 128-bit lane, and are
- * unpacked together (q4k_scales' shuffles, the indices 4 bytes on); the mins meet the
+ * unpacked together (q4k_scales' shuffles, one block per lane); the mins meet the
  * activation's sums two rows to a register, lanes 0-7 and 8-15 being accm of the even and the
  * odd row; the four rows' d and dmin are widened and scaled in one vector. Every row waits for
  * the four heads, so the next super-block's are loaded one iteration early: without that, from
@@ -1154,10 +1096,6 @@ T5 static inline AI __m512i q4k_heads(const uint8_t *p, size_t ws) {
  * Q4_K only: Q5_K's fifth bits need more registers than four rows leave, and Q6_K's unpacking
  * dominates. */
 T5 static void w4_q4_k(int n, float *s, const void *w, size_t ws, const void *xq) {
-    static const int8_t lo_b[16] = {4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15};
-    static const int8_t hi_b[16] = {-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11};
-    static const int8_t keep_b[16] = {63, 63, 63, 63, 15, 15, 15, 15,
-                                      63, 63, 63, 63, 15, 15, 15, 15};
     /* words of a widened pair of heads: 0-7 scales and 8-15 mins of the even row, 16-31 the odd
      * row's; each min twice, against the 16 sums of 16 */
     static const int16_t mdup_w[32] = {8,  8,  9,  9,  10, 10, 11, 11, 12, 12, 13,
@@ -1166,9 +1104,9 @@ T5 static void w4_q4_k(int n, float *s, const void *w, size_t ws, const void *xq
     static const int32_t fm_i[2][16] = {{1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3},
                                         {5, 5, 5, 5, 5, 5, 5, 5, 7, 7, 7, 7, 7, 7, 7, 7}};
     const __m512i m4 = _mm512_set1_epi8(0x0F);
-    const __m512i lo_i = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)lo_b));
-    const __m512i hi_i = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)hi_b));
-    const __m512i keep = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)keep_b));
+    const __m512i lo_i = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)q4k_lo_b));
+    const __m512i hi_i = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)q4k_hi_b));
+    const __m512i keep = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)q4k_keep_b));
     const __m512i mdup = _mm512_loadu_si512(mdup_w);
     const __m512i heads = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
     const uint8_t *wb = w;
@@ -1313,7 +1251,7 @@ T5 static void w4_q6_k(int n, float *s, const void *w, size_t ws, const void *xq
 }
 
 #define Q4KR5(n, M, s, w, xq, xs) q4kr5(n, M, s, w, xq, xs)
-#define Q5KR5(n, M, s, w, xq, xs) q45kr5(n, M, s, w, xq, xs, 1)
+#define Q5KR5(n, M, s, w, xq, xs) q5kr5(n, M, s, w, xq, xs)
 T5 static void r5_q4_k(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
     ROWS_SWITCH(Q4KR5, n, M, s, (const uint8_t *)w, (const uint8_t *)xq, xstride);
 }
