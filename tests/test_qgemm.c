@@ -97,6 +97,24 @@ static void check(tlm_dtype t, int in, int out, int N, int mode) {
     }
     CHECK(sums_ok, "%s: activation sums per sub-block of %d", name, sub);
     tlm_weight tw = {.dtype = t, .data = w, .rows = out, .cols = in, .row_bytes = rb};
+    if (k_simd_ok()) {
+        /* the vector repacking: the same bytes and floats as the reference, group by group */
+        size_t qb = (size_t)in * 16, sb = sizeof(float) * 16 * (in / sub);
+        uint8_t *p0 = malloc(qb + 2 * sb), *p1 = malloc(qb + 2 * sb);
+        int same = 1;
+        for (int r0 = 0; r0 < out; r0 += 16) {
+            int nr = out - r0 < 16 ? out - r0 : 16;
+            memset(p0, 0xAB, qb + 2 * sb);
+            memset(p1, 0xCD, qb + 2 * sb);
+            k_qgemm_pack(&tw, r0, nr, p0, (float *)(p0 + qb), (float *)(p0 + qb + sb));
+            k_qgemm_pack_isa(K_ISA_AVX512, &tw, r0, nr, p1, (float *)(p1 + qb),
+                             (float *)(p1 + qb + sb));
+            same &= !memcmp(p0, p1, qb + 2 * sb);
+        }
+        CHECK(same, "%s in=%d out=%d mode %d: AVX-512 repacking equals the reference", name, in,
+              out, mode);
+        free(p0), free(p1);
+    }
     memset(y0, 0xFF, sizeof(float) * out * N);
     CHECK(k_qgemm(y0, out, x, N, &tw, b, K_ISA_REF) == 0, "%s: reference product", name);
     /* fp32 sums of a few dozen sub-block terms, each exact in int32 then scaled; the offset terms
@@ -104,8 +122,14 @@ static void check(tlm_dtype t, int in, int out, int N, int mode) {
     double worst = worst_rel(y0, wf, xdq, b, in, out, N);
     CHECK(worst <= 1e-5, "%s in=%d out=%d N=%d mode %d: reference %g from the exact product", name,
           in, out, N, mode, worst);
-    /* registered (as a model's file is): repacked once, kept, and the same products */
+    /* registered (as a model's file is): nothing kept by default; with TLM_QCACHE=on, repacked
+     * once, kept, and the same products */
     k_qgemm_register(w, rb * out);
+    memset(y1, 0xFF, sizeof(float) * out * N);
+    CHECK(k_qgemm(y1, out, x, N, &tw, b, K_ISA_REF) == 0 &&
+              !memcmp(y0, y1, sizeof(float) * out * N) && k_qgemm_cached_bytes(w, rb * out) == 0,
+          "%s: nothing kept by default", name);
+    setenv("TLM_QCACHE", "on", 1);
     CHECK(k_qgemm_cached_bytes(w, rb * out) == 0, "%s: nothing kept before the first product",
           name);
     for (int rep = 0; rep < 2; rep++) {
@@ -119,6 +143,7 @@ static void check(tlm_dtype t, int in, int out, int N, int mode) {
           k_qgemm_cached_bytes(w, rb * out), want);
     k_qgemm_forget(w, rb * out);
     CHECK(k_qgemm_cached_bytes(w, rb * out) == 0, "%s: forgotten", name);
+    unsetenv("TLM_QCACHE");
     if (k_simd_ok()) {
         memset(y1, 0xFF, sizeof(float) * out * N);
         CHECK(k_qgemm(y1, out, x, N, &tw, b, K_ISA_AVX512) == 0, "%s: AVX-512 product", name);

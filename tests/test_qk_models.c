@@ -173,15 +173,20 @@ static void check_type(const char *f32_path, tlm_dtype t) {
     CHECK(diff <= qtol * big, "%s prefill (default path): %g from the widened copy (of %g)", name,
           diff, big);
     if (k_qgemm_takes(t) && k_qgemm_covers(t)) {
-        /* the repacked copy is kept with the model, and counted as its memory */
+        /* nothing kept by default: memory stays the mapped file; with TLM_QCACHE=on the
+         * repacked copy is kept with the model, counted as its memory, and gives the same logits */
         size_t owned2 = 0;
         tlm_model_memory(m, NULL, &owned2);
-        CHECK(owned2 >= owned + mapped, "%s: owns %zu after a prompt (mapped %zu)", name, owned2,
-              mapped);
+        CHECK(owned2 == owned, "%s: owns %zu after a prompt, %zu before", name, owned2, owned);
+        setenv("TLM_QCACHE", "on", 1);
         tlm_forward_out a2;
         CHECK_OK(t_forward(m, ids, 1, T, NULL, &a2));
+        tlm_model_memory(m, NULL, &owned2);
+        CHECK(owned2 >= owned + mapped,
+              "%s: owns %zu after a prompt with TLM_QCACHE=on (mapped %zu)", name, owned2, mapped);
         CHECK(!memcmp(a.logits, a2.logits, sizeof(float) * T * V), "%s: kept copy, same logits",
               name);
+        unsetenv("TLM_QCACHE");
     }
     if (k_qgemm_takes(t) && k_qgemm_covers(t))
         printf("%-5s qgemm prefill vs widened F32: %.3g of %.3g\n", name, diff, big);

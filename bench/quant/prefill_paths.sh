@@ -3,8 +3,8 @@
 # in the same run, alternating: the repacked 8-bit GEMM (qgemm, the default on AVX-512 VNNI; for
 # BF16 the qgemm column is the default, vdpbf16ps on BF16-rounded activations),
 # widened F32 tiles through OpenBLAS sgemm (TLM_QPREFILL=sgemm) and the integer decode kernels
-# over all rows (TLM_QPREFILL=int8), each timed by `tlm bench` (warm-up, then REPS runs: the
-# repacked copy is built in the warm-up, as it is once per loaded model); llama-bench -p 128.
+# over all rows (TLM_QPREFILL=int8), each timed by `tlm bench` (warm-up, then REPS runs; qgemm
+# repacks each 16-row group as it reaches it, TLM_QCACHE=on would keep the copy); llama-bench -p 128.
 # The GGUF files are those bench/quant/run.sh makes (run it once first, or set DIR).
 #
 # Usage: bash bench/quant/prefill_paths.sh [THREADS=2] [REPS=3]

@@ -525,6 +525,167 @@ T5BF static void f32_avx512(int R, int T, int n, const float *w, size_t ldw, con
     }
 }
 
+/* ---- the repacking in vectors -------------------------------------------------------------- */
+
+/* 16 bytes at p + r * rb of rows r = 0 .. 15, transposed: out[j] holds word j (bytes 4j .. 4j + 3)
+ * of every row, row r in 32-bit lane r. Row 4i + k goes to 128-bit lane i of v[k]; a 4 x 4
+ * transpose within each lane then leaves rows 4i .. 4i + 3 in lane i, in order. */
+T5 static inline void tr16x4(const uint8_t *p, size_t rb, __m512i out[4]) {
+    __m512i v[4];
+    for (int k = 0; k < 4; k++) {
+        __m512i t = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(p + k * rb)));
+        t = _mm512_inserti32x4(t, _mm_loadu_si128((const __m128i *)(p + (4 + k) * rb)), 1);
+        t = _mm512_inserti32x4(t, _mm_loadu_si128((const __m128i *)(p + (8 + k) * rb)), 2);
+        v[k] = _mm512_inserti32x4(t, _mm_loadu_si128((const __m128i *)(p + (12 + k) * rb)), 3);
+    }
+    __m512i t0 = _mm512_unpacklo_epi32(v[0], v[1]), t1 = _mm512_unpackhi_epi32(v[0], v[1]);
+    __m512i t2 = _mm512_unpacklo_epi32(v[2], v[3]), t3 = _mm512_unpackhi_epi32(v[2], v[3]);
+    out[0] = _mm512_unpacklo_epi64(t0, t2);
+    out[1] = _mm512_unpackhi_epi64(t0, t2);
+    out[2] = _mm512_unpacklo_epi64(t1, t3);
+    out[3] = _mm512_unpackhi_epi64(t1, t3);
+}
+
+/* The 32-bit words at p + r * rb (rows r = 0 .. 15; idx holds r * rb) */
+T5 static inline __m512i rows32(const uint8_t *p, __m512i idx) {
+    return _mm512_i32gather_epi32(idx, (const void *)p, 1);
+}
+
+/* f16 values in the low (hi = 0) or high halves of 32-bit lanes, as floats */
+T5 static inline __m512 halves(__m512i v, int hi) {
+    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(hi ? _mm512_srli_epi32(v, 16) : v));
+}
+
+T5 static inline void put16(uint8_t *q, int kw, __m512i v) {
+    _mm512_storeu_si512((void *)(q + (size_t)kw * 4 * K_QG_ROWS), v);
+}
+
+/* k_qgemm_pack of a whole group (16 rows) of Q8_0, Q4_0, Q4_K, Q5_K or Q6_K, with the same bytes
+ * and floats: 16 rows' blocks go through the 4 x 4 word transposes above instead of one 32-bit
+ * word at a time. Returns 0 for types it does not take. */
+T5 static int pack_avx512(const tlm_weight *w, int r0, uint8_t *q, float *s, float *m) {
+    const uint8_t *base = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
+    size_t rb = w->row_bytes;
+    const __m512i idx =
+        _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                           _mm512_set1_epi32((int)rb));
+    const __m512i lo4 = _mm512_set1_epi32(0x0F0F0F0F);
+    int nb = (int)(w->cols / tlm_dtype_get(w->dtype)->block_elems);
+    __m512i v[8];
+    switch (w->dtype) {
+    case TLM_DTYPE_Q8_0:
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *blk = base + (size_t)b * sizeof(tlm_block_q8_0);
+            __m512 d = halves(rows32(blk, idx), 0);
+            _mm512_storeu_ps(s + b * K_QG_ROWS, d);
+            _mm512_storeu_ps(m + b * K_QG_ROWS, _mm512_mul_ps(_mm512_set1_ps(-128.0f), d));
+            tr16x4(blk + 2, rb, v);
+            tr16x4(blk + 18, rb, v + 4);
+            for (int j = 0; j < 8; j++)
+                put16(q, b * 8 + j, _mm512_xor_si512(v[j], _mm512_set1_epi32((int)0x80808080u)));
+        }
+        return 1;
+    case TLM_DTYPE_Q4_0:
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *blk = base + (size_t)b * sizeof(tlm_block_q4_0);
+            __m512 d = halves(rows32(blk, idx), 0);
+            _mm512_storeu_ps(s + b * K_QG_ROWS, d);
+            _mm512_storeu_ps(m + b * K_QG_ROWS, _mm512_mul_ps(_mm512_set1_ps(-8.0f), d));
+            tr16x4(blk + 2, rb, v);
+            for (int j = 0; j < 4; j++) {
+                put16(q, b * 8 + j, _mm512_and_si512(v[j], lo4));
+                put16(q, b * 8 + 4 + j, _mm512_and_si512(_mm512_srli_epi32(v[j], 4), lo4));
+            }
+        }
+        return 1;
+    case TLM_DTYPE_Q4_K:
+    case TLM_DTYPE_Q5_K: {
+        int q5 = w->dtype == TLM_DTYPE_Q5_K;
+        size_t bytes = q5 ? sizeof(tlm_block_q5_k) : sizeof(tlm_block_q4_k);
+        const __m512i m6 = _mm512_set1_epi32(0x3F3F3F3F), h2 = _mm512_set1_epi32(0x30303030);
+        const __m512i ff = _mm512_set1_epi32(0xFF);
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *blk = base + (size_t)b * bytes;
+            __m512i dd = rows32(blk, idx);
+            __m512 d = halves(dd, 0), nmin = _mm512_sub_ps(_mm512_setzero_ps(), halves(dd, 1));
+            /* tlm_q4k_scale_min on four sub-blocks at a time, a byte per sub-block */
+            __m512i s0 = rows32(blk + 4, idx), s1 = rows32(blk + 8, idx),
+                    s2 = rows32(blk + 12, idx);
+            __m512i sc[2] = {_mm512_and_si512(s0, m6),
+                             _mm512_or_si512(_mm512_and_si512(s2, lo4),
+                                             _mm512_and_si512(_mm512_srli_epi32(s0, 2), h2))};
+            __m512i mn[2] = {_mm512_and_si512(s1, m6),
+                             _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(s2, 4), lo4),
+                                             _mm512_and_si512(_mm512_srli_epi32(s1, 2), h2))};
+            for (int j = 0; j < 8; j++) {
+                __m512i scj = _mm512_and_si512(_mm512_srli_epi32(sc[j / 4], 8 * (j % 4)), ff);
+                __m512i mnj = _mm512_and_si512(_mm512_srli_epi32(mn[j / 4], 8 * (j % 4)), ff);
+                _mm512_storeu_ps(s + (b * 8 + j) * K_QG_ROWS,
+                                 _mm512_mul_ps(d, _mm512_cvtepi32_ps(scj)));
+                _mm512_storeu_ps(m + (b * 8 + j) * K_QG_ROWS,
+                                 _mm512_mul_ps(nmin, _mm512_cvtepi32_ps(mnj)));
+            }
+            __m512i qh[8];
+            if (q5) tr16x4(blk + 16, rb, qh), tr16x4(blk + 32, rb, qh + 4);
+            const uint8_t *qs = blk + (q5 ? 48 : 16);
+            for (int g = 0; g < 4; g++) {
+                tr16x4(qs + 32 * g, rb, v);
+                tr16x4(qs + 32 * g + 16, rb, v + 4);
+                for (int wd = 0; wd < 8; wd++) {
+                    __m512i a = _mm512_and_si512(v[wd], lo4);
+                    __m512i c = _mm512_and_si512(_mm512_srli_epi32(v[wd], 4), lo4);
+                    if (q5) {
+                        const __m512i one = _mm512_set1_epi32(0x01010101);
+                        a = _mm512_or_si512(
+                            a, _mm512_slli_epi32(
+                                   _mm512_and_si512(_mm512_srli_epi32(qh[wd], 2 * g), one), 4));
+                        c = _mm512_or_si512(
+                            c, _mm512_slli_epi32(
+                                   _mm512_and_si512(_mm512_srli_epi32(qh[wd], 2 * g + 1), one), 4));
+                    }
+                    put16(q, b * 64 + 2 * g * 8 + wd, a);
+                    put16(q, b * 64 + (2 * g + 1) * 8 + wd, c);
+                }
+            }
+        }
+        return 1;
+    }
+    case TLM_DTYPE_Q6_K:
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *blk = base + (size_t)b * sizeof(tlm_block_q6_k);
+            /* d is the block's last two bytes: read with the two before it, so that no read
+             * passes the block's end */
+            __m512 d = halves(rows32(blk + 206, idx), 1);
+            for (int k = 0; k < 4; k++) {
+                __m512i sc = rows32(blk + 192 + 4 * k, idx);
+                for (int i = 0; i < 4; i++) {
+                    __m512i e = _mm512_srai_epi32(_mm512_slli_epi32(sc, 24 - 8 * i), 24);
+                    __m512 f = _mm512_mul_ps(d, _mm512_cvtepi32_ps(e));
+                    _mm512_storeu_ps(s + (b * 16 + 4 * k + i) * K_QG_ROWS, f);
+                    _mm512_storeu_ps(m + (b * 16 + 4 * k + i) * K_QG_ROWS,
+                                     _mm512_mul_ps(_mm512_set1_ps(-32.0f), f));
+                }
+            }
+            for (int h = 0; h < 2; h++) {
+                __m512i ql[16], qh[8];
+                for (int k = 0; k < 4; k++) tr16x4(blk + 64 * h + 16 * k, rb, ql + 4 * k);
+                tr16x4(blk + 128 + 32 * h, rb, qh);
+                tr16x4(blk + 128 + 32 * h + 16, rb, qh + 4);
+                for (int u = 0; u < 4; u++)
+                    for (int wd = 0; wd < 8; wd++) {
+                        __m512i lo = _mm512_srli_epi32(ql[8 * (u & 1) + wd], u < 2 ? 0 : 4);
+                        __m512i hi = _mm512_and_si512(_mm512_srli_epi32(qh[wd], 2 * u),
+                                                      _mm512_set1_epi32(0x03030303));
+                        put16(q, b * 64 + h * 32 + u * 8 + wd,
+                              _mm512_or_si512(_mm512_and_si512(lo, lo4), _mm512_slli_epi32(hi, 4)));
+                    }
+            }
+        }
+        return 1;
+    default: return 0;
+    }
+}
+
 #define HAVE_AVX512 1
 #else
 #define HAVE_AVX512 0
@@ -537,6 +698,17 @@ int k_fgemm_ok(void) { return HAVE_AVX512 && k_isa() >= K_ISA_AVX512; }
 static int isa_ok(int isa) {
     if (isa == K_ISA_REF) return 1;
     return HAVE_AVX512 && isa == K_ISA_AVX512 && k_simd_cpu_level() >= K_ISA_AVX512;
+}
+
+void k_qgemm_pack_isa(int isa, const tlm_weight *w, int r0, int nrows, uint8_t *q, float *s,
+                      float *m) {
+#if HAVE_AVX512
+    /* a gather's offsets (row * row_bytes) are 32-bit */
+    if (isa == K_ISA_AVX512 && isa_ok(isa) && nrows == K_QG_ROWS &&
+        w->row_bytes <= (size_t)INT32_MAX / K_QG_ROWS && pack_avx512(w, r0, q, s, m))
+        return;
+#endif
+    k_qgemm_pack(w, r0, nrows, q, s, m);
 }
 
 void k_qgemm_micro(int isa, int n, int sub, const uint8_t *q, const float *s, const float *m,
@@ -570,10 +742,11 @@ static void quantize_rows(int isa, const float *x, int N, int n, int sub, int8_t
 /* ---- repacked weights kept for a model's life -------------------------------------------------
  */
 
-/* Weights whose data lies in a registered range (a model's mapped file) are repacked once, on the
- * first product that needs them, and kept until the range is forgotten (the model is freed). Other
- * weights (anything not owned by a model) are repacked group by group on every call. Entries are
- * immutable once published, and every access holds the lock, so the model stays shareable. */
+/* With TLM_QCACHE=on, weights whose data lies in a registered range (a model's mapped file) are
+ * repacked once, on the first product that needs them, and kept until the range is forgotten (the
+ * model is freed). By default, and for weights not owned by a model, every call repacks group by
+ * group. Entries are immutable once published, and every access holds the lock, so the model stays
+ * shareable. */
 typedef struct qc_range {
     const char *base;
     size_t len;
@@ -645,11 +818,13 @@ static size_t pack_bytes_of(int n, int sub) {
 
 /* The whole weight repacked, from the cache or built now; NULL when w is not in a registered
  * range or there is no memory for it. */
-static const char *cached_pack(const tlm_weight *w, size_t pack_bytes) {
-    /* TLM_QCACHE=off: repack per call (no memory kept; a one-shot prompt then skips the first
-     * touch of the copy, which costs more than the repacking itself on some virtual machines) */
+static const char *cached_pack(const tlm_weight *w, size_t pack_bytes, int isa) {
+    /* Only with TLM_QCACHE=on. Repacking per call (pack_avx512) costs about what reading a kept
+     * copy saves, and the copy takes 1.25 bytes per weight (more than a Q4 file) and makes a
+     * one-shot prompt pay for building it; on this project's VM the first prompts after it is built
+     * also ran at half speed. */
     const char *env = getenv("TLM_QCACHE");
-    if (env && !strcmp(env, "off")) return NULL;
+    if (!env || strcmp(env, "on")) return NULL;
     const char *found = NULL;
     pthread_mutex_lock(&qc_lock);
     for (qc_entry *e = qc_entries; e && !found; e = e->next)
@@ -674,7 +849,7 @@ static const char *cached_pack(const tlm_weight *w, size_t pack_bytes) {
                       *pm = ps + nsb * K_QG_ROWS;
                 int r0 = g * K_QG_ROWS;
                 int nr = w->rows - r0 < K_QG_ROWS ? (int)(w->rows - r0) : K_QG_ROWS;
-                k_qgemm_pack(w, r0, nr, (uint8_t *)(pm + nsb * K_QG_ROWS), ps, pm);
+                k_qgemm_pack_isa(isa, w, r0, nr, (uint8_t *)(pm + nsb * K_QG_ROWS), ps, pm);
             }
             *e =
                 (qc_entry){w->data, w->dtype, w->rows, w->cols, w->row_bytes, bytes, p, qc_entries};
@@ -908,7 +1083,7 @@ int k_qgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const
     quantize_rows(isa, x, N, n, sub, xq, xd, xs);
     int groups = (out + K_QG_ROWS - 1) / K_QG_ROWS, failed = 0;
     size_t pack_bytes = pack_bytes_of(n, sub);
-    const char *cache = cached_pack(w, pack_bytes);
+    const char *cache = cached_pack(w, pack_bytes, isa);
 #pragma omp parallel for schedule(static) if ((long)N * out >= K_PAR_MIN / 16)
     for (int g = 0; g < groups; g++) {
         float *ps = cache ? (float *)(cache + (size_t)g * pack_bytes) : k_scratch(0, pack_bytes);
@@ -920,7 +1095,7 @@ int k_qgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const
         float *pm = ps + nsb * K_QG_ROWS;
         uint8_t *pq = (uint8_t *)(pm + nsb * K_QG_ROWS);
         int r0 = g * K_QG_ROWS, nr = out - r0 < K_QG_ROWS ? out - r0 : K_QG_ROWS;
-        if (!cache) k_qgemm_pack(w, r0, nr, pq, ps, pm);
+        if (!cache) k_qgemm_pack_isa(isa, w, r0, nr, pq, ps, pm);
         float tile[K_QG_ACTS * K_QG_ROWS];
         for (int a0 = 0; a0 < N; a0 += K_QG_ACTS) {
             int na = N - a0 < K_QG_ACTS ? N - a0 : K_QG_ACTS;

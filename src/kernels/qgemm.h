@@ -41,9 +41,10 @@ int k_fgemm_ok(void);
  * incomplete when out of memory. */
 int k_fgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const float *b);
 
-/* Weights with data in [base, base + len) (a read-only model's mapped file) are repacked once and
- * kept (about 1.25 bytes per weight: a byte, plus two floats per sub-block) until
- * k_qgemm_forget(base, len), which the model calls before it unmaps the file. */
+/* With TLM_QCACHE=on in the environment, weights with data in [base, base + len) (a read-only
+ * model's mapped file) are repacked once and kept (about 1.25 bytes per weight: a byte, plus two
+ * floats per sub-block) until k_qgemm_forget(base, len), which the model calls before it unmaps the
+ * file. */
 void k_qgemm_register(const void *base, size_t len);
 void k_qgemm_forget(const void *base, size_t len);
 /* Bytes of repacked copies kept for weights in [base, base + len). */
@@ -55,6 +56,10 @@ int k_qgemm_sub(tlm_dtype t);
 /* Rows r0 .. r0 + nrows - 1 (nrows <= K_QG_ROWS) of W in the interleaved form: q[in / 4][16][4]
  * bytes, s and m [in / sub][16] floats; rows past nrows are zero. */
 void k_qgemm_pack(const tlm_weight *w, int r0, int nrows, uint8_t *q, float *s, float *m);
+/* The same, in AVX-512 where isa asks for it and the CPU has it (whole groups of Q8_0, Q4_0, Q4_K,
+ * Q5_K and Q6_K), with the same bytes and floats; k_qgemm_pack otherwise. */
+void k_qgemm_pack_isa(int isa, const tlm_weight *w, int r0, int nrows, uint8_t *q, float *s,
+                      float *m);
 /* One activation row x[n] as int8 q[n], scales d[n / 32] and d * (sum of q) per sub-block
  * ds[n / sub]. */
 void k_qgemm_quantize(const float *x, int n, int sub, int8_t *q, float *d, float *ds);

@@ -283,7 +283,7 @@ tlm_status tlm_model_bind(tlm_model *m, const tlm_bind_src *src, tlm_mmap *maps,
         m->st.maps = NULL;
         m->st.n_maps = 0;
     }
-    /* Block-type weights in the files get their repacked prompt-sized form on first use. */
+    /* Block-type weights in the files may keep their repacked prompt-sized form (TLM_QCACHE=on). */
     for (int i = 0; i < m->st.n_maps; i++) k_qgemm_register(m->st.maps[i].data, m->st.maps[i].size);
     return s;
 }
