@@ -574,30 +574,32 @@ T5 static int pack_avx512(const tlm_weight *w, int r0, uint8_t *q, float *s, flo
     __m512i v[8];
     switch (w->dtype) {
     case TLM_DTYPE_Q8_0:
+    case TLM_DTYPE_Q4_0: {
+        /* both: an f16 scale, then the quants; offsets -128 d (Q8_0's bytes made unsigned by a
+         * xor) and -8 d */
+        int q8 = w->dtype == TLM_DTYPE_Q8_0;
+        size_t bytes = q8 ? sizeof(tlm_block_q8_0) : sizeof(tlm_block_q4_0);
+        const __m512 off = _mm512_set1_ps(q8 ? -128.0f : -8.0f);
         for (int b = 0; b < nb; b++) {
-            const uint8_t *blk = base + (size_t)b * sizeof(tlm_block_q8_0);
+            const uint8_t *blk = base + (size_t)b * bytes;
             __m512 d = halves(rows32(blk, idx), 0);
             _mm512_storeu_ps(s + b * K_QG_ROWS, d);
-            _mm512_storeu_ps(m + b * K_QG_ROWS, _mm512_mul_ps(_mm512_set1_ps(-128.0f), d));
+            _mm512_storeu_ps(m + b * K_QG_ROWS, _mm512_mul_ps(off, d));
             tr16x4(blk + 2, rb, v);
-            tr16x4(blk + 18, rb, v + 4);
-            for (int j = 0; j < 8; j++)
-                put16(q, b * 8 + j, _mm512_xor_si512(v[j], _mm512_set1_epi32((int)0x80808080u)));
-        }
-        return 1;
-    case TLM_DTYPE_Q4_0:
-        for (int b = 0; b < nb; b++) {
-            const uint8_t *blk = base + (size_t)b * sizeof(tlm_block_q4_0);
-            __m512 d = halves(rows32(blk, idx), 0);
-            _mm512_storeu_ps(s + b * K_QG_ROWS, d);
-            _mm512_storeu_ps(m + b * K_QG_ROWS, _mm512_mul_ps(_mm512_set1_ps(-8.0f), d));
-            tr16x4(blk + 2, rb, v);
+            if (q8) {
+                tr16x4(blk + 18, rb, v + 4);
+                for (int j = 0; j < 8; j++)
+                    put16(q, b * 8 + j,
+                          _mm512_xor_si512(v[j], _mm512_set1_epi32((int)0x80808080u)));
+                continue;
+            }
             for (int j = 0; j < 4; j++) {
                 put16(q, b * 8 + j, _mm512_and_si512(v[j], lo4));
                 put16(q, b * 8 + 4 + j, _mm512_and_si512(_mm512_srli_epi32(v[j], 4), lo4));
             }
         }
         return 1;
+    }
     case TLM_DTYPE_Q4_K:
     case TLM_DTYPE_Q5_K: {
         int q5 = w->dtype == TLM_DTYPE_Q5_K;
