@@ -345,6 +345,7 @@ static void check_f16_rows(void) {
 int main(void) {
     t_seed(0x2545F4914F6CDD1Dull); /* the data this test was written against */
     tlm_set_threads(2);
+    unsetenv("TLM_QCACHE"); /* the default (nothing kept) is checked, whatever the shell set */
     printf("AVX-512 VNNI micro-kernel: %s\n", k_simd_ok() ? "yes" : "no (reference only)");
     for (int ti = 0; ti < NTYPES; ti++) {
         tlm_dtype t = types[ti];

@@ -385,6 +385,7 @@ static void test_stories_q8_0(const char *dir) {
 
 int main(void) {
     tlm_set_threads(2);
+    unsetenv("TLM_QCACHE"); /* the default (nothing kept) is checked, whatever the shell set */
     struct stat st;
     if (stat(GGML_LIB, &st) != 0) {
         CHECK(0, "node-llama-cpp is not installed (%s): run bash scripts/setup.sh", GGML_LIB);
