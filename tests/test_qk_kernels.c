@@ -210,9 +210,12 @@ static void check_w4(tlm_dtype t, int n) {
     }
     for (int i = 0; i < n; i++) x[i] = t_unif() * 3;
     k_act_quantize(k_act_of(t), x, xq, n);
-    float got[5], want;
+    float got[5], want, nopf[4];
     got[4] = 12345.0f;
-    f(n, got, w, ws, xq);
+    f(n, got, w, ws, xq, w + ws);
+    f(n, nopf, w, ws, xq, NULL);
+    CHECK(!memcmp(got, nopf, sizeof nopf), "%s w4 n=%d: the prefetch changed the sums",
+          tlm_dtype_name(t), n);
     for (int r = 0; r < 4; r++) {
         if (rows)
             rows(n, 1, &want, w + r * ws, xq, rb);

@@ -1,5 +1,7 @@
 #include "matvec.h"
 
+#include <limits.h>
+
 #include "core/dtype.h"
 #include "kernels.h"
 #include "qdot.h"
@@ -22,6 +24,34 @@ static float widen_dot(tlm_dtype t, const uint8_t *w, const float *x, int in) {
 #define K_F32_PAR_MIN (1L << 16)
 #define K_TYPED_PAR_MIN (1L << 19)
 
+/* The row length (columns) from which one sequence's weight rows of a type go one at a time
+ * rather than four at once (k_vdot_w4). The four-row kernels share the activation's work, but
+ * they read four streams a row apart, a few dozen lines each, which the hardware prefetchers
+ * follow badly; a software prefetch of the unit ahead only partly makes up for it. One row at a
+ * time reads the matrix as one sequential stream, which they follow well, with no software
+ * prefetch. Where a type's one-row kernel is cheap enough, that wins on long rows. Timed one
+ * product at a time, alternating in one process, from memory, 1 and 2 threads (G weight bytes
+ * per s, four rows -> one row):
+ *   Q8_0 768 x 2048 22 -> 26 and 38 -> 45, 2048 x 768 21 -> 29 and 34 -> 42, 768 x 32000
+ *   22 -> 26 and 41 -> 50; 288 columns lose (18 -> 16.5).
+ *   Q4_0 2048 x 768 20 -> 24 and 33 -> 38; 768 columns lose (21 -> 20, 36 -> 33).
+ *   Q6_K 2048 x 768 17 -> 22.5 and 28 -> 34; 768 columns about even.
+ *   Q4_K loses everywhere (30 -> 20); F32 too (31 -> 27). F16: see below. */
+static int one_row_from(tlm_dtype t) {
+    switch (t) {
+    case TLM_DTYPE_Q8_0: return 512;
+    case TLM_DTYPE_Q4_0:
+    case TLM_DTYPE_Q6_K: return 2048;
+    /* F16 rows of up to 512 columns gain from four at a time (the horizontal sums of short
+     * rows overlap); longer ones lose (one thread, G weights/s from memory, one row against
+     * four: 288 x 32000 21 -> 28, 384 x 4096 23 -> 31; 1024 x 4096 29 -> 27, 2048 x 768
+     * 30 -> 24). Whole 15M F16 decode, alternating runs: 1.02-1.09x at one thread,
+     * 1.15-1.20x at two; four at a time for 110M's rows (768, 2048) cost it 5-10%. */
+    case TLM_DTYPE_F16: return 513;
+    default: return INT_MAX;
+    }
+}
+
 void k_matvec_parts(float *y, int ldy, const float *x, int M, int in, const k_matvec_part *parts,
                     int n) {
     /* Past K_VDOT_MAX_ROWS activation rows (which then no longer fit in L1), F32 and F16 weights
@@ -30,7 +60,7 @@ void k_matvec_parts(float *y, int ldy, const float *x, int M, int in, const k_ma
      * already (768 x 2048, 5-8 rows, 2 threads, alternating: 10% less time; F16 within noise). */
     k_vdot_rows3_fn r3s[K_LINEAR_MAX_PARTS];
     k_vdot_w4_fn w4s[K_LINEAR_MAX_PARTS];
-    int pfs[K_LINEAR_MAX_PARTS];
+    int pfs[K_LINEAR_MAX_PARTS], spreads[K_LINEAR_MAX_PARTS];
     int all_f32 = 1;
     for (int p = 0; p < n; p++) all_f32 &= parts[p].dtype == TLM_DTYPE_F32;
     int ur = M > (all_f32 ? 4 : K_VDOT_MAX_ROWS) ? 3 : 4;
@@ -78,13 +108,8 @@ void k_matvec_parts(float *y, int ldy, const float *x, int M, int in, const k_ma
         k_act_kind kind = k_act_of(parts[p].dtype);
         dots[p] = k_vdot(parts[p].dtype);
         rdots[p] = k_vdot_rows(parts[p].dtype);
-        w4s[p] = M == 1 && ur == 4 ? k_vdot_w4(parts[p].dtype) : NULL;
-        /* F16 rows of up to 512 columns gain from four at a time (the horizontal sums of short
-         * rows overlap); longer ones lose (one thread, G weights/s from memory, one row against
-         * four: 288 x 32000 21 -> 28, 384 x 4096 23 -> 31; 1024 x 4096 29 -> 27, 2048 x 768
-         * 30 -> 24). Whole 15M F16 decode, alternating runs: 1.02-1.09x at one thread,
-         * 1.15-1.20x at two; four at a time for 110M's rows (768, 2048) cost it 5-10%. */
-        if (parts[p].dtype == TLM_DTYPE_F16 && in > 512) w4s[p] = NULL;
+        w4s[p] = M == 1 && ur == 4 && in < one_row_from(parts[p].dtype) ? k_vdot_w4(parts[p].dtype)
+                                                                        : NULL;
         /* Prefetching ahead pays (alternating runs, 2 threads, 768 columns): for the four-row
          * units of one sequence (110M Q4_0, 1 thread: 256 -> 302 tok/s with them, about 270
          * without; Q6_K rows: qdot_x86.c), and for F32 and F16 weights against more than
@@ -92,6 +117,12 @@ void k_matvec_parts(float *y, int ldy, const float *x, int M, int in, const k_ma
          * up to four activation rows it costs (1 thread: 1.16 -> 1.35 ms for 8192 rows), and for
          * block types past one row it is within noise. */
         pfs[p] = w4s[p] || (M > 4 && kind == K_ACT_F32);
+        /* The four-row kernels of the block types take that prefetch a share per step of their
+         * loop (k_vdot_w4_fn's pf) rather than all the unit's lines at the start: alternating in
+         * one process, 1 thread, G bytes/s, burst -> spread: Q4_K 768 x 2048 27 -> 30, 2048 x 768
+         * 26 -> 30; Q6_K 768 x 2048 18 -> 21; Q4_0 768 x 2048 17.7 -> 22.4 in one phase of the
+         * host, 20.6 -> 20.8 in another. F32 and BF16 lose with it (F32 768 x 2048 26 -> 21). */
+        spreads[p] = w4s[p] && tlm_dtype_get(parts[p].dtype)->block_elems > 1;
         rbs[p] = (k_act_row_bytes(parts[p].dtype, in) + 63) & ~(size_t)63;
         acts[p] = kind == K_ACT_F32 ? (const uint8_t *)x : act ? act + off[kind] : NULL;
         if (kind == K_ACT_F32) rbs[p] = (size_t)in * sizeof(float);
@@ -109,15 +140,15 @@ void k_matvec_parts(float *y, int ldy, const float *x, int M, int in, const k_ma
         const uint8_t *a = acts[p];
         size_t rb = rbs[p];
         const uint8_t *w0 = (const uint8_t *)P->w + (size_t)j * P->row_bytes;
-        if (pfs[p]) {
-            /* The rows of the unit after next asked for now: the kernels read a unit's rows
-             * several at once, or each several times, which the hardware prefetchers here follow
-             * worse than one stream. Past the part's end this asks for bytes the product does not
-             * read, which a prefetch may: it never faults. */
-            const char *pf = (const char *)w0 + 2 * (size_t)ur * P->row_bytes;
+        /* The rows of the unit after next: the kernels read a unit's rows several at once, or
+         * each several times, which the hardware prefetchers here follow worse than one stream.
+         * Past the part's end this asks for bytes the product does not read, which a prefetch
+         * may: it never faults. */
+        const char *pf = pfs[p] ? (const char *)w0 + 2 * (size_t)ur * P->row_bytes : NULL;
+        int w4 = rows == 4 && a && w4s[p];
+        if (pf && !(w4 && spreads[p]))
             for (size_t o = 0; o < (size_t)ur * P->row_bytes; o += 64)
                 __builtin_prefetch(pf + o, 0, 3);
-        }
         if (ur == 3 && rows == 3 && a) {
             float r3[3 * K_VDOT3_MAX_ROWS];
             for (int m0 = 0; m0 < M; m0 += K_VDOT3_MAX_ROWS) {
@@ -131,11 +162,11 @@ void k_matvec_parts(float *y, int ldy, const float *x, int M, int in, const k_ma
             }
             continue;
         }
-        if (rows == 4 && a && w4s[p]) {
+        if (w4) {
             /* Straight into y: four floats stored one by one and read back as wider words
              * cannot be forwarded from the stores, and the load waits for them to retire. */
             float *ym = y + P->col + j;
-            w4s[p](in, ym, w0, P->row_bytes, a);
+            w4s[p](in, ym, w0, P->row_bytes, a, spreads[p] ? pf : NULL);
             if (P->b)
                 for (int k = 0; k < 4; k++) ym[k] += P->b[j + k];
             continue;

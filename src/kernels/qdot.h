@@ -107,8 +107,10 @@ k_vdot_rows3_fn k_vdot_rows3(tlm_dtype t);
  * has it, else k_vdot). One sequence's decode of the block types is bound by arithmetic and
  * per-row fixed costs, not by memory: the activation's loads and preparation are shared and four
  * rows' reductions overlap (F32, Q8_0, Q4_0, Q4_K, Q6_K; BF16 with AVX512_BF16). AVX-512; NULL
- * elsewhere. */
-typedef void (*k_vdot_w4_fn)(int n, float *s, const void *w, size_t wstride, const void *xq);
+ * elsewhere. Unless pf is NULL, the kernel also prefetches the 4 * wstride bytes from pf (the
+ * unit after next), a share per step of its loop; pf may point past the weights' end. */
+typedef void (*k_vdot_w4_fn)(int n, float *s, const void *w, size_t wstride, const void *xq,
+                             const void *pf);
 k_vdot_w4_fn k_vdot_w4(tlm_dtype t);
 
 /* One weight row of n elements to floats (tlm_dtype_to_f32, vectorized where it matters). */

@@ -96,6 +96,14 @@ T5 static inline __m512i join(__m256i lo, __m256i hi) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 
+/* The four-row kernels' prefetch (k_vdot_w4_fn's pf): the next bytes of the unit ahead asked for
+ * in step with this unit's reading, up to byte `to` of its 4 ws, so that the misses in flight stay
+ * few and even rather than a burst of a whole unit's lines ahead of each call. */
+static inline void pf_upto(const void *pf, size_t *o, size_t to) {
+    if (!pf) return;
+    for (; *o < to; *o += 64) __builtin_prefetch((const char *)pf + *o, 0, 3);
+}
+
 /* ---- F16, BF16 ------------------------------------------------------------------------------ */
 
 T2 static void a2_f16(int n, float *s, const void *w, const void *xq) {
@@ -184,7 +192,8 @@ T5BF static void a5_bf16(int n, float *s, const void *w, const void *xq) {
  * interleaved and each activation vector loaded once for the four; with the prefetch ahead that
  * units of four take. 1 thread, four alternating runs: 15M 770 -> 1123 tok/s (llama.cpp 890),
  * 110M 81 -> 103 (93); 2 threads 15M 1013 -> 1610 (1014), 110M 153 -> 183 (173). */
-T5BF static void w4_bf16(int n, float *s, const void *w, size_t ws, const void *xq) {
+T5BF static void w4_bf16(int n, float *s, const void *w, size_t ws, const void *xq,
+                         const void *pf) {
     const uint8_t *x = xq;
     const uint8_t *a[4];
     __m512 s0[4], s1[4];
@@ -193,7 +202,9 @@ T5BF static void w4_bf16(int n, float *s, const void *w, size_t ws, const void *
         s0[r] = s1[r] = _mm512_setzero_ps();
     }
     int i = 0;
+    size_t pfo = 0;
     for (; i + 64 <= n; i += 64) {
+        pf_upto(pf, &pfo, 8 * (size_t)(i + 64));
         __m512bh x0 = (__m512bh)_mm512_loadu_si512(x + 2 * i);
         __m512bh x1 = (__m512bh)_mm512_loadu_si512(x + 2 * i + 64);
         for (int r = 0; r < 4; r++) {
@@ -209,6 +220,7 @@ T5BF static void w4_bf16(int n, float *s, const void *w, size_t ws, const void *
             s0[r] =
                 _mm512_dpbf16_ps(s0[r], (__m512bh)_mm512_maskz_loadu_epi16(k, a[r] + 2 * i), xv);
     }
+    pf_upto(pf, &pfo, 4 * ws);
     for (int r = 0; r < 4; r++) s[r] = _mm512_reduce_add_ps(_mm512_add_ps(s0[r], s1[r]));
 }
 
@@ -593,12 +605,14 @@ T5 static inline AI void fr5(int n, const int M, float *s, const uint8_t *w, con
  * interleaved (eight FMA chains instead of two), with the prefetch ahead that units of four take.
  * Four alternating runs: 15M 1 thread 531 -> 622 tok/s (llama.cpp 579), 2 threads 1054 -> 1104;
  * 110M, bound by memory, within noise. F16 takes it on short rows only (k_matvec_parts). */
-T5 static inline AI void fw4(int n, float *s, const uint8_t *w, size_t ws, const float *x,
-                             int f16) {
+T5 static inline AI void fw4(int n, float *s, const uint8_t *w, size_t ws, const float *x, int f16,
+                             const void *pf) {
     __m512 a0[4], a1[4];
     for (int r = 0; r < 4; r++) a0[r] = a1[r] = _mm512_setzero_ps();
     int i = 0;
+    size_t pfo = 0;
     for (; i + 32 <= n; i += 32) {
+        pf_upto(pf, &pfo, (f16 ? 8 : 16) * (size_t)(i + 32));
         __m512 x0 = _mm512_loadu_ps(x + i), x1 = _mm512_loadu_ps(x + i + 16);
         for (int r = 0; r < 4; r++) {
             a0[r] = _mm512_fmadd_ps(ld16_5(w + r * ws, f16, i), x0, a0[r]);
@@ -616,13 +630,14 @@ T5 static inline AI void fw4(int n, float *s, const uint8_t *w, size_t ws, const
             a0[r] = _mm512_fmadd_ps(wv, xv, a0[r]);
         }
     }
+    pf_upto(pf, &pfo, 4 * ws);
     for (int r = 0; r < 4; r++) s[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r]));
 }
-T5 static void w4_f32(int n, float *s, const void *w, size_t ws, const void *xq) {
-    fw4(n, s, w, ws, (const float *)xq, 0);
+T5 static void w4_f32(int n, float *s, const void *w, size_t ws, const void *xq, const void *pf) {
+    fw4(n, s, w, ws, (const float *)xq, 0, pf);
 }
-T5 static void w4_f16(int n, float *s, const void *w, size_t ws, const void *xq) {
-    fw4(n, s, w, ws, (const float *)xq, 1);
+T5 static void w4_f16(int n, float *s, const void *w, size_t ws, const void *xq, const void *pf) {
+    fw4(n, s, w, ws, (const float *)xq, 1, pf);
 }
 
 #define FR5_F32(n, M, s, w, xq, xs) fr5(n, M, s, w, xq, xs, 0)
@@ -878,13 +893,15 @@ T5 static inline AI void q4r5(int n, const int M, float *s, const uint8_t *w, co
 /* Four Q4_0 weight rows against one activation row (decode of one sequence): q4r5's operations
  * per row with M = 1 (so bit for bit its sums), the activation's vectors loaded once for the four
  * and the rows' chains interleaved. */
-T5 static void w4_q4_0(int n, float *s, const void *w, size_t ws, const void *xq) {
+T5 static void w4_q4_0(int n, float *s, const void *w, size_t ws, const void *xq, const void *pf) {
     const float *ad = k_act_q8_0_aux(xq, n);
     const uint8_t *g = k_act_q8_0_nib(xq, n);
     int nb = n / TLM_QK, b = 0;
     __m512 acc[4];
     for (int r = 0; r < 4; r++) acc[r] = _mm512_setzero_ps();
+    size_t pfo = 0;
     for (; b + 4 <= nb; b += 4, g += K_ACT_NIB_BYTES) {
+        pf_upto(pf, &pfo, 4 * 18 * (size_t)(b + 4));
         __m512 dx = q4_0_dx(ad + b);
         for (int r = 0; r < 4; r++) {
             __m512 dw;
@@ -893,6 +910,7 @@ T5 static void w4_q4_0(int n, float *s, const void *w, size_t ws, const void *xq
             acc[r] = q4_0_dot(acc[r], dw, lo, hi, g, dx);
         }
     }
+    pf_upto(pf, &pfo, 4 * ws);
     for (int r = 0; r < 4; r++)
         s[r] = q4_0_tail(_mm512_reduce_add_ps(acc[r]), (const uint8_t *)w + r * ws + (size_t)b * 18,
                          (const tlm_block_q8_0 *)xq, b, nb);
@@ -902,7 +920,8 @@ T5 static void w4_q4_0(int n, float *s, const void *w, size_t ws, const void *xq
  * blocks, scales and offsets are loaded and computed once for the four, and the four rows' fixed
  * costs (call, horizontal sums) overlap. Per row the same integer lane sums and the same float
  * operations in the same order as q8r5 with M = 1, so bit for bit its sums. */
-T5 static void w4_q8_0(int n, float *s, const void *wv, size_t ws, const void *xqv) {
+T5 static void w4_q8_0(int n, float *s, const void *wv, size_t ws, const void *xqv,
+                       const void *pf) {
     const uint8_t *w = wv;
     const tlm_block_q8_0 *x = xqv;
     const float *ad = k_act_q8_0_aux(xqv, n);
@@ -912,7 +931,9 @@ T5 static void w4_q8_0(int n, float *s, const void *wv, size_t ws, const void *x
     const __m512i i23 = _mm512_add_epi32(i01, _mm512_set1_epi32(2));
     __m512 a0[4], a1[4];
     for (int r = 0; r < 4; r++) a0[r] = a1[r] = _mm512_setzero_ps();
+    size_t pfo = 0;
     for (; b + 4 <= nb; b += 4) {
+        pf_upto(pf, &pfo, 4 * 34 * (size_t)(b + 4));
         __m128 dx = _mm_loadu_ps(ad + b);
         __m512i x0 = join(_mm256_loadu_si256((const __m256i *)x[b].qs),
                           _mm256_loadu_si256((const __m256i *)x[b + 1].qs));
@@ -938,6 +959,7 @@ T5 static void w4_q8_0(int n, float *s, const void *wv, size_t ws, const void *x
             a1[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_permutexvar_ps(i23, d), a1[r]);
         }
     }
+    pf_upto(pf, &pfo, 4 * ws);
     for (int r = 0; r < 4; r++) {
         float t = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r]));
         s[r] = q8_0_tail(t, w + r * ws + (size_t)b * 34, x, b, nb);
@@ -1095,7 +1117,7 @@ T5 static inline AI __m512i q4k_heads(const uint8_t *p, size_t ws) {
  * memory, 2048 x 768 ran 8% slower than one row at a time, with it 12% faster (in L2 +17%).
  * Q4_K only: Q5_K's fifth bits need more registers than four rows leave, and Q6_K's unpacking
  * dominates. */
-T5 static void w4_q4_k(int n, float *s, const void *w, size_t ws, const void *xq) {
+T5 static void w4_q4_k(int n, float *s, const void *w, size_t ws, const void *xq, const void *pf) {
     /* words of a widened pair of heads: 0-7 scales and 8-15 mins of the even row, 16-31 the odd
      * row's; each min twice, against the 16 sums of 16 */
     static const int16_t mdup_w[32] = {8,  8,  9,  9,  10, 10, 11, 11, 12, 12, 13,
@@ -1117,7 +1139,9 @@ T5 static void w4_q4_k(int n, float *s, const void *w, size_t ws, const void *xq
     accm[0] = accm[1] = _mm512_setzero_ps();
     int nb = n / TLM_QK_K;
     __m512i v = q4k_heads(wb, ws);
+    size_t pfo = 0;
     for (int b = 0; b < nb; b++) {
+        pf_upto(pf, &pfo, 4 * sizeof(tlm_block_q4_k) * (size_t)(b + 1));
         const uint8_t *p = wb + b * sizeof(tlm_block_q4_k);
         __m512i vnext = b + 1 < nb ? q4k_heads(p + sizeof(tlm_block_q4_k), ws) : v;
         __m512i lo = _mm512_shuffle_epi8(v, lo_i), hi = _mm512_shuffle_epi8(v, hi_i);
@@ -1235,11 +1259,13 @@ T5 static inline AI void q6kr5(int n, const int M, float *s, const uint8_t *w, c
  * k_matvec_parts's prefetch of the rows ahead (from memory, 1 thread, alternating: 0.92 -> 0.80
  * ms). F32 and F16 one row at a time lose with that prefetch (1 thread, 8192 x 768: 1.16 -> 1.35
  * ms). */
-T5 static void w4_q6_k(int n, float *s, const void *w, size_t ws, const void *xq) {
+T5 static void w4_q6_k(int n, float *s, const void *w, size_t ws, const void *xq, const void *pf) {
     const uint8_t *wb = w;
     __m256 acc[4];
     for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_ps();
+    size_t pfo = 0;
     for (int b = 0; b < n / TLM_QK_K; b++) {
+        pf_upto(pf, &pfo, 4 * sizeof(tlm_block_q6_k) * (size_t)(b + 1));
         const k_block_q8_k *x = (const k_block_q8_k *)xq + b;
         for (int r = 0; r < 4; r++) {
             q6k_w o;
