@@ -733,8 +733,42 @@ static void test_f16_overflow(void) {
     tlm_model_free(m);
 }
 
+/* Decode steps fall back to one thread while the cores look shared with another process
+ * (session.c, shared_team), which assumes what this checks: a prompt and decode steps give the
+ * same logits bit for bit on one thread as on two, on a model whose products are big enough to be
+ * split among threads (256 x 768 F32: past k_matvec_parts's threshold for a team). */
+static void test_team_invariant(void) {
+    variant v = {"", "\"d_ff\":768", 256, 4, 512};
+    tlm_model *m = make_model_v(&v, 77);
+    CHECK(m != NULL, "team model: %s", tlm_last_error());
+    if (!m) return;
+    int V = 512, steps = 6;
+    int32_t ids[8];
+    random_ids(ids, 8, V, 78);
+    float *got[2];
+    for (int t = 0; t < 2; t++) {
+        tlm_set_threads(t ? 1 : 2);
+        got[t] = malloc(sizeof(float) * V * (steps + 1));
+        tlm_session *s = NULL;
+        CHECK_OK(new_session(m, 1, 0, &s));
+        if (!s || !got[t]) return;
+        CHECK_OK(tlm_prefill(s, 0, ids, 4, got[t], 0));
+        for (int k = 0; k < steps; k++)
+            CHECK_OK(tlm_decode_step(s, ids[4 + k % 4], got[t] + (size_t)V * (k + 1)));
+        tlm_session_free(s);
+    }
+    CHECK(!memcmp(got[0], got[1], sizeof(float) * V * (steps + 1)),
+          "logits on one thread differ from two");
+    printf("team invariant: prompt and %d decode steps bit for bit on 1 and 2 threads\n", steps);
+    tlm_set_threads(2);
+    free(got[0]);
+    free(got[1]);
+    tlm_model_free(m);
+}
+
 int main(void) {
     tlm_set_threads(2);
+    test_team_invariant();
     for (int k = 0; k < 2; k++) {
         kv_type = k ? TLM_DTYPE_F16 : TLM_DTYPE_F32;
         printf("---- %s cache ----\n", tlm_dtype_name(kv_type));

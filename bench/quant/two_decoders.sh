@@ -3,7 +3,9 @@
 # then of two at once (their sum), under several OpenMP wait settings: tlm's default (a bounded
 # spin before sleeping, GOMP_SPINCOUNT=3000, set by src/cli/main.c), passive waits, other spin
 # lengths (GOMP_SPINCOUNT=N; tlm keeps a user's setting) and active waits. A setting is safe when
-# the two together keep about the rate of one alone.
+# the two together keep about the rate of one alone. Decode steps fall back to one thread while
+# the cores look shared (src/infer/share.c); TLM_SHARED_CORES=ignore in the environment times the
+# same settings without that.
 #
 # Usage: bash bench/quant/two_decoders.sh MODEL.gguf [THREADS=2] [N=64] [SPINS="300 3000 30000"]
 # OPENBLAS_CORETYPE is unset (see bench/quant/run.sh). Run on an otherwise idle machine.

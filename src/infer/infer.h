@@ -4,6 +4,7 @@
 #define TLM_INFER_INTERNAL_H
 
 #include "core/core.h"
+#include "infer/share.h"
 #include "model/model.h"
 
 struct tlm_session {
@@ -45,6 +46,8 @@ struct tlm_session {
     size_t scores_floats;
 
     float *logits; /* [B, V] decode rows of a partial batch before they are scattered */
+
+    infer_share share; /* decode steps on one thread while the cores look shared (share.c) */
 };
 
 static inline size_t infer_kv_elt(const struct tlm_session *s) {

@@ -9,6 +9,7 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "infer/infer.h"
 #include "kernels/fastmath.h"
@@ -467,6 +468,22 @@ tlm_status tlm_prefill(tlm_session *s, int seq, const int32_t *ids, int n, float
     return TLM_OK;
 }
 
+static tlm_status step_rows(tlm_session *s, const int32_t *ids, const int *n, const uint8_t *want,
+                            float *logits, int N);
+
+static double clock_of(clockid_t id) {
+    struct timespec t;
+    clock_gettime(id, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* TLM_SHARED_CORES=ignore keeps the full team for every step (share.c). Read at each step, not
+ * cached: sessions step in several threads at once. */
+static int share_ignored(void) {
+    const char *e = getenv("TLM_SHARED_CORES");
+    return e && !strcmp(e, "ignore");
+}
+
 tlm_status tlm_session_step(tlm_session *s, const int32_t *ids, const int *n, const uint8_t *want,
                             float *logits) {
     if (!s || !n) return tlm_err(TLM_ERR_ARG, "step: session and counts must not be NULL");
@@ -486,7 +503,26 @@ tlm_status tlm_session_step(tlm_session *s, const int32_t *ids, const int *n, co
     tlm_status st = check_ids(c, ids, N);
     if (st) return st;
     tlm_threads_enter();
-    st = reserve_rows(s, N);
+    int decode = 1;
+    for (int b = 0; b < s->B; b++) decode &= n[b] <= 1;
+    int full = omp_get_max_threads(), ignore = share_ignored();
+    int team = infer_share_team(&s->share, full, decode, ignore);
+    int timed = decode && team == full && full > 1 && !ignore;
+    double w0 = timed ? clock_of(CLOCK_MONOTONIC) : 0,
+           c0 = timed ? clock_of(CLOCK_PROCESS_CPUTIME_ID) : 0;
+    if (team != full) omp_set_num_threads(team);
+    st = step_rows(s, ids, n, want, logits, N);
+    if (team != full) omp_set_num_threads(full);
+    if (timed && !st)
+        infer_share_after(&s->share, full, clock_of(CLOCK_MONOTONIC) - w0,
+                          clock_of(CLOCK_PROCESS_CPUTIME_ID) - c0);
+    return st;
+}
+
+static tlm_status step_rows(tlm_session *s, const int32_t *ids, const int *n, const uint8_t *want,
+                            float *logits, int N) {
+    const tlm_config *c = &s->m->c;
+    tlm_status st = reserve_rows(s, N);
     if (st) return st;
     /* Rows: the single new ids first (one query each, attended by the decode path), then each
      * longer run in one piece (the prefill path's matrix products over the cache). */

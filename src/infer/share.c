@@ -1,0 +1,42 @@
+#include "infer/share.h"
+
+/* Decode under another busy process. A step crosses dozens of parallel regions, each ending at a
+ * barrier; when another process's threads share the cores, one of ours is often off its core at
+ * a barrier and the others wait for the scheduler to bring it back: two 2-thread decoders on 2
+ * cores made 0.38-0.49x of one alone's tokens between them (bench/quant/two_decoders.sh, 110M
+ * Q8_0). One thread never waits for another. So full-team decode steps are timed in windows: a
+ * window whose threads got less than SHARE_BUSY of the cores' time (process CPU time over wall
+ * time times threads: alone, tlm's bounded spin keeps waiting threads on their cores, 0.88-0.99;
+ * passive waits 0.72-0.80; two decoders sharing 2 cores 0.47-0.50) counts as shared, and
+ * SHARE_WINDOWS of them in a row send the next `backoff` decode steps to one thread. Then the
+ * full team is tried again: a trial that still looks shared doubles the next run on one thread
+ * (up to SHARE_MAX), one that does not resets it to SHARE_MIN. Prompts always take the full
+ * team: their regions are long and their barriers few. */
+int infer_share_team(infer_share *sh, int full, int decode, int ignore) {
+    if (ignore || !decode || full < 2) return full;
+    if (sh->low > 0) {
+        sh->low--;
+        return 1;
+    }
+    return full;
+}
+
+void infer_share_after(infer_share *sh, int full, double wall, double cpu) {
+    if (!sh->backoff) sh->backoff = SHARE_MIN;
+    sh->wall += wall;
+    sh->cpu += cpu;
+    if (sh->wall < SHARE_WINDOW) return;
+    double busy = sh->cpu / (sh->wall * full);
+    sh->wall = sh->cpu = 0;
+    if (busy >= SHARE_BUSY) {
+        sh->slow = 0;
+        if (sh->trial) sh->backoff = SHARE_MIN;
+        sh->trial = 0;
+        return;
+    }
+    if (++sh->slow < SHARE_WINDOWS) return;
+    if (sh->trial && sh->backoff < SHARE_MAX) sh->backoff *= 2;
+    sh->low = sh->backoff;
+    sh->slow = 0;
+    sh->trial = 1;
+}
