@@ -104,11 +104,12 @@ k_vdot_rows3_fn k_vdot_rows3(tlm_dtype t);
 
 /* Four weight rows (w + r * wstride bytes, r < 4) against one activation row: s[r] = w_r . xq,
  * each bit for bit what the type's one-row product gives (k_vdot_rows with M = 1 where the type
- * has it, else k_vdot). One sequence's decode of the block types is bound by arithmetic and
- * per-row fixed costs, not by memory: the activation's loads and preparation are shared and four
- * rows' reductions overlap (F32, Q8_0, Q4_0, Q4_K, Q6_K; BF16 with AVX512_BF16). AVX-512; NULL
- * elsewhere. Unless pf is NULL, the kernel also prefetches the 4 * wstride bytes from pf (the
- * unit after next), a share per step of its loop; pf may point past the weights' end. */
+ * has it, else k_vdot). The activation's loads and preparation are shared and four rows'
+ * reductions overlap, which is what bounds cache-resident or compute-heavy rows (F32, Q8_0, Q4_0,
+ * Q4_K, Q6_K; BF16 with AVX512_BF16); long rows of types with a cheap one-row kernel go one at a
+ * time instead, one sequential stream (k_matvec_parts). AVX-512; NULL elsewhere. Unless pf is NULL,
+ * the kernel also prefetches the 4 * wstride bytes from pf (the unit after next), a share per step
+ * of its loop; pf may point past the weights' end. */
 typedef void (*k_vdot_w4_fn)(int n, float *s, const void *w, size_t wstride, const void *xq,
                              const void *pf);
 k_vdot_w4_fn k_vdot_w4(tlm_dtype t);
