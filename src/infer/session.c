@@ -505,7 +505,7 @@ tlm_status tlm_session_step(tlm_session *s, const int32_t *ids, const int *n, co
     tlm_threads_enter();
     int decode = 1;
     for (int b = 0; b < s->B; b++) decode &= n[b] <= 1;
-    int full = omp_get_max_threads(), ignore = share_ignored();
+    int full = omp_get_max_threads(), ignore = decode && full > 1 ? share_ignored() : 1;
     int team = infer_share_team(&s->share, full, decode, ignore);
     int timed = decode && team == full && full > 1 && !ignore;
     double w0 = timed ? clock_of(CLOCK_MONOTONIC) : 0,
