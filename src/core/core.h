@@ -29,6 +29,11 @@ void tlm_big_seal(void *p, size_t bytes);
 /* Frees a tlm_big_alloc buffer of the size it was asked for; NULL is ignored. */
 void tlm_big_free(void *p, size_t bytes);
 
+/* Seconds on the monotonic clock, and of CPU time used by all the process's threads
+ * (src/core/clock.c). */
+double tlm_now_s(void);
+double tlm_cpu_s(void);
+
 /* Called before the first computation (model creation): caps OpenBLAS's thread count at
  * OMP_THREAD_LIMIT even when tlm_set_threads was never called. */
 void tlm_threads_check(void);

@@ -2,7 +2,6 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #ifdef __GLIBC__
 #include <malloc.h>
 #endif
@@ -74,12 +73,6 @@ struct tlm_dist {
     double comm_s;
 };
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static tlm_status mpi_fail(const tlm_dist *d, const char *what, int rc) {
     char msg[MPI_MAX_ERROR_STRING];
     int len = 0;
@@ -122,7 +115,7 @@ double dist_comm_seconds(const tlm_dist *d) { return d->comm_s; }
 
 static tlm_status reduce_grads(void *user, float *grads, size_t n, float *loss) {
     tlm_dist *d = user;
-    double t0 = now_s();
+    double t0 = tlm_now_s();
     int rc = MPI_Reduce_scatter(grads, d->part, d->counts, MPI_FLOAT, MPI_SUM, d->comm);
     if (rc != MPI_SUCCESS) return mpi_fail(d, "reducing the gradients", rc);
     /* The mean over the ranks: every rank's gradient is of its own equal share of the batch. */
@@ -134,15 +127,15 @@ static tlm_status reduce_grads(void *user, float *grads, size_t n, float *loss) 
     rc = MPI_Allreduce(MPI_IN_PLACE, &l, 1, MPI_DOUBLE, MPI_SUM, d->comm);
     if (rc != MPI_SUCCESS) return mpi_fail(d, "reducing the loss", rc);
     *loss = (float)(l / d->world);
-    d->comm_s += now_s() - t0;
+    d->comm_s += tlm_now_s() - t0;
     return TLM_OK;
 }
 
 static tlm_status reduce_sum(void *user, double *v, int n) {
     tlm_dist *d = user;
-    double t0 = now_s();
+    double t0 = tlm_now_s();
     int rc = MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_DOUBLE, MPI_SUM, d->comm);
-    d->comm_s += now_s() - t0;
+    d->comm_s += tlm_now_s() - t0;
     return rc == MPI_SUCCESS ? TLM_OK : mpi_fail(d, "a sum over the ranks", rc);
 }
 
@@ -150,10 +143,10 @@ static tlm_status reduce_sumsq(void *user, double *ss) { return reduce_sum(user,
 
 static tlm_status after_update(void *user, float *params, size_t n) {
     tlm_dist *d = user;
-    double t0 = now_s();
+    double t0 = tlm_now_s();
     int rc = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, params, d->counts, d->displs,
                             MPI_FLOAT, d->comm);
-    d->comm_s += now_s() - t0;
+    d->comm_s += tlm_now_s() - t0;
     return rc == MPI_SUCCESS ? TLM_OK : mpi_fail(d, "gathering the parameters", rc);
 }
 

@@ -9,7 +9,6 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "infer/infer.h"
 #include "kernels/fastmath.h"
@@ -471,12 +470,6 @@ tlm_status tlm_prefill(tlm_session *s, int seq, const int32_t *ids, int n, float
 static tlm_status step_rows(tlm_session *s, const int32_t *ids, const int *n, const uint8_t *want,
                             float *logits, int N);
 
-static double clock_of(clockid_t id) {
-    struct timespec t;
-    clock_gettime(id, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 /* TLM_SHARED_CORES=ignore keeps the full team for every step (share.c). Read at each step, not
  * cached: sessions step in several threads at once. */
 static int share_ignored(void) {
@@ -508,14 +501,11 @@ tlm_status tlm_session_step(tlm_session *s, const int32_t *ids, const int *n, co
     int full = omp_get_max_threads(), ignore = decode && full > 1 ? share_ignored() : 1;
     int team = infer_share_team(&s->share, full, decode, ignore);
     int timed = decode && team == full && full > 1 && !ignore;
-    double w0 = timed ? clock_of(CLOCK_MONOTONIC) : 0,
-           c0 = timed ? clock_of(CLOCK_PROCESS_CPUTIME_ID) : 0;
+    double w0 = timed ? tlm_now_s() : 0, c0 = timed ? tlm_cpu_s() : 0;
     if (team != full) omp_set_num_threads(team);
     st = step_rows(s, ids, n, want, logits, N);
     if (team != full) omp_set_num_threads(full);
-    if (timed && !st)
-        infer_share_after(&s->share, full, clock_of(CLOCK_MONOTONIC) - w0,
-                          clock_of(CLOCK_PROCESS_CPUTIME_ID) - c0);
+    if (timed && !st) infer_share_after(&s->share, full, tlm_now_s() - w0, tlm_cpu_s() - c0);
     return st;
 }
 

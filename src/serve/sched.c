@@ -17,11 +17,7 @@
 #include "core/core.h"
 #include "serve/serve.h"
 
-double srv_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+double srv_now(void) { return tlm_now_s(); }
 
 size_t srv_stop_scan(const char *buf, size_t len, char *const *stops, int n_stops, int *hit) {
     *hit = 0;

@@ -3,7 +3,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 
 #include <cjson/cJSON.h>
 
@@ -25,12 +24,6 @@ void tlm_train_defaults(tlm_train_opts *o) {
     o->eval_batches = 100; /* sd of the figure ~0.008 on Shakespeare-char (bench/README.md) */
     o->log_interval = 10;
     o->seed = 1337;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 typedef struct {
@@ -454,11 +447,11 @@ tlm_status tlm_train_run(tlm_model *m, const tlm_dataset *d, const tlm_train_opt
         goto done;
     }
     size_t N = (size_t)t->B * t->T;
-    double t_start = now_s();
+    double t_start = tlm_now_s();
     long first = t->st.step;
     const tlm_train_hooks *hk = &o->hooks;
     while (t->st.step < o->steps) {
-        double t0 = now_s(), lr, norm;
+        double t0 = tlm_now_s(), lr, norm;
         float loss, scale;
         /* The step: forward/backward -> gradient reduction (hook) -> clip -> AdamW. */
         if ((s = tlm_trainer_backward(t, &loss)) != TLM_OK) break;
@@ -476,13 +469,14 @@ tlm_status tlm_train_run(tlm_model *m, const tlm_dataset *d, const tlm_train_opt
         if (s) break;
         if ((s = tlm_trainer_update(t, scale, &lr)) != TLM_OK) break;
         long step = t->st.step;
-        double dt = now_s() - t0;
+        double dt = tlm_now_s() - t0;
         int last = step == o->steps;
         int evaluate = do_eval && (step % o->eval_interval == 0 || last);
         float val = NAN;
         if (evaluate && (s = evaluate_split(t, &val)) != TLM_OK) break;
-        tlm_train_progress p = {step,           o->steps,          loss,        val, lr, norm,
-                                (double)N / dt, now_s() - t_start, step - first};
+        tlm_train_progress p = {step,        o->steps, loss,           val,
+                                lr,          norm,     (double)N / dt, tlm_now_s() - t_start,
+                                step - first};
         if (writer && (evaluate || last || (o->log_interval > 0 && step % o->log_interval == 0) ||
                        step == 1)) {
             fprintf(log, "{\"step\": %ld, \"train_loss\": %.6f", step, (double)loss);
