@@ -122,7 +122,7 @@ void k_matvec_parts(float *y, int ldy, const float *x, int M, int in, const k_ma
          * one process, 1 thread, G bytes/s, burst -> spread: Q4_K 768 x 2048 27 -> 30, 2048 x 768
          * 26 -> 30; Q6_K 768 x 2048 18 -> 21; Q4_0 768 x 2048 17.7 -> 22.4 in one phase of the
          * host, 20.6 -> 20.8 in another. F32 and BF16 lose with it (F32 768 x 2048 26 -> 21). */
-        spreads[p] = w4s[p] && tlm_dtype_get(parts[p].dtype)->block_elems > 1;
+        spreads[p] = w4s[p] && tlm_dtype_get(parts[p].dtype)->block_elems > 1; /* qdot.h */
         rbs[p] = (k_act_row_bytes(parts[p].dtype, in) + 63) & ~(size_t)63;
         acts[p] = kind == K_ACT_F32 ? (const uint8_t *)x : act ? act + off[kind] : NULL;
         if (kind == K_ACT_F32) rbs[p] = (size_t)in * sizeof(float);

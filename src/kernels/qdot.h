@@ -108,8 +108,9 @@ k_vdot_rows3_fn k_vdot_rows3(tlm_dtype t);
  * reductions overlap, which is what bounds cache-resident or compute-heavy rows (F32, Q8_0, Q4_0,
  * Q4_K, Q6_K; BF16 with AVX512_BF16); long rows of types with a cheap one-row kernel go one at a
  * time instead, one sequential stream (k_matvec_parts). AVX-512; NULL elsewhere. Unless pf is NULL,
- * the kernel also prefetches the 4 * wstride bytes from pf (the unit after next), a share per step
- * of its loop; pf may point past the weights' end. */
+ * the block types' kernels also prefetch the 4 * wstride bytes from pf (the unit after next), a
+ * share per step of their loop; pf may point past the weights' end. The F32, F16 and BF16 kernels
+ * ignore pf: k_matvec_parts asks for their units' lines all at once, which measured faster. */
 typedef void (*k_vdot_w4_fn)(int n, float *s, const void *w, size_t wstride, const void *xq,
                              const void *pf);
 k_vdot_w4_fn k_vdot_w4(tlm_dtype t);

@@ -201,10 +201,9 @@ T5BF static void w4_bf16(int n, float *s, const void *w, size_t ws, const void *
         a[r] = (const uint8_t *)w + r * ws;
         s0[r] = s1[r] = _mm512_setzero_ps();
     }
+    (void)pf; /* k_matvec_parts prefetches float rows all at once (k_vdot_w4_fn) */
     int i = 0;
-    size_t pfo = 0;
     for (; i + 64 <= n; i += 64) {
-        pf_upto(pf, &pfo, 8 * (size_t)(i + 64));
         __m512bh x0 = (__m512bh)_mm512_loadu_si512(x + 2 * i);
         __m512bh x1 = (__m512bh)_mm512_loadu_si512(x + 2 * i + 64);
         for (int r = 0; r < 4; r++) {
@@ -220,7 +219,6 @@ T5BF static void w4_bf16(int n, float *s, const void *w, size_t ws, const void *
             s0[r] =
                 _mm512_dpbf16_ps(s0[r], (__m512bh)_mm512_maskz_loadu_epi16(k, a[r] + 2 * i), xv);
     }
-    pf_upto(pf, &pfo, 4 * ws);
     for (int r = 0; r < 4; r++) s[r] = _mm512_reduce_add_ps(_mm512_add_ps(s0[r], s1[r]));
 }
 
@@ -605,14 +603,12 @@ T5 static inline AI void fr5(int n, const int M, float *s, const uint8_t *w, con
  * interleaved (eight FMA chains instead of two), with the prefetch ahead that units of four take.
  * Four alternating runs: 15M 1 thread 531 -> 622 tok/s (llama.cpp 579), 2 threads 1054 -> 1104;
  * 110M, bound by memory, within noise. F16 takes it on short rows only (k_matvec_parts). */
-T5 static inline AI void fw4(int n, float *s, const uint8_t *w, size_t ws, const float *x, int f16,
-                             const void *pf) {
+T5 static inline AI void fw4(int n, float *s, const uint8_t *w, size_t ws, const float *x,
+                             int f16) {
     __m512 a0[4], a1[4];
     for (int r = 0; r < 4; r++) a0[r] = a1[r] = _mm512_setzero_ps();
     int i = 0;
-    size_t pfo = 0;
     for (; i + 32 <= n; i += 32) {
-        pf_upto(pf, &pfo, (f16 ? 8 : 16) * (size_t)(i + 32));
         __m512 x0 = _mm512_loadu_ps(x + i), x1 = _mm512_loadu_ps(x + i + 16);
         for (int r = 0; r < 4; r++) {
             a0[r] = _mm512_fmadd_ps(ld16_5(w + r * ws, f16, i), x0, a0[r]);
@@ -630,14 +626,16 @@ T5 static inline AI void fw4(int n, float *s, const uint8_t *w, size_t ws, const
             a0[r] = _mm512_fmadd_ps(wv, xv, a0[r]);
         }
     }
-    pf_upto(pf, &pfo, 4 * ws);
     for (int r = 0; r < 4; r++) s[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r]));
 }
+/* pf is ignored: k_matvec_parts prefetches float rows all at once (k_vdot_w4_fn). */
 T5 static void w4_f32(int n, float *s, const void *w, size_t ws, const void *xq, const void *pf) {
-    fw4(n, s, w, ws, (const float *)xq, 0, pf);
+    (void)pf;
+    fw4(n, s, w, ws, (const float *)xq, 0);
 }
 T5 static void w4_f16(int n, float *s, const void *w, size_t ws, const void *xq, const void *pf) {
-    fw4(n, s, w, ws, (const float *)xq, 1, pf);
+    (void)pf;
+    fw4(n, s, w, ws, (const float *)xq, 1);
 }
 
 #define FR5_F32(n, M, s, w, xq, xs) fr5(n, M, s, w, xq, xs, 0)
