@@ -3,6 +3,7 @@
  * this CPU runs against the reference, on random blocks with odd tails, extreme and zero scales and
  * the largest magnitudes; then k_linear on typed weights (decode and prefill paths) against the
  * same product on the widened F32 weight. */
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -276,6 +277,53 @@ static void check_matvec_rows(tlm_dtype t, int in, int M) {
     free(y1);
 }
 
+/* k_matvec_parts on a product big enough to go to the team, by teams of 2, 3 and 7 threads (7 on
+ * fewer cores: threads are often off their core, so others take chunks of their shares) and by
+ * teams shorter than omp_get_max_threads() says (regions nested in a parallel region get one
+ * thread, which then runs its share and takes all the others'), against one thread: which thread
+ * runs a unit must not change its sums, and every unit must be run once. */
+static void check_matvec_teams(tlm_dtype t, int M) {
+    enum { O1 = 1003, O2 = 97 };
+    int in = t == TLM_DTYPE_F32 ? 200 : 512; /* work * M * in past K_*_PAR_MIN (matvec.c) */
+    size_t rb = tlm_dtype_bytes(t, (uint64_t)in), ny = (size_t)(O1 + O2) * M;
+    uint8_t *w = malloc(rb * (O1 + O2));
+    float *x = malloc(sizeof(float) * in * M), *b = malloc(sizeof(float) * O2);
+    float *y1 = malloc(sizeof(float) * ny), *y = malloc(sizeof(float) * 2 * ny);
+    if (t == TLM_DTYPE_F32)
+        for (int i = 0; i < in * (O1 + O2); i++) ((float *)(void *)w)[i] = t_unif();
+    else
+        fill_weights(t, w, in * (O1 + O2), 0);
+    for (int i = 0; i < in * M; i++) x[i] = t_unif();
+    for (int i = 0; i < O2; i++) b[i] = t_unif();
+    k_matvec_part parts[2] = {{w, NULL, O1, rb, t, 0}, {w + rb * O1, b, O2, rb, t, O1}};
+    omp_set_num_threads(1);
+    k_matvec_parts(y1, O1 + O2, x, M, in, parts, 2);
+    const int teams[] = {2, 3, 7};
+    for (int k = 0; k < 3; k++) {
+        omp_set_num_threads(teams[k]);
+        memset(y, 0xff, sizeof(float) * ny); /* NaN: a unit left out shows */
+        k_matvec_parts(y, O1 + O2, x, M, in, parts, 2);
+        CHECK(!memcmp(y, y1, sizeof(float) * ny), "%s k_matvec_parts, M %d: %d threads equal one",
+              tlm_dtype_name(t), M, teams[k]);
+    }
+    int levels = omp_get_max_active_levels();
+    omp_set_max_active_levels(1);
+    omp_set_num_threads(3);
+    memset(y, 0xff, sizeof(float) * 2 * ny);
+#pragma omp parallel num_threads(2)
+    k_matvec_parts(y + (size_t)omp_get_thread_num() * ny, O1 + O2, x, M, in, parts, 2);
+    CHECK(!memcmp(y, y1, sizeof(float) * ny) && !memcmp(y + ny, y1, sizeof(float) * ny),
+          "%s k_matvec_parts, M %d: nested one-thread teams equal one thread", tlm_dtype_name(t),
+          M);
+    omp_set_max_active_levels(levels);
+    tlm_set_threads(2);
+    free(w);
+    free(x);
+    free(b);
+    free(y1);
+    free(y);
+}
+
 /* k_linear on a typed [out, in] weight against the widened F32 weight: M <= 8 rows (decode,
  * activations quantized: within the quantization's error) and N > 8 (prefill: widened tiles and
  * sgemm, the same sums). */
@@ -347,6 +395,8 @@ int main(void) {
         for (int c = 0; c < 5; c++) check_w4(t, be == 1 ? counts[c] * 17 : counts[c] * be);
         check_matvec_rows(t, be == 1 ? 200 : 3 * be, 11);
         check_matvec_rows(t, be == 1 ? 200 : 3 * be, 6);
+        check_matvec_teams(t, 1);
+        check_matvec_teams(t, 3);
     }
     /* F32 rows: whole vectors, a tail of each width, shorter than one vector */
     const int f32n[] = {768, 32 * 7 + 5, 16 * 3 + 9, 11};
@@ -354,6 +404,8 @@ int main(void) {
     for (int c = 0; c < 4; c++) check_w4(TLM_DTYPE_F32, f32n[c]);
     check_matvec_rows(TLM_DTYPE_F32, 200, 11);
     check_matvec_rows(TLM_DTYPE_F32, 200, 6);
+    check_matvec_teams(TLM_DTYPE_F32, 1);
+    check_matvec_teams(TLM_DTYPE_F32, 3);
     CHECK(!k_linear_takes(TLM_DTYPE_I32), "integers are not weights");
     if (k_isa() >= K_ISA_AVX512) {
         const tlm_dtype w4t[] = {TLM_DTYPE_F32,  TLM_DTYPE_F16,  TLM_DTYPE_Q8_0,

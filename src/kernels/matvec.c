@@ -1,6 +1,9 @@
 #include "matvec.h"
 
 #include <limits.h>
+#include <omp.h>
+#include <stdatomic.h>
+#include <stdint.h>
 
 #include "core/dtype.h"
 #include "kernels.h"
@@ -49,6 +52,121 @@ static int one_row_from(tlm_dtype t) {
      * 1.15-1.20x at two; four at a time for 110M's rows (768, 2048) cost it 5-10%. */
     case TLM_DTYPE_F16: return 513;
     default: return INT_MAX;
+    }
+}
+
+/* k_matvec_parts's arguments and per-part choices, for mv_units. */
+typedef struct {
+    float *y;
+    int ldy;
+    const float *x;
+    int M, in, ur;
+    const k_matvec_part *parts;
+    const long *first;
+    k_vdot_rows3_fn *r3s;
+    k_vdot_w4_fn *w4s;
+    int *pfs, *spreads;
+    k_vdot_fn *dots;
+    k_vdot_rows_fn *rdots;
+    const uint8_t **acts;
+    size_t *rbs;
+} mv_ctx;
+
+/* Units u0 .. u1 - 1 of ur output rows, numbered across the parts. */
+static void mv_units(const mv_ctx *c, long u0, long u1) {
+    float *y = c->y;
+    int ldy = c->ldy, M = c->M, in = c->in, ur = c->ur;
+    const float *x = c->x;
+    int p = 0;
+    for (long u = u0; u < u1; u++) {
+        while (u >= c->first[p + 1]) p++;
+        const k_matvec_part *P = &c->parts[p];
+        int j = (int)(u - c->first[p]) * ur, rows = P->out - j < ur ? P->out - j : ur;
+        k_vdot_fn dot = c->dots[p];
+        k_vdot_rows_fn rdot = c->rdots[p];
+        const uint8_t *a = c->acts[p];
+        size_t rb = c->rbs[p];
+        const uint8_t *w0 = (const uint8_t *)P->w + (size_t)j * P->row_bytes;
+        /* The rows of the unit after next: the kernels read a unit's rows several at once, or
+         * each several times, which the hardware prefetchers here follow worse than one stream.
+         * Past the part's end this asks for bytes the product does not read, which a prefetch
+         * may: it never faults. */
+        const char *pf = c->pfs[p] ? (const char *)w0 + 2 * (size_t)ur * P->row_bytes : NULL;
+        int w4 = rows == 4 && a && c->w4s[p];
+        if (pf && !(w4 && c->spreads[p]))
+            for (size_t o = 0; o < (size_t)ur * P->row_bytes; o += 64)
+                __builtin_prefetch(pf + o, 0, 3);
+        if (ur == 3 && rows == 3 && a) {
+            float r3[3 * K_VDOT3_MAX_ROWS];
+            for (int m0 = 0; m0 < M; m0 += K_VDOT3_MAX_ROWS) {
+                int mm = M - m0 < K_VDOT3_MAX_ROWS ? M - m0 : K_VDOT3_MAX_ROWS;
+                c->r3s[p](in, mm, r3, w0, P->row_bytes, a + m0 * rb, rb);
+                for (int m = 0; m < mm; m++) {
+                    float *ym = y + (size_t)(m0 + m) * ldy + P->col + j;
+                    for (int k = 0; k < 3; k++)
+                        ym[k] = P->b ? r3[k * mm + m] + P->b[j + k] : r3[k * mm + m];
+                }
+            }
+            continue; /* next unit */
+        }
+        if (w4) {
+            /* Straight into y: four floats stored one by one and read back as wider words
+             * cannot be forwarded from the stores, and the load waits for them to retire. */
+            float *ym = y + P->col + j;
+            c->w4s[p](in, ym, w0, P->row_bytes, a, c->spreads[p] ? pf : NULL);
+            if (P->b)
+                for (int k = 0; k < 4; k++) ym[k] += P->b[j + k];
+            continue; /* next unit */
+        }
+        /* Each weight row once against up to K_VDOT_MAX_ROWS activation rows: the unit's four
+         * rows stay in L1 for the next group of activation rows, if any. */
+        for (int m0 = 0; m0 < M; m0 += K_VDOT_MAX_ROWS) {
+            int mm = M - m0 < K_VDOT_MAX_ROWS ? M - m0 : K_VDOT_MAX_ROWS;
+            float r[4][K_VDOT_MAX_ROWS];
+            for (int k = 0; k < rows; k++) {
+                const uint8_t *wr = w0 + (size_t)k * P->row_bytes;
+                if (a && rdot) {
+                    rdot(in, mm, r[k], wr, a + m0 * rb, rb);
+                } else {
+                    for (int m = 0; m < mm; m++) {
+                        if (a)
+                            dot(in, &r[k][m], wr, a + (m0 + m) * rb);
+                        else
+                            r[k][m] = widen_dot(P->dtype, wr, x + (size_t)(m0 + m) * in, in);
+                    }
+                }
+            }
+            for (int m = 0; m < mm; m++) {
+                float *ym = y + (size_t)(m0 + m) * ldy + P->col + j;
+                for (int k = 0; k < rows; k++) ym[k] = P->b ? r[k][m] + P->b[j + k] : r[k][m];
+            }
+        }
+    }
+}
+
+/* A share of units for mv_claim: the first (low 32 bits) and one past the last not yet taken. */
+#define K_STEAL_MAX 64
+typedef struct {
+    _Alignas(64) _Atomic uint64_t fb;
+} mv_share;
+
+/* Takes up to `chunk` units from the front of the share (back: from its back) into [*a, *b);
+ * 0 when none are left. Relaxed order: a claim only has to be exclusive, and the results are
+ * published by the region's closing barrier. */
+static int mv_claim(mv_share *sh, long chunk, int back, long *a, long *b) {
+    uint64_t old = atomic_load_explicit(&sh->fb, memory_order_relaxed);
+    for (;;) {
+        uint32_t f = (uint32_t)old, e = (uint32_t)(old >> 32);
+        if (f >= e) return 0;
+        uint32_t k = e - f < (uint64_t)chunk ? e - f : (uint32_t)chunk;
+        uint64_t nw =
+            back ? (uint64_t)f | (uint64_t)(e - k) << 32 : (uint64_t)(f + k) | (uint64_t)e << 32;
+        if (atomic_compare_exchange_weak_explicit(&sh->fb, &old, nw, memory_order_relaxed,
+                                                  memory_order_relaxed)) {
+            *a = back ? e - k : f;
+            *b = back ? e : f + k;
+            return 1;
+        }
     }
 }
 
@@ -128,71 +246,37 @@ void k_matvec_parts(float *y, int ldy, const float *x, int M, int in, const k_ma
         if (kind == K_ACT_F32) rbs[p] = (size_t)in * sizeof(float);
     }
     long units = first[n];
-#pragma omp parallel for schedule(static) if (work * M * in >=                                     \
-                                              (typed ? K_TYPED_PAR_MIN : K_F32_PAR_MIN))
-    for (long u = 0; u < units; u++) {
-        int p = 0;
-        while (u >= first[p + 1]) p++;
-        const k_matvec_part *P = &parts[p];
-        int j = (int)(u - first[p]) * ur, rows = P->out - j < ur ? P->out - j : ur;
-        k_vdot_fn dot = dots[p];
-        k_vdot_rows_fn rdot = rdots[p];
-        const uint8_t *a = acts[p];
-        size_t rb = rbs[p];
-        const uint8_t *w0 = (const uint8_t *)P->w + (size_t)j * P->row_bytes;
-        /* The rows of the unit after next: the kernels read a unit's rows several at once, or
-         * each several times, which the hardware prefetchers here follow worse than one stream.
-         * Past the part's end this asks for bytes the product does not read, which a prefetch
-         * may: it never faults. */
-        const char *pf = pfs[p] ? (const char *)w0 + 2 * (size_t)ur * P->row_bytes : NULL;
-        int w4 = rows == 4 && a && w4s[p];
-        if (pf && !(w4 && spreads[p]))
-            for (size_t o = 0; o < (size_t)ur * P->row_bytes; o += 64)
-                __builtin_prefetch(pf + o, 0, 3);
-        if (ur == 3 && rows == 3 && a) {
-            float r3[3 * K_VDOT3_MAX_ROWS];
-            for (int m0 = 0; m0 < M; m0 += K_VDOT3_MAX_ROWS) {
-                int mm = M - m0 < K_VDOT3_MAX_ROWS ? M - m0 : K_VDOT3_MAX_ROWS;
-                r3s[p](in, mm, r3, w0, P->row_bytes, a + m0 * rb, rb);
-                for (int m = 0; m < mm; m++) {
-                    float *ym = y + (size_t)(m0 + m) * ldy + P->col + j;
-                    for (int k = 0; k < 3; k++)
-                        ym[k] = P->b ? r3[k * mm + m] + P->b[j + k] : r3[k * mm + m];
-                }
-            }
-            continue;
-        }
-        if (w4) {
-            /* Straight into y: four floats stored one by one and read back as wider words
-             * cannot be forwarded from the stores, and the load waits for them to retire. */
-            float *ym = y + P->col + j;
-            w4s[p](in, ym, w0, P->row_bytes, a, spreads[p] ? pf : NULL);
-            if (P->b)
-                for (int k = 0; k < 4; k++) ym[k] += P->b[j + k];
-            continue;
-        }
-        /* Each weight row once against up to K_VDOT_MAX_ROWS activation rows: the unit's four
-         * rows stay in L1 for the next group of activation rows, if any. */
-        for (int m0 = 0; m0 < M; m0 += K_VDOT_MAX_ROWS) {
-            int mm = M - m0 < K_VDOT_MAX_ROWS ? M - m0 : K_VDOT_MAX_ROWS;
-            float r[4][K_VDOT_MAX_ROWS];
-            for (int k = 0; k < rows; k++) {
-                const uint8_t *wr = w0 + (size_t)k * P->row_bytes;
-                if (a && rdot) {
-                    rdot(in, mm, r[k], wr, a + m0 * rb, rb);
-                } else {
-                    for (int m = 0; m < mm; m++) {
-                        if (a)
-                            dot(in, &r[k][m], wr, a + (m0 + m) * rb);
-                        else
-                            r[k][m] = widen_dot(P->dtype, wr, x + (size_t)(m0 + m) * in, in);
-                    }
-                }
-            }
-            for (int m = 0; m < mm; m++) {
-                float *ym = y + (size_t)(m0 + m) * ldy + P->col + j;
-                for (int k = 0; k < rows; k++) ym[k] = P->b ? r[k][m] + P->b[j + k] : r[k][m];
-            }
+    mv_ctx c = {y, ldy, x, M, in, ur, parts, first, r3s, w4s, pfs, spreads, dots, rdots, acts, rbs};
+    int par = work * M * in >= (typed ? K_TYPED_PAR_MIN : K_F32_PAR_MIN);
+    int shares = par ? omp_get_max_threads() : 1;
+    if (shares < 2) {
+        mv_units(&c, 0, units);
+        return;
+    }
+    if (shares > K_STEAL_MAX || units >= (1L << 31)) {
+#pragma omp parallel for schedule(static)
+        for (long u = 0; u < units; u++) mv_units(&c, u, u + 1);
+        return;
+    }
+    /* Each thread's share of the units as schedule(static) would give it, run front to back a
+     * chunk at a time; a thread done with its own takes chunks from the back of the others'.
+     * The two vCPUs here run the same share at speeds up to 25% apart, and which is slower
+     * changes from run to run, so with fixed shares the faster thread waited at every one of a
+     * token's ~50 barriers. Which thread runs a unit does not change its sums. */
+    mv_share sh[K_STEAL_MAX];
+    for (int i = 0; i < shares; i++)
+        atomic_init(&sh[i].fb, (uint64_t)(units * i / shares) | (uint64_t)(units * (i + 1) / shares)
+                                                                    << 32);
+    long chunk = units / shares / 16 > 1 ? units / shares / 16 : 1;
+#pragma omp parallel
+    {
+        int id = omp_get_thread_num();
+        long a, b;
+        if (id < shares)
+            while (mv_claim(&sh[id], chunk, 0, &a, &b)) mv_units(&c, a, b);
+        for (int k = 1; k <= shares; k++) {
+            mv_share *v = &sh[(id + k) % shares];
+            while (mv_claim(v, chunk, 1, &a, &b)) mv_units(&c, a, b);
         }
     }
 }
