@@ -995,57 +995,10 @@ T5 static inline AI __m512i q45k_head(const uint8_t *wb, q45k_w *o) {
     return _mm512_castsi256_si512(_mm256_cvtepu8_epi16(sm));
 }
 
-/* Q5_K: run g's low nibbles (sub-block 2g) and high ones (2g + 1) with their fifth bits; int16
- * lanes 0-15 take scale 2g, 16-31 scale 2g + 1. */
-T5 static inline AI void q5k_load(const uint8_t *wb, q45k_w *o) {
-    const __m512i two = _mm512_set1_epi16(2);
-    __m512i idx = _mm512_set_epi16(1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0,
-                                   0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-    __m512i sc16 = q45k_head(wb, o);
-    for (int g = 0; g < 4; g++) {
-        __m256i lo, hi;
-        q45k_group(wb + 48 + 32 * g, wb + 16, g, &lo, &hi);
-        o->qv[g] = join(lo, hi);
-        o->scp[g] = _mm512_permutexvar_epi16(idx, sc16);
-        idx = _mm512_add_epi16(idx, two);
-    }
-}
-
-/* Per 64 elements one maddubs (q <= 31, |x| <= 127: pairs fit int16) and one madd by the
- * sub-blocks' scales as int16; the mins through the activation's pair sums, in a 256-bit vector;
- * both accumulators in floats until the end. */
-T5 static inline AI void q45k_step(const q45k_w *w, const k_block_q8_k *x, __m512 *acc,
-                                   __m256 *accm) {
-    __m256i mterm = _mm256_madd_epi16(w->mn16, _mm256_loadu_si256((const __m256i *)x->bsums));
-    __m512i isum = _mm512_setzero_si512();
-    for (int g = 0; g < 4; g++) {
-        __m512i p = _mm512_maddubs_epi16(w->qv[g], _mm512_loadu_si512(x->qs + 64 * g));
-        isum = _mm512_add_epi32(isum, _mm512_madd_epi16(p, w->scp[g]));
-    }
-    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(x->d * w->dw), *acc);
-    *accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mterm), _mm256_set1_ps(x->d * w->dmin), *accm);
-}
-
 T5 static inline AI float q45k_sum(__m512 acc, __m256 accm) {
     __m256 lo = _mm512_castps512_ps256(acc), hi = _mm512_extractf32x8_ps(acc, 1);
     return hsum8(_mm256_sub_ps(_mm256_add_ps(lo, hi), accm));
 }
-
-T5 static inline AI void q5kr5(int n, const int M, float *s, const uint8_t *w, const uint8_t *xq,
-                               size_t xs) {
-    __m512 acc[K_VDOT_MAX_ROWS];
-    __m256 accm[K_VDOT_MAX_ROWS];
-    for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps(), accm[m] = _mm256_setzero_ps();
-    for (int b = 0; b < n / TLM_QK_K; b++) {
-        q45k_w wv;
-        q5k_load(w + b * sizeof(tlm_block_q5_k), &wv);
-        for (int m = 0; m < M; m++)
-            q45k_step(&wv, (const k_block_q8_k *)(const void *)(xq + m * xs) + b, &acc[m],
-                      &accm[m]);
-    }
-    for (int m = 0; m < M; m++) s[m] = q45k_sum(acc[m], accm[m]);
-}
-T5 static void a5_q5_k(int n, float *s, const void *w, const void *xq) { q5kr5(n, 1, s, w, xq, 0); }
 
 /* Q4_K against the activations' reordered runs (k_act_q8_k_nib): each 64-byte half of qs is one
  * load, its low nibbles runs 4h and 4h + 2, its high ones 4h + 1 and 4h + 3, instead of four
@@ -1068,7 +1021,10 @@ T5 static inline AI void q4k_load(const uint8_t *wb, q45k_w *o) {
     }
 }
 
-/* q45k_step with the products over xs, block b's reordered runs. */
+/* Per 64 elements one maddubs (q <= 31, |x| <= 127: pairs fit int16) and one madd by the
+ * sub-blocks' scales as int16, over xs, block b's reordered runs; the mins through the
+ * activation's pair sums, in a 256-bit vector; both accumulators in floats until the end. Q4_K's
+ * and Q5_K's step. */
 T5 static inline AI void q4k_step(const q45k_w *w, const k_block_q8_k *x, const int8_t *xs,
                                   __m512 *acc, __m256 *accm) {
     __m256i mterm = _mm256_madd_epi16(w->mn16, _mm256_loadu_si256((const __m256i *)x->bsums));
@@ -1097,6 +1053,49 @@ T5 static inline AI void q4kr5(int n, const int M, float *s, const uint8_t *w, c
     for (int m = 0; m < M; m++) s[m] = q45k_sum(acc[m], accm[m]);
 }
 T5 static void a5_q4_k(int n, float *s, const void *w, const void *xq) { q4kr5(n, 1, s, w, xq, 0); }
+
+/* Q5_K in Q4_K's order (q4k_load): each 64-byte half h of qs is one load, its low nibbles
+ * sub-blocks 4h (bytes 0-31) and 4h + 2 (32-63), its high ones 4h + 1 and 4h + 3, as the
+ * activation's reordered runs lie. Sub-block j's fifth bits are bit j of qh's 32 bytes: qh
+ * broadcast to both halves, a word shift per half brings bit j to bit 4 of each byte (left by
+ * 4 - j, right by j - 4; within the byte as j < 8). Against 256-bit runs unpacked one at a time,
+ * each with its own shifts of qh, and the activation in the file's order: half the operations
+ * (one thread, in cache, alternating: see q5kr5). */
+T5 static inline AI void q5k_load(const uint8_t *wb, q45k_w *o) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
+    __m512i sc16 = q45k_head(wb, o);
+    __m512i hb = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(wb + 16)));
+    for (int h = 0; h < 2; h++) {
+        __m512i L = _mm512_loadu_si512(wb + 48 + 64 * h);
+        /* bits 4h | 4h + 2 and 4h + 1 | 4h + 3 to bit 4 */
+        __m512i f0 =
+            h ? _mm512_srlv_epi16(hb, q4k_pair(0, 2)) : _mm512_sllv_epi16(hb, q4k_pair(4, 2));
+        __m512i f1 =
+            h ? _mm512_srlv_epi16(hb, q4k_pair(1, 3)) : _mm512_sllv_epi16(hb, q4k_pair(3, 1));
+        o->qv[2 * h] = _mm512_or_si512(_mm512_and_si512(L, m4), _mm512_and_si512(f0, b4));
+        o->qv[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(L, 4), m4),
+                                           _mm512_and_si512(f1, b4));
+        o->scp[2 * h] = _mm512_permutexvar_epi16(q4k_pair(4 * h, 4 * h + 2), sc16);
+        o->scp[2 * h + 1] = _mm512_permutexvar_epi16(q4k_pair(4 * h + 1, 4 * h + 3), sc16);
+    }
+}
+
+T5 static inline AI void q5kr5(int n, const int M, float *s, const uint8_t *w, const uint8_t *xq,
+                               size_t xs) {
+    __m512 acc[K_VDOT_MAX_ROWS];
+    __m256 accm[K_VDOT_MAX_ROWS];
+    size_t nib = k_act_q8_k_nib_at(n);
+    for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps(), accm[m] = _mm256_setzero_ps();
+    for (int b = 0; b < n / TLM_QK_K; b++) {
+        q45k_w wv;
+        q5k_load(w + b * sizeof(tlm_block_q5_k), &wv);
+        for (int m = 0; m < M; m++)
+            q4k_step(&wv, (const k_block_q8_k *)(const void *)(xq + m * xs) + b,
+                     (const int8_t *)(xq + m * xs + nib) + TLM_QK_K * b, &acc[m], &accm[m]);
+    }
+    for (int m = 0; m < M; m++) s[m] = q45k_sum(acc[m], accm[m]);
+}
+T5 static void a5_q5_k(int n, float *s, const void *w, const void *xq) { q5kr5(n, 1, s, w, xq, 0); }
 
 T5 static inline AI __m512i q4k_heads(const uint8_t *p, size_t ws) {
     __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)p));
