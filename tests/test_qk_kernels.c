@@ -408,9 +408,9 @@ int main(void) {
     check_matvec_teams(TLM_DTYPE_F32, 3);
     CHECK(!k_linear_takes(TLM_DTYPE_I32), "integers are not weights");
     if (k_isa() >= K_ISA_AVX512) {
-        const tlm_dtype w4t[] = {TLM_DTYPE_F32,  TLM_DTYPE_F16,  TLM_DTYPE_Q8_0,
-                                 TLM_DTYPE_Q4_0, TLM_DTYPE_Q4_K, TLM_DTYPE_Q6_K};
-        for (int i = 0; i < 6; i++)
+        const tlm_dtype w4t[] = {TLM_DTYPE_F32,  TLM_DTYPE_F16,  TLM_DTYPE_Q8_0, TLM_DTYPE_Q4_0,
+                                 TLM_DTYPE_Q4_K, TLM_DTYPE_Q5_K, TLM_DTYPE_Q6_K};
+        for (int i = 0; i < 7; i++)
             CHECK(k_vdot_w4(w4t[i]) != NULL, "%s has a four-row kernel", tlm_dtype_name(w4t[i]));
     }
     return t_finish("test_qk_kernels");

@@ -106,10 +106,10 @@ k_vdot_rows3_fn k_vdot_rows3(tlm_dtype t);
  * each bit for bit what the type's one-row product gives (k_vdot_rows with M = 1 where the type
  * has it, else k_vdot). The activation's loads and preparation are shared and four rows'
  * reductions overlap, which is what bounds cache-resident or compute-heavy rows (F32, Q8_0, Q4_0,
- * Q4_K, Q6_K; BF16 with AVX512_BF16); long rows of types with a cheap one-row kernel go one at a
- * time instead, one sequential stream (k_matvec_parts). AVX-512; NULL elsewhere. Unless pf is NULL,
- * the block types' kernels also prefetch the 4 * wstride bytes from pf (the unit after next), a
- * share per step of their loop; pf may point past the weights' end. The F32, F16 and BF16 kernels
+ * Q4_K, Q5_K, Q6_K; BF16 with AVX512_BF16); long rows of types with a cheap one-row kernel go one
+ * at a time instead, one sequential stream (k_matvec_parts). AVX-512; NULL elsewhere. Unless pf is
+ * NULL, the block types' kernels also prefetch the 4 * wstride bytes from pf (the unit after next),
+ * a share per step of their loop; pf may point past the weights' end. The F32, F16 and BF16 kernels
  * ignore pf: k_matvec_parts asks for their units' lines all at once, which measured faster. */
 typedef void (*k_vdot_w4_fn)(int n, float *s, const void *w, size_t wstride, const void *xq,
                              const void *pf);

@@ -1104,7 +1104,8 @@ T5 static inline AI __m512i q4k_heads(const uint8_t *p, size_t ws) {
     return _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + 3 * ws)), 3);
 }
 
-/* Four weight rows against one activation row (k_vdot_w4_fn): q4kr5's sums per row, bit for bit,
+/* Four weight rows against one activation row (k_vdot_w4_fn): q4kr5's (five: q5kr5's) sums per
+ * row, bit for bit,
  * with what the rows share per super-block done once for all four. Their 16-byte heads (d, dmin,
  * 12 bytes of 6-bit scales and mins) sit in one register, one row per 128-bit lane, and are
  * unpacked together (q4k_scales' shuffles, one block per lane); the mins meet the
@@ -1112,9 +1113,12 @@ T5 static inline AI __m512i q4k_heads(const uint8_t *p, size_t ws) {
  * odd row; the four rows' d and dmin are widened and scaled in one vector. Every row waits for
  * the four heads, so the next super-block's are loaded one iteration early: without that, from
  * memory, 2048 x 768 ran 8% slower than one row at a time, with it 12% faster (in L2 +17%).
- * Q4_K only: Q5_K's fifth bits need more registers than four rows leave, and Q6_K's unpacking
- * dominates. */
-T5 static void w4_q4_k(int n, float *s, const void *w, size_t ws, const void *xq, const void *pf) {
+ * Q5_K's rows take their fifth bits as q5k_load does, one broadcast of qh per row (one thread,
+ * alternating, G bytes/s, one row at a time -> four: in cache 768 x 2048 23-25 -> 31-33, 2048 x
+ * 768 25-31 -> 34-36; from memory 18-21 -> 22-28 and 20-23 -> 25-33). Q6_K has its own: its
+ * unpacking dominates. */
+T5 static inline AI void w4_q45k(int n, float *s, const void *w, size_t ws, const void *xq,
+                                 const void *pf, const int five) {
     /* words of a widened pair of heads: 0-7 scales and 8-15 mins of the even row, 16-31 the odd
      * row's; each min twice, against the 16 sums of 16 */
     static const int16_t mdup_w[32] = {8,  8,  9,  9,  10, 10, 11, 11, 12, 12, 13,
@@ -1122,7 +1126,8 @@ T5 static void w4_q4_k(int n, float *s, const void *w, size_t ws, const void *xq
                                        27, 27, 28, 28, 29, 29, 30, 30, 31, 31};
     static const int32_t fm_i[2][16] = {{1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3},
                                         {5, 5, 5, 5, 5, 5, 5, 5, 7, 7, 7, 7, 7, 7, 7, 7}};
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
+    const size_t bb = five ? sizeof(tlm_block_q5_k) : sizeof(tlm_block_q4_k);
     const __m512i lo_i = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)q4k_lo_b));
     const __m512i hi_i = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)q4k_hi_b));
     const __m512i keep = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)q4k_keep_b));
@@ -1138,9 +1143,9 @@ T5 static void w4_q4_k(int n, float *s, const void *w, size_t ws, const void *xq
     __m512i v = q4k_heads(wb, ws);
     size_t pfo = 0;
     for (int b = 0; b < nb; b++) {
-        pf_upto(pf, &pfo, 4 * sizeof(tlm_block_q4_k) * (size_t)(b + 1));
-        const uint8_t *p = wb + b * sizeof(tlm_block_q4_k);
-        __m512i vnext = b + 1 < nb ? q4k_heads(p + sizeof(tlm_block_q4_k), ws) : v;
+        pf_upto(pf, &pfo, 4 * bb * (size_t)(b + 1));
+        const uint8_t *p = wb + b * bb;
+        __m512i vnext = b + 1 < nb ? q4k_heads(p + bb, ws) : v;
         __m512i lo = _mm512_shuffle_epi8(v, lo_i), hi = _mm512_shuffle_epi8(v, hi_i);
         lo = _mm512_mask_blend_epi8(0xF000F000F000F000ULL, lo, _mm512_srli_epi16(lo, 4));
         __m512i sm = _mm512_or_si512(
@@ -1160,13 +1165,23 @@ T5 static void w4_q4_k(int n, float *s, const void *w, size_t ws, const void *xq
         }
         const int8_t *xb = xs + TLM_QK_K * b;
         for (int r = 0; r < 4; r++) {
-            const uint8_t *q = p + r * ws + 16;
+            const uint8_t *q = p + r * ws + (five ? 48 : 16);
             int o = 16 * (r & 1);
-            __m512i isum = _mm512_setzero_si512();
+            __m512i isum = _mm512_setzero_si512(), hb = _mm512_setzero_si512();
+            if (five) /* q5k_load's fifth bits */
+                hb = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(q - 32)));
             for (int h = 0; h < 2; h++) {
                 __m512i L = _mm512_loadu_si512(q + 64 * h);
                 __m512i qa = _mm512_and_si512(L, m4),
                         qb = _mm512_and_si512(_mm512_srli_epi16(L, 4), m4);
+                if (five) {
+                    __m512i f0 = h ? _mm512_srlv_epi16(hb, q4k_pair(0, 2))
+                                   : _mm512_sllv_epi16(hb, q4k_pair(4, 2));
+                    __m512i f1 = h ? _mm512_srlv_epi16(hb, q4k_pair(1, 3))
+                                   : _mm512_sllv_epi16(hb, q4k_pair(3, 1));
+                    qa = _mm512_or_si512(qa, _mm512_and_si512(f0, b4));
+                    qb = _mm512_or_si512(qb, _mm512_and_si512(f1, b4));
+                }
                 __m512i pa = _mm512_maddubs_epi16(qa, _mm512_loadu_si512(xb + 128 * h));
                 __m512i pb = _mm512_maddubs_epi16(qb, _mm512_loadu_si512(xb + 128 * h + 64));
                 isum = _mm512_add_epi32(
@@ -1188,6 +1203,13 @@ T5 static void w4_q4_k(int n, float *s, const void *w, size_t ws, const void *xq
             (r & 1) ? _mm512_extractf32x8_ps(accm[r / 2], 1) : _mm512_castps512_ps256(accm[r / 2]);
         s[r] = q45k_sum(acc[r], m);
     }
+}
+
+T5 static void w4_q4_k(int n, float *s, const void *w, size_t ws, const void *xq, const void *pf) {
+    w4_q45k(n, s, w, ws, xq, pf, 0);
+}
+T5 static void w4_q5_k(int n, float *s, const void *w, size_t ws, const void *xq, const void *pf) {
+    w4_q45k(n, s, w, ws, xq, pf, 1);
 }
 
 typedef struct {
@@ -1336,6 +1358,7 @@ k_vdot_w4_fn k_simd_vdot_w4(tlm_dtype t, int isa) {
     case TLM_DTYPE_Q8_0: return w4_q8_0;
     case TLM_DTYPE_Q4_0: return w4_q4_0;
     case TLM_DTYPE_Q4_K: return w4_q4_k;
+    case TLM_DTYPE_Q5_K: return w4_q5_k;
     case TLM_DTYPE_Q6_K: return w4_q6_k;
     case TLM_DTYPE_F32: return w4_f32;
     case TLM_DTYPE_F16: return w4_f16;
