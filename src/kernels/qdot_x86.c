@@ -1104,6 +1104,20 @@ T5 static inline AI __m512i q4k_heads(const uint8_t *p, size_t ws) {
     return _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + 3 * ws)), 3);
 }
 
+/* w4_q45k's word indices and shift counts, as tables rather than q4k_pair: the sixteen of its
+ * loop outnumbered the registers left, and the compiler rebuilt each in the loop from an
+ * immediate (three instructions) where one load does. Rows 0-7: q4k_pair(a, a + 2) for a = 0, 1,
+ * 4, 5, 16, 17, 20, 21 (the scales of an even row's halves, then an odd row's); 8-11: Q5_K's
+ * fifth-bit shifts (q5k_load), left (4, 2), (3, 1), right (0, 2), (1, 3). */
+#define W16(v) v, v, v, v, v, v, v, v, v, v, v, v, v, v, v, v
+#define WPAIR(a, b)                                                                                \
+    { W16(a), W16(b) }
+static const int16_t q45k_words[12][32] __attribute__((aligned(64))) = {
+    WPAIR(0, 2),   WPAIR(1, 3),   WPAIR(4, 6), WPAIR(5, 7), WPAIR(16, 18), WPAIR(17, 19),
+    WPAIR(20, 22), WPAIR(21, 23), WPAIR(4, 2), WPAIR(3, 1), WPAIR(0, 2),   WPAIR(1, 3)};
+#undef WPAIR
+#undef W16
+
 /* Four weight rows against one activation row (k_vdot_w4_fn): q4kr5's (five: q5kr5's) sums per
  * row, bit for bit,
  * with what the rows share per super-block done once for all four. Their 16-byte heads (d, dmin,
@@ -1157,6 +1171,10 @@ T5 static inline AI void w4_q45k(int n, float *s, const void *w, size_t ws, cons
         __m512 f = _mm512_castps256_ps512(_mm256_mul_ps(
             _mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_permutexvar_epi32(heads, v))),
             _mm256_set1_ps(x[b].d)));
+        /* each row's from memory, one broadcast load each, not a permute by a constant built in
+         * registers */
+        float fs[8];
+        _mm256_storeu_ps(fs, _mm512_castps512_ps256(f));
         __m512i bs = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)x[b].bsums));
         for (int k = 0; k < 2; k++) {
             __m512i mt = _mm512_madd_epi16(_mm512_permutexvar_epi16(mdup, wv[k]), bs);
@@ -1166,7 +1184,6 @@ T5 static inline AI void w4_q45k(int n, float *s, const void *w, size_t ws, cons
         const int8_t *xb = xs + TLM_QK_K * b;
         for (int r = 0; r < 4; r++) {
             const uint8_t *q = p + r * ws + (five ? 48 : 16);
-            int o = 16 * (r & 1);
             __m512i isum = _mm512_setzero_si512(), hb = _mm512_setzero_si512();
             if (five) /* q5k_load's fifth bits */
                 hb = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(q - 32)));
@@ -1175,26 +1192,24 @@ T5 static inline AI void w4_q45k(int n, float *s, const void *w, size_t ws, cons
                 __m512i qa = _mm512_and_si512(L, m4),
                         qb = _mm512_and_si512(_mm512_srli_epi16(L, 4), m4);
                 if (five) {
-                    __m512i f0 = h ? _mm512_srlv_epi16(hb, q4k_pair(0, 2))
-                                   : _mm512_sllv_epi16(hb, q4k_pair(4, 2));
-                    __m512i f1 = h ? _mm512_srlv_epi16(hb, q4k_pair(1, 3))
-                                   : _mm512_sllv_epi16(hb, q4k_pair(3, 1));
+                    __m512i f0 = h ? _mm512_srlv_epi16(hb, _mm512_load_si512(q45k_words[10]))
+                                   : _mm512_sllv_epi16(hb, _mm512_load_si512(q45k_words[8]));
+                    __m512i f1 = h ? _mm512_srlv_epi16(hb, _mm512_load_si512(q45k_words[11]))
+                                   : _mm512_sllv_epi16(hb, _mm512_load_si512(q45k_words[9]));
                     qa = _mm512_or_si512(qa, _mm512_and_si512(f0, b4));
                     qb = _mm512_or_si512(qb, _mm512_and_si512(f1, b4));
                 }
                 __m512i pa = _mm512_maddubs_epi16(qa, _mm512_loadu_si512(xb + 128 * h));
                 __m512i pb = _mm512_maddubs_epi16(qb, _mm512_loadu_si512(xb + 128 * h + 64));
+                const int16_t *ia = q45k_words[4 * (r & 1) + 2 * h];
                 isum = _mm512_add_epi32(
-                    isum,
-                    _mm512_madd_epi16(pa, _mm512_permutexvar_epi16(
-                                              q4k_pair(o + 4 * h, o + 4 * h + 2), wv[r / 2])));
+                    isum, _mm512_madd_epi16(
+                              pa, _mm512_permutexvar_epi16(_mm512_load_si512(ia), wv[r / 2])));
                 isum = _mm512_add_epi32(
-                    isum,
-                    _mm512_madd_epi16(pb, _mm512_permutexvar_epi16(
-                                              q4k_pair(o + 4 * h + 1, o + 4 * h + 3), wv[r / 2])));
+                    isum, _mm512_madd_epi16(
+                              pb, _mm512_permutexvar_epi16(_mm512_load_si512(ia + 32), wv[r / 2])));
             }
-            __m512 fd = _mm512_permutexvar_ps(_mm512_set1_epi32(2 * r), f);
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), fd, acc[r]);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(fs[2 * r]), acc[r]);
         }
         v = vnext;
     }
