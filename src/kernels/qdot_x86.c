@@ -1000,15 +1000,26 @@ T5 static inline AI float q45k_sum(__m512 acc, __m256 accm) {
     return hsum8(_mm256_sub_ps(_mm256_add_ps(lo, hi), accm));
 }
 
+/* The Q4_K and Q5_K kernels' word indices and shift counts, each word a in the low 256 bits and
+ * b in the high ones (WPAIR(a, b)), as tables: built in registers from immediates, the sixteen of
+ * w4_q45k's loop outnumbered the registers left and the compiler rebuilt each in the loop (three
+ * instructions) where one load does. Rows 0-7: the scales of sub-blocks a and a + 2 for a = 0, 1,
+ * 4, 5 (an even row's widened head, or one row's), then 16, 17, 20, 21 (an odd row's); 8-11: Q5_K's
+ * fifth-bit shifts (q5k_load), left (4, 2), (3, 1), right (0, 2), (1, 3). */
+#define W16(v) v, v, v, v, v, v, v, v, v, v, v, v, v, v, v, v
+#define WPAIR(a, b)                                                                                \
+    { W16(a), W16(b) }
+static const int16_t q45k_words[12][32] __attribute__((aligned(64))) = {
+    WPAIR(0, 2),   WPAIR(1, 3),   WPAIR(4, 6), WPAIR(5, 7), WPAIR(16, 18), WPAIR(17, 19),
+    WPAIR(20, 22), WPAIR(21, 23), WPAIR(4, 2), WPAIR(3, 1), WPAIR(0, 2),   WPAIR(1, 3)};
+#undef WPAIR
+#undef W16
+
 /* Q4_K against the activations' reordered runs (k_act_q8_k_nib): each 64-byte half of qs is one
  * load, its low nibbles runs 4h and 4h + 2, its high ones 4h + 1 and 4h + 3, instead of four
  * 32-byte loads each joined with its own shifted copy (half the operations of unpacking the
  * nibbles; one thread, alternating: four rows 2048 x 768 12.6-15.0 -> 15.8-17.7 weight GB/s, 768
  * x 2048 +2-9%, 768 x 768 unchanged, all from memory; 8 activation rows 3-8% less time). */
-T5 static inline AI __m512i q4k_pair(int s0, int s1) {
-    return _mm512_inserti64x4(_mm512_set1_epi16((short)s0), _mm256_set1_epi16((short)s1), 1);
-}
-
 T5 static inline AI void q4k_load(const uint8_t *wb, q45k_w *o) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     __m512i sc16 = q45k_head(wb, o);
@@ -1016,8 +1027,9 @@ T5 static inline AI void q4k_load(const uint8_t *wb, q45k_w *o) {
         __m512i L = _mm512_loadu_si512(wb + 16 + 64 * h);
         o->qv[2 * h] = _mm512_and_si512(L, m4);
         o->qv[2 * h + 1] = _mm512_and_si512(_mm512_srli_epi16(L, 4), m4);
-        o->scp[2 * h] = _mm512_permutexvar_epi16(q4k_pair(4 * h, 4 * h + 2), sc16);
-        o->scp[2 * h + 1] = _mm512_permutexvar_epi16(q4k_pair(4 * h + 1, 4 * h + 3), sc16);
+        o->scp[2 * h] = _mm512_permutexvar_epi16(_mm512_load_si512(q45k_words[2 * h]), sc16);
+        o->scp[2 * h + 1] =
+            _mm512_permutexvar_epi16(_mm512_load_si512(q45k_words[2 * h + 1]), sc16);
     }
 }
 
@@ -1068,15 +1080,16 @@ T5 static inline AI void q5k_load(const uint8_t *wb, q45k_w *o) {
     for (int h = 0; h < 2; h++) {
         __m512i L = _mm512_loadu_si512(wb + 48 + 64 * h);
         /* bits 4h | 4h + 2 and 4h + 1 | 4h + 3 to bit 4 */
-        __m512i f0 =
-            h ? _mm512_srlv_epi16(hb, q4k_pair(0, 2)) : _mm512_sllv_epi16(hb, q4k_pair(4, 2));
-        __m512i f1 =
-            h ? _mm512_srlv_epi16(hb, q4k_pair(1, 3)) : _mm512_sllv_epi16(hb, q4k_pair(3, 1));
+        __m512i f0 = h ? _mm512_srlv_epi16(hb, _mm512_load_si512(q45k_words[10]))
+                       : _mm512_sllv_epi16(hb, _mm512_load_si512(q45k_words[8]));
+        __m512i f1 = h ? _mm512_srlv_epi16(hb, _mm512_load_si512(q45k_words[11]))
+                       : _mm512_sllv_epi16(hb, _mm512_load_si512(q45k_words[9]));
         o->qv[2 * h] = _mm512_or_si512(_mm512_and_si512(L, m4), _mm512_and_si512(f0, b4));
         o->qv[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(L, 4), m4),
                                            _mm512_and_si512(f1, b4));
-        o->scp[2 * h] = _mm512_permutexvar_epi16(q4k_pair(4 * h, 4 * h + 2), sc16);
-        o->scp[2 * h + 1] = _mm512_permutexvar_epi16(q4k_pair(4 * h + 1, 4 * h + 3), sc16);
+        o->scp[2 * h] = _mm512_permutexvar_epi16(_mm512_load_si512(q45k_words[2 * h]), sc16);
+        o->scp[2 * h + 1] =
+            _mm512_permutexvar_epi16(_mm512_load_si512(q45k_words[2 * h + 1]), sc16);
     }
 }
 
@@ -1103,20 +1116,6 @@ T5 static inline AI __m512i q4k_heads(const uint8_t *p, size_t ws) {
     v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + 2 * ws)), 2);
     return _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + 3 * ws)), 3);
 }
-
-/* w4_q45k's word indices and shift counts, as tables rather than q4k_pair: the sixteen of its
- * loop outnumbered the registers left, and the compiler rebuilt each in the loop from an
- * immediate (three instructions) where one load does. Rows 0-7: q4k_pair(a, a + 2) for a = 0, 1,
- * 4, 5, 16, 17, 20, 21 (the scales of an even row's halves, then an odd row's); 8-11: Q5_K's
- * fifth-bit shifts (q5k_load), left (4, 2), (3, 1), right (0, 2), (1, 3). */
-#define W16(v) v, v, v, v, v, v, v, v, v, v, v, v, v, v, v, v
-#define WPAIR(a, b)                                                                                \
-    { W16(a), W16(b) }
-static const int16_t q45k_words[12][32] __attribute__((aligned(64))) = {
-    WPAIR(0, 2),   WPAIR(1, 3),   WPAIR(4, 6), WPAIR(5, 7), WPAIR(16, 18), WPAIR(17, 19),
-    WPAIR(20, 22), WPAIR(21, 23), WPAIR(4, 2), WPAIR(3, 1), WPAIR(0, 2),   WPAIR(1, 3)};
-#undef WPAIR
-#undef W16
 
 /* Four weight rows against one activation row (k_vdot_w4_fn): q4kr5's (five: q5kr5's) sums per
  * row, bit for bit,
