@@ -258,7 +258,7 @@ void k_matvec_parts(float *y, int ldy, const float *x, int M, int in, const k_ma
         for (long u = 0; u < units; u++) mv_units(&c, u, u + 1);
         return;
     }
-    /* Each thread's share of the units as schedule(static) would give it, run front to back a
+    /* Each thread starts on an equal share of the units (as schedule(static)), front to back a
      * chunk at a time; a thread done with its own takes chunks from the back of the others'.
      * The two vCPUs here run the same share at speeds up to 25% apart, and which is slower
      * changes from run to run, so with fixed shares the faster thread waited at every one of a

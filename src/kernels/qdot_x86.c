@@ -1167,8 +1167,8 @@ T5 static inline AI void w4_q45k(int n, float *s, const void *w, size_t ws, cons
         __m512 f = _mm512_castps256_ps512(_mm256_mul_ps(
             _mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_permutexvar_epi32(heads, v))),
             _mm256_set1_ps(x[b].d)));
-        /* each row's from memory, one broadcast load each, not a permute by a constant built in
-         * registers */
+        /* each row's d x dx broadcast from here, not permuted by a constant index that the
+         * compiler would rebuild in the loop (q45k_words) */
         float fs[8];
         _mm256_storeu_ps(fs, _mm512_castps512_ps256(f));
         __m512i bs = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)x[b].bsums));
