@@ -39,7 +39,9 @@ static float widen_dot(tlm_dtype t, const uint8_t *w, const float *x, int in) {
  *   22 -> 26 and 41 -> 50; 288 columns lose (18 -> 16.5).
  *   Q4_0 2048 x 768 20 -> 24 and 33 -> 38; 768 columns lose (21 -> 20, 36 -> 33).
  *   Q6_K 2048 x 768 17 -> 22.5 and 28 -> 34; 768 columns about even.
- *   Q4_K loses everywhere (30 -> 20); F32 too (31 -> 27). F16: see below. */
+ *   Q4_K loses everywhere (30 -> 20); F32 too (31 -> 27). F16: see below.
+ *   Q5_K loses too (alternating builds, one thread: 768 x 2048 22-28 -> 18-21, 2048 x 768
+ *   25-33 -> 20-23), so it has no entry. */
 static int one_row_from(tlm_dtype t) {
     switch (t) {
     case TLM_DTYPE_Q8_0: return 512;
