@@ -8,7 +8,8 @@
  * BF16 (vdpbf16ps on the weights as they are, activations rounded to BF16) against the exact sum
  * of the same BF16 values. The decode attention of one query over cached keys and values
  * (k_attend_row), on F32 and F16 caches, against softmax and the weighted sum in double; the F16
- * cache's row conversions against the scalar ones. */
+ * cache's row conversions against the scalar ones. Prefill's causal attention of a block of
+ * queries (k_attend_causal) the same way, per query over the keys up to its position. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -253,6 +254,71 @@ static void check_fgemm(tlm_dtype t, int in, int out, int N) {
     free(b);
 }
 
+/* T consecutive queries at positions first..first+T-1 over the keys up to each one's own
+ * position (k_attend_causal, prefill's attention), every query's output against the exact causal
+ * attention in double. The query rows sit in a wider buffer (ldq, ldo > hd) as the fused q|k|v
+ * rows do; the outputs' gaps must stay untouched. T covers whole blocks of 8, 4 and 2 queries and
+ * every tail, first a cache already holding keys; scratch is sized exactly as the header says, and
+ * padded with NaN, which a read past what the kernel fills would carry into the outputs. */
+static void check_attend_causal(int hd, int T, int first, int f16) {
+    int S = first + T, ldq = hd + 5, ldo = hd + 3;
+    size_t span = K_CAUSAL_SPAN(S);
+    float *q = malloc(sizeof(float) * T * ldq), *K = malloc(sizeof(float) * S * hd);
+    float *V = malloc(sizeof(float) * S * hd), *o = malloc(sizeof(float) * T * ldo);
+    float *kt = malloc(sizeof(float) * hd * span), *p = malloc(sizeof(float) * 8 * span);
+    uint16_t *Kh = malloc(sizeof(uint16_t) * S * hd), *Vh = malloc(sizeof(uint16_t) * S * hd);
+    double *ref = malloc(sizeof(double) * S);
+    for (size_t i = 0; i < hd * span; i++) kt[i] = NAN;
+    for (size_t i = 0; i < 8 * span; i++) p[i] = NAN;
+    for (int i = 0; i < T * ldo; i++) o[i] = 7.0f;
+    for (int i = 0; i < T * ldq; i++) q[i] = 2.0f * t_unif() - 1.0f;
+    for (int i = 0; i < S * hd; i++) {
+        K[i] = (2.0f * t_unif() - 1.0f) * (i % 7 == 0 ? 8.0f : 1.0f);
+        V[i] = 2.0f * t_unif() - 1.0f;
+        if (f16) {
+            Kh[i] = tlm_f32_to_f16(K[i]), K[i] = tlm_f16_to_f32(Kh[i]);
+            Vh[i] = tlm_f32_to_f16(V[i]), V[i] = tlm_f16_to_f32(Vh[i]);
+        }
+    }
+    float scale = 1.0f / sqrtf((float)hd);
+    int ok = k_attend_causal(q, (size_t)ldq, f16 ? (const void *)Kh : K, f16 ? (const void *)Vh : V,
+                             f16, T, first, hd, scale, kt, p, o, (size_t)ldo);
+    int want =
+        k_isa() >= K_ISA_AVX512 && (hd == 32 || hd == 48 || hd == 64 || hd == 96 || hd == 128);
+    CHECK(ok == (want ? 0 : -1), "attend_causal hd=%d T=%d first=%d f16=%d: %s", hd, T, first, f16,
+          ok ? "refused" : "taken");
+    if (!ok) {
+        double worst = 0.0;
+        int gaps = 0;
+        for (int t = 0; t < T; t++) {
+            int n = first + t + 1;
+            double mx = -INFINITY, sum = 0.0;
+            for (int j = 0; j < n; j++) {
+                double d = 0.0;
+                for (int i = 0; i < hd; i++) d += (double)q[t * ldq + i] * K[(size_t)j * hd + i];
+                ref[j] = d * scale;
+                mx = ref[j] > mx ? ref[j] : mx;
+            }
+            for (int j = 0; j < n; j++) sum += ref[j] = exp(ref[j] - mx);
+            for (int i = 0; i < hd; i++) {
+                double e = 0.0;
+                for (int j = 0; j < n; j++) e += ref[j] / sum * V[(size_t)j * hd + i];
+                double d = fabs(e - o[t * ldo + i]);
+                worst = d > worst || d != d ? d : worst; /* NaN counts as worst */
+            }
+            for (int i = hd; i < ldo; i++) gaps += o[t * ldo + i] != 7.0f;
+        }
+        /* float scores and sums over up to 200 keys with elements up to 8: rounding of up to
+         * about 2e-5 seen; a wrong mask or block shifts outputs by 1e-2 or more */
+        CHECK(worst <= 4e-5,
+              "attend_causal hd=%d T=%d first=%d f16=%d: %g from the exact attention", hd, T, first,
+              f16, worst);
+        CHECK(!gaps, "attend_causal hd=%d T=%d first=%d: %d values written between rows", hd, T,
+              first, gaps);
+    }
+    free(q), free(K), free(V), free(o), free(kt), free(p), free(Kh), free(Vh), free(ref);
+}
+
 /* One query over S keys of head size hd: the softmax weights and output in double. Every seventh
  * key value is eight times larger, so that scores spread and the maximum's subtraction matters,
  * and the S cover every count of keys left over from the groups of 4 and 2. */
@@ -376,6 +442,13 @@ int main(void) {
     for (int a = 0; a < 6; a++)
         for (int c = 0; c < 10; c++)
             for (int f16 = 0; f16 < 2; f16++) check_attend_row(hds[a], Ss[c], f16);
+    static const int Ts[] = {1, 2, 3, 7, 8, 9, 17, 40, 130};
+    static const int firsts[] = {0, 1, 15, 70};
+    for (int a = 0; a < 6; a++)
+        for (int c = 0; c < 9; c++)
+            for (int f = 0; f < 4; f++)
+                for (int f16 = 0; f16 < 2; f16++)
+                    check_attend_causal(hds[a], Ts[c], firsts[f], f16);
     check_f16_rows();
     CHECK(k_fgemm(NULL, 1, NULL, 9, &(tlm_weight){.dtype = TLM_DTYPE_BF16, .cols = 4}, NULL) == -1,
           "fgemm refuses BF16");

@@ -16,8 +16,8 @@
 #include "kernels/qdot.h"
 #include "model/block.h"
 
-/* Queries per prefill attention task: bounds the per-thread score block to QCHUNK x capacity. */
-#define QCHUNK 128
+/* Queries per prefill attention task: bounds the per-thread score block to PCHUNK x capacity. */
+#define PCHUNK 32
 
 static void free_scratch(tlm_session *s) {
     tlm_big_free(s->scratch, s->scratch_bytes);
@@ -84,14 +84,26 @@ static tlm_status reserve_scores(tlm_session *s, size_t floats) {
     return reserve_floats(&s->scores, &s->scores_floats, floats, "attention scores");
 }
 
-/* An F16 cache's per-thread blocks for widened keys and values (only prefill attention and the
- * plain decode loops touch them: the mapping costs nothing until then). */
+/* Floats per thread of s->wide: an F16 cache's keys and values widened for the sgemm of prefill
+ * attention and the plain decode loops, or the transposed keys of k_attend_causal. */
+static size_t wide_block(const tlm_session *s) {
+    size_t hd = (size_t)(s->m->c.d_model / s->m->c.n_heads), kt = hd * K_CAUSAL_SPAN(s->cap);
+    size_t two = s->kv_f16 ? 2 * (size_t)s->cap * hd : 0;
+    return kt > two ? kt : two;
+}
+
+/* Floats per thread of s->scores in prefill: a chunk's scores for the sgemm path, or
+ * k_attend_causal's. */
+static size_t prefill_scores(const tlm_session *s) {
+    size_t a = (size_t)PCHUNK * s->cap, b = 8 * K_CAUSAL_SPAN(s->cap);
+    return a > b ? a : b;
+}
+
+/* The per-thread blocks of s->wide (the mapping costs nothing until prefill or the plain decode
+ * loops touch them). */
 static tlm_status reserve_wide(tlm_session *s) {
-    if (!s->kv_f16) return TLM_OK;
-    size_t hd = (size_t)(s->m->c.d_model / s->m->c.n_heads);
-    return reserve_floats(&s->wide, &s->wide_floats,
-                          (size_t)omp_get_max_threads() * 2 * (size_t)s->cap * hd,
-                          "widening the F16 cache");
+    return reserve_floats(&s->wide, &s->wide_floats, (size_t)omp_get_max_threads() * wide_block(s),
+                          "attention's widened or transposed keys");
 }
 
 tlm_status tlm_session_new(const tlm_model *m, int batch, int capacity, tlm_session **out) {
@@ -277,7 +289,7 @@ static void as_floats(const tlm_session *s, const void *Kc, const void *Vc, int 
         return;
     }
     size_t hd = (size_t)(s->m->c.d_model / s->m->c.n_heads), block = (size_t)s->cap * hd;
-    float *w = s->wide + (size_t)omp_get_thread_num() * 2 * block;
+    float *w = s->wide + (size_t)omp_get_thread_num() * wide_block(s);
     /* k_widen_row counts in int: a long context widens in parts */
     for (size_t at = 0, n = (size_t)S * hd, part; at < n; at += part) {
         part = n - at < ((size_t)1 << 24) ? n - at : (size_t)1 << 24;
@@ -288,34 +300,46 @@ static void as_floats(const tlm_session *s, const void *Kc, const void *Vc, int 
 }
 
 /* Causal attention of T consecutive new tokens of sequence b (positions pos0..pos0+T-1, scratch
- * rows r0..r0+T-1) over everything cached for it, the new keys included. */
+ * rows r0..r0+T-1) over everything cached for it, the new keys included. Queries go in chunks of
+ * PCHUNK: a chunk reads keys only up to its last query, so a prompt skips most of the masked half
+ * of its scores, and the heads' chunks are enough tasks to balance two threads. The longest
+ * chunks go first, so the short ones fill in at the end. A chunk is one call of k_attend_causal
+ * where the CPU has it; otherwise two sgemm and the softmax between them. */
 static void attend_prefill(tlm_session *s, int l, int b, int pos0, int T, int r0) {
     const tlm_config *c = &s->m->c;
     int H = c->n_heads, hd = c->d_model / H, group = H / c->n_kv_heads, qw = H * hd;
     int ld = qw + 2 * c->n_kv_heads * hd; /* row stride of the fused q|k|v buffer */
-    int cap = s->cap, chunks = (T + QCHUNK - 1) / QCHUNK;
+    int chunks = (T + PCHUNK - 1) / PCHUNK;
     float scale = 1.0f / sqrtf((float)hd);
 #pragma omp parallel for schedule(dynamic, 1)
     for (int task = 0; task < H * chunks; task++) {
-        int h = task / chunks, t0 = (task % chunks) * QCHUNK;
-        int tc = T - t0 < QCHUNK ? T - t0 : QCHUNK;
+        int h = task % H, t0 = (chunks - 1 - task / H) * PCHUNK;
+        int tc = T - t0 < PCHUNK ? T - t0 : PCHUNK;
         int S = pos0 + t0 + tc; /* keys past the chunk's last query are all masked */
+        const void *Kc = infer_cache(s, l, b, 0, h / group),
+                   *Vc = infer_cache(s, l, b, 1, h / group);
+        const float *q = s->qkv + (size_t)(r0 + t0) * ld + (size_t)h * hd;
+        float *o = s->att + (size_t)(r0 + t0) * qw + (size_t)h * hd;
+        int me = omp_get_thread_num();
+        float *p = s->scores + (size_t)me * prefill_scores(s);
+        if (!k_attend_causal(q, (size_t)ld, Kc, Vc, s->kv_f16, tc, pos0 + t0, hd, scale,
+                             s->wide + (size_t)me * wide_block(s), p, o, (size_t)qw))
+            continue;
         const float *K, *V;
-        as_floats(s, infer_cache(s, l, b, 0, h / group), infer_cache(s, l, b, 1, h / group), S, &K,
-                  &V);
-        float *p = s->scores + (size_t)omp_get_thread_num() * QCHUNK * cap;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tc, S, hd, scale,
-                    s->qkv + (size_t)(r0 + t0) * ld + (size_t)h * hd, ld, K, hd, 0.0f, p, S);
+        as_floats(s, Kc, Vc, S, &K, &V);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tc, S, hd, scale, q, ld, K, hd, 0.0f,
+                    p, S);
         for (int i = 0; i < tc; i++) {
             float *row = p + (size_t)i * S;
             int last = pos0 + t0 + i;
             float mx = row[0];
+#pragma omp simd reduction(max : mx)
             for (int j = 1; j <= last; j++) mx = row[j] > mx ? row[j] : mx;
             tlm_softmax_row(row, last + 1, mx);
             for (int j = last + 1; j < S; j++) row[j] = 0.0f;
         }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tc, hd, S, 1.0f, p, S, V, hd, 0.0f,
-                    s->att + (size_t)(r0 + t0) * qw + (size_t)h * hd, qw);
+                    o, qw);
     }
 }
 
@@ -448,7 +472,7 @@ tlm_status tlm_prefill(tlm_session *s, int seq, const int32_t *ids, int n, float
     tlm_threads_enter();
     st = reserve_rows(s, n);
     if (st) return st;
-    st = reserve_scores(s, (size_t)omp_get_max_threads() * QCHUNK * s->cap);
+    st = reserve_scores(s, (size_t)omp_get_max_threads() * prefill_scores(s));
     if (!st) st = reserve_wide(s);
     if (st) return st;
     int pos0 = s->len[seq];
@@ -537,8 +561,8 @@ static tlm_status step_rows(tlm_session *s, const int32_t *ids, const int *n, co
         }
     }
     size_t sc = (size_t)s->n_single * c->n_heads * s->cap;
-    if (s->n_segs && (size_t)omp_get_max_threads() * QCHUNK * s->cap > sc)
-        sc = (size_t)omp_get_max_threads() * QCHUNK * s->cap;
+    if (s->n_segs && (size_t)omp_get_max_threads() * prefill_scores(s) > sc)
+        sc = (size_t)omp_get_max_threads() * prefill_scores(s);
     st = reserve_scores(s, sc);
     if (!st) st = reserve_wide(s);
     if (st) return st;

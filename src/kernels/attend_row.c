@@ -4,7 +4,10 @@
  * 110M at 256 positions: 13.9% of a step, 10.8% with this). Here four keys share a pass over the
  * query with four independent chains, and the output stays in registers, two keys' worth of
  * chains at a time. An F16 cache is widened as it is loaded (vcvtph2ps), so it costs half the
- * traffic and no pass of its own. */
+ * traffic and no pass of its own.
+ * Prefill's causal attention (k_attend_causal) takes a block of consecutive queries of one head:
+ * the keys transposed once into dimension-major rows, so that a query's scores come 16 keys per
+ * vector without horizontal sums, then one pass over the values for the whole block. */
 #include <math.h>
 
 #include "fastmath.h"
@@ -13,6 +16,8 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include "simd_x86.h"
+
+#define AI __attribute__((always_inline))
 
 /* 16 elements from element i of a cached row: floats, or halves widened. */
 T5 static inline __attribute__((always_inline)) __m512 ld16(const int F16, const void *row,
@@ -93,6 +98,174 @@ T5 static int attend_row_avx512(const float *q, const void *K, const void *V, in
     ROW_CASES(0)
 }
 
+/* ---- prefill: a block of consecutive queries, causal ----------------------------------------- */
+
+/* e^x for x <= 0 (scores minus their maximum), tlm_exp_in_range's steps on 16 lanes; below -87
+ * the clamp gives about 1.6e-38 in place of a denormal or zero, far under what a sum of at least
+ * one e^0 can see. */
+T5 static inline AI __m512 exp_nonpos16(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
+    __m512 e = _mm512_set1_ps(1.0f / 720.0f);
+    e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.0f / 120.0f));
+    e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.0f / 24.0f));
+    e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.0f / 6.0f));
+    e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(0.5f));
+    e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.0f));
+    e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(e, n);
+}
+
+/* Keys [0, S) of one head, K[S, hd] (floats or halves), into kt[hd][Sp] as floats: each
+ * dimension's keys side by side, so that 16 scores of one query are one vector of products
+ * summed over hd. Keys S..Sp-1 are zeros. Sixteen keys by sixteen dimensions at a time, transposed
+ * in registers. */
+T5 static void keys_transposed(const int F16, const void *K, int S, int Sp, int hd, float *kt) {
+    for (int j0 = 0; j0 < Sp; j0 += 16) {
+        int nk = S - j0 < 16 ? (S - j0 > 0 ? S - j0 : 0) : 16;
+        for (int d0 = 0; d0 < hd; d0 += 16) {
+            __m512 r[16], t[16];
+            for (int i = 0; i < 16; i++)
+                r[i] = i < nk ? ld16(F16, K, (size_t)(j0 + i) * hd + d0) : _mm512_setzero_ps();
+            /* 16 x 16 transpose: pairs of elements, pairs of pairs, then 128-bit lanes twice */
+            for (int i = 0; i < 16; i += 2) {
+                t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+                t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+            }
+            for (int i = 0; i < 16; i += 4)
+                for (int k = 0; k < 2; k++) {
+                    __m512d a = _mm512_castps_pd(t[i + k]), b = _mm512_castps_pd(t[i + 2 + k]);
+                    r[i + k] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+                    r[i + 2 + k] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+                }
+            for (int i = 0; i < 16; i += 8)
+                for (int k = 0; k < 4; k++) {
+                    t[i + k] = _mm512_shuffle_f32x4(r[i + k], r[i + 4 + k], 0x88);
+                    t[i + 4 + k] = _mm512_shuffle_f32x4(r[i + k], r[i + 4 + k], 0xDD);
+                }
+            for (int k = 0; k < 8; k++) {
+                r[k] = _mm512_shuffle_f32x4(t[k], t[8 + k], 0x88);
+                r[8 + k] = _mm512_shuffle_f32x4(t[k], t[8 + k], 0xDD);
+            }
+            /* r[i] now holds one dimension of the 16 keys: 4 (i >> 2) plus 0, 2, 1, 3 for
+             * i & 3 (the pairs' unpacks swap the middle two) */
+            for (int i = 0; i < 16; i++) {
+                int d = d0 + 4 * (i >> 2) + ((i & 1) << 1 | (i & 2) >> 1);
+                _mm512_storeu_ps(kt + (size_t)d * Sp + j0, r[i]);
+            }
+        }
+    }
+}
+
+/* R consecutive queries q[R][ldq] (query i sees keys 0..last0 + i) against kt (keys_transposed,
+ * stride Sp) and V: o[i] = softmax(scale q_i.K) V, with p[R][Sp] as scratch. The scores of a
+ * query are 16 keys per vector: hd multiply-adds with the query's element broadcast, KB blocks of
+ * 16 keys at once so that R x KB chains (8) hide the adds' latency. The probabilities are left
+ * unnormalized and the output is scaled by one over their sum at the end; V's rows are loaded
+ * once for all R queries. */
+T5 static inline AI void block_avx512(const int NB, const int R, const int KB, const float *q,
+                                      size_t ldq, const float *kt, int Sp, const void *V,
+                                      const int F16, int last0, float scale, float *p, float *o,
+                                      size_t ldo) {
+    const int hd = 16 * NB, n = last0 + R; /* keys any of the R queries sees */
+    for (int j0 = 0; j0 < n; j0 += 16 * KB) {
+        __m512 acc[8];
+        for (int a = 0; a < R * KB; a++) acc[a] = _mm512_setzero_ps();
+        for (int d = 0; d < hd; d++) {
+            __m512 k[4];
+            for (int b = 0; b < KB; b++) k[b] = _mm512_loadu_ps(kt + (size_t)d * Sp + j0 + 16 * b);
+            for (int i = 0; i < R; i++) {
+                __m512 qi = _mm512_set1_ps(q[(size_t)i * ldq + d]);
+                for (int b = 0; b < KB; b++)
+                    acc[i * KB + b] = _mm512_fmadd_ps(qi, k[b], acc[i * KB + b]);
+            }
+        }
+        for (int i = 0; i < R; i++)
+            for (int b = 0; b < KB; b++)
+                _mm512_storeu_ps(p + (size_t)i * Sp + j0 + 16 * b,
+                                 _mm512_mul_ps(acc[i * KB + b], _mm512_set1_ps(scale)));
+    }
+    float inv[8];
+    for (int i = 0; i < R; i++) {
+        float *pi = p + (size_t)i * Sp;
+        int m = last0 + i + 1; /* keys this query sees */
+        __m512 mx = _mm512_set1_ps(-INFINITY);
+        int j = 0;
+        for (; j + 16 <= m; j += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(pi + j));
+        __mmask16 tail = (__mmask16)((1u << (m - j)) - 1);
+        mx = _mm512_mask_max_ps(mx, tail, mx, _mm512_maskz_loadu_ps(tail, pi + j));
+        __m512 vm = _mm512_set1_ps(_mm512_reduce_max_ps(mx)), sum = _mm512_setzero_ps();
+        for (j = 0; j + 16 <= m; j += 16) {
+            __m512 e = exp_nonpos16(_mm512_sub_ps(_mm512_loadu_ps(pi + j), vm));
+            sum = _mm512_add_ps(sum, e);
+            _mm512_storeu_ps(pi + j, e);
+        }
+        /* the masked keys of this query, up to n, get zeros: the pass over V runs all R queries
+         * to n */
+        for (; j < n; j += 16) {
+            int left = m - j > 0 ? (m - j < 16 ? m - j : 16) : 0;
+            __mmask16 k = (__mmask16)((1u << left) - 1);
+            __m512 e = _mm512_maskz_mov_ps(
+                k, exp_nonpos16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, pi + j), vm)));
+            sum = _mm512_add_ps(sum, e);
+            _mm512_storeu_ps(pi + j, e);
+        }
+        inv[i] = 1.0f / _mm512_reduce_add_ps(sum);
+    }
+    __m512 acc[16];
+    for (int a = 0; a < R * NB; a++) acc[a] = _mm512_setzero_ps();
+    for (int j = 0; j < n; j++) {
+        __m512 v[8];
+        for (int b = 0; b < NB; b++) v[b] = ld16(F16, V, (size_t)j * hd + 16 * b);
+        for (int i = 0; i < R; i++) {
+            __m512 w = _mm512_set1_ps(p[(size_t)i * Sp + j]);
+            for (int b = 0; b < NB; b++)
+                acc[i * NB + b] = _mm512_fmadd_ps(w, v[b], acc[i * NB + b]);
+        }
+    }
+    for (int i = 0; i < R; i++)
+        for (int b = 0; b < NB; b++)
+            _mm512_storeu_ps(o + (size_t)i * ldo + 16 * b,
+                             _mm512_mul_ps(acc[i * NB + b], _mm512_set1_ps(inv[i])));
+}
+
+/* All T queries, in blocks of R (the last block R = 1 at a time). */
+T5 static inline AI void causal_avx512(const int NB, const int R, const int KB, const int F16,
+                                       const float *q, size_t ldq, const void *K, const void *V,
+                                       int T, int first, float scale, float *kt, float *p, float *o,
+                                       size_t ldo) {
+    int S = first + T, Sp = (S + 63) & ~63;
+    keys_transposed(F16, K, S, Sp, 16 * NB, kt);
+    int t = 0;
+    for (; t + R <= T; t += R)
+        block_avx512(NB, R, KB, q + (size_t)t * ldq, ldq, kt, Sp, V, F16, first + t, scale, p,
+                     o + (size_t)t * ldo, ldo);
+    for (; t < T; t++)
+        block_avx512(NB, 1, 4, q + (size_t)t * ldq, ldq, kt, Sp, V, F16, first + t, scale, p,
+                     o + (size_t)t * ldo, ldo);
+}
+
+/* R queries per block as NB allows: R x NB output sums (at most 16) stay in registers. */
+#define CAUSAL_CASES(F16)                                                                          \
+    switch (hd) {                                                                                  \
+    case 32: causal_avx512(2, 8, 1, F16, q, ldq, K, V, T, first, scale, kt, p, o, ldo); return 0;  \
+    case 48: causal_avx512(3, 4, 2, F16, q, ldq, K, V, T, first, scale, kt, p, o, ldo); return 0;  \
+    case 64: causal_avx512(4, 4, 2, F16, q, ldq, K, V, T, first, scale, kt, p, o, ldo); return 0;  \
+    case 96: causal_avx512(6, 2, 4, F16, q, ldq, K, V, T, first, scale, kt, p, o, ldo); return 0;  \
+    case 128: causal_avx512(8, 2, 4, F16, q, ldq, K, V, T, first, scale, kt, p, o, ldo); return 0; \
+    default: return -1;                                                                            \
+    }
+
+T5 static int causal_dispatch(const float *q, size_t ldq, const void *K, const void *V, int f16,
+                              int T, int first, int hd, float scale, float *kt, float *p, float *o,
+                              size_t ldo) {
+    if (f16) CAUSAL_CASES(1)
+    CAUSAL_CASES(0)
+}
+
 #define HAVE_X86 1
 #else
 #define HAVE_X86 0
@@ -105,6 +278,18 @@ int k_attend_row(const float *q, const void *K, const void *V, int f16, int S, i
         return attend_row_avx512(q, K, V, f16, S, hd, scale, p, o);
 #else
     (void)q, (void)K, (void)V, (void)f16, (void)S, (void)hd, (void)scale, (void)p, (void)o;
+#endif
+    return -1;
+}
+
+int k_attend_causal(const float *q, size_t ldq, const void *K, const void *V, int f16, int T,
+                    int first, int hd, float scale, float *kt, float *p, float *o, size_t ldo) {
+#if HAVE_X86
+    if (T > 0 && first >= 0 && k_isa() >= K_ISA_AVX512)
+        return causal_dispatch(q, ldq, K, V, f16, T, first, hd, scale, kt, p, o, ldo);
+#else
+    (void)q, (void)ldq, (void)K, (void)V, (void)f16, (void)T, (void)first, (void)hd, (void)scale;
+    (void)kt, (void)p, (void)o, (void)ldo;
 #endif
     return -1;
 }

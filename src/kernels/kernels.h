@@ -183,6 +183,15 @@ double k_cross_entropy_fwd_bwd(float *logits, const int *targets, int N, int V, 
 int k_attend_row(const float *q, const void *K, const void *V, int f16, int S, int hd, float scale,
                  float *p, float *o);
 
+/* Prefill's causal attention of one head: T consecutive queries q[T][ldq], query t at position
+ * first + t, over the cached keys and values of positions 0..first+T-1 (K, V as in k_attend_row;
+ * query t sees keys 0..first+t). o[t][ldo] = softmax(scale q_t.K) V. Scratch: kt holds
+ * hd x K_CAUSAL_SPAN(first + T) floats, p 8 x K_CAUSAL_SPAN(first + T). Returns -1, computing
+ * nothing, where no vector version applies (the CPU, hd). */
+#define K_CAUSAL_SPAN(S) (((size_t)(S) + 63) & ~(size_t)63)
+int k_attend_causal(const float *q, size_t ldq, const void *K, const void *V, int f16, int T,
+                    int first, int hd, float scale, float *kt, float *p, float *o, size_t ldo);
+
 /* ---- misc ---- */
 void k_add(float *y, const float *a, const float *b, size_t n); /* y = a + b */
 void k_acc(float *y, const float *a, size_t n);                 /* y += a */
