@@ -387,17 +387,22 @@ static void attend_decode(tlm_session *s, int l, int N) {
 static void cache_store(tlm_session *s, int l, const float *qkv, int ld, int N) {
     const tlm_config *c = &s->m->c;
     int hd = c->d_model / c->n_heads, qw = c->n_heads * hd, kw = c->n_kv_heads * hd;
-    for (int r = 0; r < N; r++)
-        for (int h = 0; h < c->n_kv_heads; h++)
-            for (int kv = 0; kv < 2; kv++) {
-                char *dst = (char *)infer_cache(s, l, s->row_seq[r], kv, h) +
-                            (size_t)s->row_pos[r] * hd * infer_kv_elt(s);
-                const float *src = qkv + (size_t)r * ld + qw + (size_t)kv * kw + (size_t)h * hd;
-                if (s->kv_f16)
-                    k_narrow_row(TLM_DTYPE_F16, src, dst, hd);
-                else
-                    memcpy(dst, src, (size_t)hd * sizeof(float));
-            }
+    /* A prompt's rows were written by every thread of the product before: each thread stores
+     * whole heads (a serial store of a 128-token 15M prompt took 4% of it at one thread and
+     * twice that at two). */
+#pragma omp parallel for schedule(static) if (N >= 16)
+    for (int hk = 0; hk < 2 * c->n_kv_heads; hk++) {
+        int h = hk / 2, kv = hk % 2;
+        for (int r = 0; r < N; r++) {
+            char *dst = (char *)infer_cache(s, l, s->row_seq[r], kv, h) +
+                        (size_t)s->row_pos[r] * hd * infer_kv_elt(s);
+            const float *src = qkv + (size_t)r * ld + qw + (size_t)kv * kw + (size_t)h * hd;
+            if (s->kv_f16)
+                k_narrow_row(TLM_DTYPE_F16, src, dst, hd);
+            else
+                memcpy(dst, src, (size_t)hd * sizeof(float));
+        }
+    }
 }
 
 /* Prefill: N consecutive rows of one sequence (attend_prefill writes s->att, which att is). */
