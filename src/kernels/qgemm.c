@@ -546,9 +546,19 @@ T5 static inline void tr16x4(const uint8_t *p, size_t rb, __m512i out[4]) {
     out[3] = _mm512_unpackhi_epi64(t1, t3);
 }
 
-/* The 32-bit words at p + r * rb (rows r = 0 .. 15; idx holds r * rb) */
-T5 static inline __m512i rows32(const uint8_t *p, __m512i idx) {
-    return _mm512_i32gather_epi32(idx, (const void *)p, 1);
+/* The first 32-bit word at p + r * rb of rows r = 0 .. 15, row r in lane r: tr16x4's loads and
+ * its first word only. A gather did this in one instruction, but it cost as much as the rest of
+ * the repacking (Zen 5: pack_avx512 38-48% on the instruction after it). */
+T5 static inline __m512i rows32(const uint8_t *p, size_t rb) {
+    __m512i v[4];
+    for (int k = 0; k < 4; k++) {
+        __m512i t = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(p + k * rb)));
+        t = _mm512_inserti32x4(t, _mm_loadu_si128((const __m128i *)(p + (4 + k) * rb)), 1);
+        t = _mm512_inserti32x4(t, _mm_loadu_si128((const __m128i *)(p + (8 + k) * rb)), 2);
+        v[k] = _mm512_inserti32x4(t, _mm_loadu_si128((const __m128i *)(p + (12 + k) * rb)), 3);
+    }
+    return _mm512_unpacklo_epi64(_mm512_unpacklo_epi32(v[0], v[1]),
+                                 _mm512_unpacklo_epi32(v[2], v[3]));
 }
 
 /* f16 values in the low (hi = 0) or high halves of 32-bit lanes, as floats */
@@ -566,9 +576,6 @@ T5 static inline void put16(uint8_t *q, int kw, __m512i v) {
 T5 static int pack_avx512(const tlm_weight *w, int r0, uint8_t *q, float *s, float *m) {
     const uint8_t *base = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
     size_t rb = w->row_bytes;
-    const __m512i idx =
-        _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                           _mm512_set1_epi32((int)rb));
     const __m512i lo4 = _mm512_set1_epi32(0x0F0F0F0F);
     int nb = (int)(w->cols / tlm_dtype_get(w->dtype)->block_elems);
     __m512i v[8];
@@ -582,7 +589,7 @@ T5 static int pack_avx512(const tlm_weight *w, int r0, uint8_t *q, float *s, flo
         const __m512 off = _mm512_set1_ps(q8 ? -128.0f : -8.0f);
         for (int b = 0; b < nb; b++) {
             const uint8_t *blk = base + (size_t)b * bytes;
-            __m512 d = halves(rows32(blk, idx), 0);
+            __m512 d = halves(rows32(blk, rb), 0);
             _mm512_storeu_ps(s + b * K_QG_ROWS, d);
             _mm512_storeu_ps(m + b * K_QG_ROWS, _mm512_mul_ps(off, d));
             tr16x4(blk + 2, rb, v);
@@ -608,11 +615,11 @@ T5 static int pack_avx512(const tlm_weight *w, int r0, uint8_t *q, float *s, flo
         const __m512i ff = _mm512_set1_epi32(0xFF);
         for (int b = 0; b < nb; b++) {
             const uint8_t *blk = base + (size_t)b * bytes;
-            __m512i dd = rows32(blk, idx);
-            __m512 d = halves(dd, 0), nmin = _mm512_sub_ps(_mm512_setzero_ps(), halves(dd, 1));
+            __m512i hd[4]; /* d and dmin, then the 12 bytes of scales and mins */
+            tr16x4(blk, rb, hd);
+            __m512 d = halves(hd[0], 0), nmin = _mm512_sub_ps(_mm512_setzero_ps(), halves(hd[0], 1));
             /* tlm_q4k_scale_min on four sub-blocks at a time, a byte per sub-block */
-            __m512i s0 = rows32(blk + 4, idx), s1 = rows32(blk + 8, idx),
-                    s2 = rows32(blk + 12, idx);
+            __m512i s0 = hd[1], s1 = hd[2], s2 = hd[3];
             __m512i sc[2] = {_mm512_and_si512(s0, m6),
                              _mm512_or_si512(_mm512_and_si512(s2, lo4),
                                              _mm512_and_si512(_mm512_srli_epi32(s0, 2), h2))};
@@ -655,11 +662,14 @@ T5 static int pack_avx512(const tlm_weight *w, int r0, uint8_t *q, float *s, flo
     case TLM_DTYPE_Q6_K:
         for (int b = 0; b < nb; b++) {
             const uint8_t *blk = base + (size_t)b * sizeof(tlm_block_q6_k);
-            /* d is the block's last two bytes: read with the two before it, so that no read
-             * passes the block's end */
-            __m512 d = halves(rows32(blk + 206, idx), 1);
+            /* the 16 scales, then d (the block's last two bytes, read as the high half of the
+             * word ending there, so that no read passes the block's end) */
+            __m512i scw[4], dw[4];
+            tr16x4(blk + 192, rb, scw);
+            tr16x4(blk + 194, rb, dw);
+            __m512 d = halves(dw[3], 1);
             for (int k = 0; k < 4; k++) {
-                __m512i sc = rows32(blk + 192 + 4 * k, idx);
+                __m512i sc = scw[k];
                 for (int i = 0; i < 4; i++) {
                     __m512i e = _mm512_srai_epi32(_mm512_slli_epi32(sc, 24 - 8 * i), 24);
                     __m512 f = _mm512_mul_ps(d, _mm512_cvtepi32_ps(e));
@@ -705,9 +715,7 @@ static int isa_ok(int isa) {
 void k_qgemm_pack_isa(int isa, const tlm_weight *w, int r0, int nrows, uint8_t *q, float *s,
                       float *m) {
 #if HAVE_AVX512
-    /* a gather's offsets (row * row_bytes) are 32-bit */
-    if (isa == K_ISA_AVX512 && isa_ok(isa) && nrows == K_QG_ROWS &&
-        w->row_bytes <= (size_t)INT32_MAX / K_QG_ROWS && pack_avx512(w, r0, q, s, m))
+    if (isa == K_ISA_AVX512 && isa_ok(isa) && nrows == K_QG_ROWS && pack_avx512(w, r0, q, s, m))
         return;
 #endif
     k_qgemm_pack(w, r0, nrows, q, s, m);
