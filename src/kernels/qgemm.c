@@ -617,7 +617,8 @@ T5 static int pack_avx512(const tlm_weight *w, int r0, uint8_t *q, float *s, flo
             const uint8_t *blk = base + (size_t)b * bytes;
             __m512i hd[4]; /* d and dmin, then the 12 bytes of scales and mins */
             tr16x4(blk, rb, hd);
-            __m512 d = halves(hd[0], 0), nmin = _mm512_sub_ps(_mm512_setzero_ps(), halves(hd[0], 1));
+            __m512 d = halves(hd[0], 0),
+                   nmin = _mm512_sub_ps(_mm512_setzero_ps(), halves(hd[0], 1));
             /* tlm_q4k_scale_min on four sub-blocks at a time, a byte per sub-block */
             __m512i s0 = hd[1], s1 = hd[2], s2 = hd[3];
             __m512i sc[2] = {_mm512_and_si512(s0, m6),
@@ -1105,7 +1106,17 @@ int k_qgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const
         float *pm = ps + nsb * K_QG_ROWS;
         uint8_t *pq = (uint8_t *)(pm + nsb * K_QG_ROWS);
         int r0 = g * K_QG_ROWS, nr = out - r0 < K_QG_ROWS ? out - r0 : K_QG_ROWS;
-        if (!cache) k_qgemm_pack_isa(isa, w, r0, nr, pq, ps, pm);
+        if (!cache) {
+            k_qgemm_pack_isa(isa, w, r0, nr, pq, ps, pm);
+            /* The next group's rows, while this one's products run: a small model's rows are a
+             * few cache lines each, too short a stream for the hardware to fetch ahead, and the
+             * repacking waited for them (15M Q4_0 pp128, one thread: repacking and this loop
+             * 11.7% -> 9.0% of the profile). */
+            int next = out - r0 - nr < K_QG_ROWS ? out - r0 - nr : K_QG_ROWS;
+            const char *nx = (const char *)w->data + (size_t)(r0 + nr) * w->row_bytes;
+            for (size_t at = 0; at < (size_t)next * w->row_bytes; at += 64)
+                __builtin_prefetch(nx + at, 0, 2);
+        }
         float tile[K_QG_ACTS * K_QG_ROWS];
         for (int a0 = 0; a0 < N; a0 += K_QG_ACTS) {
             int na = N - a0 < K_QG_ACTS ? N - a0 : K_QG_ACTS;
