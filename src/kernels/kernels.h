@@ -176,6 +176,14 @@ double k_cross_entropy_fwd(const float *logits, const int *targets, float *probs
 double k_cross_entropy_fwd_bwd(float *logits, const int *targets, int N, int V, int divisor,
                                int *count);
 
+/* ---- the team's share of a loop (team.c) ---- */
+/* fn(ctx, a, b) over units [a, b) covering [0, units) once, across the OpenMP team when par
+ * (else on the calling thread): equal shares to start, then stealing (team.c says why). chunk:
+ * units per claim, or 0 for a sixteenth of a share. Results must not depend on which thread runs
+ * a unit. */
+typedef void (*k_units_fn)(void *ctx, long a, long b);
+void k_team_units(long units, int par, long chunk, k_units_fn fn, void *ctx);
+
 /* ---- decode attention (attend_row.c) ---- */
 /* One query q[hd] over S cached keys K[S, hd] and values V[S, hd] (floats, or IEEE halves when
  * f16): o[hd] = softmax(scale q.K) V, with p[0..S) as scratch. Returns -1, computing nothing, where

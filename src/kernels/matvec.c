@@ -2,7 +2,6 @@
 
 #include <limits.h>
 #include <omp.h>
-#include <stdatomic.h>
 #include <stdint.h>
 
 #include "core/dtype.h"
@@ -146,31 +145,7 @@ static void mv_units(const mv_ctx *c, long u0, long u1) {
     }
 }
 
-/* A share of units for mv_claim: the first (low 32 bits) and one past the last not yet taken. */
-#define K_STEAL_MAX 64
-typedef struct {
-    _Alignas(64) _Atomic uint64_t fb;
-} mv_share;
-
-/* Takes up to `chunk` units from the front of the share (back: from its back) into [*a, *b);
- * 0 when none are left. Relaxed order: a claim only has to be exclusive, and the results are
- * published by the region's closing barrier. */
-static int mv_claim(mv_share *sh, long chunk, int back, long *a, long *b) {
-    uint64_t old = atomic_load_explicit(&sh->fb, memory_order_relaxed);
-    for (;;) {
-        uint32_t f = (uint32_t)old, e = (uint32_t)(old >> 32);
-        if (f >= e) return 0;
-        uint32_t k = e - f < (uint64_t)chunk ? e - f : (uint32_t)chunk;
-        uint64_t nw =
-            back ? (uint64_t)f | (uint64_t)(e - k) << 32 : (uint64_t)(f + k) | (uint64_t)e << 32;
-        if (atomic_compare_exchange_weak_explicit(&sh->fb, &old, nw, memory_order_relaxed,
-                                                  memory_order_relaxed)) {
-            *a = back ? e - k : f;
-            *b = back ? e : f + k;
-            return 1;
-        }
-    }
-}
+static void mv_units_fn(void *c, long u0, long u1) { mv_units(c, u0, u1); }
 
 void k_matvec_parts(float *y, int ldy, const float *x, int M, int in, const k_matvec_part *parts,
                     int n) {
@@ -250,35 +225,5 @@ void k_matvec_parts(float *y, int ldy, const float *x, int M, int in, const k_ma
     long units = first[n];
     mv_ctx c = {y, ldy, x, M, in, ur, parts, first, r3s, w4s, pfs, spreads, dots, rdots, acts, rbs};
     int par = work * M * in >= (typed ? K_TYPED_PAR_MIN : K_F32_PAR_MIN);
-    int shares = par ? omp_get_max_threads() : 1;
-    if (shares < 2) {
-        mv_units(&c, 0, units);
-        return;
-    }
-    if (shares > K_STEAL_MAX || units >= (1L << 31)) {
-#pragma omp parallel for schedule(static)
-        for (long u = 0; u < units; u++) mv_units(&c, u, u + 1);
-        return;
-    }
-    /* Each thread starts on an equal share of the units (as schedule(static)), front to back a
-     * chunk at a time; a thread done with its own takes chunks from the back of the others'.
-     * The two vCPUs here run the same share at speeds up to 25% apart, and which is slower
-     * changes from run to run, so with fixed shares the faster thread waited at every one of a
-     * token's ~50 barriers. Which thread runs a unit does not change its sums. */
-    mv_share sh[K_STEAL_MAX];
-    for (int i = 0; i < shares; i++)
-        atomic_init(&sh[i].fb, (uint64_t)(units * i / shares) | (uint64_t)(units * (i + 1) / shares)
-                                                                    << 32);
-    long chunk = units / shares / 16 > 1 ? units / shares / 16 : 1;
-#pragma omp parallel
-    {
-        int id = omp_get_thread_num();
-        long a, b;
-        if (id < shares)
-            while (mv_claim(&sh[id], chunk, 0, &a, &b)) mv_units(&c, a, b);
-        for (int k = 1; k <= shares; k++) {
-            mv_share *v = &sh[(id + k) % shares];
-            while (mv_claim(v, chunk, 1, &a, &b)) mv_units(&c, a, b);
-        }
-    }
+    k_team_units(units, par, 0, mv_units_fn, &c);
 }

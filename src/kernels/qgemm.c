@@ -2,6 +2,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -1078,6 +1079,62 @@ int k_fgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const
 #endif
 }
 
+typedef struct {
+    float *y;
+    int ldy, N;
+    const tlm_weight *w;
+    const float *b;
+    int isa, sub, n, out;
+    size_t nb32, nsb;
+    const int8_t *xq;
+    const float *xd, *xs;
+    const char *cache;
+    size_t pack_bytes;
+    _Atomic int failed;
+} qg_ctx;
+
+/* Groups [g0, g1) of K_QG_ROWS weight rows: repacked (or taken from the cache), then their
+ * products with every activation row. */
+static void qg_groups(void *ctx, long g0, long g1) {
+    qg_ctx *c = ctx;
+    const tlm_weight *w = c->w;
+    int N = c->N, n = c->n, out = c->out, sub = c->sub, isa = c->isa;
+    size_t nb32 = c->nb32, nsb = c->nsb;
+    for (long g = g0; g < g1; g++) {
+        float *ps = c->cache ? (float *)(c->cache + (size_t)g * c->pack_bytes)
+                             : k_scratch(0, c->pack_bytes);
+        if (!ps) {
+            atomic_store_explicit(&c->failed, 1, memory_order_relaxed);
+            return;
+        }
+        float *pm = ps + nsb * K_QG_ROWS;
+        uint8_t *pq = (uint8_t *)(pm + nsb * K_QG_ROWS);
+        int r0 = (int)g * K_QG_ROWS, nr = out - r0 < K_QG_ROWS ? out - r0 : K_QG_ROWS;
+        if (!c->cache) {
+            k_qgemm_pack_isa(isa, w, r0, nr, pq, ps, pm);
+            /* The next group's rows, while this one's products run: a small model's rows are a
+             * few cache lines each, too short a stream for the hardware to fetch ahead, and the
+             * repacking waited for them (15M Q4_0 pp128, one thread: repacking and this loop
+             * 11.7% -> 9.0% of the profile). */
+            int next = out - r0 - nr < K_QG_ROWS ? out - r0 - nr : K_QG_ROWS;
+            const char *nx = (const char *)w->data + (size_t)(r0 + nr) * w->row_bytes;
+            for (size_t at = 0; at < (size_t)next * w->row_bytes; at += 64)
+                __builtin_prefetch(nx + at, 0, 2);
+        }
+        float tile[K_QG_ACTS * K_QG_ROWS];
+        for (int a0 = 0; a0 < N; a0 += K_QG_ACTS) {
+            int na = N - a0 < K_QG_ACTS ? N - a0 : K_QG_ACTS;
+            k_qgemm_micro(isa, n, sub, pq, ps, pm, c->xq + (size_t)a0 * n,
+                          c->xd + (size_t)a0 * nb32, c->xs + (size_t)a0 * nsb, na, tile);
+            for (int a = 0; a < na; a++) {
+                float *yr = c->y + (size_t)(a0 + a) * c->ldy + r0;
+                for (int r = 0; r < nr; r++)
+                    yr[r] = tile[a * K_QG_ROWS + r] + (c->b ? c->b[r0 + r] : 0.0f);
+            }
+        }
+    }
+}
+
 int k_qgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const float *b,
             int isa) {
     if (w->dtype == TLM_DTYPE_BF16) return bf16_gemm(y, ldy, x, N, w, b, isa);
@@ -1092,42 +1149,11 @@ int k_qgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const
     float *xs = xd + (size_t)N * nb32;
     int8_t *xq = (int8_t *)(xs + (size_t)N * nsb);
     quantize_rows(isa, x, N, n, sub, xq, xd, xs);
-    int groups = (out + K_QG_ROWS - 1) / K_QG_ROWS, failed = 0;
     size_t pack_bytes = pack_bytes_of(n, sub);
-    const char *cache = cached_pack(w, pack_bytes, isa);
-#pragma omp parallel for schedule(static) if ((long)N * out >= K_PAR_MIN / 16)
-    for (int g = 0; g < groups; g++) {
-        float *ps = cache ? (float *)(cache + (size_t)g * pack_bytes) : k_scratch(0, pack_bytes);
-        if (!ps) {
-#pragma omp atomic write
-            failed = 1;
-            continue;
-        }
-        float *pm = ps + nsb * K_QG_ROWS;
-        uint8_t *pq = (uint8_t *)(pm + nsb * K_QG_ROWS);
-        int r0 = g * K_QG_ROWS, nr = out - r0 < K_QG_ROWS ? out - r0 : K_QG_ROWS;
-        if (!cache) {
-            k_qgemm_pack_isa(isa, w, r0, nr, pq, ps, pm);
-            /* The next group's rows, while this one's products run: a small model's rows are a
-             * few cache lines each, too short a stream for the hardware to fetch ahead, and the
-             * repacking waited for them (15M Q4_0 pp128, one thread: repacking and this loop
-             * 11.7% -> 9.0% of the profile). */
-            int next = out - r0 - nr < K_QG_ROWS ? out - r0 - nr : K_QG_ROWS;
-            const char *nx = (const char *)w->data + (size_t)(r0 + nr) * w->row_bytes;
-            for (size_t at = 0; at < (size_t)next * w->row_bytes; at += 64)
-                __builtin_prefetch(nx + at, 0, 2);
-        }
-        float tile[K_QG_ACTS * K_QG_ROWS];
-        for (int a0 = 0; a0 < N; a0 += K_QG_ACTS) {
-            int na = N - a0 < K_QG_ACTS ? N - a0 : K_QG_ACTS;
-            k_qgemm_micro(isa, n, sub, pq, ps, pm, xq + (size_t)a0 * n, xd + (size_t)a0 * nb32,
-                          xs + (size_t)a0 * nsb, na, tile);
-            for (int a = 0; a < na; a++) {
-                float *yr = y + (size_t)(a0 + a) * ldy + r0;
-                for (int r = 0; r < nr; r++)
-                    yr[r] = tile[a * K_QG_ROWS + r] + (b ? b[r0 + r] : 0.0f);
-            }
-        }
-    }
-    return failed ? -1 : 0;
+    qg_ctx c = {y, ldy, N, w, b, isa, sub, n, out, nb32, nsb, xq, xd, xs, NULL, pack_bytes, 0};
+    c.cache = cached_pack(w, pack_bytes, isa);
+    /* a group at a time: a group is 16 rows by every activation row, microseconds of work */
+    k_team_units((out + K_QG_ROWS - 1) / K_QG_ROWS, (long)N * out >= K_PAR_MIN / 16, 1, qg_groups,
+                 &c);
+    return atomic_load_explicit(&c.failed, memory_order_relaxed) ? -1 : 0;
 }
