@@ -210,8 +210,12 @@ void k_matvec_parts(float *y, int ldy, const float *x, int M, int in, const k_ma
          * without; Q6_K rows: qdot_x86.c), and for F32 and F16 weights against more than
          * four activation rows (8-16 rows: 8-15% less time). With one F32/F16 weight row against
          * up to four activation rows it costs (1 thread: 1.16 -> 1.35 ms for 8192 rows), and for
-         * block types past one row it is within noise. */
-        pfs[p] = w4s[p] || (M > 4 && kind == K_ACT_F32);
+         * block types past one row it is within noise. Four rows of at most 256 bytes are one
+         * run of a few lines, and the next unit's continues it: one stream, which the hardware
+         * follows (15M's 256-column Q6_K classifier from L3, one thread: 31-32 -> 33.5-34.5 G
+         * bytes/s without; 15M decode, alternating, medians: Q4_0 1.02x and Q4_K_M 1.03x at one
+         * thread, 1.03x and 1.06x at two). */
+        pfs[p] = (w4s[p] && parts[p].row_bytes > 256) || (M > 4 && kind == K_ACT_F32);
         /* The four-row kernels of the block types take that prefetch a share per step of their
          * loop (k_vdot_w4_fn's pf) rather than all the unit's lines at the start: alternating in
          * one process, 1 thread, G bytes/s, burst -> spread: Q4_K 768 x 2048 27 -> 30, 2048 x 768
