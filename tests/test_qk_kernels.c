@@ -193,7 +193,16 @@ static void check_rows(tlm_dtype t, int n) {
  * bit for bit what the one-row product gives that row (the several-row kernel with M = 1 where
  * the type has one), which the batched decode
  * uses (so one sequence's tokens do not depend on whether it was batched), the rows at a stride
- * with a gap between them, nothing written past the fourth. */
+ * with a gap between them, nothing written past the fourth; and a run of groups of four in one
+ * call equal to a call per group. */
+/* n weights of type t at w: random floats for F32, else fill_weights's blocks. */
+static void fill_weights_any(tlm_dtype t, uint8_t *w, int n) {
+    if (t == TLM_DTYPE_F32)
+        for (int i = 0; i < n; i++) ((float *)(void *)w)[i] = t_unif();
+    else
+        fill_weights(t, w, n, 0);
+}
+
 static void check_w4(tlm_dtype t, int n) {
     k_vdot_w4_fn f = k_vdot_w4(t);
     if (!f) return;
@@ -203,18 +212,13 @@ static void check_w4(tlm_dtype t, int n) {
     size_t rb = (k_act_row_bytes(t, n) + 63) & ~(size_t)63;
     uint8_t *w = calloc(4, ws), *xq = malloc(rb);
     float *x = malloc(sizeof(float) * n);
-    for (int r = 0; r < 4; r++) {
-        if (t == TLM_DTYPE_F32)
-            for (int i = 0; i < n; i++) ((float *)(void *)(w + r * ws))[i] = t_unif();
-        else
-            fill_weights(t, w + r * ws, n, 0);
-    }
+    for (int r = 0; r < 4; r++) fill_weights_any(t, w + r * ws, n);
     for (int i = 0; i < n; i++) x[i] = t_unif() * 3;
     k_act_quantize(k_act_of(t), x, xq, n);
     float got[5], want, nopf[4];
     got[4] = 12345.0f;
-    f(n, got, w, ws, xq, w + ws);
-    f(n, nopf, w, ws, xq, NULL);
+    f(n, got, w, ws, xq, w + ws, 1);
+    f(n, nopf, w, ws, xq, NULL, 1);
     CHECK(!memcmp(got, nopf, sizeof nopf), "%s w4 n=%d: the prefetch changed the sums",
           tlm_dtype_name(t), n);
     for (int r = 0; r < 4; r++) {
@@ -226,6 +230,18 @@ static void check_w4(tlm_dtype t, int n) {
               tlm_dtype_name(t), n, r, got[r], want);
     }
     CHECK(got[4] == 12345.0f, "%s w4 n=%d wrote past its rows", tlm_dtype_name(t), n);
+    /* a run of three groups in one call equals three calls, each group with its own prefetch */
+    uint8_t *w12 = calloc(12, ws);
+    float run[13], each[12];
+    for (int r = 0; r < 12; r++) memcpy(w12 + r * ws, w + (r * 5 % 4) * ws, wb);
+    for (int r = 0; r < 12; r += 5) fill_weights_any(t, w12 + r * ws, n);
+    run[12] = 12345.0f;
+    f(n, run, w12, ws, xq, w12 + ws, 3);
+    for (int u = 0; u < 3; u++) f(n, each + 4 * u, w12 + 4 * u * ws, ws, xq, NULL, 1);
+    CHECK(!memcmp(run, each, sizeof each), "%s w4 n=%d: a run of three groups equals three calls",
+          tlm_dtype_name(t), n);
+    CHECK(run[12] == 12345.0f, "%s w4 n=%d: a run wrote past its rows", tlm_dtype_name(t), n);
+    free(w12);
     free(w);
     free(xq);
     free(x);

@@ -113,26 +113,29 @@ static void mv_units(const mv_ctx *c, long u0, long u1) {
         if (w4) {
             /* This part's whole units from here on in one run: the steps above cost a tenth of
              * the time of the 15M classifier's 8000 units of 840 bytes (one thread, from L3:
-             * 29.5-31.4 -> 36.4-41.8 G bytes/s; 15M decode 1.13-1.17x).
-             * Straight into y: four floats stored one by one and read back as wider words
-             * cannot be forwarded from the stores, and the load waits for them to retire. */
+             * 29.5-31.4 -> 36.4-41.8 G bytes/s; 15M decode 1.13-1.17x). Kernels that spread
+             * their prefetch take the run in one call; the others get each unit's lines asked
+             * for before it, as above. Straight into y: four floats stored one by one and read
+             * back as wider words cannot be forwarded from the stores, and the load waits for
+             * them to retire. */
             k_vdot_w4_fn w4f = c->w4s[p];
             long last = c->first[p + 1] - (P->out % 4 ? 1 : 0), end = u1 < last ? u1 : last;
+            int nu = (int)(end - u), spread = c->spreads[p];
             size_t step = 4 * P->row_bytes;
-            int spread = c->spreads[p];
-            for (;;) {
-                float *ym = y + P->col + j;
-                w4f(in, ym, w0, P->row_bytes, a, spread ? pf : NULL);
-                if (P->b)
-                    for (int k = 0; k < 4; k++) ym[k] += P->b[j + k];
-                if (u + 1 >= end) break;
-                u++, j += 4, w0 += step;
-                if (pf) {
-                    pf += step;
-                    if (!spread)
-                        for (size_t o = 0; o < step; o += 64) __builtin_prefetch(pf + o, 0, 3);
+            float *ym = y + P->col + j;
+            if (!pf || spread) {
+                w4f(in, ym, w0, P->row_bytes, a, pf, nu);
+            } else {
+                for (int k = 0; k < nu; k++) {
+                    if (k)
+                        for (size_t o = 0; o < step; o += 64)
+                            __builtin_prefetch(pf + k * step + o, 0, 3);
+                    w4f(in, ym + 4 * k, w0 + k * step, P->row_bytes, a, NULL, 1);
                 }
             }
+            if (P->b)
+                for (int k = 0; k < 4 * nu; k++) ym[k] += P->b[j + k];
+            u = end - 1;
             continue; /* next unit */
         }
         /* Each weight row once against up to K_VDOT_MAX_ROWS activation rows: the unit's four

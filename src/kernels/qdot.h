@@ -110,9 +110,11 @@ k_vdot_rows3_fn k_vdot_rows3(tlm_dtype t);
  * at a time instead, one sequential stream (k_matvec_parts). AVX-512; NULL elsewhere. Unless pf is
  * NULL, the block types' kernels also prefetch the 4 * wstride bytes from pf (the unit after next),
  * a share per step of their loop; pf may point past the weights' end. The F32, F16 and BF16 kernels
- * ignore pf: k_matvec_parts asks for their units' lines all at once, which measured faster. */
+ * ignore pf: k_matvec_parts asks for their units' lines all at once, which measured faster.
+ * A call runs `units` such groups of four rows one after another: group u is rows 4u .. 4u + 3
+ * into s[4u .. 4u + 3], prefetching from pf + 4u * wstride. */
 typedef void (*k_vdot_w4_fn)(int n, float *s, const void *w, size_t wstride, const void *xq,
-                             const void *pf);
+                             const void *pf, int units);
 k_vdot_w4_fn k_vdot_w4(tlm_dtype t);
 
 /* One weight row of n elements to floats (tlm_dtype_to_f32, vectorized where it matters). */

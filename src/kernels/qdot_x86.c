@@ -96,6 +96,20 @@ T5 static inline __m512i join(__m256i lo, __m256i hi) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 
+#define AI __attribute__((always_inline))
+
+/* A run of units of four rows (k_vdot_w4_fn): unit u is rows 4u .. 4u + 3, its prefetch 4u rows
+ * on from pf. One call for the run keeps the kernel's constants in registers across units and
+ * lets one unit's reductions overlap the next unit's loads (the 15M classifier's one-block Q6_K
+ * rows: a call per unit spent a third of its samples in the last unit's sums). */
+#define W4_RUN(ATTR, name, one)                                                                    \
+    ATTR static void name(int n, float *s, const void *w, size_t ws, const void *xq,               \
+                          const void *pf, int units) {                                             \
+        const uint8_t *wu = w, *pu = pf;                                                           \
+        for (int u = 0; u < units; u++, s += 4, wu += 4 * ws)                                      \
+            one(n, s, wu, ws, xq, pu ? pu + (size_t)u * 4 * ws : NULL);                            \
+    }
+
 /* The four-row kernels' prefetch (k_vdot_w4_fn's pf): the next bytes of the unit ahead asked for
  * in step with this unit's reading, up to byte `to` of its 4 ws, so that the misses in flight stay
  * few and even rather than a burst of a whole unit's lines ahead of each call. */
@@ -192,8 +206,8 @@ T5BF static void a5_bf16(int n, float *s, const void *w, const void *xq) {
  * interleaved and each activation vector loaded once for the four; with the prefetch ahead that
  * units of four take. 1 thread, four alternating runs: 15M 770 -> 1123 tok/s (llama.cpp 890),
  * 110M 81 -> 103 (93); 2 threads 15M 1013 -> 1610 (1014), 110M 153 -> 183 (173). */
-T5BF static void w4_bf16(int n, float *s, const void *w, size_t ws, const void *xq,
-                         const void *pf) {
+T5BF static inline AI void w4one_bf16(int n, float *s, const void *w, size_t ws, const void *xq,
+                                      const void *pf) {
     const uint8_t *x = xq;
     const uint8_t *a[4];
     __m512 s0[4], s1[4];
@@ -555,7 +569,6 @@ T2 static void widen_bf16(const void *src, float *dst, int n) {
  * activation row's accumulators, which stay in registers: M rows cost about one row's weight
  * traffic and unpacking plus M times the activation side. The functions are inlined with M a
  * constant (ROWS_SWITCH), so the accumulator arrays are registers, not memory. */
-#define AI __attribute__((always_inline))
 #define ROWS_SWITCH(fn, n, M, s, w, xq, xs)                                                        \
     switch (M) {                                                                                   \
     case 1: fn(n, 1, s, w, xq, xs); break;                                                         \
@@ -629,11 +642,13 @@ T5 static inline AI void fw4(int n, float *s, const uint8_t *w, size_t ws, const
     for (int r = 0; r < 4; r++) s[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r]));
 }
 /* pf is ignored: k_matvec_parts prefetches float rows all at once (k_vdot_w4_fn). */
-T5 static void w4_f32(int n, float *s, const void *w, size_t ws, const void *xq, const void *pf) {
+T5 static inline AI void w4one_f32(int n, float *s, const void *w, size_t ws, const void *xq,
+                                   const void *pf) {
     (void)pf;
     fw4(n, s, w, ws, (const float *)xq, 0);
 }
-T5 static void w4_f16(int n, float *s, const void *w, size_t ws, const void *xq, const void *pf) {
+T5 static inline AI void w4one_f16(int n, float *s, const void *w, size_t ws, const void *xq,
+                                   const void *pf) {
     (void)pf;
     fw4(n, s, w, ws, (const float *)xq, 1);
 }
@@ -891,7 +906,8 @@ T5 static inline AI void q4r5(int n, const int M, float *s, const uint8_t *w, co
 /* Four Q4_0 weight rows against one activation row (decode of one sequence): q4r5's operations
  * per row with M = 1 (so bit for bit its sums), the activation's vectors loaded once for the four
  * and the rows' chains interleaved. */
-T5 static void w4_q4_0(int n, float *s, const void *w, size_t ws, const void *xq, const void *pf) {
+T5 static inline AI void w4one_q4_0(int n, float *s, const void *w, size_t ws, const void *xq,
+                                    const void *pf) {
     const float *ad = k_act_q8_0_aux(xq, n);
     const uint8_t *g = k_act_q8_0_nib(xq, n);
     int nb = n / TLM_QK, b = 0;
@@ -918,8 +934,8 @@ T5 static void w4_q4_0(int n, float *s, const void *w, size_t ws, const void *xq
  * blocks, scales and offsets are loaded and computed once for the four, and the four rows' fixed
  * costs (call, horizontal sums) overlap. Per row the same integer lane sums and the same float
  * operations in the same order as q8r5 with M = 1, so bit for bit its sums. */
-T5 static void w4_q8_0(int n, float *s, const void *wv, size_t ws, const void *xqv,
-                       const void *pf) {
+T5 static inline AI void w4one_q8_0(int n, float *s, const void *wv, size_t ws, const void *xqv,
+                                    const void *pf) {
     const uint8_t *w = wv;
     const tlm_block_q8_0 *x = xqv;
     const float *ad = k_act_q8_0_aux(xqv, n);
@@ -1209,10 +1225,12 @@ T5 static inline AI void w4_q45k(int n, float *s, const void *w, size_t ws, cons
     }
 }
 
-T5 static void w4_q4_k(int n, float *s, const void *w, size_t ws, const void *xq, const void *pf) {
+T5 static inline AI void w4one_q4_k(int n, float *s, const void *w, size_t ws, const void *xq,
+                                    const void *pf) {
     w4_q45k(n, s, w, ws, xq, pf, 0);
 }
-T5 static void w4_q5_k(int n, float *s, const void *w, size_t ws, const void *xq, const void *pf) {
+T5 static inline AI void w4one_q5_k(int n, float *s, const void *w, size_t ws, const void *xq,
+                                    const void *pf) {
     w4_q45k(n, s, w, ws, xq, pf, 1);
 }
 
@@ -1298,7 +1316,8 @@ T5 static inline AI void hsum8x4(const __m256 *a, float *s) {
  * k_matvec_parts's prefetch of the rows ahead (from memory, 1 thread, alternating: 0.92 -> 0.80
  * ms). F32 and F16 one row at a time lose with that prefetch (1 thread, 8192 x 768: 1.16 -> 1.35
  * ms). */
-T5 static void w4_q6_k(int n, float *s, const void *w, size_t ws, const void *xq, const void *pf) {
+T5 static inline AI void w4one_q6_k(int n, float *s, const void *w, size_t ws, const void *xq,
+                                    const void *pf) {
     const uint8_t *wb = w;
     __m256 acc[4];
     for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_ps();
@@ -1355,6 +1374,15 @@ k_vdot_rows3_fn k_simd_vdot_rows3(tlm_dtype t, int isa) {
     if (isa != K_ISA_AVX512 || isa > k_simd_cpu_level()) return NULL;
     return t == TLM_DTYPE_F32 ? r53_f32 : t == TLM_DTYPE_F16 ? r53_f16 : NULL;
 }
+
+W4_RUN(T5, w4_q8_0, w4one_q8_0)
+W4_RUN(T5, w4_q4_0, w4one_q4_0)
+W4_RUN(T5, w4_q4_k, w4one_q4_k)
+W4_RUN(T5, w4_q5_k, w4one_q5_k)
+W4_RUN(T5, w4_q6_k, w4one_q6_k)
+W4_RUN(T5, w4_f32, w4one_f32)
+W4_RUN(T5, w4_f16, w4one_f16)
+W4_RUN(T5BF, w4_bf16, w4one_bf16)
 
 k_vdot_w4_fn k_simd_vdot_w4(tlm_dtype t, int isa) {
     if (isa != K_ISA_AVX512 || isa > k_simd_cpu_level()) return NULL;
