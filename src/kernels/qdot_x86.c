@@ -101,7 +101,8 @@ T5 static inline __m512i join(__m256i lo, __m256i hi) {
 /* A run of units of four rows (k_vdot_w4_fn): unit u is rows 4u .. 4u + 3, its prefetch 4u rows
  * on from pf. One call for the run keeps the kernel's constants in registers across units and
  * lets one unit's reductions overlap the next unit's loads (the 15M classifier's one-block Q6_K
- * rows: a call per unit spent a third of its samples in the last unit's sums). */
+ * rows: a call per unit spent a third of its samples in the last unit's sums; one thread, from
+ * L3, 43.5 -> 48.2 G bytes/s). */
 #define W4_RUN(ATTR, name, one)                                                                    \
     ATTR static void name(int n, float *s, const void *w, size_t ws, const void *xq,               \
                           const void *pf, int units) {                                             \
