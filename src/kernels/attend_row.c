@@ -37,6 +37,36 @@ T5 static inline __attribute__((always_inline)) void row_avx512(const int NB, co
     __m512 qv[8];
     for (int b = 0; b < NB; b++) qv[b] = _mm512_loadu_ps(q + 16 * b);
     int j = 0;
+    /* Sixteen keys' products, then their sixteen horizontal sums at once: pairs of vectors
+     * interleaved and added, then pairs of pairs, then 128-bit lanes twice, which leaves key i's
+     * sum in lane i (45 operations where sixteen separate sums take about 140). */
+    for (; j + 16 <= S; j += 16) {
+        size_t k0 = (size_t)j * hd;
+        __m512 a[16];
+        for (int i = 0; i < 16; i++) a[i] = _mm512_mul_ps(qv[0], ld16(F16, K, k0 + i * hd));
+        for (int b = 1; b < NB; b++)
+            for (int i = 0; i < 16; i++)
+                a[i] = _mm512_fmadd_ps(qv[b], ld16(F16, K, k0 + i * hd + 16 * b), a[i]);
+        __m512 v[4];
+        for (int g = 0; g < 4; g++) {
+            __m512 s2[2];
+            for (int h = 0; h < 2; h++) {
+                __m512 x = a[4 * g + 2 * h], y = a[4 * g + 2 * h + 1];
+                s2[h] = _mm512_add_ps(_mm512_unpacklo_ps(x, y), _mm512_unpackhi_ps(x, y));
+            }
+            __m512d lo = _mm512_castps_pd(s2[0]), hi = _mm512_castps_pd(s2[1]);
+            v[g] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(lo, hi)),
+                                 _mm512_castpd_ps(_mm512_unpackhi_pd(lo, hi)));
+        }
+        /* v[g]'s 128-bit lane L: keys 4g .. 4g + 3 summed over their elements in lane L */
+        __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(v[0], v[1], 0x88),
+                                   _mm512_shuffle_f32x4(v[0], v[1], 0xDD));
+        __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(v[2], v[3], 0x88),
+                                   _mm512_shuffle_f32x4(v[2], v[3], 0xDD));
+        __m512 t = _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, 0x88),
+                                 _mm512_shuffle_f32x4(s01, s23, 0xDD));
+        _mm512_storeu_ps(p + j, _mm512_mul_ps(t, _mm512_set1_ps(scale)));
+    }
     for (; j + 4 <= S; j += 4) {
         size_t k0 = (size_t)j * hd;
         __m512 a0 = _mm512_mul_ps(qv[0], ld16(F16, K, k0));
@@ -60,9 +90,13 @@ T5 static inline __attribute__((always_inline)) void row_avx512(const int NB, co
         for (int b = 1; b < NB; b++) a = _mm512_fmadd_ps(qv[b], ld16(F16, K, kj + 16 * b), a);
         p[j] = scale * _mm512_reduce_add_ps(a);
     }
-    float m = -INFINITY;
-    for (j = 0; j < S; j++) m = p[j] > m ? p[j] : m;
-    tlm_softmax_row(p, S, m);
+    __m512 vm = _mm512_set1_ps(-INFINITY);
+    for (j = 0; j + 16 <= S; j += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(p + j));
+    if (j < S) {
+        __mmask16 tail = (__mmask16)((1u << (S - j)) - 1);
+        vm = _mm512_mask_max_ps(vm, tail, vm, _mm512_maskz_loadu_ps(tail, p + j));
+    }
+    tlm_softmax_row(p, S, _mm512_reduce_max_ps(vm));
     /* two keys per step into separate sums: 2 x NB independent chains */
     __m512 e0[8], e1[8];
     for (int b = 0; b < NB; b++) e0[b] = e1[b] = _mm512_setzero_ps();
