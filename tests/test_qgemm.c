@@ -254,6 +254,20 @@ static void check_fgemm(tlm_dtype t, int in, int out, int N) {
     free(b);
 }
 
+/* n cached key and value elements: every seventh key element eight times larger, so that scores
+ * spread and the maximum's subtraction matters. With f16, halves in Kh and Vh, and K and V hold
+ * the halves' values for the reference. */
+static void fill_cache(float *K, float *V, uint16_t *Kh, uint16_t *Vh, int n, int f16) {
+    for (int i = 0; i < n; i++) {
+        K[i] = (2.0f * t_unif() - 1.0f) * (i % 7 == 0 ? 8.0f : 1.0f);
+        V[i] = 2.0f * t_unif() - 1.0f;
+        if (f16) {
+            Kh[i] = tlm_f32_to_f16(K[i]), K[i] = tlm_f16_to_f32(Kh[i]);
+            Vh[i] = tlm_f32_to_f16(V[i]), V[i] = tlm_f16_to_f32(Vh[i]);
+        }
+    }
+}
+
 /* T consecutive queries at positions first..first+T-1 over the keys up to each one's own
  * position (k_attend_causal, prefill's attention), every query's output against the exact causal
  * attention in double. The query rows sit in a wider buffer (ldq, ldo > hd) as the fused q|k|v
@@ -272,14 +286,7 @@ static void check_attend_causal(int hd, int T, int first, int f16) {
     for (size_t i = 0; i < 8 * span; i++) p[i] = NAN;
     for (int i = 0; i < T * ldo; i++) o[i] = 7.0f;
     for (int i = 0; i < T * ldq; i++) q[i] = 2.0f * t_unif() - 1.0f;
-    for (int i = 0; i < S * hd; i++) {
-        K[i] = (2.0f * t_unif() - 1.0f) * (i % 7 == 0 ? 8.0f : 1.0f);
-        V[i] = 2.0f * t_unif() - 1.0f;
-        if (f16) {
-            Kh[i] = tlm_f32_to_f16(K[i]), K[i] = tlm_f16_to_f32(Kh[i]);
-            Vh[i] = tlm_f32_to_f16(V[i]), V[i] = tlm_f16_to_f32(Vh[i]);
-        }
-    }
+    fill_cache(K, V, Kh, Vh, S * hd, f16);
     float scale = 1.0f / sqrtf((float)hd);
     int ok = k_attend_causal(q, (size_t)ldq, f16 ? (const void *)Kh : K, f16 ? (const void *)Vh : V,
                              f16, T, first, hd, scale, kt, p, o, (size_t)ldo);
@@ -330,14 +337,7 @@ static void check_attend_row(int hd, int S, int f16) {
     float o[128];
     double *ref = calloc((size_t)S, sizeof(double));
     for (int i = 0; i < hd; i++) q[i] = 2.0f * t_unif() - 1.0f;
-    for (int i = 0; i < S * hd; i++) {
-        K[i] = (2.0f * t_unif() - 1.0f) * (i % 7 == 0 ? 8.0f : 1.0f);
-        V[i] = 2.0f * t_unif() - 1.0f;
-        if (f16) {
-            Kh[i] = tlm_f32_to_f16(K[i]), K[i] = tlm_f16_to_f32(Kh[i]);
-            Vh[i] = tlm_f32_to_f16(V[i]), V[i] = tlm_f16_to_f32(Vh[i]);
-        }
-    }
+    fill_cache(K, V, Kh, Vh, S * hd, f16);
     float scale = 1.0f / sqrtf((float)hd);
     int ok = f16 ? k_attend_row(q, Kh, Vh, 1, S, hd, scale, p, o)
                  : k_attend_row(q, K, V, 0, S, hd, scale, p, o);

@@ -333,7 +333,6 @@ static void attend_prefill(tlm_session *s, int l, int b, int pos0, int T, int r0
             float *row = p + (size_t)i * S;
             int last = pos0 + t0 + i;
             float mx = row[0];
-#pragma omp simd reduction(max : mx)
             for (int j = 1; j <= last; j++) mx = row[j] > mx ? row[j] : mx;
             tlm_softmax_row(row, last + 1, mx);
             for (int j = last + 1; j < S; j++) row[j] = 0.0f;

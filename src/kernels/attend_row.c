@@ -136,25 +136,6 @@ T5 static int attend_row_avx512(const float *q, const void *K, const void *V, in
 
 /* ---- prefill: a block of consecutive queries, causal ----------------------------------------- */
 
-/* e^x for x <= 0 (scores minus their maximum), tlm_exp_in_range's steps on 16 lanes; below -87
- * the clamp gives about 1.6e-38 in place of a denormal or zero, far under what a sum of at least
- * one e^0 can see. */
-T5 static inline AI __m512 exp_nonpos16(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
-    __m512 e = _mm512_set1_ps(1.0f / 720.0f);
-    e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.0f / 120.0f));
-    e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.0f / 24.0f));
-    e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.0f / 6.0f));
-    e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(0.5f));
-    e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.0f));
-    e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(e, n);
-}
-
 /* Keys [0, S) of one head, K[S, hd] (floats or halves), into kt[hd][Sp] as floats: each
  * dimension's keys side by side, so that 16 scores of one query are one vector of products
  * summed over hd. Keys S..Sp-1 are zeros. Sixteen keys by sixteen dimensions at a time, transposed
@@ -235,7 +216,7 @@ T5 static inline AI void block_avx512(const int NB, const int R, const int KB, c
         mx = _mm512_mask_max_ps(mx, tail, mx, _mm512_maskz_loadu_ps(tail, pi + j));
         __m512 vm = _mm512_set1_ps(_mm512_reduce_max_ps(mx)), sum = _mm512_setzero_ps();
         for (j = 0; j + 16 <= m; j += 16) {
-            __m512 e = exp_nonpos16(_mm512_sub_ps(_mm512_loadu_ps(pi + j), vm));
+            __m512 e = k_exp16_nonpos(_mm512_sub_ps(_mm512_loadu_ps(pi + j), vm));
             sum = _mm512_add_ps(sum, e);
             _mm512_storeu_ps(pi + j, e);
         }
@@ -245,7 +226,7 @@ T5 static inline AI void block_avx512(const int NB, const int R, const int KB, c
             int left = m - j > 0 ? (m - j < 16 ? m - j : 16) : 0;
             __mmask16 k = (__mmask16)((1u << left) - 1);
             __m512 e = _mm512_maskz_mov_ps(
-                k, exp_nonpos16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, pi + j), vm)));
+                k, k_exp16_nonpos(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, pi + j), vm)));
             sum = _mm512_add_ps(sum, e);
             _mm512_storeu_ps(pi + j, e);
         }

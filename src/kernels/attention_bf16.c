@@ -260,26 +260,6 @@ static void *take(char **p, size_t n) {
     return r;
 }
 
-/* e^x for the softmax's x <= 0 in 16 lanes, tlm_expf's steps; a NaN stays NaN (vmaxps returns
- * its second operand when either is NaN). */
-T5BF static inline __m512 exp16(__m512 x) {
-    x = _mm512_max_ps(_mm512_set1_ps(-87.0f), x);
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 720.0f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    __m512i e =
-        _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
-}
-
 /* The causal softmax down each column of Pt (the fp32 kernels' softmax_columns), 16 queries at
  * a time in the lanes of one vector, and the probabilities' pair rows for the output product,
  * written in the pass that normalizes them. Entries of masked keys, and every row below the
@@ -297,7 +277,7 @@ T5BF static void softmax_pairs(float *Pt, int T, uint32_t *Pp, long Tv) {
         for (int j = 0; j < j1; j++) {
             __mmask16 m = in & ~below(c, j);
             float *row = Pt + (long)j * T + c;
-            __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row), mx));
+            __m512 e = k_exp16_nonpos(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row), mx));
             e = _mm512_maskz_mov_ps(m, e);
             _mm512_mask_storeu_ps(row, in, e);
             sum = _mm512_add_ps(sum, e);

@@ -528,17 +528,22 @@ T5BF static void f32_avx512(int R, int T, int n, const float *w, size_t ldw, con
 
 /* ---- the repacking in vectors -------------------------------------------------------------- */
 
-/* 16 bytes at p + r * rb of rows r = 0 .. 15, transposed: out[j] holds word j (bytes 4j .. 4j + 3)
- * of every row, row r in 32-bit lane r. Row 4i + k goes to 128-bit lane i of v[k]; a 4 x 4
- * transpose within each lane then leaves rows 4i .. 4i + 3 in lane i, in order. */
-T5 static inline void tr16x4(const uint8_t *p, size_t rb, __m512i out[4]) {
-    __m512i v[4];
+/* 16 bytes at p + r * rb of rows r = 0 .. 15: row 4i + k into 128-bit lane i of v[k]. */
+T5 static inline void load16x16(const uint8_t *p, size_t rb, __m512i v[4]) {
     for (int k = 0; k < 4; k++) {
         __m512i t = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(p + k * rb)));
         t = _mm512_inserti32x4(t, _mm_loadu_si128((const __m128i *)(p + (4 + k) * rb)), 1);
         t = _mm512_inserti32x4(t, _mm_loadu_si128((const __m128i *)(p + (8 + k) * rb)), 2);
         v[k] = _mm512_inserti32x4(t, _mm_loadu_si128((const __m128i *)(p + (12 + k) * rb)), 3);
     }
+}
+
+/* Those 16 bytes of rows 0 .. 15 transposed: out[j] holds word j (bytes 4j .. 4j + 3) of every row,
+ * row r in 32-bit lane r. A 4 x 4 transpose within each lane of load16x16's vectors leaves rows
+ * 4i .. 4i + 3 in lane i, in order. */
+T5 static inline void tr16x4(const uint8_t *p, size_t rb, __m512i out[4]) {
+    __m512i v[4];
+    load16x16(p, rb, v);
     __m512i t0 = _mm512_unpacklo_epi32(v[0], v[1]), t1 = _mm512_unpackhi_epi32(v[0], v[1]);
     __m512i t2 = _mm512_unpacklo_epi32(v[2], v[3]), t3 = _mm512_unpackhi_epi32(v[2], v[3]);
     out[0] = _mm512_unpacklo_epi64(t0, t2);
@@ -552,12 +557,7 @@ T5 static inline void tr16x4(const uint8_t *p, size_t rb, __m512i out[4]) {
  * the repacking (Zen 5: pack_avx512 38-48% on the instruction after it). */
 T5 static inline __m512i rows32(const uint8_t *p, size_t rb) {
     __m512i v[4];
-    for (int k = 0; k < 4; k++) {
-        __m512i t = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(p + k * rb)));
-        t = _mm512_inserti32x4(t, _mm_loadu_si128((const __m128i *)(p + (4 + k) * rb)), 1);
-        t = _mm512_inserti32x4(t, _mm_loadu_si128((const __m128i *)(p + (8 + k) * rb)), 2);
-        v[k] = _mm512_inserti32x4(t, _mm_loadu_si128((const __m128i *)(p + (12 + k) * rb)), 3);
-    }
+    load16x16(p, rb, v);
     return _mm512_unpacklo_epi64(_mm512_unpacklo_epi32(v[0], v[1]),
                                  _mm512_unpacklo_epi32(v[2], v[3]));
 }
