@@ -926,6 +926,12 @@ T5 static inline AI void w4one_q4_0(int n, float *s, const void *w, size_t ws, c
         }
     }
     pf_upto(pf, &pfo, 4 * ws);
+    /* Rows of whole groups (15M's 256 columns) skip the tails' set-up: 256 x 32000 from L3, one
+     * thread, alternating, 34.5-36.0 -> 37.5-38.3 G bytes/s. */
+    if (b == nb) {
+        for (int r = 0; r < 4; r++) s[r] = _mm512_reduce_add_ps(acc[r]);
+        return;
+    }
     for (int r = 0; r < 4; r++)
         s[r] = q4_0_tail(_mm512_reduce_add_ps(acc[r]), (const uint8_t *)w + r * ws + (size_t)b * 18,
                          (const tlm_block_q8_0 *)xq, b, nb);
