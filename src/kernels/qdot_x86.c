@@ -1323,7 +1323,6 @@ T5 static inline AI void q6kr5(int n, const int M, float *s, const uint8_t *w, c
     for (int m = 0; m < M; m++) s[m] = hsum8(acc[m]);
 }
 
-
 /* Four Q6_K rows against one activation row, q6kr5's operations per row with M = 1, the rows'
  * chains interleaved (in cache, 1 thread: 256 columns 19 -> 21-27, 768 columns 29 -> 32 G
  * weights/s; 32000 x 768 from memory about equal). As a unit of four they also take
