@@ -139,40 +139,18 @@ T5 static int attend_row_avx512(const float *q, const void *K, const void *V, in
 /* Keys [0, S) of one head, K[S, hd] (floats or halves), into kt[hd][Sp] as floats: each
  * dimension's keys side by side, so that 16 scores of one query are one vector of products
  * summed over hd. Keys S..Sp-1 are zeros. Sixteen keys by sixteen dimensions at a time, transposed
- * in registers. */
+ * in registers (k_transpose16x16). */
 T5 static void keys_transposed(const int F16, const void *K, int S, int Sp, int hd, float *kt) {
     for (int j0 = 0; j0 < Sp; j0 += 16) {
         int nk = S - j0 < 16 ? (S - j0 > 0 ? S - j0 : 0) : 16;
         for (int d0 = 0; d0 < hd; d0 += 16) {
-            __m512 r[16], t[16];
+            __m512i r[16];
             for (int i = 0; i < 16; i++)
-                r[i] = i < nk ? ld16(F16, K, (size_t)(j0 + i) * hd + d0) : _mm512_setzero_ps();
-            /* 16 x 16 transpose: pairs of elements, pairs of pairs, then 128-bit lanes twice */
-            for (int i = 0; i < 16; i += 2) {
-                t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-                t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-            }
-            for (int i = 0; i < 16; i += 4)
-                for (int k = 0; k < 2; k++) {
-                    __m512d a = _mm512_castps_pd(t[i + k]), b = _mm512_castps_pd(t[i + 2 + k]);
-                    r[i + k] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
-                    r[i + 2 + k] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
-                }
-            for (int i = 0; i < 16; i += 8)
-                for (int k = 0; k < 4; k++) {
-                    t[i + k] = _mm512_shuffle_f32x4(r[i + k], r[i + 4 + k], 0x88);
-                    t[i + 4 + k] = _mm512_shuffle_f32x4(r[i + k], r[i + 4 + k], 0xDD);
-                }
-            for (int k = 0; k < 8; k++) {
-                r[k] = _mm512_shuffle_f32x4(t[k], t[8 + k], 0x88);
-                r[8 + k] = _mm512_shuffle_f32x4(t[k], t[8 + k], 0xDD);
-            }
-            /* r[i] now holds one dimension of the 16 keys: 4 (i >> 2) plus 0, 2, 1, 3 for
-             * i & 3 (the pairs' unpacks swap the middle two) */
-            for (int i = 0; i < 16; i++) {
-                int d = d0 + 4 * (i >> 2) + ((i & 1) << 1 | (i & 2) >> 1);
-                _mm512_storeu_ps(kt + (size_t)d * Sp + j0, r[i]);
-            }
+                r[i] = _mm512_castps_si512(i < nk ? ld16(F16, K, (size_t)(j0 + i) * hd + d0)
+                                                  : _mm512_setzero_ps());
+            k_transpose16x16(r);
+            for (int d = 0; d < 16; d++)
+                _mm512_storeu_ps(kt + (size_t)(d0 + d) * Sp + j0, _mm512_castsi512_ps(r[d]));
         }
     }
 }

@@ -167,32 +167,6 @@ T5BF static void pair_rows(uint32_t *dst, long ldd, const float *src, long ld, i
     }
 }
 
-/* 16 rows of 16 words transposed in registers: r[i] word w becomes r[w] word i. */
-T5BF static void transpose16(__m512i r[16]) {
-    __m512i a[16], b[16];
-    for (int i = 0; i < 8; i++) {
-        a[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-        a[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-    }
-    /* b[4i + c], lane L: word 4L + c of rows 4i .. 4i + 3 */
-    for (int i = 0; i < 4; i++) {
-        b[4 * i] = _mm512_unpacklo_epi64(a[4 * i], a[4 * i + 2]);
-        b[4 * i + 1] = _mm512_unpackhi_epi64(a[4 * i], a[4 * i + 2]);
-        b[4 * i + 2] = _mm512_unpacklo_epi64(a[4 * i + 1], a[4 * i + 3]);
-        b[4 * i + 3] = _mm512_unpackhi_epi64(a[4 * i + 1], a[4 * i + 3]);
-    }
-    for (int c = 0; c < 4; c++) {
-        __m512i e0 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0x44);
-        __m512i e1 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0xee);
-        __m512i f0 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0x44);
-        __m512i f1 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0xee);
-        r[c] = _mm512_shuffle_i32x4(e0, f0, 0x88);
-        r[4 + c] = _mm512_shuffle_i32x4(e0, f0, 0xdd);
-        r[8 + c] = _mm512_shuffle_i32x4(e1, f1, 0x88);
-        r[12 + c] = _mm512_shuffle_i32x4(e1, f1, 0xdd);
-    }
-}
-
 /* Rows of hd floats (ld apart) transposed as pair words: dst[p][t] = (src[t][2p], src[t][2p + 1])
  * rounded, ldd (a multiple of 16) words apart; columns t from rows to ldd are zeros. Blocks of 16
  * rows by 16 pairs go through registers. */
@@ -212,7 +186,7 @@ T5BF static void pair_columns(uint32_t *dst, long ldd, const float *src, long ld
                 else
                     r[i] = _mm512_zextsi256_si512((__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x)));
             }
-            transpose16(r);
+            k_transpose16x16(r);
             for (int p = 0; p < np; p++)
                 _mm512_storeu_si512((void *)(dst + (long)(c / 2 + p) * ldd + t0), r[p]);
         }

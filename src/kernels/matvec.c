@@ -73,6 +73,11 @@ typedef struct {
     size_t *rbs;
 } mv_ctx;
 
+/* The lines of [p, p + bytes) asked for at once (a unit after next, k_matvec_parts). */
+static inline void prefetch_lines(const char *p, size_t bytes) {
+    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
+}
+
 /* Units u0 .. u1 - 1 of ur output rows, numbered across the parts. */
 static void mv_units(const mv_ctx *c, long u0, long u1) {
     float *y = c->y;
@@ -94,9 +99,7 @@ static void mv_units(const mv_ctx *c, long u0, long u1) {
          * may: it never faults. */
         const char *pf = c->pfs[p] ? (const char *)w0 + 2 * (size_t)ur * P->row_bytes : NULL;
         int w4 = rows == 4 && a && c->w4s[p];
-        if (pf && !(w4 && c->spreads[p]))
-            for (size_t o = 0; o < (size_t)ur * P->row_bytes; o += 64)
-                __builtin_prefetch(pf + o, 0, 3);
+        if (pf && !(w4 && c->spreads[p])) prefetch_lines(pf, (size_t)ur * P->row_bytes);
         if (ur == 3 && rows == 3 && a) {
             float r3[3 * K_VDOT3_MAX_ROWS];
             for (int m0 = 0; m0 < M; m0 += K_VDOT3_MAX_ROWS) {
@@ -127,9 +130,7 @@ static void mv_units(const mv_ctx *c, long u0, long u1) {
                 w4f(in, ym, w0, P->row_bytes, a, pf, nu);
             } else {
                 for (int k = 0; k < nu; k++) {
-                    if (k)
-                        for (size_t o = 0; o < step; o += 64)
-                            __builtin_prefetch(pf + k * step + o, 0, 3);
+                    if (k) prefetch_lines(pf + k * step, step);
                     w4f(in, ym + 4 * k, w0 + k * step, P->row_bytes, a, NULL, 1);
                 }
             }

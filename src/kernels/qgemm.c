@@ -465,37 +465,18 @@ T5BF static void f32p_avx512(int R, int n, const float *w, size_t ldw, const flo
 }
 
 /* Rows 0..rows-1 of x (row stride n; rows past them are zero) into dst interleaved by column,
- * dst[k * 16 + a] = x[a][k]: 16 x 16 blocks transposed in registers (unpacks, then 128-bit lane
- * shuffles), the columns past the last whole block one at a time. */
+ * dst[k * 16 + a] = x[a][k]: 16 x 16 blocks transposed in registers (k_transpose16x16), the
+ * columns past the last whole block one at a time. */
 T5BF static void xt_tile(const float *x, int n, int rows, float *dst) {
     int k = 0;
     for (; k + 16 <= n; k += 16) {
-        __m512 r[16], a[16], b[16];
+        __m512i r[16];
         for (int i = 0; i < 16; i++)
-            r[i] = i < rows ? _mm512_loadu_ps(x + (size_t)i * n + k) : _mm512_setzero_ps();
-        for (int j = 0; j < 8; j++) {
-            a[2 * j] = _mm512_unpacklo_ps(r[2 * j], r[2 * j + 1]);
-            a[2 * j + 1] = _mm512_unpackhi_ps(r[2 * j], r[2 * j + 1]);
-        }
-        /* b[4j + c]: rows 4j..4j+3 of columns c, c+4, c+8, c+12 (one 128-bit lane each) */
-        for (int j = 0; j < 4; j++) {
-            __m512d lo0 = _mm512_castps_pd(a[4 * j]), lo1 = _mm512_castps_pd(a[4 * j + 2]);
-            __m512d hi0 = _mm512_castps_pd(a[4 * j + 1]), hi1 = _mm512_castps_pd(a[4 * j + 3]);
-            b[4 * j] = _mm512_castpd_ps(_mm512_unpacklo_pd(lo0, lo1));
-            b[4 * j + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(lo0, lo1));
-            b[4 * j + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(hi0, hi1));
-            b[4 * j + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(hi0, hi1));
-        }
-        for (int c = 0; c < 4; c++) {
-            __m512 c1 = _mm512_shuffle_f32x4(b[c], b[4 + c], 0x88);
-            __m512 c2 = _mm512_shuffle_f32x4(b[c], b[4 + c], 0xdd);
-            __m512 c3 = _mm512_shuffle_f32x4(b[8 + c], b[12 + c], 0x88);
-            __m512 c4 = _mm512_shuffle_f32x4(b[8 + c], b[12 + c], 0xdd);
-            _mm512_storeu_ps(dst + (size_t)(k + c) * 16, _mm512_shuffle_f32x4(c1, c3, 0x88));
-            _mm512_storeu_ps(dst + (size_t)(k + c + 8) * 16, _mm512_shuffle_f32x4(c1, c3, 0xdd));
-            _mm512_storeu_ps(dst + (size_t)(k + c + 4) * 16, _mm512_shuffle_f32x4(c2, c4, 0x88));
-            _mm512_storeu_ps(dst + (size_t)(k + c + 12) * 16, _mm512_shuffle_f32x4(c2, c4, 0xdd));
-        }
+            r[i] = _mm512_castps_si512(i < rows ? _mm512_loadu_ps(x + (size_t)i * n + k)
+                                                : _mm512_setzero_ps());
+        k_transpose16x16(r);
+        for (int c = 0; c < 16; c++)
+            _mm512_storeu_ps(dst + (size_t)(k + c) * 16, _mm512_castsi512_ps(r[c]));
     }
     for (; k < n; k++)
         for (int i = 0; i < 16; i++)

@@ -13,6 +13,34 @@
     __attribute__((                                                                                \
         target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,avx2,fma,f16c")))
 
+/* 16 rows of 16 32-bit words transposed in registers: r[i] word w becomes r[w] word i (pairs of
+ * words interleaved, then pairs of pairs, then 128-bit lanes twice). Floats go through it by
+ * casts: the shuffles move bits only. */
+T5 static inline __attribute__((always_inline)) void k_transpose16x16(__m512i r[16]) {
+    __m512i a[16], b[16];
+    for (int i = 0; i < 8; i++) {
+        a[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        a[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    /* b[4i + c], lane L: word 4L + c of rows 4i .. 4i + 3 */
+    for (int i = 0; i < 4; i++) {
+        b[4 * i] = _mm512_unpacklo_epi64(a[4 * i], a[4 * i + 2]);
+        b[4 * i + 1] = _mm512_unpackhi_epi64(a[4 * i], a[4 * i + 2]);
+        b[4 * i + 2] = _mm512_unpacklo_epi64(a[4 * i + 1], a[4 * i + 3]);
+        b[4 * i + 3] = _mm512_unpackhi_epi64(a[4 * i + 1], a[4 * i + 3]);
+    }
+    for (int c = 0; c < 4; c++) {
+        __m512i e0 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0x44);
+        __m512i e1 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0xee);
+        __m512i f0 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0x44);
+        __m512i f1 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0xee);
+        r[c] = _mm512_shuffle_i32x4(e0, f0, 0x88);
+        r[4 + c] = _mm512_shuffle_i32x4(e0, f0, 0xdd);
+        r[8 + c] = _mm512_shuffle_i32x4(e1, f1, 0x88);
+        r[12 + c] = _mm512_shuffle_i32x4(e1, f1, 0xdd);
+    }
+}
+
 /* e^x for a softmax's x <= 0 in 16 lanes, tlm_expf's steps (fastmath.h); a NaN stays NaN (vmaxps
  * returns its second operand when either is NaN). Below -87 the clamp gives about 1.6e-38 in place
  * of a denormal or zero, far under what a sum holding at least one e^0 can see. */
