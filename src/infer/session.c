@@ -342,19 +342,24 @@ static void attend_prefill(tlm_session *s, int l, int b, int pos0, int T, int r0
     }
 }
 
-/* One query per row, each row its own sequence and position. */
-static void attend_decode(tlm_session *s, int l, int N) {
+/* One query per row, each row its own sequence and position: tasks [a, b) of the N x H (row,
+ * head) pairs. */
+typedef struct {
+    tlm_session *s;
+    int l;
+} attend_ctx;
+
+static void decode_tasks(void *ctx, long a, long b) {
+    const attend_ctx *x = ctx;
+    tlm_session *s = x->s;
     const tlm_config *c = &s->m->c;
     int H = c->n_heads, hd = c->d_model / H, group = H / c->n_kv_heads, qw = H * hd;
     int ld = qw + 2 * c->n_kv_heads * hd; /* row stride of the fused q|k|v buffer */
     float scale = 1.0f / sqrtf((float)hd);
-    long work = 0;
-    for (int r = 0; r < N; r++) work += (long)(s->row_pos[r] + 1) * H * hd;
-#pragma omp parallel for schedule(static) if (work >= 32768)
-    for (int task = 0; task < N * H; task++) {
-        int r = task / H, h = task % H, S = s->row_pos[r] + 1;
-        const void *Kc = infer_cache(s, l, s->row_seq[r], 0, h / group);
-        const void *Vc = infer_cache(s, l, s->row_seq[r], 1, h / group);
+    for (long task = a; task < b; task++) {
+        int r = (int)(task / H), h = (int)(task % H), S = s->row_pos[r] + 1;
+        const void *Kc = infer_cache(s, x->l, s->row_seq[r], 0, h / group);
+        const void *Vc = infer_cache(s, x->l, s->row_seq[r], 1, h / group);
         const float *q = s->qkv + (size_t)r * ld + (size_t)h * hd;
         float *p = s->scores + (size_t)task * s->cap;
         float *o = s->att + (size_t)r * qw + (size_t)h * hd;
@@ -381,27 +386,51 @@ static void attend_decode(tlm_session *s, int l, int N) {
     }
 }
 
+/* A team only past 32768 multiply-adds: a region costs microseconds even when an `if` clause
+ * keeps it on one thread (libgomp still builds a team of one: 1.3-1.5 us here), and a short
+ * context's attention is less than that. */
+static void attend_decode(tlm_session *s, int l, int N) {
+    const tlm_config *c = &s->m->c;
+    long work = 0;
+    for (int r = 0; r < N; r++) work += (long)(s->row_pos[r] + 1) * c->d_model;
+    attend_ctx x = {s, l};
+    k_team_units((long)N * c->n_heads, work >= 32768, 1, decode_tasks, &x);
+}
+
 /* The attention core of generation: the new rows' keys and values go into the cache (rotated:
  * a cached key is never touched again), then each row attends over its sequence's cache. */
-static void cache_store(tlm_session *s, int l, const float *qkv, int ld, int N) {
+typedef struct {
+    tlm_session *s;
+    const float *qkv;
+    int l, ld, N;
+} store_ctx;
+
+/* Units [a, b) of (kv head, keys or values). */
+static void store_heads(void *ctx, long a, long b) {
+    const store_ctx *x = ctx;
+    tlm_session *s = x->s;
     const tlm_config *c = &s->m->c;
     int hd = c->d_model / c->n_heads, qw = c->n_heads * hd, kw = c->n_kv_heads * hd;
-    /* A prompt's rows were written by every thread of the product before: each thread stores
-     * whole heads (a serial store of a 128-token 15M prompt took 4% of it at one thread and
-     * twice that at two). */
-#pragma omp parallel for schedule(static) if (N >= 16)
-    for (int hk = 0; hk < 2 * c->n_kv_heads; hk++) {
-        int h = hk / 2, kv = hk % 2;
-        for (int r = 0; r < N; r++) {
-            char *dst = (char *)infer_cache(s, l, s->row_seq[r], kv, h) +
+    for (long hk = a; hk < b; hk++) {
+        int h = (int)(hk / 2), kv = (int)(hk % 2);
+        for (int r = 0; r < x->N; r++) {
+            char *dst = (char *)infer_cache(s, x->l, s->row_seq[r], kv, h) +
                         (size_t)s->row_pos[r] * hd * infer_kv_elt(s);
-            const float *src = qkv + (size_t)r * ld + qw + (size_t)kv * kw + (size_t)h * hd;
+            const float *src = x->qkv + (size_t)r * x->ld + qw + (size_t)kv * kw + (size_t)h * hd;
             if (s->kv_f16)
                 k_narrow_row(TLM_DTYPE_F16, src, dst, hd);
             else
                 memcpy(dst, src, (size_t)hd * sizeof(float));
         }
     }
+}
+
+/* A prompt's rows were written by every thread of the product before: each thread stores whole
+ * heads (a serial store of a 128-token 15M prompt took 4% of it at one thread and twice that at
+ * two). A decode step's few rows stay on this thread. */
+static void cache_store(tlm_session *s, int l, const float *qkv, int ld, int N) {
+    store_ctx x = {s, qkv, l, ld, N};
+    k_team_units(2L * s->m->c.n_kv_heads, N >= 16, 1, store_heads, &x);
 }
 
 /* Prefill: N consecutive rows of one sequence (attend_prefill writes s->att, which att is). */
