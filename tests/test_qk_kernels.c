@@ -4,8 +4,12 @@
  * the largest magnitudes; then k_linear on typed weights (decode and prefill paths) against the
  * same product on the widened F32 weight. */
 #include <omp.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "core/dtype.h"
 #include "core/half.h"
@@ -293,6 +297,95 @@ static void check_matvec_rows(tlm_dtype t, int in, int M) {
     free(y1);
 }
 
+/* k_team_units itself: every unit run once, and k_team_thread() (the index of per-thread scratch)
+ * below the team's size and never held by two threads at once; on the pool and on OpenMP, by
+ * teams of 2, 3 and 7. */
+enum { TEAM_UNITS = 5000 };
+typedef struct {
+    _Atomic int ran[TEAM_UNITS];
+    _Atomic int busy[8];
+    _Atomic int bad;
+    int team;
+} team_probe;
+
+static void team_probe_fn(void *ctx, long a, long b) {
+    team_probe *p = ctx;
+    int id = k_team_thread();
+    if (id < 0 || id >= p->team) {
+        atomic_store(&p->bad, 1);
+        return;
+    }
+    if (atomic_fetch_add(&p->busy[id], 1)) atomic_store(&p->bad, 1);
+    for (long u = a; u < b; u++) {
+        volatile double z = 1.0;
+        for (int i = 0; i < 200; i++)
+            z = z * 1.0000001 + 1e-9; /* long enough for others to steal */
+        atomic_fetch_add(&p->ran[u], 1);
+    }
+    atomic_fetch_sub(&p->busy[id], 1);
+}
+
+static int team_probe_run(int team, int pool) {
+    static team_probe p;
+    memset(&p, 0, sizeof p);
+    p.team = team;
+    omp_set_num_threads(team);
+    int was = k_team_pool(pool);
+    k_team_units(TEAM_UNITS, 1, 0, team_probe_fn, &p);
+    k_team_pool(was);
+    int ok = !atomic_load(&p.bad);
+    for (int u = 0; u < TEAM_UNITS; u++) ok &= atomic_load(&p.ran[u]) == 1;
+    return ok;
+}
+
+static void check_team(void) {
+    const int teams[] = {2, 3, 7};
+    for (int pool = 0; pool < 2; pool++)
+        for (int k = 0; k < 3; k++)
+            CHECK(team_probe_run(teams[k], pool),
+                  "k_team_units (%s, %d threads): every unit once, thread ids apart",
+                  pool ? "pool" : "OpenMP", teams[k]);
+#if !defined(__SANITIZE_THREAD__) && !defined(__has_feature)
+#define TEAM_FORK 1
+#elif defined(__has_feature)
+#if !__has_feature(thread_sanitizer)
+#define TEAM_FORK 1
+#endif
+#endif
+#ifdef TEAM_FORK
+    /* A child of fork() has only the thread that forked, not the pool's: it must start its own
+     * rather than wait for threads that are not there. (ThreadSanitizer refuses threads after a
+     * fork, so not under it.) */
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(20);
+        _exit(team_probe_run(2, 1) && team_probe_run(3, 1) ? 0 : 1);
+    }
+    int status = 0;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
+              WEXITSTATUS(status) == 0,
+          "k_team_units on the pool in a fork()ed child");
+#endif
+    tlm_set_threads(2);
+}
+
+/* A thread of its own calling k_matvec_parts with the pool asked for. */
+typedef struct {
+    float *y;
+    const float *x;
+    const k_matvec_part *parts;
+    int ldy, M, in;
+} two_callers;
+
+static void *two_callers_run(void *arg) {
+    two_callers *c = arg;
+    omp_set_num_threads(2);
+    k_team_pool(1);
+    for (int r = 0; r < 50; r++) k_matvec_parts(c->y, c->ldy, c->x, c->M, c->in, c->parts, 2);
+    return NULL;
+}
+
 /* k_matvec_parts on a product big enough to go to the team, by teams of 2, 3 and 7 threads (7 on
  * fewer cores: threads are often off their core, so others take chunks of their shares) and by
  * teams shorter than omp_get_max_threads() says (regions nested in a parallel region get one
@@ -315,13 +408,32 @@ static void check_matvec_teams(tlm_dtype t, int M) {
     omp_set_num_threads(1);
     k_matvec_parts(y1, O1 + O2, x, M, in, parts, 2);
     const int teams[] = {2, 3, 7};
-    for (int k = 0; k < 3; k++) {
-        omp_set_num_threads(teams[k]);
-        memset(y, 0xff, sizeof(float) * ny); /* NaN: a unit left out shows */
-        k_matvec_parts(y, O1 + O2, x, M, in, parts, 2);
-        CHECK(!memcmp(y, y1, sizeof(float) * ny), "%s k_matvec_parts, M %d: %d threads equal one",
-              tlm_dtype_name(t), M, teams[k]);
+    for (int pool = 0; pool < 2; pool++) {
+        int was = k_team_pool(pool);
+        for (int k = 0; k < 3; k++) {
+            omp_set_num_threads(teams[k]);
+            memset(y, 0xff, sizeof(float) * ny); /* NaN: a unit left out shows */
+            k_matvec_parts(y, O1 + O2, x, M, in, parts, 2);
+            CHECK(!memcmp(y, y1, sizeof(float) * ny),
+                  "%s k_matvec_parts, M %d: %d threads (%s) equal one", tlm_dtype_name(t), M,
+                  teams[k], pool ? "pool" : "OpenMP");
+        }
+        k_team_pool(was);
     }
+    /* Two callers on the pool at once: one gets it, the other an OpenMP team. */
+    omp_set_num_threads(2);
+    two_callers tc[2];
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) {
+        tc[i] = (two_callers){y + (size_t)i * ny, x, parts, O1 + O2, M, in};
+        memset(tc[i].y, 0xff, sizeof(float) * ny);
+    }
+    int started = 0;
+    for (int i = 0; i < 2; i++) started += !pthread_create(&th[i], NULL, two_callers_run, &tc[i]);
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    CHECK(started == 2 && !memcmp(y, y1, sizeof(float) * ny) &&
+              !memcmp(y + ny, y1, sizeof(float) * ny),
+          "%s k_matvec_parts, M %d: two threads calling at once equal one", tlm_dtype_name(t), M);
     int levels = omp_get_max_active_levels();
     omp_set_max_active_levels(1);
     omp_set_num_threads(3);
@@ -427,6 +539,7 @@ int main(void) {
     check_matvec_rows(TLM_DTYPE_F32, 200, 6);
     check_matvec_teams(TLM_DTYPE_F32, 1);
     check_matvec_teams(TLM_DTYPE_F32, 3);
+    check_team();
     CHECK(!k_linear_takes(TLM_DTYPE_I32), "integers are not weights");
     if (k_isa() >= K_ISA_AVX512) {
         const tlm_dtype w4t[] = {TLM_DTYPE_F32,  TLM_DTYPE_F16,  TLM_DTYPE_Q8_0, TLM_DTYPE_Q4_0,

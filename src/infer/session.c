@@ -289,7 +289,7 @@ static void as_floats(const tlm_session *s, const void *Kc, const void *Vc, int 
         return;
     }
     size_t hd = (size_t)(s->m->c.d_model / s->m->c.n_heads), block = (size_t)s->cap * hd;
-    float *w = s->wide + (size_t)omp_get_thread_num() * wide_block(s);
+    float *w = s->wide + (size_t)k_team_thread() * wide_block(s);
     /* k_widen_row counts in int: a long context widens in parts */
     for (size_t at = 0, n = (size_t)S * hd, part; at < n; at += part) {
         part = n - at < ((size_t)1 << 24) ? n - at : (size_t)1 << 24;
@@ -560,7 +560,11 @@ tlm_status tlm_session_step(tlm_session *s, const int32_t *ids, const int *n, co
     int timed = decode && team == full && full > 1 && !ignore;
     double w0 = timed ? tlm_now_s() : 0, c0 = timed ? tlm_cpu_s() : 0;
     if (team != full) omp_set_num_threads(team);
+    /* A decode step runs no OpenMP region (attend_decode and cache_store go through k_team_units
+     * too), so its products can take the pool; passes with a prompt's rows keep OpenMP. */
+    int pool = k_team_pool(decode);
     st = step_rows(s, ids, n, want, logits, N);
+    k_team_pool(pool);
     if (team != full) omp_set_num_threads(full);
     if (timed && !st) infer_share_after(&s->share, full, tlm_now_s() - w0, tlm_cpu_s() - c0);
     return st;

@@ -177,12 +177,22 @@ double k_cross_entropy_fwd_bwd(float *logits, const int *targets, int N, int V, 
                                int *count);
 
 /* ---- the team's share of a loop (team.c) ---- */
-/* fn(ctx, a, b) over units [a, b) covering [0, units) once, across the OpenMP team when par
- * (else on the calling thread): equal shares to start, then stealing (team.c says why). chunk:
- * units per claim, or 0 for a sixteenth of a share. Results must not depend on which thread runs
- * a unit. */
+/* fn(ctx, a, b) over units [a, b) covering [0, units) once, across a team of
+ * omp_get_max_threads() when par (else on the calling thread): equal shares to start, then
+ * stealing (team.c says why). The team is an OpenMP region, or team.c's own pool of threads where
+ * the calling thread asked for it (k_team_pool). chunk: units per claim, or 0 for a sixteenth of
+ * a share. Results must not depend on which thread runs a unit. */
 typedef void (*k_units_fn)(void *ctx, long a, long b);
 void k_team_units(long units, int par, long chunk, k_units_fn fn, void *ctx);
+/* The calling thread's place in the team running the current k_team_units job (0 for the
+ * thread that called it), or omp_get_thread_num() outside one: an index for per-thread scratch. */
+int k_team_thread(void);
+/* Whether this thread's k_team_units calls go to the pool (on) or to OpenMP regions (off, the
+ * default); returns the setting before. For passes made only of short products and no OpenMP
+ * region (decode steps): the pool's fork and join cost a fifth of a region's, but its threads
+ * spin for the next job as libgomp's do, and two teams spinning on the same cores starve each
+ * other (a prompt's pass with both: 0.43x). */
+int k_team_pool(int on);
 
 /* ---- decode attention (attend_row.c) ---- */
 /* One query q[hd] over S cached keys K[S, hd] and values V[S, hd] (floats, or IEEE halves when

@@ -990,6 +990,45 @@ static const float *block_rows(const tlm_weight *w, int r0, int R, float *wf, si
 
 #endif
 
+#if HAVE_AVX512
+/* Up to 8 activation rows (batched decode): pairs of columns of 8 rows, one pass per 8-row
+ * weight block. Blocks [a, b) of k_fgemm's product; a team unit is one block. */
+typedef struct {
+    float *y;
+    const float *xt, *b;
+    const tlm_weight *w;
+    int ldy, N, blocks;
+    _Atomic int failed;
+} pairs_ctx;
+
+static void pair_blocks(void *ctx, long a, long e) {
+    pairs_ctx *c = ctx;
+    const tlm_weight *w = c->w;
+    int n = (int)w->cols, out = (int)w->rows, fail = 0;
+    float *wf = widen_buf(w, &fail);
+    if (fail) {
+        atomic_store(&c->failed, 1);
+        return;
+    }
+    for (long bl = a; bl < e; bl++) {
+        int r0 = (int)bl * 8, R = out - r0 < 8 ? out - r0 : 8;
+        const char *wb = (const char *)w->data + (size_t)r0 * w->row_bytes;
+        size_t ldw;
+        const float *wr = block_rows(w, r0, R, wf, &ldw);
+        /* the pass brings the next block's rows in, spread over its columns */
+        int next = bl + 1 < c->blocks ? (out - r0 - 8 < 8 ? out - r0 - 8 : 8) : 0;
+        const char *pf = next ? wb + 8 * w->row_bytes : NULL;
+        size_t pf_step = ((size_t)next * w->row_bytes + n / 2 - 1) / (size_t)(n / 2);
+        float tile[8 * 16];
+        f32p_avx512(R, n, wr, ldw, c->xt, tile, pf, pf_step);
+        for (int i = 0; i < c->N; i++) {
+            float *yr = c->y + (size_t)i * c->ldy + r0;
+            for (int r = 0; r < R; r++) yr[r] = tile[r * 8 + i] + (c->b ? c->b[r0 + r] : 0.0f);
+        }
+    }
+}
+#endif
+
 int k_fgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const float *b) {
     int n = (int)w->cols, out = (int)w->rows;
     if (N <= 0 || n <= 0 || !k_fgemm_ok() ||
@@ -997,24 +1036,27 @@ int k_fgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const
         (w->dtype == TLM_DTYPE_F32 && w->row_bytes % sizeof(float)))
         return -1;
 #if HAVE_AVX512
-    /* up to 8 rows (batched decode): pairs of columns of 8 rows, one pass per weight block */
     int pairs = N <= 8 && n % 2 == 0, tiles = pairs ? 1 : (N + 15) / 16;
     size_t tile_floats = (size_t)n * 16;
     float *xt = k_scratch(1, (size_t)tiles * tile_floats * sizeof(float));
     if (!xt) return -1;
+    int blocks = (out + 7) / 8, f16 = w->dtype == TLM_DTYPE_F16, failed = 0;
     if (pairs) {
         for (int p = 0; p < n / 2; p++)
             for (int a = 0; a < 8; a++)
                 for (int j = 0; j < 2; j++)
                     xt[(size_t)p * 16 + 2 * a + j] = a < N ? x[(size_t)a * n + 2 * p + j] : 0.0f;
-    } else {
-#pragma omp parallel for schedule(static) if ((long)N * n >= K_PAR_MIN)
-        for (int t = 0; t < tiles; t++) {
-            int rows = N - t * 16 < 16 ? N - t * 16 : 16;
-            xt_tile(x + (size_t)t * 16 * n, n, rows, xt + (size_t)t * tile_floats);
-        }
+        /* Through k_team_units, so a decode step on the pool (k_team_pool) runs no OpenMP
+         * region; small products stay on this thread, as k_matvec_parts's do. */
+        pairs_ctx c = {y, xt, b, w, ldy, N, blocks, 0};
+        k_team_units(blocks, (long)N * n * out >= (1L << 16), 0, pair_blocks, &c);
+        return atomic_load(&c.failed) ? -1 : 0;
     }
-    int blocks = (out + 7) / 8, f16 = w->dtype == TLM_DTYPE_F16, failed = 0;
+#pragma omp parallel for schedule(static) if ((long)N * n >= K_PAR_MIN)
+    for (int t = 0; t < tiles; t++) {
+        int rows = N - t * 16 < 16 ? N - t * 16 : 16;
+        xt_tile(x + (size_t)t * 16 * n, n, rows, xt + (size_t)t * tile_floats);
+    }
     int chunk = tiles_per_chunk(tile_floats * sizeof(float));
 #pragma omp parallel
     {
@@ -1032,18 +1074,8 @@ int k_fgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const
                  * interleaved streams are followed poorly by the hardware prefetchers here */
                 int next = bl + 1 < blocks ? (out - r0 - 8 < 8 ? out - r0 - 8 : 8) : 0;
                 const char *pf = next ? wb + 8 * w->row_bytes : NULL;
-                int steps = pairs ? n / 2 : n;
-                size_t pf_step = ((size_t)next * w->row_bytes + steps - 1) / steps;
+                size_t pf_step = ((size_t)next * w->row_bytes + n - 1) / (size_t)n;
                 float tile[3 * 8 * 16];
-                if (pairs) {
-                    f32p_avx512(R, n, wr, ldw, xt, tile, pf, pf_step);
-                    for (int a = 0; a < N; a++) {
-                        float *yr = y + (size_t)a * ldy + r0;
-                        for (int r = 0; r < R; r++)
-                            yr[r] = tile[r * 8 + a] + (b ? b[r0 + r] : 0.0f);
-                    }
-                    continue;
-                }
                 for (int t0 = c0; t0 < c1; t0 += 3) {
                     int T = c1 - t0 < 3 ? c1 - t0 : 3;
                     f32_avx512(R, T, n, wr, ldw, xt + (size_t)t0 * tile_floats, tile_floats, tile,

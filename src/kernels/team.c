@@ -4,10 +4,32 @@
  * project's machines run the same share at speeds up to 25% apart, and which is slower changes
  * from run to run, so with fixed shares the faster thread waited at every barrier (decode: about
  * 50 per token; a prompt's products: about 10 per layer). Fixed chunks handed out in turn
- * (schedule(dynamic)) lose each thread's run of neighbouring units (0.6x on 110M decode). */
+ * (schedule(dynamic)) lose each thread's run of neighbouring units (0.6x on 110M decode).
+ *
+ * The team is this file's own (the pool below), not an OpenMP region: a libgomp region costs
+ * about 3.1 us here from fork to join even with its threads spinning, an `if (0)` region still
+ * 1.3-1.5 us, and a token of a small model has products of a few microseconds each. The pool's
+ * fork and join are one store and one load of a word each way (0.6 us round trip between this
+ * machine's two vCPUs). Its threads spin a while for the next job, then sleep on a futex, as
+ * libgomp's do (GOMP_SPINCOUNT and OMP_WAIT_POLICY set how long, read once). Calls from inside an
+ * OpenMP region, or while another thread of the process holds the pool, take an OpenMP team. */
+#define _GNU_SOURCE
+#include <limits.h>
 #include <omp.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#ifdef __linux__
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define HAVE_POOL 1
+#else
+#define HAVE_POOL 0
+#endif
 
 #include "kernels.h"
 
@@ -20,7 +42,7 @@ typedef struct {
 
 /* Takes up to `chunk` units from the front of the share (back: from its back) into [*a, *b);
  * 0 when none are left. Relaxed order: a claim only has to be exclusive, and the results are
- * published by the region's closing barrier. */
+ * published by the join (the region's closing barrier, or the pool's count of threads done). */
 static int claim(share *sh, long chunk, int back, long *a, long *b) {
     uint64_t old = atomic_load_explicit(&sh->fb, memory_order_relaxed);
     for (;;) {
@@ -37,6 +59,183 @@ static int claim(share *sh, long chunk, int back, long *a, long *b) {
         }
     }
 }
+
+/* Thread `id`'s part of a job of `shares` shares: its own share, then the others'. A team
+ * smaller than the shares (nested OpenMP regions, OMP_THREAD_LIMIT) leaves shares without an
+ * owner: the threads there steal them whole. */
+static void run_share(share *sh, int shares, int id, long chunk, k_units_fn fn, void *ctx) {
+    long a, b;
+    if (id < shares)
+        while (claim(&sh[id], chunk, 0, &a, &b)) fn(ctx, a, b);
+    for (int k = 1; k <= shares; k++) {
+        share *v = &sh[(id + k) % shares];
+        while (claim(v, chunk, 1, &a, &b)) fn(ctx, a, b);
+    }
+}
+
+static _Thread_local int g_team_id = -1; /* a pool thread's place in the team */
+static _Thread_local int g_use_pool;     /* k_team_pool */
+
+int k_team_pool(int on) {
+    int was = g_use_pool;
+    g_use_pool = on;
+    return was;
+}
+
+int k_team_thread(void) { return g_team_id >= 0 ? g_team_id : omp_get_thread_num(); }
+
+#if HAVE_POOL
+static struct {
+    /* One cache line holds everything a fork and a join pass between threads, so each crossing
+     * costs one transfer of it (about 0.3 us between this machine's vCPUs). The job word: a
+     * generation count (high 24 bits) and the job's shares (low 8). A thread whose id is below
+     * the shares runs the job, then counts itself off `pending`. One word, so a thread never sees
+     * a generation with another job's count. The job itself is written by the calling thread
+     * while no pool thread reads it (before publishing the word, after `pending` reached 0). */
+    _Alignas(64) _Atomic uint32_t word;
+    _Atomic uint32_t pending;
+    k_units_fn fn;
+    void *ctx;
+    share *sh;
+    long chunk;
+    /* Written only around sleeping, so read from a line each cache keeps. */
+    _Alignas(64) _Atomic int sleepers; /* threads asleep (or about to be) on `word` */
+    _Atomic int master_sleeps;
+    _Alignas(64) atomic_flag busy; /* held by the thread running a job */
+    int threads;                   /* pool threads started (ids 1..threads) */
+    int spin;                      /* rounds of waiting before sleeping */
+    int broken; /* off (pool_init), or a thread could not be started: OpenMP from now on */
+} g_pool = {.busy = ATOMIC_FLAG_INIT, .spin = -1};
+
+static long futex(_Atomic uint32_t *w, int op, uint32_t v) {
+    return syscall(SYS_futex, (uint32_t *)w, op, v, NULL, NULL, 0);
+}
+
+static inline void relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+/* A fork()ed child has only the thread that forked: it starts a pool of its own. */
+static void pool_forget(void) {
+    g_pool.threads = 0;
+    atomic_flag_clear(&g_pool.busy);
+}
+
+/* libgomp's spin before it sleeps, in rounds, as it reads its environment; -1: for ever. */
+static long gomp_spin(int *set) {
+    const char *p = getenv("OMP_WAIT_POLICY"), *c = getenv("GOMP_SPINCOUNT");
+    *set = 1;
+    if (c && *c) {
+        if (!strncasecmp(c, "infinit", 7)) return -1;
+        char *end;
+        long n = strtol(c, &end, 10), mul = 1;
+        if (*end == 'k' || *end == 'K') mul = 1000;
+        if (*end == 'M') mul = 1000000;
+        if (*end == 'G' || *end == 'T') return -1;
+        if (end != c && n >= 0) return n > LONG_MAX / mul ? -1 : n * mul;
+    }
+    if (p && !strcasecmp(p, "active")) return -1;
+    if (p && !strcasecmp(p, "passive")) return 0;
+    *set = 0;
+    return 300000;
+}
+
+/* The pool waits as long as libgomp was told to (a user's GOMP_SPINCOUNT or OMP_WAIT_POLICY),
+ * else as long as the CLI tells libgomp (TLM_SPINCOUNT in main.c: 3000 rounds, about 60 us
+ * here). Where libgomp spins longer than its default (300000 rounds, about 6 ms) the pool stays
+ * off: an OpenMP thread left spinning by the prompt's pass would take a core from the pool's
+ * for the whole decode (OMP_WAIT_POLICY=active, 110M decode at 2 threads: 487 -> 146 tok/s). */
+static void pool_init(void) {
+    int set;
+    long l = gomp_spin(&set);
+    g_pool.broken = l < 0 || l > 300000;
+    g_pool.spin = !set ? 3000 : l < 0 || l > 300000 ? 0 : (int)l;
+    pthread_atfork(NULL, NULL, pool_forget);
+}
+
+/* Waits until *w differs from v; returns the new value. */
+static uint32_t wait_change(_Atomic uint32_t *w, uint32_t v, _Atomic int *sleeping) {
+    uint32_t now;
+    for (int i = 0; i < g_pool.spin; i++) {
+        if ((now = atomic_load_explicit(w, memory_order_acquire)) != v) return now;
+        relax();
+    }
+    for (;;) {
+        atomic_fetch_add(sleeping, 1);
+        if ((now = atomic_load(w)) == v) futex(w, FUTEX_WAIT_PRIVATE, v);
+        atomic_fetch_sub(sleeping, 1);
+        if ((now = atomic_load_explicit(w, memory_order_acquire)) != v) return now;
+    }
+}
+
+static void *pool_thread(void *arg) {
+    uintptr_t start = (uintptr_t)arg;
+    g_team_id = (int)(start & 0xff);
+    uint32_t seen = (uint32_t)(start >> 8);
+    for (;;) {
+        seen = wait_change(&g_pool.word, seen, &g_pool.sleepers);
+        int shares = (int)(seen & 0xff);
+        if (g_team_id >= shares) continue;
+        run_share(g_pool.sh, shares, g_team_id, g_pool.chunk, g_pool.fn, g_pool.ctx);
+        if (atomic_fetch_sub(&g_pool.pending, 1) == 1 && atomic_load(&g_pool.master_sleeps))
+            futex(&g_pool.pending, FUTEX_WAKE_PRIVATE, INT_MAX);
+    }
+    return NULL;
+}
+
+static pthread_once_t g_pool_once = PTHREAD_ONCE_INIT;
+
+/* Runs the job on the pool with `shares` threads, the caller as thread 0; 0 where the pool is
+ * held by another thread or cannot grow. */
+static int pool_run(share *sh, int shares, long chunk, k_units_fn fn, void *ctx) {
+    if (atomic_flag_test_and_set_explicit(&g_pool.busy, memory_order_acquire)) return 0;
+    pthread_once(&g_pool_once, pool_init);
+    while (!g_pool.broken && g_pool.threads < shares - 1) {
+        pthread_attr_t at;
+        pthread_t th;
+        int ok = !pthread_attr_init(&at);
+        ok = ok && !pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+        uintptr_t arg = (uintptr_t)(g_pool.threads + 1) |
+                        (uintptr_t)atomic_load_explicit(&g_pool.word, memory_order_relaxed) << 8;
+        ok = ok && !pthread_create(&th, &at, pool_thread, (void *)arg);
+        pthread_attr_destroy(&at);
+        if (ok)
+            g_pool.threads++;
+        else
+            g_pool.broken = 1;
+    }
+    if (g_pool.broken) {
+        atomic_flag_clear_explicit(&g_pool.busy, memory_order_release);
+        return 0;
+    }
+    g_pool.fn = fn, g_pool.ctx = ctx, g_pool.sh = sh, g_pool.chunk = chunk;
+    atomic_store_explicit(&g_pool.pending, (uint32_t)(shares - 1), memory_order_relaxed);
+    uint32_t w = atomic_load_explicit(&g_pool.word, memory_order_relaxed);
+    w = (w & ~0xffu) + 0x100u + (uint32_t)shares;
+    atomic_store(&g_pool.word, w);
+    if (atomic_load(&g_pool.sleepers)) futex(&g_pool.word, FUTEX_WAKE_PRIVATE, INT_MAX);
+    int me = g_team_id;
+    g_team_id = 0;
+    run_share(sh, shares, 0, chunk, fn, ctx);
+    g_team_id = me;
+    uint32_t left = 1;
+    for (int i = 0; i < g_pool.spin && left; i++) {
+        left = atomic_load_explicit(&g_pool.pending, memory_order_acquire);
+        if (left) relax();
+    }
+    while (left) {
+        atomic_store(&g_pool.master_sleeps, 1);
+        if ((left = atomic_load(&g_pool.pending)) != 0)
+            futex(&g_pool.pending, FUTEX_WAIT_PRIVATE, left);
+        atomic_store(&g_pool.master_sleeps, 0);
+        left = atomic_load_explicit(&g_pool.pending, memory_order_acquire);
+    }
+    atomic_flag_clear_explicit(&g_pool.busy, memory_order_release);
+    return 1;
+}
+#endif
 
 void k_team_units(long units, int par, long chunk, k_units_fn fn, void *ctx) {
     if (units <= 0) return;
@@ -57,17 +256,9 @@ void k_team_units(long units, int par, long chunk, k_units_fn fn, void *ctx) {
     for (int i = 0; i < shares; i++)
         atomic_init(&sh[i].fb, (uint64_t)(units * i / shares) | (uint64_t)(units * (i + 1) / shares)
                                                                     << 32);
+#if HAVE_POOL
+    if (g_use_pool && !omp_in_parallel() && pool_run(sh, shares, chunk, fn, ctx)) return;
+#endif
 #pragma omp parallel
-    {
-        /* A team smaller than asked (nested regions, OMP_THREAD_LIMIT) leaves shares without
-         * an owner: the threads there steal them whole. */
-        int id = omp_get_thread_num();
-        long a, b;
-        if (id < shares)
-            while (claim(&sh[id], chunk, 0, &a, &b)) fn(ctx, a, b);
-        for (int k = 1; k <= shares; k++) {
-            share *v = &sh[(id + k) % shares];
-            while (claim(v, chunk, 1, &a, &b)) fn(ctx, a, b);
-        }
-    }
+    run_share(sh, shares, omp_get_thread_num(), chunk, fn, ctx);
 }
