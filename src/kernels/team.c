@@ -85,27 +85,30 @@ int k_team_pool(int on) {
 int k_team_thread(void) { return g_team_id >= 0 ? g_team_id : omp_get_thread_num(); }
 
 #if HAVE_POOL
-static struct {
-    /* One cache line holds everything a fork and a join pass between threads, so each crossing
-     * costs one transfer of it (about 0.3 us between this machine's vCPUs). The job word: a
-     * generation count (high 24 bits) and the job's shares (low 8). A thread whose id is below
-     * the shares runs the job, then counts itself off `pending`. One word, so a thread never sees
-     * a generation with another job's count. The job itself is written by the calling thread
-     * while no pool thread reads it (before publishing the word, after `pending` reached 0). */
-    _Alignas(64) _Atomic uint32_t word;
-    _Atomic uint32_t pending;
+/* A pool thread's slot: its job and the word it waits on, one cache line, so that a fork costs
+ * one transfer of it per thread (about 0.3 us between this machine's vCPUs), and a job wakes only
+ * the threads it needs (a team that shrinks leaves the others asleep, not spinning at each job).
+ * The job is written by the calling thread while the slot's thread does not read it (before
+ * bumping `gen`, after the thread counted itself off `pending`). */
+typedef struct {
+    _Alignas(64) _Atomic uint32_t gen; /* bumped once per job; the futex word */
+    _Atomic int sleeping;              /* the thread is asleep (or about to be) on gen */
+    int shares;
     k_units_fn fn;
     void *ctx;
     share *sh;
     long chunk;
-    /* Written only around sleeping, so read from a line each cache keeps. */
-    _Alignas(64) _Atomic int sleepers; /* threads asleep (or about to be) on `word` */
+} slot;
+
+static struct {
+    slot slots[K_STEAL_MAX];               /* slots[i] for pool thread i (1..threads) */
+    _Alignas(64) _Atomic uint32_t pending; /* threads of the current job still working */
     _Atomic int master_sleeps;
     _Alignas(64) atomic_flag busy; /* held by the thread running a job */
     int threads;                   /* pool threads started (ids 1..threads) */
     int spin;                      /* rounds of waiting before sleeping */
     int broken; /* off (pool_init), or a thread could not be started: OpenMP from now on */
-} g_pool = {.busy = ATOMIC_FLAG_INIT, .spin = -1};
+} g_pool = {.busy = ATOMIC_FLAG_INIT};
 
 static long futex(_Atomic uint32_t *w, int op, uint32_t v) {
     return syscall(SYS_futex, (uint32_t *)w, op, v, NULL, NULL, 0);
@@ -171,14 +174,12 @@ static uint32_t wait_change(_Atomic uint32_t *w, uint32_t v, _Atomic int *sleepi
 }
 
 static void *pool_thread(void *arg) {
-    uintptr_t start = (uintptr_t)arg;
-    g_team_id = (int)(start & 0xff);
-    uint32_t seen = (uint32_t)(start >> 8);
+    g_team_id = (int)(uintptr_t)arg;
+    slot *me = &g_pool.slots[g_team_id];
+    uint32_t seen = 0;
     for (;;) {
-        seen = wait_change(&g_pool.word, seen, &g_pool.sleepers);
-        int shares = (int)(seen & 0xff);
-        if (g_team_id >= shares) continue;
-        run_share(g_pool.sh, shares, g_team_id, g_pool.chunk, g_pool.fn, g_pool.ctx);
+        seen = wait_change(&me->gen, seen, &me->sleeping);
+        run_share(me->sh, me->shares, g_team_id, me->chunk, me->fn, me->ctx);
         if (atomic_fetch_sub(&g_pool.pending, 1) == 1 && atomic_load(&g_pool.master_sleeps))
             futex(&g_pool.pending, FUTEX_WAKE_PRIVATE, INT_MAX);
     }
@@ -197,9 +198,10 @@ static int pool_run(share *sh, int shares, long chunk, k_units_fn fn, void *ctx)
         pthread_t th;
         int ok = !pthread_attr_init(&at);
         ok = ok && !pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-        uintptr_t arg = (uintptr_t)(g_pool.threads + 1) |
-                        (uintptr_t)atomic_load_explicit(&g_pool.word, memory_order_relaxed) << 8;
-        ok = ok && !pthread_create(&th, &at, pool_thread, (void *)arg);
+        slot *sl = &g_pool.slots[g_pool.threads + 1];
+        atomic_store(&sl->gen, 0);
+        atomic_store(&sl->sleeping, 0);
+        ok = ok && !pthread_create(&th, &at, pool_thread, (void *)(uintptr_t)(g_pool.threads + 1));
         pthread_attr_destroy(&at);
         if (ok)
             g_pool.threads++;
@@ -210,12 +212,13 @@ static int pool_run(share *sh, int shares, long chunk, k_units_fn fn, void *ctx)
         atomic_flag_clear_explicit(&g_pool.busy, memory_order_release);
         return 0;
     }
-    g_pool.fn = fn, g_pool.ctx = ctx, g_pool.sh = sh, g_pool.chunk = chunk;
     atomic_store_explicit(&g_pool.pending, (uint32_t)(shares - 1), memory_order_relaxed);
-    uint32_t w = atomic_load_explicit(&g_pool.word, memory_order_relaxed);
-    w = (w & ~0xffu) + 0x100u + (uint32_t)shares;
-    atomic_store(&g_pool.word, w);
-    if (atomic_load(&g_pool.sleepers)) futex(&g_pool.word, FUTEX_WAKE_PRIVATE, INT_MAX);
+    for (int i = 1; i < shares; i++) {
+        slot *sl = &g_pool.slots[i];
+        sl->shares = shares, sl->fn = fn, sl->ctx = ctx, sl->sh = sh, sl->chunk = chunk;
+        atomic_fetch_add(&sl->gen, 1);
+        if (atomic_load(&sl->sleeping)) futex(&sl->gen, FUTEX_WAKE_PRIVATE, 1);
+    }
     int me = g_team_id;
     g_team_id = 0;
     run_share(sh, shares, 0, chunk, fn, ctx);
