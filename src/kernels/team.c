@@ -6,13 +6,14 @@
  * 50 per token; a prompt's products: about 10 per layer). Fixed chunks handed out in turn
  * (schedule(dynamic)) lose each thread's run of neighbouring units (0.6x on 110M decode).
  *
- * The team is this file's own (the pool below), not an OpenMP region: a libgomp region costs
- * about 3.1 us here from fork to join even with its threads spinning, an `if (0)` region still
- * 1.3-1.5 us, and a token of a small model has products of a few microseconds each. The pool's
- * fork and join are one store and one load of a word each way (0.6 us round trip between this
- * machine's two vCPUs). Its threads spin a while for the next job, then sleep on a futex, as
- * libgomp's do (GOMP_SPINCOUNT and OMP_WAIT_POLICY set how long, read once). Calls from inside an
- * OpenMP region, or while another thread of the process holds the pool, take an OpenMP team. */
+ * Where the calling thread asked for it (k_team_pool: decode steps) the team is this file's own
+ * pool of threads, not an OpenMP region: a libgomp region costs about 3.1 us here from fork to join
+ * even with its threads spinning, an `if (0)` region still 1.3-1.5 us, and a token of a small model
+ * has products of a few microseconds each. The pool's fork and join are one store and one load of
+ * a cache line each way (0.6 us round trip between this machine's two vCPUs). Its threads spin a
+ * while for the next job, then sleep on a futex, as libgomp's do (GOMP_SPINCOUNT and
+ * OMP_WAIT_POLICY set how long, read once). Calls from inside an OpenMP region, or while another
+ * thread of the process holds the pool, take an OpenMP team. */
 #define _GNU_SOURCE
 #include <limits.h>
 #include <omp.h>
