@@ -387,10 +387,10 @@ static void *two_callers_run(void *arg) {
 }
 
 /* k_matvec_parts on a product big enough to go to the team, by teams of 2, 3 and 7 threads (7 on
- * fewer cores: threads are often off their core, so others take chunks of their shares) and by
- * teams shorter than omp_get_max_threads() says (regions nested in a parallel region get one
- * thread, which then runs its share and takes all the others'), against one thread: which thread
- * runs a unit must not change its sums, and every unit must be run once. */
+ * fewer cores: threads are often off their core, so others take chunks of their shares), on
+ * OpenMP and on the pool, by two callers at once, and from inside a parallel region (which runs
+ * the call on its own thread, or under OMP_THREAD_LIMIT=1 starts a team itself), against one
+ * thread: which thread runs a unit must not change its sums, and every unit must be run once. */
 static void check_matvec_teams(tlm_dtype t, int M) {
     enum { O1 = 1003, O2 = 97 };
     int in = t == TLM_DTYPE_F32 ? 200 : 512; /* work * M * in past K_*_PAR_MIN (matvec.c) */

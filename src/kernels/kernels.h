@@ -17,7 +17,12 @@
  * parallel region (a data-parallel replica's thread), where the region would run on this thread
  * alone and still cost libgomp a futex wake at its end (about 3.5 us here, even as `if (0)`):
  * some 200 such regions per replica and step were 7% of the Shakespeare recipe. */
-static inline int k_fork(long work) { return work >= K_PAR_MIN && !omp_in_parallel(); }
+int k_team_pooled(void);
+/* Nor in a pass on team.c's pool (k_team_pool: decode steps), where a region would run beside
+ * the pool's spinning threads; a decode step's elementwise loops are short even at 16 rows. */
+static inline int k_fork(long work) {
+    return work >= K_PAR_MIN && !omp_in_parallel() && !k_team_pooled();
+}
 
 /* for (long i = 0; i < n; i++) { body } across a new team (static schedule) when k_fork(work),
  * else on this thread. The body must not depend on how [0, n) is split. */

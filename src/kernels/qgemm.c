@@ -715,21 +715,35 @@ void k_qgemm_micro(int isa, int n, int sub, const uint8_t *q, const float *s, co
     micro_ref(n, sub, q, s, m, xq, xd, xs, na, out);
 }
 
-static void quantize_rows(int isa, const float *x, int N, int n, int sub, int8_t *xq, float *xd,
-                          float *xs) {
-    size_t nb32 = (size_t)n / 32, nsb = (size_t)n / sub;
-#pragma omp parallel for schedule(static) if ((long)N * n >= K_PAR_MIN)
-    for (int i = 0; i < N; i++) {
+typedef struct {
+    const float *x;
+    int8_t *xq;
+    float *xd, *xs;
+    int isa, n, sub;
+} quant_ctx;
+
+static void quantize_some(void *ctx, long a, long b) {
+    const quant_ctx *c = ctx;
+    size_t n = (size_t)c->n, nb32 = n / 32, nsb = n / (size_t)c->sub;
+    for (long i = a; i < b; i++) {
 #if HAVE_AVX512
-        if (isa == K_ISA_AVX512) {
-            quantize_avx512(x + (size_t)i * n, n, sub, xq + (size_t)i * n, xd + (size_t)i * nb32,
-                            xs + (size_t)i * nsb);
+        if (c->isa == K_ISA_AVX512) {
+            quantize_avx512(c->x + i * n, c->n, c->sub, c->xq + i * n, c->xd + i * nb32,
+                            c->xs + i * nsb);
             continue;
         }
 #endif
-        k_qgemm_quantize(x + (size_t)i * n, n, sub, xq + (size_t)i * n, xd + (size_t)i * nb32,
-                         xs + (size_t)i * nsb);
+        k_qgemm_quantize(c->x + i * n, c->n, c->sub, c->xq + i * n, c->xd + i * nb32,
+                         c->xs + i * nsb);
     }
+}
+
+/* Rows by k_team_units, as every loop of these products: a decode step of many sequences
+ * (tlm serve) runs them on the pool, and so opens no OpenMP region (kernels.h, k_team_pool). */
+static void quantize_rows(int isa, const float *x, int N, int n, int sub, int8_t *xq, float *xd,
+                          float *xs) {
+    quant_ctx c = {x, xq, xd, xs, isa, n, sub};
+    k_team_units(N, (long)N * n >= K_PAR_MIN, 0, quantize_some, &c);
 }
 
 /* ---- repacked weights kept for a model's life -------------------------------------------------
@@ -898,6 +912,69 @@ static void bf16_ref(int R, int n, const uint8_t *w, size_t row_bytes, const uin
         }
 }
 
+/* bf16_gemm's product, shared by its two loops: tiles [a, b) of the activation rows into xt, then
+ * weight blocks [a, b) against tiles c0..c1-1. */
+typedef struct {
+    float *y;
+    const float *x, *b;
+    const tlm_weight *w;
+    uint32_t *xt;
+    size_t tile_words;
+    int ldy, N, isa, c0, c1;
+} bgemm_ctx;
+
+static void bf16_tiles(void *ctx, long ta, long tb) {
+    const bgemm_ctx *c = ctx;
+    int n = (int)c->w->cols, N = c->N;
+    for (long t = ta; t < tb; t++) {
+        uint32_t *dst = c->xt + (size_t)t * c->tile_words;
+        uint16_t row[64];
+        for (int a = 0; a < 16; a++) {
+            long i = t * 16 + a;
+            for (int k0 = 0; k0 < n; k0 += 64) {
+                int len = n - k0 < 64 ? n - k0 : 64;
+                if (i >= N) {
+                    memset(row, 0, sizeof row);
+                } else {
+#if HAVE_AVX512
+                    if (c->isa == K_ISA_AVX512)
+                        bf16_round_row(c->x + (size_t)i * n + k0, len, row);
+                    else
+#endif
+                        for (int k = 0; k < len; k++)
+                            row[k] = tlm_f32_to_bf16(c->x[(size_t)i * n + k0 + k]);
+                }
+                for (int kp = 0; kp < len / 2; kp++)
+                    memcpy(dst + (size_t)(k0 / 2 + kp) * 16 + a, row + 2 * kp, 4);
+            }
+        }
+    }
+}
+
+static void bf16_blocks(void *ctx, long ba, long bb) {
+    const bgemm_ctx *c = ctx;
+    const tlm_weight *w = c->w;
+    int n = (int)w->cols, out = (int)w->rows;
+    for (long bl = ba; bl < bb; bl++) {
+        int r0 = (int)bl * 8, R = out - r0 < 8 ? out - r0 : 8;
+        const uint8_t *wr = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
+        float tile[3 * 8 * 16];
+        for (int t0 = c->c0; t0 < c->c1; t0 += 3) {
+            int T = c->c1 - t0 < 3 ? c->c1 - t0 : 3;
+#if HAVE_AVX512
+            if (c->isa == K_ISA_AVX512)
+                bf16_avx512(R, T, n, wr, w->row_bytes, c->xt + (size_t)t0 * c->tile_words,
+                            c->tile_words, tile);
+            else
+#endif
+                for (int t = 0; t < T; t++)
+                    bf16_ref(R, n, wr, w->row_bytes, c->xt + (size_t)(t0 + t) * c->tile_words,
+                             tile + t * 8 * 16);
+            store_tiles(c->y, c->ldy, tile, t0, T, c->N, r0, R, c->b);
+        }
+    }
+}
+
 static int bf16_gemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const float *b,
                      int isa) {
     int n = (int)w->cols, out = (int)w->rows;
@@ -908,54 +985,13 @@ static int bf16_gemm(float *y, int ldy, const float *x, int N, const tlm_weight 
     size_t tile_words = (size_t)n / 2 * 16;
     uint32_t *xt = k_scratch(1, (size_t)tiles * tile_words * 4 + (size_t)n * 2 * 16);
     if (!xt) return -1;
-#pragma omp parallel for schedule(static) if ((long)N * n >= K_PAR_MIN)
-    for (int t = 0; t < tiles; t++) {
-        uint32_t *dst = xt + (size_t)t * tile_words;
-        uint16_t row[64];
-        for (int a = 0; a < 16; a++) {
-            int i = t * 16 + a;
-            for (int k0 = 0; k0 < n; k0 += 64) {
-                int len = n - k0 < 64 ? n - k0 : 64;
-                if (i >= N) {
-                    memset(row, 0, sizeof row);
-                } else {
-#if HAVE_AVX512
-                    if (isa == K_ISA_AVX512)
-                        bf16_round_row(x + (size_t)i * n + k0, len, row);
-                    else
-#endif
-                        for (int k = 0; k < len; k++)
-                            row[k] = tlm_f32_to_bf16(x[(size_t)i * n + k0 + k]);
-                }
-                for (int kp = 0; kp < len / 2; kp++)
-                    memcpy(dst + (size_t)(k0 / 2 + kp) * 16 + a, row + 2 * kp, 4);
-            }
-        }
-    }
-    int blocks = (out + 7) / 8;
-    int chunk = tiles_per_chunk(tile_words * 4);
-#pragma omp parallel if ((long)N * out >= K_PAR_MIN / 16)
-    for (int c0 = 0; c0 < tiles; c0 += chunk) {
-        int c1 = tiles - c0 < chunk ? tiles : c0 + chunk;
-#pragma omp for schedule(static)
-        for (int bl = 0; bl < blocks; bl++) {
-            int r0 = bl * 8, R = out - r0 < 8 ? out - r0 : 8;
-            const uint8_t *wr = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
-            float tile[3 * 8 * 16];
-            for (int t0 = c0; t0 < c1; t0 += 3) {
-                int T = c1 - t0 < 3 ? c1 - t0 : 3;
-#if HAVE_AVX512
-                if (isa == K_ISA_AVX512)
-                    bf16_avx512(R, T, n, wr, w->row_bytes, xt + (size_t)t0 * tile_words, tile_words,
-                                tile);
-                else
-#endif
-                    for (int t = 0; t < T; t++)
-                        bf16_ref(R, n, wr, w->row_bytes, xt + (size_t)(t0 + t) * tile_words,
-                                 tile + t * 8 * 16);
-                store_tiles(y, ldy, tile, t0, T, N, r0, R, b);
-            }
-        }
+    /* both loops through k_team_units, as quantize_rows */
+    bgemm_ctx c = {y, x, b, w, xt, tile_words, ldy, N, isa, 0, 0};
+    k_team_units(tiles, (long)N * n >= K_PAR_MIN, 0, bf16_tiles, &c);
+    int blocks = (out + 7) / 8, chunk = tiles_per_chunk(tile_words * 4);
+    for (c.c0 = 0; c.c0 < tiles; c.c0 += chunk) {
+        c.c1 = tiles - c.c0 < chunk ? tiles : c.c0 + chunk;
+        k_team_units(blocks, (long)N * out >= K_PAR_MIN / 16, 0, bf16_blocks, &c);
     }
     return 0;
 }
@@ -994,15 +1030,16 @@ static const float *block_rows(const tlm_weight *w, int r0, int R, float *wf, si
 /* Up to 8 activation rows (batched decode): pairs of columns of 8 rows, one pass per 8-row
  * weight block. Blocks [a, b) of k_fgemm's product; a team unit is one block. */
 typedef struct {
-    float *y;
-    const float *xt, *b;
+    float *y, *xt;
+    const float *x, *b;
     const tlm_weight *w;
-    int ldy, N, blocks;
+    size_t tile_floats;
+    int ldy, N, blocks, c0, c1; /* c0, c1: the tiles of this pass (fg_blocks) */
     _Atomic int failed;
-} pairs_ctx;
+} fg_ctx;
 
 static void pair_blocks(void *ctx, long a, long e) {
-    pairs_ctx *c = ctx;
+    fg_ctx *c = ctx;
     const tlm_weight *w = c->w;
     int n = (int)w->cols, out = (int)w->rows, fail = 0;
     float *wf = widen_buf(w, &fail);
@@ -1027,6 +1064,46 @@ static void pair_blocks(void *ctx, long a, long e) {
         }
     }
 }
+
+/* More rows: tiles [a, e) of 16 activation rows interleaved by column into xt. */
+static void fg_tiles(void *ctx, long a, long e) {
+    fg_ctx *c = ctx;
+    int n = (int)c->w->cols;
+    for (long t = a; t < e; t++) {
+        int rows = c->N - (int)t * 16 < 16 ? c->N - (int)t * 16 : 16;
+        xt_tile(c->x + (size_t)t * 16 * n, n, rows, c->xt + (size_t)t * c->tile_floats);
+    }
+}
+
+/* Weight blocks [a, e) of 8 rows against tiles c0..c1-1, in register tiles of 8 x 3 x 16. */
+static void fg_blocks(void *ctx, long a, long e) {
+    fg_ctx *c = ctx;
+    const tlm_weight *w = c->w;
+    int n = (int)w->cols, out = (int)w->rows, fail = 0;
+    float *wf = widen_buf(w, &fail);
+    if (fail) {
+        atomic_store(&c->failed, 1);
+        return;
+    }
+    for (long bl = a; bl < e; bl++) {
+        int r0 = (int)bl * 8, R = out - r0 < 8 ? out - r0 : 8;
+        const char *wb = (const char *)w->data + (size_t)r0 * w->row_bytes;
+        size_t ldw;
+        const float *wr = block_rows(w, r0, R, wf, &ldw);
+        /* the first pass brings the next block's rows in, spread over its columns: eight
+         * interleaved streams are followed poorly by the hardware prefetchers here */
+        int next = bl + 1 < c->blocks ? (out - r0 - 8 < 8 ? out - r0 - 8 : 8) : 0;
+        const char *pf = next ? wb + 8 * w->row_bytes : NULL;
+        size_t pf_step = ((size_t)next * w->row_bytes + n - 1) / (size_t)n;
+        float tile[3 * 8 * 16];
+        for (int t0 = c->c0; t0 < c->c1; t0 += 3) {
+            int T = c->c1 - t0 < 3 ? c->c1 - t0 : 3;
+            f32_avx512(R, T, n, wr, ldw, c->xt + (size_t)t0 * c->tile_floats, c->tile_floats, tile,
+                       t0 == c->c0 ? pf : NULL, pf_step);
+            store_tiles(c->y, c->ldy, tile, t0, T, c->N, r0, R, c->b);
+        }
+    }
+}
 #endif
 
 int k_fgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const float *b) {
@@ -1040,52 +1117,26 @@ int k_fgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const
     size_t tile_floats = (size_t)n * 16;
     float *xt = k_scratch(1, (size_t)tiles * tile_floats * sizeof(float));
     if (!xt) return -1;
-    int blocks = (out + 7) / 8, f16 = w->dtype == TLM_DTYPE_F16, failed = 0;
+    int blocks = (out + 7) / 8;
+    fg_ctx c = {y, xt, x, b, w, tile_floats, ldy, N, blocks, 0, 0, 0};
     if (pairs) {
         for (int p = 0; p < n / 2; p++)
             for (int a = 0; a < 8; a++)
                 for (int j = 0; j < 2; j++)
                     xt[(size_t)p * 16 + 2 * a + j] = a < N ? x[(size_t)a * n + 2 * p + j] : 0.0f;
-        /* Through k_team_units, so a decode step on the pool (k_team_pool) runs no OpenMP
-         * region; small products stay on this thread, as k_matvec_parts's do. */
-        pairs_ctx c = {y, xt, b, w, ldy, N, blocks, 0};
+        /* small products stay on this thread, as k_matvec_parts's do */
         k_team_units(blocks, (long)N * n * out >= (1L << 16), 0, pair_blocks, &c);
         return atomic_load(&c.failed) ? -1 : 0;
     }
-#pragma omp parallel for schedule(static) if ((long)N * n >= K_PAR_MIN)
-    for (int t = 0; t < tiles; t++) {
-        int rows = N - t * 16 < 16 ? N - t * 16 : 16;
-        xt_tile(x + (size_t)t * 16 * n, n, rows, xt + (size_t)t * tile_floats);
-    }
+    /* Both loops through k_team_units (not OpenMP regions), so that a decode step of many
+     * sequences on the pool (k_team_pool) opens no OpenMP region. */
+    k_team_units(tiles, (long)N * n >= K_PAR_MIN, 0, fg_tiles, &c);
     int chunk = tiles_per_chunk(tile_floats * sizeof(float));
-#pragma omp parallel
-    {
-        float *wf = widen_buf(w, &failed);
-        for (int c0 = 0; c0 < tiles; c0 += chunk) {
-            int c1 = tiles - c0 < chunk ? tiles : c0 + chunk;
-#pragma omp for schedule(static)
-            for (int bl = 0; bl < blocks; bl++) {
-                if (f16 && !wf) continue;
-                int r0 = bl * 8, R = out - r0 < 8 ? out - r0 : 8;
-                const char *wb = (const char *)w->data + (size_t)r0 * w->row_bytes;
-                size_t ldw;
-                const float *wr = block_rows(w, r0, R, wf, &ldw);
-                /* the first pass brings the next block's rows in, spread over its columns: eight
-                 * interleaved streams are followed poorly by the hardware prefetchers here */
-                int next = bl + 1 < blocks ? (out - r0 - 8 < 8 ? out - r0 - 8 : 8) : 0;
-                const char *pf = next ? wb + 8 * w->row_bytes : NULL;
-                size_t pf_step = ((size_t)next * w->row_bytes + n - 1) / (size_t)n;
-                float tile[3 * 8 * 16];
-                for (int t0 = c0; t0 < c1; t0 += 3) {
-                    int T = c1 - t0 < 3 ? c1 - t0 : 3;
-                    f32_avx512(R, T, n, wr, ldw, xt + (size_t)t0 * tile_floats, tile_floats, tile,
-                               t0 == c0 ? pf : NULL, pf_step);
-                    store_tiles(y, ldy, tile, t0, T, N, r0, R, b);
-                }
-            }
-        }
+    for (c.c0 = 0; c.c0 < tiles; c.c0 += chunk) {
+        c.c1 = tiles - c.c0 < chunk ? tiles : c.c0 + chunk;
+        k_team_units(blocks, 1, 0, fg_blocks, &c);
     }
-    return failed ? -1 : 0;
+    return atomic_load(&c.failed) ? -1 : 0;
 #else
     (void)y, (void)ldy, (void)x, (void)b;
     return -1;

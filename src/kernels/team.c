@@ -62,7 +62,7 @@ static int claim(share *sh, long chunk, int back, long *a, long *b) {
 }
 
 /* Thread `id`'s part of a job of `shares` shares: its own share, then the others'. A team
- * smaller than the shares (nested OpenMP regions, OMP_THREAD_LIMIT) leaves shares without an
+ * smaller than the shares (OMP_THREAD_LIMIT, OMP_DYNAMIC) leaves shares without an
  * owner: the threads there steal them whole. */
 static void run_share(share *sh, int shares, int id, long chunk, k_units_fn fn, void *ctx) {
     long a, b;
@@ -82,6 +82,8 @@ int k_team_pool(int on) {
     g_use_pool = on;
     return was;
 }
+
+int k_team_pooled(void) { return g_use_pool; }
 
 int k_team_thread(void) { return g_team_id >= 0 ? g_team_id : omp_get_thread_num(); }
 
@@ -243,7 +245,9 @@ static int pool_run(share *sh, int shares, long chunk, k_units_fn fn, void *ctx)
 
 void k_team_units(long units, int par, long chunk, k_units_fn fn, void *ctx) {
     if (units <= 0) return;
-    int shares = par ? omp_get_max_threads() : 1;
+    /* Inside a parallel region (a data-parallel replica's thread) a region would be a team of
+     * one and still cost a futex wake at its end, as k_fork says: the calling thread runs all. */
+    int shares = par && !omp_in_parallel() ? omp_get_max_threads() : 1;
     if (shares < 2) {
         fn(ctx, 0, units);
         return;
@@ -261,7 +265,7 @@ void k_team_units(long units, int par, long chunk, k_units_fn fn, void *ctx) {
         atomic_init(&sh[i].fb, (uint64_t)(units * i / shares) | (uint64_t)(units * (i + 1) / shares)
                                                                     << 32);
 #if HAVE_POOL
-    if (g_use_pool && !omp_in_parallel() && pool_run(sh, shares, chunk, fn, ctx)) return;
+    if (g_use_pool && pool_run(sh, shares, chunk, fn, ctx)) return;
 #endif
 #pragma omp parallel
     run_share(sh, shares, omp_get_thread_num(), chunk, fn, ctx);
