@@ -1027,43 +1027,15 @@ static const float *block_rows(const tlm_weight *w, int r0, int R, float *wf, si
 #endif
 
 #if HAVE_AVX512
-/* Up to 8 activation rows (batched decode): pairs of columns of 8 rows, one pass per 8-row
- * weight block. Blocks [a, b) of k_fgemm's product; a team unit is one block. */
+/* k_fgemm's product, shared by its loops. */
 typedef struct {
     float *y, *xt;
     const float *x, *b;
     const tlm_weight *w;
     size_t tile_floats;
-    int ldy, N, blocks, c0, c1; /* c0, c1: the tiles of this pass (fg_blocks) */
+    int ldy, N, blocks, pairs, c0, c1; /* c0, c1: the tiles of this pass (fg_blocks) */
     _Atomic int failed;
 } fg_ctx;
-
-static void pair_blocks(void *ctx, long a, long e) {
-    fg_ctx *c = ctx;
-    const tlm_weight *w = c->w;
-    int n = (int)w->cols, out = (int)w->rows, fail = 0;
-    float *wf = widen_buf(w, &fail);
-    if (fail) {
-        atomic_store(&c->failed, 1);
-        return;
-    }
-    for (long bl = a; bl < e; bl++) {
-        int r0 = (int)bl * 8, R = out - r0 < 8 ? out - r0 : 8;
-        const char *wb = (const char *)w->data + (size_t)r0 * w->row_bytes;
-        size_t ldw;
-        const float *wr = block_rows(w, r0, R, wf, &ldw);
-        /* the pass brings the next block's rows in, spread over its columns */
-        int next = bl + 1 < c->blocks ? (out - r0 - 8 < 8 ? out - r0 - 8 : 8) : 0;
-        const char *pf = next ? wb + 8 * w->row_bytes : NULL;
-        size_t pf_step = ((size_t)next * w->row_bytes + n / 2 - 1) / (size_t)(n / 2);
-        float tile[8 * 16];
-        f32p_avx512(R, n, wr, ldw, c->xt, tile, pf, pf_step);
-        for (int i = 0; i < c->N; i++) {
-            float *yr = c->y + (size_t)i * c->ldy + r0;
-            for (int r = 0; r < R; r++) yr[r] = tile[r * 8 + i] + (c->b ? c->b[r0 + r] : 0.0f);
-        }
-    }
-}
 
 /* More rows: tiles [a, e) of 16 activation rows interleaved by column into xt. */
 static void fg_tiles(void *ctx, long a, long e) {
@@ -1075,7 +1047,8 @@ static void fg_tiles(void *ctx, long a, long e) {
     }
 }
 
-/* Weight blocks [a, e) of 8 rows against tiles c0..c1-1, in register tiles of 8 x 3 x 16. */
+/* Weight blocks [a, e) of 8 rows against tiles c0..c1-1, in register tiles of 8 x 3 x 16 (pairs:
+ * against the pair-interleaved rows). */
 static void fg_blocks(void *ctx, long a, long e) {
     fg_ctx *c = ctx;
     const tlm_weight *w = c->w;
@@ -1094,8 +1067,18 @@ static void fg_blocks(void *ctx, long a, long e) {
          * interleaved streams are followed poorly by the hardware prefetchers here */
         int next = bl + 1 < c->blocks ? (out - r0 - 8 < 8 ? out - r0 - 8 : 8) : 0;
         const char *pf = next ? wb + 8 * w->row_bytes : NULL;
-        size_t pf_step = ((size_t)next * w->row_bytes + n - 1) / (size_t)n;
+        size_t steps = (size_t)(c->pairs ? n / 2 : n);
+        size_t pf_step = ((size_t)next * w->row_bytes + steps - 1) / steps;
         float tile[3 * 8 * 16];
+        if (c->pairs) {
+            /* up to 8 activation rows (batched decode): pairs of columns of 8 rows, one pass */
+            f32p_avx512(R, n, wr, ldw, c->xt, tile, pf, pf_step);
+            for (int i = 0; i < c->N; i++) {
+                float *yr = c->y + (size_t)i * c->ldy + r0;
+                for (int r = 0; r < R; r++) yr[r] = tile[r * 8 + i] + (c->b ? c->b[r0 + r] : 0.0f);
+            }
+            continue;
+        }
         for (int t0 = c->c0; t0 < c->c1; t0 += 3) {
             int T = c->c1 - t0 < 3 ? c->c1 - t0 : 3;
             f32_avx512(R, T, n, wr, ldw, c->xt + (size_t)t0 * c->tile_floats, c->tile_floats, tile,
@@ -1118,14 +1101,14 @@ int k_fgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const
     float *xt = k_scratch(1, (size_t)tiles * tile_floats * sizeof(float));
     if (!xt) return -1;
     int blocks = (out + 7) / 8;
-    fg_ctx c = {y, xt, x, b, w, tile_floats, ldy, N, blocks, 0, 0, 0};
+    fg_ctx c = {y, xt, x, b, w, tile_floats, ldy, N, blocks, pairs, 0, tiles, 0};
     if (pairs) {
         for (int p = 0; p < n / 2; p++)
             for (int a = 0; a < 8; a++)
                 for (int j = 0; j < 2; j++)
                     xt[(size_t)p * 16 + 2 * a + j] = a < N ? x[(size_t)a * n + 2 * p + j] : 0.0f;
         /* small products stay on this thread, as k_matvec_parts's do */
-        k_team_units(blocks, (long)N * n * out >= (1L << 16), 0, pair_blocks, &c);
+        k_team_units(blocks, (long)N * n * out >= (1L << 16), 0, fg_blocks, &c);
         return atomic_load(&c.failed) ? -1 : 0;
     }
     /* Both loops through k_team_units (not OpenMP regions), so that a decode step of many
