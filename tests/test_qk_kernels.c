@@ -345,14 +345,14 @@ static void check_team(void) {
             CHECK(team_probe_run(teams[k], pool),
                   "k_team_units (%s, %d threads): every unit once, thread ids apart",
                   pool ? "pool" : "OpenMP", teams[k]);
-#if !defined(__SANITIZE_THREAD__) && !defined(__has_feature)
-#define TEAM_FORK 1
+#if defined(__SANITIZE_THREAD__)
+#define TEAM_TSAN 1
 #elif defined(__has_feature)
-#if !__has_feature(thread_sanitizer)
-#define TEAM_FORK 1
+#if __has_feature(thread_sanitizer)
+#define TEAM_TSAN 1
 #endif
 #endif
-#ifdef TEAM_FORK
+#ifndef TEAM_TSAN
     /* A child of fork() has only the thread that forked, not the pool's: it must start its own
      * rather than wait for threads that are not there. (ThreadSanitizer refuses threads after a
      * fork, so not under it.) */

@@ -1034,10 +1034,14 @@ T5 static inline AI void hsum8x4(const __m256 *a, float *s) {
     _mm_storeu_ps(s, _mm512_castps512_ps128(_mm512_permutexvar_ps(first, x)));
 }
 
-T5 static inline AI float q45k_sum(__m512 acc, __m256 accm) {
+/* A Q4_K/Q5_K row's sums folded to eight lanes (the halves added, the mins' sums taken off),
+ * which hsum8 (one row) or hsum8x4 (four rows) then adds up. */
+T5 static inline AI __m256 q45k_fold(__m512 acc, __m256 accm) {
     __m256 lo = _mm512_castps512_ps256(acc), hi = _mm512_extractf32x8_ps(acc, 1);
-    return hsum8(_mm256_sub_ps(_mm256_add_ps(lo, hi), accm));
+    return _mm256_sub_ps(_mm256_add_ps(lo, hi), accm);
 }
+
+T5 static inline AI float q45k_sum(__m512 acc, __m256 accm) { return hsum8(q45k_fold(acc, accm)); }
 
 /* The Q4_K and Q5_K kernels' word indices and shift counts, each word a in the low 256 bits and
  * b in the high ones (WPAIR(a, b)), as tables: built in registers from immediates, the sixteen of
@@ -1248,8 +1252,7 @@ T5 static inline AI void w4_q45k(int n, float *s, const void *w, size_t ws, cons
     for (int r = 0; r < 4; r++) {
         __m256 m =
             (r & 1) ? _mm512_extractf32x8_ps(accm[r / 2], 1) : _mm512_castps512_ps256(accm[r / 2]);
-        __m256 lo = _mm512_castps512_ps256(acc[r]), hi = _mm512_extractf32x8_ps(acc[r], 1);
-        t[r] = _mm256_sub_ps(_mm256_add_ps(lo, hi), m);
+        t[r] = q45k_fold(acc[r], m);
     }
     hsum8x4(t, s);
 }

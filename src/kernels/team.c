@@ -110,7 +110,7 @@ static struct {
     _Alignas(64) atomic_flag busy; /* held by the thread running a job */
     int threads;                   /* pool threads started (ids 1..threads) */
     int spin;                      /* rounds of waiting before sleeping */
-    int broken; /* off (pool_init), or a thread could not be started: OpenMP from now on */
+    int off; /* libgomp spins too long (pool_init), or a thread could not be started: OpenMP */
 } g_pool = {.busy = ATOMIC_FLAG_INIT};
 
 static long futex(_Atomic uint32_t *w, int op, uint32_t v) {
@@ -156,7 +156,7 @@ static long gomp_spin(int *set) {
 static void pool_init(void) {
     int set;
     long l = gomp_spin(&set);
-    g_pool.broken = l < 0 || l > 300000;
+    g_pool.off = l < 0 || l > 300000;
     g_pool.spin = !set ? 3000 : l < 0 || l > 300000 ? 0 : (int)l;
     pthread_atfork(NULL, NULL, pool_forget);
 }
@@ -196,7 +196,7 @@ static pthread_once_t g_pool_once = PTHREAD_ONCE_INIT;
 static int pool_run(share *sh, int shares, long chunk, k_units_fn fn, void *ctx) {
     if (atomic_flag_test_and_set_explicit(&g_pool.busy, memory_order_acquire)) return 0;
     pthread_once(&g_pool_once, pool_init);
-    while (!g_pool.broken && g_pool.threads < shares - 1) {
+    while (!g_pool.off && g_pool.threads < shares - 1) {
         pthread_attr_t at;
         pthread_t th;
         int ok = !pthread_attr_init(&at);
@@ -209,9 +209,9 @@ static int pool_run(share *sh, int shares, long chunk, k_units_fn fn, void *ctx)
         if (ok)
             g_pool.threads++;
         else
-            g_pool.broken = 1;
+            g_pool.off = 1;
     }
-    if (g_pool.broken) {
+    if (g_pool.off) {
         atomic_flag_clear_explicit(&g_pool.busy, memory_order_release);
         return 0;
     }
