@@ -338,7 +338,38 @@ static int team_probe_run(int team, int pool) {
     return ok;
 }
 
+/* A unit's record of where it ran: in a region nested below the caller's, or not. */
+static void team_level_fn(void *ctx, long a, long b) {
+    _Atomic int *deeper = ctx;
+    for (long u = a; u < b; u++)
+        if (omp_get_level() > 1) atomic_store(deeper, 1);
+}
+
 static void check_team(void) {
+    /* Inside an active parallel region k_team_units runs the call on the calling thread (a
+     * nested region would be a team of one and still cost a futex wake), and K_FOR opens no
+     * region while the pool is on (its region would run beside the pool's spinning threads). */
+    omp_set_num_threads(2);
+    _Atomic int deeper = 0, active = 0, inner = 0;
+#pragma omp parallel num_threads(2)
+    {
+        if (omp_in_parallel()) atomic_store(&active, 1);
+        k_team_units(1000, 1, 0, team_level_fn, &deeper);
+    }
+    CHECK(!atomic_load(&active) || !atomic_load(&deeper),
+          "k_team_units inside an active region runs on the calling thread");
+    for (int pool = 0; pool < 2; pool++) {
+        int was = k_team_pool(pool);
+        atomic_store(&inner, 0);
+        K_FOR(i, 4, K_PAR_MIN, {
+            (void)i;
+            if (omp_in_parallel()) atomic_store(&inner, 1);
+        });
+        k_team_pool(was);
+        CHECK(atomic_load(&inner) == (!pool && omp_get_thread_limit() > 1),
+              "K_FOR past K_PAR_MIN %s with the pool %s",
+              pool ? "opens no region" : "opens a region", pool ? "on" : "off");
+    }
     const int teams[] = {2, 3, 7};
     for (int pool = 0; pool < 2; pool++)
         for (int k = 0; k < 3; k++)
