@@ -27,25 +27,32 @@ static float widen_dot(tlm_dtype t, const uint8_t *w, const float *x, int in) {
 #define K_TYPED_PAR_MIN (1L << 19)
 
 /* The row length (columns) from which one sequence's weight rows of a type go one at a time
- * rather than four at once (k_vdot_w4). The four-row kernels share the activation's work, but
- * they read four streams a row apart, a few dozen lines each, which the hardware prefetchers
- * follow badly; a software prefetch of the unit ahead only partly makes up for it. One row at a
- * time reads the matrix as one sequential stream, which they follow well, with no software
- * prefetch. Where a type's one-row kernel is cheap enough, that wins on long rows. Timed one
- * product at a time, alternating in one process, from memory, 1 and 2 threads (G weight bytes
- * per s, four rows -> one row):
- *   Q8_0 768 x 2048 22 -> 26 and 38 -> 45, 2048 x 768 21 -> 29 and 34 -> 42, 768 x 32000
- *   22 -> 26 and 41 -> 50; 288 columns lose (18 -> 16.5).
+ * rather than four at once (k_vdot_w4), on AMD's CPUs (the figures below: Zen 5). The four-row
+ * kernels share the activation's work, but they read four streams a row apart, a few dozen lines
+ * each, which the hardware prefetchers follow badly; a software prefetch of the unit ahead only
+ * partly makes up for it. One row at a time reads the matrix as one sequential stream, which they
+ * follow well, with no software prefetch. Where a type's one-row kernel is cheap enough, that wins
+ * on long rows. Timed one product at a time, alternating in one process, from memory, 1 and 2
+ * threads (G weight bytes per s, four rows -> one row): Q8_0 768 x 2048 22 -> 26 and 38 -> 45, 2048
+ * x 768 21 -> 29 and 34 -> 42, 768 x 32000 22 -> 26 and 41 -> 50; 288 columns lose (18 -> 16.5).
  *   Q4_0 2048 x 768 20 -> 24 and 33 -> 38; 768 columns lose (21 -> 20, 36 -> 33).
  *   Q6_K 2048 x 768 17 -> 22.5 and 28 -> 34; 768 columns about even.
  *   Q4_K loses everywhere (30 -> 20); F32 too (31 -> 27). F16: see below.
  *   Q5_K loses too (alternating builds, one thread: 768 x 2048 22-28 -> 18-21, 2048 x 768
- *   25-33 -> 20-23), so it has no entry. */
+ *   25-33 -> 20-23), so it has no entry.
+ *
+ * On Intel's (a 2-vCPU Xeon with AVX-512 and AMX, 110M decode, tg64, alternating, tok/s, one
+ * row -> four rows for the block types): Q8_0 100 -> 128-140 at one thread and 155 -> 365-381
+ * at two; Q4_0 316 -> 362 and 606 -> 656; Q6_K 105 -> 254; Q4_K_M 288 -> 315. There the four
+ * rows' streams are followed well, so the block types go four rows at a time at every length.
+ * F16 keeps one row past 512 columns on both (110M, Intel: 64 -> 58 at one thread, 116 -> 123
+ * at two). */
 static int one_row_from(tlm_dtype t) {
+    int amd = k_cpu_amd();
     switch (t) {
-    case TLM_DTYPE_Q8_0: return 512;
+    case TLM_DTYPE_Q8_0: return amd ? 512 : INT_MAX;
     case TLM_DTYPE_Q4_0:
-    case TLM_DTYPE_Q6_K: return 2048;
+    case TLM_DTYPE_Q6_K: return amd ? 2048 : INT_MAX;
     /* F16 rows of up to 512 columns gain from four at a time (the horizontal sums of short
      * rows overlap); longer ones lose (one thread, G weights/s from memory, one row against
      * four: 288 x 32000 21 -> 28, 384 x 4096 23 -> 31; 1024 x 4096 29 -> 27, 2048 x 768

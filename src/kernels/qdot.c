@@ -334,6 +334,8 @@ int k_isa(void) {
     return isa_level;
 }
 
+int k_cpu_amd(void) { return k_simd_cpu_amd(); }
+
 k_vdot_fn k_vdot_get(tlm_dtype t, int isa) {
     if (isa < 0 || isa >= K_ISA_COUNT) return NULL;
     if (isa == K_ISA_REF) return ref_of(t);

@@ -70,6 +70,8 @@ size_t k_act_row_bytes(tlm_dtype t, int n);
 void k_act_quantize(k_act_kind kind, const float *x, void *xq, int n);
 /* The best instruction set this CPU runs (TLM_ISA=ref|avx2|avx512 caps it, for comparisons). */
 int k_isa(void);
+/* 1 on AMD's x86 CPUs (cpuid's vendor), for choices that measured differently there. */
+int k_cpu_amd(void);
 /* Caps the instruction set k_vdot picks from now on (K_ISA_REF: the references). For tests and
  * comparisons; call it while no product runs. */
 void k_isa_cap(int isa);

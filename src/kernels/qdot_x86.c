@@ -11,7 +11,7 @@
 
 #include "simd_x86.h"
 
-static int cpu_level, cpu_bf16;
+static int cpu_level, cpu_bf16, cpu_amd;
 static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
 
 static uint64_t xcr0(void) {
@@ -23,6 +23,9 @@ static uint64_t xcr0(void) {
 static void detect(void) {
     unsigned a, b, c, d;
     int lvl = K_ISA_REF;
+    /* "AuthenticAMD" as cpuid leaf 0 spells it across ebx, edx, ecx. */
+    if (__get_cpuid(0, &a, &b, &c, &d))
+        cpu_amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;
     if (__get_cpuid(1, &a, &b, &c, &d)) {
         int fma = (c >> 12) & 1, osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, f16c = (c >> 29) & 1;
         uint64_t x = osxsave ? xcr0() : 0;
@@ -49,6 +52,11 @@ int k_simd_cpu_level(void) {
 int k_simd_cpu_bf16(void) {
     pthread_once(&cpu_once, detect);
     return cpu_bf16;
+}
+
+int k_simd_cpu_amd(void) {
+    pthread_once(&cpu_once, detect);
+    return cpu_amd;
 }
 
 /* ---- helpers -------------------------------------------------------------------------------- */
@@ -1471,6 +1479,7 @@ k_vdot_fn k_simd_vdot(tlm_dtype t, int isa) {
 
 int k_simd_cpu_level(void) { return K_ISA_REF; }
 int k_simd_cpu_bf16(void) { return 0; }
+int k_simd_cpu_amd(void) { return 0; }
 int k_simd_widen(tlm_dtype t, const void *src, float *dst, int n) {
     (void)t, (void)src, (void)dst, (void)n;
     return 0;
