@@ -22,9 +22,17 @@ static float widen_dot(tlm_dtype t, const uint8_t *w, const float *x, int in) {
 
 /* Below these many multiply-adds a fork/join costs more than it saves: a decode step's typed rows
  * cost a few ns each, and waking the team (passive waits: a futex per thread) costs tens of
- * microseconds, which only the larger products repay. */
+ * microseconds, which only the larger products repay. Typed rows on AMD's CPUs (Zen 5 VM, where
+ * a line crossing between the two vCPUs cost about 0.3 us) fork from 2^19: 15M's 256 x 768
+ * products split over the pool took 6.2 us against 4.6 on one thread, and forking those past
+ * 2^17 gave 0.94x. On Intel's (a 2-vCPU Xeon) they fork from 2^17, the stacked q|k|v and the
+ * FFN's products of 15M included: 15M decode at two threads, tg128, 2^19 -> 2^17, tok/s: Q4_0
+ * 2619-2680 -> 3435-3470, Q8_0 2131-2206 -> 2858-2925, Q4_K_M 2680-2701 -> 3411-3421, Q6_K
+ * 2440-2447 -> 3227-3307, F16 1350-1376 -> 1819-1842, BF16 1335-1361 -> 1848-1853 (2^16, which
+ * adds the 256 x 256 output product, was level or lower). */
 #define K_F32_PAR_MIN (1L << 16)
-#define K_TYPED_PAR_MIN (1L << 19)
+#define K_TYPED_PAR_MIN_AMD (1L << 19)
+#define K_TYPED_PAR_MIN (1L << 17)
 
 /* The row length (columns) from which one sequence's weight rows of a type go one at a time
  * rather than four at once (k_vdot_w4), on AMD's CPUs (the figures below: Zen 5). The four-row
@@ -255,6 +263,7 @@ void k_matvec_parts(float *y, int ldy, const float *x, int M, int in, const k_ma
     }
     long units = first[n];
     mv_ctx c = {y, ldy, x, M, in, ur, parts, first, r3s, w4s, pfs, spreads, dots, rdots, acts, rbs};
-    int par = work * M * in >= (typed ? K_TYPED_PAR_MIN : K_F32_PAR_MIN);
+    long typed_min = k_cpu_amd() ? K_TYPED_PAR_MIN_AMD : K_TYPED_PAR_MIN;
+    int par = work * M * in >= (typed ? typed_min : K_F32_PAR_MIN);
     k_team_units(units, par, 0, mv_units_fn, &c);
 }
