@@ -178,25 +178,32 @@ static void check_bf16(int in, int out, int N) {
     for (int i = 0; i < in * N; i++) xr[i] = tlm_bf16_to_f32(tlm_f32_to_bf16(x[i]));
     tlm_weight tw = {
         .dtype = TLM_DTYPE_BF16, .data = w, .rows = out, .cols = in, .row_bytes = 2 * in};
-    for (int isa = K_ISA_REF; isa <= K_ISA_AVX512; isa += K_ISA_AVX512 - K_ISA_REF) {
+    /* the reference, vdpbf16ps, and AMX's tiles where the CPU has them (K_ISA_AVX512 with AMX
+     * turned on) */
+    for (int pass = 0; pass < 3; pass++) {
+        int isa = pass == 0 ? K_ISA_REF : K_ISA_AVX512, amx = pass == 2;
+        k_qgemm_amx_enable(amx);
+        if (amx && !k_qgemm_amx_ok()) continue;
         if (isa == K_ISA_AVX512 && !k_qgemm_bf16_ok()) {
             CHECK(k_qgemm(y, out, x, N, &tw, b, isa) == -1, "BF16 refused without AVX512_BF16");
             continue;
         }
         memset(y, 0xFF, sizeof(float) * out * N);
-        CHECK(k_qgemm(y, out, x, N, &tw, b, isa) == 0, "BF16 product (isa %d)", isa);
+        CHECK(k_qgemm(y, out, x, N, &tw, b, isa) == 0, "BF16 product (isa %d, amx %d)", isa, amx);
         double worst = worst_rel(y, wf, xr, b, in, out, N);
-        CHECK(worst <= 1e-5, "BF16 in=%d out=%d N=%d isa %d: %g from the exact product", in, out, N,
-              isa, worst);
+        CHECK(worst <= 1e-5, "BF16 in=%d out=%d N=%d isa %d amx %d: %g from the exact product", in,
+              out, N, isa, amx, worst);
         if (N > 16) {
             /* 16 rows alone make one tile: each row's sums match those of the wider tiling */
             float *y16 = malloc(sizeof(float) * out * 16);
             CHECK(k_qgemm(y16, out, x, 16, &tw, b, isa) == 0 &&
                       !memcmp(y16, y, sizeof(float) * out * 16),
-                  "BF16 in=%d out=%d N=%d isa %d: rows independent of the tiling", in, out, N, isa);
+                  "BF16 in=%d out=%d N=%d isa %d amx %d: rows independent of the tiling", in, out,
+                  N, isa, amx);
             free(y16);
         }
     }
+    k_qgemm_amx_enable(1);
     free(w);
     free(wf);
     free(x);
@@ -427,6 +434,9 @@ int main(void) {
     check_bf16(256, 21, 130);
     check_bf16(96, 16, 80);   /* tiles of three, then two */
     check_bf16(2048, 9, 200); /* chunks of activation rows */
+    check_bf16(200, 45, 300); /* AMX: a partial group of 32 weight rows, passes of 256 rows */
+    check_bf16(32, 64, 32);   /* AMX: whole tiles only */
+    printf("BF16 on AMX tiles: %s\n", k_qgemm_amx_ok() ? "yes" : "no");
     for (int f16 = 0; f16 < 2; f16++) {
         tlm_dtype t = f16 ? TLM_DTYPE_F16 : TLM_DTYPE_F32;
         check_fgemm(t, 768, 24, 128); /* whole 16 x 16 blocks and tiles */

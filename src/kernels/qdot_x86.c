@@ -1,5 +1,11 @@
+/* syscall(), for AMX's arch_prctl */
+#define _GNU_SOURCE
 #include <pthread.h>
 #include <stdint.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #include <string.h>
 
 #include "core/half.h"
@@ -11,13 +17,22 @@
 
 #include "simd_x86.h"
 
-static int cpu_level, cpu_bf16, cpu_amd;
+static int cpu_level, cpu_bf16, cpu_amd, cpu_amx_bf16;
 static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
 
 static uint64_t xcr0(void) {
     uint32_t lo, hi;
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
     return (uint64_t)hi << 32 | lo;
+}
+
+static int amx_permit(void) {
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    /* ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, for the whole process */
+    return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+#else
+    return 0;
+#endif
 }
 
 static void detect(void) {
@@ -34,10 +49,15 @@ static void detect(void) {
             int avx2 = (b >> 5) & 1, f = (b >> 16) & 1, dq = (b >> 17) & 1, bw = (b >> 30) & 1,
                 vl = (b >> 31) & 1, vnni = (c >> 11) & 1;
             if (avx2) lvl = K_ISA_AVX2;
+            int amx_bf16 = (d >> 22) & 1, amx_tile = (d >> 24) & 1;
             if (f && dq && bw && vl && vnni && (x & 0xE0) == 0xE0) {
                 lvl = K_ISA_AVX512;
                 __cpuid_count(7, 1, a, b, c, d);
                 cpu_bf16 = (a >> 5) & 1;
+                /* AMX: the OS saves the tile state (XCR0 bits 17, 18) and lets this process use
+                 * the tile data, which Linux grants only on request. */
+                cpu_amx_bf16 =
+                    cpu_bf16 && amx_bf16 && amx_tile && (x & 0x60000) == 0x60000 && amx_permit();
             }
         }
     }
@@ -57,6 +77,11 @@ int k_simd_cpu_bf16(void) {
 int k_simd_cpu_amd(void) {
     pthread_once(&cpu_once, detect);
     return cpu_amd;
+}
+
+int k_simd_cpu_amx_bf16(void) {
+    pthread_once(&cpu_once, detect);
+    return cpu_amx_bf16;
 }
 
 /* ---- helpers -------------------------------------------------------------------------------- */
@@ -1480,6 +1505,7 @@ k_vdot_fn k_simd_vdot(tlm_dtype t, int isa) {
 int k_simd_cpu_level(void) { return K_ISA_REF; }
 int k_simd_cpu_bf16(void) { return 0; }
 int k_simd_cpu_amd(void) { return 0; }
+int k_simd_cpu_amx_bf16(void) { return 0; }
 int k_simd_widen(tlm_dtype t, const void *src, float *dst, int n) {
     (void)t, (void)src, (void)dst, (void)n;
     return 0;

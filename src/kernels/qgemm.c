@@ -975,10 +975,183 @@ static void bf16_blocks(void *ctx, long ba, long bb) {
     }
 }
 
+/* ---- BF16 weights on AMX tiles ---------------------------------------------------------------
+ * Where the CPU has AMX (amx-tile, amx-bf16), one tdpbf16ps multiplies 16 activation rows by 16
+ * weight rows over 32 columns (8192 products) where vdpbf16ps does 16 x 2. The activations are
+ * rounded to BF16 rows (zero past n to a multiple of 32 and past N to a multiple of 32), the
+ * weight is taken 32 rows at a time and transposed into tdpbf16ps's pair layout (tile row k: the
+ * 32-bit pair of columns 2k, 2k + 1 of each of 16 weight rows) in a per-thread buffer, and four
+ * accumulator tiles hold 32 x 32 sums while two activation tiles and two weight tiles stream by.
+ * Every sum runs over k in order in pairs, as the vdpbf16ps kernel's do (AMX multiplies the even
+ * column first; vdpbf16ps the odd one: results agree to rounding, not bit for bit). */
+static atomic_int amx_state = -1; /* -1: not read yet; 0: off; 1: on where the CPU has it */
+
+int k_qgemm_amx_ok(void) {
+    int st = atomic_load_explicit(&amx_state, memory_order_relaxed);
+    if (st < 0) {
+        const char *e = getenv("TLM_AMX");
+        st = !(e && !strcmp(e, "off"));
+        atomic_store_explicit(&amx_state, st, memory_order_relaxed);
+    }
+    return st && HAVE_AVX512 && k_simd_cpu_amx_bf16() && k_isa() >= K_ISA_AVX512;
+}
+
+void k_qgemm_amx_enable(int on) {
+    atomic_store_explicit(&amx_state, on ? 1 : 0, memory_order_relaxed);
+}
+
+#if HAVE_AVX512
+#define AMX_ROWS 32                  /* weight rows, and activation rows, per block */
+#define AMX_CHUNK (8 * AMX_ROWS)     /* activation rows per pass over the weight */
+#define AMX_PAIR_BYTES (2 * 16 * 64) /* the two weight tiles of one step of 32 columns */
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_config;
+
+/* Eight tiles of 16 rows x 64 bytes: 0-3 the sums, 4-5 activations, 6-7 weights. */
+TAMX static void amx_load_config(void) {
+    _Alignas(64) amx_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        cfg.rows[t] = 16;
+        cfg.colsb[t] = 64;
+    }
+    _tile_loadconfig(&cfg);
+}
+
+/* Weight rows r0 .. r0 + 31 (zero past the last row and past n) as nk steps of two tiles. */
+TAMX static void amx_pack(const tlm_weight *w, int r0, int nk, uint8_t *pb) {
+    int n = (int)w->cols, out = (int)w->rows;
+    for (int h = 0; h < 2; h++)
+        for (int s = 0; s < nk; s++) {
+            int k0 = 32 * s, len = n - k0 < 32 ? n - k0 : 32;
+            __mmask32 m = len == 32 ? ~(__mmask32)0 : ((__mmask32)1 << len) - 1;
+            __m512i r[16];
+            for (int j = 0; j < 16; j++) {
+                int row = r0 + 16 * h + j;
+                r[j] = row < out ? _mm512_maskz_loadu_epi16(m, (const uint8_t *)w->data +
+                                                                   (size_t)row * w->row_bytes +
+                                                                   2 * (size_t)k0)
+                                 : _mm512_setzero_si512();
+            }
+            k_transpose16x16(r);
+            uint8_t *dst = pb + (size_t)s * AMX_PAIR_BYTES + (size_t)h * 1024;
+            for (int j = 0; j < 16; j++) _mm512_storeu_si512(dst + 64 * j, r[j]);
+        }
+}
+
+/* Activation blocks [m0, m1) of 32 rows (row stride lda bytes) against one packed group: y rows
+ * below N, columns r0 .. r0 + R - 1, plus b. */
+TAMX static void amx_blocks(const uint8_t *xa, size_t lda, int m0, int m1, int N, int nk,
+                            const uint8_t *pb, float *y, int ldy, int r0, int R, const float *b) {
+    _Alignas(64) float ct[AMX_ROWS * AMX_ROWS];
+    __mmask16 lo = R >= 16 ? 0xFFFF : (__mmask16)((1u << R) - 1);
+    __mmask16 hi = R >= 32 ? 0xFFFF : R <= 16 ? 0 : (__mmask16)((1u << (R - 16)) - 1);
+    __m512 b0 = b ? _mm512_maskz_loadu_ps(lo, b + r0) : _mm512_setzero_ps();
+    __m512 b1 = b ? _mm512_maskz_loadu_ps(hi, b + r0 + 16) : _mm512_setzero_ps();
+    for (int mb = m0; mb < m1; mb++) {
+        const uint8_t *a0 = xa + (size_t)mb * AMX_ROWS * lda, *a1 = a0 + 16 * lda;
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int s = 0; s < nk; s++) {
+            const uint8_t *p = pb + (size_t)s * AMX_PAIR_BYTES;
+            _tile_loadd(4, a0 + 64 * (size_t)s, lda);
+            _tile_loadd(6, p, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_loadd(7, p + 1024, 64);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_loadd(5, a1 + 64 * (size_t)s, lda);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+        _tile_stored(0, ct, 4 * AMX_ROWS);
+        _tile_stored(1, ct + 16, 4 * AMX_ROWS);
+        _tile_stored(2, ct + 16 * AMX_ROWS, 4 * AMX_ROWS);
+        _tile_stored(3, ct + 16 * AMX_ROWS + 16, 4 * AMX_ROWS);
+        for (int a = 0; a < AMX_ROWS && mb * AMX_ROWS + a < N; a++) {
+            float *yr = y + (size_t)(mb * AMX_ROWS + a) * ldy + r0;
+            _mm512_mask_storeu_ps(yr, lo, _mm512_add_ps(_mm512_load_ps(ct + a * AMX_ROWS), b0));
+            if (hi)
+                _mm512_mask_storeu_ps(yr + 16, hi,
+                                      _mm512_add_ps(_mm512_load_ps(ct + a * AMX_ROWS + 16), b1));
+        }
+    }
+}
+
+typedef struct {
+    float *y;
+    const float *x, *b;
+    const tlm_weight *w;
+    uint8_t *xa;
+    size_t lda;
+    int ldy, N, n32, m0, m1;
+    _Atomic int failed;
+} amx_ctx;
+
+/* Activation rows [a, b) (of the padded count) to BF16 rows of n32 columns. */
+static void amx_rows(void *ctx, long a, long b) {
+    amx_ctx *c = ctx;
+    int n = (int)c->w->cols;
+    for (long i = a; i < b; i++) {
+        uint16_t *row = (uint16_t *)(void *)(c->xa + (size_t)i * c->lda);
+        int done = 0;
+        if (i < c->N) {
+            bf16_round_row(c->x + (size_t)i * n, n, row);
+            done = n;
+        }
+        memset(row + done, 0, (size_t)(c->n32 - done) * 2);
+    }
+}
+
+TAMX static void amx_groups(void *ctx, long ga, long gb) {
+    amx_ctx *c = ctx;
+    int nk = c->n32 / 32, out = (int)c->w->rows;
+    uint8_t *pb = k_scratch(0, (size_t)nk * AMX_PAIR_BYTES);
+    if (!pb) {
+        atomic_store(&c->failed, 1);
+        return;
+    }
+    amx_load_config();
+    for (long g = ga; g < gb; g++) {
+        int r0 = (int)g * AMX_ROWS, R = out - r0 < AMX_ROWS ? out - r0 : AMX_ROWS;
+        amx_pack(c->w, r0, nk, pb);
+        amx_blocks(c->xa, c->lda, c->m0, c->m1, c->N, nk, pb, c->y, c->ldy, r0, R, c->b);
+    }
+    _tile_release();
+}
+
+static int bf16_amx_gemm(float *y, int ldy, const float *x, int N, const tlm_weight *w,
+                         const float *b) {
+    int n = (int)w->cols, out = (int)w->rows, n32 = (n + 31) & ~31;
+    int mblocks = (N + AMX_ROWS - 1) / AMX_ROWS;
+    /* a line more than the row, so that a tile's 16 rows do not all fall in one L1 set */
+    size_t lda = (size_t)n32 * 2 + 64;
+    uint8_t *xa = k_scratch(1, (size_t)mblocks * AMX_ROWS * lda);
+    if (!xa) return -1;
+    amx_ctx c = {y, x, b, w, xa, lda, ldy, N, n32, 0, 0, 0};
+    k_team_units((long)mblocks * AMX_ROWS, (long)N * n >= K_PAR_MIN, 0, amx_rows, &c);
+    long groups = (out + AMX_ROWS - 1) / AMX_ROWS;
+    for (c.m0 = 0; c.m0 < mblocks; c.m0 += AMX_CHUNK / AMX_ROWS) {
+        c.m1 = mblocks - c.m0 < AMX_CHUNK / AMX_ROWS ? mblocks : c.m0 + AMX_CHUNK / AMX_ROWS;
+        k_team_units(groups, (long)N * out >= K_PAR_MIN / 16, 1, amx_groups, &c);
+    }
+    return atomic_load(&c.failed) ? -1 : 0;
+}
+#endif
+
 static int bf16_gemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const float *b,
                      int isa) {
     int n = (int)w->cols, out = (int)w->rows;
     if (n % 2 || N <= 0 || (isa != K_ISA_REF && !(isa_ok(isa) && k_qgemm_bf16_ok()))) return -1;
+#if HAVE_AVX512
+    if (isa == K_ISA_AVX512 && k_qgemm_amx_ok()) return bf16_amx_gemm(y, ldy, x, N, w, b);
+#endif
     int tiles = (N + 15) / 16;
     /* slot 1 of the calling thread: the activation rows in BF16, then interleaved by tiles of 16
      * rows, a pair of columns of each row per 32-bit word (rows past N are zero) */

@@ -31,6 +31,13 @@ int k_qgemm_bf16_ok(void);
  * instruction set isa (K_ISA_REF: the plain C reference; K_ISA_AVX512). Returns 0, or -1 (nothing
  * written) when out of memory or the type/instruction set is not available. */
 int k_qgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const float *b, int isa);
+/* 1 if k_qgemm's BF16 products run on AMX tiles (amx-tile and amx-bf16 here, granted by the OS,
+ * and not turned off by TLM_AMX=off in the environment or k_qgemm_amx_enable(0)); isa
+ * K_ISA_AVX512 then means AMX for BF16 weights. */
+int k_qgemm_amx_ok(void);
+/* Turns the AMX path on (where the CPU has it) or off, for tests and comparisons; call it while
+ * no product runs. */
+void k_qgemm_amx_enable(int on);
 /* 1 if k_fgemm computes products here (AVX-512, not capped by TLM_ISA). */
 int k_fgemm_ok(void);
 /* y[N, out] (row stride ldy) = x[N, in] W^T + b (b may be NULL) for F32 and F16 weights, fp32

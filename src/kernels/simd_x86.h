@@ -12,6 +12,9 @@
 #define T5BF                                                                                       \
     __attribute__((                                                                                \
         target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,avx2,fma,f16c")))
+#define TAMX                                                                                       \
+    __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,"       \
+                          "avx512bf16,avx2,fma,f16c")))
 
 /* 16 rows of 16 32-bit words transposed in registers: r[i] word w becomes r[w] word i (pairs of
  * words interleaved, then pairs of pairs, then 128-bit lanes twice). Floats go through it by
