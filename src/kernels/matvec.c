@@ -249,8 +249,13 @@ void k_matvec_parts(float *y, int ldy, const float *x, int M, int in, const k_ma
          * run of a few lines, and the next unit's continues it: one stream, which the hardware
          * follows (15M's 256-column Q6_K classifier from L3, one thread: 31-32 -> 33.5-34.5 G
          * bytes/s without; 15M decode, alternating, medians: Q4_0 1.02x and Q4_K_M 1.03x at one
-         * thread, 1.03x and 1.06x at two). */
-        pfs[p] = (w4s[p] && parts[p].row_bytes > 256) || (M > 4 && kind == K_ACT_F32);
+         * thread, 1.03x and 1.06x at two). On Intel's CPUs F32 rows four at a time go without
+         * it: there the hardware follows their four streams, and the burst of prefetches ahead
+         * held the loads back (2-vCPU Xeon, 110M F32, tg64: 31.7-32.3 -> 36.1-37.0 tok/s at one
+         * thread, 62-64 -> 70.7-71.3 at two; the block types lose a third without theirs, BF16
+         * 5-10%). */
+        int f32_nopf = parts[p].dtype == TLM_DTYPE_F32 && !k_cpu_amd();
+        pfs[p] = (w4s[p] && parts[p].row_bytes > 256 && !f32_nopf) || (M > 4 && kind == K_ACT_F32);
         /* The four-row kernels of the block types take that prefetch a share per step of their
          * loop (k_vdot_w4_fn's pf) rather than all the unit's lines at the start: alternating in
          * one process, 1 thread, G bytes/s, burst -> spread: Q4_K 768 x 2048 27 -> 30, 2048 x 768
