@@ -55,7 +55,7 @@ static float widen_dot(tlm_dtype t, const uint8_t *w, const float *x, int in) {
  * rows' streams are followed well, so the block types go four rows at a time at every length.
  * F16 keeps one row past 512 columns on both (110M, Intel: 64 -> 58 at one thread, 116 -> 123
  * at two). */
-static int one_row_from(tlm_dtype t, int shares) {
+static int one_row_from(tlm_dtype t) {
     int amd = k_cpu_amd();
     switch (t) {
     case TLM_DTYPE_Q8_0: return amd ? 512 : INT_MAX;
@@ -66,9 +66,9 @@ static int one_row_from(tlm_dtype t, int shares) {
      * four: 288 x 32000 21 -> 28, 384 x 4096 23 -> 31; 1024 x 4096 29 -> 27, 2048 x 768
      * 30 -> 24). Whole 15M F16 decode, alternating runs: 1.02-1.09x at one thread,
      * 1.15-1.20x at two; four at a time for 110M's rows (768, 2048) cost it 5-10%. On Intel's
-     * CPUs the same holds for one thread (110M, tg64: 64-68 tok/s one row at a time, 60-63 four),
-     * but a team of two reads four rows at a time faster (109-117 -> 124-133). */
-    case TLM_DTYPE_F16: return !amd && shares > 1 ? INT_MAX : 513;
+     * CPUs too, with the one-row kernel's prefetch 2 KiB ahead (qdot_x86.c's fr5; 110M, tg64:
+     * 75-77 tok/s at one thread and 133-135 at two, four rows 60-63 and 124-130). */
+    case TLM_DTYPE_F16: return 513;
     default: return INT_MAX;
     }
 }
@@ -212,7 +212,6 @@ void k_matvec_parts(float *y, int ldy, const float *x, int M, int in, const k_ma
     }
     long typed_min = k_cpu_amd() ? K_TYPED_PAR_MIN_AMD : K_TYPED_PAR_MIN;
     int par = work * M * in >= (typed ? typed_min : K_F32_PAR_MIN);
-    int shares = par && !omp_in_parallel() ? omp_get_max_threads() : 1; /* as k_team_units */
     /* The activation rows in each form the parts' types want, prepared once per kind. */
     size_t off[K_ACT_NONE], total = 0;
     for (int k = 0; k < K_ACT_NONE; k++) off[k] = (size_t)-1;
@@ -243,9 +242,8 @@ void k_matvec_parts(float *y, int ldy, const float *x, int M, int in, const k_ma
         k_act_kind kind = k_act_of(parts[p].dtype);
         dots[p] = k_vdot(parts[p].dtype);
         rdots[p] = k_vdot_rows(parts[p].dtype);
-        w4s[p] = M == 1 && ur == 4 && in < one_row_from(parts[p].dtype, shares)
-                     ? k_vdot_w4(parts[p].dtype)
-                     : NULL;
+        w4s[p] = M == 1 && ur == 4 && in < one_row_from(parts[p].dtype) ? k_vdot_w4(parts[p].dtype)
+                                                                        : NULL;
         /* Prefetching ahead pays (alternating runs, 2 threads, 768 columns): for the four-row
          * units of one sequence (110M Q4_0, 1 thread: 256 -> 302 tok/s with them, about 270
          * without; Q6_K rows: qdot_x86.c), and for F32 and F16 weights against more than
