@@ -4,12 +4,20 @@
 #include "harness.h"
 #include "infer/share.h"
 
-/* Feeds full-team decode steps of 11 ms each (the fifth closes a window) at this busy share until a
- * window closes; returns the team the next decode step gets. */
-static int window(infer_share *sh, double busy) {
-    for (int k = 0; k < 5; k++) infer_share_after(sh, 2, 0.011, 0.011 * 2 * busy);
+/* Feeds full-team decode steps of `each` seconds at this busy share until one closes a window
+ * (adds their count to *fed when given); returns the team the next decode step gets. */
+static int window_of(infer_share *sh, double busy, double each, int *fed) {
+    int k = 0;
+    do {
+        infer_share_after(sh, 2, each, each * 2 * busy);
+        k++;
+    } while (sh->steps);
+    if (fed) *fed += k;
     return infer_share_team(sh, 2, 1, 0);
 }
+
+/* A window of one 55 ms step: SHARE_RATIO times two such windows stays under SHARE_MIN. */
+static int window(infer_share *sh, double busy) { return window_of(sh, busy, 0.055, NULL); }
 
 /* Counts the decode steps given one thread from now on, until the full team comes back. */
 static int run_on_one(infer_share *sh, int first) {
@@ -51,6 +59,19 @@ int main(void) {
     for (int k = 0; k < 10; k++) {
         CHECK(window(&sh, k % 2 ? 0.5 : 0.61) == 2, "alternating, window %d", k);
     }
+    /* Short steps (a small model's): the run on one thread is at least SHARE_RATIO times the
+     * full-team steps of the shared windows before it, which then weigh little. */
+    infer_share fast = {0};
+    int fed = 0;
+    window_of(&fast, 0.9, 0.0011, NULL);
+    CHECK(window_of(&fast, 0.5, 0.0011, &fed) == 2, "fast model, one shared window");
+    n = run_on_one(&fast, window_of(&fast, 0.5, 0.0011, &fed));
+    CHECK(fed > 80 && n == SHARE_RATIO * fed, "fast model: %d steps on one thread after %d shared",
+          n, fed);
+    infer_share faster = {0};
+    window_of(&faster, 0.5, 0.0001, NULL);
+    n = run_on_one(&faster, window_of(&faster, 0.5, 0.0001, NULL));
+    CHECK(n == SHARE_MAX, "the ratio's run is capped too: %d steps", n);
     /* The run length stops doubling at SHARE_MAX. */
     infer_share cap = {.backoff = SHARE_MAX, .trial = 1};
     window(&cap, 0.3);

@@ -7,6 +7,8 @@ typedef struct {
     int backoff;      /* length of the next run on one thread (0: SHARE_MIN) */
     int slow;         /* windows in a row that looked shared */
     int trial;        /* the full team is back on trial after a run on one thread */
+    int steps;        /* full-team decode steps in this window */
+    int slow_steps;   /* full-team decode steps in the shared windows in a row */
     double wall, cpu; /* this window's full-team decode steps: wall time, process CPU time */
 } infer_share;
 
@@ -19,6 +21,12 @@ typedef struct {
 #define SHARE_WINDOWS 2 /* shared windows in a row that send decode steps to one thread */
 #define SHARE_MIN 32    /* decode steps of the first run on one thread */
 #define SHARE_MAX 4096  /* the most, doubled at each trial that still looks shared */
+/* A run on one thread is at least this many times the full-team steps that the shared windows
+ * before it took: a fast model's steps are short, and SHARE_MIN steps of 15M (about 25 ms) after
+ * each 100 ms of full-team windows left most of the time to the trials, whose steps wait at every
+ * fork for a thread the other process holds (two 15M Q4_0 decoders, 2-vCPU Xeon: 0.64-0.75x of
+ * one alone between them). */
+#define SHARE_RATIO 8
 
 /* The team for the next step: 1 or full. decode: the step has at most one new id per sequence.
  * ignore: never fall back (TLM_SHARED_CORES=ignore). */
