@@ -15,7 +15,10 @@
 # per token; a tied head counts once).
 #
 # Usage: bash bench/quant/run.sh [THREADS="1 2"] [N=32] [REPS=2]
-#   env: LLAMA_BIN (default /work/llama.cpp/build/bin), MODELS ("15M 110M"), TYPES
+#   env: LLAMA_BIN (default /work/llama.cpp/build/bin; on CPUs with AMX, llama.cpp's native
+#        build crashes in its AMX kernels on this VM: build it with -mno-amx-tile -mno-amx-int8
+#        -mno-amx-bf16 in CMAKE_C_FLAGS and CMAKE_CXX_FLAGS, see bench/README.md), MODELS
+#        ("15M 110M"), TYPES
 #        ("F32 F16 BF16 Q8_0 Q4_0 Q4_K_M"), TLM (default build/tlm).
 # Each side runs with its defaults: tlm bench reads the model into 2 MiB pages (as tlm serve does;
 # TLM="build/tlm ... --mmap" wrappers time the mapped file), llama-bench maps it.
