@@ -145,12 +145,18 @@ static void check(tlm_dtype t, int in, int out, int N, int mode) {
     k_qgemm_forget(w, rb * out);
     CHECK(k_qgemm_cached_bytes(w, rb * out) == 0, "%s: forgotten", name);
     unsetenv("TLM_QCACHE");
-    if (k_simd_ok()) {
+    /* VNNI's micro-kernel, then AMX's int8 tiles where the CPU has them: both bit for bit */
+    for (int amx = 0; amx < 2 && k_simd_ok(); amx++) {
+        k_qgemm_amx_enable(amx);
+        if (amx && !k_qgemm_amx_int8_ok()) break;
         memset(y1, 0xFF, sizeof(float) * out * N);
-        CHECK(k_qgemm(y1, out, x, N, &tw, b, K_ISA_AVX512) == 0, "%s: AVX-512 product", name);
+        CHECK(k_qgemm(y1, out, x, N, &tw, b, K_ISA_AVX512) == 0, "%s: AVX-512 product (amx %d)",
+              name, amx);
         CHECK(!memcmp(y0, y1, sizeof(float) * out * N),
-              "%s in=%d out=%d N=%d mode %d: AVX-512 equals the reference", name, in, out, N, mode);
+              "%s in=%d out=%d N=%d mode %d amx %d: AVX-512 equals the reference", name, in, out, N,
+              mode, amx);
     }
+    k_qgemm_amx_enable(1);
     free(w);
     free(wf);
     free(x);
@@ -428,6 +434,8 @@ int main(void) {
         check(t, 256, 16, 130, 0);
         check(t, 256, 5, 13, 1);
         check(t, 256, 21, 11, 2);
+        /* an odd count of sub-blocks (AMX takes them two at a time) */
+        if (tlm_dtype_get(t)->block_elems == 32) check(t, 96, 19, 21, 0);
     }
     check_bf16(130, 13, 37);
     check_bf16(64, 8, 9);
@@ -436,7 +444,8 @@ int main(void) {
     check_bf16(2048, 9, 200); /* chunks of activation rows */
     check_bf16(200, 45, 300); /* AMX: a partial group of 32 weight rows, passes of 256 rows */
     check_bf16(32, 64, 32);   /* AMX: whole tiles only */
-    printf("BF16 on AMX tiles: %s\n", k_qgemm_amx_ok() ? "yes" : "no");
+    printf("BF16 on AMX tiles: %s; block types on AMX int8 tiles: %s\n",
+           k_qgemm_amx_ok() ? "yes" : "no", k_qgemm_amx_int8_ok() ? "yes" : "no");
     for (int f16 = 0; f16 < 2; f16++) {
         tlm_dtype t = f16 ? TLM_DTYPE_F16 : TLM_DTYPE_F32;
         check_fgemm(t, 768, 24, 128); /* whole 16 x 16 blocks and tiles */

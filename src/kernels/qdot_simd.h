@@ -13,6 +13,8 @@ int k_simd_cpu_bf16(void);
 int k_simd_cpu_amd(void);
 /* 1 if, besides AVX512_BF16, the CPU runs AMX's BF16 tiles and the OS let this process use them. */
 int k_simd_cpu_amx_bf16(void);
+/* 1 if the CPU runs AMX's int8 tiles and the OS let this process use them. */
+int k_simd_cpu_amx_int8(void);
 /* The type's version at that level, or NULL when it has none of its own. */
 k_vdot_fn k_simd_vdot(tlm_dtype t, int isa);
 /* The type's several-row version at that level (qdot.h), or NULL. */

@@ -17,7 +17,7 @@
 
 #include "simd_x86.h"
 
-static int cpu_level, cpu_bf16, cpu_amd, cpu_amx_bf16;
+static int cpu_level, cpu_bf16, cpu_amd, cpu_amx_bf16, cpu_amx_int8;
 static int f16_row_prefetch; /* fr5, below */
 static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
 
@@ -50,15 +50,17 @@ static void detect(void) {
             int avx2 = (b >> 5) & 1, f = (b >> 16) & 1, dq = (b >> 17) & 1, bw = (b >> 30) & 1,
                 vl = (b >> 31) & 1, vnni = (c >> 11) & 1;
             if (avx2) lvl = K_ISA_AVX2;
-            int amx_bf16 = (d >> 22) & 1, amx_tile = (d >> 24) & 1;
+            int amx_bf16 = (d >> 22) & 1, amx_tile = (d >> 24) & 1, amx_int8 = (d >> 25) & 1;
             if (f && dq && bw && vl && vnni && (x & 0xE0) == 0xE0) {
                 lvl = K_ISA_AVX512;
                 __cpuid_count(7, 1, a, b, c, d);
                 cpu_bf16 = (a >> 5) & 1;
                 /* AMX: the OS saves the tile state (XCR0 bits 17, 18) and lets this process use
                  * the tile data, which Linux grants only on request. */
-                cpu_amx_bf16 =
-                    cpu_bf16 && amx_bf16 && amx_tile && (x & 0x60000) == 0x60000 && amx_permit();
+                int tiles =
+                    amx_tile && (x & 0x60000) == 0x60000 && (amx_bf16 || amx_int8) && amx_permit();
+                cpu_amx_bf16 = tiles && cpu_bf16 && amx_bf16;
+                cpu_amx_int8 = tiles && amx_int8;
             }
         }
     }
@@ -84,6 +86,11 @@ int k_simd_cpu_amd(void) {
 int k_simd_cpu_amx_bf16(void) {
     pthread_once(&cpu_once, detect);
     return cpu_amx_bf16;
+}
+
+int k_simd_cpu_amx_int8(void) {
+    pthread_once(&cpu_once, detect);
+    return cpu_amx_int8;
 }
 
 /* ---- helpers -------------------------------------------------------------------------------- */
@@ -1516,6 +1523,7 @@ int k_simd_cpu_level(void) { return K_ISA_REF; }
 int k_simd_cpu_bf16(void) { return 0; }
 int k_simd_cpu_amd(void) { return 0; }
 int k_simd_cpu_amx_bf16(void) { return 0; }
+int k_simd_cpu_amx_int8(void) { return 0; }
 int k_simd_widen(tlm_dtype t, const void *src, float *dst, int n) {
     (void)t, (void)src, (void)dst, (void)n;
     return 0;

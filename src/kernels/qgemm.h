@@ -35,6 +35,9 @@ int k_qgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const
  * and not turned off by TLM_AMX=off in the environment or k_qgemm_amx_enable(0)); isa
  * K_ISA_AVX512 then means AMX for BF16 weights. */
 int k_qgemm_amx_ok(void);
+/* 1 if k_qgemm's block-type products run on AMX int8 tiles (amx-tile and amx-int8, the same
+ * switches); isa K_ISA_AVX512 then means AMX for them, with the same results bit for bit. */
+int k_qgemm_amx_int8_ok(void);
 /* Turns the AMX path on (where the CPU has it) or off, for tests and comparisons; call it while
  * no product runs. */
 void k_qgemm_amx_enable(int on);

@@ -12,6 +12,9 @@
 #define T5BF                                                                                       \
     __attribute__((                                                                                \
         target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,avx2,fma,f16c")))
+#define TAMXI                                                                                      \
+    __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,"  \
+                          "fma,f16c")))
 #define TAMX                                                                                       \
     __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,"       \
                           "avx512bf16,avx2,fma,f16c")))
