@@ -1361,30 +1361,30 @@ TAMXI static void amx_int8_rows(int n, int sub, const uint8_t *q, const float *s
     __m512 acc[16];
 #pragma GCC unroll 16
     for (int a = 0; a < 16; a++) acc[a] = _mm512_setzero_ps();
-    size_t b = 0;
-    for (; b + 2 <= nsb; b += 2) {
-        _tile_zero(0);
-        _tile_loadd(2, xq + b * sub, n);
-        _tile_loadd(4, q + b * sub * 16, 64);
-        _tile_dpbsud(0, 2, 4);
-        _tile_zero(1);
-        _tile_loadd(3, xq + (b + 1) * sub, n);
-        _tile_loadd(5, q + (b + 1) * sub * 16, 64);
-        _tile_dpbsud(1, 3, 5);
-        _tile_stored(0, ct[0], 64);
-        amx_int8_scale(ct[0], s + b * 16, m + b * 16, xd + b * sub / 32, nb32, xs + b, nsb, acc);
-        _tile_stored(1, ct[1], 64);
-        amx_int8_scale(ct[1], s + (b + 1) * 16, m + (b + 1) * 16, xd + (b + 1) * sub / 32, nb32,
-                       xs + b + 1, nsb, acc);
+        /* Sub-block b goes to tile b % 2; b + 1's tdpbsud is issued before b's sums are stored and
+         * scaled, so the two overlap (storing a tile right after its tdpbsud waited for it). */
+#define AMX_I8_DP(T, A, B, b)                                                                      \
+    do {                                                                                           \
+        _tile_zero(T);                                                                             \
+        _tile_loadd(A, xq + (b)*sub, n);                                                           \
+        _tile_loadd(B, q + (b)*sub * 16, 64);                                                      \
+        _tile_dpbsud(T, A, B);                                                                     \
+    } while (0)
+#define AMX_I8_SCALE(T, b)                                                                         \
+    do {                                                                                           \
+        _tile_stored(T, ct[T], 64);                                                                \
+        amx_int8_scale(ct[T], s + (b)*16, m + (b)*16, xd + (b)*sub / 32, nb32, xs + (b), nsb,      \
+                       acc);                                                                       \
+    } while (0)
+    AMX_I8_DP(0, 2, 4, 0);
+    for (size_t b = 0; b < nsb; b += 2) {
+        if (b + 1 < nsb) AMX_I8_DP(1, 3, 5, b + 1);
+        AMX_I8_SCALE(0, b);
+        if (b + 2 < nsb) AMX_I8_DP(0, 2, 4, b + 2);
+        if (b + 1 < nsb) AMX_I8_SCALE(1, b + 1);
     }
-    if (b < nsb) {
-        _tile_zero(0);
-        _tile_loadd(2, xq + b * sub, n);
-        _tile_loadd(4, q + b * sub * 16, 64);
-        _tile_dpbsud(0, 2, 4);
-        _tile_stored(0, ct[0], 64);
-        amx_int8_scale(ct[0], s + b * 16, m + b * 16, xd + b * sub / 32, nb32, xs + b, nsb, acc);
-    }
+#undef AMX_I8_DP
+#undef AMX_I8_SCALE
 #pragma GCC unroll 16
     for (int a = 0; a < 16; a++) _mm512_storeu_ps(out + 16 * a, acc[a]);
 }
