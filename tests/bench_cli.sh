@@ -18,7 +18,12 @@ M=$DATA/models/stories260K.bin
 out=$("$TLM" bench -m "$M" -p 16,32 -n 8 -b 1,3 -t 1,2 -r 2)
 expect "bench exits 0" test $? -eq 0
 # Per thread count: pp16, pp32, tg8 x batch 1, tg8 x batch 3 -> 8 rows plus 2 header lines.
-expect "8 result rows + header ($out)" test "$(printf '%s\n' "$out" | wc -l)" -eq 10
+expect "8 result rows + header ($out)" test "$(printf '%s\n' "$out" | grep -c '^|')" -eq 10
+# then, as llama-bench closes with its build, the instruction sets the kernels use
+expect "the kernels line" grep -qE '^kernels: (ref|avx2|avx512 vnni( bf16)?( amx-int8)?( amx-bf16)?)$' \
+  <<<"$out"
+expect "the kernels line follows TLM_ISA" grep -qx 'kernels: ref' \
+  <<<"$(TLM_ISA=ref "$TLM" bench -m "$M" -p 8 -n 0 -r 1)"
 expect "a pp32 row at 2 threads" grep -qE '\| +2 \| +1 \| +pp32 \| +[0-9.]+ ± [0-9.]+ \|' <<<"$out"
 expect "a batched tg8 row" grep -qE '\| +1 \| +3 \| +tg8 \|' <<<"$out"
 
@@ -33,6 +38,7 @@ assert pp["n_prompt"] == 8 and pp["n_gen"] == 0 and pp["n_batch_seqs"] == 1, pp
 assert tg["n_prompt"] == 0 and tg["n_gen"] == 4 and tg["n_batch_seqs"] == 2, tg
 for x in r:
     assert len(x["samples_ts"]) == 3 and all(v > 0 for v in x["samples_ts"]), x
+    assert x["cpu_kernels"].split()[0] in ("ref", "avx2", "avx512"), x
     assert abs(x["avg_ts"] - sum(x["samples_ts"]) / 3) <= 1e-6 * x["avg_ts"], x
     assert x["model_n_params"] > 200000 and x["model_size"] >= 4 * x["model_n_params"] - 4096, x
 PY

@@ -444,6 +444,17 @@ int main(void) {
     check_bf16(2048, 9, 200); /* chunks of activation rows */
     check_bf16(200, 45, 300); /* AMX: a partial group of 32 weight rows, passes of 256 rows */
     check_bf16(32, 64, 32);   /* AMX: whole tiles only */
+    /* tlm_cpu_kernels names what the products use, and follows the switches */
+    int top = k_isa() >= K_ISA_AVX512;
+    CHECK(!strstr(tlm_cpu_kernels(), "amx-int8") == !k_qgemm_amx_int8_ok() &&
+              !strstr(tlm_cpu_kernels(), "amx-bf16") == !k_qgemm_amx_ok() &&
+              !strstr(tlm_cpu_kernels(), " bf16") == !(top && k_qgemm_bf16_ok()),
+          "cpu kernels: %s", tlm_cpu_kernels());
+    k_qgemm_amx_enable(0);
+    CHECK(!strstr(tlm_cpu_kernels(), "amx"), "AMX off: %s", tlm_cpu_kernels());
+    k_qgemm_amx_enable(1);
+    CHECK(!strcmp(tlm_cpu_kernels(), "ref") == (k_isa() < K_ISA_AVX2), "ref: %s",
+          tlm_cpu_kernels());
     printf("BF16 on AMX tiles: %s; block types on AMX int8 tiles: %s\n",
            k_qgemm_amx_ok() ? "yes" : "no", k_qgemm_amx_int8_ok() ? "yes" : "no");
     for (int f16 = 0; f16 < 2; f16++) {

@@ -252,6 +252,7 @@ int cmd_bench(int argc, char **argv) {
                         cJSON_AddBoolToObject(o, "use_mmap", !read);
                         cJSON_AddNumberToObject(o, "n_prompt", kind ? 0 : n);
                         cJSON_AddNumberToObject(o, "n_gen", kind ? n : 0);
+                        cJSON_AddStringToObject(o, "cpu_kernels", tlm_cpu_kernels());
                         cJSON_AddNumberToObject(o, "avg_ts", mean);
                         cJSON_AddNumberToObject(o, "stddev_ts", sd);
                         cJSON *all = cJSON_AddArrayToObject(o, "samples_ts");
@@ -275,6 +276,8 @@ int cmd_bench(int argc, char **argv) {
         char *s = cJSON_Print(json);
         puts(s);
         free(s);
+    } else {
+        printf("\nkernels: %s\n", tlm_cpu_kernels()); /* as llama-bench's closing lines */
     }
     rc = 0;
 done:

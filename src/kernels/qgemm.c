@@ -996,6 +996,19 @@ static int k_qgemm_amx_ok_state(void) {
     return st;
 }
 
+const char *tlm_cpu_kernels(void) {
+    int isa = k_isa();
+    if (isa < K_ISA_AVX2) return "ref";
+    if (isa < K_ISA_AVX512) return "avx2";
+    int bf16 = k_qgemm_bf16_ok(), i8 = k_qgemm_amx_int8_ok(), b16 = k_qgemm_amx_ok();
+    static const char *names[2][2][2] = {
+        {{"avx512 vnni", "avx512 vnni amx-bf16"},
+         {"avx512 vnni amx-int8", "avx512 vnni amx-int8 amx-bf16"}},
+        {{"avx512 vnni bf16", "avx512 vnni bf16 amx-bf16"},
+         {"avx512 vnni bf16 amx-int8", "avx512 vnni bf16 amx-int8 amx-bf16"}}};
+    return names[bf16][i8][b16];
+}
+
 int k_qgemm_amx_ok(void) {
     return k_qgemm_amx_ok_state() && HAVE_AVX512 && k_simd_cpu_amx_bf16() &&
            k_isa() >= K_ISA_AVX512;
