@@ -55,8 +55,7 @@ static float widen_dot(tlm_dtype t, const uint8_t *w, const float *x, int in) {
  * rows' streams are followed well, so the block types go four rows at a time at every length.
  * F16 keeps one row past 512 columns on both (110M, Intel: 64 -> 58 at one thread, 116 -> 123
  * at two). */
-static int one_row_from(tlm_dtype t) {
-    int amd = k_cpu_amd();
+static int one_row_from(tlm_dtype t, int amd) {
     switch (t) {
     case TLM_DTYPE_Q8_0: return amd ? 512 : INT_MAX;
     case TLM_DTYPE_Q4_0:
@@ -210,7 +209,8 @@ void k_matvec_parts(float *y, int ldy, const float *x, int M, int in, const k_ma
         work += (long)parts[p].out;
         if (parts[p].dtype != TLM_DTYPE_F32) typed = 1;
     }
-    long typed_min = k_cpu_amd() ? K_TYPED_PAR_MIN_AMD : K_TYPED_PAR_MIN;
+    int amd = k_cpu_amd();
+    long typed_min = amd ? K_TYPED_PAR_MIN_AMD : K_TYPED_PAR_MIN;
     int par = work * M * in >= (typed ? typed_min : K_F32_PAR_MIN);
     /* The activation rows in each form the parts' types want, prepared once per kind. */
     size_t off[K_ACT_NONE], total = 0;
@@ -242,8 +242,9 @@ void k_matvec_parts(float *y, int ldy, const float *x, int M, int in, const k_ma
         k_act_kind kind = k_act_of(parts[p].dtype);
         dots[p] = k_vdot(parts[p].dtype);
         rdots[p] = k_vdot_rows(parts[p].dtype);
-        w4s[p] = M == 1 && ur == 4 && in < one_row_from(parts[p].dtype) ? k_vdot_w4(parts[p].dtype)
-                                                                        : NULL;
+        w4s[p] = M == 1 && ur == 4 && in < one_row_from(parts[p].dtype, amd)
+                     ? k_vdot_w4(parts[p].dtype)
+                     : NULL;
         /* Prefetching ahead pays (alternating runs, 2 threads, 768 columns): for the four-row
          * units of one sequence (110M Q4_0, 1 thread: 256 -> 302 tok/s with them, about 270
          * without; Q6_K rows: qdot_x86.c), and for F32 and F16 weights against more than
@@ -258,7 +259,7 @@ void k_matvec_parts(float *y, int ldy, const float *x, int M, int in, const k_ma
          * held the loads back (2-vCPU Xeon, 110M F32, tg64: 31.7-32.3 -> 36.1-37.0 tok/s at one
          * thread, 62-64 -> 70.7-71.3 at two; the block types lose a third without theirs, BF16
          * 5-10%). */
-        int f32_nopf = parts[p].dtype == TLM_DTYPE_F32 && !k_cpu_amd();
+        int f32_nopf = parts[p].dtype == TLM_DTYPE_F32 && !amd;
         pfs[p] = (w4s[p] && parts[p].row_bytes > 256 && !f32_nopf) || (M > 4 && kind == K_ACT_F32);
         /* The four-row kernels of the block types take that prefetch a share per step of their
          * loop (k_vdot_w4_fn's pf) rather than all the unit's lines at the start: alternating in

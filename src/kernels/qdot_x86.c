@@ -18,7 +18,6 @@
 #include "simd_x86.h"
 
 static int cpu_level, cpu_bf16, cpu_amd, cpu_amx_bf16, cpu_amx_int8;
-static int f16_row_prefetch; /* fr5, below */
 static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
 
 static uint64_t xcr0(void) {
@@ -65,7 +64,6 @@ static void detect(void) {
         }
     }
     cpu_level = lvl;
-    f16_row_prefetch = !cpu_amd;
 }
 
 int k_simd_cpu_level(void) {
@@ -643,7 +641,7 @@ T5 static inline AI void fr5(int n, const int M, float *s, const uint8_t *w, con
                              size_t xs, int f16) {
     __m512 a0[K_VDOT_MAX_ROWS], a1[K_VDOT_MAX_ROWS];
     for (int m = 0; m < M; m++) a0[m] = a1[m] = _mm512_setzero_ps();
-    int i = 0, pf = f16 && M == 1 && f16_row_prefetch;
+    int i = 0, pf = f16 && M == 1 && !cpu_amd;
     for (; i + 32 <= n; i += 32) {
         if (pf) _mm_prefetch((const char *)w + 2 * (size_t)i + F16_ROW_PREFETCH, _MM_HINT_T0);
         __m512 w0 = ld16_5(w, f16, i), w1 = ld16_5(w, f16, i + 16);

@@ -3,6 +3,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -986,7 +987,7 @@ static void bf16_blocks(void *ctx, long ba, long bb) {
  * column first; vdpbf16ps the odd one: results agree to rounding, not bit for bit). */
 static atomic_int amx_state = -1; /* -1: not read yet; 0: off; 1: on where the CPU has it */
 
-static int k_qgemm_amx_ok_state(void) {
+static int amx_switch(void) {
     int st = atomic_load_explicit(&amx_state, memory_order_relaxed);
     if (st < 0) {
         const char *e = getenv("TLM_AMX");
@@ -996,22 +997,8 @@ static int k_qgemm_amx_ok_state(void) {
     return st;
 }
 
-const char *tlm_cpu_kernels(void) {
-    int isa = k_isa();
-    if (isa < K_ISA_AVX2) return "ref";
-    if (isa < K_ISA_AVX512) return "avx2";
-    int bf16 = k_qgemm_bf16_ok(), i8 = k_qgemm_amx_int8_ok(), b16 = k_qgemm_amx_ok();
-    static const char *names[2][2][2] = {
-        {{"avx512 vnni", "avx512 vnni amx-bf16"},
-         {"avx512 vnni amx-int8", "avx512 vnni amx-int8 amx-bf16"}},
-        {{"avx512 vnni bf16", "avx512 vnni bf16 amx-bf16"},
-         {"avx512 vnni bf16 amx-int8", "avx512 vnni bf16 amx-int8 amx-bf16"}}};
-    return names[bf16][i8][b16];
-}
-
 int k_qgemm_amx_ok(void) {
-    return k_qgemm_amx_ok_state() && HAVE_AVX512 && k_simd_cpu_amx_bf16() &&
-           k_isa() >= K_ISA_AVX512;
+    return amx_switch() && HAVE_AVX512 && k_simd_cpu_amx_bf16() && k_isa() >= K_ISA_AVX512;
 }
 
 void k_qgemm_amx_enable(int on) {
@@ -1029,16 +1016,27 @@ typedef struct {
     uint8_t rows[16];
 } amx_config;
 
-/* Eight tiles of 16 rows x 64 bytes: 0-3 the sums, 4-5 activations, 6-7 weights. */
-TAMX static void amx_load_config(void) {
+/* Loads the calling thread's tile configuration: tile t has rows[t] rows of colsb[t] bytes. */
+TAMXI static void amx_config_load(const uint8_t rows[8], const uint16_t colsb[8]) {
     _Alignas(64) amx_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
     for (int t = 0; t < 8; t++) {
-        cfg.rows[t] = 16;
-        cfg.colsb[t] = 64;
+        cfg.rows[t] = rows[t];
+        cfg.colsb[t] = colsb[t];
     }
     _tile_loadconfig(&cfg);
+}
+
+/* Gives the tiles back at the end of a thread's share, so no thread keeps AMX state between
+ * products. */
+TAMXI static void amx_release(void) { _tile_release(); }
+
+/* Eight tiles of 16 rows x 64 bytes: 0-3 the sums, 4-5 activations, 6-7 weights. */
+static void amx_load_config(void) {
+    static const uint8_t rows[8] = {16, 16, 16, 16, 16, 16, 16, 16};
+    static const uint16_t colsb[8] = {64, 64, 64, 64, 64, 64, 64, 64};
+    amx_config_load(rows, colsb);
 }
 
 /* Weight rows r0 .. r0 + 31 (zero past the last row and past n) as nk steps of two tiles. */
@@ -1141,7 +1139,7 @@ TAMX static void amx_groups(void *ctx, long ga, long gb) {
         amx_pack(c->w, r0, nk, pb);
         amx_blocks(c->xa, c->lda, c->m0, c->m1, c->N, nk, pb, c->y, c->ldy, r0, R, c->b);
     }
-    _tile_release();
+    amx_release();
 }
 
 static int bf16_amx_gemm(float *y, int ldy, const float *x, int N, const tlm_weight *w,
@@ -1332,26 +1330,16 @@ int k_fgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const
  * 3517. The kernel's scaling loop must stay unrolled: with the 16 sums in memory it gained 5-12%.
  */
 int k_qgemm_amx_int8_ok(void) {
-    return k_qgemm_amx_ok_state() && HAVE_AVX512 && k_simd_cpu_amx_int8() &&
-           k_isa() >= K_ISA_AVX512;
+    return amx_switch() && HAVE_AVX512 && k_simd_cpu_amx_int8() && k_isa() >= K_ISA_AVX512;
 }
 
 #if HAVE_AVX512
 /* Tiles 0-1: sums (16 x 16 int32); 2-3: activations (16 x sub bytes); 4-5: weights (sub / 4 rows
  * of 64 bytes). */
-TAMXI static void amx_int8_config(int sub) {
-    _Alignas(64) amx_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 2; t++) {
-        cfg.rows[t] = 16;
-        cfg.colsb[t] = 64;
-        cfg.rows[2 + t] = 16;
-        cfg.colsb[2 + t] = (uint16_t)sub;
-        cfg.rows[4 + t] = (uint8_t)(sub / 4);
-        cfg.colsb[4 + t] = 64;
-    }
-    _tile_loadconfig(&cfg);
+static void amx_int8_config(int sub) {
+    const uint8_t rows[8] = {16, 16, 16, 16, (uint8_t)(sub / 4), (uint8_t)(sub / 4)};
+    const uint16_t colsb[8] = {64, 64, (uint16_t)sub, (uint16_t)sub, 64, 64};
+    amx_config_load(rows, colsb);
 }
 
 TAMXI static inline __attribute__((always_inline)) void
@@ -1402,8 +1390,6 @@ TAMXI static void amx_int8_rows(int n, int sub, const uint8_t *q, const float *s
     for (int a = 0; a < 16; a++) _mm512_storeu_ps(out + 16 * a, acc[a]);
 }
 
-TAMXI static void amx_int8_begin(int sub) { amx_int8_config(sub); }
-TAMXI static void amx_int8_end(void) { _tile_release(); }
 #endif
 
 typedef struct {
@@ -1428,12 +1414,17 @@ static void qg_groups(void *ctx, long g0, long g1) {
     const tlm_weight *w = c->w;
     int N = c->N, n = c->n, out = c->out, sub = c->sub, isa = c->isa;
     size_t nb32 = c->nb32, nsb = c->nsb;
+    /* AMX's kernel takes 16 activation rows (padded by k_qgemm), the VNNI one up to 8 */
+    int step = c->amx ? 16 : K_QG_ACTS;
+#if HAVE_AVX512
+    if (c->amx) amx_int8_config(sub);
+#endif
     for (long g = g0; g < g1; g++) {
         float *ps = c->cache ? (float *)(c->cache + (size_t)g * c->pack_bytes)
                              : k_scratch(0, c->pack_bytes);
         if (!ps) {
             atomic_store_explicit(&c->failed, 1, memory_order_relaxed);
-            return;
+            break;
         }
         float *pm = ps + nsb * K_QG_ROWS;
         uint8_t *pq = (uint8_t *)(pm + nsb * K_QG_ROWS);
@@ -1449,28 +1440,17 @@ static void qg_groups(void *ctx, long g0, long g1) {
             for (size_t at = 0; at < (size_t)next * w->row_bytes; at += 64)
                 __builtin_prefetch(nx + at, 0, 2);
         }
+        float tile[16 * K_QG_ROWS];
+        for (int a0 = 0; a0 < N; a0 += step) {
+            int na = N - a0 < step ? N - a0 : step;
+            const int8_t *xq = c->xq + (size_t)a0 * n;
+            const float *xd = c->xd + (size_t)a0 * nb32, *xs = c->xs + (size_t)a0 * nsb;
 #if HAVE_AVX512
-        if (c->amx) {
-            if (g == g0) amx_int8_begin(sub);
-            float t16[16 * K_QG_ROWS];
-            for (int a0 = 0; a0 < N; a0 += 16) {
-                amx_int8_rows(n, sub, pq, ps, pm, c->xq + (size_t)a0 * n, c->xd + (size_t)a0 * nb32,
-                              c->xs + (size_t)a0 * nsb, t16);
-                for (int a = 0; a < 16 && a0 + a < N; a++) {
-                    float *yr = c->y + (size_t)(a0 + a) * c->ldy + r0;
-                    for (int r = 0; r < nr; r++)
-                        yr[r] = t16[a * K_QG_ROWS + r] + (c->b ? c->b[r0 + r] : 0.0f);
-                }
-            }
-            if (g + 1 == g1) amx_int8_end();
-            continue;
-        }
+            if (c->amx)
+                amx_int8_rows(n, sub, pq, ps, pm, xq, xd, xs, tile);
+            else
 #endif
-        float tile[K_QG_ACTS * K_QG_ROWS];
-        for (int a0 = 0; a0 < N; a0 += K_QG_ACTS) {
-            int na = N - a0 < K_QG_ACTS ? N - a0 : K_QG_ACTS;
-            k_qgemm_micro(isa, n, sub, pq, ps, pm, c->xq + (size_t)a0 * n,
-                          c->xd + (size_t)a0 * nb32, c->xs + (size_t)a0 * nsb, na, tile);
+                k_qgemm_micro(isa, n, sub, pq, ps, pm, xq, xd, xs, na, tile);
             for (int a = 0; a < na; a++) {
                 float *yr = c->y + (size_t)(a0 + a) * c->ldy + r0;
                 for (int r = 0; r < nr; r++)
@@ -1478,6 +1458,9 @@ static void qg_groups(void *ctx, long g0, long g1) {
             }
         }
     }
+#if HAVE_AVX512
+    if (c->amx) amx_release();
+#endif
 }
 
 int k_qgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const float *b,
@@ -1510,4 +1493,14 @@ int k_qgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const
     k_team_units((out + K_QG_ROWS - 1) / K_QG_ROWS, (long)N * out >= K_PAR_MIN / 16, 1, qg_groups,
                  &c);
     return atomic_load_explicit(&c.failed, memory_order_relaxed) ? -1 : 0;
+}
+
+const char *tlm_cpu_kernels(void) {
+    int isa = k_isa();
+    if (isa < K_ISA_AVX2) return "ref";
+    if (isa < K_ISA_AVX512) return "avx2";
+    static _Thread_local char name[64];
+    snprintf(name, sizeof name, "avx512 vnni%s%s%s", k_qgemm_bf16_ok() ? " bf16" : "",
+             k_qgemm_amx_int8_ok() ? " amx-int8" : "", k_qgemm_amx_ok() ? " amx-bf16" : "");
+    return name;
 }
