@@ -540,6 +540,65 @@ static void check_linear(tlm_dtype t, int in, int out) {
     free(b);
 }
 
+/* An x whose product with scale s rounds, as a float, to exactly k + 0.5 while the exact product
+ * is not k + 0.5 (where one exists near (k + 0.5) / s): a quantizer that skips the product's
+ * rounding (a fused multiply-add into the rounding step) lands on the other side of the tie. */
+static float half_step(int k, float s) {
+    float t = (float)k + 0.5f, x0 = t / s, x = x0;
+    for (int d = 0; d < 16; d++) {
+        volatile float p = x * s; /* rounded to a float, whatever the build contracts */
+        if (p == t && (double)x * s != (double)t) return x;
+        x = d % 2 ? nextafterf(x0, INFINITY) : nextafterf(x0, -INFINITY);
+        for (int e = 0; e < d / 2; e++)
+            x = d % 2 ? nextafterf(x, INFINITY) : nextafterf(x, -INFINITY);
+    }
+    return x0;
+}
+
+/* k_act_quantize (the vector version where this CPU has one) against k_act_quantize_ref, byte for
+ * byte over the whole row (blocks, scales, the kernels' rearranged copies), on rows of n elements:
+ * random, with zero blocks, with ties half-way between two steps, with the largest element first
+ * negative then positive at equal magnitude, at the extremes of float, and at products that round
+ * to exact ties (half_step; Q8_K's scale is the negative of Q8_0's, so there too). */
+static void check_act_quantize(k_act_kind kind, int n) {
+    tlm_dtype t = kind == K_ACT_Q8_0   ? TLM_DTYPE_Q8_0
+                  : kind == K_ACT_Q8_K ? TLM_DTYPE_Q6_K
+                                       : TLM_DTYPE_BF16;
+    size_t rb = k_act_row_bytes(t, n);
+    float *x = malloc((size_t)n * sizeof(float));
+    uint8_t *a = malloc(rb), *b = malloc(rb);
+    for (int mode = 0; mode < 7; mode++) {
+        for (int i = 0; i < n; i++) {
+            float u = t_unif() * 4;
+            switch (mode) {
+            case 0: x[i] = u; break;
+            case 1: x[i] = (i / 32) % 3 == 1 ? 0.0f : u; break; /* whole zero blocks */
+            case 2: x[i] = i % 32 == 0 ? 127.0f : (float)(i % 7) - 3.5f; break; /* ties */
+            case 3: x[i] = i % 64 == 5 ? -8.0f : i % 64 == 9 ? 8.0f : u; break;
+            case 4: x[i] = i % 3 ? 3e38f * (u > 0 ? 1 : -1) : 1e-38f * u; break;
+            case 5: x[i] = i % 5 ? 1e-40f * u : -1e-30f; break; /* subnormals, tiny scales */
+            default: x[i] = i % 32 ? half_step(i % 100 - 50, 127.0f / 100.3f) : 100.3f; break;
+            }
+        }
+        if (kind == K_ACT_BF16 && n > 3) {
+            uint32_t nan = 0x7fa00001u, inf = 0x7f800000u;
+            memcpy(&x[1], &nan, 4);
+            memcpy(&x[2], &inf, 4);
+        }
+        memset(a, 0xA5, rb);
+        memset(b, 0xA5, rb);
+        k_act_quantize(kind, x, a, n);
+        k_act_quantize_ref(kind, x, b, n);
+        size_t at = 0;
+        while (at < rb && a[at] == b[at]) at++;
+        CHECK(at == rb, "activation kind %d n=%d mode %d: byte %zu of %zu differs (%02x vs %02x)",
+              kind, n, mode, at, rb, at < rb ? a[at] : 0, at < rb ? b[at] : 0);
+    }
+    free(x);
+    free(a);
+    free(b);
+}
+
 int main(void) {
     tlm_set_threads(2); /* also keeps OpenBLAS's team within OMP_THREAD_LIMIT (make tsan) */
     printf("vector instruction set: %d\n", k_isa());
@@ -571,6 +630,11 @@ int main(void) {
     check_matvec_teams(TLM_DTYPE_F32, 1);
     check_matvec_teams(TLM_DTYPE_F32, 3);
     check_team();
+    const int qn[] = {32, 96, 128, 256, 288, 768, 2048}, kn[] = {256, 512, 768, 2048},
+              bn[] = {16, 17, 768, 33};
+    for (int i = 0; i < 7; i++) check_act_quantize(K_ACT_Q8_0, qn[i]);
+    for (int i = 0; i < 4; i++) check_act_quantize(K_ACT_Q8_K, kn[i]);
+    for (int i = 0; i < 4; i++) check_act_quantize(K_ACT_BF16, bn[i]);
     CHECK(!k_linear_takes(TLM_DTYPE_I32), "integers are not weights");
     if (k_isa() >= K_ISA_AVX512) {
         const tlm_dtype w4t[] = {TLM_DTYPE_F32,  TLM_DTYPE_F16,  TLM_DTYPE_Q8_0, TLM_DTYPE_Q4_0,

@@ -68,6 +68,9 @@ static inline const int8_t *k_act_q8_k_nib(const void *xq, int n) {
 size_t k_act_row_bytes(tlm_dtype t, int n);
 /* x[n] to the activation form the type wants (n a whole number of its blocks). */
 void k_act_quantize(k_act_kind kind, const float *x, void *xq, int n);
+/* The same in plain C, which the vector version (AVX-512, chosen as the dot products are) matches
+ * byte for byte. */
+void k_act_quantize_ref(k_act_kind kind, const float *x, void *xq, int n);
 /* The best instruction set this CPU runs (TLM_ISA=ref|avx2|avx512 caps it, for comparisons). */
 int k_isa(void);
 /* 1 on AMD's x86 CPUs (cpuid's vendor), for choices that measured differently there. */
