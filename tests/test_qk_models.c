@@ -16,6 +16,7 @@
 #include "io/gguf.h"
 #include "kernels/qdot.h"
 #include "kernels/qgemm.h"
+#include "model/block.h"
 
 #define NODE_DIR TLM_SOURCE_DIR "/tests/node"
 #define GGML_LIB NODE_DIR "/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64/libggml-base.so"
@@ -338,6 +339,72 @@ static void test_types(void) {
     remove("qk_model_f32.gguf");
 }
 
+/* Decode steps with the q|k|v product and attention in one job per layer (block.c's qkv_attend)
+ * give the logits of the two apart bit for bit: F32 and block-type weights, grouped-query heads (8
+ * q heads on 4 kv heads), two threads, one sequence and several decoded together. */
+static void decode_both(const tlm_model *m, int B, int steps, float *out) {
+    tlm_session *s = NULL;
+    CHECK_OK(tlm_session_new(m, B, 64, &s));
+    if (!s) return;
+    int V = tlm_model_config(m)->vocab_size;
+    int32_t ids[4];
+    for (int k = 0; k < steps; k++) {
+        for (int b = 0; b < B; b++) ids[b] = (int32_t)((k * 31 + b * 7 + 3) % V);
+        CHECK_OK(tlm_decode(s, ids, NULL, out + (size_t)k * B * V));
+    }
+    tlm_session_free(s);
+}
+
+static void test_fused_attend(void) {
+    tlm_config c;
+    tlm_config_default(&c);
+    c.vocab_size = 300;
+    c.context_length = 64;
+    c.d_model = 512; /* q|k|v 1024 x 512: shared among threads on any CPU (matvec.c) */
+    c.n_layers = 2;
+    c.n_heads = 8;
+    c.n_kv_heads = 4;
+    c.d_ff = 512;
+    tlm_model *m = NULL;
+    CHECK_OK(tlm_model_create(&c, &m));
+    if (!m) return;
+    CHECK_OK(tlm_model_init(m, 11, TLM_INIT_DEFAULT));
+    CHECK_OK(tlm_model_save_gguf(m, NULL, "qk_fused_f32.gguf", TLM_DTYPE_F32));
+    tlm_model_free(m);
+    const tlm_dtype types[] = {TLM_DTYPE_F32, TLM_DTYPE_Q4_0, TLM_DTYPE_Q6_K};
+    for (int i = 0; i < 3; i++) {
+        char path[64];
+        snprintf(path, sizeof path, "qk_fused_%s.gguf", tlm_dtype_name(types[i]));
+        if (types[i] != TLM_DTYPE_F32)
+            CHECK(quantize_file("qk_fused_f32.gguf", path, types[i]), "%s written", path);
+        tlm_model *q = NULL;
+        CHECK_OK(tlm_model_load(types[i] == TLM_DTYPE_F32 ? "qk_fused_f32.gguf" : path, &q));
+        if (!q) continue;
+        /* F32 rows go to the matrix-vector path up to two at a time (linear.c) */
+        int Bs[2] = {1, types[i] == TLM_DTYPE_F32 ? 2 : 3};
+        for (int bi = 0; bi < 2; bi++) {
+            int B = Bs[bi];
+            int steps = 9;
+            size_t n = (size_t)steps * B * c.vocab_size;
+            float *a = malloc(n * sizeof(float)), *b = malloc(n * sizeof(float));
+            long runs = tlm_block_fused_runs();
+            decode_both(q, B, steps, a);
+            CHECK(tlm_block_fused_runs() - runs == (long)steps * c.n_layers,
+                  "%s B=%d: %ld fused layers of %d", path, B, tlm_block_fused_runs() - runs,
+                  steps * c.n_layers);
+            tlm_block_fuse_attend(0);
+            decode_both(q, B, steps, b);
+            tlm_block_fuse_attend(1);
+            CHECK(!memcmp(a, b, n * sizeof(float)), "%s B=%d: fused decode = apart", path, B);
+            free(a);
+            free(b);
+        }
+        tlm_model_free(q);
+        if (types[i] != TLM_DTYPE_F32) remove(path);
+    }
+    remove("qk_fused_f32.gguf");
+}
+
 /* stories260K in Q8_0: tlm's greedy continuation (prefill, then decode steps) is llama.cpp's. */
 static void test_stories_q8_0(const char *dir) {
     const char *q8 = TLM_BUILD_DIR "/qk_stories260K_q8_0.gguf";
@@ -398,6 +465,7 @@ int main(void) {
     CHECK(quantize_chunk != NULL, "ggml_quantize_chunk in %s", GGML_LIB);
     if (quantize_chunk) {
         test_types();
+        test_fused_attend();
         const char *dir = t_require_shared_data();
         if (dir) test_stories_q8_0(dir);
     }

@@ -452,12 +452,34 @@ static void cache_attend_mixed(void *user, int l, float *qkv, int ld, float *att
         attend_prefill(s, l, s->seg_b[g], s->row_pos[s->seg_r0[g]], s->seg_n[g], s->seg_r0[g]);
 }
 
+/* tlm_attend's fwd_group for a step of single rows: kv head g's keys and values of every row
+ * stored, then its q heads attended, on the calling thread (a unit of the block's job). */
+static void cache_attend_group(void *user, int l, float *qkv, int ld, float *att, int N, int g) {
+    (void)att;
+    tlm_session *s = user;
+    const tlm_config *c = &s->m->c;
+    int H = c->n_heads, group = H / c->n_kv_heads;
+    store_ctx x = {s, qkv, l, ld, N};
+    store_heads(&x, 2L * g, 2L * g + 2);
+    attend_ctx a = {s, l};
+    for (int r = 0; r < N; r++)
+        decode_tasks(&a, (long)r * H + (long)g * group, (long)r * H + (long)(g + 1) * group);
+}
+
 /* Runs the N rows (ids, with row_seq/row_pos filled) through every block; the final residual
  * stream is left in s->x. The block works in place on the scratch rows. */
 static void blocks(tlm_session *s, const int32_t *ids, int N, int prefill) {
     const tlm_model *m = s->m;
-    tlm_pass p = {N,   s->row_pos, 0,
-                  0,   0,          {prefill ? cache_attend_prefill : cache_attend_mixed, NULL, s},
+    /* A step of single new rows only (no prompt runs) attends head by head in the q|k|v product's
+     * job (tlm_attend's fwd_group). */
+    int single = !prefill && s->n_segs == 0;
+    tlm_pass p = {N,
+                  s->row_pos,
+                  0,
+                  0,
+                  0,
+                  {prefill ? cache_attend_prefill : cache_attend_mixed, NULL, s,
+                   single ? cache_attend_group : NULL},
                   NULL};
     tlm_embed_fwd(m, &p, ids, s->x);
     int pre = m->c.norm_position == TLM_NORM_PRE;

@@ -106,8 +106,9 @@ static int float_rows_matvec(int N, int f16) {
     return f16 ? N <= 5 || (N >= 9 && N <= 10) : N <= 2;
 }
 
-void k_linear_parts(float *y, int ldy, const float *x, int N, const tlm_weight *const *w,
-                    const float *const *b, int n, const tlm_weight *fused) {
+int k_linear_parts_plan(k_matvec_plan *pl, float *y, int ldy, const float *x, int N,
+                        const tlm_weight *const *w, const float *const *b, int n,
+                        const tlm_weight *fused) {
     int in = (int)w[0]->cols, split;
     const float *fb = stacked_bias(w, b, n, &split);
     int floats = 1, f16 = 0;
@@ -115,20 +116,30 @@ void k_linear_parts(float *y, int ldy, const float *x, int N, const tlm_weight *
         if (w[i]->dtype != TLM_DTYPE_F32 && w[i]->dtype != TLM_DTYPE_F16) floats = 0;
         if (w[i]->dtype == TLM_DTYPE_F16) f16 = 1;
     }
-    if (floats ? float_rows_matvec(N, f16) : N <= K_MATVEC_MAX_ROWS) {
-        k_matvec_part parts[K_LINEAR_MAX_PARTS];
-        int np = 0, col = 0;
-        if (fused && !split) {
-            parts[np++] = (k_matvec_part){fused->data,      fb,           (int)fused->rows,
-                                          fused->row_bytes, fused->dtype, 0};
-        } else {
-            for (int i = 0; i < n && np < K_LINEAR_MAX_PARTS; i++) {
-                parts[np++] = (k_matvec_part){w[i]->data,      b ? b[i] : NULL, (int)w[i]->rows,
-                                              w[i]->row_bytes, w[i]->dtype,     col};
-                col += (int)w[i]->rows;
-            }
+    if (!(floats ? float_rows_matvec(N, f16) : N <= K_MATVEC_MAX_ROWS)) return 0;
+    k_matvec_part parts[K_LINEAR_MAX_PARTS];
+    int np = 0, col = 0;
+    if (fused && !split) {
+        parts[np++] =
+            (k_matvec_part){fused->data, fb, (int)fused->rows, fused->row_bytes, fused->dtype, 0};
+    } else {
+        for (int i = 0; i < n && np < K_LINEAR_MAX_PARTS; i++) {
+            parts[np++] = (k_matvec_part){w[i]->data,      b ? b[i] : NULL, (int)w[i]->rows,
+                                          w[i]->row_bytes, w[i]->dtype,     col};
+            col += (int)w[i]->rows;
         }
-        k_matvec_parts(y, ldy, x, N, in, parts, np);
+    }
+    k_matvec_plan_init(pl, y, ldy, x, N, in, parts, np);
+    return 1;
+}
+
+void k_linear_parts(float *y, int ldy, const float *x, int N, const tlm_weight *const *w,
+                    const float *const *b, int n, const tlm_weight *fused) {
+    int split;
+    const float *fb = stacked_bias(w, b, n, &split);
+    k_matvec_plan pl;
+    if (k_linear_parts_plan(&pl, y, ldy, x, N, w, b, n, fused)) {
+        k_matvec_plan_run(&pl);
         return;
     }
     if (fused && !split) {

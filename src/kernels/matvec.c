@@ -72,30 +72,13 @@ static int one_row_from(tlm_dtype t, int amd) {
     }
 }
 
-/* k_matvec_parts's arguments and per-part choices, for mv_units. */
-typedef struct {
-    float *y;
-    int ldy;
-    const float *x;
-    int M, in, ur;
-    const k_matvec_part *parts;
-    const long *first;
-    k_vdot_rows3_fn *r3s;
-    k_vdot_w4_fn *w4s;
-    int *pfs, *spreads;
-    k_vdot_fn *dots;
-    k_vdot_rows_fn *rdots;
-    const uint8_t **acts;
-    size_t *rbs;
-} mv_ctx;
-
 /* The lines of [p, p + bytes) asked for at once (a unit after next, k_matvec_parts). */
 static inline void prefetch_lines(const char *p, size_t bytes) {
     for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
 }
 
 /* Units u0 .. u1 - 1 of ur output rows, numbered across the parts. */
-static void mv_units(const mv_ctx *c, long u0, long u1) {
+static void mv_units(const k_matvec_plan *c, long u0, long u1) {
     float *y = c->y;
     int ldy = c->ldy, M = c->M, in = c->in, ur = c->ur;
     const float *x = c->x;
@@ -183,15 +166,15 @@ static void mv_units(const mv_ctx *c, long u0, long u1) {
 
 static void mv_units_fn(void *c, long u0, long u1) { mv_units(c, u0, u1); }
 
-void k_matvec_parts(float *y, int ldy, const float *x, int M, int in, const k_matvec_part *parts,
-                    int n) {
+void k_matvec_plan_init(k_matvec_plan *pl, float *y, int ldy, const float *x, int M, int in,
+                        const k_matvec_part *parts, int n) {
     /* Past K_VDOT_MAX_ROWS activation rows (which then no longer fit in L1), F32 and F16 weights
      * go three rows at a time through k_vdot_rows3, which loads each activation vector once for
      * the three (110M F32, 16 rows from memory: 1.2-1.35x one row at a time); F32 past four rows
      * already (768 x 2048, 5-8 rows, 2 threads, alternating: 10% less time; F16 within noise). */
-    k_vdot_rows3_fn r3s[K_LINEAR_MAX_PARTS];
-    k_vdot_w4_fn w4s[K_LINEAR_MAX_PARTS];
-    int pfs[K_LINEAR_MAX_PARTS], spreads[K_LINEAR_MAX_PARTS];
+    k_vdot_rows3_fn *r3s = pl->r3s;
+    k_vdot_w4_fn *w4s = pl->w4s;
+    int *pfs = pl->pfs, *spreads = pl->spreads;
     int all_f32 = 1;
     for (int p = 0; p < n; p++) all_f32 &= parts[p].dtype == TLM_DTYPE_F32;
     int ur = M > (all_f32 ? 4 : K_VDOT_MAX_ROWS) ? 3 : 4;
@@ -201,7 +184,7 @@ void k_matvec_parts(float *y, int ldy, const float *x, int M, int in, const k_ma
     }
     /* Units of ur output rows, numbered across the parts, so that one parallel region covers
      * every part (q, k and v of one layer), not one region each. */
-    long first[K_LINEAR_MAX_PARTS + 1], work = 0;
+    long *first = pl->first, work = 0;
     int typed = 0;
     first[0] = 0;
     for (int p = 0; p < n; p++) {
@@ -234,10 +217,10 @@ void k_matvec_parts(float *y, int ldy, const float *x, int M, int in, const k_ma
         }
     }
     /* What each part's rows need, worked out once here rather than per unit or per row. */
-    k_vdot_fn dots[K_LINEAR_MAX_PARTS];
-    k_vdot_rows_fn rdots[K_LINEAR_MAX_PARTS];
-    const uint8_t *acts[K_LINEAR_MAX_PARTS];
-    size_t rbs[K_LINEAR_MAX_PARTS];
+    k_vdot_fn *dots = pl->dots;
+    k_vdot_rows_fn *rdots = pl->rdots;
+    const uint8_t **acts = pl->acts;
+    size_t *rbs = pl->rbs;
     for (int p = 0; p < n; p++) {
         k_act_kind kind = k_act_of(parts[p].dtype);
         dots[p] = k_vdot(parts[p].dtype);
@@ -271,7 +254,40 @@ void k_matvec_parts(float *y, int ldy, const float *x, int M, int in, const k_ma
         acts[p] = kind == K_ACT_F32 ? (const uint8_t *)x : act ? act + off[kind] : NULL;
         if (kind == K_ACT_F32) rbs[p] = (size_t)in * sizeof(float);
     }
-    long units = first[n];
-    mv_ctx c = {y, ldy, x, M, in, ur, parts, first, r3s, w4s, pfs, spreads, dots, rdots, acts, rbs};
-    k_team_units(units, par, 0, mv_units_fn, &c);
+    pl->y = y, pl->ldy = ldy, pl->x = x, pl->M = M, pl->in = in, pl->n = n, pl->ur = ur;
+    pl->par = par;
+    pl->units = first[n];
+    for (int p = 0; p < n; p++) pl->parts[p] = parts[p];
+}
+
+void k_matvec_plan_run(const k_matvec_plan *pl) {
+    k_team_units(pl->units, pl->par, 0, mv_units_fn, (void *)(uintptr_t)pl);
+}
+
+void k_matvec_plan_rows(const k_matvec_plan *pl, int p, int r0, int r1) {
+    if (r1 <= r0) return;
+    mv_units(pl, pl->first[p] + r0 / pl->ur, pl->first[p] + (r1 + pl->ur - 1) / pl->ur);
+}
+
+int k_matvec_plan_cols(const k_matvec_plan *pl, int c0, int c1) {
+    int ur = pl->ur;
+    for (int p = 0; p < pl->n; p++) {
+        const k_matvec_part *P = &pl->parts[p];
+        int a = c0 > P->col ? c0 - P->col : 0, b = c1 - P->col < P->out ? c1 - P->col : P->out;
+        if (a >= b) continue;
+        if (a % ur || (b % ur && b != P->out)) return 0;
+    }
+    for (int p = 0; p < pl->n; p++) {
+        const k_matvec_part *P = &pl->parts[p];
+        int a = c0 > P->col ? c0 - P->col : 0, b = c1 - P->col < P->out ? c1 - P->col : P->out;
+        if (a < b) k_matvec_plan_rows(pl, p, a, b);
+    }
+    return 1;
+}
+
+void k_matvec_parts(float *y, int ldy, const float *x, int M, int in, const k_matvec_part *parts,
+                    int n) {
+    k_matvec_plan pl;
+    k_matvec_plan_init(&pl, y, ldy, x, M, in, parts, n);
+    k_matvec_plan_run(&pl);
 }

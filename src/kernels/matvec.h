@@ -15,6 +15,8 @@
 #define K_MATVEC_MAX_ROWS 8
 #define K_MATVEC_MAX_ROWS_FLOAT 16
 
+#include "kernels.h"
+#include "qdot.h"
 #include "tlm.h"
 
 /* One weight [out, in] of a k_matvec_parts call, in any type k_linear_takes, and where its
@@ -34,5 +36,43 @@ typedef struct {
  * quantized once per call, before the region. */
 void k_matvec_parts(float *y, int ldy, const float *x, int M, int in, const k_matvec_part *parts,
                     int n);
+
+/* The same product prepared once (k_matvec_plan_init: x quantized as the parts want it, each part's
+ * kernels chosen) and then run whole (k_matvec_plan_run) or by ranges of a part's output rows from
+ * any thread (k_matvec_plan_rows): decode's q|k|v product computes each head's rows in the job that
+ * then attends with them (block.c). The quantized rows live in the preparing thread's scratch
+ * (k_scratch slot 0) until its next product. */
+typedef struct {
+    float *y;
+    int ldy;
+    const float *x;
+    int M, in, n;
+    int ur;  /* output rows per unit of work */
+    int par; /* large enough to share among threads */
+    long units;
+    k_matvec_part parts[K_LINEAR_MAX_PARTS];
+    long first[K_LINEAR_MAX_PARTS + 1]; /* parts' first units */
+    k_vdot_rows3_fn r3s[K_LINEAR_MAX_PARTS];
+    k_vdot_w4_fn w4s[K_LINEAR_MAX_PARTS];
+    int pfs[K_LINEAR_MAX_PARTS], spreads[K_LINEAR_MAX_PARTS];
+    k_vdot_fn dots[K_LINEAR_MAX_PARTS];
+    k_vdot_rows_fn rdots[K_LINEAR_MAX_PARTS];
+    const uint8_t *acts[K_LINEAR_MAX_PARTS];
+    size_t rbs[K_LINEAR_MAX_PARTS];
+} k_matvec_plan;
+
+void k_matvec_plan_init(k_matvec_plan *pl, float *y, int ldy, const float *x, int M, int in,
+                        const k_matvec_part *parts, int n);
+void k_matvec_plan_run(const k_matvec_plan *pl);
+/* Output rows [r0, r1) of part p; r0 a multiple of pl->ur, r1 one too or the part's end. */
+void k_matvec_plan_rows(const k_matvec_plan *pl, int p, int r0, int r1);
+/* Output columns [c0, c1) of y, across parts; 0 (nothing run) where a part's rows there do not
+ * start or end on a unit of pl->ur rows. */
+int k_matvec_plan_cols(const k_matvec_plan *pl, int c0, int c1);
+/* k_linear_parts's product as a plan where it takes the matrix-vector path (a decode step's few
+ * rows): 1 with *pl ready; 0 where it goes another way (sgemm, the 8-bit GEMM). */
+int k_linear_parts_plan(k_matvec_plan *pl, float *y, int ldy, const float *x, int N,
+                        const tlm_weight *const *w, const float *const *b, int n,
+                        const tlm_weight *fused);
 
 #endif

@@ -83,7 +83,9 @@ int k_team_pool(int on) {
     return was;
 }
 
-int k_team_pooled(void) { return g_use_pool; }
+/* Inside a job of the pool too (its threads, and the caller while it runs its share): work there
+ * stays on its thread. */
+int k_team_pooled(void) { return g_use_pool || g_team_id >= 0; }
 
 int k_team_thread(void) { return g_team_id >= 0 ? g_team_id : omp_get_thread_num(); }
 

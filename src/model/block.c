@@ -1,8 +1,11 @@
 /* One transformer block over rows, forward and backward side by side, sub-layer by sub-layer. */
+#include <omp.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "core/dtype.h"
 #include "kernels/kernels.h"
+#include "kernels/matvec.h"
 #include "model/block.h"
 
 int tlm_qkv_width(const tlm_config *c) {
@@ -140,6 +143,70 @@ static void rope(const tlm_model *m, const tlm_pass *p, float *qkv, int ld, int 
     f(qkv + c->n_heads * hd, ld, p->N, p->pos, c->n_kv_heads, hd, m->rope_cos, m->rope_sin, il);
 }
 
+/* Decode's q|k|v product and attention in one job of kv heads (tlm_attend's fwd_group): each
+ * unit computes its kv head's rows of q, k and v, rotates them and attends, so the attention runs
+ * on every thread of the product and the threads meet once instead of twice. The same kernels on
+ * the same rows as the product alone, so the same numbers bit for bit. */
+typedef struct {
+    const tlm_model *m;
+    const tlm_pass *p;
+    const tlm_block_bufs *b;
+    const k_matvec_plan *pl;
+    int l, ld;
+} qkv_attend_ctx;
+
+static void qkv_attend_units(void *ctx, long g0, long g1) {
+    const qkv_attend_ctx *x = ctx;
+    const tlm_config *c = &x->m->c;
+    int hd = c->d_model / c->n_heads, group = c->n_heads / c->n_kv_heads, qw = c->n_heads * hd;
+    int kw = c->n_kv_heads * hd, il = c->rope_pairing == TLM_ROPE_INTERLEAVED;
+    for (long gl = g0; gl < g1; gl++) {
+        int g = (int)gl;
+        k_matvec_plan_cols(x->pl, g * group * hd, (g + 1) * group * hd);
+        k_matvec_plan_cols(x->pl, qw + g * hd, qw + (g + 1) * hd);
+        k_matvec_plan_cols(x->pl, qw + kw + g * hd, qw + kw + (g + 1) * hd);
+        float *qkv = x->b->qkv;
+        if (c->position == TLM_POS_ROPE) {
+            k_rope_fwd(qkv + (size_t)g * group * hd, x->ld, x->p->N, x->p->pos, group, hd,
+                       x->m->rope_cos, x->m->rope_sin, il);
+            k_rope_fwd(qkv + qw + (size_t)g * hd, x->ld, x->p->N, x->p->pos, 1, hd, x->m->rope_cos,
+                       x->m->rope_sin, il);
+        }
+        x->p->attend.fwd_group(x->p->attend.user, x->l, qkv, x->ld, x->b->att, x->p->N, g);
+    }
+}
+
+static _Atomic int g_fuse = 1;
+static _Atomic long g_fused;
+
+int tlm_block_fuse_attend(int on) { return atomic_exchange(&g_fuse, on); }
+long tlm_block_fused_runs(void) { return atomic_load_explicit(&g_fused, memory_order_relaxed); }
+
+/* 1 where the fused job ran; 0 where the product takes another path or a head's rows do not fall
+ * on the product's units (then nothing was computed). */
+static int qkv_attend(const tlm_model *m, int l, const tlm_pass *p, const tlm_block_bufs *b,
+                      const float *in, const tlm_weight *const *w, const float *const *bias) {
+    const tlm_config *c = &m->c;
+    const tlm_layer_weights *W = &m->lw[l];
+    int ld = tlm_qkv_width(c), hd = c->d_model / c->n_heads;
+    if (!p->attend.fwd_group || p->bf16 || p->training ||
+        !atomic_load_explicit(&g_fuse, memory_order_relaxed))
+        return 0;
+    k_matvec_plan pl;
+    if (!k_linear_parts_plan(&pl, b->qkv, ld, in, p->N, w, bias, 3, W->qkv.data ? &W->qkv : NULL))
+        return 0;
+    for (int k = 0; k < pl.n; k++)
+        if (pl.parts[k].col % pl.ur || hd % pl.ur) return 0;
+    /* Only where the product is shared among threads (on one, the heads' row ranges only break
+     * the product's stream of rows: 15M Q4_K_M 0.995x), and with two kv heads or more a thread:
+     * they are the job's units (one kv head would put the whole product on one thread). */
+    if (!pl.par || omp_get_max_threads() < 2 || c->n_kv_heads < 2 * omp_get_max_threads()) return 0;
+    qkv_attend_ctx x = {m, p, b, &pl, l, ld};
+    k_team_units(c->n_kv_heads, pl.par, 1, qkv_attend_units, &x);
+    atomic_fetch_add_explicit(&g_fused, 1, memory_order_relaxed);
+    return 1;
+}
+
 static void attn_fwd(const tlm_model *m, int l, const tlm_pass *p, const tlm_block_bufs *b,
                      const float *in) {
     const tlm_config *c = &m->c;
@@ -147,9 +214,11 @@ static void attn_fwd(const tlm_model *m, int l, const tlm_pass *p, const tlm_blo
     int N = p->N, ld = tlm_qkv_width(c);
     const tlm_weight *w[3] = {W->wq, W->wk, W->wv};
     const float *bias[3] = {W->bq, W->bk, W->bv};
-    linear_parts(p, b->qkv, ld, in, N, w, bias, 3, W->qkv.data ? &W->qkv : NULL);
-    rope(m, p, b->qkv, ld, 0);
-    p->attend.fwd(p->attend.user, l, b->qkv, ld, b->att, N);
+    if (!qkv_attend(m, l, p, b, in, w, bias)) {
+        linear_parts(p, b->qkv, ld, in, N, w, bias, 3, W->qkv.data ? &W->qkv : NULL);
+        rope(m, p, b->qkv, ld, 0);
+        p->attend.fwd(p->attend.user, l, b->qkv, ld, b->att, N);
+    }
     linear(p, b->attn_out, c->d_model, b->att, N, W->wo, W->bo);
     if (dropping(m, p))
         k_dropout(b->attn_out, b->attn_out, (size_t)N * c->d_model, c->dropout,

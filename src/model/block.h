@@ -34,6 +34,11 @@ typedef struct {
     void (*bwd)(void *user, int layer, const float *qkv, int ld, const float *datt, float *dqkv,
                 int N);
     void *user;
+    /* Optional (decode steps): fwd for the key/value head g alone (its q heads' outputs, its keys
+     * and values stored), on whichever thread calls it, opening no parallel region; then the block
+     * computes each kv head's rows of q|k|v in the same job that attends with them, one join per
+     * layer fewer and the attention on every thread. */
+    void (*fwd_group)(void *user, int layer, float *qkv, int ld, float *att, int N, int g);
 } tlm_attend;
 
 struct k_bf16;
@@ -48,6 +53,12 @@ typedef struct {
     tlm_attend attend;
     struct k_bf16 *bf16;
 } tlm_pass;
+
+/* Decode's q|k|v product and attention in one job (tlm_attend's fwd_group) where 1 (the default);
+ * 0 keeps them apart, for tests comparing the two. Returns the previous setting. */
+int tlm_block_fuse_attend(int on);
+/* Layers run fused so far (all threads, all models): tests check the fused path ran. */
+long tlm_block_fused_runs(void);
 
 /* Row stride of the fused q|k|v buffers: H*hd + 2*KVH*hd. */
 int tlm_qkv_width(const tlm_config *c);

@@ -257,9 +257,13 @@ tlm_status tlm_ctx_forward(tlm_train_ctx *x, const int32_t *ids, int B, int T, i
     k_bf16 *bf = x->precision == TLM_PRECISION_BF16 ? x->bf16 : NULL;
     /* The weights may have changed since the last pass (an optimizer step). */
     if (bf) k_bf16_next_pass(bf);
-    x->pass = (tlm_pass){
-        N, x->pos, training, x->drop_seed, x->drop_step, {batch_attend_fwd, batch_attend_bwd, x},
-        bf};
+    x->pass = (tlm_pass){N,
+                         x->pos,
+                         training,
+                         x->drop_seed,
+                         x->drop_step,
+                         {batch_attend_fwd, batch_attend_bwd, x, NULL},
+                         bf};
     tlm_embed_fwd(m, &x->pass, ids, x->layer[0].x);
     for (int l = 0; l < c->n_layers; l++) tlm_block_fwd(m, l, &x->pass, &x->layer[l]);
     tlm_head_fwd_pass(m, &x->pass, x->x_final, x->xn, x->xn_mean, x->xn_rstd, x->logits, N);
