@@ -313,23 +313,29 @@ done:
     remove(bf);
 }
 
-/* A random model whose matrices all have rows of whole 256-blocks. */
-static void test_types(void) {
+/* A random 2-layer model (vocabulary 300, d_ff 512, d and the heads as given) saved as F32 GGUF. */
+static int random_model(const char *path, int d, int heads, int kv_heads, uint64_t seed) {
     tlm_config c;
     tlm_config_default(&c);
     c.vocab_size = 300;
     c.context_length = 64;
-    c.d_model = 256;
+    c.d_model = d;
     c.n_layers = 2;
-    c.n_heads = 4;
-    c.n_kv_heads = 2;
+    c.n_heads = heads;
+    c.n_kv_heads = kv_heads;
     c.d_ff = 512;
     tlm_model *m = NULL;
     CHECK_OK(tlm_model_create(&c, &m));
-    if (!m) return;
-    CHECK_OK(tlm_model_init(m, 7, TLM_INIT_DEFAULT));
-    CHECK_OK(tlm_model_save_gguf(m, NULL, "qk_model_f32.gguf", TLM_DTYPE_F32));
+    if (!m) return 0;
+    CHECK_OK(tlm_model_init(m, seed, TLM_INIT_DEFAULT));
+    CHECK_OK(tlm_model_save_gguf(m, NULL, path, TLM_DTYPE_F32));
     tlm_model_free(m);
+    return 1;
+}
+
+/* A random model whose matrices all have rows of whole 256-blocks. */
+static void test_types(void) {
+    if (!random_model("qk_model_f32.gguf", 256, 4, 2, 7)) return;
     const tlm_dtype types[] = {TLM_DTYPE_F16,  TLM_DTYPE_BF16, TLM_DTYPE_Q8_0, TLM_DTYPE_Q4_0,
                                TLM_DTYPE_Q4_1, TLM_DTYPE_Q5_0, TLM_DTYPE_Q5_1, TLM_DTYPE_Q4_K,
                                TLM_DTYPE_Q5_K, TLM_DTYPE_Q6_K};
@@ -356,21 +362,9 @@ static void decode_both(const tlm_model *m, int B, int steps, float *out) {
 }
 
 static void test_fused_attend(void) {
-    tlm_config c;
-    tlm_config_default(&c);
-    c.vocab_size = 300;
-    c.context_length = 64;
-    c.d_model = 512; /* q|k|v 1024 x 512: shared among threads on any CPU (matvec.c) */
-    c.n_layers = 2;
-    c.n_heads = 8;
-    c.n_kv_heads = 4;
-    c.d_ff = 512;
-    tlm_model *m = NULL;
-    CHECK_OK(tlm_model_create(&c, &m));
-    if (!m) return;
-    CHECK_OK(tlm_model_init(m, 11, TLM_INIT_DEFAULT));
-    CHECK_OK(tlm_model_save_gguf(m, NULL, "qk_fused_f32.gguf", TLM_DTYPE_F32));
-    tlm_model_free(m);
+    /* q|k|v 1024 x 512: shared among threads on any CPU (matvec.c) */
+    if (!random_model("qk_fused_f32.gguf", 512, 8, 4, 11)) return;
+    int V = 300, layers = 2;
     const tlm_dtype types[] = {TLM_DTYPE_F32, TLM_DTYPE_Q4_0, TLM_DTYPE_Q6_K};
     for (int i = 0; i < 3; i++) {
         char path[64];
@@ -385,13 +379,13 @@ static void test_fused_attend(void) {
         for (int bi = 0; bi < 2; bi++) {
             int B = Bs[bi];
             int steps = 9;
-            size_t n = (size_t)steps * B * c.vocab_size;
+            size_t n = (size_t)steps * B * V;
             float *a = malloc(n * sizeof(float)), *b = malloc(n * sizeof(float));
             long runs = tlm_block_fused_runs();
             decode_both(q, B, steps, a);
-            CHECK(tlm_block_fused_runs() - runs == (long)steps * c.n_layers,
+            CHECK(tlm_block_fused_runs() - runs == (long)steps * layers,
                   "%s B=%d: %ld fused layers of %d", path, B, tlm_block_fused_runs() - runs,
-                  steps * c.n_layers);
+                  steps * layers);
             tlm_block_fuse_attend(0);
             decode_both(q, B, steps, b);
             tlm_block_fuse_attend(1);
