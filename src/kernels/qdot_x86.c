@@ -138,6 +138,33 @@ T5 static inline __m512i join(__m256i lo, __m256i hi) {
 
 #define AI __attribute__((always_inline))
 
+/* The sums of the lanes of four vectors at once (13 operations where four _mm512_reduce_add_ps
+ * take about 32: a large share of a four-row unit of 256-column rows, two vector steps a row).
+ * Each sum is a fixed tree over its own vector's lanes, whatever the other three hold, so a
+ * kernel summing fewer rows (the one-row and few-row kernels) passes any vectors in the other
+ * places and gets the same numbers as the four-row kernel. */
+T5 static inline AI __m128 hsum16x4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+    __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
+    __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(a2, a3), _mm512_unpackhi_ps(a2, a3));
+    __m512d d0 = _mm512_castps_pd(t0), d1 = _mm512_castps_pd(t1);
+    /* each 128-bit lane: the four vectors' sums over that lane */
+    __m512 u = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(d0, d1)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(d0, d1)));
+    __m256 v = _mm256_add_ps(_mm512_castps512_ps256(u), _mm512_extractf32x8_ps(u, 1));
+    return _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+}
+
+/* hsum16x4 of up to K_VDOT_MAX_ROWS vectors into out[0 .. M). */
+T5 static inline AI void hsum16_rows(const __m512 *a, int M, float *out) {
+    for (int m0 = 0; m0 < M; m0 += 4) {
+        __m512 v[4];
+        for (int k = 0; k < 4; k++) v[k] = m0 + k < M ? a[m0 + k] : a[m0];
+        float t[4];
+        _mm_storeu_ps(t, hsum16x4(v[0], v[1], v[2], v[3]));
+        for (int k = 0; k < 4 && m0 + k < M; k++) out[m0 + k] = t[k];
+    }
+}
+
 /* A run of units of four rows (k_vdot_w4_fn): unit u is rows 4u .. 4u + 3, its prefetch 4u rows
  * on from pf. One call for the run keeps the kernel's constants in registers across units and
  * lets one unit's reductions overlap the next unit's loads (the 15M classifier's one-block Q6_K
@@ -886,9 +913,12 @@ T5 static inline AI void q8r5(int n, const int M, float *s, const uint8_t *w, co
             a1[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_permutexvar_ps(i23, d), a1[m]);
         }
     }
+    __m512 a01[K_VDOT_MAX_ROWS];
+    float sum[K_VDOT_MAX_ROWS];
+    for (int m = 0; m < M; m++) a01[m] = _mm512_add_ps(a0[m], a1[m]);
+    hsum16_rows(a01, M, sum);
     for (int m = 0; m < M; m++)
-        s[m] = q8_0_tail(_mm512_reduce_add_ps(_mm512_add_ps(a0[m], a1[m])), wb,
-                         (const tlm_block_q8_0 *)(const void *)(xq + m * xs), b, nb);
+        s[m] = q8_0_tail(sum[m], wb, (const tlm_block_q8_0 *)(const void *)(xq + m * xs), b, nb);
 }
 
 /* Q4_0 by groups of four blocks (72 bytes). One word permute of two loads inside the group puts
@@ -947,9 +977,10 @@ T5 static inline AI void q4r5(int n, const int M, float *s, const uint8_t *w, co
             acc[m] = q4_0_dot(acc[m], dw, lo, hi, xm + nib + (size_t)(b / 4) * K_ACT_NIB_BYTES, dx);
         }
     }
+    float sum[K_VDOT_MAX_ROWS];
+    hsum16_rows(acc, M, sum);
     for (int m = 0; m < M; m++)
-        s[m] = q4_0_tail(_mm512_reduce_add_ps(acc[m]), wb,
-                         (const tlm_block_q8_0 *)(const void *)(xq + m * xs), b, nb);
+        s[m] = q4_0_tail(sum[m], wb, (const tlm_block_q8_0 *)(const void *)(xq + m * xs), b, nb);
 }
 
 /* Four Q4_0 weight rows against one activation row (decode of one sequence): q4r5's operations
@@ -976,12 +1007,15 @@ T5 static inline AI void w4one_q4_0(int n, float *s, const void *w, size_t ws, c
     pf_upto(pf, &pfo, 4 * ws);
     /* Rows of whole groups (15M's 256 columns) skip the tails' set-up: 256 x 32000 from L3, one
      * thread, alternating, 34.5-36.0 -> 37.5-38.3 G bytes/s. */
+    __m128 sum = hsum16x4(acc[0], acc[1], acc[2], acc[3]);
     if (b == nb) {
-        for (int r = 0; r < 4; r++) s[r] = _mm512_reduce_add_ps(acc[r]);
+        _mm_storeu_ps(s, sum);
         return;
     }
+    float t[4];
+    _mm_storeu_ps(t, sum);
     for (int r = 0; r < 4; r++)
-        s[r] = q4_0_tail(_mm512_reduce_add_ps(acc[r]), (const uint8_t *)w + r * ws + (size_t)b * 18,
+        s[r] = q4_0_tail(t[r], (const uint8_t *)w + r * ws + (size_t)b * 18,
                          (const tlm_block_q8_0 *)xq, b, nb);
 }
 
@@ -1029,10 +1063,10 @@ T5 static inline AI void w4one_q8_0(int n, float *s, const void *wv, size_t ws, 
         }
     }
     pf_upto(pf, &pfo, 4 * ws);
-    for (int r = 0; r < 4; r++) {
-        float t = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r]));
-        s[r] = q8_0_tail(t, w + r * ws + (size_t)b * 34, x, b, nb);
-    }
+    float t[4];
+    _mm_storeu_ps(t, hsum16x4(_mm512_add_ps(a0[0], a1[0]), _mm512_add_ps(a0[1], a1[1]),
+                              _mm512_add_ps(a0[2], a1[2]), _mm512_add_ps(a0[3], a1[3])));
+    for (int r = 0; r < 4; r++) s[r] = q8_0_tail(t[r], w + r * ws + (size_t)b * 34, x, b, nb);
 }
 
 T5 static void a5_q8_0(int n, float *s, const void *w, const void *xq) { q8r5(n, 1, s, w, xq, 0); }
