@@ -241,9 +241,14 @@ void k_matvec_plan_init(k_matvec_plan *pl, float *y, int ldy, const float *x, in
          * it: there the hardware follows their four streams, and the burst of prefetches ahead
          * held the loads back (2-vCPU Xeon, 110M F32, tg64: 31.7-32.3 -> 36.1-37.0 tok/s at one
          * thread, 62-64 -> 70.7-71.3 at two; the block types lose a third without theirs, BF16
-         * 5-10%). */
+         * 5-10%). There the short rows of the block types want it too (15M, 256 columns: q|k|v,
+         * gate|up and the Q6_K classifier; tg128, alternating medians, without -> with: Q4_0
+         * 2437 -> 2612 tok/s at one thread and 3993 -> 4336 at two, Q6_K 2230 -> 2334 and 3765
+         * -> 3941, Q4_K_M 2380 -> 2432 and 4107 -> 4153, Q5_K_M at two 3792 -> 3867; further
+         * ahead, 4 units 2584 and 4314, 8 units 4179 at two). */
         int f32_nopf = parts[p].dtype == TLM_DTYPE_F32 && !amd;
-        pfs[p] = (w4s[p] && parts[p].row_bytes > 256 && !f32_nopf) || (M > 4 && kind == K_ACT_F32);
+        pfs[p] = (w4s[p] && (parts[p].row_bytes > 256 || !amd) && !f32_nopf) ||
+                 (M > 4 && kind == K_ACT_F32);
         /* The four-row kernels of the block types take that prefetch a share per step of their
          * loop (k_vdot_w4_fn's pf) rather than all the unit's lines at the start: alternating in
          * one process, 1 thread, G bytes/s, burst -> spread: Q4_K 768 x 2048 27 -> 30, 2048 x 768
