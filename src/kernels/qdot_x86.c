@@ -586,8 +586,7 @@ T5 static void a5_q6_k(int n, float *s, const void *w, const void *xq) {
             for (int z = 0; z < 2; z++) {
                 __m512i p =
                     _mm512_maddubs_epi16(qv[z], _mm512_loadu_si512(x[b].qs + 128 * h + 64 * z));
-                isum =
-                    _mm512_add_epi32(isum, _mm512_madd_epi16(p, _mm512_permutexvar_epi16(idx, sc)));
+                isum = _mm512_dpwssd_epi32(isum, p, _mm512_permutexvar_epi16(idx, sc));
                 idx = _mm512_add_epi16(idx, four);
             }
         }
@@ -1168,7 +1167,7 @@ T5 static inline AI void q4k_step(const q45k_w *w, const k_block_q8_k *x, const 
     __m512i isum = _mm512_setzero_si512();
     for (int g = 0; g < 4; g++) {
         __m512i p = _mm512_maddubs_epi16(w->qv[g], _mm512_loadu_si512(xs + 64 * g));
-        isum = _mm512_add_epi32(isum, _mm512_madd_epi16(p, w->scp[g]));
+        isum = _mm512_dpwssd_epi32(isum, p, w->scp[g]);
     }
     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(x->d * w->dw), *acc);
     *accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mterm), _mm256_set1_ps(x->d * w->dmin), *accm);
@@ -1316,12 +1315,10 @@ T5 static inline AI void w4_q45k(int n, float *s, const void *w, size_t ws, cons
                 __m512i pa = _mm512_maddubs_epi16(qa, _mm512_loadu_si512(xb + 128 * h));
                 __m512i pb = _mm512_maddubs_epi16(qb, _mm512_loadu_si512(xb + 128 * h + 64));
                 const int16_t *ia = q45k_words[4 * (r & 1) + 2 * h];
-                isum = _mm512_add_epi32(
-                    isum, _mm512_madd_epi16(
-                              pa, _mm512_permutexvar_epi16(_mm512_load_si512(ia), wv[r / 2])));
-                isum = _mm512_add_epi32(
-                    isum, _mm512_madd_epi16(
-                              pb, _mm512_permutexvar_epi16(_mm512_load_si512(ia + 32), wv[r / 2])));
+                isum = _mm512_dpwssd_epi32(
+                    isum, pa, _mm512_permutexvar_epi16(_mm512_load_si512(ia), wv[r / 2]));
+                isum = _mm512_dpwssd_epi32(
+                    isum, pb, _mm512_permutexvar_epi16(_mm512_load_si512(ia + 32), wv[r / 2]));
             }
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(fs[2 * r]), acc[r]);
         }
@@ -1388,7 +1385,7 @@ T5 static inline AI void q6k_step(const q6k_w *w, const k_block_q8_k *x, __m256 
     __m512i isum = _mm512_setzero_si512();
     for (int k = 0; k < 4; k++) {
         __m512i p = _mm512_maddubs_epi16(w->qv[k], _mm512_loadu_si512(x->qs + 64 * k));
-        isum = _mm512_add_epi32(isum, _mm512_madd_epi16(p, w->scp[k]));
+        isum = _mm512_dpwssd_epi32(isum, p, w->scp[k]);
     }
     __m256i t = _mm256_add_epi32(_mm512_castsi512_si256(isum), _mm512_extracti64x4_epi64(isum, 1));
     t = _mm256_sub_epi32(t, _mm256_slli_epi32(off, 5));
