@@ -88,9 +88,7 @@ void k_act_quantize_ref(k_act_kind kind, const float *x, void *xq, int n) {
             y[b].d = 1.0f / iscale;
         }
         int8_t *g = (int8_t *)(uintptr_t)k_act_q8_k_nib(xq, n);
-        static const int order[8] = {0, 2, 1, 3, 4, 6, 5, 7};
-        for (int b = 0; b < n / TLM_QK_K; b++, g += TLM_QK_K)
-            for (int r = 0; r < 8; r++) memcpy(g + 32 * r, y[b].qs + 32 * order[r], 32);
+        for (int b = 0; b < n / TLM_QK_K; b++, g += TLM_QK_K) k_act_q8_k_nib_fill(g, y[b].qs);
         break;
     }
     default: break;

@@ -135,13 +135,13 @@ int k_linear_parts_plan(k_matvec_plan *pl, float *y, int ldy, const float *x, in
 
 void k_linear_parts(float *y, int ldy, const float *x, int N, const tlm_weight *const *w,
                     const float *const *b, int n, const tlm_weight *fused) {
-    int split;
-    const float *fb = stacked_bias(w, b, n, &split);
     k_matvec_plan pl;
     if (k_linear_parts_plan(&pl, y, ldy, x, N, w, b, n, fused)) {
         k_matvec_plan_run(&pl);
         return;
     }
+    int split;
+    const float *fb = stacked_bias(w, b, n, &split);
     if (fused && !split) {
         linear_rows(y, ldy, x, N, fused, fb);
         return;

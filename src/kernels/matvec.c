@@ -274,20 +274,12 @@ void k_matvec_plan_rows(const k_matvec_plan *pl, int p, int r0, int r1) {
     mv_units(pl, pl->first[p] + r0 / pl->ur, pl->first[p] + (r1 + pl->ur - 1) / pl->ur);
 }
 
-int k_matvec_plan_cols(const k_matvec_plan *pl, int c0, int c1) {
-    int ur = pl->ur;
+void k_matvec_plan_cols(const k_matvec_plan *pl, int c0, int c1) {
     for (int p = 0; p < pl->n; p++) {
         const k_matvec_part *P = &pl->parts[p];
         int a = c0 > P->col ? c0 - P->col : 0, b = c1 - P->col < P->out ? c1 - P->col : P->out;
-        if (a >= b) continue;
-        if (a % ur || (b % ur && b != P->out)) return 0;
+        k_matvec_plan_rows(pl, p, a, b);
     }
-    for (int p = 0; p < pl->n; p++) {
-        const k_matvec_part *P = &pl->parts[p];
-        int a = c0 > P->col ? c0 - P->col : 0, b = c1 - P->col < P->out ? c1 - P->col : P->out;
-        if (a < b) k_matvec_plan_rows(pl, p, a, b);
-    }
-    return 1;
 }
 
 void k_matvec_parts(float *y, int ldy, const float *x, int M, int in, const k_matvec_part *parts,

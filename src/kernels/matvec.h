@@ -66,9 +66,9 @@ void k_matvec_plan_init(k_matvec_plan *pl, float *y, int ldy, const float *x, in
 void k_matvec_plan_run(const k_matvec_plan *pl);
 /* Output rows [r0, r1) of part p; r0 a multiple of pl->ur, r1 one too or the part's end. */
 void k_matvec_plan_rows(const k_matvec_plan *pl, int p, int r0, int r1);
-/* Output columns [c0, c1) of y, across parts; 0 (nothing run) where a part's rows there do not
- * start or end on a unit of pl->ur rows. */
-int k_matvec_plan_cols(const k_matvec_plan *pl, int c0, int c1);
+/* Output columns [c0, c1) of y, across parts; where they meet a part, its rows there must start
+ * and end on units of pl->ur rows (or at its end), as for k_matvec_plan_rows. */
+void k_matvec_plan_cols(const k_matvec_plan *pl, int c0, int c1);
 /* k_linear_parts's product as a plan where it takes the matrix-vector path (a decode step's few
  * rows): 1 with *pl ready; 0 where it goes another way (sgemm, the 8-bit GEMM). */
 int k_linear_parts_plan(k_matvec_plan *pl, float *y, int ldy, const float *x, int N,

@@ -1,6 +1,5 @@
 #include "qdot.h"
 
-#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +12,9 @@
 /* ---- activation rows ------------------------------------------------------------------------ */
 
 static int isa_cap = K_ISA_COUNT; /* k_isa_cap */
+
+/* The instruction set the kernels are chosen at: the CPU's (TLM_ISA capped), under k_isa_cap. */
+static int isa_top(void) { return k_isa() < isa_cap ? k_isa() : isa_cap; }
 
 k_act_kind k_act_of(tlm_dtype t) {
     switch (t) {
@@ -42,8 +44,7 @@ size_t k_act_row_bytes(tlm_dtype t, int n) {
 }
 
 void k_act_quantize(k_act_kind kind, const float *x, void *xq, int n) {
-    int top = k_isa() < isa_cap ? k_isa() : isa_cap;
-    if (top >= K_ISA_AVX512 && k_simd_act_quantize(kind, x, xq, n)) return;
+    if (isa_top() >= K_ISA_AVX512 && k_simd_act_quantize(kind, x, xq, n)) return;
     k_act_quantize_ref(kind, x, xq, n);
 }
 
@@ -269,8 +270,7 @@ k_vdot_fn k_vdot_get(tlm_dtype t, int isa) {
 void k_isa_cap(int isa) { isa_cap = isa; }
 
 k_vdot_fn k_vdot(tlm_dtype t) {
-    int top = k_isa() < isa_cap ? k_isa() : isa_cap;
-    for (int isa = top; isa > K_ISA_REF; isa--) {
+    for (int isa = isa_top(); isa > K_ISA_REF; isa--) {
         k_vdot_fn f = k_simd_vdot(t, isa);
         if (f) return f;
     }
@@ -283,8 +283,7 @@ k_vdot_rows_fn k_vdot_rows_get(tlm_dtype t, int isa) {
 }
 
 k_vdot_rows_fn k_vdot_rows(tlm_dtype t) {
-    int top = k_isa() < isa_cap ? k_isa() : isa_cap;
-    for (int isa = top; isa > K_ISA_REF; isa--) {
+    for (int isa = isa_top(); isa > K_ISA_REF; isa--) {
         k_vdot_rows_fn f = k_simd_vdot_rows(t, isa);
         /* a type with its own dot product at a higher level must not fall to a lower one here */
         if (f || k_simd_vdot(t, isa)) return f;
@@ -293,13 +292,11 @@ k_vdot_rows_fn k_vdot_rows(tlm_dtype t) {
 }
 
 k_vdot_rows3_fn k_vdot_rows3(tlm_dtype t) {
-    int top = k_isa() < isa_cap ? k_isa() : isa_cap;
-    return top >= K_ISA_AVX512 ? k_simd_vdot_rows3(t, K_ISA_AVX512) : NULL;
+    return isa_top() >= K_ISA_AVX512 ? k_simd_vdot_rows3(t, K_ISA_AVX512) : NULL;
 }
 
 k_vdot_w4_fn k_vdot_w4(tlm_dtype t) {
-    int top = k_isa() < isa_cap ? k_isa() : isa_cap;
-    return top >= K_ISA_AVX512 ? k_simd_vdot_w4(t, K_ISA_AVX512) : NULL;
+    return isa_top() >= K_ISA_AVX512 ? k_simd_vdot_w4(t, K_ISA_AVX512) : NULL;
 }
 
 void k_widen_row(tlm_dtype t, const void *src, float *dst, int n) {

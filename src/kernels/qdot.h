@@ -63,6 +63,12 @@ static inline size_t k_act_q8_k_nib_at(int n) {
 static inline const int8_t *k_act_q8_k_nib(const void *xq, int n) {
     return (const int8_t *)(const void *)((const uint8_t *)xq + k_act_q8_k_nib_at(n));
 }
+/* Block b's copy there (g at its 256 bytes): its 32-byte runs in the order 0 2 1 3 4 6 5 7. */
+static inline void k_act_q8_k_nib_fill(int8_t *g, const int8_t *qs) {
+    static const int order[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+    for (int r = 0; r < 8; r++)
+        for (int i = 0; i < 32; i++) g[32 * r + i] = qs[32 * order[r] + i];
+}
 
 /* Bytes of one activation row of n elements for a type (0: type not computed on). */
 size_t k_act_row_bytes(tlm_dtype t, int n);

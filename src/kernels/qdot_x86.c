@@ -1496,7 +1496,7 @@ k_vdot_w4_fn k_simd_vdot_w4(tlm_dtype t, int isa) {
 
 /* ---- activation rows ------------------------------------------------------------------------ */
 
-/* k_act_quantize's rows with AVX-512, byte for byte the reference's (qdot.c): the same float
+/* k_act_quantize's rows with AVX-512, byte for byte the reference's (act_quant.c): the same float
  * products, rounded to nearest even by the conversion as the reference's magic-number add rounds
  * them, and the same scales. A decode step quantizes its activation before each product: in C
  * that took about a tenth of 15M's two-thread token (0.6 us a product). */
@@ -1542,7 +1542,6 @@ T5 static void act_q8_0_5(const float *x, void *xq, int n) {
 T5 static void act_q8_k_5(const float *x, void *xq, int n) {
     k_block_q8_k *y = xq;
     int8_t *g = (int8_t *)(uintptr_t)k_act_q8_k_nib(xq, n);
-    static const int order[8] = {0, 2, 1, 3, 4, 6, 5, 7};
     const __m512 mag = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
     const __m512i top = _mm512_set1_epi32(127);
     for (int b = 0; b < n / TLM_QK_K; b++, x += TLM_QK_K, g += TLM_QK_K) {
@@ -1576,7 +1575,7 @@ T5 static void act_q8_k_5(const float *x, void *xq, int n) {
             }
             y[b].d = 1.0f / iscale;
         }
-        for (int r = 0; r < 8; r++) memcpy(g + 32 * r, y[b].qs + 32 * order[r], 32);
+        k_act_q8_k_nib_fill(g, y[b].qs);
     }
 }
 

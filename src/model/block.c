@@ -182,46 +182,39 @@ static _Atomic long g_fused;
 int tlm_block_fuse_attend(int on) { return atomic_exchange(&g_fuse, on); }
 long tlm_block_fused_runs(void) { return atomic_load_explicit(&g_fused, memory_order_relaxed); }
 
-/* q|k|v, RoPE and attention of a decode step where the product takes the matrix-vector path (1),
- * fused where it is shared among threads and has two kv heads or more a thread (they are the job's
- * units: one kv head would put the whole product on one thread); on one thread the heads' row
- * ranges would only break the product's stream of rows (15M Q4_K_M: level, 0.995x). 0 where the
- * product takes another path, with nothing computed. */
-static int qkv_attend(const tlm_model *m, int l, const tlm_pass *p, const tlm_block_bufs *b,
-                      const float *in, const tlm_weight *const *w, const float *const *bias) {
-    const tlm_config *c = &m->c;
-    const tlm_layer_weights *W = &m->lw[l];
-    int ld = tlm_qkv_width(c), hd = c->d_model / c->n_heads, team = omp_get_max_threads();
-    if (!p->attend.fwd_group || p->bf16 || p->training ||
-        !atomic_load_explicit(&g_fuse, memory_order_relaxed) || team < 2 ||
-        c->n_kv_heads < 2 * team)
-        return 0;
-    k_matvec_plan pl;
-    if (!k_linear_parts_plan(&pl, b->qkv, ld, in, p->N, w, bias, 3, W->qkv.data ? &W->qkv : NULL))
-        return 0;
-    int fuse = pl.par && hd % pl.ur == 0;
-    for (int k = 0; k < pl.n; k++) fuse &= pl.parts[k].col % pl.ur == 0;
-    if (!fuse) {
-        k_matvec_plan_run(&pl);
-        rope(m, p, b->qkv, ld, 0);
-        p->attend.fwd(p->attend.user, l, b->qkv, ld, b->att, p->N);
-        return 1;
-    }
-    qkv_attend_ctx x = {m, p, b, &pl, l, ld};
-    k_team_units(c->n_kv_heads, 1, 1, qkv_attend_units, &x);
-    atomic_fetch_add_explicit(&g_fused, 1, memory_order_relaxed);
-    return 1;
+/* Whether decode's q|k|v product, prepared as *pl, runs fused with attention: where it is shared
+ * among threads with two kv heads or more a thread (they are the job's units: one kv head would put
+ * the whole product on one thread) and each head's rows fall on the product's units. On one thread
+ * the heads' row ranges would only break the product's stream of rows (15M Q4_K_M: level,
+ * 0.995x). */
+static int fusable(const tlm_config *c, const tlm_pass *p) {
+    int team = omp_get_max_threads();
+    return p->attend.fwd_group && !p->bf16 && !p->training &&
+           atomic_load_explicit(&g_fuse, memory_order_relaxed) && team >= 2 &&
+           c->n_kv_heads >= 2 * team;
 }
 
 static void attn_fwd(const tlm_model *m, int l, const tlm_pass *p, const tlm_block_bufs *b,
                      const float *in) {
     const tlm_config *c = &m->c;
     const tlm_layer_weights *W = &m->lw[l];
-    int N = p->N, ld = tlm_qkv_width(c);
+    int N = p->N, ld = tlm_qkv_width(c), hd = c->d_model / c->n_heads;
     const tlm_weight *w[3] = {W->wq, W->wk, W->wv};
     const float *bias[3] = {W->bq, W->bk, W->bv};
-    if (!qkv_attend(m, l, p, b, in, w, bias)) {
-        linear_parts(p, b->qkv, ld, in, N, w, bias, 3, W->qkv.data ? &W->qkv : NULL);
+    const tlm_weight *fused = W->qkv.data ? &W->qkv : NULL;
+    k_matvec_plan pl;
+    int planned = fusable(c, p) && k_linear_parts_plan(&pl, b->qkv, ld, in, N, w, bias, 3, fused);
+    int fuse = planned && pl.par && hd % pl.ur == 0;
+    for (int k = 0; fuse && k < pl.n; k++) fuse = pl.parts[k].col % pl.ur == 0;
+    if (fuse) {
+        qkv_attend_ctx x = {m, p, b, &pl, l, ld};
+        k_team_units(c->n_kv_heads, 1, 1, qkv_attend_units, &x);
+        atomic_fetch_add_explicit(&g_fused, 1, memory_order_relaxed);
+    } else {
+        if (planned)
+            k_matvec_plan_run(&pl); /* made already: not the product again */
+        else
+            linear_parts(p, b->qkv, ld, in, N, w, bias, 3, fused);
         rope(m, p, b->qkv, ld, 0);
         p->attend.fwd(p->attend.user, l, b->qkv, ld, b->att, N);
     }
