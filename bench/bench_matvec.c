@@ -9,7 +9,8 @@
  * a core, so A/B comparisons of kernels at one thread stay readable under load).
  *   bench_matvec TYPE IN OUT MAXM REPS THREADS [MIB]   (TYPE: F32 F16 BF16 Q8_0 Q4_0 Q4_K Q6_K ...)
  * MIB (default 512) sets the bytes of weights cycled through: 1 keeps one copy hot in L2, which
- * times the kernels' arithmetic without the wait for memory. */
+ * times the kernels' arithmetic without the wait for memory. Products run on team.c's pool, as
+ * decode steps run them. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +50,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     tlm_set_threads(atoi(argv[6]));
+    /* on team.c's pool, as a decode step runs its products (an OpenMP region costs ~3 us) */
+    k_team_pool(1);
     size_t rb = tlm_dtype_bytes(t, (uint64_t)in), wbytes = rb * (size_t)out;
     int copies = (int)(((size_t)mib << 20) / wbytes);
     if (copies < 1) copies = 1;
