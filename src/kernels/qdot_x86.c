@@ -180,11 +180,29 @@ T5 static inline AI void hsum16_rows(const __m512 *a, int M, float *out) {
 
 /* The four-row kernels' prefetch (k_vdot_w4_fn's pf): the next bytes of the unit ahead asked for
  * in step with this unit's reading, up to byte `to` of its 4 ws, so that the misses in flight stay
- * few and even rather than a burst of a whole unit's lines ahead of each call. */
-static inline void pf_upto(const void *pf, size_t *o, size_t to) {
+ * few and even rather than a burst of a whole unit's lines ahead of each call. `far` (pf_far) asks
+ * for the same bytes that much further on into L2 as well (prefetcht1): the prefetch into L1 alone
+ * held each thread's misses to memory to what L1's fill buffers take, while L2 can have about three
+ * times as many in flight. */
+static inline void pf_upto(const void *pf, size_t *o, size_t to, size_t far) {
     if (!pf) return;
-    for (; *o < to; *o += 64) __builtin_prefetch((const char *)pf + *o, 0, 3);
+    for (; *o < to; *o += 64) {
+        __builtin_prefetch((const char *)pf + *o, 0, 3);
+        if (far) __builtin_prefetch((const char *)pf + *o + far, 0, 2);
+    }
 }
+
+/* The L2 prefetch's distance past the L1 one: four units (16 rows of ws bytes), for rows longer
+ * than 256 bytes on Intel's CPUs. There (2-vCPU Xeon, from memory: bench_matvec 1024 x 2816, one
+ * thread, G bytes/s, medians of 5 alternating: Q4_K 11.3 -> 14.8, 8 units 14.8, 16 units 14.4;
+ * prefetcht1 alone in place of the L1 prefetch 13.2-13.8) models read from memory decode 1.2-1.4x
+ * faster (a 400M-parameter model, tok/s at one and two threads: Q4_K_M 55 -> 71 and 114 -> 140,
+ * Q4_0 54 -> 75 and 125 -> 158, Q8_0 33 -> 44 and 64 -> 82), 110M's (partly in L3) 1.0-1.27x
+ * (Q8_0 163 -> 208 and 366 -> 415, Q6_K 272 -> 296 and 549 -> 564, Q4_0 367 -> 391 and level).
+ * 15M's rows of 256 bytes or less, which sit in L3 with the whole model, lost 1-3% with it (Q6_K
+ * 2418 -> 2376, 4000 -> 3896) and keep the L1 prefetch alone. Not measured on AMD's, which keep
+ * it alone too. */
+static inline size_t pf_far(size_t ws) { return cpu_amd || ws <= 256 ? 0 : 16 * ws; }
 
 /* ---- F16, BF16 ------------------------------------------------------------------------------ */
 
@@ -992,9 +1010,9 @@ T5 static inline AI void w4one_q4_0(int n, float *s, const void *w, size_t ws, c
     int nb = n / TLM_QK, b = 0;
     __m512 acc[4];
     for (int r = 0; r < 4; r++) acc[r] = _mm512_setzero_ps();
-    size_t pfo = 0;
+    size_t pfo = 0, far = pf_far(ws);
     for (; b + 4 <= nb; b += 4, g += K_ACT_NIB_BYTES) {
-        pf_upto(pf, &pfo, 4 * 18 * (size_t)(b + 4));
+        pf_upto(pf, &pfo, 4 * 18 * (size_t)(b + 4), far);
         __m512 dx = q4_0_dx(ad + b);
         for (int r = 0; r < 4; r++) {
             __m512 dw;
@@ -1003,7 +1021,7 @@ T5 static inline AI void w4one_q4_0(int n, float *s, const void *w, size_t ws, c
             acc[r] = q4_0_dot(acc[r], dw, lo, hi, g, dx);
         }
     }
-    pf_upto(pf, &pfo, 4 * ws);
+    pf_upto(pf, &pfo, 4 * ws, far);
     /* Rows of whole groups (15M's 256 columns) skip the tails' set-up: 256 x 32000 from L3, one
      * thread, alternating, 34.5-36.0 -> 37.5-38.3 G bytes/s. */
     __m128 sum = hsum16x4(acc[0], acc[1], acc[2], acc[3]);
@@ -1033,9 +1051,9 @@ T5 static inline AI void w4one_q8_0(int n, float *s, const void *wv, size_t ws, 
     const __m512i i23 = _mm512_add_epi32(i01, _mm512_set1_epi32(2));
     __m512 a0[4], a1[4];
     for (int r = 0; r < 4; r++) a0[r] = a1[r] = _mm512_setzero_ps();
-    size_t pfo = 0;
+    size_t pfo = 0, far = pf_far(ws);
     for (; b + 4 <= nb; b += 4) {
-        pf_upto(pf, &pfo, 4 * 34 * (size_t)(b + 4));
+        pf_upto(pf, &pfo, 4 * 34 * (size_t)(b + 4), far);
         __m128 dx = _mm_loadu_ps(ad + b);
         __m512i x0 = join(_mm256_loadu_si256((const __m256i *)x[b].qs),
                           _mm256_loadu_si256((const __m256i *)x[b + 1].qs));
@@ -1061,7 +1079,7 @@ T5 static inline AI void w4one_q8_0(int n, float *s, const void *wv, size_t ws, 
             a1[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_permutexvar_ps(i23, d), a1[r]);
         }
     }
-    pf_upto(pf, &pfo, 4 * ws);
+    pf_upto(pf, &pfo, 4 * ws, far);
     float t[4];
     _mm_storeu_ps(t, hsum16x4(_mm512_add_ps(a0[0], a1[0]), _mm512_add_ps(a0[1], a1[1]),
                               _mm512_add_ps(a0[2], a1[2]), _mm512_add_ps(a0[3], a1[3])));
@@ -1275,9 +1293,9 @@ T5 static inline AI void w4_q45k(int n, float *s, const void *w, size_t ws, cons
     accm[0] = accm[1] = _mm512_setzero_ps();
     int nb = n / TLM_QK_K;
     __m512i v = q4k_heads(wb, ws);
-    size_t pfo = 0;
+    size_t pfo = 0, far = pf_far(ws);
     for (int b = 0; b < nb; b++) {
-        pf_upto(pf, &pfo, 4 * bb * (size_t)(b + 1));
+        pf_upto(pf, &pfo, 4 * bb * (size_t)(b + 1), far);
         const uint8_t *p = wb + b * bb;
         __m512i vnext = b + 1 < nb ? q4k_heads(p + bb, ws) : v;
         __m512i lo = _mm512_shuffle_epi8(v, lo_i), hi = _mm512_shuffle_epi8(v, hi_i);
@@ -1416,9 +1434,9 @@ T5 static inline AI void w4one_q6_k(int n, float *s, const void *w, size_t ws, c
     const uint8_t *wb = w;
     __m256 acc[4];
     for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_ps();
-    size_t pfo = 0;
+    size_t pfo = 0, far = pf_far(ws);
     for (int b = 0; b < n / TLM_QK_K; b++) {
-        pf_upto(pf, &pfo, 4 * sizeof(tlm_block_q6_k) * (size_t)(b + 1));
+        pf_upto(pf, &pfo, 4 * sizeof(tlm_block_q6_k) * (size_t)(b + 1), far);
         const k_block_q8_k *x = (const k_block_q8_k *)xq + b;
         for (int r = 0; r < 4; r++) {
             q6k_w o;
