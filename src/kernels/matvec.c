@@ -72,9 +72,14 @@ static int one_row_from(tlm_dtype t, int amd) {
     }
 }
 
-/* The lines of [p, p + bytes) asked for at once (a unit after next, k_matvec_parts). */
-static inline void prefetch_lines(const char *p, size_t bytes) {
-    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
+/* The lines of [p, p + bytes) asked for at once (a unit after next, k_matvec_parts), and with far,
+ * the same lines that much further on into L2 (as qdot_x86.c's pf_upto does for the block types).
+ */
+static inline void prefetch_lines(const char *p, size_t bytes, size_t far) {
+    for (size_t o = 0; o < bytes; o += 64) {
+        __builtin_prefetch(p + o, 0, 3);
+        if (far) __builtin_prefetch(p + o + far, 0, 2);
+    }
 }
 
 /* Units u0 .. u1 - 1 of ur output rows, numbered across the parts. */
@@ -98,7 +103,7 @@ static void mv_units(const k_matvec_plan *c, long u0, long u1) {
          * may: it never faults. */
         const char *pf = c->pfs[p] ? (const char *)w0 + 2 * (size_t)ur * P->row_bytes : NULL;
         int w4 = rows == 4 && a && c->w4s[p];
-        if (pf && !(w4 && c->spreads[p])) prefetch_lines(pf, (size_t)ur * P->row_bytes);
+        if (pf && !(w4 && c->spreads[p])) prefetch_lines(pf, (size_t)ur * P->row_bytes, c->fars[p]);
         if (ur == 3 && rows == 3 && a) {
             float r3[3 * K_VDOT3_MAX_ROWS];
             for (int m0 = 0; m0 < M; m0 += K_VDOT3_MAX_ROWS) {
@@ -129,7 +134,7 @@ static void mv_units(const k_matvec_plan *c, long u0, long u1) {
                 w4f(in, ym, w0, P->row_bytes, a, pf, nu);
             } else {
                 for (int k = 0; k < nu; k++) {
-                    if (k) prefetch_lines(pf + k * step, step);
+                    if (k) prefetch_lines(pf + k * step, step, c->fars[p]);
                     w4f(in, ym + 4 * k, w0 + k * step, P->row_bytes, a, NULL, 1);
                 }
             }
@@ -255,6 +260,17 @@ void k_matvec_plan_init(k_matvec_plan *pl, float *y, int ldy, const float *x, in
          * 26 -> 30; Q6_K 768 x 2048 18 -> 21; Q4_0 768 x 2048 17.7 -> 22.4 in one phase of the
          * host, 20.6 -> 20.8 in another. F32 and BF16 lose with it (F32 768 x 2048 26 -> 21). */
         spreads[p] = w4s[p] && tlm_dtype_get(parts[p].dtype)->block_elems > 1; /* qdot.h */
+        /* BF16's four-row units on Intel's CPUs ask for their lines four units further on into L2
+         * too, as the block types' kernels do (qdot_x86.c's pf_far): from memory, bench_matvec,
+         * medians of 5 alternating, G bytes/s: 1024 x 2816 12.9 -> 15.8 at one thread, 23.9 ->
+         * 27.7 at two; 2816 x 1024 13.7 -> 15.0; 8 units 15.2, the L2 prefetch alone 14.3; 110M
+         * decode 64 -> 69 tok/s at one thread, 131 -> 141 at two). Rows of 256 columns or fewer go
+         * without, as there (15M, in L3: 1040 -> 1029). F32 there reads best with no prefetch at
+         * all (16.8; 15.4 with both). */
+        pl->fars[p] =
+            pfs[p] && w4s[p] && !spreads[p] && !amd && parts[p].dtype == TLM_DTYPE_BF16 && in > 256
+                ? 16 * parts[p].row_bytes
+                : 0;
         rbs[p] = (k_act_row_bytes(parts[p].dtype, in) + 63) & ~(size_t)63;
         acts[p] = kind == K_ACT_F32 ? (const uint8_t *)x : act ? act + off[kind] : NULL;
         if (kind == K_ACT_F32) rbs[p] = (size_t)in * sizeof(float);

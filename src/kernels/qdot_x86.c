@@ -192,17 +192,18 @@ static inline void pf_upto(const void *pf, size_t *o, size_t to, size_t far) {
     }
 }
 
-/* The L2 prefetch's distance past the L1 one: four units (16 rows of ws bytes), for rows longer
- * than 256 bytes on Intel's CPUs. There (2-vCPU Xeon, from memory: bench_matvec 1024 x 2816, one
+/* The L2 prefetch's distance past the L1 one: four units (16 rows of ws bytes), for rows of more
+ * than 256 columns on Intel's CPUs. There (2-vCPU Xeon, from memory: bench_matvec 1024 x 2816, one
  * thread, G bytes/s, medians of 5 alternating: Q4_K 11.3 -> 14.8, 8 units 14.8, 16 units 14.4;
  * prefetcht1 alone in place of the L1 prefetch 13.2-13.8) models read from memory decode 1.2-1.4x
  * faster (a 400M-parameter model, tok/s at one and two threads: Q4_K_M 55 -> 71 and 114 -> 140,
  * Q4_0 54 -> 75 and 125 -> 158, Q8_0 33 -> 44 and 64 -> 82), 110M's (partly in L3) 1.0-1.27x
  * (Q8_0 163 -> 208 and 366 -> 415, Q6_K 272 -> 296 and 549 -> 564, Q4_0 367 -> 391 and level).
- * 15M's rows of 256 bytes or less, which sit in L3 with the whole model, lost 1-3% with it (Q6_K
- * 2418 -> 2376, 4000 -> 3896) and keep the L1 prefetch alone. Not measured on AMD's, which keep
+ * Rows of 256 columns or fewer (15M's, which sit in L3 with the whole small model) lost 1-3% with
+ * it (Q6_K 2418 -> 2376, 4000 -> 3896; Q8_0 1872 -> 1847, 3193 -> 3099) and keep the L1 prefetch
+ * alone. Not measured on AMD's, which keep
  * it alone too. */
-static inline size_t pf_far(size_t ws) { return cpu_amd || ws <= 256 ? 0 : 16 * ws; }
+static inline size_t pf_far(int n, size_t ws) { return cpu_amd || n <= 256 ? 0 : 16 * ws; }
 
 /* ---- F16, BF16 ------------------------------------------------------------------------------ */
 
@@ -1010,7 +1011,7 @@ T5 static inline AI void w4one_q4_0(int n, float *s, const void *w, size_t ws, c
     int nb = n / TLM_QK, b = 0;
     __m512 acc[4];
     for (int r = 0; r < 4; r++) acc[r] = _mm512_setzero_ps();
-    size_t pfo = 0, far = pf_far(ws);
+    size_t pfo = 0, far = pf_far(n, ws);
     for (; b + 4 <= nb; b += 4, g += K_ACT_NIB_BYTES) {
         pf_upto(pf, &pfo, 4 * 18 * (size_t)(b + 4), far);
         __m512 dx = q4_0_dx(ad + b);
@@ -1051,7 +1052,7 @@ T5 static inline AI void w4one_q8_0(int n, float *s, const void *wv, size_t ws, 
     const __m512i i23 = _mm512_add_epi32(i01, _mm512_set1_epi32(2));
     __m512 a0[4], a1[4];
     for (int r = 0; r < 4; r++) a0[r] = a1[r] = _mm512_setzero_ps();
-    size_t pfo = 0, far = pf_far(ws);
+    size_t pfo = 0, far = pf_far(n, ws);
     for (; b + 4 <= nb; b += 4) {
         pf_upto(pf, &pfo, 4 * 34 * (size_t)(b + 4), far);
         __m128 dx = _mm_loadu_ps(ad + b);
@@ -1293,7 +1294,7 @@ T5 static inline AI void w4_q45k(int n, float *s, const void *w, size_t ws, cons
     accm[0] = accm[1] = _mm512_setzero_ps();
     int nb = n / TLM_QK_K;
     __m512i v = q4k_heads(wb, ws);
-    size_t pfo = 0, far = pf_far(ws);
+    size_t pfo = 0, far = pf_far(n, ws);
     for (int b = 0; b < nb; b++) {
         pf_upto(pf, &pfo, 4 * bb * (size_t)(b + 1), far);
         const uint8_t *p = wb + b * bb;
@@ -1434,7 +1435,7 @@ T5 static inline AI void w4one_q6_k(int n, float *s, const void *w, size_t ws, c
     const uint8_t *wb = w;
     __m256 acc[4];
     for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_ps();
-    size_t pfo = 0, far = pf_far(ws);
+    size_t pfo = 0, far = pf_far(n, ws);
     for (int b = 0; b < n / TLM_QK_K; b++) {
         pf_upto(pf, &pfo, 4 * sizeof(tlm_block_q6_k) * (size_t)(b + 1), far);
         const k_block_q8_k *x = (const k_block_q8_k *)xq + b;
