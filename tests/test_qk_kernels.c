@@ -252,7 +252,7 @@ static void check_w4(tlm_dtype t, int n) {
 }
 
 /* k_matvec_parts over M rows of x (11: a group of 8 and one of 3; 6: F32 three weight rows at a
- * time) and two parts (19 and 6 output rows: units of four, or of three for F32 and F16 past 8
+ * time; 2: block types through the four-row kernels once per row, on Intel's CPUs) and two parts (19 and 6 output rows: units of four, or of three for F32 and F16 past 8
  * rows, with a tail; the second part's columns after the first's, one with a bias) against M
  * one-row calls: every row's sums are computed alike whatever M is, so bit for bit. */
 static void check_matvec_rows(tlm_dtype t, int in, int M) {
@@ -618,6 +618,8 @@ int main(void) {
         for (int c = 0; c < 5; c++) check_w4(t, be == 1 ? counts[c] * 17 : counts[c] * be);
         check_matvec_rows(t, be == 1 ? 200 : 3 * be, 11);
         check_matvec_rows(t, be == 1 ? 200 : 3 * be, 6);
+        check_matvec_rows(t, be == 1 ? 200 : 3 * be, 2); /* the four-row kernels per row */
+        check_matvec_rows(t, be == 1 ? 200 : 3 * be, 3);
         check_matvec_teams(t, 1);
         check_matvec_teams(t, 3);
     }

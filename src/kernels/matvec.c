@@ -130,7 +130,13 @@ static void mv_units(const k_matvec_plan *c, long u0, long u1) {
             int nu = (int)(end - u), spread = c->spreads[p];
             size_t step = 4 * P->row_bytes;
             float *ym = y + P->col + j;
-            if (!pf || spread) {
+            if (M == 2) {
+                /* unit by unit, each activation row in turn: the second finds the rows in L1 */
+                for (int k = 0; k < nu; k++)
+                    for (int m = 0; m < 2; m++)
+                        w4f(in, ym + (size_t)m * ldy + 4 * k, w0 + k * step, P->row_bytes,
+                            a + m * rb, m || !pf ? NULL : pf + k * step, 1);
+            } else if (!pf || spread) {
                 w4f(in, ym, w0, P->row_bytes, a, pf, nu);
             } else {
                 for (int k = 0; k < nu; k++) {
@@ -139,7 +145,8 @@ static void mv_units(const k_matvec_plan *c, long u0, long u1) {
                 }
             }
             if (P->b)
-                for (int k = 0; k < 4 * nu; k++) ym[k] += P->b[j + k];
+                for (int m = 0; m < M; m++)
+                    for (int k = 0; k < 4 * nu; k++) ym[(size_t)m * ldy + k] += P->b[j + k];
             u = end - 1;
             continue; /* next unit */
         }
@@ -230,7 +237,17 @@ void k_matvec_plan_init(k_matvec_plan *pl, float *y, int ldy, const float *x, in
         k_act_kind kind = k_act_of(parts[p].dtype);
         dots[p] = k_vdot(parts[p].dtype);
         rdots[p] = k_vdot_rows(parts[p].dtype);
-        w4s[p] = M == 1 && ur == 4 && in < one_row_from(parts[p].dtype, amd)
+        /* Two activation rows of a block type (two sequences decoded at once) go through the
+         * four-row kernels too, once per activation row, unit by unit, on Intel's CPUs: the rows
+         * kernels' one weight row against both activation rows cost as much arithmetic, but read
+         * the matrix without the four-row kernels' prefetch (from memory, bench_matvec 1024 x
+         * 2816, one thread, ms, medians of 3 alternating: Q4_0 0.240 -> 0.139, Q4_K 0.239 ->
+         * 0.166, Q6_K 0.253 -> 0.205, Q8_0 0.314 -> 0.241; two threads Q4_K 0.128 -> 0.080; 256 x
+         * 768 from L3 Q4_0 0.0109 -> 0.0085; in L2 level). From three rows the rows kernels' shared
+         * weight decoding wins in cache (1024 x 2816 in L2, Q4_K: three rows 0.142 -> 0.173, four
+         * 0.172 -> 0.229) more than the prefetch gains from memory (three rows 0.270 -> 0.226). */
+        int w4_rows = M == 1 || (M == 2 && !amd && tlm_dtype_get(parts[p].dtype)->block_elems > 1);
+        w4s[p] = w4_rows && ur == 4 && in < one_row_from(parts[p].dtype, amd)
                      ? k_vdot_w4(parts[p].dtype)
                      : NULL;
         /* Prefetching ahead pays (alternating runs, 2 threads, 768 columns): for the four-row
