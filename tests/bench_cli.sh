@@ -68,7 +68,19 @@ for ct in "" f32; do
     expect "bench cache type $want" test $? -eq 0
 done
 
+# -d: each test after D cached ids in every sequence, named as llama-bench names it; depth plus
+# the longest test must fit the context
+out=$("$TLM" bench -m "$M" -p 8 -n 4 -d 0,100 -b 2 -r 1)
+expect "depth rows ($out)" test "$(printf '%s\n' "$out" | grep -cE '\| +(pp8|tg4)( @ d100)? +\|')" -eq 4
+expect "a tg4 @ d100 row" grep -qE '\| +2 \| +tg4 @ d100 \| +[0-9.]+ ± [0-9.]+ \|' <<<"$out"
+json=$("$TLM" bench -m "$M" -p 0 -n 4 -d 64 -r 1 -o json)
+/usr/bin/python3 -c 'import json,sys; x=json.loads(sys.argv[1])[0]; assert x["n_depth"]==64 and x["avg_ts"]>0, x' "$json"
+expect "json n_depth" test $? -eq 0
+
 err() { "$TLM" bench "$@" 2>&1 >/dev/null; }
+expect "depth beyond the context" grep -q "needs 520 positions, the model's context is 512" \
+  <<<"$(err -m "$M" -p 8 -n 0 -d 512)"
+expect "bad depth" grep -q "bench: -d wants depths" <<<"$(err -m "$M" -d x)"
 expect "no model" grep -q "bench: -m MODEL is required" <<<"$(err -p 8)"
 expect "bad list" grep -q "bench: -p wants counts" <<<"$(err -m "$M" -p 8,,x)"
 expect "zero threads" grep -q "bench: -t wants thread counts" <<<"$(err -m "$M" -t 0)"

@@ -11,8 +11,8 @@
 #include "cli.h"
 
 static const char *bench_help =
-    "usage: tlm bench -m MODEL [-p N,...] [-n N,...] [-t T,...] [-b B,...] [-r REPS] [-o "
-    "md|json]\n\n"
+    "usage: tlm bench -m MODEL [-p N,...] [-n N,...] [-d D,...] [-t T,...] [-b B,...] [-r REPS]\n"
+    "                 [-o md|json]\n\n"
     "Measures prompt processing (ppN: one prefill of N tokens) and generation (tgN: N decode\n"
     "steps of one token each, from an empty cache) as llama-bench does: one warm-up run, then "
     "REPS\n"
@@ -21,6 +21,9 @@ static const char *bench_help =
     "  -m, --model PATH       a model tlm reads (GGUF of any supported type, checkpoint, ...)\n"
     "  -p, --n-prompt N,...   prompt lengths (default 512; 0 skips prompt tests)\n"
     "  -n, --n-gen N,...      generated tokens (default 128; 0 skips generation tests)\n"
+    "  -d, --n-depth D,...    tokens already in the cache when each test starts (default 0):\n"
+    "                         a prefill of D random ids into every sequence, not timed, as\n"
+    "                         llama-bench's -d (tests read 'tg128 @ d512'; json: n_depth)\n"
     "  -t, --threads T,...    thread counts (default: tlm's default)\n"
     "  -b, --batch B,...      sequences decoded together in tgN (default 1; B > 1 is what\n"
     "                         tlm serve's continuous batching does: the rate is B*N / time)\n"
@@ -58,21 +61,34 @@ static int32_t rand_id(rng64 *r, int vocab) {
     return (int32_t)((r->s >> 33) % (uint64_t)vocab);
 }
 
-/* One prompt-processing run: seconds for a prefill of n random ids into a fresh cache. */
-static tlm_status run_pp(tlm_session *s, int n, int vocab, rng64 *r, int32_t *ids, float *logits,
-                         double *sec) {
-    for (int i = 0; i < n; i++) ids[i] = rand_id(r, vocab);
+/* A fresh cache holding `depth` random ids in each of the session's sequences (not timed). */
+static tlm_status fill(tlm_session *s, int depth, int vocab, rng64 *r, int32_t *ids) {
     tlm_session_reset(s, -1);
+    for (int b = 0; b < tlm_session_batch(s) && depth > 0; b++) {
+        for (int i = 0; i < depth; i++) ids[i] = rand_id(r, vocab);
+        tlm_status st = tlm_prefill(s, b, ids, depth, NULL, 0);
+        if (st) return st;
+    }
+    return TLM_OK;
+}
+
+/* One prompt-processing run: seconds for a prefill of n random ids after `depth` cached ones. */
+static tlm_status run_pp(tlm_session *s, int n, int depth, int vocab, rng64 *r, int32_t *ids,
+                         float *logits, double *sec) {
+    tlm_status st = fill(s, depth, vocab, r, ids);
+    if (st) return st;
+    for (int i = 0; i < n; i++) ids[i] = rand_id(r, vocab);
     double t = cli_now();
-    tlm_status st = tlm_prefill(s, 0, ids, n, logits, 0);
+    st = tlm_prefill(s, 0, ids, n, logits, 0);
     *sec = cli_now() - t;
     return st;
 }
 
-/* One generation run: seconds for n decode steps of every sequence from a fresh cache. */
-static tlm_status run_tg(tlm_session *s, int n, int batch, int vocab, rng64 *r, int32_t *ids,
-                         float *logits, double *sec) {
-    tlm_session_reset(s, -1);
+/* One generation run: seconds for n decode steps of every sequence after `depth` cached ids. */
+static tlm_status run_tg(tlm_session *s, int n, int depth, int batch, int vocab, rng64 *r,
+                         int32_t *ids, float *logits, double *sec) {
+    tlm_status st0 = fill(s, depth, vocab, r, ids);
+    if (st0) return st0;
     double t = cli_now();
     for (int k = 0; k < n; k++) {
         for (int b = 0; b < batch; b++) ids[b] = rand_id(r, vocab);
@@ -106,7 +122,8 @@ int cmd_bench(int argc, char **argv) {
     const char *model_path = NULL, *fmt = "md", *precision = NULL;
     tlm_dtype cache_type = TLM_DTYPE_F16;
     long pp[MAX_LIST] = {512}, tg[MAX_LIST] = {128}, th[MAX_LIST] = {0}, bs[MAX_LIST] = {1};
-    int n_pp = 1, n_tg = 1, n_th = 1, n_bs = 1, map_mode = CLI_MAP_AUTO;
+    long dp[MAX_LIST] = {0};
+    int n_pp = 1, n_tg = 1, n_th = 1, n_bs = 1, n_dp = 1, map_mode = CLI_MAP_AUTO;
     long reps = 5;
     for (int i = 1; i < argc; i++) {
         const char *v, *a = argv[i];
@@ -126,6 +143,10 @@ int cmd_bench(int argc, char **argv) {
         } else if (cli_flag_value(argc, argv, &i, "-n", "--n-gen", &v)) {
             if (!v || !(n_tg = parse_list(v, 0, 1 << 20, tg)))
                 return cli_fail("bench: -n wants counts >= 0 separated by commas, got '%s'",
+                                v ? v : "");
+        } else if (cli_flag_value(argc, argv, &i, "-d", "--n-depth", &v)) {
+            if (!v || !(n_dp = parse_list(v, 0, 1 << 20, dp)))
+                return cli_fail("bench: -d wants depths >= 0 separated by commas, got '%s'",
                                 v ? v : "");
         } else if (cli_flag_value(argc, argv, &i, "-t", "--threads", &v)) {
             if (!v || !(n_th = parse_list(v, 1, 4096, th)))
@@ -159,9 +180,11 @@ int cmd_bench(int argc, char **argv) {
     if (!cli_load_flags("bench", read, precision, &lf)) return 1;
     if (tlm_model_load_ex(model_path, lf, &m)) return cli_fail_status("bench");
     const tlm_config *c = tlm_model_config(m);
-    int max_len = 1, max_b = 1;
+    int max_len = 1, max_b = 1, max_d = 0;
     for (int i = 0; i < n_pp; i++) max_len = pp[i] > max_len ? (int)pp[i] : max_len;
     for (int i = 0; i < n_tg; i++) max_len = tg[i] > max_len ? (int)tg[i] : max_len;
+    for (int i = 0; i < n_dp; i++) max_d = dp[i] > max_d ? (int)dp[i] : max_d;
+    max_len += max_d;
     for (int i = 0; i < n_bs; i++) max_b = bs[i] > max_b ? (int)bs[i] : max_b;
     if (max_len > c->context_length) {
         int ctx = c->context_length; /* c belongs to m */
@@ -192,11 +215,11 @@ int cmd_bench(int argc, char **argv) {
         goto done;
     }
     if (!json) {
-        printf("| %-24s | %10s | %8s | %7s | %5s | %12s | %20s |\n", "model", "size", "params",
+        printf("| %-24s | %10s | %8s | %7s | %5s | %16s | %20s |\n", "model", "size", "params",
                "threads", "batch", "test", "t/s");
-        printf("| %.24s | %.10s | %.8s | %.7s | %.5s | %.12s | %.20s |\n",
+        printf("| %.24s | %.10s | %.8s | %.7s | %.5s | %.16s | %.20s |\n",
                "-------------------------", "-----------", "---------", "--------", "------",
-               "-------------", "---------------------");
+               "-----------------", "---------------------");
         fflush(stdout);
     }
     for (int ti_ = 0; ti_ < n_th; ti_++) {
@@ -207,8 +230,8 @@ int cmd_bench(int argc, char **argv) {
             int n_len = kind ? n_tg : n_pp;
             for (int bi = 0; bi < (kind ? n_bs : 1); bi++) {
                 int B = kind ? (int)bs[bi] : 1;
-                for (int li = 0; li < n_len; li++) {
-                    int n = (int)(kind ? tg[li] : pp[li]);
+                for (int li = 0; li < n_len * n_dp; li++) {
+                    int n = (int)(kind ? tg[li / n_dp] : pp[li / n_dp]), depth = (int)dp[li % n_dp];
                     if (n == 0) continue;
                     tlm_session **sp = &sess[kind];
                     if (*sp && tlm_session_batch(*sp) != B) {
@@ -222,12 +245,13 @@ int cmd_bench(int argc, char **argv) {
                     }
                     double sec;
                     /* The warm-up touches the cache, the scratch and the weights' pages once. */
+                    int V = c->vocab_size;
                     tlm_status st =
-                        kind ? run_tg(*sp, n < 4 ? n : 4, B, c->vocab_size, &r, ids, logits, &sec)
-                             : run_pp(*sp, n, c->vocab_size, &r, ids, logits, &sec);
+                        kind ? run_tg(*sp, n < 4 ? n : 4, depth, B, V, &r, ids, logits, &sec)
+                             : run_pp(*sp, n, depth, V, &r, ids, logits, &sec);
                     for (long k = 0; !st && k < reps; k++) {
-                        st = kind ? run_tg(*sp, n, B, c->vocab_size, &r, ids, logits, &sec)
-                                  : run_pp(*sp, n, c->vocab_size, &r, ids, logits, &sec);
+                        st = kind ? run_tg(*sp, n, depth, B, V, &r, ids, logits, &sec)
+                                  : run_pp(*sp, n, depth, V, &r, ids, logits, &sec);
                         rate[k] = (double)n * B / (sec > 0 ? sec : 1e-9);
                     }
                     if (st) {
@@ -236,8 +260,11 @@ int cmd_bench(int argc, char **argv) {
                     }
                     double mean, sd;
                     mean_sd(rate, (int)reps, &mean, &sd);
-                    char test[32];
-                    snprintf(test, sizeof test, "%s%d", kind ? "tg" : "pp", n);
+                    char test[48];
+                    if (depth)
+                        snprintf(test, sizeof test, "%s%d @ d%d", kind ? "tg" : "pp", n, depth);
+                    else
+                        snprintf(test, sizeof test, "%s%d", kind ? "tg" : "pp", n);
                     if (json) {
                         cJSON *o = cJSON_CreateObject();
                         cJSON_AddStringToObject(o, "model", model_path);
@@ -252,6 +279,7 @@ int cmd_bench(int argc, char **argv) {
                         cJSON_AddBoolToObject(o, "use_mmap", !read);
                         cJSON_AddNumberToObject(o, "n_prompt", kind ? 0 : n);
                         cJSON_AddNumberToObject(o, "n_gen", kind ? n : 0);
+                        cJSON_AddNumberToObject(o, "n_depth", depth);
                         cJSON_AddStringToObject(o, "cpu_kernels", tlm_cpu_kernels());
                         cJSON_AddNumberToObject(o, "avg_ts", mean);
                         cJSON_AddNumberToObject(o, "stddev_ts", sd);
@@ -264,7 +292,7 @@ int cmd_bench(int argc, char **argv) {
                         snprintf(size, sizeof size, "%.2f MiB", bytes / 1048576.0);
                         snprintf(np, sizeof np, "%.2f M", params / 1e6);
                         snprintf(ts, sizeof ts, "%.2f ± %.2f", mean, sd);
-                        printf("| %-24.24s | %10s | %8s | %7d | %5d | %12s | %20s |\n",
+                        printf("| %-24.24s | %10s | %8s | %7d | %5d | %16s | %20s |\n",
                                base_name(model_path), size, np, threads, B, test, ts);
                         fflush(stdout);
                     }
