@@ -1251,6 +1251,17 @@ T5 static void a5_q5_k(int n, float *s, const void *w, const void *xq) {
     q45kr5(n, 1, s, w, xq, 0, 1);
 }
 
+/* Byte shuffles that make, from a row's 8 scale bytes in every 128-bit lane, the words
+ * WPAIR(a, b) of q45k_words (scale a in words 0-15, b in 16-31, zero-extended by the shuffle's
+ * zeroing index), for (a, b) = (0, 2), (1, 3), (4, 6), (5, 7). */
+#define SC2(a) a, -128, a, -128, a, -128, a, -128, a, -128, a, -128, a, -128, a, -128
+#define SC4(a, b)                                                                                  \
+    { SC2(a), SC2(a), SC2(b), SC2(b) }
+static const int8_t q45k_sc_b[4][64]
+    __attribute__((aligned(64))) = {SC4(0, 2), SC4(1, 3), SC4(4, 6), SC4(5, 7)};
+#undef SC4
+#undef SC2
+
 T5 static inline AI __m512i q4k_heads(const uint8_t *p, size_t ws) {
     __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)p));
     v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + ws)), 1);
@@ -1272,11 +1283,13 @@ T5 static inline AI __m512i q4k_heads(const uint8_t *p, size_t ws) {
  * unpacking dominates. */
 T5 static inline AI void w4_q45k(int n, float *s, const void *w, size_t ws, const void *xq,
                                  const void *pf, const int five) {
-    /* words of a widened pair of heads: 0-7 scales and 8-15 mins of the even row, 16-31 the odd
-     * row's; each min twice, against the 16 sums of 16 */
-    static const int16_t mdup_w[32] = {8,  8,  9,  9,  10, 10, 11, 11, 12, 12, 13,
-                                       13, 14, 14, 15, 15, 24, 24, 25, 25, 26, 26,
-                                       27, 27, 28, 28, 29, 29, 30, 30, 31, 31};
+    /* byte shuffle of two rows' unpacked heads (bytes 8-15 the mins), each row in two 128-bit
+     * lanes: each min twice, zero-extended to words, against the 16 sums of 16 */
+#define MN(a) a, -128, a, -128
+    static const int8_t mdup_b[64] __attribute__((aligned(64))) = {
+        MN(8), MN(9), MN(10), MN(11), MN(12), MN(13), MN(14), MN(15),
+        MN(8), MN(9), MN(10), MN(11), MN(12), MN(13), MN(14), MN(15)};
+#undef MN
     static const int32_t fm_i[2][16] = {{1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3},
                                         {5, 5, 5, 5, 5, 5, 5, 5, 7, 7, 7, 7, 7, 7, 7, 7}};
     const __m512i m4 = _mm512_set1_epi8(0x0F);
@@ -1284,7 +1297,7 @@ T5 static inline AI void w4_q45k(int n, float *s, const void *w, size_t ws, cons
     const __m512i lo_i = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)q4k_lo_b));
     const __m512i hi_i = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)q4k_hi_b));
     const __m512i keep = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)q4k_keep_b));
-    const __m512i mdup = _mm512_loadu_si512(mdup_w);
+    const __m512i mdup = _mm512_load_si512(mdup_b);
     const __m512i heads = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
     const uint8_t *wb = w;
     const k_block_q8_k *x = xq;
@@ -1304,8 +1317,6 @@ T5 static inline AI void w4_q45k(int n, float *s, const void *w, size_t ws, cons
         __m512i sm = _mm512_or_si512(
             _mm512_and_si512(lo, keep),
             _mm512_srli_epi16(_mm512_and_si512(hi, _mm512_set1_epi8((char)0xC0)), 2));
-        __m512i wv[2] = {_mm512_cvtepu8_epi16(_mm512_castsi512_si256(sm)),
-                         _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(sm, 1))};
         /* dx * d and dx * dmin of rows 0-3, in that order */
         __m512 f = _mm512_castps256_ps512(_mm256_mul_ps(
             _mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_permutexvar_epi32(heads, v))),
@@ -1315,12 +1326,19 @@ T5 static inline AI void w4_q45k(int n, float *s, const void *w, size_t ws, cons
         float fs[8];
         _mm256_storeu_ps(fs, _mm512_castps512_ps256(f));
         __m512i bs = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)x[b].bsums));
+        /* rows 0 and 1 (then 2 and 3) in lanes 0-1 and 2-3, each min twice as words */
+        const __m512i mp[2] = {_mm512_shuffle_i32x4(sm, sm, 0x50),
+                               _mm512_shuffle_i32x4(sm, sm, 0xFA)};
         for (int k = 0; k < 2; k++) {
-            __m512i mt = _mm512_madd_epi16(_mm512_permutexvar_epi16(mdup, wv[k]), bs);
+            __m512i mt = _mm512_madd_epi16(_mm512_shuffle_epi8(mp[k], mdup), bs);
             __m512 fm = _mm512_permutexvar_ps(_mm512_loadu_si512(fm_i[k]), f);
             accm[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(mt), fm, accm[k]);
         }
         const int8_t *xb = xs + TLM_QK_K * b;
+        /* each row's 8 scales (bytes) in all four 128-bit lanes, for q45k_sc_b's byte shuffles */
+        const __m512i rs[4] = {
+            _mm512_shuffle_i32x4(sm, sm, 0x00), _mm512_shuffle_i32x4(sm, sm, 0x55),
+            _mm512_shuffle_i32x4(sm, sm, 0xAA), _mm512_shuffle_i32x4(sm, sm, 0xFF)};
         for (int r = 0; r < 4; r++) {
             const uint8_t *q = p + r * ws + (five ? 48 : 16);
             __m512i isum = _mm512_setzero_si512(), hb = _mm512_setzero_si512();
@@ -1333,11 +1351,10 @@ T5 static inline AI void w4_q45k(int n, float *s, const void *w, size_t ws, cons
                 if (five) q5k_fifth(hb, h, &qa, &qb);
                 __m512i pa = _mm512_maddubs_epi16(qa, _mm512_loadu_si512(xb + 128 * h));
                 __m512i pb = _mm512_maddubs_epi16(qb, _mm512_loadu_si512(xb + 128 * h + 64));
-                const int16_t *ia = q45k_words[4 * (r & 1) + 2 * h];
                 isum = _mm512_dpwssd_epi32(
-                    isum, pa, _mm512_permutexvar_epi16(_mm512_load_si512(ia), wv[r / 2]));
+                    isum, pa, _mm512_shuffle_epi8(rs[r], _mm512_load_si512(q45k_sc_b[2 * h])));
                 isum = _mm512_dpwssd_epi32(
-                    isum, pb, _mm512_permutexvar_epi16(_mm512_load_si512(ia + 32), wv[r / 2]));
+                    isum, pb, _mm512_shuffle_epi8(rs[r], _mm512_load_si512(q45k_sc_b[2 * h + 1])));
             }
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(fs[2 * r]), acc[r]);
         }
