@@ -279,18 +279,15 @@ void k_matvec_plan_init(k_matvec_plan *pl, float *y, int ldy, const float *x, in
          * one process, 1 thread, G bytes/s, burst -> spread: Q4_K 768 x 2048 27 -> 30, 2048 x 768
          * 26 -> 30; Q6_K 768 x 2048 18 -> 21; Q4_0 768 x 2048 17.7 -> 22.4 in one phase of the
          * host, 20.6 -> 20.8 in another. F32 and BF16 lose with it (F32 768 x 2048 26 -> 21). */
-        spreads[p] = w4s[p] && tlm_dtype_get(parts[p].dtype)->block_elems > 1; /* qdot.h */
-        /* BF16's four-row units on Intel's CPUs ask for their lines four units further on into L2
-         * too, as the block types' kernels do (qdot_x86.c's pf_far): from memory, bench_matvec,
-         * medians of 5 alternating, G bytes/s: 1024 x 2816 12.9 -> 15.8 at one thread, 23.9 ->
-         * 27.7 at two; 2816 x 1024 13.7 -> 15.0; 8 units 15.2, the L2 prefetch alone 14.3; 110M
-         * decode 64 -> 69 tok/s at one thread, 131 -> 141 at two). Rows of 256 columns or fewer go
-         * without, as there (15M, in L3: 1040 -> 1029). F32 there reads best with no prefetch at
-         * all (16.8; 15.4 with both). */
-        pl->fars[p] =
-            pfs[p] && w4s[p] && !spreads[p] && !amd && parts[p].dtype == TLM_DTYPE_BF16 && in > 256
-                ? 16 * parts[p].row_bytes
-                : 0;
+        spreads[p] = w4s[p] && (tlm_dtype_get(parts[p].dtype)->block_elems > 1 ||
+                                (parts[p].dtype == TLM_DTYPE_BF16 && !amd && in > 256));
+        /* BF16's four-row units past 256 columns on Intel's CPUs take it spread too (and so the
+         * L2 prefetch, qdot_x86.c's pf_far), where the burst at each unit's start had read them
+         * from memory at 12.9 G bytes/s and the burst with the L2 prefetch at 15.8 (bench_matvec
+         * 1024 x 2816, one thread, medians of 5 alternating): spread 14.1 -> 15.6 against that
+         * burst alone, 768 x 2048 from L3 25.4 -> 27.0; 256 columns in L3 lose (28.2 -> 24.9) and
+         * keep the burst. F32 there reads best with no prefetch at all (16.8; 15.4 with both). */
+        pl->fars[p] = 0;
         /* Three activation rows or more of a block type (sequences decoded together) go through
          * the rows kernels, one weight row against them all; on Intel's CPUs each weight row asks
          * for the same row of the unit after next into L1 before it, and (past 256 columns) the

@@ -291,7 +291,7 @@ T5BF static void a5_bf16(int n, float *s, const void *w, const void *xq) {
 
 /* Four BF16 rows against one activation row, a5_bf16's operations per row, the rows' chains
  * interleaved and each activation vector loaded once for the four; with the prefetch ahead that
- * units of four take. 1 thread, four alternating runs: 15M 770 -> 1123 tok/s (llama.cpp 890),
+ * units of four take (spread over the loop past 256 columns on Intel's CPUs, matvec.c). 1 thread, four alternating runs: 15M 770 -> 1123 tok/s (llama.cpp 890),
  * 110M 81 -> 103 (93); 2 threads 15M 1013 -> 1610 (1014), 110M 153 -> 183 (173). */
 T5BF static inline AI void w4one_bf16(int n, float *s, const void *w, size_t ws, const void *xq,
                                       const void *pf) {
@@ -302,9 +302,10 @@ T5BF static inline AI void w4one_bf16(int n, float *s, const void *w, size_t ws,
         a[r] = (const uint8_t *)w + r * ws;
         s0[r] = s1[r] = _mm512_setzero_ps();
     }
-    (void)pf; /* k_matvec_parts prefetches float rows all at once (k_vdot_w4_fn) */
     int i = 0;
+    size_t pfo = 0, far = pf_far(n, ws);
     for (; i + 64 <= n; i += 64) {
+        pf_upto(pf, &pfo, 4 * 2 * (size_t)(i + 64), far);
         __m512bh x0 = (__m512bh)_mm512_loadu_si512(x + 2 * i);
         __m512bh x1 = (__m512bh)_mm512_loadu_si512(x + 2 * i + 64);
         for (int r = 0; r < 4; r++) {
