@@ -291,8 +291,9 @@ T5BF static void a5_bf16(int n, float *s, const void *w, const void *xq) {
 
 /* Four BF16 rows against one activation row, a5_bf16's operations per row, the rows' chains
  * interleaved and each activation vector loaded once for the four; with the prefetch ahead that
- * units of four take (spread over the loop past 256 columns on Intel's CPUs, matvec.c). 1 thread, four alternating runs: 15M 770 -> 1123 tok/s (llama.cpp 890),
- * 110M 81 -> 103 (93); 2 threads 15M 1013 -> 1610 (1014), 110M 153 -> 183 (173). */
+ * units of four take (spread over the loop past 256 columns on Intel's CPUs, matvec.c). 1 thread,
+ * four alternating runs: 15M 770 -> 1123 tok/s (llama.cpp 890), 110M 81 -> 103 (93); 2 threads 15M
+ * 1013 -> 1610 (1014), 110M 153 -> 183 (173). */
 T5BF static inline AI void w4one_bf16(int n, float *s, const void *w, size_t ws, const void *xq,
                                       const void *pf) {
     const uint8_t *x = xq;
@@ -674,6 +675,11 @@ T2 static void widen_bf16(const void *src, float *dst, int n) {
  * 75-77 tok/s at one thread, 125-129 -> 133-135 at two; 512 bytes ahead 67-70, 1 KiB 72-75, 4 KiB
  * 74-75). The bytes past the row are the next row's, or a prefetch that never faults. */
 #define F16_ROW_PREFETCH 2048
+/* ... and the line 8 KiB ahead into L2 (prefetcht1), as the four-row kernels' pf_far: the L1
+ * prefetch alone kept the misses in flight to what L1's fill buffers hold (tg, tok/s, medians
+ * of 5 alternating: 110M F16 80 -> 88 at one thread, 134 -> 177 at two; 400M F16 23.7 -> 24.4 and
+ * 41.0 -> 42.9; 4 KiB 164, 16 KiB 172 at two on 110M; 15M level). */
+#define F16_ROW_FAR 8192
 
 /* F32 and F16 weights against F32 rows. One row at a time reads the matrix as one sequential
  * stream (rows are contiguous), which the hardware prefetchers follow better than four
@@ -689,7 +695,10 @@ T5 static inline AI void fr5(int n, const int M, float *s, const uint8_t *w, con
     for (int m = 0; m < M; m++) a0[m] = a1[m] = _mm512_setzero_ps();
     int i = 0, pf = f16 && M == 1 && !cpu_amd;
     for (; i + 32 <= n; i += 32) {
-        if (pf) _mm_prefetch((const char *)w + 2 * (size_t)i + F16_ROW_PREFETCH, _MM_HINT_T0);
+        if (pf) {
+            _mm_prefetch((const char *)w + 2 * (size_t)i + F16_ROW_PREFETCH, _MM_HINT_T0);
+            _mm_prefetch((const char *)w + 2 * (size_t)i + F16_ROW_FAR, _MM_HINT_T1);
+        }
         __m512 w0 = ld16_5(w, f16, i), w1 = ld16_5(w, f16, i + 16);
         for (int m = 0; m < M; m++) {
             a0[m] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + m * xs + i), a0[m]);
