@@ -669,11 +669,15 @@ T2 static void widen_bf16(const void *src, float *dst, int n) {
     default: fn(n, 8, s, w, xq, xs); break;                                                        \
     }
 
-/* One F16 row against one activation row (long rows go one at a time: matvec.c's one_row_from)
- * asks for the line 2 KiB ahead at each of its lines on Intel's CPUs, where the hardware alone
- * kept one stream of halves to 14.5 G bytes/s on one core (110M F16, tg64, 2-vCPU Xeon: 63-65 ->
- * 75-77 tok/s at one thread, 125-129 -> 133-135 at two; 512 bytes ahead 67-70, 1 KiB 72-75, 4 KiB
- * 74-75). The bytes past the row are the next row's, or a prefetch that never faults. */
+/* One F16 row against one to four activation rows (long rows go one at a time: matvec.c's
+ * one_row_from; past four rows k_matvec_parts prefetches, or k_fgemm takes them) asks for the line
+ * 2 KiB ahead at each of its lines on Intel's CPUs (two to four rows, several sequences decoded
+ * together, had gone without: tlm bench -b 2, 3, 4 at two threads, tok/s: 110M F16 174 -> 319,
+ * 228 -> 448, 251 -> 486; 400M F16 55 -> 83, 74 -> 114, 88 -> 140; 15M 2614 -> 3145 at b2), where
+ * the hardware alone kept one stream of halves to 14.5 G bytes/s on one core (110M F16, tg64,
+ * 2-vCPU Xeon: 63-65 -> 75-77 tok/s at one thread, 125-129 -> 133-135 at two; 512 bytes ahead
+ * 67-70, 1 KiB 72-75, 4 KiB 74-75). The bytes past the row are the next row's, or a prefetch that
+ * never faults. */
 #define F16_ROW_PREFETCH 2048
 /* ... and the line 8 KiB ahead into L2 (prefetcht1), as the four-row kernels' pf_far: the L1
  * prefetch alone kept the misses in flight to what L1's fill buffers hold (tg, tok/s, medians
@@ -693,7 +697,7 @@ T5 static inline AI void fr5(int n, const int M, float *s, const uint8_t *w, con
                              size_t xs, int f16) {
     __m512 a0[K_VDOT_MAX_ROWS], a1[K_VDOT_MAX_ROWS];
     for (int m = 0; m < M; m++) a0[m] = a1[m] = _mm512_setzero_ps();
-    int i = 0, pf = f16 && M == 1 && !cpu_amd;
+    int i = 0, pf = f16 && M <= 4 && !cpu_amd;
     for (; i + 32 <= n; i += 32) {
         if (pf) {
             _mm_prefetch((const char *)w + 2 * (size_t)i + F16_ROW_PREFETCH, _MM_HINT_T0);
