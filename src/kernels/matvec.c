@@ -249,7 +249,9 @@ void k_matvec_plan_init(k_matvec_plan *pl, float *y, int ldy, const float *x, in
          * 768 from L3 Q4_0 0.0109 -> 0.0085; in L2 level). From three rows the rows kernels' shared
          * weight decoding wins in cache (1024 x 2816 in L2, Q4_K: three rows 0.142 -> 0.173, four
          * 0.172 -> 0.229) more than the prefetch gains from memory (three rows 0.270 -> 0.226). */
-        int w4_rows = M == 1 || (M == 2 && !amd && tlm_dtype_get(parts[p].dtype)->block_elems > 1);
+        int packed = tlm_dtype_get(parts[p].dtype)->block_elems > 1 ||
+                     parts[p].dtype == TLM_DTYPE_BF16; /* and BF16 (its figures below) */
+        int w4_rows = M == 1 || (M == 2 && !amd && packed);
         w4s[p] = w4_rows && ur == 4 && in < one_row_from(parts[p].dtype, amd)
                      ? k_vdot_w4(parts[p].dtype)
                      : NULL;
@@ -295,9 +297,11 @@ void k_matvec_plan_init(k_matvec_plan *pl, float *y, int ldy, const float *x, in
          * memory, bench_matvec 1024 x 2816, one thread, ms, medians of 3 alternating: Q8_0 three
          * rows 0.420 -> 0.300, four 0.456 -> 0.345; Q4_K 0.273 -> 0.182 and 0.300 -> 0.204; Q6_K
          * four 0.337 -> 0.244; Q4_0 eight 0.393 -> 0.292; in L2 (Q4_K, three and eight rows)
-         * 2-4% slower, 256 x 768 from L3 level. */
-        pl->rpfs[p] = !w4s[p] && M > 2 && M <= K_VDOT_MAX_ROWS && !amd &&
-                      tlm_dtype_get(parts[p].dtype)->block_elems > 1;
+         * 2-4% slower, 256 x 768 from L3 level. BF16 likewise, two rows through its four-row
+         * kernel and more with this prefetch (tlm bench -b 2, 3, 4, 8, two threads, tok/s: 110M
+         * 169 -> 276, 205 -> 288, 270 -> 340, 393 -> 484; 400M 57 -> 69, 76 -> 85, 86 -> 94, 106
+         * -> 125; 15M b2 2800 -> 3410, the others level). */
+        pl->rpfs[p] = !w4s[p] && M > 2 && M <= K_VDOT_MAX_ROWS && !amd && packed;
         if (pl->rpfs[p]) pl->fars[p] = in > 256 ? 16 * parts[p].row_bytes : 0;
         rbs[p] = (k_act_row_bytes(parts[p].dtype, in) + 63) & ~(size_t)63;
         acts[p] = kind == K_ACT_F32 ? (const uint8_t *)x : act ? act + off[kind] : NULL;
