@@ -291,7 +291,9 @@ void k_matvec_plan_init(k_matvec_plan *pl, float *y, int ldy, const float *x, in
          * keep the burst. F32 there reads best with no prefetch at all (16.8; 15.4 with both). */
         pl->fars[p] = 0;
         /* Three activation rows or more of a block type (sequences decoded together) go through
-         * the rows kernels, one weight row against them all; on Intel's CPUs each weight row asks
+         * the rows kernels, one weight row against them all, and so do all rows where the CPU has
+         * no four-row kernel (AVX2: 400M Q4_K_M at one thread 22 -> 42 tok/s with what follows,
+         * 400M Q8_0 at two 31 -> 57, 15M level); on Intel's CPUs each weight row asks
          * for the same row of the unit after next into L1 before it, and (past 256 columns) the
          * one four units further on into L2, a row at a time rather than a unit's burst. From
          * memory, bench_matvec 1024 x 2816, one thread, ms, medians of 3 alternating: Q8_0 three
@@ -301,7 +303,7 @@ void k_matvec_plan_init(k_matvec_plan *pl, float *y, int ldy, const float *x, in
          * kernel and more with this prefetch (tlm bench -b 2, 3, 4, 8, two threads, tok/s: 110M
          * 169 -> 276, 205 -> 288, 270 -> 340, 393 -> 484; 400M 57 -> 69, 76 -> 85, 86 -> 94, 106
          * -> 125; 15M b2 2800 -> 3410, the others level). */
-        pl->rpfs[p] = !w4s[p] && M > 2 && M <= K_VDOT_MAX_ROWS && !amd && packed;
+        pl->rpfs[p] = !w4s[p] && M <= K_VDOT_MAX_ROWS && !amd && packed;
         if (pl->rpfs[p]) pl->fars[p] = in > 256 ? 16 * parts[p].row_bytes : 0;
         rbs[p] = (k_act_row_bytes(parts[p].dtype, in) + 63) & ~(size_t)63;
         acts[p] = kind == K_ACT_F32 ? (const uint8_t *)x : act ? act + off[kind] : NULL;
