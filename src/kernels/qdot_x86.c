@@ -201,8 +201,7 @@ static inline void pf_upto(const void *pf, size_t *o, size_t to, size_t far) {
  * (Q8_0 163 -> 208 and 366 -> 415, Q6_K 272 -> 296 and 549 -> 564, Q4_0 367 -> 391 and level).
  * Rows of 256 columns or fewer (15M's, which sit in L3 with the whole small model) lost 1-3% with
  * it (Q6_K 2418 -> 2376, 4000 -> 3896; Q8_0 1872 -> 1847, 3193 -> 3099) and keep the L1 prefetch
- * alone. Not measured on AMD's, which keep
- * it alone too. */
+ * alone. Not measured on AMD's, which keep it alone too. */
 static inline size_t pf_far(int n, size_t ws) { return cpu_amd || n <= 256 ? 0 : 16 * ws; }
 
 /* ---- F16, BF16 ------------------------------------------------------------------------------ */
