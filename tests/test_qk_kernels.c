@@ -252,9 +252,10 @@ static void check_w4(tlm_dtype t, int n) {
 }
 
 /* k_matvec_parts over M rows of x (11: a group of 8 and one of 3; 6: F32 three weight rows at a
- * time; 2: block types through the four-row kernels once per row, on Intel's CPUs) and two parts (19 and 6 output rows: units of four, or of three for F32 and F16 past 8
- * rows, with a tail; the second part's columns after the first's, one with a bias) against M
- * one-row calls: every row's sums are computed alike whatever M is, so bit for bit. */
+ * time; 2: block types through the four-row kernels once per row, on Intel's CPUs) and two parts
+ * (19 and 6 output rows: units of four, or of three for F32 and F16 past 8 rows, with a tail; the
+ * second part's columns after the first's, one with a bias) against M one-row calls: every row's
+ * sums are computed alike whatever M is, so bit for bit. */
 static void check_matvec_rows(tlm_dtype t, int in, int M) {
     enum { O1 = 19, O2 = 6 };
     size_t rb = tlm_dtype_bytes(t, (uint64_t)in);
