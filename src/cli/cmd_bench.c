@@ -87,13 +87,12 @@ static tlm_status run_pp(tlm_session *s, int n, int depth, int vocab, rng64 *r, 
 /* One generation run: seconds for n decode steps of every sequence after `depth` cached ids. */
 static tlm_status run_tg(tlm_session *s, int n, int depth, int batch, int vocab, rng64 *r,
                          int32_t *ids, float *logits, double *sec) {
-    tlm_status st0 = fill(s, depth, vocab, r, ids);
-    if (st0) return st0;
+    tlm_status st = fill(s, depth, vocab, r, ids);
+    if (st) return st;
     double t = cli_now();
     for (int k = 0; k < n; k++) {
         for (int b = 0; b < batch; b++) ids[b] = rand_id(r, vocab);
-        tlm_status st = tlm_decode(s, ids, NULL, logits);
-        if (st) return st;
+        if ((st = tlm_decode(s, ids, NULL, logits))) return st;
     }
     *sec = cli_now() - t;
     return TLM_OK;

@@ -103,7 +103,7 @@ static void mv_units(const k_matvec_plan *c, long u0, long u1) {
          * may: it never faults. */
         const char *pf = c->pfs[p] ? (const char *)w0 + 2 * (size_t)ur * P->row_bytes : NULL;
         int w4 = rows == 4 && a && c->w4s[p];
-        if (pf && !(w4 && c->spreads[p])) prefetch_lines(pf, (size_t)ur * P->row_bytes, c->fars[p]);
+        if (pf && !(w4 && c->spreads[p])) prefetch_lines(pf, (size_t)ur * P->row_bytes, 0);
         if (ur == 3 && rows == 3 && a) {
             float r3[3 * K_VDOT3_MAX_ROWS];
             for (int m0 = 0; m0 < M; m0 += K_VDOT3_MAX_ROWS) {
@@ -140,7 +140,7 @@ static void mv_units(const k_matvec_plan *c, long u0, long u1) {
                 w4f(in, ym, w0, P->row_bytes, a, pf, nu);
             } else {
                 for (int k = 0; k < nu; k++) {
-                    if (k) prefetch_lines(pf + k * step, step, c->fars[p]);
+                    if (k) prefetch_lines(pf + k * step, step, 0);
                     w4f(in, ym + 4 * k, w0 + k * step, P->row_bytes, a, NULL, 1);
                 }
             }
@@ -249,8 +249,9 @@ void k_matvec_plan_init(k_matvec_plan *pl, float *y, int ldy, const float *x, in
          * 768 from L3 Q4_0 0.0109 -> 0.0085; in L2 level). From three rows the rows kernels' shared
          * weight decoding wins in cache (1024 x 2816 in L2, Q4_K: three rows 0.142 -> 0.173, four
          * 0.172 -> 0.229) more than the prefetch gains from memory (three rows 0.270 -> 0.226). */
-        int packed = tlm_dtype_get(parts[p].dtype)->block_elems > 1 ||
-                     parts[p].dtype == TLM_DTYPE_BF16; /* and BF16 (its figures below) */
+        int blocks = tlm_dtype_get(parts[p].dtype)->block_elems > 1,
+            far = !amd && in > K_PF_FAR_MIN_COLS;
+        int packed = blocks || parts[p].dtype == TLM_DTYPE_BF16; /* and BF16 (figures below) */
         int w4_rows = M == 1 || (M == 2 && !amd && packed);
         w4s[p] = w4_rows && ur == 4 && in < one_row_from(parts[p].dtype, amd)
                      ? k_vdot_w4(parts[p].dtype)
@@ -281,15 +282,13 @@ void k_matvec_plan_init(k_matvec_plan *pl, float *y, int ldy, const float *x, in
          * one process, 1 thread, G bytes/s, burst -> spread: Q4_K 768 x 2048 27 -> 30, 2048 x 768
          * 26 -> 30; Q6_K 768 x 2048 18 -> 21; Q4_0 768 x 2048 17.7 -> 22.4 in one phase of the
          * host, 20.6 -> 20.8 in another. F32 and BF16 lose with it (F32 768 x 2048 26 -> 21). */
-        spreads[p] = w4s[p] && (tlm_dtype_get(parts[p].dtype)->block_elems > 1 ||
-                                (parts[p].dtype == TLM_DTYPE_BF16 && !amd && in > 256));
+        spreads[p] = w4s[p] && (blocks || (parts[p].dtype == TLM_DTYPE_BF16 && far));
         /* BF16's four-row units past 256 columns on Intel's CPUs take it spread too (and so the
          * L2 prefetch, qdot_x86.c's pf_far), where the burst at each unit's start had read them
          * from memory at 12.9 G bytes/s and the burst with the L2 prefetch at 15.8 (bench_matvec
          * 1024 x 2816, one thread, medians of 5 alternating): spread 14.1 -> 15.6 against that
          * burst alone, 768 x 2048 from L3 25.4 -> 27.0; 256 columns in L3 lose (28.2 -> 24.9) and
          * keep the burst. F32 there reads best with no prefetch at all (16.8; 15.4 with both). */
-        pl->fars[p] = 0;
         /* Three activation rows or more of a block type (sequences decoded together) go through
          * the rows kernels, one weight row against them all, and so do all rows where the CPU has
          * no four-row kernel (AVX2: 400M Q4_K_M at one thread 22 -> 42 tok/s with what follows,
@@ -304,7 +303,7 @@ void k_matvec_plan_init(k_matvec_plan *pl, float *y, int ldy, const float *x, in
          * 169 -> 276, 205 -> 288, 270 -> 340, 393 -> 484; 400M 57 -> 69, 76 -> 85, 86 -> 94, 106
          * -> 125; 15M b2 2800 -> 3410, the others level). */
         pl->rpfs[p] = !w4s[p] && M <= K_VDOT_MAX_ROWS && !amd && packed;
-        if (pl->rpfs[p]) pl->fars[p] = in > 256 ? 16 * parts[p].row_bytes : 0;
+        pl->fars[p] = pl->rpfs[p] && far ? K_PF_FAR_ROWS * parts[p].row_bytes : 0;
         rbs[p] = (k_act_row_bytes(parts[p].dtype, in) + 63) & ~(size_t)63;
         acts[p] = kind == K_ACT_F32 ? (const uint8_t *)x : act ? act + off[kind] : NULL;
         if (kind == K_ACT_F32) rbs[p] = (size_t)in * sizeof(float);

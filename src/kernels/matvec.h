@@ -55,8 +55,8 @@ typedef struct {
     k_vdot_rows3_fn r3s[K_LINEAR_MAX_PARTS];
     k_vdot_w4_fn w4s[K_LINEAR_MAX_PARTS];
     int pfs[K_LINEAR_MAX_PARTS], spreads[K_LINEAR_MAX_PARTS];
-    size_t fars[K_LINEAR_MAX_PARTS]; /* the L2 prefetch's distance past pf's, or 0 (matvec.c) */
     int rpfs[K_LINEAR_MAX_PARTS];    /* the rows kernels' weight rows prefetched one by one */
+    size_t fars[K_LINEAR_MAX_PARTS]; /* and their L2 prefetch's distance past that, or 0 */
     k_vdot_fn dots[K_LINEAR_MAX_PARTS];
     k_vdot_rows_fn rdots[K_LINEAR_MAX_PARTS];
     const uint8_t *acts[K_LINEAR_MAX_PARTS];

@@ -89,6 +89,12 @@ void k_isa_cap(int isa);
 k_vdot_fn k_vdot_get(tlm_dtype t, int isa);
 k_vdot_fn k_vdot(tlm_dtype t);
 
+/* The decode kernels' L2 prefetch on Intel's CPUs (qdot_x86.c's pf_far has the figures): this
+ * many weight rows past the L1 prefetch, for rows of more than K_PF_FAR_MIN_COLS columns (shorter
+ * ones belong to models small enough to sit in L3, where it cost 1-3%). */
+#define K_PF_FAR_ROWS 16
+#define K_PF_FAR_MIN_COLS 256
+
 /* Most activation rows a k_vdot_rows_fn takes in one call. */
 #define K_VDOT_MAX_ROWS 8
 /* s[m] = w . xq_m for m < M (1 <= M <= K_VDOT_MAX_ROWS), xq_m = xq + m * xstride bytes: one

@@ -202,7 +202,9 @@ static inline void pf_upto(const void *pf, size_t *o, size_t to, size_t far) {
  * Rows of 256 columns or fewer (15M's, which sit in L3 with the whole small model) lost 1-3% with
  * it (Q6_K 2418 -> 2376, 4000 -> 3896; Q8_0 1872 -> 1847, 3193 -> 3099) and keep the L1 prefetch
  * alone. Not measured on AMD's, which keep it alone too. */
-static inline size_t pf_far(int n, size_t ws) { return cpu_amd || n <= 256 ? 0 : 16 * ws; }
+static inline size_t pf_far(int n, size_t ws) {
+    return cpu_amd || n <= K_PF_FAR_MIN_COLS ? 0 : K_PF_FAR_ROWS * ws;
+}
 
 /* ---- F16, BF16 ------------------------------------------------------------------------------ */
 
@@ -1159,15 +1161,15 @@ T5 static inline AI float q45k_sum(__m512 acc, __m256 accm) { return hsum8(q45k_
 /* The Q4_K and Q5_K kernels' word indices and shift counts, each word a in the low 256 bits and
  * b in the high ones (WPAIR(a, b)), as tables: built in registers from immediates, the sixteen of
  * w4_q45k's loop outnumbered the registers left and the compiler rebuilt each in the loop (three
- * instructions) where one load does. Rows 0-7: the scales of sub-blocks a and a + 2 for a = 0, 1,
- * 4, 5 (an even row's widened head, or one row's), then 16, 17, 20, 21 (an odd row's); 8-11: Q5_K's
- * fifth-bit shifts (q5k_load), left (4, 2), (3, 1), right (0, 2), (1, 3). */
+ * instructions) where one load does. Rows 0-3: the scales of sub-blocks a and a + 2 for a = 0, 1,
+ * 4, 5 of one row's widened head (q4k_load; w4_q45k takes them by byte shuffles, q45k_sc_b); 4-7:
+ * Q5_K's fifth-bit shifts (q5k_load), left (4, 2), (3, 1), right (0, 2), (1, 3). */
 #define W16(v) v, v, v, v, v, v, v, v, v, v, v, v, v, v, v, v
 #define WPAIR(a, b)                                                                                \
     { W16(a), W16(b) }
-static const int16_t q45k_words[12][32] __attribute__((aligned(64))) = {
-    WPAIR(0, 2),   WPAIR(1, 3),   WPAIR(4, 6), WPAIR(5, 7), WPAIR(16, 18), WPAIR(17, 19),
-    WPAIR(20, 22), WPAIR(21, 23), WPAIR(4, 2), WPAIR(3, 1), WPAIR(0, 2),   WPAIR(1, 3)};
+static const int16_t q45k_words[8][32]
+    __attribute__((aligned(64))) = {WPAIR(0, 2), WPAIR(1, 3), WPAIR(4, 6), WPAIR(5, 7),
+                                    WPAIR(4, 2), WPAIR(3, 1), WPAIR(0, 2), WPAIR(1, 3)};
 #undef WPAIR
 #undef W16
 
@@ -1216,10 +1218,10 @@ T5 static inline AI void q4k_step(const q45k_w *w, const k_block_q8_k *x, const 
 T5 static inline AI void q5k_fifth(__m512i hb, int h, __m512i *qa, __m512i *qb) {
     const __m512i b4 = _mm512_set1_epi8(0x10);
     /* bits 4h | 4h + 2 and 4h + 1 | 4h + 3 to bit 4 */
-    __m512i f0 = h ? _mm512_srlv_epi16(hb, _mm512_load_si512(q45k_words[10]))
-                   : _mm512_sllv_epi16(hb, _mm512_load_si512(q45k_words[8]));
-    __m512i f1 = h ? _mm512_srlv_epi16(hb, _mm512_load_si512(q45k_words[11]))
-                   : _mm512_sllv_epi16(hb, _mm512_load_si512(q45k_words[9]));
+    __m512i f0 = h ? _mm512_srlv_epi16(hb, _mm512_load_si512(q45k_words[6]))
+                   : _mm512_sllv_epi16(hb, _mm512_load_si512(q45k_words[4]));
+    __m512i f1 = h ? _mm512_srlv_epi16(hb, _mm512_load_si512(q45k_words[7]))
+                   : _mm512_sllv_epi16(hb, _mm512_load_si512(q45k_words[5]));
     *qa = _mm512_or_si512(*qa, _mm512_and_si512(f0, b4));
     *qb = _mm512_or_si512(*qb, _mm512_and_si512(f1, b4));
 }
