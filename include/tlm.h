@@ -71,6 +71,8 @@ typedef enum {
     TLM_DTYPE_Q4_K,
     TLM_DTYPE_Q5_K,
     TLM_DTYPE_Q6_K,
+    TLM_DTYPE_Q2_K,
+    TLM_DTYPE_Q3_K,
     TLM_DTYPE_COUNT
 } tlm_dtype;
 

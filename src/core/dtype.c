@@ -25,6 +25,8 @@ static const tlm_dtype_info table[TLM_DTYPE_COUNT] = {
     [TLM_DTYPE_Q4_K] = {"Q4_K", TLM_QK_K, sizeof(tlm_block_q4_k), 12, 1},
     [TLM_DTYPE_Q5_K] = {"Q5_K", TLM_QK_K, sizeof(tlm_block_q5_k), 13, 1},
     [TLM_DTYPE_Q6_K] = {"Q6_K", TLM_QK_K, sizeof(tlm_block_q6_k), 14, 1},
+    [TLM_DTYPE_Q2_K] = {"Q2_K", TLM_QK_K, sizeof(tlm_block_q2_k), 10, 1},
+    [TLM_DTYPE_Q3_K] = {"Q3_K", TLM_QK_K, sizeof(tlm_block_q3_k), 11, 1},
 };
 
 const tlm_dtype_info *tlm_dtype_get(tlm_dtype t) {
@@ -186,6 +188,33 @@ static void widen_block(tlm_dtype t, const uint8_t *src, float *y) {
             }
         break;
     }
+    case TLM_DTYPE_Q2_K: {
+        tlm_block_q2_k b;
+        memcpy(&b, src, sizeof b);
+        float d = tlm_f16_to_f32(b.d), dmin = tlm_f16_to_f32(b.dmin);
+        for (int j = 0; j < 16; j++) {
+            const uint8_t *q = b.qs + 32 * (j / 8) + 16 * (j & 1);
+            int shift = 2 * ((j % 8) / 2);
+            float dl = d * (float)(b.scales[j] & 15), ml = dmin * (float)(b.scales[j] >> 4);
+            for (int l = 0; l < 16; l++) y[16 * j + l] = dl * (float)((q[l] >> shift) & 3) - ml;
+        }
+        break;
+    }
+    case TLM_DTYPE_Q3_K: {
+        tlm_block_q3_k b;
+        memcpy(&b, src, sizeof b);
+        float d = tlm_f16_to_f32(b.d);
+        for (int j = 0; j < 16; j++) {
+            int off = 32 * (j / 8) + 16 * (j & 1), i = (j % 8) / 2, hbit = 4 * (j / 8) + i;
+            float dl = d * (float)(tlm_q3k_scale(j, b.scales) - 32);
+            for (int l = 0; l < 16; l++) {
+                int q = ((b.qs[off + l] >> (2 * i)) & 3) -
+                        ((b.hmask[off % 32 + l] >> hbit) & 1 ? 0 : 4);
+                y[16 * j + l] = dl * (float)q;
+            }
+        }
+        break;
+    }
     default: break;
     }
 }
@@ -214,7 +243,9 @@ tlm_status tlm_dtype_to_f32(tlm_dtype t, const void *src, float *dst, size_t n) 
     case TLM_DTYPE_Q5_1:
     case TLM_DTYPE_Q4_K:
     case TLM_DTYPE_Q5_K:
-    case TLM_DTYPE_Q6_K: {
+    case TLM_DTYPE_Q6_K:
+    case TLM_DTYPE_Q2_K:
+    case TLM_DTYPE_Q3_K: {
         const tlm_dtype_info *d = &table[t];
         if (n % d->block_elems)
             return tlm_err(TLM_ERR_ARG, "%s: %zu elements is not whole blocks", d->name, n);

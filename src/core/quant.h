@@ -69,6 +69,27 @@ typedef struct {
     uint16_t d;
 } tlm_block_q6_k;
 
+/* Sixteen sub-blocks of 16: x = d * (sc[j] & 15) * q - dmin * (sc[j] >> 4), q 2 bits. Each half
+ * h of the block (128 elements) has 32 bytes of qs: element 32i + l (i = 0..3, l = 0..31) of the
+ * half is bits 2i, 2i + 1 of qs[32h + l], in sub-block 8h + 2i + l / 16. */
+typedef struct {
+    uint8_t scales[TLM_QK_K / 16];
+    uint8_t qs[TLM_QK_K / 4];
+    uint16_t d, dmin;
+} tlm_block_q2_k;
+
+/* Sixteen sub-blocks of 16: x = d * (sc[j] - 32) * (q - 4 + 4 * hbit), q 2 bits laid out as
+ * Q2_K's, hbit of element 32i + l of half h bit 4h + i of hmask[l], sc 6 bits packed in 12 bytes
+ * (tlm_q3k_scale). */
+typedef struct {
+    uint8_t hmask[TLM_QK_K / 8];
+    uint8_t qs[TLM_QK_K / 4];
+    uint8_t scales[12];
+    uint16_t d;
+} tlm_block_q3_k;
+
+_Static_assert(sizeof(tlm_block_q2_k) == 84, "Q2_K block");
+_Static_assert(sizeof(tlm_block_q3_k) == 110, "Q3_K block");
 _Static_assert(sizeof(tlm_block_q8_0) == 34, "Q8_0 block");
 _Static_assert(sizeof(tlm_block_q4_0) == 18, "Q4_0 block");
 _Static_assert(sizeof(tlm_block_q4_1) == 20, "Q4_1 block");
@@ -81,6 +102,14 @@ _Static_assert(sizeof(tlm_block_q6_k) == 210, "Q6_K block");
 /* Sub-block j's (0..7) 6-bit scale and min from the 12 packed bytes of Q4_K and Q5_K: bytes 0-3
  * hold the scales of 0-3 and 4-7 their mins (low 6 bits); sub-blocks 4-7 keep their low 4 bits
  * in bytes 8-11 and their top 2 bits in the spare top bits of bytes 0-7. */
+/* Sub-block j's scale of a Q3_K block (0..63; the value is this - 32): the low four bits from
+ * byte j (j < 8) or the high ones of byte j - 8, the top two from byte 8 + j % 4 at bit 2 (j / 4).
+ */
+static inline int tlm_q3k_scale(int j, const uint8_t *q) {
+    int lo = j < 8 ? q[j] & 15 : q[j - 8] >> 4;
+    return lo | ((q[8 + (j & 3)] >> (2 * (j >> 2))) & 3) << 4;
+}
+
 static inline void tlm_q4k_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *mn) {
     if (j < 4) {
         *sc = q[j] & 63;

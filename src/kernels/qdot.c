@@ -28,7 +28,9 @@ k_act_kind k_act_of(tlm_dtype t) {
     case TLM_DTYPE_Q5_1: return K_ACT_Q8_0;
     case TLM_DTYPE_Q4_K:
     case TLM_DTYPE_Q5_K:
-    case TLM_DTYPE_Q6_K: return K_ACT_Q8_K;
+    case TLM_DTYPE_Q6_K:
+    case TLM_DTYPE_Q2_K:
+    case TLM_DTYPE_Q3_K: return K_ACT_Q8_K;
     default: return K_ACT_NONE;
     }
 }
@@ -223,6 +225,48 @@ static void ref_q6_k(int n, float *s, const void *w, const void *xq) {
     *s = acc;
 }
 
+/* Q2_K and Q3_K: sub-block j (of 16) is 16 elements at qs + 32 (j / 8) + 16 (j % 2), two bits
+ * at 2 ((j % 8) / 2) (tlm_block_q2_k); its integer sum against the activation's qs. Q3_K's
+ * third bit, clear, takes 4 off. */
+static int q23k_sub(const uint8_t *qs, const uint8_t *hmask, int j, const int8_t *a) {
+    int off = 32 * (j / 8) + 16 * (j & 1), i = (j % 8) / 2, hbit = 4 * (j / 8) + i, sum = 0;
+    for (int l = 0; l < 16; l++) {
+        int q = (qs[off + l] >> (2 * i)) & 3;
+        if (hmask) q -= (hmask[off % 32 + l] >> hbit) & 1 ? 0 : 4;
+        sum += q * a[16 * j + l];
+    }
+    return sum;
+}
+
+static void ref_q2_k(int n, float *s, const void *w, const void *xq) {
+    const uint8_t *wb = w;
+    const k_block_q8_k *x = xq;
+    float acc = 0.0f;
+    for (int b = 0; b < n / TLM_QK_K; b++, wb += sizeof(tlm_block_q2_k)) {
+        const uint8_t *sc = wb;
+        int sumi = 0, summ = 0;
+        for (int j = 0; j < 16; j++) {
+            sumi += (sc[j] & 15) * q23k_sub(wb + 16, NULL, j, x[b].qs);
+            summ += (sc[j] >> 4) * x[b].bsums[j];
+        }
+        acc += x[b].d * h2f(wb + 80) * (float)sumi - x[b].d * h2f(wb + 82) * (float)summ;
+    }
+    *s = acc;
+}
+
+static void ref_q3_k(int n, float *s, const void *w, const void *xq) {
+    const uint8_t *wb = w;
+    const k_block_q8_k *x = xq;
+    float acc = 0.0f;
+    for (int b = 0; b < n / TLM_QK_K; b++, wb += sizeof(tlm_block_q3_k)) {
+        int sumi = 0;
+        for (int j = 0; j < 16; j++)
+            sumi += (tlm_q3k_scale(j, wb + 96) - 32) * q23k_sub(wb + 32, wb, j, x[b].qs);
+        acc += h2f(wb + 108) * x[b].d * (float)sumi;
+    }
+    *s = acc;
+}
+
 /* ---- dispatch ------------------------------------------------------------------------------- */
 
 static k_vdot_fn ref_of(tlm_dtype t) {
@@ -238,6 +282,8 @@ static k_vdot_fn ref_of(tlm_dtype t) {
     case TLM_DTYPE_Q4_K: return ref_q4_k;
     case TLM_DTYPE_Q5_K: return ref_q5_k;
     case TLM_DTYPE_Q6_K: return ref_q6_k;
+    case TLM_DTYPE_Q2_K: return ref_q2_k;
+    case TLM_DTYPE_Q3_K: return ref_q3_k;
     default: return NULL;
     }
 }

@@ -620,6 +620,143 @@ T5 static void a5_q6_k(int n, float *s, const void *w, const void *xq) {
     *s = hsum8(acc);
 }
 
+/* ---- Q2_K and Q3_K ----------------------------------------------------------------------------
+ */
+/* Their qs hold four 2-bit planes: plane i of byte l of half h (32 bytes each) is element 32i + l
+ * of the half, whose activation run is 128h + 32i; sub-block j covers 16 elements, its scale 4
+ * bits (Q2_K, with a 4-bit min) or 6 (Q3_K, less 32). Q3_K's third bit of plane i is bit 4h + i
+ * of hmask[l]; clear, it takes 4 off: q + 4 * hbit (0..7) goes through maddubs unsigned, and the 4
+ * comes off through the activation's sums. */
+
+/* Q3_K's sixteen scales less 32, as int16 (tlm_q3k_scale): the low four bits from bytes 0-7
+ * (low nibbles for sub-blocks 0-7, high for 8-15), the top two from byte 8 + j % 4 at bit
+ * 2 (j / 4). */
+T5 static inline __m256i q3k_scales16(const uint8_t *p) {
+    uint64_t lo8;
+    uint32_t hi4;
+    memcpy(&lo8, p, 8);
+    memcpy(&hi4, p + 8, 4);
+    const __m128i m4 = _mm_set1_epi8(0x0F), m2 = _mm_set1_epi8(3);
+    __m128i L = _mm_set1_epi64x((long long)lo8);
+    __m128i lo = _mm_and_si128(_mm_mask_blend_epi8(0xFF00, L, _mm_srli_epi16(L, 4)), m4);
+    __m128i H =
+        _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32((int)hi4), _mm_set_epi32(6, 4, 2, 0)), m2);
+    __m128i sc = _mm_or_si128(lo, _mm_slli_epi16(H, 4));
+    return _mm256_sub_epi16(_mm256_cvtepu8_epi16(sc), _mm256_set1_epi16(32));
+}
+
+T2 static inline __m256i q3k_scales16_a2(const uint8_t *p) {
+    int16_t v[16];
+    for (int j = 0; j < 16; j++) v[j] = (int16_t)(tlm_q3k_scale(j, p) - 32);
+    return _mm256_loadu_si256((const __m256i *)v);
+}
+
+/* Both halves' plane i in one register (half 0 in bytes 0-31, 1 in 32-63) against the two runs;
+ * one maddubs and one madd by the four sub-blocks' scales as int16 per plane. */
+T5 static inline AI void a5_q23k(int n, float *s, const void *w, const void *xq, const int three) {
+    const uint8_t *wb = w;
+    const k_block_q8_k *x = xq;
+    /* int16 lane l of plane 0: sub-block l / 8 (l < 16), 8 + (l - 16) / 8 (l >= 16) */
+    const __m512i idx0 = _mm512_set_epi16(9, 9, 9, 9, 9, 9, 9, 9, 8, 8, 8, 8, 8, 8, 8, 8, 1, 1, 1,
+                                          1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i m3 = _mm512_set1_epi8(3), two = _mm512_set1_epi16(2), four = _mm512_set1_epi8(4);
+    const __m512i hb0 = join(_mm256_set1_epi8(1), _mm256_set1_epi8(0x10));
+    const size_t bytes = three ? sizeof(tlm_block_q3_k) : sizeof(tlm_block_q2_k);
+    __m256 acc = _mm256_setzero_ps();
+    for (int b = 0; b < n / TLM_QK_K; b++, wb += bytes) {
+        __m256i bsums = _mm256_loadu_si256((const __m256i *)x[b].bsums), sc16, off;
+        const uint8_t *qs = wb + (three ? 32 : 16);
+        __m512i H = _mm512_setzero_si512(), hb = hb0;
+        if (three) {
+            sc16 = q3k_scales16(wb + 96);
+            off = _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsums), 2);
+            H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)wb));
+        } else {
+            __m128i sc8 = _mm_loadu_si128((const __m128i *)wb), m4 = _mm_set1_epi8(0x0F);
+            sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(sc8, m4));
+            off = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc8, 4), m4)),
+                                    bsums);
+        }
+        __m512i sc = _mm512_castsi256_si512(sc16), Q = _mm512_loadu_si512(qs);
+        __m512i isum = _mm512_setzero_si512(), idx = idx0;
+        for (int i = 0; i < 4; i++) {
+            __m512i q = _mm512_and_si512(i ? _mm512_srli_epi16(Q, 2 * i) : Q, m3);
+            if (three) {
+                q = _mm512_mask_add_epi8(q, _mm512_test_epi8_mask(H, hb), q, four);
+                hb = _mm512_add_epi8(hb, hb);
+            }
+            __m512i a = join(_mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * i)),
+                             _mm256_loadu_si256((const __m256i *)(x[b].qs + 128 + 32 * i)));
+            isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(q, a),
+                                       _mm512_permutexvar_epi16(idx, sc));
+            idx = _mm512_add_epi16(idx, two);
+        }
+        __m256i t =
+            _mm256_add_epi32(_mm512_castsi512_si256(isum), _mm512_extracti64x4_epi64(isum, 1));
+        if (three) t = _mm256_sub_epi32(t, off);
+        /* d is the block's last half (Q3_K) or last but one, before dmin (Q2_K) */
+        const uint8_t *d = wb + bytes - (three ? 2 : 4);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_set1_ps(x[b].d * f16s(d)), acc);
+        if (!three) /* the mins */
+            acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(off), _mm256_set1_ps(x[b].d * f16s(d + 2)),
+                                   acc);
+    }
+    *s = hsum8(acc);
+}
+T5 static void a5_q2_k(int n, float *s, const void *w, const void *xq) { a5_q23k(n, s, w, xq, 0); }
+T5 static void a5_q3_k(int n, float *s, const void *w, const void *xq) { a5_q23k(n, s, w, xq, 1); }
+
+/* AVX2: a half's plane at a time (32 bytes, two sub-blocks). */
+T2 static inline AI void a2_q23k(int n, float *s, const void *w, const void *xq, const int three) {
+    const uint8_t *wb = w;
+    const k_block_q8_k *x = xq;
+    const __m256i m3 = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
+    const size_t bytes = three ? sizeof(tlm_block_q3_k) : sizeof(tlm_block_q2_k);
+    float r = 0.0f;
+    for (int b = 0; b < n / TLM_QK_K; b++, wb += bytes) {
+        __m256i bsums = _mm256_loadu_si256((const __m256i *)x[b].bsums), sc16, off;
+        const uint8_t *qs = wb + (three ? 32 : 16);
+        __m256i H = _mm256_setzero_si256();
+        if (three) {
+            sc16 = q3k_scales16_a2(wb + 96);
+            off = _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsums), 2);
+            H = _mm256_loadu_si256((const __m256i *)wb);
+        } else {
+            __m128i sc8 = _mm_loadu_si128((const __m128i *)wb), m4 = _mm_set1_epi8(0x0F);
+            sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(sc8, m4));
+            off = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc8, 4), m4)),
+                                    bsums);
+        }
+        int16_t sc[16];
+        _mm256_storeu_si256((__m256i *)sc, sc16);
+        __m256i isum = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            __m256i Q = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
+            for (int i = 0; i < 4; i++) {
+                __m256i q = _mm256_and_si256(_mm256_srli_epi16(Q, 2 * i), m3);
+                if (three) {
+                    __m256i bm = _mm256_set1_epi8((char)(1 << (4 * h + i)));
+                    __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(H, bm), bm);
+                    q = _mm256_add_epi8(q, _mm256_and_si256(set, four));
+                }
+                int k = 8 * h + 2 * i; /* sub-blocks k and k + 1 */
+                __m256i p = _mm256_maddubs_epi16(
+                    q, _mm256_loadu_si256((const __m256i *)(x[b].qs + 128 * h + 32 * i)));
+                __m256i scv = _mm256_set_m128i(_mm_set1_epi16(sc[k + 1]), _mm_set1_epi16(sc[k]));
+                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, scv));
+            }
+        }
+        float d = x[b].d * f16s(wb + bytes - 2 - (three ? 0 : 2));
+        if (three)
+            r += d * (float)(hsum8i(isum) - hsum8i(off));
+        else
+            r += d * (float)hsum8i(isum) - x[b].d * f16s(wb + bytes - 2) * (float)hsum8i(off);
+    }
+    *s = r;
+}
+T2 static void a2_q2_k(int n, float *s, const void *w, const void *xq) { a2_q23k(n, s, w, xq, 0); }
+T2 static void a2_q3_k(int n, float *s, const void *w, const void *xq) { a2_q23k(n, s, w, xq, 1); }
+
 /* Rows of F16 and BF16 to floats for the prefill tiles (8 at a time; the reference converts one
  * element per call). */
 T2 static void widen_f16(const void *src, float *dst, int n) {
@@ -1690,6 +1827,8 @@ k_vdot_fn k_simd_vdot(tlm_dtype t, int isa) {
         case TLM_DTYPE_Q4_K: return a5_q4_k;
         case TLM_DTYPE_Q5_K: return a5_q5_k;
         case TLM_DTYPE_Q6_K: return a5_q6_k;
+        case TLM_DTYPE_Q2_K: return a5_q2_k;
+        case TLM_DTYPE_Q3_K: return a5_q3_k;
         default: return NULL;
         }
     }
@@ -1705,6 +1844,8 @@ k_vdot_fn k_simd_vdot(tlm_dtype t, int isa) {
         case TLM_DTYPE_Q4_K: return a2_q4_k;
         case TLM_DTYPE_Q5_K: return a2_q5_k;
         case TLM_DTYPE_Q6_K: return a2_q6_k;
+        case TLM_DTYPE_Q2_K: return a2_q2_k;
+        case TLM_DTYPE_Q3_K: return a2_q3_k;
         default: return NULL;
         }
     }
