@@ -651,56 +651,58 @@ T2 static inline __m256i q3k_scales16_a2(const uint8_t *p) {
     return _mm256_loadu_si256((const __m256i *)v);
 }
 
-/* Both halves' plane i in one register (half 0 in bytes 0-31, 1 in 32-63) against the two runs;
- * one maddubs and one madd by the four sub-blocks' scales as int16 per plane. */
-T5 static inline AI void a5_q23k(int n, float *s, const void *w, const void *xq, const int three) {
-    const uint8_t *wb = w;
-    const k_block_q8_k *x = xq;
+/* One block of a Q2_K or Q3_K row into acc: both halves' plane i in one register (half 0 in bytes
+ * 0-31, 1 in 32-63) against the two runs; one maddubs and one madd by the four sub-blocks'
+ * scales as int16 per plane. */
+T5 static inline AI void q23k_block(const uint8_t *wb, const k_block_q8_k *x, __m256 *acc,
+                                    const int three) {
     /* int16 lane l of plane 0: sub-block l / 8 (l < 16), 8 + (l - 16) / 8 (l >= 16) */
     const __m512i idx0 = _mm512_set_epi16(9, 9, 9, 9, 9, 9, 9, 9, 8, 8, 8, 8, 8, 8, 8, 8, 1, 1, 1,
                                           1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
     const __m512i m3 = _mm512_set1_epi8(3), two = _mm512_set1_epi16(2), four = _mm512_set1_epi8(4);
-    const __m512i hb0 = join(_mm256_set1_epi8(1), _mm256_set1_epi8(0x10));
+    const size_t bytes = three ? sizeof(tlm_block_q3_k) : sizeof(tlm_block_q2_k);
+    __m256i bsums = _mm256_loadu_si256((const __m256i *)x->bsums), sc16, off;
+    const uint8_t *qs = wb + (three ? 32 : 16);
+    __m512i H = _mm512_setzero_si512(), hb = join(_mm256_set1_epi8(1), _mm256_set1_epi8(0x10));
+    if (three) {
+        sc16 = q3k_scales16(wb + 96);
+        off = _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsums), 2);
+        H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)wb));
+    } else {
+        __m128i sc8 = _mm_loadu_si128((const __m128i *)wb), m4 = _mm_set1_epi8(0x0F);
+        sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(sc8, m4));
+        off = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc8, 4), m4)),
+                                bsums);
+    }
+    __m512i sc = _mm512_castsi256_si512(sc16), Q = _mm512_loadu_si512(qs);
+    __m512i isum = _mm512_setzero_si512(), idx = idx0;
+    for (int i = 0; i < 4; i++) {
+        __m512i q = _mm512_and_si512(i ? _mm512_srli_epi16(Q, 2 * i) : Q, m3);
+        if (three) {
+            q = _mm512_mask_add_epi8(q, _mm512_test_epi8_mask(H, hb), q, four);
+            hb = _mm512_add_epi8(hb, hb);
+        }
+        __m512i a = join(_mm256_loadu_si256((const __m256i *)(x->qs + 32 * i)),
+                         _mm256_loadu_si256((const __m256i *)(x->qs + 128 + 32 * i)));
+        isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(q, a),
+                                   _mm512_permutexvar_epi16(idx, sc));
+        idx = _mm512_add_epi16(idx, two);
+    }
+    __m256i t = _mm256_add_epi32(_mm512_castsi512_si256(isum), _mm512_extracti64x4_epi64(isum, 1));
+    if (three) t = _mm256_sub_epi32(t, off);
+    /* d is the block's last half (Q3_K) or last but one, before dmin (Q2_K) */
+    const uint8_t *d = wb + bytes - (three ? 2 : 4);
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_set1_ps(x->d * f16s(d)), *acc);
+    if (!three) /* the mins */
+        *acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(off), _mm256_set1_ps(x->d * f16s(d + 2)), *acc);
+}
+
+T5 static inline AI void a5_q23k(int n, float *s, const void *w, const void *xq, const int three) {
+    const uint8_t *wb = w;
     const size_t bytes = three ? sizeof(tlm_block_q3_k) : sizeof(tlm_block_q2_k);
     __m256 acc = _mm256_setzero_ps();
-    for (int b = 0; b < n / TLM_QK_K; b++, wb += bytes) {
-        __m256i bsums = _mm256_loadu_si256((const __m256i *)x[b].bsums), sc16, off;
-        const uint8_t *qs = wb + (three ? 32 : 16);
-        __m512i H = _mm512_setzero_si512(), hb = hb0;
-        if (three) {
-            sc16 = q3k_scales16(wb + 96);
-            off = _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsums), 2);
-            H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)wb));
-        } else {
-            __m128i sc8 = _mm_loadu_si128((const __m128i *)wb), m4 = _mm_set1_epi8(0x0F);
-            sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(sc8, m4));
-            off = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc8, 4), m4)),
-                                    bsums);
-        }
-        __m512i sc = _mm512_castsi256_si512(sc16), Q = _mm512_loadu_si512(qs);
-        __m512i isum = _mm512_setzero_si512(), idx = idx0;
-        for (int i = 0; i < 4; i++) {
-            __m512i q = _mm512_and_si512(i ? _mm512_srli_epi16(Q, 2 * i) : Q, m3);
-            if (three) {
-                q = _mm512_mask_add_epi8(q, _mm512_test_epi8_mask(H, hb), q, four);
-                hb = _mm512_add_epi8(hb, hb);
-            }
-            __m512i a = join(_mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * i)),
-                             _mm256_loadu_si256((const __m256i *)(x[b].qs + 128 + 32 * i)));
-            isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(q, a),
-                                       _mm512_permutexvar_epi16(idx, sc));
-            idx = _mm512_add_epi16(idx, two);
-        }
-        __m256i t =
-            _mm256_add_epi32(_mm512_castsi512_si256(isum), _mm512_extracti64x4_epi64(isum, 1));
-        if (three) t = _mm256_sub_epi32(t, off);
-        /* d is the block's last half (Q3_K) or last but one, before dmin (Q2_K) */
-        const uint8_t *d = wb + bytes - (three ? 2 : 4);
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_set1_ps(x[b].d * f16s(d)), acc);
-        if (!three) /* the mins */
-            acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(off), _mm256_set1_ps(x[b].d * f16s(d + 2)),
-                                   acc);
-    }
+    for (int b = 0; b < n / TLM_QK_K; b++)
+        q23k_block(wb + b * bytes, (const k_block_q8_k *)xq + b, &acc, three);
     *s = hsum8(acc);
 }
 T5 static void a5_q2_k(int n, float *s, const void *w, const void *xq) { a5_q23k(n, s, w, xq, 0); }
@@ -1617,6 +1619,31 @@ T5 static inline AI void w4one_q6_k(int n, float *s, const void *w, size_t ws, c
     hsum8x4(acc, s);
 }
 
+/* Four Q2_K or Q3_K rows against one activation row, a5_q23k's operations per row, the rows'
+ * chains interleaved and the unit ahead prefetched as Q6_K's are. */
+T5 static inline AI void w4one_q23k(int n, float *s, const void *w, size_t ws, const void *xq,
+                                    const void *pf, const int three) {
+    const uint8_t *wb = w;
+    const size_t bytes = three ? sizeof(tlm_block_q3_k) : sizeof(tlm_block_q2_k);
+    __m256 acc[4];
+    for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_ps();
+    size_t pfo = 0, far = pf_far(n, ws);
+    for (int b = 0; b < n / TLM_QK_K; b++) {
+        pf_upto(pf, &pfo, 4 * bytes * (size_t)(b + 1), far);
+        const k_block_q8_k *x = (const k_block_q8_k *)xq + b;
+        for (int r = 0; r < 4; r++) q23k_block(wb + r * ws + b * bytes, x, &acc[r], three);
+    }
+    hsum8x4(acc, s);
+}
+T5 static inline AI void w4one_q2_k(int n, float *s, const void *w, size_t ws, const void *xq,
+                                    const void *pf) {
+    w4one_q23k(n, s, w, ws, xq, pf, 0);
+}
+T5 static inline AI void w4one_q3_k(int n, float *s, const void *w, size_t ws, const void *xq,
+                                    const void *pf) {
+    w4one_q23k(n, s, w, ws, xq, pf, 1);
+}
+
 #define Q4KR5(n, M, s, w, xq, xs) q45kr5(n, M, s, w, xq, xs, 0)
 #define Q5KR5(n, M, s, w, xq, xs) q45kr5(n, M, s, w, xq, xs, 1)
 T5 static void r5_q4_k(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
@@ -1663,6 +1690,8 @@ W4_RUN(T5, w4_q4_0, w4one_q4_0)
 W4_RUN(T5, w4_q4_k, w4one_q4_k)
 W4_RUN(T5, w4_q5_k, w4one_q5_k)
 W4_RUN(T5, w4_q6_k, w4one_q6_k)
+W4_RUN(T5, w4_q2_k, w4one_q2_k)
+W4_RUN(T5, w4_q3_k, w4one_q3_k)
 W4_RUN(T5, w4_f32, w4one_f32)
 W4_RUN(T5, w4_f16, w4one_f16)
 W4_RUN(T5BF, w4_bf16, w4one_bf16)
@@ -1675,6 +1704,8 @@ k_vdot_w4_fn k_simd_vdot_w4(tlm_dtype t, int isa) {
     case TLM_DTYPE_Q4_K: return w4_q4_k;
     case TLM_DTYPE_Q5_K: return w4_q5_k;
     case TLM_DTYPE_Q6_K: return w4_q6_k;
+    case TLM_DTYPE_Q2_K: return w4_q2_k;
+    case TLM_DTYPE_Q3_K: return w4_q3_k;
     case TLM_DTYPE_F32: return w4_f32;
     case TLM_DTYPE_F16: return w4_f16;
     case TLM_DTYPE_BF16: return cpu_bf16 ? w4_bf16 : NULL;
