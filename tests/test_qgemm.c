@@ -23,7 +23,8 @@
 #include "kernels/qgemm.h"
 
 static const tlm_dtype types[] = {TLM_DTYPE_Q8_0, TLM_DTYPE_Q4_0, TLM_DTYPE_Q4_1, TLM_DTYPE_Q5_0,
-                                  TLM_DTYPE_Q5_1, TLM_DTYPE_Q4_K, TLM_DTYPE_Q5_K, TLM_DTYPE_Q6_K};
+                                  TLM_DTYPE_Q5_1, TLM_DTYPE_Q2_K, TLM_DTYPE_Q3_K, TLM_DTYPE_Q4_K,
+                                  TLM_DTYPE_Q5_K, TLM_DTYPE_Q6_K};
 #define NTYPES (int)(sizeof types / sizeof types[0])
 
 static void put_f16(uint8_t *p, float v) {
@@ -40,6 +41,8 @@ static void fill(tlm_dtype t, uint8_t *w, size_t bytes, int mode) {
     int off[2] = {0, 2}, nsc = 2;
     if (t == TLM_DTYPE_Q8_0 || t == TLM_DTYPE_Q4_0 || t == TLM_DTYPE_Q5_0) nsc = 1;
     if (t == TLM_DTYPE_Q6_K) off[0] = 208, nsc = 1;
+    if (t == TLM_DTYPE_Q3_K) off[0] = 108, nsc = 1;
+    if (t == TLM_DTYPE_Q2_K) off[0] = 80, off[1] = 82;
     for (size_t b = 0; b < bytes / d->block_bytes; b++) {
         uint8_t *blk = w + b * d->block_bytes;
         for (int j = 0; j < nsc; j++) {
@@ -428,7 +431,8 @@ int main(void) {
     printf("AVX-512 VNNI micro-kernel: %s\n", k_simd_ok() ? "yes" : "no (reference only)");
     for (int ti = 0; ti < NTYPES; ti++) {
         tlm_dtype t = types[ti];
-        CHECK(k_qgemm_covers(t) && k_qgemm_sub(t) == (t == TLM_DTYPE_Q6_K ? 16 : 32), "%s covered",
+        int sub16 = t == TLM_DTYPE_Q6_K || t == TLM_DTYPE_Q2_K || t == TLM_DTYPE_Q3_K;
+        CHECK(k_qgemm_covers(t) && k_qgemm_sub(t) == (sub16 ? 16 : 32), "%s covered",
               tlm_dtype_name(t));
         check(t, 512, 37, 9, 0);
         check(t, 256, 16, 130, 0);

@@ -27,7 +27,9 @@ int k_qgemm_sub(tlm_dtype t) {
     case TLM_DTYPE_Q5_1:
     case TLM_DTYPE_Q4_K:
     case TLM_DTYPE_Q5_K: return 32;
-    case TLM_DTYPE_Q6_K: return 16; /* its scales change every 16 elements */
+    case TLM_DTYPE_Q6_K: /* their scales change every 16 elements */
+    case TLM_DTYPE_Q2_K:
+    case TLM_DTYPE_Q3_K: return 16;
     default: return 0;
     }
 }
@@ -147,6 +149,34 @@ static void pack_row_q6k(const uint8_t *blk, int nb, int r, uint8_t *q, float *s
     }
 }
 
+/* Q2_K and Q3_K: element 32i + l of half h is plane i (bits 2i, 2i + 1) of qs[32h + l], Q3_K's
+ * third bit bit 4h + i of hmask[l] (clear: 4 less, so q + 4 * bit with the offset -4 s). */
+static void pack_row_q23k(tlm_dtype t, const uint8_t *blk, int nb, int r, uint8_t *q, float *s,
+                          float *m) {
+    int three = t == TLM_DTYPE_Q3_K;
+    size_t bytes = three ? sizeof(tlm_block_q3_k) : sizeof(tlm_block_q2_k);
+    for (int b = 0; b < nb; b++, blk += bytes) {
+        const uint8_t *qs = blk + (three ? 32 : 16);
+        for (int j = 0; j < 16; j++) {
+            float *sj = &s[(b * 16 + j) * K_QG_ROWS + r], *mj = &m[(b * 16 + j) * K_QG_ROWS + r];
+            if (three) {
+                *sj = rdh(blk + 108) * (float)(tlm_q3k_scale(j, blk + 96) - 32);
+                *mj = -4.0f * *sj;
+            } else {
+                *sj = rdh(blk + 80) * (float)(blk[j] & 15);
+                *mj = -rdh(blk + 82) * (float)(blk[j] >> 4);
+            }
+        }
+        for (int h = 0; h < 2; h++)
+            for (int i = 0; i < 4; i++)
+                for (int w = 0; w < 8; w++) {
+                    uint32_t v = (rd32(qs + 32 * h + 4 * w) >> (2 * i)) & 0x03030303u;
+                    if (three) v |= ((rd32(blk + 4 * w) >> (4 * h + i)) & 0x01010101u) << 2;
+                    put(q, b * 64 + h * 32 + i * 8 + w, r, v);
+                }
+    }
+}
+
 void k_qgemm_pack(const tlm_weight *w, int r0, int nrows, uint8_t *q, float *s, float *m) {
     int n = (int)w->cols, sub = k_qgemm_sub(w->dtype);
     int nb = n / (int)tlm_dtype_get(w->dtype)->block_elems;
@@ -161,6 +191,8 @@ void k_qgemm_pack(const tlm_weight *w, int r0, int nrows, uint8_t *q, float *s, 
         case TLM_DTYPE_Q4_K:
         case TLM_DTYPE_Q5_K: pack_row_q45k(w->dtype, row, nb, r, q, s, m); break;
         case TLM_DTYPE_Q6_K: pack_row_q6k(row, nb, r, q, s, m); break;
+        case TLM_DTYPE_Q2_K:
+        case TLM_DTYPE_Q3_K: pack_row_q23k(w->dtype, row, nb, r, q, s, m); break;
         default: pack_row32(w->dtype, row, nb, r, q, s, m); break;
         }
     }
