@@ -555,8 +555,9 @@ tlm_status tlm_model_save_gguf(const tlm_model *m, const tlm_tokenizer *tok, con
                                tlm_dtype dtype);
 
 /* Quantized GGUF, as llama.cpp's llama-quantize writes it without an importance matrix: the same
- * type for each tensor (the _M mixes give some attn_v and ffn_down layers and output.weight more
- * bits; 1-D tensors stay F32; rows that are not whole blocks fall back to Q5_0, Q5_1, Q8_0 or F16)
+ * type for each tensor (the _M and _L mixes and Q2_K give some attn_v, attn_output and ffn_down
+ * layers and output.weight more bits; 1-D tensors stay F32; rows that are not whole blocks fall
+ * back to Q4_0, Q5_0, Q5_1, Q8_0 or F16)
  * and the same bytes (ggml's reference quantizers; tensors in llama.cpp's order). The values are
  * llama.cpp's general.file_type. */
 typedef enum {
@@ -567,6 +568,10 @@ typedef enum {
     TLM_FTYPE_Q8_0 = 7,
     TLM_FTYPE_Q5_0 = 8,
     TLM_FTYPE_Q5_1 = 9,
+    TLM_FTYPE_Q2_K = 10,
+    TLM_FTYPE_Q3_K_S = 11,
+    TLM_FTYPE_Q3_K_M = 12,
+    TLM_FTYPE_Q3_K_L = 13,
     TLM_FTYPE_Q4_K_S = 14,
     TLM_FTYPE_Q4_K_M = 15,
     TLM_FTYPE_Q5_K_S = 16,

@@ -73,9 +73,10 @@ static to_float_fn ggml_widen(void *lib, tlm_dtype t) {
 /* Both quantizers' bytes, and both widenings of them (tlm_dtype_to_f32 against ggml's dequantize,
  * bit for bit: tlm computes with the weights llama.cpp computes with). */
 static void test_rows(void *lib, quantize_chunk_fn chunk) {
-    static const tlm_dtype types[] = {
-        TLM_DTYPE_F16,  TLM_DTYPE_BF16, TLM_DTYPE_Q8_0, TLM_DTYPE_Q4_0, TLM_DTYPE_Q4_1,
-        TLM_DTYPE_Q5_0, TLM_DTYPE_Q5_1, TLM_DTYPE_Q4_K, TLM_DTYPE_Q5_K, TLM_DTYPE_Q6_K};
+    static const tlm_dtype types[] = {TLM_DTYPE_F16,  TLM_DTYPE_BF16, TLM_DTYPE_Q8_0,
+                                      TLM_DTYPE_Q4_0, TLM_DTYPE_Q4_1, TLM_DTYPE_Q5_0,
+                                      TLM_DTYPE_Q5_1, TLM_DTYPE_Q2_K, TLM_DTYPE_Q3_K,
+                                      TLM_DTYPE_Q4_K, TLM_DTYPE_Q5_K, TLM_DTYPE_Q6_K};
     enum { ROWS = 6, MAXN = 3 * 256 };
     float *x = malloc(sizeof(float) * ROWS * MAXN);
     uint8_t *a = malloc(ROWS * MAXN * 4), *b = malloc(ROWS * MAXN * 4);
@@ -128,46 +129,6 @@ static void test_rows(void *lib, quantize_chunk_fn chunk) {
     free(b);
 }
 
-/* Types tlm reads but does not write (Q2_K, Q3_K): ggml's blocks widened by both, bit for bit,
- * and tlm's refusal to quantize to them. */
-static void test_read_only(void *lib, quantize_chunk_fn chunk) {
-    static const tlm_dtype types[] = {TLM_DTYPE_Q2_K, TLM_DTYPE_Q3_K};
-    enum { ROWS = 6, N = 3 * 256 };
-    float *x = malloc(sizeof(float) * ROWS * N), *wa = malloc(sizeof(float) * ROWS * N),
-          *wb = malloc(sizeof(float) * ROWS * N);
-    uint8_t *q = malloc(ROWS * N);
-    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
-        tlm_dtype t = types[ti];
-        const tlm_dtype_info *info = tlm_dtype_get(t);
-        to_float_fn widen = ggml_widen(lib, t);
-        CHECK(widen != NULL, "no ggml widening for %s", info->name);
-        if (!widen) continue;
-        int mismatched = 0;
-        for (int k = 0; k < N_KINDS; k++) {
-            for (int r = 0; r < ROWS; r++) fill(x + (size_t)r * N, N, k);
-            size_t bytes = tlm_dtype_bytes(t, (uint64_t)ROWS * N);
-            CHECK(chunk(info->ggml, x, q, 0, ROWS, N, NULL) == bytes, "%s: ggml's bytes",
-                  info->name);
-            CHECK_OK(tlm_dtype_to_f32(t, q, wa, (size_t)ROWS * N));
-            widen(q, wb, (int64_t)ROWS * N);
-            if (memcmp(wa, wb, sizeof(float) * ROWS * N)) {
-                size_t i = 0;
-                while (!memcmp(wa + i, wb + i, sizeof(float))) i++;
-                CHECK(0, "%s, row kind %d: widened element %zu differs (tlm %.9g, ggml %.9g)",
-                      info->name, k, i, wa[i], wb[i]);
-                mismatched++;
-            }
-        }
-        if (!mismatched) printf("%-5s widened == ggml on %d row kinds\n", info->name, N_KINDS);
-        CHECK(tlm_dtype_from_f32(t, x, q, N) == TLM_ERR_UNSUPPORTED, "%s quantized", info->name);
-        CHECK(strstr(tlm_last_error(), info->name) != NULL, "%s", tlm_last_error());
-    }
-    free(x);
-    free(wa);
-    free(wb);
-    free(q);
-}
-
 /* What tlm widens a quantized row back to stays within the type's resolution of the input. */
 static void test_round_trip(void) {
     static const struct {
@@ -177,7 +138,7 @@ static void test_round_trip(void) {
     } cases[] = {{TLM_DTYPE_Q8_0, 0.005f}, {TLM_DTYPE_Q4_0, 0.13f},  {TLM_DTYPE_Q4_1, 0.07f},
                  {TLM_DTYPE_Q5_0, 0.065f}, {TLM_DTYPE_Q5_1, 0.033f}, {TLM_DTYPE_Q4_K, 0.07f},
                  {TLM_DTYPE_Q5_K, 0.035f}, {TLM_DTYPE_Q6_K, 0.02f},  {TLM_DTYPE_F16, 0.0005f},
-                 {TLM_DTYPE_BF16, 0.004f}};
+                 {TLM_DTYPE_BF16, 0.004f}, {TLM_DTYPE_Q2_K, 0.4f},   {TLM_DTYPE_Q3_K, 0.2f}};
     enum { N = 512 };
     float x[N], y[N];
     uint8_t q[N * 4];
@@ -237,10 +198,16 @@ static uint8_t *slurp(const char *path, size_t *n) {
     return p;
 }
 
-static const char *const all_types[] = {"f32",    "f16",    "bf16", "q8_0",   "q4_0",
-                                        "q4_1",   "q5_0",   "q5_1", "q4_k_s", "q4_k_m",
-                                        "q5_k_s", "q5_k_m", "q6_k"};
+static const char *const all_types[] = {"f32",    "f16",    "bf16",   "q8_0",   "q4_0",   "q4_1",
+                                        "q5_0",   "q5_1",   "q2_k",   "q3_k_s", "q3_k_m", "q3_k_l",
+                                        "q4_k_s", "q4_k_m", "q5_k_s", "q5_k_m", "q6_k"};
 #define N_TYPES (int)(sizeof all_types / sizeof *all_types)
+
+static int type_index(const char *name) {
+    for (int k = 0; k < N_TYPES; k++)
+        if (!strcmp(all_types[k], name)) return k;
+    return 0;
+}
 
 /* The types the file at path holds per tensor name, "name:TYPE ..." in file order. */
 static void file_types(const char *path, char *out, size_t cap) {
@@ -310,6 +277,8 @@ static void test_files(model_quantize_fn llama_quantize, default_params_fn defau
                          : !strcmp(ty, "f16")  ? 1e-3
                          : !strcmp(ty, "bf16") ? 8e-3
                          : !strcmp(ty, "q8_0") ? 1e-2
+                         : ty[1] == '2'        ? 0.4
+                         : ty[1] == '3'        ? 0.25
                          : ty[1] == '4'        ? 0.14
                                                : 0.07;
             int nt;
@@ -392,7 +361,7 @@ static void test_whole_files(void) {
     log_set(quiet, NULL);
     tlm_tokenizer *tok = NULL;
     CHECK_OK(tlm_tokenizer_load(t_path(t_path(dir, "models"), "tok512.bin"), &tok));
-    static char paths[2 * N_TYPES][256];
+    static char paths[3 * N_TYPES][256];
 
     /* Untied, every matrix a multiple of 256 wide, grouped-query attention, 4 layers: the _M
      * mixes give layers 2 and 3 (use_more_bits) Q6_K attn_v and ffn_down. */
@@ -424,6 +393,23 @@ static void test_whole_files(void) {
         test_files(llama_quantize, defaults, m, tok, "wide", want, paths);
         tlm_model_free(m);
     }
+    /* Four q heads per kv head: Q2_K's attn_v is Q4_K there (Q3_K below four). */
+    c.n_layers = 2;
+    c.n_heads = 8;
+    m = NULL;
+    CHECK_OK(tlm_config_finalize(&c));
+    CHECK_OK(tlm_model_create(&c, &m));
+    if (m) {
+        CHECK_OK(tlm_model_init(m, 9, TLM_INIT_DEFAULT));
+        static const char *const want[] = {"blk.0.attn_v.weight:Q4_K", "blk.1.attn_v.weight:Q6_K",
+                                           NULL};
+        test_files(llama_quantize, defaults, m, tok, "gqa4", want, paths + 2 * N_TYPES);
+        char ta[8192];
+        file_types(paths[2 * N_TYPES + type_index("q2_k")], ta, sizeof ta);
+        CHECK(strstr(ta, "blk.0.attn_v.weight:Q4_K") && strstr(ta, "blk.0.attn_output.weight:Q3_K"),
+              "gqa4 q2_k: %s", ta);
+        tlm_model_free(m);
+    }
     /* stories260K: tied, 64 wide: every K type falls back (Q4_K to Q5_0, Q6_K to Q8_0) and the
      * tied token_embd takes output's type. */
     m = NULL;
@@ -439,17 +425,20 @@ static void test_whole_files(void) {
 #ifdef TEST_LLAMACPP_LOADS
     /* The files are llama-quantize's bytes, so llama.cpp's loading them is its own business; a
      * few files that hold every block type between them (about 1.5 s of CPU each) confirm it. */
-    const char *some[] = {paths[2],           /* wide bf16 */
-                          paths[N_TYPES + 1], /* s260k f16 */
-                          paths[4],           /* wide q4_0 (+ Q6_K output) */
-                          paths[5],           /* wide q4_1 */
-                          paths[9],           /* wide q4_k_m: Q4_K, Q6_K */
-                          paths[10],          /* wide q5_k_s: Q5_K */
-                          paths[N_TYPES + 9], /* s260k q4_k_m: Q5_0, Q8_0 */
-                          paths[N_TYPES + 11] /* s260k q5_k_m: Q5_1 */};
+    const char *some[] = {paths[type_index("bf16")],             /* wide */
+                          paths[N_TYPES + type_index("f16")],    /* s260k */
+                          paths[type_index("q4_0")],             /* wide, with a Q6_K output */
+                          paths[type_index("q4_1")],             /* wide */
+                          paths[type_index("q2_k")],             /* wide: Q2_K, Q3_K */
+                          paths[type_index("q3_k_m")],           /* wide: Q3_K, Q4_K, Q5_K */
+                          paths[type_index("q4_k_m")],           /* wide: Q4_K, Q6_K */
+                          paths[type_index("q5_k_s")],           /* wide: Q5_K */
+                          paths[N_TYPES + type_index("q4_k_m")], /* s260k: Q5_0, Q8_0 */
+                          paths[N_TYPES + type_index("q5_k_m")], /* s260k: Q5_1 */
+                          paths[N_TYPES + type_index("q2_k")] /* s260k: Q4_0 for Q2_K/Q3_K */};
     test_llamacpp_loads(some, (int)(sizeof some / sizeof *some));
 #endif
-    for (int i = 0; i < 2 * N_TYPES; i++) remove(paths[i]);
+    for (int i = 0; i < 3 * N_TYPES; i++) remove(paths[i]);
     dlclose(lib);
 }
 
@@ -463,7 +452,6 @@ int main(void) {
         quantize_chunk_fn chunk = (quantize_chunk_fn)(uintptr_t)dlsym(lib, "ggml_quantize_chunk");
         CHECK(chunk != NULL, "ggml_quantize_chunk not exported");
         if (chunk) test_rows(lib, chunk);
-        if (chunk) test_read_only(lib, chunk);
     }
     /* libggml-base stays loaded while libllama (which needs it) is used: unloaded and loaded
      * again, its static constructor finds its own terminate handler still installed in the

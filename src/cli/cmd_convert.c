@@ -26,11 +26,13 @@ static const char *quantize_help =
     "Writes any model tlm reads (tlm checkpoint, llama2.c .bin, .gguf, Hugging Face directory) as\n"
     "a GGUF file of TYPE, the bytes llama.cpp's llama-quantize writes from the same F32 weights\n"
     "(no importance matrix): the same type per tensor, the same quantized blocks.\n\n"
-    "  --type TYPE  q8_0, q4_0, q4_1, q5_0, q5_1, q4_k_m, q4_k_s, q5_k_m, q5_k_s, q6_k,\n"
-    "               f16, bf16, f32. The _M mixes give the attn_v and ffn_down weights of\n"
-    "               some layers Q6_K; output.weight (or a tied token_embd) is Q6_K except for\n"
-    "               q8_0; 1-D tensors stay F32; matrices whose rows are not whole 256-blocks\n"
-    "               fall back (Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0).\n"
+    "  --type TYPE  q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k_s, q3_k_m, q3_k_l, q4_k_s,\n"
+    "               q4_k_m, q5_k_s, q5_k_m, q6_k, f16, bf16, f32. The mixes give some\n"
+    "               layers' attn_v and ffn_down more bits (q4_k_m, q5_k_m: Q6_K; q3_k_m,\n"
+    "               q3_k_l: Q4_K/Q5_K, and attn_output too; q2_k: Q3_K, attn_output too);\n"
+    "               output.weight (or a tied token_embd) is Q6_K except for q8_0; 1-D tensors\n"
+    "               stay F32; matrices whose rows are not whole 256-blocks fall back (Q2_K and\n"
+    "               Q3_K to Q4_0, Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0).\n"
     "  -z, --tokenizer P   tokenizer to embed (default: the one IN carries, if any)\n";
 
 static int ends_with(const char *s, const char *suf) {
@@ -88,8 +90,9 @@ static int convert(int argc, char **argv, int quantize) {
     tlm_ftype ftype = TLM_FTYPE_F32;
     if (qtype) {
         if (!tlm_ftype_from_name(qtype, &ftype))
-            return cli_fail("%s: unknown --type '%s' (q8_0, q4_0, q4_1, q5_0, q5_1, q4_k_m, "
-                            "q4_k_s, q5_k_m, q5_k_s, q6_k, f16, bf16, f32)",
+            return cli_fail("%s: unknown --type '%s' (q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, "
+                            "q3_k_s, q3_k_m, q3_k_l, q4_k_s, q4_k_m, q5_k_s, q5_k_m, q6_k, "
+                            "f16, bf16, f32)",
                             cmd, qtype);
         if (strcmp(to, "gguf")) return cli_fail("convert: --type writes GGUF (--to gguf)");
     }

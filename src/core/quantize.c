@@ -138,11 +138,13 @@ static void q5_1(const float *x, tlm_block_q5_1 *y) {
 }
 
 /* ggml's make_qkx2_quants (K types with a min): for n values with weights, the scale and min of
- * L in [0, nmax] that minimise the weighted squared error, searching nstep + 1 candidate inverse
- * scales around nmax / (max - min) and solving the least-squares fit for each. Returns the scale;
- * *the_min gets minus the min (ggml stores mins as positive numbers subtracted). */
+ * L in [0, nmax] that minimise the weighted squared error (mad: absolute error, Q2_K's), searching
+ * nstep + 1 candidate inverse scales around nmax / (max - min) and solving the least-squares fit
+ * for each. Returns the scale; *the_min gets minus the min (ggml stores mins as positive numbers
+ * subtracted). */
 static float make_qkx2_quants(int n, int nmax, const float *x, const float *weights, uint8_t *L,
-                              float *the_min, uint8_t *Laux, float rmin, float rdelta, int nstep) {
+                              float *the_min, uint8_t *Laux, float rmin, float rdelta, int nstep,
+                              int mad) {
     float min = x[0], max = x[0];
     float sum_w = weights[0];
     float sum_x = sum_w * x[0];
@@ -166,7 +168,7 @@ static float make_qkx2_quants(int n, int nmax, const float *x, const float *weig
         int l = nearest_int(iscale * (x[i] - min));
         L[i] = (uint8_t)imax(0, imin(nmax, l));
         float diff = scale * L[i] + min - x[i];
-        diff = diff * diff;
+        diff = mad ? fabsf(diff) : diff * diff;
         float w = weights[i];
         best_error += w * diff;
     }
@@ -193,7 +195,7 @@ static float make_qkx2_quants(int n, int nmax, const float *x, const float *weig
             float cur_error = 0;
             for (int i = 0; i < n; ++i) {
                 float diff = this_scale * Laux[i] + this_min - x[i];
-                diff = diff * diff;
+                diff = mad ? fabsf(diff) : diff * diff;
                 float w = weights[i];
                 cur_error += w * diff;
             }
@@ -274,7 +276,7 @@ static void k_scales_and_levels(const float *x, int nmax, float rmin, int nstep,
         float av_x = sqrtf(sum_x2 / 32);
         for (int l = 0; l < 32; ++l) weights[l] = av_x + fabsf(x[32 * j + l]);
         scales[j] = make_qkx2_quants(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], Laux,
-                                     rmin, 0.1f, nstep);
+                                     rmin, 0.1f, nstep, 0);
         if (scales[j] > max_scale) max_scale = scales[j];
         if (mins[j] > max_min) max_min = mins[j];
     }
@@ -384,6 +386,165 @@ static void q6_k(const float *x, tlm_block_q6_k *y) {
         }
 }
 
+/* The 2-bit planes of Q2_K and Q3_K: element 32i + l of each half of 128 in bits 2i of qs[l]. */
+static void pack_planes(const uint8_t *L, uint8_t *qs) {
+    for (int j = 0; j < TLM_QK_K; j += 128)
+        for (int l = 0; l < 32; ++l)
+            qs[j / 4 + l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4) |
+                                      (L[j + l + 96] << 6));
+}
+
+/* Q2_K: sixteen sub-blocks of 16 fitted by make_qkx2_quants on |x| weights and absolute error,
+ * scales and mins to 4 bits against the block's largest, then every value requantized with the
+ * stored ones. */
+static void q2_k(const float *x, tlm_block_q2_k *y) {
+    uint8_t L[TLM_QK_K], Laux[16];
+    float weights[16], mins[TLM_QK_K / 16], scales[TLM_QK_K / 16];
+    const float q4scale = 15.f;
+    float max_scale = 0, max_min = 0;
+    for (int j = 0; j < TLM_QK_K / 16; ++j) {
+        for (int l = 0; l < 16; ++l) weights[l] = fabsf(x[16 * j + l]);
+        scales[j] = make_qkx2_quants(16, 3, x + 16 * j, weights, L + 16 * j, &mins[j], Laux, -0.5f,
+                                     0.1f, 15, 1);
+        if (scales[j] > max_scale) max_scale = scales[j];
+        if (mins[j] > max_min) max_min = mins[j];
+    }
+    if (max_scale > 0) {
+        float iscale = q4scale / max_scale;
+        for (int j = 0; j < TLM_QK_K / 16; ++j)
+            y->scales[j] = (uint8_t)nearest_int(iscale * scales[j]);
+        y->d = tlm_f32_to_f16(max_scale / q4scale);
+    } else {
+        memset(y->scales, 0, sizeof y->scales);
+        y->d = tlm_f32_to_f16(0.f);
+    }
+    if (max_min > 0) {
+        float iscale = q4scale / max_min;
+        for (int j = 0; j < TLM_QK_K / 16; ++j)
+            y->scales[j] |= (uint8_t)((unsigned)nearest_int(iscale * mins[j]) << 4);
+        y->dmin = tlm_f32_to_f16(max_min / q4scale);
+    } else {
+        y->dmin = tlm_f32_to_f16(0.f);
+    }
+    for (int j = 0; j < TLM_QK_K / 16; ++j) {
+        const float d = tlm_f16_to_f32(y->d) * (y->scales[j] & 0xF);
+        if (!d) continue; /* keeps make_qkx2_quants' levels, as ggml does */
+        const float dm = tlm_f16_to_f32(y->dmin) * (y->scales[j] >> 4);
+        for (int ii = 0; ii < 16; ++ii) {
+            int l = nearest_int((x[16 * j + ii] + dm) / d);
+            L[16 * j + ii] = (uint8_t)imax(0, imin(3, l));
+        }
+    }
+    pack_planes(L, y->qs);
+}
+
+/* ggml's make_q3_quants with its rmse search (Q3_K): L in [-nmax, nmax - 1] from the scale that
+ * maps the value of largest magnitude to -nmax, then up to five passes moving single levels where
+ * that raises sumlx^2 / suml2 (weights x^2); L stored + nmax. */
+static float make_q3_quants(int n, int nmax, const float *x, int8_t *L) {
+    float max = 0, amax = 0;
+    for (int i = 0; i < n; ++i) {
+        float ax = fabsf(x[i]);
+        if (ax > amax) {
+            amax = ax;
+            max = x[i];
+        }
+    }
+    if (amax < GROUP_MAX_EPS) {
+        for (int i = 0; i < n; ++i) L[i] = 0;
+        return 0.f;
+    }
+    float iscale = -nmax / max;
+    float sumlx = 0, suml2 = 0;
+    for (int i = 0; i < n; ++i) {
+        int l = nearest_int(iscale * x[i]);
+        l = imax(-nmax, imin(nmax - 1, l));
+        L[i] = (int8_t)l;
+        float w = x[i] * x[i];
+        sumlx += w * x[i] * l;
+        suml2 += w * l * l;
+    }
+    for (int itry = 0; itry < 5; ++itry) {
+        int n_changed = 0;
+        for (int i = 0; i < n; ++i) {
+            float w = x[i] * x[i];
+            float slx = sumlx - w * x[i] * L[i];
+            if (slx > 0) {
+                float sl2 = suml2 - w * L[i] * L[i];
+                int new_l = nearest_int(x[i] * sl2 / slx);
+                new_l = imax(-nmax, imin(nmax - 1, new_l));
+                if (new_l != L[i]) {
+                    slx += w * x[i] * new_l;
+                    sl2 += w * new_l * new_l;
+                    if (sl2 > 0 && slx * slx * suml2 > sumlx * sumlx * sl2) {
+                        L[i] = (int8_t)new_l;
+                        sumlx = slx;
+                        suml2 = sl2;
+                        ++n_changed;
+                    }
+                }
+            }
+        }
+        if (!n_changed) break;
+    }
+    for (int i = 0; i < n; ++i) L[i] = (int8_t)(L[i] + nmax);
+    return sumlx / suml2;
+}
+
+/* Q3_K: sixteen sub-blocks of 16 by make_q3_quants, their scales to 6 bits (signed, + 32)
+ * against the one of largest magnitude, every value requantized with the stored ones, the third
+ * bit of element j in bit j / 32 of hmask[j % 32]. */
+static void q3_k(const float *x, tlm_block_q3_k *y) {
+    int8_t L[TLM_QK_K];
+    float scales[TLM_QK_K / 16];
+    float max_scale = 0, amax = 0;
+    for (int j = 0; j < TLM_QK_K / 16; ++j) {
+        scales[j] = make_q3_quants(16, 4, x + 16 * j, L + 16 * j);
+        float scale = fabsf(scales[j]);
+        if (scale > amax) {
+            amax = scale;
+            max_scale = scales[j];
+        }
+    }
+    memset(y->scales, 0, 12);
+    if (max_scale) {
+        float iscale = -32.f / max_scale;
+        for (int j = 0; j < TLM_QK_K / 16; ++j) {
+            /* ggml keeps nearest_int's result in an int8_t before clamping it */
+            int8_t l = (int8_t)nearest_int(iscale * scales[j]);
+            l = (int8_t)(imax(-32, imin(31, l)) + 32);
+            if (j < 8)
+                y->scales[j] = (uint8_t)(l & 0xF);
+            else
+                y->scales[j - 8] |= (uint8_t)((l & 0xF) << 4);
+            l >>= 4;
+            y->scales[j % 4 + 8] |= (uint8_t)(l << (2 * (j / 4)));
+        }
+        y->d = tlm_f32_to_f16(1 / iscale);
+    } else {
+        y->d = tlm_f32_to_f16(0.f);
+    }
+    for (int j = 0; j < TLM_QK_K / 16; ++j) {
+        const float d = tlm_f16_to_f32(y->d) * (float)(tlm_q3k_scale(j, y->scales) - 32);
+        if (!d) continue;
+        for (int ii = 0; ii < 16; ++ii) {
+            int l = nearest_int(x[16 * j + ii] / d);
+            L[16 * j + ii] = (int8_t)(imax(-4, imin(3, l)) + 4);
+        }
+    }
+    memset(y->hmask, 0, sizeof y->hmask);
+    uint8_t U[TLM_QK_K];
+    for (int j = 0; j < TLM_QK_K; ++j) {
+        int v = L[j];
+        if (v > 3) {
+            y->hmask[j % 32] |= (uint8_t)(1 << (j / 32));
+            v -= 4;
+        }
+        U[j] = (uint8_t)v;
+    }
+    pack_planes(U, y->qs);
+}
+
 tlm_status tlm_dtype_from_f32(tlm_dtype t, const float *src, void *dst, size_t n) {
     const tlm_dtype_info *info = tlm_dtype_get(t);
     if (!info || !info->is_float || t == TLM_DTYPE_F64)
@@ -420,6 +581,8 @@ tlm_status tlm_dtype_from_f32(tlm_dtype t, const float *src, void *dst, size_t n
         case TLM_DTYPE_Q4_K: BLOCK(tlm_block_q4_k, q4_k)
         case TLM_DTYPE_Q5_K: BLOCK(tlm_block_q5_k, q5_k)
         case TLM_DTYPE_Q6_K: BLOCK(tlm_block_q6_k, q6_k)
+        case TLM_DTYPE_Q2_K: BLOCK(tlm_block_q2_k, q2_k)
+        case TLM_DTYPE_Q3_K: BLOCK(tlm_block_q3_k, q3_k)
 #undef BLOCK
         default: return tlm_err(TLM_ERR_UNSUPPORTED, "cannot quantize to %s", info->name);
         }

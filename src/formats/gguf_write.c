@@ -192,6 +192,8 @@ static const struct {
     {"bf16", TLM_FTYPE_BF16, TLM_DTYPE_BF16},     {"q8_0", TLM_FTYPE_Q8_0, TLM_DTYPE_Q8_0},
     {"q4_0", TLM_FTYPE_Q4_0, TLM_DTYPE_Q4_0},     {"q4_1", TLM_FTYPE_Q4_1, TLM_DTYPE_Q4_1},
     {"q5_0", TLM_FTYPE_Q5_0, TLM_DTYPE_Q5_0},     {"q5_1", TLM_FTYPE_Q5_1, TLM_DTYPE_Q5_1},
+    {"q2_k", TLM_FTYPE_Q2_K, TLM_DTYPE_Q2_K},     {"q3_k_s", TLM_FTYPE_Q3_K_S, TLM_DTYPE_Q3_K},
+    {"q3_k_m", TLM_FTYPE_Q3_K_M, TLM_DTYPE_Q3_K}, {"q3_k_l", TLM_FTYPE_Q3_K_L, TLM_DTYPE_Q3_K},
     {"q4_k_s", TLM_FTYPE_Q4_K_S, TLM_DTYPE_Q4_K}, {"q4_k_m", TLM_FTYPE_Q4_K_M, TLM_DTYPE_Q4_K},
     {"q5_k_s", TLM_FTYPE_Q5_K_S, TLM_DTYPE_Q5_K}, {"q5_k_m", TLM_FTYPE_Q5_K_M, TLM_DTYPE_Q5_K},
     {"q6_k", TLM_FTYPE_Q6_K, TLM_DTYPE_Q6_K},
@@ -290,28 +292,48 @@ static void choose_types(const tlm_model *m, const int *order, tlm_ftype ftype, 
         } else if (is_embd) {
             /* the base type */
         } else if (strstr(name, "attn_v.weight")) {
-            if ((ftype == TLM_FTYPE_Q4_K_M || ftype == TLM_FTYPE_Q5_K_M) &&
-                use_more_bits(i_attn_v, n_attn_v))
+            if (ftype == TLM_FTYPE_Q2_K)
+                ty = c->n_heads / c->n_kv_heads >= 4 ? TLM_DTYPE_Q4_K : TLM_DTYPE_Q3_K;
+            else if (ftype == TLM_FTYPE_Q3_K_M)
+                ty = i_attn_v < 2 ? TLM_DTYPE_Q5_K : TLM_DTYPE_Q4_K;
+            else if (ftype == TLM_FTYPE_Q3_K_L)
+                ty = TLM_DTYPE_Q5_K;
+            else if ((ftype == TLM_FTYPE_Q4_K_M || ftype == TLM_FTYPE_Q5_K_M) &&
+                     use_more_bits(i_attn_v, n_attn_v))
                 ty = TLM_DTYPE_Q6_K;
             else if (ftype == TLM_FTYPE_Q4_K_S && i_attn_v < 4)
                 ty = TLM_DTYPE_Q5_K;
-            if (is_70b && ty == TLM_DTYPE_Q4_K) ty = TLM_DTYPE_Q5_K;
+            if (is_70b && (ty == TLM_DTYPE_Q3_K || ty == TLM_DTYPE_Q4_K)) ty = TLM_DTYPE_Q5_K;
             i_attn_v++;
         } else if (strstr(name, "ffn_down")) {
             int nl = c->n_layers;
-            if ((ftype == TLM_FTYPE_Q4_K_M || ftype == TLM_FTYPE_Q5_K_M) &&
-                use_more_bits(i_ffn_down, nl))
+            if (ftype == TLM_FTYPE_Q2_K)
+                ty = TLM_DTYPE_Q3_K;
+            else if (ftype == TLM_FTYPE_Q3_K_M)
+                ty = i_ffn_down < nl / 16 ? TLM_DTYPE_Q5_K : TLM_DTYPE_Q4_K;
+            else if (ftype == TLM_FTYPE_Q3_K_L)
+                ty = TLM_DTYPE_Q5_K;
+            else if ((ftype == TLM_FTYPE_Q4_K_M || ftype == TLM_FTYPE_Q5_K_M) &&
+                     use_more_bits(i_ffn_down, nl))
                 ty = TLM_DTYPE_Q6_K;
             else if (ftype == TLM_FTYPE_Q4_K_S && i_ffn_down < nl / 8)
                 ty = TLM_DTYPE_Q5_K;
             i_ffn_down++;
+        } else if (strstr(name, "attn_output.weight")) {
+            if (ftype == TLM_FTYPE_Q2_K)
+                ty = TLM_DTYPE_Q3_K;
+            else if (ftype == TLM_FTYPE_Q3_K_M)
+                ty = TLM_DTYPE_Q4_K;
+            else if (ftype == TLM_FTYPE_Q3_K_L)
+                ty = TLM_DTYPE_Q5_K;
         }
         /* Rows that are not whole blocks of the choice fall back to a 32-element type, then F16. */
         if (ncols % tlm_dtype_get(ty)->block_elems) {
-            ty = ty == TLM_DTYPE_Q4_K   ? TLM_DTYPE_Q5_0
-                 : ty == TLM_DTYPE_Q5_K ? TLM_DTYPE_Q5_1
-                 : ty == TLM_DTYPE_Q6_K ? TLM_DTYPE_Q8_0
-                                        : ty;
+            ty = ty == TLM_DTYPE_Q2_K || ty == TLM_DTYPE_Q3_K ? TLM_DTYPE_Q4_0
+                 : ty == TLM_DTYPE_Q4_K                       ? TLM_DTYPE_Q5_0
+                 : ty == TLM_DTYPE_Q5_K                       ? TLM_DTYPE_Q5_1
+                 : ty == TLM_DTYPE_Q6_K                       ? TLM_DTYPE_Q8_0
+                                                              : ty;
             if (ncols % tlm_dtype_get(ty)->block_elems) ty = TLM_DTYPE_F16;
         }
         types[i] = ty;
