@@ -33,6 +33,15 @@ cmp -s "$W/a.gguf" "$W/b.gguf" || fail "quantize from .bin and from .gguf differ
 cmp -s "$W/a.gguf" "$W/c.gguf" || fail "convert --type differs from quantize"
 ok
 
+# The 2- and 3-bit mixes: stories260K's 64-column rows fall back to Q4_0, and tlm generates
+# from the file.
+"$TLM" quantize "$W/f32.gguf" "$W/e.gguf" --type q3_k_m 2>"$W/log" || fail "q3_k_m: $(cat "$W/log")"
+grep -q "blk.0.attn_q.weight *Q4_0" "$W/log" || fail "Q3_K falls back to Q4_0 at 64 columns"
+grep -q "wrote .*e.gguf (gguf, q3_k_m)" "$W/log" || fail "q3_k_m summary line"
+"$TLM" generate -m "$W/e.gguf" -n 4 --seed 1 -p "Once" >/dev/null 2>"$W/log" ||
+  fail "generate from q3_k_m: $(cat "$W/log")"
+ok
+
 # A quantized input is widened and quantized again, with a warning (llama-quantize refuses).
 "$TLM" quantize "$W/a.gguf" "$W/d.gguf" --type q8_0 2>"$W/log" || fail "requantize: $(cat "$W/log")"
 grep -q "warning: .*a.gguf holds Q8_0 blocks" "$W/log" || fail "no requantize warning: $(head -2 "$W/log")"
