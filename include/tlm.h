@@ -73,6 +73,8 @@ typedef enum {
     TLM_DTYPE_Q6_K,
     TLM_DTYPE_Q2_K,
     TLM_DTYPE_Q3_K,
+    TLM_DTYPE_IQ4_NL,
+    TLM_DTYPE_IQ4_XS,
     TLM_DTYPE_COUNT
 } tlm_dtype;
 

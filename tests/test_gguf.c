@@ -303,12 +303,11 @@ static void test_malformed(const char *dir) {
     const char *tn = "token_embd.weight";
     for (size_t i = 8; i + strlen(tn) + 24 <= n; i++)
         if (!memcmp(q + i, tn, strlen(tn)) && q[i - 8] == strlen(tn)) {
-            uint32_t iq4_nl = 20;
-            memcpy(q + i + strlen(tn) + 4 + 16, &iq4_nl, 4);
+            uint32_t mxfp4 = 39;
+            memcpy(q + i + strlen(tn) + 4 + 16, &mxfp4, 4);
             break;
         }
-    expect_bad_mem(q, n,
-                   "unsupported tensor type: tensor 'token_embd.weight' is IQ4_NL; supported");
+    expect_bad_mem(q, n, "unsupported tensor type: tensor 'token_embd.weight' is MXFP4; supported");
     free(q);
     free(data);
 }

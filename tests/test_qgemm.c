@@ -22,9 +22,10 @@
 #include "kernels/qdot.h"
 #include "kernels/qgemm.h"
 
-static const tlm_dtype types[] = {TLM_DTYPE_Q8_0, TLM_DTYPE_Q4_0, TLM_DTYPE_Q4_1, TLM_DTYPE_Q5_0,
-                                  TLM_DTYPE_Q5_1, TLM_DTYPE_Q2_K, TLM_DTYPE_Q3_K, TLM_DTYPE_Q4_K,
-                                  TLM_DTYPE_Q5_K, TLM_DTYPE_Q6_K};
+static const tlm_dtype types[] = {TLM_DTYPE_Q8_0, TLM_DTYPE_Q4_0,   TLM_DTYPE_Q4_1,
+                                  TLM_DTYPE_Q5_0, TLM_DTYPE_Q5_1,   TLM_DTYPE_Q2_K,
+                                  TLM_DTYPE_Q3_K, TLM_DTYPE_Q4_K,   TLM_DTYPE_Q5_K,
+                                  TLM_DTYPE_Q6_K, TLM_DTYPE_IQ4_NL, TLM_DTYPE_IQ4_XS};
 #define NTYPES (int)(sizeof types / sizeof types[0])
 
 static void put_f16(uint8_t *p, float v) {
@@ -39,7 +40,9 @@ static void fill(tlm_dtype t, uint8_t *w, size_t bytes, int mode) {
     const tlm_dtype_info *d = tlm_dtype_get(t);
     for (size_t i = 0; i < bytes; i++) w[i] = mode == 2 ? 0xFF : (uint8_t)t_rnd();
     int off[2] = {0, 2}, nsc = 2;
-    if (t == TLM_DTYPE_Q8_0 || t == TLM_DTYPE_Q4_0 || t == TLM_DTYPE_Q5_0) nsc = 1;
+    if (t == TLM_DTYPE_Q8_0 || t == TLM_DTYPE_Q4_0 || t == TLM_DTYPE_Q5_0 ||
+        t == TLM_DTYPE_IQ4_NL || t == TLM_DTYPE_IQ4_XS)
+        nsc = 1;
     if (t == TLM_DTYPE_Q6_K) off[0] = 208, nsc = 1;
     if (t == TLM_DTYPE_Q3_K) off[0] = 108, nsc = 1;
     if (t == TLM_DTYPE_Q2_K) off[0] = 80, off[1] = 82;

@@ -20,9 +20,10 @@
 #include "kernels/qdot.h"
 #include "kernels/qgemm.h"
 
-static const tlm_dtype types[] = {TLM_DTYPE_F16,  TLM_DTYPE_BF16, TLM_DTYPE_Q8_0, TLM_DTYPE_Q4_0,
-                                  TLM_DTYPE_Q4_1, TLM_DTYPE_Q5_0, TLM_DTYPE_Q5_1, TLM_DTYPE_Q2_K,
-                                  TLM_DTYPE_Q3_K, TLM_DTYPE_Q4_K, TLM_DTYPE_Q5_K, TLM_DTYPE_Q6_K};
+static const tlm_dtype types[] = {TLM_DTYPE_F16,    TLM_DTYPE_BF16,  TLM_DTYPE_Q8_0, TLM_DTYPE_Q4_0,
+                                  TLM_DTYPE_Q4_1,   TLM_DTYPE_Q5_0,  TLM_DTYPE_Q5_1, TLM_DTYPE_Q2_K,
+                                  TLM_DTYPE_Q3_K,   TLM_DTYPE_Q4_K,  TLM_DTYPE_Q5_K, TLM_DTYPE_Q6_K,
+                                  TLM_DTYPE_IQ4_NL, TLM_DTYPE_IQ4_XS};
 #define NTYPES (int)(sizeof types / sizeof types[0])
 
 /* Offsets of the f16 scales in each block (the rest of a block is random bytes). */
@@ -38,6 +39,8 @@ static int scale_offsets(tlm_dtype t, int off[2]) {
     case TLM_DTYPE_Q6_K: off[0] = 208; return 1;
     case TLM_DTYPE_Q2_K: off[0] = 80, off[1] = 82; return 2;
     case TLM_DTYPE_Q3_K: off[0] = 108; return 1;
+    case TLM_DTYPE_IQ4_NL:
+    case TLM_DTYPE_IQ4_XS: off[0] = 0; return 1;
     default: return 0;
     }
 }

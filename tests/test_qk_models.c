@@ -337,9 +337,10 @@ static int random_model(const char *path, int d, int heads, int kv_heads, uint64
 /* A random model whose matrices all have rows of whole 256-blocks. */
 static void test_types(void) {
     if (!random_model("qk_model_f32.gguf", 256, 4, 2, 7)) return;
-    const tlm_dtype types[] = {TLM_DTYPE_F16,  TLM_DTYPE_BF16, TLM_DTYPE_Q8_0, TLM_DTYPE_Q4_0,
-                               TLM_DTYPE_Q4_1, TLM_DTYPE_Q5_0, TLM_DTYPE_Q5_1, TLM_DTYPE_Q2_K,
-                               TLM_DTYPE_Q3_K, TLM_DTYPE_Q4_K, TLM_DTYPE_Q5_K, TLM_DTYPE_Q6_K};
+    const tlm_dtype types[] = {TLM_DTYPE_F16,    TLM_DTYPE_BF16,  TLM_DTYPE_Q8_0, TLM_DTYPE_Q4_0,
+                               TLM_DTYPE_Q4_1,   TLM_DTYPE_Q5_0,  TLM_DTYPE_Q5_1, TLM_DTYPE_Q2_K,
+                               TLM_DTYPE_Q3_K,   TLM_DTYPE_Q4_K,  TLM_DTYPE_Q5_K, TLM_DTYPE_Q6_K,
+                               TLM_DTYPE_IQ4_NL, TLM_DTYPE_IQ4_XS};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         check_type("qk_model_f32.gguf", types[i]);
     check_precision("qk_model_f32.gguf");

@@ -65,7 +65,7 @@ static to_float_fn ggml_widen(void *lib, tlm_dtype t) {
     } else {
         snprintf(sym, sizeof sym, "dequantize_row_%s", tlm_dtype_name(t));
         for (char *c = sym + strlen("dequantize_row_"); *c; c++)
-            if (*c == 'Q') *c = 'q';
+            if (*c >= 'A' && *c <= 'Z' && *c != 'K') *c = (char)(*c - 'A' + 'a');
     }
     return (to_float_fn)(uintptr_t)dlsym(lib, sym);
 }
@@ -127,6 +127,46 @@ static void test_rows(void *lib, quantize_chunk_fn chunk) {
     free(x);
     free(a);
     free(b);
+}
+
+/* Types tlm reads but does not write (IQ4_NL, IQ4_XS): ggml's blocks widened by both, bit for
+ * bit, and tlm's refusal to quantize to them. */
+static void test_read_only(void *lib, quantize_chunk_fn chunk) {
+    static const tlm_dtype types[] = {TLM_DTYPE_IQ4_NL, TLM_DTYPE_IQ4_XS};
+    enum { ROWS = 6, N = 3 * 256 };
+    float *x = malloc(sizeof(float) * ROWS * N), *wa = malloc(sizeof(float) * ROWS * N),
+          *wb = malloc(sizeof(float) * ROWS * N);
+    uint8_t *q = malloc(ROWS * N);
+    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
+        tlm_dtype t = types[ti];
+        const tlm_dtype_info *info = tlm_dtype_get(t);
+        to_float_fn widen = ggml_widen(lib, t);
+        CHECK(widen != NULL, "no ggml widening for %s", info->name);
+        if (!widen) continue;
+        int mismatched = 0;
+        for (int k = 0; k < N_KINDS; k++) {
+            for (int r = 0; r < ROWS; r++) fill(x + (size_t)r * N, N, k);
+            size_t bytes = tlm_dtype_bytes(t, (uint64_t)ROWS * N);
+            CHECK(chunk(info->ggml, x, q, 0, ROWS, N, NULL) == bytes, "%s: ggml's bytes",
+                  info->name);
+            CHECK_OK(tlm_dtype_to_f32(t, q, wa, (size_t)ROWS * N));
+            widen(q, wb, (int64_t)ROWS * N);
+            if (memcmp(wa, wb, sizeof(float) * ROWS * N)) {
+                size_t i = 0;
+                while (!memcmp(wa + i, wb + i, sizeof(float))) i++;
+                CHECK(0, "%s, row kind %d: widened element %zu differs (tlm %.9g, ggml %.9g)",
+                      info->name, k, i, wa[i], wb[i]);
+                mismatched++;
+            }
+        }
+        if (!mismatched) printf("%-6s widened == ggml on %d row kinds\n", info->name, N_KINDS);
+        CHECK(tlm_dtype_from_f32(t, x, q, N) == TLM_ERR_UNSUPPORTED, "%s quantized", info->name);
+        CHECK(strstr(tlm_last_error(), info->name) != NULL, "%s", tlm_last_error());
+    }
+    free(x);
+    free(wa);
+    free(wb);
+    free(q);
 }
 
 /* What tlm widens a quantized row back to stays within the type's resolution of the input. */
@@ -452,6 +492,7 @@ int main(void) {
         quantize_chunk_fn chunk = (quantize_chunk_fn)(uintptr_t)dlsym(lib, "ggml_quantize_chunk");
         CHECK(chunk != NULL, "ggml_quantize_chunk not exported");
         if (chunk) test_rows(lib, chunk);
+        if (chunk) test_read_only(lib, chunk);
     }
     /* libggml-base stays loaded while libllama (which needs it) is used: unloaded and loaded
      * again, its static constructor finds its own terminate handler still installed in the

@@ -27,7 +27,12 @@ static const tlm_dtype_info table[TLM_DTYPE_COUNT] = {
     [TLM_DTYPE_Q6_K] = {"Q6_K", TLM_QK_K, sizeof(tlm_block_q6_k), 14, 1},
     [TLM_DTYPE_Q2_K] = {"Q2_K", TLM_QK_K, sizeof(tlm_block_q2_k), 10, 1},
     [TLM_DTYPE_Q3_K] = {"Q3_K", TLM_QK_K, sizeof(tlm_block_q3_k), 11, 1},
+    [TLM_DTYPE_IQ4_NL] = {"IQ4_NL", TLM_QK, sizeof(tlm_block_iq4_nl), 20, 1},
+    [TLM_DTYPE_IQ4_XS] = {"IQ4_XS", TLM_QK_K, sizeof(tlm_block_iq4_xs), 23, 1},
 };
+
+const int8_t tlm_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                     1,    13,   25,  38,  53,  69,  89,  113};
 
 const tlm_dtype_info *tlm_dtype_get(tlm_dtype t) {
     return (unsigned)t < TLM_DTYPE_COUNT ? &table[t] : NULL;
@@ -215,6 +220,26 @@ static void widen_block(tlm_dtype t, const uint8_t *src, float *y) {
         }
         break;
     }
+    case TLM_DTYPE_IQ4_NL: {
+        float d = tlm_f16_to_f32(rd16(src));
+        for (int j = 0; j < 16; j++) {
+            y[j] = d * (float)tlm_iq4nl_values[src[2 + j] & 15];
+            y[j + 16] = d * (float)tlm_iq4nl_values[src[2 + j] >> 4];
+        }
+        break;
+    }
+    case TLM_DTYPE_IQ4_XS: {
+        float d = tlm_f16_to_f32(rd16(src));
+        for (int j = 0; j < 8; j++) {
+            const uint8_t *qs = src + 8 + 16 * j;
+            float dl = d * (float)(tlm_iq4xs_scale(j, src) - 32);
+            for (int l = 0; l < 16; l++) {
+                y[32 * j + l] = dl * (float)tlm_iq4nl_values[qs[l] & 15];
+                y[32 * j + l + 16] = dl * (float)tlm_iq4nl_values[qs[l] >> 4];
+            }
+        }
+        break;
+    }
     default: break;
     }
 }
@@ -245,7 +270,9 @@ tlm_status tlm_dtype_to_f32(tlm_dtype t, const void *src, float *dst, size_t n) 
     case TLM_DTYPE_Q5_K:
     case TLM_DTYPE_Q6_K:
     case TLM_DTYPE_Q2_K:
-    case TLM_DTYPE_Q3_K: {
+    case TLM_DTYPE_Q3_K:
+    case TLM_DTYPE_IQ4_NL:
+    case TLM_DTYPE_IQ4_XS: {
         const tlm_dtype_info *d = &table[t];
         if (n % d->block_elems)
             return tlm_err(TLM_ERR_ARG, "%s: %zu elements is not whole blocks", d->name, n);

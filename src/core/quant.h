@@ -88,6 +88,33 @@ typedef struct {
     uint16_t d;
 } tlm_block_q3_k;
 
+/* IQ4_NL: 32 values as 4-bit indices into a fixed non-linear table (tlm_iq4nl_values), in
+ * Q4_0's layout (low nibbles of qs elements 0-15, high ones 16-31): x = d * values[idx]. */
+typedef struct {
+    uint16_t d;
+    uint8_t qs[TLM_QK / 2];
+} tlm_block_iq4_nl;
+
+/* IQ4_XS: eight sub-blocks of 32, each in IQ4_NL's layout (16 bytes of qs), with a 6-bit scale
+ * (tlm_iq4xs_scale): x = d * (ls - 32) * values[idx]. */
+typedef struct {
+    uint16_t d;
+    uint16_t scales_h;               /* the top two bits of sub-block j's scale at bit 2j */
+    uint8_t scales_l[TLM_QK_K / 64]; /* the low four: sub-block j's in nibble j % 2 of byte j / 2 */
+    uint8_t qs[TLM_QK_K / 2];
+} tlm_block_iq4_xs;
+
+/* The sixteen levels of IQ4_NL and IQ4_XS (dtype.c). */
+extern const int8_t tlm_iq4nl_values[16];
+
+/* Sub-block j's scale of an IQ4_XS block (0..63; the value is this - 32). */
+static inline int tlm_iq4xs_scale(int j, const uint8_t *blk) {
+    int h = blk[2] | blk[3] << 8;
+    return ((blk[4 + j / 2] >> (4 * (j % 2))) & 15) | ((h >> (2 * j)) & 3) << 4;
+}
+
+_Static_assert(sizeof(tlm_block_iq4_nl) == 18, "IQ4_NL block");
+_Static_assert(sizeof(tlm_block_iq4_xs) == 136, "IQ4_XS block");
 _Static_assert(sizeof(tlm_block_q2_k) == 84, "Q2_K block");
 _Static_assert(sizeof(tlm_block_q3_k) == 110, "Q3_K block");
 _Static_assert(sizeof(tlm_block_q8_0) == 34, "Q8_0 block");

@@ -113,7 +113,7 @@ static tlm_status tensor_type(const tlm_gguf_tensor *t, size_t n, const char *pa
     tlm_ggml_type_info(t->type, &name, NULL, NULL);
     return tlm_err(TLM_ERR_UNSUPPORTED,
                    "%s: unsupported tensor type: tensor '%s' is %s; supported: F32, F16, BF16, "
-                   "Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K",
+                   "Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS",
                    path, t->name, name);
 }
 

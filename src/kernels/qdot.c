@@ -25,12 +25,14 @@ k_act_kind k_act_of(tlm_dtype t) {
     case TLM_DTYPE_Q4_0:
     case TLM_DTYPE_Q4_1:
     case TLM_DTYPE_Q5_0:
-    case TLM_DTYPE_Q5_1: return K_ACT_Q8_0;
+    case TLM_DTYPE_Q5_1:
+    case TLM_DTYPE_IQ4_NL: return K_ACT_Q8_0;
     case TLM_DTYPE_Q4_K:
     case TLM_DTYPE_Q5_K:
     case TLM_DTYPE_Q6_K:
     case TLM_DTYPE_Q2_K:
-    case TLM_DTYPE_Q3_K: return K_ACT_Q8_K;
+    case TLM_DTYPE_Q3_K:
+    case TLM_DTYPE_IQ4_XS: return K_ACT_Q8_K;
     default: return K_ACT_NONE;
     }
 }
@@ -267,6 +269,37 @@ static void ref_q3_k(int n, float *s, const void *w, const void *xq) {
     *s = acc;
 }
 
+/* IQ4_NL against Q8_0 blocks, IQ4_XS against Q8_K: the table's levels times the activation's
+ * int8 values, in integers per block (sub-block), scaled as llama.cpp scales them. */
+static int iq4_sub(const uint8_t *qs, const int8_t *a) {
+    int sum = 0;
+    for (int j = 0; j < 16; j++)
+        sum += tlm_iq4nl_values[qs[j] & 15] * a[j] + tlm_iq4nl_values[qs[j] >> 4] * a[j + 16];
+    return sum;
+}
+
+static void ref_iq4_nl(int n, float *s, const void *w, const void *xq) {
+    const uint8_t *wb = w;
+    const tlm_block_q8_0 *x = xq;
+    float acc = 0.0f;
+    for (int b = 0; b < n / TLM_QK; b++, wb += sizeof(tlm_block_iq4_nl))
+        acc += h2f(wb) * h2f(&x[b].d) * (float)iq4_sub(wb + 2, x[b].qs);
+    *s = acc;
+}
+
+static void ref_iq4_xs(int n, float *s, const void *w, const void *xq) {
+    const uint8_t *wb = w;
+    const k_block_q8_k *x = xq;
+    float acc = 0.0f;
+    for (int b = 0; b < n / TLM_QK_K; b++, wb += sizeof(tlm_block_iq4_xs)) {
+        int sumi = 0;
+        for (int j = 0; j < 8; j++)
+            sumi += (tlm_iq4xs_scale(j, wb) - 32) * iq4_sub(wb + 8 + 16 * j, x[b].qs + 32 * j);
+        acc += h2f(wb) * x[b].d * (float)sumi;
+    }
+    *s = acc;
+}
+
 /* ---- dispatch ------------------------------------------------------------------------------- */
 
 static k_vdot_fn ref_of(tlm_dtype t) {
@@ -284,6 +317,8 @@ static k_vdot_fn ref_of(tlm_dtype t) {
     case TLM_DTYPE_Q6_K: return ref_q6_k;
     case TLM_DTYPE_Q2_K: return ref_q2_k;
     case TLM_DTYPE_Q3_K: return ref_q3_k;
+    case TLM_DTYPE_IQ4_NL: return ref_iq4_nl;
+    case TLM_DTYPE_IQ4_XS: return ref_iq4_xs;
     default: return NULL;
     }
 }

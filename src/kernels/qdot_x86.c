@@ -136,6 +136,13 @@ T5 static inline __m512i join(__m256i lo, __m256i hi) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 
+/* IQ4_NL's levels as signed bytes in every 128-bit lane, or (u8) + 128 as unsigned ones. */
+T5 static inline __m512i iq4nl_table(int u8) {
+    __m128i t = _mm_loadu_si128((const __m128i *)tlm_iq4nl_values);
+    if (u8) t = _mm_xor_si128(t, _mm_set1_epi8((char)0x80));
+    return _mm512_broadcast_i32x4(t);
+}
+
 #define AI __attribute__((always_inline))
 
 /* The sums of the lanes of four vectors at once (13 operations where four _mm512_reduce_add_ps
@@ -352,6 +359,45 @@ T2 static void a2_q4_0(int n, float *s, const void *w, const void *xq) {
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d), acc);
     }
     *s = hsum8(acc);
+}
+
+/* IQ4_NL: Q4_0's nibbles looked up in the table of levels (signed bytes). */
+T2 static void a2_iq4_nl(int n, float *s, const void *w, const void *xq) {
+    const uint8_t *wb = w;
+    const tlm_block_q8_0 *x = xq;
+    const __m256i T =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)tlm_iq4nl_values));
+    __m256 acc = _mm256_setzero_ps();
+    for (int b = 0; b < n / TLM_QK; b++, wb += 18) {
+        __m256i q = _mm256_shuffle_epi8(T, nibbles32(wb + 2));
+        __m256i p = dot_ss2(q, _mm256_loadu_si256((const __m256i *)x[b].qs));
+        float d = f16s(wb) * _cvtsh_ss(x[b].d);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d), acc);
+    }
+    *s = hsum8(acc);
+}
+
+/* IQ4_XS: a sub-block (IQ4_NL's 32 values) per vector, its levels' magnitudes against the
+ * activation with the levels' signs, in int16 pairs, then its scale as an int16 madd. */
+T2 static void a2_iq4_xs(int n, float *s, const void *w, const void *xq) {
+    const uint8_t *wb = w;
+    const k_block_q8_k *x = xq;
+    const __m256i T =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)tlm_iq4nl_values));
+    float r = 0.0f;
+    for (int b = 0; b < n / TLM_QK_K; b++, wb += sizeof(tlm_block_iq4_xs)) {
+        __m256i isum = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            __m256i v = _mm256_shuffle_epi8(T, nibbles32(wb + 8 + 16 * j));
+            __m256i a = _mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * j));
+            __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(a, v));
+            isum = _mm256_add_epi32(
+                isum,
+                _mm256_madd_epi16(p, _mm256_set1_epi16((short)(tlm_iq4xs_scale(j, wb) - 32))));
+        }
+        r += f16s(wb) * x[b].d * (float)hsum8i(isum);
+    }
+    *s = r;
 }
 
 /* Q4_1, Q5_0, Q5_1 (the fallbacks llama.cpp's K mixes pick for rows that are not whole
@@ -708,6 +754,67 @@ T5 static inline AI void a5_q23k(int n, float *s, const void *w, const void *xq,
 T5 static void a5_q2_k(int n, float *s, const void *w, const void *xq) { a5_q23k(n, s, w, xq, 0); }
 T5 static void a5_q3_k(int n, float *s, const void *w, const void *xq) { a5_q23k(n, s, w, xq, 1); }
 
+/* ---- IQ4_XS -------------------------------------------------------------------------------- */
+/* An IQ4_XS block's eight scales less 32 as int16 (tlm_iq4xs_scale): the low four bits a nibble of
+ * scales_l, the top two from scales_h. */
+T5 static inline __m128i iq4xs_scales16(const uint8_t *blk) {
+    uint32_t l4;
+    uint16_t h;
+    memcpy(&h, blk + 2, 2);
+    memcpy(&l4, blk + 4, 4);
+    /* each byte of scales_l twice, as words: low nibble in the low byte, high in the high */
+    __m128i wds = _mm_cvtepu8_epi16(
+        _mm_shuffle_epi8(_mm_cvtsi32_si128((int)l4),
+                         _mm_set_epi8(-1, -1, -1, -1, -1, -1, -1, -1, 3, 3, 2, 2, 1, 1, 0, 0)));
+    __m128i lo = _mm_and_si128(_mm_srlv_epi16(wds, _mm_set_epi16(4, 0, 4, 0, 4, 0, 4, 0)),
+                               _mm_set1_epi16(15));
+    __m128i hi = _mm_and_si128(
+        _mm_srlv_epi16(_mm_set1_epi16((short)h), _mm_set_epi16(14, 12, 10, 8, 6, 4, 2, 0)),
+        _mm_set1_epi16(3));
+    return _mm_sub_epi16(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi16(32));
+}
+
+/* One IQ4_XS block of a row into acc: per half (four sub-blocks, 64 bytes of qs) the low and the
+ * high nibbles' levels as magnitudes (a byte shuffle) against the activation's matching 16-byte
+ * runs (a qword permute of two loads) negated where the level is negative (nibble < 8); one
+ * maddubs and one madd by the sub-blocks' scales per vector. */
+T5 static inline AI void iq4xs_block(const uint8_t *wb, const k_block_q8_k *x, __m256 *acc) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
+    const __m512i T = _mm512_abs_epi8(iq4nl_table(0));
+    const __m512i ilo = _mm512_set_epi64(13, 12, 9, 8, 5, 4, 1, 0),
+                  ihi = _mm512_set_epi64(15, 14, 11, 10, 7, 6, 3, 2);
+    const __m512i i0 = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1,
+                                        1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    __m512i sc = _mm512_castsi128_si512(iq4xs_scales16(wb));
+    __m512i isum = _mm512_setzero_si512();
+    for (int h = 0; h < 2; h++) {
+        __m512i Q = _mm512_loadu_si512(wb + 8 + 64 * h);
+        __m512i X0 = _mm512_loadu_si512(x->qs + 128 * h),
+                X1 = _mm512_loadu_si512(x->qs + 128 * h + 64);
+        __m512i scw =
+            _mm512_permutexvar_epi16(_mm512_add_epi16(i0, _mm512_set1_epi16((short)(4 * h))), sc);
+        for (int z = 0; z < 2; z++) {
+            __m512i nib =
+                z ? _mm512_and_si512(_mm512_srli_epi16(Q, 4), m4) : _mm512_and_si512(Q, m4);
+            __m512i a = _mm512_permutex2var_epi64(X0, z ? ihi : ilo, X1);
+            a = _mm512_mask_sub_epi8(a, _mm512_cmplt_epu8_mask(nib, eight), _mm512_setzero_si512(),
+                                     a);
+            __m512i p = _mm512_maddubs_epi16(_mm512_shuffle_epi8(T, nib), a);
+            isum = _mm512_dpwssd_epi32(isum, p, scw);
+        }
+    }
+    __m256i t = _mm256_add_epi32(_mm512_castsi512_si256(isum), _mm512_extracti64x4_epi64(isum, 1));
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_set1_ps(x->d * f16s(wb)), *acc);
+}
+
+T5 static void a5_iq4_xs(int n, float *s, const void *w, const void *xq) {
+    const uint8_t *wb = w;
+    __m256 acc = _mm256_setzero_ps();
+    for (int b = 0; b < n / TLM_QK_K; b++)
+        iq4xs_block(wb + b * sizeof(tlm_block_iq4_xs), (const k_block_q8_k *)xq + b, &acc);
+    *s = hsum8(acc);
+}
+
 /* AVX2: a half's plane at a time (32 bytes, two sub-blocks). */
 T2 static inline AI void a2_q23k(int n, float *s, const void *w, const void *xq, const int three) {
     const uint8_t *wb = w;
@@ -1040,12 +1147,14 @@ T5 static inline float q8_0_tail(float r, const uint8_t *wt, const tlm_block_q8_
     }
     return r;
 }
-T5 static inline float q4_0_tail(float r, const uint8_t *wt, const tlm_block_q8_0 *x, int b,
-                                 int nb) {
-    const __m256i eight = _mm256_set1_epi8(8);
+/* Q4_0's (nl: IQ4_NL's, the nibbles looked up in its table) blocks past the last whole group. */
+T5 static inline float q4_0_tail(float r, const uint8_t *wt, const tlm_block_q8_0 *x, int b, int nb,
+                                 const int nl) {
+    const __m256i eight = _mm256_set1_epi8(8), T = _mm512_castsi512_si256(iq4nl_table(0));
     for (int bt = b; bt < nb; bt++, wt += 18) {
-        __m256i p = dot_ss5y(_mm256_sub_epi8(nibbles32(wt + 2), eight),
-                             _mm256_loadu_si256((const __m256i *)x[bt].qs));
+        __m256i v = nl ? _mm256_shuffle_epi8(T, nibbles32(wt + 2))
+                       : _mm256_sub_epi8(nibbles32(wt + 2), eight);
+        __m256i p = dot_ss5y(v, _mm256_loadu_si256((const __m256i *)x[bt].qs));
         r += (float)hsum8i(p) * (f16s(wt) * _cvtsh_ss(x[bt].d));
     }
     return r;
@@ -1125,15 +1234,24 @@ T5 static inline AI __m512 q4_0_dx(const float *ad) {
     return _mm512_permutexvar_ps(i4, _mm512_castps128_ps512(_mm_loadu_ps(ad)));
 }
 
+/* IQ4_NL (nl): each nibble looked up as its level + 128 (an unsigned byte), the products then
+ * starting from -128 times the activations' sums, 16 times Q4_0's -8. */
 T5 static inline AI __m512 q4_0_dot(__m512 acc, __m512 dw, __m512i lo, __m512i hi, const uint8_t *g,
-                                    __m512 dx) {
-    __m512i p = _mm512_dpbusd_epi32(_mm512_loadu_si512(g + 128), lo, _mm512_loadu_si512(g));
+                                    __m512 dx, const int nl) {
+    __m512i init = _mm512_loadu_si512(g + 128);
+    if (nl) {
+        const __m512i T = iq4nl_table(1);
+        lo = _mm512_shuffle_epi8(T, lo);
+        hi = _mm512_shuffle_epi8(T, hi);
+        init = _mm512_slli_epi32(init, 4);
+    }
+    __m512i p = _mm512_dpbusd_epi32(init, lo, _mm512_loadu_si512(g));
     p = _mm512_dpbusd_epi32(p, hi, _mm512_loadu_si512(g + 64));
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw, dx), acc);
 }
 
-T5 static inline AI void q4r5(int n, const int M, float *s, const uint8_t *w, const uint8_t *xq,
-                              size_t xs) {
+T5 static inline AI void q4r5nl(int n, const int M, float *s, const uint8_t *w, const uint8_t *xq,
+                                size_t xs, const int nl) {
     const uint8_t *wb = w;
     int nb = n / TLM_QK, b = 0;
     size_t aux = k_act_q8_0_aux_at(n), nib = k_act_q8_0_nib_at(n);
@@ -1146,20 +1264,24 @@ T5 static inline AI void q4r5(int n, const int M, float *s, const uint8_t *w, co
         for (int m = 0; m < M; m++) {
             const uint8_t *xm = xq + m * xs;
             __m512 dx = q4_0_dx((const float *)(const void *)(xm + aux) + b);
-            acc[m] = q4_0_dot(acc[m], dw, lo, hi, xm + nib + (size_t)(b / 4) * K_ACT_NIB_BYTES, dx);
+            acc[m] =
+                q4_0_dot(acc[m], dw, lo, hi, xm + nib + (size_t)(b / 4) * K_ACT_NIB_BYTES, dx, nl);
         }
     }
     float sum[K_VDOT_MAX_ROWS];
     hsum16_rows(acc, M, sum);
     for (int m = 0; m < M; m++)
-        s[m] = q4_0_tail(sum[m], wb, (const tlm_block_q8_0 *)(const void *)(xq + m * xs), b, nb);
+        s[m] =
+            q4_0_tail(sum[m], wb, (const tlm_block_q8_0 *)(const void *)(xq + m * xs), b, nb, nl);
 }
+#define q4r5(n, M, s, w, xq, xs) q4r5nl(n, M, s, w, xq, xs, 0)
+#define iq4nlr5(n, M, s, w, xq, xs) q4r5nl(n, M, s, w, xq, xs, 1)
 
 /* Four Q4_0 weight rows against one activation row (decode of one sequence): q4r5's operations
  * per row with M = 1 (so bit for bit its sums), the activation's vectors loaded once for the four
  * and the rows' chains interleaved. */
-T5 static inline AI void w4one_q4_0(int n, float *s, const void *w, size_t ws, const void *xq,
-                                    const void *pf) {
+T5 static inline AI void w4one_q4nl(int n, float *s, const void *w, size_t ws, const void *xq,
+                                    const void *pf, const int nl) {
     const float *ad = k_act_q8_0_aux(xq, n);
     const uint8_t *g = k_act_q8_0_nib(xq, n);
     int nb = n / TLM_QK, b = 0;
@@ -1173,7 +1295,7 @@ T5 static inline AI void w4one_q4_0(int n, float *s, const void *w, size_t ws, c
             __m512 dw;
             __m512i lo, hi;
             q4_0_group((const uint8_t *)w + r * ws + (size_t)b * 18, &dw, &lo, &hi);
-            acc[r] = q4_0_dot(acc[r], dw, lo, hi, g, dx);
+            acc[r] = q4_0_dot(acc[r], dw, lo, hi, g, dx, nl);
         }
     }
     pf_upto(pf, &pfo, 4 * ws, far);
@@ -1188,7 +1310,15 @@ T5 static inline AI void w4one_q4_0(int n, float *s, const void *w, size_t ws, c
     _mm_storeu_ps(t, sum);
     for (int r = 0; r < 4; r++)
         s[r] = q4_0_tail(t[r], (const uint8_t *)w + r * ws + (size_t)b * 18,
-                         (const tlm_block_q8_0 *)xq, b, nb);
+                         (const tlm_block_q8_0 *)xq, b, nb, nl);
+}
+T5 static inline AI void w4one_q4_0(int n, float *s, const void *w, size_t ws, const void *xq,
+                                    const void *pf) {
+    w4one_q4nl(n, s, w, ws, xq, pf, 0);
+}
+T5 static inline AI void w4one_iq4_nl(int n, float *s, const void *w, size_t ws, const void *xq,
+                                      const void *pf) {
+    w4one_q4nl(n, s, w, ws, xq, pf, 1);
 }
 
 /* Four Q8_0 weight rows against one activation row (decode of one sequence): the activation's
@@ -1243,12 +1373,18 @@ T5 static inline AI void w4one_q8_0(int n, float *s, const void *wv, size_t ws, 
 
 T5 static void a5_q8_0(int n, float *s, const void *w, const void *xq) { q8r5(n, 1, s, w, xq, 0); }
 T5 static void a5_q4_0(int n, float *s, const void *w, const void *xq) { q4r5(n, 1, s, w, xq, 0); }
+T5 static void a5_iq4_nl(int n, float *s, const void *w, const void *xq) {
+    iq4nlr5(n, 1, s, w, xq, 0);
+}
 
 T5 static void r5_q8_0(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
     ROWS_SWITCH(q8r5, n, M, s, (const uint8_t *)w, (const uint8_t *)xq, xstride);
 }
 T5 static void r5_q4_0(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
     ROWS_SWITCH(q4r5, n, M, s, (const uint8_t *)w, (const uint8_t *)xq, xstride);
+}
+T5 static void r5_iq4_nl(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
+    ROWS_SWITCH(iq4nlr5, n, M, s, (const uint8_t *)w, (const uint8_t *)xq, xstride);
 }
 
 /* Q4_K, Q5_K and Q6_K against several activation rows: per row the same operations in the same
@@ -1644,6 +1780,22 @@ T5 static inline AI void w4one_q3_k(int n, float *s, const void *w, size_t ws, c
     w4one_q23k(n, s, w, ws, xq, pf, 1);
 }
 
+/* Four IQ4_XS rows against one activation row, a5_iq4_xs's operations per row. */
+T5 static inline AI void w4one_iq4_xs(int n, float *s, const void *w, size_t ws, const void *xq,
+                                      const void *pf) {
+    const uint8_t *wb = w;
+    const size_t bytes = sizeof(tlm_block_iq4_xs);
+    __m256 acc[4];
+    for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_ps();
+    size_t pfo = 0, far = pf_far(n, ws);
+    for (int b = 0; b < n / TLM_QK_K; b++) {
+        pf_upto(pf, &pfo, 4 * bytes * (size_t)(b + 1), far);
+        const k_block_q8_k *x = (const k_block_q8_k *)xq + b;
+        for (int r = 0; r < 4; r++) iq4xs_block(wb + r * ws + b * bytes, x, &acc[r]);
+    }
+    hsum8x4(acc, s);
+}
+
 #define Q4KR5(n, M, s, w, xq, xs) q45kr5(n, M, s, w, xq, xs, 0)
 #define Q5KR5(n, M, s, w, xq, xs) q45kr5(n, M, s, w, xq, xs, 1)
 T5 static void r5_q4_k(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
@@ -1664,6 +1816,7 @@ k_vdot_rows_fn k_simd_vdot_rows(tlm_dtype t, int isa) {
         case TLM_DTYPE_F16: return r5_f16;
         case TLM_DTYPE_Q8_0: return r5_q8_0;
         case TLM_DTYPE_Q4_0: return r5_q4_0;
+        case TLM_DTYPE_IQ4_NL: return r5_iq4_nl;
         case TLM_DTYPE_Q4_K: return r5_q4_k;
         case TLM_DTYPE_Q5_K: return r5_q5_k;
         case TLM_DTYPE_Q6_K: return r5_q6_k;
@@ -1687,11 +1840,13 @@ k_vdot_rows3_fn k_simd_vdot_rows3(tlm_dtype t, int isa) {
 
 W4_RUN(T5, w4_q8_0, w4one_q8_0)
 W4_RUN(T5, w4_q4_0, w4one_q4_0)
+W4_RUN(T5, w4_iq4_nl, w4one_iq4_nl)
 W4_RUN(T5, w4_q4_k, w4one_q4_k)
 W4_RUN(T5, w4_q5_k, w4one_q5_k)
 W4_RUN(T5, w4_q6_k, w4one_q6_k)
 W4_RUN(T5, w4_q2_k, w4one_q2_k)
 W4_RUN(T5, w4_q3_k, w4one_q3_k)
+W4_RUN(T5, w4_iq4_xs, w4one_iq4_xs)
 W4_RUN(T5, w4_f32, w4one_f32)
 W4_RUN(T5, w4_f16, w4one_f16)
 W4_RUN(T5BF, w4_bf16, w4one_bf16)
@@ -1701,11 +1856,13 @@ k_vdot_w4_fn k_simd_vdot_w4(tlm_dtype t, int isa) {
     switch (t) {
     case TLM_DTYPE_Q8_0: return w4_q8_0;
     case TLM_DTYPE_Q4_0: return w4_q4_0;
+    case TLM_DTYPE_IQ4_NL: return w4_iq4_nl;
     case TLM_DTYPE_Q4_K: return w4_q4_k;
     case TLM_DTYPE_Q5_K: return w4_q5_k;
     case TLM_DTYPE_Q6_K: return w4_q6_k;
     case TLM_DTYPE_Q2_K: return w4_q2_k;
     case TLM_DTYPE_Q3_K: return w4_q3_k;
+    case TLM_DTYPE_IQ4_XS: return w4_iq4_xs;
     case TLM_DTYPE_F32: return w4_f32;
     case TLM_DTYPE_F16: return w4_f16;
     case TLM_DTYPE_BF16: return cpu_bf16 ? w4_bf16 : NULL;
@@ -1860,6 +2017,8 @@ k_vdot_fn k_simd_vdot(tlm_dtype t, int isa) {
         case TLM_DTYPE_Q6_K: return a5_q6_k;
         case TLM_DTYPE_Q2_K: return a5_q2_k;
         case TLM_DTYPE_Q3_K: return a5_q3_k;
+        case TLM_DTYPE_IQ4_NL: return a5_iq4_nl;
+        case TLM_DTYPE_IQ4_XS: return a5_iq4_xs;
         default: return NULL;
         }
     }
@@ -1877,6 +2036,8 @@ k_vdot_fn k_simd_vdot(tlm_dtype t, int isa) {
         case TLM_DTYPE_Q6_K: return a2_q6_k;
         case TLM_DTYPE_Q2_K: return a2_q2_k;
         case TLM_DTYPE_Q3_K: return a2_q3_k;
+        case TLM_DTYPE_IQ4_NL: return a2_iq4_nl;
+        case TLM_DTYPE_IQ4_XS: return a2_iq4_xs;
         default: return NULL;
         }
     }

@@ -26,7 +26,9 @@ int k_qgemm_sub(tlm_dtype t) {
     case TLM_DTYPE_Q5_0:
     case TLM_DTYPE_Q5_1:
     case TLM_DTYPE_Q4_K:
-    case TLM_DTYPE_Q5_K: return 32;
+    case TLM_DTYPE_Q5_K:
+    case TLM_DTYPE_IQ4_NL:
+    case TLM_DTYPE_IQ4_XS: return 32;
     case TLM_DTYPE_Q6_K: /* their scales change every 16 elements */
     case TLM_DTYPE_Q2_K:
     case TLM_DTYPE_Q3_K: return 16;
@@ -177,6 +179,33 @@ static void pack_row_q23k(tlm_dtype t, const uint8_t *blk, int nb, int r, uint8_
     }
 }
 
+/* IQ4_NL and IQ4_XS: each 32 values in Q4_0's layout, the table's level + 128 as the unsigned
+ * byte with the offset -128 s (s: d, or IQ4_XS's d * (ls - 32)). */
+static void pack_row_iq4(tlm_dtype t, const uint8_t *blk, int nb, int r, uint8_t *q, float *s,
+                         float *m) {
+    int xs = t == TLM_DTYPE_IQ4_XS, subs = xs ? 8 : 1;
+    size_t bytes = xs ? sizeof(tlm_block_iq4_xs) : sizeof(tlm_block_iq4_nl);
+    for (int b = 0; b < nb; b++, blk += bytes) {
+        float d = rdh(blk);
+        for (int j = 0; j < subs; j++) {
+            int k = b * subs + j; /* sub-block number in the row */
+            const uint8_t *qs = blk + (xs ? 8 + 16 * j : 2);
+            float sj = xs ? d * (float)(tlm_iq4xs_scale(j, blk) - 32) : d;
+            s[k * K_QG_ROWS + r] = sj;
+            m[k * K_QG_ROWS + r] = -128.0f * sj;
+            for (int w = 0; w < 4; w++) {
+                uint32_t lo = 0, hi = 0;
+                for (int i = 0; i < 4; i++) {
+                    lo |= (uint32_t)(uint8_t)(tlm_iq4nl_values[qs[4 * w + i] & 15] + 128) << 8 * i;
+                    hi |= (uint32_t)(uint8_t)(tlm_iq4nl_values[qs[4 * w + i] >> 4] + 128) << 8 * i;
+                }
+                put(q, k * 8 + w, r, lo);
+                put(q, k * 8 + 4 + w, r, hi);
+            }
+        }
+    }
+}
+
 void k_qgemm_pack(const tlm_weight *w, int r0, int nrows, uint8_t *q, float *s, float *m) {
     int n = (int)w->cols, sub = k_qgemm_sub(w->dtype);
     int nb = n / (int)tlm_dtype_get(w->dtype)->block_elems;
@@ -193,6 +222,8 @@ void k_qgemm_pack(const tlm_weight *w, int r0, int nrows, uint8_t *q, float *s, 
         case TLM_DTYPE_Q6_K: pack_row_q6k(row, nb, r, q, s, m); break;
         case TLM_DTYPE_Q2_K:
         case TLM_DTYPE_Q3_K: pack_row_q23k(w->dtype, row, nb, r, q, s, m); break;
+        case TLM_DTYPE_IQ4_NL:
+        case TLM_DTYPE_IQ4_XS: pack_row_iq4(w->dtype, row, nb, r, q, s, m); break;
         default: pack_row32(w->dtype, row, nb, r, q, s, m); break;
         }
     }
