@@ -579,6 +579,8 @@ typedef enum {
     TLM_FTYPE_Q5_K_S = 16,
     TLM_FTYPE_Q5_K_M = 17,
     TLM_FTYPE_Q6_K = 18,
+    TLM_FTYPE_IQ4_NL = 25,
+    TLM_FTYPE_IQ4_XS = 30,
     TLM_FTYPE_BF16 = 32
 } tlm_ftype;
 

@@ -27,12 +27,14 @@ static const char *quantize_help =
     "a GGUF file of TYPE, the bytes llama.cpp's llama-quantize writes from the same F32 weights\n"
     "(no importance matrix): the same type per tensor, the same quantized blocks.\n\n"
     "  --type TYPE  q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k_s, q3_k_m, q3_k_l, q4_k_s,\n"
-    "               q4_k_m, q5_k_s, q5_k_m, q6_k, f16, bf16, f32. The mixes give some\n"
-    "               layers' attn_v and ffn_down more bits (q4_k_m, q5_k_m: Q6_K; q3_k_m,\n"
-    "               q3_k_l: Q4_K/Q5_K, and attn_output too; q2_k: Q3_K, attn_output too);\n"
-    "               output.weight (or a tied token_embd) is Q6_K except for q8_0; 1-D tensors\n"
-    "               stay F32; matrices whose rows are not whole 256-blocks fall back (Q2_K and\n"
-    "               Q3_K to Q4_0, Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0).\n"
+    "               q4_k_m, q5_k_s, q5_k_m, q6_k, iq4_nl, iq4_xs, f16, bf16, f32. The mixes\n"
+    "               give some layers' attn_v and ffn_down more bits (q4_k_m, q5_k_m: Q6_K;\n"
+    "               q3_k_m, q3_k_l: Q4_K/Q5_K, and attn_output too; q2_k: Q3_K, attn_output\n"
+    "               too; iq4_*: Q5_K for the first eighth's ffn_down, and attn_v from four\n"
+    "               query heads per kv head); output.weight (or a tied token_embd) is Q6_K\n"
+    "               except for q8_0; 1-D tensors stay F32; matrices whose rows are not whole\n"
+    "               256-blocks fall back (IQ4_XS to IQ4_NL, Q2_K and Q3_K to Q4_0, Q4_K to\n"
+    "               Q5_0, Q5_K to Q5_1, Q6_K to Q8_0).\n"
     "  -z, --tokenizer P   tokenizer to embed (default: the one IN carries, if any)\n";
 
 static int ends_with(const char *s, const char *suf) {
@@ -92,7 +94,7 @@ static int convert(int argc, char **argv, int quantize) {
         if (!tlm_ftype_from_name(qtype, &ftype))
             return cli_fail("%s: unknown --type '%s' (q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, "
                             "q3_k_s, q3_k_m, q3_k_l, q4_k_s, q4_k_m, q5_k_s, q5_k_m, q6_k, "
-                            "f16, bf16, f32)",
+                            "iq4_nl, iq4_xs, f16, bf16, f32)",
                             cmd, qtype);
         if (strcmp(to, "gguf")) return cli_fail("convert: --type writes GGUF (--to gguf)");
     }

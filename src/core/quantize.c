@@ -545,6 +545,127 @@ static void q3_k(const float *x, tlm_block_q3_k *y) {
     pack_planes(U, y->qs);
 }
 
+/* ggml's best_index_int8: the level of the 16 (sorted) nearest to x, the lower one on a tie. */
+static int best_index(const int8_t *val, float x) {
+    if (x <= val[0]) return 0;
+    if (x >= val[15]) return 15;
+    int ml = 0, mu = 15;
+    while (mu - ml > 1) {
+        int mav = (ml + mu) / 2;
+        if (x < val[mav])
+            mu = mav;
+        else
+            ml = mav;
+    }
+    return x - val[mu - 1] < val[mu] - x ? mu - 1 : mu;
+}
+
+/* ggml's quantize_row_iq4_nl_impl as ggml_quantize_chunk runs it (ntry 7, no importance
+ * weights: x^2) over `subs` sub-blocks of 32: each sub-block's scale from the level that maps its
+ * value of largest magnitude, then 15 candidate inverse scales around it, keeping the best
+ * least-squares fit; with several sub-blocks (IQ4_XS) their scales go to 6 bits against the
+ * largest and every value is mapped again with its stored scale, with one (IQ4_NL) the block's
+ * values are mapped again with the scale as fitted. */
+static void iq4_quant(const float *x, int subs, uint16_t *dh, uint8_t *q4, uint16_t *scales_h,
+                      uint8_t *scales_l) {
+    const int8_t *values = tlm_iq4nl_values;
+    const int ntry = 7;
+    uint8_t L[TLM_QK_K];
+    float scales[TLM_QK_K / 32], weight[32];
+    memset(q4, 0, (size_t)subs * 16);
+    *dh = tlm_f32_to_f16(0.f);
+    float max_scale = 0, amax_scale = 0;
+    for (int ib = 0; ib < subs; ++ib) {
+        const float *xb = x + ib * 32;
+        uint8_t *Lb = L + ib * 32;
+        for (int j = 0; j < 32; ++j) weight[j] = xb[j] * xb[j];
+        float amax = 0, max = 0;
+        for (int j = 0; j < 32; ++j) {
+            float ax = fabsf(xb[j]);
+            if (ax > amax) {
+                amax = ax;
+                max = xb[j];
+            }
+        }
+        if (amax < GROUP_MAX_EPS) {
+            scales[ib] = 0;
+            continue;
+        }
+        float d = -max / values[0];
+        float id = 1 / d;
+        float sumqx = 0, sumq2 = 0;
+        for (int j = 0; j < 32; ++j) {
+            float al = id * xb[j];
+            int l = best_index(values, al);
+            Lb[j] = (uint8_t)l;
+            float q = values[l];
+            float w = weight[j];
+            sumqx += w * q * xb[j];
+            sumq2 += w * q * q;
+        }
+        d = sumq2 > 0 ? sumqx / sumq2 : 0.f;
+        float best = d * sumqx;
+        for (int itry = -ntry; itry <= ntry; ++itry) {
+            id = (itry + values[0]) / max;
+            sumqx = sumq2 = 0;
+            for (int j = 0; j < 32; ++j) {
+                float al = id * xb[j];
+                int l = best_index(values, al);
+                float q = values[l];
+                float w = weight[j];
+                sumqx += w * q * xb[j];
+                sumq2 += w * q * q;
+            }
+            if (sumq2 > 0 && sumqx * sumqx > best * sumq2) {
+                d = sumqx / sumq2;
+                best = d * sumqx;
+            }
+        }
+        scales[ib] = d;
+        float abs_d = fabsf(d);
+        if (abs_d > amax_scale) {
+            amax_scale = abs_d;
+            max_scale = d;
+        }
+    }
+    if (subs > 1) {
+        *scales_h = 0;
+        float d = -max_scale / 32;
+        *dh = tlm_f32_to_f16(d);
+        float id = d ? 1 / d : 0.f;
+        for (int ib = 0; ib < subs; ++ib) {
+            int l = nearest_int(id * scales[ib]);
+            l = imax(-32, imin(31, l));
+            float dl = d * l;
+            float idl = dl ? 1 / dl : 0.f;
+            for (int j = 0; j < 32; ++j)
+                L[ib * 32 + j] = (uint8_t)best_index(values, idl * x[ib * 32 + j]);
+            l += 32;
+            uint8_t l_l = (uint8_t)(l & 0xf), l_h = (uint8_t)(l >> 4);
+            if (ib % 2 == 0)
+                scales_l[ib / 2] = l_l;
+            else
+                scales_l[ib / 2] |= (uint8_t)(l_l << 4);
+            *scales_h |= (uint16_t)(l_h << 2 * (ib % 8));
+        }
+    } else {
+        *dh = tlm_f32_to_f16(scales[0]);
+        float id = scales[0] ? 1 / scales[0] : 0;
+        for (int j = 0; j < 32; ++j) L[j] = (uint8_t)best_index(values, id * x[j]);
+    }
+    for (int i = 0; i < subs; ++i)
+        for (int j = 0; j < 16; ++j)
+            q4[16 * i + j] = (uint8_t)(L[32 * i + j] | (L[32 * i + 16 + j] << 4));
+}
+
+static void iq4_nl(const float *x, tlm_block_iq4_nl *y) {
+    iq4_quant(x, 1, &y->d, y->qs, NULL, NULL);
+}
+
+static void iq4_xs(const float *x, tlm_block_iq4_xs *y) {
+    iq4_quant(x, 8, &y->d, y->qs, &y->scales_h, y->scales_l);
+}
+
 tlm_status tlm_dtype_from_f32(tlm_dtype t, const float *src, void *dst, size_t n) {
     const tlm_dtype_info *info = tlm_dtype_get(t);
     if (!info || !info->is_float || t == TLM_DTYPE_F64)
@@ -583,6 +704,8 @@ tlm_status tlm_dtype_from_f32(tlm_dtype t, const float *src, void *dst, size_t n
         case TLM_DTYPE_Q6_K: BLOCK(tlm_block_q6_k, q6_k)
         case TLM_DTYPE_Q2_K: BLOCK(tlm_block_q2_k, q2_k)
         case TLM_DTYPE_Q3_K: BLOCK(tlm_block_q3_k, q3_k)
+        case TLM_DTYPE_IQ4_NL: BLOCK(tlm_block_iq4_nl, iq4_nl)
+        case TLM_DTYPE_IQ4_XS: BLOCK(tlm_block_iq4_xs, iq4_xs)
 #undef BLOCK
         default: return tlm_err(TLM_ERR_UNSUPPORTED, "cannot quantize to %s", info->name);
         }

@@ -188,15 +188,16 @@ static const struct {
     tlm_ftype ftype;
     tlm_dtype base; /* the type of most matrices */
 } ftypes[] = {
-    {"f32", TLM_FTYPE_F32, TLM_DTYPE_F32},        {"f16", TLM_FTYPE_F16, TLM_DTYPE_F16},
-    {"bf16", TLM_FTYPE_BF16, TLM_DTYPE_BF16},     {"q8_0", TLM_FTYPE_Q8_0, TLM_DTYPE_Q8_0},
-    {"q4_0", TLM_FTYPE_Q4_0, TLM_DTYPE_Q4_0},     {"q4_1", TLM_FTYPE_Q4_1, TLM_DTYPE_Q4_1},
-    {"q5_0", TLM_FTYPE_Q5_0, TLM_DTYPE_Q5_0},     {"q5_1", TLM_FTYPE_Q5_1, TLM_DTYPE_Q5_1},
-    {"q2_k", TLM_FTYPE_Q2_K, TLM_DTYPE_Q2_K},     {"q3_k_s", TLM_FTYPE_Q3_K_S, TLM_DTYPE_Q3_K},
-    {"q3_k_m", TLM_FTYPE_Q3_K_M, TLM_DTYPE_Q3_K}, {"q3_k_l", TLM_FTYPE_Q3_K_L, TLM_DTYPE_Q3_K},
-    {"q4_k_s", TLM_FTYPE_Q4_K_S, TLM_DTYPE_Q4_K}, {"q4_k_m", TLM_FTYPE_Q4_K_M, TLM_DTYPE_Q4_K},
-    {"q5_k_s", TLM_FTYPE_Q5_K_S, TLM_DTYPE_Q5_K}, {"q5_k_m", TLM_FTYPE_Q5_K_M, TLM_DTYPE_Q5_K},
-    {"q6_k", TLM_FTYPE_Q6_K, TLM_DTYPE_Q6_K},
+    {"f32", TLM_FTYPE_F32, TLM_DTYPE_F32},          {"f16", TLM_FTYPE_F16, TLM_DTYPE_F16},
+    {"bf16", TLM_FTYPE_BF16, TLM_DTYPE_BF16},       {"q8_0", TLM_FTYPE_Q8_0, TLM_DTYPE_Q8_0},
+    {"q4_0", TLM_FTYPE_Q4_0, TLM_DTYPE_Q4_0},       {"q4_1", TLM_FTYPE_Q4_1, TLM_DTYPE_Q4_1},
+    {"q5_0", TLM_FTYPE_Q5_0, TLM_DTYPE_Q5_0},       {"q5_1", TLM_FTYPE_Q5_1, TLM_DTYPE_Q5_1},
+    {"q2_k", TLM_FTYPE_Q2_K, TLM_DTYPE_Q2_K},       {"q3_k_s", TLM_FTYPE_Q3_K_S, TLM_DTYPE_Q3_K},
+    {"q3_k_m", TLM_FTYPE_Q3_K_M, TLM_DTYPE_Q3_K},   {"q3_k_l", TLM_FTYPE_Q3_K_L, TLM_DTYPE_Q3_K},
+    {"q4_k_s", TLM_FTYPE_Q4_K_S, TLM_DTYPE_Q4_K},   {"q4_k_m", TLM_FTYPE_Q4_K_M, TLM_DTYPE_Q4_K},
+    {"q5_k_s", TLM_FTYPE_Q5_K_S, TLM_DTYPE_Q5_K},   {"q5_k_m", TLM_FTYPE_Q5_K_M, TLM_DTYPE_Q5_K},
+    {"q6_k", TLM_FTYPE_Q6_K, TLM_DTYPE_Q6_K},       {"iq4_nl", TLM_FTYPE_IQ4_NL, TLM_DTYPE_IQ4_NL},
+    {"iq4_xs", TLM_FTYPE_IQ4_XS, TLM_DTYPE_IQ4_XS},
 };
 #define N_FTYPES (int)(sizeof ftypes / sizeof *ftypes)
 
@@ -298,6 +299,9 @@ static void choose_types(const tlm_model *m, const int *order, tlm_ftype ftype, 
                 ty = i_attn_v < 2 ? TLM_DTYPE_Q5_K : TLM_DTYPE_Q4_K;
             else if (ftype == TLM_FTYPE_Q3_K_L)
                 ty = TLM_DTYPE_Q5_K;
+            else if ((ftype == TLM_FTYPE_IQ4_NL || ftype == TLM_FTYPE_IQ4_XS) &&
+                     c->n_heads / c->n_kv_heads >= 4)
+                ty = TLM_DTYPE_Q5_K;
             else if ((ftype == TLM_FTYPE_Q4_K_M || ftype == TLM_FTYPE_Q5_K_M) &&
                      use_more_bits(i_attn_v, n_attn_v))
                 ty = TLM_DTYPE_Q6_K;
@@ -316,6 +320,9 @@ static void choose_types(const tlm_model *m, const int *order, tlm_ftype ftype, 
             else if ((ftype == TLM_FTYPE_Q4_K_M || ftype == TLM_FTYPE_Q5_K_M) &&
                      use_more_bits(i_ffn_down, nl))
                 ty = TLM_DTYPE_Q6_K;
+            else if ((ftype == TLM_FTYPE_IQ4_NL || ftype == TLM_FTYPE_IQ4_XS) &&
+                     i_ffn_down < nl / 8)
+                ty = TLM_DTYPE_Q5_K;
             else if (ftype == TLM_FTYPE_Q4_K_S && i_ffn_down < nl / 8)
                 ty = TLM_DTYPE_Q5_K;
             i_ffn_down++;
@@ -329,11 +336,12 @@ static void choose_types(const tlm_model *m, const int *order, tlm_ftype ftype, 
         }
         /* Rows that are not whole blocks of the choice fall back to a 32-element type, then F16. */
         if (ncols % tlm_dtype_get(ty)->block_elems) {
-            ty = ty == TLM_DTYPE_Q2_K || ty == TLM_DTYPE_Q3_K ? TLM_DTYPE_Q4_0
-                 : ty == TLM_DTYPE_Q4_K                       ? TLM_DTYPE_Q5_0
-                 : ty == TLM_DTYPE_Q5_K                       ? TLM_DTYPE_Q5_1
-                 : ty == TLM_DTYPE_Q6_K                       ? TLM_DTYPE_Q8_0
-                                                              : ty;
+            ty = ty == TLM_DTYPE_IQ4_XS                         ? TLM_DTYPE_IQ4_NL
+                 : ty == TLM_DTYPE_Q2_K || ty == TLM_DTYPE_Q3_K ? TLM_DTYPE_Q4_0
+                 : ty == TLM_DTYPE_Q4_K                         ? TLM_DTYPE_Q5_0
+                 : ty == TLM_DTYPE_Q5_K                         ? TLM_DTYPE_Q5_1
+                 : ty == TLM_DTYPE_Q6_K                         ? TLM_DTYPE_Q8_0
+                                                                : ty;
             if (ncols % tlm_dtype_get(ty)->block_elems) ty = TLM_DTYPE_F16;
         }
         types[i] = ty;
