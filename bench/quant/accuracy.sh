@@ -25,7 +25,7 @@ DATA=${DATA:-../shared/data/text/tinystories_2MiB.txt}
 OUT=${OUT:-bench/out/quant}
 STEPS=${STEPS:-300} D=${D:-256} DFF=${DFF:-768} LAYERS=${LAYERS:-4} HEADS=${HEADS:-4}
 CTX=${CTX:-256} VOCAB=${VOCAB:-1024} HELD_BYTES=${HELD_BYTES:-100000} THREADS=${THREADS:-2}
-TYPES=${TYPES:-"f32 f16 bf16 q8_0 q6_k q5_k_m q5_k_s q5_1 q5_0 q4_k_m q4_k_s q4_1 q4_0 q3_k_l q3_k_m q3_k_s q2_k"}
+TYPES=${TYPES:-"f32 f16 bf16 q8_0 q6_k q5_k_m q5_k_s q5_1 q5_0 q4_k_m q4_k_s q4_1 q4_0 iq4_xs iq4_nl q3_k_l q3_k_m q3_k_s q2_k"}
 for f in "$TLM" "$LLAMA_BIN/llama-perplexity" "$DATA"; do
   [ -e "$f" ] || { echo "accuracy.sh: $f not found" >&2; exit 1; }
 done
@@ -59,7 +59,8 @@ bpw() {
   "$TLM" info -m "$1" | awk '
     BEGIN { b["F32"]=4; b["F16"]=2; b["BF16"]=2; b["Q8_0"]=34/32; b["Q4_0"]=18/32;
             b["Q4_1"]=20/32; b["Q5_0"]=22/32; b["Q5_1"]=24/32; b["Q4_K"]=144/256;
-            b["Q5_K"]=176/256; b["Q6_K"]=210/256; b["Q2_K"]=84/256; b["Q3_K"]=110/256 }
+            b["Q5_K"]=176/256; b["Q6_K"]=210/256; b["Q2_K"]=84/256; b["Q3_K"]=110/256;
+            b["IQ4_NL"]=18/32; b["IQ4_XS"]=136/256 }
     /^tensors/ { on = 1; next }
     on && $3 ~ /^\[/ {
       shape = $0; sub(/.*\[/, "", shape); sub(/\].*/, "", shape)

@@ -653,6 +653,57 @@ T5 static int pack_avx512(const tlm_weight *w, int r0, uint8_t *q, float *s, flo
         }
         return 1;
     }
+    case TLM_DTYPE_IQ4_NL: {
+        /* Q4_0's layout, the nibbles looked up as level + 128, the offset -128 d */
+        const __m512i T = _mm512_broadcast_i32x4(_mm_xor_si128(
+            _mm_loadu_si128((const __m128i *)tlm_iq4nl_values), _mm_set1_epi8((char)0x80)));
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *blk = base + (size_t)b * sizeof(tlm_block_iq4_nl);
+            __m512 d = halves(rows32(blk, rb), 0);
+            _mm512_storeu_ps(s + b * K_QG_ROWS, d);
+            _mm512_storeu_ps(m + b * K_QG_ROWS, _mm512_mul_ps(_mm512_set1_ps(-128.0f), d));
+            tr16x4(blk + 2, rb, v);
+            for (int j = 0; j < 4; j++) {
+                put16(q, b * 8 + j, _mm512_shuffle_epi8(T, _mm512_and_si512(v[j], lo4)));
+                put16(q, b * 8 + 4 + j,
+                      _mm512_shuffle_epi8(T, _mm512_and_si512(_mm512_srli_epi32(v[j], 4), lo4)));
+            }
+        }
+        return 1;
+    }
+    case TLM_DTYPE_IQ4_XS: {
+        /* eight IQ4_NL-like sub-blocks per block, their scales d * (ls - 32) from each row's
+         * words of d | scales_h and scales_l */
+        const __m512i T = _mm512_broadcast_i32x4(_mm_xor_si128(
+            _mm_loadu_si128((const __m128i *)tlm_iq4nl_values), _mm_set1_epi8((char)0x80)));
+        const __m512i f = _mm512_set1_epi32(15), three = _mm512_set1_epi32(3);
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *blk = base + (size_t)b * sizeof(tlm_block_iq4_xs);
+            __m512i hd[4];
+            tr16x4(blk, rb, hd);
+            __m512 d = halves(hd[0], 0);
+            for (int j = 0; j < 8; j++) {
+                __m512i ls = _mm512_or_si512(
+                    _mm512_and_si512(_mm512_srli_epi32(hd[1], 4 * j), f),
+                    _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(hd[0], 16 + 2 * j), three),
+                                      4));
+                __m512 sj = _mm512_mul_ps(
+                    d, _mm512_cvtepi32_ps(_mm512_sub_epi32(ls, _mm512_set1_epi32(32))));
+                _mm512_storeu_ps(s + (b * 8 + j) * K_QG_ROWS, sj);
+                _mm512_storeu_ps(m + (b * 8 + j) * K_QG_ROWS,
+                                 _mm512_mul_ps(_mm512_set1_ps(-128.0f), sj));
+                tr16x4(blk + 8 + 16 * j, rb, v);
+                for (int k = 0; k < 4; k++) {
+                    put16(q, (b * 8 + j) * 8 + k,
+                          _mm512_shuffle_epi8(T, _mm512_and_si512(v[k], lo4)));
+                    put16(
+                        q, (b * 8 + j) * 8 + 4 + k,
+                        _mm512_shuffle_epi8(T, _mm512_and_si512(_mm512_srli_epi32(v[k], 4), lo4)));
+                }
+            }
+        }
+        return 1;
+    }
     case TLM_DTYPE_Q4_K:
     case TLM_DTYPE_Q5_K: {
         int q5 = w->dtype == TLM_DTYPE_Q5_K;
