@@ -775,35 +775,38 @@ T5 static inline __m128i iq4xs_scales16(const uint8_t *blk) {
 }
 
 /* One IQ4_XS block of a row into acc: per half (four sub-blocks, 64 bytes of qs) the low and the
- * high nibbles' levels as magnitudes (a byte shuffle) against the activation's matching 16-byte
- * runs (a qword permute of two loads) negated where the level is negative (nibble < 8); one
- * maddubs and one madd by the sub-blocks' scales per vector. */
+ * high nibbles looked up as level + 128 (a byte shuffle) go unsigned into VNNI against the
+ * activation's matching 16-byte runs (a qword permute of two loads), both into the same lanes (a
+ * sub-block's four), which then take the sub-block's scale; the 128 comes off once per block
+ * through the activation's sums of 16. */
 T5 static inline AI void iq4xs_block(const uint8_t *wb, const k_block_q8_k *x, __m256 *acc) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
-    const __m512i T = _mm512_abs_epi8(iq4nl_table(0));
+    const __m512i m4 = _mm512_set1_epi8(0x0F), T = iq4nl_table(1);
     const __m512i ilo = _mm512_set_epi64(13, 12, 9, 8, 5, 4, 1, 0),
                   ihi = _mm512_set_epi64(15, 14, 11, 10, 7, 6, 3, 2);
-    const __m512i i0 = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1,
-                                        1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    __m512i sc = _mm512_castsi128_si512(iq4xs_scales16(wb));
+    const __m512i i0 = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    __m128i sc = iq4xs_scales16(wb);
+    __m512i sc32 = _mm512_cvtepi16_epi32(_mm256_castsi128_si256(sc));
+    /* each scale twice, against the sums of 16 */
+    __m256i off =
+        _mm256_madd_epi16(_mm256_set_m128i(_mm_unpackhi_epi16(sc, sc), _mm_unpacklo_epi16(sc, sc)),
+                          _mm256_loadu_si256((const __m256i *)x->bsums));
     __m512i isum = _mm512_setzero_si512();
     for (int h = 0; h < 2; h++) {
         __m512i Q = _mm512_loadu_si512(wb + 8 + 64 * h);
         __m512i X0 = _mm512_loadu_si512(x->qs + 128 * h),
                 X1 = _mm512_loadu_si512(x->qs + 128 * h + 64);
-        __m512i scw =
-            _mm512_permutexvar_epi16(_mm512_add_epi16(i0, _mm512_set1_epi16((short)(4 * h))), sc);
-        for (int z = 0; z < 2; z++) {
-            __m512i nib =
-                z ? _mm512_and_si512(_mm512_srli_epi16(Q, 4), m4) : _mm512_and_si512(Q, m4);
-            __m512i a = _mm512_permutex2var_epi64(X0, z ? ihi : ilo, X1);
-            a = _mm512_mask_sub_epi8(a, _mm512_cmplt_epu8_mask(nib, eight), _mm512_setzero_si512(),
-                                     a);
-            __m512i p = _mm512_maddubs_epi16(_mm512_shuffle_epi8(T, nib), a);
-            isum = _mm512_dpwssd_epi32(isum, p, scw);
-        }
+        __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(),
+                                        _mm512_shuffle_epi8(T, _mm512_and_si512(Q, m4)),
+                                        _mm512_permutex2var_epi64(X0, ilo, X1));
+        p = _mm512_dpbusd_epi32(
+            p, _mm512_shuffle_epi8(T, _mm512_and_si512(_mm512_srli_epi16(Q, 4), m4)),
+            _mm512_permutex2var_epi64(X0, ihi, X1));
+        __m512i scl =
+            _mm512_permutexvar_epi32(_mm512_add_epi32(i0, _mm512_set1_epi32(4 * h)), sc32);
+        isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(p, scl));
     }
     __m256i t = _mm256_add_epi32(_mm512_castsi512_si256(isum), _mm512_extracti64x4_epi64(isum, 1));
+    t = _mm256_sub_epi32(t, _mm256_slli_epi32(off, 7));
     *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_set1_ps(x->d * f16s(wb)), *acc);
 }
 
