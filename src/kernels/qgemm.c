@@ -653,6 +653,69 @@ T5 static int pack_avx512(const tlm_weight *w, int r0, uint8_t *q, float *s, flo
         }
         return 1;
     }
+    case TLM_DTYPE_Q2_K:
+    case TLM_DTYPE_Q3_K: {
+        /* 16 sub-blocks of 16: s and m from each row's scale bytes and d (and dmin); the quants
+         * are the qs words' 2-bit planes (and Q3_K's third bits from hmask, as bit 2) */
+        int three = w->dtype == TLM_DTYPE_Q3_K;
+        size_t bytes = three ? sizeof(tlm_block_q3_k) : sizeof(tlm_block_q2_k);
+        const __m512i ff = _mm512_set1_epi32(0xFF), f = _mm512_set1_epi32(15),
+                      m2 = _mm512_set1_epi32(0x03030303), m1 = _mm512_set1_epi32(0x01010101);
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *blk = base + (size_t)b * bytes;
+            const uint8_t *qs = blk + (three ? 32 : 16);
+            __m512i qw[16], hm[8] = {0}, sc[4];
+            for (int t = 0; t < 4; t++) tr16x4(qs + 16 * t, rb, qw + 4 * t);
+            if (three) {
+                tr16x4(blk, rb, hm);
+                tr16x4(blk + 16, rb, hm + 4);
+                /* bytes 94 .. 109: the last two of qs, the 12 scale bytes, then d (nothing past
+                 * the block is read) */
+                tr16x4(blk + 94, rb, sc);
+                __m512 d = halves(sc[3], 1);
+                for (int j = 0; j < 16; j++) {
+                    /* scale byte i sits at byte 2 + i of the four words */
+                    int i = j < 8 ? j : j - 8, k = 8 + j % 4;
+                    __m512i lo =
+                        _mm512_srli_epi32(sc[(2 + i) >> 2], 8 * ((2 + i) & 3) + (j < 8 ? 0 : 4));
+                    __m512i hi =
+                        _mm512_srli_epi32(sc[(2 + k) >> 2], 8 * ((2 + k) & 3) + 2 * (j / 4));
+                    __m512i ls = _mm512_or_si512(
+                        _mm512_and_si512(lo, f),
+                        _mm512_slli_epi32(_mm512_and_si512(hi, _mm512_set1_epi32(3)), 4));
+                    __m512 sj = _mm512_mul_ps(
+                        d, _mm512_cvtepi32_ps(_mm512_sub_epi32(ls, _mm512_set1_epi32(32))));
+                    _mm512_storeu_ps(s + (b * 16 + j) * K_QG_ROWS, sj);
+                    _mm512_storeu_ps(m + (b * 16 + j) * K_QG_ROWS,
+                                     _mm512_mul_ps(_mm512_set1_ps(-4.0f), sj));
+                }
+            } else {
+                tr16x4(blk, rb, sc);
+                __m512i dd = rows32(blk + 80, rb);
+                __m512 d = halves(dd, 0), nmin = _mm512_sub_ps(_mm512_setzero_ps(), halves(dd, 1));
+                for (int j = 0; j < 16; j++) {
+                    __m512i by = _mm512_and_si512(_mm512_srli_epi32(sc[j / 4], 8 * (j % 4)), ff);
+                    _mm512_storeu_ps(s + (b * 16 + j) * K_QG_ROWS,
+                                     _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(by, f))));
+                    _mm512_storeu_ps(
+                        m + (b * 16 + j) * K_QG_ROWS,
+                        _mm512_mul_ps(nmin, _mm512_cvtepi32_ps(_mm512_srli_epi32(by, 4))));
+                }
+            }
+            for (int h = 0; h < 2; h++)
+                for (int i = 0; i < 4; i++)
+                    for (int wd = 0; wd < 8; wd++) {
+                        __m512i pl = _mm512_and_si512(_mm512_srli_epi32(qw[8 * h + wd], 2 * i), m2);
+                        if (three)
+                            pl = _mm512_or_si512(
+                                pl,
+                                _mm512_slli_epi32(
+                                    _mm512_and_si512(_mm512_srli_epi32(hm[wd], 4 * h + i), m1), 2));
+                        put16(q, b * 64 + h * 32 + i * 8 + wd, pl);
+                    }
+        }
+        return 1;
+    }
     case TLM_DTYPE_IQ4_NL: {
         /* Q4_0's layout, the nibbles looked up as level + 128, the offset -128 d */
         const __m512i T = _mm512_broadcast_i32x4(_mm_xor_si128(
