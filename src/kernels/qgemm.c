@@ -616,7 +616,8 @@ T5 static inline void put16(uint8_t *q, int kw, __m512i v) {
     _mm512_storeu_si512((void *)(q + (size_t)kw * 4 * K_QG_ROWS), v);
 }
 
-/* k_qgemm_pack of a whole group (16 rows) of Q8_0, Q4_0, Q4_K, Q5_K or Q6_K, with the same bytes
+/* k_qgemm_pack of a whole group (16 rows) of Q8_0, Q4_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL or
+ * IQ4_XS, with the same bytes
  * and floats: 16 rows' blocks go through the 4 x 4 word transposes above instead of one 32-bit
  * word at a time. Returns 0 for types it does not take. */
 T5 static int pack_avx512(const tlm_weight *w, int r0, uint8_t *q, float *s, float *m) {
