@@ -617,9 +617,8 @@ T5 static inline void put16(uint8_t *q, int kw, __m512i v) {
 }
 
 /* k_qgemm_pack of a whole group (16 rows) of Q8_0, Q4_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL or
- * IQ4_XS, with the same bytes
- * and floats: 16 rows' blocks go through the 4 x 4 word transposes above instead of one 32-bit
- * word at a time. Returns 0 for types it does not take. */
+ * IQ4_XS, with the same bytes and floats: 16 rows' blocks go through the 4 x 4 word transposes
+ * above instead of one 32-bit word at a time. Returns 0 for types it does not take. */
 T5 static int pack_avx512(const tlm_weight *w, int r0, uint8_t *q, float *s, float *m) {
     const uint8_t *base = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
     size_t rb = w->row_bytes;
