@@ -211,22 +211,31 @@ static float make_qkx2_quants(int n, int nmax, const float *x, const float *weig
     return scale;
 }
 
-/* ggml's make_qx_quants with rmse_type 1 and no importance weights (what Q6_K uses): symmetric
- * L in [-nmax, nmax - 1] (stored + nmax), weights x^2, and 18 candidate scales around the one
- * that maps the value of largest magnitude to -nmax. */
-static float make_qx_quants(int n, int nmax, const float *x, int8_t *L) {
-    float max = 0, amax = 0;
+/* The value of largest magnitude of x[0..n) into *max (the first of equals), for the symmetric
+ * fits below; 0, with L zeroed, where all are (about) zero. */
+static int signed_max(int n, const float *x, int8_t *L, float *max) {
+    float amax = 0;
+    *max = 0;
     for (int i = 0; i < n; ++i) {
         float ax = fabsf(x[i]);
         if (ax > amax) {
             amax = ax;
-            max = x[i];
+            *max = x[i];
         }
     }
     if (amax < GROUP_MAX_EPS) {
         for (int i = 0; i < n; ++i) L[i] = 0;
-        return 0.f;
+        return 0;
     }
+    return 1;
+}
+
+/* ggml's make_qx_quants with rmse_type 1 and no importance weights (what Q6_K uses): symmetric
+ * L in [-nmax, nmax - 1] (stored + nmax), weights x^2, and 18 candidate scales around the one
+ * that maps the value of largest magnitude to -nmax. */
+static float make_qx_quants(int n, int nmax, const float *x, int8_t *L) {
+    float max;
+    if (!signed_max(n, x, L, &max)) return 0.f;
     float iscale = -nmax / max;
     float sumlx = 0, suml2 = 0;
     for (int i = 0; i < n; ++i) {
@@ -442,18 +451,8 @@ static void q2_k(const float *x, tlm_block_q2_k *y) {
  * maps the value of largest magnitude to -nmax, then up to five passes moving single levels where
  * that raises sumlx^2 / suml2 (weights x^2); L stored + nmax. */
 static float make_q3_quants(int n, int nmax, const float *x, int8_t *L) {
-    float max = 0, amax = 0;
-    for (int i = 0; i < n; ++i) {
-        float ax = fabsf(x[i]);
-        if (ax > amax) {
-            amax = ax;
-            max = x[i];
-        }
-    }
-    if (amax < GROUP_MAX_EPS) {
-        for (int i = 0; i < n; ++i) L[i] = 0;
-        return 0.f;
-    }
+    float max;
+    if (!signed_max(n, x, L, &max)) return 0.f;
     float iscale = -nmax / max;
     float sumlx = 0, suml2 = 0;
     for (int i = 0; i < n; ++i) {

@@ -348,33 +348,25 @@ T2 static void a2_q8_0(int n, float *s, const void *w, const void *xq) {
     *s = hsum8(acc);
 }
 
-T2 static void a2_q4_0(int n, float *s, const void *w, const void *xq) {
-    const uint8_t *wb = w;
-    const tlm_block_q8_0 *x = xq;
-    __m256 acc = _mm256_setzero_ps();
-    for (int b = 0; b < n / TLM_QK; b++, wb += 18) {
-        __m256i q = _mm256_sub_epi8(nibbles32(wb + 2), _mm256_set1_epi8(8));
-        __m256i p = dot_ss2(q, _mm256_loadu_si256((const __m256i *)x[b].qs));
-        float d = f16s(wb) * _cvtsh_ss(x[b].d);
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d), acc);
-    }
-    *s = hsum8(acc);
-}
-
-/* IQ4_NL: Q4_0's nibbles looked up in the table of levels (signed bytes). */
-T2 static void a2_iq4_nl(int n, float *s, const void *w, const void *xq) {
+/* Q4_0, or IQ4_NL (nl: its nibbles looked up in the table of levels, signed bytes). */
+T2 static inline AI void a2_q4nl(int n, float *s, const void *w, const void *xq, const int nl) {
     const uint8_t *wb = w;
     const tlm_block_q8_0 *x = xq;
     const __m256i T =
         _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)tlm_iq4nl_values));
     __m256 acc = _mm256_setzero_ps();
     for (int b = 0; b < n / TLM_QK; b++, wb += 18) {
-        __m256i q = _mm256_shuffle_epi8(T, nibbles32(wb + 2));
+        __m256i q = nl ? _mm256_shuffle_epi8(T, nibbles32(wb + 2))
+                       : _mm256_sub_epi8(nibbles32(wb + 2), _mm256_set1_epi8(8));
         __m256i p = dot_ss2(q, _mm256_loadu_si256((const __m256i *)x[b].qs));
         float d = f16s(wb) * _cvtsh_ss(x[b].d);
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d), acc);
     }
     *s = hsum8(acc);
+}
+T2 static void a2_q4_0(int n, float *s, const void *w, const void *xq) { a2_q4nl(n, s, w, xq, 0); }
+T2 static void a2_iq4_nl(int n, float *s, const void *w, const void *xq) {
+    a2_q4nl(n, s, w, xq, 1);
 }
 
 /* IQ4_XS: a sub-block (IQ4_NL's 32 values) per vector, its levels' magnitudes against the
