@@ -689,50 +689,88 @@ T2 static inline __m256i q3k_scales16_a2(const uint8_t *p) {
     return _mm256_loadu_si256((const __m256i *)v);
 }
 
-/* One block of a Q2_K or Q3_K row into acc: both halves' plane i in one register (half 0 in bytes
- * 0-31, 1 in 32-63) against the two runs; one maddubs and one madd by the four sub-blocks'
- * scales as int16 per plane. */
-T5 static inline AI void q23k_block(const uint8_t *wb, const k_block_q8_k *x, __m256 *acc,
-                                    const int three) {
+/* One block of a Q2_K or Q3_K row: the weight side (its four planes of quants, Q3_K's third bits
+ * added; the sub-blocks' scales spread to their int16 lanes; the scales (Q3_K) or mins (Q2_K) as
+ * int16 against the activation's sums of 16; d and dmin), unpacked once for every activation row,
+ * and one activation row's step on it into acc: both halves' plane i in one register (half 0 in
+ * bytes 0-31, 1 in 32-63) against the two runs, one maddubs and one madd by the four
+ * sub-blocks' scales per plane. */
+typedef struct {
+    __m512i q[4], scp[4];
+    __m256i s16;
+    float d, dmin;
+} q23k_w;
+
+T5 static inline AI void q23k_unpack(const uint8_t *wb, q23k_w *o, const int three) {
     /* int16 lane l of plane 0: sub-block l / 8 (l < 16), 8 + (l - 16) / 8 (l >= 16) */
     const __m512i idx0 = _mm512_set_epi16(9, 9, 9, 9, 9, 9, 9, 9, 8, 8, 8, 8, 8, 8, 8, 8, 1, 1, 1,
                                           1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
     const __m512i m3 = _mm512_set1_epi8(3), two = _mm512_set1_epi16(2), four = _mm512_set1_epi8(4);
     const size_t bytes = three ? sizeof(tlm_block_q3_k) : sizeof(tlm_block_q2_k);
-    __m256i bsums = _mm256_loadu_si256((const __m256i *)x->bsums), sc16, off;
     const uint8_t *qs = wb + (three ? 32 : 16);
     __m512i H = _mm512_setzero_si512(), hb = join(_mm256_set1_epi8(1), _mm256_set1_epi8(0x10));
+    __m256i sc16;
     if (three) {
-        sc16 = q3k_scales16(wb + 96);
-        off = _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsums), 2);
+        sc16 = o->s16 = q3k_scales16(wb + 96);
         H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)wb));
     } else {
         __m128i sc8 = _mm_loadu_si128((const __m128i *)wb), m4 = _mm_set1_epi8(0x0F);
         sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(sc8, m4));
-        off = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc8, 4), m4)),
-                                bsums);
+        o->s16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc8, 4), m4));
     }
-    __m512i sc = _mm512_castsi256_si512(sc16), Q = _mm512_loadu_si512(qs);
-    __m512i isum = _mm512_setzero_si512(), idx = idx0;
+    __m512i sc = _mm512_castsi256_si512(sc16), Q = _mm512_loadu_si512(qs), idx = idx0;
     for (int i = 0; i < 4; i++) {
         __m512i q = _mm512_and_si512(i ? _mm512_srli_epi16(Q, 2 * i) : Q, m3);
         if (three) {
             q = _mm512_mask_add_epi8(q, _mm512_test_epi8_mask(H, hb), q, four);
             hb = _mm512_add_epi8(hb, hb);
         }
-        __m512i a = join(_mm256_loadu_si256((const __m256i *)(x->qs + 32 * i)),
-                         _mm256_loadu_si256((const __m256i *)(x->qs + 128 + 32 * i)));
-        isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(q, a),
-                                   _mm512_permutexvar_epi16(idx, sc));
+        o->q[i] = q;
+        o->scp[i] = _mm512_permutexvar_epi16(idx, sc);
         idx = _mm512_add_epi16(idx, two);
     }
-    __m256i t = _mm256_add_epi32(_mm512_castsi512_si256(isum), _mm512_extracti64x4_epi64(isum, 1));
-    if (three) t = _mm256_sub_epi32(t, off);
     /* d is the block's last half (Q3_K) or last but one, before dmin (Q2_K) */
     const uint8_t *d = wb + bytes - (three ? 2 : 4);
-    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_set1_ps(x->d * f16s(d)), *acc);
+    o->d = f16s(d);
+    o->dmin = three ? 0.0f : f16s(d + 2);
+}
+
+T5 static inline AI void q23k_step(const q23k_w *w, const k_block_q8_k *x, __m256 *acc,
+                                   const int three) {
+    __m256i off = _mm256_madd_epi16(w->s16, _mm256_loadu_si256((const __m256i *)x->bsums));
+    __m512i isum = _mm512_setzero_si512();
+    for (int i = 0; i < 4; i++) {
+        __m512i a = join(_mm256_loadu_si256((const __m256i *)(x->qs + 32 * i)),
+                         _mm256_loadu_si256((const __m256i *)(x->qs + 128 + 32 * i)));
+        isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(w->q[i], a), w->scp[i]);
+    }
+    __m256i t = _mm256_add_epi32(_mm512_castsi512_si256(isum), _mm512_extracti64x4_epi64(isum, 1));
+    if (three) t = _mm256_sub_epi32(t, _mm256_slli_epi32(off, 2));
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_set1_ps(x->d * w->d), *acc);
     if (!three) /* the mins */
-        *acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(off), _mm256_set1_ps(x->d * f16s(d + 2)), *acc);
+        *acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(off), _mm256_set1_ps(x->d * w->dmin), *acc);
+}
+
+T5 static inline AI void q23k_block(const uint8_t *wb, const k_block_q8_k *x, __m256 *acc,
+                                    const int three) {
+    q23k_w w;
+    q23k_unpack(wb, &w, three);
+    q23k_step(&w, x, acc, three);
+}
+
+/* M activation rows (stride xs bytes) against one Q2_K or Q3_K row: each block unpacked once. */
+T5 static inline AI void q23kr5(int n, const int M, float *s, const uint8_t *w, const uint8_t *xq,
+                                size_t xs, const int three) {
+    const size_t bytes = three ? sizeof(tlm_block_q3_k) : sizeof(tlm_block_q2_k);
+    __m256 acc[K_VDOT_MAX_ROWS];
+    for (int m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();
+    for (int b = 0; b < n / TLM_QK_K; b++) {
+        q23k_w wv;
+        q23k_unpack(w + b * bytes, &wv, three);
+        for (int m = 0; m < M; m++)
+            q23k_step(&wv, (const k_block_q8_k *)(const void *)(xq + m * xs) + b, &acc[m], three);
+    }
+    for (int m = 0; m < M; m++) s[m] = hsum8(acc[m]);
 }
 
 T5 static inline AI void a5_q23k(int n, float *s, const void *w, const void *xq, const int three) {
@@ -1799,6 +1837,14 @@ T5 static void r5_q4_k(int n, int M, float *s, const void *w, const void *xq, si
 T5 static void r5_q5_k(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
     ROWS_SWITCH(Q5KR5, n, M, s, (const uint8_t *)w, (const uint8_t *)xq, xstride);
 }
+#define Q2KR5(n, M, s, w, xq, xs) q23kr5(n, M, s, w, xq, xs, 0)
+#define Q3KR5(n, M, s, w, xq, xs) q23kr5(n, M, s, w, xq, xs, 1)
+T5 static void r5_q2_k(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
+    ROWS_SWITCH(Q2KR5, n, M, s, (const uint8_t *)w, (const uint8_t *)xq, xstride);
+}
+T5 static void r5_q3_k(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
+    ROWS_SWITCH(Q3KR5, n, M, s, (const uint8_t *)w, (const uint8_t *)xq, xstride);
+}
 T5 static void r5_q6_k(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
     ROWS_SWITCH(q6kr5, n, M, s, (const uint8_t *)w, (const uint8_t *)xq, xstride);
 }
@@ -1815,6 +1861,8 @@ k_vdot_rows_fn k_simd_vdot_rows(tlm_dtype t, int isa) {
         case TLM_DTYPE_Q4_K: return r5_q4_k;
         case TLM_DTYPE_Q5_K: return r5_q5_k;
         case TLM_DTYPE_Q6_K: return r5_q6_k;
+        case TLM_DTYPE_Q2_K: return r5_q2_k;
+        case TLM_DTYPE_Q3_K: return r5_q3_k;
         default: return NULL;
         }
     }
