@@ -691,8 +691,11 @@ T5 static int pack_avx512(const tlm_weight *w, int r0, uint8_t *q, float *s, flo
                 }
             } else {
                 tr16x4(blk, rb, sc);
-                __m512i dd = rows32(blk + 80, rb);
-                __m512 d = halves(dd, 0), nmin = _mm512_sub_ps(_mm512_setzero_ps(), halves(dd, 1));
+                /* d | dmin: the last word of bytes 68 .. 83 (nothing past the block is read) */
+                __m512i tail[4];
+                tr16x4(blk + 68, rb, tail);
+                __m512 d = halves(tail[3], 0),
+                       nmin = _mm512_sub_ps(_mm512_setzero_ps(), halves(tail[3], 1));
                 for (int j = 0; j < 16; j++) {
                     __m512i by = _mm512_and_si512(_mm512_srli_epi32(sc[j / 4], 8 * (j % 4)), ff);
                     _mm512_storeu_ps(s + (b * 16 + j) * K_QG_ROWS,
