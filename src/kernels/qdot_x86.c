@@ -809,35 +809,65 @@ T5 static inline __m128i iq4xs_scales16(const uint8_t *blk) {
  * activation's matching 16-byte runs (a qword permute of two loads), both into the same lanes (a
  * sub-block's four), which then take the sub-block's scale; the 128 comes off once per block
  * through the activation's sums of 16. */
-T5 static inline AI void iq4xs_block(const uint8_t *wb, const k_block_q8_k *x, __m256 *acc) {
+typedef struct {
+    __m512i v[4], scl[2]; /* the halves' low and high levels + 128; the lanes' scales */
+    __m256i s16;          /* each scale twice, against the activation's sums of 16 */
+    float d;
+} iq4xs_w;
+
+/* The weight side of one IQ4_XS block, unpacked once for every activation row. */
+T5 static inline AI void iq4xs_unpack(const uint8_t *wb, iq4xs_w *o) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), T = iq4nl_table(1);
-    const __m512i ilo = _mm512_set_epi64(13, 12, 9, 8, 5, 4, 1, 0),
-                  ihi = _mm512_set_epi64(15, 14, 11, 10, 7, 6, 3, 2);
     const __m512i i0 = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
     __m128i sc = iq4xs_scales16(wb);
     __m512i sc32 = _mm512_cvtepi16_epi32(_mm256_castsi128_si256(sc));
-    /* each scale twice, against the sums of 16 */
-    __m256i off =
-        _mm256_madd_epi16(_mm256_set_m128i(_mm_unpackhi_epi16(sc, sc), _mm_unpacklo_epi16(sc, sc)),
-                          _mm256_loadu_si256((const __m256i *)x->bsums));
-    __m512i isum = _mm512_setzero_si512();
+    o->s16 = _mm256_set_m128i(_mm_unpackhi_epi16(sc, sc), _mm_unpacklo_epi16(sc, sc));
     for (int h = 0; h < 2; h++) {
         __m512i Q = _mm512_loadu_si512(wb + 8 + 64 * h);
+        o->v[2 * h] = _mm512_shuffle_epi8(T, _mm512_and_si512(Q, m4));
+        o->v[2 * h + 1] = _mm512_shuffle_epi8(T, _mm512_and_si512(_mm512_srli_epi16(Q, 4), m4));
+        o->scl[h] = _mm512_permutexvar_epi32(_mm512_add_epi32(i0, _mm512_set1_epi32(4 * h)), sc32);
+    }
+    o->d = f16s(wb);
+}
+
+/* One activation row's step on an unpacked IQ4_XS block, into acc. */
+T5 static inline AI void iq4xs_step(const iq4xs_w *w, const k_block_q8_k *x, __m256 *acc) {
+    const __m512i ilo = _mm512_set_epi64(13, 12, 9, 8, 5, 4, 1, 0),
+                  ihi = _mm512_set_epi64(15, 14, 11, 10, 7, 6, 3, 2);
+    __m256i off = _mm256_madd_epi16(w->s16, _mm256_loadu_si256((const __m256i *)x->bsums));
+    __m512i isum = _mm512_setzero_si512();
+    for (int h = 0; h < 2; h++) {
         __m512i X0 = _mm512_loadu_si512(x->qs + 128 * h),
                 X1 = _mm512_loadu_si512(x->qs + 128 * h + 64);
-        __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(),
-                                        _mm512_shuffle_epi8(T, _mm512_and_si512(Q, m4)),
+        __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w->v[2 * h],
                                         _mm512_permutex2var_epi64(X0, ilo, X1));
-        p = _mm512_dpbusd_epi32(
-            p, _mm512_shuffle_epi8(T, _mm512_and_si512(_mm512_srli_epi16(Q, 4), m4)),
-            _mm512_permutex2var_epi64(X0, ihi, X1));
-        __m512i scl =
-            _mm512_permutexvar_epi32(_mm512_add_epi32(i0, _mm512_set1_epi32(4 * h)), sc32);
-        isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(p, scl));
+        p = _mm512_dpbusd_epi32(p, w->v[2 * h + 1], _mm512_permutex2var_epi64(X0, ihi, X1));
+        isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(p, w->scl[h]));
     }
     __m256i t = _mm256_add_epi32(_mm512_castsi512_si256(isum), _mm512_extracti64x4_epi64(isum, 1));
     t = _mm256_sub_epi32(t, _mm256_slli_epi32(off, 7));
-    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_set1_ps(x->d * f16s(wb)), *acc);
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_set1_ps(x->d * w->d), *acc);
+}
+
+T5 static inline AI void iq4xs_block(const uint8_t *wb, const k_block_q8_k *x, __m256 *acc) {
+    iq4xs_w w;
+    iq4xs_unpack(wb, &w);
+    iq4xs_step(&w, x, acc);
+}
+
+/* M activation rows (stride xs bytes) against one IQ4_XS row: each block unpacked once. */
+T5 static inline AI void iq4xsr5(int n, const int M, float *s, const uint8_t *w, const uint8_t *xq,
+                                 size_t xs) {
+    __m256 acc[K_VDOT_MAX_ROWS];
+    for (int m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();
+    for (int b = 0; b < n / TLM_QK_K; b++) {
+        iq4xs_w wv;
+        iq4xs_unpack(w + b * sizeof(tlm_block_iq4_xs), &wv);
+        for (int m = 0; m < M; m++)
+            iq4xs_step(&wv, (const k_block_q8_k *)(const void *)(xq + m * xs) + b, &acc[m]);
+    }
+    for (int m = 0; m < M; m++) s[m] = hsum8(acc[m]);
 }
 
 T5 static void a5_iq4_xs(int n, float *s, const void *w, const void *xq) {
@@ -1845,6 +1875,9 @@ T5 static void r5_q2_k(int n, int M, float *s, const void *w, const void *xq, si
 T5 static void r5_q3_k(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
     ROWS_SWITCH(Q3KR5, n, M, s, (const uint8_t *)w, (const uint8_t *)xq, xstride);
 }
+T5 static void r5_iq4_xs(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
+    ROWS_SWITCH(iq4xsr5, n, M, s, (const uint8_t *)w, (const uint8_t *)xq, xstride);
+}
 T5 static void r5_q6_k(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
     ROWS_SWITCH(q6kr5, n, M, s, (const uint8_t *)w, (const uint8_t *)xq, xstride);
 }
@@ -1863,6 +1896,7 @@ k_vdot_rows_fn k_simd_vdot_rows(tlm_dtype t, int isa) {
         case TLM_DTYPE_Q6_K: return r5_q6_k;
         case TLM_DTYPE_Q2_K: return r5_q2_k;
         case TLM_DTYPE_Q3_K: return r5_q3_k;
+        case TLM_DTYPE_IQ4_XS: return r5_iq4_xs;
         default: return NULL;
         }
     }
