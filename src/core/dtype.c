@@ -198,10 +198,9 @@ static void widen_block(tlm_dtype t, const uint8_t *src, float *y) {
         memcpy(&b, src, sizeof b);
         float d = tlm_f16_to_f32(b.d), dmin = tlm_f16_to_f32(b.dmin);
         for (int j = 0; j < 16; j++) {
-            const uint8_t *q = b.qs + 32 * (j / 8) + 16 * (j & 1);
-            int shift = 2 * ((j % 8) / 2);
             float dl = d * (float)(b.scales[j] & 15), ml = dmin * (float)(b.scales[j] >> 4);
-            for (int l = 0; l < 16; l++) y[16 * j + l] = dl * (float)((q[l] >> shift) & 3) - ml;
+            for (int e = 16 * j; e < 16 * j + 16; e++)
+                y[e] = dl * (float)tlm_q23k_level(b.qs, NULL, e) - ml;
         }
         break;
     }
@@ -210,13 +209,9 @@ static void widen_block(tlm_dtype t, const uint8_t *src, float *y) {
         memcpy(&b, src, sizeof b);
         float d = tlm_f16_to_f32(b.d);
         for (int j = 0; j < 16; j++) {
-            int off = 32 * (j / 8) + 16 * (j & 1), i = (j % 8) / 2, hbit = 4 * (j / 8) + i;
             float dl = d * (float)(tlm_q3k_scale(j, b.scales) - 32);
-            for (int l = 0; l < 16; l++) {
-                int q = ((b.qs[off + l] >> (2 * i)) & 3) -
-                        ((b.hmask[off % 32 + l] >> hbit) & 1 ? 0 : 4);
-                y[16 * j + l] = dl * (float)q;
-            }
+            for (int e = 16 * j; e < 16 * j + 16; e++)
+                y[e] = dl * (float)tlm_q23k_level(b.qs, b.hmask, e);
         }
         break;
     }

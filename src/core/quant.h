@@ -129,14 +129,6 @@ _Static_assert(sizeof(tlm_block_q6_k) == 210, "Q6_K block");
 /* Sub-block j's (0..7) 6-bit scale and min from the 12 packed bytes of Q4_K and Q5_K: bytes 0-3
  * hold the scales of 0-3 and 4-7 their mins (low 6 bits); sub-blocks 4-7 keep their low 4 bits
  * in bytes 8-11 and their top 2 bits in the spare top bits of bytes 0-7. */
-/* Sub-block j's scale of a Q3_K block (0..63; the value is this - 32): the low four bits from
- * byte j (j < 8) or the high ones of byte j - 8, the top two from byte 8 + j % 4 at bit 2 (j / 4).
- */
-static inline int tlm_q3k_scale(int j, const uint8_t *q) {
-    int lo = j < 8 ? q[j] & 15 : q[j - 8] >> 4;
-    return lo | ((q[8 + (j & 3)] >> (2 * (j >> 2))) & 3) << 4;
-}
-
 static inline void tlm_q4k_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *mn) {
     if (j < 4) {
         *sc = q[j] & 63;
@@ -145,6 +137,22 @@ static inline void tlm_q4k_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8
         *sc = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
         *mn = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
     }
+}
+
+/* Sub-block j's scale of a Q3_K block (0..63; the value is this - 32): the low four bits from
+ * byte j (j < 8) or the high ones of byte j - 8, the top two from byte 8 + j % 4 at bit 2 (j / 4).
+ */
+static inline int tlm_q3k_scale(int j, const uint8_t *q) {
+    int lo = j < 8 ? q[j] & 15 : q[j - 8] >> 4;
+    return lo | ((q[8 + (j & 3)] >> (2 * (j >> 2))) & 3) << 4;
+}
+
+/* Element e (0..255) of a Q2_K or Q3_K block: its 2-bit level (plane (e % 128) / 32 of byte
+ * 32 (e / 128) + e % 32 of qs), Q3_K's (hmask not NULL) less 4 where its third bit (bit e / 32 of
+ * hmask[e % 32]) is clear. */
+static inline int tlm_q23k_level(const uint8_t *qs, const uint8_t *hmask, int e) {
+    int q = (qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+    return hmask && !((hmask[e % 32] >> (e / 32)) & 1) ? q - 4 : q;
 }
 
 #endif

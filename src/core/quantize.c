@@ -212,8 +212,8 @@ static float make_qkx2_quants(int n, int nmax, const float *x, const float *weig
 }
 
 /* The value of largest magnitude of x[0..n) into *max (the first of equals), for the symmetric
- * fits below; 0, with L zeroed, where all are (about) zero. */
-static int signed_max(int n, const float *x, int8_t *L, float *max) {
+ * fits below; 0 where all are (about) zero. */
+static int signed_max(int n, const float *x, float *max) {
     float amax = 0;
     *max = 0;
     for (int i = 0; i < n; ++i) {
@@ -223,11 +223,7 @@ static int signed_max(int n, const float *x, int8_t *L, float *max) {
             *max = x[i];
         }
     }
-    if (amax < GROUP_MAX_EPS) {
-        for (int i = 0; i < n; ++i) L[i] = 0;
-        return 0;
-    }
-    return 1;
+    return amax >= GROUP_MAX_EPS;
 }
 
 /* ggml's make_qx_quants with rmse_type 1 and no importance weights (what Q6_K uses): symmetric
@@ -235,7 +231,10 @@ static int signed_max(int n, const float *x, int8_t *L, float *max) {
  * that maps the value of largest magnitude to -nmax. */
 static float make_qx_quants(int n, int nmax, const float *x, int8_t *L) {
     float max;
-    if (!signed_max(n, x, L, &max)) return 0.f;
+    if (!signed_max(n, x, &max)) {
+        memset(L, 0, (size_t)n);
+        return 0.f;
+    }
     float iscale = -nmax / max;
     float sumlx = 0, suml2 = 0;
     for (int i = 0; i < n; ++i) {
@@ -452,7 +451,10 @@ static void q2_k(const float *x, tlm_block_q2_k *y) {
  * that raises sumlx^2 / suml2 (weights x^2); L stored + nmax. */
 static float make_q3_quants(int n, int nmax, const float *x, int8_t *L) {
     float max;
-    if (!signed_max(n, x, L, &max)) return 0.f;
+    if (!signed_max(n, x, &max)) {
+        memset(L, 0, (size_t)n);
+        return 0.f;
+    }
     float iscale = -nmax / max;
     float sumlx = 0, suml2 = 0;
     for (int i = 0; i < n; ++i) {
@@ -578,15 +580,8 @@ static void iq4_quant(const float *x, int subs, uint16_t *dh, uint8_t *q4, uint1
         const float *xb = x + ib * 32;
         uint8_t *Lb = L + ib * 32;
         for (int j = 0; j < 32; ++j) weight[j] = xb[j] * xb[j];
-        float amax = 0, max = 0;
-        for (int j = 0; j < 32; ++j) {
-            float ax = fabsf(xb[j]);
-            if (ax > amax) {
-                amax = ax;
-                max = xb[j];
-            }
-        }
-        if (amax < GROUP_MAX_EPS) {
+        float max;
+        if (!signed_max(32, xb, &max)) {
             scales[ib] = 0;
             continue;
         }

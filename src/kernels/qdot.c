@@ -227,16 +227,10 @@ static void ref_q6_k(int n, float *s, const void *w, const void *xq) {
     *s = acc;
 }
 
-/* Q2_K and Q3_K: sub-block j (of 16) is 16 elements at qs + 32 (j / 8) + 16 (j % 2), two bits
- * at 2 ((j % 8) / 2) (tlm_block_q2_k); its integer sum against the activation's qs. Q3_K's
- * third bit, clear, takes 4 off. */
+/* Q2_K and Q3_K: sub-block j's (of 16) integer sum against the activation's qs. */
 static int q23k_sub(const uint8_t *qs, const uint8_t *hmask, int j, const int8_t *a) {
-    int off = 32 * (j / 8) + 16 * (j & 1), i = (j % 8) / 2, hbit = 4 * (j / 8) + i, sum = 0;
-    for (int l = 0; l < 16; l++) {
-        int q = (qs[off + l] >> (2 * i)) & 3;
-        if (hmask) q -= (hmask[off % 32 + l] >> hbit) & 1 ? 0 : 4;
-        sum += q * a[16 * j + l];
-    }
+    int sum = 0;
+    for (int e = 16 * j; e < 16 * j + 16; e++) sum += tlm_q23k_level(qs, hmask, e) * a[e];
     return sum;
 }
 

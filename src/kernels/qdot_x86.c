@@ -184,6 +184,14 @@ T5 static inline AI void hsum16_rows(const __m512 *a, int M, float *out) {
         for (int u = 0; u < units; u++, s += 4, wu += 4 * ws)                                      \
             one(n, s, wu, ws, xq, pu ? pu + (size_t)u * 4 * ws : NULL);                            \
     }
+/* The same over a kernel shared by several types, told which by a constant last argument. */
+#define W4_RUN_OF(ATTR, name, one, kind)                                                           \
+    ATTR static void name(int n, float *s, const void *w, size_t ws, const void *xq,               \
+                          const void *pf, int units) {                                             \
+        const uint8_t *wu = w, *pu = pf;                                                           \
+        for (int u = 0; u < units; u++, s += 4, wu += 4 * ws)                                      \
+            one(n, s, wu, ws, xq, pu ? pu + (size_t)u * 4 * ws : NULL, kind);                      \
+    }
 
 /* The four-row kernels' prefetch (k_vdot_w4_fn's pf): the next bytes of the unit ahead asked for
  * in step with this unit's reading, up to byte `to` of its 4 ws, so that the misses in flight stay
@@ -1375,14 +1383,6 @@ T5 static inline AI void w4one_q4nl(int n, float *s, const void *w, size_t ws, c
         s[r] = q4_0_tail(t[r], (const uint8_t *)w + r * ws + (size_t)b * 18,
                          (const tlm_block_q8_0 *)xq, b, nb, nl);
 }
-T5 static inline AI void w4one_q4_0(int n, float *s, const void *w, size_t ws, const void *xq,
-                                    const void *pf) {
-    w4one_q4nl(n, s, w, ws, xq, pf, 0);
-}
-T5 static inline AI void w4one_iq4_nl(int n, float *s, const void *w, size_t ws, const void *xq,
-                                      const void *pf) {
-    w4one_q4nl(n, s, w, ws, xq, pf, 1);
-}
 
 /* Four Q8_0 weight rows against one activation row (decode of one sequence): the activation's
  * blocks, scales and offsets are loaded and computed once for the four, and the four rows' fixed
@@ -1725,15 +1725,6 @@ T5 static inline AI void w4_q45k(int n, float *s, const void *w, size_t ws, cons
     hsum8x4(t, s);
 }
 
-T5 static inline AI void w4one_q4_k(int n, float *s, const void *w, size_t ws, const void *xq,
-                                    const void *pf) {
-    w4_q45k(n, s, w, ws, xq, pf, 0);
-}
-T5 static inline AI void w4one_q5_k(int n, float *s, const void *w, size_t ws, const void *xq,
-                                    const void *pf) {
-    w4_q45k(n, s, w, ws, xq, pf, 1);
-}
-
 typedef struct {
     __m512i qv[4], scp[4];
     __m256i s16;
@@ -1818,43 +1809,28 @@ T5 static inline AI void w4one_q6_k(int n, float *s, const void *w, size_t ws, c
     hsum8x4(acc, s);
 }
 
-/* Four Q2_K or Q3_K rows against one activation row, a5_q23k's operations per row, the rows'
- * chains interleaved and the unit ahead prefetched as Q6_K's are. */
-T5 static inline AI void w4one_q23k(int n, float *s, const void *w, size_t ws, const void *xq,
-                                    const void *pf, const int three) {
+/* Four Q2_K, Q3_K or IQ4_XS rows (kind: the KB_ below) against one activation row, the one-row
+ * kernel's block steps per row, the rows' chains interleaved and the unit ahead prefetched as
+ * Q6_K's are. */
+enum { KB_Q2_K, KB_Q3_K, KB_IQ4_XS };
+T5 static inline AI void w4one_kb(int n, float *s, const void *w, size_t ws, const void *xq,
+                                  const void *pf, const int kind) {
     const uint8_t *wb = w;
-    const size_t bytes = three ? sizeof(tlm_block_q3_k) : sizeof(tlm_block_q2_k);
+    const size_t bytes = kind == KB_IQ4_XS ? sizeof(tlm_block_iq4_xs)
+                         : kind == KB_Q3_K ? sizeof(tlm_block_q3_k)
+                                           : sizeof(tlm_block_q2_k);
     __m256 acc[4];
     for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_ps();
     size_t pfo = 0, far = pf_far(n, ws);
     for (int b = 0; b < n / TLM_QK_K; b++) {
         pf_upto(pf, &pfo, 4 * bytes * (size_t)(b + 1), far);
         const k_block_q8_k *x = (const k_block_q8_k *)xq + b;
-        for (int r = 0; r < 4; r++) q23k_block(wb + r * ws + b * bytes, x, &acc[r], three);
-    }
-    hsum8x4(acc, s);
-}
-T5 static inline AI void w4one_q2_k(int n, float *s, const void *w, size_t ws, const void *xq,
-                                    const void *pf) {
-    w4one_q23k(n, s, w, ws, xq, pf, 0);
-}
-T5 static inline AI void w4one_q3_k(int n, float *s, const void *w, size_t ws, const void *xq,
-                                    const void *pf) {
-    w4one_q23k(n, s, w, ws, xq, pf, 1);
-}
-
-/* Four IQ4_XS rows against one activation row, a5_iq4_xs's operations per row. */
-T5 static inline AI void w4one_iq4_xs(int n, float *s, const void *w, size_t ws, const void *xq,
-                                      const void *pf) {
-    const uint8_t *wb = w;
-    const size_t bytes = sizeof(tlm_block_iq4_xs);
-    __m256 acc[4];
-    for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_ps();
-    size_t pfo = 0, far = pf_far(n, ws);
-    for (int b = 0; b < n / TLM_QK_K; b++) {
-        pf_upto(pf, &pfo, 4 * bytes * (size_t)(b + 1), far);
-        const k_block_q8_k *x = (const k_block_q8_k *)xq + b;
-        for (int r = 0; r < 4; r++) iq4xs_block(wb + r * ws + b * bytes, x, &acc[r]);
+        for (int r = 0; r < 4; r++) {
+            if (kind == KB_IQ4_XS)
+                iq4xs_block(wb + r * ws + b * bytes, x, &acc[r]);
+            else
+                q23k_block(wb + r * ws + b * bytes, x, &acc[r], kind == KB_Q3_K);
+        }
     }
     hsum8x4(acc, s);
 }
@@ -1916,14 +1892,14 @@ k_vdot_rows3_fn k_simd_vdot_rows3(tlm_dtype t, int isa) {
 }
 
 W4_RUN(T5, w4_q8_0, w4one_q8_0)
-W4_RUN(T5, w4_q4_0, w4one_q4_0)
-W4_RUN(T5, w4_iq4_nl, w4one_iq4_nl)
-W4_RUN(T5, w4_q4_k, w4one_q4_k)
-W4_RUN(T5, w4_q5_k, w4one_q5_k)
+W4_RUN_OF(T5, w4_q4_0, w4one_q4nl, 0)
+W4_RUN_OF(T5, w4_iq4_nl, w4one_q4nl, 1)
+W4_RUN_OF(T5, w4_q4_k, w4_q45k, 0)
+W4_RUN_OF(T5, w4_q5_k, w4_q45k, 1)
 W4_RUN(T5, w4_q6_k, w4one_q6_k)
-W4_RUN(T5, w4_q2_k, w4one_q2_k)
-W4_RUN(T5, w4_q3_k, w4one_q3_k)
-W4_RUN(T5, w4_iq4_xs, w4one_iq4_xs)
+W4_RUN_OF(T5, w4_q2_k, w4one_kb, KB_Q2_K)
+W4_RUN_OF(T5, w4_q3_k, w4one_kb, KB_Q3_K)
+W4_RUN_OF(T5, w4_iq4_xs, w4one_kb, KB_IQ4_XS)
 W4_RUN(T5, w4_f32, w4one_f32)
 W4_RUN(T5, w4_f16, w4one_f16)
 W4_RUN(T5BF, w4_bf16, w4one_bf16)
