@@ -370,8 +370,12 @@ k_vdot_rows3_fn k_vdot_rows3(tlm_dtype t) {
     return isa_top() >= K_ISA_AVX512 ? k_simd_vdot_rows3(t, K_ISA_AVX512) : NULL;
 }
 
+/* The four-row kernel of the level the one-row kernels are chosen at (its sums are theirs). */
 k_vdot_w4_fn k_vdot_w4(tlm_dtype t) {
-    return isa_top() >= K_ISA_AVX512 ? k_simd_vdot_w4(t, K_ISA_AVX512) : NULL;
+    int top = isa_top();
+    return top >= K_ISA_AVX512 ? k_simd_vdot_w4(t, K_ISA_AVX512)
+           : top >= K_ISA_AVX2 ? k_simd_vdot_w4(t, K_ISA_AVX2)
+                               : NULL;
 }
 
 void k_widen_row(tlm_dtype t, const void *src, float *dst, int n) {

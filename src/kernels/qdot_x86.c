@@ -1858,6 +1858,165 @@ T5 static void r5_q6_k(int n, int M, float *s, const void *w, const void *xq, si
     ROWS_SWITCH(q6kr5, n, M, s, (const uint8_t *)w, (const uint8_t *)xq, xstride);
 }
 
+/* ---- AVX2 four-row kernels ----------------------------------------------------------------- */
+
+/* Four weight rows against one activation row without AVX-512 (k_vdot_w4_fn): each row's sums take
+ * the one-row kernel's operations (a2_*) in its order, so the same bits; what the rows share is
+ * the call and the loop (one row at a time through k_matvec_parts cost a fifth of 15M's decode in
+ * its steps between rows), the activation's loads, scales and sums, and four rows' chains overlap.
+ * The scales of Q4_K and Q6_K go into vectors by shuffles rather than one by one. */
+T2 static inline AI void w2one_q8_0(int n, float *s, const void *wv, size_t ws, const void *xqv,
+                                    const void *pf) {
+    const uint8_t *w = wv;
+    const tlm_block_q8_0 *x = xqv;
+    __m256 acc[4];
+    for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_ps();
+    size_t pfo = 0, far = pf_far(n, ws);
+    for (int b = 0; b < n / TLM_QK; b++) {
+        pf_upto(pf, &pfo, 4 * 34 * (size_t)(b + 1), far);
+        __m256i xv = _mm256_loadu_si256((const __m256i *)x[b].qs);
+        float xd = _cvtsh_ss(x[b].d);
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *wb = w + r * ws + (size_t)b * 34;
+            __m256i p = dot_ss2(_mm256_loadu_si256((const __m256i *)(wb + 2)), xv);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(f16s(wb) * xd), acc[r]);
+        }
+    }
+    pf_upto(pf, &pfo, 4 * ws, far);
+    for (int r = 0; r < 4; r++) s[r] = hsum8(acc[r]);
+}
+
+/* Q4_0's nibbles as unsigned bytes against x, less 8 times x's sums per lane of four bytes (once
+ * for the four rows): a2_q4nl's integers lane by lane, where it takes 8 off each weight and
+ * multiplies by sign. */
+T2 static inline AI void w2one_q4_0(int n, float *s, const void *wv, size_t ws, const void *xqv,
+                                    const void *pf) {
+    const uint8_t *w = wv;
+    const tlm_block_q8_0 *x = xqv;
+    const __m256i eight = _mm256_set1_epi8(8), ones = _mm256_set1_epi16(1);
+    __m256 acc[4];
+    for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_ps();
+    size_t pfo = 0, far = pf_far(n, ws);
+    for (int b = 0; b < n / TLM_QK; b++) {
+        pf_upto(pf, &pfo, 4 * 18 * (size_t)(b + 1), far);
+        __m256i xv = _mm256_loadu_si256((const __m256i *)x[b].qs);
+        __m256i e = _mm256_madd_epi16(_mm256_maddubs_epi16(eight, xv), ones);
+        float xd = _cvtsh_ss(x[b].d);
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *wb = w + r * ws + (size_t)b * 18;
+            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(nibbles32(wb + 2), xv), ones);
+            p = _mm256_sub_epi32(p, e);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(f16s(wb) * xd), acc[r]);
+        }
+    }
+    pf_upto(pf, &pfo, 4 * ws, far);
+    for (int r = 0; r < 4; r++) s[r] = hsum8(acc[r]);
+}
+
+/* q4k_scales with AVX2's blend: bytes 0-7 the 8 scales, 8-15 the 8 mins. */
+T2 static inline __m128i q4k_scales_a2(const uint8_t *wb) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)wb);
+    const __m128i lo = _mm_shuffle_epi8(v, _mm_loadu_si128((const __m128i *)q4k_lo_b));
+    const __m128i hi = _mm_shuffle_epi8(v, _mm_loadu_si128((const __m128i *)q4k_hi_b));
+    __m128i low = _mm_blend_epi16(lo, _mm_srli_epi16(lo, 4), 0xC0);
+    low = _mm_and_si128(low, _mm_loadu_si128((const __m128i *)q4k_keep_b));
+    __m128i top = _mm_srli_epi16(_mm_and_si128(hi, _mm_set1_epi8((char)0xC0)), 2);
+    return _mm_or_si128(low, top);
+}
+
+/* The byte shuffle's index pair that copies int16 lane j (j < 8) of a 128-bit half. */
+static inline short lane16(int j) { return (short)(0x0100 * (2 * j + 1) + 2 * j); }
+
+/* int16 lane j of both 128-bit halves of v in every int16 lane */
+T2 static inline AI __m256i bcast16(__m256i v, int j) {
+    return _mm256_shuffle_epi8(v, _mm256_set1_epi16(lane16(j)));
+}
+
+T2 static inline AI void w2one_q45k(int n, float *s, const void *wv, size_t ws, const void *xqv,
+                                    const void *pf, const int five) {
+    const uint8_t *w = wv;
+    const k_block_q8_k *x = xqv;
+    size_t bytes = five ? sizeof(tlm_block_q5_k) : sizeof(tlm_block_q4_k);
+    __m256 acc[4];
+    float accm[4] = {0};
+    for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_ps();
+    size_t pfo = 0, far = pf_far(n, ws);
+    for (int b = 0; b < n / TLM_QK_K; b++) {
+        pf_upto(pf, &pfo, 4 * bytes * (size_t)(b + 1), far);
+        /* the activation's sums over each sub-block of 32 (pairs of its sums of 16) */
+        __m128i pairs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)x[b].bsums),
+                                       _mm_loadu_si128((const __m128i *)(x[b].bsums + 8)));
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *wb = w + r * ws + (size_t)b * bytes;
+            __m128i sm = q4k_scales_a2(wb);
+            __m128i m = _mm_madd_epi16(pairs, _mm_cvtepu8_epi16(_mm_srli_si128(sm, 8)));
+            m = _mm_add_epi32(m, _mm_shuffle_epi32(m, 0x4E));
+            int summ = _mm_cvtsi128_si32(_mm_add_epi32(m, _mm_shuffle_epi32(m, 0xB1)));
+            __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
+            const uint8_t *qh = five ? wb + 16 : NULL, *q = wb + (five ? 48 : 16);
+            __m256i isum = _mm256_setzero_si256();
+            for (int g = 0; g < 4; g++) {
+                __m256i lo, hi;
+                q45k_group(q + 32 * g, qh, g, &lo, &hi);
+                __m256i p0 = _mm256_maddubs_epi16(
+                    lo, _mm256_loadu_si256((const __m256i *)(x[b].qs + 64 * g)));
+                __m256i p1 = _mm256_maddubs_epi16(
+                    hi, _mm256_loadu_si256((const __m256i *)(x[b].qs + 64 * g + 32)));
+                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p0, bcast16(sc, 2 * g)));
+                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p1, bcast16(sc, 2 * g + 1)));
+            }
+            float d = x[b].d * f16s(wb);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d), acc[r]);
+            accm[r] += x[b].d * f16s(wb + 2) * (float)summ;
+        }
+    }
+    pf_upto(pf, &pfo, 4 * ws, far);
+    for (int r = 0; r < 4; r++) s[r] = hsum8(acc[r]) - accm[r];
+}
+
+/* Q6_K: the 16 scales as int16 once per row and block, sub-blocks k (low half) and k + 1 (high)
+ * by one shuffle each; the offset of 32 through the activation's sums in the same vector. */
+T2 static inline AI void w2one_q6_k(int n, float *s, const void *wv, size_t ws, const void *xqv,
+                                    const void *pf) {
+    const uint8_t *w = wv;
+    const k_block_q8_k *x = xqv;
+    float acc[4] = {0};
+    size_t pfo = 0, far = pf_far(n, ws);
+    for (int b = 0; b < n / TLM_QK_K; b++) {
+        pf_upto(pf, &pfo, 4 * sizeof(tlm_block_q6_k) * (size_t)(b + 1), far);
+        __m256i bs = _mm256_loadu_si256((const __m256i *)x[b].bsums);
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *wb = w + r * ws + (size_t)b * sizeof(tlm_block_q6_k);
+            __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wb + 192)));
+            __m256i isum = _mm256_slli_epi32(_mm256_madd_epi16(s16, bs), 5);
+            isum = _mm256_sub_epi32(_mm256_setzero_si256(), isum);
+            const __m256i halves[2] = {_mm256_permute2x128_si256(s16, s16, 0x00),
+                                       _mm256_permute2x128_si256(s16, s16, 0x11)};
+            for (int h = 0; h < 2; h++) {
+                __m256i half = halves[h], q[4];
+                q6k_half(wb + 64 * h, wb + 128 + 32 * h, q);
+                for (int v = 0; v < 4; v++) {
+                    const int8_t *a = x[b].qs + 128 * h + 32 * v;
+                    __m256i p = _mm256_maddubs_epi16(q[v], _mm256_loadu_si256((const __m256i *)a));
+                    __m256i scv = _mm256_shuffle_epi8(
+                        half, _mm256_set_m128i(_mm_set1_epi16(lane16(2 * v + 1)),
+                                               _mm_set1_epi16(lane16(2 * v))));
+                    isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, scv));
+                }
+            }
+            acc[r] += x[b].d * f16s(wb + 208) * (float)hsum8i(isum);
+        }
+    }
+    pf_upto(pf, &pfo, 4 * ws, far);
+    for (int r = 0; r < 4; r++) s[r] = acc[r];
+}
+
+W4_RUN(T2, w2_q8_0, w2one_q8_0)
+W4_RUN(T2, w2_q4_0, w2one_q4_0)
+W4_RUN_OF(T2, w2_q4_k, w2one_q45k, 0)
+W4_RUN_OF(T2, w2_q5_k, w2one_q45k, 1)
+W4_RUN(T2, w2_q6_k, w2one_q6_k)
+
 k_vdot_rows_fn k_simd_vdot_rows(tlm_dtype t, int isa) {
     if (isa > k_simd_cpu_level()) return NULL;
     if (isa == K_ISA_AVX512) {
@@ -1905,7 +2064,18 @@ W4_RUN(T5, w4_f16, w4one_f16)
 W4_RUN(T5BF, w4_bf16, w4one_bf16)
 
 k_vdot_w4_fn k_simd_vdot_w4(tlm_dtype t, int isa) {
-    if (isa != K_ISA_AVX512 || isa > k_simd_cpu_level()) return NULL;
+    if (isa > k_simd_cpu_level()) return NULL;
+    if (isa == K_ISA_AVX2) {
+        switch (t) {
+        case TLM_DTYPE_Q8_0: return w2_q8_0;
+        case TLM_DTYPE_Q4_0: return w2_q4_0;
+        case TLM_DTYPE_Q4_K: return w2_q4_k;
+        case TLM_DTYPE_Q5_K: return w2_q5_k;
+        case TLM_DTYPE_Q6_K: return w2_q6_k;
+        default: return NULL;
+        }
+    }
+    if (isa != K_ISA_AVX512) return NULL;
     switch (t) {
     case TLM_DTYPE_Q8_0: return w4_q8_0;
     case TLM_DTYPE_Q4_0: return w4_q4_0;
