@@ -650,13 +650,14 @@ int main(void) {
         for (int i = 0; i < 7; i++)
             CHECK(k_vdot_w4(w4t[i]) != NULL, "%s has a four-row kernel", tlm_dtype_name(w4t[i]));
     }
-    /* The AVX2 four-row kernels (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K) against AVX2's one-row ones, and
-     * the products through them, on a CPU with AVX-512 too: the kernels chosen as at AVX2. */
+    /* The AVX2 four-row kernels (the block types but Q4_1, Q5_0, Q5_1) against AVX2's one-row ones,
+     * and the products through them, on a CPU with AVX-512 too: the kernels chosen as at AVX2. */
     if (k_isa() >= K_ISA_AVX2) {
         k_isa_cap(K_ISA_AVX2);
-        const tlm_dtype w2t[] = {TLM_DTYPE_Q8_0, TLM_DTYPE_Q4_0, TLM_DTYPE_Q4_K, TLM_DTYPE_Q5_K,
-                                 TLM_DTYPE_Q6_K};
-        for (int i = 0; i < 5; i++) {
+        const tlm_dtype w2t[] = {TLM_DTYPE_Q8_0, TLM_DTYPE_Q4_0, TLM_DTYPE_Q4_K,
+                                 TLM_DTYPE_Q5_K, TLM_DTYPE_Q6_K, TLM_DTYPE_IQ4_NL,
+                                 TLM_DTYPE_Q2_K, TLM_DTYPE_Q3_K, TLM_DTYPE_IQ4_XS};
+        for (int i = 0; i < 9; i++) {
             tlm_dtype t = w2t[i];
             int be = (int)tlm_dtype_get(t)->block_elems;
             CHECK(k_vdot_w4(t) != NULL, "%s has an AVX2 four-row kernel", tlm_dtype_name(t));

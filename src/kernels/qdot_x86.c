@@ -113,6 +113,9 @@ T2 static inline int hsum8i(__m256i v) {
     return _mm_cvtsi128_si32(s);
 }
 
+/* The byte shuffle's index pair that copies int16 lane j (j < 8) of a 128-bit half. */
+static inline short lane16(int j) { return (short)(0x0100 * (2 * j + 1) + 2 * j); }
+
 /* 32 nibbles of a 32-element block: the low nibbles are elements 0-15, the high ones 16-31. */
 T2 static inline __m256i nibbles32(const uint8_t *qs) {
     __m128i q = _mm_loadu_si128((const __m128i *)qs);
@@ -379,24 +382,26 @@ T2 static void a2_iq4_nl(int n, float *s, const void *w, const void *xq) {
 
 /* IQ4_XS: a sub-block (IQ4_NL's 32 values) per vector, its levels' magnitudes against the
  * activation with the levels' signs, in int16 pairs, then its scale as an int16 madd. */
+T2 static inline AI float iq4xs_term_a2(const uint8_t *wb, const k_block_q8_k *x, __m256i T) {
+    __m256i isum = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j++) {
+        __m256i v = _mm256_shuffle_epi8(T, nibbles32(wb + 8 + 16 * j));
+        __m256i a = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * j));
+        __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(a, v));
+        isum = _mm256_add_epi32(
+            isum, _mm256_madd_epi16(p, _mm256_set1_epi16((short)(tlm_iq4xs_scale(j, wb) - 32))));
+    }
+    return f16s(wb) * x->d * (float)hsum8i(isum);
+}
+
 T2 static void a2_iq4_xs(int n, float *s, const void *w, const void *xq) {
     const uint8_t *wb = w;
     const k_block_q8_k *x = xq;
     const __m256i T =
         _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)tlm_iq4nl_values));
     float r = 0.0f;
-    for (int b = 0; b < n / TLM_QK_K; b++, wb += sizeof(tlm_block_iq4_xs)) {
-        __m256i isum = _mm256_setzero_si256();
-        for (int j = 0; j < 8; j++) {
-            __m256i v = _mm256_shuffle_epi8(T, nibbles32(wb + 8 + 16 * j));
-            __m256i a = _mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * j));
-            __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(a, v));
-            isum = _mm256_add_epi32(
-                isum,
-                _mm256_madd_epi16(p, _mm256_set1_epi16((short)(tlm_iq4xs_scale(j, wb) - 32))));
-        }
-        r += f16s(wb) * x[b].d * (float)hsum8i(isum);
-    }
+    for (int b = 0; b < n / TLM_QK_K; b++, wb += sizeof(tlm_block_iq4_xs))
+        r += iq4xs_term_a2(wb, &x[b], T);
     *s = r;
 }
 
@@ -887,51 +892,56 @@ T5 static void a5_iq4_xs(int n, float *s, const void *w, const void *xq) {
 }
 
 /* AVX2: a half's plane at a time (32 bytes, two sub-blocks). */
+/* One Q2_K / Q3_K super-block's term of the sum. */
+T2 static inline AI float q23k_term_a2(const uint8_t *wb, const k_block_q8_k *x, const int three) {
+    const __m256i m3 = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
+    const size_t bytes = three ? sizeof(tlm_block_q3_k) : sizeof(tlm_block_q2_k);
+    __m256i bsums = _mm256_loadu_si256((const __m256i *)x->bsums), sc16, off;
+    const uint8_t *qs = wb + (three ? 32 : 16);
+    __m256i H = _mm256_setzero_si256();
+    if (three) {
+        sc16 = q3k_scales16_a2(wb + 96);
+        off = _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsums), 2);
+        H = _mm256_loadu_si256((const __m256i *)wb);
+    } else {
+        __m128i sc8 = _mm_loadu_si128((const __m128i *)wb), m4 = _mm_set1_epi8(0x0F);
+        sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(sc8, m4));
+        off = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc8, 4), m4)),
+                                bsums);
+    }
+    /* each half's 8 scales in both 128-bit halves; sub-blocks k (low) and k + 1 (high) of a
+     * step by one shuffle, as Q6_K's four-row kernel takes them */
+    const __m256i halves[2] = {_mm256_permute2x128_si256(sc16, sc16, 0x00),
+                               _mm256_permute2x128_si256(sc16, sc16, 0x11)};
+    __m256i isum = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {
+        __m256i Q = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
+        for (int i = 0; i < 4; i++) {
+            __m256i q = _mm256_and_si256(_mm256_srli_epi16(Q, 2 * i), m3);
+            if (three) {
+                __m256i bm = _mm256_set1_epi8((char)(1 << (4 * h + i)));
+                __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(H, bm), bm);
+                q = _mm256_add_epi8(q, _mm256_and_si256(set, four));
+            }
+            __m256i p = _mm256_maddubs_epi16(
+                q, _mm256_loadu_si256((const __m256i *)(x->qs + 128 * h + 32 * i)));
+            __m256i scv =
+                _mm256_shuffle_epi8(halves[h], _mm256_set_m128i(_mm_set1_epi16(lane16(2 * i + 1)),
+                                                                _mm_set1_epi16(lane16(2 * i))));
+            isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, scv));
+        }
+    }
+    float d = x->d * f16s(wb + bytes - 2 - (three ? 0 : 2));
+    if (three) return d * (float)(hsum8i(isum) - hsum8i(off));
+    return d * (float)hsum8i(isum) - x->d * f16s(wb + bytes - 2) * (float)hsum8i(off);
+}
+
 T2 static inline AI void a2_q23k(int n, float *s, const void *w, const void *xq, const int three) {
     const uint8_t *wb = w;
     const k_block_q8_k *x = xq;
-    const __m256i m3 = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
     const size_t bytes = three ? sizeof(tlm_block_q3_k) : sizeof(tlm_block_q2_k);
     float r = 0.0f;
-    for (int b = 0; b < n / TLM_QK_K; b++, wb += bytes) {
-        __m256i bsums = _mm256_loadu_si256((const __m256i *)x[b].bsums), sc16, off;
-        const uint8_t *qs = wb + (three ? 32 : 16);
-        __m256i H = _mm256_setzero_si256();
-        if (three) {
-            sc16 = q3k_scales16_a2(wb + 96);
-            off = _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsums), 2);
-            H = _mm256_loadu_si256((const __m256i *)wb);
-        } else {
-            __m128i sc8 = _mm_loadu_si128((const __m128i *)wb), m4 = _mm_set1_epi8(0x0F);
-            sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(sc8, m4));
-            off = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc8, 4), m4)),
-                                    bsums);
-        }
-        int16_t sc[16];
-        _mm256_storeu_si256((__m256i *)sc, sc16);
-        __m256i isum = _mm256_setzero_si256();
-        for (int h = 0; h < 2; h++) {
-            __m256i Q = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
-            for (int i = 0; i < 4; i++) {
-                __m256i q = _mm256_and_si256(_mm256_srli_epi16(Q, 2 * i), m3);
-                if (three) {
-                    __m256i bm = _mm256_set1_epi8((char)(1 << (4 * h + i)));
-                    __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(H, bm), bm);
-                    q = _mm256_add_epi8(q, _mm256_and_si256(set, four));
-                }
-                int k = 8 * h + 2 * i; /* sub-blocks k and k + 1 */
-                __m256i p = _mm256_maddubs_epi16(
-                    q, _mm256_loadu_si256((const __m256i *)(x[b].qs + 128 * h + 32 * i)));
-                __m256i scv = _mm256_set_m128i(_mm_set1_epi16(sc[k + 1]), _mm_set1_epi16(sc[k]));
-                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, scv));
-            }
-        }
-        float d = x[b].d * f16s(wb + bytes - 2 - (three ? 0 : 2));
-        if (three)
-            r += d * (float)(hsum8i(isum) - hsum8i(off));
-        else
-            r += d * (float)hsum8i(isum) - x[b].d * f16s(wb + bytes - 2) * (float)hsum8i(off);
-    }
+    for (int b = 0; b < n / TLM_QK_K; b++, wb += bytes) r += q23k_term_a2(wb, &x[b], three);
     *s = r;
 }
 T2 static void a2_q2_k(int n, float *s, const void *w, const void *xq) { a2_q23k(n, s, w, xq, 0); }
@@ -1924,9 +1934,6 @@ T2 static inline __m128i q4k_scales_a2(const uint8_t *wb) {
     return _mm_or_si128(low, top);
 }
 
-/* The byte shuffle's index pair that copies int16 lane j (j < 8) of a 128-bit half. */
-static inline short lane16(int j) { return (short)(0x0100 * (2 * j + 1) + 2 * j); }
-
 /* int16 lane j of both 128-bit halves of v in every int16 lane */
 T2 static inline AI __m256i bcast16(__m256i v, int j) {
     return _mm256_shuffle_epi8(v, _mm256_set1_epi16(lane16(j)));
@@ -2011,11 +2018,64 @@ T2 static inline AI void w2one_q6_k(int n, float *s, const void *wv, size_t ws, 
     for (int r = 0; r < 4; r++) s[r] = acc[r];
 }
 
+/* IQ4_NL: a2_q4nl's levels by lookup, against the activation loaded once for the four rows. */
+T2 static inline AI void w2one_iq4_nl(int n, float *s, const void *wv, size_t ws, const void *xqv,
+                                      const void *pf) {
+    const uint8_t *w = wv;
+    const tlm_block_q8_0 *x = xqv;
+    const __m256i T =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)tlm_iq4nl_values));
+    __m256 acc[4];
+    for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_ps();
+    size_t pfo = 0, far = pf_far(n, ws);
+    for (int b = 0; b < n / TLM_QK; b++) {
+        pf_upto(pf, &pfo, 4 * 18 * (size_t)(b + 1), far);
+        __m256i xv = _mm256_loadu_si256((const __m256i *)x[b].qs);
+        float xd = _cvtsh_ss(x[b].d);
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *wb = w + r * ws + (size_t)b * 18;
+            __m256i p = dot_ss2(_mm256_shuffle_epi8(T, nibbles32(wb + 2)), xv);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(f16s(wb) * xd), acc[r]);
+        }
+    }
+    pf_upto(pf, &pfo, 4 * ws, far);
+    for (int r = 0; r < 4; r++) s[r] = hsum8(acc[r]);
+}
+
+/* Q2_K, Q3_K and IQ4_XS: the one-row kernels' block terms (q23k_term_a2, iq4xs_term_a2) for four
+ * rows a block at a time. */
+T2 static inline AI void w2one_kb(int n, float *s, const void *wv, size_t ws, const void *xqv,
+                                  const void *pf, const int kind) {
+    const uint8_t *w = wv;
+    const k_block_q8_k *x = xqv;
+    const __m256i T =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)tlm_iq4nl_values));
+    size_t bytes = kind == KB_Q2_K   ? sizeof(tlm_block_q2_k)
+                   : kind == KB_Q3_K ? sizeof(tlm_block_q3_k)
+                                     : sizeof(tlm_block_iq4_xs);
+    float acc[4] = {0};
+    size_t pfo = 0, far = pf_far(n, ws);
+    for (int b = 0; b < n / TLM_QK_K; b++) {
+        pf_upto(pf, &pfo, 4 * bytes * (size_t)(b + 1), far);
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *wb = w + r * ws + (size_t)b * bytes;
+            acc[r] += kind == KB_IQ4_XS ? iq4xs_term_a2(wb, &x[b], T)
+                                        : q23k_term_a2(wb, &x[b], kind == KB_Q3_K);
+        }
+    }
+    pf_upto(pf, &pfo, 4 * ws, far);
+    for (int r = 0; r < 4; r++) s[r] = acc[r];
+}
+
 W4_RUN(T2, w2_q8_0, w2one_q8_0)
 W4_RUN(T2, w2_q4_0, w2one_q4_0)
 W4_RUN_OF(T2, w2_q4_k, w2one_q45k, 0)
 W4_RUN_OF(T2, w2_q5_k, w2one_q45k, 1)
 W4_RUN(T2, w2_q6_k, w2one_q6_k)
+W4_RUN(T2, w2_iq4_nl, w2one_iq4_nl)
+W4_RUN_OF(T2, w2_q2_k, w2one_kb, KB_Q2_K)
+W4_RUN_OF(T2, w2_q3_k, w2one_kb, KB_Q3_K)
+W4_RUN_OF(T2, w2_iq4_xs, w2one_kb, KB_IQ4_XS)
 
 k_vdot_rows_fn k_simd_vdot_rows(tlm_dtype t, int isa) {
     if (isa > k_simd_cpu_level()) return NULL;
@@ -2072,6 +2132,10 @@ k_vdot_w4_fn k_simd_vdot_w4(tlm_dtype t, int isa) {
         case TLM_DTYPE_Q4_K: return w2_q4_k;
         case TLM_DTYPE_Q5_K: return w2_q5_k;
         case TLM_DTYPE_Q6_K: return w2_q6_k;
+        case TLM_DTYPE_IQ4_NL: return w2_iq4_nl;
+        case TLM_DTYPE_Q2_K: return w2_q2_k;
+        case TLM_DTYPE_Q3_K: return w2_q3_k;
+        case TLM_DTYPE_IQ4_XS: return w2_iq4_xs;
         default: return NULL;
         }
     }
