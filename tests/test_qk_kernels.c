@@ -667,6 +667,8 @@ int main(void) {
             check_matvec_rows(t, 3 * be, 2);
             check_matvec_teams(t, 1);
         }
+        for (int i = 0; i < 7; i++) check_act_quantize(K_ACT_Q8_0, qn[i]);
+        for (int i = 0; i < 4; i++) check_act_quantize(K_ACT_Q8_K, kn[i]);
         k_isa_cap(K_ISA_COUNT);
     }
     return t_finish("test_qk_kernels");

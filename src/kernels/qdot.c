@@ -48,7 +48,8 @@ size_t k_act_row_bytes(tlm_dtype t, int n) {
 }
 
 void k_act_quantize(k_act_kind kind, const float *x, void *xq, int n) {
-    if (isa_top() >= K_ISA_AVX512 && k_simd_act_quantize(kind, x, xq, n)) return;
+    int isa = isa_top();
+    if (isa >= K_ISA_AVX2 && k_simd_act_quantize(kind, x, xq, n, isa)) return;
     k_act_quantize_ref(kind, x, xq, n);
 }
 

@@ -74,8 +74,8 @@ static inline void k_act_q8_k_nib_fill(int8_t *g, const int8_t *qs) {
 size_t k_act_row_bytes(tlm_dtype t, int n);
 /* x[n] to the activation form the type wants (n a whole number of its blocks). */
 void k_act_quantize(k_act_kind kind, const float *x, void *xq, int n);
-/* The same in plain C, which the vector version (AVX-512, chosen as the dot products are) matches
- * byte for byte. */
+/* The same in plain C, which the vector version (AVX-512 or AVX2, chosen as the dot products are)
+ * matches byte for byte. */
 void k_act_quantize_ref(k_act_kind kind, const float *x, void *xq, int n);
 /* The best instruction set this CPU runs (TLM_ISA=ref|avx2|avx512 caps it, for comparisons). */
 int k_isa(void);

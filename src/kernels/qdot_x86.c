@@ -2261,8 +2261,103 @@ T5 static void act_bf16_5(const float *x, void *xq, int n) {
     for (; i < n; i++) y[i] = tlm_f32_to_bf16(x[i]);
 }
 
-int k_simd_act_quantize(k_act_kind kind, const float *x, void *xq, int n) {
-    if (k_simd_cpu_level() < K_ISA_AVX512) return 0;
+/* The same with AVX2 (for CPUs without AVX-512): the reference's products and rounding. */
+T2 static void act_q8_0_2(const float *x, void *xq, int n) {
+    tlm_block_q8_0 *y = xq;
+    float *d = (float *)(uintptr_t)k_act_q8_0_aux(xq, n);
+    uint8_t *g = (uint8_t *)(uintptr_t)k_act_q8_0_nib(xq, n);
+    const __m256 mag = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    int nb = n / TLM_QK;
+    for (int b = 0; b < nb; b++, x += TLM_QK) {
+        __m256 v[4], m = _mm256_setzero_ps();
+        for (int k = 0; k < 4; k++) {
+            v[k] = _mm256_loadu_ps(x + 8 * k);
+            m = _mm256_max_ps(m, _mm256_and_ps(v[k], mag));
+        }
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+        float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        y[b].d = tlm_f32_to_f16(amax / 127.0f);
+        d[b] = tlm_f16_to_f32(y[b].d);
+        __m256 vid = _mm256_set1_ps(id);
+        __m256i q[4];
+        for (int k = 0; k < 4; k++) q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], vid));
+        /* the packs interleave the four vectors' halves by 32 bits; the permute restores order */
+        __m256i p =
+            _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        _mm256_storeu_si256((__m256i *)(void *)y[b].qs, _mm256_permutevar8x32_epi32(p, order));
+    }
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+    for (int b = 0; b + 4 <= nb; b += 4, g += K_ACT_NIB_BYTES) {
+        for (int k = 0; k < 4; k++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)y[b + k].qs);
+            _mm_storeu_si128((__m128i *)(void *)(g + 16 * k), _mm256_castsi256_si128(v));
+            _mm_storeu_si128((__m128i *)(void *)(g + 64 + 16 * k), _mm256_extracti128_si256(v, 1));
+            __m256i s4 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, v), ones16);
+            __m128i e = _mm_add_epi32(_mm256_castsi256_si128(s4), _mm256_extracti128_si256(s4, 1));
+            e = _mm_sub_epi32(_mm_setzero_si128(), _mm_slli_epi32(e, 3));
+            _mm_storeu_si128((__m128i *)(void *)(g + 128 + 16 * k), e);
+        }
+    }
+}
+
+T2 static void act_q8_k_2(const float *x, void *xq, int n) {
+    k_block_q8_k *y = xq;
+    int8_t *g = (int8_t *)(uintptr_t)k_act_q8_k_nib(xq, n);
+    const __m256 mag = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256i top = _mm256_set1_epi32(127);
+    for (int b = 0; b < n / TLM_QK_K; b++, x += TLM_QK_K, g += TLM_QK_K) {
+        __m256 m = _mm256_setzero_ps();
+        for (int j = 0; j < 32; j++)
+            m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(x + 8 * j), mag));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+        if (amax == 0.0f) {
+            memset(&y[b], 0, sizeof y[b]);
+        } else {
+            /* the first element of that magnitude sets the scale's sign, as in the reference */
+            float max = 0.0f;
+            __m256 va = _mm256_set1_ps(amax);
+            for (int j = 0; j < 32; j++) {
+                int k = _mm256_movemask_ps(
+                    _mm256_cmp_ps(_mm256_and_ps(_mm256_loadu_ps(x + 8 * j), mag), va, _CMP_EQ_OQ));
+                if (k) {
+                    max = x[8 * j + __builtin_ctz((unsigned)k)];
+                    break;
+                }
+            }
+            float iscale = -127.0f / max;
+            __m256 vs = _mm256_set1_ps(iscale);
+            for (int j = 0; j < 16; j++) {
+                __m256i q0 = _mm256_min_epi32(
+                    _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16 * j), vs)), top);
+                __m256i q1 = _mm256_min_epi32(
+                    _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16 * j + 8), vs)), top);
+                __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(q0, q1), 0xD8);
+                _mm_storeu_si128(
+                    (__m128i *)(void *)(y[b].qs + 16 * j),
+                    _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1)));
+                y[b].bsums[j] = (int16_t)hsum8i(_mm256_add_epi32(q0, q1));
+            }
+            y[b].d = 1.0f / iscale;
+        }
+        k_act_q8_k_nib_fill(g, y[b].qs);
+    }
+}
+
+int k_simd_act_quantize(k_act_kind kind, const float *x, void *xq, int n, int isa) {
+    if (isa > k_simd_cpu_level()) return 0;
+    if (isa == K_ISA_AVX2) {
+        switch (kind) {
+        case K_ACT_Q8_0: act_q8_0_2(x, xq, n); return 1;
+        case K_ACT_Q8_K: act_q8_k_2(x, xq, n); return 1;
+        default: return 0;
+        }
+    }
+    if (isa < K_ISA_AVX512) return 0;
     switch (kind) {
     case K_ACT_Q8_0: act_q8_0_5(x, xq, n); return 1;
     case K_ACT_Q8_K: act_q8_k_5(x, xq, n); return 1;
@@ -2338,8 +2433,8 @@ int k_simd_cpu_bf16(void) { return 0; }
 int k_simd_cpu_amd(void) { return 0; }
 int k_simd_cpu_amx_bf16(void) { return 0; }
 int k_simd_cpu_amx_int8(void) { return 0; }
-int k_simd_act_quantize(k_act_kind kind, const float *x, void *xq, int n) {
-    (void)kind, (void)x, (void)xq, (void)n;
+int k_simd_act_quantize(k_act_kind kind, const float *x, void *xq, int n, int isa) {
+    (void)kind, (void)x, (void)xq, (void)n, (void)isa;
     return 0;
 }
 int k_simd_widen(tlm_dtype t, const void *src, float *dst, int n) {
