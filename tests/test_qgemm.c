@@ -89,7 +89,10 @@ static void check(tlm_dtype t, int in, int out, int N, int mode) {
     float *xd = malloc(sizeof(float) * (in / 32)), *xs = malloc(sizeof(float) * (in / sub));
     fill(t, w, rb * out, mode);
     CHECK_OK(tlm_dtype_to_f32(t, w, wf, (size_t)in * out));
-    for (int i = 0; i < in * N; i++) x[i] = t_unif() * (i % 97 == 0 ? 50.0f : 1.0f);
+    /* mode 2 (every weight byte 0xFF): activations all 127 after quantizing too, the largest
+     * int16 pair sums AVX2's maddubs kernel adds up */
+    for (int i = 0; i < in * N; i++)
+        x[i] = mode == 2 ? 1.0f : t_unif() * (i % 97 == 0 ? 50.0f : 1.0f);
     for (int r = 0; r < out; r++) b[r] = t_unif();
     /* the activations as the kernels see them, and the sums they must carry */
     int sums_ok = 1;
@@ -163,6 +166,17 @@ static void check(tlm_dtype t, int in, int out, int N, int mode) {
               mode, amx);
     }
     k_qgemm_amx_enable(1);
+    /* AVX2's micro-kernel (maddubs), for the types whose integer form it takes: bit for bit too */
+    if (k_isa() >= K_ISA_AVX2) {
+        int takes = t != TLM_DTYPE_Q8_0 && t != TLM_DTYPE_IQ4_NL && t != TLM_DTYPE_IQ4_XS;
+        memset(y1, 0xFF, sizeof(float) * out * N);
+        int rc = k_qgemm(y1, out, x, N, &tw, b, K_ISA_AVX2);
+        CHECK(rc == (takes ? 0 : -1), "%s: AVX2 product %s", name, takes ? "taken" : "refused");
+        if (takes)
+            CHECK(!memcmp(y0, y1, sizeof(float) * out * N),
+                  "%s in=%d out=%d N=%d mode %d: AVX2 equals the reference", name, in, out, N,
+                  mode);
+    }
     free(w);
     free(wf);
     free(x);
@@ -499,7 +513,7 @@ int main(void) {
     CHECK(k_qgemm(y, 1, x, 9, &f, NULL, K_ISA_REF) == -1, "F32 refused");
     uint8_t blk[34] = {0};
     tlm_weight q = {.dtype = TLM_DTYPE_Q8_0, .data = blk, .rows = 1, .cols = 32, .row_bytes = 34};
-    CHECK(k_qgemm(y, 1, x, 9, &q, NULL, K_ISA_AVX2) == -1, "no AVX2 micro-kernel");
+    CHECK(k_qgemm(y, 1, x, 9, &q, NULL, K_ISA_AVX2) == -1, "Q8_0's bytes exceed AVX2's kernel");
     CHECK(k_qgemm(y, 1, x, 9, &q, NULL, K_ISA_REF) == 0 && y[0] == 0.0f, "zero weights");
     return t_finish("test_qgemm");
 }

@@ -32,9 +32,19 @@
 # One-thread runs of both sides (and of the bandwidth measure) are pinned to one CPU, PIN1
 # (default 0; PIN1= leaves them to the scheduler): this VM's two vCPUs differ by up to 25% on
 # arithmetic-bound kernels, so unpinned one-thread figures depended on where each run landed.
+# ISA=avx2: both sides as on a CPU without AVX-512 (what an AVX2 machine, Zen 3 or an Intel client
+# core, runs): tlm with TLM_ISA=avx2 and TLM_AMX=0, built for x86-64-v3 so that no AVX-512 is
+# compiled in either (cmake -S . -B build-v3 -DTLM_NATIVE=OFF -DCMAKE_C_FLAGS=-march=x86-64-v3;
+# TLM=build-v3/tlm), OpenBLAS on its Haswell kernels, and LLAMA_BIN a llama.cpp built without
+# AVX-512 (bench/README.md gives its CMake flags); results-avx2.json.
 # Prints a table and writes bench/out/quant/results.json.
 set -euo pipefail
 unset OPENBLAS_CORETYPE
+SUFFIX=
+if [ "${ISA:-}" = avx2 ]; then
+  export TLM_ISA=avx2 TLM_AMX=0 OPENBLAS_CORETYPE=Haswell
+  SUFFIX=-avx2
+fi
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 TLM=${TLM:-$ROOT/build/tlm}
 LLAMA_BIN=${LLAMA_BIN:-/work/llama.cpp/build/bin}
@@ -127,5 +137,5 @@ for name in $MODELS; do
     done
   done
 done
-(IFS=,; echo "[${results[*]}]") >"$OUT/results.json"
-echo "wrote $OUT/results.json"
+(IFS=,; echo "[${results[*]}]") >"$OUT/results$SUFFIX.json"
+echo "wrote $OUT/results$SUFFIX.json"

@@ -40,7 +40,7 @@ int k_qgemm_covers(tlm_dtype t) { return k_qgemm_sub(t) != 0; }
 
 int k_qgemm_takes(tlm_dtype t) {
     if (t == TLM_DTYPE_BF16) return k_isa() >= K_ISA_AVX512 && k_qgemm_bf16_ok();
-    return k_qgemm_covers(t) && k_isa() >= K_ISA_AVX512;
+    return k_qgemm_isa(t) >= 0;
 }
 
 static inline uint32_t rd32(const uint8_t *p) {
@@ -862,8 +862,148 @@ T5 static int pack_avx512(const tlm_weight *w, int r0, uint8_t *q, float *s, flo
     }
 }
 
+/* ---- AVX2 (no VNNI) ---- */
+
+T2 static inline int hsum8i_qg(__m256i v) {
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+    return _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1)));
+}
+
+/* The largest unsigned byte of the type's integer form, where AVX2's micro-kernel takes it; 0 where
+ * it does not. maddubs multiplies unsigned weight bytes by the signed activation bytes (|x| <= 127)
+ * and adds pairs into int16, saturating past 32767: weights up to 63 fit (2 * 63 * 127 = 16002).
+ * Q8_0's and the IQ4 types' bytes (w + 128) reach 255 and stay on widened tiles and sgemm. */
+static int avx2_wmax(tlm_dtype t) {
+    switch (t) {
+    case TLM_DTYPE_Q2_K: return 3;
+    case TLM_DTYPE_Q3_K: return 7;
+    case TLM_DTYPE_Q4_0:
+    case TLM_DTYPE_Q4_1:
+    case TLM_DTYPE_Q4_K: return 15;
+    case TLM_DTYPE_Q5_0:
+    case TLM_DTYPE_Q5_1:
+    case TLM_DTYPE_Q5_K: return 31;
+    case TLM_DTYPE_Q6_K: return 63;
+    default: return 0;
+    }
+}
+
+/* 16 weight rows (two vectors of 8) x NA activation rows: per 4 columns, maddubs of the packed
+ * bytes by the activation's 4 bytes broadcast, the int16 pairs added up over G such steps (as many
+ * as stay below 32768: G * 2 * wmax * 127), then widened to int32 by madd; per sub-block, the
+ * reference's fp32 steps. The integers are exact, so the results are micro_ref's bit for bit. */
+T2 static inline __attribute__((always_inline)) void
+micro2_t(const int NA, const int SUB, const int G, int n, const uint8_t *q, const float *s,
+         const float *m, const int8_t *xq, const float *xd, const float *xs, float *out) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 fa[2][2];
+    const int nsb = n / SUB, nb32 = n / 32;
+    for (int a = 0; a < NA; a++) fa[a][0] = fa[a][1] = _mm256_setzero_ps();
+    for (int b = 0; b < nsb; b++) {
+        __m256i ia[2][2];
+        const uint8_t *qb = q + (size_t)b * SUB * K_QG_ROWS;
+        const int8_t *xb = xq + (size_t)b * SUB;
+        for (int k0 = 0; k0 < SUB / 4; k0 += G) {
+            __m256i h16[2][2];
+            for (int a = 0; a < NA; a++) h16[a][0] = h16[a][1] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+            for (int k4 = k0; k4 < k0 + G; k4++) {
+                const uint8_t *qk = qb + k4 * 4 * K_QG_ROWS;
+                __m256i w0 = _mm256_loadu_si256((const __m256i *)(const void *)qk);
+                __m256i w1 = _mm256_loadu_si256((const __m256i *)(const void *)(qk + 32));
+                for (int a = 0; a < NA; a++) {
+                    int32_t xv;
+                    memcpy(&xv, xb + (size_t)a * n + 4 * k4, 4);
+                    __m256i xb4 = _mm256_set1_epi32(xv);
+                    h16[a][0] = _mm256_add_epi16(h16[a][0], _mm256_maddubs_epi16(w0, xb4));
+                    h16[a][1] = _mm256_add_epi16(h16[a][1], _mm256_maddubs_epi16(w1, xb4));
+                }
+            }
+            for (int a = 0; a < NA; a++)
+                for (int h = 0; h < 2; h++) {
+                    __m256i v = _mm256_madd_epi16(h16[a][h], ones);
+                    ia[a][h] = k0 ? _mm256_add_epi32(ia[a][h], v) : v;
+                }
+        }
+        for (int h = 0; h < 2; h++) {
+            __m256 sv = _mm256_loadu_ps(s + b * K_QG_ROWS + 8 * h);
+            __m256 mv = _mm256_loadu_ps(m + b * K_QG_ROWS + 8 * h);
+            for (int a = 0; a < NA; a++) {
+                __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(ia[a][h]), sv);
+                fa[a][h] =
+                    _mm256_fmadd_ps(t, _mm256_set1_ps(xd[a * nb32 + b * SUB / 32]), fa[a][h]);
+                fa[a][h] = _mm256_fmadd_ps(mv, _mm256_set1_ps(xs[a * nsb + b]), fa[a][h]);
+            }
+        }
+    }
+    for (int a = 0; a < NA; a++)
+        for (int h = 0; h < 2; h++) _mm256_storeu_ps(out + a * K_QG_ROWS + 8 * h, fa[a][h]);
+}
+
+/* k_qgemm_quantize with AVX2, the same results (as quantize_avx512). */
+T2 static void quantize_avx2(const float *x, int n, int sub, int8_t *q, float *d, float *ds) {
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int b = 0; b < n / 32; b++, x += 32, q += 32) {
+        __m256 v[4], mx = _mm256_setzero_ps();
+        for (int k = 0; k < 4; k++) {
+            v[k] = _mm256_loadu_ps(x + 8 * k);
+            mx = _mm256_max_ps(mx, _mm256_and_ps(v[k], absmask));
+        }
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+        float dd = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        __m256i qi[4];
+        for (int k = 0; k < 4; k++)
+            qi[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], _mm256_set1_ps(id)));
+        __m256i p =
+            _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
+        _mm256_storeu_si256((__m256i *)(void *)q, _mm256_permutevar8x32_epi32(p, order));
+        d[b] = dd;
+        __m256i s0 = _mm256_add_epi32(qi[0], qi[1]), s1 = _mm256_add_epi32(qi[2], qi[3]);
+        if (sub == 32) {
+            ds[b] = dd * (float)hsum8i_qg(_mm256_add_epi32(s0, s1));
+        } else {
+            ds[2 * b] = dd * (float)hsum8i_qg(s0);
+            ds[2 * b + 1] = dd * (float)hsum8i_qg(s1);
+        }
+    }
+}
+
+/* Activation rows two at a time (the accumulators of more would not fit AVX2's 16 registers). */
+#define MICRO2_ROWS(SUB, G)                                                                        \
+    do {                                                                                           \
+        int a = 0;                                                                                 \
+        for (; a + 2 <= na; a += 2)                                                                \
+            micro2_t(2, SUB, G, n, q, s, m, xq + (size_t)a * n, xd + a * (n / 32),                 \
+                     xs + a * (n / SUB), out + a * K_QG_ROWS);                                     \
+        if (a < na)                                                                                \
+            micro2_t(1, SUB, G, n, q, s, m, xq + (size_t)a * n, xd + a * (n / 32),                 \
+                     xs + a * (n / SUB), out + a * K_QG_ROWS);                                     \
+    } while (0)
+
+T2 static void micro_avx2(int wmax, int n, int sub, const uint8_t *q, const float *s,
+                          const float *m, const int8_t *xq, const float *xd, const float *xs,
+                          int na, float *out) {
+    if (sub == 32) {
+        if (wmax <= 15)
+            MICRO2_ROWS(32, 8);
+        else
+            MICRO2_ROWS(32, 4);
+    } else {
+        if (wmax <= 31)
+            MICRO2_ROWS(16, 4);
+        else
+            MICRO2_ROWS(16, 2);
+    }
+}
+
+#define HAVE_X86 1
 #define HAVE_AVX512 1
 #else
+#define HAVE_X86 0
 #define HAVE_AVX512 0
 #endif
 
@@ -873,7 +1013,18 @@ int k_fgemm_ok(void) { return HAVE_AVX512 && k_isa() >= K_ISA_AVX512; }
 
 static int isa_ok(int isa) {
     if (isa == K_ISA_REF) return 1;
+    if (isa == K_ISA_AVX2) return HAVE_X86 && k_simd_cpu_level() >= K_ISA_AVX2;
     return HAVE_AVX512 && isa == K_ISA_AVX512 && k_simd_cpu_level() >= K_ISA_AVX512;
+}
+
+/* The instruction set k_qgemm's block-type products run at on this CPU (TLM_ISA capped), or -1. */
+int k_qgemm_isa(tlm_dtype t) {
+    if (!k_qgemm_covers(t)) return -1;
+    if (k_isa() >= K_ISA_AVX512) return K_ISA_AVX512;
+#if HAVE_X86
+    if (k_isa() >= K_ISA_AVX2 && avx2_wmax(t)) return K_ISA_AVX2;
+#endif
+    return -1;
 }
 
 void k_qgemm_pack_isa(int isa, const tlm_weight *w, int r0, int nrows, uint8_t *q, float *s,
@@ -885,13 +1036,20 @@ void k_qgemm_pack_isa(int isa, const tlm_weight *w, int r0, int nrows, uint8_t *
     k_qgemm_pack(w, r0, nrows, q, s, m);
 }
 
-void k_qgemm_micro(int isa, int n, int sub, const uint8_t *q, const float *s, const float *m,
-                   const int8_t *xq, const float *xd, const float *xs, int na, float *out) {
+void k_qgemm_micro(int isa, tlm_dtype t, int n, int sub, const uint8_t *q, const float *s,
+                   const float *m, const int8_t *xq, const float *xd, const float *xs, int na,
+                   float *out) {
 #if HAVE_AVX512
     if (isa == K_ISA_AVX512 && isa_ok(isa)) {
         micro_avx512(n, sub, q, s, m, xq, xd, xs, na, out);
         return;
     }
+    if (isa == K_ISA_AVX2 && isa_ok(isa) && avx2_wmax(t)) {
+        micro_avx2(avx2_wmax(t), n, sub, q, s, m, xq, xd, xs, na, out);
+        return;
+    }
+#else
+    (void)t;
 #endif
     micro_ref(n, sub, q, s, m, xq, xd, xs, na, out);
 }
@@ -911,6 +1069,11 @@ static void quantize_some(void *ctx, long a, long b) {
         if (c->isa == K_ISA_AVX512) {
             quantize_avx512(c->x + i * n, c->n, c->sub, c->xq + i * n, c->xd + i * nb32,
                             c->xs + i * nsb);
+            continue;
+        }
+        if (c->isa == K_ISA_AVX2) {
+            quantize_avx2(c->x + i * n, c->n, c->sub, c->xq + i * n, c->xd + i * nb32,
+                          c->xs + i * nsb);
             continue;
         }
 #endif
@@ -1630,7 +1793,7 @@ static void qg_groups(void *ctx, long g0, long g1) {
                 amx_int8_rows(n, sub, pq, ps, pm, xq, xd, xs, tile);
             else
 #endif
-                k_qgemm_micro(isa, n, sub, pq, ps, pm, xq, xd, xs, na, tile);
+                k_qgemm_micro(isa, w->dtype, n, sub, pq, ps, pm, xq, xd, xs, na, tile);
             for (int a = 0; a < na; a++) {
                 float *yr = c->y + (size_t)(a0 + a) * c->ldy + r0;
                 for (int r = 0; r < nr; r++)
@@ -1649,6 +1812,9 @@ int k_qgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const
     int sub = k_qgemm_sub(w->dtype), n = (int)w->cols, out = (int)w->rows;
     if (!sub || !isa_ok(isa) || N <= 0 || n <= 0 || n % (int)tlm_dtype_get(w->dtype)->block_elems)
         return -1;
+#if HAVE_X86
+    if (isa == K_ISA_AVX2 && !avx2_wmax(w->dtype)) return -1;
+#endif
     size_t nb32 = (size_t)n / 32, nsb = (size_t)n / sub;
     /* Q6_K's sub-blocks of 16 give one tdpbsud half the work for the same scaling: 110M Q6_K
      * pp128 ran at 0.95x vpdpbusd's, so it stays there. */

@@ -20,15 +20,21 @@
 /* 1 if the type has an integer form (all block types), else 0. */
 int k_qgemm_covers(tlm_dtype t);
 /* 1 if k_qgemm will compute a product on this type: covered, and the CPU runs the AVX-512 VNNI
- * micro-kernel (k_isa() == K_ISA_AVX512); BF16 when the CPU also has AVX512_BF16. */
+ * micro-kernel (k_isa() == K_ISA_AVX512), or AVX2's for the types whose integer form it takes
+ * (weights up to 63: Q2_K to Q6_K, Q4_0 to Q5_1; not Q8_0 or the IQ4 types); BF16 when the CPU also
+ * has AVX512_BF16. */
 int k_qgemm_takes(tlm_dtype t);
+/* The instruction set to pass k_qgemm for a block type here (K_ISA_AVX512 or K_ISA_AVX2), or -1
+ * where it takes none. */
+int k_qgemm_isa(tlm_dtype t);
 /* 1 if the CPU runs vdpbf16ps (and the rest of the AVX-512 set k_qgemm uses). */
 int k_qgemm_bf16_ok(void);
 /* BF16 weights (k_qgemm_takes, not k_qgemm_covers; linear.c sends them here by default)
  * take another kernel: activations rounded to BF16 (as decode does), interleaved by 16 rows, and
  * vdpbf16ps against the weight rows as they are, so nothing is repacked or kept for them. y[N, out]
  * (row stride ldy) = x[N, in] W^T + b (b may be NULL) on W's integer form, with the micro-kernel of
- * instruction set isa (K_ISA_REF: the plain C reference; K_ISA_AVX512). Returns 0, or -1 (nothing
+ * instruction set isa (K_ISA_REF: the plain C reference; K_ISA_AVX512; K_ISA_AVX2 for the types
+ * k_qgemm_takes names). Returns 0, or -1 (nothing
  * written) when out of memory or the type/instruction set is not available. */
 int k_qgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const float *b, int isa);
 /* 1 if k_qgemm's BF16 products run on AMX tiles (amx-tile and amx-bf16 here, granted by the OS,
@@ -73,9 +79,10 @@ void k_qgemm_pack_isa(int isa, const tlm_weight *w, int r0, int nrows, uint8_t *
 /* One activation row x[n] as int8 q[n], scales d[n / 32] and d * (sum of q) per sub-block
  * ds[n / sub]. */
 void k_qgemm_quantize(const float *x, int n, int sub, int8_t *q, float *d, float *ds);
-/* out[a][16] = 16 packed rows . activation rows a < na (na <= K_QG_ACTS); activation row a starts
- * at xq + a * n, xd + a * n / 32, xs + a * n / sub. */
-void k_qgemm_micro(int isa, int n, int sub, const uint8_t *q, const float *s, const float *m,
-                   const int8_t *xq, const float *xd, const float *xs, int na, float *out);
+/* out[a][16] = 16 packed rows (of type t) . activation rows a < na (na <= K_QG_ACTS); activation
+ * row a starts at xq + a * n, xd + a * n / 32, xs + a * n / sub. */
+void k_qgemm_micro(int isa, tlm_dtype t, int n, int sub, const uint8_t *q, const float *s,
+                   const float *m, const int8_t *xq, const float *xd, const float *xs, int na,
+                   float *out);
 
 #endif
