@@ -650,21 +650,23 @@ int main(void) {
         for (int i = 0; i < 7; i++)
             CHECK(k_vdot_w4(w4t[i]) != NULL, "%s has a four-row kernel", tlm_dtype_name(w4t[i]));
     }
-    /* The AVX2 four-row kernels (the block types but Q4_1, Q5_0, Q5_1) against AVX2's one-row ones,
-     * and the products through them, on a CPU with AVX-512 too: the kernels chosen as at AVX2. */
+    /* The AVX2 four-row kernels (F32, F16, the block types but Q4_1, Q5_0, Q5_1) against AVX2's
+     * one-row ones, and the products through them, on a CPU with AVX-512 too: the kernels chosen as
+     * at AVX2. */
     if (k_isa() >= K_ISA_AVX2) {
         k_isa_cap(K_ISA_AVX2);
-        const tlm_dtype w2t[] = {TLM_DTYPE_Q8_0, TLM_DTYPE_Q4_0, TLM_DTYPE_Q4_K,
-                                 TLM_DTYPE_Q5_K, TLM_DTYPE_Q6_K, TLM_DTYPE_IQ4_NL,
-                                 TLM_DTYPE_Q2_K, TLM_DTYPE_Q3_K, TLM_DTYPE_IQ4_XS};
-        for (int i = 0; i < 9; i++) {
+        const tlm_dtype w2t[] = {TLM_DTYPE_Q8_0,   TLM_DTYPE_Q4_0,   TLM_DTYPE_Q4_K, TLM_DTYPE_Q5_K,
+                                 TLM_DTYPE_Q6_K,   TLM_DTYPE_IQ4_NL, TLM_DTYPE_Q2_K, TLM_DTYPE_Q3_K,
+                                 TLM_DTYPE_IQ4_XS, TLM_DTYPE_F32,    TLM_DTYPE_F16};
+        for (int i = 0; i < 11; i++) {
             tlm_dtype t = w2t[i];
             int be = (int)tlm_dtype_get(t)->block_elems;
             CHECK(k_vdot_w4(t) != NULL, "%s has an AVX2 four-row kernel", tlm_dtype_name(t));
-            const int counts[] = {1, 3, 7, 8, 33};
-            for (int c = 0; c < 5; c++) check_w4(t, counts[c] * be);
-            check_matvec_rows(t, 3 * be, 1);
-            check_matvec_rows(t, 3 * be, 2);
+            /* float rows: whole vectors, and tails of each width */
+            const int counts[] = {1, 3, 7, 8, 33}, fn[] = {768, 32 * 7 + 5, 16 * 3 + 9, 11, 256};
+            for (int c = 0; c < 5; c++) check_w4(t, be == 1 ? fn[c] : counts[c] * be);
+            check_matvec_rows(t, be == 1 ? 200 : 3 * be, 1);
+            check_matvec_rows(t, be == 1 ? 200 : 3 * be, 2);
             check_matvec_teams(t, 1);
         }
         for (int i = 0; i < 7; i++) check_act_quantize(K_ACT_Q8_0, qn[i]);

@@ -2018,6 +2018,40 @@ T2 static inline AI void w2one_q6_k(int n, float *s, const void *wv, size_t ws, 
     for (int r = 0; r < 4; r++) s[r] = acc[r];
 }
 
+/* F32 and F16: fr2's sums (the rows kernel with one activation row, which is their one-row
+ * product at this level) for four weight rows, the activation's vectors loaded once for the four.
+ * pf is ignored, as by the AVX-512 float kernels (k_matvec_parts asks for their lines). */
+T2 static inline AI void w2one_f(int n, float *s, const void *wv, size_t ws, const void *xqv,
+                                 const void *pf, const int f16) {
+    const uint8_t *w = wv;
+    const float *x = xqv;
+    (void)pf;
+    __m256 a0[4], a1[4];
+    for (int r = 0; r < 4; r++) a0[r] = a1[r] = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8);
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *wr = w + r * ws;
+            a0[r] = _mm256_fmadd_ps(ld8_2(wr, f16, i), x0, a0[r]);
+            a1[r] = _mm256_fmadd_ps(ld8_2(wr, f16, i + 8), x1, a1[r]);
+        }
+    }
+    for (int r = 0; r < 4; r++) {
+        const uint8_t *wr = w + r * ws;
+        float t = hsum8(_mm256_add_ps(a0[r], a1[r]));
+        for (int j = i; j < n; j++) {
+            float wj;
+            if (f16)
+                wj = f16s(wr + 2 * (size_t)j);
+            else
+                memcpy(&wj, wr + 4 * (size_t)j, 4);
+            t += wj * x[j];
+        }
+        s[r] = t;
+    }
+}
+
 /* IQ4_NL: a2_q4nl's levels by lookup, against the activation loaded once for the four rows. */
 T2 static inline AI void w2one_iq4_nl(int n, float *s, const void *wv, size_t ws, const void *xqv,
                                       const void *pf) {
@@ -2073,6 +2107,8 @@ W4_RUN_OF(T2, w2_q4_k, w2one_q45k, 0)
 W4_RUN_OF(T2, w2_q5_k, w2one_q45k, 1)
 W4_RUN(T2, w2_q6_k, w2one_q6_k)
 W4_RUN(T2, w2_iq4_nl, w2one_iq4_nl)
+W4_RUN_OF(T2, w2_f32, w2one_f, 0)
+W4_RUN_OF(T2, w2_f16, w2one_f, 1)
 W4_RUN_OF(T2, w2_q2_k, w2one_kb, KB_Q2_K)
 W4_RUN_OF(T2, w2_q3_k, w2one_kb, KB_Q3_K)
 W4_RUN_OF(T2, w2_iq4_xs, w2one_kb, KB_IQ4_XS)
@@ -2136,6 +2172,8 @@ k_vdot_w4_fn k_simd_vdot_w4(tlm_dtype t, int isa) {
         case TLM_DTYPE_Q2_K: return w2_q2_k;
         case TLM_DTYPE_Q3_K: return w2_q3_k;
         case TLM_DTYPE_IQ4_XS: return w2_iq4_xs;
+        case TLM_DTYPE_F32: return w2_f32;
+        case TLM_DTYPE_F16: return w2_f16;
         default: return NULL;
         }
     }
