@@ -166,17 +166,22 @@ static void check(tlm_dtype t, int in, int out, int N, int mode) {
               mode, amx);
     }
     k_qgemm_amx_enable(1);
-    /* AVX2's micro-kernel (maddubs), for the types whose integer form it takes: bit for bit too */
-    if (k_isa() >= K_ISA_AVX2) {
-        int takes = t != TLM_DTYPE_Q8_0 && t != TLM_DTYPE_IQ4_NL && t != TLM_DTYPE_IQ4_XS;
+    /* AVX2's micro-kernels, bit for bit too: maddubs for the types whose integer form it takes,
+     * and (where the CPU has AVX-VNNI) 256-bit vpdpbusd for all */
+    for (int vnni = 0; vnni < 2 && k_isa() >= K_ISA_AVX2; vnni++) {
+        k_qgemm_avxvnni_enable(vnni);
+        if (vnni && !k_qgemm_avxvnni_ok()) break;
+        int takes = vnni || (t != TLM_DTYPE_Q8_0 && t != TLM_DTYPE_IQ4_NL && t != TLM_DTYPE_IQ4_XS);
         memset(y1, 0xFF, sizeof(float) * out * N);
         int rc = k_qgemm(y1, out, x, N, &tw, b, K_ISA_AVX2);
-        CHECK(rc == (takes ? 0 : -1), "%s: AVX2 product %s", name, takes ? "taken" : "refused");
+        CHECK(rc == (takes ? 0 : -1), "%s: AVX2 product (avx-vnni %d) %s", name, vnni,
+              takes ? "taken" : "refused");
         if (takes)
             CHECK(!memcmp(y0, y1, sizeof(float) * out * N),
-                  "%s in=%d out=%d N=%d mode %d: AVX2 equals the reference", name, in, out, N,
-                  mode);
+                  "%s in=%d out=%d N=%d mode %d: AVX2 (avx-vnni %d) equals the reference", name, in,
+                  out, N, mode, vnni);
     }
+    k_qgemm_avxvnni_enable(1);
     free(w);
     free(wf);
     free(x);
@@ -476,6 +481,7 @@ int main(void) {
     k_qgemm_amx_enable(1);
     CHECK(!strcmp(tlm_cpu_kernels(), "ref") == (k_isa() < K_ISA_AVX2), "ref: %s",
           tlm_cpu_kernels());
+    printf("AVX2's products on AVX-VNNI: %s\n", k_qgemm_avxvnni_ok() ? "yes" : "no");
     printf("BF16 on AMX tiles: %s; block types on AMX int8 tiles: %s\n",
            k_qgemm_amx_ok() ? "yes" : "no", k_qgemm_amx_int8_ok() ? "yes" : "no");
     for (int f16 = 0; f16 < 2; f16++) {
@@ -513,7 +519,9 @@ int main(void) {
     CHECK(k_qgemm(y, 1, x, 9, &f, NULL, K_ISA_REF) == -1, "F32 refused");
     uint8_t blk[34] = {0};
     tlm_weight q = {.dtype = TLM_DTYPE_Q8_0, .data = blk, .rows = 1, .cols = 32, .row_bytes = 34};
+    k_qgemm_avxvnni_enable(0);
     CHECK(k_qgemm(y, 1, x, 9, &q, NULL, K_ISA_AVX2) == -1, "Q8_0's bytes exceed AVX2's kernel");
+    k_qgemm_avxvnni_enable(1);
     CHECK(k_qgemm(y, 1, x, 9, &q, NULL, K_ISA_REF) == 0 && y[0] == 0.0f, "zero weights");
     return t_finish("test_qgemm");
 }

@@ -318,20 +318,31 @@ static k_vdot_fn ref_of(tlm_dtype t) {
     }
 }
 
-static int isa_level = -1;
+static int isa_level = -1, isa_avxvnni;
 static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
 
+/* TLM_ISA=avx2 runs as a CPU with AVX2 alone would (Haswell to Zen 3), =avxvnni as one with AVX2
+ * and AVX-VNNI (Intel's client cores since Alder Lake), =ref the plain C references. */
 static void isa_detect(void) {
     int lvl = k_simd_cpu_level();
     const char *cap = getenv("TLM_ISA");
+    int vnni = k_simd_cpu_avxvnni();
     if (cap && !strcmp(cap, "ref")) lvl = K_ISA_REF;
-    if (cap && !strcmp(cap, "avx2") && lvl > K_ISA_AVX2) lvl = K_ISA_AVX2;
+    if (cap && !strcmp(cap, "avx2")) vnni = 0;
+    if (cap && (!strcmp(cap, "avx2") || !strcmp(cap, "avxvnni")) && lvl > K_ISA_AVX2)
+        lvl = K_ISA_AVX2;
     isa_level = lvl;
+    isa_avxvnni = vnni && lvl >= K_ISA_AVX2;
 }
 
 int k_isa(void) {
     pthread_once(&isa_once, isa_detect);
     return isa_level;
+}
+
+int k_avxvnni(void) {
+    pthread_once(&isa_once, isa_detect);
+    return isa_avxvnni;
 }
 
 int k_cpu_amd(void) { return k_simd_cpu_amd(); }

@@ -77,8 +77,11 @@ void k_act_quantize(k_act_kind kind, const float *x, void *xq, int n);
 /* The same in plain C, which the vector version (AVX-512 or AVX2, chosen as the dot products are)
  * matches byte for byte. */
 void k_act_quantize_ref(k_act_kind kind, const float *x, void *xq, int n);
-/* The best instruction set this CPU runs (TLM_ISA=ref|avx2|avx512 caps it, for comparisons). */
+/* The best instruction set this CPU runs (TLM_ISA=ref|avx2|avxvnni caps it, for comparisons). */
 int k_isa(void);
+/* 1 where the CPU has AVX-VNNI and k_isa() is at least K_ISA_AVX2 (not under TLM_ISA=avx2): the
+ * 256-bit vpdpbusd that K_ISA_AVX2 kernels may use. */
+int k_avxvnni(void);
 /* 1 on AMD's x86 CPUs (cpuid's vendor), for choices that measured differently there. */
 int k_cpu_amd(void);
 /* Caps the instruction set k_vdot picks from now on (K_ISA_REF: the references). For tests and

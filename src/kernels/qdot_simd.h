@@ -8,6 +8,8 @@
 int k_simd_cpu_level(void);
 /* 1 if, at K_ISA_AVX512, the CPU also runs AVX512_BF16 (vdpbf16ps). */
 int k_simd_cpu_bf16(void);
+/* 1 if the CPU has AVX-VNNI (256-bit vpdpbusd without AVX-512). */
+int k_simd_cpu_avxvnni(void);
 /* 1 on AMD's CPUs, whose hardware prefetchers follow four weight rows read at once worse than
  * Intel's (matvec.c's one_row_from). */
 int k_simd_cpu_amd(void);

@@ -17,7 +17,7 @@
 
 #include "simd_x86.h"
 
-static int cpu_level, cpu_bf16, cpu_amd, cpu_amx_bf16, cpu_amx_int8;
+static int cpu_level, cpu_bf16, cpu_amd, cpu_amx_bf16, cpu_amx_int8, cpu_avxvnni;
 static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
 
 static uint64_t xcr0(void) {
@@ -49,6 +49,14 @@ static void detect(void) {
             int avx2 = (b >> 5) & 1, f = (b >> 16) & 1, dq = (b >> 17) & 1, bw = (b >> 30) & 1,
                 vl = (b >> 31) & 1, vnni = (c >> 11) & 1;
             if (avx2) lvl = K_ISA_AVX2;
+            if (avx2) {
+                /* AVX-VNNI (vpdpbusd on 256-bit vectors, VEX-encoded): Intel's client cores
+                 * since Alder Lake, which have no AVX-512 */
+                unsigned a1, b1, c1, d1;
+                __cpuid_count(7, 1, a1, b1, c1, d1);
+                cpu_avxvnni = (a1 >> 4) & 1;
+                (void)b1, (void)c1, (void)d1;
+            }
             int amx_bf16 = (d >> 22) & 1, amx_tile = (d >> 24) & 1, amx_int8 = (d >> 25) & 1;
             if (f && dq && bw && vl && vnni && (x & 0xE0) == 0xE0) {
                 lvl = K_ISA_AVX512;
@@ -69,6 +77,11 @@ static void detect(void) {
 int k_simd_cpu_level(void) {
     pthread_once(&cpu_once, detect);
     return cpu_level;
+}
+
+int k_simd_cpu_avxvnni(void) {
+    pthread_once(&cpu_once, detect);
+    return cpu_avxvnni;
 }
 
 int k_simd_cpu_bf16(void) {
@@ -2468,6 +2481,7 @@ k_vdot_fn k_simd_vdot(tlm_dtype t, int isa) {
 
 int k_simd_cpu_level(void) { return K_ISA_REF; }
 int k_simd_cpu_bf16(void) { return 0; }
+int k_simd_cpu_avxvnni(void) { return 0; }
 int k_simd_cpu_amd(void) { return 0; }
 int k_simd_cpu_amx_bf16(void) { return 0; }
 int k_simd_cpu_amx_int8(void) { return 0; }

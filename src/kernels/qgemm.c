@@ -972,6 +972,71 @@ T2 static void quantize_avx2(const float *x, int n, int sub, int8_t *q, float *d
     }
 }
 
+/* With AVX-VNNI: vpdpbusd on 8 rows' 4 bytes at a time into int32 directly (no int16 step, so any
+ * type's bytes, Q8_0's and IQ4's up to 255 too), NA activation rows; again micro_ref's results. */
+#define TVNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
+TVNNI static inline __attribute__((always_inline)) void
+micro3_t(const int NA, const int SUB, int n, const uint8_t *q, const float *s, const float *m,
+         const int8_t *xq, const float *xd, const float *xs, float *out) {
+    __m256 fa[3][2];
+    const int nsb = n / SUB, nb32 = n / 32;
+    for (int a = 0; a < NA; a++) fa[a][0] = fa[a][1] = _mm256_setzero_ps();
+    for (int b = 0; b < nsb; b++) {
+        __m256i ia[3][2];
+        for (int a = 0; a < NA; a++) ia[a][0] = ia[a][1] = _mm256_setzero_si256();
+        const uint8_t *qb = q + (size_t)b * SUB * K_QG_ROWS;
+        const int8_t *xb = xq + (size_t)b * SUB;
+#pragma GCC unroll 8
+        for (int k4 = 0; k4 < SUB / 4; k4++) {
+            const uint8_t *qk = qb + k4 * 4 * K_QG_ROWS;
+            __m256i w0 = _mm256_loadu_si256((const __m256i *)(const void *)qk);
+            __m256i w1 = _mm256_loadu_si256((const __m256i *)(const void *)(qk + 32));
+            for (int a = 0; a < NA; a++) {
+                int32_t xv;
+                memcpy(&xv, xb + (size_t)a * n + 4 * k4, 4);
+                __m256i xb4 = _mm256_set1_epi32(xv);
+                ia[a][0] = _mm256_dpbusd_avx_epi32(ia[a][0], w0, xb4);
+                ia[a][1] = _mm256_dpbusd_avx_epi32(ia[a][1], w1, xb4);
+            }
+        }
+        for (int h = 0; h < 2; h++) {
+            __m256 sv = _mm256_loadu_ps(s + b * K_QG_ROWS + 8 * h);
+            __m256 mv = _mm256_loadu_ps(m + b * K_QG_ROWS + 8 * h);
+            for (int a = 0; a < NA; a++) {
+                __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(ia[a][h]), sv);
+                fa[a][h] =
+                    _mm256_fmadd_ps(t, _mm256_set1_ps(xd[a * nb32 + b * SUB / 32]), fa[a][h]);
+                fa[a][h] = _mm256_fmadd_ps(mv, _mm256_set1_ps(xs[a * nsb + b]), fa[a][h]);
+            }
+        }
+    }
+    for (int a = 0; a < NA; a++)
+        for (int h = 0; h < 2; h++) _mm256_storeu_ps(out + a * K_QG_ROWS + 8 * h, fa[a][h]);
+}
+
+#define MICRO3_ROWS(SUB)                                                                           \
+    do {                                                                                           \
+        int a = 0;                                                                                 \
+        for (; a + 3 <= na; a += 3)                                                                \
+            micro3_t(3, SUB, n, q, s, m, xq + (size_t)a * n, xd + a * (n / 32),                    \
+                     xs + a * (n / SUB), out + a * K_QG_ROWS);                                     \
+        if (na - a == 2)                                                                           \
+            micro3_t(2, SUB, n, q, s, m, xq + (size_t)a * n, xd + a * (n / 32),                    \
+                     xs + a * (n / SUB), out + a * K_QG_ROWS);                                     \
+        else if (na - a == 1)                                                                      \
+            micro3_t(1, SUB, n, q, s, m, xq + (size_t)a * n, xd + a * (n / 32),                    \
+                     xs + a * (n / SUB), out + a * K_QG_ROWS);                                     \
+    } while (0)
+
+TVNNI static void micro_avxvnni(int n, int sub, const uint8_t *q, const float *s, const float *m,
+                                const int8_t *xq, const float *xd, const float *xs, int na,
+                                float *out) {
+    if (sub == 32)
+        MICRO3_ROWS(32);
+    else
+        MICRO3_ROWS(16);
+}
+
 /* Activation rows two at a time (the accumulators of more would not fit AVX2's 16 registers). */
 #define MICRO2_ROWS(SUB, G)                                                                        \
     do {                                                                                           \
@@ -1017,13 +1082,28 @@ static int isa_ok(int isa) {
     return HAVE_AVX512 && isa == K_ISA_AVX512 && k_simd_cpu_level() >= K_ISA_AVX512;
 }
 
+static atomic_int avxvnni_on = 1;
+
+void k_qgemm_avxvnni_enable(int on) { atomic_store(&avxvnni_on, on); }
+
+int k_qgemm_avxvnni_ok(void) { return HAVE_X86 && atomic_load(&avxvnni_on) && k_avxvnni(); }
+
+/* Whether AVX2's level takes the type: every covered type with AVX-VNNI, else those whose bytes
+ * fit maddubs. */
+static int avx2_takes(tlm_dtype t) {
+#if HAVE_X86
+    return k_qgemm_covers(t) && (k_qgemm_avxvnni_ok() || avx2_wmax(t));
+#else
+    (void)t;
+    return 0;
+#endif
+}
+
 /* The instruction set k_qgemm's block-type products run at on this CPU (TLM_ISA capped), or -1. */
 int k_qgemm_isa(tlm_dtype t) {
     if (!k_qgemm_covers(t)) return -1;
     if (k_isa() >= K_ISA_AVX512) return K_ISA_AVX512;
-#if HAVE_X86
-    if (k_isa() >= K_ISA_AVX2 && avx2_wmax(t)) return K_ISA_AVX2;
-#endif
+    if (k_isa() >= K_ISA_AVX2 && avx2_takes(t)) return K_ISA_AVX2;
     return -1;
 }
 
@@ -1042,6 +1122,10 @@ void k_qgemm_micro(int isa, tlm_dtype t, int n, int sub, const uint8_t *q, const
 #if HAVE_AVX512
     if (isa == K_ISA_AVX512 && isa_ok(isa)) {
         micro_avx512(n, sub, q, s, m, xq, xd, xs, na, out);
+        return;
+    }
+    if (isa == K_ISA_AVX2 && isa_ok(isa) && k_qgemm_avxvnni_ok()) {
+        micro_avxvnni(n, sub, q, s, m, xq, xd, xs, na, out);
         return;
     }
     if (isa == K_ISA_AVX2 && isa_ok(isa) && avx2_wmax(t)) {
@@ -1812,9 +1896,7 @@ int k_qgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const
     int sub = k_qgemm_sub(w->dtype), n = (int)w->cols, out = (int)w->rows;
     if (!sub || !isa_ok(isa) || N <= 0 || n <= 0 || n % (int)tlm_dtype_get(w->dtype)->block_elems)
         return -1;
-#if HAVE_X86
-    if (isa == K_ISA_AVX2 && !avx2_wmax(w->dtype)) return -1;
-#endif
+    if (isa == K_ISA_AVX2 && !avx2_takes(w->dtype)) return -1;
     size_t nb32 = (size_t)n / 32, nsb = (size_t)n / sub;
     /* Q6_K's sub-blocks of 16 give one tdpbsud half the work for the same scaling: 110M Q6_K
      * pp128 ran at 0.95x vpdpbusd's, so it stays there. */
@@ -1844,7 +1926,7 @@ int k_qgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const
 const char *tlm_cpu_kernels(void) {
     int isa = k_isa();
     if (isa < K_ISA_AVX2) return "ref";
-    if (isa < K_ISA_AVX512) return "avx2";
+    if (isa < K_ISA_AVX512) return k_qgemm_avxvnni_ok() ? "avx2 avx-vnni" : "avx2";
     static _Thread_local char name[64];
     snprintf(name, sizeof name, "avx512 vnni%s%s%s", k_qgemm_bf16_ok() ? " bf16" : "",
              k_qgemm_amx_int8_ok() ? " amx-int8" : "", k_qgemm_amx_ok() ? " amx-bf16" : "");

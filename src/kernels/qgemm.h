@@ -21,12 +21,17 @@
 int k_qgemm_covers(tlm_dtype t);
 /* 1 if k_qgemm will compute a product on this type: covered, and the CPU runs the AVX-512 VNNI
  * micro-kernel (k_isa() == K_ISA_AVX512), or AVX2's for the types whose integer form it takes
- * (weights up to 63: Q2_K to Q6_K, Q4_0 to Q5_1; not Q8_0 or the IQ4 types); BF16 when the CPU also
- * has AVX512_BF16. */
+ * (weights up to 63: Q2_K to Q6_K, Q4_0 to Q5_1; with AVX-VNNI all of them); BF16 when the CPU
+ * also has AVX512_BF16. */
 int k_qgemm_takes(tlm_dtype t);
 /* The instruction set to pass k_qgemm for a block type here (K_ISA_AVX512 or K_ISA_AVX2), or -1
  * where it takes none. */
 int k_qgemm_isa(tlm_dtype t);
+/* 1 if K_ISA_AVX2's products run on AVX-VNNI's 256-bit vpdpbusd (the CPU has it, k_avxvnni, and
+ * k_qgemm_avxvnni_enable has not turned it off): then every block type, Q8_0 and IQ4 included. */
+int k_qgemm_avxvnni_ok(void);
+/* For tests and comparisons: 0 keeps AVX2's maddubs kernel on a CPU with AVX-VNNI. */
+void k_qgemm_avxvnni_enable(int on);
 /* 1 if the CPU runs vdpbf16ps (and the rest of the AVX-512 set k_qgemm uses). */
 int k_qgemm_bf16_ok(void);
 /* BF16 weights (k_qgemm_takes, not k_qgemm_covers; linear.c sends them here by default)
