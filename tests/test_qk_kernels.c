@@ -653,7 +653,10 @@ int main(void) {
     /* The AVX2 four-row kernels (F32, F16, the block types but Q4_1, Q5_0, Q5_1) against AVX2's
      * one-row ones, and the products through them, on a CPU with AVX-512 too: the kernels chosen as
      * at AVX2. */
-    if (k_isa() >= K_ISA_AVX2) {
+    for (int vnni = 0; vnni < 2 && k_isa() >= K_ISA_AVX2; vnni++) {
+        /* first as a CPU without AVX-VNNI, then (where this one has it) with */
+        k_avxvnni_cap(vnni);
+        if (vnni && !k_avxvnni()) break;
         k_isa_cap(K_ISA_AVX2);
         const tlm_dtype w2t[] = {TLM_DTYPE_Q8_0,   TLM_DTYPE_Q4_0,   TLM_DTYPE_Q4_K, TLM_DTYPE_Q5_K,
                                  TLM_DTYPE_Q6_K,   TLM_DTYPE_IQ4_NL, TLM_DTYPE_Q2_K, TLM_DTYPE_Q3_K,
@@ -673,5 +676,6 @@ int main(void) {
         for (int i = 0; i < 4; i++) check_act_quantize(K_ACT_Q8_K, kn[i]);
         k_isa_cap(K_ISA_COUNT);
     }
+    k_avxvnni_cap(1);
     return t_finish("test_qk_kernels");
 }

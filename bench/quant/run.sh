@@ -36,14 +36,16 @@
 # core, runs): tlm with TLM_ISA=avx2 and TLM_AMX=0, built for x86-64-v3 so that no AVX-512 is
 # compiled in either (cmake -S . -B build-v3 -DTLM_NATIVE=OFF -DCMAKE_C_FLAGS=-march=x86-64-v3;
 # TLM=build-v3/tlm), OpenBLAS on its Haswell kernels, and LLAMA_BIN a llama.cpp built without
-# AVX-512 (bench/README.md gives its CMake flags); results-avx2.json.
+# AVX-512 (bench/README.md gives its CMake flags); results-avx2.json. ISA=avxvnni: the same as a CPU
+# with AVX2 and AVX-VNNI (Intel's client cores since Alder Lake; llama.cpp with -DGGML_AVX_VNNI=ON
+# too); results-avxvnni.json.
 # Prints a table and writes bench/out/quant/results.json.
 set -euo pipefail
 unset OPENBLAS_CORETYPE
 SUFFIX=
-if [ "${ISA:-}" = avx2 ]; then
-  export TLM_ISA=avx2 TLM_AMX=0 OPENBLAS_CORETYPE=Haswell
-  SUFFIX=-avx2
+if [ "${ISA:-}" = avx2 ] || [ "${ISA:-}" = avxvnni ]; then
+  export TLM_ISA=$ISA TLM_AMX=0 OPENBLAS_CORETYPE=Haswell
+  SUFFIX=-$ISA
 fi
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 TLM=${TLM:-$ROOT/build/tlm}

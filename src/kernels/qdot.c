@@ -1,6 +1,7 @@
 #include "qdot.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -340,10 +341,14 @@ int k_isa(void) {
     return isa_level;
 }
 
+static _Atomic int avxvnni_cap = 1; /* k_avxvnni_cap */
+
 int k_avxvnni(void) {
     pthread_once(&isa_once, isa_detect);
-    return isa_avxvnni;
+    return isa_avxvnni && atomic_load_explicit(&avxvnni_cap, memory_order_relaxed);
 }
+
+void k_avxvnni_cap(int on) { atomic_store(&avxvnni_cap, on); }
 
 int k_cpu_amd(void) { return k_simd_cpu_amd(); }
 

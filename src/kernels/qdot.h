@@ -82,6 +82,9 @@ int k_isa(void);
 /* 1 where the CPU has AVX-VNNI and k_isa() is at least K_ISA_AVX2 (not under TLM_ISA=avx2): the
  * 256-bit vpdpbusd that K_ISA_AVX2 kernels may use. */
 int k_avxvnni(void);
+/* 0: as if the CPU had no AVX-VNNI from now on (for tests: the AVX2 kernels without it); 1: back.
+ */
+void k_avxvnni_cap(int on);
 /* 1 on AMD's x86 CPUs (cpuid's vendor), for choices that measured differently there. */
 int k_cpu_amd(void);
 /* Caps the instruction set k_vdot picks from now on (K_ISA_REF: the references). For tests and
