@@ -1888,20 +1888,40 @@ T5 static void r5_q6_k(int n, int M, float *s, const void *w, const void *xq, si
  * the call and the loop (one row at a time through k_matvec_parts cost a fifth of 15M's decode in
  * its steps between rows), the activation's loads, scales and sums, and four rows' chains overlap.
  * The scales of Q4_K and Q6_K go into vectors by shuffles rather than one by one. */
-T2 static inline AI void w2one_q8_0(int n, float *s, const void *wv, size_t ws, const void *xqv,
-                                    const void *pf) {
+
+/* The 32-element types of one scale per block (Q8_0, Q4_0, IQ4_NL) four rows at a time: each
+ * row's int32 lanes a2_q8_0's and a2_q4nl's (Q4_0's nibbles as unsigned bytes less 8 times x's
+ * sums per lane of four bytes, worked out once for the four rows, where a2_q4nl takes 8 off each
+ * weight and multiplies by sign: the same integers lane by lane). */
+enum { B32_Q8_0, B32_Q4_0, B32_IQ4_NL };
+
+T2 static inline AI void w2one_b32(int n, float *s, const void *wv, size_t ws, const void *xqv,
+                                   const void *pf, const int kind) {
     const uint8_t *w = wv;
     const tlm_block_q8_0 *x = xqv;
+    const size_t bb = kind == B32_Q8_0 ? 34 : 18;
+    const __m256i eight = _mm256_set1_epi8(8), ones = _mm256_set1_epi16(1);
+    const __m256i T =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)tlm_iq4nl_values));
     __m256 acc[4];
     for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_ps();
     size_t pfo = 0, far = pf_far(n, ws);
     for (int b = 0; b < n / TLM_QK; b++) {
-        pf_upto(pf, &pfo, 4 * 34 * (size_t)(b + 1), far);
+        pf_upto(pf, &pfo, 4 * bb * (size_t)(b + 1), far);
         __m256i xv = _mm256_loadu_si256((const __m256i *)x[b].qs);
+        __m256i e = kind == B32_Q4_0 ? _mm256_madd_epi16(_mm256_maddubs_epi16(eight, xv), ones)
+                                     : _mm256_setzero_si256();
         float xd = _cvtsh_ss(x[b].d);
         for (int r = 0; r < 4; r++) {
-            const uint8_t *wb = w + r * ws + (size_t)b * 34;
-            __m256i p = dot_ss2(_mm256_loadu_si256((const __m256i *)(wb + 2)), xv);
+            const uint8_t *wb = w + r * ws + (size_t)b * bb;
+            __m256i p;
+            if (kind == B32_Q8_0)
+                p = dot_ss2(_mm256_loadu_si256((const __m256i *)(wb + 2)), xv);
+            else if (kind == B32_IQ4_NL)
+                p = dot_ss2(_mm256_shuffle_epi8(T, nibbles32(wb + 2)), xv);
+            else
+                p = _mm256_sub_epi32(
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(nibbles32(wb + 2), xv), ones), e);
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(f16s(wb) * xd), acc[r]);
         }
     }
@@ -1909,26 +1929,36 @@ T2 static inline AI void w2one_q8_0(int n, float *s, const void *wv, size_t ws, 
     for (int r = 0; r < 4; r++) s[r] = hsum8(acc[r]);
 }
 
-/* Q4_0's nibbles as unsigned bytes against x, less 8 times x's sums per lane of four bytes (once
- * for the four rows): a2_q4nl's integers lane by lane, where it takes 8 off each weight and
- * multiplies by sign. */
-T2 static inline AI void w2one_q4_0(int n, float *s, const void *wv, size_t ws, const void *xqv,
-                                    const void *pf) {
+/* With AVX-VNNI (w2v_*): the same lanes by 256-bit vpdpbusd, started from the activation's offset
+ * sums (Q8_0's and IQ4_NL's bytes as w + 128, less 128 times x's lane sums; Q4_0's nibbles less 8
+ * times them), so the same sums bit for bit in fewer operations. */
+#define T2V __attribute__((target("avx2,fma,f16c,avxvnni")))
+T2V static inline AI void w2vone_b32(int n, float *s, const void *wv, size_t ws, const void *xqv,
+                                     const void *pf, const int kind) {
     const uint8_t *w = wv;
     const tlm_block_q8_0 *x = xqv;
-    const __m256i eight = _mm256_set1_epi8(8), ones = _mm256_set1_epi16(1);
+    const size_t bb = kind == B32_Q8_0 ? 34 : 18;
+    const __m256i off = _mm256_set1_epi8(kind == B32_Q4_0 ? 8 : (char)0x80);
+    const __m256i T = _mm256_xor_si256(
+        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)tlm_iq4nl_values)),
+        _mm256_set1_epi8((char)0x80));
     __m256 acc[4];
     for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_ps();
     size_t pfo = 0, far = pf_far(n, ws);
     for (int b = 0; b < n / TLM_QK; b++) {
-        pf_upto(pf, &pfo, 4 * 18 * (size_t)(b + 1), far);
+        pf_upto(pf, &pfo, 4 * bb * (size_t)(b + 1), far);
         __m256i xv = _mm256_loadu_si256((const __m256i *)x[b].qs);
-        __m256i e = _mm256_madd_epi16(_mm256_maddubs_epi16(eight, xv), ones);
+        __m256i e = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                     _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), off, xv));
         float xd = _cvtsh_ss(x[b].d);
         for (int r = 0; r < 4; r++) {
-            const uint8_t *wb = w + r * ws + (size_t)b * 18;
-            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(nibbles32(wb + 2), xv), ones);
-            p = _mm256_sub_epi32(p, e);
+            const uint8_t *wb = w + r * ws + (size_t)b * bb;
+            __m256i u = kind == B32_Q8_0
+                            ? _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wb + 2)),
+                                               _mm256_set1_epi8((char)0x80))
+                        : kind == B32_IQ4_NL ? _mm256_shuffle_epi8(T, nibbles32(wb + 2))
+                                             : nibbles32(wb + 2);
+            __m256i p = _mm256_dpbusd_avx_epi32(e, u, xv);
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(f16s(wb) * xd), acc[r]);
         }
     }
@@ -2065,30 +2095,6 @@ T2 static inline AI void w2one_f(int n, float *s, const void *wv, size_t ws, con
     }
 }
 
-/* IQ4_NL: a2_q4nl's levels by lookup, against the activation loaded once for the four rows. */
-T2 static inline AI void w2one_iq4_nl(int n, float *s, const void *wv, size_t ws, const void *xqv,
-                                      const void *pf) {
-    const uint8_t *w = wv;
-    const tlm_block_q8_0 *x = xqv;
-    const __m256i T =
-        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)tlm_iq4nl_values));
-    __m256 acc[4];
-    for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_ps();
-    size_t pfo = 0, far = pf_far(n, ws);
-    for (int b = 0; b < n / TLM_QK; b++) {
-        pf_upto(pf, &pfo, 4 * 18 * (size_t)(b + 1), far);
-        __m256i xv = _mm256_loadu_si256((const __m256i *)x[b].qs);
-        float xd = _cvtsh_ss(x[b].d);
-        for (int r = 0; r < 4; r++) {
-            const uint8_t *wb = w + r * ws + (size_t)b * 18;
-            __m256i p = dot_ss2(_mm256_shuffle_epi8(T, nibbles32(wb + 2)), xv);
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(f16s(wb) * xd), acc[r]);
-        }
-    }
-    pf_upto(pf, &pfo, 4 * ws, far);
-    for (int r = 0; r < 4; r++) s[r] = hsum8(acc[r]);
-}
-
 /* Q2_K, Q3_K and IQ4_XS: the one-row kernels' block terms (q23k_term_a2, iq4xs_term_a2) for four
  * rows a block at a time. */
 T2 static inline AI void w2one_kb(int n, float *s, const void *wv, size_t ws, const void *xqv,
@@ -2114,74 +2120,16 @@ T2 static inline AI void w2one_kb(int n, float *s, const void *wv, size_t ws, co
     for (int r = 0; r < 4; r++) s[r] = acc[r];
 }
 
-/* With AVX-VNNI (w2v_*): the same lanes by 256-bit vpdpbusd, started from the activation's offset
- * sums (Q8_0's and IQ4_NL's bytes as w + 128, less 128 times x's lane sums; Q4_0's nibbles less 8
- * times them), so the same sums bit for bit in fewer operations. */
-#define T2V __attribute__((target("avx2,fma,f16c,avxvnni")))
-T2V static inline AI void w2vone_q4nl(int n, float *s, const void *wv, size_t ws, const void *xqv,
-                                      const void *pf, const int nl) {
-    const uint8_t *w = wv;
-    const tlm_block_q8_0 *x = xqv;
-    const __m256i off = _mm256_set1_epi8(nl ? (char)0x80 : 8);
-    const __m256i T = _mm256_xor_si256(
-        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)tlm_iq4nl_values)),
-        _mm256_set1_epi8((char)0x80));
-    __m256 acc[4];
-    for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_ps();
-    size_t pfo = 0, far = pf_far(n, ws);
-    for (int b = 0; b < n / TLM_QK; b++) {
-        pf_upto(pf, &pfo, 4 * 18 * (size_t)(b + 1), far);
-        __m256i xv = _mm256_loadu_si256((const __m256i *)x[b].qs);
-        __m256i e = _mm256_sub_epi32(_mm256_setzero_si256(),
-                                     _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), off, xv));
-        float xd = _cvtsh_ss(x[b].d);
-        for (int r = 0; r < 4; r++) {
-            const uint8_t *wb = w + r * ws + (size_t)b * 18;
-            __m256i u = nibbles32(wb + 2);
-            if (nl) u = _mm256_shuffle_epi8(T, u);
-            __m256i p = _mm256_dpbusd_avx_epi32(e, u, xv);
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(f16s(wb) * xd), acc[r]);
-        }
-    }
-    pf_upto(pf, &pfo, 4 * ws, far);
-    for (int r = 0; r < 4; r++) s[r] = hsum8(acc[r]);
-}
+W4_RUN_OF(T2V, w2v_q8_0, w2vone_b32, B32_Q8_0)
+W4_RUN_OF(T2V, w2v_q4_0, w2vone_b32, B32_Q4_0)
+W4_RUN_OF(T2V, w2v_iq4_nl, w2vone_b32, B32_IQ4_NL)
 
-T2V static inline AI void w2vone_q8_0(int n, float *s, const void *wv, size_t ws, const void *xqv,
-                                      const void *pf) {
-    const uint8_t *w = wv;
-    const tlm_block_q8_0 *x = xqv;
-    const __m256i off = _mm256_set1_epi8((char)0x80);
-    __m256 acc[4];
-    for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_ps();
-    size_t pfo = 0, far = pf_far(n, ws);
-    for (int b = 0; b < n / TLM_QK; b++) {
-        pf_upto(pf, &pfo, 4 * 34 * (size_t)(b + 1), far);
-        __m256i xv = _mm256_loadu_si256((const __m256i *)x[b].qs);
-        __m256i e = _mm256_sub_epi32(_mm256_setzero_si256(),
-                                     _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), off, xv));
-        float xd = _cvtsh_ss(x[b].d);
-        for (int r = 0; r < 4; r++) {
-            const uint8_t *wb = w + r * ws + (size_t)b * 34;
-            __m256i u = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wb + 2)), off);
-            __m256i p = _mm256_dpbusd_avx_epi32(e, u, xv);
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(f16s(wb) * xd), acc[r]);
-        }
-    }
-    pf_upto(pf, &pfo, 4 * ws, far);
-    for (int r = 0; r < 4; r++) s[r] = hsum8(acc[r]);
-}
-
-W4_RUN(T2V, w2v_q8_0, w2vone_q8_0)
-W4_RUN_OF(T2V, w2v_q4_0, w2vone_q4nl, 0)
-W4_RUN_OF(T2V, w2v_iq4_nl, w2vone_q4nl, 1)
-
-W4_RUN(T2, w2_q8_0, w2one_q8_0)
-W4_RUN(T2, w2_q4_0, w2one_q4_0)
+W4_RUN_OF(T2, w2_q8_0, w2one_b32, B32_Q8_0)
+W4_RUN_OF(T2, w2_q4_0, w2one_b32, B32_Q4_0)
 W4_RUN_OF(T2, w2_q4_k, w2one_q45k, 0)
 W4_RUN_OF(T2, w2_q5_k, w2one_q45k, 1)
 W4_RUN(T2, w2_q6_k, w2one_q6_k)
-W4_RUN(T2, w2_iq4_nl, w2one_iq4_nl)
+W4_RUN_OF(T2, w2_iq4_nl, w2one_b32, B32_IQ4_NL)
 W4_RUN_OF(T2, w2_f32, w2one_f, 0)
 W4_RUN_OF(T2, w2_f16, w2one_f, 1)
 W4_RUN_OF(T2, w2_q2_k, w2one_kb, KB_Q2_K)
