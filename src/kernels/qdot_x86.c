@@ -1932,7 +1932,6 @@ T2 static inline AI void w2one_b32(int n, float *s, const void *wv, size_t ws, c
 /* With AVX-VNNI (w2v_*): the same lanes by 256-bit vpdpbusd, started from the activation's offset
  * sums (Q8_0's and IQ4_NL's bytes as w + 128, less 128 times x's lane sums; Q4_0's nibbles less 8
  * times them), so the same sums bit for bit in fewer operations. */
-#define T2V __attribute__((target("avx2,fma,f16c,avxvnni")))
 T2V static inline AI void w2vone_b32(int n, float *s, const void *wv, size_t ws, const void *xqv,
                                      const void *pf, const int kind) {
     const uint8_t *w = wv;
@@ -2335,28 +2334,12 @@ T2 static void act_q8_0_2(const float *x, void *xq, int n) {
     tlm_block_q8_0 *y = xq;
     float *d = (float *)(uintptr_t)k_act_q8_0_aux(xq, n);
     uint8_t *g = (uint8_t *)(uintptr_t)k_act_q8_0_nib(xq, n);
-    const __m256 mag = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     int nb = n / TLM_QK;
     for (int b = 0; b < nb; b++, x += TLM_QK) {
-        __m256 v[4], m = _mm256_setzero_ps();
-        for (int k = 0; k < 4; k++) {
-            v[k] = _mm256_loadu_ps(x + 8 * k);
-            m = _mm256_max_ps(m, _mm256_and_ps(v[k], mag));
-        }
-        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-        float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
-        float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        __m256i qi[4];
+        float amax = k_q8_block_avx2(x, y[b].qs, qi);
         y[b].d = tlm_f32_to_f16(amax / 127.0f);
         d[b] = tlm_f16_to_f32(y[b].d);
-        __m256 vid = _mm256_set1_ps(id);
-        __m256i q[4];
-        for (int k = 0; k < 4; k++) q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], vid));
-        /* the packs interleave the four vectors' halves by 32 bits; the permute restores order */
-        __m256i p =
-            _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-        _mm256_storeu_si256((__m256i *)(void *)y[b].qs, _mm256_permutevar8x32_epi32(p, order));
     }
     const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
     for (int b = 0; b + 4 <= nb; b += 4, g += K_ACT_NIB_BYTES) {

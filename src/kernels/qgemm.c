@@ -889,6 +889,21 @@ static int avx2_wmax(tlm_dtype t) {
     }
 }
 
+/* A sub-block's int32 sums of 16 rows (two vectors) x NA activation rows into the fp32 sums, with
+ * micro_ref's operations in its order: acc += (i * s) * d_x + m * (d_x * sum x_q). */
+T2 static inline __attribute__((always_inline)) void
+sub_scale2(const int NA, __m256 fa[][2], __m256i ia[][2], const float *s, const float *m,
+           const float *xd, int nb32, const float *xs, int nsb) {
+    for (int h = 0; h < 2; h++) {
+        __m256 sv = _mm256_loadu_ps(s + 8 * h), mv = _mm256_loadu_ps(m + 8 * h);
+        for (int a = 0; a < NA; a++) {
+            __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(ia[a][h]), sv);
+            fa[a][h] = _mm256_fmadd_ps(t, _mm256_set1_ps(xd[a * nb32]), fa[a][h]);
+            fa[a][h] = _mm256_fmadd_ps(mv, _mm256_set1_ps(xs[a * nsb]), fa[a][h]);
+        }
+    }
+}
+
 /* 16 weight rows (two vectors of 8) x NA activation rows: per 4 columns, maddubs of the packed
  * bytes by the activation's 4 bytes broadcast, the int16 pairs added up over G such steps (as many
  * as stay below 32768: G * 2 * wmax * 127), then widened to int32 by madd; per sub-block, the
@@ -926,16 +941,8 @@ micro2_t(const int NA, const int SUB, const int G, int n, const uint8_t *q, cons
                     ia[a][h] = k0 ? _mm256_add_epi32(ia[a][h], v) : v;
                 }
         }
-        for (int h = 0; h < 2; h++) {
-            __m256 sv = _mm256_loadu_ps(s + b * K_QG_ROWS + 8 * h);
-            __m256 mv = _mm256_loadu_ps(m + b * K_QG_ROWS + 8 * h);
-            for (int a = 0; a < NA; a++) {
-                __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(ia[a][h]), sv);
-                fa[a][h] =
-                    _mm256_fmadd_ps(t, _mm256_set1_ps(xd[a * nb32 + b * SUB / 32]), fa[a][h]);
-                fa[a][h] = _mm256_fmadd_ps(mv, _mm256_set1_ps(xs[a * nsb + b]), fa[a][h]);
-            }
-        }
+        sub_scale2(NA, fa, ia, s + b * K_QG_ROWS, m + b * K_QG_ROWS, xd + b * SUB / 32, nb32,
+                   xs + b, nsb);
     }
     for (int a = 0; a < NA; a++)
         for (int h = 0; h < 2; h++) _mm256_storeu_ps(out + a * K_QG_ROWS + 8 * h, fa[a][h]);
@@ -943,24 +950,9 @@ micro2_t(const int NA, const int SUB, const int G, int n, const uint8_t *q, cons
 
 /* k_qgemm_quantize with AVX2, the same results (as quantize_avx512). */
 T2 static void quantize_avx2(const float *x, int n, int sub, int8_t *q, float *d, float *ds) {
-    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for (int b = 0; b < n / 32; b++, x += 32, q += 32) {
-        __m256 v[4], mx = _mm256_setzero_ps();
-        for (int k = 0; k < 4; k++) {
-            v[k] = _mm256_loadu_ps(x + 8 * k);
-            mx = _mm256_max_ps(mx, _mm256_and_ps(v[k], absmask));
-        }
-        __m128 h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-        float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
-        float dd = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
         __m256i qi[4];
-        for (int k = 0; k < 4; k++)
-            qi[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], _mm256_set1_ps(id)));
-        __m256i p =
-            _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
-        _mm256_storeu_si256((__m256i *)(void *)q, _mm256_permutevar8x32_epi32(p, order));
+        float dd = k_q8_block_avx2(x, q, qi) / 127.0f;
         d[b] = dd;
         __m256i s0 = _mm256_add_epi32(qi[0], qi[1]), s1 = _mm256_add_epi32(qi[2], qi[3]);
         if (sub == 32) {
@@ -974,8 +966,7 @@ T2 static void quantize_avx2(const float *x, int n, int sub, int8_t *q, float *d
 
 /* With AVX-VNNI: vpdpbusd on 8 rows' 4 bytes at a time into int32 directly (no int16 step, so any
  * type's bytes, Q8_0's and IQ4's up to 255 too), NA activation rows; again micro_ref's results. */
-#define TVNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
-TVNNI static inline __attribute__((always_inline)) void
+T2V static inline __attribute__((always_inline)) void
 micro3_t(const int NA, const int SUB, int n, const uint8_t *q, const float *s, const float *m,
          const int8_t *xq, const float *xd, const float *xs, float *out) {
     __m256 fa[3][2];
@@ -999,16 +990,8 @@ micro3_t(const int NA, const int SUB, int n, const uint8_t *q, const float *s, c
                 ia[a][1] = _mm256_dpbusd_avx_epi32(ia[a][1], w1, xb4);
             }
         }
-        for (int h = 0; h < 2; h++) {
-            __m256 sv = _mm256_loadu_ps(s + b * K_QG_ROWS + 8 * h);
-            __m256 mv = _mm256_loadu_ps(m + b * K_QG_ROWS + 8 * h);
-            for (int a = 0; a < NA; a++) {
-                __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(ia[a][h]), sv);
-                fa[a][h] =
-                    _mm256_fmadd_ps(t, _mm256_set1_ps(xd[a * nb32 + b * SUB / 32]), fa[a][h]);
-                fa[a][h] = _mm256_fmadd_ps(mv, _mm256_set1_ps(xs[a * nsb + b]), fa[a][h]);
-            }
-        }
+        sub_scale2(NA, fa, ia, s + b * K_QG_ROWS, m + b * K_QG_ROWS, xd + b * SUB / 32, nb32,
+                   xs + b, nsb);
     }
     for (int a = 0; a < NA; a++)
         for (int h = 0; h < 2; h++) _mm256_storeu_ps(out + a * K_QG_ROWS + 8 * h, fa[a][h]);
@@ -1028,9 +1011,9 @@ micro3_t(const int NA, const int SUB, int n, const uint8_t *q, const float *s, c
                      xs + a * (n / SUB), out + a * K_QG_ROWS);                                     \
     } while (0)
 
-TVNNI static void micro_avxvnni(int n, int sub, const uint8_t *q, const float *s, const float *m,
-                                const int8_t *xq, const float *xd, const float *xs, int na,
-                                float *out) {
+T2V static void micro_avxvnni(int n, int sub, const uint8_t *q, const float *s, const float *m,
+                              const int8_t *xq, const float *xd, const float *xs, int na,
+                              float *out) {
     if (sub == 32)
         MICRO3_ROWS(32);
     else

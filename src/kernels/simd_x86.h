@@ -8,6 +8,8 @@
 #include <immintrin.h>
 
 #define T2 __attribute__((target("avx2,fma,f16c")))
+/* AVX2 with AVX-VNNI (256-bit vpdpbusd; Intel's client cores since Alder Lake) */
+#define T2V __attribute__((target("avx2,fma,f16c,avxvnni")))
 #define T5 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
 #define T5BF                                                                                       \
     __attribute__((                                                                                \
@@ -18,6 +20,31 @@
 #define TAMX                                                                                       \
     __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,"       \
                           "avx512bf16,avx2,fma,f16c")))
+
+/* A block of 32 floats to int8 as llama.cpp's x86 quantize_row_q8_0 rounds it (the float products
+ * x * (127 / amax), each rounded to nearest even by vcvtps2dq): q[32] in element order, the four
+ * vectors of int32 (for sums), and amax returned. The activation rows of decode (qdot_x86.c) and of
+ * the 8-bit GEMM (qgemm.c) both. */
+T2 static inline __attribute__((always_inline)) float k_q8_block_avx2(const float *x, int8_t *q,
+                                                                      __m256i qi[4]) {
+    const __m256 mag = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 v[4], m = _mm256_setzero_ps();
+    for (int k = 0; k < 4; k++) {
+        v[k] = _mm256_loadu_ps(x + 8 * k);
+        m = _mm256_max_ps(m, _mm256_and_ps(v[k], mag));
+    }
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+    __m256 id = _mm256_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
+    for (int k = 0; k < 4; k++) qi[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], id));
+    /* the packs interleave the four vectors' halves by 32 bits; the permute restores the order */
+    __m256i p =
+        _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
+    _mm256_storeu_si256((__m256i *)(void *)q,
+                        _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    return amax;
+}
 
 /* 16 rows of 16 32-bit words transposed in registers: r[i] word w becomes r[w] word i (pairs of
  * words interleaved, then pairs of pairs, then 128-bit lanes twice). Floats go through it by
