@@ -597,17 +597,20 @@ T5 static inline __m128i q4k_scales(const uint8_t *wb) {
 /* The four 32-element runs of one 128-element half: q1..q4 of the format (0..63, offset 32 not
  * yet taken off). */
 T2 static inline void q6k_half(const uint8_t *ql, const uint8_t *qh, __m256i q[4]) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
     __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
     __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
     __m256i h = _mm256_loadu_si256((const __m256i *)qh);
-    q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m3), 4));
-    q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m3), 4));
-    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3), 4));
+    /* bits 2v, 2v + 1 of each byte of h moved to bits 4, 5 of the same byte: the 16-bit shifts
+     * carry bits across the byte boundary, but the mask keeps only the byte's own */
+    q[0] =
+        _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m30));
+    q[1] =
+        _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(h, 2), m30));
+    q[2] =
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(h, m30));
     q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4));
+                           _mm256_and_si256(_mm256_srli_epi16(h, 2), m30));
 }
 
 /* The offset of 32: sum over sub-blocks of sc * 32 * (activation sum). */
