@@ -670,6 +670,8 @@ int main(void) {
             for (int c = 0; c < 5; c++) check_w4(t, be == 1 ? fn[c] : counts[c] * be);
             check_matvec_rows(t, be == 1 ? 200 : 3 * be, 1);
             check_matvec_rows(t, be == 1 ? 200 : 3 * be, 2);
+            check_matvec_rows(t, be == 1 ? 200 : 3 * be, 3); /* batched decode's rows */
+            check_matvec_rows(t, be == 1 ? 200 : 3 * be, 6);
             check_matvec_teams(t, 1);
         }
         for (int i = 0; i < 7; i++) check_act_quantize(K_ACT_Q8_0, qn[i]);

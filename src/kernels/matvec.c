@@ -130,10 +130,10 @@ static void mv_units(const k_matvec_plan *c, long u0, long u1) {
             int nu = (int)(end - u), spread = c->spreads[p];
             size_t step = 4 * P->row_bytes;
             float *ym = y + P->col + j;
-            if (M == 2) {
+            if (M >= 2) {
                 /* unit by unit, each activation row in turn: the second finds the rows in L1 */
                 for (int k = 0; k < nu; k++)
-                    for (int m = 0; m < 2; m++)
+                    for (int m = 0; m < M; m++)
                         w4f(in, ym + (size_t)m * ldy + 4 * k, w0 + k * step, P->row_bytes,
                             a + m * rb, m || !pf ? NULL : pf + k * step, 1);
             } else if (!pf || spread) {
@@ -252,7 +252,10 @@ void k_matvec_plan_init(k_matvec_plan *pl, float *y, int ldy, const float *x, in
         int blocks = tlm_dtype_get(parts[p].dtype)->block_elems > 1,
             far = !amd && in > K_PF_FAR_MIN_COLS;
         int packed = blocks || parts[p].dtype == TLM_DTYPE_BF16; /* and BF16 (figures below) */
-        int w4_rows = M == 1 || (M == 2 && !amd && packed);
+        /* Without a several-row kernel at this level (AVX2's block types), more activation rows
+         * go through the four-row kernel once each too, rather than the one-row kernel per weight
+         * row and activation row. */
+        int w4_rows = M == 1 || (M == 2 && !amd && packed) || (packed && !rdots[p]);
         w4s[p] = w4_rows && ur == 4 && in < one_row_from(parts[p].dtype, amd)
                      ? k_vdot_w4(parts[p].dtype)
                      : NULL;
