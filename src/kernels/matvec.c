@@ -252,10 +252,11 @@ void k_matvec_plan_init(k_matvec_plan *pl, float *y, int ldy, const float *x, in
         int blocks = tlm_dtype_get(parts[p].dtype)->block_elems > 1,
             far = !amd && in > K_PF_FAR_MIN_COLS;
         int packed = blocks || parts[p].dtype == TLM_DTYPE_BF16; /* and BF16 (figures below) */
-        /* Without a several-row kernel at this level (AVX2's block types), more activation rows
-         * go through the four-row kernel once each too, rather than the one-row kernel per weight
-         * row and activation row. */
-        int w4_rows = M == 1 || (M == 2 && !amd && packed) || (packed && !rdots[p]);
+        /* Without a several-row kernel at this level (AVX2's block types; BF16 keeps its one-row
+         * kernel with the row prefetch below, as measured), more activation rows go through the
+         * four-row kernel once each too, rather than the one-row kernel per weight row and
+         * activation row (not measured on AMD's AVX2 cores, where the same calls are saved). */
+        int w4_rows = M == 1 || (M == 2 && !amd && packed) || (blocks && !rdots[p]);
         w4s[p] = w4_rows && ur == 4 && in < one_row_from(parts[p].dtype, amd)
                      ? k_vdot_w4(parts[p].dtype)
                      : NULL;
