@@ -912,15 +912,15 @@ T2 static inline __attribute__((always_inline)) void
 micro2_t(const int NA, const int SUB, const int G, int n, const uint8_t *q, const float *s,
          const float *m, const int8_t *xq, const float *xd, const float *xs, float *out) {
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256 fa[2][2];
+    __m256 fa[3][2];
     const int nsb = n / SUB, nb32 = n / 32;
     for (int a = 0; a < NA; a++) fa[a][0] = fa[a][1] = _mm256_setzero_ps();
     for (int b = 0; b < nsb; b++) {
-        __m256i ia[2][2];
+        __m256i ia[3][2];
         const uint8_t *qb = q + (size_t)b * SUB * K_QG_ROWS;
         const int8_t *xb = xq + (size_t)b * SUB;
         for (int k0 = 0; k0 < SUB / 4; k0 += G) {
-            __m256i h16[2][2];
+            __m256i h16[3][2];
             for (int a = 0; a < NA; a++) h16[a][0] = h16[a][1] = _mm256_setzero_si256();
 #pragma GCC unroll 8
             for (int k4 = k0; k4 < k0 + G; k4++) {
@@ -1024,10 +1024,13 @@ T2V static void micro_avxvnni(int n, int sub, const uint8_t *q, const float *s, 
 #define MICRO2_ROWS(SUB, G)                                                                        \
     do {                                                                                           \
         int a = 0;                                                                                 \
-        for (; a + 2 <= na; a += 2)                                                                \
+        for (; a + 3 <= na; a += 3)                                                                \
+            micro2_t(3, SUB, G, n, q, s, m, xq + (size_t)a * n, xd + a * (n / 32),                 \
+                     xs + a * (n / SUB), out + a * K_QG_ROWS);                                     \
+        if (na - a == 2)                                                                           \
             micro2_t(2, SUB, G, n, q, s, m, xq + (size_t)a * n, xd + a * (n / 32),                 \
                      xs + a * (n / SUB), out + a * K_QG_ROWS);                                     \
-        if (a < na)                                                                                \
+        else if (na - a == 1)                                                                      \
             micro2_t(1, SUB, G, n, q, s, m, xq + (size_t)a * n, xd + a * (n / 32),                 \
                      xs + a * (n / SUB), out + a * K_QG_ROWS);                                     \
     } while (0)
