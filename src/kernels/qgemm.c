@@ -1020,7 +1020,8 @@ T2V static void micro_avxvnni(int n, int sub, const uint8_t *q, const float *s, 
         MICRO3_ROWS(16);
 }
 
-/* Activation rows two at a time (the accumulators of more would not fit AVX2's 16 registers). */
+/* Activation rows three at a time (each weight vector loaded once for the three; with more the
+ * accumulators would not fit AVX2's 16 registers). */
 #define MICRO2_ROWS(SUB, G)                                                                        \
     do {                                                                                           \
         int a = 0;                                                                                 \
