@@ -226,6 +226,24 @@ static int signed_max(int n, const float *x, float *max) {
     return amax >= GROUP_MAX_EPS;
 }
 
+/* The levels of x at iscale, nearest and clamped to [-nmax, nmax - 1] (into L + off unless L is
+ * NULL), and their sums sumlx and suml2 weighted by x^2: the pass that ggml's make_qx_quants and
+ * make_q3_quants start from, and make_qx_quants repeats for each candidate scale. */
+static void levels_at(int n, int nmax, const float *x, float iscale, int8_t *L, int off,
+                      float *sumlx, float *suml2) {
+    float slx = 0, sl2 = 0;
+    for (int i = 0; i < n; ++i) {
+        int l = nearest_int(iscale * x[i]);
+        l = imax(-nmax, imin(nmax - 1, l));
+        if (L) L[i] = (int8_t)(l + off);
+        float w = x[i] * x[i];
+        slx += w * x[i] * l;
+        sl2 += w * l * l;
+    }
+    *sumlx = slx;
+    *suml2 = sl2;
+}
+
 /* ggml's make_qx_quants with rmse_type 1 and no importance weights (what Q6_K uses): symmetric
  * L in [-nmax, nmax - 1] (stored + nmax), weights x^2, and 18 candidate scales around the one
  * that maps the value of largest magnitude to -nmax. */
@@ -235,34 +253,16 @@ static float make_qx_quants(int n, int nmax, const float *x, int8_t *L) {
         memset(L, 0, (size_t)n);
         return 0.f;
     }
-    float iscale = -nmax / max;
-    float sumlx = 0, suml2 = 0;
-    for (int i = 0; i < n; ++i) {
-        int l = nearest_int(iscale * x[i]);
-        l = imax(-nmax, imin(nmax - 1, l));
-        L[i] = (int8_t)(l + nmax);
-        float w = x[i] * x[i];
-        sumlx += w * x[i] * l;
-        suml2 += w * l * l;
-    }
+    float sumlx, suml2;
+    levels_at(n, nmax, x, -nmax / max, L, nmax, &sumlx, &suml2);
     float scale = suml2 ? sumlx / suml2 : 0.0f;
     float best = scale * sumlx;
     for (int is = -9; is <= 9; ++is) {
         if (is == 0) continue;
-        iscale = -(nmax + 0.1f * is) / max;
-        sumlx = suml2 = 0;
-        for (int i = 0; i < n; ++i) {
-            int l = nearest_int(iscale * x[i]);
-            l = imax(-nmax, imin(nmax - 1, l));
-            float w = x[i] * x[i];
-            sumlx += w * x[i] * l;
-            suml2 += w * l * l;
-        }
+        float iscale = -(nmax + 0.1f * is) / max;
+        levels_at(n, nmax, x, iscale, NULL, 0, &sumlx, &suml2);
         if (suml2 > 0 && sumlx * sumlx > best * suml2) {
-            for (int i = 0; i < n; ++i) {
-                int l = nearest_int(iscale * x[i]);
-                L[i] = (int8_t)(nmax + imax(-nmax, imin(nmax - 1, l)));
-            }
+            levels_at(n, nmax, x, iscale, L, nmax, &sumlx, &suml2);
             scale = sumlx / suml2;
             best = scale * sumlx;
         }
@@ -455,16 +455,8 @@ static float make_q3_quants(int n, int nmax, const float *x, int8_t *L) {
         memset(L, 0, (size_t)n);
         return 0.f;
     }
-    float iscale = -nmax / max;
-    float sumlx = 0, suml2 = 0;
-    for (int i = 0; i < n; ++i) {
-        int l = nearest_int(iscale * x[i]);
-        l = imax(-nmax, imin(nmax - 1, l));
-        L[i] = (int8_t)l;
-        float w = x[i] * x[i];
-        sumlx += w * x[i] * l;
-        suml2 += w * l * l;
-    }
+    float sumlx, suml2;
+    levels_at(n, nmax, x, -nmax / max, L, 0, &sumlx, &suml2);
     for (int itry = 0; itry < 5; ++itry) {
         int n_changed = 0;
         for (int i = 0; i < n; ++i) {
