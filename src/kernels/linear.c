@@ -77,8 +77,7 @@ static void linear_rows(float *y, int ldy, const float *x, int N, const tlm_weig
         k_linear_fwd(y, ldy, x, w->data, b, N, in, out);
         return;
     }
-    int qisa = w->dtype == TLM_DTYPE_BF16 ? K_ISA_AVX512 : k_qgemm_isa(w->dtype);
-    if (path == PREFILL_QGEMM && !k_qgemm(y, ldy, x, N, w, b, qisa)) return;
+    if (path == PREFILL_QGEMM && !k_qgemm(y, ldy, x, N, w, b, k_qgemm_isa(w->dtype))) return;
     int tile = (int)((4u << 20) / ((size_t)in * sizeof(float)));
     tile = tile < 16 ? 16 : tile > out ? out : tile;
     float *buf = path == PREFILL_INT8 ? NULL : k_scratch(1, (size_t)tile * in * sizeof(float));

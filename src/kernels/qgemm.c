@@ -38,10 +38,7 @@ int k_qgemm_sub(tlm_dtype t) {
 
 int k_qgemm_covers(tlm_dtype t) { return k_qgemm_sub(t) != 0; }
 
-int k_qgemm_takes(tlm_dtype t) {
-    if (t == TLM_DTYPE_BF16) return k_isa() >= K_ISA_AVX512 && k_qgemm_bf16_ok();
-    return k_qgemm_isa(t) >= 0;
-}
+int k_qgemm_takes(tlm_dtype t) { return k_qgemm_isa(t) >= 0; }
 
 static inline uint32_t rd32(const uint8_t *p) {
     uint32_t v;
@@ -1086,8 +1083,10 @@ static int avx2_takes(tlm_dtype t) {
 #endif
 }
 
-/* The instruction set k_qgemm's block-type products run at on this CPU (TLM_ISA capped), or -1. */
+/* The instruction set k_qgemm runs the type at on this CPU (TLM_ISA capped), or -1. */
 int k_qgemm_isa(tlm_dtype t) {
+    if (t == TLM_DTYPE_BF16)
+        return k_isa() >= K_ISA_AVX512 && k_qgemm_bf16_ok() ? K_ISA_AVX512 : -1;
     if (!k_qgemm_covers(t)) return -1;
     if (k_isa() >= K_ISA_AVX512) return K_ISA_AVX512;
     if (k_isa() >= K_ISA_AVX2 && avx2_takes(t)) return K_ISA_AVX2;

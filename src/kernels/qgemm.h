@@ -24,8 +24,8 @@ int k_qgemm_covers(tlm_dtype t);
  * (weights up to 63: Q2_K to Q6_K, Q4_0 to Q5_1; with AVX-VNNI all of them); BF16 when the CPU
  * also has AVX512_BF16. */
 int k_qgemm_takes(tlm_dtype t);
-/* The instruction set to pass k_qgemm for a block type here (K_ISA_AVX512 or K_ISA_AVX2), or -1
- * where it takes none. */
+/* The instruction set to pass k_qgemm for a type here (K_ISA_AVX512 or K_ISA_AVX2), or -1 where
+ * it takes none (k_qgemm_takes). */
 int k_qgemm_isa(tlm_dtype t);
 /* 1 if K_ISA_AVX2's products run on AVX-VNNI's 256-bit vpdpbusd (the CPU has it, k_avxvnni, and
  * k_qgemm_avxvnni_enable has not turned it off): then every block type, Q8_0 and IQ4 included. */
