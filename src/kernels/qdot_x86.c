@@ -119,13 +119,6 @@ T2 static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-T2 static inline int hsum8i(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-    return _mm_cvtsi128_si32(s);
-}
-
 /* The byte shuffle's index pair that copies int16 lane j (j < 8) of a 128-bit half. */
 static inline short lane16(int j) { return (short)(0x0100 * (2 * j + 1) + 2 * j); }
 
@@ -404,7 +397,7 @@ T2 static inline AI float iq4xs_term_a2(const uint8_t *wb, const k_block_q8_k *x
         isum = _mm256_add_epi32(
             isum, _mm256_madd_epi16(p, _mm256_set1_epi16((short)(tlm_iq4xs_scale(j, wb) - 32))));
     }
-    return f16s(wb) * x->d * (float)hsum8i(isum);
+    return f16s(wb) * x->d * (float)k_hsum8i(isum);
 }
 
 T2 static void a2_iq4_xs(int n, float *s, const void *w, const void *xq) {
@@ -638,7 +631,7 @@ T2 static void a2_q6_k(int n, float *s, const void *w, const void *xq) {
                 isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, scv));
             }
         }
-        int total = hsum8i(isum) - q6k_offset(sc, x[b].bsums);
+        int total = k_hsum8i(isum) - q6k_offset(sc, x[b].bsums);
         r += x[b].d * f16s(wb + 208) * (float)total;
     }
     *s = r;
@@ -948,8 +941,8 @@ T2 static inline AI float q23k_term_a2(const uint8_t *wb, const k_block_q8_k *x,
         }
     }
     float d = x->d * f16s(wb + bytes - 2 - (three ? 0 : 2));
-    if (three) return d * (float)(hsum8i(isum) - hsum8i(off));
-    return d * (float)hsum8i(isum) - x->d * f16s(wb + bytes - 2) * (float)hsum8i(off);
+    if (three) return d * (float)(k_hsum8i(isum) - k_hsum8i(off));
+    return d * (float)k_hsum8i(isum) - x->d * f16s(wb + bytes - 2) * (float)k_hsum8i(off);
 }
 
 T2 static inline AI void a2_q23k(int n, float *s, const void *w, const void *xq, const int three) {
@@ -1240,7 +1233,7 @@ T5 static inline float q8_0_tail(float r, const uint8_t *wt, const tlm_block_q8_
     for (int bt = b; bt < nb; bt++, wt += 34) {
         __m256i p = dot_ss5y(_mm256_loadu_si256((const __m256i *)(wt + 2)),
                              _mm256_loadu_si256((const __m256i *)x[bt].qs));
-        r += (float)hsum8i(p) * (f16s(wt) * _cvtsh_ss(x[bt].d));
+        r += (float)k_hsum8i(p) * (f16s(wt) * _cvtsh_ss(x[bt].d));
     }
     return r;
 }
@@ -1252,7 +1245,7 @@ T5 static inline float q4_0_tail(float r, const uint8_t *wt, const tlm_block_q8_
         __m256i v = nl ? _mm256_shuffle_epi8(T, nibbles32(wt + 2))
                        : _mm256_sub_epi8(nibbles32(wt + 2), eight);
         __m256i p = dot_ss5y(v, _mm256_loadu_si256((const __m256i *)x[bt].qs));
-        r += (float)hsum8i(p) * (f16s(wt) * _cvtsh_ss(x[bt].d));
+        r += (float)k_hsum8i(p) * (f16s(wt) * _cvtsh_ss(x[bt].d));
     }
     return r;
 }
@@ -2056,7 +2049,7 @@ T2 static inline AI void w2one_q6_k(int n, float *s, const void *wv, size_t ws, 
                     isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, scv));
                 }
             }
-            acc[r] += x[b].d * f16s(wb + 208) * (float)hsum8i(isum);
+            acc[r] += x[b].d * f16s(wb + 208) * (float)k_hsum8i(isum);
         }
     }
     pf_upto(pf, &pfo, 4 * ws, far);
@@ -2395,7 +2388,7 @@ T2 static void act_q8_k_2(const float *x, void *xq, int n) {
                 _mm_storeu_si128(
                     (__m128i *)(void *)(y[b].qs + 16 * j),
                     _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1)));
-                y[b].bsums[j] = (int16_t)hsum8i(_mm256_add_epi32(q0, q1));
+                y[b].bsums[j] = (int16_t)k_hsum8i(_mm256_add_epi32(q0, q1));
             }
             y[b].d = 1.0f / iscale;
         }

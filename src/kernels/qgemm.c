@@ -861,12 +861,6 @@ T5 static int pack_avx512(const tlm_weight *w, int r0, uint8_t *q, float *s, flo
 
 /* ---- AVX2 (no VNNI) ---- */
 
-T2 static inline int hsum8i_qg(__m256i v) {
-    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
-    return _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1)));
-}
-
 /* The largest unsigned byte of the type's integer form, where AVX2's micro-kernel takes it; 0 where
  * it does not. maddubs multiplies unsigned weight bytes by the signed activation bytes (|x| <= 127)
  * and adds pairs into int16, saturating past 32767: weights up to 63 fit (2 * 63 * 127 = 16002).
@@ -953,10 +947,10 @@ T2 static void quantize_avx2(const float *x, int n, int sub, int8_t *q, float *d
         d[b] = dd;
         __m256i s0 = _mm256_add_epi32(qi[0], qi[1]), s1 = _mm256_add_epi32(qi[2], qi[3]);
         if (sub == 32) {
-            ds[b] = dd * (float)hsum8i_qg(_mm256_add_epi32(s0, s1));
+            ds[b] = dd * (float)k_hsum8i(_mm256_add_epi32(s0, s1));
         } else {
-            ds[2 * b] = dd * (float)hsum8i_qg(s0);
-            ds[2 * b + 1] = dd * (float)hsum8i_qg(s1);
+            ds[2 * b] = dd * (float)k_hsum8i(s0);
+            ds[2 * b + 1] = dd * (float)k_hsum8i(s1);
         }
     }
 }

@@ -21,6 +21,14 @@
     __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,"       \
                           "avx512bf16,avx2,fma,f16c")))
 
+/* The sum of a vector's eight int32 lanes. */
+T2 static inline int k_hsum8i(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
 /* A block of 32 floats to int8 as llama.cpp's x86 quantize_row_q8_0 rounds it (the float products
  * x * (127 / amax), each rounded to nearest even by vcvtps2dq): q[32] in element order, the four
  * vectors of int32 (for sums), and amax returned. The activation rows of decode (qdot_x86.c) and of
