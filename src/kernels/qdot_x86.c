@@ -217,17 +217,26 @@ static inline void pf_upto(const void *pf, size_t *o, size_t to, size_t far) {
 }
 
 /* The L2 prefetch's distance past the L1 one: four units (16 rows of ws bytes), for rows of more
- * than 256 columns on Intel's CPUs. There (2-vCPU Xeon, from memory: bench_matvec 1024 x 2816, one
- * thread, G bytes/s, medians of 5 alternating: Q4_K 11.3 -> 14.8, 8 units 14.8, 16 units 14.4;
- * prefetcht1 alone in place of the L1 prefetch 13.2-13.8) models read from memory decode 1.2-1.4x
- * faster (a 400M-parameter model, tok/s at one and two threads: Q4_K_M 55 -> 71 and 114 -> 140,
- * Q4_0 54 -> 75 and 125 -> 158, Q8_0 33 -> 44 and 64 -> 82), 110M's (partly in L3) 1.0-1.27x
- * (Q8_0 163 -> 208 and 366 -> 415, Q6_K 272 -> 296 and 549 -> 564, Q4_0 367 -> 391 and level).
- * Rows of 256 columns or fewer (15M's, which sit in L3 with the whole small model) lost 1-3% with
- * it (Q6_K 2418 -> 2376, 4000 -> 3896; Q8_0 1872 -> 1847, 3193 -> 3099) and keep the L1 prefetch
- * alone. Not measured on AMD's, which keep it alone too. */
-static inline size_t pf_far(int n, size_t ws) {
-    return cpu_amd || n <= K_PF_FAR_MIN_COLS ? 0 : K_PF_FAR_ROWS * ws;
+ * than 256 columns on Intel's CPUs, and with `short_too` for shorter ones as well. There (2-vCPU
+ * Xeon, from memory: bench_matvec 1024 x 2816, one thread, G bytes/s, medians of 5 alternating:
+ * Q4_K 11.3 -> 14.8, 8 units 14.8, 16 units 14.4; prefetcht1 alone in place of the L1 prefetch
+ * 13.2-13.8) models read from memory decode 1.2-1.4x faster (a 400M-parameter model, tok/s at one
+ * and two threads: Q4_K_M 55 -> 71 and 114 -> 140, Q4_0 54 -> 75 and 125 -> 158, Q8_0 33 -> 44 and
+ * 64 -> 82), 110M's (partly in L3) 1.0-1.27x (Q8_0 163 -> 208 and 366 -> 415, Q6_K 272 -> 296 and
+ * 549 -> 564, Q4_0 367 -> 391 and level).
+ * Rows of 256 columns (15M's, which sit in L3 with the whole small model): the L1 prefetch alone,
+ * a unit after next, is 1.1-1.2 KiB ahead, which the kernels reach before L3 answers; with the L2
+ * one the products run at their speed in L2 (bench_matvec 256 x 768 cycled through 3 MiB, one
+ * thread, G bytes/s: Q4_K 13.9 -> 22.2, Q6_K 20.7 -> 27.0, Q5_K 15.0 -> 22.2; in L2 alone 22.7 and
+ * 28.9). Whole decodes, 15M tg64, medians of 5 alternating, one and two threads, tok/s: Q4_K_M 2430
+ * -> 2594 and 4045 -> 4173, Q4_0 2358 -> 2580 and 4050 -> 4259, Q6_K 2201 -> 2331 and 3860 ->
+ * 3951; those kernels take it (short_too). Q8_0, F16 and BF16 were level; IQ4_NL (Q4_0's kernel)
+ * 2530 -> 2498, Q5_K_M (Q4_K's) 2421 -> 2381, Q3_K_M 2404 -> 2350 and IQ4_XS 2442 -> 2391 lost
+ * at one thread, and those keep the L1 prefetch alone there (the difference between a type and
+ * its kernel's other type was not found). AVX2's kernels and AMD's CPUs: not measured, as before.
+ */
+static inline size_t pf_far(int n, size_t ws, int short_too) {
+    return cpu_amd || (n <= K_PF_FAR_MIN_COLS && !short_too) ? 0 : K_PF_FAR_ROWS * ws;
 }
 
 /* ---- F16, BF16 ------------------------------------------------------------------------------ */
@@ -329,7 +338,7 @@ T5BF static inline AI void w4one_bf16(int n, float *s, const void *w, size_t ws,
         s0[r] = s1[r] = _mm512_setzero_ps();
     }
     int i = 0;
-    size_t pfo = 0, far = pf_far(n, ws);
+    size_t pfo = 0, far = pf_far(n, ws, 0);
     for (; i + 64 <= n; i += 64) {
         pf_upto(pf, &pfo, 4 * 2 * (size_t)(i + 64), far);
         __m512bh x0 = (__m512bh)_mm512_loadu_si512(x + 2 * i);
@@ -1377,7 +1386,7 @@ T5 static inline AI void w4one_q4nl(int n, float *s, const void *w, size_t ws, c
     int nb = n / TLM_QK, b = 0;
     __m512 acc[4];
     for (int r = 0; r < 4; r++) acc[r] = _mm512_setzero_ps();
-    size_t pfo = 0, far = pf_far(n, ws);
+    size_t pfo = 0, far = pf_far(n, ws, !nl);
     for (; b + 4 <= nb; b += 4, g += K_ACT_NIB_BYTES) {
         pf_upto(pf, &pfo, 4 * 18 * (size_t)(b + 4), far);
         __m512 dx = q4_0_dx(ad + b);
@@ -1418,7 +1427,7 @@ T5 static inline AI void w4one_q8_0(int n, float *s, const void *wv, size_t ws, 
     const __m512i i23 = _mm512_add_epi32(i01, _mm512_set1_epi32(2));
     __m512 a0[4], a1[4];
     for (int r = 0; r < 4; r++) a0[r] = a1[r] = _mm512_setzero_ps();
-    size_t pfo = 0, far = pf_far(n, ws);
+    size_t pfo = 0, far = pf_far(n, ws, 0);
     for (; b + 4 <= nb; b += 4) {
         pf_upto(pf, &pfo, 4 * 34 * (size_t)(b + 4), far);
         __m128 dx = _mm_loadu_ps(ad + b);
@@ -1679,7 +1688,7 @@ T5 static inline AI void w4_q45k(int n, float *s, const void *w, size_t ws, cons
     accm[0] = accm[1] = _mm512_setzero_ps();
     int nb = n / TLM_QK_K;
     __m512i v = q4k_heads(wb, ws);
-    size_t pfo = 0, far = pf_far(n, ws);
+    size_t pfo = 0, far = pf_far(n, ws, !five);
     for (int b = 0; b < nb; b++) {
         pf_upto(pf, &pfo, 4 * bb * (size_t)(b + 1), far);
         const uint8_t *p = wb + b * bb;
@@ -1815,7 +1824,7 @@ T5 static inline AI void w4one_q6_k(int n, float *s, const void *w, size_t ws, c
     const uint8_t *wb = w;
     __m256 acc[4];
     for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_ps();
-    size_t pfo = 0, far = pf_far(n, ws);
+    size_t pfo = 0, far = pf_far(n, ws, 1);
     for (int b = 0; b < n / TLM_QK_K; b++) {
         pf_upto(pf, &pfo, 4 * sizeof(tlm_block_q6_k) * (size_t)(b + 1), far);
         const k_block_q8_k *x = (const k_block_q8_k *)xq + b;
@@ -1840,7 +1849,7 @@ T5 static inline AI void w4one_kb(int n, float *s, const void *w, size_t ws, con
                                            : sizeof(tlm_block_q2_k);
     __m256 acc[4];
     for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_ps();
-    size_t pfo = 0, far = pf_far(n, ws);
+    size_t pfo = 0, far = pf_far(n, ws, 0);
     for (int b = 0; b < n / TLM_QK_K; b++) {
         pf_upto(pf, &pfo, 4 * bytes * (size_t)(b + 1), far);
         const k_block_q8_k *x = (const k_block_q8_k *)xq + b;
@@ -1901,7 +1910,7 @@ T2 static inline AI void w2one_b32(int n, float *s, const void *wv, size_t ws, c
         _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)tlm_iq4nl_values));
     __m256 acc[4];
     for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_ps();
-    size_t pfo = 0, far = pf_far(n, ws);
+    size_t pfo = 0, far = pf_far(n, ws, 0);
     for (int b = 0; b < n / TLM_QK; b++) {
         pf_upto(pf, &pfo, 4 * bb * (size_t)(b + 1), far);
         __m256i xv = _mm256_loadu_si256((const __m256i *)x[b].qs);
@@ -1939,7 +1948,7 @@ T2V static inline AI void w2vone_b32(int n, float *s, const void *wv, size_t ws,
         _mm256_set1_epi8((char)0x80));
     __m256 acc[4];
     for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_ps();
-    size_t pfo = 0, far = pf_far(n, ws);
+    size_t pfo = 0, far = pf_far(n, ws, 0);
     for (int b = 0; b < n / TLM_QK; b++) {
         pf_upto(pf, &pfo, 4 * bb * (size_t)(b + 1), far);
         __m256i xv = _mm256_loadu_si256((const __m256i *)x[b].qs);
@@ -1985,7 +1994,7 @@ T2 static inline AI void w2one_q45k(int n, float *s, const void *wv, size_t ws, 
     __m256 acc[4];
     float accm[4] = {0};
     for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_ps();
-    size_t pfo = 0, far = pf_far(n, ws);
+    size_t pfo = 0, far = pf_far(n, ws, 0);
     for (int b = 0; b < n / TLM_QK_K; b++) {
         pf_upto(pf, &pfo, 4 * bytes * (size_t)(b + 1), far);
         /* the activation's sums over each sub-block of 32 (pairs of its sums of 16) */
@@ -2026,7 +2035,7 @@ T2 static inline AI void w2one_q6_k(int n, float *s, const void *wv, size_t ws, 
     const uint8_t *w = wv;
     const k_block_q8_k *x = xqv;
     float acc[4] = {0};
-    size_t pfo = 0, far = pf_far(n, ws);
+    size_t pfo = 0, far = pf_far(n, ws, 0);
     for (int b = 0; b < n / TLM_QK_K; b++) {
         pf_upto(pf, &pfo, 4 * sizeof(tlm_block_q6_k) * (size_t)(b + 1), far);
         __m256i bs = _mm256_loadu_si256((const __m256i *)x[b].bsums);
@@ -2102,7 +2111,7 @@ T2 static inline AI void w2one_kb(int n, float *s, const void *wv, size_t ws, co
                    : kind == KB_Q3_K ? sizeof(tlm_block_q3_k)
                                      : sizeof(tlm_block_iq4_xs);
     float acc[4] = {0};
-    size_t pfo = 0, far = pf_far(n, ws);
+    size_t pfo = 0, far = pf_far(n, ws, 0);
     for (int b = 0; b < n / TLM_QK_K; b++) {
         pf_upto(pf, &pfo, 4 * bytes * (size_t)(b + 1), far);
         for (int r = 0; r < 4; r++) {
