@@ -224,16 +224,19 @@ static inline void pf_upto(const void *pf, size_t *o, size_t to, size_t far) {
  * and two threads: Q4_K_M 55 -> 71 and 114 -> 140, Q4_0 54 -> 75 and 125 -> 158, Q8_0 33 -> 44 and
  * 64 -> 82), 110M's (partly in L3) 1.0-1.27x (Q8_0 163 -> 208 and 366 -> 415, Q6_K 272 -> 296 and
  * 549 -> 564, Q4_0 367 -> 391 and level).
- * Rows of 256 columns (15M's, which sit in L3 with the whole small model): the L1 prefetch alone,
- * a unit after next, is 1.1-1.2 KiB ahead, which the kernels reach before L3 answers; with the L2
- * one the products run at their speed in L2 (bench_matvec 256 x 768 cycled through 3 MiB, one
- * thread, G bytes/s: Q4_K 13.9 -> 22.2, Q6_K 20.7 -> 27.0, Q5_K 15.0 -> 22.2; in L2 alone 22.7 and
- * 28.9). Whole decodes, 15M tg64, medians of 5 alternating, one and two threads, tok/s: Q4_K_M 2430
- * -> 2594 and 4045 -> 4173, Q4_0 2358 -> 2580 and 4050 -> 4259, Q6_K 2201 -> 2331 and 3860 ->
- * 3951; those kernels take it (short_too). Q8_0, F16 and BF16 were level; IQ4_NL (Q4_0's kernel)
- * 2530 -> 2498, Q5_K_M (Q4_K's) 2421 -> 2381, Q3_K_M 2404 -> 2350 and IQ4_XS 2442 -> 2391 lost
- * at one thread, and those keep the L1 prefetch alone there (the difference between a type and
- * its kernel's other type was not found). AVX2's kernels and AMD's CPUs: not measured, as before.
+ * Rows of 256 columns (15M's, which sit in L3 with the whole small model): the L1 prefetch alone, a
+ * unit after next, is 1.1-1.2 KiB ahead, which the kernels reach before L3 answers; with the L2 one
+ * the products run at their speed in L2 (bench_matvec 256 x 768 cycled through 3 MiB, one thread, G
+ * bytes/s: Q4_K 13.9 -> 22.2, Q6_K 20.7 -> 27.0, Q5_K 15.0 -> 22.2; in L2 alone 22.7 and 28.9).
+ * Those figures are this VM's L3 in its slow phase (from run to run it has two speeds); in its fast
+ * one the products read 22.6 and 28.4 without the L2 prefetch and level with it, and so did whole
+ * decodes. Whole decodes in the slow phase, 15M tg64, medians of 5 alternating, one and two
+ * threads, tok/s: Q4_K_M 2430 -> 2594 and 4045 -> 4173, Q4_0 2358 -> 2580 and 4050 -> 4259, Q6_K
+ * 2201 -> 2331 and 3860 -> 3951; those kernels take it (short_too). Q8_0, F16 and BF16 were level;
+ * IQ4_NL (Q4_0's kernel) 2530 -> 2498, Q5_K_M (Q4_K's) 2421 -> 2381, Q3_K_M 2404 -> 2350 and IQ4_XS
+ * 2442 -> 2391 lost at one thread, and those keep the L1 prefetch alone there (the difference
+ * between a type and its kernel's other type was not found). AVX2's kernels and AMD's CPUs: not
+ * measured, as before.
  */
 static inline size_t pf_far(int n, size_t ws, int short_too) {
     return cpu_amd || (n <= K_PF_FAR_MIN_COLS && !short_too) ? 0 : K_PF_FAR_ROWS * ws;
