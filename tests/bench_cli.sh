@@ -94,6 +94,8 @@ expect "bad depth" grep -q "bench: -d wants depths" <<<"$(err -m "$M" -d x)"
 expect "no model" grep -q "bench: -m MODEL is required" <<<"$(err -p 8)"
 expect "bad list" grep -q "bench: -p wants counts" <<<"$(err -m "$M" -p 8,,x)"
 expect "zero threads" grep -q "bench: -t wants thread counts" <<<"$(err -m "$M" -t 0)"
+expect "Q8_0 cache on head size 8" grep -q "Q8_0 KV cache needs a head size that is a multiple of 32" \
+    <<<"$(err -m "$M" -p 0 -n 4 -r 1 --cache-type q8_0)"
 expect "beyond the context" grep -q "the model's context is 512" <<<"$(err -m "$M" -p 600)"
 expect "missing file" grep -q "bench" <<<"$(err -m /nonexistent.gguf)"
 expect "unknown option" grep -q "unknown option '--bogus'" <<<"$(err -m "$M" --bogus)"

@@ -15,10 +15,13 @@ expect() { # expect DESCRIPTION CONDITION...
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-# A tiny random tlm checkpoint (vocab 50, context 16), written without torch.
-python3 - "$tmp/tiny.safetensors" <<'EOF'
+# A tiny random tlm checkpoint (vocab 50, context 16), written without torch; the second argument
+# is its heads (4: head size 8; 1: head size 32, which a Q8_0 cache takes).
+tiny() {
+python3 - "$1" "$2" <<'EOF'
 import json, random, struct, sys
-cfg = {"vocab_size": 50, "context_length": 16, "d_model": 32, "n_layers": 2, "n_heads": 4}
+cfg = {"vocab_size": 50, "context_length": 16, "d_model": 32, "n_layers": 2,
+       "n_heads": int(sys.argv[2])}
 d, V, ff = 32, 50, 128  # swiglu d_ff: ceil(8*32/3)=86 -> 128
 shapes = [("token_embd.weight", (V, d))]
 for l in range(2):
@@ -49,6 +52,8 @@ h += b" " * (-len(h) % 8)
 with open(sys.argv[1], "wb") as f:
     f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 EOF
+}
+tiny "$tmp/tiny.safetensors" 4
 M=$tmp/tiny.safetensors
 
 $TLM generate --help | grep -q "usage: tlm generate" && ok || bad "--help"
@@ -111,7 +116,16 @@ one_line_error "bad top-p" "--top-p" -m "$M" --ids 1 --top-p 0
 one_line_error "bad -n" "-n wants" -m "$M" --ids 1 -n abc
 one_line_error "unknown flag" "unknown option" -m "$M" --ids 1 --frobnicate
 one_line_error "missing value" "needs a value" -m "$M" --ids
-one_line_error "bad cache type" "cache-type must be f16 or f32" -m "$M" --ids 1 --cache-type q8
+one_line_error "bad cache type" "cache-type must be f16, f32 or q8_0" -m "$M" --ids 1 --cache-type q8
+one_line_error "Q8_0 cache, head size 8" "multiple of 32" -m "$M" --ids 1 --print-ids --cache-type q8_0
+# a Q8_0 cache on head size 32
+tiny "$tmp/tiny1.safetensors" 1
+for ct in q8_0 f32; do
+    out=$($TLM generate -m "$tmp/tiny1.safetensors" --ids "1 2 3" -n 5 --temp 0 --print-ids -t 2 \
+        --cache-type $ct 2>"$tmp/err"); rc=$?
+    read -ra a <<<"$out"
+    expect "--cache-type $ct: prompt + 5 new ids ($out, $(cat "$tmp/err"))" test $rc -eq 0 -a ${#a[@]} -eq 8
+done
 
 # The pretrained llama2.c stories260K: greedy decoding gives llama2.c's documented story.
 if [[ -f $DATA/models/stories260K.bin && -f $DATA/models/tok512.bin ]]; then

@@ -1,19 +1,26 @@
 /* Generation: the KV-cache invariant (incremental decoding and every prefill/decode split give the
  * logits of one full forward pass) over every config variant, batched decoding, the limits of the
  * cache, the samplers' distributions (seeded chi-square tests) and the generation loop. The cache
- * tests run on an F32 cache (to 1e-5) and again on an F16 one (keys and values rounded to halves:
- * to TOL_F16, where a cache read or written wrong is off by far more). */
+ * tests run on an F32 cache (to 1e-5), again on an F16 one (keys and values rounded to halves:
+ * to TOL_F16, where a cache read or written wrong is off by far more), and on a Q8_0 one (to
+ * TOL_Q8_0), whose models have a head size of 32 (base_d 128 over 4 heads): its rows are whole
+ * blocks. What a Q8_0 cache stores is checked byte for byte against its reference quantizer. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/core.h"
 #include "harness.h"
+#include "kernels/qdot.h"
 #include "tlm.h"
 
 /* The cache type of the session tests (main runs them with each). */
 static tlm_dtype kv_type = TLM_DTYPE_F32;
 #define TOL_F16 2e-3
-#define TOL (kv_type == TLM_DTYPE_F16 ? TOL_F16 : 1e-5)
+#define TOL_Q8_0 2e-2
+#define TOL (kv_type == TLM_DTYPE_F16 ? TOL_F16 : kv_type == TLM_DTYPE_Q8_0 ? TOL_Q8_0 : 1e-5)
+/* The models' width where a variant does not set it: 32 (head size 8), or 128 (head size 32) for
+ * the Q8_0 cache. */
+static int base_d = 32;
 
 static tlm_status new_session(const tlm_model *m, int batch, int capacity, tlm_session **out) {
     tlm_session_opts o = {.batch = batch, .capacity = capacity, .kv_type = kv_type};
@@ -64,6 +71,8 @@ static const variant variants[] = {
     /* head size 32: decode attention takes k_attend_row where the CPU has AVX-512 (the others'
      * head sizes take the plain loops) */
     {"head size 32, GQA 4/2", "\"n_kv_heads\":2", 128, 4, 0},
+    /* a head size no vector kernel takes: the plain loops, over a widened F16 or Q8_0 cache */
+    {"head size 160", "", 320, 2, 0},
 };
 
 /* Base: vocab 97, context 24, d 32, 2 layers, 4 heads, plus the variant's fields. */
@@ -72,7 +81,7 @@ static tlm_model *make_model_v(const variant *v, uint64_t seed) {
     snprintf(buf, sizeof buf,
              "{\"vocab_size\":%d,\"context_length\":24,\"d_model\":%d,\"n_layers\":2,"
              "\"n_heads\":%d%s%s}",
-             v->vocab ? v->vocab : 97, v->d ? v->d : 32, v->heads ? v->heads : 4,
+             v->vocab ? v->vocab : 97, v->d ? v->d : base_d, v->heads ? v->heads : 4,
              v->json[0] ? "," : "", v->json);
     tlm_config c;
     tlm_model *m = NULL;
@@ -131,6 +140,10 @@ static void test_invariant(void) {
         CHECK(m != NULL, "%s: %s", variants[vi].name, tlm_last_error());
         if (!m) continue;
         const tlm_config *c = tlm_model_config(m);
+        if (kv_type == TLM_DTYPE_Q8_0 && (c->d_model / c->n_heads) % 32) {
+            tlm_model_free(m); /* a head size the Q8_0 cache refuses (test_kv_types) */
+            continue;
+        }
         int V = c->vocab_size, T = c->context_length;
         int32_t ids[64];
         random_ids(ids, T, V, 1000 + (uint64_t)vi);
@@ -170,7 +183,7 @@ static void test_long_prefill(void) {
     tlm_config_default(&c);
     c.vocab_size = 61;
     c.context_length = 300;
-    c.d_model = 32;
+    c.d_model = base_d;
     c.n_layers = 2;
     c.n_heads = 4;
     c.n_kv_heads = 2;
@@ -654,15 +667,21 @@ static void test_generate_loop(void) {
     tlm_model_free(m);
 }
 
-/* Cache types other than F32 and F16 are refused by name. */
+/* Cache types other than F32, F16 and Q8_0 are refused by name, and Q8_0 where a head's row would
+ * not be whole blocks (head size 8 here). */
 static void test_kv_types(void) {
     tlm_model *m = make_model("", 3);
     CHECK(m != NULL, "%s", tlm_last_error());
     if (!m) return;
     tlm_session *s = (tlm_session *)&s; /* not NULL: a refusal must set it to NULL */
-    tlm_session_opts o = {.batch = 1, .kv_type = TLM_DTYPE_Q8_0};
-    CHECK(tlm_session_new_opts(m, &o, &s) == TLM_ERR_ARG && s == NULL, "Q8_0 cache refused");
-    CHECK(strstr(tlm_last_error(), "Q8_0") != NULL, "error names the type: %s", tlm_last_error());
+    tlm_session_opts o = {.batch = 1, .kv_type = TLM_DTYPE_Q4_0};
+    CHECK(tlm_session_new_opts(m, &o, &s) == TLM_ERR_ARG && s == NULL, "Q4_0 cache refused");
+    CHECK(strstr(tlm_last_error(), "Q4_0") != NULL, "error names the type: %s", tlm_last_error());
+    s = (tlm_session *)&s;
+    o.kv_type = TLM_DTYPE_Q8_0;
+    CHECK(tlm_session_new_opts(m, &o, &s) == TLM_ERR_ARG && s == NULL, "Q8_0 with head size 8");
+    CHECK(strstr(tlm_last_error(), "multiple of 32") != NULL, "error says why: %s",
+          tlm_last_error());
     CHECK(tlm_session_new_opts(m, NULL, &s) == TLM_ERR_ARG, "NULL options");
     o.kv_type = TLM_DTYPE_F16;
     CHECK_OK(tlm_session_new_opts(m, &o, &s));
@@ -673,6 +692,58 @@ static void test_kv_types(void) {
     CHECK(tlm_session_kv_type(f) == TLM_DTYPE_F32, "tlm_session_new is F32");
     tlm_session_free(s);
     tlm_session_free(f);
+    tlm_model_free(m);
+}
+
+/* A Q8_0 cache holds what the reference of k_q8_0_blocks (llama.cpp's x86 quantize_row_q8_0, which
+ * its CPU backend stores a q8_0 cache with) makes of the keys and values an F32 cache holds: layer
+ * 0's, which both sessions
+ * compute from the same embeddings with the same kernels, compared through the saved prefixes
+ * (a prompt, then decode steps, so that both the prefill and the decode stores are seen). Its
+ * prefix takes 34 bytes per 32 elements. */
+static void test_q8_0_stores(void) {
+    variant v = {"", "\"n_kv_heads\":2", 128, 4, 0};
+    tlm_model *m = make_model_v(&v, 31);
+    CHECK(m != NULL, "%s", tlm_last_error());
+    if (!m) return;
+    const tlm_config *c = tlm_model_config(m);
+    int V = c->vocab_size, n = 9, hd = c->d_model / c->n_heads;
+    int32_t ids[9];
+    random_ids(ids, n, V, 32);
+    tlm_session *s[2] = {NULL, NULL};
+    void *buf[2] = {NULL, NULL};
+    for (int k = 0; k < 2; k++) {
+        tlm_session_opts o = {.batch = 1, .kv_type = k ? TLM_DTYPE_Q8_0 : TLM_DTYPE_F32};
+        CHECK_OK(tlm_session_new_opts(m, &o, &s[k]));
+        if (!s[k]) return;
+        CHECK_OK(tlm_prefill(s[k], 0, ids, 6, NULL, 0));
+        for (int i = 6; i < n; i++) CHECK_OK(tlm_decode_step(s[k], ids[i], NULL));
+        buf[k] = malloc(tlm_session_prefix_bytes(s[k], n));
+        CHECK_OK(tlm_session_save_prefix(s[k], 0, n, buf[k]));
+    }
+    CHECK(tlm_session_prefix_bytes(s[1], n) * 128 == tlm_session_prefix_bytes(s[0], n) * 34,
+          "Q8_0 prefix bytes %zu", tlm_session_prefix_bytes(s[1], n));
+    /* layer 0: keys then values, each kv head's n positions */
+    size_t elems = (size_t)2 * c->n_kv_heads * n * hd, qbytes = elems / 32 * 34;
+    uint8_t *want = malloc(qbytes);
+    k_q8_0_blocks_ref(buf[0], want, (int)elems);
+    CHECK(!memcmp(want, buf[1], qbytes),
+          "layer 0's Q8_0 keys and values differ from the reference");
+    /* and the cache is not the F32 one rounded some other way: a value widened back is off by at
+     * most half a step of its block's scale */
+    float *back = malloc(elems * sizeof *back);
+    tlm_dtype_to_f32(TLM_DTYPE_Q8_0, buf[1], back, elems);
+    double worst = 0;
+    for (size_t i = 0; i < elems; i++) worst = fmax(worst, fabs(back[i] - ((float *)buf[0])[i]));
+    CHECK(worst > 0 && worst < 0.05, "Q8_0 rounding %g", worst);
+    printf("Q8_0 cache: layer 0 stored as the reference quantizer's bytes (%zu), rounding %.2e\n",
+           qbytes, worst);
+    free(back);
+    free(want);
+    for (int k = 0; k < 2; k++) {
+        free(buf[k]);
+        tlm_session_free(s[k]);
+    }
     tlm_model_free(m);
 }
 
@@ -769,8 +840,10 @@ static void test_team_invariant(void) {
 int main(void) {
     tlm_set_threads(2);
     test_team_invariant();
-    for (int k = 0; k < 2; k++) {
-        kv_type = k ? TLM_DTYPE_F16 : TLM_DTYPE_F32;
+    static const tlm_dtype kv_types[] = {TLM_DTYPE_F32, TLM_DTYPE_F16, TLM_DTYPE_Q8_0};
+    for (int k = 0; k < 3; k++) {
+        kv_type = kv_types[k];
+        base_d = kv_type == TLM_DTYPE_Q8_0 ? 128 : 32;
         printf("---- %s cache ----\n", tlm_dtype_name(kv_type));
         test_invariant();
         test_long_prefill();
@@ -778,7 +851,9 @@ int main(void) {
         test_prefix_save_load();
         test_mixed_step();
     }
+    base_d = 32;
     test_kv_types();
+    test_q8_0_stores();
     test_f16_overflow();
     test_sampler_defaults();
     test_samplers();

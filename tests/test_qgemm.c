@@ -7,9 +7,10 @@
  * The vector kernel must equal the reference exactly (the same operations in the same order).
  * BF16 (vdpbf16ps on the weights as they are, activations rounded to BF16) against the exact sum
  * of the same BF16 values. The decode attention of one query over cached keys and values
- * (k_attend_row), on F32 and F16 caches, against softmax and the weighted sum in double; the F16
- * cache's row conversions against the scalar ones. Prefill's causal attention of a block of
- * queries (k_attend_causal) the same way, per query over the keys up to its position. */
+ * (k_attend_row), on F32, F16 and Q8_0 caches, against softmax and the weighted sum in double of
+ * the values the cache holds; the F16 cache's row conversions against the scalar ones. Prefill's
+ * causal attention of a block of queries (k_attend_causal) the same way, per query over the keys up
+ * to its position. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -293,17 +294,27 @@ static void check_fgemm(tlm_dtype t, int in, int out, int N) {
 }
 
 /* n cached key and value elements: every seventh key element eight times larger, so that scores
- * spread and the maximum's subtraction matters. With f16, halves in Kh and Vh, and K and V hold
- * the halves' values for the reference. */
-static void fill_cache(float *K, float *V, uint16_t *Kh, uint16_t *Vh, int n, int f16) {
+ * spread and the maximum's subtraction matters. The cache's rows of kind kv (K_KV_) in Kc and Vc
+ * (2 n bytes each, which a Q8_0 cache's 34 per 32 elements fit in), and K and V then hold the
+ * values it holds (halves', or Q8_0's blocks widened) for the reference. */
+static void fill_cache(float *K, float *V, void *Kc, void *Vc, int n, int kv) {
     for (int i = 0; i < n; i++) {
         K[i] = (2.0f * t_unif() - 1.0f) * (i % 7 == 0 ? 8.0f : 1.0f);
         V[i] = 2.0f * t_unif() - 1.0f;
-        if (f16) {
-            Kh[i] = tlm_f32_to_f16(K[i]), K[i] = tlm_f16_to_f32(Kh[i]);
-            Vh[i] = tlm_f32_to_f16(V[i]), V[i] = tlm_f16_to_f32(Vh[i]);
-        }
     }
+    if (kv == K_KV_F32) return;
+    tlm_dtype t = kv == K_KV_F16 ? TLM_DTYPE_F16 : TLM_DTYPE_Q8_0;
+    tlm_dtype_from_f32(t, K, Kc, (size_t)n);
+    tlm_dtype_from_f32(t, V, Vc, (size_t)n);
+    tlm_dtype_to_f32(t, Kc, K, (size_t)n);
+    tlm_dtype_to_f32(t, Vc, V, (size_t)n);
+}
+
+/* Head sizes the vector kernels take for a cache of kind kv: Q8_0 rows must be whole blocks. */
+static int attend_takes(int hd, int kv) {
+    if (k_isa() < K_ISA_AVX512) return 0;
+    if (kv == K_KV_Q8_0) return hd == 32 || hd == 64 || hd == 96 || hd == 128;
+    return hd == 32 || hd == 48 || hd == 64 || hd == 96 || hd == 128;
 }
 
 /* T consecutive queries at positions first..first+T-1 over the keys up to each one's own
@@ -312,26 +323,24 @@ static void fill_cache(float *K, float *V, uint16_t *Kh, uint16_t *Vh, int n, in
  * rows do; the outputs' gaps must stay untouched. T covers whole blocks of 8, 4 and 2 queries and
  * every tail, first a cache already holding keys; scratch is sized exactly as the header says, and
  * padded with NaN, which a read past what the kernel fills would carry into the outputs. */
-static void check_attend_causal(int hd, int T, int first, int f16) {
+static void check_attend_causal(int hd, int T, int first, int kv) {
     int S = first + T, ldq = hd + 5, ldo = hd + 3;
     size_t span = K_CAUSAL_SPAN(S);
     float *q = malloc(sizeof(float) * T * ldq), *K = malloc(sizeof(float) * S * hd);
     float *V = malloc(sizeof(float) * S * hd), *o = malloc(sizeof(float) * T * ldo);
     float *kt = malloc(sizeof(float) * hd * span), *p = malloc(sizeof(float) * 8 * span);
-    uint16_t *Kh = malloc(sizeof(uint16_t) * S * hd), *Vh = malloc(sizeof(uint16_t) * S * hd);
+    void *Kc = malloc(2 * (size_t)S * hd), *Vc = malloc(2 * (size_t)S * hd);
     double *ref = malloc(sizeof(double) * S);
     for (size_t i = 0; i < hd * span; i++) kt[i] = NAN;
     for (size_t i = 0; i < 8 * span; i++) p[i] = NAN;
     for (int i = 0; i < T * ldo; i++) o[i] = 7.0f;
     for (int i = 0; i < T * ldq; i++) q[i] = 2.0f * t_unif() - 1.0f;
-    fill_cache(K, V, Kh, Vh, S * hd, f16);
+    fill_cache(K, V, Kc, Vc, S * hd, kv);
     float scale = 1.0f / sqrtf((float)hd);
-    int ok = k_attend_causal(q, (size_t)ldq, f16 ? (const void *)Kh : K, f16 ? (const void *)Vh : V,
-                             f16, T, first, hd, scale, kt, p, o, (size_t)ldo);
-    int want =
-        k_isa() >= K_ISA_AVX512 && (hd == 32 || hd == 48 || hd == 64 || hd == 96 || hd == 128);
-    CHECK(ok == (want ? 0 : -1), "attend_causal hd=%d T=%d first=%d f16=%d: %s", hd, T, first, f16,
-          ok ? "refused" : "taken");
+    int ok = k_attend_causal(q, (size_t)ldq, kv ? Kc : K, kv ? Vc : V, kv, T, first, hd, scale, kt,
+                             p, o, (size_t)ldo);
+    CHECK(ok == (attend_takes(hd, kv) ? 0 : -1), "attend_causal hd=%d T=%d first=%d kv=%d: %s", hd,
+          T, first, kv, ok ? "refused" : "taken");
     if (!ok) {
         double worst = 0.0;
         int gaps = 0;
@@ -355,33 +364,29 @@ static void check_attend_causal(int hd, int T, int first, int f16) {
         }
         /* float scores and sums over up to 200 keys with elements up to 8: rounding of up to
          * about 2e-5 seen; a wrong mask or block shifts outputs by 1e-2 or more */
-        CHECK(worst <= 4e-5,
-              "attend_causal hd=%d T=%d first=%d f16=%d: %g from the exact attention", hd, T, first,
-              f16, worst);
+        CHECK(worst <= 4e-5, "attend_causal hd=%d T=%d first=%d kv=%d: %g from the exact attention",
+              hd, T, first, kv, worst);
         CHECK(!gaps, "attend_causal hd=%d T=%d first=%d: %d values written between rows", hd, T,
               first, gaps);
     }
-    free(q), free(K), free(V), free(o), free(kt), free(p), free(Kh), free(Vh), free(ref);
+    free(q), free(K), free(V), free(o), free(kt), free(p), free(Kc), free(Vc), free(ref);
 }
 
 /* One query over S keys of head size hd: the softmax weights and output in double. Every seventh
  * key value is eight times larger, so that scores spread and the maximum's subtraction matters,
  * and the S cover every count of keys left over from the groups of 4 and 2. */
-/* The cache in F32 or, with f16, in halves: the reference then takes the halves' values. */
-static void check_attend_row(int hd, int S, int f16) {
+/* The cache in F32, halves or Q8_0 blocks (kv): the reference takes the values the cache holds. */
+static void check_attend_row(int hd, int S, int kv) {
     float *q = malloc(sizeof(float) * hd), *K = malloc(sizeof(float) * S * hd);
     float *V = malloc(sizeof(float) * S * hd), *p = malloc(sizeof(float) * S);
-    uint16_t *Kh = malloc(sizeof(uint16_t) * S * hd), *Vh = malloc(sizeof(uint16_t) * S * hd);
+    void *Kc = malloc(2 * (size_t)S * hd), *Vc = malloc(2 * (size_t)S * hd);
     float o[128];
     double *ref = calloc((size_t)S, sizeof(double));
     for (int i = 0; i < hd; i++) q[i] = 2.0f * t_unif() - 1.0f;
-    fill_cache(K, V, Kh, Vh, S * hd, f16);
+    fill_cache(K, V, Kc, Vc, S * hd, kv);
     float scale = 1.0f / sqrtf((float)hd);
-    int ok = f16 ? k_attend_row(q, Kh, Vh, 1, S, hd, scale, p, o)
-                 : k_attend_row(q, K, V, 0, S, hd, scale, p, o);
-    int want =
-        k_isa() >= K_ISA_AVX512 && (hd == 32 || hd == 48 || hd == 64 || hd == 96 || hd == 128);
-    CHECK(ok == (want ? 0 : -1), "attend_row hd=%d S=%d f16=%d: %s", hd, S, f16,
+    int ok = k_attend_row(q, kv ? Kc : K, kv ? Vc : V, kv, S, hd, scale, p, o);
+    CHECK(ok == (attend_takes(hd, kv) ? 0 : -1), "attend_row hd=%d S=%d kv=%d: %s", hd, S, kv,
           ok ? "refused" : "taken");
     if (!ok) {
         double mx = -INFINITY, sum = 0.0, worst = 0.0;
@@ -398,10 +403,30 @@ static void check_attend_row(int hd, int S, int f16) {
             worst = fmax(worst, fabs(e - o[i]));
         }
         /* the float sums of the scores carry rounding of a few 1e-7 into each weight's exp */
-        CHECK(worst <= 1e-5, "attend_row hd=%d S=%d f16=%d: %g from the exact attention", hd, S,
-              f16, worst);
+        CHECK(worst <= 1e-5, "attend_row hd=%d S=%d kv=%d: %g from the exact attention", hd, S, kv,
+              worst);
     }
-    free(q), free(K), free(V), free(p), free(ref), free(Kh), free(Vh);
+    free(q), free(K), free(V), free(p), free(ref), free(Kc), free(Vc);
+}
+
+/* k_q8_0_blocks (a Q8_0 KV cache's stores) gives its reference's bytes: random rows of every
+ * magnitude, a block of zeros, a block whose products x * 127 / amax fall on ties (x.5, which round
+ * to even, where roundf would round away from zero), and a negative maximum. */
+static void check_q8_0_blocks(void) {
+    enum { N = 32 * 40 };
+    float *x = malloc(sizeof(float) * N);
+    uint8_t *a = malloc(N / 32 * 34), *b = malloc(N / 32 * 34);
+    for (int i = 0; i < N; i++)
+        x[i] = (2.0f * t_unif() - 1.0f) * ldexpf(1.0f, (int)(t_unif() * 30.0f) - 15);
+    for (int i = 0; i < 32; i++) x[32 + i] = 0.0f;
+    for (int i = 0; i < 32; i++) x[64 + i] = i == 0 ? 127.0f : (float)(i % 16) + 0.5f;
+    for (int i = 0; i < 32; i++) x[96 + i] = i == 5 ? -127.0f : -(float)(i % 9) - 0.5f;
+    k_q8_0_blocks(x, a, N);
+    k_q8_0_blocks_ref(x, b, N);
+    CHECK(!memcmp(a, b, N / 32 * 34), "k_q8_0_blocks differs from its reference");
+    CHECK(a[34 + 2] == 0 && a[34] == 0 && a[35] == 0, "a block of zeros");
+    CHECK((int8_t)a[68 + 2 + 1] == 2 && (int8_t)a[68 + 2 + 2] == 2, "1.5 and 2.5 round to 2");
+    free(x), free(a), free(b);
 }
 
 /* k_narrow_row / k_widen_row on F16 (the cache's stores and loads) give tlm_f32_to_f16's and
@@ -498,15 +523,15 @@ int main(void) {
     static const int Ss[] = {1, 2, 3, 4, 5, 7, 16, 17, 33, 100};
     for (int a = 0; a < 6; a++)
         for (int c = 0; c < 10; c++)
-            for (int f16 = 0; f16 < 2; f16++) check_attend_row(hds[a], Ss[c], f16);
+            for (int kv = 0; kv < 3; kv++) check_attend_row(hds[a], Ss[c], kv);
     static const int Ts[] = {1, 2, 3, 7, 8, 9, 17, 40, 130};
     static const int firsts[] = {0, 1, 15, 70};
     for (int a = 0; a < 6; a++)
         for (int c = 0; c < 9; c++)
             for (int f = 0; f < 4; f++)
-                for (int f16 = 0; f16 < 2; f16++)
-                    check_attend_causal(hds[a], Ts[c], firsts[f], f16);
+                for (int kv = 0; kv < 3; kv++) check_attend_causal(hds[a], Ts[c], firsts[f], kv);
     check_f16_rows();
+    check_q8_0_blocks();
     CHECK(k_fgemm(NULL, 1, NULL, 9, &(tlm_weight){.dtype = TLM_DTYPE_BF16, .cols = 4}, NULL) == -1,
           "fgemm refuses BF16");
     CHECK(k_qgemm(NULL, 1, NULL, 9, &(tlm_weight){.dtype = TLM_DTYPE_BF16, .cols = 3}, NULL,

@@ -58,10 +58,14 @@ int cli_read_mode(const char *path, int mode);
     "                        of F32, faster decode, prompts on vdpbf16ps); fp32: BF16 matrices\n"  \
     "                        widened to F32 at load (exact fp32 products)\n"
 #define CLI_CACHE_TYPE_HELP                                                                        \
-    "  --cache-type T        f16 (default, as llama.cpp's) or f32: the type of the KV cache's\n"   \
-    "                        keys and values (f16: half the memory and the attention traffic)\n"
-/* "f16" or "f32" (any case) into *t; else prints an error naming cmd and returns 0. */
+    "  --cache-type T        f16 (default, as llama.cpp's), q8_0 or f32: the type of the KV\n"     \
+    "                        cache's keys and values (f16: half the memory and the attention\n"    \
+    "                        traffic of f32; q8_0: about half of f16's, for a head size that\n"    \
+    "                        is a multiple of 32, as llama.cpp's -ctk q8_0 -ctv q8_0)\n"
+/* "f16", "f32" or "q8_0" (any case) into *t; else prints an error naming cmd and returns 0. */
 int cli_cache_type(const char *cmd, const char *v, tlm_dtype *t);
+/* The name cli_cache_type reads for t. */
+const char *cli_cache_type_name(tlm_dtype t);
 /* Monotonic seconds. */
 double cli_now(void);
 /* True if argv contains -h or --help. */

@@ -33,7 +33,7 @@ static const char *bench_help =
     "                         default, as tlm serve does, where it takes at most half the\n"
     "                         memory available; json: use_mmap)\n"
     "  --precision P          auto, fp32 or bf16: the type of the products (as tlm generate)\n"
-    "  --cache-type T         f16 (default) or f32: the KV cache's type (as tlm generate)\n";
+    "  --cache-type T         f16 (default), f32 or q8_0: the KV cache's type (as tlm generate)\n";
 
 #define MAX_LIST 16
 
@@ -213,12 +213,14 @@ int cmd_bench(int argc, char **argv) {
         cli_fail("bench: out of memory");
         goto done;
     }
+    /* a cache type other than the default gets llama-bench's type_k and type_v columns */
+    int kvcols = cache_type != TLM_DTYPE_F16;
     if (!json) {
-        printf("| %-24s | %10s | %8s | %7s | %5s | %16s | %20s |\n", "model", "size", "params",
-               "threads", "batch", "test", "t/s");
-        printf("| %.24s | %.10s | %.8s | %.7s | %.5s | %.16s | %.20s |\n",
+        printf("| %-24s | %10s | %8s | %7s | %5s |%s %16s | %20s |\n", "model", "size", "params",
+               "threads", "batch", kvcols ? " type_k | type_v |" : "", "test", "t/s");
+        printf("| %.24s | %.10s | %.8s | %.7s | %.5s |%s %.16s | %.20s |\n",
                "-------------------------", "-----------", "---------", "--------", "------",
-               "-----------------", "---------------------");
+               kvcols ? " -----: | -----: |" : "", "-----------------", "---------------------");
         fflush(stdout);
     }
     for (int ti_ = 0; ti_ < n_th; ti_++) {
@@ -272,7 +274,7 @@ int cmd_bench(int argc, char **argv) {
                         cJSON_AddNumberToObject(o, "n_threads", threads);
                         cJSON_AddNumberToObject(o, "n_batch_seqs", B);
                         /* llama-bench's names for the cache's types */
-                        const char *ct = cache_type == TLM_DTYPE_F16 ? "f16" : "f32";
+                        const char *ct = cli_cache_type_name(cache_type);
                         cJSON_AddStringToObject(o, "type_k", ct);
                         cJSON_AddStringToObject(o, "type_v", ct);
                         cJSON_AddBoolToObject(o, "use_mmap", !read);
@@ -291,8 +293,12 @@ int cmd_bench(int argc, char **argv) {
                         snprintf(size, sizeof size, "%.2f MiB", bytes / 1048576.0);
                         snprintf(np, sizeof np, "%.2f M", params / 1e6);
                         snprintf(ts, sizeof ts, "%.2f ± %.2f", mean, sd);
-                        printf("| %-24.24s | %10s | %8s | %7d | %5d | %16s | %20s |\n",
-                               base_name(model_path), size, np, threads, B, test, ts);
+                        char kv[40] = "";
+                        if (kvcols)
+                            snprintf(kv, sizeof kv, " %6s | %6s |", cli_cache_type_name(cache_type),
+                                     cli_cache_type_name(cache_type));
+                        printf("| %-24.24s | %10s | %8s | %7d | %5d |%s %16s | %20s |\n",
+                               base_name(model_path), size, np, threads, B, kv, test, ts);
                         fflush(stdout);
                     }
                 }

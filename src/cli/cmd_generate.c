@@ -13,7 +13,7 @@ static const char *generate_help =
     "                    [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
     "                    [--presence-penalty X] [--frequency-penalty X] [--repeat-last-n N]\n"
     "                    [--seed S] [-t THREADS] [--print-ids] [--mmap|--no-mmap]\n"
-    "                    [--precision auto|fp32|bf16] [--cache-type f16|f32]\n"
+    "                    [--precision auto|fp32|bf16] [--cache-type f16|f32|q8_0]\n"
     "\n"
     "Samples a continuation of the prompt and streams it to stdout (the prompt first, then the\n"
     "new text, never half a UTF-8 character). Timings go to stderr at the end.\n\n"

@@ -26,7 +26,7 @@ static const char *serve_help =
     "usage: tlm serve -m MODEL [-z TOKENIZER] [--host 127.0.0.1] [--port 8080] [--parallel N]\n"
     "                 [--ctx T] [--api-key KEY] [-t THREADS] [--chat-template NAME]\n"
     "                 [--queue N] [--max-body BYTES] [--precision auto|fp32|bf16]\n"
-    "                 [--cache-type f16|f32] [--mmap|--no-mmap]\n"
+    "                 [--cache-type f16|f32|q8_0] [--mmap|--no-mmap]\n"
     "\n"
     "Serves the OpenAI API (POST /v1/completions, /v1/chat/completions, GET /v1/models) plus\n"
     "/health, /metrics (Prometheus), /tokenize, /detokenize and a chat page at /.\n\n"
@@ -799,8 +799,7 @@ int cmd_serve(int argc, char **argv) {
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
     /* llama-server reports its cache's size at start-up too */
     printf("tlm serve: %s, %d slots of %d positions, KV cache %s (%.1f MiB), chat template %s\n",
-           sv.model_id, sv.parallel, sv.ctx,
-           srv_sched_kv_type(sv.sched) == TLM_DTYPE_F16 ? "f16" : "f32",
+           sv.model_id, sv.parallel, sv.ctx, cli_cache_type_name(srv_sched_kv_type(sv.sched)),
            (double)srv_sched_kv_bytes(sv.sched) / 1048576.0, srv_template_name(sv.tpl));
     printf("listening on http://%s:%u/\n", host, di ? di->port : (unsigned)port);
     fflush(stdout);

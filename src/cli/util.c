@@ -96,13 +96,21 @@ double cli_now(void) {
 }
 
 int cli_cache_type(const char *cmd, const char *v, tlm_dtype *t) {
-    int f16 = v && !strcasecmp(v, "f16");
-    if (f16 || (v && !strcasecmp(v, "f32"))) {
-        *t = f16 ? TLM_DTYPE_F16 : TLM_DTYPE_F32;
-        return 1;
-    }
-    fprintf(stderr, "tlm: %s: --cache-type must be f16 or f32 (got '%s')\n", cmd, v ? v : "");
+    static const struct {
+        const char *name;
+        tlm_dtype t;
+    } types[] = {{"f16", TLM_DTYPE_F16}, {"f32", TLM_DTYPE_F32}, {"q8_0", TLM_DTYPE_Q8_0}};
+    for (size_t i = 0; v && i < sizeof types / sizeof types[0]; i++)
+        if (!strcasecmp(v, types[i].name)) {
+            *t = types[i].t;
+            return 1;
+        }
+    fprintf(stderr, "tlm: %s: --cache-type must be f16, f32 or q8_0 (got '%s')\n", cmd, v ? v : "");
     return 0;
+}
+
+const char *cli_cache_type_name(tlm_dtype t) {
+    return t == TLM_DTYPE_F16 ? "f16" : t == TLM_DTYPE_Q8_0 ? "q8_0" : "f32";
 }
 
 /* Bytes the kernel says could be given to a process now without swapping (0: unknown). */

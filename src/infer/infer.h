@@ -13,14 +13,17 @@ struct tlm_session {
     int *len; /* [B] cached positions per sequence */
 
     /* Cache layout: [layer][seq][K|V][kv_head][cap][hd]. Each kv head's keys are contiguous, so
-     * prefill attention is two sgemm calls per head and decode reads one stream per head. The
-     * elements are floats or, with kv_f16, IEEE halves (infer_kv_elt bytes each). */
+     * prefill attention is two sgemm calls per head and decode reads one stream per head. A
+     * position's hd elements (kv_row bytes) are floats, IEEE halves or Q8_0 blocks (kv_type;
+     * kv_kind is the same as the attention kernels name it, a K_KV_). */
     void *kv;
     size_t kv_bytes;
-    size_t head_stride; /* cap * hd elements */
-    int kv_f16;
-    /* An F16 cache's keys and values widened for the matrix products of prefill attention (and
-     * the plain decode loops): one [2, cap, hd] block per thread. */
+    size_t head_stride; /* cap * kv_row bytes */
+    size_t kv_row;
+    tlm_dtype kv_type;
+    int kv_kind;
+    /* An F16 or Q8_0 cache's keys and values widened for the matrix products of prefill attention
+     * (and the plain decode loops): one [2, cap, hd] block per thread. */
     float *wide;
     size_t wide_floats;
 
@@ -50,16 +53,12 @@ struct tlm_session {
     infer_share share; /* decode steps on one thread while the cores look shared (share.c) */
 };
 
-static inline size_t infer_kv_elt(const struct tlm_session *s) {
-    return s->kv_f16 ? sizeof(uint16_t) : sizeof(float);
-}
-
 /* One cached head: positions [0, cap) of one kv head of one sequence in one layer, keys (kv 0)
  * or values (kv 1). */
 static inline void *infer_cache(const struct tlm_session *s, int l, int b, int kv, int kvh) {
     size_t kvhs = (size_t)s->m->c.n_kv_heads;
-    return (char *)s->kv + ((((size_t)l * s->B + b) * 2 + (size_t)kv) * kvhs + (size_t)kvh) *
-                               s->head_stride * infer_kv_elt(s);
+    return (char *)s->kv +
+           ((((size_t)l * s->B + b) * 2 + (size_t)kv) * kvhs + (size_t)kvh) * s->head_stride;
 }
 
 #endif

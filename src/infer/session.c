@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/dtype.h"
+#include "core/quant.h"
 #include "infer/infer.h"
 #include "kernels/fastmath.h"
 #include "kernels/kernels.h"
@@ -88,7 +90,7 @@ static tlm_status reserve_scores(tlm_session *s, size_t floats) {
  * attention and the plain decode loops, or the transposed keys of k_attend_causal. */
 static size_t wide_block(const tlm_session *s) {
     size_t hd = (size_t)(s->m->c.d_model / s->m->c.n_heads), kt = hd * K_CAUSAL_SPAN(s->cap);
-    size_t two = s->kv_f16 ? 2 * (size_t)s->cap * hd : 0;
+    size_t two = s->kv_kind != K_KV_F32 ? 2 * (size_t)s->cap * hd : 0;
     return kt > two ? kt : two;
 }
 
@@ -117,9 +119,16 @@ tlm_status tlm_session_new_opts(const tlm_model *m, const tlm_session_opts *o, t
     if (!m || !o) return tlm_err(TLM_ERR_ARG, "session: model and options must not be NULL");
     const tlm_config *c = &m->c;
     int batch = o->batch, capacity = o->capacity;
-    if (o->kv_type != TLM_DTYPE_F32 && o->kv_type != TLM_DTYPE_F16)
-        return tlm_err(TLM_ERR_ARG, "session: KV cache type %s (supported: F32, F16)",
+    size_t hd = (size_t)(c->d_model / c->n_heads);
+    if (o->kv_type != TLM_DTYPE_F32 && o->kv_type != TLM_DTYPE_F16 && o->kv_type != TLM_DTYPE_Q8_0)
+        return tlm_err(TLM_ERR_ARG, "session: KV cache type %s (supported: F32, F16, Q8_0)",
                        tlm_dtype_name(o->kv_type));
+    /* a cached row (one position of one head) is whole blocks, as llama.cpp also requires */
+    if (o->kv_type == TLM_DTYPE_Q8_0 && hd % TLM_QK)
+        return tlm_err(TLM_ERR_ARG,
+                       "session: a Q8_0 KV cache needs a head size that is a multiple of %d "
+                       "(this model's is %zu); use F16 or F32",
+                       TLM_QK, hd);
     if (batch <= 0) return tlm_err(TLM_ERR_ARG, "session: batch %d must be positive", batch);
     if (capacity <= 0) capacity = c->context_length;
     if (capacity > c->context_length)
@@ -130,14 +139,16 @@ tlm_status tlm_session_new_opts(const tlm_model *m, const tlm_session_opts *o, t
     s->m = m;
     s->B = batch;
     s->cap = capacity;
-    s->kv_f16 = o->kv_type == TLM_DTYPE_F16;
-    size_t hd = (size_t)(c->d_model / c->n_heads);
-    s->head_stride = (size_t)capacity * hd;
-    size_t kv_floats = 0;
-    int ok =
-        tlm_mul_ok((size_t)c->n_layers * 2 * (size_t)c->n_kv_heads, (size_t)batch, &kv_floats) &&
-        tlm_mul_ok(kv_floats, s->head_stride, &kv_floats) &&
-        tlm_mul_ok(kv_floats, infer_kv_elt(s), &s->kv_bytes);
+    s->kv_type = o->kv_type;
+    s->kv_kind = o->kv_type == TLM_DTYPE_Q8_0  ? K_KV_Q8_0
+                 : o->kv_type == TLM_DTYPE_F16 ? K_KV_F16
+                                               : K_KV_F32;
+    const tlm_dtype_info *di = tlm_dtype_get(o->kv_type);
+    s->kv_row = hd / di->block_elems * di->block_bytes;
+    size_t heads = 0;
+    int ok = tlm_mul_ok((size_t)c->n_layers * 2 * (size_t)c->n_kv_heads, (size_t)batch, &heads) &&
+             tlm_mul_ok((size_t)capacity, s->kv_row, &s->head_stride) &&
+             tlm_mul_ok(heads, s->head_stride, &s->kv_bytes);
     tlm_status st = TLM_OK;
     if (!ok) {
         st = tlm_err(TLM_ERR_NOMEM, "session: KV cache size overflows");
@@ -206,9 +217,7 @@ void tlm_session_reset(tlm_session *s, int seq) {
 }
 
 int tlm_session_batch(const tlm_session *s) { return s->B; }
-tlm_dtype tlm_session_kv_type(const tlm_session *s) {
-    return s->kv_f16 ? TLM_DTYPE_F16 : TLM_DTYPE_F32;
-}
+tlm_dtype tlm_session_kv_type(const tlm_session *s) { return s->kv_type; }
 int tlm_session_capacity(const tlm_session *s) { return s->cap; }
 int tlm_session_length(const tlm_session *s, int seq) {
     return seq >= 0 && seq < s->B ? s->len[seq] : -1;
@@ -228,8 +237,7 @@ tlm_status tlm_session_truncate(tlm_session *s, int seq, int n) {
 size_t tlm_session_prefix_bytes(const tlm_session *s, int n) {
     if (!s || n < 0) return 0;
     const tlm_config *c = &s->m->c;
-    size_t hd = (size_t)(c->d_model / c->n_heads);
-    return (size_t)c->n_layers * 2 * (size_t)c->n_kv_heads * (size_t)n * hd * infer_kv_elt(s);
+    return (size_t)c->n_layers * 2 * (size_t)c->n_kv_heads * (size_t)n * s->kv_row;
 }
 
 /* Copies positions 0..n-1 of sequence seq out of the cache into `to`, or into it from `from` (the
@@ -238,8 +246,7 @@ size_t tlm_session_prefix_bytes(const tlm_session *s, int n) {
 static void prefix_copy(const tlm_session *s, int seq, char *to, const char *from, int n_buf,
                         int n) {
     const tlm_config *c = &s->m->c;
-    size_t hd = (size_t)(c->d_model / c->n_heads), bytes = (size_t)n * hd * infer_kv_elt(s);
-    size_t at = 0, step = (size_t)n_buf * hd * infer_kv_elt(s);
+    size_t bytes = (size_t)n * s->kv_row, at = 0, step = (size_t)n_buf * s->kv_row;
     for (int l = 0; l < c->n_layers; l++)
         for (int kv = 0; kv < 2; kv++)
             for (int h = 0; h < c->n_kv_heads; h++, at += step) {
@@ -281,20 +288,22 @@ tlm_status tlm_session_load_prefix(tlm_session *s, int seq, const void *buf, int
 }
 
 /* Positions [0, S) of one cached head's keys Kc and values Vc as floats: the cache itself (F32),
- * or widened into the calling thread's block (F16). */
+ * or widened into the calling thread's block (F16, Q8_0). */
 static void as_floats(const tlm_session *s, const void *Kc, const void *Vc, int S, const float **K,
                       const float **V) {
-    if (!s->kv_f16) {
+    if (s->kv_kind == K_KV_F32) {
         *K = Kc, *V = Vc;
         return;
     }
     size_t hd = (size_t)(s->m->c.d_model / s->m->c.n_heads), block = (size_t)s->cap * hd;
+    const tlm_dtype_info *di = tlm_dtype_get(s->kv_type);
     float *w = s->wide + (size_t)k_team_thread() * wide_block(s);
-    /* k_widen_row counts in int: a long context widens in parts */
+    /* k_widen_row counts in int: a long context widens in parts (of whole blocks) */
     for (size_t at = 0, n = (size_t)S * hd, part; at < n; at += part) {
         part = n - at < ((size_t)1 << 24) ? n - at : (size_t)1 << 24;
-        k_widen_row(TLM_DTYPE_F16, (const uint16_t *)Kc + at, w + at, (int)part);
-        k_widen_row(TLM_DTYPE_F16, (const uint16_t *)Vc + at, w + block + at, (int)part);
+        size_t from = at / di->block_elems * di->block_bytes;
+        k_widen_row(s->kv_type, (const char *)Kc + from, w + at, (int)part);
+        k_widen_row(s->kv_type, (const char *)Vc + from, w + block + at, (int)part);
     }
     *K = w, *V = w + block;
 }
@@ -322,7 +331,7 @@ static void attend_prefill(tlm_session *s, int l, int b, int pos0, int T, int r0
         float *o = s->att + (size_t)(r0 + t0) * qw + (size_t)h * hd;
         int me = omp_get_thread_num();
         float *p = s->scores + (size_t)me * prefill_scores(s);
-        if (!k_attend_causal(q, (size_t)ld, Kc, Vc, s->kv_f16, tc, pos0 + t0, hd, scale,
+        if (!k_attend_causal(q, (size_t)ld, Kc, Vc, s->kv_kind, tc, pos0 + t0, hd, scale,
                              s->wide + (size_t)me * wide_block(s), p, o, (size_t)qw))
             continue;
         const float *K, *V;
@@ -363,7 +372,7 @@ static void decode_tasks(void *ctx, long a, long b) {
         const float *q = s->qkv + (size_t)r * ld + (size_t)h * hd;
         float *p = s->scores + (size_t)task * s->cap;
         float *o = s->att + (size_t)r * qw + (size_t)h * hd;
-        if (!k_attend_row(q, Kc, Vc, s->kv_f16, S, hd, scale, p, o)) continue;
+        if (!k_attend_row(q, Kc, Vc, s->kv_kind, S, hd, scale, p, o)) continue;
         const float *K, *V;
         as_floats(s, Kc, Vc, S, &K, &V);
         float mx = -INFINITY;
@@ -415,9 +424,11 @@ static void store_heads(void *ctx, long a, long b) {
         int h = (int)(hk / 2), kv = (int)(hk % 2);
         for (int r = 0; r < x->N; r++) {
             char *dst = (char *)infer_cache(s, x->l, s->row_seq[r], kv, h) +
-                        (size_t)s->row_pos[r] * hd * infer_kv_elt(s);
+                        (size_t)s->row_pos[r] * s->kv_row;
             const float *src = x->qkv + (size_t)r * x->ld + qw + (size_t)kv * kw + (size_t)h * hd;
-            if (s->kv_f16)
+            if (s->kv_kind == K_KV_Q8_0)
+                k_q8_0_blocks(src, dst, hd); /* as llama.cpp's CPU backend stores its q8_0 cache */
+            else if (s->kv_kind == K_KV_F16)
                 k_narrow_row(TLM_DTYPE_F16, src, dst, hd);
             else
                 memcpy(dst, src, (size_t)hd * sizeof(float));

@@ -20,6 +20,24 @@ static inline int nearest_int(float f) {
     return (i & 0x007fffff) - 0x00400000;
 }
 
+/* Q8_0 blocks as llama.cpp's x86 quantize_row_q8_0: d = amax / 127 stored as f16, q =
+ * round-to-even of x * 127 / amax; with d, each block's scale widened back to a float too. */
+static void q8_0_blocks(const float *x, tlm_block_q8_0 *y, float *d, int n) {
+    for (int b = 0; b < n / TLM_QK; b++, x += TLM_QK) {
+        float amax = 0.0f;
+        for (int i = 0; i < TLM_QK; i++) {
+            float a = fabsf(x[i]);
+            amax = a > amax ? a : amax;
+        }
+        float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        y[b].d = tlm_f32_to_f16(amax / 127.0f);
+        for (int i = 0; i < TLM_QK; i++) y[b].qs[i] = (int8_t)nearest_int(x[i] * id);
+        if (d) d[b] = tlm_f16_to_f32(y[b].d);
+    }
+}
+
+void k_q8_0_blocks_ref(const float *x, void *y, int n) { q8_0_blocks(x, y, NULL, n); }
+
 void k_act_quantize_ref(k_act_kind kind, const float *x, void *xq, int n) {
     switch (kind) {
     case K_ACT_F32: memcpy(xq, x, (size_t)n * sizeof(float)); break;
@@ -29,21 +47,8 @@ void k_act_quantize_ref(k_act_kind kind, const float *x, void *xq, int n) {
         break;
     }
     case K_ACT_Q8_0: {
-        /* As llama.cpp's x86 quantize_row_q8_0: d = amax / 127 stored as f16, q = round-to-even of
-         * x * 127 / amax. */
         tlm_block_q8_0 *y = xq;
-        float *d = (float *)(uintptr_t)k_act_q8_0_aux(xq, n);
-        for (int b = 0; b < n / TLM_QK; b++, x += TLM_QK) {
-            float amax = 0.0f;
-            for (int i = 0; i < TLM_QK; i++) {
-                float a = fabsf(x[i]);
-                amax = a > amax ? a : amax;
-            }
-            float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-            y[b].d = tlm_f32_to_f16(amax / 127.0f);
-            for (int i = 0; i < TLM_QK; i++) y[b].qs[i] = (int8_t)nearest_int(x[i] * id);
-            d[b] = tlm_f16_to_f32(y[b].d);
-        }
+        q8_0_blocks(x, y, (float *)(uintptr_t)k_act_q8_0_aux(xq, n), n);
         uint8_t *g = (uint8_t *)(uintptr_t)k_act_q8_0_nib(xq, n);
         for (int b = 0; b + 4 <= n / TLM_QK; b += 4, g += K_ACT_NIB_BYTES) {
             int32_t e[16];

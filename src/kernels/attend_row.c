@@ -11,7 +11,9 @@
  * head: the keys transposed once into dimension-major rows, so that a query's scores come 16 keys
  * per vector without horizontal sums, then one pass over the values for the whole block. */
 #include <math.h>
+#include <string.h>
 
+#include "core/quant.h"
 #include "fastmath.h"
 #include "kernels.h"
 #include "qdot.h"
@@ -21,17 +23,35 @@
 
 #define AI __attribute__((always_inline))
 
-/* 16 elements from element i of a cached row: floats, or halves widened. */
-T5 static inline __attribute__((always_inline)) __m512 ld16(const int F16, const void *row,
+/* How many keys ahead row_avx512 asks for the lines of the keys and values it reads next: a long
+ * context's cache streams from memory (or this VM's far L3) as two streams per head, which the
+ * hardware prefetchers alone kept to about 10 G bytes/s at one thread. bench_attend (110M, one
+ * thread, ms per token at 1024 and 2048 positions, alternating runs): F16 4.1-4.2 -> 3.4-3.7 and
+ * 7.5-7.7 -> 6.7-7.2, Q8_0 2.8-2.9 -> 2.0-2.2 and 5.3-6.9 -> 4.1-5.0, F32 level (13.7 G bytes/s,
+ * about what one thread reads there); 16 and 64 keys ahead about the same as 32. Decode of 110M
+ * Q4_K_M at 896 positions, two threads, tok/s: F16 309-315 -> 327-359, Q8_0 319-321 -> 353-378. */
+#define PF_KEYS 32
+
+/* 16 elements from element i (a multiple of 16) of a cached row: floats, halves widened, or
+ * Q8_0 bytes widened and scaled (the rows are whole blocks, so element i is in block i / 32). */
+T5 static inline __attribute__((always_inline)) __m512 ld16(const int KV, const void *row,
                                                             size_t i) {
-    if (F16)
+    if (KV == K_KV_Q8_0) {
+        const uint8_t *b = (const uint8_t *)row + (i >> 5) * sizeof(tlm_block_q8_0);
+        uint16_t h;
+        memcpy(&h, b, sizeof h);
+        __m512 v = _mm512_cvtepi32_ps(
+            _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2 + (i & 31)))));
+        return _mm512_mul_ps(v, _mm512_set1_ps(_cvtsh_ss(h)));
+    }
+    if (KV == K_KV_F16)
         return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i)));
     return _mm512_loadu_ps((const float *)row + i);
 }
 
-/* hd = 16 * NB; NB and F16 are constants at each call site, so the arrays below live in
+/* hd = 16 * NB; NB and KV are constants at each call site, so the arrays below live in
  * registers and the loads are of one kind. */
-T5 static inline __attribute__((always_inline)) void row_avx512(const int NB, const int F16,
+T5 static inline __attribute__((always_inline)) void row_avx512(const int NB, const int KV,
                                                                 const float *q, const void *K,
                                                                 const void *V, int S, float scale,
                                                                 float *p, float *o) {
@@ -42,13 +62,16 @@ T5 static inline __attribute__((always_inline)) void row_avx512(const int NB, co
     /* Sixteen keys' products, then their sixteen horizontal sums at once: pairs of vectors
      * interleaved and added, then pairs of pairs, then 128-bit lanes twice, which leaves key i's
      * sum in lane i (45 operations where sixteen separate sums take about 140). */
+    const size_t rb = KV == K_KV_F32 ? hd * 4 : KV == K_KV_F16 ? hd * 2 : hd / 32 * 34; /* a row */
     for (; j + 16 <= S; j += 16) {
         size_t k0 = (size_t)j * hd;
         __m512 a[16];
-        for (int i = 0; i < 16; i++) a[i] = _mm512_mul_ps(qv[0], ld16(F16, K, k0 + i * hd));
+        for (size_t f = 0; f < 16 * rb; f += 64) /* prefetches past the end never fault */
+            _mm_prefetch((const char *)K + (j + PF_KEYS) * rb + f, _MM_HINT_T0);
+        for (int i = 0; i < 16; i++) a[i] = _mm512_mul_ps(qv[0], ld16(KV, K, k0 + i * hd));
         for (int b = 1; b < NB; b++)
             for (int i = 0; i < 16; i++)
-                a[i] = _mm512_fmadd_ps(qv[b], ld16(F16, K, k0 + i * hd + 16 * b), a[i]);
+                a[i] = _mm512_fmadd_ps(qv[b], ld16(KV, K, k0 + i * hd + 16 * b), a[i]);
         __m512 v[4];
         for (int g = 0; g < 4; g++) {
             __m512 s2[2];
@@ -71,15 +94,15 @@ T5 static inline __attribute__((always_inline)) void row_avx512(const int NB, co
     }
     for (; j + 4 <= S; j += 4) {
         size_t k0 = (size_t)j * hd;
-        __m512 a0 = _mm512_mul_ps(qv[0], ld16(F16, K, k0));
-        __m512 a1 = _mm512_mul_ps(qv[0], ld16(F16, K, k0 + hd));
-        __m512 a2 = _mm512_mul_ps(qv[0], ld16(F16, K, k0 + 2 * hd));
-        __m512 a3 = _mm512_mul_ps(qv[0], ld16(F16, K, k0 + 3 * hd));
+        __m512 a0 = _mm512_mul_ps(qv[0], ld16(KV, K, k0));
+        __m512 a1 = _mm512_mul_ps(qv[0], ld16(KV, K, k0 + hd));
+        __m512 a2 = _mm512_mul_ps(qv[0], ld16(KV, K, k0 + 2 * hd));
+        __m512 a3 = _mm512_mul_ps(qv[0], ld16(KV, K, k0 + 3 * hd));
         for (int b = 1; b < NB; b++) {
-            a0 = _mm512_fmadd_ps(qv[b], ld16(F16, K, k0 + 16 * b), a0);
-            a1 = _mm512_fmadd_ps(qv[b], ld16(F16, K, k0 + hd + 16 * b), a1);
-            a2 = _mm512_fmadd_ps(qv[b], ld16(F16, K, k0 + 2 * hd + 16 * b), a2);
-            a3 = _mm512_fmadd_ps(qv[b], ld16(F16, K, k0 + 3 * hd + 16 * b), a3);
+            a0 = _mm512_fmadd_ps(qv[b], ld16(KV, K, k0 + 16 * b), a0);
+            a1 = _mm512_fmadd_ps(qv[b], ld16(KV, K, k0 + hd + 16 * b), a1);
+            a2 = _mm512_fmadd_ps(qv[b], ld16(KV, K, k0 + 2 * hd + 16 * b), a2);
+            a3 = _mm512_fmadd_ps(qv[b], ld16(KV, K, k0 + 3 * hd + 16 * b), a3);
         }
         p[j] = scale * _mm512_reduce_add_ps(a0);
         p[j + 1] = scale * _mm512_reduce_add_ps(a1);
@@ -88,8 +111,8 @@ T5 static inline __attribute__((always_inline)) void row_avx512(const int NB, co
     }
     for (; j < S; j++) {
         size_t kj = (size_t)j * hd;
-        __m512 a = _mm512_mul_ps(qv[0], ld16(F16, K, kj));
-        for (int b = 1; b < NB; b++) a = _mm512_fmadd_ps(qv[b], ld16(F16, K, kj + 16 * b), a);
+        __m512 a = _mm512_mul_ps(qv[0], ld16(KV, K, kj));
+        for (int b = 1; b < NB; b++) a = _mm512_fmadd_ps(qv[b], ld16(KV, K, kj + 16 * b), a);
         p[j] = scale * _mm512_reduce_add_ps(a);
     }
     __m512 vm = _mm512_set1_ps(-INFINITY);
@@ -104,34 +127,39 @@ T5 static inline __attribute__((always_inline)) void row_avx512(const int NB, co
     for (int b = 0; b < NB; b++) e0[b] = e1[b] = _mm512_setzero_ps();
     for (j = 0; j + 2 <= S; j += 2) {
         size_t v0 = (size_t)j * hd;
+        for (size_t f = 0; f < 2 * rb; f += 64)
+            _mm_prefetch((const char *)V + (j + PF_KEYS) * rb + f, _MM_HINT_T0);
         __m512 w0 = _mm512_set1_ps(p[j]), w1 = _mm512_set1_ps(p[j + 1]);
         for (int b = 0; b < NB; b++) {
-            e0[b] = _mm512_fmadd_ps(w0, ld16(F16, V, v0 + 16 * b), e0[b]);
-            e1[b] = _mm512_fmadd_ps(w1, ld16(F16, V, v0 + hd + 16 * b), e1[b]);
+            e0[b] = _mm512_fmadd_ps(w0, ld16(KV, V, v0 + 16 * b), e0[b]);
+            e1[b] = _mm512_fmadd_ps(w1, ld16(KV, V, v0 + hd + 16 * b), e1[b]);
         }
     }
     if (j < S) {
         __m512 w0 = _mm512_set1_ps(p[j]);
         for (int b = 0; b < NB; b++)
-            e0[b] = _mm512_fmadd_ps(w0, ld16(F16, V, (size_t)j * hd + 16 * b), e0[b]);
+            e0[b] = _mm512_fmadd_ps(w0, ld16(KV, V, (size_t)j * hd + 16 * b), e0[b]);
     }
     for (int b = 0; b < NB; b++) _mm512_storeu_ps(o + 16 * b, _mm512_add_ps(e0[b], e1[b]));
 }
 
-#define ROW_CASES(F16)                                                                             \
+#define ROW_CASES(KV)                                                                              \
     switch (hd) {                                                                                  \
-    case 32: row_avx512(2, F16, q, K, V, S, scale, p, o); return 0;                                \
-    case 48: row_avx512(3, F16, q, K, V, S, scale, p, o); return 0;                                \
-    case 64: row_avx512(4, F16, q, K, V, S, scale, p, o); return 0;                                \
-    case 96: row_avx512(6, F16, q, K, V, S, scale, p, o); return 0;                                \
-    case 128: row_avx512(8, F16, q, K, V, S, scale, p, o); return 0;                               \
+    case 32: row_avx512(2, KV, q, K, V, S, scale, p, o); return 0;                                 \
+    case 48: row_avx512(3, KV, q, K, V, S, scale, p, o); return 0;                                 \
+    case 64: row_avx512(4, KV, q, K, V, S, scale, p, o); return 0;                                 \
+    case 96: row_avx512(6, KV, q, K, V, S, scale, p, o); return 0;                                 \
+    case 128: row_avx512(8, KV, q, K, V, S, scale, p, o); return 0;                                \
     default: return -1;                                                                            \
     }
 
-T5 static int attend_row_avx512(const float *q, const void *K, const void *V, int f16, int S,
-                                int hd, float scale, float *p, float *o) {
-    if (f16) ROW_CASES(1)
-    ROW_CASES(0)
+/* Q8_0 rows are whole blocks only where hd is a multiple of 32 (of the sizes here, 48 is not) */
+T5 static int attend_row_avx512(const float *q, const void *K, const void *V, int kv, int S, int hd,
+                                float scale, float *p, float *o) {
+    if (kv == K_KV_Q8_0 && hd % 32) return -1;
+    if (kv == K_KV_Q8_0) ROW_CASES(K_KV_Q8_0)
+    if (kv == K_KV_F16) ROW_CASES(K_KV_F16)
+    ROW_CASES(K_KV_F32)
 }
 
 /* ---- prefill: a block of consecutive queries, causal ----------------------------------------- */
@@ -140,13 +168,13 @@ T5 static int attend_row_avx512(const float *q, const void *K, const void *V, in
  * dimension's keys side by side, so that 16 scores of one query are one vector of products
  * summed over hd. Keys S..Sp-1 are zeros. Sixteen keys by sixteen dimensions at a time, transposed
  * in registers (k_transpose16x16). */
-T5 static void keys_transposed(const int F16, const void *K, int S, int Sp, int hd, float *kt) {
+T5 static void keys_transposed(const int KV, const void *K, int S, int Sp, int hd, float *kt) {
     for (int j0 = 0; j0 < Sp; j0 += 16) {
         int nk = S - j0 < 16 ? (S - j0 > 0 ? S - j0 : 0) : 16;
         for (int d0 = 0; d0 < hd; d0 += 16) {
             __m512i r[16];
             for (int i = 0; i < 16; i++)
-                r[i] = _mm512_castps_si512(i < nk ? ld16(F16, K, (size_t)(j0 + i) * hd + d0)
+                r[i] = _mm512_castps_si512(i < nk ? ld16(KV, K, (size_t)(j0 + i) * hd + d0)
                                                   : _mm512_setzero_ps());
             k_transpose16x16(r);
             for (int d = 0; d < 16; d++)
@@ -163,7 +191,7 @@ T5 static void keys_transposed(const int F16, const void *K, int S, int Sp, int 
  * once for all R queries. */
 T5 static inline AI void block_avx512(const int NB, const int R, const int KB, const float *q,
                                       size_t ldq, const float *kt, int Sp, const void *V,
-                                      const int F16, int last0, float scale, float *p, float *o,
+                                      const int KV, int last0, float scale, float *p, float *o,
                                       size_t ldo) {
     const int hd = 16 * NB, n = last0 + R; /* keys any of the R queries sees */
     for (int j0 = 0; j0 < n; j0 += 16 * KB) {
@@ -214,7 +242,7 @@ T5 static inline AI void block_avx512(const int NB, const int R, const int KB, c
     for (int a = 0; a < R * NB; a++) acc[a] = _mm512_setzero_ps();
     for (int j = 0; j < n; j++) {
         __m512 v[8];
-        for (int b = 0; b < NB; b++) v[b] = ld16(F16, V, (size_t)j * hd + 16 * b);
+        for (int b = 0; b < NB; b++) v[b] = ld16(KV, V, (size_t)j * hd + 16 * b);
         for (int i = 0; i < R; i++) {
             __m512 w = _mm512_set1_ps(p[(size_t)i * Sp + j]);
             for (int b = 0; b < NB; b++)
@@ -228,37 +256,39 @@ T5 static inline AI void block_avx512(const int NB, const int R, const int KB, c
 }
 
 /* All T queries, in blocks of R (the last block R = 1 at a time). */
-T5 static inline AI void causal_avx512(const int NB, const int R, const int KB, const int F16,
+T5 static inline AI void causal_avx512(const int NB, const int R, const int KB, const int KV,
                                        const float *q, size_t ldq, const void *K, const void *V,
                                        int T, int first, float scale, float *kt, float *p, float *o,
                                        size_t ldo) {
     int S = first + T, Sp = (S + 63) & ~63;
-    keys_transposed(F16, K, S, Sp, 16 * NB, kt);
+    keys_transposed(KV, K, S, Sp, 16 * NB, kt);
     int t = 0;
     for (; t + R <= T; t += R)
-        block_avx512(NB, R, KB, q + (size_t)t * ldq, ldq, kt, Sp, V, F16, first + t, scale, p,
+        block_avx512(NB, R, KB, q + (size_t)t * ldq, ldq, kt, Sp, V, KV, first + t, scale, p,
                      o + (size_t)t * ldo, ldo);
     for (; t < T; t++)
-        block_avx512(NB, 1, 4, q + (size_t)t * ldq, ldq, kt, Sp, V, F16, first + t, scale, p,
+        block_avx512(NB, 1, 4, q + (size_t)t * ldq, ldq, kt, Sp, V, KV, first + t, scale, p,
                      o + (size_t)t * ldo, ldo);
 }
 
 /* R queries per block as NB allows: R x NB output sums (at most 16) stay in registers. */
-#define CAUSAL_CASES(F16)                                                                          \
+#define CAUSAL_CASES(KV)                                                                           \
     switch (hd) {                                                                                  \
-    case 32: causal_avx512(2, 8, 1, F16, q, ldq, K, V, T, first, scale, kt, p, o, ldo); return 0;  \
-    case 48: causal_avx512(3, 4, 2, F16, q, ldq, K, V, T, first, scale, kt, p, o, ldo); return 0;  \
-    case 64: causal_avx512(4, 4, 2, F16, q, ldq, K, V, T, first, scale, kt, p, o, ldo); return 0;  \
-    case 96: causal_avx512(6, 2, 4, F16, q, ldq, K, V, T, first, scale, kt, p, o, ldo); return 0;  \
-    case 128: causal_avx512(8, 2, 4, F16, q, ldq, K, V, T, first, scale, kt, p, o, ldo); return 0; \
+    case 32: causal_avx512(2, 8, 1, KV, q, ldq, K, V, T, first, scale, kt, p, o, ldo); return 0;   \
+    case 48: causal_avx512(3, 4, 2, KV, q, ldq, K, V, T, first, scale, kt, p, o, ldo); return 0;   \
+    case 64: causal_avx512(4, 4, 2, KV, q, ldq, K, V, T, first, scale, kt, p, o, ldo); return 0;   \
+    case 96: causal_avx512(6, 2, 4, KV, q, ldq, K, V, T, first, scale, kt, p, o, ldo); return 0;   \
+    case 128: causal_avx512(8, 2, 4, KV, q, ldq, K, V, T, first, scale, kt, p, o, ldo); return 0;  \
     default: return -1;                                                                            \
     }
 
-T5 static int causal_dispatch(const float *q, size_t ldq, const void *K, const void *V, int f16,
+T5 static int causal_dispatch(const float *q, size_t ldq, const void *K, const void *V, int kv,
                               int T, int first, int hd, float scale, float *kt, float *p, float *o,
                               size_t ldo) {
-    if (f16) CAUSAL_CASES(1)
-    CAUSAL_CASES(0)
+    if (kv == K_KV_Q8_0 && hd % 32) return -1;
+    if (kv == K_KV_Q8_0) CAUSAL_CASES(K_KV_Q8_0)
+    if (kv == K_KV_F16) CAUSAL_CASES(K_KV_F16)
+    CAUSAL_CASES(K_KV_F32)
 }
 
 #define HAVE_X86 1
@@ -266,24 +296,23 @@ T5 static int causal_dispatch(const float *q, size_t ldq, const void *K, const v
 #define HAVE_X86 0
 #endif
 
-int k_attend_row(const float *q, const void *K, const void *V, int f16, int S, int hd, float scale,
+int k_attend_row(const float *q, const void *K, const void *V, int kv, int S, int hd, float scale,
                  float *p, float *o) {
 #if HAVE_X86
-    if (S > 0 && k_isa() >= K_ISA_AVX512)
-        return attend_row_avx512(q, K, V, f16, S, hd, scale, p, o);
+    if (S > 0 && k_isa() >= K_ISA_AVX512) return attend_row_avx512(q, K, V, kv, S, hd, scale, p, o);
 #else
-    (void)q, (void)K, (void)V, (void)f16, (void)S, (void)hd, (void)scale, (void)p, (void)o;
+    (void)q, (void)K, (void)V, (void)kv, (void)S, (void)hd, (void)scale, (void)p, (void)o;
 #endif
     return -1;
 }
 
-int k_attend_causal(const float *q, size_t ldq, const void *K, const void *V, int f16, int T,
+int k_attend_causal(const float *q, size_t ldq, const void *K, const void *V, int kv, int T,
                     int first, int hd, float scale, float *kt, float *p, float *o, size_t ldo) {
 #if HAVE_X86
     if (T > 0 && first >= 0 && k_isa() >= K_ISA_AVX512)
-        return causal_dispatch(q, ldq, K, V, f16, T, first, hd, scale, kt, p, o, ldo);
+        return causal_dispatch(q, ldq, K, V, kv, T, first, hd, scale, kt, p, o, ldo);
 #else
-    (void)q, (void)ldq, (void)K, (void)V, (void)f16, (void)T, (void)first, (void)hd, (void)scale;
+    (void)q, (void)ldq, (void)K, (void)V, (void)kv, (void)T, (void)first, (void)hd, (void)scale;
     (void)kt, (void)p, (void)o, (void)ldo;
 #endif
     return -1;

@@ -200,10 +200,15 @@ int k_team_thread(void);
 int k_team_pool(int on);
 
 /* ---- decode attention (attend_row.c) ---- */
-/* One query q[hd] over S cached keys K[S, hd] and values V[S, hd] (floats, or IEEE halves when
- * f16): o[hd] = softmax(scale q.K) V, with p[0..S) as scratch. Returns -1, computing nothing, where
- * no vector version applies (the CPU, hd); the caller then runs its plain loops. */
-int k_attend_row(const float *q, const void *K, const void *V, int f16, int S, int hd, float scale,
+/* The element types of a KV cache's rows, as the attention kernels take them: floats, IEEE
+ * halves, or Q8_0 blocks (32 elements: a half scale and 32 signed bytes, as GGUF's; hd a multiple
+ * of 32, so that each cached row is whole blocks). */
+enum { K_KV_F32 = 0, K_KV_F16 = 1, K_KV_Q8_0 = 2 };
+
+/* One query q[hd] over S cached keys K[S, hd] and values V[S, hd] (rows of kind kv, a K_KV_):
+ * o[hd] = softmax(scale q.K) V, with p[0..S) as scratch. Returns -1, computing nothing, where no
+ * vector version applies (the CPU, hd); the caller then runs its plain loops. */
+int k_attend_row(const float *q, const void *K, const void *V, int kv, int S, int hd, float scale,
                  float *p, float *o);
 
 /* Prefill's causal attention of one head: T consecutive queries q[T][ldq], query t at position
@@ -212,7 +217,7 @@ int k_attend_row(const float *q, const void *K, const void *V, int f16, int S, i
  * hd x K_CAUSAL_SPAN(first + T) floats, p 8 x K_CAUSAL_SPAN(first + T). Returns -1, computing
  * nothing, where no vector version applies (the CPU, hd). */
 #define K_CAUSAL_SPAN(S) (((size_t)(S) + 63) & ~(size_t)63)
-int k_attend_causal(const float *q, size_t ldq, const void *K, const void *V, int f16, int T,
+int k_attend_causal(const float *q, size_t ldq, const void *K, const void *V, int kv, int T,
                     int first, int hd, float scale, float *kt, float *p, float *o, size_t ldo);
 
 /* ---- misc ---- */

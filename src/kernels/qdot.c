@@ -400,6 +400,11 @@ void k_widen_row(tlm_dtype t, const void *src, float *dst, int n) {
     tlm_dtype_to_f32(t, src, dst, (size_t)n);
 }
 
+void k_q8_0_blocks(const float *x, void *y, int n) {
+    if (k_isa() >= K_ISA_AVX512 && k_simd_q8_0_blocks(x, y, n)) return;
+    k_q8_0_blocks_ref(x, y, n);
+}
+
 void k_narrow_row(tlm_dtype t, const float *src, void *dst, int n) {
     if (k_isa() >= K_ISA_AVX2 && k_simd_narrow(t, src, dst, n)) return;
     tlm_dtype_from_f32(t, src, dst, (size_t)n);

@@ -77,6 +77,12 @@ void k_act_quantize(k_act_kind kind, const float *x, void *xq, int n);
 /* The same in plain C, which the vector version (AVX-512 or AVX2, chosen as the dot products are)
  * matches byte for byte. */
 void k_act_quantize_ref(k_act_kind kind, const float *x, void *xq, int n);
+/* n floats (a multiple of 32) into n / 32 Q8_0 blocks as llama.cpp's CPU backend stores a q8_0 KV
+ * cache (its x86 quantize_row_q8_0: K_ACT_Q8_0's blocks without what follows them), which rounds
+ * ties to even where `tlm quantize` (quantize_row_q8_0_ref, as GGUF files are written) rounds them
+ * away from zero. The vector version (AVX-512) matches the reference byte for byte. */
+void k_q8_0_blocks(const float *x, void *y, int n);
+void k_q8_0_blocks_ref(const float *x, void *y, int n);
 /* The best instruction set this CPU runs (TLM_ISA=ref|avx2|avxvnni caps it, for comparisons). */
 int k_isa(void);
 /* 1 where the CPU has AVX-VNNI and k_isa() is at least K_ISA_AVX2 (not under TLM_ISA=avx2): the

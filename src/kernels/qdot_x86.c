@@ -2239,10 +2239,13 @@ k_vdot_w4_fn k_simd_vdot_w4(tlm_dtype t, int isa) {
  * products, rounded to nearest even by the conversion as the reference's magic-number add rounds
  * them, and the same scales. A decode step quantizes its activation before each product: in C
  * that took about a tenth of 15M's two-thread token (0.6 us a product). */
-T5 static void act_q8_0_5(const float *x, void *xq, int n) {
+/* With `full`, the activation row (K_ACT_Q8_0: the blocks, their scales as floats and the
+ * groups of four in k_act_q8_0_nib's form); without, the blocks alone (k_q8_0_blocks). */
+T5 static inline __attribute__((always_inline)) void act_q8_0_5_(const float *x, void *xq, int n,
+                                                                 const int full) {
     tlm_block_q8_0 *y = xq;
-    float *d = (float *)(uintptr_t)k_act_q8_0_aux(xq, n);
-    uint8_t *g = (uint8_t *)(uintptr_t)k_act_q8_0_nib(xq, n);
+    float *d = full ? (float *)(uintptr_t)k_act_q8_0_aux(xq, n) : NULL;
+    uint8_t *g = full ? (uint8_t *)(uintptr_t)k_act_q8_0_nib(xq, n) : NULL;
     const __m512 mag = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
     const __m512i ones = _mm512_set1_epi8(1);
     int nb = n / TLM_QK;
@@ -2253,7 +2256,7 @@ T5 static void act_q8_0_5(const float *x, void *xq, int n) {
             _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(v0, mag), _mm512_and_ps(v1, mag)));
         float id = amax != 0.0f ? 127.0f / amax : 0.0f;
         y[b].d = tlm_f32_to_f16(amax / 127.0f);
-        d[b] = tlm_f16_to_f32(y[b].d);
+        if (full) d[b] = tlm_f16_to_f32(y[b].d);
         __m512 vid = _mm512_set1_ps(id);
         int k = b % 4;
         lo[k] = _mm512_cvtepi32_epi8(_mm512_cvt_roundps_epi32(
@@ -2262,7 +2265,7 @@ T5 static void act_q8_0_5(const float *x, void *xq, int n) {
             _mm512_mul_ps(v1, vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
         _mm_storeu_si128((__m128i *)(void *)y[b].qs, lo[k]);
         _mm_storeu_si128((__m128i *)(void *)(y[b].qs + 16), hi[k]);
-        if (k < 3) continue;
+        if (!full || k < 3) continue;
         /* the group of four blocks in k_act_q8_0_nib's form, and -8 times its sums of four */
         __m512i l = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(lo[1], lo[0])),
                                        _mm256_set_m128i(lo[3], lo[2]), 1);
@@ -2277,6 +2280,9 @@ T5 static void act_q8_0_5(const float *x, void *xq, int n) {
         g += K_ACT_NIB_BYTES;
     }
 }
+
+T5 static void act_q8_0_5(const float *x, void *xq, int n) { act_q8_0_5_(x, xq, n, 1); }
+T5 static void q8_0_blocks_5(const float *x, void *y, int n) { act_q8_0_5_(x, y, n, 0); }
 
 T5 static void act_q8_k_5(const float *x, void *xq, int n) {
     k_block_q8_k *y = xq;
@@ -2437,6 +2443,12 @@ int k_simd_widen(tlm_dtype t, const void *src, float *dst, int n) {
     return 1;
 }
 
+int k_simd_q8_0_blocks(const float *x, void *y, int n) {
+    if (k_simd_cpu_level() < K_ISA_AVX512) return 0;
+    q8_0_blocks_5(x, y, n);
+    return 1;
+}
+
 int k_simd_narrow(tlm_dtype t, const float *src, void *dst, int n) {
     if (k_simd_cpu_level() < K_ISA_AVX2 || t != TLM_DTYPE_F16) return 0;
     narrow_f16(src, dst, n);
@@ -2504,6 +2516,10 @@ int k_simd_widen(tlm_dtype t, const void *src, float *dst, int n) {
 }
 int k_simd_narrow(tlm_dtype t, const float *src, void *dst, int n) {
     (void)t, (void)src, (void)dst, (void)n;
+    return 0;
+}
+int k_simd_q8_0_blocks(const float *x, void *y, int n) {
+    (void)x, (void)y, (void)n;
     return 0;
 }
 k_vdot_fn k_simd_vdot(tlm_dtype t, int isa) {
