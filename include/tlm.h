@@ -627,14 +627,15 @@ typedef struct tlm_session tlm_session;
 typedef struct {
     int batch;    /* independent sequences (>= 1) */
     int capacity; /* positions per sequence; <= 0: context_length */
-    /* TLM_DTYPE_F32 (0), TLM_DTYPE_F16 or TLM_DTYPE_Q8_0 (other types: TLM_ERR_ARG). F16: keys
-     * and values rounded to IEEE half precision as they are cached (llama.cpp's default cache
-     * type), for half the memory and half the traffic of attention over long contexts; logits
-     * then move by about 1e-4 to 4e-4 of their largest magnitude against the F32 cache's. Q8_0:
-     * each head's row of a position quantized in blocks of 32 as GGUF's Q8_0 (llama.cpp's
-     * `-ctk q8_0 -ctv q8_0`), 34 bytes per 32 values, about 53% of F16's; logits move by about
-     * 2e-3 to 7e-3 (tests/test_generate.c). Q8_0 needs a head size that is a multiple of 32
-     * (TLM_ERR_ARG otherwise). */
+    /* The type of cached keys and values: TLM_DTYPE_F32 (0) or any of llama.cpp's cache types,
+     * F16, BF16, Q8_0, Q5_1, Q5_0, IQ4_NL, Q4_1, Q4_0 (other types: TLM_ERR_ARG). F16: rounded to
+     * IEEE half precision as they are cached (llama.cpp's default cache type), for half the memory
+     * and half the traffic of attention over long contexts; logits then move by about 1e-4 to
+     * 4e-4 of their largest magnitude against the F32 cache's. The block types quantize each
+     * head's row of a position in GGUF blocks of 32, as llama.cpp's CPU backend stores them: Q8_0
+     * takes 34 bytes per 32 values (53% of F16), logits moving by about 2e-3 to 7e-3; Q4_0 18
+     * bytes (28%), about 2e-2 to 1e-1 (tests/test_generate.c, random models). The block types
+     * need a head size that is a multiple of 32 (TLM_ERR_ARG otherwise). */
     tlm_dtype kv_type;
 } tlm_session_opts;
 

@@ -60,7 +60,7 @@ refuses "ctx beyond the model" "exceeds the model" -m "$M" --ctx 1000000 --port 
 refuses "bad parallel" "parallel" -m "$M" --parallel 0
 refuses "bad cache-ram" "cache-ram" -m "$M" --cache-ram -5
 refuses "no model" "MODEL is required" --port 0
-refuses "bad cache type" "cache-type must be f16, f32 or q8_0" -m "$M" --cache-type q4_0
+refuses "bad cache type" "cache-type must be one of f16, f32" -m "$M" --cache-type q4_k
 
 KEY=sekrit
 start main --parallel 4 --ctx 256 --api-key "$KEY" --max-body 65536

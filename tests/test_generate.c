@@ -2,9 +2,10 @@
  * logits of one full forward pass) over every config variant, batched decoding, the limits of the
  * cache, the samplers' distributions (seeded chi-square tests) and the generation loop. The cache
  * tests run on an F32 cache (to 1e-5), again on an F16 one (keys and values rounded to halves:
- * to TOL_F16, where a cache read or written wrong is off by far more), and on a Q8_0 one (to
- * TOL_Q8_0), whose models have a head size of 32 (base_d 128 over 4 heads): its rows are whole
- * blocks. What a Q8_0 cache stores is checked byte for byte against its reference quantizer. */
+ * to TOL_F16, where a cache read or written wrong is off by far more), and on each of llama.cpp's
+ * other cache types (tol(): about three times the largest error seen), whose models, for the block
+ * types, have a head size of 32 (base_d 128 over 4 heads): their rows are whole blocks. What a Q8_0
+ * cache, and each other type's, stores is checked byte for byte against its reference quantizer. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,8 +17,24 @@
 /* The cache type of the session tests (main runs them with each). */
 static tlm_dtype kv_type = TLM_DTYPE_F32;
 #define TOL_F16 2e-3
+#define TOL_BF16 1.5e-2
 #define TOL_Q8_0 2e-2
-#define TOL (kv_type == TLM_DTYPE_F16 ? TOL_F16 : kv_type == TLM_DTYPE_Q8_0 ? TOL_Q8_0 : 1e-5)
+#define TOL_Q5 0.2
+#define TOL_Q4 0.4
+static double tol(void) {
+    switch (kv_type) {
+    case TLM_DTYPE_F16: return TOL_F16;
+    case TLM_DTYPE_BF16: return TOL_BF16;
+    case TLM_DTYPE_Q8_0: return TOL_Q8_0;
+    case TLM_DTYPE_Q5_0:
+    case TLM_DTYPE_Q5_1: return TOL_Q5;
+    case TLM_DTYPE_Q4_0:
+    case TLM_DTYPE_Q4_1:
+    case TLM_DTYPE_IQ4_NL: return TOL_Q4;
+    default: return 1e-5;
+    }
+}
+#define TOL tol()
 /* The models' width where a variant does not set it: 32 (head size 8), or 128 (head size 32) for
  * the Q8_0 cache. */
 static int base_d = 32;
@@ -132,16 +149,18 @@ static double run_split(tlm_session *s, const int32_t *ids, int T, const int *ch
     return e;
 }
 
-static void test_invariant(void) {
+/* few: the first variant, GQA and the plain loops only */
+static void test_invariant(int few) {
     printf("KV-cache invariant (max over rows of max|a-b|/max|b|):\n");
     int nv = (int)(sizeof variants / sizeof variants[0]);
     for (int vi = 0; vi < nv; vi++) {
+        if (few && vi && vi != 7 && vi != nv - 1) continue;
         tlm_model *m = make_model_v(&variants[vi], 100 + (uint64_t)vi);
         CHECK(m != NULL, "%s: %s", variants[vi].name, tlm_last_error());
         if (!m) continue;
         const tlm_config *c = tlm_model_config(m);
-        if (kv_type == TLM_DTYPE_Q8_0 && (c->d_model / c->n_heads) % 32) {
-            tlm_model_free(m); /* a head size the Q8_0 cache refuses (test_kv_types) */
+        if ((c->d_model / c->n_heads) % (int)tlm_dtype_get(kv_type)->block_elems) {
+            tlm_model_free(m); /* a head size a block type's cache refuses (test_kv_types) */
             continue;
         }
         int V = c->vocab_size, T = c->context_length;
@@ -667,21 +686,25 @@ static void test_generate_loop(void) {
     tlm_model_free(m);
 }
 
-/* Cache types other than F32, F16 and Q8_0 are refused by name, and Q8_0 where a head's row would
- * not be whole blocks (head size 8 here). */
+/* Cache types other than llama.cpp's are refused by name, and a block type where a head's row
+ * would not be whole blocks (head size 8 here). */
 static void test_kv_types(void) {
     tlm_model *m = make_model("", 3);
     CHECK(m != NULL, "%s", tlm_last_error());
     if (!m) return;
     tlm_session *s = (tlm_session *)&s; /* not NULL: a refusal must set it to NULL */
-    tlm_session_opts o = {.batch = 1, .kv_type = TLM_DTYPE_Q4_0};
-    CHECK(tlm_session_new_opts(m, &o, &s) == TLM_ERR_ARG && s == NULL, "Q4_0 cache refused");
-    CHECK(strstr(tlm_last_error(), "Q4_0") != NULL, "error names the type: %s", tlm_last_error());
-    s = (tlm_session *)&s;
-    o.kv_type = TLM_DTYPE_Q8_0;
-    CHECK(tlm_session_new_opts(m, &o, &s) == TLM_ERR_ARG && s == NULL, "Q8_0 with head size 8");
-    CHECK(strstr(tlm_last_error(), "multiple of 32") != NULL, "error says why: %s",
-          tlm_last_error());
+    tlm_session_opts o = {.batch = 1, .kv_type = TLM_DTYPE_Q4_K};
+    CHECK(tlm_session_new_opts(m, &o, &s) == TLM_ERR_ARG && s == NULL, "Q4_K cache refused");
+    CHECK(strstr(tlm_last_error(), "Q4_K") != NULL, "error names the type: %s", tlm_last_error());
+    static const tlm_dtype blocks[] = {TLM_DTYPE_Q8_0, TLM_DTYPE_Q4_0, TLM_DTYPE_IQ4_NL};
+    for (int k = 0; k < 3; k++) {
+        s = (tlm_session *)&s;
+        o.kv_type = blocks[k];
+        CHECK(tlm_session_new_opts(m, &o, &s) == TLM_ERR_ARG && s == NULL, "%s with head size 8",
+              tlm_dtype_name(blocks[k]));
+        CHECK(strstr(tlm_last_error(), "multiple of 32") && strstr(tlm_last_error(), "is 8"),
+              "error says why: %s", tlm_last_error());
+    }
     CHECK(tlm_session_new_opts(m, NULL, &s) == TLM_ERR_ARG, "NULL options");
     o.kv_type = TLM_DTYPE_F16;
     CHECK_OK(tlm_session_new_opts(m, &o, &s));
@@ -695,13 +718,13 @@ static void test_kv_types(void) {
     tlm_model_free(m);
 }
 
-/* A Q8_0 cache holds what the reference of k_q8_0_blocks (llama.cpp's x86 quantize_row_q8_0, which
- * its CPU backend stores a q8_0 cache with) makes of the keys and values an F32 cache holds: layer
- * 0's, which both sessions
- * compute from the same embeddings with the same kernels, compared through the saved prefixes
- * (a prompt, then decode steps, so that both the prefill and the decode stores are seen). Its
- * prefix takes 34 bytes per 32 elements. */
-static void test_q8_0_stores(void) {
+/* A cache of each of llama.cpp's types holds what llama.cpp's CPU backend would store of the keys
+ * and values an F32 cache holds: for Q8_0 k_q8_0_blocks's reference (its x86 quantize_row_q8_0),
+ * for the others the reference quantizers (tlm_dtype_from_f32, byte for byte ggml's: test_quant).
+ * Layer 0's, which both sessions compute from the same embeddings with the same kernels, compared
+ * through the saved prefixes (a prompt, then decode steps, so that both the prefill and the decode
+ * stores are seen); the prefix takes the type's bytes per element. */
+static void test_block_stores(void) {
     variant v = {"", "\"n_kv_heads\":2", 128, 4, 0};
     tlm_model *m = make_model_v(&v, 31);
     CHECK(m != NULL, "%s", tlm_last_error());
@@ -710,40 +733,53 @@ static void test_q8_0_stores(void) {
     int V = c->vocab_size, n = 9, hd = c->d_model / c->n_heads;
     int32_t ids[9];
     random_ids(ids, n, V, 32);
-    tlm_session *s[2] = {NULL, NULL};
-    void *buf[2] = {NULL, NULL};
-    for (int k = 0; k < 2; k++) {
-        tlm_session_opts o = {.batch = 1, .kv_type = k ? TLM_DTYPE_Q8_0 : TLM_DTYPE_F32};
-        CHECK_OK(tlm_session_new_opts(m, &o, &s[k]));
-        if (!s[k]) return;
-        CHECK_OK(tlm_prefill(s[k], 0, ids, 6, NULL, 0));
-        for (int i = 6; i < n; i++) CHECK_OK(tlm_decode_step(s[k], ids[i], NULL));
-        buf[k] = malloc(tlm_session_prefix_bytes(s[k], n));
-        CHECK_OK(tlm_session_save_prefix(s[k], 0, n, buf[k]));
-    }
-    CHECK(tlm_session_prefix_bytes(s[1], n) * 128 == tlm_session_prefix_bytes(s[0], n) * 34,
-          "Q8_0 prefix bytes %zu", tlm_session_prefix_bytes(s[1], n));
     /* layer 0: keys then values, each kv head's n positions */
-    size_t elems = (size_t)2 * c->n_kv_heads * n * hd, qbytes = elems / 32 * 34;
-    uint8_t *want = malloc(qbytes);
-    k_q8_0_blocks_ref(buf[0], want, (int)elems);
-    CHECK(!memcmp(want, buf[1], qbytes),
-          "layer 0's Q8_0 keys and values differ from the reference");
-    /* and the cache is not the F32 one rounded some other way: a value widened back is off by at
-     * most half a step of its block's scale */
-    float *back = malloc(elems * sizeof *back);
-    tlm_dtype_to_f32(TLM_DTYPE_Q8_0, buf[1], back, elems);
-    double worst = 0;
-    for (size_t i = 0; i < elems; i++) worst = fmax(worst, fabs(back[i] - ((float *)buf[0])[i]));
-    CHECK(worst > 0 && worst < 0.05, "Q8_0 rounding %g", worst);
-    printf("Q8_0 cache: layer 0 stored as the reference quantizer's bytes (%zu), rounding %.2e\n",
-           qbytes, worst);
-    free(back);
-    free(want);
-    for (int k = 0; k < 2; k++) {
-        free(buf[k]);
-        tlm_session_free(s[k]);
+    size_t elems = (size_t)2 * c->n_kv_heads * n * hd;
+    float *f32 = NULL, *back = malloc(elems * sizeof *back);
+    static const tlm_dtype types[] = {TLM_DTYPE_F32,  TLM_DTYPE_Q8_0,  TLM_DTYPE_BF16,
+                                      TLM_DTYPE_Q4_0, TLM_DTYPE_Q4_1,  TLM_DTYPE_Q5_0,
+                                      TLM_DTYPE_Q5_1, TLM_DTYPE_IQ4_NL};
+    size_t f32_bytes = 0;
+    for (int k = 0; k < 8; k++) {
+        tlm_dtype t = types[k];
+        const tlm_dtype_info *di = tlm_dtype_get(t);
+        tlm_session_opts o = {.batch = 1, .kv_type = t};
+        tlm_session *s = NULL;
+        CHECK_OK(tlm_session_new_opts(m, &o, &s));
+        if (!s) break;
+        CHECK_OK(tlm_prefill(s, 0, ids, 6, NULL, 0));
+        for (int i = 6; i < n; i++) CHECK_OK(tlm_decode_step(s, ids[i], NULL));
+        size_t bytes = tlm_session_prefix_bytes(s, n);
+        uint8_t *buf = malloc(bytes);
+        CHECK_OK(tlm_session_save_prefix(s, 0, n, buf));
+        tlm_session_free(s);
+        if (!k) {
+            f32 = (float *)buf, f32_bytes = bytes;
+            continue;
+        }
+        CHECK(bytes * di->block_elems * 4 == f32_bytes * di->block_bytes, "%s prefix bytes %zu",
+              tlm_dtype_name(t), bytes);
+        size_t qbytes = elems / di->block_elems * di->block_bytes;
+        uint8_t *want = malloc(qbytes);
+        if (t == TLM_DTYPE_Q8_0)
+            k_q8_0_blocks_ref(f32, want, (int)elems);
+        else
+            tlm_dtype_from_f32(t, f32, want, elems);
+        CHECK(!memcmp(want, buf, qbytes), "layer 0's %s keys and values differ from the reference",
+              tlm_dtype_name(t));
+        /* and they are the F32 cache's values rounded: widened back, close but not equal */
+        tlm_dtype_to_f32(t, buf, back, elems);
+        double worst = 0;
+        for (size_t i = 0; i < elems; i++) worst = fmax(worst, fabs(back[i] - f32[i]));
+        CHECK(worst > 0 && worst < 1.0, "%s rounding %g", tlm_dtype_name(t), worst);
+        printf("%s cache: layer 0 stored as the reference quantizer's bytes (%zu), rounding "
+               "%.2e\n",
+               tlm_dtype_name(t), qbytes, worst);
+        free(want);
+        free(buf);
     }
+    free(f32);
+    free(back);
     tlm_model_free(m);
 }
 
@@ -840,12 +876,16 @@ static void test_team_invariant(void) {
 int main(void) {
     tlm_set_threads(2);
     test_team_invariant();
-    static const tlm_dtype kv_types[] = {TLM_DTYPE_F32, TLM_DTYPE_F16, TLM_DTYPE_Q8_0};
-    for (int k = 0; k < 3; k++) {
+    static const tlm_dtype kv_types[] = {TLM_DTYPE_F32,  TLM_DTYPE_F16,  TLM_DTYPE_BF16,
+                                         TLM_DTYPE_Q8_0, TLM_DTYPE_Q5_1, TLM_DTYPE_Q5_0,
+                                         TLM_DTYPE_Q4_1, TLM_DTYPE_Q4_0, TLM_DTYPE_IQ4_NL};
+    for (size_t k = 0; k < sizeof kv_types / sizeof kv_types[0]; k++) {
         kv_type = kv_types[k];
-        base_d = kv_type == TLM_DTYPE_Q8_0 ? 128 : 32;
+        base_d = tlm_dtype_get(kv_type)->block_elems > 1 ? 128 : 32;
         printf("---- %s cache ----\n", tlm_dtype_name(kv_type));
-        test_invariant();
+        /* the other types share the plumbing of these four, and their kernels are test_qgemm's */
+        test_invariant(k >= 4);
+        if (k >= 4) continue;
         test_long_prefill();
         test_batch_decode();
         test_prefix_save_load();
@@ -853,7 +893,7 @@ int main(void) {
     }
     base_d = 32;
     test_kv_types();
-    test_q8_0_stores();
+    test_block_stores();
     test_f16_overflow();
     test_sampler_defaults();
     test_samplers();

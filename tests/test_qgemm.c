@@ -7,10 +7,10 @@
  * The vector kernel must equal the reference exactly (the same operations in the same order).
  * BF16 (vdpbf16ps on the weights as they are, activations rounded to BF16) against the exact sum
  * of the same BF16 values. The decode attention of one query over cached keys and values
- * (k_attend_row), on F32, F16 and Q8_0 caches, against softmax and the weighted sum in double of
- * the values the cache holds; the F16 cache's row conversions against the scalar ones. Prefill's
- * causal attention of a block of queries (k_attend_causal) the same way, per query over the keys up
- * to its position. */
+ * (k_attend_row), on caches of every type (F32, F16, BF16 and llama.cpp's block types), against
+ * softmax and the weighted sum in double of the values the cache holds; the F16 cache's row
+ * conversions against the scalar ones. Prefill's causal attention of a block of queries
+ * (k_attend_causal) the same way, per query over the keys up to its position. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -295,25 +295,31 @@ static void check_fgemm(tlm_dtype t, int in, int out, int N) {
 
 /* n cached key and value elements: every seventh key element eight times larger, so that scores
  * spread and the maximum's subtraction matters. The cache's rows of kind kv (K_KV_) in Kc and Vc
- * (2 n bytes each, which a Q8_0 cache's 34 per 32 elements fit in), and K and V then hold the
- * values it holds (halves', or Q8_0's blocks widened) for the reference. */
+ * (2 n bytes each, which every type's bytes per element fit in), and K and V then hold the values
+ * it holds (widened by tlm_dtype_to_f32) for the reference. */
 static void fill_cache(float *K, float *V, void *Kc, void *Vc, int n, int kv) {
     for (int i = 0; i < n; i++) {
         K[i] = (2.0f * t_unif() - 1.0f) * (i % 7 == 0 ? 8.0f : 1.0f);
         V[i] = 2.0f * t_unif() - 1.0f;
     }
     if (kv == K_KV_F32) return;
-    tlm_dtype t = kv == K_KV_F16 ? TLM_DTYPE_F16 : TLM_DTYPE_Q8_0;
+    static const tlm_dtype kv_types[] = {
+        [K_KV_F16] = TLM_DTYPE_F16,   [K_KV_BF16] = TLM_DTYPE_BF16,    [K_KV_Q8_0] = TLM_DTYPE_Q8_0,
+        [K_KV_Q4_0] = TLM_DTYPE_Q4_0, [K_KV_Q4_1] = TLM_DTYPE_Q4_1,    [K_KV_Q5_0] = TLM_DTYPE_Q5_0,
+        [K_KV_Q5_1] = TLM_DTYPE_Q5_1, [K_KV_IQ4_NL] = TLM_DTYPE_IQ4_NL};
+    tlm_dtype t = kv_types[kv];
+    CHECK(k_kv_kind(t) == kv, "k_kv_kind of %s", tlm_dtype_name(t));
     tlm_dtype_from_f32(t, K, Kc, (size_t)n);
     tlm_dtype_from_f32(t, V, Vc, (size_t)n);
     tlm_dtype_to_f32(t, Kc, K, (size_t)n);
     tlm_dtype_to_f32(t, Vc, V, (size_t)n);
 }
 
-/* Head sizes the vector kernels take for a cache of kind kv: Q8_0 rows must be whole blocks. */
+/* Head sizes the vector kernels take for a cache of kind kv: a block type's rows must be whole
+ * blocks. */
 static int attend_takes(int hd, int kv) {
     if (k_isa() < K_ISA_AVX512) return 0;
-    if (kv == K_KV_Q8_0) return hd == 32 || hd == 64 || hd == 96 || hd == 128;
+    if (kv != K_KV_F32 && kv != K_KV_F16 && kv != K_KV_BF16 && hd % 32) return 0;
     return hd == 32 || hd == 48 || hd == 64 || hd == 96 || hd == 128;
 }
 
@@ -523,13 +529,14 @@ int main(void) {
     static const int Ss[] = {1, 2, 3, 4, 5, 7, 16, 17, 33, 100};
     for (int a = 0; a < 6; a++)
         for (int c = 0; c < 10; c++)
-            for (int kv = 0; kv < 3; kv++) check_attend_row(hds[a], Ss[c], kv);
+            for (int kv = K_KV_F32; kv <= K_KV_IQ4_NL; kv++) check_attend_row(hds[a], Ss[c], kv);
     static const int Ts[] = {1, 2, 3, 7, 8, 9, 17, 40, 130};
     static const int firsts[] = {0, 1, 15, 70};
     for (int a = 0; a < 6; a++)
         for (int c = 0; c < 9; c++)
             for (int f = 0; f < 4; f++)
-                for (int kv = 0; kv < 3; kv++) check_attend_causal(hds[a], Ts[c], firsts[f], kv);
+                for (int kv = K_KV_F32; kv <= K_KV_IQ4_NL; kv++)
+                    check_attend_causal(hds[a], Ts[c], firsts[f], kv);
     check_f16_rows();
     check_q8_0_blocks();
     CHECK(k_fgemm(NULL, 1, NULL, 9, &(tlm_weight){.dtype = TLM_DTYPE_BF16, .cols = 4}, NULL) == -1,

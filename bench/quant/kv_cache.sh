@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Decode over a long context by the KV cache's type: tlm's F16 (default) and Q8_0 caches against
+# Decode over a long context by the KV cache's type: tlm's F16 (default), Q8_0 and Q4_0 caches against
 # llama.cpp's (llama-bench -ctk/-ctv, flash attention on, which llama.cpp needs for a quantized V
 # cache and which is also its faster F16 path here), in the same run, alternating the two sides.
 #
@@ -8,7 +8,7 @@
 # Model: bench/out/quant/110M-Q4_K_M.gguf (run.sh writes it; head size 64, context 1024). Per cache
 # type and depth D (0, 512, 896): tgN after D cached positions (llama-bench's -d; tlm bench -d), the
 # median over ROUNDS (default 3) of one warm-up plus three timed runs each. The cache's bytes per
-# token of context: F16 36 KiB, Q8_0 19.1 KiB (110M: 12 layers, 2 x 768 values each). Prints a table
+# token of context: F16 36 KiB, Q8_0 19.1 KiB, Q4_0 10.1 KiB (110M: 12 layers, 2 x 768 values each). Prints a table
 # and writes bench/out/quant/kv_cache.json.
 set -euo pipefail
 unset OPENBLAS_CORETYPE
@@ -19,6 +19,7 @@ T=${1:-2}
 ROUNDS=${2:-3}
 N=${N:-32}
 DEPTHS=${DEPTHS:-"0 512 896"}
+TYPES=${TYPES:-"f16 q8_0 q4_0"}
 M=${MODEL:-$ROOT/bench/out/quant/110M-Q4_K_M.gguf}
 OUT=$ROOT/bench/out/quant
 [ -f "$M" ] || { echo "no $M (bench/quant/run.sh writes it)"; exit 1; }
@@ -37,7 +38,7 @@ rate() { # SIDE TYPE DEPTH -> tok/s
 declare -A got
 for r in $(seq "$ROUNDS"); do
   for d in $DEPTHS; do
-    for ct in f16 q8_0; do
+    for ct in $TYPES; do
       for side in tlm llama; do got[$side,$ct,$d]+="$(rate $side $ct $d) "; done
     done
   done
@@ -45,7 +46,7 @@ done
 med() { py "import statistics; print(round(statistics.median([float(x) for x in '$1'.split()]), 1))"; }
 printf '%-6s %5s | %9s %9s %6s\n' cache depth "tlm t/s" "llama t/s" ratio
 json="["
-for ct in f16 q8_0; do
+for ct in $TYPES; do
   for d in $DEPTHS; do
     a=$(med "${got[tlm,$ct,$d]}"); b=$(med "${got[llama,$ct,$d]}")
     ratio=$(py "print(round($a / max($b, 1e-9), 2))")

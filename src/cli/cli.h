@@ -58,14 +58,30 @@ int cli_read_mode(const char *path, int mode);
     "                        of F32, faster decode, prompts on vdpbf16ps); fp32: BF16 matrices\n"  \
     "                        widened to F32 at load (exact fp32 products)\n"
 #define CLI_CACHE_TYPE_HELP                                                                        \
-    "  --cache-type T        f16 (default, as llama.cpp's), q8_0 or f32: the type of the KV\n"     \
-    "                        cache's keys and values (f16: half the memory and the attention\n"    \
-    "                        traffic of f32; q8_0: about half of f16's, for a head size that\n"    \
-    "                        is a multiple of 32, as llama.cpp's -ctk q8_0 -ctv q8_0)\n"
-/* "f16", "f32" or "q8_0" (any case) into *t; else prints an error naming cmd and returns 0. */
+    "  --cache-type T        the KV cache's type for keys and values: f16 (default, as\n"          \
+    "                        llama.cpp's), q8_0, q5_1, q5_0, iq4_nl, q4_1, q4_0, bf16 or f32\n"    \
+    "                        (llama.cpp's -ctk and -ctv, which tlm also reads, equal). f16: "      \
+    "half\n"                                                                                       \
+    "                        the memory and attention traffic of f32; q8_0 about half of f16's,\n" \
+    "                        q4_0 about a quarter; the block types need a head size that is a\n"   \
+    "                        multiple of 32\n"
+/* A llama.cpp KV cache type's name (f16, q8_0, ..., any case) into *t; else prints an error naming
+ * cmd and returns 0. */
 int cli_cache_type(const char *cmd, const char *v, tlm_dtype *t);
 /* The name cli_cache_type reads for t. */
 const char *cli_cache_type_name(tlm_dtype t);
+/* The cache types given so far: keys' and values' (both F16 at first). */
+typedef struct {
+    tlm_dtype k, v;
+} cli_cache;
+#define CLI_CACHE_DEFAULT                                                                          \
+    { TLM_DTYPE_F16, TLM_DTYPE_F16 }
+/* --cache-type T (keys and values), -ctk/--cache-type-k T, -ctv/--cache-type-v T at argv[*i]:
+ * 1 when it was one of them (its value consumed), 0 when not, -1 on a bad value (printed). */
+int cli_cache_flag(const char *cmd, int argc, char **argv, int *i, cli_cache *c);
+/* After the flags: the one type of the cache into *t, or 0 (printed) where keys and values were
+ * given different types. */
+int cli_cache_done(const char *cmd, const cli_cache *c, tlm_dtype *t);
 /* Monotonic seconds. */
 double cli_now(void);
 /* True if argv contains -h or --help. */

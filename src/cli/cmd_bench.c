@@ -33,7 +33,8 @@ static const char *bench_help =
     "                         default, as tlm serve does, where it takes at most half the\n"
     "                         memory available; json: use_mmap)\n"
     "  --precision P          auto, fp32 or bf16: the type of the products (as tlm generate)\n"
-    "  --cache-type T         f16 (default), f32 or q8_0: the KV cache's type (as tlm generate)\n";
+    "  --cache-type T         the KV cache's type: f16 (default), f32, bf16, q8_0, q5_1, q5_0,\n"
+    "                         iq4_nl, q4_1, q4_0 (as tlm generate; -ctk and -ctv, equal, too)\n";
 
 #define MAX_LIST 16
 
@@ -120,6 +121,8 @@ static const char *base_name(const char *p) {
 int cmd_bench(int argc, char **argv) {
     const char *model_path = NULL, *fmt = "md", *precision = NULL;
     tlm_dtype cache_type = TLM_DTYPE_F16;
+    cli_cache cache = CLI_CACHE_DEFAULT;
+    int ck;
     long pp[MAX_LIST] = {512}, tg[MAX_LIST] = {128}, th[MAX_LIST] = {0}, bs[MAX_LIST] = {1};
     long dp[MAX_LIST] = {0};
     int n_pp = 1, n_tg = 1, n_th = 1, n_bs = 1, n_dp = 1, map_mode = CLI_MAP_AUTO;
@@ -161,8 +164,8 @@ int cmd_bench(int argc, char **argv) {
         } else if (cli_flag_value(argc, argv, &i, "--precision", NULL, &v)) {
             if (!v) return cli_fail("bench: --precision needs a value");
             precision = v;
-        } else if (cli_flag_value(argc, argv, &i, "--cache-type", NULL, &v)) {
-            if (!cli_cache_type("bench", v, &cache_type)) return 1;
+        } else if ((ck = cli_cache_flag("bench", argc, argv, &i, &cache)) != 0) {
+            if (ck < 0) return 1;
         } else if (cli_flag_value(argc, argv, &i, "-o", "--output", &v)) {
             if (!v || (strcmp(v, "md") && strcmp(v, "json")))
                 return cli_fail("bench: -o wants md or json, got '%s'", v ? v : "");
@@ -172,6 +175,7 @@ int cmd_bench(int argc, char **argv) {
         }
     }
     if (!model_path) return cli_fail("bench: -m MODEL is required (see tlm bench --help)");
+    if (!cli_cache_done("bench", &cache, &cache_type)) return 1;
 
     tlm_model *m = NULL;
     unsigned lf;

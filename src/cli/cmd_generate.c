@@ -13,7 +13,7 @@ static const char *generate_help =
     "                    [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
     "                    [--presence-penalty X] [--frequency-penalty X] [--repeat-last-n N]\n"
     "                    [--seed S] [-t THREADS] [--print-ids] [--mmap|--no-mmap]\n"
-    "                    [--precision auto|fp32|bf16] [--cache-type f16|f32|q8_0]\n"
+    "                    [--precision auto|fp32|bf16] [--cache-type T | -ctk T -ctv T]\n"
     "\n"
     "Samples a continuation of the prompt and streams it to stdout (the prompt first, then the\n"
     "new text, never half a UTF-8 character). Timings go to stderr at the end.\n\n"
@@ -106,6 +106,8 @@ int cmd_generate(int argc, char **argv) {
     const char *model_path = NULL, *tok_path = NULL, *prompt = NULL, *ids_arg = NULL;
     const char *precision = NULL;
     tlm_dtype cache_type = TLM_DTYPE_F16;
+    cli_cache cache = CLI_CACHE_DEFAULT;
+    int ck;
     long n_new = 256, top_k = 40, seed = 0, threads = 0;
     double temp = 0.8, top_p = 0.95, min_p = 0, rep_pen = 1, pres_pen = 0, freq_pen = 0;
     long last_n = 64;
@@ -127,8 +129,8 @@ int cmd_generate(int argc, char **argv) {
         } else if (cli_flag_value(argc, argv, &i, "--precision", NULL, &v)) {
             if (!v) return cli_fail("generate: %s needs a value", a);
             precision = v;
-        } else if (cli_flag_value(argc, argv, &i, "--cache-type", NULL, &v)) {
-            if (!cli_cache_type("generate", v, &cache_type)) return 1;
+        } else if ((ck = cli_cache_flag("generate", argc, argv, &i, &cache)) != 0) {
+            if (ck < 0) return 1;
         } else if (cli_flag_value(argc, argv, &i, "-z", "--tokenizer", &v)) {
             if (!v) return cli_fail("generate: %s needs a value", a);
             tok_path = v;
@@ -188,6 +190,7 @@ int cmd_generate(int argc, char **argv) {
         }
     }
     if (!model_path) return cli_fail("generate: -m MODEL is required (see tlm generate --help)");
+    if (!cli_cache_done("generate", &cache, &cache_type)) return 1;
     if (prompt && ids_arg) return cli_fail("generate: give -p or --ids, not both");
     if (threads) tlm_set_threads((int)threads);
 

@@ -26,7 +26,7 @@ static const char *serve_help =
     "usage: tlm serve -m MODEL [-z TOKENIZER] [--host 127.0.0.1] [--port 8080] [--parallel N]\n"
     "                 [--ctx T] [--api-key KEY] [-t THREADS] [--chat-template NAME]\n"
     "                 [--queue N] [--max-body BYTES] [--precision auto|fp32|bf16]\n"
-    "                 [--cache-type f16|f32|q8_0] [--mmap|--no-mmap]\n"
+    "                 [--cache-type T | -ctk T -ctv T] [--mmap|--no-mmap]\n"
     "\n"
     "Serves the OpenAI API (POST /v1/completions, /v1/chat/completions, GET /v1/models) plus\n"
     "/health, /metrics (Prometheus), /tokenize, /detokenize and a chat page at /.\n\n"
@@ -652,6 +652,8 @@ int cmd_serve(int argc, char **argv) {
     const char *model_path = NULL, *tok_path = NULL, *host = "127.0.0.1", *api_key = NULL;
     const char *tpl_name = NULL, *precision = NULL;
     tlm_dtype cache_type = TLM_DTYPE_F16;
+    cli_cache cache = CLI_CACHE_DEFAULT;
+    int ck;
     long port = 8080, parallel = 4, ctx = 0, threads = 0, queue = 0, max_body = 1 << 20,
          cache_mib = 1024;
     int map_mode = CLI_MAP_AUTO;
@@ -676,8 +678,8 @@ int cmd_serve(int argc, char **argv) {
             tpl_name = v;
         } else if (cli_flag_value(argc, argv, &i, "--precision", NULL, &v)) {
             precision = v;
-        } else if (cli_flag_value(argc, argv, &i, "--cache-type", NULL, &v)) {
-            if (!cli_cache_type("serve", v, &cache_type)) return 1;
+        } else if ((ck = cli_cache_flag("serve", argc, argv, &i, &cache)) != 0) {
+            if (ck < 0) return 1;
         } else if (cli_flag_value(argc, argv, &i, "--port", NULL, &v)) {
             num = &port, lo = 0, hi = 65535;
         } else if (cli_flag_value(argc, argv, &i, "--parallel", "-np", &v)) {
@@ -700,6 +702,7 @@ int cmd_serve(int argc, char **argv) {
             return cli_fail("serve: %s wants an integer in [%ld, %ld], got '%s'", a, lo, hi, v);
     }
     if (!model_path) return cli_fail("serve: -m MODEL is required (see tlm serve --help)");
+    if (!cli_cache_done("serve", &cache, &cache_type)) return 1;
     struct sockaddr_in addr = {0};
     addr.sin_family = AF_INET;
     addr.sin_port = htons((uint16_t)port);

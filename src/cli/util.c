@@ -95,22 +95,59 @@ double cli_now(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* llama.cpp's names of its KV cache types (common/arg.cpp), all of which tlm's cache takes */
+static const struct {
+    const char *name;
+    tlm_dtype t;
+} cache_types[] = {
+    {"f32", TLM_DTYPE_F32},       {"f16", TLM_DTYPE_F16},   {"bf16", TLM_DTYPE_BF16},
+    {"q8_0", TLM_DTYPE_Q8_0},     {"q4_0", TLM_DTYPE_Q4_0}, {"q4_1", TLM_DTYPE_Q4_1},
+    {"iq4_nl", TLM_DTYPE_IQ4_NL}, {"q5_0", TLM_DTYPE_Q5_0}, {"q5_1", TLM_DTYPE_Q5_1}};
+#define N_CACHE_TYPES (sizeof cache_types / sizeof cache_types[0])
+
 int cli_cache_type(const char *cmd, const char *v, tlm_dtype *t) {
-    static const struct {
-        const char *name;
-        tlm_dtype t;
-    } types[] = {{"f16", TLM_DTYPE_F16}, {"f32", TLM_DTYPE_F32}, {"q8_0", TLM_DTYPE_Q8_0}};
-    for (size_t i = 0; v && i < sizeof types / sizeof types[0]; i++)
-        if (!strcasecmp(v, types[i].name)) {
-            *t = types[i].t;
+    for (size_t i = 0; v && i < N_CACHE_TYPES; i++)
+        if (!strcasecmp(v, cache_types[i].name)) {
+            *t = cache_types[i].t;
             return 1;
         }
-    fprintf(stderr, "tlm: %s: --cache-type must be f16, f32 or q8_0 (got '%s')\n", cmd, v ? v : "");
+    fprintf(stderr,
+            "tlm: %s: --cache-type must be one of f16, f32, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, "
+            "q5_1 (got '%s')\n",
+            cmd, v ? v : "");
     return 0;
 }
 
 const char *cli_cache_type_name(tlm_dtype t) {
-    return t == TLM_DTYPE_F16 ? "f16" : t == TLM_DTYPE_Q8_0 ? "q8_0" : "f32";
+    for (size_t i = 0; i < N_CACHE_TYPES; i++)
+        if (cache_types[i].t == t) return cache_types[i].name;
+    return "?";
+}
+
+int cli_cache_flag(const char *cmd, int argc, char **argv, int *i, cli_cache *c) {
+    const char *v;
+    tlm_dtype t;
+    int which = cli_flag_value(argc, argv, i, "--cache-type", NULL, &v)       ? 3
+                : cli_flag_value(argc, argv, i, "-ctk", "--cache-type-k", &v) ? 1
+                : cli_flag_value(argc, argv, i, "-ctv", "--cache-type-v", &v) ? 2
+                                                                              : 0;
+    if (!which) return 0;
+    if (!cli_cache_type(cmd, v, &t)) return -1;
+    if (which & 1) c->k = t;
+    if (which & 2) c->v = t;
+    return 1;
+}
+
+int cli_cache_done(const char *cmd, const cli_cache *c, tlm_dtype *t) {
+    if (c->k != c->v) {
+        fprintf(stderr,
+                "tlm: %s: the KV cache holds keys and values in one type, and -ctk %s and -ctv %s "
+                "differ (give both, or --cache-type)\n",
+                cmd, cli_cache_type_name(c->k), cli_cache_type_name(c->v));
+        return 0;
+    }
+    *t = c->k;
+    return 1;
 }
 
 /* Bytes the kernel says could be given to a process now without swapping (0: unknown). */

@@ -120,15 +120,19 @@ tlm_status tlm_session_new_opts(const tlm_model *m, const tlm_session_opts *o, t
     const tlm_config *c = &m->c;
     int batch = o->batch, capacity = o->capacity;
     size_t hd = (size_t)(c->d_model / c->n_heads);
-    if (o->kv_type != TLM_DTYPE_F32 && o->kv_type != TLM_DTYPE_F16 && o->kv_type != TLM_DTYPE_Q8_0)
-        return tlm_err(TLM_ERR_ARG, "session: KV cache type %s (supported: F32, F16, Q8_0)",
+    int kind = k_kv_kind(o->kv_type);
+    if (kind < 0)
+        return tlm_err(TLM_ERR_ARG,
+                       "session: KV cache type %s (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, "
+                       "IQ4_NL, Q5_0, Q5_1)",
                        tlm_dtype_name(o->kv_type));
     /* a cached row (one position of one head) is whole blocks, as llama.cpp also requires */
-    if (o->kv_type == TLM_DTYPE_Q8_0 && hd % TLM_QK)
+    const tlm_dtype_info *di = tlm_dtype_get(o->kv_type);
+    if (hd % di->block_elems)
         return tlm_err(TLM_ERR_ARG,
-                       "session: a Q8_0 KV cache needs a head size that is a multiple of %d "
+                       "session: a %s KV cache needs a head size that is a multiple of %zu "
                        "(this model's is %zu); use F16 or F32",
-                       TLM_QK, hd);
+                       tlm_dtype_name(o->kv_type), (size_t)di->block_elems, hd);
     if (batch <= 0) return tlm_err(TLM_ERR_ARG, "session: batch %d must be positive", batch);
     if (capacity <= 0) capacity = c->context_length;
     if (capacity > c->context_length)
@@ -140,10 +144,7 @@ tlm_status tlm_session_new_opts(const tlm_model *m, const tlm_session_opts *o, t
     s->B = batch;
     s->cap = capacity;
     s->kv_type = o->kv_type;
-    s->kv_kind = o->kv_type == TLM_DTYPE_Q8_0  ? K_KV_Q8_0
-                 : o->kv_type == TLM_DTYPE_F16 ? K_KV_F16
-                                               : K_KV_F32;
-    const tlm_dtype_info *di = tlm_dtype_get(o->kv_type);
+    s->kv_kind = kind;
     s->kv_row = hd / di->block_elems * di->block_bytes;
     size_t heads = 0;
     int ok = tlm_mul_ok((size_t)c->n_layers * 2 * (size_t)c->n_kv_heads, (size_t)batch, &heads) &&
@@ -426,10 +427,12 @@ static void store_heads(void *ctx, long a, long b) {
             char *dst = (char *)infer_cache(s, x->l, s->row_seq[r], kv, h) +
                         (size_t)s->row_pos[r] * s->kv_row;
             const float *src = x->qkv + (size_t)r * x->ld + qw + (size_t)kv * kw + (size_t)h * hd;
+            /* as llama.cpp's CPU backend stores each type: its x86 quantize_row_q8_0 for Q8_0,
+             * the reference quantizers (tlm_dtype_from_f32's, byte for byte) for the others */
             if (s->kv_kind == K_KV_Q8_0)
-                k_q8_0_blocks(src, dst, hd); /* as llama.cpp's CPU backend stores its q8_0 cache */
-            else if (s->kv_kind == K_KV_F16)
-                k_narrow_row(TLM_DTYPE_F16, src, dst, hd);
+                k_q8_0_blocks(src, dst, hd);
+            else if (s->kv_kind != K_KV_F32)
+                k_narrow_row(s->kv_type, src, dst, hd);
             else
                 memcpy(dst, src, (size_t)hd * sizeof(float));
         }

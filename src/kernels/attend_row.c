@@ -32,21 +32,89 @@
  * Q4_K_M at 896 positions, two threads, tok/s: F16 309-315 -> 327-359, Q8_0 319-321 -> 353-378. */
 #define PF_KEYS 32
 
-/* 16 elements from element i (a multiple of 16) of a cached row: floats, halves widened, or
- * Q8_0 bytes widened and scaled (the rows are whole blocks, so element i is in block i / 32). */
+/* Bytes of one cached row of hd elements of kind KV (the block kinds: hd / 32 whole blocks). */
+static inline size_t kv_row_bytes(const int KV, size_t hd) {
+    switch (KV) {
+    case K_KV_F32: return hd * 4;
+    case K_KV_F16:
+    case K_KV_BF16: return hd * 2;
+    case K_KV_Q8_0: return hd / 32 * sizeof(tlm_block_q8_0);
+    case K_KV_Q4_0: return hd / 32 * sizeof(tlm_block_q4_0);
+    case K_KV_Q4_1: return hd / 32 * sizeof(tlm_block_q4_1);
+    case K_KV_Q5_0: return hd / 32 * sizeof(tlm_block_q5_0);
+    case K_KV_Q5_1: return hd / 32 * sizeof(tlm_block_q5_1);
+    default: return hd / 32 * sizeof(tlm_block_iq4_nl);
+    }
+}
+
+static inline float h2f(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, sizeof h);
+    return _cvtsh_ss(h);
+}
+
+/* The 16 nibbles of a 4-bit block's elements e .. e + 15 (e = 0: the low nibbles of its 16 bytes
+ * qs, e = 16: the high ones) as 32-bit integers. */
+T5 static inline __attribute__((always_inline)) __m512i nib16(const uint8_t *qs, size_t e) {
+    __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)qs));
+    return e ? _mm512_srli_epi32(b, 4) : _mm512_and_si512(b, _mm512_set1_epi32(15));
+}
+
+/* Q5_0 and Q5_1's fifth bits (qh, bit j for element j) added to nib16's elements e .. e + 15. */
+T5 static inline __attribute__((always_inline)) __m512i fifth16(__m512i q, const uint8_t *qh,
+                                                                size_t e) {
+    uint32_t h;
+    memcpy(&h, qh, sizeof h);
+    return _mm512_mask_add_epi32(q, (__mmask16)(h >> e), q, _mm512_set1_epi32(16));
+}
+
+/* 16 elements from element i (a multiple of 16) of a cached row, widened to floats: floats,
+ * halves, bfloat16s, or the 32-element blocks of llama.cpp's quantized cache types, whose rows are
+ * whole blocks, so that element i lies in block i / 32 at element i % 32 (0 or 16), each widened
+ * as tlm_dtype_to_f32 widens it. */
 T5 static inline __attribute__((always_inline)) __m512 ld16(const int KV, const void *row,
                                                             size_t i) {
-    if (KV == K_KV_Q8_0) {
-        const uint8_t *b = (const uint8_t *)row + (i >> 5) * sizeof(tlm_block_q8_0);
-        uint16_t h;
-        memcpy(&h, b, sizeof h);
-        __m512 v = _mm512_cvtepi32_ps(
-            _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2 + (i & 31)))));
-        return _mm512_mul_ps(v, _mm512_set1_ps(_cvtsh_ss(h)));
+    const uint8_t *r = row;
+    size_t e = i & 31;
+    switch (KV) {
+    case K_KV_F16: return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(r + 2 * i)));
+    case K_KV_BF16:
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(r + 2 * i))), 16));
+    case K_KV_Q8_0: {
+        const uint8_t *b = r + (i >> 5) * sizeof(tlm_block_q8_0);
+        __m512 v =
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2 + e))));
+        return _mm512_mul_ps(v, _mm512_set1_ps(h2f(b)));
     }
-    if (KV == K_KV_F16)
-        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i)));
-    return _mm512_loadu_ps((const float *)row + i);
+    case K_KV_Q4_0: {
+        const uint8_t *b = r + (i >> 5) * sizeof(tlm_block_q4_0);
+        __m512i q = _mm512_sub_epi32(nib16(b + 2, e), _mm512_set1_epi32(8));
+        return _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(h2f(b)));
+    }
+    case K_KV_Q4_1: {
+        const uint8_t *b = r + (i >> 5) * sizeof(tlm_block_q4_1);
+        return _mm512_fmadd_ps(_mm512_cvtepi32_ps(nib16(b + 4, e)), _mm512_set1_ps(h2f(b)),
+                               _mm512_set1_ps(h2f(b + 2)));
+    }
+    case K_KV_Q5_0: {
+        const uint8_t *b = r + (i >> 5) * sizeof(tlm_block_q5_0);
+        __m512i q = _mm512_sub_epi32(fifth16(nib16(b + 6, e), b + 2, e), _mm512_set1_epi32(16));
+        return _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(h2f(b)));
+    }
+    case K_KV_Q5_1: {
+        const uint8_t *b = r + (i >> 5) * sizeof(tlm_block_q5_1);
+        return _mm512_fmadd_ps(_mm512_cvtepi32_ps(fifth16(nib16(b + 8, e), b + 4, e)),
+                               _mm512_set1_ps(h2f(b)), _mm512_set1_ps(h2f(b + 2)));
+    }
+    case K_KV_IQ4_NL: {
+        const uint8_t *b = r + (i >> 5) * sizeof(tlm_block_iq4_nl);
+        __m512 table = _mm512_cvtepi32_ps(
+            _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)tlm_iq4nl_values)));
+        return _mm512_mul_ps(_mm512_permutexvar_ps(nib16(b + 2, e), table), _mm512_set1_ps(h2f(b)));
+    }
+    default: return _mm512_loadu_ps((const float *)row + i);
+    }
 }
 
 /* hd = 16 * NB; NB and KV are constants at each call site, so the arrays below live in
@@ -62,7 +130,7 @@ T5 static inline __attribute__((always_inline)) void row_avx512(const int NB, co
     /* Sixteen keys' products, then their sixteen horizontal sums at once: pairs of vectors
      * interleaved and added, then pairs of pairs, then 128-bit lanes twice, which leaves key i's
      * sum in lane i (45 operations where sixteen separate sums take about 140). */
-    const size_t rb = KV == K_KV_F32 ? hd * 4 : KV == K_KV_F16 ? hd * 2 : hd / 32 * 34; /* a row */
+    const size_t rb = kv_row_bytes(KV, hd);
     for (; j + 16 <= S; j += 16) {
         size_t k0 = (size_t)j * hd;
         __m512 a[16];
@@ -153,14 +221,25 @@ T5 static inline __attribute__((always_inline)) void row_avx512(const int NB, co
     default: return -1;                                                                            \
     }
 
-/* Q8_0 rows are whole blocks only where hd is a multiple of 32 (of the sizes here, 48 is not) */
+/* The block kinds' rows are whole blocks only where hd is a multiple of 32 (of the sizes here, 48
+ * is not). */
+#define KV_CASES(CASES)                                                                            \
+    if (kv >= K_KV_Q8_0 && kv != K_KV_BF16 && hd % 32) return -1;                                  \
+    switch (kv) {                                                                                  \
+    case K_KV_F32: CASES(K_KV_F32)                                                                 \
+    case K_KV_F16: CASES(K_KV_F16)                                                                 \
+    case K_KV_BF16: CASES(K_KV_BF16)                                                               \
+    case K_KV_Q8_0: CASES(K_KV_Q8_0)                                                               \
+    case K_KV_Q4_0: CASES(K_KV_Q4_0)                                                               \
+    case K_KV_Q4_1: CASES(K_KV_Q4_1)                                                               \
+    case K_KV_Q5_0: CASES(K_KV_Q5_0)                                                               \
+    case K_KV_Q5_1: CASES(K_KV_Q5_1)                                                               \
+    case K_KV_IQ4_NL: CASES(K_KV_IQ4_NL)                                                           \
+    default: return -1;                                                                            \
+    }
+
 T5 static int attend_row_avx512(const float *q, const void *K, const void *V, int kv, int S, int hd,
-                                float scale, float *p, float *o) {
-    if (kv == K_KV_Q8_0 && hd % 32) return -1;
-    if (kv == K_KV_Q8_0) ROW_CASES(K_KV_Q8_0)
-    if (kv == K_KV_F16) ROW_CASES(K_KV_F16)
-    ROW_CASES(K_KV_F32)
-}
+                                float scale, float *p, float *o){KV_CASES(ROW_CASES)}
 
 /* ---- prefill: a block of consecutive queries, causal ----------------------------------------- */
 
@@ -285,10 +364,7 @@ T5 static inline AI void causal_avx512(const int NB, const int R, const int KB, 
 T5 static int causal_dispatch(const float *q, size_t ldq, const void *K, const void *V, int kv,
                               int T, int first, int hd, float scale, float *kt, float *p, float *o,
                               size_t ldo) {
-    if (kv == K_KV_Q8_0 && hd % 32) return -1;
-    if (kv == K_KV_Q8_0) CAUSAL_CASES(K_KV_Q8_0)
-    if (kv == K_KV_F16) CAUSAL_CASES(K_KV_F16)
-    CAUSAL_CASES(K_KV_F32)
+    KV_CASES(CAUSAL_CASES)
 }
 
 #define HAVE_X86 1
@@ -316,4 +392,19 @@ int k_attend_causal(const float *q, size_t ldq, const void *K, const void *V, in
     (void)kt, (void)p, (void)o, (void)ldo;
 #endif
     return -1;
+}
+
+int k_kv_kind(tlm_dtype t) {
+    switch (t) {
+    case TLM_DTYPE_F32: return K_KV_F32;
+    case TLM_DTYPE_F16: return K_KV_F16;
+    case TLM_DTYPE_BF16: return K_KV_BF16;
+    case TLM_DTYPE_Q8_0: return K_KV_Q8_0;
+    case TLM_DTYPE_Q4_0: return K_KV_Q4_0;
+    case TLM_DTYPE_Q4_1: return K_KV_Q4_1;
+    case TLM_DTYPE_Q5_0: return K_KV_Q5_0;
+    case TLM_DTYPE_Q5_1: return K_KV_Q5_1;
+    case TLM_DTYPE_IQ4_NL: return K_KV_IQ4_NL;
+    default: return -1;
+    }
 }

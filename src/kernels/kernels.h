@@ -201,9 +201,20 @@ int k_team_pool(int on);
 
 /* ---- decode attention (attend_row.c) ---- */
 /* The element types of a KV cache's rows, as the attention kernels take them: floats, IEEE
- * halves, or Q8_0 blocks (32 elements: a half scale and 32 signed bytes, as GGUF's; hd a multiple
- * of 32, so that each cached row is whole blocks). */
-enum { K_KV_F32 = 0, K_KV_F16 = 1, K_KV_Q8_0 = 2 };
+ * halves, bfloat16s, or GGUF's blocks of 32 elements (llama.cpp's other cache types; hd a multiple
+ * of 32, so that each cached row is whole blocks). k_kv_kind: a type's kind, -1 for the others. */
+enum {
+    K_KV_F32 = 0,
+    K_KV_F16,
+    K_KV_Q8_0,
+    K_KV_BF16,
+    K_KV_Q4_0,
+    K_KV_Q4_1,
+    K_KV_Q5_0,
+    K_KV_Q5_1,
+    K_KV_IQ4_NL
+};
+int k_kv_kind(tlm_dtype t);
 
 /* One query q[hd] over S cached keys K[S, hd] and values V[S, hd] (rows of kind kv, a K_KV_):
  * o[hd] = softmax(scale q.K) V, with p[0..S) as scratch. Returns -1, computing nothing, where no
