@@ -85,6 +85,19 @@ assert abs(a["perplexity"] - b["perplexity"]) < 1e-3 * a["perplexity"], (a, b)
 assert 1 < a["perplexity"] < 50, a
 PY
 ok
+# --cache-type: each window through a session with that cache: an F32 cache gives the training
+# pass's figure, an F16 one nearly; a block type needs a head size that is a multiple of 32
+c=$("$TLM" eval -m "$W/f32.gguf" --data "$W/text.txt" --json --llama-ppl --cache-type f32)
+d=$("$TLM" eval -m "$W/f32.gguf" --data "$W/text.txt" --json --llama-ppl -ctk f16 -ctv f16)
+/usr/bin/python3 - "$b" "$c" "$d" <<'PY' || fail "--cache-type: $b vs $c vs $d"
+import json, sys
+b, c, d = (json.loads(x) for x in sys.argv[1:])
+assert b["tokens"] == c["tokens"] == d["tokens"], (b, c, d)
+assert abs(b["perplexity"] - c["perplexity"]) < 1e-5 * b["perplexity"], (b, c)
+assert abs(b["perplexity"] - d["perplexity"]) < 1e-3 * b["perplexity"], (b, d)
+PY
+ok
+expect_fail "multiple of 32" eval -m "$W/f32.gguf" --data "$W/text.txt" --cache-type q8_0
 head -c 300 "$W/text.txt" >"$W/short.txt"
 expect_fail "needs at least 2 chunks of 512 tokens" eval -m "$W/f32.gguf" --data "$W/short.txt" --llama-ppl
 echo "quantize_cli: $pass passed"

@@ -8,7 +8,7 @@
 // clang-format off
 static const char *eval_help =
     "usage: tlm eval -m MODEL [-z TOKENIZER] --data TEXT [--batch B] [-t THREADS] [--json]\n"
-    "                [--mmap|--no-mmap] [--precision auto|fp32|bf16]\n\n"
+    "                [--mmap|--no-mmap] [--precision auto|fp32|bf16] [--cache-type T]\n\n"
     "Mean next-token cross-entropy of the model over the whole text: the tokens are cut into\n"
     "consecutive windows of context_length (+1 for the targets), every token is predicted once.\n"
     "Prints loss, perplexity and bits per byte.\n\n"
@@ -21,6 +21,12 @@ static const char *eval_help =
     "  --json                print {\"loss\", \"perplexity\", \"bits_per_byte\", \"tokens\"}\n"
     CLI_MMAP_HELP
     CLI_PRECISION_HELP
+    "  --cache-type T        score through a generation session whose KV cache has this type\n"
+    "                        (tlm generate's: f16, q8_0, q4_0, ...; -ctk T -ctv T too), each\n"
+    "                        window one prefill that reads its keys and values back from the\n"
+    "                        cache, as llama-perplexity's -ctk/-ctv do: the cache's effect on\n"
+    "                        accuracy. Without it the windows go through the training forward\n"
+    "                        pass, which keeps them in floats\n"
     "  --llama-ppl           score as llama.cpp's llama-perplexity does (to compare the two):\n"
     "                        the text's tokens (after a BOS where the vocabulary adds one) cut\n"
     "                        into chunks of context_length, each chunk's first token replaced\n"
@@ -29,10 +35,26 @@ static const char *eval_help =
     "                        text\n";
 // clang-format on
 
+/* Summed negative log-likelihood of the targets y[t] >= 0 under the T rows of logits. */
+static double cli_nll(const float *logits, int V, const int32_t *y, int T) {
+    double sum = 0;
+    for (int t = 0; t < T; t++) {
+        if (y[t] < 0) continue;
+        const float *r = logits + (size_t)t * V;
+        double mx = r[0], z = 0;
+        for (int j = 1; j < V; j++) mx = r[j] > mx ? r[j] : mx;
+        for (int j = 0; j < V; j++) z += exp((double)r[j] - mx);
+        sum += mx + log(z) - r[y[t]];
+    }
+    return sum;
+}
+
 int cmd_eval(int argc, char **argv) {
     const char *model = NULL, *tokenizer = NULL, *data = NULL, *precision = NULL;
-    int json = 0, map_mode = CLI_MAP_AUTO, llama_ppl = 0;
+    int json = 0, map_mode = CLI_MAP_AUTO, llama_ppl = 0, ck, cached = 0;
     long batch = 8, threads = 0;
+    cli_cache cache = CLI_CACHE_DEFAULT;
+    tlm_dtype cache_type = TLM_DTYPE_F16;
     for (int i = 1; i < argc; i++) {
         const char *v;
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
@@ -62,12 +84,16 @@ int cmd_eval(int argc, char **argv) {
             /* map_mode is set */
         } else if (!strcmp(argv[i], "--llama-ppl")) {
             llama_ppl = 1;
+        } else if ((ck = cli_cache_flag("eval", argc, argv, &i, &cache)) != 0) {
+            if (ck < 0) return 1;
+            cached = 1;
         } else {
             return cli_fail("eval: unknown option '%s' (see tlm eval --help)", argv[i]);
         }
     }
     if (!model) return cli_fail("eval: -m MODEL is required");
     if (!data) return cli_fail("eval: --data TEXT is required");
+    if (!cli_cache_done("eval", &cache, &cache_type)) return 1;
     tlm_set_threads((int)threads);
     tlm_model *m = NULL;
     tlm_tokenizer *tok = NULL;
@@ -115,8 +141,18 @@ int cmd_eval(int argc, char **argv) {
         int B = (int)batch;
         int32_t *x = malloc((size_t)B * T * sizeof *x), *y = malloc((size_t)B * T * sizeof *y);
         tlm_train_ctx *ctx = NULL;
+        tlm_session *sess = NULL;
+        float *logits = NULL;
         double total = 0;
         size_t counted = 0;
+        if (cached) {
+            /* one window at a time through a session: its logits at every position */
+            tlm_session_opts so = {.batch = 1, .capacity = T, .kv_type = cache_type};
+            B = 1;
+            if (tlm_session_new_opts(m, &so, &sess)) rc = cli_fail_status("eval");
+            logits = malloc((size_t)T * c->vocab_size * sizeof *logits);
+            if (!rc && !logits) rc = cli_fail("eval: out of memory");
+        }
         for (size_t w0 = 0; w0 < windows && !rc; w0 += (size_t)B) {
             int nb = (int)(windows - w0 < (size_t)B ? windows - w0 : (size_t)B);
             for (int b = 0; b < nb; b++)
@@ -132,6 +168,16 @@ int cmd_eval(int argc, char **argv) {
                 }
             int cnt = 0;
             for (int i = 0; i < nb * T; i++) cnt += y[i] >= 0;
+            if (sess) {
+                tlm_session_reset(sess, -1);
+                if (tlm_prefill(sess, 0, x, T, logits, 1)) {
+                    rc = cli_fail_status("eval");
+                    break;
+                }
+                total += cli_nll(logits, c->vocab_size, y, T);
+                counted += (size_t)cnt;
+                continue;
+            }
             tlm_forward_opts o = {.targets = y};
             tlm_forward_out out;
             if (!ctx && tlm_train_ctx_new(m, &ctx)) {
@@ -147,6 +193,8 @@ int cmd_eval(int argc, char **argv) {
         }
         free(x);
         free(y);
+        free(logits);
+        tlm_session_free(sess);
         tlm_train_ctx_free(ctx);
         if (!rc) {
             double loss = total / (double)counted;
