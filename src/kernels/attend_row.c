@@ -47,7 +47,7 @@ static inline size_t kv_row_bytes(const int KV, size_t hd) {
     }
 }
 
-static inline float h2f(const uint8_t *p) {
+T5 static inline float h2f(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, sizeof h);
     return _cvtsh_ss(h);
@@ -68,6 +68,34 @@ T5 static inline __attribute__((always_inline)) __m512i fifth16(__m512i q, const
     return _mm512_mask_add_epi32(q, (__mmask16)(h >> e), q, _mm512_set1_epi32(16));
 }
 
+/* The block kinds: GGUF blocks of 32 elements, each starting with its half scale d (then, for
+ * Q4_1 and Q5_1, its half minimum m): element = d * code (+ m). */
+static inline int kv_blocks(const int KV) { return KV == K_KV_Q8_0 || KV >= K_KV_Q4_0; }
+static inline int kv_has_min(const int KV) { return KV == K_KV_Q4_1 || KV == K_KV_Q5_1; }
+static inline size_t kv_block_bytes(const int KV) { return kv_row_bytes(KV, 32); }
+
+/* Elements e .. e + 15 (e = 0 or 16) of the block at b as its codes, widened to floats. */
+T5 static inline __attribute__((always_inline)) __m512 codes16(const int KV, const uint8_t *b,
+                                                               size_t e) {
+    switch (KV) {
+    case K_KV_Q8_0:
+        return _mm512_cvtepi32_ps(
+            _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2 + e))));
+    case K_KV_Q4_0:
+        return _mm512_cvtepi32_ps(_mm512_sub_epi32(nib16(b + 2, e), _mm512_set1_epi32(8)));
+    case K_KV_Q4_1: return _mm512_cvtepi32_ps(nib16(b + 4, e));
+    case K_KV_Q5_0:
+        return _mm512_cvtepi32_ps(
+            _mm512_sub_epi32(fifth16(nib16(b + 6, e), b + 2, e), _mm512_set1_epi32(16)));
+    case K_KV_Q5_1: return _mm512_cvtepi32_ps(fifth16(nib16(b + 8, e), b + 4, e));
+    default: { /* IQ4_NL: a non-linear table of 16 values, by a permute */
+        __m512 table = _mm512_cvtepi32_ps(
+            _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)tlm_iq4nl_values)));
+        return _mm512_permutexvar_ps(nib16(b + 2, e), table);
+    }
+    }
+}
+
 /* 16 elements from element i (a multiple of 16) of a cached row, widened to floats: floats,
  * halves, bfloat16s, or the 32-element blocks of llama.cpp's quantized cache types, whose rows are
  * whole blocks, so that element i lies in block i / 32 at element i % 32 (0 or 16), each widened
@@ -75,45 +103,57 @@ T5 static inline __attribute__((always_inline)) __m512i fifth16(__m512i q, const
 T5 static inline __attribute__((always_inline)) __m512 ld16(const int KV, const void *row,
                                                             size_t i) {
     const uint8_t *r = row;
-    size_t e = i & 31;
-    switch (KV) {
-    case K_KV_F16: return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(r + 2 * i)));
-    case K_KV_BF16:
+    if (kv_blocks(KV)) {
+        const uint8_t *b = r + (i >> 5) * kv_block_bytes(KV);
+        __m512 c = codes16(KV, b, i & 31), d = _mm512_set1_ps(h2f(b));
+        return kv_has_min(KV) ? _mm512_fmadd_ps(c, d, _mm512_set1_ps(h2f(b + 2)))
+                              : _mm512_mul_ps(c, d);
+    }
+    if (KV == K_KV_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(r + 2 * i)));
+    if (KV == K_KV_BF16)
         return _mm512_castsi512_ps(_mm512_slli_epi32(
             _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(r + 2 * i))), 16));
-    case K_KV_Q8_0: {
-        const uint8_t *b = r + (i >> 5) * sizeof(tlm_block_q8_0);
-        __m512 v =
-            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2 + e))));
-        return _mm512_mul_ps(v, _mm512_set1_ps(h2f(b)));
+    return _mm512_loadu_ps((const float *)row + i);
+}
+
+/* One key's products with the query q (qv: its NB vectors), summed over the key's blocks but not
+ * across lanes. A block type's scale multiplies each block's sum of code products once (and its
+ * minimum the query's sum over the block, qp[c]: qv[2c] + qv[2c + 1]) rather than each element. */
+T5 static inline __attribute__((always_inline)) __m512
+kvec(const int NB, const int KV, const __m512 *qv, const __m512 *qp, const uint8_t *key) {
+    __m512 a;
+    if (!kv_blocks(KV)) {
+        a = _mm512_mul_ps(qv[0], ld16(KV, key, 0));
+        for (int b = 1; b < NB; b++) a = _mm512_fmadd_ps(qv[b], ld16(KV, key, 16 * (size_t)b), a);
+        return a;
     }
-    case K_KV_Q4_0: {
-        const uint8_t *b = r + (i >> 5) * sizeof(tlm_block_q4_0);
-        __m512i q = _mm512_sub_epi32(nib16(b + 2, e), _mm512_set1_epi32(8));
-        return _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(h2f(b)));
+    for (int c = 0; c < NB / 2; c++) {
+        const uint8_t *blk = key + c * kv_block_bytes(KV);
+        __m512 t = _mm512_mul_ps(qv[2 * c], codes16(KV, blk, 0));
+        t = _mm512_fmadd_ps(qv[2 * c + 1], codes16(KV, blk, 16), t);
+        __m512 d = _mm512_set1_ps(h2f(blk));
+        a = c ? _mm512_fmadd_ps(t, d, a) : _mm512_mul_ps(t, d);
+        if (kv_has_min(KV)) a = _mm512_fmadd_ps(_mm512_set1_ps(h2f(blk + 2)), qp[c], a);
     }
-    case K_KV_Q4_1: {
-        const uint8_t *b = r + (i >> 5) * sizeof(tlm_block_q4_1);
-        return _mm512_fmadd_ps(_mm512_cvtepi32_ps(nib16(b + 4, e)), _mm512_set1_ps(h2f(b)),
-                               _mm512_set1_ps(h2f(b + 2)));
+    return a;
+}
+
+/* e[0 .. NB) += w times one cached value row. A block type's scale goes into w once a block, and
+ * its minimum times w into ms[c] (added to the block's two vectors at the end). */
+T5 static inline __attribute__((always_inline)) void
+vacc(const int NB, const int KV, float w, const uint8_t *row, __m512 *e, float *ms) {
+    if (!kv_blocks(KV)) {
+        __m512 wv = _mm512_set1_ps(w);
+        for (int b = 0; b < NB; b++)
+            e[b] = _mm512_fmadd_ps(wv, ld16(KV, row, 16 * (size_t)b), e[b]);
+        return;
     }
-    case K_KV_Q5_0: {
-        const uint8_t *b = r + (i >> 5) * sizeof(tlm_block_q5_0);
-        __m512i q = _mm512_sub_epi32(fifth16(nib16(b + 6, e), b + 2, e), _mm512_set1_epi32(16));
-        return _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(h2f(b)));
-    }
-    case K_KV_Q5_1: {
-        const uint8_t *b = r + (i >> 5) * sizeof(tlm_block_q5_1);
-        return _mm512_fmadd_ps(_mm512_cvtepi32_ps(fifth16(nib16(b + 8, e), b + 4, e)),
-                               _mm512_set1_ps(h2f(b)), _mm512_set1_ps(h2f(b + 2)));
-    }
-    case K_KV_IQ4_NL: {
-        const uint8_t *b = r + (i >> 5) * sizeof(tlm_block_iq4_nl);
-        __m512 table = _mm512_cvtepi32_ps(
-            _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)tlm_iq4nl_values)));
-        return _mm512_mul_ps(_mm512_permutexvar_ps(nib16(b + 2, e), table), _mm512_set1_ps(h2f(b)));
-    }
-    default: return _mm512_loadu_ps((const float *)row + i);
+    for (int c = 0; c < NB / 2; c++) {
+        const uint8_t *blk = row + c * kv_block_bytes(KV);
+        __m512 wd = _mm512_set1_ps(w * h2f(blk));
+        e[2 * c] = _mm512_fmadd_ps(wd, codes16(KV, blk, 0), e[2 * c]);
+        e[2 * c + 1] = _mm512_fmadd_ps(wd, codes16(KV, blk, 16), e[2 * c + 1]);
+        if (kv_has_min(KV)) ms[c] += w * h2f(blk + 2);
     }
 }
 
@@ -123,23 +163,21 @@ T5 static inline __attribute__((always_inline)) void row_avx512(const int NB, co
                                                                 const float *q, const void *K,
                                                                 const void *V, int S, float scale,
                                                                 float *p, float *o) {
-    const size_t hd = 16 * (size_t)NB;
-    __m512 qv[8];
+    const size_t hd = 16 * (size_t)NB, rb = kv_row_bytes(KV, hd);
+    const uint8_t *Kb = K, *Vb = V;
+    __m512 qv[8], qp[4];
     for (int b = 0; b < NB; b++) qv[b] = _mm512_loadu_ps(q + 16 * b);
+    for (int c = 0; c < NB / 2; c++) qp[c] = _mm512_add_ps(qv[2 * c], qv[2 * c + 1]);
     int j = 0;
     /* Sixteen keys' products, then their sixteen horizontal sums at once: pairs of vectors
      * interleaved and added, then pairs of pairs, then 128-bit lanes twice, which leaves key i's
      * sum in lane i (45 operations where sixteen separate sums take about 140). */
-    const size_t rb = kv_row_bytes(KV, hd);
     for (; j + 16 <= S; j += 16) {
-        size_t k0 = (size_t)j * hd;
+        const uint8_t *k0 = Kb + (size_t)j * rb;
         __m512 a[16];
         for (size_t f = 0; f < 16 * rb; f += 64) /* prefetches past the end never fault */
-            _mm_prefetch((const char *)K + (j + PF_KEYS) * rb + f, _MM_HINT_T0);
-        for (int i = 0; i < 16; i++) a[i] = _mm512_mul_ps(qv[0], ld16(KV, K, k0 + i * hd));
-        for (int b = 1; b < NB; b++)
-            for (int i = 0; i < 16; i++)
-                a[i] = _mm512_fmadd_ps(qv[b], ld16(KV, K, k0 + i * hd + 16 * b), a[i]);
+            _mm_prefetch((const char *)k0 + PF_KEYS * rb + f, _MM_HINT_T0);
+        for (int i = 0; i < 16; i++) a[i] = kvec(NB, KV, qv, qp, k0 + i * rb);
         __m512 v[4];
         for (int g = 0; g < 4; g++) {
             __m512 s2[2];
@@ -161,28 +199,12 @@ T5 static inline __attribute__((always_inline)) void row_avx512(const int NB, co
         _mm512_storeu_ps(p + j, _mm512_mul_ps(t, _mm512_set1_ps(scale)));
     }
     for (; j + 4 <= S; j += 4) {
-        size_t k0 = (size_t)j * hd;
-        __m512 a0 = _mm512_mul_ps(qv[0], ld16(KV, K, k0));
-        __m512 a1 = _mm512_mul_ps(qv[0], ld16(KV, K, k0 + hd));
-        __m512 a2 = _mm512_mul_ps(qv[0], ld16(KV, K, k0 + 2 * hd));
-        __m512 a3 = _mm512_mul_ps(qv[0], ld16(KV, K, k0 + 3 * hd));
-        for (int b = 1; b < NB; b++) {
-            a0 = _mm512_fmadd_ps(qv[b], ld16(KV, K, k0 + 16 * b), a0);
-            a1 = _mm512_fmadd_ps(qv[b], ld16(KV, K, k0 + hd + 16 * b), a1);
-            a2 = _mm512_fmadd_ps(qv[b], ld16(KV, K, k0 + 2 * hd + 16 * b), a2);
-            a3 = _mm512_fmadd_ps(qv[b], ld16(KV, K, k0 + 3 * hd + 16 * b), a3);
-        }
-        p[j] = scale * _mm512_reduce_add_ps(a0);
-        p[j + 1] = scale * _mm512_reduce_add_ps(a1);
-        p[j + 2] = scale * _mm512_reduce_add_ps(a2);
-        p[j + 3] = scale * _mm512_reduce_add_ps(a3);
+        const uint8_t *k0 = Kb + (size_t)j * rb;
+        __m512 a[4];
+        for (int i = 0; i < 4; i++) a[i] = kvec(NB, KV, qv, qp, k0 + i * rb);
+        for (int i = 0; i < 4; i++) p[j + i] = scale * _mm512_reduce_add_ps(a[i]);
     }
-    for (; j < S; j++) {
-        size_t kj = (size_t)j * hd;
-        __m512 a = _mm512_mul_ps(qv[0], ld16(KV, K, kj));
-        for (int b = 1; b < NB; b++) a = _mm512_fmadd_ps(qv[b], ld16(KV, K, kj + 16 * b), a);
-        p[j] = scale * _mm512_reduce_add_ps(a);
-    }
+    for (; j < S; j++) p[j] = scale * _mm512_reduce_add_ps(kvec(NB, KV, qv, qp, Kb + j * rb));
     __m512 vm = _mm512_set1_ps(-INFINITY);
     for (j = 0; j + 16 <= S; j += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(p + j));
     if (j < S) {
@@ -192,23 +214,21 @@ T5 static inline __attribute__((always_inline)) void row_avx512(const int NB, co
     tlm_softmax_row(p, S, _mm512_reduce_max_ps(vm));
     /* two keys per step into separate sums: 2 x NB independent chains */
     __m512 e0[8], e1[8];
+    float ms[4] = {0, 0, 0, 0};
     for (int b = 0; b < NB; b++) e0[b] = e1[b] = _mm512_setzero_ps();
     for (j = 0; j + 2 <= S; j += 2) {
-        size_t v0 = (size_t)j * hd;
+        const uint8_t *v0 = Vb + (size_t)j * rb;
         for (size_t f = 0; f < 2 * rb; f += 64)
-            _mm_prefetch((const char *)V + (j + PF_KEYS) * rb + f, _MM_HINT_T0);
-        __m512 w0 = _mm512_set1_ps(p[j]), w1 = _mm512_set1_ps(p[j + 1]);
-        for (int b = 0; b < NB; b++) {
-            e0[b] = _mm512_fmadd_ps(w0, ld16(KV, V, v0 + 16 * b), e0[b]);
-            e1[b] = _mm512_fmadd_ps(w1, ld16(KV, V, v0 + hd + 16 * b), e1[b]);
-        }
+            _mm_prefetch((const char *)v0 + PF_KEYS * rb + f, _MM_HINT_T0);
+        vacc(NB, KV, p[j], v0, e0, ms);
+        vacc(NB, KV, p[j + 1], v0 + rb, e1, ms);
     }
-    if (j < S) {
-        __m512 w0 = _mm512_set1_ps(p[j]);
-        for (int b = 0; b < NB; b++)
-            e0[b] = _mm512_fmadd_ps(w0, ld16(KV, V, (size_t)j * hd + 16 * b), e0[b]);
+    if (j < S) vacc(NB, KV, p[j], Vb + (size_t)j * rb, e0, ms);
+    for (int b = 0; b < NB; b++) {
+        __m512 r = _mm512_add_ps(e0[b], e1[b]);
+        if (kv_has_min(KV)) r = _mm512_add_ps(r, _mm512_set1_ps(ms[b / 2]));
+        _mm512_storeu_ps(o + 16 * b, r);
     }
-    for (int b = 0; b < NB; b++) _mm512_storeu_ps(o + 16 * b, _mm512_add_ps(e0[b], e1[b]));
 }
 
 #define ROW_CASES(KV)                                                                              \
