@@ -64,7 +64,7 @@ int main(int argc, char **argv) {
                 for (int h = 0; h < H; h++) {
                     const char *kh = (const char *)Kc[t] + h * row[t],
                                *vh = (const char *)Vc[t] + h * row[t];
-                    if (k_attend_row(q, kh, vh, kind, S, HD, 0.125f, p, o)) {
+                    if (k_attend_row(q, kh, vh, kind, kind, S, HD, 0.125f, p, o)) {
                         printf("k_attend_row refused (no AVX-512 on this CPU)\n");
                         return 1;
                     }

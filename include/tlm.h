@@ -637,6 +637,10 @@ typedef struct {
      * bytes (28%), about 2e-2 to 1e-1 (tests/test_generate.c, random models). The block types
      * need a head size that is a multiple of 32 (TLM_ERR_ARG otherwise). */
     tlm_dtype kv_type;
+    /* Values in a type of their own (llama.cpp's -ctv apart from -ctk: keys in kv_type), where
+     * v_type_set is nonzero: v_type, any of kv_type's. Otherwise kv_type for both. */
+    int v_type_set;
+    tlm_dtype v_type;
 } tlm_session_opts;
 
 tlm_status tlm_session_new_opts(const tlm_model *m, const tlm_session_opts *o, tlm_session **out);
@@ -650,7 +654,9 @@ void tlm_session_prefault(tlm_session *s);
 /* Empties sequence seq's cache (seq < 0: every sequence). */
 void tlm_session_reset(tlm_session *s, int seq);
 int tlm_session_batch(const tlm_session *s);
+/* The cache's type for keys (kv_type) and for values (v_type, or kv_type). */
 tlm_dtype tlm_session_kv_type(const tlm_session *s);
+tlm_dtype tlm_session_v_type(const tlm_session *s);
 int tlm_session_capacity(const tlm_session *s);
 /* Positions cached so far for sequence seq (its next token's position). */
 int tlm_session_length(const tlm_session *s, int seq);
@@ -662,7 +668,7 @@ tlm_status tlm_session_truncate(tlm_session *s, int seq, int n);
  * session of the same model (a server's prompt cache: a slot taken over by another request keeps
  * its keys and values in memory for a later request that starts the same way). The saved form
  * is the model's n_layers x 2 x n_kv_heads blocks of n positions x head_dim elements of the
- * session's cache type: load it only into a session with the same kv_type. */
+ * session's cache types: load it only into a session with the same kv_type and v_type. */
 size_t tlm_session_prefix_bytes(const tlm_session *s, int n);
 /* Copies positions 0..n-1 of sequence seq (n <= its length) into buf of
  * tlm_session_prefix_bytes(s, n) bytes. */

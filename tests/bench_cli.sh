@@ -70,13 +70,15 @@ expect "generate --precision bf16 ($gen)" grep -q "^Once" <<<"$gen"
 expect "generate --precision bogus" grep -q "precision must be auto, fp32 or bf16" \
     <<<"$("$TLM" generate -m "$M" -p x --precision bogus 2>&1)"
 
-# --cache-type: f16 by default, reported with llama-bench's field names
-for ct in "" f32; do
-    json=$("$TLM" bench -m "$M" -p 0 -n 4 -r 1 -o json ${ct:+--cache-type $ct})
-    want=${ct:-f16}
-    /usr/bin/python3 -c 'import json,sys; x=json.loads(sys.argv[1])[0]; assert x["type_k"]==x["type_v"]==sys.argv[2], x' "$json" "$want"
-    expect "bench cache type $want" test $? -eq 0
+# --cache-type: f16 by default, reported with llama-bench's field names; -ctk/-ctv apart
+for ct in "" f32 "-ctk bf16" "-ctv f32"; do
+    json=$("$TLM" bench -m "$M" -p 0 -n 4 -r 1 -o json ${ct:+$( [[ $ct == -* ]] && echo "$ct" || echo "--cache-type $ct")})
+    case "$ct" in "") k=f16 v=f16 ;; f32) k=f32 v=f32 ;; "-ctk bf16") k=bf16 v=f16 ;; *) k=f16 v=f32 ;; esac
+    /usr/bin/python3 -c 'import json,sys; x=json.loads(sys.argv[1])[0]; assert (x["type_k"], x["type_v"]) == (sys.argv[2], sys.argv[3]), x' "$json" "$k" "$v"
+    expect "bench cache types $k $v" test $? -eq 0
 done
+expect "md columns for the cache's types" grep -qE '\| +bf16 \| +f16 \| +tg4 ' \
+    <<<"$("$TLM" bench -m "$M" -p 0 -n 4 -r 1 -ctk bf16)"
 
 # -d: each test after D cached ids in every sequence, named as llama-bench names it; depth plus
 # the longest test must fit the context

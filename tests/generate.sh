@@ -117,11 +117,11 @@ one_line_error "bad -n" "-n wants" -m "$M" --ids 1 -n abc
 one_line_error "unknown flag" "unknown option" -m "$M" --ids 1 --frobnicate
 one_line_error "missing value" "needs a value" -m "$M" --ids
 one_line_error "bad cache type" "cache-type must be one of f16, f32, bf16, q8_0" -m "$M" --ids 1 --cache-type q8
-one_line_error "keys and values of two types" "-ctk q8_0 and -ctv f16 differ" -m "$M" --ids 1 --print-ids -ctk q8_0
+one_line_error "values' Q8_0, head size 8" "multiple of 32" -m "$M" --ids 1 --print-ids -ctv q8_0
 one_line_error "Q8_0 cache, head size 8" "multiple of 32" -m "$M" --ids 1 --print-ids --cache-type q8_0
 # the block types on head size 32 (-ctk/-ctv as llama.cpp's flags)
 tiny "$tmp/tiny1.safetensors" 1
-for ct in q8_0 q4_0 iq4_nl "-ctk q5_1 -ctv q5_1" f32; do
+for ct in q8_0 q4_0 iq4_nl "-ctk q5_1 -ctv q5_1" "-ctk q8_0" "-ctk q8_0 -ctv q4_0" f32; do
     [[ $ct == -* ]] || ct="--cache-type $ct"
     out=$($TLM generate -m "$tmp/tiny1.safetensors" --ids "1 2 3" -n 5 --temp 0 --print-ids -t 2 \
         $ct 2>"$tmp/err"); rc=$?

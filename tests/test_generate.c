@@ -21,8 +21,10 @@ static tlm_dtype kv_type = TLM_DTYPE_F32;
 #define TOL_Q8_0 2e-2
 #define TOL_Q5 0.2
 #define TOL_Q4 0.4
-static double tol(void) {
-    switch (kv_type) {
+/* The values' type of the session tests (kv_type's unless a run sets it apart). */
+static tlm_dtype v_type = TLM_DTYPE_F32;
+static double tol_of(tlm_dtype t) {
+    switch (t) {
     case TLM_DTYPE_F16: return TOL_F16;
     case TLM_DTYPE_BF16: return TOL_BF16;
     case TLM_DTYPE_Q8_0: return TOL_Q8_0;
@@ -34,15 +36,22 @@ static double tol(void) {
     default: return 1e-5;
     }
 }
+static double tol(void) { return fmax(tol_of(kv_type), tol_of(v_type)); }
 #define TOL tol()
 /* The models' width where a variant does not set it: 32 (head size 8), or 128 (head size 32) for
  * the Q8_0 cache. */
 static int base_d = 32;
 
 static tlm_status new_session(const tlm_model *m, int batch, int capacity, tlm_session **out) {
-    tlm_session_opts o = {.batch = batch, .capacity = capacity, .kv_type = kv_type};
+    tlm_session_opts o = {.batch = batch,
+                          .capacity = capacity,
+                          .kv_type = kv_type,
+                          .v_type_set = v_type != kv_type,
+                          .v_type = v_type};
     tlm_status st = tlm_session_new_opts(m, &o, out);
-    if (!st) CHECK(tlm_session_kv_type(*out) == kv_type, "cache type");
+    if (!st)
+        CHECK(tlm_session_kv_type(*out) == kv_type && tlm_session_v_type(*out) == v_type,
+              "cache types");
     return st;
 }
 
@@ -159,7 +168,9 @@ static void test_invariant(int few) {
         CHECK(m != NULL, "%s: %s", variants[vi].name, tlm_last_error());
         if (!m) continue;
         const tlm_config *c = tlm_model_config(m);
-        if ((c->d_model / c->n_heads) % (int)tlm_dtype_get(kv_type)->block_elems) {
+        int hd = c->d_model / c->n_heads;
+        if (hd % (int)tlm_dtype_get(kv_type)->block_elems ||
+            hd % (int)tlm_dtype_get(v_type)->block_elems) {
             tlm_model_free(m); /* a head size a block type's cache refuses (test_kv_types) */
             continue;
         }
@@ -705,6 +716,26 @@ static void test_kv_types(void) {
         CHECK(strstr(tlm_last_error(), "multiple of 32") && strstr(tlm_last_error(), "is 8"),
               "error says why: %s", tlm_last_error());
     }
+    /* the values' own type, checked as the keys' */
+    o = (tlm_session_opts){
+        .batch = 1, .kv_type = TLM_DTYPE_F16, .v_type_set = 1, .v_type = TLM_DTYPE_Q2_K};
+    CHECK(tlm_session_new_opts(m, &o, &s) == TLM_ERR_ARG && strstr(tlm_last_error(), "Q2_K"),
+          "values' Q2_K refused: %s", tlm_last_error());
+    o.v_type = TLM_DTYPE_Q8_0;
+    CHECK(tlm_session_new_opts(m, &o, &s) == TLM_ERR_ARG &&
+              strstr(tlm_last_error(), "multiple of 32"),
+          "values' Q8_0 with head size 8: %s", tlm_last_error());
+    o.v_type = TLM_DTYPE_F32;
+    CHECK_OK(tlm_session_new_opts(m, &o, &s));
+    CHECK(tlm_session_kv_type(s) == TLM_DTYPE_F16 && tlm_session_v_type(s) == TLM_DTYPE_F32,
+          "F16 keys, F32 values");
+    tlm_session *f32 = NULL;
+    CHECK_OK(tlm_session_new(m, 1, 0, &f32));
+    CHECK(tlm_session_prefix_bytes(s, 7) * 4 == tlm_session_prefix_bytes(f32, 7) * 3,
+          "F16 keys and F32 values: three quarters of F32's prefix bytes");
+    tlm_session_free(f32);
+    tlm_session_free(s);
+    o = (tlm_session_opts){.batch = 1};
     CHECK(tlm_session_new_opts(m, NULL, &s) == TLM_ERR_ARG, "NULL options");
     o.kv_type = TLM_DTYPE_F16;
     CHECK_OK(tlm_session_new_opts(m, &o, &s));
@@ -777,6 +808,27 @@ static void test_block_stores(void) {
                tlm_dtype_name(t), qbytes, worst);
         free(want);
         free(buf);
+    }
+    /* keys and values of two types: Q8_0 keys, Q4_0 values, each as its own reference */
+    if (f32) {
+        tlm_session_opts o = {
+            .batch = 1, .kv_type = TLM_DTYPE_Q8_0, .v_type_set = 1, .v_type = TLM_DTYPE_Q4_0};
+        tlm_session *s = NULL;
+        CHECK_OK(tlm_session_new_opts(m, &o, &s));
+        if (s) {
+            CHECK_OK(tlm_prefill(s, 0, ids, n, NULL, 0));
+            size_t bytes = tlm_session_prefix_bytes(s, n), half = elems / 2;
+            CHECK(bytes * 256 == f32_bytes * (34 + 18), "Q8_0 / Q4_0 prefix bytes %zu", bytes);
+            uint8_t *buf = malloc(bytes), *want = malloc(half / 32 * (34 + 18));
+            CHECK_OK(tlm_session_save_prefix(s, 0, n, buf));
+            k_q8_0_blocks_ref(f32, want, (int)half);
+            tlm_dtype_from_f32(TLM_DTYPE_Q4_0, f32 + half, want + half / 32 * 34, half);
+            CHECK(!memcmp(want, buf, half / 32 * (34 + 18)),
+                  "layer 0's Q8_0 keys and Q4_0 values differ from the references");
+            free(buf);
+            free(want);
+            tlm_session_free(s);
+        }
     }
     free(f32);
     free(back);
@@ -876,22 +928,36 @@ static void test_team_invariant(void) {
 int main(void) {
     tlm_set_threads(2);
     test_team_invariant();
-    static const tlm_dtype kv_types[] = {TLM_DTYPE_F32,  TLM_DTYPE_F16,  TLM_DTYPE_BF16,
-                                         TLM_DTYPE_Q8_0, TLM_DTYPE_Q5_1, TLM_DTYPE_Q5_0,
-                                         TLM_DTYPE_Q4_1, TLM_DTYPE_Q4_0, TLM_DTYPE_IQ4_NL};
-    for (size_t k = 0; k < sizeof kv_types / sizeof kv_types[0]; k++) {
-        kv_type = kv_types[k];
-        base_d = tlm_dtype_get(kv_type)->block_elems > 1 ? 128 : 32;
-        printf("---- %s cache ----\n", tlm_dtype_name(kv_type));
-        /* the other types share the plumbing of these four, and their kernels are test_qgemm's */
-        test_invariant(k >= 4);
-        if (k >= 4) continue;
+    /* keys' and values' types; all: every test, else the invariant on a few variants (the other
+     * types share the plumbing of the first, and their kernels are test_qgemm's) */
+    static const struct {
+        tlm_dtype k, v;
+        int all;
+    } runs[] = {{TLM_DTYPE_F32, TLM_DTYPE_F32, 1},      {TLM_DTYPE_F16, TLM_DTYPE_F16, 1},
+                {TLM_DTYPE_BF16, TLM_DTYPE_BF16, 1},    {TLM_DTYPE_Q8_0, TLM_DTYPE_Q8_0, 1},
+                {TLM_DTYPE_Q8_0, TLM_DTYPE_Q4_0, 1},    {TLM_DTYPE_F16, TLM_DTYPE_Q5_1, 0},
+                {TLM_DTYPE_Q5_1, TLM_DTYPE_Q5_1, 0},    {TLM_DTYPE_Q5_0, TLM_DTYPE_Q5_0, 0},
+                {TLM_DTYPE_Q4_1, TLM_DTYPE_Q4_1, 0},    {TLM_DTYPE_Q4_0, TLM_DTYPE_Q4_0, 0},
+                {TLM_DTYPE_IQ4_NL, TLM_DTYPE_IQ4_NL, 0}};
+    for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++) {
+        kv_type = runs[k].k, v_type = runs[k].v;
+        int blocks =
+            tlm_dtype_get(kv_type)->block_elems > 1 || tlm_dtype_get(v_type)->block_elems > 1;
+        base_d = blocks ? 128 : 32;
+        if (kv_type == v_type)
+            printf("---- %s cache ----\n", tlm_dtype_name(kv_type));
+        else
+            printf("---- %s keys, %s values ----\n", tlm_dtype_name(kv_type),
+                   tlm_dtype_name(v_type));
+        test_invariant(!runs[k].all);
+        if (!runs[k].all) continue;
         test_long_prefill();
         test_batch_decode();
         test_prefix_save_load();
         test_mixed_step();
     }
     base_d = 32;
+    kv_type = v_type = TLM_DTYPE_F32;
     test_kv_types();
     test_block_stores();
     test_f16_overflow();

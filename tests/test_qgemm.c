@@ -294,25 +294,35 @@ static void check_fgemm(tlm_dtype t, int in, int out, int N) {
 }
 
 /* n cached key and value elements: every seventh key element eight times larger, so that scores
- * spread and the maximum's subtraction matters. The cache's rows of kind kv (K_KV_) in Kc and Vc
- * (2 n bytes each, which every type's bytes per element fit in), and K and V then hold the values
- * it holds (widened by tlm_dtype_to_f32) for the reference. */
-static void fill_cache(float *K, float *V, void *Kc, void *Vc, int n, int kv) {
+ * spread and the maximum's subtraction matters. The cache's rows of kinds kk and kv (K_KV_) in Kc
+ * and Vc (2 n bytes each, which every type's bytes per element fit in), and K and V then hold the
+ * values it holds (widened by tlm_dtype_to_f32) for the reference. */
+static tlm_dtype kind_type(int kind) {
+    static const tlm_dtype kv_types[] = {
+        [K_KV_F32] = TLM_DTYPE_F32,      [K_KV_F16] = TLM_DTYPE_F16,
+        [K_KV_BF16] = TLM_DTYPE_BF16,    [K_KV_Q8_0] = TLM_DTYPE_Q8_0,
+        [K_KV_Q4_0] = TLM_DTYPE_Q4_0,    [K_KV_Q4_1] = TLM_DTYPE_Q4_1,
+        [K_KV_Q5_0] = TLM_DTYPE_Q5_0,    [K_KV_Q5_1] = TLM_DTYPE_Q5_1,
+        [K_KV_IQ4_NL] = TLM_DTYPE_IQ4_NL};
+    return kv_types[kind];
+}
+
+/* One of the two: rows of kind `kind` in c, x then holding their values. */
+static void fill_rows(float *x, void *c, int n, int kind) {
+    if (kind == K_KV_F32) return;
+    tlm_dtype t = kind_type(kind);
+    CHECK(k_kv_kind(t) == kind, "k_kv_kind of %s", tlm_dtype_name(t));
+    tlm_dtype_from_f32(t, x, c, (size_t)n);
+    tlm_dtype_to_f32(t, c, x, (size_t)n);
+}
+
+static void fill_cache(float *K, float *V, void *Kc, void *Vc, int n, int kk, int kv) {
     for (int i = 0; i < n; i++) {
         K[i] = (2.0f * t_unif() - 1.0f) * (i % 7 == 0 ? 8.0f : 1.0f);
         V[i] = 2.0f * t_unif() - 1.0f;
     }
-    if (kv == K_KV_F32) return;
-    static const tlm_dtype kv_types[] = {
-        [K_KV_F16] = TLM_DTYPE_F16,   [K_KV_BF16] = TLM_DTYPE_BF16,    [K_KV_Q8_0] = TLM_DTYPE_Q8_0,
-        [K_KV_Q4_0] = TLM_DTYPE_Q4_0, [K_KV_Q4_1] = TLM_DTYPE_Q4_1,    [K_KV_Q5_0] = TLM_DTYPE_Q5_0,
-        [K_KV_Q5_1] = TLM_DTYPE_Q5_1, [K_KV_IQ4_NL] = TLM_DTYPE_IQ4_NL};
-    tlm_dtype t = kv_types[kv];
-    CHECK(k_kv_kind(t) == kv, "k_kv_kind of %s", tlm_dtype_name(t));
-    tlm_dtype_from_f32(t, K, Kc, (size_t)n);
-    tlm_dtype_from_f32(t, V, Vc, (size_t)n);
-    tlm_dtype_to_f32(t, Kc, K, (size_t)n);
-    tlm_dtype_to_f32(t, Vc, V, (size_t)n);
+    fill_rows(K, Kc, n, kk);
+    fill_rows(V, Vc, n, kv);
 }
 
 /* Head sizes the vector kernels take for a cache of kind kv: a block type's rows must be whole
@@ -329,7 +339,7 @@ static int attend_takes(int hd, int kv) {
  * rows do; the outputs' gaps must stay untouched. T covers whole blocks of 8, 4 and 2 queries and
  * every tail, first a cache already holding keys; scratch is sized exactly as the header says, and
  * padded with NaN, which a read past what the kernel fills would carry into the outputs. */
-static void check_attend_causal(int hd, int T, int first, int kv) {
+static void check_attend_causal(int hd, int T, int first, int kk, int kv) {
     int S = first + T, ldq = hd + 5, ldo = hd + 3;
     size_t span = K_CAUSAL_SPAN(S);
     float *q = malloc(sizeof(float) * T * ldq), *K = malloc(sizeof(float) * S * hd);
@@ -341,12 +351,13 @@ static void check_attend_causal(int hd, int T, int first, int kv) {
     for (size_t i = 0; i < 8 * span; i++) p[i] = NAN;
     for (int i = 0; i < T * ldo; i++) o[i] = 7.0f;
     for (int i = 0; i < T * ldq; i++) q[i] = 2.0f * t_unif() - 1.0f;
-    fill_cache(K, V, Kc, Vc, S * hd, kv);
+    fill_cache(K, V, Kc, Vc, S * hd, kk, kv);
     float scale = 1.0f / sqrtf((float)hd);
-    int ok = k_attend_causal(q, (size_t)ldq, kv ? Kc : K, kv ? Vc : V, kv, T, first, hd, scale, kt,
-                             p, o, (size_t)ldo);
-    CHECK(ok == (attend_takes(hd, kv) ? 0 : -1), "attend_causal hd=%d T=%d first=%d kv=%d: %s", hd,
-          T, first, kv, ok ? "refused" : "taken");
+    int ok = k_attend_causal(q, (size_t)ldq, kk ? Kc : K, kv ? Vc : V, kk, kv, T, first, hd, scale,
+                             kt, p, o, (size_t)ldo);
+    CHECK(ok == (attend_takes(hd, kk) && attend_takes(hd, kv) ? 0 : -1),
+          "attend_causal hd=%d T=%d first=%d kinds %d %d: %s", hd, T, first, kk, kv,
+          ok ? "refused" : "taken");
     if (!ok) {
         double worst = 0.0;
         int gaps = 0;
@@ -370,8 +381,9 @@ static void check_attend_causal(int hd, int T, int first, int kv) {
         }
         /* float scores and sums over up to 200 keys with elements up to 8: rounding of up to
          * about 2e-5 seen; a wrong mask or block shifts outputs by 1e-2 or more */
-        CHECK(worst <= 4e-5, "attend_causal hd=%d T=%d first=%d kv=%d: %g from the exact attention",
-              hd, T, first, kv, worst);
+        CHECK(worst <= 4e-5,
+              "attend_causal hd=%d T=%d first=%d kinds %d %d: %g from the exact attention", hd, T,
+              first, kk, kv, worst);
         CHECK(!gaps, "attend_causal hd=%d T=%d first=%d: %d values written between rows", hd, T,
               first, gaps);
     }
@@ -382,18 +394,18 @@ static void check_attend_causal(int hd, int T, int first, int kv) {
  * key value is eight times larger, so that scores spread and the maximum's subtraction matters,
  * and the S cover every count of keys left over from the groups of 4 and 2. */
 /* The cache in F32, halves or Q8_0 blocks (kv): the reference takes the values the cache holds. */
-static void check_attend_row(int hd, int S, int kv) {
+static void check_attend_row(int hd, int S, int kk, int kv) {
     float *q = malloc(sizeof(float) * hd), *K = malloc(sizeof(float) * S * hd);
     float *V = malloc(sizeof(float) * S * hd), *p = malloc(sizeof(float) * S);
     void *Kc = malloc(2 * (size_t)S * hd), *Vc = malloc(2 * (size_t)S * hd);
     float o[128];
     double *ref = calloc((size_t)S, sizeof(double));
     for (int i = 0; i < hd; i++) q[i] = 2.0f * t_unif() - 1.0f;
-    fill_cache(K, V, Kc, Vc, S * hd, kv);
+    fill_cache(K, V, Kc, Vc, S * hd, kk, kv);
     float scale = 1.0f / sqrtf((float)hd);
-    int ok = k_attend_row(q, kv ? Kc : K, kv ? Vc : V, kv, S, hd, scale, p, o);
-    CHECK(ok == (attend_takes(hd, kv) ? 0 : -1), "attend_row hd=%d S=%d kv=%d: %s", hd, S, kv,
-          ok ? "refused" : "taken");
+    int ok = k_attend_row(q, kk ? Kc : K, kv ? Vc : V, kk, kv, S, hd, scale, p, o);
+    CHECK(ok == (attend_takes(hd, kk) && attend_takes(hd, kv) ? 0 : -1),
+          "attend_row hd=%d S=%d kinds %d %d: %s", hd, S, kk, kv, ok ? "refused" : "taken");
     if (!ok) {
         double mx = -INFINITY, sum = 0.0, worst = 0.0;
         for (int j = 0; j < S; j++) {
@@ -409,8 +421,8 @@ static void check_attend_row(int hd, int S, int kv) {
             worst = fmax(worst, fabs(e - o[i]));
         }
         /* the float sums of the scores carry rounding of a few 1e-7 into each weight's exp */
-        CHECK(worst <= 1e-5, "attend_row hd=%d S=%d kv=%d: %g from the exact attention", hd, S, kv,
-              worst);
+        CHECK(worst <= 1e-5, "attend_row hd=%d S=%d kinds %d %d: %g from the exact attention", hd,
+              S, kk, kv, worst);
     }
     free(q), free(K), free(V), free(p), free(ref), free(Kc), free(Vc);
 }
@@ -529,14 +541,20 @@ int main(void) {
     static const int Ss[] = {1, 2, 3, 4, 5, 7, 16, 17, 33, 100};
     for (int a = 0; a < 6; a++)
         for (int c = 0; c < 10; c++)
-            for (int kv = K_KV_F32; kv <= K_KV_IQ4_NL; kv++) check_attend_row(hds[a], Ss[c], kv);
+            for (int kk = K_KV_F32; kk <= K_KV_IQ4_NL; kk++) /* keys and values of every kind */
+                for (int kv = K_KV_F32; kv <= K_KV_IQ4_NL; kv++)
+                    check_attend_row(hds[a], Ss[c], kk, kv);
     static const int Ts[] = {1, 2, 3, 7, 8, 9, 17, 40, 130};
     static const int firsts[] = {0, 1, 15, 70};
     for (int a = 0; a < 6; a++)
         for (int c = 0; c < 9; c++)
             for (int f = 0; f < 4; f++)
-                for (int kv = K_KV_F32; kv <= K_KV_IQ4_NL; kv++)
-                    check_attend_causal(hds[a], Ts[c], firsts[f], kv);
+                for (int kv = K_KV_F32; kv <= K_KV_IQ4_NL; kv++) {
+                    check_attend_causal(hds[a], Ts[c], firsts[f], kv, kv);
+                    /* keys of another kind: a block type beside F16, an offset one beside Q8_0 */
+                    int kk = kv == K_KV_F16 ? K_KV_Q4_0 : kv == K_KV_Q8_0 ? K_KV_Q5_1 : K_KV_F16;
+                    if (c % 3 == 0) check_attend_causal(hds[a], Ts[c], firsts[f], kk, kv);
+                }
     check_f16_rows();
     check_q8_0_blocks();
     CHECK(k_fgemm(NULL, 1, NULL, 9, &(tlm_weight){.dtype = TLM_DTYPE_BF16, .cols = 4}, NULL) == -1,

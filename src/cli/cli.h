@@ -59,12 +59,12 @@ int cli_read_mode(const char *path, int mode);
     "                        widened to F32 at load (exact fp32 products)\n"
 #define CLI_CACHE_TYPE_HELP                                                                        \
     "  --cache-type T        the KV cache's type for keys and values: f16 (default, as\n"          \
-    "                        llama.cpp's), q8_0, q5_1, q5_0, iq4_nl, q4_1, q4_0, bf16 or f32\n"    \
-    "                        (llama.cpp's -ctk and -ctv, which tlm also reads, equal). f16: "      \
-    "half\n"                                                                                       \
-    "                        the memory and attention traffic of f32; q8_0 about half of f16's,\n" \
-    "                        q4_0 about a quarter; the block types need a head size that is a\n"   \
-    "                        multiple of 32\n"
+    "                        llama.cpp's), q8_0, q5_1, q5_0, iq4_nl, q4_1, q4_0, bf16 or f32.\n"   \
+    "                        f16: half the memory and attention traffic of f32; q8_0 about\n"      \
+    "                        half of f16's, q4_0 about a quarter; the block types need a head\n"   \
+    "                        size that is a multiple of 32\n"                                      \
+    "  -ctk, --cache-type-k T\n"                                                                   \
+    "  -ctv, --cache-type-v T  the keys' and the values' types apart, as llama.cpp's flags\n"
 /* A llama.cpp KV cache type's name (f16, q8_0, ..., any case) into *t; else prints an error naming
  * cmd and returns 0. */
 int cli_cache_type(const char *cmd, const char *v, tlm_dtype *t);
@@ -79,9 +79,8 @@ typedef struct {
 /* --cache-type T (keys and values), -ctk/--cache-type-k T, -ctv/--cache-type-v T at argv[*i]:
  * 1 when it was one of them (its value consumed), 0 when not, -1 on a bad value (printed). */
 int cli_cache_flag(const char *cmd, int argc, char **argv, int *i, cli_cache *c);
-/* After the flags: the one type of the cache into *t, or 0 (printed) where keys and values were
- * given different types. */
-int cli_cache_done(const char *cmd, const cli_cache *c, tlm_dtype *t);
+/* The types given into a session's options (keys' kv_type, values' v_type where they differ). */
+void cli_cache_opts(const cli_cache *c, tlm_session_opts *o);
 /* Monotonic seconds. */
 double cli_now(void);
 /* True if argv contains -h or --help. */

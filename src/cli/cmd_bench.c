@@ -120,7 +120,6 @@ static const char *base_name(const char *p) {
 
 int cmd_bench(int argc, char **argv) {
     const char *model_path = NULL, *fmt = "md", *precision = NULL;
-    tlm_dtype cache_type = TLM_DTYPE_F16;
     cli_cache cache = CLI_CACHE_DEFAULT;
     int ck;
     long pp[MAX_LIST] = {512}, tg[MAX_LIST] = {128}, th[MAX_LIST] = {0}, bs[MAX_LIST] = {1};
@@ -175,7 +174,6 @@ int cmd_bench(int argc, char **argv) {
         }
     }
     if (!model_path) return cli_fail("bench: -m MODEL is required (see tlm bench --help)");
-    if (!cli_cache_done("bench", &cache, &cache_type)) return 1;
 
     tlm_model *m = NULL;
     unsigned lf;
@@ -218,7 +216,7 @@ int cmd_bench(int argc, char **argv) {
         goto done;
     }
     /* a cache type other than the default gets llama-bench's type_k and type_v columns */
-    int kvcols = cache_type != TLM_DTYPE_F16;
+    int kvcols = cache.k != TLM_DTYPE_F16 || cache.v != TLM_DTYPE_F16;
     if (!json) {
         printf("| %-24s | %10s | %8s | %7s | %5s |%s %16s | %20s |\n", "model", "size", "params",
                "threads", "batch", kvcols ? " type_k | type_v |" : "", "test", "t/s");
@@ -243,7 +241,8 @@ int cmd_bench(int argc, char **argv) {
                         tlm_session_free(*sp);
                         *sp = NULL;
                     }
-                    tlm_session_opts so = {.batch = B, .capacity = max_len, .kv_type = cache_type};
+                    tlm_session_opts so = {.batch = B, .capacity = max_len};
+                    cli_cache_opts(&cache, &so);
                     if (!*sp && tlm_session_new_opts(m, &so, sp)) {
                         cli_fail_status("bench: session");
                         goto done;
@@ -278,9 +277,8 @@ int cmd_bench(int argc, char **argv) {
                         cJSON_AddNumberToObject(o, "n_threads", threads);
                         cJSON_AddNumberToObject(o, "n_batch_seqs", B);
                         /* llama-bench's names for the cache's types */
-                        const char *ct = cli_cache_type_name(cache_type);
-                        cJSON_AddStringToObject(o, "type_k", ct);
-                        cJSON_AddStringToObject(o, "type_v", ct);
+                        cJSON_AddStringToObject(o, "type_k", cli_cache_type_name(cache.k));
+                        cJSON_AddStringToObject(o, "type_v", cli_cache_type_name(cache.v));
                         cJSON_AddBoolToObject(o, "use_mmap", !read);
                         cJSON_AddNumberToObject(o, "n_prompt", kind ? 0 : n);
                         cJSON_AddNumberToObject(o, "n_gen", kind ? n : 0);
@@ -299,8 +297,8 @@ int cmd_bench(int argc, char **argv) {
                         snprintf(ts, sizeof ts, "%.2f ± %.2f", mean, sd);
                         char kv[40] = "";
                         if (kvcols)
-                            snprintf(kv, sizeof kv, " %6s | %6s |", cli_cache_type_name(cache_type),
-                                     cli_cache_type_name(cache_type));
+                            snprintf(kv, sizeof kv, " %6s | %6s |", cli_cache_type_name(cache.k),
+                                     cli_cache_type_name(cache.v));
                         printf("| %-24.24s | %10s | %8s | %7d | %5d |%s %16s | %20s |\n",
                                base_name(model_path), size, np, threads, B, kv, test, ts);
                         fflush(stdout);

@@ -54,7 +54,6 @@ int cmd_eval(int argc, char **argv) {
     int json = 0, map_mode = CLI_MAP_AUTO, llama_ppl = 0, ck, cached = 0;
     long batch = 8, threads = 0;
     cli_cache cache = CLI_CACHE_DEFAULT;
-    tlm_dtype cache_type = TLM_DTYPE_F16;
     for (int i = 1; i < argc; i++) {
         const char *v;
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
@@ -93,7 +92,6 @@ int cmd_eval(int argc, char **argv) {
     }
     if (!model) return cli_fail("eval: -m MODEL is required");
     if (!data) return cli_fail("eval: --data TEXT is required");
-    if (!cli_cache_done("eval", &cache, &cache_type)) return 1;
     tlm_set_threads((int)threads);
     tlm_model *m = NULL;
     tlm_tokenizer *tok = NULL;
@@ -147,7 +145,8 @@ int cmd_eval(int argc, char **argv) {
         size_t counted = 0;
         if (cached) {
             /* one window at a time through a session: its logits at every position */
-            tlm_session_opts so = {.batch = 1, .capacity = T, .kv_type = cache_type};
+            tlm_session_opts so = {.batch = 1, .capacity = T};
+            cli_cache_opts(&cache, &so);
             B = 1;
             if (tlm_session_new_opts(m, &so, &sess)) rc = cli_fail_status("eval");
             logits = malloc((size_t)T * c->vocab_size * sizeof *logits);

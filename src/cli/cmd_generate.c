@@ -105,7 +105,6 @@ static int parse_ids(const char *s, int32_t **ids, int *n) {
 int cmd_generate(int argc, char **argv) {
     const char *model_path = NULL, *tok_path = NULL, *prompt = NULL, *ids_arg = NULL;
     const char *precision = NULL;
-    tlm_dtype cache_type = TLM_DTYPE_F16;
     cli_cache cache = CLI_CACHE_DEFAULT;
     int ck;
     long n_new = 256, top_k = 40, seed = 0, threads = 0;
@@ -190,7 +189,6 @@ int cmd_generate(int argc, char **argv) {
         }
     }
     if (!model_path) return cli_fail("generate: -m MODEL is required (see tlm generate --help)");
-    if (!cli_cache_done("generate", &cache, &cache_type)) return 1;
     if (prompt && ids_arg) return cli_fail("generate: give -p or --ids, not both");
     if (threads) tlm_set_threads((int)threads);
 
@@ -272,7 +270,8 @@ int cmd_generate(int argc, char **argv) {
                       c->context_length);
         goto done;
     }
-    tlm_session_opts so = {.batch = 1, .kv_type = cache_type};
+    tlm_session_opts so = {.batch = 1};
+    cli_cache_opts(&cache, &so);
     if (tlm_session_new_opts(m, &so, &sess)) {
         rc = cli_fail_status("generate");
         goto done;

@@ -651,7 +651,6 @@ static int gguf_template(const char *model, srv_template *t, int *present) {
 int cmd_serve(int argc, char **argv) {
     const char *model_path = NULL, *tok_path = NULL, *host = "127.0.0.1", *api_key = NULL;
     const char *tpl_name = NULL, *precision = NULL;
-    tlm_dtype cache_type = TLM_DTYPE_F16;
     cli_cache cache = CLI_CACHE_DEFAULT;
     int ck;
     long port = 8080, parallel = 4, ctx = 0, threads = 0, queue = 0, max_body = 1 << 20,
@@ -702,7 +701,6 @@ int cmd_serve(int argc, char **argv) {
             return cli_fail("serve: %s wants an integer in [%ld, %ld], got '%s'", a, lo, hi, v);
     }
     if (!model_path) return cli_fail("serve: -m MODEL is required (see tlm serve --help)");
-    if (!cli_cache_done("serve", &cache, &cache_type)) return 1;
     struct sockaddr_in addr = {0};
     addr.sin_family = AF_INET;
     addr.sin_port = htons((uint16_t)port);
@@ -757,7 +755,8 @@ int cmd_serve(int argc, char **argv) {
                          .ctx = (int)ctx,
                          .queue_max = (int)queue,
                          .cache_mib = cache_mib,
-                         .kv_type = cache_type};
+                         .kv_type = cache.k,
+                         .v_type = cache.v};
     /* Loading may have run parallel regions on this thread, which leaves a team of OpenMP threads
      * parked here. With the scheduler thread's team beside it, libgomp manages more threads than
      * there are CPUs (on 2 cores) and cuts its spin before sleeping at a barrier from
@@ -801,8 +800,15 @@ int cmd_serve(int argc, char **argv) {
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
     /* llama-server reports its cache's size at start-up too */
+    char kv_desc[48];
+    tlm_dtype kt = srv_sched_kv_type(sv.sched), vt = srv_sched_v_type(sv.sched);
+    if (kt == vt)
+        snprintf(kv_desc, sizeof kv_desc, "%s", cli_cache_type_name(kt));
+    else
+        snprintf(kv_desc, sizeof kv_desc, "%s keys, %s values", cli_cache_type_name(kt),
+                 cli_cache_type_name(vt));
     printf("tlm serve: %s, %d slots of %d positions, KV cache %s (%.1f MiB), chat template %s\n",
-           sv.model_id, sv.parallel, sv.ctx, cli_cache_type_name(srv_sched_kv_type(sv.sched)),
+           sv.model_id, sv.parallel, sv.ctx, kv_desc,
            (double)srv_sched_kv_bytes(sv.sched) / 1048576.0, srv_template_name(sv.tpl));
     printf("listening on http://%s:%u/\n", host, di ? di->port : (unsigned)port);
     fflush(stdout);

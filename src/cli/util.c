@@ -138,16 +138,10 @@ int cli_cache_flag(const char *cmd, int argc, char **argv, int *i, cli_cache *c)
     return 1;
 }
 
-int cli_cache_done(const char *cmd, const cli_cache *c, tlm_dtype *t) {
-    if (c->k != c->v) {
-        fprintf(stderr,
-                "tlm: %s: the KV cache holds keys and values in one type, and -ctk %s and -ctv %s "
-                "differ (give both, or --cache-type)\n",
-                cmd, cli_cache_type_name(c->k), cli_cache_type_name(c->v));
-        return 0;
-    }
-    *t = c->k;
-    return 1;
+void cli_cache_opts(const cli_cache *c, tlm_session_opts *o) {
+    o->kv_type = c->k;
+    o->v_type_set = c->v != c->k;
+    o->v_type = c->v;
 }
 
 /* Bytes the kernel says could be given to a process now without swapping (0: unknown). */

@@ -14,16 +14,17 @@ struct tlm_session {
 
     /* Cache layout: [layer][seq][K|V][kv_head][cap][hd]. Each kv head's keys are contiguous, so
      * prefill attention is two sgemm calls per head and decode reads one stream per head. A
-     * position's hd elements (kv_row bytes) are floats, IEEE halves or Q8_0 blocks (kv_type;
-     * kv_kind is the same as the attention kernels name it, a K_KV_). */
+     * position's hd elements of one head (kv_row[0] bytes for keys, kv_row[1] for values) are
+     * floats, IEEE halves, bfloat16s or GGUF blocks of 32 (kv_type[0] for keys, [1] for values;
+     * kv_kind the same as the attention kernels name it, a K_KV_). */
     void *kv;
     size_t kv_bytes;
-    size_t head_stride; /* cap * kv_row bytes */
-    size_t kv_row;
-    tlm_dtype kv_type;
-    int kv_kind;
-    /* An F16 or Q8_0 cache's keys and values widened for the matrix products of prefill attention
-     * (and the plain decode loops): one [2, cap, hd] block per thread. */
+    size_t head_stride[2]; /* cap * kv_row bytes */
+    size_t kv_row[2];
+    tlm_dtype kv_type[2];
+    int kv_kind[2];
+    /* A cache's keys and values (other than floats) widened for the matrix products of prefill
+     * attention (and the plain decode loops): one [2, cap, hd] block per thread. */
     float *wide;
     size_t wide_floats;
 
@@ -56,9 +57,9 @@ struct tlm_session {
 /* One cached head: positions [0, cap) of one kv head of one sequence in one layer, keys (kv 0)
  * or values (kv 1). */
 static inline void *infer_cache(const struct tlm_session *s, int l, int b, int kv, int kvh) {
-    size_t kvhs = (size_t)s->m->c.n_kv_heads;
-    return (char *)s->kv +
-           ((((size_t)l * s->B + b) * 2 + (size_t)kv) * kvhs + (size_t)kvh) * s->head_stride;
+    size_t kvhs = (size_t)s->m->c.n_kv_heads, keys = kvhs * s->head_stride[0];
+    return (char *)s->kv + ((size_t)l * s->B + b) * (keys + kvhs * s->head_stride[1]) +
+           (kv ? keys : 0) + (size_t)kvh * s->head_stride[kv];
 }
 
 #endif

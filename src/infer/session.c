@@ -86,11 +86,12 @@ static tlm_status reserve_scores(tlm_session *s, size_t floats) {
     return reserve_floats(&s->scores, &s->scores_floats, floats, "attention scores");
 }
 
-/* Floats per thread of s->wide: an F16 cache's keys and values widened for the sgemm of prefill
- * attention and the plain decode loops, or the transposed keys of k_attend_causal. */
+/* Floats per thread of s->wide: a cache's keys and values (other than floats) widened for the sgemm
+ * of prefill attention and the plain decode loops, or the transposed keys of k_attend_causal. */
 static size_t wide_block(const tlm_session *s) {
     size_t hd = (size_t)(s->m->c.d_model / s->m->c.n_heads), kt = hd * K_CAUSAL_SPAN(s->cap);
-    size_t two = s->kv_kind != K_KV_F32 ? 2 * (size_t)s->cap * hd : 0;
+    int floats = s->kv_kind[0] == K_KV_F32 && s->kv_kind[1] == K_KV_F32;
+    size_t two = floats ? 0 : 2 * (size_t)s->cap * hd;
     return kt > two ? kt : two;
 }
 
@@ -120,19 +121,21 @@ tlm_status tlm_session_new_opts(const tlm_model *m, const tlm_session_opts *o, t
     const tlm_config *c = &m->c;
     int batch = o->batch, capacity = o->capacity;
     size_t hd = (size_t)(c->d_model / c->n_heads);
-    int kind = k_kv_kind(o->kv_type);
-    if (kind < 0)
-        return tlm_err(TLM_ERR_ARG,
-                       "session: KV cache type %s (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, "
-                       "IQ4_NL, Q5_0, Q5_1)",
-                       tlm_dtype_name(o->kv_type));
-    /* a cached row (one position of one head) is whole blocks, as llama.cpp also requires */
-    const tlm_dtype_info *di = tlm_dtype_get(o->kv_type);
-    if (hd % di->block_elems)
-        return tlm_err(TLM_ERR_ARG,
-                       "session: a %s KV cache needs a head size that is a multiple of %zu "
-                       "(this model's is %zu); use F16 or F32",
-                       tlm_dtype_name(o->kv_type), (size_t)di->block_elems, hd);
+    const tlm_dtype types[2] = {o->kv_type, o->v_type_set ? o->v_type : o->kv_type};
+    for (int kv = 0; kv < 2; kv++) {
+        if (k_kv_kind(types[kv]) < 0)
+            return tlm_err(TLM_ERR_ARG,
+                           "session: KV cache type %s (supported: F32, F16, BF16, Q8_0, Q4_0, "
+                           "Q4_1, IQ4_NL, Q5_0, Q5_1)",
+                           tlm_dtype_name(types[kv]));
+        /* a cached row (one position of one head) is whole blocks, as llama.cpp also requires */
+        const tlm_dtype_info *di = tlm_dtype_get(types[kv]);
+        if (hd % di->block_elems)
+            return tlm_err(TLM_ERR_ARG,
+                           "session: a %s KV cache needs a head size that is a multiple of %zu "
+                           "(this model's is %zu); use F16 or F32",
+                           tlm_dtype_name(types[kv]), (size_t)di->block_elems, hd);
+    }
     if (batch <= 0) return tlm_err(TLM_ERR_ARG, "session: batch %d must be positive", batch);
     if (capacity <= 0) capacity = c->context_length;
     if (capacity > c->context_length)
@@ -143,13 +146,19 @@ tlm_status tlm_session_new_opts(const tlm_model *m, const tlm_session_opts *o, t
     s->m = m;
     s->B = batch;
     s->cap = capacity;
-    s->kv_type = o->kv_type;
-    s->kv_kind = kind;
-    s->kv_row = hd / di->block_elems * di->block_bytes;
-    size_t heads = 0;
-    int ok = tlm_mul_ok((size_t)c->n_layers * 2 * (size_t)c->n_kv_heads, (size_t)batch, &heads) &&
-             tlm_mul_ok((size_t)capacity, s->kv_row, &s->head_stride) &&
-             tlm_mul_ok(heads, s->head_stride, &s->kv_bytes);
+    size_t heads = 0, both = 0;
+    for (int kv = 0; kv < 2; kv++) {
+        const tlm_dtype_info *di = tlm_dtype_get(types[kv]);
+        s->kv_type[kv] = types[kv];
+        s->kv_kind[kv] = k_kv_kind(types[kv]);
+        s->kv_row[kv] = hd / di->block_elems * di->block_bytes;
+    }
+    /* the two strides' sum is below 2^63 (a row is at most 4 bytes an element) */
+    int ok = tlm_mul_ok((size_t)c->n_layers * (size_t)c->n_kv_heads, (size_t)batch, &heads) &&
+             tlm_mul_ok((size_t)capacity, s->kv_row[0], &s->head_stride[0]) &&
+             tlm_mul_ok((size_t)capacity, s->kv_row[1], &s->head_stride[1]) &&
+             tlm_mul_ok(heads, s->head_stride[0] + s->head_stride[1], &both);
+    s->kv_bytes = both;
     tlm_status st = TLM_OK;
     if (!ok) {
         st = tlm_err(TLM_ERR_NOMEM, "session: KV cache size overflows");
@@ -218,7 +227,8 @@ void tlm_session_reset(tlm_session *s, int seq) {
 }
 
 int tlm_session_batch(const tlm_session *s) { return s->B; }
-tlm_dtype tlm_session_kv_type(const tlm_session *s) { return s->kv_type; }
+tlm_dtype tlm_session_kv_type(const tlm_session *s) { return s->kv_type[0]; }
+tlm_dtype tlm_session_v_type(const tlm_session *s) { return s->kv_type[1]; }
 int tlm_session_capacity(const tlm_session *s) { return s->cap; }
 int tlm_session_length(const tlm_session *s, int seq) {
     return seq >= 0 && seq < s->B ? s->len[seq] : -1;
@@ -238,7 +248,7 @@ tlm_status tlm_session_truncate(tlm_session *s, int seq, int n) {
 size_t tlm_session_prefix_bytes(const tlm_session *s, int n) {
     if (!s || n < 0) return 0;
     const tlm_config *c = &s->m->c;
-    return (size_t)c->n_layers * 2 * (size_t)c->n_kv_heads * (size_t)n * s->kv_row;
+    return (size_t)c->n_layers * (size_t)c->n_kv_heads * (size_t)n * (s->kv_row[0] + s->kv_row[1]);
 }
 
 /* Copies positions 0..n-1 of sequence seq out of the cache into `to`, or into it from `from` (the
@@ -247,10 +257,11 @@ size_t tlm_session_prefix_bytes(const tlm_session *s, int n) {
 static void prefix_copy(const tlm_session *s, int seq, char *to, const char *from, int n_buf,
                         int n) {
     const tlm_config *c = &s->m->c;
-    size_t bytes = (size_t)n * s->kv_row, at = 0, step = (size_t)n_buf * s->kv_row;
+    size_t at = 0;
     for (int l = 0; l < c->n_layers; l++)
         for (int kv = 0; kv < 2; kv++)
-            for (int h = 0; h < c->n_kv_heads; h++, at += step) {
+            for (int h = 0; h < c->n_kv_heads; h++, at += (size_t)n_buf * s->kv_row[kv]) {
+                size_t bytes = (size_t)n * s->kv_row[kv];
                 void *blk = infer_cache(s, l, seq, kv, h);
                 if (to)
                     memcpy(to + at, blk, bytes);
@@ -292,21 +303,26 @@ tlm_status tlm_session_load_prefix(tlm_session *s, int seq, const void *buf, int
  * or widened into the calling thread's block (F16, Q8_0). */
 static void as_floats(const tlm_session *s, const void *Kc, const void *Vc, int S, const float **K,
                       const float **V) {
-    if (s->kv_kind == K_KV_F32) {
-        *K = Kc, *V = Vc;
-        return;
-    }
     size_t hd = (size_t)(s->m->c.d_model / s->m->c.n_heads), block = (size_t)s->cap * hd;
-    const tlm_dtype_info *di = tlm_dtype_get(s->kv_type);
     float *w = s->wide + (size_t)k_team_thread() * wide_block(s);
-    /* k_widen_row counts in int: a long context widens in parts (of whole blocks) */
-    for (size_t at = 0, n = (size_t)S * hd, part; at < n; at += part) {
-        part = n - at < ((size_t)1 << 24) ? n - at : (size_t)1 << 24;
-        size_t from = at / di->block_elems * di->block_bytes;
-        k_widen_row(s->kv_type, (const char *)Kc + from, w + at, (int)part);
-        k_widen_row(s->kv_type, (const char *)Vc + from, w + block + at, (int)part);
+    const void *from[2] = {Kc, Vc};
+    const float **to[2] = {K, V};
+    for (int kv = 0; kv < 2; kv++) {
+        if (s->kv_kind[kv] == K_KV_F32) {
+            *to[kv] = from[kv];
+            continue;
+        }
+        const tlm_dtype_info *di = tlm_dtype_get(s->kv_type[kv]);
+        float *dst = w + (kv ? block : 0);
+        /* k_widen_row counts in int: a long context widens in parts (of whole blocks) */
+        for (size_t at = 0, n = (size_t)S * hd, part; at < n; at += part) {
+            part = n - at < ((size_t)1 << 24) ? n - at : (size_t)1 << 24;
+            k_widen_row(s->kv_type[kv],
+                        (const char *)from[kv] + at / di->block_elems * di->block_bytes, dst + at,
+                        (int)part);
+        }
+        *to[kv] = dst;
     }
-    *K = w, *V = w + block;
 }
 
 /* Causal attention of T consecutive new tokens of sequence b (positions pos0..pos0+T-1, scratch
@@ -332,8 +348,8 @@ static void attend_prefill(tlm_session *s, int l, int b, int pos0, int T, int r0
         float *o = s->att + (size_t)(r0 + t0) * qw + (size_t)h * hd;
         int me = omp_get_thread_num();
         float *p = s->scores + (size_t)me * prefill_scores(s);
-        if (!k_attend_causal(q, (size_t)ld, Kc, Vc, s->kv_kind, tc, pos0 + t0, hd, scale,
-                             s->wide + (size_t)me * wide_block(s), p, o, (size_t)qw))
+        if (!k_attend_causal(q, (size_t)ld, Kc, Vc, s->kv_kind[0], s->kv_kind[1], tc, pos0 + t0, hd,
+                             scale, s->wide + (size_t)me * wide_block(s), p, o, (size_t)qw))
             continue;
         const float *K, *V;
         as_floats(s, Kc, Vc, S, &K, &V);
@@ -373,7 +389,7 @@ static void decode_tasks(void *ctx, long a, long b) {
         const float *q = s->qkv + (size_t)r * ld + (size_t)h * hd;
         float *p = s->scores + (size_t)task * s->cap;
         float *o = s->att + (size_t)r * qw + (size_t)h * hd;
-        if (!k_attend_row(q, Kc, Vc, s->kv_kind, S, hd, scale, p, o)) continue;
+        if (!k_attend_row(q, Kc, Vc, s->kv_kind[0], s->kv_kind[1], S, hd, scale, p, o)) continue;
         const float *K, *V;
         as_floats(s, Kc, Vc, S, &K, &V);
         float mx = -INFINITY;
@@ -425,14 +441,14 @@ static void store_heads(void *ctx, long a, long b) {
         int h = (int)(hk / 2), kv = (int)(hk % 2);
         for (int r = 0; r < x->N; r++) {
             char *dst = (char *)infer_cache(s, x->l, s->row_seq[r], kv, h) +
-                        (size_t)s->row_pos[r] * s->kv_row;
+                        (size_t)s->row_pos[r] * s->kv_row[kv];
             const float *src = x->qkv + (size_t)r * x->ld + qw + (size_t)kv * kw + (size_t)h * hd;
             /* as llama.cpp's CPU backend stores each type: its x86 quantize_row_q8_0 for Q8_0,
              * the reference quantizers (tlm_dtype_from_f32's, byte for byte) for the others */
-            if (s->kv_kind == K_KV_Q8_0)
+            if (s->kv_kind[kv] == K_KV_Q8_0)
                 k_q8_0_blocks(src, dst, hd);
-            else if (s->kv_kind != K_KV_F32)
-                k_narrow_row(s->kv_type, src, dst, hd);
+            else if (s->kv_kind[kv] != K_KV_F32)
+                k_narrow_row(s->kv_type[kv], src, dst, hd);
             else
                 memcpy(dst, src, (size_t)hd * sizeof(float));
         }

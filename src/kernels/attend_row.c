@@ -157,14 +157,14 @@ vacc(const int NB, const int KV, float w, const uint8_t *row, __m512 *e, float *
     }
 }
 
-/* hd = 16 * NB; NB and KV are constants at each call site, so the arrays below live in
- * registers and the loads are of one kind. */
-T5 static inline __attribute__((always_inline)) void row_avx512(const int NB, const int KV,
+/* The scores p[0..S) = scale q.K of one query (hd = 16 * NB) against S cached keys of kind KK;
+ * NB and KK are constants at each call site, so the arrays below live in registers and the loads
+ * are of one kind. */
+T5 static inline __attribute__((always_inline)) void row_scores(const int NB, const int KK,
                                                                 const float *q, const void *K,
-                                                                const void *V, int S, float scale,
-                                                                float *p, float *o) {
-    const size_t hd = 16 * (size_t)NB, rb = kv_row_bytes(KV, hd);
-    const uint8_t *Kb = K, *Vb = V;
+                                                                int S, float scale, float *p) {
+    const size_t hd = 16 * (size_t)NB, rb = kv_row_bytes(KK, hd);
+    const uint8_t *Kb = K;
     __m512 qv[8], qp[4];
     for (int b = 0; b < NB; b++) qv[b] = _mm512_loadu_ps(q + 16 * b);
     for (int c = 0; c < NB / 2; c++) qp[c] = _mm512_add_ps(qv[2 * c], qv[2 * c + 1]);
@@ -177,7 +177,7 @@ T5 static inline __attribute__((always_inline)) void row_avx512(const int NB, co
         __m512 a[16];
         for (size_t f = 0; f < 16 * rb; f += 64) /* prefetches past the end never fault */
             _mm_prefetch((const char *)k0 + PF_KEYS * rb + f, _MM_HINT_T0);
-        for (int i = 0; i < 16; i++) a[i] = kvec(NB, KV, qv, qp, k0 + i * rb);
+        for (int i = 0; i < 16; i++) a[i] = kvec(NB, KK, qv, qp, k0 + i * rb);
         __m512 v[4];
         for (int g = 0; g < 4; g++) {
             __m512 s2[2];
@@ -201,18 +201,19 @@ T5 static inline __attribute__((always_inline)) void row_avx512(const int NB, co
     for (; j + 4 <= S; j += 4) {
         const uint8_t *k0 = Kb + (size_t)j * rb;
         __m512 a[4];
-        for (int i = 0; i < 4; i++) a[i] = kvec(NB, KV, qv, qp, k0 + i * rb);
+        for (int i = 0; i < 4; i++) a[i] = kvec(NB, KK, qv, qp, k0 + i * rb);
         for (int i = 0; i < 4; i++) p[j + i] = scale * _mm512_reduce_add_ps(a[i]);
     }
-    for (; j < S; j++) p[j] = scale * _mm512_reduce_add_ps(kvec(NB, KV, qv, qp, Kb + j * rb));
-    __m512 vm = _mm512_set1_ps(-INFINITY);
-    for (j = 0; j + 16 <= S; j += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(p + j));
-    if (j < S) {
-        __mmask16 tail = (__mmask16)((1u << (S - j)) - 1);
-        vm = _mm512_mask_max_ps(vm, tail, vm, _mm512_maskz_loadu_ps(tail, p + j));
-    }
-    tlm_softmax_row(p, S, _mm512_reduce_max_ps(vm));
-    /* two keys per step into separate sums: 2 x NB independent chains */
+    for (; j < S; j++) p[j] = scale * _mm512_reduce_add_ps(kvec(NB, KK, qv, qp, Kb + j * rb));
+}
+
+/* o[hd] = sum over j of p[j] times cached value row j (of kind KV), two rows per step into separate
+ * sums: 2 x NB independent chains. */
+T5 static inline __attribute__((always_inline)) void
+row_values(const int NB, const int KV, const float *p, const void *V, int S, float *o) {
+    const size_t hd = 16 * (size_t)NB, rb = kv_row_bytes(KV, hd);
+    const uint8_t *Vb = V;
+    int j;
     __m512 e0[8], e1[8];
     float ms[4] = {0, 0, 0, 0};
     for (int b = 0; b < NB; b++) e0[b] = e1[b] = _mm512_setzero_ps();
@@ -231,21 +232,27 @@ T5 static inline __attribute__((always_inline)) void row_avx512(const int NB, co
     }
 }
 
-#define ROW_CASES(KV)                                                                              \
+/* Whether the kernels take rows of kind k and head size hd: the block kinds' rows are whole blocks
+ * only where hd is a multiple of 32 (of the sizes here, 48 is not). */
+static int kind_takes(int k, int hd) {
+    if (hd != 32 && hd != 48 && hd != 64 && hd != 96 && hd != 128) return 0;
+    if (k < K_KV_F32 || k > K_KV_IQ4_NL) return 0;
+    return !kv_blocks(k) || hd % 32 == 0;
+}
+
+/* CALL(NB, KIND) for hd = 16 NB, then `return 0`. */
+#define HD_CASES(CALL, KIND)                                                                       \
     switch (hd) {                                                                                  \
-    case 32: row_avx512(2, KV, q, K, V, S, scale, p, o); return 0;                                 \
-    case 48: row_avx512(3, KV, q, K, V, S, scale, p, o); return 0;                                 \
-    case 64: row_avx512(4, KV, q, K, V, S, scale, p, o); return 0;                                 \
-    case 96: row_avx512(6, KV, q, K, V, S, scale, p, o); return 0;                                 \
-    case 128: row_avx512(8, KV, q, K, V, S, scale, p, o); return 0;                                \
+    case 32: CALL(2, KIND); return 0;                                                              \
+    case 48: CALL(3, KIND); return 0;                                                              \
+    case 64: CALL(4, KIND); return 0;                                                              \
+    case 96: CALL(6, KIND); return 0;                                                              \
+    case 128: CALL(8, KIND); return 0;                                                             \
     default: return -1;                                                                            \
     }
-
-/* The block kinds' rows are whole blocks only where hd is a multiple of 32 (of the sizes here, 48
- * is not). */
-#define KV_CASES(CASES)                                                                            \
-    if (kv >= K_KV_Q8_0 && kv != K_KV_BF16 && hd % 32) return -1;                                  \
-    switch (kv) {                                                                                  \
+/* CASES(KIND) for the kind k, a constant there. */
+#define KIND_CASES(k, CASES)                                                                       \
+    switch (k) {                                                                                   \
     case K_KV_F32: CASES(K_KV_F32)                                                                 \
     case K_KV_F16: CASES(K_KV_F16)                                                                 \
     case K_KV_BF16: CASES(K_KV_BF16)                                                               \
@@ -258,8 +265,30 @@ T5 static inline __attribute__((always_inline)) void row_avx512(const int NB, co
     default: return -1;                                                                            \
     }
 
-T5 static int attend_row_avx512(const float *q, const void *K, const void *V, int kv, int S, int hd,
-                                float scale, float *p, float *o){KV_CASES(ROW_CASES)}
+#define SCORES(NB, KIND) row_scores(NB, KIND, q, K, S, scale, p)
+#define SCORES_HD(KIND) HD_CASES(SCORES, KIND)
+T5 static int scores_dispatch(const float *q, const void *K, int kk, int S, int hd, float scale,
+                              float *p){KIND_CASES(kk, SCORES_HD)}
+
+#define VALUES(NB, KIND) row_values(NB, KIND, p, V, S, o)
+#define VALUES_HD(KIND) HD_CASES(VALUES, KIND)
+T5 static int values_dispatch(const float *p, const void *V, int kv, int S, int hd,
+                              float *o){KIND_CASES(kv, VALUES_HD)}
+
+T5 static int attend_row_avx512(const float *q, const void *K, const void *V, int kk, int kv, int S,
+                                int hd, float scale, float *p, float *o) {
+    if (!kind_takes(kk, hd) || !kind_takes(kv, hd)) return -1;
+    scores_dispatch(q, K, kk, S, hd, scale, p);
+    __m512 vm = _mm512_set1_ps(-INFINITY);
+    int j = 0;
+    for (; j + 16 <= S; j += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(p + j));
+    if (j < S) {
+        __mmask16 tail = (__mmask16)((1u << (S - j)) - 1);
+        vm = _mm512_mask_max_ps(vm, tail, vm, _mm512_maskz_loadu_ps(tail, p + j));
+    }
+    tlm_softmax_row(p, S, _mm512_reduce_max_ps(vm));
+    return values_dispatch(p, V, kv, S, hd, o);
+}
 
 /* ---- prefill: a block of consecutive queries, causal ----------------------------------------- */
 
@@ -355,12 +384,12 @@ T5 static inline AI void block_avx512(const int NB, const int R, const int KB, c
 }
 
 /* All T queries, in blocks of R (the last block R = 1 at a time). */
-T5 static inline AI void causal_avx512(const int NB, const int R, const int KB, const int KV,
-                                       const float *q, size_t ldq, const void *K, const void *V,
-                                       int T, int first, float scale, float *kt, float *p, float *o,
-                                       size_t ldo) {
+T5 static inline AI void causal_avx512(const int NB, const int R, const int KB, int kk,
+                                       const int KV, const float *q, size_t ldq, const void *K,
+                                       const void *V, int T, int first, float scale, float *kt,
+                                       float *p, float *o, size_t ldo) {
     int S = first + T, Sp = (S + 63) & ~63;
-    keys_transposed(KV, K, S, Sp, 16 * NB, kt);
+    keys_transposed(kk, K, S, Sp, 16 * NB, kt);
     int t = 0;
     for (; t + R <= T; t += R)
         block_avx512(NB, R, KB, q + (size_t)t * ldq, ldq, kt, Sp, V, KV, first + t, scale, p,
@@ -370,21 +399,24 @@ T5 static inline AI void causal_avx512(const int NB, const int R, const int KB, 
                      o + (size_t)t * ldo, ldo);
 }
 
-/* R queries per block as NB allows: R x NB output sums (at most 16) stay in registers. */
-#define CAUSAL_CASES(KV)                                                                           \
-    switch (hd) {                                                                                  \
-    case 32: causal_avx512(2, 8, 1, KV, q, ldq, K, V, T, first, scale, kt, p, o, ldo); return 0;   \
-    case 48: causal_avx512(3, 4, 2, KV, q, ldq, K, V, T, first, scale, kt, p, o, ldo); return 0;   \
-    case 64: causal_avx512(4, 4, 2, KV, q, ldq, K, V, T, first, scale, kt, p, o, ldo); return 0;   \
-    case 96: causal_avx512(6, 2, 4, KV, q, ldq, K, V, T, first, scale, kt, p, o, ldo); return 0;   \
-    case 128: causal_avx512(8, 2, 4, KV, q, ldq, K, V, T, first, scale, kt, p, o, ldo); return 0;  \
-    default: return -1;                                                                            \
-    }
+/* R queries per block as NB allows: R x NB output sums (at most 16) stay in registers. The keys'
+ * kind kk is a variable (keys_transposed reads them once per call), the values' a constant. */
+#define CAUSAL(NB, KV)                                                                             \
+    causal_avx512(NB,                                                                              \
+                  NB == 2   ? 8                                                                    \
+                  : NB <= 4 ? 4                                                                    \
+                            : 2,                                                                   \
+                  NB == 2   ? 1                                                                    \
+                  : NB <= 4 ? 2                                                                    \
+                            : 4,                                                                   \
+                  kk, KV, q, ldq, K, V, T, first, scale, kt, p, o, ldo)
+#define CAUSAL_HD(KV) HD_CASES(CAUSAL, KV)
 
-T5 static int causal_dispatch(const float *q, size_t ldq, const void *K, const void *V, int kv,
-                              int T, int first, int hd, float scale, float *kt, float *p, float *o,
-                              size_t ldo) {
-    KV_CASES(CAUSAL_CASES)
+T5 static int causal_dispatch(const float *q, size_t ldq, const void *K, const void *V, int kk,
+                              int kv, int T, int first, int hd, float scale, float *kt, float *p,
+                              float *o, size_t ldo) {
+    if (!kind_takes(kk, hd) || !kind_takes(kv, hd)) return -1;
+    KIND_CASES(kv, CAUSAL_HD)
 }
 
 #define HAVE_X86 1
@@ -392,23 +424,25 @@ T5 static int causal_dispatch(const float *q, size_t ldq, const void *K, const v
 #define HAVE_X86 0
 #endif
 
-int k_attend_row(const float *q, const void *K, const void *V, int kv, int S, int hd, float scale,
-                 float *p, float *o) {
+int k_attend_row(const float *q, const void *K, const void *V, int kk, int kv, int S, int hd,
+                 float scale, float *p, float *o) {
 #if HAVE_X86
-    if (S > 0 && k_isa() >= K_ISA_AVX512) return attend_row_avx512(q, K, V, kv, S, hd, scale, p, o);
+    if (S > 0 && k_isa() >= K_ISA_AVX512)
+        return attend_row_avx512(q, K, V, kk, kv, S, hd, scale, p, o);
 #else
-    (void)q, (void)K, (void)V, (void)kv, (void)S, (void)hd, (void)scale, (void)p, (void)o;
+    (void)q, (void)K, (void)V, (void)kk, (void)kv, (void)S, (void)hd, (void)scale, (void)p, (void)o;
 #endif
     return -1;
 }
 
-int k_attend_causal(const float *q, size_t ldq, const void *K, const void *V, int kv, int T,
+int k_attend_causal(const float *q, size_t ldq, const void *K, const void *V, int kk, int kv, int T,
                     int first, int hd, float scale, float *kt, float *p, float *o, size_t ldo) {
 #if HAVE_X86
     if (T > 0 && first >= 0 && k_isa() >= K_ISA_AVX512)
-        return causal_dispatch(q, ldq, K, V, kv, T, first, hd, scale, kt, p, o, ldo);
+        return causal_dispatch(q, ldq, K, V, kk, kv, T, first, hd, scale, kt, p, o, ldo);
 #else
-    (void)q, (void)ldq, (void)K, (void)V, (void)kv, (void)T, (void)first, (void)hd, (void)scale;
+    (void)q, (void)ldq, (void)K, (void)V, (void)kk, (void)kv, (void)T, (void)first, (void)hd,
+        (void)scale;
     (void)kt, (void)p, (void)o, (void)ldo;
 #endif
     return -1;

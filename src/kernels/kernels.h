@@ -216,11 +216,12 @@ enum {
 };
 int k_kv_kind(tlm_dtype t);
 
-/* One query q[hd] over S cached keys K[S, hd] and values V[S, hd] (rows of kind kv, a K_KV_):
- * o[hd] = softmax(scale q.K) V, with p[0..S) as scratch. Returns -1, computing nothing, where no
- * vector version applies (the CPU, hd); the caller then runs its plain loops. */
-int k_attend_row(const float *q, const void *K, const void *V, int kv, int S, int hd, float scale,
-                 float *p, float *o);
+/* One query q[hd] over S cached keys K[S, hd] and values V[S, hd] (rows of kinds kk and kv, each a
+ * K_KV_): o[hd] = softmax(scale q.K) V, with p[0..S) as scratch. Returns -1, computing nothing,
+ * where no vector version applies (the CPU, hd, a block kind's hd); the caller then runs its plain
+ * loops. */
+int k_attend_row(const float *q, const void *K, const void *V, int kk, int kv, int S, int hd,
+                 float scale, float *p, float *o);
 
 /* Prefill's causal attention of one head: T consecutive queries q[T][ldq], query t at position
  * first + t, over the cached keys and values of positions 0..first+T-1 (K, V as in k_attend_row;
@@ -228,7 +229,7 @@ int k_attend_row(const float *q, const void *K, const void *V, int kv, int S, in
  * hd x K_CAUSAL_SPAN(first + T) floats, p 8 x K_CAUSAL_SPAN(first + T). Returns -1, computing
  * nothing, where no vector version applies (the CPU, hd). */
 #define K_CAUSAL_SPAN(S) (((size_t)(S) + 63) & ~(size_t)63)
-int k_attend_causal(const float *q, size_t ldq, const void *K, const void *V, int kv, int T,
+int k_attend_causal(const float *q, size_t ldq, const void *K, const void *V, int kk, int kv, int T,
                     int first, int hd, float scale, float *kt, float *p, float *o, size_t ldo);
 
 /* ---- misc ---- */

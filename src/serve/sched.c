@@ -583,7 +583,11 @@ tlm_status srv_sched_new(const tlm_model *m, const tlm_tokenizer *tok, const srv
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->work, NULL);
     pthread_cond_init(&s->progress, NULL);
-    tlm_session_opts so = {.batch = s->B, .capacity = ctx, .kv_type = o->kv_type};
+    tlm_session_opts so = {.batch = s->B,
+                           .capacity = ctx,
+                           .kv_type = o->kv_type,
+                           .v_type_set = 1,
+                           .v_type = o->v_type};
     tlm_status st = tlm_session_new_opts(m, &so, &s->sess);
     if (st) goto fail;
     s->slots = calloc((size_t)s->B, sizeof *s->slots);
@@ -648,6 +652,7 @@ size_t srv_sched_kv_bytes(const srv_sched *s) {
     return tlm_session_prefix_bytes(s->sess, s->ctx) * (size_t)s->B;
 }
 tlm_dtype srv_sched_kv_type(const srv_sched *s) { return tlm_session_kv_type(s->sess); }
+tlm_dtype srv_sched_v_type(const srv_sched *s) { return tlm_session_v_type(s->sess); }
 
 tlm_status srv_sched_submit(srv_sched *s, srv_job *const *jobs, int n) {
     for (int i = 0; i < n; i++) {

@@ -150,7 +150,8 @@ typedef struct {
     long cache_mib;    /* prompt cache in memory (MiB; <= 0: none): a slot taken over by another
                         * request keeps its keys and values here for a later request that starts
                         * the same way (llama-server's --cache-ram) */
-    tlm_dtype kv_type; /* the KV cache's: TLM_DTYPE_F32 (0) or TLM_DTYPE_F16 */
+    tlm_dtype kv_type; /* the KV cache's type for keys (tlm_session_opts.kv_type) */
+    tlm_dtype v_type;  /* and for values */
 } srv_sched_opts;
 
 typedef struct {
@@ -175,6 +176,7 @@ int srv_sched_ctx(const srv_sched *s);
 /* The KV cache of all the slots: its bytes and element type. */
 size_t srv_sched_kv_bytes(const srv_sched *s);
 tlm_dtype srv_sched_kv_type(const srv_sched *s);
+tlm_dtype srv_sched_v_type(const srv_sched *s);
 int srv_sched_parallel(const srv_sched *s);
 /* Queues n jobs at once, or none: TLM_ERR_RANGE when the queue lacks room for them (the server
  * answers 429), TLM_ERR_INTERRUPTED once draining. */
