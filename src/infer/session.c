@@ -153,10 +153,10 @@ tlm_status tlm_session_new_opts(const tlm_model *m, const tlm_session_opts *o, t
         s->kv_kind[kv] = k_kv_kind(types[kv]);
         s->kv_row[kv] = hd / di->block_elems * di->block_bytes;
     }
-    /* the two strides' sum is below 2^63 (a row is at most 4 bytes an element) */
     int ok = tlm_mul_ok((size_t)c->n_layers * (size_t)c->n_kv_heads, (size_t)batch, &heads) &&
              tlm_mul_ok((size_t)capacity, s->kv_row[0], &s->head_stride[0]) &&
              tlm_mul_ok((size_t)capacity, s->kv_row[1], &s->head_stride[1]) &&
+             s->head_stride[0] <= SIZE_MAX - s->head_stride[1] &&
              tlm_mul_ok(heads, s->head_stride[0] + s->head_stride[1], &both);
     s->kv_bytes = both;
     tlm_status st = TLM_OK;
@@ -300,7 +300,7 @@ tlm_status tlm_session_load_prefix(tlm_session *s, int seq, const void *buf, int
 }
 
 /* Positions [0, S) of one cached head's keys Kc and values Vc as floats: the cache itself (F32),
- * or widened into the calling thread's block (F16, Q8_0). */
+ * or widened into the calling thread's block (the other types), keys and values each by its own. */
 static void as_floats(const tlm_session *s, const void *Kc, const void *Vc, int S, const float **K,
                       const float **V) {
     size_t hd = (size_t)(s->m->c.d_model / s->m->c.n_heads), block = (size_t)s->cap * hd;

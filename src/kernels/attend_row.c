@@ -7,9 +7,11 @@
  * (bench_attend, 110M F16 cache, one thread): 512 positions 0.65-0.67 -> 0.56-0.58 ms per token,
  * 128 positions 0.087-0.090 -> 0.080-0.086; at 1024 both are bound by reading the cache. An F16
  * cache is widened as it is loaded (vcvtph2ps), so it costs half the traffic and no pass of its
- * own. Prefill's causal attention (k_attend_causal) takes a block of consecutive queries of one
- * head: the keys transposed once into dimension-major rows, so that a query's scores come 16 keys
- * per vector without horizontal sums, then one pass over the values for the whole block. */
+ * own; so are BF16 and llama.cpp's block types (their scales applied once per block in decode),
+ * the keys' and the values' each by its own kind. Prefill's causal attention (k_attend_causal)
+ * takes a block of consecutive queries of one head: the keys transposed once into dimension-major
+ * rows, so that a query's scores come 16 keys per vector without horizontal sums, then one pass
+ * over the values for the whole block. */
 #include <math.h>
 #include <string.h>
 
@@ -23,7 +25,7 @@
 
 #define AI __attribute__((always_inline))
 
-/* How many keys ahead row_avx512 asks for the lines of the keys and values it reads next: a long
+/* How many keys ahead row_scores and row_values ask for the lines they read next: a long
  * context's cache streams from memory (or this VM's far L3) as two streams per head, which the
  * hardware prefetchers alone kept to about 10 G bytes/s at one thread. bench_attend (110M, one
  * thread, ms per token at 1024 and 2048 positions, alternating runs): F16 4.1-4.2 -> 3.4-3.7 and
