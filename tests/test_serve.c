@@ -641,6 +641,29 @@ static void test_responses(void) {
     free(fixed);
 }
 
+/* The scheduler's session takes the options' cache types, keys' and values' apart, and a type the
+ * model's head size refuses fails srv_sched_new with the session's reason. */
+static void test_cache_types(void) {
+    tlm_model *m = NULL;
+    tlm_tokenizer *tok = NULL;
+    if (!load_stories(&m, &tok)) return;
+    srv_sched *s = NULL;
+    srv_sched_opts so = {
+        .parallel = 2, .ctx = 64, .kv_type = TLM_DTYPE_F16, .v_type = TLM_DTYPE_F32};
+    CHECK_OK(srv_sched_new(m, tok, &so, &s));
+    if (s) {
+        CHECK(srv_sched_kv_type(s) == TLM_DTYPE_F16 && srv_sched_v_type(s) == TLM_DTYPE_F32,
+              "cache types %d %d", (int)srv_sched_kv_type(s), (int)srv_sched_v_type(s));
+        srv_sched_free(s);
+    }
+    s = NULL;
+    so.v_type = TLM_DTYPE_Q8_0; /* stories260K's head size is 8 */
+    CHECK(srv_sched_new(m, tok, &so, &s) != TLM_OK && s == NULL, "Q8_0 values refused");
+    CHECK(strstr(tlm_last_error(), "multiple of 32") != NULL, "reason: %s", tlm_last_error());
+    tlm_tokenizer_free(tok);
+    tlm_model_free(m);
+}
+
 int main(void) {
     test_responses();
     test_templates();
@@ -649,5 +672,6 @@ int main(void) {
     test_sampler_extras();
     test_scheduler();
     test_prompt_cache();
+    test_cache_types();
     return t_finish("test_serve");
 }
