@@ -16,7 +16,7 @@ static const char *eval_help =
     "                        Hugging Face directory)\n"
     "  -z, --tokenizer PATH  tokenizer (default: the model's own)\n"
     "  --data FILE           text to evaluate\n"
-    "  --batch B             windows per forward pass (default 8)\n"
+    "  --batch B             windows per forward pass (default 8; one with --cache-type)\n"
     "  -t, --threads N       threads (default: all cores)\n"
     "  --json                print {\"loss\", \"perplexity\", \"bits_per_byte\", \"tokens\"}\n"
     CLI_MMAP_HELP
@@ -36,7 +36,7 @@ static const char *eval_help =
 // clang-format on
 
 /* Summed negative log-likelihood of the targets y[t] >= 0 under the T rows of logits. */
-static double cli_nll(const float *logits, int V, const int32_t *y, int T) {
+static double window_nll(const float *logits, int V, const int32_t *y, int T) {
     double sum = 0;
     for (int t = 0; t < T; t++) {
         if (y[t] < 0) continue;
@@ -136,7 +136,7 @@ int cmd_eval(int argc, char **argv) {
          * With --llama-ppl, chunk w is tokens w*T .. (w+1)*T - 1 and predicts its second half. */
         int T = c->context_length;
         size_t windows = llama_ppl ? n / (size_t)T : (n - 1 + (size_t)T - 1) / (size_t)T;
-        int B = (int)batch;
+        int B = cached ? 1 : (int)batch; /* a session takes one window at a time */
         int32_t *x = malloc((size_t)B * T * sizeof *x), *y = malloc((size_t)B * T * sizeof *y);
         tlm_train_ctx *ctx = NULL;
         tlm_session *sess = NULL;
@@ -147,7 +147,6 @@ int cmd_eval(int argc, char **argv) {
             /* one window at a time through a session: its logits at every position */
             tlm_session_opts so = {.batch = 1, .capacity = T};
             cli_cache_opts(&cache, &so);
-            B = 1;
             if (tlm_session_new_opts(m, &so, &sess)) rc = cli_fail_status("eval");
             logits = malloc((size_t)T * c->vocab_size * sizeof *logits);
             if (!rc && !logits) rc = cli_fail("eval: out of memory");
@@ -173,7 +172,7 @@ int cmd_eval(int argc, char **argv) {
                     rc = cli_fail_status("eval");
                     break;
                 }
-                total += cli_nll(logits, c->vocab_size, y, T);
+                total += window_nll(logits, c->vocab_size, y, T);
                 counted += (size_t)cnt;
                 continue;
             }
