@@ -589,8 +589,39 @@ int tlm_ftype_from_name(const char *name, tlm_ftype *out);
 /* Lower-case name, "?" for a value outside the enum. */
 const char *tlm_ftype_name(tlm_ftype f);
 
+/* An importance matrix, as llama.cpp's llama-imatrix writes it (GGUF, or the legacy .dat
+ * layout) and llama-quantize --imatrix reads it: per weight tensor, the mean squared activation
+ * that met each input column over a calibration text. With one, the quantizers weigh each
+ * column's error by it (ggml's quantize_*_impl), as llama-quantize does. */
+typedef struct tlm_imatrix tlm_imatrix;
+/* Non-finite values, missing metadata (GGUF: imatrix.datasets, imatrix.chunk_count and
+ * imatrix.chunk_size, as llama-quantize requires) and malformed files are refused. */
+tlm_status tlm_imatrix_load(const char *path, tlm_imatrix **out);
+void tlm_imatrix_free(tlm_imatrix *im);
+/* The weights for a weight tensor's name ("blk.0.attn_q.weight"), *n of them (columns times
+ * experts); NULL where the matrix has no entry. */
+const float *tlm_imatrix_find(const tlm_imatrix *im, const char *name, size_t *n);
+int tlm_imatrix_entries(const tlm_imatrix *im);
+int tlm_imatrix_chunks(const tlm_imatrix *im);
+const char *tlm_imatrix_dataset(const tlm_imatrix *im); /* the first dataset named, or NULL */
+const char *tlm_imatrix_path(const tlm_imatrix *im);    /* as given to tlm_imatrix_load */
+/* Collecting one (tlm imatrix): an empty matrix; `tokens` rows' squared activations summed per
+ * column (n of them) added to entry `name`; written as llama-imatrix writes GGUF (its keys,
+ * tensors <name>.in_sum2 and <name>.counts sorted by name), which llama-quantize reads. */
+tlm_status tlm_imatrix_new(tlm_imatrix **out);
+tlm_status tlm_imatrix_accumulate(tlm_imatrix *im, const char *name, const float *sum2, size_t n,
+                                  int64_t tokens);
+tlm_status tlm_imatrix_save(const tlm_imatrix *im, const char *path, const char *dataset,
+                            int chunks, int chunk_size);
+
 typedef struct {
     tlm_ftype ftype;
+    /* With an importance matrix (may be NULL): each matrix it has an entry for is quantized with
+     * its weights, the type choices that llama.cpp makes with one apply (Q4_0 and Q5_0 files: the
+     * first eighth of the ffn_down layers Q4_1 / Q5_1; IQ4_NL and IQ4_XS: those layers keep the
+     * base type), and the file records it as llama-quantize does (quantize.imatrix.*). An entry
+     * whose size is not the matrix's columns is an error (the token embedding's is ignored). */
+    const tlm_imatrix *imatrix;
     /* Called before each tensor is written (i of n, in file order) with its type and size; may be
      * NULL. Runs on the calling thread. */
     void (*progress)(void *user, int i, int n, const char *name, tlm_dtype type, size_t bytes);

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "core/dtype.h"
 #include "harness.h"
@@ -125,6 +126,74 @@ static void test_rows(void *lib, quantize_chunk_fn chunk) {
     free(wa);
     free(wb);
     free(x);
+    free(a);
+    free(b);
+}
+
+/* An importance matrix's column weights of kind k (mean squared activations: positive, spread
+ * over orders of magnitude; some zero, as for columns no token reached). */
+static void fill_imatrix(float *w, int n, int k) {
+    for (int i = 0; i < n; i++) {
+        float g = gauss();
+        switch (k % 4) {
+        case 0: w[i] = g * g; break;
+        case 1: w[i] = expf(3 * g); break;
+        case 2: w[i] = i % 7 == 3 ? 0.0f : 1e-3f * g * g; break;
+        default: w[i] = 1.0f; break;
+        }
+    }
+}
+
+/* With an importance matrix (llama-quantize --imatrix): tlm_quantize_rows against
+ * ggml_quantize_chunk given the same weights, every row kind against four kinds of weights; the
+ * types that take none ignore it, as ggml's do. */
+static void test_rows_imatrix(quantize_chunk_fn chunk) {
+    static const tlm_dtype types[] = {
+        TLM_DTYPE_Q8_0, TLM_DTYPE_Q4_0, TLM_DTYPE_Q4_1,   TLM_DTYPE_Q5_0,  TLM_DTYPE_Q5_1,
+        TLM_DTYPE_Q2_K, TLM_DTYPE_Q3_K, TLM_DTYPE_Q4_K,   TLM_DTYPE_Q5_K,  TLM_DTYPE_Q6_K,
+        TLM_DTYPE_F16,  TLM_DTYPE_BF16, TLM_DTYPE_IQ4_NL, TLM_DTYPE_IQ4_XS};
+    enum { ROWS = 5, MAXN = 3 * 256 };
+    float *x = malloc(sizeof(float) * ROWS * MAXN), *w = malloc(sizeof(float) * MAXN);
+    uint8_t *a = malloc(ROWS * MAXN * 4), *b = malloc(ROWS * MAXN * 4);
+    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
+        tlm_dtype t = types[ti];
+        const tlm_dtype_info *info = tlm_dtype_get(t);
+        int n = info->block_elems == 256 ? 3 * 256 : 5 * 32;
+        int mismatched = 0, differs_from_plain = 0;
+        for (int k = 0; k < N_KINDS; k++) {
+            for (int r = 0; r < ROWS; r++) fill(x + (size_t)r * n, n, k);
+            fill_imatrix(w, n, k);
+            size_t bytes = tlm_dtype_bytes(t, (uint64_t)ROWS * n);
+            memset(a, 0xAA, bytes);
+            memset(b, 0x55, bytes);
+            CHECK_OK(tlm_quantize_rows(t, x, a, ROWS, (size_t)n, w));
+            size_t got = chunk(info->ggml, x, b, 0, ROWS, n, w);
+            CHECK(got == bytes, "%s: ggml wrote %zu bytes, expected %zu", info->name, got, bytes);
+            if (memcmp(a, b, bytes)) {
+                size_t i = 0;
+                while (a[i] == b[i]) i++;
+                CHECK(0,
+                      "%s with an imatrix, row kind %d: byte %zu of %zu differs (tlm %02x, "
+                      "ggml %02x)",
+                      info->name, k, i, bytes, a[i], b[i]);
+                mismatched++;
+            }
+            CHECK_OK(tlm_dtype_from_f32(t, x, b, (size_t)ROWS * n));
+            differs_from_plain += memcmp(a, b, bytes) != 0;
+        }
+        CHECK(mismatched == 0, "%s: %d of %d row kinds differ from ggml with an imatrix",
+              info->name, mismatched, N_KINDS);
+        /* the weights must change something for the types that use them, and nothing else */
+        CHECK(tlm_dtype_uses_imatrix(t) ? differs_from_plain > N_KINDS / 2 : !differs_from_plain,
+              "%s: %d of %d row kinds differ from the plain quantizer", info->name,
+              differs_from_plain, N_KINDS);
+        if (!mismatched)
+            printf("%-6s with an imatrix == ggml on %d row kinds (%d differ from no imatrix)\n",
+                   info->name, N_KINDS, differs_from_plain);
+    }
+    CHECK(tlm_quantize_rows(TLM_DTYPE_Q4_K, x, a, 1, 128, w) == TLM_ERR_ARG, "partial K row");
+    free(x);
+    free(w);
     free(a);
     free(b);
 }
@@ -309,6 +378,248 @@ static void test_files(model_quantize_fn llama_quantize, default_params_fn defau
     remove(f32);
 }
 
+/* llama.h's llama_model_imatrix_data and llama_model_kv_override (the CLI's record of the
+ * matrix: llama-quantize --imatrix sets these keys through overrides). */
+typedef struct {
+    const char *name;
+    const float *data;
+    size_t size;
+} llama_imatrix_data;
+typedef struct {
+    int tag; /* 0 int, 3 string */
+    char key[128];
+    union {
+        int64_t val_i64;
+        double val_f64;
+        bool val_bool;
+        char val_str[128];
+    };
+} llama_kv_override;
+
+/* llama-imatrix's legacy .dat layout, read as llama-quantize reads it (each value divided by the
+ * entry's call count; the trailing chunk count and dataset name), and malformed matrices: a
+ * truncated file, a non-finite value, a GGUF without the imatrix keys. */
+static void test_imatrix_legacy(const llama_imatrix_data *ld, int nl) {
+    const char *path = "quant_im_legacy.dat";
+    FILE *f = fopen(path, "wb");
+    CHECK(f != NULL, "cannot write %s", path);
+    if (!f) return;
+    int32_t n = nl, ncall = 3;
+    fwrite(&n, 4, 1, f);
+    for (int e = 0; e < nl; e++) {
+        int32_t len = (int32_t)strlen(ld[e].name), nval = (int32_t)ld[e].size;
+        fwrite(&len, 4, 1, f);
+        fwrite(ld[e].name, 1, (size_t)len, f);
+        fwrite(&ncall, 4, 1, f);
+        fwrite(&nval, 4, 1, f);
+        fwrite(ld[e].data, sizeof(float), ld[e].size, f);
+    }
+    int32_t chunks = 7, dlen = 9;
+    fwrite(&chunks, 4, 1, f);
+    fwrite(&dlen, 4, 1, f);
+    fwrite("wiki.text", 1, 9, f);
+    long full = ftell(f);
+    fclose(f);
+    tlm_imatrix *im = NULL;
+    CHECK_OK(tlm_imatrix_load(path, &im));
+    CHECK(tlm_imatrix_entries(im) == nl && tlm_imatrix_chunks(im) == 7 && tlm_imatrix_dataset(im) &&
+              !strcmp(tlm_imatrix_dataset(im), "wiki.text"),
+          "legacy imatrix: %d entries, %d chunks", tlm_imatrix_entries(im), tlm_imatrix_chunks(im));
+    int bad = 0;
+    for (int e = 0; im && e < nl; e++) {
+        size_t k = 0;
+        const float *w = tlm_imatrix_find(im, ld[e].name, &k);
+        bad += !w || k != ld[e].size;
+        for (size_t j = 0; w && j < k && j < ld[e].size; j++) bad += w[j] != ld[e].data[j] / 3;
+    }
+    CHECK(bad == 0, "legacy imatrix: %d values differ from the file's over its call count", bad);
+    CHECK(tlm_imatrix_find(im, "no.such.weight", NULL) == NULL, "unknown name");
+    tlm_imatrix_free(im);
+    /* cut inside the last entry's values */
+    CHECK(truncate(path, full - 40) == 0, "truncate");
+    im = NULL;
+    CHECK(tlm_imatrix_load(path, &im) == TLM_ERR_FORMAT && !im, "a truncated .dat is refused");
+    CHECK(strstr(tlm_last_error(), path) != NULL, "%s", tlm_last_error());
+    /* a NaN */
+    f = fopen(path, "wb");
+    float v[2] = {1.0f, NAN};
+    int32_t one = 1, len = 4, two = 2;
+    fwrite(&one, 4, 1, f);
+    fwrite(&len, 4, 1, f);
+    fwrite("w.ab", 1, 4, f);
+    fwrite(&one, 4, 1, f);
+    fwrite(&two, 4, 1, f);
+    fwrite(v, 4, 2, f);
+    fclose(f);
+    CHECK(tlm_imatrix_load(path, &im) == TLM_ERR_FORMAT && strstr(tlm_last_error(), "non-finite"),
+          "a NaN: %s", tlm_last_error());
+    remove(path);
+    /* a model file is a GGUF without the imatrix keys */
+    CHECK(tlm_imatrix_load("quant_im_src.gguf", &im) == TLM_ERR_FORMAT &&
+              strstr(tlm_last_error(), "imatrix.chunk_count"),
+          "a GGUF without imatrix metadata: %s", tlm_last_error());
+}
+
+/* With an importance matrix: tlm's file (the matrix written by tlm_imatrix_save and read back by
+ * tlm_imatrix_load) against llama_model_quantize given the same means and the keys the CLI sets,
+ * for every type that uses one, on 8 layers (so that n_layer / 8 = 1: Q4_0 and Q5_0 give
+ * blk.0.ffn_down Q4_1 / Q5_1 with a matrix, IQ4_* keep it IQ4 where they gave Q5_K). */
+static void test_imatrix_files(model_quantize_fn llama_quantize, default_params_fn defaults,
+                               const tlm_tokenizer *tok) {
+    tlm_config c;
+    tlm_config_default(&c);
+    c.vocab_size = 512;
+    c.context_length = 64;
+    c.d_model = 256;
+    c.n_layers = 8;
+    c.n_heads = 4;
+    c.n_kv_heads = 2;
+    c.d_ff = 512;
+    c.tie_embeddings = 0;
+    tlm_model *m = NULL;
+    CHECK_OK(tlm_config_finalize(&c));
+    CHECK_OK(tlm_model_create(&c, &m));
+    if (!m) return;
+    CHECK_OK(tlm_model_init(m, 11, TLM_INIT_DEFAULT));
+    const char *f32 = "quant_im_src.gguf", *imf = "quant_im.imatrix.gguf";
+    CHECK_OK(tlm_model_save_gguf(m, tok, f32, TLM_DTYPE_F32));
+    /* sums of squares over 384 tokens per matrix, spread over orders of magnitude; a token
+     * embedding entry of the wrong size (llama.cpp ignores it for that tensor) */
+    int nt;
+    const tlm_tensor_info *ts = tlm_model_tensors(m, &nt);
+    tlm_imatrix *im = NULL;
+    CHECK_OK(tlm_imatrix_new(&im));
+    enum { TOKENS = 384 };
+    llama_imatrix_data *ld = calloc((size_t)nt + 2, sizeof *ld);
+    float **means = calloc((size_t)nt + 1, sizeof *means);
+    int nl = 0;
+    for (int i = 0; im && i < nt; i++) {
+        if (ts[i].ndim != 2) continue;
+        int embd = !strcmp(ts[i].name, "token_embd.weight");
+        size_t n = embd ? 100 : (size_t)ts[i].shape[1];
+        float *sum = malloc(sizeof(float) * n);
+        means[nl] = malloc(sizeof(float) * n);
+        for (size_t j = 0; j < n; j++) {
+            float g = gauss();
+            sum[j] = TOKENS * expf(2 * g) * (j % 11 == 4 ? 0.0f : 1.0f);
+            means[nl][j] = sum[j] / (float)TOKENS; /* what llama-quantize computes from the file */
+        }
+        CHECK_OK(tlm_imatrix_accumulate(im, ts[i].name, sum, n, TOKENS));
+        ld[nl] = (llama_imatrix_data){ts[i].name, means[nl], n};
+        nl++;
+        free(sum);
+    }
+    CHECK_OK(tlm_imatrix_save(im, imf, "calibration.txt", 3, 128));
+    tlm_imatrix_free(im);
+    im = NULL;
+    CHECK_OK(tlm_imatrix_load(imf, &im));
+    CHECK(tlm_imatrix_entries(im) == nl && tlm_imatrix_chunks(im) == 3 && tlm_imatrix_dataset(im) &&
+              !strcmp(tlm_imatrix_dataset(im), "calibration.txt"),
+          "imatrix read back: %d entries, %d chunks", tlm_imatrix_entries(im),
+          tlm_imatrix_chunks(im));
+    for (int e = 0; im && e < nl; e++) {
+        size_t n = 0;
+        const float *w = tlm_imatrix_find(im, ld[e].name, &n);
+        CHECK(w && n == ld[e].size && !memcmp(w, ld[e].data, sizeof(float) * n),
+              "imatrix entry %s read back differs", ld[e].name);
+    }
+    test_imatrix_legacy(ld, nl);
+    llama_kv_override kv[5];
+    memset(kv, 0, sizeof kv);
+    kv[0].tag = 3;
+    snprintf(kv[0].key, sizeof kv[0].key, "quantize.imatrix.file");
+    snprintf(kv[0].val_str, sizeof kv[0].val_str, "%s", imf);
+    kv[1].tag = 3;
+    snprintf(kv[1].key, sizeof kv[1].key, "quantize.imatrix.dataset");
+    snprintf(kv[1].val_str, sizeof kv[1].val_str, "calibration.txt");
+    kv[2].tag = 0;
+    snprintf(kv[2].key, sizeof kv[2].key, "quantize.imatrix.entries_count");
+    kv[2].val_i64 = nl;
+    kv[3].tag = 0;
+    snprintf(kv[3].key, sizeof kv[3].key, "quantize.imatrix.chunks_count");
+    kv[3].val_i64 = 3;
+    static const char *const types[] = {"q4_0",   "q5_0",   "q4_1", "q5_1",   "q2_k",   "q3_k_m",
+                                        "q4_k_m", "q5_k_s", "q6_k", "iq4_nl", "iq4_xs", "q8_0"};
+    for (size_t k = 0; im && k < sizeof types / sizeof *types; k++) {
+        tlm_quantize_opts o = {0};
+        CHECK(tlm_ftype_from_name(types[k], &o.ftype), "%s", types[k]);
+        o.imatrix = im;
+        char ours[256], theirs[256], plain[256];
+        snprintf(ours, sizeof ours, "quant_im_%s.gguf", types[k]);
+        snprintf(theirs, sizeof theirs, "quant_im_%s_llama.gguf", types[k]);
+        snprintf(plain, sizeof plain, "quant_im_%s_plain.gguf", types[k]);
+        CHECK_OK(tlm_model_quantize_gguf(m, tok, ours, &o));
+        llama_quantize_params p = defaults();
+        p.nthread = 1;
+        p.ftype = (int)o.ftype;
+        p.imatrix = ld;
+        p.kv_overrides = kv;
+        CHECK(llama_quantize(f32, theirs, &p) == 0, "llama_model_quantize %s failed", theirs);
+        size_t na = 0, nb = 0;
+        uint8_t *a = slurp(ours, &na), *b = slurp(theirs, &nb);
+        int same = a && b && na == nb && !memcmp(a, b, na);
+        CHECK(same,
+              "%s with an imatrix: tlm's file (%zu bytes) differs from llama-quantize's (%zu)",
+              types[k], na, nb);
+        char ta[8192], tb[8192];
+        file_types(ours, ta, sizeof ta);
+        if (!same) {
+            file_types(theirs, tb, sizeof tb);
+            fprintf(stderr, "  tlm:   %s\n  llama: %s\n", ta, tb);
+        }
+        /* the matrix changed the weights (Q8_0 takes none: only the keys differ) */
+        o.imatrix = NULL;
+        CHECK_OK(tlm_model_quantize_gguf(m, tok, plain, &o));
+        tlm_model *wa = NULL, *wb = NULL;
+        CHECK_OK(tlm_model_load(ours, &wa));
+        CHECK_OK(tlm_model_load(plain, &wb));
+        float *fa = wa ? t_flat(wa) : NULL, *fb = wb ? t_flat(wb) : NULL;
+        int differs = fa && fb && memcmp(fa, fb, sizeof(float) * tlm_model_num_params(wa)) != 0;
+        CHECK(differs == (strcmp(types[k], "q8_0") != 0), "%s: the imatrix changed %s", types[k],
+              differs ? "the weights" : "nothing");
+        free(fa);
+        free(fb);
+        tlm_model_free(wa);
+        tlm_model_free(wb);
+        if (!strcmp(types[k], "q4_0"))
+            CHECK(strstr(ta, "blk.0.ffn_down.weight:Q4_1") &&
+                      strstr(ta, "blk.1.ffn_down.weight:Q4_0"),
+                  "q4_0 with an imatrix: %s", ta);
+        if (!strcmp(types[k], "iq4_xs"))
+            CHECK(strstr(ta, "blk.0.ffn_down.weight:IQ4_XS"), "iq4_xs with an imatrix: %s", ta);
+        if (same) printf("imatrix %-6s == llama-quantize --imatrix (%zu bytes)\n", types[k], na);
+        free(a);
+        free(b);
+        remove(ours);
+        remove(theirs);
+        remove(plain);
+    }
+    /* a matrix entry of the wrong size fails, naming the tensor; nothing is left behind */
+    tlm_imatrix *bad = NULL;
+    CHECK_OK(tlm_imatrix_new(&bad));
+    float ones[100];
+    for (int j = 0; j < 100; j++) ones[j] = 1;
+    CHECK_OK(tlm_imatrix_accumulate(bad, "blk.0.attn_q.weight", ones, 100, 10));
+    tlm_quantize_opts o = {0};
+    o.ftype = TLM_FTYPE_Q4_K_M;
+    o.imatrix = bad;
+    CHECK(tlm_model_quantize_gguf(m, tok, "quant_im_bad.gguf", &o) == TLM_ERR_ARG,
+          "a mismatched imatrix entry is refused");
+    CHECK(strstr(tlm_last_error(), "blk.0.attn_q.weight") && strstr(tlm_last_error(), "100"), "%s",
+          tlm_last_error());
+    FILE *left = fopen("quant_im_bad.gguf", "rb");
+    CHECK(!left, "a refused quantization left its file");
+    if (left) fclose(left);
+    tlm_imatrix_free(bad);
+    for (int e = 0; e < nl; e++) free(means[e]);
+    free(means);
+    free(ld);
+    tlm_imatrix_free(im);
+    tlm_model_free(m);
+    remove(f32);
+    remove(imf);
+}
+
 /* node is not what the sanitizers check: their builds leave llama.cpp's loading out. */
 #if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 #define TEST_LLAMACPP_LOADS 1
@@ -422,6 +733,7 @@ static void test_whole_files(void) {
         test_files(llama_quantize, defaults, m, tok, "s260k", want, paths + N_TYPES);
         tlm_model_free(m);
     }
+    test_imatrix_files(llama_quantize, defaults, tok);
     tlm_tokenizer_free(tok);
 #ifdef TEST_LLAMACPP_LOADS
     /* The files are llama-quantize's bytes, so llama.cpp's loading them is its own business; a
@@ -455,6 +767,7 @@ int main(void) {
         quantize_chunk_fn chunk = (quantize_chunk_fn)(uintptr_t)dlsym(lib, "ggml_quantize_chunk");
         CHECK(chunk != NULL, "ggml_quantize_chunk not exported");
         if (chunk) test_rows(lib, chunk);
+        if (chunk) test_rows_imatrix(chunk);
     }
     /* libggml-base stays loaded while libllama (which needs it) is used: unloaded and loaded
      * again, its static constructor finds its own terminate handler still installed in the

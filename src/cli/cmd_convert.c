@@ -9,7 +9,7 @@
 
 static const char *convert_help =
     "usage: tlm convert IN OUT --to gguf|safetensors|hf|llama2c [--dtype f32|f16|bf16]\n"
-    "                   [--type TYPE] [-z TOKENIZER] [--llama2c-version 0|1]\n\n"
+    "                   [--type TYPE [--imatrix FILE]] [-z TOKENIZER] [--llama2c-version 0|1]\n\n"
     "Reads IN (tlm checkpoint, llama2.c .bin, .gguf, Hugging Face directory) and writes OUT:\n"
     "  gguf         GGUF v3, arch llama, with the vocabulary (llama.cpp loads it)\n"
     "  safetensors  a tlm checkpoint: OUT.safetensors, or a directory OUT with\n"
@@ -22,10 +22,11 @@ static const char *convert_help =
     "  -z, --tokenizer P   tokenizer to embed (default: the one IN carries, if any)\n";
 
 static const char *quantize_help =
-    "usage: tlm quantize IN OUT --type TYPE [-z TOKENIZER]\n\n"
+    "usage: tlm quantize IN OUT --type TYPE [--imatrix FILE] [-z TOKENIZER]\n\n"
     "Writes any model tlm reads (tlm checkpoint, llama2.c .bin, .gguf, Hugging Face directory) as\n"
     "a GGUF file of TYPE, the bytes llama.cpp's llama-quantize writes from the same F32 weights\n"
-    "(no importance matrix): the same type per tensor, the same quantized blocks.\n\n"
+    "(with the same importance matrix, if any): the same type per tensor, the same quantized\n"
+    "blocks.\n\n"
     "  --type TYPE  q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k_s, q3_k_m, q3_k_l, q4_k_s,\n"
     "               q4_k_m, q5_k_s, q5_k_m, q6_k, iq4_nl, iq4_xs, f16, bf16, f32. The mixes\n"
     "               give some layers' attn_v and ffn_down more bits (q4_k_m, q5_k_m: Q6_K;\n"
@@ -35,6 +36,11 @@ static const char *quantize_help =
     "               except for q8_0; 1-D tensors stay F32; matrices whose rows are not whole\n"
     "               256-blocks fall back (IQ4_XS to IQ4_NL, Q2_K and Q3_K to Q4_0, Q4_K to\n"
     "               Q5_0, Q5_K to Q5_1, Q6_K to Q8_0).\n"
+    "  --imatrix FILE  an importance matrix (tlm imatrix, or llama.cpp's llama-imatrix: GGUF or\n"
+    "               the legacy .dat): each matrix's rounding error is weighed by how strongly\n"
+    "               the calibration text drove its input columns, as llama-quantize --imatrix\n"
+    "               does (every type but q8_0, f16, bf16, f32 uses it; q4_0 and q5_0 give the\n"
+    "               first eighth's ffn_down Q4_1 / Q5_1 with one, iq4_* keep it IQ4)\n"
     "  -z, --tokenizer P   tokenizer to embed (default: the one IN carries, if any)\n";
 
 static int ends_with(const char *s, const char *suf) {
@@ -52,7 +58,7 @@ static void quantize_progress(void *user, int i, int n, const char *name, tlm_dt
 /* convert and quantize share everything: quantize is convert --to gguf --type. */
 static int convert(int argc, char **argv, int quantize) {
     const char *in = NULL, *out = NULL, *to = quantize ? "gguf" : NULL, *dtype = "f32",
-               *tokp = NULL, *qtype = NULL;
+               *tokp = NULL, *qtype = NULL, *imp = NULL;
     const char *cmd = quantize ? "quantize" : "convert";
     long l2c_version = 0;
     for (int i = 1; i < argc; i++) {
@@ -63,6 +69,9 @@ static int convert(int argc, char **argv, int quantize) {
         } else if (cli_flag_value(argc, argv, &i, "--type", NULL, &v)) {
             if (!v) return cli_fail("%s: --type needs a value", cmd);
             qtype = v;
+        } else if (cli_flag_value(argc, argv, &i, "--imatrix", NULL, &v)) {
+            if (!v) return cli_fail("%s: --imatrix needs a file", cmd);
+            imp = v;
         } else if (!quantize && cli_flag_value(argc, argv, &i, "--to", NULL, &v)) {
             if (!v) return cli_fail("convert: --to needs a value");
             to = v;
@@ -89,6 +98,7 @@ static int convert(int argc, char **argv, int quantize) {
     if (quantize && (!in || !out || !qtype))
         return cli_fail("quantize: usage: tlm quantize IN OUT --type TYPE");
     if (!in || !out || !to) return cli_fail("convert: usage: tlm convert IN OUT --to FORMAT");
+    if (imp && !qtype) return cli_fail("%s: --imatrix goes with --type", cmd);
     tlm_ftype ftype = TLM_FTYPE_F32;
     if (qtype) {
         if (!tlm_ftype_from_name(qtype, &ftype))
@@ -134,13 +144,23 @@ static int convert(int argc, char **argv, int quantize) {
             free(ft);
         }
     }
+    tlm_imatrix *im = NULL;
+    if (imp) {
+        if (tlm_imatrix_load(imp, &im)) return cli_fail("%s: --imatrix: %s", cmd, tlm_last_error());
+        fprintf(stderr, "%s: %d importance matrix entries from %s computed on %d chunks\n", cmd,
+                tlm_imatrix_entries(im), imp, tlm_imatrix_chunks(im));
+    }
     tlm_model *m;
     /* Writers read F32 weights: a writable copy widens whatever the file holds. */
-    if (tlm_model_load_ex(in, TLM_LOAD_WRITABLE, &m)) return cli_fail_status(cmd);
+    if (tlm_model_load_ex(in, TLM_LOAD_WRITABLE, &m)) {
+        tlm_imatrix_free(im);
+        return cli_fail_status(cmd);
+    }
     tlm_tokenizer *tok = NULL;
     if (tokp) {
         if (tlm_tokenizer_load(tokp, &tok)) {
             tlm_model_free(m);
+            tlm_imatrix_free(im);
             return cli_fail("%s: tokenizer: %s", cmd, tlm_last_error());
         }
     } else if (tlm_tokenizer_load(in, &tok)) {
@@ -164,7 +184,7 @@ static int convert(int argc, char **argv, int quantize) {
             fprintf(stderr, "tlm: warning: no tokenizer (give -z): %s will have no vocabulary\n",
                     out);
         if (qtype) {
-            tlm_quantize_opts qo = {ftype, quantize_progress, NULL};
+            tlm_quantize_opts qo = {ftype, im, quantize_progress, NULL};
             s = tlm_model_quantize_gguf(m, tok, out, &qo);
         } else {
             s = tlm_model_save_gguf(m, tok, out, dt);
@@ -177,6 +197,7 @@ static int convert(int argc, char **argv, int quantize) {
             if (mkdir(out, 0777) != 0 && errno != EEXIST) {
                 tlm_tokenizer_free(tok);
                 tlm_model_free(m);
+                tlm_imatrix_free(im);
                 return cli_fail("convert: cannot create '%s': %s", out, strerror(errno));
             }
             size_t n = strlen(out) + 32;
@@ -196,6 +217,7 @@ static int convert(int argc, char **argv, int quantize) {
     }
     tlm_tokenizer_free(tok);
     tlm_model_free(m);
+    tlm_imatrix_free(im);
     if (s) return cli_fail_status(cmd);
     if (qtype)
         fprintf(stderr, "wrote %s (gguf, %s)\n", out, tlm_ftype_name(ftype));

@@ -33,5 +33,12 @@ tlm_status tlm_dtype_to_f32(tlm_dtype t, const void *src, float *dst, size_t n);
  * nearest even. dst needs no alignment. TLM_ERR_UNSUPPORTED for non-float types and F64.
  * (src/core/quantize.c) */
 tlm_status tlm_dtype_from_f32(tlm_dtype t, const float *src, void *dst, size_t n);
+/* rows x cols floats into type t, row by row. With imatrix (cols weights: an importance matrix's
+ * mean squared activation of each column, as llama-quantize --imatrix takes it) the types that
+ * use one (tlm_dtype_uses_imatrix) quantize as ggml's weighted quantizers do (quantize_*_impl),
+ * byte for byte; the others, or imatrix NULL, as tlm_dtype_from_f32. */
+tlm_status tlm_quantize_rows(tlm_dtype t, const float *src, void *dst, size_t rows, size_t cols,
+                             const float *imatrix);
+int tlm_dtype_uses_imatrix(tlm_dtype t);
 
 #endif

@@ -11,6 +11,7 @@
  * tensor order and its keys, so that quantizing a tlm-written F32 GGUF with either tool gives the
  * same file. The metadata is always tlm's own: from a GGUF written elsewhere, keys tlm does not
  * model (chat templates, names) are not carried over, unlike llama-quantize, which copies them. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -63,9 +64,25 @@ static tlm_status write_gguf(const tlm_model *m, const tlm_tokenizer *tok, const
     tlm_gguf_write_u32(&w, "llama.rope.dimension_count", (uint32_t)hd);
     tlm_status s = tlm_gguf_write_u32(&w, "llama.vocab_size", (uint32_t)c->vocab_size);
     if (!s && tok) s = tok_gguf_write_vocab(&w, tok);
+    const tlm_imatrix *im = plan->progress ? plan->progress->imatrix : NULL;
     if (!s && plan->quantized_layout) {
         tlm_gguf_write_u32(&w, "general.quantization_version", GGML_QNT_VERSION);
         s = tlm_gguf_write_u32(&w, "general.file_type", plan->file_type);
+        /* llama-quantize --imatrix records it in these keys (its kv overrides, in this order) */
+        if (!s && im && tlm_imatrix_entries(im)) {
+            char v[128]; /* its overrides hold at most 127 bytes of each string */
+            snprintf(v, sizeof v, "%s", tlm_imatrix_path(im));
+            tlm_gguf_write_str(&w, "quantize.imatrix.file", v);
+            if (tlm_imatrix_dataset(im)) {
+                snprintf(v, sizeof v, "%s", tlm_imatrix_dataset(im));
+                tlm_gguf_write_str(&w, "quantize.imatrix.dataset", v);
+            }
+            s = tlm_gguf_write_u32(&w, "quantize.imatrix.entries_count",
+                                   (uint32_t)tlm_imatrix_entries(im));
+            if (!s && tlm_imatrix_chunks(im) > 0)
+                s = tlm_gguf_write_u32(&w, "quantize.imatrix.chunks_count",
+                                       (uint32_t)tlm_imatrix_chunks(im));
+        }
     }
     size_t max_numel = 0;
     for (int k = 0; k < m->n_tensors && !s; k++) {
@@ -125,9 +142,24 @@ static tlm_status write_gguf(const tlm_model *m, const tlm_tokenizer *tok, const
             size_t rows = t->ndim == 2 ? (size_t)t->shape[0] : 1, cols = t->numel / rows;
             size_t row_bytes = bytes / rows;
             tlm_status rs = TLM_OK;
+            size_t nw = 0;
+            const float *qw = tlm_imatrix_find(im, t->name, &nw);
+            if (qw && nw != cols) {
+                /* llama-quantize fails here too (a mismatched matrix would quantize most of the
+                 * model without one, unnoticed); a token embedding's entry it ignores */
+                if (strcmp(t->name, "token_embd.weight")) {
+                    s = tlm_err(TLM_ERR_ARG,
+                                "the importance matrix has %zu values for '%s', which has %zu "
+                                "columns",
+                                nw, t->name, cols);
+                    break;
+                }
+                qw = NULL;
+            }
 #pragma omp parallel for schedule(dynamic, 16) if (t->numel >= 65536)
             for (size_t r = 0; r < rows; r++) {
-                tlm_status e = tlm_dtype_from_f32(ty, src + r * cols, out + r * row_bytes, cols);
+                tlm_status e =
+                    tlm_quantize_rows(ty, src + r * cols, out + r * row_bytes, 1, cols, qw);
                 if (e) {
 #pragma omp critical
                     rs = e;
@@ -257,9 +289,9 @@ static int llama_before(const char *a, const char *b) {
 }
 
 /* Types for every tensor in file order, as llama_tensor_get_type decides them for arch llama
- * without an importance matrix or overrides. */
+ * without overrides, with an importance matrix or without. */
 static void choose_types(const tlm_model *m, const int *order, tlm_ftype ftype, tlm_dtype base,
-                         tlm_dtype *types) {
+                         int imatrix, tlm_dtype *types) {
     const tlm_config *c = &m->c;
     int n = m->n_tensors, n_attn_v = 0, i_attn_v = 0, i_ffn_down = 0, tied = 1;
     for (int i = 0; i < n; i++) {
@@ -321,10 +353,14 @@ static void choose_types(const tlm_model *m, const int *order, tlm_ftype ftype, 
                      use_more_bits(i_ffn_down, nl))
                 ty = TLM_DTYPE_Q6_K;
             else if ((ftype == TLM_FTYPE_IQ4_NL || ftype == TLM_FTYPE_IQ4_XS) &&
-                     i_ffn_down < nl / 8)
+                     i_ffn_down < nl / 8 && !imatrix)
                 ty = TLM_DTYPE_Q5_K;
             else if (ftype == TLM_FTYPE_Q4_K_S && i_ffn_down < nl / 8)
                 ty = TLM_DTYPE_Q5_K;
+            else if ((ftype == TLM_FTYPE_Q4_0 || ftype == TLM_FTYPE_Q5_0) && imatrix &&
+                     i_ffn_down < nl / 8)
+                /* llama.cpp's guard for the first ffn_down layers, with a matrix only */
+                ty = ftype == TLM_FTYPE_Q4_0 ? TLM_DTYPE_Q4_1 : TLM_DTYPE_Q5_1;
             i_ffn_down++;
         } else if (strstr(name, "attn_output.weight")) {
             if (ftype == TLM_FTYPE_Q2_K)
@@ -366,7 +402,8 @@ tlm_status tlm_model_quantize_gguf(const tlm_model *m, const tlm_tokenizer *tok,
             order[j] = order[j - 1];
         order[j] = i;
     }
-    choose_types(m, order, o->ftype, ftypes[fi].base, types);
+    choose_types(m, order, o->ftype, ftypes[fi].base,
+                 o->imatrix && tlm_imatrix_entries(o->imatrix) > 0, types);
     gguf_plan plan = {types, order, (uint32_t)o->ftype, 1, o};
     tlm_status s = write_gguf(m, tok, path, &plan);
     free(types);

@@ -1,0 +1,331 @@
+/* Importance matrices as llama.cpp's llama-imatrix writes them, read as llama-quantize reads them
+ * (common/imatrix-loader.cpp and tools/quantize): per weight tensor, the squared activations that
+ * met each of its input columns, summed over the calibration tokens, and how many tokens that
+ * was. Two layouts:
+ *   GGUF (llama-imatrix's default): tensors "<weight>.in_sum2" (F32, one per column, times the
+ *     experts) and "<weight>.counts" (F32, one per expert), keys imatrix.datasets (strings),
+ *     imatrix.chunk_count and imatrix.chunk_size (u32);
+ *   legacy .dat: i32 entries, then per entry i32 name length, name, i32 ncall, i32 nval, nval
+ *     floats (the mean times ncall); optionally i32 chunk count, i32 length, dataset name.
+ * The quantizers take the mean: sums / count (a column group with no tokens weighs 1). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "formats/formats.h"
+#include "io/gguf.h"
+#include "io/gguf_writer.h"
+#include "tlm.h"
+
+typedef struct {
+    char *name;
+    float *w; /* the means the quantizers take */
+    size_t n;
+    float *sums; /* as stored (GGUF layout: raw sums) */
+    float *counts;
+    size_t n_counts;
+    int64_t tokens; /* collected here: counted exactly, stored as llama-imatrix does (F32) */
+} im_entry;
+
+struct tlm_imatrix {
+    im_entry *e;
+    int n, cap;
+    char *path, *dataset;
+    int chunks, chunk_size, legacy;
+};
+
+static char *dup_n(const char *s, size_t n) {
+    char *d = malloc(n + 1);
+    if (d) {
+        memcpy(d, s, n);
+        d[n] = 0;
+    }
+    return d;
+}
+
+void tlm_imatrix_free(tlm_imatrix *im) {
+    if (!im) return;
+    for (int i = 0; i < im->n; i++) {
+        free(im->e[i].name);
+        free(im->e[i].w);
+        free(im->e[i].sums);
+        free(im->e[i].counts);
+    }
+    free(im->e);
+    free(im->path);
+    free(im->dataset);
+    free(im);
+}
+
+static im_entry *add_entry(tlm_imatrix *im, const char *name, size_t len) {
+    for (int i = 0; i < im->n; i++)
+        if (strlen(im->e[i].name) == len && !memcmp(im->e[i].name, name, len))
+            return NULL; /* a name twice: the caller reports it */
+    if (im->n == im->cap) {
+        int cap = im->cap ? 2 * im->cap : 64;
+        im_entry *e = realloc(im->e, sizeof *e * (size_t)cap);
+        if (!e) return NULL;
+        im->e = e;
+        im->cap = cap;
+    }
+    im_entry *e = &im->e[im->n];
+    memset(e, 0, sizeof *e);
+    e->name = dup_n(name, len);
+    if (!e->name) return NULL;
+    im->n++;
+    return e;
+}
+
+static tlm_status check_finite(const tlm_imatrix *im, const char *path) {
+    for (int i = 0; i < im->n; i++)
+        for (size_t j = 0; j < im->e[i].n; j++)
+            if (!isfinite(im->e[i].w[j]))
+                return tlm_err(TLM_ERR_FORMAT, "%s: entry '%s' holds a non-finite value (%g)", path,
+                               im->e[i].name, (double)im->e[i].w[j]);
+    return TLM_OK;
+}
+
+static tlm_status load_gguf(tlm_gguf *g, const char *path, tlm_imatrix *im) {
+    const tlm_gguf_kv *ds = tlm_gguf_find(g, "imatrix.datasets");
+    int64_t v;
+    int has_count = !tlm_gguf_get_int(g, "imatrix.chunk_count", &v);
+    im->chunks = has_count ? (int)v : 0;
+    int has_size = !tlm_gguf_get_int(g, "imatrix.chunk_size", &v);
+    im->chunk_size = has_size ? (int)v : 0;
+    if (!ds || !has_count || !has_size)
+        return tlm_err(TLM_ERR_FORMAT,
+                       "%s: missing imatrix metadata (imatrix.datasets, imatrix.chunk_count, "
+                       "imatrix.chunk_size), as llama-quantize requires",
+                       path);
+    if (ds->type == TLM_GGUF_ARRAY && ds->elem_type == TLM_GGUF_STRING && ds->len > 0)
+        im->dataset = dup_n((const char *)ds->strs[0], ds->str_lens[0]);
+    static const char sum_suf[] = ".in_sum2", cnt_suf[] = ".counts";
+    for (uint64_t t = 0; t < g->n_tensors; t++) {
+        const tlm_gguf_tensor *s = &g->tensors[t];
+        size_t len = strlen(s->name);
+        if (len <= strlen(sum_suf) || strcmp(s->name + len - strlen(sum_suf), sum_suf)) continue;
+        size_t base = len - strlen(sum_suf);
+        char *cname = malloc(base + sizeof cnt_suf);
+        if (!cname) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+        memcpy(cname, s->name, base);
+        memcpy(cname + base, cnt_suf, sizeof cnt_suf);
+        const tlm_gguf_tensor *c = tlm_gguf_find_tensor(g, cname);
+        free(cname);
+        if (!c)
+            return tlm_err(TLM_ERR_FORMAT, "%s: '%s' has no matching counts tensor", path, s->name);
+        if (s->type != 0 || c->type != 0 || !s->data || !c->data)
+            return tlm_err(TLM_ERR_FORMAT, "%s: sums and counts of '%.*s' must be F32", path,
+                           (int)base, s->name);
+        size_t nval = (size_t)s->n_elements, ncnt = (size_t)c->n_elements;
+        if (!nval || !ncnt || nval % ncnt)
+            return tlm_err(TLM_ERR_FORMAT,
+                           "%s: '%.*s' has %zu sums for %zu counts (a whole number of columns per "
+                           "count expected)",
+                           path, (int)base, s->name, nval, ncnt);
+        im_entry *e = add_entry(im, s->name, base);
+        if (!e) return tlm_err(TLM_ERR_FORMAT, "%s: entry '%.*s' twice", path, (int)base, s->name);
+        e->n = nval;
+        e->n_counts = ncnt;
+        e->w = malloc(sizeof(float) * nval);
+        e->sums = malloc(sizeof(float) * nval);
+        e->counts = malloc(sizeof(float) * ncnt);
+        if (!e->w || !e->sums || !e->counts) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+        memcpy(e->sums, s->data, sizeof(float) * nval);
+        memcpy(e->counts, c->data, sizeof(float) * ncnt);
+        size_t ne0 = nval / ncnt;
+        for (size_t j = 0; j < ncnt; j++) {
+            /* llama.cpp rounds the stored count to an integer, then divides by it as a float */
+            float count = (float)lroundf(e->counts[j]);
+            for (size_t i = 0; i < ne0; i++)
+                e->w[j * ne0 + i] = count > 0.0f ? e->sums[j * ne0 + i] / count : 1.0f;
+        }
+    }
+    if (!im->n) return tlm_err(TLM_ERR_FORMAT, "%s: no imatrix entries (*.in_sum2)", path);
+    return TLM_OK;
+}
+
+/* Reads exactly n bytes at *pos of buf[0, size). */
+static int take(const uint8_t *buf, size_t size, size_t *pos, void *out, size_t n) {
+    if (n > size - *pos) return 0;
+    memcpy(out, buf + *pos, n);
+    *pos += n;
+    return 1;
+}
+
+static tlm_status load_legacy(const uint8_t *buf, size_t size, const char *path, tlm_imatrix *im) {
+    size_t pos = 0;
+    int32_t n_entries;
+    if (!take(buf, size, &pos, &n_entries, 4) || n_entries < 1)
+        return tlm_err(TLM_ERR_FORMAT,
+                       "%s: not an importance matrix (GGUF or llama.cpp's legacy "
+                       ".dat layout): no entries",
+                       path);
+    for (int32_t i = 0; i < n_entries; i++) {
+        int32_t len, ncall, nval;
+        if (!take(buf, size, &pos, &len, 4) || len < 1 || (size_t)len > size - pos)
+            return tlm_err(TLM_ERR_FORMAT, "%s: entry %d: bad name length", path, i + 1);
+        const char *name = (const char *)buf + pos;
+        pos += (size_t)len;
+        if (!take(buf, size, &pos, &ncall, 4) || !take(buf, size, &pos, &nval, 4) || nval < 1 ||
+            (size_t)nval > (size - pos) / 4)
+            return tlm_err(TLM_ERR_FORMAT, "%s: entry %d ('%.*s'): bad value count", path, i + 1,
+                           len, name);
+        im_entry *e = add_entry(im, name, (size_t)len);
+        if (!e)
+            return tlm_err(TLM_ERR_FORMAT, "%s: entry '%.*s' twice (or out of memory)", path, len,
+                           name);
+        e->n = (size_t)nval;
+        e->w = malloc(sizeof(float) * e->n);
+        e->sums = malloc(sizeof(float) * e->n);
+        e->counts = malloc(sizeof(float));
+        if (!e->w || !e->sums || !e->counts) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+        take(buf, size, &pos, e->sums, 4 * e->n);
+        e->n_counts = 1;
+        e->counts[0] = (float)ncall;
+        for (size_t j = 0; j < e->n; j++) e->w[j] = ncall > 0 ? e->sums[j] / ncall : e->sums[j];
+    }
+    int32_t chunks, len;
+    if (take(buf, size, &pos, &chunks, 4)) {
+        im->chunks = chunks;
+        if (take(buf, size, &pos, &len, 4) && len > 0 && (size_t)len <= size - pos)
+            im->dataset = dup_n((const char *)buf + pos, (size_t)len);
+    }
+    im->legacy = 1;
+    return TLM_OK;
+}
+
+tlm_status tlm_imatrix_load(const char *path, tlm_imatrix **out) {
+    *out = NULL;
+    tlm_imatrix *im = calloc(1, sizeof *im);
+    if (!im || !(im->path = dup_n(path, strlen(path)))) {
+        free(im);
+        return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    }
+    tlm_mmap map;
+    tlm_status s = tlm_mmap_open(&map, path);
+    if (s) {
+        tlm_imatrix_free(im);
+        return s;
+    }
+    const uint8_t *buf = map.data;
+    if (map.size >= 4 && !memcmp(buf, "GGUF", 4)) {
+        tlm_gguf *g;
+        s = tlm_gguf_open_memory(map.data, map.size, path, &g);
+        if (!s) {
+            s = load_gguf(g, path, im);
+            tlm_gguf_close(g);
+        }
+    } else {
+        s = load_legacy(buf, map.size, path, im);
+    }
+    tlm_mmap_close(&map);
+    if (!s) s = check_finite(im, path);
+    if (s) {
+        tlm_imatrix_free(im);
+        return s;
+    }
+    *out = im;
+    return TLM_OK;
+}
+
+const float *tlm_imatrix_find(const tlm_imatrix *im, const char *name, size_t *n) {
+    for (int i = 0; im && i < im->n; i++)
+        if (!strcmp(im->e[i].name, name)) {
+            if (n) *n = im->e[i].n;
+            return im->e[i].w;
+        }
+    if (n) *n = 0;
+    return NULL;
+}
+
+int tlm_imatrix_entries(const tlm_imatrix *im) { return im ? im->n : 0; }
+int tlm_imatrix_chunks(const tlm_imatrix *im) { return im ? im->chunks : 0; }
+const char *tlm_imatrix_dataset(const tlm_imatrix *im) { return im ? im->dataset : NULL; }
+const char *tlm_imatrix_path(const tlm_imatrix *im) { return im ? im->path : NULL; }
+
+/* ---- collecting and writing (tlm imatrix) ---------------------------------------------------- */
+
+tlm_status tlm_imatrix_new(tlm_imatrix **out) {
+    *out = calloc(1, sizeof **out);
+    return *out ? TLM_OK : tlm_err(TLM_ERR_NOMEM, "out of memory");
+}
+
+tlm_status tlm_imatrix_accumulate(tlm_imatrix *im, const char *name, const float *sum2, size_t n,
+                                  int64_t tokens) {
+    im_entry *e = NULL;
+    for (int i = 0; i < im->n && !e; i++)
+        if (!strcmp(im->e[i].name, name)) e = &im->e[i];
+    if (!e) {
+        if (!(e = add_entry(im, name, strlen(name))))
+            return tlm_err(TLM_ERR_NOMEM, "out of memory");
+        e->n = n;
+        e->n_counts = 1;
+        e->w = calloc(n, sizeof(float));
+        e->sums = calloc(n, sizeof(float));
+        e->counts = calloc(1, sizeof(float));
+        if (!e->w || !e->sums || !e->counts) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    }
+    if (e->n != n || e->n_counts != 1)
+        return tlm_err(TLM_ERR_ARG, "imatrix entry '%s' has %zu columns, not %zu", name, e->n, n);
+    for (size_t j = 0; j < n; j++) e->sums[j] += sum2[j];
+    e->tokens += tokens;
+    e->counts[0] = (float)e->tokens;
+    for (size_t j = 0; j < n; j++) e->w[j] = e->sums[j] / e->counts[0];
+    return TLM_OK;
+}
+
+static int by_name(const void *a, const void *b) {
+    return strcmp((*(const im_entry *const *)a)->name, (*(const im_entry *const *)b)->name);
+}
+
+tlm_status tlm_imatrix_save(const tlm_imatrix *im, const char *path, const char *dataset,
+                            int chunks, int chunk_size) {
+    if (!im->n) return tlm_err(TLM_ERR_ARG, "the importance matrix has no entries");
+    const im_entry **order = malloc(sizeof *order * (size_t)im->n);
+    if (!order) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < im->n; i++) order[i] = &im->e[i];
+    qsort(order, (size_t)im->n, sizeof *order, by_name); /* llama-imatrix's order */
+    tlm_gguf_writer w;
+    tlm_gguf_writer_init(&w, TLM_GGUF_DEFAULT_ALIGNMENT);
+    tlm_gguf_write_str(&w, "general.type", "imatrix");
+    tlm_gguf_write_array(&w, "imatrix.datasets", TLM_GGUF_STRING, dataset ? 1 : 0);
+    if (dataset) tlm_gguf_write_elem_str(&w, dataset, strlen(dataset));
+    tlm_gguf_write_u32(&w, "imatrix.chunk_count", (uint32_t)chunks);
+    tlm_gguf_write_u32(&w, "imatrix.chunk_size", (uint32_t)chunk_size);
+    for (int i = 0; i < im->n; i++) {
+        const im_entry *e = order[i];
+        char nm[512];
+        uint64_t dims[2] = {e->n / e->n_counts, e->n_counts}, cdims[2] = {1, e->n_counts};
+        snprintf(nm, sizeof nm, "%s.in_sum2", e->name);
+        tlm_gguf_write_tensor(&w, nm, 2, dims, 0, sizeof(float) * e->n);
+        snprintf(nm, sizeof nm, "%s.counts", e->name);
+        tlm_gguf_write_tensor(&w, nm, 2, cdims, 0, sizeof(float) * e->n_counts);
+    }
+    uint8_t *head = NULL;
+    size_t head_len = 0;
+    tlm_status s = tlm_gguf_writer_header(&w, &head, &head_len);
+    tlm_atomic_file a;
+    if (!s) s = tlm_atomic_open(&a, path);
+    if (!s) {
+        static const uint8_t zeros[TLM_GGUF_DEFAULT_ALIGNMENT];
+        s = tlm_atomic_write(&a, head, head_len);
+        for (int i = 0; i < im->n && !s; i++) {
+            const im_entry *e = order[i];
+            s = tlm_atomic_write(&a, e->sums, sizeof(float) * e->n);
+            size_t pad = tlm_gguf_writer_pad(&w, sizeof(float) * e->n);
+            if (!s && pad) s = tlm_atomic_write(&a, zeros, pad);
+            if (!s) s = tlm_atomic_write(&a, e->counts, sizeof(float) * e->n_counts);
+            pad = tlm_gguf_writer_pad(&w, sizeof(float) * e->n_counts);
+            if (!s && pad) s = tlm_atomic_write(&a, zeros, pad);
+        }
+        if (s)
+            tlm_atomic_abort(&a);
+        else
+            s = tlm_atomic_commit(&a);
+    }
+    free(head);
+    free(order);
+    tlm_gguf_writer_free(&w);
+    return s ? tlm_err_context(s, "writing %s", path) : TLM_OK;
+}
