@@ -613,6 +613,18 @@ tlm_status tlm_imatrix_accumulate(tlm_imatrix *im, const char *name, const float
                                   int64_t tokens);
 tlm_status tlm_imatrix_save(const tlm_imatrix *im, const char *path, const char *dataset,
                             int chunks, int chunk_size);
+/* rows activation rows (cols values each, ld apart) into entry name: each squared and summed
+ * into it row by row, as llama-imatrix sums a product's rows; rows tokens counted. */
+tlm_status tlm_imatrix_add_rows(tlm_imatrix *im, const char *name, const float *x, size_t rows,
+                                size_t cols, size_t ld);
+/* One batched forward pass of B sequences of T ids (positions from 0) through ctx's model, every
+ * matrix input of its blocks added to im under the weight's name (blk.L.attn_q.weight, ...: the
+ * q, k and v products share theirs, as gate and up do), and output.weight's too when `output`
+ * (llama-imatrix --process-output; a tied embedding has none). *logits (may be NULL) receives the
+ * pass's [B, T, V] logits, the context's until its next pass. tlm imatrix runs the chunks of a
+ * text through this. */
+tlm_status tlm_imatrix_collect(tlm_imatrix *im, tlm_train_ctx *ctx, const int32_t *ids, int B,
+                               int T, int output, const float **logits);
 
 typedef struct {
     tlm_ftype ftype;

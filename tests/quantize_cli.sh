@@ -100,4 +100,40 @@ ok
 expect_fail "multiple of 32" eval -m "$W/f32.gguf" --data "$W/text.txt" --cache-type q8_0
 head -c 300 "$W/text.txt" >"$W/short.txt"
 expect_fail "needs at least 2 chunks of 512 tokens" eval -m "$W/f32.gguf" --data "$W/short.txt" --llama-ppl
+# tlm imatrix: llama-imatrix's statistics of a text (chunks of -c tokens, a BOS first), written
+# as its GGUF; tlm quantize --imatrix weighs the rounding by them (test_quant checks the bytes
+# against llama-quantize given the same matrix, test_forward the statistics against PyTorch).
+head -c 60000 "$DATA/text/tinystories_2MiB.txt" >"$W/calib.txt"
+"$TLM" imatrix -m "$W/f32.gguf" -f "$W/calib.txt" -o "$W/im.gguf" -c 128 --chunks 6 2>"$W/log" ||
+  fail "imatrix: $(cat "$W/log")"
+grep -q "^\[6/6\] perplexity so far [0-9.]*$" "$W/log" || fail "imatrix progress: $(cat "$W/log")"
+grep -q "wrote .*im.gguf: 35 matrices, 6 chunks of 128 tokens" "$W/log" || fail "imatrix: $(cat "$W/log")"
+"$TLM" quantize "$W/f32.gguf" "$W/qi.gguf" --type q4_0 --imatrix "$W/im.gguf" 2>"$W/log" ||
+  fail "quantize --imatrix: $(cat "$W/log")"
+grep -q "35 importance matrix entries from .*im.gguf computed on 6 chunks" "$W/log" ||
+  fail "quantize --imatrix: $(head -2 "$W/log")"
+"$TLM" quantize "$W/f32.gguf" "$W/qp.gguf" --type q4_0 2>/dev/null
+cmp -s "$W/qi.gguf" "$W/qp.gguf" && fail "the importance matrix changed nothing"
+"$TLM" generate -m "$W/qi.gguf" -n 4 --seed 1 -p "Once" >/dev/null 2>"$W/log" ||
+  fail "generate from the imatrix file: $(cat "$W/log")"
+ok
+# it quantizes with a matrix better than without: perplexity on held-out text, Q2_K
+tail -c 30000 "$DATA/text/tinystories_2MiB.txt" >"$W/held.txt"
+"$TLM" quantize "$W/f32.gguf" "$W/q2i.gguf" --type q2_k --imatrix "$W/im.gguf" 2>/dev/null
+"$TLM" quantize "$W/f32.gguf" "$W/q2p.gguf" --type q2_k 2>/dev/null
+pi=$("$TLM" eval -m "$W/q2i.gguf" --data "$W/held.txt" --json)
+pp=$("$TLM" eval -m "$W/q2p.gguf" --data "$W/held.txt" --json)
+/usr/bin/python3 - "$pi" "$pp" <<'PY' || fail "q2_k with an imatrix: $pi, without: $pp"
+import json, sys
+i, p = (json.loads(x) for x in sys.argv[1:])
+assert i["perplexity"] < p["perplexity"], (i, p)
+PY
+ok
+expect_fail "--imatrix goes with --type" convert "$W/f32.gguf" "$W/x.gguf" --to gguf --imatrix "$W/im.gguf"
+expect_fail "no-such.dat" quantize "$W/f32.gguf" "$W/x.gguf" --type q4_0 --imatrix "$W/no-such.dat"
+expect_fail "missing imatrix metadata" quantize "$W/f32.gguf" "$W/x.gguf" --type q4_0 --imatrix "$W/f32.gguf"
+expect_fail "at least two chunks of 512" imatrix -m "$W/f32.gguf" -f "$W/short.txt"
+expect_fail "longer than the model's context" imatrix -m "$W/f32.gguf" -f "$W/calib.txt" -c 4096
+expect_fail "-f TEXT is required" imatrix -m "$W/f32.gguf"
+[ ! -e "$W/x.gguf" ] || fail "a refused command left a file"
 echo "quantize_cli: $pass passed"

@@ -1,5 +1,6 @@
 /* Forward pass parity with the PyTorch reference (fixtures written by
  * tests/reference/gen_fixtures.py), plus forward-pass argument errors. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -46,6 +47,65 @@ static void test_parity(void) {
     printf("forward parity with PyTorch:\n");
     int n = t_parity_each(parity_case, NULL);
     CHECK(n >= 10, "only %d parity cases", n);
+}
+
+/* tlm_imatrix_collect against the reference's forward pre-hooks on every nn.Linear (the
+ * fixture's imatrix.NAME: each input column's squared activations summed over the B*T rows of a
+ * pass from position 0): every matrix the reference has, q, k and v, gate and up sharing their
+ * inputs, output.weight with output set. Cases of any architecture: names the reference gives a
+ * matrix that tlm's schema has are all collected. */
+static void imatrix_case(t_parity *p, void *user) {
+    int *checked = user;
+    tlm_imatrix *im = NULL;
+    CHECK_OK(tlm_imatrix_new(&im));
+    const float *lg = NULL;
+    tlm_status s = tlm_imatrix_collect(im, p->x, p->ids, p->B, p->T, 1, &lg);
+    int nt;
+    const tlm_tensor_info *ts = tlm_model_tensors(p->m, &nt);
+    int entries = 0, missing = 0;
+    double worst = 0;
+    size_t N = (size_t)p->B * p->T;
+    for (int i = 0; !s && i < nt; i++) {
+        char key[160];
+        snprintf(key, sizeof key, "imatrix.%s", ts[i].name);
+        const st_tensor *t = st_find(&p->io, key);
+        if (!t) continue;
+        size_t n = 0;
+        const float *w = tlm_imatrix_find(im, ts[i].name, &n);
+        if (!w) {
+            missing++;
+            continue;
+        }
+        float *want = malloc(sizeof(float) * n);
+        CHECK_OK(st_read_f32(&p->io, t, want, n));
+        for (size_t j = 0; j < n; j++) {
+            double ref = want[j] / (double)N, e = fabs(w[j] - ref) / (fabs(ref) + 1e-6);
+            worst = e > worst ? e : worst;
+        }
+        free(want);
+        entries++;
+    }
+    if (s == TLM_ERR_UNSUPPORTED) { /* no matrix with llama.cpp's names: GPT-2 style */
+        tlm_imatrix_free(im);
+        return;
+    }
+    CHECK_OK(s);
+    CHECK(lg != NULL, "%s: no logits", p->name);
+    CHECK(missing == 0, "%s: %d matrices the reference has are not in the imatrix", p->name,
+          missing);
+    CHECK(entries == tlm_imatrix_entries(im), "%s: %d entries, %d checked", p->name,
+          tlm_imatrix_entries(im), entries);
+    CHECK(worst <= 2e-4, "%s: imatrix means off by %.3g (relative)", p->name, worst);
+    printf("  %-28s %2d imatrix entries, max rel err %.2e\n", p->name, entries, worst);
+    *checked += entries > 0;
+    tlm_imatrix_free(im);
+}
+
+static void test_imatrix(void) {
+    printf("imatrix statistics against PyTorch:\n");
+    int checked = 0;
+    t_parity_each(imatrix_case, &checked);
+    CHECK(checked >= 5, "only %d cases checked", checked);
 }
 
 static void test_errors(void) {
@@ -99,5 +159,6 @@ int main(void) {
     tlm_set_threads(2);
     test_errors();
     test_parity();
+    test_imatrix();
     return t_finish("test_forward");
 }

@@ -14,6 +14,7 @@ static const command commands[] = {
     {"info", cmd_info, "show a model's architecture and parameter counts"},
     {"train", cmd_train, "train a model on a text file (AdamW, checkpoints, --resume)"},
     {"eval", cmd_eval, "loss, perplexity and bits per byte of a model on a text"},
+    {"imatrix", cmd_imatrix, "an importance matrix for quantize --imatrix, as llama-imatrix"},
     {"generate", cmd_generate, "sample text from a model (KV cache, streaming)"},
     {"tokenize", cmd_tokenize, "text on stdin -> token ids on stdout"},
     {"tokenizer", cmd_tokenizer, "tokenizer tools: `tlm tokenizer train`"},

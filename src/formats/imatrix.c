@@ -329,3 +329,24 @@ tlm_status tlm_imatrix_save(const tlm_imatrix *im, const char *path, const char 
     tlm_gguf_writer_free(&w);
     return s ? tlm_err_context(s, "writing %s", path) : TLM_OK;
 }
+
+tlm_status tlm_imatrix_add_rows(tlm_imatrix *im, const char *name, const float *x, size_t rows,
+                                size_t cols, size_t ld) {
+    float *zero = calloc(cols, sizeof(float));
+    if (!zero) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    tlm_status s = tlm_imatrix_accumulate(im, name, zero, cols, 0); /* the entry, if new */
+    free(zero);
+    if (s) return s;
+    im_entry *e = NULL;
+    for (int i = 0; i < im->n && !e; i++)
+        if (!strcmp(im->e[i].name, name)) e = &im->e[i];
+    /* a running sum row by row, as llama-imatrix adds each matrix product's rows */
+    for (size_t r = 0; r < rows; r++) {
+        const float *xr = x + r * ld;
+        for (size_t j = 0; j < cols; j++) e->sums[j] += xr[j] * xr[j];
+    }
+    e->tokens += (int64_t)rows;
+    e->counts[0] = (float)e->tokens;
+    for (size_t j = 0; j < cols; j++) e->w[j] = e->sums[j] / e->counts[0];
+    return TLM_OK;
+}

@@ -6,7 +6,9 @@ For each case NAME this writes
     OUTDIR/parity/NAME/config.json        the config as the C side should read it
     OUTDIR/parity/NAME/model.safetensors  every parameter, F32, canonical names and order
     OUTDIR/parity/NAME/io.safetensors     ids, targets (I32 [B,T]), logits (F32 [B,T,V]), grad.NAME,
-                                          loss (F32 [1]); metadata pos_offset, B, T
+                                          loss (F32 [1]), imatrix.NAME (each matrix's input columns'
+                                          squared activations summed over a pass from position 0);
+                                          metadata pos_offset, B, T
 and OUTDIR/parity/cases.txt with the case names, one per line. Deterministic: each case seeds
 its own generator from its index.
 """
@@ -149,6 +151,34 @@ def make_case(c, index):
     return cfg, written, model, ids, targets
 
 
+def imatrix_sums(model, ids):
+    """llama-imatrix's statistics of one forward pass from position 0: for every matrix of the
+    blocks and output.weight (untied), each input column's squared activations summed over the
+    B*T rows (float64, then F32), by the weight's canonical name."""
+    by_param = {id(p): n for n, p in model.canonical_params()}
+    sums, hooks = {}, []
+    for mod in model.modules():
+        if not isinstance(mod, torch.nn.Linear) or id(mod.weight) not in by_param:
+            continue
+        name = by_param[id(mod.weight)]
+
+        def hook(m, inputs, name=name):
+            x = inputs[0].detach().double().reshape(-1, inputs[0].shape[-1])
+            sums[name] = (x * x).sum(0)
+        hooks.append(mod.register_forward_pre_hook(hook))
+    record = model.record
+    model.record = True
+    with torch.no_grad():
+        model(ids, pos_offset=0)
+    model.record = record
+    for h in hooks:
+        h.remove()
+    if "output.weight" in by_param.values():  # the head is F.linear on its weight: no hook
+        x = model.acts["final_norm"].double().reshape(-1, model.cfg.d_model)
+        sums["output.weight"] = (x * x).sum(0)
+    return [("imatrix." + n, v.float()) for n, v in sorted(sums.items())]
+
+
 def main():
     if len(sys.argv) != 2:
         sys.exit("usage: gen_fixtures.py OUTDIR")
@@ -165,6 +195,7 @@ def main():
         # Gradients of the mean loss for every parameter, for the backward-pass parity test.
         grads = [("grad." + n, g.float()) for n, g in model.canonical_grads().items()]
         logits, loss = logits.detach(), loss.detach()
+        imatrix = imatrix_sums(model, ids)
         d = os.path.join(root, c["name"])
         os.makedirs(d, exist_ok=True)
         with open(os.path.join(d, "config.json"), "w") as f:
@@ -175,7 +206,7 @@ def main():
         write_safetensors(
             os.path.join(d, "io.safetensors"),
             [("ids", ids.to(torch.int32)), ("targets", targets.to(torch.int32)),
-             ("logits", logits.float()), ("loss", loss.reshape(1).float())] + grads,
+             ("logits", logits.float()), ("loss", loss.reshape(1).float())] + grads + imatrix,
             metadata={"pos_offset": str(c["pos_offset"]), "B": str(c["B"]), "T": str(c["T"])})
         names.append(c["name"])
         print(f"{c['name']:30s} B={c['B']} T={c['T']:2d} pos={c['pos_offset']:2d} "

@@ -1,0 +1,155 @@
+/* tlm imatrix: an importance matrix for tlm quantize --imatrix (and llama-quantize), computed as
+ * llama.cpp's llama-imatrix computes it. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "core/core.h"
+
+// clang-format off
+static const char *imatrix_help =
+    "usage: tlm imatrix -m MODEL -f TEXT [-o FILE] [-c N] [--chunks N] [--process-output]\n"
+    "                   [-z TOKENIZER] [-b B] [-t THREADS]\n\n"
+    "Computes an importance matrix, as llama.cpp's llama-imatrix does: the text is cut into\n"
+    "chunks of N tokens (a BOS first where the vocabulary adds one), each chunk goes through the\n"
+    "model, and for every weight matrix of the blocks the squared activations that meet each of\n"
+    "its input columns are summed, with the number of tokens. tlm quantize --imatrix FILE (or\n"
+    "llama-quantize --imatrix FILE) then weighs each column's rounding error by their mean,\n"
+    "which matters most for the 2- to 4-bit types. Writes llama-imatrix's GGUF layout. Prints\n"
+    "the perplexity of each chunk's second half, as llama-imatrix does.\n\n"
+    "  -m, --model PATH      model (any format tlm reads; Llama-style)\n"
+    "  -f, --file TEXT       calibration text\n"
+    "  -o, --output FILE     where to write it (default imatrix.gguf)\n"
+    "  -c, --ctx-size N      tokens per chunk (default 512, or the model's context if shorter)\n"
+    "  --chunks N            at most N chunks (default: all the text holds)\n"
+    "  --process-output      collect output.weight too (llama-imatrix's flag; off by default)\n"
+    "  -z, --tokenizer PATH  tokenizer (default: the model's own)\n"
+    "  -b, --batch B         chunks per forward pass (default 1)\n"
+    "  -t, --threads N       threads (default: all cores)\n";
+// clang-format on
+
+int cmd_imatrix(int argc, char **argv) {
+    const char *model = NULL, *tokenizer = NULL, *data = NULL, *outp = "imatrix.gguf";
+    long nctx = 0, max_chunks = -1, batch = 1, threads = 0;
+    int output = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *v;
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            fputs(imatrix_help, stdout);
+            return 0;
+        } else if (cli_flag_value(argc, argv, &i, "-m", "--model", &v)) {
+            if (!v) return cli_fail("imatrix: %s needs a value", argv[i]);
+            model = v;
+        } else if (cli_flag_value(argc, argv, &i, "-f", "--file", &v)) {
+            if (!v) return cli_fail("imatrix: %s needs a value", argv[i]);
+            data = v;
+        } else if (cli_flag_value(argc, argv, &i, "-o", "--output", &v)) {
+            if (!v) return cli_fail("imatrix: %s needs a value", argv[i]);
+            outp = v;
+        } else if (cli_flag_value(argc, argv, &i, "-z", "--tokenizer", &v)) {
+            if (!v) return cli_fail("imatrix: %s needs a value", argv[i]);
+            tokenizer = v;
+        } else if (cli_flag_value(argc, argv, &i, "-c", "--ctx-size", &v)) {
+            if (!cli_parse_int(v, &nctx) || nctx < 16)
+                return cli_fail("imatrix: %s must be an integer of at least 16", argv[i]);
+        } else if (cli_flag_value(argc, argv, &i, "--chunks", NULL, &v)) {
+            if (!cli_parse_int(v, &max_chunks) || max_chunks < 1)
+                return cli_fail("imatrix: --chunks must be a positive integer");
+        } else if (cli_flag_value(argc, argv, &i, "-b", "--batch", &v)) {
+            if (!cli_parse_int(v, &batch) || batch < 1)
+                return cli_fail("imatrix: %s must be a positive integer", argv[i]);
+        } else if (cli_flag_value(argc, argv, &i, "-t", "--threads", &v)) {
+            if (!cli_parse_int(v, &threads) || threads < 1)
+                return cli_fail("imatrix: %s must be a positive integer", argv[i]);
+        } else if (!strcmp(argv[i], "--process-output")) {
+            output = 1;
+        } else {
+            return cli_fail("imatrix: unknown option '%s' (see tlm imatrix --help)", argv[i]);
+        }
+    }
+    if (!model) return cli_fail("imatrix: -m MODEL is required");
+    if (!data) return cli_fail("imatrix: -f TEXT is required");
+    tlm_set_threads((int)threads);
+    tlm_model *m = NULL;
+    tlm_tokenizer *tok = NULL;
+    tlm_imatrix *im = NULL;
+    tlm_train_ctx *ctx = NULL;
+    char *text = NULL;
+    int32_t *ids = NULL, *x = NULL;
+    size_t len = 0, n = 0;
+    int rc = 0;
+    if (tlm_model_load(model, &m)) return cli_fail_status("imatrix");
+    if (tokenizer) {
+        if (tlm_tokenizer_load(tokenizer, &tok)) rc = cli_fail_status("imatrix: loading tokenizer");
+    } else if (cli_model_tokenizer(model, &tok)) {
+        rc = cli_fail_status("imatrix: loading the model's tokenizer");
+    } else if (!tok) {
+        rc = cli_fail("imatrix: no tokenizer travels with '%s'; give -z TOKENIZER", model);
+    }
+    if (!rc && tlm_read_file(data, &text, &len)) rc = cli_fail_status("imatrix");
+    /* llama-imatrix tokenizes as llama-perplexity does: BOS where the GGUF vocabulary adds one
+     * (tlm writes that for SentencePiece vocabularies), special tokens read as plain text */
+    int bos = tok ? tlm_tokenizer_bos(tok) : -1;
+    int add_bos = tok && tlm_tokenizer_get_kind(tok) == TLM_TOKENIZER_SPM && bos >= 0;
+    if (!rc && tlm_tokenizer_encode(tok, text, len, add_bos ? TLM_ENCODE_ADD_BOS : 0u, &ids, &n))
+        rc = cli_fail_status("imatrix: tokenizing");
+    const tlm_config *c = rc ? NULL : tlm_model_config(m);
+    int T = 0;
+    if (!rc) {
+        T = nctx ? (int)nctx : c->context_length < 512 ? c->context_length : 512;
+        if (T > c->context_length)
+            rc = cli_fail("imatrix: -c %d is longer than the model's context (%d)", T,
+                          c->context_length);
+        else if (n < 2 * (size_t)T)
+            rc = cli_fail("imatrix: the text has %zu tokens; at least two chunks of %d are needed",
+                          n, T);
+        for (size_t i = 0; !rc && i < n; i++)
+            if (ids[i] >= c->vocab_size)
+                rc = cli_fail("imatrix: token %d is outside the model's vocabulary (%d)", ids[i],
+                              c->vocab_size);
+    }
+    size_t chunks = rc ? 0 : n / (size_t)T;
+    if (max_chunks > 0 && (size_t)max_chunks < chunks) chunks = (size_t)max_chunks;
+    if (!rc && (tlm_imatrix_new(&im) || tlm_train_ctx_new(m, &ctx)))
+        rc = cli_fail_status("imatrix");
+    if (!rc && !(x = malloc(sizeof *x * (size_t)batch * T)))
+        rc = cli_fail("imatrix: out of memory");
+    double nll = 0;
+    size_t scored = 0;
+    for (size_t c0 = 0; !rc && c0 < chunks; c0 += (size_t)batch) {
+        int nb = (int)(chunks - c0 < (size_t)batch ? chunks - c0 : (size_t)batch);
+        memcpy(x, ids + c0 * T, sizeof *x * (size_t)nb * T);
+        for (int b = 0; b < nb && add_bos; b++) x[(size_t)b * T] = bos;
+        const float *lg = NULL;
+        if (tlm_imatrix_collect(im, ctx, x, nb, T, output, &lg)) {
+            rc = cli_fail_status("imatrix");
+            break;
+        }
+        /* the second half of each chunk scored, as llama-imatrix reports it */
+        int V = c->vocab_size;
+        for (int b = 0; b < nb; b++)
+            for (int t = T / 2; t < T - 1; t++) {
+                const float *r = lg + ((size_t)b * T + t) * V;
+                double mx = r[0], z = 0;
+                for (int j = 1; j < V; j++) mx = r[j] > mx ? r[j] : mx;
+                for (int j = 0; j < V; j++) z += exp((double)r[j] - mx);
+                nll += mx + log(z) - r[ids[(c0 + b) * T + t + 1]];
+                scored++;
+            }
+        fprintf(stderr, "[%zu/%zu] perplexity so far %.4f\n", c0 + nb, chunks,
+                exp(nll / (double)scored));
+    }
+    if (!rc && tlm_imatrix_save(im, outp, data, (int)chunks, T)) rc = cli_fail_status("imatrix");
+    if (!rc)
+        fprintf(stderr, "wrote %s: %d matrices, %zu chunks of %d tokens\n", outp,
+                tlm_imatrix_entries(im), chunks, T);
+    free(x);
+    free(ids);
+    free(text);
+    tlm_train_ctx_free(ctx);
+    tlm_imatrix_free(im);
+    tlm_tokenizer_free(tok);
+    tlm_model_free(m);
+    return rc;
+}
