@@ -556,7 +556,8 @@ tlm_status tlm_model_load_gguf(const char *path, tlm_model **out);
 tlm_status tlm_model_save_gguf(const tlm_model *m, const tlm_tokenizer *tok, const char *path,
                                tlm_dtype dtype);
 
-/* Quantized GGUF, as llama.cpp's llama-quantize writes it without an importance matrix: the same
+/* Quantized GGUF, as llama.cpp's llama-quantize writes it (with or without an importance matrix
+ * and its per-tensor overrides, tlm_quantize_opts): the same
  * type for each tensor (the _M and _L mixes and Q2_K give some attn_v, attn_output and ffn_down
  * layers and output.weight more bits; 1-D tensors stay F32; rows that are not whole blocks fall
  * back to Q4_0, Q5_0, Q5_1, Q8_0 or F16)
@@ -626,6 +627,12 @@ tlm_status tlm_imatrix_add_rows(tlm_imatrix *im, const char *name, const float *
 tlm_status tlm_imatrix_collect(tlm_imatrix *im, tlm_train_ctx *ctx, const int32_t *ids, int B,
                                int T, int output, const float **logits);
 
+/* A per-tensor type for tlm_quantize_opts.tensor_types: "attn_v", "blk\\.[0-3]\\.ffn_down" ... */
+typedef struct tlm_tensor_type {
+    const char *pattern;
+    tlm_dtype type;
+} tlm_tensor_type;
+
 typedef struct {
     tlm_ftype ftype;
     /* With an importance matrix (may be NULL): each matrix it has an entry for is quantized with
@@ -638,6 +645,20 @@ typedef struct {
      * NULL. Runs on the calling thread. */
     void (*progress)(void *user, int i, int n, const char *name, tlm_dtype type, size_t bytes);
     void *user;
+    /* llama-quantize's overrides; zeroed options leave each off. pure (--pure): every matrix the
+     * base type, no mix (rows that are not whole blocks still fall back). leave_output
+     * (--leave-output-tensor): output.weight stays F32. output_type / embd_type, where their
+     * _set flag is on (--output-tensor-type, --token-embedding-type): output.weight's and
+     * token_embd.weight's type, taken as given (a tied embedding follows output_type under the
+     * mix unless embd_type is set). tensor_types (--tensor-type; n_tensor_types of them): the
+     * first whose POSIX extended regular expression matches a matrix's name (anywhere in it)
+     * gives its type in place of the mix's (then the fallbacks). Types: F32, F16, BF16 and the
+     * block types. */
+    int pure, leave_output;
+    int output_type_set, embd_type_set;
+    tlm_dtype output_type, embd_type;
+    const struct tlm_tensor_type *tensor_types;
+    int n_tensor_types;
 } tlm_quantize_opts;
 
 /* Writes m (F32 weights: load with TLM_LOAD_WRITABLE) as a GGUF of file type o->ftype to path

@@ -136,4 +136,22 @@ expect_fail "at least two chunks of 512" imatrix -m "$W/f32.gguf" -f "$W/short.t
 expect_fail "longer than the model's context" imatrix -m "$W/f32.gguf" -f "$W/calib.txt" -c 4096
 expect_fail "-f TEXT is required" imatrix -m "$W/f32.gguf"
 [ ! -e "$W/x.gguf" ] || fail "a refused command left a file"
+
+# llama-quantize's per-tensor overrides (test_quant checks the bytes against llama.cpp's)
+printf 'ATTN_V=q8_0\nblk\\.[0-1]\\.ffn_down=f16\n' >"$W/types.txt"
+"$TLM" quantize "$W/f32.gguf" "$W/o.gguf" --type q4_k_m --tensor-type-file "$W/types.txt" \
+  --output-tensor-type q8_0 --token-embedding-type Q4_0 2>"$W/log" || fail "overrides: $(cat "$W/log")"
+grep -q "blk.3.attn_v.weight *Q8_0" "$W/log" || fail "--tensor-type attn_v: $(cat "$W/log")"
+grep -q "blk.1.ffn_down.weight *F16" "$W/log" || fail "--tensor-type ffn_down: $(cat "$W/log")"
+grep -q "blk.2.attn_q.weight *Q5_0" "$W/log" || fail "the others keep the mix: $(cat "$W/log")"
+grep -q "token_embd.weight *Q4_0" "$W/log" || fail "--token-embedding-type: $(cat "$W/log")"
+"$TLM" quantize "$W/f32.gguf" "$W/o.gguf" --type q4_0 --pure --leave-output-tensor 2>"$W/log"
+grep -q "token_embd.weight *Q4_0" "$W/log" || fail "--pure: $(cat "$W/log")"
+ok
+expect_fail "unknown type 'q9'" quantize "$W/f32.gguf" "$W/x.gguf" --type q4_0 --tensor-type attn_v=q9
+expect_fail "wants PATTERN=TYPE" quantize "$W/f32.gguf" "$W/x.gguf" --type q4_0 --tensor-type attn_v
+expect_fail "not a regular expression" quantize "$W/f32.gguf" "$W/x.gguf" --type q4_0 --tensor-type 'attn_[v=q8_0'
+expect_fail "--output-tensor-type wants a type" quantize "$W/f32.gguf" "$W/x.gguf" --type q4_0 --output-tensor-type i32
+expect_fail "unknown option '--pure'" convert "$W/f32.gguf" "$W/x.gguf" --type q4_0 --pure
+[ ! -e "$W/x.gguf" ] || fail "a refused command left a file"
 echo "quantize_cli: $pass passed"

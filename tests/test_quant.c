@@ -620,6 +620,129 @@ static void test_imatrix_files(model_quantize_fn llama_quantize, default_params_
     remove(imf);
 }
 
+/* llama-quantize's per-tensor overrides (--pure, --leave-output-tensor, --output-tensor-type,
+ * --token-embedding-type, --tensor-type) against llama_model_quantize given the same: an untied
+ * model with whole 256-blocks and a tied one (the embedding follows output's type), including a
+ * pattern whose type falls back and the mix's layer counts skipped for overridden tensors. */
+typedef struct {
+    const char *pattern;
+    int type;
+} llama_tensor_override;
+
+static void test_override_files(model_quantize_fn llama_quantize, default_params_fn defaults,
+                                const tlm_tokenizer *tok) {
+    static const tlm_tensor_type tt_v[] = {{"attn_v", TLM_DTYPE_Q8_0},
+                                           {"blk\\.[0-1]\\.ffn_down", TLM_DTYPE_Q5_K}};
+    static const tlm_tensor_type tt_up[] = {{"ffn_up", TLM_DTYPE_Q4_K}};
+    static const struct {
+        const char *tag, *ftype;
+        int tied, pure, leave, out, embd; /* out/embd: a tlm_dtype, or -1 */
+        const tlm_tensor_type *tt;
+        int ntt;
+        const char *expect; /* a "name:TYPE" the file must hold */
+    } cases[] = {
+        {"pure", "q4_k_m", 0, 1, 0, -1, -1, NULL, 0, "output.weight:Q4_K"},
+        {"leave", "q4_k_m", 0, 0, 1, -1, -1, NULL, 0, "output.weight:F32"},
+        {"outembd", "q4_k_m", 0, 0, 0, TLM_DTYPE_Q8_0, TLM_DTYPE_Q5_0, NULL, 0,
+         "token_embd.weight:Q5_0"},
+        {"patterns", "q4_k_m", 0, 0, 0, -1, -1, tt_v, 2, "blk.1.ffn_down.weight:Q5_K"},
+        {"f16out", "f16", 0, 0, 0, TLM_DTYPE_Q6_K, -1, NULL, 0, "output.weight:Q6_K"},
+        {"tiedout", "q4_k_m", 1, 0, 0, TLM_DTYPE_Q5_K, -1, NULL, 0, "token_embd.weight:Q5_K"},
+        {"tiedboth", "q4_0", 1, 0, 0, TLM_DTYPE_Q8_0, TLM_DTYPE_IQ4_NL, NULL, 0,
+         "token_embd.weight:IQ4_NL"},
+        {"tiedpure", "q3_k_m", 1, 1, 0, -1, -1, tt_up, 1, "token_embd.weight:Q3_K"},
+    };
+    for (int tied = 0; tied < 2; tied++) {
+        tlm_config c;
+        tlm_config_default(&c);
+        c.vocab_size = 512;
+        c.context_length = 64;
+        c.d_model = 256;
+        c.n_layers = 4;
+        c.n_heads = 4;
+        c.n_kv_heads = 2;
+        c.d_ff = 512;
+        c.tie_embeddings = tied;
+        tlm_model *m = NULL;
+        CHECK_OK(tlm_config_finalize(&c));
+        CHECK_OK(tlm_model_create(&c, &m));
+        if (!m) return;
+        CHECK_OK(tlm_model_init(m, 13 + tied, TLM_INIT_DEFAULT));
+        const char *f32 = "quant_ov_src.gguf";
+        CHECK_OK(tlm_model_save_gguf(m, tok, f32, TLM_DTYPE_F32));
+        for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+            if (cases[k].tied != tied) continue;
+            tlm_quantize_opts o = {0};
+            CHECK(tlm_ftype_from_name(cases[k].ftype, &o.ftype), "%s", cases[k].ftype);
+            o.pure = cases[k].pure;
+            o.leave_output = cases[k].leave;
+            o.output_type_set = cases[k].out >= 0;
+            o.output_type = cases[k].out >= 0 ? (tlm_dtype)cases[k].out : TLM_DTYPE_F32;
+            o.embd_type_set = cases[k].embd >= 0;
+            o.embd_type = cases[k].embd >= 0 ? (tlm_dtype)cases[k].embd : TLM_DTYPE_F32;
+            o.tensor_types = cases[k].tt;
+            o.n_tensor_types = cases[k].ntt;
+            llama_quantize_params p = defaults();
+            p.nthread = 1;
+            p.ftype = (int)o.ftype;
+            p.pure = o.pure;
+            p.quantize_output_tensor = !o.leave_output;
+            if (o.output_type_set) p.output_tensor_type = (int)tlm_dtype_get(o.output_type)->ggml;
+            if (o.embd_type_set) p.token_embedding_type = (int)tlm_dtype_get(o.embd_type)->ggml;
+            llama_tensor_override ov[4];
+            for (int r = 0; r < cases[k].ntt; r++)
+                ov[r] = (llama_tensor_override){cases[k].tt[r].pattern,
+                                                (int)tlm_dtype_get(cases[k].tt[r].type)->ggml};
+            ov[cases[k].ntt] = (llama_tensor_override){NULL, 43 /* GGML_TYPE_COUNT */};
+            if (cases[k].ntt) p.tt_overrides = ov;
+            char ours[128], theirs[128];
+            snprintf(ours, sizeof ours, "quant_ov_%s.gguf", cases[k].tag);
+            snprintf(theirs, sizeof theirs, "quant_ov_%s_llama.gguf", cases[k].tag);
+            CHECK_OK(tlm_model_quantize_gguf(m, tok, ours, &o));
+            CHECK(llama_quantize(f32, theirs, &p) == 0, "llama_model_quantize %s failed", theirs);
+            size_t na = 0, nb = 0;
+            uint8_t *a = slurp(ours, &na), *b = slurp(theirs, &nb);
+            int same = a && b && na == nb && !memcmp(a, b, na);
+            char ta[8192], tb[8192];
+            file_types(ours, ta, sizeof ta);
+            CHECK(same, "overrides %s: tlm's file (%zu bytes) differs from llama-quantize's (%zu)",
+                  cases[k].tag, na, nb);
+            if (!same) {
+                file_types(theirs, tb, sizeof tb);
+                fprintf(stderr, "  tlm:   %s\n  llama: %s\n", ta, tb);
+            }
+            CHECK(strstr(ta, cases[k].expect) != NULL, "overrides %s: no %s in %s", cases[k].tag,
+                  cases[k].expect, ta);
+            if (same)
+                printf("overrides %-8s == llama-quantize (%s)\n", cases[k].tag, cases[k].expect);
+            free(a);
+            free(b);
+            remove(ours);
+            remove(theirs);
+        }
+        /* refusals: a pattern that is no regular expression, a type that is not a float type */
+        static const tlm_tensor_type bad_re[] = {{"attn_[v", TLM_DTYPE_Q8_0}};
+        tlm_quantize_opts o = {0};
+        o.ftype = TLM_FTYPE_Q4_K_M;
+        o.tensor_types = bad_re;
+        o.n_tensor_types = 1;
+        CHECK(tlm_model_quantize_gguf(m, tok, "quant_ov_bad.gguf", &o) == TLM_ERR_ARG &&
+                  strstr(tlm_last_error(), "attn_[v"),
+              "a bad pattern: %s", tlm_last_error());
+        o.n_tensor_types = 0;
+        o.output_type_set = 1;
+        o.output_type = TLM_DTYPE_I32;
+        CHECK(tlm_model_quantize_gguf(m, tok, "quant_ov_bad.gguf", &o) == TLM_ERR_ARG &&
+                  strstr(tlm_last_error(), "--output-tensor-type"),
+              "an integer type: %s", tlm_last_error());
+        FILE *left = fopen("quant_ov_bad.gguf", "rb");
+        CHECK(!left, "a refused quantization left its file");
+        if (left) fclose(left);
+        tlm_model_free(m);
+        remove(f32);
+    }
+}
+
 /* node is not what the sanitizers check: their builds leave llama.cpp's loading out. */
 #if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 #define TEST_LLAMACPP_LOADS 1
@@ -734,6 +857,7 @@ static void test_whole_files(void) {
         tlm_model_free(m);
     }
     test_imatrix_files(llama_quantize, defaults, tok);
+    test_override_files(llama_quantize, defaults, tok);
     tlm_tokenizer_free(tok);
 #ifdef TEST_LLAMACPP_LOADS
     /* The files are llama-quantize's bytes, so llama.cpp's loading them is its own business; a

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include "cli.h"
+#include "core/core.h"
 #include "core/dtype.h"
 
 static const char *convert_help =
@@ -22,7 +23,9 @@ static const char *convert_help =
     "  -z, --tokenizer P   tokenizer to embed (default: the one IN carries, if any)\n";
 
 static const char *quantize_help =
-    "usage: tlm quantize IN OUT --type TYPE [--imatrix FILE] [-z TOKENIZER]\n\n"
+    "usage: tlm quantize IN OUT --type TYPE [--imatrix FILE] [-z TOKENIZER] [--pure]\n"
+    "                    [--leave-output-tensor] [--output-tensor-type T]\n"
+    "                    [--token-embedding-type T] [--tensor-type PATTERN=T ...]\n\n"
     "Writes any model tlm reads (tlm checkpoint, llama2.c .bin, .gguf, Hugging Face directory) as\n"
     "a GGUF file of TYPE, the bytes llama.cpp's llama-quantize writes from the same F32 weights\n"
     "(with the same importance matrix, if any): the same type per tensor, the same quantized\n"
@@ -41,7 +44,55 @@ static const char *quantize_help =
     "               the calibration text drove its input columns, as llama-quantize --imatrix\n"
     "               does (every type but q8_0, f16, bf16, f32 uses it; q4_0 and q5_0 give the\n"
     "               first eighth's ffn_down Q4_1 / Q5_1 with one, iq4_* keep it IQ4)\n"
-    "  -z, --tokenizer P   tokenizer to embed (default: the one IN carries, if any)\n";
+    "  --pure         every matrix TYPE, no mix (rows that are not whole blocks still fall back)\n"
+    "  --leave-output-tensor     output.weight stays F32\n"
+    "  --output-tensor-type T    output.weight's type (a tied token_embd too); T a block type\n"
+    "                 (q8_0, q4_k, q6_k, iq4_nl, ...), f16, bf16 or f32\n"
+    "  --token-embedding-type T  token_embd.weight's type\n"
+    "  --tensor-type PATTERN=T   matrices whose name matches PATTERN (a regular expression, e.g.\n"
+    "                 attn_v or 'blk\\.[0-3]\\.ffn_down') get type T instead of the mix's;\n"
+    "                 repeatable, the first match wins (--tensor-type-file F: one per word)\n"
+    "  -z, --tokenizer P   tokenizer to embed (default: the one IN carries, if any)\n"
+    "These are llama-quantize's options of the same names, with its results.\n";
+
+/* A ggml type name (q8_0, Q4_K, f16, ...) for the per-tensor overrides, any case. */
+static int parse_type(const char *name, tlm_dtype *out) {
+    for (int t = 0; t < TLM_DTYPE_COUNT; t++) {
+        const char *a = tlm_dtype_name((tlm_dtype)t), *b = name;
+        while (*a && *b && (*a == *b || (*a >= 'A' && *a <= 'Z' && *a - 'A' + 'a' == *b))) a++, b++;
+        if (!*a && !*b) {
+            const tlm_dtype_info *d = tlm_dtype_get((tlm_dtype)t);
+            if (!d->is_float || t == TLM_DTYPE_F64) return 0;
+            *out = (tlm_dtype)t;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+#define MAX_TENSOR_TYPES 64
+
+/* One --tensor-type PATTERN=TYPE, as llama-quantize reads it (the pattern lower-cased). */
+static int add_tensor_type(const char *arg, tlm_tensor_type *tt, char pats[][128], int *n) {
+    const char *eq = strchr(arg, '=');
+    if (!eq || eq == arg || !eq[1])
+        return cli_fail("quantize: --tensor-type wants PATTERN=TYPE, got '%s'", arg);
+    if (*n == MAX_TENSOR_TYPES)
+        return cli_fail("quantize: more than %d --tensor-type patterns", MAX_TENSOR_TYPES);
+    if (eq - arg >= 128) return cli_fail("quantize: --tensor-type pattern over 127 bytes");
+    tlm_dtype t;
+    if (!parse_type(eq + 1, &t))
+        return cli_fail("quantize: --tensor-type %s: unknown type '%s' (a block type such as q4_k "
+                        "or q8_0, f16, bf16 or f32)",
+                        arg, eq + 1);
+    char *p = pats[*n];
+    for (size_t i = 0; i < (size_t)(eq - arg); i++)
+        p[i] = (char)(arg[i] >= 'A' && arg[i] <= 'Z' ? arg[i] - 'A' + 'a' : arg[i]);
+    p[eq - arg] = 0;
+    tt[*n] = (tlm_tensor_type){p, t};
+    ++*n;
+    return 0;
+}
 
 static int ends_with(const char *s, const char *suf) {
     size_t n = strlen(s), m = strlen(suf);
@@ -61,6 +112,10 @@ static int convert(int argc, char **argv, int quantize) {
                *tokp = NULL, *qtype = NULL, *imp = NULL;
     const char *cmd = quantize ? "quantize" : "convert";
     long l2c_version = 0;
+    tlm_tensor_type tts[MAX_TENSOR_TYPES];
+    char pats[MAX_TENSOR_TYPES][128];
+    int ntt = 0, pure = 0, leave_output = 0, out_set = 0, embd_set = 0;
+    tlm_dtype out_type = TLM_DTYPE_F32, embd_type = TLM_DTYPE_F32;
     for (int i = 1; i < argc; i++) {
         const char *v;
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
@@ -69,6 +124,35 @@ static int convert(int argc, char **argv, int quantize) {
         } else if (cli_flag_value(argc, argv, &i, "--type", NULL, &v)) {
             if (!v) return cli_fail("%s: --type needs a value", cmd);
             qtype = v;
+        } else if (quantize && !strcmp(argv[i], "--pure")) {
+            pure = 1;
+        } else if (quantize && !strcmp(argv[i], "--leave-output-tensor")) {
+            leave_output = 1;
+        } else if (quantize && cli_flag_value(argc, argv, &i, "--output-tensor-type", NULL, &v)) {
+            if (!v || !parse_type(v, &out_type))
+                return cli_fail("quantize: --output-tensor-type wants a type (a block type such as "
+                                "q8_0 or q6_k, f16, bf16 or f32), got '%s'",
+                                v ? v : "nothing");
+            out_set = 1;
+        } else if (quantize && cli_flag_value(argc, argv, &i, "--token-embedding-type", NULL, &v)) {
+            if (!v || !parse_type(v, &embd_type))
+                return cli_fail("quantize: --token-embedding-type wants a type (a block type such "
+                                "as q8_0 or q6_k, f16, bf16 or f32), got '%s'",
+                                v ? v : "nothing");
+            embd_set = 1;
+        } else if (quantize && cli_flag_value(argc, argv, &i, "--tensor-type", NULL, &v)) {
+            if (!v) return cli_fail("quantize: --tensor-type wants PATTERN=TYPE");
+            if (add_tensor_type(v, tts, pats, &ntt)) return 1;
+        } else if (quantize && cli_flag_value(argc, argv, &i, "--tensor-type-file", NULL, &v)) {
+            char *txt = NULL;
+            size_t tl = 0;
+            if (!v) return cli_fail("quantize: --tensor-type-file wants a file");
+            if (tlm_read_file(v, &txt, &tl)) return cli_fail_status("quantize: --tensor-type-file");
+            int bad = 0;
+            for (char *w = strtok(txt, " \t\r\n"); w && !bad; w = strtok(NULL, " \t\r\n"))
+                bad = add_tensor_type(w, tts, pats, &ntt);
+            free(txt);
+            if (bad) return 1;
         } else if (cli_flag_value(argc, argv, &i, "--imatrix", NULL, &v)) {
             if (!v) return cli_fail("%s: --imatrix needs a file", cmd);
             imp = v;
@@ -184,7 +268,9 @@ static int convert(int argc, char **argv, int quantize) {
             fprintf(stderr, "tlm: warning: no tokenizer (give -z): %s will have no vocabulary\n",
                     out);
         if (qtype) {
-            tlm_quantize_opts qo = {ftype, im, quantize_progress, NULL};
+            tlm_quantize_opts qo = {ftype,        im,      quantize_progress, NULL,     pure,
+                                    leave_output, out_set, embd_set,          out_type, embd_type,
+                                    tts,          ntt};
             s = tlm_model_quantize_gguf(m, tok, out, &qo);
         } else {
             s = tlm_model_save_gguf(m, tok, out, dt);

@@ -11,6 +11,7 @@
  * tensor order and its keys, so that quantizing a tlm-written F32 GGUF with either tool gives the
  * same file. The metadata is always tlm's own: from a GGUF written elsewhere, keys tlm does not
  * model (chat templates, names) are not carried over, unlike llama-quantize, which copies them. */
+#include <regex.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -258,6 +259,15 @@ const char *tlm_ftype_name(tlm_ftype f) {
 
 static int is_quantized(tlm_dtype t) { return tlm_dtype_get(t)->block_elems > 1; }
 
+/* The types a file's matrices may be given (F32, F16, BF16 and the block types). */
+static tlm_status quantizable_type(tlm_dtype t, const char *what) {
+    const tlm_dtype_info *d = tlm_dtype_get(t);
+    if (!d || !d->is_float || t == TLM_DTYPE_F64)
+        return tlm_err(TLM_ERR_ARG, "%s type must be F32, F16, BF16 or a block type, not %s", what,
+                       d ? d->name : "an unknown type");
+    return TLM_OK;
+}
+
 /* llama.cpp's choice of extra bits for some layers of the _M mixes: the first and last eighth and
  * every third layer between. */
 static int use_more_bits(int i_layer, int n_layers) {
@@ -290,8 +300,36 @@ static int llama_before(const char *a, const char *b) {
 
 /* Types for every tensor in file order, as llama_tensor_get_type decides them for arch llama
  * without overrides, with an importance matrix or without. */
-static void choose_types(const tlm_model *m, const int *order, tlm_ftype ftype, tlm_dtype base,
-                         int imatrix, tlm_dtype *types) {
+static tlm_status choose_types(const tlm_model *m, const int *order, const tlm_quantize_opts *o,
+                               tlm_dtype base, tlm_dtype *types) {
+    tlm_ftype ftype = o->ftype;
+    int imatrix = o->imatrix && tlm_imatrix_entries(o->imatrix) > 0;
+    regex_t *re = NULL;
+    if (o->n_tensor_types > 0) {
+        re = calloc((size_t)o->n_tensor_types, sizeof *re);
+        if (!re) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    }
+    tlm_status s = TLM_OK;
+    int compiled = 0;
+    for (; compiled < o->n_tensor_types && !s; compiled++) {
+        const tlm_tensor_type *tt = &o->tensor_types[compiled];
+        if (!tt->pattern || regcomp(&re[compiled], tt->pattern, REG_EXTENDED | REG_NOSUB)) {
+            s = tlm_err(TLM_ERR_ARG, "tensor type pattern '%s' is not a regular expression",
+                        tt->pattern ? tt->pattern : "(null)");
+            break;
+        }
+        if ((s = quantizable_type(tt->type, "a --tensor-type")) != TLM_OK) {
+            compiled++;
+            break;
+        }
+    }
+    if (!s && o->output_type_set) s = quantizable_type(o->output_type, "--output-tensor-type");
+    if (!s && o->embd_type_set) s = quantizable_type(o->embd_type, "--token-embedding-type");
+    if (s) {
+        for (int k = 0; k < compiled; k++) regfree(&re[k]);
+        free(re);
+        return s;
+    }
     const tlm_config *c = &m->c;
     int n = m->n_tensors, n_attn_v = 0, i_attn_v = 0, i_ffn_down = 0, tied = 1;
     for (int i = 0; i < n; i++) {
@@ -306,8 +344,20 @@ static void choose_types(const tlm_model *m, const int *order, tlm_ftype ftype, 
         const tlm_tensor_info *t = &m->tensors[i];
         const char *name = t->name;
         tlm_dtype ty = base;
-        if (t->ndim < 2 || !ends_with(name, "weight") || strstr(name, "_norm.weight")) {
+        int is_output = !strcmp(name, "output.weight");
+        int is_embd = !strcmp(name, "token_embd.weight");
+        if (t->ndim < 2 || !ends_with(name, "weight") || strstr(name, "_norm.weight") ||
+            (is_output && o->leave_output)) {
             types[i] = TLM_DTYPE_F32; /* as the F32 source holds it: llama.cpp copies these */
+            continue;
+        }
+        /* llama_tensor_get_type: the two overrides taken as given, before anything else */
+        if (is_embd && o->embd_type_set) {
+            types[i] = o->embd_type;
+            continue;
+        }
+        if (is_output && o->output_type_set) {
+            types[i] = o->output_type;
             continue;
         }
         if (!is_quantized(base)) {
@@ -315,10 +365,18 @@ static void choose_types(const tlm_model *m, const int *order, tlm_ftype ftype, 
             continue;
         }
         int64_t ncols = t->shape[1];
-        int is_output = !strcmp(name, "output.weight");
-        int is_embd = !strcmp(name, "token_embd.weight");
-        if (is_output || (tied && is_embd)) {
-            if (ncols % tlm_dtype_get(base)->block_elems)
+        int manual = 0;
+        for (int r = 0; r < o->n_tensor_types && !manual; r++)
+            if (!regexec(&re[r], name, 0, NULL, 0)) {
+                ty = o->tensor_types[r].type;
+                manual = 1;
+            }
+        if (manual || o->pure) {
+            /* the mix (and its layer counts) skipped for this tensor, as llama.cpp does */
+        } else if (is_output || (tied && is_embd)) {
+            if (o->output_type_set)
+                ty = o->output_type; /* a tied embedding, under the mix */
+            else if (ncols % tlm_dtype_get(base)->block_elems)
                 ty = TLM_DTYPE_Q8_0;
             else if (base != TLM_DTYPE_Q8_0)
                 ty = TLM_DTYPE_Q6_K;
@@ -382,6 +440,9 @@ static void choose_types(const tlm_model *m, const int *order, tlm_ftype ftype, 
         }
         types[i] = ty;
     }
+    for (int k = 0; k < o->n_tensor_types; k++) regfree(&re[k]);
+    free(re);
+    return TLM_OK;
 }
 
 tlm_status tlm_model_quantize_gguf(const tlm_model *m, const tlm_tokenizer *tok, const char *path,
@@ -402,10 +463,9 @@ tlm_status tlm_model_quantize_gguf(const tlm_model *m, const tlm_tokenizer *tok,
             order[j] = order[j - 1];
         order[j] = i;
     }
-    choose_types(m, order, o->ftype, ftypes[fi].base,
-                 o->imatrix && tlm_imatrix_entries(o->imatrix) > 0, types);
+    tlm_status s = choose_types(m, order, o, ftypes[fi].base, types);
     gguf_plan plan = {types, order, (uint32_t)o->ftype, 1, o};
-    tlm_status s = write_gguf(m, tok, path, &plan);
+    if (!s) s = write_gguf(m, tok, path, &plan);
     free(types);
     free(order);
     return s;
