@@ -100,6 +100,30 @@ ok
 expect_fail "multiple of 32" eval -m "$W/f32.gguf" --data "$W/text.txt" --cache-type q8_0
 head -c 300 "$W/text.txt" >"$W/short.txt"
 expect_fail "needs at least 2 chunks of 512 tokens" eval -m "$W/f32.gguf" --data "$W/short.txt" --llama-ppl
+# --kl-ref: a quantized model against the model it came from, as llama-perplexity
+# --kl-divergence compares them (bench/quant/accuracy.sh compares the figures with its own)
+"$TLM" quantize "$W/f32.gguf" "$W/k8.gguf" --type q8_0 2>/dev/null
+"$TLM" quantize "$W/f32.gguf" "$W/k4.gguf" --type q4_0 2>/dev/null
+self=$("$TLM" eval -m "$W/f32.gguf" --data "$W/text.txt" --llama-ppl --json --kl-ref "$W/f32.gguf")
+k8=$("$TLM" eval -m "$W/k8.gguf" --data "$W/text.txt" --llama-ppl --json --kl-ref "$W/f32.gguf")
+k4=$("$TLM" eval -m "$W/k4.gguf" --data "$W/text.txt" --llama-ppl --json --kl-ref "$W/f32.gguf")
+/usr/bin/python3 - "$self" "$k8" "$k4" "$b" <<'PY' || fail "--kl-ref: $self / $k8 / $k4 / $b"
+import json, sys
+s, k8, k4, plain = (json.loads(x) for x in sys.argv[1:])
+assert s["kld_mean"] == 0 and s["kld_max"] == 0 and s["same_top"] == 1 and s["ppl_ratio"] == 1, s
+assert s["tokens"] == plain["tokens"] == k8["tokens"] == k4["tokens"], (s, plain)
+assert abs(s["ppl_base"] - plain["perplexity"]) < 1e-4 * plain["perplexity"], (s, plain)
+assert 0 < k8["kld_mean"] < k4["kld_mean"], (k8, k4)
+assert k8["kld_median"] <= k8["kld_99"] <= k8["kld_99_9"] <= k8["kld_max"], k8
+assert 1 > k8["same_top"] > k4["same_top"] > 0.5, (k8, k4)
+assert k8["dp_rms"] < k4["dp_rms"], (k8, k4)
+PY
+"$TLM" eval -m "$W/k4.gguf" --data "$W/text.txt" --kl-ref "$W/f32.gguf" | grep -q "same top token" ||
+  fail "--kl-ref's report"
+ok
+expect_fail "not the same model" eval -m "$W/k4.gguf" --data "$W/text.txt" --kl-ref "$M/llama-2-tiny-random.gguf"
+expect_fail "no --cache-type" eval -m "$W/k4.gguf" --data "$W/text.txt" --kl-ref "$W/f32.gguf" --cache-type f16
+
 # tlm imatrix: llama-imatrix's statistics of a text (chunks of -c tokens, a BOS first), written
 # as its GGUF; tlm quantize --imatrix weighs the rounding by them (test_quant checks the bytes
 # against llama-quantize given the same matrix, test_forward the statistics against PyTorch).

@@ -8,7 +8,8 @@
 // clang-format off
 static const char *eval_help =
     "usage: tlm eval -m MODEL [-z TOKENIZER] --data TEXT [--batch B] [-t THREADS] [--json]\n"
-    "                [--mmap|--no-mmap] [--precision auto|fp32|bf16] [--cache-type T]\n\n"
+    "                [--mmap|--no-mmap] [--precision auto|fp32|bf16] [--cache-type T]\n"
+    "                [--llama-ppl] [--kl-ref BASE]\n\n"
     "Mean next-token cross-entropy of the model over the whole text: the tokens are cut into\n"
     "consecutive windows of context_length (+1 for the targets), every token is predicted once.\n"
     "Prints loss, perplexity and bits per byte.\n\n"
@@ -32,8 +33,97 @@ static const char *eval_help =
     "                        into chunks of context_length, each chunk's first token replaced\n"
     "                        by BOS, only the second half of each chunk predicted; a last\n"
     "                        partial chunk is left out; special tokens in the text are plain\n"
-    "                        text\n";
+    "                        text\n"
+    "  --kl-ref BASE         also run BASE (the model before quantization, the same vocabulary)\n"
+    "                        over the same windows and compare, as llama-perplexity\n"
+    "                        --kl-divergence does: PPL(Q)/PPL(base), the KL divergence of the\n"
+    "                        model's next-token distribution from BASE's (mean, percentiles,\n"
+    "                        maximum), the RMS change of the target's probability, and how often\n"
+    "                        both put the same token on top\n";
 // clang-format on
+
+/* llama-perplexity --kl-divergence's statistics of a quantized model (q) against its base, over
+ * the scored positions. */
+typedef struct {
+    double nll, nll_base, kld, kld2, dp, dp2;
+    size_t same_top, count, cap;
+    float *klds; /* each position's, for the percentiles */
+} kl_stats;
+
+/* One position: the rows of logits of q and of the base, the target y. */
+static int kl_add(kl_stats *k, const float *q, const float *b, int V, int y) {
+    double mq = q[0], mb = b[0], zq = 0, zb = 0;
+    int tq = 0, tb = 0;
+    for (int j = 1; j < V; j++) {
+        if (q[j] > mq) mq = q[j], tq = j;
+        if (b[j] > mb) mb = b[j], tb = j;
+    }
+    for (int j = 0; j < V; j++) zq += exp(q[j] - mq), zb += exp(b[j] - mb);
+    double lq = mq + log(zq), lb = mb + log(zb), kld = 0;
+    for (int j = 0; j < V; j++) {
+        double pb = b[j] - lb; /* log p_base */
+        kld += exp(pb) * (pb - (q[j] - lq));
+    }
+    if (kld < 0) kld = 0; /* rounding, where the two are equal */
+    double nq = lq - q[y], nb = lb - b[y], dp = exp(-nq) - exp(-nb);
+    k->nll += nq;
+    k->nll_base += nb;
+    k->kld += kld;
+    k->kld2 += kld * kld;
+    k->dp += dp;
+    k->dp2 += dp * dp;
+    k->same_top += tq == tb;
+    if (k->count == k->cap) {
+        size_t cap = k->cap ? 2 * k->cap : 4096;
+        float *n = realloc(k->klds, cap * sizeof *n);
+        if (!n) return 0;
+        k->klds = n;
+        k->cap = cap;
+    }
+    k->klds[k->count++] = (float)kld;
+    return 1;
+}
+
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* llama-perplexity's percentile: linear between the sorted values. */
+static double kl_pct(const kl_stats *k, double f) {
+    double p = f * (double)(k->count - 1);
+    size_t i = (size_t)p;
+    p -= (double)i;
+    return (1 - p) * k->klds[i] + p * k->klds[i + 1 < k->count ? i + 1 : i];
+}
+
+static void kl_print(kl_stats *k, int json) {
+    qsort(k->klds, k->count, sizeof *k->klds, cmp_float);
+    double n = (double)k->count, mean = k->kld / n;
+    double unc = k->count > 1 ? sqrt((k->kld2 / n - mean * mean) / (n - 1)) : 0;
+    double ppl = exp(k->nll / n), ppl_base = exp(k->nll_base / n);
+    double same = (double)k->same_top / n, rms = sqrt(k->dp2 / n);
+    double med = kl_pct(k, 0.5);
+    if (json) {
+        printf("{\"ppl\": %.6f, \"ppl_base\": %.6f, \"ppl_ratio\": %.6f, \"kld_mean\": %.6g, "
+               "\"kld_mean_unc\": %.3g, \"kld_max\": %.6g, \"kld_99_9\": %.6g, \"kld_99\": %.6g, "
+               "\"kld_95\": %.6g, \"kld_90\": %.6g, \"kld_median\": %.6g, \"dp_mean\": %.6g, "
+               "\"dp_rms\": %.6g, \"same_top\": %.6f, \"tokens\": %zu}\n",
+               ppl, ppl_base, ppl / ppl_base, mean, unc, (double)k->klds[k->count - 1],
+               kl_pct(k, 0.999), kl_pct(k, 0.99), kl_pct(k, 0.95), kl_pct(k, 0.9), med, k->dp / n,
+               rms, same, k->count);
+        return;
+    }
+    printf("PPL(Q) %.4f  PPL(base) %.4f  PPL(Q)/PPL(base) %.6f  (%zu tokens predicted)\n", ppl,
+           ppl_base, ppl / ppl_base, k->count);
+    printf(
+        "KL divergence: mean %.6f +- %.6f  max %.6f  99.9%% %.6f  99%% %.6f  95%% %.6f  90%% %.6f"
+        "  median %.6f\n",
+        mean, unc, (double)k->klds[k->count - 1], kl_pct(k, 0.999), kl_pct(k, 0.99),
+        kl_pct(k, 0.95), kl_pct(k, 0.9), med);
+    printf("target probability: mean change %+.3f%%  RMS change %.3f%%;  same top token %.3f%%\n",
+           100 * k->dp / n, 100 * rms, 100 * same);
+}
 
 /* Summed negative log-likelihood of the targets y[t] >= 0 under the T rows of logits. */
 static double window_nll(const float *logits, int V, const int32_t *y, int T) {
@@ -50,7 +140,7 @@ static double window_nll(const float *logits, int V, const int32_t *y, int T) {
 }
 
 int cmd_eval(int argc, char **argv) {
-    const char *model = NULL, *tokenizer = NULL, *data = NULL, *precision = NULL;
+    const char *model = NULL, *tokenizer = NULL, *data = NULL, *precision = NULL, *kl_ref = NULL;
     int json = 0, map_mode = CLI_MAP_AUTO, llama_ppl = 0, ck, cached = 0;
     long batch = 8, threads = 0;
     cli_cache cache = CLI_CACHE_DEFAULT;
@@ -81,6 +171,9 @@ int cmd_eval(int argc, char **argv) {
             json = 1;
         } else if (cli_map_flag(argv[i], &map_mode)) {
             /* map_mode is set */
+        } else if (cli_flag_value(argc, argv, &i, "--kl-ref", NULL, &v)) {
+            if (!v) return cli_fail("eval: --kl-ref needs a model");
+            kl_ref = v;
         } else if (!strcmp(argv[i], "--llama-ppl")) {
             llama_ppl = 1;
         } else if ((ck = cli_cache_flag("eval", argc, argv, &i, &cache)) != 0) {
@@ -91,6 +184,8 @@ int cmd_eval(int argc, char **argv) {
         }
     }
     if (!model) return cli_fail("eval: -m MODEL is required");
+    if (kl_ref && cached)
+        return cli_fail("eval: --kl-ref compares the forward passes: no --cache-type");
     if (!data) return cli_fail("eval: --data TEXT is required");
     tlm_set_threads((int)threads);
     tlm_model *m = NULL;
@@ -102,6 +197,22 @@ int cmd_eval(int argc, char **argv) {
     unsigned lf;
     if (!cli_load_flags("eval", map_mode == CLI_MAP_READ, precision, &lf)) return 1;
     if (tlm_model_load_ex(model, lf, &m)) return cli_fail_status("eval");
+    tlm_model *base = NULL;
+    if (kl_ref) {
+        if (tlm_model_load_ex(kl_ref, lf, &base)) {
+            tlm_model_free(m);
+            return cli_fail_status("eval: --kl-ref");
+        }
+        const tlm_config *a = tlm_model_config(m), *b = tlm_model_config(base);
+        if (a->vocab_size != b->vocab_size || a->context_length != b->context_length) {
+            tlm_model_free(m);
+            tlm_model_free(base);
+            return cli_fail("eval: --kl-ref %s has a vocabulary of %d and a context of %d, the "
+                            "model %d and %d: not the same model",
+                            kl_ref, b->vocab_size, b->context_length, a->vocab_size,
+                            a->context_length);
+        }
+    }
     if (tokenizer) {
         if (tlm_tokenizer_load(tokenizer, &tok)) rc = cli_fail_status("eval: loading tokenizer");
     } else if (cli_model_tokenizer(model, &tok)) {
@@ -138,7 +249,8 @@ int cmd_eval(int argc, char **argv) {
         size_t windows = llama_ppl ? n / (size_t)T : (n - 1 + (size_t)T - 1) / (size_t)T;
         int B = cached ? 1 : (int)batch; /* a session takes one window at a time */
         int32_t *x = malloc((size_t)B * T * sizeof *x), *y = malloc((size_t)B * T * sizeof *y);
-        tlm_train_ctx *ctx = NULL;
+        tlm_train_ctx *ctx = NULL, *bctx = NULL;
+        kl_stats kl = {0};
         tlm_session *sess = NULL;
         float *logits = NULL;
         double total = 0;
@@ -188,13 +300,29 @@ int cmd_eval(int argc, char **argv) {
             }
             total += (double)out.loss * cnt;
             counted += (size_t)cnt;
+            if (base) {
+                tlm_forward_out bo;
+                if ((!bctx && tlm_train_ctx_new(base, &bctx)) ||
+                    tlm_forward(bctx, x, nb, T, &o, &bo)) {
+                    rc = cli_fail_status("eval: --kl-ref");
+                    break;
+                }
+                int V = c->vocab_size;
+                for (int i = 0; i < nb * T && !rc; i++)
+                    if (y[i] >= 0 && !kl_add(&kl, out.logits + (size_t)i * V,
+                                             bo.logits + (size_t)i * V, V, y[i]))
+                        rc = cli_fail("eval: out of memory");
+            }
         }
         free(x);
         free(y);
         free(logits);
         tlm_session_free(sess);
         tlm_train_ctx_free(ctx);
-        if (!rc) {
+        tlm_train_ctx_free(bctx);
+        if (!rc && base && kl.count) {
+            kl_print(&kl, json);
+        } else if (!rc) {
             double loss = total / (double)counted;
             double bpb = loss * (double)counted / ((double)len * log(2.0));
             if (json)
@@ -205,10 +333,12 @@ int cmd_eval(int argc, char **argv) {
                 printf("loss %.6f  perplexity %.4f  bits/byte %.4f  (%zu tokens predicted)\n", loss,
                        exp(loss), bpb, counted);
         }
+        free(kl.klds);
     }
     free(ids);
     free(text);
     tlm_tokenizer_free(tok);
     tlm_model_free(m);
+    tlm_model_free(base);
     return rc;
 }
