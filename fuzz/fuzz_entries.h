@@ -186,6 +186,29 @@ static inline int fuzz_tokenizer_load(const uint8_t *data, size_t size) {
 
 /* ---- single-reader entry points --------------------------------------------------------- */
 
+/* Importance matrices: llama-imatrix's GGUF layout or its legacy .dat one, then every entry read
+ * back through the lookup the quantizer uses. */
+static inline int fuzz_imatrix(const uint8_t *data, size_t size) {
+    const char *p = fuzz_file(".imatrix", data, size);
+    tlm_imatrix *im = NULL;
+    int ok = tlm_imatrix_load(p, &im) == TLM_OK;
+    if (ok) {
+        static const char *const names[] = {"blk.0.attn_q.weight", "blk.0.ffn_down.weight",
+                                            "output.weight"};
+        volatile float sink = 0;
+        for (int i = 0; i < 3; i++) {
+            size_t n = 0;
+            const float *w = tlm_imatrix_find(im, names[i], &n);
+            for (size_t j = 0; w && j < n; j++) sink += w[j];
+        }
+        (void)tlm_imatrix_entries(im);
+        (void)tlm_imatrix_dataset(im);
+        tlm_imatrix_free(im);
+    }
+    remove(p);
+    return ok;
+}
+
 /* GGUF: the general reader, then the llama model loader and the vocabulary loader on top. */
 static inline int fuzz_gguf(const uint8_t *data, size_t size) {
     tlm_gguf *g = NULL;

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 TLM=$(realpath "${1:-../build/tlm}")
 C=corpus
-mkdir -p "$C"/{safetensors,gguf,llama2c,tokenizer_bin,gpt2_bpe,model_load,tokenizer_load,request}
+mkdir -p "$C"/{safetensors,gguf,llama2c,tokenizer_bin,gpt2_bpe,model_load,tokenizer_load,request,imatrix}
 find "$C" -type f ! -name 'crash-*' -delete
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
@@ -58,6 +58,19 @@ train "$W/gpt2.json" "$W/run_gpt2" -z "$W/tok"
 "$TLM" convert "$W/run" "$C/llama2c/tiny_legacy.bin" --to llama2c 2>/dev/null
 "$TLM" convert "$W/run" "$C/llama2c/tiny_v1.bin" --to llama2c --llama2c-version 1 2>/dev/null
 "$TLM" convert "$W/run" "$C/safetensors/tiny_tlm.safetensors" --to safetensors 2>/dev/null
+# an importance matrix of the tiny model in GGUF, and the same entries in the legacy .dat layout
+echo '{"context_length": 16, "d_model": 8, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1, "d_ff": 16}' >"$W/cfg16.json"
+train "$W/cfg16.json" "$W/run16" -z "$W/tok"
+"$TLM" imatrix -m "$W/run16" -f "$W/text.txt" -c 16 --chunks 2 -o "$C/imatrix/tiny.gguf" 2>/dev/null
+/usr/bin/python3 - "$C/imatrix/tiny.dat" <<'PY'
+import struct, sys
+out = struct.pack("<i", 2)
+for name, vals in (("blk.0.attn_q.weight", [0.5, 1.5, 2.0, 0.25]), ("output.weight", [1.0, 3.0])):
+    out += struct.pack("<i", len(name)) + name.encode() + struct.pack("<ii", 3, len(vals))
+    out += struct.pack("<%df" % len(vals), *vals)
+out += struct.pack("<i", 2) + struct.pack("<i", 8) + b"text.txt"
+open(sys.argv[1], "wb").write(out)
+PY
 "$TLM" convert "$W/run" "$W/hf" --to hf --dtype bf16 2>/dev/null
 "$TLM" convert "$W/run_gpt2" "$W/hf_gpt2" --to hf 2>/dev/null
 cp "$W/hf/model.safetensors" "$C/safetensors/tiny_hf_bf16.safetensors"

@@ -24,6 +24,7 @@ static const struct {
     {"tokenizer_bin", fuzz_tokenizer_bin},
     {"gpt2_bpe", fuzz_gpt2_bpe},
     {"request", fuzz_request},
+    {"imatrix", fuzz_imatrix},
 };
 
 static int cmp_str(const void *a, const void *b) {
