@@ -246,6 +246,12 @@ const char *tlm_imatrix_path(const tlm_imatrix *im) { return im ? im->path : NUL
 
 /* ---- collecting and writing (tlm imatrix) ---------------------------------------------------- */
 
+/* What the quantizers take of a collected entry, as llama-quantize computes it from the file
+ * (no tokens yet: 1, as for a column group no token reached). */
+static void means(im_entry *e) {
+    for (size_t j = 0; j < e->n; j++) e->w[j] = e->tokens > 0 ? e->sums[j] / e->counts[0] : 1.0f;
+}
+
 tlm_status tlm_imatrix_new(tlm_imatrix **out) {
     *out = calloc(1, sizeof **out);
     return *out ? TLM_OK : tlm_err(TLM_ERR_NOMEM, "out of memory");
@@ -271,7 +277,7 @@ tlm_status tlm_imatrix_accumulate(tlm_imatrix *im, const char *name, const float
     for (size_t j = 0; j < n; j++) e->sums[j] += sum2[j];
     e->tokens += tokens;
     e->counts[0] = (float)e->tokens;
-    for (size_t j = 0; j < n; j++) e->w[j] = e->sums[j] / e->counts[0];
+    means(e);
     return TLM_OK;
 }
 
@@ -347,6 +353,6 @@ tlm_status tlm_imatrix_add_rows(tlm_imatrix *im, const char *name, const float *
     }
     e->tokens += (int64_t)rows;
     e->counts[0] = (float)e->tokens;
-    for (size_t j = 0; j < cols; j++) e->w[j] = e->sums[j] / e->counts[0];
+    means(e);
     return TLM_OK;
 }
