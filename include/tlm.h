@@ -614,6 +614,15 @@ tlm_status tlm_imatrix_accumulate(tlm_imatrix *im, const char *name, const float
                                   int64_t tokens);
 tlm_status tlm_imatrix_save(const tlm_imatrix *im, const char *path, const char *dataset,
                             int chunks, int chunk_size);
+/* Adds src's sums and counts to dst (llama-imatrix --in-file): GGUF matrices as they are, legacy
+ * ones (means times a call count) times chunk_size; src's datasets are appended to dst's. */
+tlm_status tlm_imatrix_merge(tlm_imatrix *dst, const tlm_imatrix *src, int chunk_size);
+/* The most tokens any entry counts (chunks = this / the chunk size). */
+int64_t tlm_imatrix_tokens(const tlm_imatrix *im);
+/* llama-imatrix --output-format dat: the legacy layout (per entry the mean times the call count
+ * rounded up, then the chunk count and a dataset name: dataset, else the last one merged). */
+tlm_status tlm_imatrix_save_legacy(const tlm_imatrix *im, const char *path, const char *dataset,
+                                   int chunks, int chunk_size);
 /* rows activation rows (cols values each, ld apart) into entry name: each squared and summed
  * into it row by row, as llama-imatrix sums a product's rows; rows tokens counted. */
 tlm_status tlm_imatrix_add_rows(tlm_imatrix *im, const char *name, const float *x, size_t rows,

@@ -141,6 +141,24 @@ cmp -s "$W/qi.gguf" "$W/qp.gguf" && fail "the importance matrix changed nothing"
 "$TLM" generate -m "$W/qi.gguf" -n 4 --seed 1 -p "Once" >/dev/null 2>"$W/log" ||
   fail "generate from the imatrix file: $(cat "$W/log")"
 ok
+# merging (llama-imatrix --in-file: sums and token counts add up; both layouts), the legacy
+# layout written and read back, --no-ppl
+"$TLM" imatrix --in-file "$W/im.gguf" --in-file "$W/im.gguf" -o "$W/im2.gguf" -c 128 2>"$W/log" ||
+  fail "imatrix --in-file: $(cat "$W/log")"
+grep -q "wrote .*im2.gguf: 35 matrices, 12 chunks of 128 tokens" "$W/log" || fail "merge: $(cat "$W/log")"
+"$TLM" imatrix -m "$W/f32.gguf" -f "$W/calib.txt" -o "$W/im.dat" -c 128 --chunks 6 --no-ppl \
+  --output-format dat 2>"$W/log" || fail "imatrix dat: $(cat "$W/log")"
+grep -q "^\[6/6\]$" "$W/log" || fail "--no-ppl progress: $(cat "$W/log")"
+"$TLM" imatrix --in-file "$W/im.dat" --in-file "$W/im.gguf" -o "$W/im3.gguf" -c 128 2>/dev/null
+# each quantizes (the merged and legacy matrices read back as llama-quantize reads them)
+for f in im2.gguf im.dat im3.gguf; do
+  "$TLM" quantize "$W/f32.gguf" "$W/q_$f.gguf" --type q4_0 --imatrix "$W/$f" 2>/dev/null
+  "$TLM" info -m "$W/q_$f.gguf" >/dev/null || fail "quantize with $f"
+done
+ok
+expect_fail "-f TEXT is required (or --in-file" imatrix -m "$W/f32.gguf"
+expect_fail "--output-format must be gguf or dat" imatrix --in-file "$W/im.gguf" -o "$W/x.gguf" --output-format bin
+
 # it quantizes with a matrix better than without: perplexity on held-out text, Q2_K
 tail -c 30000 "$DATA/text/tinystories_2MiB.txt" >"$W/held.txt"
 "$TLM" quantize "$W/f32.gguf" "$W/q2i.gguf" --type q2_k --imatrix "$W/im.gguf" 2>/dev/null
@@ -158,7 +176,6 @@ expect_fail "no-such.dat" quantize "$W/f32.gguf" "$W/x.gguf" --type q4_0 --imatr
 expect_fail "missing imatrix metadata" quantize "$W/f32.gguf" "$W/x.gguf" --type q4_0 --imatrix "$W/f32.gguf"
 expect_fail "at least two chunks of 512" imatrix -m "$W/f32.gguf" -f "$W/short.txt"
 expect_fail "longer than the model's context" imatrix -m "$W/f32.gguf" -f "$W/calib.txt" -c 4096
-expect_fail "-f TEXT is required" imatrix -m "$W/f32.gguf"
 [ ! -e "$W/x.gguf" ] || fail "a refused command left a file"
 
 # llama-quantize's per-tensor overrides (test_quant checks the bytes against llama.cpp's)

@@ -460,6 +460,54 @@ static void test_imatrix_legacy(const llama_imatrix_data *ld, int nl) {
           "a GGUF without imatrix metadata: %s", tlm_last_error());
 }
 
+/* Merging (llama-imatrix --in-file): a matrix merged with itself keeps its means exactly and
+ * counts twice the tokens; the legacy layout written (llama-imatrix --output-format dat) reads
+ * back as the means, and merges as its call counts times the chunk size. */
+static void test_imatrix_merge(const char *gguf) {
+    tlm_imatrix *a = NULL, *m = NULL, *l = NULL, *lm = NULL;
+    CHECK_OK(tlm_imatrix_load(gguf, &a));
+    CHECK_OK(tlm_imatrix_new(&m));
+    CHECK_OK(tlm_imatrix_merge(m, a, 128));
+    CHECK_OK(tlm_imatrix_merge(m, a, 128));
+    CHECK(tlm_imatrix_tokens(m) == 2 * tlm_imatrix_tokens(a) && tlm_imatrix_tokens(a) == 384,
+          "merged tokens %lld of %lld", (long long)tlm_imatrix_tokens(m),
+          (long long)tlm_imatrix_tokens(a));
+    const char *dat = "quant_im_merge.dat";
+    CHECK_OK(tlm_imatrix_save_legacy(a, dat, NULL, 3, 128));
+    CHECK_OK(tlm_imatrix_load(dat, &l));
+    CHECK(tlm_imatrix_chunks(l) == 3 && tlm_imatrix_dataset(l) &&
+              !strcmp(tlm_imatrix_dataset(l), "calibration.txt"),
+          "legacy written: %d chunks", tlm_imatrix_chunks(l));
+    int same = 0, close = 0, n_all = 0;
+    for (int e = 0; a && m && l && e < tlm_imatrix_entries(a); e++) {
+        static const char *const names[] = {"blk.0.attn_q.weight", "blk.3.ffn_down.weight",
+                                            "output.weight"};
+        if (e >= 3) break;
+        size_t na = 0, nm = 0, nl = 0;
+        const float *wa = tlm_imatrix_find(a, names[e], &na),
+                    *wm = tlm_imatrix_find(m, names[e], &nm),
+                    *wl = tlm_imatrix_find(l, names[e], &nl);
+        CHECK(wa && wm && wl && na == nm && na == nl, "entry %s", names[e]);
+        for (size_t j = 0; wa && wm && wl && j < na; j++, n_all++) {
+            same += wm[j] == wa[j];
+            close += fabsf(wl[j] - wa[j]) <= 1e-6f * fabsf(wa[j]);
+        }
+    }
+    CHECK(same == n_all && close == n_all && n_all > 0,
+          "merged means %d / %d exact, legacy %d / %d within 1e-6", same, n_all, close, n_all);
+    /* a legacy matrix merges as means x call count x chunk size: 384 tokens in 3 calls of 128 */
+    CHECK_OK(tlm_imatrix_new(&lm));
+    CHECK_OK(tlm_imatrix_merge(lm, l, 128));
+    CHECK(tlm_imatrix_tokens(lm) == 384, "legacy merged: %lld tokens",
+          (long long)tlm_imatrix_tokens(lm));
+    CHECK(tlm_imatrix_merge(l, a, 128) == TLM_ERR_ARG, "merging into a legacy matrix is refused");
+    tlm_imatrix_free(a);
+    tlm_imatrix_free(m);
+    tlm_imatrix_free(l);
+    tlm_imatrix_free(lm);
+    remove(dat);
+}
+
 /* With an importance matrix: tlm's file (the matrix written by tlm_imatrix_save and read back by
  * tlm_imatrix_load) against llama_model_quantize given the same means and the keys the CLI sets,
  * for every type that uses one, on 8 layers (so that n_layer / 8 = 1: Q4_0 and Q5_0 give
@@ -524,6 +572,7 @@ static void test_imatrix_files(model_quantize_fn llama_quantize, default_params_
               "imatrix entry %s read back differs", ld[e].name);
     }
     test_imatrix_legacy(ld, nl);
+    test_imatrix_merge(imf);
     llama_kv_override kv[5];
     memset(kv, 0, sizeof kv);
     kv[0].tag = 3;

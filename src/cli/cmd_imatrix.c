@@ -10,7 +10,9 @@
 // clang-format off
 static const char *imatrix_help =
     "usage: tlm imatrix -m MODEL -f TEXT [-o FILE] [-c N] [--chunks N] [--process-output]\n"
-    "                   [-z TOKENIZER] [-b B] [-t THREADS]\n\n"
+    "                   [--in-file FILE ...] [--output-format gguf|dat] [--no-ppl]\n"
+    "                   [-z TOKENIZER] [-b B] [-t THREADS]\n"
+    "       tlm imatrix --in-file A --in-file B ... -o FILE [-c N]     (merge only)\n\n"
     "Computes an importance matrix, as llama.cpp's llama-imatrix does: the text is cut into\n"
     "chunks of N tokens (a BOS first where the vocabulary adds one), each chunk goes through the\n"
     "model, and for every weight matrix of the blocks the squared activations that meet each of\n"
@@ -25,6 +27,10 @@ static const char *imatrix_help =
     "  --chunks N            at most N chunks (default: all the text holds)\n"
     "  --process-output      collect output.weight too (llama-imatrix's flag; off by default)\n"
     "  -z, --tokenizer PATH  tokenizer (default: the model's own)\n"
+    "  --in-file FILE        start from this matrix (repeatable: their sums and token counts\n"
+    "                        add up, their datasets are listed; llama-imatrix's files too)\n"
+    "  --output-format F     gguf (default) or dat (llama.cpp's legacy layout)\n"
+    "  --no-ppl              do not compute the chunks' perplexity\n"
     "  -b, --batch B         chunks per forward pass (default 1)\n"
     "  -t, --threads N       threads (default: all cores)\n";
 // clang-format on
@@ -32,7 +38,8 @@ static const char *imatrix_help =
 int cmd_imatrix(int argc, char **argv) {
     const char *model = NULL, *tokenizer = NULL, *data = NULL, *outp = "imatrix.gguf";
     long nctx = 0, max_chunks = -1, batch = 1, threads = 0;
-    int output = 0;
+    int output = 0, no_ppl = 0, dat = 0, n_in = 0;
+    const char *in_files[16];
     for (int i = 1; i < argc; i++) {
         const char *v;
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
@@ -64,12 +71,22 @@ int cmd_imatrix(int argc, char **argv) {
                 return cli_fail("imatrix: %s must be a positive integer", argv[i]);
         } else if (!strcmp(argv[i], "--process-output")) {
             output = 1;
+        } else if (!strcmp(argv[i], "--no-ppl")) {
+            no_ppl = 1;
+        } else if (cli_flag_value(argc, argv, &i, "--in-file", NULL, &v)) {
+            if (!v) return cli_fail("imatrix: --in-file needs a file");
+            if (n_in == 16) return cli_fail("imatrix: at most 16 --in-file matrices");
+            in_files[n_in++] = v;
+        } else if (cli_flag_value(argc, argv, &i, "--output-format", NULL, &v)) {
+            if (!v || (strcmp(v, "gguf") && strcmp(v, "dat")))
+                return cli_fail("imatrix: --output-format must be gguf or dat");
+            dat = !strcmp(v, "dat");
         } else {
             return cli_fail("imatrix: unknown option '%s' (see tlm imatrix --help)", argv[i]);
         }
     }
-    if (!model) return cli_fail("imatrix: -m MODEL is required");
-    if (!data) return cli_fail("imatrix: -f TEXT is required");
+    if (!data && !n_in) return cli_fail("imatrix: -f TEXT is required (or --in-file to merge)");
+    if (data && !model) return cli_fail("imatrix: -m MODEL is required");
     tlm_set_threads((int)threads);
     tlm_model *m = NULL;
     tlm_tokenizer *tok = NULL;
@@ -79,24 +96,39 @@ int cmd_imatrix(int argc, char **argv) {
     int32_t *ids = NULL, *x = NULL;
     size_t len = 0, n = 0;
     int rc = 0;
-    if (tlm_model_load(model, &m)) return cli_fail_status("imatrix");
-    if (tokenizer) {
-        if (tlm_tokenizer_load(tokenizer, &tok)) rc = cli_fail_status("imatrix: loading tokenizer");
-    } else if (cli_model_tokenizer(model, &tok)) {
-        rc = cli_fail_status("imatrix: loading the model's tokenizer");
-    } else if (!tok) {
-        rc = cli_fail("imatrix: no tokenizer travels with '%s'; give -z TOKENIZER", model);
+    if (tlm_imatrix_new(&im)) return cli_fail_status("imatrix");
+    /* llama-imatrix's chunk size when it only merges (its default context) */
+    int T = nctx ? (int)nctx : 512;
+    for (int k = 0; k < n_in && !rc; k++) {
+        tlm_imatrix *in = NULL;
+        if (tlm_imatrix_load(in_files[k], &in) || tlm_imatrix_merge(im, in, T))
+            rc = cli_fail("imatrix: --in-file: %s", tlm_last_error());
+        else
+            fprintf(stderr, "%s: %d entries\n", in_files[k], tlm_imatrix_entries(in));
+        tlm_imatrix_free(in);
     }
-    if (!rc && tlm_read_file(data, &text, &len)) rc = cli_fail_status("imatrix");
+    if (!rc && data) {
+        if (tlm_model_load(model, &m)) rc = cli_fail_status("imatrix");
+        if (rc) {
+        } else if (tokenizer) {
+            if (tlm_tokenizer_load(tokenizer, &tok))
+                rc = cli_fail_status("imatrix: loading tokenizer");
+        } else if (cli_model_tokenizer(model, &tok)) {
+            rc = cli_fail_status("imatrix: loading the model's tokenizer");
+        } else if (!tok) {
+            rc = cli_fail("imatrix: no tokenizer travels with '%s'; give -z TOKENIZER", model);
+        }
+    }
+    if (!rc && data && tlm_read_file(data, &text, &len)) rc = cli_fail_status("imatrix");
     /* llama-imatrix tokenizes as llama-perplexity does: BOS where the GGUF vocabulary adds one
      * (tlm writes that for SentencePiece vocabularies), special tokens read as plain text */
     int bos = tok ? tlm_tokenizer_bos(tok) : -1;
     int add_bos = tok && tlm_tokenizer_get_kind(tok) == TLM_TOKENIZER_SPM && bos >= 0;
-    if (!rc && tlm_tokenizer_encode(tok, text, len, add_bos ? TLM_ENCODE_ADD_BOS : 0u, &ids, &n))
+    if (!rc && data &&
+        tlm_tokenizer_encode(tok, text, len, add_bos ? TLM_ENCODE_ADD_BOS : 0u, &ids, &n))
         rc = cli_fail_status("imatrix: tokenizing");
-    const tlm_config *c = rc ? NULL : tlm_model_config(m);
-    int T = 0;
-    if (!rc) {
+    const tlm_config *c = rc || !m ? NULL : tlm_model_config(m);
+    if (c) {
         T = nctx ? (int)nctx : c->context_length < 512 ? c->context_length : 512;
         if (T > c->context_length)
             rc = cli_fail("imatrix: -c %d is longer than the model's context (%d)", T,
@@ -109,11 +141,10 @@ int cmd_imatrix(int argc, char **argv) {
                 rc = cli_fail("imatrix: token %d is outside the model's vocabulary (%d)", ids[i],
                               c->vocab_size);
     }
-    size_t chunks = rc ? 0 : n / (size_t)T;
+    size_t chunks = rc || !c ? 0 : n / (size_t)T;
     if (max_chunks > 0 && (size_t)max_chunks < chunks) chunks = (size_t)max_chunks;
-    if (!rc && (tlm_imatrix_new(&im) || tlm_train_ctx_new(m, &ctx)))
-        rc = cli_fail_status("imatrix");
-    if (!rc && !(x = malloc(sizeof *x * (size_t)batch * T)))
+    if (!rc && chunks && tlm_train_ctx_new(m, &ctx)) rc = cli_fail_status("imatrix");
+    if (!rc && chunks && !(x = malloc(sizeof *x * (size_t)batch * T)))
         rc = cli_fail("imatrix: out of memory");
     double nll = 0;
     size_t scored = 0;
@@ -125,6 +156,10 @@ int cmd_imatrix(int argc, char **argv) {
         if (tlm_imatrix_collect(im, ctx, x, nb, T, output, &lg)) {
             rc = cli_fail_status("imatrix");
             break;
+        }
+        if (no_ppl) {
+            fprintf(stderr, "[%zu/%zu]\n", c0 + nb, chunks);
+            continue;
         }
         /* the second half of each chunk scored, as llama-imatrix reports it */
         int V = c->vocab_size;
@@ -140,10 +175,14 @@ int cmd_imatrix(int argc, char **argv) {
         fprintf(stderr, "[%zu/%zu] perplexity so far %.4f\n", c0 + nb, chunks,
                 exp(nll / (double)scored));
     }
-    if (!rc && tlm_imatrix_save(im, outp, data, (int)chunks, T)) rc = cli_fail_status("imatrix");
+    /* chunks as llama-imatrix counts them: the most tokens any matrix saw, in chunks */
+    int total = (int)(tlm_imatrix_tokens(im) / T);
+    if (!rc && (dat ? tlm_imatrix_save_legacy(im, outp, data, total, T)
+                    : tlm_imatrix_save(im, outp, data, total, T)))
+        rc = cli_fail_status("imatrix");
     if (!rc)
-        fprintf(stderr, "wrote %s: %d matrices, %zu chunks of %d tokens\n", outp,
-                tlm_imatrix_entries(im), chunks, T);
+        fprintf(stderr, "wrote %s: %d matrices, %d chunks of %d tokens\n", outp,
+                tlm_imatrix_entries(im), total, T);
     free(x);
     free(ids);
     free(text);

@@ -28,12 +28,25 @@ typedef struct {
     int64_t tokens; /* collected here: counted exactly, stored as llama-imatrix does (F32) */
 } im_entry;
 
+static char *dup_n(const char *s, size_t n);
+
 struct tlm_imatrix {
     im_entry *e;
     int n, cap;
-    char *path, *dataset;
+    char *path;
+    char **ds; /* the datasets named, in order */
+    int n_ds;
     int chunks, chunk_size, legacy;
 };
+
+static int add_dataset(tlm_imatrix *im, const char *s, size_t n) {
+    char **d = realloc(im->ds, sizeof *d * (size_t)(im->n_ds + 1));
+    if (!d) return 0;
+    im->ds = d;
+    if (!(d[im->n_ds] = dup_n(s, n))) return 0;
+    im->n_ds++;
+    return 1;
+}
 
 static char *dup_n(const char *s, size_t n) {
     char *d = malloc(n + 1);
@@ -54,7 +67,8 @@ void tlm_imatrix_free(tlm_imatrix *im) {
     }
     free(im->e);
     free(im->path);
-    free(im->dataset);
+    for (int i = 0; i < im->n_ds; i++) free(im->ds[i]);
+    free(im->ds);
     free(im);
 }
 
@@ -98,8 +112,10 @@ static tlm_status load_gguf(tlm_gguf *g, const char *path, tlm_imatrix *im) {
                        "%s: missing imatrix metadata (imatrix.datasets, imatrix.chunk_count, "
                        "imatrix.chunk_size), as llama-quantize requires",
                        path);
-    if (ds->type == TLM_GGUF_ARRAY && ds->elem_type == TLM_GGUF_STRING && ds->len > 0)
-        im->dataset = dup_n((const char *)ds->strs[0], ds->str_lens[0]);
+    if (ds->type == TLM_GGUF_ARRAY && ds->elem_type == TLM_GGUF_STRING)
+        for (uint64_t i = 0; i < ds->len; i++)
+            if (!add_dataset(im, (const char *)ds->strs[i], ds->str_lens[i]))
+                return tlm_err(TLM_ERR_NOMEM, "out of memory");
     static const char sum_suf[] = ".in_sum2", cnt_suf[] = ".counts";
     for (uint64_t t = 0; t < g->n_tensors; t++) {
         const tlm_gguf_tensor *s = &g->tensors[t];
@@ -189,7 +205,8 @@ static tlm_status load_legacy(const uint8_t *buf, size_t size, const char *path,
     if (take(buf, size, &pos, &chunks, 4)) {
         im->chunks = chunks;
         if (take(buf, size, &pos, &len, 4) && len > 0 && (size_t)len <= size - pos)
-            im->dataset = dup_n((const char *)buf + pos, (size_t)len);
+            if (!add_dataset(im, (const char *)buf + pos, (size_t)len))
+                return tlm_err(TLM_ERR_NOMEM, "out of memory");
     }
     im->legacy = 1;
     return TLM_OK;
@@ -241,7 +258,7 @@ const float *tlm_imatrix_find(const tlm_imatrix *im, const char *name, size_t *n
 
 int tlm_imatrix_entries(const tlm_imatrix *im) { return im ? im->n : 0; }
 int tlm_imatrix_chunks(const tlm_imatrix *im) { return im ? im->chunks : 0; }
-const char *tlm_imatrix_dataset(const tlm_imatrix *im) { return im ? im->dataset : NULL; }
+const char *tlm_imatrix_dataset(const tlm_imatrix *im) { return im && im->n_ds ? im->ds[0] : NULL; }
 const char *tlm_imatrix_path(const tlm_imatrix *im) { return im ? im->path : NULL; }
 
 /* ---- collecting and writing (tlm imatrix) ---------------------------------------------------- */
@@ -274,6 +291,7 @@ tlm_status tlm_imatrix_accumulate(tlm_imatrix *im, const char *name, const float
     }
     if (e->n != n || e->n_counts != 1)
         return tlm_err(TLM_ERR_ARG, "imatrix entry '%s' has %zu columns, not %zu", name, e->n, n);
+    if (!e->tokens && e->counts[0] > 0) e->tokens = (int64_t)llroundf(e->counts[0]); /* loaded */
     for (size_t j = 0; j < n; j++) e->sums[j] += sum2[j];
     e->tokens += tokens;
     e->counts[0] = (float)e->tokens;
@@ -295,7 +313,10 @@ tlm_status tlm_imatrix_save(const tlm_imatrix *im, const char *path, const char 
     tlm_gguf_writer w;
     tlm_gguf_writer_init(&w, TLM_GGUF_DEFAULT_ALIGNMENT);
     tlm_gguf_write_str(&w, "general.type", "imatrix");
-    tlm_gguf_write_array(&w, "imatrix.datasets", TLM_GGUF_STRING, dataset ? 1 : 0);
+    /* the merged matrices' datasets, then this text's, as llama-imatrix lists them */
+    tlm_gguf_write_array(&w, "imatrix.datasets", TLM_GGUF_STRING,
+                         (uint64_t)im->n_ds + (dataset ? 1 : 0));
+    for (int i = 0; i < im->n_ds; i++) tlm_gguf_write_elem_str(&w, im->ds[i], strlen(im->ds[i]));
     if (dataset) tlm_gguf_write_elem_str(&w, dataset, strlen(dataset));
     tlm_gguf_write_u32(&w, "imatrix.chunk_count", (uint32_t)chunks);
     tlm_gguf_write_u32(&w, "imatrix.chunk_size", (uint32_t)chunk_size);
@@ -303,10 +324,12 @@ tlm_status tlm_imatrix_save(const tlm_imatrix *im, const char *path, const char 
         const im_entry *e = order[i];
         char nm[512];
         uint64_t dims[2] = {e->n / e->n_counts, e->n_counts}, cdims[2] = {1, e->n_counts};
+        /* [columns, experts] and [1, experts], trailing dimensions of 1 left out as ggml does */
+        uint32_t nd = e->n_counts > 1 ? 2 : 1;
         snprintf(nm, sizeof nm, "%s.in_sum2", e->name);
-        tlm_gguf_write_tensor(&w, nm, 2, dims, 0, sizeof(float) * e->n);
+        tlm_gguf_write_tensor(&w, nm, nd, dims, 0, sizeof(float) * e->n);
         snprintf(nm, sizeof nm, "%s.counts", e->name);
-        tlm_gguf_write_tensor(&w, nm, 2, cdims, 0, sizeof(float) * e->n_counts);
+        tlm_gguf_write_tensor(&w, nm, nd, cdims, 0, sizeof(float) * e->n_counts);
     }
     uint8_t *head = NULL;
     size_t head_len = 0;
@@ -338,6 +361,9 @@ tlm_status tlm_imatrix_save(const tlm_imatrix *im, const char *path, const char 
 
 tlm_status tlm_imatrix_add_rows(tlm_imatrix *im, const char *name, const float *x, size_t rows,
                                 size_t cols, size_t ld) {
+    if (im->legacy)
+        return tlm_err(TLM_ERR_ARG, "%s holds means (the legacy layout): collect into a new matrix",
+                       im->path ? im->path : "the matrix");
     float *zero = calloc(cols, sizeof(float));
     if (!zero) return tlm_err(TLM_ERR_NOMEM, "out of memory");
     tlm_status s = tlm_imatrix_accumulate(im, name, zero, cols, 0); /* the entry, if new */
@@ -355,4 +381,90 @@ tlm_status tlm_imatrix_add_rows(tlm_imatrix *im, const char *name, const float *
     e->counts[0] = (float)e->tokens;
     means(e);
     return TLM_OK;
+}
+
+tlm_status tlm_imatrix_merge(tlm_imatrix *dst, const tlm_imatrix *src, int chunk_size) {
+    if (dst->legacy)
+        return tlm_err(TLM_ERR_ARG, "%s holds means (the legacy layout): merge into a new matrix",
+                       dst->path ? dst->path : "the matrix");
+    for (int i = 0; i < src->n; i++) {
+        const im_entry *e = &src->e[i];
+        if (e->n_counts != 1)
+            return tlm_err(TLM_ERR_UNSUPPORTED,
+                           "imatrix entry '%s' has per-expert counts, which tlm does not merge",
+                           e->name);
+        /* llama-imatrix's reading for more data: GGUF's raw sums and counts as they are, the
+         * legacy layout's means times its call count times the chunk size */
+        float k = src->legacy ? (float)chunk_size : 1.0f;
+        int64_t tokens = (int64_t)llroundf(e->counts[0] * k);
+        float *raw = malloc(sizeof(float) * e->n);
+        if (!raw) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+        for (size_t j = 0; j < e->n; j++) raw[j] = e->sums[j] * k;
+        tlm_status s = tlm_imatrix_accumulate(dst, e->name, raw, e->n, tokens);
+        free(raw);
+        if (s) return s;
+    }
+    for (int i = 0; i < src->n_ds; i++)
+        if (!add_dataset(dst, src->ds[i], strlen(src->ds[i])))
+            return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    return TLM_OK;
+}
+
+int64_t tlm_imatrix_tokens(const tlm_imatrix *im) {
+    int64_t most = 0;
+    for (int i = 0; im && i < im->n; i++) {
+        int64_t t = im->e[i].tokens ? im->e[i].tokens : (int64_t)llroundf(im->e[i].counts[0]);
+        if (t > most) most = t;
+    }
+    return most;
+}
+
+tlm_status tlm_imatrix_save_legacy(const tlm_imatrix *im, const char *path, const char *dataset,
+                                   int chunks, int chunk_size) {
+    if (!im->n) return tlm_err(TLM_ERR_ARG, "the importance matrix has no entries");
+    if (chunk_size < 1) return tlm_err(TLM_ERR_ARG, "chunk size %d", chunk_size);
+    const im_entry **order = malloc(sizeof *order * (size_t)im->n);
+    size_t cap = 64;
+    for (int i = 0; i < im->n; i++) cap += 16 + strlen(im->e[i].name) + 4 * im->e[i].n;
+    cap += dataset ? strlen(dataset) : im->n_ds ? strlen(im->ds[im->n_ds - 1]) : 0;
+    uint8_t *buf = malloc(cap);
+    if (!order || !buf) {
+        free(order);
+        free(buf);
+        return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < im->n; i++) order[i] = &im->e[i];
+    qsort(order, (size_t)im->n, sizeof *order, by_name);
+    size_t pos = 0;
+#define PUT(p, n) (memcpy(buf + pos, (p), (n)), pos += (n))
+    int32_t v = im->n;
+    PUT(&v, 4);
+    for (int i = 0; i < im->n; i++) {
+        const im_entry *e = order[i];
+        int64_t tokens = e->tokens ? e->tokens : (int64_t)llroundf(e->counts[0]);
+        /* llama-imatrix: the call count rounded up, so that a short last chunk is not zero */
+        int32_t len = (int32_t)strlen(e->name),
+                ncall = (int32_t)((tokens + chunk_size - 1) / chunk_size), nval = (int32_t)e->n;
+        PUT(&len, 4);
+        PUT(e->name, (size_t)len);
+        PUT(&ncall, 4);
+        PUT(&nval, 4);
+        for (size_t j = 0; j < e->n; j++) {
+            float count = e->counts[0], value = e->sums[j];
+            if (count == 0.0f) value = count = 1.0f; /* "store 1 for partial data" */
+            float x = (value / count) * (float)ncall;
+            PUT(&x, 4);
+        }
+    }
+    v = chunks;
+    PUT(&v, 4);
+    const char *d = dataset ? dataset : im->n_ds ? im->ds[im->n_ds - 1] : "";
+    v = (int32_t)strlen(d);
+    PUT(&v, 4);
+    PUT(d, strlen(d));
+#undef PUT
+    tlm_status s = tlm_write_file_atomic(path, buf, pos);
+    free(buf);
+    free(order);
+    return s ? tlm_err_context(s, "writing %s", path) : TLM_OK;
 }
