@@ -210,6 +210,20 @@ static int convert(int argc, char **argv, int quantize) {
     if ((fmt == 2 || fmt == 4) && dt != TLM_DTYPE_F32)
         return cli_fail("convert: --to %s stores f32 only", to);
 
+    /* A GGUF is written from F32 views without touching them (q and k rows are permuted in a
+     * copy): an F32 file is read where it lies rather than copied. 110M to Q4_K_M on two
+     * threads: 4.2 -> 2.8 s, llama-quantize 3.1 s; the copy's first touch of 440 MB of pages
+     * was most of the difference. */
+    int all_f32 = 0;
+    {
+        tlm_file_tensor *ft = NULL;
+        int nft = 0;
+        if (fmt == 1 && !tlm_model_file_tensors(in, &ft, &nft)) {
+            all_f32 = nft > 0;
+            for (int i = 0; i < nft; i++) all_f32 &= !strcmp(ft[i].dtype, "F32");
+            free(ft);
+        }
+    }
     if (qtype) {
         /* llama-quantize refuses to requantize (--allow-requantize); tlm widens and warns. */
         tlm_file_tensor *ft = NULL;
@@ -236,7 +250,7 @@ static int convert(int argc, char **argv, int quantize) {
     }
     tlm_model *m;
     /* Writers read F32 weights: a writable copy widens whatever the file holds. */
-    if (tlm_model_load_ex(in, TLM_LOAD_WRITABLE, &m)) {
+    if (tlm_model_load_ex(in, all_f32 ? 0u : TLM_LOAD_WRITABLE, &m)) {
         tlm_imatrix_free(im);
         return cli_fail_status(cmd);
     }
