@@ -447,6 +447,47 @@ static void check_q8_0_blocks(void) {
     free(x), free(a), free(b);
 }
 
+/* k_iq4_blocks (an IQ4_NL KV cache's stores; tlm quantize's IQ4_NL and IQ4_XS) gives
+ * tlm_quantize_rows's bytes, with and without importance weights: random blocks of every
+ * magnitude, one of zeros, one below the scale threshold, blocks whose elements fall on the
+ * table's levels and on the midpoints between them (the search's ties), a negative maximum,
+ * values that map past both ends, and infinities and NaNs mapped as the scalar search maps them. */
+static void check_iq4_blocks(void) {
+    enum { N = 256 * 50 };
+    float *x = malloc(sizeof(float) * N), *w = malloc(sizeof(float) * N);
+    uint8_t *a = malloc(N), *b = malloc(N);
+    for (int i = 0; i < N; i++) {
+        x[i] = (2.0f * t_unif() - 1.0f) * ldexpf(1.0f, (int)(t_unif() * 40.0f) - 20);
+        w[i] = i % 13 == 4 ? 0.0f : ldexpf(t_unif(), (int)(t_unif() * 10.0f) - 5);
+    }
+    for (int i = 0; i < 32; i++) x[32 + i] = 0.0f;
+    for (int i = 0; i < 32; i++) x[64 + i] = 1e-17f * (float)(i - 7);
+    for (int i = 0; i < 32; i++) x[96 + i] = (float)tlm_iq4nl_values[i % 16];
+    for (int i = 0; i < 32; i++) /* midpoints of neighbouring levels */
+        x[128 + i] = 0.5f * ((float)tlm_iq4nl_values[i % 15] + (float)tlm_iq4nl_values[i % 15 + 1]);
+    for (int i = 0; i < 32; i++) x[160 + i] = i == 9 ? -3.0f : 0.01f * (float)(i % 5);
+    for (int i = 0; i < 32; i++) x[192 + i] = i % 4 ? 1.0f : 1e30f;
+    for (int i = 0; i < 256; i++) x[1024 + i] = i < 128 ? 0.0f : x[1024 + i]; /* half a K block */
+    x[230] = INFINITY;
+    x[240] = NAN;
+    static const tlm_dtype iq4[] = {TLM_DTYPE_IQ4_NL, TLM_DTYPE_IQ4_XS};
+    for (int t = 0; t < 2; t++)
+        for (int weighted = 0; weighted < 2; weighted++) {
+            const tlm_dtype_info *d = tlm_dtype_get(iq4[t]);
+            size_t bytes = tlm_dtype_bytes(iq4[t], N);
+            const float *qw = weighted ? w : NULL;
+            k_iq4_blocks(iq4[t], x, a, N, qw);
+            /* the reference, one row of N (weights over the row's columns) */
+            CHECK_OK(tlm_quantize_rows(iq4[t], x, b, 1, N, qw));
+            int diff = 0;
+            for (size_t k = 0; k < bytes / d->block_bytes; k++)
+                diff += memcmp(a + k * d->block_bytes, b + k * d->block_bytes, d->block_bytes) != 0;
+            CHECK(diff == 0, "k_iq4_blocks %s%s: %d of %zu blocks differ from the reference",
+                  d->name, weighted ? " with weights" : "", diff, bytes / d->block_bytes);
+        }
+    free(x), free(w), free(a), free(b);
+}
+
 /* k_narrow_row / k_widen_row on F16 (the cache's stores and loads) give tlm_f32_to_f16's and
  * tlm_f16_to_f32's results on every range: ties, halves' subnormals, overflow to infinity,
  * infinities, signed zeros; odd lengths take the scalar tail. NaNs stay NaNs. */
@@ -557,6 +598,7 @@ int main(void) {
                 }
     check_f16_rows();
     check_q8_0_blocks();
+    check_iq4_blocks();
     CHECK(k_fgemm(NULL, 1, NULL, 9, &(tlm_weight){.dtype = TLM_DTYPE_BF16, .cols = 4}, NULL) == -1,
           "fgemm refuses BF16");
     CHECK(k_qgemm(NULL, 1, NULL, 9, &(tlm_weight){.dtype = TLM_DTYPE_BF16, .cols = 3}, NULL,

@@ -99,3 +99,145 @@ void k_act_quantize_ref(k_act_kind kind, const float *x, void *xq, int n) {
     default: break;
     }
 }
+
+/* ---- IQ4_NL blocks at AVX-512 (the KV cache's stores) ---------------------------------------
+ * tlm_dtype_from_f32's IQ4_NL quantizer (ggml's reference: a search over 16 inverse scales, each
+ * element mapped to the nearest of the table's 16 levels by a binary search) bit for bit: the
+ * mapping is a branch-free binary search on 16 lanes (the level of each step fetched by a
+ * permute), the same float comparisons as the scalar search, and each trial's weighted sums are
+ * added element by element in the scalar order, so the rounding is the reference's. Here, not in
+ * qdot_x86.c, because this file builds without fused multiply-add. */
+#if defined(__x86_64__) || defined(__i386__)
+#include "simd_x86.h"
+
+/* best_index of every lane: the nearest level, the lower one where the two are as near; NaN to
+ * the last, as the scalar search ends there. */
+T5 static inline __m512i iq4_nearest(__m512 x, __m512 lv) {
+    __m512i ml = _mm512_setzero_si512();
+    for (int step = 8; step; step >>= 1) {
+        __m512i c = _mm512_add_epi32(ml, _mm512_set1_epi32(step));
+        __mmask16 le = _mm512_cmp_ps_mask(_mm512_permutexvar_ps(c, lv), x, _CMP_LE_OQ);
+        ml = _mm512_mask_mov_epi32(ml, le, c);
+    }
+    __m512i mu =
+        _mm512_min_epi32(_mm512_add_epi32(ml, _mm512_set1_epi32(1)), _mm512_set1_epi32(15));
+    __m512 d1 = _mm512_sub_ps(x, _mm512_permutexvar_ps(ml, lv));
+    __m512 d2 = _mm512_sub_ps(_mm512_permutexvar_ps(mu, lv), x);
+    __m512i r = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(d1, d2, _CMP_LT_OQ), mu, ml);
+    return _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(15));
+}
+
+/* One trial at inverse scale id: the sums sumqx and sumq2 over the block, in element order. */
+T5 static inline void iq4_trial(const __m512 *x, const __m512 *w, __m512 lv, float id, float *sqx,
+                                float *sq2) {
+    float px[32], p2[32];
+    for (int h = 0; h < 2; h++) {
+        __m512 q =
+            _mm512_permutexvar_ps(iq4_nearest(_mm512_mul_ps(_mm512_set1_ps(id), x[h]), lv), lv);
+        __m512 wq = _mm512_mul_ps(w[h], q);
+        _mm512_storeu_ps(px + 16 * h, _mm512_mul_ps(wq, x[h]));
+        _mm512_storeu_ps(p2 + 16 * h, _mm512_mul_ps(wq, q));
+    }
+    float a = 0, b = 0;
+    for (int j = 0; j < 32; j++) a += px[j], b += p2[j];
+    *sqx = a;
+    *sq2 = b;
+}
+
+/* One super-block of `subs` sub-blocks of 32 (IQ4_NL: 1, IQ4_XS: 8), as quantize.c's iq4_quant:
+ * weights x^2, or with an importance matrix qw * sqrt(sigma2 + x^2). */
+T5 static void iq4_quant_5(const float *x, int subs, const float *qw, uint16_t *dh, uint8_t *q4,
+                           uint16_t *scales_h, uint8_t *scales_l) {
+    const __m512 lv = _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)tlm_iq4nl_values)));
+    const float v0 = tlm_iq4nl_values[0];
+    float scales[8], sigma2 = 0, max_scale = 0, amax_scale = 0;
+    if (qw) {
+        for (int j = 0; j < 32 * subs; ++j) sigma2 += x[j] * x[j];
+        sigma2 *= 2.f / (32 * subs);
+    }
+    __m512 xv[16];
+    for (int ib = 0; ib < subs; ib++) {
+        const float *xb = x + 32 * ib;
+        __m512 *v = xv + 2 * ib, w[2];
+        v[0] = _mm512_loadu_ps(xb);
+        v[1] = _mm512_loadu_ps(xb + 16);
+        for (int h = 0; h < 2; h++)
+            w[h] = qw ? _mm512_mul_ps(_mm512_loadu_ps(qw + 32 * ib + 16 * h),
+                                      _mm512_sqrt_ps(_mm512_add_ps(_mm512_set1_ps(sigma2),
+                                                                   _mm512_mul_ps(v[h], v[h]))))
+                      : _mm512_mul_ps(v[h], v[h]);
+        float amax = 0, max = 0, d = 0;
+        for (int j = 0; j < 32; j++)
+            if (fabsf(xb[j]) > amax) amax = fabsf(xb[j]), max = xb[j];
+        if (amax >= 1e-15f) { /* GROUP_MAX_EPS: below it the scale stays 0 */
+            float sqx, sq2;
+            iq4_trial(v, w, lv, 1 / (-max / v0), &sqx, &sq2);
+            d = sq2 > 0 ? sqx / sq2 : 0.f;
+            float best = d * sqx;
+            for (int itry = -7; itry <= 7; ++itry) {
+                iq4_trial(v, w, lv, (itry + v0) / max, &sqx, &sq2);
+                if (sq2 > 0 && sqx * sqx > best * sq2) {
+                    d = sqx / sq2;
+                    best = d * sqx;
+                }
+            }
+        }
+        scales[ib] = d;
+        if (fabsf(d) > amax_scale) amax_scale = fabsf(d), max_scale = d;
+    }
+    int32_t L[32];
+    if (subs == 1) {
+        *dh = tlm_f32_to_f16(scales[0]);
+        float id = scales[0] ? 1 / scales[0] : 0;
+        for (int h = 0; h < 2; h++)
+            _mm512_storeu_si512(L + 16 * h,
+                                iq4_nearest(_mm512_mul_ps(_mm512_set1_ps(id), xv[h]), lv));
+        for (int j = 0; j < 16; j++) q4[j] = (uint8_t)(L[j] | (L[j + 16] << 4));
+        return;
+    }
+    *scales_h = 0;
+    float d = -max_scale / 32;
+    *dh = tlm_f32_to_f16(d);
+    float id = d ? 1 / d : 0.f;
+    for (int ib = 0; ib < subs; ib++) {
+        int l = nearest_int(id * scales[ib]);
+        l = l < -32 ? -32 : l > 31 ? 31 : l;
+        float dl = d * l, idl = dl ? 1 / dl : 0.f;
+        for (int h = 0; h < 2; h++)
+            _mm512_storeu_si512(
+                L + 16 * h, iq4_nearest(_mm512_mul_ps(_mm512_set1_ps(idl), xv[2 * ib + h]), lv));
+        for (int j = 0; j < 16; j++) q4[16 * ib + j] = (uint8_t)(L[j] | (L[j + 16] << 4));
+        l += 32;
+        uint8_t l_l = (uint8_t)(l & 0xf), l_h = (uint8_t)(l >> 4);
+        if (ib % 2 == 0)
+            scales_l[ib / 2] = l_l;
+        else
+            scales_l[ib / 2] |= (uint8_t)(l_l << 4);
+        *scales_h |= (uint16_t)(l_h << 2 * (ib % 8));
+    }
+}
+
+int k_simd_iq4_blocks(tlm_dtype t, const float *x, void *y, int n, const float *qw) {
+    int subs = t == TLM_DTYPE_IQ4_XS ? 8 : 1;
+    if (k_isa() < K_ISA_AVX512 || (t != TLM_DTYPE_IQ4_NL && t != TLM_DTYPE_IQ4_XS) ||
+        n % (32 * subs))
+        return 0;
+    for (int b = 0; b < n / (32 * subs); b++) {
+        const float *xb = x + (size_t)b * 32 * subs, *wb = qw ? qw + (size_t)b * 32 * subs : NULL;
+        if (subs == 1) {
+            tlm_block_iq4_nl *o = (tlm_block_iq4_nl *)y + b;
+            iq4_quant_5(xb, 1, wb, &o->d, o->qs, NULL, NULL);
+        } else {
+            tlm_block_iq4_xs *o = (tlm_block_iq4_xs *)y + b;
+            iq4_quant_5(xb, 8, wb, &o->d, o->qs, &o->scales_h, o->scales_l);
+        }
+    }
+    return 1;
+}
+#else
+int k_simd_iq4_blocks(tlm_dtype t, const float *x, void *y, int n, const float *qw) {
+    (void)t, (void)x, (void)y, (void)n, (void)qw;
+    return 0;
+}
+#endif

@@ -405,6 +405,11 @@ void k_q8_0_blocks(const float *x, void *y, int n) {
     k_q8_0_blocks_ref(x, y, n);
 }
 
+void k_iq4_blocks(tlm_dtype t, const float *x, void *y, int n, const float *qw) {
+    if (k_simd_iq4_blocks(t, x, y, n, qw)) return;
+    tlm_quantize_rows(t, x, y, 1, (size_t)n, qw);
+}
+
 void k_narrow_row(tlm_dtype t, const float *src, void *dst, int n) {
     if (k_isa() >= K_ISA_AVX2 && k_simd_narrow(t, src, dst, n)) return;
     tlm_dtype_from_f32(t, src, dst, (size_t)n);
