@@ -102,4 +102,21 @@ JSON
 "$TLM" convert "$W/run" "$W/trained.gguf" --to gguf 2>/dev/null
 prompt=$("$TLM" tokenize -z "$W/run/tokenizer" <<<"ROMEO:" | tr '\n' ' ' | sed 's/ *$//')
 check_llamacpp "$W/trained.gguf" "$prompt" 40
+# Split GGUF (llama-gguf-split --split-max-tensors: tests/reference/gguf_split.py writes the
+# same bytes as it): given the first shard, tlm finds the others and generates as from the whole
+# file; the tokenizer comes from the first; a later shard or a missing one is refused by name.
+/usr/bin/python3 "$SRC/tests/reference/gguf_split.py" "$W/s.gguf" "$W/split" 12
+[ -f "$W/split-00004-of-00004.gguf" ] || fail "gguf_split.py wrote $(ls "$W" | grep split)"
+whole=$("$TLM" generate -m "$W/s.gguf" --ids "1 403 407 261 378" -n 40 --temp 0 --print-ids -t 2 2>/dev/null)
+parts=$("$TLM" generate -m "$W/split-00001-of-00004.gguf" --ids "1 403 407 261 378" -n 40 --temp 0 \
+  --print-ids -t 2 2>/dev/null)
+[ -n "$whole" ] && [ "$whole" = "$parts" ] || fail "split model: '$parts' vs '$whole'"
+"$TLM" generate -m "$W/split-00001-of-00004.gguf" -p "Once upon" -n 8 --seed 2 >/dev/null 2>&1 ||
+  fail "a split model with its tokenizer"
+if "$TLM" generate -m "$W/split-00002-of-00004.gguf" -n 2 >"$W/out" 2>&1; then fail "shard 2 loaded"; fi
+grep -q "shard 2 of a split model: give the first one" "$W/out" || fail "shard 2: $(cat "$W/out")"
+rm "$W/split-00003-of-00004.gguf"
+if "$TLM" generate -m "$W/split-00001-of-00004.gguf" -n 2 >"$W/out" 2>&1; then fail "a missing shard"; fi
+grep -q "split-00003-of-00004.gguf" "$W/out" || fail "a missing shard: $(cat "$W/out")"
+ok
 echo "formats_cli: $pass passed"

@@ -5,6 +5,7 @@
  * is converted to floats. llama.cpp's `llama` rotates adjacent pairs, which is tlm's interleaved
  * pairing, so q/k rows load unchanged. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -117,8 +118,12 @@ static tlm_status tensor_type(const tlm_gguf_tensor *t, size_t n, const char *pa
                    path, t->name, name);
 }
 
-tlm_status fmt_gguf_load_model(tlm_gguf *g, const char *path, int writable, tlm_model **out) {
+/* The model in n GGUF files (gguf-split's shards; n = 1 for a whole file): the config from the
+ * first, each tensor from whichever holds it. */
+static tlm_status load_model_shards(tlm_gguf **gs, int n_files, const char *path, int writable,
+                                    tlm_model **out) {
     *out = NULL;
+    tlm_gguf *g = gs[0];
     tlm_config c;
     tlm_status s = llama_config(g, path, &c);
     if (s) return s;
@@ -134,9 +139,11 @@ tlm_status fmt_gguf_load_model(tlm_gguf *g, const char *path, int writable, tlm_
     }
     tlm_schema(&c, ti, n, NULL);
     for (int i = 0; i < n && !s; i++) {
-        const tlm_gguf_tensor *t = tlm_gguf_find_tensor(g, ti[i].name);
+        const tlm_gguf_tensor *t = NULL;
+        for (int f = 0; f < n_files && !t; f++) t = tlm_gguf_find_tensor(gs[f], ti[i].name);
         if (!t) {
-            s = tlm_err(TLM_ERR_FORMAT, "%s: missing tensor '%s'", path, ti[i].name);
+            s = tlm_err(TLM_ERR_FORMAT, "%s: missing tensor '%s'%s", path, ti[i].name,
+                        n_files > 1 ? " (in every shard)" : "");
             break;
         }
         int ok = ti[i].ndim == 2 ? t->n_dims == 2 && t->dims[0] == (uint64_t)ti[i].shape[1] &&
@@ -159,14 +166,15 @@ tlm_status fmt_gguf_load_model(tlm_gguf *g, const char *path, int writable, tlm_
     tlm_model *m = NULL;
     if (!s) s = fmt_model_new(&c, path, writable, &m);
     if (!s) {
-        /* The model keeps the file mapped while its views point into it. */
-        tlm_mmap map = {0};
-        int give = g->owns_map;
-        if (give) {
-            map = g->map;
-            g->owns_map = 0;
-        }
-        s = tlm_model_bind(m, src, &map, give ? 1 : 0);
+        /* The model keeps the files mapped while its views point into them. */
+        tlm_mmap maps[TLM_GGUF_MAX_SPLITS];
+        int given = 0;
+        for (int f = 0; f < n_files; f++)
+            if (gs[f]->owns_map) {
+                maps[given++] = gs[f]->map;
+                gs[f]->owns_map = 0;
+            }
+        s = tlm_model_bind(m, src, maps, given);
         if (s) tlm_err_context(s, "%s", path);
     }
     free(src);
@@ -178,13 +186,65 @@ tlm_status fmt_gguf_load_model(tlm_gguf *g, const char *path, int writable, tlm_
     return TLM_OK;
 }
 
+tlm_status fmt_gguf_load_model(tlm_gguf *g, const char *path, int writable, tlm_model **out) {
+    return load_model_shards(&g, 1, path, writable, out);
+}
+
+/* gguf-split's shards (llama.cpp's llama-gguf-split, and what large downloads come as): the first,
+ * PREFIX-00001-of-0000N.gguf, holds the metadata and split.count; each shard split.no and some of
+ * the tensors. Given the first, the others are opened by their names. */
+tlm_status fmt_gguf_open_shards(tlm_gguf *first, const char *path, tlm_gguf **gs, int *n_out) {
+    int64_t count = 1, no = 0;
+    *n_out = 1;
+    gs[0] = first;
+    if (tlm_gguf_get_int(first, "split.count", &count) || count <= 1) return TLM_OK;
+    if (count > TLM_GGUF_MAX_SPLITS)
+        return tlm_err(TLM_ERR_UNSUPPORTED, "%s: split.count %lld (tlm reads up to %d shards)",
+                       path, (long long)count, TLM_GGUF_MAX_SPLITS);
+    if (tlm_gguf_get_int(first, "split.no", &no) || no != 0)
+        return tlm_err(
+            TLM_ERR_ARG,
+            "%s is shard %lld of a split model: give the first one (-00001-of-%05lld.gguf)", path,
+            (long long)no + 1, (long long)count);
+    char suffix[40];
+    snprintf(suffix, sizeof suffix, "-%05d-of-%05d.gguf", 1, (int)count);
+    size_t len = strlen(path), sl = strlen(suffix);
+    if (len < sl || strcmp(path + len - sl, suffix))
+        return tlm_err(TLM_ERR_FORMAT,
+                       "%s: a split model's first shard must be named PREFIX%s (gguf-split's "
+                       "names) for the others to be found",
+                       path, suffix);
+    char *name = malloc(len + 1);
+    if (!name) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    tlm_status s = TLM_OK;
+    for (int k = 1; k < count && !s; k++) {
+        memcpy(name, path, len - sl);
+        snprintf(name + len - sl, sl + 1, "-%05d-of-%05d.gguf", k + 1, (int)count);
+        s = tlm_gguf_open(name, &gs[k]);
+        if (s) {
+            tlm_err_context(s, "%s: shard %d of %d", path, k + 1, (int)count);
+            break;
+        }
+        *n_out = k + 1;
+        int64_t kn = -1, kc = -1;
+        if (tlm_gguf_get_int(gs[k], "split.no", &kn) || kn != k ||
+            tlm_gguf_get_int(gs[k], "split.count", &kc) || kc != count)
+            s = tlm_err(TLM_ERR_FORMAT, "%s: split.no %lld / split.count %lld, expected %d / %d",
+                        name, (long long)kn, (long long)kc, k, (int)count);
+    }
+    free(name);
+    return s;
+}
+
 tlm_status fmt_load_gguf(const char *path, int writable, tlm_model **out) {
     *out = NULL;
-    tlm_gguf *g;
-    tlm_status s = tlm_gguf_open(path, &g);
+    tlm_gguf *gs[TLM_GGUF_MAX_SPLITS] = {0};
+    int n = 1;
+    tlm_status s = tlm_gguf_open(path, &gs[0]);
     if (s) return s;
-    s = fmt_gguf_load_model(g, path, writable, out);
-    tlm_gguf_close(g);
+    s = fmt_gguf_open_shards(gs[0], path, gs, &n);
+    if (!s) s = load_model_shards(gs, n, path, writable, out);
+    for (int k = 0; k < n; k++) tlm_gguf_close(gs[k]);
     return s;
 }
 

@@ -11,33 +11,34 @@ tlm_status fmt_safetensors_list(const st_file *f, tlm_file_tensor **out, int *n)
 tlm_status fmt_hf_list(const char *dir, tlm_file_tensor **out, int *n);
 
 static tlm_status list_gguf(const char *path, tlm_file_tensor **out, int *n) {
-    tlm_gguf *g;
-    tlm_status s = tlm_gguf_open(path, &g);
+    tlm_gguf *gs[TLM_GGUF_MAX_SPLITS] = {0};
+    int files = 1;
+    tlm_status s = tlm_gguf_open(path, &gs[0]);
     if (s) return s;
-    if (g->n_tensors > (1u << 20)) {
-        tlm_gguf_close(g);
-        return tlm_err(TLM_ERR_FORMAT, "%s: too many tensors", path);
-    }
-    *out = calloc((size_t)g->n_tensors + 1, sizeof **out);
-    if (!*out) {
-        tlm_gguf_close(g);
-        return tlm_err(TLM_ERR_NOMEM, "out of memory");
-    }
-    for (uint64_t i = 0; i < g->n_tensors; i++) {
-        const tlm_gguf_tensor *t = &g->tensors[i];
-        tlm_file_tensor *e = &(*out)[i];
-        const char *tn = NULL;
-        snprintf(e->name, sizeof e->name, "%s", t->name);
-        if (tlm_ggml_type_info(t->type, &tn, NULL, NULL))
-            snprintf(e->dtype, sizeof e->dtype, "%s", tn);
-        else
-            snprintf(e->dtype, sizeof e->dtype, "type%u", t->type);
-        e->ndim = (int)t->n_dims;
-        for (int d = 0; d < e->ndim; d++) e->shape[d] = (int64_t)t->dims[e->ndim - 1 - d];
-    }
-    *n = (int)g->n_tensors;
-    tlm_gguf_close(g);
-    return TLM_OK;
+    /* a split model's tensors from all its shards */
+    s = fmt_gguf_open_shards(gs[0], path, gs, &files);
+    uint64_t total = 0;
+    for (int f = 0; f < files; f++) total += gs[f]->n_tensors;
+    if (!s && total > (1u << 20)) s = tlm_err(TLM_ERR_FORMAT, "%s: too many tensors", path);
+    if (!s && !(*out = calloc((size_t)total + 1, sizeof **out)))
+        s = tlm_err(TLM_ERR_NOMEM, "out of memory");
+    int k = 0;
+    for (int f = 0; f < files && !s; f++)
+        for (uint64_t i = 0; i < gs[f]->n_tensors; i++) {
+            const tlm_gguf_tensor *t = &gs[f]->tensors[i];
+            tlm_file_tensor *e = &(*out)[k++];
+            const char *tn = NULL;
+            snprintf(e->name, sizeof e->name, "%s", t->name);
+            if (tlm_ggml_type_info(t->type, &tn, NULL, NULL))
+                snprintf(e->dtype, sizeof e->dtype, "%s", tn);
+            else
+                snprintf(e->dtype, sizeof e->dtype, "type%u", t->type);
+            e->ndim = (int)t->n_dims;
+            for (int d = 0; d < e->ndim; d++) e->shape[d] = (int64_t)t->dims[e->ndim - 1 - d];
+        }
+    if (!s) *n = k;
+    for (int f = 0; f < files; f++) tlm_gguf_close(gs[f]);
+    return s;
 }
 
 /* llama2.c arrays are unnamed: list the schema of the loaded model as F32. */

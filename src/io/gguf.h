@@ -28,6 +28,8 @@ typedef enum {
 
 #define TLM_GGUF_MAX_DIMS 4
 #define TLM_GGUF_DEFAULT_ALIGNMENT 32
+/* Shards of a split model (gguf-split) a loader opens at most. */
+#define TLM_GGUF_MAX_SPLITS 256
 
 typedef struct {
     char *key; /* NUL-terminated copy */
