@@ -25,6 +25,11 @@ grep -q "blk.0.attn_q.weight *Q5_0" "$W/log" || fail "Q4_K falls back to Q5_0 at
 grep -q "wrote .*a.gguf (gguf, q4_k_m)" "$W/log" || fail "summary line"
 ok
 
+# tlm info sums the file up as llama.cpp does when it loads one (size, bits per weight, types)
+"$TLM" info -m "$W/a.gguf" | grep -q "^weights  *0\.[0-9]* MiB, [0-9.]* bits per weight (F32 11, F16 5, Q8_0 3, Q5_0 28)" ||
+  fail "info's summary: $("$TLM" info -m "$W/a.gguf" | grep weights)"
+ok
+
 # The same bytes from the GGUF the .bin converts to, and from tlm convert --type.
 "$TLM" convert "$M/stories260K.bin" "$W/f32.gguf" --to gguf -z "$M/tok512.bin" 2>/dev/null
 "$TLM" quantize "$W/f32.gguf" "$W/b.gguf" --type q4_k_m 2>/dev/null

@@ -4,6 +4,33 @@
 #include <cjson/cJSON.h>
 
 #include "cli.h"
+#include "core/dtype.h"
+
+/* The weights' size and bits per weight, and how many tensors of each type (llama.cpp prints the
+ * same when it loads a file: "type q4_K: 72 tensors", "file size = ... (5.76 BPW)"). */
+static void print_types(const tlm_file_tensor *ft, int nt) {
+    int count[TLM_DTYPE_COUNT] = {0};
+    double bytes = 0, elems = 0;
+    for (int i = 0; i < nt; i++) {
+        tlm_dtype d;
+        if (!tlm_dtype_from_name(ft[i].dtype, &d)) continue;
+        uint64_t n = 1;
+        for (int k = 0; k < ft[i].ndim; k++) n *= (uint64_t)ft[i].shape[k];
+        count[d]++;
+        bytes += (double)tlm_dtype_bytes(d, n);
+        elems += (double)n;
+    }
+    if (elems <= 0) return;
+    printf("\nweights           %.2f MiB, %.2f bits per weight (", bytes / 1048576.0,
+           8.0 * bytes / elems);
+    const char *sep = "";
+    for (int t = 0; t < TLM_DTYPE_COUNT; t++)
+        if (count[t]) {
+            printf("%s%s %d", sep, tlm_dtype_name((tlm_dtype)t), count[t]);
+            sep = ", ";
+        }
+    printf(")\n");
+}
 
 static const char *info_help =
     "usage: tlm info (-m MODEL | -c CONFIG.json) [--json]\n\n"
@@ -114,6 +141,7 @@ static int model_info(const char *path, int json) {
     } else {
         printf("format            %s\n\n", tlm_model_format_name(f));
         print_table(&c, &pc);
+        print_types(ft, nt);
         printf("\ntensors (%d)%s\n", nt,
                f == TLM_FORMAT_LLAMA2C ? ", unnamed fp32 arrays in the file" : "");
         size_t w = 4;
