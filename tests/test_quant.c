@@ -378,6 +378,26 @@ static void test_files(model_quantize_fn llama_quantize, default_params_fn defau
     remove(f32);
 }
 
+/* A random Llama-style model every matrix of which is whole 256-blocks wide: vocabulary 512, d 256,
+ * four heads sharing two kv heads; NULL (with a failed check) if it cannot be made. */
+static tlm_model *wide_model(int layers, int d_ff, int tied, uint64_t seed) {
+    tlm_config c;
+    tlm_config_default(&c);
+    c.vocab_size = 512;
+    c.context_length = 64;
+    c.d_model = 256;
+    c.n_layers = layers;
+    c.n_heads = 4;
+    c.n_kv_heads = 2;
+    c.d_ff = d_ff;
+    c.tie_embeddings = tied;
+    tlm_model *m = NULL;
+    CHECK_OK(tlm_config_finalize(&c));
+    CHECK_OK(tlm_model_create(&c, &m));
+    if (m) CHECK_OK(tlm_model_init(m, seed, TLM_INIT_DEFAULT));
+    return m;
+}
+
 /* llama.h's llama_model_imatrix_data and llama_model_kv_override (the CLI's record of the
  * matrix: llama-quantize --imatrix sets these keys through overrides). */
 typedef struct {
@@ -514,21 +534,8 @@ static void test_imatrix_merge(const char *gguf) {
  * blk.0.ffn_down Q4_1 / Q5_1 with a matrix, IQ4_* keep it IQ4 where they gave Q5_K). */
 static void test_imatrix_files(model_quantize_fn llama_quantize, default_params_fn defaults,
                                const tlm_tokenizer *tok) {
-    tlm_config c;
-    tlm_config_default(&c);
-    c.vocab_size = 512;
-    c.context_length = 64;
-    c.d_model = 256;
-    c.n_layers = 8;
-    c.n_heads = 4;
-    c.n_kv_heads = 2;
-    c.d_ff = 512;
-    c.tie_embeddings = 0;
-    tlm_model *m = NULL;
-    CHECK_OK(tlm_config_finalize(&c));
-    CHECK_OK(tlm_model_create(&c, &m));
+    tlm_model *m = wide_model(8, 512, 0, 11);
     if (!m) return;
-    CHECK_OK(tlm_model_init(m, 11, TLM_INIT_DEFAULT));
     const char *f32 = "quant_im_src.gguf", *imf = "quant_im.imatrix.gguf";
     CHECK_OK(tlm_model_save_gguf(m, tok, f32, TLM_DTYPE_F32));
     /* sums of squares over 384 tokens per matrix, spread over orders of magnitude; a token
@@ -708,21 +715,8 @@ static void test_override_files(model_quantize_fn llama_quantize, default_params
         {"tiedpure", "q3_k_m", 1, 1, 0, -1, -1, tt_up, 1, "token_embd.weight:Q3_K"},
     };
     for (int tied = 0; tied < 2; tied++) {
-        tlm_config c;
-        tlm_config_default(&c);
-        c.vocab_size = 512;
-        c.context_length = 64;
-        c.d_model = 256;
-        c.n_layers = 4;
-        c.n_heads = 4;
-        c.n_kv_heads = 2;
-        c.d_ff = 512;
-        c.tie_embeddings = tied;
-        tlm_model *m = NULL;
-        CHECK_OK(tlm_config_finalize(&c));
-        CHECK_OK(tlm_model_create(&c, &m));
+        tlm_model *m = wide_model(4, 512, tied, 13 + (uint64_t)tied);
         if (!m) return;
-        CHECK_OK(tlm_model_init(m, 13 + tied, TLM_INIT_DEFAULT));
         const char *f32 = "quant_ov_src.gguf";
         CHECK_OK(tlm_model_save_gguf(m, tok, f32, TLM_DTYPE_F32));
         for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {

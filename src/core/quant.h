@@ -107,6 +107,17 @@ typedef struct {
 /* The sixteen levels of IQ4_NL and IQ4_XS (dtype.c). */
 extern const int8_t tlm_iq4nl_values[16];
 
+/* IQ4_XS sub-block ib's 6-bit scale l (stored + 32) into its block: the low four bits in a nibble
+ * of scales_l, the top two in bits 2 ib of scales_h (the quantizers zero scales_h first). */
+static inline void tlm_iq4xs_put_scale(int ib, int l, uint16_t *scales_h, uint8_t *scales_l) {
+    uint8_t l_l = (uint8_t)(l & 0xf), l_h = (uint8_t)(l >> 4);
+    if (ib % 2 == 0)
+        scales_l[ib / 2] = l_l;
+    else
+        scales_l[ib / 2] |= (uint8_t)(l_l << 4);
+    *scales_h |= (uint16_t)(l_h << 2 * (ib % 8));
+}
+
 /* Sub-block j's scale of an IQ4_XS block (0..63; the value is this - 32). */
 static inline int tlm_iq4xs_scale(int j, const uint8_t *blk) {
     int h = blk[2] | blk[3] << 8;

@@ -272,6 +272,37 @@ static float make_qx_quants(int n, int nmax, const float *x, int8_t *L, const fl
     return scale;
 }
 
+/* Sub-block j's 6-bit scale ls and min lm into Q4_K / Q5_K's 12 bytes (zeroed first): j < 4 in
+ * bytes j and j + 4, the others' low four bits in byte j + 4 and their top two bits in the top
+ * of bytes j - 4 and j. */
+static void put_scale_min(int j, uint8_t ls, uint8_t lm, uint8_t *scales12) {
+    if (j < 4) {
+        scales12[j] = ls;
+        scales12[j + 4] = lm;
+    } else {
+        scales12[j + 4] = (uint8_t)((ls & 0xF) | ((lm & 0xF) << 4));
+        scales12[j - 4] |= (uint8_t)((ls >> 4) << 6);
+        scales12[j] |= (uint8_t)((lm >> 4) << 6);
+    }
+}
+
+/* Every value of a Q4_K / Q5_K super-block requantized with the stored (rounded) scales and mins;
+ * a sub-block whose scale is 0 keeps the fit's levels, as ggml does. */
+static void k45_requantize(const float *x, const uint8_t *scales12, uint16_t dd, uint16_t dmin,
+                           int nmax, uint8_t *L) {
+    for (int j = 0; j < TLM_QK_K / 32; ++j) {
+        uint8_t sc, m;
+        tlm_q4k_scale_min(j, scales12, &sc, &m);
+        const float d = tlm_f16_to_f32(dd) * sc;
+        if (!d) continue;
+        const float dm = tlm_f16_to_f32(dmin) * m;
+        for (int ii = 0; ii < 32; ++ii) {
+            int l = nearest_int((x[32 * j + ii] + dm) / d);
+            L[32 * j + ii] = (uint8_t)imax(0, imin(nmax, l));
+        }
+    }
+}
+
 /* Q4_K and Q5_K share everything but the bit count: eight sub-blocks of 32, each fitted by
  * make_qkx2_quants, their scales and mins quantized to 6 bits against the super-block's largest,
  * then every value requantized with the stored (rounded) scales. */
@@ -298,28 +329,11 @@ static void k_scales_and_levels(const float *x, int nmax, float rmin, int nstep,
         uint8_t lm = (uint8_t)nearest_int(inv_min * mins[j]);
         ls = ls < 63 ? ls : 63;
         lm = lm < 63 ? lm : 63;
-        if (j < 4) {
-            scales12[j] = ls;
-            scales12[j + 4] = lm;
-        } else {
-            scales12[j + 4] = (uint8_t)((ls & 0xF) | ((lm & 0xF) << 4));
-            scales12[j - 4] |= (uint8_t)((ls >> 4) << 6);
-            scales12[j] |= (uint8_t)((lm >> 4) << 6);
-        }
+        put_scale_min(j, ls, lm, scales12);
     }
     *dd = tlm_f32_to_f16(max_scale / 63.f);
     *dmin = tlm_f32_to_f16(max_min / 63.f);
-    for (int j = 0; j < TLM_QK_K / 32; ++j) {
-        uint8_t sc, m;
-        tlm_q4k_scale_min(j, scales12, &sc, &m);
-        const float d = tlm_f16_to_f32(*dd) * sc;
-        if (!d) continue; /* keeps make_qkx2_quants' levels, as ggml does */
-        const float dm = tlm_f16_to_f32(*dmin) * m;
-        for (int ii = 0; ii < 32; ++ii) {
-            int l = nearest_int((x[32 * j + ii] + dm) / d);
-            L[32 * j + ii] = (uint8_t)imax(0, imin(nmax, l));
-        }
-    }
+    k45_requantize(x, scales12, *dd, *dmin, nmax, L);
 }
 
 static void q4_k(const float *x, tlm_block_q4_k *y) {
@@ -624,8 +638,11 @@ static float make_qp_quants(int n, int nmax, const float *x, uint8_t *L, const f
 /* The importance weights of ggml's *_impl quantizers: the matrix's weight of each column times
  * sqrt(sigma2 + x^2), sigma2 a mean square of the values (of the row for the 32-element types, of
  * the super-block for the K types). */
-static void imp_weights(int n, const float *x, const float *qw, float sigma2, float *w) {
+static float imp_weights(int n, const float *x, const float *qw, float sigma2, float *w) {
+    float sum = 0; /* their total, added in order as ggml adds it */
     for (int j = 0; j < n; ++j) w[j] = qw[j] * sqrtf(sigma2 + x[j] * x[j]);
+    for (int j = 0; j < n; ++j) sum += w[j];
+    return sum;
 }
 
 static float mean_square(const float *x, size_t n) {
@@ -692,10 +709,7 @@ static void k45w(const float *x, const float *qw, int nmax, uint8_t *scales12, u
     float weights[32], sw[8], mins[8], scales[8];
     float sigma2 = 2 * mean_square(x, TLM_QK_K);
     for (int j = 0; j < 8; ++j) {
-        imp_weights(32, x + 32 * j, qw + 32 * j, sigma2, weights);
-        float sumw = 0;
-        for (int l = 0; l < 32; ++l) sumw += weights[l];
-        sw[j] = sumw;
+        sw[j] = imp_weights(32, x + 32 * j, qw + 32 * j, sigma2, weights);
         scales[j] = qkx3(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j]);
     }
     float d_block = make_qp_quants(8, 63, scales, Ls, sw);
@@ -707,28 +721,11 @@ static void k45w(const float *x, const float *qw, int nmax, uint8_t *scales12, u
             ls = ls < 63 ? ls : 63;
             lm = lm < 63 ? lm : 63;
         }
-        if (j < 4) {
-            scales12[j] = ls;
-            scales12[j + 4] = lm;
-        } else {
-            scales12[j + 4] = (uint8_t)((ls & 0xF) | ((lm & 0xF) << 4));
-            scales12[j - 4] |= (uint8_t)((ls >> 4) << 6);
-            scales12[j] |= (uint8_t)((lm >> 4) << 6);
-        }
+        put_scale_min(j, ls, lm, scales12);
     }
     *dd = tlm_f32_to_f16(d_block);
     *dmin = tlm_f32_to_f16(m_block);
-    for (int j = 0; j < 8; ++j) {
-        uint8_t sc, m;
-        tlm_q4k_scale_min(j, scales12, &sc, &m);
-        const float d = tlm_f16_to_f32(*dd) * sc;
-        if (!d) continue;
-        const float dm = tlm_f16_to_f32(*dmin) * m;
-        for (int ii = 0; ii < 32; ++ii) {
-            int l = nearest_int((x[32 * j + ii] + dm) / d);
-            L[32 * j + ii] = (uint8_t)imax(0, imin(nmax, l));
-        }
-    }
+    k45_requantize(x, scales12, *dd, *dmin, nmax, L);
 }
 
 static void q4_kw(const float *x, const float *qw, tlm_block_q4_k *y) {
@@ -754,9 +751,7 @@ static void q2_kw(const float *x, const float *qw, tlm_block_q2_k *y) {
     float weight[16], sw[16], mins[16], scales[16];
     float sigma2 = mean_square(x, TLM_QK_K);
     for (int j = 0; j < 16; ++j) {
-        imp_weights(16, x + 16 * j, qw + 16 * j, sigma2, weight);
-        sw[j] = 0;
-        for (int l = 0; l < 16; ++l) sw[j] += weight[l];
+        sw[j] = imp_weights(16, x + 16 * j, qw + 16 * j, sigma2, weight);
         scales[j] = qkx3(16, 3, x + 16 * j, weight, L + 16 * j, &mins[j]);
     }
     float dm = make_qp_quants(16, 15, scales, Ls, sw);
@@ -785,10 +780,7 @@ static void q3_kw(const float *x, const float *qw, tlm_block_q3_k *y) {
     float scales[16], weight[16], sw[16];
     float sigma2 = 2 * mean_square(x, TLM_QK_K);
     for (int j = 0; j < 16; ++j) {
-        imp_weights(16, x + 16 * j, qw + 16 * j, sigma2, weight);
-        float sumw = 0;
-        for (int l = 0; l < 16; ++l) sumw += weight[l];
-        sw[j] = sumw;
+        sw[j] = imp_weights(16, x + 16 * j, qw + 16 * j, sigma2, weight);
         scales[j] = make_qx_quants(16, 4, x + 16 * j, L + 16 * j, weight);
     }
     memset(y->scales, 0, 12);
@@ -900,13 +892,7 @@ static void iq4_quant(const float *x, int subs, uint16_t *dh, uint8_t *q4, uint1
             float idl = dl ? 1 / dl : 0.f;
             for (int j = 0; j < 32; ++j)
                 L[ib * 32 + j] = (uint8_t)best_index(values, idl * x[ib * 32 + j]);
-            l += 32;
-            uint8_t l_l = (uint8_t)(l & 0xf), l_h = (uint8_t)(l >> 4);
-            if (ib % 2 == 0)
-                scales_l[ib / 2] = l_l;
-            else
-                scales_l[ib / 2] |= (uint8_t)(l_l << 4);
-            *scales_h |= (uint16_t)(l_h << 2 * (ib % 8));
+            tlm_iq4xs_put_scale(ib, l + 32, scales_h, scales_l);
         }
     } else {
         *dh = tlm_f32_to_f16(scales[0]);

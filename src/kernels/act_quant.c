@@ -208,13 +208,7 @@ T5 static void iq4_quant_5(const float *x, int subs, const float *qw, uint16_t *
             _mm512_storeu_si512(
                 L + 16 * h, iq4_nearest(_mm512_mul_ps(_mm512_set1_ps(idl), xv[2 * ib + h]), lv));
         for (int j = 0; j < 16; j++) q4[16 * ib + j] = (uint8_t)(L[j] | (L[j + 16] << 4));
-        l += 32;
-        uint8_t l_l = (uint8_t)(l & 0xf), l_h = (uint8_t)(l >> 4);
-        if (ib % 2 == 0)
-            scales_l[ib / 2] = l_l;
-        else
-            scales_l[ib / 2] |= (uint8_t)(l_l << 4);
-        *scales_h |= (uint16_t)(l_h << 2 * (ib % 8));
+        tlm_iq4xs_put_scale(ib, l + 32, scales_h, scales_l);
     }
 }
 
