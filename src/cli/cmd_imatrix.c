@@ -97,16 +97,8 @@ int cmd_imatrix(int argc, char **argv) {
     size_t len = 0, n = 0;
     int rc = 0;
     if (tlm_imatrix_new(&im)) return cli_fail_status("imatrix");
-    /* llama-imatrix's chunk size when it only merges (its default context) */
+    /* the chunk size: -c, else llama-imatrix's default (512), or the model's context if shorter */
     int T = nctx ? (int)nctx : 512;
-    for (int k = 0; k < n_in && !rc; k++) {
-        tlm_imatrix *in = NULL;
-        if (tlm_imatrix_load(in_files[k], &in) || tlm_imatrix_merge(im, in, T))
-            rc = cli_fail("imatrix: --in-file: %s", tlm_last_error());
-        else
-            fprintf(stderr, "%s: %d entries\n", in_files[k], tlm_imatrix_entries(in));
-        tlm_imatrix_free(in);
-    }
     if (!rc && data) {
         if (tlm_model_load(model, &m)) rc = cli_fail_status("imatrix");
         if (rc) {
@@ -140,6 +132,15 @@ int cmd_imatrix(int argc, char **argv) {
             if (ids[i] >= c->vocab_size)
                 rc = cli_fail("imatrix: token %d is outside the model's vocabulary (%d)", ids[i],
                               c->vocab_size);
+    }
+    /* merged with the chunk size the text is cut by (a legacy matrix counts calls of a chunk) */
+    for (int k = 0; k < n_in && !rc; k++) {
+        tlm_imatrix *in = NULL;
+        if (tlm_imatrix_load(in_files[k], &in) || tlm_imatrix_merge(im, in, T))
+            rc = cli_fail("imatrix: --in-file: %s", tlm_last_error());
+        else
+            fprintf(stderr, "%s: %d entries\n", in_files[k], tlm_imatrix_entries(in));
+        tlm_imatrix_free(in);
     }
     size_t chunks = rc || !c ? 0 : n / (size_t)T;
     if (max_chunks > 0 && (size_t)max_chunks < chunks) chunks = (size_t)max_chunks;
