@@ -100,7 +100,8 @@ static double kl_pct(const kl_stats *k, double f) {
 static void kl_print(kl_stats *k, int json) {
     qsort(k->klds, k->count, sizeof *k->klds, cmp_float);
     double n = (double)k->count, mean = k->kld / n;
-    double unc = k->count > 1 ? sqrt((k->kld2 / n - mean * mean) / (n - 1)) : 0;
+    double var = k->kld2 / n - mean * mean; /* rounding can take it just below 0 */
+    double unc = k->count > 1 && var > 0 ? sqrt(var / (n - 1)) : 0;
     double ppl = exp(k->nll / n), ppl_base = exp(k->nll_base / n);
     double same = (double)k->same_top / n, rms = sqrt(k->dp2 / n);
     double med = kl_pct(k, 0.5);
