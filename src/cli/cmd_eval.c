@@ -204,14 +204,13 @@ int cmd_eval(int argc, char **argv) {
             tlm_model_free(m);
             return cli_fail_status("eval: --kl-ref");
         }
-        const tlm_config *a = tlm_model_config(m), *b = tlm_model_config(base);
-        if (a->vocab_size != b->vocab_size || a->context_length != b->context_length) {
+        tlm_config a = *tlm_model_config(m), b = *tlm_model_config(base);
+        if (a.vocab_size != b.vocab_size || a.context_length != b.context_length) {
             tlm_model_free(m);
             tlm_model_free(base);
             return cli_fail("eval: --kl-ref %s has a vocabulary of %d and a context of %d, the "
                             "model %d and %d: not the same model",
-                            kl_ref, b->vocab_size, b->context_length, a->vocab_size,
-                            a->context_length);
+                            kl_ref, b.vocab_size, b.context_length, a.vocab_size, a.context_length);
         }
     }
     if (tokenizer) {
