@@ -668,6 +668,8 @@ typedef struct {
     tlm_dtype output_type, embd_type;
     const struct tlm_tensor_type *tensor_types;
     int n_tensor_types;
+    /* --dry-run: every tensor's type and size through progress, nothing written */
+    int dry_run;
 } tlm_quantize_opts;
 
 /* Writes m (F32 weights: load with TLM_LOAD_WRITABLE) as a GGUF of file type o->ftype to path

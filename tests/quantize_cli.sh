@@ -194,6 +194,12 @@ grep -q "token_embd.weight *Q4_0" "$W/log" || fail "--token-embedding-type: $(ca
 "$TLM" quantize "$W/f32.gguf" "$W/o.gguf" --type q4_0 --pure --leave-output-tensor 2>"$W/log"
 grep -q "token_embd.weight *Q4_0" "$W/log" || fail "--pure: $(cat "$W/log")"
 ok
+# --dry-run: the types and the total, no file
+"$TLM" quantize "$W/f32.gguf" "$W/dry.gguf" --type q4_k_m --dry-run 2>"$W/log" || fail "dry run: $(cat "$W/log")"
+[ ! -e "$W/dry.gguf" ] || fail "--dry-run wrote a file"
+grep -q "blk.0.attn_q.weight *Q5_0" "$W/log" && grep -q "dry run: .*dry.gguf would hold 0.2[0-9] MiB" "$W/log" ||
+  fail "dry run: $(tail -2 "$W/log")"
+ok
 expect_fail "unknown type 'q9'" quantize "$W/f32.gguf" "$W/x.gguf" --type q4_0 --tensor-type attn_v=q9
 expect_fail "wants PATTERN=TYPE" quantize "$W/f32.gguf" "$W/x.gguf" --type q4_0 --tensor-type attn_v
 expect_fail "not a regular expression" quantize "$W/f32.gguf" "$W/x.gguf" --type q4_0 --tensor-type 'attn_[v=q8_0'

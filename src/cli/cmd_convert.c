@@ -25,7 +25,7 @@ static const char *convert_help =
 static const char *quantize_help =
     "usage: tlm quantize IN OUT --type TYPE [--imatrix FILE] [-z TOKENIZER] [--pure]\n"
     "                    [--leave-output-tensor] [--output-tensor-type T]\n"
-    "                    [--token-embedding-type T] [--tensor-type PATTERN=T ...]\n\n"
+    "                    [--token-embedding-type T] [--tensor-type PATTERN=T ...] [--dry-run]\n\n"
     "Writes any model tlm reads (tlm checkpoint, llama2.c .bin, .gguf, Hugging Face directory) as\n"
     "a GGUF file of TYPE, the bytes llama.cpp's llama-quantize writes from the same F32 weights\n"
     "(with the same importance matrix, if any): the same type per tensor, the same quantized\n"
@@ -53,6 +53,7 @@ static const char *quantize_help =
     "                 attn_v or 'blk\\.[0-3]\\.ffn_down') get type T instead of the mix's;\n"
     "                 repeatable, the first match wins (--tensor-type-file F: one per word)\n"
     "  -z, --tokenizer P   tokenizer to embed (default: the one IN carries, if any)\n"
+    "  --dry-run      list every tensor's type and size and the file's total; write nothing\n"
     "These are llama-quantize's options of the same names, with its results.\n";
 
 /* A ggml type name (q8_0, Q4_K, f16, ...) for the per-tensor overrides, any case. */
@@ -99,9 +100,10 @@ static int ends_with(const char *s, const char *suf) {
     return n >= m && !strcmp(s + n - m, suf);
 }
 
-/* One line per tensor on stderr while a quantized file is written. */
+/* One line per tensor on stderr while a quantized file is written; the bytes summed in *user. */
 static void quantize_progress(void *user, int i, int n, const char *name, tlm_dtype type,
                               size_t bytes) {
+    *(size_t *)user += bytes;
     fprintf(stderr, "[%4d/%4d] %-32s %-5s %10.3f MiB\n", i + 1, n, name, tlm_dtype_name(type),
             (double)bytes / (1024.0 * 1024.0));
 }
@@ -114,7 +116,7 @@ static int convert(int argc, char **argv, int quantize) {
     long l2c_version = 0;
     tlm_tensor_type tts[MAX_TENSOR_TYPES];
     char pats[MAX_TENSOR_TYPES][128];
-    int ntt = 0, pure = 0, leave_output = 0, out_set = 0, embd_set = 0;
+    int ntt = 0, pure = 0, leave_output = 0, out_set = 0, embd_set = 0, dry = 0;
     tlm_dtype out_type = TLM_DTYPE_F32, embd_type = TLM_DTYPE_F32;
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -126,6 +128,8 @@ static int convert(int argc, char **argv, int quantize) {
             qtype = v;
         } else if (quantize && !strcmp(argv[i], "--pure")) {
             pure = 1;
+        } else if (quantize && !strcmp(argv[i], "--dry-run")) {
+            dry = 1;
         } else if (quantize && !strcmp(argv[i], "--leave-output-tensor")) {
             leave_output = 1;
         } else if (quantize && cli_flag_value(argc, argv, &i, "--output-tensor-type", NULL, &v)) {
@@ -276,15 +280,16 @@ static int convert(int argc, char **argv, int quantize) {
         }
     }
     tlm_status s = TLM_OK;
+    size_t dry_total = 0;
     switch (fmt) {
     case 1:
         if (!tok)
             fprintf(stderr, "tlm: warning: no tokenizer (give -z): %s will have no vocabulary\n",
                     out);
         if (qtype) {
-            tlm_quantize_opts qo = {ftype,        im,      quantize_progress, NULL,     pure,
-                                    leave_output, out_set, embd_set,          out_type, embd_type,
-                                    tts,          ntt};
+            tlm_quantize_opts qo = {
+                ftype,    im,       quantize_progress, &dry_total, pure, leave_output, out_set,
+                embd_set, out_type, embd_type,         tts,        ntt,  dry};
             s = tlm_model_quantize_gguf(m, tok, out, &qo);
         } else {
             s = tlm_model_save_gguf(m, tok, out, dt);
@@ -319,7 +324,10 @@ static int convert(int argc, char **argv, int quantize) {
     tlm_model_free(m);
     tlm_imatrix_free(im);
     if (s) return cli_fail_status(cmd);
-    if (qtype)
+    if (qtype && dry)
+        fprintf(stderr, "dry run: %s would hold %.2f MiB of tensors (%s); nothing written\n", out,
+                (double)dry_total / 1048576.0, tlm_ftype_name(ftype));
+    else if (qtype)
         fprintf(stderr, "wrote %s (gguf, %s)\n", out, tlm_ftype_name(ftype));
     else
         fprintf(stderr, "wrote %s (%s)\n", out, to);

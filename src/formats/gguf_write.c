@@ -470,7 +470,21 @@ tlm_status tlm_model_quantize_gguf(const tlm_model *m, const tlm_tokenizer *tok,
     }
     tlm_status s = choose_types(m, order, o, ftypes[fi].base, types);
     gguf_plan plan = {types, order, (uint32_t)o->ftype, 1, o};
-    if (!s) s = write_gguf(m, tok, path, &plan);
+    if (!s && o->dry_run) {
+        /* llama-quantize --dry-run: the sizes the file would have, nothing written */
+        for (int k = 0; k < m->n_tensors && !s; k++) {
+            const tlm_tensor_info *t = &m->tensors[order[k]];
+            size_t bytes = tlm_dtype_bytes(types[order[k]], t->numel);
+            if (!bytes)
+                s = tlm_err(TLM_ERR_ARG, "tensor '%s': %lld columns are not whole %s blocks",
+                            t->name, (long long)t->shape[t->ndim - 1],
+                            tlm_dtype_name(types[order[k]]));
+            else if (o->progress)
+                o->progress(o->user, k, m->n_tensors, t->name, types[order[k]], bytes);
+        }
+    } else if (!s) {
+        s = write_gguf(m, tok, path, &plan);
+    }
     free(types);
     free(order);
     return s;
