@@ -195,12 +195,13 @@ static inline int fuzz_imatrix(const uint8_t *data, size_t size) {
     if (ok) {
         static const char *const names[] = {"blk.0.attn_q.weight", "blk.0.ffn_down.weight",
                                             "output.weight"};
-        volatile float sink = 0;
+        float sum = 0;
         for (int i = 0; i < 3; i++) {
             size_t n = 0;
             const float *w = tlm_imatrix_find(im, names[i], &n);
-            for (size_t j = 0; w && j < n; j++) sink += w[j];
+            for (size_t j = 0; w && j < n; j++) sum += w[j];
         }
+        ok += sum != sum; /* every value read (the loader refuses non-finite ones: adds 0) */
         (void)tlm_imatrix_entries(im);
         (void)tlm_imatrix_dataset(im);
         tlm_imatrix_free(im);
