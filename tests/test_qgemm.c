@@ -447,7 +447,7 @@ static void check_q8_0_blocks(void) {
     free(x), free(a), free(b);
 }
 
-/* k_iq4_blocks (an IQ4_NL KV cache's stores; tlm quantize's IQ4_NL and IQ4_XS) gives
+/* k_quantize_rows (an IQ4_NL KV cache's stores; tlm quantize's IQ4_NL and IQ4_XS) gives
  * tlm_quantize_rows's bytes, with and without importance weights: random blocks of every
  * magnitude, one of zeros, one below the scale threshold, blocks whose elements fall on the
  * table's levels and on the midpoints between them (the search's ties), a negative maximum,
@@ -476,13 +476,13 @@ static void check_iq4_blocks(void) {
             const tlm_dtype_info *d = tlm_dtype_get(iq4[t]);
             size_t bytes = tlm_dtype_bytes(iq4[t], N);
             const float *qw = weighted ? w : NULL;
-            k_iq4_blocks(iq4[t], x, a, N, qw);
+            CHECK_OK(k_quantize_rows(iq4[t], x, a, 1, N, qw));
             /* the reference, one row of N (weights over the row's columns) */
             CHECK_OK(tlm_quantize_rows(iq4[t], x, b, 1, N, qw));
             int diff = 0;
             for (size_t k = 0; k < bytes / d->block_bytes; k++)
                 diff += memcmp(a + k * d->block_bytes, b + k * d->block_bytes, d->block_bytes) != 0;
-            CHECK(diff == 0, "k_iq4_blocks %s%s: %d of %zu blocks differ from the reference",
+            CHECK(diff == 0, "k_quantize_rows %s%s: %d of %zu blocks differ from the reference",
                   d->name, weighted ? " with weights" : "", diff, bytes / d->block_bytes);
         }
     free(x), free(w), free(a), free(b);

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Quantizing speed: tlm quantize against llama-quantize on the same F32 GGUF, every type, the
-# same thread count, alternating, median of REPS wall times. The two files must be the same bytes
+# Quantizing speed: tlm quantize (its default: every core) against llama-quantize given the same
+# thread count (THREADS, default every core), on the same F32 GGUF, every type, alternating, median of REPS wall times. The two files must be the same bytes
 # (checked). Uses run.sh's random 110M model (bench/out/quant/110M-F32.gguf; run run.sh first).
 #
 #   LLAMA_BIN=/work/llama.cpp/build-noamx/bin bash bench/quant/quantize_speed.sh [THREADS] [REPS]
 set -euo pipefail
 unset OPENBLAS_CORETYPE
 cd "$(dirname "$0")/../.."
-THREADS=${1:-2} REPS=${2:-3}
+THREADS=${1:-$(nproc)} REPS=${2:-3}
 TLM=${TLM:-build/tlm}
 LLAMA_BIN=${LLAMA_BIN:-/work/llama.cpp/build/bin}
 SRC=${SRC:-bench/out/quant/110M-F32.gguf}
@@ -25,7 +25,7 @@ echo "| --- | ---: | ---: | ---: | --- |"
 for t in $TYPES; do
   ts=() ls=()
   for r in $(seq "$REPS"); do
-    ts+=("$(OMP_NUM_THREADS=$THREADS secs "$TLM" quantize "$SRC" "$W/t.gguf" --type "$t")")
+    ts+=("$(secs "$TLM" quantize "$SRC" "$W/t.gguf" --type "$t")")
     ls+=("$(secs "$LLAMA_BIN/llama-quantize" "$SRC" "$W/l.gguf" "$t" "$THREADS")")
   done
   a=$(med "${ts[@]}") b=$(med "${ls[@]}")

@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 
 #include "cli.h"
@@ -56,18 +57,26 @@ static const char *quantize_help =
     "  --dry-run      list every tensor's type and size and the file's total; write nothing\n"
     "These are llama-quantize's options of the same names, with its results.\n";
 
-/* A ggml type name (q8_0, Q4_K, f16, ...) for the per-tensor overrides, any case. */
+/* A ggml type name (q8_0, Q4_K, f16, ...) for the per-tensor overrides, any case: F32, F16, BF16
+ * or a block type. */
 static int parse_type(const char *name, tlm_dtype *out) {
-    for (int t = 0; t < TLM_DTYPE_COUNT; t++) {
-        const char *a = tlm_dtype_name((tlm_dtype)t), *b = name;
-        while (*a && *b && (*a == *b || (*a >= 'A' && *a <= 'Z' && *a - 'A' + 'a' == *b))) a++, b++;
-        if (!*a && !*b) {
+    for (int t = 0; t < TLM_DTYPE_COUNT; t++)
+        if (!strcasecmp(name, tlm_dtype_name((tlm_dtype)t))) {
             const tlm_dtype_info *d = tlm_dtype_get((tlm_dtype)t);
             if (!d->is_float || t == TLM_DTYPE_F64) return 0;
             *out = (tlm_dtype)t;
             return 1;
         }
-    }
+    return 0;
+}
+
+/* --output-tensor-type / --token-embedding-type's value into *t (and *set); 1 after a refusal. */
+static int type_flag(const char *flag, const char *v, tlm_dtype *t, int *set) {
+    if (!v || !parse_type(v, t))
+        return cli_fail("quantize: %s wants a type (a block type such as q8_0 or q6_k, f16, bf16 "
+                        "or f32), got '%s'",
+                        flag, v ? v : "nothing");
+    *set = 1;
     return 0;
 }
 
@@ -133,17 +142,9 @@ static int convert(int argc, char **argv, int quantize) {
         } else if (quantize && !strcmp(argv[i], "--leave-output-tensor")) {
             leave_output = 1;
         } else if (quantize && cli_flag_value(argc, argv, &i, "--output-tensor-type", NULL, &v)) {
-            if (!v || !parse_type(v, &out_type))
-                return cli_fail("quantize: --output-tensor-type wants a type (a block type such as "
-                                "q8_0 or q6_k, f16, bf16 or f32), got '%s'",
-                                v ? v : "nothing");
-            out_set = 1;
+            if (type_flag("--output-tensor-type", v, &out_type, &out_set)) return 1;
         } else if (quantize && cli_flag_value(argc, argv, &i, "--token-embedding-type", NULL, &v)) {
-            if (!v || !parse_type(v, &embd_type))
-                return cli_fail("quantize: --token-embedding-type wants a type (a block type such "
-                                "as q8_0 or q6_k, f16, bf16 or f32), got '%s'",
-                                v ? v : "nothing");
-            embd_set = 1;
+            if (type_flag("--token-embedding-type", v, &embd_type, &embd_set)) return 1;
         } else if (quantize && cli_flag_value(argc, argv, &i, "--tensor-type", NULL, &v)) {
             if (!v) return cli_fail("quantize: --tensor-type wants PATTERN=TYPE");
             if (add_tensor_type(v, tts, pats, &ntt)) return 1;

@@ -536,6 +536,16 @@ static void q3_k_finish(const float *x, int8_t *L, tlm_block_q3_k *y) {
     pack_planes(U, y->qs);
 }
 
+/* Q3_K sub-block j's 6-bit scale l (stored + 32) into its 12 bytes (zeroed first): the low four
+ * bits in a nibble of bytes 0-7, the top two in bits 2 (j / 4) of byte 8 + j % 4. */
+static void put_q3k_scale(int j, int l, uint8_t *scales) {
+    if (j < 8)
+        scales[j] = (uint8_t)(l & 0xF);
+    else
+        scales[j - 8] |= (uint8_t)((l & 0xF) << 4);
+    scales[j % 4 + 8] |= (uint8_t)((l >> 4) << (2 * (j / 4)));
+}
+
 /* Q3_K: sixteen sub-blocks of 16 by make_q3_quants, their scales to 6 bits (signed, + 32)
  * against the one of largest magnitude, every value requantized with the stored ones, the third
  * bit of element j in bit j / 32 of hmask[j % 32]. */
@@ -557,13 +567,7 @@ static void q3_k(const float *x, tlm_block_q3_k *y) {
         for (int j = 0; j < TLM_QK_K / 16; ++j) {
             /* ggml keeps nearest_int's result in an int8_t before clamping it */
             int8_t l = (int8_t)nearest_int(iscale * scales[j]);
-            l = (int8_t)(imax(-32, imin(31, l)) + 32);
-            if (j < 8)
-                y->scales[j] = (uint8_t)(l & 0xF);
-            else
-                y->scales[j - 8] |= (uint8_t)((l & 0xF) << 4);
-            l >>= 4;
-            y->scales[j % 4 + 8] |= (uint8_t)(l << (2 * (j / 4)));
+            put_q3k_scale(j, imax(-32, imin(31, l)) + 32, y->scales);
         }
         y->d = tlm_f32_to_f16(1 / iscale);
     } else {
@@ -785,15 +789,7 @@ static void q3_kw(const float *x, const float *qw, tlm_block_q3_k *y) {
     }
     memset(y->scales, 0, 12);
     float d_block = make_qx_quants(16, 32, scales, Ls, sw);
-    for (int j = 0; j < 16; ++j) {
-        int l = Ls[j];
-        if (j < 8)
-            y->scales[j] = (uint8_t)(l & 0xF);
-        else
-            y->scales[j - 8] |= (uint8_t)((l & 0xF) << 4);
-        l >>= 4;
-        y->scales[j % 4 + 8] |= (uint8_t)(l << (2 * (j / 4)));
-    }
+    for (int j = 0; j < 16; ++j) put_q3k_scale(j, Ls[j], y->scales);
     y->d = tlm_f32_to_f16(d_block);
     q3_k_finish(x, L, y);
 }

@@ -160,12 +160,9 @@ static tlm_status write_gguf(const tlm_model *m, const tlm_tokenizer *tok, const
             }
 #pragma omp parallel for schedule(dynamic, 16) if (t->numel >= 65536)
             for (size_t r = 0; r < rows; r++) {
-                tlm_status e = TLM_OK;
-                /* IQ4's search on 16 lanes where the CPU has AVX-512: the same bytes, 4x sooner */
-                if (ty == TLM_DTYPE_IQ4_NL || ty == TLM_DTYPE_IQ4_XS)
-                    k_iq4_blocks(ty, src + r * cols, out + r * row_bytes, (int)cols, qw);
-                else
-                    e = tlm_quantize_rows(ty, src + r * cols, out + r * row_bytes, 1, cols, qw);
+                /* the kernels' vector quantizers where they have one (IQ4), the same bytes */
+                tlm_status e =
+                    k_quantize_rows(ty, src + r * cols, out + r * row_bytes, 1, cols, qw);
                 if (e) {
 #pragma omp critical
                     rs = e;

@@ -91,6 +91,12 @@ static im_entry *add_entry(tlm_imatrix *im, const char *name, size_t len) {
     return e;
 }
 
+static im_entry *find_entry(const tlm_imatrix *im, const char *name) {
+    for (int i = 0; im && i < im->n; i++)
+        if (!strcmp(im->e[i].name, name)) return &im->e[i];
+    return NULL;
+}
+
 static tlm_status check_finite(const tlm_imatrix *im, const char *path) {
     for (int i = 0; i < im->n; i++)
         for (size_t j = 0; j < im->e[i].n; j++)
@@ -247,13 +253,9 @@ tlm_status tlm_imatrix_load(const char *path, tlm_imatrix **out) {
 }
 
 const float *tlm_imatrix_find(const tlm_imatrix *im, const char *name, size_t *n) {
-    for (int i = 0; im && i < im->n; i++)
-        if (!strcmp(im->e[i].name, name)) {
-            if (n) *n = im->e[i].n;
-            return im->e[i].w;
-        }
-    if (n) *n = 0;
-    return NULL;
+    const im_entry *e = find_entry(im, name);
+    if (n) *n = e ? e->n : 0;
+    return e ? e->w : NULL;
 }
 
 int tlm_imatrix_entries(const tlm_imatrix *im) { return im ? im->n : 0; }
@@ -274,11 +276,9 @@ tlm_status tlm_imatrix_new(tlm_imatrix **out) {
     return *out ? TLM_OK : tlm_err(TLM_ERR_NOMEM, "out of memory");
 }
 
-tlm_status tlm_imatrix_accumulate(tlm_imatrix *im, const char *name, const float *sum2, size_t n,
-                                  int64_t tokens) {
-    im_entry *e = NULL;
-    for (int i = 0; i < im->n && !e; i++)
-        if (!strcmp(im->e[i].name, name)) e = &im->e[i];
+/* The entry to collect into for name, made (empty) where it is new. */
+static tlm_status collect_entry(tlm_imatrix *im, const char *name, size_t n, im_entry **out) {
+    im_entry *e = find_entry(im, name);
     if (!e) {
         if (!(e = add_entry(im, name, strlen(name))))
             return tlm_err(TLM_ERR_NOMEM, "out of memory");
@@ -292,6 +292,15 @@ tlm_status tlm_imatrix_accumulate(tlm_imatrix *im, const char *name, const float
     if (e->n != n || e->n_counts != 1)
         return tlm_err(TLM_ERR_ARG, "imatrix entry '%s' has %zu columns, not %zu", name, e->n, n);
     if (!e->tokens && e->counts[0] > 0) e->tokens = (int64_t)llroundf(e->counts[0]); /* loaded */
+    *out = e;
+    return TLM_OK;
+}
+
+tlm_status tlm_imatrix_accumulate(tlm_imatrix *im, const char *name, const float *sum2, size_t n,
+                                  int64_t tokens) {
+    im_entry *e = NULL;
+    tlm_status s = collect_entry(im, name, n, &e);
+    if (s) return s;
     for (size_t j = 0; j < n; j++) e->sums[j] += sum2[j];
     e->tokens += tokens;
     e->counts[0] = (float)e->tokens;
@@ -364,14 +373,9 @@ tlm_status tlm_imatrix_add_rows(tlm_imatrix *im, const char *name, const float *
     if (im->legacy)
         return tlm_err(TLM_ERR_ARG, "%s holds means (the legacy layout): collect into a new matrix",
                        im->path ? im->path : "the matrix");
-    float *zero = calloc(cols, sizeof(float));
-    if (!zero) return tlm_err(TLM_ERR_NOMEM, "out of memory");
-    tlm_status s = tlm_imatrix_accumulate(im, name, zero, cols, 0); /* the entry, if new */
-    free(zero);
-    if (s) return s;
     im_entry *e = NULL;
-    for (int i = 0; i < im->n && !e; i++)
-        if (!strcmp(im->e[i].name, name)) e = &im->e[i];
+    tlm_status s = collect_entry(im, name, cols, &e);
+    if (s) return s;
     /* a running sum row by row, as llama-imatrix adds each matrix product's rows */
     for (size_t r = 0; r < rows; r++) {
         const float *xr = x + r * ld;

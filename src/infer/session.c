@@ -444,12 +444,9 @@ static void store_heads(void *ctx, long a, long b) {
                         (size_t)s->row_pos[r] * s->kv_row[kv];
             const float *src = x->qkv + (size_t)r * x->ld + qw + (size_t)kv * kw + (size_t)h * hd;
             /* as llama.cpp's CPU backend stores each type: its x86 quantize_row_q8_0 for Q8_0,
-             * the reference quantizers (tlm_dtype_from_f32's, byte for byte) for the others,
-             * IQ4_NL's search on 16 lanes (k_iq4_blocks, the same bytes) */
+             * the reference quantizers (byte for byte, k_narrow_row) for the others */
             if (s->kv_kind[kv] == K_KV_Q8_0)
                 k_q8_0_blocks(src, dst, hd);
-            else if (s->kv_kind[kv] == K_KV_IQ4_NL)
-                k_iq4_blocks(TLM_DTYPE_IQ4_NL, src, dst, hd, NULL);
             else if (s->kv_kind[kv] != K_KV_F32)
                 k_narrow_row(s->kv_type[kv], src, dst, hd);
             else

@@ -1,5 +1,6 @@
 #include "qdot.h"
 
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -405,14 +406,22 @@ void k_q8_0_blocks(const float *x, void *y, int n) {
     k_q8_0_blocks_ref(x, y, n);
 }
 
-void k_iq4_blocks(tlm_dtype t, const float *x, void *y, int n, const float *qw) {
-    if (k_simd_iq4_blocks(t, x, y, n, qw)) return;
-    tlm_quantize_rows(t, x, y, 1, (size_t)n, qw);
+tlm_status k_quantize_rows(tlm_dtype t, const float *x, void *y, size_t rows, size_t cols,
+                           const float *qw) {
+    if ((t == TLM_DTYPE_IQ4_NL || t == TLM_DTYPE_IQ4_XS) && cols <= INT_MAX) {
+        size_t rb = tlm_dtype_bytes(t, cols);
+        size_t r = 0;
+        while (r < rows && rb &&
+               k_simd_iq4_blocks(t, x + r * cols, (uint8_t *)y + r * rb, (int)cols, qw))
+            r++;
+        if (r == rows) return TLM_OK;
+    }
+    return tlm_quantize_rows(t, x, y, rows, cols, qw);
 }
 
 void k_narrow_row(tlm_dtype t, const float *src, void *dst, int n) {
     if (k_isa() >= K_ISA_AVX2 && k_simd_narrow(t, src, dst, n)) return;
-    tlm_dtype_from_f32(t, src, dst, (size_t)n);
+    k_quantize_rows(t, src, dst, 1, (size_t)n, NULL);
 }
 
 /* ---- scratch -------------------------------------------------------------------------------- */

@@ -83,11 +83,12 @@ void k_act_quantize_ref(k_act_kind kind, const float *x, void *xq, int n);
  * away from zero. The vector version (AVX-512) matches the reference byte for byte. */
 void k_q8_0_blocks(const float *x, void *y, int n);
 void k_q8_0_blocks_ref(const float *x, void *y, int n);
-/* n floats (whole blocks) to IQ4_NL or IQ4_XS blocks, byte for byte tlm_quantize_rows's (ggml's
- * quantizers: IQ4_NL is what llama.cpp's CPU backend stores its cache with), qw an importance
- * matrix's weights for the n columns or NULL; AVX-512 where the CPU has it (k_simd_iq4_blocks,
- * act_quant.c: 1 if it ran). */
-void k_iq4_blocks(tlm_dtype t, const float *x, void *y, int n, const float *qw);
+/* tlm_quantize_rows with the kernels' vector versions where they exist, byte for byte the same:
+ * IQ4_NL and IQ4_XS's search on AVX-512 lanes (k_simd_iq4_blocks, act_quant.c: 1 if it ran, for
+ * n floats of whole blocks). tlm quantize's tensors and (through k_narrow_row) the KV cache's
+ * stores go through it. */
+tlm_status k_quantize_rows(tlm_dtype t, const float *x, void *y, size_t rows, size_t cols,
+                           const float *qw);
 int k_simd_iq4_blocks(tlm_dtype t, const float *x, void *y, int n, const float *qw);
 /* The best instruction set this CPU runs (TLM_ISA=ref|avx2|avxvnni caps it, for comparisons). */
 int k_isa(void);
