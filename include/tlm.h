@@ -636,6 +636,26 @@ tlm_status tlm_imatrix_add_rows(tlm_imatrix *im, const char *name, const float *
 tlm_status tlm_imatrix_collect(tlm_imatrix *im, tlm_train_ctx *ctx, const int32_t *ids, int B,
                                int T, int output, const float **logits);
 
+/* Keeps only the entries whose name contains one of names[0..n) (keep != 0), or drops those
+ * (keep == 0): llama-quantize's --include-weights / --exclude-weights. Matrices without an entry
+ * are quantized without one; a matrix left with no entries counts as none. */
+void tlm_imatrix_filter(tlm_imatrix *im, const char *const *names, int n, int keep);
+
+/* A metadata override for tlm_quantize_opts.kv_overrides (llama-quantize --override-kv
+ * KEY=TYPE:VALUE). */
+typedef enum { TLM_KV_INT, TLM_KV_FLOAT, TLM_KV_BOOL, TLM_KV_STR } tlm_kv_type;
+typedef struct tlm_kv_override {
+    char key[128];
+    tlm_kv_type type;
+    int64_t i; /* TLM_KV_INT */
+    double f;  /* TLM_KV_FLOAT */
+    int b;     /* TLM_KV_BOOL */
+    char str[128];
+} tlm_kv_override;
+/* "KEY=TYPE:VALUE", TYPE int, float, bool (true or false) or str, as llama.cpp parses it: a key
+ * of 1 to 127 bytes, a string of at most 127; numbers must be whole. */
+tlm_status tlm_kv_override_parse(const char *spec, tlm_kv_override *out);
+
 /* A per-tensor type for tlm_quantize_opts.tensor_types: "attn_v", "blk\\.[0-3]\\.ffn_down" ... */
 typedef struct tlm_tensor_type {
     const char *pattern;
@@ -670,6 +690,17 @@ typedef struct {
     int n_tensor_types;
     /* --dry-run: every tensor's type and size through progress, nothing written */
     int dry_run;
+    /* --override-kv: each key removed where it was and written after general.file_type, in
+     * order (before the importance matrix's keys), as llama-quantize sets them: ints as U32 of
+     * their magnitude, floats as F32. general.alignment cannot be overridden (it would move the
+     * data). Only the file's metadata changes; the weights and their types do not. */
+    const tlm_kv_override *kv_overrides;
+    int n_kv_overrides;
+    /* --prune-layers: these blocks are left out and the rest renumbered from 0 in order
+     * (llama.block_count follows); the mixes count the attn_v tensors left but keep the
+     * model's layer count for ffn_down, as llama-quantize does. Each must be a layer of m. */
+    const int *prune_layers;
+    int n_prune_layers;
 } tlm_quantize_opts;
 
 /* Writes m (F32 weights: load with TLM_LOAD_WRITABLE) as a GGUF of file type o->ftype to path

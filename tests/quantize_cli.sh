@@ -206,4 +206,36 @@ expect_fail "not a regular expression" quantize "$W/f32.gguf" "$W/x.gguf" --type
 expect_fail "--output-tensor-type wants a type" quantize "$W/f32.gguf" "$W/x.gguf" --type q4_0 --output-tensor-type i32
 expect_fail "unknown option '--pure'" convert "$W/f32.gguf" "$W/x.gguf" --type q4_0 --pure
 [ ! -e "$W/x.gguf" ] || fail "a refused command left a file"
+
+# --prune-layers and --override-kv: blocks left out and the rest renumbered, metadata set; tlm
+# reads the file back (test_quant checks the bytes against llama.cpp's)
+"$TLM" quantize "$W/f32.gguf" "$W/p.gguf" --type q8_0 --prune-layers 1,3 \
+  --override-kv general.name=str:pruned --override-kv llama.context_length=int:128 2>"$W/log" ||
+  fail "prune: $(cat "$W/log")"
+grep -q "blk.2.attn_q.weight" "$W/log" && ! grep -q "blk.3.attn_q.weight" "$W/log" ||
+  fail "--prune-layers 1,3 of 5: $(cat "$W/log")"
+"$TLM" info -m "$W/p.gguf" >"$W/info"
+grep -q "n_layers *3$" "$W/info" && grep -q "context_length *128$" "$W/info" ||
+  fail "pruned file: $(cat "$W/info")"
+"$TLM" generate -m "$W/p.gguf" -n 4 --seed 1 -p "Once" >/dev/null 2>"$W/log" ||
+  fail "generate from the pruned file: $(cat "$W/log")"
+ok
+# --include-weights / --exclude-weights: the matrix's entries kept or dropped by name
+"$TLM" quantize "$W/f32.gguf" "$W/qs.gguf" --type q4_0 --imatrix "$W/im.gguf" --include-weights attn_v \
+  --include-weights blk.0. 2>"$W/log" || fail "--include-weights: $(cat "$W/log")"
+grep -q "11 importance matrix entries" "$W/log" || fail "--include-weights: $(head -1 "$W/log")"
+"$TLM" quantize "$W/f32.gguf" "$W/qs.gguf" --type q4_0 --imatrix "$W/im.gguf" --exclude-weights ffn 2>"$W/log" ||
+  fail "--exclude-weights: $(cat "$W/log")"
+grep -q "20 importance matrix entries" "$W/log" || fail "--exclude-weights: $(head -1 "$W/log")"
+ok
+expect_fail "the model has layers 0 to 4, not 5" quantize "$W/f32.gguf" "$W/x.gguf" --type q4_0 --prune-layers 5
+expect_fail "every layer pruned" quantize "$W/f32.gguf" "$W/x.gguf" --type q4_0 --prune-layers 0,1,2,3,4
+expect_fail "wants layer numbers" quantize "$W/f32.gguf" "$W/x.gguf" --type q4_0 --prune-layers 1,-2
+expect_fail "TYPE must be int, float, bool or str" quantize "$W/f32.gguf" "$W/x.gguf" --type q4_0 --override-kv a=u8:1
+expect_fail "a bool is true or false" quantize "$W/f32.gguf" "$W/x.gguf" --type q4_0 --override-kv a=bool:1
+expect_fail "general.alignment" quantize "$W/f32.gguf" "$W/x.gguf" --type q4_0 --override-kv general.alignment=int:64
+expect_fail "select the entries of an --imatrix" quantize "$W/f32.gguf" "$W/x.gguf" --type q4_0 --include-weights attn_v
+expect_fail "cannot be used together" quantize "$W/f32.gguf" "$W/x.gguf" --type q4_0 --imatrix "$W/im.gguf" \
+  --include-weights attn_v --exclude-weights ffn
+[ ! -e "$W/x.gguf" ] || fail "a refused command left a file"
 echo "quantize_cli: $pass passed"

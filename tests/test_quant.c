@@ -406,7 +406,7 @@ typedef struct {
     size_t size;
 } llama_imatrix_data;
 typedef struct {
-    int tag; /* 0 int, 3 string */
+    int tag; /* 0 int, 1 float, 2 bool, 3 string: tlm_kv_type's order */
     char key[128];
     union {
         int64_t val_i64;
@@ -526,6 +526,23 @@ static void test_imatrix_merge(const char *gguf) {
     tlm_imatrix_free(l);
     tlm_imatrix_free(lm);
     remove(dat);
+}
+
+/* Two files' bytes equal, or a report of where they differ. */
+static int same_files(const char *ours, const char *theirs, const char *what) {
+    size_t na = 0, nb = 0;
+    uint8_t *a = slurp(ours, &na), *b = slurp(theirs, &nb);
+    int same = a && b && na == nb && !memcmp(a, b, na);
+    CHECK(same, "%s: tlm's file (%zu bytes) differs from llama-quantize's (%zu)", what, na, nb);
+    if (!same) {
+        char ta[8192], tb[8192];
+        file_types(ours, ta, sizeof ta);
+        file_types(theirs, tb, sizeof tb);
+        fprintf(stderr, "  tlm:   %s\n  llama: %s\n", ta, tb);
+    }
+    free(a);
+    free(b);
+    return same;
 }
 
 /* With an importance matrix: tlm's file (the matrix written by tlm_imatrix_save and read back by
@@ -655,6 +672,46 @@ static void test_imatrix_files(model_quantize_fn llama_quantize, default_params_
         remove(ours);
         remove(theirs);
         remove(plain);
+    }
+    /* --include-weights / --exclude-weights: the entries whose names contain one of the words
+     * kept or dropped before quantizing, as llama-quantize's prepare_imatrix does */
+    for (int r = 0; im && r < 2; r++) {
+        static const char *const inc[] = {"attn_v", "blk.1."}, *const exc[] = {"ffn"};
+        const char *const *words = r ? exc : inc;
+        int nwords = r ? 1 : 2;
+        tlm_imatrix *f = NULL;
+        CHECK_OK(tlm_imatrix_load(imf, &f));
+        tlm_imatrix_filter(f, words, nwords, !r);
+        llama_imatrix_data *lf = calloc((size_t)nl + 1, sizeof *lf);
+        int nf = 0;
+        for (int e = 0; lf && e < nl; e++) {
+            int hit = 0;
+            for (int w = 0; w < nwords; w++) hit |= strstr(ld[e].name, words[w]) != NULL;
+            if (hit == !r) lf[nf++] = ld[e];
+        }
+        CHECK(tlm_imatrix_entries(f) == nf && nf > 0 && nf < nl, "%s: %d entries of %d, want %d",
+              r ? "excluded" : "included", tlm_imatrix_entries(f), nl, nf);
+        llama_kv_override kf[5];
+        memcpy(kf, kv, sizeof kf);
+        kf[2].val_i64 = nf;
+        tlm_quantize_opts o = {0};
+        o.ftype = TLM_FTYPE_Q4_K_M;
+        o.imatrix = f;
+        const char *ours = "quant_im_sel.gguf", *theirs = "quant_im_sel_llama.gguf";
+        CHECK_OK(tlm_model_quantize_gguf(m, tok, ours, &o));
+        llama_quantize_params p = defaults();
+        p.nthread = 1;
+        p.ftype = (int)o.ftype;
+        p.imatrix = lf;
+        p.kv_overrides = kf;
+        CHECK(llama_quantize(f32, theirs, &p) == 0, "llama_model_quantize %s failed", theirs);
+        if (same_files(ours, theirs, r ? "--exclude-weights" : "--include-weights"))
+            printf("imatrix %s-weights (%d of %d entries) == llama-quantize\n",
+                   r ? "--exclude" : "--include", nf, nl);
+        free(lf);
+        tlm_imatrix_free(f);
+        remove(ours);
+        remove(theirs);
     }
     /* a matrix entry of the wrong size fails, naming the tensor; nothing is left behind */
     tlm_imatrix *bad = NULL;
@@ -792,6 +849,115 @@ static void test_override_files(model_quantize_fn llama_quantize, default_params
     }
 }
 
+/* llama-quantize's --override-kv and --prune-layers against llama_model_quantize given the same:
+ * overridden keys moved to the end in llama.cpp's types (a key set twice, an int's magnitude),
+ * pruned blocks left out and the rest renumbered, llama.block_count last, and the mixes' layer
+ * counts as llama.cpp keeps them (attn_v over the layers left, ffn_down over the model's). */
+static void test_kv_prune_files(model_quantize_fn llama_quantize, default_params_fn defaults,
+                                const tlm_tokenizer *tok) {
+    static const char *const specs[] = {
+        "general.name=str:renamed", "llama.context_length=int:-300",
+        "x.scale=float:0.25",       "tokenizer.ggml.add_bos_token=bool:false",
+        "x.flag=bool:true",         "general.name=str:again"};
+    enum { NS = sizeof specs / sizeof *specs };
+    tlm_kv_override kv[NS];
+    llama_kv_override lkv[NS + 1];
+    memset(lkv, 0, sizeof lkv);
+    for (int k = 0; k < NS; k++) {
+        CHECK_OK(tlm_kv_override_parse(specs[k], &kv[k]));
+        lkv[k].tag = (int)kv[k].type;
+        memcpy(lkv[k].key, kv[k].key, sizeof lkv[k].key);
+        if (kv[k].type == TLM_KV_INT) lkv[k].val_i64 = kv[k].i;
+        if (kv[k].type == TLM_KV_FLOAT) lkv[k].val_f64 = kv[k].f;
+        if (kv[k].type == TLM_KV_BOOL) lkv[k].val_bool = kv[k].b;
+        if (kv[k].type == TLM_KV_STR) memcpy(lkv[k].val_str, kv[k].str, sizeof lkv[k].val_str);
+    }
+    CHECK(kv[1].i == -300 && kv[2].f == 0.25 && !kv[3].b && kv[4].b && !strcmp(kv[5].str, "again"),
+          "overrides parsed");
+    static const char *const bad[] = {
+        "=int:1", "novalue", "k=int:12x", "k=int:", "k=float:x", "k=bool:yes", "k=u32:1", "k=str"};
+    for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
+        tlm_kv_override o;
+        CHECK(tlm_kv_override_parse(bad[k], &o) == TLM_ERR_ARG && strstr(tlm_last_error(), bad[k]),
+              "override '%s' refused: %s", bad[k], tlm_last_error());
+    }
+    static const int prune_a[] = {1, 6}, prune_b[] = {0}, prune_c[] = {7, 6, 5, 6};
+    static const struct {
+        const char *tag, *ftype;
+        const int *prune;
+        int n_prune, kv, layers;
+        const char *expect;
+    } cases[] = {
+        {"kvprune", "q4_k_m", prune_a, 2, 1, 6, "blk.3.ffn_down.weight:Q6_K"},
+        {"kvonly", "q4_0", NULL, 0, 1, 8, "blk.7.attn_v.weight:Q4_0"},
+        {"prune0", "q3_k_m", prune_b, 1, 0, 7, "blk.6.ffn_down.weight"},
+        {"prunelast", "q5_k_m", prune_c, 4, 0, 5, "blk.4.attn_v.weight:Q6_K"},
+    };
+    tlm_model *m = wide_model(8, 512, 0, 17);
+    if (!m) return;
+    const char *f32 = "quant_kv_src.gguf";
+    CHECK_OK(tlm_model_save_gguf(m, tok, f32, TLM_DTYPE_F32));
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        tlm_quantize_opts o = {0};
+        CHECK(tlm_ftype_from_name(cases[k].ftype, &o.ftype), "%s", cases[k].ftype);
+        o.prune_layers = cases[k].prune;
+        o.n_prune_layers = cases[k].n_prune;
+        o.kv_overrides = cases[k].kv ? kv : NULL;
+        o.n_kv_overrides = cases[k].kv ? NS : 0;
+        llama_quantize_params p = defaults();
+        p.nthread = 1;
+        p.ftype = (int)o.ftype;
+        p.kv_overrides = cases[k].kv ? lkv : NULL;
+        int32_t pl[8];
+        for (int r = 0; r < cases[k].n_prune; r++) pl[r] = cases[k].prune[r];
+        pl[cases[k].n_prune] = -1;
+        p.prune_layers = cases[k].n_prune ? pl : NULL;
+        char ours[128], theirs[128];
+        snprintf(ours, sizeof ours, "quant_kv_%s.gguf", cases[k].tag);
+        snprintf(theirs, sizeof theirs, "quant_kv_%s_llama.gguf", cases[k].tag);
+        CHECK_OK(tlm_model_quantize_gguf(m, tok, ours, &o));
+        CHECK(llama_quantize(f32, theirs, &p) == 0, "llama_model_quantize %s failed", theirs);
+        int same = same_files(ours, theirs, cases[k].tag);
+        char ta[8192];
+        file_types(ours, ta, sizeof ta);
+        CHECK(strstr(ta, cases[k].expect) != NULL, "%s: no %s in %s", cases[k].tag, cases[k].expect,
+              ta);
+        /* tlm reads it back: the layers left, the overridden context length */
+        tlm_model *q = NULL;
+        CHECK_OK(tlm_model_load(ours, &q));
+        const tlm_config *qc = q ? tlm_model_config(q) : NULL;
+        CHECK(qc && qc->n_layers == cases[k].layers &&
+                  qc->context_length == (cases[k].kv ? 300 : 64),
+              "%s read back: %d layers, context %d", cases[k].tag, qc ? qc->n_layers : -1,
+              qc ? qc->context_length : -1);
+        tlm_model_free(q);
+        if (same) printf("kv/prune %-9s == llama-quantize (%s)\n", cases[k].tag, cases[k].expect);
+        remove(ours);
+        remove(theirs);
+    }
+    /* refusals, nothing written: a layer the model lacks, every layer, general.alignment */
+    static const int out_of_range[] = {8}, all[] = {0, 1, 2, 3, 4, 5, 6, 7};
+    tlm_kv_override align;
+    CHECK_OK(tlm_kv_override_parse("general.alignment=int:64", &align));
+    for (int r = 0; r < 3; r++) {
+        tlm_quantize_opts o = {0};
+        o.ftype = TLM_FTYPE_Q4_0;
+        o.prune_layers = r == 0 ? out_of_range : r == 1 ? all : NULL;
+        o.n_prune_layers = r == 0 ? 1 : r == 1 ? 8 : 0;
+        o.kv_overrides = r == 2 ? &align : NULL;
+        o.n_kv_overrides = r == 2;
+        static const char *const why[] = {"not 8", "every layer", "general.alignment"};
+        CHECK(tlm_model_quantize_gguf(m, tok, "quant_kv_bad.gguf", &o) == TLM_ERR_ARG &&
+                  strstr(tlm_last_error(), why[r]),
+              "refusal %d: %s", r, tlm_last_error());
+        FILE *left = fopen("quant_kv_bad.gguf", "rb");
+        CHECK(!left, "a refused quantization left its file");
+        if (left) fclose(left);
+    }
+    tlm_model_free(m);
+    remove(f32);
+}
+
 /* node is not what the sanitizers check: their builds leave llama.cpp's loading out. */
 #if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 #define TEST_LLAMACPP_LOADS 1
@@ -907,6 +1073,7 @@ static void test_whole_files(void) {
     }
     test_imatrix_files(llama_quantize, defaults, tok);
     test_override_files(llama_quantize, defaults, tok);
+    test_kv_prune_files(llama_quantize, defaults, tok);
     tlm_tokenizer_free(tok);
 #ifdef TEST_LLAMACPP_LOADS
     /* The files are llama-quantize's bytes, so llama.cpp's loading them is its own business; a

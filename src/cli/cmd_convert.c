@@ -1,5 +1,6 @@
 /* tlm convert: any model we can read into any format we can write. */
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -26,7 +27,9 @@ static const char *convert_help =
 static const char *quantize_help =
     "usage: tlm quantize IN OUT --type TYPE [--imatrix FILE] [-z TOKENIZER] [--pure]\n"
     "                    [--leave-output-tensor] [--output-tensor-type T]\n"
-    "                    [--token-embedding-type T] [--tensor-type PATTERN=T ...] [--dry-run]\n\n"
+    "                    [--token-embedding-type T] [--tensor-type PATTERN=T ...] [--dry-run]\n"
+    "                    [--include-weights NAME ... | --exclude-weights NAME ...]\n"
+    "                    [--prune-layers L0,L1,...] [--override-kv KEY=TYPE:VALUE ...]\n\n"
     "Writes any model tlm reads (tlm checkpoint, llama2.c .bin, .gguf, Hugging Face directory) as\n"
     "a GGUF file of TYPE, the bytes llama.cpp's llama-quantize writes from the same F32 weights\n"
     "(with the same importance matrix, if any): the same type per tensor, the same quantized\n"
@@ -55,6 +58,11 @@ static const char *quantize_help =
     "                 repeatable, the first match wins (--tensor-type-file F: one per word)\n"
     "  -z, --tokenizer P   tokenizer to embed (default: the one IN carries, if any)\n"
     "  --dry-run      list every tensor's type and size and the file's total; write nothing\n"
+    "  --include-weights NAME  use the --imatrix only for matrices whose names contain NAME\n"
+    "               (repeatable); --exclude-weights NAME: not for those\n"
+    "  --prune-layers L0,L1,...  leave these blocks out, the others renumbered from 0\n"
+    "  --override-kv KEY=TYPE:VALUE  set metadata KEY (TYPE int, float, bool or str) in the\n"
+    "               file, e.g. general.name=str:my-model (repeatable)\n"
     "These are llama-quantize's options of the same names, with its results.\n";
 
 /* A ggml type name (q8_0, Q4_K, f16, ...) for the per-tensor overrides, any case: F32, F16, BF16
@@ -81,6 +89,9 @@ static int type_flag(const char *flag, const char *v, tlm_dtype *t, int *set) {
 }
 
 #define MAX_TENSOR_TYPES 64
+#define MAX_KV_OVERRIDES 64
+#define MAX_WEIGHT_NAMES 64
+#define MAX_PRUNE 1024
 
 /* One --tensor-type PATTERN=TYPE, as llama-quantize reads it (the pattern lower-cased). */
 static int add_tensor_type(const char *arg, tlm_tensor_type *tt, char pats[][128], int *n) {
@@ -127,6 +138,9 @@ static int convert(int argc, char **argv, int quantize) {
     char pats[MAX_TENSOR_TYPES][128];
     int ntt = 0, pure = 0, leave_output = 0, out_set = 0, embd_set = 0, dry = 0;
     tlm_dtype out_type = TLM_DTYPE_F32, embd_type = TLM_DTYPE_F32;
+    tlm_kv_override kvs[MAX_KV_OVERRIDES];
+    const char *incl[MAX_WEIGHT_NAMES], *excl[MAX_WEIGHT_NAMES];
+    int nkv = 0, nincl = 0, nexcl = 0, prune[MAX_PRUNE], nprune = 0;
     for (int i = 1; i < argc; i++) {
         const char *v;
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
@@ -158,6 +172,42 @@ static int convert(int argc, char **argv, int quantize) {
                 bad = add_tensor_type(w, tts, pats, &ntt);
             free(txt);
             if (bad) return 1;
+        } else if (quantize && cli_flag_value(argc, argv, &i, "--override-kv", NULL, &v)) {
+            if (!v) return cli_fail("quantize: --override-kv wants KEY=TYPE:VALUE");
+            if (nkv == MAX_KV_OVERRIDES)
+                return cli_fail("quantize: more than %d --override-kv", MAX_KV_OVERRIDES);
+            if (tlm_kv_override_parse(v, &kvs[nkv++])) return cli_fail_status("quantize");
+        } else if (quantize && cli_flag_value(argc, argv, &i, "--prune-layers", NULL, &v)) {
+            if (!v) return cli_fail("quantize: --prune-layers wants layer numbers L0,L1,...");
+            for (const char *p = v; p;) { /* L0,L1,... */
+                char num[32];
+                const char *comma = strchr(p, ',');
+                size_t len = comma ? (size_t)(comma - p) : strlen(p);
+                long l;
+                if (len >= sizeof num) len = sizeof num - 1;
+                memcpy(num, p, len);
+                num[len] = 0;
+                if (!cli_parse_int(num, &l) || l < 0 || l > INT_MAX)
+                    return cli_fail("quantize: --prune-layers wants layer numbers L0,L1,..., got "
+                                    "'%s'",
+                                    v);
+                if (nprune == MAX_PRUNE)
+                    return cli_fail("quantize: more than %d layers to prune", MAX_PRUNE);
+                prune[nprune++] = (int)l;
+                p = comma ? comma + 1 : NULL;
+            }
+        } else if (quantize && (!strcmp(argv[i], "--include-weights") ||
+                                !strcmp(argv[i], "--exclude-weights"))) {
+            const char *flag = argv[i];
+            int inc = flag[2] == 'i';
+            cli_flag_value(argc, argv, &i, flag, NULL, &v);
+            if (!v) return cli_fail("quantize: %s wants a tensor name", flag);
+            if ((inc ? nincl : nexcl) == MAX_WEIGHT_NAMES)
+                return cli_fail("quantize: more than %d weight names", MAX_WEIGHT_NAMES);
+            if (inc)
+                incl[nincl++] = v;
+            else
+                excl[nexcl++] = v;
         } else if (cli_flag_value(argc, argv, &i, "--imatrix", NULL, &v)) {
             if (!v) return cli_fail("%s: --imatrix needs a file", cmd);
             imp = v;
@@ -188,6 +238,12 @@ static int convert(int argc, char **argv, int quantize) {
         return cli_fail("quantize: usage: tlm quantize IN OUT --type TYPE");
     if (!in || !out || !to) return cli_fail("convert: usage: tlm convert IN OUT --to FORMAT");
     if (imp && !qtype) return cli_fail("%s: --imatrix goes with --type", cmd);
+    if ((nincl || nexcl) && !imp)
+        return cli_fail("quantize: --include-weights and --exclude-weights select the entries of "
+                        "an --imatrix");
+    if (nincl && nexcl)
+        return cli_fail(
+            "quantize: --include-weights and --exclude-weights cannot be used together");
     tlm_ftype ftype = TLM_FTYPE_F32;
     if (qtype) {
         if (!tlm_ftype_from_name(qtype, &ftype))
@@ -250,6 +306,8 @@ static int convert(int argc, char **argv, int quantize) {
     tlm_imatrix *im = NULL;
     if (imp) {
         if (tlm_imatrix_load(imp, &im)) return cli_fail("%s: --imatrix: %s", cmd, tlm_last_error());
+        if (nexcl) tlm_imatrix_filter(im, excl, nexcl, 0);
+        if (nincl) tlm_imatrix_filter(im, incl, nincl, 1);
         fprintf(stderr, "%s: %d importance matrix entries from %s computed on %d chunks\n", cmd,
                 tlm_imatrix_entries(im), imp, tlm_imatrix_chunks(im));
     }
@@ -288,9 +346,12 @@ static int convert(int argc, char **argv, int quantize) {
             fprintf(stderr, "tlm: warning: no tokenizer (give -z): %s will have no vocabulary\n",
                     out);
         if (qtype) {
-            tlm_quantize_opts qo = {
-                ftype,    im,       quantize_progress, &dry_total, pure, leave_output, out_set,
-                embd_set, out_type, embd_type,         tts,        ntt,  dry};
+            tlm_quantize_opts qo = {ftype,      im,       quantize_progress,
+                                    &dry_total, pure,     leave_output,
+                                    out_set,    embd_set, out_type,
+                                    embd_type,  tts,      ntt,
+                                    dry,        kvs,      nkv,
+                                    prune,      nprune};
             s = tlm_model_quantize_gguf(m, tok, out, &qo);
         } else {
             s = tlm_model_save_gguf(m, tok, out, dt);

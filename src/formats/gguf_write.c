@@ -11,7 +11,9 @@
  * tensor order and its keys, so that quantizing a tlm-written F32 GGUF with either tool gives the
  * same file. The metadata is always tlm's own: from a GGUF written elsewhere, keys tlm does not
  * model (chat templates, names) are not carried over, unlike llama-quantize, which copies them. */
+#include <errno.h>
 #include <regex.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,7 +37,74 @@ typedef struct {
      * general.quantization_version (it removes and re-appends the keys it sets). */
     int quantized_layout;
     const tlm_quantize_opts *progress; /* may be NULL */
+    int n_order;                       /* tensors written: order[0 .. n_order) */
+    const int *new_layer; /* NULL, or per layer its number in the file, -1 where pruned */
+    int n_layers;         /* the file's block count */
 } gguf_plan;
+
+static int tensor_layer(const char *name);
+
+/* A block tensor's name with its layer renumbered as plan->new_layer says (llama-quantize
+ * --prune-layers); other names as they are. */
+static const char *file_name(const gguf_plan *plan, const char *name, char *buf, size_t cap) {
+    int l = tensor_layer(name);
+    if (!plan->new_layer || l < 0 || plan->new_layer[l] == l) return name;
+    snprintf(buf, cap, "blk.%d%s", plan->new_layer[l], strchr(name + 4, '.'));
+    return buf;
+}
+
+tlm_status tlm_kv_override_parse(const char *spec, tlm_kv_override *out) {
+    memset(out, 0, sizeof *out);
+    const char *eq = spec ? strchr(spec, '=') : NULL;
+    if (!eq || eq == spec || eq - spec >= (ptrdiff_t)sizeof out->key)
+        return tlm_err(TLM_ERR_ARG,
+                       "override '%s': want KEY=TYPE:VALUE with a key of 1 to 127 bytes "
+                       "(TYPE int, float, bool or str)",
+                       spec ? spec : "");
+    memcpy(out->key, spec, (size_t)(eq - spec));
+    const char *v = eq + 1;
+    char *end = NULL;
+    if (!strncmp(v, "int:", 4)) {
+        out->type = TLM_KV_INT;
+        errno = 0;
+        long long x = strtoll(v + 4, &end, 10);
+        if (end == v + 4 || *end || errno)
+            return tlm_err(TLM_ERR_ARG, "override '%s': '%s' is not an integer", spec, v + 4);
+        out->i = x;
+    } else if (!strncmp(v, "float:", 6)) {
+        out->type = TLM_KV_FLOAT;
+        out->f = strtod(v + 6, &end);
+        if (end == v + 6 || *end)
+            return tlm_err(TLM_ERR_ARG, "override '%s': '%s' is not a number", spec, v + 6);
+    } else if (!strncmp(v, "bool:", 5)) {
+        out->type = TLM_KV_BOOL;
+        if (strcmp(v + 5, "true") && strcmp(v + 5, "false"))
+            return tlm_err(TLM_ERR_ARG, "override '%s': a bool is true or false", spec);
+        out->b = !strcmp(v + 5, "true");
+    } else if (!strncmp(v, "str:", 4)) {
+        out->type = TLM_KV_STR;
+        if (strlen(v + 4) >= sizeof out->str)
+            return tlm_err(TLM_ERR_ARG, "override '%s': a string holds at most 127 bytes", spec);
+        strcpy(out->str, v + 4);
+    } else {
+        return tlm_err(TLM_ERR_ARG, "override '%s': TYPE must be int, float, bool or str", spec);
+    }
+    return TLM_OK;
+}
+
+/* One llama-quantize override: the key removed, then set again at the end, in the types that
+ * llama_model_quantize gives them (an int as U32 of its magnitude: llama.cpp PR 14182). */
+static tlm_status put_override(tlm_gguf_writer *w, const tlm_kv_override *o) {
+    tlm_gguf_writer_remove(w, o->key);
+    switch (o->type) {
+    case TLM_KV_INT:
+        return tlm_gguf_write_u32(w, o->key,
+                                  (uint32_t)(o->i < 0 ? -(uint64_t)o->i : (uint64_t)o->i));
+    case TLM_KV_FLOAT: return tlm_gguf_write_f32(w, o->key, (float)o->f);
+    case TLM_KV_BOOL: return tlm_gguf_write_bool(w, o->key, o->b);
+    default: return tlm_gguf_write_str(w, o->key, o->str);
+    }
+}
 
 static tlm_status write_gguf(const tlm_model *m, const tlm_tokenizer *tok, const char *path,
                              const gguf_plan *plan) {
@@ -57,7 +126,7 @@ static tlm_status write_gguf(const tlm_model *m, const tlm_tokenizer *tok, const
     if (!plan->quantized_layout) tlm_gguf_write_u32(&w, "general.file_type", plan->file_type);
     tlm_gguf_write_u32(&w, "llama.context_length", (uint32_t)c->context_length);
     tlm_gguf_write_u32(&w, "llama.embedding_length", (uint32_t)c->d_model);
-    tlm_gguf_write_u32(&w, "llama.block_count", (uint32_t)c->n_layers);
+    tlm_gguf_write_u32(&w, "llama.block_count", (uint32_t)plan->n_layers);
     tlm_gguf_write_u32(&w, "llama.feed_forward_length", (uint32_t)c->d_ff);
     tlm_gguf_write_u32(&w, "llama.attention.head_count", (uint32_t)c->n_heads);
     tlm_gguf_write_u32(&w, "llama.attention.head_count_kv", (uint32_t)c->n_kv_heads);
@@ -70,24 +139,43 @@ static tlm_status write_gguf(const tlm_model *m, const tlm_tokenizer *tok, const
     if (!s && plan->quantized_layout) {
         tlm_gguf_write_u32(&w, "general.quantization_version", GGML_QNT_VERSION);
         s = tlm_gguf_write_u32(&w, "general.file_type", plan->file_type);
-        /* llama-quantize --imatrix records it in these keys (its kv overrides, in this order) */
+        const tlm_quantize_opts *qo = plan->progress;
+        for (int k = 0; !s && k < qo->n_kv_overrides; k++)
+            s = put_override(&w, &qo->kv_overrides[k]);
+        /* llama-quantize --imatrix records it in these keys (its kv overrides after the user's,
+         * in this order) */
         if (!s && im && tlm_imatrix_entries(im)) {
-            char v[128]; /* its overrides hold at most 127 bytes of each string */
-            snprintf(v, sizeof v, "%s", tlm_imatrix_path(im));
-            tlm_gguf_write_str(&w, "quantize.imatrix.file", v);
+            tlm_kv_override o[4];
+            int n = 0;
+            memset(o, 0, sizeof o);
+            /* its overrides hold at most 127 bytes of each string */
+            snprintf(o[n].key, sizeof o[n].key, "quantize.imatrix.file");
+            o[n].type = TLM_KV_STR;
+            snprintf(o[n++].str, sizeof o->str, "%s", tlm_imatrix_path(im));
             if (tlm_imatrix_dataset(im)) {
-                snprintf(v, sizeof v, "%s", tlm_imatrix_dataset(im));
-                tlm_gguf_write_str(&w, "quantize.imatrix.dataset", v);
+                snprintf(o[n].key, sizeof o[n].key, "quantize.imatrix.dataset");
+                o[n].type = TLM_KV_STR;
+                snprintf(o[n++].str, sizeof o->str, "%s", tlm_imatrix_dataset(im));
             }
-            s = tlm_gguf_write_u32(&w, "quantize.imatrix.entries_count",
-                                   (uint32_t)tlm_imatrix_entries(im));
-            if (!s && tlm_imatrix_chunks(im) > 0)
-                s = tlm_gguf_write_u32(&w, "quantize.imatrix.chunks_count",
-                                       (uint32_t)tlm_imatrix_chunks(im));
+            snprintf(o[n].key, sizeof o[n].key, "quantize.imatrix.entries_count");
+            o[n].type = TLM_KV_INT;
+            o[n++].i = tlm_imatrix_entries(im);
+            if (tlm_imatrix_chunks(im) > 0) {
+                snprintf(o[n].key, sizeof o[n].key, "quantize.imatrix.chunks_count");
+                o[n].type = TLM_KV_INT;
+                o[n++].i = tlm_imatrix_chunks(im);
+            }
+            for (int k = 0; !s && k < n; k++) s = put_override(&w, &o[k]);
+        }
+        /* set last by llama-quantize, so moved to the end */
+        if (!s && qo->n_prune_layers) {
+            tlm_gguf_writer_remove(&w, "llama.block_count");
+            s = tlm_gguf_write_u32(&w, "llama.block_count", (uint32_t)plan->n_layers);
         }
     }
     size_t max_numel = 0;
-    for (int k = 0; k < m->n_tensors && !s; k++) {
+    char fname[160];
+    for (int k = 0; k < plan->n_order && !s; k++) {
         int i = plan->order[k];
         const tlm_tensor_info *t = &m->tensors[i];
         uint64_t dims[2] = {(uint64_t)t->shape[t->ndim - 1], (uint64_t)t->shape[0]};
@@ -97,8 +185,9 @@ static tlm_status write_gguf(const tlm_model *m, const tlm_tokenizer *tok, const
             s = tlm_err(TLM_ERR_ARG, "tensor '%s': %zu columns are not whole %s blocks", t->name,
                         (size_t)dims[0], tlm_dtype_name(ty));
         else
-            s = tlm_gguf_write_tensor(&w, t->name, (uint32_t)t->ndim, dims,
-                                      (uint32_t)tlm_dtype_get(ty)->ggml, bytes);
+            s = tlm_gguf_write_tensor(&w, file_name(plan, t->name, fname, sizeof fname),
+                                      (uint32_t)t->ndim, dims, (uint32_t)tlm_dtype_get(ty)->ggml,
+                                      bytes);
         if (t->numel > max_numel) max_numel = t->numel;
     }
     uint8_t *head = NULL;
@@ -122,7 +211,7 @@ static tlm_status write_gguf(const tlm_model *m, const tlm_tokenizer *tok, const
     s = tlm_atomic_open(&a, path);
     if (!s) s = tlm_atomic_write(&a, head, head_len);
     free(head);
-    for (int k = 0; k < m->n_tensors && !s; k++) {
+    for (int k = 0; k < plan->n_order && !s; k++) {
         int i = plan->order[k];
         const tlm_tensor_info *t = &m->tensors[i];
         const float *src = tlm_wf(&m->w[i]);
@@ -136,7 +225,9 @@ static tlm_status write_gguf(const tlm_model *m, const tlm_tokenizer *tok, const
         tlm_dtype ty = plan->types[i];
         size_t bytes = tlm_dtype_bytes(ty, t->numel);
         const tlm_quantize_opts *p = plan->progress;
-        if (p && p->progress) p->progress(p->user, k, m->n_tensors, t->name, ty, bytes);
+        if (p && p->progress)
+            p->progress(p->user, k, plan->n_order, file_name(plan, t->name, fname, sizeof fname),
+                        ty, bytes);
         if (!s && ty == TLM_DTYPE_F32) {
             s = tlm_atomic_write(&a, src, bytes);
         } else if (!s) {
@@ -205,11 +296,10 @@ tlm_status tlm_model_save_gguf(const tlm_model *m, const tlm_tokenizer *tok, con
         types[i] = m->tensors[i].ndim == 1 ? TLM_DTYPE_F32 : dtype;
         order[i] = i;
     }
-    gguf_plan plan = {types, order,
-                      dtype == TLM_DTYPE_F32   ? 0
-                      : dtype == TLM_DTYPE_F16 ? 1
-                                               : 32,
-                      0, NULL};
+    gguf_plan plan = {
+        types, order,        dtype == TLM_DTYPE_F32 ? 0 : dtype == TLM_DTYPE_F16 ? 1 : 32,
+        0,     NULL,         m->n_tensors,
+        NULL,  m->c.n_layers};
     tlm_status s = write_gguf(m, tok, path, &plan);
     free(types);
     free(order);
@@ -302,8 +392,8 @@ static int llama_before(const char *a, const char *b) {
 
 /* Types for every tensor in file order, as llama_tensor_get_type decides them for arch llama
  * without overrides, with an importance matrix or without. */
-static tlm_status choose_types(const tlm_model *m, const int *order, const tlm_quantize_opts *o,
-                               tlm_dtype base, tlm_dtype *types) {
+static tlm_status choose_types(const tlm_model *m, const int *order, int n,
+                               const tlm_quantize_opts *o, tlm_dtype base, tlm_dtype *types) {
     tlm_ftype ftype = o->ftype;
     int imatrix = o->imatrix && tlm_imatrix_entries(o->imatrix) > 0;
     regex_t *re = NULL;
@@ -333,10 +423,12 @@ static tlm_status choose_types(const tlm_model *m, const int *order, const tlm_q
         return s;
     }
     const tlm_config *c = &m->c;
-    int n = m->n_tensors, n_attn_v = 0, i_attn_v = 0, i_ffn_down = 0, tied = 1;
-    for (int i = 0; i < n; i++) {
-        if (strstr(m->tensors[i].name, "attn_v.weight")) n_attn_v++;
-        if (!strcmp(m->tensors[i].name, "output.weight")) tied = 0;
+    /* Over the tensors written (pruned layers left out) but, for ffn_down, the model's layer
+     * count: llama.cpp counts the attn_v tensors it writes and takes n_layer from the input. */
+    int n_attn_v = 0, i_attn_v = 0, i_ffn_down = 0, tied = 1;
+    for (int k = 0; k < n; k++) {
+        if (strstr(m->tensors[order[k]].name, "attn_v.weight")) n_attn_v++;
+        if (!strcmp(m->tensors[order[k]].name, "output.weight")) tied = 0;
     }
     /* llama.cpp calls an 80-layer llama with grouped-query attention "70B" and gives its small
      * attn_v more bits. */
@@ -451,25 +543,60 @@ tlm_status tlm_model_quantize_gguf(const tlm_model *m, const tlm_tokenizer *tok,
                                    const tlm_quantize_opts *o) {
     int fi = ftype_index(o->ftype);
     if (fi < 0) return tlm_err(TLM_ERR_ARG, "unknown file type %d (see tlm_ftype)", (int)o->ftype);
+    int nl = m->c.n_layers;
     tlm_dtype *types = malloc(sizeof *types * (size_t)m->n_tensors);
     int *order = malloc(sizeof *order * (size_t)m->n_tensors);
-    if (!types || !order) {
+    int *new_layer = malloc(sizeof *new_layer * (size_t)nl);
+    if (!types || !order || !new_layer) {
         free(types);
         free(order);
+        free(new_layer);
         return tlm_err(TLM_ERR_NOMEM, "out of memory");
     }
+    tlm_status s = TLM_OK;
+    /* --prune-layers: the blocks left keep their order, numbered from 0 (llama-quantize's
+     * remap_layer) */
+    for (int l = 0; l < nl; l++) new_layer[l] = l;
+    for (int k = 0; k < o->n_prune_layers && !s; k++) {
+        int l = o->prune_layers[k];
+        if (l < 0 || l >= nl)
+            s = tlm_err(TLM_ERR_ARG, "--prune-layers: the model has layers 0 to %d, not %d", nl - 1,
+                        l);
+        else
+            new_layer[l] = -1;
+    }
+    int kept = 0;
+    for (int l = 0; l < nl; l++)
+        if (new_layer[l] >= 0) new_layer[l] = kept++;
+    if (!s && !kept) s = tlm_err(TLM_ERR_ARG, "--prune-layers: every layer pruned");
     /* Insertion sort: a few hundred names, and qsort would need a global for the model. */
+    int n_order = 0;
     for (int i = 0; i < m->n_tensors; i++) {
-        int j = i;
+        int l = tensor_layer(m->tensors[i].name);
+        if (l >= 0 && l < nl && new_layer[l] < 0) continue;
+        int j = n_order++;
         for (; j > 0 && llama_before(m->tensors[i].name, m->tensors[order[j - 1]].name); j--)
             order[j] = order[j - 1];
         order[j] = i;
     }
-    tlm_status s = choose_types(m, order, o, ftypes[fi].base, types);
-    gguf_plan plan = {types, order, (uint32_t)o->ftype, 1, o};
+    for (int k = 0; k < o->n_kv_overrides && !s; k++) {
+        const tlm_kv_override *v = &o->kv_overrides[k];
+        if (!v->key[0] || !memchr(v->key, 0, sizeof v->key) || !memchr(v->str, 0, sizeof v->str) ||
+            (unsigned)v->type > TLM_KV_STR)
+            s = tlm_err(TLM_ERR_ARG,
+                        "metadata override %d: an empty or unterminated key or string, "
+                        "or an unknown type",
+                        k);
+        else if (!strcmp(v->key, "general.alignment"))
+            s = tlm_err(TLM_ERR_ARG, "metadata override of general.alignment: the data's layout "
+                                     "follows it (tlm writes 32)");
+    }
+    if (!s) s = choose_types(m, order, n_order, o, ftypes[fi].base, types);
+    gguf_plan plan = {types, order, (uint32_t)o->ftype, 1, o, n_order, new_layer, kept};
     if (!s && o->dry_run) {
         /* llama-quantize --dry-run: the sizes the file would have, nothing written */
-        for (int k = 0; k < m->n_tensors && !s; k++) {
+        char fname[160];
+        for (int k = 0; k < n_order && !s; k++) {
             const tlm_tensor_info *t = &m->tensors[order[k]];
             size_t bytes = tlm_dtype_bytes(types[order[k]], t->numel);
             if (!bytes)
@@ -477,12 +604,14 @@ tlm_status tlm_model_quantize_gguf(const tlm_model *m, const tlm_tokenizer *tok,
                             t->name, (long long)t->shape[t->ndim - 1],
                             tlm_dtype_name(types[order[k]]));
             else if (o->progress)
-                o->progress(o->user, k, m->n_tensors, t->name, types[order[k]], bytes);
+                o->progress(o->user, k, n_order, file_name(&plan, t->name, fname, sizeof fname),
+                            types[order[k]], bytes);
         }
     } else if (!s) {
         s = write_gguf(m, tok, path, &plan);
     }
     free(types);
     free(order);
+    free(new_layer);
     return s;
 }

@@ -57,14 +57,16 @@ static char *dup_n(const char *s, size_t n) {
     return d;
 }
 
+static void entry_free(im_entry *e) {
+    free(e->name);
+    free(e->w);
+    free(e->sums);
+    free(e->counts);
+}
+
 void tlm_imatrix_free(tlm_imatrix *im) {
     if (!im) return;
-    for (int i = 0; i < im->n; i++) {
-        free(im->e[i].name);
-        free(im->e[i].w);
-        free(im->e[i].sums);
-        free(im->e[i].counts);
-    }
+    for (int i = 0; i < im->n; i++) entry_free(&im->e[i]);
     free(im->e);
     free(im->path);
     for (int i = 0; i < im->n_ds; i++) free(im->ds[i]);
@@ -256,6 +258,20 @@ const float *tlm_imatrix_find(const tlm_imatrix *im, const char *name, size_t *n
     const im_entry *e = find_entry(im, name);
     if (n) *n = e ? e->n : 0;
     return e ? e->w : NULL;
+}
+
+void tlm_imatrix_filter(tlm_imatrix *im, const char *const *names, int n, int keep) {
+    if (!im) return;
+    int j = 0;
+    for (int i = 0; i < im->n; i++) {
+        int hit = 0;
+        for (int k = 0; k < n && !hit; k++) hit = strstr(im->e[i].name, names[k]) != NULL;
+        if (hit == !!keep)
+            im->e[j++] = im->e[i];
+        else
+            entry_free(&im->e[i]);
+    }
+    im->n = j;
 }
 
 int tlm_imatrix_entries(const tlm_imatrix *im) { return im ? im->n : 0; }

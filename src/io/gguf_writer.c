@@ -133,6 +133,47 @@ tlm_status tlm_gguf_write_elem_i32(tlm_gguf_writer *w, int32_t v) {
     return put_u32(w, &w->kv, (uint32_t)v);
 }
 
+static uint64_t get_u64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+/* Bytes of one value of type t at p (an array's elements included); the writer made them, so
+ * they are whole. */
+static size_t value_bytes(const uint8_t *p, uint32_t t) {
+    static const uint8_t fixed[TLM_GGUF_TYPE_COUNT] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
+    if (t == TLM_GGUF_STRING) return 8 + (size_t)get_u64(p);
+    if (t != TLM_GGUF_ARRAY) return fixed[t];
+    uint32_t et =
+        (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+    uint64_t n = get_u64(p + 4);
+    size_t at = 12;
+    if (et != TLM_GGUF_STRING) return at + (size_t)n * fixed[et];
+    for (uint64_t i = 0; i < n; i++) at += 8 + (size_t)get_u64(p + at);
+    return at;
+}
+
+int tlm_gguf_writer_remove(tlm_gguf_writer *w, const char *k) {
+    if (w->err || w->array_left) return 0;
+    size_t kl = strlen(k);
+    for (size_t at = 0; at < w->kv.n;) {
+        uint8_t *e = w->kv.p + at;
+        size_t len = (size_t)get_u64(e);
+        uint32_t t = (uint32_t)e[8 + len] | (uint32_t)e[9 + len] << 8 |
+                     (uint32_t)e[10 + len] << 16 | (uint32_t)e[11 + len] << 24;
+        size_t n = 12 + len + value_bytes(e + 12 + len, t);
+        if (len == kl && !memcmp(e + 8, k, kl)) {
+            memmove(e, e + n, w->kv.n - at - n);
+            w->kv.n -= n;
+            w->n_kv--;
+            return 1;
+        }
+        at += n;
+    }
+    return 0;
+}
+
 size_t tlm_gguf_writer_pad(const tlm_gguf_writer *w, uint64_t n) {
     return (size_t)((w->alignment - n % w->alignment) % w->alignment);
 }

@@ -48,6 +48,10 @@ tlm_status tlm_gguf_write_elem_str(tlm_gguf_writer *w, const void *s, size_t len
 tlm_status tlm_gguf_write_elem_f32(tlm_gguf_writer *w, float v);
 tlm_status tlm_gguf_write_elem_i32(tlm_gguf_writer *w, int32_t v);
 
+/* Removes the key written earlier under k, with its value, as ggml's gguf_remove_key does (a
+ * key set again then moves to the end: llama-quantize's overrides); 1 if there was one. */
+int tlm_gguf_writer_remove(tlm_gguf_writer *w, const char *k);
+
 /* Declares the next tensor of the data section: dims innermost first (ggml's order), a ggml
  * type id and its size in bytes. */
 tlm_status tlm_gguf_write_tensor(tlm_gguf_writer *w, const char *name, uint32_t n_dims,
