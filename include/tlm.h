@@ -636,6 +636,25 @@ tlm_status tlm_imatrix_add_rows(tlm_imatrix *im, const char *name, const float *
 tlm_status tlm_imatrix_collect(tlm_imatrix *im, tlm_train_ctx *ctx, const int32_t *ids, int B,
                                int T, int output, const float **logits);
 
+/* llama-imatrix --show-statistics for one tensor of a matrix: over its mean squared activations
+ * (sums / token counts) their sum, min, max, mean, standard deviation, the share above 1e-5
+ * (active), the entropy of their distribution (bits; entropy_norm: percent of log2 of their
+ * number), the share more than one deviation above the mean (zd), and the cosine similarity of
+ * its raw sums with the same tensor's one layer down (0 where there is none). */
+typedef struct {
+    char name[128];  /* blk.3.attn_q.weight */
+    char layer[16];  /* "3", or "-" outside the blocks */
+    char tensor[64]; /* attn_q */
+    int elements;
+    float sum, min, max, mean, stddev, active, entropy, entropy_norm, zd, cossim;
+} tlm_imatrix_stat;
+/* One per entry with tokens, sorted as llama-imatrix lists them (by tensor, then by sum, the
+ * largest first); every float figure computed in its order of float operations. A legacy matrix's
+ * values are taken as llama-imatrix reads them for chunks of chunk_size tokens. *out is malloc'd.
+ */
+tlm_status tlm_imatrix_statistics(const tlm_imatrix *im, int chunk_size, tlm_imatrix_stat **out,
+                                  int *n);
+
 /* Keeps only the entries whose name contains one of names[0..n) (keep != 0), or drops those
  * (keep == 0): llama-quantize's --include-weights / --exclude-weights. Matrices without an entry
  * are quantized without one; a matrix left with no entries counts as none. */

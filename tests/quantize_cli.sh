@@ -161,6 +161,13 @@ for f in im2.gguf im.dat im3.gguf; do
   "$TLM" info -m "$W/q_$f.gguf" >/dev/null || fail "quantize with $f"
 done
 ok
+# --show-statistics: llama-imatrix's table (test_quant checks the figures)
+"$TLM" imatrix --in-file "$W/im.gguf" --show-statistics >"$W/stats" || fail "--show-statistics"
+grep -q "Computing statistics for .*im.gguf (35 tensors)" "$W/stats" &&
+  grep -q "weighted average statistics per layer (5 layers)" "$W/stats" &&
+  [ "$(grep -c "	attn_q  " "$W/stats")" = 5 ] || fail "--show-statistics: $(cat "$W/stats")"
+ok
+expect_fail "--show-statistics reads one matrix" imatrix --show-statistics --in-file "$W/im.gguf" --in-file "$W/im.dat"
 expect_fail "-f TEXT is required (or --in-file" imatrix -m "$W/f32.gguf"
 expect_fail "--output-format must be gguf or dat" imatrix --in-file "$W/im.gguf" -o "$W/x.gguf" --output-format bin
 

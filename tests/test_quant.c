@@ -545,6 +545,57 @@ static int same_files(const char *ours, const char *theirs, const char *what) {
     return same;
 }
 
+/* llama-imatrix --show-statistics's figures on matrices whose answers are known: four equal
+ * means (entropy log2 4 = 2 bits, no deviation, none above it), one of 1, 0, 0, 3 (mean 1, sd
+ * sqrt 1.5, half inactive, one above mean + sd), the cosine of a layer's sums with the one below
+ * (parallel: 1; orthogonal: 0), a tensor outside the blocks ("-"), an entry without tokens left
+ * out, and llama-imatrix's order (by tensor name, then the larger sum first). The table itself
+ * equals llama-imatrix's character for character (bench/README.md, twenty-seventh round). */
+static void test_imatrix_statistics(void) {
+    tlm_imatrix *im = NULL;
+    CHECK_OK(tlm_imatrix_new(&im));
+    if (!im) return;
+    const float eq[4] = {8, 8, 8, 8}, skew[4] = {4, 0, 0, 12}, par[4] = {16, 16, 16, 16},
+                orth[4] = {0, 2, 2, 0};
+    CHECK_OK(tlm_imatrix_accumulate(im, "blk.0.attn_q.weight", eq, 4, 4));
+    CHECK_OK(tlm_imatrix_accumulate(im, "blk.1.attn_q.weight", par, 4, 4));
+    CHECK_OK(tlm_imatrix_accumulate(im, "blk.0.ffn_down.weight", skew, 4, 4));
+    CHECK_OK(tlm_imatrix_accumulate(im, "blk.1.ffn_down.weight", orth, 4, 2));
+    CHECK_OK(tlm_imatrix_accumulate(im, "output.weight", eq, 4, 8));
+    CHECK_OK(tlm_imatrix_accumulate(im, "blk.2.attn_q.weight", eq, 4, 0));
+    tlm_imatrix_stat *st = NULL;
+    int n = 0;
+    CHECK_OK(tlm_imatrix_statistics(im, 512, &st, &n));
+    CHECK(n == 5, "%d tensors with tokens", n);
+    static const char *const order[] = {"blk.1.attn_q.weight", "blk.0.attn_q.weight",
+                                        "blk.0.ffn_down.weight", "blk.1.ffn_down.weight",
+                                        "output.weight"};
+    for (int i = 0; i < n && i < 5; i++)
+        CHECK(!strcmp(st[i].name, order[i]), "row %d: %s, want %s", i, st[i].name, order[i]);
+    if (n == 5) {
+        const tlm_imatrix_stat *q1 = &st[0], *q0 = &st[1], *d0 = &st[2], *d1 = &st[3], *o = &st[4];
+        CHECK(!strcmp(q0->layer, "0") && !strcmp(q0->tensor, "attn_q") && !strcmp(o->layer, "-") &&
+                  !strcmp(o->tensor, "output"),
+              "names: %s/%s %s/%s", q0->layer, q0->tensor, o->layer, o->tensor);
+        CHECK(q0->elements == 4 && q0->sum == 8 && q0->mean == 2 && q0->min == 2 && q0->max == 2 &&
+                  q0->stddev == 0 && q0->active == 1 && q0->entropy == 2 &&
+                  q0->entropy_norm == 100 && q0->zd == 0 && q0->cossim == 0,
+              "equal means: sum %g mean %g sd %g entropy %g (%g%%) zd %g cos %g", q0->sum, q0->mean,
+              q0->stddev, q0->entropy, q0->entropy_norm, q0->zd, q0->cossim);
+        CHECK(q1->sum == 16 && fabsf(q1->cossim - 1) < 1e-6f, "layer 1: sum %g cos %g", q1->sum,
+              q1->cossim);
+        CHECK(d0->sum == 4 && d0->mean == 1 && d0->min == 0 && d0->max == 3 &&
+                  fabsf(d0->stddev - sqrtf(1.5f)) < 1e-6f && d0->active == 0.5f &&
+                  fabsf(d0->entropy - 0.8112781f) < 1e-6f && d0->zd == 0.25f,
+              "skewed: sd %g active %g entropy %g zd %g", d0->stddev, d0->active, d0->entropy,
+              d0->zd);
+        CHECK(d1->sum == 2 && d1->cossim == 0, "orthogonal: sum %g cos %g", d1->sum, d1->cossim);
+        CHECK(o->sum == 4 && o->cossim == 0, "output: sum %g cos %g", o->sum, o->cossim);
+    }
+    free(st);
+    tlm_imatrix_free(im);
+}
+
 /* With an importance matrix: tlm's file (the matrix written by tlm_imatrix_save and read back by
  * tlm_imatrix_load) against llama_model_quantize given the same means and the keys the CLI sets,
  * for every type that uses one, on 8 layers (so that n_layer / 8 = 1: Q4_0 and Q5_0 give
@@ -597,6 +648,7 @@ static void test_imatrix_files(model_quantize_fn llama_quantize, default_params_
     }
     test_imatrix_legacy(ld, nl);
     test_imatrix_merge(imf);
+    test_imatrix_statistics();
     llama_kv_override kv[5];
     memset(kv, 0, sizeof kv);
     kv[0].tag = 3;

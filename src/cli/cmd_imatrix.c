@@ -12,7 +12,8 @@ static const char *imatrix_help =
     "usage: tlm imatrix -m MODEL -f TEXT [-o FILE] [-c N] [--chunks N] [--process-output]\n"
     "                   [--in-file FILE ...] [--output-format gguf|dat] [--no-ppl]\n"
     "                   [-z TOKENIZER] [-b B] [-t THREADS]\n"
-    "       tlm imatrix --in-file A --in-file B ... -o FILE [-c N]     (merge only)\n\n"
+    "       tlm imatrix --in-file A --in-file B ... -o FILE [-c N]     (merge only)\n"
+    "       tlm imatrix --in-file FILE --show-statistics\n\n"
     "Computes an importance matrix, as llama.cpp's llama-imatrix does: the text is cut into\n"
     "chunks of N tokens (a BOS first where the vocabulary adds one), each chunk goes through the\n"
     "model, and for every weight matrix of the blocks the squared activations that meet each of\n"
@@ -31,14 +32,91 @@ static const char *imatrix_help =
     "                        add up, their datasets are listed; llama-imatrix's files too)\n"
     "  --output-format F     gguf (default) or dat (llama.cpp's legacy layout)\n"
     "  --no-ppl              do not compute the chunks' perplexity\n"
+    "  --show-statistics     print llama-imatrix's statistics of the one --in-file matrix per\n"
+    "                        tensor (sum, min, max, mean, deviation of the mean squared\n"
+    "                        activations, % active, entropy, ZD score, cosine similarity with\n"
+    "                        the layer below) and per layer, then exit\n"
     "  -b, --batch B         chunks per forward pass (default 1)\n"
     "  -t, --threads N       threads (default: all cores)\n";
 // clang-format on
 
+/* Per-layer sums of llama-imatrix's weighted figures (by the tensors' elements), in floats. */
+typedef struct {
+    int layer, elements;
+    float bias, zd, cossim;
+} layer_stats;
+
+/* llama-imatrix --show-statistics: the same table, figures and layout. */
+static int show_statistics(const char *path, int chunk_size) {
+    tlm_imatrix *im = NULL;
+    tlm_imatrix_stat *st = NULL;
+    int n = 0;
+    if (tlm_imatrix_load(path, &im)) return cli_fail("imatrix: %s", tlm_last_error());
+    tlm_status s = tlm_imatrix_statistics(im, chunk_size, &st, &n);
+    tlm_imatrix_free(im);
+    if (s) return cli_fail_status("imatrix");
+    if (!n) {
+        free(st);
+        return cli_fail("imatrix: %s has no entry with tokens to compute statistics of", path);
+    }
+    layer_stats *ls = calloc((size_t)n, sizeof *ls);
+    int nl = 0;
+    if (!ls) {
+        free(st);
+        return cli_fail("imatrix: out of memory");
+    }
+    printf("\nComputing statistics for %s (%d tensors)\n", path, n);
+    printf("\n%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", " Layer", "       Tensor",
+           "          \u03a3(Act\u00b2)", "  Min", "            Max", "           \u03bc",
+           "   \u03c3", " % Active", "N", "   Entropy", "E (norm)", "ZD", "  CosSim");
+    for (int k = 0; k < 169; k++) putchar('=');
+    putchar('\n');
+    for (int i = 0; i < n; i++) {
+        const tlm_imatrix_stat *t = &st[i];
+        printf("%5s\t%-20s\t%10.2f\t%8.4f\t%11.4f\t%6.2f\t%6.2f\t%8.2f%%\t%6d\t%10.4f\t%6.2f%%\t%"
+               "10.2f%%\t%8.4f\n",
+               t->layer, t->tensor, (double)t->sum, (double)t->min, (double)t->max, (double)t->mean,
+               (double)t->stddev, (double)(t->active * 100.0f), t->elements, (double)t->entropy,
+               (double)t->entropy_norm, (double)(100.0f * t->zd), (double)t->cossim);
+        char *end;
+        long l = strtol(t->layer, &end, 10);
+        int layer = end != t->layer && !*end ? (int)l : -1;
+        int j = 0;
+        while (j < nl && ls[j].layer != layer) j++;
+        if (j == nl) ls[nl++] = (layer_stats){layer, 0, 0, 0, 0};
+        ls[j].bias += (float)t->elements * t->sum;
+        ls[j].zd += (float)t->elements * t->zd;
+        ls[j].cossim += (float)t->elements * t->cossim;
+        ls[j].elements += t->elements;
+    }
+    int layers = 0;
+    for (int j = 0; j < nl; j++) layers += ls[j].layer >= 0;
+    printf("\nComputing weighted average statistics per layer (%d layers)\n", layers);
+    printf("\n%s\t%s\t%s\t%s\n", "  Layer", "     \u03bc\u03a3(Act\u00b2)", "      \u03bcZD",
+           "\u03bcCosSim");
+    printf("================================================\n");
+    for (int done = 0; done < nl; done++) { /* by layer number, as llama-imatrix's map */
+        int best = -1;
+        for (int j = 0; j < nl; j++)
+            if (ls[j].elements >= 0 && (best < 0 || ls[j].layer < ls[best].layer)) best = j;
+        layer_stats *b = &ls[best];
+        if (b->layer >= 0 && b->elements > 0)
+            printf("%5d\t%14.2f\t%10.4f%%\t%6.4f\n", b->layer,
+                   (double)(b->bias / (float)b->elements),
+                   (double)(100.0f * (b->zd / (float)b->elements)),
+                   (double)(b->cossim / (float)b->elements));
+        b->elements = -1;
+    }
+    printf("\n");
+    free(ls);
+    free(st);
+    return 0;
+}
+
 int cmd_imatrix(int argc, char **argv) {
     const char *model = NULL, *tokenizer = NULL, *data = NULL, *outp = "imatrix.gguf";
     long nctx = 0, max_chunks = -1, batch = 1, threads = 0;
-    int output = 0, no_ppl = 0, dat = 0, n_in = 0;
+    int output = 0, no_ppl = 0, dat = 0, n_in = 0, stats = 0;
     const char *in_files[16];
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -77,6 +155,8 @@ int cmd_imatrix(int argc, char **argv) {
             if (!v) return cli_fail("imatrix: --in-file needs a file");
             if (n_in == 16) return cli_fail("imatrix: at most 16 --in-file matrices");
             in_files[n_in++] = v;
+        } else if (!strcmp(argv[i], "--show-statistics")) {
+            stats = 1;
         } else if (cli_flag_value(argc, argv, &i, "--output-format", NULL, &v)) {
             if (!v || (strcmp(v, "gguf") && strcmp(v, "dat")))
                 return cli_fail("imatrix: --output-format must be gguf or dat");
@@ -84,6 +164,11 @@ int cmd_imatrix(int argc, char **argv) {
         } else {
             return cli_fail("imatrix: unknown option '%s' (see tlm imatrix --help)", argv[i]);
         }
+    }
+    if (stats) {
+        if (n_in != 1 || data)
+            return cli_fail("imatrix: --show-statistics reads one matrix: --in-file FILE");
+        return show_statistics(in_files[0], nctx ? (int)nctx : 512);
     }
     if (!data && !n_in) return cli_fail("imatrix: -f TEXT is required (or --in-file to merge)");
     if (data && !model) return cli_fail("imatrix: -m MODEL is required");

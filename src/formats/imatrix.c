@@ -260,6 +260,119 @@ const float *tlm_imatrix_find(const tlm_imatrix *im, const char *name, size_t *n
     return e ? e->w : NULL;
 }
 
+/* llama-imatrix's process_tensor_name: the part after "blk" and the one before "weight". */
+static void split_name(const char *name, char *layer, size_t ln, char *tensor, size_t tn) {
+    snprintf(layer, ln, "-");
+    snprintf(tensor, tn, "%s", name);
+    const char *blk = strstr(name, "blk.");
+    if (blk && (blk == name || blk[-1] == '.')) {
+        const char *a = blk + 4, *b = strchr(a, '.');
+        snprintf(layer, ln, "%.*s", (int)(b ? b - a : (ptrdiff_t)strlen(a)), a);
+    }
+    for (const char *w = strstr(name, ".weight"); w; w = strstr(w + 1, ".weight")) {
+        if (w[7] && w[7] != '.') continue;
+        const char *a = w;
+        while (a > name && a[-1] != '.') a--;
+        if (a < w) snprintf(tensor, tn, "%.*s", (int)(w - a), a);
+        break;
+    }
+}
+
+static int stat_before(const tlm_imatrix_stat *a, const tlm_imatrix_stat *b) {
+    int c = strcmp(a->tensor, b->tensor);
+    return c < 0 || (c == 0 && a->sum > b->sum);
+}
+
+tlm_status tlm_imatrix_statistics(const tlm_imatrix *im, int chunk_size, tlm_imatrix_stat **out,
+                                  int *n) {
+    *out = NULL;
+    *n = 0;
+    tlm_imatrix_stat *st = calloc((size_t)im->n + 1, sizeof *st);
+    float *act = NULL;
+    size_t cap = 0;
+    int ns = 0;
+    if (!st) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    /* the values as llama-imatrix loads them: GGUF's raw sums, a legacy file's means times its
+     * call count times the chunk size */
+    float k = im->legacy ? (float)chunk_size : 1.0f;
+    for (int i = 0; i < im->n; i++) {
+        const im_entry *e = &im->e[i];
+        if (!e->n_counts || e->n % e->n_counts) continue;
+        size_t row = e->n / e->n_counts, na = 0;
+        if (e->n > cap) {
+            float *p = realloc(act, sizeof *p * e->n);
+            if (!p) {
+                free(act);
+                free(st);
+                return tlm_err(TLM_ERR_NOMEM, "out of memory");
+            }
+            act = p, cap = e->n;
+        }
+        for (size_t m = 0; m < e->n_counts; m++) {
+            int64_t cnt = (int64_t)(e->counts[m] * k);
+            if (!cnt) continue;
+            for (size_t j = 0; j < row; j++) act[na++] = e->sums[m * row + j] * k / (float)cnt;
+        }
+        if (!na) continue;
+        tlm_imatrix_stat *t = &st[ns++];
+        snprintf(t->name, sizeof t->name, "%s", e->name);
+        split_name(e->name, t->layer, sizeof t->layer, t->tensor, sizeof t->tensor);
+        float total = 0, sq = 0, mx = act[0], mn = act[0];
+        for (size_t j = 0; j < na; j++) {
+            total += act[j];
+            sq += act[j] * act[j];
+            if (act[j] > mx) mx = act[j];
+            if (act[j] < mn) mn = act[j];
+        }
+        float mean = total / (float)na, var = sq / (float)na - mean * mean;
+        float dev = sqrtf(var > 0.0f ? var : 0.0f);
+        size_t inactive = 0, above = 0;
+        float entropy = 0;
+        for (size_t j = 0; j < na; j++) {
+            inactive += fabsf(act[j]) <= 1e-5f;
+            if (total > 0) {
+                float p = act[j] / total;
+                if (p > 0) entropy -= p * log2f(p);
+            }
+            if (dev > 0.0f && (act[j] - mean) / dev > 1) above++;
+        }
+        t->elements = (int)na;
+        t->sum = total, t->min = mn, t->max = mx, t->mean = mean, t->stddev = dev;
+        t->active = 1 - (float)inactive / (float)na;
+        t->entropy = entropy;
+        t->entropy_norm = (float)(100.0f * (entropy / log2((double)na)));
+        t->zd = (float)above / (float)na;
+    }
+    free(act);
+    /* the same tensor one layer down: its raw values' cosine */
+    for (int i = 0; i < ns; i++) {
+        const char *blk = strstr(st[i].name, "blk.");
+        char *end;
+        long l = blk ? strtol(blk + 4, &end, 10) : -1;
+        if (!blk || end == blk + 4 || *end != '.') continue;
+        char prev[160];
+        snprintf(prev, sizeof prev, "%.*s%ld%s", (int)(blk + 4 - st[i].name), st[i].name, l - 1,
+                 end);
+        const im_entry *a = find_entry(im, st[i].name), *b = find_entry(im, prev);
+        if (!b || b->n != a->n) continue;
+        float dp = 0, ma = 0, mb = 0;
+        for (size_t j = 0; j < a->n; j++) dp += a->sums[j] * k * (b->sums[j] * k);
+        for (size_t j = 0; j < a->n; j++) ma += a->sums[j] * k * (a->sums[j] * k);
+        for (size_t j = 0; j < a->n; j++) mb += b->sums[j] * k * (b->sums[j] * k);
+        st[i].cossim = dp / (sqrtf(ma) * sqrtf(mb));
+    }
+    /* insertion sort: a few hundred entries */
+    for (int i = 1; i < ns; i++) {
+        tlm_imatrix_stat t = st[i];
+        int j = i;
+        for (; j > 0 && stat_before(&t, &st[j - 1]); j--) st[j] = st[j - 1];
+        st[j] = t;
+    }
+    *out = st;
+    *n = ns;
+    return TLM_OK;
+}
+
 void tlm_imatrix_filter(tlm_imatrix *im, const char *const *names, int n, int keep) {
     if (!im) return;
     int j = 0;
