@@ -204,6 +204,16 @@ static inline int fuzz_imatrix(const uint8_t *data, size_t size) {
         ok += sum != sum; /* every value read (the loader refuses non-finite ones: adds 0) */
         (void)tlm_imatrix_entries(im);
         (void)tlm_imatrix_dataset(im);
+        /* --show-statistics's figures and the entry filters on whatever was read */
+        tlm_imatrix_stat *st = NULL;
+        int ns = 0;
+        if (tlm_imatrix_statistics(im, 512, &st, &ns) == TLM_OK) {
+            for (int i = 0; i < ns; i++) ok += st[i].elements < 0;
+            free(st);
+        }
+        static const char *const words[] = {"ffn"};
+        tlm_imatrix_filter(im, words, 1, 0);
+        (void)tlm_imatrix_find(im, names[1], NULL);
         tlm_imatrix_free(im);
     }
     remove(p);

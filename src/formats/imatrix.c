@@ -309,7 +309,10 @@ tlm_status tlm_imatrix_statistics(const tlm_imatrix *im, int chunk_size, tlm_ima
             act = p, cap = e->n;
         }
         for (size_t m = 0; m < e->n_counts; m++) {
-            int64_t cnt = (int64_t)(e->counts[m] * k);
+            /* llama-imatrix keeps counts as integers (a count the file cannot have had, not
+             * finite or past int64, counts as none here) */
+            float c = e->counts[m] * k;
+            int64_t cnt = c > -9.2e18f && c < 9.2e18f ? (int64_t)c : 0;
             if (!cnt) continue;
             for (size_t j = 0; j < row; j++) act[na++] = e->sums[m * row + j] * k / (float)cnt;
         }
