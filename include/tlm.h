@@ -929,6 +929,10 @@ int32_t tlm_tokenizer_vocab_size(const tlm_tokenizer *t);
 /* Special ids, -1 when the vocabulary has none. */
 int32_t tlm_tokenizer_bos(const tlm_tokenizer *t);
 int32_t tlm_tokenizer_eos(const tlm_tokenizer *t);
+/* 1 if texts start with BOS for this vocabulary (as llama.cpp adds it): a GGUF vocabulary's
+ * tokenizer.ggml.add_bos_token where it has one (Llama 3's: on), else SentencePiece ones with a
+ * BOS; 0 where there is no BOS. */
+int tlm_tokenizer_add_bos(const tlm_tokenizer *t);
 /* 1 if id is a special (control) token. */
 int tlm_tokenizer_is_special(const tlm_tokenizer *t, int32_t id);
 /* The bytes token id stands for (byte-fallback tokens give their byte; specials their text).

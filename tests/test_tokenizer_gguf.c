@@ -1,6 +1,8 @@
 /* GGUF reader (valid and malformed files) and GGUF vocabularies against llama.cpp's vectors. */
 #include "io/gguf.h"
+#include "io/gguf_writer.h"
 #include "tok_common.h"
+#include "tokenizer/tok_gguf.h"
 #include "tokenizer/tok_internal.h"
 
 /* A tiny GGUF v3 builder for malformed-input tests. */
@@ -218,9 +220,86 @@ static void test_vocabs(const char *data) {
     }
 }
 
+/* Llama 3's and Qwen2's byte-level BPE: llama.cpp's vocab-only files and its test strings for
+ * them, taken out of the llama.cpp source that node-llama-cpp carries (a git bundle; the repo's
+ * setup installs it for the GGUF tests). Every string gives llama.cpp's ids; BOS and the
+ * pre-tokenizer's name survive a GGUF round trip. */
+static void test_bundle_vocabs(void) {
+    const char *bundle =
+        TLM_SOURCE_DIR "/tests/node/node_modules/node-llama-cpp/llama/gitRelease.bundle";
+    FILE *f = fopen(bundle, "rb");
+    CHECK(f != NULL, "no llama.cpp source bundle at %s (scripts/setup.sh installs it)", bundle);
+    if (!f) return;
+    fclose(f);
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "set -e; rm -rf vocab_bundle; git init -q --bare vocab_bundle; "
+             "rev=$(git -C vocab_bundle bundle unbundle '%s' 2>/dev/null | head -1 | cut -d' ' "
+             "-f1); for v in llama-bpe qwen2; do for e in '' .inp .out; do "
+             "git -C vocab_bundle show \"$rev:models/ggml-vocab-$v.gguf$e\" > "
+             "\"ggml-vocab-$v.gguf$e\"; done; done; rm -rf vocab_bundle",
+             bundle);
+    int rc = system(cmd);
+    CHECK(rc == 0, "extracting llama.cpp's vocabularies from the bundle failed (%d)", rc);
+    if (rc) return;
+    static const char *const names[] = {"ggml-vocab-llama-bpe.gguf", "ggml-vocab-qwen2.gguf"};
+    for (int k = 0; k < 2; k++) {
+        tlm_tokenizer *t = NULL;
+        CHECK_OK(tlm_tokenizer_load(names[k], &t));
+        if (!t) continue;
+        char inp[128], out[128];
+        snprintf(inp, sizeof inp, "%s.inp", names[k]);
+        snprintf(out, sizeof out, "%s.out", names[k]);
+        int ok;
+        int n = llamacpp_vectors(t, inp, out, 0, &ok);
+        CHECK(n >= 40 && ok == n, "%s: %d/%d", names[k], ok, n);
+        printf("llamacpp/%s: %d/%d cases\n", names[k], ok, n);
+        /* Llama 3 starts texts with <|begin_of_text|> (128000); Qwen2 with none */
+        CHECK(tlm_tokenizer_add_bos(t) == (k == 0) && (k || tlm_tokenizer_bos(t) == 128000),
+              "%s: add_bos %d, bos %d", names[k], tlm_tokenizer_add_bos(t), tlm_tokenizer_bos(t));
+        /* written into a GGUF and read back: the same ids for every string */
+        tlm_gguf_writer w;
+        tlm_gguf_writer_init(&w, 32);
+        CHECK_OK(tok_gguf_write_vocab(&w, t));
+        uint8_t *head = NULL;
+        size_t len = 0;
+        CHECK_OK(tlm_gguf_writer_header(&w, &head, &len));
+        tlm_gguf_writer_free(&w);
+        char rt[160];
+        snprintf(rt, sizeof rt, "rt-%s", names[k]);
+        CHECK_OK(tlm_write_file_atomic(rt, head, len));
+        free(head);
+        tlm_tokenizer *r = NULL;
+        CHECK_OK(tlm_tokenizer_load(rt, &r));
+        if (r) {
+            n = llamacpp_vectors(r, inp, out, 0, &ok);
+            CHECK(ok == n && tlm_tokenizer_add_bos(r) == tlm_tokenizer_add_bos(t),
+                  "%s written and read back: %d/%d", names[k], ok, n);
+        }
+        tlm_tokenizer_free(r);
+        r = NULL;
+        /* and saved as a tlm tokenizer directory */
+        CHECK_OK(tlm_tokenizer_save(t, "rt-vocab-dir"));
+        CHECK_OK(tlm_tokenizer_load("rt-vocab-dir", &r));
+        if (r) {
+            n = llamacpp_vectors(r, inp, out, 0, &ok);
+            CHECK(ok == n && tlm_tokenizer_add_bos(r) == tlm_tokenizer_add_bos(t),
+                  "%s saved and loaded: %d/%d", names[k], ok, n);
+        }
+        tlm_tokenizer_free(r);
+        tlm_tokenizer_free(t);
+        CHECK(system("rm -rf rt-vocab-dir") == 0, "cleaning up");
+        remove(rt);
+        remove(names[k]);
+        remove(inp);
+        remove(out);
+    }
+}
+
 int main(void) {
     const char *data = tok_data();
     test_reader();
     if (data) test_vocabs(data);
+    test_bundle_vocabs();
     return t_finish("test_tokenizer_gguf");
 }

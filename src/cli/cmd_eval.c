@@ -221,11 +221,11 @@ int cmd_eval(int argc, char **argv) {
         rc = cli_fail("eval: no tokenizer travels with '%s'; give -z TOKENIZER", model);
     }
     if (!rc && tlm_read_file(data, &text, &len)) rc = cli_fail_status("eval");
-    /* llama-perplexity adds BOS where the GGUF vocabulary says so, which tlm writes for
-     * SentencePiece vocabularies with a BOS (tokenizer.ggml.add_bos_token), and reads special
-     * tokens in the text as plain text. */
+    /* llama-perplexity adds BOS where the GGUF vocabulary says so (tokenizer.ggml.add_bos_token,
+     * which tlm writes for SentencePiece vocabularies with a BOS), and reads special tokens in the
+     * text as plain text. */
+    int add_bos = llama_ppl && tok && tlm_tokenizer_add_bos(tok);
     int bos = tok ? tlm_tokenizer_bos(tok) : -1;
-    int add_bos = llama_ppl && tok && tlm_tokenizer_get_kind(tok) == TLM_TOKENIZER_SPM && bos >= 0;
     unsigned enc = llama_ppl ? (add_bos ? TLM_ENCODE_ADD_BOS : 0u) : TLM_ENCODE_ALLOW_SPECIAL;
     if (!rc && tlm_tokenizer_encode(tok, text, len, enc, &ids, &n))
         rc = cli_fail_status("eval: tokenizing");

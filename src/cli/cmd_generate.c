@@ -234,8 +234,7 @@ int cmd_generate(int argc, char **argv) {
         }
     } else if (prompt && *prompt) {
         unsigned flags = 0;
-        if (tlm_tokenizer_get_kind(tok) == TLM_TOKENIZER_SPM && tlm_tokenizer_bos(tok) >= 0)
-            flags |= TLM_ENCODE_ADD_BOS;
+        if (tlm_tokenizer_add_bos(tok)) flags |= TLM_ENCODE_ADD_BOS;
         size_t n = 0;
         if (tlm_tokenizer_encode(tok, prompt, strlen(prompt), flags, &ids, &n)) {
             rc = cli_fail_status("generate: prompt");

@@ -199,8 +199,8 @@ int cmd_imatrix(int argc, char **argv) {
     if (!rc && data && tlm_read_file(data, &text, &len)) rc = cli_fail_status("imatrix");
     /* llama-imatrix tokenizes as llama-perplexity does: BOS where the GGUF vocabulary adds one
      * (tlm writes that for SentencePiece vocabularies), special tokens read as plain text */
+    int add_bos = tok && tlm_tokenizer_add_bos(tok);
     int bos = tok ? tlm_tokenizer_bos(tok) : -1;
-    int add_bos = tok && tlm_tokenizer_get_kind(tok) == TLM_TOKENIZER_SPM && bos >= 0;
     if (!rc && data &&
         tlm_tokenizer_encode(tok, text, len, add_bos ? TLM_ENCODE_ADD_BOS : 0u, &ids, &n))
         rc = cli_fail_status("imatrix: tokenizing");

@@ -212,9 +212,7 @@ static int prompt_ids(gen *g, int32_t **ids, size_t *n, char *err, size_t errlen
         return snprintf(err, errlen, "tokenizing the prompt: %s", tlm_last_error()), -1;
     }
     free(text);
-    int add_bos =
-        bos >= 0 &&
-        (nv == 0 || (tlm_tokenizer_get_kind(sv->tok) == TLM_TOKENIZER_SPM && v[0] != bos));
+    int add_bos = bos >= 0 && (nv == 0 || (tlm_tokenizer_add_bos(sv->tok) && v[0] != bos));
     if (add_bos) {
         int32_t *w = malloc((nv + 1) * sizeof *w);
         if (!w) {

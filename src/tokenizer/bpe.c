@@ -400,9 +400,12 @@ tlm_status tok_bpe_merge_word(const tlm_tokenizer *t, const uint8_t *p, size_t m
 tlm_status tok_bpe_encode_text(const tlm_tokenizer *t, const uint8_t *s, size_t n, tok_ids *out) {
     size_t i = 0;
     while (i < n) {
-        size_t j = tlm_pretok_next(s, n, i);
-        /* A pre-token that is itself a token is emitted whole, as tiktoken does. */
-        int32_t id = j - i <= t->max_piece ? tok_map_find(t, s + i, j - i) : -1;
+        size_t j = t->pre == TOK_PRE_GPT2
+                       ? tlm_pretok_next(s, n, i)
+                       : tlm_pretok_next_llama3(s, n, i, t->pre == TOK_PRE_LLAMA3 ? 3 : 1);
+        /* A pre-token that is itself a token is emitted whole, as tiktoken does (and llama.cpp
+         * with ignore_merges) unless the vocabulary merges those too. */
+        int32_t id = j - i <= t->max_piece && !t->merge_known ? tok_map_find(t, s + i, j - i) : -1;
         tlm_status st =
             id >= 0 ? tok_ids_push(out, id) : tok_bpe_merge_word(t, s + i, j - i, out, 0);
         if (st) return st;

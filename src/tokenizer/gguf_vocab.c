@@ -9,6 +9,27 @@
 #include "tok_gguf.h"
 #include "tok_internal.h"
 
+int tok_pre_named(const char *p, size_t n, int *type, int *merge_known) {
+    static const struct {
+        const char *name;
+        int type, merge_known;
+    } known[] = {{"gpt-2", TOK_PRE_GPT2, 0},       {"default", TOK_PRE_GPT2, 0},
+                 {"llama-bpe", TOK_PRE_LLAMA3, 0}, {"llama3", TOK_PRE_LLAMA3, 0},
+                 {"llama-v3", TOK_PRE_LLAMA3, 0},  {"falcon3", TOK_PRE_LLAMA3, 0},
+                 {"qwen2", TOK_PRE_QWEN2, 1},      {"deepseek-r1-qwen", TOK_PRE_QWEN2, 1}};
+    for (size_t k = 0; k < sizeof known / sizeof *known; k++)
+        if (strlen(known[k].name) == n && !memcmp(known[k].name, p, n)) {
+            *type = known[k].type;
+            *merge_known = known[k].merge_known;
+            return 1;
+        }
+    return 0;
+}
+
+const char *tok_pre_name(int type) {
+    return type == TOK_PRE_LLAMA3 ? "llama-bpe" : type == TOK_PRE_QWEN2 ? "qwen2" : "gpt-2";
+}
+
 static tlm_status opt_id(const tlm_gguf *g, const char *key, int32_t n, int32_t *out) {
     int64_t v;
     tlm_status s = tlm_gguf_get_int(g, key, &v);
@@ -79,11 +100,12 @@ tlm_status tok_load_gguf(const char *path, tlm_tokenizer **out) {
         const char *pre;
         size_t pl;
         tlm_status ps = tlm_gguf_get_str(g, "tokenizer.ggml.pre", &pre, &pl);
-        if (ps == TLM_OK && !(pl == 5 && !memcmp(pre, "gpt-2", 5)) &&
-            !(pl == 7 && !memcmp(pre, "default", 7))) {
+        int pre_type = TOK_PRE_GPT2, merge_known = 0;
+        if (ps == TLM_OK && !tok_pre_named(pre, pl, &pre_type, &merge_known)) {
             s = tlm_err(TLM_ERR_UNSUPPORTED,
-                        "'%s': pre-tokenizer '%.*s' is not supported (only GPT-2's pattern)", path,
-                        (int)(pl > 40 ? 40 : pl), pre);
+                        "'%s': pre-tokenizer '%.*s' is not supported (GPT-2's, Llama 3's: "
+                        "llama-bpe, llama3; Qwen2's: qwen2)",
+                        path, (int)(pl > 40 ? 40 : pl), pre);
             goto done;
         }
         const tlm_gguf_kv *mk;
@@ -102,6 +124,8 @@ tlm_status tok_load_gguf(const char *path, tlm_tokenizer **out) {
         s = tok_build_bpe(toks, tlens, n, merges, mlens, (int32_t)mk->len, types, &t);
         if (s) goto done;
         t->bos = t->eos = -1;
+        t->pre = pre_type;
+        t->merge_known = merge_known;
     } else if (ml == 5 && !memcmp(model, "llama", 5)) {
         const tlm_gguf_kv *sk;
         if ((s = tlm_gguf_get_array(g, "tokenizer.ggml.scores", TLM_GGUF_F64, &sk))) goto done;
@@ -138,6 +162,19 @@ tlm_status tok_load_gguf(const char *path, tlm_tokenizer **out) {
     if ((s = opt_id(g, "tokenizer.ggml.bos_token_id", n, &t->bos)) ||
         (s = opt_id(g, "tokenizer.ggml.eos_token_id", n, &t->eos)))
         goto done;
+    {
+        int add = 0;
+        tlm_status bs = tlm_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &add);
+        if (bs && bs != TLM_ERR_RANGE) {
+            s = bs;
+            goto done;
+        }
+        /* llama.cpp's defaults where the key is missing: on for Llama 3's vocabularies */
+        if (!bs)
+            t->add_bos = add;
+        else if (t->kind == TLM_TOKENIZER_BPE && t->pre == TOK_PRE_LLAMA3)
+            t->add_bos = 1;
+    }
 done:
     if (s) {
         tlm_err_context(s, "loading the vocabulary of '%s'", path);
@@ -167,7 +204,7 @@ tlm_status tok_gguf_write_vocab(tlm_gguf_writer *w, const tlm_tokenizer *t) {
         return tlm_err(TLM_ERR_UNSUPPORTED,
                        "GGUF has no char-level vocabulary type (use a BPE tokenizer)");
     tlm_gguf_write_str(w, "tokenizer.ggml.model", spm ? "llama" : "gpt2");
-    if (!spm) tlm_gguf_write_str(w, "tokenizer.ggml.pre", "gpt-2");
+    if (!spm) tlm_gguf_write_str(w, "tokenizer.ggml.pre", tok_pre_name(t->pre));
     s = tlm_gguf_write_array(w, "tokenizer.ggml.tokens", TLM_GGUF_STRING, (uint64_t)n);
     for (int32_t i = 0; i < n && !s; i++) {
         size_t len;
@@ -220,7 +257,7 @@ tlm_status tok_gguf_write_vocab(tlm_gguf_writer *w, const tlm_tokenizer *t) {
     if (t->bos >= 0) tlm_gguf_write_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)t->bos);
     if (t->eos >= 0) tlm_gguf_write_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)t->eos);
     if (t->unk >= 0) tlm_gguf_write_u32(w, "tokenizer.ggml.unknown_token_id", (uint32_t)t->unk);
-    /* SentencePiece models start from BOS; byte-level BPE ones (GPT-2 style) do not. */
-    tlm_gguf_write_bool(w, "tokenizer.ggml.add_bos_token", spm && t->bos >= 0);
+    /* SentencePiece models start from BOS, GPT-2's byte-level BPE does not, Llama 3's does. */
+    tlm_gguf_write_bool(w, "tokenizer.ggml.add_bos_token", tlm_tokenizer_add_bos(t));
     return tlm_gguf_write_bool(w, "tokenizer.ggml.add_eos_token", 0);
 }

@@ -171,6 +171,19 @@ tlm_status tok_load_tlm_dir(const char *dir, tlm_tokenizer **out) {
     }
     if (!s && (!json_id(root, "bos", t->n, &t->bos) || !json_id(root, "eos", t->n, &t->eos)))
         s = tlm_err(TLM_ERR_FORMAT, "'%s': bos/eos must be token ids", path);
+    cJSON *pre = root ? cJSON_GetObjectItemCaseSensitive(root, "pre") : NULL;
+    cJSON *add_bos = root ? cJSON_GetObjectItemCaseSensitive(root, "add_bos") : NULL;
+    if (!s && pre &&
+        (t->kind != TLM_TOKENIZER_BPE || !cJSON_IsString(pre) ||
+         !tok_pre_named(pre->valuestring, strlen(pre->valuestring), &t->pre, &t->merge_known)))
+        s = tlm_err(TLM_ERR_FORMAT, "'%s': \"pre\" names no pre-tokenizer of a bpe tokenizer",
+                    path);
+    if (!s && add_bos) {
+        if (!cJSON_IsBool(add_bos))
+            s = tlm_err(TLM_ERR_FORMAT, "'%s': \"add_bos\" must be true or false", path);
+        else
+            t->add_bos = cJSON_IsTrue(add_bos);
+    }
 done:
     if (s) {
         tlm_tokenizer_free(t);

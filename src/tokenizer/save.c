@@ -142,6 +142,14 @@ tlm_status tlm_tokenizer_save(const tlm_tokenizer *t, const char *dir) {
              "{\"type\": \"%s\", \"vocab_size\": %ld, \"bos\": %ld, \"eos\": %ld",
              tlm_tokenizer_kind_name(t->kind), (long)t->n, (long)t->bos, (long)t->eos);
     tlm_status s = put_str(&meta, head);
+    /* Llama 3's and Qwen2's patterns, and a vocabulary's own word on BOS (absent: GPT-2's, and
+     * BOS as the kind goes) */
+    if (!s && t->kind == TLM_TOKENIZER_BPE && t->pre != TOK_PRE_GPT2) {
+        snprintf(head, sizeof head, ", \"pre\": \"%s\"", tok_pre_name(t->pre));
+        s = put_str(&meta, head);
+    }
+    if (!s && t->add_bos >= 0)
+        s = put_str(&meta, t->add_bos ? ", \"add_bos\": true" : ", \"add_bos\": false");
     if (!s) {
         if (t->kind == TLM_TOKENIZER_BPE)
             s = save_bpe(t, dir, &meta);

@@ -48,6 +48,16 @@ ptrdiff_t tok_strs_find(const tok_str *s, size_t ns, const uint8_t *p, size_t n)
  * Costs O(d log ns) for a match depth d. */
 ptrdiff_t tok_strs_longest_prefix(const tok_str *s, size_t ns, const uint8_t *text, size_t n);
 
+/* BPE pre-tokenizers (GGUF tokenizer.ggml.pre): GPT-2's pattern, Llama 3's (digits in threes),
+ * Qwen2's (digits one by one). */
+enum { TOK_PRE_GPT2 = 0, TOK_PRE_LLAMA3 = 1, TOK_PRE_QWEN2 = 2 };
+
+/* GGUF tokenizer.ggml.pre names of the pre-tokenizers tlm has, as llama.cpp maps them (with
+ * whether it merges pre-tokens that are tokens); 0 for another name. */
+int tok_pre_named(const char *p, size_t n, int *type, int *merge_known);
+/* The name written for one (llama.cpp reads it back as the same pattern). */
+const char *tok_pre_name(int type);
+
 struct tlm_tokenizer {
     tlm_tokenizer_kind kind;
     int32_t n;     /* vocabulary size */
@@ -69,6 +79,11 @@ struct tlm_tokenizer {
     int n_specials;
     uint8_t special_first[256]; /* 1 if some special piece starts with this byte */
     int add_prefix;             /* SPM: dummy-prefix space at the start and after specials */
+    int pre;                    /* BPE: the pre-tokenizer's pattern, TOK_PRE_* */
+    int merge_known;            /* BPE: merge pre-tokens that are tokens too (llama.cpp's Qwen2
+                                   vocabularies: ignore_merges off); else emit them whole */
+    int add_bos;                /* -1: as the kind goes (SPM with a BOS); else the vocabulary's
+                                   own word (GGUF tokenizer.ggml.add_bos_token) */
     int spm_split;              /* SPM: no piece holds a non-space byte then a space, so texts
                                    can be encoded word by word (see spm.c) */
     size_t max_piece;

@@ -186,6 +186,7 @@ tlm_status tok_alloc(tlm_tokenizer **out, tlm_tokenizer_kind kind, int32_t n) {
         return tlm_err(TLM_ERR_NOMEM, "out of memory");
     }
     t->bos = t->eos = t->unk = -1;
+    t->add_bos = -1;
     for (int i = 0; i < 256; i++) t->byte_id[i] = -1;
     *out = t;
     return TLM_OK;
@@ -324,6 +325,11 @@ const char *tlm_tokenizer_kind_name(tlm_tokenizer_kind k) {
 }
 
 int32_t tlm_tokenizer_vocab_size(const tlm_tokenizer *t) { return t->n; }
+int tlm_tokenizer_add_bos(const tlm_tokenizer *t) {
+    if (!t || t->bos < 0) return 0;
+    return t->add_bos >= 0 ? t->add_bos : t->kind == TLM_TOKENIZER_SPM;
+}
+
 int32_t tlm_tokenizer_bos(const tlm_tokenizer *t) { return t->bos; }
 int32_t tlm_tokenizer_eos(const tlm_tokenizer *t) { return t->eos; }
 size_t tlm_tokenizer_max_piece(const tlm_tokenizer *t) { return t->max_piece; }

@@ -98,3 +98,62 @@ size_t tlm_pretok_next(const uint8_t *s, size_t n, size_t i) {
     if (j == n || last == i) return j;
     return last;
 }
+
+/* ASCII lower case of the byte (contractions compare ASCII letters only: no other code point
+ * lower-cases to one of s, t, m, d, r, e, v, l). */
+static inline uint8_t lower(uint8_t c) { return c >= 'A' && c <= 'Z' ? (uint8_t)(c + 32) : c; }
+
+size_t tlm_pretok_next_llama3(const uint8_t *s, size_t n, size_t i, int max_digits) {
+    if (s[i] == '\'' && i + 1 < n) {
+        uint8_t c1 = lower(s[i + 1]);
+        if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') return i + 2;
+        if (i + 2 < n) {
+            uint8_t c2 = lower(s[i + 2]);
+            if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l'))
+                return i + 3;
+        }
+    }
+    size_t l, l2;
+    int cls = cls_at(s, n, i, &l);
+    int next = i + l < n ? cls_at(s, n, i + l, &l2) : -1; /* -1: past the end */
+    int newline = s[i] == '\r' || s[i] == '\n';
+    /* [^\r\n\p{L}\p{N}]?\p{L}+ */
+    if (!newline && cls != TLM_UNI_NUMBER && (cls == TLM_UNI_LETTER || next == TLM_UNI_LETTER)) {
+        size_t j = i + l;
+        while (j < n && cls_at(s, n, j, &l2) == TLM_UNI_LETTER) j += l2;
+        return j;
+    }
+    /* \p{N}{1,max_digits} */
+    if (cls == TLM_UNI_NUMBER) {
+        size_t j = i;
+        for (int d = 0; d < max_digits && j < n && cls_at(s, n, j, &l2) == TLM_UNI_NUMBER; d++)
+            j += l2;
+        return j;
+    }
+    /* ' ?[^\s\p{L}\p{N}]+[\r\n]*': a space, then at least one character of none of the three
+     * classes; a lone space at the end is taken here too (the same piece as \s+ would give) */
+    int c2 = s[i] == ' ' ? next : cls;
+    if (c2 != TLM_UNI_SPACE && c2 != TLM_UNI_LETTER && c2 != TLM_UNI_NUMBER) {
+        size_t j = i + (s[i] == ' ');
+        while (j < n) {
+            int c = cls_at(s, n, j, &l2);
+            if (c == TLM_UNI_SPACE || c == TLM_UNI_LETTER || c == TLM_UNI_NUMBER) break;
+            j += l2;
+        }
+        while (j < n && (s[j] == '\r' || s[j] == '\n')) j++;
+        return j;
+    }
+    /* the run of whitespace from i: up to its last \r or \n if it has one (\s*[\r\n]+), else
+     * all of it but its last character when more follows (\s+(?!\S)), else all of it (\s+) */
+    size_t j = i, last = i, end_rn = 0, count = 0;
+    while (j < n && cls_at(s, n, j, &l2) == TLM_UNI_SPACE) {
+        if (s[j] == '\r' || s[j] == '\n') end_rn = j + 1;
+        last = j;
+        j += l2;
+        count++;
+    }
+    if (end_rn) return end_rn;
+    if (count > 1 && j < n) return last;
+    if (count) return j;
+    return i + l;
+}

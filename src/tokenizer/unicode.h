@@ -68,4 +68,9 @@ int tlm_uni_class(uint32_t cp);
  * Bytes that are not well-formed UTF-8 count as single "other" characters. */
 size_t tlm_pretok_next(const uint8_t *s, size_t n, size_t i);
 
+/* The same for Llama 3's pattern (max_digits 3; Qwen2's: 1), as llama.cpp splits it:
+ * (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|
+ * \s*[\r\n]+|\s+(?!\S)|\s+ */
+size_t tlm_pretok_next_llama3(const uint8_t *s, size_t n, size_t i, int max_digits);
+
 #endif
