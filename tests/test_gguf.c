@@ -12,6 +12,7 @@
 #include "core/half.h"
 #include "formats/formats.h"
 #include "harness.h"
+#include "model/model.h"
 #include "tlm.h"
 
 static double logits_diff(tlm_model *a, tlm_model *b, const int32_t *ids, int T) {
@@ -312,8 +313,24 @@ static void test_malformed(const char *dir) {
     free(data);
 }
 
-/* llama.cpp continues a tlm-written BPE model exactly like tlm (greedy). */
-static void test_llamacpp_bpe(void) {
+/* tlm's greedy continuation of seq[0 .. np) to total tokens, by full forward passes. */
+static void greedy(const tlm_model *m, int32_t *seq, int np, int total) {
+    int V = tlm_model_config(m)->vocab_size;
+    for (int t = np; t < total; t++) {
+        tlm_forward_out fo;
+        CHECK_OK(t_forward(m, seq, 1, t, NULL, &fo));
+        const float *row = fo.logits + (size_t)(t - 1) * V;
+        int best = 0;
+        for (int v = 1; v < V; v++)
+            if (row[v] > row[best]) best = v;
+        seq[t] = best;
+    }
+}
+
+/* llama.cpp continues a tlm-written BPE model exactly like tlm (greedy). With rope: the model
+ * scales RoPE's frequencies (Llama 3.1's rope_freqs.weight, factors from 0.5 to 8), which the
+ * file carries, llama.cpp applies and tlm reads back; without them the continuation differs. */
+static void test_llamacpp_bpe(int rope) {
     const char *node_dir = TLM_SOURCE_DIR "/tests/node/node_modules/node-llama-cpp";
     struct stat st;
     if (stat(node_dir, &st) != 0) {
@@ -346,30 +363,48 @@ static void test_llamacpp_bpe(void) {
     tlm_model *m = NULL;
     CHECK_OK(tlm_model_create(&c, &m));
     CHECK_OK(tlm_model_init(m, 5, TLM_INIT_DEFAULT));
-    CHECK_OK(tlm_model_save_gguf(m, tok, "bpe.gguf", TLM_DTYPE_F32));
     int32_t *ids = NULL;
     size_t np = 0;
     CHECK_OK(tlm_tokenizer_encode(tok, "the cat sat", 11, 0, &ids, &np));
     int total = (int)np + 20;
-    int32_t seq[64];
+    int32_t seq[64], plain[64];
     memcpy(seq, ids, np * sizeof(int32_t));
-    /* tlm's greedy continuation by full forward passes */
-    for (int t = (int)np; t < total; t++) {
-        tlm_forward_out fo;
-        CHECK_OK(t_forward(m, seq, 1, t, NULL, &fo));
-        const float *row = fo.logits + (size_t)(t - 1) * c.vocab_size;
-        int best = 0;
-        for (int v = 1; v < c.vocab_size; v++)
-            if (row[v] > row[best]) best = v;
-        seq[t] = best;
+    memcpy(plain, ids, np * sizeof(int32_t));
+    const char *file = rope ? "bpe_rope.gguf" : "bpe.gguf";
+    if (rope) {
+        /* larger weights: a continuation that moves (at init scale it repeats one token, which
+         * no RoPE change would alter) */
+        float *w = tlm_model_params(m);
+        for (size_t i = 0; i < tlm_model_num_params(m); i++) w[i] *= 3.0f;
+        static const float f[8] = {1, 1, 1.5f, 2, 4, 8, 8, 0.5f};
+        greedy(m, plain, (int)np, total);
+        CHECK_OK(tlm_model_set_rope_factors(m, f, 8));
+        CHECK(tlm_model_set_rope_factors(m, f, 7) == TLM_ERR_FORMAT, "7 factors for 8 pairs");
+    }
+    CHECK_OK(tlm_model_save_gguf(m, tok, file, TLM_DTYPE_F32));
+    greedy(m, seq, (int)np, total);
+    if (rope) {
+        CHECK(memcmp(seq, plain, sizeof(int32_t) * (size_t)total) != 0,
+              "the factors changed nothing");
+        tlm_model *back = NULL;
+        CHECK_OK(tlm_model_load(file, &back));
+        int32_t again[64];
+        memcpy(again, ids, np * sizeof(int32_t));
+        if (back) greedy(back, again, (int)np, total);
+        CHECK(back && back->rope_factors && !memcmp(again, seq, sizeof(int32_t) * (size_t)total),
+              "tlm reads the factors back");
+        tlm_model_free(back);
+        CHECK(tlm_model_save_safetensors(m, "bpe_rope.safetensors") == TLM_ERR_UNSUPPORTED &&
+                  strstr(tlm_last_error(), "rope_freqs"),
+              "safetensors refuses the factors: %s", tlm_last_error());
     }
     char cmd[2048], idstr[512] = "";
     for (size_t i = 0; i < np; i++)
         snprintf(idstr + strlen(idstr), sizeof idstr - strlen(idstr), "%d ", seq[i]);
     snprintf(cmd, sizeof cmd,
              "cd %s/tests/node && NODE_LLAMA_CPP_SKIP_DOWNLOAD=true node llama_greedy.mjs "
-             "%s/bpe.gguf \"%s\" 20 --text \"the cat sat\" 2>&1",
-             TLM_SOURCE_DIR, TLM_BUILD_DIR, idstr);
+             "%s/%s \"%s\" 20 --text \"the cat sat\" 2>&1",
+             TLM_SOURCE_DIR, TLM_BUILD_DIR, file, idstr);
     FILE *f = popen(cmd, "r");
     char out[8192] = "";
     size_t got = f ? fread(out, 1, sizeof out - 1, f) : 0;
@@ -385,11 +420,11 @@ static void test_llamacpp_bpe(void) {
     for (size_t i = 0; i < np; i++)
         snprintf(pw + strlen(pw), sizeof pw - strlen(pw), "%s%d", i ? "," : "", seq[i]);
     CHECK(strstr(out, pw) != NULL, "prompt ids: %s vs %s]", out, pw);
-    printf("llama.cpp on a tlm-written BPE GGUF: %s", out);
+    printf("llama.cpp on a tlm-written BPE GGUF%s: %s", rope ? " (rope_freqs)" : "", out);
     free(ids);
     tlm_model_free(m);
     tlm_tokenizer_free(tok);
-    remove("bpe.gguf");
+    remove(file);
 }
 
 int main(void) {
@@ -402,6 +437,7 @@ int main(void) {
         test_tiny_random(dir);
         test_malformed(dir);
     }
-    test_llamacpp_bpe();
+    test_llamacpp_bpe(0);
+    test_llamacpp_bpe(1);
     return t_finish("test_gguf");
 }

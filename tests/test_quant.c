@@ -13,6 +13,7 @@
 
 #include "core/dtype.h"
 #include "harness.h"
+#include "model/model.h"
 #include "tlm.h"
 
 #define NODE_BINS TLM_SOURCE_DIR "/tests/node/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64"
@@ -901,10 +902,11 @@ static void test_override_files(model_quantize_fn llama_quantize, default_params
     }
 }
 
-/* llama-quantize's --override-kv and --prune-layers against llama_model_quantize given the same:
- * overridden keys moved to the end in llama.cpp's types (a key set twice, an int's magnitude),
- * pruned blocks left out and the rest renumbered, llama.block_count last, and the mixes' layer
- * counts as llama.cpp keeps them (attn_v over the layers left, ffn_down over the model's). */
+/* llama-quantize's --override-kv and --prune-layers against llama_model_quantize given the same,
+ * on a model with RoPE frequency factors (rope_freqs.weight): overridden keys moved to the end in
+ * llama.cpp's types (a key set twice, an int's magnitude), pruned blocks left out and the rest
+ * renumbered, llama.block_count last, and the mixes' layer counts as llama.cpp keeps them (attn_v
+ * over the layers left, ffn_down over the model's). */
 static void test_kv_prune_files(model_quantize_fn llama_quantize, default_params_fn defaults,
                                 const tlm_tokenizer *tok) {
     static const char *const specs[] = {
@@ -947,6 +949,11 @@ static void test_kv_prune_files(model_quantize_fn llama_quantize, default_params
     };
     tlm_model *m = wide_model(8, 512, 0, 17);
     if (!m) return;
+    /* with Llama 3.1's RoPE factors: rope_freqs.weight stays F32, in llama.cpp's place */
+    float rf[32];
+    for (int i = 0; i < 32; i++)
+        rf[i] = i < 8 ? 1.0f : i < 24 ? 1.0f + 0.25f * (float)(i - 8) : 8.0f;
+    CHECK_OK(tlm_model_set_rope_factors(m, rf, 32));
     const char *f32 = "quant_kv_src.gguf";
     CHECK_OK(tlm_model_save_gguf(m, tok, f32, TLM_DTYPE_F32));
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {

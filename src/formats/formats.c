@@ -81,6 +81,14 @@ const float *fmt_layer_tensor_c(const tlm_model *m, int layer, const char *name)
     return fmt_tensor_c(m, n);
 }
 
+tlm_status fmt_no_rope_factors(const tlm_model *m, const char *what) {
+    if (!m->rope_factors) return TLM_OK;
+    return tlm_err(TLM_ERR_UNSUPPORTED,
+                   "%s: the model scales RoPE's frequencies (rope_freqs.weight, Llama 3.1's "
+                   "scaling), which only GGUF holds: write GGUF",
+                   what);
+}
+
 tlm_status fmt_need_f32(const tlm_model *m, const char *what) {
     for (int i = 0; i < m->n_tensors; i++)
         if (m->w[i].dtype != TLM_DTYPE_F32)

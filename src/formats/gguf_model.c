@@ -177,6 +177,27 @@ static tlm_status load_model_shards(tlm_gguf **gs, int n_files, const char *path
         s = tlm_model_bind(m, src, maps, given);
         if (s) tlm_err_context(s, "%s", path);
     }
+    /* Llama 3.1's RoPE scaling, as llama.cpp's converter stores it: one factor per frequency */
+    const tlm_gguf_tensor *rf = NULL;
+    for (int f = 0; f < n_files && !rf && !s; f++)
+        rf = tlm_gguf_find_tensor(gs[f], "rope_freqs.weight");
+    if (rf) {
+        int half = c.d_model / c.n_heads / 2;
+        if (rf->type != 0 /* F32 */ || rf->n_dims != 1 || rf->dims[0] != (uint64_t)half ||
+            !rf->data)
+            s = tlm_err(TLM_ERR_FORMAT, "%s: rope_freqs.weight must be %d F32 values", path, half);
+        else {
+            float *fk = malloc(sizeof *fk * (size_t)half); /* the file's bytes may be unaligned */
+            if (!fk) {
+                s = tlm_err(TLM_ERR_NOMEM, "out of memory");
+            } else {
+                memcpy(fk, rf->data, sizeof *fk * (size_t)half);
+                s = tlm_model_set_rope_factors(m, fk, half);
+                free(fk);
+            }
+        }
+        if (s) tlm_err_context(s, "%s", path);
+    }
     free(src);
     if (s) {
         tlm_model_free(m);

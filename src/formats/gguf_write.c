@@ -43,6 +43,18 @@ typedef struct {
 } gguf_plan;
 
 static int tensor_layer(const char *name);
+static int llama_before(const char *a, const char *b);
+
+#define ROPE_FREQS "rope_freqs.weight"
+
+/* Where rope_freqs.weight (a model's RoPE frequency factors, Llama 3.1's scaling) goes among the
+ * tensors written, in llama.cpp's order; -1 for a model without one. */
+static int rope_slot(const tlm_model *m, const gguf_plan *plan) {
+    if (!m->rope_factors) return -1;
+    int k = 0;
+    while (k < plan->n_order && !llama_before(ROPE_FREQS, m->tensors[plan->order[k]].name)) k++;
+    return k;
+}
 
 /* A block tensor's name with its layer renumbered as plan->new_layer says (llama-quantize
  * --prune-layers); other names as they are. */
@@ -175,7 +187,13 @@ static tlm_status write_gguf(const tlm_model *m, const tlm_tokenizer *tok, const
     }
     size_t max_numel = 0;
     char fname[160];
-    for (int k = 0; k < plan->n_order && !s; k++) {
+    int rope_at = rope_slot(m, plan), half = c->d_model / c->n_heads / 2;
+    for (int k = 0; k <= plan->n_order && !s; k++) {
+        if (k == rope_at) {
+            uint64_t rd[1] = {(uint64_t)half};
+            s = tlm_gguf_write_tensor(&w, ROPE_FREQS, 1, rd, 0 /* F32 */, sizeof(float) * half);
+        }
+        if (k == plan->n_order || s) break;
         int i = plan->order[k];
         const tlm_tensor_info *t = &m->tensors[i];
         uint64_t dims[2] = {(uint64_t)t->shape[t->ndim - 1], (uint64_t)t->shape[0]};
@@ -211,7 +229,17 @@ static tlm_status write_gguf(const tlm_model *m, const tlm_tokenizer *tok, const
     s = tlm_atomic_open(&a, path);
     if (!s) s = tlm_atomic_write(&a, head, head_len);
     free(head);
-    for (int k = 0; k < plan->n_order && !s; k++) {
+    const tlm_quantize_opts *p = plan->progress;
+    int n_out = plan->n_order + (rope_at >= 0);
+    static const uint8_t zeros[GGUF_ALIGN];
+    for (int k = 0; k <= plan->n_order && !s; k++) {
+        if (k == rope_at) {
+            size_t bytes = sizeof(float) * (size_t)half, pad = tlm_gguf_writer_pad(&w, bytes);
+            if (p && p->progress) p->progress(p->user, k, n_out, ROPE_FREQS, TLM_DTYPE_F32, bytes);
+            s = tlm_atomic_write(&a, m->rope_factors, bytes);
+            if (!s && pad) s = tlm_atomic_write(&a, zeros, pad);
+        }
+        if (k == plan->n_order || s) break;
         int i = plan->order[k];
         const tlm_tensor_info *t = &m->tensors[i];
         const float *src = tlm_wf(&m->w[i]);
@@ -224,10 +252,9 @@ static tlm_status write_gguf(const tlm_model *m, const tlm_tokenizer *tok, const
         }
         tlm_dtype ty = plan->types[i];
         size_t bytes = tlm_dtype_bytes(ty, t->numel);
-        const tlm_quantize_opts *p = plan->progress;
         if (p && p->progress)
-            p->progress(p->user, k, plan->n_order, file_name(plan, t->name, fname, sizeof fname),
-                        ty, bytes);
+            p->progress(p->user, k + (rope_at >= 0 && k >= rope_at), n_out,
+                        file_name(plan, t->name, fname, sizeof fname), ty, bytes);
         if (!s && ty == TLM_DTYPE_F32) {
             s = tlm_atomic_write(&a, src, bytes);
         } else if (!s) {
@@ -262,7 +289,6 @@ static tlm_status write_gguf(const tlm_model *m, const tlm_tokenizer *tok, const
             s = rs ? tlm_err_context(rs, "tensor '%s'", t->name) : TLM_OK;
             if (!s) s = tlm_atomic_write(&a, out, bytes);
         }
-        static const uint8_t zeros[GGUF_ALIGN];
         size_t pad = tlm_gguf_writer_pad(&w, bytes);
         if (!s && pad) s = tlm_atomic_write(&a, zeros, pad);
     }
@@ -596,7 +622,12 @@ tlm_status tlm_model_quantize_gguf(const tlm_model *m, const tlm_tokenizer *tok,
     if (!s && o->dry_run) {
         /* llama-quantize --dry-run: the sizes the file would have, nothing written */
         char fname[160];
-        for (int k = 0; k < n_order && !s; k++) {
+        int rope_at = rope_slot(m, &plan), n_out = n_order + (rope_at >= 0);
+        for (int k = 0; k <= n_order && !s; k++) {
+            if (k == rope_at && o->progress)
+                o->progress(o->user, k, n_out, ROPE_FREQS, TLM_DTYPE_F32,
+                            sizeof(float) * (size_t)(m->c.d_model / m->c.n_heads / 2));
+            if (k == n_order) break;
             const tlm_tensor_info *t = &m->tensors[order[k]];
             size_t bytes = tlm_dtype_bytes(types[order[k]], t->numel);
             if (!bytes)
@@ -604,8 +635,8 @@ tlm_status tlm_model_quantize_gguf(const tlm_model *m, const tlm_tokenizer *tok,
                             t->name, (long long)t->shape[t->ndim - 1],
                             tlm_dtype_name(types[order[k]]));
             else if (o->progress)
-                o->progress(o->user, k, n_order, file_name(&plan, t->name, fname, sizeof fname),
-                            types[order[k]], bytes);
+                o->progress(o->user, k + (rope_at >= 0 && k >= rope_at), n_out,
+                            file_name(&plan, t->name, fname, sizeof fname), types[order[k]], bytes);
         }
     } else if (!s) {
         s = write_gguf(m, tok, path, &plan);

@@ -744,6 +744,7 @@ static tlm_status export_gpt2(const tlm_model *m, tlm_dtype dt, out_list *o, cJS
 tlm_status tlm_model_save_hf(const tlm_model *m, const char *dir, tlm_dtype dtype) {
     const tlm_config *c = &m->c;
     tlm_status fs = fmt_need_f32(m, "Hugging Face export");
+    if (!fs) fs = fmt_no_rope_factors(m, "Hugging Face export");
     if (fs) return fs;
     if (dtype != TLM_DTYPE_F32 && dtype != TLM_DTYPE_F16 && dtype != TLM_DTYPE_BF16)
         return tlm_err(TLM_ERR_UNSUPPORTED, "Hugging Face export writes F32, F16 or BF16, not %s",

@@ -293,6 +293,7 @@ tlm_status tlm_model_save_llama2c(const tlm_model *m, const char *path, int vers
     const tlm_config *c = &m->c;
     char why[96];
     tlm_status fs = fmt_need_f32(m, "llama2.c export");
+    if (!fs) fs = fmt_no_rope_factors(m, "llama2.c export");
     if (fs) return fs;
     if (version != 0 && version != 1)
         return tlm_err(TLM_ERR_ARG, "llama2.c version must be 0 (legacy) or 1, not %d", version);

@@ -10,6 +10,7 @@
 
 tlm_status tlm_model_save_safetensors(const tlm_model *m, const char *path) {
     tlm_status fs = fmt_need_f32(m, path);
+    if (!fs) fs = fmt_no_rope_factors(m, path);
     if (fs) return fs;
     st_out_tensor *t = calloc((size_t)m->n_tensors, sizeof *t);
     char *cfg = tlm_config_to_json(&m->c);

@@ -159,12 +159,13 @@ static tlm_status build_tables(tlm_model *m) {
     int hd = c->d_model / c->n_heads, half = hd / 2;
     size_t ctx = (size_t)c->context_length;
     if (c->position == TLM_POS_ROPE) {
-        m->rope_cos = malloc(ctx * half * sizeof(float));
-        m->rope_sin = malloc(ctx * half * sizeof(float));
+        if (!m->rope_cos) m->rope_cos = malloc(ctx * half * sizeof(float));
+        if (!m->rope_sin) m->rope_sin = malloc(ctx * half * sizeof(float));
         if (!m->rope_cos || !m->rope_sin) return tlm_err(TLM_ERR_NOMEM, "out of memory");
         for (size_t p = 0; p < ctx; p++)
             for (int i = 0; i < half; i++) {
                 double freq = pow((double)c->rope_theta, -2.0 * i / hd);
+                if (m->rope_factors) freq /= (double)m->rope_factors[i];
                 double a = (double)p * freq;
                 m->rope_cos[p * half + i] = (float)cos(a);
                 m->rope_sin[p * half + i] = (float)sin(a);
@@ -422,8 +423,28 @@ void tlm_model_free(tlm_model *m) {
     free(m->lw);
     free(m->rope_cos);
     free(m->rope_sin);
+    free(m->rope_factors);
     free(m->sinus);
     free(m);
+}
+
+tlm_status tlm_model_set_rope_factors(tlm_model *m, const float *f, int n) {
+    const tlm_config *c = &m->c;
+    int half = c->d_model / c->n_heads / 2;
+    if (c->position != TLM_POS_ROPE)
+        return tlm_err(TLM_ERR_ARG, "RoPE frequency factors for a model without RoPE");
+    if (n != half)
+        return tlm_err(TLM_ERR_FORMAT, "%d RoPE frequency factors for a head of %d pairs", n, half);
+    for (int i = 0; i < n; i++)
+        if (!(f[i] > 0) || !isfinite(f[i]))
+            return tlm_err(TLM_ERR_FORMAT, "RoPE frequency factor %d is %g (positive, finite)", i,
+                           (double)f[i]);
+    float *k = malloc(sizeof *k * (size_t)n);
+    if (!k) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    memcpy(k, f, sizeof *k * (size_t)n);
+    free(m->rope_factors);
+    m->rope_factors = k;
+    return build_tables(m);
 }
 
 const tlm_config *tlm_model_config(const tlm_model *m) { return &m->c; }

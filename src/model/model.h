@@ -62,6 +62,8 @@ struct tlm_model {
     const tlm_weight *tok_emb, *pos_emb, *out_w;
     const float *out_norm_w, *out_norm_b;
     float *rope_cos, *rope_sin; /* [context_length, hd/2] */
+    float *rope_factors;        /* [hd/2] or NULL: each frequency divided by its factor (Llama
+                                   3.1's RoPE scaling, GGUF rope_freqs.weight) */
     float *sinus;               /* [context_length, d] */
     int all_f32;                /* every weight F32: the backward pass can run */
     tlm_storage st;
@@ -94,6 +96,11 @@ tlm_status tlm_model_retype(tlm_model *m, tlm_precision p);
 static inline const float *tlm_wf(const tlm_weight *w) {
     return w && w->data && w->dtype == TLM_DTYPE_F32 ? (const float *)w->data : NULL;
 }
+
+/* Divides RoPE's frequency i by f[i] (n = head dim / 2 factors, each positive and finite), as
+ * llama.cpp applies a GGUF's rope_freqs.weight, and rebuilds the tables; for loaders, before the
+ * model is shared. */
+tlm_status tlm_model_set_rope_factors(tlm_model *m, const float *f, int n);
 
 /* Index of a tensor by canonical name, -1 if absent. */
 int tlm_model_index(const tlm_model *m, const char *name);
