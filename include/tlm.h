@@ -130,6 +130,7 @@ typedef struct {
     tlm_rope_pairing rope_pairing;
     int tie_embeddings; /* 0/1 */
     int bias;           /* 0/1: biases on every Linear (not the LM head) and on LayerNorm */
+    int qkv_bias;       /* 0/1: biases on the q, k and v projections only (Qwen2); bias has them */
     float dropout;      /* [0, 1) */
 } tlm_config;
 

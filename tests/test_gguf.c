@@ -327,10 +327,36 @@ static void greedy(const tlm_model *m, int32_t *seq, int np, int total) {
     }
 }
 
+/* The same continuation by a session: prefill, then decode steps from the KV cache (the
+ * matrix-vector path, its fused q|k|v products with their biases). */
+static void greedy_session(const tlm_model *m, int32_t *seq, int np, int total) {
+    int V = tlm_model_config(m)->vocab_size;
+    tlm_session *s = NULL;
+    float *logits = malloc(sizeof(float) * (size_t)V);
+    CHECK_OK(tlm_session_new(m, 1, 0, &s));
+    if (!s || !logits) {
+        free(logits);
+        tlm_session_free(s);
+        return;
+    }
+    CHECK_OK(tlm_prefill(s, 0, seq, np, logits, 0));
+    for (int t = np; t < total; t++) {
+        int best = 0;
+        for (int v = 1; v < V; v++)
+            if (logits[v] > logits[best]) best = v;
+        seq[t] = best;
+        if (t + 1 < total) CHECK_OK(tlm_decode_step(s, best, logits));
+    }
+    free(logits);
+    tlm_session_free(s);
+}
+
 /* llama.cpp continues a tlm-written BPE model exactly like tlm (greedy). With rope: the model
  * scales RoPE's frequencies (Llama 3.1's rope_freqs.weight, factors from 0.5 to 8), which the
- * file carries, llama.cpp applies and tlm reads back; without them the continuation differs. */
-static void test_llamacpp_bpe(int rope) {
+ * file carries, llama.cpp applies and tlm reads back; without them the continuation differs.
+ * With qwen2: biases on q, k and v (random, so that they matter) and RoPE on halves, written as
+ * arch qwen2, which llama.cpp runs as its own Qwen2 and tlm reads back. */
+static void test_llamacpp_bpe(int rope, int qwen2) {
     const char *node_dir = TLM_SOURCE_DIR "/tests/node/node_modules/node-llama-cpp";
     struct stat st;
     if (stat(node_dir, &st) != 0) {
@@ -360,9 +386,22 @@ static void test_llamacpp_bpe(int rope) {
     c.n_heads = 4;
     c.n_kv_heads = 2;
     c.d_ff = 128;
+    if (qwen2) {
+        c.qkv_bias = 1;
+        c.rope_pairing = TLM_ROPE_HALF;
+        c.rope_theta = 1000000.0f;
+    }
     tlm_model *m = NULL;
     CHECK_OK(tlm_model_create(&c, &m));
     CHECK_OK(tlm_model_init(m, 5, TLM_INIT_DEFAULT));
+    int nt = 0;
+    const tlm_tensor_info *ti = tlm_model_tensors(m, &nt);
+    for (int i = 0; qwen2 && i < nt; i++)
+        if (strstr(ti[i].name, ".bias")) {
+            float *b = (float *)(uintptr_t)tlm_model_weight(m, i)->data;
+            for (size_t j = 0; j < ti[i].numel; j++)
+                b[j] = (float)((j * 7919 + (size_t)i * 31) % 23) / 11.0f - 1.0f;
+        }
     int32_t *ids = NULL;
     size_t np = 0;
     CHECK_OK(tlm_tokenizer_encode(tok, "the cat sat", 11, 0, &ids, &np));
@@ -370,12 +409,14 @@ static void test_llamacpp_bpe(int rope) {
     int32_t seq[64], plain[64];
     memcpy(seq, ids, np * sizeof(int32_t));
     memcpy(plain, ids, np * sizeof(int32_t));
-    const char *file = rope ? "bpe_rope.gguf" : "bpe.gguf";
-    if (rope) {
+    const char *file = rope ? "bpe_rope.gguf" : qwen2 ? "bpe_qwen2.gguf" : "bpe.gguf";
+    if (rope || qwen2) {
         /* larger weights: a continuation that moves (at init scale it repeats one token, which
          * no RoPE change would alter) */
         float *w = tlm_model_params(m);
-        for (size_t i = 0; i < tlm_model_num_params(m); i++) w[i] *= 3.0f;
+        for (size_t i = 0; i < tlm_model_num_params(m); i++) w[i] *= qwen2 ? 2.5f : 3.0f;
+    }
+    if (rope) {
         static const float f[8] = {1, 1, 1.5f, 2, 4, 8, 8, 0.5f};
         greedy(m, plain, (int)np, total);
         CHECK_OK(tlm_model_set_rope_factors(m, f, 8));
@@ -383,6 +424,25 @@ static void test_llamacpp_bpe(int rope) {
     }
     CHECK_OK(tlm_model_save_gguf(m, tok, file, TLM_DTYPE_F32));
     greedy(m, seq, (int)np, total);
+    if (qwen2) {
+        tlm_model *back = NULL;
+        CHECK_OK(tlm_model_load(file, &back));
+        int32_t again[64];
+        memcpy(again, ids, np * sizeof(int32_t));
+        if (back) greedy(back, again, (int)np, total);
+        CHECK(back && tlm_model_config(back)->qkv_bias &&
+                  tlm_model_config(back)->rope_pairing == TLM_ROPE_HALF &&
+                  !memcmp(again, seq, sizeof(int32_t) * (size_t)total),
+              "tlm reads the qwen2 file back");
+        memcpy(again, ids, np * sizeof(int32_t));
+        if (back) greedy_session(back, again, (int)np, total);
+        CHECK(!memcmp(again, seq, sizeof(int32_t) * (size_t)total),
+              "decoding the qwen2 file from the KV cache: the same continuation");
+        tlm_model_free(back);
+        CHECK(tlm_model_save_llama2c(m, "bpe_qwen2.bin", 0) == TLM_ERR_UNSUPPORTED &&
+                  strstr(tlm_last_error(), "q, k and v biases"),
+              "llama2.c refuses q, k, v biases: %s", tlm_last_error());
+    }
     if (rope) {
         CHECK(memcmp(seq, plain, sizeof(int32_t) * (size_t)total) != 0,
               "the factors changed nothing");
@@ -393,6 +453,10 @@ static void test_llamacpp_bpe(int rope) {
         if (back) greedy(back, again, (int)np, total);
         CHECK(back && back->rope_factors && !memcmp(again, seq, sizeof(int32_t) * (size_t)total),
               "tlm reads the factors back");
+        memcpy(again, ids, np * sizeof(int32_t));
+        if (back) greedy_session(back, again, (int)np, total);
+        CHECK(!memcmp(again, seq, sizeof(int32_t) * (size_t)total),
+              "decoding with the factors from the KV cache: the same continuation");
         tlm_model_free(back);
         CHECK(tlm_model_save_safetensors(m, "bpe_rope.safetensors") == TLM_ERR_UNSUPPORTED &&
                   strstr(tlm_last_error(), "rope_freqs"),
@@ -410,17 +474,25 @@ static void test_llamacpp_bpe(int rope) {
     size_t got = f ? fread(out, 1, sizeof out - 1, f) : 0;
     out[got] = 0;
     if (f) pclose(f);
+    /* llama.cpp stops at an end-of-generation token (<|endoftext|>): up to there */
     char want[1024] = "{\"ids\":[";
-    for (int t = (int)np; t < total; t++)
+    int t = (int)np;
+    for (; t < total && !tlm_tokenizer_is_special(tok, seq[t]); t++)
         snprintf(want + strlen(want), sizeof want - strlen(want), "%s%d", t > (int)np ? "," : "",
                  seq[t]);
-    CHECK(strstr(out, want) != NULL, "llama.cpp: %s\ntlm:       %s]", out, want);
+    snprintf(want + strlen(want), sizeof want - strlen(want), "]");
+    CHECK(t - (int)np >= 12 && strstr(out, want) != NULL, "llama.cpp: %s\ntlm:       %s", out,
+          want);
     /* llama.cpp's tokenizer on our embedded vocabulary gives tlm's ids. */
     char pw[256] = "\"prompt_ids\":[";
     for (size_t i = 0; i < np; i++)
         snprintf(pw + strlen(pw), sizeof pw - strlen(pw), "%s%d", i ? "," : "", seq[i]);
     CHECK(strstr(out, pw) != NULL, "prompt ids: %s vs %s]", out, pw);
-    printf("llama.cpp on a tlm-written BPE GGUF%s: %s", rope ? " (rope_freqs)" : "", out);
+    printf("llama.cpp on a tlm-written BPE GGUF%s: %s",
+           rope    ? " (rope_freqs)"
+           : qwen2 ? " (arch qwen2)"
+                   : "",
+           out);
     free(ids);
     tlm_model_free(m);
     tlm_tokenizer_free(tok);
@@ -437,7 +509,8 @@ int main(void) {
         test_tiny_random(dir);
         test_malformed(dir);
     }
-    test_llamacpp_bpe(0);
-    test_llamacpp_bpe(1);
+    test_llamacpp_bpe(0, 0);
+    test_llamacpp_bpe(1, 0);
+    test_llamacpp_bpe(0, 1);
     return t_finish("test_gguf");
 }

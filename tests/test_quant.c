@@ -994,6 +994,38 @@ static void test_kv_prune_files(model_quantize_fn llama_quantize, default_params
         remove(ours);
         remove(theirs);
     }
+    /* Qwen2's layout (q, k and v biases, RoPE on halves: arch qwen2): the same mixes, the biases
+     * kept F32 */
+    {
+        tlm_config qc = *tlm_model_config(m);
+        qc.qkv_bias = 1;
+        qc.rope_pairing = TLM_ROPE_HALF;
+        tlm_model *q = NULL;
+        CHECK_OK(tlm_model_create(&qc, &q));
+        if (q) CHECK_OK(tlm_model_init(q, 23, TLM_INIT_DEFAULT));
+        static const char *const qt[] = {"q4_k_m", "q3_k_m"};
+        for (int k = 0; q && k < 2; k++) {
+            const char *src = "quant_qwen2_src.gguf", *ours = "quant_qwen2.gguf",
+                       *theirs = "quant_qwen2_llama.gguf";
+            CHECK_OK(tlm_model_save_gguf(q, tok, src, TLM_DTYPE_F32));
+            tlm_quantize_opts o = {0};
+            CHECK(tlm_ftype_from_name(qt[k], &o.ftype), "%s", qt[k]);
+            CHECK_OK(tlm_model_quantize_gguf(q, tok, ours, &o));
+            llama_quantize_params p = defaults();
+            p.nthread = 1;
+            p.ftype = (int)o.ftype;
+            CHECK(llama_quantize(src, theirs, &p) == 0, "llama_model_quantize %s failed", theirs);
+            char ta[8192];
+            file_types(ours, ta, sizeof ta);
+            CHECK(strstr(ta, "blk.0.attn_q.bias:F32") != NULL, "qwen2 %s: %s", qt[k], ta);
+            if (same_files(ours, theirs, "qwen2"))
+                printf("qwen2 %-6s == llama-quantize (arch qwen2, q/k/v biases)\n", qt[k]);
+            remove(src);
+            remove(ours);
+            remove(theirs);
+        }
+        tlm_model_free(q);
+    }
     /* refusals, nothing written: a layer the model lacks, every layer, general.alignment */
     static const int out_of_range[] = {8}, all[] = {0, 1, 2, 3, 4, 5, 6, 7};
     tlm_kv_override align;

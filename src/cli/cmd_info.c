@@ -74,8 +74,11 @@ static void print_table(const tlm_config *c, const tlm_param_count *pc) {
     if (c->position == TLM_POS_ROPE)
         printf(" (theta %g, %s pairs)", (double)c->rope_theta,
                tlm_rope_pairing_name(c->rope_pairing));
-    printf("\n  tie_embeddings  %s\n  bias            %s\n  dropout         %g\n",
-           c->tie_embeddings ? "true" : "false", c->bias ? "true" : "false", (double)c->dropout);
+    printf("\n  tie_embeddings  %s\n  bias            %s\n", c->tie_embeddings ? "true" : "false",
+           c->bias       ? "true"
+           : c->qkv_bias ? "q, k and v"
+                         : "false");
+    printf("  dropout         %g\n", (double)c->dropout);
     printf("\nparameters\n");
     for (int k = 0; k < TLM_COMP_COUNT; k++)
         if (pc->per_component[k])

@@ -46,6 +46,8 @@ int fmt_is_llama_style(const tlm_config *c, char *why, size_t why_len) {
         bad = "position is not rope";
     else if (c->bias)
         bad = "the model has biases";
+    else if (c->qkv_bias)
+        bad = "the model has q, k and v biases (Qwen2's layout: GGUF writes those)";
     if (bad && why) snprintf(why, why_len, "%s", bad);
     return bad == NULL;
 }

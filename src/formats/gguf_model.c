@@ -49,13 +49,26 @@ static tlm_status llama_config(const tlm_gguf *g, const char *path, tlm_config *
     size_t alen;
     tlm_status s = tlm_gguf_get_str(g, "general.architecture", &arch, &alen);
     if (s) return tlm_err_context(s, "%s", path);
-    if (alen != 5 || memcmp(arch, "llama", 5))
-        return tlm_err(TLM_ERR_UNSUPPORTED, "%s: GGUF architecture '%.*s' is not supported (llama)",
-                       path, (int)(alen > 40 ? 40 : alen), arch);
+    /* Qwen2 is Llama with biases on q, k and v, rotating halves (llama.cpp's NEOX RoPE: its q and
+     * k rows are stored as trained, not permuted) */
+    int qwen2 = alen == 5 && !memcmp(arch, "qwen2", 5);
+    if (!qwen2 && (alen != 5 || memcmp(arch, "llama", 5)))
+        return tlm_err(TLM_ERR_UNSUPPORTED,
+                       "%s: GGUF architecture '%.*s' is not supported (llama, qwen2)", path,
+                       (int)(alen > 40 ? 40 : alen), arch);
+    const char *pfx = qwen2 ? "qwen2" : "llama";
+    char k[9][64];
+    static const char *const keys[9] = {
+        "rope.scaling.type",   "embedding_length",     "block_count",
+        "feed_forward_length", "attention.head_count", "attention.head_count_kv",
+        "context_length",      "vocab_size",           "rope.dimension_count"};
+    for (int i = 0; i < 9; i++) snprintf(k[i], sizeof k[i], "%s.%s", pfx, keys[i]);
+    char eps_key[64], base_key[64];
+    snprintf(eps_key, sizeof eps_key, "%s.attention.layer_norm_rms_epsilon", pfx);
+    snprintf(base_key, sizeof base_key, "%s.rope.freq_base", pfx);
     const char *st;
     size_t sl;
-    if (!tlm_gguf_get_str(g, "llama.rope.scaling.type", &st, &sl) &&
-        !(sl == 4 && !memcmp(st, "none", 4)))
+    if (!tlm_gguf_get_str(g, k[0], &st, &sl) && !(sl == 4 && !memcmp(st, "none", 4)))
         return tlm_err(TLM_ERR_UNSUPPORTED, "%s: RoPE scaling '%.*s' is not supported", path,
                        (int)(sl > 40 ? 40 : sl), st);
     tlm_config_default(c);
@@ -67,19 +80,16 @@ static tlm_status llama_config(const tlm_gguf *g, const char *path, tlm_config *
         vocab_guess = (int)toks->len;
     else if (emb && emb->n_dims == 2 && emb->dims[1] <= (1u << 24))
         vocab_guess = (int)emb->dims[1];
-    if ((s = get_dim(g, "llama.embedding_length", -1, 1 << 20, path, &c->d_model)) ||
-        (s = get_dim(g, "llama.block_count", -1, 1 << 12, path, &c->n_layers)) ||
-        (s = get_dim(g, "llama.feed_forward_length", -1, 1 << 24, path, &c->d_ff)) ||
-        (s = get_dim(g, "llama.attention.head_count", -1, 1 << 12, path, &heads)) ||
-        (s = get_dim(g, "llama.attention.head_count_kv", heads, 1 << 12, path, &c->n_kv_heads)) ||
-        (s = get_dim(g, "llama.context_length", 2048, 1 << 24, path, &c->context_length)) ||
-        (s = get_dim(g, "llama.vocab_size", vocab_guess ? vocab_guess : -1, 1 << 24, path,
-                     &c->vocab_size)) ||
-        (s = get_dim(g, "llama.rope.dimension_count", c->d_model / heads, 1 << 16, path,
-                     &rope_dims)) ||
-        (s = get_pos_float(g, "llama.attention.layer_norm_rms_epsilon", 1e-5, path,
-                           &c->norm_eps)) ||
-        (s = get_pos_float(g, "llama.rope.freq_base", 10000.0, path, &c->rope_theta)))
+    if ((s = get_dim(g, k[1], -1, 1 << 20, path, &c->d_model)) ||
+        (s = get_dim(g, k[2], -1, 1 << 12, path, &c->n_layers)) ||
+        (s = get_dim(g, k[3], -1, 1 << 24, path, &c->d_ff)) ||
+        (s = get_dim(g, k[4], -1, 1 << 12, path, &heads)) ||
+        (s = get_dim(g, k[5], heads, 1 << 12, path, &c->n_kv_heads)) ||
+        (s = get_dim(g, k[6], 2048, 1 << 24, path, &c->context_length)) ||
+        (s = get_dim(g, k[7], vocab_guess ? vocab_guess : -1, 1 << 24, path, &c->vocab_size)) ||
+        (s = get_dim(g, k[8], c->d_model / heads, 1 << 16, path, &rope_dims)) ||
+        (s = get_pos_float(g, eps_key, 1e-5, path, &c->norm_eps)) ||
+        (s = get_pos_float(g, base_key, 10000.0, path, &c->rope_theta)))
         return s;
     c->n_heads = heads;
     if (rope_dims * heads != c->d_model)
@@ -91,12 +101,13 @@ static tlm_status llama_config(const tlm_gguf *g, const char *path, tlm_config *
     c->norm_position = TLM_NORM_PRE;
     c->ffn = TLM_FFN_SWIGLU;
     c->position = TLM_POS_ROPE;
-    c->rope_pairing = TLM_ROPE_INTERLEAVED;
+    c->rope_pairing = qwen2 ? TLM_ROPE_HALF : TLM_ROPE_INTERLEAVED;
     c->bias = 0;
+    c->qkv_bias = qwen2;
     c->dropout = 0.0f;
     c->tie_embeddings = tlm_gguf_find_tensor(g, "output.weight") == NULL;
     s = tlm_config_finalize(c);
-    if (s) return tlm_err_context(s, "%s: llama.* keys", path);
+    if (s) return tlm_err_context(s, "%s: %s.* keys", path, pfx);
     return TLM_OK;
 }
 

@@ -122,8 +122,19 @@ static tlm_status write_gguf(const tlm_model *m, const tlm_tokenizer *tok, const
                              const gguf_plan *plan) {
     const tlm_config *c = &m->c;
     char why[96];
-    if (!fmt_is_llama_style(c, why, sizeof why))
+    /* Llama's layout, or Qwen2's: Llama with q, k and v biases, rotating halves as trained */
+    tlm_config plain = *c;
+    int qwen2 = c->qkv_bias && !c->bias;
+    plain.qkv_bias = 0;
+    if (!fmt_is_llama_style(&plain, why, sizeof why))
         return tlm_err(TLM_ERR_UNSUPPORTED, "GGUF export supports Llama-style models: %s", why);
+    if (qwen2 && c->rope_pairing != TLM_ROPE_HALF)
+        return tlm_err(TLM_ERR_UNSUPPORTED,
+                       "GGUF export: a model with q, k and v biases is written as qwen2, which "
+                       "rotates halves (rope_pairing half), not interleaved pairs");
+    const char *arch = qwen2 ? "qwen2" : "llama";
+    char key[96];
+#define ARCH_KEY(k) (snprintf(key, sizeof key, "%s.%s", arch, k), key)
     tlm_status fs = fmt_need_f32(m, "GGUF export");
     if (fs) return fs;
     if (tok && tlm_tokenizer_vocab_size(tok) != c->vocab_size)
@@ -132,20 +143,20 @@ static tlm_status write_gguf(const tlm_model *m, const tlm_tokenizer *tok, const
     int hd = c->d_model / c->n_heads;
     tlm_gguf_writer w;
     tlm_gguf_writer_init(&w, GGUF_ALIGN);
-    tlm_gguf_write_str(&w, "general.architecture", "llama");
+    tlm_gguf_write_str(&w, "general.architecture", arch);
     tlm_gguf_write_str(&w, "general.name", "tlm");
     tlm_gguf_write_u32(&w, "general.alignment", GGUF_ALIGN);
     if (!plan->quantized_layout) tlm_gguf_write_u32(&w, "general.file_type", plan->file_type);
-    tlm_gguf_write_u32(&w, "llama.context_length", (uint32_t)c->context_length);
-    tlm_gguf_write_u32(&w, "llama.embedding_length", (uint32_t)c->d_model);
-    tlm_gguf_write_u32(&w, "llama.block_count", (uint32_t)plan->n_layers);
-    tlm_gguf_write_u32(&w, "llama.feed_forward_length", (uint32_t)c->d_ff);
-    tlm_gguf_write_u32(&w, "llama.attention.head_count", (uint32_t)c->n_heads);
-    tlm_gguf_write_u32(&w, "llama.attention.head_count_kv", (uint32_t)c->n_kv_heads);
-    tlm_gguf_write_f32(&w, "llama.attention.layer_norm_rms_epsilon", c->norm_eps);
-    tlm_gguf_write_f32(&w, "llama.rope.freq_base", c->rope_theta);
-    tlm_gguf_write_u32(&w, "llama.rope.dimension_count", (uint32_t)hd);
-    tlm_status s = tlm_gguf_write_u32(&w, "llama.vocab_size", (uint32_t)c->vocab_size);
+    tlm_gguf_write_u32(&w, ARCH_KEY("context_length"), (uint32_t)c->context_length);
+    tlm_gguf_write_u32(&w, ARCH_KEY("embedding_length"), (uint32_t)c->d_model);
+    tlm_gguf_write_u32(&w, ARCH_KEY("block_count"), (uint32_t)plan->n_layers);
+    tlm_gguf_write_u32(&w, ARCH_KEY("feed_forward_length"), (uint32_t)c->d_ff);
+    tlm_gguf_write_u32(&w, ARCH_KEY("attention.head_count"), (uint32_t)c->n_heads);
+    tlm_gguf_write_u32(&w, ARCH_KEY("attention.head_count_kv"), (uint32_t)c->n_kv_heads);
+    tlm_gguf_write_f32(&w, ARCH_KEY("attention.layer_norm_rms_epsilon"), c->norm_eps);
+    tlm_gguf_write_f32(&w, ARCH_KEY("rope.freq_base"), c->rope_theta);
+    tlm_gguf_write_u32(&w, ARCH_KEY("rope.dimension_count"), (uint32_t)hd);
+    tlm_status s = tlm_gguf_write_u32(&w, ARCH_KEY("vocab_size"), (uint32_t)c->vocab_size);
     if (!s && tok) s = tok_gguf_write_vocab(&w, tok);
     const tlm_imatrix *im = plan->progress ? plan->progress->imatrix : NULL;
     if (!s && plan->quantized_layout) {
@@ -181,8 +192,8 @@ static tlm_status write_gguf(const tlm_model *m, const tlm_tokenizer *tok, const
         }
         /* set last by llama-quantize, so moved to the end */
         if (!s && qo->n_prune_layers) {
-            tlm_gguf_writer_remove(&w, "llama.block_count");
-            s = tlm_gguf_write_u32(&w, "llama.block_count", (uint32_t)plan->n_layers);
+            tlm_gguf_writer_remove(&w, ARCH_KEY("block_count"));
+            s = tlm_gguf_write_u32(&w, key, (uint32_t)plan->n_layers);
         }
     }
     size_t max_numel = 0;
@@ -245,7 +256,7 @@ static tlm_status write_gguf(const tlm_model *m, const tlm_tokenizer *tok, const
         const float *src = tlm_wf(&m->w[i]);
         int is_q = strstr(t->name, ".attn_q.weight") != NULL;
         int is_k = strstr(t->name, ".attn_k.weight") != NULL;
-        if ((is_q || is_k) && c->rope_pairing == TLM_ROPE_HALF) {
+        if ((is_q || is_k) && c->rope_pairing == TLM_ROPE_HALF && !qwen2) {
             memcpy(scratch, src, t->numel * sizeof(float));
             s = fmt_permute_qk(scratch, NULL, (int)t->shape[0], (int)t->shape[1], hd, 1);
             src = scratch;
@@ -301,6 +312,8 @@ static tlm_status write_gguf(const tlm_model *m, const tlm_tokenizer *tok, const
     }
     return tlm_atomic_commit(&a);
 }
+
+#undef ARCH_KEY
 
 tlm_status tlm_model_save_gguf(const tlm_model *m, const tlm_tokenizer *tok, const char *path,
                                tlm_dtype dtype) {

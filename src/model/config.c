@@ -25,6 +25,7 @@ void tlm_config_default(tlm_config *c) {
     c->rope_pairing = TLM_ROPE_HALF;
     c->tie_embeddings = 1;
     c->bias = 0;
+    c->qkv_bias = 0;
     c->dropout = 0.0f;
 }
 
@@ -121,6 +122,8 @@ tlm_status tlm_config_finalize(tlm_config *c) {
     if (c->tie_embeddings != 0 && c->tie_embeddings != 1)
         return tlm_err(TLM_ERR_CONFIG, "tie_embeddings must be true or false");
     if (c->bias != 0 && c->bias != 1) return tlm_err(TLM_ERR_CONFIG, "bias must be true or false");
+    if (c->qkv_bias != 0 && c->qkv_bias != 1)
+        return tlm_err(TLM_ERR_CONFIG, "qkv_bias must be true or false");
     /* tlm_model_create builds these tables eagerly; a file header that asks for a huge context
      * must be refused here, not after minutes of filling gigabytes. */
     size_t ctx = (size_t)c->context_length;
@@ -240,6 +243,8 @@ tlm_status tlm_config_from_json(const char *json, tlm_config *c) {
             s = parse_bool(it, k, &c->tie_embeddings);
         else if (!strcmp(k, "bias"))
             s = parse_bool(it, k, &c->bias);
+        else if (!strcmp(k, "qkv_bias"))
+            s = parse_bool(it, k, &c->qkv_bias);
         else if (!strcmp(k, "norm")) {
             if (!(s = parse_enum(it, k, norm_names, COUNT(norm_names), &e))) c->norm = e;
         } else if (!strcmp(k, "norm_position")) {
@@ -299,6 +304,7 @@ char *tlm_config_to_json(const tlm_config *c) {
     cJSON_AddStringToObject(o, "rope_pairing", tlm_rope_pairing_name(c->rope_pairing));
     cJSON_AddBoolToObject(o, "tie_embeddings", c->tie_embeddings);
     cJSON_AddBoolToObject(o, "bias", c->bias);
+    if (c->qkv_bias) cJSON_AddBoolToObject(o, "qkv_bias", c->qkv_bias);
     cJSON_AddNumberToObject(o, "dropout", short_float(c->dropout));
     char *s = cJSON_Print(o);
     cJSON_Delete(o);

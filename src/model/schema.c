@@ -86,7 +86,7 @@ static void walk(builder *b, const tlm_config *c) {
         norm(b, c, "attn_norm", l, TLM_COMP_ATTN_NORM);
         static const char *const qkv[] = {"attn_q", "attn_k", "attn_v"};
         int64_t qkv_out[] = {c->n_heads * hd, c->n_kv_heads * hd, c->n_kv_heads * hd};
-        linears(b, qkv, qkv_out, 3, l, TLM_COMP_ATTN, d, c->bias);
+        linears(b, qkv, qkv_out, 3, l, TLM_COMP_ATTN, d, c->bias || c->qkv_bias);
         linear(b, "attn_output", l, TLM_COMP_ATTN, d, c->n_heads * hd, c->bias);
         norm(b, c, "ffn_norm", l, TLM_COMP_FFN_NORM);
         static const char *const gate_up[] = {"ffn_gate", "ffn_up"};

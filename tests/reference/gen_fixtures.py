@@ -49,6 +49,11 @@ CASES = [
          omit=("n_kv_heads", "d_ff", "norm", "norm_eps", "norm_position", "ffn", "position",
                "rope_theta", "rope_pairing", "tie_embeddings", "bias", "dropout"),
          vocab_size=80, context_length=24, d_model=64, n_layers=2, n_heads=4),
+    # Qwen2 style: biases on q, k and v only, halves RoPE (NEOX), GQA 4q/2kv, tied, pos 3.
+    case("qwen2_qkv_bias", B=2, T=10, pos_offset=3,
+         vocab_size=120, context_length=24, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
+         norm="rmsnorm", norm_eps=1e-6, ffn="swiglu", position="rope", rope_pairing="half",
+         rope_theta=1000000.0, tie_embeddings=True, bias=False, qkv_bias=True),
     # Multi-query attention (6 query heads share 1 kv head), biases everywhere, exact GELU.
     case("mqa_bias_gelu", B=2, T=9, pos_offset=7, ignore=True,
          vocab_size=100, context_length=20, d_model=96, n_layers=1, n_heads=6, n_kv_heads=1,

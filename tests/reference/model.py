@@ -58,6 +58,7 @@ class Config:
     rope_pairing: str = "half"
     tie_embeddings: bool = True
     bias: bool = False
+    qkv_bias: bool = False
     dropout: float = 0.0
 
     @classmethod
@@ -96,7 +97,7 @@ class Config:
                               ("position", POSITIONS), ("rope_pairing", ROPE_PAIRINGS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        for name in ("tie_embeddings", "bias"):
+        for name in ("tie_embeddings", "bias", "qkv_bias"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false")
         if self.d_model % self.n_heads:
@@ -130,9 +131,9 @@ def tensor_schema(cfg):
     if cfg.position == "learned":
         out.append(("position_embd.weight", (cfg.context_length, d)))
 
-    def linear(name, n_out, n_in):
+    def linear(name, n_out, n_in, bias=cfg.bias):
         out.append((name + ".weight", (n_out, n_in)))
-        if cfg.bias:
+        if bias:
             out.append((name + ".bias", (n_out,)))
 
     def norm(name):
@@ -143,9 +144,10 @@ def tensor_schema(cfg):
     for l in range(cfg.n_layers):
         p = f"blk.{l}."
         norm(p + "attn_norm")
-        linear(p + "attn_q", cfg.n_heads * hd, d)
-        linear(p + "attn_k", cfg.n_kv_heads * hd, d)
-        linear(p + "attn_v", cfg.n_kv_heads * hd, d)
+        qkv_bias = cfg.bias or cfg.qkv_bias
+        linear(p + "attn_q", cfg.n_heads * hd, d, qkv_bias)
+        linear(p + "attn_k", cfg.n_kv_heads * hd, d, qkv_bias)
+        linear(p + "attn_v", cfg.n_kv_heads * hd, d, qkv_bias)
         linear(p + "attn_output", d, d)
         norm(p + "ffn_norm")
         if cfg.ffn == "swiglu":
@@ -243,9 +245,10 @@ class Attention(nn.Module):
         super().__init__()
         self.cfg = cfg
         hd = cfg.head_dim
-        self.q = nn.Linear(cfg.d_model, cfg.n_heads * hd, bias=cfg.bias)
-        self.k = nn.Linear(cfg.d_model, cfg.n_kv_heads * hd, bias=cfg.bias)
-        self.v = nn.Linear(cfg.d_model, cfg.n_kv_heads * hd, bias=cfg.bias)
+        qkv_bias = cfg.bias or cfg.qkv_bias
+        self.q = nn.Linear(cfg.d_model, cfg.n_heads * hd, bias=qkv_bias)
+        self.k = nn.Linear(cfg.d_model, cfg.n_kv_heads * hd, bias=qkv_bias)
+        self.v = nn.Linear(cfg.d_model, cfg.n_kv_heads * hd, bias=qkv_bias)
         self.o = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
 
     def forward(self, x, cos, sin, cache=None, rec=None):
