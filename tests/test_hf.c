@@ -12,7 +12,7 @@
 
 #define SCRIPT TLM_SOURCE_DIR "/tests/reference/hf_layouts.py"
 
-static const char *const cases[] = {"llama_tied", "llama_sharded", "gpt2_prefix",
+static const char *const cases[] = {"llama_tied", "llama_sharded", "qwen2_tied", "gpt2_prefix",
                                     "gpt2_untied_f16"};
 
 /* ids and logits of an expected file. */

@@ -2,7 +2,8 @@
  * model.safetensors.index.json. Two architectures:
  *  - LlamaForCausalLM: names model.layers.N.self_attn.q_proj ...; HF rotates halves in RoPE (its
  *    converter permuted Meta's q/k rows to match), which is tlm's `half` pairing, so the weights
- *    load as they are. GQA via num_key_value_heads; tied or separate lm_head.
+ *    load as they are. GQA via num_key_value_heads; tied or separate lm_head. Qwen2ForCausalLM
+ *    is the same with q_proj, k_proj and v_proj biases (tlm's qkv_bias).
  *  - GPT2LMHeadModel: Conv1D weights are stored [in, out] (transposed here), c_attn fuses q, k, v
  *    along the output, names may carry a `transformer.` prefix, and the causal-mask buffers
  *    attn.bias / attn.masked_bias are ignored. Activation gelu_new = tanh approximation. */
@@ -269,14 +270,15 @@ static tlm_status parse_config(const cJSON *j, const char *path, hf_arch *arch, 
     const char *a0 = cJSON_IsArray(archs) && cJSON_IsString(cJSON_GetArrayItem(archs, 0))
                          ? cJSON_GetArrayItem(archs, 0)->valuestring
                          : NULL;
-    if ((a0 && !strcmp(a0, "LlamaForCausalLM")) || (!a0 && mt && !strcmp(mt, "llama")))
+    int qwen2 = (a0 && !strcmp(a0, "Qwen2ForCausalLM")) || (!a0 && mt && !strcmp(mt, "qwen2"));
+    if (qwen2 || (a0 && !strcmp(a0, "LlamaForCausalLM")) || (!a0 && mt && !strcmp(mt, "llama")))
         *arch = HF_LLAMA;
     else if ((a0 && !strcmp(a0, "GPT2LMHeadModel")) || (!a0 && mt && !strcmp(mt, "gpt2")))
         *arch = HF_GPT2;
     else
         return tlm_err(TLM_ERR_UNSUPPORTED,
                        "%s: architecture '%s' is not supported (LlamaForCausalLM, "
-                       "GPT2LMHeadModel)",
+                       "Qwen2ForCausalLM, GPT2LMHeadModel)",
                        path,
                        a0   ? a0
                        : mt ? mt
@@ -310,6 +312,10 @@ static tlm_status parse_config(const cJSON *j, const char *path, hf_arch *arch, 
         int ab = cfg_bool(j, "attention_bias", 0), mb = cfg_bool(j, "mlp_bias", 0);
         if (ab || mb)
             return tlm_err(TLM_ERR_UNSUPPORTED, "%s: Llama with attention_bias/mlp_bias", path);
+        /* Qwen2: biases on q, k and v; a sliding window (its long-context option) tlm lacks */
+        if (qwen2 && cfg_bool(j, "use_sliding_window", 0))
+            return tlm_err(TLM_ERR_UNSUPPORTED, "%s: Qwen2 with use_sliding_window", path);
+        c->qkv_bias = qwen2;
         c->d_model = (int)v[0];
         c->d_ff = (int)v[1];
         c->n_layers = (int)v[2];
@@ -402,6 +408,11 @@ static tlm_status load_llama(hf_dir *h, const tlm_config *c, const tlm_model *m,
             snprintf(tn, sizeof tn, "blk.%d.%s.weight", l, map[i].tlm);
             int64_t shp[5][2] = {{d, 0}, {d, d}, {kv, d}, {ff, d}, {d, ff}};
             s = source(h, hn, shp[map[i].kind][0], shp[map[i].kind][1], m, tn, src);
+            if (!s && c->qkv_bias && (map[i].kind == 2 || i == 1)) { /* q, k, v biases */
+                snprintf(hn, sizeof hn, "model.layers.%d.%s.bias", l, map[i].hf);
+                snprintf(tn, sizeof tn, "blk.%d.%s.bias", l, map[i].tlm);
+                s = source(h, hn, shp[map[i].kind][0], 0, m, tn, src);
+            }
         }
     if (!s) s = source(h, "model.norm.weight", d, 0, m, "output_norm.weight", src);
     if (!s && !c->tie_embeddings)
@@ -618,20 +629,34 @@ static tlm_status export_llama(const tlm_model *m, tlm_dtype dt, out_list *o, cJ
         s = push(o, N("input_layernorm"), dt, d, 0, fmt_layer_tensor_c(m, l, "attn_norm.weight"));
         for (int qk = 0; qk < 2 && !s; qk++) {
             const float *src = fmt_layer_tensor_c(m, l, qk ? "attn_k.weight" : "attn_q.weight");
+            const float *bsrc =
+                c->qkv_bias ? fmt_layer_tensor_c(m, l, qk ? "attn_k.bias" : "attn_q.bias") : NULL;
             int64_t rows = qk ? kv : d;
+            char bn[128];
+            snprintf(bn, sizeof bn, "model.layers.%d.self_attn.%s.bias", l,
+                     qk ? "k_proj" : "q_proj");
             if (c->rope_pairing == TLM_ROPE_HALF) {
                 s = push(o, N(qk ? "self_attn.k_proj" : "self_attn.q_proj"), dt, rows, d, src);
+                if (!s && bsrc) s = push(o, bn, dt, rows, 0, bsrc);
             } else {
-                /* HF rotates halves: reorder adjacent-pair rows into half order. */
-                float *p;
+                /* HF rotates halves: reorder adjacent-pair rows (and their biases) into half
+                 * order. */
+                float *p, *pb = NULL;
                 s = own_push(o, N(qk ? "self_attn.k_proj" : "self_attn.q_proj"), dt, rows, d, &p);
                 if (!s) memcpy(p, src, (size_t)(rows * d) * sizeof(float));
-                if (!s) s = fmt_permute_qk(p, NULL, (int)rows, (int)d, (int)hd, 0);
+                if (!s && bsrc) s = own_push(o, bn, dt, rows, 0, &pb);
+                if (!s && pb) memcpy(pb, bsrc, (size_t)rows * sizeof(float));
+                if (!s) s = fmt_permute_qk(p, pb, (int)rows, (int)d, (int)hd, 0);
             }
         }
         if (!s)
             s = push(o, N("self_attn.v_proj"), dt, kv, d,
                      fmt_layer_tensor_c(m, l, "attn_v.weight"));
+        if (!s && c->qkv_bias) {
+            char bn[128];
+            snprintf(bn, sizeof bn, "model.layers.%d.self_attn.v_proj.bias", l);
+            s = push(o, bn, dt, kv, 0, fmt_layer_tensor_c(m, l, "attn_v.bias"));
+        }
         if (!s)
             s = push(o, N("self_attn.o_proj"), dt, d, d,
                      fmt_layer_tensor_c(m, l, "attn_output.weight"));
@@ -648,9 +673,10 @@ static tlm_status export_llama(const tlm_model *m, tlm_dtype dt, out_list *o, cJ
     if (!s) s = push(o, "model.norm.weight", dt, d, 0, fmt_tensor_c(m, "output_norm.weight"));
     if (!s && !c->tie_embeddings)
         s = push(o, "lm_head.weight", dt, c->vocab_size, d, fmt_tensor_c(m, "output.weight"));
-    cJSON_AddItemToObject(cfg, "architectures",
-                          cJSON_CreateStringArray((const char *[]){"LlamaForCausalLM"}, 1));
-    cJSON_AddStringToObject(cfg, "model_type", "llama");
+    /* q, k and v biases alone are Qwen2's layout (transformers' Qwen2ForCausalLM) */
+    const char *arch = c->qkv_bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM";
+    cJSON_AddItemToObject(cfg, "architectures", cJSON_CreateStringArray(&arch, 1));
+    cJSON_AddStringToObject(cfg, "model_type", c->qkv_bias ? "qwen2" : "llama");
     cJSON_AddNumberToObject(cfg, "hidden_size", (double)d);
     cJSON_AddNumberToObject(cfg, "intermediate_size", (double)ff);
     cJSON_AddNumberToObject(cfg, "num_hidden_layers", c->n_layers);
@@ -663,8 +689,12 @@ static tlm_status export_llama(const tlm_model *m, tlm_dtype dt, out_list *o, cJ
     cJSON_AddNumberToObject(cfg, "rope_theta", (double)c->rope_theta);
     cJSON_AddNullToObject(cfg, "rope_scaling");
     cJSON_AddStringToObject(cfg, "hidden_act", "silu");
-    cJSON_AddBoolToObject(cfg, "attention_bias", 0);
-    cJSON_AddBoolToObject(cfg, "mlp_bias", 0);
+    if (c->qkv_bias) {
+        cJSON_AddBoolToObject(cfg, "use_sliding_window", 0);
+    } else {
+        cJSON_AddBoolToObject(cfg, "attention_bias", 0);
+        cJSON_AddBoolToObject(cfg, "mlp_bias", 0);
+    }
     cJSON_AddBoolToObject(cfg, "tie_word_embeddings", c->tie_embeddings);
     return s;
 }
@@ -750,11 +780,14 @@ tlm_status tlm_model_save_hf(const tlm_model *m, const char *dir, tlm_dtype dtyp
         return tlm_err(TLM_ERR_UNSUPPORTED, "Hugging Face export writes F32, F16 or BF16, not %s",
                        tlm_dtype_name(dtype));
     tlm_dtype dt = dtype;
-    int llama = fmt_is_llama_style(c, NULL, 0);
+    tlm_config plain = *c; /* Qwen2's q, k and v biases: Llama's layout with them */
+    plain.qkv_bias = 0;
+    int llama = fmt_is_llama_style(&plain, NULL, 0);
     if (!llama && !is_gpt2_style(c))
         return tlm_err(TLM_ERR_UNSUPPORTED,
-                       "Hugging Face export supports Llama-style (rmsnorm, swiglu, rope, no bias) "
-                       "and GPT-2-style (layernorm with bias, learned positions, gelu) models");
+                       "Hugging Face export supports Llama-style (rmsnorm, swiglu, rope, no bias "
+                       "or q/k/v biases: Qwen2) and GPT-2-style (layernorm with bias, learned "
+                       "positions, gelu) models");
     if (mkdir(dir, 0777) != 0 && errno != EEXIST)
         return tlm_err(TLM_ERR_IO, "cannot create directory '%s': %s", dir, strerror(errno));
     out_list o = {0};

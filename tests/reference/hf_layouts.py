@@ -48,7 +48,7 @@ def round_to(t, dtype):
     return t.to(dtype).to(torch.float32)
 
 
-def llama_tensors(model, cfg, dtype):
+def llama_tensors(model, cfg, dtype, arch="llama"):
     sd = model.state_dict_canonical()
     out = [("model.embed_tokens.weight", sd["token_embd.weight"])]
     for l in range(cfg.n_layers):
@@ -58,6 +58,16 @@ def llama_tensors(model, cfg, dtype):
             (p + "self_attn.q_proj.weight", meta_to_hf(sd[b + "attn_q.weight"], cfg.n_heads)),
             (p + "self_attn.k_proj.weight", meta_to_hf(sd[b + "attn_k.weight"], cfg.n_kv_heads)),
             (p + "self_attn.v_proj.weight", sd[b + "attn_v.weight"]),
+        ]
+        if cfg.qkv_bias:  # Qwen2: q, k and v biases, permuted with their rows
+            out += [
+                (p + "self_attn.q_proj.bias",
+                 meta_to_hf(sd[b + "attn_q.bias"][:, None], cfg.n_heads)[:, 0]),
+                (p + "self_attn.k_proj.bias",
+                 meta_to_hf(sd[b + "attn_k.bias"][:, None], cfg.n_kv_heads)[:, 0]),
+                (p + "self_attn.v_proj.bias", sd[b + "attn_v.bias"]),
+            ]
+        out += [
             (p + "self_attn.o_proj.weight", sd[b + "attn_output.weight"]),
             (p + "post_attention_layernorm.weight", sd[b + "ffn_norm.weight"]),
             (p + "mlp.gate_proj.weight", sd[b + "ffn_gate.weight"]),
@@ -68,7 +78,8 @@ def llama_tensors(model, cfg, dtype):
     if not cfg.tie_embeddings:
         out.append(("lm_head.weight", sd["output.weight"]))
     config = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "architectures": ["Qwen2ForCausalLM" if arch == "qwen2" else "LlamaForCausalLM"],
+        "model_type": arch,
         "hidden_size": cfg.d_model, "intermediate_size": cfg.d_ff,
         "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
         "num_key_value_heads": cfg.n_kv_heads, "vocab_size": cfg.vocab_size,
@@ -76,7 +87,10 @@ def llama_tensors(model, cfg, dtype):
         "rope_theta": cfg.rope_theta, "hidden_act": "silu", "rope_scaling": None,
         "tie_word_embeddings": cfg.tie_embeddings, "torch_dtype": str(dtype).split(".")[1],
     }
-    return [(n, t.to(dtype)) for n, t in out], config
+    if arch == "qwen2":
+        config.update({"use_sliding_window": False, "sliding_window": 4096,
+                       "max_window_layers": cfg.n_layers})
+    return [(n, t.contiguous().to(dtype)) for n, t in out], config
 
 
 def gpt2_tensors(model, cfg, dtype, prefix, buffers):
@@ -121,6 +135,10 @@ CASES = [
     ("llama_sharded", "llama", dict(vocab_size=80, context_length=24, d_model=48, n_layers=3,
                                     n_heads=6, n_kv_heads=3, d_ff=64, tie_embeddings=False,
                                     norm_eps=1e-6, rope_theta=500000.0), torch.bfloat16, 3, {}),
+    ("qwen2_tied", "qwen2", dict(vocab_size=72, context_length=24, d_model=32, n_layers=2,
+                                 n_heads=4, n_kv_heads=2, d_ff=40, tie_embeddings=True,
+                                 qkv_bias=True, norm_eps=1e-6, rope_theta=1000000.0),
+     torch.float32, 1, {}),
     ("gpt2_prefix", "gpt2", dict(vocab_size=70, context_length=20, d_model=32, n_layers=2,
                                  n_heads=4, tie_embeddings=True), torch.float32, 1,
      {"prefix": "transformer.", "buffers": True}),
@@ -152,7 +170,7 @@ def cmd_write(outdir):
     os.makedirs(outdir, exist_ok=True)
     for i, (name, arch, c, dtype, shards, extra) in enumerate(CASES):
         gen = torch.Generator().manual_seed(4242 + i)
-        if arch == "llama":
+        if arch in ("llama", "qwen2"):
             cfg = Config.from_dict(dict(c, rope_pairing="interleaved"))
         else:
             cfg = Config.from_dict(dict(c, norm="layernorm", ffn="gelu_tanh", position="learned",
@@ -163,8 +181,8 @@ def cmd_write(outdir):
             for _, p in model.canonical_params():
                 p.copy_(round_to(p, dtype))
         model.eval()
-        if arch == "llama":
-            tensors, config = llama_tensors(model, cfg, dtype)
+        if arch in ("llama", "qwen2"):
+            tensors, config = llama_tensors(model, cfg, dtype, arch)
         else:
             tensors, config = gpt2_tensors(model, cfg, dtype, extra["prefix"], extra["buffers"])
         write_dir(os.path.join(outdir, name), tensors, config, shards)
@@ -185,13 +203,14 @@ def hf_to_canonical(path):
     t = {k: torch.from_numpy(np.asarray(v, dtype=np.float32)) for k, v in tensors.items()}
     arch = hc["architectures"][0]
     sd = {}
-    if arch == "LlamaForCausalLM":
+    if arch in ("LlamaForCausalLM", "Qwen2ForCausalLM"):
+        qwen2 = arch == "Qwen2ForCausalLM"
         cfg = Config.from_dict(dict(
             vocab_size=hc["vocab_size"], context_length=hc["max_position_embeddings"],
             d_model=hc["hidden_size"], n_layers=hc["num_hidden_layers"],
             n_heads=hc["num_attention_heads"], n_kv_heads=hc["num_key_value_heads"],
             d_ff=hc["intermediate_size"], norm_eps=hc["rms_norm_eps"], rope_theta=hc["rope_theta"],
-            rope_pairing="half", tie_embeddings=hc["tie_word_embeddings"]))
+            rope_pairing="half", tie_embeddings=hc["tie_word_embeddings"], qkv_bias=qwen2))
         sd["token_embd.weight"] = t["model.embed_tokens.weight"]
         names = [("input_layernorm", "attn_norm"), ("self_attn.q_proj", "attn_q"),
                  ("self_attn.k_proj", "attn_k"), ("self_attn.v_proj", "attn_v"),
@@ -200,6 +219,8 @@ def hf_to_canonical(path):
         for l in range(cfg.n_layers):
             for h, c in names:
                 sd[f"blk.{l}.{c}.weight"] = t[f"model.layers.{l}.{h}.weight"]
+            for h, c in names[1:4] if qwen2 else ():
+                sd[f"blk.{l}.{c}.bias"] = t[f"model.layers.{l}.{h}.bias"]
         sd["output_norm.weight"] = t["model.norm.weight"]
         if not cfg.tie_embeddings:
             sd["output.weight"] = t["lm_head.weight"]
