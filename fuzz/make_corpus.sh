@@ -52,6 +52,11 @@ train "$W/cfg.json" "$W/run" -z "$W/tok"
 train "$W/cfg.json" "$W/run_spm" -z "$C/tokenizer_bin/tiny.bin"
 train "$W/cfg.json" "$W/run_char" --char
 train "$W/gpt2.json" "$W/run_gpt2" -z "$W/tok"
+# Qwen2's layout (q, k and v biases, RoPE on halves): GGUF arch qwen2
+echo '{"context_length": 8, "d_model": 8, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1, "d_ff": 16,
+  "qkv_bias": true}' >"$W/qwen2.json"
+train "$W/qwen2.json" "$W/run_qwen2" -z "$W/tok"
+"$TLM" convert "$W/run_qwen2" "$C/gguf/tiny_qwen2.gguf" --to gguf 2>/dev/null
 "$TLM" convert "$W/run" "$C/gguf/tiny_bpe.gguf" --to gguf 2>/dev/null
 "$TLM" convert "$W/run" "$C/gguf/tiny_f16.gguf" --to gguf --dtype f16 2>/dev/null
 "$TLM" convert "$W/run_spm" "$W/spm_f16.gguf" --to gguf --dtype f16 2>/dev/null
