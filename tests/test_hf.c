@@ -12,8 +12,8 @@
 
 #define SCRIPT TLM_SOURCE_DIR "/tests/reference/hf_layouts.py"
 
-static const char *const cases[] = {"llama_tied", "llama_sharded", "qwen2_tied", "gpt2_prefix",
-                                    "gpt2_untied_f16"};
+static const char *const cases[] = {"llama_tied", "llama_sharded", "llama31_scaled",
+                                    "qwen2_tied", "gpt2_prefix",   "gpt2_untied_f16"};
 
 /* ids and logits of an expected file. */
 static int read_expected(const char *path, int32_t **ids, float **logits, int *T, int *V) {
@@ -123,7 +123,29 @@ static void test_cases(void) {
         }
         char out[256];
         snprintf(out, sizeof out, "hf_export_%s", cases[i]);
-        export_and_check(m, out, ids, T);
+        if (!strcmp(cases[i], "llama31_scaled")) {
+            /* Llama 3.1's rope_scaling became per-frequency factors: HF export refuses them (it
+             * would drop them), GGUF keeps them as rope_freqs.weight with the same logits */
+            CHECK(tlm_model_save_hf(m, out, TLM_DTYPE_F32) == TLM_ERR_UNSUPPORTED &&
+                      strstr(tlm_last_error(), "rope_freqs"),
+                  "%s: HF export of rope factors: %s", cases[i], tlm_last_error());
+            tlm_model *g = NULL;
+            CHECK_OK(tlm_model_save_gguf(m, NULL, "hf_llama31.gguf", TLM_DTYPE_F32));
+            CHECK_OK(tlm_model_load("hf_llama31.gguf", &g));
+            if (g) {
+                float *want = malloc(sizeof(float) * (size_t)T * V);
+                CHECK_OK(t_forward(m, ids, 1, T, NULL, &fo));
+                if (want) memcpy(want, fo.logits, sizeof(float) * (size_t)T * V);
+                CHECK_OK(t_forward(g, ids, 1, T, NULL, &fo));
+                double dg = want ? max_diff(want, fo.logits, (size_t)T * V) : 1;
+                CHECK(dg < 1e-5, "%s through GGUF: logits differ by %g", cases[i], dg);
+                free(want);
+            }
+            tlm_model_free(g);
+            remove("hf_llama31.gguf");
+        } else {
+            export_and_check(m, out, ids, T);
+        }
         tlm_model_free(m);
         free(ids);
         free(ref);

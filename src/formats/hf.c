@@ -19,6 +19,7 @@
 #include "io/safetensors.h"
 
 #define HF_MAX_SHARDS 256
+#define TLM_HF_MAX_FACTORS 4096 /* head_dim / 2 of a model with rope_scaling */
 
 typedef enum { HF_LLAMA, HF_GPT2 } hf_arch;
 
@@ -264,7 +265,44 @@ static const char *cfg_str(const cJSON *j, const char *key) {
     return cJSON_IsString(v) ? v->valuestring : NULL;
 }
 
-static tlm_status parse_config(const cJSON *j, const char *path, hf_arch *arch, tlm_config *c) {
+/* Llama 3.1's rope_scaling (rope_type llama3) as one factor per frequency, computed as
+ * llama.cpp's converter writes rope_freqs.weight: wavelengths shorter than the original context /
+ * high_freq_factor keep theirs, those longer than it / low_freq_factor are divided by factor, and
+ * those between are interpolated. */
+static tlm_status llama3_factors(const cJSON *rs, const char *path, double theta, int hd,
+                                 float *out) {
+    double f = 0, lo = 0, hi = 0, old = 0;
+    const cJSON *v;
+    double *dst[4] = {&f, &lo, &hi, &old};
+    static const char *const keys[4] = {"factor", "low_freq_factor", "high_freq_factor",
+                                        "original_max_position_embeddings"};
+    for (int k = 0; k < 4; k++) {
+        v = cJSON_GetObjectItemCaseSensitive(rs, keys[k]);
+        if (!cJSON_IsNumber(v) || !(v->valuedouble > 0) || !isfinite(v->valuedouble))
+            return tlm_err(TLM_ERR_FORMAT, "%s: rope_scaling.%s must be a positive number", path,
+                           keys[k]);
+        *dst[k] = v->valuedouble;
+    }
+    if (!(hi > lo))
+        return tlm_err(TLM_ERR_FORMAT,
+                       "%s: rope_scaling's high_freq_factor must exceed its low_freq_factor", path);
+    double lo_wave = old / lo, hi_wave = old / hi;
+    for (int i = 0; i < hd / 2; i++) {
+        double freq = 1.0 / pow(theta, 2.0 * i / hd), wave = 2 * 3.14159265358979323846 / freq;
+        if (wave < hi_wave)
+            out[i] = 1.0f;
+        else if (wave > lo_wave)
+            out[i] = (float)f;
+        else {
+            double smooth = (old / wave - lo) / (hi - lo);
+            out[i] = (float)(1.0 / ((1 - smooth) / f + smooth));
+        }
+    }
+    return TLM_OK;
+}
+
+static tlm_status parse_config(const cJSON *j, const char *path, hf_arch *arch, tlm_config *c,
+                               float *rope_factors, int *n_factors) {
     const char *mt = cfg_str(j, "model_type");
     const cJSON *archs = cJSON_GetObjectItemCaseSensitive(j, "architectures");
     const char *a0 = cJSON_IsArray(archs) && cJSON_IsString(cJSON_GetArrayItem(archs, 0))
@@ -303,12 +341,23 @@ static tlm_status parse_config(const cJSON *j, const char *path, hf_arch *arch, 
         const char *act = cfg_str(j, "hidden_act");
         if (act && strcmp(act, "silu"))
             return tlm_err(TLM_ERR_UNSUPPORTED, "%s: hidden_act '%s' (only silu)", path, act);
-        const cJSON *rs = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
-        if (rs && !cJSON_IsNull(rs))
-            return tlm_err(TLM_ERR_UNSUPPORTED, "%s: rope_scaling is not supported", path);
         if (v[7] * v[3] != v[0])
             return tlm_err(TLM_ERR_UNSUPPORTED, "%s: head_dim %ld x %ld heads != hidden_size %ld",
                            path, v[7], v[3], v[0]);
+        const cJSON *rs = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
+        if (rs && !cJSON_IsNull(rs)) {
+            const char *rt = cJSON_IsObject(rs) ? cfg_str(rs, "rope_type") : NULL;
+            if (!rt && cJSON_IsObject(rs)) rt = cfg_str(rs, "type");
+            if (!rt || strcmp(rt, "llama3"))
+                return tlm_err(TLM_ERR_UNSUPPORTED,
+                               "%s: rope_scaling '%s' is not supported (llama3 is)", path,
+                               rt ? rt : "?");
+            if (v[7] / 2 > TLM_HF_MAX_FACTORS)
+                return tlm_err(TLM_ERR_UNSUPPORTED, "%s: head_dim %ld with rope_scaling", path,
+                               v[7]);
+            if ((s = llama3_factors(rs, path, theta, (int)v[7], rope_factors))) return s;
+            *n_factors = (int)v[7] / 2;
+        }
         int ab = cfg_bool(j, "attention_bias", 0), mb = cfg_bool(j, "mlp_bias", 0);
         if (ab || mb)
             return tlm_err(TLM_ERR_UNSUPPORTED, "%s: Llama with attention_bias/mlp_bias", path);
@@ -505,7 +554,9 @@ tlm_status fmt_load_hf(const char *dir, int writable, tlm_model **out) {
     }
     hf_arch arch = HF_LLAMA;
     tlm_config c;
-    s = parse_config(j, dir, &arch, &c);
+    float factors[TLM_HF_MAX_FACTORS];
+    int n_factors = 0;
+    s = parse_config(j, dir, &arch, &c, factors, &n_factors);
     cJSON_Delete(j);
     if (s) return s;
     hf_dir *h = calloc(1, sizeof *h);
@@ -534,6 +585,7 @@ tlm_status fmt_load_hf(const char *dir, int writable, tlm_model **out) {
         }
         free(maps);
     }
+    if (!s && n_factors) s = tlm_model_set_rope_factors(m, factors, n_factors);
     free(src);
     close_dir(h);
     free(h);

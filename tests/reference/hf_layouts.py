@@ -14,6 +14,7 @@ Run with /usr/bin/python3 (Debian's torch).
 """
 
 import json
+import math
 import os
 import sys
 
@@ -42,6 +43,22 @@ def meta_to_hf(w, n_heads):
     """transformers' convert_llama_weights_to_hf permute: adjacent pairs -> halves, per head."""
     rows, cols = w.shape
     return w.view(n_heads, rows // n_heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+
+
+def llama3_factors(cfg, scaling):
+    """transformers' _compute_llama3_parameters: the scaled inverse frequencies, as the factors
+    that divide the plain ones (written here from its formula, apart from tlm's C code)."""
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float64)
+                                         / cfg.head_dim))
+    factor, lo, hi = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old / lo, inv_freq / factor, inv_freq)
+    smooth = (old / wavelen - lo) / (hi - lo)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old / hi) & (wavelen <= old / lo)
+    scaled = torch.where(medium, smoothed, scaled)
+    return inv_freq / scaled
 
 
 def round_to(t, dtype):
@@ -135,6 +152,12 @@ CASES = [
     ("llama_sharded", "llama", dict(vocab_size=80, context_length=24, d_model=48, n_layers=3,
                                     n_heads=6, n_kv_heads=3, d_ff=64, tie_embeddings=False,
                                     norm_eps=1e-6, rope_theta=500000.0), torch.bfloat16, 3, {}),
+    ("llama31_scaled", "llama", dict(vocab_size=64, context_length=48, d_model=64, n_layers=2,
+                                     n_heads=4, n_kv_heads=2, d_ff=64, tie_embeddings=True,
+                                     rope_theta=500000.0),
+     torch.float32, 1, {"rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+                                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                         "original_max_position_embeddings": 64}}),
     ("qwen2_tied", "qwen2", dict(vocab_size=72, context_length=24, d_model=32, n_layers=2,
                                  n_heads=4, n_kv_heads=2, d_ff=40, tie_embeddings=True,
                                  qkv_bias=True, norm_eps=1e-6, rope_theta=1000000.0),
@@ -176,6 +199,8 @@ def cmd_write(outdir):
             cfg = Config.from_dict(dict(c, norm="layernorm", ffn="gelu_tanh", position="learned",
                                         bias=True))
         model = Model(cfg)
+        if "rope_scaling" in extra:
+            model.rope_factors = llama3_factors(cfg, extra["rope_scaling"])
         randomize(model, gen)
         with torch.no_grad():  # the logits are those of the weights as stored
             for _, p in model.canonical_params():
@@ -183,6 +208,8 @@ def cmd_write(outdir):
         model.eval()
         if arch in ("llama", "qwen2"):
             tensors, config = llama_tensors(model, cfg, dtype, arch)
+            if "rope_scaling" in extra:
+                config["rope_scaling"] = extra["rope_scaling"]
         else:
             tensors, config = gpt2_tensors(model, cfg, dtype, extra["prefix"], extra["buffers"])
         write_dir(os.path.join(outdir, name), tensors, config, shards)

@@ -209,11 +209,14 @@ def silu(x):
     return x * torch.sigmoid(x)
 
 
-def rope_cos_sin(head_dim, theta, positions):
+def rope_cos_sin(head_dim, theta, positions, factors=None):
     """cos/sin tables [T, head_dim/2] for the given absolute positions. Angles are computed in
-    float64 (like the C side's table) and only the final cos/sin are cast to float32."""
+    float64 (like the C side's table) and only the final cos/sin are cast to float32. factors
+    (head_dim/2, or None) divide the frequencies: Llama 3.1's rope scaling."""
     i = torch.arange(head_dim // 2, dtype=torch.float64)
     freq = theta ** (-2.0 * i / head_dim)
+    if factors is not None:
+        freq = freq / torch.as_tensor(factors, dtype=torch.float64)
     angle = positions.to(torch.float64)[:, None] * freq[None, :]
     return torch.cos(angle).float(), torch.sin(angle).float()
 
@@ -355,6 +358,7 @@ class Model(nn.Module):
         if isinstance(cfg, dict):
             cfg = Config.from_dict(cfg)
         self.cfg = cfg
+        self.rope_factors = None  # Llama 3.1's RoPE scaling, set by a caller that has it
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos_emb = (nn.Embedding(cfg.context_length, cfg.d_model)
                         if cfg.position == "learned" else None)
@@ -464,7 +468,7 @@ class Model(nn.Module):
 
         cos = sin = None
         if cfg.position == "rope":
-            cos, sin = rope_cos_sin(cfg.head_dim, cfg.rope_theta, positions)
+            cos, sin = rope_cos_sin(cfg.head_dim, cfg.rope_theta, positions, self.rope_factors)
 
         for l, blk in enumerate(self.blocks):
             r = {} if rec is not None else None
