@@ -424,40 +424,32 @@ static void test_llamacpp_bpe(int rope, int qwen2) {
     }
     CHECK_OK(tlm_model_save_gguf(m, tok, file, TLM_DTYPE_F32));
     greedy(m, seq, (int)np, total);
-    if (qwen2) {
+    if (rope || qwen2) {
+        /* tlm reads the file back and continues as before, by full passes and from the KV cache */
         tlm_model *back = NULL;
         CHECK_OK(tlm_model_load(file, &back));
-        int32_t again[64];
+        int32_t again[64], cached[64];
         memcpy(again, ids, np * sizeof(int32_t));
-        if (back) greedy(back, again, (int)np, total);
-        CHECK(back && tlm_model_config(back)->qkv_bias &&
-                  tlm_model_config(back)->rope_pairing == TLM_ROPE_HALF &&
-                  !memcmp(again, seq, sizeof(int32_t) * (size_t)total),
-              "tlm reads the qwen2 file back");
-        memcpy(again, ids, np * sizeof(int32_t));
-        if (back) greedy_session(back, again, (int)np, total);
-        CHECK(!memcmp(again, seq, sizeof(int32_t) * (size_t)total),
-              "decoding the qwen2 file from the KV cache: the same continuation");
+        memcpy(cached, ids, np * sizeof(int32_t));
+        if (back) {
+            greedy(back, again, (int)np, total);
+            greedy_session(back, cached, (int)np, total);
+        }
+        const tlm_config *bc = back ? tlm_model_config(back) : NULL;
+        int kept = rope ? back && back->rope_factors
+                        : bc && bc->qkv_bias && bc->rope_pairing == TLM_ROPE_HALF;
+        CHECK(kept && !memcmp(again, seq, sizeof(int32_t) * (size_t)total) &&
+                  !memcmp(cached, seq, sizeof(int32_t) * (size_t)total),
+              "%s read back: the same continuation, by full passes and from the KV cache", file);
         tlm_model_free(back);
+    }
+    if (qwen2)
         CHECK(tlm_model_save_llama2c(m, "bpe_qwen2.bin", 0) == TLM_ERR_UNSUPPORTED &&
                   strstr(tlm_last_error(), "q, k and v biases"),
               "llama2.c refuses q, k, v biases: %s", tlm_last_error());
-    }
     if (rope) {
         CHECK(memcmp(seq, plain, sizeof(int32_t) * (size_t)total) != 0,
               "the factors changed nothing");
-        tlm_model *back = NULL;
-        CHECK_OK(tlm_model_load(file, &back));
-        int32_t again[64];
-        memcpy(again, ids, np * sizeof(int32_t));
-        if (back) greedy(back, again, (int)np, total);
-        CHECK(back && back->rope_factors && !memcmp(again, seq, sizeof(int32_t) * (size_t)total),
-              "tlm reads the factors back");
-        memcpy(again, ids, np * sizeof(int32_t));
-        if (back) greedy_session(back, again, (int)np, total);
-        CHECK(!memcmp(again, seq, sizeof(int32_t) * (size_t)total),
-              "decoding with the factors from the KV cache: the same continuation");
-        tlm_model_free(back);
         CHECK(tlm_model_save_safetensors(m, "bpe_rope.safetensors") == TLM_ERR_UNSUPPORTED &&
                   strstr(tlm_last_error(), "rope_freqs"),
               "safetensors refuses the factors: %s", tlm_last_error());
