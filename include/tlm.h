@@ -934,6 +934,11 @@ int32_t tlm_tokenizer_eos(const tlm_tokenizer *t);
  * tokenizer.ggml.add_bos_token where it has one (Llama 3's: on), else SentencePiece ones with a
  * BOS; 0 where there is no BOS. */
 int tlm_tokenizer_add_bos(const tlm_tokenizer *t);
+/* 1 if generating id ends a generation, as llama.cpp's end-of-generation set has it: EOS, a GGUF
+ * vocabulary's end-of-turn and end-of-message ids, and tokens whose text is one of the chat
+ * formats' ends (<|eot_id|>, <|end_of_text|>, <|im_end|>, <|endoftext|>, <end_of_turn>, </s>,
+ * ...). */
+int tlm_tokenizer_is_eog(const tlm_tokenizer *t, int32_t id);
 /* 1 if id is a special (control) token. */
 int tlm_tokenizer_is_special(const tlm_tokenizer *t, int32_t id);
 /* The bytes token id stands for (byte-fallback tokens give their byte; specials their text).

@@ -254,6 +254,18 @@ static void test_bundle_vocabs(void) {
         int n = llamacpp_vectors(t, inp, out, 0, &ok);
         CHECK(n >= 40 && ok == n, "%s: %d/%d", names[k], ok, n);
         printf("llamacpp/%s: %d/%d cases\n", names[k], ok, n);
+        /* the ends of a generation: EOS and the chat formats' ends, not their starts */
+        static const char *const eog[2][3] = {{"<|end_of_text|>", "<|eot_id|>", "<|eot_id|>"},
+                                              {"<|endoftext|>", "<|im_end|>", "<|im_end|>"}};
+        static const char *const not_eog[2] = {"<|start_header_id|>", "<|im_start|>"};
+        for (int e = 0; e < 3; e++) {
+            int32_t id = tlm_tokenizer_find(t, eog[k][e], strlen(eog[k][e]));
+            CHECK(id >= 0 && tlm_tokenizer_is_eog(t, id), "%s: %s (%d) ends a generation", names[k],
+                  eog[k][e], id);
+        }
+        int32_t st = tlm_tokenizer_find(t, not_eog[k], strlen(not_eog[k]));
+        CHECK(st >= 0 && !tlm_tokenizer_is_eog(t, st) && !tlm_tokenizer_is_eog(t, 1000),
+              "%s: %s does not end one", names[k], not_eog[k]);
         /* Llama 3 starts texts with <|begin_of_text|> (128000); Qwen2 with none */
         CHECK(tlm_tokenizer_add_bos(t) == (k == 0) && (k || tlm_tokenizer_bos(t) == 128000),
               "%s: add_bos %d, bos %d", names[k], tlm_tokenizer_add_bos(t), tlm_tokenizer_bos(t));

@@ -42,12 +42,14 @@ static const char *generate_help =
     CLI_PRECISION_HELP
     CLI_CACHE_TYPE_HELP
     "\n"
-    "Generation stops after N tokens, at the vocabulary's EOS, or when prompt + output reach the\n"
+    "Generation stops after N tokens, at the vocabulary's EOS or another end of generation (as\n"
+    "llama.cpp's: <|eot_id|>, <|im_end|>, <|endoftext|>, ...), or when prompt + output reach the\n"
     "model's context_length (with a notice on stderr; there is no sliding window).\n";
 // clang-format on
 
 typedef struct {
     tlm_decoder *dec; /* NULL: print ids */
+    const tlm_tokenizer *tok;
     int ids_printed;
     int failed;
 } stream;
@@ -69,7 +71,8 @@ static int on_token(void *user, int seq, int32_t id) {
         put_id(st, id);
     }
     fflush(stdout);
-    return 0;
+    /* an end of generation besides EOS (Llama 3's <|eot_id|>, ChatML's <|im_end|>, ...) */
+    return tlm_tokenizer_is_eog(st->tok, id);
 }
 
 static int parse_ids(const char *s, int32_t **ids, int *n) {
@@ -298,6 +301,7 @@ int cmd_generate(int argc, char **argv) {
     }
     fflush(stdout);
 
+    st.tok = tok;
     tlm_generate_opts go = {.max_new_tokens = (int)n_new, .on_token = on_token, .user = &st};
     go.eos_id = tok ? tlm_tokenizer_eos(tok) : -1;
     go.sampling = (tlm_sampler_opts){.temperature = (float)temp,

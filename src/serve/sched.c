@@ -236,7 +236,8 @@ static void take_token(srv_sched *s, slot *sl, const float *logits, int32_t id) 
         finish_job(s, sl, SRV_FINISH_LENGTH);
         return;
     }
-    int end = id == s->eos || (j->end_id >= 0 && id == j->end_id);
+    int end =
+        id == s->eos || (j->end_id >= 0 && id == j->end_id) || tlm_tokenizer_is_eog(s->tok, id);
     if (end) {
         finish_job(s, sl, SRV_FINISH_STOP);
         return;

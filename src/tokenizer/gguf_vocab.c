@@ -160,7 +160,9 @@ tlm_status tok_load_gguf(const char *path, tlm_tokenizer **out) {
         goto done;
     }
     if ((s = opt_id(g, "tokenizer.ggml.bos_token_id", n, &t->bos)) ||
-        (s = opt_id(g, "tokenizer.ggml.eos_token_id", n, &t->eos)))
+        (s = opt_id(g, "tokenizer.ggml.eos_token_id", n, &t->eos)) ||
+        (s = opt_id(g, "tokenizer.ggml.eot_token_id", n, &t->eot)) ||
+        (s = opt_id(g, "tokenizer.ggml.eom_token_id", n, &t->eom)))
         goto done;
     {
         int add = 0;
@@ -257,6 +259,8 @@ tlm_status tok_gguf_write_vocab(tlm_gguf_writer *w, const tlm_tokenizer *t) {
     if (t->bos >= 0) tlm_gguf_write_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)t->bos);
     if (t->eos >= 0) tlm_gguf_write_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)t->eos);
     if (t->unk >= 0) tlm_gguf_write_u32(w, "tokenizer.ggml.unknown_token_id", (uint32_t)t->unk);
+    if (t->eot >= 0) tlm_gguf_write_u32(w, "tokenizer.ggml.eot_token_id", (uint32_t)t->eot);
+    if (t->eom >= 0) tlm_gguf_write_u32(w, "tokenizer.ggml.eom_token_id", (uint32_t)t->eom);
     /* SentencePiece models start from BOS, GPT-2's byte-level BPE does not, Llama 3's does. */
     tlm_gguf_write_bool(w, "tokenizer.ggml.add_bos_token", tlm_tokenizer_add_bos(t));
     return tlm_gguf_write_bool(w, "tokenizer.ggml.add_eos_token", 0);

@@ -186,6 +186,7 @@ tlm_status tok_alloc(tlm_tokenizer **out, tlm_tokenizer_kind kind, int32_t n) {
         return tlm_err(TLM_ERR_NOMEM, "out of memory");
     }
     t->bos = t->eos = t->unk = -1;
+    t->eot = t->eom = -1;
     t->add_bos = -1;
     for (int i = 0; i < 256; i++) t->byte_id[i] = -1;
     *out = t;
@@ -325,6 +326,20 @@ const char *tlm_tokenizer_kind_name(tlm_tokenizer_kind k) {
 }
 
 int32_t tlm_tokenizer_vocab_size(const tlm_tokenizer *t) { return t->n; }
+int tlm_tokenizer_is_eog(const tlm_tokenizer *t, int32_t id) {
+    if (!t || id < 0 || id >= t->n) return 0;
+    if (id == t->eos || id == t->eot || id == t->eom) return 1;
+    /* the texts llama.cpp ends a generation at, whatever the token's type says */
+    static const char *const ends[] = {
+        "<|eot_id|>",    "<|eom_id|>", "<|end_of_text|>", "<|im_end|>", "<|end|>", "<end_of_turn>",
+        "<|endoftext|>", "</s>",       "<EOT>",           "<eos>"};
+    size_t len;
+    const uint8_t *p = tok_piece(t, id, &len);
+    for (size_t k = 0; k < sizeof ends / sizeof *ends; k++)
+        if (strlen(ends[k]) == len && !memcmp(ends[k], p, len)) return 1;
+    return 0;
+}
+
 int tlm_tokenizer_add_bos(const tlm_tokenizer *t) {
     if (!t || t->bos < 0) return 0;
     return t->add_bos >= 0 ? t->add_bos : t->kind == TLM_TOKENIZER_SPM;
