@@ -3,7 +3,8 @@
 set -euo pipefail
 pkgs=(build-essential cmake clang clang-format libclang-rt-14-dev libomp-dev
       libopenblas-openmp-dev libdnnl-dev libcjson-dev openmpi-bin libopenmpi-dev libmicrohttpd-dev
-      python3 python3-torch python3-numpy chromium)
+      python3 python3-torch python3-numpy chromium git)
+# git: test_tokenizer_gguf takes llama.cpp's vocabularies out of the source bundle node-llama-cpp carries.
 # Node.js (for the llama.cpp and tiktoken peers from npm) may come from another source with npm inside.
 command -v npm >/dev/null 2>&1 || pkgs+=(nodejs npm)
 missing=()

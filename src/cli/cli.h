@@ -29,6 +29,8 @@ int cli_flag_value(int argc, char **argv, int *i, const char *name, const char *
 /* Strict number parsing: whole string must be a number; returns 0 on error. */
 int cli_parse_int(const char *s, long *out);
 int cli_parse_float(const char *s, double *out);
+/* "a,b,c": integers in [lo, hi] into out (at most cap); the count, 0 on a malformed list. */
+int cli_parse_int_list(const char *s, long lo, long hi, long *out, int cap);
 /* The tokenizer that travels with a model (a tlm checkpoint's DIR/tokenizer, a GGUF or Hugging
  * Face vocabulary); *out is NULL when there is none. */
 tlm_status cli_model_tokenizer(const char *model, tlm_tokenizer **out);

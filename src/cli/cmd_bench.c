@@ -38,21 +38,6 @@ static const char *bench_help =
 
 #define MAX_LIST 16
 
-/* "a,b,c" of integers in [lo, hi] into out; returns the count, 0 on a malformed list. */
-static int parse_list(const char *s, long lo, long hi, long *out) {
-    int n = 0;
-    char buf[256];
-    if (strlen(s) >= sizeof buf) return 0;
-    strcpy(buf, s);
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
-         tok = strtok_r(NULL, ",", &save)) {
-        long v;
-        if (n == MAX_LIST || !cli_parse_int(tok, &v) || v < lo || v > hi) return 0;
-        out[n++] = v;
-    }
-    return n;
-}
-
 typedef struct {
     uint64_t s;
 } rng64;
@@ -138,23 +123,23 @@ int cmd_bench(int argc, char **argv) {
             if (!v) return cli_fail("bench: %s needs a value", a);
             model_path = v;
         } else if (cli_flag_value(argc, argv, &i, "-p", "--n-prompt", &v)) {
-            if (!v || !(n_pp = parse_list(v, 0, 1 << 20, pp)))
+            if (!v || !(n_pp = cli_parse_int_list(v, 0, 1 << 20, pp, MAX_LIST)))
                 return cli_fail("bench: -p wants counts >= 0 separated by commas, got '%s'",
                                 v ? v : "");
         } else if (cli_flag_value(argc, argv, &i, "-n", "--n-gen", &v)) {
-            if (!v || !(n_tg = parse_list(v, 0, 1 << 20, tg)))
+            if (!v || !(n_tg = cli_parse_int_list(v, 0, 1 << 20, tg, MAX_LIST)))
                 return cli_fail("bench: -n wants counts >= 0 separated by commas, got '%s'",
                                 v ? v : "");
         } else if (cli_flag_value(argc, argv, &i, "-d", "--n-depth", &v)) {
-            if (!v || !(n_dp = parse_list(v, 0, 1 << 20, dp)))
+            if (!v || !(n_dp = cli_parse_int_list(v, 0, 1 << 20, dp, MAX_LIST)))
                 return cli_fail("bench: -d wants depths >= 0 separated by commas, got '%s'",
                                 v ? v : "");
         } else if (cli_flag_value(argc, argv, &i, "-t", "--threads", &v)) {
-            if (!v || !(n_th = parse_list(v, 1, 4096, th)))
+            if (!v || !(n_th = cli_parse_int_list(v, 1, 4096, th, MAX_LIST)))
                 return cli_fail("bench: -t wants thread counts >= 1 separated by commas, got '%s'",
                                 v ? v : "");
         } else if (cli_flag_value(argc, argv, &i, "-b", "--batch", &v)) {
-            if (!v || !(n_bs = parse_list(v, 1, 4096, bs)))
+            if (!v || !(n_bs = cli_parse_int_list(v, 1, 4096, bs, MAX_LIST)))
                 return cli_fail("bench: -b wants batch sizes >= 1 separated by commas, got '%s'",
                                 v ? v : "");
         } else if (cli_flag_value(argc, argv, &i, "-r", "--repetitions", &v)) {

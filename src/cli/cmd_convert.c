@@ -179,23 +179,13 @@ static int convert(int argc, char **argv, int quantize) {
             if (tlm_kv_override_parse(v, &kvs[nkv++])) return cli_fail_status("quantize");
         } else if (quantize && cli_flag_value(argc, argv, &i, "--prune-layers", NULL, &v)) {
             if (!v) return cli_fail("quantize: --prune-layers wants layer numbers L0,L1,...");
-            for (const char *p = v; p;) { /* L0,L1,... */
-                char num[32];
-                const char *comma = strchr(p, ',');
-                size_t len = comma ? (size_t)(comma - p) : strlen(p);
-                long l;
-                if (len >= sizeof num) len = sizeof num - 1;
-                memcpy(num, p, len);
-                num[len] = 0;
-                if (!cli_parse_int(num, &l) || l < 0 || l > INT_MAX)
-                    return cli_fail("quantize: --prune-layers wants layer numbers L0,L1,..., got "
-                                    "'%s'",
-                                    v);
-                if (nprune == MAX_PRUNE)
-                    return cli_fail("quantize: more than %d layers to prune", MAX_PRUNE);
-                prune[nprune++] = (int)l;
-                p = comma ? comma + 1 : NULL;
-            }
+            long ls[MAX_PRUNE];
+            nprune = cli_parse_int_list(v, 0, INT_MAX, ls, MAX_PRUNE);
+            if (!nprune)
+                return cli_fail("quantize: --prune-layers wants layer numbers L0,L1,... (at most "
+                                "%d), got '%s'",
+                                MAX_PRUNE, v);
+            for (int k = 0; k < nprune; k++) prune[k] = (int)ls[k];
         } else if (quantize && (!strcmp(argv[i], "--include-weights") ||
                                 !strcmp(argv[i], "--exclude-weights"))) {
             const char *flag = argv[i];

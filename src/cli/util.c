@@ -46,6 +46,23 @@ int cli_parse_int(const char *s, long *out) {
     return 1;
 }
 
+int cli_parse_int_list(const char *s, long lo, long hi, long *out, int cap) {
+    char *buf = s ? strdup(s) : NULL;
+    int n = 0;
+    if (!buf) return 0;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
+        long v;
+        if (n == cap || !cli_parse_int(tok, &v) || v < lo || v > hi) {
+            n = 0;
+            break;
+        }
+        out[n++] = v;
+    }
+    free(buf);
+    return n;
+}
+
 int cli_parse_float(const char *s, double *out) {
     if (!s || !*s) return 0;
     char *end;

@@ -34,7 +34,7 @@ tlm_status fmt_permute_qk(float *w, float *bias, int rows, int cols, int hd, int
     return TLM_OK;
 }
 
-int fmt_is_llama_style(const tlm_config *c, char *why, size_t why_len) {
+int fmt_is_llama_style(const tlm_config *c, int qwen2_ok, char *why, size_t why_len) {
     const char *bad = NULL;
     if (c->norm != TLM_NORM_RMSNORM)
         bad = "norm is not rmsnorm";
@@ -46,8 +46,8 @@ int fmt_is_llama_style(const tlm_config *c, char *why, size_t why_len) {
         bad = "position is not rope";
     else if (c->bias)
         bad = "the model has biases";
-    else if (c->qkv_bias)
-        bad = "the model has q, k and v biases (Qwen2's layout: GGUF writes those)";
+    else if (c->qkv_bias && !qwen2_ok)
+        bad = "the model has q, k and v biases (Qwen2's layout: GGUF and Hugging Face hold it)";
     if (bad && why) snprintf(why, why_len, "%s", bad);
     return bad == NULL;
 }

@@ -13,8 +13,9 @@
 tlm_status fmt_permute_qk(float *w, float *bias, int rows, int cols, int hd, int to_interleaved);
 
 /* 1 if the config is the Llama shape that llama2.c and GGUF `llama` describe: pre-norm RMSNorm,
- * SwiGLU, RoPE, no bias. Otherwise writes the first difference into why. */
-int fmt_is_llama_style(const tlm_config *c, char *why, size_t why_len);
+ * SwiGLU, RoPE, no bias; with qwen2_ok, q, k and v biases too (Qwen2's layout, which GGUF and
+ * Hugging Face hold). Otherwise writes the first difference into why. */
+int fmt_is_llama_style(const tlm_config *c, int qwen2_ok, char *why, size_t why_len);
 
 /* Creates a model from c (tlm_model_new: writable, or views to bind), with a context message on
  * failure ("<path>: ..."). */

@@ -57,18 +57,13 @@ static tlm_status llama_config(const tlm_gguf *g, const char *path, tlm_config *
                        "%s: GGUF architecture '%.*s' is not supported (llama, qwen2)", path,
                        (int)(alen > 40 ? 40 : alen), arch);
     const char *pfx = qwen2 ? "qwen2" : "llama";
-    char k[9][64];
-    static const char *const keys[9] = {
-        "rope.scaling.type",   "embedding_length",     "block_count",
-        "feed_forward_length", "attention.head_count", "attention.head_count_kv",
-        "context_length",      "vocab_size",           "rope.dimension_count"};
-    for (int i = 0; i < 9; i++) snprintf(k[i], sizeof k[i], "%s.%s", pfx, keys[i]);
-    char eps_key[64], base_key[64];
-    snprintf(eps_key, sizeof eps_key, "%s.attention.layer_norm_rms_epsilon", pfx);
-    snprintf(base_key, sizeof base_key, "%s.rope.freq_base", pfx);
+    /* the arch's keys: each is read before the next is made */
+    char key[96];
+#define KEY(k) (snprintf(key, sizeof key, "%s.%s", pfx, k), key)
     const char *st;
     size_t sl;
-    if (!tlm_gguf_get_str(g, k[0], &st, &sl) && !(sl == 4 && !memcmp(st, "none", 4)))
+    if (!tlm_gguf_get_str(g, KEY("rope.scaling.type"), &st, &sl) &&
+        !(sl == 4 && !memcmp(st, "none", 4)))
         return tlm_err(TLM_ERR_UNSUPPORTED, "%s: RoPE scaling '%.*s' is not supported", path,
                        (int)(sl > 40 ? 40 : sl), st);
     tlm_config_default(c);
@@ -80,17 +75,20 @@ static tlm_status llama_config(const tlm_gguf *g, const char *path, tlm_config *
         vocab_guess = (int)toks->len;
     else if (emb && emb->n_dims == 2 && emb->dims[1] <= (1u << 24))
         vocab_guess = (int)emb->dims[1];
-    if ((s = get_dim(g, k[1], -1, 1 << 20, path, &c->d_model)) ||
-        (s = get_dim(g, k[2], -1, 1 << 12, path, &c->n_layers)) ||
-        (s = get_dim(g, k[3], -1, 1 << 24, path, &c->d_ff)) ||
-        (s = get_dim(g, k[4], -1, 1 << 12, path, &heads)) ||
-        (s = get_dim(g, k[5], heads, 1 << 12, path, &c->n_kv_heads)) ||
-        (s = get_dim(g, k[6], 2048, 1 << 24, path, &c->context_length)) ||
-        (s = get_dim(g, k[7], vocab_guess ? vocab_guess : -1, 1 << 24, path, &c->vocab_size)) ||
-        (s = get_dim(g, k[8], c->d_model / heads, 1 << 16, path, &rope_dims)) ||
-        (s = get_pos_float(g, eps_key, 1e-5, path, &c->norm_eps)) ||
-        (s = get_pos_float(g, base_key, 10000.0, path, &c->rope_theta)))
+    if ((s = get_dim(g, KEY("embedding_length"), -1, 1 << 20, path, &c->d_model)) ||
+        (s = get_dim(g, KEY("block_count"), -1, 1 << 12, path, &c->n_layers)) ||
+        (s = get_dim(g, KEY("feed_forward_length"), -1, 1 << 24, path, &c->d_ff)) ||
+        (s = get_dim(g, KEY("attention.head_count"), -1, 1 << 12, path, &heads)) ||
+        (s = get_dim(g, KEY("attention.head_count_kv"), heads, 1 << 12, path, &c->n_kv_heads)) ||
+        (s = get_dim(g, KEY("context_length"), 2048, 1 << 24, path, &c->context_length)) ||
+        (s = get_dim(g, KEY("vocab_size"), vocab_guess ? vocab_guess : -1, 1 << 24, path,
+                     &c->vocab_size)) ||
+        (s = get_dim(g, KEY("rope.dimension_count"), c->d_model / heads, 1 << 16, path,
+                     &rope_dims)) ||
+        (s = get_pos_float(g, KEY("attention.layer_norm_rms_epsilon"), 1e-5, path, &c->norm_eps)) ||
+        (s = get_pos_float(g, KEY("rope.freq_base"), 10000.0, path, &c->rope_theta)))
         return s;
+#undef KEY
     c->n_heads = heads;
     if (rope_dims * heads != c->d_model)
         return tlm_err(TLM_ERR_UNSUPPORTED,

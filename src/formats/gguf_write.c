@@ -123,11 +123,9 @@ static tlm_status write_gguf(const tlm_model *m, const tlm_tokenizer *tok, const
     const tlm_config *c = &m->c;
     char why[96];
     /* Llama's layout, or Qwen2's: Llama with q, k and v biases, rotating halves as trained */
-    tlm_config plain = *c;
-    int qwen2 = c->qkv_bias && !c->bias;
-    plain.qkv_bias = 0;
-    if (!fmt_is_llama_style(&plain, why, sizeof why))
+    if (!fmt_is_llama_style(c, 1, why, sizeof why))
         return tlm_err(TLM_ERR_UNSUPPORTED, "GGUF export supports Llama-style models: %s", why);
+    int qwen2 = c->qkv_bias; /* no other bias past the check */
     if (qwen2 && c->rope_pairing != TLM_ROPE_HALF)
         return tlm_err(TLM_ERR_UNSUPPORTED,
                        "GGUF export: a model with q, k and v biases is written as qwen2, which "

@@ -832,9 +832,7 @@ tlm_status tlm_model_save_hf(const tlm_model *m, const char *dir, tlm_dtype dtyp
         return tlm_err(TLM_ERR_UNSUPPORTED, "Hugging Face export writes F32, F16 or BF16, not %s",
                        tlm_dtype_name(dtype));
     tlm_dtype dt = dtype;
-    tlm_config plain = *c; /* Qwen2's q, k and v biases: Llama's layout with them */
-    plain.qkv_bias = 0;
-    int llama = fmt_is_llama_style(&plain, NULL, 0);
+    int llama = fmt_is_llama_style(c, 1, NULL, 0);
     if (!llama && !is_gpt2_style(c))
         return tlm_err(TLM_ERR_UNSUPPORTED,
                        "Hugging Face export supports Llama-style (rmsnorm, swiglu, rope, no bias "

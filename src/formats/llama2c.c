@@ -297,7 +297,7 @@ tlm_status tlm_model_save_llama2c(const tlm_model *m, const char *path, int vers
     if (fs) return fs;
     if (version != 0 && version != 1)
         return tlm_err(TLM_ERR_ARG, "llama2.c version must be 0 (legacy) or 1, not %d", version);
-    if (!fmt_is_llama_style(c, why, sizeof why))
+    if (!fmt_is_llama_style(c, 0, why, sizeof why))
         return tlm_err(TLM_ERR_UNSUPPORTED, "llama2.c cannot hold this model: %s", why);
     /* run.c hard-codes these; a model that differs would silently compute something else. */
     if (c->rope_theta != 10000.0f || fabsf(c->norm_eps - 1e-5f) > 1e-9f)

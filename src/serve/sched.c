@@ -104,7 +104,6 @@ struct srv_sched {
     const tlm_tokenizer *tok;
     tlm_session *sess;
     int B, ctx, V, queue_max, chunk;
-    int32_t eos;
     slot *slots;
     float *logits;  /* [B, V] */
     int32_t *ids;   /* [B + max(chunk, ctx)] the step's new ids, sequence by sequence */
@@ -236,8 +235,8 @@ static void take_token(srv_sched *s, slot *sl, const float *logits, int32_t id) 
         finish_job(s, sl, SRV_FINISH_LENGTH);
         return;
     }
-    int end =
-        id == s->eos || (j->end_id >= 0 && id == j->end_id) || tlm_tokenizer_is_eog(s->tok, id);
+    /* EOS and the vocabulary's other ends of a turn, or the template's */
+    int end = tlm_tokenizer_is_eog(s->tok, id) || (j->end_id >= 0 && id == j->end_id);
     if (end) {
         finish_job(s, sl, SRV_FINISH_STOP);
         return;
@@ -579,7 +578,6 @@ tlm_status srv_sched_new(const tlm_model *m, const tlm_tokenizer *tok, const srv
     s->queue_max = o->queue_max > 0 ? o->queue_max : 4 * o->parallel;
     s->pc_max = o->cache_mib > 0 ? (size_t)o->cache_mib << 20 : 0;
     s->chunk = o->prefill_chunk > 0 ? o->prefill_chunk : 64;
-    s->eos = tlm_tokenizer_eos(tok);
     s->st.slots = s->B;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->work, NULL);

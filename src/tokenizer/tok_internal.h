@@ -70,7 +70,7 @@ struct tlm_tokenizer {
     uint8_t *attr; /* [n] TOK_* */
     float *scores; /* [n] SentencePiece scores, NULL otherwise */
     int32_t bos, eos, unk;
-    int32_t eot, eom; /* GGUF tokenizer.ggml.eot_token_id / eom_token_id, or -1 */
+    int32_t eot, eom;         /* GGUF tokenizer.ggml.eot_token_id / eom_token_id, or -1 */
     int32_t byte_id[256];     /* BPE: single-byte token; SPM: byte-fallback token; -1: none */
     tok_map map;              /* pieces of TOK_NORMAL tokens */
     tok_pairmap merges;       /* BPE */
