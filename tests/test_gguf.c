@@ -450,6 +450,26 @@ static void test_llamacpp_bpe(int rope, int qwen2) {
     if (rope) {
         CHECK(memcmp(seq, plain, sizeof(int32_t) * (size_t)total) != 0,
               "the factors changed nothing");
+        /* a rope_freqs.weight that is not F32 is refused by name (its type patched to F16) */
+        size_t fn = 0;
+        uint8_t *bytes = NULL;
+        CHECK_OK(tlm_read_file(file, (char **)&bytes, &fn));
+        uint8_t *at = NULL;
+        for (size_t o = 0; bytes && !at && o + 17 <= fn; o++)
+            if (!memcmp(bytes + o, "rope_freqs.weight", 17)) at = bytes + o + 17;
+        CHECK(at != NULL, "rope_freqs.weight in %s", file);
+        if (at) {
+            uint32_t f16 = 1; /* after the name: n_dims (u32), one dim (u64), then the type */
+            memcpy(at + 4 + 8, &f16, 4);
+            CHECK_OK(tlm_write_file_atomic("bpe_rope_bad.gguf", bytes, fn));
+            tlm_model *bad = NULL;
+            CHECK(tlm_model_load("bpe_rope_bad.gguf", &bad) == TLM_ERR_FORMAT &&
+                      strstr(tlm_last_error(), "rope_freqs.weight must be 8 F32 values"),
+                  "a non-F32 rope_freqs.weight: %s", tlm_last_error());
+            tlm_model_free(bad);
+            remove("bpe_rope_bad.gguf");
+        }
+        free(bytes);
         CHECK(tlm_model_save_safetensors(m, "bpe_rope.safetensors") == TLM_ERR_UNSUPPORTED &&
                   strstr(tlm_last_error(), "rope_freqs"),
               "safetensors refuses the factors: %s", tlm_last_error());

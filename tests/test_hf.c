@@ -218,6 +218,24 @@ static void test_malformed(void) {
                "\"intermediate_size\":48,\"num_hidden_layers\":2,\"num_attention_heads\":4,"
                "\"vocab_size\":64,\"rope_scaling\":{\"type\":\"linear\",\"factor\":2}}");
     expect_bad("hf_bad", TLM_ERR_UNSUPPORTED, "rope_scaling");
+    /* llama3's scaling needs its four numbers; Qwen2 with a sliding window is refused */
+#define LLAMA_KEYS                                                                                 \
+    "\"hidden_size\":32,\"intermediate_size\":48,\"num_hidden_layers\":2,"                         \
+    "\"num_attention_heads\":4,\"vocab_size\":64,\"tie_word_embeddings\":true"
+    write_text("hf_bad/config.json",
+               "{\"architectures\":[\"LlamaForCausalLM\"]," LLAMA_KEYS ",\"rope_scaling\":{"
+               "\"rope_type\":\"llama3\",\"factor\":8,\"low_freq_factor\":1,"
+               "\"original_max_position_embeddings\":64}}");
+    expect_bad("hf_bad", TLM_ERR_FORMAT, "rope_scaling.high_freq_factor");
+    write_text("hf_bad/config.json",
+               "{\"architectures\":[\"LlamaForCausalLM\"]," LLAMA_KEYS ",\"rope_scaling\":{"
+               "\"rope_type\":\"llama3\",\"factor\":8,\"low_freq_factor\":4,"
+               "\"high_freq_factor\":1,\"original_max_position_embeddings\":64}}");
+    expect_bad("hf_bad", TLM_ERR_FORMAT, "must exceed");
+    write_text("hf_bad/config.json", "{\"architectures\":[\"Qwen2ForCausalLM\"]," LLAMA_KEYS
+                                     ",\"use_sliding_window\":true}");
+    expect_bad("hf_bad", TLM_ERR_UNSUPPORTED, "use_sliding_window");
+#undef LLAMA_KEYS
     system("cp hf_layouts/llama_tied/config.json hf_bad/ && rm hf_bad/model.safetensors");
     expect_bad("hf_bad", TLM_ERR_FORMAT, "no model.safetensors");
     write_text("hf_bad/model.safetensors.index.json",
