@@ -204,10 +204,14 @@ void tlm_count_params(const tlm_config *c, tlm_param_count *out);
  * tlm_model_init, a loader) updates while nothing else runs on the model. */
 typedef struct tlm_model tlm_model;
 
+/* Both set norm gains to 1 and biases to 0. */
 typedef enum {
-    TLM_INIT_DEFAULT = 0, /* Linear: trunc normal var 2/(fan_in+fan_out), cut 3 sigma; embeddings
-                             trunc N(0,1) cut at 3; gains 1, biases 0 */
-    TLM_INIT_GPT2         /* N(0, 0.02); block output projections / sqrt(2 n_layers) */
+    TLM_INIT_GPT2 = 0, /* the default (GPT-2's, as nanoGPT and llm.c): matrices and embeddings
+                          N(0, 0.02), block output projections (attention output, FFN down) scaled
+                          by 1 / sqrt(2 n_layers); starts near ln(vocab) at every size */
+    TLM_INIT_XAVIER    /* matrices trunc normal of variance 2 / (fan_in + fan_out) cut at 3 sigma,
+                          embeddings trunc N(0, 1) cut at 3: a unit-variance embedding tied to the
+                          head starts far above ln(vocab) on wide models */
 } tlm_init_scheme;
 
 /* How the model holds one tensor of its schema: element type, data and shape. Matrices are

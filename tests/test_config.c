@@ -344,7 +344,7 @@ static void test_init(void) {
     tlm_model *m = NULL;
     CHECK_OK(tlm_model_create(&c, &m));
     if (!m) return;
-    CHECK_OK(tlm_model_init(m, 42, TLM_INIT_DEFAULT));
+    CHECK_OK(tlm_model_init(m, 42, TLM_INIT_XAVIER));
     float *p = tlm_model_params(m);
     const tlm_tensor_info *q = tlm_model_find(m, "blk.0.attn_q.weight");
     double ss = 0, mx = 0;
@@ -360,7 +360,7 @@ static void test_init(void) {
     const tlm_tensor_info *b = tlm_model_find(m, "blk.1.ffn_norm.bias");
     CHECK(p[g->offset] == 1.0f && p[b->offset + 3] == 0.0f, "gain 1, bias 0");
     float first = p[q->offset];
-    CHECK_OK(tlm_model_init(m, 42, TLM_INIT_DEFAULT));
+    CHECK_OK(tlm_model_init(m, 42, TLM_INIT_XAVIER));
     CHECK(p[q->offset] == first, "init is deterministic");
     CHECK_OK(tlm_model_init(m, 7, TLM_INIT_GPT2));
     const tlm_tensor_info *o = tlm_model_find(m, "blk.0.ffn_down.weight");

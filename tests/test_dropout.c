@@ -55,7 +55,7 @@ static void test_gradients(tlm_norm_position pos, int T) {
     c.position = TLM_POS_LEARNED;
     tlm_model *m = NULL;
     CHECK_OK(tlm_model_create(&c, &m));
-    CHECK_OK(tlm_model_init(m, 3, TLM_INIT_DEFAULT));
+    CHECK_OK(tlm_model_init(m, 3, TLM_INIT_XAVIER));
     tlm_train_ctx *x = NULL;
     CHECK_OK(tlm_train_ctx_new(m, &x));
     int32_t ids[2 * 128], tg[2 * 128];
@@ -109,7 +109,7 @@ static void test_more_threads(void) {
     c.dropout = 0.2f;
     tlm_model *m = NULL;
     CHECK_OK(tlm_model_create(&c, &m));
-    CHECK_OK(tlm_model_init(m, 2, TLM_INIT_DEFAULT));
+    CHECK_OK(tlm_model_init(m, 2, TLM_INIT_XAVIER));
     tlm_train_ctx *x = NULL, *y = NULL;
     CHECK_OK(tlm_train_ctx_new(m, &x));
     CHECK_OK(tlm_train_ctx_new(m, &y));

@@ -112,7 +112,7 @@ static tlm_model *make_model_v(const variant *v, uint64_t seed) {
     tlm_config c;
     tlm_model *m = NULL;
     if (tlm_config_from_json(buf, &c) || tlm_model_create(&c, &m)) return NULL;
-    if (tlm_model_init(m, seed, TLM_INIT_DEFAULT)) {
+    if (tlm_model_init(m, seed, TLM_INIT_XAVIER)) {
         tlm_model_free(m);
         return NULL;
     }
@@ -219,7 +219,7 @@ static void test_long_prefill(void) {
     c.n_kv_heads = 2;
     tlm_model *m = NULL;
     CHECK_OK(tlm_model_create(&c, &m));
-    CHECK_OK(tlm_model_init(m, 5, TLM_INIT_DEFAULT));
+    CHECK_OK(tlm_model_init(m, 5, TLM_INIT_XAVIER));
     int T = 290, V = c.vocab_size;
     int32_t *ids = malloc(sizeof(int32_t) * T);
     random_ids(ids, T, V, 55);

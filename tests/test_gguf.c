@@ -144,7 +144,7 @@ static void test_tiny_random(const char *dir) {
         CHECK(tlm_model_weight(w, 0)->dtype == TLM_DTYPE_F32, "writable copy is F32");
         /* What only a writable or all-F32 model can do is refused on the mapped one. */
         CHECK(tlm_model_params(m) == NULL && tlm_model_params(w) != NULL, "params");
-        CHECK(tlm_model_init(m, 1, TLM_INIT_DEFAULT) == TLM_ERR_ARG &&
+        CHECK(tlm_model_init(m, 1, TLM_INIT_XAVIER) == TLM_ERR_ARG &&
                   strstr(tlm_last_error(), "read-only"),
               "init of a mapped model: %s", tlm_last_error());
         tlm_train_ctx *x = NULL;
@@ -188,7 +188,7 @@ static void test_half_roundtrip(void) {
     c.norm_eps = 1e-6f;
     tlm_model *m = NULL, *r = NULL;
     CHECK_OK(tlm_model_create(&c, &m));
-    CHECK_OK(tlm_model_init(m, 11, TLM_INIT_DEFAULT));
+    CHECK_OK(tlm_model_init(m, 11, TLM_INIT_XAVIER));
     CHECK_OK(tlm_model_save_gguf(m, NULL, "half.gguf", TLM_DTYPE_F32));
     CHECK_OK(tlm_model_load("half.gguf", &r));
     if (r) {
@@ -393,7 +393,7 @@ static void test_llamacpp_bpe(int rope, int qwen2) {
     }
     tlm_model *m = NULL;
     CHECK_OK(tlm_model_create(&c, &m));
-    CHECK_OK(tlm_model_init(m, 5, TLM_INIT_DEFAULT));
+    CHECK_OK(tlm_model_init(m, 5, TLM_INIT_XAVIER));
     int nt = 0;
     const tlm_tensor_info *ti = tlm_model_tensors(m, &nt);
     for (int i = 0; qwen2 && i < nt; i++)

@@ -37,7 +37,7 @@ static tlm_model *make_model(void) {
     c.n_kv_heads = 2;
     tlm_model *m = NULL;
     CHECK_OK(tlm_model_create(&c, &m));
-    if (m) CHECK_OK(tlm_model_init(m, 11, TLM_INIT_DEFAULT));
+    if (m) CHECK_OK(tlm_model_init(m, 11, TLM_INIT_XAVIER));
     return m;
 }
 

@@ -23,7 +23,7 @@ static tlm_model *make_model(void) {
     c.d_ff = 32;
     tlm_model *m = NULL;
     CHECK_OK(tlm_model_create(&c, &m));
-    if (m) CHECK_OK(tlm_model_init(m, 5, TLM_INIT_DEFAULT));
+    if (m) CHECK_OK(tlm_model_init(m, 5, TLM_INIT_XAVIER));
     return m;
 }
 

@@ -328,7 +328,7 @@ static int random_model(const char *path, int d, int heads, int kv_heads, uint64
     tlm_model *m = NULL;
     CHECK_OK(tlm_model_create(&c, &m));
     if (!m) return 0;
-    CHECK_OK(tlm_model_init(m, seed, TLM_INIT_DEFAULT));
+    CHECK_OK(tlm_model_init(m, seed, TLM_INIT_XAVIER));
     CHECK_OK(tlm_model_save_gguf(m, NULL, path, TLM_DTYPE_F32));
     tlm_model_free(m);
     return 1;

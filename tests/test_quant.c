@@ -395,7 +395,7 @@ static tlm_model *wide_model(int layers, int d_ff, int tied, uint64_t seed) {
     tlm_model *m = NULL;
     CHECK_OK(tlm_config_finalize(&c));
     CHECK_OK(tlm_model_create(&c, &m));
-    if (m) CHECK_OK(tlm_model_init(m, seed, TLM_INIT_DEFAULT));
+    if (m) CHECK_OK(tlm_model_init(m, seed, TLM_INIT_XAVIER));
     return m;
 }
 
@@ -1002,7 +1002,7 @@ static void test_kv_prune_files(model_quantize_fn llama_quantize, default_params
         qc.rope_pairing = TLM_ROPE_HALF;
         tlm_model *q = NULL;
         CHECK_OK(tlm_model_create(&qc, &q));
-        if (q) CHECK_OK(tlm_model_init(q, 23, TLM_INIT_DEFAULT));
+        if (q) CHECK_OK(tlm_model_init(q, 23, TLM_INIT_XAVIER));
         static const char *const qt[] = {"q4_k_m", "q3_k_m"};
         for (int k = 0; q && k < 2; k++) {
             const char *src = "quant_qwen2_src.gguf", *ours = "quant_qwen2.gguf",
@@ -1120,7 +1120,7 @@ static void test_whole_files(void) {
     CHECK_OK(tlm_config_finalize(&c));
     CHECK_OK(tlm_model_create(&c, &m));
     if (m) {
-        CHECK_OK(tlm_model_init(m, 7, TLM_INIT_DEFAULT));
+        CHECK_OK(tlm_model_init(m, 7, TLM_INIT_XAVIER));
         /* A zero row for </s> (id 2): greedy never ends the continuation llama.cpp is asked for. */
         const tlm_tensor_info *out = tlm_model_find(m, "output.weight");
         if (out)
@@ -1141,7 +1141,7 @@ static void test_whole_files(void) {
     CHECK_OK(tlm_config_finalize(&c));
     CHECK_OK(tlm_model_create(&c, &m));
     if (m) {
-        CHECK_OK(tlm_model_init(m, 9, TLM_INIT_DEFAULT));
+        CHECK_OK(tlm_model_init(m, 9, TLM_INIT_XAVIER));
         static const char *const want[] = {"blk.0.attn_v.weight:Q4_K", "blk.1.attn_v.weight:Q6_K",
                                            NULL};
         test_files(llama_quantize, defaults, m, tok, "gqa4", want, paths + 2 * N_TYPES);

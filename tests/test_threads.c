@@ -153,7 +153,7 @@ int main(void) {
     tlm_model *m = NULL;
     CHECK_OK(tlm_model_create(&c, &m));
     if (m) {
-        CHECK_OK(tlm_model_init(m, 5, TLM_INIT_DEFAULT));
+        CHECK_OK(tlm_model_init(m, 5, TLM_INIT_XAVIER));
         test_sessions(m, "created model");
         test_contexts(m, "created model");
         tlm_model_free(m);

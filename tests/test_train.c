@@ -108,13 +108,13 @@ static void test_resume(void) {
     /* Run A: 12 steps straight. */
     tlm_model *a = NULL;
     CHECK_OK(tlm_model_create(&c, &a));
-    CHECK_OK(tlm_model_init(a, 99, TLM_INIT_DEFAULT));
+    CHECK_OK(tlm_model_init(a, 99, TLM_INIT_XAVIER));
     tlm_train_opts o = opts("run_a", 12);
     CHECK_OK(tlm_train_run(a, d, &o));
     /* Run B: stopped after 7 steps, then resumed in a fresh model. */
     tlm_model *b = NULL;
     CHECK_OK(tlm_model_create(&c, &b));
-    CHECK_OK(tlm_model_init(b, 99, TLM_INIT_DEFAULT));
+    CHECK_OK(tlm_model_init(b, 99, TLM_INIT_XAVIER));
     o = opts("run_b", 12);
     long stop = 7;
     o.on_progress = stop_after;
@@ -216,8 +216,8 @@ static void test_seam(void) {
     tlm_model *a = NULL, *b = NULL;
     CHECK_OK(tlm_model_create(&c, &a));
     CHECK_OK(tlm_model_create(&c, &b));
-    CHECK_OK(tlm_model_init(a, 7, TLM_INIT_DEFAULT));
-    CHECK_OK(tlm_model_init(b, 7, TLM_INIT_DEFAULT));
+    CHECK_OK(tlm_model_init(a, 7, TLM_INIT_XAVIER));
+    CHECK_OK(tlm_model_init(b, 7, TLM_INIT_XAVIER));
     size_t n = tlm_model_num_params(a);
     mkdir("seam_a", 0755);
     mkdir("seam_b", 0755);
@@ -244,9 +244,9 @@ static void test_seam(void) {
      * clipping every update is bitwise the whole run's. */
     tlm_model *w = NULL;
     CHECK_OK(tlm_model_create(&c, &w));
-    CHECK_OK(tlm_model_init(w, 11, TLM_INIT_DEFAULT));
-    CHECK_OK(tlm_model_init(a, 11, TLM_INIT_DEFAULT));
-    CHECK_OK(tlm_model_init(b, 11, TLM_INIT_DEFAULT));
+    CHECK_OK(tlm_model_init(w, 11, TLM_INIT_XAVIER));
+    CHECK_OK(tlm_model_init(a, 11, TLM_INIT_XAVIER));
+    CHECK_OK(tlm_model_init(b, 11, TLM_INIT_XAVIER));
     size_t k = n / 3 + 5; /* inside a tensor */
     seam ha = {.n = n, .peer = b, .begin = 0, .end = k};
     seam hb = {.n = n, .peer = a, .begin = k, .end = n};
@@ -335,7 +335,7 @@ static void test_split(void) {
     size_t n = 0;
     for (int r = 0; r < RUNS; r++) {
         CHECK_OK(tlm_model_create(&c, &m[r]));
-        CHECK_OK(tlm_model_init(m[r], 5, TLM_INIT_DEFAULT));
+        CHECK_OK(tlm_model_init(m[r], 5, TLM_INIT_XAVIER));
         n = tlm_model_num_params(m[r]);
         tlm_train_opts o = opts("split_run", STEPS);
         o.batch = 8;
@@ -452,8 +452,48 @@ static void test_shards(void) {
     remove("llmc_bad.bin");
 }
 
+/* The default init starts a wide model with a tied embedding (GPT-2's vocabulary and width) near
+ * the loss of a uniform guess, ln(vocab); the xavier scheme's unit-variance embedding tied to the
+ * head starts it hundreds of nats above (the reason it is not the default). */
+static void test_init_loss(void) {
+    tlm_config c;
+    tlm_config_default(&c);
+    c.vocab_size = 50257;
+    c.context_length = 32;
+    c.d_model = 768;
+    c.n_layers = 2;
+    c.n_heads = 12;
+    c.d_ff = 2048;
+    CHECK_OK(tlm_config_finalize(&c));
+    CHECK(c.tie_embeddings, "the config ties its embedding to the head");
+    tlm_model *m = NULL;
+    CHECK_OK(tlm_model_create(&c, &m));
+    if (!m) return;
+    enum { B = 2, T = 32 };
+    int32_t ids[B * T], targets[B * T];
+    t_seed(11);
+    for (int i = 0; i < B * T; i++) ids[i] = (int32_t)(t_rnd() % 50257);
+    for (int i = 0; i < B * T; i++) targets[i] = (int32_t)(t_rnd() % 50257);
+    tlm_forward_opts fo = {.targets = targets};
+    tlm_forward_out out;
+    double uniform = log(50257.0);
+    tlm_init_scheme def;
+    memset(&def, 0, sizeof def);
+    CHECK(def == TLM_INIT_GPT2, "the zero scheme (the default) is gpt2");
+    CHECK_OK(tlm_model_init(m, 5, def));
+    CHECK_OK(t_forward(m, ids, B, T, &fo, &out));
+    CHECK(fabs(out.loss - uniform) < 0.25, "default init: loss %.3f, ln(vocab) %.3f", out.loss,
+          uniform);
+    CHECK_OK(tlm_model_init(m, 5, TLM_INIT_XAVIER));
+    CHECK_OK(t_forward(m, ids, B, T, &fo, &out));
+    CHECK(out.loss > 10 * uniform, "xavier init: loss %.3f", out.loss);
+    CHECK(tlm_model_init(m, 5, (tlm_init_scheme)7) == TLM_ERR_ARG, "an unknown scheme");
+    tlm_model_free(m);
+}
+
 int main(void) {
     tlm_set_threads(2);
+    test_init_loss();
     test_tokens();
     test_resume();
     test_seam();

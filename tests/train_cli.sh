@@ -62,6 +62,16 @@ err=$($TLM eval -m "$tmp/a" 2>&1 >/dev/null); rc=$?
 expect "eval without data fails" test $rc -ne 0
 expect "eval names the missing flag" grep -q -- "--data" <<<"$err"
 
+# The default init is GPT-2's (the same model as --init gpt2, bit for bit); --init xavier is the
+# other scheme, and --help says which is which.
+$TLM train "${common[@]}" -o "$tmp/i0" --steps 3 2>/dev/null
+$TLM train "${common[@]}" -o "$tmp/i1" --steps 3 --init gpt2 2>/dev/null
+$TLM train "${common[@]}" -o "$tmp/i2" --steps 3 --init xavier 2>/dev/null
+expect "default init is gpt2" test -s "$tmp/i0/model.safetensors" -a -z "$(cmp "$tmp/i0/model.safetensors" "$tmp/i1/model.safetensors" 2>&1)"
+expect "xavier init differs" test -s "$tmp/i2/model.safetensors" -a -n "$(cmp "$tmp/i0/model.safetensors" "$tmp/i2/model.safetensors" 2>&1)"
+help=$($TLM train --help)
+expect "help names the default init" grep -q -- "--init gpt2|xavier .*default gpt2" <<<"$help"
+
 # Flag and config errors come before any work, as one line.
 chk_err() { # description, expected text, args...
     local d=$1 want=$2; shift 2
@@ -75,6 +85,7 @@ chk_err "missing -o" "-o OUTDIR is required" -c "$tmp/cfg.json" --data "$tmp/tex
 chk_err "bad steps" "--steps must be" "${common[@]}" -o "$tmp/d" --steps 0
 chk_err "bad lr" "--lr must be" "${common[@]}" -o "$tmp/d" --lr abc
 chk_err "batch vs micro-steps" "--grad-accum 3" "${common[@]}" -o "$tmp/d" --grad-accum 3
+chk_err "unknown init" "--init must be gpt2 or xavier" "${common[@]}" -o "$tmp/d" --init default
 chk_err "unknown flag" "unknown option '--frob'" "${common[@]}" -o "$tmp/d" --frob
 chk_err "no data" "cannot read data file" -c "$tmp/cfg.json" --data "$tmp/none.txt" --char -o "$tmp/d"
 chk_err "resume without checkpoint" "does not exist" "${common[@]}" -o "$tmp/e" --resume

@@ -43,7 +43,10 @@ static const char *train_help =
     "  --eval-interval N      evaluate every N steps (default 250)\n"
     "  --eval-batches N       validation batches per evaluation (default 100)\n"
     "  --log-interval N       log.jsonl line every N steps (default 10)\n"
-    "  --init default|gpt2    initialization scheme (default: default)\n"
+    "  --init gpt2|xavier     initialization (default gpt2): gpt2 is N(0, 0.02) with the block\n"
+    "                         output projections / sqrt(2 n_layers), as GPT-2, nanoGPT and llm.c;\n"
+    "                         xavier is truncated normal of variance 2/(fan_in+fan_out) with\n"
+    "                         unit-variance embeddings (starts far above ln(vocab) when tied)\n"
     "  --seed S               seed for init, batches and dropout (default 1337)\n"
     "  -t, --threads N        threads (default: all cores)\n"
     "  --precision P          auto, fp32 or bf16: bf16 runs the matrix products on bf16\n"
@@ -251,7 +254,7 @@ static double peak_rss_mib(void) {
 
 static int train_main(int argc, char **argv) {
     const char *config = NULL, *data = NULL, *val_data = NULL, *tokenizer = NULL, *out = NULL,
-               *init = "default";
+               *init = "gpt2";
     int use_char = 0, threads = 0;
     double val_fraction = 0.1, min_lr = -1;
     tlm_train_opts o;
@@ -313,8 +316,8 @@ static int train_main(int argc, char **argv) {
         }
         if (cli_flag_value(argc, argv, &i, "--init", NULL, &v)) {
             NEED();
-            if (strcmp(v, "default") && strcmp(v, "gpt2"))
-                return cli_fail("train: --init must be default or gpt2 (got '%s')", v);
+            if (strcmp(v, "gpt2") && strcmp(v, "xavier"))
+                return cli_fail("train: --init must be gpt2 or xavier (got '%s')", v);
             init = v;
             continue;
         }
@@ -493,7 +496,7 @@ static int train_main(int argc, char **argv) {
         rc = cli_fail_status("train");
     else if (tlm_model_create(&c, &m))
         rc = cli_fail_status("train");
-    else if (tlm_model_init(m, o.seed, strcmp(init, "gpt2") ? TLM_INIT_DEFAULT : TLM_INIT_GPT2))
+    else if (tlm_model_init(m, o.seed, strcmp(init, "xavier") ? TLM_INIT_GPT2 : TLM_INIT_XAVIER))
         rc = cli_fail_status("train");
     else if (rank == 0 && tlm_config_save(&c, cfg_copy))
         rc = cli_fail_status("train: saving config");

@@ -486,7 +486,7 @@ static int is_block_output_proj(const tlm_tensor_info *t) {
 }
 
 tlm_status tlm_model_init(tlm_model *m, uint64_t seed, tlm_init_scheme scheme) {
-    if (scheme != TLM_INIT_DEFAULT && scheme != TLM_INIT_GPT2)
+    if (scheme != TLM_INIT_GPT2 && scheme != TLM_INIT_XAVIER)
         return tlm_err(TLM_ERR_ARG, "unknown init scheme %d", (int)scheme);
     if (!m->st.params)
         return tlm_err(TLM_ERR_ARG,
