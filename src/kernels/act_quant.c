@@ -108,11 +108,11 @@ void k_act_quantize_ref(k_act_kind kind, const float *x, void *xq, int n) {
  * added element by element in the scalar order, so the rounding is the reference's. Here, not in
  * qdot_x86.c, because this file builds without fused multiply-add. */
 #if defined(__x86_64__) || defined(__i386__)
-#include "simd_x86.h"
+#include "kernels/x86/simd.h"
 
 /* best_index of every lane: the nearest level, the lower one where the two are as near; NaN to
  * the last, as the scalar search ends there. */
-T5 static inline __m512i iq4_nearest(__m512 x, __m512 lv) {
+K_TARGET_AVX512 static inline __m512i iq4_nearest(__m512 x, __m512 lv) {
     __m512i ml = _mm512_setzero_si512();
     for (int step = 8; step; step >>= 1) {
         __m512i c = _mm512_add_epi32(ml, _mm512_set1_epi32(step));
@@ -128,8 +128,8 @@ T5 static inline __m512i iq4_nearest(__m512 x, __m512 lv) {
 }
 
 /* One trial at inverse scale id: the sums sumqx and sumq2 over the block, in element order. */
-T5 static inline void iq4_trial(const __m512 *x, const __m512 *w, __m512 lv, float id, float *sqx,
-                                float *sq2) {
+K_TARGET_AVX512 static inline void iq4_trial(const __m512 *x, const __m512 *w, __m512 lv, float id,
+                                             float *sqx, float *sq2) {
     float px[32], p2[32];
     for (int h = 0; h < 2; h++) {
         __m512 q =
@@ -146,8 +146,8 @@ T5 static inline void iq4_trial(const __m512 *x, const __m512 *w, __m512 lv, flo
 
 /* One super-block of `subs` sub-blocks of 32 (IQ4_NL: 1, IQ4_XS: 8), as quantize.c's iq4_quant:
  * weights x^2, or with an importance matrix qw * sqrt(sigma2 + x^2). */
-T5 static void iq4_quant_5(const float *x, int subs, const float *qw, uint16_t *dh, uint8_t *q4,
-                           uint16_t *scales_h, uint8_t *scales_l) {
+K_TARGET_AVX512 static void iq4_quant_5(const float *x, int subs, const float *qw, uint16_t *dh,
+                                        uint8_t *q4, uint16_t *scales_h, uint8_t *scales_l) {
     const __m512 lv = _mm512_cvtepi32_ps(
         _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)tlm_iq4nl_values)));
     const float v0 = tlm_iq4nl_values[0];

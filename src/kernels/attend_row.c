@@ -21,7 +21,7 @@
 #include "qdot.h"
 
 #if defined(__x86_64__) || defined(__i386__)
-#include "simd_x86.h"
+#include "kernels/x86/simd.h"
 
 #define AI __attribute__((always_inline))
 
@@ -49,7 +49,7 @@ static inline size_t kv_row_bytes(const int KV, size_t hd) {
     }
 }
 
-T5 static inline float h2f(const uint8_t *p) {
+K_TARGET_AVX512 static inline float h2f(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, sizeof h);
     return _cvtsh_ss(h);
@@ -57,14 +57,15 @@ T5 static inline float h2f(const uint8_t *p) {
 
 /* The 16 nibbles of a 4-bit block's elements e .. e + 15 (e = 0: the low nibbles of its 16 bytes
  * qs, e = 16: the high ones) as 32-bit integers. */
-T5 static inline __attribute__((always_inline)) __m512i nib16(const uint8_t *qs, size_t e) {
+K_TARGET_AVX512 static inline __attribute__((always_inline)) __m512i nib16(const uint8_t *qs,
+                                                                           size_t e) {
     __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)qs));
     return e ? _mm512_srli_epi32(b, 4) : _mm512_and_si512(b, _mm512_set1_epi32(15));
 }
 
 /* Q5_0 and Q5_1's fifth bits (qh, bit j for element j) added to nib16's elements e .. e + 15. */
-T5 static inline __attribute__((always_inline)) __m512i fifth16(__m512i q, const uint8_t *qh,
-                                                                size_t e) {
+K_TARGET_AVX512 static inline __attribute__((always_inline)) __m512i
+fifth16(__m512i q, const uint8_t *qh, size_t e) {
     uint32_t h;
     memcpy(&h, qh, sizeof h);
     return _mm512_mask_add_epi32(q, (__mmask16)(h >> e), q, _mm512_set1_epi32(16));
@@ -77,8 +78,8 @@ static inline int kv_has_min(const int KV) { return KV == K_KV_Q4_1 || KV == K_K
 static inline size_t kv_block_bytes(const int KV) { return kv_row_bytes(KV, 32); }
 
 /* Elements e .. e + 15 (e = 0 or 16) of the block at b as its codes, widened to floats. */
-T5 static inline __attribute__((always_inline)) __m512 codes16(const int KV, const uint8_t *b,
-                                                               size_t e) {
+K_TARGET_AVX512 static inline __attribute__((always_inline)) __m512
+codes16(const int KV, const uint8_t *b, size_t e) {
     switch (KV) {
     case K_KV_Q8_0:
         return _mm512_cvtepi32_ps(
@@ -102,8 +103,8 @@ T5 static inline __attribute__((always_inline)) __m512 codes16(const int KV, con
  * halves, bfloat16s, or the 32-element blocks of llama.cpp's quantized cache types, whose rows are
  * whole blocks, so that element i lies in block i / 32 at element i % 32 (0 or 16), each widened
  * as tlm_dtype_to_f32 widens it. */
-T5 static inline __attribute__((always_inline)) __m512 ld16(const int KV, const void *row,
-                                                            size_t i) {
+K_TARGET_AVX512 static inline __attribute__((always_inline)) __m512
+ld16(const int KV, const void *row, size_t i) {
     const uint8_t *r = row;
     if (kv_blocks(KV)) {
         const uint8_t *b = r + (i >> 5) * kv_block_bytes(KV);
@@ -121,7 +122,7 @@ T5 static inline __attribute__((always_inline)) __m512 ld16(const int KV, const 
 /* One key's products with the query q (qv: its NB vectors), summed over the key's blocks but not
  * across lanes. A block type's scale multiplies each block's sum of code products once (and its
  * minimum the query's sum over the block, qp[c]: qv[2c] + qv[2c + 1]) rather than each element. */
-T5 static inline __attribute__((always_inline)) __m512
+K_TARGET_AVX512 static inline __attribute__((always_inline)) __m512
 kvec(const int NB, const int KV, const __m512 *qv, const __m512 *qp, const uint8_t *key) {
     __m512 a;
     if (!kv_blocks(KV)) {
@@ -142,7 +143,7 @@ kvec(const int NB, const int KV, const __m512 *qv, const __m512 *qp, const uint8
 
 /* e[0 .. NB) += w times one cached value row. A block type's scale goes into w once a block, and
  * its minimum times w into ms[c] (added to the block's two vectors at the end). */
-T5 static inline __attribute__((always_inline)) void
+K_TARGET_AVX512 static inline __attribute__((always_inline)) void
 vacc(const int NB, const int KV, float w, const uint8_t *row, __m512 *e, float *ms) {
     if (!kv_blocks(KV)) {
         __m512 wv = _mm512_set1_ps(w);
@@ -162,9 +163,9 @@ vacc(const int NB, const int KV, float w, const uint8_t *row, __m512 *e, float *
 /* The scores p[0..S) = scale q.K of one query (hd = 16 * NB) against S cached keys of kind KK;
  * NB and KK are constants at each call site, so the arrays below live in registers and the loads
  * are of one kind. */
-T5 static inline __attribute__((always_inline)) void row_scores(const int NB, const int KK,
-                                                                const float *q, const void *K,
-                                                                int S, float scale, float *p) {
+K_TARGET_AVX512 static inline __attribute__((always_inline)) void
+row_scores(const int NB, const int KK, const float *q, const void *K, int S, float scale,
+           float *p) {
     const size_t hd = 16 * (size_t)NB, rb = kv_row_bytes(KK, hd);
     const uint8_t *Kb = K;
     __m512 qv[8], qp[4];
@@ -211,7 +212,7 @@ T5 static inline __attribute__((always_inline)) void row_scores(const int NB, co
 
 /* o[hd] = sum over j of p[j] times cached value row j (of kind KV), two rows per step into separate
  * sums: 2 x NB independent chains. */
-T5 static inline __attribute__((always_inline)) void
+K_TARGET_AVX512 static inline __attribute__((always_inline)) void
 row_values(const int NB, const int KV, const float *p, const void *V, int S, float *o) {
     const size_t hd = 16 * (size_t)NB, rb = kv_row_bytes(KV, hd);
     const uint8_t *Vb = V;
@@ -269,16 +270,17 @@ static int kind_takes(int k, int hd) {
 
 #define SCORES(NB, KIND) row_scores(NB, KIND, q, K, S, scale, p)
 #define SCORES_HD(KIND) HD_CASES(SCORES, KIND)
-T5 static int scores_dispatch(const float *q, const void *K, int kk, int S, int hd, float scale,
-                              float *p){KIND_CASES(kk, SCORES_HD)}
+K_TARGET_AVX512 static int scores_dispatch(const float *q, const void *K, int kk, int S, int hd,
+                                           float scale, float *p){KIND_CASES(kk, SCORES_HD)}
 
 #define VALUES(NB, KIND) row_values(NB, KIND, p, V, S, o)
 #define VALUES_HD(KIND) HD_CASES(VALUES, KIND)
-T5 static int values_dispatch(const float *p, const void *V, int kv, int S, int hd,
-                              float *o){KIND_CASES(kv, VALUES_HD)}
+K_TARGET_AVX512 static int values_dispatch(const float *p, const void *V, int kv, int S, int hd,
+                                           float *o){KIND_CASES(kv, VALUES_HD)}
 
-T5 static int attend_row_avx512(const float *q, const void *K, const void *V, int kk, int kv, int S,
-                                int hd, float scale, float *p, float *o) {
+K_TARGET_AVX512
+    static int attend_row_avx512(const float *q, const void *K, const void *V, int kk, int kv,
+                                 int S, int hd, float scale, float *p, float *o) {
     if (!kind_takes(kk, hd) || !kind_takes(kv, hd)) return -1;
     scores_dispatch(q, K, kk, S, hd, scale, p);
     __m512 vm = _mm512_set1_ps(-INFINITY);
@@ -298,7 +300,8 @@ T5 static int attend_row_avx512(const float *q, const void *K, const void *V, in
  * dimension's keys side by side, so that 16 scores of one query are one vector of products
  * summed over hd. Keys S..Sp-1 are zeros. Sixteen keys by sixteen dimensions at a time, transposed
  * in registers (k_transpose16x16). */
-T5 static void keys_transposed(const int KV, const void *K, int S, int Sp, int hd, float *kt) {
+K_TARGET_AVX512 static void keys_transposed(const int KV, const void *K, int S, int Sp, int hd,
+                                            float *kt) {
     for (int j0 = 0; j0 < Sp; j0 += 16) {
         int nk = S - j0 < 16 ? (S - j0 > 0 ? S - j0 : 0) : 16;
         for (int d0 = 0; d0 < hd; d0 += 16) {
@@ -319,10 +322,10 @@ T5 static void keys_transposed(const int KV, const void *K, int S, int Sp, int h
  * 16 keys at once so that R x KB chains (8) hide the adds' latency. The probabilities are left
  * unnormalized and the output is scaled by one over their sum at the end; V's rows are loaded
  * once for all R queries. */
-T5 static inline AI void block_avx512(const int NB, const int R, const int KB, const float *q,
-                                      size_t ldq, const float *kt, int Sp, const void *V,
-                                      const int KV, int last0, float scale, float *p, float *o,
-                                      size_t ldo) {
+K_TARGET_AVX512 static inline AI void block_avx512(const int NB, const int R, const int KB,
+                                                   const float *q, size_t ldq, const float *kt,
+                                                   int Sp, const void *V, const int KV, int last0,
+                                                   float scale, float *p, float *o, size_t ldo) {
     const int hd = 16 * NB, n = last0 + R; /* keys any of the R queries sees */
     for (int j0 = 0; j0 < n; j0 += 16 * KB) {
         __m512 acc[8];
@@ -386,10 +389,11 @@ T5 static inline AI void block_avx512(const int NB, const int R, const int KB, c
 }
 
 /* All T queries, in blocks of R (the last block R = 1 at a time). */
-T5 static inline AI void causal_avx512(const int NB, const int R, const int KB, int kk,
-                                       const int KV, const float *q, size_t ldq, const void *K,
-                                       const void *V, int T, int first, float scale, float *kt,
-                                       float *p, float *o, size_t ldo) {
+K_TARGET_AVX512 static inline AI void causal_avx512(const int NB, const int R, const int KB, int kk,
+                                                    const int KV, const float *q, size_t ldq,
+                                                    const void *K, const void *V, int T, int first,
+                                                    float scale, float *kt, float *p, float *o,
+                                                    size_t ldo) {
     int S = first + T, Sp = (S + 63) & ~63;
     keys_transposed(kk, K, S, Sp, 16 * NB, kt);
     int t = 0;
@@ -414,9 +418,9 @@ T5 static inline AI void causal_avx512(const int NB, const int R, const int KB, 
                   kk, KV, q, ldq, K, V, T, first, scale, kt, p, o, ldo)
 #define CAUSAL_HD(KV) HD_CASES(CAUSAL, KV)
 
-T5 static int causal_dispatch(const float *q, size_t ldq, const void *K, const void *V, int kk,
-                              int kv, int T, int first, int hd, float scale, float *kt, float *p,
-                              float *o, size_t ldo) {
+K_TARGET_AVX512 static int causal_dispatch(const float *q, size_t ldq, const void *K, const void *V,
+                                           int kk, int kv, int T, int first, int hd, float scale,
+                                           float *kt, float *p, float *o, size_t ldo) {
     if (!kind_takes(kk, hd) || !kind_takes(kv, hd)) return -1;
     KIND_CASES(kv, CAUSAL_HD)
 }

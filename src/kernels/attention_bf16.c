@@ -29,7 +29,7 @@
 #include "kernels.h"
 
 #if defined(__x86_64__)
-#include "simd_x86.h"
+#include "kernels/x86/simd.h"
 
 /* Causal shapes of a product's row tile [i0, i1): all of it, columns from the tile's first row's
  * vector on (scores), the sum over pairs up to the tile's last row (outputs, dQ), or from its first
@@ -50,7 +50,7 @@ typedef struct {
 
 /* MR rows x NV vectors of 16 columns over pairs [p0, p1); the last vector stores the lanes of
  * mask. Each sum runs over the pairs in order, whatever the tile. */
-T5BF static inline __attribute__((always_inline)) void
+K_TARGET_AVX512BF16 static inline __attribute__((always_inline)) void
 tile(const int MR, const int NV, const product *q, int i0, int v0, int p0, int p1, __mmask16 mask) {
     __m512 acc[8][4];
 #pragma GCC unroll 8
@@ -94,8 +94,8 @@ tile(const int MR, const int NV, const product *q, int i0, int v0, int p0, int p
         else                                                                                       \
             tile(MR, 1, q, i0, v0, p0, p1, mask);                                                  \
         return;
-T5BF static void tile_any(int mr, int nv, const product *q, int i0, int v0, int p0, int p1,
-                          __mmask16 mask) {
+K_TARGET_AVX512BF16 static void tile_any(int mr, int nv, const product *q, int i0, int v0, int p0,
+                                         int p1, __mmask16 mask) {
     switch (mr) {
         TILE_NV(1)
         TILE_NV(2)
@@ -111,7 +111,7 @@ T5BF static void tile_any(int mr, int nv, const product *q, int i0, int v0, int 
 
 /* The whole product by tiles: 6 rows by 4 vectors (24 accumulators), or 8 rows by fewer vectors,
  * the columns taken 4 vectors at a time. */
-T5BF static void run(const product *q) {
+K_TARGET_AVX512BF16 static void run(const product *q) {
     int vectors = (q->N + 15) / 16, full = q->N % 16 == 0;
     __mmask16 tail = full ? 0xffff : (__mmask16)((1u << (q->N % 16)) - 1);
     int wide = vectors >= 4, MR = wide ? 6 : 8;
@@ -135,18 +135,19 @@ static inline __mmask16 below(int c0, int n) {
 }
 
 /* The word order that interleaves the two halves of a vector of 32 bf16: (x0, y0, x1, y1, ...). */
-T5BF static inline __m512i interleave(void) {
+K_TARGET_AVX512BF16 static inline __m512i interleave(void) {
     return _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
                             6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
 }
 
 /* Rows x and y (16 floats each) as 16 pair words, rounded. */
-T5BF static inline __m512i pair_words(__m512 x, __m512 y) {
+K_TARGET_AVX512BF16 static inline __m512i pair_words(__m512 x, __m512 y) {
     return _mm512_permutexvar_epi16(interleave(), (__m512i)_mm512_cvtne2ps_pbh(y, x));
 }
 
 /* Rows of hd floats (a multiple of 16) ld apart to bf16 rows of hd. */
-T5BF static void round_rows(uint16_t *dst, const float *src, long ld, int rows, int hd) {
+K_TARGET_AVX512BF16 static void round_rows(uint16_t *dst, const float *src, long ld, int rows,
+                                           int hd) {
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < hd; c += 16)
             _mm256_storeu_si256((__m256i *)(dst + (long)r * hd + c),
@@ -155,7 +156,8 @@ T5BF static void round_rows(uint16_t *dst, const float *src, long ld, int rows, 
 
 /* Pair rows of rows x cols floats (ld apart): dst[p][c] = (src[2p][c], src[2p + 1][c]) rounded,
  * ldd words apart; a missing last row and the columns from cols to the next vector are zeros. */
-T5BF static void pair_rows(uint32_t *dst, long ldd, const float *src, long ld, int rows, int cols) {
+K_TARGET_AVX512BF16 static void pair_rows(uint32_t *dst, long ldd, const float *src, long ld,
+                                          int rows, int cols) {
     for (int r = 0; r < rows; r += 2) {
         const float *s0 = src + r * ld, *s1 = s0 + ld;
         for (int c = 0; c < cols; c += 16) {
@@ -170,8 +172,8 @@ T5BF static void pair_rows(uint32_t *dst, long ldd, const float *src, long ld, i
 /* Rows of hd floats (ld apart) transposed as pair words: dst[p][t] = (src[t][2p], src[t][2p + 1])
  * rounded, ldd (a multiple of 16) words apart; columns t from rows to ldd are zeros. Blocks of 16
  * rows by 16 pairs go through registers. */
-T5BF static void pair_columns(uint32_t *dst, long ldd, const float *src, long ld, int rows,
-                              int hd) {
+K_TARGET_AVX512BF16 static void pair_columns(uint32_t *dst, long ldd, const float *src, long ld,
+                                             int rows, int hd) {
     for (int t0 = 0; t0 < ldd; t0 += 16)
         for (int c = 0; c < hd; c += 32) {
             int np = hd - c < 32 ? (hd - c) / 2 : 16; /* pairs in this block: 8 or 16 */
@@ -193,8 +195,8 @@ T5BF static void pair_columns(uint32_t *dst, long ldd, const float *src, long ld
 }
 
 /* Rows of n floats (ld apart) to bf16 rows of ldd (a multiple of 16, zeros past n). */
-T5BF static void round_wide_rows(uint16_t *dst, long ldd, const float *src, long ld, int rows,
-                                 int n) {
+K_TARGET_AVX512BF16 static void round_wide_rows(uint16_t *dst, long ldd, const float *src, long ld,
+                                                int rows, int n) {
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < ldd; c += 16)
             _mm256_storeu_si256(
@@ -238,7 +240,7 @@ static void *take(char **p, size_t n) {
  * a time in the lanes of one vector, and the probabilities' pair rows for the output product,
  * written in the pass that normalizes them. Entries of masked keys, and every row below the
  * block's last query, are zeros in both. */
-T5BF static void softmax_pairs(float *Pt, int T, uint32_t *Pp, long Tv) {
+K_TARGET_AVX512BF16 static void softmax_pairs(float *Pt, int T, uint32_t *Pp, long Tv) {
     for (int c = 0; c < Tv; c += 16) {
         __mmask16 in = below(c, T);
         int j1 = c + 16 < T ? c + 16 : T; /* rows some query of the block sees */
@@ -269,8 +271,8 @@ T5BF static void softmax_pairs(float *Pt, int T, uint32_t *Pp, long Tv) {
     }
 }
 
-T5BF static void head_fwd(dims d, char *buf, float *out, long ow, float *Pt, const float *q,
-                          const float *k, const float *v, long ld) {
+K_TARGET_AVX512BF16 static void head_fwd(dims d, char *buf, float *out, long ow, float *Pt,
+                                         const float *q, const float *k, const float *v, long ld) {
     int T = d.T, hd = d.hd, Tv = d.Tv, Te = d.Te;
     uint16_t *Kr = take(&buf, (size_t)Te * hd * 2);
     uint32_t *Qt = take(&buf, (size_t)hd * Tv * 2), *Vp = take(&buf, (size_t)Te * hd * 2);
@@ -290,8 +292,8 @@ T5BF static void head_fwd(dims d, char *buf, float *out, long ow, float *Pt, con
 
 /* dS = P (dP - sum_keys P dP) scale per query (column) over its visible keys, zero elsewhere, as
  * bf16 rows and pair rows. */
-T5BF static void softmax_bwd(dims d, const float *Pt, const float *dP, float *D, uint16_t *Sr,
-                             uint32_t *Sp, float scale) {
+K_TARGET_AVX512BF16 static void softmax_bwd(dims d, const float *Pt, const float *dP, float *D,
+                                            uint16_t *Sr, uint32_t *Sp, float scale) {
     int T = d.T, Tv = d.Tv;
     for (int c = 0; c < Tv; c += 16) _mm512_storeu_ps(D + c, _mm512_setzero_ps());
     for (int j = 0; j < T; j++)
@@ -324,9 +326,9 @@ T5BF static void softmax_bwd(dims d, const float *Pt, const float *dP, float *D,
         }
 }
 
-T5BF static void head_bwd(dims d, char *buf, float *dq, float *dk, float *dv, const float *dO,
-                          long ow, const float *Pt, const float *q, const float *k, const float *v,
-                          long ld) {
+K_TARGET_AVX512BF16 static void head_bwd(dims d, char *buf, float *dq, float *dk, float *dv,
+                                         const float *dO, long ow, const float *Pt, const float *q,
+                                         const float *k, const float *v, long ld) {
     int T = d.T, hd = d.hd, Tv = d.Tv, Te = d.Te;
     uint16_t *Vr = take(&buf, (size_t)Te * hd * 2);
     uint32_t *dOt = take(&buf, (size_t)hd * Tv * 2), *dOp = take(&buf, (size_t)Te * hd * 2);
@@ -385,14 +387,14 @@ typedef struct {
 /* Task bh of B * H, on buf, the thread's per bytes of buffers. */
 typedef void task_fn(const heads *a, int bh, char *buf);
 
-T5BF static void fwd_task(const heads *a, int bh, char *buf) {
+K_TARGET_AVX512BF16 static void fwd_task(const heads *a, int bh, char *buf) {
     int T = a->d.T, hd = a->d.hd, ow = a->H * hd, b = bh / a->H, h = bh % a->H;
     const float *q = a->qkv + (size_t)b * T * a->ld + (size_t)h * hd;
     head_fwd(a->d, buf, a->out + (size_t)b * T * ow + h * hd, ow, a->probs + (size_t)bh * T * T, q,
              q + ow, q + 2 * ow, a->ld);
 }
 
-T5BF static void bwd_task(const heads *a, int bh, char *buf) {
+K_TARGET_AVX512BF16 static void bwd_task(const heads *a, int bh, char *buf) {
     int T = a->d.T, hd = a->d.hd, ow = a->H * hd, b = bh / a->H, h = bh % a->H;
     size_t x = (size_t)b * T * a->ld + (size_t)h * hd;
     if (bh + 1 < a->tasks) prefetch(a->probs_in + (size_t)(bh + 1) * T * T, (size_t)T * T * 4);

@@ -326,9 +326,9 @@ static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
 /* TLM_ISA=avx2 runs as a CPU with AVX2 alone would (Haswell to Zen 3), =avxvnni as one with AVX2
  * and AVX-VNNI (Intel's client cores since Alder Lake), =ref the plain C references. */
 static void isa_detect(void) {
-    int lvl = k_simd_cpu_level();
+    int lvl = k_cpu()->isa;
     const char *cap = getenv("TLM_ISA");
-    int vnni = k_simd_cpu_avxvnni();
+    int vnni = k_cpu()->avxvnni;
     if (cap && !strcmp(cap, "ref")) lvl = K_ISA_REF;
     if (cap && !strcmp(cap, "avx2")) vnni = 0;
     if (cap && (!strcmp(cap, "avx2") || !strcmp(cap, "avxvnni")) && lvl > K_ISA_AVX2)
@@ -351,12 +351,12 @@ int k_avxvnni(void) {
 
 void k_avxvnni_cap(int on) { atomic_store(&avxvnni_cap, on); }
 
-int k_cpu_amd(void) { return k_simd_cpu_amd(); }
+int k_cpu_amd(void) { return k_cpu()->amd; }
 
 k_vdot_fn k_vdot_get(tlm_dtype t, int isa) {
     if (isa < 0 || isa >= K_ISA_COUNT) return NULL;
     if (isa == K_ISA_REF) return ref_of(t);
-    if (isa > k_simd_cpu_level()) return NULL;
+    if (isa > k_cpu()->isa) return NULL;
     return k_simd_vdot(t, isa);
 }
 
@@ -371,7 +371,7 @@ k_vdot_fn k_vdot(tlm_dtype t) {
 }
 
 k_vdot_rows_fn k_vdot_rows_get(tlm_dtype t, int isa) {
-    if (isa <= K_ISA_REF || isa >= K_ISA_COUNT || isa > k_simd_cpu_level()) return NULL;
+    if (isa <= K_ISA_REF || isa >= K_ISA_COUNT || isa > k_cpu()->isa) return NULL;
     return k_simd_vdot_rows(t, isa);
 }
 

@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cpu.h"
 #include "tlm.h"
 
 /* How a type wants its activations. */
@@ -21,9 +22,6 @@ typedef struct {
     int8_t qs[256];
     int16_t bsums[16];
 } k_block_q8_k;
-
-/* Instruction sets, in increasing order. */
-enum { K_ISA_REF, K_ISA_AVX2, K_ISA_AVX512, K_ISA_COUNT };
 
 /* s = w . x over n elements (a whole number of w's blocks); xq is the activation row in
  * k_act_of(type)'s form. */

@@ -4,19 +4,6 @@
 
 #include "qdot.h"
 
-/* The highest K_ISA_* this CPU and OS run (K_ISA_REF on other architectures). */
-int k_simd_cpu_level(void);
-/* 1 if, at K_ISA_AVX512, the CPU also runs AVX512_BF16 (vdpbf16ps). */
-int k_simd_cpu_bf16(void);
-/* 1 if the CPU has AVX-VNNI (256-bit vpdpbusd without AVX-512). */
-int k_simd_cpu_avxvnni(void);
-/* 1 on AMD's CPUs, whose hardware prefetchers follow four weight rows read at once worse than
- * Intel's (matvec.c's one_row_from). */
-int k_simd_cpu_amd(void);
-/* 1 if, besides AVX512_BF16, the CPU runs AMX's BF16 tiles and the OS let this process use them. */
-int k_simd_cpu_amx_bf16(void);
-/* 1 if the CPU runs AMX's int8 tiles and the OS let this process use them. */
-int k_simd_cpu_amx_int8(void);
 /* The type's version at that level, or NULL when it has none of its own. */
 k_vdot_fn k_simd_vdot(tlm_dtype t, int isa);
 /* The type's several-row version at that level (qdot.h), or NULL. */

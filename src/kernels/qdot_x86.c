@@ -1,11 +1,4 @@
-/* syscall(), for AMX's arch_prctl */
-#define _GNU_SOURCE
-#include <pthread.h>
 #include <stdint.h>
-#if defined(__linux__)
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
 #include <string.h>
 
 #include "core/half.h"
@@ -13,106 +6,17 @@
 #include "qdot_simd.h"
 
 #if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-
-#include "simd_x86.h"
-
-static int cpu_level, cpu_bf16, cpu_amd, cpu_amx_bf16, cpu_amx_int8, cpu_avxvnni;
-static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
-
-static uint64_t xcr0(void) {
-    uint32_t lo, hi;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    return (uint64_t)hi << 32 | lo;
-}
-
-static int amx_permit(void) {
-#if defined(__linux__) && defined(SYS_arch_prctl)
-    /* ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, for the whole process */
-    return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
-#else
-    return 0;
-#endif
-}
-
-static void detect(void) {
-    unsigned a, b, c, d;
-    int lvl = K_ISA_REF;
-    /* "AuthenticAMD" as cpuid leaf 0 spells it across ebx, edx, ecx. */
-    if (__get_cpuid(0, &a, &b, &c, &d))
-        cpu_amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;
-    if (__get_cpuid(1, &a, &b, &c, &d)) {
-        int fma = (c >> 12) & 1, osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, f16c = (c >> 29) & 1;
-        uint64_t x = osxsave ? xcr0() : 0;
-        if (fma && avx && f16c && (x & 6) == 6 && __get_cpuid_max(0, NULL) >= 7) {
-            __cpuid_count(7, 0, a, b, c, d);
-            int avx2 = (b >> 5) & 1, f = (b >> 16) & 1, dq = (b >> 17) & 1, bw = (b >> 30) & 1,
-                vl = (b >> 31) & 1, vnni = (c >> 11) & 1;
-            if (avx2) lvl = K_ISA_AVX2;
-            if (avx2) {
-                /* AVX-VNNI (vpdpbusd on 256-bit vectors, VEX-encoded): Intel's client cores
-                 * since Alder Lake, which have no AVX-512 */
-                unsigned a1, b1, c1, d1;
-                __cpuid_count(7, 1, a1, b1, c1, d1);
-                cpu_avxvnni = (a1 >> 4) & 1;
-                (void)b1, (void)c1, (void)d1;
-            }
-            int amx_bf16 = (d >> 22) & 1, amx_tile = (d >> 24) & 1, amx_int8 = (d >> 25) & 1;
-            if (f && dq && bw && vl && vnni && (x & 0xE0) == 0xE0) {
-                lvl = K_ISA_AVX512;
-                __cpuid_count(7, 1, a, b, c, d);
-                cpu_bf16 = (a >> 5) & 1;
-                /* AMX: the OS saves the tile state (XCR0 bits 17, 18) and lets this process use
-                 * the tile data, which Linux grants only on request. */
-                int tiles =
-                    amx_tile && (x & 0x60000) == 0x60000 && (amx_bf16 || amx_int8) && amx_permit();
-                cpu_amx_bf16 = tiles && cpu_bf16 && amx_bf16;
-                cpu_amx_int8 = tiles && amx_int8;
-            }
-        }
-    }
-    cpu_level = lvl;
-}
-
-int k_simd_cpu_level(void) {
-    pthread_once(&cpu_once, detect);
-    return cpu_level;
-}
-
-int k_simd_cpu_avxvnni(void) {
-    pthread_once(&cpu_once, detect);
-    return cpu_avxvnni;
-}
-
-int k_simd_cpu_bf16(void) {
-    pthread_once(&cpu_once, detect);
-    return cpu_bf16;
-}
-
-int k_simd_cpu_amd(void) {
-    pthread_once(&cpu_once, detect);
-    return cpu_amd;
-}
-
-int k_simd_cpu_amx_bf16(void) {
-    pthread_once(&cpu_once, detect);
-    return cpu_amx_bf16;
-}
-
-int k_simd_cpu_amx_int8(void) {
-    pthread_once(&cpu_once, detect);
-    return cpu_amx_int8;
-}
+#include "kernels/x86/simd.h"
 
 /* ---- helpers -------------------------------------------------------------------------------- */
 
-T2 static inline float f16s(const void *p) {
+K_TARGET_AVX2 static inline float f16s(const void *p) {
     uint16_t h;
     memcpy(&h, p, 2);
     return _cvtsh_ss(h);
 }
 
-T2 static inline float hsum8(__m256 v) {
+K_TARGET_AVX2 static inline float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
@@ -123,30 +27,30 @@ T2 static inline float hsum8(__m256 v) {
 static inline short lane16(int j) { return (short)(0x0100 * (2 * j + 1) + 2 * j); }
 
 /* 32 nibbles of a 32-element block: the low nibbles are elements 0-15, the high ones 16-31. */
-T2 static inline __m256i nibbles32(const uint8_t *qs) {
+K_TARGET_AVX2 static inline __m256i nibbles32(const uint8_t *qs) {
     __m128i q = _mm_loadu_si128((const __m128i *)qs);
     return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
 }
 
 /* Signed bytes times signed bytes, summed in pairs to int16 (|w| <= 128, |x| <= 127 so that the
  * unsigned-by-signed multiply of maddubs cannot saturate), then to int32. */
-T2 static inline __m256i dot_ss2(__m256i w, __m256i x) {
+K_TARGET_AVX2 static inline __m256i dot_ss2(__m256i w, __m256i x) {
     __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
     return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
 }
 
 /* The same with VNNI: |w| as unsigned bytes, x negated where w is negative. */
-T5 static inline __m256i dot_ss5y(__m256i w, __m256i x) {
+K_TARGET_AVX512 static inline __m256i dot_ss5y(__m256i w, __m256i x) {
     __m256i sx = _mm256_mask_sub_epi8(x, _mm256_movepi8_mask(w), _mm256_setzero_si256(), x);
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(w), sx);
 }
 
-T5 static inline __m512i join(__m256i lo, __m256i hi) {
+K_TARGET_AVX512 static inline __m512i join(__m256i lo, __m256i hi) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 
 /* IQ4_NL's levels as signed bytes in every 128-bit lane, or (u8) + 128 as unsigned ones. */
-T5 static inline __m512i iq4nl_table(int u8) {
+K_TARGET_AVX512 static inline __m512i iq4nl_table(int u8) {
     __m128i t = _mm_loadu_si128((const __m128i *)tlm_iq4nl_values);
     if (u8) t = _mm_xor_si128(t, _mm_set1_epi8((char)0x80));
     return _mm512_broadcast_i32x4(t);
@@ -159,7 +63,7 @@ T5 static inline __m512i iq4nl_table(int u8) {
  * Each sum is a fixed tree over its own vector's lanes, whatever the other three hold, so a
  * kernel summing fewer rows (the one-row and few-row kernels) passes any vectors in the other
  * places and gets the same numbers as the four-row kernel. */
-T5 static inline AI __m128 hsum16x4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+K_TARGET_AVX512 static inline AI __m128 hsum16x4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
     __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
     __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(a2, a3), _mm512_unpackhi_ps(a2, a3));
     __m512d d0 = _mm512_castps_pd(t0), d1 = _mm512_castps_pd(t1);
@@ -171,7 +75,7 @@ T5 static inline AI __m128 hsum16x4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) 
 }
 
 /* hsum16x4 of up to K_VDOT_MAX_ROWS vectors into out[0 .. M). */
-T5 static inline AI void hsum16_rows(const __m512 *a, int M, float *out) {
+K_TARGET_AVX512 static inline AI void hsum16_rows(const __m512 *a, int M, float *out) {
     for (int m0 = 0; m0 < M; m0 += 4) {
         __m512 v[4];
         for (int k = 0; k < 4; k++) v[k] = m0 + k < M ? a[m0 + k] : a[m0];
@@ -239,12 +143,12 @@ static inline void pf_upto(const void *pf, size_t *o, size_t to, size_t far) {
  * measured, as before.
  */
 static inline size_t pf_far(int n, size_t ws, int short_too) {
-    return cpu_amd || (n <= K_PF_FAR_MIN_COLS && !short_too) ? 0 : K_PF_FAR_ROWS * ws;
+    return k_cpu()->amd || (n <= K_PF_FAR_MIN_COLS && !short_too) ? 0 : K_PF_FAR_ROWS * ws;
 }
 
 /* ---- F16, BF16 ------------------------------------------------------------------------------ */
 
-T2 static void a2_f16(int n, float *s, const void *w, const void *xq) {
+K_TARGET_AVX2 static void a2_f16(int n, float *s, const void *w, const void *xq) {
     const uint8_t *a = w;
     const float *x = xq;
     __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
@@ -260,7 +164,7 @@ T2 static void a2_f16(int n, float *s, const void *w, const void *xq) {
     *s = r;
 }
 
-T5 static void a5_f16(int n, float *s, const void *w, const void *xq) {
+K_TARGET_AVX512 static void a5_f16(int n, float *s, const void *w, const void *xq) {
     const uint8_t *a = w;
     const float *x = xq;
     __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
@@ -280,12 +184,12 @@ T5 static void a5_f16(int n, float *s, const void *w, const void *xq) {
     *s = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
 }
 
-T2 static inline __m256 bf16x8(const uint8_t *p) {
+K_TARGET_AVX2 static inline __m256 bf16x8(const uint8_t *p) {
     __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
 }
 
-T2 static void a2_bf16(int n, float *s, const void *w, const void *xq) {
+K_TARGET_AVX2 static void a2_bf16(int n, float *s, const void *w, const void *xq) {
     const uint8_t *a = w, *x = xq;
     __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
     int i = 0;
@@ -307,7 +211,7 @@ T2 static void a2_bf16(int n, float *s, const void *w, const void *xq) {
     *s = r;
 }
 
-T5BF static void a5_bf16(int n, float *s, const void *w, const void *xq) {
+K_TARGET_AVX512BF16 static void a5_bf16(int n, float *s, const void *w, const void *xq) {
     const uint8_t *a = w, *x = xq;
     __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
     int i = 0;
@@ -331,8 +235,8 @@ T5BF static void a5_bf16(int n, float *s, const void *w, const void *xq) {
  * units of four take (spread over the loop past 256 columns on Intel's CPUs, matvec.c). 1 thread,
  * four alternating runs: 15M 770 -> 1123 tok/s (llama.cpp 890), 110M 81 -> 103 (93); 2 threads 15M
  * 1013 -> 1610 (1014), 110M 153 -> 183 (173). */
-T5BF static inline AI void w4one_bf16(int n, float *s, const void *w, size_t ws, const void *xq,
-                                      const void *pf) {
+K_TARGET_AVX512BF16 static inline AI void w4one_bf16(int n, float *s, const void *w, size_t ws,
+                                                     const void *xq, const void *pf) {
     const uint8_t *x = xq;
     const uint8_t *a[4];
     __m512 s0[4], s1[4];
@@ -364,7 +268,7 @@ T5BF static inline AI void w4one_bf16(int n, float *s, const void *w, size_t ws,
 
 /* ---- Q8_0, Q4_0 ----------------------------------------------------------------------------- */
 
-T2 static void a2_q8_0(int n, float *s, const void *w, const void *xq) {
+K_TARGET_AVX2 static void a2_q8_0(int n, float *s, const void *w, const void *xq) {
     const uint8_t *wb = w;
     const tlm_block_q8_0 *x = xq;
     __m256 acc = _mm256_setzero_ps();
@@ -378,7 +282,8 @@ T2 static void a2_q8_0(int n, float *s, const void *w, const void *xq) {
 }
 
 /* Q4_0, or IQ4_NL (nl: its nibbles looked up in the table of levels, signed bytes). */
-T2 static inline AI void a2_q4nl(int n, float *s, const void *w, const void *xq, const int nl) {
+K_TARGET_AVX2 static inline AI void a2_q4nl(int n, float *s, const void *w, const void *xq,
+                                            const int nl) {
     const uint8_t *wb = w;
     const tlm_block_q8_0 *x = xq;
     const __m256i T =
@@ -393,14 +298,17 @@ T2 static inline AI void a2_q4nl(int n, float *s, const void *w, const void *xq,
     }
     *s = hsum8(acc);
 }
-T2 static void a2_q4_0(int n, float *s, const void *w, const void *xq) { a2_q4nl(n, s, w, xq, 0); }
-T2 static void a2_iq4_nl(int n, float *s, const void *w, const void *xq) {
+K_TARGET_AVX2 static void a2_q4_0(int n, float *s, const void *w, const void *xq) {
+    a2_q4nl(n, s, w, xq, 0);
+}
+K_TARGET_AVX2 static void a2_iq4_nl(int n, float *s, const void *w, const void *xq) {
     a2_q4nl(n, s, w, xq, 1);
 }
 
 /* IQ4_XS: a sub-block (IQ4_NL's 32 values) per vector, its levels' magnitudes against the
  * activation with the levels' signs, in int16 pairs, then its scale as an int16 madd. */
-T2 static inline AI float iq4xs_term_a2(const uint8_t *wb, const k_block_q8_k *x, __m256i T) {
+K_TARGET_AVX2 static inline AI float iq4xs_term_a2(const uint8_t *wb, const k_block_q8_k *x,
+                                                   __m256i T) {
     __m256i isum = _mm256_setzero_si256();
     for (int j = 0; j < 8; j++) {
         __m256i v = _mm256_shuffle_epi8(T, nibbles32(wb + 8 + 16 * j));
@@ -412,7 +320,7 @@ T2 static inline AI float iq4xs_term_a2(const uint8_t *wb, const k_block_q8_k *x
     return f16s(wb) * x->d * (float)k_hsum8i(isum);
 }
 
-T2 static void a2_iq4_xs(int n, float *s, const void *w, const void *xq) {
+K_TARGET_AVX2 static void a2_iq4_xs(int n, float *s, const void *w, const void *xq) {
     const uint8_t *wb = w;
     const k_block_q8_k *x = xq;
     const __m256i T =
@@ -426,8 +334,8 @@ T2 static void a2_iq4_xs(int n, float *s, const void *w, const void *xq) {
 /* Q4_1, Q5_0, Q5_1 (the fallbacks llama.cpp's K mixes pick for rows that are not whole
  * 256-blocks), a block per 256-bit vector: the fifth bits come from the 32-bit mask qh directly
  * (element i is byte i of the nibbles), the min through the activation's block sum. */
-T5 static inline void a5_q451(int n, float *s, const void *w, const void *xq, int five,
-                              int has_min) {
+K_TARGET_AVX512 static inline void a5_q451(int n, float *s, const void *w, const void *xq, int five,
+                                           int has_min) {
     const uint8_t *wb = w;
     const tlm_block_q8_0 *x = xq;
     size_t bytes = five ? (has_min ? 24 : 22) : 20;
@@ -456,7 +364,7 @@ T5 static inline void a5_q451(int n, float *s, const void *w, const void *xq, in
     *s = hsum8(acc);
 }
 /* Bit i of qh as byte i (0xFF or 0): byte i/8 of qh spread over 8 lanes, each testing its bit. */
-T2 static inline __m256i bits_to_bytes(uint32_t qh) {
+K_TARGET_AVX2 static inline __m256i bits_to_bytes(uint32_t qh) {
     const __m256i spread =
         _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303);
     const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
@@ -464,8 +372,8 @@ T2 static inline __m256i bits_to_bytes(uint32_t qh) {
     return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
 }
 
-T2 static inline void a2_q451(int n, float *s, const void *w, const void *xq, int five,
-                              int has_min) {
+K_TARGET_AVX2 static inline void a2_q451(int n, float *s, const void *w, const void *xq, int five,
+                                         int has_min) {
     const uint8_t *wb = w;
     const tlm_block_q8_0 *x = xq;
     size_t bytes = five ? (has_min ? 24 : 22) : 20;
@@ -494,23 +402,23 @@ T2 static inline void a2_q451(int n, float *s, const void *w, const void *xq, in
     }
     *s = hsum8(acc);
 }
-T2 static void a2_q4_1(int n, float *s, const void *w, const void *xq) {
+K_TARGET_AVX2 static void a2_q4_1(int n, float *s, const void *w, const void *xq) {
     a2_q451(n, s, w, xq, 0, 1);
 }
-T2 static void a2_q5_0(int n, float *s, const void *w, const void *xq) {
+K_TARGET_AVX2 static void a2_q5_0(int n, float *s, const void *w, const void *xq) {
     a2_q451(n, s, w, xq, 1, 0);
 }
-T2 static void a2_q5_1(int n, float *s, const void *w, const void *xq) {
+K_TARGET_AVX2 static void a2_q5_1(int n, float *s, const void *w, const void *xq) {
     a2_q451(n, s, w, xq, 1, 1);
 }
 
-T5 static void a5_q4_1(int n, float *s, const void *w, const void *xq) {
+K_TARGET_AVX512 static void a5_q4_1(int n, float *s, const void *w, const void *xq) {
     a5_q451(n, s, w, xq, 0, 1);
 }
-T5 static void a5_q5_0(int n, float *s, const void *w, const void *xq) {
+K_TARGET_AVX512 static void a5_q5_0(int n, float *s, const void *w, const void *xq) {
     a5_q451(n, s, w, xq, 1, 0);
 }
-T5 static void a5_q5_1(int n, float *s, const void *w, const void *xq) {
+K_TARGET_AVX512 static void a5_q5_1(int n, float *s, const void *w, const void *xq) {
     a5_q451(n, s, w, xq, 1, 1);
 }
 
@@ -529,8 +437,8 @@ static inline int q45k_scales(const uint8_t *scales, const int16_t *bsums, uint8
 }
 
 /* Sub-blocks 2g (low nibbles, fifth bit 2g of qh) and 2g + 1 (high nibbles, bit 2g + 1). */
-T2 static inline void q45k_group(const uint8_t *q, const uint8_t *qh, int g, __m256i *lo,
-                                 __m256i *hi) {
+K_TARGET_AVX2 static inline void q45k_group(const uint8_t *q, const uint8_t *qh, int g, __m256i *lo,
+                                            __m256i *hi) {
     const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
     __m256i v = _mm256_loadu_si256((const __m256i *)q);
     *lo = _mm256_and_si256(v, m4);
@@ -544,7 +452,7 @@ T2 static inline void q45k_group(const uint8_t *q, const uint8_t *qh, int g, __m
     }
 }
 
-T2 static void a2_q45k(int n, float *s, const void *w, const void *xq, int five) {
+K_TARGET_AVX2 static void a2_q45k(int n, float *s, const void *w, const void *xq, int five) {
     const uint8_t *wb = w;
     const k_block_q8_k *x = xq;
     size_t bytes = five ? sizeof(tlm_block_q5_k) : sizeof(tlm_block_q4_k);
@@ -571,8 +479,12 @@ T2 static void a2_q45k(int n, float *s, const void *w, const void *xq, int five)
     }
     *s = hsum8(acc) - accm;
 }
-T2 static void a2_q4_k(int n, float *s, const void *w, const void *xq) { a2_q45k(n, s, w, xq, 0); }
-T2 static void a2_q5_k(int n, float *s, const void *w, const void *xq) { a2_q45k(n, s, w, xq, 1); }
+K_TARGET_AVX2 static void a2_q4_k(int n, float *s, const void *w, const void *xq) {
+    a2_q45k(n, s, w, xq, 0);
+}
+K_TARGET_AVX2 static void a2_q5_k(int n, float *s, const void *w, const void *xq) {
+    a2_q45k(n, s, w, xq, 1);
+}
 
 /* The 12 bytes of 6-bit scales and mins of a Q4_K / Q5_K super-block unpacked in vector
  * registers (bytes 0-7 the 8 scales, 8-15 the 8 mins, as llama.cpp's 32-bit masks give them),
@@ -587,7 +499,7 @@ static const int8_t q4k_hi_b[16] = {-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 
 static const int8_t q4k_keep_b[16] = {63, 63, 63, 63, 15, 15, 15, 15,
                                       63, 63, 63, 63, 15, 15, 15, 15};
 
-T5 static inline __m128i q4k_scales(const uint8_t *wb) {
+K_TARGET_AVX512 static inline __m128i q4k_scales(const uint8_t *wb) {
     const __m128i v = _mm_loadu_si128((const __m128i *)wb);
     const __m128i lo = _mm_shuffle_epi8(v, _mm_loadu_si128((const __m128i *)q4k_lo_b));
     const __m128i hi = _mm_shuffle_epi8(v, _mm_loadu_si128((const __m128i *)q4k_hi_b));
@@ -601,7 +513,7 @@ T5 static inline __m128i q4k_scales(const uint8_t *wb) {
 
 /* The four 32-element runs of one 128-element half: q1..q4 of the format (0..63, offset 32 not
  * yet taken off). */
-T2 static inline void q6k_half(const uint8_t *ql, const uint8_t *qh, __m256i q[4]) {
+K_TARGET_AVX2 static inline void q6k_half(const uint8_t *ql, const uint8_t *qh, __m256i q[4]) {
     const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
     __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
     __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
@@ -625,7 +537,7 @@ static inline int q6k_offset(const int8_t *sc, const int16_t *bsums) {
     return 32 * c;
 }
 
-T2 static void a2_q6_k(int n, float *s, const void *w, const void *xq) {
+K_TARGET_AVX2 static void a2_q6_k(int n, float *s, const void *w, const void *xq) {
     const uint8_t *wb = w;
     const k_block_q8_k *x = xq;
     float r = 0.0f;
@@ -652,7 +564,7 @@ T2 static void a2_q6_k(int n, float *s, const void *w, const void *xq) {
 /* Per 64 elements one maddubs (q <= 63) and one madd by the four sub-blocks' scales as int16;
  * the offset of 32 through the activation's sums, all in vectors, floats accumulated across
  * super-blocks. */
-T5 static void a5_q6_k(int n, float *s, const void *w, const void *xq) {
+K_TARGET_AVX512 static void a5_q6_k(int n, float *s, const void *w, const void *xq) {
     const uint8_t *wb = w;
     const k_block_q8_k *x = xq;
     /* int16 lane i of the r-th 64-element run belongs to sub-block 4r + i / 8 */
@@ -703,7 +615,7 @@ T5 static void a5_q6_k(int n, float *s, const void *w, const void *xq) {
 /* Q3_K's sixteen scales less 32, as int16 (tlm_q3k_scale): the low four bits from bytes 0-7
  * (low nibbles for sub-blocks 0-7, high for 8-15), the top two from byte 8 + j % 4 at bit
  * 2 (j / 4). */
-T5 static inline __m256i q3k_scales16(const uint8_t *p) {
+K_TARGET_AVX512 static inline __m256i q3k_scales16(const uint8_t *p) {
     uint64_t lo8;
     uint32_t hi4;
     memcpy(&lo8, p, 8);
@@ -717,7 +629,7 @@ T5 static inline __m256i q3k_scales16(const uint8_t *p) {
     return _mm256_sub_epi16(_mm256_cvtepu8_epi16(sc), _mm256_set1_epi16(32));
 }
 
-T2 static inline __m256i q3k_scales16_a2(const uint8_t *p) {
+K_TARGET_AVX2 static inline __m256i q3k_scales16_a2(const uint8_t *p) {
     int16_t v[16];
     for (int j = 0; j < 16; j++) v[j] = (int16_t)(tlm_q3k_scale(j, p) - 32);
     return _mm256_loadu_si256((const __m256i *)v);
@@ -735,7 +647,7 @@ typedef struct {
     float d, dmin;
 } q23k_w;
 
-T5 static inline AI void q23k_unpack(const uint8_t *wb, q23k_w *o, const int three) {
+K_TARGET_AVX512 static inline AI void q23k_unpack(const uint8_t *wb, q23k_w *o, const int three) {
     /* int16 lane l of plane 0: sub-block l / 8 (l < 16), 8 + (l - 16) / 8 (l >= 16) */
     const __m512i idx0 = _mm512_set_epi16(9, 9, 9, 9, 9, 9, 9, 9, 8, 8, 8, 8, 8, 8, 8, 8, 1, 1, 1,
                                           1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
@@ -769,8 +681,8 @@ T5 static inline AI void q23k_unpack(const uint8_t *wb, q23k_w *o, const int thr
     o->dmin = three ? 0.0f : f16s(d + 2);
 }
 
-T5 static inline AI void q23k_step(const q23k_w *w, const k_block_q8_k *x, __m256 *acc,
-                                   const int three) {
+K_TARGET_AVX512 static inline AI void q23k_step(const q23k_w *w, const k_block_q8_k *x, __m256 *acc,
+                                                const int three) {
     __m256i off = _mm256_madd_epi16(w->s16, _mm256_loadu_si256((const __m256i *)x->bsums));
     __m512i isum = _mm512_setzero_si512();
     for (int i = 0; i < 4; i++) {
@@ -785,16 +697,16 @@ T5 static inline AI void q23k_step(const q23k_w *w, const k_block_q8_k *x, __m25
         *acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(off), _mm256_set1_ps(x->d * w->dmin), *acc);
 }
 
-T5 static inline AI void q23k_block(const uint8_t *wb, const k_block_q8_k *x, __m256 *acc,
-                                    const int three) {
+K_TARGET_AVX512 static inline AI void q23k_block(const uint8_t *wb, const k_block_q8_k *x,
+                                                 __m256 *acc, const int three) {
     q23k_w w;
     q23k_unpack(wb, &w, three);
     q23k_step(&w, x, acc, three);
 }
 
 /* M activation rows (stride xs bytes) against one Q2_K or Q3_K row: each block unpacked once. */
-T5 static inline AI void q23kr5(int n, const int M, float *s, const uint8_t *w, const uint8_t *xq,
-                                size_t xs, const int three) {
+K_TARGET_AVX512 static inline AI void q23kr5(int n, const int M, float *s, const uint8_t *w,
+                                             const uint8_t *xq, size_t xs, const int three) {
     const size_t bytes = three ? sizeof(tlm_block_q3_k) : sizeof(tlm_block_q2_k);
     __m256 acc[K_VDOT_MAX_ROWS];
     for (int m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();
@@ -807,7 +719,8 @@ T5 static inline AI void q23kr5(int n, const int M, float *s, const uint8_t *w, 
     for (int m = 0; m < M; m++) s[m] = hsum8(acc[m]);
 }
 
-T5 static inline AI void a5_q23k(int n, float *s, const void *w, const void *xq, const int three) {
+K_TARGET_AVX512 static inline AI void a5_q23k(int n, float *s, const void *w, const void *xq,
+                                              const int three) {
     const uint8_t *wb = w;
     const size_t bytes = three ? sizeof(tlm_block_q3_k) : sizeof(tlm_block_q2_k);
     __m256 acc = _mm256_setzero_ps();
@@ -815,13 +728,17 @@ T5 static inline AI void a5_q23k(int n, float *s, const void *w, const void *xq,
         q23k_block(wb + b * bytes, (const k_block_q8_k *)xq + b, &acc, three);
     *s = hsum8(acc);
 }
-T5 static void a5_q2_k(int n, float *s, const void *w, const void *xq) { a5_q23k(n, s, w, xq, 0); }
-T5 static void a5_q3_k(int n, float *s, const void *w, const void *xq) { a5_q23k(n, s, w, xq, 1); }
+K_TARGET_AVX512 static void a5_q2_k(int n, float *s, const void *w, const void *xq) {
+    a5_q23k(n, s, w, xq, 0);
+}
+K_TARGET_AVX512 static void a5_q3_k(int n, float *s, const void *w, const void *xq) {
+    a5_q23k(n, s, w, xq, 1);
+}
 
 /* ---- IQ4_XS -------------------------------------------------------------------------------- */
 /* An IQ4_XS block's eight scales less 32 as int16 (tlm_iq4xs_scale): the low four bits a nibble of
  * scales_l, the top two from scales_h. */
-T5 static inline __m128i iq4xs_scales16(const uint8_t *blk) {
+K_TARGET_AVX512 static inline __m128i iq4xs_scales16(const uint8_t *blk) {
     uint32_t l4;
     uint16_t h;
     memcpy(&h, blk + 2, 2);
@@ -850,7 +767,7 @@ typedef struct {
 } iq4xs_w;
 
 /* The weight side of one IQ4_XS block, unpacked once for every activation row. */
-T5 static inline AI void iq4xs_unpack(const uint8_t *wb, iq4xs_w *o) {
+K_TARGET_AVX512 static inline AI void iq4xs_unpack(const uint8_t *wb, iq4xs_w *o) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), T = iq4nl_table(1);
     const __m512i i0 = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
     __m128i sc = iq4xs_scales16(wb);
@@ -866,7 +783,8 @@ T5 static inline AI void iq4xs_unpack(const uint8_t *wb, iq4xs_w *o) {
 }
 
 /* One activation row's step on an unpacked IQ4_XS block, into acc. */
-T5 static inline AI void iq4xs_step(const iq4xs_w *w, const k_block_q8_k *x, __m256 *acc) {
+K_TARGET_AVX512 static inline AI void iq4xs_step(const iq4xs_w *w, const k_block_q8_k *x,
+                                                 __m256 *acc) {
     const __m512i ilo = _mm512_set_epi64(13, 12, 9, 8, 5, 4, 1, 0),
                   ihi = _mm512_set_epi64(15, 14, 11, 10, 7, 6, 3, 2);
     __m256i off = _mm256_madd_epi16(w->s16, _mm256_loadu_si256((const __m256i *)x->bsums));
@@ -884,15 +802,16 @@ T5 static inline AI void iq4xs_step(const iq4xs_w *w, const k_block_q8_k *x, __m
     *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_set1_ps(x->d * w->d), *acc);
 }
 
-T5 static inline AI void iq4xs_block(const uint8_t *wb, const k_block_q8_k *x, __m256 *acc) {
+K_TARGET_AVX512 static inline AI void iq4xs_block(const uint8_t *wb, const k_block_q8_k *x,
+                                                  __m256 *acc) {
     iq4xs_w w;
     iq4xs_unpack(wb, &w);
     iq4xs_step(&w, x, acc);
 }
 
 /* M activation rows (stride xs bytes) against one IQ4_XS row: each block unpacked once. */
-T5 static inline AI void iq4xsr5(int n, const int M, float *s, const uint8_t *w, const uint8_t *xq,
-                                 size_t xs) {
+K_TARGET_AVX512 static inline AI void iq4xsr5(int n, const int M, float *s, const uint8_t *w,
+                                              const uint8_t *xq, size_t xs) {
     __m256 acc[K_VDOT_MAX_ROWS];
     for (int m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();
     for (int b = 0; b < n / TLM_QK_K; b++) {
@@ -904,7 +823,7 @@ T5 static inline AI void iq4xsr5(int n, const int M, float *s, const uint8_t *w,
     for (int m = 0; m < M; m++) s[m] = hsum8(acc[m]);
 }
 
-T5 static void a5_iq4_xs(int n, float *s, const void *w, const void *xq) {
+K_TARGET_AVX512 static void a5_iq4_xs(int n, float *s, const void *w, const void *xq) {
     const uint8_t *wb = w;
     __m256 acc = _mm256_setzero_ps();
     for (int b = 0; b < n / TLM_QK_K; b++)
@@ -914,7 +833,8 @@ T5 static void a5_iq4_xs(int n, float *s, const void *w, const void *xq) {
 
 /* AVX2: a half's plane at a time (32 bytes, two sub-blocks). */
 /* One Q2_K / Q3_K super-block's term of the sum. */
-T2 static inline AI float q23k_term_a2(const uint8_t *wb, const k_block_q8_k *x, const int three) {
+K_TARGET_AVX2 static inline AI float q23k_term_a2(const uint8_t *wb, const k_block_q8_k *x,
+                                                  const int three) {
     const __m256i m3 = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
     const size_t bytes = three ? sizeof(tlm_block_q3_k) : sizeof(tlm_block_q2_k);
     __m256i bsums = _mm256_loadu_si256((const __m256i *)x->bsums), sc16, off;
@@ -957,7 +877,8 @@ T2 static inline AI float q23k_term_a2(const uint8_t *wb, const k_block_q8_k *x,
     return d * (float)k_hsum8i(isum) - x->d * f16s(wb + bytes - 2) * (float)k_hsum8i(off);
 }
 
-T2 static inline AI void a2_q23k(int n, float *s, const void *w, const void *xq, const int three) {
+K_TARGET_AVX2 static inline AI void a2_q23k(int n, float *s, const void *w, const void *xq,
+                                            const int three) {
     const uint8_t *wb = w;
     const k_block_q8_k *x = xq;
     const size_t bytes = three ? sizeof(tlm_block_q3_k) : sizeof(tlm_block_q2_k);
@@ -965,12 +886,16 @@ T2 static inline AI void a2_q23k(int n, float *s, const void *w, const void *xq,
     for (int b = 0; b < n / TLM_QK_K; b++, wb += bytes) r += q23k_term_a2(wb, &x[b], three);
     *s = r;
 }
-T2 static void a2_q2_k(int n, float *s, const void *w, const void *xq) { a2_q23k(n, s, w, xq, 0); }
-T2 static void a2_q3_k(int n, float *s, const void *w, const void *xq) { a2_q23k(n, s, w, xq, 1); }
+K_TARGET_AVX2 static void a2_q2_k(int n, float *s, const void *w, const void *xq) {
+    a2_q23k(n, s, w, xq, 0);
+}
+K_TARGET_AVX2 static void a2_q3_k(int n, float *s, const void *w, const void *xq) {
+    a2_q23k(n, s, w, xq, 1);
+}
 
 /* Rows of F16 and BF16 to floats for the prefill tiles (8 at a time; the reference converts one
  * element per call). */
-T2 static void widen_f16(const void *src, float *dst, int n) {
+K_TARGET_AVX2 static void widen_f16(const void *src, float *dst, int n) {
     const uint8_t *p = src;
     int i = 0;
     for (; i + 8 <= n; i += 8)
@@ -979,7 +904,7 @@ T2 static void widen_f16(const void *src, float *dst, int n) {
 }
 
 /* Floats to F16 (the KV cache's rows), rounding to nearest even as tlm_f32_to_f16 does. */
-T2 static void narrow_f16(const float *src, void *dst, int n) {
+K_TARGET_AVX2 static void narrow_f16(const float *src, void *dst, int n) {
     uint16_t *h = dst;
     int i = 0;
     for (; i + 8 <= n; i += 8)
@@ -988,7 +913,7 @@ T2 static void narrow_f16(const float *src, void *dst, int n) {
     for (; i < n; i++) h[i] = tlm_f32_to_f16(src[i]);
 }
 
-T2 static void widen_bf16(const void *src, float *dst, int n) {
+K_TARGET_AVX2 static void widen_bf16(const void *src, float *dst, int n) {
     const uint8_t *p = src;
     int i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, bf16x8(p + 2 * i));
@@ -1037,16 +962,16 @@ T2 static void widen_bf16(const void *src, float *dst, int n) {
 /* F32 and F16 weights against F32 rows. One row at a time reads the matrix as one sequential
  * stream (rows are contiguous), which the hardware prefetchers follow better than four
  * interleaved streams; two accumulators per activation row keep two FMA chains per row. */
-T5 static inline AI __m512 ld16_5(const uint8_t *w, int f16, int i) {
+K_TARGET_AVX512 static inline AI __m512 ld16_5(const uint8_t *w, int f16, int i) {
     return f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + 2 * (size_t)i)))
                : _mm512_loadu_ps((const float *)(const void *)w + i);
 }
 
-T5 static inline AI void fr5(int n, const int M, float *s, const uint8_t *w, const float *x,
-                             size_t xs, int f16) {
+K_TARGET_AVX512 static inline AI void fr5(int n, const int M, float *s, const uint8_t *w,
+                                          const float *x, size_t xs, int f16) {
     __m512 a0[K_VDOT_MAX_ROWS], a1[K_VDOT_MAX_ROWS];
     for (int m = 0; m < M; m++) a0[m] = a1[m] = _mm512_setzero_ps();
-    int i = 0, pf = f16 && M <= 4 && !cpu_amd;
+    int i = 0, pf = f16 && M <= 4 && !k_cpu()->amd;
     for (; i + 32 <= n; i += 32) {
         if (pf) {
             _mm_prefetch((const char *)w + 2 * (size_t)i + F16_ROW_PREFETCH, _MM_HINT_T0);
@@ -1073,8 +998,8 @@ T5 static inline AI void fr5(int n, const int M, float *s, const uint8_t *w, con
  * interleaved (eight FMA chains instead of two), with the prefetch ahead that units of four take.
  * Four alternating runs: 15M 1 thread 531 -> 622 tok/s (llama.cpp 579), 2 threads 1054 -> 1104;
  * 110M, bound by memory, within noise. F16 takes it on short rows only (k_matvec_parts). */
-T5 static inline AI void fw4(int n, float *s, const uint8_t *w, size_t ws, const float *x,
-                             int f16) {
+K_TARGET_AVX512 static inline AI void fw4(int n, float *s, const uint8_t *w, size_t ws,
+                                          const float *x, int f16) {
     __m512 a0[4], a1[4];
     for (int r = 0; r < 4; r++) a0[r] = a1[r] = _mm512_setzero_ps();
     int i = 0;
@@ -1099,30 +1024,32 @@ T5 static inline AI void fw4(int n, float *s, const uint8_t *w, size_t ws, const
     for (int r = 0; r < 4; r++) s[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r]));
 }
 /* pf is ignored: k_matvec_parts prefetches float rows all at once (k_vdot_w4_fn). */
-T5 static inline AI void w4one_f32(int n, float *s, const void *w, size_t ws, const void *xq,
-                                   const void *pf) {
+K_TARGET_AVX512 static inline AI void w4one_f32(int n, float *s, const void *w, size_t ws,
+                                                const void *xq, const void *pf) {
     (void)pf;
     fw4(n, s, w, ws, (const float *)xq, 0);
 }
-T5 static inline AI void w4one_f16(int n, float *s, const void *w, size_t ws, const void *xq,
-                                   const void *pf) {
+K_TARGET_AVX512 static inline AI void w4one_f16(int n, float *s, const void *w, size_t ws,
+                                                const void *xq, const void *pf) {
     (void)pf;
     fw4(n, s, w, ws, (const float *)xq, 1);
 }
 
 #define FR5_F32(n, M, s, w, xq, xs) fr5(n, M, s, w, xq, xs, 0)
 #define FR5_F16(n, M, s, w, xq, xs) fr5(n, M, s, w, xq, xs, 1)
-T5 static void r5_f32(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
+K_TARGET_AVX512 static void r5_f32(int n, int M, float *s, const void *w, const void *xq,
+                                   size_t xstride) {
     ROWS_SWITCH(FR5_F32, n, M, s, (const uint8_t *)w, (const float *)xq, xstride / sizeof(float));
 }
-T5 static void r5_f16(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
+K_TARGET_AVX512 static void r5_f16(int n, int M, float *s, const void *w, const void *xq,
+                                   size_t xstride) {
     ROWS_SWITCH(FR5_F16, n, M, s, (const uint8_t *)w, (const float *)xq, xstride / sizeof(float));
 }
 
 /* Three weight rows at once, in fr5's order of sums for every (row, activation row) pair: 24
  * accumulators for four activation rows, each activation vector loaded once for the three. */
-T5 static inline AI void fr5x3(int n, const int M, float *s, const uint8_t *w, size_t ws,
-                               const float *x, size_t xs, int f16) {
+K_TARGET_AVX512 static inline AI void fr5x3(int n, const int M, float *s, const uint8_t *w,
+                                            size_t ws, const float *x, size_t xs, int f16) {
     __m512 a0[3][K_VDOT3_MAX_ROWS], a1[3][K_VDOT3_MAX_ROWS];
     for (int r = 0; r < 3; r++)
         for (int m = 0; m < M; m++) a0[r][m] = a1[r][m] = _mm512_setzero_ps();
@@ -1165,24 +1092,24 @@ T5 static inline AI void fr5x3(int n, const int M, float *s, const uint8_t *w, s
     case 3: fr5x3(n, 3, s, w, ws, x, xs, f16); break;                                              \
     default: fr5x3(n, 4, s, w, ws, x, xs, f16); break;                                             \
     }
-T5 static void r53_f32(int n, int M, float *s, const void *w, size_t ws, const void *xq,
-                       size_t xstride) {
+K_TARGET_AVX512 static void r53_f32(int n, int M, float *s, const void *w, size_t ws,
+                                    const void *xq, size_t xstride) {
     FR5X3(n, M, s, (const uint8_t *)w, ws, (const float *)xq, xstride / sizeof(float), 0);
 }
-T5 static void r53_f16(int n, int M, float *s, const void *w, size_t ws, const void *xq,
-                       size_t xstride) {
+K_TARGET_AVX512 static void r53_f16(int n, int M, float *s, const void *w, size_t ws,
+                                    const void *xq, size_t xstride) {
     FR5X3(n, M, s, (const uint8_t *)w, ws, (const float *)xq, xstride / sizeof(float), 1);
 }
 
 /* AVX2: 16 registers, so at most four activation rows per pass over the weight row (the next
  * four read it again, from L1). */
-T2 static inline AI __m256 ld8_2(const uint8_t *w, int f16, int i) {
+K_TARGET_AVX2 static inline AI __m256 ld8_2(const uint8_t *w, int f16, int i) {
     return f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + 2 * (size_t)i)))
                : _mm256_loadu_ps((const float *)(const void *)w + i);
 }
 
-T2 static inline AI void fr2(int n, const int M, float *s, const uint8_t *w, const float *x,
-                             size_t xs, int f16) {
+K_TARGET_AVX2 static inline AI void fr2(int n, const int M, float *s, const uint8_t *w,
+                                        const float *x, size_t xs, int f16) {
     __m256 a0[4], a1[4];
     for (int m = 0; m < M; m++) a0[m] = a1[m] = _mm256_setzero_ps();
     int i = 0;
@@ -1207,8 +1134,8 @@ T2 static inline AI void fr2(int n, const int M, float *s, const uint8_t *w, con
     }
 }
 
-T2 static inline AI void fr2_all(int n, int M, float *s, const uint8_t *w, const float *x,
-                                 size_t xs, int f16) {
+K_TARGET_AVX2 static inline AI void fr2_all(int n, int M, float *s, const uint8_t *w,
+                                            const float *x, size_t xs, int f16) {
     for (int m0 = 0; m0 < M; m0 += 4) {
         int k = M - m0 < 4 ? M - m0 : 4;
         const float *xm = x + m0 * xs;
@@ -1220,10 +1147,12 @@ T2 static inline AI void fr2_all(int n, int M, float *s, const uint8_t *w, const
         }
     }
 }
-T2 static void r2_f32(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
+K_TARGET_AVX2 static void r2_f32(int n, int M, float *s, const void *w, const void *xq,
+                                 size_t xstride) {
     fr2_all(n, M, s, w, xq, xstride / sizeof(float), 0);
 }
-T2 static void r2_f16(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
+K_TARGET_AVX2 static void r2_f16(int n, int M, float *s, const void *w, const void *xq,
+                                 size_t xstride) {
     fr2_all(n, M, s, w, xq, xstride / sizeof(float), 1);
 }
 
@@ -1232,7 +1161,7 @@ T2 static void r2_f16(int n, int M, float *s, const void *w, const void *xq, siz
  * values and signs; the four weight scales, gathered by one word permute from the row's own bytes)
  * is done once for all activation rows; the activation scales come four at a time from the row's
  * side arrays (k_act_q8_0_aux). */
-T5 static inline __m128 wd4_q8_0(const uint8_t *wb) {
+K_TARGET_AVX512 static inline __m128 wd4_q8_0(const uint8_t *wb) {
     const __m512i idx = _mm512_zextsi128_si512(_mm_setr_epi16(0, 17, 34, 51, 0, 0, 0, 0));
     __m512i v = _mm512_permutex2var_epi16(_mm512_loadu_si512(wb), idx, _mm512_loadu_si512(wb + 64));
     return _mm_cvtph_ps(_mm512_castsi512_si128(v));
@@ -1240,8 +1169,8 @@ T5 static inline __m128 wd4_q8_0(const uint8_t *wb) {
 
 /* The blocks past the last whole group of four, one 256-bit block at a time, added to r: the
  * one- and four-row kernels' common tail (so that their sums agree bit for bit). */
-T5 static inline float q8_0_tail(float r, const uint8_t *wt, const tlm_block_q8_0 *x, int b,
-                                 int nb) {
+K_TARGET_AVX512 static inline float q8_0_tail(float r, const uint8_t *wt, const tlm_block_q8_0 *x,
+                                              int b, int nb) {
     for (int bt = b; bt < nb; bt++, wt += 34) {
         __m256i p = dot_ss5y(_mm256_loadu_si256((const __m256i *)(wt + 2)),
                              _mm256_loadu_si256((const __m256i *)x[bt].qs));
@@ -1250,8 +1179,8 @@ T5 static inline float q8_0_tail(float r, const uint8_t *wt, const tlm_block_q8_
     return r;
 }
 /* Q4_0's (nl: IQ4_NL's, the nibbles looked up in its table) blocks past the last whole group. */
-T5 static inline float q4_0_tail(float r, const uint8_t *wt, const tlm_block_q8_0 *x, int b, int nb,
-                                 const int nl) {
+K_TARGET_AVX512 static inline float q4_0_tail(float r, const uint8_t *wt, const tlm_block_q8_0 *x,
+                                              int b, int nb, const int nl) {
     const __m256i eight = _mm256_set1_epi8(8), T = _mm512_castsi512_si256(iq4nl_table(0));
     for (int bt = b; bt < nb; bt++, wt += 18) {
         __m256i v = nl ? _mm256_shuffle_epi8(T, nibbles32(wt + 2))
@@ -1262,8 +1191,8 @@ T5 static inline float q4_0_tail(float r, const uint8_t *wt, const tlm_block_q8_
     return r;
 }
 
-T5 static inline AI void q8r5(int n, const int M, float *s, const uint8_t *w, const uint8_t *xq,
-                              size_t xs) {
+K_TARGET_AVX512 static inline AI void q8r5(int n, const int M, float *s, const uint8_t *w,
+                                           const uint8_t *xq, size_t xs) {
     const uint8_t *wb = w;
     int nb = n / TLM_QK, b = 0;
     size_t aux = k_act_q8_0_aux_at(n);
@@ -1312,7 +1241,8 @@ T5 static inline AI void q8r5(int n, const int M, float *s, const uint8_t *w, co
  * product (weight scale x activation scale, four lanes each) applies per lane. The nibble
  * extraction of two blocks per vector (a lane insert, a variable shift, per pair of blocks) and
  * the per-activation-row joins it replaces cost about a third more operations. */
-T5 static inline AI void q4_0_group(const uint8_t *wb, __m512 *dw, __m512i *lo, __m512i *hi) {
+K_TARGET_AVX512 static inline AI void q4_0_group(const uint8_t *wb, __m512 *dw, __m512i *lo,
+                                                 __m512i *hi) {
     /* words 9k + 1 .. 9k + 8 hold block k's qs; block 3's come from a 16-byte load of its own
      * (nothing past the group is read; a second 64-byte load across two more cache lines made
      * 2048-column rows from memory slower than the old kernel) */
@@ -1331,15 +1261,15 @@ T5 static inline AI void q4_0_group(const uint8_t *wb, __m512 *dw, __m512i *lo, 
 }
 
 /* The four activation scales of a group, each over its block's four lanes. */
-T5 static inline AI __m512 q4_0_dx(const float *ad) {
+K_TARGET_AVX512 static inline AI __m512 q4_0_dx(const float *ad) {
     const __m512i i4 = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
     return _mm512_permutexvar_ps(i4, _mm512_castps128_ps512(_mm_loadu_ps(ad)));
 }
 
 /* IQ4_NL (nl): each nibble looked up as its level + 128 (an unsigned byte), the products then
  * starting from -128 times the activations' sums, 16 times Q4_0's -8. */
-T5 static inline AI __m512 q4_0_dot(__m512 acc, __m512 dw, __m512i lo, __m512i hi, const uint8_t *g,
-                                    __m512 dx, const int nl) {
+K_TARGET_AVX512 static inline AI __m512 q4_0_dot(__m512 acc, __m512 dw, __m512i lo, __m512i hi,
+                                                 const uint8_t *g, __m512 dx, const int nl) {
     __m512i init = _mm512_loadu_si512(g + 128);
     if (nl) {
         const __m512i T = iq4nl_table(1);
@@ -1352,8 +1282,8 @@ T5 static inline AI __m512 q4_0_dot(__m512 acc, __m512 dw, __m512i lo, __m512i h
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw, dx), acc);
 }
 
-T5 static inline AI void q4r5nl(int n, const int M, float *s, const uint8_t *w, const uint8_t *xq,
-                                size_t xs, const int nl) {
+K_TARGET_AVX512 static inline AI void q4r5nl(int n, const int M, float *s, const uint8_t *w,
+                                             const uint8_t *xq, size_t xs, const int nl) {
     const uint8_t *wb = w;
     int nb = n / TLM_QK, b = 0;
     size_t aux = k_act_q8_0_aux_at(n), nib = k_act_q8_0_nib_at(n);
@@ -1382,8 +1312,8 @@ T5 static inline AI void q4r5nl(int n, const int M, float *s, const uint8_t *w, 
 /* Four Q4_0 weight rows against one activation row (decode of one sequence): q4r5's operations
  * per row with M = 1 (so bit for bit its sums), the activation's vectors loaded once for the four
  * and the rows' chains interleaved. */
-T5 static inline AI void w4one_q4nl(int n, float *s, const void *w, size_t ws, const void *xq,
-                                    const void *pf, const int nl) {
+K_TARGET_AVX512 static inline AI void w4one_q4nl(int n, float *s, const void *w, size_t ws,
+                                                 const void *xq, const void *pf, const int nl) {
     const float *ad = k_act_q8_0_aux(xq, n);
     const uint8_t *g = k_act_q8_0_nib(xq, n);
     int nb = n / TLM_QK, b = 0;
@@ -1419,8 +1349,8 @@ T5 static inline AI void w4one_q4nl(int n, float *s, const void *w, size_t ws, c
  * blocks, scales and offsets are loaded and computed once for the four, and the four rows' fixed
  * costs (call, horizontal sums) overlap. Per row the same integer lane sums and the same float
  * operations in the same order as q8r5 with M = 1, so bit for bit its sums. */
-T5 static inline AI void w4one_q8_0(int n, float *s, const void *wv, size_t ws, const void *xqv,
-                                    const void *pf) {
+K_TARGET_AVX512 static inline AI void w4one_q8_0(int n, float *s, const void *wv, size_t ws,
+                                                 const void *xqv, const void *pf) {
     const uint8_t *w = wv;
     const tlm_block_q8_0 *x = xqv;
     const float *ad = k_act_q8_0_aux(xqv, n);
@@ -1465,19 +1395,26 @@ T5 static inline AI void w4one_q8_0(int n, float *s, const void *wv, size_t ws, 
     for (int r = 0; r < 4; r++) s[r] = q8_0_tail(t[r], w + r * ws + (size_t)b * 34, x, b, nb);
 }
 
-T5 static void a5_q8_0(int n, float *s, const void *w, const void *xq) { q8r5(n, 1, s, w, xq, 0); }
-T5 static void a5_q4_0(int n, float *s, const void *w, const void *xq) { q4r5(n, 1, s, w, xq, 0); }
-T5 static void a5_iq4_nl(int n, float *s, const void *w, const void *xq) {
+K_TARGET_AVX512 static void a5_q8_0(int n, float *s, const void *w, const void *xq) {
+    q8r5(n, 1, s, w, xq, 0);
+}
+K_TARGET_AVX512 static void a5_q4_0(int n, float *s, const void *w, const void *xq) {
+    q4r5(n, 1, s, w, xq, 0);
+}
+K_TARGET_AVX512 static void a5_iq4_nl(int n, float *s, const void *w, const void *xq) {
     iq4nlr5(n, 1, s, w, xq, 0);
 }
 
-T5 static void r5_q8_0(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
+K_TARGET_AVX512 static void r5_q8_0(int n, int M, float *s, const void *w, const void *xq,
+                                    size_t xstride) {
     ROWS_SWITCH(q8r5, n, M, s, (const uint8_t *)w, (const uint8_t *)xq, xstride);
 }
-T5 static void r5_q4_0(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
+K_TARGET_AVX512 static void r5_q4_0(int n, int M, float *s, const void *w, const void *xq,
+                                    size_t xstride) {
     ROWS_SWITCH(q4r5, n, M, s, (const uint8_t *)w, (const uint8_t *)xq, xstride);
 }
-T5 static void r5_iq4_nl(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
+K_TARGET_AVX512 static void r5_iq4_nl(int n, int M, float *s, const void *w, const void *xq,
+                                      size_t xstride) {
     ROWS_SWITCH(iq4nlr5, n, M, s, (const uint8_t *)w, (const uint8_t *)xq, xstride);
 }
 
@@ -1493,7 +1430,7 @@ typedef struct {
 } q45k_w;
 
 /* d, dmin and the mins (each twice, against the 16 sums of 16); returns the 8 scales as int16. */
-T5 static inline AI __m512i q45k_head(const uint8_t *wb, q45k_w *o) {
+K_TARGET_AVX512 static inline AI __m512i q45k_head(const uint8_t *wb, q45k_w *o) {
     __m128i sm = q4k_scales(wb);
     __m128i mn = _mm_unpackhi_epi8(_mm_unpackhi_epi64(sm, sm), _mm_unpackhi_epi64(sm, sm));
     o->mn16 = _mm256_cvtepu8_epi16(mn);
@@ -1506,7 +1443,7 @@ T5 static inline AI __m512i q45k_head(const uint8_t *wb, q45k_w *o) {
  * (halves, then elements 0+2 and 1+3, then those two), so bit for bit hsum8's sums, in under
  * half of four hsum8's operations. 256-column Q6_K rows (a one-block row: the 15M classifier)
  * spent about a tenth of their kernel in them. */
-T5 static inline AI void hsum8x4(const __m256 *a, float *s) {
+K_TARGET_AVX512 static inline AI void hsum8x4(const __m256 *a, float *s) {
     __m512 a01 = _mm512_insertf32x8(_mm512_castps256_ps512(a[0]), a[1], 1);
     __m512 a23 = _mm512_insertf32x8(_mm512_castps256_ps512(a[2]), a[3], 1);
     /* lanes: the low halves of a0..a3, then their high halves */
@@ -1520,12 +1457,14 @@ T5 static inline AI void hsum8x4(const __m256 *a, float *s) {
 
 /* A Q4_K/Q5_K row's sums folded to eight lanes (the halves added, the mins' sums taken off),
  * which hsum8 (one row) or hsum8x4 (four rows) then adds up. */
-T5 static inline AI __m256 q45k_fold(__m512 acc, __m256 accm) {
+K_TARGET_AVX512 static inline AI __m256 q45k_fold(__m512 acc, __m256 accm) {
     __m256 lo = _mm512_castps512_ps256(acc), hi = _mm512_extractf32x8_ps(acc, 1);
     return _mm256_sub_ps(_mm256_add_ps(lo, hi), accm);
 }
 
-T5 static inline AI float q45k_sum(__m512 acc, __m256 accm) { return hsum8(q45k_fold(acc, accm)); }
+K_TARGET_AVX512 static inline AI float q45k_sum(__m512 acc, __m256 accm) {
+    return hsum8(q45k_fold(acc, accm));
+}
 
 /* The Q4_K and Q5_K kernels' word indices and shift counts, each word a in the low 256 bits and
  * b in the high ones (WPAIR(a, b)), as tables: built in registers from immediates, the sixteen of
@@ -1547,7 +1486,7 @@ static const int16_t q45k_words[8][32]
  * 32-byte loads each joined with its own shifted copy (half the operations of unpacking the
  * nibbles; one thread, alternating: four rows 2048 x 768 12.6-15.0 -> 15.8-17.7 weight GB/s, 768
  * x 2048 +2-9%, 768 x 768 unchanged, all from memory; 8 activation rows 3-8% less time). */
-T5 static inline AI void q4k_load(const uint8_t *wb, q45k_w *o) {
+K_TARGET_AVX512 static inline AI void q4k_load(const uint8_t *wb, q45k_w *o) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     __m512i sc16 = q45k_head(wb, o);
     for (int h = 0; h < 2; h++) {
@@ -1564,8 +1503,8 @@ T5 static inline AI void q4k_load(const uint8_t *wb, q45k_w *o) {
  * sub-blocks' scales as int16, over xs, block b's reordered runs; the mins through the
  * activation's pair sums, in a 256-bit vector; both accumulators in floats until the end. Q4_K's
  * and Q5_K's step. */
-T5 static inline AI void q4k_step(const q45k_w *w, const k_block_q8_k *x, const int8_t *xs,
-                                  __m512 *acc, __m256 *accm) {
+K_TARGET_AVX512 static inline AI void q4k_step(const q45k_w *w, const k_block_q8_k *x,
+                                               const int8_t *xs, __m512 *acc, __m256 *accm) {
     __m256i mterm = _mm256_madd_epi16(w->mn16, _mm256_loadu_si256((const __m256i *)x->bsums));
     __m512i isum = _mm512_setzero_si512();
     for (int g = 0; g < 4; g++) {
@@ -1584,7 +1523,7 @@ T5 static inline AI void q4k_step(const q45k_w *w, const k_block_q8_k *x, const 
  * at a time, each with its own shifts of qh, and the activation in the file's order: half the
  * operations (one thread, in cache, alternating, G bytes/s: 768 x 2048 21 -> 23.5, 2048 x 768
  * 23 -> 28.9). */
-T5 static inline AI void q5k_fifth(__m512i hb, int h, __m512i *qa, __m512i *qb) {
+K_TARGET_AVX512 static inline AI void q5k_fifth(__m512i hb, int h, __m512i *qa, __m512i *qb) {
     const __m512i b4 = _mm512_set1_epi8(0x10);
     /* bits 4h | 4h + 2 and 4h + 1 | 4h + 3 to bit 4 */
     __m512i f0 = h ? _mm512_srlv_epi16(hb, _mm512_load_si512(q45k_words[6]))
@@ -1595,7 +1534,7 @@ T5 static inline AI void q5k_fifth(__m512i hb, int h, __m512i *qa, __m512i *qb) 
     *qb = _mm512_or_si512(*qb, _mm512_and_si512(f1, b4));
 }
 
-T5 static inline AI void q5k_load(const uint8_t *wb, q45k_w *o) {
+K_TARGET_AVX512 static inline AI void q5k_load(const uint8_t *wb, q45k_w *o) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     __m512i sc16 = q45k_head(wb, o);
     __m512i hb = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(wb + 16)));
@@ -1610,8 +1549,8 @@ T5 static inline AI void q5k_load(const uint8_t *wb, q45k_w *o) {
     }
 }
 
-T5 static inline AI void q45kr5(int n, const int M, float *s, const uint8_t *w, const uint8_t *xq,
-                                size_t xs, const int five) {
+K_TARGET_AVX512 static inline AI void q45kr5(int n, const int M, float *s, const uint8_t *w,
+                                             const uint8_t *xq, size_t xs, const int five) {
     __m512 acc[K_VDOT_MAX_ROWS];
     __m256 accm[K_VDOT_MAX_ROWS];
     size_t nib = k_act_q8_k_nib_at(n);
@@ -1628,10 +1567,10 @@ T5 static inline AI void q45kr5(int n, const int M, float *s, const uint8_t *w, 
     }
     for (int m = 0; m < M; m++) s[m] = q45k_sum(acc[m], accm[m]);
 }
-T5 static void a5_q4_k(int n, float *s, const void *w, const void *xq) {
+K_TARGET_AVX512 static void a5_q4_k(int n, float *s, const void *w, const void *xq) {
     q45kr5(n, 1, s, w, xq, 0, 0);
 }
-T5 static void a5_q5_k(int n, float *s, const void *w, const void *xq) {
+K_TARGET_AVX512 static void a5_q5_k(int n, float *s, const void *w, const void *xq) {
     q45kr5(n, 1, s, w, xq, 0, 1);
 }
 
@@ -1646,7 +1585,7 @@ static const int8_t q45k_sc_b[4][64]
 #undef SC4
 #undef SC2
 
-T5 static inline AI __m512i q4k_heads(const uint8_t *p, size_t ws) {
+K_TARGET_AVX512 static inline AI __m512i q4k_heads(const uint8_t *p, size_t ws) {
     __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)p));
     v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + ws)), 1);
     v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + 2 * ws)), 2);
@@ -1665,8 +1604,8 @@ T5 static inline AI __m512i q4k_heads(const uint8_t *p, size_t ws) {
  * alternating, G bytes/s, one row at a time -> four: in cache 768 x 2048 23-25 -> 31-33, 2048 x
  * 768 25-31 -> 34-36; from memory 18-21 -> 22-28 and 20-23 -> 25-33). Q6_K has its own: its
  * unpacking dominates. */
-T5 static inline AI void w4_q45k(int n, float *s, const void *w, size_t ws, const void *xq,
-                                 const void *pf, const int five) {
+K_TARGET_AVX512 static inline AI void w4_q45k(int n, float *s, const void *w, size_t ws,
+                                              const void *xq, const void *pf, const int five) {
     /* byte shuffle of two rows' unpacked heads (bytes 8-15 the mins), each row in two 128-bit
      * lanes: each min twice, zero-extended to words, against the 16 sums of 16 */
 #define MN(a) a, -128, a, -128
@@ -1762,7 +1701,7 @@ typedef struct {
     float dw;
 } q6k_w;
 
-T5 static inline AI void q6k_load(const uint8_t *wb, q6k_w *o) {
+K_TARGET_AVX512 static inline AI void q6k_load(const uint8_t *wb, q6k_w *o) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
     const __m512i four = _mm512_set1_epi16(4);
     __m512i idx = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1,
@@ -1791,7 +1730,7 @@ T5 static inline AI void q6k_load(const uint8_t *wb, q6k_w *o) {
     o->dw = f16s(wb + 208);
 }
 
-T5 static inline AI void q6k_step(const q6k_w *w, const k_block_q8_k *x, __m256 *acc) {
+K_TARGET_AVX512 static inline AI void q6k_step(const q6k_w *w, const k_block_q8_k *x, __m256 *acc) {
     __m256i off = _mm256_madd_epi16(w->s16, _mm256_loadu_si256((const __m256i *)x->bsums));
     __m512i isum = _mm512_setzero_si512();
     for (int k = 0; k < 4; k++) {
@@ -1803,8 +1742,8 @@ T5 static inline AI void q6k_step(const q6k_w *w, const k_block_q8_k *x, __m256 
     *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_set1_ps(x->d * w->dw), *acc);
 }
 
-T5 static inline AI void q6kr5(int n, const int M, float *s, const uint8_t *w, const uint8_t *xq,
-                               size_t xs) {
+K_TARGET_AVX512 static inline AI void q6kr5(int n, const int M, float *s, const uint8_t *w,
+                                            const uint8_t *xq, size_t xs) {
     __m256 acc[K_VDOT_MAX_ROWS];
     for (int m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();
     for (int b = 0; b < n / TLM_QK_K; b++) {
@@ -1822,8 +1761,8 @@ T5 static inline AI void q6kr5(int n, const int M, float *s, const uint8_t *w, c
  * k_matvec_parts's prefetch of the rows ahead (from memory, 1 thread, alternating: 0.92 -> 0.80
  * ms). F32 and F16 one row at a time lose with that prefetch (1 thread, 8192 x 768: 1.16 -> 1.35
  * ms). */
-T5 static inline AI void w4one_q6_k(int n, float *s, const void *w, size_t ws, const void *xq,
-                                    const void *pf) {
+K_TARGET_AVX512 static inline AI void w4one_q6_k(int n, float *s, const void *w, size_t ws,
+                                                 const void *xq, const void *pf) {
     const uint8_t *wb = w;
     __m256 acc[4];
     for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_ps();
@@ -1844,8 +1783,8 @@ T5 static inline AI void w4one_q6_k(int n, float *s, const void *w, size_t ws, c
  * kernel's block steps per row, the rows' chains interleaved and the unit ahead prefetched as
  * Q6_K's are. */
 enum { KB_Q2_K, KB_Q3_K, KB_IQ4_XS };
-T5 static inline AI void w4one_kb(int n, float *s, const void *w, size_t ws, const void *xq,
-                                  const void *pf, const int kind) {
+K_TARGET_AVX512 static inline AI void w4one_kb(int n, float *s, const void *w, size_t ws,
+                                               const void *xq, const void *pf, const int kind) {
     const uint8_t *wb = w;
     const size_t bytes = kind == KB_IQ4_XS ? sizeof(tlm_block_iq4_xs)
                          : kind == KB_Q3_K ? sizeof(tlm_block_q3_k)
@@ -1868,24 +1807,30 @@ T5 static inline AI void w4one_kb(int n, float *s, const void *w, size_t ws, con
 
 #define Q4KR5(n, M, s, w, xq, xs) q45kr5(n, M, s, w, xq, xs, 0)
 #define Q5KR5(n, M, s, w, xq, xs) q45kr5(n, M, s, w, xq, xs, 1)
-T5 static void r5_q4_k(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
+K_TARGET_AVX512 static void r5_q4_k(int n, int M, float *s, const void *w, const void *xq,
+                                    size_t xstride) {
     ROWS_SWITCH(Q4KR5, n, M, s, (const uint8_t *)w, (const uint8_t *)xq, xstride);
 }
-T5 static void r5_q5_k(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
+K_TARGET_AVX512 static void r5_q5_k(int n, int M, float *s, const void *w, const void *xq,
+                                    size_t xstride) {
     ROWS_SWITCH(Q5KR5, n, M, s, (const uint8_t *)w, (const uint8_t *)xq, xstride);
 }
 #define Q2KR5(n, M, s, w, xq, xs) q23kr5(n, M, s, w, xq, xs, 0)
 #define Q3KR5(n, M, s, w, xq, xs) q23kr5(n, M, s, w, xq, xs, 1)
-T5 static void r5_q2_k(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
+K_TARGET_AVX512 static void r5_q2_k(int n, int M, float *s, const void *w, const void *xq,
+                                    size_t xstride) {
     ROWS_SWITCH(Q2KR5, n, M, s, (const uint8_t *)w, (const uint8_t *)xq, xstride);
 }
-T5 static void r5_q3_k(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
+K_TARGET_AVX512 static void r5_q3_k(int n, int M, float *s, const void *w, const void *xq,
+                                    size_t xstride) {
     ROWS_SWITCH(Q3KR5, n, M, s, (const uint8_t *)w, (const uint8_t *)xq, xstride);
 }
-T5 static void r5_iq4_xs(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
+K_TARGET_AVX512 static void r5_iq4_xs(int n, int M, float *s, const void *w, const void *xq,
+                                      size_t xstride) {
     ROWS_SWITCH(iq4xsr5, n, M, s, (const uint8_t *)w, (const uint8_t *)xq, xstride);
 }
-T5 static void r5_q6_k(int n, int M, float *s, const void *w, const void *xq, size_t xstride) {
+K_TARGET_AVX512 static void r5_q6_k(int n, int M, float *s, const void *w, const void *xq,
+                                    size_t xstride) {
     ROWS_SWITCH(q6kr5, n, M, s, (const uint8_t *)w, (const uint8_t *)xq, xstride);
 }
 
@@ -1903,8 +1848,8 @@ T5 static void r5_q6_k(int n, int M, float *s, const void *w, const void *xq, si
  * weight and multiplies by sign: the same integers lane by lane). */
 enum { B32_Q8_0, B32_Q4_0, B32_IQ4_NL };
 
-T2 static inline AI void w2one_b32(int n, float *s, const void *wv, size_t ws, const void *xqv,
-                                   const void *pf, const int kind) {
+K_TARGET_AVX2 static inline AI void w2one_b32(int n, float *s, const void *wv, size_t ws,
+                                              const void *xqv, const void *pf, const int kind) {
     const uint8_t *w = wv;
     const tlm_block_q8_0 *x = xqv;
     const size_t bb = kind == B32_Q8_0 ? 34 : 18;
@@ -1940,8 +1885,8 @@ T2 static inline AI void w2one_b32(int n, float *s, const void *wv, size_t ws, c
 /* With AVX-VNNI (w2v_*): the same lanes by 256-bit vpdpbusd, started from the activation's offset
  * sums (Q8_0's and IQ4_NL's bytes as w + 128, less 128 times x's lane sums; Q4_0's nibbles less 8
  * times them), so the same sums bit for bit in fewer operations. */
-T2V static inline AI void w2vone_b32(int n, float *s, const void *wv, size_t ws, const void *xqv,
-                                     const void *pf, const int kind) {
+K_TARGET_AVXVNNI static inline AI void w2vone_b32(int n, float *s, const void *wv, size_t ws,
+                                                  const void *xqv, const void *pf, const int kind) {
     const uint8_t *w = wv;
     const tlm_block_q8_0 *x = xqv;
     const size_t bb = kind == B32_Q8_0 ? 34 : 18;
@@ -1974,7 +1919,7 @@ T2V static inline AI void w2vone_b32(int n, float *s, const void *wv, size_t ws,
 }
 
 /* q4k_scales with AVX2's blend: bytes 0-7 the 8 scales, 8-15 the 8 mins. */
-T2 static inline __m128i q4k_scales_a2(const uint8_t *wb) {
+K_TARGET_AVX2 static inline __m128i q4k_scales_a2(const uint8_t *wb) {
     const __m128i v = _mm_loadu_si128((const __m128i *)wb);
     const __m128i lo = _mm_shuffle_epi8(v, _mm_loadu_si128((const __m128i *)q4k_lo_b));
     const __m128i hi = _mm_shuffle_epi8(v, _mm_loadu_si128((const __m128i *)q4k_hi_b));
@@ -1985,12 +1930,12 @@ T2 static inline __m128i q4k_scales_a2(const uint8_t *wb) {
 }
 
 /* int16 lane j of both 128-bit halves of v in every int16 lane */
-T2 static inline AI __m256i bcast16(__m256i v, int j) {
+K_TARGET_AVX2 static inline AI __m256i bcast16(__m256i v, int j) {
     return _mm256_shuffle_epi8(v, _mm256_set1_epi16(lane16(j)));
 }
 
-T2 static inline AI void w2one_q45k(int n, float *s, const void *wv, size_t ws, const void *xqv,
-                                    const void *pf, const int five) {
+K_TARGET_AVX2 static inline AI void w2one_q45k(int n, float *s, const void *wv, size_t ws,
+                                               const void *xqv, const void *pf, const int five) {
     const uint8_t *w = wv;
     const k_block_q8_k *x = xqv;
     size_t bytes = five ? sizeof(tlm_block_q5_k) : sizeof(tlm_block_q4_k);
@@ -2033,8 +1978,8 @@ T2 static inline AI void w2one_q45k(int n, float *s, const void *wv, size_t ws, 
 
 /* Q6_K: the 16 scales as int16 once per row and block, sub-blocks k (low half) and k + 1 (high)
  * by one shuffle each; the offset of 32 through the activation's sums in the same vector. */
-T2 static inline AI void w2one_q6_k(int n, float *s, const void *wv, size_t ws, const void *xqv,
-                                    const void *pf) {
+K_TARGET_AVX2 static inline AI void w2one_q6_k(int n, float *s, const void *wv, size_t ws,
+                                               const void *xqv, const void *pf) {
     const uint8_t *w = wv;
     const k_block_q8_k *x = xqv;
     float acc[4] = {0};
@@ -2071,8 +2016,8 @@ T2 static inline AI void w2one_q6_k(int n, float *s, const void *wv, size_t ws, 
 /* F32 and F16: fr2's sums (the rows kernel with one activation row, which is their one-row
  * product at this level) for four weight rows, the activation's vectors loaded once for the four.
  * pf is ignored, as by the AVX-512 float kernels (k_matvec_parts asks for their lines). */
-T2 static inline AI void w2one_f(int n, float *s, const void *wv, size_t ws, const void *xqv,
-                                 const void *pf, const int f16) {
+K_TARGET_AVX2 static inline AI void w2one_f(int n, float *s, const void *wv, size_t ws,
+                                            const void *xqv, const void *pf, const int f16) {
     const uint8_t *w = wv;
     const float *x = xqv;
     (void)pf;
@@ -2104,8 +2049,8 @@ T2 static inline AI void w2one_f(int n, float *s, const void *wv, size_t ws, con
 
 /* Q2_K, Q3_K and IQ4_XS: the one-row kernels' block terms (q23k_term_a2, iq4xs_term_a2) for four
  * rows a block at a time. */
-T2 static inline AI void w2one_kb(int n, float *s, const void *wv, size_t ws, const void *xqv,
-                                  const void *pf, const int kind) {
+K_TARGET_AVX2 static inline AI void w2one_kb(int n, float *s, const void *wv, size_t ws,
+                                             const void *xqv, const void *pf, const int kind) {
     const uint8_t *w = wv;
     const k_block_q8_k *x = xqv;
     const __m256i T =
@@ -2127,24 +2072,24 @@ T2 static inline AI void w2one_kb(int n, float *s, const void *wv, size_t ws, co
     for (int r = 0; r < 4; r++) s[r] = acc[r];
 }
 
-W4_RUN_OF(T2V, w2v_q8_0, w2vone_b32, B32_Q8_0)
-W4_RUN_OF(T2V, w2v_q4_0, w2vone_b32, B32_Q4_0)
-W4_RUN_OF(T2V, w2v_iq4_nl, w2vone_b32, B32_IQ4_NL)
+W4_RUN_OF(K_TARGET_AVXVNNI, w2v_q8_0, w2vone_b32, B32_Q8_0)
+W4_RUN_OF(K_TARGET_AVXVNNI, w2v_q4_0, w2vone_b32, B32_Q4_0)
+W4_RUN_OF(K_TARGET_AVXVNNI, w2v_iq4_nl, w2vone_b32, B32_IQ4_NL)
 
-W4_RUN_OF(T2, w2_q8_0, w2one_b32, B32_Q8_0)
-W4_RUN_OF(T2, w2_q4_0, w2one_b32, B32_Q4_0)
-W4_RUN_OF(T2, w2_q4_k, w2one_q45k, 0)
-W4_RUN_OF(T2, w2_q5_k, w2one_q45k, 1)
-W4_RUN(T2, w2_q6_k, w2one_q6_k)
-W4_RUN_OF(T2, w2_iq4_nl, w2one_b32, B32_IQ4_NL)
-W4_RUN_OF(T2, w2_f32, w2one_f, 0)
-W4_RUN_OF(T2, w2_f16, w2one_f, 1)
-W4_RUN_OF(T2, w2_q2_k, w2one_kb, KB_Q2_K)
-W4_RUN_OF(T2, w2_q3_k, w2one_kb, KB_Q3_K)
-W4_RUN_OF(T2, w2_iq4_xs, w2one_kb, KB_IQ4_XS)
+W4_RUN_OF(K_TARGET_AVX2, w2_q8_0, w2one_b32, B32_Q8_0)
+W4_RUN_OF(K_TARGET_AVX2, w2_q4_0, w2one_b32, B32_Q4_0)
+W4_RUN_OF(K_TARGET_AVX2, w2_q4_k, w2one_q45k, 0)
+W4_RUN_OF(K_TARGET_AVX2, w2_q5_k, w2one_q45k, 1)
+W4_RUN(K_TARGET_AVX2, w2_q6_k, w2one_q6_k)
+W4_RUN_OF(K_TARGET_AVX2, w2_iq4_nl, w2one_b32, B32_IQ4_NL)
+W4_RUN_OF(K_TARGET_AVX2, w2_f32, w2one_f, 0)
+W4_RUN_OF(K_TARGET_AVX2, w2_f16, w2one_f, 1)
+W4_RUN_OF(K_TARGET_AVX2, w2_q2_k, w2one_kb, KB_Q2_K)
+W4_RUN_OF(K_TARGET_AVX2, w2_q3_k, w2one_kb, KB_Q3_K)
+W4_RUN_OF(K_TARGET_AVX2, w2_iq4_xs, w2one_kb, KB_IQ4_XS)
 
 k_vdot_rows_fn k_simd_vdot_rows(tlm_dtype t, int isa) {
-    if (isa > k_simd_cpu_level()) return NULL;
+    if (isa > k_cpu()->isa) return NULL;
     if (isa == K_ISA_AVX512) {
         switch (t) {
         case TLM_DTYPE_F32: return r5_f32;
@@ -2172,25 +2117,25 @@ k_vdot_rows_fn k_simd_vdot_rows(tlm_dtype t, int isa) {
 }
 
 k_vdot_rows3_fn k_simd_vdot_rows3(tlm_dtype t, int isa) {
-    if (isa != K_ISA_AVX512 || isa > k_simd_cpu_level()) return NULL;
+    if (isa != K_ISA_AVX512 || isa > k_cpu()->isa) return NULL;
     return t == TLM_DTYPE_F32 ? r53_f32 : t == TLM_DTYPE_F16 ? r53_f16 : NULL;
 }
 
-W4_RUN(T5, w4_q8_0, w4one_q8_0)
-W4_RUN_OF(T5, w4_q4_0, w4one_q4nl, 0)
-W4_RUN_OF(T5, w4_iq4_nl, w4one_q4nl, 1)
-W4_RUN_OF(T5, w4_q4_k, w4_q45k, 0)
-W4_RUN_OF(T5, w4_q5_k, w4_q45k, 1)
-W4_RUN(T5, w4_q6_k, w4one_q6_k)
-W4_RUN_OF(T5, w4_q2_k, w4one_kb, KB_Q2_K)
-W4_RUN_OF(T5, w4_q3_k, w4one_kb, KB_Q3_K)
-W4_RUN_OF(T5, w4_iq4_xs, w4one_kb, KB_IQ4_XS)
-W4_RUN(T5, w4_f32, w4one_f32)
-W4_RUN(T5, w4_f16, w4one_f16)
-W4_RUN(T5BF, w4_bf16, w4one_bf16)
+W4_RUN(K_TARGET_AVX512, w4_q8_0, w4one_q8_0)
+W4_RUN_OF(K_TARGET_AVX512, w4_q4_0, w4one_q4nl, 0)
+W4_RUN_OF(K_TARGET_AVX512, w4_iq4_nl, w4one_q4nl, 1)
+W4_RUN_OF(K_TARGET_AVX512, w4_q4_k, w4_q45k, 0)
+W4_RUN_OF(K_TARGET_AVX512, w4_q5_k, w4_q45k, 1)
+W4_RUN(K_TARGET_AVX512, w4_q6_k, w4one_q6_k)
+W4_RUN_OF(K_TARGET_AVX512, w4_q2_k, w4one_kb, KB_Q2_K)
+W4_RUN_OF(K_TARGET_AVX512, w4_q3_k, w4one_kb, KB_Q3_K)
+W4_RUN_OF(K_TARGET_AVX512, w4_iq4_xs, w4one_kb, KB_IQ4_XS)
+W4_RUN(K_TARGET_AVX512, w4_f32, w4one_f32)
+W4_RUN(K_TARGET_AVX512, w4_f16, w4one_f16)
+W4_RUN(K_TARGET_AVX512BF16, w4_bf16, w4one_bf16)
 
 k_vdot_w4_fn k_simd_vdot_w4(tlm_dtype t, int isa) {
-    if (isa > k_simd_cpu_level()) return NULL;
+    if (isa > k_cpu()->isa) return NULL;
     if (isa == K_ISA_AVX2 && k_avxvnni()) {
         switch (t) {
         case TLM_DTYPE_Q8_0: return w2v_q8_0;
@@ -2228,7 +2173,7 @@ k_vdot_w4_fn k_simd_vdot_w4(tlm_dtype t, int isa) {
     case TLM_DTYPE_IQ4_XS: return w4_iq4_xs;
     case TLM_DTYPE_F32: return w4_f32;
     case TLM_DTYPE_F16: return w4_f16;
-    case TLM_DTYPE_BF16: return cpu_bf16 ? w4_bf16 : NULL;
+    case TLM_DTYPE_BF16: return k_cpu()->avx512bf16 ? w4_bf16 : NULL;
     default: return NULL;
     }
 }
@@ -2241,8 +2186,8 @@ k_vdot_w4_fn k_simd_vdot_w4(tlm_dtype t, int isa) {
  * that took about a tenth of 15M's two-thread token (0.6 us a product). */
 /* With `full`, the activation row (K_ACT_Q8_0: the blocks, their scales as floats and the
  * groups of four in k_act_q8_0_nib's form); without, the blocks alone (k_q8_0_blocks). */
-T5 static inline __attribute__((always_inline)) void act_q8_0_5_(const float *x, void *xq, int n,
-                                                                 const int full) {
+K_TARGET_AVX512 static inline __attribute__((always_inline)) void
+act_q8_0_5_(const float *x, void *xq, int n, const int full) {
     tlm_block_q8_0 *y = xq;
     float *d = full ? (float *)(uintptr_t)k_act_q8_0_aux(xq, n) : NULL;
     uint8_t *g = full ? (uint8_t *)(uintptr_t)k_act_q8_0_nib(xq, n) : NULL;
@@ -2281,10 +2226,14 @@ T5 static inline __attribute__((always_inline)) void act_q8_0_5_(const float *x,
     }
 }
 
-T5 static void act_q8_0_5(const float *x, void *xq, int n) { act_q8_0_5_(x, xq, n, 1); }
-T5 static void q8_0_blocks_5(const float *x, void *y, int n) { act_q8_0_5_(x, y, n, 0); }
+K_TARGET_AVX512 static void act_q8_0_5(const float *x, void *xq, int n) {
+    act_q8_0_5_(x, xq, n, 1);
+}
+K_TARGET_AVX512 static void q8_0_blocks_5(const float *x, void *y, int n) {
+    act_q8_0_5_(x, y, n, 0);
+}
 
-T5 static void act_q8_k_5(const float *x, void *xq, int n) {
+K_TARGET_AVX512 static void act_q8_k_5(const float *x, void *xq, int n) {
     k_block_q8_k *y = xq;
     int8_t *g = (int8_t *)(uintptr_t)k_act_q8_k_nib(xq, n);
     const __m512 mag = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
@@ -2325,7 +2274,7 @@ T5 static void act_q8_k_5(const float *x, void *xq, int n) {
 }
 
 /* Round to nearest even on the bits, quiet NaNs, as tlm_f32_to_bf16. */
-T5 static void act_bf16_5(const float *x, void *xq, int n) {
+K_TARGET_AVX512 static void act_bf16_5(const float *x, void *xq, int n) {
     uint16_t *y = xq;
     const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7fff),
                   inf = _mm512_set1_epi32(0x7f800000), abs = _mm512_set1_epi32(0x7fffffff),
@@ -2344,7 +2293,7 @@ T5 static void act_bf16_5(const float *x, void *xq, int n) {
 }
 
 /* The same with AVX2 (for CPUs without AVX-512): the reference's products and rounding. */
-T2 static void act_q8_0_2(const float *x, void *xq, int n) {
+K_TARGET_AVX2 static void act_q8_0_2(const float *x, void *xq, int n) {
     tlm_block_q8_0 *y = xq;
     float *d = (float *)(uintptr_t)k_act_q8_0_aux(xq, n);
     uint8_t *g = (uint8_t *)(uintptr_t)k_act_q8_0_nib(xq, n);
@@ -2369,7 +2318,7 @@ T2 static void act_q8_0_2(const float *x, void *xq, int n) {
     }
 }
 
-T2 static void act_q8_k_2(const float *x, void *xq, int n) {
+K_TARGET_AVX2 static void act_q8_k_2(const float *x, void *xq, int n) {
     k_block_q8_k *y = xq;
     int8_t *g = (int8_t *)(uintptr_t)k_act_q8_k_nib(xq, n);
     const __m256 mag = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
@@ -2415,7 +2364,7 @@ T2 static void act_q8_k_2(const float *x, void *xq, int n) {
 }
 
 int k_simd_act_quantize(k_act_kind kind, const float *x, void *xq, int n, int isa) {
-    if (isa > k_simd_cpu_level()) return 0;
+    if (isa > k_cpu()->isa) return 0;
     if (isa == K_ISA_AVX2) {
         switch (kind) {
         case K_ACT_Q8_0: act_q8_0_2(x, xq, n); return 1;
@@ -2433,7 +2382,7 @@ int k_simd_act_quantize(k_act_kind kind, const float *x, void *xq, int n, int is
 }
 
 int k_simd_widen(tlm_dtype t, const void *src, float *dst, int n) {
-    if (k_simd_cpu_level() < K_ISA_AVX2) return 0;
+    if (k_cpu()->isa < K_ISA_AVX2) return 0;
     if (t == TLM_DTYPE_F16)
         widen_f16(src, dst, n);
     else if (t == TLM_DTYPE_BF16)
@@ -2444,23 +2393,23 @@ int k_simd_widen(tlm_dtype t, const void *src, float *dst, int n) {
 }
 
 int k_simd_q8_0_blocks(const float *x, void *y, int n) {
-    if (k_simd_cpu_level() < K_ISA_AVX512) return 0;
+    if (k_cpu()->isa < K_ISA_AVX512) return 0;
     q8_0_blocks_5(x, y, n);
     return 1;
 }
 
 int k_simd_narrow(tlm_dtype t, const float *src, void *dst, int n) {
-    if (k_simd_cpu_level() < K_ISA_AVX2 || t != TLM_DTYPE_F16) return 0;
+    if (k_cpu()->isa < K_ISA_AVX2 || t != TLM_DTYPE_F16) return 0;
     narrow_f16(src, dst, n);
     return 1;
 }
 
 k_vdot_fn k_simd_vdot(tlm_dtype t, int isa) {
-    if (isa > k_simd_cpu_level()) return NULL;
+    if (isa > k_cpu()->isa) return NULL;
     if (isa == K_ISA_AVX512) {
         switch (t) {
         case TLM_DTYPE_F16: return a5_f16;
-        case TLM_DTYPE_BF16: return cpu_bf16 ? a5_bf16 : a2_bf16;
+        case TLM_DTYPE_BF16: return k_cpu()->avx512bf16 ? a5_bf16 : a2_bf16;
         case TLM_DTYPE_Q8_0: return a5_q8_0;
         case TLM_DTYPE_Q4_0: return a5_q4_0;
         case TLM_DTYPE_Q4_1: return a5_q4_1;
@@ -2500,12 +2449,6 @@ k_vdot_fn k_simd_vdot(tlm_dtype t, int isa) {
 
 #else
 
-int k_simd_cpu_level(void) { return K_ISA_REF; }
-int k_simd_cpu_bf16(void) { return 0; }
-int k_simd_cpu_avxvnni(void) { return 0; }
-int k_simd_cpu_amd(void) { return 0; }
-int k_simd_cpu_amx_bf16(void) { return 0; }
-int k_simd_cpu_amx_int8(void) { return 0; }
 int k_simd_act_quantize(k_act_kind kind, const float *x, void *xq, int n, int isa) {
     (void)kind, (void)x, (void)xq, (void)n, (void)isa;
     return 0;

@@ -279,13 +279,13 @@ static void micro_ref(int n, int sub, const uint8_t *q, const float *s, const fl
 }
 
 #if defined(__x86_64__) || defined(__i386__)
-#include "simd_x86.h"
+#include "kernels/x86/simd.h"
 
 /* 16 weight rows x NA activation rows of accumulators over the whole row: per sub-block, int32
  * dot products by vpdpbusd (unsigned weight bytes x signed activations, 4 columns per step), then
  * acc += (i * s) * d_x + m * (d_x * sum x_q) in fp32. NA and SUB are constants at each call site,
  * so the accumulator arrays live in registers. */
-T5 static inline __attribute__((always_inline)) void
+K_TARGET_AVX512 static inline __attribute__((always_inline)) void
 micro_t(const int NA, const int SUB, int n, const uint8_t *q, const float *s, const float *m,
         const int8_t *xq, const float *xd, const float *xs, float *out) {
     __m512 fa[K_QG_ACTS];
@@ -337,9 +337,9 @@ micro_t(const int NA, const int SUB, int n, const uint8_t *q, const float *s, co
     default: return;                                                                               \
     }
 
-T5 static void micro_avx512(int n, int sub, const uint8_t *q, const float *s, const float *m,
-                            const int8_t *xq, const float *xd, const float *xs, int na,
-                            float *out) {
+K_TARGET_AVX512 static void micro_avx512(int n, int sub, const uint8_t *q, const float *s,
+                                         const float *m, const int8_t *xq, const float *xd,
+                                         const float *xs, int na, float *out) {
     if (sub == 32) {
         MICRO_CASES(32)
     } else {
@@ -349,7 +349,8 @@ T5 static void micro_avx512(int n, int sub, const uint8_t *q, const float *s, co
 
 /* k_qgemm_quantize in vectors, with the same results: the same products x * id, rounded to nearest
  * even by vcvtps2dq (the default rounding mode) as nearest_int does. */
-T5 static void quantize_avx512(const float *x, int n, int sub, int8_t *q, float *d, float *ds) {
+K_TARGET_AVX512 static void quantize_avx512(const float *x, int n, int sub, int8_t *q, float *d,
+                                            float *ds) {
     const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
     for (int b = 0; b < n / 32; b++, x += 32, q += 32) {
         __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
@@ -376,10 +377,9 @@ T5 static void quantize_avx512(const float *x, int n, int sub, int8_t *q, float 
  * of 16 activation rows keep R*T accumulators: 8 x 3 hides vdpbf16ps's latency on both pipes,
  * where 8 x 1 left them idle about a third of the time. Each sum runs over k in order, whatever R
  * and T, so a row's result does not depend on the tiling. */
-T5BF static inline __attribute__((always_inline)) void bf16_t(const int R, const int T, int n,
-                                                              const uint8_t *w, size_t row_bytes,
-                                                              const uint32_t *xt, size_t tile_words,
-                                                              float *out) {
+K_TARGET_AVX512BF16 static inline __attribute__((always_inline)) void
+bf16_t(const int R, const int T, int n, const uint8_t *w, size_t row_bytes, const uint32_t *xt,
+       size_t tile_words, float *out) {
     __m512 acc[3][8];
 #pragma GCC unroll 3
     for (int t = 0; t < T; t++)
@@ -416,8 +416,8 @@ T5BF static inline __attribute__((always_inline)) void bf16_t(const int R, const
             bf16_t(R, 1, n, w, row_bytes, xt, tile_words, out);                                    \
         return;
 /* out: T tiles of 8 x 16 sums (rows past R unused). */
-T5BF static void bf16_avx512(int R, int T, int n, const uint8_t *w, size_t row_bytes,
-                             const uint32_t *xt, size_t tile_words, float *out) {
+K_TARGET_AVX512BF16 static void bf16_avx512(int R, int T, int n, const uint8_t *w, size_t row_bytes,
+                                            const uint32_t *xt, size_t tile_words, float *out) {
     switch (R) {
         BF_CASE(1)
         BF_CASE(2)
@@ -432,7 +432,7 @@ T5BF static void bf16_avx512(int R, int T, int n, const uint8_t *w, size_t row_b
 }
 
 /* A row of n floats to BF16 (round to nearest even, as tlm_f32_to_bf16 for finite values). */
-T5BF static void bf16_round_row(const float *x, int n, uint16_t *y) {
+K_TARGET_AVX512BF16 static void bf16_round_row(const float *x, int n, uint16_t *y) {
     int i = 0;
     for (; i + 32 <= n; i += 32) {
         __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(x + i));
@@ -444,7 +444,7 @@ T5BF static void bf16_round_row(const float *x, int n, uint16_t *y) {
 /* F32 and F16 weights: the BF16 kernel's shape in fp32. 16 activation rows interleaved by column,
  * T tiles of them against R weight rows broadcast one value at a time; F16 rows are widened into
  * wf (R rows of n floats, in L1) once for all the tiles. Each sum runs over k in order. */
-T5BF static inline __attribute__((always_inline)) void
+K_TARGET_AVX512BF16 static inline __attribute__((always_inline)) void
 f32_t(const int R, const int T, int n, const float *w, size_t ldw, const float *xt,
       size_t tile_floats, float *out, const char *pf, size_t pf_step) {
     __m512 acc[3][8];
@@ -474,10 +474,9 @@ f32_t(const int R, const int T, int n, const float *w, size_t ldw, const float *
  * each vector holds two columns of 8 rows instead, xt[p * 16 + 2a + j] = x[a][2p + j], against a
  * broadcast pair of one weight row (R <= 8 rows, one accumulator each), and each lane pair is added
  * at the end (the even columns' sum and the odd ones'). n is even. */
-T5BF static inline __attribute__((always_inline)) void f32p_t(const int R, int n, const float *w,
-                                                              size_t ldw, const float *xt,
-                                                              float *out, const char *pf,
-                                                              size_t pf_step) {
+K_TARGET_AVX512BF16 static inline __attribute__((always_inline)) void
+f32p_t(const int R, int n, const float *w, size_t ldw, const float *xt, float *out, const char *pf,
+       size_t pf_step) {
     __m512 acc[8];
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
@@ -510,8 +509,9 @@ T5BF static inline __attribute__((always_inline)) void f32p_t(const int R, int n
 
 #define F32P_CASE(R)                                                                               \
     case R: f32p_t(R, n, w, ldw, xt, out, pf, pf_step); return;
-T5BF static void f32p_avx512(int R, int n, const float *w, size_t ldw, const float *xt, float *out,
-                             const char *pf, size_t pf_step) {
+K_TARGET_AVX512BF16 static void f32p_avx512(int R, int n, const float *w, size_t ldw,
+                                            const float *xt, float *out, const char *pf,
+                                            size_t pf_step) {
     switch (R) {
         F32P_CASE(1)
         F32P_CASE(2)
@@ -528,7 +528,7 @@ T5BF static void f32p_avx512(int R, int n, const float *w, size_t ldw, const flo
 /* Rows 0..rows-1 of x (row stride n; rows past them are zero) into dst interleaved by column,
  * dst[k * 16 + a] = x[a][k]: 16 x 16 blocks transposed in registers (k_transpose16x16), the
  * columns past the last whole block one at a time. */
-T5BF static void xt_tile(const float *x, int n, int rows, float *dst) {
+K_TARGET_AVX512BF16 static void xt_tile(const float *x, int n, int rows, float *dst) {
     int k = 0;
     for (; k + 16 <= n; k += 16) {
         __m512i r[16];
@@ -553,8 +553,9 @@ T5BF static void xt_tile(const float *x, int n, int rows, float *dst) {
         else                                                                                       \
             f32_t(R, 1, n, w, ldw, xt, tile_floats, out, pf, pf_step);                             \
         return;
-T5BF static void f32_avx512(int R, int T, int n, const float *w, size_t ldw, const float *xt,
-                            size_t tile_floats, float *out, const char *pf, size_t pf_step) {
+K_TARGET_AVX512BF16 static void f32_avx512(int R, int T, int n, const float *w, size_t ldw,
+                                           const float *xt, size_t tile_floats, float *out,
+                                           const char *pf, size_t pf_step) {
     switch (R) {
         F32_CASE(1)
         F32_CASE(2)
@@ -571,7 +572,7 @@ T5BF static void f32_avx512(int R, int T, int n, const float *w, size_t ldw, con
 /* ---- the repacking in vectors -------------------------------------------------------------- */
 
 /* 16 bytes at p + r * rb of rows r = 0 .. 15: row 4i + k into 128-bit lane i of v[k]. */
-T5 static inline void load16x16(const uint8_t *p, size_t rb, __m512i v[4]) {
+K_TARGET_AVX512 static inline void load16x16(const uint8_t *p, size_t rb, __m512i v[4]) {
     for (int k = 0; k < 4; k++) {
         __m512i t = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(p + k * rb)));
         t = _mm512_inserti32x4(t, _mm_loadu_si128((const __m128i *)(p + (4 + k) * rb)), 1);
@@ -583,7 +584,7 @@ T5 static inline void load16x16(const uint8_t *p, size_t rb, __m512i v[4]) {
 /* Those 16 bytes of rows 0 .. 15 transposed: out[j] holds word j (bytes 4j .. 4j + 3) of every row,
  * row r in 32-bit lane r. A 4 x 4 transpose within each lane of load16x16's vectors leaves rows
  * 4i .. 4i + 3 in lane i, in order. */
-T5 static inline void tr16x4(const uint8_t *p, size_t rb, __m512i out[4]) {
+K_TARGET_AVX512 static inline void tr16x4(const uint8_t *p, size_t rb, __m512i out[4]) {
     __m512i v[4];
     load16x16(p, rb, v);
     __m512i t0 = _mm512_unpacklo_epi32(v[0], v[1]), t1 = _mm512_unpackhi_epi32(v[0], v[1]);
@@ -597,7 +598,7 @@ T5 static inline void tr16x4(const uint8_t *p, size_t rb, __m512i out[4]) {
 /* The first 32-bit word at p + r * rb of rows r = 0 .. 15, row r in lane r: tr16x4's loads and
  * its first word only. A gather did this in one instruction, but it cost as much as the rest of
  * the repacking (Zen 5: pack_avx512 38-48% on the instruction after it). */
-T5 static inline __m512i rows32(const uint8_t *p, size_t rb) {
+K_TARGET_AVX512 static inline __m512i rows32(const uint8_t *p, size_t rb) {
     __m512i v[4];
     load16x16(p, rb, v);
     return _mm512_unpacklo_epi64(_mm512_unpacklo_epi32(v[0], v[1]),
@@ -605,18 +606,19 @@ T5 static inline __m512i rows32(const uint8_t *p, size_t rb) {
 }
 
 /* f16 values in the low (hi = 0) or high halves of 32-bit lanes, as floats */
-T5 static inline __m512 halves(__m512i v, int hi) {
+K_TARGET_AVX512 static inline __m512 halves(__m512i v, int hi) {
     return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(hi ? _mm512_srli_epi32(v, 16) : v));
 }
 
-T5 static inline void put16(uint8_t *q, int kw, __m512i v) {
+K_TARGET_AVX512 static inline void put16(uint8_t *q, int kw, __m512i v) {
     _mm512_storeu_si512((void *)(q + (size_t)kw * 4 * K_QG_ROWS), v);
 }
 
 /* k_qgemm_pack of a whole group (16 rows) of Q8_0, Q4_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL or
  * IQ4_XS, with the same bytes and floats: 16 rows' blocks go through the 4 x 4 word transposes
  * above instead of one 32-bit word at a time. Returns 0 for types it does not take. */
-T5 static int pack_avx512(const tlm_weight *w, int r0, uint8_t *q, float *s, float *m) {
+K_TARGET_AVX512 static int pack_avx512(const tlm_weight *w, int r0, uint8_t *q, float *s,
+                                       float *m) {
     const uint8_t *base = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
     size_t rb = w->row_bytes;
     const __m512i lo4 = _mm512_set1_epi32(0x0F0F0F0F);
@@ -882,7 +884,7 @@ static int avx2_wmax(tlm_dtype t) {
 
 /* A sub-block's int32 sums of 16 rows (two vectors) x NA activation rows into the fp32 sums, with
  * micro_ref's operations in its order: acc += (i * s) * d_x + m * (d_x * sum x_q). */
-T2 static inline __attribute__((always_inline)) void
+K_TARGET_AVX2 static inline __attribute__((always_inline)) void
 sub_scale2(const int NA, __m256 fa[][2], __m256i ia[][2], const float *s, const float *m,
            const float *xd, int nb32, const float *xs, int nsb) {
     for (int h = 0; h < 2; h++) {
@@ -899,7 +901,7 @@ sub_scale2(const int NA, __m256 fa[][2], __m256i ia[][2], const float *s, const 
  * bytes by the activation's 4 bytes broadcast, the int16 pairs added up over G such steps (as many
  * as stay below 32768: G * 2 * wmax * 127), then widened to int32 by madd; per sub-block, the
  * reference's fp32 steps. The integers are exact, so the results are micro_ref's bit for bit. */
-T2 static inline __attribute__((always_inline)) void
+K_TARGET_AVX2 static inline __attribute__((always_inline)) void
 micro2_t(const int NA, const int SUB, const int G, int n, const uint8_t *q, const float *s,
          const float *m, const int8_t *xq, const float *xd, const float *xs, float *out) {
     const __m256i ones = _mm256_set1_epi16(1);
@@ -940,7 +942,8 @@ micro2_t(const int NA, const int SUB, const int G, int n, const uint8_t *q, cons
 }
 
 /* k_qgemm_quantize with AVX2, the same results (as quantize_avx512). */
-T2 static void quantize_avx2(const float *x, int n, int sub, int8_t *q, float *d, float *ds) {
+K_TARGET_AVX2 static void quantize_avx2(const float *x, int n, int sub, int8_t *q, float *d,
+                                        float *ds) {
     for (int b = 0; b < n / 32; b++, x += 32, q += 32) {
         __m256i qi[4];
         float dd = k_q8_block_avx2(x, q, qi) / 127.0f;
@@ -957,7 +960,7 @@ T2 static void quantize_avx2(const float *x, int n, int sub, int8_t *q, float *d
 
 /* With AVX-VNNI: vpdpbusd on 8 rows' 4 bytes at a time into int32 directly (no int16 step, so any
  * type's bytes, Q8_0's and IQ4's up to 255 too), NA activation rows; again micro_ref's results. */
-T2V static inline __attribute__((always_inline)) void
+K_TARGET_AVXVNNI static inline __attribute__((always_inline)) void
 micro3_t(const int NA, const int SUB, int n, const uint8_t *q, const float *s, const float *m,
          const int8_t *xq, const float *xd, const float *xs, float *out) {
     __m256 fa[3][2];
@@ -1002,9 +1005,9 @@ micro3_t(const int NA, const int SUB, int n, const uint8_t *q, const float *s, c
                      xs + a * (n / SUB), out + a * K_QG_ROWS);                                     \
     } while (0)
 
-T2V static void micro_avxvnni(int n, int sub, const uint8_t *q, const float *s, const float *m,
-                              const int8_t *xq, const float *xd, const float *xs, int na,
-                              float *out) {
+K_TARGET_AVXVNNI static void micro_avxvnni(int n, int sub, const uint8_t *q, const float *s,
+                                           const float *m, const int8_t *xq, const float *xd,
+                                           const float *xs, int na, float *out) {
     if (sub == 32)
         MICRO3_ROWS(32);
     else
@@ -1027,9 +1030,9 @@ T2V static void micro_avxvnni(int n, int sub, const uint8_t *q, const float *s, 
                      xs + a * (n / SUB), out + a * K_QG_ROWS);                                     \
     } while (0)
 
-T2 static void micro_avx2(int wmax, int n, int sub, const uint8_t *q, const float *s,
-                          const float *m, const int8_t *xq, const float *xd, const float *xs,
-                          int na, float *out) {
+K_TARGET_AVX2 static void micro_avx2(int wmax, int n, int sub, const uint8_t *q, const float *s,
+                                     const float *m, const int8_t *xq, const float *xd,
+                                     const float *xs, int na, float *out) {
     if (sub == 32) {
         if (wmax <= 15)
             MICRO2_ROWS(32, 8);
@@ -1050,14 +1053,14 @@ T2 static void micro_avx2(int wmax, int n, int sub, const uint8_t *q, const floa
 #define HAVE_AVX512 0
 #endif
 
-int k_qgemm_bf16_ok(void) { return HAVE_AVX512 && k_simd_cpu_bf16(); }
+int k_qgemm_bf16_ok(void) { return HAVE_AVX512 && k_cpu()->avx512bf16; }
 
 int k_fgemm_ok(void) { return HAVE_AVX512 && k_isa() >= K_ISA_AVX512; }
 
 static int isa_ok(int isa) {
     if (isa == K_ISA_REF) return 1;
-    if (isa == K_ISA_AVX2) return HAVE_X86 && k_simd_cpu_level() >= K_ISA_AVX2;
-    return HAVE_AVX512 && isa == K_ISA_AVX512 && k_simd_cpu_level() >= K_ISA_AVX512;
+    if (isa == K_ISA_AVX2) return HAVE_X86 && k_cpu()->isa >= K_ISA_AVX2;
+    return HAVE_AVX512 && isa == K_ISA_AVX512 && k_cpu()->isa >= K_ISA_AVX512;
 }
 
 static atomic_int avxvnni_on = 1;
@@ -1405,7 +1408,7 @@ static int amx_switch(void) {
 }
 
 int k_qgemm_amx_ok(void) {
-    return amx_switch() && HAVE_AVX512 && k_simd_cpu_amx_bf16() && k_isa() >= K_ISA_AVX512;
+    return amx_switch() && HAVE_AVX512 && k_cpu()->amx_bf16 && k_isa() >= K_ISA_AVX512;
 }
 
 void k_qgemm_amx_enable(int on) {
@@ -1424,7 +1427,7 @@ typedef struct {
 } amx_config;
 
 /* Loads the calling thread's tile configuration: tile t has rows[t] rows of colsb[t] bytes. */
-TAMXI static void amx_config_load(const uint8_t rows[8], const uint16_t colsb[8]) {
+K_TARGET_AMX_INT8 static void amx_config_load(const uint8_t rows[8], const uint16_t colsb[8]) {
     _Alignas(64) amx_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
@@ -1437,7 +1440,7 @@ TAMXI static void amx_config_load(const uint8_t rows[8], const uint16_t colsb[8]
 
 /* Gives the tiles back at the end of a thread's share, so no thread keeps AMX state between
  * products. */
-TAMXI static void amx_release(void) { _tile_release(); }
+K_TARGET_AMX_INT8 static void amx_release(void) { _tile_release(); }
 
 /* Eight tiles of 16 rows x 64 bytes: 0-3 the sums, 4-5 activations, 6-7 weights. */
 static void amx_load_config(void) {
@@ -1447,7 +1450,7 @@ static void amx_load_config(void) {
 }
 
 /* Weight rows r0 .. r0 + 31 (zero past the last row and past n) as nk steps of two tiles. */
-TAMX static void amx_pack(const tlm_weight *w, int r0, int nk, uint8_t *pb) {
+K_TARGET_AMX_BF16 static void amx_pack(const tlm_weight *w, int r0, int nk, uint8_t *pb) {
     int n = (int)w->cols, out = (int)w->rows;
     for (int h = 0; h < 2; h++)
         for (int s = 0; s < nk; s++) {
@@ -1469,8 +1472,9 @@ TAMX static void amx_pack(const tlm_weight *w, int r0, int nk, uint8_t *pb) {
 
 /* Activation blocks [m0, m1) of 32 rows (row stride lda bytes) against one packed group: y rows
  * below N, columns r0 .. r0 + R - 1, plus b. */
-TAMX static void amx_blocks(const uint8_t *xa, size_t lda, int m0, int m1, int N, int nk,
-                            const uint8_t *pb, float *y, int ldy, int r0, int R, const float *b) {
+K_TARGET_AMX_BF16 static void amx_blocks(const uint8_t *xa, size_t lda, int m0, int m1, int N,
+                                         int nk, const uint8_t *pb, float *y, int ldy, int r0,
+                                         int R, const float *b) {
     _Alignas(64) float ct[AMX_ROWS * AMX_ROWS];
     __mmask16 lo = R >= 16 ? 0xFFFF : (__mmask16)((1u << R) - 1);
     __mmask16 hi = R >= 32 ? 0xFFFF : R <= 16 ? 0 : (__mmask16)((1u << (R - 16)) - 1);
@@ -1532,7 +1536,7 @@ static void amx_rows(void *ctx, long a, long b) {
     }
 }
 
-TAMX static void amx_groups(void *ctx, long ga, long gb) {
+K_TARGET_AMX_BF16 static void amx_groups(void *ctx, long ga, long gb) {
     amx_ctx *c = ctx;
     int nk = c->n32 / 32, out = (int)c->w->rows;
     uint8_t *pb = k_scratch(0, (size_t)nk * AMX_PAIR_BYTES);
@@ -1737,7 +1741,7 @@ int k_fgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const
  * 3517. The kernel's scaling loop must stay unrolled: with the 16 sums in memory it gained 5-12%.
  */
 int k_qgemm_amx_int8_ok(void) {
-    return amx_switch() && HAVE_AVX512 && k_simd_cpu_amx_int8() && k_isa() >= K_ISA_AVX512;
+    return amx_switch() && HAVE_AVX512 && k_cpu()->amx_int8 && k_isa() >= K_ISA_AVX512;
 }
 
 #if HAVE_AVX512
@@ -1749,7 +1753,7 @@ static void amx_int8_config(int sub) {
     amx_config_load(rows, colsb);
 }
 
-TAMXI static inline __attribute__((always_inline)) void
+K_TARGET_AMX_INT8 static inline __attribute__((always_inline)) void
 amx_int8_scale(const int32_t *ct, const float *s, const float *m, const float *xd, size_t nb32,
                const float *xs, size_t nsb, __m512 acc[16]) {
     __m512 sv = _mm512_loadu_ps(s), mv = _mm512_loadu_ps(m);
@@ -1762,8 +1766,9 @@ amx_int8_scale(const int32_t *ct, const float *s, const float *m, const float *x
 }
 
 /* out[a][16] = the group's 16 rows . activation rows a < 16 (xq, xd, xs at the first of them). */
-TAMXI static void amx_int8_rows(int n, int sub, const uint8_t *q, const float *s, const float *m,
-                                const int8_t *xq, const float *xd, const float *xs, float *out) {
+K_TARGET_AMX_INT8 static void amx_int8_rows(int n, int sub, const uint8_t *q, const float *s,
+                                            const float *m, const int8_t *xq, const float *xd,
+                                            const float *xs, float *out) {
     size_t nsb = (size_t)n / sub, nb32 = (size_t)n / 32;
     _Alignas(64) int32_t ct[2][256];
     __m512 acc[16];

@@ -1,28 +1,29 @@
 /* The x86 instruction sets of the kernels' vector code, one attribute each (qdot_x86.c, qgemm.c,
  * attend_row.c). Each function carries its set as a target attribute, so the files build without
- * -march flags and the caller picks by what the CPU reports (k_isa, k_simd_cpu_bf16). K_ISA_AVX512
- * means all of T5's features. Include inside an x86 guard. */
+ * -march flags and the caller picks by what the CPU reports (k_isa, k_cpu in cpu.h). K_ISA_AVX512
+ * means all of K_TARGET_AVX512's features. Include inside an x86 guard. */
 #ifndef TLM_KERNELS_SIMD_X86_H
 #define TLM_KERNELS_SIMD_X86_H
 
 #include <immintrin.h>
 
-#define T2 __attribute__((target("avx2,fma,f16c")))
+#define K_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
 /* AVX2 with AVX-VNNI (256-bit vpdpbusd; Intel's client cores since Alder Lake) */
-#define T2V __attribute__((target("avx2,fma,f16c,avxvnni")))
-#define T5 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
-#define T5BF                                                                                       \
+#define K_TARGET_AVXVNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
+#define K_TARGET_AVX512                                                                            \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
+#define K_TARGET_AVX512BF16                                                                        \
     __attribute__((                                                                                \
         target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,avx2,fma,f16c")))
-#define TAMXI                                                                                      \
+#define K_TARGET_AMX_INT8                                                                          \
     __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,"  \
                           "fma,f16c")))
-#define TAMX                                                                                       \
+#define K_TARGET_AMX_BF16                                                                          \
     __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,"       \
                           "avx512bf16,avx2,fma,f16c")))
 
 /* The sum of a vector's eight int32 lanes. */
-T2 static inline int k_hsum8i(__m256i v) {
+K_TARGET_AVX2 static inline int k_hsum8i(__m256i v) {
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
@@ -33,8 +34,8 @@ T2 static inline int k_hsum8i(__m256i v) {
  * x * (127 / amax), each rounded to nearest even by vcvtps2dq): q[32] in element order, the four
  * vectors of int32 (for sums), and amax returned. The activation rows of decode (qdot_x86.c) and of
  * the 8-bit GEMM (qgemm.c) both. */
-T2 static inline __attribute__((always_inline)) float k_q8_block_avx2(const float *x, int8_t *q,
-                                                                      __m256i qi[4]) {
+K_TARGET_AVX2 static inline __attribute__((always_inline)) float
+k_q8_block_avx2(const float *x, int8_t *q, __m256i qi[4]) {
     const __m256 mag = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     __m256 v[4], m = _mm256_setzero_ps();
     for (int k = 0; k < 4; k++) {
@@ -57,7 +58,7 @@ T2 static inline __attribute__((always_inline)) float k_q8_block_avx2(const floa
 /* 16 rows of 16 32-bit words transposed in registers: r[i] word w becomes r[w] word i (pairs of
  * words interleaved, then pairs of pairs, then 128-bit lanes twice). Floats go through it by
  * casts: the shuffles move bits only. */
-T5 static inline __attribute__((always_inline)) void k_transpose16x16(__m512i r[16]) {
+K_TARGET_AVX512 static inline __attribute__((always_inline)) void k_transpose16x16(__m512i r[16]) {
     __m512i a[16], b[16];
     for (int i = 0; i < 8; i++) {
         a[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
@@ -85,7 +86,7 @@ T5 static inline __attribute__((always_inline)) void k_transpose16x16(__m512i r[
 /* e^x for a softmax's x <= 0 in 16 lanes, tlm_expf's steps (fastmath.h); a NaN stays NaN (vmaxps
  * returns its second operand when either is NaN). Below -87 the clamp gives about 1.6e-38 in place
  * of a denormal or zero, far under what a sum holding at least one e^0 can see. */
-T5 static inline __attribute__((always_inline)) __m512 k_exp16_nonpos(__m512 x) {
+K_TARGET_AVX512 static inline __attribute__((always_inline)) __m512 k_exp16_nonpos(__m512 x) {
     x = _mm512_max_ps(_mm512_set1_ps(-87.0f), x);
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
