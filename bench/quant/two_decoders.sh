@@ -5,7 +5,8 @@
 # lengths (GOMP_SPINCOUNT=N; tlm keeps a user's setting) and active waits. A setting is safe when
 # the two together keep about the rate of one alone. Decode steps fall back to one thread while
 # the cores look shared (src/infer/share.c); TLM_SHARED_CORES=ignore in the environment times the
-# same settings without that.
+# same settings without that, with TLM pointing at a benchmark build (cmake -DTLM_BENCH_KNOBS=ON),
+# the only build that reads it.
 #
 # Usage: bash bench/quant/two_decoders.sh MODEL.gguf [THREADS=2] [N=64] [SPINS="300 3000 30000"]
 # OPENBLAS_CORETYPE is unset (see bench/quant/run.sh). Run on an otherwise idle machine.

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "core/knob.h"
 #include "io/gguf.h"
 #include "serve/serve.h"
 
@@ -66,7 +67,7 @@ typedef struct {
     const char *api_key;
     size_t max_body;
     int ctx, parallel;
-    int conn_nice; /* nice value of connection threads (TLM_SERVE_NICE, for A/B runs; default 10) */
+    int conn_nice; /* nice value of connection threads (10; TLM_SERVE_NICE in benchmark builds) */
     time_t created;
     _Atomic int draining;
     _Atomic int active; /* generation requests not yet answered in full */
@@ -706,7 +707,7 @@ int cmd_serve(int argc, char **argv) {
         return cli_fail("serve: --host wants an IPv4 address such as 127.0.0.1, got '%s'", host);
     server sv = {0};
     sv.tpl = SRV_TPL_CHATML;
-    const char *nice_env = getenv("TLM_SERVE_NICE");
+    const char *nice_env = bench_knob("TLM_SERVE_NICE");
     sv.conn_nice = nice_env ? atoi(nice_env) : 10;
     if (tpl_name && !srv_template_from_name(tpl_name, &sv.tpl))
         return cli_fail("serve: --chat-template '%s' is not one of chatml, llama2, llama3, "

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "core/dtype.h"
+#include "core/knob.h"
 #include "core/quant.h"
 #include "infer/infer.h"
 #include "kernels/fastmath.h"
@@ -579,10 +580,10 @@ tlm_status tlm_prefill(tlm_session *s, int seq, const int32_t *ids, int n, float
 static tlm_status step_rows(tlm_session *s, const int32_t *ids, const int *n, const uint8_t *want,
                             float *logits, int N);
 
-/* TLM_SHARED_CORES=ignore keeps the full team for every step (share.c). Read at each step, not
- * cached: sessions step in several threads at once. */
+/* TLM_SHARED_CORES=ignore keeps the full team for every step (share.c), in benchmark builds
+ * (bench/quant/two_decoders.sh times both). */
 static int share_ignored(void) {
-    const char *e = getenv("TLM_SHARED_CORES");
+    const char *e = bench_knob("TLM_SHARED_CORES");
     return e && !strcmp(e, "ignore");
 }
 
