@@ -15,6 +15,7 @@ static double now_s(void) {
 tlm_status tlm_generate(tlm_session *s, const int32_t *const *prompts, const int *prompt_lens,
                         int n_prompts, const tlm_generate_opts *o, tlm_stop_reason *stops,
                         tlm_generate_stats *stats) {
+    FP_FLUSH_SCOPE();
     if (!s || !prompts || !prompt_lens || !o)
         return tlm_err(TLM_ERR_ARG, "generate: NULL argument");
     if (n_prompts <= 0 || n_prompts > s->B)

@@ -544,6 +544,7 @@ static tlm_status check_ids(const tlm_config *c, const int32_t *ids, int n) {
 
 tlm_status tlm_prefill(tlm_session *s, int seq, const int32_t *ids, int n, float *logits,
                        int all_rows) {
+    FP_FLUSH_SCOPE();
     if (!s || !ids) return tlm_err(TLM_ERR_ARG, "prefill: session and ids must not be NULL");
     if (seq < 0 || seq >= s->B)
         return tlm_err(TLM_ERR_ARG, "prefill: sequence %d outside the batch of %d", seq, s->B);
@@ -589,6 +590,7 @@ static int share_ignored(void) {
 
 tlm_status tlm_session_step(tlm_session *s, const int32_t *ids, const int *n, const uint8_t *want,
                             float *logits) {
+    FP_FLUSH_SCOPE();
     if (!s || !n) return tlm_err(TLM_ERR_ARG, "step: session and counts must not be NULL");
     const tlm_config *c = &s->m->c;
     int N = 0;

@@ -272,6 +272,7 @@ tlm_status tlm_ctx_forward(tlm_train_ctx *x, const int32_t *ids, int B, int T, i
 
 tlm_status tlm_forward(tlm_train_ctx *x, const int32_t *ids, int B, int T,
                        const tlm_forward_opts *opts, tlm_forward_out *out) {
+    FP_FLUSH_SCOPE();
     static const tlm_forward_opts none = {0};
     if (!x) return tlm_err(TLM_ERR_ARG, "forward: context must not be NULL");
     if (!opts) opts = &none;

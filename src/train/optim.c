@@ -50,6 +50,7 @@ tlm_status tlm_adamw_step(tlm_adamw *o, tlm_model *m, const float *grads, double
 
 tlm_status tlm_adamw_step_scaled(tlm_adamw *o, tlm_model *m, const float *grads, float grad_scale,
                                  double lr, const tlm_adamw_opts *h) {
+    FP_FLUSH_SCOPE();
     if (o->begin + o->n > m->n_params)
         return tlm_err(TLM_ERR_ARG, "optimizer does not match the model");
     if (!m->st.params)
@@ -107,6 +108,7 @@ double tlm_lr_at(const tlm_schedule *s, long step) {
 double tlm_grad_norm(const float *grads, size_t n) { return sqrt(tlm_grad_sumsq(grads, n)); }
 
 double tlm_grad_sumsq(const float *grads, size_t n) {
+    FP_FLUSH_SCOPE();
     /* Fixed chunks summed in a fixed order: the norm (and so clipping) is bit-for-bit the same
      * whatever the thread count or scheduling, which exact resumption relies on. */
     enum { CHUNKS = 256 };
@@ -134,6 +136,7 @@ float tlm_clip_coef(double norm, double max_norm) {
 }
 
 double tlm_clip_grad_norm(float *grads, size_t n, double max_norm) {
+    FP_FLUSH_SCOPE();
     double norm = tlm_grad_norm(grads, n);
     float c = tlm_clip_coef(norm, max_norm);
     if (c != 1.0f) {
