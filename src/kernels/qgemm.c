@@ -1435,6 +1435,9 @@ K_TARGET_AMX_INT8 static void amx_config_load(const uint8_t rows[8], const uint1
         cfg.rows[t] = rows[t];
         cfg.colsb[t] = colsb[t];
     }
+    /* GCC 12's _tile_loadconfig tells the compiler it reads 8 bytes of cfg, which then drops the
+     * stores of rows and colsb as dead where it inlines this function: all 64 are read here. */
+    __asm__ volatile("" : : "m"(cfg));
     _tile_loadconfig(&cfg);
 }
 
