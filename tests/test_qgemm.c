@@ -19,6 +19,7 @@
 #include "core/half.h"
 #include "core/quant.h"
 #include "harness.h"
+#include "kernels/cpu.h"
 #include "kernels/kernels.h"
 #include "kernels/qdot.h"
 #include "kernels/qgemm.h"
@@ -76,7 +77,8 @@ static double worst_rel(const float *y, const float *wf, const float *xf, const 
     return worst;
 }
 
-static int k_simd_ok(void) { return k_vdot_get(TLM_DTYPE_Q8_0, K_ISA_AVX512) != NULL; }
+/* The CPU runs the AVX-512 kernels (whatever TLM_ISA says: the tests ask for them by name). */
+static int k_simd_ok(void) { return k_cpu()->isa >= K_ISA_AVX512; }
 
 static void check(tlm_dtype t, int in, int out, int N, int mode) {
     const char *name = tlm_dtype_name(t);
