@@ -145,6 +145,10 @@ void k_qgemm_pack_isa(int isa, const tlm_weight *w, int r0, int nrows, uint8_t *
     pack_group(vec ? ops->pack16_avx512 : NULL, w, r0, nrows, q, s, m);
 }
 
+void k_qgemm_quantize_isa(int isa, const float *x, int n, int sub, int8_t *q, float *d, float *ds) {
+    quantizer_of(isa)(x, n, sub, q, d, ds);
+}
+
 /* ---- the product -------------------------------------------------------------------------- */
 
 typedef struct {

@@ -84,6 +84,9 @@ void k_qgemm_pack_isa(int isa, const tlm_weight *w, int r0, int nrows, uint8_t *
 /* One activation row x[n] as int8 q[n], scales d[n / 32] and d * (sum of q) per sub-block
  * ds[n / sub]: the plain C reference. */
 void k_qgemm_quantize(const float *x, int n, int sub, int8_t *q, float *d, float *ds);
+/* The same at instruction set isa where the CPU has it (K_ISA_AVX512, K_ISA_AVX2), with the same
+ * bytes and floats; k_qgemm_quantize otherwise. */
+void k_qgemm_quantize_isa(int isa, const float *x, int n, int sub, int8_t *q, float *d, float *ds);
 /* k_fgemm with the kernels of isa: K_ISA_REF (the plain C tiles, equal to the AVX-512 ones bit for
  * bit) or K_ISA_AVX512 (where k_fgemm_ok). */
 int k_fgemm_at(float *y, int ldy, const float *x, int N, const tlm_weight *w, const float *b,
