@@ -148,14 +148,14 @@ static void check(tlm_dtype t, int in, int out, int N, int mode) {
     double worst = worst_rel(y0, wf, xdq, b, in, out, N);
     CHECK(worst <= 1e-5, "%s in=%d out=%d N=%d mode %d: reference %g from the exact product", name,
           in, out, N, mode, worst);
-    /* registered (as a model's file is): nothing kept by default; with TLM_QCACHE=on, repacked
-     * once, kept, and the same products */
+    /* registered (as a model's file is): nothing kept by default; with the pack cache on,
+     * repacked once, kept, and the same products */
     k_qgemm_register(w, rb * out);
     memset(y1, 0xFF, sizeof(float) * out * N);
     CHECK(k_qgemm(y1, out, x, N, &tw, b, K_ISA_REF) == 0 &&
               !memcmp(y0, y1, sizeof(float) * out * N) && k_qgemm_cached_bytes(w, rb * out) == 0,
           "%s: nothing kept by default", name);
-    setenv("TLM_QCACHE", "on", 1);
+    k_qgemm_cache_enable(1);
     CHECK(k_qgemm_cached_bytes(w, rb * out) == 0, "%s: nothing kept before the first product",
           name);
     for (int rep = 0; rep < 2; rep++) {
@@ -169,7 +169,7 @@ static void check(tlm_dtype t, int in, int out, int N, int mode) {
           k_qgemm_cached_bytes(w, rb * out), want);
     k_qgemm_forget(w, rb * out);
     CHECK(k_qgemm_cached_bytes(w, rb * out) == 0, "%s: forgotten", name);
-    unsetenv("TLM_QCACHE");
+    k_qgemm_cache_enable(0);
     /* VNNI's micro-kernel, then AMX's int8 tiles where the CPU has them: both bit for bit */
     for (int amx = 0; amx < 2 && k_simd_ok(); amx++) {
         k_qgemm_amx_enable(amx);
@@ -595,7 +595,14 @@ static void check_f16_rows(void) {
 int main(void) {
     t_seed(0x2545F4914F6CDD1Dull); /* the data this test was written against */
     tlm_set_threads(2);
-    unsetenv("TLM_QCACHE"); /* the default (nothing kept) is checked, whatever the shell set */
+#ifndef TLM_BENCH_KNOBS
+    /* the product's builds read no A/B switch from the environment: AMX stays where the CPU has
+     * it, and nothing is kept (check's "nothing kept by default") */
+    setenv("TLM_AMX", "off", 1);
+    setenv("TLM_QCACHE", "on", 1);
+    int amx8 = k_cpu()->amx_int8 && k_isa() >= K_ISA_AVX512;
+    CHECK(k_qgemm_amx_int8_ok() == amx8, "TLM_AMX=off read outside a benchmark build");
+#endif
     printf("AVX-512 VNNI micro-kernel: %s\n", k_simd_ok() ? "yes" : "no (reference only)");
     for (int ti = 0; ti < NTYPES; ti++) {
         tlm_dtype t = types[ti];

@@ -1,17 +1,19 @@
 /* The registry of weights repacked once for a model's life (qgemm.h: k_qgemm_register). */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/core.h"
+#include "core/knob.h"
 #include "kernels/gemm_traits.h"
 #include "kernels/qgemm.h"
 
-/* With TLM_QCACHE=on, weights whose data lies in a registered range (a model's mapped file) are
- * repacked once, on the first product that needs them, and kept until the range is forgotten (the
- * model is freed). By default, and for weights not owned by a model, every call repacks group by
- * group. Entries are immutable once published, and every access holds the lock, so the model stays
- * shareable. */
+/* Once turned on (k_qgemm_cache_enable), weights whose data lies in a registered range (a model's
+ * mapped file) are repacked once, on the first product that needs them, and kept until the range is
+ * forgotten (the model is freed). By default, and for weights not owned by a model, every call
+ * repacks group by group. Entries are immutable once published, and every access holds the lock, so
+ * the model stays shareable. */
 typedef struct qc_range {
     const char *base;
     size_t len;
@@ -77,13 +79,25 @@ size_t k_qgemm_cached_bytes(const void *base, size_t len) {
     return n;
 }
 
-/* Only with TLM_QCACHE=on: repacking per call (the AVX-512 pack) costs about what reading a kept
- * copy saves, while the copy takes 1.25 bytes per weight (more than a Q4 file), makes a one-shot
- * prompt pay for building it, and slows the prompts right after it is built
- * (bench/quant/prefill_paths.sh). */
+/* The pack cache is off unless turned on: repacking per call (the AVX-512 pack) costs about what
+ * reading a kept copy saves, while the copy takes 1.25 bytes per weight (more than a Q4 file),
+ * makes a one-shot prompt pay for building it, and slows the prompts right after it is built
+ * (bench/quant/prefill_paths.sh run both ways in a benchmark build, TLM_QCACHE=on, compares
+ * them). */
+static atomic_int cache_state = -1; /* -1: not read yet; 0: off; 1: on */
+
 static int cache_on(void) {
-    const char *env = getenv("TLM_QCACHE");
-    return env && !strcmp(env, "on");
+    int st = atomic_load_explicit(&cache_state, memory_order_relaxed);
+    if (st < 0) {
+        const char *e = bench_knob("TLM_QCACHE");
+        st = e && !strcmp(e, "on");
+        atomic_store_explicit(&cache_state, st, memory_order_relaxed);
+    }
+    return st;
+}
+
+void k_qgemm_cache_enable(int on) {
+    atomic_store_explicit(&cache_state, on ? 1 : 0, memory_order_relaxed);
 }
 
 /* The whole weight repacked, from the cache or built now; NULL when w is not in a registered

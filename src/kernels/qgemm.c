@@ -7,10 +7,10 @@
 
 #include <stdatomic.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "core/dtype.h"
+#include "core/knob.h"
 #include "kernels/cpu.h"
 #include "kernels/gemm_traits.h"
 #include "kernels/kernels.h"
@@ -41,13 +41,14 @@ void k_qgemm_avxvnni_enable(int on) { atomic_store(&avxvnni_on, on); }
 
 int k_qgemm_avxvnni_ok(void) { return K_GEMM_X86 && atomic_load(&avxvnni_on) && k_avxvnni(); }
 
-/* AMX is on where the CPU has it unless turned off: k_qgemm_amx_enable(0), or TLM_AMX=off. */
+/* AMX is on where the CPU has it unless turned off: k_qgemm_amx_enable(0), or TLM_AMX=off in a
+ * benchmark build (bench/quant/prefill_paths.sh run both ways compares them). */
 static atomic_int amx_state = -1; /* -1: not read yet; 0: off; 1: on where the CPU has it */
 
 static int amx_switch(void) {
     int st = atomic_load_explicit(&amx_state, memory_order_relaxed);
     if (st < 0) {
-        const char *e = getenv("TLM_AMX");
+        const char *e = bench_knob("TLM_AMX");
         st = !(e && !strcmp(e, "off"));
         atomic_store_explicit(&amx_state, st, memory_order_relaxed);
     }

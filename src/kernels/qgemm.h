@@ -6,7 +6,7 @@
  * broadcast group of four int8 activations (rows quantized in blocks of 32 with an fp32 scale).
  * The repacking is done per group of 16 rows, in a small per-thread buffer, right before that
  * group meets every activation row, or, for weights in a range a model registered (its mapped
- * file) with TLM_QCACHE=on, once for the model's life. gemm_traits.h has the kernels, the
+ * file) with the pack cache on, once for the model's life. gemm_traits.h has the kernels, the
  * per-type record that picks them, and the legend of their names. */
 #ifndef TLM_KERNELS_QGEMM_H
 #define TLM_KERNELS_QGEMM_H
@@ -42,7 +42,7 @@ int k_qgemm_bf16_ok(void);
  * type/instruction set is not available. */
 int k_qgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const float *b, int isa);
 /* 1 if k_qgemm's BF16 products run on AMX tiles (amx-tile and amx-bf16 here, granted by the OS,
- * and not turned off by TLM_AMX=off in the environment or k_qgemm_amx_enable(0)); isa
+ * and not turned off by k_qgemm_amx_enable(0) or, in a benchmark build, TLM_AMX=off); isa
  * K_ISA_AVX512 then means AMX for BF16 weights. */
 int k_qgemm_amx_ok(void);
 /* 1 if k_qgemm's block-type products run on AMX int8 tiles (amx-tile and amx-int8, the same
@@ -62,14 +62,17 @@ int k_fgemm_ok(void);
  * incomplete when out of memory. */
 int k_fgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const float *b);
 
-/* With TLM_QCACHE=on in the environment, weights with data in [base, base + len) (a read-only
- * model's mapped file) are repacked once and kept (about 1.25 bytes per weight: a byte, plus two
- * floats per sub-block) until k_qgemm_forget(base, len), which the model calls before it unmaps
- * the file. */
+/* With the pack cache on (k_qgemm_cache_enable(1), or TLM_QCACHE=on in a benchmark build),
+ * weights with data in [base, base + len) (a read-only model's mapped file) are repacked once and
+ * kept (about 1.25 bytes per weight: a byte, plus two floats per sub-block) until
+ * k_qgemm_forget(base, len), which the model calls before it unmaps the file. */
 void k_qgemm_register(const void *base, size_t len);
 void k_qgemm_forget(const void *base, size_t len);
 /* Bytes of repacked copies kept for weights in [base, base + len). */
 size_t k_qgemm_cached_bytes(const void *base, size_t len);
+/* Turns the pack cache on or off (off unless turned on), for tests and comparisons; call it while
+ * no product runs. */
+void k_qgemm_cache_enable(int on);
 
 /* ---- the pieces, for tests ---- */
 /* Sub-block length of the type's integer form (32 or 16; 0: not covered). */
