@@ -1,12 +1,16 @@
-/* The repacked 8-bit products of prompt-sized inputs (src/kernels/qgemm.c): for every block type,
- * k_qgemm (plain C reference micro-kernel and, where the CPU runs it, AVX-512 VNNI) against the
- * widened weights (tlm_dtype_to_f32, ggml's dequantization) times the activations as quantized
+/* The prompt-sized products (src/kernels/qgemm.c, fgemm.c; the kernels in ref/ and x86/), each
+ * fast kernel against its plain C reference on every instruction set this CPU runs. For every
+ * block type, k_qgemm with the reference kernels against the widened weights
+ * (tlm_dtype_to_f32, ggml's dequantization) times the activations as quantized
  * (k_qgemm_quantize), summed in double: this checks the repacking, the offsets and scales and the
- * micro-kernels, on row counts that are not multiples of the 16-row group, 9 to 130 activation
+ * micro-kernel, on row counts that are not multiples of the 16-row group, 9 to 130 activation
  * rows (every tail of the 8-row micro-kernel), random, extreme-scale and largest-magnitude blocks.
- * The vector kernel must equal the reference exactly (the same operations in the same order).
- * BF16 (vdpbf16ps on the weights as they are, activations rounded to BF16) against the exact sum
- * of the same BF16 values. The decode attention of one query over cached keys and values
+ * Then bit for bit against that reference: the AVX-512 repacking (group by group), the activation
+ * quantizers, and the products on AVX-512 VNNI, AMX int8, AVX2's maddubs and AVX-VNNI (the same
+ * integer sums, then the same fp32 operations in the same order). BF16 (the reference,
+ * vdpbf16ps, AMX tiles; activations rounded to BF16) against the exact sum of the same BF16
+ * values. F32 and F16 (k_fgemm's register tiles) against the exact sum, and bit for bit against
+ * their plain C tiles. The decode attention of one query over cached keys and values
  * (k_attend_row), on caches of every type (F32, F16, BF16 and llama.cpp's block types), against
  * softmax and the weighted sum in double of the values the cache holds; the F16 cache's row
  * conversions against the scalar ones. Prefill's causal attention of a block of queries
@@ -19,6 +23,8 @@
 #include "core/half.h"
 #include "core/quant.h"
 #include "harness.h"
+#include "kernels/cpu.h"
+#include "kernels/gemm_traits.h"
 #include "kernels/kernels.h"
 #include "kernels/qdot.h"
 #include "kernels/qgemm.h"
@@ -76,7 +82,8 @@ static double worst_rel(const float *y, const float *wf, const float *xf, const 
     return worst;
 }
 
-static int k_simd_ok(void) { return k_vdot_get(TLM_DTYPE_Q8_0, K_ISA_AVX512) != NULL; }
+/* The CPU runs the AVX-512 kernels (whatever TLM_ISA says: the tests ask for them by name). */
+static int k_simd_ok(void) { return k_cpu()->isa >= K_ISA_AVX512; }
 
 static void check(tlm_dtype t, int in, int out, int N, int mode) {
     const char *name = tlm_dtype_name(t);
@@ -108,24 +115,32 @@ static void check(tlm_dtype t, int in, int out, int N, int mode) {
     }
     CHECK(sums_ok, "%s: activation sums per sub-block of %d", name, sub);
     tlm_weight tw = {.dtype = t, .data = w, .rows = out, .cols = in, .row_bytes = rb};
-    if (k_simd_ok()) {
-        /* the vector repacking: the same bytes and floats as the reference, group by group */
-        size_t qb = (size_t)in * 16, sb = sizeof(float) * 16 * (in / sub);
-        uint8_t *p0 = malloc(qb + 2 * sb), *p1 = malloc(qb + 2 * sb);
-        int same = 1;
-        for (int r0 = 0; r0 < out; r0 += 16) {
-            int nr = out - r0 < 16 ? out - r0 : 16;
-            memset(p0, 0xAB, qb + 2 * sb);
-            memset(p1, 0xCD, qb + 2 * sb);
-            k_qgemm_pack(&tw, r0, nr, p0, (float *)(p0 + qb), (float *)(p0 + qb + sb));
+    /* the reference repacking's bytes stay within what the type's record promises AVX2's maddubs
+     * kernel (mode 2's bytes reach it), and the vector repacking gives the same bytes and floats,
+     * group by group */
+    const k_gemm_ops *ops = k_gemm_ops_of(t);
+    size_t qb = (size_t)in * 16, sb = sizeof(float) * 16 * (in / sub);
+    uint8_t *p0 = malloc(qb + 2 * sb), *p1 = malloc(qb + 2 * sb);
+    int same = 1, qmax = 0;
+    for (int r0 = 0; r0 < out; r0 += 16) {
+        int nr = out - r0 < 16 ? out - r0 : 16;
+        memset(p0, 0xAB, qb + 2 * sb);
+        memset(p1, 0xCD, qb + 2 * sb);
+        k_qgemm_pack(&tw, r0, nr, p0, (float *)(p0 + qb), (float *)(p0 + qb + sb));
+        for (size_t i = 0; i < qb; i++) qmax = p0[i] > qmax ? p0[i] : qmax;
+        if (k_simd_ok()) {
             k_qgemm_pack_isa(K_ISA_AVX512, &tw, r0, nr, p1, (float *)(p1 + qb),
                              (float *)(p1 + qb + sb));
             same &= !memcmp(p0, p1, qb + 2 * sb);
         }
-        CHECK(same, "%s in=%d out=%d mode %d: AVX-512 repacking equals the reference", name, in,
-              out, mode);
-        free(p0), free(p1);
     }
+    CHECK(same, "%s in=%d out=%d mode %d: AVX-512 repacking equals the reference", name, in, out,
+          mode);
+    CHECK(!ops->maddubs_max || qmax <= ops->maddubs_max, "%s: byte %d past maddubs_max %d", name,
+          qmax, ops->maddubs_max);
+    CHECK(mode != 2 || !ops->maddubs_max || qmax == ops->maddubs_max,
+          "%s: largest byte %d, maddubs_max %d", name, qmax, ops->maddubs_max);
+    free(p0), free(p1);
     memset(y0, 0xFF, sizeof(float) * out * N);
     CHECK(k_qgemm(y0, out, x, N, &tw, b, K_ISA_REF) == 0, "%s: reference product", name);
     /* fp32 sums of a few dozen sub-block terms, each exact in int32 then scaled; the offset terms
@@ -133,14 +148,14 @@ static void check(tlm_dtype t, int in, int out, int N, int mode) {
     double worst = worst_rel(y0, wf, xdq, b, in, out, N);
     CHECK(worst <= 1e-5, "%s in=%d out=%d N=%d mode %d: reference %g from the exact product", name,
           in, out, N, mode, worst);
-    /* registered (as a model's file is): nothing kept by default; with TLM_QCACHE=on, repacked
-     * once, kept, and the same products */
+    /* registered (as a model's file is): nothing kept by default; with the pack cache on,
+     * repacked once, kept, and the same products */
     k_qgemm_register(w, rb * out);
     memset(y1, 0xFF, sizeof(float) * out * N);
     CHECK(k_qgemm(y1, out, x, N, &tw, b, K_ISA_REF) == 0 &&
               !memcmp(y0, y1, sizeof(float) * out * N) && k_qgemm_cached_bytes(w, rb * out) == 0,
           "%s: nothing kept by default", name);
-    setenv("TLM_QCACHE", "on", 1);
+    k_qgemm_cache_enable(1);
     CHECK(k_qgemm_cached_bytes(w, rb * out) == 0, "%s: nothing kept before the first product",
           name);
     for (int rep = 0; rep < 2; rep++) {
@@ -154,7 +169,7 @@ static void check(tlm_dtype t, int in, int out, int N, int mode) {
           k_qgemm_cached_bytes(w, rb * out), want);
     k_qgemm_forget(w, rb * out);
     CHECK(k_qgemm_cached_bytes(w, rb * out) == 0, "%s: forgotten", name);
-    unsetenv("TLM_QCACHE");
+    k_qgemm_cache_enable(0);
     /* VNNI's micro-kernel, then AMX's int8 tiles where the CPU has them: both bit for bit */
     for (int amx = 0; amx < 2 && k_simd_ok(); amx++) {
         k_qgemm_amx_enable(amx);
@@ -252,7 +267,7 @@ static void check_fgemm(tlm_dtype t, int in, int out, int N) {
     uint8_t *w = malloc(rb * out);
     float *wf = malloc(sizeof(float) * in * out), *x = malloc(sizeof(float) * in * N);
     float *y = malloc(sizeof(float) * out * N), *y16 = malloc(sizeof(float) * out * 16);
-    float *b = malloc(sizeof(float) * out);
+    float *b = malloc(sizeof(float) * out), *yr = malloc(sizeof(float) * out * N);
     for (int r = 0; r < out; r++)
         for (int k = 0; k < in; k++) {
             float v = t_unif() * ((r * in + k) % 53 == 0 ? 1e3f : 1.0f);
@@ -268,14 +283,25 @@ static void check_fgemm(tlm_dtype t, int in, int out, int N) {
     for (int i = 0; i < in * N; i++) x[i] = t_unif() * (i % 97 == 0 ? 50.0f : 1.0f);
     for (int r = 0; r < out; r++) b[r] = t_unif();
     tlm_weight tw = {.dtype = t, .data = w, .rows = out, .cols = in, .row_bytes = rb};
+    /* the plain C tiles, on every CPU */
+    memset(yr, 0xFF, sizeof(float) * out * N);
+    CHECK(k_fgemm_at(yr, out, x, N, &tw, b, K_ISA_REF) == 0, "%s fgemm reference",
+          tlm_dtype_name(t));
+    double worst = worst_rel(yr, wf, x, b, in, out, N);
+    CHECK(worst <= 1e-5, "%s fgemm reference in=%d out=%d N=%d: %g from the exact product",
+          tlm_dtype_name(t), in, out, N, worst);
     if (!k_fgemm_ok()) {
         CHECK(k_fgemm(y, out, x, N, &tw, b) == -1, "%s refused without AVX-512", tlm_dtype_name(t));
     } else {
         memset(y, 0xFF, sizeof(float) * out * N);
         CHECK(k_fgemm(y, out, x, N, &tw, b) == 0, "%s fgemm product", tlm_dtype_name(t));
-        double worst = worst_rel(y, wf, x, b, in, out, N);
+        worst = worst_rel(y, wf, x, b, in, out, N);
         CHECK(worst <= 1e-5, "%s fgemm in=%d out=%d N=%d: %g from the exact product",
               tlm_dtype_name(t), in, out, N, worst);
+        /* the same fused multiply-adds in the same order as the reference's */
+        CHECK(!memcmp(y, yr, sizeof(float) * out * N),
+              "%s fgemm in=%d out=%d N=%d: AVX-512 equals the reference", tlm_dtype_name(t), in,
+              out, N);
         /* rows past 8 in tiles of 16, up to 8 in pairs of columns: within each, a row's sums
          * do not depend on the others */
         int part = N > 16 ? 16 : N > 1 && N <= 8 ? 1 : 0;
@@ -291,6 +317,42 @@ static void check_fgemm(tlm_dtype t, int in, int out, int N) {
     free(y);
     free(y16);
     free(b);
+    free(yr);
+}
+
+/* The activation rows' quantizers at each instruction set this CPU runs give the reference's
+ * int8 values, scales and sums (sub-blocks of 16 and 32): rows of every magnitude, a block of
+ * zeros, blocks whose products x * 127 / amax fall on ties (x.5: to even), a negative maximum. */
+static void check_quantize(void) {
+    enum { N = 32 * 40 };
+    float *x = malloc(sizeof(float) * N), *d[2], *ds[2];
+    int8_t *q[2];
+    for (int i = 0; i < N; i++)
+        x[i] = (2.0f * t_unif() - 1.0f) * ldexpf(1.0f, (int)(t_unif() * 30.0f) - 15);
+    for (int i = 0; i < 32; i++) x[32 + i] = 0.0f;
+    for (int i = 0; i < 32; i++) x[64 + i] = i == 0 ? 127.0f : (float)(i % 16) + 0.5f;
+    for (int i = 0; i < 32; i++) x[96 + i] = i == 5 ? -127.0f : -(float)(i % 9) - 0.5f;
+    for (int k = 0; k < 2; k++) {
+        q[k] = malloc(N), d[k] = malloc(sizeof(float) * N / 32);
+        ds[k] = malloc(sizeof(float) * N / 16);
+    }
+    static const int isas[] = {K_ISA_AVX2, K_ISA_AVX512};
+    for (int sub = 16; sub <= 32; sub += 16) {
+        k_qgemm_quantize(x, N, sub, q[0], d[0], ds[0]);
+        CHECK(q[0][64 + 1] == 2 && q[0][64 + 2] == 2, "1.5 and 2.5 round to 2");
+        for (int i = 0; i < 2; i++) {
+            if (k_cpu()->isa < isas[i]) continue;
+            memset(q[1], 0x55, N), memset(d[1], 0x55, sizeof(float) * N / 32);
+            memset(ds[1], 0x55, sizeof(float) * N / 16);
+            k_qgemm_quantize_isa(isas[i], x, N, sub, q[1], d[1], ds[1]);
+            CHECK(!memcmp(q[0], q[1], N) && !memcmp(d[0], d[1], sizeof(float) * N / 32) &&
+                      !memcmp(ds[0], ds[1], sizeof(float) * N / sub),
+                  "activation quantizer at isa %d, sub-blocks of %d: the reference's results",
+                  isas[i], sub);
+        }
+    }
+    for (int k = 0; k < 2; k++) free(q[k]), free(d[k]), free(ds[k]);
+    free(x);
 }
 
 /* n cached key and value elements: every seventh key element eight times larger, so that scores
@@ -533,13 +595,24 @@ static void check_f16_rows(void) {
 int main(void) {
     t_seed(0x2545F4914F6CDD1Dull); /* the data this test was written against */
     tlm_set_threads(2);
-    unsetenv("TLM_QCACHE"); /* the default (nothing kept) is checked, whatever the shell set */
+#ifndef TLM_BENCH_KNOBS
+    /* the product's builds read no A/B switch from the environment: AMX stays where the CPU has
+     * it, and nothing is kept (check's "nothing kept by default") */
+    setenv("TLM_AMX", "off", 1);
+    setenv("TLM_QCACHE", "on", 1);
+    int amx8 = k_cpu()->amx_int8 && k_isa() >= K_ISA_AVX512;
+    CHECK(k_qgemm_amx_int8_ok() == amx8, "TLM_AMX=off read outside a benchmark build");
+#endif
     printf("AVX-512 VNNI micro-kernel: %s\n", k_simd_ok() ? "yes" : "no (reference only)");
     for (int ti = 0; ti < NTYPES; ti++) {
         tlm_dtype t = types[ti];
         int sub16 = t == TLM_DTYPE_Q6_K || t == TLM_DTYPE_Q2_K || t == TLM_DTYPE_Q3_K;
         CHECK(k_qgemm_covers(t) && k_qgemm_sub(t) == (sub16 ? 16 : 32), "%s covered",
               tlm_dtype_name(t));
+        /* maddubs's int16 pair sums stay below 32768; AMX int8 takes the sub-blocks of 32 */
+        const k_gemm_ops *ops = k_gemm_ops_of(t);
+        CHECK(2 * ops->maddubs_max * 127 <= 32767 && ops->amx_int8 == !sub16 && ops->pack_row,
+              "%s: record", tlm_dtype_name(t));
         check(t, 512, 37, 9, 0);
         check(t, 256, 16, 130, 0);
         check(t, 256, 5, 13, 1);
@@ -547,6 +620,7 @@ int main(void) {
         /* an odd count of sub-blocks (AMX takes them two at a time) */
         if (tlm_dtype_get(t)->block_elems == 32) check(t, 96, 19, 21, 0);
     }
+    check_quantize();
     check_bf16(130, 13, 37);
     check_bf16(64, 8, 9);
     check_bf16(256, 21, 130);
@@ -608,6 +682,10 @@ int main(void) {
     float y[16], x[32 * 9] = {0};
     tlm_weight f = {.dtype = TLM_DTYPE_F32, .data = x, .rows = 1, .cols = 16, .row_bytes = 64};
     CHECK(!k_qgemm_covers(TLM_DTYPE_F32) && !k_qgemm_covers(TLM_DTYPE_BF16), "float types");
+    CHECK(!k_gemm_ops_of(TLM_DTYPE_F32) && !k_gemm_ops_of(TLM_DTYPE_F16) &&
+              !k_gemm_ops_of(TLM_DTYPE_BF16) && !k_gemm_ops_of(TLM_DTYPE_COUNT) &&
+              !k_gemm_ops_of((tlm_dtype)-1),
+          "no integer form for float and unknown types");
     CHECK(k_qgemm(y, 1, x, 9, &f, NULL, K_ISA_REF) == -1, "F32 refused");
     uint8_t blk[34] = {0};
     tlm_weight q = {.dtype = TLM_DTYPE_Q8_0, .data = blk, .rows = 1, .cols = 32, .row_bytes = 34};

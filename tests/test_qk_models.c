@@ -175,20 +175,21 @@ static void check_type(const char *f32_path, tlm_dtype t) {
     CHECK(diff <= qtol * big, "%s prefill (default path): %g from the widened copy (of %g)", name,
           diff, big);
     if (k_qgemm_takes(t) && k_qgemm_covers(t)) {
-        /* nothing kept by default: memory stays the mapped file; with TLM_QCACHE=on the
+        /* nothing kept by default: memory stays the mapped file; with the pack cache on the
          * repacked copy is kept with the model, counted as its memory, and gives the same logits */
         size_t owned2 = 0;
         tlm_model_memory(m, NULL, &owned2);
         CHECK(owned2 == owned, "%s: owns %zu after a prompt, %zu before", name, owned2, owned);
-        setenv("TLM_QCACHE", "on", 1);
+        k_qgemm_cache_enable(1);
         tlm_forward_out a2;
         CHECK_OK(t_forward(m, ids, 1, T, NULL, &a2));
         tlm_model_memory(m, NULL, &owned2);
         CHECK(owned2 >= owned + mapped,
-              "%s: owns %zu after a prompt with TLM_QCACHE=on (mapped %zu)", name, owned2, mapped);
+              "%s: owns %zu after a prompt with the pack cache on (mapped %zu)", name, owned2,
+              mapped);
         CHECK(!memcmp(a.logits, a2.logits, sizeof(float) * T * V), "%s: kept copy, same logits",
               name);
-        unsetenv("TLM_QCACHE");
+        k_qgemm_cache_enable(0);
     }
     if (k_qgemm_takes(t) && k_qgemm_covers(t))
         printf("%-5s qgemm prefill vs widened F32: %.3g of %.3g\n", name, diff, big);
@@ -449,7 +450,6 @@ static void test_stories_q8_0(const char *dir) {
 
 int main(void) {
     tlm_set_threads(2);
-    unsetenv("TLM_QCACHE"); /* the default (nothing kept) is checked, whatever the shell set */
     struct stat st;
     if (stat(GGML_LIB, &st) != 0) {
         CHECK(0, "node-llama-cpp is not installed (%s): run bash scripts/setup.sh", GGML_LIB);

@@ -4,7 +4,9 @@
 # BF16 the qgemm column is the default, vdpbf16ps on BF16-rounded activations),
 # widened F32 tiles through OpenBLAS sgemm (TLM_QPREFILL=sgemm) and the integer decode kernels
 # over all rows (TLM_QPREFILL=int8), each timed by `tlm bench` (warm-up, then REPS runs; qgemm
-# repacks each 16-row group as it reaches it, TLM_QCACHE=on would keep the copy); llama-bench -p 128.
+# repacks each 16-row group as it reaches it; TLM_QCACHE=on would keep the copy, and TLM_AMX=off
+# keep AMX's tiles out, with TLM a benchmark build, cmake -DTLM_BENCH_KNOBS=ON, the only build that
+# reads them); llama-bench -p 128.
 # The GGUF files are those bench/quant/run.sh makes (run it once first, or set DIR).
 #
 # Usage: bash bench/quant/prefill_paths.sh [THREADS=2] [REPS=3]
