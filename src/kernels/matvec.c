@@ -211,8 +211,8 @@ void k_matvec_plan_init(k_matvec_plan *pl, float *y, int ldy, const float *x, in
     long typed_min = amd ? K_TYPED_PAR_MIN_AMD : K_TYPED_PAR_MIN;
     int par = work * M * in >= (typed ? typed_min : K_F32_PAR_MIN);
     /* The activation rows in each form the parts' types want, prepared once per kind. */
-    size_t off[K_ACT_NONE], total = 0;
-    for (int k = 0; k < K_ACT_NONE; k++) off[k] = (size_t)-1;
+    size_t off[K_ACT_COUNT], total = 0;
+    for (int k = 0; k < K_ACT_COUNT; k++) off[k] = (size_t)-1;
     for (int p = 0; p < n; p++) {
         k_act_kind kind = k_act_of(parts[p].dtype);
         if (kind == K_ACT_F32 || off[kind] != (size_t)-1) continue;
@@ -221,7 +221,7 @@ void k_matvec_plan_init(k_matvec_plan *pl, float *y, int ldy, const float *x, in
     }
     uint8_t *act = total ? k_scratch(0, total) : NULL;
     if (total && act) {
-        for (int k = 0; k < K_ACT_NONE; k++) {
+        for (int k = 0; k < K_ACT_COUNT; k++) {
             if (off[k] == (size_t)-1) continue;
             size_t rb = 0;
             for (int p = 0; p < n && !rb; p++)
