@@ -515,18 +515,19 @@ static void check_linear(tlm_dtype t, int in, int out) {
                      .cols = in,
                      .row_bytes = sizeof(float) * in};
     /* Many rows: the default path (the repacked 8-bit products where the CPU runs them), then
-     * TLM_QPREFILL=int8 (the integer decode kernels), =sgemm (widened tiles) and =qgemm (named:
-     * the default again). */
+     * K_PREFILL_INT8 (the integer decode kernels), K_PREFILL_SGEMM (widened tiles) and the
+     * default again. */
     const int rows[] = {1, 8, N, N, N, N};
-    const char *mode[] = {NULL, NULL, NULL, "int8", "sgemm", "qgemm"};
+    const k_prefill_path mode[] = {K_PREFILL_DEFAULT, K_PREFILL_DEFAULT, K_PREFILL_DEFAULT,
+                                   K_PREFILL_INT8,    K_PREFILL_SGEMM,   K_PREFILL_DEFAULT};
     for (int c = 0; c < 6; c++) {
         int M = rows[c], blocks = k_act_of(t) != K_ACT_F32 && k_act_of(t) != K_ACT_BF16;
         /* (BF16 goes through qgemm.c by default, activations rounded to BF16 as decode does) */
         int int8 = ((blocks || t == TLM_DTYPE_BF16) && c == 3) ||
                    ((c == 2 || c == 5) && (blocks || t == TLM_DTYPE_BF16) && k_qgemm_takes(t));
-        if (mode[c]) setenv("TLM_QPREFILL", mode[c], 1);
+        k_prefill_path was = k_linear_prefill(mode[c]);
         k_linear(y, out, x, M, &tw, b);
-        unsetenv("TLM_QPREFILL");
+        k_linear_prefill(was);
         k_linear(yf, out, x, M, &fw, b);
         double worst = 0, scale = 0;
         for (int i = 0; i < M * out; i++) {
