@@ -78,8 +78,8 @@ static void linear_rows(float *y, int ldy, const float *x, int N, const tlm_weig
     int in = (int)w->cols, out = (int)w->rows;
     int path = prefill_path(w->dtype);
     /* k_fgemm beats widened tiles + sgemm on F16 rows everywhere, and sgemm on F32 rows from 512
-     * columns (1.03-1.40x on prompts, level on training's long products) and on batched decode's
-     * few rows, but is up to 10% slower on short rows of training's many (build/bench_fgemm). */
+     * columns (faster on prompts, level on training's long products) and on batched decode's few
+     * rows, but is slower on the short rows of training's many (build/bench_fgemm). */
     if (path == PREFILL_FLOAT && (w->dtype == TLM_DTYPE_F16 || in >= 512 || N < 256) &&
         !k_fgemm(y, ldy, x, N, w, b))
         return;

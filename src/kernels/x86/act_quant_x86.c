@@ -7,10 +7,10 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 
-/* k_act_quantize's rows with AVX-512, byte for byte the reference's (act_quant.c): the same float
- * products, rounded to nearest even by the conversion as the reference's magic-number add rounds
- * them, and the same scales. A decode step quantizes its activation before each product: in C
- * that took about a tenth of 15M's two-thread token (0.6 us a product). */
+/* k_act_quantize's rows with AVX-512, byte for byte the reference's (ref/act_quant_ref.c): the
+ * same float products, rounded to nearest even by the conversion as the reference's magic-number
+ * add rounds them, and the same scales. A decode step quantizes its activation before each
+ * product, which in C took a noticeable share of a small model's token (tlm bench tg on 15M). */
 /* With `full`, the activation row (K_ACT_Q8_0: the blocks, their scales as floats and the
  * groups of four in k_act_q8_0_nib's form); without, the blocks alone (k_q8_0_blocks). */
 K_TARGET_AVX512 static inline __attribute__((always_inline)) void
@@ -190,6 +190,13 @@ K_TARGET_AVX2 void k_act_quantize_q8_K_avx2(const float *x, void *xq, int n) {
     }
 }
 
+/* ---- IQ4_NL and IQ4_XS blocks (tlm quantize, the KV cache's stores) -------------------------
+ * tlm_dtype_from_f32's IQ4 quantizer (ggml's reference: a search over 16 inverse scales, each
+ * element mapped to the nearest of the table's 16 levels by a binary search) bit for bit: the
+ * mapping is a branch-free binary search on 16 lanes (the level of each step fetched by a
+ * permute), the same float comparisons as the scalar search, and each trial's weighted sums are
+ * added element by element in the scalar order, so the rounding is the reference's. */
+
 /* best_index of every lane: the nearest level, the lower one where the two are as near; NaN to
  * the last, as the scalar search ends there. */
 K_TARGET_AVX512 static inline __m512i iq4_nearest(__m512 x, __m512 lv) {
@@ -224,8 +231,8 @@ K_TARGET_AVX512 static inline void iq4_trial(const __m512 *x, const __m512 *w, _
     *sq2 = b;
 }
 
-/* One super-block of `subs` sub-blocks of 32 (IQ4_NL: 1, IQ4_XS: 8), as quantize.c's iq4_quant:
- * weights x^2, or with an importance matrix qw * sqrt(sigma2 + x^2). */
+/* One super-block of `subs` sub-blocks of 32 (IQ4_NL: 1, IQ4_XS: 8), as src/core/quant_fit.c's
+ * tlm_iq4_quant: weights x^2, or with an importance matrix qw * sqrt(sigma2 + x^2). */
 K_TARGET_AVX512 static void iq4_quantize_avx512(const float *x, int subs, const float *qw,
                                                 uint16_t *dh, uint8_t *q4, uint16_t *scales_h,
                                                 uint8_t *scales_l) {

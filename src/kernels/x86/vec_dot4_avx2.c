@@ -5,10 +5,11 @@
 #if defined(__x86_64__) || defined(__i386__)
 
 /* Four weight rows against one activation row without AVX-512 (k_vdot_w4_fn): each row's sums take
- * the one-row kernel's operations (a2_*) in its order, so the same bits; what the rows share is
- * the call and the loop (one row at a time through k_matvec_parts cost a fifth of 15M's decode in
- * its steps between rows), the activation's loads, scales and sums, and four rows' chains overlap.
- * The scales of Q4_K and Q6_K go into vectors by shuffles rather than one by one. */
+ * the AVX2 one-row kernel's operations (vec_dot_avx2.c) in its order, so the same bits; what the
+ * rows share is the call and the loop (one row at a time through k_matvec_parts spent a large
+ * share of 15M's decode in its steps between rows), the activation's loads, scales and sums, and
+ * four rows' chains overlap. The scales of Q4_K and Q6_K go into vectors by shuffles rather than
+ * one by one. */
 
 /* The 32-element types of one scale per block (Q8_0, Q4_0, IQ4_NL) four rows at a time: each
  * row's int32 lanes k_vec_dot_q8_0_q8_0_avx2's and dot_q4_0_iq4_nl_avx2's (Q4_0's nibbles as
@@ -53,9 +54,9 @@ block32_x4_unit_avx2(int n, float *s, const void *wv, size_t ws, const void *xqv
     for (int r = 0; r < 4; r++) s[r] = hsum8(acc[r]);
 }
 
-/* With AVX-VNNI (w2v_*): the same lanes by 256-bit vpdpbusd, started from the activation's offset
- * sums (Q8_0's and IQ4_NL's bytes as w + 128, less 128 times x's lane sums; Q4_0's nibbles less 8
- * times them), so the same sums bit for bit in fewer operations. */
+/* With AVX-VNNI (the _avxvnni kernels): the same lanes by 256-bit vpdpbusd, started from the
+ * activation's offset sums (Q8_0's and IQ4_NL's bytes as w + 128, less 128 times x's lane sums;
+ * Q4_0's nibbles less 8 times them), so the same sums bit for bit in fewer operations. */
 K_TARGET_AVXVNNI static inline K_ALWAYS_INLINE void
 block32_x4_unit_avxvnni(int n, float *s, const void *wv, size_t ws, const void *xqv, const void *pf,
                         const int kind) {

@@ -48,8 +48,8 @@ K_TARGET_AVX512BF16 void k_vec_dot_bf16_bf16_avx512bf16(int n, float *s, const v
 /* Four BF16 rows against one activation row, k_vec_dot_bf16_bf16_avx512bf16's operations per row,
  * the rows' chains interleaved and each activation vector loaded once for the four; with the
  * prefetch ahead that units of four take (spread over the loop past 256 columns on Intel's CPUs,
- * matvec.c). 1 thread, four alternating runs: 15M 770 -> 1123 tok/s (llama.cpp 890), 110M 81 -> 103
- * (93); 2 threads 15M 1013 -> 1610 (1014), 110M 153 -> 183 (173). */
+ * matvec.c). BF16 decode of one sequence went well past llama.cpp's with it (bench/quant/run.sh).
+ */
 K_TARGET_AVX512BF16 static inline K_ALWAYS_INLINE void
 bf16_x4_unit_avx512bf16(int n, float *s, const void *w, size_t ws, const void *xq, const void *pf) {
     const uint8_t *x = xq;
@@ -83,18 +83,15 @@ bf16_x4_unit_avx512bf16(int n, float *s, const void *w, size_t ws, const void *x
 
 /* One F16 row against one to four activation rows (long rows go one at a time: matvec.c's
  * one_row_from; past four rows k_matvec_parts prefetches, or k_fgemm takes them) asks for the line
- * 2 KiB ahead at each of its lines on Intel's CPUs (two to four rows, several sequences decoded
- * together, had gone without: tlm bench -b 2, 3, 4 at two threads, tok/s: 110M F16 174 -> 319,
- * 228 -> 448, 251 -> 486; 400M F16 55 -> 83, 74 -> 114, 88 -> 140; 15M 2614 -> 3145 at b2), where
- * the hardware alone kept one stream of halves to 14.5 G bytes/s on one core (110M F16, tg64,
- * 2-vCPU Xeon: 63-65 -> 75-77 tok/s at one thread, 125-129 -> 133-135 at two; 512 bytes ahead
- * 67-70, 1 KiB 72-75, 4 KiB 74-75). The bytes past the row are the next row's, or a prefetch that
- * never faults. */
+ * 2 KiB ahead at each of its lines on Intel's CPUs, where the hardware alone kept one stream of
+ * halves well below the core's read rate; one and several sequences decoded together gained
+ * (tlm bench tg -b 1..4 on 110M and 400M F16), and 2 KiB ahead did better than 512 bytes or 1 KiB
+ * and as well as 4 KiB. The bytes past the row are the next row's, or a prefetch that never
+ * faults. */
 #define F16_ROW_PREFETCH 2048
 /* ... and the line 8 KiB ahead into L2 (prefetcht1), as the four-row kernels' prefetch_far: the L1
- * prefetch alone kept the misses in flight to what L1's fill buffers hold (tg, tok/s, medians
- * of 5 alternating: 110M F16 80 -> 88 at one thread, 134 -> 177 at two; 400M F16 23.7 -> 24.4 and
- * 41.0 -> 42.9; 4 KiB 164, 16 KiB 172 at two on 110M; 15M level). */
+ * prefetch alone kept the misses in flight to what L1's fill buffers hold (tlm bench tg on 110M
+ * and 400M F16; 4 and 16 KiB ahead did less well; 15M, in L3, level). */
 #define F16_ROW_FAR 8192
 
 /* F32 and F16 weights against F32 rows. One row at a time reads the matrix as one sequential
@@ -137,9 +134,8 @@ K_TARGET_AVX512 static inline K_ALWAYS_INLINE void float_rows_avx512(int n, cons
 
 /* Four F32 rows against one activation row, float_rows_avx512's operations per row with M = 1, the
  * rows' chains interleaved (eight FMA chains instead of two), with the prefetch ahead that units of
- * four take. Four alternating runs: 15M 1 thread 531 -> 622 tok/s (llama.cpp 579), 2 threads 1054
- * -> 1104; 110M, bound by memory, within noise. F16 takes it on short rows only (k_matvec_parts).
- */
+ * four take: faster where rows sit in cache (15M F32 decode, tlm bench tg), level where memory
+ * bounds them (110M). F16 takes it on short rows only (k_matvec_parts). */
 K_TARGET_AVX512 static inline K_ALWAYS_INLINE void
 float_x4_unit_avx512(int n, float *s, const uint8_t *w, size_t ws, const float *x, int f16) {
     __m512 a0[4], a1[4];

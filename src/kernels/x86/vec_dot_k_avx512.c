@@ -9,9 +9,9 @@
  * from the block's first 16 bytes (d, dmin, the 12 bytes): bytes 0-3 of both halves are the low 6
  * bits of scale bytes 0-3 and 4-7, bytes 4-7 take their low bits from the nibbles of scale bytes
  * 8-11 and their top two from the top bits of scale bytes 0-3 and 4-7. The shuffles' indices,
- * per 128-bit lane, serve k_vec_dot_q4_K_q8_K_x4_avx512's four blocks at once too. In place of the
- * scalar unpacking, moved into a vector four words at a time (one thread, in L2, alternating: Q4_K
- * and Q5_K 768 x 768 +7%, Q4_K 768 x 32000 from memory +7-10%). */
+ * per 128-bit lane, serve k_vec_dot_q4_K_q8_K_x4_avx512's four blocks at once too. It replaced
+ * the scalar unpacking, moved into a vector four words at a time, which Q4_K and Q5_K rows felt in
+ * cache and from memory (build/bench_matvec). */
 K_TARGET_AVX512 static inline __m128i q4k_scales_avx512(const uint8_t *wb) {
     const __m128i v = _mm_loadu_si128((const __m128i *)wb);
     const __m128i lo = _mm_shuffle_epi8(v, _mm_loadu_si128((const __m128i *)q4k_lo_b));
@@ -315,8 +315,8 @@ K_TARGET_AVX512 static inline K_ALWAYS_INLINE __m512i q45k_head(const uint8_t *w
 
 /* hsum8 of four vectors at once, into s[0..3]: the same additions in the same order per vector
  * (halves, then elements 0+2 and 1+3, then those two), so bit for bit hsum8's sums, in under
- * half of four hsum8's operations. 256-column Q6_K rows (a one-block row: the 15M classifier)
- * spent about a tenth of their kernel in them. */
+ * half of four hsum8's operations, which one-block rows (15M's 256-column Q6_K classifier) spent
+ * a good share of their kernel in. */
 K_TARGET_AVX512 static inline K_ALWAYS_INLINE void hsum8x4(const __m256 *a, float *s) {
     __m512 a01 = _mm512_insertf32x8(_mm512_castps256_ps512(a[0]), a[1], 1);
     __m512 a23 = _mm512_insertf32x8(_mm512_castps256_ps512(a[2]), a[3], 1);
@@ -358,9 +358,8 @@ static const int16_t q45k_words[8][32]
 
 /* Q4_K against the activations' reordered runs (k_act_q8_k_nib): each 64-byte half of qs is one
  * load, its low nibbles runs 4h and 4h + 2, its high ones 4h + 1 and 4h + 3, instead of four
- * 32-byte loads each joined with its own shifted copy (half the operations of unpacking the
- * nibbles; one thread, alternating: four rows 2048 x 768 12.6-15.0 -> 15.8-17.7 weight GB/s, 768
- * x 2048 +2-9%, 768 x 768 unchanged, all from memory; 8 activation rows 3-8% less time). */
+ * 32-byte loads each joined with its own shifted copy: half the operations of unpacking the
+ * nibbles, faster for one and for eight activation rows (build/bench_matvec Q4_K from memory). */
 K_TARGET_AVX512 static inline K_ALWAYS_INLINE void q4k_load(const uint8_t *wb, q45k_weights *o) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     __m512i sc16 = q45k_head(wb, o);
@@ -396,9 +395,8 @@ K_TARGET_AVX512 static inline K_ALWAYS_INLINE void q4k_step(const q45k_weights *
  * activation's reordered runs lie. Sub-block j's fifth bits are bit j of qh's 32 bytes: qh
  * broadcast to both halves, a word shift per half brings bit j to bit 4 of each byte (left by
  * 4 - j, right by j - 4; within the byte as j < 8: q5k_fifth). Against 256-bit runs unpacked one
- * at a time, each with its own shifts of qh, and the activation in the file's order: half the
- * operations (one thread, in cache, alternating, G bytes/s: 768 x 2048 21 -> 23.5, 2048 x 768
- * 23 -> 28.9). */
+ * at a time, each with its own shifts of qh, and the activation in the file's order, that is half
+ * the operations (build/bench_matvec Q5_K in cache). */
 K_TARGET_AVX512 static inline K_ALWAYS_INLINE void q5k_fifth(__m512i hb, int h, __m512i *qa,
                                                              __m512i *qb) {
     const __m512i b4 = _mm512_set1_epi8(0x10);
@@ -477,12 +475,10 @@ K_TARGET_AVX512 static inline K_ALWAYS_INLINE __m512i q4k_heads(const uint8_t *p
  * unpacked together (q4k_scales_avx512' shuffles, one block per lane); the mins meet the
  * activation's sums two rows to a register, lanes 0-7 and 8-15 being accm of the even and the
  * odd row; the four rows' d and dmin are widened and scaled in one vector. Every row waits for
- * the four heads, so the next super-block's are loaded one iteration early: without that, from
- * memory, 2048 x 768 ran 8% slower than one row at a time, with it 12% faster (in L2 +17%).
- * Q5_K's rows take their fifth bits as q5k_load does, one broadcast of qh per row (one thread,
- * alternating, G bytes/s, one row at a time -> four: in cache 768 x 2048 23-25 -> 31-33, 2048 x
- * 768 25-31 -> 34-36; from memory 18-21 -> 22-28 and 20-23 -> 25-33). Q6_K has its own: its
- * unpacking dominates. */
+ * the four heads, so the next super-block's are loaded one iteration early: without that, four
+ * rows from memory ran slower than one row at a time, with it faster (build/bench_matvec Q4_K
+ * 2048 x 768). Q5_K's rows take their fifth bits as q5k_load does, one broadcast of qh per row,
+ * and gain as much over one row at a time. Q6_K has its own: its unpacking dominates. */
 K_TARGET_AVX512 static inline K_ALWAYS_INLINE void
 q45k_x4_unit_avx512(int n, float *s, const void *w, size_t ws, const void *xq, const void *pf,
                     const int five) {
@@ -563,9 +559,8 @@ q45k_x4_unit_avx512(int n, float *s, const void *w, size_t ws, const void *xq, c
         }
         v = vnext;
     }
-    /* q45k_sum's operations per row, the four rows' last sums together (hsum8x4): one-block rows
-     * (256 columns) from L3, one thread, alternating: Q4_K 32.4-33.3 -> 35.7-37.6 G bytes/s,
-     * Q5_K 31.5-32.6 -> 32.1-35.1; 768 x 2048 from memory within noise. */
+    /* q45k_sum's operations per row, the four rows' last sums together (hsum8x4), which one-block
+     * rows (256 columns, from L3) gain from and long rows do not notice (build/bench_matvec). */
     __m256 t[4];
     for (int r = 0; r < 4; r++) {
         __m256 m =
@@ -588,8 +583,7 @@ K_TARGET_AVX512 static inline K_ALWAYS_INLINE void q6k_load(const uint8_t *wb, q
                                    1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
     /* qh's 32 bytes broadcast to both halves and shifted per half by variable word shifts: bits
      * 0-1 (first half) and 2-3 (second) up to bits 4-5, bits 4-5 kept and 6-7 down. One shift
-     * each in place of a 256-bit shift and a lane insert (one thread, in L2, alternating: 768 x
-     * 768 +3-13%, 2048 x 768 +1-7%). */
+     * each in place of a 256-bit shift and a lane insert (build/bench_matvec Q6_K in L2). */
     const __m512i up = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
     const __m512i down = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
     o->s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wb + 192)));
@@ -637,11 +631,8 @@ q6k_rows_avx512(int n, const int M, float *s, const uint8_t *w, const uint8_t *x
 }
 
 /* Four Q6_K rows against one activation row, q6k_rows_avx512's operations per row with M = 1, the
- * rows' chains interleaved (in cache, 1 thread: 256 columns 19 -> 21-27, 768 columns 29 -> 32 G
- * weights/s; 32000 x 768 from memory about equal). As a unit of four they also take
- * k_matvec_parts's prefetch of the rows ahead (from memory, 1 thread, alternating: 0.92 -> 0.80
- * ms). F32 and F16 one row at a time lose with that prefetch (1 thread, 8192 x 768: 1.16 -> 1.35
- * ms). */
+ * rows' chains interleaved: faster in cache, about equal from memory, where as a unit of four they
+ * also take k_matvec_parts's prefetch of the rows ahead, which pays there (build/bench_matvec). */
 K_TARGET_AVX512 static inline K_ALWAYS_INLINE void
 q6k_x4_unit_avx512(int n, float *s, const void *w, size_t ws, const void *xq, const void *pf) {
     const uint8_t *wb = w;

@@ -6,8 +6,8 @@
 #if defined(__x86_64__) || defined(__i386__)
 
 /* Q4_1, Q5_0, Q5_1 (the fallbacks llama.cpp's K mixes pick for rows that are not whole
- * 256-blocks), a block per 256-bit vector: the fifth bits come from the 32-bit mask qh directly
- * (element i is byte i of the nibbles), the min through the activation's block sum. */
+ * 256-blocks), one row, a block per 256-bit vector: the fifth bits come from the 32-bit mask qh
+ * directly (element i is byte i of the nibbles), the min through the activation's block sum. */
 K_TARGET_AVX512 static inline void dot_q4_1_q5_avx512(int n, float *s, const void *w,
                                                       const void *xq, int five, int has_min) {
     const uint8_t *wb = w;
@@ -137,8 +137,8 @@ q8_0_rows_avx512(int n, const int M, float *s, const uint8_t *w, const uint8_t *
 K_TARGET_AVX512 static inline K_ALWAYS_INLINE void q4_0_group(const uint8_t *wb, __m512 *dw,
                                                               __m512i *lo, __m512i *hi) {
     /* words 9k + 1 .. 9k + 8 hold block k's qs; block 3's come from a 16-byte load of its own
-     * (nothing past the group is read; a second 64-byte load across two more cache lines made
-     * 2048-column rows from memory slower than the old kernel) */
+     * (nothing past the group is read: a second 64-byte load across two more cache lines made
+     * 2048-column rows from memory slower, build/bench_matvec) */
     static const uint16_t iq[32] = {1,  2,  3,  4,  5,  6,  7,  8,  10, 11, 12, 13, 14, 15, 16, 17,
                                     19, 20, 21, 22, 23, 24, 25, 26, 32, 33, 34, 35, 36, 37, 38, 39};
     static const uint16_t id[16] = {0, 0, 0, 0, 9, 9, 9, 9, 18, 18, 18, 18, 27, 27, 27, 27};
@@ -228,8 +228,8 @@ q4_0_x4_unit_avx512(int n, float *s, const void *w, size_t ws, const void *xq, c
         }
     }
     prefetch_upto(pf, &pfo, 4 * ws, far);
-    /* Rows of whole groups (15M's 256 columns) skip the tails' set-up: 256 x 32000 from L3, one
-     * thread, alternating, 34.5-36.0 -> 37.5-38.3 G bytes/s. */
+    /* Rows of whole groups (15M's 256 columns) skip the tails' set-up, which short rows from L3
+     * felt (build/bench_matvec Q4_0 256 x 32000). */
     __m128 sum = hsum16x4(acc[0], acc[1], acc[2], acc[3]);
     if (b == nb) {
         _mm_storeu_ps(s, sum);

@@ -1,7 +1,6 @@
-/* What the x86 vector-dot kernels share (x86/vec_dot_*.c, act_quant_x86.c, convert_avx2.c):
- * helpers every file inlines, the four-row kernels' prefetch and run of units, and the kernels'
- * declarations, named as traits.h's legend says. Include inside nothing; x86 code is guarded here.
- */
+/* What the x86 kernels share (x86/vec_dot_*.c, act_quant_x86.c, convert_avx2.c): helpers every
+ * file inlines, the four-row kernels' prefetch and run of units, and the kernels' declarations,
+ * named as traits.h's legend says. On other architectures it declares nothing. */
 #ifndef TLM_KERNELS_X86_VEC_DOT_X86_H
 #define TLM_KERNELS_X86_VEC_DOT_X86_H
 
@@ -19,12 +18,14 @@
 /* Helpers every kernel inlines: `static inline` with this attribute wherever two files use one. */
 #define K_ALWAYS_INLINE __attribute__((always_inline))
 
+/* An f16 at any alignment, widened. */
 K_TARGET_AVX2 static inline float load_f16(const void *p) {
     uint16_t h;
     memcpy(&h, p, 2);
     return _cvtsh_ss(h);
 }
 
+/* The sum of eight lanes: halves, then elements 0 + 2 and 1 + 3, then those two. */
 K_TARGET_AVX2 static inline float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -51,6 +52,7 @@ K_TARGET_AVX512 static inline __m256i dot_i8_vnni256(__m256i w, __m256i x) {
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(w), sx);
 }
 
+/* Two 256-bit vectors as the halves of one. */
 K_TARGET_AVX512 static inline __m512i join256(__m256i lo, __m256i hi) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
@@ -62,11 +64,11 @@ K_TARGET_AVX512 static inline __m512i iq4nl_table(int u8) {
     return _mm512_broadcast_i32x4(t);
 }
 
-/* The sums of the lanes of four vectors at once (13 operations where four _mm512_reduce_add_ps
- * take about 32: a large share of a four-row unit of 256-column rows, two vector steps a row).
- * Each sum is a fixed tree over its own vector's lanes, whatever the other three hold, so a
- * kernel summing fewer rows (the one-row and few-row kernels) passes any vectors in the other
- * places and gets the same numbers as the four-row kernel. */
+/* The sums of the lanes of four vectors at once, in well under half the operations of four
+ * _mm512_reduce_add_ps (a large share of a four-row unit of 256-column rows). Each sum is a fixed
+ * tree over its own vector's lanes, whatever the other three hold, so a kernel summing fewer rows
+ * (the one-row and few-row kernels) passes any vectors in the other places and gets the same
+ * numbers as the four-row kernel. */
 K_TARGET_AVX512 static inline K_ALWAYS_INLINE __m128 hsum16x4(__m512 a0, __m512 a1, __m512 a2,
                                                               __m512 a3) {
     __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
@@ -92,9 +94,8 @@ K_TARGET_AVX512 static inline K_ALWAYS_INLINE void hsum16_rows(const __m512 *a, 
 
 /* A run of units of four rows (k_vdot_w4_fn): unit u is rows 4u .. 4u + 3, its prefetch 4u rows
  * on from pf. One call for the run keeps the kernel's constants in registers across units and
- * lets one unit's reductions overlap the next unit's loads (the 15M classifier's one-block Q6_K
- * rows: a call per unit spent a third of its samples in the last unit's sums; one thread, from
- * L3, 43.5 -> 48.2 G bytes/s). */
+ * lets one unit's reductions overlap the next unit's loads, which short rows such as 15M's
+ * one-block Q6_K classifier spent much of their time waiting for (build/bench_matvec from L3). */
 #define X4_RUN(ATTR, name, one)                                                                    \
     ATTR void name(int n, float *s, const void *w, size_t ws, const void *xq, const void *pf,      \
                    int units) {                                                                    \
@@ -125,32 +126,25 @@ static inline void prefetch_upto(const void *pf, size_t *o, size_t to, size_t fa
     }
 }
 
-/* The L2 prefetch's distance past the L1 one: four units (16 rows of ws bytes), for rows of more
- * than 256 columns on Intel's CPUs, and with `short_too` for shorter ones as well. There (2-vCPU
- * Xeon, from memory: bench_matvec 1024 x 2816, one thread, G bytes/s, medians of 5 alternating:
- * Q4_K 11.3 -> 14.8, 8 units 14.8, 16 units 14.4; prefetcht1 alone in place of the L1 prefetch
- * 13.2-13.8) models read from memory decode 1.2-1.4x faster (a 400M-parameter model, tok/s at one
- * and two threads: Q4_K_M 55 -> 71 and 114 -> 140, Q4_0 54 -> 75 and 125 -> 158, Q8_0 33 -> 44 and
- * 64 -> 82), 110M's (partly in L3) 1.0-1.27x (Q8_0 163 -> 208 and 366 -> 415, Q6_K 272 -> 296 and
- * 549 -> 564, Q4_0 367 -> 391 and level).
- * Rows of 256 columns (15M's, which sit in L3 with the whole small model): the L1 prefetch alone, a
- * unit after next, is 1.1-1.2 KiB ahead, which the kernels reach before L3 answers; with the L2 one
- * the products run at their speed in L2 (bench_matvec 256 x 768 cycled through 3 MiB, one thread, G
- * bytes/s: Q4_K 13.9 -> 22.2, Q6_K 20.7 -> 27.0, Q5_K 15.0 -> 22.2; in L2 alone 22.7 and 28.9).
- * Those figures are this VM's L3 in its slow phase (from run to run it has two speeds); in its fast
- * one the products read 22.6 and 28.4 without the L2 prefetch and level with it, and so did whole
- * decodes. Whole decodes in the slow phase, 15M tg64, medians of 5 alternating, one and two
- * threads, tok/s: Q4_K_M 2430 -> 2594 and 4045 -> 4173, Q4_0 2358 -> 2580 and 4050 -> 4259, Q6_K
- * 2201 -> 2331 and 3860 -> 3951; those kernels take it (short_too). Q8_0, F16 and BF16 were level;
- * IQ4_NL (Q4_0's kernel) 2530 -> 2498, Q5_K_M (Q4_K's) 2421 -> 2381, Q3_K_M 2404 -> 2350 and IQ4_XS
- * 2442 -> 2391 lost at one thread, and those keep the L1 prefetch alone there (the difference
- * between a type and its kernel's other type was not found). AVX2's kernels and AMD's CPUs: not
- * measured, as before.
+/* The L2 prefetch's distance past the L1 one: four units (K_PF_FAR_ROWS rows of ws bytes), for
+ * rows of more than K_PF_FAR_MIN_COLS columns on Intel's CPUs, and with `short_too` for shorter
+ * ones as well. Models read from memory (a 400M-parameter one, 110M partly) decode markedly faster
+ * with it there (build/bench_matvec 1024 x 2816 from memory, tlm bench tg); four units ahead was
+ * as good as eight and better than sixteen, and prefetcht1 alone in place of the L1 prefetch was
+ * worse. Rows of 256 columns (15M's, which sit in L3 with the whole small model): the L1 prefetch
+ * alone, a unit after next, is about a kilobyte ahead, which the kernels reach before L3 answers;
+ * with the L2 one they run at their speed in L2 (build/bench_matvec 256 x 768 cycled through
+ * 3 MiB) where this VM's L3 is slow (it has two speeds from run to run), and level where it is
+ * fast. Q4_0's, Q4_K's and Q6_K's kernels take it there (short_too); the others keep the L1
+ * prefetch alone on such rows: Q8_0, F16 and BF16 were level with it, and IQ4_NL, Q5_K, Q3_K and
+ * IQ4_XS, which share those kernels or their steps, lost a little at one thread (why a type and
+ * its kernel's other type differ was not found). AVX2's kernels and AMD's CPUs were not measured.
  */
 static inline size_t prefetch_far(int n, size_t ws, int short_too) {
     return k_cpu()->amd || (n <= K_PF_FAR_MIN_COLS && !short_too) ? 0 : K_PF_FAR_ROWS * ws;
 }
 
+/* Eight BF16 values widened to floats (a shift into the high half of each lane). */
 K_TARGET_AVX2 static inline __m256 load_bf16x8(const uint8_t *p) {
     __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
@@ -172,7 +166,10 @@ K_TARGET_AVX2 static inline __m256 load_bf16x8(const uint8_t *p) {
     default: fn(n, 8, s, w, xq, xs); break;                                                        \
     }
 
-/*Q4K_TABLES*/
+/* Byte shuffles that unpack the 12 bytes of 6-bit scales and mins of a Q4_K / Q5_K block's
+ * first 16 bytes (d, dmin, the 12 bytes) in a vector register: bytes 0-7 the 8 scales, 8-15 the 8
+ * mins (x86/vec_dot_k_avx512.c's q4k_scales_avx512 says how; the AVX2 four-row kernel takes them
+ * too). */
 static const int8_t q4k_lo_b[16] = {4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15};
 static const int8_t q4k_hi_b[16] = {-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11};
 static const int8_t q4k_keep_b[16] = {63, 63, 63, 63, 15, 15, 15, 15,
