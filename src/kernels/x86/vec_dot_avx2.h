@@ -114,7 +114,17 @@ q23k_block_avx2(const uint8_t *wb, const k_block_q8_k *x, const int three) {
     }
     float d = x->d * load_f16(wb + bytes - 2 - (three ? 0 : 2));
     if (three) return d * (float)(k_hsum8i(isum) - k_hsum8i(off));
+#ifdef __clang__
+    /* Clang fused one of the two products into the subtraction in the four-row kernel and not
+     * in the one-row one (whose products its SLP vectorizer pairs), so that their sums differed
+     * in the last bit (test_qk_kernels); each product rounded to a float first, both agree. Its
+     * -ffp-contract=fast ignores `#pragma clang fp contract`, so an empty asm holds them. */
+    float a = d * (float)k_hsum8i(isum), b = x->d * load_f16(wb + bytes - 2) * (float)k_hsum8i(off);
+    __asm__("" : "+x"(a), "+x"(b));
+    return a - b;
+#else
     return d * (float)k_hsum8i(isum) - x->d * load_f16(wb + bytes - 2) * (float)k_hsum8i(off);
+#endif
 }
 
 #endif
