@@ -2,25 +2,25 @@
  * instruction sets' tables (qdot_simd.h) instead of a switch over types in every dispatcher.
  *
  * Where the kernels live:
- *   ref/vec_dot_ref.c         each type's dot product in plain C, the definition the others match
- *   ref/act_quant_ref.c       the activation rows' quantizers in plain C (no fused multiply-add)
- *   x86/vec_dot_avx2.c        AVX2, one weight row (and F32/F16 against several activation rows)
- *   x86/vec_dot4_avx2.c       AVX2 and AVX-VNNI, four weight rows
- *   x86/vec_dot_float_avx512.c   AVX-512: F32, F16, BF16 (AVX512_BF16), every shape
- *   x86/vec_dot_q32_avx512.c     AVX-512: the 32-element blocks Q8_0, Q4_0, IQ4_NL, Q4_1, Q5_0,
- * Q5_1 x86/vec_dot_k_avx512.c       AVX-512: the K types Q2_K .. Q6_K and IQ4_XS
- *   x86/act_quant_x86.c       activation rows (AVX2, AVX-512), the KV cache's Q8_0 blocks, IQ4's
- *                             search (weights), all byte for byte their references
- *   x86/convert_avx2.c        F16 and BF16 rows to floats and back
- *   x86/kernel_sets.c         the x86 kernels by instruction set, as tables
+ *   ref/vec_dot_ref.c           each type's dot product in plain C, what the others must match
+ *   ref/act_quant_ref.c         the activation rows' quantizers in plain C (no fused multiply-add)
+ *   x86/vec_dot_avx2.c          AVX2: one weight row (and F32/F16 against several activation rows)
+ *   x86/vec_dot4_avx2.c         AVX2 and AVX-VNNI: four weight rows
+ *   x86/vec_dot_float_avx512.c  AVX-512: F32, F16 and BF16 (AVX512_BF16), every shape
+ *   x86/vec_dot_q32_avx512.c    AVX-512: the 32-element blocks (Q8_0, Q4_0, IQ4_NL, Q4_1, Q5_*)
+ *   x86/vec_dot_k_avx512.c      AVX-512: the K types (Q2_K .. Q6_K) and IQ4_XS
+ *   x86/act_quant_x86.c         activation rows (AVX2, AVX-512), the KV cache's Q8_0 blocks, and
+ *                               IQ4's search for weights: each byte for byte its reference
+ *   x86/convert_avx2.c          F16 and BF16 rows to floats and back
+ *   x86/kernel_sets.c           the x86 kernels by instruction set, as tables
  *
  * Names say what a kernel computes: k_vec_dot_<weight>_<activation>[_<shape>]_<isa>, with ggml's
  * type spellings (q4_0, q4_K, iq4_xs, ...; the activation f32, bf16, q8_0 or q8_K), e.g.
  * k_vec_dot_q4_K_q8_K_x4_avx512. Shapes:
- *   (none)  one weight row x one activation row                      k_vdot_fn
- *   m8      one weight row x up to 8 activation rows (K_VDOT_MAX_ROWS) k_vdot_rows_fn
- *   x3m4    three weight rows x up to 4 activation rows              k_vdot_rows3_fn
- *   x4      four weight rows x one activation row, a run of such units k_vdot_w4_fn
+ *   (none)  one weight row x one activation row                         k_vdot_fn
+ *   m8      one weight row x up to 8 activation rows (K_VDOT_MAX_ROWS)  k_vdot_rows_fn
+ *   x3m4    three weight rows x up to 4 activation rows                 k_vdot_rows3_fn
+ *   x4      four weight rows x one activation row, a run of such units  k_vdot_w4_fn
  * Instruction sets: ref (plain C), avx2 (with FMA and F16C), avxvnni (AVX2 with 256-bit vpdpbusd),
  * avx512 (F, BW, VL, DQ and VNNI), avx512bf16 (and vdpbf16ps). Static helpers inside the files
  * name a type family and what they do: q45k_* (Q4_K and Q5_K), q23k_* (Q2_K and Q3_K), *_unit
