@@ -1,8 +1,10 @@
-/* The typed dot products (src/kernels/qdot.c): each type's reference against the widened weights
- * (tlm_dtype_to_f32, ggml's dequantization) times the widened activations, every vector version
- * this CPU runs against the reference, on random blocks with odd tails, extreme and zero scales and
- * the largest magnitudes; then k_linear on typed weights (decode and prefill paths) against the
- * same product on the widened F32 weight. */
+/* The typed dot products (src/kernels/traits.h lists them): each type's reference against the
+ * widened weights (tlm_dtype_to_f32, ggml's dequantization) times the widened activations, every
+ * vector kernel of every instruction set this CPU runs (one row, several activation rows, three
+ * and four weight rows, the activation quantizers, the row conversions) against the reference, on
+ * random blocks with odd tails, extreme and zero scales and the largest magnitudes; then
+ * k_matvec_parts and k_linear on typed weights (decode and prefill paths) against the same
+ * products on the widened F32 weight. */
 #include <omp.h>
 #include <pthread.h>
 #include <stdatomic.h>
