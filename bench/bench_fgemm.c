@@ -8,6 +8,7 @@
 
 #include "core/half.h"
 #include "kernels/kernels.h"
+#include "kernels/matvec.h"
 #include "kernels/qdot.h"
 #include "kernels/qgemm.h"
 #include "tlm.h"
@@ -55,10 +56,10 @@ int main(int argc, char **argv) {
                 double t0 = now();
                 if (m == 0) k_linear_fwd(y, out, x, w, NULL, N, in, out);
                 if (m == 1 && k_fgemm(y, out, x, N, &tf, NULL)) return 1;
-                if (m == 2) { /* k_linear's path before k_fgemm, as TLM_QPREFILL=sgemm keeps it */
-                    setenv("TLM_QPREFILL", "sgemm", 1);
+                if (m == 2) { /* k_linear's path before k_fgemm, as K_PREFILL_SGEMM keeps it */
+                    k_prefill_path was = k_linear_prefill(K_PREFILL_SGEMM);
                     k_linear(y, out, x, N, &th, NULL);
-                    unsetenv("TLM_QPREFILL");
+                    k_linear_prefill(was);
                 }
                 if (m == 3 && k_fgemm(y, out, x, N, &th, NULL)) return 1;
                 double t = now() - t0;

@@ -1,8 +1,10 @@
-/* The typed dot products (src/kernels/qdot.c): each type's reference against the widened weights
- * (tlm_dtype_to_f32, ggml's dequantization) times the widened activations, every vector version
- * this CPU runs against the reference, on random blocks with odd tails, extreme and zero scales and
- * the largest magnitudes; then k_linear on typed weights (decode and prefill paths) against the
- * same product on the widened F32 weight. */
+/* The typed dot products (src/kernels/traits.h lists them): each type's reference against the
+ * widened weights (tlm_dtype_to_f32, ggml's dequantization) times the widened activations, every
+ * vector kernel of every instruction set this CPU runs (one row, several activation rows, three
+ * and four weight rows, the activation quantizers, the row conversions) against the reference, on
+ * random blocks with odd tails, extreme and zero scales and the largest magnitudes; then
+ * k_matvec_parts and k_linear on typed weights (decode and prefill paths) against the same
+ * products on the widened F32 weight. */
 #include <omp.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -19,6 +21,7 @@
 #include "kernels/matvec.h"
 #include "kernels/qdot.h"
 #include "kernels/qgemm.h"
+#include "kernels/traits.h"
 
 static const tlm_dtype types[] = {TLM_DTYPE_F16,    TLM_DTYPE_BF16,  TLM_DTYPE_Q8_0, TLM_DTYPE_Q4_0,
                                   TLM_DTYPE_Q4_1,   TLM_DTYPE_Q5_0,  TLM_DTYPE_Q5_1, TLM_DTYPE_Q2_K,
@@ -515,18 +518,19 @@ static void check_linear(tlm_dtype t, int in, int out) {
                      .cols = in,
                      .row_bytes = sizeof(float) * in};
     /* Many rows: the default path (the repacked 8-bit products where the CPU runs them), then
-     * TLM_QPREFILL=int8 (the integer decode kernels), =sgemm (widened tiles) and =qgemm (named:
-     * the default again). */
+     * K_PREFILL_INT8 (the integer decode kernels), K_PREFILL_SGEMM (widened tiles) and the
+     * default again. */
     const int rows[] = {1, 8, N, N, N, N};
-    const char *mode[] = {NULL, NULL, NULL, "int8", "sgemm", "qgemm"};
+    const k_prefill_path mode[] = {K_PREFILL_DEFAULT, K_PREFILL_DEFAULT, K_PREFILL_DEFAULT,
+                                   K_PREFILL_INT8,    K_PREFILL_SGEMM,   K_PREFILL_DEFAULT};
     for (int c = 0; c < 6; c++) {
         int M = rows[c], blocks = k_act_of(t) != K_ACT_F32 && k_act_of(t) != K_ACT_BF16;
         /* (BF16 goes through qgemm.c by default, activations rounded to BF16 as decode does) */
         int int8 = ((blocks || t == TLM_DTYPE_BF16) && c == 3) ||
                    ((c == 2 || c == 5) && (blocks || t == TLM_DTYPE_BF16) && k_qgemm_takes(t));
-        if (mode[c]) setenv("TLM_QPREFILL", mode[c], 1);
+        k_prefill_path was = k_linear_prefill(mode[c]);
         k_linear(y, out, x, M, &tw, b);
-        unsetenv("TLM_QPREFILL");
+        k_linear_prefill(was);
         k_linear(yf, out, x, M, &fw, b);
         double worst = 0, scale = 0;
         for (int i = 0; i < M * out; i++) {
@@ -561,11 +565,12 @@ static float half_step(int k, float s) {
     return x0;
 }
 
-/* k_act_quantize (the vector version where this CPU has one) against k_act_quantize_ref, byte for
- * byte over the whole row (blocks, scales, the kernels' rearranged copies), on rows of n elements:
- * random, with zero blocks, with ties half-way between two steps, with the largest element first
- * negative then positive at equal magnitude, at the extremes of float, and at products that round
- * to exact ties (half_step; Q8_K's scale is the negative of Q8_0's, so there too). */
+/* k_act_quantize (the vector version where this CPU has one), and each instruction set's quantizer
+ * of the kind (k_act_quantizer_at), against k_act_quantize_ref, byte for byte over the whole row
+ * (blocks, scales, the kernels' rearranged copies), on rows of n elements: random, with zero
+ * blocks, with ties half-way between two steps, with the largest element first negative then
+ * positive at equal magnitude, at the extremes of float, and at products that round to exact ties
+ * (half_step; Q8_K's scale is the negative of Q8_0's, so there too). */
 static void check_act_quantize(k_act_kind kind, int n) {
     tlm_dtype t = kind == K_ACT_Q8_0   ? TLM_DTYPE_Q8_0
                   : kind == K_ACT_Q8_K ? TLM_DTYPE_Q6_K
@@ -591,18 +596,189 @@ static void check_act_quantize(k_act_kind kind, int n) {
             memcpy(&x[1], &nan, 4);
             memcpy(&x[2], &inf, 4);
         }
-        memset(a, 0xA5, rb);
         memset(b, 0xA5, rb);
-        k_act_quantize(kind, x, a, n);
         k_act_quantize_ref(kind, x, b, n);
-        size_t at = 0;
-        while (at < rb && a[at] == b[at]) at++;
-        CHECK(at == rb, "activation kind %d n=%d mode %d: byte %zu of %zu differs (%02x vs %02x)",
-              kind, n, mode, at, rb, at < rb ? a[at] : 0, at < rb ? b[at] : 0);
+        for (int isa = K_ISA_REF; isa <= k_isa() + 1; isa++) {
+            /* each set's quantizer, then (isa past the CPU's) the one k_act_quantize runs */
+            memset(a, 0xA5, rb);
+            if (isa <= k_isa())
+                k_act_quantizer_at(kind, isa)(x, a, n);
+            else
+                k_act_quantize(kind, x, a, n);
+            size_t at = 0;
+            while (at < rb && a[at] == b[at]) at++;
+            CHECK(at == rb,
+                  "activation kind %d isa %d n=%d mode %d: byte %zu of %zu differs (%02x vs %02x)",
+                  kind, isa, n, mode, at, rb, at < rb ? a[at] : 0, at < rb ? b[at] : 0);
+        }
     }
     free(x);
     free(a);
     free(b);
+}
+
+/* Every kernel of a type at one instruction set (k_traits_at, the record as chosen there) against
+ * the reference on n columns: the one-row kernel within the reference's tolerance; the m8 kernel
+ * too, for M = 1..8 rows at the decode's padded stride, each row bit for bit its own M = 1 call
+ * and nothing written past the last; x3m4 (three weight rows a stride apart, M = 1..4) and x4 (a
+ * run of two units of four, with a prefetch pointer and without) bit for bit what the record's
+ * m8 kernel (else its one-row kernel) gives each pair. */
+static void check_set_dots(tlm_dtype t, const k_type_traits *tr, int isa, int n) {
+    const char *name = tlm_dtype_name(t);
+    size_t wb = tlm_dtype_bytes(t, (uint64_t)n), ws = wb + 64;
+    size_t rb = (k_act_row_bytes(t, n) + 63) & ~(size_t)63;
+    enum { R = 8 }; /* weight rows */
+    uint8_t *w = calloc(R, ws), *xq = calloc(K_VDOT_MAX_ROWS, rb);
+    float *x = malloc(sizeof(float) * n), *wf = malloc(sizeof(float) * n);
+    float ref[R][K_VDOT_MAX_ROWS], one[R][K_VDOT_MAX_ROWS];
+    double mag[R][K_VDOT_MAX_ROWS];
+    for (int r = 0; r < R; r++) fill_weights_any(t, w + r * ws, n);
+    for (int m = 0; m < K_VDOT_MAX_ROWS; m++) {
+        for (int i = 0; i < n; i++) x[i] = t_unif() * (float)(1 + 3 * m);
+        k_act_quantize_ref(tr->act, x, xq + m * rb, n);
+    }
+    for (int r = 0; r < R; r++) {
+        CHECK_OK(tlm_dtype_to_f32(t, w + r * ws, wf, (size_t)n));
+        for (int m = 0; m < K_VDOT_MAX_ROWS; m++) {
+            float *xf = x;
+            act_widen(tr->act, xq + m * rb, xf, n);
+            mag[r][m] = 0;
+            for (int i = 0; i < n; i++) mag[r][m] += fabs((double)wf[i] * xf[i]);
+            k_vdot_get(t, K_ISA_REF)(n, &ref[r][m], w + r * ws, xq + m * rb);
+            tr->vec_dot(n, &one[r][m], w + r * ws, xq + m * rb);
+            CHECK(fabs(one[r][m] - ref[r][m]) <= 2e-5 * mag[r][m] + 1e-30,
+                  "%s isa %d n=%d: one-row %.9g vs reference %.9g", name, isa, n, one[r][m],
+                  ref[r][m]);
+        }
+    }
+    /* what the record's x3m4 and x4 kernels must equal: its m8 kernel's sums, else its one row's */
+    float want[R][K_VDOT_MAX_ROWS];
+    memcpy(want, one, sizeof want);
+    if (tr->vec_dot_m8) {
+        for (int r = 0; r < R; r++)
+            for (int m = 0; m < K_VDOT_MAX_ROWS; m++)
+                tr->vec_dot_m8(n, 1, &want[r][m], w + r * ws, xq + m * rb, rb);
+        for (int M = 1; M <= K_VDOT_MAX_ROWS; M++) {
+            float got[K_VDOT_MAX_ROWS + 1];
+            got[M] = 12345.0f;
+            tr->vec_dot_m8(n, M, got, w, xq, rb);
+            for (int m = 0; m < M; m++) {
+                CHECK(fabs(got[m] - ref[0][m]) <= 2e-5 * mag[0][m] + 1e-30,
+                      "%s m8 isa %d n=%d M=%d row %d: %.9g vs reference %.9g", name, isa, n, M, m,
+                      got[m], ref[0][m]);
+                CHECK(!memcmp(&got[m], &want[0][m], sizeof(float)),
+                      "%s m8 isa %d n=%d M=%d row %d: %.9g vs the row alone %.9g", name, isa, n, M,
+                      m, got[m], want[0][m]);
+            }
+            CHECK(got[M] == 12345.0f, "%s m8 isa %d n=%d M=%d wrote past its rows", name, isa, n,
+                  M);
+        }
+    }
+    if (tr->vec_dot_x3m4) {
+        CHECK(tr->vec_dot_m8 != NULL, "%s isa %d: x3m4 without m8", name, isa);
+        for (int M = 1; M <= K_VDOT3_MAX_ROWS; M++) {
+            float got[3 * K_VDOT3_MAX_ROWS + 1];
+            got[3 * M] = 12345.0f;
+            tr->vec_dot_x3m4(n, M, got, w + ws, ws, xq, rb);
+            for (int k = 0; k < 3; k++)
+                for (int m = 0; m < M; m++)
+                    CHECK(!memcmp(&got[k * M + m], &want[1 + k][m], sizeof(float)),
+                          "%s x3m4 isa %d n=%d M=%d (%d, %d): %.9g vs m8 %.9g", name, isa, n, M, k,
+                          m, got[k * M + m], want[1 + k][m]);
+            CHECK(got[3 * M] == 12345.0f, "%s x3m4 isa %d n=%d M=%d wrote past its rows", name, isa,
+                  n, M);
+        }
+    }
+    if (tr->vec_dot_x4) {
+        for (int pf = 0; pf < 2; pf++) {
+            float got[R + 1];
+            got[R] = 12345.0f;
+            tr->vec_dot_x4(n, got, w, ws, xq + 2 * rb, pf ? w + 4 * ws : NULL, 2);
+            for (int r = 0; r < R; r++)
+                CHECK(!memcmp(&got[r], &want[r][2], sizeof(float)),
+                      "%s x4 isa %d n=%d%s row %d: %.9g vs one row %.9g", name, isa, n,
+                      pf ? " (prefetching)" : "", r, got[r], want[r][2]);
+            CHECK(got[R] == 12345.0f, "%s x4 isa %d n=%d wrote past its rows", name, isa, n);
+        }
+    }
+    free(w), free(xq), free(x), free(wf);
+}
+
+/* The record's row conversions at one instruction set against their references in src/core, on
+ * rows with tails and special values: widen bit for bit tlm_dtype_to_f32, narrow and quantize
+ * (with an importance matrix and without) byte for byte tlm_dtype_from_f32 / tlm_quantize_rows. */
+static void check_set_conversions(tlm_dtype t, const k_type_traits *tr, int isa) {
+    const char *name = tlm_dtype_name(t);
+    int be = (int)tlm_dtype_get(t)->block_elems, n = be == 1 ? 16 * 37 + 7 : be * 37;
+    size_t bytes = tlm_dtype_bytes(t, (uint64_t)n);
+    float *x = malloc(sizeof(float) * n), *qw = malloc(sizeof(float) * n);
+    float *a = malloc(sizeof(float) * n), *b = malloc(sizeof(float) * n);
+    uint8_t *qa = malloc(bytes), *qb = malloc(bytes);
+    for (int i = 0; i < n; i++) {
+        x[i] = (2.0f * t_unif() - 1.0f) * ldexpf(1.0f, (int)(t_unif() * 40.0f) - 24);
+        qw[i] = i % 11 == 3 ? 0.0f : ldexpf(t_unif() + 1.0f, (int)(t_unif() * 10.0f) - 5);
+    }
+    static const float special[] = {0.0f,           -0.0f,    65504.0f,  65520.0f, 1e-8f,
+                                    1.00048828125f, INFINITY, -INFINITY, 3e38f};
+    for (int i = 0; i < (int)(sizeof special / sizeof special[0]) && 19 * i + 5 < n; i++)
+        x[19 * i + 5] = special[i];
+    if (tr->widen) {
+        fill_weights_any(t, qa, n);
+        tr->widen(qa, a, n);
+        CHECK_OK(tlm_dtype_to_f32(t, qa, b, (size_t)n));
+        CHECK(!memcmp(a, b, sizeof(float) * n), "%s widen isa %d differs from tlm_dtype_to_f32",
+              name, isa);
+    }
+    if (tr->narrow) {
+        tr->narrow(x, qa, n);
+        CHECK_OK(tlm_dtype_from_f32(t, x, qb, (size_t)n));
+        CHECK(!memcmp(qa, qb, bytes), "%s narrow isa %d differs from tlm_dtype_from_f32", name,
+              isa);
+    }
+    for (int weighted = 0; tr->quantize && weighted < 2; weighted++) {
+        tr->quantize(x, qa, n, weighted ? qw : NULL);
+        CHECK_OK(tlm_quantize_rows(t, x, qb, 1, (size_t)n, weighted ? qw : NULL));
+        CHECK(!memcmp(qa, qb, bytes), "%s quantize isa %d%s differs from tlm_quantize_rows", name,
+              isa, weighted ? " (importance matrix)" : "");
+    }
+    free(x), free(qw), free(a), free(b), free(qa), free(qb);
+}
+
+/* Every instruction set this CPU runs, AVX2 with and without AVX-VNNI: the type's record there and
+ * each of its kernels against the reference. The references' own record has the reference's one
+ * row alone. */
+static void check_every_set(tlm_dtype t) {
+    int be = (int)tlm_dtype_get(t)->block_elems;
+    static const int counts[] = {1, 3, 8, 33}, fn[] = {768, 32 * 7 + 5, 16 * 3 + 9, 11};
+    for (int isa = K_ISA_REF; isa <= k_isa(); isa++)
+        for (int vnni = 0; vnni < 2; vnni++) {
+            k_avxvnni_cap(vnni);
+            if (vnni && (isa != K_ISA_AVX2 || !k_avxvnni())) continue;
+            k_type_traits tr = k_traits_at(t, isa);
+            CHECK(tr.type == t && tr.act == k_act_of(t) && tr.vec_dot,
+                  "%s isa %d: a record with a dot product", tlm_dtype_name(t), isa);
+            if (isa == K_ISA_REF)
+                CHECK(tr.vec_dot == k_vdot_get(t, K_ISA_REF) && !tr.vec_dot_m8 &&
+                          !tr.vec_dot_x3m4 && !tr.vec_dot_x4 && !tr.widen && !tr.narrow &&
+                          !tr.quantize,
+                      "%s: the references' record is the reference's one row", tlm_dtype_name(t));
+            for (int c = 0; c < 4; c++)
+                check_set_dots(t, &tr, isa, be == 1 ? fn[c] : counts[c] * be);
+            check_set_conversions(t, &tr, isa);
+        }
+    k_avxvnni_cap(1);
+}
+
+/* k_q8_0_blocks (a Q8_0 KV cache's stores; AVX-512 where the CPU has it) against its reference. */
+static void check_q8_0_blocks(void) {
+    enum { N = 32 * 13 };
+    float x[N];
+    uint8_t a[N / 32 * 34], b[N / 32 * 34];
+    for (int i = 0; i < N; i++) x[i] = t_unif() * ldexpf(1.0f, i / 32 - 6);
+    for (int i = 0; i < 32; i++) x[64 + i] = i == 0 ? 127.0f : (float)(i % 16) + 0.5f; /* ties */
+    k_q8_0_blocks(x, a, N);
+    k_q8_0_blocks_ref(x, b, N);
+    CHECK(!memcmp(a, b, sizeof a), "k_q8_0_blocks differs from its reference");
 }
 
 int main(void) {
@@ -638,6 +814,9 @@ int main(void) {
     check_matvec_teams(TLM_DTYPE_F32, 1);
     check_matvec_teams(TLM_DTYPE_F32, 3);
     check_team();
+    for (int ti = 0; ti < NTYPES; ti++) check_every_set(types[ti]);
+    check_every_set(TLM_DTYPE_F32);
+    check_q8_0_blocks();
     const int qn[] = {32, 96, 128, 256, 288, 768, 2048}, kn[] = {256, 512, 768, 2048},
               bn[] = {16, 17, 768, 33};
     for (int i = 0; i < 7; i++) check_act_quantize(K_ACT_Q8_0, qn[i]);

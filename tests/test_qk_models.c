@@ -15,6 +15,7 @@
 #include "core/dtype.h"
 #include "harness.h"
 #include "io/gguf.h"
+#include "kernels/matvec.h"
 #include "kernels/qdot.h"
 #include "kernels/qgemm.h"
 #include "model/block.h"
@@ -161,9 +162,10 @@ static void check_type(const char *f32_path, tlm_dtype t) {
     int32_t ids[24];
     for (int i = 0; i < 24; i++) ids[i] = (int32_t)((i * 37 + 11) % V);
     /* prefill: the 8-bit products of repacked rows (where the CPU has AVX-512 VNNI) near the
-     * widened copy, within what 8-bit activations cost (as decode below); with TLM_QPREFILL=sgemm,
-     * widened tiles through sgemm, the widened copy's sums. The decode checks below start from the
-     * sgemm prefill, so that they compare the decode kernels alone. */
+     * widened copy, within what 8-bit activations cost (as decode below); with
+     * k_linear_prefill(K_PREFILL_SGEMM), widened tiles through sgemm, the widened copy's sums. The
+     * decode checks below start from the sgemm prefill, so that they compare the decode kernels
+     * alone. */
     int T = 16;
     tlm_forward_out a, b;
     CHECK_OK(t_forward(w, ids, 1, T, NULL, &b));
@@ -193,7 +195,7 @@ static void check_type(const char *f32_path, tlm_dtype t) {
     }
     if (k_qgemm_takes(t) && k_qgemm_covers(t))
         printf("%-5s qgemm prefill vs widened F32: %.3g of %.3g\n", name, diff, big);
-    setenv("TLM_QPREFILL", "sgemm", 1);
+    k_prefill_path was = k_linear_prefill(K_PREFILL_SGEMM);
     CHECK_OK(t_forward(m, ids, 1, T, NULL, &a));
     diff = max_diff(a.logits, b.logits, (size_t)T * V);
     CHECK(diff <= 1e-4 * big, "%s prefill: %g from the widened copy (of %g)", name, diff, big);
@@ -228,7 +230,7 @@ static void check_type(const char *f32_path, tlm_dtype t) {
     run_decode(m, ids, T, steps, ref);
     k_isa_cap(K_ISA_COUNT);
     run_decode(w, ids, T, steps, wide);
-    unsetenv("TLM_QPREFILL");
+    k_linear_prefill(was);
     big = max_abs(wide, (size_t)steps * V);
     diff = max_diff(fast, ref, (size_t)steps * V);
     /* The same integer sums, combined in fp32 in another order. Activations rounded to 8 bits

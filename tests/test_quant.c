@@ -230,6 +230,35 @@ static void test_round_trip(void) {
     CHECK(tlm_dtype_from_f32(TLM_DTYPE_I32, x, q, 32) == TLM_ERR_UNSUPPORTED, "I32");
 }
 
+/* Each type's record (tlm_dtype_info): a type that widens to floats has its widening, every float
+ * type but F64 its reference quantizer, and tlm_dtype_uses_imatrix is whether it has an
+ * importance-matrix quantizer (the block types but Q8_0); F64 and the integer types are refused
+ * where there is nothing to run. */
+static void test_dtype_table(void) {
+    for (int i = 0; i < TLM_DTYPE_COUNT; i++) {
+        tlm_dtype t = (tlm_dtype)i;
+        const tlm_dtype_info *d = tlm_dtype_get(t);
+        CHECK(d && d->name && d->block_elems >= 1 && d->block_bytes >= 1, "type %d has a record",
+              i);
+        if (!d) continue;
+        CHECK(!d->to_f32 == !d->is_float, "%s: a widening exactly where it is a float type",
+              d->name);
+        CHECK(!d->from_f32 == (!d->is_float || t == TLM_DTYPE_F64),
+              "%s: a reference quantizer exactly where it is written", d->name);
+        CHECK(tlm_dtype_uses_imatrix(t) == (d->block_elems > 1 && t != TLM_DTYPE_Q8_0),
+              "%s: an importance-matrix quantizer exactly for the block types but Q8_0", d->name);
+        CHECK(!d->from_f32_imatrix == !tlm_dtype_uses_imatrix(t), "%s: uses_imatrix is its record",
+              d->name);
+    }
+    float x[32] = {0};
+    double wide[32];
+    CHECK(tlm_dtype_from_f32(TLM_DTYPE_F64, x, wide, 32) == TLM_ERR_UNSUPPORTED, "F64 not written");
+    CHECK(tlm_dtype_to_f32(TLM_DTYPE_I8, x, x, 32) == TLM_ERR_UNSUPPORTED, "I8 not widened");
+    CHECK(tlm_dtype_to_f32((tlm_dtype)TLM_DTYPE_COUNT, x, x, 32) == TLM_ERR_UNSUPPORTED,
+          "a value past the enum");
+    CHECK(!tlm_dtype_uses_imatrix((tlm_dtype)TLM_DTYPE_COUNT), "a value past the enum");
+}
+
 /* ---- whole files: tlm_model_quantize_gguf against llama_model_quantize ---------------------- */
 
 /* llama.h's llama_model_quantize_params (llama.cpp as node-llama-cpp 3.22.1 ships it). */
@@ -1189,6 +1218,7 @@ static void test_whole_files(void) {
 }
 
 int main(void) {
+    test_dtype_table();
     test_round_trip();
     void *lib = dlopen(NODE_BINS "/libggml-base.so", RTLD_NOW | RTLD_LOCAL);
     CHECK(lib != NULL,

@@ -11,20 +11,25 @@
 #
 # Usage: bash bench/quant/prefill_paths.sh [THREADS=2] [REPS=3]
 #   env: LLAMA_BIN (default /work/llama.cpp/build/bin), MODEL (110M), TYPES ("Q8_0 Q4_0 Q4_K_M"),
-#        DIR (bench/out/quant), TLM (build/tlm).
+#        DIR (bench/out/quant), TLM: a benchmark build (cmake -DTLM_BENCH_KNOBS=ON), the only kind
+#        that reads TLM_QPREFILL (src/core/knob.h); without TLM, one is built in build-bench.
 # OPENBLAS_CORETYPE is unset (the environment presets Haswell, which keeps OpenBLAS's sgemm to
 # AVX2 on AVX-512 machines). Run on an otherwise idle machine. Writes bench/out/quant/prefill.json.
 set -euo pipefail
 unset OPENBLAS_CORETYPE
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-TLM=${TLM:-$ROOT/build/tlm}
+if [ -z "${TLM:-}" ]; then
+  cmake -S "$ROOT" -B "$ROOT/build-bench" -DCMAKE_BUILD_TYPE=Release -DTLM_BENCH_KNOBS=ON >/dev/null
+  cmake --build "$ROOT/build-bench" -j "$(nproc)" --target tlm_cli >/dev/null
+  TLM=$ROOT/build-bench/tlm
+fi
 LLAMA_BIN=${LLAMA_BIN:-/work/llama.cpp/build/bin}
 T=${1:-2}
 REPS=${2:-3}
 MODEL=${MODEL:-110M}
 TYPES=${TYPES:-"Q8_0 Q4_0 Q4_K_M BF16"}
 DIR=${DIR:-$ROOT/bench/out/quant}
-[ -x "$TLM" ] || { echo "build tlm first (make)"; exit 1; }
+[ -x "$TLM" ] || { echo "build tlm first (a benchmark build: cmake -DTLM_BENCH_KNOBS=ON)"; exit 1; }
 
 tlm_pp() { # FILE MODE -> tok/s
   TLM_QPREFILL=$2 "$TLM" bench -m "$1" -p 128 -n 0 -t "$T" -r "$REPS" -o json 2>/dev/null |

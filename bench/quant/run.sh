@@ -26,7 +26,9 @@
 # TLM="build/tlm ... --mmap" wrappers time the mapped file), llama-bench maps it.
 # tlm's prefill of block types is its repacked 8-bit GEMM (src/kernels/qgemm.c) on CPUs with AVX-512
 # VNNI; TLM_QPREFILL=sgemm (widened tiles) or =int8 (the decode kernels) in the environment times
-# another path (bench/quant/prefill_paths.sh compares all three in one run).
+# another path (bench/quant/prefill_paths.sh compares all three in one run). TLM_QPREFILL and
+# TLM_ISA (ISA= below) are read by benchmark builds only (cmake -DTLM_BENCH_KNOBS=ON,
+# src/core/knob.h): set TLM to one for them.
 # OPENBLAS_CORETYPE is unset (the environment presets Haswell, which keeps OpenBLAS's sgemm to
 # AVX2 on AVX-512 machines). Run on an otherwise idle machine: llama.cpp's worker threads spin.
 # One-thread runs of both sides (and of the bandwidth measure) are pinned to one CPU, PIN1
@@ -34,8 +36,8 @@
 # arithmetic-bound kernels, so unpinned one-thread figures depended on where each run landed.
 # ISA=avx2: both sides as on a CPU without AVX-512 (what an AVX2 machine, Zen 3 or an Intel client
 # core, runs): tlm with TLM_ISA=avx2 and TLM_AMX=0, built for x86-64-v3 so that no AVX-512 is
-# compiled in either (cmake -S . -B build-v3 -DTLM_NATIVE=OFF -DCMAKE_C_FLAGS=-march=x86-64-v3;
-# TLM=build-v3/tlm), OpenBLAS on its Haswell kernels, and LLAMA_BIN a llama.cpp built without
+# compiled in either, as a benchmark build (cmake -S . -B build-v3 -DTLM_NATIVE=OFF
+# -DCMAKE_C_FLAGS=-march=x86-64-v3 -DTLM_BENCH_KNOBS=ON; TLM=build-v3/tlm), OpenBLAS on its Haswell kernels, and LLAMA_BIN a llama.cpp built without
 # AVX-512 (bench/README.md gives its CMake flags); results-avx2.json. ISA=avxvnni: the same as a CPU
 # with AVX2 and AVX-VNNI (Intel's client cores since Alder Lake; llama.cpp with -DGGML_AVX_VNNI=ON
 # too); results-avxvnni.json.

@@ -1,7 +1,8 @@
-/* The library's one element-type table (tlm_dtype, public in tlm.h): sizes, block layout and the
- * names and ids each file format uses for it, plus reference conversions to floats. Kernels that
- * compute on a type directly live in src/kernels; what is here is the plain C definition of each
- * type that loaders and tests rely on. */
+/* The library's one element-type table (tlm_dtype, public in tlm.h): sizes, block layout, the
+ * names and ids each file format uses for it, and its reference conversions to and from floats.
+ * Kernels that compute on a type directly live in src/kernels (their per-type record:
+ * src/kernels/traits.h); what is here is the plain C definition of each type that loaders, the
+ * quantizer and tests rely on. */
 #ifndef TLM_CORE_DTYPE_H
 #define TLM_CORE_DTYPE_H
 
@@ -16,6 +17,15 @@ typedef struct {
     uint32_t block_bytes; /* bytes per block */
     int ggml;             /* ggml type id, -1 when GGUF has none */
     int is_float;         /* widens to float (weights may have it) */
+    /* n elements (a whole number of blocks) to floats: ggml's dequantize_row_* (dequant.c); NULL
+     * for the integer types */
+    void (*to_f32)(const void *src, float *dst, size_t n);
+    /* n floats (whole blocks) to the type: ggml's reference quantizers, quantize_row_*_ref
+     * (quant_ref.c); NULL where nothing is written in the type (integers, F64) */
+    void (*from_f32)(const float *src, void *dst, size_t n);
+    /* one row of cols floats with an importance matrix's cols weights: ggml's quantize_*_impl
+     * (quant_imatrix.c); NULL for the types that take none */
+    void (*from_f32_imatrix)(const float *src, void *dst, size_t cols, const float *imatrix);
 } tlm_dtype_info;
 
 /* NULL for a value outside the enum. */
@@ -30,8 +40,7 @@ int tlm_dtype_from_name(const char *name, tlm_dtype *out);
 tlm_status tlm_dtype_to_f32(tlm_dtype t, const void *src, float *dst, size_t n);
 /* The inverse: n floats (a whole number of blocks) to type t, byte for byte what ggml's reference
  * quantizers write without an importance matrix (llama-quantize's output); F16 and BF16 round to
- * nearest even. dst needs no alignment. TLM_ERR_UNSUPPORTED for non-float types and F64.
- * (src/core/quantize.c) */
+ * nearest even. dst needs no alignment. TLM_ERR_UNSUPPORTED for non-float types and F64. */
 tlm_status tlm_dtype_from_f32(tlm_dtype t, const float *src, void *dst, size_t n);
 /* rows x cols floats into type t, row by row. With imatrix (cols weights: an importance matrix's
  * mean squared activation of each column, as llama-quantize --imatrix takes it) the types that
@@ -39,6 +48,7 @@ tlm_status tlm_dtype_from_f32(tlm_dtype t, const float *src, void *dst, size_t n
  * byte for byte; the others, or imatrix NULL, as tlm_dtype_from_f32. */
 tlm_status tlm_quantize_rows(tlm_dtype t, const float *src, void *dst, size_t rows, size_t cols,
                              const float *imatrix);
+/* 1 where the type has an importance-matrix quantizer (from_f32_imatrix). */
 int tlm_dtype_uses_imatrix(tlm_dtype t);
 
 #endif

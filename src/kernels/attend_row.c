@@ -1,11 +1,11 @@
 /* One query against its sequence's cached keys and values: the attention of a decode step, per
  * (row, head). The plain loops (session.c) compute one score at a time with one accumulator and
- * a horizontal sum per key, and update the output through memory at every key (8 sequences of
- * 110M at 256 positions: 13.9% of a step, 10.8% with this). Here sixteen keys share a pass over
- * the query and their sums are reduced together (then four at a time, then one, at the end), and
- * the output stays in registers, two keys' worth of chains at a time. Sixteen in place of four
- * (bench_attend, 110M F16 cache, one thread): 512 positions 0.65-0.67 -> 0.56-0.58 ms per token,
- * 128 positions 0.087-0.090 -> 0.080-0.086; at 1024 both are bound by reading the cache. An F16
+ * a horizontal sum per key, and update the output through memory at every key, a noticeable share
+ * of a batched step (several sequences of 110M). Here sixteen keys share a pass over the query and
+ * their sums are reduced together (then four at a time, then one, at the end), and the output
+ * stays in registers, two keys' worth of chains at a time. Sixteen keys did better than four up
+ * to a few hundred positions, where reading the cache does not yet bound both (build/bench_attend,
+ * 110M F16 cache, one thread). An F16
  * cache is widened as it is loaded (vcvtph2ps), so it costs half the traffic and no pass of its
  * own; so are BF16 and llama.cpp's block types (their scales applied once per block in decode),
  * the keys' and the values' each by its own kind. Prefill's causal attention (k_attend_causal)
@@ -23,15 +23,14 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include "kernels/x86/simd.h"
 
-#define AI __attribute__((always_inline))
+/* Helpers inlined wherever they are used. */
+#define K_ALWAYS_INLINE __attribute__((always_inline))
 
 /* How many keys ahead row_scores and row_values ask for the lines they read next: a long
  * context's cache streams from memory (or this VM's far L3) as two streams per head, which the
- * hardware prefetchers alone kept to about 10 G bytes/s at one thread. bench_attend (110M, one
- * thread, ms per token at 1024 and 2048 positions, alternating runs): F16 4.1-4.2 -> 3.4-3.7 and
- * 7.5-7.7 -> 6.7-7.2, Q8_0 2.8-2.9 -> 2.0-2.2 and 5.3-6.9 -> 4.1-5.0, F32 level (13.7 G bytes/s,
- * about what one thread reads there); 16 and 64 keys ahead about the same as 32. Decode of 110M
- * Q4_K_M at 896 positions, two threads, tok/s: F16 309-315 -> 327-359, Q8_0 319-321 -> 353-378. */
+ * hardware prefetchers alone kept well below what one thread reads. F16 and Q8_0 caches gained at
+ * 1024 and 2048 positions, F32's was level (already at the read rate); 16 and 64 keys ahead did
+ * about as well as 32 (build/bench_attend, 110M, one thread; tlm bench tg at long contexts). */
 #define PF_KEYS 32
 
 /* Bytes of one cached row of hd elements of kind KV (the block kinds: hd / 32 whole blocks). */
@@ -322,10 +321,10 @@ K_TARGET_AVX512 static void keys_transposed(const int KV, const void *K, int S, 
  * 16 keys at once so that R x KB chains (8) hide the adds' latency. The probabilities are left
  * unnormalized and the output is scaled by one over their sum at the end; V's rows are loaded
  * once for all R queries. */
-K_TARGET_AVX512 static inline AI void block_avx512(const int NB, const int R, const int KB,
-                                                   const float *q, size_t ldq, const float *kt,
-                                                   int Sp, const void *V, const int KV, int last0,
-                                                   float scale, float *p, float *o, size_t ldo) {
+K_TARGET_AVX512 static inline K_ALWAYS_INLINE void
+block_avx512(const int NB, const int R, const int KB, const float *q, size_t ldq, const float *kt,
+             int Sp, const void *V, const int KV, int last0, float scale, float *p, float *o,
+             size_t ldo) {
     const int hd = 16 * NB, n = last0 + R; /* keys any of the R queries sees */
     for (int j0 = 0; j0 < n; j0 += 16 * KB) {
         __m512 acc[8];
@@ -389,11 +388,10 @@ K_TARGET_AVX512 static inline AI void block_avx512(const int NB, const int R, co
 }
 
 /* All T queries, in blocks of R (the last block R = 1 at a time). */
-K_TARGET_AVX512 static inline AI void causal_avx512(const int NB, const int R, const int KB, int kk,
-                                                    const int KV, const float *q, size_t ldq,
-                                                    const void *K, const void *V, int T, int first,
-                                                    float scale, float *kt, float *p, float *o,
-                                                    size_t ldo) {
+K_TARGET_AVX512 static inline K_ALWAYS_INLINE void
+causal_avx512(const int NB, const int R, const int KB, int kk, const int KV, const float *q,
+              size_t ldq, const void *K, const void *V, int T, int first, float scale, float *kt,
+              float *p, float *o, size_t ldo) {
     int S = first + T, Sp = (S + 63) & ~63;
     keys_transposed(kk, K, S, Sp, 16 * NB, kt);
     int t = 0;

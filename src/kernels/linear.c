@@ -1,8 +1,10 @@
 #include <cblas.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/dtype.h"
+#include "core/knob.h"
 #include "kernels.h"
 #include "matvec.h"
 #include "qdot.h"
@@ -48,16 +50,24 @@ static const float *stacked_bias(const tlm_weight *const *w, const float *const 
  * has AVX-512 (F16 rows widened a block at a time into L1), else sgemm (F16 on widened tiles).
  * Block types: the repacked 8-bit products (qgemm.c) where the CPU has AVX-512 VNNI, else widened
  * tiles and sgemm. BF16 weights meet activations rounded to BF16 on vdpbf16ps where the CPU has
- * AVX512_BF16, as their decode kernel and llama.cpp do (1.7x the widened tiles on 110M; about 1e-3
- * from fp32 logits: TLM_LOAD_FP32 widens them at load for exact products). TLM_QPREFILL overrides
- * it for comparisons (bench/quant/prefill_paths.sh, the tests): "sgemm", "qgemm", or "int8" (the
- * decode kernels, a few rows at a time). */
+ * AVX512_BF16, as their decode kernel and llama.cpp do (faster than the widened tiles, and about
+ * 1e-3 from fp32 logits: TLM_LOAD_FP32 widens them at load for exact products). k_linear_prefill
+ * (tests) or, in a benchmark build, TLM_QPREFILL=sgemm|int8|qgemm (bench/quant/prefill_paths.sh)
+ * chooses another path for comparisons. */
 enum { PREFILL_SGEMM, PREFILL_FLOAT, PREFILL_QGEMM, PREFILL_INT8 };
+static _Atomic int prefill_override = K_PREFILL_DEFAULT; /* k_linear_prefill */
+
+k_prefill_path k_linear_prefill(k_prefill_path path) {
+    return atomic_exchange(&prefill_override, path);
+}
+
 static int prefill_path(tlm_dtype t) {
-    const char *e = getenv("TLM_QPREFILL"); /* once per product of many rows: negligible */
-    if (e && !strcmp(e, "sgemm")) return PREFILL_SGEMM;
+    int want = atomic_load_explicit(&prefill_override, memory_order_relaxed);
+    /* once per product of many rows: negligible */
+    const char *e = want == K_PREFILL_DEFAULT ? bench_knob("TLM_QPREFILL") : NULL;
+    if (want == K_PREFILL_SGEMM || (e && !strcmp(e, "sgemm"))) return PREFILL_SGEMM;
     if (k_act_of(t) == K_ACT_F32) return PREFILL_FLOAT;
-    if (e && !strcmp(e, "int8")) return PREFILL_INT8;
+    if (want == K_PREFILL_INT8 || (e && !strcmp(e, "int8"))) return PREFILL_INT8;
     return k_qgemm_takes(t) ? PREFILL_QGEMM : PREFILL_SGEMM;
 }
 
@@ -68,8 +78,8 @@ static void linear_rows(float *y, int ldy, const float *x, int N, const tlm_weig
     int in = (int)w->cols, out = (int)w->rows;
     int path = prefill_path(w->dtype);
     /* k_fgemm beats widened tiles + sgemm on F16 rows everywhere, and sgemm on F32 rows from 512
-     * columns (1.03-1.40x on prompts, level on training's long products) and on batched decode's
-     * few rows, but is up to 10% slower on short rows of training's many (build/bench_fgemm). */
+     * columns (faster on prompts, level on training's long products) and on batched decode's few
+     * rows, but is slower on the short rows of training's many (build/bench_fgemm). */
     if (path == PREFILL_FLOAT && (w->dtype == TLM_DTYPE_F16 || in >= 512 || N < 256) &&
         !k_fgemm(y, ldy, x, N, w, b))
         return;

@@ -8,10 +8,9 @@
 
 /* Largest M that the matrix-vector path handles well; above it sgemm's blocking (or, for block
  * types, the repacked 8-bit GEMM) wins. F32 and F16 weights: where k_fgemm runs (AVX-512), it
- * takes F32 from 3 rows and F16 at 6-8 rows and from 11 (k_linear_parts; 110M, 2 threads, tlm bench
- * tg, medians of 4 alternating runs: F32 at 8 rows 311 -> 511 tok/s, at 16 rows 428 -> 789);
- * elsewhere they stay here up to 16 rows, as sgemm re-packs every weight per call and reads it at a
- * fraction of the rate (12 rows 220 tok/s through sgemm, 390-405 here). */
+ * takes F32 from 3 rows and F16 at 6-8 rows and from 11 (linear.c's float_rows_matvec); elsewhere
+ * they stay here up to 16 rows, as sgemm re-packs every weight per call and reads it at a fraction
+ * of the rate (tlm bench tg -b on 110M shows both). */
 #define K_MATVEC_MAX_ROWS 8
 #define K_MATVEC_MAX_ROWS_FLOAT 16
 
@@ -47,30 +46,42 @@ typedef struct {
     int ldy;
     const float *x;
     int M, in, n;
-    int ur;  /* output rows per unit of work */
-    int par; /* large enough to share among threads */
+    int unit_rows; /* output rows per unit of work (4, or 3 with the x3m4 kernels) */
+    int parallel;  /* large enough to share among threads */
     long units;
     k_matvec_part parts[K_LINEAR_MAX_PARTS];
-    long first[K_LINEAR_MAX_PARTS + 1]; /* parts' first units */
-    k_vdot_rows3_fn r3s[K_LINEAR_MAX_PARTS];
-    k_vdot_w4_fn w4s[K_LINEAR_MAX_PARTS];
-    int pfs[K_LINEAR_MAX_PARTS], spreads[K_LINEAR_MAX_PARTS];
-    int rpfs[K_LINEAR_MAX_PARTS];    /* the rows kernels' weight rows prefetched one by one */
-    size_t fars[K_LINEAR_MAX_PARTS]; /* and their L2 prefetch's distance past that, or 0 */
-    k_vdot_fn dots[K_LINEAR_MAX_PARTS];
-    k_vdot_rows_fn rdots[K_LINEAR_MAX_PARTS];
-    const uint8_t *acts[K_LINEAR_MAX_PARTS];
-    size_t rbs[K_LINEAR_MAX_PARTS];
+    long first_unit[K_LINEAR_MAX_PARTS + 1];
+    /* Per part, chosen once (traits.h's shapes): */
+    k_vdot_rows3_fn dot_x3m4[K_LINEAR_MAX_PARTS]; /* three weight rows at a time, or NULL */
+    k_vdot_w4_fn dot_x4[K_LINEAR_MAX_PARTS];      /* four weight rows at a time, or NULL */
+    /* the unit after next asked for ahead of each unit, and by the x4 kernel a share per step
+     * of its loop (k_vdot_w4_fn's pf) rather than all at once */
+    int prefetch_ahead[K_LINEAR_MAX_PARTS], prefetch_spread[K_LINEAR_MAX_PARTS];
+    int row_prefetch[K_LINEAR_MAX_PARTS]; /* the m8 kernel's weight rows prefetched one by one */
+    size_t row_prefetch_far[K_LINEAR_MAX_PARTS]; /* and their L2 prefetch's distance, or 0 */
+    k_vdot_fn dot[K_LINEAR_MAX_PARTS];
+    k_vdot_rows_fn dot_m8[K_LINEAR_MAX_PARTS]; /* one weight row at a time, or NULL */
+    const uint8_t *act[K_LINEAR_MAX_PARTS];    /* the activation rows in the part's form */
+    size_t act_stride[K_LINEAR_MAX_PARTS];     /* bytes from one activation row to the next */
 } k_matvec_plan;
 
 void k_matvec_plan_init(k_matvec_plan *pl, float *y, int ldy, const float *x, int M, int in,
                         const k_matvec_part *parts, int n);
 void k_matvec_plan_run(const k_matvec_plan *pl);
-/* Output rows [r0, r1) of part p; r0 a multiple of pl->ur, r1 one too or the part's end. */
+/* Output rows [r0, r1) of part p; r0 a multiple of pl->unit_rows, r1 one too or the part's end.
+ */
 void k_matvec_plan_rows(const k_matvec_plan *pl, int p, int r0, int r1);
 /* Output columns [c0, c1) of y, across parts; where they meet a part, its rows there must start
- * and end on units of pl->ur rows (or at its end), as for k_matvec_plan_rows. */
+ * and end on units of pl->unit_rows rows (or at its end), as for k_matvec_plan_rows. */
 void k_matvec_plan_cols(const k_matvec_plan *pl, int c0, int c1);
+/* How k_linear computes products of more rows than the matrix-vector path takes (prompts):
+ * K_PREFILL_DEFAULT chooses by type and CPU (linear.c's prefill_path), K_PREFILL_SGEMM widens every
+ * type to F32 tiles for sgemm (F32 straight), K_PREFILL_INT8 runs the decode kernels over all rows
+ * (types other than F32 and F16). For tests and comparisons; call it while no product runs.
+ * Returns the path it replaces. */
+typedef enum { K_PREFILL_DEFAULT, K_PREFILL_SGEMM, K_PREFILL_INT8 } k_prefill_path;
+k_prefill_path k_linear_prefill(k_prefill_path path);
+
 /* k_linear_parts's product as a plan where it takes the matrix-vector path (a decode step's few
  * rows): 1 with *pl ready; 0 where it goes another way (sgemm, the 8-bit GEMM). */
 int k_linear_parts_plan(k_matvec_plan *pl, float *y, int ldy, const float *x, int N,

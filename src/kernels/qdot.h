@@ -2,19 +2,22 @@
  * of activations prepared for that type, as llama.cpp computes them: the 32-element block types
  * meet activations quantized to Q8_0 blocks, the K types Q8_K blocks (256 int8 and a float scale,
  * plus sums of 16), BF16 meets activations rounded to BF16, F16 meets F32. Each type has a plain C
- * reference; AVX2 and AVX-512 (VNNI vpdpbusd, BF16 vdpbf16ps) versions are compiled with target
- * attributes and chosen at run time from the CPU's features, so one binary runs on any x86-64. */
+ * reference (ref/); AVX2 and AVX-512 (VNNI vpdpbusd, BF16 vdpbf16ps) versions (x86/) are compiled
+ * with target attributes and chosen at run time from the CPU's features, so one binary runs on any
+ * x86-64. This is the callers' view; traits.h says where each type's kernels are chosen and how a
+ * type is added. */
 #ifndef TLM_KERNELS_QDOT_H
 #define TLM_KERNELS_QDOT_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "cpu.h"
 #include "tlm.h"
 
-/* How a type wants its activations. */
-typedef enum { K_ACT_F32, K_ACT_BF16, K_ACT_Q8_0, K_ACT_Q8_K, K_ACT_NONE } k_act_kind;
+/* How a type wants its activations (K_ACT_NONE: the type is not computed on). */
+typedef enum { K_ACT_NONE, K_ACT_F32, K_ACT_BF16, K_ACT_Q8_0, K_ACT_Q8_K, K_ACT_COUNT } k_act_kind;
 
 /* llama.cpp's block_q8_K: x = d * q; bsums[j] = sum of q[16j .. 16j + 15]. */
 typedef struct {
@@ -23,9 +26,7 @@ typedef struct {
     int16_t bsums[16];
 } k_block_q8_k;
 
-/* s = w . x over n elements (a whole number of w's blocks); xq is the activation row in
- * k_act_of(type)'s form. */
-typedef void (*k_vdot_fn)(int n, float *s, const void *w, const void *xq);
+/* ---- activation rows ----------------------------------------------------------------------- */
 
 k_act_kind k_act_of(tlm_dtype t);
 /* A K_ACT_Q8_0 row of n elements: n / 32 tlm_block_q8_0 as llama.cpp's, then, from the next
@@ -68,6 +69,15 @@ static inline void k_act_q8_k_nib_fill(int8_t *g, const int8_t *qs) {
         for (int i = 0; i < 32; i++) g[32 * r + i] = qs[32 * order[r] + i];
 }
 
+/* Round to nearest, ties to even, for |f| < 2^22 (llama.cpp's nearest_int): the activation
+ * quantizers' reference and the IQ4 search. */
+static inline int k_nearest_int(float f) {
+    float v = f + 12582912.0f;
+    int32_t i;
+    memcpy(&i, &v, 4);
+    return (i & 0x007fffff) - 0x00400000;
+}
+
 /* Bytes of one activation row of n elements for a type (0: type not computed on). */
 size_t k_act_row_bytes(tlm_dtype t, int n);
 /* x[n] to the activation form the type wants (n a whole number of its blocks). */
@@ -81,36 +91,35 @@ void k_act_quantize_ref(k_act_kind kind, const float *x, void *xq, int n);
  * away from zero. The vector version (AVX-512) matches the reference byte for byte. */
 void k_q8_0_blocks(const float *x, void *y, int n);
 void k_q8_0_blocks_ref(const float *x, void *y, int n);
-/* tlm_quantize_rows with the kernels' vector versions where they exist, byte for byte the same:
- * IQ4_NL and IQ4_XS's search on AVX-512 lanes (k_simd_iq4_blocks, act_quant.c: 1 if it ran, for
- * n floats of whole blocks). tlm quantize's tensors and (through k_narrow_row) the KV cache's
- * stores go through it. */
+/* tlm_quantize_rows with the kernels' vector versions where they exist, byte for byte the same
+ * (IQ4_NL and IQ4_XS's search on AVX-512 lanes). tlm quantize's tensors and (through
+ * k_narrow_row) the KV cache's stores go through it. */
 tlm_status k_quantize_rows(tlm_dtype t, const float *x, void *y, size_t rows, size_t cols,
                            const float *qw);
-int k_simd_iq4_blocks(tlm_dtype t, const float *x, void *y, int n, const float *qw);
-/* The best instruction set this CPU runs (TLM_ISA=ref|avx2|avxvnni caps it, for comparisons). */
+
+/* ---- instruction sets ---------------------------------------------------------------------- */
+
+/* The best instruction set this CPU runs (in a benchmark build, TLM_ISA=ref|avx2|avxvnni caps it,
+ * for comparisons: src/core/knob.h). */
 int k_isa(void);
 /* 1 where the CPU has AVX-VNNI and k_isa() is at least K_ISA_AVX2 (not under TLM_ISA=avx2): the
  * 256-bit vpdpbusd that K_ISA_AVX2 kernels may use. */
 int k_avxvnni(void);
 /* 0: as if the CPU had no AVX-VNNI from now on (for tests: the AVX2 kernels without it); 1: back.
- */
+ * Call it while no product runs. */
 void k_avxvnni_cap(int on);
 /* 1 on AMD's x86 CPUs (cpuid's vendor), for choices that measured differently there. */
 int k_cpu_amd(void);
-/* Caps the instruction set k_vdot picks from now on (K_ISA_REF: the references). For tests and
- * comparisons; call it while no product runs. */
+/* Caps the instruction set the dot products and activation quantizers are chosen at from now on
+ * (K_ISA_REF: the references). For tests and comparisons; call it while no product runs. */
 void k_isa_cap(int isa);
-/* The dot product of a type at one instruction set; NULL when that set has no version of its own
- * for the type or the CPU lacks it. k_vdot: the best available (never NULL for a computed type). */
-k_vdot_fn k_vdot_get(tlm_dtype t, int isa);
-k_vdot_fn k_vdot(tlm_dtype t);
 
-/* The decode kernels' L2 prefetch on Intel's CPUs (qdot_x86.c's pf_far has the figures): this
- * many weight rows past the L1 prefetch, for rows of more than K_PF_FAR_MIN_COLS columns (shorter
- * ones belong to models small enough to sit in L3, where it cost 1-3%). */
-#define K_PF_FAR_ROWS 16
-#define K_PF_FAR_MIN_COLS 256
+/* ---- the kernels' shapes (traits.h's legend names them) ------------------------------------ */
+
+/* s = w . x over n elements (a whole number of w's blocks); xq is the activation row in
+ * k_act_of(type)'s form. */
+typedef void k_vdot_kernel(int n, float *s, const void *w, const void *xq);
+typedef k_vdot_kernel *k_vdot_fn;
 
 /* Most activation rows a k_vdot_rows_fn takes in one call. */
 #define K_VDOT_MAX_ROWS 8
@@ -118,12 +127,9 @@ k_vdot_fn k_vdot(tlm_dtype t);
  * weight row against several activation rows, each weight load and unpacking shared by all of
  * them (decode of several sequences at once). Defined as the type's k_vdot per row; the vector
  * versions sum in another order. */
-typedef void (*k_vdot_rows_fn)(int n, int M, float *s, const void *w, const void *xq,
-                               size_t xstride);
-/* The several-row version at one instruction set (NULL where it has none: callers then call the
- * one-row dot per row); k_vdot_rows: the best available under the cap, or NULL. */
-k_vdot_rows_fn k_vdot_rows_get(tlm_dtype t, int isa);
-k_vdot_rows_fn k_vdot_rows(tlm_dtype t);
+typedef void k_vdot_rows_kernel(int n, int M, float *s, const void *w, const void *xq,
+                                size_t xstride);
+typedef k_vdot_rows_kernel *k_vdot_rows_fn;
 
 /* Most activation rows a k_vdot_rows3_fn takes in one call. */
 #define K_VDOT3_MAX_ROWS 4
@@ -132,24 +138,53 @@ k_vdot_rows_fn k_vdot_rows(tlm_dtype t);
  * pair. Each activation vector loaded serves three weight rows: more than 8 activation rows (tlm
  * serve's batched decode) no longer fit in L1, and the loads from L2 then bound the one-row
  * kernel. F32 and F16 (AVX-512); NULL elsewhere. */
-typedef void (*k_vdot_rows3_fn)(int n, int M, float *s, const void *w, size_t wstride,
-                                const void *xq, size_t xstride);
-k_vdot_rows3_fn k_vdot_rows3(tlm_dtype t);
+typedef void k_vdot_rows3_kernel(int n, int M, float *s, const void *w, size_t wstride,
+                                 const void *xq, size_t xstride);
+typedef k_vdot_rows3_kernel *k_vdot_rows3_fn;
 
 /* Four weight rows (w + r * wstride bytes, r < 4) against one activation row: s[r] = w_r . xq,
  * each bit for bit what the type's one-row product gives (k_vdot_rows with M = 1 where the type
  * has it, else k_vdot). The activation's loads and preparation are shared and four rows'
- * reductions overlap, which is what bounds cache-resident or compute-heavy rows (F32, Q8_0, Q4_0,
- * Q4_K, Q5_K, Q6_K; BF16 with AVX512_BF16); long rows of types with a cheap one-row kernel go one
- * at a time instead, one sequential stream (k_matvec_parts). AVX-512; NULL elsewhere. Unless pf is
- * NULL, the block types' kernels also prefetch the 4 * wstride bytes from pf (the unit after next),
- * a share per step of their loop; pf may point past the weights' end. The F32, F16 and BF16 kernels
+ * reductions overlap, which is what bounds cache-resident or compute-heavy rows; long rows of
+ * types with a cheap one-row kernel go one at a time instead, one sequential stream
+ * (k_matvec_parts). AVX-512 (every type with a several-row kernel, and BF16 with AVX512_BF16) and
+ * AVX2 (F32, F16 and the block types but Q4_1, Q5_0 and Q5_1); NULL elsewhere. Unless pf is NULL,
+ * the block types' kernels also prefetch the 4 * wstride bytes from pf (the unit after next), a
+ * share per step of their loop; pf may point past the weights' end. The F32, F16 and BF16 kernels
  * ignore pf: k_matvec_parts asks for their units' lines all at once, which measured faster.
  * A call runs `units` such groups of four rows one after another: group u is rows 4u .. 4u + 3
  * into s[4u .. 4u + 3], prefetching from pf + 4u * wstride. */
-typedef void (*k_vdot_w4_fn)(int n, float *s, const void *w, size_t wstride, const void *xq,
-                             const void *pf, int units);
+typedef void k_vdot_w4_kernel(int n, float *s, const void *w, size_t wstride, const void *xq,
+                              const void *pf, int units);
+typedef k_vdot_w4_kernel *k_vdot_w4_fn;
+
+/* An activation row's quantizer: x[n] into the row xq (k_act_quantize's kinds; or Q8_0 blocks
+ * alone, k_q8_0_blocks). */
+typedef void k_act_quantize_kernel(const float *x, void *xq, int n);
+/* Row conversions: n elements of a float type to floats, n floats to a float type, and n floats
+ * (whole blocks) to a block type with an importance matrix's weights qw (or NULL). */
+typedef void k_widen_kernel(const void *src, float *dst, int n);
+typedef void k_narrow_kernel(const float *src, void *dst, int n);
+typedef void k_quantize_kernel(const float *x, void *y, int n, const float *qw);
+
+/* ---- the kernels of a type ----------------------------------------------------------------- */
+
+/* The dot product of a type at one instruction set; NULL when that set has no version of its own
+ * for the type or the CPU lacks it. k_vdot: the best available (never NULL for a computed type). */
+k_vdot_fn k_vdot_get(tlm_dtype t, int isa);
+k_vdot_fn k_vdot(tlm_dtype t);
+/* The several-row version at one instruction set (NULL where it has none: callers then call the
+ * one-row dot per row); k_vdot_rows: the best available under the cap, or NULL. */
+k_vdot_rows_fn k_vdot_rows_get(tlm_dtype t, int isa);
+k_vdot_rows_fn k_vdot_rows(tlm_dtype t);
+k_vdot_rows3_fn k_vdot_rows3(tlm_dtype t);
 k_vdot_w4_fn k_vdot_w4(tlm_dtype t);
+
+/* The decode kernels' L2 prefetch on Intel's CPUs (x86/vec_dot_x86.h's prefetch_far says why):
+ * this many weight rows past the L1 prefetch, for rows of more than K_PF_FAR_MIN_COLS columns
+ * (shorter ones belong to models small enough to sit in L3, where it cost). */
+#define K_PF_FAR_ROWS 16
+#define K_PF_FAR_MIN_COLS 256
 
 /* One weight row of n elements to floats (tlm_dtype_to_f32, vectorized where it matters). */
 void k_widen_row(tlm_dtype t, const void *src, float *dst, int n);

@@ -1,24 +1,38 @@
-/* The x86 vector versions of the dot products (qdot_x86.c), private to qdot.c. */
+/* The kernels of each instruction set as tables, one record per type, which traits.c chooses a
+ * type's kernels from: the references' (ref/vec_dot_ref.c) and x86's by instruction set
+ * (x86/kernel_sets.c). Private to the kernels. */
 #ifndef TLM_KERNELS_QDOT_SIMD_H
 #define TLM_KERNELS_QDOT_SIMD_H
 
 #include "qdot.h"
 
-/* The type's version at that level, or NULL when it has none of its own. */
-k_vdot_fn k_simd_vdot(tlm_dtype t, int isa);
-/* The type's several-row version at that level (qdot.h), or NULL. */
-k_vdot_rows_fn k_simd_vdot_rows(tlm_dtype t, int isa);
-k_vdot_rows3_fn k_simd_vdot_rows3(tlm_dtype t, int isa);
-k_vdot_w4_fn k_simd_vdot_w4(tlm_dtype t, int isa);
+/* One type's kernels at one instruction set; NULL where that set has none of its own. */
+typedef struct {
+    k_vdot_fn vec_dot;            /* one weight row x one activation row */
+    k_vdot_rows_fn vec_dot_m8;    /* one weight row x up to 8 activation rows */
+    k_vdot_rows3_fn vec_dot_x3m4; /* three weight rows x up to 4 activation rows */
+    k_vdot_w4_fn vec_dot_x4;      /* four weight rows x one activation row, in runs */
+    k_widen_kernel *widen;        /* a row to floats (tlm_dtype_to_f32's) */
+    k_narrow_kernel *narrow;      /* floats to a row (tlm_dtype_from_f32's) */
+    k_quantize_kernel *quantize;  /* floats to a row, with or without an importance matrix */
+} k_type_kernels;
 
-/* k_act_quantize's row at that level (AVX-512: Q8_0, Q8_K, BF16; AVX2: Q8_0, Q8_K), byte for byte
- * the reference's; 0 where this CPU or level has none. */
-int k_simd_act_quantize(k_act_kind kind, const float *x, void *xq, int n, int isa);
-/* k_q8_0_blocks at AVX-512; 0 where this CPU has none. */
-int k_simd_q8_0_blocks(const float *x, void *y, int n);
-/* n elements of an F16 or BF16 row to floats when a vector version exists; 0 otherwise. */
-int k_simd_widen(tlm_dtype t, const void *src, float *dst, int n);
-/* n floats to an F16 row when a vector version exists; 0 otherwise. */
-int k_simd_narrow(tlm_dtype t, const float *src, void *dst, int n);
+typedef struct {
+    k_type_kernels type[TLM_DTYPE_COUNT];
+    k_act_quantize_kernel *act_quantize[K_ACT_COUNT]; /* by k_act_kind */
+    k_act_quantize_kernel *q8_0_blocks;               /* k_q8_0_blocks */
+} k_isa_kernels;
+
+extern const k_isa_kernels k_kernels_ref;
+#if defined(__x86_64__) || defined(__i386__)
+/* AVX-VNNI's tables only what it changes over AVX2's (where the CPU has it, k_avxvnni), and
+ * AVX512_BF16's over AVX-512's (where k_cpu() says so). */
+extern const k_isa_kernels k_kernels_avx2, k_kernels_avxvnni, k_kernels_avx512,
+    k_kernels_avx512bf16;
+#endif
+
+/* A type's kernels at one instruction set as this CPU runs them (the overlays applied; none past
+ * the CPU's level): traits.c. */
+k_type_kernels k_kernels_at(tlm_dtype t, int isa);
 
 #endif

@@ -204,8 +204,8 @@ static void attn_fwd(const tlm_model *m, int l, const tlm_pass *p, const tlm_blo
     const tlm_weight *fused = W->qkv.data ? &W->qkv : NULL;
     k_matvec_plan pl;
     int planned = fusable(c, p) && k_linear_parts_plan(&pl, b->qkv, ld, in, N, w, bias, 3, fused);
-    int fuse = planned && pl.par && hd % pl.ur == 0;
-    for (int k = 0; fuse && k < pl.n; k++) fuse = pl.parts[k].col % pl.ur == 0;
+    int fuse = planned && pl.parallel && hd % pl.unit_rows == 0;
+    for (int k = 0; fuse && k < pl.n; k++) fuse = pl.parts[k].col % pl.unit_rows == 0;
     if (fuse) {
         qkv_attend_ctx x = {m, p, b, &pl, l, ld};
         k_team_units(c->n_kv_heads, 1, 1, qkv_attend_units, &x);
