@@ -28,6 +28,7 @@
 #include "kernels/kernels.h"
 #include "kernels/qdot.h"
 #include "kernels/qgemm.h"
+#include "kernels/traits.h"
 
 static const tlm_dtype types[] = {TLM_DTYPE_Q8_0, TLM_DTYPE_Q4_0,   TLM_DTYPE_Q4_1,
                                   TLM_DTYPE_Q5_0, TLM_DTYPE_Q5_1,   TLM_DTYPE_Q2_K,
@@ -686,6 +687,13 @@ int main(void) {
               !k_gemm_ops_of(TLM_DTYPE_BF16) && !k_gemm_ops_of(TLM_DTYPE_COUNT) &&
               !k_gemm_ops_of((tlm_dtype)-1),
           "no integer form for float and unknown types");
+    /* each type's traits record (kernels/traits.h) points at its GEMM record */
+    for (int t = 0; t < TLM_DTYPE_COUNT; t++)
+        CHECK(k_traits((tlm_dtype)t)->gemm == k_gemm_ops_of((tlm_dtype)t),
+              "the traits of type %d point at its GEMM record", t);
+    CHECK(k_traits(TLM_DTYPE_Q4_K)->gemm && k_traits(TLM_DTYPE_Q4_K)->gemm->sub == 32 &&
+              k_traits(TLM_DTYPE_Q6_K)->gemm->sub == 16,
+          "Q4_K's and Q6_K's sub-blocks through the traits");
     CHECK(k_qgemm(y, 1, x, 9, &f, NULL, K_ISA_REF) == -1, "F32 refused");
     uint8_t blk[34] = {0};
     tlm_weight q = {.dtype = TLM_DTYPE_Q8_0, .data = blk, .rows = 1, .cols = 32, .row_bytes = 34};

@@ -10,6 +10,7 @@
 
 #include "core/dtype.h"
 #include "core/knob.h"
+#include "gemm_traits.h"
 #include "qdot_simd.h"
 
 /* What each computed type is, apart from its kernels. The row lengths past which one sequence's
@@ -123,6 +124,7 @@ static void choose(tlm_dtype t, int top, int conv, k_type_traits *o) {
     memset(o, 0, sizeof *o);
     o->type = t;
     if ((unsigned)t >= TLM_DTYPE_COUNT || types[t].act == K_ACT_NONE) return;
+    o->gemm = k_gemm_ops_of(t);
     o->act = types[t].act;
     o->single_row_from = types[t].single_row_from ? types[t].single_row_from : INT_MAX;
     o->single_row_from_amd = types[t].single_row_from_amd ? types[t].single_row_from_amd : INT_MAX;

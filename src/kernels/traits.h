@@ -44,7 +44,7 @@
 
 #include "qdot.h"
 
-struct k_gemm_ops; /* qgemm's record of a type (its repacked integer form), or none */
+struct k_gemm_ops; /* gemm_traits.h */
 
 typedef struct {
     tlm_dtype type;
@@ -66,8 +66,9 @@ typedef struct {
     k_widen_kernel *widen;
     k_narrow_kernel *narrow;
     k_quantize_kernel *quantize;
-    /* ---- GEMM: the prompt-sized products (qgemm.c) ---------------------------------------- */
-    const struct k_gemm_ops *gemm; /* NULL until qgemm's per-type record is connected here */
+    /* The prompt-sized products' record of the type's repacked integer form (gemm_traits.h:
+     * sub-block, packs, which micro-kernels take it); NULL for the float types. */
+    const struct k_gemm_ops *gemm;
 } k_type_traits;
 
 /* The type's record as chosen for this CPU and the current caps (never NULL; a type that is not
