@@ -35,13 +35,12 @@
 # (default 0; PIN1= leaves them to the scheduler): two vCPUs of a virtual machine can differ by a
 # quarter on arithmetic-bound kernels, so unpinned one-thread figures depend on where a run lands.
 # ISA=avx2: both sides as on a CPU without AVX-512 (what an AVX2 machine, Zen 3 or an Intel client
-# core, runs): tlm with TLM_ISA=avx2 and TLM_AMX=off (read by a -DTLM_BENCH_KNOBS=ON build),
-# built for x86-64-v3 so that no AVX-512 is
-# compiled in either (cmake -S . -B build-v3 -DTLM_NATIVE=OFF -DCMAKE_C_FLAGS=-march=x86-64-v3;
-# TLM=build-v3/tlm), OpenBLAS on its Haswell kernels, and LLAMA_BIN a llama.cpp built without
-# AVX-512 (bench/README.md gives its CMake flags); results-avx2.json. ISA=avxvnni: the same as a CPU
-# with AVX2 and AVX-VNNI (Intel's client cores since Alder Lake; llama.cpp with -DGGML_AVX_VNNI=ON
-# too); results-avxvnni.json.
+# core, runs): tlm with TLM_ISA=avx2 and TLM_AMX=off, built for x86-64-v3 with the benchmark
+# switches so that no AVX-512 is compiled in either (cmake -S . -B build-v3 -DTLM_NATIVE=OFF
+# -DTLM_BENCH_KNOBS=ON -DCMAKE_C_FLAGS=-march=x86-64-v3; TLM=build-v3/tlm), OpenBLAS on its
+# Haswell kernels, and LLAMA_BIN a llama.cpp built without AVX-512 (bench/README.md gives its CMake
+# flags); results-avx2.json. ISA=avxvnni: the same as a CPU with AVX2 and AVX-VNNI (Intel's client
+# cores since Alder Lake; llama.cpp with -DGGML_AVX_VNNI=ON too); results-avxvnni.json.
 # Prints a table and writes bench/out/quant/results.json.
 set -euo pipefail
 if [ -z "${KEEP_CORETYPE:-}" ]; then unset OPENBLAS_CORETYPE; fi
