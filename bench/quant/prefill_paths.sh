@@ -10,10 +10,11 @@
 # Usage: bash bench/quant/prefill_paths.sh [THREADS=2] [REPS=3]
 #   env: LLAMA_BIN (default /work/llama.cpp/build/bin), MODEL (110M), TYPES ("Q8_0 Q4_0 Q4_K_M"),
 #        DIR (bench/out/quant), TLM (build/tlm).
-# OPENBLAS_CORETYPE is unset (the environment presets Haswell, which keeps OpenBLAS's sgemm to
-# AVX2 on AVX-512 machines). Run on an otherwise idle machine. Writes bench/out/quant/prefill.json.
+# OPENBLAS_CORETYPE is unset (OpenBLAS's own detection) unless KEEP_CORETYPE=1. Needs a build
+# with -DTLM_BENCH_KNOBS=ON (TLM_QPREFILL). Run on an otherwise idle machine. Writes
+# bench/out/quant/prefill.json.
 set -euo pipefail
-unset OPENBLAS_CORETYPE
+if [ -z "${KEEP_CORETYPE:-}" ]; then unset OPENBLAS_CORETYPE; fi
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 TLM=${TLM:-$ROOT/build/tlm}
 LLAMA_BIN=${LLAMA_BIN:-/work/llama.cpp/build/bin}
