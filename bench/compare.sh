@@ -154,7 +154,7 @@ shakespeare() { # side round
 }
 
 echo "# REV $REV = $SHORT against the working tree (HEAD $HEAD_SHA$DIRTY); rounds: $REPS, REV then tree"
-echo "# $(nproc) cores; threads $THREADS; OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset (AVX-512)};" \
+echo "# $(nproc) cores; threads $THREADS; OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset};" \
      "OMP_WAIT_POLICY=$OMP_WAIT_POLICY; ITERS=$ITERS GEN_REPS=$GEN_REPS STEPS=$STEPS (warmup $WARMUP);" \
      "REV cmake flags: $REV_FLAGS"
 LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)

@@ -4,9 +4,12 @@
 # warmup 100, beta2 0.99, wd 0.1, clip 1.0, dropout 0. Reports the final validation loss and the
 # wall time of the whole `tlm train` run (tokenization and evaluations included; 20 validation
 # batches per evaluation, like nanoGPT's eval_iters=20 on CPU).
-# nanoGPT itself reaches 1.886 in 90.6 s wall on this machine (tuned environment). Then, unless
-# PEER=0, the same recipe in PyTorch (shakespeare_torch.py, same seed, threads and OpenBLAS
+# nanoGPT's own run of this recipe reported 1.886 (a 20-batch estimate) in 90.6 s wall. Then,
+# unless PEER=0, the same recipe in PyTorch (shakespeare_torch.py, same seed, threads and OpenBLAS
 # setting: about two minutes) for the same figures in the same run.
+# Env: THREADS (2), SEED (1337), STEPS (2000), WARMUP (100), EVAL_BATCHES (20), PRECISION
+# (below), PEER, KEEP_CORETYPE=1 (keep OPENBLAS_CORETYPE; unset otherwise), JSON=FILE (the figures
+# as JSON).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${BUILD:-build}
@@ -27,7 +30,7 @@ cat >"$OUT/config.json" <<'JSON'
 JSON
 start=$(date +%s.%N)
 "$ROOT/$BUILD/tlm" train -c "$OUT/config.json" --data "$DATA/text/tinyshakespeare.txt" --char \
-    -o "$OUT/run" --steps "${STEPS:-2000}" --batch 12 --lr 1e-3 --min-lr 1e-4 --warmup 100 --beta2 0.99 \
+    -o "$OUT/run" --steps "${STEPS:-2000}" --batch 12 --lr 1e-3 --min-lr 1e-4 --warmup "${WARMUP:-100}" --beta2 0.99 \
     --weight-decay 0.1 --clip 1.0 --eval-interval 250 --eval-batches ${EVAL_BATCHES:-20} \
     --init gpt2 --seed "${SEED:-1337}" -t "$THREADS" --precision "$ASKED" 2>"$OUT/train.log"
 end=$(date +%s.%N)
@@ -49,4 +52,12 @@ if [ "${PEER:-1}" != 0 ]; then
     echo "pytorch ($PRECISION, same recipe, seed ${SEED:-1337}): val loss $(sed 's/.*"val_loss_whole": \([0-9.]*\).*/\1/' <<<"$p") on the whole validation split, $(sed 's/.*"val_loss_20_batches": \([0-9.]*\).*/\1/' <<<"$p") 20-batch estimate, wall $(sed 's/.*"wall_s": \([0-9.]*\).*/\1/' <<<"$p") s"
     pw=$(sed 's/.*"wall_s": \([0-9.]*\).*/\1/' <<<"$p")
     echo "tlm / pytorch wall: $(awk -v a="$wall" -v b="$pw" 'BEGIN { printf "%.2fx faster", b / a }')"
+fi
+if [ -n "${JSON:-}" ]; then
+    {
+        printf '{"precision": "%s", "seed": %s, "threads": %s, "tlm_val_loss": %s, "tlm_val_estimate": %s, "tlm_wall_s": %s' \
+            "$PRECISION" "${SEED:-1337}" "$THREADS" "${full:-null}" "${val:-null}" "$wall"
+        if [ "${PEER:-1}" != 0 ]; then printf ', "pytorch": %s' "$p"; fi
+        echo "}"
+    } >"$JSON"
 fi

@@ -8,7 +8,7 @@
 # futex wake-ups), OpenMP runtime, then the other tlm functions one by one (norms, softmax, ...).
 # usage: bench/bf16/profile.sh [CONFIG] [PRECISION]   (configs: gpt2 small char; bf16 or fp32)
 # Env: THREADS (2), ITERS_A (2), ITERS_B (6), TOP (12 functions listed). Needs perf (Debian
-# linux-perf). OPENBLAS_CORETYPE is unset (the environment presets Haswell) unless KEEP_CORETYPE=1.
+# linux-perf). OPENBLAS_CORETYPE is unset (OpenBLAS's own detection) unless KEEP_CORETYPE=1.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=${BUILD:-build}

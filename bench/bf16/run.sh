@@ -2,8 +2,8 @@
 # bf16 GEMM candidates (oneDNN, libxsmm, OpenBLAS sbgemm) against fp32 sgemm on the products of a
 # training step, and the vdpbf16ps / FMA peaks. Builds bench_bf16 into $BUILD/bench_bf16.
 # usage: bench/bf16/run.sh [REPS] [FILTER]
-# Env: THREADS (default 2). OPENBLAS_CORETYPE is unset (the environment presets Haswell; unset,
-# OpenBLAS picks its AVX-512 kernels) unless KEEP_CORETYPE=1, e.g.
+# Env: THREADS (default 2). OPENBLAS_CORETYPE is unset (OpenBLAS's own detection, which prints
+# the core it chose here) unless KEEP_CORETYPE=1, e.g.
 # KEEP_CORETYPE=1 OPENBLAS_CORETYPE=COOPERLAKE bench/bf16/run.sh to force OpenBLAS's bf16 core.
 # Needs libdnnl-dev; libxsmm-dev is optional (its column is 0 without it).
 set -euo pipefail

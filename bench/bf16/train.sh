@@ -7,8 +7,9 @@
 # estimate of a training step's matrix arithmetic, attention included), against the vdpbf16ps
 # peak that bench/bf16/run.sh measures.
 # usage: bench/bf16/train.sh [ROUNDS] [ITERS] [CONFIG...]   (configs: gpt2 small char)
-# Env: THREADS (default 2), TORCH_FP32=1 adds PyTorch fp32. OPENBLAS_CORETYPE is unset (the
-# environment presets Haswell) unless KEEP_CORETYPE=1; OMP_WAIT_POLICY defaults to passive.
+# Env: THREADS (default 2), TORCH_FP32=1 adds PyTorch fp32, JSON=FILE also writes the medians
+# there as a JSON array. OPENBLAS_CORETYPE is unset (OpenBLAS's own detection) unless
+# KEEP_CORETYPE=1; OMP_WAIT_POLICY defaults to passive.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=${BUILD:-build}
@@ -36,6 +37,7 @@ field() { sed "s/.*\"$1\": \([0-9.]*\).*/\1/"; }
 med() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 printf "%-8s %10s %10s %10s %10s | %8s %8s | %s\n" config tlm_fp32 tlm_bf16 torch_bf16 \
     "${TORCH_FP32:+torch_fp32}" bf16/fp32 bf16/torch "tok/s (median); tlm bf16 GFLOP/s"
+rows=()
 for name in "${CONFIGS[@]}"; do
     read -r B T json <<<"$(cfg "$name")"
     a=() b=() c=() d=() params=0
@@ -56,8 +58,10 @@ for name in "${CONFIGS[@]}"; do
     mc=$(printf '%s\n' "${c[@]}" | med) md=""
     [ ${#d[@]} -eq 0 ] || md=$(printf '%s\n' "${d[@]}" | med)
     L=$(sed 's/.*"n_layers":\([0-9]*\).*/\1/' <<<"$json") D=$(sed 's/.*"d_model":\([0-9]*\).*/\1/' <<<"$json")
+    rows+=("{\"config\": \"$name\", \"B\": $B, \"T\": $T, \"threads\": $THREADS, \"tlm_fp32\": $ma, \"tlm_bf16\": $mb, \"torch_bf16\": $mc, \"torch_fp32\": ${md:-null}}")
     printf "%-8s %10.0f %10.0f %10.0f %10s | %7.2fx %7.2fx | %.0f\n" "$name" "$ma" "$mb" "$mc" "$md" \
         "$(awk -v x="$mb" -v y="$ma" 'BEGIN { print x / y }')" \
         "$(awk -v x="$mb" -v y="$mc" 'BEGIN { print x / y }')" \
         "$(awk -v t="$mb" -v p="$params" -v l="$L" -v d="$D" -v T="$T" 'BEGIN { print t * (6 * p + 12 * l * d * T) * 1e-9 }')"
 done
+if [ -n "${JSON:-}" ]; then (IFS=,; echo "[${rows[*]}]") >"$JSON"; fi

@@ -14,7 +14,7 @@ THREADS=${THREADS:-2}
 if [ -z "${KEEP_CORETYPE:-}" ]; then unset OPENBLAS_CORETYPE; fi
 W=$ROOT/bench/out/decode_models
 mkdir -p "$W"
-echo "# $(nproc) cores; threads $THREADS; OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset (AVX-512)};" \
+echo "# $(nproc) cores; threads $THREADS; OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset};" \
      "OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-tlm default (passive)}; load $(cut -d' ' -f1-3 /proc/loadavg)"
 results=()
 for spec in "15M 288 768 6 6 256" "110M 768 2048 12 12 1024"; do

@@ -4,8 +4,7 @@
 # spent in communication and the effective bandwidth it implies. Both sides train the same global
 # batch on the same random-token llm.c shard (no tokenizing), alternately, REPS rounds.
 #   bash bench/mpi/run.sh [STEPS] [REPS]      (make first; ONLY="tiny small gpt2" picks models)
-# OPENBLAS_CORETYPE is unset (this environment presets Haswell, which halves OpenBLAS's speed);
-# KEEP_CORETYPE=1 keeps it. OMP_WAIT_POLICY is active for both sides unless set.
+# OPENBLAS_CORETYPE is unset (OpenBLAS's own detection); KEEP_CORETYPE=1 keeps it. OMP_WAIT_POLICY is active for both sides unless set.
 set -eu
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 TLM=${TLM:-$ROOT/build/tlm}

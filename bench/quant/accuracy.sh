@@ -14,10 +14,10 @@
 # (bench/out/quant), STEPS (300: about 5 minutes on 2 cores), D (256), DFF (768), LAYERS (4),
 # HEADS (4), CTX (256), VOCAB (1024), HELD_BYTES (held-out tail of DATA: 100000), THREADS (2),
 # TYPES (all of tlm quantize's). A trained model is reused (OUT/f32.gguf) until deleted. The
-# table goes to stdout and OUT/accuracy.md. OPENBLAS_CORETYPE is unset (the environment presets
-# Haswell, which would slow tlm's training on AVX-512 machines).
+# table goes to stdout and OUT/accuracy.md. OPENBLAS_CORETYPE is unset (OpenBLAS's own detection)
+# unless KEEP_CORETYPE=1.
 set -euo pipefail
-unset OPENBLAS_CORETYPE
+if [ -z "${KEEP_CORETYPE:-}" ]; then unset OPENBLAS_CORETYPE; fi
 cd "$(dirname "$0")/../.."
 TLM=${TLM:-build/tlm}
 LLAMA_BIN=${LLAMA_BIN:-/work/llama.cpp/build/bin}

@@ -13,10 +13,10 @@
 #   env: LLAMA_BIN (default /work/llama.cpp/build/bin), MODEL (110M), TYPES ("Q8_0 Q4_0 Q4_K_M"),
 #        DIR (bench/out/quant), TLM: a benchmark build (cmake -DTLM_BENCH_KNOBS=ON), the only kind
 #        that reads TLM_QPREFILL (src/core/knob.h); without TLM, one is built in build-bench.
-# OPENBLAS_CORETYPE is unset (the environment presets Haswell, which keeps OpenBLAS's sgemm to
-# AVX2 on AVX-512 machines). Run on an otherwise idle machine. Writes bench/out/quant/prefill.json.
+# OPENBLAS_CORETYPE is unset (OpenBLAS's own detection) unless KEEP_CORETYPE=1. Run on an
+# otherwise idle machine. Writes bench/out/quant/prefill.json.
 set -euo pipefail
-unset OPENBLAS_CORETYPE
+if [ -z "${KEEP_CORETYPE:-}" ]; then unset OPENBLAS_CORETYPE; fi
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 if [ -z "${TLM:-}" ]; then
   cmake -S "$ROOT" -B "$ROOT/build-bench" -DCMAKE_BUILD_TYPE=Release -DTLM_BENCH_KNOBS=ON >/dev/null

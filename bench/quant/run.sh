@@ -17,36 +17,36 @@
 # vocabulary here, is not read per token and does not count).
 #
 # Usage: bash bench/quant/run.sh [THREADS="1 2"] [N=32] [REPS=2]
-#   env: LLAMA_BIN (default /work/llama.cpp/build/bin; on CPUs with AMX, llama.cpp's native
-#        build crashes in its AMX kernels on this VM: build it with -mno-amx-tile -mno-amx-int8
-#        -mno-amx-bf16 in CMAKE_C_FLAGS and CMAKE_CXX_FLAGS, see bench/README.md), MODELS
+#   env: LLAMA_BIN (default /work/llama.cpp/build/bin; bench/results.sh builds llama.cpp from the
+#        source node-llama-cpp carries; on a virtual Xeon with AMX its native build died with
+#        SIGILL in its AMX kernels, so there it is built with -mno-amx-tile -mno-amx-int8
+#        -mno-amx-bf16 in CMAKE_C_FLAGS and CMAKE_CXX_FLAGS), MODELS
 #        ("15M 110M"; "400M": dim 1024, hidden 2816, 24 layers, read from memory), TYPES
 #        ("F32 F16 BF16 Q8_0 Q4_0 Q4_K_M"), TLM (default build/tlm).
 # Each side runs with its defaults: tlm bench reads the model into 2 MiB pages (as tlm serve does;
 # TLM="build/tlm ... --mmap" wrappers time the mapped file), llama-bench maps it.
 # tlm's prefill of block types is its repacked 8-bit GEMM (src/kernels/qgemm.c) on CPUs with AVX-512
-# VNNI; TLM_QPREFILL=sgemm (widened tiles) or =int8 (the decode kernels) in the environment times
-# another path (bench/quant/prefill_paths.sh compares all three in one run). TLM_QPREFILL and
-# TLM_ISA (ISA= below) are read by benchmark builds only (cmake -DTLM_BENCH_KNOBS=ON,
-# src/core/knob.h): set TLM to one for them.
-# OPENBLAS_CORETYPE is unset (the environment presets Haswell, which keeps OpenBLAS's sgemm to
-# AVX2 on AVX-512 machines). Run on an otherwise idle machine: llama.cpp's worker threads spin.
+# VNNI; in a build with -DTLM_BENCH_KNOBS=ON, TLM_QPREFILL=sgemm (widened tiles) or =int8 (the
+# decode kernels) in the environment times another path (bench/quant/prefill_paths.sh compares
+# all three in one run).
+# OPENBLAS_CORETYPE is unset (OpenBLAS's own detection) unless KEEP_CORETYPE=1. Run on an
+# otherwise idle machine: llama.cpp's worker threads spin.
 # One-thread runs of both sides (and of the bandwidth measure) are pinned to one CPU, PIN1
-# (default 0; PIN1= leaves them to the scheduler): this VM's two vCPUs differ by up to 25% on
-# arithmetic-bound kernels, so unpinned one-thread figures depended on where each run landed.
+# (default 0; PIN1= leaves them to the scheduler): two vCPUs of a virtual machine can differ by a
+# quarter on arithmetic-bound kernels, so unpinned one-thread figures depend on where a run lands.
 # ISA=avx2: both sides as on a CPU without AVX-512 (what an AVX2 machine, Zen 3 or an Intel client
-# core, runs): tlm with TLM_ISA=avx2 and TLM_AMX=0, built for x86-64-v3 so that no AVX-512 is
-# compiled in either, as a benchmark build (cmake -S . -B build-v3 -DTLM_NATIVE=OFF
-# -DCMAKE_C_FLAGS=-march=x86-64-v3 -DTLM_BENCH_KNOBS=ON; TLM=build-v3/tlm), OpenBLAS on its Haswell kernels, and LLAMA_BIN a llama.cpp built without
-# AVX-512 (bench/README.md gives its CMake flags); results-avx2.json. ISA=avxvnni: the same as a CPU
-# with AVX2 and AVX-VNNI (Intel's client cores since Alder Lake; llama.cpp with -DGGML_AVX_VNNI=ON
-# too); results-avxvnni.json.
+# core, runs): tlm with TLM_ISA=avx2 and TLM_AMX=off, built for x86-64-v3 with the benchmark
+# switches so that no AVX-512 is compiled in either (cmake -S . -B build-v3 -DTLM_NATIVE=OFF
+# -DTLM_BENCH_KNOBS=ON -DCMAKE_C_FLAGS=-march=x86-64-v3; TLM=build-v3/tlm), OpenBLAS on its
+# Haswell kernels, and LLAMA_BIN a llama.cpp built without AVX-512 (bench/README.md gives its CMake
+# flags); results-avx2.json. ISA=avxvnni: the same as a CPU with AVX2 and AVX-VNNI (Intel's client
+# cores since Alder Lake; llama.cpp with -DGGML_AVX_VNNI=ON too); results-avxvnni.json.
 # Prints a table and writes bench/out/quant/results.json.
 set -euo pipefail
-unset OPENBLAS_CORETYPE
+if [ -z "${KEEP_CORETYPE:-}" ]; then unset OPENBLAS_CORETYPE; fi
 SUFFIX=
 if [ "${ISA:-}" = avx2 ] || [ "${ISA:-}" = avxvnni ]; then
-  export TLM_ISA=$ISA TLM_AMX=0 OPENBLAS_CORETYPE=Haswell
+  export TLM_ISA=$ISA TLM_AMX=off OPENBLAS_CORETYPE=Haswell
   SUFFIX=-$ISA
 fi
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)

@@ -5,15 +5,15 @@
 # concurrent streams, the aggregate decode rate against one stream's (xN), and the
 # time to first token of a ~400-token prompt's second turn (prefix reuse). The model is the
 # random-weight llama2.c-shaped 110M (dim 768, hidden 2048, 12 layers, 12 heads, Llama's 32000
-# SPM vocabulary), as in bench/formats/decode_vs_llamacpp.sh. Unsets OPENBLAS_CORETYPE (the
-# environment presets Haswell) so OpenBLAS picks this CPU's kernels. Run on an idle machine.
+# SPM vocabulary), as in bench/formats/decode_vs_llamacpp.sh. OPENBLAS_CORETYPE is unset
+# (OpenBLAS's own detection) unless KEEP_CORETYPE=1. Run on an idle machine.
 # Usage: bash bench/serve/serve_vs_llamaserver.sh [THREADS=2] [PARALLEL=16] [TOKENS=64]
 #        [CONCURRENCY="1 4 8 16"] [MODEL=110M|15M]   (env REPS=3: alternating runs per figure)
 # Needs /work/llama.cpp/build/bin/llama-server (LLAMA_SERVER= to point elsewhere).
 # TLM_SERVE_ARGS adds options to tlm serve (e.g. "--precision bf16"; defaults otherwise).
 # Prints a table and writes bench/out/serve_vs_llamaserver.json.
 set -euo pipefail
-unset OPENBLAS_CORETYPE
+if [ -z "${KEEP_CORETYPE:-}" ]; then unset OPENBLAS_CORETYPE; fi
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 TLM=${TLM:-$ROOT/build/tlm}
 LLAMA_SERVER=${LLAMA_SERVER:-/work/llama.cpp/build/bin/llama-server}

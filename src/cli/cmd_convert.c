@@ -262,9 +262,8 @@ static int convert(int argc, char **argv, int quantize) {
         return cli_fail("convert: --to %s stores f32 only", to);
 
     /* A GGUF is written from F32 views without touching them (q and k rows are permuted in a
-     * copy): an F32 file is read where it lies rather than copied. 110M to Q4_K_M on two
-     * threads: 4.2 -> 2.8 s, llama-quantize 3.1 s; the copy's first touch of 440 MB of pages
-     * was most of the difference. */
+     * copy): an F32 file is read where it lies rather than copied, since first touching the
+     * copy's pages costs a large share of a quantization (bench/quant/quantize_speed.sh). */
     int all_f32 = 0;
     {
         tlm_file_tensor *ft = NULL;

@@ -760,8 +760,8 @@ int cmd_serve(int argc, char **argv) {
      * parked here. With the scheduler thread's team beside it, libgomp manages more threads than
      * there are CPUs (on 2 cores) and cuts its spin before sleeping at a barrier from
      * GOMP_SPINCOUNT to about 100 rounds: every parallel region of a step then costs a futex
-     * wake-up (110M, 2 threads, alternating runs: 8 streams 367 -> 410 tok/s without it).
-     * This thread runs no parallel region after this. */
+     * wake-up, which bench/serve/serve_vs_llamaserver.sh shows at 8 streams. This thread runs no
+     * parallel region after this. */
     omp_pause_resource_all(omp_pause_soft);
     if (srv_sched_new(m, tok, &so, &sv.sched)) {
         rc = cli_fail_status("serve");

@@ -372,8 +372,9 @@ static int train_main(int argc, char **argv) {
 #undef FLOAT_FLAG
     }
     o.min_lr = min_lr >= 0 ? min_lr : o.lr / 10;
-    /* auto: bf16 learns as fp32 does on the bench's recipes (Shakespeare-char: within 0.002 of
-     * fp32's validation loss over 2 seeds, bench/README.md) at 1.4-1.7x the speed. */
+    /* auto: bf16 reaches fp32's validation loss on the bench's recipes in less time
+     * (bench/bf16/shakespeare.sh, bench/bf16/train.sh), so it is the default where the CPU has
+     * it. */
     if (!precision_set)
         o.precision = tlm_bf16_supported() ? TLM_PRECISION_BF16 : TLM_PRECISION_FP32;
     if (!out) return cli_fail("train: -o OUTDIR is required");

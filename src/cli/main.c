@@ -32,16 +32,15 @@ static void usage(FILE *f) {
         fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
 }
 
-/* libgomp's default is to spin for a long time at every barrier (300000 rounds of `pause`, about
- * 6 ms on a Zen 5 core); when another process shares the cores, spinning threads steal each
- * other's time and throughput collapses (100x seen on 2 cores). Purely passive waits cost a futex
- * sleep and wake-up at each of the ~60 parallel regions of a decode step instead (tens of
- * microseconds each, against a step of 3-5 ms). The middle: spin about as long as the serial
- * work between two regions of a step takes (a norm, RoPE, attention, sampling: up to tens of
- * microseconds), then sleep, so a step's regions start without a wake-up while a waiting thread
- * gives its core back well within a scheduler slice. TLM_SPINCOUNT rounds of `pause` (~19 ns each
- * on Zen 5, ~40 ns on recent Intel cores): 40-120 us. bench/quant/two_decoders.sh measures it
- * against passive and active waits, alone and with two processes sharing the cores.
+/* libgomp's default is to spin for milliseconds at every barrier (300000 rounds of `pause`); when
+ * another process shares the cores, spinning threads steal each other's time and throughput
+ * collapses. Purely passive waits cost a futex sleep and wake-up at each of the dozens of parallel
+ * regions of a decode step instead. The middle: spin about as long as the serial work between two
+ * regions of a step takes (a norm, RoPE, attention, sampling: up to tens of microseconds), then
+ * sleep, so a step's regions start without a wake-up while a waiting thread gives its core back
+ * well within a scheduler slice. TLM_SPINCOUNT rounds of `pause` are tens of microseconds on
+ * current cores. bench/quant/two_decoders.sh measures it against passive and active waits, alone
+ * and with two processes sharing the cores.
  * libgomp reads its settings when it loads, before main, so the program re-executes itself once
  * with the setting unless the user chose a policy (OMP_WAIT_POLICY or GOMP_SPINCOUNT). */
 #define TLM_SPINCOUNT "3000"

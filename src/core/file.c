@@ -146,11 +146,10 @@ static _Thread_local int read_mode;
 void tlm_mmap_read_mode(int on) { read_mode = on; }
 
 /* The file's bytes copied into private anonymous memory on 2 MiB pages, then made read-only. A
- * file mapping here always gets 4 KiB pages (no huge pages for ext4's page cache in this kernel,
- * not even with MADV_HUGEPAGE on an aligned mapping), and decoding, which streams every weight once
- * per token, loses 10-25% to that on the larger types (110M, alternating runs: F32 1.12-1.17x,
- * F16 1.26-1.29x, Q8_0 1.07-1.09x read against mapped): TLB walks, and hardware prefetchers that
- * stop at each 4 KiB boundary. */
+ * file mapping gets 4 KiB pages (ext4's page cache has no huge pages, not even with MADV_HUGEPAGE
+ * on an aligned mapping), and decoding, which streams every weight once per token, is measurably
+ * slower from them on the larger types (bench/formats/load_memory.sh): TLB walks, and hardware
+ * prefetchers that stop at each 4 KiB boundary. */
 static tlm_status read_whole(int fd, size_t len, const char *path, void **out) {
     uint8_t *a = tlm_big_alloc(len); /* 2 MiB-aligned huge pages from 2 MiB on */
     if (!a) return tlm_err(TLM_ERR_NOMEM, "out of memory reading '%s' (%zu MiB)", path, len >> 20);

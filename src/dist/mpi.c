@@ -86,11 +86,10 @@ tlm_status dist_init(tlm_dist **out) {
     *out = NULL;
 #ifdef __GLIBC__
     /* Open MPI's reductions take temporary buffers the size of the message at every call. glibc
-     * serves such sizes with fresh mappings and unmaps them on free, so each step touched
-     * hundreds of MB of new pages (~16 us per 4 KiB page here): on a 17M-parameter model, 117k
-     * page faults and 6.4 s of communication in 4 steps, against 40k and 1.8 s with the buffers
-     * kept in the heap and the heap kept. Our own big arrays are mmapped directly (core/mem.c)
-     * and are not affected. */
+     * serves such sizes with fresh mappings and unmaps them on free, so each step would fault in
+     * hundreds of MB of new pages, which dominated the communication time (bench/mpi/run.sh);
+     * keeping the buffers in the heap and the heap unshrunk avoids that. Our own big arrays are
+     * mmapped directly (core/mem.c) and are not affected. */
     mallopt(M_MMAP_MAX, 0);
     mallopt(M_TRIM_THRESHOLD, INT_MAX);
 #endif

@@ -414,8 +414,8 @@ static void decode_tasks(void *ctx, long a, long b) {
 }
 
 /* A team only past 32768 multiply-adds: a region costs microseconds even when an `if` clause
- * keeps it on one thread (libgomp still builds a team of one: 1.3-1.5 us here), and a short
- * context's attention is less than that. */
+ * keeps it on one thread (libgomp still builds a team of one), and a short context's attention
+ * is less than that. */
 static void attend_decode(tlm_session *s, int l, int N) {
     const tlm_config *c = &s->m->c;
     long work = 0;
@@ -457,8 +457,8 @@ static void store_heads(void *ctx, long a, long b) {
 }
 
 /* A prompt's rows were written by every thread of the product before: each thread stores whole
- * heads (a serial store of a 128-token 15M prompt took 4% of it at one thread and twice that at
- * two). A decode step's few rows stay on this thread. */
+ * heads, since a serial store is a visible share of a small model's prompt. A decode step's few
+ * rows stay on this thread. */
 static void cache_store(tlm_session *s, int l, const float *qkv, int ld, int N) {
     store_ctx x = {s, qkv, l, ld, N};
     k_team_units(2L * s->m->c.n_kv_heads, N >= 16, 1, store_heads, &x);

@@ -2,12 +2,12 @@
 
 /* Decode under another busy process. A step crosses dozens of parallel regions, each ending at a
  * barrier; when another process's threads share the cores, one of ours is often off its core at
- * a barrier and the others wait for the scheduler to bring it back: two 2-thread decoders on 2
- * cores made 0.38-0.49x of one alone's tokens between them (bench/quant/two_decoders.sh, 110M
- * Q8_0). One thread never waits for another. So full-team decode steps are timed in windows: a
- * window whose threads got less than SHARE_BUSY of the cores' time (process CPU time over wall
- * time times threads: alone, tlm's bounded spin keeps waiting threads on their cores, 0.88-0.99;
- * passive waits 0.72-0.80; two decoders sharing 2 cores 0.47-0.50) counts as shared, and
+ * a barrier and the others wait for the scheduler to bring it back, so two multi-thread decoders
+ * on the same cores make far fewer tokens between them than one alone
+ * (bench/quant/two_decoders.sh). One thread never waits for another. So full-team decode steps
+ * are timed in windows: a window whose threads got less than SHARE_BUSY of the cores' time
+ * (process CPU time over wall time times threads: near 1 alone with tlm's bounded spin, above
+ * 0.7 with passive waits, about half for two decoders sharing the cores) counts as shared, and
  * SHARE_WINDOWS of them in a row send the next `backoff` decode steps to one thread. Then the
  * full team is tried again: a trial that still looks shared doubles the next run on one thread
  * (up to SHARE_MAX), one that does not resets it to SHARE_MIN; a run is also at least SHARE_RATIO

@@ -22,10 +22,9 @@ typedef struct {
 #define SHARE_MIN 32    /* decode steps of the first run on one thread */
 #define SHARE_MAX 4096  /* the most, doubled at each trial that still looks shared */
 /* A run on one thread is at least this many times the full-team steps that the shared windows
- * before it took: a fast model's steps are short, and SHARE_MIN steps of 15M (about 25 ms) after
- * each 100 ms of full-team windows left most of the time to the trials, whose steps wait at every
- * fork for a thread the other process holds (two 15M Q4_0 decoders, 2-vCPU Xeon: 0.64-0.75x of
- * one alone between them). */
+ * before it took: a fast model's steps are short, and SHARE_MIN of them after each pair of
+ * full-team windows would leave most of the time to the trials, whose steps wait at every fork
+ * for a thread the other process holds (bench/quant/two_decoders.sh on a small model). */
 #define SHARE_RATIO 8
 
 /* The team for the next step: 1 or full. decode: the step has at most one new id per sequence.

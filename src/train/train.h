@@ -12,8 +12,9 @@ tlm_status tlm_dataset_windows(const tlm_dataset *d, int split, uint64_t seed, u
 /* Everything needed to continue a run bit for bit. */
 typedef struct {
     long step; /* steps completed */
-    /* Draws nothing since the windows became a hash of (seed, step); kept, seeded as before, so
-     * that checkpoints keep their keys (rng_state, rng_inc) both ways. */
+    /* Draws nothing (a step's windows are a hash of seed and step); kept and seeded from the seed
+     * so that every checkpoint, written by any version, has the keys rng_state and rng_inc that
+     * the loader reads. */
     tlm_rng rng;
     uint64_t seed;
 } tlm_train_state;

@@ -302,7 +302,7 @@ tlm_status tlm_trainer_backward(tlm_trainer *t, float *loss) {
             tlm_dataset_windows(t->d, TLM_SPLIT_TRAIN, t->st.seed, (uint64_t)t->st.step,
                                 (uint64_t)part * (uint64_t)t->b, t->b, t->T, t->ids, t->tg);
         if (s) return s;
-        /* One dropout stream per part (alone with K = 1, the step's, as before). */
+        /* One dropout stream per part (with one process and K = 1, the step's own). */
         uint64_t parts = (uint64_t)t->world * (uint64_t)t->K;
         tlm_train_ctx_set_dropout_seed(t->x, t->st.seed, (uint64_t)t->st.step * parts + part);
         s = tlm_forward_backward(t->x, t->ids, t->tg, t->b, t->T, 0, t->grads, k > 0, &l);
