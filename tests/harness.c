@@ -1,12 +1,35 @@
+/* program_invocation_short_name names the test's directory. */
+#define _GNU_SOURCE
 #include "harness.h"
 
 #include "core/dtype.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 int t_passed = 0, t_failed = 0;
+
+static char t_dir[4096];
+
+/* Before main: into TLM_BUILD_DIR/test-output/<program>/, so that the relative paths a test writes
+ * land there from whatever directory it was started (ctest's build/, or the repository by hand),
+ * never in the source tree. The directory is not emptied: ctest runs some programs twice. */
+__attribute__((constructor)) static void t_enter_own_dir(void) {
+    int n = snprintf(t_dir, sizeof t_dir, "%s/test-output", TLM_BUILD_DIR);
+    int ok = n > 0 && (size_t)n < sizeof t_dir && (mkdir(t_dir, 0777) == 0 || errno == EEXIST);
+    n = snprintf(t_dir, sizeof t_dir, "%s/test-output/%s", TLM_BUILD_DIR,
+                 program_invocation_short_name);
+    ok = ok && n > 0 && (size_t)n < sizeof t_dir && (mkdir(t_dir, 0777) == 0 || errno == EEXIST);
+    if (!ok || chdir(t_dir) != 0) {
+        fprintf(stderr, "FAIL: cannot work in %s: %s\n", t_dir, strerror(errno));
+        exit(1);
+    }
+}
+
+const char *t_out_dir(void) { return t_dir; }
 
 float *t_flat(const tlm_model *m) {
     int n;

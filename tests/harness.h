@@ -1,5 +1,6 @@
 /* Minimal test harness: CHECK macros count passes and failures; t_finish() prints the totals and
- * returns the exit status. */
+ * returns the exit status. Every test runs in a directory of its own under the build directory
+ * (t_out_dir), whatever directory it was started from. */
 #ifndef TLM_TEST_HARNESS_H
 #define TLM_TEST_HARNESS_H
 
@@ -48,6 +49,10 @@ const char *t_shared_data(void);
 const char *t_require_shared_data(void);
 /* Joins a directory and a name into a static buffer (rotating among a few). */
 const char *t_path(const char *dir, const char *name);
+/* The test's own directory, TLM_BUILD_DIR/test-output/<program>: the harness makes it the working
+ * directory before main, so relative paths are written there. This absolute path is for the
+ * commands a test runs from elsewhere (node in tests/node). */
+const char *t_out_dir(void);
 
 /* A PyTorch parity case (tests/reference/gen_fixtures.py): the model with the reference's weights,
  * the batch, and the open io.safetensors holding the expected outputs. */

@@ -480,7 +480,7 @@ static void test_llamacpp_bpe(int rope, int qwen2) {
     snprintf(cmd, sizeof cmd,
              "cd %s/tests/node && NODE_LLAMA_CPP_SKIP_DOWNLOAD=true node llama_greedy.mjs "
              "%s/%s \"%s\" 20 --text \"the cat sat\" 2>&1",
-             TLM_SOURCE_DIR, TLM_BUILD_DIR, file, idstr);
+             TLM_SOURCE_DIR, t_out_dir(), file, idstr);
     FILE *f = popen(cmd, "r");
     char out[8192] = "";
     size_t got = f ? fread(out, 1, sizeof out - 1, f) : 0;
