@@ -2,7 +2,10 @@
 #define _GNU_SOURCE
 #include "harness.h"
 
+#include "core/core.h"
 #include "core/dtype.h"
+
+#include <cjson/cJSON.h>
 
 #include <errno.h>
 #include <stdlib.h>
@@ -30,6 +33,13 @@ __attribute__((constructor)) static void t_enter_own_dir(void) {
 }
 
 const char *t_out_dir(void) { return t_dir; }
+
+tlm_model *t_model(const tlm_config *c, uint64_t seed, tlm_init_scheme scheme) {
+    tlm_model *m = NULL;
+    CHECK_OK(tlm_model_create(c, &m));
+    if (m) CHECK_OK(tlm_model_init(m, seed, scheme));
+    return m;
+}
 
 float *t_flat(const tlm_model *m) {
     int n;
@@ -95,6 +105,26 @@ const char *t_path(const char *dir, const char *name) {
     char *b = bufs[i++ & 7];
     snprintf(b, 4096, "%s/%s", dir, name);
     return b;
+}
+
+int t_write_file(const char *path, const void *p, size_t n) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return 0;
+    size_t w = fwrite(p, 1, n, f);
+    return fclose(f) == 0 && w == n;
+}
+
+cJSON *t_read_json(const char *path) {
+    char *txt;
+    size_t n;
+    if (tlm_read_file(path, &txt, &n) != TLM_OK) {
+        CHECK(0, "cannot read %s: %s", path, tlm_last_error());
+        return NULL;
+    }
+    cJSON *j = cJSON_ParseWithLength(txt, n);
+    free(txt);
+    CHECK(j != NULL, "%s is not JSON", path);
+    return j;
 }
 
 #define T_FIXTURES TLM_BUILD_DIR "/fixtures/parity"
