@@ -2,14 +2,14 @@
 # Builds the libFuzzer targets with clang (-fsanitize=fuzzer,address,undefined) and runs each for
 # a bounded time over its committed seed corpus (fuzz/corpus/<target>/, read-only: new inputs go
 # to a scratch directory). Usage: bash fuzz/run.sh [SECONDS_PER_TARGET] [TARGET ...]
-# A crash leaves the reproducer in fuzz/out/ and fails the script.
+# Objects, programs and a crash's reproducer go to build-fuzz/ (a crash also fails the script).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-20}
 shift || true
 TARGETS=("$@")
 [ ${#TARGETS[@]} -gt 0 ] || TARGETS=(safetensors gguf llama2c tokenizer_bin gpt2_bpe model_load tokenizer_load request imatrix)
-OUT=fuzz/out
+OUT=build-fuzz
 mkdir -p "$OUT"
 CC=${CC:-clang}
 FLAGS=(-std=c11 -D_POSIX_C_SOURCE=200809L -g -O1 -fsanitize=fuzzer,address,undefined
@@ -37,7 +37,7 @@ for t in "${TARGETS[@]}"; do
   echo "== fuzz_$t: ${SECS}s"
   if ! (cd "$OUT" && OMP_NUM_THREADS=1 ./fuzz_"$t" -max_total_time="$SECS" -rss_limit_mb=2048 \
         -malloc_limit_mb=1536 -timeout=10 -print_final_stats=1 -artifact_prefix="fuzz_$t-" \
-        "$scratch" "../corpus/$t" 2>&1 | tail -n 12); then
+        "$scratch" "../fuzz/corpus/$t" 2>&1 | tail -n 12); then
     echo "fuzz_$t FAILED (reproducer in $OUT)"
     status=1
   fi

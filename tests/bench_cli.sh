@@ -1,19 +1,9 @@
 #!/usr/bin/env bash
 # tlm bench: the table and JSON it prints (one row per test, rates > 0, sample counts), batched
 # generation, thread lists, and its refusals. Speed itself is never asserted here (bench/ does).
-set -u
-TLM=${TLM:-build/tlm}
-SRC=${TLM_SOURCE_DIR:-.}
-DATA=${TLM_SHARED_DATA:-$SRC/../shared/data}
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
-expect() { # expect DESCRIPTION CONDITION...
-    local d=$1; shift
-    if "$@"; then ok; else bad "$d"; fi
-}
+. "$(dirname "$0")/lib.sh"
 M=$DATA/models/stories260K.bin
-[[ -f $M ]] || { echo "FAIL: $M is missing"; exit 1; }
+need "$M"
 
 out=$("$TLM" bench -m "$M" -p 16,32 -n 8 -b 1,3 -t 1,2 -r 2)
 expect "bench exits 0" test $? -eq 0
@@ -112,5 +102,4 @@ expect "beyond the context" grep -q "the model's context is 512" <<<"$(err -m "$
 expect "missing file" grep -q "bench" <<<"$(err -m /nonexistent.gguf)"
 expect "unknown option" grep -q "unknown option '--bogus'" <<<"$(err -m "$M" --bogus)"
 
-echo "bench_cli: $pass passed, $fail failed"
-[[ $fail -eq 0 ]]
+finish

@@ -1,12 +1,45 @@
+/* program_invocation_short_name names the test's directory. */
+#define _GNU_SOURCE
 #include "harness.h"
 
+#include "core/core.h"
 #include "core/dtype.h"
 
+#include <cjson/cJSON.h>
+
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 int t_passed = 0, t_failed = 0;
+
+static char t_dir[4096];
+
+/* Before main: into TLM_BUILD_DIR/test-output/<program>/, so that the relative paths a test writes
+ * land there from whatever directory it was started (ctest's build/, or the repository by hand),
+ * never in the source tree. The directory is not emptied: ctest runs some programs twice. */
+__attribute__((constructor)) static void t_enter_own_dir(void) {
+    int n = snprintf(t_dir, sizeof t_dir, "%s/test-output", TLM_BUILD_DIR);
+    int ok = n > 0 && (size_t)n < sizeof t_dir && (mkdir(t_dir, 0777) == 0 || errno == EEXIST);
+    n = snprintf(t_dir, sizeof t_dir, "%s/test-output/%s", TLM_BUILD_DIR,
+                 program_invocation_short_name);
+    ok = ok && n > 0 && (size_t)n < sizeof t_dir && (mkdir(t_dir, 0777) == 0 || errno == EEXIST);
+    if (!ok || chdir(t_dir) != 0) {
+        fprintf(stderr, "FAIL: cannot work in %s: %s\n", t_dir, strerror(errno));
+        exit(1);
+    }
+}
+
+const char *t_out_dir(void) { return t_dir; }
+
+tlm_model *t_model(const tlm_config *c, uint64_t seed, tlm_init_scheme scheme) {
+    tlm_model *m = NULL;
+    CHECK_OK(tlm_model_create(c, &m));
+    if (m) CHECK_OK(tlm_model_init(m, seed, scheme));
+    return m;
+}
 
 float *t_flat(const tlm_model *m) {
     int n;
@@ -72,6 +105,26 @@ const char *t_path(const char *dir, const char *name) {
     char *b = bufs[i++ & 7];
     snprintf(b, 4096, "%s/%s", dir, name);
     return b;
+}
+
+int t_write_file(const char *path, const void *p, size_t n) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return 0;
+    size_t w = fwrite(p, 1, n, f);
+    return fclose(f) == 0 && w == n;
+}
+
+cJSON *t_read_json(const char *path) {
+    char *txt;
+    size_t n;
+    if (tlm_read_file(path, &txt, &n) != TLM_OK) {
+        CHECK(0, "cannot read %s: %s", path, tlm_last_error());
+        return NULL;
+    }
+    cJSON *j = cJSON_ParseWithLength(txt, n);
+    free(txt);
+    CHECK(j != NULL, "%s is not JSON", path);
+    return j;
 }
 
 #define T_FIXTURES TLM_BUILD_DIR "/fixtures/parity"

@@ -1,10 +1,12 @@
 /* Minimal test harness: CHECK macros count passes and failures; t_finish() prints the totals and
- * returns the exit status. */
+ * returns the exit status. Every test runs in a directory of its own under the build directory
+ * (t_out_dir), whatever directory it was started from. */
 #ifndef TLM_TEST_HARNESS_H
 #define TLM_TEST_HARNESS_H
 
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 extern int t_passed, t_failed;
 
@@ -27,6 +29,11 @@ extern int t_passed, t_failed;
         CHECK(s_ == TLM_OK, "status %d: %s", (int)s_, tlm_last_error());                           \
     } while (0)
 
+/* Checks that tlm_last_error() contains needle: an error names what went wrong. */
+#define CHECK_ERROR_HAS(needle)                                                                    \
+    CHECK(strstr(tlm_last_error(), (needle)) != NULL, "error '%s' lacks '%s'", tlm_last_error(),   \
+          (needle))
+
 #define CHECK_NEAR(a, b, tol)                                                                      \
     CHECK(fabs((double)(a) - (double)(b)) <= (tol), "%.9g vs %.9g (tol %g)", (double)(a),          \
           (double)(b), (double)(tol))
@@ -48,6 +55,15 @@ const char *t_shared_data(void);
 const char *t_require_shared_data(void);
 /* Joins a directory and a name into a static buffer (rotating among a few). */
 const char *t_path(const char *dir, const char *name);
+/* Writes n bytes to path; 1 on success. */
+int t_write_file(const char *path, const void *p, size_t n);
+/* The JSON document in path (cJSON_Delete it), or NULL and a failed check naming the file. */
+struct cJSON;
+struct cJSON *t_read_json(const char *path);
+/* The test's own directory, TLM_BUILD_DIR/test-output/<program>: the harness makes it the working
+ * directory before main, so relative paths are written there. This absolute path is for the
+ * commands a test runs from elsewhere (node in tests/node). */
+const char *t_out_dir(void);
 
 /* A PyTorch parity case (tests/reference/gen_fixtures.py): the model with the reference's weights,
  * the batch, and the open io.safetensors holding the expected outputs. */
@@ -58,6 +74,10 @@ const char *t_path(const char *dir, const char *name);
  * calls (so two models' outputs can be compared). t_finish frees the contexts. */
 tlm_status t_forward(const tlm_model *m, const int32_t *ids, int B, int T,
                      const tlm_forward_opts *o, tlm_forward_out *out);
+
+/* A model of config c with weights from tlm_model_init(seed, scheme); NULL (a failed check) when
+ * it cannot be made. */
+tlm_model *t_model(const tlm_config *c, uint64_t seed, tlm_init_scheme scheme);
 
 /* Every weight of m widened to F32 in the flat layout (malloc'd), whether the model is writable,
  * mapped or holds other types. */

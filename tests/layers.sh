@@ -3,8 +3,7 @@
 # must name that folder or one it may depend on, and a header called *_internal.h may only be
 # included from its own folder. The checker first runs on a small tree with known violations and
 # must report each of them, so that a broken checker cannot pass silently.
-set -u
-SRC_ROOT=${TLM_SOURCE_DIR:-$(cd "$(dirname "$0")/.." && pwd)}
+. "$(dirname "$0")/lib.sh"
 
 # folder -> the other folders it may include from (cli may include everything)
 declare -A ALLOWED=(
@@ -70,8 +69,6 @@ check_tree() {
 }
 
 # Self-test on a tree with one violation of each kind, and clean files that must pass.
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
 mkdir -p "$TMP"/src/{core,io,tokenizer,formats,cli,model}
 printf '#include "core/core.h"\n#include "tlm.h"\n' >"$TMP/src/io/ok.c"
 printf '#include "io/gguf.h"\n#include "tok_internal.h"\n' >"$TMP/src/tokenizer/ok.c"
@@ -87,17 +84,12 @@ want=("tokenizer/up.c: #include \"formats/gguf.h\""
       "model/relative.c: #include \"../core/core.h\""
       "core/unknown.h: #include \"nowhere/x.h\"")
 got=$(check_tree "$TMP/src")
-rc=$?
-fail=0
-if [ $rc -eq 0 ]; then echo "FAIL self-test: the checker passed a tree with violations"; fail=1; fi
+expect "self-test: the checker fails a tree with violations" test $? -ne 0
 for w in "${want[@]}"; do
-  if ! grep -qF "$w" <<<"$got"; then echo "FAIL self-test: no report of [$w]"; fail=1; fi
+  expect "self-test: a report of [$w]" grep -qF "$w" <<<"$got"
 done
-if grep -q "/ok.c" <<<"$got"; then echo "FAIL self-test: allowed includes reported: $got"; fail=1; fi
-[ $fail -eq 0 ] || exit 1
+if grep -q "/ok.c" <<<"$got"; then bad "self-test: allowed includes reported: $got"; else ok; fi
+[ $T_FAIL -eq 0 ] || { finish; exit; }
 
-if ! check_tree "$SRC_ROOT/src"; then
-  echo "FAIL: includes above break the layering of src/ (table in tests/layers.sh)"
-  exit 1
-fi
-echo "layers: every include in src/ follows the layering"
+expect "includes above break the layering of src/ (table in tests/layers.sh)" check_tree "$SRC/src"
+finish

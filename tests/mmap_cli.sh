@@ -2,18 +2,14 @@
 # Files used in place: a short generation from an F32 model file (llama2.c .bin, GGUF, tlm
 # safetensors) keeps its peak resident memory within 1.2 x the file + 64 MiB, because the weights
 # are the file's own pages (read-only mmap), not a copy. --no-mmap (a copy) must exceed the file
-# size, which shows the measure can fail. Runs from the build directory; $TLM is the program.
-set -euo pipefail
-TLM=${TLM:?}
-SRC=${TLM_SOURCE_DIR:?}
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+# size, which shows the measure can fail.
+. "$(dirname "$0")/lib.sh"
+set -eo pipefail
 
 # ~118 MB of F32 weights: dim 512, hidden 1376, 8 layers, vocab 8000, context 256.
-/usr/bin/python3 "$SRC/bench/formats/random_llama2c.py" "$W/m.bin" 512 1376 8 8 8000 256
-"$TLM" convert "$W/m.bin" "$W/m.gguf" --to gguf 2>/dev/null
-"$TLM" convert "$W/m.bin" "$W/tlmdir" --to safetensors 2>/dev/null
+/usr/bin/python3 "$SRC/bench/formats/random_llama2c.py" "$TMP/m.bin" 512 1376 8 8 8000 256
+"$TLM" convert "$TMP/m.bin" "$TMP/m.gguf" --to gguf 2>/dev/null
+"$TLM" convert "$TMP/m.bin" "$TMP/tlmdir" --to safetensors 2>/dev/null
 
 # Peak resident set (KiB) of a command, from the kernel's accounting of the finished child.
 peak_kib() {
@@ -35,44 +31,46 @@ check() { # label model-path file-bytes
   rss=$(peak_kib "$TLM" generate -m "$model" --ids "1 2 3" -n 8 --temp 0 --print-ids -t 2)
   copy=$(peak_kib "$TLM" generate -m "$model" --ids "1 2 3" -n 8 --temp 0 --print-ids -t 2 --no-mmap)
   echo "$label: file $((bytes / 1048576)) MiB; peak RSS $((rss / 1024)) MiB in place (limit $((limit / 1024)) MiB), $((copy / 1024)) MiB with --no-mmap"
-  [ "$rss" -le "$limit" ] || fail "$label: peak RSS $rss KiB exceeds $limit KiB"
-  [ "$copy" -gt $((bytes / 1024)) ] || fail "$label: --no-mmap should hold a copy ($copy KiB)"
+  [ "$rss" -le "$limit" ] || die "$label: peak RSS $rss KiB exceeds $limit KiB"
+  [ "$copy" -gt $((bytes / 1024)) ] || die "$label: --no-mmap should hold a copy ($copy KiB)"
   # The weights are the file's pages: every byte of every tensor is used in place.
   local report
   report=$("$TLM" generate -m "$model" --ids 1 -n 1 --temp 0 --print-ids 2>&1 >/dev/null)
   [[ $report == *"MiB of weights used in place, 0."?" MiB in memory"* ]] ||
-    fail "$label: weights were copied: $report"
+    die "$label: weights were copied: $report"
+  ok
 }
 
-check "llama2.c .bin" "$W/m.bin" "$(stat -c %s "$W/m.bin")"
-check "GGUF" "$W/m.gguf" "$(stat -c %s "$W/m.gguf")"
-check "tlm safetensors" "$W/tlmdir" "$(stat -c %s "$W/tlmdir/model.safetensors")"
+check "llama2.c .bin" "$TMP/m.bin" "$(stat -c %s "$TMP/m.bin")"
+check "GGUF" "$TMP/m.gguf" "$(stat -c %s "$TMP/m.gguf")"
+check "tlm safetensors" "$TMP/tlmdir" "$(stat -c %s "$TMP/tlmdir/model.safetensors")"
 
 # --no-mmap reads a quantized file into memory in its own type (it used to widen it to F32: four
 # times the memory): the report names the copy, and the peak stays near the file's size.
-"$TLM" quantize "$W/m.gguf" "$W/q8.gguf" --type q8_0 >/dev/null 2>&1
-q8=$(stat -c %s "$W/q8.gguf")
-rss=$(peak_kib "$TLM" generate -m "$W/q8.gguf" --ids "1 2 3" -n 8 --temp 0 --print-ids -t 2 --no-mmap)
+"$TLM" quantize "$TMP/m.gguf" "$TMP/q8.gguf" --type q8_0 >/dev/null 2>&1
+q8=$(stat -c %s "$TMP/q8.gguf")
+rss=$(peak_kib "$TLM" generate -m "$TMP/q8.gguf" --ids "1 2 3" -n 8 --temp 0 --print-ids -t 2 --no-mmap)
 limit=$(( (q8 * 12 / 10 + 64 * 1048576) / 1024 ))
 echo "Q8_0 --no-mmap: file $((q8 / 1048576)) MiB; peak RSS $((rss / 1024)) MiB (limit $((limit / 1024)) MiB)"
-[ "$rss" -le "$limit" ] || fail "Q8_0 --no-mmap: peak RSS $rss KiB exceeds $limit KiB"
-report=$("$TLM" generate -m "$W/q8.gguf" --ids 1 -n 1 --temp 0 --print-ids --no-mmap 2>&1 >/dev/null)
+[ "$rss" -le "$limit" ] || die "Q8_0 --no-mmap: peak RSS $rss KiB exceeds $limit KiB"
+report=$("$TLM" generate -m "$TMP/q8.gguf" --ids 1 -n 1 --temp 0 --print-ids --no-mmap 2>&1 >/dev/null)
 [[ $report == *"MiB of weights read into 2 MiB pages, 0."?" MiB in memory"* ]] ||
-  fail "Q8_0 --no-mmap: weights converted: $report"
-a=$("$TLM" generate -m "$W/q8.gguf" --ids "1 2 3" -n 8 --temp 0 --print-ids 2>/dev/null)
-b=$("$TLM" generate -m "$W/q8.gguf" --ids "1 2 3" -n 8 --temp 0 --print-ids --no-mmap 2>/dev/null)
-[ "$a" = "$b" ] || fail "Q8_0 mapped and read generate differently: $a / $b"
+  die "Q8_0 --no-mmap: weights converted: $report"
+a=$("$TLM" generate -m "$TMP/q8.gguf" --ids "1 2 3" -n 8 --temp 0 --print-ids 2>/dev/null)
+b=$("$TLM" generate -m "$TMP/q8.gguf" --ids "1 2 3" -n 8 --temp 0 --print-ids --no-mmap 2>/dev/null)
+[ "$a" = "$b" ] || die "Q8_0 mapped and read generate differently: $a / $b"
 # tlm bench reads by default (as tlm serve), maps with --mmap, and says which in its JSON.
 for flag in "" --mmap; do
-  u=$("$TLM" bench -m "$W/q8.gguf" -p 0 -n 2 -r 1 -t 1 -o json $flag |
-    /usr/bin/python3 -c "import json,sys; print(json.load(sys.stdin)[0]['use_mmap'])")
-  want=False
-  [ -n "$flag" ] && want=True
-  [ "$u" = "$want" ] || fail "bench $flag: use_mmap $u, want $want"
+  u=$("$TLM" bench -m "$TMP/q8.gguf" -p 0 -n 2 -r 1 -t 1 -o json $flag |
+    json_get 'j[0]["use_mmap"]')
+  want=false
+  [ -n "$flag" ] && want=true
+  [ "$u" = "$want" ] || die "bench $flag: use_mmap $u, want $want"
 done
 
 # The same tokens either way.
-a=$("$TLM" generate -m "$W/m.gguf" --ids "1 2 3" -n 8 --temp 0 --print-ids 2>/dev/null)
-b=$("$TLM" generate -m "$W/m.gguf" --ids "1 2 3" -n 8 --temp 0 --print-ids --no-mmap 2>/dev/null)
-[ "$a" = "$b" ] || fail "mapped and copied models generate differently: $a / $b"
-echo "mmap_cli: ok"
+a=$("$TLM" generate -m "$TMP/m.gguf" --ids "1 2 3" -n 8 --temp 0 --print-ids 2>/dev/null)
+b=$("$TLM" generate -m "$TMP/m.gguf" --ids "1 2 3" -n 8 --temp 0 --print-ids --no-mmap 2>/dev/null)
+[ "$a" = "$b" ] || die "mapped and copied models generate differently: $a / $b"
+ok
+finish

@@ -341,10 +341,8 @@ static void test_init(void) {
         cfg_json("{\"vocab_size\": 1000, \"d_model\": 256, \"n_layers\": 2, \"n_heads\": "
                  "4, \"bias\": true, \"norm\": \"layernorm\"}",
                  &s);
-    tlm_model *m = NULL;
-    CHECK_OK(tlm_model_create(&c, &m));
+    tlm_model *m = t_model(&c, 42, TLM_INIT_XAVIER);
     if (!m) return;
-    CHECK_OK(tlm_model_init(m, 42, TLM_INIT_XAVIER));
     float *p = tlm_model_params(m);
     const tlm_tensor_info *q = tlm_model_find(m, "blk.0.attn_q.weight");
     double ss = 0, mx = 0;

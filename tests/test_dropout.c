@@ -53,9 +53,7 @@ static void test_gradients(tlm_norm_position pos, int T) {
     c.dropout = 0.3f;
     c.norm_position = pos;
     c.position = TLM_POS_LEARNED;
-    tlm_model *m = NULL;
-    CHECK_OK(tlm_model_create(&c, &m));
-    CHECK_OK(tlm_model_init(m, 3, TLM_INIT_XAVIER));
+    tlm_model *m = t_model(&c, 3, TLM_INIT_XAVIER);
     tlm_train_ctx *x = NULL;
     CHECK_OK(tlm_train_ctx_new(m, &x));
     int32_t ids[2 * 128], tg[2 * 128];
@@ -107,9 +105,7 @@ static void test_more_threads(void) {
     c.n_layers = 1;
     c.n_heads = 4;
     c.dropout = 0.2f;
-    tlm_model *m = NULL;
-    CHECK_OK(tlm_model_create(&c, &m));
-    CHECK_OK(tlm_model_init(m, 2, TLM_INIT_XAVIER));
+    tlm_model *m = t_model(&c, 2, TLM_INIT_XAVIER);
     tlm_train_ctx *x = NULL, *y = NULL;
     CHECK_OK(tlm_train_ctx_new(m, &x));
     CHECK_OK(tlm_train_ctx_new(m, &y));

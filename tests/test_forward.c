@@ -116,9 +116,7 @@ static void test_errors(void) {
     c.d_model = 16;
     c.n_layers = 1;
     c.n_heads = 2;
-    tlm_model *m = NULL;
-    CHECK_OK(tlm_model_create(&c, &m));
-    CHECK_OK(tlm_model_init(m, 1, TLM_INIT_XAVIER));
+    tlm_model *m = t_model(&c, 1, TLM_INIT_XAVIER);
     tlm_train_ctx *x = NULL;
     CHECK_OK(tlm_train_ctx_new(m, &x));
     int32_t ids[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4, 5, 6};

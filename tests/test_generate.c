@@ -217,9 +217,7 @@ static void test_long_prefill(void) {
     c.n_layers = 2;
     c.n_heads = 4;
     c.n_kv_heads = 2;
-    tlm_model *m = NULL;
-    CHECK_OK(tlm_model_create(&c, &m));
-    CHECK_OK(tlm_model_init(m, 5, TLM_INIT_XAVIER));
+    tlm_model *m = t_model(&c, 5, TLM_INIT_XAVIER);
     int T = 290, V = c.vocab_size;
     int32_t *ids = malloc(sizeof(int32_t) * T);
     random_ids(ids, T, V, 55);

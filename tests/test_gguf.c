@@ -186,9 +186,7 @@ static void test_half_roundtrip(void) {
     c.d_ff = 64;
     c.rope_theta = 5000.0f;
     c.norm_eps = 1e-6f;
-    tlm_model *m = NULL, *r = NULL;
-    CHECK_OK(tlm_model_create(&c, &m));
-    CHECK_OK(tlm_model_init(m, 11, TLM_INIT_XAVIER));
+    tlm_model *r = NULL, *m = t_model(&c, 11, TLM_INIT_XAVIER);
     CHECK_OK(tlm_model_save_gguf(m, NULL, "half.gguf", TLM_DTYPE_F32));
     CHECK_OK(tlm_model_load("half.gguf", &r));
     if (r) {
@@ -256,8 +254,7 @@ static void expect_bad_mem(const uint8_t *p, size_t n, const char *needle) {
     tlm_status s = tlm_gguf_open_memory(p, n, "mem.gguf", &g);
     if (!s) s = fmt_gguf_load_model(g, "mem.gguf", 0, &m);
     CHECK(s != TLM_OK && !m, "accepted a bad GGUF (%s)", needle);
-    CHECK(strstr(tlm_last_error(), needle) != NULL, "error '%s' lacks '%s'", tlm_last_error(),
-          needle);
+    CHECK_ERROR_HAS(needle);
     tlm_model_free(m);
     tlm_gguf_close(g);
 }
@@ -391,9 +388,7 @@ static void test_llamacpp_bpe(int rope, int qwen2) {
         c.rope_pairing = TLM_ROPE_HALF;
         c.rope_theta = 1000000.0f;
     }
-    tlm_model *m = NULL;
-    CHECK_OK(tlm_model_create(&c, &m));
-    CHECK_OK(tlm_model_init(m, 5, TLM_INIT_XAVIER));
+    tlm_model *m = t_model(&c, 5, TLM_INIT_XAVIER);
     int nt = 0;
     const tlm_tensor_info *ti = tlm_model_tensors(m, &nt);
     for (int i = 0; qwen2 && i < nt; i++)
@@ -480,7 +475,7 @@ static void test_llamacpp_bpe(int rope, int qwen2) {
     snprintf(cmd, sizeof cmd,
              "cd %s/tests/node && NODE_LLAMA_CPP_SKIP_DOWNLOAD=true node llama_greedy.mjs "
              "%s/%s \"%s\" 20 --text \"the cat sat\" 2>&1",
-             TLM_SOURCE_DIR, TLM_BUILD_DIR, file, idstr);
+             TLM_SOURCE_DIR, t_out_dir(), file, idstr);
     FILE *f = popen(cmd, "r");
     char out[8192] = "";
     size_t got = f ? fread(out, 1, sizeof out - 1, f) : 0;

@@ -165,9 +165,7 @@ static void test_interleaved_export(void) {
     c.d_ff = 40;
     c.tie_embeddings = 0;
     c.rope_pairing = TLM_ROPE_INTERLEAVED;
-    tlm_model *m = NULL;
-    CHECK_OK(tlm_model_create(&c, &m));
-    CHECK_OK(tlm_model_init(m, 3, TLM_INIT_GPT2));
+    tlm_model *m = t_model(&c, 3, TLM_INIT_GPT2);
     int32_t ids[12] = {0, 32, 5, 9, 1, 17, 17, 2, 30, 4, 8, 11};
     export_and_check(m, "hf_export_interleaved", ids, 12);
     tlm_model_free(m);
@@ -181,8 +179,7 @@ static void expect_bad(const char *dir, tlm_status want, const char *needle) {
     tlm_model *m = NULL;
     tlm_status s = tlm_model_load(dir, &m);
     CHECK(s == want && !m, "%s: status %d", dir, (int)s);
-    CHECK(strstr(tlm_last_error(), needle) != NULL, "error '%s' lacks '%s'", tlm_last_error(),
-          needle);
+    CHECK_ERROR_HAS(needle);
     tlm_model_free(m);
 }
 

@@ -111,8 +111,7 @@ static void expect_misuse(tlm_gguf_writer *w, const char *needle) {
     size_t hl = 0;
     tlm_status s = tlm_gguf_writer_header(w, &head, &hl);
     CHECK(s == TLM_ERR_ARG && head == NULL, "misuse (%s) gave status %d", needle, (int)s);
-    CHECK(strstr(tlm_last_error(), needle) != NULL, "error '%s' lacks '%s'", tlm_last_error(),
-          needle);
+    CHECK_ERROR_HAS(needle);
     free(head);
     tlm_gguf_writer_free(w);
 }

@@ -11,11 +11,8 @@
 
 /* Token sequence of the greedy vector (BOS + 4 prompt tokens + generated). */
 static int32_t *greedy_tokens(const char *dir, int *n) {
-    char *text = NULL;
-    size_t len;
-    if (tlm_read_file(t_path(dir, "vectors/stories260K_greedy.json"), &text, &len)) return NULL;
-    cJSON *j = cJSON_Parse(text);
-    free(text);
+    cJSON *j = t_read_json(t_path(dir, "vectors/stories260K_greedy.json"));
+    if (!j) return NULL;
     cJSON *toks =
         cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "cases"), 0), "tokens");
     *n = cJSON_GetArraySize(toks);
@@ -108,9 +105,7 @@ static void test_half_pairing(void) {
     c.d_ff = 48;
     c.tie_embeddings = 0;
     c.rope_pairing = TLM_ROPE_HALF;
-    tlm_model *m = NULL, *r = NULL;
-    CHECK_OK(tlm_model_create(&c, &m));
-    CHECK_OK(tlm_model_init(m, 7, TLM_INIT_GPT2));
+    tlm_model *r = NULL, *m = t_model(&c, 7, TLM_INIT_GPT2);
     CHECK_OK(tlm_model_save_llama2c(m, "l2c_half.bin", 0));
     CHECK_OK(tlm_model_load("l2c_half.bin", &r));
     if (!r) {
@@ -133,19 +128,12 @@ static void test_half_pairing(void) {
     remove("l2c_half.bin");
 }
 
-static void write_bytes(const char *p, const void *d, size_t n) {
-    FILE *f = fopen(p, "wb");
-    fwrite(d, 1, n, f);
-    fclose(f);
-}
-
 static void expect_bad(const void *d, size_t n, const char *needle) {
-    write_bytes("l2c_bad.bin", d, n);
+    t_write_file("l2c_bad.bin", d, n);
     tlm_model *m = NULL;
     tlm_status s = tlm_model_load_llama2c("l2c_bad.bin", &m);
     CHECK(s != TLM_OK && m == NULL, "accepted bad file (%s)", needle);
-    CHECK(strstr(tlm_last_error(), needle) != NULL, "error '%s' lacks '%s'", tlm_last_error(),
-          needle);
+    CHECK_ERROR_HAS(needle);
     tlm_model_free(m);
 }
 
@@ -170,7 +158,7 @@ static void test_malformed(void) {
     expect_bad(v1, sizeof v1, "shared_classifier");
     remove("l2c_bad.bin");
     tlm_model_format f;
-    write_bytes("l2c_bad.bin", h, 28);
+    t_write_file("l2c_bad.bin", h, 28);
     CHECK(tlm_model_detect("l2c_bad.bin", &f) == TLM_ERR_FORMAT, "detect accepts a bare header");
     CHECK(strstr(tlm_last_error(), "unrecognized"), "%s", tlm_last_error());
     remove("l2c_bad.bin");

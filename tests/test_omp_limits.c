@@ -35,10 +35,7 @@ static tlm_model *make_model(void) {
     c.n_layers = 2;
     c.n_heads = 4;
     c.n_kv_heads = 2;
-    tlm_model *m = NULL;
-    CHECK_OK(tlm_model_create(&c, &m));
-    if (m) CHECK_OK(tlm_model_init(m, 11, TLM_INIT_XAVIER));
-    return m;
+    return t_model(&c, 11, TLM_INIT_XAVIER);
 }
 
 /* Largest |a - b| relative to the largest |b|. */

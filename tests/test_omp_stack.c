@@ -21,10 +21,7 @@ static tlm_model *make_model(void) {
     c.n_layers = 1;
     c.n_heads = 1;
     c.d_ff = 32;
-    tlm_model *m = NULL;
-    CHECK_OK(tlm_model_create(&c, &m));
-    if (m) CHECK_OK(tlm_model_init(m, 5, TLM_INIT_XAVIER));
-    return m;
+    return t_model(&c, 5, TLM_INIT_XAVIER);
 }
 
 /* One training step's loss and gradient with the given threads and data-parallel mode. */

@@ -407,7 +407,7 @@ static void test_fused_attend(void) {
 
 /* stories260K in Q8_0: tlm's greedy continuation (prefill, then decode steps) is llama.cpp's. */
 static void test_stories_q8_0(const char *dir) {
-    const char *q8 = TLM_BUILD_DIR "/qk_stories260K_q8_0.gguf";
+    const char *q8 = t_path(t_out_dir(), "qk_stories260K_q8_0.gguf"); /* node reads it elsewhere */
     CHECK(quantize_file(t_path(dir, "models/stories260K.gguf"), q8, TLM_DTYPE_Q8_0),
           "stories260K quantized");
     tlm_model *m = NULL;

@@ -1092,7 +1092,7 @@ static void test_llamacpp_loads(const char *const *paths, int n) {
                        "llama_load_all.mjs \"1 403 407\" 8",
                        TLM_SOURCE_DIR);
     for (int i = 0; i < n; i++)
-        len += snprintf(cmd + len, sizeof cmd - (size_t)len, " %s/%s", TLM_BUILD_DIR, paths[i]);
+        len += snprintf(cmd + len, sizeof cmd - (size_t)len, " %s/%s", t_out_dir(), paths[i]);
     snprintf(cmd + len, sizeof cmd - (size_t)len, " 2>&1");
     double t0 = now();
     FILE *f = popen(cmd, "r");

@@ -21,8 +21,7 @@ static void expect_bad(const char *header, size_t data_len, const char *needle) 
     st_file f;
     tlm_status s = st_open(&f, "bad.safetensors");
     CHECK(s == TLM_ERR_FORMAT, "accepted bad header %s", header);
-    CHECK(strstr(tlm_last_error(), needle) != NULL, "error '%s' lacks '%s'", tlm_last_error(),
-          needle);
+    CHECK_ERROR_HAS(needle);
     if (s == TLM_OK) st_close(&f);
 }
 
@@ -107,9 +106,7 @@ static void test_model_io(void) {
     c.n_layers = 2;
     c.bias = 1;
     c.norm = TLM_NORM_LAYERNORM;
-    tlm_model *m = NULL, *m2 = NULL;
-    CHECK_OK(tlm_model_create(&c, &m));
-    CHECK_OK(tlm_model_init(m, 3, TLM_INIT_GPT2));
+    tlm_model *m2 = NULL, *m = t_model(&c, 3, TLM_INIT_GPT2);
     CHECK_OK(tlm_model_save_safetensors(m, "model_rt.safetensors"));
     CHECK_OK(tlm_model_create(&c, &m2));
     CHECK_OK(tlm_model_load_safetensors(m2, "model_rt.safetensors"));

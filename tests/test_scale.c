@@ -36,13 +36,6 @@ static uint8_t *gguf_image(tlm_gguf_writer *w, size_t *len) {
     return f;
 }
 
-static int write_file(const char *path, const void *p, size_t n) {
-    FILE *f = fopen(path, "wb");
-    if (!f) return 0;
-    size_t w = fwrite(p, 1, n, f);
-    return fclose(f) == 0 && w == n;
-}
-
 #define N_KEYS 200000
 
 static void test_gguf_keys(void) {
@@ -138,7 +131,7 @@ static void st_many(const char *path, int n, const char *fmt, int dup_of) {
     for (int i = 0; i < 8; i++) h[i] = (char)(hl >> (8 * i));
     char *f = calloc(1, len + (size_t)n * 4);
     memcpy(f, h, len);
-    CHECK(write_file(path, f, len + (size_t)n * 4), "write %s", path);
+    CHECK(t_write_file(path, f, len + (size_t)n * 4), "write %s", path);
     free(f);
     free(h);
 }
@@ -182,7 +175,7 @@ static void test_hf_lookups(void) {
                       "\"intermediate_size\": 1, \"num_hidden_layers\": 4096, "
                       "\"num_attention_heads\": 1, \"vocab_size\": 1, "
                       "\"max_position_embeddings\": 8}";
-    CHECK(write_file("scale_hf/config.json", cfg, strlen(cfg)), "config.json");
+    CHECK(t_write_file("scale_hf/config.json", cfg, strlen(cfg)), "config.json");
     int n = junk + 1 + 9 * L;
     st_out_tensor *t = calloc((size_t)n, sizeof *t);
     char *names = malloc((size_t)n * 64);
@@ -252,7 +245,7 @@ static void test_gguf_specials(void) {
     uint8_t *f = gguf_image(&w, &len);
     tlm_gguf_writer_free(&w);
     if (!f) return;
-    CHECK(write_file("specials.gguf", f, len), "write");
+    CHECK(t_write_file("specials.gguf", f, len), "write");
     free(f);
     tlm_tokenizer *t = NULL;
     CHECK_OK(tlm_tokenizer_load("specials.gguf", &t));
@@ -318,9 +311,9 @@ static void test_dir_specials(void) {
     n += (size_t)snprintf(enc + n, cap - n, "}");
     m += (size_t)snprintf(tj + m, cap - m, "]}");
     const char *bpe = "#version: 0.2\n";
-    CHECK(write_file("scale_tok/encoder.json", enc, n) &&
-              write_file("scale_tok/vocab.bpe", bpe, strlen(bpe)) &&
-              write_file("scale_tok/tokenizer.json", tj, m),
+    CHECK(t_write_file("scale_tok/encoder.json", enc, n) &&
+              t_write_file("scale_tok/vocab.bpe", bpe, strlen(bpe)) &&
+              t_write_file("scale_tok/tokenizer.json", tj, m),
           "write");
     free(enc);
     free(tj);

@@ -9,7 +9,7 @@
 #include "tokenizer/unicode.h"
 
 static void test_gpt2_vectors(const tlm_tokenizer *tok, const char *dir) {
-    cJSON *j = tok_read_json(t_path(dir, "vectors/gpt2_encode.json"));
+    cJSON *j = t_read_json(t_path(dir, "vectors/gpt2_encode.json"));
     if (!j) return;
     cJSON *cases = cJSON_GetObjectItem(j, "cases");
     int n = 0, ok_n = 0;
@@ -67,7 +67,7 @@ static void test_tok512(const char *dir) {
     CHECK(tlm_tokenizer_vocab_size(tok) == 512 && tlm_tokenizer_bos(tok) == 1 &&
               tlm_tokenizer_eos(tok) == 2,
           "tok512 sizes");
-    cJSON *j = tok_read_json(t_path(dir, "vectors/tok512_encode.json"));
+    cJSON *j = t_read_json(t_path(dir, "vectors/tok512_encode.json"));
     int n = 0, ok_n = 0;
     for (cJSON *c = j ? cJSON_GetObjectItem(j, "cases")->child : NULL; c; c = c->next, n++) {
         const char *text = cJSON_GetObjectItem(c, "text")->valuestring;
@@ -256,14 +256,6 @@ static void test_unicode_classes(void) {
     CHECK(ok && k == 8, "pre-tokenization of '%s'", s);
 }
 
-static void write_file(const char *path, const void *p, size_t n) {
-    FILE *f = fopen(path, "wb");
-    if (f) {
-        fwrite(p, 1, n, f);
-        fclose(f);
-    }
-}
-
 static void expect_load_error(const char *path, tlm_status want, const char *needle) {
     tlm_tokenizer *t = NULL;
     tlm_status s = tlm_tokenizer_load(path, &t);
@@ -287,13 +279,13 @@ static void test_malformed(const tlm_tokenizer *gpt2) {
     int32_t len = 1000;
     memcpy(bin + 8, &len, 4);
     snprintf(p, sizeof p, "%s/trunc.bin", dir);
-    write_file(p, bin, 16);
+    t_write_file(p, bin, 16);
     expect_load_error(p, TLM_ERR_FORMAT, "length 1000");
     snprintf(p, sizeof p, "%s/short.bin", dir);
-    write_file(p, bin, 2);
+    t_write_file(p, bin, 2);
     expect_load_error(p, TLM_ERR_FORMAT, "too short");
     snprintf(p, sizeof p, "%s/half.bin", dir);
-    write_file(p, bin, 9);
+    t_write_file(p, bin, 9);
     expect_load_error(p, TLM_ERR_FORMAT, "truncated");
     /* GPT-2 files */
     char gd[600];
@@ -302,12 +294,12 @@ static void test_malformed(const tlm_tokenizer *gpt2) {
     char ej[700], vb[700];
     snprintf(ej, sizeof ej, "%s/encoder.json", gd);
     snprintf(vb, sizeof vb, "%s/vocab.bpe", gd);
-    write_file(ej, "{\"a\": 0,", 8);
-    write_file(vb, "#version: 0.2\n", 14);
+    t_write_file(ej, "{\"a\": 0,", 8);
+    t_write_file(vb, "#version: 0.2\n", 14);
     expect_load_error(gd, TLM_ERR_FORMAT, "JSON");
-    write_file(ej, "{\"a\": 0, \"b\": 0}", 16);
+    t_write_file(ej, "{\"a\": 0, \"b\": 0}", 16);
     expect_load_error(gd, TLM_ERR_FORMAT, "two tokens");
-    write_file(ej, "{\"a\": 0, \"b\": 7}", 16);
+    t_write_file(ej, "{\"a\": 0, \"b\": 7}", 16);
     expect_load_error(gd, TLM_ERR_FORMAT, "out of range");
     /* a complete byte alphabet but a merge with an unknown part */
     tok_bytes b = {0};
@@ -324,17 +316,17 @@ static void test_malformed(const tlm_tokenizer *gpt2) {
         tok_bytes_put(&b, num, strlen(num));
     }
     tok_bytes_put(&b, "}", 1);
-    write_file(ej, b.p, b.n);
-    write_file(vb, "#version: 0.2\nab c\n", 19);
+    t_write_file(ej, b.p, b.n);
+    t_write_file(vb, "#version: 0.2\nab c\n", 19);
     expect_load_error(gd, TLM_ERR_FORMAT, "not in the vocabulary");
-    write_file(vb, "#version: 0.2\nabc\n", 18);
+    t_write_file(vb, "#version: 0.2\nabc\n", 18);
     expect_load_error(gd, TLM_ERR_FORMAT, "two tokens");
     /* missing a byte: drop the last entry (byte 0xFF) */
     b.p[b.n - 1] = 0;
     char *last = strrchr((char *)b.p, ',');
     *last = '}';
-    write_file(ej, b.p, (size_t)(last - (char *)b.p) + 1);
-    write_file(vb, "#version: 0.2\n", 14);
+    t_write_file(ej, b.p, (size_t)(last - (char *)b.p) + 1);
+    t_write_file(vb, "#version: 0.2\n", 14);
     expect_load_error(gd, TLM_ERR_FORMAT, "byte 0xFF");
     free(b.p);
     expect_load_error("/nonexistent/tok.bin", TLM_ERR_IO, "nonexistent");
@@ -412,7 +404,7 @@ static void test_special_table(void) {
 }
 
 int main(void) {
-    const char *dir = tok_data();
+    const char *dir = t_require_shared_data();
     test_unicode_classes();
     test_special_table();
     if (dir) {

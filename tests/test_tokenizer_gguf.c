@@ -148,15 +148,7 @@ static void test_vocabs(const char *data) {
     CHECK_OK(tlm_tokenizer_load(t_path(data, "tokenizers/ggml-vocab-gpt-2.gguf"), &a));
     CHECK_OK(tlm_tokenizer_load(t_path(data, "tokenizers/gpt2"), &b));
     if (a && b) {
-        int same = tlm_tokenizer_vocab_size(a) == tlm_tokenizer_vocab_size(b);
-        for (int32_t i = 0; same && i < tlm_tokenizer_vocab_size(a); i++) {
-            const char *p, *q;
-            size_t l, m;
-            tlm_tokenizer_piece(a, i, &p, &l);
-            tlm_tokenizer_piece(b, i, &q, &m);
-            same = l == m && !memcmp(p, q, l);
-        }
-        CHECK(same, "GGUF gpt2 pieces equal encoder.json's");
+        CHECK(tok_same_pieces(a, b), "GGUF gpt2 pieces equal encoder.json's");
         CHECK(tlm_tokenizer_eos(a) == 50256, "gguf gpt2 eos %d", tlm_tokenizer_eos(a));
     }
     tlm_tokenizer_free(a);
@@ -309,7 +301,7 @@ static void test_bundle_vocabs(void) {
 }
 
 int main(void) {
-    const char *data = tok_data();
+    const char *data = t_require_shared_data();
     test_reader();
     if (data) test_vocabs(data);
     test_bundle_vocabs();

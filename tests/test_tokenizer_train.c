@@ -73,8 +73,8 @@ static void test_reference(const char *data) {
     free_lines(got, ng);
     free_lines(want, nw);
     /* the same set of tokens as the reference vocab (its byte order differs) */
-    cJSON *rv = tok_read_json(t_path(data, "text/cs336/train-bpe-reference-vocab.json"));
-    cJSON *ev = tok_read_json(t_path(dir, "encoder.json"));
+    cJSON *rv = t_read_json(t_path(data, "text/cs336/train-bpe-reference-vocab.json"));
+    cJSON *ev = t_read_json(t_path(dir, "encoder.json"));
     int found = 0, total = 0;
     for (cJSON *it = rv ? rv->child : NULL; it; it = it->next, total++)
         found += ev && cJSON_GetObjectItemCaseSensitive(ev, it->string) != NULL;
@@ -171,15 +171,7 @@ static void test_threads(const char *data) {
     CHECK_OK(tlm_tokenizer_train_bpe(&f, 1, &o, &a));
     o.threads = 2;
     CHECK_OK(tlm_tokenizer_train_bpe(&f, 1, &o, &b));
-    int same = a && b && tlm_tokenizer_vocab_size(a) == tlm_tokenizer_vocab_size(b);
-    for (int32_t i = 0; same && i < tlm_tokenizer_vocab_size(a); i++) {
-        const char *p, *q;
-        size_t l, m;
-        tlm_tokenizer_piece(a, i, &p, &l);
-        tlm_tokenizer_piece(b, i, &q, &m);
-        same = l == m && !memcmp(p, q, l);
-    }
-    CHECK(same, "1 and 2 threads learn the same vocabulary");
+    CHECK(a && b && tok_same_pieces(a, b), "1 and 2 threads learn the same vocabulary");
     tlm_tokenizer_free(a);
     tlm_tokenizer_free(b);
 }
@@ -299,7 +291,7 @@ static void test_spm_save(const char *data) {
 int main(void) {
     snprintf(g_tmp, sizeof g_tmp, "/tmp/tlm_toktrain_XXXXXX");
     if (!mkdtemp(g_tmp)) return 1;
-    const char *data = tok_data();
+    const char *data = t_require_shared_data();
     test_small();
     if (data) {
         test_reference(data);

@@ -106,15 +106,11 @@ static void test_resume(void) {
     mkdir("run_a", 0755);
     mkdir("run_b", 0755);
     /* Run A: 12 steps straight. */
-    tlm_model *a = NULL;
-    CHECK_OK(tlm_model_create(&c, &a));
-    CHECK_OK(tlm_model_init(a, 99, TLM_INIT_XAVIER));
+    tlm_model *a = t_model(&c, 99, TLM_INIT_XAVIER);
     tlm_train_opts o = opts("run_a", 12);
     CHECK_OK(tlm_train_run(a, d, &o));
     /* Run B: stopped after 7 steps, then resumed in a fresh model. */
-    tlm_model *b = NULL;
-    CHECK_OK(tlm_model_create(&c, &b));
-    CHECK_OK(tlm_model_init(b, 99, TLM_INIT_XAVIER));
+    tlm_model *b = t_model(&c, 99, TLM_INIT_XAVIER);
     o = opts("run_b", 12);
     long stop = 7;
     o.on_progress = stop_after;
@@ -242,9 +238,7 @@ static void test_seam(void) {
     /* Two optimizer ranges, [0, k) on model A and [k, n) on model B, exchanging partial sums of
      * squares and updated ranges, against one trainer over everything on model W. Without
      * clipping every update is bitwise the whole run's. */
-    tlm_model *w = NULL;
-    CHECK_OK(tlm_model_create(&c, &w));
-    CHECK_OK(tlm_model_init(w, 11, TLM_INIT_XAVIER));
+    tlm_model *w = t_model(&c, 11, TLM_INIT_XAVIER);
     CHECK_OK(tlm_model_init(a, 11, TLM_INIT_XAVIER));
     CHECK_OK(tlm_model_init(b, 11, TLM_INIT_XAVIER));
     size_t k = n / 3 + 5; /* inside a tensor */
@@ -334,8 +328,7 @@ static void test_split(void) {
     tlm_trainer *t[RUNS] = {0};
     size_t n = 0;
     for (int r = 0; r < RUNS; r++) {
-        CHECK_OK(tlm_model_create(&c, &m[r]));
-        CHECK_OK(tlm_model_init(m[r], 5, TLM_INIT_XAVIER));
+        m[r] = t_model(&c, 5, TLM_INIT_XAVIER);
         n = tlm_model_num_params(m[r]);
         tlm_train_opts o = opts("split_run", STEPS);
         o.batch = 8;

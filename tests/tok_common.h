@@ -1,4 +1,5 @@
-/* Helpers shared by the tokenizer tests: reading vector files from ../shared/data. */
+/* Helpers shared by the tokenizer tests: comparing ids and vocabularies, llama.cpp's vector files.
+ */
 #ifndef TLM_TEST_TOK_COMMON_H
 #define TLM_TEST_TOK_COMMON_H
 
@@ -11,28 +12,25 @@
 #include "harness.h"
 #include "tlm.h"
 
-/* The shared data directory; fails the test loudly when it is missing (CI has it). */
-static inline const char *tok_data(void) { return t_require_shared_data(); }
-
-static inline cJSON *tok_read_json(const char *path) {
-    char *txt;
-    size_t n;
-    if (tlm_read_file(path, &txt, &n) != TLM_OK) {
-        CHECK(0, "cannot read %s: %s", path, tlm_last_error());
-        return NULL;
-    }
-    cJSON *j = cJSON_ParseWithLength(txt, n);
-    free(txt);
-    CHECK(j != NULL, "%s is not JSON", path);
-    return j;
-}
-
 static inline int ids_equal(const int32_t *a, size_t na, const cJSON *arr) {
     if ((size_t)cJSON_GetArraySize(arr) != na) return 0;
     size_t i = 0;
     for (const cJSON *it = arr->child; it; it = it->next, i++)
         if ((int32_t)it->valuedouble != a[i]) return 0;
     return 1;
+}
+
+/* Whether a and b have the same pieces, id for id. */
+static inline int tok_same_pieces(const tlm_tokenizer *a, const tlm_tokenizer *b) {
+    int same = tlm_tokenizer_vocab_size(a) == tlm_tokenizer_vocab_size(b);
+    for (int32_t i = 0; same && i < tlm_tokenizer_vocab_size(a); i++) {
+        const char *p, *q;
+        size_t l, m;
+        tlm_tokenizer_piece(a, i, &p, &l);
+        tlm_tokenizer_piece(b, i, &q, &m);
+        same = l == m && !memcmp(p, q, l);
+    }
+    return same;
 }
 
 static inline void print_ids(const char *label, const int32_t *a, size_t n) {

@@ -1,23 +1,16 @@
 #!/usr/bin/env bash
 # Command-line contract of `tlm tokenize` and `tlm tokenizer train`: exact stdin, ids on one line,
 # errors as one line on stderr with a non-zero exit.
-set -u
-TLM=${TLM:?TLM must point to the tlm binary}
-DATA=${TLM_SHARED_DATA:-${TLM_SOURCE_DIR:?}/../shared/data}
-if [ ! -d "$DATA" ]; then echo "FAIL: shared data missing at $DATA"; exit 1; fi
+. "$(dirname "$0")/lib.sh"
+need "$DATA"
 GPT2=$DATA/tokenizers/gpt2
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-pass=0 fail=0
 check() { # name, got, want
-  if [ "$2" == "$3" ]; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL $1: got [$2] want [$3]"; fi
+  if [ "$2" == "$3" ]; then ok; else bad "$1: got [$2] want [$3]"; fi
 }
 fails() { # name, command...: must exit non-zero with one stderr line and empty stdout
   local name=$1; shift
-  "$@" >"$TMP/out" 2>"$TMP/err"; local rc=$?
-  local lines; lines=$(wc -l <"$TMP/err")
-  if [ $rc -ne 0 ] && [ "$lines" -eq 1 ] && [ ! -s "$TMP/out" ]; then pass=$((pass + 1))
-  else fail=$((fail + 1)); echo "FAIL $name: rc=$rc stderr=[$(cat "$TMP/err")] stdout=[$(head -c 200 "$TMP/out")]"; fi
+  refuses "$name" "" "$@"
+  expect "$name: nothing on stdout ($(head -c 200 <<<"$OUT"))" test -z "$OUT"
 }
 
 check "hello" "$(printf 'Hello, world!' | "$TLM" tokenize -z "$GPT2")" "15496 11 995 0"
@@ -36,9 +29,9 @@ check "hf layout" "$(printf 'Hello, world!' | "$TLM" tokenize -z "$TMP/hf")" "15
 head -c 3000 /dev/urandom >"$TMP/rand"
 for z in "$GPT2" "$DATA/models/tok512.bin" "$DATA/tokenizers/ggml-vocab-gpt-2.gguf"; do
   "$TLM" tokenize -z "$z" <"$TMP/rand" | "$TLM" tokenize -z "$z" --decode >"$TMP/back"
-  if cmp -s "$TMP/rand" "$TMP/back"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL round trip $z"; fi
+  expect "round trip $z" cmp -s "$TMP/rand" "$TMP/back"
 done
-"$TLM" tokenize --help >/dev/null && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL --help"; }
+expect "--help" "$TLM" tokenize --help >/dev/null
 fails "no -z" "$TLM" tokenize
 fails "missing tokenizer" "$TLM" tokenize -z "$TMP/nope.bin"
 printf 'garbage!' >"$TMP/bad.bin"
@@ -51,8 +44,7 @@ fails "train small vocab" "$TLM" tokenizer train -i "$DATA/text/cs336/corpus.en"
 
 # training reproduces the reference merges and writes a directory the encoder loads
 "$TLM" tokenizer train -q -i "$DATA/text/cs336/corpus.en" --vocab-size 500 --special '<|endoftext|>' -o "$TMP/bpe"
-if diff <(grep -v '^#version' "$TMP/bpe/vocab.bpe") "$DATA/text/cs336/train-bpe-reference-merges.txt" >/dev/null; then
-  pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL trained merges differ from the reference"; fi
+expect "trained merges are the reference's" \
+  diff <(grep -v '^#version' "$TMP/bpe/vocab.bpe") "$DATA/text/cs336/train-bpe-reference-merges.txt" >/dev/null
 check "trained special" "$(printf 'the<|endoftext|>' | "$TLM" tokenize -z "$TMP/bpe" --allow-special | awk '{print $NF}')" "0"
-echo "tokenize_cli: $pass passed, $fail failed"
-[ $fail -eq 0 ] && [ $pass -gt 0 ]
+finish

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "heap.h"
 #include "tok_internal.h"
 #include "unicode.h"
 
@@ -274,34 +275,15 @@ typedef struct {
     int32_t a, b;
 } merge_cand;
 
-static int cand_less(const merge_cand *x, const merge_cand *y) {
-    return x->rank < y->rank || (x->rank == y->rank && x->pos < y->pos);
+/* Lowest rank first, leftmost among equal ranks. */
+static inline int cand_before(const void *x, const void *y, const void *ctx) {
+    const merge_cand *a = x, *b = y;
+    (void)ctx;
+    return a->rank < b->rank || (a->rank == b->rank && a->pos < b->pos);
 }
 
-static void heap_push(merge_cand *h, size_t *n, merge_cand c) {
-    size_t i = (*n)++;
-    while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (!cand_less(&c, &h[p])) break;
-        h[i] = h[p];
-        i = p;
-    }
-    h[i] = c;
-}
-
-static merge_cand heap_pop(merge_cand *h, size_t *n) {
-    merge_cand top = h[0], last = h[--*n];
-    size_t i = 0, m = *n;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= m) break;
-        if (c + 1 < m && cand_less(&h[c + 1], &h[c])) c++;
-        if (!cand_less(&h[c], &last)) break;
-        h[i] = h[c];
-        i = c;
-    }
-    if (m) h[i] = last;
-    return top;
+static void cand_push(merge_cand *h, size_t *n, merge_cand c) {
+    tok_heap_push(h, n, sizeof *h, &c, cand_before, NULL);
 }
 
 /* Merging with a heap and a linked list: O(m log m), for long pre-tokens where the quadratic
@@ -325,10 +307,11 @@ static tlm_status merge_heap(const tlm_tokenizer *t, const uint8_t *p, size_t m,
         uint32_t r;
         int32_t c;
         if (tok_pairmap_get(&t->merges, id[i], id[i + 1], &r, &c))
-            heap_push(h, &hn, (merge_cand){r, (uint32_t)i, id[i], id[i + 1]});
+            cand_push(h, &hn, (merge_cand){r, (uint32_t)i, id[i], id[i + 1]});
     }
     while (hn) {
-        merge_cand c = heap_pop(h, &hn);
+        merge_cand c;
+        tok_heap_pop(h, &hn, sizeof *h, &c, cand_before, NULL);
         uint32_t i = c.pos, j = next[i];
         if (id[i] != c.a || j >= m || id[j] != c.b) continue; /* stale */
         uint32_t r = 0;
@@ -345,10 +328,10 @@ static tlm_status merge_heap(const tlm_tokenizer *t, const uint8_t *p, size_t m,
         if (i > 0 && id[i] >= 0) {
             uint32_t k = prev[i];
             if (k < m && tok_pairmap_get(&t->merges, id[k], id[i], &r, &merged))
-                heap_push(h, &hn, (merge_cand){r, k, id[k], id[i]});
+                cand_push(h, &hn, (merge_cand){r, k, id[k], id[i]});
         }
         if (next[i] < m && tok_pairmap_get(&t->merges, id[i], id[next[i]], &r, &merged))
-            heap_push(h, &hn, (merge_cand){r, i, id[i], id[next[i]]});
+            cand_push(h, &hn, (merge_cand){r, i, id[i], id[next[i]]});
     }
     for (size_t i = 0; i < m && !s; i = next[i]) s = tok_ids_push(out, id[i]);
 done:

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "heap.h"
 #include "tok_internal.h"
 #include "unicode.h"
 
@@ -210,34 +211,11 @@ typedef struct {
     uint32_t len; /* merged length: a changed symbol makes the candidate stale */
 } spm_cand;
 
-static int spm_better(const spm_cand *x, const spm_cand *y) {
-    return x->score > y->score || (x->score == y->score && x->left < y->left);
-}
-
-static void spm_push(spm_cand *h, size_t *n, spm_cand c) {
-    size_t i = (*n)++;
-    while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (!spm_better(&c, &h[p])) break;
-        h[i] = h[p];
-        i = p;
-    }
-    h[i] = c;
-}
-
-static spm_cand spm_pop(spm_cand *h, size_t *n) {
-    spm_cand top = h[0], last = h[--*n];
-    size_t i = 0, m = *n;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= m) break;
-        if (c + 1 < m && spm_better(&h[c + 1], &h[c])) c++;
-        if (!spm_better(&h[c], &last)) break;
-        h[i] = h[c];
-        i = c;
-    }
-    if (m) h[i] = last;
-    return top;
+/* Highest score first, leftmost among equal scores. */
+static inline int spm_before(const void *x, const void *y, const void *ctx) {
+    const spm_cand *a = x, *b = y;
+    (void)ctx;
+    return a->score > b->score || (a->score == b->score && a->left < b->left);
 }
 
 typedef struct {
@@ -250,7 +228,8 @@ static void spm_try(const tlm_tokenizer *t, const uint8_t *buf, const spm_sym *s
     if (len > t->max_piece) return;
     int32_t id = tok_map_find(t, buf + sym[l].start, len);
     if (id < 0) return;
-    spm_push(h, hn, (spm_cand){t->scores[id], l, r, len});
+    spm_cand c = {t->scores[id], l, r, len};
+    tok_heap_push(h, hn, sizeof *h, &c, spm_before, NULL);
 }
 
 /* Same result as llama2.c's encode() (repeatedly merge the best-scoring adjacent pair whose
@@ -269,7 +248,8 @@ static tlm_status spm_segment(const tlm_tokenizer *t, const uint8_t *buf, size_t
     size_t hn = 0;
     for (uint32_t i = 0; i + 1 < ns; i++) spm_try(t, buf, sym, i, i + 1, h, &hn);
     while (hn) {
-        spm_cand c = spm_pop(h, &hn);
+        spm_cand c;
+        tok_heap_pop(h, &hn, sizeof *h, &c, spm_before, NULL);
         spm_sym *L = &sym[c.left], *R = &sym[c.right];
         if (L->len == 0 || R->len == 0 || L->next != c.right || L->len + R->len != c.len)
             continue; /* stale */

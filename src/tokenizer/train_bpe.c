@@ -9,6 +9,7 @@
 #include <omp.h>
 #endif
 
+#include "heap.h"
 #include "tok_internal.h"
 #include "unicode.h"
 
@@ -222,10 +223,12 @@ static int tok_cmp(const trainer *tr, int32_t x, int32_t y) {
     return lx < ly ? -1 : lx > ly;
 }
 
-/* heap order: higher count first, then the lexicographically greater (bytes(a), bytes(b)) */
-static int heap_better(const trainer *tr, const heap_ent *x, const heap_ent *y) {
-    if (x->count != y->count) return x->count > y->count;
-    const pair_ent *p = &tr->pairs[x->pair], *q = &tr->pairs[y->pair];
+/* Heap order: higher count first, then the lexicographically greater (bytes(a), bytes(b)). */
+static inline int heap_before(const void *x, const void *y, const void *ctx) {
+    const trainer *tr = ctx;
+    const heap_ent *hx = x, *hy = y;
+    if (hx->count != hy->count) return hx->count > hy->count;
+    const pair_ent *p = &tr->pairs[hx->pair], *q = &tr->pairs[hy->pair];
     int c = tok_cmp(tr, p->a, q->a);
     if (c) return c > 0;
     return tok_cmp(tr, p->b, q->b) > 0;
@@ -243,30 +246,8 @@ static int heap_push(trainer *tr, int32_t pair) {
     }
     heap_ent e = {pe->count, pair};
     pe->pushed = pe->count;
-    size_t i = tr->nheap++;
-    while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (!heap_better(tr, &e, &tr->heap[p])) break;
-        tr->heap[i] = tr->heap[p];
-        i = p;
-    }
-    tr->heap[i] = e;
+    tok_heap_push(tr->heap, &tr->nheap, sizeof e, &e, heap_before, tr);
     return 1;
-}
-
-static heap_ent heap_pop(trainer *tr) {
-    heap_ent top = tr->heap[0], last = tr->heap[--tr->nheap];
-    size_t i = 0, m = tr->nheap;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= m) break;
-        if (c + 1 < m && heap_better(tr, &tr->heap[c + 1], &tr->heap[c])) c++;
-        if (!heap_better(tr, &tr->heap[c], &last)) break;
-        tr->heap[i] = tr->heap[c];
-        i = c;
-    }
-    if (m) tr->heap[i] = last;
-    return top;
 }
 
 static int index_grow(trainer *tr) {
@@ -446,7 +427,8 @@ tlm_status tlm_tokenizer_train_bpe_texts(const char *const *texts, const size_t 
     merges = malloc(((size_t)want + 1) * sizeof *merges);
     if (!merges) goto oom;
     while (n_merges < want && tr.nheap) {
-        heap_ent top = heap_pop(&tr);
+        heap_ent top;
+        tok_heap_pop(tr.heap, &tr.nheap, sizeof top, &top, heap_before, &tr);
         pair_ent *pe = &tr.pairs[top.pair];
         if (top.count != pe->count || pe->count <= 0) continue; /* stale */
         pe->pushed = -1;

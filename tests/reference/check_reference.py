@@ -22,6 +22,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+# Importing the modules beside this file leaves no __pycache__ in the source tree.
+sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import model as ref  # noqa: E402
 from safetensors_io import read_header, read_safetensors, write_safetensors  # noqa: E402

@@ -20,7 +20,9 @@ import time
 
 import torch
 
-import gen_optim
+# Importing the modules beside this file leaves no __pycache__ in the source tree.
+sys.dont_write_bytecode = True
+import gen_optim  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from model import Config, Model  # noqa: E402

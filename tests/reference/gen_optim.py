@@ -16,6 +16,8 @@ import sys
 
 import torch
 
+# Importing the modules beside this file leaves no __pycache__ in the source tree.
+sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from model import Config, Model  # noqa: E402
 from safetensors_io import write_safetensors  # noqa: E402
