@@ -1435,6 +1435,9 @@ K_TARGET_AMX_INT8 static void amx_config_load(const uint8_t rows[8], const uint1
         cfg.rows[t] = rows[t];
         cfg.colsb[t] = colsb[t];
     }
+    /* GCC 12 does not see ldtilecfg read cfg and drops the stores above where this function is
+     * not inlined (as in a build without -march=native): the empty asm reads it first. */
+    __asm__ volatile("" : : "m"(cfg));
     _tile_loadconfig(&cfg);
 }
 
