@@ -80,10 +80,12 @@ static inline void k_share(long n, long *a, long *b) {
  * build whose baseline has AVX-512 (-march=native on such a CPU) compiles the one version. */
 #define K_INLINE static inline __attribute__((always_inline))
 
-/* The K_ISA_ level of the versions picked: the CPU's, capped by k_vec_cap. */
+/* The K_ISA_ level of the versions picked: the quantized kernels' (k_isa in qdot.h: the CPU's,
+ * TLM_ISA capping it for comparisons), capped by k_vec_cap. */
+int k_isa(void);
 extern _Atomic int k_vec_limit;
 static inline int k_vec_isa(void) {
-    int isa = k_cpu()->isa, cap = k_vec_limit;
+    int isa = k_isa(), cap = k_vec_limit;
     return isa < cap ? isa : cap;
 }
 /* Runs the versioned loops as a CPU of K_ISA_ level isa would (tests); K_ISA_COUNT: no cap. */
