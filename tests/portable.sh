@@ -4,8 +4,8 @@
 # the _avx2/_avx512 versions of K_VERSIONS), and `tlm info`, `tlm train`, `tlm quantize`,
 # `tlm generate` and `tlm eval` run under QEMU's user-mode emulation of older CPUs: Nehalem (no
 # AVX), qemu64 (SSE3 alone) and Haswell (AVX2, no AVX-512), each evaluating a model trained here to
-# the same loss. Skips (exit 77) for a -march=native build, without qemu-x86_64 (Debian's
-# qemu-user, which scripts/setup.sh installs), or off x86-64.
+# the same loss. Skips (exit 77) for a -march=native or a sanitizer build, without qemu-x86_64
+# (Debian's qemu-user, which scripts/setup.sh installs), or off x86-64.
 set -u
 TLM=${TLM:-build/tlm}
 BUILD_DIR=$(cd "$(dirname "$TLM")" && pwd)
@@ -17,6 +17,10 @@ if [ "$(uname -m)" != x86_64 ]; then
 fi
 if ! grep -q '^TLM_NATIVE:BOOL=OFF' "$BUILD_DIR/CMakeCache.txt" 2>/dev/null; then
     echo "SKIP: $BUILD_DIR is a -march=native build (TLM_NATIVE=ON)"
+    exit 77
+fi
+if grep -Eq '^TLM_(SANITIZE|TSAN):BOOL=ON' "$BUILD_DIR/CMakeCache.txt"; then
+    echo "SKIP: a sanitizer build (qemu-user cannot map its shadow memory: the emulator is killed)"
     exit 77
 fi
 if ! command -v qemu-x86_64 >/dev/null 2>&1; then
