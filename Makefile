@@ -1,7 +1,10 @@
-# Thin wrapper over CMake: `make` builds build/tlm and the library, `make test` runs every test.
+# Thin wrapper over CMake: `make` builds build/tlm and the library, `make test` runs every test
+# (TESTS=REGEX: those whose names match). CMAKE_FLAGS=-DTLM_NATIVE=ON builds for this machine's
+# CPU alone, =OFF for any x86-64 (CMakeLists.txt's TLM_NATIVE: which is the default, and why).
 BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
+TESTS ?=
 
 .PHONY: all test asan tsan clean format bench
 
@@ -10,7 +13,7 @@ all:
 	@cmake --build $(BUILD) -j $(JOBS)
 
 test: all
-	cd $(BUILD) && ctest --output-on-failure -j 1
+	cd $(BUILD) && ctest --output-on-failure -j 1 $(if $(TESTS),-R '$(TESTS)')
 
 asan:
 	$(MAKE) test BUILD=build-asan CMAKE_FLAGS="-DTLM_SANITIZE=ON -DTLM_NATIVE=OFF"
@@ -28,4 +31,4 @@ format:
 	clang-format -i $$(git ls-files '*.c' '*.h')
 
 clean:
-	rm -rf build build-asan build-clang build-tsan
+	rm -rf build build-asan build-clang build-tsan build-other

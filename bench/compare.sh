@@ -15,8 +15,10 @@
 # Env: ONLY="train decode", THREADS (2), ITERS (bench_model timed iterations, 5), GEN_REPS
 #   (bench_gen best-of reps; ITERS if set, else 3), STEPS (Shakespeare steps, 2000; warmup 100,
 #   or STEPS/10 for short test runs), BUILD (the tree's build directory, build), CMAKE_FLAGS (both
-#   builds), KEEP_CORETYPE=1 (keep the preset OPENBLAS_CORETYPE), OMP_WAIT_POLICY (passive, tlm's
-#   default, unless set), TLM_SHARED_DATA (../shared/data).
+#   builds), REV_CMAKE_FLAGS (REV's build only, last: -DTLM_NATIVE=ON against a tree built with
+#   =OFF compares the two builds, bench/native_vs_portable.sh), KEEP_CORETYPE=1 (keep the preset
+#   OPENBLAS_CORETYPE), OMP_WAIT_POLICY (passive, tlm's default, unless set), TLM_SHARED_DATA
+#   (../shared/data).
 # Ratios are tree / REV for rates and REV / tree for wall time: above 1 means the tree is faster.
 # "ok" when the ratio is at least 0.97, "SLOWER" otherwise. Writes bench/out/compare.json. Exits 0
 # whatever the verdicts; non-zero only when a build or a benchmark run fails.
@@ -78,7 +80,7 @@ build() { # side cmake-flags
   # bench_gen is built outside CMake, as bench/generate/run.sh builds it.
   if ! cc -O2 -std=c11 -D_DEFAULT_SOURCE -fopenmp -march=native -I"${SRC[$side]}/include" \
       -I"${SRC[$side]}/src" "${SRC[$side]}/bench/generate/bench_gen.c" "${BIN[$side]}/libtlm.a" \
-      -lopenblas -lcjson -lm -o "${BIN[$side]}/bench_gen" >>"$log" 2>&1; then
+      -lopenblas -ldnnl -lcjson -lm -o "${BIN[$side]}/bench_gen" >>"$log" 2>&1; then
     tail -30 "$log" >&2
     echo "compare.sh: building bench_gen of the $side side failed (log: $log)" >&2
     exit 1
@@ -91,6 +93,7 @@ build tree "${CMAKE_FLAGS:-}"
 cache() { sed -n "s/^$1:[A-Z]*=//p" "${BIN[tree]}/CMakeCache.txt"; }
 REV_FLAGS="-DCMAKE_C_COMPILER=$(cache CMAKE_C_COMPILER) -DTLM_NATIVE=$(cache TLM_NATIVE)"
 REV_FLAGS+=" -DTLM_SANITIZE=$(cache TLM_SANITIZE)${CMAKE_FLAGS:+ $CMAKE_FLAGS}"
+REV_FLAGS+="${REV_CMAKE_FLAGS:+ $REV_CMAKE_FLAGS}"
 if [ ! -d "${SRC[rev]}" ]; then
   echo "# exporting $REV ($SHORT) to ${SRC[rev]#$ROOT/} ..."
   rm -rf "${SRC[rev]}.tmp"

@@ -332,12 +332,27 @@ static void as_floats(const tlm_session *s, const void *Kc, const void *Vc, int 
  * of its scores, and the heads' chunks are enough tasks to balance two threads. The longest
  * chunks go first, so the short ones fill in at the end. A chunk is one call of k_attend_causal
  * where the CPU has it; otherwise two sgemm and the softmax between them. */
+/* Rows [0, rows) of scores p (S apart) made probabilities, row i over its first + i + 1 keys,
+ * zeros after them. */
+K_INLINE void softmax_causal(float *p, int rows, int S, int first) {
+    for (int i = 0; i < rows; i++) {
+        float *row = p + (size_t)i * S;
+        int last = first + i;
+        float mx = row[0];
+        for (int j = 1; j <= last; j++) mx = row[j] > mx ? row[j] : mx;
+        tlm_softmax_row(row, last + 1, mx);
+        for (int j = last + 1; j < S; j++) row[j] = 0.0f;
+    }
+}
+K_VERSIONS(softmax_causal, (float *p, int rows, int S, int first), (p, rows, S, first))
+
 static void attend_prefill(tlm_session *s, int l, int b, int pos0, int T, int r0) {
     const tlm_config *c = &s->m->c;
     int H = c->n_heads, hd = c->d_model / H, group = H / c->n_kv_heads, qw = H * hd;
     int ld = qw + 2 * c->n_kv_heads * hd; /* row stride of the fused q|k|v buffer */
     int chunks = (T + PCHUNK - 1) / PCHUNK;
     float scale = 1.0f / sqrtf((float)hd);
+    softmax_causal_fn *softmax = softmax_causal_pick();
 #pragma omp parallel for schedule(dynamic, 1)
     for (int task = 0; task < H * chunks; task++) {
         int h = task % H, t0 = (chunks - 1 - task / H) * PCHUNK;
@@ -356,24 +371,45 @@ static void attend_prefill(tlm_session *s, int l, int b, int pos0, int T, int r0
         as_floats(s, Kc, Vc, S, &K, &V);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tc, S, hd, scale, q, ld, K, hd, 0.0f,
                     p, S);
-        for (int i = 0; i < tc; i++) {
-            float *row = p + (size_t)i * S;
-            int last = pos0 + t0 + i;
-            float mx = row[0];
-            for (int j = 1; j <= last; j++) mx = row[j] > mx ? row[j] : mx;
-            tlm_softmax_row(row, last + 1, mx);
-            for (int j = last + 1; j < S; j++) row[j] = 0.0f;
-        }
+        softmax(p, tc, S, pos0 + t0);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tc, hd, S, 1.0f, p, S, V, hd, 0.0f,
                     o, qw);
     }
 }
+
+/* o[hd] = softmax(scale q.K) V over S positions of floats, with p[S] as scratch: the plain loops
+ * where k_attend_row has no vector version. */
+K_INLINE void attend_plain(const float *q, const float *K, const float *V, int S, int hd,
+                           float scale, float *p, float *o) {
+    float mx = -INFINITY;
+    for (int j = 0; j < S; j++) {
+        const float *kj = K + (size_t)j * hd;
+        float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+        for (int i = 0; i < hd; i++) dot += q[i] * kj[i];
+        p[j] = scale * dot;
+        mx = p[j] > mx ? p[j] : mx;
+    }
+    tlm_softmax_row(p, S, mx);
+    for (int i = 0; i < hd; i++) o[i] = 0.0f;
+    for (int j = 0; j < S; j++) {
+        float w = p[j];
+        const float *vj = V + (size_t)j * hd;
+#pragma omp simd
+        for (int i = 0; i < hd; i++) o[i] += w * vj[i];
+    }
+}
+K_VERSIONS(attend_plain,
+           (const float *q, const float *K, const float *V, int S, int hd, float scale, float *p,
+            float *o),
+           (q, K, V, S, hd, scale, p, o))
 
 /* One query per row, each row its own sequence and position: tasks [a, b) of the N x H (row,
  * head) pairs. */
 typedef struct {
     tlm_session *s;
     int l;
+    attend_plain_fn *plain;
 } attend_ctx;
 
 static void decode_tasks(void *ctx, long a, long b) {
@@ -393,23 +429,7 @@ static void decode_tasks(void *ctx, long a, long b) {
         if (!k_attend_row(q, Kc, Vc, s->kv_kind[0], s->kv_kind[1], S, hd, scale, p, o)) continue;
         const float *K, *V;
         as_floats(s, Kc, Vc, S, &K, &V);
-        float mx = -INFINITY;
-        for (int j = 0; j < S; j++) {
-            const float *kj = K + (size_t)j * hd;
-            float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-            for (int i = 0; i < hd; i++) dot += q[i] * kj[i];
-            p[j] = scale * dot;
-            mx = p[j] > mx ? p[j] : mx;
-        }
-        tlm_softmax_row(p, S, mx);
-        for (int i = 0; i < hd; i++) o[i] = 0.0f;
-        for (int j = 0; j < S; j++) {
-            float w = p[j];
-            const float *vj = V + (size_t)j * hd;
-#pragma omp simd
-            for (int i = 0; i < hd; i++) o[i] += w * vj[i];
-        }
+        x->plain(q, K, V, S, hd, scale, p, o);
     }
 }
 
@@ -420,7 +440,7 @@ static void attend_decode(tlm_session *s, int l, int N) {
     const tlm_config *c = &s->m->c;
     long work = 0;
     for (int r = 0; r < N; r++) work += (long)(s->row_pos[r] + 1) * c->d_model;
-    attend_ctx x = {s, l};
+    attend_ctx x = {s, l, attend_plain_pick()};
     k_team_units((long)N * c->n_heads, work >= 32768, 1, decode_tasks, &x);
 }
 
@@ -492,7 +512,7 @@ static void cache_attend_group(void *user, int l, float *qkv, int ld, float *att
     int H = c->n_heads, group = H / c->n_kv_heads;
     store_ctx x = {s, qkv, l, ld, N};
     store_heads(&x, 2L * g, 2L * g + 2);
-    attend_ctx a = {s, l};
+    attend_ctx a = {s, l, attend_plain_pick()};
     for (int r = 0; r < N; r++)
         decode_tasks(&a, (long)r * H + (long)g * group, (long)r * H + (long)(g + 1) * group);
 }

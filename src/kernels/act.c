@@ -13,19 +13,37 @@ static inline float gelu_tanh(float x) {
 }
 static inline float silu(float x) { return x / (1.0f + tlm_expf(-x)); }
 
-void k_act_fwd(float *y, const float *x, size_t n, k_act act) {
-    long nn = (long)n;
+K_INLINE void act_span(float *y, const float *x, k_act act, long a, long b) {
     switch (act) {
-    case K_ACT_GELU: K_FOR(i, nn, nn, y[i] = gelu_erf(x[i])); break;
-    case K_ACT_GELU_TANH: K_FOR(i, nn, nn, y[i] = gelu_tanh(x[i])); break;
-    case K_ACT_RELU: K_FOR(i, nn, nn, y[i] = x[i] > 0.0f ? x[i] : 0.0f); break;
-    case K_ACT_SILU: K_FOR(i, nn, nn, y[i] = silu(x[i])); break;
+    case K_ACT_GELU:
+        for (long i = a; i < b; i++) y[i] = gelu_erf(x[i]);
+        break;
+    case K_ACT_GELU_TANH:
+        for (long i = a; i < b; i++) y[i] = gelu_tanh(x[i]);
+        break;
+    case K_ACT_RELU:
+        for (long i = a; i < b; i++) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+        break;
+    case K_ACT_SILU:
+        for (long i = a; i < b; i++) y[i] = silu(x[i]);
+        break;
     }
 }
+K_VERSIONS(act_span, (float *y, const float *x, k_act act, long a, long b), (y, x, act, a, b))
+
+void k_act_fwd(float *y, const float *x, size_t n, k_act act) {
+    act_span_fn *f = act_span_pick();
+    K_RANGES(a, b, n, n, f(y, x, act, a, b));
+}
+
+K_INLINE void add_span(float *y, const float *p, const float *q, long a, long b) {
+    for (long i = a; i < b; i++) y[i] = p[i] + q[i];
+}
+K_VERSIONS(add_span, (float *y, const float *p, const float *q, long a, long b), (y, p, q, a, b))
 
 void k_add(float *y, const float *a, const float *b, size_t n) {
-    long nn = (long)n;
-    K_FOR(i, nn, nn, y[i] = a[i] + b[i]);
+    add_span_fn *f = add_span_pick();
+    K_RANGES(i0, i1, n, n, f(y, a, b, i0, i1));
 }
 
 static inline float gelu_tanh_grad(float x) {
@@ -66,47 +84,82 @@ static inline void silu_fwd_grad(float *y, float *x) {
 /* Training needs act'(x) in the backward pass, and x for nothing else: computing it here, where
  * the forward's exp and erf are at hand, and storing it over x costs no memory and saves the
  * backward pass recomputing them (for GELU: about half of both passes' elementwise time). */
-void k_act_fwd_grad(float *y, float *x, size_t n, k_act act) {
-    long nn = (long)n;
+K_INLINE void act_grad_span(float *y, float *x, k_act act, long a, long b) {
     switch (act) {
-    case K_ACT_GELU: K_FOR(i, nn, nn, gelu_fwd_grad(y + i, x + i)); break;
-    case K_ACT_GELU_TANH: K_FOR(i, nn, nn, gelu_tanh_fwd_grad(y + i, x + i)); break;
-    case K_ACT_RELU: K_FOR(i, nn, nn, relu_fwd_grad(y + i, x + i)); break;
-    case K_ACT_SILU: K_FOR(i, nn, nn, silu_fwd_grad(y + i, x + i)); break;
+    case K_ACT_GELU:
+        for (long i = a; i < b; i++) gelu_fwd_grad(y + i, x + i);
+        break;
+    case K_ACT_GELU_TANH:
+        for (long i = a; i < b; i++) gelu_tanh_fwd_grad(y + i, x + i);
+        break;
+    case K_ACT_RELU:
+        for (long i = a; i < b; i++) relu_fwd_grad(y + i, x + i);
+        break;
+    case K_ACT_SILU:
+        for (long i = a; i < b; i++) silu_fwd_grad(y + i, x + i);
+        break;
     }
 }
+K_VERSIONS(act_grad_span, (float *y, float *x, k_act act, long a, long b), (y, x, act, a, b))
+
+void k_act_fwd_grad(float *y, float *x, size_t n, k_act act) {
+    act_grad_span_fn *f = act_grad_span_pick();
+    K_RANGES(a, b, n, n, f(y, x, act, a, b));
+}
+
+K_INLINE void mul_span(float *y, const float *p, const float *q, long a, long b) {
+    for (long i = a; i < b; i++) y[i] = p[i] * q[i];
+}
+K_VERSIONS(mul_span, (float *y, const float *p, const float *q, long a, long b), (y, p, q, a, b))
 
 void k_mul(float *y, const float *a, const float *b, size_t n) {
-    long nn = (long)n;
-    K_FOR(i, nn, nn, y[i] = a[i] * b[i]);
+    mul_span_fn *f = mul_span_pick();
+    K_RANGES(i0, i1, n, n, f(y, a, b, i0, i1));
 }
+
+K_INLINE void acc_span(float *y, const float *p, long a, long b) {
+    for (long i = a; i < b; i++) y[i] += p[i];
+}
+K_VERSIONS(acc_span, (float *y, const float *p, long a, long b), (y, p, a, b))
 
 void k_acc(float *y, const float *a, size_t n) {
-    long nn = (long)n;
-    K_FOR(i, nn, nn, y[i] += a[i]);
+    acc_span_fn *f = acc_span_pick();
+    K_RANGES(i0, i1, n, n, f(y, a, i0, i1));
 }
 
-static void swiglu_row_fwd(float *yi, const float *g, const float *u, int ff) {
-    for (int j = 0; j < ff; j++) yi[j] = silu(g[j]) * u[j];
-}
-
-void k_swiglu_rows_fwd(float *y, const float *a, int N, int ff) {
-    K_FOR(i, N, (long)N * ff,
-          swiglu_row_fwd(y + (size_t)i * ff, a + (size_t)i * 2 * ff, a + (size_t)i * 2 * ff + ff,
-                         ff));
-}
-
-static void swiglu_row_bwd(float *dg, float *du, const float *dyi, const float *g, const float *u,
-                           int ff) {
-    for (int j = 0; j < ff; j++) {
-        float s = tlm_sigmoidf(g[j]);
-        du[j] = dyi[j] * g[j] * s;
-        dg[j] = dyi[j] * u[j] * s * (1.0f + g[j] * (1.0f - s));
+/* Rows [r0, r1) of a fused gate|up buffer a [N, 2*ff]. */
+K_INLINE void swiglu_rows_fwd(float *y, const float *a, int ff, long r0, long r1) {
+    for (long i = r0; i < r1; i++) {
+        float *yi = y + (size_t)i * ff;
+        const float *g = a + (size_t)i * 2 * ff, *u = g + ff;
+        for (int j = 0; j < ff; j++) yi[j] = silu(g[j]) * u[j];
     }
 }
+K_VERSIONS(swiglu_rows_fwd, (float *y, const float *a, int ff, long r0, long r1),
+           (y, a, ff, r0, r1))
 
+void k_swiglu_rows_fwd(float *y, const float *a, int N, int ff) {
+    swiglu_rows_fwd_fn *f = swiglu_rows_fwd_pick();
+    K_RANGES(r0, r1, N, (long)N * ff, f(y, a, ff, r0, r1));
+}
+
+K_INLINE void swiglu_rows_bwd(float *da, const float *dy, const float *a, int ff, long r0,
+                              long r1) {
+    for (long i = r0; i < r1; i++) {
+        float *dg = da + (size_t)i * 2 * ff, *du = dg + ff;
+        const float *dyi = dy + (size_t)i * ff, *g = a + (size_t)i * 2 * ff, *u = g + ff;
+        for (int j = 0; j < ff; j++) {
+            float s = tlm_sigmoidf(g[j]);
+            du[j] = dyi[j] * g[j] * s;
+            dg[j] = dyi[j] * u[j] * s * (1.0f + g[j] * (1.0f - s));
+        }
+    }
+}
+K_VERSIONS(swiglu_rows_bwd, (float *da, const float *dy, const float *a, int ff, long r0, long r1),
+           (da, dy, a, ff, r0, r1))
+
+/* da [N, 2*ff] (gate|up halves) from dy [N, ff]. */
 void k_swiglu_rows_bwd(float *da, const float *dy, const float *a, int N, int ff) {
-    K_FOR(i, N, (long)N * ff,
-          swiglu_row_bwd(da + (size_t)i * 2 * ff, da + (size_t)i * 2 * ff + ff, dy + (size_t)i * ff,
-                         a + (size_t)i * 2 * ff, a + (size_t)i * 2 * ff + ff, ff));
+    swiglu_rows_bwd_fn *f = swiglu_rows_bwd_pick();
+    K_RANGES(r0, r1, N, (long)N * ff, f(da, dy, a, ff, r0, r1));
 }

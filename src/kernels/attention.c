@@ -30,7 +30,7 @@ enum { QB = 64 };
  * row's first visible query left most of the work to scalar peel and tail code (the rows near
  * the diagonal are short), the softmax then taking 23% of an attention at T 64. The masked
  * scores they read were computed by the products (every row below t1 is), so they are finite. */
-static void softmax_columns(float *Pt, int T) {
+K_INLINE void softmax_columns(float *Pt, int T) {
     for (int t0 = 0; t0 < T; t0 += QB) {
         int w = t0 + QB < T ? QB : T - t0, t1 = t0 + w;
         float mx[QB], sum[QB];
@@ -62,7 +62,10 @@ static void softmax_columns(float *Pt, int T) {
     }
 }
 
-/* D = Pt with the dropout mask of head block bh applied (index t*T + j for query t, key j). */
+K_VERSIONS(softmax_columns, (float *Pt, int T), (Pt, T))
+
+/* D = Pt with the dropout mask of head block bh applied (index t*T + j for query t, key j). Not
+ * versioned: the mask's hash is a call per element in every build. */
 static void drop_probs(float *D, const float *Pt, int T, uint64_t key, uint64_t bh, float p) {
     uint64_t base = bh * (uint64_t)T * (uint64_t)T;
     for (int j = 0; j < T; j++)
@@ -76,6 +79,7 @@ static void attention_fwd(float *out, float *probs, const float *q, const float 
                           uint64_t key, float *scratch) {
     int qw = ldq, kw = ldkv, ow = H * hd, group = H / KVH;
     float scale = 1.0f / sqrtf((float)hd);
+    softmax_columns_fn *softmax = softmax_columns_pick();
 #pragma omp parallel for schedule(dynamic, 1)
     for (int bh = 0; bh < B * H; bh++) {
         int b = bh / H, h = bh % H, kvh = h / group;
@@ -89,7 +93,7 @@ static void attention_fwd(float *out, float *probs, const float *q, const float 
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t1, t1 - t0, hd, scale, kb, kw,
                         qb + (size_t)t0 * qw, qw, 0.0f, Pt + t0, T);
         }
-        softmax_columns(Pt, T);
+        softmax(Pt, T);
         const float *PV = Pt;
         if (p > 0.0f) {
             float *D = scratch + (size_t)omp_get_thread_num() * T * T;
@@ -114,7 +118,7 @@ void k_attention_fwd(float *out, float *probs, const float *q, const float *k, c
 
 /* Softmax backward for columns [t0, t0 + w) of dPt (queries), over their visible rows (keys):
  * dS = P * (dP - sum_keys(P * dP)) * scale, masked entries zero. */
-static void softmax_bwd_columns(float *dPt, const float *Pt, int T, int t0, int w, float scale) {
+K_INLINE void softmax_bwd_columns(float *dPt, const float *Pt, int T, int t0, int w, float scale) {
     int t1 = t0 + w;
     float dot[QB];
     for (int i = 0; i < w; i++) dot[i] = 0.0f;
@@ -135,6 +139,20 @@ static void softmax_bwd_columns(float *dPt, const float *Pt, int T, int t0, int 
     for (int j = t1; j < T; j++) memset(dPt + (size_t)j * T + t0, 0, (size_t)w * sizeof(float));
 }
 
+/* Softmax backward for every query, QB columns at a time as in the forward. */
+K_INLINE void softmax_bwd(float *dPt, const float *Pt, int T, float scale) {
+    for (int t0 = 0; t0 < T; t0 += QB)
+        softmax_bwd_columns(dPt, Pt, T, t0, t0 + QB < T ? QB : T - t0, scale);
+}
+K_VERSIONS(softmax_bwd, (float *dPt, const float *Pt, int T, float scale), (dPt, Pt, T, scale))
+
+/* dPt (keys by queries) times the dropout mask of the probabilities (index base + t*T + j). */
+static void undrop_grads(float *dPt, int T, uint64_t key, uint64_t base, float p) {
+    for (int j = 0; j < T; j++)
+        for (int t = j; t < T; t++)
+            dPt[(size_t)j * T + t] *= k_dropout_keep(key, base + (size_t)t * T + j, p);
+}
+
 static void attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
                           const float *k, const float *v, int ldq, int ldkv, const float *probs,
                           int B, int T, int H, int KVH, int hd, float p, uint64_t key,
@@ -142,6 +160,7 @@ static void attention_bwd(float *dq, float *dk, float *dv, const float *dout, co
     int qw = ldq, kw = ldkv, ow = H * hd, group = H / KVH;
     float scale = 1.0f / sqrtf((float)hd);
     size_t TT = (size_t)T * T;
+    softmax_bwd_fn *softmax = softmax_bwd_pick();
     /* Tasks own one (batch, kv head): the query heads sharing it accumulate dK, dV serially, so
      * no two threads write the same rows. */
 #pragma omp parallel for schedule(dynamic, 1)
@@ -179,13 +198,8 @@ static void attention_bwd(float *dq, float *dk, float *dv, const float *dout, co
             }
             /* Softmax backward per query (column): dS = P * (dP - sum_keys(P * dP)), scaled, where
              * dP is the gradient at the undropped probabilities (dPd times the mask). */
-            if (p > 0.0f)
-                for (int j = 0; j < T; j++)
-                    for (int t = j; t < T; t++)
-                        dPt[(size_t)j * T + t] *=
-                            k_dropout_keep(key, bh * TT + (size_t)t * T + j, p);
-            for (int t0 = 0; t0 < T; t0 += QB) /* QB columns at a time, as in the forward */
-                softmax_bwd_columns(dPt, Pt, T, t0, t0 + QB < T ? QB : T - t0, scale);
+            if (p > 0.0f) undrop_grads(dPt, T, key, bh * TT, p);
+            softmax(dPt, Pt, T, scale);
             /* dQ = dS K = dSt^T K; dK += dS^T Q = dSt Q */
             for (int t0 = 0; t0 < T; t0 += QB) {
                 int t1 = t0 + QB < T ? t0 + QB : T;

@@ -38,29 +38,35 @@ to_bf16_avx512(uint16_t *dst, const float *src, size_t n) {
     for (; i < n; i++) dst[i] = tlm_bf16_bits(src[i]);
 }
 
-static void round_span(uint16_t *dst, const float *src, size_t n, int fast) {
-    if (fast)
-        to_bf16_avx512(dst, src, n);
-    else
-        for (size_t i = 0; i < n; i++) dst[i] = tlm_bf16_bits(src[i]);
+/* Without vcvtne2ps2bf16: the same rounding in plain C, which vectorizes. */
+K_INLINE void to_bf16_plain(uint16_t *dst, const float *src, size_t n) {
+    for (size_t i = 0; i < n; i++) dst[i] = tlm_bf16_bits(src[i]);
+}
+K_VERSIONS(to_bf16_plain, (uint16_t * dst, const float *src, size_t n), (dst, src, n))
+
+typedef void round_fn(uint16_t *dst, const float *src, size_t n);
+
+static round_fn *rounding(void) {
+    return k_bf16_supported() && k_vec_isa() >= K_ISA_AVX512 ? to_bf16_avx512
+                                                             : to_bf16_plain_pick();
 }
 
 void k_f32_to_bf16(uint16_t *dst, const float *src, size_t n) {
-    int fast = k_bf16_supported();
+    round_fn *f = rounding();
     /* Chunks of 4096 floats keep every thread on whole cache lines of both arrays. */
     long chunks = (long)((n + 4095) / 4096);
     K_FOR(c, chunks, (long)(n / 4),
-          round_span(dst + (size_t)c * 4096, src + (size_t)c * 4096,
-                     n - (size_t)c * 4096 < 4096 ? n - (size_t)c * 4096 : 4096, fast));
+          f(dst + (size_t)c * 4096, src + (size_t)c * 4096,
+            n - (size_t)c * 4096 < 4096 ? n - (size_t)c * 4096 : 4096));
 }
 
 /* Rows of cols floats ld apart into contiguous rows, in one parallel region: a k_f32_to_bf16 call
  * per row is too short to split, so every row ran on one thread while the others waited (the dX
  * products of q, k and v of a model whose parts lie apart in its file: 3 x N rows per layer). */
 static void round_rows(uint16_t *dst, const float *src, size_t ld, int rows, int cols) {
-    int fast = k_bf16_supported();
+    round_fn *f = rounding();
     K_FOR(i, rows, (long)rows * cols / 4,
-          round_span(dst + (size_t)i * (size_t)cols, src + (size_t)i * ld, (size_t)cols, fast));
+          f(dst + (size_t)i * (size_t)cols, src + (size_t)i * ld, (size_t)cols));
 }
 
 float k_bf16_to_f32(uint16_t h) {

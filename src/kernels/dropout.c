@@ -8,13 +8,21 @@ uint64_t k_dropout_key(uint64_t seed, uint64_t step, uint64_t site) {
                      tlm_mix64(step + 0x3c6ef372fe94f82bULL) + site * 0x9e3779b97f4a7c15ULL);
 }
 
-float k_dropout_keep(uint64_t key, uint64_t i, float p) {
+static inline float keep(uint64_t key, uint64_t i, float p) {
     /* 24 random bits against p: exact enough for any p a model uses. */
     uint32_t r = (uint32_t)(tlm_mix64(key + i * 0x9e3779b97f4a7c15ULL) >> 40);
     return (float)r >= p * 16777216.0f ? 1.0f / (1.0f - p) : 0.0f;
 }
 
+float k_dropout_keep(uint64_t key, uint64_t i, float p) { return keep(key, i, p); }
+
+K_INLINE void dropout_span(float *y, const float *x, float p, uint64_t key, long a, long b) {
+    for (long i = a; i < b; i++) y[i] = x[i] * keep(key, (uint64_t)i, p);
+}
+K_VERSIONS(dropout_span, (float *y, const float *x, float p, uint64_t key, long a, long b),
+           (y, x, p, key, a, b))
+
 void k_dropout(float *y, const float *x, size_t n, float p, uint64_t key) {
-    long nn = (long)n;
-    K_FOR(i, nn, nn, y[i] = x[i] * k_dropout_keep(key, (uint64_t)i, p));
+    dropout_span_fn *f = dropout_span_pick();
+    K_RANGES(a, b, n, n, f(y, x, p, key, a, b));
 }

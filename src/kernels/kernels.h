@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cpu.h"
 #include "tlm.h"
 
 /* Elementwise work below this many floats runs on the calling thread: a fork/join costs
@@ -39,6 +40,76 @@ static inline int k_fork(long work) {
             }                                                                                      \
         }                                                                                          \
     } while (0)
+
+/* [*a, *b): the calling thread's share of [0, n) in its team, as schedule(static) divides it. */
+static inline void k_share(long n, long *a, long *b) {
+    long t = omp_get_thread_num(), T = omp_get_num_threads(), q = n / T, r = n % T;
+    *a = t * q + (t < r ? t : r);
+    *b = *a + q + (t < r);
+}
+
+/* K_FOR for a body that takes a range: { body } once per thread of a new team with [a, b) its
+ * share of [0, n) (static schedule) when k_fork(work), else once with [0, n) on this thread;
+ * never with an empty range. */
+#define K_RANGES(a, b, n, work, ...)                                                               \
+    do {                                                                                           \
+        long n_ = (long)(n);                                                                       \
+        if (k_fork((long)(work))) {                                                                \
+            _Pragma("omp parallel") {                                                              \
+                long a, b;                                                                         \
+                k_share(n_, &a, &b);                                                               \
+                if (a < b) {                                                                       \
+                    __VA_ARGS__;                                                                   \
+                }                                                                                  \
+            }                                                                                      \
+        } else if (n_ > 0) {                                                                       \
+            long a = 0, b = n_;                                                                    \
+            __VA_ARGS__;                                                                           \
+        }                                                                                          \
+    } while (0)
+
+/* ---- loops compiled for several instruction sets ----
+ * A build for any x86-64 (cmake -DTLM_NATIVE=OFF, no -march) would run the loops the compiler
+ * vectorizes (norms, activations, softmaxes, the optimizer...) on SSE2 alone, at a fraction of
+ * what the CPU runs. So each such loop is written once, as a K_INLINE function, and
+ * K_VERSIONS(name, (parameters), (arguments)) compiles it for AVX-512 and for AVX2 with FMA (the
+ * target attributes of x86/simd.h, as the quantized kernels) beside the build's own baseline:
+ * name_pick() returns the version for this CPU (k_vec_isa), as a name_fn pointer, and callers
+ * pick once per call of a kernel, then call it from each thread. No team is started inside a
+ * version: clang compiles OpenMP's outlined bodies without their function's target attribute. A
+ * build whose baseline has AVX-512 (-march=native on such a CPU) compiles the one version. */
+#define K_INLINE static inline __attribute__((always_inline))
+
+/* The K_ISA_ level of the versions picked: the quantized kernels' (k_isa in qdot.h: the CPU's,
+ * TLM_ISA capping it for comparisons), capped by k_vec_cap. */
+int k_isa(void);
+extern _Atomic int k_vec_limit;
+static inline int k_vec_isa(void) {
+    int isa = k_isa(), cap = k_vec_limit;
+    return isa < cap ? isa : cap;
+}
+/* Runs the versioned loops as a CPU of K_ISA_ level isa would (tests); K_ISA_COUNT: no cap. */
+void k_vec_cap(int isa);
+
+#if (defined(__x86_64__) || defined(__i386__)) && !defined(__AVX512F__)
+#include "kernels/x86/simd.h"
+#define K_VERSIONS(name, params, args)                                                             \
+    typedef void name##_fn params;                                                                 \
+    K_TARGET_AVX512 static void name##_avx512 params { name args; }                                \
+    K_TARGET_AVX2 static void name##_avx2 params { name args; }                                    \
+    static void name##_base params { name args; }                                                  \
+    static name##_fn *name##_pick(void) {                                                          \
+        int isa = k_vec_isa();                                                                     \
+        return isa >= K_ISA_AVX512 ? name##_avx512                                                 \
+               : isa >= K_ISA_AVX2 ? name##_avx2                                                   \
+                                   : name##_base;                                                  \
+    }
+#else
+#define K_VERSIONS(name, params, args)                                                             \
+    typedef void name##_fn params;                                                                 \
+    static void name##_base params { name args; }                                                  \
+    static name##_fn *name##_pick(void) { return name##_base; }
+#endif
 
 /* ---- dropout.c: masks derived from (key, element index), regenerated in the backward pass ---- */
 uint64_t k_dropout_key(uint64_t seed, uint64_t step, uint64_t site);

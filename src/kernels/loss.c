@@ -5,7 +5,7 @@
 #include "kernels.h"
 
 /* log-sum-exp with the max subtracted first, so exp never sees a large argument. */
-static float row_lse(const float *x, int V) {
+K_INLINE float row_lse(const float *x, int V) {
     float mx = x[0];
     for (int j = 1; j < V; j++) mx = x[j] > mx ? x[j] : mx;
     float s = 0.0f;
@@ -15,7 +15,7 @@ static float row_lse(const float *x, int V) {
 }
 
 /* Row i's loss term (0 when untargeted), its probabilities written when probs is not NULL. */
-static double ce_row(const float *logits, const int *targets, float *probs, int i, int V) {
+K_INLINE double ce_row(const float *logits, const int *targets, float *probs, int i, int V) {
     const float *x = logits + (size_t)i * V;
     float lse = row_lse(x, V);
     if (probs) {
@@ -25,25 +25,44 @@ static double ce_row(const float *logits, const int *targets, float *probs, int 
     return targets && targets[i] >= 0 ? (double)(lse - x[targets[i]]) : 0.0;
 }
 
+/* The loss terms of rows [r0, r1) summed in order into *total. */
+K_INLINE void ce_rows(const float *logits, const int *targets, float *probs, int V, long r0,
+                      long r1, double *total) {
+    double t = 0.0;
+    for (long i = r0; i < r1; i++) t += ce_row(logits, targets, probs, (int)i, V);
+    *total = t;
+}
+K_VERSIONS(ce_rows,
+           (const float *logits, const int *targets, float *probs, int V, long r0, long r1,
+            double *total),
+           (logits, targets, probs, V, r0, r1, total))
+
 double k_cross_entropy_fwd(const float *logits, const int *targets, float *probs, int N, int V,
                            int *count) {
     double total = 0.0;
     int n = 0;
     if (targets)
         for (int i = 0; i < N; i++) n += targets[i] >= 0;
+    ce_rows_fn *f = ce_rows_pick();
     /* In a replica's thread a region of one would only add libgomp's cost (k_fork). */
     if (!k_fork((long)N * V)) {
-        for (int i = 0; i < N; i++) total += ce_row(logits, targets, probs, i, V);
+        f(logits, targets, probs, V, 0, N, &total);
     } else {
-#pragma omp parallel for schedule(static) reduction(+ : total)
-        for (int i = 0; i < N; i++) total += ce_row(logits, targets, probs, i, V);
+#pragma omp parallel reduction(+ : total)
+        {
+            long r0, r1;
+            double part = 0.0;
+            k_share(N, &r0, &r1);
+            if (r0 < r1) f(logits, targets, probs, V, r0, r1, &part);
+            total += part;
+        }
     }
     if (count) *count = n;
     return n ? total / n : NAN;
 }
 
 /* The row's loss term, its logits replaced by their gradient (scaled by inv). */
-static double ce_grad_row(float *x, int target, int V, float inv) {
+K_INLINE double ce_grad_row(float *x, int target, int V, float inv) {
     if (target < 0) {
         memset(x, 0, (size_t)V * sizeof(float));
         return 0.0;
@@ -55,6 +74,17 @@ static double ce_grad_row(float *x, int target, int V, float inv) {
     return loss;
 }
 
+/* Rows [r0, r1): their loss terms summed in order into *total. */
+K_INLINE void ce_grad_rows(float *logits, const int *targets, int V, float inv, long r0, long r1,
+                           double *total) {
+    double t = 0.0;
+    for (long i = r0; i < r1; i++) t += ce_grad_row(logits + (size_t)i * V, targets[i], V, inv);
+    *total = t;
+}
+K_VERSIONS(ce_grad_rows,
+           (float *logits, const int *targets, int V, float inv, long r0, long r1, double *total),
+           (logits, targets, V, inv, r0, r1, total))
+
 double k_cross_entropy_fwd_bwd(float *logits, const int *targets, int N, int V, int divisor,
                                int *count) {
     int n = 0;
@@ -62,13 +92,18 @@ double k_cross_entropy_fwd_bwd(float *logits, const int *targets, int N, int V, 
     double total = 0.0;
     if (divisor <= 0) divisor = n;
     float inv = divisor ? 1.0f / (float)divisor : 0.0f;
+    ce_grad_rows_fn *f = ce_grad_rows_pick();
     if (!k_fork((long)N * V)) {
-        for (int i = 0; i < N; i++)
-            total += ce_grad_row(logits + (size_t)i * V, targets[i], V, inv);
+        f(logits, targets, V, inv, 0, N, &total);
     } else {
-#pragma omp parallel for schedule(static) reduction(+ : total)
-        for (int i = 0; i < N; i++)
-            total += ce_grad_row(logits + (size_t)i * V, targets[i], V, inv);
+#pragma omp parallel reduction(+ : total)
+        {
+            long r0, r1;
+            double part = 0.0;
+            k_share(N, &r0, &r1);
+            if (r0 < r1) f(logits, targets, V, inv, r0, r1, &part);
+            total += part;
+        }
     }
     if (count) *count = n;
     return n ? total / n : NAN;

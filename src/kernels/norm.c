@@ -2,7 +2,8 @@
 
 #include "kernels.h"
 
-static void rmsnorm_row(float *yi, float *rstd, const float *xi, const float *g, int d, float eps) {
+K_INLINE void rmsnorm_row(float *yi, float *rstd, const float *xi, const float *g, int d,
+                          float eps) {
     float ss = 0.0f;
 #pragma omp simd reduction(+ : ss)
     for (int j = 0; j < d; j++) ss += xi[j] * xi[j];
@@ -11,13 +12,23 @@ static void rmsnorm_row(float *yi, float *rstd, const float *xi, const float *g,
     if (rstd) *rstd = r;
 }
 
+K_INLINE void rmsnorm_rows(float *y, float *rstd, const float *x, const float *g, int d, float eps,
+                           long r0, long r1) {
+    for (long i = r0; i < r1; i++)
+        rmsnorm_row(y + (size_t)i * d, rstd ? rstd + i : NULL, x + (size_t)i * d, g, d, eps);
+}
+K_VERSIONS(rmsnorm_rows,
+           (float *y, float *rstd, const float *x, const float *g, int d, float eps, long r0,
+            long r1),
+           (y, rstd, x, g, d, eps, r0, r1))
+
 void k_rmsnorm_fwd(float *y, float *rstd, const float *x, const float *g, int N, int d, float eps) {
-    K_FOR(i, N, (long)N * d,
-          rmsnorm_row(y + (size_t)i * d, rstd ? rstd + i : NULL, x + (size_t)i * d, g, d, eps));
+    rmsnorm_rows_fn *f = rmsnorm_rows_pick();
+    K_RANGES(r0, r1, N, (long)N * d, f(y, rstd, x, g, d, eps, r0, r1));
 }
 
-static void layernorm_row(float *yi, float *mean, float *rstd, const float *xi, const float *g,
-                          const float *b, int d, float eps) {
+K_INLINE void layernorm_row(float *yi, float *mean, float *rstd, const float *xi, const float *g,
+                            const float *b, int d, float eps) {
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
     for (int j = 0; j < d; j++) s += xi[j];
@@ -38,11 +49,21 @@ static void layernorm_row(float *yi, float *mean, float *rstd, const float *xi, 
     if (rstd) *rstd = r;
 }
 
+K_INLINE void layernorm_rows(float *y, float *mean, float *rstd, const float *x, const float *g,
+                             const float *b, int d, float eps, long r0, long r1) {
+    for (long i = r0; i < r1; i++)
+        layernorm_row(y + (size_t)i * d, mean ? mean + i : NULL, rstd ? rstd + i : NULL,
+                      x + (size_t)i * d, g, b, d, eps);
+}
+K_VERSIONS(layernorm_rows,
+           (float *y, float *mean, float *rstd, const float *x, const float *g, const float *b,
+            int d, float eps, long r0, long r1),
+           (y, mean, rstd, x, g, b, d, eps, r0, r1))
+
 void k_layernorm_fwd(float *y, float *mean, float *rstd, const float *x, const float *g,
                      const float *b, int N, int d, float eps) {
-    K_FOR(i, N, (long)N * d,
-          layernorm_row(y + (size_t)i * d, mean ? mean + i : NULL, rstd ? rstd + i : NULL,
-                        x + (size_t)i * d, g, b, d, eps));
+    layernorm_rows_fn *f = layernorm_rows_pick();
+    K_RANGES(r0, r1, N, (long)N * d, f(y, mean, rstd, x, g, b, d, eps, r0, r1));
 }
 
 /* Gain (and bias) gradients are column sums over rows, taken in blocks of up to 256 columns:
@@ -51,8 +72,8 @@ void k_layernorm_fwd(float *y, float *mean, float *rstd, const float *x, const f
  * sums in a chain of stores and loads and read the rows 64 bytes at a time: a Shakespeare
  * replica's layer-norm backward took 28 us with them, 24 with these. */
 enum { GAIN_BLOCK = 256 };
-static void gain_block(float *dg, float *db, const float *dy, const float *x, const float *mean,
-                       const float *rstd, int N, int d, int acc, int j0) {
+K_INLINE void gain_block(float *dg, float *db, const float *dy, const float *x, const float *mean,
+                         const float *rstd, int N, int d, int acc, int j0) {
     int w = j0 + GAIN_BLOCK < d ? GAIN_BLOCK : d - j0;
     float ag[GAIN_BLOCK], ab[GAIN_BLOCK];
     for (int k = 0; k < w; k++) ag[k] = ab[k] = 0.0f;
@@ -71,15 +92,27 @@ static void gain_block(float *dg, float *db, const float *dy, const float *x, co
     }
 }
 
+/* Blocks [b0, b1). */
+K_INLINE void gain_blocks(float *dg, float *db, const float *dy, const float *x, const float *mean,
+                          const float *rstd, int N, int d, int acc, long b0, long b1) {
+    for (long bl = b0; bl < b1; bl++)
+        gain_block(dg, db, dy, x, mean, rstd, N, d, acc, (int)bl * GAIN_BLOCK);
+}
+K_VERSIONS(gain_blocks,
+           (float *dg, float *db, const float *dy, const float *x, const float *mean,
+            const float *rstd, int N, int d, int acc, long b0, long b1),
+           (dg, db, dy, x, mean, rstd, N, d, acc, b0, b1))
+
 static void gain_grads(float *dg, float *db, const float *dy, const float *x, const float *mean,
                        const float *rstd, int N, int d, int acc) {
-    K_FOR(bl, (d + GAIN_BLOCK - 1) / GAIN_BLOCK, (long)N * d,
-          gain_block(dg, db, dy, x, mean, rstd, N, d, acc, (int)bl * GAIN_BLOCK));
+    gain_blocks_fn *f = gain_blocks_pick();
+    K_RANGES(b0, b1, (d + GAIN_BLOCK - 1) / GAIN_BLOCK, (long)N * d,
+             f(dg, db, dy, x, mean, rstd, N, d, acc, b0, b1));
 }
 
 /* d/dx of x*r: r*dy*g - x * r^3 * mean(dy*g*x) */
-static void rmsnorm_bwd_row(float *dxi, const float *dyi, const float *xi, const float *g, float r,
-                            int d) {
+K_INLINE void rmsnorm_bwd_row(float *dxi, const float *dyi, const float *xi, const float *g,
+                              float r, int d) {
     float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
     for (int j = 0; j < d; j++) dot += dyi[j] * g[j] * xi[j];
@@ -87,16 +120,25 @@ static void rmsnorm_bwd_row(float *dxi, const float *dyi, const float *xi, const
     for (int j = 0; j < d; j++) dxi[j] = r * dyi[j] * g[j] - xi[j] * c;
 }
 
+K_INLINE void rmsnorm_bwd_rows(float *dx, const float *dy, const float *x, const float *g,
+                               const float *rstd, int d, long r0, long r1) {
+    for (long i = r0; i < r1; i++)
+        rmsnorm_bwd_row(dx + (size_t)i * d, dy + (size_t)i * d, x + (size_t)i * d, g, rstd[i], d);
+}
+K_VERSIONS(rmsnorm_bwd_rows,
+           (float *dx, const float *dy, const float *x, const float *g, const float *rstd, int d,
+            long r0, long r1),
+           (dx, dy, x, g, rstd, d, r0, r1))
+
 void k_rmsnorm_bwd(float *dx, float *dg, const float *dy, const float *x, const float *g,
                    const float *rstd, int N, int d, int acc) {
     gain_grads(dg, NULL, dy, x, NULL, rstd, N, d, acc);
-    K_FOR(
-        i, N, (long)N * d,
-        rmsnorm_bwd_row(dx + (size_t)i * d, dy + (size_t)i * d, x + (size_t)i * d, g, rstd[i], d));
+    rmsnorm_bwd_rows_fn *f = rmsnorm_bwd_rows_pick();
+    K_RANGES(r0, r1, N, (long)N * d, f(dx, dy, x, g, rstd, d, r0, r1));
 }
 
-static void layernorm_bwd_row(float *dxi, const float *dyi, const float *xi, const float *g,
-                              float m, float r, int d) {
+K_INLINE void layernorm_bwd_row(float *dxi, const float *dyi, const float *xi, const float *g,
+                                float m, float r, int d) {
     float s1 = 0.0f, s2 = 0.0f;
 #pragma omp simd reduction(+ : s1, s2)
     for (int j = 0; j < d; j++) {
@@ -112,10 +154,20 @@ static void layernorm_bwd_row(float *dxi, const float *dyi, const float *xi, con
     }
 }
 
+K_INLINE void layernorm_bwd_rows(float *dx, const float *dy, const float *x, const float *g,
+                                 const float *mean, const float *rstd, int d, long r0, long r1) {
+    for (long i = r0; i < r1; i++)
+        layernorm_bwd_row(dx + (size_t)i * d, dy + (size_t)i * d, x + (size_t)i * d, g, mean[i],
+                          rstd[i], d);
+}
+K_VERSIONS(layernorm_bwd_rows,
+           (float *dx, const float *dy, const float *x, const float *g, const float *mean,
+            const float *rstd, int d, long r0, long r1),
+           (dx, dy, x, g, mean, rstd, d, r0, r1))
+
 void k_layernorm_bwd(float *dx, float *dg, float *db, const float *dy, const float *x,
                      const float *g, const float *mean, const float *rstd, int N, int d, int acc) {
     gain_grads(dg, db, dy, x, mean, rstd, N, d, acc);
-    K_FOR(i, N, (long)N * d,
-          layernorm_bwd_row(dx + (size_t)i * d, dy + (size_t)i * d, x + (size_t)i * d, g, mean[i],
-                            rstd[i], d));
+    layernorm_bwd_rows_fn *f = layernorm_bwd_rows_pick();
+    K_RANGES(r0, r1, N, (long)N * d, f(dx, dy, x, g, mean, rstd, d, r0, r1));
 }

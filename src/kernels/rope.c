@@ -1,8 +1,8 @@
 #include "kernels.h"
 
 /* One row's heads rotated by the angles c, s of its position. */
-static void rope_row(float *row, const float *c, const float *s, int n_heads, int hd,
-                     int interleaved, float sign) {
+K_INLINE void rope_row(float *row, const float *c, const float *s, int n_heads, int hd,
+                       int interleaved, float sign) {
     int half = hd / 2;
     for (int h = 0; h < n_heads; h++) {
         float *v = row + h * hd;
@@ -22,13 +22,24 @@ static void rope_row(float *row, const float *c, const float *s, int n_heads, in
     }
 }
 
-/* sign = +1 rotates forward; -1 applies the transpose (the backward pass). */
+/* Rows [r0, r1); sign = +1 rotates forward, -1 applies the transpose (the backward pass). */
+K_INLINE void rope_rows(float *x, int ld, const int *pos, int n_heads, int hd, const float *cos_t,
+                        const float *sin_t, int interleaved, float sign, long r0, long r1) {
+    size_t half = (size_t)hd / 2;
+    for (long r = r0; r < r1; r++)
+        rope_row(x + (size_t)r * ld, cos_t + (size_t)pos[r] * half, sin_t + (size_t)pos[r] * half,
+                 n_heads, hd, interleaved, sign);
+}
+K_VERSIONS(rope_rows,
+           (float *x, int ld, const int *pos, int n_heads, int hd, const float *cos_t,
+            const float *sin_t, int interleaved, float sign, long r0, long r1),
+           (x, ld, pos, n_heads, hd, cos_t, sin_t, interleaved, sign, r0, r1))
+
 static void rope(float *x, int ld, int N, const int *pos, int n_heads, int hd, const float *cos_t,
                  const float *sin_t, int interleaved, float sign) {
-    size_t half = (size_t)hd / 2;
-    K_FOR(r, N, (long)N * n_heads * hd,
-          rope_row(x + (size_t)r * ld, cos_t + (size_t)pos[r] * half, sin_t + (size_t)pos[r] * half,
-                   n_heads, hd, interleaved, sign));
+    rope_rows_fn *f = rope_rows_pick();
+    K_RANGES(r0, r1, N, (long)N * n_heads * hd,
+             f(x, ld, pos, n_heads, hd, cos_t, sin_t, interleaved, sign, r0, r1));
 }
 
 void k_rope_fwd(float *x, int ld, int N, const int *pos, int n_heads, int hd, const float *cos_t,

@@ -90,6 +90,11 @@ int k_team_pooled(void) { return g_use_pool || g_team_id >= 0; }
 
 int k_team_thread(void) { return g_team_id >= 0 ? g_team_id : omp_get_thread_num(); }
 
+/* The versioned loops' cap (kernels.h), beside the other settings of how loops run. */
+_Atomic int k_vec_limit = K_ISA_COUNT;
+
+void k_vec_cap(int isa) { k_vec_limit = isa; }
+
 #if HAVE_POOL
 /* A pool thread's slot: its job and the word it waits on, one cache line, so that a fork costs
  * one transfer of it per thread (about 0.3 us between this machine's vCPUs), and a job wakes only

@@ -338,25 +338,48 @@ void tlm_block_bwd(const tlm_model *m, int l, const tlm_pass *p, const tlm_block
 
 /* ---- embedding and head --------------------------------------------------------------------- */
 
-/* Row x of token id, plus its position's row when pos is not NULL. */
-static void embed_row(float *xr, const tlm_weight *E, int32_t id, const float *pos, int d) {
-    /* Only a row is read: any type the model holds widens here. */
-    tlm_dtype_to_f32(E->dtype, (const char *)E->data + (size_t)id * E->row_bytes, xr, (size_t)d);
-    if (pos)
-        for (int j = 0; j < d; j++) xr[j] += pos[j];
+/* Rows [r0, r1) of x: the rows of their token ids, plus their positions' rows when pos is not
+ * NULL. */
+K_INLINE void embed_rows(float *x, const tlm_weight *E, const int32_t *ids, const float *pos,
+                         const int *at, int d, long r0, long r1) {
+    for (long r = r0; r < r1; r++) {
+        float *xr = x + (size_t)r * d;
+        /* Only a row is read: any type the model holds widens here. */
+        tlm_dtype_to_f32(E->dtype, (const char *)E->data + (size_t)ids[r] * E->row_bytes, xr,
+                         (size_t)d);
+        if (pos) {
+            const float *pr = pos + (size_t)at[r] * d;
+            for (int j = 0; j < d; j++) xr[j] += pr[j];
+        }
+    }
 }
+K_VERSIONS(embed_rows,
+           (float *x, const tlm_weight *E, const int32_t *ids, const float *pos, const int *at,
+            int d, long r0, long r1),
+           (x, E, ids, pos, at, d, r0, r1))
 
 void tlm_embed_fwd(const tlm_model *m, const tlm_pass *p, const int32_t *ids, float *x) {
     const tlm_config *c = &m->c;
     int d = c->d_model, N = p->N;
-    const tlm_weight *E = m->tok_emb;
     const float *pos = c->position == TLM_POS_LEARNED      ? tlm_wf(m->pos_emb)
                        : c->position == TLM_POS_SINUSOIDAL ? m->sinus
                                                            : NULL;
-    K_FOR(r, N, (long)N * d,
-          embed_row(x + (size_t)r * d, E, ids[r], pos ? pos + (size_t)p->pos[r] * d : NULL, d));
+    embed_rows_fn *f = embed_rows_pick();
+    K_RANGES(r0, r1, N, (long)N * d, f(x, m->tok_emb, ids, pos, p->pos, d, r0, r1));
     if (dropping(m, p)) k_dropout(x, x, (size_t)N * d, c->dropout, tlm_drop_key(p, -1, 0));
 }
+
+/* Row at[r] of table += row r of src, for r in order: rows can repeat within a batch, so this
+ * scatter-add runs on one thread. */
+K_INLINE void scatter_add(float *table, const int *at, const float *src, int N, int d) {
+    for (int r = 0; r < N; r++) {
+        float *dst = table + (size_t)at[r] * d;
+        const float *sr = src + (size_t)r * d;
+        for (int j = 0; j < d; j++) dst[j] += sr[j];
+    }
+}
+K_VERSIONS(scatter_add, (float *table, const int *at, const float *src, int N, int d),
+           (table, at, src, N, d))
 
 void tlm_embed_bwd(const tlm_model *m, const tlm_pass *p, const int32_t *ids,
                    const tlm_block_grads *g, float *G, int acc) {
@@ -364,23 +387,15 @@ void tlm_embed_bwd(const tlm_model *m, const tlm_pass *p, const int32_t *ids,
     int d = c->d_model, N = p->N;
     size_t nd = (size_t)N * d;
     if (dropping(m, p)) k_dropout(g->dres, g->dres, nd, c->dropout, tlm_drop_key(p, -1, 0));
-    /* Embedding rows can repeat within a batch, so their scatter-add runs serially. A tied table
-     * already holds the head's gradient; an untied one starts from zero. */
+    /* A tied table already holds the head's gradient; an untied one starts from zero. */
+    scatter_add_fn *add = scatter_add_pick();
     float *dE = G + m->off.tok_emb;
     if (!acc && !c->tie_embeddings) memset(dE, 0, (size_t)c->vocab_size * d * sizeof(float));
-    for (int r = 0; r < N; r++) {
-        float *dst = dE + (size_t)ids[r] * d;
-        const float *src = g->dres + (size_t)r * d;
-        for (int j = 0; j < d; j++) dst[j] += src[j];
-    }
+    add(dE, ids, g->dres, N, d);
     if (c->position == TLM_POS_LEARNED) {
         float *dPos = G + m->off.pos_emb;
         if (!acc) memset(dPos, 0, (size_t)c->context_length * d * sizeof(float));
-        for (int r = 0; r < N; r++) {
-            float *dst = dPos + (size_t)p->pos[r] * d;
-            const float *src = g->dres + (size_t)r * d;
-            for (int j = 0; j < d; j++) dst[j] += src[j];
-        }
+        add(dPos, p->pos, g->dres, N, d);
     }
 }
 

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/kernels.h"
 #include "model/ctx.h"
 
 enum { MAXR = 64 };
@@ -146,11 +147,9 @@ tlm_status tlm_forward_backward(tlm_train_ctx *x, const int32_t *ids, const int3
         long lo = n * tid / team, hi = n * (tid + 1) / team;
         for (int q = 1; q < R; q++) {
             /* one stream at a time: a plain vectorized add (the runtime replica count in an
-             * inner loop kept the compiler from vectorizing) */
-            if (st[q].st) continue;
-            const float *gq = g[q];
-#pragma omp simd
-            for (long i = lo; i < hi; i++) grads[i] += gq[i];
+             * inner loop kept the compiler from vectorizing), on this thread (k_fork) */
+            if (st[q].st || hi <= lo) continue;
+            k_acc(grads + lo, g[q] + lo, (size_t)(hi - lo));
         }
     }
     if ((s = slices_result(st, R)) != TLM_OK) return s;

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/kernels.h"
 #include "model/model.h"
 
 tlm_status tlm_adamw_create(const tlm_model *m, tlm_adamw **out) {
@@ -48,6 +49,31 @@ tlm_status tlm_adamw_step(tlm_adamw *o, tlm_model *m, const float *grads, double
     return tlm_adamw_step_scaled(o, m, grads, 1.0f, lr, h);
 }
 
+/* The update's scalars, the same for every element of a tensor. */
+typedef struct {
+    float dec, grad_scale, b1, a1, b2, a2, bc2_sqrt, eps, step_size;
+} adamw_consts;
+
+/* Elements [a, b) of one tensor. */
+K_INLINE void adamw_span(float *p, float *mm, float *vv, const float *g, const adamw_consts *k,
+                         long a, long b) {
+    float dec = k->dec, grad_scale = k->grad_scale, b1 = k->b1, a1 = k->a1, b2 = k->b2, a2 = k->a2;
+    float bc2_sqrt = k->bc2_sqrt, eps = k->eps, step_size = k->step_size;
+    for (long i = a; i < b; i++) {
+        float pi = p[i] * dec;
+        float gi = g[i] * grad_scale; /* the same product clipping in place would make */
+        float mi = mm[i] * b1 + a1 * gi;
+        float vi = vv[i] * b2 + a2 * gi * gi;
+        mm[i] = mi;
+        vv[i] = vi;
+        float denom = sqrtf(vi) / bc2_sqrt + eps;
+        p[i] = pi - step_size * (mi / denom);
+    }
+}
+K_VERSIONS(adamw_span,
+           (float *p, float *mm, float *vv, const float *g, const adamw_consts *k, long a, long b),
+           (p, mm, vv, g, k, a, b))
+
 tlm_status tlm_adamw_step_scaled(tlm_adamw *o, tlm_model *m, const float *grads, float grad_scale,
                                  double lr, const tlm_adamw_opts *h) {
     FP_FLUSH_SCOPE();
@@ -67,30 +93,24 @@ tlm_status tlm_adamw_step_scaled(tlm_adamw *o, tlm_model *m, const float *grads,
     float a1 = (float)(1.0 - h->beta1), a2 = (float)(1.0 - h->beta2);
     float decay = (float)(1.0 - lr * h->weight_decay);
     size_t lo_all = o->begin, hi_all = o->begin + o->n;
+    adamw_span_fn *f = adamw_span_pick();
     /* One parallel region for all tensors: most tensors of a small model are too small to be
-     * worth a fork/join each, and `nowait` lets threads run ahead into the next tensor. Tensors
-     * are clipped to the optimizer's range (a shard may start or end inside one). */
+     * worth a fork/join each, and with no barrier between tensors threads run ahead into the
+     * next one. Each thread takes its static share of every tensor. Tensors are clipped to the
+     * optimizer's range (a shard may start or end inside one). */
 #pragma omp parallel
     for (int t = 0; t < m->n_tensors; t++) {
         const tlm_tensor_info *ti = &m->tensors[t];
         size_t lo = ti->offset > lo_all ? ti->offset : lo_all;
         size_t hi = ti->offset + ti->numel < hi_all ? ti->offset + ti->numel : hi_all;
         if (lo >= hi) continue;
-        float *p = m->st.params + lo, *mm = o->m + (lo - o->begin), *vv = o->v + (lo - o->begin);
-        const float *g = grads + lo;
-        float dec = ti->decay ? decay : 1.0f;
-        long n = (long)(hi - lo);
-#pragma omp for schedule(static) nowait
-        for (long i = 0; i < n; i++) {
-            float pi = p[i] * dec;
-            float gi = g[i] * grad_scale; /* the same product clipping in place would make */
-            float mi = mm[i] * b1 + a1 * gi;
-            float vi = vv[i] * b2 + a2 * gi * gi;
-            mm[i] = mi;
-            vv[i] = vi;
-            float denom = sqrtf(vi) / bc2_sqrt + eps;
-            p[i] = pi - step_size * (mi / denom);
-        }
+        adamw_consts k = {
+            ti->decay ? decay : 1.0f, grad_scale, b1, a1, b2, a2, bc2_sqrt, eps, step_size};
+        long a, b;
+        k_share((long)(hi - lo), &a, &b);
+        if (a < b)
+            f(m->st.params + lo, o->m + (lo - o->begin), o->v + (lo - o->begin), grads + lo, &k, a,
+              b);
     }
     return TLM_OK;
 }
@@ -107,6 +127,15 @@ double tlm_lr_at(const tlm_schedule *s, long step) {
 
 double tlm_grad_norm(const float *grads, size_t n) { return sqrt(tlm_grad_sumsq(grads, n)); }
 
+/* The sum of squares of g[0, n) in a fixed vector-lane order: the same result on every run. */
+K_INLINE void sumsq_span(const float *g, size_t n, double *out) {
+    double ss = 0.0;
+#pragma omp simd reduction(+ : ss)
+    for (size_t i = 0; i < n; i++) ss += (double)g[i] * g[i];
+    *out = ss;
+}
+K_VERSIONS(sumsq_span, (const float *g, size_t n, double *out), (g, n, out))
+
 double tlm_grad_sumsq(const float *grads, size_t n) {
     FP_FLUSH_SCOPE();
     /* Fixed chunks summed in a fixed order: the norm (and so clipping) is bit-for-bit the same
@@ -114,14 +143,12 @@ double tlm_grad_sumsq(const float *grads, size_t n) {
     enum { CHUNKS = 256 };
     double part[CHUNKS];
     size_t per = (n + CHUNKS - 1) / CHUNKS;
+    sumsq_span_fn *f = sumsq_span_pick();
 #pragma omp parallel for schedule(static)
     for (int c = 0; c < CHUNKS; c++) {
         size_t lo = (size_t)c * per, hi = lo + per < n ? lo + per : n;
-        double ss = 0.0;
-        /* A fixed vector-lane order per chunk: still the same result on every run. */
-#pragma omp simd reduction(+ : ss)
-        for (size_t i = lo; i < hi; i++) ss += (double)grads[i] * grads[i];
-        part[c] = ss;
+        part[c] = 0.0;
+        if (lo < hi) f(grads + lo, hi - lo, &part[c]);
     }
     double ss = 0.0;
     for (int c = 0; c < CHUNKS; c++) ss += part[c];
@@ -135,14 +162,23 @@ float tlm_clip_coef(double norm, double max_norm) {
     return coef < 1.0 ? (float)coef : 1.0f;
 }
 
+K_INLINE void scale_span(float *g, float c, long a, long b) {
+    for (long i = a; i < b; i++) g[i] *= c;
+}
+K_VERSIONS(scale_span, (float *g, float c, long a, long b), (g, c, a, b))
+
 double tlm_clip_grad_norm(float *grads, size_t n, double max_norm) {
     FP_FLUSH_SCOPE();
     double norm = tlm_grad_norm(grads, n);
     float c = tlm_clip_coef(norm, max_norm);
     if (c != 1.0f) {
-        long nn = (long)n;
-#pragma omp parallel for schedule(static)
-        for (long i = 0; i < nn; i++) grads[i] *= c;
+        scale_span_fn *f = scale_span_pick();
+#pragma omp parallel
+        {
+            long a, b;
+            k_share((long)n, &a, &b);
+            if (a < b) f(grads, c, a, b);
+        }
     }
     return norm;
 }
