@@ -54,7 +54,7 @@ int fmt_is_llama_style(const tlm_config *c, int qwen2_ok, char *why, size_t why_
 
 tlm_status fmt_model_new(const tlm_config *c, const char *path, int writable, tlm_model **out) {
     *out = NULL;
-    tlm_status s = tlm_model_new(c, writable, out);
+    tlm_status s = mdl_new(c, writable, out);
     if (s) return tlm_err_context(s, "%s", path);
     return TLM_OK;
 }

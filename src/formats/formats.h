@@ -17,7 +17,7 @@ tlm_status fmt_permute_qk(float *w, float *bias, int rows, int cols, int hd, int
  * Hugging Face hold). Otherwise writes the first difference into why. */
 int fmt_is_llama_style(const tlm_config *c, int qwen2_ok, char *why, size_t why_len);
 
-/* Creates a model from c (tlm_model_new: writable, or views to bind), with a context message on
+/* Creates a model from c (mdl_new: writable, or views to bind), with a context message on
  * failure ("<path>: ..."). */
 tlm_status fmt_model_new(const tlm_config *c, const char *path, int writable, tlm_model **out);
 

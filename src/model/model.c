@@ -204,7 +204,7 @@ static size_t copy_bytes(const tlm_tensor_info *t) {
     return (t->numel * sizeof(float) + 63) & ~(size_t)63;
 }
 
-tlm_status tlm_model_new(const tlm_config *cfg, int writable, tlm_model **out) {
+tlm_status mdl_new(const tlm_config *cfg, int writable, tlm_model **out) {
     *out = NULL;
     tlm_threads_check();
     tlm_config c = *cfg;
@@ -243,9 +243,7 @@ tlm_status tlm_model_new(const tlm_config *cfg, int writable, tlm_model **out) {
     return TLM_OK;
 }
 
-tlm_status tlm_model_create(const tlm_config *c, tlm_model **out) {
-    return tlm_model_new(c, 1, out);
-}
+tlm_status tlm_model_create(const tlm_config *c, tlm_model **out) { return mdl_new(c, 1, out); }
 
 static tlm_status tlm_model_bind_views(tlm_model *m, const tlm_bind_src *src, tlm_mmap *maps,
                                        int n_maps);

@@ -72,7 +72,7 @@ struct tlm_model {
 
 /* Creates a model whose views are not bound yet (loaders bind them with tlm_model_bind); with
  * writable, the flat buffer is allocated (zeroed) and every view points into it. */
-tlm_status tlm_model_new(const tlm_config *c, int writable, tlm_model **out);
+tlm_status mdl_new(const tlm_config *c, int writable, tlm_model **out);
 
 /* Where a loader found one schema tensor: its type and bytes (rows back to back, no padding).
  * Loaders check the bytes are inside the file first. */
@@ -81,7 +81,7 @@ typedef struct {
     const void *data;
 } tlm_bind_src;
 
-/* Binds every view of a model made by tlm_model_new: writable models get the data converted into
+/* Binds every view of a model made by mdl_new: writable models get the data converted into
  * the flat buffer; read-only ones use it in place when the kernels take its type and it is
  * aligned, else a converted copy. The model takes ownership of maps (the files the data lies in;
  * n_maps may be 0) whether or not this succeeds. */
