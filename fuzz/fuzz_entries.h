@@ -101,10 +101,10 @@ static inline int fuzz_model_load(const uint8_t *data, size_t size) {
     }
     if (names) path = fuzz_dir(names, n, data, size);
     tlm_model *m = NULL;
-    int ok = tlm_model_load(path, &m) == TLM_OK;
+    int ok = tlm_model_load(path, 0, &m) == TLM_OK;
     if (ok) {
         tlm_session *s = NULL;
-        if (tlm_session_new(m, 1, 1, &s) == TLM_OK) {
+        if (tlm_session_new(m, &(tlm_session_opts){.batch = 1, .capacity = 1}, &s) == TLM_OK) {
             int32_t id = 0;
             tlm_prefill(s, 0, &id, 1, NULL, 0);
             tlm_session_free(s);

@@ -517,8 +517,6 @@ tlm_status tlm_model_detect(const char *path, tlm_model_format *fmt);
  * time proportional to the model and the weights cost no memory beyond the page cache. Others are
  * converted into memory the model owns (F16, BF16, Q8_0 are widened to F32; GPT-2's transposed
  * Conv1D weights are transposed). Such a model is read-only: tlm_model_params is NULL. */
-tlm_status tlm_model_load(const char *path, tlm_model **out);
-
 enum {
     /* Copy every tensor into one flat writable F32 buffer (training, conversion, editing, or not
      * keeping the file mapped). */
@@ -539,7 +537,8 @@ enum {
      * tensors keep their pages. Not with TLM_LOAD_WRITABLE (a copy already). */
     TLM_LOAD_READ = 8u
 };
-tlm_status tlm_model_load_ex(const char *path, unsigned flags, tlm_model **out);
+/* flags: TLM_LOAD_* or'ed, 0 for the defaults. */
+tlm_status tlm_model_load(const char *path, unsigned flags, tlm_model **out);
 
 /* llama2.c: version 0 = legacy (7 x int32 header, negative vocab = separate classifier; what
  * run.c reads), 1 = "ak42" 256-byte header. Writing needs a Llama-style model (rmsnorm, swiglu,
@@ -773,9 +772,10 @@ typedef struct {
     tlm_dtype v_type;
 } tlm_session_opts;
 
-tlm_status tlm_session_new_opts(const tlm_model *m, const tlm_session_opts *o, tlm_session **out);
-/* An F32 cache; capacity <= 0 means context_length. */
-tlm_status tlm_session_new(const tlm_model *m, int batch, int capacity, tlm_session **out);
+/* batch 1, capacity 0 (context_length), F32 keys and values. */
+void tlm_session_opts_defaults(tlm_session_opts *o);
+/* A session over m with options o (NULL: the defaults). */
+tlm_status tlm_session_new(const tlm_model *m, const tlm_session_opts *o, tlm_session **out);
 void tlm_session_free(tlm_session *s);
 /* Faults in the KV cache's memory now. It is mapped lazily, so otherwise the first tokens of each
  * sequence pay for the kernel zeroing its pages (a large batch's cache is GiBs): a server calls

@@ -48,7 +48,7 @@ static tlm_status new_session(const tlm_model *m, int batch, int capacity, tlm_s
                           .kv_type = kv_type,
                           .v_type_set = v_type != kv_type,
                           .v_type = v_type};
-    tlm_status st = tlm_session_new_opts(m, &o, out);
+    tlm_status st = tlm_session_new(m, &o, out);
     if (!st)
         CHECK(tlm_session_kv_type(*out) == kv_type && tlm_session_v_type(*out) == v_type,
               "cache types");
@@ -618,7 +618,7 @@ static void test_generate_loop(void) {
     if (!m) return;
     int V = tlm_model_config(m)->vocab_size, ctx = tlm_model_config(m)->context_length;
     tlm_session *s = NULL;
-    CHECK_OK(tlm_session_new(m, 3, 0, &s));
+    CHECK_OK(tlm_session_new(m, &(tlm_session_opts){.batch = 3, .capacity = 0}, &s));
     int32_t p0[3] = {5, 17, 33}, p1[6] = {1, 2, 3, 4, 5, 6}, p2[21];
     random_ids(p2, 21, V, 4);
     const int32_t *prompts[3] = {p0, p1, p2};
@@ -668,7 +668,7 @@ static void test_generate_loop(void) {
     CHECK_OK(tlm_generate(s, prompts, lens, 3, &o, why, NULL));
     collected batch = got;
     tlm_session *one = NULL;
-    CHECK_OK(tlm_session_new(m, 1, 0, &one));
+    CHECK_OK(tlm_session_new(m, NULL, &one));
     for (int b = 0; b < 3; b++) {
         memset(&got, 0, sizeof got);
         tlm_generate_opts ob = o;
@@ -703,13 +703,13 @@ static void test_kv_types(void) {
     if (!m) return;
     tlm_session *s = (tlm_session *)&s; /* not NULL: a refusal must set it to NULL */
     tlm_session_opts o = {.batch = 1, .kv_type = TLM_DTYPE_Q4_K};
-    CHECK(tlm_session_new_opts(m, &o, &s) == TLM_ERR_ARG && s == NULL, "Q4_K cache refused");
+    CHECK(tlm_session_new(m, &o, &s) == TLM_ERR_ARG && s == NULL, "Q4_K cache refused");
     CHECK(strstr(tlm_last_error(), "Q4_K") != NULL, "error names the type: %s", tlm_last_error());
     static const tlm_dtype blocks[] = {TLM_DTYPE_Q8_0, TLM_DTYPE_Q4_0, TLM_DTYPE_IQ4_NL};
     for (int k = 0; k < 3; k++) {
         s = (tlm_session *)&s;
         o.kv_type = blocks[k];
-        CHECK(tlm_session_new_opts(m, &o, &s) == TLM_ERR_ARG && s == NULL, "%s with head size 8",
+        CHECK(tlm_session_new(m, &o, &s) == TLM_ERR_ARG && s == NULL, "%s with head size 8",
               tlm_dtype_name(blocks[k]));
         CHECK(strstr(tlm_last_error(), "multiple of 32") && strstr(tlm_last_error(), "is 8"),
               "error says why: %s", tlm_last_error());
@@ -717,28 +717,40 @@ static void test_kv_types(void) {
     /* the values' own type, checked as the keys' */
     o = (tlm_session_opts){
         .batch = 1, .kv_type = TLM_DTYPE_F16, .v_type_set = 1, .v_type = TLM_DTYPE_Q2_K};
-    CHECK(tlm_session_new_opts(m, &o, &s) == TLM_ERR_ARG && strstr(tlm_last_error(), "Q2_K"),
+    CHECK(tlm_session_new(m, &o, &s) == TLM_ERR_ARG && strstr(tlm_last_error(), "Q2_K"),
           "values' Q2_K refused: %s", tlm_last_error());
     o.v_type = TLM_DTYPE_Q8_0;
-    CHECK(tlm_session_new_opts(m, &o, &s) == TLM_ERR_ARG &&
-              strstr(tlm_last_error(), "multiple of 32"),
+    CHECK(tlm_session_new(m, &o, &s) == TLM_ERR_ARG && strstr(tlm_last_error(), "multiple of 32"),
           "values' Q8_0 with head size 8: %s", tlm_last_error());
     o.v_type = TLM_DTYPE_F32;
-    CHECK_OK(tlm_session_new_opts(m, &o, &s));
+    CHECK_OK(tlm_session_new(m, &o, &s));
     CHECK(tlm_session_kv_type(s) == TLM_DTYPE_F16 && tlm_session_v_type(s) == TLM_DTYPE_F32,
           "F16 keys, F32 values");
     tlm_session *f32 = NULL;
-    CHECK_OK(tlm_session_new(m, 1, 0, &f32));
+    CHECK_OK(tlm_session_new(m, NULL, &f32));
     CHECK(tlm_session_prefix_bytes(s, 7) * 4 == tlm_session_prefix_bytes(f32, 7) * 3,
           "F16 keys and F32 values: three quarters of F32's prefix bytes");
     tlm_session_free(f32);
     tlm_session_free(s);
     o = (tlm_session_opts){.batch = 1};
-    CHECK(tlm_session_new_opts(m, NULL, &s) == TLM_ERR_ARG, "NULL options");
+    CHECK(tlm_session_new(NULL, &o, &s) == TLM_ERR_ARG && s == NULL, "NULL model");
+    /* NULL options are the defaults: one sequence over the whole context, F32 keys and values */
+    tlm_session_opts d;
+    memset(&d, 0xAB, sizeof d);
+    tlm_session_opts_defaults(&d);
+    CHECK(d.batch == 1 && d.capacity == 0 && d.kv_type == TLM_DTYPE_F32 && !d.v_type_set &&
+              d.v_type == TLM_DTYPE_F32,
+          "session defaults");
+    CHECK_OK(tlm_session_new(m, NULL, &s));
+    CHECK(tlm_session_batch(s) == 1 &&
+              tlm_session_capacity(s) == tlm_model_config(m)->context_length &&
+              tlm_session_kv_type(s) == TLM_DTYPE_F32 && tlm_session_v_type(s) == TLM_DTYPE_F32,
+          "NULL options: batch %d, capacity %d", tlm_session_batch(s), tlm_session_capacity(s));
+    tlm_session_free(s);
     o.kv_type = TLM_DTYPE_F16;
-    CHECK_OK(tlm_session_new_opts(m, &o, &s));
+    CHECK_OK(tlm_session_new(m, &o, &s));
     tlm_session *f = NULL;
-    CHECK_OK(tlm_session_new(m, 1, 0, &f));
+    CHECK_OK(tlm_session_new(m, NULL, &f));
     /* half the bytes of the F32 cache's prefix */
     CHECK(tlm_session_prefix_bytes(s, 7) * 2 == tlm_session_prefix_bytes(f, 7), "F16 prefix bytes");
     CHECK(tlm_session_kv_type(f) == TLM_DTYPE_F32, "tlm_session_new is F32");
@@ -774,7 +786,7 @@ static void test_block_stores(void) {
         const tlm_dtype_info *di = tlm_dtype_get(t);
         tlm_session_opts o = {.batch = 1, .kv_type = t};
         tlm_session *s = NULL;
-        CHECK_OK(tlm_session_new_opts(m, &o, &s));
+        CHECK_OK(tlm_session_new(m, &o, &s));
         if (!s) break;
         CHECK_OK(tlm_prefill(s, 0, ids, 6, NULL, 0));
         for (int i = 6; i < n; i++) CHECK_OK(tlm_decode_step(s, ids[i], NULL));
@@ -812,7 +824,7 @@ static void test_block_stores(void) {
         tlm_session_opts o = {
             .batch = 1, .kv_type = TLM_DTYPE_Q8_0, .v_type_set = 1, .v_type = TLM_DTYPE_Q4_0};
         tlm_session *s = NULL;
-        CHECK_OK(tlm_session_new_opts(m, &o, &s));
+        CHECK_OK(tlm_session_new(m, &o, &s));
         if (s) {
             CHECK_OK(tlm_prefill(s, 0, ids, n, NULL, 0));
             size_t bytes = tlm_session_prefix_bytes(s, n), half = elems / 2;
@@ -873,7 +885,7 @@ static void test_f16_overflow(void) {
     for (int f16 = 0; f16 < 2; f16++) {
         tlm_session_opts o = {.batch = 1, .kv_type = f16 ? TLM_DTYPE_F16 : TLM_DTYPE_F32};
         tlm_session *s = NULL;
-        CHECK_OK(tlm_session_new_opts(m, &o, &s));
+        CHECK_OK(tlm_session_new(m, &o, &s));
         CHECK_OK(tlm_prefill(s, 0, ids, 6, logits, 0));
         int finite = 1;
         for (int i = 0; i < V; i++) finite &= isfinite(logits[i]) != 0;

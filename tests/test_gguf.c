@@ -30,8 +30,8 @@ static double logits_diff(tlm_model *a, tlm_model *b, const int32_t *ids, int T)
 
 static void test_stories(const char *dir) {
     tlm_model *g = NULL, *b = NULL;
-    CHECK_OK(tlm_model_load(t_path(dir, "models/stories260K.gguf"), &g));
-    CHECK_OK(tlm_model_load(t_path(dir, "models/stories260K.bin"), &b));
+    CHECK_OK(tlm_model_load(t_path(dir, "models/stories260K.gguf"), 0, &g));
+    CHECK_OK(tlm_model_load(t_path(dir, "models/stories260K.bin"), 0, &b));
     if (!g || !b) goto done;
     const tlm_config *c = tlm_model_config(g);
     CHECK(c->d_model == 64 && c->n_layers == 5 && c->n_heads == 8 && c->n_kv_heads == 4 &&
@@ -59,7 +59,7 @@ static void test_stories(const char *dir) {
     /* Writer round trips. */
     CHECK_OK(tlm_model_save_gguf(g, NULL, "rt32.gguf", TLM_DTYPE_F32));
     tlm_model *r = NULL;
-    CHECK_OK(tlm_model_load("rt32.gguf", &r));
+    CHECK_OK(tlm_model_load("rt32.gguf", 0, &r));
     if (r) {
         float *fr = t_flat(r);
         CHECK(tlm_model_num_params(r) == tlm_model_num_params(g) &&
@@ -71,7 +71,7 @@ static void test_stories(const char *dir) {
     }
     for (int dt = TLM_DTYPE_F16; dt <= TLM_DTYPE_BF16; dt++) {
         CHECK_OK(tlm_model_save_gguf(g, NULL, "rt16.gguf", (tlm_dtype)dt));
-        CHECK_OK(tlm_model_load("rt16.gguf", &r));
+        CHECK_OK(tlm_model_load("rt16.gguf", 0, &r));
         if (!r) continue;
         const float *a = fg;
         float *q = t_flat(r);
@@ -100,7 +100,7 @@ done:
 static void test_tiny_random(const char *dir) {
     tlm_model *m = NULL;
     const char *p = t_path(dir, "models/llama-2-tiny-random.gguf");
-    CHECK_OK(tlm_model_load(p, &m));
+    CHECK_OK(tlm_model_load(p, 0, &m));
     if (!m) return;
     const tlm_config *c = tlm_model_config(m);
     CHECK(c->vocab_size == 32000 && c->d_model == 8 && c->n_layers == 1 && c->n_heads == 2 &&
@@ -109,7 +109,7 @@ static void test_tiny_random(const char *dir) {
           c->d_ff);
     int32_t ids[4] = {1, 15043, 29892, 3186};
     tlm_model *bad = NULL;
-    CHECK(tlm_model_load_ex(p, 0x80, &bad) == TLM_ERR_ARG && !bad, "unknown load flags refused");
+    CHECK(tlm_model_load(p, 0x80, &bad) == TLM_ERR_ARG && !bad, "unknown load flags refused");
     tlm_forward_out fo;
     CHECK_OK(t_forward(m, ids, 1, 4, NULL, &fo));
     int finite = 1;
@@ -128,7 +128,7 @@ static void test_tiny_random(const char *dir) {
           "mapped %zu, owned %zu bytes (F16 matrices, F32 norms; RoPE tables owned)", mapped,
           owned);
     tlm_model *w = NULL;
-    CHECK_OK(tlm_model_load_ex(p, TLM_LOAD_WRITABLE, &w));
+    CHECK_OK(tlm_model_load(p, TLM_LOAD_WRITABLE, &w));
     if (w) {
         float *a = malloc(sizeof(float) * 4 * 32000);
         memcpy(a, fo.logits, sizeof(float) * 4 * 32000);
@@ -188,7 +188,7 @@ static void test_half_roundtrip(void) {
     c.norm_eps = 1e-6f;
     tlm_model *r = NULL, *m = t_model(&c, 11, TLM_INIT_XAVIER);
     CHECK_OK(tlm_model_save_gguf(m, NULL, "half.gguf", TLM_DTYPE_F32));
-    CHECK_OK(tlm_model_load("half.gguf", &r));
+    CHECK_OK(tlm_model_load("half.gguf", 0, &r));
     if (r) {
         const tlm_config *rc = tlm_model_config(r);
         CHECK(rc->rope_theta == 5000.0f && rc->norm_eps == 1e-6f && rc->tie_embeddings,
@@ -330,7 +330,7 @@ static void greedy_session(const tlm_model *m, int32_t *seq, int np, int total) 
     int V = tlm_model_config(m)->vocab_size;
     tlm_session *s = NULL;
     float *logits = malloc(sizeof(float) * (size_t)V);
-    CHECK_OK(tlm_session_new(m, 1, 0, &s));
+    CHECK_OK(tlm_session_new(m, NULL, &s));
     if (!s || !logits) {
         free(logits);
         tlm_session_free(s);
@@ -422,7 +422,7 @@ static void test_llamacpp_bpe(int rope, int qwen2) {
     if (rope || qwen2) {
         /* tlm reads the file back and continues as before, by full passes and from the KV cache */
         tlm_model *back = NULL;
-        CHECK_OK(tlm_model_load(file, &back));
+        CHECK_OK(tlm_model_load(file, 0, &back));
         int32_t again[64], cached[64];
         memcpy(again, ids, np * sizeof(int32_t));
         memcpy(cached, ids, np * sizeof(int32_t));
@@ -458,7 +458,7 @@ static void test_llamacpp_bpe(int rope, int qwen2) {
             memcpy(at + 4 + 8, &f16, 4);
             CHECK_OK(tlm_write_file_atomic("bpe_rope_bad.gguf", bytes, fn));
             tlm_model *bad = NULL;
-            CHECK(tlm_model_load("bpe_rope_bad.gguf", &bad) == TLM_ERR_FORMAT &&
+            CHECK(tlm_model_load("bpe_rope_bad.gguf", 0, &bad) == TLM_ERR_FORMAT &&
                       strstr(tlm_last_error(), "rope_freqs.weight must be 8 F32 values"),
                   "a non-F32 rope_freqs.weight: %s", tlm_last_error());
             tlm_model_free(bad);

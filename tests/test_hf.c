@@ -53,7 +53,7 @@ static void export_and_check(tlm_model *m, const char *dir, const int32_t *ids, 
     CHECK(system(cmd) == 0, "reference rejects tlm's export %s", dir);
     /* And back into tlm: the same logits. */
     tlm_model *r = NULL;
-    CHECK_OK(tlm_model_load(dir, &r));
+    CHECK_OK(tlm_model_load(dir, 0, &r));
     if (r) {
         CHECK_OK(t_forward(r, ids, 1, T, NULL, &fo));
         double d = max_diff(mine, fo.logits, (size_t)T * V);
@@ -84,14 +84,14 @@ static void test_cases(void) {
         CHECK_OK(tlm_model_detect(dir, &f));
         CHECK(f == TLM_FORMAT_HF, "%s detected as %s", dir, tlm_model_format_name(f));
         tlm_model *m = NULL;
-        CHECK_OK(tlm_model_load(dir, &m));
+        CHECK_OK(tlm_model_load(dir, 0, &m));
         if (!m) continue;
         CHECK(tlm_model_config(m)->vocab_size == V, "vocab");
         /* PyTorch's fp32 logits: exact products (TLM_LOAD_FP32 widens BF16 matrices); by default
          * BF16 weights meet activations rounded to BF16 (8-bit mantissas: about 2^-8 relative per
          * product), within 1% of the largest logit. */
         tlm_model *e = NULL;
-        CHECK_OK(tlm_model_load_ex(dir, TLM_LOAD_FP32, &e));
+        CHECK_OK(tlm_model_load(dir, TLM_LOAD_FP32, &e));
         if (!e) {
             tlm_model_free(m);
             continue;
@@ -118,7 +118,7 @@ static void test_cases(void) {
                   "%s: export of a non-F32 model: %s", cases[i], tlm_last_error());
             tlm_model_free(m);
             m = NULL;
-            CHECK_OK(tlm_model_load_ex(dir, TLM_LOAD_WRITABLE, &m));
+            CHECK_OK(tlm_model_load(dir, TLM_LOAD_WRITABLE, &m));
             if (!m) continue;
         }
         char out[256];
@@ -131,7 +131,7 @@ static void test_cases(void) {
                   "%s: HF export of rope factors: %s", cases[i], tlm_last_error());
             tlm_model *g = NULL;
             CHECK_OK(tlm_model_save_gguf(m, NULL, "hf_llama31.gguf", TLM_DTYPE_F32));
-            CHECK_OK(tlm_model_load("hf_llama31.gguf", &g));
+            CHECK_OK(tlm_model_load("hf_llama31.gguf", 0, &g));
             if (g) {
                 float *want = malloc(sizeof(float) * (size_t)T * V);
                 CHECK_OK(t_forward(m, ids, 1, T, NULL, &fo));
@@ -177,7 +177,7 @@ static void write_text(const char *path, const char *text) {
 
 static void expect_bad(const char *dir, tlm_status want, const char *needle) {
     tlm_model *m = NULL;
-    tlm_status s = tlm_model_load(dir, &m);
+    tlm_status s = tlm_model_load(dir, 0, &m);
     CHECK(s == want && !m, "%s: status %d", dir, (int)s);
     CHECK_ERROR_HAS(needle);
     tlm_model_free(m);

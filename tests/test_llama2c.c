@@ -39,7 +39,7 @@ static int greedy_matches(tlm_model *m, const int32_t *ids, int n, int from) {
 
 static void test_stories(const char *dir) {
     tlm_model *m = NULL;
-    CHECK_OK(tlm_model_load(t_path(dir, "models/stories260K.bin"), &m));
+    CHECK_OK(tlm_model_load(t_path(dir, "models/stories260K.bin"), 0, &m));
     if (!m) return;
     const tlm_config *c = tlm_model_config(m);
     CHECK(c->d_model == 64 && c->d_ff == 172 && c->n_layers == 5 && c->n_heads == 8 &&
@@ -68,7 +68,7 @@ static void test_stories(const char *dir) {
         const char *p = version ? "l2c_v1.bin" : "l2c_legacy.bin";
         CHECK_OK(tlm_model_save_llama2c(m, p, version));
         tlm_model *r = NULL;
-        CHECK_OK(tlm_model_load(p, &r));
+        CHECK_OK(tlm_model_load(p, 0, &r));
         if (r) {
             CHECK(tlm_model_num_params(r) == tlm_model_num_params(m), "param count");
             float *fr = t_flat(r), *fm = t_flat(m);
@@ -107,7 +107,7 @@ static void test_half_pairing(void) {
     c.rope_pairing = TLM_ROPE_HALF;
     tlm_model *r = NULL, *m = t_model(&c, 7, TLM_INIT_GPT2);
     CHECK_OK(tlm_model_save_llama2c(m, "l2c_half.bin", 0));
-    CHECK_OK(tlm_model_load("l2c_half.bin", &r));
+    CHECK_OK(tlm_model_load("l2c_half.bin", 0, &r));
     if (!r) {
         tlm_model_free(m);
         return;

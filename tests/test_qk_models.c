@@ -125,7 +125,7 @@ static double max_diff(const float *a, const float *b, size_t n) {
 /* Prefill T tokens, then decode `steps` more; logits of the decode steps into out [steps, V]. */
 static void run_decode(const tlm_model *m, const int32_t *ids, int T, int steps, float *out) {
     tlm_session *s = NULL;
-    CHECK_OK(tlm_session_new(m, 1, 64, &s));
+    CHECK_OK(tlm_session_new(m, &(tlm_session_opts){.batch = 1, .capacity = 64}, &s));
     if (!s) return;
     int V = tlm_model_config(m)->vocab_size;
     CHECK_OK(tlm_prefill(s, 0, ids, T, NULL, 0));
@@ -139,8 +139,8 @@ static void check_type(const char *f32_path, tlm_dtype t) {
     snprintf(path, sizeof path, "qk_model_%s.gguf", name);
     CHECK(quantize_file(f32_path, path, t), "%s: quantized file written", name);
     tlm_model *m = NULL, *w = NULL;
-    CHECK_OK(tlm_model_load(path, &m));
-    CHECK_OK(tlm_model_load_ex(path, TLM_LOAD_WRITABLE, &w));
+    CHECK_OK(tlm_model_load(path, 0, &m));
+    CHECK_OK(tlm_model_load(path, TLM_LOAD_WRITABLE, &w));
     if (!m || !w) goto done;
     const tlm_config *c = tlm_model_config(m);
     int V = c->vocab_size;
@@ -208,7 +208,7 @@ static void check_type(const char *f32_path, tlm_dtype t) {
         /* read into memory (TLM_LOAD_READ): the same types, all of the file's bytes, the same
          * logits bit for bit as from the mapping */
         tlm_model *r = NULL;
-        CHECK_OK(tlm_model_load_ex(path, TLM_LOAD_READ, &r));
+        CHECK_OK(tlm_model_load(path, TLM_LOAD_READ, &r));
         if (r) {
             size_t rmap = 0, rown = 0;
             tlm_model_memory(r, &rmap, &rown);
@@ -259,17 +259,17 @@ static void check_precision(const char *f32_path) {
     const char *bf = "qk_model_prec_bf16.gguf";
     CHECK(quantize_file(f32_path, bf, TLM_DTYPE_BF16), "BF16 file written");
     tlm_model *r = NULL, *b = NULL, *e = NULL, *w = NULL, *bad = NULL;
-    CHECK_OK(tlm_model_load_ex(f32_path, TLM_LOAD_BF16, &r));
-    CHECK_OK(tlm_model_load(bf, &b));
-    CHECK_OK(tlm_model_load_ex(bf, TLM_LOAD_FP32, &e));
-    CHECK_OK(tlm_model_load_ex(bf, TLM_LOAD_WRITABLE, &w));
-    CHECK(tlm_model_load_ex(f32_path, TLM_LOAD_BF16 | TLM_LOAD_WRITABLE, &bad) == TLM_ERR_ARG &&
+    CHECK_OK(tlm_model_load(f32_path, TLM_LOAD_BF16, &r));
+    CHECK_OK(tlm_model_load(bf, 0, &b));
+    CHECK_OK(tlm_model_load(bf, TLM_LOAD_FP32, &e));
+    CHECK_OK(tlm_model_load(bf, TLM_LOAD_WRITABLE, &w));
+    CHECK(tlm_model_load(f32_path, TLM_LOAD_BF16 | TLM_LOAD_WRITABLE, &bad) == TLM_ERR_ARG &&
               !bad && strstr(tlm_last_error(), "writable"),
           "BF16 with WRITABLE refused: %s", tlm_last_error());
-    CHECK(tlm_model_load_ex(f32_path, TLM_LOAD_READ | TLM_LOAD_WRITABLE, &bad) == TLM_ERR_ARG &&
+    CHECK(tlm_model_load(f32_path, TLM_LOAD_READ | TLM_LOAD_WRITABLE, &bad) == TLM_ERR_ARG &&
               !bad && strstr(tlm_last_error(), "TLM_LOAD_READ"),
           "READ with WRITABLE refused: %s", tlm_last_error());
-    CHECK(tlm_model_load_ex(f32_path, TLM_LOAD_BF16 | TLM_LOAD_FP32, &bad) == TLM_ERR_ARG && !bad,
+    CHECK(tlm_model_load(f32_path, TLM_LOAD_BF16 | TLM_LOAD_FP32, &bad) == TLM_ERR_ARG && !bad,
           "BF16 with FP32 refused");
     if (!r || !b || !e || !w) goto done;
     const tlm_config *c = tlm_model_config(r);
@@ -355,7 +355,7 @@ static void test_types(void) {
  * q heads on 4 kv heads), two threads, one sequence and several decoded together. */
 static void decode_both(const tlm_model *m, int B, int steps, float *out) {
     tlm_session *s = NULL;
-    CHECK_OK(tlm_session_new(m, B, 64, &s));
+    CHECK_OK(tlm_session_new(m, &(tlm_session_opts){.batch = B, .capacity = 64}, &s));
     if (!s) return;
     int V = tlm_model_config(m)->vocab_size;
     int32_t ids[4];
@@ -377,7 +377,7 @@ static void test_fused_attend(void) {
         if (types[i] != TLM_DTYPE_F32)
             CHECK(quantize_file("qk_fused_f32.gguf", path, types[i]), "%s written", path);
         tlm_model *q = NULL;
-        CHECK_OK(tlm_model_load(types[i] == TLM_DTYPE_F32 ? "qk_fused_f32.gguf" : path, &q));
+        CHECK_OK(tlm_model_load(types[i] == TLM_DTYPE_F32 ? "qk_fused_f32.gguf" : path, 0, &q));
         if (!q) continue;
         /* F32 rows go to the matrix-vector path up to two at a time (linear.c) */
         int Bs[2] = {1, types[i] == TLM_DTYPE_F32 ? 2 : 3};
@@ -411,13 +411,13 @@ static void test_stories_q8_0(const char *dir) {
     CHECK(quantize_file(t_path(dir, "models/stories260K.gguf"), q8, TLM_DTYPE_Q8_0),
           "stories260K quantized");
     tlm_model *m = NULL;
-    CHECK_OK(tlm_model_load(q8, &m));
+    CHECK_OK(tlm_model_load(q8, 0, &m));
     if (!m) return;
     int V = tlm_model_config(m)->vocab_size;
     int32_t prompt[] = {1, 403, 407, 261, 378, 300};
     int np = 6, n = 24;
     tlm_session *s = NULL;
-    CHECK_OK(tlm_session_new(m, 1, 64, &s));
+    CHECK_OK(tlm_session_new(m, &(tlm_session_opts){.batch = 1, .capacity = 64}, &s));
     float *logits = malloc(sizeof(float) * V);
     char want[512] = "{\"ids\":[", idstr[128] = "";
     if (s) {

@@ -332,7 +332,7 @@ static void test_files(model_quantize_fn llama_quantize, default_params_fn defau
     CHECK_OK(tlm_model_save_gguf(m, tok, f32, TLM_DTYPE_F32));
     /* The weights as tlm reads a GGUF (q and k rows in the file's pairing). */
     tlm_model *src = NULL;
-    CHECK_OK(tlm_model_load(f32, &src));
+    CHECK_OK(tlm_model_load(f32, 0, &src));
     float *want = src ? t_flat(src) : NULL;
     for (int k = 0; k < N_TYPES; k++) {
         tlm_quantize_opts o = {0};
@@ -369,7 +369,7 @@ static void test_files(model_quantize_fn llama_quantize, default_params_fn defau
          * resolution (relative to each tensor's largest magnitude; a 4-bit block's value of the
          * other sign than its extreme clips by up to one step of 1/8). */
         tlm_model *back = NULL;
-        CHECK_OK(tlm_model_load(paths[k], &back));
+        CHECK_OK(tlm_model_load(paths[k], 0, &back));
         if (back && want) {
             float *got = t_flat(back);
             const char *ty = all_types[k];
@@ -732,8 +732,8 @@ static void test_imatrix_files(model_quantize_fn llama_quantize, default_params_
         o.imatrix = NULL;
         CHECK_OK(tlm_model_quantize_gguf(m, tok, plain, &o));
         tlm_model *wa = NULL, *wb = NULL;
-        CHECK_OK(tlm_model_load(ours, &wa));
-        CHECK_OK(tlm_model_load(plain, &wb));
+        CHECK_OK(tlm_model_load(ours, 0, &wa));
+        CHECK_OK(tlm_model_load(plain, 0, &wb));
         float *fa = wa ? t_flat(wa) : NULL, *fb = wb ? t_flat(wb) : NULL;
         int differs = fa && fb && memcmp(fa, fb, sizeof(float) * tlm_model_num_params(wa)) != 0;
         CHECK(differs == (strcmp(types[k], "q8_0") != 0), "%s: the imatrix changed %s", types[k],
@@ -1012,7 +1012,7 @@ static void test_kv_prune_files(model_quantize_fn llama_quantize, default_params
               ta);
         /* tlm reads it back: the layers left, the overridden context length */
         tlm_model *q = NULL;
-        CHECK_OK(tlm_model_load(ours, &q));
+        CHECK_OK(tlm_model_load(ours, 0, &q));
         const tlm_config *qc = q ? tlm_model_config(q) : NULL;
         CHECK(qc && qc->n_layers == cases[k].layers &&
                   qc->context_length == (cases[k].kv ? 300 : 64),
@@ -1184,7 +1184,7 @@ static void test_whole_files(void) {
      * tied token_embd takes output's type. */
     m = NULL;
     CHECK_OK(
-        tlm_model_load_ex(t_path(t_path(dir, "models"), "stories260K.bin"), TLM_LOAD_WRITABLE, &m));
+        tlm_model_load(t_path(t_path(dir, "models"), "stories260K.bin"), TLM_LOAD_WRITABLE, &m));
     if (m) {
         static const char *const want[] = {"token_embd.weight:Q8_0", "blk.0.attn_q.weight:Q5_0",
                                            "blk.4.attn_v.weight:Q8_0", NULL};

@@ -140,7 +140,7 @@ static void test_model_checked_first(void) {
     CHECK_OK(st_write("huge_ctx.safetensors", NULL, 0, k, v, 2));
     free(cfg);
     tlm_model *m = NULL;
-    tlm_status s = tlm_model_load("huge_ctx.safetensors", &m);
+    tlm_status s = tlm_model_load("huge_ctx.safetensors", 0, &m);
     CHECK(s == TLM_ERR_FORMAT && !m &&
               strstr(tlm_last_error(), "missing tensor 'token_embd.weight'"),
           "status %d: %s", (int)s, tlm_last_error());
@@ -164,7 +164,7 @@ static void test_model_checked_first(void) {
     free(t);
     tlm_model_free(m);
     m = NULL;
-    s = tlm_model_load("huge_ctx.safetensors", &m);
+    s = tlm_model_load("huge_ctx.safetensors", 0, &m);
     CHECK(s == TLM_ERR_CONFIG && !m && strstr(tlm_last_error(), "context_length"), "status %d: %s",
           (int)s, tlm_last_error());
     tlm_model_free(m);

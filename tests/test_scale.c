@@ -209,7 +209,7 @@ static void test_hf_lookups(void) {
     free(t);
     free(names);
     tlm_model *m = NULL;
-    tlm_status s = tlm_model_load("scale_hf", &m);
+    tlm_status s = tlm_model_load("scale_hf", 0, &m);
     CHECK(s == TLM_ERR_FORMAT && !m &&
               strstr(tlm_last_error(), "missing tensor 'model.norm.weight'"),
           "status %d: %s", (int)s, tlm_last_error());

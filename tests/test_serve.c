@@ -250,7 +250,7 @@ static char *reference_sampled(const tlm_model *m, const tlm_tokenizer *tok, con
     char *text = calloc(4096, 1);
     tlm_decoder *d = NULL;
     tlm_sampler *samp = NULL;
-    if (!logits || !text || n_new > 256 || tlm_session_new(m, 1, 0, &s) ||
+    if (!logits || !text || n_new > 256 || tlm_session_new(m, NULL, &s) ||
         tlm_prefill(s, 0, ids, n, logits, 0) || tlm_decoder_new(tok, TLM_DECODE_SKIP_SPECIAL, &d) ||
         (o && tlm_sampler_new(o, V, &samp))) {
         free(text);
@@ -312,7 +312,7 @@ static srv_job *greedy_job(const int32_t *ids, int n, int max_tokens) {
 static int load_stories(tlm_model **m, tlm_tokenizer **tok) {
     const char *data = t_require_shared_data();
     if (!data) return 0;
-    CHECK_OK(tlm_model_load(t_path(data, "models/stories260K.bin"), m));
+    CHECK_OK(tlm_model_load(t_path(data, "models/stories260K.bin"), 0, m));
     CHECK_OK(tlm_tokenizer_load(t_path(data, "models/tok512.bin"), tok));
     if (*m && *tok) return 1;
     tlm_model_free(*m);

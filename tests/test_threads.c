@@ -25,7 +25,7 @@ static void *gen_run(void *arg) {
     const tlm_config *c = tlm_model_config(j->m);
     size_t V = (size_t)c->vocab_size;
     tlm_session *s = NULL;
-    j->st = tlm_session_new(j->m, 1, 0, &s);
+    j->st = tlm_session_new(j->m, NULL, &s);
     if (!j->st) j->st = tlm_prefill(s, 0, j->prompt, PROMPT, j->out, 0);
     for (int t = 0; t < STEPS && !j->st; t++) {
         /* greedy: the argmax of the last logits */
@@ -163,7 +163,7 @@ int main(void) {
     CHECK(dir != NULL, "../shared/data is missing (needed for stories260K.bin)");
     if (dir) {
         tlm_model *f = NULL;
-        CHECK_OK(tlm_model_load(t_path(dir, "models/stories260K.bin"), &f));
+        CHECK_OK(tlm_model_load(t_path(dir, "models/stories260K.bin"), 0, &f));
         if (f) {
             size_t mapped = 0, owned = 0;
             tlm_model_memory(f, &mapped, &owned);

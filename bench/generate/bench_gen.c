@@ -59,7 +59,7 @@ int main(int argc, char **argv) {
     tlm_model *m = NULL;
     tlm_session *s = NULL;
     if (tlm_config_load(argv[1], &c) || tlm_model_create(&c, &m) ||
-        tlm_model_init(m, 1, TLM_INIT_GPT2) || tlm_session_new(m, 1, 0, &s)) {
+        tlm_model_init(m, 1, TLM_INIT_GPT2) || tlm_session_new(m, NULL, &s)) {
         fprintf(stderr, "bench_gen: %s\n", tlm_last_error());
         return 1;
     }

@@ -164,7 +164,7 @@ int cmd_bench(int argc, char **argv) {
     unsigned lf;
     int read = cli_read_mode(model_path, map_mode);
     if (!cli_load_flags("bench", read, precision, &lf)) return 1;
-    if (tlm_model_load_ex(model_path, lf, &m)) return cli_fail_status("bench");
+    if (tlm_model_load(model_path, lf, &m)) return cli_fail_status("bench");
     const tlm_config *c = tlm_model_config(m);
     int max_len = 1, max_b = 1, max_d = 0;
     for (int i = 0; i < n_pp; i++) max_len = pp[i] > max_len ? (int)pp[i] : max_len;
@@ -228,7 +228,7 @@ int cmd_bench(int argc, char **argv) {
                     }
                     tlm_session_opts so = {.batch = B, .capacity = max_len};
                     cli_cache_opts(&cache, &so);
-                    if (!*sp && tlm_session_new_opts(m, &so, sp)) {
+                    if (!*sp && tlm_session_new(m, &so, sp)) {
                         cli_fail_status("bench: session");
                         goto done;
                     }

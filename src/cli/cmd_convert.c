@@ -302,7 +302,7 @@ static int convert(int argc, char **argv, int quantize) {
     }
     tlm_model *m;
     /* Writers read F32 weights: a writable copy widens whatever the file holds. */
-    if (tlm_model_load_ex(in, all_f32 ? 0u : TLM_LOAD_WRITABLE, &m)) {
+    if (tlm_model_load(in, all_f32 ? 0u : TLM_LOAD_WRITABLE, &m)) {
         tlm_imatrix_free(im);
         return cli_fail_status(cmd);
     }

@@ -197,10 +197,10 @@ int cmd_eval(int argc, char **argv) {
     int rc = 0;
     unsigned lf;
     if (!cli_load_flags("eval", map_mode == CLI_MAP_READ, precision, &lf)) return 1;
-    if (tlm_model_load_ex(model, lf, &m)) return cli_fail_status("eval");
+    if (tlm_model_load(model, lf, &m)) return cli_fail_status("eval");
     tlm_model *base = NULL;
     if (kl_ref) {
-        if (tlm_model_load_ex(kl_ref, lf, &base)) {
+        if (tlm_model_load(kl_ref, lf, &base)) {
             tlm_model_free(m);
             return cli_fail_status("eval: --kl-ref");
         }
@@ -259,7 +259,7 @@ int cmd_eval(int argc, char **argv) {
             /* one window at a time through a session: its logits at every position */
             tlm_session_opts so = {.batch = 1, .capacity = T};
             cli_cache_opts(&cache, &so);
-            if (tlm_session_new_opts(m, &so, &sess)) rc = cli_fail_status("eval");
+            if (tlm_session_new(m, &so, &sess)) rc = cli_fail_status("eval");
             logits = malloc((size_t)T * c->vocab_size * sizeof *logits);
             if (!rc && !logits) rc = cli_fail("eval: out of memory");
         }

@@ -205,7 +205,7 @@ int cmd_generate(int argc, char **argv) {
     double t_load = cli_now();
     unsigned lf;
     if (!cli_load_flags("generate", map_mode == CLI_MAP_READ, precision, &lf)) return 1;
-    if (tlm_model_load_ex(model_path, lf, &m)) {
+    if (tlm_model_load(model_path, lf, &m)) {
         rc = cli_fail_status("generate");
         goto done;
     }
@@ -274,7 +274,7 @@ int cmd_generate(int argc, char **argv) {
     }
     tlm_session_opts so = {.batch = 1};
     cli_cache_opts(&cache, &so);
-    if (tlm_session_new_opts(m, &so, &sess)) {
+    if (tlm_session_new(m, &so, &sess)) {
         rc = cli_fail_status("generate");
         goto done;
     }

@@ -185,7 +185,7 @@ int cmd_imatrix(int argc, char **argv) {
     /* the chunk size: -c, else llama-imatrix's default (512), or the model's context if shorter */
     int T = nctx ? (int)nctx : 512;
     if (!rc && data) {
-        if (tlm_model_load(model, &m)) {
+        if (tlm_model_load(model, 0, &m)) {
             rc = cli_fail_status("imatrix");
         } else if (tokenizer) {
             if (tlm_tokenizer_load(tokenizer, &tok))

@@ -108,7 +108,7 @@ static int model_info(const char *path, int json) {
     tlm_model_format f;
     if (tlm_model_detect(path, &f)) return cli_fail_status("info");
     tlm_model *m;
-    if (tlm_model_load(path, &m)) return cli_fail_status("info");
+    if (tlm_model_load(path, 0, &m)) return cli_fail_status("info");
     tlm_config c = *tlm_model_config(m);
     tlm_model_free(m);
     tlm_file_tensor *ft = NULL;

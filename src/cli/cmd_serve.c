@@ -721,7 +721,7 @@ int cmd_serve(int argc, char **argv) {
     tlm_model *m = NULL;
     tlm_tokenizer *tok = NULL;
     struct MHD_Daemon *d = NULL;
-    if (tlm_model_load_ex(model_path, lf, &m)) {
+    if (tlm_model_load(model_path, lf, &m)) {
         rc = cli_fail_status("serve");
         goto done;
     }

@@ -139,7 +139,7 @@ tlm_status tlm_write_file_atomic(const char *path, const void *data, size_t n) {
     return tlm_atomic_commit(&a);
 }
 
-/* Set by tlm_model_load_ex around one loader call on its own thread (the loaders open their files
+/* Set by tlm_model_load around one loader call on its own thread (the loaders open their files
  * several calls deep), so a concurrent load on another thread keeps its own mode. */
 static _Thread_local int read_mode;
 

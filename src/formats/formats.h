@@ -34,7 +34,7 @@ tlm_status fmt_need_f32(const tlm_model *m, const char *what);
  * no place for them: written without, the file would hold another model. */
 tlm_status fmt_no_rope_factors(const tlm_model *m, const char *what);
 
-/* Loaders behind tlm_model_load_ex: writable asks for the flat F32 copy (TLM_LOAD_WRITABLE). */
+/* Loaders behind tlm_model_load: writable asks for the flat F32 copy (TLM_LOAD_WRITABLE). */
 tlm_status fmt_load_llama2c(const char *path, int writable, tlm_model **out);
 tlm_status fmt_load_gguf(const char *path, int writable, tlm_model **out);
 tlm_status fmt_load_hf(const char *dir, int writable, tlm_model **out);

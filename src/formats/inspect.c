@@ -44,7 +44,7 @@ static tlm_status list_gguf(const char *path, tlm_file_tensor **out, int *n) {
 /* llama2.c arrays are unnamed: list the schema of the loaded model as F32. */
 static tlm_status list_schema(const char *path, tlm_file_tensor **out, int *n) {
     tlm_model *m;
-    tlm_status s = tlm_model_load(path, &m);
+    tlm_status s = tlm_model_load(path, 0, &m);
     if (s) return s;
     int nt;
     const tlm_tensor_info *ti = tlm_model_tensors(m, &nt);

@@ -92,7 +92,7 @@ tlm_status fmt_load_tlm(const char *path, int writable, tlm_model **out) {
     return s;
 }
 
-tlm_status tlm_model_load_ex(const char *path, unsigned flags, tlm_model **out) {
+tlm_status tlm_model_load(const char *path, unsigned flags, tlm_model **out) {
     *out = NULL;
     if (flags & ~(unsigned)(TLM_LOAD_WRITABLE | TLM_LOAD_BF16 | TLM_LOAD_FP32 | TLM_LOAD_READ))
         return tlm_err(TLM_ERR_ARG, "unknown load flags 0x%x", flags);
@@ -129,8 +129,4 @@ tlm_status tlm_model_load_ex(const char *path, unsigned flags, tlm_model **out) 
         *out = NULL;
     }
     return s;
-}
-
-tlm_status tlm_model_load(const char *path, tlm_model **out) {
-    return tlm_model_load_ex(path, 0, out);
 }

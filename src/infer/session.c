@@ -110,15 +110,19 @@ static tlm_status reserve_wide(tlm_session *s) {
                           "attention's widened or transposed keys");
 }
 
-tlm_status tlm_session_new(const tlm_model *m, int batch, int capacity, tlm_session **out) {
-    tlm_session_opts o = {.batch = batch, .capacity = capacity, .kv_type = TLM_DTYPE_F32};
-    return tlm_session_new_opts(m, &o, out);
+void tlm_session_opts_defaults(tlm_session_opts *o) {
+    *o = (tlm_session_opts){.batch = 1, .kv_type = TLM_DTYPE_F32, .v_type = TLM_DTYPE_F32};
 }
 
-tlm_status tlm_session_new_opts(const tlm_model *m, const tlm_session_opts *o, tlm_session **out) {
+tlm_status tlm_session_new(const tlm_model *m, const tlm_session_opts *o, tlm_session **out) {
     if (!out) return tlm_err(TLM_ERR_ARG, "session: out must not be NULL");
     *out = NULL;
-    if (!m || !o) return tlm_err(TLM_ERR_ARG, "session: model and options must not be NULL");
+    if (!m) return tlm_err(TLM_ERR_ARG, "session: model must not be NULL");
+    tlm_session_opts defaults;
+    if (!o) {
+        tlm_session_opts_defaults(&defaults);
+        o = &defaults;
+    }
     const tlm_config *c = &m->c;
     int batch = o->batch, capacity = o->capacity;
     size_t hd = (size_t)(c->d_model / c->n_heads);

@@ -587,7 +587,7 @@ tlm_status srv_sched_new(const tlm_model *m, const tlm_tokenizer *tok, const srv
                            .kv_type = o->kv_type,
                            .v_type_set = 1,
                            .v_type = o->v_type};
-    tlm_status st = tlm_session_new_opts(m, &so, &s->sess);
+    tlm_status st = tlm_session_new(m, &so, &s->sess);
     if (st) goto fail;
     s->slots = calloc((size_t)s->B, sizeof *s->slots);
     s->logits = malloc((size_t)s->B * (size_t)s->V * sizeof(float));
