@@ -317,11 +317,7 @@ typedef struct {
 
 /* AdamW state over a range [begin, begin + n) of the flat parameter layout (the whole buffer,
  * or one process's shard): first and second moments for that range, and the step count. */
-typedef struct {
-    size_t begin, n;
-    float *m, *v;
-    long step;
-} tlm_adamw;
+typedef struct tlm_adamw tlm_adamw;
 
 /* beta1 0.9, beta2 0.95, eps 1e-8, weight decay 0.1. */
 void tlm_adamw_defaults(tlm_adamw_opts *h);
@@ -330,6 +326,14 @@ tlm_status tlm_adamw_create(const tlm_model *m, tlm_adamw **out);
 /* Moments for params [begin, end) only (end <= tlm_model_num_params). */
 tlm_status tlm_adamw_create_range(const tlm_model *m, size_t begin, size_t end, tlm_adamw **out);
 void tlm_adamw_free(tlm_adamw *o);
+/* The range of the flat layout the optimizer updates: params [*begin, *begin + *n). */
+void tlm_adamw_range(const tlm_adamw *o, size_t *begin, size_t *n);
+/* The first and second moments of the range (n floats each, owned by the optimizer), to save or
+ * restore them. */
+void tlm_adamw_moments(tlm_adamw *o, float **m, float **v);
+/* Steps taken (the bias corrections' t); set it when restoring saved moments. */
+long tlm_adamw_steps(const tlm_adamw *o);
+void tlm_adamw_set_steps(tlm_adamw *o, long steps);
 /* One AdamW step over the optimizer's range with torch.optim.AdamW's semantics (bias correction,
  * decoupled decay lr*wd*p); decay applies only to tensors whose schema entry says so (matrices,
  * embeddings). m must be writable; grads has the flat layout (only the range is read). */

@@ -83,7 +83,7 @@ static void test_adamw(void) {
            clipped, worst);
     CHECK(clipped >= 3 && clipped <= steps - 3, "fixture should mix clipped and unclipped steps");
     CHECK(worst <= 1.0, "AdamW parameters differ from torch: error / tolerance %.3g", worst);
-    CHECK(opt->step == steps, "step count %ld", opt->step);
+    CHECK(tlm_adamw_steps(opt) == steps, "step count %ld", tlm_adamw_steps(opt));
     CHECK(fused_same, "clipping folded into AdamW differs from clipping in place");
     tlm_adamw_free(opt);
     tlm_adamw_free(opt2);
@@ -92,6 +92,52 @@ static void test_adamw(void) {
     free(G);
     free(want);
     st_close(&f);
+    tlm_model_free(m);
+}
+
+/* The opaque optimizer's accessors: its range, the moments one step leaves (grad 1 everywhere:
+ * m = 1 - beta1, v = 1 - beta2), the step count and restoring it. */
+static void test_adamw_state(void) {
+    tlm_config c;
+    tlm_config_default(&c);
+    c.vocab_size = 16;
+    c.d_model = 16;
+    c.n_heads = 2;
+    c.n_layers = 1;
+    c.context_length = 8;
+    tlm_model *m = NULL;
+    CHECK_OK(tlm_model_create(&c, &m));
+    if (!m) return;
+    size_t np = tlm_model_num_params(m);
+    tlm_adamw *opt = NULL;
+    CHECK_OK(tlm_adamw_create_range(m, 3, 10, &opt));
+    if (!opt) {
+        tlm_model_free(m);
+        return;
+    }
+    size_t begin = 0, n = 0;
+    tlm_adamw_range(opt, &begin, &n);
+    CHECK(begin == 3 && n == 7, "range [%zu, +%zu)", begin, n);
+    float *mom1 = NULL, *mom2 = NULL;
+    tlm_adamw_moments(opt, &mom1, &mom2);
+    CHECK(mom1 && mom2 && mom1[0] == 0 && mom2[6] == 0, "moments start at zero");
+    float *g = malloc(np * sizeof *g);
+    for (size_t i = 0; i < np; i++) g[i] = 1.0f;
+    tlm_adamw_opts h = {0.9, 0.95, 1e-8, 0.0};
+    CHECK(tlm_adamw_steps(opt) == 0, "no steps yet");
+    CHECK_OK(tlm_adamw_step(opt, m, g, 1e-3, &h));
+    CHECK(tlm_adamw_steps(opt) == 1, "one step: %ld", tlm_adamw_steps(opt));
+    for (size_t i = 0; i < n; i++) {
+        CHECK_NEAR(mom1[i], 0.1, 1e-7);
+        CHECK_NEAR(mom2[i], 0.05, 1e-7);
+    }
+    /* params start at zero: only the range moved */
+    const float *p = tlm_model_params(m);
+    CHECK(p[2] == 0 && p[10] == 0 && p[3] != 0 && p[9] != 0, "only [3, 10) updated");
+    tlm_adamw_set_steps(opt, 41);
+    CHECK(tlm_adamw_steps(opt) == 41, "restored step count %ld", tlm_adamw_steps(opt));
+    free(g);
+    tlm_adamw_free(opt);
     tlm_model_free(m);
 }
 
@@ -153,5 +199,6 @@ int main(void) {
     test_schedule();
     test_clip();
     test_adamw();
+    test_adamw_state();
     return t_finish("test_optim");
 }

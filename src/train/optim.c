@@ -5,6 +5,7 @@
 
 #include "kernels/kernels.h"
 #include "model/model.h"
+#include "train/train.h"
 
 tlm_status tlm_adamw_create(const tlm_model *m, tlm_adamw **out) {
     return tlm_adamw_create_range(m, 0, m->n_params, out);
@@ -35,6 +36,20 @@ void tlm_adamw_free(tlm_adamw *o) {
     tlm_big_free(o->v, o->n * sizeof(float));
     free(o);
 }
+
+void tlm_adamw_range(const tlm_adamw *o, size_t *begin, size_t *n) {
+    *begin = o->begin;
+    *n = o->n;
+}
+
+void tlm_adamw_moments(tlm_adamw *o, float **m, float **v) {
+    *m = o->m;
+    *v = o->v;
+}
+
+long tlm_adamw_steps(const tlm_adamw *o) { return o->step; }
+
+void tlm_adamw_set_steps(tlm_adamw *o, long steps) { o->step = steps; }
 
 /* Double literals: PyTorch's hyperparameters are Python floats, and 0.9f would be 0.89999998. */
 void tlm_adamw_defaults(tlm_adamw_opts *h) {

@@ -4,6 +4,14 @@
 
 #include "core/core.h"
 
+/* The optimizer's state (opaque in tlm.h): moments m and v of params [begin, begin + n), and the
+ * steps taken. */
+struct tlm_adamw {
+    size_t begin, n;
+    float *m, *v;
+    long step;
+};
+
 /* B windows of T tokens of a split: windows first .. first + B - 1 of stream `stream` (see
  * tlm_dataset_window), ids and the next-token targets. */
 tlm_status tlm_dataset_windows(const tlm_dataset *d, int split, uint64_t seed, uint64_t stream,
