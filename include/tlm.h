@@ -290,6 +290,9 @@ typedef struct {
     int want_probs;         /* also compute softmax probabilities */
 } tlm_forward_opts;
 
+/* Every field 0: no targets, position 0, no probabilities. */
+void tlm_forward_opts_defaults(tlm_forward_opts *o);
+
 typedef struct {
     const float *logits; /* [B, T, V], owned by the context, valid until its next pass */
     const float *probs;  /* [B, T, V] if want_probs, else NULL */
@@ -730,6 +733,9 @@ typedef struct {
     int n_prune_layers;
 } tlm_quantize_opts;
 
+/* Q8_0, no importance matrix, no progress callback, none of the overrides. */
+void tlm_quantize_opts_defaults(tlm_quantize_opts *o);
+
 /* Writes m (F32 weights: load with TLM_LOAD_WRITABLE) as a GGUF of file type o->ftype to path
  * (a temporary file renamed into place), with tok's vocabulary when tok is given. */
 tlm_status tlm_model_quantize_gguf(const tlm_model *m, const tlm_tokenizer *tok, const char *path,
@@ -871,13 +877,16 @@ typedef enum {
 } tlm_stop_reason;
 
 typedef struct {
-    int max_new_tokens;
-    int32_t eos_id; /* < 0: none */
+    int max_new_tokens; /* per sequence; 0: none (prefill only), < 0: until EOS or capacity */
+    int32_t eos_id;     /* < 0: none */
     tlm_sampler_opts sampling;
     /* Called with each new id as it is sampled; non-zero stops that sequence. May be NULL. */
     int (*on_token)(void *user, int seq, int32_t id);
     void *user;
 } tlm_generate_opts;
+
+/* max_new_tokens 256, no EOS id, the sampler's defaults, no callback. */
+void tlm_generate_opts_defaults(tlm_generate_opts *o);
 
 typedef struct {
     int prompt_tokens; /* over all sequences */
@@ -891,7 +900,7 @@ typedef struct {
  * is prefilled, then all unfinished sequences advance together one token per step until each has
  * stopped. A sequence never exceeds the capacity: prompt + new ids <= capacity. stops (may be
  * NULL) receives each sequence's reason; stats may be NULL. Sequence b samples with stream
- * sampling.stream + b, so its ids do not depend on the other prompts. */
+ * sampling.stream + b, so its ids do not depend on the other prompts. o NULL: the defaults. */
 tlm_status tlm_generate(tlm_session *s, const int32_t *const *prompts, const int *prompt_lens,
                         int n_prompts, const tlm_generate_opts *o, tlm_stop_reason *stops,
                         tlm_generate_stats *stats);
@@ -993,6 +1002,10 @@ typedef struct {
     int (*progress)(void *user, int32_t done, int32_t total);
     void *user;
 } tlm_bpe_train_opts;
+
+/* GPT-2's layout: vocab_size 50257 with the one special token <|endoftext|> (id 0), every core,
+ * no progress callback. */
+void tlm_bpe_train_opts_defaults(tlm_bpe_train_opts *o);
 
 /* Trains a byte-level BPE on the concatenation of the files (GPT-2 pre-tokenization; special
  * tokens split the text and never merge; ties go to the lexicographically greater pair). */

@@ -678,6 +678,10 @@ static void test_generate_loop(void) {
                   memcmp(got.ids[0], batch.ids[b], sizeof(int32_t) * got.n[0]) == 0,
               "seq %d: batch and alone differ", b);
     }
+    /* No options: the defaults (256 new ids at most, sampled), so the context stops it. */
+    CHECK_OK(tlm_generate(one, &prompts[0], &lens[0], 1, NULL, why, &st));
+    CHECK(why[0] == TLM_STOP_CONTEXT && st.new_tokens == ctx - lens[0], "defaults: %d, %d ids",
+          why[0], st.new_tokens);
     /* A prompt that fills the context generates nothing. */
     int32_t full[24];
     random_ids(full, 24, V, 8);
@@ -859,6 +863,17 @@ static void test_sampler_defaults(void) {
     tlm_sampler *s = NULL;
     CHECK_OK(tlm_sampler_new(NULL, 10, &s));
     tlm_sampler_free(s);
+    tlm_generate_opts g;
+    memset(&g, 0x5a, sizeof g);
+    tlm_generate_opts_defaults(&g);
+    CHECK(g.max_new_tokens == 256 && g.eos_id == -1 && g.on_token == NULL && g.user == NULL &&
+              g.sampling.temperature == 0.8f && g.sampling.top_k == 40 &&
+              g.sampling.top_p == 0.95f && g.sampling.penalty_last_n == 0,
+          "default generation options");
+    tlm_forward_opts f;
+    memset(&f, 0x5a, sizeof f);
+    tlm_forward_opts_defaults(&f);
+    CHECK(f.targets == NULL && f.pos_offset == 0 && f.want_probs == 0, "default forward options");
 }
 
 /* Values past a half's range (65504) become infinities in an F16 cache: the logits are then not

@@ -1217,8 +1217,22 @@ static void test_whole_files(void) {
     dlclose(lib);
 }
 
+/* The defaults: Q8_0 and every llama-quantize override off. */
+static void test_quantize_defaults(void) {
+    tlm_quantize_opts o;
+    memset(&o, 0x5a, sizeof o);
+    tlm_quantize_opts_defaults(&o);
+    CHECK(o.ftype == TLM_FTYPE_Q8_0 && !o.imatrix && !o.progress && !o.user && !o.pure &&
+              !o.leave_output && !o.output_type_set && !o.embd_type_set &&
+              o.output_type == TLM_DTYPE_F32 && o.embd_type == TLM_DTYPE_F32 && !o.tensor_types &&
+              !o.n_tensor_types && !o.dry_run && !o.kv_overrides && !o.n_kv_overrides &&
+              !o.prune_layers && !o.n_prune_layers,
+          "default quantize options");
+}
+
 int main(void) {
     test_dtype_table();
+    test_quantize_defaults();
     test_round_trip();
     void *lib = dlopen(NODE_BINS "/libggml-base.so", RTLD_NOW | RTLD_LOCAL);
     CHECK(lib != NULL,

@@ -111,6 +111,12 @@ static void test_reference(const char *data) {
 }
 
 static void test_small(void) {
+    tlm_bpe_train_opts d;
+    memset(&d, 0x5a, sizeof d);
+    tlm_bpe_train_opts_defaults(&d);
+    CHECK(d.vocab_size == 50257 && d.n_specials == 1 && !strcmp(d.specials[0], "<|endoftext|>") &&
+              d.threads == 0 && d.progress == NULL && d.user == NULL,
+          "default BPE options");
     /* ties go to the lexicographically greater pair: (c, d) before (a, b) */
     const char *txt = "ab\ncd";
     size_t len = strlen(txt);

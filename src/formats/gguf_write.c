@@ -576,6 +576,11 @@ static tlm_status choose_types(const tlm_model *m, const int *order, int n,
     return TLM_OK;
 }
 
+void tlm_quantize_opts_defaults(tlm_quantize_opts *o) {
+    *o = (tlm_quantize_opts){
+        .ftype = TLM_FTYPE_Q8_0, .output_type = TLM_DTYPE_F32, .embd_type = TLM_DTYPE_F32};
+}
+
 tlm_status tlm_model_quantize_gguf(const tlm_model *m, const tlm_tokenizer *tok, const char *path,
                                    const tlm_quantize_opts *o) {
     int fi = ftype_index(o->ftype);

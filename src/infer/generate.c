@@ -12,12 +12,21 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+void tlm_generate_opts_defaults(tlm_generate_opts *o) {
+    *o = (tlm_generate_opts){.max_new_tokens = 256, .eos_id = -1};
+    tlm_sampler_opts_default(&o->sampling);
+}
+
 tlm_status tlm_generate(tlm_session *s, const int32_t *const *prompts, const int *prompt_lens,
                         int n_prompts, const tlm_generate_opts *o, tlm_stop_reason *stops,
                         tlm_generate_stats *stats) {
     FP_FLUSH_SCOPE();
-    if (!s || !prompts || !prompt_lens || !o)
-        return tlm_err(TLM_ERR_ARG, "generate: NULL argument");
+    if (!s || !prompts || !prompt_lens) return tlm_err(TLM_ERR_ARG, "generate: NULL argument");
+    tlm_generate_opts defaults;
+    if (!o) {
+        tlm_generate_opts_defaults(&defaults);
+        o = &defaults;
+    }
     if (n_prompts <= 0 || n_prompts > s->B)
         return tlm_err(TLM_ERR_ARG, "generate: %d prompts for a session batch of %d", n_prompts,
                        s->B);

@@ -270,6 +270,8 @@ tlm_status tlm_ctx_forward(tlm_train_ctx *x, const int32_t *ids, int B, int T, i
     return TLM_OK;
 }
 
+void tlm_forward_opts_defaults(tlm_forward_opts *o) { *o = (tlm_forward_opts){0}; }
+
 tlm_status tlm_forward(tlm_train_ctx *x, const int32_t *ids, int B, int T,
                        const tlm_forward_opts *opts, tlm_forward_out *out) {
     FP_FLUSH_SCOPE();

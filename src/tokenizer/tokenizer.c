@@ -299,6 +299,11 @@ tlm_status tok_finish(tlm_tokenizer *t) {
     return TLM_OK;
 }
 
+void tlm_bpe_train_opts_defaults(tlm_bpe_train_opts *o) {
+    static const char *const gpt2_specials[] = {"<|endoftext|>"};
+    *o = (tlm_bpe_train_opts){.vocab_size = 50257, .specials = gpt2_specials, .n_specials = 1};
+}
+
 void tlm_tokenizer_free(tlm_tokenizer *t) {
     if (!t) return;
     free(t->data);
