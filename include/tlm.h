@@ -368,7 +368,7 @@ float tlm_clip_coef(double norm, double max_norm);
 
 /* Token files (tokenized once, memory-mapped while training). */
 typedef struct tlm_dataset tlm_dataset;
-enum { TLM_SPLIT_TRAIN = 0, TLM_SPLIT_VAL = 1 };
+typedef enum { TLM_SPLIT_TRAIN = 0, TLM_SPLIT_VAL = 1 } tlm_split;
 /* Writes ids atomically as uint16 when vocab_size <= 65536, else uint32, after a small header. */
 tlm_status tlm_tokens_write(const char *path, const int32_t *ids, size_t n, int32_t vocab_size);
 /* Maps a token file; the last val_fraction of the tokens is the validation split. */
@@ -381,18 +381,18 @@ tlm_status tlm_dataset_open(const char *path, double val_fraction, tlm_dataset *
 tlm_status tlm_dataset_open_files(const char *const *train, int n_train, const char *const *val,
                                   int n_val, double val_fraction, tlm_dataset **out);
 void tlm_dataset_free(tlm_dataset *d);
-size_t tlm_dataset_size(const tlm_dataset *d, int split);
+size_t tlm_dataset_size(const tlm_dataset *d, tlm_split split);
 int32_t tlm_dataset_vocab_size(const tlm_dataset *d);
 
 /* Start of window `index` of the windows of T + 1 tokens of a split that the stream `stream`
  * (e.g. a training step) of the run seeded `seed` draws: a hash of (seed, stream, index). */
-size_t tlm_dataset_window(const tlm_dataset *d, int split, uint64_t seed, uint64_t stream,
+size_t tlm_dataset_window(const tlm_dataset *d, tlm_split split, uint64_t seed, uint64_t stream,
                           uint64_t index, int T);
 
 /* Mean loss over `batches` fixed random windows (B x T) of a split; NAN if it cannot be computed.
  */
-double tlm_evaluate(tlm_train_ctx *x, const tlm_dataset *d, int split, int B, int T, int batches,
-                    uint64_t seed);
+double tlm_evaluate(tlm_train_ctx *x, const tlm_dataset *d, tlm_split split, int B, int T,
+                    int batches, uint64_t seed);
 
 typedef struct {
     long step, total; /* steps completed, steps in the run */
@@ -524,17 +524,17 @@ tlm_status tlm_model_detect(const char *path, tlm_model_format *fmt);
  * time proportional to the model and the weights cost no memory beyond the page cache. Others are
  * converted into memory the model owns (F16, BF16, Q8_0 are widened to F32; GPT-2's transposed
  * Conv1D weights are transposed). Such a model is read-only: tlm_model_params is NULL. */
-enum {
+typedef enum {
     /* Copy every tensor into one flat writable F32 buffer (training, conversion, editing, or not
      * keeping the file mapped). */
-    TLM_LOAD_WRITABLE = 1u,
+    TLM_LOAD_WRITABLE = 1,
     /* Products in bf16: F32 and F16 matrices are rounded (to nearest even) into BF16 copies the
      * model owns, so decoding reads half the bytes of F32 and prompts run on vdpbf16ps where the
      * CPU has AVX512_BF16; activations meet them rounded to BF16, as on BF16 files. */
-    TLM_LOAD_BF16 = 2u,
+    TLM_LOAD_BF16 = 2,
     /* Products in fp32 throughout: BF16 matrices are widened into F32 copies (without it, BF16
      * weights meet activations rounded to BF16, as llama.cpp computes them). */
-    TLM_LOAD_FP32 = 4u,
+    TLM_LOAD_FP32 = 4,
     /* Read the file into read-only memory the model owns, on 2 MiB pages, instead of mapping it
      * (llama.cpp's --no-mmap): the weights keep the file's types and are used where they lie, as
      * from a mapping. Loading then costs a copy of the file (about 0.3 s per GiB here), and
@@ -542,8 +542,8 @@ enum {
      * whose TLB walks and prefetch stops cost memory-bound decoding 10-25% of its speed.
      * tlm_model_memory counts the copy as mapped bytes (the file's image); sources of converted
      * tensors keep their pages. Not with TLM_LOAD_WRITABLE (a copy already). */
-    TLM_LOAD_READ = 8u
-};
+    TLM_LOAD_READ = 8
+} tlm_load_flags;
 /* flags: TLM_LOAD_* or'ed, 0 for the defaults. */
 tlm_status tlm_model_load(const char *path, unsigned flags, tlm_model **out);
 
@@ -596,8 +596,8 @@ typedef enum {
     TLM_FTYPE_BF16 = 32
 } tlm_ftype;
 
-/* "q4_k_m", "Q8_0", "f16", ... (case-insensitive); 0 if unknown. */
-int tlm_ftype_from_name(const char *name, tlm_ftype *out);
+/* "q4_k_m", "Q8_0", "f16", ... (case-insensitive); TLM_ERR_ARG for other names. */
+tlm_status tlm_ftype_parse(const char *name, tlm_ftype *out);
 /* Lower-case name, "?" for a value outside the enum. */
 const char *tlm_ftype_name(tlm_ftype f);
 
@@ -910,8 +910,8 @@ tlm_status tlm_generate(tlm_session *s, const int32_t *const *prompts, const int
 /* One interface over every vocabulary kind: byte-level BPE (GPT-2 encoder.json + vocab.bpe, GGUF
  * `gpt2`, tlm-trained), SentencePiece-style (llama2.c tokenizer.bin, GGUF `llama`) and char-level.
  * Ids are int32. Decoding is lossless: decode(encode(x)) == x for any byte string (for vocabularies
- * that can represent every byte, which all but char-level can). */
-typedef struct tlm_tokenizer tlm_tokenizer;
+ * that can represent every byte, which all but char-level can). The type tlm_tokenizer is declared
+ * with the model files' functions above, which take one. */
 
 typedef enum {
     TLM_TOKENIZER_BPE = 0, /* byte-level BPE, GPT-2 pre-tokenization, merges by rank */
@@ -919,15 +919,18 @@ typedef enum {
     TLM_TOKENIZER_CHAR     /* one id per distinct character of the training text */
 } tlm_tokenizer_kind;
 
-/* Encode flags. */
-#define TLM_ENCODE_ALLOW_SPECIAL                                                                   \
-    1u                        /* special tokens in the text are encoded atomically (longest        \
-                                 match wins); otherwise they are plain text */
-#define TLM_ENCODE_ADD_BOS 2u /* prepend BOS (error if the vocabulary has none) */
-#define TLM_ENCODE_ADD_EOS 4u /* append EOS (error if the vocabulary has none) */
-/* Decode flags. */
-#define TLM_DECODE_SKIP_SPECIAL                                                                    \
-    1u /* special tokens (BOS, EOS, <|endoftext|> ...) produce nothing */
+/* Flags of tlm_tokenizer_encode, or'ed. */
+typedef enum {
+    /* special tokens in the text are encoded atomically (longest match wins); otherwise they are
+     * plain text */
+    TLM_ENCODE_ALLOW_SPECIAL = 1,
+    TLM_ENCODE_ADD_BOS = 2, /* prepend BOS (error if the vocabulary has none) */
+    TLM_ENCODE_ADD_EOS = 4  /* append EOS (error if the vocabulary has none) */
+} tlm_encode_flags;
+/* Flags of tlm_tokenizer_decode and tlm_decoder_new. */
+typedef enum {
+    TLM_DECODE_SKIP_SPECIAL = 1 /* special tokens (BOS, EOS, <|endoftext|> ...) produce nothing */
+} tlm_decode_flags;
 
 /* Largest text tlm_tokenizer_encode accepts, in bytes. */
 #define TLM_TOKENIZER_MAX_INPUT ((size_t)0x7FFFFFFF)

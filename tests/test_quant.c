@@ -336,7 +336,7 @@ static void test_files(model_quantize_fn llama_quantize, default_params_fn defau
     float *want = src ? t_flat(src) : NULL;
     for (int k = 0; k < N_TYPES; k++) {
         tlm_quantize_opts o = {0};
-        CHECK(tlm_ftype_from_name(all_types[k], &o.ftype), "%s", all_types[k]);
+        CHECK(tlm_ftype_parse(all_types[k], &o.ftype) == TLM_OK, "%s", all_types[k]);
         char theirs[256];
         snprintf(paths[k], 256, "quant_%s_%s.gguf", tag, all_types[k]);
         snprintf(theirs, sizeof theirs, "quant_%s_%s_llama.gguf", tag, all_types[k]);
@@ -703,7 +703,7 @@ static void test_imatrix_files(model_quantize_fn llama_quantize, default_params_
 #endif
     for (size_t k = 0; im && k < sizeof types / sizeof *types; k++) {
         tlm_quantize_opts o = {0};
-        CHECK(tlm_ftype_from_name(types[k], &o.ftype), "%s", types[k]);
+        CHECK(tlm_ftype_parse(types[k], &o.ftype) == TLM_OK, "%s", types[k]);
         o.imatrix = im;
         char ours[256], theirs[256], plain[256];
         snprintf(ours, sizeof ours, "quant_im_%s.gguf", types[k]);
@@ -861,7 +861,7 @@ static void test_override_files(model_quantize_fn llama_quantize, default_params
         for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
             if (cases[k].tied != tied) continue;
             tlm_quantize_opts o = {0};
-            CHECK(tlm_ftype_from_name(cases[k].ftype, &o.ftype), "%s", cases[k].ftype);
+            CHECK(tlm_ftype_parse(cases[k].ftype, &o.ftype) == TLM_OK, "%s", cases[k].ftype);
             o.pure = cases[k].pure;
             o.leave_output = cases[k].leave;
             o.output_type_set = cases[k].out >= 0;
@@ -987,7 +987,7 @@ static void test_kv_prune_files(model_quantize_fn llama_quantize, default_params
     CHECK_OK(tlm_model_save_gguf(m, tok, f32, TLM_DTYPE_F32));
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
         tlm_quantize_opts o = {0};
-        CHECK(tlm_ftype_from_name(cases[k].ftype, &o.ftype), "%s", cases[k].ftype);
+        CHECK(tlm_ftype_parse(cases[k].ftype, &o.ftype) == TLM_OK, "%s", cases[k].ftype);
         o.prune_layers = cases[k].prune;
         o.n_prune_layers = cases[k].n_prune;
         o.kv_overrides = cases[k].kv ? kv : NULL;
@@ -1038,7 +1038,7 @@ static void test_kv_prune_files(model_quantize_fn llama_quantize, default_params
                        *theirs = "quant_qwen2_llama.gguf";
             CHECK_OK(tlm_model_save_gguf(q, tok, src, TLM_DTYPE_F32));
             tlm_quantize_opts o = {0};
-            CHECK(tlm_ftype_from_name(qt[k], &o.ftype), "%s", qt[k]);
+            CHECK(tlm_ftype_parse(qt[k], &o.ftype) == TLM_OK, "%s", qt[k]);
             CHECK_OK(tlm_model_quantize_gguf(q, tok, ours, &o));
             llama_quantize_params p = defaults();
             p.nthread = 1;
@@ -1228,6 +1228,10 @@ static void test_quantize_defaults(void) {
               !o.n_tensor_types && !o.dry_run && !o.kv_overrides && !o.n_kv_overrides &&
               !o.prune_layers && !o.n_prune_layers,
           "default quantize options");
+    tlm_ftype f = TLM_FTYPE_F32;
+    CHECK(tlm_ftype_parse("Q4_K_M", &f) == TLM_OK && f == TLM_FTYPE_Q4_K_M, "Q4_K_M: %d", (int)f);
+    CHECK(tlm_ftype_parse("q9_9", &f) == TLM_ERR_ARG && strstr(tlm_last_error(), "'q9_9'"),
+          "unknown file type: %s", tlm_last_error());
 }
 
 int main(void) {

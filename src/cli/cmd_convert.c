@@ -236,7 +236,7 @@ static int convert(int argc, char **argv, int quantize) {
             "quantize: --include-weights and --exclude-weights cannot be used together");
     tlm_ftype ftype = TLM_FTYPE_F32;
     if (qtype) {
-        if (!tlm_ftype_from_name(qtype, &ftype))
+        if (tlm_ftype_parse(qtype, &ftype))
             return cli_fail("%s: unknown --type '%s' (q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, "
                             "q3_k_s, q3_k_m, q3_k_l, q4_k_s, q4_k_m, q5_k_s, q5_k_m, q6_k, "
                             "iq4_nl, iq4_xs, f16, bf16, f32)",

@@ -369,16 +369,18 @@ static int ftype_index(tlm_ftype f) {
     return -1;
 }
 
-int tlm_ftype_from_name(const char *name, tlm_ftype *out) {
+tlm_status tlm_ftype_parse(const char *name, tlm_ftype *out) {
+    if (!name || !out) return tlm_err(TLM_ERR_ARG, "ftype: NULL argument");
     for (int i = 0; i < N_FTYPES; i++) {
         const char *a = ftypes[i].name, *b = name;
         while (*a && *b && (*b == *a || *b == *a - 'a' + 'A')) a++, b++;
         if (!*a && !*b) {
             *out = ftypes[i].ftype;
-            return 1;
+            return TLM_OK;
         }
     }
-    return 0;
+    return tlm_err(TLM_ERR_ARG, "unknown file type '%s' (q8_0, q4_k_m, f16, ...: see tlm_ftype)",
+                   name);
 }
 
 const char *tlm_ftype_name(tlm_ftype f) {

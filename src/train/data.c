@@ -178,7 +178,7 @@ tlm_status tlm_dataset_open(const char *path, double val_fraction, tlm_dataset *
     return tlm_dataset_open_files(&path, 1, NULL, 0, val_fraction, out);
 }
 
-size_t tlm_dataset_size(const tlm_dataset *d, int split) {
+size_t tlm_dataset_size(const tlm_dataset *d, tlm_split split) {
     return split == TLM_SPLIT_TRAIN ? d->n_train : d->n - d->n_train;
 }
 
@@ -203,7 +203,7 @@ static int32_t token_at(const tlm_dataset *d, size_t i) {
     return f->width == 2 ? (int32_t)(p[0] | p[1] << 8) : (int32_t)get_u32(p);
 }
 
-size_t tlm_dataset_window(const tlm_dataset *d, int split, uint64_t seed, uint64_t stream,
+size_t tlm_dataset_window(const tlm_dataset *d, tlm_split split, uint64_t seed, uint64_t stream,
                           uint64_t index, int T) {
     size_t n = tlm_dataset_size(d, split);
     if (T < 1 || n < (size_t)T + 1) return 0;
@@ -214,8 +214,9 @@ size_t tlm_dataset_window(const tlm_dataset *d, int split, uint64_t seed, uint64
     return (size_t)(h % (uint64_t)(n - (size_t)T));
 }
 
-tlm_status tlm_dataset_windows(const tlm_dataset *d, int split, uint64_t seed, uint64_t stream,
-                               uint64_t first, int B, int T, int32_t *ids, int32_t *targets) {
+tlm_status tlm_dataset_windows(const tlm_dataset *d, tlm_split split, uint64_t seed,
+                               uint64_t stream, uint64_t first, int B, int T, int32_t *ids,
+                               int32_t *targets) {
     size_t lo = split == TLM_SPLIT_TRAIN ? 0 : d->n_train;
     size_t n = tlm_dataset_size(d, split);
     if (n < (size_t)T + 1)

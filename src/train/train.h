@@ -14,8 +14,9 @@ struct tlm_adamw {
 
 /* B windows of T tokens of a split: windows first .. first + B - 1 of stream `stream` (see
  * tlm_dataset_window), ids and the next-token targets. */
-tlm_status tlm_dataset_windows(const tlm_dataset *d, int split, uint64_t seed, uint64_t stream,
-                               uint64_t first, int B, int T, int32_t *ids, int32_t *targets);
+tlm_status tlm_dataset_windows(const tlm_dataset *d, tlm_split split, uint64_t seed,
+                               uint64_t stream, uint64_t first, int B, int T, int32_t *ids,
+                               int32_t *targets);
 
 /* Everything needed to continue a run bit for bit. */
 typedef struct {

@@ -143,7 +143,7 @@ static tlm_status reload_log(const char *path, long upto, history *h) {
 
 /* Chunks rank, rank + world, ... of `chunks` chunks of B windows of the evaluation stream: the sum
  * of their mean losses into *sum. */
-static tlm_status eval_chunks(tlm_train_ctx *x, const tlm_dataset *d, int split, int B, int T,
+static tlm_status eval_chunks(tlm_train_ctx *x, const tlm_dataset *d, tlm_split split, int B, int T,
                               long chunks, uint64_t seed, int rank, int world, int32_t *ids,
                               int32_t *tg, double *sum) {
     *sum = 0;
@@ -158,8 +158,8 @@ static tlm_status eval_chunks(tlm_train_ctx *x, const tlm_dataset *d, int split,
     return TLM_OK;
 }
 
-double tlm_evaluate(tlm_train_ctx *x, const tlm_dataset *d, int split, int B, int T, int batches,
-                    uint64_t seed) {
+double tlm_evaluate(tlm_train_ctx *x, const tlm_dataset *d, tlm_split split, int B, int T,
+                    int batches, uint64_t seed) {
     FP_FLUSH_SCOPE();
     size_t N = (size_t)B * T;
     int32_t *ids = malloc(N * sizeof *ids), *tg = malloc(N * sizeof *tg);
