@@ -1,0 +1,167 @@
+/* tlm/generate.h: sessions (the KV cache: prefill, decode), samplers and the generation loop. Part
+ * of tlm.h, which is what programs include. */
+#ifndef TLM_GENERATE_H
+#define TLM_GENERATE_H
+
+#include "base.h"
+#include "model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A session holds the KV cache of `batch` independent sequences over one model (which must outlive
+ * it and may be shared by several sessions). Each layer caches n_kv_heads keys and values per
+ * position, after RoPE, so cached keys are never rotated again. Prompts are prefilled in one
+ * batched pass (matrix-matrix products); each later token goes through a matrix-vector path that
+ * streams the weights once per step. Nothing is allocated per decode step. The cache holds at most
+ * `capacity` positions (<= context_length); there is no sliding window: a sequence that is full
+ * refuses more tokens with TLM_ERR_RANGE. */
+typedef struct tlm_session tlm_session;
+
+typedef struct {
+    int batch;    /* independent sequences (>= 1) */
+    int capacity; /* positions per sequence; <= 0: context_length */
+    /* The type of cached keys and values: TLM_DTYPE_F32 (0) or any of llama.cpp's cache types,
+     * F16, BF16, Q8_0, Q5_1, Q5_0, IQ4_NL, Q4_1, Q4_0 (other types: TLM_ERR_ARG). F16: rounded to
+     * IEEE half precision as they are cached (llama.cpp's default cache type), for half the memory
+     * and half the traffic of attention over long contexts; logits then move by about 1e-4 to
+     * 4e-4 of their largest magnitude against the F32 cache's. The block types quantize each
+     * head's row of a position in GGUF blocks of 32, as llama.cpp's CPU backend stores them: Q8_0
+     * takes 34 bytes per 32 values (53% of F16), logits moving by about 2e-3 to 7e-3; Q4_0 18
+     * bytes (28%), about 2e-2 to 1e-1 (tests/test_generate.c, random models). The block types
+     * need a head size that is a multiple of 32 (TLM_ERR_ARG otherwise). */
+    tlm_dtype kv_type;
+    /* Values in a type of their own (llama.cpp's -ctv apart from -ctk: keys in kv_type), where
+     * v_type_set is nonzero: v_type, any of kv_type's. Otherwise kv_type for both. */
+    int v_type_set;
+    tlm_dtype v_type;
+} tlm_session_opts;
+
+/* batch 1, capacity 0 (context_length), F32 keys and values. */
+void tlm_session_opts_defaults(tlm_session_opts *o);
+/* A session over m with options o (NULL: the defaults). */
+tlm_status tlm_session_new(const tlm_model *m, const tlm_session_opts *o, tlm_session **out);
+void tlm_session_free(tlm_session *s);
+/* Faults in the KV cache's memory now. It is mapped lazily, so otherwise the first tokens of each
+ * sequence pay for the kernel zeroing its pages (a large batch's cache is GiBs): a server calls
+ * this at start-up so that no request waits on it in the middle of a decode step. */
+void tlm_session_prefault(tlm_session *s);
+/* Empties sequence seq's cache (seq < 0: every sequence). */
+void tlm_session_reset(tlm_session *s, int seq);
+int tlm_session_batch(const tlm_session *s);
+/* The cache's type for keys (kv_type) and for values (v_type, or kv_type). */
+tlm_dtype tlm_session_kv_type(const tlm_session *s);
+tlm_dtype tlm_session_v_type(const tlm_session *s);
+int tlm_session_capacity(const tlm_session *s);
+/* Positions cached so far for sequence seq (its next token's position). */
+int tlm_session_length(const tlm_session *s, int seq);
+/* Keeps only the first n cached positions of sequence seq (no-op when it holds n or fewer): the
+ * next token goes to position n. Prefix reuse: a prompt sharing n tokens with what a sequence
+ * holds continues from there instead of prefilling them again. */
+tlm_status tlm_session_truncate(tlm_session *s, int seq, int n);
+/* Saving a sequence's cached prefix outside the session, to load it later into any sequence of a
+ * session of the same model (a server's prompt cache: a slot taken over by another request keeps
+ * its keys and values in memory for a later request that starts the same way). The saved form
+ * is the model's n_layers x 2 x n_kv_heads blocks of n positions x head_dim elements of the
+ * session's cache types: load it only into a session with the same kv_type and v_type. */
+size_t tlm_session_prefix_bytes(const tlm_session *s, int n);
+/* Copies positions 0..n-1 of sequence seq (n <= its length) into buf of
+ * tlm_session_prefix_bytes(s, n) bytes. */
+tlm_status tlm_session_save_prefix(const tlm_session *s, int seq, int n, void *buf);
+/* Loads the first n positions of a prefix of n_saved positions saved by tlm_session_save_prefix
+ * into sequence seq (n <= n_saved, n <= capacity), which then holds exactly those n. */
+tlm_status tlm_session_load_prefix(tlm_session *s, int seq, const void *buf, int n_saved, int n);
+
+/* Appends n tokens to sequence seq in one batched pass. logits (may be NULL) receives [n, V]
+ * logits when all_rows, else only the last token's [V]. */
+tlm_status tlm_prefill(tlm_session *s, int seq, const int32_t *ids, int n, float *logits,
+                       int all_rows);
+/* Appends one token to each sequence b with active[b] != 0 (active NULL: all of them) in one step;
+ * logits [batch, V] receives the rows of the active sequences (others are left untouched). */
+tlm_status tlm_decode(tlm_session *s, const int32_t *ids, const uint8_t *active, float *logits);
+/* Appends one token to sequence 0; logits receives [V]. */
+tlm_status tlm_decode_step(tlm_session *s, int32_t id, float *logits);
+/* One pass over new tokens of any of the sequences: n[b] >= 0 ids for sequence b, given
+ * concatenated in ids (sequence 0's, then 1's, ...). Decoding one token of some sequences while
+ * prefilling prompt chunks of others (or several prompts at once) then reads each weight once for
+ * all of them, where separate tlm_prefill and tlm_decode calls read them once each. logits (may be
+ * NULL) [batch, V] receives, for each sequence with n[b] > 0 and want[b] != 0 (want NULL: all),
+ * the logits after its last new id; other rows are left untouched. */
+tlm_status tlm_session_step(tlm_session *s, const int32_t *ids, const int *n, const uint8_t *want,
+                            float *logits);
+
+typedef struct {
+    float temperature; /* 0: greedy (argmax, lowest id on ties); else logits / temperature */
+    int top_k;         /* keep the k most likely ids; <= 0 keeps all */
+    float top_p;       /* keep the smallest set of most likely ids with mass >= top_p; >= 1 all */
+    uint64_t seed;
+    uint64_t stream; /* independent streams for the same seed (e.g. one per batch member) */
+    /* The rest is off when zero, so older initializers keep their meaning. */
+    float min_p; /* drop ids whose probability is below min_p times the likeliest one's */
+    /* Penalties over the last penalty_last_n ids given to tlm_sampler_accept (llama.cpp's rules):
+     * a logit l of an id seen there becomes l / repeat_penalty (l > 0) or l * repeat_penalty, then
+     * l - count * frequency_penalty - presence_penalty. repeat_penalty 0 or 1: off. */
+    float repeat_penalty;
+    float presence_penalty;
+    float frequency_penalty;
+    int penalty_last_n; /* 0: 64 */
+} tlm_sampler_opts;
+
+/* Defaults (llama.cpp's): temperature 0.8, top_k 40, top_p 0.95, seed 0, stream 0; every other
+ * field 0 (min_p and the penalties off). */
+void tlm_sampler_opts_default(tlm_sampler_opts *o);
+
+/* Draws ids from logits. Reproducible: the same options and logits give the same ids. Neither
+ * top-k nor top-p sorts the vocabulary (a k-heap, and a sort of only the ids that can be in the
+ * nucleus). */
+typedef struct tlm_sampler tlm_sampler;
+tlm_status tlm_sampler_new(const tlm_sampler_opts *o, int vocab_size, tlm_sampler **out);
+void tlm_sampler_free(tlm_sampler *s);
+/* TLM_ERR_NUMERIC when the logits hold a NaN or no finite value. */
+tlm_status tlm_sample(tlm_sampler *s, const float *logits, int32_t *id);
+/* Records an id (of the prompt or generated) in the penalty window; a no-op without penalties.
+ * tlm_generate accepts every prompt id and every sampled id. */
+void tlm_sampler_accept(tlm_sampler *s, int32_t id);
+
+typedef enum {
+    TLM_STOP_NONE = 0,
+    TLM_STOP_LENGTH,   /* max_new_tokens generated */
+    TLM_STOP_EOS,      /* the end-of-sequence id was generated (it is reported to on_token) */
+    TLM_STOP_CONTEXT,  /* prompt + generated reached the cache capacity (context_length) */
+    TLM_STOP_CALLBACK, /* on_token asked to stop */
+} tlm_stop_reason;
+
+typedef struct {
+    int max_new_tokens; /* per sequence; 0: none (prefill only), < 0: until EOS or capacity */
+    int32_t eos_id;     /* < 0: none */
+    tlm_sampler_opts sampling;
+    /* Called with each new id as it is sampled; non-zero stops that sequence. May be NULL. */
+    int (*on_token)(void *user, int seq, int32_t id);
+    void *user;
+} tlm_generate_opts;
+
+/* max_new_tokens 256, no EOS id, the sampler's defaults, no callback. */
+void tlm_generate_opts_defaults(tlm_generate_opts *o);
+
+typedef struct {
+    int prompt_tokens; /* over all sequences */
+    int new_tokens;    /* ids sampled, over all sequences */
+    int decode_steps;  /* tlm_decode calls */
+    double prefill_seconds;
+    double decode_seconds; /* decode steps plus sampling */
+} tlm_generate_stats;
+
+/* Generates from n_prompts (<= batch) prompts at once, after resetting the session: each prompt
+ * is prefilled, then all unfinished sequences advance together one token per step until each has
+ * stopped. A sequence never exceeds the capacity: prompt + new ids <= capacity. stops (may be
+ * NULL) receives each sequence's reason; stats may be NULL. Sequence b samples with stream
+ * sampling.stream + b, so its ids do not depend on the other prompts. o NULL: the defaults. */
+tlm_status tlm_generate(tlm_session *s, const int32_t *const *prompts, const int *prompt_lens,
+                        int n_prompts, const tlm_generate_opts *o, tlm_stop_reason *stops,
+                        tlm_generate_stats *stats);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
