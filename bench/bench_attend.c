@@ -47,13 +47,13 @@ int main(int argc, char **argv) {
         }
         for (int i = 0; i < HD; i++) q[i] = 0.05f * (float)(i % 11);
         for (int t = 0; t < NT; t++) {
-            const tlm_dtype_info *d = tlm_dtype_get(types[t]);
+            const core_dtype_info *d = core_dtype_get(types[t]);
             size_t bytes = n / d->block_elems * d->block_bytes;
             row[t] = (size_t)S * HD / d->block_elems * d->block_bytes; /* one head's */
             Kc[t] = malloc(bytes), Vc[t] = malloc(bytes);
             if (!Kc[t] || !Vc[t]) return 1;
-            tlm_dtype_from_f32(types[t], K, Kc[t], n);
-            tlm_dtype_from_f32(types[t], V, Vc[t], n);
+            core_dtype_from_f32(types[t], K, Kc[t], n);
+            core_dtype_from_f32(types[t], V, Vc[t], n);
         }
         double best[NT];
         for (int t = 0; t < NT; t++) best[t] = 1e30;

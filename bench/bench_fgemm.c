@@ -24,7 +24,7 @@ int main(int argc, char **argv) {
                                     {512, 768, 2048}, {2048, 768, 2304}, {8192, 768, 768},
                                     {768, 512, 128},  {768, 128, 384}};
     int threads = argc > 1 ? atoi(argv[1]) : 2, reps = argc > 2 ? atoi(argv[2]) : 12;
-    tlm_set_threads(threads);
+    tlm_threads_set(threads);
     const char *core = getenv("OPENBLAS_CORETYPE");
     printf("threads %d, GFLOP/s (best of %d), OPENBLAS_CORETYPE=%s\n", threads, reps,
            core ? core : "unset");
@@ -38,7 +38,7 @@ int main(int argc, char **argv) {
         for (long i = 0; i < (long)N * in; i++) x[i] = (float)((double)rand() / RAND_MAX) - 0.5f;
         for (long i = 0; i < (long)in * out; i++) {
             w[i] = (float)((double)rand() / RAND_MAX) - 0.5f;
-            h[i] = tlm_f32_to_f16(w[i]);
+            h[i] = core_f32_to_f16(w[i]);
         }
         tlm_weight tf = {.dtype = TLM_DTYPE_F32,
                          .data = w,

@@ -39,7 +39,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     tlm_dtype t;
-    if (!tlm_dtype_from_name(argv[1], &t) || !k_linear_takes(t)) {
+    if (!core_dtype_from_name(argv[1], &t) || !k_linear_takes(t)) {
         fprintf(stderr, "bench_matvec: '%s' is not a type the kernels compute on\n", argv[1]);
         return 2;
     }
@@ -49,14 +49,14 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_matvec: IN, OUT, REPS > 0, 0 < MAXM <= 64, 0 < MIB <= 8192\n");
         return 2;
     }
-    tlm_set_threads(atoi(argv[6]));
+    tlm_threads_set(atoi(argv[6]));
     /* on team.c's pool, as a decode step runs its products (an OpenMP region costs ~3 us) */
     k_team_pool(1);
-    size_t rb = tlm_dtype_bytes(t, (uint64_t)in), wbytes = rb * (size_t)out;
+    size_t rb = core_dtype_bytes(t, (uint64_t)in), wbytes = rb * (size_t)out;
     int copies = (int)(((size_t)mib << 20) / wbytes);
     if (copies < 1) copies = 1;
     float *wf = malloc(sizeof(float) * (size_t)in * out);
-    uint8_t *w = tlm_big_alloc(wbytes * (size_t)copies);
+    uint8_t *w = core_big_alloc(wbytes * (size_t)copies);
     float *x = malloc(sizeof(float) * (size_t)in * maxm), *y = malloc(sizeof(float) * out * maxm);
     double *ms = malloc(sizeof(double) * reps), *cpu = malloc(sizeof(double) * reps);
     if (!wf || !w || !x || !y || !ms || !cpu) {
@@ -69,7 +69,7 @@ int main(int argc, char **argv) {
         wf[i] = ((float)(s >> 8) / 16777216.0f - 0.5f) * 0.1f;
     }
     for (int i = 0; i < in * maxm; i++) x[i] = (float)((i * 7) % 13) / 13.0f - 0.5f;
-    if (tlm_dtype_from_f32(t, wf, w, (size_t)in * out)) {
+    if (core_dtype_from_f32(t, wf, w, (size_t)in * out)) {
         fprintf(stderr, "bench_matvec: cannot convert to %s\n", argv[1]);
         return 1;
     }
@@ -110,7 +110,7 @@ int main(int argc, char **argv) {
         }
     }
     free(wf);
-    tlm_big_free(w, wbytes * (size_t)copies);
+    core_big_free(w, wbytes * (size_t)copies);
     free(x);
     free(y);
     free(ms);

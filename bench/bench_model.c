@@ -26,14 +26,14 @@ int main(int argc, char **argv) {
     }
     const char *mode = argv[1];
     int B = atoi(argv[3]), T = atoi(argv[4]), iters = atoi(argv[5]), threads = atoi(argv[6]);
-    tlm_set_threads(threads);
+    tlm_threads_set(threads);
     tlm_config c;
     if (tlm_config_from_json(argv[2], &c)) {
         fprintf(stderr, "config: %s\n", tlm_last_error());
         return 1;
     }
     tlm_model *m;
-    if (tlm_model_create(&c, &m) || tlm_model_init(m, 1, TLM_INIT_GPT2)) {
+    if (tlm_model_new(&c, &m) || tlm_model_init(m, 1, TLM_INIT_GPT2)) {
         fprintf(stderr, "%s\n", tlm_last_error());
         return 1;
     }
@@ -63,26 +63,26 @@ int main(int argc, char **argv) {
     /* tlm train's own allocator (zeroed, on 2 MiB pages): from calloc's 4 KiB pages the
      * backward's dW products and AdamW ran slower here than in tlm train. */
     size_t gbytes = np * sizeof(float);
-    float *grads = train ? tlm_big_alloc(gbytes) : NULL;
+    float *grads = train ? core_big_alloc(gbytes) : NULL;
     tlm_adamw *opt = NULL;
     tlm_adamw_opts h;
-    tlm_adamw_defaults(&h);
-    if (train) tlm_adamw_create(m, &opt);
+    tlm_adamw_opts_defaults(&h);
+    if (train) tlm_adamw_new(m, &opt);
     double *t = malloc((size_t)(iters + 2) * sizeof *t);
     for (int i = 0; i < iters + 2; i++) {
         double t0 = now_s();
         float loss;
         tlm_status s;
         if (train) {
-            s = tlm_forward_backward(x, ids, tg, B, T, 0, grads, 0, &loss);
+            s = tlm_train_ctx_forward_backward(x, ids, tg, B, T, 0, grads, 0, &loss);
             /* As tlm train steps: the clipping factor goes into the update (one pass over the
              * gradient fewer than clipping in place). */
-            float scale = s ? 1.0f : tlm_clip_coef(tlm_grad_norm(grads, np), 1.0);
+            float scale = s ? 1.0f : tlm_grad_clip_coef(tlm_grad_norm(grads, np), 1.0);
             if (!s) s = tlm_adamw_step_scaled(opt, m, grads, scale, 1e-4, &h);
         } else {
             tlm_forward_opts o = {.targets = tg};
             tlm_forward_out out;
-            s = tlm_forward(x, ids, B, T, &o, &out);
+            s = tlm_train_ctx_forward(x, ids, B, T, &o, &out);
         }
         if (s) {
             fprintf(stderr, "%s\n", tlm_last_error());
@@ -98,7 +98,7 @@ int main(int argc, char **argv) {
            mode, (double)N / med, med, np, threads, tlm_precision_name(prec));
     tlm_adamw_free(opt);
     tlm_train_ctx_free(x);
-    tlm_big_free(grads, gbytes);
+    core_big_free(grads, gbytes);
     free(ids);
     free(tg);
     free(t);

@@ -214,13 +214,13 @@ if s:
     row("Shakespeare-char: wall time of the whole run (vs PyTorch)", s["tlm_wall_s"],
         p.get("wall_s"), "s", False)
 for g in load("generate") or []:
-    row(f"decode, batch 1: {g['config']} F32 (vs PyTorch with a KV cache)", g["tlm_decode"],
+    row(f"decode, batch 1: {g['config']} F32 (vs PyTorch with a KV cache)", g["tlm_session_decode"],
         g["torch_decode"], "tokens/s")
-    row(f"prefill: {g['config']} F32 (vs PyTorch)", g["tlm_prefill"], g["torch_prefill"],
+    row(f"prefill: {g['config']} F32 (vs PyTorch)", g["tlm_session_prefill"], g["torch_prefill"],
         "tokens/s", digits=0)
 for q in load("quant") or []:
     t = f"{q['threads']} thread" + ("s" if q["threads"] > 1 else "")
-    row(f"decode tg32: {q['model']} {q['type']}, {t} (vs llama-bench)", q["tlm_decode"],
+    row(f"decode tg32: {q['model']} {q['type']}, {t} (vs llama-bench)", q["tlm_session_decode"],
         q["llamacpp_decode"], "tokens/s")
     row(f"prefill pp128: {q['model']} {q['type']}, {t} (vs llama-bench)", q["tlm_pp128"],
         q["llamacpp_pp128"], "tokens/s", digits=0)

@@ -106,7 +106,7 @@ static inline int fuzz_model_load(const uint8_t *data, size_t size) {
         tlm_session *s = NULL;
         if (tlm_session_new(m, &(tlm_session_opts){.batch = 1, .capacity = 1}, &s) == TLM_OK) {
             int32_t id = 0;
-            tlm_prefill(s, 0, &id, 1, NULL, 0);
+            tlm_session_prefill(s, 0, &id, 1, NULL, 0);
             tlm_session_free(s);
         }
         tlm_model_free(m);
@@ -222,11 +222,11 @@ static inline int fuzz_imatrix(const uint8_t *data, size_t size) {
 
 /* GGUF: the general reader, then the llama model loader and the vocabulary loader on top. */
 static inline int fuzz_gguf(const uint8_t *data, size_t size) {
-    tlm_gguf *g = NULL;
-    if (tlm_gguf_open_memory(data, size, "fuzz.gguf", &g) != TLM_OK) return 0;
+    io_gguf *g = NULL;
+    if (io_gguf_open_memory(data, size, "fuzz.gguf", &g) != TLM_OK) return 0;
     tlm_model *m = NULL;
     if (fmt_gguf_load_model(g, "fuzz.gguf", 0, &m) == TLM_OK) tlm_model_free(m);
-    tlm_gguf_close(g);
+    io_gguf_close(g);
     /* the vocabulary loader reads from a path */
     const char *p = fuzz_file(".gguf", data, size);
     tlm_tokenizer *t = NULL;
@@ -238,19 +238,19 @@ static inline int fuzz_gguf(const uint8_t *data, size_t size) {
 /* safetensors header parsing and float conversion of every tensor. */
 static inline int fuzz_safetensors(const uint8_t *data, size_t size) {
     const char *p = fuzz_file(".safetensors", data, size);
-    st_file f;
-    int ok = st_open(&f, p) == TLM_OK;
+    io_st_file f;
+    int ok = io_st_open(&f, p) == TLM_OK;
     if (ok) {
         for (int i = 0; i < f.n; i++) {
-            const st_tensor *t = &f.tensors[i];
+            const io_st_tensor *t = &f.tensors[i];
             if (t->numel > (1u << 20)) continue;
             float *buf = malloc((t->numel ? t->numel : 1) * sizeof(float));
-            st_read_f32(&f, t, buf, t->numel);
+            io_st_read_f32(&f, t, buf, t->numel);
             free(buf);
         }
-        st_find(&f, "token_embd.weight");
-        st_meta(&f, "tlm_config");
-        st_close(&f);
+        io_st_find(&f, "token_embd.weight");
+        io_st_meta(&f, "tlm_config");
+        io_st_close(&f);
     }
     remove(p);
     return ok;

@@ -11,7 +11,7 @@
  *   which accepts NULL; tlm_tokenizer_train_bpe also makes one (by training). tlm_<object>_save
  *   writes an object to a file, tlm_<object>_read fills an existing one from a file. Enum values
  *   have a tlm_<enum>_name, and parsers of names are tlm_<enum>_parse.
- * - Options are plain structs: tlm_<struct>_defaults(&o) sets every field (tlm_config_default,
+ * - Options are plain structs: tlm_<struct>_defaults(&o) sets every field (tlm_config_defaults,
  *   tlm_session_opts_defaults, ...), then the caller changes what it needs. Where a comment says
  *   so, NULL options mean the defaults.
  * - Errors: a call that can fail returns a tlm_status, TLM_OK (0) or an error code, and on failure
@@ -24,7 +24,7 @@
  *   as the comment says); buffers made for the caller are malloc'd, freed with free().
  * - Threads: models, tokenizers and datasets are read-only once made (but for a writable model's
  *   parameters while its owner updates them), and any number of threads may use one at once; any
- *   other object is used by one thread at a time. Each call runs on tlm_set_threads' threads.
+ *   other object is used by one thread at a time. Each call runs on tlm_threads_set' threads.
  * - Token ids are int32_t; arrays are row-major, weight matrices [out, in]. */
 #ifndef TLM_H
 #define TLM_H

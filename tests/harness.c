@@ -36,7 +36,7 @@ const char *t_out_dir(void) { return t_dir; }
 
 tlm_model *t_model(const tlm_config *c, uint64_t seed, tlm_init_scheme scheme) {
     tlm_model *m = NULL;
-    CHECK_OK(tlm_model_create(c, &m));
+    CHECK_OK(tlm_model_new(c, &m));
     if (m) CHECK_OK(tlm_model_init(m, seed, scheme));
     return m;
 }
@@ -48,8 +48,8 @@ float *t_flat(const tlm_model *m) {
     for (int i = 0; flat && i < n; i++) {
         const tlm_weight *w = tlm_model_weight(m, i);
         for (int64_t r = 0; r < w->rows; r++)
-            tlm_dtype_to_f32(w->dtype, (const char *)w->data + (size_t)r * w->row_bytes,
-                             flat + ts[i].offset + (size_t)r * w->cols, (size_t)w->cols);
+            core_dtype_to_f32(w->dtype, (const char *)w->data + (size_t)r * w->row_bytes,
+                              flat + ts[i].offset + (size_t)r * w->cols, (size_t)w->cols);
     }
     return flat;
 }
@@ -70,7 +70,7 @@ tlm_status t_forward(const tlm_model *m, const int32_t *ids, int B, int T,
     tlm_train_ctx_free(g_ring[k]);
     g_ring[k] = NULL;
     tlm_status s = tlm_train_ctx_new(m, &g_ring[k]);
-    return s ? s : tlm_forward(g_ring[k], ids, B, T, o, out);
+    return s ? s : tlm_train_ctx_forward(g_ring[k], ids, B, T, o, out);
 }
 
 int t_finish(const char *name) {
@@ -117,7 +117,7 @@ int t_write_file(const char *path, const void *p, size_t n) {
 cJSON *t_read_json(const char *path) {
     char *txt;
     size_t n;
-    if (tlm_read_file(path, &txt, &n) != TLM_OK) {
+    if (core_read_file(path, &txt, &n) != TLM_OK) {
         CHECK(0, "cannot read %s: %s", path, tlm_last_error());
         return NULL;
     }
@@ -135,22 +135,22 @@ static int parity_open(const char *name, t_parity *p) {
     memset(p, 0, sizeof *p);
     p->name = name;
     tlm_config c;
-    if (tlm_config_load(t_path(dir, "config.json"), &c) || tlm_model_create(&c, &p->m) ||
-        tlm_model_load_safetensors(p->m, t_path(dir, "model.safetensors")) ||
-        st_open(&p->io, t_path(dir, "io.safetensors")) || tlm_train_ctx_new(p->m, &p->x)) {
+    if (tlm_config_load(t_path(dir, "config.json"), &c) || tlm_model_new(&c, &p->m) ||
+        tlm_model_read_safetensors(p->m, t_path(dir, "model.safetensors")) ||
+        io_st_open(&p->io, t_path(dir, "io.safetensors")) || tlm_train_ctx_new(p->m, &p->x)) {
         CHECK(0, "%s: %s", name, tlm_last_error());
         tlm_model_free(p->m);
         return 0;
     }
-    p->B = atoi(st_meta(&p->io, "B"));
-    p->T = atoi(st_meta(&p->io, "T"));
-    p->pos = atoi(st_meta(&p->io, "pos_offset"));
+    p->B = atoi(io_st_meta(&p->io, "B"));
+    p->T = atoi(io_st_meta(&p->io, "T"));
+    p->pos = atoi(io_st_meta(&p->io, "pos_offset"));
     size_t N = (size_t)p->B * p->T;
     p->ids = malloc(N * sizeof *p->ids);
     p->targets = malloc(N * sizeof *p->targets);
-    CHECK_OK(st_read_i32(&p->io, st_find(&p->io, "ids"), p->ids, N));
-    CHECK_OK(st_read_i32(&p->io, st_find(&p->io, "targets"), p->targets, N));
-    CHECK_OK(st_read_f32(&p->io, st_find(&p->io, "loss"), &p->loss, 1));
+    CHECK_OK(io_st_read_i32(&p->io, io_st_find(&p->io, "ids"), p->ids, N));
+    CHECK_OK(io_st_read_i32(&p->io, io_st_find(&p->io, "targets"), p->targets, N));
+    CHECK_OK(io_st_read_f32(&p->io, io_st_find(&p->io, "loss"), &p->loss, 1));
     return 1;
 }
 
@@ -158,7 +158,7 @@ static void parity_close(t_parity *p) {
     tlm_train_ctx_free(p->x);
     free(p->ids);
     free(p->targets);
-    st_close(&p->io);
+    io_st_close(&p->io);
     tlm_model_free(p->m);
 }
 

@@ -70,8 +70,8 @@ const char *t_out_dir(void);
 #include "io/safetensors.h"
 #include "tlm.h"
 
-/* tlm_forward through a context of the harness's own: the logits stay valid for the next three
- * calls (so two models' outputs can be compared). t_finish frees the contexts. */
+/* tlm_train_ctx_forward through a context of the harness's own: the logits stay valid for the next
+ * three calls (so two models' outputs can be compared). t_finish frees the contexts. */
 tlm_status t_forward(const tlm_model *m, const int32_t *ids, int B, int T,
                      const tlm_forward_opts *o, tlm_forward_out *out);
 
@@ -87,7 +87,7 @@ typedef struct {
     const char *name;
     tlm_model *m;
     tlm_train_ctx *x; /* a context over m */
-    st_file io;
+    io_st_file io;
     int B, T, pos;
     int32_t *ids, *targets; /* [B*T] */
     float loss;             /* the reference's mean loss */

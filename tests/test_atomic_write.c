@@ -41,7 +41,7 @@ static int file_is(const char *path, const char *want) {
     char *got = NULL;
     size_t n = 0;
     int same =
-        tlm_read_file(path, &got, &n) == TLM_OK && n == strlen(want) && !memcmp(got, want, n);
+        core_read_file(path, &got, &n) == TLM_OK && n == strlen(want) && !memcmp(got, want, n);
     free(got);
     return same;
 }
@@ -58,7 +58,7 @@ static void check_write(const char *path, const char *dir, const char *text) {
     const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
     snprintf(tmp_name, sizeof tmp_name, "%s/%s.tmp.%ld", dir, base, (long)getpid());
     n_synced = 0;
-    CHECK_OK(tlm_write_file_atomic(path, text, strlen(text)));
+    CHECK_OK(core_write_file_atomic(path, text, strlen(text)));
     CHECK(file_is(path, text), "%s holds the new text", path);
     CHECK(n_synced == 2, "%s: %d fsyncs (want the file, then its directory)", path, n_synced);
     CHECK(n_synced >= 1 && !strcmp(synced[0], tmp_name), "first sync '%s', want '%s'", synced[0],
@@ -92,7 +92,7 @@ int main(void) {
      * new text is in place, no temporary is left), but it is not known to be durable. */
     fail_directories = EIO;
     n_synced = 0;
-    tlm_status s = tlm_write_file_atomic(path, "third\n", 6);
+    tlm_status s = core_write_file_atomic(path, "third\n", 6);
     CHECK(s == TLM_ERR_IO, "failed directory sync: status %d", (int)s);
     CHECK(strstr(tlm_last_error(), d) != NULL && strstr(tlm_last_error(), "directory"),
           "message names the directory: %s", tlm_last_error());

@@ -11,7 +11,7 @@
 static void grad_case(t_parity *p, int data_parallel) {
     tlm_model *m = p->m;
     const char *name = p->name;
-    const st_file *io = &p->io;
+    const io_st_file *io = &p->io;
     int B = p->B, T = p->T, pos = p->pos;
     tlm_train_ctx_set_data_parallel(p->x, data_parallel);
     size_t np = tlm_model_num_params(m);
@@ -19,7 +19,7 @@ static void grad_case(t_parity *p, int data_parallel) {
     float *grads = malloc(np * sizeof *grads), loss_want = p->loss, loss;
     /* Garbage in the buffer must be overwritten when not accumulating. */
     for (size_t i = 0; i < np; i++) grads[i] = 123.0f;
-    CHECK_OK(tlm_forward_backward(p->x, ids, tg, B, T, pos, grads, 0, &loss));
+    CHECK_OK(tlm_train_ctx_forward_backward(p->x, ids, tg, B, T, pos, grads, 0, &loss));
     CHECK_NEAR(loss, loss_want, 1e-5);
     int n;
     const tlm_tensor_info *ts = tlm_model_tensors(m, &n);
@@ -29,11 +29,11 @@ static void grad_case(t_parity *p, int data_parallel) {
     for (int i = 0; i < n; i++) {
         char key[TLM_NAME_MAX + 8];
         snprintf(key, sizeof key, "grad.%s", ts[i].name);
-        const st_tensor *t = st_find(io, key);
+        const io_st_tensor *t = io_st_find(io, key);
         CHECK(t != NULL, "%s: fixture lacks %s", name, key);
         if (!t) continue;
         float *want = malloc(ts[i].numel * sizeof *want);
-        CHECK_OK(st_read_f32(io, t, want, ts[i].numel));
+        CHECK_OK(io_st_read_f32(io, t, want, ts[i].numel));
         const float *got = grads + ts[i].offset;
         for (size_t j = 0; j < ts[i].numel; j++) {
             double e = fabs((double)got[j] - want[j]), tol = 1e-5 + 1e-3 * fabs(want[j]);
@@ -59,7 +59,7 @@ static void grad_case(t_parity *p, int data_parallel) {
      * buffers of a batch split hold the last call's gradients: they too must be written over). */
     float *once = malloc(np * sizeof *once);
     memcpy(once, grads, np * sizeof *once);
-    CHECK_OK(tlm_forward_backward(p->x, ids, tg, B, T, pos, grads, 1, &loss));
+    CHECK_OK(tlm_train_ctx_forward_backward(p->x, ids, tg, B, T, pos, grads, 1, &loss));
     size_t off = 0;
     for (size_t i = 0; i < np; i++)
         off += fabsf(grads[i] - 2 * once[i]) > 1e-6f + 1e-5f * fabsf(once[i]);
@@ -83,7 +83,8 @@ static void grad_case_bf16(t_parity *p, int data_parallel) {
     CHECK_OK(tlm_train_ctx_set_precision(p->x, TLM_PRECISION_BF16));
     size_t np = tlm_model_num_params(m);
     float *grads = malloc(np * sizeof *grads), loss;
-    CHECK_OK(tlm_forward_backward(p->x, p->ids, p->targets, p->B, p->T, p->pos, grads, 0, &loss));
+    CHECK_OK(tlm_train_ctx_forward_backward(p->x, p->ids, p->targets, p->B, p->T, p->pos, grads, 0,
+                                            &loss));
     CHECK(fabs(loss - p->loss) <= 2 * BF16_U * fabs(p->loss), "%s bf16: loss %g vs %g", p->name,
           loss, p->loss);
     int n;
@@ -93,11 +94,11 @@ static void grad_case_bf16(t_parity *p, int data_parallel) {
     for (int i = 0; i < n; i++) {
         char key[TLM_NAME_MAX + 8];
         snprintf(key, sizeof key, "grad.%s", ts[i].name);
-        const st_tensor *t = st_find(&p->io, key);
+        const io_st_tensor *t = io_st_find(&p->io, key);
         CHECK(t != NULL, "%s: fixture lacks %s", p->name, key);
         if (!t) continue;
         float *want = malloc(ts[i].numel * sizeof *want);
-        CHECK_OK(st_read_f32(&p->io, t, want, ts[i].numel));
+        CHECK_OK(io_st_read_f32(&p->io, t, want, ts[i].numel));
         const float *got = grads + ts[i].offset;
         for (size_t j = 0; j < ts[i].numel; j++) {
             double e = (double)got[j] - want[j];
@@ -134,7 +135,8 @@ static void grad_case_bf16(t_parity *p, int data_parallel) {
     /* Accumulating (oneDNN's sum post-op) adds the same bf16 gradient a second time. */
     float *once = malloc(np * sizeof *once);
     memcpy(once, grads, np * sizeof *once);
-    CHECK_OK(tlm_forward_backward(p->x, p->ids, p->targets, p->B, p->T, p->pos, grads, 1, &loss));
+    CHECK_OK(tlm_train_ctx_forward_backward(p->x, p->ids, p->targets, p->B, p->T, p->pos, grads, 1,
+                                            &loss));
     size_t off = 0;
     for (size_t i = 0; i < np; i++)
         off += fabsf(grads[i] - 2 * once[i]) > 1e-6f + 1e-5f * fabsf(once[i]);
@@ -156,7 +158,7 @@ static void both_ways(t_parity *p, void *user) {
 }
 
 int main(void) {
-    tlm_set_threads(2);
+    tlm_threads_set(2);
     printf("gradient parity with PyTorch autograd:\n");
     int bf16 = tlm_bf16_supported();
     if (!bf16) {
@@ -167,7 +169,7 @@ int main(void) {
         CHECK_OK(tlm_config_from_json("{\"vocab_size\": 16, \"context_length\": 8, "
                                       "\"d_model\": 8, \"n_layers\": 1, \"n_heads\": 2}",
                                       &c));
-        CHECK_OK(tlm_model_create(&c, &m));
+        CHECK_OK(tlm_model_new(&c, &m));
         CHECK_OK(tlm_train_ctx_new(m, &x));
         CHECK(tlm_train_ctx_set_precision(x, TLM_PRECISION_BF16) == TLM_ERR_UNSUPPORTED,
               "bf16 accepted on a CPU without avx512_bf16");

@@ -90,7 +90,7 @@ static void test_field_limits(void) {
              {"d_ff", TLM_MAX_D_FF, offsetof(tlm_config, d_ff)}};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
         tlm_config c;
-        tlm_config_default(&c);
+        tlm_config_defaults(&c);
         /* Small everything else, with room for the field at its limit: n_heads at its limit needs
          * a d_model it divides, and a long context a narrow head (RoPE tables). */
         c.d_model = 64;
@@ -116,7 +116,7 @@ static void test_field_limits(void) {
         expect_refused(c, msg, f[i].name);
     }
     tlm_config c;
-    tlm_config_default(&c);
+    tlm_config_defaults(&c);
     c.n_kv_heads = INT_MAX;
     expect_refused(c, "n_kv_heads", "n_kv_heads above n_heads");
     c.n_kv_heads = -1;
@@ -142,7 +142,7 @@ static void test_field_limits(void) {
 static void test_size_limits(void) {
     tlm_config c;
     /* Llama 3 405B: every dimension and the exact parameter count. */
-    tlm_config_default(&c);
+    tlm_config_defaults(&c);
     c.vocab_size = 128256;
     c.context_length = 131072;
     c.d_model = 16384;
@@ -154,7 +154,7 @@ static void test_size_limits(void) {
     c.tie_embeddings = 0;
     expect_accepted(c, "Llama 3 405B");
     tlm_param_count pc;
-    tlm_count_params(&c, &pc);
+    tlm_config_count_params(&c, &pc);
     CHECK(pc.total == 405853388800ull, "Llama 3 405B parameters %zu", pc.total);
     /* A million-token context at head dim 128: RoPE tables of 2^26 floats each. */
     c.context_length = 1 << 20;
@@ -164,16 +164,16 @@ static void test_size_limits(void) {
     expect_refused(c, "context_length 16777216", "RoPE table of 2^30 floats");
     expect_refused(c, "RoPE", "RoPE table of 2^30 floats");
     /* The same context with a narrow head is at the table limit exactly. */
-    tlm_config_default(&c);
+    tlm_config_defaults(&c);
     c.context_length = TLM_MAX_CONTEXT_LENGTH;
     c.d_model = 8;
     c.n_heads = 1;
     expect_accepted(c, "RoPE table of 2^26 floats");
     c.d_model = 10;
     expect_refused(c, "context_length", "RoPE table just above 2^26 floats");
-    /* tlm_model_create finalizes before it allocates anything. */
+    /* tlm_model_new finalizes before it allocates anything. */
     tlm_model *m = NULL;
-    CHECK(tlm_model_create(&c, &m) == TLM_ERR_CONFIG && !m, "model_create refuses the tables");
+    CHECK(tlm_model_new(&c, &m) == TLM_ERR_CONFIG && !m, "model_create refuses the tables");
     CHECK(strstr(tlm_last_error(), "context_length") != NULL, "model_create: %s", tlm_last_error());
     /* Sinusoids are [context_length, d_model]. */
     c.position = TLM_POS_SINUSOIDAL;
@@ -192,7 +192,7 @@ static void test_size_limits(void) {
     expect_refused(c, "context_length", "learned table 2^40 + other tensors");
     expect_refused(c, "parameters", "learned table 2^40 + other tensors");
     /* Token embedding: vocab 2^24 x d 2^16 is 2^40 elements (wraps 32-bit int arithmetic to 0). */
-    tlm_config_default(&c);
+    tlm_config_defaults(&c);
     c.vocab_size = TLM_MAX_VOCAB_SIZE;
     c.d_model = TLM_MAX_D_MODEL;
     c.n_heads = 64;
@@ -205,7 +205,7 @@ static void test_size_limits(void) {
     c.tie_embeddings = 0;
     expect_refused(c, "vocab_size", "two vocabulary tables of 2^39");
     /* Blocks: n_layers x (4 d^2 + 3 d d_ff) with every field within its limit. */
-    tlm_config_default(&c);
+    tlm_config_defaults(&c);
     c.vocab_size = 16;
     c.d_model = TLM_MAX_D_MODEL;
     c.n_heads = 64;
@@ -225,7 +225,7 @@ static void test_size_limits(void) {
         c.n_kv_heads = v & 1 ? 16 : 64;
         c.tie_embeddings = !(v & 2);
         c.position = v & 4 ? TLM_POS_LEARNED : TLM_POS_ROPE;
-        tlm_count_params(&c, &pc);
+        tlm_config_count_params(&c, &pc);
         char want[64];
         snprintf(want, sizeof want, "needs %zu parameters", pc.total);
         expect_refused(c, want, "parameter count of a variant");
@@ -267,12 +267,12 @@ static tlm_param_count count(const char *json) {
     tlm_config c = cfg_json(json, &s);
     CHECK_OK(s);
     tlm_param_count pc;
-    tlm_count_params(&c, &pc);
+    tlm_config_count_params(&c, &pc);
     /* The per-component table adds up to the total, and the schema agrees. */
     size_t sum = 0, n_params = 0;
     for (int k = 0; k < TLM_COMP_COUNT; k++) sum += pc.per_component[k];
     CHECK(sum == pc.total, "components sum %zu != total %zu", sum, pc.total);
-    tlm_schema(&c, NULL, 0, &n_params);
+    tlm_config_tensors(&c, NULL, 0, &n_params);
     CHECK(n_params == pc.total, "schema %zu != count %zu", n_params, pc.total);
     return pc;
 }
@@ -309,7 +309,7 @@ static void test_schema(void) {
     CHECK_OK(s);
     tlm_tensor_info t[64];
     size_t total;
-    int n = tlm_schema(&c, t, 64, &total);
+    int n = tlm_config_tensors(&c, t, 64, &total);
     CHECK(n == 2 + 2 * 18 + 2 + 1, "tensor count %d", n);
     CHECK(!strcmp(t[0].name, "token_embd.weight") && t[0].shape[0] == 10 && t[0].shape[1] == 8,
           "first tensor %s", t[0].name);
@@ -331,7 +331,7 @@ static void test_schema(void) {
     CHECK(off == total, "offsets cover the buffer");
     /* Post-norm models have no final norm. */
     c.norm_position = TLM_NORM_POST;
-    n = tlm_schema(&c, t, 64, &total);
+    n = tlm_config_tensors(&c, t, 64, &total);
     for (int i = 0; i < n; i++) CHECK(strncmp(t[i].name, "output_norm", 11) != 0, "post-norm");
 }
 

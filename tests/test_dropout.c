@@ -37,14 +37,14 @@ static void test_masks(void) {
 static float loss_at(tlm_train_ctx *x, const int32_t *ids, const int32_t *tg, int T, float *grads) {
     float loss;
     tlm_train_ctx_set_dropout_seed(x, 5, 11);
-    CHECK_OK(tlm_forward_backward(x, ids, tg, 2, T, 0, grads, 0, &loss));
+    CHECK_OK(tlm_train_ctx_forward_backward(x, ids, tg, 2, T, 0, grads, 0, &loss));
     return loss;
 }
 
 /* T > 64 runs attention in several query blocks (see attention.c). */
 static void test_gradients(tlm_norm_position pos, int T) {
     tlm_config c;
-    tlm_config_default(&c);
+    tlm_config_defaults(&c);
     c.vocab_size = 11;
     c.context_length = T;
     c.d_model = 16;
@@ -67,7 +67,7 @@ static void test_gradients(tlm_norm_position pos, int T) {
     /* Dropout changes the training loss but not evaluation. */
     tlm_forward_opts o = {.targets = tg};
     tlm_forward_out out;
-    CHECK_OK(tlm_forward(x, ids, 2, T, &o, &out));
+    CHECK_OK(tlm_train_ctx_forward(x, ids, 2, T, &o, &out));
     CHECK(fabs(out.loss - l0) > 1e-3, "dropout has no effect on the training loss");
     int checked = 0, bad = 0;
     for (size_t k = 0; k < np; k += np / 60 + 1) {
@@ -98,7 +98,7 @@ static void test_gradients(tlm_norm_position pos, int T) {
  * build sees such a write). The results equal a fresh context's. */
 static void test_more_threads(void) {
     tlm_config c;
-    tlm_config_default(&c);
+    tlm_config_defaults(&c);
     c.vocab_size = 19;
     c.context_length = 64;
     c.d_model = 32;
@@ -119,14 +119,14 @@ static void test_more_threads(void) {
     }
     size_t np = tlm_model_num_params(m);
     float *g1 = malloc(np * 4), *g2 = malloc(np * 4), l1, l2;
-    tlm_set_threads(1);
+    tlm_threads_set(1);
     tlm_train_ctx_set_dropout_seed(x, 1, 1);
-    CHECK_OK(tlm_forward_backward(x, ids, tg, 4, 64, 0, g1, 0, &l1));
-    tlm_set_threads(2);
+    CHECK_OK(tlm_train_ctx_forward_backward(x, ids, tg, 4, 64, 0, g1, 0, &l1));
+    tlm_threads_set(2);
     tlm_train_ctx_set_dropout_seed(x, 1, 2);
     tlm_train_ctx_set_dropout_seed(y, 1, 2);
-    CHECK_OK(tlm_forward_backward(x, ids, tg, 4, 64, 0, g1, 0, &l1));
-    CHECK_OK(tlm_forward_backward(y, ids, tg, 4, 64, 0, g2, 0, &l2));
+    CHECK_OK(tlm_train_ctx_forward_backward(x, ids, tg, 4, 64, 0, g1, 0, &l1));
+    CHECK_OK(tlm_train_ctx_forward_backward(y, ids, tg, 4, 64, 0, g2, 0, &l2));
     CHECK(l1 == l2 && !memcmp(g1, g2, np * 4),
           "a context that gained threads differs from a fresh one (%g vs %g)", l1, l2);
     free(g1);
@@ -137,7 +137,7 @@ static void test_more_threads(void) {
 }
 
 int main(void) {
-    tlm_set_threads(2);
+    tlm_threads_set(2);
     test_masks();
     test_more_threads();
     test_gradients(TLM_NORM_PRE, 8);

@@ -14,10 +14,10 @@ static void parity_case(t_parity *p, void *user) {
     int B = p->B, T = p->T;
     size_t N = (size_t)B * T, V = (size_t)tlm_model_config(m)->vocab_size;
     float *want = malloc(N * V * sizeof *want);
-    CHECK_OK(st_read_f32(&p->io, st_find(&p->io, "logits"), want, N * V));
+    CHECK_OK(io_st_read_f32(&p->io, io_st_find(&p->io, "logits"), want, N * V));
     tlm_forward_opts o = {.targets = p->targets, .pos_offset = p->pos, .want_probs = 1};
     tlm_forward_out out;
-    CHECK_OK(tlm_forward(p->x, p->ids, B, T, &o, &out));
+    CHECK_OK(tlm_train_ctx_forward(p->x, p->ids, B, T, &o, &out));
     double err = 0, mag = 0, perr = 0;
     for (size_t i = 0; i < N * V; i++) {
         double e = fabs((double)out.logits[i] - want[i]);
@@ -68,7 +68,7 @@ static void imatrix_case(t_parity *p, void *user) {
     for (int i = 0; !s && i < nt; i++) {
         char key[160];
         snprintf(key, sizeof key, "imatrix.%s", ts[i].name);
-        const st_tensor *t = st_find(&p->io, key);
+        const io_st_tensor *t = io_st_find(&p->io, key);
         if (!t) continue;
         size_t n = 0;
         const float *w = tlm_imatrix_find(im, ts[i].name, &n);
@@ -77,7 +77,7 @@ static void imatrix_case(t_parity *p, void *user) {
             continue;
         }
         float *want = malloc(sizeof(float) * n);
-        CHECK_OK(st_read_f32(&p->io, t, want, n));
+        CHECK_OK(io_st_read_f32(&p->io, t, want, n));
         for (size_t j = 0; j < n; j++) {
             double ref = want[j] / (double)N, e = fabs(w[j] - ref) / (fabs(ref) + 1e-6);
             worst = e > worst ? e : worst;
@@ -110,7 +110,7 @@ static void test_imatrix(void) {
 
 static void test_errors(void) {
     tlm_config c;
-    tlm_config_default(&c);
+    tlm_config_defaults(&c);
     c.vocab_size = 10;
     c.context_length = 8;
     c.d_model = 16;
@@ -121,21 +121,22 @@ static void test_errors(void) {
     CHECK_OK(tlm_train_ctx_new(m, &x));
     int32_t ids[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4, 5, 6};
     tlm_forward_out out;
-    CHECK(tlm_forward(x, ids, 1, 9, NULL, &out) == TLM_ERR_ARG, "T > context is an error");
+    CHECK(tlm_train_ctx_forward(x, ids, 1, 9, NULL, &out) == TLM_ERR_ARG,
+          "T > context is an error");
     CHECK(strstr(tlm_last_error(), "context_length") != NULL, "%s", tlm_last_error());
     tlm_forward_opts o = {.pos_offset = 5};
-    CHECK(tlm_forward(x, ids, 1, 4, &o, &out) == TLM_ERR_RANGE, "offset past context");
+    CHECK(tlm_train_ctx_forward(x, ids, 1, 4, &o, &out) == TLM_ERR_RANGE, "offset past context");
     int32_t bad[2] = {3, 10};
-    CHECK(tlm_forward(x, bad, 1, 2, NULL, &out) == TLM_ERR_RANGE, "id >= vocab");
+    CHECK(tlm_train_ctx_forward(x, bad, 1, 2, NULL, &out) == TLM_ERR_RANGE, "id >= vocab");
     CHECK(strstr(tlm_last_error(), "token id 10") != NULL, "%s", tlm_last_error());
     bad[1] = -1;
-    CHECK(tlm_forward(x, bad, 1, 2, NULL, &out) == TLM_ERR_RANGE, "negative id");
-    CHECK(tlm_forward(x, ids, 0, 2, NULL, &out) == TLM_ERR_ARG, "empty batch");
+    CHECK(tlm_train_ctx_forward(x, bad, 1, 2, NULL, &out) == TLM_ERR_RANGE, "negative id");
+    CHECK(tlm_train_ctx_forward(x, ids, 0, 2, NULL, &out) == TLM_ERR_ARG, "empty batch");
     /* Batch rows are independent: row 1 of a B=2 batch equals the same row alone. */
-    CHECK_OK(tlm_forward(x, ids, 2, 8, NULL, &out));
+    CHECK_OK(tlm_train_ctx_forward(x, ids, 2, 8, NULL, &out));
     float row1[8 * 10];
     memcpy(row1, out.logits + 80, sizeof row1);
-    CHECK_OK(tlm_forward(x, ids + 8, 1, 8, NULL, &out));
+    CHECK_OK(tlm_train_ctx_forward(x, ids + 8, 1, 8, NULL, &out));
     double e = 0;
     for (int i = 0; i < 80; i++) e = fmax(e, fabs(row1[i] - out.logits[i]));
     CHECK(e < 1e-5, "batch row independence %g", e);
@@ -145,7 +146,7 @@ static void test_errors(void) {
     int32_t alt[8];
     memcpy(alt, ids + 8, sizeof alt);
     alt[5] = (alt[5] + 1) % 10;
-    CHECK_OK(tlm_forward(x, alt, 1, 8, NULL, &out));
+    CHECK_OK(tlm_train_ctx_forward(x, alt, 1, 8, NULL, &out));
     e = 0;
     for (int i = 0; i < 40; i++) e = fmax(e, fabs(first[i] - out.logits[i]));
     CHECK(e == 0, "future token changed past logits by %g", e);
@@ -154,7 +155,7 @@ static void test_errors(void) {
 }
 
 int main(void) {
-    tlm_set_threads(2);
+    tlm_threads_set(2);
     test_errors();
     test_parity();
     test_imatrix();

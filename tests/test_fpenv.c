@@ -36,7 +36,7 @@ static void record_mode(void *ctx, long a, long b) {
  * 1e-20 x 1e-20 = 1e-40, a subnormal sum without flushing and exactly zero with it. */
 static tlm_model *tiny_model(void) {
     tlm_config c;
-    tlm_config_default(&c);
+    tlm_config_defaults(&c);
     c.vocab_size = 8;
     c.context_length = 16;
     c.d_model = 16;
@@ -45,7 +45,7 @@ static tlm_model *tiny_model(void) {
     c.tie_embeddings = 0;
     CHECK_OK(tlm_config_finalize(&c));
     tlm_model *m = NULL;
-    CHECK_OK(tlm_model_create(&c, &m));
+    CHECK_OK(tlm_model_new(&c, &m));
     if (!m) return NULL;
     float *p = tlm_model_params(m);
     int n = 0;
@@ -62,7 +62,7 @@ static tlm_model *tiny_model(void) {
 }
 
 int main(void) {
-    tlm_set_threads(2);
+    tlm_threads_set(2);
     /* The caller's own OpenMP code starts the workers first, without the mode. */
     clear_mode();
 #pragma omp parallel num_threads(2)
@@ -75,7 +75,7 @@ int main(void) {
     if (x) {
         int32_t ids[16] = {0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7};
         tlm_forward_out out;
-        CHECK_OK(tlm_forward(x, ids, 2, 8, NULL, &out));
+        CHECK_OK(tlm_train_ctx_forward(x, ids, 2, 8, NULL, &out));
         int zero = 0;
         for (int i = 0; i < 16 * 8; i++) zero += out.logits[i] == 0.0f;
         CHECK(zero == 16 * 8, "logits of products 1e-20 x 1e-20 flushed to zero: %d of %d (%g)",
@@ -98,11 +98,11 @@ int main(void) {
 
     /* A session's decode step flushes too: the same model through the KV cache path. */
     tlm_session *s = NULL;
-    if (m) CHECK_OK(tlm_session_new(m, 1, 0, &s));
+    if (m) CHECK_OK(tlm_session_new(m, NULL, &s));
     if (s) {
         float logits[8];
-        CHECK_OK(tlm_prefill(s, 0, (const int32_t[]){1, 2, 3}, 3, logits, 0));
-        CHECK_OK(tlm_decode_step(s, 4, logits));
+        CHECK_OK(tlm_session_prefill(s, 0, (const int32_t[]){1, 2, 3}, 3, logits, 0));
+        CHECK_OK(tlm_session_decode_one(s, 4, logits));
         int zero = 0;
         for (int i = 0; i < 8; i++) zero += logits[i] == 0.0f;
         CHECK(zero == 8, "decode's logits flushed: %d of 8 (%g)", zero, (double)logits[0]);

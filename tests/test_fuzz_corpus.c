@@ -52,7 +52,7 @@ static char **list_dir(const char *dir, int *n) {
 }
 
 int main(void) {
-    tlm_set_threads(1);
+    tlm_threads_set(1);
     const char *root = TLM_SOURCE_DIR "/fuzz/corpus";
     int nd = 0, total = 0;
     char **dirs = list_dir(root, &nd);
@@ -71,7 +71,7 @@ int main(void) {
             snprintf(path, sizeof path, "%s/%s", dir, files[f]);
             char *data = NULL;
             size_t len = 0;
-            tlm_status s = tlm_read_file(path, &data, &len);
+            tlm_status s = core_read_file(path, &data, &len);
             CHECK(s == TLM_OK, "%s: %s", path, tlm_last_error());
             if (s) continue;
             int loaded = targets[t].run((const uint8_t *)data, len);

@@ -111,7 +111,7 @@ static tlm_model *make_model_v(const variant *v, uint64_t seed) {
              v->json[0] ? "," : "", v->json);
     tlm_config c;
     tlm_model *m = NULL;
-    if (tlm_config_from_json(buf, &c) || tlm_model_create(&c, &m)) return NULL;
+    if (tlm_config_from_json(buf, &c) || tlm_model_new(&c, &m)) return NULL;
     if (tlm_model_init(m, seed, TLM_INIT_XAVIER)) {
         tlm_model_free(m);
         return NULL;
@@ -125,9 +125,9 @@ static tlm_model *make_model(const char *json, uint64_t seed) {
 }
 
 static void random_ids(int32_t *ids, int n, int V, uint64_t seed) {
-    tlm_rng r;
-    tlm_rng_seed(&r, seed, 7);
-    for (int i = 0; i < n; i++) ids[i] = (int32_t)tlm_rng_below(&r, (uint32_t)V);
+    core_rng r;
+    core_rng_seed(&r, seed, 7);
+    for (int i = 0; i < n; i++) ids[i] = (int32_t)core_rng_below(&r, (uint32_t)V);
 }
 
 /* Full-pass logits [T, V] of ids (a copy: the model's buffer is reused by the next call). */
@@ -148,10 +148,10 @@ static double run_split(tlm_session *s, const int32_t *ids, int T, const int *ch
     tlm_session_reset(s, -1);
     int at = 0;
     for (int i = 0; i < n_chunks; i++) {
-        CHECK_OK(tlm_prefill(s, 0, ids + at, chunks[i], got + (size_t)at * V, 1));
+        CHECK_OK(tlm_session_prefill(s, 0, ids + at, chunks[i], got + (size_t)at * V, 1));
         at += chunks[i];
     }
-    for (; at < T; at++) CHECK_OK(tlm_decode_step(s, ids[at], got + (size_t)at * V));
+    for (; at < T; at++) CHECK_OK(tlm_session_decode_one(s, ids[at], got + (size_t)at * V));
     CHECK(tlm_session_length(s, 0) == T, "length %d after %d tokens", tlm_session_length(s, 0), T);
     double e = rel_err(got, want, T, V);
     free(got);
@@ -169,8 +169,8 @@ static void test_invariant(int few) {
         if (!m) continue;
         const tlm_config *c = tlm_model_config(m);
         int hd = c->d_model / c->n_heads;
-        if (hd % (int)tlm_dtype_get(kv_type)->block_elems ||
-            hd % (int)tlm_dtype_get(v_type)->block_elems) {
+        if (hd % (int)core_dtype_get(kv_type)->block_elems ||
+            hd % (int)core_dtype_get(v_type)->block_elems) {
             tlm_model_free(m); /* a head size a block type's cache refuses (test_kv_types) */
             continue;
         }
@@ -196,8 +196,8 @@ static void test_invariant(int few) {
         }
         /* The cache is full: one more token is refused, never written. */
         float row[128];
-        CHECK(tlm_decode_step(s, 0, row) == TLM_ERR_RANGE, "decode past capacity");
-        CHECK(tlm_prefill(s, 0, ids, 1, row, 0) == TLM_ERR_RANGE, "prefill past capacity");
+        CHECK(tlm_session_decode_one(s, 0, row) == TLM_ERR_RANGE, "decode past capacity");
+        CHECK(tlm_session_prefill(s, 0, ids, 1, row, 0) == TLM_ERR_RANGE, "prefill past capacity");
         printf("  %-50s token-by-token %.2e  worst split %.2e\n", variants[vi].name, token_by_token,
                worst);
         tlm_session_free(s);
@@ -210,7 +210,7 @@ static void test_invariant(int few) {
  * capacity below the context length. */
 static void test_long_prefill(void) {
     tlm_config c;
-    tlm_config_default(&c);
+    tlm_config_defaults(&c);
     c.vocab_size = 61;
     c.context_length = 300;
     c.d_model = base_d;
@@ -231,10 +231,11 @@ static void test_long_prefill(void) {
     tlm_session_free(s);
     CHECK(new_session(m, 1, 301, &s) == TLM_ERR_ARG, "capacity > context");
     CHECK_OK(new_session(m, 1, 10, &s));
-    CHECK(tlm_prefill(s, 0, ids, 11, NULL, 0) == TLM_ERR_RANGE, "prefill past a small capacity");
+    CHECK(tlm_session_prefill(s, 0, ids, 11, NULL, 0) == TLM_ERR_RANGE,
+          "prefill past a small capacity");
     CHECK(tlm_session_length(s, 0) == 0, "failed prefill left length %d", tlm_session_length(s, 0));
-    CHECK_OK(tlm_prefill(s, 0, ids, 10, NULL, 0));
-    CHECK(tlm_decode_step(s, 1, want) == TLM_ERR_RANGE, "decode past a small capacity");
+    CHECK_OK(tlm_session_prefill(s, 0, ids, 10, NULL, 0));
+    CHECK(tlm_session_decode_one(s, 1, want) == TLM_ERR_RANGE, "decode past a small capacity");
     tlm_session_free(s);
     free(want);
     free(ids);
@@ -261,14 +262,14 @@ static void test_batch_decode(void) {
     int len[NB] = {2, 5, 9};
     double worst = 0;
     for (int b = 0; b < NB; b++) {
-        CHECK_OK(tlm_prefill(s, b, ids[b], len[b], got + (size_t)b * V, 0));
+        CHECK_OK(tlm_session_prefill(s, b, ids[b], len[b], got + (size_t)b * V, 0));
         worst = fmax(worst, rel_err(got + (size_t)b * V, want[b] + (size_t)(len[b] - 1) * V, 1, V));
     }
     for (int step = 0; step < 14; step++) {
         uint8_t active[NB] = {1, (uint8_t)(step % 3 != 1), (uint8_t)(step % 2)};
         int32_t next[NB];
         for (int b = 0; b < NB; b++) next[b] = active[b] ? ids[b][len[b]] : -5;
-        CHECK_OK(tlm_decode(s, next, active, got));
+        CHECK_OK(tlm_session_decode(s, next, active, got));
         for (int b = 0; b < NB; b++) {
             if (!active[b]) continue;
             worst = fmax(worst, rel_err(got + (size_t)b * V, want[b] + (size_t)len[b] * V, 1, V));
@@ -279,9 +280,9 @@ static void test_batch_decode(void) {
     CHECK(worst <= TOL, "batched decode rel err %.3g", worst);
     printf("  %-50s %.2e\n", "batch of 3, staggered, partly paused", worst);
     int32_t bad[NB] = {0, V, 0};
-    CHECK(tlm_decode(s, bad, NULL, got) == TLM_ERR_RANGE, "id outside vocab");
-    CHECK(tlm_prefill(s, 3, ids[0], 1, NULL, 0) == TLM_ERR_ARG, "seq outside batch");
-    CHECK(tlm_prefill(s, 0, ids[0], 0, NULL, 0) == TLM_ERR_ARG, "empty prefill");
+    CHECK(tlm_session_decode(s, bad, NULL, got) == TLM_ERR_RANGE, "id outside vocab");
+    CHECK(tlm_session_prefill(s, 3, ids[0], 1, NULL, 0) == TLM_ERR_ARG, "seq outside batch");
+    CHECK(tlm_session_prefill(s, 0, ids[0], 0, NULL, 0) == TLM_ERR_ARG, "empty prefill");
     tlm_session_reset(s, 1);
     CHECK(tlm_session_length(s, 1) == 0 && tlm_session_length(s, 0) == len[0], "reset one");
     tlm_session_free(s);
@@ -303,7 +304,7 @@ static void test_prefix_save_load(void) {
     CHECK_OK(new_session(m, 2, 0, &s));
     CHECK_OK(new_session(m, 3, 16, &t));
     float *a = malloc((size_t)V * sizeof *a), *b = malloc((size_t)V * sizeof *b);
-    CHECK_OK(tlm_prefill(s, 0, ids, 10, NULL, 0));
+    CHECK_OK(tlm_session_prefill(s, 0, ids, 10, NULL, 0));
     size_t bytes = tlm_session_prefix_bytes(s, 10);
     CHECK(bytes == tlm_session_prefix_bytes(t, 10) && bytes > 0, "prefix bytes %zu", bytes);
     void *buf = malloc(bytes);
@@ -313,12 +314,12 @@ static void test_prefix_save_load(void) {
     CHECK(tlm_session_load_prefix(t, 0, buf, 10, 11) == TLM_ERR_RANGE, "loading past the saved");
     CHECK(tlm_session_load_prefix(t, 0, NULL, 10, 5) == TLM_ERR_ARG, "NULL buffer");
     /* the first 8 of the 10 into sequence 2 of the other session, which held something else */
-    CHECK_OK(tlm_prefill(t, 2, ids + 4, 3, NULL, 0));
+    CHECK_OK(tlm_session_prefill(t, 2, ids + 4, 3, NULL, 0));
     CHECK_OK(tlm_session_load_prefix(t, 2, buf, 10, 8));
     CHECK(tlm_session_length(t, 2) == 8, "length after loading: %d", tlm_session_length(t, 2));
     CHECK_OK(tlm_session_truncate(s, 0, 8));
-    CHECK_OK(tlm_prefill(s, 0, ids + 8, 2, a, 0));
-    CHECK_OK(tlm_prefill(t, 2, ids + 8, 2, b, 0));
+    CHECK_OK(tlm_session_prefill(s, 0, ids + 8, 2, a, 0));
+    CHECK_OK(tlm_session_prefill(t, 2, ids + 8, 2, b, 0));
     CHECK(!memcmp(a, b, (size_t)V * sizeof *a), "continuing from the loaded prefix");
     free(buf);
     free(a);
@@ -432,7 +433,7 @@ static void draw_counts(const tlm_sampler_opts *o, const float *l, int n, int *c
     memset(count, 0, sizeof(int) * (size_t)n);
     for (int i = 0; i < DRAWS && s; i++) {
         int32_t id = -1;
-        CHECK_OK(tlm_sample(s, l, &id));
+        CHECK_OK(tlm_sampler_sample(s, l, &id));
         if (id < 0 || id >= n) {
             CHECK(0, "id %d outside [0, %d)", id, n);
             break;
@@ -454,17 +455,17 @@ static void test_samplers(void) {
     /* Greedy: the argmax, lowest id among ties. */
     CHECK_OK(tlm_sampler_new(&o, 8, &s));
     int32_t id = -1;
-    CHECK_OK(tlm_sample(s, l, &id));
+    CHECK_OK(tlm_sampler_sample(s, l, &id));
     CHECK(id == 1, "greedy picked %d", id);
     const float tie[4] = {0.5f, 3.0f, -2.0f, 3.0f};
     tlm_sampler_free(s);
     CHECK_OK(tlm_sampler_new(&o, 4, &s));
-    CHECK_OK(tlm_sample(s, tie, &id));
+    CHECK_OK(tlm_sampler_sample(s, tie, &id));
     CHECK(id == 1, "greedy tie picked %d", id);
     const float bad[4] = {0.5f, NAN, 1.0f, 0.0f};
-    CHECK(tlm_sample(s, bad, &id) == TLM_ERR_NUMERIC, "NaN logits");
+    CHECK(tlm_sampler_sample(s, bad, &id) == TLM_ERR_NUMERIC, "NaN logits");
     const float none[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
-    CHECK(tlm_sample(s, none, &id) == TLM_ERR_NUMERIC, "all -inf");
+    CHECK(tlm_sampler_sample(s, none, &id) == TLM_ERR_NUMERIC, "all -inf");
     tlm_sampler_free(s);
 
     /* Temperature: frequencies follow softmax(l / T), and the test can tell T from 1. */
@@ -534,9 +535,9 @@ static void test_samplers(void) {
     /* Top-p over a large vocabulary: every draw lies in the nucleus computed by a full sort. */
     enum { BIGV = 50000 };
     float *big = malloc(sizeof(float) * BIGV);
-    tlm_rng r;
-    tlm_rng_seed(&r, 77, 0);
-    for (int i = 0; i < BIGV; i++) big[i] = (float)(3.0 * tlm_rng_normal(&r));
+    core_rng r;
+    core_rng_seed(&r, 77, 0);
+    for (int i = 0; i < BIGV; i++) big[i] = (float)(3.0 * core_rng_normal(&r));
     double *pb = malloc(sizeof(double) * BIGV);
     softmax_t(big, BIGV, 1.0, pb);
     /* Rank by probability (selection by repeated max is fine for a test: nucleus is small). */
@@ -557,7 +558,7 @@ static void test_samplers(void) {
     int outside = 0, distinct = 0;
     char *seen = calloc(BIGV, 1);
     for (int i = 0; i < 5000; i++) {
-        CHECK_OK(tlm_sample(s, big, &id));
+        CHECK_OK(tlm_sampler_sample(s, big, &id));
         outside += !in[id];
         distinct += !seen[id];
         seen[id] = 1;
@@ -582,7 +583,7 @@ static void test_samplers(void) {
         o.seed = seeds[k];
         o.stream = streams[k];
         CHECK_OK(tlm_sampler_new(&o, 8, &s));
-        for (int i = 0; i < 200; i++) CHECK_OK(tlm_sample(s, l, &seq[k][i]));
+        for (int i = 0; i < 200; i++) CHECK_OK(tlm_sampler_sample(s, l, &seq[k][i]));
         tlm_sampler_free(s);
     }
     CHECK(memcmp(seq[0], seq[1], sizeof seq[0]) == 0, "same seed differs");
@@ -628,7 +629,7 @@ static void test_generate_loop(void) {
     o.sampling = (tlm_sampler_opts){.temperature = 0.0f, .top_p = 1.0f};
     tlm_stop_reason why[3];
     tlm_generate_stats st;
-    CHECK_OK(tlm_generate(s, prompts, lens, 3, &o, why, &st));
+    CHECK_OK(tlm_session_generate(s, prompts, lens, 3, &o, why, &st));
     CHECK(why[0] == TLM_STOP_LENGTH && got.n[0] == 8, "seq 0: reason %d, %d ids", why[0], got.n[0]);
     CHECK(why[1] == TLM_STOP_LENGTH && got.n[1] == 8, "seq 1: reason %d, %d ids", why[1], got.n[1]);
     /* 21 prompt tokens + 3 new ones fill the context of 24: stop there. */
@@ -658,14 +659,14 @@ static void test_generate_loop(void) {
     int32_t first = got.ids[0][0];
     memset(&got, 0, sizeof got);
     o.eos_id = first;
-    CHECK_OK(tlm_generate(s, prompts, lens, 1, &o, why, NULL));
+    CHECK_OK(tlm_session_generate(s, prompts, lens, 1, &o, why, NULL));
     CHECK(why[0] == TLM_STOP_EOS && got.n[0] == 1 && got.ids[0][0] == first, "eos: %d, %d ids",
           why[0], got.n[0]);
     /* Sampling in a batch equals sampling each prompt alone (its own stream). */
     o.eos_id = -1;
     o.sampling = (tlm_sampler_opts){.temperature = 1.0f, .top_p = 0.9f, .top_k = 20, .seed = 3};
     memset(&got, 0, sizeof got);
-    CHECK_OK(tlm_generate(s, prompts, lens, 3, &o, why, NULL));
+    CHECK_OK(tlm_session_generate(s, prompts, lens, 3, &o, why, NULL));
     collected batch = got;
     tlm_session *one = NULL;
     CHECK_OK(tlm_session_new(m, NULL, &one));
@@ -673,13 +674,13 @@ static void test_generate_loop(void) {
         memset(&got, 0, sizeof got);
         tlm_generate_opts ob = o;
         ob.sampling.stream = (uint64_t)b;
-        CHECK_OK(tlm_generate(one, &prompts[b], &lens[b], 1, &ob, why, NULL));
+        CHECK_OK(tlm_session_generate(one, &prompts[b], &lens[b], 1, &ob, why, NULL));
         CHECK(got.n[0] == batch.n[b] &&
                   memcmp(got.ids[0], batch.ids[b], sizeof(int32_t) * got.n[0]) == 0,
               "seq %d: batch and alone differ", b);
     }
     /* No options: the defaults (256 new ids at most, sampled), so the context stops it. */
-    CHECK_OK(tlm_generate(one, &prompts[0], &lens[0], 1, NULL, why, &st));
+    CHECK_OK(tlm_session_generate(one, &prompts[0], &lens[0], 1, NULL, why, &st));
     CHECK(why[0] == TLM_STOP_CONTEXT && st.new_tokens == ctx - lens[0], "defaults: %d, %d ids",
           why[0], st.new_tokens);
     /* A prompt that fills the context generates nothing. */
@@ -688,12 +689,13 @@ static void test_generate_loop(void) {
     const int32_t *pf = full;
     int lf = 24;
     memset(&got, 0, sizeof got);
-    CHECK_OK(tlm_generate(one, &pf, &lf, 1, &o, why, NULL));
+    CHECK_OK(tlm_session_generate(one, &pf, &lf, 1, &o, why, NULL));
     CHECK(why[0] == TLM_STOP_CONTEXT && got.n[0] == 0, "full prompt: %d, %d ids", why[0], got.n[0]);
     lf = 25;
     int32_t longer[25] = {0};
     pf = longer;
-    CHECK(tlm_generate(one, &pf, &lf, 1, &o, why, NULL) == TLM_ERR_RANGE, "prompt > context");
+    CHECK(tlm_session_generate(one, &pf, &lf, 1, &o, why, NULL) == TLM_ERR_RANGE,
+          "prompt > context");
     tlm_session_free(one);
     tlm_session_free(s);
     tlm_model_free(m);
@@ -765,7 +767,7 @@ static void test_kv_types(void) {
 
 /* A cache of each of llama.cpp's types holds what llama.cpp's CPU backend would store of the keys
  * and values an F32 cache holds: for Q8_0 k_q8_0_blocks's reference (its x86 quantize_row_q8_0),
- * for the others the reference quantizers (tlm_dtype_from_f32, byte for byte ggml's: test_quant).
+ * for the others the reference quantizers (core_dtype_from_f32, byte for byte ggml's: test_quant).
  * Layer 0's, which both sessions compute from the same embeddings with the same kernels, compared
  * through the saved prefixes (a prompt, then decode steps, so that both the prefill and the decode
  * stores are seen); the prefix takes the type's bytes per element. */
@@ -787,13 +789,13 @@ static void test_block_stores(void) {
     size_t f32_bytes = 0;
     for (int k = 0; k < 8; k++) {
         tlm_dtype t = types[k];
-        const tlm_dtype_info *di = tlm_dtype_get(t);
+        const core_dtype_info *di = core_dtype_get(t);
         tlm_session_opts o = {.batch = 1, .kv_type = t};
         tlm_session *s = NULL;
         CHECK_OK(tlm_session_new(m, &o, &s));
         if (!s) break;
-        CHECK_OK(tlm_prefill(s, 0, ids, 6, NULL, 0));
-        for (int i = 6; i < n; i++) CHECK_OK(tlm_decode_step(s, ids[i], NULL));
+        CHECK_OK(tlm_session_prefill(s, 0, ids, 6, NULL, 0));
+        for (int i = 6; i < n; i++) CHECK_OK(tlm_session_decode_one(s, ids[i], NULL));
         size_t bytes = tlm_session_prefix_bytes(s, n);
         uint8_t *buf = malloc(bytes);
         CHECK_OK(tlm_session_save_prefix(s, 0, n, buf));
@@ -809,11 +811,11 @@ static void test_block_stores(void) {
         if (t == TLM_DTYPE_Q8_0)
             k_q8_0_blocks_ref(f32, want, (int)elems);
         else
-            tlm_dtype_from_f32(t, f32, want, elems);
+            core_dtype_from_f32(t, f32, want, elems);
         CHECK(!memcmp(want, buf, qbytes), "layer 0's %s keys and values differ from the reference",
               tlm_dtype_name(t));
         /* and they are the F32 cache's values rounded: widened back, close but not equal */
-        tlm_dtype_to_f32(t, buf, back, elems);
+        core_dtype_to_f32(t, buf, back, elems);
         double worst = 0;
         for (size_t i = 0; i < elems; i++) worst = fmax(worst, fabs(back[i] - f32[i]));
         CHECK(worst > 0 && worst < 1.0, "%s rounding %g", tlm_dtype_name(t), worst);
@@ -830,13 +832,13 @@ static void test_block_stores(void) {
         tlm_session *s = NULL;
         CHECK_OK(tlm_session_new(m, &o, &s));
         if (s) {
-            CHECK_OK(tlm_prefill(s, 0, ids, n, NULL, 0));
+            CHECK_OK(tlm_session_prefill(s, 0, ids, n, NULL, 0));
             size_t bytes = tlm_session_prefix_bytes(s, n), half = elems / 2;
             CHECK(bytes * 256 == f32_bytes * (34 + 18), "Q8_0 / Q4_0 prefix bytes %zu", bytes);
             uint8_t *buf = malloc(bytes), *want = malloc(half / 32 * (34 + 18));
             CHECK_OK(tlm_session_save_prefix(s, 0, n, buf));
             k_q8_0_blocks_ref(f32, want, (int)half);
-            tlm_dtype_from_f32(TLM_DTYPE_Q4_0, f32 + half, want + half / 32 * 34, half);
+            core_dtype_from_f32(TLM_DTYPE_Q4_0, f32 + half, want + half / 32 * 34, half);
             CHECK(!memcmp(want, buf, half / 32 * (34 + 18)),
                   "layer 0's Q8_0 keys and Q4_0 values differ from the references");
             free(buf);
@@ -849,13 +851,13 @@ static void test_block_stores(void) {
     tlm_model_free(m);
 }
 
-/* tlm_sampler_opts_default sets every field, the later ones (min_p, penalties) off: it used to
+/* tlm_sampler_opts_defaults sets every field, the later ones (min_p, penalties) off: it used to
  * leave them as they were, so a sampler made from a stack struct (or tlm_sampler_new(NULL, ...))
  * read garbage penalties. */
 static void test_sampler_defaults(void) {
     tlm_sampler_opts o;
     memset(&o, 0x5a, sizeof o);
-    tlm_sampler_opts_default(&o);
+    tlm_sampler_opts_defaults(&o);
     CHECK(o.temperature == 0.8f && o.top_k == 40 && o.top_p == 0.95f && o.seed == 0 &&
               o.stream == 0 && o.min_p == 0.0f && o.repeat_penalty == 0.0f &&
               o.presence_penalty == 0.0f && o.frequency_penalty == 0.0f && o.penalty_last_n == 0,
@@ -893,7 +895,7 @@ static void test_f16_overflow(void) {
     random_ids(ids, 6, V, 5);
     float *logits = malloc((size_t)V * sizeof *logits);
     tlm_sampler_opts so;
-    tlm_sampler_opts_default(&so);
+    tlm_sampler_opts_defaults(&so);
     so.temperature = 0.0f;
     tlm_sampler *smp = NULL;
     CHECK_OK(tlm_sampler_new(&so, V, &smp));
@@ -901,13 +903,13 @@ static void test_f16_overflow(void) {
         tlm_session_opts o = {.batch = 1, .kv_type = f16 ? TLM_DTYPE_F16 : TLM_DTYPE_F32};
         tlm_session *s = NULL;
         CHECK_OK(tlm_session_new(m, &o, &s));
-        CHECK_OK(tlm_prefill(s, 0, ids, 6, logits, 0));
+        CHECK_OK(tlm_session_prefill(s, 0, ids, 6, logits, 0));
         int finite = 1;
         for (int i = 0; i < V; i++) finite &= isfinite(logits[i]) != 0;
         CHECK(finite == !f16, "%s cache: logits %s", f16 ? "F16" : "F32",
               finite ? "finite" : "not finite");
         int32_t id = -1;
-        tlm_status st = tlm_sample(smp, logits, &id);
+        tlm_status st = tlm_sampler_sample(smp, logits, &id);
         CHECK(f16 ? st == TLM_ERR_NUMERIC : st == TLM_OK, "%s cache: sampling gave %d (%s)",
               f16 ? "F16" : "F32", (int)st, tlm_last_error());
         tlm_session_free(s);
@@ -931,27 +933,27 @@ static void test_team_invariant(void) {
     random_ids(ids, 8, V, 78);
     float *got[2];
     for (int t = 0; t < 2; t++) {
-        tlm_set_threads(t ? 1 : 2);
+        tlm_threads_set(t ? 1 : 2);
         got[t] = malloc(sizeof(float) * V * (steps + 1));
         tlm_session *s = NULL;
         CHECK_OK(new_session(m, 1, 0, &s));
         if (!s || !got[t]) return;
-        CHECK_OK(tlm_prefill(s, 0, ids, 4, got[t], 0));
+        CHECK_OK(tlm_session_prefill(s, 0, ids, 4, got[t], 0));
         for (int k = 0; k < steps; k++)
-            CHECK_OK(tlm_decode_step(s, ids[4 + k % 4], got[t] + (size_t)V * (k + 1)));
+            CHECK_OK(tlm_session_decode_one(s, ids[4 + k % 4], got[t] + (size_t)V * (k + 1)));
         tlm_session_free(s);
     }
     CHECK(!memcmp(got[0], got[1], sizeof(float) * V * (steps + 1)),
           "logits on one thread differ from two");
     printf("team invariant: prompt and %d decode steps bit for bit on 1 and 2 threads\n", steps);
-    tlm_set_threads(2);
+    tlm_threads_set(2);
     free(got[0]);
     free(got[1]);
     tlm_model_free(m);
 }
 
 int main(void) {
-    tlm_set_threads(2);
+    tlm_threads_set(2);
     test_team_invariant();
     /* keys' and values' types; all: every test, else the invariant on a few variants (the other
      * types share the plumbing of the first, and their kernels are test_qgemm's) */
@@ -967,7 +969,7 @@ int main(void) {
     for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++) {
         kv_type = runs[k].k, v_type = runs[k].v;
         int blocks =
-            tlm_dtype_get(kv_type)->block_elems > 1 || tlm_dtype_get(v_type)->block_elems > 1;
+            core_dtype_get(kv_type)->block_elems > 1 || core_dtype_get(v_type)->block_elems > 1;
         base_d = blocks ? 128 : 32;
         if (kv_type == v_type)
             printf("---- %s cache ----\n", tlm_dtype_name(kv_type));

@@ -77,8 +77,8 @@ static void test_stories(const char *dir) {
         float *q = t_flat(r);
         int bad = 0;
         for (size_t i = 0; i < tlm_model_num_params(g); i++) {
-            float want = dt == TLM_DTYPE_F16 ? tlm_f16_to_f32(tlm_f32_to_f16(a[i]))
-                                             : tlm_bf16_to_f32(tlm_f32_to_bf16(a[i]));
+            float want = dt == TLM_DTYPE_F16 ? core_f16_to_f32(core_f32_to_f16(a[i]))
+                                             : core_bf16_to_f32(core_f32_to_bf16(a[i]));
             /* norms (vectors) stay F32 */
             if (q[i] != want && q[i] != a[i]) bad++;
         }
@@ -151,13 +151,15 @@ static void test_tiny_random(const char *dir) {
         CHECK_OK(tlm_train_ctx_new(m, &x));
         float *g = malloc(tlm_model_num_params(m) * sizeof(float)), loss;
         int32_t tg[4] = {2, 3, 4, 5};
-        CHECK(x && tlm_forward_backward(x, ids, tg, 1, 4, 0, g, 0, &loss) == TLM_ERR_UNSUPPORTED &&
+        CHECK(x &&
+                  tlm_train_ctx_forward_backward(x, ids, tg, 1, 4, 0, g, 0, &loss) ==
+                      TLM_ERR_UNSUPPORTED &&
                   strstr(tlm_last_error(), "F32"),
               "gradients of an F16 embedding: %s", tlm_last_error());
         free(g);
         tlm_train_ctx_free(x);
         tlm_train_opts o;
-        tlm_train_defaults(&o);
+        tlm_train_opts_defaults(&o);
         tlm_trainer *tr = NULL;
         CHECK(tlm_trainer_new(m, NULL, &o, &tr) == TLM_ERR_ARG && !tr &&
                   strstr(tlm_last_error(), "read-only"),
@@ -176,7 +178,7 @@ static void test_tiny_random(const char *dir) {
 /* A half-pairing model (tlm's default) goes to GGUF with q/k rows in adjacent-pair order. */
 static void test_half_roundtrip(void) {
     tlm_config c;
-    tlm_config_default(&c);
+    tlm_config_defaults(&c);
     c.vocab_size = 50;
     c.context_length = 16;
     c.d_model = 32;
@@ -201,7 +203,7 @@ static void test_half_roundtrip(void) {
     /* Non-Llama models are refused with the reason. */
     tlm_model_free(m);
     c.norm = TLM_NORM_LAYERNORM;
-    CHECK_OK(tlm_model_create(&c, &m));
+    CHECK_OK(tlm_model_new(&c, &m));
     CHECK(tlm_model_save_gguf(m, NULL, "half.gguf", TLM_DTYPE_F32) == TLM_ERR_UNSUPPORTED &&
               strstr(tlm_last_error(), "rmsnorm"),
           "%s", tlm_last_error());
@@ -211,7 +213,7 @@ static void test_half_roundtrip(void) {
 
 static void test_q8_0(void) {
     uint8_t blk[2 * 34];
-    uint16_t d0 = tlm_f32_to_f16(0.5f), d1 = tlm_f32_to_f16(-0.25f);
+    uint16_t d0 = core_f32_to_f16(0.5f), d1 = core_f32_to_f16(-0.25f);
     blk[0] = (uint8_t)d0;
     blk[1] = (uint8_t)(d0 >> 8);
     blk[34] = (uint8_t)d1;
@@ -220,7 +222,7 @@ static void test_q8_0(void) {
         blk[2 + i] = (uint8_t)(int8_t)(i - 16);
         blk[36 + i] = (uint8_t)(int8_t)(127 - i);
     }
-    tlm_gguf_tensor t;
+    io_gguf_tensor t;
     memset(&t, 0, sizeof t);
     t.name = "q";
     t.type = 8;
@@ -231,8 +233,8 @@ static void test_q8_0(void) {
     t.data = blk;
     float out[64];
     tlm_dtype dt;
-    CHECK(tlm_dtype_from_ggml(t.type, &dt) && dt == TLM_DTYPE_Q8_0, "ggml type 8 is Q8_0");
-    CHECK_OK(tlm_dtype_to_f32(dt, t.data, out, 64));
+    CHECK(core_dtype_from_ggml(t.type, &dt) && dt == TLM_DTYPE_Q8_0, "ggml type 8 is Q8_0");
+    CHECK_OK(core_dtype_to_f32(dt, t.data, out, 64));
     CHECK(out[0] == -8.0f && out[31] == 7.5f && out[32] == -31.75f && out[63] == -24.0f,
           "q8_0 %g %g %g %g", out[0], out[31], out[32], out[63]);
 }
@@ -249,31 +251,31 @@ static int patch_u32(uint8_t *p, size_t n, const char *k, uint32_t v) {
 }
 
 static void expect_bad_mem(const uint8_t *p, size_t n, const char *needle) {
-    tlm_gguf *g = NULL;
+    io_gguf *g = NULL;
     tlm_model *m = NULL;
-    tlm_status s = tlm_gguf_open_memory(p, n, "mem.gguf", &g);
+    tlm_status s = io_gguf_open_memory(p, n, "mem.gguf", &g);
     if (!s) s = fmt_gguf_load_model(g, "mem.gguf", 0, &m);
     CHECK(s != TLM_OK && !m, "accepted a bad GGUF (%s)", needle);
     CHECK_ERROR_HAS(needle);
     tlm_model_free(m);
-    tlm_gguf_close(g);
+    io_gguf_close(g);
 }
 
 static void test_malformed(const char *dir) {
     char *data;
     size_t n;
-    if (tlm_read_file(t_path(dir, "models/stories260K.gguf"), &data, &n)) return;
+    if (core_read_file(t_path(dir, "models/stories260K.gguf"), &data, &n)) return;
     uint8_t *p = (uint8_t *)data;
     /* Truncation anywhere is an error, never a crash. */
     size_t cuts[] = {3, 8, 20, 100, 5000, 20000, n / 2, n - 1};
     for (size_t i = 0; i < sizeof cuts / sizeof *cuts; i++) {
-        tlm_gguf *g = NULL;
+        io_gguf *g = NULL;
         tlm_model *m = NULL;
-        tlm_status s = tlm_gguf_open_memory(p, cuts[i], "cut.gguf", &g);
+        tlm_status s = io_gguf_open_memory(p, cuts[i], "cut.gguf", &g);
         if (!s) s = fmt_gguf_load_model(g, "cut.gguf", 0, &m);
         CHECK(s != TLM_OK, "truncated to %zu accepted", cuts[i]);
         tlm_model_free(m);
-        tlm_gguf_close(g);
+        io_gguf_close(g);
     }
     uint8_t *q = malloc(n);
     memcpy(q, p, n);
@@ -336,13 +338,13 @@ static void greedy_session(const tlm_model *m, int32_t *seq, int np, int total) 
         tlm_session_free(s);
         return;
     }
-    CHECK_OK(tlm_prefill(s, 0, seq, np, logits, 0));
+    CHECK_OK(tlm_session_prefill(s, 0, seq, np, logits, 0));
     for (int t = np; t < total; t++) {
         int best = 0;
         for (int v = 1; v < V; v++)
             if (logits[v] > logits[best]) best = v;
         seq[t] = best;
-        if (t + 1 < total) CHECK_OK(tlm_decode_step(s, best, logits));
+        if (t + 1 < total) CHECK_OK(tlm_session_decode_one(s, best, logits));
     }
     free(logits);
     tlm_session_free(s);
@@ -375,7 +377,7 @@ static void test_llamacpp_bpe(int rope, int qwen2) {
     CHECK_OK(tlm_tokenizer_train_bpe_texts(&text, &len, 1, &bo, &tok));
     if (!tok) return;
     tlm_config c;
-    tlm_config_default(&c);
+    tlm_config_defaults(&c);
     c.vocab_size = tlm_tokenizer_vocab_size(tok);
     c.context_length = 64;
     c.d_model = 64;
@@ -414,8 +416,8 @@ static void test_llamacpp_bpe(int rope, int qwen2) {
     if (rope) {
         static const float f[8] = {1, 1, 1.5f, 2, 4, 8, 8, 0.5f};
         greedy(m, plain, (int)np, total);
-        CHECK_OK(tlm_model_set_rope_factors(m, f, 8));
-        CHECK(tlm_model_set_rope_factors(m, f, 7) == TLM_ERR_FORMAT, "7 factors for 8 pairs");
+        CHECK_OK(mdl_set_rope_factors(m, f, 8));
+        CHECK(mdl_set_rope_factors(m, f, 7) == TLM_ERR_FORMAT, "7 factors for 8 pairs");
     }
     CHECK_OK(tlm_model_save_gguf(m, tok, file, TLM_DTYPE_F32));
     greedy(m, seq, (int)np, total);
@@ -448,7 +450,7 @@ static void test_llamacpp_bpe(int rope, int qwen2) {
         /* a rope_freqs.weight that is not F32 is refused by name (its type patched to F16) */
         size_t fn = 0;
         uint8_t *bytes = NULL;
-        CHECK_OK(tlm_read_file(file, (char **)&bytes, &fn));
+        CHECK_OK(core_read_file(file, (char **)&bytes, &fn));
         uint8_t *at = NULL;
         for (size_t o = 0; bytes && !at && o + 17 <= fn; o++)
             if (!memcmp(bytes + o, "rope_freqs.weight", 17)) at = bytes + o + 17;
@@ -456,7 +458,7 @@ static void test_llamacpp_bpe(int rope, int qwen2) {
         if (at) {
             uint32_t f16 = 1; /* after the name: n_dims (u32), one dim (u64), then the type */
             memcpy(at + 4 + 8, &f16, 4);
-            CHECK_OK(tlm_write_file_atomic("bpe_rope_bad.gguf", bytes, fn));
+            CHECK_OK(core_write_file_atomic("bpe_rope_bad.gguf", bytes, fn));
             tlm_model *bad = NULL;
             CHECK(tlm_model_load("bpe_rope_bad.gguf", 0, &bad) == TLM_ERR_FORMAT &&
                       strstr(tlm_last_error(), "rope_freqs.weight must be 8 F32 values"),
@@ -507,7 +509,7 @@ static void test_llamacpp_bpe(int rope, int qwen2) {
 }
 
 int main(void) {
-    tlm_set_threads(2);
+    tlm_threads_set(2);
     test_q8_0();
     test_half_roundtrip();
     const char *dir = t_require_shared_data();

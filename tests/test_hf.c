@@ -17,16 +17,16 @@ static const char *const cases[] = {"llama_tied", "llama_sharded", "llama31_scal
 
 /* ids and logits of an expected file. */
 static int read_expected(const char *path, int32_t **ids, float **logits, int *T, int *V) {
-    st_file f;
-    if (st_open(&f, path)) return 0;
-    const st_tensor *ti = st_find(&f, "ids"), *tl = st_find(&f, "logits");
+    io_st_file f;
+    if (io_st_open(&f, path)) return 0;
+    const io_st_tensor *ti = io_st_find(&f, "ids"), *tl = io_st_find(&f, "logits");
     *T = (int)ti->shape[0];
     *V = (int)tl->shape[1];
     *ids = malloc(sizeof(int32_t) * (size_t)*T);
     *logits = malloc(sizeof(float) * tl->numel);
-    st_read_i32(&f, ti, *ids, (size_t)*T);
-    st_read_f32(&f, tl, *logits, tl->numel);
-    st_close(&f);
+    io_st_read_i32(&f, ti, *ids, (size_t)*T);
+    io_st_read_f32(&f, tl, *logits, tl->numel);
+    io_st_close(&f);
     return 1;
 }
 
@@ -46,9 +46,9 @@ static void export_and_check(tlm_model *m, const char *dir, const int32_t *ids, 
     CHECK_OK(tlm_model_save_hf(m, dir, TLM_DTYPE_F32));
     char exp[256], cmd[1024];
     snprintf(exp, sizeof exp, "%s.tlm_logits.safetensors", dir);
-    st_out_tensor t[2] = {{"ids", TLM_DTYPE_I32, 1, {T}, ids},
-                          {"logits", TLM_DTYPE_F32, 2, {T, V}, mine}};
-    CHECK_OK(st_write(exp, t, 2, NULL, NULL, 0));
+    io_st_out_tensor t[2] = {{"ids", TLM_DTYPE_I32, 1, {T}, ids},
+                             {"logits", TLM_DTYPE_F32, 2, {T, V}, mine}};
+    CHECK_OK(io_st_write(exp, t, 2, NULL, NULL, 0));
     snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s check %s %s", SCRIPT, dir, exp);
     CHECK(system(cmd) == 0, "reference rejects tlm's export %s", dir);
     /* And back into tlm: the same logits. */
@@ -155,7 +155,7 @@ static void test_cases(void) {
 /* An interleaved-pairing model (llama2.c/GGUF order) exports with q/k rows permuted to HF's. */
 static void test_interleaved_export(void) {
     tlm_config c;
-    tlm_config_default(&c);
+    tlm_config_defaults(&c);
     c.vocab_size = 33;
     c.context_length = 12;
     c.d_model = 24;
@@ -172,7 +172,7 @@ static void test_interleaved_export(void) {
 }
 
 static void write_text(const char *path, const char *text) {
-    tlm_write_file_atomic(path, text, strlen(text));
+    core_write_file_atomic(path, text, strlen(text));
 }
 
 static void expect_bad(const char *dir, tlm_status want, const char *needle) {
@@ -256,7 +256,7 @@ static void test_malformed(void) {
 }
 
 int main(void) {
-    tlm_set_threads(2);
+    tlm_threads_set(2);
     test_cases();
     test_interleaved_export();
     test_malformed();

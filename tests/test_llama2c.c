@@ -83,8 +83,8 @@ static void test_stories(const char *dir) {
      * readers skip: compare sizes and the header. */
     char *a = NULL, *b = NULL;
     size_t la = 0, lb = 0;
-    tlm_read_file(t_path(dir, "models/stories260K.bin"), &a, &la);
-    tlm_read_file("l2c_legacy.bin", &b, &lb);
+    core_read_file(t_path(dir, "models/stories260K.bin"), &a, &la);
+    core_read_file("l2c_legacy.bin", &b, &lb);
     CHECK(a && b && la == lb && !memcmp(a, b, 28), "legacy header/size %zu vs %zu", la, lb);
     free(a);
     free(b);
@@ -95,7 +95,7 @@ static void test_stories(const char *dir) {
 /* A half-pairing model written to llama2.c (adjacent pairs) computes the same logits. */
 static void test_half_pairing(void) {
     tlm_config c;
-    tlm_config_default(&c);
+    tlm_config_defaults(&c);
     c.vocab_size = 40;
     c.context_length = 16;
     c.d_model = 32;
@@ -165,7 +165,7 @@ static void test_malformed(void) {
 }
 
 int main(void) {
-    tlm_set_threads(2);
+    tlm_threads_set(2);
     test_half_pairing();
     test_malformed();
     const char *dir = t_require_shared_data();

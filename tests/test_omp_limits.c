@@ -5,7 +5,7 @@
  * in `#pragma omp parallel num_threads(R)`, one slice per thread number: with fewer threads,
  * slices are skipped and their unwritten status and loss are read. (2) OpenBLAS (OpenMP build)
  * partitions an sgemm for openblas_set_num_threads() threads and its parts wait for each other:
- * with fewer threads it spins forever (OpenMathLib/OpenBLAS#4418); tlm_set_threads(2) then hangs
+ * with fewer threads it spins forever (OpenMathLib/OpenBLAS#4418); tlm_threads_set(2) then hangs
  * the first large product of a whole-batch pass.
  *
  * Meant to run with OMP_THREAD_LIMIT=1 (deterministic: every region gets one thread while
@@ -28,7 +28,7 @@ enum { B = 4, T = 16, V = 29 };
 
 static tlm_model *make_model(void) {
     tlm_config c;
-    tlm_config_default(&c);
+    tlm_config_defaults(&c);
     c.vocab_size = V;
     c.context_length = T;
     c.d_model = 32;
@@ -61,12 +61,12 @@ static void on_alarm(int sig) {
 /* Loss and gradient of one training step with the given threads and data-parallel mode. */
 static tlm_status step(tlm_train_ctx *x, int threads, int mode, const int32_t *ids,
                        const int32_t *tg, float *grads, float *loss) {
-    tlm_set_threads(threads);
+    tlm_threads_set(threads);
     tlm_train_ctx_set_data_parallel(x, mode);
     size_t n = tlm_model_num_params(tlm_train_ctx_model(x));
     for (size_t i = 0; i < n; i++) grads[i] = NAN; /* a slice left out shows */
     *loss = NAN;
-    return tlm_forward_backward(x, ids, tg, B, T, 0, grads, 0, loss);
+    return tlm_train_ctx_forward_backward(x, ids, tg, B, T, 0, grads, 0, loss);
 }
 
 static void test_step(tlm_train_ctx *m, const int32_t *ids, const int32_t *tg) {
@@ -97,18 +97,18 @@ static void test_eval(tlm_train_ctx *m) {
     enum { N = 4096 };
     int32_t *toks = malloc(N * sizeof(int32_t));
     for (int i = 0; i < N; i++) toks[i] = (i * 7 + i / 5) % V;
-    CHECK_OK(tlm_tokens_write("test_omp_limits.bin", toks, N, V));
+    CHECK_OK(tlm_dataset_write_tokens("test_omp_limits.bin", toks, N, V));
     free(toks);
     tlm_dataset *d = NULL;
-    CHECK_OK(tlm_dataset_open("test_omp_limits.bin", 0.5, &d));
+    CHECK_OK(tlm_dataset_load("test_omp_limits.bin", 0.5, &d));
     if (!d) return;
-    tlm_set_threads(1);
+    tlm_threads_set(1);
     tlm_train_ctx_set_data_parallel(m, 0);
-    double want = tlm_evaluate(m, d, TLM_SPLIT_VAL, B, T, 3, 5);
+    double want = tlm_train_ctx_evaluate(m, d, TLM_SPLIT_VAL, B, T, 3, 5);
     CHECK(isfinite(want), "whole-batch evaluation %g", want);
-    tlm_set_threads(2);
+    tlm_threads_set(2);
     tlm_train_ctx_set_data_parallel(m, 1);
-    double got = tlm_evaluate(m, d, TLM_SPLIT_VAL, B, T, 3, 5);
+    double got = tlm_train_ctx_evaluate(m, d, TLM_SPLIT_VAL, B, T, 3, 5);
     CHECK(fabs(got - want) <= 1e-5 * fabs(want), "split evaluation %.9g, whole batch %.9g", got,
           want);
     tlm_dataset_free(d);

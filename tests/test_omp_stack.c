@@ -14,7 +14,7 @@ enum { T = 4096, B = 2 };
 
 static tlm_model *make_model(void) {
     tlm_config c;
-    tlm_config_default(&c);
+    tlm_config_defaults(&c);
     c.vocab_size = 11;
     c.context_length = T;
     c.d_model = 16;
@@ -27,10 +27,10 @@ static tlm_model *make_model(void) {
 /* One training step's loss and gradient with the given threads and data-parallel mode. */
 static float step(tlm_train_ctx *x, int threads, int data_parallel, const int32_t *ids,
                   const int32_t *tg, float *grads) {
-    tlm_set_threads(threads);
+    tlm_threads_set(threads);
     tlm_train_ctx_set_data_parallel(x, data_parallel);
     float loss = NAN;
-    CHECK_OK(tlm_forward_backward(x, ids, tg, B, T, 0, grads, 0, &loss));
+    CHECK_OK(tlm_train_ctx_forward_backward(x, ids, tg, B, T, 0, grads, 0, &loss));
     return loss;
 }
 

@@ -1,7 +1,7 @@
 /* The prompt-sized products (src/kernels/qgemm.c, fgemm.c; the kernels in ref/ and x86/), each
  * fast kernel against its plain C reference on every instruction set this CPU runs. For every
  * block type, k_qgemm with the reference kernels against the widened weights
- * (tlm_dtype_to_f32, ggml's dequantization) times the activations as quantized
+ * (core_dtype_to_f32, ggml's dequantization) times the activations as quantized
  * (k_qgemm_quantize), summed in double: this checks the repacking, the offsets and scales and the
  * micro-kernel, on row counts that are not multiples of the 16-row group, 9 to 130 activation
  * rows (every tail of the 8-row micro-kernel), random, extreme-scale and largest-magnitude blocks.
@@ -37,7 +37,7 @@ static const tlm_dtype types[] = {TLM_DTYPE_Q8_0, TLM_DTYPE_Q4_0,   TLM_DTYPE_Q4
 #define NTYPES (int)(sizeof types / sizeof types[0])
 
 static void put_f16(uint8_t *p, float v) {
-    uint16_t h = tlm_f32_to_f16(v);
+    uint16_t h = core_f32_to_f16(v);
     memcpy(p, &h, 2);
 }
 
@@ -45,7 +45,7 @@ static void put_f16(uint8_t *p, float v) {
  * tiny (1e-4) and large (3e3) blocks; 2: every quant byte 0xFF, scales 1 (the largest unsigned
  * weights, where the 8-bit sums are largest). */
 static void fill(tlm_dtype t, uint8_t *w, size_t bytes, int mode) {
-    const tlm_dtype_info *d = tlm_dtype_get(t);
+    const core_dtype_info *d = core_dtype_get(t);
     for (size_t i = 0; i < bytes; i++) w[i] = mode == 2 ? 0xFF : (uint8_t)t_rnd();
     int off[2] = {0, 2}, nsc = 2;
     if (t == TLM_DTYPE_Q8_0 || t == TLM_DTYPE_Q4_0 || t == TLM_DTYPE_Q5_0 ||
@@ -89,7 +89,7 @@ static int k_simd_ok(void) { return k_cpu()->isa >= K_ISA_AVX512; }
 static void check(tlm_dtype t, int in, int out, int N, int mode) {
     const char *name = tlm_dtype_name(t);
     int sub = k_qgemm_sub(t);
-    size_t rb = tlm_dtype_bytes(t, (uint64_t)in);
+    size_t rb = core_dtype_bytes(t, (uint64_t)in);
     uint8_t *w = malloc(rb * out);
     float *wf = malloc(sizeof(float) * in * out), *x = malloc(sizeof(float) * in * N);
     float *xdq = malloc(sizeof(float) * in * N), *b = malloc(sizeof(float) * out);
@@ -97,7 +97,7 @@ static void check(tlm_dtype t, int in, int out, int N, int mode) {
     int8_t *xq = malloc((size_t)in);
     float *xd = malloc(sizeof(float) * (in / 32)), *xs = malloc(sizeof(float) * (in / sub));
     fill(t, w, rb * out, mode);
-    CHECK_OK(tlm_dtype_to_f32(t, w, wf, (size_t)in * out));
+    CHECK_OK(core_dtype_to_f32(t, w, wf, (size_t)in * out));
     /* mode 2 (every weight byte 0xFF): activations all 127 after quantizing too, the largest
      * int16 pair sums AVX2's maddubs kernel adds up */
     for (int i = 0; i < in * N; i++)
@@ -217,13 +217,13 @@ static void check_bf16(int in, int out, int N) {
     float *x = malloc(sizeof(float) * in * N), *y = malloc(sizeof(float) * out * N);
     float *b = malloc(sizeof(float) * out);
     for (int i = 0; i < in * out; i++)
-        w[i] = tlm_f32_to_bf16(t_unif() * (i % 53 == 0 ? 1e3f : i % 59 == 0 ? 1e-3f : 1.0f));
+        w[i] = core_f32_to_bf16(t_unif() * (i % 53 == 0 ? 1e3f : i % 59 == 0 ? 1e-3f : 1.0f));
     for (int i = 0; i < in * N; i++) x[i] = t_unif() * (i % 97 == 0 ? 50.0f : 1.0f);
     for (int r = 0; r < out; r++) b[r] = t_unif();
     /* the operands as the kernels see them: activations rounded to BF16 */
     float *wf = malloc(sizeof(float) * in * out), *xr = malloc(sizeof(float) * in * N);
-    for (int i = 0; i < in * out; i++) wf[i] = tlm_bf16_to_f32(w[i]);
-    for (int i = 0; i < in * N; i++) xr[i] = tlm_bf16_to_f32(tlm_f32_to_bf16(x[i]));
+    for (int i = 0; i < in * out; i++) wf[i] = core_bf16_to_f32(w[i]);
+    for (int i = 0; i < in * N; i++) xr[i] = core_bf16_to_f32(core_f32_to_bf16(x[i]));
     tlm_weight tw = {
         .dtype = TLM_DTYPE_BF16, .data = w, .rows = out, .cols = in, .row_bytes = 2 * in};
     /* the reference, vdpbf16ps, and AMX's tiles where the CPU has them (K_ISA_AVX512 with AMX
@@ -273,9 +273,9 @@ static void check_fgemm(tlm_dtype t, int in, int out, int N) {
         for (int k = 0; k < in; k++) {
             float v = t_unif() * ((r * in + k) % 53 == 0 ? 1e3f : 1.0f);
             if (f16) {
-                uint16_t h = tlm_f32_to_f16(v);
+                uint16_t h = core_f32_to_f16(v);
                 memcpy(w + r * rb + 2 * k, &h, 2);
-                v = tlm_f16_to_f32(h);
+                v = core_f16_to_f32(h);
             } else {
                 memcpy(w + r * rb + 4 * k, &v, 4);
             }
@@ -359,7 +359,7 @@ static void check_quantize(void) {
 /* n cached key and value elements: every seventh key element eight times larger, so that scores
  * spread and the maximum's subtraction matters. The cache's rows of kinds kk and kv (K_KV_) in Kc
  * and Vc (2 n bytes each, which every type's bytes per element fit in), and K and V then hold the
- * values it holds (widened by tlm_dtype_to_f32) for the reference. */
+ * values it holds (widened by core_dtype_to_f32) for the reference. */
 static tlm_dtype kind_type(int kind) {
     static const tlm_dtype kv_types[] = {
         [K_KV_F32] = TLM_DTYPE_F32,      [K_KV_F16] = TLM_DTYPE_F16,
@@ -375,8 +375,8 @@ static void fill_rows(float *x, void *c, int n, int kind) {
     if (kind == K_KV_F32) return;
     tlm_dtype t = kind_type(kind);
     CHECK(k_kv_kind(t) == kind, "k_kv_kind of %s", tlm_dtype_name(t));
-    tlm_dtype_from_f32(t, x, c, (size_t)n);
-    tlm_dtype_to_f32(t, c, x, (size_t)n);
+    core_dtype_from_f32(t, x, c, (size_t)n);
+    core_dtype_to_f32(t, c, x, (size_t)n);
 }
 
 static void fill_cache(float *K, float *V, void *Kc, void *Vc, int n, int kk, int kv) {
@@ -511,7 +511,7 @@ static void check_q8_0_blocks(void) {
 }
 
 /* k_quantize_rows (an IQ4_NL KV cache's stores; tlm quantize's IQ4_NL and IQ4_XS) gives
- * tlm_quantize_rows's bytes, with and without importance weights: random blocks of every
+ * core_quantize_rows's bytes, with and without importance weights: random blocks of every
  * magnitude, one of zeros, one below the scale threshold, blocks whose elements fall on the
  * table's levels and on the midpoints between them (the search's ties), a negative maximum,
  * values that map past both ends, and infinities and NaNs mapped as the scalar search maps them. */
@@ -525,9 +525,10 @@ static void check_iq4_blocks(void) {
     }
     for (int i = 0; i < 32; i++) x[32 + i] = 0.0f;
     for (int i = 0; i < 32; i++) x[64 + i] = 1e-17f * (float)(i - 7);
-    for (int i = 0; i < 32; i++) x[96 + i] = (float)tlm_iq4nl_values[i % 16];
+    for (int i = 0; i < 32; i++) x[96 + i] = (float)core_iq4nl_values[i % 16];
     for (int i = 0; i < 32; i++) /* midpoints of neighbouring levels */
-        x[128 + i] = 0.5f * ((float)tlm_iq4nl_values[i % 15] + (float)tlm_iq4nl_values[i % 15 + 1]);
+        x[128 + i] =
+            0.5f * ((float)core_iq4nl_values[i % 15] + (float)core_iq4nl_values[i % 15 + 1]);
     for (int i = 0; i < 32; i++) x[160 + i] = i == 9 ? -3.0f : 0.01f * (float)(i % 5);
     for (int i = 0; i < 32; i++) x[192 + i] = i % 4 ? 1.0f : 1e30f;
     for (int i = 0; i < 256; i++) x[1024 + i] = i < 128 ? 0.0f : x[1024 + i]; /* half a K block */
@@ -536,12 +537,12 @@ static void check_iq4_blocks(void) {
     static const tlm_dtype iq4[] = {TLM_DTYPE_IQ4_NL, TLM_DTYPE_IQ4_XS};
     for (int t = 0; t < 2; t++)
         for (int weighted = 0; weighted < 2; weighted++) {
-            const tlm_dtype_info *d = tlm_dtype_get(iq4[t]);
-            size_t bytes = tlm_dtype_bytes(iq4[t], N);
+            const core_dtype_info *d = core_dtype_get(iq4[t]);
+            size_t bytes = core_dtype_bytes(iq4[t], N);
             const float *qw = weighted ? w : NULL;
             CHECK_OK(k_quantize_rows(iq4[t], x, a, 1, N, qw));
             /* the reference, one row of N (weights over the row's columns) */
-            CHECK_OK(tlm_quantize_rows(iq4[t], x, b, 1, N, qw));
+            CHECK_OK(core_quantize_rows(iq4[t], x, b, 1, N, qw));
             int diff = 0;
             for (size_t k = 0; k < bytes / d->block_bytes; k++)
                 diff += memcmp(a + k * d->block_bytes, b + k * d->block_bytes, d->block_bytes) != 0;
@@ -551,8 +552,8 @@ static void check_iq4_blocks(void) {
     free(x), free(w), free(a), free(b);
 }
 
-/* k_narrow_row / k_widen_row on F16 (the cache's stores and loads) give tlm_f32_to_f16's and
- * tlm_f16_to_f32's results on every range: ties, halves' subnormals, overflow to infinity,
+/* k_narrow_row / k_widen_row on F16 (the cache's stores and loads) give core_f32_to_f16's and
+ * core_f16_to_f32's results on every range: ties, halves' subnormals, overflow to infinity,
  * infinities, signed zeros; odd lengths take the scalar tail. NaNs stay NaNs. */
 static void check_f16_rows(void) {
     enum { N = 4099 };
@@ -580,22 +581,22 @@ static void check_f16_rows(void) {
     int bad = 0;
     for (int i = 0; i < N; i++)
         if (isnan(x[i]) ? (h[i] & 0x7c00) != 0x7c00 || !(h[i] & 0x3ff)
-                        : h[i] != tlm_f32_to_f16(x[i]))
+                        : h[i] != core_f32_to_f16(x[i]))
             bad++;
-    CHECK(!bad, "k_narrow_row: %d of %d differ from tlm_f32_to_f16", bad, N);
+    CHECK(!bad, "k_narrow_row: %d of %d differ from core_f32_to_f16", bad, N);
     k_widen_row(TLM_DTYPE_F16, h, y, N);
     bad = 0;
     for (int i = 0; i < N; i++) {
-        float r = tlm_f16_to_f32(h[i]);
+        float r = core_f16_to_f32(h[i]);
         if (isnan(r) ? !isnan(y[i]) : memcmp(&r, &y[i], 4) != 0) bad++;
     }
-    CHECK(!bad, "k_widen_row: %d of %d differ from tlm_f16_to_f32", bad, N);
+    CHECK(!bad, "k_widen_row: %d of %d differ from core_f16_to_f32", bad, N);
     free(x), free(y), free(h);
 }
 
 int main(void) {
     t_seed(0x2545F4914F6CDD1Dull); /* the data this test was written against */
-    tlm_set_threads(2);
+    tlm_threads_set(2);
 #ifndef TLM_BENCH_KNOBS
     /* the product's builds read no A/B switch from the environment: AMX stays where the CPU has
      * it, and nothing is kept (check's "nothing kept by default") */
@@ -619,7 +620,7 @@ int main(void) {
         check(t, 256, 5, 13, 1);
         check(t, 256, 21, 11, 2);
         /* an odd count of sub-blocks (AMX takes them two at a time) */
-        if (tlm_dtype_get(t)->block_elems == 32) check(t, 96, 19, 21, 0);
+        if (core_dtype_get(t)->block_elems == 32) check(t, 96, 19, 21, 0);
     }
     check_quantize();
     check_bf16(130, 13, 37);

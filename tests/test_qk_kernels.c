@@ -1,5 +1,5 @@
 /* The typed dot products (src/kernels/traits.h lists them): each type's reference against the
- * widened weights (tlm_dtype_to_f32, ggml's dequantization) times the widened activations, every
+ * widened weights (core_dtype_to_f32, ggml's dequantization) times the widened activations, every
  * vector kernel of every instruction set this CPU runs (one row, several activation rows, three
  * and four weight rows, the activation quantizers, the row conversions) against the reference, on
  * random blocks with odd tails, extreme and zero scales and the largest magnitudes; then
@@ -51,8 +51,8 @@ static int scale_offsets(tlm_dtype t, int off[2]) {
 /* mode 0: random; 1: extreme scales (tiny and large, alternating blocks); 2: all zero;
  * 3: largest magnitudes (every quant byte 0xFF or 0x80, scales at 1). */
 static void fill_weights(tlm_dtype t, uint8_t *w, int n, int mode) {
-    const tlm_dtype_info *d = tlm_dtype_get(t);
-    size_t bytes = tlm_dtype_bytes(t, (uint64_t)n);
+    const core_dtype_info *d = core_dtype_get(t);
+    size_t bytes = core_dtype_bytes(t, (uint64_t)n);
     if (mode == 2) {
         memset(w, 0, bytes);
         return;
@@ -61,7 +61,7 @@ static void fill_weights(tlm_dtype t, uint8_t *w, int n, int mode) {
         for (int i = 0; i < n; i++) {
             float v =
                 mode == 3 ? (i % 2 ? -60000.0f : 60000.0f) : t_unif() * (mode == 1 ? 1e-3f : 2);
-            uint16_t h = t == TLM_DTYPE_F16 ? tlm_f32_to_f16(v) : tlm_f32_to_bf16(v);
+            uint16_t h = t == TLM_DTYPE_F16 ? core_f32_to_f16(v) : core_f32_to_bf16(v);
             memcpy(w + 2 * i, &h, 2);
         }
         return;
@@ -74,7 +74,7 @@ static void fill_weights(tlm_dtype t, uint8_t *w, int n, int mode) {
             float v = mode == 3   ? 1.0f
                       : mode == 1 ? (b % 2 ? 3e-6f : 900.0f) * (1 + t_unif() / 2)
                                   : t_unif() * 0.05f;
-            uint16_t h = tlm_f32_to_f16(v);
+            uint16_t h = core_f32_to_f16(v);
             memcpy(w + b * d->block_bytes + off[k], &h, 2);
         }
 }
@@ -84,9 +84,9 @@ static void act_widen(k_act_kind kind, const void *xq, float *x, int n) {
     if (kind == K_ACT_F32) {
         memcpy(x, xq, (size_t)n * sizeof(float));
     } else if (kind == K_ACT_BF16) {
-        tlm_dtype_to_f32(TLM_DTYPE_BF16, xq, x, (size_t)n);
+        core_dtype_to_f32(TLM_DTYPE_BF16, xq, x, (size_t)n);
     } else if (kind == K_ACT_Q8_0) {
-        tlm_dtype_to_f32(TLM_DTYPE_Q8_0, xq, x, (size_t)n);
+        core_dtype_to_f32(TLM_DTYPE_Q8_0, xq, x, (size_t)n);
     } else {
         const k_block_q8_k *b = xq;
         for (int i = 0; i < n; i++) x[i] = b[i / 256].d * (float)b[i / 256].qs[i % 256];
@@ -95,7 +95,7 @@ static void act_widen(k_act_kind kind, const void *xq, float *x, int n) {
 
 static void check_type(tlm_dtype t, int n, int mode) {
     const char *name = tlm_dtype_name(t);
-    size_t wb = tlm_dtype_bytes(t, (uint64_t)n);
+    size_t wb = core_dtype_bytes(t, (uint64_t)n);
     uint8_t *w = malloc(wb);
     float *x = malloc((size_t)n * sizeof(float)), *wf = malloc((size_t)n * sizeof(float));
     float *xf = malloc((size_t)n * sizeof(float));
@@ -106,7 +106,7 @@ static void check_type(tlm_dtype t, int n, int mode) {
     k_act_kind kind = k_act_of(t);
     k_act_quantize(kind, x, xq, n);
     act_widen(kind, xq, xf, n);
-    CHECK_OK(tlm_dtype_to_f32(t, w, wf, (size_t)n));
+    CHECK_OK(core_dtype_to_f32(t, w, wf, (size_t)n));
     /* the prefill's row widening is the reference's, bit for bit */
     float *ww = malloc((size_t)n * sizeof(float));
     k_widen_row(t, w, ww, n);
@@ -158,7 +158,7 @@ static void check_type(tlm_dtype t, int n, int mode) {
  * activation rows at the padded stride the decode uses. */
 static void check_rows(tlm_dtype t, int n) {
     const char *name = tlm_dtype_name(t);
-    size_t wb = tlm_dtype_bytes(t, (uint64_t)n);
+    size_t wb = core_dtype_bytes(t, (uint64_t)n);
     size_t rb = (k_act_row_bytes(t, n) + 63) & ~(size_t)63;
     uint8_t *w = malloc(wb), *xq = malloc(rb * K_VDOT_MAX_ROWS);
     float *x = malloc(sizeof(float) * n), *wf = malloc(sizeof(float) * n);
@@ -168,7 +168,7 @@ static void check_rows(tlm_dtype t, int n) {
         for (int i = 0; i < n; i++) ((float *)(void *)w)[i] = t_unif();
     else
         fill_weights(t, w, n, 0);
-    CHECK_OK(tlm_dtype_to_f32(t, w, wf, (size_t)n));
+    CHECK_OK(core_dtype_to_f32(t, w, wf, (size_t)n));
     for (int m = 0; m < K_VDOT_MAX_ROWS; m++) {
         /* rows of different magnitudes, so that a sum landing in the wrong row shows */
         mag[m] = 0;
@@ -220,7 +220,7 @@ static void check_w4(tlm_dtype t, int n) {
     if (!f) return;
     k_vdot_rows_fn rows = k_vdot_rows(t);
     k_vdot_fn one = k_vdot(t);
-    size_t wb = tlm_dtype_bytes(t, (uint64_t)n), ws = wb + 64;
+    size_t wb = core_dtype_bytes(t, (uint64_t)n), ws = wb + 64;
     size_t rb = (k_act_row_bytes(t, n) + 63) & ~(size_t)63;
     uint8_t *w = calloc(4, ws), *xq = malloc(rb);
     float *x = malloc(sizeof(float) * n);
@@ -266,7 +266,7 @@ static void check_w4(tlm_dtype t, int n) {
  * sums are computed alike whatever M is, so bit for bit. */
 static void check_matvec_rows(tlm_dtype t, int in, int M) {
     enum { O1 = 19, O2 = 6 };
-    size_t rb = tlm_dtype_bytes(t, (uint64_t)in);
+    size_t rb = core_dtype_bytes(t, (uint64_t)in);
     uint8_t *w = malloc(rb * (O1 + O2));
     float *x = malloc(sizeof(float) * in * M), *b = malloc(sizeof(float) * O2);
     float *y = malloc(sizeof(float) * (O1 + O2) * M), *y1 = malloc(sizeof(float) * (O1 + O2) * M);
@@ -407,7 +407,7 @@ static void check_team(void) {
               WEXITSTATUS(status) == 0,
           "k_team_units on the pool in a fork()ed child");
 #endif
-    tlm_set_threads(2);
+    tlm_threads_set(2);
 }
 
 /* A thread of its own calling k_matvec_parts with the pool asked for. */
@@ -434,7 +434,7 @@ static void *two_callers_run(void *arg) {
 static void check_matvec_teams(tlm_dtype t, int M) {
     enum { O1 = 1003, O2 = 97 };
     int in = t == TLM_DTYPE_F32 ? 200 : 512; /* work * M * in past K_*_PAR_MIN (matvec.c) */
-    size_t rb = tlm_dtype_bytes(t, (uint64_t)in), ny = (size_t)(O1 + O2) * M;
+    size_t rb = core_dtype_bytes(t, (uint64_t)in), ny = (size_t)(O1 + O2) * M;
     uint8_t *w = malloc(rb * (O1 + O2));
     float *x = malloc(sizeof(float) * in * M), *b = malloc(sizeof(float) * O2);
     float *y1 = malloc(sizeof(float) * ny), *y = malloc(sizeof(float) * 2 * ny);
@@ -489,7 +489,7 @@ static void check_matvec_teams(tlm_dtype t, int M) {
           "%s k_matvec_parts, M %d: nested one-thread teams equal one thread", tlm_dtype_name(t),
           M);
     omp_set_max_active_levels(levels);
-    tlm_set_threads(2);
+    tlm_threads_set(2);
     free(w);
     free(x);
     free(b);
@@ -501,14 +501,14 @@ static void check_matvec_teams(tlm_dtype t, int M) {
  * activations quantized: within the quantization's error) and N > 8 (prefill: widened tiles and
  * sgemm, the same sums). */
 static void check_linear(tlm_dtype t, int in, int out) {
-    size_t rb = tlm_dtype_bytes(t, (uint64_t)in);
+    size_t rb = core_dtype_bytes(t, (uint64_t)in);
     uint8_t *w = malloc(rb * out);
     float *wf = malloc(sizeof(float) * in * out);
     int N = 37;
     float *x = malloc(sizeof(float) * in * N), *y = malloc(sizeof(float) * out * N),
           *yf = malloc(sizeof(float) * out * N), *b = malloc(sizeof(float) * out);
     fill_weights(t, w, in * out, 0);
-    CHECK_OK(tlm_dtype_to_f32(t, w, wf, (size_t)in * out));
+    CHECK_OK(core_dtype_to_f32(t, w, wf, (size_t)in * out));
     for (int i = 0; i < in * N; i++) x[i] = t_unif();
     for (int i = 0; i < out; i++) b[i] = t_unif();
     tlm_weight tw = {.dtype = t, .data = w, .rows = out, .cols = in, .row_bytes = rb};
@@ -625,7 +625,7 @@ static void check_act_quantize(k_act_kind kind, int n) {
  * m8 kernel (else its one-row kernel) gives each pair. */
 static void check_set_dots(tlm_dtype t, const k_type_traits *tr, int isa, int n) {
     const char *name = tlm_dtype_name(t);
-    size_t wb = tlm_dtype_bytes(t, (uint64_t)n), ws = wb + 64;
+    size_t wb = core_dtype_bytes(t, (uint64_t)n), ws = wb + 64;
     size_t rb = (k_act_row_bytes(t, n) + 63) & ~(size_t)63;
     enum { R = 8 }; /* weight rows */
     uint8_t *w = calloc(R, ws), *xq = calloc(K_VDOT_MAX_ROWS, rb);
@@ -638,7 +638,7 @@ static void check_set_dots(tlm_dtype t, const k_type_traits *tr, int isa, int n)
         k_act_quantize_ref(tr->act, x, xq + m * rb, n);
     }
     for (int r = 0; r < R; r++) {
-        CHECK_OK(tlm_dtype_to_f32(t, w + r * ws, wf, (size_t)n));
+        CHECK_OK(core_dtype_to_f32(t, w + r * ws, wf, (size_t)n));
         for (int m = 0; m < K_VDOT_MAX_ROWS; m++) {
             float *xf = x;
             act_widen(tr->act, xq + m * rb, xf, n);
@@ -705,12 +705,13 @@ static void check_set_dots(tlm_dtype t, const k_type_traits *tr, int isa, int n)
 }
 
 /* The record's row conversions at one instruction set against their references in src/core, on
- * rows with tails and special values: widen bit for bit tlm_dtype_to_f32, narrow and quantize
- * (with an importance matrix and without) byte for byte tlm_dtype_from_f32 / tlm_quantize_rows. */
+ * rows with tails and special values: widen bit for bit core_dtype_to_f32, narrow and quantize
+ * (with an importance matrix and without) byte for byte core_dtype_from_f32 / core_quantize_rows.
+ */
 static void check_set_conversions(tlm_dtype t, const k_type_traits *tr, int isa) {
     const char *name = tlm_dtype_name(t);
-    int be = (int)tlm_dtype_get(t)->block_elems, n = be == 1 ? 16 * 37 + 7 : be * 37;
-    size_t bytes = tlm_dtype_bytes(t, (uint64_t)n);
+    int be = (int)core_dtype_get(t)->block_elems, n = be == 1 ? 16 * 37 + 7 : be * 37;
+    size_t bytes = core_dtype_bytes(t, (uint64_t)n);
     float *x = malloc(sizeof(float) * n), *qw = malloc(sizeof(float) * n);
     float *a = malloc(sizeof(float) * n), *b = malloc(sizeof(float) * n);
     uint8_t *qa = malloc(bytes), *qb = malloc(bytes);
@@ -725,20 +726,20 @@ static void check_set_conversions(tlm_dtype t, const k_type_traits *tr, int isa)
     if (tr->widen) {
         fill_weights_any(t, qa, n);
         tr->widen(qa, a, n);
-        CHECK_OK(tlm_dtype_to_f32(t, qa, b, (size_t)n));
-        CHECK(!memcmp(a, b, sizeof(float) * n), "%s widen isa %d differs from tlm_dtype_to_f32",
+        CHECK_OK(core_dtype_to_f32(t, qa, b, (size_t)n));
+        CHECK(!memcmp(a, b, sizeof(float) * n), "%s widen isa %d differs from core_dtype_to_f32",
               name, isa);
     }
     if (tr->narrow) {
         tr->narrow(x, qa, n);
-        CHECK_OK(tlm_dtype_from_f32(t, x, qb, (size_t)n));
-        CHECK(!memcmp(qa, qb, bytes), "%s narrow isa %d differs from tlm_dtype_from_f32", name,
+        CHECK_OK(core_dtype_from_f32(t, x, qb, (size_t)n));
+        CHECK(!memcmp(qa, qb, bytes), "%s narrow isa %d differs from core_dtype_from_f32", name,
               isa);
     }
     for (int weighted = 0; tr->quantize && weighted < 2; weighted++) {
         tr->quantize(x, qa, n, weighted ? qw : NULL);
-        CHECK_OK(tlm_quantize_rows(t, x, qb, 1, (size_t)n, weighted ? qw : NULL));
-        CHECK(!memcmp(qa, qb, bytes), "%s quantize isa %d%s differs from tlm_quantize_rows", name,
+        CHECK_OK(core_quantize_rows(t, x, qb, 1, (size_t)n, weighted ? qw : NULL));
+        CHECK(!memcmp(qa, qb, bytes), "%s quantize isa %d%s differs from core_quantize_rows", name,
               isa, weighted ? " (importance matrix)" : "");
     }
     free(x), free(qw), free(a), free(b), free(qa), free(qb);
@@ -748,7 +749,7 @@ static void check_set_conversions(tlm_dtype t, const k_type_traits *tr, int isa)
  * each of its kernels against the reference. The references' own record has the reference's one
  * row alone. */
 static void check_every_set(tlm_dtype t) {
-    int be = (int)tlm_dtype_get(t)->block_elems;
+    int be = (int)core_dtype_get(t)->block_elems;
     static const int counts[] = {1, 3, 8, 33}, fn[] = {768, 32 * 7 + 5, 16 * 3 + 9, 11};
     for (int isa = K_ISA_REF; isa <= k_isa(); isa++)
         for (int vnni = 0; vnni < 2; vnni++) {
@@ -782,11 +783,11 @@ static void check_q8_0_blocks(void) {
 }
 
 int main(void) {
-    tlm_set_threads(2); /* also keeps OpenBLAS's team within OMP_THREAD_LIMIT (make tsan) */
+    tlm_threads_set(2); /* also keeps OpenBLAS's team within OMP_THREAD_LIMIT (make tsan) */
     printf("vector instruction set: %d\n", k_isa());
     for (int ti = 0; ti < NTYPES; ti++) {
         tlm_dtype t = types[ti];
-        int be = (int)tlm_dtype_get(t)->block_elems;
+        int be = (int)core_dtype_get(t)->block_elems;
         CHECK(k_linear_takes(t), "%s computed on", tlm_dtype_name(t));
         CHECK(k_vdot(t) != NULL, "%s has a dot product", tlm_dtype_name(t));
         /* whole blocks in odd counts, so that the two-blocks-per-vector kernels see a tail */
@@ -842,7 +843,7 @@ int main(void) {
                                  TLM_DTYPE_IQ4_XS, TLM_DTYPE_F32,    TLM_DTYPE_F16};
         for (int i = 0; i < 11; i++) {
             tlm_dtype t = w2t[i];
-            int be = (int)tlm_dtype_get(t)->block_elems;
+            int be = (int)core_dtype_get(t)->block_elems;
             CHECK(k_vdot_w4(t) != NULL, "%s has an AVX2 four-row kernel", tlm_dtype_name(t));
             /* float rows: whole vectors, and tails of each width */
             const int counts[] = {1, 3, 7, 8, 33}, fn[] = {768, 32 * 7 + 5, 16 * 3 + 9, 11, 256};

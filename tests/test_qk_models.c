@@ -27,20 +27,20 @@ typedef size_t (*quantize_chunk_fn)(int type, const float *src, void *dst, int64
                                     int64_t nrows, int64_t n_per_row, const float *imatrix);
 static quantize_chunk_fn quantize_chunk;
 
-static size_t gguf_value_size(tlm_gguf_type t) {
+static size_t gguf_value_size(io_gguf_type t) {
     static const size_t sz[] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
-    return (unsigned)t < TLM_GGUF_TYPE_COUNT ? sz[t] : 0;
+    return (unsigned)t < IO_GGUF_TYPE_COUNT ? sz[t] : 0;
 }
 
 /* Where the metadata of g ends in the file (it starts at byte 24 in version 3). */
-static size_t kv_end(const tlm_gguf *g) {
-    const tlm_gguf_kv *kv = &g->kv[g->n_kv - 1];
+static size_t kv_end(const io_gguf *g) {
+    const io_gguf_kv *kv = &g->kv[g->n_kv - 1];
     const uint8_t *end;
-    if (kv->type == TLM_GGUF_STRING)
+    if (kv->type == IO_GGUF_STRING)
         end = kv->data + kv->len;
-    else if (kv->type != TLM_GGUF_ARRAY)
+    else if (kv->type != IO_GGUF_ARRAY)
         end = kv->data + gguf_value_size(kv->type);
-    else if (kv->elem_type == TLM_GGUF_STRING)
+    else if (kv->elem_type == IO_GGUF_STRING)
         end = kv->len ? kv->strs[kv->len - 1] + kv->str_lens[kv->len - 1] : kv->data;
     else
         end = kv->data + kv->len * gguf_value_size(kv->elem_type);
@@ -53,18 +53,18 @@ static void put_u64(FILE *f, uint64_t v) { put(f, &v, 8); }
 
 /* in (F32 GGUF v3) -> out with every matrix whose rows are whole blocks of t in type t. */
 static int quantize_file(const char *in, const char *out, tlm_dtype t) {
-    tlm_gguf *g = NULL;
-    if (tlm_gguf_open(in, &g) != TLM_OK) return 0;
-    const tlm_dtype_info *d = tlm_dtype_get(t);
+    io_gguf *g = NULL;
+    if (io_gguf_open(in, &g) != TLM_OK) return 0;
+    const core_dtype_info *d = core_dtype_get(t);
     uint32_t *types = calloc(g->n_tensors, sizeof *types);
     uint64_t *bytes = calloc(g->n_tensors, sizeof *bytes), *offs = calloc(g->n_tensors, 8);
     void **data = calloc(g->n_tensors, sizeof *data);
     uint64_t pos = 0, al = g->alignment;
     for (uint64_t i = 0; i < g->n_tensors; i++) {
-        const tlm_gguf_tensor *ti = &g->tensors[i];
+        const io_gguf_tensor *ti = &g->tensors[i];
         int q = ti->n_dims == 2 && ti->type == 0 && ti->dims[0] % d->block_elems == 0;
         types[i] = q ? (uint32_t)d->ggml : ti->type;
-        bytes[i] = q ? tlm_dtype_bytes(t, ti->n_elements) : ti->n_bytes;
+        bytes[i] = q ? core_dtype_bytes(t, ti->n_elements) : ti->n_bytes;
         data[i] = malloc(bytes[i]);
         if (q) {
             /* copied out first: the file's floats need not be aligned for the quantizer */
@@ -86,7 +86,7 @@ static int quantize_file(const char *in, const char *out, tlm_dtype t) {
     put_u64(f, g->n_kv);
     put(f, g->base + 24, kv_end(g) - 24);
     for (uint64_t i = 0; i < g->n_tensors; i++) {
-        const tlm_gguf_tensor *ti = &g->tensors[i];
+        const io_gguf_tensor *ti = &g->tensors[i];
         put_u64(f, strlen(ti->name));
         put(f, ti->name, strlen(ti->name));
         put_u32(f, ti->n_dims);
@@ -107,7 +107,7 @@ static int quantize_file(const char *in, const char *out, tlm_dtype t) {
     free(bytes);
     free(offs);
     free(data);
-    tlm_gguf_close(g);
+    io_gguf_close(g);
     return ok;
 }
 
@@ -128,8 +128,9 @@ static void run_decode(const tlm_model *m, const int32_t *ids, int T, int steps,
     CHECK_OK(tlm_session_new(m, &(tlm_session_opts){.batch = 1, .capacity = 64}, &s));
     if (!s) return;
     int V = tlm_model_config(m)->vocab_size;
-    CHECK_OK(tlm_prefill(s, 0, ids, T, NULL, 0));
-    for (int k = 0; k < steps; k++) CHECK_OK(tlm_decode_step(s, ids[T + k], out + (size_t)k * V));
+    CHECK_OK(tlm_session_prefill(s, 0, ids, T, NULL, 0));
+    for (int k = 0; k < steps; k++)
+        CHECK_OK(tlm_session_decode_one(s, ids[T + k], out + (size_t)k * V));
     tlm_session_free(s);
 }
 
@@ -320,7 +321,7 @@ done:
 /* A random 2-layer model (vocabulary 300, d_ff 512, d and the heads as given) saved as F32 GGUF. */
 static int random_model(const char *path, int d, int heads, int kv_heads, uint64_t seed) {
     tlm_config c;
-    tlm_config_default(&c);
+    tlm_config_defaults(&c);
     c.vocab_size = 300;
     c.context_length = 64;
     c.d_model = d;
@@ -329,7 +330,7 @@ static int random_model(const char *path, int d, int heads, int kv_heads, uint64
     c.n_kv_heads = kv_heads;
     c.d_ff = 512;
     tlm_model *m = NULL;
-    CHECK_OK(tlm_model_create(&c, &m));
+    CHECK_OK(tlm_model_new(&c, &m));
     if (!m) return 0;
     CHECK_OK(tlm_model_init(m, seed, TLM_INIT_XAVIER));
     CHECK_OK(tlm_model_save_gguf(m, NULL, path, TLM_DTYPE_F32));
@@ -361,7 +362,7 @@ static void decode_both(const tlm_model *m, int B, int steps, float *out) {
     int32_t ids[4];
     for (int k = 0; k < steps; k++) {
         for (int b = 0; b < B; b++) ids[b] = (int32_t)((k * 31 + b * 7 + 3) % V);
-        CHECK_OK(tlm_decode(s, ids, NULL, out + (size_t)k * B * V));
+        CHECK_OK(tlm_session_decode(s, ids, NULL, out + (size_t)k * B * V));
     }
     tlm_session_free(s);
 }
@@ -386,15 +387,15 @@ static void test_fused_attend(void) {
             int steps = 9;
             size_t n = (size_t)steps * B * V;
             float *a = malloc(n * sizeof(float)), *b = malloc(n * sizeof(float));
-            long runs = tlm_block_fused_runs();
+            long runs = mdl_block_fused_runs();
             decode_both(q, B, steps, a);
             /* a team of one (OMP_THREAD_LIMIT=1, as make tsan runs) keeps them apart */
             long want = omp_get_max_threads() >= 2 ? (long)steps * layers : 0;
-            CHECK(tlm_block_fused_runs() - runs == want, "%s B=%d: %ld fused layers of %ld", path,
-                  B, tlm_block_fused_runs() - runs, want);
-            tlm_block_fuse_attend(0);
+            CHECK(mdl_block_fused_runs() - runs == want, "%s B=%d: %ld fused layers of %ld", path,
+                  B, mdl_block_fused_runs() - runs, want);
+            mdl_block_fuse_attend(0);
             decode_both(q, B, steps, b);
-            tlm_block_fuse_attend(1);
+            mdl_block_fuse_attend(1);
             CHECK(!memcmp(a, b, n * sizeof(float)), "%s B=%d: fused decode = apart", path, B);
             free(a);
             free(b);
@@ -421,13 +422,13 @@ static void test_stories_q8_0(const char *dir) {
     float *logits = malloc(sizeof(float) * V);
     char want[512] = "{\"ids\":[", idstr[128] = "";
     if (s) {
-        CHECK_OK(tlm_prefill(s, 0, prompt, np, logits, 0));
+        CHECK_OK(tlm_session_prefill(s, 0, prompt, np, logits, 0));
         for (int k = 0; k < n; k++) {
             int best = 0;
             for (int v = 1; v < V; v++)
                 if (logits[v] > logits[best]) best = v;
             snprintf(want + strlen(want), sizeof want - strlen(want), "%s%d", k ? "," : "", best);
-            if (k + 1 < n) CHECK_OK(tlm_decode_step(s, best, logits));
+            if (k + 1 < n) CHECK_OK(tlm_session_decode_one(s, best, logits));
         }
     }
     for (int i = 0; i < np; i++)
@@ -451,7 +452,7 @@ static void test_stories_q8_0(const char *dir) {
 }
 
 int main(void) {
-    tlm_set_threads(2);
+    tlm_threads_set(2);
     struct stat st;
     if (stat(GGML_LIB, &st) != 0) {
         CHECK(0, "node-llama-cpp is not installed (%s): run bash scripts/setup.sh", GGML_LIB);

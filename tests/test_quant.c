@@ -1,4 +1,4 @@
-/* The reference quantizers (tlm_dtype_from_f32) against ggml's own, byte for byte: ggml's
+/* The reference quantizers (core_dtype_from_f32) against ggml's own, byte for byte: ggml's
  * ggml_quantize_chunk is called from node-llama-cpp's prebuilt libggml-base.so (dlopen), which is
  * what llama-quantize runs without an importance matrix. The rows are drawn here (seeded) and
  * cover the cases where the scale searches branch: zeros, constant rows, one sign only, outliers,
@@ -72,7 +72,7 @@ static to_float_fn ggml_widen(void *lib, tlm_dtype t) {
     return (to_float_fn)(uintptr_t)dlsym(lib, sym);
 }
 
-/* Both quantizers' bytes, and both widenings of them (tlm_dtype_to_f32 against ggml's dequantize,
+/* Both quantizers' bytes, and both widenings of them (core_dtype_to_f32 against ggml's dequantize,
  * bit for bit: tlm computes with the weights llama.cpp computes with). */
 static void test_rows(void *lib, quantize_chunk_fn chunk) {
     static const tlm_dtype types[] = {
@@ -85,17 +85,17 @@ static void test_rows(void *lib, quantize_chunk_fn chunk) {
     float *wa = malloc(sizeof(float) * ROWS * MAXN), *wb = malloc(sizeof(float) * ROWS * MAXN);
     for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
         tlm_dtype t = types[ti];
-        const tlm_dtype_info *info = tlm_dtype_get(t);
+        const core_dtype_info *info = core_dtype_get(t);
         int n = info->block_elems == 256 ? 3 * 256 : 5 * 32 + (info->block_elems == 1 ? 7 : 0);
         int mismatched = 0, widen_mismatched = 0;
         to_float_fn widen = ggml_widen(lib, t);
         CHECK(widen != NULL, "no ggml widening for %s", info->name);
         for (int k = 0; k < N_KINDS; k++) {
             for (int r = 0; r < ROWS; r++) fill(x + (size_t)r * n, n, k);
-            size_t bytes = tlm_dtype_bytes(t, (uint64_t)ROWS * n);
+            size_t bytes = core_dtype_bytes(t, (uint64_t)ROWS * n);
             memset(a, 0xAA, bytes);
             memset(b, 0x55, bytes);
-            CHECK_OK(tlm_dtype_from_f32(t, x, a, (size_t)ROWS * n));
+            CHECK_OK(core_dtype_from_f32(t, x, a, (size_t)ROWS * n));
             size_t got = chunk(info->ggml, x, b, 0, ROWS, n, NULL);
             CHECK(got == bytes, "%s: ggml wrote %zu bytes, expected %zu", info->name, got, bytes);
             if (memcmp(a, b, bytes)) {
@@ -106,7 +106,7 @@ static void test_rows(void *lib, quantize_chunk_fn chunk) {
                 mismatched++;
             }
             if (!widen) continue;
-            CHECK_OK(tlm_dtype_to_f32(t, b, wa, (size_t)ROWS * n));
+            CHECK_OK(core_dtype_to_f32(t, b, wa, (size_t)ROWS * n));
             widen(b, wb, (int64_t)ROWS * n);
             if (memcmp(wa, wb, sizeof(float) * ROWS * n)) {
                 size_t i = 0;
@@ -145,7 +145,7 @@ static void fill_imatrix(float *w, int n, int k) {
     }
 }
 
-/* With an importance matrix (llama-quantize --imatrix): tlm_quantize_rows against
+/* With an importance matrix (llama-quantize --imatrix): core_quantize_rows against
  * ggml_quantize_chunk given the same weights, every row kind against four kinds of weights; the
  * types that take none ignore it, as ggml's do. */
 static void test_rows_imatrix(quantize_chunk_fn chunk) {
@@ -158,16 +158,16 @@ static void test_rows_imatrix(quantize_chunk_fn chunk) {
     uint8_t *a = malloc(ROWS * MAXN * 4), *b = malloc(ROWS * MAXN * 4);
     for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
         tlm_dtype t = types[ti];
-        const tlm_dtype_info *info = tlm_dtype_get(t);
+        const core_dtype_info *info = core_dtype_get(t);
         int n = info->block_elems == 256 ? 3 * 256 : 5 * 32;
         int mismatched = 0, differs_from_plain = 0;
         for (int k = 0; k < N_KINDS; k++) {
             for (int r = 0; r < ROWS; r++) fill(x + (size_t)r * n, n, k);
             fill_imatrix(w, n, k);
-            size_t bytes = tlm_dtype_bytes(t, (uint64_t)ROWS * n);
+            size_t bytes = core_dtype_bytes(t, (uint64_t)ROWS * n);
             memset(a, 0xAA, bytes);
             memset(b, 0x55, bytes);
-            CHECK_OK(tlm_quantize_rows(t, x, a, ROWS, (size_t)n, w));
+            CHECK_OK(core_quantize_rows(t, x, a, ROWS, (size_t)n, w));
             size_t got = chunk(info->ggml, x, b, 0, ROWS, n, w);
             CHECK(got == bytes, "%s: ggml wrote %zu bytes, expected %zu", info->name, got, bytes);
             if (memcmp(a, b, bytes)) {
@@ -179,20 +179,20 @@ static void test_rows_imatrix(quantize_chunk_fn chunk) {
                       info->name, k, i, bytes, a[i], b[i]);
                 mismatched++;
             }
-            CHECK_OK(tlm_dtype_from_f32(t, x, b, (size_t)ROWS * n));
+            CHECK_OK(core_dtype_from_f32(t, x, b, (size_t)ROWS * n));
             differs_from_plain += memcmp(a, b, bytes) != 0;
         }
         CHECK(mismatched == 0, "%s: %d of %d row kinds differ from ggml with an imatrix",
               info->name, mismatched, N_KINDS);
         /* the weights must change something for the types that use them, and nothing else */
-        CHECK(tlm_dtype_uses_imatrix(t) ? differs_from_plain > N_KINDS / 2 : !differs_from_plain,
+        CHECK(core_dtype_uses_imatrix(t) ? differs_from_plain > N_KINDS / 2 : !differs_from_plain,
               "%s: %d of %d row kinds differ from the plain quantizer", info->name,
               differs_from_plain, N_KINDS);
         if (!mismatched)
             printf("%-6s with an imatrix == ggml on %d row kinds (%d differ from no imatrix)\n",
                    info->name, N_KINDS, differs_from_plain);
     }
-    CHECK(tlm_quantize_rows(TLM_DTYPE_Q4_K, x, a, 1, 128, w) == TLM_ERR_ARG, "partial K row");
+    CHECK(core_quantize_rows(TLM_DTYPE_Q4_K, x, a, 1, 128, w) == TLM_ERR_ARG, "partial K row");
     free(x);
     free(w);
     free(a);
@@ -217,27 +217,27 @@ static void test_round_trip(void) {
     float amax = 0;
     for (int i = 0; i < N; i++) amax = fmaxf(amax, fabsf(x[i]));
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
-        CHECK_OK(tlm_dtype_from_f32(cases[c].t, x, q, N));
-        CHECK_OK(tlm_dtype_to_f32(cases[c].t, q, y, N));
+        CHECK_OK(core_dtype_from_f32(cases[c].t, x, q, N));
+        CHECK_OK(core_dtype_to_f32(cases[c].t, q, y, N));
         float err = 0;
         for (int i = 0; i < N; i++) err = fmaxf(err, fabsf(x[i] - y[i]));
         CHECK(err <= cases[c].tol * amax, "%s: max error %g of %g", tlm_dtype_name(cases[c].t), err,
               amax);
     }
     /* Refusals: a partial block, a type that is not a float type. */
-    CHECK(tlm_dtype_from_f32(TLM_DTYPE_Q4_K, x, q, 128) == TLM_ERR_ARG, "partial K block");
+    CHECK(core_dtype_from_f32(TLM_DTYPE_Q4_K, x, q, 128) == TLM_ERR_ARG, "partial K block");
     CHECK(strstr(tlm_last_error(), "Q4_K") != NULL, "%s", tlm_last_error());
-    CHECK(tlm_dtype_from_f32(TLM_DTYPE_I32, x, q, 32) == TLM_ERR_UNSUPPORTED, "I32");
+    CHECK(core_dtype_from_f32(TLM_DTYPE_I32, x, q, 32) == TLM_ERR_UNSUPPORTED, "I32");
 }
 
-/* Each type's record (tlm_dtype_info): a type that widens to floats has its widening, every float
- * type but F64 its reference quantizer, and tlm_dtype_uses_imatrix is whether it has an
+/* Each type's record (core_dtype_info): a type that widens to floats has its widening, every float
+ * type but F64 its reference quantizer, and core_dtype_uses_imatrix is whether it has an
  * importance-matrix quantizer (the block types but Q8_0); F64 and the integer types are refused
  * where there is nothing to run. */
 static void test_dtype_table(void) {
     for (int i = 0; i < TLM_DTYPE_COUNT; i++) {
         tlm_dtype t = (tlm_dtype)i;
-        const tlm_dtype_info *d = tlm_dtype_get(t);
+        const core_dtype_info *d = core_dtype_get(t);
         CHECK(d && d->name && d->block_elems >= 1 && d->block_bytes >= 1, "type %d has a record",
               i);
         if (!d) continue;
@@ -245,18 +245,19 @@ static void test_dtype_table(void) {
               d->name);
         CHECK(!d->from_f32 == (!d->is_float || t == TLM_DTYPE_F64),
               "%s: a reference quantizer exactly where it is written", d->name);
-        CHECK(tlm_dtype_uses_imatrix(t) == (d->block_elems > 1 && t != TLM_DTYPE_Q8_0),
+        CHECK(core_dtype_uses_imatrix(t) == (d->block_elems > 1 && t != TLM_DTYPE_Q8_0),
               "%s: an importance-matrix quantizer exactly for the block types but Q8_0", d->name);
-        CHECK(!d->from_f32_imatrix == !tlm_dtype_uses_imatrix(t), "%s: uses_imatrix is its record",
+        CHECK(!d->from_f32_imatrix == !core_dtype_uses_imatrix(t), "%s: uses_imatrix is its record",
               d->name);
     }
     float x[32] = {0};
     double wide[32];
-    CHECK(tlm_dtype_from_f32(TLM_DTYPE_F64, x, wide, 32) == TLM_ERR_UNSUPPORTED, "F64 not written");
-    CHECK(tlm_dtype_to_f32(TLM_DTYPE_I8, x, x, 32) == TLM_ERR_UNSUPPORTED, "I8 not widened");
-    CHECK(tlm_dtype_to_f32((tlm_dtype)TLM_DTYPE_COUNT, x, x, 32) == TLM_ERR_UNSUPPORTED,
+    CHECK(core_dtype_from_f32(TLM_DTYPE_F64, x, wide, 32) == TLM_ERR_UNSUPPORTED,
+          "F64 not written");
+    CHECK(core_dtype_to_f32(TLM_DTYPE_I8, x, x, 32) == TLM_ERR_UNSUPPORTED, "I8 not widened");
+    CHECK(core_dtype_to_f32((tlm_dtype)TLM_DTYPE_COUNT, x, x, 32) == TLM_ERR_UNSUPPORTED,
           "a value past the enum");
-    CHECK(!tlm_dtype_uses_imatrix((tlm_dtype)TLM_DTYPE_COUNT), "a value past the enum");
+    CHECK(!core_dtype_uses_imatrix((tlm_dtype)TLM_DTYPE_COUNT), "a value past the enum");
 }
 
 /* ---- whole files: tlm_model_quantize_gguf against llama_model_quantize ---------------------- */
@@ -412,7 +413,7 @@ static void test_files(model_quantize_fn llama_quantize, default_params_fn defau
  * four heads sharing two kv heads; NULL (with a failed check) if it cannot be made. */
 static tlm_model *wide_model(int layers, int d_ff, int tied, uint64_t seed) {
     tlm_config c;
-    tlm_config_default(&c);
+    tlm_config_defaults(&c);
     c.vocab_size = 512;
     c.context_length = 64;
     c.d_model = 256;
@@ -423,7 +424,7 @@ static tlm_model *wide_model(int layers, int d_ff, int tied, uint64_t seed) {
     c.tie_embeddings = tied;
     tlm_model *m = NULL;
     CHECK_OK(tlm_config_finalize(&c));
-    CHECK_OK(tlm_model_create(&c, &m));
+    CHECK_OK(tlm_model_new(&c, &m));
     if (m) CHECK_OK(tlm_model_init(m, seed, TLM_INIT_XAVIER));
     return m;
 }
@@ -875,12 +876,12 @@ static void test_override_files(model_quantize_fn llama_quantize, default_params
             p.ftype = (int)o.ftype;
             p.pure = o.pure;
             p.quantize_output_tensor = !o.leave_output;
-            if (o.output_type_set) p.output_tensor_type = (int)tlm_dtype_get(o.output_type)->ggml;
-            if (o.embd_type_set) p.token_embedding_type = (int)tlm_dtype_get(o.embd_type)->ggml;
+            if (o.output_type_set) p.output_tensor_type = (int)core_dtype_get(o.output_type)->ggml;
+            if (o.embd_type_set) p.token_embedding_type = (int)core_dtype_get(o.embd_type)->ggml;
             llama_tensor_override ov[4];
             for (int r = 0; r < cases[k].ntt; r++)
                 ov[r] = (llama_tensor_override){cases[k].tt[r].pattern,
-                                                (int)tlm_dtype_get(cases[k].tt[r].type)->ggml};
+                                                (int)core_dtype_get(cases[k].tt[r].type)->ggml};
             ov[cases[k].ntt] = (llama_tensor_override){NULL, 43 /* GGML_TYPE_COUNT */};
             if (cases[k].ntt) p.tt_overrides = ov;
             char ours[128], theirs[128];
@@ -982,7 +983,7 @@ static void test_kv_prune_files(model_quantize_fn llama_quantize, default_params
     float rf[32];
     for (int i = 0; i < 32; i++)
         rf[i] = i < 8 ? 1.0f : i < 24 ? 1.0f + 0.25f * (float)(i - 8) : 8.0f;
-    CHECK_OK(tlm_model_set_rope_factors(m, rf, 32));
+    CHECK_OK(mdl_set_rope_factors(m, rf, 32));
     const char *f32 = "quant_kv_src.gguf";
     CHECK_OK(tlm_model_save_gguf(m, tok, f32, TLM_DTYPE_F32));
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
@@ -1030,7 +1031,7 @@ static void test_kv_prune_files(model_quantize_fn llama_quantize, default_params
         qc.qkv_bias = 1;
         qc.rope_pairing = TLM_ROPE_HALF;
         tlm_model *q = NULL;
-        CHECK_OK(tlm_model_create(&qc, &q));
+        CHECK_OK(tlm_model_new(&qc, &q));
         if (q) CHECK_OK(tlm_model_init(q, 23, TLM_INIT_XAVIER));
         static const char *const qt[] = {"q4_k_m", "q3_k_m"};
         for (int k = 0; q && k < 2; k++) {
@@ -1136,7 +1137,7 @@ static void test_whole_files(void) {
     /* Untied, every matrix a multiple of 256 wide, grouped-query attention, 4 layers: the _M
      * mixes give layers 2 and 3 (use_more_bits) Q6_K attn_v and ffn_down. */
     tlm_config c;
-    tlm_config_default(&c);
+    tlm_config_defaults(&c);
     c.vocab_size = 512;
     c.context_length = 64;
     c.d_model = 256;
@@ -1147,7 +1148,7 @@ static void test_whole_files(void) {
     c.tie_embeddings = 0;
     tlm_model *m = NULL;
     CHECK_OK(tlm_config_finalize(&c));
-    CHECK_OK(tlm_model_create(&c, &m));
+    CHECK_OK(tlm_model_new(&c, &m));
     if (m) {
         CHECK_OK(tlm_model_init(m, 7, TLM_INIT_XAVIER));
         /* A zero row for </s> (id 2): greedy never ends the continuation llama.cpp is asked for. */
@@ -1168,7 +1169,7 @@ static void test_whole_files(void) {
     c.n_heads = 8;
     m = NULL;
     CHECK_OK(tlm_config_finalize(&c));
-    CHECK_OK(tlm_model_create(&c, &m));
+    CHECK_OK(tlm_model_new(&c, &m));
     if (m) {
         CHECK_OK(tlm_model_init(m, 9, TLM_INIT_XAVIER));
         static const char *const want[] = {"blk.0.attn_v.weight:Q4_K", "blk.1.attn_v.weight:Q6_K",

@@ -23,10 +23,10 @@
 #include "tokenizer/tok_internal.h"
 
 /* Header + zeroed data section of a writer; NULL on failure. */
-static uint8_t *gguf_image(tlm_gguf_writer *w, size_t *len) {
+static uint8_t *gguf_image(io_gguf_writer *w, size_t *len) {
     uint8_t *head;
     size_t hl;
-    tlm_status s = tlm_gguf_writer_header(w, &head, &hl);
+    tlm_status s = io_gguf_writer_header(w, &head, &hl);
     CHECK(s == TLM_OK, "writer: %s", tlm_last_error());
     if (s) return NULL;
     uint8_t *f = calloc(1, hl + (size_t)w->data_size + 1);
@@ -40,19 +40,19 @@ static uint8_t *gguf_image(tlm_gguf_writer *w, size_t *len) {
 
 static void test_gguf_keys(void) {
     for (int dup = 0; dup < 2; dup++) {
-        tlm_gguf_writer w;
-        tlm_gguf_writer_init(&w, 32);
+        io_gguf_writer w;
+        io_gguf_writer_init(&w, 32);
         char k[64];
         for (int i = 0; i < N_KEYS; i++) {
             snprintf(k, sizeof k, "general.scale.key.%07d", dup && i == N_KEYS - 1 ? 4242 : i);
-            tlm_gguf_write_u32(&w, k, (uint32_t)i * 3u);
+            io_gguf_write_u32(&w, k, (uint32_t)i * 3u);
         }
         size_t len = 0;
         uint8_t *f = gguf_image(&w, &len);
-        tlm_gguf_writer_free(&w);
+        io_gguf_writer_free(&w);
         if (!f) return;
-        tlm_gguf *g = NULL;
-        tlm_status s = tlm_gguf_open_memory(f, len, "keys.gguf", &g);
+        io_gguf *g = NULL;
+        tlm_status s = io_gguf_open_memory(f, len, "keys.gguf", &g);
         if (dup) {
             CHECK(s == TLM_ERR_FORMAT && strstr(tlm_last_error(), "'general.scale.key.0004242'") &&
                       strstr(tlm_last_error(), "twice"),
@@ -63,12 +63,12 @@ static void test_gguf_keys(void) {
             for (int i = 0; g && i < N_KEYS; i++) { /* a loader reading every key */
                 snprintf(k, sizeof k, "general.scale.key.%07d", i);
                 int64_t v = -1;
-                if (tlm_gguf_get_int(g, k, &v) || v != (int64_t)i * 3) bad++;
+                if (io_gguf_get_int(g, k, &v) || v != (int64_t)i * 3) bad++;
             }
             CHECK(g && bad == 0, "%d of %d keys wrong", bad, N_KEYS);
-            CHECK(g && tlm_gguf_find(g, "general.scale.key") == NULL, "prefix is not a key");
+            CHECK(g && io_gguf_find(g, "general.scale.key") == NULL, "prefix is not a key");
         }
-        tlm_gguf_close(g);
+        io_gguf_close(g);
         free(f);
     }
 }
@@ -77,21 +77,21 @@ static void test_gguf_keys(void) {
 
 static void test_gguf_tensors(void) {
     for (int dup = 0; dup < 2; dup++) {
-        tlm_gguf_writer w;
-        tlm_gguf_writer_init(&w, 32);
+        io_gguf_writer w;
+        io_gguf_writer_init(&w, 32);
         char name[64];
         for (int i = 0; i < N_TENSORS; i++) {
             uint64_t dims[1] = {(uint64_t)(i % 7 + 1)};
             snprintf(name, sizeof name, "blk.%d.ffn_gate.weight",
                      dup && i == N_TENSORS - 1 ? 77 : i);
-            tlm_gguf_write_tensor(&w, name, 1, dims, 0, dims[0] * 4);
+            io_gguf_write_tensor(&w, name, 1, dims, 0, dims[0] * 4);
         }
         size_t len = 0;
         uint8_t *f = gguf_image(&w, &len);
-        tlm_gguf_writer_free(&w);
+        io_gguf_writer_free(&w);
         if (!f) return;
-        tlm_gguf *g = NULL;
-        tlm_status s = tlm_gguf_open_memory(f, len, "tensors.gguf", &g);
+        io_gguf *g = NULL;
+        tlm_status s = io_gguf_open_memory(f, len, "tensors.gguf", &g);
         if (dup) {
             CHECK(s == TLM_ERR_FORMAT && strstr(tlm_last_error(), "'blk.77.ffn_gate.weight'") &&
                       strstr(tlm_last_error(), "twice"),
@@ -101,12 +101,12 @@ static void test_gguf_tensors(void) {
             int bad = 0;
             for (int i = 0; g && i < N_TENSORS; i++) { /* a loader finding every tensor */
                 snprintf(name, sizeof name, "blk.%d.ffn_gate.weight", i);
-                const tlm_gguf_tensor *t = tlm_gguf_find_tensor(g, name);
+                const io_gguf_tensor *t = io_gguf_find_tensor(g, name);
                 if (!t || t != &g->tensors[i] || t->dims[0] != (uint64_t)(i % 7 + 1)) bad++;
             }
             CHECK(g && bad == 0, "%d of %d tensors wrong", bad, N_TENSORS);
         }
-        tlm_gguf_close(g);
+        io_gguf_close(g);
         free(f);
     }
 }
@@ -142,22 +142,22 @@ static void test_safetensors(void) {
     /* names differ only after a long common prefix, as a real model's do within a layer */
     const char *fmt = "model.language_model.layers.mlp.experts.gate_proj.weight.%07d";
     st_many("scale.safetensors", N_ST, fmt, -1);
-    st_file f;
-    CHECK_OK(st_open(&f, "scale.safetensors"));
+    io_st_file f;
+    CHECK_OK(io_st_open(&f, "scale.safetensors"));
     if (f.n == N_ST) {
         int bad = 0;
         char name[96];
         for (int i = 0; i < N_ST; i++) { /* a loader finding every tensor */
             snprintf(name, sizeof name, fmt, i);
-            const st_tensor *t = st_find(&f, name);
+            const io_st_tensor *t = io_st_find(&f, name);
             if (!t || strcmp(t->name, name) || t->begin != (size_t)i * 4) bad++;
         }
         CHECK(bad == 0, "%d of %d tensors not found", bad, N_ST);
-        CHECK(st_find(&f, "model.language_model") == NULL, "prefix is not a tensor");
-        st_close(&f);
+        CHECK(io_st_find(&f, "model.language_model") == NULL, "prefix is not a tensor");
+        io_st_close(&f);
     }
     st_many("scale.safetensors", 1000, fmt, 432);
-    tlm_status s = st_open(&f, "scale.safetensors");
+    tlm_status s = io_st_open(&f, "scale.safetensors");
     CHECK(s == TLM_ERR_FORMAT &&
               strstr(tlm_last_error(),
                      "'model.language_model.layers.mlp.experts.gate_proj.weight.0000432'") &&
@@ -177,7 +177,7 @@ static void test_hf_lookups(void) {
                       "\"max_position_embeddings\": 8}";
     CHECK(t_write_file("scale_hf/config.json", cfg, strlen(cfg)), "config.json");
     int n = junk + 1 + 9 * L;
-    st_out_tensor *t = calloc((size_t)n, sizeof *t);
+    io_st_out_tensor *t = calloc((size_t)n, sizeof *t);
     char *names = malloc((size_t)n * 64);
     static const float zeros[4];
     static const struct {
@@ -192,20 +192,20 @@ static void test_hf_lookups(void) {
     for (int i = 0; i < junk; i++, k++) {
         snprintf(names + (size_t)k * 64, 64, "model.layers.%d.self_attn.q_proj.weight.%d", i % L,
                  i);
-        t[k] = (st_out_tensor){names + (size_t)k * 64, TLM_DTYPE_F32, 1, {1}, zeros};
+        t[k] = (io_st_out_tensor){names + (size_t)k * 64, TLM_DTYPE_F32, 1, {1}, zeros};
     }
-    t[k++] = (st_out_tensor){"model.embed_tokens.weight", TLM_DTYPE_F32, 2, {1, 2}, zeros};
+    t[k++] = (io_st_out_tensor){"model.embed_tokens.weight", TLM_DTYPE_F32, 2, {1, 2}, zeros};
     for (int l = 0; l < L; l++)
         for (int j = 0; j < 9; j++, k++) {
             snprintf(names + (size_t)k * 64, 64, "model.layers.%d.%s.weight", l, per_layer[j].name);
             int nd = per_layer[j].d1 ? 2 : 1;
-            t[k] = (st_out_tensor){names + (size_t)k * 64,
-                                   TLM_DTYPE_F32,
-                                   nd,
-                                   {per_layer[j].d0, per_layer[j].d1},
-                                   zeros};
+            t[k] = (io_st_out_tensor){names + (size_t)k * 64,
+                                      TLM_DTYPE_F32,
+                                      nd,
+                                      {per_layer[j].d0, per_layer[j].d1},
+                                      zeros};
         }
-    CHECK_OK(st_write("scale_hf/model.safetensors", t, n, NULL, NULL, 0));
+    CHECK_OK(io_st_write("scale_hf/model.safetensors", t, n, NULL, NULL, 0));
     free(t);
     free(names);
     tlm_model *m = NULL;
@@ -225,25 +225,25 @@ static void test_hf_lookups(void) {
  * "<0>", "<1>", ... (longer ones later, the order that made an insertion sort quadratic). */
 static void test_gguf_specials(void) {
     int n = 3 + N_SPECIALS;
-    tlm_gguf_writer w;
-    tlm_gguf_writer_init(&w, 32);
-    tlm_gguf_write_str(&w, "tokenizer.ggml.model", "llama");
-    tlm_gguf_write_array(&w, "tokenizer.ggml.tokens", TLM_GGUF_STRING, (uint64_t)n);
-    tlm_gguf_write_elem_str(&w, "<unk>", 5);
-    tlm_gguf_write_elem_str(&w, "\xE2\x96\x81", 3);
-    tlm_gguf_write_elem_str(&w, "<", 1);
+    io_gguf_writer w;
+    io_gguf_writer_init(&w, 32);
+    io_gguf_write_str(&w, "tokenizer.ggml.model", "llama");
+    io_gguf_write_array(&w, "tokenizer.ggml.tokens", IO_GGUF_STRING, (uint64_t)n);
+    io_gguf_write_elem_str(&w, "<unk>", 5);
+    io_gguf_write_elem_str(&w, "\xE2\x96\x81", 3);
+    io_gguf_write_elem_str(&w, "<", 1);
     char p[32];
     for (int i = 0; i < N_SPECIALS; i++) {
         int l = snprintf(p, sizeof p, "<%d>", i);
-        tlm_gguf_write_elem_str(&w, p, (size_t)l);
+        io_gguf_write_elem_str(&w, p, (size_t)l);
     }
-    tlm_gguf_write_array(&w, "tokenizer.ggml.scores", TLM_GGUF_F32, (uint64_t)n);
-    for (int i = 0; i < n; i++) tlm_gguf_write_elem_f32(&w, 0.0f);
-    tlm_gguf_write_array(&w, "tokenizer.ggml.token_type", TLM_GGUF_I32, (uint64_t)n);
-    for (int i = 0; i < n; i++) tlm_gguf_write_elem_i32(&w, i == 0 ? 2 : i < 3 ? 1 : 3);
+    io_gguf_write_array(&w, "tokenizer.ggml.scores", IO_GGUF_F32, (uint64_t)n);
+    for (int i = 0; i < n; i++) io_gguf_write_elem_f32(&w, 0.0f);
+    io_gguf_write_array(&w, "tokenizer.ggml.token_type", IO_GGUF_I32, (uint64_t)n);
+    for (int i = 0; i < n; i++) io_gguf_write_elem_i32(&w, i == 0 ? 2 : i < 3 ? 1 : 3);
     size_t len = 0;
     uint8_t *f = gguf_image(&w, &len);
-    tlm_gguf_writer_free(&w);
+    io_gguf_writer_free(&w);
     if (!f) return;
     CHECK(t_write_file("specials.gguf", f, len), "write");
     free(f);
@@ -351,7 +351,7 @@ static void test_char_vocab(void) {
             text[n++] = (uint8_t)(0x80 | (cp & 0x3F));
         }
     tlm_tokenizer *t = NULL;
-    CHECK_OK(tlm_tokenizer_char_from_text(text, n, &t));
+    CHECK_OK(tlm_tokenizer_new_char(text, n, &t));
     if (t) {
         CHECK(tlm_tokenizer_vocab_size(t) == (int32_t)D, "vocab %d",
               (int)tlm_tokenizer_vocab_size(t));

@@ -1,5 +1,6 @@
 /* tlm serve's engine without HTTP: chat templates, request parsing, stop strings, the sampler's
- * penalties and min-p, and the scheduler against tlm_generate on the pretrained stories260K. */
+ * penalties and min-p, and the scheduler against tlm_session_generate on the pretrained
+ * stories260K. */
 #include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
@@ -184,10 +185,10 @@ static void test_sampler_extras(void) {
     int32_t id = -1;
     tlm_sampler_opts o = {.temperature = 0, .top_p = 1, .repeat_penalty = 2};
     CHECK_OK(tlm_sampler_new(&o, 5, &s));
-    CHECK_OK(tlm_sample(s, l, &id));
+    CHECK_OK(tlm_sampler_sample(s, l, &id));
     CHECK(id == 3, "greedy before any penalty: %d", id);
     tlm_sampler_accept(s, 3);
-    CHECK_OK(tlm_sample(s, l, &id));
+    CHECK_OK(tlm_sampler_sample(s, l, &id));
     CHECK(id == 4, "2.0 / 2 falls below 1.5: %d", id);
     tlm_sampler_free(s);
 
@@ -195,10 +196,10 @@ static void test_sampler_extras(void) {
     o = (tlm_sampler_opts){.temperature = 0, .top_p = 1, .frequency_penalty = 0.06f};
     CHECK_OK(tlm_sampler_new(&o, 2, &s));
     tlm_sampler_accept(s, 0);
-    CHECK_OK(tlm_sample(s, l2, &id));
+    CHECK_OK(tlm_sampler_sample(s, l2, &id));
     CHECK(id == 0, "one occurrence: 0.94 > 0.9: %d", id);
     tlm_sampler_accept(s, 0);
-    CHECK_OK(tlm_sample(s, l2, &id));
+    CHECK_OK(tlm_sampler_sample(s, l2, &id));
     CHECK(id == 1, "two occurrences: 0.88 < 0.9: %d", id);
     tlm_sampler_free(s);
 
@@ -206,11 +207,11 @@ static void test_sampler_extras(void) {
         .temperature = 0, .top_p = 1, .presence_penalty = 0.2f, .penalty_last_n = 2};
     CHECK_OK(tlm_sampler_new(&o, 2, &s));
     tlm_sampler_accept(s, 0);
-    CHECK_OK(tlm_sample(s, l2, &id));
+    CHECK_OK(tlm_sampler_sample(s, l2, &id));
     CHECK(id == 1, "presence: %d", id);
     tlm_sampler_accept(s, 1);
     tlm_sampler_accept(s, 1); /* id 0 leaves the window of 2 */
-    CHECK_OK(tlm_sample(s, l2, &id));
+    CHECK_OK(tlm_sampler_sample(s, l2, &id));
     CHECK(id == 0, "id 0 out of the window, id 1 penalized: %d", id);
     tlm_sampler_free(s);
 
@@ -220,7 +221,7 @@ static void test_sampler_extras(void) {
     CHECK_OK(tlm_sampler_new(&o, 3, &s));
     int count[3] = {0};
     for (int i = 0; i < 3000; i++) {
-        CHECK_OK(tlm_sample(s, l3, &id));
+        CHECK_OK(tlm_sampler_sample(s, l3, &id));
         if (id >= 0 && id < 3) count[id]++;
     }
     CHECK(count[2] == 0 && count[1] > 900 && count[1] < 1400, "min_p counts %d %d %d", count[0],
@@ -233,7 +234,7 @@ static void test_sampler_extras(void) {
 /* The greedy continuation of one sequence alone (prefill, then one decode step per token), as
  * text decoded in context: what every scheduled job must reproduce. */
 /* One sequence alone: greedy (o NULL) or sampled with o, the prompt and every new id accepted by
- * the sampler as tlm_generate does. */
+ * the sampler as tlm_session_generate does. */
 static char *reference_sampled(const tlm_model *m, const tlm_tokenizer *tok, const int32_t *ids,
                                int n, int n_new, const tlm_sampler_opts *o);
 static char *reference_text(const tlm_model *m, const tlm_tokenizer *tok, const int32_t *ids, int n,
@@ -251,8 +252,8 @@ static char *reference_sampled(const tlm_model *m, const tlm_tokenizer *tok, con
     tlm_decoder *d = NULL;
     tlm_sampler *samp = NULL;
     if (!logits || !text || n_new > 256 || tlm_session_new(m, NULL, &s) ||
-        tlm_prefill(s, 0, ids, n, logits, 0) || tlm_decoder_new(tok, TLM_DECODE_SKIP_SPECIAL, &d) ||
-        (o && tlm_sampler_new(o, V, &samp))) {
+        tlm_session_prefill(s, 0, ids, n, logits, 0) ||
+        tlm_decoder_new(tok, TLM_DECODE_SKIP_SPECIAL, &d) || (o && tlm_sampler_new(o, V, &samp))) {
         free(text);
         text = NULL;
         goto done;
@@ -261,7 +262,7 @@ static char *reference_sampled(const tlm_model *m, const tlm_tokenizer *tok, con
     for (int i = 0; i < n_new; i++) {
         int32_t best = 0;
         if (samp) {
-            if (tlm_sample(samp, logits, &best)) break;
+            if (tlm_sampler_sample(samp, logits, &best)) break;
             tlm_sampler_accept(samp, best);
         } else {
             for (int32_t v = 1; v < V; v++)
@@ -269,7 +270,7 @@ static char *reference_sampled(const tlm_model *m, const tlm_tokenizer *tok, con
         }
         if (best == eos) break;
         out[n_out++] = best;
-        if (tlm_decode_step(s, best, logits)) break;
+        if (tlm_session_decode_one(s, best, logits)) break;
     }
     const char *b;
     size_t bl, len = 0;
@@ -355,8 +356,8 @@ static void test_scheduler(void) {
         srv_job_free(jobs[i]);
     }
 
-    /* Penalties count each id once, as for one sequence alone (tlm_generate's rules): greedy with
-     * a frequency and a presence penalty over a window of 16 ids. */
+    /* Penalties count each id once, as for one sequence alone (tlm_session_generate's rules):
+     * greedy with a frequency and a presence penalty over a window of 16 ids. */
     tlm_sampler_opts po = {.temperature = 0,
                            .top_p = 1,
                            .frequency_penalty = 0.4f,

@@ -26,7 +26,7 @@ static void *gen_run(void *arg) {
     size_t V = (size_t)c->vocab_size;
     tlm_session *s = NULL;
     j->st = tlm_session_new(j->m, NULL, &s);
-    if (!j->st) j->st = tlm_prefill(s, 0, j->prompt, PROMPT, j->out, 0);
+    if (!j->st) j->st = tlm_session_prefill(s, 0, j->prompt, PROMPT, j->out, 0);
     for (int t = 0; t < STEPS && !j->st; t++) {
         /* greedy: the argmax of the last logits */
         const float *l = j->out + (size_t)t * V;
@@ -34,7 +34,7 @@ static void *gen_run(void *arg) {
         for (size_t i = 1; i < V; i++)
             if (l[i] > l[best]) best = (int32_t)i;
         j->ids[t] = best;
-        j->st = tlm_decode_step(s, best, j->out + (size_t)(t + 1) * V);
+        j->st = tlm_session_decode_one(s, best, j->out + (size_t)(t + 1) * V);
     }
     if (j->st) snprintf(j->err, sizeof j->err, "%s", tlm_last_error());
     tlm_session_free(s);
@@ -54,10 +54,11 @@ static void *train_run(void *arg) {
     train_job *j = arg;
     tlm_train_ctx *x = NULL;
     j->st = tlm_train_ctx_new(j->m, &x);
-    if (!j->st) j->st = tlm_forward_backward(x, j->ids, j->tg, 2, 16, 0, j->grads, 0, &j->loss);
+    if (!j->st)
+        j->st = tlm_train_ctx_forward_backward(x, j->ids, j->tg, 2, 16, 0, j->grads, 0, &j->loss);
     tlm_forward_opts o = {.targets = j->tg};
     tlm_forward_out out;
-    if (!j->st) j->st = tlm_forward(x, j->ids, 2, 16, &o, &out);
+    if (!j->st) j->st = tlm_train_ctx_forward(x, j->ids, 2, 16, &o, &out);
     if (!j->st) j->eval_loss = out.loss;
     if (j->st) snprintf(j->err, sizeof j->err, "%s", tlm_last_error());
     tlm_train_ctx_free(x);
@@ -151,7 +152,7 @@ int main(void) {
                                   "\"n_layers\":2,\"n_heads\":4,\"n_kv_heads\":2,\"dropout\":0.1}",
                                   &c));
     tlm_model *m = NULL;
-    CHECK_OK(tlm_model_create(&c, &m));
+    CHECK_OK(tlm_model_new(&c, &m));
     if (m) {
         CHECK_OK(tlm_model_init(m, 5, TLM_INIT_XAVIER));
         test_sessions(m, "created model");

@@ -101,18 +101,18 @@ static void test_tok512(const char *dir) {
 /* decode(encode(x)) == x on random bytes, biased towards text-like and UTF-8-like bytes. */
 static void roundtrip_random(const tlm_tokenizer *tok, const char *name, unsigned eflags,
                              unsigned dflags, int rounds) {
-    tlm_rng r;
-    tlm_rng_seed(&r, 42, 7);
+    core_rng r;
+    core_rng_seed(&r, 42, 7);
     int bad = 0;
     for (int it = 0; it < rounds; it++) {
-        size_t n = tlm_rng_below(&r, 300);
+        size_t n = core_rng_below(&r, 300);
         uint8_t buf[300];
         static const char alpha[] = " aeiou'sdtnl\n\t1 2.,!<|>";
         for (size_t i = 0; i < n; i++) {
-            uint32_t k = tlm_rng_below(&r, 4);
-            buf[i] = k == 0   ? (uint8_t)tlm_rng_u32(&r)
-                     : k == 1 ? (uint8_t)(0x80 + tlm_rng_below(&r, 0x80))
-                              : (uint8_t)alpha[tlm_rng_below(&r, sizeof alpha - 1)];
+            uint32_t k = core_rng_below(&r, 4);
+            buf[i] = k == 0   ? (uint8_t)core_rng_u32(&r)
+                     : k == 1 ? (uint8_t)(0x80 + core_rng_below(&r, 0x80))
+                              : (uint8_t)alpha[core_rng_below(&r, sizeof alpha - 1)];
         }
         int32_t *ids;
         size_t k;
@@ -187,16 +187,16 @@ static void test_streaming(const tlm_tokenizer *tok) {
 }
 
 static void test_merge_paths(const tlm_tokenizer *tok) {
-    tlm_rng r;
-    tlm_rng_seed(&r, 3, 1);
+    core_rng r;
+    core_rng_seed(&r, 3, 1);
     int bad = 0;
     for (int it = 0; it < 300; it++) {
         uint8_t buf[200];
-        size_t n = 1 + tlm_rng_below(&r, 200);
+        size_t n = 1 + core_rng_below(&r, 200);
         static const char alpha[] = "abcdeghilmnorst ";
         for (size_t i = 0; i < n; i++)
-            buf[i] = it % 3 == 0 ? (uint8_t)tlm_rng_u32(&r)
-                                 : (uint8_t)alpha[tlm_rng_below(&r, sizeof alpha - 1)];
+            buf[i] = it % 3 == 0 ? (uint8_t)core_rng_u32(&r)
+                                 : (uint8_t)alpha[core_rng_below(&r, sizeof alpha - 1)];
         tok_ids a = {0}, b = {0};
         tok_bpe_merge_word(tok, buf, n > 128 ? 128 : n, &a, 0);
         tok_bpe_merge_word(tok, buf, n > 128 ? 128 : n, &b, 1);
@@ -222,33 +222,33 @@ static void test_merge_paths(const tlm_tokenizer *tok) {
 }
 
 static void test_unicode_classes(void) {
-    CHECK(tlm_uni_class('a') == TLM_UNI_LETTER && tlm_uni_class('7') == TLM_UNI_NUMBER, "ascii");
-    CHECK(tlm_uni_class(0xE9) == TLM_UNI_LETTER, "é is a letter");
-    CHECK(tlm_uni_class(0x65E5) == TLM_UNI_LETTER, "日 is a letter");
-    CHECK(tlm_uni_class(0xBD) == TLM_UNI_NUMBER, "½ is a number (No)");
-    CHECK(tlm_uni_class(0x663) == TLM_UNI_NUMBER, "Arabic-Indic 3 is a number (Nd)");
-    CHECK(tlm_uni_class(0x2167) == TLM_UNI_NUMBER, "Roman numeral 8 is a number (Nl)");
-    CHECK(tlm_uni_class(0x301) == TLM_UNI_OTHER, "combining acute is not a letter (Mn)");
-    CHECK(tlm_uni_class(0x1F642) == TLM_UNI_OTHER, "emoji is other");
-    CHECK(tlm_uni_class(0x3000) == TLM_UNI_SPACE && tlm_uni_class(0x85) == TLM_UNI_SPACE &&
-              tlm_uni_class(0xA0) == TLM_UNI_SPACE,
+    CHECK(tok_uni_class('a') == TOK_UNI_LETTER && tok_uni_class('7') == TOK_UNI_NUMBER, "ascii");
+    CHECK(tok_uni_class(0xE9) == TOK_UNI_LETTER, "é is a letter");
+    CHECK(tok_uni_class(0x65E5) == TOK_UNI_LETTER, "日 is a letter");
+    CHECK(tok_uni_class(0xBD) == TOK_UNI_NUMBER, "½ is a number (No)");
+    CHECK(tok_uni_class(0x663) == TOK_UNI_NUMBER, "Arabic-Indic 3 is a number (Nd)");
+    CHECK(tok_uni_class(0x2167) == TOK_UNI_NUMBER, "Roman numeral 8 is a number (Nl)");
+    CHECK(tok_uni_class(0x301) == TOK_UNI_OTHER, "combining acute is not a letter (Mn)");
+    CHECK(tok_uni_class(0x1F642) == TOK_UNI_OTHER, "emoji is other");
+    CHECK(tok_uni_class(0x3000) == TOK_UNI_SPACE && tok_uni_class(0x85) == TOK_UNI_SPACE &&
+              tok_uni_class(0xA0) == TOK_UNI_SPACE,
           "Unicode white space");
-    CHECK(tlm_uni_class(0xFEFF) == TLM_UNI_OTHER && tlm_uni_class(0x200B) == TLM_UNI_OTHER,
+    CHECK(tok_uni_class(0xFEFF) == TOK_UNI_OTHER && tok_uni_class(0x200B) == TOK_UNI_OTHER,
           "BOM and zero-width space are not White_Space");
-    CHECK(tlm_uni_class(0x1C) == TLM_UNI_OTHER, "file separator is not White_Space");
+    CHECK(tok_uni_class(0x1C) == TOK_UNI_OTHER, "file separator is not White_Space");
     uint32_t cp;
-    CHECK(tlm_utf8_next((const uint8_t *)"\xC0\x80", 2, &cp) == 1 && cp == TLM_UTF8_INVALID,
+    CHECK(tok_utf8_next((const uint8_t *)"\xC0\x80", 2, &cp) == 1 && cp == TOK_UTF8_INVALID,
           "overlong rejected");
-    CHECK(tlm_utf8_next((const uint8_t *)"\xED\xA0\x80", 3, &cp) == 1 && cp == TLM_UTF8_INVALID,
+    CHECK(tok_utf8_next((const uint8_t *)"\xED\xA0\x80", 3, &cp) == 1 && cp == TOK_UTF8_INVALID,
           "surrogate rejected");
-    CHECK(tlm_utf8_next((const uint8_t *)"\xF4\x90\x80\x80", 4, &cp) == 1, "> U+10FFFF rejected");
+    CHECK(tok_utf8_next((const uint8_t *)"\xF4\x90\x80\x80", 4, &cp) == 1, "> U+10FFFF rejected");
     /* pre-token boundaries */
     const char *s = "I've  been\n\n 12ab!!";
     const char *want[] = {"I", "'ve", " ", " been", "\n\n", " 12", "ab", "!!"};
     size_t i = 0, n = strlen(s);
     int k = 0, ok = 1;
     while (i < n) {
-        size_t j = tlm_pretok_next((const uint8_t *)s, n, i);
+        size_t j = tok_pretok_next((const uint8_t *)s, n, i);
         ok &= k < 8 && strlen(want[k]) == j - i && memcmp(want[k], s + i, j - i) == 0;
         k++;
         i = j;
@@ -359,27 +359,27 @@ static void test_malformed(const tlm_tokenizer *gpt2) {
  * prefix of the text, the lowest id among equal ones; exact lookups likewise. Random tables over
  * a 3-letter alphabet (many shared prefixes, repeats) against a scan of every entry. */
 static void test_special_table(void) {
-    tlm_rng r;
-    tlm_rng_seed(&r, 7, 1);
+    core_rng r;
+    core_rng_seed(&r, 7, 1);
     int bad = 0, matched = 0;
     for (int round = 0; round < 300; round++) {
-        int n = 1 + (int)tlm_rng_below(&r, 40);
+        int n = 1 + (int)core_rng_below(&r, 40);
         uint8_t bytes[40][6];
         tok_str s[40];
         for (int i = 0; i < n; i++) {
-            s[i].len = 1 + tlm_rng_below(&r, 5);
+            s[i].len = 1 + core_rng_below(&r, 5);
             for (size_t k = 0; k < s[i].len; k++)
-                bytes[i][k] = (uint8_t)('a' + tlm_rng_below(&r, 3));
+                bytes[i][k] = (uint8_t)('a' + core_rng_below(&r, 3));
             s[i].p = bytes[i];
-            s[i].id = (int32_t)tlm_rng_below(&r, 1000);
+            s[i].id = (int32_t)core_rng_below(&r, 1000);
         }
         tok_str sorted[40];
         memcpy(sorted, s, sizeof s);
         tok_strs_sort(sorted, (size_t)n);
         for (int q = 0; q < 20; q++) {
             uint8_t text[8];
-            size_t tl = tlm_rng_below(&r, 8);
-            for (size_t k = 0; k < tl; k++) text[k] = (uint8_t)('a' + tlm_rng_below(&r, 3));
+            size_t tl = core_rng_below(&r, 8);
+            for (size_t k = 0; k < tl; k++) text[k] = (uint8_t)('a' + core_rng_below(&r, 3));
             int want = -1; /* index into s */
             for (int i = 0; i < n; i++)
                 if (s[i].len <= tl && !memcmp(s[i].p, text, s[i].len) &&
@@ -444,7 +444,7 @@ int main(void) {
         /* word-by-word encoding (the fast path) equals one pass over the whole text */
         char *txt;
         size_t n;
-        if (spm && tlm_read_file(t_path(dir, "text/tinystories_2MiB.txt"), &txt, &n) == TLM_OK) {
+        if (spm && core_read_file(t_path(dir, "text/tinystories_2MiB.txt"), &txt, &n) == TLM_OK) {
             n = n > 300000 ? 300000 : n;
             int32_t *a, *b;
             size_t na, nb;

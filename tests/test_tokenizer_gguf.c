@@ -30,11 +30,11 @@ static void build_valid(gb *b, uint64_t n_tensors, uint64_t n_kv) {
     put_u64(b, n_tensors);
     put_u64(b, n_kv);
     put_str(b, "general.alignment");
-    put_u32(b, TLM_GGUF_U32);
+    put_u32(b, IO_GGUF_U32);
     put_u32(b, 32);
     put_str(b, "names");
-    put_u32(b, TLM_GGUF_ARRAY);
-    put_u32(b, TLM_GGUF_STRING);
+    put_u32(b, IO_GGUF_ARRAY);
+    put_u32(b, IO_GGUF_STRING);
     put_u64(b, 2);
     put_str(b, "ab");
     put_str(b, "c");
@@ -52,22 +52,22 @@ static void build_valid(gb *b, uint64_t n_tensors, uint64_t n_kv) {
 }
 
 static void expect_bad(const gb *b, size_t size, const char *needle, const char *what) {
-    tlm_gguf *g = NULL;
-    tlm_status s = tlm_gguf_open_memory(b->buf, size, "t.gguf", &g);
+    io_gguf *g = NULL;
+    tlm_status s = io_gguf_open_memory(b->buf, size, "t.gguf", &g);
     CHECK(s != TLM_OK && g == NULL, "%s: accepted", what);
     CHECK(strstr(tlm_last_error(), needle) != NULL, "%s: error '%s' lacks '%s'", what,
           tlm_last_error(), needle);
-    tlm_gguf_close(g);
+    io_gguf_close(g);
 }
 
 static void test_reader(void) {
     gb b;
     build_valid(&b, 1, 2);
-    tlm_gguf *g = NULL;
-    CHECK_OK(tlm_gguf_open_memory(b.buf, b.n, "t.gguf", &g));
+    io_gguf *g = NULL;
+    CHECK_OK(io_gguf_open_memory(b.buf, b.n, "t.gguf", &g));
     if (g) {
         CHECK(g->version == 3 && g->n_kv == 2 && g->n_tensors == 1 && g->alignment == 32, "header");
-        const tlm_gguf_tensor *t = tlm_gguf_find_tensor(g, "w");
+        const io_gguf_tensor *t = io_gguf_find_tensor(g, "w");
         CHECK(t && t->n_dims == 2 && t->dims[0] == 4 && t->dims[1] == 2 && t->n_bytes == 32,
               "tensor info");
         float f5;
@@ -75,25 +75,25 @@ static void test_reader(void) {
             memcpy(&f5, t->data + 20, 4);
             CHECK(f5 == 5.0f, "tensor data");
         }
-        const tlm_gguf_kv *kv;
-        CHECK_OK(tlm_gguf_get_array(g, "names", TLM_GGUF_STRING, &kv));
+        const io_gguf_kv *kv;
+        CHECK_OK(io_gguf_get_array(g, "names", IO_GGUF_STRING, &kv));
         const char *s;
         size_t l;
-        CHECK(kv && tlm_gguf_arr_str(kv, 1, &s, &l) == TLM_OK && l == 1 && s[0] == 'c', "array");
-        CHECK(kv && tlm_gguf_arr_str(kv, 2, &s, &l) == TLM_ERR_RANGE, "array index checked");
+        CHECK(kv && io_gguf_arr_str(kv, 1, &s, &l) == TLM_OK && l == 1 && s[0] == 'c', "array");
+        CHECK(kv && io_gguf_arr_str(kv, 2, &s, &l) == TLM_ERR_RANGE, "array index checked");
         int64_t v;
-        CHECK_OK(tlm_gguf_get_int(g, "general.alignment", &v));
+        CHECK_OK(io_gguf_get_int(g, "general.alignment", &v));
         CHECK(v == 32, "int");
-        CHECK(tlm_gguf_get_int(g, "missing", &v) == TLM_ERR_RANGE, "missing key");
-        CHECK(tlm_gguf_get_int(g, "names", &v) == TLM_ERR_FORMAT, "wrong type");
+        CHECK(io_gguf_get_int(g, "missing", &v) == TLM_ERR_RANGE, "missing key");
+        CHECK(io_gguf_get_int(g, "names", &v) == TLM_ERR_FORMAT, "wrong type");
     }
-    tlm_gguf_close(g);
+    io_gguf_close(g);
     /* every truncation is an error, never a crash */
     int bad = 0;
     for (size_t cut = 0; cut < b.n; cut++) {
-        tlm_gguf *h = NULL;
-        if (tlm_gguf_open_memory(b.buf, cut, "t.gguf", &h) == TLM_OK) bad++;
-        tlm_gguf_close(h);
+        io_gguf *h = NULL;
+        if (io_gguf_open_memory(b.buf, cut, "t.gguf", &h) == TLM_OK) bad++;
+        io_gguf_close(h);
     }
     CHECK(bad == 0, "%d truncated files accepted", bad);
     expect_bad(&b, 4, "not a GGUF", "short");
@@ -262,16 +262,16 @@ static void test_bundle_vocabs(void) {
         CHECK(tlm_tokenizer_add_bos(t) == (k == 0) && (k || tlm_tokenizer_bos(t) == 128000),
               "%s: add_bos %d, bos %d", names[k], tlm_tokenizer_add_bos(t), tlm_tokenizer_bos(t));
         /* written into a GGUF and read back: the same ids for every string */
-        tlm_gguf_writer w;
-        tlm_gguf_writer_init(&w, 32);
+        io_gguf_writer w;
+        io_gguf_writer_init(&w, 32);
         CHECK_OK(tok_gguf_write_vocab(&w, t));
         uint8_t *head = NULL;
         size_t len = 0;
-        CHECK_OK(tlm_gguf_writer_header(&w, &head, &len));
-        tlm_gguf_writer_free(&w);
+        CHECK_OK(io_gguf_writer_header(&w, &head, &len));
+        io_gguf_writer_free(&w);
         char rt[160];
         snprintf(rt, sizeof rt, "rt-%s", names[k]);
-        CHECK_OK(tlm_write_file_atomic(rt, head, len));
+        CHECK_OK(core_write_file_atomic(rt, head, len));
         free(head);
         tlm_tokenizer *r = NULL;
         CHECK_OK(tlm_tokenizer_load(rt, &r));

@@ -20,7 +20,7 @@ static int read_lines(const char *path, char ***lines) {
     char *txt;
     size_t n;
     *lines = NULL;
-    if (tlm_read_file(path, &txt, &n) != TLM_OK) return -1;
+    if (core_read_file(path, &txt, &n) != TLM_OK) return -1;
     int cnt = 0, cap = 1024;
     char **ls = malloc(cap * sizeof *ls);
     for (char *p = txt, *e; p < txt + n; p = e + 1) {
@@ -87,7 +87,7 @@ static void test_reference(const char *data) {
     if (r) {
         char *txt;
         size_t n;
-        CHECK_OK(tlm_read_file(corpus, &txt, &n));
+        CHECK_OK(core_read_file(corpus, &txt, &n));
         int32_t *a, *b;
         size_t na, nb;
         CHECK_OK(tlm_tokenizer_encode(t, txt, n, TLM_ENCODE_ALLOW_SPECIAL, &a, &na));
@@ -185,9 +185,9 @@ static void test_threads(const char *data) {
 static void test_char(const char *data) {
     char *txt;
     size_t n;
-    CHECK_OK(tlm_read_file(t_path(data, "text/tinyshakespeare.txt"), &txt, &n));
+    CHECK_OK(core_read_file(t_path(data, "text/tinyshakespeare.txt"), &txt, &n));
     tlm_tokenizer *t = NULL;
-    CHECK_OK(tlm_tokenizer_char_from_text(txt, n, &t));
+    CHECK_OK(tlm_tokenizer_new_char(txt, n, &t));
     if (t) {
         CHECK(tlm_tokenizer_vocab_size(t) == 65, "shakespeare has 65 characters, got %d",
               tlm_tokenizer_vocab_size(t));
@@ -222,7 +222,7 @@ static void test_char(const char *data) {
     /* multi-byte characters and bytes that are not UTF-8 survive save/load and round-trip */
     const char *mixed = "h\xC3\xA9llo \xF0\x9F\x99\x82 \xFF\xFE w\xC3\xB6rld \xE2\x82";
     size_t ml = strlen(mixed);
-    CHECK_OK(tlm_tokenizer_char_from_text(mixed, ml, &t));
+    CHECK_OK(tlm_tokenizer_new_char(mixed, ml, &t));
     if (t) {
         const char *dir = tmpdir("char2");
         CHECK_OK(tlm_tokenizer_save(t, dir));
@@ -243,7 +243,7 @@ static void test_char(const char *data) {
         tlm_tokenizer_free(r);
     }
     tlm_tokenizer_free(t);
-    CHECK(tlm_tokenizer_char_from_text("", 0, &t) == TLM_ERR_ARG, "empty text");
+    CHECK(tlm_tokenizer_new_char("", 0, &t) == TLM_ERR_ARG, "empty text");
     /* malformed tokenizer.json */
     const char *dir = tmpdir("badchar");
     mkdir(dir, 0777);

@@ -11,7 +11,7 @@
 
 static tlm_config tiny(void) {
     tlm_config c;
-    tlm_config_default(&c);
+    tlm_config_defaults(&c);
     c.vocab_size = 13;
     c.context_length = 16;
     c.d_model = 32;
@@ -35,22 +35,23 @@ static void write_tokens(const char *path, size_t n) {
         x = x * 1103515245u + 12345u;
         ids[i] = (int32_t)((i + ((x >> 16) % 7 == 0 ? 5 : 0)) % 13);
     }
-    CHECK_OK(tlm_tokens_write(path, ids, n, 13));
+    CHECK_OK(tlm_dataset_write_tokens(path, ids, n, 13));
     free(ids);
 }
 
 static void test_tokens(void) {
     int32_t ids[5] = {0, 1, 65535, 2, 70000};
-    CHECK(tlm_tokens_write("tt.bin", ids, 5, 65536) == TLM_ERR_RANGE, "id >= vocab rejected");
-    CHECK_OK(tlm_tokens_write("tt.bin", ids, 4, 65536));
+    CHECK(tlm_dataset_write_tokens("tt.bin", ids, 5, 65536) == TLM_ERR_RANGE,
+          "id >= vocab rejected");
+    CHECK_OK(tlm_dataset_write_tokens("tt.bin", ids, 4, 65536));
     struct stat st;
     stat("tt.bin", &st);
     CHECK(st.st_size == 32 + 8, "uint16 tokens: %lld bytes", (long long)st.st_size);
-    CHECK_OK(tlm_tokens_write("tt4.bin", ids, 5, 70001));
+    CHECK_OK(tlm_dataset_write_tokens("tt4.bin", ids, 5, 70001));
     stat("tt4.bin", &st);
     CHECK(st.st_size == 32 + 20, "uint32 tokens: %lld bytes", (long long)st.st_size);
     tlm_dataset *d = NULL;
-    CHECK_OK(tlm_dataset_open("tt4.bin", 0.4, &d));
+    CHECK_OK(tlm_dataset_load("tt4.bin", 0.4, &d));
     CHECK(d && tlm_dataset_size(d, TLM_SPLIT_TRAIN) == 3 && tlm_dataset_size(d, TLM_SPLIT_VAL) == 2,
           "split sizes");
     tlm_dataset_free(d);
@@ -58,18 +59,18 @@ static void test_tokens(void) {
     fseek(f, 16, SEEK_SET);
     fputc(99, f); /* count no longer matches the size */
     fclose(f);
-    CHECK(tlm_dataset_open("tt4.bin", 0.1, &d) == TLM_ERR_FORMAT, "corrupt header rejected");
+    CHECK(tlm_dataset_load("tt4.bin", 0.1, &d) == TLM_ERR_FORMAT, "corrupt header rejected");
     f = fopen("tt4.bin", "wb");
     fputs("hello", f);
     fclose(f);
-    CHECK(tlm_dataset_open("tt4.bin", 0.1, &d) == TLM_ERR_FORMAT, "not a token file");
+    CHECK(tlm_dataset_load("tt4.bin", 0.1, &d) == TLM_ERR_FORMAT, "not a token file");
     remove("tt.bin");
     remove("tt4.bin");
 }
 
 static tlm_train_opts opts(const char *dir, long steps) {
     tlm_train_opts o;
-    tlm_train_defaults(&o);
+    tlm_train_opts_defaults(&o);
     o.out_dir = dir;
     o.steps = steps;
     o.batch = 4;
@@ -101,7 +102,7 @@ static size_t read_all(const char *path, char **buf) {
 static void test_resume(void) {
     write_tokens("train_tokens.bin", 4000);
     tlm_dataset *d = NULL;
-    CHECK_OK(tlm_dataset_open("train_tokens.bin", 0.1, &d));
+    CHECK_OK(tlm_dataset_load("train_tokens.bin", 0.1, &d));
     tlm_config c = tiny();
     mkdir("run_a", 0755);
     mkdir("run_b", 0755);
@@ -117,7 +118,7 @@ static void test_resume(void) {
     o.user = &stop;
     CHECK(tlm_train_run(b, d, &o) == TLM_ERR_INTERRUPTED, "stop request interrupts");
     tlm_model_free(b);
-    CHECK_OK(tlm_model_create(&c, &b));
+    CHECK_OK(tlm_model_new(&c, &b));
     o = opts("run_b", 12);
     o.resume = 1;
     CHECK_OK(tlm_train_run(b, d, &o));
@@ -145,13 +146,13 @@ static void test_resume(void) {
     /* The loss went down: the stream is mostly predictable. */
     tlm_train_ctx *xa = NULL;
     CHECK_OK(tlm_train_ctx_new(a, &xa));
-    double v0 = tlm_evaluate(xa, d, TLM_SPLIT_VAL, 4, 16, 8, 1);
+    double v0 = tlm_train_ctx_evaluate(xa, d, TLM_SPLIT_VAL, 4, 16, 8, 1);
     CHECK(v0 < 2.4, "val loss after 12 steps %.3f (uniform is 2.565)", v0);
     /* Evaluation split across replicas gives the loss of the whole batches. */
     tlm_train_ctx_set_data_parallel(xa, 0);
-    double whole = tlm_evaluate(xa, d, TLM_SPLIT_VAL, 4, 16, 8, 1);
+    double whole = tlm_train_ctx_evaluate(xa, d, TLM_SPLIT_VAL, 4, 16, 8, 1);
     tlm_train_ctx_set_data_parallel(xa, 1);
-    double split = tlm_evaluate(xa, d, TLM_SPLIT_VAL, 4, 16, 8, 1);
+    double split = tlm_train_ctx_evaluate(xa, d, TLM_SPLIT_VAL, 4, 16, 8, 1);
     tlm_train_ctx_free(xa);
     CHECK(fabs(whole - split) <= 1e-5 * whole, "evaluation whole %.7f vs split %.7f", whole, split);
     /* A NaN parameter stops training with a clear error and leaves the checkpoint as it was. */
@@ -184,8 +185,8 @@ typedef struct {
 static tlm_status on_grads(void *user, float *grads, size_t n, float *loss) {
     seam *h = user;
     h->grads++;
-    if (!grads || n != h->n || !(*loss > 0)) return tlm_err(TLM_ERR_ARG, "bad hook arguments");
-    return h->grads == h->fail_at ? tlm_err(TLM_ERR_IO, "reduction failed") : TLM_OK;
+    if (!grads || n != h->n || !(*loss > 0)) return core_err(TLM_ERR_ARG, "bad hook arguments");
+    return h->grads == h->fail_at ? core_err(TLM_ERR_IO, "reduction failed") : TLM_OK;
 }
 
 static tlm_status on_sumsq(void *user, double *ss) {
@@ -201,17 +202,17 @@ static tlm_status on_update(void *user, float *params, size_t n) {
     if (h->peer)
         memcpy(tlm_model_params(h->peer) + h->begin, params + h->begin,
                (h->end - h->begin) * sizeof(float));
-    return n == h->n ? TLM_OK : tlm_err(TLM_ERR_ARG, "bad size");
+    return n == h->n ? TLM_OK : core_err(TLM_ERR_ARG, "bad size");
 }
 
 static void test_seam(void) {
     write_tokens("seam_tokens.bin", 4000);
     tlm_dataset *d = NULL;
-    CHECK_OK(tlm_dataset_open("seam_tokens.bin", 0.1, &d));
+    CHECK_OK(tlm_dataset_load("seam_tokens.bin", 0.1, &d));
     tlm_config c = tiny();
     tlm_model *a = NULL, *b = NULL;
-    CHECK_OK(tlm_model_create(&c, &a));
-    CHECK_OK(tlm_model_create(&c, &b));
+    CHECK_OK(tlm_model_new(&c, &a));
+    CHECK_OK(tlm_model_new(&c, &b));
     CHECK_OK(tlm_model_init(a, 7, TLM_INIT_XAVIER));
     CHECK_OK(tlm_model_init(b, 7, TLM_INIT_XAVIER));
     size_t n = tlm_model_num_params(a);
@@ -272,7 +273,7 @@ static void test_seam(void) {
         CHECK_OK(tlm_trainer_update(tb, sb, &lr));
     }
     CHECK(same_norm, "split run: losses and global norms match the whole run's");
-    CHECK(tw && tlm_trainer_step(tw) == 5 && tlm_trainer_step(ta) == 5, "steps counted");
+    CHECK(tw && tlm_trainer_steps(tw) == 5 && tlm_trainer_steps(ta) == 5, "steps counted");
     CHECK(!memcmp(tlm_model_params(w), tlm_model_params(a), n * 4) &&
               !memcmp(tlm_model_params(w), tlm_model_params(b), n * 4),
           "two optimizer ranges with gathered updates differ from one whole optimizer");
@@ -289,7 +290,7 @@ static void test_seam(void) {
     ox.resume = 1;
     /* A shard resumes from a whole checkpoint (seam_a's, of 6 steps), keeping its range. */
     CHECK_OK(tlm_trainer_new(a, d, &ox, &tx));
-    CHECK(tx && tlm_trainer_step(tx) == 6, "a shard resumes the whole checkpoint's step");
+    CHECK(tx && tlm_trainer_steps(tx) == 6, "a shard resumes the whole checkpoint's step");
     tlm_trainer_free(tx);
     tx = NULL;
     ox.resume = 0;
@@ -302,7 +303,7 @@ static void test_seam(void) {
               strstr(tlm_last_error(), "--grad-accum"),
           "a batch the micro-steps do not divide: %s", tlm_last_error());
     tlm_adamw *opt = NULL;
-    CHECK(tlm_adamw_create_range(a, 3, 2, &opt) == TLM_ERR_ARG && !opt, "backwards AdamW range");
+    CHECK(tlm_adamw_new_range(a, 3, 2, &opt) == TLM_ERR_ARG && !opt, "backwards AdamW range");
     tlm_trainer_free(tw);
     tlm_trainer_free(ta);
     tlm_trainer_free(tb);
@@ -321,7 +322,7 @@ static tlm_status sum_alone(void *user, double *v, int n) { return TLM_OK; }
 static void test_split(void) {
     write_tokens("split_tokens.bin", 4000);
     tlm_dataset *d = NULL;
-    CHECK_OK(tlm_dataset_open("split_tokens.bin", 0.1, &d));
+    CHECK_OK(tlm_dataset_load("split_tokens.bin", 0.1, &d));
     tlm_config c = tiny();
     enum { RUNS = 4, STEPS = 40 };
     tlm_model *m[RUNS];
@@ -386,7 +387,7 @@ static void test_shards(void) {
     write_llmc("llmc_b.bin", 100, 20240520, 1, 100, 0);
     write_tokens("llmc_t.bin", 200);
     tlm_dataset *d = NULL;
-    CHECK_OK(tlm_dataset_open("llmc_a.bin", 0.1, &d));
+    CHECK_OK(tlm_dataset_load("llmc_a.bin", 0.1, &d));
     CHECK(d && tlm_dataset_size(d, TLM_SPLIT_TRAIN) == 270 &&
               tlm_dataset_size(d, TLM_SPLIT_VAL) == 30,
           "llm.c shard split sizes");
@@ -394,23 +395,23 @@ static void test_shards(void) {
     int32_t ids[4 * 8], tg[4 * 8];
     int counting = 1;
     for (int step = 0; d && step < 20; step++) {
-        CHECK_OK(tlm_dataset_windows(d, TLM_SPLIT_TRAIN, 1, (uint64_t)step, 0, 4, 8, ids, tg));
+        CHECK_OK(trn_dataset_windows(d, TLM_SPLIT_TRAIN, 1, (uint64_t)step, 0, 4, 8, ids, tg));
         for (int i = 0; i < 32; i++) counting &= tg[i] == (ids[i] + 1) % 13;
     }
     CHECK(counting, "llm.c shard tokens read back as written (each target is its id + 1 mod 13)");
     tlm_dataset_free(d);
     /* Several files are one stream; validation files replace the held-out fraction. */
     const char *train[] = {"llmc_a.bin", "llmc_t.bin"}, *val[] = {"llmc_b.bin"};
-    CHECK_OK(tlm_dataset_open_files(train, 2, val, 1, 0.5, &d));
+    CHECK_OK(tlm_dataset_load_files(train, 2, val, 1, 0.5, &d));
     CHECK(d && tlm_dataset_size(d, TLM_SPLIT_TRAIN) == 500 &&
               tlm_dataset_size(d, TLM_SPLIT_VAL) == 100,
           "train files 300 + 200, validation file 100");
     CHECK(d && tlm_dataset_vocab_size(d) == 13, "the tlm file's vocabulary");
     int in_range = 1, val_counting = 1;
     for (int step = 0; d && step < 50; step++) {
-        CHECK_OK(tlm_dataset_windows(d, TLM_SPLIT_TRAIN, 2, (uint64_t)step, 0, 4, 8, ids, tg));
+        CHECK_OK(trn_dataset_windows(d, TLM_SPLIT_TRAIN, 2, (uint64_t)step, 0, 4, 8, ids, tg));
         for (int i = 0; i < 32; i++) in_range &= ids[i] >= 0 && ids[i] < 13;
-        CHECK_OK(tlm_dataset_windows(d, TLM_SPLIT_VAL, 2, (uint64_t)step, 0, 4, 8, ids, tg));
+        CHECK_OK(trn_dataset_windows(d, TLM_SPLIT_VAL, 2, (uint64_t)step, 0, 4, 8, ids, tg));
         for (int i = 0; i < 32; i++) val_counting &= tg[i] == (ids[i] + 1) % 13;
     }
     CHECK(in_range && val_counting, "windows over two files, validation from the third");
@@ -426,7 +427,7 @@ static void test_shards(void) {
                {20240521, 1, 50, 0, "not a tlm token file or an llm.c shard"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         write_llmc("llmc_bad.bin", 50, bad[i].magic, bad[i].version, bad[i].claim, bad[i].extra);
-        CHECK(tlm_dataset_open("llmc_bad.bin", 0.1, &d) == TLM_ERR_FORMAT && !d &&
+        CHECK(tlm_dataset_load("llmc_bad.bin", 0.1, &d) == TLM_ERR_FORMAT && !d &&
                   strstr(tlm_last_error(), bad[i].why) && strstr(tlm_last_error(), "llmc_bad.bin"),
               "malformed shard %zu: %s", i, tlm_last_error());
     }
@@ -434,11 +435,11 @@ static void test_shards(void) {
     int32_t head[3] = {20240520, 1, 0};
     fwrite(head, 4, 3, f);
     fclose(f);
-    CHECK(tlm_dataset_open("llmc_bad.bin", 0.1, &d) == TLM_ERR_FORMAT &&
+    CHECK(tlm_dataset_load("llmc_bad.bin", 0.1, &d) == TLM_ERR_FORMAT &&
               strstr(tlm_last_error(), "shorter than its 1024-byte header"),
           "short header: %s", tlm_last_error());
     const char *none[] = {"llmc_a.bin", "missing.bin"};
-    CHECK(tlm_dataset_open_files(none, 2, NULL, 0, 0.1, &d) != TLM_OK && !d, "a missing shard");
+    CHECK(tlm_dataset_load_files(none, 2, NULL, 0, 0.1, &d) != TLM_OK && !d, "a missing shard");
     remove("llmc_a.bin");
     remove("llmc_b.bin");
     remove("llmc_t.bin");
@@ -450,7 +451,7 @@ static void test_shards(void) {
  * head starts it hundreds of nats above (the reason it is not the default). */
 static void test_init_loss(void) {
     tlm_config c;
-    tlm_config_default(&c);
+    tlm_config_defaults(&c);
     c.vocab_size = 50257;
     c.context_length = 32;
     c.d_model = 768;
@@ -460,7 +461,7 @@ static void test_init_loss(void) {
     CHECK_OK(tlm_config_finalize(&c));
     CHECK(c.tie_embeddings, "the config ties its embedding to the head");
     tlm_model *m = NULL;
-    CHECK_OK(tlm_model_create(&c, &m));
+    CHECK_OK(tlm_model_new(&c, &m));
     if (!m) return;
     enum { B = 2, T = 32 };
     int32_t ids[B * T], targets[B * T];
@@ -485,7 +486,7 @@ static void test_init_loss(void) {
 }
 
 int main(void) {
-    tlm_set_threads(2);
+    tlm_threads_set(2);
     test_init_loss();
     test_tokens();
     test_resume();

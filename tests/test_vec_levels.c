@@ -245,7 +245,7 @@ static void check_attention(void) {
  * is near AdamW's eps, the step magnifies the gradient's rounding differences. */
 static void check_step(int modern) {
     tlm_config c;
-    tlm_config_default(&c);
+    tlm_config_defaults(&c);
     c.vocab_size = 300;
     c.context_length = 48;
     c.d_model = 64;
@@ -274,17 +274,17 @@ static void check_step(int modern) {
         tlm_train_ctx *x;
         tlm_adamw *opt;
         tlm_adamw_opts h;
-        tlm_adamw_defaults(&h);
-        CHECK_OK(tlm_model_create(&c, &m));
+        tlm_adamw_opts_defaults(&h);
+        CHECK_OK(tlm_model_new(&c, &m));
         CHECK_OK(tlm_model_init(m, 7, TLM_INIT_GPT2));
         CHECK_OK(tlm_train_ctx_new(m, &x));
-        CHECK_OK(tlm_adamw_create(m, &opt));
+        CHECK_OK(tlm_adamw_new(m, &opt));
         size_t n = tlm_model_num_params(m);
         grads[w] = malloc(n * sizeof(float));
         params[w] = malloc(n * sizeof(float));
-        CHECK_OK(tlm_forward_backward(x, ids, tg, B, T, 0, grads[w], 0, &loss[w]));
+        CHECK_OK(tlm_train_ctx_forward_backward(x, ids, tg, B, T, 0, grads[w], 0, &loss[w]));
         float *g = copy(grads[0], n);
-        norm[w] = tlm_clip_grad_norm(g, n, 0.5);
+        norm[w] = tlm_grad_clip(g, n, 0.5);
         CHECK_OK(tlm_adamw_step(opt, m, g, 1e-3, &h));
         memcpy(params[w], tlm_model_params(m), n * sizeof(float));
         free(g);

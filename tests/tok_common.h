@@ -47,11 +47,11 @@ static inline int llamacpp_vectors(const tlm_tokenizer *tok, const char *inp_pat
     char *inp, *out;
     size_t ni, no;
     *passed = 0;
-    if (tlm_read_file(inp_path, &inp, &ni) != TLM_OK) {
+    if (core_read_file(inp_path, &inp, &ni) != TLM_OK) {
         CHECK(0, "cannot read %s", inp_path);
         return 0;
     }
-    if (tlm_read_file(out_path, &out, &no) != TLM_OK) {
+    if (core_read_file(out_path, &out, &no) != TLM_OK) {
         free(inp);
         CHECK(0, "cannot read %s", out_path);
         return 0;

@@ -54,11 +54,11 @@ int main(int argc, char **argv) {
         return 2;
     }
     int threads = atoi(argv[2]), plen = atoi(argv[3]), steps = atoi(argv[4]), reps = atoi(argv[5]);
-    tlm_set_threads(threads);
+    tlm_threads_set(threads);
     tlm_config c;
     tlm_model *m = NULL;
     tlm_session *s = NULL;
-    if (tlm_config_load(argv[1], &c) || tlm_model_create(&c, &m) ||
+    if (tlm_config_load(argv[1], &c) || tlm_model_new(&c, &m) ||
         tlm_model_init(m, 1, TLM_INIT_GPT2) || tlm_session_new(m, NULL, &s)) {
         fprintf(stderr, "bench_gen: %s\n", tlm_last_error());
         return 1;
@@ -73,7 +73,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < plen; i++) ids[i] = (int32_t)((i * 7919) % c.vocab_size);
 
     bw_floats = (n_params + 4095) / 4096 * 4096;
-    bw_buf = tlm_big_alloc(bw_floats * sizeof(float));
+    bw_buf = core_big_alloc(bw_floats * sizeof(float));
     if (!bw_buf) return 1;
     for (size_t i = 0; i < bw_floats; i++) bw_buf[i] = (float)(i & 7);
     /* Bandwidth is sampled in every rep, next to the timings it bounds: on a shared machine both
@@ -82,13 +82,13 @@ int main(int argc, char **argv) {
     for (int r = 0; r < reps + 1; r++) { /* first rep warms pages and threads, not counted */
         tlm_session_reset(s, -1);
         double t0 = now_s();
-        if (tlm_prefill(s, 0, ids, plen, logits, 0)) {
+        if (tlm_session_prefill(s, 0, ids, plen, logits, 0)) {
             fprintf(stderr, "bench_gen: %s\n", tlm_last_error());
             return 1;
         }
         double tp = now_s() - t0;
         tlm_session_reset(s, -1);
-        if (tlm_prefill(s, 0, ids, 1, logits, 0)) return 1;
+        if (tlm_session_prefill(s, 0, ids, 1, logits, 0)) return 1;
         int32_t id = ids[0];
         t0 = now_s();
         for (int k = 0; k < steps; k++) {
@@ -96,7 +96,7 @@ int main(int argc, char **argv) {
             int32_t best = 0;
             for (size_t j = 1; j < V; j++) best = logits[j] > logits[best] ? (int32_t)j : best;
             id = best;
-            if (tlm_decode_step(s, id, logits)) {
+            if (tlm_session_decode_one(s, id, logits)) {
                 fprintf(stderr, "bench_gen: %s\n", tlm_last_error());
                 return 1;
             }
@@ -119,7 +119,7 @@ int main(int argc, char **argv) {
            plen, best_prefill, steps, best_decode, 100.0 * best_decode / bound);
     printf("RESULT tlm prefill=%.2f decode=%.2f bandwidth=%.3e bound=%.2f\n", best_prefill,
            best_decode, bw, bound);
-    tlm_big_free(bw_buf, bw_floats * sizeof(float));
+    core_big_free(bw_buf, bw_floats * sizeof(float));
     free(ids);
     free(logits);
     tlm_session_free(s);

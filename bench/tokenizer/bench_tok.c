@@ -85,7 +85,7 @@ int main(int argc, char **argv) {
         char *text = slurp(argv[2], &n);
         printf("{\"impl\": \"tlm\", \"task\": \"train\", \"bytes\": %zu, \"vocab\": %d, "
                "\"threads\": %d, \"seconds\": %.4f, \"mb_per_s\": %.2f}\n",
-               n, tlm_tokenizer_vocab_size(t), tlm_get_threads(), e, (double)n / 1e6 / e);
+               n, tlm_tokenizer_vocab_size(t), tlm_threads_get(), e, (double)n / 1e6 / e);
         free(text);
         tlm_tokenizer_free(t);
         return 0;

@@ -41,9 +41,9 @@ const char *tlm_cpu_kernels(void);
 
 /* Sets the thread count for both OpenMP loops and BLAS; n <= 0 means all cores. Capped at
  * OMP_THREAD_LIMIT. Process-wide: call it at start-up, not while other threads run passes. */
-void tlm_set_threads(int n);
+void tlm_threads_set(int n);
 /* The count set, or OpenMP's default before any call. */
-int tlm_get_threads(void);
+int tlm_threads_get(void);
 
 /* ---- element types --------------------------------------------------------------------------- */
 

@@ -75,19 +75,20 @@ tlm_status tlm_session_load_prefix(tlm_session *s, int seq, const void *buf, int
 
 /* Appends n tokens to sequence seq in one batched pass. logits (may be NULL) receives [n, V]
  * logits when all_rows, else only the last token's [V]. */
-tlm_status tlm_prefill(tlm_session *s, int seq, const int32_t *ids, int n, float *logits,
-                       int all_rows);
+tlm_status tlm_session_prefill(tlm_session *s, int seq, const int32_t *ids, int n, float *logits,
+                               int all_rows);
 /* Appends one token to each sequence b with active[b] != 0 (active NULL: all of them) in one step;
  * logits [batch, V] receives the rows of the active sequences (others are left untouched). */
-tlm_status tlm_decode(tlm_session *s, const int32_t *ids, const uint8_t *active, float *logits);
+tlm_status tlm_session_decode(tlm_session *s, const int32_t *ids, const uint8_t *active,
+                              float *logits);
 /* Appends one token to sequence 0; logits receives [V]. */
-tlm_status tlm_decode_step(tlm_session *s, int32_t id, float *logits);
+tlm_status tlm_session_decode_one(tlm_session *s, int32_t id, float *logits);
 /* One pass over new tokens of any of the sequences: n[b] >= 0 ids for sequence b, given
  * concatenated in ids (sequence 0's, then 1's, ...). Decoding one token of some sequences while
  * prefilling prompt chunks of others (or several prompts at once) then reads each weight once for
- * all of them, where separate tlm_prefill and tlm_decode calls read them once each. logits (may be
- * NULL) [batch, V] receives, for each sequence with n[b] > 0 and want[b] != 0 (want NULL: all),
- * the logits after its last new id; other rows are left untouched. */
+ * all of them, where separate tlm_session_prefill and tlm_session_decode calls read them once each.
+ * logits (may be NULL) [batch, V] receives, for each sequence with n[b] > 0 and want[b] != 0 (want
+ * NULL: all), the logits after its last new id; other rows are left untouched. */
 tlm_status tlm_session_step(tlm_session *s, const int32_t *ids, const int *n, const uint8_t *want,
                             float *logits);
 
@@ -110,7 +111,7 @@ typedef struct {
 
 /* Defaults (llama.cpp's): temperature 0.8, top_k 40, top_p 0.95, seed 0, stream 0; every other
  * field 0 (min_p and the penalties off). */
-void tlm_sampler_opts_default(tlm_sampler_opts *o);
+void tlm_sampler_opts_defaults(tlm_sampler_opts *o);
 
 /* Draws ids from logits. Reproducible: the same options and logits give the same ids. Neither
  * top-k nor top-p sorts the vocabulary (a k-heap, and a sort of only the ids that can be in the
@@ -119,9 +120,9 @@ typedef struct tlm_sampler tlm_sampler;
 tlm_status tlm_sampler_new(const tlm_sampler_opts *o, int vocab_size, tlm_sampler **out);
 void tlm_sampler_free(tlm_sampler *s);
 /* TLM_ERR_NUMERIC when the logits hold a NaN or no finite value. */
-tlm_status tlm_sample(tlm_sampler *s, const float *logits, int32_t *id);
+tlm_status tlm_sampler_sample(tlm_sampler *s, const float *logits, int32_t *id);
 /* Records an id (of the prompt or generated) in the penalty window; a no-op without penalties.
- * tlm_generate accepts every prompt id and every sampled id. */
+ * tlm_session_generate accepts every prompt id and every sampled id. */
 void tlm_sampler_accept(tlm_sampler *s, int32_t id);
 
 typedef enum {
@@ -147,7 +148,7 @@ void tlm_generate_opts_defaults(tlm_generate_opts *o);
 typedef struct {
     int prompt_tokens; /* over all sequences */
     int new_tokens;    /* ids sampled, over all sequences */
-    int decode_steps;  /* tlm_decode calls */
+    int decode_steps;  /* tlm_session_decode calls */
     double prefill_seconds;
     double decode_seconds; /* decode steps plus sampling */
 } tlm_generate_stats;
@@ -157,9 +158,9 @@ typedef struct {
  * stopped. A sequence never exceeds the capacity: prompt + new ids <= capacity. stops (may be
  * NULL) receives each sequence's reason; stats may be NULL. Sequence b samples with stream
  * sampling.stream + b, so its ids do not depend on the other prompts. o NULL: the defaults. */
-tlm_status tlm_generate(tlm_session *s, const int32_t *const *prompts, const int *prompt_lens,
-                        int n_prompts, const tlm_generate_opts *o, tlm_stop_reason *stops,
-                        tlm_generate_stats *stats);
+tlm_status tlm_session_generate(tlm_session *s, const int32_t *const *prompts,
+                                const int *prompt_lens, int n_prompts, const tlm_generate_opts *o,
+                                tlm_stop_reason *stops, tlm_generate_stats *stats);
 
 #ifdef __cplusplus
 }

@@ -27,7 +27,7 @@ typedef enum {
 typedef enum { TLM_ROPE_HALF = 0, TLM_ROPE_INTERLEAVED } tlm_rope_pairing;
 
 /* Upper limits that tlm_config_finalize enforces. A file header alone can set a config, so no
- * value may make a size computation wrap or make tlm_model_create allocate absurd fixed tables.
+ * value may make a size computation wrap or make tlm_model_new allocate absurd fixed tables.
  * Each limit admits every published model we know of (Llama 3 405B: vocab 128256, d_model 16384,
  * 126 layers, 128 heads, d_ff 53248; million-token contexts at head dim 128). */
 #define TLM_MAX_VOCAB_SIZE (1 << 24)
@@ -65,7 +65,7 @@ typedef struct {
 } tlm_config;
 
 /* The modern defaults (pre-norm, rmsnorm, swiglu, rope, tied, no bias) with a small size. */
-void tlm_config_default(tlm_config *c);
+void tlm_config_defaults(tlm_config *c);
 /* Fills derived fields (n_kv_heads, d_ff when 0) and validates every field against the limits
  * above, and the parameter count (TLM_MAX_PARAMS) and fixed tables (TLM_MAX_TABLE_FLOATS) the
  * config implies; the error message names the offending field and its limit. */
@@ -114,7 +114,7 @@ typedef struct {
 
 /* Enumerates every tensor of a (finalized) config. Writes up to cap entries into out (may be NULL)
  * and returns the total number of tensors; *n_params receives the total float count. */
-int tlm_schema(const tlm_config *c, tlm_tensor_info *out, int cap, size_t *n_params);
+int tlm_config_tensors(const tlm_config *c, tlm_tensor_info *out, int cap, size_t *n_params);
 const char *tlm_component_name(tlm_component k);
 
 typedef struct {
@@ -123,7 +123,7 @@ typedef struct {
     size_t per_component[TLM_COMP_COUNT];
 } tlm_param_count;
 
-void tlm_count_params(const tlm_config *c, tlm_param_count *out);
+void tlm_config_count_params(const tlm_config *c, tlm_param_count *out);
 
 /* ---- model ----------------------------------------------------------------------------------- */
 
@@ -158,7 +158,7 @@ typedef struct {
 
 /* Creates a writable model with zeroed parameters in one flat F32 buffer (the schema's offsets;
  * gradients and AdamW moments use the same layout). The config is finalized (copied). */
-tlm_status tlm_model_create(const tlm_config *c, tlm_model **out);
+tlm_status tlm_model_new(const tlm_config *c, tlm_model **out);
 void tlm_model_free(tlm_model *m);
 const tlm_config *tlm_model_config(const tlm_model *m);
 /* The flat parameter buffer of a writable model; NULL for a read-only (memory-mapped) one. */
@@ -261,7 +261,7 @@ tlm_status tlm_model_save_gguf(const tlm_model *m, const tlm_tokenizer *tok, con
 tlm_status tlm_model_save_safetensors(const tlm_model *m, const char *path);
 /* Reads parameters by canonical name into a writable model whose config matches; every schema
  * tensor must be present with the right shape. */
-tlm_status tlm_model_load_safetensors(tlm_model *m, const char *path);
+tlm_status tlm_model_read_safetensors(tlm_model *m, const char *path);
 
 /* One tensor as a model file stores it, for `tlm info -m`. */
 typedef struct {

@@ -92,7 +92,7 @@ void tlm_decoder_flush(tlm_decoder *d, const char **bytes, size_t *len);
 
 /* Char-level vocabulary from training text: its distinct UTF-8 characters sorted by code point
  * (a byte that is not valid UTF-8 counts as a character of its own). */
-tlm_status tlm_tokenizer_char_from_text(const void *text, size_t len, tlm_tokenizer **out);
+tlm_status tlm_tokenizer_new_char(const void *text, size_t len, tlm_tokenizer **out);
 
 /* Writes a tlm tokenizer directory (created if missing): tokenizer.json always; BPE adds
  * encoder.json + vocab.bpe (GPT-2 format), SentencePiece-style adds tokenizer.bin (llama2.c
@@ -103,7 +103,7 @@ typedef struct {
     int32_t vocab_size;          /* specials + 256 bytes + merges */
     const char *const *specials; /* NUL-terminated special tokens, ids 0.. in this order */
     int n_specials;
-    int threads; /* pre-tokenization threads; <= 0: tlm_get_threads() */
+    int threads; /* pre-tokenization threads; <= 0: tlm_threads_get() */
     /* Optional progress: called now and then with merges done and total; non-zero stops. */
     int (*progress)(void *user, int32_t done, int32_t total);
     void *user;

@@ -64,16 +64,17 @@ typedef struct {
 } tlm_forward_out;
 
 /* Forward pass over ids [B, T] (row-major). opts may be NULL. */
-tlm_status tlm_forward(tlm_train_ctx *x, const int32_t *ids, int B, int T,
-                       const tlm_forward_opts *opts, tlm_forward_out *out);
+tlm_status tlm_train_ctx_forward(tlm_train_ctx *x, const int32_t *ids, int B, int T,
+                                 const tlm_forward_opts *opts, tlm_forward_out *out);
 
 /* Training step core: forward over ids [B, T] at positions pos0.., mean cross-entropy against
  * targets (negative = ignored) into *loss, and the gradient of that loss for every parameter into
  * grads (the flat layout, tlm_model_num_params floats; written over unless accumulate, which adds
- * to it). Needs every weight in F32 (any model tlm_model_create makes or TLM_LOAD_WRITABLE
+ * to it). Needs every weight in F32 (any model tlm_model_new makes or TLM_LOAD_WRITABLE
  * loads). */
-tlm_status tlm_forward_backward(tlm_train_ctx *x, const int32_t *ids, const int32_t *targets, int B,
-                                int T, int pos0, float *grads, int accumulate, float *loss);
+tlm_status tlm_train_ctx_forward_backward(tlm_train_ctx *x, const int32_t *ids,
+                                          const int32_t *targets, int B, int T, int pos0,
+                                          float *grads, int accumulate, float *loss);
 
 /* ---- training -------------------------------------------------------------------------------- */
 
@@ -87,11 +88,11 @@ typedef struct {
 typedef struct tlm_adamw tlm_adamw;
 
 /* beta1 0.9, beta2 0.95, eps 1e-8, weight decay 0.1. */
-void tlm_adamw_defaults(tlm_adamw_opts *h);
+void tlm_adamw_opts_defaults(tlm_adamw_opts *h);
 /* Moments for the whole flat buffer. */
-tlm_status tlm_adamw_create(const tlm_model *m, tlm_adamw **out);
+tlm_status tlm_adamw_new(const tlm_model *m, tlm_adamw **out);
 /* Moments for params [begin, end) only (end <= tlm_model_num_params). */
-tlm_status tlm_adamw_create_range(const tlm_model *m, size_t begin, size_t end, tlm_adamw **out);
+tlm_status tlm_adamw_new_range(const tlm_model *m, size_t begin, size_t end, tlm_adamw **out);
 void tlm_adamw_free(tlm_adamw *o);
 /* The range of the flat layout the optimizer updates: params [*begin, *begin + *n). */
 void tlm_adamw_range(const tlm_adamw *o, size_t *begin, size_t *n);
@@ -107,7 +108,8 @@ void tlm_adamw_set_steps(tlm_adamw *o, long steps);
 tlm_status tlm_adamw_step(tlm_adamw *o, tlm_model *m, const float *grads, double lr,
                           const tlm_adamw_opts *h);
 /* The same step on grads * grad_scale, without writing the scaled gradient: clipping folded
- * into the update (pass tlm_clip_coef) saves a pass over the gradient and gives the same bits. */
+ * into the update (pass tlm_grad_clip_coef) saves a pass over the gradient and gives the same bits.
+ */
 tlm_status tlm_adamw_step_scaled(tlm_adamw *o, tlm_model *m, const float *grads, float grad_scale,
                                  double lr, const tlm_adamw_opts *h);
 
@@ -117,7 +119,7 @@ typedef struct {
     double max_lr, min_lr;
     long warmup, total_steps;
 } tlm_schedule;
-double tlm_lr_at(const tlm_schedule *s, long step);
+double tlm_schedule_lr(const tlm_schedule *s, long step);
 
 /* Global L2 norm of the gradient. */
 double tlm_grad_norm(const float *grads, size_t n);
@@ -126,23 +128,24 @@ double tlm_grad_norm(const float *grads, size_t n);
 double tlm_grad_sumsq(const float *grads, size_t n);
 /* torch.nn.utils.clip_grad_norm_: scales by max_norm / (norm + 1e-6) when that is below 1;
  * returns the norm before clipping. max_norm <= 0 only measures. */
-double tlm_clip_grad_norm(float *grads, size_t n, double max_norm);
-/* The factor tlm_clip_grad_norm scales by for a given norm (1 when no clipping applies). */
-float tlm_clip_coef(double norm, double max_norm);
+double tlm_grad_clip(float *grads, size_t n, double max_norm);
+/* The factor tlm_grad_clip scales by for a given norm (1 when no clipping applies). */
+float tlm_grad_clip_coef(double norm, double max_norm);
 
 /* Token files (tokenized once, memory-mapped while training). */
 typedef struct tlm_dataset tlm_dataset;
 typedef enum { TLM_SPLIT_TRAIN = 0, TLM_SPLIT_VAL = 1 } tlm_split;
 /* Writes ids atomically as uint16 when vocab_size <= 65536, else uint32, after a small header. */
-tlm_status tlm_tokens_write(const char *path, const int32_t *ids, size_t n, int32_t vocab_size);
+tlm_status tlm_dataset_write_tokens(const char *path, const int32_t *ids, size_t n,
+                                    int32_t vocab_size);
 /* Maps a token file; the last val_fraction of the tokens is the validation split. */
-tlm_status tlm_dataset_open(const char *path, double val_fraction, tlm_dataset **out);
+tlm_status tlm_dataset_load(const char *path, double val_fraction, tlm_dataset **out);
 /* Maps token files (tlm token files, or llm.c shards: a header of 256 int32 with magic 20240520,
  * version 1 and the token count, then uint16 tokens) as one stream of training tokens, windows
  * crossing from one file into the next like documents in one file. Validation is the val files
  * when n_val > 0, else the last val_fraction of the stream. Malformed files are refused by name.
  * tlm_dataset_vocab_size is 0 when no file names its vocabulary (llm.c shards). */
-tlm_status tlm_dataset_open_files(const char *const *train, int n_train, const char *const *val,
+tlm_status tlm_dataset_load_files(const char *const *train, int n_train, const char *const *val,
                                   int n_val, double val_fraction, tlm_dataset **out);
 void tlm_dataset_free(tlm_dataset *d);
 size_t tlm_dataset_size(const tlm_dataset *d, tlm_split split);
@@ -155,8 +158,8 @@ size_t tlm_dataset_window(const tlm_dataset *d, tlm_split split, uint64_t seed, 
 
 /* Mean loss over `batches` fixed random windows (B x T) of a split; NAN if it cannot be computed.
  */
-double tlm_evaluate(tlm_train_ctx *x, const tlm_dataset *d, tlm_split split, int B, int T,
-                    int batches, uint64_t seed);
+double tlm_train_ctx_evaluate(tlm_train_ctx *x, const tlm_dataset *d, tlm_split split, int B, int T,
+                              int batches, uint64_t seed);
 
 typedef struct {
     long step, total; /* steps completed, steps in the run */
@@ -220,7 +223,7 @@ typedef struct {
     tlm_train_hooks hooks;
 } tlm_train_opts;
 
-void tlm_train_defaults(tlm_train_opts *o);
+void tlm_train_opts_defaults(tlm_train_opts *o);
 /* Trains m (writable) on d: a loop of the steps below with evaluation, logs and checkpoints. A
  * non-finite loss stops with TLM_ERR_NUMERIC, keeping the last checkpoint; a stop request saves
  * and returns TLM_ERR_INTERRUPTED. */
@@ -235,7 +238,7 @@ typedef struct tlm_trainer tlm_trainer;
 tlm_status tlm_trainer_new(tlm_model *m, const tlm_dataset *d, const tlm_train_opts *o,
                            tlm_trainer **out);
 void tlm_trainer_free(tlm_trainer *t);
-long tlm_trainer_step(const tlm_trainer *t); /* steps completed */
+long tlm_trainer_steps(const tlm_trainer *t); /* steps completed */
 tlm_train_ctx *tlm_trainer_ctx(tlm_trainer *t);
 /* The gradient buffer (flat layout, tlm_model_num_params floats). */
 float *tlm_trainer_grads(tlm_trainer *t);

@@ -52,7 +52,7 @@ static tlm_status fill(tlm_session *s, int depth, int vocab, rng64 *r, int32_t *
     tlm_session_reset(s, -1);
     for (int b = 0; b < tlm_session_batch(s) && depth > 0; b++) {
         for (int i = 0; i < depth; i++) ids[i] = rand_id(r, vocab);
-        tlm_status st = tlm_prefill(s, b, ids, depth, NULL, 0);
+        tlm_status st = tlm_session_prefill(s, b, ids, depth, NULL, 0);
         if (st) return st;
     }
     return TLM_OK;
@@ -65,7 +65,7 @@ static tlm_status run_pp(tlm_session *s, int n, int depth, int vocab, rng64 *r, 
     if (st) return st;
     for (int i = 0; i < n; i++) ids[i] = rand_id(r, vocab);
     double t = cli_now();
-    st = tlm_prefill(s, 0, ids, n, logits, 0);
+    st = tlm_session_prefill(s, 0, ids, n, logits, 0);
     *sec = cli_now() - t;
     return st;
 }
@@ -78,7 +78,7 @@ static tlm_status run_tg(tlm_session *s, int n, int depth, int batch, int vocab,
     double t = cli_now();
     for (int k = 0; k < n; k++) {
         for (int b = 0; b < batch; b++) ids[b] = rand_id(r, vocab);
-        if ((st = tlm_decode(s, ids, NULL, logits))) return st;
+        if ((st = tlm_session_decode(s, ids, NULL, logits))) return st;
     }
     *sec = cli_now() - t;
     return TLM_OK;
@@ -211,8 +211,8 @@ int cmd_bench(int argc, char **argv) {
         fflush(stdout);
     }
     for (int ti_ = 0; ti_ < n_th; ti_++) {
-        if (th[ti_]) tlm_set_threads((int)th[ti_]);
-        int threads = tlm_get_threads();
+        if (th[ti_]) tlm_threads_set((int)th[ti_]);
+        int threads = tlm_threads_get();
         /* Tests: prompts at batch 1, then generation at each batch size. */
         for (int kind = 0; kind < 2; kind++) {
             int n_len = kind ? n_tg : n_pp;

@@ -70,7 +70,7 @@ static const char *quantize_help =
 static int parse_type(const char *name, tlm_dtype *out) {
     for (int t = 0; t < TLM_DTYPE_COUNT; t++)
         if (!strcasecmp(name, tlm_dtype_name((tlm_dtype)t))) {
-            const tlm_dtype_info *d = tlm_dtype_get((tlm_dtype)t);
+            const core_dtype_info *d = core_dtype_get((tlm_dtype)t);
             if (!d->is_float || t == TLM_DTYPE_F64) return 0;
             *out = (tlm_dtype)t;
             return 1;
@@ -166,7 +166,8 @@ static int convert(int argc, char **argv, int quantize) {
             char *txt = NULL;
             size_t tl = 0;
             if (!v) return cli_fail("quantize: --tensor-type-file wants a file");
-            if (tlm_read_file(v, &txt, &tl)) return cli_fail_status("quantize: --tensor-type-file");
+            if (core_read_file(v, &txt, &tl))
+                return cli_fail_status("quantize: --tensor-type-file");
             int bad = 0;
             for (char *w = strtok(txt, " \t\r\n"); w && !bad; w = strtok(NULL, " \t\r\n"))
                 bad = add_tensor_type(w, tts, pats, &ntt);
@@ -281,7 +282,7 @@ static int convert(int argc, char **argv, int quantize) {
         if (!tlm_model_file_tensors(in, &ft, &nft)) {
             for (int i = 0; i < nft; i++) {
                 tlm_dtype d;
-                if (tlm_dtype_from_name(ft[i].dtype, &d) && tlm_dtype_get(d)->block_elems > 1) {
+                if (core_dtype_from_name(ft[i].dtype, &d) && core_dtype_get(d)->block_elems > 1) {
                     fprintf(stderr,
                             "tlm: warning: %s holds %s blocks ('%s'): they are widened and "
                             "quantized again, which loses more than quantizing the original\n",

@@ -188,7 +188,7 @@ int cmd_eval(int argc, char **argv) {
     if (kl_ref && cached)
         return cli_fail("eval: --kl-ref compares the forward passes: no --cache-type");
     if (!data) return cli_fail("eval: --data TEXT is required");
-    tlm_set_threads((int)threads);
+    tlm_threads_set((int)threads);
     tlm_model *m = NULL;
     tlm_tokenizer *tok = NULL;
     char *text = NULL;
@@ -220,7 +220,7 @@ int cmd_eval(int argc, char **argv) {
     } else if (!tok) {
         rc = cli_fail("eval: no tokenizer travels with '%s'; give -z TOKENIZER", model);
     }
-    if (!rc && tlm_read_file(data, &text, &len)) rc = cli_fail_status("eval");
+    if (!rc && core_read_file(data, &text, &len)) rc = cli_fail_status("eval");
     /* llama-perplexity adds BOS where the GGUF vocabulary says so (tokenizer.ggml.add_bos_token,
      * which tlm writes for SentencePiece vocabularies with a BOS), and reads special tokens in the
      * text as plain text. */
@@ -280,7 +280,7 @@ int cmd_eval(int argc, char **argv) {
             for (int i = 0; i < nb * T; i++) cnt += y[i] >= 0;
             if (sess) {
                 tlm_session_reset(sess, -1);
-                if (tlm_prefill(sess, 0, x, T, logits, 1)) {
+                if (tlm_session_prefill(sess, 0, x, T, logits, 1)) {
                     rc = cli_fail_status("eval");
                     break;
                 }
@@ -294,7 +294,7 @@ int cmd_eval(int argc, char **argv) {
                 rc = cli_fail_status("eval");
                 break;
             }
-            if (tlm_forward(ctx, x, nb, T, &o, &out)) {
+            if (tlm_train_ctx_forward(ctx, x, nb, T, &o, &out)) {
                 rc = cli_fail_status("eval");
                 break;
             }
@@ -303,7 +303,7 @@ int cmd_eval(int argc, char **argv) {
             if (base) {
                 tlm_forward_out bo;
                 if ((!bctx && tlm_train_ctx_new(base, &bctx)) ||
-                    tlm_forward(bctx, x, nb, T, &o, &bo)) {
+                    tlm_train_ctx_forward(bctx, x, nb, T, &o, &bo)) {
                     rc = cli_fail_status("eval: --kl-ref");
                     break;
                 }

@@ -193,7 +193,7 @@ int cmd_generate(int argc, char **argv) {
     }
     if (!model_path) return cli_fail("generate: -m MODEL is required (see tlm generate --help)");
     if (prompt && ids_arg) return cli_fail("generate: give -p or --ids, not both");
-    if (threads) tlm_set_threads((int)threads);
+    if (threads) tlm_threads_set((int)threads);
 
     int rc = 1;
     tlm_model *m = NULL;
@@ -316,7 +316,7 @@ int cmd_generate(int argc, char **argv) {
     tlm_stop_reason why = TLM_STOP_NONE;
     tlm_generate_stats gs;
     const int32_t *prompts[1] = {ids};
-    tlm_status s = tlm_generate(sess, prompts, &n_ids, 1, &go, &why, &gs);
+    tlm_status s = tlm_session_generate(sess, prompts, &n_ids, 1, &go, &why, &gs);
     if (st.dec) {
         const char *b;
         size_t n;

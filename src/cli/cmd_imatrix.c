@@ -172,7 +172,7 @@ int cmd_imatrix(int argc, char **argv) {
     }
     if (!data && !n_in) return cli_fail("imatrix: -f TEXT is required (or --in-file to merge)");
     if (data && !model) return cli_fail("imatrix: -m MODEL is required");
-    tlm_set_threads((int)threads);
+    tlm_threads_set((int)threads);
     tlm_model *m = NULL;
     tlm_tokenizer *tok = NULL;
     tlm_imatrix *im = NULL;
@@ -196,7 +196,7 @@ int cmd_imatrix(int argc, char **argv) {
             rc = cli_fail("imatrix: no tokenizer travels with '%s'; give -z TOKENIZER", model);
         }
     }
-    if (!rc && data && tlm_read_file(data, &text, &len)) rc = cli_fail_status("imatrix");
+    if (!rc && data && core_read_file(data, &text, &len)) rc = cli_fail_status("imatrix");
     /* llama-imatrix tokenizes as llama-perplexity does: BOS where the GGUF vocabulary adds one
      * (tlm writes that for SentencePiece vocabularies), special tokens read as plain text */
     int add_bos = tok && tlm_tokenizer_add_bos(tok);

@@ -13,11 +13,11 @@ static void print_types(const tlm_file_tensor *ft, int nt) {
     double bytes = 0, elems = 0;
     for (int i = 0; i < nt; i++) {
         tlm_dtype d;
-        if (!tlm_dtype_from_name(ft[i].dtype, &d)) continue;
+        if (!core_dtype_from_name(ft[i].dtype, &d)) continue;
         uint64_t n = 1;
         for (int k = 0; k < ft[i].ndim; k++) n *= (uint64_t)ft[i].shape[k];
         count[d]++;
-        bytes += (double)tlm_dtype_bytes(d, n);
+        bytes += (double)core_dtype_bytes(d, n);
         elems += (double)n;
     }
     if (elems <= 0) return;
@@ -116,7 +116,7 @@ static int model_info(const char *path, int json) {
     if (tlm_model_file_tensors(path, &ft, &nt)) return cli_fail_status("info");
     tlm_tokenizer *tok = model_tokenizer(path);
     tlm_param_count pc;
-    tlm_count_params(&c, &pc);
+    tlm_config_count_params(&c, &pc);
     if (json) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "format", tlm_model_format_name(f));
@@ -198,7 +198,7 @@ int cmd_info(int argc, char **argv) {
         return model_info(model, json);
     }
     tlm_param_count pc;
-    tlm_count_params(&c, &pc);
+    tlm_config_count_params(&c, &pc);
     if (json)
         print_json(&c, &pc, NULL);
     else

@@ -628,12 +628,12 @@ static int gguf_template(const char *model, srv_template *t, int *present) {
     *present = 0;
     tlm_model_format f;
     if (tlm_model_detect(model, &f) || f != TLM_FORMAT_GGUF) return 0;
-    tlm_gguf *g = NULL;
-    if (tlm_gguf_open(model, &g)) return 0;
+    io_gguf *g = NULL;
+    if (io_gguf_open(model, &g)) return 0;
     const char *s = NULL;
     size_t n = 0;
     int ok = 0;
-    if (!tlm_gguf_get_str(g, "tokenizer.chat_template", &s, &n)) {
+    if (!io_gguf_get_str(g, "tokenizer.chat_template", &s, &n)) {
         *present = 1;
         char *z = malloc(n + 1);
         if (z) {
@@ -643,7 +643,7 @@ static int gguf_template(const char *model, srv_template *t, int *present) {
             free(z);
         }
     }
-    tlm_gguf_close(g);
+    io_gguf_close(g);
     return ok;
 }
 
@@ -713,7 +713,7 @@ int cmd_serve(int argc, char **argv) {
         return cli_fail("serve: --chat-template '%s' is not one of chatml, llama2, llama3, "
                         "mistral, gemma, phi3",
                         tpl_name);
-    if (threads) tlm_set_threads((int)threads);
+    if (threads) tlm_threads_set((int)threads);
     unsigned lf;
     if (!cli_load_flags("serve", cli_read_mode(model_path, map_mode), precision, &lf)) return 1;
 

@@ -164,7 +164,7 @@ int cmd_tokenize(int argc, char **argv) {
     tlm_tokenizer *tok = NULL;
     if (!rc && tlm_tokenizer_load(zpath, &tok) != TLM_OK) rc = cli_fail_status("tokenize");
     if (!rc && out) {
-        tlm_set_threads(threads);
+        tlm_threads_set(threads);
         rc = cli_tokenize_shards(tok, out, per_shard, (size_t)chunk_kib << 10, files, n_files,
                                  flags);
     }

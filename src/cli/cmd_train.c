@@ -60,7 +60,7 @@ static const char *train_help =
 
 static volatile int g_stop = 0;
 /* MPI state of a run under mpirun; every process reaches dist_finish through cmd_train. */
-static tlm_dist *g_dist = NULL;
+static dist_state *g_dist = NULL;
 static int g_rank = 0;
 static int g_agreed = 0; /* every process knows of the failure and returns with it */
 static void on_sigint(int sig) {
@@ -171,7 +171,7 @@ static int resolve_data(const char *flag, const char *spec, data_src *d) {
         for (struct dirent *e; (e = readdir(dir));) {
             size_t len = strlen(e->d_name);
             if (len < 5 || strcmp(e->d_name + len - 4, ".bin")) continue;
-            char *path = tlm_path_join(spec, e->d_name);
+            char *path = core_path_join(spec, e->d_name);
             int ok = path && data_src_add(d, path);
             free(path);
             if (!ok) break;
@@ -206,9 +206,9 @@ static int prepare_tokens(const char *data, const char *out_dir, const char *nam
              tlm_tokenizer_kind_name(tlm_tokenizer_get_kind(tok)));
     char file[64];
     snprintf(file, sizeof file, "%s.bin", name);
-    char *path = tlm_path_join(out_dir, file);
+    char *path = core_path_join(out_dir, file);
     snprintf(file, sizeof file, "%s.json", name);
-    char *meta = tlm_path_join(out_dir, file);
+    char *meta = core_path_join(out_dir, file);
     *tokens_path = path;
     if (cache_matches(meta, expect) && access(path, R_OK) == 0) {
         free(meta);
@@ -230,9 +230,9 @@ static int prepare_tokens(const char *data, const char *out_dir, const char *nam
         rc = cli_fail("train: out of memory reading '%s'", data);
     else if (tlm_tokenizer_encode(tok, text, len, TLM_ENCODE_ALLOW_SPECIAL, &ids, &n))
         rc = cli_fail_status("train: tokenizing the data");
-    else if (tlm_tokens_write(path, ids, n, tlm_tokenizer_vocab_size(tok)))
+    else if (tlm_dataset_write_tokens(path, ids, n, tlm_tokenizer_vocab_size(tok)))
         rc = cli_fail_status("train: writing tokens");
-    else if (tlm_write_file_atomic(meta, expect, strlen(expect)))
+    else if (core_write_file_atomic(meta, expect, strlen(expect)))
         rc = cli_fail_status("train: writing token cache metadata");
     else
         fprintf(stderr, "%zu tokens (%.2f bytes per token)\n", n, n ? (double)len / n : 0.0);
@@ -258,7 +258,7 @@ static int train_main(int argc, char **argv) {
     int use_char = 0, threads = 0;
     double val_fraction = 0.1, min_lr = -1;
     tlm_train_opts o;
-    tlm_train_defaults(&o);
+    tlm_train_opts_defaults(&o);
     int precision_set = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
@@ -432,7 +432,7 @@ static int train_main(int argc, char **argv) {
             threads = per > 0 ? per : 1;
         }
     }
-    tlm_set_threads(threads);
+    tlm_threads_set(threads);
 
     tlm_config c;
     if (tlm_config_load(config, &c)) return cli_fail_status("train");
@@ -449,8 +449,8 @@ static int train_main(int argc, char **argv) {
     } else if (use_char) {
         char *text;
         size_t len;
-        if (tlm_read_file(data, &text, &len)) return cli_fail_status("train");
-        tlm_status s = tlm_tokenizer_char_from_text(text, len, &tok);
+        if (core_read_file(data, &text, &len)) return cli_fail_status("train");
+        tlm_status s = tlm_tokenizer_new_char(text, len, &tok);
         free(text);
         if (s) return cli_fail_status("train: building the character vocabulary");
     }
@@ -478,7 +478,7 @@ static int train_main(int argc, char **argv) {
         else {
             char file[64];
             snprintf(file, sizeof file, "%s.bin", names[k]);
-            path = tlm_path_join(out, file);
+            path = core_path_join(out, file);
         }
         free(srcs[k]->paths[0]);
         srcs[k]->paths[0] = path;
@@ -492,10 +492,10 @@ static int train_main(int argc, char **argv) {
     int rc = 0;
     tlm_dataset *ds = NULL;
     tlm_model *m = NULL;
-    if (tlm_dataset_open_files((const char *const *)src->paths, src->n,
+    if (tlm_dataset_load_files((const char *const *)src->paths, src->n,
                                (const char *const *)vsrc->paths, vsrc->n, val_fraction, &ds))
         rc = cli_fail_status("train");
-    else if (tlm_model_create(&c, &m))
+    else if (tlm_model_new(&c, &m))
         rc = cli_fail_status("train");
     else if (tlm_model_init(m, o.seed, strcmp(init, "xavier") ? TLM_INIT_GPT2 : TLM_INIT_XAVIER))
         rc = cli_fail_status("train");
@@ -507,12 +507,12 @@ static int train_main(int argc, char **argv) {
         rc = cli_fail_status("train");
     if (!rc && rank == 0) {
         tlm_param_count pc;
-        tlm_count_params(&c, &pc);
+        tlm_config_count_params(&c, &pc);
         fprintf(stderr,
                 "model: %zu parameters (%zu non-embedding); %zu training / %zu validation tokens; "
                 "%d threads\n",
                 pc.total, pc.non_embedding, tlm_dataset_size(ds, TLM_SPLIT_TRAIN),
-                tlm_dataset_size(ds, TLM_SPLIT_VAL), tlm_get_threads());
+                tlm_dataset_size(ds, TLM_SPLIT_VAL), tlm_threads_get());
         fprintf(stderr, "precision: %s\n",
                 o.precision == TLM_PRECISION_BF16
                     ? "bf16 matrix products, fp32 accumulation, weights and optimizer"

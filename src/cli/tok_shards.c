@@ -53,9 +53,9 @@ static int flush_shard(shard_writer *w) {
     if (w->n == 0) return 0;
     char name[64];
     snprintf(name, sizeof name, "shard_%06d.bin", w->index);
-    char *path = tlm_path_join(w->dir, name);
+    char *path = core_path_join(w->dir, name);
     if (!path) return cli_fail("tokenize: out of memory");
-    tlm_status s = tlm_tokens_write(path, w->buf, w->n, w->vocab);
+    tlm_status s = tlm_dataset_write_tokens(path, w->buf, w->n, w->vocab);
     free(path);
     if (s) return cli_fail_status("tokenize: writing a shard");
     w->index++;
@@ -98,7 +98,7 @@ int cli_tokenize_shards(const tlm_tokenizer *tok, const char *dir, long per_shar
     }
     if (mkdir(dir, 0755) != 0 && access(dir, W_OK) != 0)
         return cli_fail("tokenize: cannot create directory '%s'", dir);
-    int threads = tlm_get_threads();
+    int threads = tlm_threads_get();
     chunk *ch = calloc((size_t)threads, sizeof *ch);
     size_t cap = ((size_t)threads + 1) * CHUNK; /* a block: one chunk per thread, and one more */
     char *block = malloc(cap);

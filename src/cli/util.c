@@ -184,7 +184,7 @@ static unsigned long long model_bytes(const char *path) {
     for (struct dirent *e; (e = readdir(d));) {
         size_t n = strlen(e->d_name);
         if (n < 12 || strcmp(e->d_name + n - 12, ".safetensors")) continue;
-        char *p = tlm_path_join(path, e->d_name);
+        char *p = core_path_join(path, e->d_name);
         if (p && stat(p, &st) == 0) sum += (unsigned long long)st.st_size;
         free(p);
     }

@@ -8,6 +8,6 @@ static double seconds(clockid_t id) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-double tlm_now_s(void) { return seconds(CLOCK_MONOTONIC); }
+double core_now_s(void) { return seconds(CLOCK_MONOTONIC); }
 
-double tlm_cpu_s(void) { return seconds(CLOCK_PROCESS_CPUTIME_ID); }
+double core_cpu_s(void) { return seconds(CLOCK_PROCESS_CPUTIME_ID); }

@@ -9,37 +9,37 @@
 #include "tlm.h"
 
 #if defined(__GNUC__)
-#define TLM_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#define CORE_PRINTF(a, b) __attribute__((format(printf, a, b)))
 #else
-#define TLM_PRINTF(a, b)
+#define CORE_PRINTF(a, b)
 #endif
 
-/* Records a message for tlm_last_error() and returns s, so callers can `return tlm_err(...)`. */
-tlm_status tlm_err(tlm_status s, const char *fmt, ...) TLM_PRINTF(2, 3);
+/* Records a message for tlm_last_error() and returns s, so callers can `return core_err(...)`. */
+tlm_status core_err(tlm_status s, const char *fmt, ...) CORE_PRINTF(2, 3);
 /* Prefixes the current message with context ("loading x.safetensors: ..."). Returns s. */
-tlm_status tlm_err_context(tlm_status s, const char *fmt, ...) TLM_PRINTF(2, 3);
+tlm_status core_err_context(tlm_status s, const char *fmt, ...) CORE_PRINTF(2, 3);
 
 /* Large, 64-byte aligned, zeroed allocations backed by mmap with transparent huge pages; first
  * touch of 4 KiB pages is expensive on our machines, so big buffers are allocated once and reused.
  */
-void *tlm_big_alloc(size_t bytes);
-/* Makes a tlm_big_alloc buffer read-only (under AddressSanitizer, whose buffers come from the
+void *core_big_alloc(size_t bytes);
+/* Makes a core_big_alloc buffer read-only (under AddressSanitizer, whose buffers come from the
  * heap, it stays writable). */
-void tlm_big_seal(void *p, size_t bytes);
-/* Frees a tlm_big_alloc buffer of the size it was asked for; NULL is ignored. */
-void tlm_big_free(void *p, size_t bytes);
+void core_big_seal(void *p, size_t bytes);
+/* Frees a core_big_alloc buffer of the size it was asked for; NULL is ignored. */
+void core_big_free(void *p, size_t bytes);
 
 /* Seconds on the monotonic clock, and of CPU time used by all the process's threads
  * (src/core/clock.c). */
-double tlm_now_s(void);
-double tlm_cpu_s(void);
+double core_now_s(void);
+double core_cpu_s(void);
 
 /* Called before the first computation (model creation): caps OpenBLAS's thread count at
- * OMP_THREAD_LIMIT even when tlm_set_threads was never called. */
-void tlm_threads_check(void);
+ * OMP_THREAD_LIMIT even when tlm_threads_set was never called. */
+void core_threads_check(void);
 /* Called at the start of every computing entry point: caps the calling thread's OpenMP thread
  * count (which OpenBLAS follows) at OMP_THREAD_LIMIT. */
-void tlm_threads_enter(void);
+void core_threads_enter(void);
 
 /* Subnormal floats flushed to zero and read as zero (src/core/fpenv.c says why) in a computing
  * entry point: FP_FLUSH_SCOPE() at its start sets the mode on the calling thread until the
@@ -56,12 +56,12 @@ void fp_flush_thread(void);
     fp_flush_begin(&fp_scope_)
 
 /* Overflow-checked size arithmetic: return 0 on overflow. */
-int tlm_mul_ok(size_t a, size_t b, size_t *out);
-int tlm_add_ok(size_t a, size_t b, size_t *out);
+int core_mul_ok(size_t a, size_t b, size_t *out);
+int core_add_ok(size_t a, size_t b, size_t *out);
 
 /* splitmix64's finalizer: a full 64-bit mix, for counter-based randomness (dropout masks) and
  * for hashing keys with a seed (tokenizer tables). */
-static inline uint64_t tlm_mix64(uint64_t x) {
+static inline uint64_t core_mix64(uint64_t x) {
     x ^= x >> 30;
     x *= 0xBF58476D1CE4E5B9ull;
     x ^= x >> 27;
@@ -74,25 +74,25 @@ static inline uint64_t tlm_mix64(uint64_t x) {
 typedef struct {
     uint64_t state;
     uint64_t inc;
-} tlm_rng;
+} core_rng;
 
-void tlm_rng_seed(tlm_rng *r, uint64_t seed, uint64_t stream);
-uint32_t tlm_rng_u32(tlm_rng *r);
+void core_rng_seed(core_rng *r, uint64_t seed, uint64_t stream);
+uint32_t core_rng_u32(core_rng *r);
 /* Uniform in [0, 1) with 24 bits. */
-float tlm_rng_float(tlm_rng *r);
+float core_rng_float(core_rng *r);
 /* Uniform in (0, 1), 53 bits. */
-double tlm_rng_double_open(tlm_rng *r);
-double tlm_rng_normal(tlm_rng *r);
+double core_rng_double_open(core_rng *r);
+double core_rng_normal(core_rng *r);
 /* Normal(0, sigma) truncated to [-cut*sigma, cut*sigma] by rejection. */
-double tlm_rng_trunc_normal(tlm_rng *r, double sigma, double cut);
+double core_rng_trunc_normal(core_rng *r, double sigma, double cut);
 /* Uniform integer in [0, n). */
-uint32_t tlm_rng_below(tlm_rng *r, uint32_t n);
+uint32_t core_rng_below(core_rng *r, uint32_t n);
 
 /* "dir/name" in a new malloc'd string (NULL when out of memory). */
-char *tlm_path_join(const char *dir, const char *name);
+char *core_path_join(const char *dir, const char *name);
 
 /* Reads a whole file (NUL-terminated for convenience; *len excludes the NUL). */
-tlm_status tlm_read_file(const char *path, char **data, size_t *len);
+tlm_status core_read_file(const char *path, char **data, size_t *len);
 
 /* Crash-safe writes: data goes to "PATH.tmp.PID", is fsynced, then renamed over PATH, and PATH's
  * directory is fsynced so that the rename itself is durable. */
@@ -100,31 +100,31 @@ typedef struct {
     FILE *f;
     char *path;
     char *tmp;
-} tlm_atomic_file;
+} core_atomic_file;
 
-tlm_status tlm_atomic_open(tlm_atomic_file *a, const char *path);
-tlm_status tlm_atomic_write(tlm_atomic_file *a, const void *data, size_t n);
+tlm_status core_atomic_open(core_atomic_file *a, const char *path);
+tlm_status core_atomic_write(core_atomic_file *a, const void *data, size_t n);
 /* Flushes, fsyncs, renames, fsyncs the directory; a failure before the rename removes the
  * temporary file, a failure to sync the directory after it is reported (TLM_ERR_IO) with the new
  * file in place. */
-tlm_status tlm_atomic_commit(tlm_atomic_file *a);
-void tlm_atomic_abort(tlm_atomic_file *a);
-tlm_status tlm_write_file_atomic(const char *path, const void *data, size_t n);
+tlm_status core_atomic_commit(core_atomic_file *a);
+void core_atomic_abort(core_atomic_file *a);
+tlm_status core_write_file_atomic(const char *path, const void *data, size_t n);
 
 /* Read-only memory map of a whole file. */
 typedef struct {
     const uint8_t *data;
     size_t size;
-    int copy; /* 1: the file read into a tlm_big_alloc buffer (TLM_LOAD_READ); 0: mapped */
-} tlm_mmap;
+    int copy; /* 1: the file read into a core_big_alloc buffer (TLM_LOAD_READ); 0: mapped */
+} core_mmap;
 
-tlm_status tlm_mmap_open(tlm_mmap *m, const char *path);
-/* While on (this thread only), tlm_mmap_open reads the whole file into read-only memory on huge
- * pages instead of mapping it (TLM_LOAD_READ); tlm_mmap_close frees either. */
-void tlm_mmap_read_mode(int on);
-void tlm_mmap_close(tlm_mmap *m);
+tlm_status core_mmap_open(core_mmap *m, const char *path);
+/* While on (this thread only), core_mmap_open reads the whole file into read-only memory on huge
+ * pages instead of mapping it (TLM_LOAD_READ); core_mmap_close frees either. */
+void core_mmap_read_mode(int on);
+void core_mmap_close(core_mmap *m);
 /* Drops a read-only mapping's pages inside [p, p + n) from this process (they stay in the page
  * cache; touching them maps them again): a copy made from a mapping then does not hold both. */
-void tlm_mmap_release(const void *p, size_t n);
+void core_mmap_release(const void *p, size_t n);
 
 #endif

@@ -26,29 +26,29 @@ typedef struct {
     /* one row of cols floats with an importance matrix's cols weights: ggml's quantize_*_impl
      * (quant_imatrix.c); NULL for the types that take none */
     void (*from_f32_imatrix)(const float *src, void *dst, size_t cols, const float *imatrix);
-} tlm_dtype_info;
+} core_dtype_info;
 
 /* NULL for a value outside the enum. */
-const tlm_dtype_info *tlm_dtype_get(tlm_dtype t);
+const core_dtype_info *core_dtype_get(tlm_dtype t);
 /* Bytes of n elements; 0 when n is not a whole number of blocks or the product overflows. */
-size_t tlm_dtype_bytes(tlm_dtype t, uint64_t n);
+size_t core_dtype_bytes(tlm_dtype t, uint64_t n);
 /* Maps a ggml type id or a name (safetensors' "F32", "BF16", ...) to the enum; 0 if unknown. */
-int tlm_dtype_from_ggml(uint32_t ggml, tlm_dtype *out);
-int tlm_dtype_from_name(const char *name, tlm_dtype *out);
+int core_dtype_from_ggml(uint32_t ggml, tlm_dtype *out);
+int core_dtype_from_name(const char *name, tlm_dtype *out);
 /* Widens n elements (a whole number of blocks) of a float type to floats. TLM_ERR_UNSUPPORTED
  * for integer types. src needs no alignment. */
-tlm_status tlm_dtype_to_f32(tlm_dtype t, const void *src, float *dst, size_t n);
+tlm_status core_dtype_to_f32(tlm_dtype t, const void *src, float *dst, size_t n);
 /* The inverse: n floats (a whole number of blocks) to type t, byte for byte what ggml's reference
  * quantizers write without an importance matrix (llama-quantize's output); F16 and BF16 round to
  * nearest even. dst needs no alignment. TLM_ERR_UNSUPPORTED for non-float types and F64. */
-tlm_status tlm_dtype_from_f32(tlm_dtype t, const float *src, void *dst, size_t n);
+tlm_status core_dtype_from_f32(tlm_dtype t, const float *src, void *dst, size_t n);
 /* rows x cols floats into type t, row by row. With imatrix (cols weights: an importance matrix's
  * mean squared activation of each column, as llama-quantize --imatrix takes it) the types that
- * use one (tlm_dtype_uses_imatrix) quantize as ggml's weighted quantizers do (quantize_*_impl),
- * byte for byte; the others, or imatrix NULL, as tlm_dtype_from_f32. */
-tlm_status tlm_quantize_rows(tlm_dtype t, const float *src, void *dst, size_t rows, size_t cols,
-                             const float *imatrix);
+ * use one (core_dtype_uses_imatrix) quantize as ggml's weighted quantizers do (quantize_*_impl),
+ * byte for byte; the others, or imatrix NULL, as core_dtype_from_f32. */
+tlm_status core_quantize_rows(tlm_dtype t, const float *src, void *dst, size_t rows, size_t cols,
+                              const float *imatrix);
 /* 1 where the type has an importance-matrix quantizer (from_f32_imatrix). */
-int tlm_dtype_uses_imatrix(tlm_dtype t);
+int core_dtype_uses_imatrix(tlm_dtype t);
 
 #endif

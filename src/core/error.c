@@ -4,13 +4,13 @@
 
 #include "core.h"
 
-#define TLM_ERR_LEN 1024
+#define CORE_ERR_LEN 1024
 
-static _Thread_local char g_msg[TLM_ERR_LEN];
+static _Thread_local char g_msg[CORE_ERR_LEN];
 
 const char *tlm_last_error(void) { return g_msg; }
 
-tlm_status tlm_err(tlm_status s, const char *fmt, ...) {
+tlm_status core_err(tlm_status s, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(g_msg, sizeof g_msg, fmt, ap);
@@ -18,9 +18,9 @@ tlm_status tlm_err(tlm_status s, const char *fmt, ...) {
     return s;
 }
 
-tlm_status tlm_err_context(tlm_status s, const char *fmt, ...) {
-    char prefix[TLM_ERR_LEN];
-    char old[TLM_ERR_LEN];
+tlm_status core_err_context(tlm_status s, const char *fmt, ...) {
+    char prefix[CORE_ERR_LEN];
+    char old[CORE_ERR_LEN];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(prefix, sizeof prefix, fmt, ap);

@@ -10,16 +10,16 @@
 
 #include "core.h"
 
-tlm_status tlm_read_file(const char *path, char **data, size_t *len) {
+tlm_status core_read_file(const char *path, char **data, size_t *len) {
     *data = NULL;
     if (len) *len = 0;
     FILE *f = fopen(path, "rb");
-    if (!f) return tlm_err(TLM_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
+    if (!f) return core_err(TLM_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
     size_t cap = 1 << 16, n = 0;
     char *buf = malloc(cap);
     if (!buf) {
         fclose(f);
-        return tlm_err(TLM_ERR_NOMEM, "out of memory reading '%s'", path);
+        return core_err(TLM_ERR_NOMEM, "out of memory reading '%s'", path);
     }
     for (;;) {
         if (n + 1 >= cap) {
@@ -27,7 +27,7 @@ tlm_status tlm_read_file(const char *path, char **data, size_t *len) {
             if (!nb) {
                 free(buf);
                 fclose(f);
-                return tlm_err(TLM_ERR_NOMEM, "out of memory reading '%s'", path);
+                return core_err(TLM_ERR_NOMEM, "out of memory reading '%s'", path);
             }
             buf = nb;
             cap *= 2;
@@ -40,7 +40,7 @@ tlm_status tlm_read_file(const char *path, char **data, size_t *len) {
     fclose(f);
     if (bad) {
         free(buf);
-        return tlm_err(TLM_ERR_IO, "error reading '%s'", path);
+        return core_err(TLM_ERR_IO, "error reading '%s'", path);
     }
     buf[n] = 0;
     *data = buf;
@@ -48,7 +48,7 @@ tlm_status tlm_read_file(const char *path, char **data, size_t *len) {
     return TLM_OK;
 }
 
-tlm_status tlm_atomic_open(tlm_atomic_file *a, const char *path) {
+tlm_status core_atomic_open(core_atomic_file *a, const char *path) {
     memset(a, 0, sizeof *a);
     size_t n = strlen(path);
     a->path = malloc(n + 1);
@@ -56,13 +56,13 @@ tlm_status tlm_atomic_open(tlm_atomic_file *a, const char *path) {
     if (!a->path || !a->tmp) {
         free(a->path);
         free(a->tmp);
-        return tlm_err(TLM_ERR_NOMEM, "out of memory");
+        return core_err(TLM_ERR_NOMEM, "out of memory");
     }
     memcpy(a->path, path, n + 1);
     snprintf(a->tmp, n + 32, "%s.tmp.%ld", path, (long)getpid());
     a->f = fopen(a->tmp, "wb");
     if (!a->f) {
-        tlm_status s = tlm_err(TLM_ERR_IO, "cannot create '%s': %s", a->tmp, strerror(errno));
+        tlm_status s = core_err(TLM_ERR_IO, "cannot create '%s': %s", a->tmp, strerror(errno));
         free(a->path);
         free(a->tmp);
         memset(a, 0, sizeof *a);
@@ -71,13 +71,13 @@ tlm_status tlm_atomic_open(tlm_atomic_file *a, const char *path) {
     return TLM_OK;
 }
 
-tlm_status tlm_atomic_write(tlm_atomic_file *a, const void *data, size_t n) {
+tlm_status core_atomic_write(core_atomic_file *a, const void *data, size_t n) {
     if (n && fwrite(data, 1, n, a->f) != n)
-        return tlm_err(TLM_ERR_IO, "cannot write '%s': %s", a->tmp, strerror(errno));
+        return core_err(TLM_ERR_IO, "cannot write '%s': %s", a->tmp, strerror(errno));
     return TLM_OK;
 }
 
-void tlm_atomic_abort(tlm_atomic_file *a) {
+void core_atomic_abort(core_atomic_file *a) {
     if (a->f) fclose(a->f);
     if (a->tmp) unlink(a->tmp);
     free(a->path);
@@ -91,32 +91,33 @@ static tlm_status sync_parent_dir(const char *path) {
     const char *slash = strrchr(path, '/');
     size_t n = slash && slash != path ? (size_t)(slash - path) : 1;
     char *dir = malloc(n + 1);
-    if (!dir) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    if (!dir) return core_err(TLM_ERR_NOMEM, "out of memory");
     memcpy(dir, slash ? path : ".", n);
     dir[n] = 0;
     tlm_status s = TLM_OK;
     int fd = open(dir, O_RDONLY | O_DIRECTORY);
     if (fd < 0)
-        s = tlm_err(TLM_ERR_IO, "cannot open directory '%s' to sync '%s' into it: %s", dir, path,
-                    strerror(errno));
+        s = core_err(TLM_ERR_IO, "cannot open directory '%s' to sync '%s' into it: %s", dir, path,
+                     strerror(errno));
     /* EINVAL: this file system cannot sync directories at all, so there is nothing to wait for. */
     else if (fsync(fd) != 0 && errno != EINVAL)
-        s = tlm_err(TLM_ERR_IO, "cannot sync directory '%s' after renaming '%s' into it: %s", dir,
-                    path, strerror(errno));
+        s = core_err(TLM_ERR_IO, "cannot sync directory '%s' after renaming '%s' into it: %s", dir,
+                     path, strerror(errno));
     if (fd >= 0) close(fd);
     free(dir);
     return s;
 }
 
-tlm_status tlm_atomic_commit(tlm_atomic_file *a) {
+tlm_status core_atomic_commit(core_atomic_file *a) {
     tlm_status s = TLM_OK;
     if (fflush(a->f) != 0 || fsync(fileno(a->f)) != 0)
-        s = tlm_err(TLM_ERR_IO, "cannot flush '%s': %s", a->tmp, strerror(errno));
+        s = core_err(TLM_ERR_IO, "cannot flush '%s': %s", a->tmp, strerror(errno));
     if (fclose(a->f) != 0 && s == TLM_OK)
-        s = tlm_err(TLM_ERR_IO, "cannot close '%s': %s", a->tmp, strerror(errno));
+        s = core_err(TLM_ERR_IO, "cannot close '%s': %s", a->tmp, strerror(errno));
     a->f = NULL;
     if (s == TLM_OK && rename(a->tmp, a->path) != 0)
-        s = tlm_err(TLM_ERR_IO, "cannot rename '%s' to '%s': %s", a->tmp, a->path, strerror(errno));
+        s = core_err(TLM_ERR_IO, "cannot rename '%s' to '%s': %s", a->tmp, a->path,
+                     strerror(errno));
     if (s != TLM_OK)
         unlink(a->tmp);
     else
@@ -127,23 +128,23 @@ tlm_status tlm_atomic_commit(tlm_atomic_file *a) {
     return s;
 }
 
-tlm_status tlm_write_file_atomic(const char *path, const void *data, size_t n) {
-    tlm_atomic_file a;
-    tlm_status s = tlm_atomic_open(&a, path);
+tlm_status core_write_file_atomic(const char *path, const void *data, size_t n) {
+    core_atomic_file a;
+    tlm_status s = core_atomic_open(&a, path);
     if (s) return s;
-    s = tlm_atomic_write(&a, data, n);
+    s = core_atomic_write(&a, data, n);
     if (s) {
-        tlm_atomic_abort(&a);
+        core_atomic_abort(&a);
         return s;
     }
-    return tlm_atomic_commit(&a);
+    return core_atomic_commit(&a);
 }
 
 /* Set by tlm_model_load around one loader call on its own thread (the loaders open their files
  * several calls deep), so a concurrent load on another thread keeps its own mode. */
 static _Thread_local int read_mode;
 
-void tlm_mmap_read_mode(int on) { read_mode = on; }
+void core_mmap_read_mode(int on) { read_mode = on; }
 
 /* The file's bytes copied into private anonymous memory on 2 MiB pages, then made read-only. A
  * file mapping gets 4 KiB pages (ext4's page cache has no huge pages, not even with MADV_HUGEPAGE
@@ -151,36 +152,36 @@ void tlm_mmap_read_mode(int on) { read_mode = on; }
  * slower from them on the larger types (bench/formats/load_memory.sh): TLB walks, and hardware
  * prefetchers that stop at each 4 KiB boundary. */
 static tlm_status read_whole(int fd, size_t len, const char *path, void **out) {
-    uint8_t *a = tlm_big_alloc(len); /* 2 MiB-aligned huge pages from 2 MiB on */
-    if (!a) return tlm_err(TLM_ERR_NOMEM, "out of memory reading '%s' (%zu MiB)", path, len >> 20);
+    uint8_t *a = core_big_alloc(len); /* 2 MiB-aligned huge pages from 2 MiB on */
+    if (!a) return core_err(TLM_ERR_NOMEM, "out of memory reading '%s' (%zu MiB)", path, len >> 20);
     size_t got = 0;
     while (got < len) {
         ssize_t n = pread(fd, a + got, len - got, (off_t)got);
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) {
             int e = errno;
-            tlm_big_free(a, len);
-            return tlm_err(TLM_ERR_IO, "cannot read '%s': %s", path,
-                           n < 0 ? strerror(e) : "the file got shorter");
+            core_big_free(a, len);
+            return core_err(TLM_ERR_IO, "cannot read '%s': %s", path,
+                            n < 0 ? strerror(e) : "the file got shorter");
         }
         got += (size_t)n;
     }
     /* read-only, as a mapping would be: the model is immutable and shared by its callers */
-    tlm_big_seal(a, len);
+    core_big_seal(a, len);
     *out = a;
     return TLM_OK;
 }
 
-tlm_status tlm_mmap_open(tlm_mmap *m, const char *path) {
+tlm_status core_mmap_open(core_mmap *m, const char *path) {
     m->data = NULL;
     m->size = 0;
     m->copy = 0;
     int fd = open(path, O_RDONLY);
-    if (fd < 0) return tlm_err(TLM_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
+    if (fd < 0) return core_err(TLM_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         close(fd);
-        return tlm_err(TLM_ERR_IO, "'%s' is not a regular file", path);
+        return core_err(TLM_ERR_IO, "'%s' is not a regular file", path);
     }
     if (st.st_size == 0) {
         close(fd);
@@ -199,13 +200,13 @@ tlm_status tlm_mmap_open(tlm_mmap *m, const char *path) {
     }
     void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
-    if (p == MAP_FAILED) return tlm_err(TLM_ERR_IO, "cannot map '%s': %s", path, strerror(errno));
+    if (p == MAP_FAILED) return core_err(TLM_ERR_IO, "cannot map '%s': %s", path, strerror(errno));
     m->data = p;
     m->size = (size_t)st.st_size;
     return TLM_OK;
 }
 
-void tlm_mmap_release(const void *p, size_t n) {
+void core_mmap_release(const void *p, size_t n) {
     /* Only whole pages inside [p, p + n): a page shared with a neighbour that is still to be read
      * would just be faulted in again, but keep it mapped anyway. */
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
@@ -213,10 +214,10 @@ void tlm_mmap_release(const void *p, size_t n) {
     if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
 }
 
-void tlm_mmap_close(tlm_mmap *m) {
+void core_mmap_close(core_mmap *m) {
     if (m->data && m->size) {
         if (m->copy)
-            tlm_big_free((void *)m->data, m->size);
+            core_big_free((void *)m->data, m->size);
         else
             munmap((void *)m->data, m->size);
     }
@@ -225,7 +226,7 @@ void tlm_mmap_close(tlm_mmap *m) {
     m->copy = 0;
 }
 
-char *tlm_path_join(const char *dir, const char *name) {
+char *core_path_join(const char *dir, const char *name) {
     size_t n = strlen(dir) + strlen(name) + 2;
     char *p = malloc(n);
     if (p) snprintf(p, n, "%s/%s", dir, name);

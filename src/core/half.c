@@ -14,7 +14,7 @@ static float u2f(uint32_t u) {
     return f;
 }
 
-float tlm_f16_to_f32(uint16_t h) {
+float core_f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
     if (exp == 0x1f) return u2f(sign | 0x7f800000u | (man << 13)); /* inf / nan */
     if (exp == 0) {
@@ -25,7 +25,7 @@ float tlm_f16_to_f32(uint16_t h) {
     return u2f(sign | ((exp + 112) << 23) | (man << 13));
 }
 
-uint16_t tlm_f32_to_f16(float f) {
+uint16_t core_f32_to_f16(float f) {
     uint32_t u = f2u(f);
     uint16_t sign = (uint16_t)((u >> 16) & 0x8000);
     uint32_t a = u & 0x7fffffffu;
@@ -44,9 +44,9 @@ uint16_t tlm_f32_to_f16(float f) {
     return sign | (uint16_t)h;
 }
 
-float tlm_bf16_to_f32(uint16_t h) { return u2f((uint32_t)h << 16); }
+float core_bf16_to_f32(uint16_t h) { return u2f((uint32_t)h << 16); }
 
-uint16_t tlm_f32_to_bf16(float f) {
+uint16_t core_f32_to_bf16(float f) {
     uint32_t u = f2u(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet nan */
     u += 0x7fff + ((u >> 16) & 1);

@@ -4,9 +4,9 @@
 
 #include <stdint.h>
 
-float tlm_f16_to_f32(uint16_t h);
-uint16_t tlm_f32_to_f16(float f);
-float tlm_bf16_to_f32(uint16_t h);
-uint16_t tlm_f32_to_bf16(float f);
+float core_f16_to_f32(uint16_t h);
+uint16_t core_f32_to_f16(float f);
+float core_bf16_to_f32(uint16_t h);
+uint16_t core_f32_to_bf16(float f);
 
 #endif

@@ -10,16 +10,16 @@
 /* Under AddressSanitizer big buffers come from the instrumented heap instead of mmap, so that a
  * write past an arena's end is caught rather than landing silently in the rest of a page. */
 #if defined(__SANITIZE_ADDRESS__)
-#define TLM_ASAN 1
+#define CORE_ASAN 1
 #elif defined(__has_feature)
 #if __has_feature(address_sanitizer)
-#define TLM_ASAN 1
+#define CORE_ASAN 1
 #endif
 #endif
 
-void *tlm_big_alloc(size_t bytes) {
+void *core_big_alloc(size_t bytes) {
     if (bytes == 0) bytes = 1;
-#ifdef TLM_ASAN
+#ifdef CORE_ASAN
     void *q = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
     if (q) memset(q, 0, bytes);
     return q;
@@ -30,7 +30,7 @@ void *tlm_big_alloc(size_t bytes) {
         return p == MAP_FAILED ? NULL : p;
     }
     /* A start on a 2 MiB boundary, so that every whole 2 MiB of the buffer can be one huge page:
-     * map 2 MiB more and give back the ends (tlm_big_free then unmaps exactly what is left). */
+     * map 2 MiB more and give back the ends (core_big_free then unmaps exactly what is left). */
     uint8_t *r =
         mmap(NULL, bytes + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (r == MAP_FAILED) return NULL;
@@ -46,16 +46,16 @@ void *tlm_big_alloc(size_t bytes) {
 #endif
 }
 
-void tlm_big_seal(void *p, size_t bytes) {
-#ifdef TLM_ASAN
+void core_big_seal(void *p, size_t bytes) {
+#ifdef CORE_ASAN
     (void)p, (void)bytes; /* heap memory: not whole pages of its own */
 #else
     if (p) mprotect(p, bytes ? bytes : 1, PROT_READ);
 #endif
 }
 
-void tlm_big_free(void *p, size_t bytes) {
-#ifdef TLM_ASAN
+void core_big_free(void *p, size_t bytes) {
+#ifdef CORE_ASAN
     (void)bytes;
     free(p);
 #else
@@ -63,13 +63,13 @@ void tlm_big_free(void *p, size_t bytes) {
 #endif
 }
 
-int tlm_mul_ok(size_t a, size_t b, size_t *out) {
+int core_mul_ok(size_t a, size_t b, size_t *out) {
     if (a != 0 && b > SIZE_MAX / a) return 0;
     *out = a * b;
     return 1;
 }
 
-int tlm_add_ok(size_t a, size_t b, size_t *out) {
+int core_add_ok(size_t a, size_t b, size_t *out) {
     if (b > SIZE_MAX - a) return 0;
     *out = a + b;
     return 1;

@@ -9,14 +9,14 @@
 #include "core/quant.h"
 #include "core/quant_impl.h"
 
-/* ggml's tlm_make_qkx2_quants (K types with a min): for n values with weights, the scale and min of
- * L in [0, nmax] that minimise the weighted squared error (mad: absolute error, Q2_K's), searching
- * nstep + 1 candidate inverse scales around nmax / (max - min) and solving the least-squares fit
- * for each. Returns the scale; *the_min gets minus the min (ggml stores mins as positive numbers
- * subtracted). */
-float tlm_make_qkx2_quants(int n, int nmax, const float *x, const float *weights, uint8_t *L,
-                           float *the_min, uint8_t *Laux, float rmin, float rdelta, int nstep,
-                           int mad) {
+/* ggml's core_make_qkx2_quants (K types with a min): for n values with weights, the scale and min
+ * of L in [0, nmax] that minimise the weighted squared error (mad: absolute error, Q2_K's),
+ * searching nstep + 1 candidate inverse scales around nmax / (max - min) and solving the
+ * least-squares fit for each. Returns the scale; *the_min gets minus the min (ggml stores mins as
+ * positive numbers subtracted). */
+float core_make_qkx2_quants(int n, int nmax, const float *x, const float *weights, uint8_t *L,
+                            float *the_min, uint8_t *Laux, float rmin, float rdelta, int nstep,
+                            int mad) {
     float min = x[0], max = x[0];
     float sum_w = weights[0];
     float sum_x = sum_w * x[0];
@@ -100,8 +100,8 @@ static int signed_max(int n, const float *x, float *max) {
 
 /* The levels of x at iscale, nearest and clamped to [-nmax, nmax - 1] (into L + off unless L is
  * NULL), and their sums sumlx and suml2 weighted by qw (an importance matrix's weights) or, where
- * qw is NULL, by x^2: the pass that ggml's tlm_make_qx_quants and tlm_make_q3_quants start from,
- * and tlm_make_qx_quants repeats for each candidate scale. */
+ * qw is NULL, by x^2: the pass that ggml's core_make_qx_quants and core_make_q3_quants start from,
+ * and core_make_qx_quants repeats for each candidate scale. */
 static void levels_at(int n, int nmax, const float *x, const float *qw, float iscale, int8_t *L,
                       int off, float *sumlx, float *suml2) {
     float slx = 0, sl2 = 0;
@@ -117,11 +117,11 @@ static void levels_at(int n, int nmax, const float *x, const float *qw, float is
     *suml2 = sl2;
 }
 
-/* ggml's tlm_make_qx_quants with rmse_type 1: symmetric L in [-nmax, nmax - 1] (stored + nmax),
+/* ggml's core_make_qx_quants with rmse_type 1: symmetric L in [-nmax, nmax - 1] (stored + nmax),
  * weights qw (importance; Q6_K, Q3_K, Q4_0 and Q5_0 with a matrix) or x^2 where qw is NULL (Q6_K
  * without one), and 18 candidate scales around the one that maps the value of largest magnitude
  * to -nmax. */
-float tlm_make_qx_quants(int n, int nmax, const float *x, int8_t *L, const float *qw) {
+float core_make_qx_quants(int n, int nmax, const float *x, int8_t *L, const float *qw) {
     float max;
     if (!signed_max(n, x, &max)) {
         memset(L, 0, (size_t)n);
@@ -147,7 +147,7 @@ float tlm_make_qx_quants(int n, int nmax, const float *x, int8_t *L, const float
 /* Sub-block j's 6-bit scale ls and min lm into Q4_K / Q5_K's 12 bytes (zeroed first): j < 4 in
  * bytes j and j + 4, the others' low four bits in byte j + 4 and their top two bits in the top
  * of bytes j - 4 and j. */
-void tlm_q45k_put_scale_min(int j, uint8_t ls, uint8_t lm, uint8_t *scales12) {
+void core_q45k_put_scale_min(int j, uint8_t ls, uint8_t lm, uint8_t *scales12) {
     if (j < 4) {
         scales12[j] = ls;
         scales12[j + 4] = lm;
@@ -160,14 +160,14 @@ void tlm_q45k_put_scale_min(int j, uint8_t ls, uint8_t lm, uint8_t *scales12) {
 
 /* Every value of a Q4_K / Q5_K super-block requantized with the stored (rounded) scales and mins;
  * a sub-block whose scale is 0 keeps the fit's levels, as ggml does. */
-void tlm_q45k_requantize(const float *x, const uint8_t *scales12, uint16_t dd, uint16_t dmin,
-                         int nmax, uint8_t *L) {
-    for (int j = 0; j < TLM_QK_K / 32; ++j) {
+void core_q45k_requantize(const float *x, const uint8_t *scales12, uint16_t dd, uint16_t dmin,
+                          int nmax, uint8_t *L) {
+    for (int j = 0; j < CORE_QK_K / 32; ++j) {
         uint8_t sc, m;
-        tlm_q4k_scale_min(j, scales12, &sc, &m);
-        const float d = tlm_f16_to_f32(dd) * sc;
+        core_q4k_scale_min(j, scales12, &sc, &m);
+        const float d = core_f16_to_f32(dd) * sc;
         if (!d) continue;
-        const float dm = tlm_f16_to_f32(dmin) * m;
+        const float dm = core_f16_to_f32(dmin) * m;
         for (int ii = 0; ii < 32; ++ii) {
             int l = nearest_int((x[32 * j + ii] + dm) / d);
             L[32 * j + ii] = (uint8_t)imax(0, imin(nmax, l));
@@ -176,11 +176,11 @@ void tlm_q45k_requantize(const float *x, const uint8_t *scales12, uint16_t dd, u
 }
 
 /* Q5_K's levels (0-31) into the block: low nibbles in qs as Q4_K's, fifth bits in qh. */
-void tlm_q5k_pack(const uint8_t *L, tlm_block_q5_k *y) {
+void core_q5k_pack(const uint8_t *L, core_block_q5_k *y) {
     uint8_t *qh = y->qh, *ql = y->qs;
-    memset(qh, 0, TLM_QK_K / 8);
+    memset(qh, 0, CORE_QK_K / 8);
     uint8_t m1 = 1, m2 = 2;
-    for (int n = 0; n < TLM_QK_K; n += 64, ql += 32) {
+    for (int n = 0; n < CORE_QK_K; n += 64, ql += 32) {
         for (int j = 0; j < 32; ++j) {
             int l1 = L[n + j], l2 = L[n + j + 32];
             if (l1 > 15) {
@@ -199,15 +199,15 @@ void tlm_q5k_pack(const uint8_t *L, tlm_block_q5_k *y) {
 }
 
 /* Q6_K with or without importance weights qw (the matrix's own, not scaled by the values as the
- * other types' are): sixteen sub-blocks of 16 by tlm_make_qx_quants, their scales to 8 bits against
- * the one of largest magnitude. */
-void tlm_q6k_fit(const float *x, const float *qw, tlm_block_q6_k *y) {
-    int8_t L[TLM_QK_K];
-    float scales[TLM_QK_K / 16];
+ * other types' are): sixteen sub-blocks of 16 by core_make_qx_quants, their scales to 8 bits
+ * against the one of largest magnitude. */
+void core_q6k_fit(const float *x, const float *qw, core_block_q6_k *y) {
+    int8_t L[CORE_QK_K];
+    float scales[CORE_QK_K / 16];
     float max_scale = 0, max_abs_scale = 0;
-    for (int ib = 0; ib < TLM_QK_K / 16; ++ib) {
+    for (int ib = 0; ib < CORE_QK_K / 16; ++ib) {
         const float scale =
-            tlm_make_qx_quants(16, 32, x + 16 * ib, L + 16 * ib, qw ? qw + 16 * ib : NULL);
+            core_make_qx_quants(16, 32, x + 16 * ib, L + 16 * ib, qw ? qw + 16 * ib : NULL);
         scales[ib] = scale;
         const float abs_scale = fabsf(scale);
         if (abs_scale > max_abs_scale) {
@@ -220,11 +220,11 @@ void tlm_q6k_fit(const float *x, const float *qw, tlm_block_q6_k *y) {
         return;
     }
     float iscale = -128.f / max_scale;
-    y->d = tlm_f32_to_f16(1 / iscale);
-    for (int ib = 0; ib < TLM_QK_K / 16; ++ib)
+    y->d = core_f32_to_f16(1 / iscale);
+    for (int ib = 0; ib < CORE_QK_K / 16; ++ib)
         y->scales[ib] = (int8_t)imin(127, nearest_int(iscale * scales[ib]));
-    for (int j = 0; j < TLM_QK_K / 16; ++j) {
-        float d = tlm_f16_to_f32(y->d) * y->scales[j];
+    for (int j = 0; j < CORE_QK_K / 16; ++j) {
+        float d = core_f16_to_f32(y->d) * y->scales[j];
         if (!d) continue;
         for (int ii = 0; ii < 16; ++ii) {
             int l = nearest_int(x[16 * j + ii] / d);
@@ -233,7 +233,7 @@ void tlm_q6k_fit(const float *x, const float *qw, tlm_block_q6_k *y) {
         }
     }
     uint8_t *ql = y->ql, *qh = y->qh;
-    for (int j = 0; j < TLM_QK_K; j += 128, ql += 64, qh += 32)
+    for (int j = 0; j < CORE_QK_K; j += 128, ql += 64, qh += 32)
         for (int l = 0; l < 32; ++l) {
             const uint8_t q1 = L[j + l] & 0xF, q2 = L[j + l + 32] & 0xF;
             const uint8_t q3 = L[j + l + 64] & 0xF, q4 = L[j + l + 96] & 0xF;
@@ -245,17 +245,17 @@ void tlm_q6k_fit(const float *x, const float *qw, tlm_block_q6_k *y) {
 }
 
 /* The 2-bit planes of Q2_K and Q3_K: element 32i + l of each half of 128 in bits 2i of qs[l]. */
-void tlm_q23k_pack_planes(const uint8_t *L, uint8_t *qs) {
-    for (int j = 0; j < TLM_QK_K; j += 128)
+void core_q23k_pack_planes(const uint8_t *L, uint8_t *qs) {
+    for (int j = 0; j < CORE_QK_K; j += 128)
         for (int l = 0; l < 32; ++l)
             qs[j / 4 + l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4) |
                                       (L[j + l + 96] << 6));
 }
 
-/* ggml's tlm_make_q3_quants with its rmse search (Q3_K): L in [-nmax, nmax - 1] from the scale that
- * maps the value of largest magnitude to -nmax, then up to five passes moving single levels where
- * that raises sumlx^2 / suml2 (weights x^2); L stored + nmax. */
-float tlm_make_q3_quants(int n, int nmax, const float *x, int8_t *L) {
+/* ggml's core_make_q3_quants with its rmse search (Q3_K): L in [-nmax, nmax - 1] from the scale
+ * that maps the value of largest magnitude to -nmax, then up to five passes moving single levels
+ * where that raises sumlx^2 / suml2 (weights x^2); L stored + nmax. */
+float core_make_q3_quants(int n, int nmax, const float *x, int8_t *L) {
     float max;
     if (!signed_max(n, x, &max)) {
         memset(L, 0, (size_t)n);
@@ -293,9 +293,9 @@ float tlm_make_q3_quants(int n, int nmax, const float *x, int8_t *L) {
 /* The end of both Q3_K quantizers: every value requantized with the stored scales (a sub-block
  * whose scale is 0 keeps the fit's levels, as ggml does), the third bit of element j in bit
  * j / 32 of hmask[j % 32], the low two in the planes. */
-void tlm_q3k_finish(const float *x, int8_t *L, tlm_block_q3_k *y) {
-    for (int j = 0; j < TLM_QK_K / 16; ++j) {
-        const float d = tlm_f16_to_f32(y->d) * (float)(tlm_q3k_scale(j, y->scales) - 32);
+void core_q3k_finish(const float *x, int8_t *L, core_block_q3_k *y) {
+    for (int j = 0; j < CORE_QK_K / 16; ++j) {
+        const float d = core_f16_to_f32(y->d) * (float)(core_q3k_scale(j, y->scales) - 32);
         if (!d) continue;
         for (int ii = 0; ii < 16; ++ii) {
             int l = nearest_int(x[16 * j + ii] / d);
@@ -303,8 +303,8 @@ void tlm_q3k_finish(const float *x, int8_t *L, tlm_block_q3_k *y) {
         }
     }
     memset(y->hmask, 0, sizeof y->hmask);
-    uint8_t U[TLM_QK_K];
-    for (int j = 0; j < TLM_QK_K; ++j) {
+    uint8_t U[CORE_QK_K];
+    for (int j = 0; j < CORE_QK_K; ++j) {
         int v = L[j];
         if (v > 3) {
             y->hmask[j % 32] |= (uint8_t)(1 << (j / 32));
@@ -312,12 +312,12 @@ void tlm_q3k_finish(const float *x, int8_t *L, tlm_block_q3_k *y) {
         }
         U[j] = (uint8_t)v;
     }
-    tlm_q23k_pack_planes(U, y->qs);
+    core_q23k_pack_planes(U, y->qs);
 }
 
 /* Q3_K sub-block j's 6-bit scale l (stored + 32) into its 12 bytes (zeroed first): the low four
  * bits in a nibble of bytes 0-7, the top two in bits 2 (j / 4) of byte 8 + j % 4. */
-void tlm_q3k_put_scale(int j, int l, uint8_t *scales) {
+void core_q3k_put_scale(int j, int l, uint8_t *scales) {
     if (j < 8)
         scales[j] = (uint8_t)(l & 0xF);
     else
@@ -347,14 +347,14 @@ static int best_index(const int8_t *val, float x) {
  * least-squares fit; with several sub-blocks (IQ4_XS) their scales go to 6 bits against the
  * largest and every value is mapped again with its stored scale, with one (IQ4_NL) the block's
  * values are mapped again with the scale as fitted. */
-void tlm_iq4_quant(const float *x, int subs, uint16_t *dh, uint8_t *q4, uint16_t *scales_h,
-                   uint8_t *scales_l, const float *qw) {
-    const int8_t *values = tlm_iq4nl_values;
+void core_iq4_quant(const float *x, int subs, uint16_t *dh, uint8_t *q4, uint16_t *scales_h,
+                    uint8_t *scales_l, const float *qw) {
+    const int8_t *values = core_iq4nl_values;
     const int ntry = 7;
-    uint8_t L[TLM_QK_K];
-    float scales[TLM_QK_K / 32], weight[32];
+    uint8_t L[CORE_QK_K];
+    float scales[CORE_QK_K / 32], weight[32];
     memset(q4, 0, (size_t)subs * 16);
-    *dh = tlm_f32_to_f16(0.f);
+    *dh = core_f32_to_f16(0.f);
     float max_scale = 0, amax_scale = 0, sigma2 = 0;
     if (qw) {
         for (int j = 0; j < 32 * subs; ++j) sigma2 += x[j] * x[j];
@@ -410,7 +410,7 @@ void tlm_iq4_quant(const float *x, int subs, uint16_t *dh, uint8_t *q4, uint16_t
     if (subs > 1) {
         *scales_h = 0;
         float d = -max_scale / 32;
-        *dh = tlm_f32_to_f16(d);
+        *dh = core_f32_to_f16(d);
         float id = d ? 1 / d : 0.f;
         for (int ib = 0; ib < subs; ++ib) {
             int l = nearest_int(id * scales[ib]);
@@ -419,10 +419,10 @@ void tlm_iq4_quant(const float *x, int subs, uint16_t *dh, uint8_t *q4, uint16_t
             float idl = dl ? 1 / dl : 0.f;
             for (int j = 0; j < 32; ++j)
                 L[ib * 32 + j] = (uint8_t)best_index(values, idl * x[ib * 32 + j]);
-            tlm_iq4xs_put_scale(ib, l + 32, scales_h, scales_l);
+            core_iq4xs_put_scale(ib, l + 32, scales_h, scales_l);
         }
     } else {
-        *dh = tlm_f32_to_f16(scales[0]);
+        *dh = core_f32_to_f16(scales[0]);
         float id = scales[0] ? 1 / scales[0] : 0;
         for (int j = 0; j < 32; ++j) L[j] = (uint8_t)best_index(values, id * x[j]);
     }

@@ -1,11 +1,10 @@
-/* Inside src/core: each type's reference conversions, which tlm_dtype_info holds (dtype.c's table),
- * and the fits that the reference quantizers and the importance-matrix ones share (quant_fit.c).
- * Files:
- *   dequant.c        to_f32: ggml's dequantize_row_* (and the float types' widening)
- *   quant_ref.c      from_f32: ggml's quantize_row_*_ref (llama-quantize without an imatrix)
- *   quant_imatrix.c  from_f32_imatrix: ggml's quantize_*_impl (with one)
- *   quant_fit.c      the searches and packings the two quantizers share
- * The quantizers build with -ffp-contract=off (CMakeLists.txt) to round as ggml does. */
+/* Inside src/core: each type's reference conversions, which core_dtype_info holds (dtype.c's
+ * table), and the fits that the reference quantizers and the importance-matrix ones share
+ * (quant_fit.c). Files: dequant.c        to_f32: ggml's dequantize_row_* (and the float types'
+ * widening) quant_ref.c      from_f32: ggml's quantize_row_*_ref (llama-quantize without an
+ * imatrix) quant_imatrix.c  from_f32_imatrix: ggml's quantize_*_impl (with one) quant_fit.c the
+ * searches and packings the two quantizers share The quantizers build with -ffp-contract=off
+ * (CMakeLists.txt) to round as ggml does. */
 #ifndef TLM_CORE_QUANT_IMPL_H
 #define TLM_CORE_QUANT_IMPL_H
 
@@ -35,47 +34,47 @@ static inline void put_qh(uint8_t qh[4], uint32_t bits) {
 
 /* ---- each type's rows (n elements or cols, whole blocks; no alignment needed) --------------- */
 
-#define TLM_TYPE_ROWS(t)                                                                           \
-    void tlm_to_f32_##t(const void *src, float *dst, size_t n);                                    \
-    void tlm_from_f32_##t(const float *src, void *dst, size_t n);
-#define TLM_TYPE_ROWS_IMATRIX(t)                                                                   \
-    TLM_TYPE_ROWS(t)                                                                               \
-    void tlm_from_f32_imatrix_##t(const float *src, void *dst, size_t cols, const float *qw);
-TLM_TYPE_ROWS(f32)
-TLM_TYPE_ROWS(f16)
-TLM_TYPE_ROWS(bf16)
-TLM_TYPE_ROWS(q8_0)
-TLM_TYPE_ROWS_IMATRIX(q4_0)
-TLM_TYPE_ROWS_IMATRIX(q4_1)
-TLM_TYPE_ROWS_IMATRIX(q5_0)
-TLM_TYPE_ROWS_IMATRIX(q5_1)
-TLM_TYPE_ROWS_IMATRIX(q2_k)
-TLM_TYPE_ROWS_IMATRIX(q3_k)
-TLM_TYPE_ROWS_IMATRIX(q4_k)
-TLM_TYPE_ROWS_IMATRIX(q5_k)
-TLM_TYPE_ROWS_IMATRIX(q6_k)
-TLM_TYPE_ROWS_IMATRIX(iq4_nl)
-TLM_TYPE_ROWS_IMATRIX(iq4_xs)
-#undef TLM_TYPE_ROWS_IMATRIX
-#undef TLM_TYPE_ROWS
-void tlm_to_f32_f64(const void *src, float *dst, size_t n); /* F64 is read, never written */
+#define CORE_TYPE_ROWS(t)                                                                          \
+    void core_to_f32_##t(const void *src, float *dst, size_t n);                                   \
+    void core_from_f32_##t(const float *src, void *dst, size_t n);
+#define CORE_TYPE_ROWS_IMATRIX(t)                                                                  \
+    CORE_TYPE_ROWS(t)                                                                              \
+    void core_from_f32_imatrix_##t(const float *src, void *dst, size_t cols, const float *qw);
+CORE_TYPE_ROWS(f32)
+CORE_TYPE_ROWS(f16)
+CORE_TYPE_ROWS(bf16)
+CORE_TYPE_ROWS(q8_0)
+CORE_TYPE_ROWS_IMATRIX(q4_0)
+CORE_TYPE_ROWS_IMATRIX(q4_1)
+CORE_TYPE_ROWS_IMATRIX(q5_0)
+CORE_TYPE_ROWS_IMATRIX(q5_1)
+CORE_TYPE_ROWS_IMATRIX(q2_k)
+CORE_TYPE_ROWS_IMATRIX(q3_k)
+CORE_TYPE_ROWS_IMATRIX(q4_k)
+CORE_TYPE_ROWS_IMATRIX(q5_k)
+CORE_TYPE_ROWS_IMATRIX(q6_k)
+CORE_TYPE_ROWS_IMATRIX(iq4_nl)
+CORE_TYPE_ROWS_IMATRIX(iq4_xs)
+#undef CORE_TYPE_ROWS_IMATRIX
+#undef CORE_TYPE_ROWS
+void core_to_f32_f64(const void *src, float *dst, size_t n); /* F64 is read, never written */
 
 /* ---- the shared fits (quant_fit.c) ----------------------------------------------------------- */
 
-float tlm_make_qkx2_quants(int n, int nmax, const float *x, const float *weights, uint8_t *L,
-                           float *the_min, uint8_t *Laux, float rmin, float rdelta, int nstep,
-                           int mad);
-float tlm_make_qx_quants(int n, int nmax, const float *x, int8_t *L, const float *qw);
-float tlm_make_q3_quants(int n, int nmax, const float *x, int8_t *L);
-void tlm_q45k_put_scale_min(int j, uint8_t ls, uint8_t lm, uint8_t *scales12);
-void tlm_q45k_requantize(const float *x, const uint8_t *scales12, uint16_t dd, uint16_t dmin,
-                         int nmax, uint8_t *L);
-void tlm_q5k_pack(const uint8_t *L, tlm_block_q5_k *y);
-void tlm_q6k_fit(const float *x, const float *qw, tlm_block_q6_k *y);
-void tlm_q23k_pack_planes(const uint8_t *L, uint8_t *qs);
-void tlm_q3k_finish(const float *x, int8_t *L, tlm_block_q3_k *y);
-void tlm_q3k_put_scale(int j, int l, uint8_t *scales);
-void tlm_iq4_quant(const float *x, int subs, uint16_t *dh, uint8_t *q4, uint16_t *scales_h,
-                   uint8_t *scales_l, const float *qw);
+float core_make_qkx2_quants(int n, int nmax, const float *x, const float *weights, uint8_t *L,
+                            float *the_min, uint8_t *Laux, float rmin, float rdelta, int nstep,
+                            int mad);
+float core_make_qx_quants(int n, int nmax, const float *x, int8_t *L, const float *qw);
+float core_make_q3_quants(int n, int nmax, const float *x, int8_t *L);
+void core_q45k_put_scale_min(int j, uint8_t ls, uint8_t lm, uint8_t *scales12);
+void core_q45k_requantize(const float *x, const uint8_t *scales12, uint16_t dd, uint16_t dmin,
+                          int nmax, uint8_t *L);
+void core_q5k_pack(const uint8_t *L, core_block_q5_k *y);
+void core_q6k_fit(const float *x, const float *qw, core_block_q6_k *y);
+void core_q23k_pack_planes(const uint8_t *L, uint8_t *qs);
+void core_q3k_finish(const float *x, int8_t *L, core_block_q3_k *y);
+void core_q3k_put_scale(int j, int l, uint8_t *scales);
+void core_iq4_quant(const float *x, int subs, uint16_t *dh, uint8_t *q4, uint16_t *scales_h,
+                    uint8_t *scales_l, const float *qw);
 
 #endif

@@ -17,7 +17,7 @@ static int capped(int n) {
     return limit > 0 && n > limit ? limit : n;
 }
 
-void tlm_set_threads(int n) {
+void tlm_threads_set(int n) {
     if (n <= 0) n = omp_get_num_procs();
     n = capped(n);
     g_threads = n;
@@ -26,7 +26,7 @@ void tlm_set_threads(int n) {
     openblas_set_num_threads(n);
 }
 
-int tlm_get_threads(void) { return g_threads > 0 ? g_threads : omp_get_max_threads(); }
+int tlm_threads_get(void) { return g_threads > 0 ? g_threads : omp_get_max_threads(); }
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
@@ -36,9 +36,9 @@ static void check_once(void) {
     if (capped(n) != n) openblas_set_num_threads(capped(n));
 }
 
-void tlm_threads_check(void) { pthread_once(&g_once, check_once); }
+void core_threads_check(void) { pthread_once(&g_once, check_once); }
 
-void tlm_threads_enter(void) {
+void core_threads_enter(void) {
     /* OpenBLAS sizes its teams by the calling thread's OpenMP thread count, which a thread that
      * never called omp_set_num_threads takes from OMP_NUM_THREADS or the core count. */
     int n = omp_get_max_threads();

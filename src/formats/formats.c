@@ -6,15 +6,15 @@
 
 tlm_status fmt_permute_qk(float *w, float *bias, int rows, int cols, int hd, int to_interleaved) {
     if (hd <= 0 || hd % 2 || rows % hd)
-        return tlm_err(TLM_ERR_ARG, "cannot permute %d rows with head dim %d", rows, hd);
+        return core_err(TLM_ERR_ARG, "cannot permute %d rows with head dim %d", rows, hd);
     int half = hd / 2;
     size_t row_bytes = (size_t)cols * sizeof(float);
     float *tmp = malloc((size_t)hd * row_bytes);
     float btmp[1024];
-    if (!tmp) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    if (!tmp) return core_err(TLM_ERR_NOMEM, "out of memory");
     if (bias && hd > 1024) {
         free(tmp);
-        return tlm_err(TLM_ERR_UNSUPPORTED, "head dim %d too large", hd);
+        return core_err(TLM_ERR_UNSUPPORTED, "head dim %d too large", hd);
     }
     for (int h = 0; h < rows / hd; h++) {
         float *blk = w + (size_t)h * hd * cols;
@@ -55,7 +55,7 @@ int fmt_is_llama_style(const tlm_config *c, int qwen2_ok, char *why, size_t why_
 tlm_status fmt_model_new(const tlm_config *c, const char *path, int writable, tlm_model **out) {
     *out = NULL;
     tlm_status s = mdl_new(c, writable, out);
-    if (s) return tlm_err_context(s, "%s", path);
+    if (s) return core_err_context(s, "%s", path);
     return TLM_OK;
 }
 
@@ -66,8 +66,8 @@ float *fmt_tensor(tlm_model *m, const char *name) {
 }
 
 const float *fmt_tensor_c(const tlm_model *m, const char *name) {
-    int i = tlm_model_index(m, name);
-    return i < 0 ? NULL : tlm_wf(&m->w[i]);
+    int i = mdl_index(m, name);
+    return i < 0 ? NULL : mdl_wf(&m->w[i]);
 }
 
 float *fmt_layer_tensor(tlm_model *m, int layer, const char *name) {
@@ -85,16 +85,16 @@ const float *fmt_layer_tensor_c(const tlm_model *m, int layer, const char *name)
 
 tlm_status fmt_no_rope_factors(const tlm_model *m, const char *what) {
     if (!m->rope_factors) return TLM_OK;
-    return tlm_err(TLM_ERR_UNSUPPORTED,
-                   "%s: the model scales RoPE's frequencies (rope_freqs.weight, Llama 3.1's "
-                   "scaling), which only GGUF holds: write GGUF",
-                   what);
+    return core_err(TLM_ERR_UNSUPPORTED,
+                    "%s: the model scales RoPE's frequencies (rope_freqs.weight, Llama 3.1's "
+                    "scaling), which only GGUF holds: write GGUF",
+                    what);
 }
 
 tlm_status fmt_need_f32(const tlm_model *m, const char *what) {
     for (int i = 0; i < m->n_tensors; i++)
         if (m->w[i].dtype != TLM_DTYPE_F32)
-            return tlm_err(TLM_ERR_UNSUPPORTED, "%s: tensor '%s' is %s; writing needs F32 weights",
-                           what, m->tensors[i].name, tlm_dtype_name(m->w[i].dtype));
+            return core_err(TLM_ERR_UNSUPPORTED, "%s: tensor '%s' is %s; writing needs F32 weights",
+                            what, m->tensors[i].name, tlm_dtype_name(m->w[i].dtype));
     return TLM_OK;
 }

@@ -46,10 +46,10 @@ tlm_status fmt_load_tlm_file(const char *path, int writable, tlm_model **out);
 #include "io/gguf.h"
 /* The model in an opened GGUF. The model takes over the file's mapping (g->owns_map) when it
  * keeps tensors in place. */
-tlm_status fmt_gguf_load_model(tlm_gguf *g, const char *path, int writable, tlm_model **out);
+tlm_status fmt_gguf_load_model(io_gguf *g, const char *path, int writable, tlm_model **out);
 /* A split model's shards (gguf-split: PREFIX-0000k-of-0000N.gguf) found from its first, opened
  * g as gs[0]: gs[0 .. *n) (1 for a whole file); the caller closes gs[1..] even on an error. */
-tlm_status fmt_gguf_open_shards(tlm_gguf *first, const char *path, tlm_gguf **gs, int *n);
+tlm_status fmt_gguf_open_shards(io_gguf *first, const char *path, io_gguf **gs, int *n);
 
 /* llama2.c: 1 if the bytes look like a llama2.c model (v1 magic, or a legacy header that predicts
  * the size exactly). */

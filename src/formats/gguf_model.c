@@ -13,65 +13,65 @@
 #include "formats/formats.h"
 #include "io/gguf.h"
 
-static tlm_status get_dim(const tlm_gguf *g, const char *key, int64_t def, int64_t hi,
+static tlm_status get_dim(const io_gguf *g, const char *key, int64_t def, int64_t hi,
                           const char *path, int *out) {
     int64_t v;
-    tlm_status s = tlm_gguf_get_int(g, key, &v);
+    tlm_status s = io_gguf_get_int(g, key, &v);
     if (s == TLM_ERR_RANGE && def >= 0) {
         v = def;
     } else if (s) {
-        return tlm_err_context(s, "%s", path);
+        return core_err_context(s, "%s", path);
     }
     if (v <= 0 || v > hi)
-        return tlm_err(TLM_ERR_FORMAT, "%s: %s = %lld (expected 1..%lld)", path, key, (long long)v,
-                       (long long)hi);
+        return core_err(TLM_ERR_FORMAT, "%s: %s = %lld (expected 1..%lld)", path, key, (long long)v,
+                        (long long)hi);
     *out = (int)v;
     return TLM_OK;
 }
 
-static tlm_status get_pos_float(const tlm_gguf *g, const char *key, double def, const char *path,
+static tlm_status get_pos_float(const io_gguf *g, const char *key, double def, const char *path,
                                 float *out) {
     double v;
-    tlm_status s = tlm_gguf_get_float(g, key, &v);
+    tlm_status s = io_gguf_get_float(g, key, &v);
     if (s == TLM_ERR_RANGE) {
         v = def;
     } else if (s) {
-        return tlm_err_context(s, "%s", path);
+        return core_err_context(s, "%s", path);
     }
     if (!(v > 0) || !isfinite(v) || v > 1e30)
-        return tlm_err(TLM_ERR_FORMAT, "%s: %s = %g (expected a positive number)", path, key, v);
+        return core_err(TLM_ERR_FORMAT, "%s: %s = %g (expected a positive number)", path, key, v);
     *out = (float)v;
     return TLM_OK;
 }
 
-static tlm_status llama_config(const tlm_gguf *g, const char *path, tlm_config *c) {
+static tlm_status llama_config(const io_gguf *g, const char *path, tlm_config *c) {
     const char *arch;
     size_t alen;
-    tlm_status s = tlm_gguf_get_str(g, "general.architecture", &arch, &alen);
-    if (s) return tlm_err_context(s, "%s", path);
+    tlm_status s = io_gguf_get_str(g, "general.architecture", &arch, &alen);
+    if (s) return core_err_context(s, "%s", path);
     /* Qwen2 is Llama with biases on q, k and v, rotating halves (llama.cpp's NEOX RoPE: its q and
      * k rows are stored as trained, not permuted) */
     int qwen2 = alen == 5 && !memcmp(arch, "qwen2", 5);
     if (!qwen2 && (alen != 5 || memcmp(arch, "llama", 5)))
-        return tlm_err(TLM_ERR_UNSUPPORTED,
-                       "%s: GGUF architecture '%.*s' is not supported (llama, qwen2)", path,
-                       (int)(alen > 40 ? 40 : alen), arch);
+        return core_err(TLM_ERR_UNSUPPORTED,
+                        "%s: GGUF architecture '%.*s' is not supported (llama, qwen2)", path,
+                        (int)(alen > 40 ? 40 : alen), arch);
     const char *pfx = qwen2 ? "qwen2" : "llama";
     /* the arch's keys: each is read before the next is made */
     char key[96];
 #define KEY(k) (snprintf(key, sizeof key, "%s.%s", pfx, k), key)
     const char *st;
     size_t sl;
-    if (!tlm_gguf_get_str(g, KEY("rope.scaling.type"), &st, &sl) &&
+    if (!io_gguf_get_str(g, KEY("rope.scaling.type"), &st, &sl) &&
         !(sl == 4 && !memcmp(st, "none", 4)))
-        return tlm_err(TLM_ERR_UNSUPPORTED, "%s: RoPE scaling '%.*s' is not supported", path,
-                       (int)(sl > 40 ? 40 : sl), st);
-    tlm_config_default(c);
+        return core_err(TLM_ERR_UNSUPPORTED, "%s: RoPE scaling '%.*s' is not supported", path,
+                        (int)(sl > 40 ? 40 : sl), st);
+    tlm_config_defaults(c);
     int heads = 0, rope_dims = 0, vocab_guess = 0;
     /* The vocabulary size: llama.vocab_size, else the token list, else the embedding's rows. */
-    const tlm_gguf_tensor *emb = tlm_gguf_find_tensor(g, "token_embd.weight");
-    const tlm_gguf_kv *toks = tlm_gguf_find(g, "tokenizer.ggml.tokens");
-    if (toks && toks->type == TLM_GGUF_ARRAY && toks->len <= (1u << 24))
+    const io_gguf_tensor *emb = io_gguf_find_tensor(g, "token_embd.weight");
+    const io_gguf_kv *toks = io_gguf_find(g, "tokenizer.ggml.tokens");
+    if (toks && toks->type == IO_GGUF_ARRAY && toks->len <= (1u << 24))
         vocab_guess = (int)toks->len;
     else if (emb && emb->n_dims == 2 && emb->dims[1] <= (1u << 24))
         vocab_guess = (int)emb->dims[1];
@@ -91,10 +91,10 @@ static tlm_status llama_config(const tlm_gguf *g, const char *path, tlm_config *
 #undef KEY
     c->n_heads = heads;
     if (rope_dims * heads != c->d_model)
-        return tlm_err(TLM_ERR_UNSUPPORTED,
-                       "%s: rope.dimension_count %d is not the head dim %d (partial RoPE is not "
-                       "supported)",
-                       path, rope_dims, c->d_model / heads);
+        return core_err(TLM_ERR_UNSUPPORTED,
+                        "%s: rope.dimension_count %d is not the head dim %d (partial RoPE is not "
+                        "supported)",
+                        path, rope_dims, c->d_model / heads);
     c->norm = TLM_NORM_RMSNORM;
     c->norm_position = TLM_NORM_PRE;
     c->ffn = TLM_FFN_SWIGLU;
@@ -103,109 +103,109 @@ static tlm_status llama_config(const tlm_gguf *g, const char *path, tlm_config *
     c->bias = 0;
     c->qkv_bias = qwen2;
     c->dropout = 0.0f;
-    c->tie_embeddings = tlm_gguf_find_tensor(g, "output.weight") == NULL;
+    c->tie_embeddings = io_gguf_find_tensor(g, "output.weight") == NULL;
     s = tlm_config_finalize(c);
-    if (s) return tlm_err_context(s, "%s: %s.* keys", path, pfx);
+    if (s) return core_err_context(s, "%s: %s.* keys", path, pfx);
     return TLM_OK;
 }
 
 /* The weight type of tensor t, which must hold n elements of a type the loader binds (the reader
  * checked its bytes against the file). */
-static tlm_status tensor_type(const tlm_gguf_tensor *t, size_t n, const char *path, tlm_dtype *dt) {
+static tlm_status tensor_type(const io_gguf_tensor *t, size_t n, const char *path, tlm_dtype *dt) {
     if (t->n_elements != n)
-        return tlm_err(TLM_ERR_FORMAT, "%s: tensor '%s' has %llu elements, expected %zu", path,
-                       t->name, (unsigned long long)t->n_elements, n);
+        return core_err(TLM_ERR_FORMAT, "%s: tensor '%s' has %llu elements, expected %zu", path,
+                        t->name, (unsigned long long)t->n_elements, n);
     if (!t->data)
-        return tlm_err(TLM_ERR_UNSUPPORTED, "%s: tensor '%s' has unknown ggml type %u", path,
-                       t->name, t->type);
-    if (tlm_dtype_from_ggml(t->type, dt) && tlm_dtype_get(*dt)->is_float) return TLM_OK;
+        return core_err(TLM_ERR_UNSUPPORTED, "%s: tensor '%s' has unknown ggml type %u", path,
+                        t->name, t->type);
+    if (core_dtype_from_ggml(t->type, dt) && core_dtype_get(*dt)->is_float) return TLM_OK;
     const char *name = "?";
-    tlm_ggml_type_info(t->type, &name, NULL, NULL);
-    return tlm_err(TLM_ERR_UNSUPPORTED,
-                   "%s: unsupported tensor type: tensor '%s' is %s; supported: F32, F16, BF16, "
-                   "Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS",
-                   path, t->name, name);
+    io_ggml_type_info(t->type, &name, NULL, NULL);
+    return core_err(TLM_ERR_UNSUPPORTED,
+                    "%s: unsupported tensor type: tensor '%s' is %s; supported: F32, F16, BF16, "
+                    "Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS",
+                    path, t->name, name);
 }
 
 /* The model in n GGUF files (gguf-split's shards; n = 1 for a whole file): the config from the
  * first, each tensor from whichever holds it. */
-static tlm_status load_model_shards(tlm_gguf **gs, int n_files, const char *path, int writable,
+static tlm_status load_model_shards(io_gguf **gs, int n_files, const char *path, int writable,
                                     tlm_model **out) {
     *out = NULL;
-    tlm_gguf *g = gs[0];
+    io_gguf *g = gs[0];
     tlm_config c;
     tlm_status s = llama_config(g, path, &c);
     if (s) return s;
     /* Every tensor is checked before the model is allocated, so a header cannot make us allocate
      * more than the file's tensors hold. */
-    int n = tlm_schema(&c, NULL, 0, NULL);
+    int n = tlm_config_tensors(&c, NULL, 0, NULL);
     tlm_tensor_info *ti = calloc((size_t)n, sizeof *ti);
-    tlm_bind_src *src = calloc((size_t)n, sizeof *src);
+    mdl_bind_src *src = calloc((size_t)n, sizeof *src);
     if (!ti || !src) {
         free(ti);
         free(src);
-        return tlm_err(TLM_ERR_NOMEM, "out of memory");
+        return core_err(TLM_ERR_NOMEM, "out of memory");
     }
-    tlm_schema(&c, ti, n, NULL);
+    tlm_config_tensors(&c, ti, n, NULL);
     for (int i = 0; i < n && !s; i++) {
-        const tlm_gguf_tensor *t = NULL;
-        for (int f = 0; f < n_files && !t; f++) t = tlm_gguf_find_tensor(gs[f], ti[i].name);
+        const io_gguf_tensor *t = NULL;
+        for (int f = 0; f < n_files && !t; f++) t = io_gguf_find_tensor(gs[f], ti[i].name);
         if (!t) {
-            s = tlm_err(TLM_ERR_FORMAT, "%s: missing tensor '%s'%s", path, ti[i].name,
-                        n_files > 1 ? " (in every shard)" : "");
+            s = core_err(TLM_ERR_FORMAT, "%s: missing tensor '%s'%s", path, ti[i].name,
+                         n_files > 1 ? " (in every shard)" : "");
             break;
         }
         int ok = ti[i].ndim == 2 ? t->n_dims == 2 && t->dims[0] == (uint64_t)ti[i].shape[1] &&
                                        t->dims[1] == (uint64_t)ti[i].shape[0]
                                  : t->n_dims == 1 && t->dims[0] == (uint64_t)ti[i].shape[0];
         if (!ok) {
-            s = tlm_err(TLM_ERR_FORMAT,
-                        "%s: tensor '%s' has ggml dims [%llu, %llu] (%u-d), expected [%lld, %lld]",
-                        path, t->name, (unsigned long long)t->dims[0],
-                        (unsigned long long)t->dims[1], t->n_dims,
-                        (long long)(ti[i].ndim == 2 ? ti[i].shape[1] : ti[i].shape[0]),
-                        (long long)(ti[i].ndim == 2 ? ti[i].shape[0] : 1));
+            s = core_err(TLM_ERR_FORMAT,
+                         "%s: tensor '%s' has ggml dims [%llu, %llu] (%u-d), expected [%lld, %lld]",
+                         path, t->name, (unsigned long long)t->dims[0],
+                         (unsigned long long)t->dims[1], t->n_dims,
+                         (long long)(ti[i].ndim == 2 ? ti[i].shape[1] : ti[i].shape[0]),
+                         (long long)(ti[i].ndim == 2 ? ti[i].shape[0] : 1));
             break;
         }
         tlm_dtype dt;
         if ((s = tensor_type(t, ti[i].numel, path, &dt)) == TLM_OK)
-            src[i] = (tlm_bind_src){dt, t->data};
+            src[i] = (mdl_bind_src){dt, t->data};
     }
     free(ti);
     tlm_model *m = NULL;
     if (!s) s = fmt_model_new(&c, path, writable, &m);
     if (!s) {
         /* The model keeps the files mapped while its views point into them. */
-        tlm_mmap maps[TLM_GGUF_MAX_SPLITS];
+        core_mmap maps[IO_GGUF_MAX_SPLITS];
         int given = 0;
         for (int f = 0; f < n_files; f++)
             if (gs[f]->owns_map) {
                 maps[given++] = gs[f]->map;
                 gs[f]->owns_map = 0;
             }
-        s = tlm_model_bind(m, src, maps, given);
-        if (s) tlm_err_context(s, "%s", path);
+        s = mdl_bind(m, src, maps, given);
+        if (s) core_err_context(s, "%s", path);
     }
     /* Llama 3.1's RoPE scaling, as llama.cpp's converter stores it: one factor per frequency */
-    const tlm_gguf_tensor *rf = NULL;
+    const io_gguf_tensor *rf = NULL;
     for (int f = 0; f < n_files && !rf && !s; f++)
-        rf = tlm_gguf_find_tensor(gs[f], "rope_freqs.weight");
+        rf = io_gguf_find_tensor(gs[f], "rope_freqs.weight");
     if (rf) {
         int half = c.d_model / c.n_heads / 2;
         if (rf->type != 0 /* F32 */ || rf->n_dims != 1 || rf->dims[0] != (uint64_t)half ||
             !rf->data)
-            s = tlm_err(TLM_ERR_FORMAT, "%s: rope_freqs.weight must be %d F32 values", path, half);
+            s = core_err(TLM_ERR_FORMAT, "%s: rope_freqs.weight must be %d F32 values", path, half);
         else {
             float *fk = malloc(sizeof *fk * (size_t)half); /* the file's bytes may be unaligned */
             if (!fk) {
-                s = tlm_err(TLM_ERR_NOMEM, "out of memory");
+                s = core_err(TLM_ERR_NOMEM, "out of memory");
             } else {
                 memcpy(fk, rf->data, sizeof *fk * (size_t)half);
-                s = tlm_model_set_rope_factors(m, fk, half);
+                s = mdl_set_rope_factors(m, fk, half);
                 free(fk);
             }
         }
-        if (s) tlm_err_context(s, "%s", path);
+        if (s) core_err_context(s, "%s", path);
     }
     free(src);
     if (s) {
@@ -216,23 +216,23 @@ static tlm_status load_model_shards(tlm_gguf **gs, int n_files, const char *path
     return TLM_OK;
 }
 
-tlm_status fmt_gguf_load_model(tlm_gguf *g, const char *path, int writable, tlm_model **out) {
+tlm_status fmt_gguf_load_model(io_gguf *g, const char *path, int writable, tlm_model **out) {
     return load_model_shards(&g, 1, path, writable, out);
 }
 
 /* gguf-split's shards (llama.cpp's llama-gguf-split, and what large downloads come as): the first,
  * PREFIX-00001-of-0000N.gguf, holds the metadata and split.count; each shard split.no and some of
  * the tensors. Given the first, the others are opened by their names. */
-tlm_status fmt_gguf_open_shards(tlm_gguf *first, const char *path, tlm_gguf **gs, int *n_out) {
+tlm_status fmt_gguf_open_shards(io_gguf *first, const char *path, io_gguf **gs, int *n_out) {
     int64_t count = 1, no = 0;
     *n_out = 1;
     gs[0] = first;
-    if (tlm_gguf_get_int(first, "split.count", &count) || count <= 1) return TLM_OK;
-    if (count > TLM_GGUF_MAX_SPLITS)
-        return tlm_err(TLM_ERR_UNSUPPORTED, "%s: split.count %lld (tlm reads up to %d shards)",
-                       path, (long long)count, TLM_GGUF_MAX_SPLITS);
-    if (tlm_gguf_get_int(first, "split.no", &no) || no != 0)
-        return tlm_err(
+    if (io_gguf_get_int(first, "split.count", &count) || count <= 1) return TLM_OK;
+    if (count > IO_GGUF_MAX_SPLITS)
+        return core_err(TLM_ERR_UNSUPPORTED, "%s: split.count %lld (tlm reads up to %d shards)",
+                        path, (long long)count, IO_GGUF_MAX_SPLITS);
+    if (io_gguf_get_int(first, "split.no", &no) || no != 0)
+        return core_err(
             TLM_ERR_ARG,
             "%s is shard %lld of a split model: give the first one (-00001-of-%05lld.gguf)", path,
             (long long)no + 1, (long long)count);
@@ -240,27 +240,27 @@ tlm_status fmt_gguf_open_shards(tlm_gguf *first, const char *path, tlm_gguf **gs
     snprintf(suffix, sizeof suffix, "-%05d-of-%05d.gguf", 1, (int)count);
     size_t len = strlen(path), sl = strlen(suffix);
     if (len < sl || strcmp(path + len - sl, suffix))
-        return tlm_err(TLM_ERR_FORMAT,
-                       "%s: a split model's first shard must be named PREFIX%s (gguf-split's "
-                       "names) for the others to be found",
-                       path, suffix);
+        return core_err(TLM_ERR_FORMAT,
+                        "%s: a split model's first shard must be named PREFIX%s (gguf-split's "
+                        "names) for the others to be found",
+                        path, suffix);
     char *name = malloc(len + 1);
-    if (!name) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    if (!name) return core_err(TLM_ERR_NOMEM, "out of memory");
     tlm_status s = TLM_OK;
     for (int k = 1; k < count && !s; k++) {
         memcpy(name, path, len - sl);
         snprintf(name + len - sl, sl + 1, "-%05d-of-%05d.gguf", k + 1, (int)count);
-        s = tlm_gguf_open(name, &gs[k]);
+        s = io_gguf_open(name, &gs[k]);
         if (s) {
-            tlm_err_context(s, "%s: shard %d of %d", path, k + 1, (int)count);
+            core_err_context(s, "%s: shard %d of %d", path, k + 1, (int)count);
             break;
         }
         *n_out = k + 1;
         int64_t kn = -1, kc = -1;
-        if (tlm_gguf_get_int(gs[k], "split.no", &kn) || kn != k ||
-            tlm_gguf_get_int(gs[k], "split.count", &kc) || kc != count)
-            s = tlm_err(TLM_ERR_FORMAT, "%s: split.no %lld / split.count %lld, expected %d / %d",
-                        name, (long long)kn, (long long)kc, k, (int)count);
+        if (io_gguf_get_int(gs[k], "split.no", &kn) || kn != k ||
+            io_gguf_get_int(gs[k], "split.count", &kc) || kc != count)
+            s = core_err(TLM_ERR_FORMAT, "%s: split.no %lld / split.count %lld, expected %d / %d",
+                         name, (long long)kn, (long long)kc, k, (int)count);
     }
     free(name);
     return s;
@@ -268,13 +268,13 @@ tlm_status fmt_gguf_open_shards(tlm_gguf *first, const char *path, tlm_gguf **gs
 
 tlm_status fmt_load_gguf(const char *path, int writable, tlm_model **out) {
     *out = NULL;
-    tlm_gguf *gs[TLM_GGUF_MAX_SPLITS] = {0};
+    io_gguf *gs[IO_GGUF_MAX_SPLITS] = {0};
     int n = 1;
-    tlm_status s = tlm_gguf_open(path, &gs[0]);
+    tlm_status s = io_gguf_open(path, &gs[0]);
     if (s) return s;
     s = fmt_gguf_open_shards(gs[0], path, gs, &n);
     if (!s) s = load_model_shards(gs, n, path, writable, out);
-    for (int k = 0; k < n; k++) tlm_gguf_close(gs[k]);
+    for (int k = 0; k < n; k++) io_gguf_close(gs[k]);
     return s;
 }
 

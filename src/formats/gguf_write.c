@@ -69,10 +69,10 @@ tlm_status tlm_kv_override_parse(const char *spec, tlm_kv_override *out) {
     memset(out, 0, sizeof *out);
     const char *eq = spec ? strchr(spec, '=') : NULL;
     if (!eq || eq == spec || eq - spec >= (ptrdiff_t)sizeof out->key)
-        return tlm_err(TLM_ERR_ARG,
-                       "override '%s': want KEY=TYPE:VALUE with a key of 1 to 127 bytes "
-                       "(TYPE int, float, bool or str)",
-                       spec ? spec : "");
+        return core_err(TLM_ERR_ARG,
+                        "override '%s': want KEY=TYPE:VALUE with a key of 1 to 127 bytes "
+                        "(TYPE int, float, bool or str)",
+                        spec ? spec : "");
     memcpy(out->key, spec, (size_t)(eq - spec));
     const char *v = eq + 1;
     char *end = NULL;
@@ -81,40 +81,40 @@ tlm_status tlm_kv_override_parse(const char *spec, tlm_kv_override *out) {
         errno = 0;
         long long x = strtoll(v + 4, &end, 10);
         if (end == v + 4 || *end || errno)
-            return tlm_err(TLM_ERR_ARG, "override '%s': '%s' is not an integer", spec, v + 4);
+            return core_err(TLM_ERR_ARG, "override '%s': '%s' is not an integer", spec, v + 4);
         out->i = x;
     } else if (!strncmp(v, "float:", 6)) {
         out->type = TLM_KV_FLOAT;
         out->f = strtod(v + 6, &end);
         if (end == v + 6 || *end)
-            return tlm_err(TLM_ERR_ARG, "override '%s': '%s' is not a number", spec, v + 6);
+            return core_err(TLM_ERR_ARG, "override '%s': '%s' is not a number", spec, v + 6);
     } else if (!strncmp(v, "bool:", 5)) {
         out->type = TLM_KV_BOOL;
         if (strcmp(v + 5, "true") && strcmp(v + 5, "false"))
-            return tlm_err(TLM_ERR_ARG, "override '%s': a bool is true or false", spec);
+            return core_err(TLM_ERR_ARG, "override '%s': a bool is true or false", spec);
         out->b = !strcmp(v + 5, "true");
     } else if (!strncmp(v, "str:", 4)) {
         out->type = TLM_KV_STR;
         if (strlen(v + 4) >= sizeof out->str)
-            return tlm_err(TLM_ERR_ARG, "override '%s': a string holds at most 127 bytes", spec);
+            return core_err(TLM_ERR_ARG, "override '%s': a string holds at most 127 bytes", spec);
         strcpy(out->str, v + 4);
     } else {
-        return tlm_err(TLM_ERR_ARG, "override '%s': TYPE must be int, float, bool or str", spec);
+        return core_err(TLM_ERR_ARG, "override '%s': TYPE must be int, float, bool or str", spec);
     }
     return TLM_OK;
 }
 
 /* One llama-quantize override: the key removed, then set again at the end, in the types that
  * llama_model_quantize gives them (an int as U32 of its magnitude: llama.cpp PR 14182). */
-static tlm_status put_override(tlm_gguf_writer *w, const tlm_kv_override *o) {
-    tlm_gguf_writer_remove(w, o->key);
+static tlm_status put_override(io_gguf_writer *w, const tlm_kv_override *o) {
+    io_gguf_writer_remove(w, o->key);
     switch (o->type) {
     case TLM_KV_INT:
-        return tlm_gguf_write_u32(w, o->key,
-                                  (uint32_t)(o->i < 0 ? -(uint64_t)o->i : (uint64_t)o->i));
-    case TLM_KV_FLOAT: return tlm_gguf_write_f32(w, o->key, (float)o->f);
-    case TLM_KV_BOOL: return tlm_gguf_write_bool(w, o->key, o->b);
-    default: return tlm_gguf_write_str(w, o->key, o->str);
+        return io_gguf_write_u32(w, o->key,
+                                 (uint32_t)(o->i < 0 ? -(uint64_t)o->i : (uint64_t)o->i));
+    case TLM_KV_FLOAT: return io_gguf_write_f32(w, o->key, (float)o->f);
+    case TLM_KV_BOOL: return io_gguf_write_bool(w, o->key, o->b);
+    default: return io_gguf_write_str(w, o->key, o->str);
     }
 }
 
@@ -124,42 +124,42 @@ static tlm_status write_gguf(const tlm_model *m, const tlm_tokenizer *tok, const
     char why[96];
     /* Llama's layout, or Qwen2's: Llama with q, k and v biases, rotating halves as trained */
     if (!fmt_is_llama_style(c, 1, why, sizeof why))
-        return tlm_err(TLM_ERR_UNSUPPORTED, "GGUF export supports Llama-style models: %s", why);
+        return core_err(TLM_ERR_UNSUPPORTED, "GGUF export supports Llama-style models: %s", why);
     int qwen2 = c->qkv_bias; /* no other bias past the check */
     if (qwen2 && c->rope_pairing != TLM_ROPE_HALF)
-        return tlm_err(TLM_ERR_UNSUPPORTED,
-                       "GGUF export: a model with q, k and v biases is written as qwen2, which "
-                       "rotates halves (rope_pairing half), not interleaved pairs");
+        return core_err(TLM_ERR_UNSUPPORTED,
+                        "GGUF export: a model with q, k and v biases is written as qwen2, which "
+                        "rotates halves (rope_pairing half), not interleaved pairs");
     const char *arch = qwen2 ? "qwen2" : "llama";
     char key[96];
 #define ARCH_KEY(k) (snprintf(key, sizeof key, "%s.%s", arch, k), key)
     tlm_status fs = fmt_need_f32(m, "GGUF export");
     if (fs) return fs;
     if (tok && tlm_tokenizer_vocab_size(tok) != c->vocab_size)
-        return tlm_err(TLM_ERR_ARG, "tokenizer has %d tokens but the model's vocab_size is %d",
-                       (int)tlm_tokenizer_vocab_size(tok), c->vocab_size);
+        return core_err(TLM_ERR_ARG, "tokenizer has %d tokens but the model's vocab_size is %d",
+                        (int)tlm_tokenizer_vocab_size(tok), c->vocab_size);
     int hd = c->d_model / c->n_heads;
-    tlm_gguf_writer w;
-    tlm_gguf_writer_init(&w, GGUF_ALIGN);
-    tlm_gguf_write_str(&w, "general.architecture", arch);
-    tlm_gguf_write_str(&w, "general.name", "tlm");
-    tlm_gguf_write_u32(&w, "general.alignment", GGUF_ALIGN);
-    if (!plan->quantized_layout) tlm_gguf_write_u32(&w, "general.file_type", plan->file_type);
-    tlm_gguf_write_u32(&w, ARCH_KEY("context_length"), (uint32_t)c->context_length);
-    tlm_gguf_write_u32(&w, ARCH_KEY("embedding_length"), (uint32_t)c->d_model);
-    tlm_gguf_write_u32(&w, ARCH_KEY("block_count"), (uint32_t)plan->n_layers);
-    tlm_gguf_write_u32(&w, ARCH_KEY("feed_forward_length"), (uint32_t)c->d_ff);
-    tlm_gguf_write_u32(&w, ARCH_KEY("attention.head_count"), (uint32_t)c->n_heads);
-    tlm_gguf_write_u32(&w, ARCH_KEY("attention.head_count_kv"), (uint32_t)c->n_kv_heads);
-    tlm_gguf_write_f32(&w, ARCH_KEY("attention.layer_norm_rms_epsilon"), c->norm_eps);
-    tlm_gguf_write_f32(&w, ARCH_KEY("rope.freq_base"), c->rope_theta);
-    tlm_gguf_write_u32(&w, ARCH_KEY("rope.dimension_count"), (uint32_t)hd);
-    tlm_status s = tlm_gguf_write_u32(&w, ARCH_KEY("vocab_size"), (uint32_t)c->vocab_size);
+    io_gguf_writer w;
+    io_gguf_writer_init(&w, GGUF_ALIGN);
+    io_gguf_write_str(&w, "general.architecture", arch);
+    io_gguf_write_str(&w, "general.name", "tlm");
+    io_gguf_write_u32(&w, "general.alignment", GGUF_ALIGN);
+    if (!plan->quantized_layout) io_gguf_write_u32(&w, "general.file_type", plan->file_type);
+    io_gguf_write_u32(&w, ARCH_KEY("context_length"), (uint32_t)c->context_length);
+    io_gguf_write_u32(&w, ARCH_KEY("embedding_length"), (uint32_t)c->d_model);
+    io_gguf_write_u32(&w, ARCH_KEY("block_count"), (uint32_t)plan->n_layers);
+    io_gguf_write_u32(&w, ARCH_KEY("feed_forward_length"), (uint32_t)c->d_ff);
+    io_gguf_write_u32(&w, ARCH_KEY("attention.head_count"), (uint32_t)c->n_heads);
+    io_gguf_write_u32(&w, ARCH_KEY("attention.head_count_kv"), (uint32_t)c->n_kv_heads);
+    io_gguf_write_f32(&w, ARCH_KEY("attention.layer_norm_rms_epsilon"), c->norm_eps);
+    io_gguf_write_f32(&w, ARCH_KEY("rope.freq_base"), c->rope_theta);
+    io_gguf_write_u32(&w, ARCH_KEY("rope.dimension_count"), (uint32_t)hd);
+    tlm_status s = io_gguf_write_u32(&w, ARCH_KEY("vocab_size"), (uint32_t)c->vocab_size);
     if (!s && tok) s = tok_gguf_write_vocab(&w, tok);
     const tlm_imatrix *im = plan->progress ? plan->progress->imatrix : NULL;
     if (!s && plan->quantized_layout) {
-        tlm_gguf_write_u32(&w, "general.quantization_version", GGML_QNT_VERSION);
-        s = tlm_gguf_write_u32(&w, "general.file_type", plan->file_type);
+        io_gguf_write_u32(&w, "general.quantization_version", GGML_QNT_VERSION);
+        s = io_gguf_write_u32(&w, "general.file_type", plan->file_type);
         const tlm_quantize_opts *qo = plan->progress;
         for (int k = 0; !s && k < qo->n_kv_overrides; k++)
             s = put_override(&w, &qo->kv_overrides[k]);
@@ -190,8 +190,8 @@ static tlm_status write_gguf(const tlm_model *m, const tlm_tokenizer *tok, const
         }
         /* set last by llama-quantize, so moved to the end */
         if (!s && qo->n_prune_layers) {
-            tlm_gguf_writer_remove(&w, ARCH_KEY("block_count"));
-            s = tlm_gguf_write_u32(&w, key, (uint32_t)plan->n_layers);
+            io_gguf_writer_remove(&w, ARCH_KEY("block_count"));
+            s = io_gguf_write_u32(&w, key, (uint32_t)plan->n_layers);
         }
     }
     size_t max_numel = 0;
@@ -200,58 +200,58 @@ static tlm_status write_gguf(const tlm_model *m, const tlm_tokenizer *tok, const
     for (int k = 0; k <= plan->n_order && !s; k++) {
         if (k == rope_at) {
             uint64_t rd[1] = {(uint64_t)half};
-            s = tlm_gguf_write_tensor(&w, ROPE_FREQS, 1, rd, 0 /* F32 */, sizeof(float) * half);
+            s = io_gguf_write_tensor(&w, ROPE_FREQS, 1, rd, 0 /* F32 */, sizeof(float) * half);
         }
         if (k == plan->n_order || s) break;
         int i = plan->order[k];
         const tlm_tensor_info *t = &m->tensors[i];
         uint64_t dims[2] = {(uint64_t)t->shape[t->ndim - 1], (uint64_t)t->shape[0]};
         tlm_dtype ty = plan->types[i];
-        size_t bytes = tlm_dtype_bytes(ty, t->numel);
+        size_t bytes = core_dtype_bytes(ty, t->numel);
         if (!bytes)
-            s = tlm_err(TLM_ERR_ARG, "tensor '%s': %zu columns are not whole %s blocks", t->name,
-                        (size_t)dims[0], tlm_dtype_name(ty));
+            s = core_err(TLM_ERR_ARG, "tensor '%s': %zu columns are not whole %s blocks", t->name,
+                         (size_t)dims[0], tlm_dtype_name(ty));
         else
-            s = tlm_gguf_write_tensor(&w, file_name(plan, t->name, fname, sizeof fname),
-                                      (uint32_t)t->ndim, dims, (uint32_t)tlm_dtype_get(ty)->ggml,
-                                      bytes);
+            s = io_gguf_write_tensor(&w, file_name(plan, t->name, fname, sizeof fname),
+                                     (uint32_t)t->ndim, dims, (uint32_t)core_dtype_get(ty)->ggml,
+                                     bytes);
         if (t->numel > max_numel) max_numel = t->numel;
     }
     uint8_t *head = NULL;
     size_t head_len = 0;
-    if (!s) s = tlm_gguf_writer_header(&w, &head, &head_len);
+    if (!s) s = io_gguf_writer_header(&w, &head, &head_len);
     if (s) {
-        tlm_gguf_writer_free(&w);
+        io_gguf_writer_free(&w);
         return s;
     }
     /* Every type is at most 4 bytes an element, so one F32-sized buffer holds any output. */
     float *scratch = malloc(max_numel * sizeof(float));
     uint8_t *out = malloc(max_numel * sizeof(float));
     if (!scratch || !out) {
-        tlm_gguf_writer_free(&w);
+        io_gguf_writer_free(&w);
         free(head);
         free(scratch);
         free(out);
-        return tlm_err(TLM_ERR_NOMEM, "out of memory");
+        return core_err(TLM_ERR_NOMEM, "out of memory");
     }
-    tlm_atomic_file a;
-    s = tlm_atomic_open(&a, path);
-    if (!s) s = tlm_atomic_write(&a, head, head_len);
+    core_atomic_file a;
+    s = core_atomic_open(&a, path);
+    if (!s) s = core_atomic_write(&a, head, head_len);
     free(head);
     const tlm_quantize_opts *p = plan->progress;
     int n_out = plan->n_order + (rope_at >= 0);
     static const uint8_t zeros[GGUF_ALIGN];
     for (int k = 0; k <= plan->n_order && !s; k++) {
         if (k == rope_at) {
-            size_t bytes = sizeof(float) * (size_t)half, pad = tlm_gguf_writer_pad(&w, bytes);
+            size_t bytes = sizeof(float) * (size_t)half, pad = io_gguf_writer_pad(&w, bytes);
             if (p && p->progress) p->progress(p->user, k, n_out, ROPE_FREQS, TLM_DTYPE_F32, bytes);
-            s = tlm_atomic_write(&a, m->rope_factors, bytes);
-            if (!s && pad) s = tlm_atomic_write(&a, zeros, pad);
+            s = core_atomic_write(&a, m->rope_factors, bytes);
+            if (!s && pad) s = core_atomic_write(&a, zeros, pad);
         }
         if (k == plan->n_order || s) break;
         int i = plan->order[k];
         const tlm_tensor_info *t = &m->tensors[i];
-        const float *src = tlm_wf(&m->w[i]);
+        const float *src = mdl_wf(&m->w[i]);
         int is_q = strstr(t->name, ".attn_q.weight") != NULL;
         int is_k = strstr(t->name, ".attn_k.weight") != NULL;
         if ((is_q || is_k) && c->rope_pairing == TLM_ROPE_HALF && !qwen2) {
@@ -260,12 +260,12 @@ static tlm_status write_gguf(const tlm_model *m, const tlm_tokenizer *tok, const
             src = scratch;
         }
         tlm_dtype ty = plan->types[i];
-        size_t bytes = tlm_dtype_bytes(ty, t->numel);
+        size_t bytes = core_dtype_bytes(ty, t->numel);
         if (p && p->progress)
             p->progress(p->user, k + (rope_at >= 0 && k >= rope_at), n_out,
                         file_name(plan, t->name, fname, sizeof fname), ty, bytes);
         if (!s && ty == TLM_DTYPE_F32) {
-            s = tlm_atomic_write(&a, src, bytes);
+            s = core_atomic_write(&a, src, bytes);
         } else if (!s) {
             /* Rows are independent and the quantizers pure: threads change nothing in the bytes. */
             size_t rows = t->ndim == 2 ? (size_t)t->shape[0] : 1, cols = t->numel / rows;
@@ -277,10 +277,10 @@ static tlm_status write_gguf(const tlm_model *m, const tlm_tokenizer *tok, const
                 /* llama-quantize fails here too (a mismatched matrix would quantize most of the
                  * model without one, unnoticed); a token embedding's entry it ignores */
                 if (strcmp(t->name, "token_embd.weight")) {
-                    s = tlm_err(TLM_ERR_ARG,
-                                "the importance matrix has %zu values for '%s', which has %zu "
-                                "columns",
-                                nw, t->name, cols);
+                    s = core_err(TLM_ERR_ARG,
+                                 "the importance matrix has %zu values for '%s', which has %zu "
+                                 "columns",
+                                 nw, t->name, cols);
                     break;
                 }
                 qw = NULL;
@@ -295,20 +295,20 @@ static tlm_status write_gguf(const tlm_model *m, const tlm_tokenizer *tok, const
                     rs = e;
                 }
             }
-            s = rs ? tlm_err_context(rs, "tensor '%s'", t->name) : TLM_OK;
-            if (!s) s = tlm_atomic_write(&a, out, bytes);
+            s = rs ? core_err_context(rs, "tensor '%s'", t->name) : TLM_OK;
+            if (!s) s = core_atomic_write(&a, out, bytes);
         }
-        size_t pad = tlm_gguf_writer_pad(&w, bytes);
-        if (!s && pad) s = tlm_atomic_write(&a, zeros, pad);
+        size_t pad = io_gguf_writer_pad(&w, bytes);
+        if (!s && pad) s = core_atomic_write(&a, zeros, pad);
     }
-    tlm_gguf_writer_free(&w);
+    io_gguf_writer_free(&w);
     free(scratch);
     free(out);
     if (s) {
-        tlm_atomic_abort(&a);
-        return tlm_err_context(s, "writing %s", path);
+        core_atomic_abort(&a);
+        return core_err_context(s, "writing %s", path);
     }
-    return tlm_atomic_commit(&a);
+    return core_atomic_commit(&a);
 }
 
 #undef ARCH_KEY
@@ -316,16 +316,16 @@ static tlm_status write_gguf(const tlm_model *m, const tlm_tokenizer *tok, const
 tlm_status tlm_model_save_gguf(const tlm_model *m, const tlm_tokenizer *tok, const char *path,
                                tlm_dtype dtype) {
     if (dtype != TLM_DTYPE_F32 && dtype != TLM_DTYPE_F16 && dtype != TLM_DTYPE_BF16)
-        return tlm_err(TLM_ERR_UNSUPPORTED,
-                       "GGUF export writes F32, F16 or BF16, not %s (tlm_model_quantize_gguf "
-                       "writes quantized types)",
-                       tlm_dtype_name(dtype));
+        return core_err(TLM_ERR_UNSUPPORTED,
+                        "GGUF export writes F32, F16 or BF16, not %s (tlm_model_quantize_gguf "
+                        "writes quantized types)",
+                        tlm_dtype_name(dtype));
     tlm_dtype *types = malloc(sizeof *types * (size_t)m->n_tensors);
     int *order = malloc(sizeof *order * (size_t)m->n_tensors);
     if (!types || !order) {
         free(types);
         free(order);
-        return tlm_err(TLM_ERR_NOMEM, "out of memory");
+        return core_err(TLM_ERR_NOMEM, "out of memory");
     }
     /* Vectors stay F32 (llama.cpp's converters keep norms F32 and its CPU kernels expect them so);
      * tensors go in schema order, which keeps q, k, v adjacent for stacked views. */
@@ -370,7 +370,7 @@ static int ftype_index(tlm_ftype f) {
 }
 
 tlm_status tlm_ftype_parse(const char *name, tlm_ftype *out) {
-    if (!name || !out) return tlm_err(TLM_ERR_ARG, "ftype: NULL argument");
+    if (!name || !out) return core_err(TLM_ERR_ARG, "ftype: NULL argument");
     for (int i = 0; i < N_FTYPES; i++) {
         const char *a = ftypes[i].name, *b = name;
         while (*a && *b && (*b == *a || *b == *a - 'a' + 'A')) a++, b++;
@@ -379,8 +379,8 @@ tlm_status tlm_ftype_parse(const char *name, tlm_ftype *out) {
             return TLM_OK;
         }
     }
-    return tlm_err(TLM_ERR_ARG, "unknown file type '%s' (q8_0, q4_k_m, f16, ...: see tlm_ftype)",
-                   name);
+    return core_err(TLM_ERR_ARG, "unknown file type '%s' (q8_0, q4_k_m, f16, ...: see tlm_ftype)",
+                    name);
 }
 
 const char *tlm_ftype_name(tlm_ftype f) {
@@ -388,14 +388,14 @@ const char *tlm_ftype_name(tlm_ftype f) {
     return i < 0 ? "?" : ftypes[i].name;
 }
 
-static int is_quantized(tlm_dtype t) { return tlm_dtype_get(t)->block_elems > 1; }
+static int is_quantized(tlm_dtype t) { return core_dtype_get(t)->block_elems > 1; }
 
 /* The types a file's matrices may be given (F32, F16, BF16 and the block types). */
 static tlm_status quantizable_type(tlm_dtype t, const char *what) {
-    const tlm_dtype_info *d = tlm_dtype_get(t);
+    const core_dtype_info *d = core_dtype_get(t);
     if (!d || !d->is_float || t == TLM_DTYPE_F64)
-        return tlm_err(TLM_ERR_ARG, "%s type must be F32, F16, BF16 or a block type, not %s", what,
-                       d ? d->name : "an unknown type");
+        return core_err(TLM_ERR_ARG, "%s type must be F32, F16, BF16 or a block type, not %s", what,
+                        d ? d->name : "an unknown type");
     return TLM_OK;
 }
 
@@ -438,15 +438,15 @@ static tlm_status choose_types(const tlm_model *m, const int *order, int n,
     regex_t *re = NULL;
     if (o->n_tensor_types > 0) {
         re = calloc((size_t)o->n_tensor_types, sizeof *re);
-        if (!re) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+        if (!re) return core_err(TLM_ERR_NOMEM, "out of memory");
     }
     tlm_status s = TLM_OK;
     int compiled = 0;
     for (; compiled < o->n_tensor_types && !s; compiled++) {
         const tlm_tensor_type *tt = &o->tensor_types[compiled];
         if (!tt->pattern || regcomp(&re[compiled], tt->pattern, REG_EXTENDED | REG_NOSUB)) {
-            s = tlm_err(TLM_ERR_ARG, "tensor type pattern '%s' is not a regular expression",
-                        tt->pattern ? tt->pattern : "(null)");
+            s = core_err(TLM_ERR_ARG, "tensor type pattern '%s' is not a regular expression",
+                         tt->pattern ? tt->pattern : "(null)");
             break;
         }
         if ((s = quantizable_type(tt->type, "a --tensor-type")) != TLM_OK) {
@@ -509,7 +509,7 @@ static tlm_status choose_types(const tlm_model *m, const int *order, int n,
         } else if (is_output || (tied && is_embd)) {
             if (o->output_type_set)
                 ty = o->output_type; /* a tied embedding, under the mix */
-            else if (ncols % tlm_dtype_get(base)->block_elems)
+            else if (ncols % core_dtype_get(base)->block_elems)
                 ty = TLM_DTYPE_Q8_0;
             else if (base != TLM_DTYPE_Q8_0)
                 ty = TLM_DTYPE_Q6_K;
@@ -562,14 +562,14 @@ static tlm_status choose_types(const tlm_model *m, const int *order, int n,
                 ty = TLM_DTYPE_Q5_K;
         }
         /* Rows that are not whole blocks of the choice fall back to a 32-element type, then F16. */
-        if (ncols % tlm_dtype_get(ty)->block_elems) {
+        if (ncols % core_dtype_get(ty)->block_elems) {
             ty = ty == TLM_DTYPE_IQ4_XS                         ? TLM_DTYPE_IQ4_NL
                  : ty == TLM_DTYPE_Q2_K || ty == TLM_DTYPE_Q3_K ? TLM_DTYPE_Q4_0
                  : ty == TLM_DTYPE_Q4_K                         ? TLM_DTYPE_Q5_0
                  : ty == TLM_DTYPE_Q5_K                         ? TLM_DTYPE_Q5_1
                  : ty == TLM_DTYPE_Q6_K                         ? TLM_DTYPE_Q8_0
                                                                 : ty;
-            if (ncols % tlm_dtype_get(ty)->block_elems) ty = TLM_DTYPE_F16;
+            if (ncols % core_dtype_get(ty)->block_elems) ty = TLM_DTYPE_F16;
         }
         types[i] = ty;
     }
@@ -586,7 +586,7 @@ void tlm_quantize_opts_defaults(tlm_quantize_opts *o) {
 tlm_status tlm_model_quantize_gguf(const tlm_model *m, const tlm_tokenizer *tok, const char *path,
                                    const tlm_quantize_opts *o) {
     int fi = ftype_index(o->ftype);
-    if (fi < 0) return tlm_err(TLM_ERR_ARG, "unknown file type %d (see tlm_ftype)", (int)o->ftype);
+    if (fi < 0) return core_err(TLM_ERR_ARG, "unknown file type %d (see tlm_ftype)", (int)o->ftype);
     int nl = m->c.n_layers;
     tlm_dtype *types = malloc(sizeof *types * (size_t)m->n_tensors);
     int *order = malloc(sizeof *order * (size_t)m->n_tensors);
@@ -595,7 +595,7 @@ tlm_status tlm_model_quantize_gguf(const tlm_model *m, const tlm_tokenizer *tok,
         free(types);
         free(order);
         free(new_layer);
-        return tlm_err(TLM_ERR_NOMEM, "out of memory");
+        return core_err(TLM_ERR_NOMEM, "out of memory");
     }
     tlm_status s = TLM_OK;
     /* --prune-layers: the blocks left keep their order, numbered from 0 (llama-quantize's
@@ -604,15 +604,15 @@ tlm_status tlm_model_quantize_gguf(const tlm_model *m, const tlm_tokenizer *tok,
     for (int k = 0; k < o->n_prune_layers && !s; k++) {
         int l = o->prune_layers[k];
         if (l < 0 || l >= nl)
-            s = tlm_err(TLM_ERR_ARG, "--prune-layers: the model has layers 0 to %d, not %d", nl - 1,
-                        l);
+            s = core_err(TLM_ERR_ARG, "--prune-layers: the model has layers 0 to %d, not %d",
+                         nl - 1, l);
         else
             new_layer[l] = -1;
     }
     int kept = 0;
     for (int l = 0; l < nl; l++)
         if (new_layer[l] >= 0) new_layer[l] = kept++;
-    if (!s && !kept) s = tlm_err(TLM_ERR_ARG, "--prune-layers: every layer pruned");
+    if (!s && !kept) s = core_err(TLM_ERR_ARG, "--prune-layers: every layer pruned");
     /* Insertion sort: a few hundred names, and qsort would need a global for the model. */
     int n_order = 0;
     for (int i = 0; i < m->n_tensors; i++) {
@@ -627,13 +627,13 @@ tlm_status tlm_model_quantize_gguf(const tlm_model *m, const tlm_tokenizer *tok,
         const tlm_kv_override *v = &o->kv_overrides[k];
         if (!v->key[0] || !memchr(v->key, 0, sizeof v->key) || !memchr(v->str, 0, sizeof v->str) ||
             (unsigned)v->type > TLM_KV_STR)
-            s = tlm_err(TLM_ERR_ARG,
-                        "metadata override %d: an empty or unterminated key or string, "
-                        "or an unknown type",
-                        k);
+            s = core_err(TLM_ERR_ARG,
+                         "metadata override %d: an empty or unterminated key or string, "
+                         "or an unknown type",
+                         k);
         else if (!strcmp(v->key, "general.alignment"))
-            s = tlm_err(TLM_ERR_ARG, "metadata override of general.alignment: the data's layout "
-                                     "follows it (tlm writes 32)");
+            s = core_err(TLM_ERR_ARG, "metadata override of general.alignment: the data's layout "
+                                      "follows it (tlm writes 32)");
     }
     if (!s) s = choose_types(m, order, n_order, o, ftypes[fi].base, types);
     gguf_plan plan = {types, order, (uint32_t)o->ftype, 1, o, n_order, new_layer, kept};
@@ -647,11 +647,11 @@ tlm_status tlm_model_quantize_gguf(const tlm_model *m, const tlm_tokenizer *tok,
                             sizeof(float) * (size_t)(m->c.d_model / m->c.n_heads / 2));
             if (k == n_order) break;
             const tlm_tensor_info *t = &m->tensors[order[k]];
-            size_t bytes = tlm_dtype_bytes(types[order[k]], t->numel);
+            size_t bytes = core_dtype_bytes(types[order[k]], t->numel);
             if (!bytes)
-                s = tlm_err(TLM_ERR_ARG, "tensor '%s': %lld columns are not whole %s blocks",
-                            t->name, (long long)t->shape[t->ndim - 1],
-                            tlm_dtype_name(types[order[k]]));
+                s = core_err(TLM_ERR_ARG, "tensor '%s': %lld columns are not whole %s blocks",
+                             t->name, (long long)t->shape[t->ndim - 1],
+                             tlm_dtype_name(types[order[k]]));
             else if (o->progress)
                 o->progress(o->user, k + (rope_at >= 0 && k >= rope_at), n_out,
                             file_name(&plan, t->name, fname, sizeof fname), types[order[k]], bytes);

@@ -19,7 +19,7 @@
 #include "io/safetensors.h"
 
 #define HF_MAX_SHARDS 256
-#define TLM_HF_MAX_FACTORS 4096 /* head_dim / 2 of a model with rope_scaling */
+#define FMT_HF_MAX_FACTORS 4096 /* head_dim / 2 of a model with rope_scaling */
 
 typedef enum { HF_LLAMA, HF_GPT2 } hf_arch;
 
@@ -27,12 +27,12 @@ typedef enum { HF_LLAMA, HF_GPT2 } hf_arch;
 typedef struct {
     const char *name;
     int file;
-    const st_tensor *t;
+    const io_st_tensor *t;
 } hf_entry;
 
 typedef struct {
     const char *dir;
-    st_file files[HF_MAX_SHARDS];
+    io_st_file files[HF_MAX_SHARDS];
     char *file_names[HF_MAX_SHARDS];
     int n_files;
     hf_entry *index; /* every shard's tensors sorted by name */
@@ -52,15 +52,15 @@ static int safe_name(const char *s) {
 
 static tlm_status open_file(hf_dir *h, const char *name) {
     if (h->n_files >= HF_MAX_SHARDS)
-        return tlm_err(TLM_ERR_FORMAT, "%s: more than %d shards", h->dir, HF_MAX_SHARDS);
-    char *p = tlm_path_join(h->dir, name);
-    if (!p) return tlm_err(TLM_ERR_NOMEM, "out of memory");
-    tlm_status s = st_open(&h->files[h->n_files], p);
+        return core_err(TLM_ERR_FORMAT, "%s: more than %d shards", h->dir, HF_MAX_SHARDS);
+    char *p = core_path_join(h->dir, name);
+    if (!p) return core_err(TLM_ERR_NOMEM, "out of memory");
+    tlm_status s = io_st_open(&h->files[h->n_files], p);
     free(p);
     if (s) return s;
     h->file_names[h->n_files] = strdup(name);
     h->n_files++;
-    return h->file_names[h->n_files - 1] ? TLM_OK : tlm_err(TLM_ERR_NOMEM, "out of memory");
+    return h->file_names[h->n_files - 1] ? TLM_OK : core_err(TLM_ERR_NOMEM, "out of memory");
 }
 
 static int cmp_entry_name(const void *a, const void *b) {
@@ -79,7 +79,7 @@ static tlm_status index_tensors(hf_dir *h) {
     size_t n = 0;
     for (int i = 0; i < h->n_files; i++) n += (size_t)h->files[i].n;
     h->index = malloc((n ? n : 1) * sizeof *h->index);
-    if (!h->index) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    if (!h->index) return core_err(TLM_ERR_NOMEM, "out of memory");
     for (int i = 0; i < h->n_files; i++)
         for (int k = 0; k < h->files[i].n; k++)
             h->index[h->n_index++] =
@@ -87,9 +87,9 @@ static tlm_status index_tensors(hf_dir *h) {
     qsort(h->index, n, sizeof *h->index, cmp_entry);
     for (size_t k = 1; k < n; k++)
         if (!strcmp(h->index[k - 1].name, h->index[k].name))
-            return tlm_err(TLM_ERR_FORMAT, "%s: tensor '%s' is in both %s and %s", h->dir,
-                           h->index[k].name, h->file_names[h->index[k - 1].file],
-                           h->file_names[h->index[k].file]);
+            return core_err(TLM_ERR_FORMAT, "%s: tensor '%s' is in both %s and %s", h->dir,
+                            h->index[k].name, h->file_names[h->index[k - 1].file],
+                            h->file_names[h->index[k].file]);
     return TLM_OK;
 }
 
@@ -111,23 +111,23 @@ static int cmp_ref_first(const void *a, const void *b) {
 }
 
 static tlm_status open_tensors(hf_dir *h) {
-    char *idx = tlm_path_join(h->dir, "model.safetensors.index.json");
-    if (!idx) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    char *idx = core_path_join(h->dir, "model.safetensors.index.json");
+    if (!idx) return core_err(TLM_ERR_NOMEM, "out of memory");
     if (!exists(idx)) {
         free(idx);
-        char *single = tlm_path_join(h->dir, "model.safetensors");
+        char *single = core_path_join(h->dir, "model.safetensors");
         int ok = single && exists(single);
         free(single);
         if (!ok)
-            return tlm_err(TLM_ERR_FORMAT,
-                           "%s: no model.safetensors or model.safetensors.index.json (only "
-                           "safetensors weights are supported)",
-                           h->dir);
+            return core_err(TLM_ERR_FORMAT,
+                            "%s: no model.safetensors or model.safetensors.index.json (only "
+                            "safetensors weights are supported)",
+                            h->dir);
         tlm_status s = open_file(h, "model.safetensors");
         return s ? s : index_tensors(h);
     }
     char *text;
-    tlm_status s = tlm_read_file(idx, &text, NULL);
+    tlm_status s = core_read_file(idx, &text, NULL);
     if (s) {
         free(idx);
         return s;
@@ -137,7 +137,7 @@ static tlm_status open_tensors(hf_dir *h) {
     cJSON *map = cJSON_GetObjectItemCaseSensitive(j, "weight_map");
     if (!cJSON_IsObject(map)) {
         cJSON_Delete(j);
-        s = tlm_err(TLM_ERR_FORMAT, "%s: no weight_map object", idx);
+        s = core_err(TLM_ERR_FORMAT, "%s: no weight_map object", idx);
         free(idx);
         return s;
     }
@@ -145,12 +145,12 @@ static tlm_status open_tensors(hf_dir *h) {
      * kept, then back in map order (a map has an entry per tensor, so no pairwise scan). */
     size_t n_refs = 0;
     shard_ref *refs = malloc(((size_t)cJSON_GetArraySize(map) + 1) * sizeof *refs);
-    if (!refs) s = tlm_err(TLM_ERR_NOMEM, "out of memory");
+    if (!refs) s = core_err(TLM_ERR_NOMEM, "out of memory");
     cJSON *e;
     cJSON_ArrayForEach(e, map) {
         if (s) break;
         if (!cJSON_IsString(e) || !safe_name(e->valuestring)) {
-            s = tlm_err(TLM_ERR_FORMAT, "%s: bad shard name for '%s'", idx, e->string);
+            s = core_err(TLM_ERR_FORMAT, "%s: bad shard name for '%s'", idx, e->string);
             break;
         }
         refs[n_refs] = (shard_ref){e->valuestring, n_refs};
@@ -163,7 +163,7 @@ static tlm_status open_tensors(hf_dir *h) {
             if (i == 0 || strcmp(refs[i - 1].name, refs[i].name)) refs[n++] = refs[i];
         qsort(refs, n, sizeof *refs, cmp_ref_first);
         if (n > HF_MAX_SHARDS)
-            s = tlm_err(TLM_ERR_FORMAT, "%s: more than %d shards", idx, HF_MAX_SHARDS);
+            s = core_err(TLM_ERR_FORMAT, "%s: more than %d shards", idx, HF_MAX_SHARDS);
     }
     for (size_t i = 0; i < n && !s; i++) s = open_file(h, refs[i].name);
     if (!s) s = index_tensors(h);
@@ -175,7 +175,7 @@ static tlm_status open_tensors(hf_dir *h) {
 
 static void close_dir(hf_dir *h) {
     for (int i = 0; i < h->n_files; i++) {
-        st_close(&h->files[i]);
+        io_st_close(&h->files[i]);
         free(h->file_names[i]);
     }
     h->n_files = 0;
@@ -184,7 +184,7 @@ static void close_dir(hf_dir *h) {
     h->n_index = 0;
 }
 
-static const st_tensor *find(const hf_dir *h, const char *name, int *file) {
+static const io_st_tensor *find(const hf_dir *h, const char *name, int *file) {
     char full[256];
     snprintf(full, sizeof full, "%s%s", h->prefix, name);
     hf_entry key = {full, -1, NULL};
@@ -199,18 +199,18 @@ static const st_tensor *find(const hf_dir *h, const char *name, int *file) {
 static tlm_status read_tensor(const hf_dir *h, const char *name, int64_t d0, int64_t d1,
                               float *dst) {
     int fi;
-    const st_tensor *t = find(h, name, &fi);
-    if (!t) return tlm_err(TLM_ERR_FORMAT, "%s: missing tensor '%s%s'", h->dir, h->prefix, name);
+    const io_st_tensor *t = find(h, name, &fi);
+    if (!t) return core_err(TLM_ERR_FORMAT, "%s: missing tensor '%s%s'", h->dir, h->prefix, name);
     int ndim = d1 > 0 ? 2 : 1;
     if (t->ndim != ndim || t->shape[0] != d0 || (ndim == 2 && t->shape[1] != d1))
-        return tlm_err(TLM_ERR_FORMAT,
-                       "%s: tensor '%s%s' has shape [%lld%s%lld], expected [%lld%s%lld]", h->dir,
-                       h->prefix, name, (long long)t->shape[0], t->ndim > 1 ? ", " : "",
-                       t->ndim > 1 ? (long long)t->shape[1] : 0LL, (long long)d0,
-                       ndim > 1 ? ", " : "", ndim > 1 ? (long long)d1 : 0LL);
+        return core_err(TLM_ERR_FORMAT,
+                        "%s: tensor '%s%s' has shape [%lld%s%lld], expected [%lld%s%lld]", h->dir,
+                        h->prefix, name, (long long)t->shape[0], t->ndim > 1 ? ", " : "",
+                        t->ndim > 1 ? (long long)t->shape[1] : 0LL, (long long)d0,
+                        ndim > 1 ? ", " : "", ndim > 1 ? (long long)d1 : 0LL);
     if (!dst) return TLM_OK; /* validation pass */
-    tlm_status s = st_read_f32(&h->files[fi], t, dst, t->numel);
-    if (s) return tlm_err_context(s, "%s: '%s'", h->dir, name);
+    tlm_status s = io_st_read_f32(&h->files[fi], t, dst, t->numel);
+    if (s) return core_err_context(s, "%s: '%s'", h->dir, name);
     return TLM_OK;
 }
 
@@ -229,14 +229,14 @@ static tlm_status cfg_int(const cJSON *j, const char *key, long def, long lo, lo
                           const char *path) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
     if (!v || cJSON_IsNull(v)) {
-        if (def < 0) return tlm_err(TLM_ERR_FORMAT, "%s: config.json lacks '%s'", path, key);
+        if (def < 0) return core_err(TLM_ERR_FORMAT, "%s: config.json lacks '%s'", path, key);
         *out = def;
         return TLM_OK;
     }
     if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < lo ||
         v->valuedouble > hi)
-        return tlm_err(TLM_ERR_FORMAT, "%s: config.json '%s' must be an integer in %ld..%ld", path,
-                       key, lo, hi);
+        return core_err(TLM_ERR_FORMAT, "%s: config.json '%s' must be an integer in %ld..%ld", path,
+                        key, lo, hi);
     *out = (long)v->valuedouble;
     return TLM_OK;
 }
@@ -249,7 +249,8 @@ static tlm_status cfg_float(const cJSON *j, const char *key, double def, double 
         return TLM_OK;
     }
     if (!cJSON_IsNumber(v) || !(v->valuedouble > 0) || !isfinite(v->valuedouble))
-        return tlm_err(TLM_ERR_FORMAT, "%s: config.json '%s' must be a positive number", path, key);
+        return core_err(TLM_ERR_FORMAT, "%s: config.json '%s' must be a positive number", path,
+                        key);
     *out = v->valuedouble;
     return TLM_OK;
 }
@@ -279,13 +280,14 @@ static tlm_status llama3_factors(const cJSON *rs, const char *path, double theta
     for (int k = 0; k < 4; k++) {
         v = cJSON_GetObjectItemCaseSensitive(rs, keys[k]);
         if (!cJSON_IsNumber(v) || !(v->valuedouble > 0) || !isfinite(v->valuedouble))
-            return tlm_err(TLM_ERR_FORMAT, "%s: rope_scaling.%s must be a positive number", path,
-                           keys[k]);
+            return core_err(TLM_ERR_FORMAT, "%s: rope_scaling.%s must be a positive number", path,
+                            keys[k]);
         *dst[k] = v->valuedouble;
     }
     if (!(hi > lo))
-        return tlm_err(TLM_ERR_FORMAT,
-                       "%s: rope_scaling's high_freq_factor must exceed its low_freq_factor", path);
+        return core_err(TLM_ERR_FORMAT,
+                        "%s: rope_scaling's high_freq_factor must exceed its low_freq_factor",
+                        path);
     double lo_wave = old / lo, hi_wave = old / hi;
     for (int i = 0; i < hd / 2; i++) {
         double freq = 1.0 / pow(theta, 2.0 * i / hd), wave = 2 * 3.14159265358979323846 / freq;
@@ -314,17 +316,17 @@ static tlm_status parse_config(const cJSON *j, const char *path, hf_arch *arch, 
     else if ((a0 && !strcmp(a0, "GPT2LMHeadModel")) || (!a0 && mt && !strcmp(mt, "gpt2")))
         *arch = HF_GPT2;
     else
-        return tlm_err(TLM_ERR_UNSUPPORTED,
-                       "%s: architecture '%s' is not supported (LlamaForCausalLM, "
-                       "Qwen2ForCausalLM, GPT2LMHeadModel)",
-                       path,
-                       a0   ? a0
-                       : mt ? mt
-                            : "?");
+        return core_err(TLM_ERR_UNSUPPORTED,
+                        "%s: architecture '%s' is not supported (LlamaForCausalLM, "
+                        "Qwen2ForCausalLM, GPT2LMHeadModel)",
+                        path,
+                        a0   ? a0
+                        : mt ? mt
+                             : "?");
     long v[8];
     double eps = 0, theta = 0;
     tlm_status s;
-    tlm_config_default(c);
+    tlm_config_defaults(c);
     c->dropout = 0.0f;
     if (*arch == HF_LLAMA) {
         if ((s = cfg_int(j, "hidden_size", -1, 1, 1 << 20, &v[0], path)) ||
@@ -340,30 +342,30 @@ static tlm_status parse_config(const cJSON *j, const char *path, hf_arch *arch, 
             return s;
         const char *act = cfg_str(j, "hidden_act");
         if (act && strcmp(act, "silu"))
-            return tlm_err(TLM_ERR_UNSUPPORTED, "%s: hidden_act '%s' (only silu)", path, act);
+            return core_err(TLM_ERR_UNSUPPORTED, "%s: hidden_act '%s' (only silu)", path, act);
         if (v[7] * v[3] != v[0])
-            return tlm_err(TLM_ERR_UNSUPPORTED, "%s: head_dim %ld x %ld heads != hidden_size %ld",
-                           path, v[7], v[3], v[0]);
+            return core_err(TLM_ERR_UNSUPPORTED, "%s: head_dim %ld x %ld heads != hidden_size %ld",
+                            path, v[7], v[3], v[0]);
         const cJSON *rs = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
         if (rs && !cJSON_IsNull(rs)) {
             const char *rt = cJSON_IsObject(rs) ? cfg_str(rs, "rope_type") : NULL;
             if (!rt && cJSON_IsObject(rs)) rt = cfg_str(rs, "type");
             if (!rt || strcmp(rt, "llama3"))
-                return tlm_err(TLM_ERR_UNSUPPORTED,
-                               "%s: rope_scaling '%s' is not supported (llama3 is)", path,
-                               rt ? rt : "?");
-            if (v[7] / 2 > TLM_HF_MAX_FACTORS)
-                return tlm_err(TLM_ERR_UNSUPPORTED, "%s: head_dim %ld with rope_scaling", path,
-                               v[7]);
+                return core_err(TLM_ERR_UNSUPPORTED,
+                                "%s: rope_scaling '%s' is not supported (llama3 is)", path,
+                                rt ? rt : "?");
+            if (v[7] / 2 > FMT_HF_MAX_FACTORS)
+                return core_err(TLM_ERR_UNSUPPORTED, "%s: head_dim %ld with rope_scaling", path,
+                                v[7]);
             if ((s = llama3_factors(rs, path, theta, (int)v[7], rope_factors))) return s;
             *n_factors = (int)v[7] / 2;
         }
         int ab = cfg_bool(j, "attention_bias", 0), mb = cfg_bool(j, "mlp_bias", 0);
         if (ab || mb)
-            return tlm_err(TLM_ERR_UNSUPPORTED, "%s: Llama with attention_bias/mlp_bias", path);
+            return core_err(TLM_ERR_UNSUPPORTED, "%s: Llama with attention_bias/mlp_bias", path);
         /* Qwen2: biases on q, k and v; a sliding window (its long-context option) tlm lacks */
         if (qwen2 && cfg_bool(j, "use_sliding_window", 0))
-            return tlm_err(TLM_ERR_UNSUPPORTED, "%s: Qwen2 with use_sliding_window", path);
+            return core_err(TLM_ERR_UNSUPPORTED, "%s: Qwen2 with use_sliding_window", path);
         c->qkv_bias = qwen2;
         c->d_model = (int)v[0];
         c->d_ff = (int)v[1];
@@ -394,10 +396,10 @@ static tlm_status parse_config(const cJSON *j, const char *path, hf_arch *arch, 
         const char *act = cfg_str(j, "activation_function");
         if (act && strcmp(act, "gelu_new") && strcmp(act, "gelu_pytorch_tanh") &&
             strcmp(act, "gelu") && strcmp(act, "relu"))
-            return tlm_err(TLM_ERR_UNSUPPORTED, "%s: activation_function '%s'", path, act);
+            return core_err(TLM_ERR_UNSUPPORTED, "%s: activation_function '%s'", path, act);
         if (cfg_bool(j, "scale_attn_by_inverse_layer_idx", 0) ||
             !cfg_bool(j, "scale_attn_weights", 1))
-            return tlm_err(TLM_ERR_UNSUPPORTED, "%s: non-standard GPT-2 attention scaling", path);
+            return core_err(TLM_ERR_UNSUPPORTED, "%s: non-standard GPT-2 attention scaling", path);
         c->d_model = (int)v[0];
         c->d_ff = (int)v[1];
         c->n_layers = (int)v[2];
@@ -415,30 +417,30 @@ static tlm_status parse_config(const cJSON *j, const char *path, hf_arch *arch, 
         c->tie_embeddings = cfg_bool(j, "tie_word_embeddings", 1);
     }
     s = tlm_config_finalize(c);
-    if (s) return tlm_err_context(s, "%s: config.json", path);
+    if (s) return core_err_context(s, "%s: config.json", path);
     return TLM_OK;
 }
 
 /* Where tensor `name` (of shape [d0] or [d0, d1]) lies in the shards: src of the schema tensor
  * tlm_name of m. With m NULL, only checks it is there with its shape (before allocating). */
 static tlm_status source(const hf_dir *h, const char *name, int64_t d0, int64_t d1,
-                         const tlm_model *m, const char *tlm_name, tlm_bind_src *src) {
+                         const tlm_model *m, const char *tlm_name, mdl_bind_src *src) {
     tlm_status s = read_tensor(h, name, d0, d1, NULL);
     if (s || !m) return s;
-    int fi, ti = tlm_model_index(m, tlm_name);
-    const st_tensor *t = find(h, name, &fi);
+    int fi, ti = mdl_index(m, tlm_name);
+    const io_st_tensor *t = find(h, name, &fi);
     if (ti < 0)
-        return tlm_err(TLM_ERR_FORMAT, "%s: no tensor '%s' in this config", h->dir, tlm_name);
-    if (!tlm_dtype_get(t->dtype)->is_float)
-        return tlm_err(TLM_ERR_FORMAT, "%s: tensor '%s' has dtype %s, expected a float type",
-                       h->dir, name, tlm_dtype_name(t->dtype));
-    src[ti] = (tlm_bind_src){t->dtype, h->files[fi].data + t->begin};
+        return core_err(TLM_ERR_FORMAT, "%s: no tensor '%s' in this config", h->dir, tlm_name);
+    if (!core_dtype_get(t->dtype)->is_float)
+        return core_err(TLM_ERR_FORMAT, "%s: tensor '%s' has dtype %s, expected a float type",
+                        h->dir, name, tlm_dtype_name(t->dtype));
+    src[ti] = (mdl_bind_src){t->dtype, h->files[fi].data + t->begin};
     return TLM_OK;
 }
 
 /* Llama weights need no reordering (HF's half pairing is tlm's `half`): they bind in place. */
 static tlm_status load_llama(hf_dir *h, const tlm_config *c, const tlm_model *m,
-                             tlm_bind_src *src) {
+                             mdl_bind_src *src) {
     int64_t d = c->d_model, hd = d / c->n_heads, kv = hd * c->n_kv_heads, ff = c->d_ff;
     tlm_status s =
         source(h, "model.embed_tokens.weight", c->vocab_size, d, m, "token_embd.weight", src);
@@ -481,7 +483,7 @@ static tlm_status load_gpt2(hf_dir *h, const tlm_config *c, tlm_model *m) {
         tmp = malloc(big * sizeof(float));
         qkv = malloc((size_t)3 * d * d * sizeof(float));
         qkvb = malloc((size_t)3 * d * sizeof(float));
-        if (!tmp || !qkv || !qkvb) s = tlm_err(TLM_ERR_NOMEM, "out of memory");
+        if (!tmp || !qkv || !qkvb) s = core_err(TLM_ERR_NOMEM, "out of memory");
     }
     if (!s) s = read_tensor(h, "wte.weight", c->vocab_size, d, fmt_tensor(m, "token_embd.weight"));
     if (!s)
@@ -541,30 +543,30 @@ static tlm_status load_gpt2(hf_dir *h, const tlm_config *c, tlm_model *m) {
 
 tlm_status fmt_load_hf(const char *dir, int writable, tlm_model **out) {
     *out = NULL;
-    char *cp = tlm_path_join(dir, "config.json"), *text;
-    if (!cp) return tlm_err(TLM_ERR_NOMEM, "out of memory");
-    tlm_status s = tlm_read_file(cp, &text, NULL);
+    char *cp = core_path_join(dir, "config.json"), *text;
+    if (!cp) return core_err(TLM_ERR_NOMEM, "out of memory");
+    tlm_status s = core_read_file(cp, &text, NULL);
     free(cp);
     if (s) return s;
     cJSON *j = cJSON_Parse(text);
     free(text);
     if (!cJSON_IsObject(j)) {
         cJSON_Delete(j);
-        return tlm_err(TLM_ERR_FORMAT, "%s: config.json is not a JSON object", dir);
+        return core_err(TLM_ERR_FORMAT, "%s: config.json is not a JSON object", dir);
     }
     hf_arch arch = HF_LLAMA;
     tlm_config c;
-    float factors[TLM_HF_MAX_FACTORS];
+    float factors[FMT_HF_MAX_FACTORS];
     int n_factors = 0;
     s = parse_config(j, dir, &arch, &c, factors, &n_factors);
     cJSON_Delete(j);
     if (s) return s;
     hf_dir *h = calloc(1, sizeof *h);
-    if (!h) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    if (!h) return core_err(TLM_ERR_NOMEM, "out of memory");
     h->dir = dir;
     h->prefix = "";
     tlm_model *m = NULL;
-    tlm_bind_src *src = NULL;
+    mdl_bind_src *src = NULL;
     s = open_tensors(h);
     /* First check every tensor against the files, then allocate and read. GPT-2's Conv1D weights
      * are stored transposed and its q, k, v fused: those models are always copied. */
@@ -573,19 +575,19 @@ tlm_status fmt_load_hf(const char *dir, int writable, tlm_model **out) {
     if (!s && arch == HF_GPT2) s = load_gpt2(h, &c, m);
     if (!s && arch == HF_LLAMA) {
         src = calloc((size_t)m->n_tensors, sizeof *src);
-        tlm_mmap *maps = calloc((size_t)h->n_files + 1, sizeof *maps);
-        s = src && maps ? load_llama(h, &c, m, src) : tlm_err(TLM_ERR_NOMEM, "out of memory");
+        core_mmap *maps = calloc((size_t)h->n_files + 1, sizeof *maps);
+        s = src && maps ? load_llama(h, &c, m, src) : core_err(TLM_ERR_NOMEM, "out of memory");
         if (!s) {
             /* The model keeps the shards mapped while its views point into them. */
             for (int i = 0; i < h->n_files; i++) {
                 maps[i] = h->files[i].map;
-                h->files[i].map = (tlm_mmap){0};
+                h->files[i].map = (core_mmap){0};
             }
-            s = tlm_model_bind(m, src, maps, h->n_files);
+            s = mdl_bind(m, src, maps, h->n_files);
         }
         free(maps);
     }
-    if (!s && n_factors) s = tlm_model_set_rope_factors(m, factors, n_factors);
+    if (!s && n_factors) s = mdl_set_rope_factors(m, factors, n_factors);
     free(src);
     close_dir(h);
     free(h);
@@ -609,7 +611,7 @@ static int is_gpt2_style(const tlm_config *c) {
 }
 
 typedef struct {
-    st_out_tensor *t;
+    io_st_out_tensor *t;
     int n, cap;
     float **owned; /* converted copies to free */
     int n_owned;
@@ -619,20 +621,20 @@ static tlm_status push(out_list *o, const char *name, tlm_dtype dt, int64_t d0, 
                        const float *data) {
     if (o->n == o->cap) {
         int cap = o->cap ? 2 * o->cap : 64;
-        st_out_tensor *t = realloc(o->t, (size_t)cap * sizeof *t);
+        io_st_out_tensor *t = realloc(o->t, (size_t)cap * sizeof *t);
         float **ow = realloc(o->owned, (size_t)cap * sizeof *ow);
         if (ow) o->owned = ow;
         if (!t || !ow) {
             if (t) o->t = t;
-            return tlm_err(TLM_ERR_NOMEM, "out of memory");
+            return core_err(TLM_ERR_NOMEM, "out of memory");
         }
         o->t = t;
         o->cap = cap;
     }
-    st_out_tensor *t = &o->t[o->n++];
+    io_st_out_tensor *t = &o->t[o->n++];
     memset(t, 0, sizeof *t);
     t->name = strdup(name);
-    if (!t->name) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    if (!t->name) return core_err(TLM_ERR_NOMEM, "out of memory");
     t->dtype = dt;
     t->ndim = d1 > 0 ? 2 : 1;
     t->shape[0] = d0;
@@ -653,7 +655,7 @@ static tlm_status own_push(out_list *o, const char *name, tlm_dtype dt, int64_t 
     tlm_status s = push(o, name, dt, d0, d1, NULL);
     if (s) return s;
     *p = own(o, (size_t)d0 * (size_t)(d1 > 0 ? d1 : 1));
-    if (!*p) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    if (!*p) return core_err(TLM_ERR_NOMEM, "out of memory");
     o->t[o->n - 1].data = *p;
     return TLM_OK;
 }
@@ -829,20 +831,20 @@ tlm_status tlm_model_save_hf(const tlm_model *m, const char *dir, tlm_dtype dtyp
     if (!fs) fs = fmt_no_rope_factors(m, "Hugging Face export");
     if (fs) return fs;
     if (dtype != TLM_DTYPE_F32 && dtype != TLM_DTYPE_F16 && dtype != TLM_DTYPE_BF16)
-        return tlm_err(TLM_ERR_UNSUPPORTED, "Hugging Face export writes F32, F16 or BF16, not %s",
-                       tlm_dtype_name(dtype));
+        return core_err(TLM_ERR_UNSUPPORTED, "Hugging Face export writes F32, F16 or BF16, not %s",
+                        tlm_dtype_name(dtype));
     tlm_dtype dt = dtype;
     int llama = fmt_is_llama_style(c, 1, NULL, 0);
     if (!llama && !is_gpt2_style(c))
-        return tlm_err(TLM_ERR_UNSUPPORTED,
-                       "Hugging Face export supports Llama-style (rmsnorm, swiglu, rope, no bias "
-                       "or q/k/v biases: Qwen2) and GPT-2-style (layernorm with bias, learned "
-                       "positions, gelu) models");
+        return core_err(TLM_ERR_UNSUPPORTED,
+                        "Hugging Face export supports Llama-style (rmsnorm, swiglu, rope, no bias "
+                        "or q/k/v biases: Qwen2) and GPT-2-style (layernorm with bias, learned "
+                        "positions, gelu) models");
     if (mkdir(dir, 0777) != 0 && errno != EEXIST)
-        return tlm_err(TLM_ERR_IO, "cannot create directory '%s': %s", dir, strerror(errno));
+        return core_err(TLM_ERR_IO, "cannot create directory '%s': %s", dir, strerror(errno));
     out_list o = {0};
     cJSON *cfg = cJSON_CreateObject();
-    if (!cfg) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    if (!cfg) return core_err(TLM_ERR_NOMEM, "out of memory");
     tlm_status s = llama ? export_llama(m, dt, &o, cfg) : export_gpt2(m, dt, &o, cfg);
     cJSON_AddStringToObject(cfg, "torch_dtype",
                             dt == TLM_DTYPE_F16    ? "float16"
@@ -851,15 +853,15 @@ tlm_status tlm_model_save_hf(const tlm_model *m, const char *dir, tlm_dtype dtyp
     char *p = NULL, *json = NULL;
     if (!s) {
         const char *k[] = {"format"}, *v[] = {"pt"};
-        p = tlm_path_join(dir, "model.safetensors");
-        s = p ? st_write(p, o.t, o.n, k, v, 1) : tlm_err(TLM_ERR_NOMEM, "out of memory");
+        p = core_path_join(dir, "model.safetensors");
+        s = p ? io_st_write(p, o.t, o.n, k, v, 1) : core_err(TLM_ERR_NOMEM, "out of memory");
         free(p);
     }
     if (!s) {
         json = cJSON_Print(cfg);
-        p = tlm_path_join(dir, "config.json");
-        s = p && json ? tlm_write_file_atomic(p, json, strlen(json))
-                      : tlm_err(TLM_ERR_NOMEM, "out of memory");
+        p = core_path_join(dir, "config.json");
+        s = p && json ? core_write_file_atomic(p, json, strlen(json))
+                      : core_err(TLM_ERR_NOMEM, "out of memory");
         free(p);
         free(json);
     }
@@ -870,9 +872,9 @@ tlm_status tlm_model_save_hf(const tlm_model *m, const char *dir, tlm_dtype dtyp
 
 /* ---- listing (tlm info) ---------------------------------------------------------------------- */
 
-tlm_status fmt_safetensors_list(const st_file *f, tlm_file_tensor **out, int *n) {
+tlm_status fmt_safetensors_list(const io_st_file *f, tlm_file_tensor **out, int *n) {
     tlm_file_tensor *t = realloc(*out, (size_t)(*n + f->n + 1) * sizeof *t);
-    if (!t) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    if (!t) return core_err(TLM_ERR_NOMEM, "out of memory");
     *out = t;
     for (int i = 0; i < f->n; i++) {
         tlm_file_tensor *e = &t[(*n)++];
@@ -887,7 +889,7 @@ tlm_status fmt_safetensors_list(const st_file *f, tlm_file_tensor **out, int *n)
 
 tlm_status fmt_hf_list(const char *dir, tlm_file_tensor **out, int *n) {
     hf_dir *h = calloc(1, sizeof *h);
-    if (!h) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    if (!h) return core_err(TLM_ERR_NOMEM, "out of memory");
     h->dir = dir;
     h->prefix = "";
     tlm_status s = open_tensors(h);

@@ -103,58 +103,59 @@ static tlm_status check_finite(const tlm_imatrix *im, const char *path) {
     for (int i = 0; i < im->n; i++)
         for (size_t j = 0; j < im->e[i].n; j++)
             if (!isfinite(im->e[i].w[j]))
-                return tlm_err(TLM_ERR_FORMAT, "%s: entry '%s' holds a non-finite value (%g)", path,
-                               im->e[i].name, (double)im->e[i].w[j]);
+                return core_err(TLM_ERR_FORMAT, "%s: entry '%s' holds a non-finite value (%g)",
+                                path, im->e[i].name, (double)im->e[i].w[j]);
     return TLM_OK;
 }
 
-static tlm_status load_gguf(tlm_gguf *g, const char *path, tlm_imatrix *im) {
-    const tlm_gguf_kv *ds = tlm_gguf_find(g, "imatrix.datasets");
+static tlm_status load_gguf(io_gguf *g, const char *path, tlm_imatrix *im) {
+    const io_gguf_kv *ds = io_gguf_find(g, "imatrix.datasets");
     int64_t v;
-    int has_count = !tlm_gguf_get_int(g, "imatrix.chunk_count", &v);
+    int has_count = !io_gguf_get_int(g, "imatrix.chunk_count", &v);
     im->chunks = has_count ? (int)v : 0;
-    int has_size = !tlm_gguf_get_int(g, "imatrix.chunk_size", &v);
+    int has_size = !io_gguf_get_int(g, "imatrix.chunk_size", &v);
     im->chunk_size = has_size ? (int)v : 0;
     if (!ds || !has_count || !has_size)
-        return tlm_err(TLM_ERR_FORMAT,
-                       "%s: missing imatrix metadata (imatrix.datasets, imatrix.chunk_count, "
-                       "imatrix.chunk_size), as llama-quantize requires",
-                       path);
-    if (ds->type == TLM_GGUF_ARRAY && ds->elem_type == TLM_GGUF_STRING)
+        return core_err(TLM_ERR_FORMAT,
+                        "%s: missing imatrix metadata (imatrix.datasets, imatrix.chunk_count, "
+                        "imatrix.chunk_size), as llama-quantize requires",
+                        path);
+    if (ds->type == IO_GGUF_ARRAY && ds->elem_type == IO_GGUF_STRING)
         for (uint64_t i = 0; i < ds->len; i++)
             if (!add_dataset(im, (const char *)ds->strs[i], ds->str_lens[i]))
-                return tlm_err(TLM_ERR_NOMEM, "out of memory");
+                return core_err(TLM_ERR_NOMEM, "out of memory");
     static const char sum_suf[] = ".in_sum2", cnt_suf[] = ".counts";
     for (uint64_t t = 0; t < g->n_tensors; t++) {
-        const tlm_gguf_tensor *s = &g->tensors[t];
+        const io_gguf_tensor *s = &g->tensors[t];
         size_t len = strlen(s->name);
         if (len <= strlen(sum_suf) || strcmp(s->name + len - strlen(sum_suf), sum_suf)) continue;
         size_t base = len - strlen(sum_suf);
         char *cname = malloc(base + sizeof cnt_suf);
-        if (!cname) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+        if (!cname) return core_err(TLM_ERR_NOMEM, "out of memory");
         memcpy(cname, s->name, base);
         memcpy(cname + base, cnt_suf, sizeof cnt_suf);
-        const tlm_gguf_tensor *c = tlm_gguf_find_tensor(g, cname);
+        const io_gguf_tensor *c = io_gguf_find_tensor(g, cname);
         free(cname);
         if (!c)
-            return tlm_err(TLM_ERR_FORMAT, "%s: '%s' has no matching counts tensor", path, s->name);
+            return core_err(TLM_ERR_FORMAT, "%s: '%s' has no matching counts tensor", path,
+                            s->name);
         if (s->type != 0 || c->type != 0 || !s->data || !c->data)
-            return tlm_err(TLM_ERR_FORMAT, "%s: sums and counts of '%.*s' must be F32", path,
-                           (int)base, s->name);
+            return core_err(TLM_ERR_FORMAT, "%s: sums and counts of '%.*s' must be F32", path,
+                            (int)base, s->name);
         size_t nval = (size_t)s->n_elements, ncnt = (size_t)c->n_elements;
         if (!nval || !ncnt || nval % ncnt)
-            return tlm_err(TLM_ERR_FORMAT,
-                           "%s: '%.*s' has %zu sums for %zu counts (a whole number of columns per "
-                           "count expected)",
-                           path, (int)base, s->name, nval, ncnt);
+            return core_err(TLM_ERR_FORMAT,
+                            "%s: '%.*s' has %zu sums for %zu counts (a whole number of columns per "
+                            "count expected)",
+                            path, (int)base, s->name, nval, ncnt);
         im_entry *e = add_entry(im, s->name, base);
-        if (!e) return tlm_err(TLM_ERR_FORMAT, "%s: entry '%.*s' twice", path, (int)base, s->name);
+        if (!e) return core_err(TLM_ERR_FORMAT, "%s: entry '%.*s' twice", path, (int)base, s->name);
         e->n = nval;
         e->n_counts = ncnt;
         e->w = malloc(sizeof(float) * nval);
         e->sums = malloc(sizeof(float) * nval);
         e->counts = malloc(sizeof(float) * ncnt);
-        if (!e->w || !e->sums || !e->counts) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+        if (!e->w || !e->sums || !e->counts) return core_err(TLM_ERR_NOMEM, "out of memory");
         memcpy(e->sums, s->data, sizeof(float) * nval);
         memcpy(e->counts, c->data, sizeof(float) * ncnt);
         size_t ne0 = nval / ncnt;
@@ -165,7 +166,7 @@ static tlm_status load_gguf(tlm_gguf *g, const char *path, tlm_imatrix *im) {
                 e->w[j * ne0 + i] = count > 0.0f ? e->sums[j * ne0 + i] / count : 1.0f;
         }
     }
-    if (!im->n) return tlm_err(TLM_ERR_FORMAT, "%s: no imatrix entries (*.in_sum2)", path);
+    if (!im->n) return core_err(TLM_ERR_FORMAT, "%s: no imatrix entries (*.in_sum2)", path);
     return TLM_OK;
 }
 
@@ -181,29 +182,29 @@ static tlm_status load_legacy(const uint8_t *buf, size_t size, const char *path,
     size_t pos = 0;
     int32_t n_entries;
     if (!take(buf, size, &pos, &n_entries, 4) || n_entries < 1)
-        return tlm_err(TLM_ERR_FORMAT,
-                       "%s: not an importance matrix (GGUF or llama.cpp's legacy "
-                       ".dat layout): no entries",
-                       path);
+        return core_err(TLM_ERR_FORMAT,
+                        "%s: not an importance matrix (GGUF or llama.cpp's legacy "
+                        ".dat layout): no entries",
+                        path);
     for (int32_t i = 0; i < n_entries; i++) {
         int32_t len, ncall, nval;
         if (!take(buf, size, &pos, &len, 4) || len < 1 || (size_t)len > size - pos)
-            return tlm_err(TLM_ERR_FORMAT, "%s: entry %d: bad name length", path, i + 1);
+            return core_err(TLM_ERR_FORMAT, "%s: entry %d: bad name length", path, i + 1);
         const char *name = (const char *)buf + pos;
         pos += (size_t)len;
         if (!take(buf, size, &pos, &ncall, 4) || !take(buf, size, &pos, &nval, 4) || nval < 1 ||
             (size_t)nval > (size - pos) / 4)
-            return tlm_err(TLM_ERR_FORMAT, "%s: entry %d ('%.*s'): bad value count", path, i + 1,
-                           len, name);
+            return core_err(TLM_ERR_FORMAT, "%s: entry %d ('%.*s'): bad value count", path, i + 1,
+                            len, name);
         im_entry *e = add_entry(im, name, (size_t)len);
         if (!e)
-            return tlm_err(TLM_ERR_FORMAT, "%s: entry '%.*s' twice (or out of memory)", path, len,
-                           name);
+            return core_err(TLM_ERR_FORMAT, "%s: entry '%.*s' twice (or out of memory)", path, len,
+                            name);
         e->n = (size_t)nval;
         e->w = malloc(sizeof(float) * e->n);
         e->sums = malloc(sizeof(float) * e->n);
         e->counts = malloc(sizeof(float));
-        if (!e->w || !e->sums || !e->counts) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+        if (!e->w || !e->sums || !e->counts) return core_err(TLM_ERR_NOMEM, "out of memory");
         take(buf, size, &pos, e->sums, 4 * e->n);
         e->n_counts = 1;
         e->counts[0] = (float)ncall;
@@ -214,7 +215,7 @@ static tlm_status load_legacy(const uint8_t *buf, size_t size, const char *path,
         im->chunks = chunks;
         if (take(buf, size, &pos, &len, 4) && len > 0 && (size_t)len <= size - pos)
             if (!add_dataset(im, (const char *)buf + pos, (size_t)len))
-                return tlm_err(TLM_ERR_NOMEM, "out of memory");
+                return core_err(TLM_ERR_NOMEM, "out of memory");
     }
     im->legacy = 1;
     return TLM_OK;
@@ -225,26 +226,26 @@ tlm_status tlm_imatrix_load(const char *path, tlm_imatrix **out) {
     tlm_imatrix *im = calloc(1, sizeof *im);
     if (!im || !(im->path = dup_n(path, strlen(path)))) {
         free(im);
-        return tlm_err(TLM_ERR_NOMEM, "out of memory");
+        return core_err(TLM_ERR_NOMEM, "out of memory");
     }
-    tlm_mmap map;
-    tlm_status s = tlm_mmap_open(&map, path);
+    core_mmap map;
+    tlm_status s = core_mmap_open(&map, path);
     if (s) {
         tlm_imatrix_free(im);
         return s;
     }
     const uint8_t *buf = map.data;
     if (map.size >= 4 && !memcmp(buf, "GGUF", 4)) {
-        tlm_gguf *g;
-        s = tlm_gguf_open_memory(map.data, map.size, path, &g);
+        io_gguf *g;
+        s = io_gguf_open_memory(map.data, map.size, path, &g);
         if (!s) {
             s = load_gguf(g, path, im);
-            tlm_gguf_close(g);
+            io_gguf_close(g);
         }
     } else {
         s = load_legacy(buf, map.size, path, im);
     }
-    tlm_mmap_close(&map);
+    core_mmap_close(&map);
     if (!s) s = check_finite(im, path);
     if (s) {
         tlm_imatrix_free(im);
@@ -291,7 +292,7 @@ tlm_status tlm_imatrix_statistics(const tlm_imatrix *im, int chunk_size, tlm_ima
     float *act = NULL;
     size_t cap = 0;
     int ns = 0;
-    if (!st) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    if (!st) return core_err(TLM_ERR_NOMEM, "out of memory");
     /* the values as llama-imatrix loads them: GGUF's raw sums, a legacy file's means times its
      * call count times the chunk size */
     float k = im->legacy ? (float)chunk_size : 1.0f;
@@ -304,7 +305,7 @@ tlm_status tlm_imatrix_statistics(const tlm_imatrix *im, int chunk_size, tlm_ima
             if (!p) {
                 free(act);
                 free(st);
-                return tlm_err(TLM_ERR_NOMEM, "out of memory");
+                return core_err(TLM_ERR_NOMEM, "out of memory");
             }
             act = p, cap = e->n;
         }
@@ -405,7 +406,7 @@ static void means(im_entry *e) {
 
 tlm_status tlm_imatrix_new(tlm_imatrix **out) {
     *out = calloc(1, sizeof **out);
-    return *out ? TLM_OK : tlm_err(TLM_ERR_NOMEM, "out of memory");
+    return *out ? TLM_OK : core_err(TLM_ERR_NOMEM, "out of memory");
 }
 
 /* The entry to collect into for name, made (empty) where it is new. */
@@ -413,16 +414,16 @@ static tlm_status collect_entry(tlm_imatrix *im, const char *name, size_t n, im_
     im_entry *e = find_entry(im, name);
     if (!e) {
         if (!(e = add_entry(im, name, strlen(name))))
-            return tlm_err(TLM_ERR_NOMEM, "out of memory");
+            return core_err(TLM_ERR_NOMEM, "out of memory");
         e->n = n;
         e->n_counts = 1;
         e->w = calloc(n, sizeof(float));
         e->sums = calloc(n, sizeof(float));
         e->counts = calloc(1, sizeof(float));
-        if (!e->w || !e->sums || !e->counts) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+        if (!e->w || !e->sums || !e->counts) return core_err(TLM_ERR_NOMEM, "out of memory");
     }
     if (e->n != n || e->n_counts != 1)
-        return tlm_err(TLM_ERR_ARG, "imatrix entry '%s' has %zu columns, not %zu", name, e->n, n);
+        return core_err(TLM_ERR_ARG, "imatrix entry '%s' has %zu columns, not %zu", name, e->n, n);
     if (!e->tokens && e->counts[0] > 0) e->tokens = (int64_t)llroundf(e->counts[0]); /* loaded */
     *out = e;
     return TLM_OK;
@@ -446,21 +447,21 @@ static int by_name(const void *a, const void *b) {
 
 tlm_status tlm_imatrix_save(const tlm_imatrix *im, const char *path, const char *dataset,
                             int chunks, int chunk_size) {
-    if (!im->n) return tlm_err(TLM_ERR_ARG, "the importance matrix has no entries");
+    if (!im->n) return core_err(TLM_ERR_ARG, "the importance matrix has no entries");
     const im_entry **order = malloc(sizeof *order * (size_t)im->n);
-    if (!order) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    if (!order) return core_err(TLM_ERR_NOMEM, "out of memory");
     for (int i = 0; i < im->n; i++) order[i] = &im->e[i];
     qsort(order, (size_t)im->n, sizeof *order, by_name); /* llama-imatrix's order */
-    tlm_gguf_writer w;
-    tlm_gguf_writer_init(&w, TLM_GGUF_DEFAULT_ALIGNMENT);
-    tlm_gguf_write_str(&w, "general.type", "imatrix");
+    io_gguf_writer w;
+    io_gguf_writer_init(&w, IO_GGUF_DEFAULT_ALIGNMENT);
+    io_gguf_write_str(&w, "general.type", "imatrix");
     /* the merged matrices' datasets, then this text's, as llama-imatrix lists them */
-    tlm_gguf_write_array(&w, "imatrix.datasets", TLM_GGUF_STRING,
-                         (uint64_t)im->n_ds + (dataset ? 1 : 0));
-    for (int i = 0; i < im->n_ds; i++) tlm_gguf_write_elem_str(&w, im->ds[i], strlen(im->ds[i]));
-    if (dataset) tlm_gguf_write_elem_str(&w, dataset, strlen(dataset));
-    tlm_gguf_write_u32(&w, "imatrix.chunk_count", (uint32_t)chunks);
-    tlm_gguf_write_u32(&w, "imatrix.chunk_size", (uint32_t)chunk_size);
+    io_gguf_write_array(&w, "imatrix.datasets", IO_GGUF_STRING,
+                        (uint64_t)im->n_ds + (dataset ? 1 : 0));
+    for (int i = 0; i < im->n_ds; i++) io_gguf_write_elem_str(&w, im->ds[i], strlen(im->ds[i]));
+    if (dataset) io_gguf_write_elem_str(&w, dataset, strlen(dataset));
+    io_gguf_write_u32(&w, "imatrix.chunk_count", (uint32_t)chunks);
+    io_gguf_write_u32(&w, "imatrix.chunk_size", (uint32_t)chunk_size);
     for (int i = 0; i < im->n; i++) {
         const im_entry *e = order[i];
         char nm[512];
@@ -468,43 +469,44 @@ tlm_status tlm_imatrix_save(const tlm_imatrix *im, const char *path, const char 
         /* [columns, experts] and [1, experts], trailing dimensions of 1 left out as ggml does */
         uint32_t nd = e->n_counts > 1 ? 2 : 1;
         snprintf(nm, sizeof nm, "%s.in_sum2", e->name);
-        tlm_gguf_write_tensor(&w, nm, nd, dims, 0, sizeof(float) * e->n);
+        io_gguf_write_tensor(&w, nm, nd, dims, 0, sizeof(float) * e->n);
         snprintf(nm, sizeof nm, "%s.counts", e->name);
-        tlm_gguf_write_tensor(&w, nm, nd, cdims, 0, sizeof(float) * e->n_counts);
+        io_gguf_write_tensor(&w, nm, nd, cdims, 0, sizeof(float) * e->n_counts);
     }
     uint8_t *head = NULL;
     size_t head_len = 0;
-    tlm_status s = tlm_gguf_writer_header(&w, &head, &head_len);
-    tlm_atomic_file a;
-    if (!s) s = tlm_atomic_open(&a, path);
+    tlm_status s = io_gguf_writer_header(&w, &head, &head_len);
+    core_atomic_file a;
+    if (!s) s = core_atomic_open(&a, path);
     if (!s) {
-        static const uint8_t zeros[TLM_GGUF_DEFAULT_ALIGNMENT];
-        s = tlm_atomic_write(&a, head, head_len);
+        static const uint8_t zeros[IO_GGUF_DEFAULT_ALIGNMENT];
+        s = core_atomic_write(&a, head, head_len);
         for (int i = 0; i < im->n && !s; i++) {
             const im_entry *e = order[i];
-            s = tlm_atomic_write(&a, e->sums, sizeof(float) * e->n);
-            size_t pad = tlm_gguf_writer_pad(&w, sizeof(float) * e->n);
-            if (!s && pad) s = tlm_atomic_write(&a, zeros, pad);
-            if (!s) s = tlm_atomic_write(&a, e->counts, sizeof(float) * e->n_counts);
-            pad = tlm_gguf_writer_pad(&w, sizeof(float) * e->n_counts);
-            if (!s && pad) s = tlm_atomic_write(&a, zeros, pad);
+            s = core_atomic_write(&a, e->sums, sizeof(float) * e->n);
+            size_t pad = io_gguf_writer_pad(&w, sizeof(float) * e->n);
+            if (!s && pad) s = core_atomic_write(&a, zeros, pad);
+            if (!s) s = core_atomic_write(&a, e->counts, sizeof(float) * e->n_counts);
+            pad = io_gguf_writer_pad(&w, sizeof(float) * e->n_counts);
+            if (!s && pad) s = core_atomic_write(&a, zeros, pad);
         }
         if (s)
-            tlm_atomic_abort(&a);
+            core_atomic_abort(&a);
         else
-            s = tlm_atomic_commit(&a);
+            s = core_atomic_commit(&a);
     }
     free(head);
     free(order);
-    tlm_gguf_writer_free(&w);
-    return s ? tlm_err_context(s, "writing %s", path) : TLM_OK;
+    io_gguf_writer_free(&w);
+    return s ? core_err_context(s, "writing %s", path) : TLM_OK;
 }
 
 tlm_status tlm_imatrix_add_rows(tlm_imatrix *im, const char *name, const float *x, size_t rows,
                                 size_t cols, size_t ld) {
     if (im->legacy)
-        return tlm_err(TLM_ERR_ARG, "%s holds means (the legacy layout): collect into a new matrix",
-                       im->path ? im->path : "the matrix");
+        return core_err(TLM_ERR_ARG,
+                        "%s holds means (the legacy layout): collect into a new matrix",
+                        im->path ? im->path : "the matrix");
     im_entry *e = NULL;
     tlm_status s = collect_entry(im, name, cols, &e);
     if (s) return s;
@@ -521,20 +523,20 @@ tlm_status tlm_imatrix_add_rows(tlm_imatrix *im, const char *name, const float *
 
 tlm_status tlm_imatrix_merge(tlm_imatrix *dst, const tlm_imatrix *src, int chunk_size) {
     if (dst->legacy)
-        return tlm_err(TLM_ERR_ARG, "%s holds means (the legacy layout): merge into a new matrix",
-                       dst->path ? dst->path : "the matrix");
+        return core_err(TLM_ERR_ARG, "%s holds means (the legacy layout): merge into a new matrix",
+                        dst->path ? dst->path : "the matrix");
     for (int i = 0; i < src->n; i++) {
         const im_entry *e = &src->e[i];
         if (e->n_counts != 1)
-            return tlm_err(TLM_ERR_UNSUPPORTED,
-                           "imatrix entry '%s' has per-expert counts, which tlm does not merge",
-                           e->name);
+            return core_err(TLM_ERR_UNSUPPORTED,
+                            "imatrix entry '%s' has per-expert counts, which tlm does not merge",
+                            e->name);
         /* llama-imatrix's reading for more data: GGUF's raw sums and counts as they are, the
          * legacy layout's means times its call count times the chunk size */
         float k = src->legacy ? (float)chunk_size : 1.0f;
         int64_t tokens = (int64_t)llroundf(e->counts[0] * k);
         float *raw = malloc(sizeof(float) * e->n);
-        if (!raw) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+        if (!raw) return core_err(TLM_ERR_NOMEM, "out of memory");
         for (size_t j = 0; j < e->n; j++) raw[j] = e->sums[j] * k;
         tlm_status s = tlm_imatrix_accumulate(dst, e->name, raw, e->n, tokens);
         free(raw);
@@ -542,7 +544,7 @@ tlm_status tlm_imatrix_merge(tlm_imatrix *dst, const tlm_imatrix *src, int chunk
     }
     for (int i = 0; i < src->n_ds; i++)
         if (!add_dataset(dst, src->ds[i], strlen(src->ds[i])))
-            return tlm_err(TLM_ERR_NOMEM, "out of memory");
+            return core_err(TLM_ERR_NOMEM, "out of memory");
     return TLM_OK;
 }
 
@@ -557,8 +559,8 @@ int64_t tlm_imatrix_tokens(const tlm_imatrix *im) {
 
 tlm_status tlm_imatrix_save_legacy(const tlm_imatrix *im, const char *path, const char *dataset,
                                    int chunks, int chunk_size) {
-    if (!im->n) return tlm_err(TLM_ERR_ARG, "the importance matrix has no entries");
-    if (chunk_size < 1) return tlm_err(TLM_ERR_ARG, "chunk size %d", chunk_size);
+    if (!im->n) return core_err(TLM_ERR_ARG, "the importance matrix has no entries");
+    if (chunk_size < 1) return core_err(TLM_ERR_ARG, "chunk size %d", chunk_size);
     const im_entry **order = malloc(sizeof *order * (size_t)im->n);
     size_t cap = 64;
     for (int i = 0; i < im->n; i++) cap += 16 + strlen(im->e[i].name) + 4 * im->e[i].n;
@@ -567,7 +569,7 @@ tlm_status tlm_imatrix_save_legacy(const tlm_imatrix *im, const char *path, cons
     if (!order || !buf) {
         free(order);
         free(buf);
-        return tlm_err(TLM_ERR_NOMEM, "out of memory");
+        return core_err(TLM_ERR_NOMEM, "out of memory");
     }
     for (int i = 0; i < im->n; i++) order[i] = &im->e[i];
     qsort(order, (size_t)im->n, sizeof *order, by_name);
@@ -599,8 +601,8 @@ tlm_status tlm_imatrix_save_legacy(const tlm_imatrix *im, const char *path, cons
     PUT(&v, 4);
     PUT(d, strlen(d));
 #undef PUT
-    tlm_status s = tlm_write_file_atomic(path, buf, pos);
+    tlm_status s = core_write_file_atomic(path, buf, pos);
     free(buf);
     free(order);
-    return s ? tlm_err_context(s, "writing %s", path) : TLM_OK;
+    return s ? core_err_context(s, "writing %s", path) : TLM_OK;
 }

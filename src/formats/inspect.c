@@ -7,29 +7,29 @@
 #include "io/gguf.h"
 #include "io/safetensors.h"
 
-tlm_status fmt_safetensors_list(const st_file *f, tlm_file_tensor **out, int *n);
+tlm_status fmt_safetensors_list(const io_st_file *f, tlm_file_tensor **out, int *n);
 tlm_status fmt_hf_list(const char *dir, tlm_file_tensor **out, int *n);
 
 static tlm_status list_gguf(const char *path, tlm_file_tensor **out, int *n) {
-    tlm_gguf *gs[TLM_GGUF_MAX_SPLITS] = {0};
+    io_gguf *gs[IO_GGUF_MAX_SPLITS] = {0};
     int files = 1;
-    tlm_status s = tlm_gguf_open(path, &gs[0]);
+    tlm_status s = io_gguf_open(path, &gs[0]);
     if (s) return s;
     /* a split model's tensors from all its shards */
     s = fmt_gguf_open_shards(gs[0], path, gs, &files);
     uint64_t total = 0;
     for (int f = 0; f < files; f++) total += gs[f]->n_tensors;
-    if (!s && total > (1u << 20)) s = tlm_err(TLM_ERR_FORMAT, "%s: too many tensors", path);
+    if (!s && total > (1u << 20)) s = core_err(TLM_ERR_FORMAT, "%s: too many tensors", path);
     if (!s && !(*out = calloc((size_t)total + 1, sizeof **out)))
-        s = tlm_err(TLM_ERR_NOMEM, "out of memory");
+        s = core_err(TLM_ERR_NOMEM, "out of memory");
     int k = 0;
     for (int f = 0; f < files && !s; f++)
         for (uint64_t i = 0; i < gs[f]->n_tensors; i++) {
-            const tlm_gguf_tensor *t = &gs[f]->tensors[i];
+            const io_gguf_tensor *t = &gs[f]->tensors[i];
             tlm_file_tensor *e = &(*out)[k++];
             const char *tn = NULL;
             snprintf(e->name, sizeof e->name, "%s", t->name);
-            if (tlm_ggml_type_info(t->type, &tn, NULL, NULL))
+            if (io_ggml_type_info(t->type, &tn, NULL, NULL))
                 snprintf(e->dtype, sizeof e->dtype, "%s", tn);
             else
                 snprintf(e->dtype, sizeof e->dtype, "type%u", t->type);
@@ -37,7 +37,7 @@ static tlm_status list_gguf(const char *path, tlm_file_tensor **out, int *n) {
             for (int d = 0; d < e->ndim; d++) e->shape[d] = (int64_t)t->dims[e->ndim - 1 - d];
         }
     if (!s) *n = k;
-    for (int f = 0; f < files; f++) tlm_gguf_close(gs[f]);
+    for (int f = 0; f < files; f++) io_gguf_close(gs[f]);
     return s;
 }
 
@@ -51,7 +51,7 @@ static tlm_status list_schema(const char *path, tlm_file_tensor **out, int *n) {
     *out = calloc((size_t)nt + 1, sizeof **out);
     if (!*out) {
         tlm_model_free(m);
-        return tlm_err(TLM_ERR_NOMEM, "out of memory");
+        return core_err(TLM_ERR_NOMEM, "out of memory");
     }
     for (int i = 0; i < nt; i++) {
         tlm_file_tensor *e = &(*out)[i];
@@ -82,19 +82,19 @@ tlm_status tlm_model_file_tensors(const char *path, tlm_file_tensor **out, int *
         if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
             size_t len = strlen(path) + 32;
             p = malloc(len);
-            if (!p) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+            if (!p) return core_err(TLM_ERR_NOMEM, "out of memory");
             snprintf(p, len, "%s/model.safetensors", path);
         }
-        st_file sf;
-        s = st_open(&sf, p ? p : path);
+        io_st_file sf;
+        s = io_st_open(&sf, p ? p : path);
         free(p);
         if (!s) {
             s = fmt_safetensors_list(&sf, out, n);
-            st_close(&sf);
+            io_st_close(&sf);
         }
         break;
     }
-    default: s = tlm_err(TLM_ERR_FORMAT, "'%s': unknown format", path);
+    default: s = core_err(TLM_ERR_FORMAT, "'%s': unknown format", path);
     }
     if (s) {
         free(*out);

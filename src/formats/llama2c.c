@@ -84,22 +84,23 @@ static tlm_status parse_header(const uint8_t *p, size_t n, const char *path, tlm
     if (n >= 8 && (uint32_t)rd_i32(p) == L2C_MAGIC) {
         int32_t ver = rd_i32(p + 4);
         if (ver != 1)
-            return tlm_err(TLM_ERR_UNSUPPORTED,
-                           "%s: llama2.c version %d is not supported (only the legacy format and "
-                           "version 1 fp32)",
-                           path, (int)ver);
+            return core_err(TLM_ERR_UNSUPPORTED,
+                            "%s: llama2.c version %d is not supported (only the legacy format and "
+                            "version 1 fp32)",
+                            path, (int)ver);
         if (n < L2C_V1_HEADER)
-            return tlm_err(TLM_ERR_FORMAT, "%s: truncated llama2.c v1 header (%zu bytes)", path, n);
+            return core_err(TLM_ERR_FORMAT, "%s: truncated llama2.c v1 header (%zu bytes)", path,
+                            n);
         h = p + 8;
         if (p[36] > 1)
-            return tlm_err(TLM_ERR_FORMAT, "%s: shared_classifier byte is %d", path, p[36]);
+            return core_err(TLM_ERR_FORMAT, "%s: shared_classifier byte is %d", path, p[36]);
         shared = p[36];
         *version = 1;
         *data_off = L2C_V1_HEADER;
     } else {
         if (n < 28)
-            return tlm_err(TLM_ERR_FORMAT, "%s: too short for a llama2.c header (%zu bytes)", path,
-                           n);
+            return core_err(TLM_ERR_FORMAT, "%s: too short for a llama2.c header (%zu bytes)", path,
+                            n);
         h = p;
         *version = 0;
         *data_off = 28;
@@ -114,10 +115,10 @@ static tlm_status parse_header(const uint8_t *p, size_t n, const char *path, tlm
                                       1 << 12, 1 << 24, 1 << 24};
     for (int i = 0; i < 7; i++)
         if (v[i] <= 0 || v[i] > limits[i])
-            return tlm_err(TLM_ERR_FORMAT,
-                           "%s: not a llama2.c model: header %s = %d (expected 1..%d)", path,
-                           names[i], (int)v[i], (int)limits[i]);
-    tlm_config_default(c);
+            return core_err(TLM_ERR_FORMAT,
+                            "%s: not a llama2.c model: header %s = %d (expected 1..%d)", path,
+                            names[i], (int)v[i], (int)limits[i]);
+    tlm_config_defaults(c);
     c->d_model = v[0];
     c->d_ff = v[1];
     c->n_layers = v[2];
@@ -136,7 +137,7 @@ static tlm_status parse_header(const uint8_t *p, size_t n, const char *path, tlm
     c->bias = 0;
     c->dropout = 0.0f;
     tlm_status s = tlm_config_finalize(c);
-    if (s) return tlm_err_context(s, "%s: llama2.c header", path);
+    if (s) return core_err_context(s, "%s: llama2.c header", path);
     return TLM_OK;
 }
 
@@ -150,17 +151,17 @@ static tlm_status expected_size(const tlm_config *c, int version, size_t data_of
         l2c_kind k = order[i];
         if (k == K_CLS && c->tie_embeddings) continue;
         size_t cnt = kind_numel(c, k), bytes;
-        if (per_layer(k) && !tlm_mul_ok(cnt, (size_t)c->n_layers, &cnt))
-            return tlm_err(TLM_ERR_FORMAT, "size overflow");
-        if (!tlm_mul_ok(cnt, sizeof(float), &bytes) || !tlm_add_ok(total, bytes, &total))
-            return tlm_err(TLM_ERR_FORMAT, "size overflow");
+        if (per_layer(k) && !core_mul_ok(cnt, (size_t)c->n_layers, &cnt))
+            return core_err(TLM_ERR_FORMAT, "size overflow");
+        if (!core_mul_ok(cnt, sizeof(float), &bytes) || !core_add_ok(total, bytes, &total))
+            return core_err(TLM_ERR_FORMAT, "size overflow");
     }
     *out = total;
     return TLM_OK;
 }
 
 /* Binds the model's tensors to their bytes in the mapped file (which the model takes over). */
-static tlm_status load_mapped(tlm_mmap *map, const char *path, int writable, tlm_model **out) {
+static tlm_status load_mapped(core_mmap *map, const char *path, int writable, tlm_model **out) {
     const uint8_t *p = map->data;
     size_t n = map->size;
     tlm_config c;
@@ -169,20 +170,20 @@ static tlm_status load_mapped(tlm_mmap *map, const char *path, int writable, tlm
     tlm_status s = parse_header(p, n, path, &c, &version, &off);
     if (!s) {
         s = expected_size(&c, version, off, &need);
-        if (s) tlm_err_context(s, "%s", path);
+        if (s) core_err_context(s, "%s", path);
     }
     if (!s && n != need)
-        s = tlm_err(TLM_ERR_FORMAT,
-                    "%s: file is %zu bytes but its llama2.c header (dim %d, hidden %d, %d "
-                    "layers, vocab %d, seq_len %d) implies %zu",
-                    path, n, c.d_model, c.d_ff, c.n_layers, c.vocab_size, c.context_length, need);
+        s = core_err(TLM_ERR_FORMAT,
+                     "%s: file is %zu bytes but its llama2.c header (dim %d, hidden %d, %d "
+                     "layers, vocab %d, seq_len %d) implies %zu",
+                     path, n, c.d_model, c.d_ff, c.n_layers, c.vocab_size, c.context_length, need);
     tlm_model *m = NULL;
     if (!s) s = fmt_model_new(&c, path, writable, &m);
-    tlm_bind_src *src = NULL;
+    mdl_bind_src *src = NULL;
     if (!s && !(src = calloc((size_t)m->n_tensors, sizeof *src)))
-        s = tlm_err(TLM_ERR_NOMEM, "out of memory");
+        s = core_err(TLM_ERR_NOMEM, "out of memory");
     if (s) {
-        tlm_mmap_close(map);
+        core_mmap_close(map);
         tlm_model_free(m);
         return s;
     }
@@ -201,17 +202,17 @@ static tlm_status load_mapped(tlm_mmap *map, const char *path, int writable, tlm
                     snprintf(name, sizeof name, "blk.%d.%s", l, kind_tensor[k]);
                 else
                     snprintf(name, sizeof name, "%s", kind_tensor[k]);
-                int ti = tlm_model_index(m, name);
-                if (ti >= 0) src[ti] = (tlm_bind_src){TLM_DTYPE_F32, p + off};
+                int ti = mdl_index(m, name);
+                if (ti >= 0) src[ti] = (mdl_bind_src){TLM_DTYPE_F32, p + off};
             }
             off += cnt * sizeof(float);
         }
     }
-    s = tlm_model_bind(m, src, map, 1);
+    s = mdl_bind(m, src, map, 1);
     free(src);
     if (s) {
         tlm_model_free(m);
-        return tlm_err_context(s, "%s", path);
+        return core_err_context(s, "%s", path);
     }
     *out = m;
     return TLM_OK;
@@ -219,8 +220,8 @@ static tlm_status load_mapped(tlm_mmap *map, const char *path, int writable, tlm
 
 tlm_status fmt_load_llama2c(const char *path, int writable, tlm_model **out) {
     *out = NULL;
-    tlm_mmap map;
-    tlm_status s = tlm_mmap_open(&map, path);
+    core_mmap map;
+    tlm_status s = core_mmap_open(&map, path);
     if (s) return s;
     return load_mapped(&map, path, writable, out);
 }
@@ -241,18 +242,18 @@ int fmt_llama2c_sniff(const uint8_t *p, size_t n) {
     return need == n;
 }
 
-static tlm_status put_floats(tlm_atomic_file *a, const float *x, size_t n) {
-    return tlm_atomic_write(a, x, n * sizeof(float));
+static tlm_status put_floats(core_atomic_file *a, const float *x, size_t n) {
+    return core_atomic_write(a, x, n * sizeof(float));
 }
 
-static tlm_status put_i32(tlm_atomic_file *a, int32_t v) {
+static tlm_status put_i32(core_atomic_file *a, int32_t v) {
     uint8_t b[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
-    return tlm_atomic_write(a, b, 4);
+    return core_atomic_write(a, b, 4);
 }
 
 /* Writes one kind (all layers). q and k rows of a half-pairing model are reordered into the
  * adjacent pairs that llama2.c's RoPE rotates. */
-static tlm_status put_kind(tlm_atomic_file *a, const tlm_model *m, l2c_kind k, float *scratch) {
+static tlm_status put_kind(core_atomic_file *a, const tlm_model *m, l2c_kind k, float *scratch) {
     const tlm_config *c = &m->c;
     int hd = c->d_model / c->n_heads;
     if (k == K_ROPE) {
@@ -296,20 +297,20 @@ tlm_status tlm_model_save_llama2c(const tlm_model *m, const char *path, int vers
     if (!fs) fs = fmt_no_rope_factors(m, "llama2.c export");
     if (fs) return fs;
     if (version != 0 && version != 1)
-        return tlm_err(TLM_ERR_ARG, "llama2.c version must be 0 (legacy) or 1, not %d", version);
+        return core_err(TLM_ERR_ARG, "llama2.c version must be 0 (legacy) or 1, not %d", version);
     if (!fmt_is_llama_style(c, 0, why, sizeof why))
-        return tlm_err(TLM_ERR_UNSUPPORTED, "llama2.c cannot hold this model: %s", why);
+        return core_err(TLM_ERR_UNSUPPORTED, "llama2.c cannot hold this model: %s", why);
     /* run.c hard-codes these; a model that differs would silently compute something else. */
     if (c->rope_theta != 10000.0f || fabsf(c->norm_eps - 1e-5f) > 1e-9f)
-        return tlm_err(TLM_ERR_UNSUPPORTED,
-                       "llama2.c fixes rope_theta 10000 and norm_eps 1e-5 (model has %g, %g)",
-                       (double)c->rope_theta, (double)c->norm_eps);
+        return core_err(TLM_ERR_UNSUPPORTED,
+                        "llama2.c fixes rope_theta 10000 and norm_eps 1e-5 (model has %g, %g)",
+                        (double)c->rope_theta, (double)c->norm_eps);
     size_t scratch_n = (size_t)c->d_model * (size_t)c->d_model;
     if ((size_t)c->d_model > scratch_n) scratch_n = (size_t)c->d_model;
     float *scratch = malloc(scratch_n * sizeof(float));
-    if (!scratch) return tlm_err(TLM_ERR_NOMEM, "out of memory");
-    tlm_atomic_file a;
-    tlm_status s = tlm_atomic_open(&a, path);
+    if (!scratch) return core_err(TLM_ERR_NOMEM, "out of memory");
+    core_atomic_file a;
+    tlm_status s = core_atomic_open(&a, path);
     if (s) {
         free(scratch);
         return s;
@@ -328,7 +329,7 @@ tlm_status tlm_model_save_llama2c(const tlm_model *m, const char *path, int vers
         for (int j = 0; j < 7; j++)
             for (int i = 0; i < 4; i++) h[8 + 4 * j + i] = (uint8_t)((uint32_t)hdr[j] >> (8 * i));
         h[36] = (uint8_t)c->tie_embeddings;
-        s = tlm_atomic_write(&a, h, sizeof h);
+        s = core_atomic_write(&a, h, sizeof h);
     }
     const l2c_kind *order = version ? v1_order : legacy_order;
     size_t n_kinds =
@@ -336,8 +337,8 @@ tlm_status tlm_model_save_llama2c(const tlm_model *m, const char *path, int vers
     for (size_t i = 0; i < n_kinds && !s; i++) s = put_kind(&a, m, order[i], scratch);
     free(scratch);
     if (s) {
-        tlm_atomic_abort(&a);
-        return tlm_err_context(s, "writing %s", path);
+        core_atomic_abort(&a);
+        return core_err_context(s, "writing %s", path);
     }
-    return tlm_atomic_commit(&a);
+    return core_atomic_commit(&a);
 }

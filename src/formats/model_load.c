@@ -29,7 +29,7 @@ const char *tlm_model_format_name(tlm_model_format f) {
 }
 
 static int dir_has(const char *dir, const char *name) {
-    char *p = tlm_path_join(dir, name);
+    char *p = core_path_join(dir, name);
     int r = p && file_exists(p);
     free(p);
     return r;
@@ -44,49 +44,49 @@ tlm_status tlm_model_detect(const char *path, tlm_model_format *fmt) {
         else if (dir_has(path, "config.json"))
             *fmt = TLM_FORMAT_HF;
         else
-            return tlm_err(TLM_ERR_FORMAT,
-                           "'%s' is a directory with neither model.safetensors (tlm checkpoint) "
-                           "nor config.json (Hugging Face model)",
-                           path);
+            return core_err(TLM_ERR_FORMAT,
+                            "'%s' is a directory with neither model.safetensors (tlm checkpoint) "
+                            "nor config.json (Hugging Face model)",
+                            path);
         if (*fmt == TLM_FORMAT_TLM || !dir_has(path, "model.safetensors")) return TLM_OK;
         /* Both present: a tlm checkpoint directory also holds tlm's config.json. */
-        st_file f;
-        char *p = tlm_path_join(path, "model.safetensors");
-        if (!p) return tlm_err(TLM_ERR_NOMEM, "out of memory");
-        tlm_status s = st_open(&f, p);
+        io_st_file f;
+        char *p = core_path_join(path, "model.safetensors");
+        if (!p) return core_err(TLM_ERR_NOMEM, "out of memory");
+        tlm_status s = io_st_open(&f, p);
         free(p);
         if (s) return s;
-        if (st_meta(&f, "tlm_config")) *fmt = TLM_FORMAT_TLM;
-        st_close(&f);
+        if (io_st_meta(&f, "tlm_config")) *fmt = TLM_FORMAT_TLM;
+        io_st_close(&f);
         return TLM_OK;
     }
     if (!file_exists(path))
-        return tlm_err(TLM_ERR_IO, "no such model file or directory '%s'", path);
+        return core_err(TLM_ERR_IO, "no such model file or directory '%s'", path);
     size_t n = strlen(path);
     if (n >= 12 && !strcmp(path + n - 12, ".safetensors")) {
         *fmt = TLM_FORMAT_TLM;
         return TLM_OK;
     }
-    tlm_mmap map;
-    tlm_status s = tlm_mmap_open(&map, path);
+    core_mmap map;
+    tlm_status s = core_mmap_open(&map, path);
     if (s) return s;
     if (map.size >= 4 && !memcmp(map.data, "GGUF", 4))
         *fmt = TLM_FORMAT_GGUF;
     else if (fmt_llama2c_sniff(map.data, map.size))
         *fmt = TLM_FORMAT_LLAMA2C;
-    tlm_mmap_close(&map);
+    core_mmap_close(&map);
     if (*fmt == TLM_FORMAT_UNKNOWN)
-        return tlm_err(TLM_ERR_FORMAT,
-                       "'%s': unrecognized model format (not GGUF, not a llama2.c .bin whose "
-                       "header matches its size, not .safetensors)",
-                       path);
+        return core_err(TLM_ERR_FORMAT,
+                        "'%s': unrecognized model format (not GGUF, not a llama2.c .bin whose "
+                        "header matches its size, not .safetensors)",
+                        path);
     return TLM_OK;
 }
 
 tlm_status fmt_load_tlm(const char *path, int writable, tlm_model **out) {
     if (!is_dir(path)) return fmt_load_tlm_file(path, writable, out);
-    char *p = tlm_path_join(path, "model.safetensors");
-    if (!p) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    char *p = core_path_join(path, "model.safetensors");
+    if (!p) return core_err(TLM_ERR_NOMEM, "out of memory");
     tlm_status s = fmt_load_tlm_file(p, writable, out);
     free(p);
     return s;
@@ -95,35 +95,35 @@ tlm_status fmt_load_tlm(const char *path, int writable, tlm_model **out) {
 tlm_status tlm_model_load(const char *path, unsigned flags, tlm_model **out) {
     *out = NULL;
     if (flags & ~(unsigned)(TLM_LOAD_WRITABLE | TLM_LOAD_BF16 | TLM_LOAD_FP32 | TLM_LOAD_READ))
-        return tlm_err(TLM_ERR_ARG, "unknown load flags 0x%x", flags);
+        return core_err(TLM_ERR_ARG, "unknown load flags 0x%x", flags);
     if ((flags & TLM_LOAD_READ) && (flags & TLM_LOAD_WRITABLE))
-        return tlm_err(TLM_ERR_ARG, "load flags: TLM_LOAD_READ and TLM_LOAD_WRITABLE exclude each "
-                                    "other (a writable model is a copy already)");
+        return core_err(TLM_ERR_ARG, "load flags: TLM_LOAD_READ and TLM_LOAD_WRITABLE exclude each "
+                                     "other (a writable model is a copy already)");
     unsigned prec = flags & (TLM_LOAD_BF16 | TLM_LOAD_FP32);
     if (prec == (TLM_LOAD_BF16 | TLM_LOAD_FP32))
-        return tlm_err(TLM_ERR_ARG,
-                       "load flags: TLM_LOAD_BF16 and TLM_LOAD_FP32 exclude each other");
+        return core_err(TLM_ERR_ARG,
+                        "load flags: TLM_LOAD_BF16 and TLM_LOAD_FP32 exclude each other");
     if (prec && (flags & TLM_LOAD_WRITABLE))
-        return tlm_err(TLM_ERR_ARG, "load flags: a writable model keeps F32 weights; the "
-                                    "precision of products is chosen on read-only loads");
+        return core_err(TLM_ERR_ARG, "load flags: a writable model keeps F32 weights; the "
+                                     "precision of products is chosen on read-only loads");
     int w = (flags & TLM_LOAD_WRITABLE) != 0;
     tlm_model_format f;
     tlm_status s = tlm_model_detect(path, &f);
     if (s) return s;
-    tlm_mmap_read_mode((flags & TLM_LOAD_READ) != 0);
+    core_mmap_read_mode((flags & TLM_LOAD_READ) != 0);
     switch (f) {
     case TLM_FORMAT_TLM: s = fmt_load_tlm(path, w, out); break;
     case TLM_FORMAT_LLAMA2C: s = fmt_load_llama2c(path, w, out); break;
     case TLM_FORMAT_HF: s = fmt_load_hf(path, w, out); break;
     case TLM_FORMAT_GGUF: s = fmt_load_gguf(path, w, out); break;
     default:
-        tlm_mmap_read_mode(0);
-        return tlm_err(TLM_ERR_UNSUPPORTED, "'%s': %s models are not supported yet", path,
-                       tlm_model_format_name(f));
+        core_mmap_read_mode(0);
+        return core_err(TLM_ERR_UNSUPPORTED, "'%s': %s models are not supported yet", path,
+                        tlm_model_format_name(f));
     }
-    tlm_mmap_read_mode(0);
+    core_mmap_read_mode(0);
     if (s || !prec) return s;
-    s = tlm_model_retype(*out, prec == TLM_LOAD_BF16 ? TLM_PRECISION_BF16 : TLM_PRECISION_FP32);
+    s = mdl_retype(*out, prec == TLM_LOAD_BF16 ? TLM_PRECISION_BF16 : TLM_PRECISION_FP32);
     if (s) {
         tlm_model_free(*out);
         *out = NULL;

@@ -12,12 +12,12 @@ tlm_status tlm_model_save_safetensors(const tlm_model *m, const char *path) {
     tlm_status fs = fmt_need_f32(m, path);
     if (!fs) fs = fmt_no_rope_factors(m, path);
     if (fs) return fs;
-    st_out_tensor *t = calloc((size_t)m->n_tensors, sizeof *t);
+    io_st_out_tensor *t = calloc((size_t)m->n_tensors, sizeof *t);
     char *cfg = tlm_config_to_json(&m->c);
     if (!t || !cfg) {
         free(t);
         free(cfg);
-        return tlm_err(TLM_ERR_NOMEM, "out of memory");
+        return core_err(TLM_ERR_NOMEM, "out of memory");
     }
     for (int i = 0; i < m->n_tensors; i++) {
         const tlm_tensor_info *ti = &m->tensors[i];
@@ -30,7 +30,7 @@ tlm_status tlm_model_save_safetensors(const tlm_model *m, const char *path) {
     }
     const char *keys[] = {"format", "tlm_config"};
     const char *vals[] = {"tlm", cfg};
-    tlm_status s = st_write(path, t, m->n_tensors, keys, vals, 2);
+    tlm_status s = io_st_write(path, t, m->n_tensors, keys, vals, 2);
     free(t);
     free(cfg);
     return s;
@@ -38,78 +38,78 @@ tlm_status tlm_model_save_safetensors(const tlm_model *m, const char *path) {
 
 /* Every schema tensor is in f with its shape and a float dtype: checked before a model is
  * allocated or anything is read, so a header cannot make us allocate what its file lacks. */
-static tlm_status check_tensors(const st_file *f, const tlm_tensor_info *ti, int n,
+static tlm_status check_tensors(const io_st_file *f, const tlm_tensor_info *ti, int n,
                                 const char *path) {
     for (int i = 0; i < n; i++) {
-        const st_tensor *t = st_find(f, ti[i].name);
-        if (!t) return tlm_err(TLM_ERR_FORMAT, "%s: missing tensor '%s'", path, ti[i].name);
+        const io_st_tensor *t = io_st_find(f, ti[i].name);
+        if (!t) return core_err(TLM_ERR_FORMAT, "%s: missing tensor '%s'", path, ti[i].name);
         if (t->ndim != ti[i].ndim || t->shape[0] != ti[i].shape[0] ||
             (ti[i].ndim == 2 && t->shape[1] != ti[i].shape[1]))
-            return tlm_err(TLM_ERR_FORMAT, "%s: tensor '%s' has the wrong shape for this config",
-                           path, ti[i].name);
-        if (!tlm_dtype_get(t->dtype)->is_float)
-            return tlm_err(TLM_ERR_FORMAT, "%s: tensor '%s' has dtype %s, expected a float type",
-                           path, ti[i].name, tlm_dtype_name(t->dtype));
+            return core_err(TLM_ERR_FORMAT, "%s: tensor '%s' has the wrong shape for this config",
+                            path, ti[i].name);
+        if (!core_dtype_get(t->dtype)->is_float)
+            return core_err(TLM_ERR_FORMAT, "%s: tensor '%s' has dtype %s, expected a float type",
+                            path, ti[i].name, tlm_dtype_name(t->dtype));
     }
     return TLM_OK;
 }
 
-tlm_status tlm_model_load_safetensors(tlm_model *m, const char *path) {
-    if (!m->st.params) return tlm_err(TLM_ERR_ARG, "%s: loading into a read-only model", path);
-    st_file f;
-    tlm_status s = st_open(&f, path);
+tlm_status tlm_model_read_safetensors(tlm_model *m, const char *path) {
+    if (!m->st.params) return core_err(TLM_ERR_ARG, "%s: loading into a read-only model", path);
+    io_st_file f;
+    tlm_status s = io_st_open(&f, path);
     if (s) return s;
     s = check_tensors(&f, m->tensors, m->n_tensors, path);
     for (int i = 0; i < m->n_tensors && !s; i++) {
         const tlm_tensor_info *ti = &m->tensors[i];
-        s = st_read_f32(&f, st_find(&f, ti->name), m->st.params + ti->offset, ti->numel);
-        if (s) tlm_err_context(s, "%s", path);
+        s = io_st_read_f32(&f, io_st_find(&f, ti->name), m->st.params + ti->offset, ti->numel);
+        if (s) core_err_context(s, "%s", path);
     }
-    st_close(&f);
+    io_st_close(&f);
     return s;
 }
 
 tlm_status fmt_load_tlm_file(const char *path, int writable, tlm_model **out) {
     *out = NULL;
-    st_file f;
-    tlm_status s = st_open(&f, path);
+    io_st_file f;
+    tlm_status s = io_st_open(&f, path);
     if (s) return s;
     tlm_config c;
     tlm_tensor_info *ti = NULL;
     int n = 0;
-    const char *cfg = st_meta(&f, "tlm_config");
+    const char *cfg = io_st_meta(&f, "tlm_config");
     if (!cfg) {
-        s = tlm_err(TLM_ERR_FORMAT, "%s: no tlm_config in the metadata", path);
+        s = core_err(TLM_ERR_FORMAT, "%s: no tlm_config in the metadata", path);
     } else if ((s = tlm_config_from_json(cfg, &c))) {
-        tlm_err_context(s, "%s: config in metadata", path);
+        core_err_context(s, "%s: config in metadata", path);
     } else {
-        n = tlm_schema(&c, NULL, 0, NULL);
+        n = tlm_config_tensors(&c, NULL, 0, NULL);
         ti = calloc((size_t)n, sizeof *ti);
-        if (!ti) s = tlm_err(TLM_ERR_NOMEM, "out of memory");
+        if (!ti) s = core_err(TLM_ERR_NOMEM, "out of memory");
     }
     if (!s) {
-        tlm_schema(&c, ti, n, NULL);
+        tlm_config_tensors(&c, ti, n, NULL);
         s = check_tensors(&f, ti, n, path);
     }
     free(ti);
     tlm_model *m = NULL;
     if (!s) s = fmt_model_new(&c, path, writable, &m);
-    tlm_bind_src *src = NULL;
+    mdl_bind_src *src = NULL;
     if (!s && !(src = calloc((size_t)m->n_tensors, sizeof *src)))
-        s = tlm_err(TLM_ERR_NOMEM, "out of memory");
+        s = core_err(TLM_ERR_NOMEM, "out of memory");
     for (int i = 0; !s && i < m->n_tensors; i++) {
-        const st_tensor *t = st_find(&f, m->tensors[i].name);
-        src[i] = (tlm_bind_src){t->dtype, f.data + t->begin};
+        const io_st_tensor *t = io_st_find(&f, m->tensors[i].name);
+        src[i] = (mdl_bind_src){t->dtype, f.data + t->begin};
     }
     if (!s) {
         /* The model keeps the file mapped while its views point into it. */
-        tlm_mmap map = f.map;
-        f.map = (tlm_mmap){0};
-        s = tlm_model_bind(m, src, &map, 1);
-        if (s) tlm_err_context(s, "%s", path);
+        core_mmap map = f.map;
+        f.map = (core_mmap){0};
+        s = mdl_bind(m, src, &map, 1);
+        if (s) core_err_context(s, "%s", path);
     }
     free(src);
-    st_close(&f);
+    io_st_close(&f);
     if (s) {
         tlm_model_free(m);
         return s;

@@ -14,29 +14,29 @@ static double now_s(void) {
 
 void tlm_generate_opts_defaults(tlm_generate_opts *o) {
     *o = (tlm_generate_opts){.max_new_tokens = 256, .eos_id = -1};
-    tlm_sampler_opts_default(&o->sampling);
+    tlm_sampler_opts_defaults(&o->sampling);
 }
 
-tlm_status tlm_generate(tlm_session *s, const int32_t *const *prompts, const int *prompt_lens,
-                        int n_prompts, const tlm_generate_opts *o, tlm_stop_reason *stops,
-                        tlm_generate_stats *stats) {
+tlm_status tlm_session_generate(tlm_session *s, const int32_t *const *prompts,
+                                const int *prompt_lens, int n_prompts, const tlm_generate_opts *o,
+                                tlm_stop_reason *stops, tlm_generate_stats *stats) {
     FP_FLUSH_SCOPE();
-    if (!s || !prompts || !prompt_lens) return tlm_err(TLM_ERR_ARG, "generate: NULL argument");
+    if (!s || !prompts || !prompt_lens) return core_err(TLM_ERR_ARG, "generate: NULL argument");
     tlm_generate_opts defaults;
     if (!o) {
         tlm_generate_opts_defaults(&defaults);
         o = &defaults;
     }
     if (n_prompts <= 0 || n_prompts > s->B)
-        return tlm_err(TLM_ERR_ARG, "generate: %d prompts for a session batch of %d", n_prompts,
-                       s->B);
+        return core_err(TLM_ERR_ARG, "generate: %d prompts for a session batch of %d", n_prompts,
+                        s->B);
     for (int b = 0; b < n_prompts; b++) {
         if (prompt_lens[b] <= 0 || !prompts[b])
-            return tlm_err(TLM_ERR_ARG, "generate: prompt %d is empty (start from BOS)", b);
+            return core_err(TLM_ERR_ARG, "generate: prompt %d is empty (start from BOS)", b);
         if (prompt_lens[b] > s->cap)
-            return tlm_err(TLM_ERR_RANGE,
-                           "generate: prompt %d has %d tokens, more than the context of %d", b,
-                           prompt_lens[b], s->cap);
+            return core_err(TLM_ERR_RANGE,
+                            "generate: prompt %d has %d tokens, more than the context of %d", b,
+                            prompt_lens[b], s->cap);
     }
     int B = s->B;
     size_t V = (size_t)s->m->c.vocab_size;
@@ -49,7 +49,7 @@ tlm_status tlm_generate(tlm_session *s, const int32_t *const *prompts, const int
     tlm_stop_reason *why = calloc((size_t)B, sizeof *why);
     tlm_status err = TLM_OK;
     if (!samp || !logits || !next || !count || !active || !why) {
-        err = tlm_err(TLM_ERR_NOMEM, "out of memory");
+        err = core_err(TLM_ERR_NOMEM, "out of memory");
         goto done;
     }
     for (int b = 0; b < n_prompts && !err; b++) {
@@ -63,7 +63,7 @@ tlm_status tlm_generate(tlm_session *s, const int32_t *const *prompts, const int
     tlm_session_reset(s, -1);
     double t0 = now_s();
     for (int b = 0; b < n_prompts; b++) {
-        err = tlm_prefill(s, b, prompts[b], prompt_lens[b], logits + (size_t)b * V, 0);
+        err = tlm_session_prefill(s, b, prompts[b], prompt_lens[b], logits + (size_t)b * V, 0);
         if (err) goto done;
         st.prompt_tokens += prompt_lens[b];
         if (o->max_new_tokens == 0)
@@ -79,7 +79,7 @@ tlm_status tlm_generate(tlm_session *s, const int32_t *const *prompts, const int
         int any = 0;
         for (int b = 0; b < n_prompts; b++) {
             if (!active[b]) continue;
-            err = tlm_sample(samp[b], logits + (size_t)b * V, &next[b]);
+            err = tlm_sampler_sample(samp[b], logits + (size_t)b * V, &next[b]);
             if (err) goto done;
             tlm_sampler_accept(samp[b], next[b]);
             count[b]++;
@@ -100,7 +100,7 @@ tlm_status tlm_generate(tlm_session *s, const int32_t *const *prompts, const int
                 any = 1;
         }
         if (!any) break;
-        err = tlm_decode(s, next, active, logits);
+        err = tlm_session_decode(s, next, active, logits);
         if (err) goto done;
         st.decode_steps++;
     }

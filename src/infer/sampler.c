@@ -18,7 +18,7 @@ typedef struct {
 struct tlm_sampler {
     tlm_sampler_opts o;
     int V;
-    tlm_rng rng;
+    core_rng rng;
     int32_t *idx; /* [V] candidate ids */
     double *w;    /* [V] their unnormalized probabilities, same order as idx */
     cand *c;      /* [V] top-p sorting space */
@@ -28,40 +28,40 @@ struct tlm_sampler {
     int n_hist, hist_pos;
 };
 
-void tlm_sampler_opts_default(tlm_sampler_opts *o) {
+void tlm_sampler_opts_defaults(tlm_sampler_opts *o) {
     /* every field: the ones added later (min_p, the penalties) are off at zero */
     *o = (tlm_sampler_opts){.temperature = 0.8f, .top_k = 40, .top_p = 0.95f};
 }
 
 tlm_status tlm_sampler_new(const tlm_sampler_opts *o, int vocab_size, tlm_sampler **out) {
-    if (!out) return tlm_err(TLM_ERR_ARG, "sampler: out must not be NULL");
+    if (!out) return core_err(TLM_ERR_ARG, "sampler: out must not be NULL");
     *out = NULL;
     tlm_sampler_opts def;
     if (!o) {
-        tlm_sampler_opts_default(&def);
+        tlm_sampler_opts_defaults(&def);
         o = &def;
     }
     if (vocab_size <= 0)
-        return tlm_err(TLM_ERR_ARG, "sampler: vocab_size %d must be positive", vocab_size);
+        return core_err(TLM_ERR_ARG, "sampler: vocab_size %d must be positive", vocab_size);
     if (!(o->temperature >= 0.0f) || isinf(o->temperature))
-        return tlm_err(TLM_ERR_ARG, "sampler: temperature %g must be finite and >= 0",
-                       (double)o->temperature);
+        return core_err(TLM_ERR_ARG, "sampler: temperature %g must be finite and >= 0",
+                        (double)o->temperature);
     if (!(o->top_p > 0.0f))
-        return tlm_err(TLM_ERR_ARG, "sampler: top_p %g must be > 0 (1 disables it)",
-                       (double)o->top_p);
-    if (o->top_k < 0) return tlm_err(TLM_ERR_ARG, "sampler: top_k %d must be >= 0", o->top_k);
+        return core_err(TLM_ERR_ARG, "sampler: top_p %g must be > 0 (1 disables it)",
+                        (double)o->top_p);
+    if (o->top_k < 0) return core_err(TLM_ERR_ARG, "sampler: top_k %d must be >= 0", o->top_k);
     if (!(o->min_p >= 0.0f && o->min_p <= 1.0f))
-        return tlm_err(TLM_ERR_ARG, "sampler: min_p %g must be in [0, 1]", (double)o->min_p);
+        return core_err(TLM_ERR_ARG, "sampler: min_p %g must be in [0, 1]", (double)o->min_p);
     if (!(o->repeat_penalty >= 0.0f) || isinf(o->repeat_penalty))
-        return tlm_err(TLM_ERR_ARG, "sampler: repeat_penalty %g must be finite and >= 0",
-                       (double)o->repeat_penalty);
+        return core_err(TLM_ERR_ARG, "sampler: repeat_penalty %g must be finite and >= 0",
+                        (double)o->repeat_penalty);
     if (!isfinite(o->presence_penalty) || !isfinite(o->frequency_penalty))
-        return tlm_err(TLM_ERR_ARG, "sampler: presence and frequency penalties must be finite");
+        return core_err(TLM_ERR_ARG, "sampler: presence and frequency penalties must be finite");
     if (o->penalty_last_n < 0 || o->penalty_last_n > (1 << 20))
-        return tlm_err(TLM_ERR_ARG, "sampler: penalty_last_n %d must be in [0, 2^20]",
-                       o->penalty_last_n);
+        return core_err(TLM_ERR_ARG, "sampler: penalty_last_n %d must be in [0, 2^20]",
+                        o->penalty_last_n);
     tlm_sampler *s = calloc(1, sizeof *s);
-    if (!s) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    if (!s) return core_err(TLM_ERR_NOMEM, "out of memory");
     s->o = *o;
     s->V = vocab_size;
     s->idx = malloc((size_t)vocab_size * sizeof *s->idx);
@@ -77,9 +77,9 @@ tlm_status tlm_sampler_new(const tlm_sampler_opts *o, int vocab_size, tlm_sample
     }
     if (!s->idx || !s->w || !s->c || (s->penalize && (!s->pl || !s->hist))) {
         tlm_sampler_free(s);
-        return tlm_err(TLM_ERR_NOMEM, "out of memory for a sampler over %d ids", vocab_size);
+        return core_err(TLM_ERR_NOMEM, "out of memory for a sampler over %d ids", vocab_size);
     }
-    tlm_rng_seed(&s->rng, o->seed, o->stream);
+    core_rng_seed(&s->rng, o->seed, o->stream);
     *out = s;
     return TLM_OK;
 }
@@ -183,9 +183,9 @@ static const float *penalized(tlm_sampler *s, const float *logits) {
     return s->pl;
 }
 
-tlm_status tlm_sample(tlm_sampler *s, const float *logits, int32_t *id) {
+tlm_status tlm_sampler_sample(tlm_sampler *s, const float *logits, int32_t *id) {
     FP_FLUSH_SCOPE();
-    if (!s || !logits || !id) return tlm_err(TLM_ERR_ARG, "sample: NULL argument");
+    if (!s || !logits || !id) return core_err(TLM_ERR_ARG, "sample: NULL argument");
     int V = s->V;
     if (s->penalize && s->n_hist) logits = penalized(s, logits);
     /* The first index of the largest logit above -inf: a branch-free pass for the maximum (and
@@ -200,12 +200,12 @@ tlm_status tlm_sample(tlm_sampler *s, const float *logits, int32_t *id) {
     }
     if (nan)
         for (int32_t i = 0; i < V; i++)
-            if (isnan(logits[i])) return tlm_err(TLM_ERR_NUMERIC, "sample: logit %d is NaN", i);
+            if (isnan(logits[i])) return core_err(TLM_ERR_NUMERIC, "sample: logit %d is NaN", i);
     if (top > -INFINITY)
         for (best = 0; logits[best] != top; best++) {
         }
     if (best < 0 || isinf(logits[best]))
-        return tlm_err(TLM_ERR_NUMERIC, "sample: the logits hold no finite maximum");
+        return core_err(TLM_ERR_NUMERIC, "sample: the logits hold no finite maximum");
     if (s->o.temperature == 0.0f) {
         *id = best;
         return TLM_OK;
@@ -238,7 +238,7 @@ tlm_status tlm_sample(tlm_sampler *s, const float *logits, int32_t *id) {
         total = 0.0;
         for (int i = 0; i < n; i++) total += s->w[i];
     }
-    double u = tlm_rng_double_open(&s->rng) * total, acc = 0.0;
+    double u = core_rng_double_open(&s->rng) * total, acc = 0.0;
     for (int i = 0; i < n; i++) {
         acc += s->w[i];
         if (u < acc) {

@@ -3,7 +3,8 @@
  * attention over the cache), decode over one token of each active sequence (matrix-vector products
  * that stream each weight once). What is particular to generation is the attention core here:
  * append the new keys and values to the cache, attend over it. The arithmetic per token is the
- * same as tlm_forward's, which is what makes incremental decoding reproduce the full pass. */
+ * same as tlm_train_ctx_forward's, which is what makes incremental decoding reproduce the full
+ * pass. */
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
@@ -23,7 +24,7 @@
 #define PCHUNK 32
 
 static void free_scratch(tlm_session *s) {
-    tlm_big_free(s->scratch, s->scratch_bytes);
+    core_big_free(s->scratch, s->scratch_bytes);
     s->scratch = NULL;
     s->scratch_bytes = 0;
     s->rows = 0;
@@ -48,16 +49,16 @@ static tlm_status reserve_rows(tlm_session *s, int rows) {
         per_row += (widths[i] + 15) & ~(size_t)15;
     free_scratch(s);
     size_t bytes = (size_t)rows * per_row * sizeof(float);
-    s->scratch = tlm_big_alloc(bytes);
+    s->scratch = core_big_alloc(bytes);
     s->row_seq = malloc((size_t)rows * sizeof(int));
     s->row_pos = malloc((size_t)rows * sizeof(int));
     s->row_ids = malloc((size_t)rows * sizeof(int32_t));
     if (!s->scratch || !s->row_seq || !s->row_pos || !s->row_ids) {
-        tlm_big_free(s->scratch, bytes);
+        core_big_free(s->scratch, bytes);
         s->scratch = NULL;
         free_scratch(s);
-        return tlm_err(TLM_ERR_NOMEM, "out of memory for %d generation rows (%zu MiB)", rows,
-                       bytes >> 20);
+        return core_err(TLM_ERR_NOMEM, "out of memory for %d generation rows (%zu MiB)", rows,
+                        bytes >> 20);
     }
     s->scratch_bytes = bytes;
     s->rows = rows;
@@ -74,12 +75,12 @@ static tlm_status reserve_rows(tlm_session *s, int rows) {
 /* Grows a float buffer that only ever grows (*have floats now) to hold `floats`. */
 static tlm_status reserve_floats(float **buf, size_t *have, size_t floats, const char *what) {
     if (floats <= *have) return TLM_OK;
-    tlm_big_free(*buf, *have * sizeof(float));
-    *buf = tlm_big_alloc(floats * sizeof(float));
+    core_big_free(*buf, *have * sizeof(float));
+    *buf = core_big_alloc(floats * sizeof(float));
     *have = *buf ? floats : 0;
     if (!*buf)
-        return tlm_err(TLM_ERR_NOMEM, "out of memory for %s (%zu MiB)", what,
-                       floats * sizeof(float) >> 20);
+        return core_err(TLM_ERR_NOMEM, "out of memory for %s (%zu MiB)", what,
+                        floats * sizeof(float) >> 20);
     return TLM_OK;
 }
 
@@ -115,9 +116,9 @@ void tlm_session_opts_defaults(tlm_session_opts *o) {
 }
 
 tlm_status tlm_session_new(const tlm_model *m, const tlm_session_opts *o, tlm_session **out) {
-    if (!out) return tlm_err(TLM_ERR_ARG, "session: out must not be NULL");
+    if (!out) return core_err(TLM_ERR_ARG, "session: out must not be NULL");
     *out = NULL;
-    if (!m) return tlm_err(TLM_ERR_ARG, "session: model must not be NULL");
+    if (!m) return core_err(TLM_ERR_ARG, "session: model must not be NULL");
     tlm_session_opts defaults;
     if (!o) {
         tlm_session_opts_defaults(&defaults);
@@ -129,44 +130,44 @@ tlm_status tlm_session_new(const tlm_model *m, const tlm_session_opts *o, tlm_se
     const tlm_dtype types[2] = {o->kv_type, o->v_type_set ? o->v_type : o->kv_type};
     for (int kv = 0; kv < 2; kv++) {
         if (k_kv_kind(types[kv]) < 0)
-            return tlm_err(TLM_ERR_ARG,
-                           "session: KV cache type %s (supported: F32, F16, BF16, Q8_0, Q4_0, "
-                           "Q4_1, IQ4_NL, Q5_0, Q5_1)",
-                           tlm_dtype_name(types[kv]));
+            return core_err(TLM_ERR_ARG,
+                            "session: KV cache type %s (supported: F32, F16, BF16, Q8_0, Q4_0, "
+                            "Q4_1, IQ4_NL, Q5_0, Q5_1)",
+                            tlm_dtype_name(types[kv]));
         /* a cached row (one position of one head) is whole blocks, as llama.cpp also requires */
-        const tlm_dtype_info *di = tlm_dtype_get(types[kv]);
+        const core_dtype_info *di = core_dtype_get(types[kv]);
         if (hd % di->block_elems)
-            return tlm_err(TLM_ERR_ARG,
-                           "session: a %s KV cache needs a head size that is a multiple of %zu "
-                           "(this model's is %zu); use F16 or F32",
-                           tlm_dtype_name(types[kv]), (size_t)di->block_elems, hd);
+            return core_err(TLM_ERR_ARG,
+                            "session: a %s KV cache needs a head size that is a multiple of %zu "
+                            "(this model's is %zu); use F16 or F32",
+                            tlm_dtype_name(types[kv]), (size_t)di->block_elems, hd);
     }
-    if (batch <= 0) return tlm_err(TLM_ERR_ARG, "session: batch %d must be positive", batch);
+    if (batch <= 0) return core_err(TLM_ERR_ARG, "session: batch %d must be positive", batch);
     if (capacity <= 0) capacity = c->context_length;
     if (capacity > c->context_length)
-        return tlm_err(TLM_ERR_ARG, "session: capacity %d exceeds context_length %d", capacity,
-                       c->context_length);
+        return core_err(TLM_ERR_ARG, "session: capacity %d exceeds context_length %d", capacity,
+                        c->context_length);
     tlm_session *s = calloc(1, sizeof *s);
-    if (!s) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    if (!s) return core_err(TLM_ERR_NOMEM, "out of memory");
     s->m = m;
     s->B = batch;
     s->cap = capacity;
     size_t heads = 0, both = 0;
     for (int kv = 0; kv < 2; kv++) {
-        const tlm_dtype_info *di = tlm_dtype_get(types[kv]);
+        const core_dtype_info *di = core_dtype_get(types[kv]);
         s->kv_type[kv] = types[kv];
         s->kv_kind[kv] = k_kv_kind(types[kv]);
         s->kv_row[kv] = hd / di->block_elems * di->block_bytes;
     }
-    int ok = tlm_mul_ok((size_t)c->n_layers * (size_t)c->n_kv_heads, (size_t)batch, &heads) &&
-             tlm_mul_ok((size_t)capacity, s->kv_row[0], &s->head_stride[0]) &&
-             tlm_mul_ok((size_t)capacity, s->kv_row[1], &s->head_stride[1]) &&
+    int ok = core_mul_ok((size_t)c->n_layers * (size_t)c->n_kv_heads, (size_t)batch, &heads) &&
+             core_mul_ok((size_t)capacity, s->kv_row[0], &s->head_stride[0]) &&
+             core_mul_ok((size_t)capacity, s->kv_row[1], &s->head_stride[1]) &&
              s->head_stride[0] <= SIZE_MAX - s->head_stride[1] &&
-             tlm_mul_ok(heads, s->head_stride[0] + s->head_stride[1], &both);
+             core_mul_ok(heads, s->head_stride[0] + s->head_stride[1], &both);
     s->kv_bytes = both;
     tlm_status st = TLM_OK;
     if (!ok) {
-        st = tlm_err(TLM_ERR_NOMEM, "session: KV cache size overflows");
+        st = core_err(TLM_ERR_NOMEM, "session: KV cache size overflows");
         goto fail;
     }
     s->len = calloc((size_t)batch, sizeof(int));
@@ -178,11 +179,11 @@ tlm_status tlm_session_new(const tlm_model *m, const tlm_session_opts *o, tlm_se
     s->seg_n = calloc((size_t)batch, sizeof(int));
     s->want_row = calloc((size_t)batch, sizeof(int));
     s->want_seq = calloc((size_t)batch, sizeof(int));
-    s->kv = tlm_big_alloc(s->kv_bytes);
-    s->logits = tlm_big_alloc((size_t)batch * c->vocab_size * sizeof(float));
+    s->kv = core_big_alloc(s->kv_bytes);
+    s->logits = core_big_alloc((size_t)batch * c->vocab_size * sizeof(float));
     if (!s->len || !s->ids_tmp || !s->act_tmp || !s->step_n || !s->seg_b || !s->seg_r0 ||
         !s->seg_n || !s->want_row || !s->want_seq || !s->kv || !s->logits) {
-        st = tlm_err(TLM_ERR_NOMEM, "out of memory for a KV cache of %zu MiB", s->kv_bytes >> 20);
+        st = core_err(TLM_ERR_NOMEM, "out of memory for a KV cache of %zu MiB", s->kv_bytes >> 20);
         goto fail;
     }
     st = reserve_rows(s, batch);
@@ -199,10 +200,10 @@ fail:
 void tlm_session_free(tlm_session *s) {
     if (!s) return;
     free_scratch(s);
-    tlm_big_free(s->scores, s->scores_floats * sizeof(float));
-    tlm_big_free(s->wide, s->wide_floats * sizeof(float));
-    if (s->kv) tlm_big_free(s->kv, s->kv_bytes);
-    if (s->logits) tlm_big_free(s->logits, (size_t)s->B * s->m->c.vocab_size * sizeof(float));
+    core_big_free(s->scores, s->scores_floats * sizeof(float));
+    core_big_free(s->wide, s->wide_floats * sizeof(float));
+    if (s->kv) core_big_free(s->kv, s->kv_bytes);
+    if (s->logits) core_big_free(s->logits, (size_t)s->B * s->m->c.vocab_size * sizeof(float));
     free(s->len);
     free(s->ids_tmp);
     free(s->act_tmp);
@@ -242,10 +243,10 @@ int tlm_session_length(const tlm_session *s, int seq) {
 /* Cached keys and values depend only on the ids before them, so the first n positions of a
  * sequence stay valid for any continuation: forgetting the rest is all there is to do. */
 tlm_status tlm_session_truncate(tlm_session *s, int seq, int n) {
-    if (!s) return tlm_err(TLM_ERR_ARG, "session: NULL session");
+    if (!s) return core_err(TLM_ERR_ARG, "session: NULL session");
     if (seq < 0 || seq >= s->B)
-        return tlm_err(TLM_ERR_RANGE, "session: sequence %d outside the batch of %d", seq, s->B);
-    if (n < 0) return tlm_err(TLM_ERR_ARG, "session: truncate to %d positions", n);
+        return core_err(TLM_ERR_RANGE, "session: sequence %d outside the batch of %d", seq, s->B);
+    if (n < 0) return core_err(TLM_ERR_ARG, "session: truncate to %d positions", n);
     if (n < s->len[seq]) s->len[seq] = n;
     return TLM_OK;
 }
@@ -276,9 +277,9 @@ static void prefix_copy(const tlm_session *s, int seq, char *to, const char *fro
 }
 
 static tlm_status prefix_args(const tlm_session *s, int seq, const void *buf) {
-    if (!s || !buf) return tlm_err(TLM_ERR_ARG, "session: NULL session or buffer");
+    if (!s || !buf) return core_err(TLM_ERR_ARG, "session: NULL session or buffer");
     if (seq < 0 || seq >= s->B)
-        return tlm_err(TLM_ERR_RANGE, "session: sequence %d outside the batch of %d", seq, s->B);
+        return core_err(TLM_ERR_RANGE, "session: sequence %d outside the batch of %d", seq, s->B);
     return TLM_OK;
 }
 
@@ -286,8 +287,8 @@ tlm_status tlm_session_save_prefix(const tlm_session *s, int seq, int n, void *b
     tlm_status st = prefix_args(s, seq, buf);
     if (st) return st;
     if (n < 0 || n > s->len[seq])
-        return tlm_err(TLM_ERR_RANGE, "session: saving %d positions of a sequence holding %d", n,
-                       s->len[seq]);
+        return core_err(TLM_ERR_RANGE, "session: saving %d positions of a sequence holding %d", n,
+                        s->len[seq]);
     prefix_copy(s, seq, buf, NULL, n, n);
     return TLM_OK;
 }
@@ -296,9 +297,9 @@ tlm_status tlm_session_load_prefix(tlm_session *s, int seq, const void *buf, int
     tlm_status st = prefix_args(s, seq, buf);
     if (st) return st;
     if (n < 0 || n > n_saved || n > s->cap)
-        return tlm_err(TLM_ERR_RANGE,
-                       "session: loading %d positions of a saved %d into a capacity of %d", n,
-                       n_saved, s->cap);
+        return core_err(TLM_ERR_RANGE,
+                        "session: loading %d positions of a saved %d into a capacity of %d", n,
+                        n_saved, s->cap);
     prefix_copy(s, seq, NULL, buf, n_saved, n);
     s->len[seq] = n;
     return TLM_OK;
@@ -317,7 +318,7 @@ static void as_floats(const tlm_session *s, const void *Kc, const void *Vc, int 
             *to[kv] = from[kv];
             continue;
         }
-        const tlm_dtype_info *di = tlm_dtype_get(s->kv_type[kv]);
+        const core_dtype_info *di = core_dtype_get(s->kv_type[kv]);
         float *dst = w + (kv ? block : 0);
         /* k_widen_row counts in int: a long context widens in parts (of whole blocks) */
         for (size_t at = 0, n = (size_t)S * hd, part; at < n; at += part) {
@@ -344,7 +345,7 @@ K_INLINE void softmax_causal(float *p, int rows, int S, int first) {
         int last = first + i;
         float mx = row[0];
         for (int j = 1; j <= last; j++) mx = row[j] > mx ? row[j] : mx;
-        tlm_softmax_row(row, last + 1, mx);
+        k_softmax_row(row, last + 1, mx);
         for (int j = last + 1; j < S; j++) row[j] = 0.0f;
     }
 }
@@ -394,7 +395,7 @@ K_INLINE void attend_plain(const float *q, const float *K, const float *V, int S
         p[j] = scale * dot;
         mx = p[j] > mx ? p[j] : mx;
     }
-    tlm_softmax_row(p, S, mx);
+    k_softmax_row(p, S, mx);
     for (int i = 0; i < hd; i++) o[i] = 0.0f;
     for (int j = 0; j < S; j++) {
         float w = p[j];
@@ -507,7 +508,7 @@ static void cache_attend_mixed(void *user, int l, float *qkv, int ld, float *att
         attend_prefill(s, l, s->seg_b[g], s->row_pos[s->seg_r0[g]], s->seg_n[g], s->seg_r0[g]);
 }
 
-/* tlm_attend's fwd_group for a step of single rows: kv head g's keys and values of every row
+/* mdl_attend's fwd_group for a step of single rows: kv head g's keys and values of every row
  * stored, then its q heads attended, on the calling thread (a unit of the block's job). */
 static void cache_attend_group(void *user, int l, float *qkv, int ld, float *att, int N, int g) {
     (void)att;
@@ -526,9 +527,9 @@ static void cache_attend_group(void *user, int l, float *qkv, int ld, float *att
 static void blocks(tlm_session *s, const int32_t *ids, int N, int prefill) {
     const tlm_model *m = s->m;
     /* A step of single new rows only (no prompt runs) attends head by head in the q|k|v product's
-     * job (tlm_attend's fwd_group). */
+     * job (mdl_attend's fwd_group). */
     int single = !prefill && s->n_segs == 0;
-    tlm_pass p = {N,
+    mdl_pass p = {N,
                   s->row_pos,
                   0,
                   0,
@@ -536,9 +537,9 @@ static void blocks(tlm_session *s, const int32_t *ids, int N, int prefill) {
                   {prefill ? cache_attend_prefill : cache_attend_mixed, NULL, s,
                    single ? cache_attend_group : NULL},
                   NULL};
-    tlm_embed_fwd(m, &p, ids, s->x);
+    mdl_embed_fwd(m, &p, ids, s->x);
     int pre = m->c.norm_position == TLM_NORM_PRE;
-    tlm_block_bufs b = {.x = s->x,
+    mdl_block_bufs b = {.x = s->x,
                         .n1 = pre ? s->n : s->x,
                         .qkv = s->qkv,
                         .att = s->att,
@@ -549,38 +550,38 @@ static void blocks(tlm_session *s, const int32_t *ids, int N, int prefill) {
                         .ff_h = s->ff_h,
                         .y = s->tmp,
                         .out = s->x};
-    for (int l = 0; l < m->c.n_layers; l++) tlm_block_fwd(m, l, &p, &b);
+    for (int l = 0; l < m->c.n_layers; l++) mdl_block_fwd(m, l, &p, &b);
 }
 
 /* Logits of n consecutive scratch rows starting at row r0. */
 static void head_rows(tlm_session *s, int r0, int n, float *logits) {
     int d = s->m->c.d_model;
-    tlm_head_fwd(s->m, s->x + (size_t)r0 * d, s->n + (size_t)r0 * d, NULL, NULL, logits, n);
+    mdl_head_fwd(s->m, s->x + (size_t)r0 * d, s->n + (size_t)r0 * d, NULL, NULL, logits, n);
 }
 
 static tlm_status check_ids(const tlm_config *c, const int32_t *ids, int n) {
     for (int i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= c->vocab_size)
-            return tlm_err(TLM_ERR_RANGE, "token id %d at index %d is outside the vocabulary (%d)",
-                           ids[i], i, c->vocab_size);
+            return core_err(TLM_ERR_RANGE, "token id %d at index %d is outside the vocabulary (%d)",
+                            ids[i], i, c->vocab_size);
     return TLM_OK;
 }
 
-tlm_status tlm_prefill(tlm_session *s, int seq, const int32_t *ids, int n, float *logits,
-                       int all_rows) {
+tlm_status tlm_session_prefill(tlm_session *s, int seq, const int32_t *ids, int n, float *logits,
+                               int all_rows) {
     FP_FLUSH_SCOPE();
-    if (!s || !ids) return tlm_err(TLM_ERR_ARG, "prefill: session and ids must not be NULL");
+    if (!s || !ids) return core_err(TLM_ERR_ARG, "prefill: session and ids must not be NULL");
     if (seq < 0 || seq >= s->B)
-        return tlm_err(TLM_ERR_ARG, "prefill: sequence %d outside the batch of %d", seq, s->B);
-    if (n <= 0) return tlm_err(TLM_ERR_ARG, "prefill: %d tokens (need at least one)", n);
+        return core_err(TLM_ERR_ARG, "prefill: sequence %d outside the batch of %d", seq, s->B);
+    if (n <= 0) return core_err(TLM_ERR_ARG, "prefill: %d tokens (need at least one)", n);
     const tlm_config *c = &s->m->c;
     if (n > s->cap - s->len[seq])
-        return tlm_err(TLM_ERR_RANGE,
-                       "prefill: %d tokens after %d cached exceed the context of %d positions", n,
-                       s->len[seq], s->cap);
+        return core_err(TLM_ERR_RANGE,
+                        "prefill: %d tokens after %d cached exceed the context of %d positions", n,
+                        s->len[seq], s->cap);
     tlm_status st = check_ids(c, ids, n);
     if (st) return st;
-    tlm_threads_enter();
+    core_threads_enter();
     st = reserve_rows(s, n);
     if (st) return st;
     st = reserve_scores(s, (size_t)omp_get_max_threads() * prefill_scores(s));
@@ -615,29 +616,29 @@ static int share_ignored(void) {
 tlm_status tlm_session_step(tlm_session *s, const int32_t *ids, const int *n, const uint8_t *want,
                             float *logits) {
     FP_FLUSH_SCOPE();
-    if (!s || !n) return tlm_err(TLM_ERR_ARG, "step: session and counts must not be NULL");
+    if (!s || !n) return core_err(TLM_ERR_ARG, "step: session and counts must not be NULL");
     const tlm_config *c = &s->m->c;
     int N = 0;
     for (int b = 0; b < s->B; b++) {
-        if (n[b] < 0) return tlm_err(TLM_ERR_ARG, "step: %d new ids for sequence %d", n[b], b);
+        if (n[b] < 0) return core_err(TLM_ERR_ARG, "step: %d new ids for sequence %d", n[b], b);
         if (n[b] > s->cap - s->len[b])
-            return tlm_err(TLM_ERR_RANGE,
-                           "step: %d ids for sequence %d after %d cached exceed the context of %d "
-                           "positions (no sliding window)",
-                           n[b], b, s->len[b], s->cap);
+            return core_err(TLM_ERR_RANGE,
+                            "step: %d ids for sequence %d after %d cached exceed the context of %d "
+                            "positions (no sliding window)",
+                            n[b], b, s->len[b], s->cap);
         N += n[b];
     }
     if (N == 0) return TLM_OK;
-    if (!ids) return tlm_err(TLM_ERR_ARG, "step: ids must not be NULL");
+    if (!ids) return core_err(TLM_ERR_ARG, "step: ids must not be NULL");
     tlm_status st = check_ids(c, ids, N);
     if (st) return st;
-    tlm_threads_enter();
+    core_threads_enter();
     int decode = 1;
     for (int b = 0; b < s->B; b++) decode &= n[b] <= 1;
     int full = omp_get_max_threads(), ignore = decode && full > 1 ? share_ignored() : 1;
     int team = infer_share_team(&s->share, full, decode, ignore);
     int timed = decode && team == full && full > 1 && !ignore;
-    double w0 = timed ? tlm_now_s() : 0, c0 = timed ? tlm_cpu_s() : 0;
+    double w0 = timed ? core_now_s() : 0, c0 = timed ? core_cpu_s() : 0;
     if (team != full) omp_set_num_threads(team);
     /* A decode step runs no OpenMP region (attend_decode and cache_store go through k_team_units
      * too), so its products can take the pool; passes with a prompt's rows keep OpenMP. */
@@ -645,7 +646,7 @@ tlm_status tlm_session_step(tlm_session *s, const int32_t *ids, const int *n, co
     st = step_rows(s, ids, n, want, logits, N);
     k_team_pool(pool);
     if (team != full) omp_set_num_threads(full);
-    if (timed && !st) infer_share_after(&s->share, full, tlm_now_s() - w0, tlm_cpu_s() - c0);
+    if (timed && !st) infer_share_after(&s->share, full, core_now_s() - w0, core_cpu_s() - c0);
     return st;
 }
 
@@ -713,32 +714,33 @@ static tlm_status step_rows(tlm_session *s, const int32_t *ids, const int *n, co
     return TLM_OK;
 }
 
-tlm_status tlm_decode(tlm_session *s, const int32_t *ids, const uint8_t *active, float *logits) {
-    if (!s || !ids) return tlm_err(TLM_ERR_ARG, "decode: session and ids must not be NULL");
+tlm_status tlm_session_decode(tlm_session *s, const int32_t *ids, const uint8_t *active,
+                              float *logits) {
+    if (!s || !ids) return core_err(TLM_ERR_ARG, "decode: session and ids must not be NULL");
     const tlm_config *c = &s->m->c;
     int N = 0;
     for (int b = 0; b < s->B; b++) {
         s->step_n[b] = !active || active[b];
         if (!s->step_n[b]) continue;
         if (s->len[b] >= s->cap)
-            return tlm_err(TLM_ERR_RANGE,
-                           "decode: sequence %d is full (%d positions); no sliding window", b,
-                           s->cap);
+            return core_err(TLM_ERR_RANGE,
+                            "decode: sequence %d is full (%d positions); no sliding window", b,
+                            s->cap);
         if (ids[b] < 0 || ids[b] >= c->vocab_size)
-            return tlm_err(TLM_ERR_RANGE,
-                           "token id %d of sequence %d is outside the vocabulary (%d)", ids[b], b,
-                           c->vocab_size);
+            return core_err(TLM_ERR_RANGE,
+                            "token id %d of sequence %d is outside the vocabulary (%d)", ids[b], b,
+                            c->vocab_size);
         s->ids_tmp[N++] = ids[b];
     }
     return tlm_session_step(s, s->ids_tmp, s->step_n, NULL, logits);
 }
 
-tlm_status tlm_decode_step(tlm_session *s, int32_t id, float *logits) {
-    if (!s) return tlm_err(TLM_ERR_ARG, "decode: session must not be NULL");
-    if (s->B == 1) return tlm_decode(s, &id, NULL, logits);
+tlm_status tlm_session_decode_one(tlm_session *s, int32_t id, float *logits) {
+    if (!s) return core_err(TLM_ERR_ARG, "decode: session must not be NULL");
+    if (s->B == 1) return tlm_session_decode(s, &id, NULL, logits);
     /* Only sequence 0 moves; logits row 0 is the whole [V] the caller gave. */
     memset(s->act_tmp, 0, (size_t)s->B);
     s->act_tmp[0] = 1;
     s->ids_tmp[0] = id;
-    return tlm_decode(s, s->ids_tmp, s->act_tmp, logits);
+    return tlm_session_decode(s, s->ids_tmp, s->act_tmp, logits);
 }

@@ -9,90 +9,90 @@
 
 static int parse_dtype(const char *s, tlm_dtype *out) {
     /* safetensors has no block types */
-    return tlm_dtype_from_name(s, out) && tlm_dtype_get(*out)->block_elems == 1;
+    return core_dtype_from_name(s, out) && core_dtype_get(*out)->block_elems == 1;
 }
 
-void st_close(st_file *f) {
+void io_st_close(io_st_file *f) {
     for (int i = 0; i < f->n; i++) free(f->tensors[i].name);
     free(f->tensors);
     free(f->by_name);
     cJSON_Delete(f->metadata);
-    tlm_mmap_close(&f->map);
+    core_mmap_close(&f->map);
     memset(f, 0, sizeof *f);
 }
 
 static int cmp_begin(const void *a, const void *b) {
-    const st_tensor *x = *(const st_tensor *const *)a, *y = *(const st_tensor *const *)b;
+    const io_st_tensor *x = *(const io_st_tensor *const *)a, *y = *(const io_st_tensor *const *)b;
     return x->begin < y->begin ? -1 : x->begin > y->begin;
 }
 
 static int cmp_name(const void *a, const void *b) {
-    const st_name *x = a, *y = b;
+    const io_st_name *x = a, *y = b;
     return strcmp(x->name, y->name);
 }
 
-static tlm_status parse_entry(const cJSON *e, st_tensor *t, size_t data_len) {
-    if (!cJSON_IsObject(e)) return tlm_err(TLM_ERR_FORMAT, "entry is not an object");
+static tlm_status parse_entry(const cJSON *e, io_st_tensor *t, size_t data_len) {
+    if (!cJSON_IsObject(e)) return core_err(TLM_ERR_FORMAT, "entry is not an object");
     const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
     const cJSON *sh = cJSON_GetObjectItemCaseSensitive(e, "shape");
     const cJSON *of = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
     if (!cJSON_IsString(dt) || !parse_dtype(dt->valuestring, &t->dtype))
-        return tlm_err(TLM_ERR_FORMAT, "missing or unknown dtype");
-    if (!cJSON_IsArray(sh)) return tlm_err(TLM_ERR_FORMAT, "missing shape");
+        return core_err(TLM_ERR_FORMAT, "missing or unknown dtype");
+    if (!cJSON_IsArray(sh)) return core_err(TLM_ERR_FORMAT, "missing shape");
     int nd = cJSON_GetArraySize(sh);
     if (nd > ST_MAX_DIMS)
-        return tlm_err(TLM_ERR_FORMAT, "%d dimensions (at most %d)", nd, ST_MAX_DIMS);
+        return core_err(TLM_ERR_FORMAT, "%d dimensions (at most %d)", nd, ST_MAX_DIMS);
     t->ndim = nd;
     size_t numel = 1;
     int i = 0;
     for (const cJSON *d = sh->child; d; d = d->next, i++) {
         if (!cJSON_IsNumber(d) || d->valuedouble < 0 || d->valuedouble > 9e15 ||
             d->valuedouble != (double)(int64_t)d->valuedouble)
-            return tlm_err(TLM_ERR_FORMAT, "bad dimension in shape");
+            return core_err(TLM_ERR_FORMAT, "bad dimension in shape");
         t->shape[i] = (int64_t)d->valuedouble;
-        if (!tlm_mul_ok(numel, (size_t)t->shape[i], &numel))
-            return tlm_err(TLM_ERR_FORMAT, "shape overflows");
+        if (!core_mul_ok(numel, (size_t)t->shape[i], &numel))
+            return core_err(TLM_ERR_FORMAT, "shape overflows");
     }
     t->numel = numel;
     if (!cJSON_IsArray(of) || cJSON_GetArraySize(of) != 2)
-        return tlm_err(TLM_ERR_FORMAT, "data_offsets must be [begin, end]");
+        return core_err(TLM_ERR_FORMAT, "data_offsets must be [begin, end]");
     double b = of->child->valuedouble, en = of->child->next->valuedouble;
     if (!cJSON_IsNumber(of->child) || !cJSON_IsNumber(of->child->next) || b < 0 || en < b ||
         en > (double)data_len || b != (double)(size_t)b || en != (double)(size_t)en)
-        return tlm_err(TLM_ERR_FORMAT, "data_offsets [%.0f, %.0f] outside the %zu data bytes", b,
-                       en, data_len);
+        return core_err(TLM_ERR_FORMAT, "data_offsets [%.0f, %.0f] outside the %zu data bytes", b,
+                        en, data_len);
     t->begin = (size_t)b;
     t->end = (size_t)en;
     size_t bytes;
-    if (!tlm_mul_ok(numel, (size_t)tlm_dtype_get(t->dtype)->block_bytes, &bytes) ||
+    if (!core_mul_ok(numel, (size_t)core_dtype_get(t->dtype)->block_bytes, &bytes) ||
         bytes != t->end - t->begin)
-        return tlm_err(TLM_ERR_FORMAT, "%s x shape is not the %zu bytes of its data_offsets",
-                       tlm_dtype_name(t->dtype), t->end - t->begin);
+        return core_err(TLM_ERR_FORMAT, "%s x shape is not the %zu bytes of its data_offsets",
+                        tlm_dtype_name(t->dtype), t->end - t->begin);
     return TLM_OK;
 }
 
-tlm_status st_open(st_file *f, const char *path) {
+tlm_status io_st_open(io_st_file *f, const char *path) {
     memset(f, 0, sizeof *f);
-    tlm_status s = tlm_mmap_open(&f->map, path);
+    tlm_status s = core_mmap_open(&f->map, path);
     if (s) return s;
     const uint8_t *p = f->map.data;
     size_t size = f->map.size;
     if (size < 8) {
-        st_close(f);
-        return tlm_err(TLM_ERR_FORMAT, "%s: too short for safetensors (%zu bytes)", path, size);
+        io_st_close(f);
+        return core_err(TLM_ERR_FORMAT, "%s: too short for safetensors (%zu bytes)", path, size);
     }
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = hlen << 8 | p[i];
     if (hlen > ST_MAX_HEADER || hlen > size - 8) {
-        st_close(f);
-        return tlm_err(TLM_ERR_FORMAT, "%s: header length %llu is larger than %s", path,
-                       (unsigned long long)hlen, hlen > ST_MAX_HEADER ? "100 MB" : "the file");
+        io_st_close(f);
+        return core_err(TLM_ERR_FORMAT, "%s: header length %llu is larger than %s", path,
+                        (unsigned long long)hlen, hlen > ST_MAX_HEADER ? "100 MB" : "the file");
     }
     cJSON *root = cJSON_ParseWithLength((const char *)p + 8, (size_t)hlen);
     if (!root || !cJSON_IsObject(root)) {
         cJSON_Delete(root);
-        st_close(f);
-        return tlm_err(TLM_ERR_FORMAT, "%s: header is not a JSON object", path);
+        io_st_close(f);
+        return core_err(TLM_ERR_FORMAT, "%s: header is not a JSON object", path);
     }
     f->data = p + 8 + hlen;
     f->data_len = size - 8 - (size_t)hlen;
@@ -100,30 +100,30 @@ tlm_status st_open(st_file *f, const char *path) {
     for (cJSON *e = root->child; e; e = e->next)
         if (strcmp(e->string, "__metadata__") != 0) count++;
     f->tensors = calloc((size_t)count + 1, sizeof *f->tensors);
-    st_tensor **order = calloc((size_t)count + 1, sizeof *order);
+    io_st_tensor **order = calloc((size_t)count + 1, sizeof *order);
     if (!f->tensors || !order) {
         free(order);
         cJSON_Delete(root);
-        st_close(f);
-        return tlm_err(TLM_ERR_NOMEM, "out of memory");
+        io_st_close(f);
+        return core_err(TLM_ERR_NOMEM, "out of memory");
     }
     for (cJSON *e = root->child; e; e = e->next) {
         if (!strcmp(e->string, "__metadata__")) {
             if (!cJSON_IsObject(e)) {
-                s = tlm_err(TLM_ERR_FORMAT, "__metadata__ is not an object");
+                s = core_err(TLM_ERR_FORMAT, "__metadata__ is not an object");
                 break;
             }
             continue;
         }
-        st_tensor *t = &f->tensors[f->n];
+        io_st_tensor *t = &f->tensors[f->n];
         s = parse_entry(e, t, f->data_len);
         if (s) {
-            tlm_err_context(s, "tensor '%s'", e->string);
+            core_err_context(s, "tensor '%s'", e->string);
             break;
         }
         t->name = strdup(e->string);
         if (!t->name) {
-            s = tlm_err(TLM_ERR_NOMEM, "out of memory");
+            s = core_err(TLM_ERR_NOMEM, "out of memory");
             break;
         }
         order[f->n] = t;
@@ -133,21 +133,21 @@ tlm_status st_open(st_file *f, const char *path) {
         qsort(order, (size_t)f->n, sizeof *order, cmp_begin);
         for (int i = 1; i < f->n; i++)
             if (order[i]->begin < order[i - 1]->end) {
-                s = tlm_err(TLM_ERR_FORMAT, "tensors '%s' and '%s' overlap", order[i - 1]->name,
-                            order[i]->name);
+                s = core_err(TLM_ERR_FORMAT, "tensors '%s' and '%s' overlap", order[i - 1]->name,
+                             order[i]->name);
                 break;
             }
     }
     free(order);
     /* cJSON keeps both members of a repeated key; a name must say which tensor it is */
     if (!s && !(f->by_name = malloc(((size_t)f->n + 1) * sizeof *f->by_name)))
-        s = tlm_err(TLM_ERR_NOMEM, "out of memory");
+        s = core_err(TLM_ERR_NOMEM, "out of memory");
     if (!s) {
-        for (int i = 0; i < f->n; i++) f->by_name[i] = (st_name){f->tensors[i].name, i};
+        for (int i = 0; i < f->n; i++) f->by_name[i] = (io_st_name){f->tensors[i].name, i};
         qsort(f->by_name, (size_t)f->n, sizeof *f->by_name, cmp_name);
         for (int i = 1; i < f->n && !s; i++)
             if (!strcmp(f->by_name[i - 1].name, f->by_name[i].name))
-                s = tlm_err(TLM_ERR_FORMAT, "tensor '%s' appears twice", f->by_name[i].name);
+                s = core_err(TLM_ERR_FORMAT, "tensor '%s' appears twice", f->by_name[i].name);
     }
     if (!s) {
         cJSON *meta = cJSON_DetachItemFromObjectCaseSensitive(root, "__metadata__");
@@ -155,40 +155,40 @@ tlm_status st_open(st_file *f, const char *path) {
     }
     cJSON_Delete(root);
     if (s) {
-        st_close(f);
-        return tlm_err_context(s, "%s", path);
+        io_st_close(f);
+        return core_err_context(s, "%s", path);
     }
     return TLM_OK;
 }
 
-const st_tensor *st_find(const st_file *f, const char *name) {
-    st_name key = {name, 0};
-    const st_name *e =
+const io_st_tensor *io_st_find(const io_st_file *f, const char *name) {
+    io_st_name key = {name, 0};
+    const io_st_name *e =
         f->by_name ? bsearch(&key, f->by_name, (size_t)f->n, sizeof key, cmp_name) : NULL;
     return e ? &f->tensors[e->i] : NULL;
 }
 
-const char *st_meta(const st_file *f, const char *key) {
+const char *io_st_meta(const io_st_file *f, const char *key) {
     if (!f->metadata) return NULL;
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(f->metadata, key);
     return cJSON_IsString(v) ? v->valuestring : NULL;
 }
 
-tlm_status st_read_f32(const st_file *f, const st_tensor *t, float *dst, size_t n) {
+tlm_status io_st_read_f32(const io_st_file *f, const io_st_tensor *t, float *dst, size_t n) {
     if (n != t->numel)
-        return tlm_err(TLM_ERR_FORMAT, "tensor '%s' has %zu elements, expected %zu", t->name,
-                       t->numel, n);
+        return core_err(TLM_ERR_FORMAT, "tensor '%s' has %zu elements, expected %zu", t->name,
+                        t->numel, n);
     const uint8_t *p = f->data + t->begin;
-    if (!tlm_dtype_get(t->dtype)->is_float)
-        return tlm_err(TLM_ERR_FORMAT, "tensor '%s' has dtype %s, expected a float type", t->name,
-                       tlm_dtype_name(t->dtype));
-    return tlm_dtype_to_f32(t->dtype, p, dst, n);
+    if (!core_dtype_get(t->dtype)->is_float)
+        return core_err(TLM_ERR_FORMAT, "tensor '%s' has dtype %s, expected a float type", t->name,
+                        tlm_dtype_name(t->dtype));
+    return core_dtype_to_f32(t->dtype, p, dst, n);
 }
 
-tlm_status st_read_i32(const st_file *f, const st_tensor *t, int32_t *dst, size_t n) {
+tlm_status io_st_read_i32(const io_st_file *f, const io_st_tensor *t, int32_t *dst, size_t n) {
     if (n != t->numel)
-        return tlm_err(TLM_ERR_FORMAT, "tensor '%s' has %zu elements, expected %zu", t->name,
-                       t->numel, n);
+        return core_err(TLM_ERR_FORMAT, "tensor '%s' has %zu elements, expected %zu", t->name,
+                        t->numel, n);
     const uint8_t *p = f->data + t->begin;
     if (t->dtype == TLM_DTYPE_I32) {
         memcpy(dst, p, n * 4);
@@ -199,20 +199,20 @@ tlm_status st_read_i32(const st_file *f, const st_tensor *t, int32_t *dst, size_
             int64_t v;
             memcpy(&v, p + 8 * i, 8);
             if (v < INT32_MIN || v > INT32_MAX)
-                return tlm_err(TLM_ERR_RANGE, "tensor '%s' value %lld exceeds int32", t->name,
-                               (long long)v);
+                return core_err(TLM_ERR_RANGE, "tensor '%s' value %lld exceeds int32", t->name,
+                                (long long)v);
             dst[i] = (int32_t)v;
         }
         return TLM_OK;
     }
-    return tlm_err(TLM_ERR_FORMAT, "tensor '%s' has dtype %s, expected I32 or I64", t->name,
-                   tlm_dtype_name(t->dtype));
+    return core_err(TLM_ERR_FORMAT, "tensor '%s' has dtype %s, expected I32 or I64", t->name,
+                    tlm_dtype_name(t->dtype));
 }
 
-tlm_status st_write(const char *path, const st_out_tensor *t, int n, const char *const *keys,
-                    const char *const *values, int n_meta) {
+tlm_status io_st_write(const char *path, const io_st_out_tensor *t, int n, const char *const *keys,
+                       const char *const *values, int n_meta) {
     cJSON *root = cJSON_CreateObject();
-    if (!root) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    if (!root) return core_err(TLM_ERR_NOMEM, "out of memory");
     if (n_meta > 0) {
         cJSON *meta = cJSON_AddObjectToObject(root, "__metadata__");
         for (int i = 0; meta && i < n_meta; i++) cJSON_AddStringToObject(meta, keys[i], values[i]);
@@ -227,7 +227,7 @@ tlm_status st_write(const char *path, const st_out_tensor *t, int n, const char 
             numel *= (size_t)t[i].shape[d];
         }
         cJSON_AddStringToObject(e, "dtype", tlm_dtype_name(t[i].dtype));
-        size_t bytes = numel * tlm_dtype_get(t[i].dtype)->block_bytes;
+        size_t bytes = numel * core_dtype_get(t[i].dtype)->block_bytes;
         cJSON *offs = cJSON_AddArrayToObject(e, "data_offsets");
         cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
         cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)(off + bytes)));
@@ -235,19 +235,19 @@ tlm_status st_write(const char *path, const st_out_tensor *t, int n, const char 
     }
     char *json = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
-    if (!json) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    if (!json) return core_err(TLM_ERR_NOMEM, "out of memory");
     size_t hlen = strlen(json), padded = (hlen + 7) & ~(size_t)7;
     uint8_t head[8];
     for (int i = 0; i < 8; i++) head[i] = (uint8_t)((uint64_t)padded >> (8 * i));
-    tlm_atomic_file a;
-    tlm_status s = tlm_atomic_open(&a, path);
+    core_atomic_file a;
+    tlm_status s = core_atomic_open(&a, path);
     if (s) {
         free(json);
         return s;
     }
-    s = tlm_atomic_write(&a, head, 8);
-    if (!s) s = tlm_atomic_write(&a, json, hlen);
-    if (!s) s = tlm_atomic_write(&a, "        ", padded - hlen);
+    s = core_atomic_write(&a, head, 8);
+    if (!s) s = core_atomic_write(&a, json, hlen);
+    if (!s) s = core_atomic_write(&a, "        ", padded - hlen);
     free(json);
     uint16_t buf[4096];
     for (int i = 0; i < n && !s; i++) {
@@ -258,17 +258,17 @@ tlm_status st_write(const char *path, const st_out_tensor *t, int n, const char 
             for (size_t j = 0; j < numel && !s; j += 4096) {
                 size_t m = numel - j < 4096 ? numel - j : 4096;
                 for (size_t k = 0; k < m; k++)
-                    buf[k] = t[i].dtype == TLM_DTYPE_F16 ? tlm_f32_to_f16(src[j + k])
-                                                         : tlm_f32_to_bf16(src[j + k]);
-                s = tlm_atomic_write(&a, buf, m * 2);
+                    buf[k] = t[i].dtype == TLM_DTYPE_F16 ? core_f32_to_f16(src[j + k])
+                                                         : core_f32_to_bf16(src[j + k]);
+                s = core_atomic_write(&a, buf, m * 2);
             }
         } else {
-            s = tlm_atomic_write(&a, t[i].data, numel * tlm_dtype_get(t[i].dtype)->block_bytes);
+            s = core_atomic_write(&a, t[i].data, numel * core_dtype_get(t[i].dtype)->block_bytes);
         }
     }
     if (s) {
-        tlm_atomic_abort(&a);
+        core_atomic_abort(&a);
         return s;
     }
-    return tlm_atomic_commit(&a);
+    return core_atomic_commit(&a);
 }

@@ -17,34 +17,34 @@ typedef struct {
     int64_t shape[ST_MAX_DIMS];
     size_t numel;
     size_t begin, end; /* byte range inside the data section */
-} st_tensor;
+} io_st_tensor;
 
 typedef struct {
     const char *name;
     int i; /* index into tensors */
-} st_name;
+} io_st_name;
 
 typedef struct {
-    tlm_mmap map;
-    st_tensor *tensors;
+    core_mmap map;
+    io_st_tensor *tensors;
     int n;
-    st_name *by_name; /* tensors sorted by name: st_find is a binary search */
-    cJSON *metadata;  /* the __metadata__ object, or NULL */
+    io_st_name *by_name; /* tensors sorted by name: io_st_find is a binary search */
+    cJSON *metadata;     /* the __metadata__ object, or NULL */
     const uint8_t *data;
     size_t data_len;
-} st_file;
+} io_st_file;
 
 /* Opens and validates a file: every entry's dtype, shape and byte range, no two tensors
  * overlapping, no name twice. */
-tlm_status st_open(st_file *f, const char *path);
-void st_close(st_file *f);
-const st_tensor *st_find(const st_file *f, const char *name);
+tlm_status io_st_open(io_st_file *f, const char *path);
+void io_st_close(io_st_file *f);
+const io_st_tensor *io_st_find(const io_st_file *f, const char *name);
 /* A string value from __metadata__, or NULL. */
-const char *st_meta(const st_file *f, const char *key);
+const char *io_st_meta(const io_st_file *f, const char *key);
 /* Converts a float tensor (F32, F16, BF16, F64) into n floats; n must equal its element count. */
-tlm_status st_read_f32(const st_file *f, const st_tensor *t, float *dst, size_t n);
+tlm_status io_st_read_f32(const io_st_file *f, const io_st_tensor *t, float *dst, size_t n);
 /* Reads an integer tensor (I32, I64) into n int32 values. */
-tlm_status st_read_i32(const st_file *f, const st_tensor *t, int32_t *dst, size_t n);
+tlm_status io_st_read_i32(const io_st_file *f, const io_st_tensor *t, int32_t *dst, size_t n);
 
 typedef struct {
     const char *name;
@@ -52,11 +52,11 @@ typedef struct {
     int ndim;
     int64_t shape[ST_MAX_DIMS];
     const void *data; /* float* for float dtypes, int32_t* for I32 */
-} st_out_tensor;
+} io_st_out_tensor;
 
 /* Writes tensors (in the given order) and string metadata pairs (keys[i] -> values[i]) atomically.
  */
-tlm_status st_write(const char *path, const st_out_tensor *t, int n, const char *const *keys,
-                    const char *const *values, int n_meta);
+tlm_status io_st_write(const char *path, const io_st_out_tensor *t, int n, const char *const *keys,
+                       const char *const *values, int n_meta);
 
 #endif

@@ -6,12 +6,12 @@
 #define SQRT_2_OVER_PI 0.7978845608028654f
 #define INV_SQRT_2 0.7071067811865476f
 
-static inline float gelu_erf(float x) { return 0.5f * x * (1.0f + tlm_erff(x * INV_SQRT_2)); }
+static inline float gelu_erf(float x) { return 0.5f * x * (1.0f + k_erff(x * INV_SQRT_2)); }
 /* 0.5 x (1 + tanh(u)) = x sigmoid(2u): one exp and no cancellation near zero. */
 static inline float gelu_tanh(float x) {
-    return x * tlm_sigmoidf(2.0f * SQRT_2_OVER_PI * (x + 0.044715f * x * x * x));
+    return x * k_sigmoidf(2.0f * SQRT_2_OVER_PI * (x + 0.044715f * x * x * x));
 }
-static inline float silu(float x) { return x / (1.0f + tlm_expf(-x)); }
+static inline float silu(float x) { return x / (1.0f + k_expf(-x)); }
 
 K_INLINE void act_span(float *y, const float *x, k_act act, long a, long b) {
     switch (act) {
@@ -48,7 +48,7 @@ void k_add(float *y, const float *a, const float *b, size_t n) {
 
 static inline float gelu_tanh_grad(float x) {
     float u = SQRT_2_OVER_PI * (x + 0.044715f * x * x * x);
-    float t = 2.0f * tlm_sigmoidf(2.0f * u) - 1.0f;
+    float t = 2.0f * k_sigmoidf(2.0f * u) - 1.0f;
     float du = SQRT_2_OVER_PI * (1.0f + 3.0f * 0.044715f * x * x);
     return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
 }
@@ -56,8 +56,8 @@ static inline float gelu_tanh_grad(float x) {
 /* y = act(v) and x = act'(v) for v = x, one element each. */
 static inline void gelu_fwd_grad(float *y, float *x) {
     /* d/dx x*Phi(x) = Phi(x) + x*phi(x); phi's exp(-x^2/2) is the one erf(x/sqrt 2) needs */
-    float v = *x, e = tlm_expf_nonpos(-0.5f * v * v); /* v NaN: y and x NaN */
-    float r = tlm_erff_abs_given_exp(__builtin_fabsf(v) * INV_SQRT_2, e);
+    float v = *x, e = k_expf_nonpos(-0.5f * v * v); /* v NaN: y and x NaN */
+    float r = k_erff_abs_given_exp(__builtin_fabsf(v) * INV_SQRT_2, e);
     float cdf = 0.5f * (1.0f + __builtin_copysignf(r, v));
     *y = v * cdf;
     *x = cdf + v * 0.3989422804014327f * e;
@@ -76,7 +76,7 @@ static inline void relu_fwd_grad(float *y, float *x) {
 }
 
 static inline void silu_fwd_grad(float *y, float *x) {
-    float v = *x, sg = tlm_sigmoidf(v);
+    float v = *x, sg = k_sigmoidf(v);
     *y = v * sg;
     *x = sg * (1.0f + v * (1.0f - sg));
 }
@@ -149,7 +149,7 @@ K_INLINE void swiglu_rows_bwd(float *da, const float *dy, const float *a, int ff
         float *dg = da + (size_t)i * 2 * ff, *du = dg + ff;
         const float *dyi = dy + (size_t)i * ff, *g = a + (size_t)i * 2 * ff, *u = g + ff;
         for (int j = 0; j < ff; j++) {
-            float s = tlm_sigmoidf(g[j]);
+            float s = k_sigmoidf(g[j]);
             du[j] = dyi[j] * g[j] * s;
             dg[j] = dyi[j] * u[j] * s * (1.0f + g[j] * (1.0f - s));
         }

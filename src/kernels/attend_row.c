@@ -39,12 +39,12 @@ static inline size_t kv_row_bytes(const int KV, size_t hd) {
     case K_KV_F32: return hd * 4;
     case K_KV_F16:
     case K_KV_BF16: return hd * 2;
-    case K_KV_Q8_0: return hd / 32 * sizeof(tlm_block_q8_0);
-    case K_KV_Q4_0: return hd / 32 * sizeof(tlm_block_q4_0);
-    case K_KV_Q4_1: return hd / 32 * sizeof(tlm_block_q4_1);
-    case K_KV_Q5_0: return hd / 32 * sizeof(tlm_block_q5_0);
-    case K_KV_Q5_1: return hd / 32 * sizeof(tlm_block_q5_1);
-    default: return hd / 32 * sizeof(tlm_block_iq4_nl);
+    case K_KV_Q8_0: return hd / 32 * sizeof(core_block_q8_0);
+    case K_KV_Q4_0: return hd / 32 * sizeof(core_block_q4_0);
+    case K_KV_Q4_1: return hd / 32 * sizeof(core_block_q4_1);
+    case K_KV_Q5_0: return hd / 32 * sizeof(core_block_q5_0);
+    case K_KV_Q5_1: return hd / 32 * sizeof(core_block_q5_1);
+    default: return hd / 32 * sizeof(core_block_iq4_nl);
     }
 }
 
@@ -92,7 +92,7 @@ codes16(const int KV, const uint8_t *b, size_t e) {
     case K_KV_Q5_1: return _mm512_cvtepi32_ps(fifth16(nib16(b + 8, e), b + 4, e));
     default: { /* IQ4_NL: a non-linear table of 16 values, by a permute */
         __m512 table = _mm512_cvtepi32_ps(
-            _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)tlm_iq4nl_values)));
+            _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)core_iq4nl_values)));
         return _mm512_permutexvar_ps(nib16(b + 2, e), table);
     }
     }
@@ -101,7 +101,7 @@ codes16(const int KV, const uint8_t *b, size_t e) {
 /* 16 elements from element i (a multiple of 16) of a cached row, widened to floats: floats,
  * halves, bfloat16s, or the 32-element blocks of llama.cpp's quantized cache types, whose rows are
  * whole blocks, so that element i lies in block i / 32 at element i % 32 (0 or 16), each widened
- * as tlm_dtype_to_f32 widens it. */
+ * as core_dtype_to_f32 widens it. */
 K_TARGET_AVX512 static inline __attribute__((always_inline)) __m512
 ld16(const int KV, const void *row, size_t i) {
     const uint8_t *r = row;
@@ -289,7 +289,7 @@ K_TARGET_AVX512
         __mmask16 tail = (__mmask16)((1u << (S - j)) - 1);
         vm = _mm512_mask_max_ps(vm, tail, vm, _mm512_maskz_loadu_ps(tail, p + j));
     }
-    tlm_softmax_row(p, S, _mm512_reduce_max_ps(vm));
+    k_softmax_row(p, S, _mm512_reduce_max_ps(vm));
     return values_dispatch(p, V, kv, S, hd, o);
 }
 

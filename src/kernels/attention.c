@@ -47,7 +47,7 @@ K_INLINE void softmax_columns(float *Pt, int T) {
             int i0 = j - t0;
 #pragma omp simd
             for (int i = 0; i < w; i++) {
-                float e = i >= i0 ? tlm_expf(row[i] - mx[i]) : 0.0f;
+                float e = i >= i0 ? k_expf(row[i] - mx[i]) : 0.0f;
                 row[i] = e;
                 sum[i] += e;
             }

@@ -27,7 +27,7 @@ int k_bf16_supported(void) {
 
 /* ---- rounding to bf16 ---------------------------------------------------------------------- */
 
-/* vcvtne2ps2bf16 rounds to nearest even like tlm_bf16_bits (NaNs stay NaNs, denormals become 0). */
+/* vcvtne2ps2bf16 rounds to nearest even like k_bf16_bits (NaNs stay NaNs, denormals become 0). */
 __attribute__((target("avx512f,avx512bf16"))) static void
 to_bf16_avx512(uint16_t *dst, const float *src, size_t n) {
     size_t i = 0;
@@ -35,12 +35,12 @@ to_bf16_avx512(uint16_t *dst, const float *src, size_t n) {
         __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + i + 16), _mm512_loadu_ps(src + i));
         _mm512_storeu_si512((void *)(dst + i), (__m512i)v);
     }
-    for (; i < n; i++) dst[i] = tlm_bf16_bits(src[i]);
+    for (; i < n; i++) dst[i] = k_bf16_bits(src[i]);
 }
 
 /* Without vcvtne2ps2bf16: the same rounding in plain C, which vectorizes. */
 K_INLINE void to_bf16_plain(uint16_t *dst, const float *src, size_t n) {
-    for (size_t i = 0; i < n; i++) dst[i] = tlm_bf16_bits(src[i]);
+    for (size_t i = 0; i < n; i++) dst[i] = k_bf16_bits(src[i]);
 }
 K_VERSIONS(to_bf16_plain, (uint16_t * dst, const float *src, size_t n), (dst, src, n))
 
@@ -117,11 +117,11 @@ typedef struct {
     unsigned pass;
 } wcopy;
 
-/* The rounded copies, the packed operands and the scratch are tlm_big_alloc buffers, on 2 MiB
+/* The rounded copies, the packed operands and the scratch are core_big_alloc buffers, on 2 MiB
  * pages where the kernel gives them: from the heap's 4 KiB pages, rounding the 327 M elements of
  * a gpt2-124M-like step took 2-3x as long (0.18-0.29 s of a 1.7 s step), the largest (the head's
  * weight and its logits' gradient) at a quarter of the memory's speed. A copy of n elements
- * takes bf_bytes(n), which tlm_big_free is given back. */
+ * takes bf_bytes(n), which core_big_free is given back. */
 static size_t bf_bytes(size_t n) { return n * 2; }
 
 struct k_bf16 {
@@ -169,14 +169,14 @@ void k_bf16_free(k_bf16 *k) {
             dnnl_memory_destroy(k->mms[i].bsrc);
             dnnl_primitive_destroy(k->mms[i].pack);
         }
-        tlm_big_free(k->mms[i].pbuf, k->mms[i].pbytes);
+        core_big_free(k->mms[i].pbuf, k->mms[i].pbytes);
     }
     free(k->mms);
-    for (int i = 0; i < k->n_w; i++) tlm_big_free(k->w[i].bf, bf_bytes(k->w[i].n));
+    for (int i = 0; i < k->n_w; i++) core_big_free(k->w[i].bf, bf_bytes(k->w[i].n));
     free(k->w);
-    for (int i = 0; i < k->n_a; i++) tlm_big_free(k->a[i].bf, bf_bytes(k->a[i].n));
+    for (int i = 0; i < k->n_a; i++) core_big_free(k->a[i].bf, bf_bytes(k->a[i].n));
     free(k->a);
-    for (int i = 0; i < K_BF16_SLOTS; i++) tlm_big_free(k->buf[i], k->buf_bytes[i]);
+    for (int i = 0; i < K_BF16_SLOTS; i++) core_big_free(k->buf[i], k->buf_bytes[i]);
     dnnl_stream_destroy(k->strm);
     dnnl_engine_destroy(k->eng);
     free(k);
@@ -189,8 +189,8 @@ long k_bf16_fallbacks(const k_bf16 *k) { return k->fallbacks; }
 void *k_bf16_scratch(k_bf16 *k, int slot, size_t bytes) {
     if (slot < 0 || slot >= K_BF16_SLOTS) return NULL;
     if (k->buf_bytes[slot] < bytes) {
-        tlm_big_free(k->buf[slot], k->buf_bytes[slot]);
-        k->buf[slot] = tlm_big_alloc(bytes);
+        core_big_free(k->buf[slot], k->buf_bytes[slot]);
+        k->buf[slot] = core_big_alloc(bytes);
         k->buf_bytes[slot] = k->buf[slot] ? bytes : 0;
     }
     return k->buf[slot];
@@ -225,7 +225,7 @@ static uint16_t *keep(k_bf16 *k, const float *x, size_t n) {
             k->a = na;
             k->cap_a = cap;
         }
-        uint16_t *bf = tlm_big_alloc(bytes);
+        uint16_t *bf = core_big_alloc(bytes);
         if (!bf) return NULL;
         e = &k->a[k->n_a++];
         *e = (acopy){x, n, bf, 0};
@@ -268,7 +268,7 @@ static const uint16_t *weight(k_bf16 *k, const float *w, size_t n) {
             k->w = nw;
             k->cap_w = cap;
         }
-        uint16_t *bf = tlm_big_alloc(bf_bytes(n));
+        uint16_t *bf = core_big_alloc(bf_bytes(n));
         if (!bf) return NULL;
         e = &k->w[k->n_w++];
         *e = (wcopy){w, n, bf, 0};
@@ -290,7 +290,7 @@ static int make_pack(k_bf16 *k, mm *r, const dnnl_dims_t bd, const dnnl_dims_t b
     size_t bytes = wmd ? dnnl_memory_desc_get_size(wmd) : 0;
     r->pbytes = bytes;
     int ok =
-        bytes && (r->pbuf = tlm_big_alloc(bytes)) &&
+        bytes && (r->pbuf = core_big_alloc(bytes)) &&
         dnnl_memory_desc_init_by_strides(&fmd, 2, bd, dnnl_f32, bs) == dnnl_success &&
         dnnl_reorder_primitive_desc_create(&rpd, &fmd, k->eng, wmd, k->eng, NULL) == dnnl_success &&
         dnnl_primitive_create(&r->pack, rpd) == dnnl_success &&
@@ -346,7 +346,7 @@ static mm *primitive(k_bf16 *k, const mm_key *key) {
         if (r.bsrc) dnnl_memory_destroy(r.bsrc);
         if (r.pack) dnnl_primitive_destroy(r.pack);
         if (r.prim) dnnl_primitive_destroy(r.prim);
-        tlm_big_free(r.pbuf, r.pbytes);
+        core_big_free(r.pbuf, r.pbytes);
         return NULL;
     }
     k->mms[k->n_mms] = r;

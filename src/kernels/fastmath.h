@@ -9,7 +9,7 @@
 
 /* e^x for x in [-87, 88] (no NaN): x = n ln2 + r with |r| <= ln2/2, e^r by a degree-6 Taylor
  * polynomial, 2^n by building the exponent bits. */
-static inline float tlm_exp_in_range(float x) {
+static inline float k_exp_in_range(float x) {
     float n = __builtin_rintf(x * 1.44269504088896341f);
     float r = x - n * 0.693145751953125f;
     r = r - n * 1.428606765330187045e-06f;
@@ -29,24 +29,24 @@ static inline float tlm_exp_in_range(float x) {
 /* e^x. Inputs are clamped to the float range (underflow gives 0 via the clamp). NaN must come out
  * as NaN (training detects divergence by it), but must not reach the float-to-int conversion,
  * where it would be undefined. */
-static inline float tlm_expf(float in) {
+static inline float k_expf(float in) {
     float x = in == in ? in : 0.0f;
     x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-    float e = tlm_exp_in_range(x);
+    float e = k_exp_in_range(x);
     return in == in ? e : in;
 }
 
-/* e^x for x <= 0, the same bits as tlm_expf there, without its NaN and overflow handling: a NaN
+/* e^x for x <= 0, the same bits as k_expf there, without its NaN and overflow handling: a NaN
  * gives some finite value (callers carry NaN through other terms). Without those selects the
  * loops that use it vectorize into about half the instructions (the GELU gradient). */
-static inline float tlm_expf_nonpos(float x) {
-    return tlm_exp_in_range(x > -87.0f ? x : -87.0f); /* a NaN becomes -87 */
+static inline float k_expf_nonpos(float x) {
+    return k_exp_in_range(x > -87.0f ? x : -87.0f); /* a NaN becomes -87 */
 }
 
 /* f rounded to bf16 (nearest even), as vcvtne2ps2bf16 does it: NaNs stay (quiet) NaNs, denormal
  * inputs become zeros. Branch-free so that loops of it vectorize (softmaxes that write their
  * probabilities for bf16 products as well). */
-static inline uint16_t tlm_bf16_bits(float f) {
+static inline uint16_t k_bf16_bits(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
     uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
@@ -57,11 +57,11 @@ static inline uint16_t tlm_bf16_bits(float f) {
 
 /* p[0..n) = softmax(p[0..n)) given its maximum mx: inference attention's rows (session.c,
  * attend_row.c), vectorized under OpenMP simd (libm's scalar expf took 9% of a 15M prompt). */
-static inline void tlm_softmax_row(float *p, int n, float mx) {
+static inline void k_softmax_row(float *p, int n, float mx) {
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
     for (int j = 0; j < n; j++) {
-        p[j] = tlm_expf(p[j] - mx);
+        p[j] = k_expf(p[j] - mx);
         sum += p[j];
     }
     float inv = 1.0f / sum;
@@ -69,11 +69,11 @@ static inline void tlm_softmax_row(float *p, int n, float mx) {
     for (int j = 0; j < n; j++) p[j] *= inv;
 }
 
-static inline float tlm_sigmoidf(float x) { return 1.0f / (1.0f + tlm_expf(-x)); }
+static inline float k_sigmoidf(float x) { return 1.0f / (1.0f + k_expf(-x)); }
 
 /* erf(a) for a >= 0 by Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7), given e = exp(-a*a):
  * callers that need that exponential anyway (the GELU gradient) pass theirs and save one. */
-static inline float tlm_erff_abs_given_exp(float a, float e) {
+static inline float k_erff_abs_given_exp(float a, float e) {
     float t = 1.0f / (1.0f + 0.3275911f * a);
     float y = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t +
                0.254829592f) *
@@ -82,11 +82,11 @@ static inline float tlm_erff_abs_given_exp(float a, float e) {
 }
 
 /* erf(x), odd-extended, given e = exp(-x*x). */
-static inline float tlm_erff_given_exp(float x, float e) {
-    float r = tlm_erff_abs_given_exp(x < 0.0f ? -x : x, e);
+static inline float k_erff_given_exp(float x, float e) {
+    float r = k_erff_abs_given_exp(x < 0.0f ? -x : x, e);
     return x < 0.0f ? -r : r;
 }
 
-static inline float tlm_erff(float x) { return tlm_erff_given_exp(x, tlm_expf(-x * x)); }
+static inline float k_erff(float x) { return k_erff_given_exp(x, k_expf(-x * x)); }
 
 #endif

@@ -61,7 +61,7 @@ void k_qgemm_forget(const void *base, size_t len) {
         if (in_range((*e)->data, base, len)) {
             qc_entry *dead = *e;
             *e = dead->next;
-            tlm_big_free(dead->packed, dead->bytes);
+            core_big_free(dead->packed, dead->bytes);
             free(dead);
         } else {
             e = &(*e)->next;
@@ -119,7 +119,7 @@ const char *k_qgemm_cache_get(const tlm_weight *w, size_t pack_bytes, int isa) {
         size_t bytes = (size_t)groups * pack_bytes;
         qc_entry *e = malloc(sizeof *e);
         /* huge pages where the system gives them: far fewer faults on the first touch */
-        void *p = e ? tlm_big_alloc(bytes) : NULL;
+        void *p = e ? core_big_alloc(bytes) : NULL;
         if (p) {
             nsb = (int)(w->cols / k_qgemm_sub(w->dtype));
 #pragma omp parallel for schedule(static)

@@ -90,7 +90,7 @@ const k_gemm_ops *k_gemm_ops_of(tlm_dtype t);
  * unused). */
 typedef void k_bf16_tile_fn(int R, int T, int n, const uint8_t *w, size_t row_bytes,
                             const uint32_t *xt, size_t tile_words, float *out);
-/* A row of n floats to BF16, rounded to nearest even (tlm_f32_to_bf16's results). */
+/* A row of n floats to BF16, rounded to nearest even (core_f32_to_bf16's results). */
 typedef void k_bf16_round_row_fn(const float *x, int n, uint16_t *y);
 /* F32: R (<= 8) weight rows (ldw floats apart) x T (<= 3) tiles of 16 activation rows
  * interleaved by column (tile_floats apart): out[t][r][a]. pf, if not NULL: prefetch

@@ -10,7 +10,7 @@ K_INLINE float row_lse(const float *x, int V) {
     for (int j = 1; j < V; j++) mx = x[j] > mx ? x[j] : mx;
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
-    for (int j = 0; j < V; j++) s += tlm_expf(x[j] - mx);
+    for (int j = 0; j < V; j++) s += k_expf(x[j] - mx);
     return mx + logf(s);
 }
 
@@ -20,7 +20,7 @@ K_INLINE double ce_row(const float *logits, const int *targets, float *probs, in
     float lse = row_lse(x, V);
     if (probs) {
         float *p = probs + (size_t)i * V;
-        for (int j = 0; j < V; j++) p[j] = tlm_expf(x[j] - lse);
+        for (int j = 0; j < V; j++) p[j] = k_expf(x[j] - lse);
     }
     return targets && targets[i] >= 0 ? (double)(lse - x[targets[i]]) : 0.0;
 }
@@ -69,7 +69,7 @@ K_INLINE double ce_grad_row(float *x, int target, int V, float inv) {
     }
     float lse = row_lse(x, V);
     double loss = (double)(lse - x[target]);
-    for (int j = 0; j < V; j++) x[j] = tlm_expf(x[j] - lse) * inv;
+    for (int j = 0; j < V; j++) x[j] = k_expf(x[j] - lse) * inv;
     x[target] -= inv;
     return loss;
 }

@@ -11,10 +11,11 @@
 /* Without memory for the activation rows: w_row widened a chunk at a time on the stack. */
 static float widen_dot(tlm_dtype t, const uint8_t *w, const float *x, int in) {
     float buf[256], acc = 0.0f;
-    const tlm_dtype_info *d = tlm_dtype_get(t);
+    const core_dtype_info *d = core_dtype_get(t);
     for (int i = 0; i < in; i += 256) {
         int n = in - i < 256 ? in - i : 256;
-        tlm_dtype_to_f32(t, w + (size_t)(i / (int)d->block_elems) * d->block_bytes, buf, (size_t)n);
+        core_dtype_to_f32(t, w + (size_t)(i / (int)d->block_elems) * d->block_bytes, buf,
+                          (size_t)n);
         for (int k = 0; k < n; k++) acc += buf[k] * x[i + k];
     }
     return acc;
@@ -219,7 +220,7 @@ void k_matvec_plan_init(k_matvec_plan *pl, float *y, int ldy, const float *x, in
          * kernels' one weight row against both activation rows cost as much arithmetic, but read
          * the matrix without the four-row kernels' prefetch. From three rows the m8 kernels'
          * shared weight decoding wins in cache more than the prefetch gains from memory. */
-        int blocks = tlm_dtype_get(parts[p].dtype)->block_elems > 1,
+        int blocks = core_dtype_get(parts[p].dtype)->block_elems > 1,
             far = !amd && in > K_PF_FAR_MIN_COLS;
         int packed = blocks || parts[p].dtype == TLM_DTYPE_BF16; /* and BF16 (below) */
         /* Without an m8 kernel at this level (AVX2's block types; BF16 keeps its one-row kernel

@@ -59,14 +59,14 @@ void k_widen_row(tlm_dtype t, const void *src, float *dst, int n) {
     if (f)
         f(src, dst, n);
     else
-        tlm_dtype_to_f32(t, src, dst, (size_t)n);
+        core_dtype_to_f32(t, src, dst, (size_t)n);
 }
 
 tlm_status k_quantize_rows(tlm_dtype t, const float *x, void *y, size_t rows, size_t cols,
                            const float *qw) {
     k_quantize_kernel *f = k_traits(t)->quantize;
-    size_t rb = f && cols <= INT_MAX ? tlm_dtype_bytes(t, cols) : 0;
-    if (!rb && (!f || cols > INT_MAX || rows)) return tlm_quantize_rows(t, x, y, rows, cols, qw);
+    size_t rb = f && cols <= INT_MAX ? core_dtype_bytes(t, cols) : 0;
+    if (!rb && (!f || cols > INT_MAX || rows)) return core_quantize_rows(t, x, y, rows, cols, qw);
     for (size_t r = 0; r < rows; r++) f(x + r * cols, (uint8_t *)y + r * rb, (int)cols, qw);
     return TLM_OK;
 }

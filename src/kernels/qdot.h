@@ -29,7 +29,7 @@ typedef struct {
 /* ---- activation rows ----------------------------------------------------------------------- */
 
 k_act_kind k_act_of(tlm_dtype t);
-/* A K_ACT_Q8_0 row of n elements: n / 32 tlm_block_q8_0 as llama.cpp's, then, from the next
+/* A K_ACT_Q8_0 row of n elements: n / 32 core_block_q8_0 as llama.cpp's, then, from the next
  * 64-byte boundary of the row, n / 32 floats: each block's scale d, widened. The vector kernels
  * load four of them at once instead of widening four f16 scattered 34 bytes apart; the references
  * read only the blocks. */
@@ -91,7 +91,7 @@ void k_act_quantize_ref(k_act_kind kind, const float *x, void *xq, int n);
  * away from zero. The vector version (AVX-512) matches the reference byte for byte. */
 void k_q8_0_blocks(const float *x, void *y, int n);
 void k_q8_0_blocks_ref(const float *x, void *y, int n);
-/* tlm_quantize_rows with the kernels' vector versions where they exist, byte for byte the same
+/* core_quantize_rows with the kernels' vector versions where they exist, byte for byte the same
  * (IQ4_NL and IQ4_XS's search on AVX-512 lanes). tlm quantize's tensors and (through
  * k_narrow_row) the KV cache's stores go through it. */
 tlm_status k_quantize_rows(tlm_dtype t, const float *x, void *y, size_t rows, size_t cols,
@@ -186,9 +186,9 @@ k_vdot_w4_fn k_vdot_w4(tlm_dtype t);
 #define K_PF_FAR_ROWS 16
 #define K_PF_FAR_MIN_COLS 256
 
-/* One weight row of n elements to floats (tlm_dtype_to_f32, vectorized where it matters). */
+/* One weight row of n elements to floats (core_dtype_to_f32, vectorized where it matters). */
 void k_widen_row(tlm_dtype t, const void *src, float *dst, int n);
-/* n floats to one row of a float type (tlm_dtype_from_f32's bits, vectorized for F16): the F16 KV
+/* n floats to one row of a float type (core_dtype_from_f32's bits, vectorized for F16): the F16 KV
  * cache's stores. */
 void k_narrow_row(tlm_dtype t, const float *src, void *dst, int n);
 

@@ -12,8 +12,8 @@ typedef struct {
     k_vdot_rows_fn vec_dot_m8;    /* one weight row x up to 8 activation rows */
     k_vdot_rows3_fn vec_dot_x3m4; /* three weight rows x up to 4 activation rows */
     k_vdot_w4_fn vec_dot_x4;      /* four weight rows x one activation row, in runs */
-    k_widen_kernel *widen;        /* a row to floats (tlm_dtype_to_f32's) */
-    k_narrow_kernel *narrow;      /* floats to a row (tlm_dtype_from_f32's) */
+    k_widen_kernel *widen;        /* a row to floats (core_dtype_to_f32's) */
+    k_narrow_kernel *narrow;      /* floats to a row (core_dtype_from_f32's) */
     k_quantize_kernel *quantize;  /* floats to a row, with or without an importance matrix */
 } k_type_kernels;
 

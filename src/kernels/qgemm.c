@@ -242,7 +242,7 @@ int k_qgemm(float *y, int ldy, const float *x, int N, const tlm_weight *w, const
     const k_gemm_ops *ops = k_gemm_ops_of(w->dtype);
     int n = (int)w->cols, out = (int)w->rows;
     qgemm_plan p;
-    if (!ops || N <= 0 || n <= 0 || n % (int)tlm_dtype_get(w->dtype)->block_elems ||
+    if (!ops || N <= 0 || n <= 0 || n % (int)core_dtype_get(w->dtype)->block_elems ||
         !plan_qgemm(ops, isa, &p))
         return -1;
     int sub = ops->sub;

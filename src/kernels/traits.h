@@ -27,7 +27,7 @@
  * (one unit of an x4 kernel), *_rows (the m8 body, M a constant), *_block (one block's term).
  *
  * How to add a weight type:
- *   1. src/core: its block (quant.h), and its tlm_dtype_info in dtype.c (sizes, ggml id, the
+ *   1. src/core: its block (quant.h), and its core_dtype_info in dtype.c (sizes, ggml id, the
  *      reference widening to_f32 in dequant.c, the reference quantizer from_f32 in quant_ref.c,
  *      and an importance-matrix quantizer in quant_imatrix.c if it takes one).
  *   2. traits.c: its record in `types` (the activation form its dot products meet).
@@ -62,7 +62,7 @@ typedef struct {
     k_vdot_rows3_fn vec_dot_x3m4;
     k_vdot_w4_fn vec_dot_x4;
     /* Row conversions at the CPU's best set (k_isa; they give their references' bytes), NULL
-     * where the reference in src/core (tlm_dtype_to_f32, tlm_quantize_rows) is all there is. */
+     * where the reference in src/core (core_dtype_to_f32, core_quantize_rows) is all there is. */
     k_widen_kernel *widen;
     k_narrow_kernel *narrow;
     k_quantize_kernel *quantize;

@@ -8,8 +8,8 @@
 #include "kernels/kernels.h"
 #include "model/ctx.h"
 
-void tlm_ctx_free_grads(tlm_train_ctx *x) {
-    tlm_big_free(x->gbase, x->gfloats * sizeof(float));
+void mdl_ctx_free_grads(tlm_train_ctx *x) {
+    core_big_free(x->gbase, x->gfloats * sizeof(float));
     x->gbase = NULL;
     x->gfloats = 0;
     x->gB = x->gT = 0;
@@ -21,10 +21,10 @@ static tlm_status grad_reserve(tlm_train_ctx *x) {
     const tlm_config *c = &x->m->c;
     int B = x->B, T = x->T;
     if (x->gbase && x->gB == B && x->gT == T) return TLM_OK;
-    tlm_ctx_free_grads(x);
+    mdl_ctx_free_grads(x);
     size_t N = (size_t)B * T, d = (size_t)c->d_model, ff = (size_t)c->d_ff;
-    size_t qw = (size_t)c->n_heads * (d / (size_t)c->n_heads), ld = (size_t)tlm_qkv_width(c);
-    tlm_block_grads *g = &x->g;
+    size_t qw = (size_t)c->n_heads * (d / (size_t)c->n_heads), ld = (size_t)mdl_qkv_width(c);
+    mdl_block_grads *g = &x->g;
     size_t sizes[] = {
         N * d,  N * d,
         N * d,  N * ld, /* fused dq|dk|dv rows, like the forward's q|k|v */
@@ -34,8 +34,8 @@ static tlm_status grad_reserve(tlm_train_ctx *x) {
                       &g->datt, &g->dff_a, &g->dff_h, &g->ddrop};
     size_t total = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += (sizes[i] + 15) & ~15ul;
-    x->gbase = tlm_big_alloc(total * sizeof(float));
-    if (!x->gbase) return tlm_err(TLM_ERR_NOMEM, "out of memory for gradients of activations");
+    x->gbase = core_big_alloc(total * sizeof(float));
+    if (!x->gbase) return core_err(TLM_ERR_NOMEM, "out of memory for gradients of activations");
     size_t off = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         *ptrs[i] = sizes[i] ? x->gbase + off : NULL;
@@ -47,13 +47,13 @@ static tlm_status grad_reserve(tlm_train_ctx *x) {
     return TLM_OK;
 }
 
-tlm_status tlm_ctx_forward_backward_whole(tlm_train_ctx *x, const int32_t *ids,
+tlm_status mdl_ctx_forward_backward_whole(tlm_train_ctx *x, const int32_t *ids,
                                           const int32_t *targets, int B, int T, int pos0,
                                           float *grads, int accumulate, int divisor, float *loss,
                                           int *counted_out) {
     const tlm_model *m = x->m;
     const tlm_config *c = &m->c;
-    tlm_status s = tlm_ctx_forward(x, ids, B, T, pos0, 1);
+    tlm_status s = mdl_ctx_forward(x, ids, B, T, pos0, 1);
     if (s) return s;
     if ((s = grad_reserve(x)) != TLM_OK) return s;
     /* Without accumulate every parameter gradient is written over on its first write, so the
@@ -63,10 +63,10 @@ tlm_status tlm_ctx_forward_backward_whole(tlm_train_ctx *x, const int32_t *ids,
     double l = k_cross_entropy_fwd_bwd(x->logits, targets, N, c->vocab_size, divisor, &counted);
     if (loss) *loss = (float)l;
     if (counted_out) *counted_out = counted;
-    tlm_head_bwd(m, &x->pass, x->x_final, x->xn, x->xn_mean, x->xn_rstd, x->logits, &x->g, grads, N,
+    mdl_head_bwd(m, &x->pass, x->x_final, x->xn, x->xn_mean, x->xn_rstd, x->logits, &x->g, grads, N,
                  acc);
     for (int li = c->n_layers - 1; li >= 0; li--)
-        tlm_block_bwd(m, li, &x->pass, &x->layer[li], &x->g, grads, acc);
-    tlm_embed_bwd(m, &x->pass, ids, &x->g, grads, acc);
+        mdl_block_bwd(m, li, &x->pass, &x->layer[li], &x->g, grads, acc);
+    mdl_embed_bwd(m, &x->pass, ids, &x->g, grads, acc);
     return TLM_OK;
 }

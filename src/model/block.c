@@ -8,16 +8,16 @@
 #include "kernels/matvec.h"
 #include "model/block.h"
 
-int tlm_qkv_width(const tlm_config *c) {
+int mdl_qkv_width(const tlm_config *c) {
     int hd = c->d_model / c->n_heads;
     return (c->n_heads + 2 * c->n_kv_heads) * hd;
 }
 
-static int dropping(const tlm_model *m, const tlm_pass *p) {
+static int dropping(const tlm_model *m, const mdl_pass *p) {
     return p->training && m->c.dropout > 0.0f;
 }
 
-uint64_t tlm_drop_key(const tlm_pass *p, int layer, int which) {
+uint64_t mdl_drop_key(const mdl_pass *p, int layer, int which) {
     /* Sites: the embedding sum, then per layer the attention probabilities, the attention output
      * and the FFN output. */
     uint64_t site = layer < 0 ? 0 : 1 + 3 * (uint64_t)layer + (uint64_t)which;
@@ -41,28 +41,28 @@ static void norm_bwd(const tlm_config *c, float *dx, float *G, size_t gw, size_t
     if (c->norm == TLM_NORM_RMSNORM)
         k_rmsnorm_bwd(dx, G + gw, dy, x, g, rstd, N, c->d_model, acc);
     else
-        k_layernorm_bwd(dx, G + gw, tlm_at(G, gb), dy, x, g, mean, rstd, N, c->d_model, acc);
+        k_layernorm_bwd(dx, G + gw, mdl_at(G, gb), dy, x, g, mean, rstd, N, c->d_model, acc);
 }
 
 /* Gradient through a dropout mask (into g->ddrop), or dy itself without dropout. */
-static const float *undrop(const tlm_model *m, const tlm_pass *p, const tlm_block_grads *g,
+static const float *undrop(const tlm_model *m, const mdl_pass *p, const mdl_block_grads *g,
                            const float *dy, int layer, int which) {
     if (!dropping(m, p)) return dy;
     k_dropout(g->ddrop, dy, (size_t)p->N * m->c.d_model, m->c.dropout,
-              tlm_drop_key(p, layer, which));
+              mdl_drop_key(p, layer, which));
     return g->ddrop;
 }
 
 /* ---- matrix products in the pass's precision ----------------------------------------------- */
 
 /* The F32 data of a view the bf16 products can take (contiguous F32 rows), else NULL. */
-static const float *bf16_weight(const tlm_pass *p, const tlm_weight *w) {
+static const float *bf16_weight(const mdl_pass *p, const tlm_weight *w) {
     if (!p->bf16 || !w->data || w->dtype != TLM_DTYPE_F32 || w->row_bytes != (size_t)w->cols * 4)
         return NULL;
     return w->data;
 }
 
-static void linear(const tlm_pass *p, float *y, int ldy, const float *x, int N, const tlm_weight *w,
+static void linear(const mdl_pass *p, float *y, int ldy, const float *x, int N, const tlm_weight *w,
                    const float *b) {
     const float *wf = bf16_weight(p, w);
     if (wf)
@@ -73,7 +73,7 @@ static void linear(const tlm_pass *p, float *y, int ldy, const float *x, int N, 
 
 /* k_linear_parts in the pass's precision: one product over the stacked view when the biases stack
  * too, else one per part. */
-static void linear_parts(const tlm_pass *p, float *y, int ldy, const float *x, int N,
+static void linear_parts(const mdl_pass *p, float *y, int ldy, const float *x, int N,
                          const tlm_weight *const *w, const float *const *b, int n,
                          const tlm_weight *fused) {
     int all = 1;
@@ -101,7 +101,7 @@ static void linear_parts(const tlm_pass *p, float *y, int ldy, const float *x, i
     }
 }
 
-static void linear_bwd(const tlm_pass *p, float *dx, float *dw, float *db, const float *dy,
+static void linear_bwd(const mdl_pass *p, float *dx, float *dw, float *db, const float *dy,
                        const float *x, const float *w, int N, int in, int out, int acc) {
     if (p->bf16)
         k_bf16_linear_bwd(p->bf16, dx, dw, db, dy, x, w, N, in, out, acc);
@@ -112,7 +112,7 @@ static void linear_bwd(const tlm_pass *p, float *dx, float *dw, float *db, const
 /* Parameter and input gradients of stacked linear parts (q|k|v, gate|up). The gradients' flat
  * layout always stacks them; the weights may not be (parts of a file), then dx sums the parts'
  * products. */
-static void parts_bwd(const tlm_pass *p, float *dx, float *dW, float *db, const float *dy,
+static void parts_bwd(const mdl_pass *p, float *dx, float *dW, float *db, const float *dy,
                       const float *x, const tlm_weight *fused, const tlm_weight *const *w, int n,
                       int N, int in, int out, int acc) {
     if (fused->data) {
@@ -133,7 +133,7 @@ static void parts_bwd(const tlm_pass *p, float *dx, float *dW, float *db, const 
 
 /* ---- attention ------------------------------------------------------------------------------ */
 
-static void rope(const tlm_model *m, const tlm_pass *p, float *qkv, int ld, int bwd) {
+static void rope(const tlm_model *m, const mdl_pass *p, float *qkv, int ld, int bwd) {
     const tlm_config *c = &m->c;
     if (c->position != TLM_POS_ROPE) return;
     int hd = c->d_model / c->n_heads, il = c->rope_pairing == TLM_ROPE_INTERLEAVED;
@@ -143,14 +143,14 @@ static void rope(const tlm_model *m, const tlm_pass *p, float *qkv, int ld, int 
     f(qkv + c->n_heads * hd, ld, p->N, p->pos, c->n_kv_heads, hd, m->rope_cos, m->rope_sin, il);
 }
 
-/* Decode's q|k|v product and attention in one job of kv heads (tlm_attend's fwd_group): each
+/* Decode's q|k|v product and attention in one job of kv heads (mdl_attend's fwd_group): each
  * unit computes its kv head's rows of q, k and v, rotates them and attends, so the attention runs
  * on every thread of the product and the threads meet once instead of twice. The same kernels on
  * the same rows as the product alone, so the same numbers bit for bit. */
 typedef struct {
     const tlm_model *m;
-    const tlm_pass *p;
-    const tlm_block_bufs *b;
+    const mdl_pass *p;
+    const mdl_block_bufs *b;
     const k_matvec_plan *pl;
     int l, ld;
 } qkv_attend_ctx;
@@ -179,25 +179,25 @@ static void qkv_attend_units(void *ctx, long g0, long g1) {
 static _Atomic int g_fuse = 1;
 static _Atomic long g_fused;
 
-int tlm_block_fuse_attend(int on) { return atomic_exchange(&g_fuse, on); }
-long tlm_block_fused_runs(void) { return atomic_load_explicit(&g_fused, memory_order_relaxed); }
+int mdl_block_fuse_attend(int on) { return atomic_exchange(&g_fuse, on); }
+long mdl_block_fused_runs(void) { return atomic_load_explicit(&g_fused, memory_order_relaxed); }
 
 /* Whether decode's q|k|v product, prepared as *pl, runs fused with attention: where it is shared
  * among threads with two kv heads or more a thread (they are the job's units: one kv head would put
  * the whole product on one thread) and each head's rows fall on the product's units. On one thread
  * the heads' row ranges would only break the product's stream of rows, for no gain. */
-static int fusable(const tlm_config *c, const tlm_pass *p) {
+static int fusable(const tlm_config *c, const mdl_pass *p) {
     int team = omp_get_max_threads();
     return p->attend.fwd_group && !p->bf16 && !p->training &&
            atomic_load_explicit(&g_fuse, memory_order_relaxed) && team >= 2 &&
            c->n_kv_heads >= 2 * team;
 }
 
-static void attn_fwd(const tlm_model *m, int l, const tlm_pass *p, const tlm_block_bufs *b,
+static void attn_fwd(const tlm_model *m, int l, const mdl_pass *p, const mdl_block_bufs *b,
                      const float *in) {
     const tlm_config *c = &m->c;
-    const tlm_layer_weights *W = &m->lw[l];
-    int N = p->N, ld = tlm_qkv_width(c), hd = c->d_model / c->n_heads;
+    const mdl_layer_weights *W = &m->lw[l];
+    int N = p->N, ld = mdl_qkv_width(c), hd = c->d_model / c->n_heads;
     const tlm_weight *w[3] = {W->wq, W->wk, W->wv};
     const float *bias[3] = {W->bq, W->bk, W->bv};
     const tlm_weight *fused = W->qkv.data ? &W->qkv : NULL;
@@ -220,30 +220,30 @@ static void attn_fwd(const tlm_model *m, int l, const tlm_pass *p, const tlm_blo
     linear(p, b->attn_out, c->d_model, b->att, N, W->wo, W->bo);
     if (dropping(m, p))
         k_dropout(b->attn_out, b->attn_out, (size_t)N * c->d_model, c->dropout,
-                  tlm_drop_key(p, l, 1));
+                  mdl_drop_key(p, l, 1));
 }
 
-static void attn_bwd(const tlm_model *m, int l, const tlm_pass *p, const tlm_block_bufs *b,
-                     const float *in, const float *dout, float *din, const tlm_block_grads *g,
+static void attn_bwd(const tlm_model *m, int l, const mdl_pass *p, const mdl_block_bufs *b,
+                     const float *in, const float *dout, float *din, const mdl_block_grads *g,
                      float *G, int acc) {
     const tlm_config *c = &m->c;
-    const tlm_layer_weights *W = &m->lw[l];
-    const tlm_layer_offsets *o = &m->off.layer[l];
-    int N = p->N, d = c->d_model, qw = c->n_heads * (d / c->n_heads), ld = tlm_qkv_width(c);
+    const mdl_layer_weights *W = &m->lw[l];
+    const mdl_layer_offsets *o = &m->off.layer[l];
+    int N = p->N, d = c->d_model, qw = c->n_heads * (d / c->n_heads), ld = mdl_qkv_width(c);
     dout = undrop(m, p, g, dout, l, 1);
-    linear_bwd(p, g->datt, G + o->wo, tlm_at(G, o->bo), dout, b->att, W->wo->data, N, qw, d, acc);
+    linear_bwd(p, g->datt, G + o->wo, mdl_at(G, o->bo), dout, b->att, W->wo->data, N, qw, d, acc);
     p->attend.bwd(p->attend.user, l, b->qkv, ld, g->datt, g->dqkv, N);
     rope(m, p, g->dqkv, ld, 1);
     const tlm_weight *w[3] = {W->wq, W->wk, W->wv};
-    parts_bwd(p, din, G + o->wq, tlm_at(G, o->bq), g->dqkv, in, &W->qkv, w, 3, N, d, ld, acc);
+    parts_bwd(p, din, G + o->wq, mdl_at(G, o->bq), g->dqkv, in, &W->qkv, w, 3, N, d, ld, acc);
 }
 
 /* ---- feed-forward --------------------------------------------------------------------------- */
 
-static void ffn_fwd(const tlm_model *m, int l, const tlm_pass *p, const tlm_block_bufs *b,
+static void ffn_fwd(const tlm_model *m, int l, const mdl_pass *p, const mdl_block_bufs *b,
                     const float *in) {
     const tlm_config *c = &m->c;
-    const tlm_layer_weights *W = &m->lw[l];
+    const mdl_layer_weights *W = &m->lw[l];
     int N = p->N, d = c->d_model, ff = c->d_ff;
     if (c->ffn == TLM_FFN_SWIGLU) {
         const tlm_weight *w[2] = {W->wgate, W->wup};
@@ -260,35 +260,35 @@ static void ffn_fwd(const tlm_model *m, int l, const tlm_pass *p, const tlm_bloc
             k_act_fwd(b->ff_h, b->ff_a, (size_t)N * ff, forms[c->ffn]);
     }
     linear(p, b->y, d, b->ff_h, N, W->wdown, W->bdown);
-    if (dropping(m, p)) k_dropout(b->y, b->y, (size_t)N * d, c->dropout, tlm_drop_key(p, l, 2));
+    if (dropping(m, p)) k_dropout(b->y, b->y, (size_t)N * d, c->dropout, mdl_drop_key(p, l, 2));
 }
 
-static void ffn_bwd(const tlm_model *m, int l, const tlm_pass *p, const tlm_block_bufs *b,
-                    const float *in, const float *dout, float *din, const tlm_block_grads *g,
+static void ffn_bwd(const tlm_model *m, int l, const mdl_pass *p, const mdl_block_bufs *b,
+                    const float *in, const float *dout, float *din, const mdl_block_grads *g,
                     float *G, int acc) {
     const tlm_config *c = &m->c;
-    const tlm_layer_weights *W = &m->lw[l];
-    const tlm_layer_offsets *o = &m->off.layer[l];
+    const mdl_layer_weights *W = &m->lw[l];
+    const mdl_layer_offsets *o = &m->off.layer[l];
     int N = p->N, d = c->d_model, ff = c->d_ff;
-    linear_bwd(p, g->dff_h, G + o->wdown, tlm_at(G, o->bdown), dout, b->ff_h, W->wdown->data, N, ff,
+    linear_bwd(p, g->dff_h, G + o->wdown, mdl_at(G, o->bdown), dout, b->ff_h, W->wdown->data, N, ff,
                d, acc);
     if (c->ffn == TLM_FFN_SWIGLU) {
         k_swiglu_rows_bwd(g->dff_a, g->dff_h, b->ff_a, N, ff);
         const tlm_weight *w[2] = {W->wgate, W->wup};
-        parts_bwd(p, din, G + o->wgate, tlm_at(G, o->bgate), g->dff_a, in, &W->gate_up, w, 2, N, d,
+        parts_bwd(p, din, G + o->wgate, mdl_at(G, o->bgate), g->dff_a, in, &W->gate_up, w, 2, N, d,
                   2 * ff, acc);
     } else {
         k_mul(g->dff_h, g->dff_h, b->ff_a, (size_t)N * ff); /* the forward left act'(a) in ff_a */
-        linear_bwd(p, din, G + o->wup, tlm_at(G, o->bup), g->dff_h, in, W->wup->data, N, d, ff,
+        linear_bwd(p, din, G + o->wup, mdl_at(G, o->bup), g->dff_h, in, W->wup->data, N, d, ff,
                    acc);
     }
 }
 
 /* ---- the block ------------------------------------------------------------------------------ */
 
-void tlm_block_fwd(const tlm_model *m, int l, const tlm_pass *p, const tlm_block_bufs *b) {
+void mdl_block_fwd(const tlm_model *m, int l, const mdl_pass *p, const mdl_block_bufs *b) {
     const tlm_config *c = &m->c;
-    const tlm_layer_weights *W = &m->lw[l];
+    const mdl_layer_weights *W = &m->lw[l];
     int N = p->N;
     size_t nd = (size_t)N * c->d_model;
     if (c->norm_position == TLM_NORM_PRE) {
@@ -308,11 +308,11 @@ void tlm_block_fwd(const tlm_model *m, int l, const tlm_pass *p, const tlm_block
     }
 }
 
-void tlm_block_bwd(const tlm_model *m, int l, const tlm_pass *p, const tlm_block_bufs *b,
-                   const tlm_block_grads *g, float *G, int acc) {
+void mdl_block_bwd(const tlm_model *m, int l, const mdl_pass *p, const mdl_block_bufs *b,
+                   const mdl_block_grads *g, float *G, int acc) {
     const tlm_config *c = &m->c;
-    const tlm_layer_weights *W = &m->lw[l];
-    const tlm_layer_offsets *o = &m->off.layer[l];
+    const mdl_layer_weights *W = &m->lw[l];
+    const mdl_layer_offsets *o = &m->off.layer[l];
     int N = p->N;
     size_t nd = (size_t)N * c->d_model;
     if (c->norm_position == TLM_NORM_PRE) {
@@ -345,8 +345,8 @@ K_INLINE void embed_rows(float *x, const tlm_weight *E, const int32_t *ids, cons
     for (long r = r0; r < r1; r++) {
         float *xr = x + (size_t)r * d;
         /* Only a row is read: any type the model holds widens here. */
-        tlm_dtype_to_f32(E->dtype, (const char *)E->data + (size_t)ids[r] * E->row_bytes, xr,
-                         (size_t)d);
+        core_dtype_to_f32(E->dtype, (const char *)E->data + (size_t)ids[r] * E->row_bytes, xr,
+                          (size_t)d);
         if (pos) {
             const float *pr = pos + (size_t)at[r] * d;
             for (int j = 0; j < d; j++) xr[j] += pr[j];
@@ -358,15 +358,15 @@ K_VERSIONS(embed_rows,
             int d, long r0, long r1),
            (x, E, ids, pos, at, d, r0, r1))
 
-void tlm_embed_fwd(const tlm_model *m, const tlm_pass *p, const int32_t *ids, float *x) {
+void mdl_embed_fwd(const tlm_model *m, const mdl_pass *p, const int32_t *ids, float *x) {
     const tlm_config *c = &m->c;
     int d = c->d_model, N = p->N;
-    const float *pos = c->position == TLM_POS_LEARNED      ? tlm_wf(m->pos_emb)
+    const float *pos = c->position == TLM_POS_LEARNED      ? mdl_wf(m->pos_emb)
                        : c->position == TLM_POS_SINUSOIDAL ? m->sinus
                                                            : NULL;
     embed_rows_fn *f = embed_rows_pick();
     K_RANGES(r0, r1, N, (long)N * d, f(x, m->tok_emb, ids, pos, p->pos, d, r0, r1));
-    if (dropping(m, p)) k_dropout(x, x, (size_t)N * d, c->dropout, tlm_drop_key(p, -1, 0));
+    if (dropping(m, p)) k_dropout(x, x, (size_t)N * d, c->dropout, mdl_drop_key(p, -1, 0));
 }
 
 /* Row at[r] of table += row r of src, for r in order: rows can repeat within a batch, so this
@@ -381,12 +381,12 @@ K_INLINE void scatter_add(float *table, const int *at, const float *src, int N, 
 K_VERSIONS(scatter_add, (float *table, const int *at, const float *src, int N, int d),
            (table, at, src, N, d))
 
-void tlm_embed_bwd(const tlm_model *m, const tlm_pass *p, const int32_t *ids,
-                   const tlm_block_grads *g, float *G, int acc) {
+void mdl_embed_bwd(const tlm_model *m, const mdl_pass *p, const int32_t *ids,
+                   const mdl_block_grads *g, float *G, int acc) {
     const tlm_config *c = &m->c;
     int d = c->d_model, N = p->N;
     size_t nd = (size_t)N * d;
-    if (dropping(m, p)) k_dropout(g->dres, g->dres, nd, c->dropout, tlm_drop_key(p, -1, 0));
+    if (dropping(m, p)) k_dropout(g->dres, g->dres, nd, c->dropout, mdl_drop_key(p, -1, 0));
     /* A tied table already holds the head's gradient; an untied one starts from zero. */
     scatter_add_fn *add = scatter_add_pick();
     float *dE = G + m->off.tok_emb;
@@ -399,13 +399,13 @@ void tlm_embed_bwd(const tlm_model *m, const tlm_pass *p, const int32_t *ids,
     }
 }
 
-void tlm_head_fwd(const tlm_model *m, const float *x, float *xn, float *xn_mean, float *xn_rstd,
+void mdl_head_fwd(const tlm_model *m, const float *x, float *xn, float *xn_mean, float *xn_rstd,
                   float *logits, int N) {
-    tlm_pass fp32 = {0};
-    tlm_head_fwd_pass(m, &fp32, x, xn, xn_mean, xn_rstd, logits, N);
+    mdl_pass fp32 = {0};
+    mdl_head_fwd_pass(m, &fp32, x, xn, xn_mean, xn_rstd, logits, N);
 }
 
-void tlm_head_fwd_pass(const tlm_model *m, const tlm_pass *p, const float *x, float *xn,
+void mdl_head_fwd_pass(const tlm_model *m, const mdl_pass *p, const float *x, float *xn,
                        float *xn_mean, float *xn_rstd, float *logits, int N) {
     const tlm_config *c = &m->c;
     const float *in = x;
@@ -417,9 +417,9 @@ void tlm_head_fwd_pass(const tlm_model *m, const tlm_pass *p, const float *x, fl
     linear(p, logits, c->vocab_size, in, N, m->out_w, NULL);
 }
 
-void tlm_head_bwd(const tlm_model *m, const tlm_pass *p, const float *x, const float *xn,
+void mdl_head_bwd(const tlm_model *m, const mdl_pass *p, const float *x, const float *xn,
                   const float *xn_mean, const float *xn_rstd, const float *dlogits,
-                  const tlm_block_grads *g, float *G, int N, int acc) {
+                  const mdl_block_grads *g, float *G, int N, int acc) {
     const tlm_config *c = &m->c;
     int pre = c->norm_position == TLM_NORM_PRE;
     /* The gradient at the head's input goes to dres directly for post-norm, else via the norm. */

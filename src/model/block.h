@@ -1,6 +1,6 @@
 /* The transformer block over rows, written once: training forward, prefill and decode all run
- * tlm_block_fwd (they differ in where the rows' buffers are and in the attention core), and the
- * backward pass tlm_block_bwd walks the same sub-layers in reverse. Also the embedding and the
+ * mdl_block_fwd (they differ in where the rows' buffers are and in the attention core), and the
+ * backward pass mdl_block_bwd walks the same sub-layers in reverse. Also the embedding and the
  * output head that come before and after the blocks. */
 #ifndef TLM_MODEL_BLOCK_H
 #define TLM_MODEL_BLOCK_H
@@ -23,7 +23,7 @@ typedef struct {
     float *ff_h; /* [N, d_ff] activated hidden */
     float *y;    /* [N, d] FFN output (post-norm: n1 + ffn, norm2's input) */
     float *out;  /* [N, d] block output */
-} tlm_block_bufs;
+} mdl_block_bufs;
 
 /* The attention core: from the q|k|v rows (stride ld, after RoPE) of a pass, the attention output
  * rows att [N, H*hd]. Training attends within each sequence of the batch and keeps the
@@ -39,7 +39,7 @@ typedef struct {
      * computes each kv head's rows of q|k|v in the same job that attends with them, one join per
      * layer fewer and the attention on every thread. */
     void (*fwd_group)(void *user, int layer, float *qkv, int ld, float *att, int N, int g);
-} tlm_attend;
+} mdl_attend;
 
 struct k_bf16;
 /* What a pass over N rows is: their positions, whether it trains (keeps act' for the backward
@@ -50,31 +50,31 @@ typedef struct {
     const int *pos; /* [N] */
     int training;
     uint64_t drop_seed, drop_step;
-    tlm_attend attend;
+    mdl_attend attend;
     struct k_bf16 *bf16;
-} tlm_pass;
+} mdl_pass;
 
-/* Decode's q|k|v product and attention in one job (tlm_attend's fwd_group) where 1 (the default);
+/* Decode's q|k|v product and attention in one job (mdl_attend's fwd_group) where 1 (the default);
  * 0 keeps them apart, for tests comparing the two. Returns the previous setting. */
-int tlm_block_fuse_attend(int on);
+int mdl_block_fuse_attend(int on);
 /* Layers run fused so far (all threads, all models): tests check the fused path ran. */
-long tlm_block_fused_runs(void);
+long mdl_block_fused_runs(void);
 
 /* Row stride of the fused q|k|v buffers: H*hd + 2*KVH*hd. */
-int tlm_qkv_width(const tlm_config *c);
+int mdl_qkv_width(const tlm_config *c);
 /* The dropout key of a site: layer -1 is the embedding; which 0 the attention probabilities, 1 the
  * attention output, 2 the FFN output. */
-uint64_t tlm_drop_key(const tlm_pass *p, int layer, int which);
+uint64_t mdl_drop_key(const mdl_pass *p, int layer, int which);
 
 /* x[N, d] = token embedding (+ position) of ids at p->pos (+ dropout when training). */
-void tlm_embed_fwd(const tlm_model *m, const tlm_pass *p, const int32_t *ids, float *x);
-void tlm_block_fwd(const tlm_model *m, int layer, const tlm_pass *p, const tlm_block_bufs *b);
+void mdl_embed_fwd(const tlm_model *m, const mdl_pass *p, const int32_t *ids, float *x);
+void mdl_block_fwd(const tlm_model *m, int layer, const mdl_pass *p, const mdl_block_bufs *b);
 /* logits [N, V] of rows x [N, d] (the output norm into xn first for pre-norm models; xn may be x
  * when nothing needs x afterwards). */
-void tlm_head_fwd(const tlm_model *m, const float *x, float *xn, float *xn_mean, float *xn_rstd,
+void mdl_head_fwd(const tlm_model *m, const float *x, float *xn, float *xn_mean, float *xn_rstd,
                   float *logits, int N);
 /* The same with the pass's precision (p->bf16). */
-void tlm_head_fwd_pass(const tlm_model *m, const tlm_pass *p, const float *x, float *xn,
+void mdl_head_fwd_pass(const tlm_model *m, const mdl_pass *p, const float *x, float *xn,
                        float *xn_mean, float *xn_rstd, float *logits, int N);
 
 /* Scratch of the backward pass, [N, ...] rows like the activations. */
@@ -85,19 +85,19 @@ typedef struct {
     float *dff_a;            /* swiglu [N, 2*d_ff]; unused otherwise */
     float *dff_h;            /* [N, d_ff] */
     float *ddrop;            /* [N, d] gradient through a dropout mask (dropout > 0) */
-} tlm_block_grads;
+} mdl_block_grads;
 
 /* Gradients are written into G (the flat layout) at the model's offsets: added when acc, else
  * written over. On entry g->dres holds the gradient at the block's output; on return, at its
  * input. b is what the forward pass left. */
-void tlm_block_bwd(const tlm_model *m, int layer, const tlm_pass *p, const tlm_block_bufs *b,
-                   const tlm_block_grads *g, float *G, int acc);
+void mdl_block_bwd(const tlm_model *m, int layer, const mdl_pass *p, const mdl_block_bufs *b,
+                   const mdl_block_grads *g, float *G, int acc);
 /* The head's backward: dlogits [N, V] -> g->dres (gradient at the head's input x). */
-void tlm_head_bwd(const tlm_model *m, const tlm_pass *p, const float *x, const float *xn,
+void mdl_head_bwd(const tlm_model *m, const mdl_pass *p, const float *x, const float *xn,
                   const float *xn_mean, const float *xn_rstd, const float *dlogits,
-                  const tlm_block_grads *g, float *G, int N, int acc);
+                  const mdl_block_grads *g, float *G, int N, int acc);
 /* Embedding gradients from g->dres (rows of ids at p->pos). */
-void tlm_embed_bwd(const tlm_model *m, const tlm_pass *p, const int32_t *ids,
-                   const tlm_block_grads *g, float *G, int acc);
+void mdl_embed_bwd(const tlm_model *m, const mdl_pass *p, const int32_t *ids,
+                   const mdl_block_grads *g, float *G, int acc);
 
 #endif

@@ -7,7 +7,7 @@
 
 #include "core/core.h"
 
-void tlm_config_default(tlm_config *c) {
+void tlm_config_defaults(tlm_config *c) {
     memset(c, 0, sizeof *c);
     c->vocab_size = 256;
     c->context_length = 256;
@@ -57,7 +57,7 @@ const char *tlm_rope_pairing_name(tlm_rope_pairing k) {
  * below 2^63 today; the checks keep it that way if a limit is ever raised. */
 static size_t sat_mul(size_t a, size_t b) {
     size_t r;
-    return tlm_mul_ok(a, b, &r) ? r : SIZE_MAX;
+    return core_mul_ok(a, b, &r) ? r : SIZE_MAX;
 }
 
 tlm_status tlm_config_finalize(tlm_config *c) {
@@ -71,18 +71,18 @@ tlm_status tlm_config_finalize(tlm_config *c) {
                  {"n_heads", c->n_heads, TLM_MAX_N_HEADS}};
     for (int i = 0; i < COUNT(sizes); i++) {
         if (sizes[i].v <= 0)
-            return tlm_err(TLM_ERR_CONFIG, "%s must be > 0 (got %d)", sizes[i].name, sizes[i].v);
+            return core_err(TLM_ERR_CONFIG, "%s must be > 0 (got %d)", sizes[i].name, sizes[i].v);
         if (sizes[i].v > sizes[i].max)
-            return tlm_err(TLM_ERR_CONFIG, "%s %d exceeds the limit of %d", sizes[i].name,
-                           sizes[i].v, sizes[i].max);
+            return core_err(TLM_ERR_CONFIG, "%s %d exceeds the limit of %d", sizes[i].name,
+                            sizes[i].v, sizes[i].max);
     }
     if (c->n_kv_heads < 0)
-        return tlm_err(TLM_ERR_CONFIG, "n_kv_heads must be >= 0 (0: n_heads; got %d)",
-                       c->n_kv_heads);
+        return core_err(TLM_ERR_CONFIG, "n_kv_heads must be >= 0 (0: n_heads; got %d)",
+                        c->n_kv_heads);
     if (c->d_ff < 0)
-        return tlm_err(TLM_ERR_CONFIG, "d_ff must be >= 0 (0: derived; got %d)", c->d_ff);
+        return core_err(TLM_ERR_CONFIG, "d_ff must be >= 0 (0: derived; got %d)", c->d_ff);
     if (c->d_ff > TLM_MAX_D_FF)
-        return tlm_err(TLM_ERR_CONFIG, "d_ff %d exceeds the limit of %d", c->d_ff, TLM_MAX_D_FF);
+        return core_err(TLM_ERR_CONFIG, "d_ff %d exceeds the limit of %d", c->d_ff, TLM_MAX_D_FF);
     if (c->n_kv_heads == 0) c->n_kv_heads = c->n_heads;
     /* Derived from a d_model within its limit, d_ff stays within its own (174784 at most). */
     if (c->d_ff == 0) {
@@ -95,55 +95,55 @@ tlm_status tlm_config_finalize(tlm_config *c) {
         }
     }
     if ((unsigned)c->norm >= (unsigned)COUNT(norm_names))
-        return tlm_err(TLM_ERR_CONFIG, "unknown norm %d", (int)c->norm);
+        return core_err(TLM_ERR_CONFIG, "unknown norm %d", (int)c->norm);
     if ((unsigned)c->norm_position >= (unsigned)COUNT(normpos_names))
-        return tlm_err(TLM_ERR_CONFIG, "unknown norm_position %d", (int)c->norm_position);
+        return core_err(TLM_ERR_CONFIG, "unknown norm_position %d", (int)c->norm_position);
     if ((unsigned)c->ffn >= (unsigned)COUNT(ffn_names))
-        return tlm_err(TLM_ERR_CONFIG, "unknown ffn %d", (int)c->ffn);
+        return core_err(TLM_ERR_CONFIG, "unknown ffn %d", (int)c->ffn);
     if ((unsigned)c->position >= (unsigned)COUNT(pos_names))
-        return tlm_err(TLM_ERR_CONFIG, "unknown position %d", (int)c->position);
+        return core_err(TLM_ERR_CONFIG, "unknown position %d", (int)c->position);
     if ((unsigned)c->rope_pairing >= (unsigned)COUNT(pairing_names))
-        return tlm_err(TLM_ERR_CONFIG, "unknown rope_pairing %d", (int)c->rope_pairing);
+        return core_err(TLM_ERR_CONFIG, "unknown rope_pairing %d", (int)c->rope_pairing);
     if (c->d_model % c->n_heads != 0)
-        return tlm_err(TLM_ERR_CONFIG, "d_model %d is not divisible by n_heads %d", c->d_model,
-                       c->n_heads);
+        return core_err(TLM_ERR_CONFIG, "d_model %d is not divisible by n_heads %d", c->d_model,
+                        c->n_heads);
     if (c->n_kv_heads > c->n_heads || c->n_heads % c->n_kv_heads != 0)
-        return tlm_err(TLM_ERR_CONFIG, "n_heads %d is not divisible by n_kv_heads %d", c->n_heads,
-                       c->n_kv_heads);
+        return core_err(TLM_ERR_CONFIG, "n_heads %d is not divisible by n_kv_heads %d", c->n_heads,
+                        c->n_kv_heads);
     int hd = c->d_model / c->n_heads;
     if (c->position == TLM_POS_ROPE && hd % 2 != 0)
-        return tlm_err(TLM_ERR_CONFIG, "rope needs an even head dim (d_model/n_heads = %d)", hd);
+        return core_err(TLM_ERR_CONFIG, "rope needs an even head dim (d_model/n_heads = %d)", hd);
     if (!(c->norm_eps > 0.0f) || !isfinite(c->norm_eps))
-        return tlm_err(TLM_ERR_CONFIG, "norm_eps must be > 0 (got %g)", (double)c->norm_eps);
+        return core_err(TLM_ERR_CONFIG, "norm_eps must be > 0 (got %g)", (double)c->norm_eps);
     if (c->position == TLM_POS_ROPE && (!(c->rope_theta > 0.0f) || !isfinite(c->rope_theta)))
-        return tlm_err(TLM_ERR_CONFIG, "rope_theta must be > 0 (got %g)", (double)c->rope_theta);
+        return core_err(TLM_ERR_CONFIG, "rope_theta must be > 0 (got %g)", (double)c->rope_theta);
     if (!(c->dropout >= 0.0f && c->dropout < 1.0f))
-        return tlm_err(TLM_ERR_CONFIG, "dropout must be in [0, 1) (got %g)", (double)c->dropout);
+        return core_err(TLM_ERR_CONFIG, "dropout must be in [0, 1) (got %g)", (double)c->dropout);
     if (c->tie_embeddings != 0 && c->tie_embeddings != 1)
-        return tlm_err(TLM_ERR_CONFIG, "tie_embeddings must be true or false");
-    if (c->bias != 0 && c->bias != 1) return tlm_err(TLM_ERR_CONFIG, "bias must be true or false");
+        return core_err(TLM_ERR_CONFIG, "tie_embeddings must be true or false");
+    if (c->bias != 0 && c->bias != 1) return core_err(TLM_ERR_CONFIG, "bias must be true or false");
     if (c->qkv_bias != 0 && c->qkv_bias != 1)
-        return tlm_err(TLM_ERR_CONFIG, "qkv_bias must be true or false");
-    /* tlm_model_create builds these tables eagerly; a file header that asks for a huge context
+        return core_err(TLM_ERR_CONFIG, "qkv_bias must be true or false");
+    /* tlm_model_new builds these tables eagerly; a file header that asks for a huge context
      * must be refused here, not after minutes of filling gigabytes. */
     size_t ctx = (size_t)c->context_length;
     if (c->position == TLM_POS_ROPE && sat_mul(ctx, (size_t)hd / 2) > TLM_MAX_TABLE_FLOATS)
-        return tlm_err(TLM_ERR_CONFIG,
-                       "context_length %d x head_dim/2 %d = %zu floats per RoPE table exceeds "
-                       "the limit of %d",
-                       c->context_length, hd / 2, sat_mul(ctx, (size_t)hd / 2),
-                       TLM_MAX_TABLE_FLOATS);
+        return core_err(TLM_ERR_CONFIG,
+                        "context_length %d x head_dim/2 %d = %zu floats per RoPE table exceeds "
+                        "the limit of %d",
+                        c->context_length, hd / 2, sat_mul(ctx, (size_t)hd / 2),
+                        TLM_MAX_TABLE_FLOATS);
     if (c->position == TLM_POS_SINUSOIDAL &&
         sat_mul(ctx, (size_t)c->d_model) > TLM_MAX_TABLE_FLOATS)
-        return tlm_err(TLM_ERR_CONFIG,
-                       "context_length %d x d_model %d = %zu floats of the sinusoid table exceeds "
-                       "the limit of %d",
-                       c->context_length, c->d_model, sat_mul(ctx, (size_t)c->d_model),
-                       TLM_MAX_TABLE_FLOATS);
+        return core_err(TLM_ERR_CONFIG,
+                        "context_length %d x d_model %d = %zu floats of the sinusoid table exceeds "
+                        "the limit of %d",
+                        c->context_length, c->d_model, sat_mul(ctx, (size_t)c->d_model),
+                        TLM_MAX_TABLE_FLOATS);
     /* Within the field limits above every tensor has fewer than 2^41 elements and the whole
      * model fewer than 2^52, so the schema's own count cannot overflow: it is the one formula. */
     tlm_param_count pc;
-    tlm_count_params(c, &pc);
+    tlm_config_count_params(c, &pc);
     size_t total = pc.total,
            per_block = (pc.per_component[TLM_COMP_ATTN_NORM] + pc.per_component[TLM_COMP_ATTN] +
                         pc.per_component[TLM_COMP_FFN_NORM] + pc.per_component[TLM_COMP_FFN]) /
@@ -153,19 +153,19 @@ tlm_status tlm_config_finalize(tlm_config *c) {
         if (c->position == TLM_POS_LEARNED)
             snprintf(pos, sizeof pos, ", position table context_length %d x d_model %d",
                      c->context_length, c->d_model);
-        return tlm_err(TLM_ERR_CONFIG,
-                       "the model needs %zu parameters, above the limit of %lld: token "
-                       "embedding vocab_size %d x d_model %d%s%s, n_layers %d blocks of %zu",
-                       total, (long long)TLM_MAX_PARAMS, c->vocab_size, c->d_model,
-                       c->tie_embeddings ? "" : " (twice: untied head)", pos, c->n_layers,
-                       per_block);
+        return core_err(TLM_ERR_CONFIG,
+                        "the model needs %zu parameters, above the limit of %lld: token "
+                        "embedding vocab_size %d x d_model %d%s%s, n_layers %d blocks of %zu",
+                        total, (long long)TLM_MAX_PARAMS, c->vocab_size, c->d_model,
+                        c->tie_embeddings ? "" : " (twice: untied head)", pos, c->n_layers,
+                        per_block);
     }
     return TLM_OK;
 }
 
 static tlm_status parse_enum(const cJSON *item, const char *key, const char *const *names, int n,
                              int *out) {
-    if (!cJSON_IsString(item)) return tlm_err(TLM_ERR_CONFIG, "'%s' must be a string", key);
+    if (!cJSON_IsString(item)) return core_err(TLM_ERR_CONFIG, "'%s' must be a string", key);
     for (int i = 0; i < n; i++)
         if (!strcmp(item->valuestring, names[i])) {
             *out = i;
@@ -176,21 +176,21 @@ static tlm_status parse_enum(const cJSON *item, const char *key, const char *con
         strncat(allowed, names[i], sizeof allowed - strlen(allowed) - 1);
         if (i + 1 < n) strncat(allowed, "|", sizeof allowed - strlen(allowed) - 1);
     }
-    return tlm_err(TLM_ERR_CONFIG, "unknown %s '%s' (expected %s)", key, item->valuestring,
-                   allowed);
+    return core_err(TLM_ERR_CONFIG, "unknown %s '%s' (expected %s)", key, item->valuestring,
+                    allowed);
 }
 
 static tlm_status parse_int(const cJSON *item, const char *key, int *out) {
-    if (!cJSON_IsNumber(item)) return tlm_err(TLM_ERR_CONFIG, "'%s' must be a number", key);
+    if (!cJSON_IsNumber(item)) return core_err(TLM_ERR_CONFIG, "'%s' must be a number", key);
     double v = item->valuedouble;
     if (v != floor(v) || v < -2147483648.0 || v > 2147483647.0)
-        return tlm_err(TLM_ERR_CONFIG, "'%s' must be an integer (got %g)", key, v);
+        return core_err(TLM_ERR_CONFIG, "'%s' must be an integer (got %g)", key, v);
     *out = (int)v;
     return TLM_OK;
 }
 
 static tlm_status parse_float(const cJSON *item, const char *key, float *out) {
-    if (!cJSON_IsNumber(item)) return tlm_err(TLM_ERR_CONFIG, "'%s' must be a number", key);
+    if (!cJSON_IsNumber(item)) return core_err(TLM_ERR_CONFIG, "'%s' must be a number", key);
     *out = (float)item->valuedouble;
     return TLM_OK;
 }
@@ -204,16 +204,16 @@ static tlm_status parse_bool(const cJSON *item, const char *key, int *out) {
         *out = (int)item->valuedouble;
         return TLM_OK;
     }
-    return tlm_err(TLM_ERR_CONFIG, "'%s' must be true or false", key);
+    return core_err(TLM_ERR_CONFIG, "'%s' must be true or false", key);
 }
 
 tlm_status tlm_config_from_json(const char *json, tlm_config *c) {
-    tlm_config_default(c);
+    tlm_config_defaults(c);
     cJSON *root = cJSON_Parse(json);
-    if (!root) return tlm_err(TLM_ERR_CONFIG, "config is not valid JSON");
+    if (!root) return core_err(TLM_ERR_CONFIG, "config is not valid JSON");
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
-        return tlm_err(TLM_ERR_CONFIG, "config must be a JSON object");
+        return core_err(TLM_ERR_CONFIG, "config must be a JSON object");
     }
     tlm_status s = TLM_OK;
     int e;
@@ -258,7 +258,7 @@ tlm_status tlm_config_from_json(const char *json, tlm_config *c) {
             if (!(s = parse_enum(it, k, pairing_names, COUNT(pairing_names), &e)))
                 c->rope_pairing = e;
         } else
-            s = tlm_err(TLM_ERR_CONFIG, "unknown config key '%s'", k);
+            s = core_err(TLM_ERR_CONFIG, "unknown config key '%s'", k);
     }
     cJSON_Delete(root);
     if (s) return s;
@@ -267,11 +267,11 @@ tlm_status tlm_config_from_json(const char *json, tlm_config *c) {
 
 tlm_status tlm_config_load(const char *path, tlm_config *c) {
     char *text;
-    tlm_status s = tlm_read_file(path, &text, NULL);
+    tlm_status s = core_read_file(path, &text, NULL);
     if (s) return s;
     s = tlm_config_from_json(text, c);
     free(text);
-    if (s) return tlm_err_context(s, "%s", path);
+    if (s) return core_err_context(s, "%s", path);
     return TLM_OK;
 }
 
@@ -313,10 +313,10 @@ char *tlm_config_to_json(const tlm_config *c) {
 
 tlm_status tlm_config_save(const tlm_config *c, const char *path) {
     char *s = tlm_config_to_json(c);
-    if (!s) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    if (!s) return core_err(TLM_ERR_NOMEM, "out of memory");
     size_t n = strlen(s);
     s[n] = '\n'; /* cJSON's buffer has the NUL we overwrite; write n+1 bytes */
-    tlm_status st = tlm_write_file_atomic(path, s, n + 1);
+    tlm_status st = core_write_file_atomic(path, s, n + 1);
     free(s);
     return st;
 }

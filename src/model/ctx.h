@@ -11,7 +11,7 @@ struct tlm_train_ctx {
     int B, T;
     float *base;
     size_t floats;
-    tlm_block_bufs *layer; /* [n_layers]: what each block's backward pass reads */
+    mdl_block_bufs *layer; /* [n_layers]: what each block's backward pass reads */
     float **probs;         /* [n_layers] attention probabilities [B, H, T, T] (keys by queries) */
     float *x_final;        /* [N, d] the last block's output */
     float *xn, *xn_mean, *xn_rstd; /* the output norm */
@@ -22,10 +22,10 @@ struct tlm_train_ctx {
     float *gbase;
     size_t gfloats;
     int gB, gT;
-    tlm_block_grads g;
+    mdl_block_grads g;
 
     /* Attention scratch: grows with the thread count and T at every pass (both can change between
-     * passes: tlm_set_threads). */
+     * passes: tlm_threads_set). */
     float *att_scratch;
     size_t att_floats;
 
@@ -34,7 +34,7 @@ struct tlm_train_ctx {
     struct k_bf16 *bf16;
 
     /* The pass running now. */
-    tlm_pass pass;
+    mdl_pass pass;
     int curB, curT;
     uint64_t drop_seed, drop_step;
 
@@ -48,22 +48,22 @@ struct tlm_train_ctx {
 };
 
 /* Targets must be below the vocabulary size (negative ones are ignored by the loss). */
-tlm_status tlm_ctx_check_targets(const tlm_config *c, const int32_t *targets, int B, int T);
+tlm_status mdl_ctx_check_targets(const tlm_config *c, const int32_t *targets, int B, int T);
 /* Runs the forward pass into the arena (training: keeps what the backward pass needs, dropout). */
-tlm_status tlm_ctx_forward(tlm_train_ctx *x, const int32_t *ids, int B, int T, int pos0,
+tlm_status mdl_ctx_forward(tlm_train_ctx *x, const int32_t *ids, int B, int T, int pos0,
                            int training);
 /* One forward + backward over the whole batch with every thread on each operation. *counted_out
  * receives the number of targets the mean loss is over; the gradient is of the loss summed over
  * them and divided by divisor (<= 0: by their count, i.e. of the mean loss). */
-tlm_status tlm_ctx_forward_backward_whole(tlm_train_ctx *x, const int32_t *ids,
+tlm_status mdl_ctx_forward_backward_whole(tlm_train_ctx *x, const int32_t *ids,
                                           const int32_t *targets, int B, int T, int pos0,
                                           float *grads, int accumulate, int divisor, float *loss,
                                           int *counted_out);
 /* Mean loss of a batch (forward only), split across the data-parallel replicas when training
  * would split it: evaluation then runs as fast per token as training does. */
-tlm_status tlm_ctx_batch_loss(tlm_train_ctx *x, const int32_t *ids, const int32_t *targets, int B,
+tlm_status mdl_ctx_batch_loss(tlm_train_ctx *x, const int32_t *ids, const int32_t *targets, int B,
                               int T, double *loss);
-void tlm_ctx_free_replicas(tlm_train_ctx *x);
-void tlm_ctx_free_grads(tlm_train_ctx *x);
+void mdl_ctx_free_replicas(tlm_train_ctx *x);
+void mdl_ctx_free_grads(tlm_train_ctx *x);
 
 #endif

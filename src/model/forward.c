@@ -1,5 +1,5 @@
 /* Training contexts and the batched forward pass: the activation arena, the attention core of a
- * batch of whole sequences, and tlm_forward. */
+ * batch of whole sequences, and tlm_train_ctx_forward. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,11 +10,11 @@
 #include "model/ctx.h"
 
 tlm_status tlm_train_ctx_new(const tlm_model *m, tlm_train_ctx **out) {
-    if (!out) return tlm_err(TLM_ERR_ARG, "train_ctx: out must not be NULL");
+    if (!out) return core_err(TLM_ERR_ARG, "train_ctx: out must not be NULL");
     *out = NULL;
-    if (!m) return tlm_err(TLM_ERR_ARG, "train_ctx: model must not be NULL");
+    if (!m) return core_err(TLM_ERR_ARG, "train_ctx: model must not be NULL");
     tlm_train_ctx *x = calloc(1, sizeof *x);
-    if (!x) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    if (!x) return core_err(TLM_ERR_NOMEM, "out of memory");
     x->m = m;
     x->data_parallel = -1;
     *out = x;
@@ -22,7 +22,7 @@ tlm_status tlm_train_ctx_new(const tlm_model *m, tlm_train_ctx **out) {
 }
 
 static void arena_free(tlm_train_ctx *x) {
-    tlm_big_free(x->base, x->floats * sizeof(float));
+    core_big_free(x->base, x->floats * sizeof(float));
     free(x->layer);
     free(x->probs);
     free(x->pos);
@@ -36,11 +36,11 @@ static void arena_free(tlm_train_ctx *x) {
 
 void tlm_train_ctx_free(tlm_train_ctx *x) {
     if (!x) return;
-    tlm_ctx_free_replicas(x);
+    mdl_ctx_free_replicas(x);
     k_bf16_free(x->bf16);
     arena_free(x);
-    tlm_ctx_free_grads(x);
-    tlm_big_free(x->att_scratch, x->att_floats * sizeof(float));
+    mdl_ctx_free_grads(x);
+    core_big_free(x->att_scratch, x->att_floats * sizeof(float));
     free(x);
 }
 
@@ -68,21 +68,21 @@ tlm_status tlm_precision_parse(const char *name, tlm_precision *out) {
         *out = TLM_PRECISION_BF16;
         return TLM_OK;
     }
-    return tlm_err(TLM_ERR_ARG, "unknown precision '%s' (fp32 or bf16)", name ? name : "(null)");
+    return core_err(TLM_ERR_ARG, "unknown precision '%s' (fp32 or bf16)", name ? name : "(null)");
 }
 
 tlm_status tlm_train_ctx_set_precision(tlm_train_ctx *x, tlm_precision p) {
-    if (!x) return tlm_err(TLM_ERR_ARG, "set_precision: context must not be NULL");
+    if (!x) return core_err(TLM_ERR_ARG, "set_precision: context must not be NULL");
     if (p != TLM_PRECISION_FP32 && p != TLM_PRECISION_BF16)
-        return tlm_err(TLM_ERR_ARG, "set_precision: unknown precision %d", (int)p);
+        return core_err(TLM_ERR_ARG, "set_precision: unknown precision %d", (int)p);
     if (p == TLM_PRECISION_BF16 && !x->bf16) {
         /* No emulation: rounding in software would make bf16 slower than fp32, for nothing. */
         if (!k_bf16_supported())
-            return tlm_err(TLM_ERR_UNSUPPORTED,
-                           "bf16 precision needs a CPU with AVX-512 BF16 (avx512_bf16); this one "
-                           "has none: use fp32");
+            return core_err(TLM_ERR_UNSUPPORTED,
+                            "bf16 precision needs a CPU with AVX-512 BF16 (avx512_bf16); this one "
+                            "has none: use fp32");
         if (!(x->bf16 = k_bf16_new()))
-            return tlm_err(TLM_ERR_NOMEM, "bf16: could not set up oneDNN's CPU engine");
+            return core_err(TLM_ERR_NOMEM, "bf16: could not set up oneDNN's CPU engine");
     }
     x->precision = p;
     for (int r = 0; r < x->n_replicas; r++) {
@@ -98,7 +98,7 @@ tlm_precision tlm_train_ctx_precision(const tlm_train_ctx *x) { return x->precis
 static size_t carve(tlm_train_ctx *x, int B, int T, float *base) {
     const tlm_config *c = &x->m->c;
     size_t N = (size_t)B * T, d = (size_t)c->d_model, ff = (size_t)c->d_ff;
-    size_t qw = (size_t)c->n_heads * (d / (size_t)c->n_heads), ld = (size_t)tlm_qkv_width(c);
+    size_t qw = (size_t)c->n_heads * (d / (size_t)c->n_heads), ld = (size_t)mdl_qkv_width(c);
     size_t off = 0;
     int ln = c->norm == TLM_NORM_LAYERNORM;
 #define TAKE(ptr, count)                                                                           \
@@ -109,7 +109,7 @@ static size_t carve(tlm_train_ctx *x, int B, int T, float *base) {
     } while (0)
     float *attn_out = NULL;
     for (int l = 0; l < c->n_layers; l++) {
-        tlm_block_bufs dummy, *L = base ? &x->layer[l] : &dummy;
+        mdl_block_bufs dummy, *L = base ? &x->layer[l] : &dummy;
         float *probs = NULL;
         TAKE(L->x, N * d);
         TAKE(L->n1, N * d);
@@ -146,28 +146,28 @@ static size_t carve(tlm_train_ctx *x, int B, int T, float *base) {
 
 tlm_status tlm_train_ctx_reserve(tlm_train_ctx *x, int B, int T) {
     const tlm_config *c = &x->m->c;
-    if (B <= 0 || T <= 0) return tlm_err(TLM_ERR_ARG, "batch shape %dx%d must be positive", B, T);
+    if (B <= 0 || T <= 0) return core_err(TLM_ERR_ARG, "batch shape %dx%d must be positive", B, T);
     if (T > c->context_length)
-        return tlm_err(TLM_ERR_ARG, "sequence length %d exceeds context_length %d", T,
-                       c->context_length);
+        return core_err(TLM_ERR_ARG, "sequence length %d exceeds context_length %d", T,
+                        c->context_length);
     if (x->base && B <= x->B && T <= x->T) return TLM_OK;
     int nb = B > x->B ? B : x->B, nt = T > x->T ? T : x->T;
     arena_free(x);
     size_t rows;
-    if (!tlm_mul_ok((size_t)nb, (size_t)nt, &rows) || rows > INT32_MAX)
-        return tlm_err(TLM_ERR_ARG, "batch %dx%d has too many rows", nb, nt);
+    if (!core_mul_ok((size_t)nb, (size_t)nt, &rows) || rows > INT32_MAX)
+        return core_err(TLM_ERR_ARG, "batch %dx%d has too many rows", nb, nt);
     size_t floats = carve(x, nb, nt, NULL), bytes;
-    if (!tlm_mul_ok(floats, sizeof(float), &bytes) || bytes > ((size_t)1 << 40))
-        return tlm_err(TLM_ERR_NOMEM, "activations for batch %dx%d too large", nb, nt);
+    if (!core_mul_ok(floats, sizeof(float), &bytes) || bytes > ((size_t)1 << 40))
+        return core_err(TLM_ERR_NOMEM, "activations for batch %dx%d too large", nb, nt);
     x->layer = calloc((size_t)c->n_layers, sizeof *x->layer);
     x->probs = calloc((size_t)c->n_layers, sizeof *x->probs);
     x->pos = malloc(rows * sizeof *x->pos);
-    x->base = tlm_big_alloc(bytes);
+    x->base = core_big_alloc(bytes);
     if (!x->layer || !x->probs || !x->pos || !x->base) {
-        tlm_big_free(x->base, bytes);
+        core_big_free(x->base, bytes);
         x->base = NULL;
         arena_free(x);
-        return tlm_err(TLM_ERR_NOMEM, "out of memory for activations (%zu MiB)", bytes >> 20);
+        return core_err(TLM_ERR_NOMEM, "out of memory for activations (%zu MiB)", bytes >> 20);
     }
     carve(x, nb, nt, x->base);
     x->floats = floats;
@@ -180,12 +180,12 @@ tlm_status tlm_train_ctx_reserve(tlm_train_ctx *x, int B, int T) {
 static tlm_status att_scratch(tlm_train_ctx *x, int T) {
     size_t need = k_attention_scratch_floats(T, x->m->c.dropout, omp_get_max_threads());
     if (need <= x->att_floats) return TLM_OK;
-    tlm_big_free(x->att_scratch, x->att_floats * sizeof(float));
-    x->att_scratch = tlm_big_alloc(need * sizeof(float));
+    core_big_free(x->att_scratch, x->att_floats * sizeof(float));
+    x->att_scratch = core_big_alloc(need * sizeof(float));
     x->att_floats = x->att_scratch ? need : 0;
     if (!x->att_scratch)
-        return tlm_err(TLM_ERR_NOMEM, "out of memory for attention scratch (%zu MiB)",
-                       need * sizeof(float) >> 20);
+        return core_err(TLM_ERR_NOMEM, "out of memory for attention scratch (%zu MiB)",
+                        need * sizeof(float) >> 20);
     return TLM_OK;
 }
 
@@ -202,7 +202,7 @@ static void batch_attend_fwd(void *user, int l, float *qkv, int ld, float *att, 
         return;
     k_attention_fwd(att, x->probs[l], qkv, qkv + qw, qkv + qw + kw, ld, ld, x->curB, x->curT,
                     c->n_heads, c->n_kv_heads, hd, drop ? c->dropout : 0.0f,
-                    drop ? tlm_drop_key(&x->pass, l, 0) : 0, x->att_scratch);
+                    drop ? mdl_drop_key(&x->pass, l, 0) : 0, x->att_scratch);
 }
 
 static void batch_attend_bwd(void *user, int l, const float *qkv, int ld, const float *datt,
@@ -217,37 +217,38 @@ static void batch_attend_bwd(void *user, int l, const float *qkv, int ld, const 
         return;
     k_attention_bwd(dqkv, dqkv + qw, dqkv + qw + kw, datt, qkv, qkv + qw, qkv + qw + kw, ld, ld,
                     x->probs[l], x->curB, x->curT, c->n_heads, c->n_kv_heads, hd,
-                    drop ? c->dropout : 0.0f, drop ? tlm_drop_key(&x->pass, l, 0) : 0,
+                    drop ? c->dropout : 0.0f, drop ? mdl_drop_key(&x->pass, l, 0) : 0,
                     x->att_scratch);
 }
 
 static tlm_status check_ids(const tlm_config *c, const int32_t *ids, size_t n, const char *what) {
     for (size_t i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= c->vocab_size)
-            return tlm_err(TLM_ERR_RANGE, "%s id %d at index %zu is outside the vocabulary (%d)",
-                           what, ids[i], i, c->vocab_size);
+            return core_err(TLM_ERR_RANGE, "%s id %d at index %zu is outside the vocabulary (%d)",
+                            what, ids[i], i, c->vocab_size);
     return TLM_OK;
 }
 
-tlm_status tlm_ctx_check_targets(const tlm_config *c, const int32_t *targets, int B, int T) {
+tlm_status mdl_ctx_check_targets(const tlm_config *c, const int32_t *targets, int B, int T) {
     for (int i = 0; B > 0 && T > 0 && i < B * T; i++)
         if (targets[i] >= c->vocab_size)
-            return tlm_err(TLM_ERR_RANGE, "target id %d at index %d is outside the vocabulary (%d)",
-                           targets[i], i, c->vocab_size);
+            return core_err(TLM_ERR_RANGE,
+                            "target id %d at index %d is outside the vocabulary (%d)", targets[i],
+                            i, c->vocab_size);
     return TLM_OK;
 }
 
-tlm_status tlm_ctx_forward(tlm_train_ctx *x, const int32_t *ids, int B, int T, int pos0,
+tlm_status mdl_ctx_forward(tlm_train_ctx *x, const int32_t *ids, int B, int T, int pos0,
                            int training) {
     const tlm_model *m = x->m;
     const tlm_config *c = &m->c;
-    if (!ids) return tlm_err(TLM_ERR_ARG, "forward: ids must not be NULL");
-    tlm_threads_enter();
+    if (!ids) return core_err(TLM_ERR_ARG, "forward: ids must not be NULL");
+    core_threads_enter();
     tlm_status s = tlm_train_ctx_reserve(x, B, T);
     if (s) return s;
     if (pos0 < 0 || pos0 > c->context_length - T)
-        return tlm_err(TLM_ERR_RANGE, "positions %d..%d exceed context_length %d", pos0,
-                       pos0 + T - 1, c->context_length);
+        return core_err(TLM_ERR_RANGE, "positions %d..%d exceed context_length %d", pos0,
+                        pos0 + T - 1, c->context_length);
     int N = B * T;
     if ((s = check_ids(c, ids, (size_t)N, "token")) != TLM_OK) return s;
     if ((s = att_scratch(x, T)) != TLM_OK) return s;
@@ -257,31 +258,31 @@ tlm_status tlm_ctx_forward(tlm_train_ctx *x, const int32_t *ids, int B, int T, i
     k_bf16 *bf = x->precision == TLM_PRECISION_BF16 ? x->bf16 : NULL;
     /* The weights may have changed since the last pass (an optimizer step). */
     if (bf) k_bf16_next_pass(bf);
-    x->pass = (tlm_pass){N,
+    x->pass = (mdl_pass){N,
                          x->pos,
                          training,
                          x->drop_seed,
                          x->drop_step,
                          {batch_attend_fwd, batch_attend_bwd, x, NULL},
                          bf};
-    tlm_embed_fwd(m, &x->pass, ids, x->layer[0].x);
-    for (int l = 0; l < c->n_layers; l++) tlm_block_fwd(m, l, &x->pass, &x->layer[l]);
-    tlm_head_fwd_pass(m, &x->pass, x->x_final, x->xn, x->xn_mean, x->xn_rstd, x->logits, N);
+    mdl_embed_fwd(m, &x->pass, ids, x->layer[0].x);
+    for (int l = 0; l < c->n_layers; l++) mdl_block_fwd(m, l, &x->pass, &x->layer[l]);
+    mdl_head_fwd_pass(m, &x->pass, x->x_final, x->xn, x->xn_mean, x->xn_rstd, x->logits, N);
     return TLM_OK;
 }
 
 void tlm_forward_opts_defaults(tlm_forward_opts *o) { *o = (tlm_forward_opts){0}; }
 
-tlm_status tlm_forward(tlm_train_ctx *x, const int32_t *ids, int B, int T,
-                       const tlm_forward_opts *opts, tlm_forward_out *out) {
+tlm_status tlm_train_ctx_forward(tlm_train_ctx *x, const int32_t *ids, int B, int T,
+                                 const tlm_forward_opts *opts, tlm_forward_out *out) {
     FP_FLUSH_SCOPE();
     static const tlm_forward_opts none = {0};
-    if (!x) return tlm_err(TLM_ERR_ARG, "forward: context must not be NULL");
+    if (!x) return core_err(TLM_ERR_ARG, "forward: context must not be NULL");
     if (!opts) opts = &none;
     const tlm_config *c = &x->m->c;
-    if (!out) return tlm_err(TLM_ERR_ARG, "forward: out must not be NULL");
-    tlm_status s = opts->targets ? tlm_ctx_check_targets(c, opts->targets, B, T) : TLM_OK;
-    if (!s) s = tlm_ctx_forward(x, ids, B, T, opts->pos_offset, 0);
+    if (!out) return core_err(TLM_ERR_ARG, "forward: out must not be NULL");
+    tlm_status s = opts->targets ? mdl_ctx_check_targets(c, opts->targets, B, T) : TLM_OK;
+    if (!s) s = mdl_ctx_forward(x, ids, B, T, opts->pos_offset, 0);
     if (s) return s;
     int N = B * T;
     int counted = 0;

@@ -27,7 +27,7 @@ static tlm_status add(tlm_imatrix *im, const tlm_model *m, int l, const char *wh
 tlm_status tlm_imatrix_collect(tlm_imatrix *im, tlm_train_ctx *ctx, const int32_t *ids, int B,
                                int T, int output, const float **logits) {
     FP_FLUSH_SCOPE();
-    tlm_status s = tlm_ctx_forward(ctx, ids, B, T, 0, 0);
+    tlm_status s = mdl_ctx_forward(ctx, ids, B, T, 0, 0);
     if (s) return s;
     if (logits) *logits = ctx->logits;
     const tlm_model *m = ctx->m;
@@ -35,8 +35,8 @@ tlm_status tlm_imatrix_collect(tlm_imatrix *im, tlm_train_ctx *ctx, const int32_
     size_t N = (size_t)B * T;
     int pre = c->norm_position == TLM_NORM_PRE, found = 0;
     for (int l = 0; l < c->n_layers && !s; l++) {
-        const tlm_block_bufs *b = &ctx->layer[l];
-        /* what tlm_block_fwd hands each sub-layer: pre-norm the norms, post-norm the stream */
+        const mdl_block_bufs *b = &ctx->layer[l];
+        /* what mdl_block_fwd hands each sub-layer: pre-norm the norms, post-norm the stream */
         const float *attn_in = pre ? b->n1 : b->x, *ffn_in = pre ? b->n2 : b->n1;
         static const char *const attn[] = {"attn_q", "attn_k", "attn_v"};
         for (int k = 0; k < 3 && !s; k++) s = add(im, m, l, attn[k], attn_in, N, &found);
@@ -48,8 +48,9 @@ tlm_status tlm_imatrix_collect(tlm_imatrix *im, tlm_train_ctx *ctx, const int32_
     /* the head reads the final norm, or (post-norm) the last block's normalized output */
     if (!s && output) s = add(im, m, -1, "output", pre ? ctx->xn : ctx->x_final, N, &found);
     if (!s && !found)
-        s = tlm_err(TLM_ERR_UNSUPPORTED,
-                    "the model has no matrices named as llama.cpp names them (blk.N.attn_q.weight, "
-                    "...): an importance matrix is for Llama-style models");
+        s = core_err(
+            TLM_ERR_UNSUPPORTED,
+            "the model has no matrices named as llama.cpp names them (blk.N.attn_q.weight, "
+            "...): an importance matrix is for Llama-style models");
     return s;
 }

@@ -11,10 +11,10 @@
  * and a linear search each time would make that quadratic in the (header-controlled) layer count.
  */
 static int cmp_name(const void *a, const void *b) {
-    return strcmp(((const tlm_name_index *)a)->name, ((const tlm_name_index *)b)->name);
+    return strcmp(((const mdl_name_index *)a)->name, ((const mdl_name_index *)b)->name);
 }
 
-int tlm_model_index(const tlm_model *m, const char *name) {
+int mdl_index(const tlm_model *m, const char *name) {
     int lo = 0, hi = m->n_tensors - 1;
     while (lo <= hi) {
         int mid = lo + (hi - lo) / 2;
@@ -29,13 +29,13 @@ int tlm_model_index(const tlm_model *m, const char *name) {
 }
 
 const tlm_tensor_info *tlm_model_find(const tlm_model *m, const char *name) {
-    int i = tlm_model_index(m, name);
+    int i = mdl_index(m, name);
     return i < 0 ? NULL : &m->tensors[i];
 }
 
 static size_t find_off(const tlm_model *m, const char *name) {
     const tlm_tensor_info *t = tlm_model_find(m, name);
-    return t ? t->offset : TLM_NO_TENSOR;
+    return t ? t->offset : MDL_NO_TENSOR;
 }
 
 static size_t find_layer_off(const tlm_model *m, int l, const char *name) {
@@ -45,14 +45,14 @@ static size_t find_layer_off(const tlm_model *m, int l, const char *name) {
 }
 
 static void resolve_offsets(tlm_model *m) {
-    tlm_offsets *o = &m->off;
+    mdl_offsets *o = &m->off;
     o->tok_emb = find_off(m, "token_embd.weight");
     o->pos_emb = find_off(m, "position_embd.weight");
     o->out_norm_w = find_off(m, "output_norm.weight");
     o->out_norm_b = find_off(m, "output_norm.bias");
     o->out_w = m->c.tie_embeddings ? o->tok_emb : find_off(m, "output.weight");
     for (int l = 0; l < m->c.n_layers; l++) {
-        tlm_layer_offsets *L = &o->layer[l];
+        mdl_layer_offsets *L = &o->layer[l];
         L->attn_norm_w = find_layer_off(m, l, "attn_norm.weight");
         L->attn_norm_b = find_layer_off(m, l, "attn_norm.bias");
         L->wq = find_layer_off(m, l, "attn_q.weight");
@@ -74,10 +74,10 @@ static void resolve_offsets(tlm_model *m) {
     }
 }
 
-/* The view of the tensor at flat offset off (TLM_NO_TENSOR: none). Offsets are unique, and the
+/* The view of the tensor at flat offset off (MDL_NO_TENSOR: none). Offsets are unique, and the
  * schema lists tensors in offset order, so a binary search over it finds the entry. */
 static const tlm_weight *view_at(const tlm_model *m, size_t off) {
-    if (off == TLM_NO_TENSOR) return NULL;
+    if (off == MDL_NO_TENSOR) return NULL;
     int lo = 0, hi = m->n_tensors - 1;
     while (lo <= hi) {
         int mid = lo + (hi - lo) / 2;
@@ -91,7 +91,7 @@ static const tlm_weight *view_at(const tlm_model *m, size_t off) {
     return NULL;
 }
 
-static const float *vec_at(const tlm_model *m, size_t off) { return tlm_wf(view_at(m, off)); }
+static const float *vec_at(const tlm_model *m, size_t off) { return mdl_wf(view_at(m, off)); }
 
 /* parts[0..n) as one stacked view when they lie back to back with one type and row stride. */
 static tlm_weight fuse(const tlm_weight *const *parts, int n) {
@@ -111,7 +111,7 @@ static tlm_weight fuse(const tlm_weight *const *parts, int n) {
 
 /* Points the per-layer handles at the views once they are bound. */
 static void resolve_views(tlm_model *m) {
-    const tlm_offsets *o = &m->off;
+    const mdl_offsets *o = &m->off;
     m->tok_emb = view_at(m, o->tok_emb);
     m->pos_emb = view_at(m, o->pos_emb);
     m->out_w = view_at(m, o->out_w);
@@ -121,8 +121,8 @@ static void resolve_views(tlm_model *m) {
     for (int i = 0; i < m->n_tensors; i++)
         if (m->w[i].dtype != TLM_DTYPE_F32) m->all_f32 = 0;
     for (int l = 0; l < m->c.n_layers; l++) {
-        const tlm_layer_offsets *L = &o->layer[l];
-        tlm_layer_weights *W = &m->lw[l];
+        const mdl_layer_offsets *L = &o->layer[l];
+        mdl_layer_weights *W = &m->lw[l];
         W->attn_norm_w = vec_at(m, L->attn_norm_w);
         W->attn_norm_b = vec_at(m, L->attn_norm_b);
         W->ffn_norm_w = vec_at(m, L->ffn_norm_w);
@@ -161,7 +161,7 @@ static tlm_status build_tables(tlm_model *m) {
     if (c->position == TLM_POS_ROPE) {
         if (!m->rope_cos) m->rope_cos = malloc(ctx * half * sizeof(float));
         if (!m->rope_sin) m->rope_sin = malloc(ctx * half * sizeof(float));
-        if (!m->rope_cos || !m->rope_sin) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+        if (!m->rope_cos || !m->rope_sin) return core_err(TLM_ERR_NOMEM, "out of memory");
         for (size_t p = 0; p < ctx; p++)
             for (int i = 0; i < half; i++) {
                 double freq = pow((double)c->rope_theta, -2.0 * i / hd);
@@ -173,7 +173,7 @@ static tlm_status build_tables(tlm_model *m) {
     } else if (c->position == TLM_POS_SINUSOIDAL) {
         int d = c->d_model;
         m->sinus = malloc(ctx * d * sizeof(float));
-        if (!m->sinus) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+        if (!m->sinus) return core_err(TLM_ERR_NOMEM, "out of memory");
         for (size_t p = 0; p < ctx; p++)
             for (int i = 0; 2 * i < d; i++) {
                 double a = (double)p / pow(10000.0, 2.0 * i / d);
@@ -206,28 +206,28 @@ static size_t copy_bytes(const tlm_tensor_info *t) {
 
 tlm_status mdl_new(const tlm_config *cfg, int writable, tlm_model **out) {
     *out = NULL;
-    tlm_threads_check();
+    core_threads_check();
     tlm_config c = *cfg;
     tlm_status s = tlm_config_finalize(&c);
     if (s) return s;
     tlm_model *m = calloc(1, sizeof *m);
-    if (!m) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    if (!m) return core_err(TLM_ERR_NOMEM, "out of memory");
     m->c = c;
-    m->n_tensors = tlm_schema(&c, NULL, 0, &m->n_params);
+    m->n_tensors = tlm_config_tensors(&c, NULL, 0, &m->n_params);
     m->tensors = calloc((size_t)m->n_tensors, sizeof *m->tensors);
     m->w = calloc((size_t)m->n_tensors, sizeof *m->w);
     m->sorted = calloc((size_t)m->n_tensors, sizeof *m->sorted);
     m->off.layer = calloc((size_t)c.n_layers, sizeof *m->off.layer);
     m->lw = calloc((size_t)c.n_layers, sizeof *m->lw);
-    if (writable) m->st.params = tlm_big_alloc(m->n_params * sizeof(float));
+    if (writable) m->st.params = core_big_alloc(m->n_params * sizeof(float));
     if (!m->tensors || !m->w || !m->sorted || !m->off.layer || !m->lw ||
         (writable && !m->st.params)) {
         size_t n = m->n_params;
         tlm_model_free(m);
-        return tlm_err(TLM_ERR_NOMEM, "out of memory for %zu parameters", n);
+        return core_err(TLM_ERR_NOMEM, "out of memory for %zu parameters", n);
     }
-    tlm_schema(&c, m->tensors, m->n_tensors, NULL);
-    for (int i = 0; i < m->n_tensors; i++) m->sorted[i] = (tlm_name_index){m->tensors[i].name, i};
+    tlm_config_tensors(&c, m->tensors, m->n_tensors, NULL);
+    for (int i = 0; i < m->n_tensors; i++) m->sorted[i] = (mdl_name_index){m->tensors[i].name, i};
     qsort(m->sorted, (size_t)m->n_tensors, sizeof *m->sorted, cmp_name);
     resolve_offsets(m);
     if (writable) {
@@ -243,10 +243,10 @@ tlm_status mdl_new(const tlm_config *cfg, int writable, tlm_model **out) {
     return TLM_OK;
 }
 
-tlm_status tlm_model_create(const tlm_config *c, tlm_model **out) { return mdl_new(c, 1, out); }
+tlm_status tlm_model_new(const tlm_config *c, tlm_model **out) { return mdl_new(c, 1, out); }
 
-static tlm_status tlm_model_bind_views(tlm_model *m, const tlm_bind_src *src, tlm_mmap *maps,
-                                       int n_maps);
+static tlm_status mdl_bind_views(tlm_model *m, const mdl_bind_src *src, core_mmap *maps,
+                                 int n_maps);
 
 /* Whether the pages of a source that was copied may be dropped: those of a file mapping come back
  * from the file if touched again; a copy read into memory (TLM_LOAD_READ) keeps them, since
@@ -262,22 +262,22 @@ static int drops_copied(const tlm_model *m) {
  * widens one row at a time wherever it is read. Vectors (norms, biases) and learned position
  * tables are read as floats. */
 static int used_in_place(const tlm_model *m, int i, tlm_dtype t, const void *data) {
-    const tlm_dtype_info *d = tlm_dtype_get(t);
+    const core_dtype_info *d = core_dtype_get(t);
     /* plain types need their natural alignment; block types are read bytewise */
     size_t align = d->block_elems == 1 ? d->block_bytes : 1;
     if ((uintptr_t)data % align) return 0;
     const tlm_tensor_info *ti = &m->tensors[i];
-    if (ti->ndim == 2 && tlm_dtype_bytes(t, (uint64_t)ti->shape[1]) == 0) return 0;
+    if (ti->ndim == 2 && core_dtype_bytes(t, (uint64_t)ti->shape[1]) == 0) return 0;
     if (t == TLM_DTYPE_F32) return 1;
     if (m->c.position == TLM_POS_LEARNED && ti->offset == m->off.pos_emb) return 0;
     return ti->ndim == 2 && k_linear_takes(t);
 }
 
-tlm_status tlm_model_bind(tlm_model *m, const tlm_bind_src *src, tlm_mmap *maps, int n_maps) {
-    tlm_status s = tlm_model_bind_views(m, src, maps, n_maps);
+tlm_status mdl_bind(tlm_model *m, const mdl_bind_src *src, core_mmap *maps, int n_maps) {
+    tlm_status s = mdl_bind_views(m, src, maps, n_maps);
     /* A writable model has copied everything: the files need not stay mapped. */
     if (m->st.params) {
-        for (int i = 0; i < m->st.n_maps; i++) tlm_mmap_close(&m->st.maps[i]);
+        for (int i = 0; i < m->st.n_maps; i++) core_mmap_close(&m->st.maps[i]);
         free(m->st.maps);
         m->st.maps = NULL;
         m->st.n_maps = 0;
@@ -287,29 +287,29 @@ tlm_status tlm_model_bind(tlm_model *m, const tlm_bind_src *src, tlm_mmap *maps,
     return s;
 }
 
-static tlm_status tlm_model_bind_views(tlm_model *m, const tlm_bind_src *src, tlm_mmap *maps,
-                                       int n_maps) {
+static tlm_status mdl_bind_views(tlm_model *m, const mdl_bind_src *src, core_mmap *maps,
+                                 int n_maps) {
     if (n_maps > 0) {
         m->st.maps = calloc((size_t)n_maps, sizeof *m->st.maps);
         if (!m->st.maps) {
-            for (int i = 0; i < n_maps; i++) tlm_mmap_close(&maps[i]);
-            return tlm_err(TLM_ERR_NOMEM, "out of memory");
+            for (int i = 0; i < n_maps; i++) core_mmap_close(&maps[i]);
+            return core_err(TLM_ERR_NOMEM, "out of memory");
         }
         memcpy(m->st.maps, maps, (size_t)n_maps * sizeof *maps);
         m->st.n_maps = n_maps;
     }
     for (int i = 0; i < m->n_tensors; i++)
         if (!src[i].data)
-            return tlm_err(TLM_ERR_ARG, "tensor '%s' has no data", m->tensors[i].name);
+            return core_err(TLM_ERR_ARG, "tensor '%s' has no data", m->tensors[i].name);
     /* Which tensors need a converted copy, and how much memory those copies take. */
     size_t owned = 0;
     for (int i = 0; i < m->n_tensors && !m->st.params; i++)
         if (!used_in_place(m, i, src[i].dtype, src[i].data)) owned += copy_bytes(&m->tensors[i]);
     if (owned) {
-        m->st.owned = tlm_big_alloc(owned);
+        m->st.owned = core_big_alloc(owned);
         if (!m->st.owned)
-            return tlm_err(TLM_ERR_NOMEM, "out of memory for %zu MiB of converted weights",
-                           owned >> 20);
+            return core_err(TLM_ERR_NOMEM, "out of memory for %zu MiB of converted weights",
+                            owned >> 20);
         m->st.owned_bytes = owned;
     }
     char *next = m->st.owned;
@@ -323,22 +323,23 @@ static tlm_status tlm_model_bind_views(tlm_model *m, const tlm_bind_src *src, tl
             f32_view(w, t, NULL); /* the shape; then the file's own type and bytes */
             w->dtype = src[i].dtype;
             w->data = src[i].data;
-            w->row_bytes = tlm_dtype_bytes(src[i].dtype, (uint64_t)w->cols);
+            w->row_bytes = core_dtype_bytes(src[i].dtype, (uint64_t)w->cols);
             continue;
         } else {
             dst = (float *)next;
             next += copy_bytes(t);
         }
-        tlm_status s = tlm_dtype_to_f32(src[i].dtype, src[i].data, dst, t->numel);
-        if (s) return tlm_err_context(s, "tensor '%s'", t->name);
-        if (drops_copied(m)) tlm_mmap_release(src[i].data, tlm_dtype_bytes(src[i].dtype, t->numel));
+        tlm_status s = core_dtype_to_f32(src[i].dtype, src[i].data, dst, t->numel);
+        if (s) return core_err_context(s, "tensor '%s'", t->name);
+        if (drops_copied(m))
+            core_mmap_release(src[i].data, core_dtype_bytes(src[i].dtype, t->numel));
         f32_view(w, t, dst);
     }
     resolve_views(m);
     return TLM_OK;
 }
 
-/* Whether a bound view is a matrix that tlm_model_retype gives type to (to F32: from BF16; to
+/* Whether a bound view is a matrix that mdl_retype gives type to (to F32: from BF16; to
  * BF16: from F32 and F16). Learned position tables are read as floats and stay. */
 static int retyped_to(const tlm_model *m, int i, tlm_dtype to) {
     const tlm_tensor_info *t = &m->tensors[i];
@@ -348,19 +349,19 @@ static int retyped_to(const tlm_model *m, int i, tlm_dtype to) {
                                : from == TLM_DTYPE_F32 || from == TLM_DTYPE_F16;
 }
 
-tlm_status tlm_model_retype(tlm_model *m, tlm_precision p) {
+tlm_status mdl_retype(tlm_model *m, tlm_precision p) {
     /* (A model whose loader copied it into the flat buffer, such as GPT-2's transposed weights,
      * keeps its vectors there; the matrices move: such a model no longer trains or writes.) */
-    if (m->st.retyped) return tlm_err(TLM_ERR_ARG, "the model's weights were retyped already");
+    if (m->st.retyped) return core_err(TLM_ERR_ARG, "the model's weights were retyped already");
     tlm_dtype to = p == TLM_PRECISION_BF16 ? TLM_DTYPE_BF16 : TLM_DTYPE_F32;
     size_t esz = to == TLM_DTYPE_BF16 ? 2 : 4, bytes = 0;
     for (int i = 0; i < m->n_tensors; i++)
         if (retyped_to(m, i, to)) bytes += (m->tensors[i].numel * esz + 63) & ~(size_t)63;
     if (!bytes) return TLM_OK;
-    char *next = tlm_big_alloc(bytes);
+    char *next = core_big_alloc(bytes);
     if (!next)
-        return tlm_err(TLM_ERR_NOMEM, "out of memory for %zu MiB of %s weights", bytes >> 20,
-                       tlm_dtype_get(to)->name);
+        return core_err(TLM_ERR_NOMEM, "out of memory for %zu MiB of %s weights", bytes >> 20,
+                        core_dtype_get(to)->name);
     m->st.retyped = next;
     m->st.retyped_bytes = bytes;
     /* In schema order, as the loaders bind them, so that q|k|v and gate|up stay adjacent where the
@@ -384,18 +385,18 @@ tlm_status tlm_model_retype(tlm_model *m, tlm_precision p) {
                 void *out = dst + (size_t)r * rb;
                 if (!row)
                     fail |= to != TLM_DTYPE_F32 ||
-                            tlm_dtype_to_f32(w->dtype, src, out, w->cols) != TLM_OK;
+                            core_dtype_to_f32(w->dtype, src, out, w->cols) != TLM_OK;
                 else
-                    fail |= tlm_dtype_to_f32(w->dtype, src, row, w->cols) != TLM_OK ||
-                            tlm_dtype_from_f32(to, row, out, w->cols) != TLM_OK;
+                    fail |= core_dtype_to_f32(w->dtype, src, row, w->cols) != TLM_OK ||
+                            core_dtype_from_f32(to, row, out, w->cols) != TLM_OK;
             }
             free(row);
         }
         /* (rows of F32, F16 and BF16 always convert: only a row buffer can be missing) */
         if (fail)
-            return tlm_err(TLM_ERR_NOMEM, "tensor '%s': out of memory converting it to %s",
-                           m->tensors[i].name, tlm_dtype_get(to)->name);
-        if (drops_copied(m)) tlm_mmap_release(w->data, (size_t)w->rows * w->row_bytes);
+            return core_err(TLM_ERR_NOMEM, "tensor '%s': out of memory converting it to %s",
+                            m->tensors[i].name, core_dtype_get(to)->name);
+        if (drops_copied(m)) core_mmap_release(w->data, (size_t)w->rows * w->row_bytes);
         w->dtype = to;
         w->data = dst;
         w->row_bytes = rb;
@@ -406,12 +407,12 @@ tlm_status tlm_model_retype(tlm_model *m, tlm_precision p) {
 
 void tlm_model_free(tlm_model *m) {
     if (!m) return;
-    tlm_big_free(m->st.params, m->n_params * sizeof(float));
-    tlm_big_free(m->st.retyped, m->st.retyped_bytes);
-    tlm_big_free(m->st.owned, m->st.owned_bytes);
+    core_big_free(m->st.params, m->n_params * sizeof(float));
+    core_big_free(m->st.retyped, m->st.retyped_bytes);
+    core_big_free(m->st.owned, m->st.owned_bytes);
     for (int i = 0; i < m->st.n_maps; i++) {
         k_qgemm_forget(m->st.maps[i].data, m->st.maps[i].size);
-        tlm_mmap_close(&m->st.maps[i]);
+        core_mmap_close(&m->st.maps[i]);
     }
     free(m->st.maps);
     free(m->tensors);
@@ -426,19 +427,20 @@ void tlm_model_free(tlm_model *m) {
     free(m);
 }
 
-tlm_status tlm_model_set_rope_factors(tlm_model *m, const float *f, int n) {
+tlm_status mdl_set_rope_factors(tlm_model *m, const float *f, int n) {
     const tlm_config *c = &m->c;
     int half = c->d_model / c->n_heads / 2;
     if (c->position != TLM_POS_ROPE)
-        return tlm_err(TLM_ERR_ARG, "RoPE frequency factors for a model without RoPE");
+        return core_err(TLM_ERR_ARG, "RoPE frequency factors for a model without RoPE");
     if (n != half)
-        return tlm_err(TLM_ERR_FORMAT, "%d RoPE frequency factors for a head of %d pairs", n, half);
+        return core_err(TLM_ERR_FORMAT, "%d RoPE frequency factors for a head of %d pairs", n,
+                        half);
     for (int i = 0; i < n; i++)
         if (!(f[i] > 0) || !isfinite(f[i]))
-            return tlm_err(TLM_ERR_FORMAT, "RoPE frequency factor %d is %g (positive, finite)", i,
-                           (double)f[i]);
+            return core_err(TLM_ERR_FORMAT, "RoPE frequency factor %d is %g (positive, finite)", i,
+                            (double)f[i]);
     float *k = malloc(sizeof *k * (size_t)n);
-    if (!k) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    if (!k) return core_err(TLM_ERR_NOMEM, "out of memory");
     memcpy(k, f, sizeof *k * (size_t)n);
     free(m->rope_factors);
     m->rope_factors = k;
@@ -485,16 +487,16 @@ static int is_block_output_proj(const tlm_tensor_info *t) {
 
 tlm_status tlm_model_init(tlm_model *m, uint64_t seed, tlm_init_scheme scheme) {
     if (scheme != TLM_INIT_GPT2 && scheme != TLM_INIT_XAVIER)
-        return tlm_err(TLM_ERR_ARG, "unknown init scheme %d", (int)scheme);
+        return core_err(TLM_ERR_ARG, "unknown init scheme %d", (int)scheme);
     if (!m->st.params)
-        return tlm_err(TLM_ERR_ARG,
-                       "init: the model is read-only (load it with TLM_LOAD_WRITABLE)");
+        return core_err(TLM_ERR_ARG,
+                        "init: the model is read-only (load it with TLM_LOAD_WRITABLE)");
     for (int i = 0; i < m->n_tensors; i++) {
         const tlm_tensor_info *t = &m->tensors[i];
         float *p = m->st.params + t->offset;
         /* One RNG stream per tensor: a tensor's values don't depend on which others exist. */
-        tlm_rng r;
-        tlm_rng_seed(&r, seed, (uint64_t)i + 1);
+        core_rng r;
+        core_rng_seed(&r, seed, (uint64_t)i + 1);
         int is_norm = t->component == TLM_COMP_ATTN_NORM || t->component == TLM_COMP_FFN_NORM ||
                       t->component == TLM_COMP_OUTPUT_NORM;
         int is_weight = strstr(t->name, ".weight") != NULL;
@@ -507,11 +509,11 @@ tlm_status tlm_model_init(tlm_model *m, uint64_t seed, tlm_init_scheme scheme) {
         if (scheme == TLM_INIT_GPT2) {
             sigma = 0.02;
             if (is_block_output_proj(t)) sigma /= sqrt(2.0 * m->c.n_layers);
-            for (size_t j = 0; j < t->numel; j++) p[j] = (float)(tlm_rng_normal(&r) * sigma);
+            for (size_t j = 0; j < t->numel; j++) p[j] = (float)(core_rng_normal(&r) * sigma);
         } else {
             sigma = t->embedding ? 1.0 : sqrt(2.0 / (double)(t->shape[0] + t->shape[1]));
             for (size_t j = 0; j < t->numel; j++)
-                p[j] = (float)tlm_rng_trunc_normal(&r, sigma, 3.0);
+                p[j] = (float)core_rng_trunc_normal(&r, sigma, 3.0);
         }
     }
     return TLM_OK;

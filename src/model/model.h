@@ -7,21 +7,21 @@
 
 #include "core/core.h"
 
-#define TLM_NO_TENSOR ((size_t)-1)
+#define MDL_NO_TENSOR ((size_t)-1)
 
-/* Offsets (in floats) of a block's tensors in the flat layout; TLM_NO_TENSOR when the config has
+/* Offsets (in floats) of a block's tensors in the flat layout; MDL_NO_TENSOR when the config has
  * no such tensor. Gradients are written at these offsets. */
 typedef struct {
     size_t attn_norm_w, attn_norm_b;
     size_t wq, bq, wk, bk, wv, bv, wo, bo;
     size_t ffn_norm_w, ffn_norm_b;
     size_t wgate, bgate, wup, bup, wdown, bdown;
-} tlm_layer_offsets;
+} mdl_layer_offsets;
 
 typedef struct {
     size_t tok_emb, pos_emb, out_norm_w, out_norm_b, out_w;
-    tlm_layer_offsets *layer; /* [n_layers] */
-} tlm_offsets;
+    mdl_layer_offsets *layer; /* [n_layers] */
+} mdl_offsets;
 
 /* A block's weights. Vectors (norm gains, biases) are always F32 and given as float pointers
  * (NULL when absent); matrices are views. qkv and gate_up are the stacked matrices [q; k; v] and
@@ -33,23 +33,23 @@ typedef struct {
     const tlm_weight *wq, *wk, *wv, *wo, *wgate, *wup, *wdown;
     const float *bq, *bk, *bv, *bo, *bgate, *bup, *bdown;
     tlm_weight qkv, gate_up; /* data NULL when not fused */
-} tlm_layer_weights;
+} mdl_layer_weights;
 
 /* What keeps the weights' memory alive. */
 typedef struct {
     float *params; /* flat writable F32 buffer (writable models), else NULL */
     void *owned;   /* tensors converted at load (read-only models) */
     size_t owned_bytes;
-    void *retyped; /* matrices given another type after binding (tlm_model_retype) */
+    void *retyped; /* matrices given another type after binding (mdl_retype) */
     size_t retyped_bytes;
-    tlm_mmap *maps; /* files the views point into */
+    core_mmap *maps; /* files the views point into */
     int n_maps;
-} tlm_storage;
+} mdl_storage;
 
 typedef struct {
     const char *name;
     int index;
-} tlm_name_index;
+} mdl_name_index;
 
 struct tlm_model {
     tlm_config c;
@@ -57,8 +57,8 @@ struct tlm_model {
     int n_tensors;
     size_t n_params;
     tlm_weight *w; /* [n_tensors] */
-    tlm_offsets off;
-    tlm_layer_weights *lw; /* [n_layers] */
+    mdl_offsets off;
+    mdl_layer_weights *lw; /* [n_layers] */
     const tlm_weight *tok_emb, *pos_emb, *out_w;
     const float *out_norm_w, *out_norm_b;
     float *rope_cos, *rope_sin; /* [context_length, hd/2] */
@@ -66,11 +66,11 @@ struct tlm_model {
                                    3.1's RoPE scaling, GGUF rope_freqs.weight) */
     float *sinus;               /* [context_length, d] */
     int all_f32;                /* every weight F32: the backward pass can run */
-    tlm_storage st;
-    tlm_name_index *sorted; /* [n_tensors] by name, for lookups */
+    mdl_storage st;
+    mdl_name_index *sorted; /* [n_tensors] by name, for lookups */
 };
 
-/* Creates a model whose views are not bound yet (loaders bind them with tlm_model_bind); with
+/* Creates a model whose views are not bound yet (loaders bind them with mdl_bind); with
  * writable, the flat buffer is allocated (zeroed) and every view points into it. */
 tlm_status mdl_new(const tlm_config *c, int writable, tlm_model **out);
 
@@ -79,34 +79,34 @@ tlm_status mdl_new(const tlm_config *c, int writable, tlm_model **out);
 typedef struct {
     tlm_dtype dtype;
     const void *data;
-} tlm_bind_src;
+} mdl_bind_src;
 
 /* Binds every view of a model made by mdl_new: writable models get the data converted into
  * the flat buffer; read-only ones use it in place when the kernels take its type and it is
  * aligned, else a converted copy. The model takes ownership of maps (the files the data lies in;
  * n_maps may be 0) whether or not this succeeds. */
-tlm_status tlm_model_bind(tlm_model *m, const tlm_bind_src *src, tlm_mmap *maps, int n_maps);
+tlm_status mdl_bind(tlm_model *m, const mdl_bind_src *src, core_mmap *maps, int n_maps);
 
 /* Gives the matrices of a read-only model the type of the products asked for (TLM_LOAD_BF16,
  * TLM_LOAD_FP32): copies the model owns from then on; the file pages they came from are dropped. */
-tlm_status tlm_model_retype(tlm_model *m, tlm_precision p);
+tlm_status mdl_retype(tlm_model *m, tlm_precision p);
 
 /* The float data of a view known to be F32 with contiguous rows (vectors, or any weight of a model
  * with all_f32), or NULL. */
-static inline const float *tlm_wf(const tlm_weight *w) {
+static inline const float *mdl_wf(const tlm_weight *w) {
     return w && w->data && w->dtype == TLM_DTYPE_F32 ? (const float *)w->data : NULL;
 }
 
 /* Divides RoPE's frequency i by f[i] (n = head dim / 2 factors, each positive and finite), as
  * llama.cpp applies a GGUF's rope_freqs.weight, and rebuilds the tables; for loaders, before the
  * model is shared. */
-tlm_status tlm_model_set_rope_factors(tlm_model *m, const float *f, int n);
+tlm_status mdl_set_rope_factors(tlm_model *m, const float *f, int n);
 
 /* Index of a tensor by canonical name, -1 if absent. */
-int tlm_model_index(const tlm_model *m, const char *name);
+int mdl_index(const tlm_model *m, const char *name);
 
-static inline float *tlm_at(float *base, size_t off) {
-    return off == TLM_NO_TENSOR ? NULL : base + off;
+static inline float *mdl_at(float *base, size_t off) {
+    return off == MDL_NO_TENSOR ? NULL : base + off;
 }
 
 #endif

@@ -12,10 +12,10 @@
 
 enum { MAXR = 64 };
 
-void tlm_ctx_free_replicas(tlm_train_ctx *x) {
+void mdl_ctx_free_replicas(tlm_train_ctx *x) {
     for (int r = 0; r < x->n_replicas; r++) {
         tlm_train_ctx_free(x->replicas[r]);
-        tlm_big_free(x->replica_grads[r], x->m->n_params * sizeof(float));
+        core_big_free(x->replica_grads[r], x->m->n_params * sizeof(float));
     }
     free(x->replicas);
     free(x->replica_grads);
@@ -26,7 +26,7 @@ void tlm_ctx_free_replicas(tlm_train_ctx *x) {
 
 static tlm_status make_replicas(tlm_train_ctx *x, int R) {
     if (x->n_replicas == R) return TLM_OK;
-    tlm_ctx_free_replicas(x);
+    mdl_ctx_free_replicas(x);
     x->replicas = calloc((size_t)R, sizeof *x->replicas);
     x->replica_grads = calloc((size_t)R, sizeof *x->replica_grads);
     if (!x->replicas || !x->replica_grads) {
@@ -34,15 +34,15 @@ static tlm_status make_replicas(tlm_train_ctx *x, int R) {
         free(x->replica_grads);
         x->replicas = NULL;
         x->replica_grads = NULL;
-        return tlm_err(TLM_ERR_NOMEM, "out of memory");
+        return core_err(TLM_ERR_NOMEM, "out of memory");
     }
     x->n_replicas = R;
     for (int r = 0; r < R; r++) {
         /* replica 0 writes into the caller's gradient buffer */
         if (tlm_train_ctx_new(x->m, &x->replicas[r]) != TLM_OK ||
-            (r && !(x->replica_grads[r] = tlm_big_alloc(x->m->n_params * sizeof(float))))) {
-            tlm_ctx_free_replicas(x);
-            return tlm_err(TLM_ERR_NOMEM, "out of memory for data-parallel replicas");
+            (r && !(x->replica_grads[r] = core_big_alloc(x->m->n_params * sizeof(float))))) {
+            mdl_ctx_free_replicas(x);
+            return core_err(TLM_ERR_NOMEM, "out of memory for data-parallel replicas");
         }
         x->replicas[r]->is_replica = 1;
         x->replicas[r]->data_parallel = 0;
@@ -87,7 +87,7 @@ static void slice_report(slice_status *s, tlm_status st) {
 
 static tlm_status slices_result(const slice_status *s, int R) {
     for (int r = 0; r < R; r++)
-        if (s[r].st) return tlm_err(s[r].st, "%s", s[r].msg);
+        if (s[r].st) return core_err(s[r].st, "%s", s[r].msg);
     return TLM_OK;
 }
 
@@ -97,25 +97,26 @@ static int count_targets(const int32_t *targets, size_t n) {
     return c;
 }
 
-tlm_status tlm_forward_backward(tlm_train_ctx *x, const int32_t *ids, const int32_t *targets, int B,
-                                int T, int pos0, float *grads, int accumulate, float *loss) {
+tlm_status tlm_train_ctx_forward_backward(tlm_train_ctx *x, const int32_t *ids,
+                                          const int32_t *targets, int B, int T, int pos0,
+                                          float *grads, int accumulate, float *loss) {
     FP_FLUSH_SCOPE();
-    if (!x) return tlm_err(TLM_ERR_ARG, "forward_backward: context must not be NULL");
+    if (!x) return core_err(TLM_ERR_ARG, "forward_backward: context must not be NULL");
     const tlm_model *m = x->m;
     const tlm_config *c = &m->c;
     if (!targets || !grads)
-        return tlm_err(TLM_ERR_ARG, "forward_backward: targets and grads needed");
+        return core_err(TLM_ERR_ARG, "forward_backward: targets and grads needed");
     if (!m->all_f32)
-        return tlm_err(TLM_ERR_UNSUPPORTED,
-                       "forward_backward: gradients need F32 weights (load the model with "
-                       "TLM_LOAD_WRITABLE)");
-    tlm_status s = tlm_ctx_check_targets(c, targets, B, T);
+        return core_err(TLM_ERR_UNSUPPORTED,
+                        "forward_backward: gradients need F32 weights (load the model with "
+                        "TLM_LOAD_WRITABLE)");
+    tlm_status s = mdl_ctx_check_targets(c, targets, B, T);
     if (s) return s;
     int R;
     s = split_batch(x, B, &R);
     if (s) return s;
     if (R <= 1)
-        return tlm_ctx_forward_backward_whole(x, ids, targets, B, T, pos0, grads, accumulate, 0,
+        return mdl_ctx_forward_backward_whole(x, ids, targets, B, T, pos0, grads, accumulate, 0,
                                               loss, NULL);
     /* Every slice divides its loss gradient by the whole batch's target count, so the batch's
      * gradient is the plain sum of the slices': replica 0 writes (or accumulates) straight into
@@ -139,7 +140,7 @@ tlm_status tlm_forward_backward(tlm_train_ctx *x, const int32_t *ids, const int3
             /* Each replica draws its own masks: same (seed, step), different stream per slice. */
             rep->drop_step = x->drop_step * (uint64_t)R + (uint64_t)r;
             slice_report(&st[r],
-                         tlm_ctx_forward_backward_whole(
+                         mdl_ctx_forward_backward_whole(
                              rep, ids + (size_t)b0 * T, targets + (size_t)b0 * T, b1 - b0, T, pos0,
                              r ? g[r] : grads, r ? 0 : accumulate, total, &losses[r], &counts[r]));
         }
@@ -161,7 +162,7 @@ tlm_status tlm_forward_backward(tlm_train_ctx *x, const int32_t *ids, const int3
     return TLM_OK;
 }
 
-tlm_status tlm_ctx_batch_loss(tlm_train_ctx *x, const int32_t *ids, const int32_t *targets, int B,
+tlm_status mdl_ctx_batch_loss(tlm_train_ctx *x, const int32_t *ids, const int32_t *targets, int B,
                               int T, double *loss) {
     *loss = NAN;
     int R;
@@ -170,7 +171,7 @@ tlm_status tlm_ctx_batch_loss(tlm_train_ctx *x, const int32_t *ids, const int32_
     if (R <= 1) {
         tlm_forward_opts o = {.targets = targets};
         tlm_forward_out out;
-        if ((s = tlm_forward(x, ids, B, T, &o, &out)) == TLM_OK) *loss = out.loss;
+        if ((s = tlm_train_ctx_forward(x, ids, B, T, &o, &out)) == TLM_OK) *loss = out.loss;
         return s;
     }
     slice_status st[MAXR];
@@ -185,7 +186,8 @@ tlm_status tlm_ctx_batch_loss(tlm_train_ctx *x, const int32_t *ids, const int32_
             const int32_t *tg = targets + (size_t)b0 * T;
             tlm_forward_opts o = {.targets = tg};
             tlm_forward_out out;
-            tlm_status sr = tlm_forward(x->replicas[r], ids + (size_t)b0 * T, b1 - b0, T, &o, &out);
+            tlm_status sr =
+                tlm_train_ctx_forward(x->replicas[r], ids + (size_t)b0 * T, b1 - b0, T, &o, &out);
             counts[r] = count_targets(tg, (size_t)(b1 - b0) * T);
             sums[r] = !sr && counts[r] ? (double)out.loss * counts[r] : 0.0;
             slice_report(&st[r], sr);

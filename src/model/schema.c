@@ -70,7 +70,7 @@ static void norm(builder *b, const tlm_config *c, const char *name, int layer, t
 
 static void walk(builder *b, const tlm_config *c);
 
-int tlm_schema(const tlm_config *c, tlm_tensor_info *out, int cap, size_t *n_params) {
+int tlm_config_tensors(const tlm_config *c, tlm_tensor_info *out, int cap, size_t *n_params) {
     builder b = {out, cap, 0, 0, NULL};
     walk(&b, c);
     if (n_params) *n_params = b.offset;
@@ -109,7 +109,7 @@ const char *tlm_component_name(tlm_component k) {
     return (unsigned)k < TLM_COMP_COUNT ? names[k] : "?";
 }
 
-void tlm_count_params(const tlm_config *c, tlm_param_count *out) {
+void tlm_config_count_params(const tlm_config *c, tlm_param_count *out) {
     memset(out, 0, sizeof *out);
     builder b = {NULL, 0, 0, 0, out};
     walk(&b, c);

@@ -41,7 +41,7 @@ int srv_utf8_valid(const char *str, size_t n) {
     return 1;
 }
 
-static int fail(srv_error *e, const char *param, const char *fmt, ...) TLM_PRINTF(3, 4);
+static int fail(srv_error *e, const char *param, const char *fmt, ...) CORE_PRINTF(3, 4);
 static int fail(srv_error *e, const char *param, const char *fmt, ...) {
     e->status = 400;
     snprintf(e->param, sizeof e->param, "%s", param ? param : "");
@@ -225,7 +225,7 @@ int srv_request_parse(const char *body, size_t len, int chat, srv_request *r, sr
     r->chat = chat;
     r->max_tokens = -1;
     r->n = 1;
-    tlm_sampler_opts_default(&r->sampling);
+    tlm_sampler_opts_defaults(&r->sampling);
     r->sampling.temperature = 1.0f; /* OpenAI's default */
     r->sampling.top_k = 0;
     r->sampling.top_p = 1.0f;

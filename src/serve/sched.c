@@ -17,7 +17,7 @@
 #include "core/core.h"
 #include "serve/serve.h"
 
-double srv_now(void) { return tlm_now_s(); }
+double srv_now(void) { return core_now_s(); }
 
 size_t srv_stop_scan(const char *buf, size_t len, char *const *stops, int n_stops, int *hit) {
     *hit = 0;
@@ -59,7 +59,7 @@ srv_job *srv_job_new(const int32_t *ids, int n) {
     j->max_tokens = -1;
     j->end_id = -1;
     j->slot = -1;
-    tlm_sampler_opts_default(&j->sampling);
+    tlm_sampler_opts_defaults(&j->sampling);
     return j;
 }
 
@@ -255,7 +255,7 @@ static void take_token(srv_sched *s, slot *sl, const float *logits, int32_t id) 
     }
     if (n) {
         if (!grow((void **)&j->pend, &j->pend_cap, j->pend_len + n, 1)) {
-            tlm_err(TLM_ERR_NOMEM, "out of memory");
+            core_err(TLM_ERR_NOMEM, "out of memory");
             fail_job(s, sl, "generation");
             return;
         }
@@ -452,7 +452,7 @@ static void *loop(void *arg) {
     srv_sched *s = arg;
     size_t V = (size_t)s->V;
     /* OpenMP's thread count is per thread: this one takes the count the process chose. */
-    tlm_set_threads(tlm_get_threads());
+    tlm_threads_set(tlm_threads_get());
     /* The cache's pages are touched here, not by the thread that made the scheduler: every
      * parallel region of the server then belongs to this thread's one OpenMP team (see
      * srv_sched_new). */
@@ -524,7 +524,7 @@ static void *loop(void *arg) {
             }
             if (!s->want[b]) continue;
             /* (accepted here, once: the penalties count each generated id once) */
-            if (tlm_sample(sl->samp, s->logits + (size_t)b * V, &s->pf_id[b]))
+            if (tlm_sampler_sample(sl->samp, s->logits + (size_t)b * V, &s->pf_id[b]))
                 s->pf_id[b] = -2;
             else
                 tlm_sampler_accept(sl->samp, s->pf_id[b]);
@@ -560,16 +560,16 @@ static void *loop(void *arg) {
 tlm_status srv_sched_new(const tlm_model *m, const tlm_tokenizer *tok, const srv_sched_opts *o,
                          srv_sched **out) {
     *out = NULL;
-    if (!m || !tok || !o) return tlm_err(TLM_ERR_ARG, "scheduler: NULL argument");
+    if (!m || !tok || !o) return core_err(TLM_ERR_ARG, "scheduler: NULL argument");
     const tlm_config *c = tlm_model_config(m);
     if (o->parallel < 1 || o->parallel > 256)
-        return tlm_err(TLM_ERR_ARG, "scheduler: parallel %d must be in [1, 256]", o->parallel);
+        return core_err(TLM_ERR_ARG, "scheduler: parallel %d must be in [1, 256]", o->parallel);
     int ctx = o->ctx > 0 ? o->ctx : c->context_length;
     if (ctx > c->context_length)
-        return tlm_err(TLM_ERR_ARG, "scheduler: ctx %d exceeds the model's context_length %d", ctx,
-                       c->context_length);
+        return core_err(TLM_ERR_ARG, "scheduler: ctx %d exceeds the model's context_length %d", ctx,
+                        c->context_length);
     srv_sched *s = calloc(1, sizeof *s);
-    if (!s) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    if (!s) return core_err(TLM_ERR_NOMEM, "out of memory");
     s->m = m;
     s->tok = tok;
     s->B = o->parallel;
@@ -599,7 +599,7 @@ tlm_status srv_sched_new(const tlm_model *m, const tlm_tokenizer *tok, const srv
     for (int b = 0; b < s->B; b++)
         if (!(s->slots[b].toks = malloc((size_t)ctx * sizeof(int32_t)))) goto nomem;
     if (pthread_create(&s->thread, NULL, loop, s)) {
-        st = tlm_err(TLM_ERR_NOMEM, "scheduler: cannot start its thread");
+        st = core_err(TLM_ERR_NOMEM, "scheduler: cannot start its thread");
         goto fail;
     }
     s->started = 1;
@@ -610,7 +610,7 @@ tlm_status srv_sched_new(const tlm_model *m, const tlm_tokenizer *tok, const srv
     *out = s;
     return TLM_OK;
 nomem:
-    st = tlm_err(TLM_ERR_NOMEM, "out of memory for %d slots", s->B);
+    st = core_err(TLM_ERR_NOMEM, "out of memory for %d slots", s->B);
 fail:
     srv_sched_free(s);
     return st;
@@ -656,20 +656,20 @@ tlm_dtype srv_sched_v_type(const srv_sched *s) { return tlm_session_v_type(s->se
 tlm_status srv_sched_submit(srv_sched *s, srv_job *const *jobs, int n) {
     for (int i = 0; i < n; i++) {
         if (jobs[i]->n_ids < 1 || jobs[i]->n_ids > s->ctx)
-            return tlm_err(TLM_ERR_RANGE, "a prompt of %d tokens does not fit a context of %d",
-                           jobs[i]->n_ids, s->ctx);
+            return core_err(TLM_ERR_RANGE, "a prompt of %d tokens does not fit a context of %d",
+                            jobs[i]->n_ids, s->ctx);
         for (int k = 0; k < jobs[i]->n_ids; k++)
             if (jobs[i]->ids[k] < 0 || jobs[i]->ids[k] >= s->V)
-                return tlm_err(TLM_ERR_RANGE, "token id %d is outside the vocabulary (%d)",
-                               (int)jobs[i]->ids[k], s->V);
+                return core_err(TLM_ERR_RANGE, "token id %d is outside the vocabulary (%d)",
+                                (int)jobs[i]->ids[k], s->V);
     }
     pthread_mutex_lock(&s->mu);
     tlm_status st = TLM_OK;
     int free_slots = s->B - s->st.busy;
     if (s->closed)
-        st = tlm_err(TLM_ERR_INTERRUPTED, "the server is shutting down");
+        st = core_err(TLM_ERR_INTERRUPTED, "the server is shutting down");
     else if (s->queued + n > s->queue_max + (free_slots > 0 ? free_slots : 0))
-        st = tlm_err(TLM_ERR_RANGE, "the queue is full (%d waiting)", s->queued);
+        st = core_err(TLM_ERR_RANGE, "the queue is full (%d waiting)", s->queued);
     else {
         double t = srv_now();
         for (int i = 0; i < n; i++) {

@@ -85,7 +85,7 @@ static void system_text(const srv_message *msgs, int n, sbuf *sys) {
 
 tlm_status srv_template_apply(srv_template t, const srv_message *msgs, int n, char **out) {
     *out = NULL;
-    if ((unsigned)t >= SRV_TPL_COUNT) return tlm_err(TLM_ERR_ARG, "chat template %d unknown", t);
+    if ((unsigned)t >= SRV_TPL_COUNT) return core_err(TLM_ERR_ARG, "chat template %d unknown", t);
     sbuf b = {0}, sys = {0};
     put(&b, "");
     switch (t) {
@@ -174,7 +174,7 @@ tlm_status srv_template_apply(srv_template t, const srv_message *msgs, int n, ch
     free(sys.p);
     if (b.failed) {
         free(b.p);
-        return tlm_err(TLM_ERR_NOMEM, "out of memory rendering a chat");
+        return core_err(TLM_ERR_NOMEM, "out of memory rendering a chat");
     }
     *out = b.p;
     return TLM_OK;

@@ -33,8 +33,8 @@ long tok_gpt2_unmap(const char *s, size_t len, uint8_t *out) {
     size_t i = 0, o = 0;
     while (i < len) {
         uint32_t cp;
-        size_t l = tlm_utf8_next(p + i, len - i, &cp);
-        if (cp == TLM_UTF8_INVALID) return -1;
+        size_t l = tok_utf8_next(p + i, len - i, &cp);
+        if (cp == TOK_UTF8_INVALID) return -1;
         int b = cp_to_byte(cp);
         if (b < 0) return -1;
         out[o++] = (uint8_t)b;
@@ -46,7 +46,7 @@ long tok_gpt2_unmap(const char *s, size_t len, uint8_t *out) {
 tlm_status tok_gpt2_map(tok_bytes *b, const uint8_t *p, size_t n) {
     for (size_t i = 0; i < n; i++) {
         uint8_t u[4];
-        size_t l = tlm_utf8_put(tok_byte_to_cp(p[i]), u);
+        size_t l = tok_utf8_put(tok_byte_to_cp(p[i]), u);
         tlm_status s = tok_bytes_put(b, u, l);
         if (s) return s;
     }
@@ -73,7 +73,7 @@ tlm_status tok_build_bpe(const char *const *tokens, const size_t *token_lens, in
     uint8_t *buf = malloc(maxlen * 2 + 1);
     uint8_t *produced = calloc((size_t)n, 1);
     if (!buf || !produced) {
-        s = tlm_err(TLM_ERR_NOMEM, "out of memory");
+        s = core_err(TLM_ERR_NOMEM, "out of memory");
         goto fail;
     }
     for (int32_t i = 0; i < n && !s; i++) {
@@ -82,8 +82,8 @@ tlm_status tok_build_bpe(const char *const *tokens, const size_t *token_lens, in
         if (l < 0) {
             /* added tokens of some vocabularies are stored as raw text */
             if (type != GT_CONTROL && type != GT_USER && type != GT_UNUSED && type != GT_UNKNOWN) {
-                s = tlm_err(TLM_ERR_FORMAT, "token %ld '%.*s' is not in GPT-2's byte alphabet",
-                            (long)i, (int)(token_lens[i] > 60 ? 60 : token_lens[i]), tokens[i]);
+                s = core_err(TLM_ERR_FORMAT, "token %ld '%.*s' is not in GPT-2's byte alphabet",
+                             (long)i, (int)(token_lens[i] > 60 ? 60 : token_lens[i]), tokens[i]);
                 break;
             }
             memcpy(buf, tokens[i], token_lens[i]);
@@ -100,7 +100,7 @@ tlm_status tok_build_bpe(const char *const *tokens, const size_t *token_lens, in
     if (s) goto fail;
     t->merge_list = malloc(((size_t)n_merges + 1) * sizeof *t->merge_list);
     if (!t->merge_list) {
-        s = tlm_err(TLM_ERR_NOMEM, "out of memory");
+        s = core_err(TLM_ERR_NOMEM, "out of memory");
         goto fail;
     }
     for (int32_t r = 0; r < n_merges; r++) {
@@ -108,27 +108,27 @@ tlm_status tok_build_bpe(const char *const *tokens, const size_t *token_lens, in
         size_t ml = merge_lens[r];
         const char *sp = ml > 1 ? memchr(m + 1, ' ', ml - 1) : NULL;
         if (!sp) {
-            s = tlm_err(TLM_ERR_FORMAT, "merge %ld '%.*s' is not two tokens separated by a space",
-                        (long)r, (int)(ml > 60 ? 60 : ml), m);
+            s = core_err(TLM_ERR_FORMAT, "merge %ld '%.*s' is not two tokens separated by a space",
+                         (long)r, (int)(ml > 60 ? 60 : ml), m);
             goto fail;
         }
         size_t la = (size_t)(sp - m), lb = ml - la - 1;
         long ba = tok_gpt2_unmap(m, la, buf);
         long bb = ba < 0 ? -1 : tok_gpt2_unmap(sp + 1, lb, buf + ba);
         if (ba < 0 || bb < 0) {
-            s = tlm_err(TLM_ERR_FORMAT, "merge %ld '%.*s' is not in GPT-2's byte alphabet", (long)r,
-                        (int)(ml > 60 ? 60 : ml), m);
+            s = core_err(TLM_ERR_FORMAT, "merge %ld '%.*s' is not in GPT-2's byte alphabet",
+                         (long)r, (int)(ml > 60 ? 60 : ml), m);
             goto fail;
         }
         int32_t a = tok_map_find(t, buf, (size_t)ba);
         int32_t b = tok_map_find(t, buf + ba, (size_t)bb);
         int32_t c = tok_map_find(t, buf, (size_t)(ba + bb));
         if (a < 0 || b < 0 || c < 0) {
-            s = tlm_err(TLM_ERR_FORMAT, "merge %ld '%.*s': %s is not in the vocabulary", (long)r,
-                        (int)(ml > 60 ? 60 : ml), m,
-                        a < 0   ? "its first part"
-                        : b < 0 ? "its second part"
-                                : "the merged token");
+            s = core_err(TLM_ERR_FORMAT, "merge %ld '%.*s': %s is not in the vocabulary", (long)r,
+                         (int)(ml > 60 ? 60 : ml), m,
+                         a < 0   ? "its first part"
+                         : b < 0 ? "its second part"
+                                 : "the merged token");
             goto fail;
         }
         tok_pairmap_put(&t->merges, a, b, (uint32_t)r, c);
@@ -152,10 +152,10 @@ tlm_status tok_build_bpe(const char *const *tokens, const size_t *token_lens, in
         uint8_t c = (uint8_t)b;
         t->byte_id[b] = tok_map_find(t, &c, 1);
         if (t->byte_id[b] < 0) {
-            s = tlm_err(TLM_ERR_FORMAT,
-                        "the vocabulary has no token for byte 0x%02X, so not every text can be "
-                        "encoded",
-                        b);
+            s = core_err(TLM_ERR_FORMAT,
+                         "the vocabulary has no token for byte 0x%02X, so not every text can be "
+                         "encoded",
+                         b);
             goto fail;
         }
     }
@@ -181,37 +181,37 @@ tlm_status tok_load_gpt2(const char *encoder_json, const char *vocab_bpe, tlm_to
     cJSON *root = NULL;
     const char **toks = NULL, **merges = NULL;
     size_t *tlens = NULL, *mlens = NULL;
-    tlm_status s = tlm_read_file(encoder_json, &ej, &ejn);
+    tlm_status s = core_read_file(encoder_json, &ej, &ejn);
     if (s) return s;
-    s = tlm_read_file(vocab_bpe, &vb, &vbn);
+    s = core_read_file(vocab_bpe, &vb, &vbn);
     if (s) goto done;
     root = cJSON_ParseWithLength(ej, ejn);
     if (!root || !cJSON_IsObject(root)) {
-        s = tlm_err(TLM_ERR_FORMAT, "'%s' is not a JSON object of token -> id", encoder_json);
+        s = core_err(TLM_ERR_FORMAT, "'%s' is not a JSON object of token -> id", encoder_json);
         goto done;
     }
     int n = cJSON_GetArraySize(root);
     if (n <= 0 || n > TOK_MAX_VOCAB) {
-        s = tlm_err(TLM_ERR_FORMAT, "'%s': %d tokens is out of range", encoder_json, n);
+        s = core_err(TLM_ERR_FORMAT, "'%s': %d tokens is out of range", encoder_json, n);
         goto done;
     }
     toks = calloc((size_t)n, sizeof *toks);
     tlens = calloc((size_t)n, sizeof *tlens);
     if (!toks || !tlens) {
-        s = tlm_err(TLM_ERR_NOMEM, "out of memory");
+        s = core_err(TLM_ERR_NOMEM, "out of memory");
         goto done;
     }
     for (cJSON *it = root->child; it; it = it->next) {
         double v = it->valuedouble;
         if (!cJSON_IsNumber(it) || v < 0 || v >= n || v != (double)(int)v) {
-            s = tlm_err(TLM_ERR_FORMAT, "'%s': token '%.40s' has id %s, not an integer in 0..%d",
-                        encoder_json, it->string, cJSON_IsNumber(it) ? "out of range" : "missing",
-                        n - 1);
+            s = core_err(TLM_ERR_FORMAT, "'%s': token '%.40s' has id %s, not an integer in 0..%d",
+                         encoder_json, it->string, cJSON_IsNumber(it) ? "out of range" : "missing",
+                         n - 1);
             goto done;
         }
         int id = (int)v;
         if (toks[id]) {
-            s = tlm_err(TLM_ERR_FORMAT, "'%s': id %d is given to two tokens", encoder_json, id);
+            s = core_err(TLM_ERR_FORMAT, "'%s': id %d is given to two tokens", encoder_json, id);
             goto done;
         }
         toks[id] = it->string;
@@ -222,7 +222,7 @@ tlm_status tok_load_gpt2(const char *encoder_json, const char *vocab_bpe, tlm_to
     merges = malloc(cap * sizeof *merges);
     mlens = malloc(cap * sizeof *mlens);
     if (!merges || !mlens) {
-        s = tlm_err(TLM_ERR_NOMEM, "out of memory");
+        s = core_err(TLM_ERR_NOMEM, "out of memory");
         goto done;
     }
     char *p = vb, *end = vb + vbn;
@@ -236,7 +236,7 @@ tlm_status tok_load_gpt2(const char *encoder_json, const char *vocab_bpe, tlm_to
         first = 0;
         if (!skip) {
             if (memchr(p, '\0', l)) {
-                s = tlm_err(TLM_ERR_FORMAT, "'%s' contains a NUL byte", vocab_bpe);
+                s = core_err(TLM_ERR_FORMAT, "'%s' contains a NUL byte", vocab_bpe);
                 goto done;
             }
             if (nm == cap) {
@@ -246,7 +246,7 @@ tlm_status tok_load_gpt2(const char *encoder_json, const char *vocab_bpe, tlm_to
                 size_t *nml = realloc(mlens, cap * sizeof *mlens);
                 if (nml) mlens = nml;
                 if (!nmg || !nml || cap > (size_t)INT32_MAX) {
-                    s = tlm_err(TLM_ERR_NOMEM, "'%s': too many merges", vocab_bpe);
+                    s = core_err(TLM_ERR_NOMEM, "'%s': too many merges", vocab_bpe);
                     goto done;
                 }
             }
@@ -256,7 +256,7 @@ tlm_status tok_load_gpt2(const char *encoder_json, const char *vocab_bpe, tlm_to
         p = nl ? nl + 1 : end;
     }
     s = tok_build_bpe(toks, tlens, n, merges, mlens, (int32_t)nm, NULL, out);
-    if (s) tlm_err_context(s, "loading '%s' + '%s'", encoder_json, vocab_bpe);
+    if (s) core_err_context(s, "loading '%s' + '%s'", encoder_json, vocab_bpe);
 done:
     cJSON_Delete(root);
     free(ej);
@@ -294,7 +294,7 @@ static tlm_status merge_heap(const tlm_tokenizer *t, const uint8_t *p, size_t m,
     merge_cand *h = malloc(m * 3 * sizeof *h);
     tlm_status s = TLM_OK;
     if (!id || !next || !prev || !h) {
-        s = tlm_err(TLM_ERR_NOMEM, "out of memory encoding a %zu-byte pre-token", m);
+        s = core_err(TLM_ERR_NOMEM, "out of memory encoding a %zu-byte pre-token", m);
         goto done;
     }
     size_t hn = 0, hcap = m * 3;
@@ -322,7 +322,7 @@ static tlm_status merge_heap(const tlm_tokenizer *t, const uint8_t *p, size_t m,
         next[i] = next[j];
         if (next[j] < m) prev[next[j]] = i;
         if (hn + 2 > hcap) { /* cannot happen: each merge removes a node, pushes at most 2 */
-            s = tlm_err(TLM_ERR_ARG, "internal error: merge heap overflow");
+            s = core_err(TLM_ERR_ARG, "internal error: merge heap overflow");
             goto done;
         }
         if (i > 0 && id[i] >= 0) {
@@ -384,8 +384,8 @@ tlm_status tok_bpe_encode_text(const tlm_tokenizer *t, const uint8_t *s, size_t 
     size_t i = 0;
     while (i < n) {
         size_t j = t->pre == TOK_PRE_GPT2
-                       ? tlm_pretok_next(s, n, i)
-                       : tlm_pretok_next_llama3(s, n, i, t->pre == TOK_PRE_LLAMA3 ? 3 : 1);
+                       ? tok_pretok_next(s, n, i)
+                       : tok_pretok_next_llama3(s, n, i, t->pre == TOK_PRE_LLAMA3 ? 3 : 1);
         /* A pre-token that is itself a token is emitted whole, as tiktoken does (and llama.cpp
          * with ignore_merges) unless the vocabulary merges those too. */
         int32_t id = j - i <= t->max_piece && !t->merge_known ? tok_map_find(t, s + i, j - i) : -1;

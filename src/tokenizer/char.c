@@ -10,16 +10,16 @@ tlm_status tok_char_encode_text(const tlm_tokenizer *t, const uint8_t *s, size_t
     if (st) return st;
     for (size_t i = 0; i < n;) {
         uint32_t cp;
-        size_t l = tlm_utf8_next(s + i, n - i, &cp);
+        size_t l = tok_utf8_next(s + i, n - i, &cp);
         int32_t id = l == 1 ? t->byte_id[s[i]] : tok_map_find(t, s + i, l);
         if (id < 0) {
-            if (cp == TLM_UTF8_INVALID)
-                return tlm_err(TLM_ERR_ARG,
-                               "byte 0x%02X at offset %zu is not in the char vocabulary", s[i], i);
-            return tlm_err(TLM_ERR_ARG,
-                           "character U+%04lX '%.*s' at byte offset %zu is not in the char "
-                           "vocabulary",
-                           (unsigned long)cp, (int)l, (const char *)s + i, i);
+            if (cp == TOK_UTF8_INVALID)
+                return core_err(TLM_ERR_ARG,
+                                "byte 0x%02X at offset %zu is not in the char vocabulary", s[i], i);
+            return core_err(TLM_ERR_ARG,
+                            "character U+%04lX '%.*s' at byte offset %zu is not in the char "
+                            "vocabulary",
+                            (unsigned long)cp, (int)l, (const char *)s + i, i);
         }
         out->p[out->n++] = id;
         i += l;
@@ -49,8 +49,8 @@ tlm_status tok_build_char(const uint8_t *const *units, const size_t *lens, int32
     if (s) return s;
     for (int32_t i = 0; i < n && !s; i++) {
         uint32_t cp;
-        if (lens[i] == 0 || lens[i] > 4 || tlm_utf8_next(units[i], lens[i], &cp) != lens[i]) {
-            s = tlm_err(TLM_ERR_FORMAT, "char vocabulary entry %ld is not one character", (long)i);
+        if (lens[i] == 0 || lens[i] > 4 || tok_utf8_next(units[i], lens[i], &cp) != lens[i]) {
+            s = core_err(TLM_ERR_FORMAT, "char vocabulary entry %ld is not one character", (long)i);
             break;
         }
         s = tok_set_piece(t, i, units[i], lens[i]);
@@ -64,7 +64,7 @@ tlm_status tok_build_char(const uint8_t *const *units, const size_t *lens, int32
             uint8_t b = t->data[t->off[i]]; /* read before t is freed for the message */
             if (t->byte_id[b] >= 0) {
                 tlm_tokenizer_free(t);
-                return tlm_err(TLM_ERR_FORMAT, "char vocabulary lists byte 0x%02X twice", b);
+                return core_err(TLM_ERR_FORMAT, "char vocabulary lists byte 0x%02X twice", b);
             }
             t->byte_id[b] = i;
         }
@@ -72,10 +72,10 @@ tlm_status tok_build_char(const uint8_t *const *units, const size_t *lens, int32
     return TLM_OK;
 }
 
-tlm_status tlm_tokenizer_char_from_text(const void *text, size_t len, tlm_tokenizer **out) {
+tlm_status tlm_tokenizer_new_char(const void *text, size_t len, tlm_tokenizer **out) {
     *out = NULL;
     const uint8_t *s = text;
-    if (len == 0) return tlm_err(TLM_ERR_ARG, "char vocabulary: the training text is empty");
+    if (len == 0) return core_err(TLM_ERR_ARG, "char vocabulary: the training text is empty");
     /* Distinct characters via a byte-indexed set for single bytes and a sorted list for the rest:
      * texts are large, alphabets small. */
     size_t single[256] = {0}; /* 1 + offset of the first occurrence */
@@ -84,7 +84,7 @@ tlm_status tlm_tokenizer_char_from_text(const void *text, size_t len, tlm_tokeni
     tlm_status st = TLM_OK;
     for (size_t i = 0; i < len;) {
         uint32_t cp;
-        size_t l = tlm_utf8_next(s + i, len - i, &cp);
+        size_t l = tok_utf8_next(s + i, len - i, &cp);
         if (l == 1) {
             if (!single[s[i]]) single[s[i]] = i + 1;
         } else {
@@ -98,7 +98,7 @@ tlm_status tlm_tokenizer_char_from_text(const void *text, size_t len, tlm_tokeni
                     unit *nu = realloc(multi, cap * sizeof *nu);
                     if (!nu) {
                         free(multi);
-                        return tlm_err(TLM_ERR_NOMEM, "out of memory");
+                        return core_err(TLM_ERR_NOMEM, "out of memory");
                     }
                     multi = nu;
                 }
@@ -117,7 +117,7 @@ tlm_status tlm_tokenizer_char_from_text(const void *text, size_t len, tlm_tokeni
                         unit *nu = realloc(multi, 2 * cap * sizeof *nu);
                         if (!nu) {
                             free(multi);
-                            return tlm_err(TLM_ERR_NOMEM, "out of memory");
+                            return core_err(TLM_ERR_NOMEM, "out of memory");
                         }
                         multi = nu;
                         cap *= 2;
@@ -130,7 +130,7 @@ tlm_status tlm_tokenizer_char_from_text(const void *text, size_t len, tlm_tokeni
     unit *all = malloc((nm + 256) * sizeof *all);
     if (!all) {
         free(multi);
-        return tlm_err(TLM_ERR_NOMEM, "out of memory");
+        return core_err(TLM_ERR_NOMEM, "out of memory");
     }
     size_t na = 0;
     for (int b = 0; b < 256; b++)
@@ -144,7 +144,7 @@ tlm_status tlm_tokenizer_char_from_text(const void *text, size_t len, tlm_tokeni
     const uint8_t **up = malloc(w * sizeof *up);
     size_t *ul = malloc(w * sizeof *ul);
     if (!up || !ul) {
-        st = tlm_err(TLM_ERR_NOMEM, "out of memory");
+        st = core_err(TLM_ERR_NOMEM, "out of memory");
     } else {
         for (size_t k = 0; k < w; k++) up[k] = all[k].p, ul[k] = all[k].n;
         st = tok_build_char(up, ul, (int32_t)w, out);

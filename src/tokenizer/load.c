@@ -38,8 +38,8 @@ static const char *basename_of(const char *path) {
 }
 
 static tlm_status load_gpt2_dir(const char *dir, tlm_tokenizer **out) {
-    char *e = tlm_path_join(dir, "encoder.json"), *v = tlm_path_join(dir, "vocab.bpe");
-    tlm_status s = e && v ? tok_load_gpt2(e, v, out) : tlm_err(TLM_ERR_NOMEM, "out of memory");
+    char *e = core_path_join(dir, "encoder.json"), *v = core_path_join(dir, "vocab.bpe");
+    tlm_status s = e && v ? tok_load_gpt2(e, v, out) : core_err(TLM_ERR_NOMEM, "out of memory");
     free(e);
     free(v);
     return s;
@@ -50,9 +50,9 @@ static tlm_status load_gpt2_dir(const char *dir, tlm_tokenizer **out) {
 static tlm_status mark_specials(tlm_tokenizer *t, cJSON *arr, const char *path) {
     if (!arr) return TLM_OK;
     if (!cJSON_IsArray(arr))
-        return tlm_err(TLM_ERR_FORMAT, "'%s': \"specials\" must be an array of strings", path);
+        return core_err(TLM_ERR_FORMAT, "'%s': \"specials\" must be an array of strings", path);
     tok_str *all = malloc((size_t)t->n * sizeof *all);
-    if (!all) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    if (!all) return core_err(TLM_ERR_NOMEM, "out of memory");
     for (int32_t i = 0; i < t->n; i++) {
         all[i].p = tok_piece(t, i, &all[i].len);
         all[i].id = i;
@@ -61,14 +61,14 @@ static tlm_status mark_specials(tlm_tokenizer *t, cJSON *arr, const char *path) 
     tlm_status s = TLM_OK;
     for (cJSON *it = arr->child; it && !s; it = it->next) {
         if (!cJSON_IsString(it)) {
-            s = tlm_err(TLM_ERR_FORMAT, "'%s': \"specials\" must be an array of strings", path);
+            s = core_err(TLM_ERR_FORMAT, "'%s': \"specials\" must be an array of strings", path);
             break;
         }
         const char *v = it->valuestring;
         ptrdiff_t k = tok_strs_find(all, (size_t)t->n, (const uint8_t *)v, strlen(v));
         if (k < 0)
-            s = tlm_err(TLM_ERR_FORMAT, "'%s': special token '%.60s' is not in the vocabulary",
-                        path, v);
+            s = core_err(TLM_ERR_FORMAT, "'%s': special token '%.60s' is not in the vocabulary",
+                         path, v);
         else
             t->attr[all[k].id] = TOK_SPECIAL;
     }
@@ -88,26 +88,26 @@ static int json_id(cJSON *root, const char *key, int32_t n, int32_t *out) {
 
 tlm_status tok_load_tlm_dir(const char *dir, tlm_tokenizer **out) {
     *out = NULL;
-    char *path = tlm_path_join(dir, "tokenizer.json");
-    if (!path) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    char *path = core_path_join(dir, "tokenizer.json");
+    if (!path) return core_err(TLM_ERR_NOMEM, "out of memory");
     char *txt = NULL;
     size_t n;
     cJSON *root = NULL;
     tlm_tokenizer *t = NULL;
     int32_t *types = NULL;
-    tlm_status s = tlm_read_file(path, &txt, &n);
+    tlm_status s = core_read_file(path, &txt, &n);
     if (s) goto done;
     root = cJSON_ParseWithLength(txt, n);
     cJSON *type = root ? cJSON_GetObjectItemCaseSensitive(root, "type") : NULL;
     if (!root || !cJSON_IsObject(root)) {
-        s = tlm_err(TLM_ERR_FORMAT, "'%s' is not valid JSON", path);
+        s = core_err(TLM_ERR_FORMAT, "'%s' is not valid JSON", path);
         goto done;
     }
     if (!cJSON_IsString(type)) {
-        s = tlm_err(TLM_ERR_FORMAT,
-                    "'%s' has no \"type\" (a Hugging Face tokenizer.json is not supported; "
-                    "give encoder.json + vocab.bpe instead)",
-                    path);
+        s = core_err(TLM_ERR_FORMAT,
+                     "'%s' has no \"type\" (a Hugging Face tokenizer.json is not supported; "
+                     "give encoder.json + vocab.bpe instead)",
+                     path);
         goto done;
     }
     if (!strcmp(type->valuestring, "bpe")) {
@@ -117,14 +117,14 @@ tlm_status tok_load_tlm_dir(const char *dir, tlm_tokenizer **out) {
         cJSON *chars = cJSON_GetObjectItemCaseSensitive(root, "chars");
         int nc = cJSON_IsArray(chars) ? cJSON_GetArraySize(chars) : 0;
         if (nc <= 0) {
-            s = tlm_err(TLM_ERR_FORMAT, "'%s': \"chars\" must be a non-empty array", path);
+            s = core_err(TLM_ERR_FORMAT, "'%s': \"chars\" must be a non-empty array", path);
             goto done;
         }
         const uint8_t **units = malloc((size_t)nc * sizeof *units);
         size_t *lens = malloc((size_t)nc * sizeof *lens);
         uint8_t *bytes = malloc((size_t)nc);
         if (!units || !lens || !bytes) {
-            s = tlm_err(TLM_ERR_NOMEM, "out of memory");
+            s = core_err(TLM_ERR_NOMEM, "out of memory");
         } else {
             int k = 0;
             for (cJSON *it = chars->child; it && !s; it = it->next, k++) {
@@ -137,8 +137,8 @@ tlm_status tok_load_tlm_dir(const char *dir, tlm_tokenizer **out) {
                     units[k] = &bytes[k];
                     lens[k] = 1;
                 } else {
-                    s = tlm_err(TLM_ERR_FORMAT, "'%s': chars[%d] is neither a string nor a byte",
-                                path, k);
+                    s = core_err(TLM_ERR_FORMAT, "'%s': chars[%d] is neither a string nor a byte",
+                                 path, k);
                 }
             }
             if (!s) s = tok_build_char(units, lens, nc, &t);
@@ -147,40 +147,40 @@ tlm_status tok_load_tlm_dir(const char *dir, tlm_tokenizer **out) {
         free(lens);
         free(bytes);
     } else if (!strcmp(type->valuestring, "spm")) {
-        char *bin = tlm_path_join(dir, "tokenizer.bin");
+        char *bin = core_path_join(dir, "tokenizer.bin");
         cJSON *tarr = cJSON_GetObjectItemCaseSensitive(root, "token_types");
         int nt = cJSON_IsArray(tarr) ? cJSON_GetArraySize(tarr) : 0;
         if (!bin || (nt > 0 && !(types = malloc((size_t)nt * sizeof *types))))
-            s = tlm_err(TLM_ERR_NOMEM, "out of memory");
+            s = core_err(TLM_ERR_NOMEM, "out of memory");
         int k = 0;
         for (cJSON *it = nt > 0 ? tarr->child : NULL; it && !s; it = it->next, k++) {
             /* GGUF token types (0 undefined .. 6 byte); checked before the cast, which a value
              * outside int's range would make undefined */
             if (!cJSON_IsNumber(it) || !(it->valuedouble >= 0 && it->valuedouble <= 6) ||
                 it->valuedouble != (double)(int)it->valuedouble)
-                s = tlm_err(TLM_ERR_FORMAT, "'%s': token_types[%d] is not a token type (0-6)", path,
-                            k);
+                s = core_err(TLM_ERR_FORMAT, "'%s': token_types[%d] is not a token type (0-6)",
+                             path, k);
             else
                 types[k] = (int32_t)it->valuedouble;
         }
         if (!s) s = tok_load_llama2c_typed(bin, nt > 0 ? types : NULL, nt, &t);
         free(bin);
     } else {
-        s = tlm_err(TLM_ERR_FORMAT, "'%s': unknown tokenizer type '%.40s' (bpe, spm, char)", path,
-                    type->valuestring);
+        s = core_err(TLM_ERR_FORMAT, "'%s': unknown tokenizer type '%.40s' (bpe, spm, char)", path,
+                     type->valuestring);
     }
     if (!s && (!json_id(root, "bos", t->n, &t->bos) || !json_id(root, "eos", t->n, &t->eos)))
-        s = tlm_err(TLM_ERR_FORMAT, "'%s': bos/eos must be token ids", path);
+        s = core_err(TLM_ERR_FORMAT, "'%s': bos/eos must be token ids", path);
     cJSON *pre = root ? cJSON_GetObjectItemCaseSensitive(root, "pre") : NULL;
     cJSON *add_bos = root ? cJSON_GetObjectItemCaseSensitive(root, "add_bos") : NULL;
     if (!s && pre &&
         (t->kind != TLM_TOKENIZER_BPE || !cJSON_IsString(pre) ||
          !tok_pre_named(pre->valuestring, strlen(pre->valuestring), &t->pre, &t->merge_known)))
-        s = tlm_err(TLM_ERR_FORMAT, "'%s': \"pre\" names no pre-tokenizer of a bpe tokenizer",
-                    path);
+        s = core_err(TLM_ERR_FORMAT, "'%s': \"pre\" names no pre-tokenizer of a bpe tokenizer",
+                     path);
     if (!s && add_bos) {
         if (!cJSON_IsBool(add_bos))
-            s = tlm_err(TLM_ERR_FORMAT, "'%s': \"add_bos\" must be true or false", path);
+            s = core_err(TLM_ERR_FORMAT, "'%s': \"add_bos\" must be true or false", path);
         else
             t->add_bos = cJSON_IsTrue(add_bos);
     }
@@ -204,7 +204,7 @@ tlm_status tlm_tokenizer_load_gpt2(const char *encoder_json, const char *vocab_b
 
 tlm_status tlm_tokenizer_load(const char *path, tlm_tokenizer **out) {
     *out = NULL;
-    if (!path || !*path) return tlm_err(TLM_ERR_ARG, "no tokenizer path given");
+    if (!path || !*path) return core_err(TLM_ERR_ARG, "no tokenizer path given");
     tlm_status s;
     if (is_dir(path)) {
         /* A tlm tokenizer.json first; Hugging Face directories also carry a tokenizer.json (of
@@ -214,7 +214,7 @@ tlm_status tlm_tokenizer_load(const char *path, tlm_tokenizer **out) {
         char *p[6];
         int have[6], nomem = 0;
         for (int i = 0; i < 6; i++) {
-            p[i] = tlm_path_join(path, names[i]);
+            p[i] = core_path_join(path, names[i]);
             nomem |= !p[i];
             have[i] = p[i] && is_file(p[i]);
         }
@@ -222,7 +222,7 @@ tlm_status tlm_tokenizer_load(const char *path, tlm_tokenizer **out) {
         if (!nomem && have[0]) {
             char *txt;
             size_t n;
-            if (tlm_read_file(p[0], &txt, &n) == TLM_OK) {
+            if (core_read_file(p[0], &txt, &n) == TLM_OK) {
                 cJSON *j = cJSON_ParseWithLength(txt, n);
                 tlm_json = j && cJSON_IsString(cJSON_GetObjectItemCaseSensitive(j, "type"));
                 cJSON_Delete(j);
@@ -230,7 +230,7 @@ tlm_status tlm_tokenizer_load(const char *path, tlm_tokenizer **out) {
             }
         }
         if (nomem)
-            s = tlm_err(TLM_ERR_NOMEM, "out of memory");
+            s = core_err(TLM_ERR_NOMEM, "out of memory");
         else if (tlm_json)
             s = tok_load_tlm_dir(path, out);
         else if (have[1] && have[2])
@@ -242,18 +242,18 @@ tlm_status tlm_tokenizer_load(const char *path, tlm_tokenizer **out) {
         else if (have[0])
             s = tok_load_tlm_dir(path, out); /* explains what is wrong with it */
         else
-            s = tlm_err(TLM_ERR_IO,
-                        "'%s' holds no tokenizer (expected tokenizer.json, encoder.json + "
-                        "vocab.bpe, vocab.json + merges.txt, or tokenizer.bin)",
-                        path);
+            s = core_err(TLM_ERR_IO,
+                         "'%s' holds no tokenizer (expected tokenizer.json, encoder.json + "
+                         "vocab.bpe, vocab.json + merges.txt, or tokenizer.bin)",
+                         path);
         for (int i = 0; i < 6; i++) free(p[i]);
         return s;
     }
     if (!is_file(path))
-        return tlm_err(TLM_ERR_IO, "cannot open tokenizer '%s': %s", path, strerror(errno));
+        return core_err(TLM_ERR_IO, "cannot open tokenizer '%s': %s", path, strerror(errno));
     FILE *f = fopen(path, "rb");
     char magic[4] = {0};
-    if (!f) return tlm_err(TLM_ERR_IO, "cannot open tokenizer '%s': %s", path, strerror(errno));
+    if (!f) return core_err(TLM_ERR_IO, "cannot open tokenizer '%s': %s", path, strerror(errno));
     size_t got = fread(magic, 1, 4, f);
     fclose(f);
     if (got == 4 && memcmp(magic, "GGUF", 4) == 0) return tok_load_gguf(path, out);
@@ -261,7 +261,7 @@ tlm_status tlm_tokenizer_load(const char *path, tlm_tokenizer **out) {
     if (!strcmp(base, "tokenizer.json") || !strcmp(base, "encoder.json") ||
         !strcmp(base, "vocab.bpe")) {
         char *dir = dirname_of(path);
-        if (!dir) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+        if (!dir) return core_err(TLM_ERR_NOMEM, "out of memory");
         s = !strcmp(base, "tokenizer.json") ? tok_load_tlm_dir(dir, out) : load_gpt2_dir(dir, out);
         free(dir);
         return s;

@@ -31,9 +31,9 @@ static tlm_status put_str(tok_bytes *b, const char *s) { return tok_bytes_put(b,
 static tlm_status write_file(const char *dir, const char *name, const tok_bytes *b) {
     size_t n = strlen(dir) + strlen(name) + 2;
     char *p = malloc(n);
-    if (!p) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    if (!p) return core_err(TLM_ERR_NOMEM, "out of memory");
     snprintf(p, n, "%s/%s", dir, name);
-    tlm_status s = tlm_write_file_atomic(p, b->p ? (const void *)b->p : "", b->n);
+    tlm_status s = core_write_file_atomic(p, b->p ? (const void *)b->p : "", b->n);
     free(p);
     return s;
 }
@@ -135,7 +135,7 @@ static tlm_status save_char(const tlm_tokenizer *t, tok_bytes *meta) {
 
 tlm_status tlm_tokenizer_save(const tlm_tokenizer *t, const char *dir) {
     if (mkdir(dir, 0777) != 0 && errno != EEXIST)
-        return tlm_err(TLM_ERR_IO, "cannot create directory '%s': %s", dir, strerror(errno));
+        return core_err(TLM_ERR_IO, "cannot create directory '%s': %s", dir, strerror(errno));
     tok_bytes meta = {0};
     char head[160];
     snprintf(head, sizeof head,
@@ -161,6 +161,6 @@ tlm_status tlm_tokenizer_save(const tlm_tokenizer *t, const char *dir) {
     if (!s) s = put_str(&meta, "}\n");
     if (!s) s = write_file(dir, "tokenizer.json", &meta);
     free(meta.p);
-    if (s) tlm_err_context(s, "saving tokenizer to '%s'", dir);
+    if (s) core_err_context(s, "saving tokenizer to '%s'", dir);
     return s;
 }

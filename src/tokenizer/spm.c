@@ -39,12 +39,12 @@ tlm_status tok_build_spm(const char *const *pieces, const size_t *lens, const fl
     t->scores = malloc((size_t)n * sizeof(float));
     tok_bytes tmp = {0};
     if (!t->scores) {
-        s = tlm_err(TLM_ERR_NOMEM, "out of memory");
+        s = core_err(TLM_ERR_NOMEM, "out of memory");
         goto fail;
     }
     for (int32_t i = 0; i < n; i++) {
         if (isnan(scores[i])) {
-            s = tlm_err(TLM_ERR_FORMAT, "token %ld has a NaN score", (long)i);
+            s = core_err(TLM_ERR_FORMAT, "token %ld has a NaN score", (long)i);
             goto fail;
         }
         t->scores[i] = scores[i];
@@ -65,8 +65,8 @@ tlm_status tok_build_spm(const char *const *pieces, const size_t *lens, const fl
         }
         if (type == GT_BYTE || (!types && b >= 0)) {
             if (b < 0) {
-                s = tlm_err(TLM_ERR_FORMAT, "byte token %ld '%.*s' is not of the form <0xNN>",
-                            (long)i, (int)(l > 40 ? 40 : l), p);
+                s = core_err(TLM_ERR_FORMAT, "byte token %ld '%.*s' is not of the form <0xNN>",
+                             (long)i, (int)(l > 40 ? 40 : l), p);
                 goto fail;
             }
             uint8_t c = (uint8_t)b;
@@ -125,22 +125,22 @@ fail:
 tlm_status tok_load_llama2c_typed(const char *path, const int32_t *types, int32_t n_types,
                                   tlm_tokenizer **out) {
     *out = NULL;
-    tlm_mmap m;
-    tlm_status s = tlm_mmap_open(&m, path);
+    core_mmap m;
+    tlm_status s = core_mmap_open(&m, path);
     if (s) return s;
     const char **pieces = NULL;
     size_t *lens = NULL;
     float *scores = NULL;
     size_t cap = 0, n = 0, pos = 4;
     if (m.size < 4) {
-        s = tlm_err(TLM_ERR_FORMAT, "'%s' is too short for a llama2.c tokenizer", path);
+        s = core_err(TLM_ERR_FORMAT, "'%s' is too short for a llama2.c tokenizer", path);
         goto done;
     }
     uint32_t max_len;
     memcpy(&max_len, m.data, 4);
     while (pos < m.size) {
         if (m.size - pos < 8) {
-            s = tlm_err(TLM_ERR_FORMAT, "'%s': token %zu is truncated at byte %zu", path, n, pos);
+            s = core_err(TLM_ERR_FORMAT, "'%s': token %zu is truncated at byte %zu", path, n, pos);
             goto done;
         }
         float sc;
@@ -149,21 +149,21 @@ tlm_status tok_load_llama2c_typed(const char *path, const int32_t *types, int32_
         memcpy(&len, m.data + pos + 4, 4);
         pos += 8;
         if (len < 0 || (size_t)len > m.size - pos) {
-            s = tlm_err(TLM_ERR_FORMAT,
-                        "'%s': token %zu has length %ld but only %zu bytes remain (not a llama2.c "
-                        "tokenizer.bin?)",
-                        path, n, (long)len, m.size - pos);
+            s = core_err(TLM_ERR_FORMAT,
+                         "'%s': token %zu has length %ld but only %zu bytes remain (not a llama2.c "
+                         "tokenizer.bin?)",
+                         path, n, (long)len, m.size - pos);
             goto done;
         }
         if ((uint32_t)len > max_len) {
-            s = tlm_err(TLM_ERR_FORMAT, "'%s': token %zu is longer (%ld) than max_token_length %u",
-                        path, n, (long)len, max_len);
+            s = core_err(TLM_ERR_FORMAT, "'%s': token %zu is longer (%ld) than max_token_length %u",
+                         path, n, (long)len, max_len);
             goto done;
         }
         if (n == cap) {
             cap = cap ? cap * 2 : 1024;
             if (cap > TOK_MAX_VOCAB * 2u) {
-                s = tlm_err(TLM_ERR_FORMAT, "'%s': too many tokens", path);
+                s = core_err(TLM_ERR_FORMAT, "'%s': too many tokens", path);
                 goto done;
             }
             const char **np = realloc(pieces, cap * sizeof *np);
@@ -173,7 +173,7 @@ tlm_status tok_load_llama2c_typed(const char *path, const int32_t *types, int32_
             float *ns = realloc(scores, cap * sizeof *ns);
             if (ns) scores = ns;
             if (!np || !nl || !ns) {
-                s = tlm_err(TLM_ERR_NOMEM, "out of memory");
+                s = core_err(TLM_ERR_NOMEM, "out of memory");
                 goto done;
             }
         }
@@ -184,22 +184,22 @@ tlm_status tok_load_llama2c_typed(const char *path, const int32_t *types, int32_
         pos += (size_t)len;
     }
     if (n == 0) {
-        s = tlm_err(TLM_ERR_FORMAT, "'%s' holds no tokens", path);
+        s = core_err(TLM_ERR_FORMAT, "'%s' holds no tokens", path);
         goto done;
     }
     if (types && (size_t)n_types != n) {
-        s = tlm_err(TLM_ERR_FORMAT, "'%s' holds %zu tokens, tokenizer.json describes %ld", path, n,
-                    (long)n_types);
+        s = core_err(TLM_ERR_FORMAT, "'%s' holds %zu tokens, tokenizer.json describes %ld", path, n,
+                     (long)n_types);
         goto done;
     }
     s = tok_build_spm(pieces, lens, scores, (int32_t)(n > TOK_MAX_VOCAB ? TOK_MAX_VOCAB + 1 : n),
                       types, 0, out);
-    if (s) tlm_err_context(s, "loading '%s'", path);
+    if (s) core_err_context(s, "loading '%s'", path);
 done:
     free(pieces);
     free(lens);
     free(scores);
-    tlm_mmap_close(&m);
+    core_mmap_close(&m);
     return s;
 }
 
@@ -240,7 +240,7 @@ static tlm_status spm_segment(const tlm_tokenizer *t, const uint8_t *buf, size_t
     uint32_t ns = 0;
     for (size_t i = 0; i < n;) {
         uint32_t cp;
-        size_t l = tlm_utf8_next(buf + i, n - i, &cp);
+        size_t l = tok_utf8_next(buf + i, n - i, &cp);
         sym[ns] = (spm_sym){(uint32_t)i, (uint32_t)l, ns + 1, ns - 1};
         ns++;
         i += l;
@@ -271,10 +271,10 @@ static tlm_status spm_segment(const tlm_tokenizer *t, const uint8_t *buf, size_t
             uint8_t b = buf[sym[i].start + k];
             int32_t bid = t->byte_id[b] >= 0 ? t->byte_id[b] : t->unk;
             if (bid < 0)
-                st = tlm_err(TLM_ERR_ARG,
-                             "cannot encode byte 0x%02X: the vocabulary has neither a piece, a "
-                             "byte token nor <unk> for it",
-                             b);
+                st = core_err(TLM_ERR_ARG,
+                              "cannot encode byte 0x%02X: the vocabulary has neither a piece, a "
+                              "byte token nor <unk> for it",
+                              b);
             else
                 st = tok_ids_push(out, bid);
             if (t->byte_id[b] < 0) break; /* one <unk> per character */
@@ -292,9 +292,9 @@ static int seg_break(const uint8_t *b, size_t i) { return b[i] == ' ' && b[i - 1
 
 tlm_status tok_spm_encode_text(const tlm_tokenizer *t, const uint8_t *s, size_t n, tok_ids *out) {
     size_t total = n + (t->add_prefix ? 1 : 0);
-    if (total > UINT32_MAX / 4) return tlm_err(TLM_ERR_RANGE, "text too long for this tokenizer");
+    if (total > UINT32_MAX / 4) return core_err(TLM_ERR_RANGE, "text too long for this tokenizer");
     uint8_t *buf = malloc(total);
-    if (!buf) return tlm_err(TLM_ERR_NOMEM, "out of memory encoding %zu bytes", n);
+    if (!buf) return core_err(TLM_ERR_NOMEM, "out of memory encoding %zu bytes", n);
     if (t->add_prefix) buf[0] = ' ';
     memcpy(buf + (total - n), s, n);
     size_t maxseg = total;
@@ -310,7 +310,7 @@ tlm_status tok_spm_encode_text(const tlm_tokenizer *t, const uint8_t *s, size_t 
     spm_cand *h = malloc(maxseg * 3 * sizeof *h);
     tlm_status st = TLM_OK;
     if (!sym || !h) {
-        st = tlm_err(TLM_ERR_NOMEM, "out of memory encoding %zu bytes", n);
+        st = core_err(TLM_ERR_NOMEM, "out of memory encoding %zu bytes", n);
     } else if (!t->spm_split) {
         st = spm_segment(t, buf, total, sym, h, out);
     } else {

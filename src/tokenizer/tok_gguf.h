@@ -10,6 +10,6 @@
  * model (spaces as U+2581, byte tokens <0xNN>, scores), byte-level BPE as `gpt2` (GPT-2's
  * bytes-to-unicode text and merges), then the special ids and add_bos/add_eos flags.
  * TLM_ERR_UNSUPPORTED for char-level vocabularies, which GGUF cannot describe. */
-tlm_status tok_gguf_write_vocab(tlm_gguf_writer *w, const tlm_tokenizer *t);
+tlm_status tok_gguf_write_vocab(io_gguf_writer *w, const tlm_tokenizer *t);
 
 #endif

@@ -104,7 +104,7 @@ void tok_seed_init(void);
 /* The slot of a pair key: a full mix of the key and the seed (a multiplicative hash of the bare
  * key let every pair sharing its low bits share a slot). */
 static inline size_t tok_pair_slot(uint64_t k, size_t mask) {
-    return (size_t)tlm_mix64(k ^ tok_seed) & mask;
+    return (size_t)core_mix64(k ^ tok_seed) & mask;
 }
 tlm_status tok_map_build(tlm_tokenizer *t);
 /* Id of a TOK_NORMAL piece or -1. */

@@ -16,7 +16,7 @@ tlm_status tok_bytes_put(tok_bytes *b, const void *p, size_t n) {
     if (n > b->cap - b->n || !b->p) {
         size_t cap = b->cap ? b->cap : 256;
         while (cap - b->n < n) {
-            if (cap > SIZE_MAX / 2) return tlm_err(TLM_ERR_NOMEM, "buffer too large");
+            if (cap > SIZE_MAX / 2) return core_err(TLM_ERR_NOMEM, "buffer too large");
             cap *= 2;
         }
         /* p may point into the buffer itself (BPE training appends token bytes to the token
@@ -25,7 +25,7 @@ tlm_status tok_bytes_put(tok_bytes *b, const void *p, size_t n) {
         int inside = b->p && src >= b->p && src < b->p + b->n;
         size_t at = inside ? (size_t)(src - b->p) : 0;
         uint8_t *np = realloc(b->p, cap);
-        if (!np) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+        if (!np) return core_err(TLM_ERR_NOMEM, "out of memory");
         b->p = np;
         b->cap = cap;
         if (inside) p = np + at;
@@ -39,11 +39,11 @@ tlm_status tok_ids_reserve(tok_ids *v, size_t extra) {
     if (extra <= v->cap - v->n) return TLM_OK;
     size_t cap = v->cap ? v->cap : 64;
     while (cap - v->n < extra) {
-        if (cap > SIZE_MAX / 2 / sizeof(int32_t)) return tlm_err(TLM_ERR_NOMEM, "too many ids");
+        if (cap > SIZE_MAX / 2 / sizeof(int32_t)) return core_err(TLM_ERR_NOMEM, "too many ids");
         cap *= 2;
     }
     int32_t *np = realloc(v->p, cap * sizeof(int32_t));
-    if (!np) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    if (!np) return core_err(TLM_ERR_NOMEM, "out of memory");
     v->p = np;
     v->cap = cap;
     return TLM_OK;
@@ -64,7 +64,7 @@ static void draw_seed(void) {
         clock_gettime(CLOCK_MONOTONIC, &ts);
         s = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 32) ^ (uint64_t)(uintptr_t)&s;
     }
-    tok_seed = tlm_mix64(s | 1);
+    tok_seed = core_mix64(s | 1);
 }
 
 void tok_seed_init(void) { pthread_once(&seed_once, draw_seed); }
@@ -103,7 +103,7 @@ tlm_status tok_map_build(tlm_tokenizer *t) {
     free(t->map.slots);
     size_t cap = pow2_at_least((size_t)t->n * 2 + 1);
     t->map.slots = calloc(cap, sizeof(uint64_t));
-    if (!t->map.slots) return tlm_err(TLM_ERR_NOMEM, "out of memory for the vocabulary map");
+    if (!t->map.slots) return core_err(TLM_ERR_NOMEM, "out of memory for the vocabulary map");
     t->map.mask = cap - 1;
     for (int32_t id = 0; id < t->n; id++) {
         if (t->attr[id] != TOK_NORMAL) continue;
@@ -145,7 +145,7 @@ tlm_status tok_pairmap_init(tok_pairmap *m, size_t n) {
     m->vals = malloc(cap * sizeof(uint64_t));
     if (!m->keys || !m->vals) {
         tok_pairmap_free(m);
-        return tlm_err(TLM_ERR_NOMEM, "out of memory for the merge table");
+        return core_err(TLM_ERR_NOMEM, "out of memory for the merge table");
     }
     memset(m->keys, 0xFF, cap * sizeof(uint64_t));
     m->mask = cap - 1;
@@ -173,17 +173,17 @@ void tok_pairmap_put(tok_pairmap *m, int32_t a, int32_t b, uint32_t rank, int32_
 tlm_status tok_alloc(tlm_tokenizer **out, tlm_tokenizer_kind kind, int32_t n) {
     *out = NULL;
     if (n <= 0 || n > TOK_MAX_VOCAB)
-        return tlm_err(TLM_ERR_FORMAT, "vocabulary size %ld out of range (1..%d)", (long)n,
-                       TOK_MAX_VOCAB);
+        return core_err(TLM_ERR_FORMAT, "vocabulary size %ld out of range (1..%d)", (long)n,
+                        TOK_MAX_VOCAB);
     tlm_tokenizer *t = calloc(1, sizeof *t);
-    if (!t) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    if (!t) return core_err(TLM_ERR_NOMEM, "out of memory");
     t->kind = kind;
     t->n = n;
     t->off = calloc((size_t)n + 1, sizeof(uint64_t));
     t->attr = calloc((size_t)n, 1);
     if (!t->off || !t->attr) {
         tlm_tokenizer_free(t);
-        return tlm_err(TLM_ERR_NOMEM, "out of memory");
+        return core_err(TLM_ERR_NOMEM, "out of memory");
     }
     t->bos = t->eos = t->unk = -1;
     t->eot = t->eom = -1;
@@ -276,7 +276,7 @@ ptrdiff_t tok_strs_longest_prefix(const tok_str *s, size_t ns, const uint8_t *te
 tlm_status tok_finish(tlm_tokenizer *t) {
     if (!t->data) { /* every piece empty (degenerate but possible): keep data non-NULL */
         t->data = t->pieces.p = malloc(1);
-        if (!t->data) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+        if (!t->data) return core_err(TLM_ERR_NOMEM, "out of memory");
     }
     tlm_status s = tok_map_build(t);
     if (s) return s;
@@ -285,7 +285,7 @@ tlm_status tok_finish(tlm_tokenizer *t) {
         if (t->attr[i] == TOK_SPECIAL && t->off[i + 1] > t->off[i]) ns++;
     free(t->specials);
     t->specials = malloc(((size_t)ns + 1) * sizeof *t->specials);
-    if (!t->specials) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    if (!t->specials) return core_err(TLM_ERR_NOMEM, "out of memory");
     t->n_specials = 0;
     memset(t->special_first, 0, sizeof t->special_first);
     for (int32_t i = 0; i < t->n; i++)
@@ -363,8 +363,8 @@ tlm_status tlm_tokenizer_piece(const tlm_tokenizer *t, int32_t id, const char **
     if (id < 0 || id >= t->n) {
         *bytes = "";
         *len = 0;
-        return tlm_err(TLM_ERR_RANGE, "token id %ld out of range (vocabulary has %ld tokens)",
-                       (long)id, (long)t->n);
+        return core_err(TLM_ERR_RANGE, "token id %ld out of range (vocabulary has %ld tokens)",
+                        (long)id, (long)t->n);
     }
     *bytes = (const char *)tok_piece(t, id, len);
     return TLM_OK;
@@ -386,7 +386,7 @@ static tlm_status encode_text(const tlm_tokenizer *t, const uint8_t *s, size_t n
     case TLM_TOKENIZER_SPM: return tok_spm_encode_text(t, s, n, out);
     case TLM_TOKENIZER_CHAR: return tok_char_encode_text(t, s, n, out);
     }
-    return tlm_err(TLM_ERR_ARG, "unknown tokenizer kind");
+    return core_err(TLM_ERR_ARG, "unknown tokenizer kind");
 }
 
 /* Longest special token starting at s[i], or -1. */
@@ -400,14 +400,14 @@ tlm_status tlm_tokenizer_encode(const tlm_tokenizer *t, const void *text, size_t
                                 unsigned flags, int32_t **ids, size_t *n) {
     *ids = NULL;
     *n = 0;
-    if (!text && len) return tlm_err(TLM_ERR_ARG, "encode: NULL text");
+    if (!text && len) return core_err(TLM_ERR_ARG, "encode: NULL text");
     if (len > TLM_TOKENIZER_MAX_INPUT)
-        return tlm_err(TLM_ERR_RANGE, "encode: input of %zu bytes exceeds the limit of %zu bytes",
-                       len, (size_t)TLM_TOKENIZER_MAX_INPUT);
+        return core_err(TLM_ERR_RANGE, "encode: input of %zu bytes exceeds the limit of %zu bytes",
+                        len, (size_t)TLM_TOKENIZER_MAX_INPUT);
     if ((flags & TLM_ENCODE_ADD_BOS) && t->bos < 0)
-        return tlm_err(TLM_ERR_ARG, "encode: this vocabulary has no BOS token");
+        return core_err(TLM_ERR_ARG, "encode: this vocabulary has no BOS token");
     if ((flags & TLM_ENCODE_ADD_EOS) && t->eos < 0)
-        return tlm_err(TLM_ERR_ARG, "encode: this vocabulary has no EOS token");
+        return core_err(TLM_ERR_ARG, "encode: this vocabulary has no EOS token");
     const uint8_t *s = text;
     tok_ids out = {0};
     tlm_status st = tok_ids_reserve(&out, len / 3 + 4);
@@ -453,8 +453,8 @@ tlm_status tlm_tokenizer_encode(const tlm_tokenizer *t, const void *text, size_t
 static tlm_status decode_one(const tlm_tokenizer *t, int32_t id, unsigned flags, int *strip,
                              tok_bytes *b) {
     if (id < 0 || id >= t->n)
-        return tlm_err(TLM_ERR_RANGE, "decode: token id %ld out of range (vocabulary has %ld)",
-                       (long)id, (long)t->n);
+        return core_err(TLM_ERR_RANGE, "decode: token id %ld out of range (vocabulary has %ld)",
+                        (long)id, (long)t->n);
     size_t len;
     const uint8_t *p = tok_piece(t, id, &len);
     if (t->attr[id] == TOK_SPECIAL) {
@@ -502,7 +502,7 @@ struct tlm_decoder {
 
 tlm_status tlm_decoder_new(const tlm_tokenizer *t, unsigned flags, tlm_decoder **out) {
     *out = calloc(1, sizeof **out);
-    if (!*out) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    if (!*out) return core_err(TLM_ERR_NOMEM, "out of memory");
     (*out)->t = t;
     (*out)->flags = flags;
     (*out)->strip = t->add_prefix;
@@ -539,8 +539,8 @@ tlm_status tlm_decoder_push(tlm_decoder *d, int32_t id, const char **bytes, size
     size_t n = d->buf.n, i = 0;
     while (i < n) {
         uint32_t cp;
-        size_t l = tlm_utf8_next(p + i, n - i, &cp);
-        if (cp == TLM_UTF8_INVALID) {
+        size_t l = tok_utf8_next(p + i, n - i, &cp);
+        if (cp == TOK_UTF8_INVALID) {
             size_t want = utf8_claim(p[i]);
             if (want > n - i) {
                 /* truncated: hold it if what is there so far is a valid prefix */

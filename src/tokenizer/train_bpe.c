@@ -152,7 +152,7 @@ static tlm_status count_words(const char *const *texts, const size_t *lens, int 
             const uint8_t *p = segs[k].p;
             size_t n = segs[k].n;
             for (size_t i = 0; i < n && !failed;) {
-                size_t j = tlm_pretok_next(p, n, i);
+                size_t j = tok_pretok_next(p, n, i);
                 if (j - i > UINT32_MAX) {
                     failed = 2;
                     break;
@@ -172,12 +172,12 @@ static tlm_status count_words(const char *const *texts, const size_t *lens, int 
     for (int k = 0; k < threads; k++) free(tabs[k].e);
     free(tabs);
     free(segs);
-    if (failed == 2) return tlm_err(TLM_ERR_RANGE, "a pre-token is longer than 4 GiB");
-    if (failed) return tlm_err(TLM_ERR_NOMEM, "out of memory counting pre-tokens");
+    if (failed == 2) return core_err(TLM_ERR_RANGE, "a pre-token is longer than 4 GiB");
+    if (failed) return core_err(TLM_ERR_NOMEM, "out of memory counting pre-tokens");
     return TLM_OK;
 oom:
     free(segs);
-    return tlm_err(TLM_ERR_NOMEM, "out of memory splitting the training text");
+    return core_err(TLM_ERR_NOMEM, "out of memory splitting the training text");
 }
 
 /* ---- merging ------------------------------------------------------------------------------ */
@@ -326,37 +326,37 @@ tlm_status tlm_tokenizer_train_bpe_texts(const char *const *texts, const size_t 
                                          const tlm_bpe_train_opts *o, tlm_tokenizer **out) {
     *out = NULL;
     if (!o || n_texts < 0 || (n_texts && (!texts || !lens)))
-        return tlm_err(TLM_ERR_ARG, "train_bpe: missing arguments");
+        return core_err(TLM_ERR_ARG, "train_bpe: missing arguments");
     int nsp = o->n_specials;
-    if (nsp < 0 || (nsp && !o->specials)) return tlm_err(TLM_ERR_ARG, "train_bpe: bad specials");
+    if (nsp < 0 || (nsp && !o->specials)) return core_err(TLM_ERR_ARG, "train_bpe: bad specials");
     if (o->vocab_size < nsp + 256 || o->vocab_size > TOK_MAX_VOCAB)
-        return tlm_err(TLM_ERR_ARG,
-                       "train_bpe: vocabulary size %ld must be at least %d (the %d special tokens "
-                       "and 256 bytes) and at most %d",
-                       (long)o->vocab_size, nsp + 256, nsp, TOK_MAX_VOCAB);
+        return core_err(TLM_ERR_ARG,
+                        "train_bpe: vocabulary size %ld must be at least %d (the %d special tokens "
+                        "and 256 bytes) and at most %d",
+                        (long)o->vocab_size, nsp + 256, nsp, TOK_MAX_VOCAB);
     /* specials sorted by bytes, for longest-match splitting; a repeat is adjacent to its twin */
     special_set ss = {0};
     tok_str *sp = malloc(((size_t)nsp + 1) * sizeof *sp);
-    if (!sp) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    if (!sp) return core_err(TLM_ERR_NOMEM, "out of memory");
     for (int i = 0; i < nsp; i++) {
         sp[i] = (tok_str){(const uint8_t *)o->specials[i], strlen(o->specials[i]), i};
         if (sp[i].len == 0) {
             free(sp);
-            return tlm_err(TLM_ERR_ARG, "train_bpe: empty special token");
+            return core_err(TLM_ERR_ARG, "train_bpe: empty special token");
         }
         ss.first[sp[i].p[0]] = 1;
     }
     tok_strs_sort(sp, (size_t)nsp);
     for (int i = 1; i < nsp; i++)
         if (sp[i].len == sp[i - 1].len && !memcmp(sp[i].p, sp[i - 1].p, sp[i].len)) {
-            tlm_status e = tlm_err(TLM_ERR_ARG, "train_bpe: special token '%s' is repeated",
-                                   o->specials[sp[i].id]);
+            tlm_status e = core_err(TLM_ERR_ARG, "train_bpe: special token '%s' is repeated",
+                                    o->specials[sp[i].id]);
             free(sp);
             return e;
         }
     ss.sp = sp;
     ss.ns = (size_t)nsp;
-    int threads = o->threads > 0 ? o->threads : tlm_get_threads();
+    int threads = o->threads > 0 ? o->threads : tlm_threads_get();
     if (threads < 1) threads = 1;
     if (threads > 256) threads = 256;
 
@@ -391,7 +391,7 @@ tlm_status tlm_tokenizer_train_bpe_texts(const char *const *texts, const size_t 
             tr.nwords++;
         }
     if (tr.nwords > INT32_MAX) {
-        s = tlm_err(TLM_ERR_RANGE, "train_bpe: more than 2^31 distinct pre-tokens");
+        s = core_err(TLM_ERR_RANGE, "train_bpe: more than 2^31 distinct pre-tokens");
         goto done;
     }
     tr.sym = malloc((total_sym + 1) * sizeof *tr.sym);
@@ -486,7 +486,8 @@ tlm_status tlm_tokenizer_train_bpe_texts(const char *const *texts, const size_t 
             if (!heap_push(&tr, dirty.p[i])) goto oom_m;
         if (o->progress && (n_merges % 256 == 0 || n_merges == want) &&
             o->progress(o->user, n_merges, want)) {
-            s = tlm_err(TLM_ERR_INTERRUPTED, "train_bpe: stopped after %ld merges", (long)n_merges);
+            s = core_err(TLM_ERR_INTERRUPTED, "train_bpe: stopped after %ld merges",
+                         (long)n_merges);
             goto done_m;
         }
     }
@@ -511,7 +512,7 @@ tlm_status tlm_tokenizer_train_bpe_texts(const char *const *texts, const size_t 
             uint8_t stackbuf[256];
             uint8_t *buf = la + lb <= sizeof stackbuf ? stackbuf : malloc(la + lb);
             if (!buf) {
-                s = tlm_err(TLM_ERR_NOMEM, "out of memory");
+                s = core_err(TLM_ERR_NOMEM, "out of memory");
                 break;
             }
             memcpy(buf, tr.tb.p + tr.toff[a], la);
@@ -534,7 +535,7 @@ done_m:
 oom_m:
     free(merges);
 oom:
-    s = tlm_err(TLM_ERR_NOMEM, "train_bpe: out of memory");
+    s = core_err(TLM_ERR_NOMEM, "train_bpe: out of memory");
 done:
     tlm_tokenizer_free(t);
     free(dirty.p);
@@ -547,20 +548,20 @@ done:
 tlm_status tlm_tokenizer_train_bpe(const char *const *files, int n_files,
                                    const tlm_bpe_train_opts *opts, tlm_tokenizer **out) {
     *out = NULL;
-    if (n_files <= 0 || !files) return tlm_err(TLM_ERR_ARG, "train_bpe: no input files");
-    tlm_mmap *maps = calloc((size_t)n_files, sizeof *maps);
+    if (n_files <= 0 || !files) return core_err(TLM_ERR_ARG, "train_bpe: no input files");
+    core_mmap *maps = calloc((size_t)n_files, sizeof *maps);
     const char **texts = calloc((size_t)n_files, sizeof *texts);
     size_t *lens = calloc((size_t)n_files, sizeof *lens);
-    tlm_status s = maps && texts && lens ? TLM_OK : tlm_err(TLM_ERR_NOMEM, "out of memory");
+    tlm_status s = maps && texts && lens ? TLM_OK : core_err(TLM_ERR_NOMEM, "out of memory");
     int opened = 0;
     for (; opened < n_files && !s; opened++) {
-        s = tlm_mmap_open(&maps[opened], files[opened]);
+        s = core_mmap_open(&maps[opened], files[opened]);
         if (s) break;
         texts[opened] = (const char *)maps[opened].data;
         lens[opened] = maps[opened].size;
     }
     if (!s) s = tlm_tokenizer_train_bpe_texts(texts, lens, n_files, opts, out);
-    for (int i = 0; i < opened; i++) tlm_mmap_close(&maps[i]);
+    for (int i = 0; i < opened; i++) core_mmap_close(&maps[i]);
     free(maps);
     free(texts);
     free(lens);

@@ -1,6 +1,6 @@
 #include "unicode.h"
 
-size_t tlm_utf8_put(uint32_t cp, uint8_t *out) {
+size_t tok_utf8_put(uint32_t cp, uint8_t *out) {
     if (cp < 0x80) {
         out[0] = (uint8_t)cp;
         return 1;
@@ -23,19 +23,19 @@ size_t tlm_utf8_put(uint32_t cp, uint8_t *out) {
     return 4;
 }
 
-int tlm_uni_class(uint32_t cp) {
-    if (cp == TLM_UTF8_INVALID) return TLM_UNI_OTHER;
-    int lo = 0, hi = tlm_uni_n_ranges - 1;
+int tok_uni_class(uint32_t cp) {
+    if (cp == TOK_UTF8_INVALID) return TOK_UNI_OTHER;
+    int lo = 0, hi = tok_uni_n_ranges - 1;
     while (lo <= hi) {
         int mid = (lo + hi) >> 1;
-        if (cp < tlm_uni_ranges[mid].lo)
+        if (cp < tok_uni_ranges[mid].lo)
             hi = mid - 1;
-        else if (cp > tlm_uni_ranges[mid].hi)
+        else if (cp > tok_uni_ranges[mid].hi)
             lo = mid + 1;
         else
-            return (int)tlm_uni_ranges[mid].cls;
+            return (int)tok_uni_ranges[mid].cls;
     }
-    return TLM_UNI_OTHER;
+    return TOK_UNI_OTHER;
 }
 
 /* ASCII classes, the hot path of every English text. */
@@ -57,11 +57,11 @@ static inline int cls_at(const uint8_t *s, size_t n, size_t i, size_t *len) {
         return ascii_cls[c];
     }
     uint32_t cp;
-    *len = tlm_utf8_next(s + i, n - i, &cp);
-    return tlm_uni_class(cp);
+    *len = tok_utf8_next(s + i, n - i, &cp);
+    return tok_uni_class(cp);
 }
 
-size_t tlm_pretok_next(const uint8_t *s, size_t n, size_t i) {
+size_t tok_pretok_next(const uint8_t *s, size_t n, size_t i) {
     /* The contractions come first in the alternation, so they win even inside a word. */
     if (s[i] == '\'' && i + 1 < n) {
         uint8_t c1 = s[i + 1];
@@ -75,12 +75,12 @@ size_t tlm_pretok_next(const uint8_t *s, size_t n, size_t i) {
     size_t j = i;
     if (s[i] == ' ' && i + 1 < n) {
         int c2 = cls_at(s, n, i + 1, &l);
-        if (c2 != TLM_UNI_SPACE) {
+        if (c2 != TOK_UNI_SPACE) {
             target = c2;
             j = i + 1;
         }
     }
-    if (target != TLM_UNI_SPACE) {
+    if (target != TOK_UNI_SPACE) {
         while (j < n) {
             if (cls_at(s, n, j, &l) != target) break;
             j += l;
@@ -91,7 +91,7 @@ size_t tlm_pretok_next(const uint8_t *s, size_t n, size_t i) {
      * (which then starts the next pre-token); a single space before a non-space is \s+. */
     size_t last = i;
     while (j < n) {
-        if (cls_at(s, n, j, &l) != TLM_UNI_SPACE) break;
+        if (cls_at(s, n, j, &l) != TOK_UNI_SPACE) break;
         last = j;
         j += l;
     }
@@ -103,7 +103,7 @@ size_t tlm_pretok_next(const uint8_t *s, size_t n, size_t i) {
  * lower-cases to one of s, t, m, d, r, e, v, l). */
 static inline uint8_t lower(uint8_t c) { return c >= 'A' && c <= 'Z' ? (uint8_t)(c + 32) : c; }
 
-size_t tlm_pretok_next_llama3(const uint8_t *s, size_t n, size_t i, int max_digits) {
+size_t tok_pretok_next_llama3(const uint8_t *s, size_t n, size_t i, int max_digits) {
     if (s[i] == '\'' && i + 1 < n) {
         uint8_t c1 = lower(s[i + 1]);
         if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') return i + 2;
@@ -118,26 +118,26 @@ size_t tlm_pretok_next_llama3(const uint8_t *s, size_t n, size_t i, int max_digi
     int next = i + l < n ? cls_at(s, n, i + l, &l2) : -1; /* -1: past the end */
     int newline = s[i] == '\r' || s[i] == '\n';
     /* [^\r\n\p{L}\p{N}]?\p{L}+ */
-    if (!newline && cls != TLM_UNI_NUMBER && (cls == TLM_UNI_LETTER || next == TLM_UNI_LETTER)) {
+    if (!newline && cls != TOK_UNI_NUMBER && (cls == TOK_UNI_LETTER || next == TOK_UNI_LETTER)) {
         size_t j = i + l;
-        while (j < n && cls_at(s, n, j, &l2) == TLM_UNI_LETTER) j += l2;
+        while (j < n && cls_at(s, n, j, &l2) == TOK_UNI_LETTER) j += l2;
         return j;
     }
     /* \p{N}{1,max_digits} */
-    if (cls == TLM_UNI_NUMBER) {
+    if (cls == TOK_UNI_NUMBER) {
         size_t j = i;
-        for (int d = 0; d < max_digits && j < n && cls_at(s, n, j, &l2) == TLM_UNI_NUMBER; d++)
+        for (int d = 0; d < max_digits && j < n && cls_at(s, n, j, &l2) == TOK_UNI_NUMBER; d++)
             j += l2;
         return j;
     }
     /* ' ?[^\s\p{L}\p{N}]+[\r\n]*': a space, then at least one character of none of the three
      * classes; a lone space at the end is taken here too (the same piece as \s+ would give) */
     int c2 = s[i] == ' ' ? next : cls;
-    if (c2 != TLM_UNI_SPACE && c2 != TLM_UNI_LETTER && c2 != TLM_UNI_NUMBER) {
+    if (c2 != TOK_UNI_SPACE && c2 != TOK_UNI_LETTER && c2 != TOK_UNI_NUMBER) {
         size_t j = i + (s[i] == ' ');
         while (j < n) {
             int c = cls_at(s, n, j, &l2);
-            if (c == TLM_UNI_SPACE || c == TLM_UNI_LETTER || c == TLM_UNI_NUMBER) break;
+            if (c == TOK_UNI_SPACE || c == TOK_UNI_LETTER || c == TOK_UNI_NUMBER) break;
             j += l2;
         }
         while (j < n && (s[j] == '\r' || s[j] == '\n')) j++;
@@ -146,7 +146,7 @@ size_t tlm_pretok_next_llama3(const uint8_t *s, size_t n, size_t i, int max_digi
     /* the run of whitespace from i: up to its last \r or \n if it has one (\s*[\r\n]+), else
      * all of it but its last character when more follows (\s+(?!\S)), else all of it (\s+) */
     size_t j = i, last = i, end_rn = 0, count = 0;
-    while (j < n && cls_at(s, n, j, &l2) == TLM_UNI_SPACE) {
+    while (j < n && cls_at(s, n, j, &l2) == TOK_UNI_SPACE) {
         if (s[j] == '\r' || s[j] == '\n') end_rn = j + 1;
         last = j;
         j += l2;

@@ -12,7 +12,7 @@
 
 /* One mapped file of tokens. */
 typedef struct {
-    tlm_mmap map;
+    core_mmap map;
     const uint8_t *tokens;
     int width;
     size_t n;
@@ -43,23 +43,24 @@ static uint32_t get_u32(const uint8_t *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-tlm_status tlm_tokens_write(const char *path, const int32_t *ids, size_t n, int32_t vocab_size) {
-    if (vocab_size <= 0) return tlm_err(TLM_ERR_ARG, "vocab size must be positive");
+tlm_status tlm_dataset_write_tokens(const char *path, const int32_t *ids, size_t n,
+                                    int32_t vocab_size) {
+    if (vocab_size <= 0) return core_err(TLM_ERR_ARG, "vocab size must be positive");
     int width = vocab_size <= 65536 ? 2 : 4;
     for (size_t i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= vocab_size)
-            return tlm_err(TLM_ERR_RANGE, "token %d at %zu outside the vocabulary (%d)", ids[i], i,
-                           vocab_size);
+            return core_err(TLM_ERR_RANGE, "token %d at %zu outside the vocabulary (%d)", ids[i], i,
+                            vocab_size);
     uint8_t head[TOK_HEADER] = {0};
     memcpy(head, TOK_MAGIC, 8);
     put_u32(head + 8, 1);
     put_u32(head + 12, (uint32_t)width);
     put_u64(head + 16, n);
     put_u64(head + 24, (uint64_t)vocab_size);
-    tlm_atomic_file a;
-    tlm_status s = tlm_atomic_open(&a, path);
+    core_atomic_file a;
+    tlm_status s = core_atomic_open(&a, path);
     if (s) return s;
-    s = tlm_atomic_write(&a, head, sizeof head);
+    s = core_atomic_write(&a, head, sizeof head);
     uint8_t buf[8192];
     for (size_t i = 0; i < n && !s;) {
         size_t k = 0;
@@ -72,13 +73,13 @@ tlm_status tlm_tokens_write(const char *path, const int32_t *ids, size_t n, int3
                 buf[k + 3] = (uint8_t)(v >> 24);
             }
         }
-        s = tlm_atomic_write(&a, buf, k);
+        s = core_atomic_write(&a, buf, k);
     }
     if (s) {
-        tlm_atomic_abort(&a);
+        core_atomic_abort(&a);
         return s;
     }
-    return tlm_atomic_commit(&a);
+    return core_atomic_commit(&a);
 }
 
 /* llm.c's shards (dev/data/data_common.py): 256 little-endian int32 (magic, version 1, token
@@ -87,65 +88,65 @@ tlm_status tlm_tokens_write(const char *path, const int32_t *ids, size_t n, int3
 #define LLMC_HEADER (256 * 4)
 
 static tlm_status open_file(const char *path, tok_file *f, int32_t *vocab) {
-    tlm_status s = tlm_mmap_open(&f->map, path);
+    tlm_status s = core_mmap_open(&f->map, path);
     if (s) return s;
     const uint8_t *p = f->map.data;
     size_t size = f->map.size, bytes;
     *vocab = 0;
     if (size >= TOK_HEADER && memcmp(p, TOK_MAGIC, 8) == 0) {
         if (get_u32(p + 8) != 1 || (get_u32(p + 12) != 2 && get_u32(p + 12) != 4)) {
-            s = tlm_err(TLM_ERR_FORMAT, "'%s': unsupported token file version or width", path);
+            s = core_err(TLM_ERR_FORMAT, "'%s': unsupported token file version or width", path);
         } else {
             f->width = (int)get_u32(p + 12);
             f->n = (size_t)get_u64(p + 16);
             uint64_t vs = get_u64(p + 24);
-            if (vs == 0 || vs > INT32_MAX || !tlm_mul_ok(f->n, (size_t)f->width, &bytes) ||
+            if (vs == 0 || vs > INT32_MAX || !core_mul_ok(f->n, (size_t)f->width, &bytes) ||
                 bytes != size - TOK_HEADER)
-                s = tlm_err(TLM_ERR_FORMAT, "'%s': header does not match the file size", path);
+                s = core_err(TLM_ERR_FORMAT, "'%s': header does not match the file size", path);
             *vocab = (int32_t)vs;
             f->tokens = p + TOK_HEADER;
         }
     } else if (size >= 4 && get_u32(p) == LLMC_MAGIC) {
         if (size < LLMC_HEADER) {
-            s = tlm_err(TLM_ERR_FORMAT, "'%s': llm.c shard shorter than its %d-byte header", path,
-                        LLMC_HEADER);
+            s = core_err(TLM_ERR_FORMAT, "'%s': llm.c shard shorter than its %d-byte header", path,
+                         LLMC_HEADER);
         } else if (get_u32(p + 4) != 1) {
-            s = tlm_err(TLM_ERR_FORMAT,
-                        "'%s': llm.c shard version %u; only version 1 (uint16 tokens) is known",
-                        path, get_u32(p + 4));
+            s = core_err(TLM_ERR_FORMAT,
+                         "'%s': llm.c shard version %u; only version 1 (uint16 tokens) is known",
+                         path, get_u32(p + 4));
         } else {
             f->width = 2;
             f->n = get_u32(p + 8);
             if ((size - LLMC_HEADER) % 2 != 0 || (size - LLMC_HEADER) / 2 != f->n)
-                s = tlm_err(TLM_ERR_FORMAT,
-                            "'%s': llm.c shard header says %zu tokens, the file holds %zu bytes "
-                            "of tokens (truncated or not a shard)",
-                            path, f->n, size - LLMC_HEADER);
+                s = core_err(TLM_ERR_FORMAT,
+                             "'%s': llm.c shard header says %zu tokens, the file holds %zu bytes "
+                             "of tokens (truncated or not a shard)",
+                             path, f->n, size - LLMC_HEADER);
             f->tokens = p + LLMC_HEADER;
         }
     } else {
-        s = tlm_err(TLM_ERR_FORMAT, "'%s' is not a tlm token file or an llm.c shard", path);
+        s = core_err(TLM_ERR_FORMAT, "'%s' is not a tlm token file or an llm.c shard", path);
     }
-    if (s) tlm_mmap_close(&f->map);
+    if (s) core_mmap_close(&f->map);
     return s;
 }
 
 void tlm_dataset_free(tlm_dataset *d) {
     if (!d) return;
-    for (int i = 0; i < d->n_files; i++) tlm_mmap_close(&d->files[i].map);
+    for (int i = 0; i < d->n_files; i++) core_mmap_close(&d->files[i].map);
     free(d->files);
     free(d->start);
     free(d);
 }
 
-tlm_status tlm_dataset_open_files(const char *const *train, int n_train, const char *const *val,
+tlm_status tlm_dataset_load_files(const char *const *train, int n_train, const char *const *val,
                                   int n_val, double val_fraction, tlm_dataset **out) {
     *out = NULL;
     if (n_train < 1 || n_val < 0 || (n_val > 0 && !val))
-        return tlm_err(TLM_ERR_ARG, "a dataset needs at least one training file");
+        return core_err(TLM_ERR_ARG, "a dataset needs at least one training file");
     if (n_val > 0) val_fraction = 0;
     if (!(val_fraction >= 0.0 && val_fraction < 1.0))
-        return tlm_err(TLM_ERR_ARG, "validation fraction %g must be in [0, 1)", val_fraction);
+        return core_err(TLM_ERR_ARG, "validation fraction %g must be in [0, 1)", val_fraction);
     tlm_dataset *d = calloc(1, sizeof *d);
     int total = n_train + n_val;
     if (d) {
@@ -154,7 +155,7 @@ tlm_status tlm_dataset_open_files(const char *const *train, int n_train, const c
     }
     if (!d || !d->files || !d->start) {
         tlm_dataset_free(d);
-        return tlm_err(TLM_ERR_NOMEM, "out of memory");
+        return core_err(TLM_ERR_NOMEM, "out of memory");
     }
     for (int i = 0; i < total; i++) {
         int32_t vocab;
@@ -174,8 +175,8 @@ tlm_status tlm_dataset_open_files(const char *const *train, int n_train, const c
     return TLM_OK;
 }
 
-tlm_status tlm_dataset_open(const char *path, double val_fraction, tlm_dataset **out) {
-    return tlm_dataset_open_files(&path, 1, NULL, 0, val_fraction, out);
+tlm_status tlm_dataset_load(const char *path, double val_fraction, tlm_dataset **out) {
+    return tlm_dataset_load_files(&path, 1, NULL, 0, val_fraction, out);
 }
 
 size_t tlm_dataset_size(const tlm_dataset *d, tlm_split split) {
@@ -210,18 +211,18 @@ size_t tlm_dataset_window(const tlm_dataset *d, tlm_split split, uint64_t seed, 
     /* Counter-based: any process can draw any window of any step without drawing the others, and
      * 64 bits make the modulo's bias negligible for any corpus. */
     const uint64_t golden = 0x9E3779B97F4A7C15ull; /* keeps zero seeds and counters off 0 */
-    uint64_t h = tlm_mix64(tlm_mix64(tlm_mix64(seed + golden) ^ stream) + golden * (index + 1));
+    uint64_t h = core_mix64(core_mix64(core_mix64(seed + golden) ^ stream) + golden * (index + 1));
     return (size_t)(h % (uint64_t)(n - (size_t)T));
 }
 
-tlm_status tlm_dataset_windows(const tlm_dataset *d, tlm_split split, uint64_t seed,
+tlm_status trn_dataset_windows(const tlm_dataset *d, tlm_split split, uint64_t seed,
                                uint64_t stream, uint64_t first, int B, int T, int32_t *ids,
                                int32_t *targets) {
     size_t lo = split == TLM_SPLIT_TRAIN ? 0 : d->n_train;
     size_t n = tlm_dataset_size(d, split);
     if (n < (size_t)T + 1)
-        return tlm_err(TLM_ERR_ARG, "the %s split has %zu tokens, fewer than a window of %d + 1",
-                       split == TLM_SPLIT_TRAIN ? "training" : "validation", n, T);
+        return core_err(TLM_ERR_ARG, "the %s split has %zu tokens, fewer than a window of %d + 1",
+                        split == TLM_SPLIT_TRAIN ? "training" : "validation", n, T);
     for (int b = 0; b < B; b++) {
         size_t start = lo + tlm_dataset_window(d, split, seed, stream, first + (uint64_t)b, T);
         for (int t = 0; t < T; t++) {

@@ -7,24 +7,24 @@
 #include "model/model.h"
 #include "train/train.h"
 
-tlm_status tlm_adamw_create(const tlm_model *m, tlm_adamw **out) {
-    return tlm_adamw_create_range(m, 0, m->n_params, out);
+tlm_status tlm_adamw_new(const tlm_model *m, tlm_adamw **out) {
+    return tlm_adamw_new_range(m, 0, m->n_params, out);
 }
 
-tlm_status tlm_adamw_create_range(const tlm_model *m, size_t begin, size_t end, tlm_adamw **out) {
+tlm_status tlm_adamw_new_range(const tlm_model *m, size_t begin, size_t end, tlm_adamw **out) {
     *out = NULL;
     if (begin >= end || end > m->n_params)
-        return tlm_err(TLM_ERR_ARG, "optimizer range [%zu, %zu) is not inside the %zu parameters",
-                       begin, end, m->n_params);
+        return core_err(TLM_ERR_ARG, "optimizer range [%zu, %zu) is not inside the %zu parameters",
+                        begin, end, m->n_params);
     tlm_adamw *o = calloc(1, sizeof *o);
-    if (!o) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    if (!o) return core_err(TLM_ERR_NOMEM, "out of memory");
     o->begin = begin;
     o->n = end - begin;
-    o->m = tlm_big_alloc(o->n * sizeof(float));
-    o->v = tlm_big_alloc(o->n * sizeof(float));
+    o->m = core_big_alloc(o->n * sizeof(float));
+    o->v = core_big_alloc(o->n * sizeof(float));
     if (!o->m || !o->v) {
         tlm_adamw_free(o);
-        return tlm_err(TLM_ERR_NOMEM, "out of memory for optimizer state");
+        return core_err(TLM_ERR_NOMEM, "out of memory for optimizer state");
     }
     *out = o;
     return TLM_OK;
@@ -32,8 +32,8 @@ tlm_status tlm_adamw_create_range(const tlm_model *m, size_t begin, size_t end, 
 
 void tlm_adamw_free(tlm_adamw *o) {
     if (!o) return;
-    tlm_big_free(o->m, o->n * sizeof(float));
-    tlm_big_free(o->v, o->n * sizeof(float));
+    core_big_free(o->m, o->n * sizeof(float));
+    core_big_free(o->v, o->n * sizeof(float));
     free(o);
 }
 
@@ -52,7 +52,7 @@ long tlm_adamw_steps(const tlm_adamw *o) { return o->step; }
 void tlm_adamw_set_steps(tlm_adamw *o, long steps) { o->step = steps; }
 
 /* Double literals: PyTorch's hyperparameters are Python floats, and 0.9f would be 0.89999998. */
-void tlm_adamw_defaults(tlm_adamw_opts *h) {
+void tlm_adamw_opts_defaults(tlm_adamw_opts *h) {
     h->beta1 = 0.9;
     h->beta2 = 0.95;
     h->eps = 1e-8;
@@ -93,10 +93,10 @@ tlm_status tlm_adamw_step_scaled(tlm_adamw *o, tlm_model *m, const float *grads,
                                  double lr, const tlm_adamw_opts *h) {
     FP_FLUSH_SCOPE();
     if (o->begin + o->n > m->n_params)
-        return tlm_err(TLM_ERR_ARG, "optimizer does not match the model");
+        return core_err(TLM_ERR_ARG, "optimizer does not match the model");
     if (!m->st.params)
-        return tlm_err(TLM_ERR_ARG, "optimizer: the model is read-only (load it with "
-                                    "TLM_LOAD_WRITABLE)");
+        return core_err(TLM_ERR_ARG, "optimizer: the model is read-only (load it with "
+                                     "TLM_LOAD_WRITABLE)");
     o->step++;
     /* The scalars follow torch.optim.AdamW (single-tensor path): bias corrections in double,
      * then float tensor arithmetic in the same order. */
@@ -130,7 +130,7 @@ tlm_status tlm_adamw_step_scaled(tlm_adamw *o, tlm_model *m, const float *grads,
     return TLM_OK;
 }
 
-double tlm_lr_at(const tlm_schedule *s, long step) {
+double tlm_schedule_lr(const tlm_schedule *s, long step) {
     if (s->warmup > 0 && step < s->warmup)
         return s->max_lr * (double)(step + 1) / (double)s->warmup;
     long span = s->total_steps - 1 - s->warmup;
@@ -170,7 +170,7 @@ double tlm_grad_sumsq(const float *grads, size_t n) {
     return ss;
 }
 
-float tlm_clip_coef(double norm, double max_norm) {
+float tlm_grad_clip_coef(double norm, double max_norm) {
     /* torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) only when below 1. */
     if (max_norm <= 0 || !isfinite(norm)) return 1.0f;
     double coef = max_norm / (norm + 1e-6);
@@ -182,10 +182,10 @@ K_INLINE void scale_span(float *g, float c, long a, long b) {
 }
 K_VERSIONS(scale_span, (float *g, float c, long a, long b), (g, c, a, b))
 
-double tlm_clip_grad_norm(float *grads, size_t n, double max_norm) {
+double tlm_grad_clip(float *grads, size_t n, double max_norm) {
     FP_FLUSH_SCOPE();
     double norm = tlm_grad_norm(grads, n);
-    float c = tlm_clip_coef(norm, max_norm);
+    float c = tlm_grad_clip_coef(norm, max_norm);
     if (c != 1.0f) {
         scale_span_fn *f = scale_span_pick();
 #pragma omp parallel

@@ -14,7 +14,7 @@ struct tlm_adamw {
 
 /* B windows of T tokens of a split: windows first .. first + B - 1 of stream `stream` (see
  * tlm_dataset_window), ids and the next-token targets. */
-tlm_status tlm_dataset_windows(const tlm_dataset *d, tlm_split split, uint64_t seed,
+tlm_status trn_dataset_windows(const tlm_dataset *d, tlm_split split, uint64_t seed,
                                uint64_t stream, uint64_t first, int B, int T, int32_t *ids,
                                int32_t *targets);
 
@@ -24,13 +24,13 @@ typedef struct {
     /* Draws nothing (a step's windows are a hash of seed and step); kept and seeded from the seed
      * so that every checkpoint, written by any version, has the keys rng_state and rng_inc that
      * the loader reads. */
-    tlm_rng rng;
+    core_rng rng;
     uint64_t seed;
-} tlm_train_state;
+} trn_state;
 
 /* OUTDIR/checkpoint.safetensors: parameters, AdamW moments, step and RNG; one atomic write. */
-tlm_status tlm_checkpoint_save(const char *path, const tlm_model *m, const tlm_adamw *opt,
-                               const tlm_train_state *st);
-tlm_status tlm_checkpoint_load(const char *path, tlm_model *m, tlm_adamw *opt, tlm_train_state *st);
+tlm_status trn_checkpoint_save(const char *path, const tlm_model *m, const tlm_adamw *opt,
+                               const trn_state *st);
+tlm_status trn_checkpoint_load(const char *path, tlm_model *m, tlm_adamw *opt, trn_state *st);
 
 #endif

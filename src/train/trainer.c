@@ -10,7 +10,7 @@
 #include "model/model.h"
 #include "train/train.h"
 
-void tlm_train_defaults(tlm_train_opts *o) {
+void tlm_train_opts_defaults(tlm_train_opts *o) {
     memset(o, 0, sizeof *o);
     o->steps = 1000;
     o->batch = 16;
@@ -18,7 +18,7 @@ void tlm_train_defaults(tlm_train_opts *o) {
     o->lr = 1e-3;
     o->min_lr = 1e-4;
     o->warmup = 100;
-    tlm_adamw_defaults(&o->adam);
+    tlm_adamw_opts_defaults(&o->adam);
     o->clip = 1.0;
     o->eval_interval = 250;
     o->eval_batches = 100; /* sd of the figure ~0.008 on Shakespeare-char (bench/README.md) */
@@ -52,7 +52,7 @@ static int hist_add(history *h, long step, float train, float val) {
 static tlm_status write_svg(const char *path, const history *h, long total) {
     size_t cap = 4096 + h->n * 64, len = 0;
     char *buf = malloc(cap);
-    if (!buf) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    if (!buf) return core_err(TLM_ERR_NOMEM, "out of memory");
     float lo = INFINITY, hi = -INFINITY;
     for (size_t i = 0; i < h->n; i++) {
         float v[2] = {h->p[i].train, h->p[i].val};
@@ -93,7 +93,7 @@ static tlm_status write_svg(const char *path, const history *h, long total) {
                 char *nb = realloc(buf, cap * 2);
                 if (!nb) {
                     free(buf);
-                    return tlm_err(TLM_ERR_NOMEM, "out of memory");
+                    return core_err(TLM_ERR_NOMEM, "out of memory");
                 }
                 buf = nb;
                 cap *= 2;
@@ -106,7 +106,7 @@ static tlm_status write_svg(const char *path, const history *h, long total) {
     OUT("<text x=\"%g\" y=\"%g\" fill=\"#e6550d\">validation loss</text>\n", W - 180, T + 28);
     OUT("</svg>\n");
 #undef OUT
-    tlm_status s = tlm_write_file_atomic(path, buf, len);
+    tlm_status s = core_write_file_atomic(path, buf, len);
     free(buf);
     return s;
 }
@@ -115,7 +115,7 @@ static tlm_status write_svg(const char *path, const history *h, long total) {
 static tlm_status reload_log(const char *path, long upto, history *h) {
     char *text;
     size_t len;
-    if (tlm_read_file(path, &text, &len) != TLM_OK) return TLM_OK; /* no log yet */
+    if (core_read_file(path, &text, &len) != TLM_OK) return TLM_OK; /* no log yet */
     size_t keep = 0;
     for (char *line = text; *line;) {
         char *end = strchr(line, '\n');
@@ -133,7 +133,7 @@ static tlm_status reload_log(const char *path, long upto, history *h) {
         cJSON_Delete(o);
         line += n;
     }
-    tlm_status s = tlm_write_file_atomic(path, text, keep);
+    tlm_status s = core_write_file_atomic(path, text, keep);
     free(text);
     return s;
 }
@@ -149,17 +149,17 @@ static tlm_status eval_chunks(tlm_train_ctx *x, const tlm_dataset *d, tlm_split 
     *sum = 0;
     for (long i = rank; i < chunks; i += world) {
         double loss;
-        tlm_status s = tlm_dataset_windows(d, split, seed, EVAL_STREAM, (uint64_t)i * (uint64_t)B,
+        tlm_status s = trn_dataset_windows(d, split, seed, EVAL_STREAM, (uint64_t)i * (uint64_t)B,
                                            B, T, ids, tg);
-        if (!s) s = tlm_ctx_batch_loss(x, ids, tg, B, T, &loss);
+        if (!s) s = mdl_ctx_batch_loss(x, ids, tg, B, T, &loss);
         if (s) return s;
         *sum += loss;
     }
     return TLM_OK;
 }
 
-double tlm_evaluate(tlm_train_ctx *x, const tlm_dataset *d, tlm_split split, int B, int T,
-                    int batches, uint64_t seed) {
+double tlm_train_ctx_evaluate(tlm_train_ctx *x, const tlm_dataset *d, tlm_split split, int B, int T,
+                              int batches, uint64_t seed) {
     FP_FLUSH_SCOPE();
     size_t N = (size_t)B * T;
     int32_t *ids = malloc(N * sizeof *ids), *tg = malloc(N * sizeof *tg);
@@ -182,7 +182,7 @@ struct tlm_trainer {
     tlm_train_ctx *x;
     float *grads;
     tlm_adamw *opt;
-    tlm_train_state st;
+    trn_state st;
     tlm_schedule sched;
     int32_t *ids, *tg;
     char *ckpt, *model_path;
@@ -192,7 +192,7 @@ void tlm_trainer_free(tlm_trainer *t) {
     if (!t) return;
     tlm_train_ctx_free(t->x);
     tlm_adamw_free(t->opt);
-    tlm_big_free(t->grads, t->m->n_params * sizeof(float));
+    core_big_free(t->grads, t->m->n_params * sizeof(float));
     free(t->ids);
     free(t->tg);
     free(t->ckpt);
@@ -205,10 +205,10 @@ void tlm_trainer_free(tlm_trainer *t) {
  * different number of processes). */
 static tlm_status resume(tlm_trainer *t) {
     if (t->opt->begin == 0 && t->opt->n == t->m->n_params)
-        return tlm_checkpoint_load(t->ckpt, t->m, t->opt, &t->st);
+        return trn_checkpoint_load(t->ckpt, t->m, t->opt, &t->st);
     tlm_adamw *whole = NULL;
-    tlm_status s = tlm_adamw_create(t->m, &whole);
-    if (!s) s = tlm_checkpoint_load(t->ckpt, t->m, whole, &t->st);
+    tlm_status s = tlm_adamw_new(t->m, &whole);
+    if (!s) s = trn_checkpoint_load(t->ckpt, t->m, whole, &t->st);
     if (!s) {
         memcpy(t->opt->m, whole->m + t->opt->begin, t->opt->n * sizeof(float));
         memcpy(t->opt->v, whole->v + t->opt->begin, t->opt->n * sizeof(float));
@@ -224,35 +224,35 @@ tlm_status tlm_trainer_new(tlm_model *m, const tlm_dataset *d, const tlm_train_o
     const tlm_config *c = &m->c;
     int B = o->batch, T = o->seq_len ? o->seq_len : c->context_length;
     if (!m->st.params)
-        return tlm_err(TLM_ERR_ARG,
-                       "train: the model is read-only (load it with TLM_LOAD_WRITABLE)");
+        return core_err(TLM_ERR_ARG,
+                        "train: the model is read-only (load it with TLM_LOAD_WRITABLE)");
     if (B <= 0 || T <= 0 || T > c->context_length)
-        return tlm_err(TLM_ERR_ARG, "batch %d x sequence %d invalid for context %d", B, T,
-                       c->context_length);
-    if (o->steps <= 0) return tlm_err(TLM_ERR_ARG, "steps must be positive");
+        return core_err(TLM_ERR_ARG, "batch %d x sequence %d invalid for context %d", B, T,
+                        c->context_length);
+    if (o->steps <= 0) return core_err(TLM_ERR_ARG, "steps must be positive");
     if (tlm_dataset_vocab_size(d) > c->vocab_size)
-        return tlm_err(TLM_ERR_CONFIG, "data has vocabulary %d but the model only %d",
-                       tlm_dataset_vocab_size(d), c->vocab_size);
+        return core_err(TLM_ERR_CONFIG, "data has vocabulary %d but the model only %d",
+                        tlm_dataset_vocab_size(d), c->vocab_size);
     if (tlm_dataset_size(d, TLM_SPLIT_TRAIN) < (size_t)T + 1)
-        return tlm_err(TLM_ERR_ARG, "training split has %zu tokens; a window needs %d",
-                       tlm_dataset_size(d, TLM_SPLIT_TRAIN), T + 1);
+        return core_err(TLM_ERR_ARG, "training split has %zu tokens; a window needs %d",
+                        tlm_dataset_size(d, TLM_SPLIT_TRAIN), T + 1);
     size_t begin = o->hooks.begin, end = o->hooks.end ? o->hooks.end : m->n_params;
     if (begin >= end || end > m->n_params)
-        return tlm_err(TLM_ERR_ARG, "optimizer range [%zu, %zu) is not inside the %zu parameters",
-                       begin, end, m->n_params);
+        return core_err(TLM_ERR_ARG, "optimizer range [%zu, %zu) is not inside the %zu parameters",
+                        begin, end, m->n_params);
     int K = o->grad_accum > 1 ? o->grad_accum : 1;
     int world = o->hooks.world > 1 ? o->hooks.world : 1, rank = world > 1 ? o->hooks.rank : 0;
     if (rank < 0 || rank >= world)
-        return tlm_err(TLM_ERR_ARG, "rank %d outside the %d processes", rank, world);
+        return core_err(TLM_ERR_ARG, "rank %d outside the %d processes", rank, world);
     if (world > 1 && !o->hooks.reduce_sum)
-        return tlm_err(TLM_ERR_ARG, "training over %d processes needs hooks.reduce_sum", world);
+        return core_err(TLM_ERR_ARG, "training over %d processes needs hooks.reduce_sum", world);
     if (B % ((long)world * K) != 0)
-        return tlm_err(
+        return core_err(
             TLM_ERR_ARG,
             "--batch %d does not divide into %d process%s x %d micro-step%s (--grad-accum)", B,
             world, world > 1 ? "es" : "", K, K > 1 ? "s" : "");
     tlm_trainer *t = calloc(1, sizeof *t);
-    if (!t) return tlm_err(TLM_ERR_NOMEM, "out of memory");
+    if (!t) return core_err(TLM_ERR_NOMEM, "out of memory");
     t->m = m;
     t->d = d;
     t->o = *o;
@@ -265,17 +265,17 @@ tlm_status tlm_trainer_new(tlm_model *m, const tlm_dataset *d, const tlm_train_o
     size_t N = (size_t)t->b * T;
     t->ids = malloc(N * sizeof *t->ids);
     t->tg = malloc(N * sizeof *t->tg);
-    t->grads = tlm_big_alloc(m->n_params * sizeof(float));
-    t->ckpt = tlm_path_join(o->out_dir, "checkpoint.safetensors");
-    t->model_path = tlm_path_join(o->out_dir, "model.safetensors");
+    t->grads = core_big_alloc(m->n_params * sizeof(float));
+    t->ckpt = core_path_join(o->out_dir, "checkpoint.safetensors");
+    t->model_path = core_path_join(o->out_dir, "model.safetensors");
     tlm_status s = TLM_OK;
     if (!t->ids || !t->tg || !t->grads || !t->ckpt || !t->model_path)
-        s = tlm_err(TLM_ERR_NOMEM, "out of memory");
+        s = core_err(TLM_ERR_NOMEM, "out of memory");
     if (!s) s = tlm_train_ctx_new(m, &t->x);
     if (!s) s = tlm_train_ctx_set_precision(t->x, o->precision);
-    if (!s) s = tlm_adamw_create_range(m, begin, end, &t->opt);
-    t->st = (tlm_train_state){0, {0, 0}, o->seed};
-    tlm_rng_seed(&t->st.rng, o->seed, 1);
+    if (!s) s = tlm_adamw_new_range(m, begin, end, &t->opt);
+    t->st = (trn_state){0, {0, 0}, o->seed};
+    core_rng_seed(&t->st.rng, o->seed, 1);
     if (!s && o->resume) s = resume(t);
     if (!s) s = tlm_train_ctx_reserve(t->x, t->b, T);
     t->sched = (tlm_schedule){o->lr, o->min_lr, o->warmup, o->steps};
@@ -287,7 +287,7 @@ tlm_status tlm_trainer_new(tlm_model *m, const tlm_dataset *d, const tlm_train_o
     return TLM_OK;
 }
 
-long tlm_trainer_step(const tlm_trainer *t) { return t->st.step; }
+long tlm_trainer_steps(const tlm_trainer *t) { return t->st.step; }
 tlm_train_ctx *tlm_trainer_ctx(tlm_trainer *t) { return t->x; }
 float *tlm_trainer_grads(tlm_trainer *t) { return t->grads; }
 
@@ -299,13 +299,13 @@ tlm_status tlm_trainer_backward(tlm_trainer *t, float *loss) {
         int part = t->rank * t->K + k;
         float l;
         tlm_status s =
-            tlm_dataset_windows(t->d, TLM_SPLIT_TRAIN, t->st.seed, (uint64_t)t->st.step,
+            trn_dataset_windows(t->d, TLM_SPLIT_TRAIN, t->st.seed, (uint64_t)t->st.step,
                                 (uint64_t)part * (uint64_t)t->b, t->b, t->T, t->ids, t->tg);
         if (s) return s;
         /* One dropout stream per part (with one process and K = 1, the step's own). */
         uint64_t parts = (uint64_t)t->world * (uint64_t)t->K;
         tlm_train_ctx_set_dropout_seed(t->x, t->st.seed, (uint64_t)t->st.step * parts + part);
-        s = tlm_forward_backward(t->x, t->ids, t->tg, t->b, t->T, 0, t->grads, k > 0, &l);
+        s = tlm_train_ctx_forward_backward(t->x, t->ids, t->tg, t->b, t->T, 0, t->grads, k > 0, &l);
         if (s) return s;
         sum += l;
     }
@@ -330,16 +330,16 @@ tlm_status tlm_trainer_clip(tlm_trainer *t, double *norm, float *scale) {
         if (s) return s;
     }
     *norm = sqrt(ss);
-    *scale = tlm_clip_coef(*norm, t->o.clip);
+    *scale = tlm_grad_clip_coef(*norm, t->o.clip);
     if (!isfinite(*norm))
-        return tlm_err(TLM_ERR_NUMERIC, "step %ld: gradient norm %g", t->st.step + 1, *norm);
+        return core_err(TLM_ERR_NUMERIC, "step %ld: gradient norm %g", t->st.step + 1, *norm);
     return TLM_OK;
 }
 
 tlm_status tlm_trainer_update(tlm_trainer *t, float scale, double *lr) {
     FP_FLUSH_SCOPE();
     const tlm_train_hooks *h = &t->o.hooks;
-    double rate = tlm_lr_at(&t->sched, t->st.step);
+    double rate = tlm_schedule_lr(&t->sched, t->st.step);
     tlm_status s = tlm_adamw_step_scaled(t->opt, t->m, t->grads, scale, rate, &t->o.adam);
     if (!s && h->after_update) s = h->after_update(h->user, t->m->st.params, t->m->n_params);
     if (s) return s;
@@ -353,10 +353,10 @@ static tlm_status gather_moments(tlm_trainer *t, tlm_adamw *whole) {
     const tlm_train_hooks *h = &t->o.hooks;
     size_t n = t->m->n_params;
     if (!h->gather)
-        return tlm_err(TLM_ERR_UNSUPPORTED,
-                       "checkpoints need the optimizer over the whole buffer or hooks.gather "
-                       "(this process holds [%zu, %zu))",
-                       t->opt->begin, t->opt->begin + t->opt->n);
+        return core_err(TLM_ERR_UNSUPPORTED,
+                        "checkpoints need the optimizer over the whole buffer or hooks.gather "
+                        "(this process holds [%zu, %zu))",
+                        t->opt->begin, t->opt->begin + t->opt->n);
     tlm_status s =
         h->gather(h->user, t->opt->m, t->opt->begin, t->opt->n, whole ? whole->m : NULL, n);
     if (!s) s = h->gather(h->user, t->opt->v, t->opt->begin, t->opt->n, whole ? whole->v : NULL, n);
@@ -369,7 +369,7 @@ tlm_status tlm_trainer_save(tlm_trainer *t) {
     int sharded = t->opt->begin != 0 || t->opt->n != t->m->n_params;
     tlm_adamw *whole = NULL;
     tlm_status s = TLM_OK;
-    if (sharded && t->rank == 0) s = tlm_adamw_create(t->m, &whole);
+    if (sharded && t->rank == 0) s = tlm_adamw_new(t->m, &whole);
     if (sharded && t->world > 1) {
         /* The gathers are collective: all processes skip them if rank 0 has nowhere to put them. */
         double no_room = s != TLM_OK;
@@ -378,12 +378,12 @@ tlm_status tlm_trainer_save(tlm_trainer *t) {
             tlm_adamw_free(whole);
             return r   ? r
                    : s ? s
-                       : tlm_err(TLM_ERR_NOMEM, "rank 0 is out of memory for the checkpoint");
+                       : core_err(TLM_ERR_NOMEM, "rank 0 is out of memory for the checkpoint");
         }
     }
     if (sharded && !s) s = gather_moments(t, whole);
     if (!s && t->rank == 0) {
-        s = tlm_checkpoint_save(t->ckpt, t->m, sharded ? whole : t->opt, &t->st);
+        s = trn_checkpoint_save(t->ckpt, t->m, sharded ? whole : t->opt, &t->st);
         if (!s) s = tlm_model_save_safetensors(t->m, t->model_path);
     }
     tlm_adamw_free(whole);
@@ -393,8 +393,8 @@ tlm_status tlm_trainer_save(tlm_trainer *t) {
         tlm_status r = h->reduce_sum(h->user, &failed, 1);
         if (r) return r;
         if (!s && failed > 0)
-            return tlm_err(TLM_ERR_IO, "another process could not save the checkpoint (see its "
-                                       "error)");
+            return core_err(TLM_ERR_IO, "another process could not save the checkpoint (see its "
+                                        "error)");
     }
     return s;
 }
@@ -411,7 +411,7 @@ static tlm_status evaluate_split(tlm_trainer *t, float *val) {
     if (t->world > 1) {
         tlm_status e = h->reduce_sum(h->user, r, 2);
         if (e) return e;
-        if (!s && r[1] > 0) return tlm_err(TLM_ERR_IO, "evaluation failed on another process");
+        if (!s && r[1] > 0) return core_err(TLM_ERR_IO, "evaluation failed on another process");
     }
     if (s) return s;
     *val = (float)(r[0] / (double)parts);
@@ -425,16 +425,16 @@ tlm_status tlm_train_run(tlm_model *m, const tlm_dataset *d, const tlm_train_opt
                   tlm_dataset_size(d, TLM_SPLIT_VAL) >= (size_t)T + 1;
     if (o->eval_interval > 0 && o->eval_batches > 0 && !do_eval &&
         tlm_dataset_size(d, TLM_SPLIT_VAL) > 0)
-        return tlm_err(TLM_ERR_ARG, "validation split has %zu tokens; a window needs %d",
-                       tlm_dataset_size(d, TLM_SPLIT_VAL), T + 1);
-    char *log_path = tlm_path_join(o->out_dir, "log.jsonl");
-    char *svg_path = tlm_path_join(o->out_dir, "loss.svg");
+        return core_err(TLM_ERR_ARG, "validation split has %zu tokens; a window needs %d",
+                        tlm_dataset_size(d, TLM_SPLIT_VAL), T + 1);
+    char *log_path = core_path_join(o->out_dir, "log.jsonl");
+    char *svg_path = core_path_join(o->out_dir, "loss.svg");
     tlm_trainer *t = NULL;
     history hist = {0};
     FILE *log = NULL;
     tlm_status s = TLM_OK;
     if (!log_path || !svg_path) {
-        s = tlm_err(TLM_ERR_NOMEM, "out of memory");
+        s = core_err(TLM_ERR_NOMEM, "out of memory");
         goto done;
     }
     mkdir(o->out_dir, 0755);
@@ -448,15 +448,15 @@ tlm_status tlm_train_run(tlm_model *m, const tlm_dataset *d, const tlm_train_opt
     }
     log = writer ? fopen(log_path, "a") : NULL;
     if (writer && !log) {
-        s = tlm_err(TLM_ERR_IO, "cannot open '%s' for writing", log_path);
+        s = core_err(TLM_ERR_IO, "cannot open '%s' for writing", log_path);
         goto done;
     }
     size_t N = (size_t)t->B * t->T;
-    double t_start = tlm_now_s();
+    double t_start = core_now_s();
     long first = t->st.step;
     const tlm_train_hooks *hk = &o->hooks;
     while (t->st.step < o->steps) {
-        double t0 = tlm_now_s(), lr, norm;
+        double t0 = core_now_s(), lr, norm;
         float loss, scale;
         /* The step: forward/backward -> gradient reduction (hook) -> clip -> AdamW. */
         if ((s = tlm_trainer_backward(t, &loss)) != TLM_OK) break;
@@ -465,22 +465,22 @@ tlm_status tlm_train_run(tlm_model *m, const tlm_dataset *d, const tlm_train_opt
             break;
         s = tlm_trainer_clip(t, &norm, &scale);
         if (s == TLM_ERR_NUMERIC || (!s && !isfinite(loss))) {
-            s = tlm_err(TLM_ERR_NUMERIC,
-                        "step %ld: loss %g, gradient norm %g; stopped, the last checkpoint is "
-                        "kept (try a lower --lr)",
-                        t->st.step + 1, (double)loss, norm);
+            s = core_err(TLM_ERR_NUMERIC,
+                         "step %ld: loss %g, gradient norm %g; stopped, the last checkpoint is "
+                         "kept (try a lower --lr)",
+                         t->st.step + 1, (double)loss, norm);
             break;
         }
         if (s) break;
         if ((s = tlm_trainer_update(t, scale, &lr)) != TLM_OK) break;
         long step = t->st.step;
-        double dt = tlm_now_s() - t0;
+        double dt = core_now_s() - t0;
         int last = step == o->steps;
         int evaluate = do_eval && (step % o->eval_interval == 0 || last);
         float val = NAN;
         if (evaluate && (s = evaluate_split(t, &val)) != TLM_OK) break;
         tlm_train_progress p = {step,        o->steps, loss,           val,
-                                lr,          norm,     (double)N / dt, tlm_now_s() - t_start,
+                                lr,          norm,     (double)N / dt, core_now_s() - t_start,
                                 step - first};
         if (writer && (evaluate || last || (o->log_interval > 0 && step % o->log_interval == 0) ||
                        step == 1)) {
@@ -507,10 +507,10 @@ tlm_status tlm_train_run(tlm_model *m, const tlm_dataset *d, const tlm_train_opt
             if (writer && (s = write_svg(svg_path, &hist, o->steps)) != TLM_OK) break;
         }
         if (stop && !last) {
-            s = tlm_err(TLM_ERR_INTERRUPTED,
-                        "stopped at step %ld; checkpoint saved (resume with "
-                        "--resume)",
-                        step);
+            s = core_err(TLM_ERR_INTERRUPTED,
+                         "stopped at step %ld; checkpoint saved (resume with "
+                         "--resume)",
+                         step);
             break;
         }
     }

@@ -14,17 +14,17 @@
 
 /* Q8_0 blocks as llama.cpp's x86 quantize_row_q8_0: d = amax / 127 stored as f16, q =
  * round-to-even of x * 127 / amax; with d, each block's scale widened back to a float too. */
-static void q8_0_blocks(const float *x, tlm_block_q8_0 *y, float *d, int n) {
-    for (int b = 0; b < n / TLM_QK; b++, x += TLM_QK) {
+static void q8_0_blocks(const float *x, core_block_q8_0 *y, float *d, int n) {
+    for (int b = 0; b < n / CORE_QK; b++, x += CORE_QK) {
         float amax = 0.0f;
-        for (int i = 0; i < TLM_QK; i++) {
+        for (int i = 0; i < CORE_QK; i++) {
             float a = fabsf(x[i]);
             amax = a > amax ? a : amax;
         }
         float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-        y[b].d = tlm_f32_to_f16(amax / 127.0f);
-        for (int i = 0; i < TLM_QK; i++) y[b].qs[i] = (int8_t)k_nearest_int(x[i] * id);
-        if (d) d[b] = tlm_f16_to_f32(y[b].d);
+        y[b].d = core_f32_to_f16(amax / 127.0f);
+        for (int i = 0; i < CORE_QK; i++) y[b].qs[i] = (int8_t)k_nearest_int(x[i] * id);
+        if (d) d[b] = core_f16_to_f32(y[b].d);
     }
 }
 
@@ -36,16 +36,16 @@ void k_act_quantize_f32_ref(const float *x, void *xq, int n) {
 
 void k_act_quantize_bf16_ref(const float *x, void *xq, int n) {
     uint16_t *y = xq;
-    for (int i = 0; i < n; i++) y[i] = tlm_f32_to_bf16(x[i]);
+    for (int i = 0; i < n; i++) y[i] = core_f32_to_bf16(x[i]);
 }
 
 /* K_ACT_Q8_0: the blocks, their scales as floats, and the groups of four in k_act_q8_0_nib's
  * form with -8 times the sums each VNNI lane meets. */
 void k_act_quantize_q8_0_ref(const float *x, void *xq, int n) {
-    tlm_block_q8_0 *y = xq;
+    core_block_q8_0 *y = xq;
     q8_0_blocks(x, y, (float *)(uintptr_t)k_act_q8_0_aux(xq, n), n);
     uint8_t *g = (uint8_t *)(uintptr_t)k_act_q8_0_nib(xq, n);
-    for (int b = 0; b + 4 <= n / TLM_QK; b += 4, g += K_ACT_NIB_BYTES) {
+    for (int b = 0; b + 4 <= n / CORE_QK; b += 4, g += K_ACT_NIB_BYTES) {
         int32_t e[16];
         for (int k = 0; k < 4; k++) {
             memcpy(g + 16 * k, y[b + k].qs, 16);
@@ -66,9 +66,9 @@ void k_act_quantize_q8_0_ref(const float *x, void *xq, int n) {
  * (k_act_q8_k_nib). */
 void k_act_quantize_q8_K_ref(const float *x, void *xq, int n) {
     k_block_q8_k *y = xq;
-    for (int b = 0; b < n / TLM_QK_K; b++, x += TLM_QK_K) {
+    for (int b = 0; b < n / CORE_QK_K; b++, x += CORE_QK_K) {
         float max = 0.0f, amax = 0.0f;
-        for (int i = 0; i < TLM_QK_K; i++) {
+        for (int i = 0; i < CORE_QK_K; i++) {
             float ax = fabsf(x[i]);
             if (ax > amax) amax = ax, max = x[i];
         }
@@ -77,7 +77,7 @@ void k_act_quantize_q8_K_ref(const float *x, void *xq, int n) {
             continue;
         }
         float iscale = -127.0f / max;
-        for (int i = 0; i < TLM_QK_K; i++) {
+        for (int i = 0; i < CORE_QK_K; i++) {
             int v = k_nearest_int(iscale * x[i]);
             y[b].qs[i] = (int8_t)(v > 127 ? 127 : v);
         }
@@ -89,5 +89,5 @@ void k_act_quantize_q8_K_ref(const float *x, void *xq, int n) {
         y[b].d = 1.0f / iscale;
     }
     int8_t *g = (int8_t *)(uintptr_t)k_act_q8_k_nib(xq, n);
-    for (int b = 0; b < n / TLM_QK_K; b++, g += TLM_QK_K) k_act_q8_k_nib_fill(g, y[b].qs);
+    for (int b = 0; b < n / CORE_QK_K; b++, g += CORE_QK_K) k_act_q8_k_nib_fill(g, y[b].qs);
 }

@@ -20,15 +20,15 @@ void k_bf16_gemm_tile_8x48_ref(int R, int T, int n, const uint8_t *w, size_t row
                     uint16_t wv[2], xv[2];
                     memcpy(wv, w + (size_t)r * row_bytes + 4 * (size_t)kp, 4);
                     memcpy(xv, xa + (size_t)kp * 16 + a, 4);
-                    acc += tlm_bf16_to_f32(wv[0]) * tlm_bf16_to_f32(xv[0]) +
-                           tlm_bf16_to_f32(wv[1]) * tlm_bf16_to_f32(xv[1]);
+                    acc += core_bf16_to_f32(wv[0]) * core_bf16_to_f32(xv[0]) +
+                           core_bf16_to_f32(wv[1]) * core_bf16_to_f32(xv[1]);
                 }
                 out[(t * 8 + r) * 16 + a] = acc;
             }
 }
 
 void k_bf16_round_row_ref(const float *x, int n, uint16_t *y) {
-    for (int i = 0; i < n; i++) y[i] = tlm_f32_to_bf16(x[i]);
+    for (int i = 0; i < n; i++) y[i] = core_f32_to_bf16(x[i]);
 }
 
 void k_fgemm_tile_8x48_ref(int R, int T, int n, const float *w, size_t ldw, const float *xt,

@@ -20,7 +20,7 @@ static inline uint32_t rd32(const uint8_t *p) {
 static inline float rdh(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, 2);
-    return tlm_f16_to_f32(h);
+    return core_f16_to_f32(h);
 }
 
 /* Four bits of a fifth-bit mask (bits j .. j + 3 of qh) as bit 4 of four bytes. */
@@ -49,17 +49,17 @@ void k_qgemm_pack_row_q8_0_q4_q5_ref(tlm_dtype t, const uint8_t *blk, int nb, in
             s[b * K_QG_ROWS + r] = d;
             m[b * K_QG_ROWS + r] = -128.0f * d;
             for (int j = 0; j < 8; j++) put(q, b * 8 + j, r, rd32(blk + 2 + 4 * j) ^ 0x80808080u);
-            blk += sizeof(tlm_block_q8_0);
+            blk += sizeof(core_block_q8_0);
             continue;
-        case TLM_DTYPE_Q4_0: qs = blk + 2, mn = -8.0f * d, blk += sizeof(tlm_block_q4_0); break;
-        case TLM_DTYPE_Q4_1: mn = rdh(blk + 2), qs = blk + 4, blk += sizeof(tlm_block_q4_1); break;
+        case TLM_DTYPE_Q4_0: qs = blk + 2, mn = -8.0f * d, blk += sizeof(core_block_q4_0); break;
+        case TLM_DTYPE_Q4_1: mn = rdh(blk + 2), qs = blk + 4, blk += sizeof(core_block_q4_1); break;
         case TLM_DTYPE_Q5_0:
             qh = rd32(blk + 2), hasqh = 1, qs = blk + 6, mn = -16.0f * d;
-            blk += sizeof(tlm_block_q5_0);
+            blk += sizeof(core_block_q5_0);
             break;
         default: /* Q5_1 */
             mn = rdh(blk + 2), qh = rd32(blk + 4), hasqh = 1, qs = blk + 8;
-            blk += sizeof(tlm_block_q5_1);
+            blk += sizeof(core_block_q5_1);
             break;
         }
         s[b * K_QG_ROWS + r] = d;
@@ -78,14 +78,14 @@ void k_qgemm_pack_row_q8_0_q4_q5_ref(tlm_dtype t, const uint8_t *blk, int nb, in
  * fifth bit of element l of sub-block j is bit j of qh[l]. */
 void k_qgemm_pack_row_q4_K_q5_K_ref(tlm_dtype t, const uint8_t *blk, int nb, int r, uint8_t *q,
                                     float *s, float *m) {
-    size_t bytes = t == TLM_DTYPE_Q4_K ? sizeof(tlm_block_q4_k) : sizeof(tlm_block_q5_k);
+    size_t bytes = t == TLM_DTYPE_Q4_K ? sizeof(core_block_q4_k) : sizeof(core_block_q5_k);
     for (int b = 0; b < nb; b++, blk += bytes) {
         float d = rdh(blk), dmin = rdh(blk + 2);
         const uint8_t *scales = blk + 4, *qh = t == TLM_DTYPE_Q5_K ? blk + 16 : NULL;
         const uint8_t *qs = blk + (qh ? 48 : 16);
         for (int j = 0; j < 8; j++) {
             uint8_t sc, mn;
-            tlm_q4k_scale_min(j, scales, &sc, &mn);
+            core_q4k_scale_min(j, scales, &sc, &mn);
             s[(b * 8 + j) * K_QG_ROWS + r] = d * (float)sc;
             m[(b * 8 + j) * K_QG_ROWS + r] = -dmin * (float)mn;
             const uint8_t *g = qs + 32 * (j / 2);
@@ -102,7 +102,7 @@ void k_qgemm_pack_row_q4_K_q5_K_ref(tlm_dtype t, const uint8_t *blk, int nb, int
  * bits 2u, 2u + 1 of qh[l]; sub-block e / 16 has scale d * scales[e / 16]. */
 void k_qgemm_pack_row_q6_K_ref(tlm_dtype t, const uint8_t *blk, int nb, int r, uint8_t *q, float *s,
                                float *m) {
-    for (int b = 0; b < nb; b++, blk += sizeof(tlm_block_q6_k)) {
+    for (int b = 0; b < nb; b++, blk += sizeof(core_block_q6_k)) {
         float d = rdh(blk + 208);
         for (int j = 0; j < 16; j++) {
             float sc = d * (float)(int8_t)blk[192 + j];
@@ -126,13 +126,13 @@ void k_qgemm_pack_row_q6_K_ref(tlm_dtype t, const uint8_t *blk, int nb, int r, u
 void k_qgemm_pack_row_q2_K_q3_K_ref(tlm_dtype t, const uint8_t *blk, int nb, int r, uint8_t *q,
                                     float *s, float *m) {
     int three = t == TLM_DTYPE_Q3_K;
-    size_t bytes = three ? sizeof(tlm_block_q3_k) : sizeof(tlm_block_q2_k);
+    size_t bytes = three ? sizeof(core_block_q3_k) : sizeof(core_block_q2_k);
     for (int b = 0; b < nb; b++, blk += bytes) {
         const uint8_t *qs = blk + (three ? 32 : 16);
         for (int j = 0; j < 16; j++) {
             float *sj = &s[(b * 16 + j) * K_QG_ROWS + r], *mj = &m[(b * 16 + j) * K_QG_ROWS + r];
             if (three) {
-                *sj = rdh(blk + 108) * (float)(tlm_q3k_scale(j, blk + 96) - 32);
+                *sj = rdh(blk + 108) * (float)(core_q3k_scale(j, blk + 96) - 32);
                 *mj = -4.0f * *sj;
             } else {
                 *sj = rdh(blk + 80) * (float)(blk[j] & 15);
@@ -154,20 +154,20 @@ void k_qgemm_pack_row_q2_K_q3_K_ref(tlm_dtype t, const uint8_t *blk, int nb, int
 void k_qgemm_pack_row_iq4_nl_xs_ref(tlm_dtype t, const uint8_t *blk, int nb, int r, uint8_t *q,
                                     float *s, float *m) {
     int xs = t == TLM_DTYPE_IQ4_XS, subs = xs ? 8 : 1;
-    size_t bytes = xs ? sizeof(tlm_block_iq4_xs) : sizeof(tlm_block_iq4_nl);
+    size_t bytes = xs ? sizeof(core_block_iq4_xs) : sizeof(core_block_iq4_nl);
     for (int b = 0; b < nb; b++, blk += bytes) {
         float d = rdh(blk);
         for (int j = 0; j < subs; j++) {
             int k = b * subs + j; /* sub-block number in the row */
             const uint8_t *qs = blk + (xs ? 8 + 16 * j : 2);
-            float sj = xs ? d * (float)(tlm_iq4xs_scale(j, blk) - 32) : d;
+            float sj = xs ? d * (float)(core_iq4xs_scale(j, blk) - 32) : d;
             s[k * K_QG_ROWS + r] = sj;
             m[k * K_QG_ROWS + r] = -128.0f * sj;
             for (int w = 0; w < 4; w++) {
                 uint32_t lo = 0, hi = 0;
                 for (int i = 0; i < 4; i++) {
-                    lo |= (uint32_t)(uint8_t)(tlm_iq4nl_values[qs[4 * w + i] & 15] + 128) << 8 * i;
-                    hi |= (uint32_t)(uint8_t)(tlm_iq4nl_values[qs[4 * w + i] >> 4] + 128) << 8 * i;
+                    lo |= (uint32_t)(uint8_t)(core_iq4nl_values[qs[4 * w + i] & 15] + 128) << 8 * i;
+                    hi |= (uint32_t)(uint8_t)(core_iq4nl_values[qs[4 * w + i] >> 4] + 128) << 8 * i;
                 }
                 put(q, k * 8 + w, r, lo);
                 put(q, k * 8 + 4 + w, r, hi);
@@ -179,7 +179,7 @@ void k_qgemm_pack_row_iq4_nl_xs_ref(tlm_dtype t, const uint8_t *blk, int nb, int
 void k_qgemm_pack(const tlm_weight *w, int r0, int nrows, uint8_t *q, float *s, float *m) {
     const k_gemm_ops *ops = k_gemm_ops_of(w->dtype);
     int n = (int)w->cols, sub = ops->sub;
-    int nb = n / (int)tlm_dtype_get(w->dtype)->block_elems;
+    int nb = n / (int)core_dtype_get(w->dtype)->block_elems;
     for (int r = 0; r < K_QG_ROWS; r++) {
         if (r >= nrows) {
             for (int k = 0; k < n / 4; k++) put(q, k, r, 0);

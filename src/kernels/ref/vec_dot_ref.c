@@ -11,7 +11,7 @@
 static float load_f16(const void *p) {
     uint16_t h;
     memcpy(&h, p, 2);
-    return tlm_f16_to_f32(h);
+    return core_f16_to_f32(h);
 }
 
 void k_vec_dot_f32_f32_ref(int n, float *s, const void *w, const void *xq) {
@@ -36,7 +36,7 @@ void k_vec_dot_bf16_bf16_ref(int n, float *s, const void *w, const void *xq) {
         uint16_t p, q;
         memcpy(&p, a + 2 * i, 2);
         memcpy(&q, x + 2 * i, 2);
-        acc += tlm_bf16_to_f32(p) * tlm_bf16_to_f32(q);
+        acc += core_bf16_to_f32(p) * core_bf16_to_f32(q);
     }
     *s = acc;
 }
@@ -44,47 +44,48 @@ void k_vec_dot_bf16_bf16_ref(int n, float *s, const void *w, const void *xq) {
 /* The 32-element types: per block an integer sum, then scaled as llama.cpp does. */
 void k_vec_dot_q8_0_q8_0_ref(int n, float *s, const void *w, const void *xq) {
     const uint8_t *wb = w;
-    const tlm_block_q8_0 *x = xq;
+    const core_block_q8_0 *x = xq;
     float acc = 0.0f;
-    for (int b = 0; b < n / TLM_QK; b++, wb += sizeof(tlm_block_q8_0)) {
-        tlm_block_q8_0 blk;
+    for (int b = 0; b < n / CORE_QK; b++, wb += sizeof(core_block_q8_0)) {
+        core_block_q8_0 blk;
         memcpy(&blk, wb, sizeof blk);
         int sum = 0;
-        for (int i = 0; i < TLM_QK; i++) sum += blk.qs[i] * x[b].qs[i];
-        acc += (float)sum * (tlm_f16_to_f32(blk.d) * tlm_f16_to_f32(x[b].d));
+        for (int i = 0; i < CORE_QK; i++) sum += blk.qs[i] * x[b].qs[i];
+        acc += (float)sum * (core_f16_to_f32(blk.d) * core_f16_to_f32(x[b].d));
     }
     *s = acc;
 }
 
 void k_vec_dot_q4_0_q8_0_ref(int n, float *s, const void *w, const void *xq) {
     const uint8_t *wb = w;
-    const tlm_block_q8_0 *x = xq;
+    const core_block_q8_0 *x = xq;
     float acc = 0.0f;
-    for (int b = 0; b < n / TLM_QK; b++, wb += sizeof(tlm_block_q4_0)) {
-        tlm_block_q4_0 blk;
+    for (int b = 0; b < n / CORE_QK; b++, wb += sizeof(core_block_q4_0)) {
+        core_block_q4_0 blk;
         memcpy(&blk, wb, sizeof blk);
         int sum = 0;
         for (int j = 0; j < 16; j++)
             sum += ((blk.qs[j] & 0xF) - 8) * x[b].qs[j] + ((blk.qs[j] >> 4) - 8) * x[b].qs[j + 16];
-        acc += (float)sum * (tlm_f16_to_f32(blk.d) * tlm_f16_to_f32(x[b].d));
+        acc += (float)sum * (core_f16_to_f32(blk.d) * core_f16_to_f32(x[b].d));
     }
     *s = acc;
 }
 
 void k_vec_dot_q4_1_q8_0_ref(int n, float *s, const void *w, const void *xq) {
     const uint8_t *wb = w;
-    const tlm_block_q8_0 *x = xq;
+    const core_block_q8_0 *x = xq;
     float acc = 0.0f;
-    for (int b = 0; b < n / TLM_QK; b++, wb += sizeof(tlm_block_q4_1)) {
-        tlm_block_q4_1 blk;
+    for (int b = 0; b < n / CORE_QK; b++, wb += sizeof(core_block_q4_1)) {
+        core_block_q4_1 blk;
         memcpy(&blk, wb, sizeof blk);
         int sum = 0, xs = 0;
         for (int j = 0; j < 16; j++) {
             sum += (blk.qs[j] & 0xF) * x[b].qs[j] + (blk.qs[j] >> 4) * x[b].qs[j + 16];
             xs += x[b].qs[j] + x[b].qs[j + 16];
         }
-        float xd = tlm_f16_to_f32(x[b].d);
-        acc += (float)sum * (tlm_f16_to_f32(blk.d) * xd) + tlm_f16_to_f32(blk.m) * (xd * (float)xs);
+        float xd = core_f16_to_f32(x[b].d);
+        acc +=
+            (float)sum * (core_f16_to_f32(blk.d) * xd) + core_f16_to_f32(blk.m) * (xd * (float)xs);
     }
     *s = acc;
 }
@@ -92,10 +93,10 @@ void k_vec_dot_q4_1_q8_0_ref(int n, float *s, const void *w, const void *xq) {
 /* Q5_0 (off 16, no min) and Q5_1 (min m, off 0). */
 static void dot_q5_ref(int n, float *s, const void *w, const void *xq, int has_min) {
     const uint8_t *wb = w;
-    const tlm_block_q8_0 *x = xq;
-    size_t bytes = has_min ? sizeof(tlm_block_q5_1) : sizeof(tlm_block_q5_0);
+    const core_block_q8_0 *x = xq;
+    size_t bytes = has_min ? sizeof(core_block_q5_1) : sizeof(core_block_q5_0);
     float acc = 0.0f;
-    for (int b = 0; b < n / TLM_QK; b++, wb += bytes) {
+    for (int b = 0; b < n / CORE_QK; b++, wb += bytes) {
         float d, m = 0.0f;
         uint8_t qhb[4], qs[16];
         d = load_f16(wb);
@@ -111,7 +112,7 @@ static void dot_q5_ref(int n, float *s, const void *w, const void *xq, int has_m
             sum += q0 * x[b].qs[j] + q1 * x[b].qs[j + 16];
             xs += x[b].qs[j] + x[b].qs[j + 16];
         }
-        float xd = tlm_f16_to_f32(x[b].d);
+        float xd = core_f16_to_f32(x[b].d);
         acc += (float)sum * (d * xd) + m * (xd * (float)xs);
     }
     *s = acc;
@@ -128,17 +129,17 @@ void k_vec_dot_q5_1_q8_0_ref(int n, float *s, const void *w, const void *xq) {
 static void dot_q45k_ref(int n, float *s, const void *w, const void *xq, int five) {
     const uint8_t *wb = w;
     const k_block_q8_k *x = xq;
-    size_t bytes = five ? sizeof(tlm_block_q5_k) : sizeof(tlm_block_q4_k);
+    size_t bytes = five ? sizeof(core_block_q5_k) : sizeof(core_block_q4_k);
     float acc = 0.0f;
-    for (int b = 0; b < n / TLM_QK_K; b++, wb += bytes) {
+    for (int b = 0; b < n / CORE_QK_K; b++, wb += bytes) {
         float d = load_f16(wb), dmin = load_f16(wb + 2);
         const uint8_t *scales = wb + 4, *qh = five ? wb + 16 : NULL, *q = wb + (five ? 48 : 16);
         const int8_t *a = x[b].qs;
         int sumi = 0, summ = 0;
         for (int g = 0; g < 4; g++, q += 32, a += 64) {
             uint8_t sc0, mn0, sc1, mn1;
-            tlm_q4k_scale_min(2 * g, scales, &sc0, &mn0);
-            tlm_q4k_scale_min(2 * g + 1, scales, &sc1, &mn1);
+            core_q4k_scale_min(2 * g, scales, &sc0, &mn0);
+            core_q4k_scale_min(2 * g + 1, scales, &sc1, &mn1);
             int s0 = 0, s1 = 0;
             for (int l = 0; l < 32; l++) {
                 int h0 = qh ? ((qh[l] >> (2 * g)) & 1) << 4 : 0;
@@ -165,7 +166,7 @@ void k_vec_dot_q6_K_q8_K_ref(int n, float *s, const void *w, const void *xq) {
     const uint8_t *wb = w;
     const k_block_q8_k *x = xq;
     float acc = 0.0f;
-    for (int b = 0; b < n / TLM_QK_K; b++, wb += sizeof(tlm_block_q6_k)) {
+    for (int b = 0; b < n / CORE_QK_K; b++, wb += sizeof(core_block_q6_k)) {
         const uint8_t *ql = wb, *qh = wb + 128;
         const int8_t *sc = (const int8_t *)(wb + 192), *a = x[b].qs;
         float d = load_f16(wb + 208);
@@ -192,7 +193,7 @@ void k_vec_dot_q6_K_q8_K_ref(int n, float *s, const void *w, const void *xq) {
 /* Q2_K and Q3_K: sub-block j's (of 16) integer sum against the activation's qs. */
 static int q23k_sub(const uint8_t *qs, const uint8_t *hmask, int j, const int8_t *a) {
     int sum = 0;
-    for (int e = 16 * j; e < 16 * j + 16; e++) sum += tlm_q23k_level(qs, hmask, e) * a[e];
+    for (int e = 16 * j; e < 16 * j + 16; e++) sum += core_q23k_level(qs, hmask, e) * a[e];
     return sum;
 }
 
@@ -200,7 +201,7 @@ void k_vec_dot_q2_K_q8_K_ref(int n, float *s, const void *w, const void *xq) {
     const uint8_t *wb = w;
     const k_block_q8_k *x = xq;
     float acc = 0.0f;
-    for (int b = 0; b < n / TLM_QK_K; b++, wb += sizeof(tlm_block_q2_k)) {
+    for (int b = 0; b < n / CORE_QK_K; b++, wb += sizeof(core_block_q2_k)) {
         const uint8_t *sc = wb;
         int sumi = 0, summ = 0;
         for (int j = 0; j < 16; j++) {
@@ -216,10 +217,10 @@ void k_vec_dot_q3_K_q8_K_ref(int n, float *s, const void *w, const void *xq) {
     const uint8_t *wb = w;
     const k_block_q8_k *x = xq;
     float acc = 0.0f;
-    for (int b = 0; b < n / TLM_QK_K; b++, wb += sizeof(tlm_block_q3_k)) {
+    for (int b = 0; b < n / CORE_QK_K; b++, wb += sizeof(core_block_q3_k)) {
         int sumi = 0;
         for (int j = 0; j < 16; j++)
-            sumi += (tlm_q3k_scale(j, wb + 96) - 32) * q23k_sub(wb + 32, wb, j, x[b].qs);
+            sumi += (core_q3k_scale(j, wb + 96) - 32) * q23k_sub(wb + 32, wb, j, x[b].qs);
         acc += load_f16(wb + 108) * x[b].d * (float)sumi;
     }
     *s = acc;
@@ -230,15 +231,15 @@ void k_vec_dot_q3_K_q8_K_ref(int n, float *s, const void *w, const void *xq) {
 static int iq4_sub(const uint8_t *qs, const int8_t *a) {
     int sum = 0;
     for (int j = 0; j < 16; j++)
-        sum += tlm_iq4nl_values[qs[j] & 15] * a[j] + tlm_iq4nl_values[qs[j] >> 4] * a[j + 16];
+        sum += core_iq4nl_values[qs[j] & 15] * a[j] + core_iq4nl_values[qs[j] >> 4] * a[j + 16];
     return sum;
 }
 
 void k_vec_dot_iq4_nl_q8_0_ref(int n, float *s, const void *w, const void *xq) {
     const uint8_t *wb = w;
-    const tlm_block_q8_0 *x = xq;
+    const core_block_q8_0 *x = xq;
     float acc = 0.0f;
-    for (int b = 0; b < n / TLM_QK; b++, wb += sizeof(tlm_block_iq4_nl))
+    for (int b = 0; b < n / CORE_QK; b++, wb += sizeof(core_block_iq4_nl))
         acc += load_f16(wb) * load_f16(&x[b].d) * (float)iq4_sub(wb + 2, x[b].qs);
     *s = acc;
 }
@@ -247,10 +248,10 @@ void k_vec_dot_iq4_xs_q8_K_ref(int n, float *s, const void *w, const void *xq) {
     const uint8_t *wb = w;
     const k_block_q8_k *x = xq;
     float acc = 0.0f;
-    for (int b = 0; b < n / TLM_QK_K; b++, wb += sizeof(tlm_block_iq4_xs)) {
+    for (int b = 0; b < n / CORE_QK_K; b++, wb += sizeof(core_block_iq4_xs)) {
         int sumi = 0;
         for (int j = 0; j < 8; j++)
-            sumi += (tlm_iq4xs_scale(j, wb) - 32) * iq4_sub(wb + 8 + 16 * j, x[b].qs + 32 * j);
+            sumi += (core_iq4xs_scale(j, wb) - 32) * iq4_sub(wb + 8 + 16 * j, x[b].qs + 32 * j);
         acc += load_f16(wb) * x[b].d * (float)sumi;
     }
     *s = acc;

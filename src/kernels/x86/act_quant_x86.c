@@ -15,20 +15,20 @@
  * groups of four in k_act_q8_0_nib's form); without, the blocks alone (k_q8_0_blocks). */
 K_TARGET_AVX512 static inline __attribute__((always_inline)) void
 q8_0_row_avx512(const float *x, void *xq, int n, const int full) {
-    tlm_block_q8_0 *y = xq;
+    core_block_q8_0 *y = xq;
     float *d = full ? (float *)(uintptr_t)k_act_q8_0_aux(xq, n) : NULL;
     uint8_t *g = full ? (uint8_t *)(uintptr_t)k_act_q8_0_nib(xq, n) : NULL;
     const __m512 mag = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
     const __m512i ones = _mm512_set1_epi8(1);
-    int nb = n / TLM_QK;
+    int nb = n / CORE_QK;
     __m128i lo[4], hi[4];
-    for (int b = 0; b < nb; b++, x += TLM_QK) {
+    for (int b = 0; b < nb; b++, x += CORE_QK) {
         __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
         float amax =
             _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(v0, mag), _mm512_and_ps(v1, mag)));
         float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-        y[b].d = tlm_f32_to_f16(amax / 127.0f);
-        if (full) d[b] = tlm_f16_to_f32(y[b].d);
+        y[b].d = core_f32_to_f16(amax / 127.0f);
+        if (full) d[b] = core_f16_to_f32(y[b].d);
         __m512 vid = _mm512_set1_ps(id);
         int k = b % 4;
         lo[k] = _mm512_cvtepi32_epi8(_mm512_cvt_roundps_epi32(
@@ -65,7 +65,7 @@ K_TARGET_AVX512 void k_act_quantize_q8_K_avx512(const float *x, void *xq, int n)
     int8_t *g = (int8_t *)(uintptr_t)k_act_q8_k_nib(xq, n);
     const __m512 mag = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
     const __m512i top = _mm512_set1_epi32(127);
-    for (int b = 0; b < n / TLM_QK_K; b++, x += TLM_QK_K, g += TLM_QK_K) {
+    for (int b = 0; b < n / CORE_QK_K; b++, x += CORE_QK_K, g += CORE_QK_K) {
         __m512 m = _mm512_setzero_ps();
         for (int j = 0; j < 16; j++)
             m = _mm512_max_ps(m, _mm512_and_ps(_mm512_loadu_ps(x + 16 * j), mag));
@@ -100,7 +100,7 @@ K_TARGET_AVX512 void k_act_quantize_q8_K_avx512(const float *x, void *xq, int n)
     }
 }
 
-/* Round to nearest even on the bits, quiet NaNs, as tlm_f32_to_bf16. */
+/* Round to nearest even on the bits, quiet NaNs, as core_f32_to_bf16. */
 K_TARGET_AVX512 void k_act_quantize_bf16_avx512(const float *x, void *xq, int n) {
     uint16_t *y = xq;
     const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7fff),
@@ -116,20 +116,20 @@ K_TARGET_AVX512 void k_act_quantize_bf16_avx512(const float *x, void *xq, int n)
         _mm256_storeu_si256((__m256i *)(void *)(y + i),
                             _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
     }
-    for (; i < n; i++) y[i] = tlm_f32_to_bf16(x[i]);
+    for (; i < n; i++) y[i] = core_f32_to_bf16(x[i]);
 }
 
 /* The same with AVX2 (for CPUs without AVX-512): the reference's products and rounding. */
 K_TARGET_AVX2 void k_act_quantize_q8_0_avx2(const float *x, void *xq, int n) {
-    tlm_block_q8_0 *y = xq;
+    core_block_q8_0 *y = xq;
     float *d = (float *)(uintptr_t)k_act_q8_0_aux(xq, n);
     uint8_t *g = (uint8_t *)(uintptr_t)k_act_q8_0_nib(xq, n);
-    int nb = n / TLM_QK;
-    for (int b = 0; b < nb; b++, x += TLM_QK) {
+    int nb = n / CORE_QK;
+    for (int b = 0; b < nb; b++, x += CORE_QK) {
         __m256i qi[4];
         float amax = k_q8_block_avx2(x, y[b].qs, qi);
-        y[b].d = tlm_f32_to_f16(amax / 127.0f);
-        d[b] = tlm_f16_to_f32(y[b].d);
+        y[b].d = core_f32_to_f16(amax / 127.0f);
+        d[b] = core_f16_to_f32(y[b].d);
     }
     const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
     for (int b = 0; b + 4 <= nb; b += 4, g += K_ACT_NIB_BYTES) {
@@ -150,7 +150,7 @@ K_TARGET_AVX2 void k_act_quantize_q8_K_avx2(const float *x, void *xq, int n) {
     int8_t *g = (int8_t *)(uintptr_t)k_act_q8_k_nib(xq, n);
     const __m256 mag = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     const __m256i top = _mm256_set1_epi32(127);
-    for (int b = 0; b < n / TLM_QK_K; b++, x += TLM_QK_K, g += TLM_QK_K) {
+    for (int b = 0; b < n / CORE_QK_K; b++, x += CORE_QK_K, g += CORE_QK_K) {
         __m256 m = _mm256_setzero_ps();
         for (int j = 0; j < 32; j++)
             m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(x + 8 * j), mag));
@@ -191,7 +191,7 @@ K_TARGET_AVX2 void k_act_quantize_q8_K_avx2(const float *x, void *xq, int n) {
 }
 
 /* ---- IQ4_NL and IQ4_XS blocks (tlm quantize, the KV cache's stores) -------------------------
- * tlm_dtype_from_f32's IQ4 quantizer (ggml's reference: a search over 16 inverse scales, each
+ * core_dtype_from_f32's IQ4 quantizer (ggml's reference: a search over 16 inverse scales, each
  * element mapped to the nearest of the table's 16 levels by a binary search) bit for bit: the
  * mapping is a branch-free binary search on 16 lanes (the level of each step fetched by a
  * permute), the same float comparisons as the scalar search, and each trial's weighted sums are
@@ -232,13 +232,13 @@ K_TARGET_AVX512 static inline void iq4_trial(const __m512 *x, const __m512 *w, _
 }
 
 /* One super-block of `subs` sub-blocks of 32 (IQ4_NL: 1, IQ4_XS: 8), as src/core/quant_fit.c's
- * tlm_iq4_quant: weights x^2, or with an importance matrix qw * sqrt(sigma2 + x^2). */
+ * core_iq4_quant: weights x^2, or with an importance matrix qw * sqrt(sigma2 + x^2). */
 K_TARGET_AVX512 static void iq4_quantize_avx512(const float *x, int subs, const float *qw,
                                                 uint16_t *dh, uint8_t *q4, uint16_t *scales_h,
                                                 uint8_t *scales_l) {
     const __m512 lv = _mm512_cvtepi32_ps(
-        _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)tlm_iq4nl_values)));
-    const float v0 = tlm_iq4nl_values[0];
+        _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)core_iq4nl_values)));
+    const float v0 = core_iq4nl_values[0];
     float scales[8], sigma2 = 0, max_scale = 0, amax_scale = 0;
     if (qw) {
         for (int j = 0; j < 32 * subs; ++j) sigma2 += x[j] * x[j];
@@ -276,7 +276,7 @@ K_TARGET_AVX512 static void iq4_quantize_avx512(const float *x, int subs, const 
     }
     int32_t L[32];
     if (subs == 1) {
-        *dh = tlm_f32_to_f16(scales[0]);
+        *dh = core_f32_to_f16(scales[0]);
         float id = scales[0] ? 1 / scales[0] : 0;
         for (int h = 0; h < 2; h++)
             _mm512_storeu_si512(L + 16 * h,
@@ -286,7 +286,7 @@ K_TARGET_AVX512 static void iq4_quantize_avx512(const float *x, int subs, const 
     }
     *scales_h = 0;
     float d = -max_scale / 32;
-    *dh = tlm_f32_to_f16(d);
+    *dh = core_f32_to_f16(d);
     float id = d ? 1 / d : 0.f;
     for (int ib = 0; ib < subs; ib++) {
         int l = k_nearest_int(id * scales[ib]);
@@ -296,7 +296,7 @@ K_TARGET_AVX512 static void iq4_quantize_avx512(const float *x, int subs, const 
             _mm512_storeu_si512(
                 L + 16 * h, iq4_nearest(_mm512_mul_ps(_mm512_set1_ps(idl), xv[2 * ib + h]), lv));
         for (int j = 0; j < 16; j++) q4[16 * ib + j] = (uint8_t)(L[j] | (L[j + 16] << 4));
-        tlm_iq4xs_put_scale(ib, l + 32, scales_h, scales_l);
+        core_iq4xs_put_scale(ib, l + 32, scales_h, scales_l);
     }
 }
 
@@ -304,7 +304,7 @@ K_TARGET_AVX512 static void iq4_quantize_avx512(const float *x, int subs, const 
 void k_quantize_iq4_nl_avx512(const float *x, void *y, int n, const float *qw) {
     for (int b = 0; b < n / 32; b++) {
         const float *xb = x + (size_t)b * 32, *wb = qw ? qw + (size_t)b * 32 : NULL;
-        tlm_block_iq4_nl *o = (tlm_block_iq4_nl *)y + b;
+        core_block_iq4_nl *o = (core_block_iq4_nl *)y + b;
         iq4_quantize_avx512(xb, 1, wb, &o->d, o->qs, NULL, NULL);
     }
 }
@@ -312,7 +312,7 @@ void k_quantize_iq4_nl_avx512(const float *x, void *y, int n, const float *qw) {
 void k_quantize_iq4_xs_avx512(const float *x, void *y, int n, const float *qw) {
     for (int b = 0; b < n / 256; b++) {
         const float *xb = x + (size_t)b * 256, *wb = qw ? qw + (size_t)b * 256 : NULL;
-        tlm_block_iq4_xs *o = (tlm_block_iq4_xs *)y + b;
+        core_block_iq4_xs *o = (core_block_iq4_xs *)y + b;
         iq4_quantize_avx512(xb, 8, wb, &o->d, o->qs, &o->scales_h, o->scales_l);
     }
 }

@@ -14,14 +14,14 @@ K_TARGET_AVX2 void k_widen_f16_avx2(const void *src, float *dst, int n) {
     for (; i < n; i++) dst[i] = load_f16(p + 2 * i);
 }
 
-/* Floats to F16 (the KV cache's rows), rounding to nearest even as tlm_f32_to_f16 does. */
+/* Floats to F16 (the KV cache's rows), rounding to nearest even as core_f32_to_f16 does. */
 K_TARGET_AVX2 void k_narrow_f16_avx2(const float *src, void *dst, int n) {
     uint16_t *h = dst;
     int i = 0;
     for (; i + 8 <= n; i += 8)
         _mm_storeu_si128((__m128i *)(h + i),
                          _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
-    for (; i < n; i++) h[i] = tlm_f32_to_f16(src[i]);
+    for (; i < n; i++) h[i] = core_f32_to_f16(src[i]);
 }
 
 K_TARGET_AVX2 void k_widen_bf16_avx2(const void *src, float *dst, int n) {

@@ -68,14 +68,14 @@ K_TARGET_AVX512BF16 void k_bf16_gemm_tile_8x48_avx512bf16(int R, int T, int n, c
     }
 }
 
-/* Round to nearest even, as tlm_f32_to_bf16 for finite values. */
+/* Round to nearest even, as core_f32_to_bf16 for finite values. */
 K_TARGET_AVX512BF16 void k_bf16_round_row_avx512bf16(const float *x, int n, uint16_t *y) {
     int i = 0;
     for (; i + 32 <= n; i += 32) {
         __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(x + i));
         _mm512_storeu_si512((void *)(y + i), (__m512i)v);
     }
-    for (; i < n; i++) y[i] = tlm_f32_to_bf16(x[i]);
+    for (; i < n; i++) y[i] = core_f32_to_bf16(x[i]);
 }
 
 #endif

@@ -55,7 +55,7 @@ K_TARGET_AVX512 static inline void put16(uint8_t *q, int kw, __m512i v) {
 
 /* The group's first row, and the row's count of blocks. */
 static inline const uint8_t *group_rows(const tlm_weight *w, int r0, int *nb) {
-    *nb = (int)(w->cols / tlm_dtype_get(w->dtype)->block_elems);
+    *nb = (int)(w->cols / core_dtype_get(w->dtype)->block_elems);
     return (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
 }
 
@@ -69,7 +69,7 @@ K_TARGET_AVX512 void k_qgemm_pack16_q8_0_q4_0_avx512(const tlm_weight *w, int r0
     /* both: an f16 scale, then the quants; offsets -128 d (Q8_0's bytes made unsigned by a
      * xor) and -8 d */
     int q8 = w->dtype == TLM_DTYPE_Q8_0;
-    size_t bytes = q8 ? sizeof(tlm_block_q8_0) : sizeof(tlm_block_q4_0);
+    size_t bytes = q8 ? sizeof(core_block_q8_0) : sizeof(core_block_q4_0);
     const __m512 off = _mm512_set1_ps(q8 ? -128.0f : -8.0f);
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = base + (size_t)b * bytes;
@@ -98,7 +98,7 @@ K_TARGET_AVX512 void k_qgemm_pack16_q2_K_q3_K_avx512(const tlm_weight *w, int r0
     /* 16 sub-blocks of 16: s and m from each row's scale bytes and d (and dmin); the quants
      * are the qs words' 2-bit planes (and Q3_K's third bits from hmask, as bit 2) */
     int three = w->dtype == TLM_DTYPE_Q3_K;
-    size_t bytes = three ? sizeof(tlm_block_q3_k) : sizeof(tlm_block_q2_k);
+    size_t bytes = three ? sizeof(core_block_q3_k) : sizeof(core_block_q2_k);
     const __m512i ff = _mm512_set1_epi32(0xFF), f = _mm512_set1_epi32(15),
                   m2 = _mm512_set1_epi32(0x03030303), m1 = _mm512_set1_epi32(0x01010101);
     for (int b = 0; b < nb; b++) {
@@ -165,9 +165,9 @@ K_TARGET_AVX512 void k_qgemm_pack16_iq4_nl_avx512(const tlm_weight *w, int r0, u
     __m512i v[8];
     /* Q4_0's layout, the nibbles looked up as level + 128, the offset -128 d */
     const __m512i T = _mm512_broadcast_i32x4(_mm_xor_si128(
-        _mm_loadu_si128((const __m128i *)tlm_iq4nl_values), _mm_set1_epi8((char)0x80)));
+        _mm_loadu_si128((const __m128i *)core_iq4nl_values), _mm_set1_epi8((char)0x80)));
     for (int b = 0; b < nb; b++) {
-        const uint8_t *blk = base + (size_t)b * sizeof(tlm_block_iq4_nl);
+        const uint8_t *blk = base + (size_t)b * sizeof(core_block_iq4_nl);
         __m512 d = halves(rows32(blk, rb), 0);
         _mm512_storeu_ps(s + b * K_QG_ROWS, d);
         _mm512_storeu_ps(m + b * K_QG_ROWS, _mm512_mul_ps(_mm512_set1_ps(-128.0f), d));
@@ -190,10 +190,10 @@ K_TARGET_AVX512 void k_qgemm_pack16_iq4_xs_avx512(const tlm_weight *w, int r0, u
     /* eight IQ4_NL-like sub-blocks per block, their scales d * (ls - 32) from each row's
      * words of d | scales_h and scales_l */
     const __m512i T = _mm512_broadcast_i32x4(_mm_xor_si128(
-        _mm_loadu_si128((const __m128i *)tlm_iq4nl_values), _mm_set1_epi8((char)0x80)));
+        _mm_loadu_si128((const __m128i *)core_iq4nl_values), _mm_set1_epi8((char)0x80)));
     const __m512i f = _mm512_set1_epi32(15), three = _mm512_set1_epi32(3);
     for (int b = 0; b < nb; b++) {
-        const uint8_t *blk = base + (size_t)b * sizeof(tlm_block_iq4_xs);
+        const uint8_t *blk = base + (size_t)b * sizeof(core_block_iq4_xs);
         __m512i hd[4];
         tr16x4(blk, rb, hd);
         __m512 d = halves(hd[0], 0);
@@ -225,7 +225,7 @@ K_TARGET_AVX512 void k_qgemm_pack16_q4_K_q5_K_avx512(const tlm_weight *w, int r0
     const __m512i lo4 = _mm512_set1_epi32(0x0F0F0F0F);
     __m512i v[8];
     int q5 = w->dtype == TLM_DTYPE_Q5_K;
-    size_t bytes = q5 ? sizeof(tlm_block_q5_k) : sizeof(tlm_block_q4_k);
+    size_t bytes = q5 ? sizeof(core_block_q5_k) : sizeof(core_block_q4_k);
     const __m512i m6 = _mm512_set1_epi32(0x3F3F3F3F), h2 = _mm512_set1_epi32(0x30303030);
     const __m512i ff = _mm512_set1_epi32(0xFF);
     for (int b = 0; b < nb; b++) {
@@ -233,7 +233,7 @@ K_TARGET_AVX512 void k_qgemm_pack16_q4_K_q5_K_avx512(const tlm_weight *w, int r0
         __m512i hd[4]; /* d and dmin, then the 12 bytes of scales and mins */
         tr16x4(blk, rb, hd);
         __m512 d = halves(hd[0], 0), nmin = _mm512_sub_ps(_mm512_setzero_ps(), halves(hd[0], 1));
-        /* tlm_q4k_scale_min on four sub-blocks at a time, a byte per sub-block */
+        /* core_q4k_scale_min on four sub-blocks at a time, a byte per sub-block */
         __m512i s0 = hd[1], s1 = hd[2], s2 = hd[3];
         __m512i sc[2] = {_mm512_and_si512(s0, m6),
                          _mm512_or_si512(_mm512_and_si512(s2, lo4),
@@ -281,7 +281,7 @@ K_TARGET_AVX512 void k_qgemm_pack16_q6_K_avx512(const tlm_weight *w, int r0, uin
     const uint8_t *base = group_rows(w, r0, &nb);
     const __m512i lo4 = _mm512_set1_epi32(0x0F0F0F0F);
     for (int b = 0; b < nb; b++) {
-        const uint8_t *blk = base + (size_t)b * sizeof(tlm_block_q6_k);
+        const uint8_t *blk = base + (size_t)b * sizeof(core_block_q6_k);
         /* the 16 scales, then d (the block's last two bytes, read as the high half of the
          * word ending there, so that no read passes the block's end) */
         __m512i scw[4], dw[4];

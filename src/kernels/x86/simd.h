@@ -83,7 +83,7 @@ K_TARGET_AVX512 static inline __attribute__((always_inline)) void k_transpose16x
     }
 }
 
-/* e^x for a softmax's x <= 0 in 16 lanes, tlm_expf's steps (fastmath.h); a NaN stays NaN (vmaxps
+/* e^x for a softmax's x <= 0 in 16 lanes, k_expf's steps (fastmath.h); a NaN stays NaN (vmaxps
  * returns its second operand when either is NaN). Below -87 the clamp gives about 1.6e-38 in place
  * of a denormal or zero, far under what a sum holding at least one e^0 can see. */
 K_TARGET_AVX512 static inline __attribute__((always_inline)) __m512 k_exp16_nonpos(__m512 x) {

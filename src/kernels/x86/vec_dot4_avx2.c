@@ -22,15 +22,15 @@ K_TARGET_AVX2 static inline K_ALWAYS_INLINE void
 block32_x4_unit_avx2(int n, float *s, const void *wv, size_t ws, const void *xqv, const void *pf,
                      const int kind) {
     const uint8_t *w = wv;
-    const tlm_block_q8_0 *x = xqv;
+    const core_block_q8_0 *x = xqv;
     const size_t bb = kind == BLOCK32_Q8_0 ? 34 : 18;
     const __m256i eight = _mm256_set1_epi8(8), ones = _mm256_set1_epi16(1);
     const __m256i T =
-        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)tlm_iq4nl_values));
+        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)core_iq4nl_values));
     __m256 acc[4];
     for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_ps();
     size_t pfo = 0, far = prefetch_far(n, ws, 0);
-    for (int b = 0; b < n / TLM_QK; b++) {
+    for (int b = 0; b < n / CORE_QK; b++) {
         prefetch_upto(pf, &pfo, 4 * bb * (size_t)(b + 1), far);
         __m256i xv = _mm256_loadu_si256((const __m256i *)x[b].qs);
         __m256i e = kind == BLOCK32_Q4_0 ? _mm256_madd_epi16(_mm256_maddubs_epi16(eight, xv), ones)
@@ -61,16 +61,16 @@ K_TARGET_AVXVNNI static inline K_ALWAYS_INLINE void
 block32_x4_unit_avxvnni(int n, float *s, const void *wv, size_t ws, const void *xqv, const void *pf,
                         const int kind) {
     const uint8_t *w = wv;
-    const tlm_block_q8_0 *x = xqv;
+    const core_block_q8_0 *x = xqv;
     const size_t bb = kind == BLOCK32_Q8_0 ? 34 : 18;
     const __m256i off = _mm256_set1_epi8(kind == BLOCK32_Q4_0 ? 8 : (char)0x80);
     const __m256i T = _mm256_xor_si256(
-        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)tlm_iq4nl_values)),
+        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)core_iq4nl_values)),
         _mm256_set1_epi8((char)0x80));
     __m256 acc[4];
     for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_ps();
     size_t pfo = 0, far = prefetch_far(n, ws, 0);
-    for (int b = 0; b < n / TLM_QK; b++) {
+    for (int b = 0; b < n / CORE_QK; b++) {
         prefetch_upto(pf, &pfo, 4 * bb * (size_t)(b + 1), far);
         __m256i xv = _mm256_loadu_si256((const __m256i *)x[b].qs);
         __m256i e = _mm256_sub_epi32(_mm256_setzero_si256(),
@@ -113,12 +113,12 @@ K_TARGET_AVX2 static inline K_ALWAYS_INLINE void q45k_x4_unit_avx2(int n, float 
                                                                    const void *pf, const int five) {
     const uint8_t *w = wv;
     const k_block_q8_k *x = xqv;
-    size_t bytes = five ? sizeof(tlm_block_q5_k) : sizeof(tlm_block_q4_k);
+    size_t bytes = five ? sizeof(core_block_q5_k) : sizeof(core_block_q4_k);
     __m256 acc[4];
     float accm[4] = {0};
     for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_ps();
     size_t pfo = 0, far = prefetch_far(n, ws, 0);
-    for (int b = 0; b < n / TLM_QK_K; b++) {
+    for (int b = 0; b < n / CORE_QK_K; b++) {
         prefetch_upto(pf, &pfo, 4 * bytes * (size_t)(b + 1), far);
         /* the activation's sums over each sub-block of 32 (pairs of its sums of 16) */
         __m128i pairs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)x[b].bsums),
@@ -159,11 +159,11 @@ q6k_x4_unit_avx2(int n, float *s, const void *wv, size_t ws, const void *xqv, co
     const k_block_q8_k *x = xqv;
     float acc[4] = {0};
     size_t pfo = 0, far = prefetch_far(n, ws, 0);
-    for (int b = 0; b < n / TLM_QK_K; b++) {
-        prefetch_upto(pf, &pfo, 4 * sizeof(tlm_block_q6_k) * (size_t)(b + 1), far);
+    for (int b = 0; b < n / CORE_QK_K; b++) {
+        prefetch_upto(pf, &pfo, 4 * sizeof(core_block_q6_k) * (size_t)(b + 1), far);
         __m256i bs = _mm256_loadu_si256((const __m256i *)x[b].bsums);
         for (int r = 0; r < 4; r++) {
-            const uint8_t *wb = w + r * ws + (size_t)b * sizeof(tlm_block_q6_k);
+            const uint8_t *wb = w + r * ws + (size_t)b * sizeof(core_block_q6_k);
             __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wb + 192)));
             __m256i isum = _mm256_slli_epi32(_mm256_madd_epi16(s16, bs), 5);
             isum = _mm256_sub_epi32(_mm256_setzero_si256(), isum);
@@ -231,13 +231,13 @@ kblock_x4_unit_avx2(int n, float *s, const void *wv, size_t ws, const void *xqv,
     const uint8_t *w = wv;
     const k_block_q8_k *x = xqv;
     const __m256i T =
-        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)tlm_iq4nl_values));
-    size_t bytes = kind == KBLOCK_Q2_K   ? sizeof(tlm_block_q2_k)
-                   : kind == KBLOCK_Q3_K ? sizeof(tlm_block_q3_k)
-                                         : sizeof(tlm_block_iq4_xs);
+        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)core_iq4nl_values));
+    size_t bytes = kind == KBLOCK_Q2_K   ? sizeof(core_block_q2_k)
+                   : kind == KBLOCK_Q3_K ? sizeof(core_block_q3_k)
+                                         : sizeof(core_block_iq4_xs);
     float acc[4] = {0};
     size_t pfo = 0, far = prefetch_far(n, ws, 0);
-    for (int b = 0; b < n / TLM_QK_K; b++) {
+    for (int b = 0; b < n / CORE_QK_K; b++) {
         prefetch_upto(pf, &pfo, 4 * bytes * (size_t)(b + 1), far);
         for (int r = 0; r < 4; r++) {
             const uint8_t *wb = w + r * ws + (size_t)b * bytes;

@@ -45,9 +45,9 @@ K_TARGET_AVX2 void k_vec_dot_bf16_bf16_avx2(int n, float *s, const void *w, cons
 
 K_TARGET_AVX2 void k_vec_dot_q8_0_q8_0_avx2(int n, float *s, const void *w, const void *xq) {
     const uint8_t *wb = w;
-    const tlm_block_q8_0 *x = xq;
+    const core_block_q8_0 *x = xq;
     __m256 acc = _mm256_setzero_ps();
-    for (int b = 0; b < n / TLM_QK; b++, wb += 34) {
+    for (int b = 0; b < n / CORE_QK; b++, wb += 34) {
         __m256i p = dot_i8_avx2(_mm256_loadu_si256((const __m256i *)(wb + 2)),
                                 _mm256_loadu_si256((const __m256i *)x[b].qs));
         float d = load_f16(wb) * _cvtsh_ss(x[b].d);
@@ -60,11 +60,11 @@ K_TARGET_AVX2 void k_vec_dot_q8_0_q8_0_avx2(int n, float *s, const void *w, cons
 K_TARGET_AVX2 static inline K_ALWAYS_INLINE void
 dot_q4_0_iq4_nl_avx2(int n, float *s, const void *w, const void *xq, const int nl) {
     const uint8_t *wb = w;
-    const tlm_block_q8_0 *x = xq;
+    const core_block_q8_0 *x = xq;
     const __m256i T =
-        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)tlm_iq4nl_values));
+        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)core_iq4nl_values));
     __m256 acc = _mm256_setzero_ps();
-    for (int b = 0; b < n / TLM_QK; b++, wb += 18) {
+    for (int b = 0; b < n / CORE_QK; b++, wb += 18) {
         __m256i q = nl ? _mm256_shuffle_epi8(T, nibbles32(wb + 2))
                        : _mm256_sub_epi8(nibbles32(wb + 2), _mm256_set1_epi8(8));
         __m256i p = dot_i8_avx2(q, _mm256_loadu_si256((const __m256i *)x[b].qs));
@@ -84,9 +84,9 @@ K_TARGET_AVX2 void k_vec_dot_iq4_xs_q8_K_avx2(int n, float *s, const void *w, co
     const uint8_t *wb = w;
     const k_block_q8_k *x = xq;
     const __m256i T =
-        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)tlm_iq4nl_values));
+        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)core_iq4nl_values));
     float r = 0.0f;
-    for (int b = 0; b < n / TLM_QK_K; b++, wb += sizeof(tlm_block_iq4_xs))
+    for (int b = 0; b < n / CORE_QK_K; b++, wb += sizeof(core_block_iq4_xs))
         r += iq4xs_block_avx2(wb, &x[b], T);
     *s = r;
 }
@@ -103,13 +103,13 @@ K_TARGET_AVX2 static inline __m256i bits_to_bytes(uint32_t qh) {
 K_TARGET_AVX2 static inline void dot_q4_1_q5_avx2(int n, float *s, const void *w, const void *xq,
                                                   int five, int has_min) {
     const uint8_t *wb = w;
-    const tlm_block_q8_0 *x = xq;
+    const core_block_q8_0 *x = xq;
     size_t bytes = five ? (has_min ? 24 : 22) : 20;
     int qs_at = (has_min ? 4 : 2) + (five ? 4 : 0);
     const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1),
                   bit5 = _mm256_set1_epi8(0x10);
     __m256 acc = _mm256_setzero_ps();
-    for (int b = 0; b < n / TLM_QK; b++, wb += bytes) {
+    for (int b = 0; b < n / CORE_QK; b++, wb += bytes) {
         __m256i q = nibbles32(wb + qs_at);
         if (five) {
             uint32_t qh;
@@ -147,7 +147,7 @@ static inline int q45k_scales_mins(const uint8_t *scales, const int16_t *bsums, 
     int summ = 0;
     for (int j = 0; j < 8; j++) {
         uint8_t mn;
-        tlm_q4k_scale_min(j, scales, &sc[j], &mn);
+        core_q4k_scale_min(j, scales, &sc[j], &mn);
         summ += mn * (bsums[2 * j] + bsums[2 * j + 1]);
     }
     return summ;
@@ -156,10 +156,10 @@ static inline int q45k_scales_mins(const uint8_t *scales, const int16_t *bsums, 
 K_TARGET_AVX2 static void dot_q45k_avx2(int n, float *s, const void *w, const void *xq, int five) {
     const uint8_t *wb = w;
     const k_block_q8_k *x = xq;
-    size_t bytes = five ? sizeof(tlm_block_q5_k) : sizeof(tlm_block_q4_k);
+    size_t bytes = five ? sizeof(core_block_q5_k) : sizeof(core_block_q4_k);
     __m256 acc = _mm256_setzero_ps();
     float accm = 0.0f;
-    for (int b = 0; b < n / TLM_QK_K; b++, wb += bytes) {
+    for (int b = 0; b < n / CORE_QK_K; b++, wb += bytes) {
         uint8_t sc[8];
         int summ = q45k_scales_mins(wb + 4, x[b].bsums, sc);
         const uint8_t *qh = five ? wb + 16 : NULL, *q = wb + (five ? 48 : 16);
@@ -198,7 +198,7 @@ K_TARGET_AVX2 void k_vec_dot_q6_K_q8_K_avx2(int n, float *s, const void *w, cons
     const uint8_t *wb = w;
     const k_block_q8_k *x = xq;
     float r = 0.0f;
-    for (int b = 0; b < n / TLM_QK_K; b++, wb += sizeof(tlm_block_q6_k)) {
+    for (int b = 0; b < n / CORE_QK_K; b++, wb += sizeof(core_block_q6_k)) {
         const int8_t *sc = (const int8_t *)(wb + 192);
         __m256i isum = _mm256_setzero_si256();
         for (int h = 0; h < 2; h++) {
@@ -222,9 +222,9 @@ K_TARGET_AVX2 static inline K_ALWAYS_INLINE void dot_q23k_avx2(int n, float *s, 
                                                                const void *xq, const int three) {
     const uint8_t *wb = w;
     const k_block_q8_k *x = xq;
-    const size_t bytes = three ? sizeof(tlm_block_q3_k) : sizeof(tlm_block_q2_k);
+    const size_t bytes = three ? sizeof(core_block_q3_k) : sizeof(core_block_q2_k);
     float r = 0.0f;
-    for (int b = 0; b < n / TLM_QK_K; b++, wb += bytes) r += q23k_block_avx2(wb, &x[b], three);
+    for (int b = 0; b < n / CORE_QK_K; b++, wb += bytes) r += q23k_block_avx2(wb, &x[b], three);
     *s = r;
 }
 K_TARGET_AVX2 void k_vec_dot_q2_K_q8_K_avx2(int n, float *s, const void *w, const void *xq) {

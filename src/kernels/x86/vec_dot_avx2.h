@@ -25,7 +25,7 @@ iq4xs_block_avx2(const uint8_t *wb, const k_block_q8_k *x, __m256i T) {
         __m256i a = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * j));
         __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(a, v));
         isum = _mm256_add_epi32(
-            isum, _mm256_madd_epi16(p, _mm256_set1_epi16((short)(tlm_iq4xs_scale(j, wb) - 32))));
+            isum, _mm256_madd_epi16(p, _mm256_set1_epi16((short)(core_iq4xs_scale(j, wb) - 32))));
     }
     return load_f16(wb) * x->d * (float)k_hsum8i(isum);
 }
@@ -67,7 +67,7 @@ K_TARGET_AVX2 static inline void q6k_half(const uint8_t *ql, const uint8_t *qh, 
 
 K_TARGET_AVX2 static inline __m256i q3k_scales16_avx2(const uint8_t *p) {
     int16_t v[16];
-    for (int j = 0; j < 16; j++) v[j] = (int16_t)(tlm_q3k_scale(j, p) - 32);
+    for (int j = 0; j < 16; j++) v[j] = (int16_t)(core_q3k_scale(j, p) - 32);
     return _mm256_loadu_si256((const __m256i *)v);
 }
 
@@ -76,7 +76,7 @@ K_TARGET_AVX2 static inline __m256i q3k_scales16_avx2(const uint8_t *p) {
 K_TARGET_AVX2 static inline K_ALWAYS_INLINE float
 q23k_block_avx2(const uint8_t *wb, const k_block_q8_k *x, const int three) {
     const __m256i m3 = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
-    const size_t bytes = three ? sizeof(tlm_block_q3_k) : sizeof(tlm_block_q2_k);
+    const size_t bytes = three ? sizeof(core_block_q3_k) : sizeof(core_block_q2_k);
     __m256i bsums = _mm256_loadu_si256((const __m256i *)x->bsums), sc16, off;
     const uint8_t *qs = wb + (three ? 32 : 16);
     __m256i H = _mm256_setzero_si256();

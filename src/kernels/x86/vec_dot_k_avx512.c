@@ -34,7 +34,7 @@ K_TARGET_AVX512 void k_vec_dot_q6_K_q8_K_avx512(int n, float *s, const void *w, 
     const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
     const __m512i four = _mm512_set1_epi16(4);
     __m256 acc = _mm256_setzero_ps();
-    for (int b = 0; b < n / TLM_QK_K; b++, wb += sizeof(tlm_block_q6_k)) {
+    for (int b = 0; b < n / CORE_QK_K; b++, wb += sizeof(core_block_q6_k)) {
         __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wb + 192)));
         __m512i sc = _mm512_castsi256_si512(s16);
         __m256i off = _mm256_madd_epi16(s16, _mm256_loadu_si256((const __m256i *)x[b].bsums));
@@ -74,7 +74,7 @@ K_TARGET_AVX512 void k_vec_dot_q6_K_q8_K_avx512(int n, float *s, const void *w, 
  * of hmask[l]; clear, it takes 4 off: q + 4 * hbit (0..7) goes through maddubs unsigned, and the 4
  * comes off through the activation's sums. */
 
-/* Q3_K's sixteen scales less 32, as int16 (tlm_q3k_scale): the low four bits from bytes 0-7
+/* Q3_K's sixteen scales less 32, as int16 (core_q3k_scale): the low four bits from bytes 0-7
  * (low nibbles for sub-blocks 0-7, high for 8-15), the top two from byte 8 + j % 4 at bit
  * 2 (j / 4). */
 K_TARGET_AVX512 static inline __m256i q3k_scales16_avx512(const uint8_t *p) {
@@ -109,7 +109,7 @@ K_TARGET_AVX512 static inline K_ALWAYS_INLINE void q23k_unpack(const uint8_t *wb
     const __m512i idx0 = _mm512_set_epi16(9, 9, 9, 9, 9, 9, 9, 9, 8, 8, 8, 8, 8, 8, 8, 8, 1, 1, 1,
                                           1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
     const __m512i m3 = _mm512_set1_epi8(3), two = _mm512_set1_epi16(2), four = _mm512_set1_epi8(4);
-    const size_t bytes = three ? sizeof(tlm_block_q3_k) : sizeof(tlm_block_q2_k);
+    const size_t bytes = three ? sizeof(core_block_q3_k) : sizeof(core_block_q2_k);
     const uint8_t *qs = wb + (three ? 32 : 16);
     __m512i H = _mm512_setzero_si512(), hb = join256(_mm256_set1_epi8(1), _mm256_set1_epi8(0x10));
     __m256i sc16;
@@ -166,10 +166,10 @@ K_TARGET_AVX512 static inline K_ALWAYS_INLINE void q23k_rows_avx512(int n, const
                                                                     const uint8_t *w,
                                                                     const uint8_t *xq, size_t xs,
                                                                     const int three) {
-    const size_t bytes = three ? sizeof(tlm_block_q3_k) : sizeof(tlm_block_q2_k);
+    const size_t bytes = three ? sizeof(core_block_q3_k) : sizeof(core_block_q2_k);
     __m256 acc[K_VDOT_MAX_ROWS];
     for (int m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();
-    for (int b = 0; b < n / TLM_QK_K; b++) {
+    for (int b = 0; b < n / CORE_QK_K; b++) {
         q23k_weights wv;
         q23k_unpack(w + b * bytes, &wv, three);
         for (int m = 0; m < M; m++)
@@ -181,9 +181,9 @@ K_TARGET_AVX512 static inline K_ALWAYS_INLINE void q23k_rows_avx512(int n, const
 K_TARGET_AVX512 static inline K_ALWAYS_INLINE void
 dot_q23k_avx512(int n, float *s, const void *w, const void *xq, const int three) {
     const uint8_t *wb = w;
-    const size_t bytes = three ? sizeof(tlm_block_q3_k) : sizeof(tlm_block_q2_k);
+    const size_t bytes = three ? sizeof(core_block_q3_k) : sizeof(core_block_q2_k);
     __m256 acc = _mm256_setzero_ps();
-    for (int b = 0; b < n / TLM_QK_K; b++)
+    for (int b = 0; b < n / CORE_QK_K; b++)
         q23k_block(wb + b * bytes, (const k_block_q8_k *)xq + b, &acc, three);
     *s = hsum8(acc);
 }
@@ -195,7 +195,7 @@ K_TARGET_AVX512 void k_vec_dot_q3_K_q8_K_avx512(int n, float *s, const void *w, 
 }
 
 /* ---- IQ4_XS -------------------------------------------------------------------------------- */
-/* An IQ4_XS block's eight scales less 32 as int16 (tlm_iq4xs_scale): the low four bits a nibble of
+/* An IQ4_XS block's eight scales less 32 as int16 (core_iq4xs_scale): the low four bits a nibble of
  * scales_l, the top two from scales_h. */
 K_TARGET_AVX512 static inline __m128i iq4xs_scales16(const uint8_t *blk) {
     uint32_t l4;
@@ -274,9 +274,9 @@ K_TARGET_AVX512 static inline K_ALWAYS_INLINE void
 iq4xs_rows_avx512(int n, const int M, float *s, const uint8_t *w, const uint8_t *xq, size_t xs) {
     __m256 acc[K_VDOT_MAX_ROWS];
     for (int m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();
-    for (int b = 0; b < n / TLM_QK_K; b++) {
+    for (int b = 0; b < n / CORE_QK_K; b++) {
         iq4xs_weights wv;
-        iq4xs_unpack(w + b * sizeof(tlm_block_iq4_xs), &wv);
+        iq4xs_unpack(w + b * sizeof(core_block_iq4_xs), &wv);
         for (int m = 0; m < M; m++)
             iq4xs_step(&wv, (const k_block_q8_k *)(const void *)(xq + m * xs) + b, &acc[m]);
     }
@@ -286,8 +286,8 @@ iq4xs_rows_avx512(int n, const int M, float *s, const uint8_t *w, const uint8_t 
 K_TARGET_AVX512 void k_vec_dot_iq4_xs_q8_K_avx512(int n, float *s, const void *w, const void *xq) {
     const uint8_t *wb = w;
     __m256 acc = _mm256_setzero_ps();
-    for (int b = 0; b < n / TLM_QK_K; b++)
-        iq4xs_block(wb + b * sizeof(tlm_block_iq4_xs), (const k_block_q8_k *)xq + b, &acc);
+    for (int b = 0; b < n / CORE_QK_K; b++)
+        iq4xs_block(wb + b * sizeof(core_block_iq4_xs), (const k_block_q8_k *)xq + b, &acc);
     *s = hsum8(acc);
 }
 
@@ -432,15 +432,15 @@ K_TARGET_AVX512 static inline K_ALWAYS_INLINE void q45k_rows_avx512(int n, const
     __m256 accm[K_VDOT_MAX_ROWS];
     size_t nib = k_act_q8_k_nib_at(n);
     for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps(), accm[m] = _mm256_setzero_ps();
-    for (int b = 0; b < n / TLM_QK_K; b++) {
+    for (int b = 0; b < n / CORE_QK_K; b++) {
         q45k_weights wv;
         if (five)
-            q5k_load(w + b * sizeof(tlm_block_q5_k), &wv);
+            q5k_load(w + b * sizeof(core_block_q5_k), &wv);
         else
-            q4k_load(w + b * sizeof(tlm_block_q4_k), &wv);
+            q4k_load(w + b * sizeof(core_block_q4_k), &wv);
         for (int m = 0; m < M; m++)
             q4k_step(&wv, (const k_block_q8_k *)(const void *)(xq + m * xs) + b,
-                     (const int8_t *)(xq + m * xs + nib) + TLM_QK_K * b, &acc[m], &accm[m]);
+                     (const int8_t *)(xq + m * xs + nib) + CORE_QK_K * b, &acc[m], &accm[m]);
     }
     for (int m = 0; m < M; m++) s[m] = q45k_sum(acc[m], accm[m]);
 }
@@ -492,7 +492,7 @@ q45k_x4_unit_avx512(int n, float *s, const void *w, size_t ws, const void *xq, c
     static const int32_t fm_i[2][16] = {{1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3},
                                         {5, 5, 5, 5, 5, 5, 5, 5, 7, 7, 7, 7, 7, 7, 7, 7}};
     const __m512i m4 = _mm512_set1_epi8(0x0F);
-    const size_t bb = five ? sizeof(tlm_block_q5_k) : sizeof(tlm_block_q4_k);
+    const size_t bb = five ? sizeof(core_block_q5_k) : sizeof(core_block_q4_k);
     const __m512i lo_i = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)q4k_lo_b));
     const __m512i hi_i = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)q4k_hi_b));
     const __m512i keep = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)q4k_keep_b));
@@ -504,7 +504,7 @@ q45k_x4_unit_avx512(int n, float *s, const void *w, size_t ws, const void *xq, c
     __m512 acc[4], accm[2];
     for (int r = 0; r < 4; r++) acc[r] = _mm512_setzero_ps();
     accm[0] = accm[1] = _mm512_setzero_ps();
-    int nb = n / TLM_QK_K;
+    int nb = n / CORE_QK_K;
     __m512i v = q4k_heads(wb, ws);
     size_t pfo = 0, far = prefetch_far(n, ws, !five);
     for (int b = 0; b < nb; b++) {
@@ -533,7 +533,7 @@ q45k_x4_unit_avx512(int n, float *s, const void *w, size_t ws, const void *xq, c
             __m512 fm = _mm512_permutexvar_ps(_mm512_loadu_si512(fm_i[k]), f);
             accm[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(mt), fm, accm[k]);
         }
-        const int8_t *xb = xs + TLM_QK_K * b;
+        const int8_t *xb = xs + CORE_QK_K * b;
         /* each row's 8 scales (bytes) in all four 128-bit lanes, for q45k_sc_b's byte shuffles */
         const __m512i rs[4] = {
             _mm512_shuffle_i32x4(sm, sm, 0x00), _mm512_shuffle_i32x4(sm, sm, 0x55),
@@ -621,9 +621,9 @@ K_TARGET_AVX512 static inline K_ALWAYS_INLINE void
 q6k_rows_avx512(int n, const int M, float *s, const uint8_t *w, const uint8_t *xq, size_t xs) {
     __m256 acc[K_VDOT_MAX_ROWS];
     for (int m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();
-    for (int b = 0; b < n / TLM_QK_K; b++) {
+    for (int b = 0; b < n / CORE_QK_K; b++) {
         q6k_weights wv;
-        q6k_load(w + b * sizeof(tlm_block_q6_k), &wv);
+        q6k_load(w + b * sizeof(core_block_q6_k), &wv);
         for (int m = 0; m < M; m++)
             q6k_step(&wv, (const k_block_q8_k *)(const void *)(xq + m * xs) + b, &acc[m]);
     }
@@ -639,12 +639,12 @@ q6k_x4_unit_avx512(int n, float *s, const void *w, size_t ws, const void *xq, co
     __m256 acc[4];
     for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_ps();
     size_t pfo = 0, far = prefetch_far(n, ws, 1);
-    for (int b = 0; b < n / TLM_QK_K; b++) {
-        prefetch_upto(pf, &pfo, 4 * sizeof(tlm_block_q6_k) * (size_t)(b + 1), far);
+    for (int b = 0; b < n / CORE_QK_K; b++) {
+        prefetch_upto(pf, &pfo, 4 * sizeof(core_block_q6_k) * (size_t)(b + 1), far);
         const k_block_q8_k *x = (const k_block_q8_k *)xq + b;
         for (int r = 0; r < 4; r++) {
             q6k_weights o;
-            q6k_load(wb + r * ws + b * sizeof(tlm_block_q6_k), &o);
+            q6k_load(wb + r * ws + b * sizeof(core_block_q6_k), &o);
             q6k_step(&o, x, &acc[r]);
         }
     }
@@ -658,13 +658,13 @@ K_TARGET_AVX512 static inline K_ALWAYS_INLINE void
 kblock_x4_unit_avx512(int n, float *s, const void *w, size_t ws, const void *xq, const void *pf,
                       const int kind) {
     const uint8_t *wb = w;
-    const size_t bytes = kind == KBLOCK_IQ4_XS ? sizeof(tlm_block_iq4_xs)
-                         : kind == KBLOCK_Q3_K ? sizeof(tlm_block_q3_k)
-                                               : sizeof(tlm_block_q2_k);
+    const size_t bytes = kind == KBLOCK_IQ4_XS ? sizeof(core_block_iq4_xs)
+                         : kind == KBLOCK_Q3_K ? sizeof(core_block_q3_k)
+                                               : sizeof(core_block_q2_k);
     __m256 acc[4];
     for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_ps();
     size_t pfo = 0, far = prefetch_far(n, ws, 0);
-    for (int b = 0; b < n / TLM_QK_K; b++) {
+    for (int b = 0; b < n / CORE_QK_K; b++) {
         prefetch_upto(pf, &pfo, 4 * bytes * (size_t)(b + 1), far);
         const k_block_q8_k *x = (const k_block_q8_k *)xq + b;
         for (int r = 0; r < 4; r++) {

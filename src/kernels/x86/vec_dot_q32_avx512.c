@@ -11,12 +11,12 @@
 K_TARGET_AVX512 static inline void dot_q4_1_q5_avx512(int n, float *s, const void *w,
                                                       const void *xq, int five, int has_min) {
     const uint8_t *wb = w;
-    const tlm_block_q8_0 *x = xq;
+    const core_block_q8_0 *x = xq;
     size_t bytes = five ? (has_min ? 24 : 22) : 20;
     int qs_at = (has_min ? 4 : 2) + (five ? 4 : 0);
     const __m256i ones = _mm256_set1_epi8(1), bit5 = _mm256_set1_epi8(0x10);
     __m256 acc = _mm256_setzero_ps();
-    for (int b = 0; b < n / TLM_QK; b++, wb += bytes) {
+    for (int b = 0; b < n / CORE_QK; b++, wb += bytes) {
         __m256i q = nibbles32(wb + qs_at);
         if (five) {
             uint32_t qh;
@@ -62,7 +62,7 @@ K_TARGET_AVX512 static inline __m128 q8_0_scales4(const uint8_t *wb) {
 
 /* The blocks past the last whole group of four, one 256-bit block at a time, added to r: the
  * one- and four-row kernels' common tail (so that their sums agree bit for bit). */
-K_TARGET_AVX512 static inline float q8_0_tail(float r, const uint8_t *wt, const tlm_block_q8_0 *x,
+K_TARGET_AVX512 static inline float q8_0_tail(float r, const uint8_t *wt, const core_block_q8_0 *x,
                                               int b, int nb) {
     for (int bt = b; bt < nb; bt++, wt += 34) {
         __m256i p = dot_i8_vnni256(_mm256_loadu_si256((const __m256i *)(wt + 2)),
@@ -72,7 +72,7 @@ K_TARGET_AVX512 static inline float q8_0_tail(float r, const uint8_t *wt, const 
     return r;
 }
 /* Q4_0's (nl: IQ4_NL's, the nibbles looked up in its table) blocks past the last whole group. */
-K_TARGET_AVX512 static inline float q4_0_tail(float r, const uint8_t *wt, const tlm_block_q8_0 *x,
+K_TARGET_AVX512 static inline float q4_0_tail(float r, const uint8_t *wt, const core_block_q8_0 *x,
                                               int b, int nb, const int nl) {
     const __m256i eight = _mm256_set1_epi8(8), T = _mm512_castsi512_si256(iq4nl_table(0));
     for (int bt = b; bt < nb; bt++, wt += 18) {
@@ -87,7 +87,7 @@ K_TARGET_AVX512 static inline float q4_0_tail(float r, const uint8_t *wt, const 
 K_TARGET_AVX512 static inline K_ALWAYS_INLINE void
 q8_0_rows_avx512(int n, const int M, float *s, const uint8_t *w, const uint8_t *xq, size_t xs) {
     const uint8_t *wb = w;
-    int nb = n / TLM_QK, b = 0;
+    int nb = n / CORE_QK, b = 0;
     size_t aux = k_act_q8_0_aux_at(n);
     const __m512i i01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
     const __m512i i23 = _mm512_add_epi32(i01, _mm512_set1_epi32(2));
@@ -103,7 +103,7 @@ q8_0_rows_avx512(int n, const int M, float *s, const uint8_t *w, const uint8_t *
         __m512i u0 = _mm512_abs_epi8(w0), u1 = _mm512_abs_epi8(w1);
         for (int m = 0; m < M; m++) {
             const uint8_t *xm = xq + m * xs;
-            const tlm_block_q8_0 *x = (const tlm_block_q8_0 *)(const void *)xm + b;
+            const core_block_q8_0 *x = (const core_block_q8_0 *)(const void *)xm + b;
             __m128 dx = _mm_loadu_ps((const float *)(const void *)(xm + aux) + b);
             __m512 d = _mm512_castps128_ps512(_mm_mul_ps(dw, dx));
             __m512i x0 = join256(_mm256_loadu_si256((const __m256i *)x[0].qs),
@@ -123,7 +123,7 @@ q8_0_rows_avx512(int n, const int M, float *s, const uint8_t *w, const uint8_t *
     for (int m = 0; m < M; m++) a01[m] = _mm512_add_ps(a0[m], a1[m]);
     hsum16_rows(a01, M, sum);
     for (int m = 0; m < M; m++)
-        s[m] = q8_0_tail(sum[m], wb, (const tlm_block_q8_0 *)(const void *)(xq + m * xs), b, nb);
+        s[m] = q8_0_tail(sum[m], wb, (const core_block_q8_0 *)(const void *)(xq + m * xs), b, nb);
 }
 
 /* Q4_0 by groups of four blocks (72 bytes). One word permute of two loads inside the group puts
@@ -181,7 +181,7 @@ K_TARGET_AVX512 static inline K_ALWAYS_INLINE void q4_0_rows_avx512(int n, const
                                                                     const uint8_t *xq, size_t xs,
                                                                     const int nl) {
     const uint8_t *wb = w;
-    int nb = n / TLM_QK, b = 0;
+    int nb = n / CORE_QK, b = 0;
     size_t aux = k_act_q8_0_aux_at(n), nib = k_act_q8_0_nib_at(n);
     __m512 acc[K_VDOT_MAX_ROWS];
     for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps();
@@ -200,7 +200,7 @@ K_TARGET_AVX512 static inline K_ALWAYS_INLINE void q4_0_rows_avx512(int n, const
     hsum16_rows(acc, M, sum);
     for (int m = 0; m < M; m++)
         s[m] =
-            q4_0_tail(sum[m], wb, (const tlm_block_q8_0 *)(const void *)(xq + m * xs), b, nb, nl);
+            q4_0_tail(sum[m], wb, (const core_block_q8_0 *)(const void *)(xq + m * xs), b, nb, nl);
 }
 #define Q4_0_ROWS(n, M, s, w, xq, xs) q4_0_rows_avx512(n, M, s, w, xq, xs, 0)
 #define IQ4_NL_ROWS(n, M, s, w, xq, xs) q4_0_rows_avx512(n, M, s, w, xq, xs, 1)
@@ -213,7 +213,7 @@ q4_0_x4_unit_avx512(int n, float *s, const void *w, size_t ws, const void *xq, c
                     const int nl) {
     const float *ad = k_act_q8_0_aux(xq, n);
     const uint8_t *g = k_act_q8_0_nib(xq, n);
-    int nb = n / TLM_QK, b = 0;
+    int nb = n / CORE_QK, b = 0;
     __m512 acc[4];
     for (int r = 0; r < 4; r++) acc[r] = _mm512_setzero_ps();
     size_t pfo = 0, far = prefetch_far(n, ws, !nl);
@@ -239,7 +239,7 @@ q4_0_x4_unit_avx512(int n, float *s, const void *w, size_t ws, const void *xq, c
     _mm_storeu_ps(t, sum);
     for (int r = 0; r < 4; r++)
         s[r] = q4_0_tail(t[r], (const uint8_t *)w + r * ws + (size_t)b * 18,
-                         (const tlm_block_q8_0 *)xq, b, nb, nl);
+                         (const core_block_q8_0 *)xq, b, nb, nl);
 }
 
 /* Four Q8_0 weight rows against one activation row (decode of one sequence): the activation's
@@ -249,9 +249,9 @@ q4_0_x4_unit_avx512(int n, float *s, const void *w, size_t ws, const void *xq, c
 K_TARGET_AVX512 static inline K_ALWAYS_INLINE void
 q8_0_x4_unit_avx512(int n, float *s, const void *wv, size_t ws, const void *xqv, const void *pf) {
     const uint8_t *w = wv;
-    const tlm_block_q8_0 *x = xqv;
+    const core_block_q8_0 *x = xqv;
     const float *ad = k_act_q8_0_aux(xqv, n);
-    int nb = n / TLM_QK, b = 0;
+    int nb = n / CORE_QK, b = 0;
     const __m512i off5 = _mm512_set1_epi8((char)0x80);
     const __m512i i01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
     const __m512i i23 = _mm512_add_epi32(i01, _mm512_set1_epi32(2));

@@ -59,7 +59,7 @@ K_TARGET_AVX512 static inline __m512i join256(__m256i lo, __m256i hi) {
 
 /* IQ4_NL's levels as signed bytes in every 128-bit lane, or (u8) + 128 as unsigned ones. */
 K_TARGET_AVX512 static inline __m512i iq4nl_table(int u8) {
-    __m128i t = _mm_loadu_si128((const __m128i *)tlm_iq4nl_values);
+    __m128i t = _mm_loadu_si128((const __m128i *)core_iq4nl_values);
     if (u8) t = _mm_xor_si128(t, _mm_set1_epi8((char)0x80));
     return _mm512_broadcast_i32x4(t);
 }
