@@ -24,7 +24,8 @@
  *   as the comment says); buffers made for the caller are malloc'd, freed with free().
  * - Threads: models, tokenizers and datasets are read-only once made (but for a writable model's
  *   parameters while its owner updates them), and any number of threads may use one at once; any
- *   other object is used by one thread at a time. Each call runs on tlm_threads_set' threads.
+ *   other object is used by one thread at a time. A call runs its loops on the threads that
+ *   tlm_threads_set asks for (OpenMP and BLAS).
  * - Token ids are int32_t; arrays are row-major, weight matrices [out, in]. */
 #ifndef TLM_H
 #define TLM_H
