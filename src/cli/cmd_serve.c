@@ -707,7 +707,7 @@ int cmd_serve(int argc, char **argv) {
         return cli_fail("serve: --host wants an IPv4 address such as 127.0.0.1, got '%s'", host);
     server sv = {0};
     sv.tpl = SRV_TPL_CHATML;
-    const char *nice_env = bench_knob("TLM_SERVE_NICE");
+    const char *nice_env = core_bench_knob("TLM_SERVE_NICE");
     sv.conn_nice = nice_env ? atoi(nice_env) : 10;
     if (tpl_name && !srv_template_from_name(tpl_name, &sv.tpl))
         return cli_fail("serve: --chat-template '%s' is not one of chatml, llama2, llama3, "

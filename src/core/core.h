@@ -42,18 +42,18 @@ void core_threads_check(void);
 void core_threads_enter(void);
 
 /* Subnormal floats flushed to zero and read as zero (src/core/fpenv.c says why) in a computing
- * entry point: FP_FLUSH_SCOPE() at its start sets the mode on the calling thread until the
+ * entry point: CORE_FP_FLUSH_SCOPE() at its start sets the mode on the calling thread until the
  * function returns (the caller's own mode comes back then) and for good on its OpenMP workers;
- * team.c's pool threads call fp_flush_thread when they start. */
+ * team.c's pool threads call core_fp_flush_thread when they start. */
 typedef struct {
     unsigned saved;
-} fp_flush_scope;
-void fp_flush_begin(fp_flush_scope *s);
-void fp_flush_end(fp_flush_scope *s);
-void fp_flush_thread(void);
-#define FP_FLUSH_SCOPE()                                                                           \
-    fp_flush_scope fp_scope_ __attribute__((cleanup(fp_flush_end)));                               \
-    fp_flush_begin(&fp_scope_)
+} core_fp_flush_scope;
+void core_fp_flush_begin(core_fp_flush_scope *s);
+void core_fp_flush_end(core_fp_flush_scope *s);
+void core_fp_flush_thread(void);
+#define CORE_FP_FLUSH_SCOPE()                                                                      \
+    core_fp_flush_scope fp_scope_ __attribute__((cleanup(core_fp_flush_end)));                     \
+    core_fp_flush_begin(&fp_scope_)
 
 /* Overflow-checked size arithmetic: return 0 on overflow. */
 int core_mul_ok(size_t a, size_t b, size_t *out);

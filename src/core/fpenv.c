@@ -25,9 +25,9 @@ static void set_mode(unsigned m) { (void)m; }
  * its pool gets it once. Workers keep the mode for good: they run only what teams give them. */
 static _Thread_local int g_primed;
 
-void fp_flush_thread(void) { set_mode(get_mode() | FLUSH_BITS); }
+void core_fp_flush_thread(void) { set_mode(get_mode() | FLUSH_BITS); }
 
-void fp_flush_begin(fp_flush_scope *s) {
+void core_fp_flush_begin(core_fp_flush_scope *s) {
     s->saved = get_mode();
     if ((s->saved & FLUSH_BITS) != FLUSH_BITS) set_mode(s->saved | FLUSH_BITS);
     /* OpenBLAS's and oneDNN's products run on the same libgomp workers as tlm's own regions, and
@@ -36,11 +36,11 @@ void fp_flush_begin(fp_flush_scope *s) {
     int n = omp_get_max_threads();
     if (FLUSH_BITS && n > g_primed && !omp_in_parallel()) {
 #pragma omp parallel num_threads(n)
-        fp_flush_thread();
+        core_fp_flush_thread();
         g_primed = n;
     }
 }
 
-void fp_flush_end(fp_flush_scope *s) {
+void core_fp_flush_end(core_fp_flush_scope *s) {
     if ((s->saved & FLUSH_BITS) != FLUSH_BITS) set_mode(get_mode() & ~FLUSH_BITS);
 }

@@ -20,7 +20,7 @@ void tlm_generate_opts_defaults(tlm_generate_opts *o) {
 tlm_status tlm_session_generate(tlm_session *s, const int32_t *const *prompts,
                                 const int *prompt_lens, int n_prompts, const tlm_generate_opts *o,
                                 tlm_stop_reason *stops, tlm_generate_stats *stats) {
-    FP_FLUSH_SCOPE();
+    CORE_FP_FLUSH_SCOPE();
     if (!s || !prompts || !prompt_lens) return core_err(TLM_ERR_ARG, "generate: NULL argument");
     tlm_generate_opts defaults;
     if (!o) {

@@ -184,7 +184,7 @@ static const float *penalized(tlm_sampler *s, const float *logits) {
 }
 
 tlm_status tlm_sampler_sample(tlm_sampler *s, const float *logits, int32_t *id) {
-    FP_FLUSH_SCOPE();
+    CORE_FP_FLUSH_SCOPE();
     if (!s || !logits || !id) return core_err(TLM_ERR_ARG, "sample: NULL argument");
     int V = s->V;
     if (s->penalize && s->n_hist) logits = penalized(s, logits);

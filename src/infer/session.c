@@ -569,7 +569,7 @@ static tlm_status check_ids(const tlm_config *c, const int32_t *ids, int n) {
 
 tlm_status tlm_session_prefill(tlm_session *s, int seq, const int32_t *ids, int n, float *logits,
                                int all_rows) {
-    FP_FLUSH_SCOPE();
+    CORE_FP_FLUSH_SCOPE();
     if (!s || !ids) return core_err(TLM_ERR_ARG, "prefill: session and ids must not be NULL");
     if (seq < 0 || seq >= s->B)
         return core_err(TLM_ERR_ARG, "prefill: sequence %d outside the batch of %d", seq, s->B);
@@ -609,13 +609,13 @@ static tlm_status step_rows(tlm_session *s, const int32_t *ids, const int *n, co
 /* TLM_SHARED_CORES=ignore keeps the full team for every step (share.c), in benchmark builds
  * (bench/quant/two_decoders.sh times both). */
 static int share_ignored(void) {
-    const char *e = bench_knob("TLM_SHARED_CORES");
+    const char *e = core_bench_knob("TLM_SHARED_CORES");
     return e && !strcmp(e, "ignore");
 }
 
 tlm_status tlm_session_step(tlm_session *s, const int32_t *ids, const int *n, const uint8_t *want,
                             float *logits) {
-    FP_FLUSH_SCOPE();
+    CORE_FP_FLUSH_SCOPE();
     if (!s || !n) return core_err(TLM_ERR_ARG, "step: session and counts must not be NULL");
     const tlm_config *c = &s->m->c;
     int N = 0;

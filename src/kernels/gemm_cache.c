@@ -89,7 +89,7 @@ static atomic_int cache_state = -1; /* -1: not read yet; 0: off; 1: on */
 static int cache_on(void) {
     int st = atomic_load_explicit(&cache_state, memory_order_relaxed);
     if (st < 0) {
-        const char *e = bench_knob("TLM_QCACHE");
+        const char *e = core_bench_knob("TLM_QCACHE");
         st = e && !strcmp(e, "on");
         atomic_store_explicit(&cache_state, st, memory_order_relaxed);
     }

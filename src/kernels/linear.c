@@ -64,7 +64,7 @@ k_prefill_path k_linear_prefill(k_prefill_path path) {
 static int prefill_path(tlm_dtype t) {
     int want = atomic_load_explicit(&prefill_override, memory_order_relaxed);
     /* once per product of many rows: negligible */
-    const char *e = want == K_PREFILL_DEFAULT ? bench_knob("TLM_QPREFILL") : NULL;
+    const char *e = want == K_PREFILL_DEFAULT ? core_bench_knob("TLM_QPREFILL") : NULL;
     if (want == K_PREFILL_SGEMM || (e && !strcmp(e, "sgemm"))) return PREFILL_SGEMM;
     if (k_act_of(t) == K_ACT_F32) return PREFILL_FLOAT;
     if (want == K_PREFILL_INT8 || (e && !strcmp(e, "int8"))) return PREFILL_INT8;

@@ -48,7 +48,7 @@ static atomic_int amx_state = -1; /* -1: not read yet; 0: off; 1: on where the C
 static int amx_switch(void) {
     int st = atomic_load_explicit(&amx_state, memory_order_relaxed);
     if (st < 0) {
-        const char *e = bench_knob("TLM_AMX");
+        const char *e = core_bench_knob("TLM_AMX");
         st = !(e && !strcmp(e, "off"));
         atomic_store_explicit(&amx_state, st, memory_order_relaxed);
     }

@@ -186,7 +186,7 @@ static uint32_t wait_change(_Atomic uint32_t *w, uint32_t v, _Atomic int *sleepi
 
 static void *pool_thread(void *arg) {
     g_team_id = (int)(uintptr_t)arg;
-    fp_flush_thread();
+    core_fp_flush_thread();
     slot *me = &g_pool.slots[g_team_id];
     uint32_t seen = 0;
     for (;;) {

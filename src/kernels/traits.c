@@ -40,7 +40,7 @@ static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
  * build's comparisons (bench/quant/run.sh); the product reads no such variable. */
 static void isa_detect(void) {
     int lvl = k_cpu()->isa;
-    const char *cap = bench_knob("TLM_ISA");
+    const char *cap = core_bench_knob("TLM_ISA");
     int vnni = k_cpu()->avxvnni;
     if (cap && !strcmp(cap, "ref")) lvl = K_ISA_REF;
     if (cap && !strcmp(cap, "avx2")) vnni = 0;

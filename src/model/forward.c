@@ -275,7 +275,7 @@ void tlm_forward_opts_defaults(tlm_forward_opts *o) { *o = (tlm_forward_opts){0}
 
 tlm_status tlm_train_ctx_forward(tlm_train_ctx *x, const int32_t *ids, int B, int T,
                                  const tlm_forward_opts *opts, tlm_forward_out *out) {
-    FP_FLUSH_SCOPE();
+    CORE_FP_FLUSH_SCOPE();
     static const tlm_forward_opts none = {0};
     if (!x) return core_err(TLM_ERR_ARG, "forward: context must not be NULL");
     if (!opts) opts = &none;

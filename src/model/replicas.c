@@ -100,7 +100,7 @@ static int count_targets(const int32_t *targets, size_t n) {
 tlm_status tlm_train_ctx_forward_backward(tlm_train_ctx *x, const int32_t *ids,
                                           const int32_t *targets, int B, int T, int pos0,
                                           float *grads, int accumulate, float *loss) {
-    FP_FLUSH_SCOPE();
+    CORE_FP_FLUSH_SCOPE();
     if (!x) return core_err(TLM_ERR_ARG, "forward_backward: context must not be NULL");
     const tlm_model *m = x->m;
     const tlm_config *c = &m->c;

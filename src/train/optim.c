@@ -91,7 +91,7 @@ K_VERSIONS(adamw_span,
 
 tlm_status tlm_adamw_step_scaled(tlm_adamw *o, tlm_model *m, const float *grads, float grad_scale,
                                  double lr, const tlm_adamw_opts *h) {
-    FP_FLUSH_SCOPE();
+    CORE_FP_FLUSH_SCOPE();
     if (o->begin + o->n > m->n_params)
         return core_err(TLM_ERR_ARG, "optimizer does not match the model");
     if (!m->st.params)
@@ -152,7 +152,7 @@ K_INLINE void sumsq_span(const float *g, size_t n, double *out) {
 K_VERSIONS(sumsq_span, (const float *g, size_t n, double *out), (g, n, out))
 
 double tlm_grad_sumsq(const float *grads, size_t n) {
-    FP_FLUSH_SCOPE();
+    CORE_FP_FLUSH_SCOPE();
     /* Fixed chunks summed in a fixed order: the norm (and so clipping) is bit-for-bit the same
      * whatever the thread count or scheduling, which exact resumption relies on. */
     enum { CHUNKS = 256 };
@@ -183,7 +183,7 @@ K_INLINE void scale_span(float *g, float c, long a, long b) {
 K_VERSIONS(scale_span, (float *g, float c, long a, long b), (g, c, a, b))
 
 double tlm_grad_clip(float *grads, size_t n, double max_norm) {
-    FP_FLUSH_SCOPE();
+    CORE_FP_FLUSH_SCOPE();
     double norm = tlm_grad_norm(grads, n);
     float c = tlm_grad_clip_coef(norm, max_norm);
     if (c != 1.0f) {

@@ -160,7 +160,7 @@ static tlm_status eval_chunks(tlm_train_ctx *x, const tlm_dataset *d, tlm_split 
 
 double tlm_train_ctx_evaluate(tlm_train_ctx *x, const tlm_dataset *d, tlm_split split, int B, int T,
                               int batches, uint64_t seed) {
-    FP_FLUSH_SCOPE();
+    CORE_FP_FLUSH_SCOPE();
     size_t N = (size_t)B * T;
     int32_t *ids = malloc(N * sizeof *ids), *tg = malloc(N * sizeof *tg);
     double sum = 0;
@@ -292,7 +292,7 @@ tlm_train_ctx *tlm_trainer_ctx(tlm_trainer *t) { return t->x; }
 float *tlm_trainer_grads(tlm_trainer *t) { return t->grads; }
 
 tlm_status tlm_trainer_backward(tlm_trainer *t, float *loss) {
-    FP_FLUSH_SCOPE();
+    CORE_FP_FLUSH_SCOPE();
     double sum = 0;
     for (int k = 0; k < t->K; k++) {
         /* Windows of the step in order: rank r's micro-step k holds the (r K + k)-th b of them. */
@@ -322,7 +322,7 @@ tlm_status tlm_trainer_backward(tlm_trainer *t, float *loss) {
 }
 
 tlm_status tlm_trainer_clip(tlm_trainer *t, double *norm, float *scale) {
-    FP_FLUSH_SCOPE();
+    CORE_FP_FLUSH_SCOPE();
     const tlm_train_hooks *h = &t->o.hooks;
     double ss = tlm_grad_sumsq(t->grads + t->opt->begin, t->opt->n);
     if (h->reduce_sumsq) {
@@ -337,7 +337,7 @@ tlm_status tlm_trainer_clip(tlm_trainer *t, double *norm, float *scale) {
 }
 
 tlm_status tlm_trainer_update(tlm_trainer *t, float scale, double *lr) {
-    FP_FLUSH_SCOPE();
+    CORE_FP_FLUSH_SCOPE();
     const tlm_train_hooks *h = &t->o.hooks;
     double rate = tlm_schedule_lr(&t->sched, t->st.step);
     tlm_status s = tlm_adamw_step_scaled(t->opt, t->m, t->grads, scale, rate, &t->o.adam);
@@ -419,7 +419,7 @@ static tlm_status evaluate_split(tlm_trainer *t, float *val) {
 }
 
 tlm_status tlm_train_run(tlm_model *m, const tlm_dataset *d, const tlm_train_opts *o) {
-    FP_FLUSH_SCOPE();
+    CORE_FP_FLUSH_SCOPE();
     int T = o->seq_len ? o->seq_len : m->c.context_length;
     int do_eval = o->eval_interval > 0 && o->eval_batches > 0 &&
                   tlm_dataset_size(d, TLM_SPLIT_VAL) >= (size_t)T + 1;
