@@ -31,4 +31,4 @@ format:
 	clang-format -i $$(git ls-files '*.c' '*.h')
 
 clean:
-	rm -rf build build-asan build-clang build-tsan build-other
+	rm -rf build build-*/

@@ -581,7 +581,7 @@ static int same_files(const char *ours, const char *theirs, const char *what) {
  * sqrt 1.5, half inactive, one above mean + sd), the cosine of a layer's sums with the one below
  * (parallel: 1; orthogonal: 0), a tensor outside the blocks ("-"), an entry without tokens left
  * out, and llama-imatrix's order (by tensor name, then the larger sum first). The table itself
- * equals llama-imatrix's character for character (bench/README.md, twenty-seventh round). */
+ * follows llama-imatrix's layout, which it matched character for character on a real model. */
 static void test_imatrix_statistics(void) {
     tlm_imatrix *im = NULL;
     CHECK_OK(tlm_imatrix_new(&im));

@@ -81,7 +81,7 @@ static inline void k_share(long n, long *a, long *b) {
 #define K_INLINE static inline __attribute__((always_inline))
 
 /* The K_ISA_ level of the versions picked: the quantized kernels' (k_isa in qdot.h: the CPU's,
- * TLM_ISA capping it for comparisons), capped by k_vec_cap. */
+ * under a benchmark build's TLM_ISA), capped by k_vec_cap. */
 int k_isa(void);
 extern _Atomic int k_vec_limit;
 static inline int k_vec_isa(void) {

@@ -7,10 +7,10 @@
  * (schedule(dynamic)) lose each thread's run of neighbouring units (0.6x on 110M decode).
  *
  * Where the calling thread asked for it (k_team_pool: decode steps) the team is this file's own
- * pool of threads, not an OpenMP region: a libgomp region costs about 3.1 us here from fork to join
+ * pool of threads, not an OpenMP region: a libgomp region costs about 3.1 us from fork to join on a 2-vCPU virtual machine
  * even with its threads spinning, an `if (0)` region still 1.3-1.5 us, and a token of a small model
  * has products of a few microseconds each. The pool's fork and join are one store and one load of
- * a cache line each way (0.6 us round trip between this machine's two vCPUs). Its threads spin a
+ * a cache line each way (0.6 us round trip between two vCPUs). Its threads spin a
  * while for the next job, then sleep on a futex, as libgomp's do (GOMP_SPINCOUNT and
  * OMP_WAIT_POLICY set how long, read once). Calls from inside an OpenMP region, or while another
  * thread of the process holds the pool, take an OpenMP team. */
@@ -97,7 +97,7 @@ void k_vec_cap(int isa) { k_vec_limit = isa; }
 
 #if HAVE_POOL
 /* A pool thread's slot: its job and the word it waits on, one cache line, so that a fork costs
- * one transfer of it per thread (about 0.3 us between this machine's vCPUs), and a job wakes only
+ * one transfer of it per thread (about 0.3 us between two vCPUs), and a job wakes only
  * the threads it needs (a team that shrinks leaves the others asleep, not spinning at each job).
  * The job is written by the calling thread while the slot's thread does not read it (before
  * bumping `gen`, after the thread counted itself off `pending`). */
