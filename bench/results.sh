@@ -22,7 +22,8 @@
 #                the repository. NO_LLAMA=1 skips the llama.cpp rows; QUICK=1 never builds it.
 #   OPENBLAS_CORETYPE  kept when set. Unset, OpenBLAS 0.3.21 falls back to its Prescott (SSE3)
 #                kernels on CPUs it does not know; the script then sets SkylakeX (AVX-512) or
-#                Haswell (AVX2), for tlm and PyTorch alike (PyTorch calls the same OpenBLAS).
+#                Haswell (AVX2), as the tlm program does for itself (src/cli/main.c), for the
+#                library's benchmarks and PyTorch alike (PyTorch calls the same OpenBLAS).
 #                AUTO_CORETYPE=0 leaves OpenBLAS's own choice.
 #   OMP_WAIT_POLICY / GOMP_SPINCOUNT  kept when set; otherwise GOMP_SPINCOUNT=3000 for every
 #                process, which is what the tlm program sets for itself (docs/environment.md), so

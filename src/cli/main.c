@@ -1,5 +1,7 @@
+#include <cblas.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -40,19 +42,39 @@ static void usage(FILE *f) {
  * sleep, so a step's regions start without a wake-up while a waiting thread gives its core back
  * well within a scheduler slice. TLM_SPINCOUNT rounds of `pause` are tens of microseconds on
  * current cores. bench/quant/two_decoders.sh measures it against passive and active waits, alone
- * and with two processes sharing the cores.
- * libgomp reads its settings when it loads, before main, so the program re-executes itself once
- * with the setting unless the user chose a policy (OMP_WAIT_POLICY or GOMP_SPINCOUNT). */
+ * and with two processes sharing the cores. Returns 1 if it set the variable. */
 #define TLM_SPINCOUNT "3000"
-static void bounded_spin(char **argv) {
-    if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")) return;
+static int bounded_spin(void) {
+    if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")) return 0;
     setenv("GOMP_SPINCOUNT", TLM_SPINCOUNT, 1);
-    execv("/proc/self/exe", argv);
-    /* If re-execution is impossible, carry on with the default policy. */
+    return 1;
+}
+
+/* OpenBLAS (Debian's 0.3.21) picks its kernels from the CPU model and falls back to its SSE3
+ * kernels ("Prescott") on models it does not know: CPUs newer than it, and virtual CPUs that
+ * report a generic model. fp32 training's products then run at a fraction of the CPU's speed.
+ * Unless the user chose (OPENBLAS_CORETYPE), name the kernels of what the CPU runs instead.
+ * Returns 1 if it set the variable. */
+static int openblas_kernels(void) {
+    if (getenv("OPENBLAS_CORETYPE")) return 0;
+    const char *core = openblas_get_corename();
+    if (!core || strcasecmp(core, "prescott") != 0) return 0;
+    const char *isa = tlm_cpu_kernels();
+    const char *want = strstr(isa, "avx512") ? "SkylakeX" : strstr(isa, "avx2") ? "Haswell" : NULL;
+    if (!want) return 0;
+    setenv("OPENBLAS_CORETYPE", want, 1);
+    return 1;
+}
+
+/* libgomp and OpenBLAS read their settings when they load, before main: the program re-executes
+ * itself once with what it set. If re-execution is impossible, it carries on with the defaults. */
+static void settle_environment(char **argv) {
+    int spin = bounded_spin(), blas = openblas_kernels();
+    if (spin || blas) execv("/proc/self/exe", argv);
 }
 
 int main(int argc, char **argv) {
-    bounded_spin(argv);
+    settle_environment(argv);
     if (argc < 2) {
         usage(stderr);
         return 1;
