@@ -27,7 +27,7 @@ static void record_mode(void *ctx, long a, long b) {
     if (t >= 0 && t < 4) pool_mode[t] = _mm_getcsr();
     started++;
     double t0 = omp_get_wtime();
-    while (started < 2 && omp_get_wtime() - t0 < 5) {
+    while (started < 2 && omp_get_thread_limit() >= 2 && omp_get_wtime() - t0 < 5) {
     }
 }
 
@@ -84,9 +84,17 @@ int main(void) {
         CHECK((_mm_getcsr() & ~0x3fu) == (before & ~0x3fu),
               "the caller's mode comes back: %#x, was %#x", _mm_getcsr(), before);
         unsigned worker = 0;
+        int team = 1;
 #pragma omp parallel num_threads(2)
-        if (omp_get_thread_num() == 1) worker = _mm_getcsr();
-        CHECK((worker & FLUSH) == FLUSH, "the OpenMP worker flushes: mode %#x", worker);
+        {
+            if (omp_get_thread_num() == 1) worker = _mm_getcsr();
+            if (omp_get_thread_num() == 0) team = omp_get_num_threads();
+        }
+        if (team == 2)
+            CHECK((worker & FLUSH) == FLUSH, "the OpenMP worker flushes: mode %#x", worker);
+        else
+            printf("no OpenMP worker under OMP_THREAD_LIMIT=%d: its check is skipped\n",
+                   omp_get_thread_limit());
     }
 
     /* Decode's own pool: its threads set the mode when they start, whoever starts them. */
@@ -94,7 +102,8 @@ int main(void) {
     int was = k_team_pool(1);
     k_team_units(2, 1, 1, record_mode, NULL);
     k_team_pool(was);
-    CHECK((pool_mode[1] & FLUSH) == FLUSH, "the pool's thread flushes: mode %#x", pool_mode[1]);
+    if (omp_get_thread_limit() >= 2)
+        CHECK((pool_mode[1] & FLUSH) == FLUSH, "the pool's thread flushes: mode %#x", pool_mode[1]);
 
     /* A session's decode step flushes too: the same model through the KV cache path. */
     tlm_session *s = NULL;
