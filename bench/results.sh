@@ -10,6 +10,8 @@
 #                                         llama.cpp once); run it on an otherwise idle machine
 #        QUICK=1 bash bench/results.sh    smoke test of the script: tiny settings, a few minutes;
 #                                         the table goes to bench/out/results/results.md only
+#        TABLE_ONLY=1 bash bench/results.sh   the table again from the last run's JSON (after a
+#                                         change to the table's code; nothing is measured)
 # Env:
 #   THREADS      threads of every benchmark (default: every core); quantized rows also at 1
 #   ONLY         a subset of "train shakespeare generate quant serve tokenizer bf16"
@@ -39,10 +41,11 @@ if [ "$QUICK" = 1 ]; then README=${README:-0}; else README=${README:-1}; fi
 LLAMA_DIR=${LLAMA_DIR:-$(cd "$ROOT/.." && pwd)/llama.cpp}
 DATA=${TLM_SHARED_DATA:-$ROOT/../shared/data}
 BUNDLE=$ROOT/tests/node/node_modules/node-llama-cpp/llama/gitRelease.bundle
-rm -rf "$OUT"
+TABLE_ONLY=${TABLE_ONLY:-0}
+if [ "$TABLE_ONLY" != 1 ]; then rm -rf "$OUT"; fi
 mkdir -p "$OUT"
 NOTES=$OUT/notes.txt
-: >"$NOTES"
+[ "$TABLE_ONLY" = 1 ] || : >"$NOTES"
 note() { echo "$*" | tee -a "$NOTES" >&2; }
 wants() { [[ " $ONLY " == *" $1 "* ]]; }
 
@@ -111,7 +114,9 @@ run_bench() { # NAME COMMAND...: its output in OUT/NAME.log; a failure is noted,
   fi
 }
 
-if [ "$QUICK" = 1 ]; then
+if [ "$TABLE_ONLY" = 1 ]; then
+  echo "TABLE_ONLY=1: the table from the JSON already in ${OUT#$ROOT/}" >&2
+elif [ "$QUICK" = 1 ]; then
   wants train && run_bench train env JSON="$OUT/train.json" THREADS="$THREADS" CONFIGS=tiny \
     bash bench/run_model.sh train 1
   wants shakespeare && run_bench shakespeare env JSON="$OUT/shakespeare.json" THREADS="$THREADS" \
@@ -156,7 +161,8 @@ ver() { "$@" 2>/dev/null | head -1; }
 pkg() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null; }
 llama_version=
 [ -n "$LLAMA" ] && llama_version=$("$LLAMA/llama-server" --version 2>&1 | sed -n 's/^version: //p' | head -1)
-/usr/bin/python3 - "$OUT/meta.json" <<PY
+# TABLE_ONLY keeps what the measured run recorded.
+[ "$TABLE_ONLY" = 1 ] && [ -f "$OUT/meta.json" ] || /usr/bin/python3 - "$OUT/meta.json" <<PY
 import json, sys
 def read(p):
     try:
@@ -185,6 +191,7 @@ json.dump({
 }, open(sys.argv[1], "w"), indent=1)
 PY
 
+rm -f "$OUT/results.md"
 /usr/bin/python3 - "$OUT" <<'PY'
 import json, os, statistics, sys
 out = sys.argv[1]
@@ -215,13 +222,13 @@ if s:
     row("Shakespeare-char: wall time of the whole run (vs PyTorch)", s["tlm_wall_s"],
         p.get("wall_s"), "s", False)
 for g in load("generate") or []:
-    row(f"decode, batch 1: {g['config']} F32 (vs PyTorch with a KV cache)", g["tlm_session_decode"],
+    row(f"decode, batch 1: {g['config']} F32 (vs PyTorch with a KV cache)", g["tlm_decode"],
         g["torch_decode"], "tokens/s")
-    row(f"prefill: {g['config']} F32 (vs PyTorch)", g["tlm_session_prefill"], g["torch_prefill"],
+    row(f"prefill: {g['config']} F32 (vs PyTorch)", g["tlm_prefill"], g["torch_prefill"],
         "tokens/s", digits=0)
 for q in load("quant") or []:
     t = f"{q['threads']} thread" + ("s" if q["threads"] > 1 else "")
-    row(f"decode tg32: {q['model']} {q['type']}, {t} (vs llama-bench)", q["tlm_session_decode"],
+    row(f"decode tg32: {q['model']} {q['type']}, {t} (vs llama-bench)", q["tlm_decode"],
         q["llamacpp_decode"], "tokens/s")
     row(f"prefill pp128: {q['model']} {q['type']}, {t} (vs llama-bench)", q["tlm_pp128"],
         q["llamacpp_pp128"], "tokens/s", digits=0)
@@ -282,6 +289,7 @@ if notes:
     lines += [""] + [f"- {n}" for n in notes]
 open(os.path.join(out, "results.md"), "w").write("\n".join(lines) + "\n")
 PY
+[ -s "$OUT/results.md" ] || { echo "results.sh: writing the table failed" >&2; exit 1; }
 cat "$OUT/results.md"
 
 if [ "$README" = 1 ]; then
