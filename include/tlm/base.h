@@ -35,8 +35,9 @@ const char *tlm_status_name(tlm_status s);
 /* ---- runtime --------------------------------------------------------------------------------- */
 
 /* The instruction sets the kernels use on this CPU, as picked at run time from cpuid (and, in a
- * benchmark build, the TLM_ISA and TLM_AMX switches), e.g. "avx512 vnni bf16 amx-int8 amx-bf16", "avx2" or "ref" (the
- * plain C references). The string stays valid until the calling thread's next call. */
+ * benchmark build, the TLM_ISA and TLM_AMX switches), e.g. "avx512 vnni bf16 amx-int8 amx-bf16",
+ * "avx2" or "ref" (the plain C references). The string stays valid until the calling thread's next
+ * call. */
 const char *tlm_cpu_kernels(void);
 
 /* Sets the thread count for both OpenMP loops and BLAS; n <= 0 means all cores. Capped at

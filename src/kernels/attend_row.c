@@ -27,10 +27,11 @@
 #define K_ALWAYS_INLINE __attribute__((always_inline))
 
 /* How many keys ahead row_scores and row_values ask for the lines they read next: a long
- * context's cache streams from memory (or a far L3, as on the virtual machines it was measured on) as two streams per head, which the
- * hardware prefetchers alone kept well below what one thread reads. F16 and Q8_0 caches gained at
- * 1024 and 2048 positions, F32's was level (already at the read rate); 16 and 64 keys ahead did
- * about as well as 32 (build/bench_attend, 110M, one thread; tlm bench tg at long contexts). */
+ * context's cache streams from memory (or a far L3, as on the virtual machines it was measured on)
+ * as two streams per head, which the hardware prefetchers alone kept well below what one thread
+ * reads. F16 and Q8_0 caches gained at 1024 and 2048 positions, F32's was level (already at the
+ * read rate); 16 and 64 keys ahead did about as well as 32 (build/bench_attend, 110M, one thread;
+ * tlm bench tg at long contexts). */
 #define PF_KEYS 32
 
 /* Bytes of one cached row of hd elements of kind KV (the block kinds: hd / 32 whole blocks). */

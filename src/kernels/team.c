@@ -7,11 +7,11 @@
  * (schedule(dynamic)) lose each thread's run of neighbouring units (0.6x on 110M decode).
  *
  * Where the calling thread asked for it (k_team_pool: decode steps) the team is this file's own
- * pool of threads, not an OpenMP region: a libgomp region costs about 3.1 us from fork to join on a 2-vCPU virtual machine
- * even with its threads spinning, an `if (0)` region still 1.3-1.5 us, and a token of a small model
- * has products of a few microseconds each. The pool's fork and join are one store and one load of
- * a cache line each way (0.6 us round trip between two vCPUs). Its threads spin a
- * while for the next job, then sleep on a futex, as libgomp's do (GOMP_SPINCOUNT and
+ * pool of threads, not an OpenMP region: a libgomp region costs about 3.1 us from fork to join on a
+ * 2-vCPU virtual machine even with its threads spinning, an `if (0)` region still 1.3-1.5 us, and a
+ * token of a small model has products of a few microseconds each. The pool's fork and join are one
+ * store and one load of a cache line each way (0.6 us round trip between two vCPUs). Its threads
+ * spin a while for the next job, then sleep on a futex, as libgomp's do (GOMP_SPINCOUNT and
  * OMP_WAIT_POLICY set how long, read once). Calls from inside an OpenMP region, or while another
  * thread of the process holds the pool, take an OpenMP team. */
 #define _GNU_SOURCE

@@ -1,7 +1,8 @@
 /* The x86 instruction sets of the kernels' vector code, one attribute each (the files of x86/,
- * attend_row.c, and K_VERSIONS's loops in kernels.h). Each function carries its set as a target attribute, so the files build without
- * -march flags and the caller picks by what the CPU reports (k_isa, k_cpu in cpu.h). K_ISA_AVX512
- * means all of K_TARGET_AVX512's features. Include inside an x86 guard. */
+ * attend_row.c, and K_VERSIONS's loops in kernels.h). Each function carries its set as a target
+ * attribute, so the files build without -march flags and the caller picks by what the CPU reports
+ * (k_isa, k_cpu in cpu.h). K_ISA_AVX512 means all of K_TARGET_AVX512's features. Include inside an
+ * x86 guard. */
 #ifndef TLM_KERNELS_SIMD_X86_H
 #define TLM_KERNELS_SIMD_X86_H
 

@@ -134,11 +134,12 @@ static inline void prefetch_upto(const void *pf, size_t *o, size_t to, size_t fa
  * worse. Rows of 256 columns (15M's, which sit in L3 with the whole small model): the L1 prefetch
  * alone, a unit after next, is about a kilobyte ahead, which the kernels reach before L3 answers;
  * with the L2 one they run at their speed in L2 (build/bench_matvec 256 x 768 cycled through
- * 3 MiB) where the L3 is slow (the virtual machines measured have two speeds from run to run), and level where it is
- * fast. Q4_0's, Q4_K's and Q6_K's kernels take it there (short_too); the others keep the L1
- * prefetch alone on such rows: Q8_0, F16 and BF16 were level with it, and IQ4_NL, Q5_K, Q3_K and
- * IQ4_XS, which share those kernels or their steps, lost a little at one thread (why a type and
- * its kernel's other type differ was not found). AVX2's kernels and AMD's CPUs were not measured.
+ * 3 MiB) where the L3 is slow (the virtual machines measured have two speeds from run to run), and
+ * level where it is fast. Q4_0's, Q4_K's and Q6_K's kernels take it there (short_too); the others
+ * keep the L1 prefetch alone on such rows: Q8_0, F16 and BF16 were level with it, and IQ4_NL, Q5_K,
+ * Q3_K and IQ4_XS, which share those kernels or their steps, lost a little at one thread (why a
+ * type and its kernel's other type differ was not found). AVX2's kernels and AMD's CPUs were not
+ * measured.
  */
 static inline size_t prefetch_far(int n, size_t ws, int short_too) {
     return k_cpu()->amd || (n <= K_PF_FAR_MIN_COLS && !short_too) ? 0 : K_PF_FAR_ROWS * ws;
