@@ -187,15 +187,4 @@ static void iq4_xs(const uint8_t *src, float *y) {
         for (size_t b = 0; b < n / (QK); b++)                                                      \
             t((const uint8_t *)src + b * sizeof(core_block_##t), dst + b * (QK));                  \
     }
-ROW_OF_BLOCKS(q8_0, CORE_QK)
-ROW_OF_BLOCKS(q4_0, CORE_QK)
-ROW_OF_BLOCKS(q4_1, CORE_QK)
-ROW_OF_BLOCKS(q5_0, CORE_QK)
-ROW_OF_BLOCKS(q5_1, CORE_QK)
-ROW_OF_BLOCKS(q4_k, CORE_QK_K)
-ROW_OF_BLOCKS(q5_k, CORE_QK_K)
-ROW_OF_BLOCKS(q6_k, CORE_QK_K)
-ROW_OF_BLOCKS(q2_k, CORE_QK_K)
-ROW_OF_BLOCKS(q3_k, CORE_QK_K)
-ROW_OF_BLOCKS(iq4_nl, CORE_QK)
-ROW_OF_BLOCKS(iq4_xs, CORE_QK_K)
+CORE_BLOCK_TYPES(ROW_OF_BLOCKS)

@@ -77,4 +77,20 @@ void core_q3k_put_scale(int j, int l, uint8_t *scales);
 void core_iq4_quant(const float *x, int subs, uint16_t *dh, uint8_t *q4, uint16_t *scales_h,
                     uint8_t *scales_l, const float *qw);
 
+/* Every block type with its block's element count, for code written once per type (the row
+ * conversions of dequant.c and quant_ref.c): X(name, elements per block). */
+#define CORE_BLOCK_TYPES(X)                                                                        \
+    X(q8_0, CORE_QK)                                                                               \
+    X(q4_0, CORE_QK)                                                                               \
+    X(q4_1, CORE_QK)                                                                               \
+    X(q5_0, CORE_QK)                                                                               \
+    X(q5_1, CORE_QK)                                                                               \
+    X(q4_k, CORE_QK_K)                                                                             \
+    X(q5_k, CORE_QK_K)                                                                             \
+    X(q6_k, CORE_QK_K)                                                                             \
+    X(q2_k, CORE_QK_K)                                                                             \
+    X(q3_k, CORE_QK_K)                                                                             \
+    X(iq4_nl, CORE_QK)                                                                             \
+    X(iq4_xs, CORE_QK_K)
+
 #endif

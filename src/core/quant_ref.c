@@ -285,15 +285,4 @@ void core_from_f32_bf16(const float *src, void *dst, size_t n) {
             memcpy(out + b * sizeof blk, &blk, sizeof blk);                                        \
         }                                                                                          \
     }
-ROW_OF_BLOCKS(q8_0, CORE_QK)
-ROW_OF_BLOCKS(q4_0, CORE_QK)
-ROW_OF_BLOCKS(q4_1, CORE_QK)
-ROW_OF_BLOCKS(q5_0, CORE_QK)
-ROW_OF_BLOCKS(q5_1, CORE_QK)
-ROW_OF_BLOCKS(q4_k, CORE_QK_K)
-ROW_OF_BLOCKS(q5_k, CORE_QK_K)
-ROW_OF_BLOCKS(q6_k, CORE_QK_K)
-ROW_OF_BLOCKS(q2_k, CORE_QK_K)
-ROW_OF_BLOCKS(q3_k, CORE_QK_K)
-ROW_OF_BLOCKS(iq4_nl, CORE_QK)
-ROW_OF_BLOCKS(iq4_xs, CORE_QK_K)
+CORE_BLOCK_TYPES(ROW_OF_BLOCKS)

@@ -27,7 +27,8 @@
  * (one unit of an x4 kernel), *_rows (the m8 body, M a constant), *_block (one block's term).
  *
  * How to add a weight type:
- *   1. src/core: its block (quant.h), and its core_dtype_info in dtype.c (sizes, ggml id, the
+ *   1. src/core: its block (quant.h) and its line in CORE_BLOCK_TYPES (quant_impl.h), and its
+ *      core_dtype_info in dtype.c (sizes, ggml id, the
  *      reference widening to_f32 in dequant.c, the reference quantizer from_f32 in quant_ref.c,
  *      and an importance-matrix quantizer in quant_imatrix.c if it takes one).
  *   2. traits.c: its record in `types` (the activation form its dot products meet).
