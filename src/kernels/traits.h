@@ -28,9 +28,9 @@
  *
  * How to add a weight type:
  *   1. src/core: its block (quant.h) and its line in CORE_BLOCK_TYPES (quant_impl.h), and its
- *      core_dtype_info in dtype.c (sizes, ggml id, the
- *      reference widening to_f32 in dequant.c, the reference quantizer from_f32 in quant_ref.c,
- *      and an importance-matrix quantizer in quant_imatrix.c if it takes one).
+ *      core_dtype_info in dtype.c (sizes, ggml id, the reference widening to_f32 in dequant.c,
+ *      the reference quantizer from_f32 in quant_ref.c, and an importance-matrix quantizer in
+ *      quant_imatrix.c if it takes one).
  *   2. traits.c: its record in `types` (the activation form its dot products meet).
  *   3. ref/vec_dot_ref.c: its dot product in plain C, in k_kernels_ref.
  *   4. x86/: its vector kernels in the file of its family and instruction set, declared in
