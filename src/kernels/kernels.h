@@ -152,7 +152,7 @@ void k_linear_bwd_dx(float *dx, const float *dy, int ldy, const float *w, int N,
  * for one widened row; dx is untouched then. */
 tlm_status k_linear_bwd_dx_frozen(float *dx, const float *dy, int ldy, const tlm_weight *w, int N,
                                   float beta);
-/* The same with tile rows per widened tile (0: the default, about 1 MiB; out or more: the whole
+/* The same with tile rows per widened tile (0: the default, 4 MiB of floats; out or more: the whole
  * matrix at once), for tests and benchmarks. */
 tlm_status k_linear_bwd_dx_frozen_tiles(float *dx, const float *dy, int ldy, const tlm_weight *w,
                                         int N, float beta, int tile);

@@ -1,5 +1,5 @@
 /* The input gradient through a frozen weight kept in its own type (LoRA and QLoRA bases): no
- * weight gradient, and the weight is never widened as a whole. */
+ * weight gradient, and no widened copy beyond one bounded tile per call. */
 #include <cblas.h>
 
 #include "core/core.h"
@@ -7,9 +7,10 @@
 #include "kernels.h"
 #include "qdot.h"
 
-/* Widened rows per tile by default: about 1 MiB of floats, so a tile is still in L2 (or close, in
- * L3) when sgemm packs it right after the rows were written. A multiple of 16 rows. */
-#define FROZEN_TILE_BYTES (1u << 20)
+/* Widened rows per tile by default: 4 MiB of floats (a multiple of 16 rows), as k_linear's forward
+ * tiles, so a tile stays in the last-level cache while sgemm reads it; each tile also costs a
+ * hand-off between the widening team and OpenBLAS's threads, which smaller tiles pay more often. */
+#define FROZEN_TILE_BYTES (4u << 20)
 
 static int default_tile(int in, int out) {
     long rows = (long)(FROZEN_TILE_BYTES / ((size_t)in * sizeof(float))) / 16 * 16;
