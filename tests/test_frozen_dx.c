@@ -146,7 +146,7 @@ static void check_arguments(void) {
     tlm_weight bad = w;
     bad.dtype = TLM_DTYPE_I32;
     CHECK(k_linear_bwd_dx_frozen(dx, dy, 8, &bad, 3, 0.0f) == TLM_ERR_ARG, "I32 weight taken");
-    CHECK_ERROR_HAS("type");
+    CHECK_ERROR_HAS("type I32");
     bad = w;
     bad.dtype = TLM_DTYPE_Q4_0, bad.cols = 40; /* not a whole number of blocks */
     CHECK(k_linear_bwd_dx_frozen(dx, dy, 8, &bad, 3, 0.0f) == TLM_ERR_ARG, "40 Q4_0 columns taken");

@@ -20,12 +20,17 @@ static int default_tile(int in, int out) {
 
 tlm_status k_linear_bwd_dx_frozen_tiles(float *dx, const float *dy, int ldy, const tlm_weight *w,
                                         int N, float beta, int tile) {
-    if (!dx || !dy || !w || !w->data || N < 0 || !k_linear_takes(w->dtype))
+    if (!dx || !dy || !w || !w->data || N < 0)
         return core_err(TLM_ERR_ARG, "frozen input gradient: %s",
                         !w || !w->data ? "no weight"
                         : N < 0        ? "negative row count"
-                        : !dx || !dy   ? "no gradient buffer"
-                                       : "a weight type the kernels do not compute on");
+                                       : "no gradient buffer");
+    if (!k_linear_takes(w->dtype)) {
+        const core_dtype_info *d = core_dtype_get(w->dtype);
+        return core_err(TLM_ERR_ARG,
+                        "frozen input gradient: no kernels compute on weights of type %s",
+                        d ? d->name : "(unknown)");
+    }
     if (w->rows < 0 || w->rows > INT32_MAX || w->cols <= 0 || w->cols > INT32_MAX)
         return core_err(TLM_ERR_ARG, "frozen input gradient: weight of %lld x %lld",
                         (long long)w->rows, (long long)w->cols);
