@@ -146,6 +146,7 @@ static void test_peft_roundtrip(void) {
         cJSON_Delete(j);
     }
     io_st_file f;
+    memset(&f, 0, sizeof f);
     CHECK_OK(io_st_open(&f, "peft/adapter_model.safetensors"));
     if (f.tensors) {
         const io_st_tensor *t =
@@ -449,6 +450,68 @@ static void test_base_checks(void) {
     fmt_lora_free(&a);
 }
 
+/* A PEFT directory written by PyTorch (tests/reference/lora_peft.py, rsLoRA, layer 1 in bf16):
+ * tlm reads it, and in GGUF's order its q/k B rows and every update s * B * A equal what
+ * llama.cpp's converters make of it. */
+static void test_torch_peft(void) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/tests/reference/lora_peft.py torch_lora",
+             TLM_SOURCE_DIR);
+    int rc = system(cmd);
+    CHECK(rc == 0, "lora_peft.py failed (%d)", rc);
+    if (rc) return;
+    fmt_lora a, g;
+    CHECK_OK(fmt_lora_read_peft("torch_lora/peft", "llama", &a));
+    if (a.n == 0) return;
+    CHECK(a.n == LAYERS * 7 + 1 && a.rank == RANK && a.use_rslora && a.alpha == 8.0f &&
+              !strcmp(a.base_model, "tiny-llama"),
+          "PyTorch's adapter read as n %d rank %d rslora %d alpha %g", a.n, a.rank, a.use_rslora,
+          (double)a.alpha);
+    CHECK_NEAR(fmt_lora_scale(&a), 4.0, 1e-6);
+    CHECK_OK(fmt_lora_write_gguf("torch_lora/adapter.gguf", &a, HD));
+    CHECK_OK(fmt_lora_read_gguf("torch_lora/adapter.gguf", &g));
+    CHECK_OK(fmt_lora_set_qk_order(&a, 1, HD));
+    io_st_file f;
+    memset(&f, 0, sizeof f);
+    CHECK_OK(io_st_open(&f, "torch_lora/expected.safetensors"));
+    int checked = 0;
+    for (int i = 0; i < a.n && f.tensors; i++) {
+        for (int k = 0; k < 2; k++) {
+            const fmt_lora *x = k ? &g : &a;
+            const fmt_lora_mat *e = fmt_lora_find(x, a.m[i].name);
+            if (!e) continue;
+            char nm[96];
+            size_t nb = (size_t)(e->out * RANK), nd = (size_t)(e->out * e->in);
+            float *b = malloc(sizeof(float) * nb), *d = malloc(sizeof(float) * nd);
+            snprintf(nm, sizeof nm, "%s.lora_b", e->name);
+            const io_st_tensor *t = io_st_find(&f, nm);
+            CHECK(t && !io_st_read_f32(&f, t, b, nb), "expected %s", nm);
+            if (t) CHECK(!memcmp(b, e->b, sizeof(float) * nb), "%s differs from PyTorch's", nm);
+            snprintf(nm, sizeof nm, "%s.delta", e->name);
+            t = io_st_find(&f, nm);
+            CHECK(t && !io_st_read_f32(&f, t, d, nd), "expected %s", nm);
+            double worst = 0;
+            float s = fmt_lora_scale(x);
+            for (int64_t r = 0; t && r < e->out; r++)
+                for (int64_t c = 0; c < e->in; c++) {
+                    double acc = 0;
+                    for (int j = 0; j < RANK; j++)
+                        acc += (double)e->b[r * RANK + j] * (double)e->a[j * e->in + c];
+                    worst = fmax(worst, fabs((double)s * acc - (double)d[r * e->in + c]));
+                }
+            CHECK(t && worst < 1e-5, "%s: s * B * A differs from PyTorch's by %g (%s)", e->name,
+                  worst, k ? "via GGUF" : "in memory");
+            checked++;
+            free(b);
+            free(d);
+        }
+    }
+    CHECK(checked == 2 * (LAYERS * 7 + 1), "%d matrices checked", checked);
+    if (f.tensors) io_st_close(&f);
+    fmt_lora_free(&g);
+    fmt_lora_free(&a);
+}
+
 int main(void) {
     test_gguf_roundtrip();
     test_peft_roundtrip();
@@ -456,5 +519,6 @@ int main(void) {
     test_gguf_malformed();
     test_peft_malformed();
     test_base_checks();
+    test_torch_peft();
     return t_finish("test_lora_files");
 }
