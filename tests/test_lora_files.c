@@ -412,6 +412,11 @@ static void test_peft_malformed(void) {
     t[1].shape[1] = D; /* B transposed */
     CHECK_OK(io_st_write(st, t, 2, NULL, NULL, 0));
     expect_peft_bad("pbad", "rank does not match");
+    CHECK(rename(st, "pbad/adapter_model.bin") == 0, "rename");
+    expect_peft_bad("pbad", "adapter_model.bin (a PyTorch pickle) is not read");
+    remove("pbad/adapter_model.bin");
+    expect_peft_bad("pbad", "no adapter_model.safetensors");
+    expect_peft_bad("no_such_dir", "adapter_config.json");
     fmt_lora_free(&a);
 }
 

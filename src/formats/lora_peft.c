@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "formats/lora.h"
 #include "io/safetensors.h"
@@ -204,6 +205,16 @@ tlm_status fmt_lora_read_peft(const char *dir, const char *arch, fmt_lora *out) 
     if (!s) s = read_config(cfg, out, &targets);
     io_st_file f;
     memset(&f, 0, sizeof f);
+    if (!s && access(st, F_OK) != 0) {
+        char *bin = core_path_join(dir, "adapter_model.bin");
+        s = bin && access(bin, F_OK) == 0
+                ? core_err(TLM_ERR_UNSUPPORTED,
+                           "%s: adapter_model.bin (a PyTorch pickle) is not read: save the adapter "
+                           "with safe_serialization (adapter_model.safetensors)",
+                           dir)
+                : core_err(TLM_ERR_IO, "%s: no adapter_model.safetensors", dir);
+        free(bin);
+    }
     if (!s) s = io_st_open(&f, st);
     if (!s) {
         s = read_tensors(st, &f, targets, out);
