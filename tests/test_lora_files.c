@@ -143,6 +143,11 @@ static void test_peft_roundtrip(void) {
         CHECK(cJSON_GetObjectItem(j, "lora_alpha")->valuedouble == 8, "lora_alpha");
         CHECK(cJSON_IsFalse(cJSON_GetObjectItem(j, "use_rslora")), "use_rslora");
         CHECK(cJSON_IsFalse(cJSON_GetObjectItem(j, "fan_in_fan_out")), "fan_in_fan_out");
+        /* LoraConfig(**config) must take every key: booleans where PEFT has them */
+        CHECK(cJSON_IsTrue(cJSON_GetObjectItem(j, "init_lora_weights")), "init_lora_weights");
+        CHECK(cJSON_IsNull(cJSON_GetObjectItem(j, "modules_to_save")), "modules_to_save");
+        CHECK(!strcmp(cJSON_GetObjectItem(j, "base_model_name_or_path")->valuestring, "tiny-llama"),
+              "base_model_name_or_path");
         cJSON_Delete(j);
     }
     io_st_file f;

@@ -263,7 +263,7 @@ static tlm_status write_config(const char *path, const fmt_lora *a) {
     cJSON_AddStringToObject(j, "bias", "none");
     cJSON_AddBoolToObject(j, "fan_in_fan_out", 0);
     cJSON_AddBoolToObject(j, "inference_mode", 1);
-    cJSON_AddStringToObject(j, "init_lora_weights", "true");
+    cJSON_AddBoolToObject(j, "init_lora_weights", 1);
     cJSON_AddItemToObject(j, "rank_pattern", cJSON_CreateObject());
     cJSON_AddItemToObject(j, "alpha_pattern", cJSON_CreateObject());
     cJSON_AddNullToObject(j, "modules_to_save");
