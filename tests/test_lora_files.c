@@ -460,6 +460,39 @@ static void test_base_checks(void) {
     fmt_lora_free(&a);
 }
 
+/* Damaged copies of a good adapter (bytes changed in the header, the file cut short) are read or
+ * refused, never crash; a refusal leaves the adapter empty. */
+static void test_gguf_damaged(void) {
+    fmt_lora a, r;
+    make_adapter(&a);
+    a.qk_interleaved = 1;
+    CHECK_OK(fmt_lora_write_gguf("dmg.gguf", &a, 0));
+    fmt_lora_free(&a);
+    FILE *f = fopen("dmg.gguf", "rb");
+    static uint8_t buf[1 << 17];
+    size_t n = f ? fread(buf, 1, sizeof buf, f) : 0;
+    if (f) fclose(f);
+    CHECK(n > 2048 && n < sizeof buf, "adapter of %zu bytes", n);
+    if (n <= 2048 || n >= sizeof buf) return;
+    int refused = 0, empty = 1;
+    for (int it = 0; it < 300; it++) {
+        static uint8_t bad[1 << 17];
+        memcpy(bad, buf, n);
+        size_t len = n;
+        if (it % 3 == 2)
+            len = t_rnd() % n;
+        else
+            for (int k = 0; k < 1 + it % 4; k++)
+                bad[t_rnd() % 2048] ^= (uint8_t)(1 + t_rnd() % 255);
+        t_write_file("dmg_bad.gguf", bad, len);
+        tlm_status s = fmt_lora_read_gguf("dmg_bad.gguf", &r);
+        refused += s != TLM_OK;
+        if (s) empty &= r.n == 0 && r.m == NULL;
+        fmt_lora_free(&r);
+    }
+    CHECK(refused > 100 && empty, "%d of 300 damaged files refused", refused);
+}
+
 /* A PEFT directory written by PyTorch (tests/reference/lora_peft.py, rsLoRA, layer 1 in bf16):
  * tlm reads it, and in GGUF's order its q/k B rows and every update s * B * A equal what
  * llama.cpp's converters make of it. */
@@ -527,6 +560,7 @@ int main(void) {
     test_peft_roundtrip();
     test_conversion();
     test_gguf_malformed();
+    test_gguf_damaged();
     test_peft_malformed();
     test_base_checks();
     test_torch_peft();
