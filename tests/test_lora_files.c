@@ -8,6 +8,7 @@
 #include <cjson/cJSON.h>
 
 #include "core/half.h"
+#include "formats/formats.h"
 #include "formats/lora.h"
 #include "harness.h"
 #include "io/gguf.h"
@@ -555,6 +556,89 @@ static void test_torch_peft(void) {
     fmt_lora_free(&a);
 }
 
+/* llama.cpp (node-llama-cpp) loads tlm's GGUF adapter on stories260K.gguf, and its greedy
+ * continuation with the adapter applied unmerged equals its continuation of the model with
+ * s * B * A merged in by tlm (and differs from the base's): llama.cpp takes the file's keys, ne
+ * order and alpha as tlm means them. (The merge uses the file's own q/k rows, so the direction
+ * of their move is test_torch_peft's to check.) */
+static void test_llamacpp(void) {
+    const char *dir = t_require_shared_data();
+    if (!dir) return;
+    char base[512];
+    snprintf(base, sizeof base, "%s/models/stories260K.gguf", dir);
+    tlm_model *m = NULL;
+    tlm_tokenizer *tok = NULL;
+    CHECK_OK(tlm_model_load(base, TLM_LOAD_WRITABLE, &m));
+    CHECK_OK(tlm_tokenizer_load(base, &tok));
+    if (!m || !tok) goto done;
+    const tlm_config *c = tlm_model_config(m);
+    int hd = c->d_model / c->n_heads, nt = 0;
+    const tlm_tensor_info *ti = tlm_model_tensors(m, &nt);
+    fmt_lora a, g;
+    memset(&a, 0, sizeof a);
+    memset(&g, 0, sizeof g);
+    snprintf(a.arch, sizeof a.arch, "llama");
+    a.rank = 2;
+    a.alpha = 4.0f;
+    fmt_lora_base *bl = calloc((size_t)nt, sizeof *bl);
+    int nb = 0;
+    for (int i = 0; i < nt && bl; i++) {
+        if (!fmt_lora_known_target(ti[i].name) || ti[i].ndim != 2) continue;
+        bl[nb++] = (fmt_lora_base){ti[i].name, ti[i].shape[1], ti[i].shape[0]};
+        CHECK_OK(fmt_lora_add(&a, ti[i].name, ti[i].shape[1], ti[i].shape[0], NULL, NULL));
+        fmt_lora_mat *e = &a.m[a.n - 1];
+        for (int64_t j = 0; j < 2 * e->in; j++) e->a[j] = t_unif() * 0.5f;
+        for (int64_t j = 0; j < 2 * e->out; j++) e->b[j] = t_unif() * 0.2f;
+    }
+    CHECK(a.n >= 7 * c->n_layers, "%d targets in %s", a.n, base);
+    CHECK_OK(fmt_lora_check_base(&a, "llama", bl, nb));
+    CHECK_OK(fmt_lora_write_gguf("stories_lora.gguf", &a, hd));
+    /* read back: in the file's (and this model's) interleaved order, merged into the weights */
+    CHECK_OK(fmt_lora_read_gguf("stories_lora.gguf", &g));
+    float s = fmt_lora_scale(&g);
+    for (int i = 0; i < g.n; i++) {
+        const fmt_lora_mat *e = &g.m[i];
+        float *w = fmt_tensor(m, e->name);
+        CHECK(w != NULL, "no %s", e->name);
+        for (int64_t r = 0; w && r < e->out; r++)
+            for (int64_t col = 0; col < e->in; col++) {
+                float acc = 0;
+                for (int j = 0; j < g.rank; j++)
+                    acc += e->b[r * g.rank + j] * e->a[j * e->in + col];
+                w[r * e->in + col] += s * acc;
+            }
+    }
+    CHECK_OK(tlm_model_save_gguf(m, tok, "stories_merged.gguf", TLM_DTYPE_F32));
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "cd %s/tests/node && NODE_LLAMA_CPP_SKIP_DOWNLOAD=true node llama_lora.mjs "
+             "\"1 403 407\" 12 %s %s/stories_lora.gguf %s/stories_merged.gguf 2>&1",
+             TLM_SOURCE_DIR, base, t_out_dir(), t_out_dir());
+    FILE *f = popen(cmd, "r");
+    CHECK(f != NULL, "cannot run node");
+    char out[3][512] = {{0}}, line[4096];
+    int k = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        const char *ids = strstr(line, "\"ids\":[");
+        CHECK(ids != NULL, "llama.cpp: %s", line);
+        if (ids && k < 3) snprintf(out[k++], sizeof out[0], "%s", ids);
+    }
+    if (f) pclose(f);
+    CHECK(k == 3, "llama.cpp ran %d of 3", k);
+    if (k == 3) {
+        CHECK(!strcmp(out[1], out[2]), "llama.cpp with tlm's adapter %s, merged %s", out[1],
+              out[2]);
+        CHECK(strcmp(out[0], out[1]), "the adapter changed nothing: %s", out[0]);
+        printf("llama.cpp: base %slora   %smerged %s", out[0], out[1], out[2]);
+    }
+    fmt_lora_free(&g);
+    fmt_lora_free(&a);
+    free(bl);
+done:
+    tlm_tokenizer_free(tok);
+    tlm_model_free(m);
+}
+
 int main(void) {
     test_gguf_roundtrip();
     test_peft_roundtrip();
@@ -564,5 +648,6 @@ int main(void) {
     test_peft_malformed();
     test_base_checks();
     test_torch_peft();
+    test_llamacpp();
     return t_finish("test_lora_files");
 }

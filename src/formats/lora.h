@@ -72,7 +72,9 @@ tlm_status fmt_lora_set_qk_order(fmt_lora *a, int interleaved, int head_dim);
 /* llama.cpp's GGUF LoRA adapter. Reads F32, F16, BF16 and Q8_0 tensors; writes F32, atomically.
  * GGUF has no rsLoRA flag: the writer folds sqrt(rank) into alpha so that llama.cpp's alpha / rank
  * is the same scale, and such a file reads back as plain LoRA. head_dim: for q/k rows (see above);
- * 0 when the adapter has no q/k matrices or is already in the file's order. */
+ * 0 when the adapter has no q/k matrices or is already in the file's order. Readers
+ * validate everything (fmt_lora_validate) and leave *out empty on failure; free it with
+ * fmt_lora_free after success. */
 tlm_status fmt_lora_read_gguf(const char *path, fmt_lora *out);
 tlm_status fmt_lora_write_gguf(const char *path, const fmt_lora *a, int head_dim);
 
