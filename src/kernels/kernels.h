@@ -143,6 +143,19 @@ void k_linear_bwd(float *dx, float *dw, float *db, const float *dy, const float 
  * gradient when stacked weights lie apart. */
 void k_linear_bwd_dx(float *dx, const float *dy, int ldy, const float *w, int N, int in, int out,
                      float beta);
+
+/* ---- linear_frozen.c: the input gradient through a frozen weight (LoRA and QLoRA bases) ---- */
+/* dx[N, in] = dy[N, out] (row stride ldy >= out) W[out, in] + beta * dx, for W of any type
+ * k_linear_takes, in its own type: F32 rows go to sgemm as they are, other types are widened a
+ * tile of rows at a time (the calling thread's scratch) and each tile's product added by sgemm.
+ * No weight gradient. TLM_ERR_ARG for a type or shape it cannot take, TLM_ERR_NOMEM without memory
+ * for one widened row; dx is untouched then. */
+tlm_status k_linear_bwd_dx_frozen(float *dx, const float *dy, int ldy, const tlm_weight *w, int N,
+                                  float beta);
+/* The same with tile rows per widened tile (0: the default, 4 MiB of floats; out or more: the whole
+ * matrix at once), for tests and benchmarks. */
+tlm_status k_linear_bwd_dx_frozen_tiles(float *dx, const float *dy, int ldy, const tlm_weight *w,
+                                        int N, float beta, int tile);
 /* db[j] (+)= sum_i dy[i, j] over N rows of width n; deterministic, cache-line blocked. */
 void k_colsum(float *db, const float *dy, int N, int n, int acc);
 
