@@ -32,6 +32,7 @@
 
 #include "tlm/base.h"
 #include "tlm/generate.h"
+#include "tlm/lora.h"
 #include "tlm/model.h"
 #include "tlm/quantize.h"
 #include "tlm/tokenizer.h"

@@ -4,6 +4,7 @@
 #define TLM_GENERATE_H
 
 #include "base.h"
+#include "lora.h"
 #include "model.h"
 
 #ifdef __cplusplus
@@ -43,6 +44,16 @@ void tlm_session_opts_defaults(tlm_session_opts *o);
 /* A session over m with options o (NULL: the defaults). */
 tlm_status tlm_session_new(const tlm_model *m, const tlm_session_opts *o, tlm_session **out);
 void tlm_session_free(tlm_session *s);
+/* Applies n LoRA adapters (made for this session's model; they must outlive their use) to every
+ * sequence, adapter i's products times scales[i] (NULL: 1), unmerged: the model is unchanged and
+ * other sessions over it run without them. n = 0 removes them. Cached keys and values keep what
+ * was computed when they were cached. */
+tlm_status tlm_session_set_loras(tlm_session *s, const tlm_lora *const *loras, const float *scales,
+                                 int n);
+/* The session's adapters' scales for sequence seq alone (tlm_session_num_loras values; 0 leaves
+ * an adapter out of that sequence): rows of sequences with different scales share a step. */
+tlm_status tlm_session_set_seq_lora_scales(tlm_session *s, int seq, const float *scales);
+int tlm_session_num_loras(const tlm_session *s);
 /* Faults in the KV cache's memory now. It is mapped lazily, so otherwise the first tokens of each
  * sequence pay for the kernel zeroing its pages (a large batch's cache is GiBs): a server calls
  * this at start-up so that no request waits on it in the middle of a decode step. */

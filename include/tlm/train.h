@@ -5,6 +5,7 @@
 #define TLM_TRAIN_H
 
 #include "base.h"
+#include "lora.h"
 #include "model.h"
 
 #ifdef __cplusplus
@@ -48,6 +49,12 @@ tlm_status tlm_precision_parse(const char *name, tlm_precision *out);
 tlm_status tlm_train_ctx_set_precision(tlm_train_ctx *x, tlm_precision p);
 tlm_precision tlm_train_ctx_precision(const tlm_train_ctx *x);
 
+/* Applies n LoRA adapters (each made for this context's model) to every later pass, adapter i's
+ * products multiplied by scales[i] (scales NULL: 1); n = 0 removes them. The adapters must outlive
+ * their use. With exactly one attached, tlm_train_ctx_forward_backward trains it. */
+tlm_status tlm_train_ctx_set_loras(tlm_train_ctx *x, const tlm_lora *const *loras,
+                                   const float *scales, int n);
+
 typedef struct {
     const int32_t *targets; /* [B*T] or NULL; negative targets are ignored in the loss */
     int pos_offset;         /* position of the first token (pos_offset + T <= context_length) */
@@ -71,7 +78,8 @@ tlm_status tlm_train_ctx_forward(tlm_train_ctx *x, const int32_t *ids, int B, in
  * targets (negative = ignored) into *loss, and the gradient of that loss for every parameter into
  * grads (the flat layout, tlm_model_num_params floats; written over unless accumulate, which adds
  * to it). Needs every weight in F32 (any model tlm_model_new makes or TLM_LOAD_WRITABLE
- * loads). */
+ * loads), unless an adapter is attached (tlm_train_ctx_set_loras): then the model is frozen, in any
+ * type, and grads is the adapter's (tlm_lora_num_params floats, tlm_lora_params' layout). */
 tlm_status tlm_train_ctx_forward_backward(tlm_train_ctx *x, const int32_t *ids,
                                           const int32_t *targets, int B, int T, int pos0,
                                           float *grads, int accumulate, float *loss);
@@ -216,6 +224,11 @@ typedef struct {
     uint64_t seed;
     int resume;              /* continue from out_dir/checkpoint.safetensors */
     tlm_precision precision; /* of the matrix products (default fp32); checkpoints are the same */
+    /* Fine-tuning with LoRA: trains this adapter (made for m) in place of m's parameters; m stays
+     * frozen, read-only, in any type. Checkpoints hold the adapter and its moments; out_dir gets
+     * adapter.gguf (llama.cpp's GGUF adapter) and peft/ (a PEFT directory) in place of
+     * model.safetensors. NULL: m's parameters are trained. */
+    tlm_lora *lora;
     /* Called after every step; returning non-zero stops (after saving a checkpoint). */
     int (*on_progress)(void *user, const tlm_train_progress *p);
     void *user;
@@ -240,7 +253,8 @@ tlm_status tlm_trainer_new(tlm_model *m, const tlm_dataset *d, const tlm_train_o
 void tlm_trainer_free(tlm_trainer *t);
 long tlm_trainer_steps(const tlm_trainer *t); /* steps completed */
 tlm_train_ctx *tlm_trainer_ctx(tlm_trainer *t);
-/* The gradient buffer (flat layout, tlm_model_num_params floats). */
+/* The gradient buffer (flat layout, tlm_model_num_params floats; an adapter's layout with
+ * tlm_train_opts.lora). */
 float *tlm_trainer_grads(tlm_trainer *t);
 /* This process's part of the step's batch through forward and backward into the gradient buffer,
  * in grad_accum micro-steps; *loss receives its mean loss. The windows of a step are a function of

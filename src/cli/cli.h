@@ -9,6 +9,7 @@
 /* Each returns the process exit status. argv[0] is the subcommand name. */
 int cmd_info(int argc, char **argv);
 int cmd_train(int argc, char **argv);
+int cmd_finetune(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_imatrix(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
@@ -84,6 +85,26 @@ typedef struct {
 int cli_cache_flag(const char *cmd, int argc, char **argv, int *i, cli_cache *c);
 /* The types given into a session's options (keys' kv_type, values' v_type where they differ). */
 void cli_cache_opts(const cli_cache *c, tlm_session_opts *o);
+/* LoRA adapters asked for with --lora FILE[:SCALE] (repeatable) and --lora-scaled FILE SCALE, as
+ * llama.cpp's flags; loaded over a model with cli_lora_load. */
+#define CLI_LORA_MAX 32
+typedef struct {
+    int n;
+    const char *path[CLI_LORA_MAX];
+    char *owned[CLI_LORA_MAX]; /* paths cut from FILE:SCALE */
+    float scale[CLI_LORA_MAX];
+    tlm_lora *lora[CLI_LORA_MAX];
+} cli_lora;
+#define CLI_LORA_HELP                                                                              \
+    "  --lora FILE[:SCALE]   apply a LoRA adapter (repeatable), unmerged: a GGUF adapter "         \
+    "(tlm's,\n"                                                                                    \
+    "                        llama.cpp's) or a PEFT directory; SCALE multiplies it (default 1)\n"  \
+    "  --lora-scaled FILE S  the same with scale S, as llama.cpp's flag\n"
+/* --lora / --lora-scaled at argv[*i]: 1 when one was (consumed), 0 when not, -1 on a bad value. */
+int cli_lora_flag(const char *cmd, int argc, char **argv, int *i, cli_lora *l);
+/* Loads every adapter for m; prints the failure naming cmd and returns 1. */
+int cli_lora_load(const char *cmd, cli_lora *l, const tlm_model *m);
+void cli_lora_free(cli_lora *l);
 /* Monotonic seconds. */
 double cli_now(void);
 /* True if argv contains -h or --help. */

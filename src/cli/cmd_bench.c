@@ -34,7 +34,8 @@ static const char *bench_help =
     "                         memory available; json: use_mmap)\n"
     "  --precision P          auto, fp32 or bf16: the type of the products (as tlm generate)\n"
     "  --cache-type T         the KV cache's type: f16 (default), f32, bf16, q8_0, q5_1, q5_0,\n"
-    "                         iq4_nl, q4_1, q4_0 (as tlm generate; -ctk and -ctv, equal, too)\n";
+    "                         iq4_nl, q4_1, q4_0 (as tlm generate; -ctk and -ctv, equal, "
+    "too)\n" CLI_LORA_HELP;
 
 #define MAX_LIST 16
 
@@ -103,7 +104,7 @@ static const char *base_name(const char *p) {
     return s ? s + 1 : p;
 }
 
-int cmd_bench(int argc, char **argv) {
+static int bench_main(int argc, char **argv, cli_lora *lora) {
     const char *model_path = NULL, *fmt = "md", *precision = NULL;
     cli_cache cache = CLI_CACHE_DEFAULT;
     int ck;
@@ -150,6 +151,8 @@ int cmd_bench(int argc, char **argv) {
             precision = v;
         } else if ((ck = cli_cache_flag("bench", argc, argv, &i, &cache)) != 0) {
             if (ck < 0) return 1;
+        } else if ((ck = cli_lora_flag("bench", argc, argv, &i, lora)) != 0) {
+            if (ck < 0) return 1;
         } else if (cli_flag_value(argc, argv, &i, "-o", "--output", &v)) {
             if (!v || (strcmp(v, "md") && strcmp(v, "json")))
                 return cli_fail("bench: -o wants md or json, got '%s'", v ? v : "");
@@ -165,6 +168,10 @@ int cmd_bench(int argc, char **argv) {
     int read = cli_read_mode(model_path, map_mode);
     if (!cli_load_flags("bench", read, precision, &lf)) return 1;
     if (tlm_model_load(model_path, lf, &m)) return cli_fail_status("bench");
+    if (lora->n && cli_lora_load("bench", lora, m)) {
+        tlm_model_free(m);
+        return 1;
+    }
     const tlm_config *c = tlm_model_config(m);
     int max_len = 1, max_b = 1, max_d = 0;
     for (int i = 0; i < n_pp; i++) max_len = pp[i] > max_len ? (int)pp[i] : max_len;
@@ -228,7 +235,9 @@ int cmd_bench(int argc, char **argv) {
                     }
                     tlm_session_opts so = {.batch = B, .capacity = max_len};
                     cli_cache_opts(&cache, &so);
-                    if (!*sp && tlm_session_new(m, &so, sp)) {
+                    if (!*sp && (tlm_session_new(m, &so, sp) ||
+                                 tlm_session_set_loras(*sp, (const tlm_lora *const *)lora->lora,
+                                                       lora->scale, lora->n))) {
                         cli_fail_status("bench: session");
                         goto done;
                     }
@@ -308,5 +317,12 @@ done:
     free(logits);
     free(rate);
     tlm_model_free(m);
+    return rc;
+}
+
+int cmd_bench(int argc, char **argv) {
+    cli_lora lora = {0};
+    int rc = bench_main(argc, argv, &lora);
+    cli_lora_free(&lora);
     return rc;
 }

@@ -22,6 +22,7 @@ static const char *eval_help =
     "  --json                print {\"loss\", \"perplexity\", \"bits_per_byte\", \"tokens\"}\n"
     CLI_MMAP_HELP
     CLI_PRECISION_HELP
+    CLI_LORA_HELP
     "  --cache-type T        score through a generation session whose KV cache has this type\n"
     "                        (tlm generate's: f16, q8_0, q4_0, ...; -ctk T -ctv T too), each\n"
     "                        window one prefill that reads its keys and values back from the\n"
@@ -140,7 +141,7 @@ static double window_nll(const float *logits, int V, const int32_t *y, int T) {
     return sum;
 }
 
-int cmd_eval(int argc, char **argv) {
+static int eval_main(int argc, char **argv, cli_lora *lora) {
     const char *model = NULL, *tokenizer = NULL, *data = NULL, *precision = NULL, *kl_ref = NULL;
     int json = 0, map_mode = CLI_MAP_AUTO, llama_ppl = 0, ck, cached = 0;
     long batch = 8, threads = 0;
@@ -150,6 +151,8 @@ int cmd_eval(int argc, char **argv) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             fputs(eval_help, stdout);
             return 0;
+        } else if ((ck = cli_lora_flag("eval", argc, argv, &i, lora)) != 0) {
+            if (ck < 0) return 1;
         } else if (cli_flag_value(argc, argv, &i, "-m", "--model", &v)) {
             if (!v) return cli_fail("eval: %s needs a value", argv[i]);
             model = v;
@@ -198,6 +201,11 @@ int cmd_eval(int argc, char **argv) {
     unsigned lf;
     if (!cli_load_flags("eval", map_mode == CLI_MAP_READ, precision, &lf)) return 1;
     if (tlm_model_load(model, lf, &m)) return cli_fail_status("eval");
+    if (lora->n && cli_lora_load("eval", lora, m)) {
+        tlm_model_free(m);
+        return 1;
+    }
+    const tlm_lora *const *loras = (const tlm_lora *const *)lora->lora;
     tlm_model *base = NULL;
     if (kl_ref) {
         if (tlm_model_load(kl_ref, lf, &base)) {
@@ -259,7 +267,9 @@ int cmd_eval(int argc, char **argv) {
             /* one window at a time through a session: its logits at every position */
             tlm_session_opts so = {.batch = 1, .capacity = T};
             cli_cache_opts(&cache, &so);
-            if (tlm_session_new(m, &so, &sess)) rc = cli_fail_status("eval");
+            if (tlm_session_new(m, &so, &sess) ||
+                tlm_session_set_loras(sess, loras, lora->scale, lora->n))
+                rc = cli_fail_status("eval");
             logits = malloc((size_t)T * c->vocab_size * sizeof *logits);
             if (!rc && !logits) rc = cli_fail("eval: out of memory");
         }
@@ -290,7 +300,8 @@ int cmd_eval(int argc, char **argv) {
             }
             tlm_forward_opts o = {.targets = y};
             tlm_forward_out out;
-            if (!ctx && tlm_train_ctx_new(m, &ctx)) {
+            if (!ctx && (tlm_train_ctx_new(m, &ctx) ||
+                         tlm_train_ctx_set_loras(ctx, loras, lora->scale, lora->n))) {
                 rc = cli_fail_status("eval");
                 break;
             }
@@ -340,5 +351,12 @@ int cmd_eval(int argc, char **argv) {
     tlm_tokenizer_free(tok);
     tlm_model_free(m);
     tlm_model_free(base);
+    return rc;
+}
+
+int cmd_eval(int argc, char **argv) {
+    cli_lora lora = {0};
+    int rc = eval_main(argc, argv, &lora);
+    cli_lora_free(&lora);
     return rc;
 }

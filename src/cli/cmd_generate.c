@@ -41,6 +41,7 @@ static const char *generate_help =
     CLI_MMAP_HELP
     CLI_PRECISION_HELP
     CLI_CACHE_TYPE_HELP
+    CLI_LORA_HELP
     "\n"
     "Generation stops after N tokens, at the vocabulary's EOS or another end of generation (as\n"
     "llama.cpp's: <|eot_id|>, <|im_end|>, <|endoftext|>, ...), or when prompt + output reach the\n"
@@ -109,6 +110,7 @@ int cmd_generate(int argc, char **argv) {
     const char *model_path = NULL, *tok_path = NULL, *prompt = NULL, *ids_arg = NULL;
     const char *precision = NULL;
     cli_cache cache = CLI_CACHE_DEFAULT;
+    cli_lora lora = {0};
     int ck;
     long n_new = 256, top_k = 40, seed = 0, threads = 0;
     double temp = 0.8, top_p = 0.95, min_p = 0, rep_pen = 1, pres_pen = 0, freq_pen = 0;
@@ -133,6 +135,11 @@ int cmd_generate(int argc, char **argv) {
             precision = v;
         } else if ((ck = cli_cache_flag("generate", argc, argv, &i, &cache)) != 0) {
             if (ck < 0) return 1;
+        } else if ((ck = cli_lora_flag("generate", argc, argv, &i, &lora)) != 0) {
+            if (ck < 0) {
+                cli_lora_free(&lora);
+                return 1;
+            }
         } else if (cli_flag_value(argc, argv, &i, "-z", "--tokenizer", &v)) {
             if (!v) return cli_fail("generate: %s needs a value", a);
             tok_path = v;
@@ -278,6 +285,12 @@ int cmd_generate(int argc, char **argv) {
         rc = cli_fail_status("generate");
         goto done;
     }
+    if (lora.n && cli_lora_load("generate", &lora, m)) goto done;
+    if (lora.n &&
+        tlm_session_set_loras(sess, (const tlm_lora *const *)lora.lora, lora.scale, lora.n)) {
+        rc = cli_fail_status("generate");
+        goto done;
+    }
 
     /* The prompt goes out first: as given for -p (exact bytes), else decoded. The decoder sees the
      * prompt ids either way so that the first generated piece is decoded in context. */
@@ -354,6 +367,7 @@ int cmd_generate(int argc, char **argv) {
 done:
     tlm_decoder_free(st.dec);
     tlm_session_free(sess);
+    cli_lora_free(&lora);
     tlm_tokenizer_free(tok);
     tlm_model_free(m);
     free(ids);

@@ -58,6 +58,26 @@ static const char *train_help =
     "share of every batch, gradients are reduce-scattered, each process updates its 1/N of the\n"
     "parameters with its 1/N of the AdamW moments, and the parameters are all-gathered.\n";
 
+static const char *finetune_help =
+    "usage: tlm finetune -m BASE --data TEXT|SHARDS [-z TOKENIZER] -o OUTDIR [options]\n\n"
+    "Adapts a model to a text: LoRA by default (BASE frozen in its own type, GGUF of any type tlm\n"
+    "computes on, safetensors, Hugging Face or llama2.c; a quantized BASE makes it QLoRA), or "
+    "every\n"
+    "parameter with --full. OUTDIR receives adapter.gguf (llama.cpp's --lora) and peft/ (PEFT's\n"
+    "adapter_config.json and adapter_model.safetensors), or with --full model.safetensors and\n"
+    "config.json; and checkpoint.safetensors, log.jsonl, loss.svg, tokenizer/.\n\n"
+    "  -m, --model BASE       the model to adapt; its tokenizer is used unless -z gives one\n"
+    "  --lora-rank R          rank of each adapter matrix (default 16)\n"
+    "  --lora-alpha A         scale numerator: s = A / R (default 2R)\n"
+    "  --lora-dropout P       dropout on each adapter's input (default 0)\n"
+    "  --rslora               s = A / sqrt(R) (rank-stabilized LoRA)\n"
+    "  --lora-targets LIST    q,k,v,o,gate,up,down (default: every linear layer of the blocks);\n"
+    "                         all adds the output head\n"
+    "  --full                 train every parameter, starting from BASE's weights\n\n"
+    "Defaults that differ from tlm train: --lr 2e-4 (LoRA) or 2e-5 (--full), --warmup 0\n"
+    "(a tenth of --steps, at most 100), --weight-decay 0, --beta2 0.999 (PEFT and Hugging Face's\n"
+    "trainer), --seq-len min(context_length, 512). Every other option is tlm train's:\n\n";
+
 static volatile int g_stop = 0;
 /* MPI state of a run under mpirun; every process reaches dist_finish through cmd_train. */
 static dist_state *g_dist = NULL;
@@ -252,31 +272,44 @@ static double peak_rss_mib(void) {
     return kib / 1024.0;
 }
 
-static int train_main(int argc, char **argv) {
+/* What tlm finetune adds to tlm train's options. */
+typedef struct {
+    int on;           /* tlm finetune */
+    const char *base; /* -m */
+    int full;
+    tlm_lora_opts lora;
+    int lr_set, warmup_set, wd_set, beta2_set;
+} finetune_opts;
+
+static int train_main(int argc, char **argv, int finetune) {
     const char *config = NULL, *data = NULL, *val_data = NULL, *tokenizer = NULL, *out = NULL,
                *init = "gpt2";
+    const char *cmd = finetune ? "finetune" : "train";
     int use_char = 0, threads = 0;
     double val_fraction = 0.1, min_lr = -1;
     tlm_train_opts o;
     tlm_train_opts_defaults(&o);
-    int precision_set = 0;
+    finetune_opts ft = {finetune, NULL, 0, {0}, 0, 0, 0, 0};
+    tlm_lora_opts_defaults(&ft.lora);
+    int precision_set = 0, seq_set = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
         double x;
         long k;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            if (finetune) fputs(finetune_help, stdout);
             fputs(train_help, stdout);
             return 0;
         }
 #define NEED()                                                                                     \
     do {                                                                                           \
-        if (!v) return cli_fail("train: %s needs a value", a);                                     \
+        if (!v) return cli_fail("%s: %s needs a value", cmd, a);                                   \
     } while (0)
 #define INT_FLAG(name, alt, dst, minv)                                                             \
     if (cli_flag_value(argc, argv, &i, name, alt, &v)) {                                           \
         NEED();                                                                                    \
         if (!cli_parse_int(v, &k) || k < (minv))                                                   \
-            return cli_fail("train: %s must be an integer >= %d (got '%s')", a, (int)(minv), v);   \
+            return cli_fail("%s: %s must be an integer >= %d (got '%s')", cmd, a, (int)(minv), v); \
         dst = k;                                                                                   \
         continue;                                                                                  \
     }
@@ -284,15 +317,63 @@ static int train_main(int argc, char **argv) {
     if (cli_flag_value(argc, argv, &i, name, NULL, &v)) {                                          \
         NEED();                                                                                    \
         if (!cli_parse_float(v, &x) || !(x >= (lo) && x <= (hi)))                                  \
-            return cli_fail("train: %s must be a number in [%g, %g] (got '%s')", a, (double)(lo),  \
-                            (double)(hi), v);                                                      \
+            return cli_fail("%s: %s must be a number in [%g, %g] (got '%s')", cmd, a,              \
+                            (double)(lo), (double)(hi), v);                                        \
         dst = x;                                                                                   \
         continue;                                                                                  \
     }
-        if (cli_flag_value(argc, argv, &i, "-c", "--config", &v)) {
+        if (!finetune && cli_flag_value(argc, argv, &i, "-c", "--config", &v)) {
             NEED();
             config = v;
             continue;
+        }
+        if (finetune && cli_flag_value(argc, argv, &i, "-m", "--model", &v)) {
+            NEED();
+            ft.base = v;
+            continue;
+        }
+        if (finetune && !strcmp(a, "--full")) {
+            ft.full = 1;
+            continue;
+        }
+        if (finetune && !strcmp(a, "--rslora")) {
+            ft.lora.rslora = 1;
+            continue;
+        }
+        if (finetune && cli_flag_value(argc, argv, &i, "--lora-targets", NULL, &v)) {
+            NEED();
+            if (tlm_lora_targets_parse(v, &ft.lora.targets)) return cli_fail_status("finetune");
+            continue;
+        }
+        if (finetune && cli_flag_value(argc, argv, &i, "--lora-rank", NULL, &v)) {
+            NEED();
+            if (!cli_parse_int(v, &k) || k < 1 || k > 65536)
+                return cli_fail("finetune: --lora-rank must be an integer in [1, 65536] (got '%s')",
+                                v);
+            ft.lora.rank = (int)k;
+            continue;
+        }
+        if (finetune && cli_flag_value(argc, argv, &i, "--lora-alpha", NULL, &v)) {
+            NEED();
+            if (!cli_parse_float(v, &x) || !(x > 0 && x <= 1e6))
+                return cli_fail("finetune: --lora-alpha must be a positive number (got '%s')", v);
+            ft.lora.alpha = (float)x;
+            continue;
+        }
+        if (finetune && cli_flag_value(argc, argv, &i, "--lora-dropout", NULL, &v)) {
+            NEED();
+            if (!cli_parse_float(v, &x) || !(x >= 0 && x < 1))
+                return cli_fail("finetune: --lora-dropout must be in [0, 1) (got '%s')", v);
+            ft.lora.dropout = (float)x;
+            continue;
+        }
+        if (finetune) {
+            /* Which of the defaults that differ from tlm train's the user set. */
+            if (!strcmp(a, "--lr") || !strncmp(a, "--lr=", 5)) ft.lr_set = 1;
+            if (!strcmp(a, "--warmup") || !strncmp(a, "--warmup=", 9)) ft.warmup_set = 1;
+            if (!strcmp(a, "--weight-decay") || !strncmp(a, "--weight-decay=", 15)) ft.wd_set = 1;
+            if (!strcmp(a, "--beta2") || !strncmp(a, "--beta2=", 8)) ft.beta2_set = 1;
+            if (!strcmp(a, "--seq-len") || !strncmp(a, "--seq-len=", 10)) seq_set = 1;
         }
         if (cli_flag_value(argc, argv, &i, "--data", NULL, &v)) {
             NEED();
@@ -314,7 +395,7 @@ static int train_main(int argc, char **argv) {
             out = v;
             continue;
         }
-        if (cli_flag_value(argc, argv, &i, "--init", NULL, &v)) {
+        if (!finetune && cli_flag_value(argc, argv, &i, "--init", NULL, &v)) {
             NEED();
             if (strcmp(v, "gpt2") && strcmp(v, "xavier"))
                 return cli_fail("train: --init must be gpt2 or xavier (got '%s')", v);
@@ -366,10 +447,16 @@ static int train_main(int argc, char **argv) {
         FLOAT_FLAG("--beta2", o.adam.beta2, 0, 0.999999999)
         FLOAT_FLAG("--clip", o.clip, 0, 1e9)
         FLOAT_FLAG("--val-fraction", val_fraction, 0, 0.9)
-        return cli_fail("train: unknown option '%s' (see tlm train --help)", a);
+        return cli_fail("%s: unknown option '%s' (see tlm %s --help)", cmd, a, cmd);
 #undef NEED
 #undef INT_FLAG
 #undef FLOAT_FLAG
+    }
+    if (finetune) {
+        if (!ft.lr_set) o.lr = ft.full ? 2e-5 : 2e-4;
+        if (!ft.warmup_set) o.warmup = o.steps / 10 < 100 ? o.steps / 10 : 100;
+        if (!ft.wd_set) o.adam.weight_decay = 0;
+        if (!ft.beta2_set) o.adam.beta2 = 0.999;
     }
     o.min_lr = min_lr >= 0 ? min_lr : o.lr / 10;
     /* auto: bf16 reaches fp32's validation loss on the bench's recipes in less time
@@ -399,10 +486,11 @@ static int train_main(int argc, char **argv) {
     snprintf(ckpt, sizeof ckpt, "%s/checkpoint.safetensors", out);
     if (o.resume && access(ckpt, R_OK) != 0)
         return cli_fail("train: --resume but '%s' does not exist", ckpt);
-    if (!config && o.resume) config = cfg_copy;
-    if (!config) return cli_fail("train: -c CONFIG is required");
+    if (!config && o.resume && !finetune) config = cfg_copy;
+    if (!config && !finetune) return cli_fail("train: -c CONFIG is required");
+    if (finetune && !ft.base) return cli_fail("finetune: -m BASE is required");
     int shards_only = src->tokens && (!val_data || vsrc->tokens);
-    if (!tokenizer && !use_char && !o.resume &&
+    if (!finetune && !tokenizer && !use_char && !o.resume &&
         !(shards_only && config_has_key(config, "vocab_size")))
         return cli_fail("train: give -z TOKENIZER or --char%s",
                         shards_only ? " (or vocab_size in the config, for token shards)" : "");
@@ -435,12 +523,27 @@ static int train_main(int argc, char **argv) {
     tlm_threads_set(threads);
 
     tlm_config c;
-    if (tlm_config_load(config, &c)) return cli_fail_status("train");
+    tlm_model *m = NULL;
+    if (finetune) {
+        /* LoRA keeps BASE where it lies (mapped, in its own type); --full trains an F32 copy. */
+        if (tlm_model_load(ft.base, ft.full ? TLM_LOAD_WRITABLE : 0, &m))
+            return cli_fail_status("finetune: loading the base model");
+        c = *tlm_model_config(m);
+        if (!seq_set && c.context_length > 512) o.seq_len = 512;
+    } else if (tlm_config_load(config, &c)) {
+        return cli_fail_status("train");
+    }
     if (o.seq_len > c.context_length)
         return cli_fail("train: --seq-len %d exceeds the model's context_length %d", o.seq_len,
                         c.context_length);
     tlm_tokenizer *tok = NULL;
-    if (o.resume && !tokenizer && !use_char) {
+    if (finetune && !tokenizer && !use_char) {
+        /* The base's own vocabulary (GGUF, Hugging Face directories); token shards need none. */
+        if (tlm_tokenizer_load(ft.base, &tok) && !shards_only) {
+            tlm_model_free(m);
+            return cli_fail("finetune: %s (give the tokenizer with -z)", tlm_last_error());
+        }
+    } else if (o.resume && !tokenizer && !use_char) {
         /* Token shards with the config's vocab_size may have trained without one. */
         if (!(shards_only && access(tok_dir, R_OK) != 0) && tlm_tokenizer_load(tok_dir, &tok))
             return cli_fail_status("train: loading tokenizer");
@@ -455,14 +558,15 @@ static int train_main(int argc, char **argv) {
         if (s) return cli_fail_status("train: building the character vocabulary");
     }
     int32_t tv = tok ? tlm_tokenizer_vocab_size(tok) : 0;
-    if (!config_has_key(config, "vocab_size")) {
+    if (!finetune && !config_has_key(config, "vocab_size")) {
         c.vocab_size = tv;
     } else if (c.vocab_size < tv) {
         tlm_tokenizer_free(tok);
-        return cli_fail("train: config vocab_size %d is smaller than the tokenizer's %d",
+        tlm_model_free(m);
+        return cli_fail("%s: the model's vocab_size %d is smaller than the tokenizer's %d", cmd,
                         c.vocab_size, tv);
     }
-    if (tlm_config_finalize(&c)) {
+    if (!finetune && tlm_config_finalize(&c)) {
         tlm_tokenizer_free(tok);
         return cli_fail_status("train");
     }
@@ -487,24 +591,29 @@ static int train_main(int argc, char **argv) {
     if (g_dist && dist_any(g_dist, prep) != 0) prep = g_agreed = 1;
     if (prep) {
         tlm_tokenizer_free(tok);
+        tlm_model_free(m);
         return 1;
     }
     int rc = 0;
     tlm_dataset *ds = NULL;
-    tlm_model *m = NULL;
+    tlm_lora *lora = NULL;
     if (tlm_dataset_load_files((const char *const *)src->paths, src->n,
                                (const char *const *)vsrc->paths, vsrc->n, val_fraction, &ds))
+        rc = cli_fail_status(cmd);
+    else if (!finetune && tlm_model_new(&c, &m))
         rc = cli_fail_status("train");
-    else if (tlm_model_new(&c, &m))
+    else if (!finetune &&
+             tlm_model_init(m, o.seed, strcmp(init, "xavier") ? TLM_INIT_GPT2 : TLM_INIT_XAVIER))
         rc = cli_fail_status("train");
-    else if (tlm_model_init(m, o.seed, strcmp(init, "xavier") ? TLM_INIT_GPT2 : TLM_INIT_XAVIER))
-        rc = cli_fail_status("train");
-    else if (rank == 0 && tlm_config_save(&c, cfg_copy))
+    else if (finetune && !ft.full && tlm_lora_new(m, &ft.lora, &lora))
+        rc = cli_fail_status("finetune");
+    else if (rank == 0 && (!finetune || ft.full) && tlm_config_save(&c, cfg_copy))
         rc = cli_fail_status("train: saving config");
     else if (rank == 0 && tok && tlm_tokenizer_save(tok, tok_dir))
         rc = cli_fail_status("train: saving tokenizer");
-    if (!rc && g_dist && dist_hooks(g_dist, tlm_model_num_params(m), &o.hooks))
-        rc = cli_fail_status("train");
+    o.lora = lora;
+    size_t trained = lora ? tlm_lora_num_params(lora) : m ? tlm_model_num_params(m) : 0;
+    if (!rc && g_dist && dist_hooks(g_dist, trained, &o.hooks)) rc = cli_fail_status(cmd);
     if (!rc && rank == 0) {
         tlm_param_count pc;
         tlm_config_count_params(&c, &pc);
@@ -513,11 +622,21 @@ static int train_main(int argc, char **argv) {
                 "%d threads\n",
                 pc.total, pc.non_embedding, tlm_dataset_size(ds, TLM_SPLIT_TRAIN),
                 tlm_dataset_size(ds, TLM_SPLIT_VAL), tlm_threads_get());
+        if (lora) {
+            tlm_lora_opts lo;
+            tlm_lora_get_opts(lora, &lo);
+            fprintf(stderr,
+                    "LoRA: rank %d, alpha %g (scale %g), %d matrices, %zu trainable parameters "
+                    "(%.3f%% of the model); the base stays frozen\n",
+                    lo.rank, (double)lo.alpha, (double)tlm_lora_scale(lora),
+                    tlm_lora_num_matrices(lora), trained,
+                    100.0 * (double)trained / (double)pc.total);
+        }
         fprintf(stderr, "precision: %s\n",
                 o.precision == TLM_PRECISION_BF16
                     ? "bf16 matrix products, fp32 accumulation, weights and optimizer"
                     : "fp32");
-        size_t n = tlm_model_num_params(m), mine = o.hooks.end ? o.hooks.end - o.hooks.begin : n;
+        size_t n = trained, mine = o.hooks.end ? o.hooks.end - o.hooks.begin : n;
         int K = o.grad_accum > 1 ? o.grad_accum : 1;
         double mib = 1.0 / (1 << 20);
         fprintf(stderr,
@@ -555,18 +674,21 @@ static int train_main(int argc, char **argv) {
         } else if (s) {
             if (ps.tty) fputc('\n', stderr);
             rc = cli_fail_status("train");
+        } else if (rank == 0 && lora) {
+            fprintf(stderr, "saved %s/adapter.gguf and %s/peft/\n", out, out);
         } else if (rank == 0) {
             fprintf(stderr, "saved %s/model.safetensors\n", out);
         }
     }
+    tlm_lora_free(lora);
     tlm_model_free(m);
     tlm_dataset_free(ds);
     tlm_tokenizer_free(tok);
     return rc;
 }
 
-int cmd_train(int argc, char **argv) {
-    int rc = train_main(argc, argv);
+static int train_or_finetune(int argc, char **argv, int finetune) {
+    int rc = train_main(argc, argv, finetune);
     /* 0 and 130 (a stop every process agreed on) end MPI normally; any other failure may have
      * left the other processes inside a collective, so it aborts the whole job. */
     dist_finish(g_dist, rc == 0 || rc == 130 || g_agreed, rc);
@@ -575,3 +697,6 @@ int cmd_train(int argc, char **argv) {
     data_src_free(&g_val_src);
     return rc;
 }
+
+int cmd_train(int argc, char **argv) { return train_or_finetune(argc, argv, 0); }
+int cmd_finetune(int argc, char **argv) { return train_or_finetune(argc, argv, 1); }

@@ -15,6 +15,7 @@ typedef struct {
 static const command commands[] = {
     {"info", cmd_info, "show a model's architecture and parameter counts"},
     {"train", cmd_train, "train a model on a text file (AdamW, checkpoints, --resume)"},
+    {"finetune", cmd_finetune, "adapt a model to a text: LoRA, QLoRA on quantized bases, --full"},
     {"eval", cmd_eval, "loss, perplexity and bits per byte of a model on a text"},
     {"imatrix", cmd_imatrix, "an importance matrix for quantize --imatrix, as llama-imatrix"},
     {"generate", cmd_generate, "sample text from a model (KV cache, streaming)"},

@@ -5,6 +5,7 @@
 
 #include "core/core.h"
 #include "infer/share.h"
+#include "model/lora.h"
 #include "model/model.h"
 
 struct tlm_session {
@@ -52,7 +53,26 @@ struct tlm_session {
     float *logits; /* [B, V] decode rows of a partial batch before they are scattered */
 
     infer_share share; /* decode steps on one thread while the cores look shared (share.c) */
+
+    /* LoRA adapters (session_lora.c): the adapters and each sequence's scales of them, and per
+     * pass the rows' scales where the rows' sequences disagree. */
+    int n_lora;
+    mdl_lora_use *lora_use; /* [n_lora] the pass's (scale or row_scale filled per pass) */
+    const tlm_lora **lora;  /* [n_lora] */
+    float *lora_seq_scale;  /* [B][n_lora] */
+    float *lora_row_scale;  /* [n_lora][lora_rows] */
+    float *lora_scratch;
+    size_t lora_scratch_floats;
+    int lora_rows;
+    mdl_lora_pass lora_pass;
 };
+
+/* Makes room for the adapters' scratch over s->rows rows. */
+tlm_status infer_lora_reserve(struct tlm_session *s);
+/* The LoRA state of a pass over N rows, the rows' sequences seqs[r] (or all `seq` when seqs is
+ * NULL); NULL without adapters. */
+const mdl_lora_pass *infer_lora_pass(struct tlm_session *s, int N, const int *seqs, int seq);
+void infer_lora_free(struct tlm_session *s);
 
 /* One cached head: positions [0, cap) of one kv head of one sequence in one layer, keys (kv 0)
  * or values (kv 1). */

@@ -69,7 +69,7 @@ static tlm_status reserve_rows(tlm_session *s, int rows) {
         /* Row-major [rows, width]: each buffer keeps its own width as the row stride. */
         p += (size_t)rows * ((widths[i] + 15) & ~(size_t)15);
     }
-    return TLM_OK;
+    return infer_lora_reserve(s);
 }
 
 /* Grows a float buffer that only ever grows (*have floats now) to hold `floats`. */
@@ -200,6 +200,7 @@ fail:
 void tlm_session_free(tlm_session *s) {
     if (!s) return;
     free_scratch(s);
+    infer_lora_free(s);
     core_big_free(s->scores, s->scores_floats * sizeof(float));
     core_big_free(s->wide, s->wide_floats * sizeof(float));
     if (s->kv) core_big_free(s->kv, s->kv_bytes);
@@ -536,7 +537,9 @@ static void blocks(tlm_session *s, const int32_t *ids, int N, int prefill) {
                   0,
                   {prefill ? cache_attend_prefill : cache_attend_mixed, NULL, s,
                    single ? cache_attend_group : NULL},
-                  NULL};
+                  NULL,
+                  infer_lora_pass(s, N, s->row_seq, 0),
+                  0};
     mdl_embed_fwd(m, &p, ids, s->x);
     int pre = m->c.norm_position == TLM_NORM_PRE;
     mdl_block_bufs b = {.x = s->x,
@@ -553,10 +556,12 @@ static void blocks(tlm_session *s, const int32_t *ids, int N, int prefill) {
     for (int l = 0; l < m->c.n_layers; l++) mdl_block_fwd(m, l, &p, &b);
 }
 
-/* Logits of n consecutive scratch rows starting at row r0. */
-static void head_rows(tlm_session *s, int r0, int n, float *logits) {
+/* Logits of n consecutive scratch rows starting at row r0, of sequences seqs[i] (NULL: all seq). */
+static void head_rows(tlm_session *s, int r0, int n, float *logits, const int *seqs, int seq) {
     int d = s->m->c.d_model;
-    mdl_head_fwd(s->m, s->x + (size_t)r0 * d, s->n + (size_t)r0 * d, NULL, NULL, logits, n);
+    mdl_pass p = {.N = n, .lora = infer_lora_pass(s, n, seqs, seq)};
+    mdl_head_fwd_pass(s->m, &p, s->x + (size_t)r0 * d, s->n + (size_t)r0 * d, NULL, NULL, logits,
+                      n);
 }
 
 static tlm_status check_ids(const tlm_config *c, const int32_t *ids, int n) {
@@ -596,9 +601,9 @@ tlm_status tlm_session_prefill(tlm_session *s, int seq, const int32_t *ids, int 
     s->len[seq] += n;
     if (logits) {
         if (all_rows)
-            head_rows(s, 0, n, logits);
+            head_rows(s, 0, n, logits, NULL, seq);
         else
-            head_rows(s, n - 1, 1, logits);
+            head_rows(s, n - 1, 1, logits, NULL, seq);
     }
     return TLM_OK;
 }
@@ -704,11 +709,11 @@ static tlm_status step_rows(tlm_session *s, const int32_t *ids, const int *n, co
     int in_place = nw == s->B;
     for (int k = 0; k < nw && in_place; k++) in_place = s->want_seq[k] == k;
     if (in_place) {
-        head_rows(s, 0, nw, logits);
+        head_rows(s, 0, nw, logits, s->want_seq, 0);
         return TLM_OK;
     }
     size_t V = (size_t)c->vocab_size;
-    head_rows(s, 0, nw, s->logits);
+    head_rows(s, 0, nw, s->logits, s->want_seq, 0);
     for (int k = 0; k < nw; k++)
         memcpy(logits + (size_t)s->want_seq[k] * V, s->logits + (size_t)k * V, V * sizeof(float));
     return TLM_OK;

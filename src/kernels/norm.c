@@ -105,6 +105,7 @@ K_VERSIONS(gain_blocks,
 
 static void gain_grads(float *dg, float *db, const float *dy, const float *x, const float *mean,
                        const float *rstd, int N, int d, int acc) {
+    if (!dg && !db) return; /* frozen gains (LoRA training) */
     gain_blocks_fn *f = gain_blocks_pick();
     K_RANGES(b0, b1, (d + GAIN_BLOCK - 1) / GAIN_BLOCK, (long)N * d,
              f(dg, db, dy, x, mean, rstd, N, d, acc, b0, b1));

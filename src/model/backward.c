@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "kernels/kernels.h"
+#include "kernels/qdot.h"
 #include "model/ctx.h"
 
 void mdl_ctx_free_grads(tlm_train_ctx *x) {
@@ -59,6 +60,16 @@ tlm_status mdl_ctx_forward_backward_whole(tlm_train_ctx *x, const int32_t *ids,
     /* Without accumulate every parameter gradient is written over on its first write, so the
      * buffer needs no zeroing pass; only the embedding tables, which get scattered adds, start
      * from zero (a tied table starts from the head's gradient). */
+    /* With an adapter attached the model is frozen: the gradient is the adapter's, and the
+     * input gradients go through the weights in their own types, widened a tile at a time into
+     * this thread's scratch, reserved here so that the pass cannot fail halfway. */
+    if (x->n_lora) {
+        x->pass.frozen = 1;
+        x->lora.grads = grads;
+        x->lora.acc = accumulate;
+        if (!k_scratch(1, (size_t)4 << 20))
+            return core_err(TLM_ERR_NOMEM, "out of memory for the frozen weights' tiles");
+    }
     int acc = accumulate, N = B * T, counted = 0;
     double l = k_cross_entropy_fwd_bwd(x->logits, targets, N, c->vocab_size, divisor, &counted);
     if (loss) *loss = (float)l;
@@ -67,6 +78,6 @@ tlm_status mdl_ctx_forward_backward_whole(tlm_train_ctx *x, const int32_t *ids,
                  acc);
     for (int li = c->n_layers - 1; li >= 0; li--)
         mdl_block_bwd(m, li, &x->pass, &x->layer[li], &x->g, grads, acc);
-    mdl_embed_bwd(m, &x->pass, ids, &x->g, grads, acc);
+    if (!x->pass.frozen) mdl_embed_bwd(m, &x->pass, ids, &x->g, grads, acc);
     return TLM_OK;
 }

@@ -1,4 +1,5 @@
 /* One transformer block over rows, forward and backward side by side, sub-layer by sub-layer. */
+#include <cblas.h>
 #include <omp.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -35,13 +36,15 @@ static void norm_fwd(const tlm_config *c, float *y, float *mean, float *rstd, co
 }
 
 /* dx from dy through the norm whose gain (bias) lives at flat offsets gw (gb). */
+/* G NULL: the gain is frozen, dx alone. */
 static void norm_bwd(const tlm_config *c, float *dx, float *G, size_t gw, size_t gb, const float *g,
                      const float *dy, const float *x, const float *mean, const float *rstd, int N,
                      int acc) {
+    float *dg = G ? G + gw : NULL, *db = G ? mdl_at(G, gb) : NULL;
     if (c->norm == TLM_NORM_RMSNORM)
-        k_rmsnorm_bwd(dx, G + gw, dy, x, g, rstd, N, c->d_model, acc);
+        k_rmsnorm_bwd(dx, dg, dy, x, g, rstd, N, c->d_model, acc);
     else
-        k_layernorm_bwd(dx, G + gw, mdl_at(G, gb), dy, x, g, mean, rstd, N, c->d_model, acc);
+        k_layernorm_bwd(dx, dg, db, dy, x, g, mean, rstd, N, c->d_model, acc);
 }
 
 /* Gradient through a dropout mask (into g->ddrop), or dy itself without dropout. */
@@ -131,6 +134,138 @@ static void parts_bwd(const mdl_pass *p, float *dx, float *dW, float *db, const 
     }
 }
 
+/* ---- frozen weights (LoRA training) --------------------------------------------------------- */
+
+/* dx = dy W + beta dx through a frozen weight in its own type: the bf16 products for F32 weights
+ * of a bf16 pass, else F32 rows to sgemm and other types widened a tile at a time. The context
+ * reserved the tile before the pass (mdl_ctx_forward_backward_whole), so this cannot fail. */
+static void frozen_dx(const mdl_pass *p, float *dx, const float *dy, int ldy, const tlm_weight *w,
+                      int N, float beta) {
+    const float *wf = bf16_weight(p, w);
+    if (wf)
+        k_bf16_linear_bwd_dx(p->bf16, dx, dy, ldy, wf, N, (int)w->cols, (int)w->rows, beta);
+    else
+        (void)k_linear_bwd_dx_frozen(dx, dy, ldy, w, N, beta);
+}
+
+/* The input gradient of stacked parts (q|k|v, gate|up) through frozen weights. */
+static void frozen_parts_dx(const mdl_pass *p, float *dx, const float *dy, int ldy,
+                            const tlm_weight *fused, const tlm_weight *const *w, int n, int N) {
+    if (fused->data) {
+        frozen_dx(p, dx, dy, ldy, fused, N, 0.0f);
+        return;
+    }
+    int col = 0;
+    for (int i = 0; i < n; i++) {
+        frozen_dx(p, dx, dy + col, ldy, w[i], N, i ? 1.0f : 0.0f);
+        col += (int)w[i]->rows;
+    }
+}
+
+/* ---- LoRA ----------------------------------------------------------------------------------- */
+
+/* The dropout key of a LoRA site's input: apart from the model's own sites. */
+static uint64_t lora_drop_key(const mdl_pass *p, int layer, int t) {
+    return k_dropout_key(p->drop_seed, p->drop_step,
+                         ((uint64_t)1 << 40) + (uint64_t)(layer + 1) * MDL_LORA_SITES +
+                             (uint64_t)t);
+}
+
+/* y[N, out] (row stride ldy) += scale * s * B (A drop(x)) for every adapter of the pass at site
+ * (layer, t); x is [N, in]. Training keeps A drop(x) for the backward pass. */
+static void lora_fwd(const mdl_pass *p, int layer, int t, float *y, int ldy, const float *x) {
+    const mdl_lora_pass *lp = p->lora;
+    if (!lp) return;
+    int N = p->N;
+    for (int i = 0; i < lp->n; i++) {
+        const mdl_lora_use *u = &lp->use[i];
+        const mdl_lora_site *s = mdl_lora_site_at(u->a, layer, t);
+        if (!s->a || u->scale == 0.0f) continue;
+        int r = s->rank, in = s->in, R = u->a->max_rank;
+        float *ax = lp->saved && i == 0 ? lp->saved + (size_t)N * s->rank_before : lp->scratch;
+        float *scaled = lp->scratch + (size_t)N * R, *xd = scaled + (size_t)N * R;
+        const float *xin = x;
+        if (p->training && u->a->dropout > 0.0f) {
+            k_dropout(xd, x, (size_t)N * in, u->a->dropout, lora_drop_key(p, layer, t));
+            xin = xd;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, r, in, 1.0f, xin, in, s->a, in,
+                    0.0f, ax, r);
+        float f = s->s * u->scale;
+        const float *left = ax;
+        if (u->row_scale) {
+            for (int n = 0; n < N; n++)
+                for (int j = 0; j < r; j++)
+                    scaled[(size_t)n * r + j] = ax[(size_t)n * r + j] * f * u->row_scale[n];
+            left = scaled;
+            f = 1.0f;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, s->out, r, f, left, r, s->b, r,
+                    1.0f, y, ldy);
+    }
+}
+
+/* The backward pass of the trained adapter (the pass's first) at site (layer, t): gradients of A
+ * and B into the adapter's gradient buffer, and its share of the input gradient added to dx. dy
+ * [N, out] (stride ldy) is the gradient at the product's output, x [N, in] its input. */
+static void lora_bwd(const mdl_pass *p, int layer, int t, float *dx, const float *dy, int ldy,
+                     const float *x) {
+    const mdl_lora_pass *lp = p->lora;
+    if (!lp || !lp->grads || lp->n < 1) return;
+    const mdl_lora_use *u = &lp->use[0];
+    const mdl_lora_site *s = mdl_lora_site_at(u->a, layer, t);
+    if (!s->a) return;
+    int N = p->N, r = s->rank, in = s->in, out = s->out, R = u->a->max_rank;
+    const float *ax = lp->saved + (size_t)N * s->rank_before;
+    float *du = lp->scratch, *xd = lp->scratch + (size_t)2 * N * R;
+    float f = s->s * u->scale, beta = lp->acc ? 1.0f : 0.0f;
+    int drop = p->training && u->a->dropout > 0.0f;
+    uint64_t key = lora_drop_key(p, layer, t);
+    /* dB = f dy^T (A x); d(A x) = f dy B; dA = d(A x)^T drop(x); dx += drop'(d(A x) A) */
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, r, N, f, dy, ldy, ax, r, beta,
+                lp->grads + s->off_b, r);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, r, out, f, dy, ldy, s->b, r, 0.0f, du,
+                r);
+    const float *xin = x;
+    if (drop) {
+        k_dropout(xd, x, (size_t)N * in, u->a->dropout, key);
+        xin = xd;
+    }
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, in, N, 1.0f, du, r, xin, in, beta,
+                lp->grads + s->off_a, in);
+    if (!dx) return;
+    if (drop) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, in, r, 1.0f, du, r, s->a, in,
+                    0.0f, xd, in);
+        k_dropout(xd, xd, (size_t)N * in, u->a->dropout, key);
+        k_acc(dx, xd, (size_t)N * in);
+    } else {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, in, r, 1.0f, du, r, s->a, in,
+                    1.0f, dx, in);
+    }
+}
+
+/* LoRA at the stacked parts of one product: parts t0, t0 + 1, ... of widths w[i]->rows. */
+static void lora_parts_fwd(const mdl_pass *p, int layer, int t0, const tlm_weight *const *w, int n,
+                           float *y, int ldy, const float *x) {
+    if (!p->lora) return;
+    int col = 0;
+    for (int i = 0; i < n; i++) {
+        lora_fwd(p, layer, t0 + i, y + col, ldy, x);
+        col += (int)w[i]->rows;
+    }
+}
+
+static void lora_parts_bwd(const mdl_pass *p, int layer, int t0, const tlm_weight *const *w, int n,
+                           float *dx, const float *dy, int ldy, const float *x) {
+    if (!p->lora) return;
+    int col = 0;
+    for (int i = 0; i < n; i++) {
+        lora_bwd(p, layer, t0 + i, dx, dy + col, ldy, x);
+        col += (int)w[i]->rows;
+    }
+}
+
 /* ---- attention ------------------------------------------------------------------------------ */
 
 static void rope(const tlm_model *m, const mdl_pass *p, float *qkv, int ld, int bwd) {
@@ -188,7 +323,7 @@ long mdl_block_fused_runs(void) { return atomic_load_explicit(&g_fused, memory_o
  * the heads' row ranges would only break the product's stream of rows, for no gain. */
 static int fusable(const tlm_config *c, const mdl_pass *p) {
     int team = omp_get_max_threads();
-    return p->attend.fwd_group && !p->bf16 && !p->training &&
+    return p->attend.fwd_group && !p->bf16 && !p->training && !p->lora &&
            atomic_load_explicit(&g_fuse, memory_order_relaxed) && team >= 2 &&
            c->n_kv_heads >= 2 * team;
 }
@@ -214,10 +349,12 @@ static void attn_fwd(const tlm_model *m, int l, const mdl_pass *p, const mdl_blo
             k_matvec_plan_run(&pl); /* made already: not the product again */
         else
             linear_parts(p, b->qkv, ld, in, N, w, bias, 3, fused);
+        lora_parts_fwd(p, l, MDL_LORA_Q, w, 3, b->qkv, ld, in);
         rope(m, p, b->qkv, ld, 0);
         p->attend.fwd(p->attend.user, l, b->qkv, ld, b->att, N);
     }
     linear(p, b->attn_out, c->d_model, b->att, N, W->wo, W->bo);
+    lora_fwd(p, l, MDL_LORA_O, b->attn_out, c->d_model, b->att);
     if (dropping(m, p))
         k_dropout(b->attn_out, b->attn_out, (size_t)N * c->d_model, c->dropout,
                   mdl_drop_key(p, l, 1));
@@ -231,11 +368,20 @@ static void attn_bwd(const tlm_model *m, int l, const mdl_pass *p, const mdl_blo
     const mdl_layer_offsets *o = &m->off.layer[l];
     int N = p->N, d = c->d_model, qw = c->n_heads * (d / c->n_heads), ld = mdl_qkv_width(c);
     dout = undrop(m, p, g, dout, l, 1);
-    linear_bwd(p, g->datt, G + o->wo, mdl_at(G, o->bo), dout, b->att, W->wo->data, N, qw, d, acc);
+    if (p->frozen)
+        frozen_dx(p, g->datt, dout, d, W->wo, N, 0.0f);
+    else
+        linear_bwd(p, g->datt, G + o->wo, mdl_at(G, o->bo), dout, b->att, W->wo->data, N, qw, d,
+                   acc);
+    lora_bwd(p, l, MDL_LORA_O, g->datt, dout, d, b->att);
     p->attend.bwd(p->attend.user, l, b->qkv, ld, g->datt, g->dqkv, N);
     rope(m, p, g->dqkv, ld, 1);
     const tlm_weight *w[3] = {W->wq, W->wk, W->wv};
-    parts_bwd(p, din, G + o->wq, mdl_at(G, o->bq), g->dqkv, in, &W->qkv, w, 3, N, d, ld, acc);
+    if (p->frozen)
+        frozen_parts_dx(p, din, g->dqkv, ld, &W->qkv, w, 3, N);
+    else
+        parts_bwd(p, din, G + o->wq, mdl_at(G, o->bq), g->dqkv, in, &W->qkv, w, 3, N, d, ld, acc);
+    lora_parts_bwd(p, l, MDL_LORA_Q, w, 3, din, g->dqkv, ld, in);
 }
 
 /* ---- feed-forward --------------------------------------------------------------------------- */
@@ -249,9 +395,11 @@ static void ffn_fwd(const tlm_model *m, int l, const mdl_pass *p, const mdl_bloc
         const tlm_weight *w[2] = {W->wgate, W->wup};
         const float *bias[2] = {W->bgate, W->bup};
         linear_parts(p, b->ff_a, 2 * ff, in, N, w, bias, 2, W->gate_up.data ? &W->gate_up : NULL);
+        lora_parts_fwd(p, l, MDL_LORA_GATE, w, 2, b->ff_a, 2 * ff, in);
         k_swiglu_rows_fwd(b->ff_h, b->ff_a, N, ff);
     } else {
         linear(p, b->ff_a, ff, in, N, W->wup, W->bup);
+        lora_fwd(p, l, MDL_LORA_UP, b->ff_a, ff, in);
         static const k_act forms[] = {K_ACT_SILU, K_ACT_GELU, K_ACT_GELU_TANH, K_ACT_RELU};
         /* Training keeps act' (in place of the pre-activations) for the backward pass. */
         if (p->training)
@@ -260,6 +408,7 @@ static void ffn_fwd(const tlm_model *m, int l, const mdl_pass *p, const mdl_bloc
             k_act_fwd(b->ff_h, b->ff_a, (size_t)N * ff, forms[c->ffn]);
     }
     linear(p, b->y, d, b->ff_h, N, W->wdown, W->bdown);
+    lora_fwd(p, l, MDL_LORA_DOWN, b->y, d, b->ff_h);
     if (dropping(m, p)) k_dropout(b->y, b->y, (size_t)N * d, c->dropout, mdl_drop_key(p, l, 2));
 }
 
@@ -270,17 +419,29 @@ static void ffn_bwd(const tlm_model *m, int l, const mdl_pass *p, const mdl_bloc
     const mdl_layer_weights *W = &m->lw[l];
     const mdl_layer_offsets *o = &m->off.layer[l];
     int N = p->N, d = c->d_model, ff = c->d_ff;
-    linear_bwd(p, g->dff_h, G + o->wdown, mdl_at(G, o->bdown), dout, b->ff_h, W->wdown->data, N, ff,
-               d, acc);
+    if (p->frozen)
+        frozen_dx(p, g->dff_h, dout, d, W->wdown, N, 0.0f);
+    else
+        linear_bwd(p, g->dff_h, G + o->wdown, mdl_at(G, o->bdown), dout, b->ff_h, W->wdown->data, N,
+                   ff, d, acc);
+    lora_bwd(p, l, MDL_LORA_DOWN, g->dff_h, dout, d, b->ff_h);
     if (c->ffn == TLM_FFN_SWIGLU) {
         k_swiglu_rows_bwd(g->dff_a, g->dff_h, b->ff_a, N, ff);
         const tlm_weight *w[2] = {W->wgate, W->wup};
-        parts_bwd(p, din, G + o->wgate, mdl_at(G, o->bgate), g->dff_a, in, &W->gate_up, w, 2, N, d,
-                  2 * ff, acc);
+        if (p->frozen)
+            frozen_parts_dx(p, din, g->dff_a, 2 * ff, &W->gate_up, w, 2, N);
+        else
+            parts_bwd(p, din, G + o->wgate, mdl_at(G, o->bgate), g->dff_a, in, &W->gate_up, w, 2, N,
+                      d, 2 * ff, acc);
+        lora_parts_bwd(p, l, MDL_LORA_GATE, w, 2, din, g->dff_a, 2 * ff, in);
     } else {
         k_mul(g->dff_h, g->dff_h, b->ff_a, (size_t)N * ff); /* the forward left act'(a) in ff_a */
-        linear_bwd(p, din, G + o->wup, mdl_at(G, o->bup), g->dff_h, in, W->wup->data, N, d, ff,
-                   acc);
+        if (p->frozen)
+            frozen_dx(p, din, g->dff_h, ff, W->wup, N, 0.0f);
+        else
+            linear_bwd(p, din, G + o->wup, mdl_at(G, o->bup), g->dff_h, in, W->wup->data, N, d, ff,
+                       acc);
+        lora_bwd(p, l, MDL_LORA_UP, din, g->dff_h, ff, in);
     }
 }
 
@@ -317,20 +478,20 @@ void mdl_block_bwd(const tlm_model *m, int l, const mdl_pass *p, const mdl_block
     size_t nd = (size_t)N * c->d_model;
     if (c->norm_position == TLM_NORM_PRE) {
         ffn_bwd(m, l, p, b, b->n2, undrop(m, p, g, g->dres, l, 2), g->dn, g, G, acc);
-        norm_bwd(c, g->dtmp, G, o->ffn_norm_w, o->ffn_norm_b, W->ffn_norm_w, g->dn, b->h,
-                 b->n2_mean, b->n2_rstd, N, acc);
+        norm_bwd(c, g->dtmp, p->frozen ? NULL : G, o->ffn_norm_w, o->ffn_norm_b, W->ffn_norm_w,
+                 g->dn, b->h, b->n2_mean, b->n2_rstd, N, acc);
         k_acc(g->dres, g->dtmp, nd);
         attn_bwd(m, l, p, b, b->n1, g->dres, g->dn, g, G, acc);
-        norm_bwd(c, g->dtmp, G, o->attn_norm_w, o->attn_norm_b, W->attn_norm_w, g->dn, b->x,
-                 b->n1_mean, b->n1_rstd, N, acc);
+        norm_bwd(c, g->dtmp, p->frozen ? NULL : G, o->attn_norm_w, o->attn_norm_b, W->attn_norm_w,
+                 g->dn, b->x, b->n1_mean, b->n1_rstd, N, acc);
         k_acc(g->dres, g->dtmp, nd);
     } else {
-        norm_bwd(c, g->dtmp, G, o->ffn_norm_w, o->ffn_norm_b, W->ffn_norm_w, g->dres, b->y,
-                 b->n2_mean, b->n2_rstd, N, acc);
+        norm_bwd(c, g->dtmp, p->frozen ? NULL : G, o->ffn_norm_w, o->ffn_norm_b, W->ffn_norm_w,
+                 g->dres, b->y, b->n2_mean, b->n2_rstd, N, acc);
         ffn_bwd(m, l, p, b, b->n1, undrop(m, p, g, g->dtmp, l, 2), g->dn, g, G, acc);
         k_acc(g->dn, g->dtmp, nd);
-        norm_bwd(c, g->dres, G, o->attn_norm_w, o->attn_norm_b, W->attn_norm_w, g->dn, b->h,
-                 b->n1_mean, b->n1_rstd, N, acc);
+        norm_bwd(c, g->dres, p->frozen ? NULL : G, o->attn_norm_w, o->attn_norm_b, W->attn_norm_w,
+                 g->dn, b->h, b->n1_mean, b->n1_rstd, N, acc);
         attn_bwd(m, l, p, b, b->x, g->dres, g->dtmp, g, G, acc);
         k_acc(g->dres, g->dtmp, nd);
     }
@@ -415,6 +576,7 @@ void mdl_head_fwd_pass(const tlm_model *m, const mdl_pass *p, const float *x, fl
         in = xn;
     }
     linear(p, logits, c->vocab_size, in, N, m->out_w, NULL);
+    lora_fwd(p, -1, 0, logits, c->vocab_size, in);
 }
 
 void mdl_head_bwd(const tlm_model *m, const mdl_pass *p, const float *x, const float *xn,
@@ -424,9 +586,13 @@ void mdl_head_bwd(const tlm_model *m, const mdl_pass *p, const float *x, const f
     int pre = c->norm_position == TLM_NORM_PRE;
     /* The gradient at the head's input goes to dres directly for post-norm, else via the norm. */
     float *dhead = pre ? g->dtmp : g->dres;
-    linear_bwd(p, dhead, G + m->off.out_w, NULL, dlogits, pre ? xn : x, m->out_w->data, N,
-               c->d_model, c->vocab_size, acc);
+    if (p->frozen)
+        frozen_dx(p, dhead, dlogits, c->vocab_size, m->out_w, N, 0.0f);
+    else
+        linear_bwd(p, dhead, G + m->off.out_w, NULL, dlogits, pre ? xn : x, m->out_w->data, N,
+                   c->d_model, c->vocab_size, acc);
+    lora_bwd(p, -1, 0, dhead, dlogits, c->vocab_size, pre ? xn : x);
     if (pre)
-        norm_bwd(c, g->dres, G, m->off.out_norm_w, m->off.out_norm_b, m->out_norm_w, g->dtmp, x,
-                 xn_mean, xn_rstd, N, acc);
+        norm_bwd(c, g->dres, p->frozen ? NULL : G, m->off.out_norm_w, m->off.out_norm_b,
+                 m->out_norm_w, g->dtmp, x, xn_mean, xn_rstd, N, acc);
 }

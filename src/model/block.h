@@ -5,6 +5,7 @@
 #ifndef TLM_MODEL_BLOCK_H
 #define TLM_MODEL_BLOCK_H
 
+#include "model/lora.h"
 #include "model/model.h"
 
 /* The rows' buffers of one block. A training pass gives every layer its own (the backward pass
@@ -43,8 +44,11 @@ typedef struct {
 
 struct k_bf16;
 /* What a pass over N rows is: their positions, whether it trains (keeps act' for the backward
- * pass and applies dropout with masks from (seed, step)), its attention core, and, when bf16 is not
- * NULL, the state that runs its matrix products on bf16 operands (mixed precision; F32 weights). */
+ * pass and applies dropout with masks from (seed, step)), its attention core, when bf16 is not
+ * NULL the state that runs its matrix products on bf16 operands (mixed precision; F32 weights),
+ * and the LoRA adapters applied (NULL: none). frozen: the backward pass computes no gradient of
+ * the model's own parameters (G may be NULL), only the input gradients through its weights in
+ * their own types, and the adapter's gradients (LoRA training). */
 typedef struct {
     int N;
     const int *pos; /* [N] */
@@ -52,6 +56,8 @@ typedef struct {
     uint64_t drop_seed, drop_step;
     mdl_attend attend;
     struct k_bf16 *bf16;
+    const mdl_lora_pass *lora;
+    int frozen;
 } mdl_pass;
 
 /* Decode's q|k|v product and attention in one job (mdl_attend's fwd_group) where 1 (the default);

@@ -33,6 +33,15 @@ struct tlm_train_ctx {
     tlm_precision precision;
     struct k_bf16 *bf16;
 
+    /* LoRA adapters applied to every pass (tlm_train_ctx_set_loras): with one, forward_backward
+     * trains it and the model is frozen. Buffers for A x kept by training and scratch, sized by the
+     * last pass. */
+    mdl_lora_use *lora_use;
+    int n_lora;
+    mdl_lora_pass lora;
+    float *lora_saved, *lora_scratch;
+    size_t lora_saved_floats, lora_scratch_floats;
+
     /* The pass running now. */
     mdl_pass pass;
     int curB, curT;
@@ -44,6 +53,7 @@ struct tlm_train_ctx {
     int n_replicas;
     struct tlm_train_ctx **replicas;
     float **replica_grads;
+    size_t replica_grad_floats; /* of each buffer: the model's or the trained adapter's params */
     int is_replica;
 };
 
@@ -65,5 +75,8 @@ tlm_status mdl_ctx_batch_loss(tlm_train_ctx *x, const int32_t *ids, const int32_
                               int T, double *loss);
 void mdl_ctx_free_replicas(tlm_train_ctx *x);
 void mdl_ctx_free_grads(tlm_train_ctx *x);
+/* Floats of a gradient of this context's backward pass: the trained adapter's parameters with one
+ * attached, else the model's. */
+size_t mdl_ctx_grad_floats(const tlm_train_ctx *x);
 
 #endif

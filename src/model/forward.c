@@ -41,7 +41,61 @@ void tlm_train_ctx_free(tlm_train_ctx *x) {
     arena_free(x);
     mdl_ctx_free_grads(x);
     core_big_free(x->att_scratch, x->att_floats * sizeof(float));
+    core_big_free(x->lora_saved, x->lora_saved_floats * sizeof(float));
+    core_big_free(x->lora_scratch, x->lora_scratch_floats * sizeof(float));
+    free(x->lora_use);
     free(x);
+}
+
+size_t mdl_ctx_grad_floats(const tlm_train_ctx *x) {
+    return x->n_lora ? x->lora_use[0].a->n_params : x->m->n_params;
+}
+
+tlm_status tlm_train_ctx_set_loras(tlm_train_ctx *x, const tlm_lora *const *loras,
+                                   const float *scales, int n) {
+    if (!x) return core_err(TLM_ERR_ARG, "set_loras: context must not be NULL");
+    if (n < 0 || (n > 0 && !loras)) return core_err(TLM_ERR_ARG, "set_loras: %d adapters", n);
+    for (int i = 0; i < n; i++) {
+        if (!loras[i]) return core_err(TLM_ERR_ARG, "set_loras: adapter %d is NULL", i);
+        tlm_status s = mdl_lora_check(loras[i], x->m);
+        if (s) return s;
+    }
+    mdl_lora_use *use = n ? calloc((size_t)n, sizeof *use) : NULL;
+    if (n && !use) return core_err(TLM_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++) use[i] = (mdl_lora_use){loras[i], scales ? scales[i] : 1.0f, NULL};
+    free(x->lora_use);
+    x->lora_use = use;
+    x->n_lora = n;
+    for (int r = 0; r < x->n_replicas; r++) {
+        tlm_status s = tlm_train_ctx_set_loras(x->replicas[r], loras, scales, n);
+        if (s) return s;
+    }
+    return TLM_OK;
+}
+
+/* Grows a 2 MiB-page buffer to at least want floats. */
+static tlm_status grow(float **buf, size_t *have, size_t want) {
+    if (*have >= want) return TLM_OK;
+    core_big_free(*buf, *have * sizeof(float));
+    *have = 0;
+    if (!(*buf = core_big_alloc(want * sizeof(float))))
+        return core_err(TLM_ERR_NOMEM, "out of memory for LoRA activations");
+    *have = want;
+    return TLM_OK;
+}
+
+/* The LoRA state of a pass over N rows (training keeps the first adapter's A x). */
+static tlm_status lora_setup(tlm_train_ctx *x, int N, int training) {
+    if (!x->n_lora) return TLM_OK;
+    size_t saved = training ? (size_t)N * x->lora_use[0].a->total_rank : 0;
+    tlm_status s = grow(&x->lora_saved, &x->lora_saved_floats, saved);
+    if (!s)
+        s = grow(&x->lora_scratch, &x->lora_scratch_floats,
+                 mdl_lora_scratch_floats(x->lora_use, x->n_lora, N));
+    if (s) return s;
+    x->lora = (mdl_lora_pass){x->n_lora,       x->lora_use, training ? x->lora_saved : NULL,
+                              x->lora_scratch, NULL,        0};
+    return TLM_OK;
 }
 
 const tlm_model *tlm_train_ctx_model(const tlm_train_ctx *x) { return x->m; }
@@ -258,13 +312,16 @@ tlm_status mdl_ctx_forward(tlm_train_ctx *x, const int32_t *ids, int B, int T, i
     k_bf16 *bf = x->precision == TLM_PRECISION_BF16 ? x->bf16 : NULL;
     /* The weights may have changed since the last pass (an optimizer step). */
     if (bf) k_bf16_next_pass(bf);
+    if ((s = lora_setup(x, N, training)) != TLM_OK) return s;
     x->pass = (mdl_pass){N,
                          x->pos,
                          training,
                          x->drop_seed,
                          x->drop_step,
                          {batch_attend_fwd, batch_attend_bwd, x, NULL},
-                         bf};
+                         bf,
+                         x->n_lora ? &x->lora : NULL,
+                         0};
     mdl_embed_fwd(m, &x->pass, ids, x->layer[0].x);
     for (int l = 0; l < c->n_layers; l++) mdl_block_fwd(m, l, &x->pass, &x->layer[l]);
     mdl_head_fwd_pass(m, &x->pass, x->x_final, x->xn, x->xn_mean, x->xn_rstd, x->logits, N);

@@ -15,7 +15,7 @@ enum { MAXR = 64 };
 void mdl_ctx_free_replicas(tlm_train_ctx *x) {
     for (int r = 0; r < x->n_replicas; r++) {
         tlm_train_ctx_free(x->replicas[r]);
-        core_big_free(x->replica_grads[r], x->m->n_params * sizeof(float));
+        core_big_free(x->replica_grads[r], x->replica_grad_floats * sizeof(float));
     }
     free(x->replicas);
     free(x->replica_grads);
@@ -25,8 +25,10 @@ void mdl_ctx_free_replicas(tlm_train_ctx *x) {
 }
 
 static tlm_status make_replicas(tlm_train_ctx *x, int R) {
-    if (x->n_replicas == R) return TLM_OK;
+    size_t gn = mdl_ctx_grad_floats(x);
+    if (x->n_replicas == R && x->replica_grad_floats == gn) return TLM_OK;
     mdl_ctx_free_replicas(x);
+    x->replica_grad_floats = gn;
     x->replicas = calloc((size_t)R, sizeof *x->replicas);
     x->replica_grads = calloc((size_t)R, sizeof *x->replica_grads);
     if (!x->replicas || !x->replica_grads) {
@@ -40,12 +42,24 @@ static tlm_status make_replicas(tlm_train_ctx *x, int R) {
     for (int r = 0; r < R; r++) {
         /* replica 0 writes into the caller's gradient buffer */
         if (tlm_train_ctx_new(x->m, &x->replicas[r]) != TLM_OK ||
-            (r && !(x->replica_grads[r] = core_big_alloc(x->m->n_params * sizeof(float))))) {
+            (r && !(x->replica_grads[r] = core_big_alloc(gn * sizeof(float))))) {
             mdl_ctx_free_replicas(x);
             return core_err(TLM_ERR_NOMEM, "out of memory for data-parallel replicas");
         }
         x->replicas[r]->is_replica = 1;
         x->replicas[r]->data_parallel = 0;
+    }
+    /* The replicas apply the caller's adapters (setting them again passes them on). */
+    if (x->n_lora) {
+        const tlm_lora *a[MAXR];
+        float sc[MAXR];
+        int n = x->n_lora < MAXR ? x->n_lora : MAXR;
+        for (int i = 0; i < n; i++) {
+            a[i] = x->lora_use[i].a;
+            sc[i] = x->lora_use[i].scale;
+        }
+        tlm_status s = tlm_train_ctx_set_loras(x, a, sc, n);
+        if (s) return s;
     }
     return tlm_train_ctx_set_precision(x, x->precision);
 }
@@ -106,7 +120,10 @@ tlm_status tlm_train_ctx_forward_backward(tlm_train_ctx *x, const int32_t *ids,
     const tlm_config *c = &m->c;
     if (!targets || !grads)
         return core_err(TLM_ERR_ARG, "forward_backward: targets and grads needed");
-    if (!m->all_f32)
+    if (x->n_lora > 1)
+        return core_err(TLM_ERR_UNSUPPORTED,
+                        "forward_backward: %d adapters attached; training takes one", x->n_lora);
+    if (!m->all_f32 && !x->n_lora)
         return core_err(TLM_ERR_UNSUPPORTED,
                         "forward_backward: gradients need F32 weights (load the model with "
                         "TLM_LOAD_WRITABLE)");
@@ -125,7 +142,7 @@ tlm_status tlm_train_ctx_forward_backward(tlm_train_ctx *x, const int32_t *ids,
     slice_status st[MAXR];
     float losses[MAXR];
     int counts[MAXR];
-    long n = (long)m->n_params;
+    long n = (long)mdl_ctx_grad_floats(x);
     float *const *g = x->replica_grads;
     /* The runtime may deliver fewer threads than asked (OMP_DYNAMIC, a thread limit): each thread
      * takes slices r, r + team, ... so every slice runs whatever the team size. */

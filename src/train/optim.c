@@ -16,6 +16,11 @@ tlm_status tlm_adamw_new_range(const tlm_model *m, size_t begin, size_t end, tlm
     if (begin >= end || end > m->n_params)
         return core_err(TLM_ERR_ARG, "optimizer range [%zu, %zu) is not inside the %zu parameters",
                         begin, end, m->n_params);
+    return trn_adamw_alloc(begin, end, out);
+}
+
+tlm_status trn_adamw_alloc(size_t begin, size_t end, tlm_adamw **out) {
+    *out = NULL;
     tlm_adamw *o = calloc(1, sizeof *o);
     if (!o) return core_err(TLM_ERR_NOMEM, "out of memory");
     o->begin = begin;
@@ -91,12 +96,19 @@ K_VERSIONS(adamw_span,
 
 tlm_status tlm_adamw_step_scaled(tlm_adamw *o, tlm_model *m, const float *grads, float grad_scale,
                                  double lr, const tlm_adamw_opts *h) {
-    CORE_FP_FLUSH_SCOPE();
     if (o->begin + o->n > m->n_params)
         return core_err(TLM_ERR_ARG, "optimizer does not match the model");
     if (!m->st.params)
         return core_err(TLM_ERR_ARG, "optimizer: the model is read-only (load it with "
                                      "TLM_LOAD_WRITABLE)");
+    trn_params ps = {m->st.params, m->n_params, m->tensors, m->n_tensors};
+    trn_adamw_update(o, &ps, grads, grad_scale, lr, h);
+    return TLM_OK;
+}
+
+void trn_adamw_update(tlm_adamw *o, const trn_params *ps, const float *grads, float grad_scale,
+                      double lr, const tlm_adamw_opts *h) {
+    CORE_FP_FLUSH_SCOPE();
     o->step++;
     /* The scalars follow torch.optim.AdamW (single-tensor path): bias corrections in double,
      * then float tensor arithmetic in the same order. */
@@ -114,8 +126,8 @@ tlm_status tlm_adamw_step_scaled(tlm_adamw *o, tlm_model *m, const float *grads,
      * next one. Each thread takes its static share of every tensor. Tensors are clipped to the
      * optimizer's range (a shard may start or end inside one). */
 #pragma omp parallel
-    for (int t = 0; t < m->n_tensors; t++) {
-        const tlm_tensor_info *ti = &m->tensors[t];
+    for (int t = 0; t < ps->n_tensors; t++) {
+        const tlm_tensor_info *ti = &ps->tensors[t];
         size_t lo = ti->offset > lo_all ? ti->offset : lo_all;
         size_t hi = ti->offset + ti->numel < hi_all ? ti->offset + ti->numel : hi_all;
         if (lo >= hi) continue;
@@ -124,10 +136,9 @@ tlm_status tlm_adamw_step_scaled(tlm_adamw *o, tlm_model *m, const float *grads,
         long a, b;
         k_share((long)(hi - lo), &a, &b);
         if (a < b)
-            f(m->st.params + lo, o->m + (lo - o->begin), o->v + (lo - o->begin), grads + lo, &k, a,
+            f(ps->params + lo, o->m + (lo - o->begin), o->v + (lo - o->begin), grads + lo, &k, a,
               b);
     }
-    return TLM_OK;
 }
 
 double tlm_schedule_lr(const tlm_schedule *s, long step) {

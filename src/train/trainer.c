@@ -7,6 +7,7 @@
 #include <cjson/cJSON.h>
 
 #include "model/ctx.h"
+#include "model/lora.h"
 #include "model/model.h"
 #include "train/train.h"
 
@@ -180,35 +181,42 @@ struct tlm_trainer {
     int B, T;
     int K, rank, world, b; /* micro-steps, this process among world, sequences per micro-step */
     tlm_train_ctx *x;
+    tlm_lora *lora; /* trained in place of the model's parameters when set */
+    trn_params P;   /* what the optimizer updates: the model's or the adapter's */
     float *grads;
     tlm_adamw *opt;
     trn_state st;
     tlm_schedule sched;
     int32_t *ids, *tg;
-    char *ckpt, *model_path;
+    char *ckpt, *model_path, *peft_path; /* adapters: adapter.gguf and peft/ */
 };
 
 void tlm_trainer_free(tlm_trainer *t) {
     if (!t) return;
     tlm_train_ctx_free(t->x);
     tlm_adamw_free(t->opt);
-    core_big_free(t->grads, t->m->n_params * sizeof(float));
+    core_big_free(t->grads, t->P.n * sizeof(float));
     free(t->ids);
     free(t->tg);
     free(t->ckpt);
     free(t->model_path);
+    free(t->peft_path);
     free(t);
 }
 
 /* Checkpoints hold every moment, whatever the number of processes that wrote them: a process
  * with a range of the optimizer reads them whole and keeps its range (so a run may resume with a
  * different number of processes). */
+static tlm_status load_checkpoint(tlm_trainer *t, tlm_adamw *opt) {
+    return t->lora ? trn_lora_checkpoint_load(t->ckpt, t->lora, opt, &t->st)
+                   : trn_checkpoint_load(t->ckpt, t->m, opt, &t->st);
+}
+
 static tlm_status resume(tlm_trainer *t) {
-    if (t->opt->begin == 0 && t->opt->n == t->m->n_params)
-        return trn_checkpoint_load(t->ckpt, t->m, t->opt, &t->st);
+    if (t->opt->begin == 0 && t->opt->n == t->P.n) return load_checkpoint(t, t->opt);
     tlm_adamw *whole = NULL;
-    tlm_status s = tlm_adamw_new(t->m, &whole);
-    if (!s) s = trn_checkpoint_load(t->ckpt, t->m, whole, &t->st);
+    tlm_status s = trn_adamw_alloc(0, t->P.n, &whole);
+    if (!s) s = load_checkpoint(t, whole);
     if (!s) {
         memcpy(t->opt->m, whole->m + t->opt->begin, t->opt->n * sizeof(float));
         memcpy(t->opt->v, whole->v + t->opt->begin, t->opt->n * sizeof(float));
@@ -223,9 +231,21 @@ tlm_status tlm_trainer_new(tlm_model *m, const tlm_dataset *d, const tlm_train_o
     *out = NULL;
     const tlm_config *c = &m->c;
     int B = o->batch, T = o->seq_len ? o->seq_len : c->context_length;
-    if (!m->st.params)
+    if (!m->st.params && !o->lora)
         return core_err(TLM_ERR_ARG,
                         "train: the model is read-only (load it with TLM_LOAD_WRITABLE)");
+    if (o->lora) {
+        tlm_status ls = mdl_lora_check(o->lora, m);
+        if (ls) return ls;
+    }
+    trn_params P = {m->st.params, m->n_params, m->tensors, m->n_tensors};
+    if (o->lora) {
+        int nt;
+        P.tensors = tlm_lora_tensors(o->lora, &nt);
+        P.n_tensors = nt;
+        P.params = tlm_lora_params_mut(o->lora);
+        P.n = tlm_lora_num_params(o->lora);
+    }
     if (B <= 0 || T <= 0 || T > c->context_length)
         return core_err(TLM_ERR_ARG, "batch %d x sequence %d invalid for context %d", B, T,
                         c->context_length);
@@ -236,10 +256,10 @@ tlm_status tlm_trainer_new(tlm_model *m, const tlm_dataset *d, const tlm_train_o
     if (tlm_dataset_size(d, TLM_SPLIT_TRAIN) < (size_t)T + 1)
         return core_err(TLM_ERR_ARG, "training split has %zu tokens; a window needs %d",
                         tlm_dataset_size(d, TLM_SPLIT_TRAIN), T + 1);
-    size_t begin = o->hooks.begin, end = o->hooks.end ? o->hooks.end : m->n_params;
-    if (begin >= end || end > m->n_params)
+    size_t begin = o->hooks.begin, end = o->hooks.end ? o->hooks.end : P.n;
+    if (begin >= end || end > P.n)
         return core_err(TLM_ERR_ARG, "optimizer range [%zu, %zu) is not inside the %zu parameters",
-                        begin, end, m->n_params);
+                        begin, end, P.n);
     int K = o->grad_accum > 1 ? o->grad_accum : 1;
     int world = o->hooks.world > 1 ? o->hooks.world : 1, rank = world > 1 ? o->hooks.rank : 0;
     if (rank < 0 || rank >= world)
@@ -256,6 +276,8 @@ tlm_status tlm_trainer_new(tlm_model *m, const tlm_dataset *d, const tlm_train_o
     t->m = m;
     t->d = d;
     t->o = *o;
+    t->lora = o->lora;
+    t->P = P;
     t->B = B;
     t->T = T;
     t->K = K;
@@ -265,15 +287,18 @@ tlm_status tlm_trainer_new(tlm_model *m, const tlm_dataset *d, const tlm_train_o
     size_t N = (size_t)t->b * T;
     t->ids = malloc(N * sizeof *t->ids);
     t->tg = malloc(N * sizeof *t->tg);
-    t->grads = core_big_alloc(m->n_params * sizeof(float));
+    t->grads = core_big_alloc(P.n * sizeof(float));
     t->ckpt = core_path_join(o->out_dir, "checkpoint.safetensors");
-    t->model_path = core_path_join(o->out_dir, "model.safetensors");
+    t->model_path = core_path_join(o->out_dir, o->lora ? "adapter.gguf" : "model.safetensors");
+    t->peft_path = o->lora ? core_path_join(o->out_dir, "peft") : NULL;
     tlm_status s = TLM_OK;
-    if (!t->ids || !t->tg || !t->grads || !t->ckpt || !t->model_path)
+    if (!t->ids || !t->tg || !t->grads || !t->ckpt || !t->model_path || (o->lora && !t->peft_path))
         s = core_err(TLM_ERR_NOMEM, "out of memory");
     if (!s) s = tlm_train_ctx_new(m, &t->x);
     if (!s) s = tlm_train_ctx_set_precision(t->x, o->precision);
-    if (!s) s = tlm_adamw_new_range(m, begin, end, &t->opt);
+    const tlm_lora *one[1] = {o->lora};
+    if (!s && o->lora) s = tlm_train_ctx_set_loras(t->x, one, NULL, 1);
+    if (!s) s = trn_adamw_alloc(begin, end, &t->opt);
     t->st = (trn_state){0, {0, 0}, o->seed};
     core_rng_seed(&t->st.rng, o->seed, 1);
     if (!s && o->resume) s = resume(t);
@@ -312,7 +337,7 @@ tlm_status tlm_trainer_backward(tlm_trainer *t, float *loss) {
     if (t->K > 1) {
         /* Every part has b x T targets, so the batch's mean is the mean of the parts' means. */
         float inv = 1.0f / (float)t->K;
-        long n = (long)t->m->n_params;
+        long n = (long)t->P.n;
         float *g = t->grads;
 #pragma omp parallel for schedule(static)
         for (long i = 0; i < n; i++) g[i] *= inv;
@@ -340,8 +365,8 @@ tlm_status tlm_trainer_update(tlm_trainer *t, float scale, double *lr) {
     CORE_FP_FLUSH_SCOPE();
     const tlm_train_hooks *h = &t->o.hooks;
     double rate = tlm_schedule_lr(&t->sched, t->st.step);
-    tlm_status s = tlm_adamw_step_scaled(t->opt, t->m, t->grads, scale, rate, &t->o.adam);
-    if (!s && h->after_update) s = h->after_update(h->user, t->m->st.params, t->m->n_params);
+    trn_adamw_update(t->opt, &t->P, t->grads, scale, rate, &t->o.adam);
+    tlm_status s = h->after_update ? h->after_update(h->user, t->P.params, t->P.n) : TLM_OK;
     if (s) return s;
     t->st.step++;
     if (lr) *lr = rate;
@@ -351,7 +376,7 @@ tlm_status tlm_trainer_update(tlm_trainer *t, float scale, double *lr) {
 /* The whole moments on rank 0 from every process's range (NULL whole on the others). */
 static tlm_status gather_moments(tlm_trainer *t, tlm_adamw *whole) {
     const tlm_train_hooks *h = &t->o.hooks;
-    size_t n = t->m->n_params;
+    size_t n = t->P.n;
     if (!h->gather)
         return core_err(TLM_ERR_UNSUPPORTED,
                         "checkpoints need the optimizer over the whole buffer or hooks.gather "
@@ -366,10 +391,10 @@ static tlm_status gather_moments(tlm_trainer *t, tlm_adamw *whole) {
 
 tlm_status tlm_trainer_save(tlm_trainer *t) {
     const tlm_train_hooks *h = &t->o.hooks;
-    int sharded = t->opt->begin != 0 || t->opt->n != t->m->n_params;
+    int sharded = t->opt->begin != 0 || t->opt->n != t->P.n;
     tlm_adamw *whole = NULL;
     tlm_status s = TLM_OK;
-    if (sharded && t->rank == 0) s = tlm_adamw_new(t->m, &whole);
+    if (sharded && t->rank == 0) s = trn_adamw_alloc(0, t->P.n, &whole);
     if (sharded && t->world > 1) {
         /* The gathers are collective: all processes skip them if rank 0 has nowhere to put them. */
         double no_room = s != TLM_OK;
@@ -382,7 +407,12 @@ tlm_status tlm_trainer_save(tlm_trainer *t) {
         }
     }
     if (sharded && !s) s = gather_moments(t, whole);
-    if (!s && t->rank == 0) {
+    if (!s && t->rank == 0 && t->lora) {
+        /* The adapter as llama.cpp and PEFT load it, beside the checkpoint. */
+        s = trn_lora_checkpoint_save(t->ckpt, t->lora, sharded ? whole : t->opt, &t->st);
+        if (!s) s = tlm_lora_save(t->lora, t->model_path);
+        if (!s) s = tlm_lora_save_peft(t->lora, t->peft_path);
+    } else if (!s && t->rank == 0) {
         s = trn_checkpoint_save(t->ckpt, t->m, sharded ? whole : t->opt, &t->st);
         if (!s) s = tlm_model_save_safetensors(t->m, t->model_path);
     }
@@ -460,8 +490,7 @@ tlm_status tlm_train_run(tlm_model *m, const tlm_dataset *d, const tlm_train_opt
         float loss, scale;
         /* The step: forward/backward -> gradient reduction (hook) -> clip -> AdamW. */
         if ((s = tlm_trainer_backward(t, &loss)) != TLM_OK) break;
-        if (hk->reduce_grads &&
-            (s = hk->reduce_grads(hk->user, t->grads, m->n_params, &loss)) != TLM_OK)
+        if (hk->reduce_grads && (s = hk->reduce_grads(hk->user, t->grads, t->P.n, &loss)) != TLM_OK)
             break;
         s = tlm_trainer_clip(t, &norm, &scale);
         if (s == TLM_ERR_NUMERIC || (!s && !isfinite(loss))) {

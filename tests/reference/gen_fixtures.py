@@ -222,6 +222,9 @@ def main():
         f.write("".join(n + "\n" for n in names))
     print(f"{len(names)} cases written to {root} in {time.time() - t0:.2f} s")
     gen_optim.main(sys.argv[1])
+    import gen_lora  # noqa: E402 (imports this module's randomize)
+
+    gen_lora.main(sys.argv[1])
 
 
 if __name__ == "__main__":

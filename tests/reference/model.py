@@ -480,8 +480,10 @@ class Model(nn.Module):
             x = self.output_norm(x)
         if rec is not None:
             rec["final_norm"] = x
-        w = self.tok_emb.weight if cfg.tie_embeddings else self.output.weight
-        logits = x @ w.t()  # LM head never has a bias
+        if cfg.tie_embeddings:
+            logits = x @ self.tok_emb.weight.t()  # LM head never has a bias
+        else:
+            logits = self.output(x)  # a module, so that an adapter may wrap it (gen_lora.py)
         if rec is not None:
             rec["logits"] = logits
             self.acts = rec

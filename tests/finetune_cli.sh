@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# `tlm finetune` from the command line: LoRA on a GGUF base writes the adapter as llama.cpp's GGUF
+# adapter and a PEFT directory beside the checkpoint; Ctrl-C then --resume is bit for bit the run
+# never stopped; --full trains every parameter; flags are checked before any work.
+. "$(dirname "$0")/lib.sh"
+
+BASE="$DATA/models/stories260K.gguf"
+[ -f "$BASE" ] || die "missing $BASE"
+toy_text "$TMP/text.txt"
+common=(-m "$BASE" --data "$TMP/text.txt" --batch 4 --seq-len 32 --lr 3e-3 --eval-interval 5
+        --eval-batches 2 --log-interval 1 -t 1 --lora-dropout 0.1)
+
+$TLM finetune "${common[@]}" -o "$TMP/a" --steps 10 2>"$TMP/a.err"; rc=$?
+expect "finetune exits 0" test $rc -eq 0
+for f in adapter.gguf peft/adapter_config.json peft/adapter_model.safetensors \
+         checkpoint.safetensors log.jsonl loss.svg tokenizer/tokenizer.json; do
+    expect "finetune writes $f" test -s "$TMP/a/$f"
+done
+expect "no model.safetensors for LoRA" test ! -e "$TMP/a/model.safetensors"
+expect "LoRA summary" grep -q "LoRA: rank 16, alpha 32 (scale 2), 35 matrices" "$TMP/a.err"
+expect "log has 10 lines" test "$(wc -l <"$TMP/a/log.jsonl")" -eq 10
+expect "PEFT config names r and alpha" grep -q '"r":[[:space:]]*16' "$TMP/a/peft/adapter_config.json"
+expect "PEFT config's targets" grep -q 'q_proj' "$TMP/a/peft/adapter_config.json"
+# The loss falls: the adapter learns.
+first=$(head -1 "$TMP/a/log.jsonl" | sed 's/.*"train_loss": \([0-9.]*\).*/\1/')
+last=$(tail -1 "$TMP/a/log.jsonl" | sed 's/.*"train_loss": \([0-9.]*\).*/\1/')
+expect "loss falls ($first -> $last)" awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a) }'
+
+# The adapter everywhere else, unmerged: generate, eval, bench take --lora FILE[:SCALE] (GGUF or
+# PEFT directory); scale 0 is the base.
+gen=(-m "$BASE" -p "Once upon a time" -n 24 --temp 0 -t 1)
+base_out=$($TLM generate "${gen[@]}" 2>/dev/null)
+lora_out=$($TLM generate "${gen[@]}" --lora "$TMP/a/adapter.gguf" 2>/dev/null)
+peft_out=$($TLM generate "${gen[@]}" --lora "$TMP/a/peft" 2>/dev/null)
+zero_out=$($TLM generate "${gen[@]}" --lora "$TMP/a/adapter.gguf:0" 2>/dev/null)
+expect "generate --lora changes the text" test "$base_out" != "$lora_out"
+expect "the GGUF adapter and the PEFT directory generate the same" test "$lora_out" = "$peft_out"
+expect "scale 0 is the base" test "$zero_out" = "$base_out"
+ev=(-m "$BASE" --data "$TMP/text.txt" --json -t 1)
+lb=$($TLM eval "${ev[@]}" 2>/dev/null | sed 's/.*"loss": *\([0-9.]*\).*/\1/')
+la=$($TLM eval "${ev[@]}" --lora "$TMP/a/adapter.gguf" 2>/dev/null | sed 's/.*"loss": *\([0-9.]*\).*/\1/')
+expect "eval --lora: the adapted model fits the text better ($lb -> $la)" \
+    awk -v a="$lb" -v b="$la" 'BEGIN { exit !(b < a) }'
+$TLM bench -m "$BASE" -p 16 -n 4 -r 1 -t 1 --lora "$TMP/a/adapter.gguf" >/dev/null 2>&1
+expect "bench --lora runs" test $? -eq 0
+$TLM generate "${gen[@]}" --lora "$TMP/none.gguf" 2>"$TMP/g.err"
+expect "a missing adapter is an error naming it" grep -q "none.gguf" "$TMP/g.err"
+
+# Ctrl-C saves a checkpoint and exits 130; --resume then finishes the run, bit for bit.
+long=(--steps 300)
+$TLM finetune "${common[@]}" "${long[@]}" -o "$TMP/s" 2>/dev/null
+$TLM finetune "${common[@]}" "${long[@]}" -o "$TMP/c" 2>"$TMP/c.err" &
+pid=$!
+wait_until 10 grep -q "step" "$TMP/c.err" 2>/dev/null
+kill -INT $pid
+wait $pid; rc=$?
+expect "SIGINT exits 130 (got $rc)" test $rc -eq 130
+$TLM finetune "${common[@]}" "${long[@]}" -o "$TMP/c" --resume 2>/dev/null; rc=$?
+expect "resume exits 0" test $rc -eq 0
+expect "stop + resume is bit for bit" cmp -s "$TMP/s/adapter.gguf" "$TMP/c/adapter.gguf"
+expect "resumed log has 300 lines" test "$(wc -l <"$TMP/c/log.jsonl")" -eq 300
+# A resumed run must ask for the same adapter.
+$TLM finetune "${common[@]}" "${long[@]}" -o "$TMP/c" --resume --lora-rank 8 2>"$TMP/r.err"
+expect "resume with another rank fails" test $? -ne 0
+expect "names the adapter's options" grep -q "checkpoint adapter" "$TMP/r.err"
+
+# --full: every parameter, from the base's weights.
+$TLM finetune "${common[@]}" -o "$TMP/f" --steps 5 --full 2>"$TMP/f.err"; rc=$?
+expect "finetune --full exits 0" test $rc -eq 0
+expect "--full writes model.safetensors" test -s "$TMP/f/model.safetensors"
+expect "--full writes config.json" test -s "$TMP/f/config.json"
+
+# Flags are checked before any work.
+chk_err() { # NAME NEEDLE ARGS...
+    local name=$1 needle=$2
+    shift 2
+    $TLM finetune "$@" 2>"$TMP/e.err" && { bad "$name: exit 0"; return; }
+    expect "$name names the problem" grep -q -- "$needle" "$TMP/e.err"
+}
+chk_err "no base" "-m BASE is required" --data "$TMP/text.txt" -o "$TMP/e"
+chk_err "unknown target" "LoRA target 'qq' unknown" "${common[@]}" -o "$TMP/e" --lora-targets q,qq
+chk_err "rank 0" "lora-rank" "${common[@]}" -o "$TMP/e" --lora-rank 0
+chk_err "dropout 1" "lora-dropout" "${common[@]}" -o "$TMP/e" --lora-dropout 1
+chk_err "missing base" "loading the base model" "${common[@]/$BASE/$TMP/none.gguf}" -o "$TMP/e"
+chk_err "-c is train's" "unknown option '-c'" "${common[@]}" -o "$TMP/e" -c x.json
+finish
