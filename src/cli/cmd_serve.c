@@ -30,7 +30,8 @@ static const char *serve_help =
     "                 [--cache-type T | -ctk T -ctv T] [--mmap|--no-mmap]\n"
     "\n"
     "Serves the OpenAI API (POST /v1/completions, /v1/chat/completions, GET /v1/models) plus\n"
-    "/health, /metrics (Prometheus), /tokenize, /detokenize and a chat page at /.\n\n"
+    "/health, /metrics (Prometheus), /tokenize, /detokenize, /lora-adapters and a chat page\n"
+    "at /.\n\n"
     "  -m, --model PATH      model\n"
     "  -z, --tokenizer PATH  tokenizer; default: the model's own\n"
     "  --host ADDR           IPv4 address to bind (default 127.0.0.1: this machine only)\n"
@@ -51,6 +52,14 @@ static const char *serve_help =
     "                        0.3 s per GiB; memory-bound decoding 10-25% faster)\n"
     CLI_PRECISION_HELP
     CLI_CACHE_TYPE_HELP
+    CLI_LORA_HELP
+    "  --lora-init-without-apply  load the adapters at scale 0 (set them with POST\n"
+    "                        /lora-adapters, or per request)\n"
+    "\n"
+    "LoRA adapters (llama-server's API): GET /lora-adapters lists them with their scales; POST\n"
+    "/lora-adapters [{\"id\": 0, \"scale\": 0.5}] sets the scales (adapters not listed: 0); a\n"
+    "request's \"lora\": [{\"id\", \"scale\"}] gives its own. Requests with different\n"
+    "adapters or scales are decoded together in the same steps.\n"
     "\n"
     "SIGINT or SIGTERM stops taking requests, finishes the running ones and exits 0; a second\n"
     "SIGINT quits at once.\n";
@@ -73,6 +82,7 @@ typedef struct {
     _Atomic int active; /* generation requests not yet answered in full */
     pthread_mutex_t mu;
     unsigned long long by_status[600];
+    srv_lora_set lora; /* the adapters and their scales for requests without their own (mu) */
 } server;
 
 /* ---- small helpers ------------------------------------------------------------------------ */
@@ -270,6 +280,15 @@ static enum MHD_Result handle_generate(server *sv, struct MHD_Connection *c, con
         return send_error(sv, c, 400, chat ? "messages" : "prompt",
                           "the prompt has %zu tokens but the context holds %d", n_ids, sv->ctx);
     }
+    float lora_scale[SRV_MAX_LORA] = {0};
+    pthread_mutex_lock(&sv->mu);
+    int bad_lora = srv_lora_scales(&sv->lora, r, lora_scale, &e);
+    pthread_mutex_unlock(&sv->mu);
+    if (bad_lora) {
+        free(ids);
+        gen_free(g);
+        return send_error(sv, c, e.status, e.param, "%s", e.message);
+    }
     for (int i = 0; i < r->n_stop; i++) g->stops[g->n_stops++] = r->stop[i];
     int32_t end_id = -1;
     if (chat) {
@@ -292,6 +311,7 @@ static enum MHD_Result handle_generate(server *sv, struct MHD_Connection *c, con
         j->end_id = end_id;
         j->logprobs = r->logprobs;
         j->top_logprobs = r->top_logprobs;
+        memcpy(j->lora_scale, lora_scale, sizeof j->lora_scale);
         g->jobs[g->n_jobs++] = j;
     }
     free(ids);
@@ -437,6 +457,24 @@ static enum MHD_Result handle_detokenize(server *sv, struct MHD_Connection *c, c
     add_fixed(out, "content", text, tl);
     free(text);
     return send_json(sv, c, 200, out);
+}
+
+/* llama-server's adapter list: GET lists them with their scales, POST sets the scales. */
+static enum MHD_Result handle_lora(server *sv, struct MHD_Connection *c, int post, const char *body,
+                                   size_t len) {
+    srv_error e;
+    pthread_mutex_lock(&sv->mu);
+    int bad = post ? srv_lora_post(&sv->lora, body, len, &e) : 0;
+    char *out = bad ? NULL : srv_lora_list_json(&sv->lora);
+    pthread_mutex_unlock(&sv->mu);
+    if (bad) return send_error(sv, c, e.status, e.param, "%s", e.message);
+    if (!out) return send_error(sv, c, 500, NULL, "out of memory");
+    if (post) {
+        free(out);
+        out = strdup("{\"success\": true}");
+        if (!out) return send_error(sv, c, 500, NULL, "out of memory");
+    }
+    return send_body(sv, c, 200, "application/json", out, strlen(out), 0);
 }
 
 static enum MHD_Result handle_models(server *sv, struct MHD_Connection *c) {
@@ -598,6 +636,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     if (post && path_is(url, "/v1/chat/completions"))
         return handle_generate(sv, c, body, u->len, 1);
     if (post && !strcmp(url, "/tokenize")) return handle_tokenize(sv, c, body, u->len);
+    if ((get || post) && !strcmp(url, "/lora-adapters"))
+        return handle_lora(sv, c, post, body, post ? u->len : 0);
     if (post && !strcmp(url, "/detokenize")) return handle_detokenize(sv, c, body, u->len);
     return send_error(sv, c, 404, NULL, "Invalid URL (%s %.200s)", method, url);
 }
@@ -647,14 +687,14 @@ static int gguf_template(const char *model, srv_template *t, int *present) {
     return ok;
 }
 
-int cmd_serve(int argc, char **argv) {
+static int serve_main(int argc, char **argv, cli_lora *lora) {
     const char *model_path = NULL, *tok_path = NULL, *host = "127.0.0.1", *api_key = NULL;
     const char *tpl_name = NULL, *precision = NULL;
     cli_cache cache = CLI_CACHE_DEFAULT;
     int ck;
     long port = 8080, parallel = 4, ctx = 0, threads = 0, queue = 0, max_body = 1 << 20,
          cache_mib = 1024;
-    int map_mode = CLI_MAP_AUTO;
+    int map_mode = CLI_MAP_AUTO, lora_off = 0;
     for (int i = 1; i < argc; i++) {
         const char *v, *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -662,6 +702,14 @@ int cmd_serve(int argc, char **argv) {
             return 0;
         }
         if (cli_map_flag(a, &map_mode)) continue;
+        if (!strcmp(a, "--lora-init-without-apply")) {
+            lora_off = 1;
+            continue;
+        }
+        if ((ck = cli_lora_flag("serve", argc, argv, &i, lora)) != 0) {
+            if (ck < 0) return 1;
+            continue;
+        }
         long *num = NULL;
         long lo = 0, hi = 0;
         if (cli_flag_value(argc, argv, &i, "-m", "--model", &v)) {
@@ -750,12 +798,20 @@ int cmd_serve(int argc, char **argv) {
             fprintf(stderr, "tlm: serve: the model's chat template is not one tlm knows; using "
                             "chatml (choose with --chat-template)\n");
     }
+    if (lora->n && cli_lora_load("serve", lora, m)) goto done;
+    sv.lora.n = lora->n;
+    for (int k = 0; k < lora->n; k++) {
+        sv.lora.path[k] = lora->path[k];
+        sv.lora.scale[k] = lora_off ? 0.0f : lora->scale[k];
+    }
     srv_sched_opts so = {.parallel = (int)parallel,
                          .ctx = (int)ctx,
                          .queue_max = (int)queue,
                          .cache_mib = cache_mib,
                          .kv_type = cache.k,
-                         .v_type = cache.v};
+                         .v_type = cache.v,
+                         .loras = (const tlm_lora *const *)lora->lora,
+                         .n_lora = lora->n};
     /* Loading may have run parallel regions on this thread, which leaves a team of OpenMP threads
      * parked here. With the scheduler thread's team beside it, libgomp manages more threads than
      * there are CPUs (on 2 cores) and cuts its spin before sleeping at a barrier from
@@ -835,5 +891,12 @@ done:
     if (sv.sched) pthread_mutex_destroy(&sv.mu);
     tlm_tokenizer_free(tok);
     tlm_model_free(m);
+    return rc;
+}
+
+int cmd_serve(int argc, char **argv) {
+    cli_lora lora = {0};
+    int rc = serve_main(argc, argv, &lora);
+    cli_lora_free(&lora);
     return rc;
 }

@@ -219,6 +219,82 @@ static int parse_stop(const cJSON *root, srv_request *r, srv_error *e) {
     return 0;
 }
 
+/* [{"id": int, "scale": number}, ...] (llama-server's form) into ids and scales. */
+static int parse_lora_list(const cJSON *l, int *ids, float *scales, int *n, const char *param,
+                           srv_error *e) {
+    if (!cJSON_IsArray(l))
+        return fail(e, param, "'%s' must be a list of {\"id\", \"scale\"}", param);
+    *n = 0;
+    const cJSON *x;
+    cJSON_ArrayForEach(x, l) {
+        const cJSON *id = cJSON_IsObject(x) ? cJSON_GetObjectItemCaseSensitive(x, "id") : NULL;
+        const cJSON *sc = cJSON_IsObject(x) ? cJSON_GetObjectItemCaseSensitive(x, "scale") : NULL;
+        if (!cJSON_IsNumber(id) || id->valuedouble != (int)id->valuedouble || id->valuedouble < 0)
+            return fail(e, param, "each '%s' entry needs an integer \"id\" >= 0", param);
+        if (!cJSON_IsNumber(sc) || !(sc->valuedouble >= -100 && sc->valuedouble <= 100))
+            return fail(e, param, "each '%s' entry needs a \"scale\" in [-100, 100]", param);
+        if (*n == SRV_MAX_LORA)
+            return fail(e, param, "'%s' lists more than %d adapters", param, SRV_MAX_LORA);
+        ids[*n] = (int)id->valuedouble;
+        scales[*n] = (float)sc->valuedouble;
+        (*n)++;
+    }
+    return 0;
+}
+
+static int parse_lora(const cJSON *root, srv_request *r, srv_error *e) {
+    const cJSON *l = field(root, "lora");
+    if (!l) return 0;
+    r->lora_given = 1;
+    return parse_lora_list(l, r->lora_id, r->lora_scale, &r->n_lora, "lora", e);
+}
+
+char *srv_lora_list_json(const srv_lora_set *s) {
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; a && i < s->n; i++) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "id", i);
+        cJSON_AddStringToObject(o, "path", s->path[i]);
+        cJSON_AddNumberToObject(o, "scale", s->scale[i]);
+        cJSON_AddItemToArray(a, o);
+    }
+    char *out = a ? cJSON_PrintUnformatted(a) : NULL;
+    cJSON_Delete(a);
+    return out;
+}
+
+int srv_lora_post(srv_lora_set *s, const char *body, size_t len, srv_error *e) {
+    memset(e, 0, sizeof *e);
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    int ids[SRV_MAX_LORA], n = 0;
+    float sc[SRV_MAX_LORA];
+    int rc = root ? parse_lora_list(root, ids, sc, &n, "body", e)
+                  : fail(e, NULL, "the body is not valid JSON");
+    cJSON_Delete(root);
+    for (int i = 0; !rc && i < n; i++)
+        if (ids[i] >= s->n) rc = fail(e, "id", "no adapter %d (the server has %d)", ids[i], s->n);
+    if (rc) return rc;
+    for (int i = 0; i < s->n; i++) s->scale[i] = 0.0f;
+    for (int i = 0; i < n; i++) s->scale[ids[i]] = sc[i];
+    return 0;
+}
+
+int srv_lora_scales(const srv_lora_set *s, const srv_request *r, float *out, srv_error *e) {
+    memset(e, 0, sizeof *e);
+    if (!r->lora_given) {
+        for (int i = 0; i < s->n; i++) out[i] = s->scale[i];
+        return 0;
+    }
+    for (int i = 0; i < s->n; i++) out[i] = 0.0f;
+    for (int i = 0; i < r->n_lora; i++) {
+        if (r->lora_id[i] >= s->n)
+            return fail(e, "lora", "no adapter %d (the server has %d: GET /lora-adapters)",
+                        r->lora_id[i], s->n);
+        out[r->lora_id[i]] = r->lora_scale[i];
+    }
+    return 0;
+}
+
 int srv_request_parse(const char *body, size_t len, int chat, srv_request *r, srv_error *e) {
     memset(r, 0, sizeof *r);
     memset(e, 0, sizeof *e);
@@ -314,6 +390,7 @@ int srv_request_parse(const char *body, size_t len, int chat, srv_request *r, sr
             r->top_logprobs = (int)iv;
         }
     }
+    if (parse_lora(root, r, e)) goto done;
     rc = 0;
 done:
     cJSON_Delete(root);

@@ -84,6 +84,7 @@ typedef struct {
     uint64_t last_used;
     tlm_sampler *samp;
     tlm_decoder *dec;
+    float lora_scale[SRV_MAX_LORA]; /* the adapters' scales its cached keys and values saw */
 } slot;
 
 /* A slot's cached prefix kept in memory after another request took the slot over. */
@@ -94,6 +95,7 @@ typedef struct {
     size_t bytes;
     uint64_t used;
     int pinned; /* being loaded by the admission in progress: not to be dropped */
+    float lora_scale[SRV_MAX_LORA];
 } pc_entry;
 
 /* Fewer tokens than this are not worth an entry (nor a load). */
@@ -104,6 +106,7 @@ struct srv_sched {
     const tlm_tokenizer *tok;
     tlm_session *sess;
     int B, ctx, V, queue_max, chunk;
+    int n_lora; /* adapters on the session */
     slot *slots;
     float *logits;  /* [B, V] */
     int32_t *ids;   /* [B + max(chunk, ctx)] the step's new ids, sequence by sequence */
@@ -284,6 +287,13 @@ static size_t common_prefix(const int32_t *a, int na, const int32_t *b, int nb) 
     return (size_t)i;
 }
 
+/* Cached keys and values computed with other adapter scales are another model's: no prefix. */
+static size_t shared_prefix(const srv_sched *s, const float *la, const int32_t *a, int na,
+                            const float *lb, const int32_t *b, int nb) {
+    if (s->n_lora && memcmp(la, lb, (size_t)s->n_lora * sizeof(float)) != 0) return 0;
+    return common_prefix(a, na, b, nb);
+}
+
 /* ---- the prompt cache ------------------------------------------------------------------------ */
 
 static void pc_drop(srv_sched *s, int i) {
@@ -303,7 +313,8 @@ static void pc_save(srv_sched *s, int b, size_t keep) {
     if (len < n) n = len;
     if (!s->pc_max || n < PC_MIN_TOKENS || (size_t)n < keep + PC_MIN_TOKENS) return;
     for (int i = 0; i < s->n_pc; i++) {
-        size_t c = common_prefix(s->pc[i].toks, s->pc[i].n, sl->toks, n);
+        size_t c = shared_prefix(s, s->pc[i].lora_scale, s->pc[i].toks, s->pc[i].n, sl->lora_scale,
+                                 sl->toks, n);
         if (c == (size_t)n) { /* an entry holds all of it already */
             s->pc[i].used = ++s->clock;
             return;
@@ -311,8 +322,8 @@ static void pc_save(srv_sched *s, int b, size_t keep) {
     }
     /* entries that are prefixes of this one are superseded by it */
     for (int i = 0; i < s->n_pc;) {
-        if (!s->pc[i].pinned &&
-            common_prefix(s->pc[i].toks, s->pc[i].n, sl->toks, n) == (size_t)s->pc[i].n)
+        if (!s->pc[i].pinned && shared_prefix(s, s->pc[i].lora_scale, s->pc[i].toks, s->pc[i].n,
+                                              sl->lora_scale, sl->toks, n) == (size_t)s->pc[i].n)
             pc_drop(s, i);
         else
             i++;
@@ -334,7 +345,9 @@ static void pc_save(srv_sched *s, int b, size_t keep) {
         s->pc = np;
         s->cap_pc = cap;
     }
-    pc_entry e = {malloc((size_t)n * sizeof(int32_t)), n, malloc(kv_bytes), bytes, ++s->clock, 0};
+    pc_entry e = {
+        malloc((size_t)n * sizeof(int32_t)), n, malloc(kv_bytes), bytes, ++s->clock, 0, {0}};
+    memcpy(e.lora_scale, sl->lora_scale, sizeof e.lora_scale);
     if (!e.toks || !e.kv || tlm_session_save_prefix(s->sess, b, n, e.kv)) {
         free(e.toks);
         free(e.kv);
@@ -355,7 +368,8 @@ static void admit(srv_sched *s) {
         for (int b = 0; b < s->B; b++) {
             slot *sl = &s->slots[b];
             if (sl->state != SLOT_FREE) continue;
-            size_t lcp = common_prefix(sl->toks, sl->n_toks, j->ids, j->n_ids);
+            size_t lcp = shared_prefix(s, sl->lora_scale, sl->toks, sl->n_toks, j->lora_scale,
+                                       j->ids, j->n_ids);
             if (best < 0 || lcp > best_lcp ||
                 (lcp == best_lcp && sl->last_used < s->slots[best].last_used)) {
                 best = b;
@@ -370,13 +384,15 @@ static void admit(srv_sched *s) {
                 if (s->slots[b].state == SLOT_FREE &&
                     s->slots[b].last_used < s->slots[best].last_used)
                     best = b;
-            best_lcp = common_prefix(s->slots[best].toks, s->slots[best].n_toks, j->ids, j->n_ids);
+            best_lcp = shared_prefix(s, s->slots[best].lora_scale, s->slots[best].toks,
+                                     s->slots[best].n_toks, j->lora_scale, j->ids, j->n_ids);
         }
         /* A longer prefix in the prompt cache than in any free slot: loaded into the slot. */
         int ce = -1;
         size_t ce_lcp = 0;
         for (int i = 0; i < s->n_pc; i++) {
-            size_t c = common_prefix(s->pc[i].toks, s->pc[i].n, j->ids, j->n_ids);
+            size_t c = shared_prefix(s, s->pc[i].lora_scale, s->pc[i].toks, s->pc[i].n,
+                                     j->lora_scale, j->ids, j->n_ids);
             if (c > ce_lcp) ce = i, ce_lcp = c;
         }
         if (ce_lcp >= (size_t)j->n_ids) ce_lcp = (size_t)j->n_ids - 1;
@@ -413,6 +429,8 @@ static void admit(srv_sched *s) {
         sl->n_toks = (int)best_lcp;
         sl->fed = (int)best_lcp;
         sl->job = j;
+        memcpy(sl->lora_scale, j->lora_scale, sizeof sl->lora_scale);
+        if (s->n_lora) tlm_session_set_seq_lora_scales(s->sess, best, j->lora_scale);
         sl->state = SLOT_PREFILL;
         sl->last_used = ++s->clock;
         j->slot = best;
@@ -589,6 +607,13 @@ tlm_status srv_sched_new(const tlm_model *m, const tlm_tokenizer *tok, const srv
                            .v_type = o->v_type};
     tlm_status st = tlm_session_new(m, &so, &s->sess);
     if (st) goto fail;
+    if (o->n_lora > SRV_MAX_LORA) {
+        st = core_err(TLM_ERR_ARG, "serve: at most %d LoRA adapters", SRV_MAX_LORA);
+        goto fail;
+    }
+    s->n_lora = o->n_lora;
+    if (o->n_lora && (st = tlm_session_set_loras(s->sess, o->loras, NULL, o->n_lora)) != TLM_OK)
+        goto fail;
     s->slots = calloc((size_t)s->B, sizeof *s->slots);
     s->logits = malloc((size_t)s->B * (size_t)s->V * sizeof(float));
     s->ids = calloc((size_t)s->B + (size_t)(s->chunk > ctx ? s->chunk : ctx), sizeof *s->ids);

@@ -44,6 +44,7 @@ const char *srv_template_end(srv_template t);
 #define SRV_MAX_STOP 16
 #define SRV_MAX_TOP_LOGPROBS 20
 #define SRV_MAX_N 64
+#define SRV_MAX_LORA 32
 
 typedef struct {
     int chat;
@@ -64,6 +65,12 @@ typedef struct {
     int include_usage;
     int echo; /* completions: the prompt text starts each choice */
     char *model;
+    /* llama-server's "lora": [{"id", "scale"}]: this request's adapter scales (the adapters not
+     * listed at 0) in place of the server's; ids are checked against the server's adapters by the
+     * caller (srv_lora_scales). */
+    int lora_given, n_lora;
+    int lora_id[SRV_MAX_LORA];
+    float lora_scale[SRV_MAX_LORA];
 } srv_request;
 
 typedef struct {
@@ -79,6 +86,25 @@ int srv_request_parse(const char *body, size_t len, int chat, srv_request *r, sr
 void srv_request_free(srv_request *r);
 /* 1 if the bytes are valid UTF-8 (no overlongs, surrogates or code points past U+10FFFF). */
 int srv_utf8_valid(const char *s, size_t n);
+
+/* ---- LoRA adapters ------------------------------------------------------------------------ */
+
+/* The adapters a server applies (llama-server's /lora-adapters): their paths and the scales every
+ * request gets unless it names its own. Guarded by the caller. */
+typedef struct {
+    int n;
+    const char *path[SRV_MAX_LORA];
+    float scale[SRV_MAX_LORA];
+} srv_lora_set;
+
+/* GET /lora-adapters: [{"id", "path", "scale"}, ...], malloc'd. */
+char *srv_lora_list_json(const srv_lora_set *s);
+/* POST /lora-adapters: a body [{"id", "scale"}, ...] sets those scales and every other adapter's
+ * to 0 (as llama-server). 0, or -1 with *e filled and s unchanged. */
+int srv_lora_post(srv_lora_set *s, const char *body, size_t len, srv_error *e);
+/* A request's scales into out[s->n]: its own "lora" list (others 0), else the server's. 0, or -1
+ * with *e for an id that names no adapter. */
+int srv_lora_scales(const srv_lora_set *s, const srv_request *r, float *out, srv_error *e);
 
 /* ---- stop strings ------------------------------------------------------------------------- */
 
@@ -116,6 +142,7 @@ typedef struct srv_job {
     int n_stop;
     int32_t end_id; /* an extra end-of-turn id, -1: none */
     int logprobs, top_logprobs;
+    float lora_scale[SRV_MAX_LORA]; /* of the scheduler's adapters (srv_sched_opts.loras) */
 
     /* outputs */
     char *text; /* sent-safe text so far */
@@ -152,6 +179,10 @@ typedef struct {
                         * the same way (llama-server's --cache-ram) */
     tlm_dtype kv_type; /* the KV cache's type for keys (tlm_session_opts.kv_type) */
     tlm_dtype v_type;  /* and for values */
+    /* LoRA adapters over the model (each job gives their scales; sequences with different scales
+     * share steps). They must outlive the scheduler. */
+    const tlm_lora *const *loras;
+    int n_lora;
 } srv_sched_opts;
 
 typedef struct {
