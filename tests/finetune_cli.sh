@@ -46,6 +46,18 @@ expect "bench --lora runs" test $? -eq 0
 $TLM generate "${gen[@]}" --lora "$TMP/none.gguf" 2>"$TMP/g.err"
 expect "a missing adapter is an error naming it" grep -q "none.gguf" "$TMP/g.err"
 
+# export-lora: the adapter merged into the base, as llama-export-lora; an F32 base stays F32 and
+# continues as the unmerged adapter does.
+$TLM export-lora -m "$BASE" --lora "$TMP/a/adapter.gguf" -o "$TMP/merged.gguf" 2>"$TMP/x.err"
+expect "export-lora exits 0" test $? -eq 0
+expect "export-lora keeps the base's F32" grep -q "merged (F32)" "$TMP/x.err"
+merged_out=$($TLM generate -m "$TMP/merged.gguf" -p "Once upon a time" -n 24 --temp 0 -t 1 2>/dev/null)
+expect "the merged model continues as the adapter" test "$merged_out" = "$lora_out"
+$TLM export-lora -m "$BASE" --lora "$TMP/a/peft:0.5" -o "$TMP/merged8.gguf" --type q8_0 2>/dev/null
+expect "export-lora --type q8_0" test -s "$TMP/merged8.gguf"
+$TLM export-lora -m "$BASE" -o "$TMP/none.gguf" 2>"$TMP/x.err"
+expect "export-lora without --lora fails" grep -q "at least one --lora" "$TMP/x.err"
+
 # Ctrl-C saves a checkpoint and exits 130; --resume then finishes the run, bit for bit.
 long=(--steps 300)
 $TLM finetune "${common[@]}" "${long[@]}" -o "$TMP/s" 2>/dev/null
@@ -83,4 +95,9 @@ chk_err "rank 0" "lora-rank" "${common[@]}" -o "$TMP/e" --lora-rank 0
 chk_err "dropout 1" "lora-dropout" "${common[@]}" -o "$TMP/e" --lora-dropout 1
 chk_err "missing base" "loading the base model" "${common[@]/$BASE/$TMP/none.gguf}" -o "$TMP/e"
 chk_err "-c is train's" "unknown option '-c'" "${common[@]}" -o "$TMP/e" -c x.json
+$TLM export-lora -m "$DATA/models/llama-2-tiny-random.gguf" --lora "$TMP/a/adapter.gguf" \
+    -o "$TMP/e.gguf" 2>"$TMP/e.err"
+expect "export-lora with another model's adapter fails" test $? -ne 0
+expect "names the adapter" grep -q "LoRA adapter" "$TMP/e.err"
+expect "nothing written" test ! -e "$TMP/e.gguf"
 finish

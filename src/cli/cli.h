@@ -10,6 +10,7 @@
 int cmd_info(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_finetune(int argc, char **argv);
+int cmd_export_lora(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_imatrix(int argc, char **argv);
 int cmd_generate(int argc, char **argv);

@@ -24,6 +24,7 @@ static const command commands[] = {
     {"bench", cmd_bench, "prompt and generation speed, measured as llama-bench does"},
     {"serve", cmd_serve, "OpenAI-compatible HTTP server (continuous batching, a chat page)"},
     {"convert", cmd_convert, "convert a model between formats (gguf, safetensors, hf, llama2c)"},
+    {"export-lora", cmd_export_lora, "merge LoRA adapters into a model, as llama-export-lora"},
     {"quantize", cmd_quantize, "write a quantized GGUF (q8_0, q4_k_m, ...) as llama-quantize does"},
 };
 
