@@ -12,8 +12,9 @@ all:
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 
+# Tests run JOBS at a time (each sized for a couple of threads, waiting passively).
 test: all
-	cd $(BUILD) && ctest --output-on-failure -j 1 $(if $(TESTS),-R '$(TESTS)')
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) $(if $(TESTS),-R '$(TESTS)')
 
 asan:
 	$(MAKE) test BUILD=build-asan CMAKE_FLAGS="-DTLM_SANITIZE=ON -DTLM_NATIVE=OFF"
@@ -27,7 +28,7 @@ asan:
 tsan:
 	$(MAKE) all BUILD=build-tsan CMAKE_FLAGS="-DTLM_TSAN=ON -DTLM_NATIVE=OFF"
 	cd build-tsan && OMP_THREAD_LIMIT=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
-		ctest --output-on-failure -j 1 -R '^(gen_fixtures|test_)' -E '^test_quant$$'
+		ctest --output-on-failure -j $(JOBS) -R '^(gen_fixtures|test_)' -E '^test_quant$$'
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "formats/formats.h"
+#include "formats/lora.h"
 #include "fuzz_common.h"
 #include "io/gguf.h"
 #include "io/safetensors.h"
@@ -327,6 +328,22 @@ static inline int fuzz_request(const uint8_t *data, size_t size) {
     }
     srv_request_free(&r);
     return 1;
+}
+
+/* LoRA adapters in llama.cpp's GGUF form: read and validated, then their q/k rows moved to the
+ * other RoPE order and back, and the scale computed (what tlm_lora_load does before binding). */
+static inline int fuzz_lora(const uint8_t *data, size_t size) {
+    const char *p = fuzz_file(".gguf", data, size);
+    fmt_lora a;
+    int ok = fmt_lora_read_gguf(p, &a) == TLM_OK;
+    if (ok) {
+        (void)fmt_lora_scale(&a);
+        if (fmt_lora_set_qk_order(&a, !a.qk_interleaved, 8) == TLM_OK)
+            (void)fmt_lora_set_qk_order(&a, !a.qk_interleaved, 8);
+        fmt_lora_free(&a);
+    }
+    unlink(p);
+    return ok;
 }
 
 #endif

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 TLM=$(realpath "${1:-../build/tlm}")
 C=corpus
-mkdir -p "$C"/{safetensors,gguf,llama2c,tokenizer_bin,gpt2_bpe,model_load,tokenizer_load,request,imatrix}
+mkdir -p "$C"/{safetensors,gguf,llama2c,tokenizer_bin,gpt2_bpe,model_load,tokenizer_load,request,imatrix,lora}
 find "$C" -type f ! -name 'crash-*' -delete
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
@@ -67,6 +67,10 @@ train "$W/qwen2.json" "$W/run_qwen2" -z "$W/tok"
 echo '{"context_length": 16, "d_model": 8, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1, "d_ff": 16}' >"$W/cfg16.json"
 train "$W/cfg16.json" "$W/run16" -z "$W/tok"
 "$TLM" imatrix -m "$W/run16" -f "$W/text.txt" -c 16 --chunks 2 -o "$C/imatrix/tiny.gguf" 2>/dev/null
+# a LoRA adapter of the tiny model (rank 2, every linear layer of its block), in llama.cpp's GGUF form
+"$TLM" finetune -m "$W/run16" --data "$W/text.txt" -o "$W/ft16" --steps 2 --batch 2 --seq-len 8 \
+    --lora-rank 2 --eval-interval 0 2>/dev/null
+cp "$W/ft16/adapter.gguf" "$C/lora/tiny_adapter.gguf"
 /usr/bin/python3 - "$C/imatrix/tiny.dat" <<'PY'
 import struct, sys
 out = struct.pack("<i", 2)

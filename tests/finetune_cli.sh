@@ -59,7 +59,7 @@ $TLM export-lora -m "$BASE" -o "$TMP/none.gguf" 2>"$TMP/x.err"
 expect "export-lora without --lora fails" grep -q "at least one --lora" "$TMP/x.err"
 
 # Ctrl-C saves a checkpoint and exits 130; --resume then finishes the run, bit for bit.
-long=(--steps 300)
+long=(--steps 200)
 $TLM finetune "${common[@]}" "${long[@]}" -o "$TMP/s" 2>/dev/null
 $TLM finetune "${common[@]}" "${long[@]}" -o "$TMP/c" 2>"$TMP/c.err" &
 pid=$!
@@ -70,7 +70,7 @@ expect "SIGINT exits 130 (got $rc)" test $rc -eq 130
 $TLM finetune "${common[@]}" "${long[@]}" -o "$TMP/c" --resume 2>/dev/null; rc=$?
 expect "resume exits 0" test $rc -eq 0
 expect "stop + resume is bit for bit" cmp -s "$TMP/s/adapter.gguf" "$TMP/c/adapter.gguf"
-expect "resumed log has 300 lines" test "$(wc -l <"$TMP/c/log.jsonl")" -eq 300
+expect "resumed log has 200 lines" test "$(wc -l <"$TMP/c/log.jsonl")" -eq 200
 # A resumed run must ask for the same adapter.
 $TLM finetune "${common[@]}" "${long[@]}" -o "$TMP/c" --resume --lora-rank 8 2>"$TMP/r.err"
 expect "resume with another rank fails" test $? -ne 0

@@ -25,6 +25,7 @@ static const struct {
     {"gpt2_bpe", fuzz_gpt2_bpe},
     {"request", fuzz_request},
     {"imatrix", fuzz_imatrix},
+    {"lora", fuzz_lora},
 };
 
 static int cmp_str(const void *a, const void *b) {

@@ -538,10 +538,15 @@ static int train_main(int argc, char **argv, int finetune) {
                         c.context_length);
     tlm_tokenizer *tok = NULL;
     if (finetune && !tokenizer && !use_char) {
-        /* The base's own vocabulary (GGUF, Hugging Face directories); token shards need none. */
-        if (tlm_tokenizer_load(ft.base, &tok) && !shards_only) {
+        /* The base's own vocabulary (GGUF, tlm and Hugging Face directories); token shards need
+         * none. */
+        if (cli_model_tokenizer(ft.base, &tok)) {
             tlm_model_free(m);
-            return cli_fail("finetune: %s (give the tokenizer with -z)", tlm_last_error());
+            return cli_fail_status("finetune: the base's tokenizer");
+        }
+        if (!tok && !shards_only) {
+            tlm_model_free(m);
+            return cli_fail("finetune: no tokenizer found with '%s': give it with -z", ft.base);
         }
     } else if (o.resume && !tokenizer && !use_char) {
         /* Token shards with the config's vocab_size may have trained without one. */
