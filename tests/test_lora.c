@@ -360,6 +360,67 @@ static void identity_and_sequences(void) {
     tlm_model_free(m);
 }
 
+/* The PEFT directory tlm writes, applied by PyTorch to tlm's Hugging Face export of the base (each
+ * adapted HF weight W giving W x + s B (A x), tests/reference/hf_layouts.py), gives tlm's logits
+ * with the adapter: for a model in GGUF's interleaved q/k order, whose B rows of q and k move to
+ * HF's halves on the way out, and for one in HF's own order; rsLoRA's scale too. */
+static void peft_on_hf_export(int interleaved) {
+    tlm_config c;
+    tlm_config_defaults(&c);
+    c.vocab_size = 40;
+    c.context_length = 12;
+    c.d_model = 32;
+    c.n_layers = 2;
+    c.n_heads = 4;
+    c.n_kv_heads = 2;
+    c.d_ff = 48;
+    c.tie_embeddings = 0;
+    c.rope_pairing = interleaved ? TLM_ROPE_INTERLEAVED : TLM_ROPE_HALF;
+    CHECK_OK(tlm_config_finalize(&c));
+    tlm_model *m = t_model(&c, 21, TLM_INIT_GPT2);
+    if (!m) return;
+    tlm_lora_opts o;
+    tlm_lora_opts_defaults(&o);
+    o.rank = 4;
+    o.alpha = 6;
+    o.rslora = !interleaved;
+    o.targets = TLM_LORA_ALL;
+    tlm_lora *a = NULL;
+    CHECK_OK(tlm_lora_new(m, &o, &a));
+    if (!a) return;
+    int nt;
+    const tlm_tensor_info *ts = tlm_lora_tensors(a, &nt);
+    float *P = tlm_lora_params_mut(a);
+    t_seed(31 + (uint64_t)interleaved);
+    for (int i = 0; i < nt; i++)
+        if (strstr(ts[i].name, "lora_b"))
+            for (size_t j = 0; j < ts[i].numel; j++) P[ts[i].offset + j] = 0.2f * t_unif();
+    int32_t ids[12] = {0, 39, 5, 9, 1, 17, 17, 2, 30, 4, 8, 11};
+    int T = 12, V = c.vocab_size;
+    const tlm_lora *one[1] = {a};
+    float *mine = logits_of(m, one, NULL, 1, ids, 1, T);
+    char dir[64], peft[96], exp[128], cmd[1024];
+    snprintf(dir, sizeof dir, "hf_base_%s", interleaved ? "interleaved" : "half");
+    snprintf(peft, sizeof peft, "%s_peft", dir);
+    snprintf(exp, sizeof exp, "%s.tlm_logits.safetensors", dir);
+    CHECK_OK(tlm_model_save_hf(m, dir, TLM_DTYPE_F32));
+    CHECK_OK(tlm_lora_save_peft(a, peft));
+    io_st_out_tensor tt[2] = {{"ids", TLM_DTYPE_I32, 1, {T}, ids},
+                              {"logits", TLM_DTYPE_F32, 2, {T, V}, mine}};
+    CHECK_OK(io_st_write(exp, tt, 2, NULL, NULL, 0));
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/tests/reference/hf_layouts.py check %s %s %s",
+             TLM_SOURCE_DIR, dir, exp, peft);
+    CHECK(system(cmd) == 0, "PyTorch with tlm's PEFT directory on the HF export (%s) differs", dir);
+    /* The adapter matters: without it the reference is far from these logits. */
+    snprintf(cmd, sizeof cmd,
+             "/usr/bin/python3 %s/tests/reference/hf_layouts.py check %s %s >/dev/null",
+             TLM_SOURCE_DIR, dir, exp);
+    CHECK(system(cmd) != 0, "the adapter changes nothing (%s): the check is void", dir);
+    free(mine);
+    tlm_lora_free(a);
+    tlm_model_free(m);
+}
+
 /* Adapters for another model, targets a model lacks, bad options. */
 static void refusals(void) {
     tlm_config c = quant_config(), c2 = quant_config();
@@ -420,6 +481,8 @@ int main(void) {
     }
     if (f) fclose(f);
     identity_and_sequences();
+    peft_on_hf_export(1);
+    peft_on_hf_export(0);
     frozen_types();
     refusals();
     return t_finish("test_lora");

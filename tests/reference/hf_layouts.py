@@ -3,6 +3,9 @@
     hf_layouts.py write OUTDIR      random models as HF directories + expected logits
     hf_layouts.py check HFDIR FILE  loads an HF directory (tlm's export) into the reference and
                                     compares its logits with FILE's (ids + tlm's logits)
+    hf_layouts.py check HFDIR FILE PEFTDIR
+                                    the same with a PEFT LoRA directory (tlm's) applied as PEFT
+                                    does: each adapted HF weight W gives W x + s B (A x)
 
 Layouts follow transformers' LlamaForCausalLM and GPT2LMHeadModel state dicts:
 - Llama: the reference model rotates adjacent pairs (Meta's order); HF rotates halves and its
@@ -224,12 +227,35 @@ def cmd_write(outdir):
     print(f"wrote {len(CASES)} Hugging Face layouts to {outdir}")
 
 
-def hf_to_canonical(path):
+def apply_peft(t, peftdir):
+    """Adds s * B @ A of every matrix of a PEFT LoRA directory to the HF weights it names
+    (base_model.model.<module>.lora_A.weight adapts <module>.weight), in place."""
+    with open(os.path.join(peftdir, "adapter_config.json")) as f:
+        pc = json.load(f)
+    r, alpha = pc["r"], pc["lora_alpha"]
+    s = alpha / math.sqrt(r) if pc.get("use_rslora") else alpha / r
+    ad, _ = read_safetensors(os.path.join(peftdir, "adapter_model.safetensors"))
+    n = 0
+    for k, a in ad.items():
+        if not k.endswith(".lora_A.weight"):
+            continue
+        mod = k[len("base_model.model."):-len(".lora_A.weight")]
+        b = ad[k.replace(".lora_A.", ".lora_B.")]
+        A = torch.from_numpy(np.asarray(a, dtype=np.float32))
+        B = torch.from_numpy(np.asarray(b, dtype=np.float32))
+        t[mod + ".weight"] = t[mod + ".weight"] + s * (B.double() @ A.double()).float()
+        n += 1
+    return n
+
+
+def hf_to_canonical(path, peftdir=None):
     """Inverse mapping of an HF directory into (Config, canonical tensors) for the reference."""
     with open(os.path.join(path, "config.json")) as f:
         hc = json.load(f)
     tensors, _ = read_safetensors(os.path.join(path, "model.safetensors"))
     t = {k: torch.from_numpy(np.asarray(v, dtype=np.float32)) for k, v in tensors.items()}
+    if peftdir:
+        print(f"{peftdir}: {apply_peft(t, peftdir)} LoRA matrices applied")
     arch = hc["architectures"][0]
     sd = {}
     if arch in ("LlamaForCausalLM", "Qwen2ForCausalLM"):
@@ -285,8 +311,8 @@ def hf_to_canonical(path):
     return cfg, {k: v.contiguous() for k, v in sd.items()}
 
 
-def cmd_check(hfdir, expected):
-    cfg, sd = hf_to_canonical(hfdir)
+def cmd_check(hfdir, expected, peftdir=None):
+    cfg, sd = hf_to_canonical(hfdir, peftdir)
     model = Model(cfg)
     model.load_canonical(sd)
     model.eval()
@@ -302,7 +328,7 @@ def cmd_check(hfdir, expected):
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "write":
         cmd_write(sys.argv[2])
-    elif len(sys.argv) == 4 and sys.argv[1] == "check":
-        sys.exit(cmd_check(sys.argv[2], sys.argv[3]))
+    elif len(sys.argv) in (4, 5) and sys.argv[1] == "check":
+        sys.exit(cmd_check(*sys.argv[2:]))
     else:
         sys.exit(__doc__)
