@@ -82,6 +82,35 @@ expect "finetune --full exits 0" test $rc -eq 0
 expect "--full writes model.safetensors" test -s "$TMP/f/model.safetensors"
 expect "--full writes config.json" test -s "$TMP/f/config.json"
 
+# --full is tlm train started from the base's weights: a tlm train run resumed from a checkpoint
+# that holds those weights, zero moments and step 0 ends with the same bytes as finetune --full
+# with the same options.
+"$TLM" convert "$BASE" "$TMP/base_dir" --to safetensors 2>/dev/null
+mkdir -p "$TMP/r"
+cp -r "$TMP/base_dir/tokenizer" "$TMP/r/tokenizer" 2>/dev/null || cp -r "$TMP/a/tokenizer" "$TMP/r/tokenizer"
+PYTHONPATH="$SRC/tests/reference" /usr/bin/python3 - "$TMP/base_dir/model.safetensors" "$TMP/r" <<'PY'
+import json, sys
+import numpy as np
+from safetensors_io import read_safetensors, write_safetensors
+t, meta = read_safetensors(sys.argv[1])
+cfg = meta["tlm_config"]
+open(sys.argv[2] + "/config.json", "w").write(cfg)
+n = sum(v.size for v in t.values())
+items = [(k, v.astype(np.float32)) for k, v in t.items()]
+items += [("optimizer.m", np.zeros(n, np.float32)), ("optimizer.v", np.zeros(n, np.float32))]
+write_safetensors(sys.argv[2] + "/checkpoint.safetensors", items, metadata={
+    "format": "tlm-checkpoint", "tlm_config": cfg, "step": "0", "adam_step": "0",
+    "rng_state": "0", "rng_inc": "1", "seed": "1337"})
+PY
+same=(--data "$TMP/text.txt" --steps 6 --batch 4 --seq-len 32 --lr 1e-3 --min-lr 1e-4 --warmup 2
+      --weight-decay 0.05 --beta2 0.99 --eval-interval 3 --eval-batches 2 --precision fp32 -t 1)
+"$TLM" train "${same[@]}" -o "$TMP/r" --resume 2>"$TMP/r.err"
+expect "tlm train resumes from the base's weights" test $? -eq 0
+"$TLM" finetune -m "$TMP/base_dir" "${same[@]}" -o "$TMP/ff" --full 2>"$TMP/ff.err"
+expect "finetune --full from the same weights" test $? -eq 0
+expect "--full equals tlm train from the same weights, bit for bit" \
+    cmp -s "$TMP/r/model.safetensors" "$TMP/ff/model.safetensors"
+
 # Flags are checked before any work.
 chk_err() { # NAME NEEDLE ARGS...
     local name=$1 needle=$2

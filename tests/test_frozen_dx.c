@@ -1,9 +1,10 @@
-/* k_linear_bwd_dx_frozen: the input gradient through a frozen weight in its own type, for every
- * type k_linear takes, against a double-precision product on the same bytes widened by the
- * reference conversion (core_dtype_to_f32): several row counts, odd output sizes, a dy row stride
- * wider than the outputs, padded weight rows, beta 0 (over NaN) and 1, one tile, many tiles with a
- * short last one, and the whole matrix at once. F32 weights against k_linear_bwd_dx, and the
- * arguments it refuses. */
+/* k_linear_bwd_dx_frozen (and k_bf16_linear_bwd_dx_frozen, its bf16 products): the input gradient
+ * through a frozen weight in its own type, for every type k_linear takes, against a
+ * double-precision product on the same bytes widened by the reference conversion
+ * (core_dtype_to_f32): several row counts, odd output sizes, a dy row stride wider than the
+ * outputs, padded weight rows, beta 0 (over NaN) and 1, one tile, many tiles with a short last one,
+ * and the whole matrix at once. F32 weights against k_linear_bwd_dx, and the arguments it refuses.
+ */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,7 +73,7 @@ static double max_rel_err(const float *dx, const float *dx0, const float *dy, in
     return worst;
 }
 
-static void check_type(tlm_dtype t) {
+static void check_type(tlm_dtype t, k_bf16 *bf) {
     const char *name = core_dtype_get(t)->name;
     int block = (int)core_dtype_get(t)->block_elems;
     int in = block == 256 ? 512 : 160;
@@ -105,6 +106,22 @@ static void check_type(tlm_dtype t) {
                           N, (double)beta, tiles[ti], e);
                 }
             }
+        if (bf) {
+            /* The bf16 products: dy and the widened tiles rounded to bf16 (8 significant bits
+             * each), fp32 accumulation; every beta and row count. */
+            for (int ni = 0; ni < 4; ni++)
+                for (int bi = 0; bi < 2; bi++) {
+                    int N = Ns[ni];
+                    float beta = (float)bi;
+                    for (int i = 0; i < N * in; i++) dx[i] = beta == 0.0f ? NAN : dx0[i];
+                    CHECK_OK(k_bf16_linear_bwd_dx_frozen(bf, dx, dy, ldy, &w, N, beta));
+                    double e = max_rel_err(dx, dx0, dy, ldy, wide, N, in, out, beta);
+                    CHECK(e <= 1e-2, "bf16 %s out %d N %d beta %g: relative error %g", name, out, N,
+                          (double)beta, e);
+                }
+            CHECK(k_bf16_fallbacks(bf) == 0, "bf16 %s: %ld products fell back to sgemm", name,
+                  k_bf16_fallbacks(bf));
+        }
         if (t == TLM_DTYPE_F32) {
             /* Contiguous F32 rows: the very product k_linear_bwd_dx computes. */
             int N = 17;
@@ -170,11 +187,14 @@ static void check_arguments(void) {
 
 int main(void) {
     tlm_threads_set(2);
+    /* The bf16 products where the CPU runs them (k_bf16_linear_bwd_dx_frozen). */
+    k_bf16 *bf = k_bf16_supported() ? k_bf16_new() : NULL;
     for (int t = 0; t < NTYPES; t++) {
         CHECK(k_linear_takes(types[t]), "k_linear does not take %s",
               core_dtype_get(types[t])->name);
-        check_type(types[t]);
+        check_type(types[t], bf);
     }
+    k_bf16_free(bf);
     check_arguments();
     return t_finish("test_frozen_dx");
 }

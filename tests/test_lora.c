@@ -277,6 +277,14 @@ static void frozen_type(const tlm_model *f32, const char *type, const int32_t *i
     CHECK(e <= tol && e0 <= tol, "%s: frozen-base LoRA gradients off the widened base's by %.3g",
           type, e > e0 ? e : e0);
     CHECK_NEAR(lq, lw, plain ? 1e-5 : 2e-2);
+    if (tlm_bf16_supported()) {
+        /* bf16 products: the frozen weights' tiles rounded to bf16 for the input gradient. */
+        CHECK_OK(tlm_train_ctx_set_precision(xq, TLM_PRECISION_BF16));
+        CHECK_OK(tlm_train_ctx_forward_backward(xq, ids, tg, B, T, 0, gq, 0, &lq));
+        double eb = rel_norm(gq, gw, np);
+        printf("  frozen %-5s bf16 products: gradient error %.2e\n", type, eb);
+        CHECK(eb <= 2.5e-2, "%s: bf16 LoRA gradients off the widened base's by %.3g", type, eb);
+    }
     tlm_train_ctx_free(xq);
     tlm_train_ctx_free(xw);
     free(gq);

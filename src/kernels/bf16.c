@@ -15,6 +15,7 @@
 #include "core/core.h"
 #include "fastmath.h"
 #include "kernels.h"
+#include "qdot.h"
 
 int k_bf16_supported(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -458,4 +459,40 @@ void k_bf16_linear_bwd_dx(k_bf16 *k, float *dx, const float *dy, int ldy, const 
     k->fallbacks++;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, in, out, 1.0f, dy, ldy, w, in, beta,
                 dx, in);
+}
+
+/* Widened bf16 rows per tile of a frozen weight: 4 MiB, as the fp32 tiles of linear_frozen.c. */
+#define FROZEN_TILE_BYTES (4u << 20)
+
+tlm_status k_bf16_linear_bwd_dx_frozen(k_bf16 *k, float *dx, const float *dy, int ldy,
+                                       const tlm_weight *w, int N, float beta) {
+    int in = (int)w->cols, out = (int)w->rows;
+    if (w->dtype == TLM_DTYPE_F32 || (beta != 0.0f && beta != 1.0f) || N == 0 || out == 0)
+        return k_linear_bwd_dx_frozen(dx, dy, ldy, w, N, beta);
+    if (!k_linear_takes(w->dtype) || w->cols <= 0 || w->rows <= 0 || ldy < out)
+        return k_linear_bwd_dx_frozen(dx, dy, ldy, w, N, beta); /* which names the problem */
+    long rows = (long)(FROZEN_TILE_BYTES / ((size_t)in * 2)) / 16 * 16;
+    if (rows < 16) rows = 16;
+    if (rows > out) rows = out;
+    uint16_t *dyb = scratch(k, 0, (size_t)N * out);
+    uint16_t *tb = scratch(k, 1, (size_t)rows * in);
+    float *tf = k_scratch(1, (size_t)rows * in * sizeof(float));
+    if (!dyb || !tb || !tf) return k_linear_bwd_dx_frozen(dx, dy, ldy, w, N, beta);
+    round_rows(dyb, dy, (size_t)ldy, N, out);
+    /* dx = dy[:, tile] W[tile] summed over the tiles, each widened to fp32 then rounded to bf16
+     * (the bf16 products' operands), beta applied by the first. */
+    for (int r0 = 0; r0 < out; r0 += (int)rows) {
+        int n = out - r0 < rows ? out - r0 : (int)rows;
+        const char *src = (const char *)w->data + (size_t)r0 * w->row_bytes;
+        K_FOR(r, n, (long)n * in,
+              k_widen_row(w->dtype, src + (size_t)r * w->row_bytes, tf + (size_t)r * in, in));
+        k_f32_to_bf16(tb, tf, (size_t)n * in);
+        int add = r0 > 0 || beta == 1.0f;
+        if (!gemm(k, N, in, n, dyb + r0, 0, out, tb, 0, in, dx, in, add)) {
+            k->fallbacks++;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, in, n, 1.0f, dy + r0, ldy, tf,
+                        in, add ? 1.0f : 0.0f, dx, in);
+        }
+    }
+    return TLM_OK;
 }

@@ -185,6 +185,11 @@ void k_bf16_linear_bwd(k_bf16 *k, float *dx, float *dw, float *db, const float *
                        const float *w, int N, int in, int out, int acc);
 void k_bf16_linear_bwd_dx(k_bf16 *k, float *dx, const float *dy, int ldy, const float *w, int N,
                           int in, int out, float beta);
+/* k_linear_bwd_dx_frozen with bf16 products: tiles of a frozen block-type, F16 or BF16 weight
+ * widened and rounded to bf16 (4 MiB at a time) meet dy rounded to bf16, fp32 accumulation.
+ * F32 weights and other betas than 0 and 1 take the fp32 path. */
+tlm_status k_bf16_linear_bwd_dx_frozen(k_bf16 *k, float *dx, const float *dy, int ldy,
+                                       const tlm_weight *w, int N, float beta);
 /* Buffers of the bf16 state reused across calls: slots 0 and 1 hold the linear products' rounded
  * operands, K_BF16_ATT_SLOT the attention's per-thread operands. NULL when out of memory. */
 enum { K_BF16_ATT_SLOT = 2, K_BF16_SLOTS = 3 };

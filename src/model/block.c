@@ -136,14 +136,17 @@ static void parts_bwd(const mdl_pass *p, float *dx, float *dW, float *db, const 
 
 /* ---- frozen weights (LoRA training) --------------------------------------------------------- */
 
-/* dx = dy W + beta dx through a frozen weight in its own type: the bf16 products for F32 weights
- * of a bf16 pass, else F32 rows to sgemm and other types widened a tile at a time. The context
- * reserved the tile before the pass (mdl_ctx_forward_backward_whole), so this cannot fail. */
+/* dx = dy W + beta dx through a frozen weight in its own type, never widened whole: in a bf16 pass
+ * the bf16 products (other types widened and rounded a tile at a time), else F32 rows to sgemm
+ * and other types widened a tile at a time. The context reserved the fp32 tile before the pass
+ * (mdl_ctx_forward_backward_whole); the bf16 path falls back to it without memory. */
 static void frozen_dx(const mdl_pass *p, float *dx, const float *dy, int ldy, const tlm_weight *w,
                       int N, float beta) {
     const float *wf = bf16_weight(p, w);
     if (wf)
         k_bf16_linear_bwd_dx(p->bf16, dx, dy, ldy, wf, N, (int)w->cols, (int)w->rows, beta);
+    else if (p->bf16)
+        (void)k_bf16_linear_bwd_dx_frozen(p->bf16, dx, dy, ldy, w, N, beta);
     else
         (void)k_linear_bwd_dx_frozen(dx, dy, ldy, w, N, beta);
 }
