@@ -110,7 +110,8 @@ typedef struct {
  * copies take half the bytes of the products' fp32 inputs. */
 #define K_BF16_KEEP_MAX ((size_t)2 << 30)
 
-/* A weight's rounded copy, valid for the pass it was made in. */
+/* A weight's rounded copy, valid for the weights' generation it was made in (a pass, or every pass
+ * while the weights are frozen). */
 typedef struct {
     const float *src;
     size_t n;
@@ -136,6 +137,8 @@ struct k_bf16 {
     int n_a, cap_a;
     size_t a_bytes;
     unsigned pass;
+    unsigned wgen; /* the weights' generation: the pass, unless frozen */
+    int frozen;
     /* Scratch: rounded activations (slots 0 and 1, the operands of a product), and the
      * attention's operands (k_bf16_scratch). */
     void *buf[K_BF16_SLOTS];
@@ -183,7 +186,15 @@ void k_bf16_free(k_bf16 *k) {
     free(k);
 }
 
-void k_bf16_next_pass(k_bf16 *k) { k->pass++; }
+void k_bf16_next_pass(k_bf16 *k) {
+    k->pass++;
+    if (!k->frozen) k->wgen = k->pass;
+}
+
+void k_bf16_set_frozen(k_bf16 *k, int frozen) {
+    if (k->frozen && !frozen) k->wgen = k->pass + 1; /* the weights may change from now on */
+    k->frozen = frozen;
+}
 
 long k_bf16_fallbacks(const k_bf16 *k) { return k->fallbacks; }
 
@@ -242,9 +253,10 @@ static const uint16_t *kept(const k_bf16 *k, const float *x, size_t n) {
     return NULL;
 }
 
-/* x rounded for a forward product, kept for the backward of this pass. */
+/* x rounded for a forward product, kept for the backward of this pass (whose dW reads it; with
+ * frozen weights there is none). */
 static const uint16_t *act_fwd(k_bf16 *k, const float *x, size_t n) {
-    uint16_t *bf = keep(k, x, n);
+    uint16_t *bf = k->frozen ? NULL : keep(k, x, n);
     if (!bf) return round_to(k, 0, x, n);
     k_f32_to_bf16(bf, x, n);
     return bf;
@@ -272,11 +284,11 @@ static const uint16_t *weight(k_bf16 *k, const float *w, size_t n) {
         uint16_t *bf = core_big_alloc(bf_bytes(n));
         if (!bf) return NULL;
         e = &k->w[k->n_w++];
-        *e = (wcopy){w, n, bf, 0};
+        *e = (wcopy){w, n, bf, k->wgen - 1}; /* not yet rounded */
     }
-    if (e->pass != k->pass) {
+    if (e->pass != k->wgen) {
         k_f32_to_bf16(e->bf, w, n);
-        e->pass = k->pass;
+        e->pass = k->wgen;
     }
     return e->bf;
 }
@@ -495,4 +507,16 @@ tlm_status k_bf16_linear_bwd_dx_frozen(k_bf16 *k, float *dx, const float *dy, in
         }
     }
     return TLM_OK;
+}
+
+int k_bf16_matmul(k_bf16 *k, int M, int N, int K, const float *A, int ta, int lda, const float *B,
+                  int tb, int ldb, float *C, int ldc, int add) {
+    /* Each operand rounded into a contiguous copy: A as [M, K] (or [K, M] when ta), B as [K, N]
+     * (or [N, K] when tb). */
+    int ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+    uint16_t *a = scratch(k, 0, (size_t)ar * ac), *b = scratch(k, 1, (size_t)br * bc);
+    if (!a || !b) return 0;
+    round_rows(a, A, (size_t)lda, ar, ac);
+    round_rows(b, B, (size_t)ldb, br, bc);
+    return gemm(k, M, N, K, a, ta, ac, b, tb, bc, C, ldc, add);
 }

@@ -175,6 +175,10 @@ void k_bf16_free(k_bf16 *k);
  * A forward product's rounded input is kept for the backward of the same pass, which must then see
  * it unchanged (as the fp32 backward needs anyway); a new pass drops it. */
 void k_bf16_next_pass(k_bf16 *k);
+/* Frozen weights (LoRA training): their rounded copies serve every later pass, and forward
+ * products keep no rounded input for a dW that no backward computes. Unfreezing makes the copies
+ * again at their next use. */
+void k_bf16_set_frozen(k_bf16 *k, int frozen);
 /* Products oneDNN refused and sgemm did in fp32 instead (0 on a CPU k_bf16_supported accepts). */
 long k_bf16_fallbacks(const k_bf16 *k);
 /* k_linear_fwd, k_linear_bwd and k_linear_bwd_dx with both operands of every product rounded to
@@ -190,6 +194,11 @@ void k_bf16_linear_bwd_dx(k_bf16 *k, float *dx, const float *dy, int ldy, const 
  * F32 weights and other betas than 0 and 1 take the fp32 path. */
 tlm_status k_bf16_linear_bwd_dx_frozen(k_bf16 *k, float *dx, const float *dy, int ldy,
                                        const tlm_weight *w, int N, float beta);
+/* C [M, N] (row stride ldc) = op(A) op(B) (+ C when add) with both fp32 operands rounded to bf16
+ * and fp32 accumulation: A is [M, K] (ta: stored [K, M]) and B [K, N] (tb: stored [N, K]), rows
+ * lda and ldb apart. 0 when oneDNN could not (the caller computes it in fp32). */
+int k_bf16_matmul(k_bf16 *k, int M, int N, int K, const float *A, int ta, int lda, const float *B,
+                  int tb, int ldb, float *C, int ldc, int add);
 /* Buffers of the bf16 state reused across calls: slots 0 and 1 hold the linear products' rounded
  * operands, K_BF16_ATT_SLOT the attention's per-thread operands. NULL when out of memory. */
 enum { K_BF16_ATT_SLOT = 2, K_BF16_SLOTS = 3 };

@@ -174,6 +174,24 @@ static uint64_t lora_drop_key(const mdl_pass *p, int layer, int t) {
                              (uint64_t)t);
 }
 
+/* C = op(A) op(B) (+ C when add) in the pass's precision: bf16 operands with fp32 accumulation in
+ * a bf16 pass (the adapter's products as PyTorch's autocast runs them), else sgemm. */
+static void lora_gemm(const mdl_pass *p, int M, int N, int K, const float *A, int ta, int lda,
+                      const float *B, int tb, int ldb, float *C, int ldc, int add) {
+    if (p->bf16 && k_bf16_matmul(p->bf16, M, N, K, A, ta, lda, B, tb, ldb, C, ldc, add)) return;
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
+                K, 1.0f, A, lda, B, ldb, add ? 1.0f : 0.0f, C, ldc);
+}
+
+/* dst[n, :] = src[n, :] * f * (row_scale ? row_scale[n] : 1) for n rows of r values. */
+static void scale_rows(float *dst, const float *src, int n, int r, float f,
+                       const float *row_scale) {
+    for (int i = 0; i < n; i++) {
+        float g = row_scale ? f * row_scale[i] : f;
+        for (int j = 0; j < r; j++) dst[(size_t)i * r + j] = src[(size_t)i * r + j] * g;
+    }
+}
+
 /* y[N, out] (row stride ldy) += scale * s * B (A drop(x)) for every adapter of the pass at site
  * (layer, t); x is [N, in]. Training keeps A drop(x) for the backward pass. */
 static void lora_fwd(const mdl_pass *p, int layer, int t, float *y, int ldy, const float *x) {
@@ -192,19 +210,9 @@ static void lora_fwd(const mdl_pass *p, int layer, int t, float *y, int ldy, con
             k_dropout(xd, x, (size_t)N * in, u->a->dropout, lora_drop_key(p, layer, t));
             xin = xd;
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, r, in, 1.0f, xin, in, s->a, in,
-                    0.0f, ax, r);
-        float f = s->s * u->scale;
-        const float *left = ax;
-        if (u->row_scale) {
-            for (int n = 0; n < N; n++)
-                for (int j = 0; j < r; j++)
-                    scaled[(size_t)n * r + j] = ax[(size_t)n * r + j] * f * u->row_scale[n];
-            left = scaled;
-            f = 1.0f;
-        }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, s->out, r, f, left, r, s->b, r,
-                    1.0f, y, ldy);
+        lora_gemm(p, N, r, in, xin, 0, in, s->a, 1, in, ax, r, 0);
+        scale_rows(scaled, ax, N, r, s->s * u->scale, u->row_scale);
+        lora_gemm(p, N, s->out, r, scaled, 0, r, s->b, 1, r, y, ldy, 1);
     }
 }
 
@@ -220,31 +228,29 @@ static void lora_bwd(const mdl_pass *p, int layer, int t, float *dx, const float
     if (!s->a) return;
     int N = p->N, r = s->rank, in = s->in, out = s->out, R = u->a->max_rank;
     const float *ax = lp->saved + (size_t)N * s->rank_before;
-    float *du = lp->scratch, *xd = lp->scratch + (size_t)2 * N * R;
-    float f = s->s * u->scale, beta = lp->acc ? 1.0f : 0.0f;
-    int drop = p->training && u->a->dropout > 0.0f;
+    float *du = lp->scratch, *fax = du + (size_t)N * R, *xd = fax + (size_t)N * R;
+    float *fb = xd + (size_t)N * u->a->max_in; /* [out, r]: f B */
+    float f = s->s * u->scale;
+    int acc = lp->acc, drop = p->training && u->a->dropout > 0.0f;
     uint64_t key = lora_drop_key(p, layer, t);
-    /* dB = f dy^T (A x); d(A x) = f dy B; dA = d(A x)^T drop(x); dx += drop'(d(A x) A) */
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, r, N, f, dy, ldy, ax, r, beta,
-                lp->grads + s->off_b, r);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, r, out, f, dy, ldy, s->b, r, 0.0f, du,
-                r);
+    /* dB = dy^T (f A x); d(A x) = dy (f B); dA = d(A x)^T drop(x); dx += drop'(d(A x) A) */
+    scale_rows(fax, ax, N, r, f, NULL);
+    lora_gemm(p, out, r, N, dy, 1, ldy, fax, 0, r, lp->grads + s->off_b, r, acc);
+    scale_rows(fb, s->b, out, r, f, NULL);
+    lora_gemm(p, N, r, out, dy, 0, ldy, fb, 0, r, du, r, 0);
     const float *xin = x;
     if (drop) {
         k_dropout(xd, x, (size_t)N * in, u->a->dropout, key);
         xin = xd;
     }
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, in, N, 1.0f, du, r, xin, in, beta,
-                lp->grads + s->off_a, in);
+    lora_gemm(p, r, in, N, du, 1, r, xin, 0, in, lp->grads + s->off_a, in, acc);
     if (!dx) return;
     if (drop) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, in, r, 1.0f, du, r, s->a, in,
-                    0.0f, xd, in);
+        lora_gemm(p, N, in, r, du, 0, r, s->a, 0, in, xd, in, 0);
         k_dropout(xd, xd, (size_t)N * in, u->a->dropout, key);
         k_acc(dx, xd, (size_t)N * in);
     } else {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, in, r, 1.0f, du, r, s->a, in,
-                    1.0f, dx, in);
+        lora_gemm(p, N, in, r, du, 0, r, s->a, 0, in, dx, in, 1);
     }
 }
 

@@ -311,7 +311,11 @@ tlm_status mdl_ctx_forward(tlm_train_ctx *x, const int32_t *ids, int B, int T, i
     x->curT = T;
     k_bf16 *bf = x->precision == TLM_PRECISION_BF16 ? x->bf16 : NULL;
     /* The weights may have changed since the last pass (an optimizer step). */
-    if (bf) k_bf16_next_pass(bf);
+    if (bf) {
+        /* With an adapter attached the model is frozen: its rounded weights stay valid. */
+        k_bf16_set_frozen(bf, x->n_lora > 0);
+        k_bf16_next_pass(bf);
+    }
     if ((s = lora_setup(x, N, training)) != TLM_OK) return s;
     x->pass = (mdl_pass){N,
                          x->pos,

@@ -143,6 +143,7 @@ tlm_status mdl_lora_alloc(const tlm_config *c, const int *rank_of, float alpha, 
         ranks += (size_t)r;
         if (r > a->max_rank) a->max_rank = r;
         if (in > a->max_in) a->max_in = in;
+        if (o > a->max_out) a->max_out = o;
         a->targets |= 1u << (layer < 0 ? MDL_LORA_SITES : t);
         if (!a->rank) a->rank = r;
     }
@@ -276,13 +277,15 @@ tlm_status mdl_lora_check(const tlm_lora *a, const tlm_model *m) {
 }
 
 size_t mdl_lora_scratch_floats(const mdl_lora_use *use, int n, int N) {
-    size_t r = 0, in = 0;
+    size_t r = 0, in = 0, out = 0;
     for (int i = 0; i < n; i++) {
         if ((size_t)use[i].a->max_rank > r) r = (size_t)use[i].a->max_rank;
         if ((size_t)use[i].a->max_in > in) in = (size_t)use[i].a->max_in;
+        if ((size_t)use[i].a->max_out > out) out = (size_t)use[i].a->max_out;
     }
-    /* A x and its row-scaled copy (or dA's du), and a dropped-out input or input gradient. */
-    return (size_t)N * (2 * r + in) + 64;
+    /* A x and its scaled copy (backward: d(A x) and f A x), a dropped-out input or input gradient,
+     * and the backward's f B. The scratch of one adapter's site at a time. */
+    return (size_t)N * (2 * r + in) + out * r + 64;
 }
 
 tlm_status tlm_lora_merge(const tlm_model *m, const tlm_lora *const *loras, const float *scales,

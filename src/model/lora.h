@@ -39,7 +39,7 @@ struct tlm_lora {
     int n_tensors;
     mdl_lora_site *site; /* [n_layers * MDL_LORA_SITES + 1]: the head last */
     size_t total_rank;   /* sum of every site's rank */
-    int max_rank, max_in;
+    int max_rank, max_in, max_out;
 };
 
 /* The site of (layer, target); layer -1 is the head. */
