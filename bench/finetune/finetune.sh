@@ -24,7 +24,7 @@ LLAMA_DIR=${LLAMA_DIR:-$(cd "$ROOT/.." && pwd)/llama.cpp}
 TLM=$ROOT/build/tlm
 make -C "$ROOT" >/dev/null
 mkdir -p "$W"
-rm -f "$OUT"/*.log "$OUT"/results.*
+rm -f "$OUT"/*.log "$OUT"/*.runs "$OUT"/results.*
 
 # OpenBLAS's kernels for this CPU for every process (tlm sets them for itself; PyTorch's BLAS and
 # the peers get the same), as bench/results.sh does.
