@@ -6,6 +6,7 @@
 
 #include "harness.h"
 #include "io/safetensors.h"
+#include "model/ctx.h"
 #include "tlm.h"
 
 static void grad_case(t_parity *p, int data_parallel) {
@@ -147,10 +148,25 @@ static void grad_case_bf16(t_parity *p, int data_parallel) {
     free(grads);
 }
 
+/* The evaluation loss (the blocks in one layer's buffers, the logits a slice of rows at a time)
+ * equals the reference's. */
+static void eval_loss_case(t_parity *p) {
+    double l = NAN;
+    tlm_train_ctx_set_data_parallel(p->x, 0);
+    CHECK_OK(mdl_ctx_batch_loss(p->x, p->ids, p->targets, p->B, p->T, &l));
+    CHECK(fabs(l - p->loss) <= 1e-5 + 1e-5 * fabs(p->loss), "%s: evaluation loss %.7f vs %.7f",
+          p->name, l, (double)p->loss);
+}
+
 static void both_ways(t_parity *p, void *user) {
     int bf16 = *(int *)user;
     grad_case(p, 0);
     grad_case(p, 1);
+    /* The head's logits and backward three rows at a time: the same gradients. */
+    mdl_ctx_head_rows_max(3);
+    grad_case(p, 0);
+    if (!p->pos) eval_loss_case(p);
+    mdl_ctx_head_rows_max(0);
     if (bf16) {
         grad_case_bf16(p, 0);
         grad_case_bf16(p, 1);

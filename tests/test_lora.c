@@ -9,6 +9,7 @@
 
 #include "harness.h"
 #include "io/safetensors.h"
+#include "model/ctx.h"
 #include "tlm.h"
 
 #define LORA_FIXTURES TLM_BUILD_DIR "/fixtures/lora"
@@ -99,13 +100,15 @@ static void parity_case(const char *name) {
     double wl = worst(lg, logits_want, N * V, 1e-5, 1e-4);
     CHECK(wl <= 1, "%s: logits off the reference (worst error / tolerance %.3g)", name, wl);
 
-    /* Gradients of every A and B: the batch whole, and split over threads (replicas). */
+    /* Gradients of every A and B: the batch whole, split over threads (replicas), and whole with
+     * the logits and the head's backward three rows at a time. */
     size_t np = tlm_lora_num_params(a);
     float *g = malloc(np * sizeof *g);
-    for (int dp = 0; dp <= 1; dp++) {
+    for (int dp = 0; dp <= 2; dp++) {
         tlm_train_ctx *x = NULL;
         CHECK_OK(tlm_train_ctx_new(m, &x));
-        tlm_train_ctx_set_data_parallel(x, dp);
+        tlm_train_ctx_set_data_parallel(x, dp == 1);
+        mdl_ctx_head_rows_max(dp == 2 ? 3 : 0);
         CHECK_OK(tlm_train_ctx_set_loras(x, one, NULL, 1));
         for (size_t i = 0; i < np; i++) g[i] = 77.0f; /* written over, not added to */
         float loss = NAN;
@@ -122,7 +125,10 @@ static void parity_case(const char *name) {
             free(want);
         }
         printf("  %-18s %s: loss %.6f, gradients worst error / tolerance %.3f (%s)\n", name,
-               dp ? "batch split" : "batch whole", (double)loss, w, wn);
+               dp == 1 ? "batch split"
+               : dp    ? "head by 3 rows"
+                       : "batch whole",
+               (double)loss, w, wn);
         CHECK(w <= 1, "%s: LoRA gradients off the reference (%.3g, %s)", name, w, wn);
         /* Accumulating doubles every value. */
         float *g2 = malloc(np * sizeof *g2);
@@ -132,6 +138,7 @@ static void parity_case(const char *name) {
         CHECK(worst(g2, g, np, 1e-6, 1e-5) <= 1, "%s: accumulate does not add", name);
         free(g2);
         tlm_train_ctx_free(x);
+        mdl_ctx_head_rows_max(0);
     }
 
     /* The merged model computes what the adapter on the base does. */

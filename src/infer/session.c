@@ -539,6 +539,7 @@ static void blocks(tlm_session *s, const int32_t *ids, int N, int prefill) {
                    single ? cache_attend_group : NULL},
                   NULL,
                   infer_lora_pass(s, N, s->row_seq, 0),
+                  0,
                   0};
     mdl_embed_fwd(m, &p, ids, s->x);
     int pre = m->c.norm_position == TLM_NORM_PRE;

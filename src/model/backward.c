@@ -2,6 +2,7 @@
  * training forward left in the arena. Gradients land in a buffer with the flat parameter layout,
  * so the same offsets index both. */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,13 +27,11 @@ static tlm_status grad_reserve(tlm_train_ctx *x) {
     size_t N = (size_t)B * T, d = (size_t)c->d_model, ff = (size_t)c->d_ff;
     size_t qw = (size_t)c->n_heads * (d / (size_t)c->n_heads), ld = (size_t)mdl_qkv_width(c);
     mdl_block_grads *g = &x->g;
-    size_t sizes[] = {
-        N * d,  N * d,
-        N * d,  N * ld, /* fused dq|dk|dv rows, like the forward's q|k|v */
-        N * qw, c->ffn == TLM_FFN_SWIGLU ? N * ff * 2 : 0, /* else dff_h works in place */
-        N * ff, c->dropout > 0.0f ? N * d : 0};
-    float **ptrs[] = {&g->dres, &g->dtmp,  &g->dn,    &g->dqkv,
-                      &g->datt, &g->dff_a, &g->dff_h, &g->ddrop};
+    /* The FFN's backward is done before the attention's starts (in both norm positions), so
+     * dqkv | datt share the rows of dff_a | dff_h. */
+    size_t ffn = (c->ffn == TLM_FFN_SWIGLU ? N * ff * 2 : 0) + N * ff, att = N * ld + N * qw;
+    size_t sizes[] = {N * d, N * d, N * d, ffn > att ? ffn : att, c->dropout > 0.0f ? N * d : 0};
+    float **ptrs[] = {&g->dres, &g->dtmp, &g->dn, &g->dff_a, &g->ddrop};
     size_t total = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += (sizes[i] + 15) & ~15ul;
     x->gbase = core_big_alloc(total * sizeof(float));
@@ -42,9 +41,74 @@ static tlm_status grad_reserve(tlm_train_ctx *x) {
         *ptrs[i] = sizes[i] ? x->gbase + off : NULL;
         off += (sizes[i] + 15) & ~15ul;
     }
+    /* swiglu: dff_a [N, 2 d_ff] then dff_h; else dff_h alone (dff_a unused) */
+    g->dff_h = c->ffn == TLM_FFN_SWIGLU ? g->dff_a + N * ff * 2 : g->dff_a;
+    if (c->ffn != TLM_FFN_SWIGLU) g->dff_a = NULL;
+    g->dqkv = g->dff_a ? g->dff_a : g->dff_h;
+    g->datt = g->dqkv + N * ld;
     x->gfloats = total;
     x->gB = B;
     x->gT = T;
+    return TLM_OK;
+}
+
+/* Rows of logits the training loss computes at a time: the whole [N, V] would be the largest
+ * buffer of a pass (a quarter of a 110M model's activations at 2048 tokens). A pass whose head has
+ * an adapter takes its rows at once (the adapter's saved products are laid out by the pass's rows).
+ * In full training each slice adds to the head's weight gradient (a pass over it), so slices stay
+ * large. */
+static _Atomic int g_head_rows_max;
+
+int mdl_ctx_head_rows_max(int rows) { return atomic_exchange(&g_head_rows_max, rows); }
+
+static int head_rows(const tlm_train_ctx *x, int N) {
+    for (int i = 0; i < x->n_lora; i++)
+        if (mdl_lora_site_at(x->lora_use[i].a, -1, 0)->a) return N;
+    int cap = atomic_load_explicit(&g_head_rows_max, memory_order_relaxed);
+    if (cap > 0 && cap < N) N = cap;
+    /* frozen: no weight gradient to add to, smaller slices (the rounded gradient's too) */
+    size_t floats = (size_t)1 << (x->pass.frozen ? 23 : 24);
+    int rows = (int)(floats / (size_t)x->m->c.vocab_size) & ~15;
+    return rows < 16 ? 16 : rows < N ? rows : N;
+}
+
+int mdl_ctx_count_targets(const int32_t *targets, size_t n) {
+    int k = 0;
+    for (size_t i = 0; i < n; i++) k += targets[i] >= 0;
+    return k;
+}
+
+tlm_status mdl_ctx_head_loss(tlm_train_ctx *x, const int32_t *targets, int N, int divisor,
+                             float *grads, int acc, double *loss, int *counted_out) {
+    const tlm_model *m = x->m;
+    const tlm_config *c = &m->c;
+    size_t d = (size_t)c->d_model;
+    int total = mdl_ctx_count_targets(targets, (size_t)N), rows = head_rows(x, N);
+    if (divisor <= 0) divisor = total;
+    double sum = 0;
+    for (int r0 = 0; r0 < N; r0 += rows) {
+        int n = N - r0 < rows ? N - r0 : rows, cnt = 0;
+        mdl_pass p = x->pass;
+        p.N = n;
+        p.pos += r0;
+        const float *xf = x->x_final + (size_t)r0 * d;
+        float *xn = x->xn + (size_t)r0 * d, *mean = x->xn_mean ? x->xn_mean + r0 : NULL,
+              *rstd = x->xn_rstd + r0;
+        mdl_head_fwd_pass(m, &p, xf, xn, mean, rstd, x->logits, n);
+        double l;
+        if (grads) {
+            l = k_cross_entropy_fwd_bwd(x->logits, targets + r0, n, c->vocab_size, divisor, &cnt);
+            mdl_block_grads g = x->g;
+            g.dres += (size_t)r0 * d;
+            g.dtmp += (size_t)r0 * d;
+            mdl_head_bwd(m, &p, xf, xn, mean, rstd, x->logits, &g, grads, n, r0 ? 1 : acc);
+        } else {
+            l = k_cross_entropy_fwd(x->logits, targets + r0, NULL, n, c->vocab_size, &cnt);
+        }
+        if (cnt) sum += l * cnt;
+    }
+    *loss = total ? sum / total : NAN;
+    if (counted_out) *counted_out = total;
     return TLM_OK;
 }
 
@@ -54,7 +118,7 @@ tlm_status mdl_ctx_forward_backward_whole(tlm_train_ctx *x, const int32_t *ids,
                                           int *counted_out) {
     const tlm_model *m = x->m;
     const tlm_config *c = &m->c;
-    tlm_status s = mdl_ctx_forward(x, ids, B, T, pos0, 1);
+    tlm_status s = mdl_ctx_forward(x, ids, B, T, pos0, MDL_FWD_TRAIN);
     if (s) return s;
     if ((s = grad_reserve(x)) != TLM_OK) return s;
     /* Without accumulate every parameter gradient is written over on its first write, so the
@@ -70,14 +134,13 @@ tlm_status mdl_ctx_forward_backward_whole(tlm_train_ctx *x, const int32_t *ids,
         if (!k_scratch(1, (size_t)4 << 20))
             return core_err(TLM_ERR_NOMEM, "out of memory for the frozen weights' tiles");
     }
-    int acc = accumulate, N = B * T, counted = 0;
-    double l = k_cross_entropy_fwd_bwd(x->logits, targets, N, c->vocab_size, divisor, &counted);
+    int acc = accumulate, counted = 0;
+    double l;
+    mdl_ctx_head_loss(x, targets, B * T, divisor, grads, acc, &l, &counted);
     if (loss) *loss = (float)l;
     if (counted_out) *counted_out = counted;
-    mdl_head_bwd(m, &x->pass, x->x_final, x->xn, x->xn_mean, x->xn_rstd, x->logits, &x->g, grads, N,
-                 acc);
     for (int li = c->n_layers - 1; li >= 0; li--)
-        mdl_block_bwd(m, li, &x->pass, &x->layer[li], &x->g, grads, acc);
+        mdl_block_bwd(m, li, &x->pass, &x->run[li], &x->g, grads, acc);
     if (!x->pass.frozen) mdl_embed_bwd(m, &x->pass, ids, &x->g, grads, acc);
     return TLM_OK;
 }

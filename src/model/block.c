@@ -485,6 +485,17 @@ void mdl_block_bwd(const tlm_model *m, int l, const mdl_pass *p, const mdl_block
     const mdl_layer_offsets *o = &m->off.layer[l];
     int N = p->N;
     size_t nd = (size_t)N * c->d_model;
+    /* Exactly the forward's values: the same kernels on the same rows (the statistics they write
+     * again are the same too). */
+    if (p->recompute) {
+        if (c->norm_position == TLM_NORM_PRE) {
+            norm_fwd(c, b->n1, b->n1_mean, b->n1_rstd, b->x, W->attn_norm_w, W->attn_norm_b, N);
+            norm_fwd(c, b->n2, b->n2_mean, b->n2_rstd, b->h, W->ffn_norm_w, W->ffn_norm_b, N);
+        } else {
+            norm_fwd(c, b->n1, b->n1_mean, b->n1_rstd, b->h, W->attn_norm_w, W->attn_norm_b, N);
+        }
+        if (c->ffn == TLM_FFN_SWIGLU) k_swiglu_rows_fwd(b->ff_h, b->ff_a, N, c->d_ff);
+    }
     if (c->norm_position == TLM_NORM_PRE) {
         ffn_bwd(m, l, p, b, b->n2, undrop(m, p, g, g->dres, l, 2), g->dn, g, G, acc);
         norm_bwd(c, g->dtmp, p->frozen ? NULL : G, o->ffn_norm_w, o->ffn_norm_b, W->ffn_norm_w,

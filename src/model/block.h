@@ -48,7 +48,9 @@ struct k_bf16;
  * NULL the state that runs its matrix products on bf16 operands (mixed precision; F32 weights),
  * and the LoRA adapters applied (NULL: none). frozen: the backward pass computes no gradient of
  * the model's own parameters (G may be NULL), only the input gradients through its weights in
- * their own types, and the adapter's gradients (LoRA training). */
+ * their own types, and the adapter's gradients (LoRA training). recompute: the block's n1, n2
+ * and (swiglu) ff_h are scratch shared by the layers, which its backward pass computes again from
+ * x, h and ff_a before reading them. */
 typedef struct {
     int N;
     const int *pos; /* [N] */
@@ -58,6 +60,7 @@ typedef struct {
     struct k_bf16 *bf16;
     const mdl_lora_pass *lora;
     int frozen;
+    int recompute;
 } mdl_pass;
 
 /* Decode's q|k|v product and attention in one job (mdl_attend's fwd_group) where 1 (the default);

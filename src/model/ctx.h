@@ -11,8 +11,9 @@ struct tlm_train_ctx {
     int B, T;
     float *base;
     size_t floats;
-    mdl_block_bufs *layer; /* [n_layers]: what each block's backward pass reads */
-    float **probs;         /* [n_layers] attention probabilities [B, H, T, T] (keys by queries) */
+    mdl_block_bufs *layer; /* [n_layers]: each block's own buffers */
+    mdl_block_bufs *run;   /* [n_layers]: those the pass running now uses (mdl_fwd_mode) */
+    float *probs;          /* one layer's attention probabilities [B, H, T, T] (keys by queries) */
     float *x_final;        /* [N, d] the last block's output */
     float *xn, *xn_mean, *xn_rstd; /* the output norm */
     float *logits, *softmax;       /* [N, V] */
@@ -59,9 +60,25 @@ struct tlm_train_ctx {
 
 /* Targets must be below the vocabulary size (negative ones are ignored by the loss). */
 tlm_status mdl_ctx_check_targets(const tlm_config *c, const int32_t *targets, int B, int T);
-/* Runs the forward pass into the arena (training: keeps what the backward pass needs, dropout). */
+/* What a forward pass leaves in the arena. ALL: every layer's buffers and the logits [N, V] at
+ * x->logits. TRAIN: what the backward pass reads (with dropout; no logits: mdl_ctx_head_loss);
+ * in frozen passes (an adapter trained) the norms' outputs and the gated hidden are one layer's
+ * scratch, which the backward pass computes again. LOSS: the last block's output only (every
+ * layer runs in the first's buffers; no logits: mdl_ctx_head_loss). */
+typedef enum { MDL_FWD_ALL, MDL_FWD_TRAIN, MDL_FWD_LOSS } mdl_fwd_mode;
 tlm_status mdl_ctx_forward(tlm_train_ctx *x, const int32_t *ids, int B, int T, int pos0,
-                           int training);
+                           mdl_fwd_mode mode);
+/* After a forward without the head: the mean loss over the N rows' targets (>= 0), the logits
+ * computed a slice of rows at a time in x->logits. With grads, the backward pass of the head too,
+ * slice by slice (leaving the gradient at the last block's output in x->g.dres), the gradient of
+ * the loss summed and divided by divisor (<= 0: the count) added to grads (acc) or written. */
+tlm_status mdl_ctx_head_loss(tlm_train_ctx *x, const int32_t *targets, int N, int divisor,
+                             float *grads, int acc, double *loss, int *counted_out);
+/* The most rows of logits mdl_ctx_head_loss computes at a time (0: its own choice), for tests
+ * that make small batches take several slices. Returns the previous setting. */
+int mdl_ctx_head_rows_max(int rows);
+/* Targets >= 0 among n. */
+int mdl_ctx_count_targets(const int32_t *targets, size_t n);
 /* One forward + backward over the whole batch with every thread on each operation. *counted_out
  * receives the number of targets the mean loss is over; the gradient is of the loss summed over
  * them and divided by divisor (<= 0: by their count, i.e. of the mean loss). */

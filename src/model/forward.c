@@ -24,10 +24,11 @@ tlm_status tlm_train_ctx_new(const tlm_model *m, tlm_train_ctx **out) {
 static void arena_free(tlm_train_ctx *x) {
     core_big_free(x->base, x->floats * sizeof(float));
     free(x->layer);
-    free(x->probs);
+    free(x->run);
     free(x->pos);
     x->base = NULL;
     x->layer = NULL;
+    x->run = NULL;
     x->probs = NULL;
     x->pos = NULL;
     x->floats = 0;
@@ -164,13 +165,11 @@ static size_t carve(tlm_train_ctx *x, int B, int T, float *base) {
     float *attn_out = NULL;
     for (int l = 0; l < c->n_layers; l++) {
         mdl_block_bufs dummy, *L = base ? &x->layer[l] : &dummy;
-        float *probs = NULL;
         TAKE(L->x, N * d);
         TAKE(L->n1, N * d);
         TAKE(L->n1_mean, ln ? N : 0);
         TAKE(L->n1_rstd, N);
         TAKE(L->qkv, N * ld);
-        TAKE(probs, (size_t)B * c->n_heads * T * T);
         TAKE(L->att, N * qw);
         TAKE(L->h, N * d);
         TAKE(L->n2, N * d);
@@ -179,8 +178,11 @@ static size_t carve(tlm_train_ctx *x, int B, int T, float *base) {
         TAKE(L->ff_a, N * ff * (c->ffn == TLM_FFN_SWIGLU ? 2 : 1)); /* swiglu: gate|up rows */
         TAKE(L->ff_h, N * ff);
         TAKE(L->y, N * d);
-        if (base) x->probs[l] = probs;
     }
+    /* One layer's attention probabilities at a time: the backward pass computes them again from
+     * q and k (a few percent of a step) rather than keep every layer's, which would be the largest
+     * share of the activations at long sequences (B H T^2 a layer). */
+    TAKE(x->probs, (size_t)B * c->n_heads * T * T);
     TAKE(x->x_final, N * d);
     TAKE(x->xn, N * d);
     TAKE(x->xn_mean, ln ? N : 0);
@@ -214,10 +216,10 @@ tlm_status tlm_train_ctx_reserve(tlm_train_ctx *x, int B, int T) {
     if (!core_mul_ok(floats, sizeof(float), &bytes) || bytes > ((size_t)1 << 40))
         return core_err(TLM_ERR_NOMEM, "activations for batch %dx%d too large", nb, nt);
     x->layer = calloc((size_t)c->n_layers, sizeof *x->layer);
-    x->probs = calloc((size_t)c->n_layers, sizeof *x->probs);
+    x->run = calloc((size_t)c->n_layers, sizeof *x->run);
     x->pos = malloc(rows * sizeof *x->pos);
     x->base = core_big_alloc(bytes);
-    if (!x->layer || !x->probs || !x->pos || !x->base) {
+    if (!x->layer || !x->run || !x->pos || !x->base) {
         core_big_free(x->base, bytes);
         x->base = NULL;
         arena_free(x);
@@ -244,17 +246,17 @@ static tlm_status att_scratch(tlm_train_ctx *x, int T) {
 }
 
 /* The attention core of a batch of whole sequences: causal attention within each of the curB
- * sequences of curT rows; the probabilities stay in the arena for the backward pass. */
+ * sequences of curT rows, its probabilities in x->probs. */
 static void batch_attend_fwd(void *user, int l, float *qkv, int ld, float *att, int N) {
     (void)N;
     tlm_train_ctx *x = user;
     const tlm_config *c = &x->m->c;
     int hd = c->d_model / c->n_heads, qw = c->n_heads * hd, kw = c->n_kv_heads * hd;
     int drop = x->pass.training && c->dropout > 0.0f;
-    if (k_bf16_attention_fwd(x->pass.bf16, att, x->probs[l], qkv, ld, x->curB, x->curT, c->n_heads,
+    if (k_bf16_attention_fwd(x->pass.bf16, att, x->probs, qkv, ld, x->curB, x->curT, c->n_heads,
                              c->n_kv_heads, hd, drop ? c->dropout : 0.0f))
         return;
-    k_attention_fwd(att, x->probs[l], qkv, qkv + qw, qkv + qw + kw, ld, ld, x->curB, x->curT,
+    k_attention_fwd(att, x->probs, qkv, qkv + qw, qkv + qw + kw, ld, ld, x->curB, x->curT,
                     c->n_heads, c->n_kv_heads, hd, drop ? c->dropout : 0.0f,
                     drop ? mdl_drop_key(&x->pass, l, 0) : 0, x->att_scratch);
 }
@@ -266,11 +268,14 @@ static void batch_attend_bwd(void *user, int l, const float *qkv, int ld, const 
     const tlm_config *c = &x->m->c;
     int hd = c->d_model / c->n_heads, qw = c->n_heads * hd, kw = c->n_kv_heads * hd;
     int drop = c->dropout > 0.0f;
-    if (k_bf16_attention_bwd(x->pass.bf16, dqkv, datt, qkv, ld, x->probs[l], x->curB, x->curT,
+    /* The probabilities again, exactly as the forward pass made them (dropout masks come from
+     * the layer's key), the output into the scratch nothing reads. */
+    batch_attend_fwd(user, l, (float *)qkv, ld, x->run[l].attn_out, N);
+    if (k_bf16_attention_bwd(x->pass.bf16, dqkv, datt, qkv, ld, x->probs, x->curB, x->curT,
                              c->n_heads, c->n_kv_heads, hd, drop ? c->dropout : 0.0f))
         return;
     k_attention_bwd(dqkv, dqkv + qw, dqkv + qw + kw, datt, qkv, qkv + qw, qkv + qw + kw, ld, ld,
-                    x->probs[l], x->curB, x->curT, c->n_heads, c->n_kv_heads, hd,
+                    x->probs, x->curB, x->curT, c->n_heads, c->n_kv_heads, hd,
                     drop ? c->dropout : 0.0f, drop ? mdl_drop_key(&x->pass, l, 0) : 0,
                     x->att_scratch);
 }
@@ -292,8 +297,37 @@ tlm_status mdl_ctx_check_targets(const tlm_config *c, const int32_t *targets, in
     return TLM_OK;
 }
 
+/* The buffers each layer of a pass in this mode uses (mdl_fwd_mode); the arena's pages that no
+ * pass touches are never made resident. */
+static void run_bufs(tlm_train_ctx *x, mdl_fwd_mode mode) {
+    const tlm_config *c = &x->m->c;
+    int L = c->n_layers, pre = c->norm_position == TLM_NORM_PRE;
+    const mdl_block_bufs *z = &x->layer[0];
+    for (int l = 0; l < L; l++) {
+        mdl_block_bufs *b = &x->run[l];
+        *b = x->layer[l];
+        if (mode == MDL_FWD_LOSS) {
+            /* in place: the block allows out == x */
+            *b = *z;
+            b->out = l + 1 < L ? z->x : x->x_final;
+            continue;
+        }
+        /* Pre-norm's backward never reads the FFN's output. */
+        if (mode == MDL_FWD_TRAIN && pre) b->y = z->y;
+        /* Frozen passes keep no rounded copies of the products' inputs (nothing computes a weight
+         * gradient), so the inputs can be computed again; full training's bf16 copies are found
+         * by the input's address, which must then hold that layer's rows. */
+        if (mode == MDL_FWD_TRAIN && x->n_lora) {
+            b->n1 = z->n1;
+            if (pre) b->n2 = z->n2;
+            if (c->ffn == TLM_FFN_SWIGLU) b->ff_h = z->ff_h;
+        }
+    }
+}
+
 tlm_status mdl_ctx_forward(tlm_train_ctx *x, const int32_t *ids, int B, int T, int pos0,
-                           int training) {
+                           mdl_fwd_mode mode) {
+    int training = mode == MDL_FWD_TRAIN;
     const tlm_model *m = x->m;
     const tlm_config *c = &m->c;
     if (!ids) return core_err(TLM_ERR_ARG, "forward: ids must not be NULL");
@@ -325,10 +359,13 @@ tlm_status mdl_ctx_forward(tlm_train_ctx *x, const int32_t *ids, int B, int T, i
                          {batch_attend_fwd, batch_attend_bwd, x, NULL},
                          bf,
                          x->n_lora ? &x->lora : NULL,
-                         0};
-    mdl_embed_fwd(m, &x->pass, ids, x->layer[0].x);
-    for (int l = 0; l < c->n_layers; l++) mdl_block_fwd(m, l, &x->pass, &x->layer[l]);
-    mdl_head_fwd_pass(m, &x->pass, x->x_final, x->xn, x->xn_mean, x->xn_rstd, x->logits, N);
+                         0,
+                         training && x->n_lora};
+    run_bufs(x, mode);
+    mdl_embed_fwd(m, &x->pass, ids, x->run[0].x);
+    for (int l = 0; l < c->n_layers; l++) mdl_block_fwd(m, l, &x->pass, &x->run[l]);
+    if (mode == MDL_FWD_ALL)
+        mdl_head_fwd_pass(m, &x->pass, x->x_final, x->xn, x->xn_mean, x->xn_rstd, x->logits, N);
     return TLM_OK;
 }
 
@@ -343,7 +380,7 @@ tlm_status tlm_train_ctx_forward(tlm_train_ctx *x, const int32_t *ids, int B, in
     const tlm_config *c = &x->m->c;
     if (!out) return core_err(TLM_ERR_ARG, "forward: out must not be NULL");
     tlm_status s = opts->targets ? mdl_ctx_check_targets(c, opts->targets, B, T) : TLM_OK;
-    if (!s) s = mdl_ctx_forward(x, ids, B, T, opts->pos_offset, 0);
+    if (!s) s = mdl_ctx_forward(x, ids, B, T, opts->pos_offset, MDL_FWD_ALL);
     if (s) return s;
     int N = B * T;
     int counted = 0;

@@ -105,12 +105,6 @@ static tlm_status slices_result(const slice_status *s, int R) {
     return TLM_OK;
 }
 
-static int count_targets(const int32_t *targets, size_t n) {
-    int c = 0;
-    for (size_t i = 0; i < n; i++) c += targets[i] >= 0;
-    return c;
-}
-
 tlm_status tlm_train_ctx_forward_backward(tlm_train_ctx *x, const int32_t *ids,
                                           const int32_t *targets, int B, int T, int pos0,
                                           float *grads, int accumulate, float *loss) {
@@ -138,7 +132,7 @@ tlm_status tlm_train_ctx_forward_backward(tlm_train_ctx *x, const int32_t *ids,
     /* Every slice divides its loss gradient by the whole batch's target count, so the batch's
      * gradient is the plain sum of the slices': replica 0 writes (or accumulates) straight into
      * grads and only the others need buffers of their own. */
-    int total = count_targets(targets, (size_t)B * T);
+    int total = mdl_ctx_count_targets(targets, (size_t)B * T);
     slice_status st[MAXR];
     float losses[MAXR];
     int counts[MAXR];
@@ -179,18 +173,24 @@ tlm_status tlm_train_ctx_forward_backward(tlm_train_ctx *x, const int32_t *ids,
     return TLM_OK;
 }
 
+/* The mean loss of a slice, its logits a slice of rows at a time (mdl_ctx_head_loss). */
+static tlm_status slice_loss(tlm_train_ctx *x, const int32_t *ids, const int32_t *targets, int B,
+                             int T, double *loss, int *counted) {
+    CORE_FP_FLUSH_SCOPE();
+    if (counted) *counted = 0;
+    tlm_status s = mdl_ctx_check_targets(&x->m->c, targets, B, T);
+    if (!s) s = mdl_ctx_forward(x, ids, B, T, 0, MDL_FWD_LOSS);
+    if (!s) s = mdl_ctx_head_loss(x, targets, B * T, 0, NULL, 0, loss, counted);
+    return s;
+}
+
 tlm_status mdl_ctx_batch_loss(tlm_train_ctx *x, const int32_t *ids, const int32_t *targets, int B,
                               int T, double *loss) {
     *loss = NAN;
     int R;
     tlm_status s = split_batch(x, B, &R);
     if (s) return s;
-    if (R <= 1) {
-        tlm_forward_opts o = {.targets = targets};
-        tlm_forward_out out;
-        if ((s = tlm_train_ctx_forward(x, ids, B, T, &o, &out)) == TLM_OK) *loss = out.loss;
-        return s;
-    }
+    if (R <= 1) return slice_loss(x, ids, targets, B, T, loss, NULL);
     slice_status st[MAXR];
     double sums[MAXR];
     int counts[MAXR];
@@ -200,13 +200,10 @@ tlm_status mdl_ctx_batch_loss(tlm_train_ctx *x, const int32_t *ids, const int32_
         for (int r = omp_get_thread_num(); r < R; r += team) {
             int b0, b1;
             slice(B, r, R, &b0, &b1);
-            const int32_t *tg = targets + (size_t)b0 * T;
-            tlm_forward_opts o = {.targets = tg};
-            tlm_forward_out out;
-            tlm_status sr =
-                tlm_train_ctx_forward(x->replicas[r], ids + (size_t)b0 * T, b1 - b0, T, &o, &out);
-            counts[r] = count_targets(tg, (size_t)(b1 - b0) * T);
-            sums[r] = !sr && counts[r] ? (double)out.loss * counts[r] : 0.0;
+            double l = 0;
+            tlm_status sr = slice_loss(x->replicas[r], ids + (size_t)b0 * T,
+                                       targets + (size_t)b0 * T, b1 - b0, T, &l, &counts[r]);
+            sums[r] = !sr && counts[r] ? l * counts[r] : 0.0;
             slice_report(&st[r], sr);
         }
     }
