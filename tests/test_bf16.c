@@ -223,6 +223,12 @@ static void attention(k_bf16 *k, int B, int T, int H, int hd) {
     CHECK(k_bf16_attention_bwd(k, again, dout, qkv, ld, probs, B, T, H, H, hd, 0.0f),
           "bf16 attention backward refused");
     CHECK(!memcmp(again, dqkv, N * ld * sizeof *again), "the backward differs in a later pass");
+    /* Without probs each head's are computed again: the same gradients bit for bit. */
+    memset(again, 0xff, N * ld * sizeof *again);
+    CHECK(k_bf16_attention_bwd(k, again, dout, qkv, ld, NULL, B, T, H, H, hd, 0.0f),
+          "bf16 attention backward refused without probs");
+    CHECK(!memcmp(again, dqkv, N * ld * sizeof *again),
+          "the backward computing the probabilities again differs");
     free(again);
     double *x = rounded(qkv, N * ld), *dO = rounded(dout, N * ow), *P = rounded(probs, B * H * TT);
     double scale = 1.0 / sqrt((double)hd), *s = malloc(T * sizeof *s),

@@ -271,22 +271,30 @@ K_TARGET_AVX512BF16 static void softmax_pairs(float *Pt, int T, uint32_t *Pp, lo
     }
 }
 
-K_TARGET_AVX512BF16 static void head_fwd(dims d, char *buf, float *out, long ow, float *Pt,
-                                         const float *q, const float *k, const float *v, long ld) {
+/* Pt = softmax(scale K Q^T) down each column, and (into *Pp, taken from buf) its pair rows. */
+K_TARGET_AVX512BF16 static void head_probs(dims d, char **buf, float *Pt, uint32_t **Pp,
+                                           const float *q, const float *k, long ld) {
     int T = d.T, hd = d.hd, Tv = d.Tv, Te = d.Te;
-    uint16_t *Kr = take(&buf, (size_t)Te * hd * 2);
-    uint32_t *Qt = take(&buf, (size_t)hd * Tv * 2), *Vp = take(&buf, (size_t)Te * hd * 2);
-    uint32_t *Pp = take(&buf, (size_t)Te * Tv * 2);
+    uint16_t *Kr = take(buf, (size_t)Te * hd * 2);
+    uint32_t *Qt = take(buf, (size_t)hd * Tv * 2);
+    *Pp = take(buf, (size_t)Te * Tv * 2);
     round_rows(Kr, k, ld, T, hd);
     pair_columns(Qt, Tv, q, ld, T, hd);
-    pair_rows(Vp, hd, v, ld, T, hd);
     /* Pt = scale K Q^T. Scores left of a tile's first vector are not computed: they are masked,
      * and the softmax reads them only to select them away and overwrites them. */
     product s = {(const uint32_t *)Kr,    hd / 2, 1, Qt, Tv, Pt, T, T, T, hd / 2, COLS_FROM_ROW,
                  1.0f / sqrtf((float)hd), 0};
     run(&s);
-    softmax_pairs(Pt, T, Pp, Tv);
-    product o = {Pp, 1, Tv, Vp, hd, out, ow, T, hd, Te / 2, K_TO_ROW, 1.0f, 0};
+    softmax_pairs(Pt, T, *Pp, Tv);
+}
+
+K_TARGET_AVX512BF16 static void head_fwd(dims d, char *buf, float *out, long ow, float *Pt,
+                                         const float *q, const float *k, const float *v, long ld) {
+    int T = d.T, hd = d.hd, Te = d.Te;
+    uint32_t *Pp, *Vp = take(&buf, (size_t)Te * hd * 2);
+    pair_rows(Vp, hd, v, ld, T, hd);
+    head_probs(d, &buf, Pt, &Pp, q, k, ld);
+    product o = {Pp, 1, d.Tv, Vp, hd, out, ow, T, hd, Te / 2, K_TO_ROW, 1.0f, 0};
     run(&o);
 }
 
@@ -397,10 +405,22 @@ K_TARGET_AVX512BF16 static void fwd_task(const heads *a, int bh, char *buf) {
 K_TARGET_AVX512BF16 static void bwd_task(const heads *a, int bh, char *buf) {
     int T = a->d.T, hd = a->d.hd, ow = a->H * hd, b = bh / a->H, h = bh % a->H;
     size_t x = (size_t)b * T * a->ld + (size_t)h * hd;
-    if (bh + 1 < a->tasks) prefetch(a->probs_in + (size_t)(bh + 1) * T * T, (size_t)T * T * 4);
+    const float *Pt;
+    if (a->probs_in) {
+        if (bh + 1 < a->tasks) prefetch(a->probs_in + (size_t)(bh + 1) * T * T, (size_t)T * T * 4);
+        Pt = a->probs_in + (size_t)bh * T * T;
+    } else {
+        /* The head's probabilities again, as the forward computed them, into this thread's
+         * buffers after the backward's: in cache for the products that read them. */
+        char *fb = buf + al(bwd_bytes(a->d));
+        float *P = take(&fb, (size_t)T * T * 4);
+        uint32_t *Pp;
+        head_probs(a->d, &fb, P, &Pp, a->qkv + x, a->qkv + x + ow, a->ld);
+        Pt = P;
+    }
     head_bwd(a->d, buf, a->dqkv + x, a->dqkv + x + ow, a->dqkv + x + 2 * ow,
-             a->dout + (size_t)b * T * ow + h * hd, ow, a->probs_in + (size_t)bh * T * T,
-             a->qkv + x, a->qkv + x + ow, a->qkv + x + 2 * ow, a->ld);
+             a->dout + (size_t)b * T * ow + h * hd, ow, Pt, a->qkv + x, a->qkv + x + ow,
+             a->qkv + x + 2 * ow, a->ld);
 }
 
 /* Every task, on the team the calling thread would start (heads are shared out one at a time),
@@ -432,7 +452,9 @@ int k_bf16_attention_bwd(k_bf16 *k, float *dqkv, const float *dout, const float 
                          const float *probs, int B, int T, int H, int KVH, int hd, float p) {
     if (!k || p > 0.0f || KVH != H || hd % 16 || !k_bf16_supported()) return 0;
     heads a = {dims_of(T, hd), NULL, dqkv, NULL, probs, qkv, dout, ld, H, B * H};
-    return each_head(k, &a, al(bwd_bytes(a.d)), bwd_task);
+    size_t per = al(bwd_bytes(a.d));
+    if (!probs) per += al((size_t)T * T * 4) + al(fwd_bytes(a.d));
+    return each_head(k, &a, per, bwd_task);
 }
 
 #else /* no x86: the fp32 kernels run */

@@ -268,19 +268,24 @@ static const uint16_t *act_bwd(k_bf16 *k, const float *x, size_t n) {
     return bf ? bf : round_to(k, 1, x, n);
 }
 
+/* Room for one more weight copy. */
+static int grow_w(k_bf16 *k) {
+    if (k->n_w < k->cap_w) return 1;
+    int cap = k->cap_w ? 2 * k->cap_w : 32;
+    wcopy *nw = realloc(k->w, (size_t)cap * sizeof *nw);
+    if (!nw) return 0;
+    k->w = nw;
+    k->cap_w = cap;
+    return 1;
+}
+
 /* The weight's copy for this pass: rounded at its first use in the pass. */
 static const uint16_t *weight(k_bf16 *k, const float *w, size_t n) {
     wcopy *e = NULL;
     for (int i = 0; i < k->n_w; i++)
         if (k->w[i].src == w && k->w[i].n == n) e = &k->w[i];
     if (!e) {
-        if (k->n_w == k->cap_w) {
-            int cap = k->cap_w ? 2 * k->cap_w : 32;
-            wcopy *nw = realloc(k->w, (size_t)cap * sizeof *nw);
-            if (!nw) return NULL;
-            k->w = nw;
-            k->cap_w = cap;
-        }
+        if (!grow_w(k)) return NULL;
         uint16_t *bf = core_big_alloc(bf_bytes(n));
         if (!bf) return NULL;
         e = &k->w[k->n_w++];
@@ -506,6 +511,48 @@ tlm_status k_bf16_linear_bwd_dx_frozen(k_bf16 *k, float *dx, const float *dy, in
                         in, add ? 1.0f : 0.0f, dx, in);
         }
     }
+    return TLM_OK;
+}
+
+tlm_status k_bf16_linear_bwd_dx_kept(k_bf16 *k, float *dx, const float *dy, int ldy,
+                                     const tlm_weight *w, int N, float beta) {
+    int in = (int)w->cols, out = (int)w->rows;
+    if (!k->frozen || w->dtype == TLM_DTYPE_F32 || (beta != 0.0f && beta != 1.0f) || N == 0 ||
+        out == 0 || !k_linear_takes(w->dtype) || in <= 0 || ldy < out)
+        return k_bf16_linear_bwd_dx_frozen(k, dx, dy, ldy, w, N, beta);
+    /* The widened copy is found by the weight's bytes, made once while the weights stay frozen. */
+    size_t n = (size_t)out * in;
+    const float *key = (const float *)w->data;
+    wcopy *e = NULL;
+    for (int i = 0; i < k->n_w; i++)
+        if (k->w[i].src == key && k->w[i].n == n) e = &k->w[i];
+    if (!e) {
+        float *tf = k_scratch(1, (size_t)in * sizeof(float) * 16);
+        uint16_t *bf = tf ? core_big_alloc(bf_bytes(n)) : NULL;
+        if (!bf || !grow_w(k)) {
+            core_big_free(bf, bf_bytes(n));
+            return k_bf16_linear_bwd_dx_frozen(k, dx, dy, ldy, w, N, beta);
+        }
+        e = &k->w[k->n_w++];
+        *e = (wcopy){key, n, bf, k->wgen - 1};
+    }
+    if (e->pass != k->wgen) {
+        float *tf = k_scratch(1, (size_t)in * sizeof(float) * 16);
+        if (!tf) return k_bf16_linear_bwd_dx_frozen(k, dx, dy, ldy, w, N, beta);
+        for (int r0 = 0; r0 < out; r0 += 16) {
+            int m = out - r0 < 16 ? out - r0 : 16;
+            for (int r = 0; r < m; r++)
+                k_widen_row(w->dtype, (const char *)w->data + (size_t)(r0 + r) * w->row_bytes,
+                            tf + (size_t)r * in, in);
+            k_f32_to_bf16(e->bf + (size_t)r0 * in, tf, (size_t)m * in);
+        }
+        e->pass = k->wgen;
+    }
+    uint16_t *dyb = scratch(k, 0, (size_t)N * out);
+    if (!dyb) return k_bf16_linear_bwd_dx_frozen(k, dx, dy, ldy, w, N, beta);
+    round_rows(dyb, dy, (size_t)ldy, N, out);
+    if (!gemm(k, N, in, out, dyb, 0, out, e->bf, 0, in, dx, in, beta == 1.0f))
+        return k_bf16_linear_bwd_dx_frozen(k, dx, dy, ldy, w, N, beta);
     return TLM_OK;
 }
 

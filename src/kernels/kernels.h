@@ -194,6 +194,12 @@ void k_bf16_linear_bwd_dx(k_bf16 *k, float *dx, const float *dy, int ldy, const 
  * F32 weights and other betas than 0 and 1 take the fp32 path. */
 tlm_status k_bf16_linear_bwd_dx_frozen(k_bf16 *k, float *dx, const float *dy, int ldy,
                                        const tlm_weight *w, int N, float beta);
+/* The same through a copy of the whole weight widened to bf16 once and kept while the weights are
+ * frozen (k_bf16_set_frozen; else as k_bf16_linear_bwd_dx_frozen): for a weight whose input
+ * gradient a pass computes many times (the head, a slice of rows at a time), at 2 bytes a
+ * parameter. */
+tlm_status k_bf16_linear_bwd_dx_kept(k_bf16 *k, float *dx, const float *dy, int ldy,
+                                     const tlm_weight *w, int N, float beta);
 /* C [M, N] (row stride ldc) = op(A) op(B) (+ C when add) with both fp32 operands rounded to bf16
  * and fp32 accumulation: A is [M, K] (ta: stored [K, M]) and B [K, N] (tb: stored [N, K]), rows
  * lda and ldb apart. 0 when oneDNN could not (the caller computes it in fp32). */
@@ -261,7 +267,8 @@ size_t k_attention_scratch_floats(int T, float p, int threads);
  * operands and fp32 accumulation, softmaxes in fp32 (attention_bf16.c). Returns 0 where it does
  * not apply (no k, no avx512_bf16, grouped kv heads, dropout, a head size not a multiple of 16)
  * or its buffers could not be had: the caller runs the fp32 kernels, which overwrite everything
- * these write. dqkv (rows ld apart) is overwritten. */
+ * these write. dqkv (rows ld apart) is overwritten. The backward's probs may be NULL: each head's
+ * are then computed again as the forward did, in the thread's buffers (no [B, H, T, T] kept). */
 int k_bf16_attention_fwd(k_bf16 *k, float *out, float *probs, const float *qkv, int ld, int B,
                          int T, int H, int KVH, int hd, float p);
 int k_bf16_attention_bwd(k_bf16 *k, float *dqkv, const float *dout, const float *qkv, int ld,

@@ -606,7 +606,10 @@ void mdl_head_bwd(const tlm_model *m, const mdl_pass *p, const float *x, const f
     int pre = c->norm_position == TLM_NORM_PRE;
     /* The gradient at the head's input goes to dres directly for post-norm, else via the norm. */
     float *dhead = pre ? g->dtmp : g->dres;
-    if (p->frozen)
+    /* The loss takes the head a slice of rows at a time: its weight widened once, not per slice. */
+    if (p->frozen && p->bf16 && !bf16_weight(p, m->out_w))
+        (void)k_bf16_linear_bwd_dx_kept(p->bf16, dhead, dlogits, c->vocab_size, m->out_w, N, 0.0f);
+    else if (p->frozen)
         frozen_dx(p, dhead, dlogits, c->vocab_size, m->out_w, N, 0.0f);
     else
         linear_bwd(p, dhead, G + m->off.out_w, NULL, dlogits, pre ? xn : x, m->out_w->data, N,

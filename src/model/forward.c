@@ -268,12 +268,13 @@ static void batch_attend_bwd(void *user, int l, const float *qkv, int ld, const 
     const tlm_config *c = &x->m->c;
     int hd = c->d_model / c->n_heads, qw = c->n_heads * hd, kw = c->n_kv_heads * hd;
     int drop = c->dropout > 0.0f;
-    /* The probabilities again, exactly as the forward pass made them (dropout masks come from
-     * the layer's key), the output into the scratch nothing reads. */
-    batch_attend_fwd(user, l, (float *)qkv, ld, x->run[l].attn_out, N);
-    if (k_bf16_attention_bwd(x->pass.bf16, dqkv, datt, qkv, ld, x->probs, x->curB, x->curT,
-                             c->n_heads, c->n_kv_heads, hd, drop ? c->dropout : 0.0f))
+    /* The probabilities are computed again, exactly as the forward pass made them: by the bf16
+     * kernel one head at a time, else into x->probs (dropout masks come from the layer's key),
+     * the output into the scratch nothing reads. */
+    if (k_bf16_attention_bwd(x->pass.bf16, dqkv, datt, qkv, ld, NULL, x->curB, x->curT, c->n_heads,
+                             c->n_kv_heads, hd, drop ? c->dropout : 0.0f))
         return;
+    batch_attend_fwd(user, l, (float *)qkv, ld, x->run[l].attn_out, N);
     k_attention_bwd(dqkv, dqkv + qw, dqkv + qw + kw, datt, qkv, qkv + qw, qkv + qw + kw, ld, ld,
                     x->probs, x->curB, x->curT, c->n_heads, c->n_kv_heads, hd,
                     drop ? c->dropout : 0.0f, drop ? mdl_drop_key(&x->pass, l, 0) : 0,
