@@ -13,7 +13,7 @@ struct tlm_train_ctx {
     size_t floats;
     mdl_block_bufs *layer; /* [n_layers]: each block's own buffers */
     mdl_block_bufs *run;   /* [n_layers]: those the pass running now uses (mdl_fwd_mode) */
-    float *probs;          /* one layer's attention probabilities [B, H, T, T] (keys by queries) */
+    float **probs;         /* [n_layers] attention probabilities [B, H, T, T] (keys by queries) */
     float *x_final;        /* [N, d] the last block's output */
     float *xn, *xn_mean, *xn_rstd; /* the output norm */
     float *logits, *softmax;       /* [N, V] */

@@ -24,6 +24,7 @@ tlm_status tlm_train_ctx_new(const tlm_model *m, tlm_train_ctx **out) {
 static void arena_free(tlm_train_ctx *x) {
     core_big_free(x->base, x->floats * sizeof(float));
     free(x->layer);
+    free(x->probs);
     free(x->run);
     free(x->pos);
     x->base = NULL;
@@ -178,11 +179,10 @@ static size_t carve(tlm_train_ctx *x, int B, int T, float *base) {
         TAKE(L->ff_a, N * ff * (c->ffn == TLM_FFN_SWIGLU ? 2 : 1)); /* swiglu: gate|up rows */
         TAKE(L->ff_h, N * ff);
         TAKE(L->y, N * d);
+        float *probs = NULL;
+        TAKE(probs, (size_t)B * c->n_heads * T * T);
+        if (base) x->probs[l] = probs;
     }
-    /* One layer's attention probabilities at a time: the backward pass computes them again from
-     * q and k (a few percent of a step) rather than keep every layer's, which would be the largest
-     * share of the activations at long sequences (B H T^2 a layer). */
-    TAKE(x->probs, (size_t)B * c->n_heads * T * T);
     TAKE(x->x_final, N * d);
     TAKE(x->xn, N * d);
     TAKE(x->xn_mean, ln ? N : 0);
@@ -217,9 +217,10 @@ tlm_status tlm_train_ctx_reserve(tlm_train_ctx *x, int B, int T) {
         return core_err(TLM_ERR_NOMEM, "activations for batch %dx%d too large", nb, nt);
     x->layer = calloc((size_t)c->n_layers, sizeof *x->layer);
     x->run = calloc((size_t)c->n_layers, sizeof *x->run);
+    x->probs = calloc((size_t)c->n_layers, sizeof *x->probs);
     x->pos = malloc(rows * sizeof *x->pos);
     x->base = core_big_alloc(bytes);
-    if (!x->layer || !x->run || !x->pos || !x->base) {
+    if (!x->layer || !x->run || !x->probs || !x->pos || !x->base) {
         core_big_free(x->base, bytes);
         x->base = NULL;
         arena_free(x);
@@ -245,19 +246,28 @@ static tlm_status att_scratch(tlm_train_ctx *x, int T) {
     return TLM_OK;
 }
 
+/* Where layer l's attention probabilities go: its own buffer when a full training pass's backward
+ * reads them; else the first layer's, as scratch. Full training keeps them for speed (computing
+ * them again slowed its step by a few percent, bench/finetune/finetune.sh's --full); frozen passes,
+ * whose users come for the memory, compute them again (batch_attend_bwd). */
+static float *layer_probs(const tlm_train_ctx *x, int l) {
+    return x->pass.training && !x->pass.recompute ? x->probs[l] : x->probs[0];
+}
+
 /* The attention core of a batch of whole sequences: causal attention within each of the curB
- * sequences of curT rows, its probabilities in x->probs. */
+ * sequences of curT rows, its probabilities in layer_probs. */
 static void batch_attend_fwd(void *user, int l, float *qkv, int ld, float *att, int N) {
     (void)N;
     tlm_train_ctx *x = user;
     const tlm_config *c = &x->m->c;
     int hd = c->d_model / c->n_heads, qw = c->n_heads * hd, kw = c->n_kv_heads * hd;
     int drop = x->pass.training && c->dropout > 0.0f;
-    if (k_bf16_attention_fwd(x->pass.bf16, att, x->probs, qkv, ld, x->curB, x->curT, c->n_heads,
+    float *probs = layer_probs(x, l);
+    if (k_bf16_attention_fwd(x->pass.bf16, att, probs, qkv, ld, x->curB, x->curT, c->n_heads,
                              c->n_kv_heads, hd, drop ? c->dropout : 0.0f))
         return;
-    k_attention_fwd(att, x->probs, qkv, qkv + qw, qkv + qw + kw, ld, ld, x->curB, x->curT,
-                    c->n_heads, c->n_kv_heads, hd, drop ? c->dropout : 0.0f,
+    k_attention_fwd(att, probs, qkv, qkv + qw, qkv + qw + kw, ld, ld, x->curB, x->curT, c->n_heads,
+                    c->n_kv_heads, hd, drop ? c->dropout : 0.0f,
                     drop ? mdl_drop_key(&x->pass, l, 0) : 0, x->att_scratch);
 }
 
@@ -268,15 +278,17 @@ static void batch_attend_bwd(void *user, int l, const float *qkv, int ld, const 
     const tlm_config *c = &x->m->c;
     int hd = c->d_model / c->n_heads, qw = c->n_heads * hd, kw = c->n_kv_heads * hd;
     int drop = c->dropout > 0.0f;
-    /* The probabilities are computed again, exactly as the forward pass made them: by the bf16
-     * kernel one head at a time, else into x->probs (dropout masks come from the layer's key),
-     * the output into the scratch nothing reads. */
-    if (k_bf16_attention_bwd(x->pass.bf16, dqkv, datt, qkv, ld, NULL, x->curB, x->curT, c->n_heads,
-                             c->n_kv_heads, hd, drop ? c->dropout : 0.0f))
+    float *probs = layer_probs(x, l);
+    /* Frozen passes compute the probabilities again, exactly as the forward pass made them: the
+     * bf16 kernel one head at a time, else a layer at a time (dropout masks come from the layer's
+     * key), the output into the scratch nothing reads. */
+    if (k_bf16_attention_bwd(x->pass.bf16, dqkv, datt, qkv, ld, x->pass.recompute ? NULL : probs,
+                             x->curB, x->curT, c->n_heads, c->n_kv_heads, hd,
+                             drop ? c->dropout : 0.0f))
         return;
-    batch_attend_fwd(user, l, (float *)qkv, ld, x->run[l].attn_out, N);
+    if (x->pass.recompute) batch_attend_fwd(user, l, (float *)qkv, ld, x->run[l].attn_out, N);
     k_attention_bwd(dqkv, dqkv + qw, dqkv + qw + kw, datt, qkv, qkv + qw, qkv + qw + kw, ld, ld,
-                    x->probs, x->curB, x->curT, c->n_heads, c->n_kv_heads, hd,
+                    probs, x->curB, x->curT, c->n_heads, c->n_kv_heads, hd,
                     drop ? c->dropout : 0.0f, drop ? mdl_drop_key(&x->pass, l, 0) : 0,
                     x->att_scratch);
 }
