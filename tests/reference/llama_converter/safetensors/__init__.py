@@ -1,0 +1,1 @@
+"""Stands in for the safetensors package: safetensors.torch.load_file only."""
