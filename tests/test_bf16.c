@@ -307,8 +307,9 @@ static void attention(k_bf16 *k, int B, int T, int H, int hd) {
     CHECK(bad_v == 0, "attention B%d T%d H%d hd%d: %d of dV off", B, T, H, hd, bad_v);
     CHECK(bad_q == 0, "attention B%d T%d H%d hd%d: %d of dQ off", B, T, H, hd, bad_q);
     CHECK(bad_k == 0, "attention B%d T%d H%d hd%d: %d of dK off", B, T, H, hd, bad_k);
-    /* Grouped kv heads and dropout are left to the fp32 kernels. */
-    CHECK(!k_bf16_attention_fwd(k, out, probs, qkv, ld, B, T, H, 1, hd, 0.0f) &&
+    /* Query heads that do not divide into the kv heads' groups, and dropout, are left to the
+     * fp32 kernels. */
+    CHECK(!k_bf16_attention_fwd(k, out, probs, qkv, ld, B, T, H, H + 1, hd, 0.0f) &&
               !k_bf16_attention_bwd(k, dqkv, dout, qkv, ld, probs, B, T, H, H, hd, 0.1f) &&
               !k_bf16_attention_fwd(NULL, out, probs, qkv, ld, B, T, H, H, hd, 0.0f),
           "bf16 attention accepted grouped heads, dropout or no state");
@@ -322,6 +323,61 @@ static void attention(k_bf16 *k, int B, int T, int H, int hd) {
               "bf16 attention accepted a head size of 8");
     free(qkv), free(dout), free(out), free(probs), free(dqkv);
     free(x), free(dO), free(P), free(s), free(dS);
+}
+
+/* Grouped kv heads (KVH of them, H / KVH query heads each) compute what the same attention with
+ * every query head given its own copy of its group's k and v computes, bit for bit: the same
+ * outputs, probabilities and dQ, and each kv head's dK and dV the sum of its copies' in head
+ * order. With and without the forward's probabilities. */
+static void grouped(k_bf16 *k, int B, int T, int H, int KVH, int hd) {
+    int group = H / KVH, ow = H * hd, kw = KVH * hd, ldg = ow + 2 * kw, ldm = 3 * ow;
+    size_t N = (size_t)B * T, TT = (size_t)T * T;
+    float *g = malloc(N * ldg * sizeof *g), *m = malloc(N * ldm * sizeof *m);
+    float *dout = malloc(N * ow * sizeof *dout);
+    float *outg = malloc(N * ow * sizeof *outg), *outm = malloc(N * ow * sizeof *outm);
+    float *pg = malloc(B * H * TT * sizeof *pg), *pm = malloc(B * H * TT * sizeof *pm);
+    float *dg = malloc(N * ldg * sizeof *dg), *dm = malloc(N * ldm * sizeof *dm);
+    float *dg2 = malloc(N * ldg * sizeof *dg2);
+    fill(g, N * ldg, 21);
+    fill(dout, N * ow, 22);
+    for (size_t r = 0; r < N; r++) {
+        memcpy(m + r * ldm, g + r * ldg, (size_t)ow * sizeof *m);
+        for (int h = 0; h < H; h++)
+            for (int part = 1; part <= 2; part++)
+                memcpy(m + r * ldm + (size_t)part * ow + (size_t)h * hd,
+                       g + r * ldg + ow + (size_t)(part - 1) * kw + (size_t)(h / group) * hd,
+                       (size_t)hd * sizeof *m);
+    }
+    CHECK(k_bf16_attention_fwd(k, outg, pg, g, ldg, B, T, H, KVH, hd, 0.0f) &&
+              k_bf16_attention_fwd(k, outm, pm, m, ldm, B, T, H, H, hd, 0.0f),
+          "bf16 attention refused grouped heads");
+    CHECK(!memcmp(outg, outm, N * ow * sizeof *outg) && !memcmp(pg, pm, B * H * TT * sizeof *pg),
+          "grouped heads H%d KVH%d: outputs or probabilities differ from copied heads", H, KVH);
+    CHECK(k_bf16_attention_bwd(k, dg, dout, g, ldg, pg, B, T, H, KVH, hd, 0.0f) &&
+              k_bf16_attention_bwd(k, dg2, dout, g, ldg, NULL, B, T, H, KVH, hd, 0.0f) &&
+              k_bf16_attention_bwd(k, dm, dout, m, ldm, pm, B, T, H, H, hd, 0.0f),
+          "bf16 attention backward refused grouped heads");
+    CHECK(!memcmp(dg, dg2, N * ldg * sizeof *dg),
+          "grouped heads: the backward computing the probabilities again differs");
+    long bad = 0;
+    for (size_t r = 0; r < N; r++) {
+        const float *a = dg + r * ldg, *c = dm + r * ldm;
+        for (int j = 0; j < ow; j++) bad += a[j] != c[j];
+        for (int part = 1; part <= 2; part++)
+            for (int kv = 0; kv < KVH; kv++)
+                for (int d = 0; d < hd; d++) {
+                    float sum = 0.0f;
+                    for (int i = 0; i < group; i++) {
+                        float v = c[(size_t)part * ow + (size_t)(kv * group + i) * hd + d];
+                        sum = i ? sum + v : v;
+                    }
+                    bad += a[ow + (size_t)(part - 1) * kw + (size_t)kv * hd + d] != sum;
+                }
+    }
+    CHECK(bad == 0, "grouped heads B%d T%d H%d KVH%d hd%d: %ld gradients differ from the copies'",
+          B, T, H, KVH, hd, bad);
+    free(g), free(m), free(dout), free(outg), free(outm), free(pg), free(pm), free(dg), free(dm);
+    free(dg2);
 }
 
 int main(void) {
@@ -346,6 +402,9 @@ int main(void) {
         attention(k, 3, 64, 2, 32);  /* whole vectors, 8 row tiles */
         attention(k, 2, 33, 2, 64);  /* odd: a pair half empty; 4 vectors, 6 row tiles */
         attention(k, 1, 130, 2, 48); /* 3 vectors; scores 9 vectors wide, in chunks of 4 */
+        grouped(k, 2, 70, 4, 2, 16);
+        grouped(k, 3, 33, 6, 2, 32);
+        grouped(k, 1, 64, 3, 1, 48); /* one kv head for every query head */
     }
     k_bf16_free(k);
     return t_finish("test_bf16");

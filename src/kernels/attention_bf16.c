@@ -334,9 +334,10 @@ K_TARGET_AVX512BF16 static void softmax_bwd(dims d, const float *Pt, const float
         }
 }
 
+/* acc: dK and dV are added to (the later heads of a group of query heads sharing k and v). */
 K_TARGET_AVX512BF16 static void head_bwd(dims d, char *buf, float *dq, float *dk, float *dv,
                                          const float *dO, long ow, const float *Pt, const float *q,
-                                         const float *k, const float *v, long ld) {
+                                         const float *k, const float *v, long ld, int acc) {
     int T = d.T, hd = d.hd, Tv = d.Tv, Te = d.Te;
     uint16_t *Vr = take(&buf, (size_t)Te * hd * 2);
     uint32_t *dOt = take(&buf, (size_t)hd * Tv * 2), *dOp = take(&buf, (size_t)Te * hd * 2);
@@ -353,8 +354,8 @@ K_TARGET_AVX512BF16 static void head_bwd(dims d, char *buf, float *dq, float *dk
     pair_rows(Qp, hd, q, ld, T, hd);
     round_wide_rows(Pr, Tv, Pt, T, T, T);
     /* dV = Pt dO, dPt = V dO^T */
-    product pv = {(const uint32_t *)Pr, Tv / 2, 1, dOp, hd, dv, ld, T, hd, Te / 2,
-                  K_FROM_ROW,           1.0f,   0};
+    product pv = {(const uint32_t *)Pr, Tv / 2, 1,  dOp, hd, dv, ld, T, hd, Te / 2,
+                  K_FROM_ROW,           1.0f,   acc};
     run(&pv);
     product pp = {(const uint32_t *)Vr, hd / 2, 1, dOt, Tv, dP, Tv, T, T, hd / 2,
                   COLS_FROM_ROW,        1.0f,   0};
@@ -363,8 +364,8 @@ K_TARGET_AVX512BF16 static void head_bwd(dims d, char *buf, float *dq, float *dk
     /* dQ = dS K = dSt^T K, dK = dSt Q */
     product pq = {Sp, 1, Tv, Kp, hd, dq, ld, T, hd, Te / 2, K_TO_ROW, 1.0f, 0};
     run(&pq);
-    product pk = {(const uint32_t *)Sr, Tv / 2, 1, Qp, hd, dk, ld, T, hd, Te / 2,
-                  K_FROM_ROW,           1.0f,   0};
+    product pk = {(const uint32_t *)Sr, Tv / 2, 1,  Qp, hd, dk, ld, T, hd, Te / 2,
+                  K_FROM_ROW,           1.0f,   acc};
     run(&pk);
 }
 
@@ -389,38 +390,50 @@ typedef struct {
     const float *probs_in; /* the backward's */
     const float *qkv, *dout;
     long ld;
-    int H, tasks;
+    int H, KVH, tasks;
 } heads;
 
 /* Task bh of B * H, on buf, the thread's per bytes of buffers. */
 typedef void task_fn(const heads *a, int bh, char *buf);
 
+/* Query head h of sequence b reads key/value head h / (H / KVH): q | k | v rows are H, KVH and
+ * KVH heads wide. */
 K_TARGET_AVX512BF16 static void fwd_task(const heads *a, int bh, char *buf) {
-    int T = a->d.T, hd = a->d.hd, ow = a->H * hd, b = bh / a->H, h = bh % a->H;
-    const float *q = a->qkv + (size_t)b * T * a->ld + (size_t)h * hd;
-    head_fwd(a->d, buf, a->out + (size_t)b * T * ow + h * hd, ow, a->probs + (size_t)bh * T * T, q,
-             q + ow, q + 2 * ow, a->ld);
+    int T = a->d.T, hd = a->d.hd, ow = a->H * hd, kw = a->KVH * hd, b = bh / a->H, h = bh % a->H;
+    int g = h / (a->H / a->KVH);
+    const float *row = a->qkv + (size_t)b * T * a->ld;
+    head_fwd(a->d, buf, a->out + (size_t)b * T * ow + h * hd, ow, a->probs + (size_t)bh * T * T,
+             row + (size_t)h * hd, row + ow + (size_t)g * hd, row + ow + kw + (size_t)g * hd,
+             a->ld);
 }
 
-K_TARGET_AVX512BF16 static void bwd_task(const heads *a, int bh, char *buf) {
-    int T = a->d.T, hd = a->d.hd, ow = a->H * hd, b = bh / a->H, h = bh % a->H;
-    size_t x = (size_t)b * T * a->ld + (size_t)h * hd;
-    const float *Pt;
-    if (a->probs_in) {
-        if (bh + 1 < a->tasks) prefetch(a->probs_in + (size_t)(bh + 1) * T * T, (size_t)T * T * 4);
-        Pt = a->probs_in + (size_t)bh * T * T;
-    } else {
-        /* The head's probabilities again, as the forward computed them, into this thread's
-         * buffers after the backward's: in cache for the products that read them. */
-        char *fb = buf + al(bwd_bytes(a->d));
-        float *P = take(&fb, (size_t)T * T * 4);
-        uint32_t *Pp;
-        head_probs(a->d, &fb, P, &Pp, a->qkv + x, a->qkv + x + ow, a->ld);
-        Pt = P;
+/* Task bg: key/value head g of sequence b and the query heads that share it, in order, so that
+ * their dK and dV add up on one thread (the same sums whatever the team). */
+K_TARGET_AVX512BF16 static void bwd_task(const heads *a, int bg, char *buf) {
+    int T = a->d.T, hd = a->d.hd, ow = a->H * hd, kw = a->KVH * hd, b = bg / a->KVH,
+        g = bg % a->KVH, group = a->H / a->KVH;
+    size_t r = (size_t)b * T * a->ld, kv = r + ow + (size_t)g * hd;
+    for (int i = 0; i < group; i++) {
+        int h = g * group + i, bh = b * a->H + h;
+        size_t x = r + (size_t)h * hd;
+        const float *Pt;
+        if (a->probs_in) {
+            if (bh + 1 < a->tasks * group)
+                prefetch(a->probs_in + (size_t)(bh + 1) * T * T, (size_t)T * T * 4);
+            Pt = a->probs_in + (size_t)bh * T * T;
+        } else {
+            /* The head's probabilities again, as the forward computed them, into this thread's
+             * buffers after the backward's: in cache for the products that read them. */
+            char *fb = buf + al(bwd_bytes(a->d));
+            float *P = take(&fb, (size_t)T * T * 4);
+            uint32_t *Pp;
+            head_probs(a->d, &fb, P, &Pp, a->qkv + x, a->qkv + kv, a->ld);
+            Pt = P;
+        }
+        head_bwd(a->d, buf, a->dqkv + x, a->dqkv + kv, a->dqkv + kv + kw,
+                 a->dout + (size_t)b * T * ow + h * hd, ow, Pt, a->qkv + x, a->qkv + kv,
+                 a->qkv + kv + kw, a->ld, i > 0);
     }
-    head_bwd(a->d, buf, a->dqkv + x, a->dqkv + x + ow, a->dqkv + x + 2 * ow,
-             a->dout + (size_t)b * T * ow + h * hd, ow, Pt, a->qkv + x, a->qkv + x + ow,
-             a->qkv + x + 2 * ow, a->ld);
 }
 
 /* Every task, on the team the calling thread would start (heads are shared out one at a time),
@@ -441,17 +454,16 @@ static int each_head(k_bf16 *k, const heads *a, size_t per, task_fn *task) {
 
 int k_bf16_attention_fwd(k_bf16 *k, float *out, float *probs, const float *qkv, int ld, int B,
                          int T, int H, int KVH, int hd, float p) {
-    /* Grouped kv heads would need the backward's dK, dV summed over the group's heads; dropout's
-     * masks are applied per head by the fp32 kernels. */
-    if (!k || p > 0.0f || KVH != H || hd % 16 || !k_bf16_supported()) return 0;
-    heads a = {dims_of(T, hd), out, NULL, probs, NULL, qkv, NULL, ld, H, B * H};
+    /* Dropout's masks are applied per head by the fp32 kernels. */
+    if (!k || p > 0.0f || KVH <= 0 || H % KVH || hd % 16 || !k_bf16_supported()) return 0;
+    heads a = {dims_of(T, hd), out, NULL, probs, NULL, qkv, NULL, ld, H, KVH, B * H};
     return each_head(k, &a, al(fwd_bytes(a.d)), fwd_task);
 }
 
 int k_bf16_attention_bwd(k_bf16 *k, float *dqkv, const float *dout, const float *qkv, int ld,
                          const float *probs, int B, int T, int H, int KVH, int hd, float p) {
-    if (!k || p > 0.0f || KVH != H || hd % 16 || !k_bf16_supported()) return 0;
-    heads a = {dims_of(T, hd), NULL, dqkv, NULL, probs, qkv, dout, ld, H, B * H};
+    if (!k || p > 0.0f || KVH <= 0 || H % KVH || hd % 16 || !k_bf16_supported()) return 0;
+    heads a = {dims_of(T, hd), NULL, dqkv, NULL, probs, qkv, dout, ld, H, KVH, B * KVH};
     size_t per = al(bwd_bytes(a.d));
     if (!probs) per += al((size_t)T * T * 4) + al(fwd_bytes(a.d));
     return each_head(k, &a, per, bwd_task);

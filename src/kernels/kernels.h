@@ -265,10 +265,12 @@ void k_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const f
 size_t k_attention_scratch_floats(int T, float p, int threads);
 /* The same attention of a fused q|k|v buffer (rows ld apart) with its matrix products on bf16
  * operands and fp32 accumulation, softmaxes in fp32 (attention_bf16.c). Returns 0 where it does
- * not apply (no k, no avx512_bf16, grouped kv heads, dropout, a head size not a multiple of 16)
- * or its buffers could not be had: the caller runs the fp32 kernels, which overwrite everything
- * these write. dqkv (rows ld apart) is overwritten. The backward's probs may be NULL: each head's
- * are then computed again as the forward did, in the thread's buffers (no [B, H, T, T] kept). */
+ * not apply (no k, no avx512_bf16, dropout, H not a multiple of KVH, a head size not a multiple of
+ * 16) or its buffers could not be had: the caller runs the fp32 kernels, which overwrite
+ * everything these write. dqkv (rows ld apart: q | k | v of H, KVH and KVH heads) is overwritten;
+ * a key/value head's dK and dV sum its query heads' in their order. The backward's probs may be
+ * NULL: each head's are then computed again as the forward did, in the thread's buffers (no [B, H,
+ * T, T] kept). */
 int k_bf16_attention_fwd(k_bf16 *k, float *out, float *probs, const float *qkv, int ld, int B,
                          int T, int H, int KVH, int hd, float p);
 int k_bf16_attention_bwd(k_bf16 *k, float *dqkv, const float *dout, const float *qkv, int ld,
