@@ -279,11 +279,16 @@ static int grow_w(k_bf16 *k) {
     return 1;
 }
 
+/* The copy of the n elements at src, if one was made. */
+static wcopy *find_w(k_bf16 *k, const float *src, size_t n) {
+    for (int i = 0; i < k->n_w; i++)
+        if (k->w[i].src == src && k->w[i].n == n) return &k->w[i];
+    return NULL;
+}
+
 /* The weight's copy for this pass: rounded at its first use in the pass. */
 static const uint16_t *weight(k_bf16 *k, const float *w, size_t n) {
-    wcopy *e = NULL;
-    for (int i = 0; i < k->n_w; i++)
-        if (k->w[i].src == w && k->w[i].n == n) e = &k->w[i];
+    wcopy *e = find_w(k, w, n);
     if (!e) {
         if (!grow_w(k)) return NULL;
         uint16_t *bf = core_big_alloc(bf_bytes(n));
@@ -523,12 +528,9 @@ tlm_status k_bf16_linear_bwd_dx_kept(k_bf16 *k, float *dx, const float *dy, int 
     /* The widened copy is found by the weight's bytes, made once while the weights stay frozen. */
     size_t n = (size_t)out * in;
     const float *key = (const float *)w->data;
-    wcopy *e = NULL;
-    for (int i = 0; i < k->n_w; i++)
-        if (k->w[i].src == key && k->w[i].n == n) e = &k->w[i];
+    wcopy *e = find_w(k, key, n);
     if (!e) {
-        float *tf = k_scratch(1, (size_t)in * sizeof(float) * 16);
-        uint16_t *bf = tf ? core_big_alloc(bf_bytes(n)) : NULL;
+        uint16_t *bf = core_big_alloc(bf_bytes(n));
         if (!bf || !grow_w(k)) {
             core_big_free(bf, bf_bytes(n));
             return k_bf16_linear_bwd_dx_frozen(k, dx, dy, ldy, w, N, beta);

@@ -28,10 +28,12 @@ static tlm_status grad_reserve(tlm_train_ctx *x) {
     size_t qw = (size_t)c->n_heads * (d / (size_t)c->n_heads), ld = (size_t)mdl_qkv_width(c);
     mdl_block_grads *g = &x->g;
     /* The FFN's backward is done before the attention's starts (in both norm positions), so
-     * dqkv | datt share the rows of dff_a | dff_h. */
-    size_t ffn = (c->ffn == TLM_FFN_SWIGLU ? N * ff * 2 : 0) + N * ff, att = N * ld + N * qw;
+     * dqkv | datt share the rows of dff_a | dff_h (swiglu; else dff_h alone). */
+    int swiglu = c->ffn == TLM_FFN_SWIGLU;
+    size_t ffn = (swiglu ? N * ff * 2 : 0) + N * ff, att = N * ld + N * qw;
+    float *shared = NULL;
     size_t sizes[] = {N * d, N * d, N * d, ffn > att ? ffn : att, c->dropout > 0.0f ? N * d : 0};
-    float **ptrs[] = {&g->dres, &g->dtmp, &g->dn, &g->dff_a, &g->ddrop};
+    float **ptrs[] = {&g->dres, &g->dtmp, &g->dn, &shared, &g->ddrop};
     size_t total = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += (sizes[i] + 15) & ~15ul;
     x->gbase = core_big_alloc(total * sizeof(float));
@@ -41,11 +43,10 @@ static tlm_status grad_reserve(tlm_train_ctx *x) {
         *ptrs[i] = sizes[i] ? x->gbase + off : NULL;
         off += (sizes[i] + 15) & ~15ul;
     }
-    /* swiglu: dff_a [N, 2 d_ff] then dff_h; else dff_h alone (dff_a unused) */
-    g->dff_h = c->ffn == TLM_FFN_SWIGLU ? g->dff_a + N * ff * 2 : g->dff_a;
-    if (c->ffn != TLM_FFN_SWIGLU) g->dff_a = NULL;
-    g->dqkv = g->dff_a ? g->dff_a : g->dff_h;
-    g->datt = g->dqkv + N * ld;
+    g->dff_a = swiglu ? shared : NULL;
+    g->dff_h = swiglu ? shared + N * ff * 2 : shared;
+    g->dqkv = shared;
+    g->datt = shared + N * ld;
     x->gfloats = total;
     x->gB = B;
     x->gT = T;
@@ -78,8 +79,8 @@ int mdl_ctx_count_targets(const int32_t *targets, size_t n) {
     return k;
 }
 
-tlm_status mdl_ctx_head_loss(tlm_train_ctx *x, const int32_t *targets, int N, int divisor,
-                             float *grads, int acc, double *loss, int *counted_out) {
+void mdl_ctx_head_loss(tlm_train_ctx *x, const int32_t *targets, int N, int divisor, float *grads,
+                       int acc, double *loss, int *counted_out) {
     const tlm_model *m = x->m;
     const tlm_config *c = &m->c;
     size_t d = (size_t)c->d_model;
@@ -109,7 +110,6 @@ tlm_status mdl_ctx_head_loss(tlm_train_ctx *x, const int32_t *targets, int N, in
     }
     *loss = total ? sum / total : NAN;
     if (counted_out) *counted_out = total;
-    return TLM_OK;
 }
 
 tlm_status mdl_ctx_forward_backward_whole(tlm_train_ctx *x, const int32_t *ids,

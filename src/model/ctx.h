@@ -72,8 +72,8 @@ tlm_status mdl_ctx_forward(tlm_train_ctx *x, const int32_t *ids, int B, int T, i
  * computed a slice of rows at a time in x->logits. With grads, the backward pass of the head too,
  * slice by slice (leaving the gradient at the last block's output in x->g.dres), the gradient of
  * the loss summed and divided by divisor (<= 0: the count) added to grads (acc) or written. */
-tlm_status mdl_ctx_head_loss(tlm_train_ctx *x, const int32_t *targets, int N, int divisor,
-                             float *grads, int acc, double *loss, int *counted_out);
+void mdl_ctx_head_loss(tlm_train_ctx *x, const int32_t *targets, int N, int divisor, float *grads,
+                       int acc, double *loss, int *counted_out);
 /* The most rows of logits mdl_ctx_head_loss computes at a time (0: its own choice), for tests
  * that make small batches take several slices. Returns the previous setting. */
 int mdl_ctx_head_rows_max(int rows);

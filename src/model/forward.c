@@ -330,7 +330,7 @@ static void run_bufs(tlm_train_ctx *x, mdl_fwd_mode mode) {
         /* Frozen passes keep no rounded copies of the products' inputs (nothing computes a weight
          * gradient), so the inputs can be computed again; full training's bf16 copies are found
          * by the input's address, which must then hold that layer's rows. */
-        if (mode == MDL_FWD_TRAIN && x->n_lora) {
+        if (x->pass.recompute) {
             b->n1 = z->n1;
             if (pre) b->n2 = z->n2;
             if (c->ffn == TLM_FFN_SWIGLU) b->ff_h = z->ff_h;

@@ -180,7 +180,7 @@ static tlm_status slice_loss(tlm_train_ctx *x, const int32_t *ids, const int32_t
     if (counted) *counted = 0;
     tlm_status s = mdl_ctx_check_targets(&x->m->c, targets, B, T);
     if (!s) s = mdl_ctx_forward(x, ids, B, T, 0, MDL_FWD_LOSS);
-    if (!s) s = mdl_ctx_head_loss(x, targets, B * T, 0, NULL, 0, loss, counted);
+    if (!s) mdl_ctx_head_loss(x, targets, B * T, 0, NULL, 0, loss, counted);
     return s;
 }
 
