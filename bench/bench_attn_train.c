@@ -60,15 +60,15 @@ int main(int argc, char **argv) {
                 double t = now();
                 if (bf) {
                     if (!k_bf16_attention_fwd(k, out, probs, qkv, ld, s.B, s.T, s.H, s.H, s.hd,
-                                              0.0f) ||
+                                              NULL, 0.0f) ||
                         !k_bf16_attention_bwd(k, dqkv, dout, qkv, ld, probs, s.B, s.T, s.H, s.H,
-                                              s.hd, 0.0f)) {
+                                              s.hd, NULL, 0.0f)) {
                         printf("bf16 attention refused %s\n", s.name);
                         return 1;
                     }
                 } else {
                     k_attention_fwd(out, probs, qkv, qkv + ow, qkv + 2 * ow, ld, ld, s.B, s.T, s.H,
-                                    s.H, s.hd, 0.0f, 0, scr);
+                                    s.H, s.hd, NULL, 0.0f, 0, scr);
                     k_attention_bwd(dqkv, dqkv + ow, dqkv + 2 * ow, dout, qkv, qkv + ow,
                                     qkv + 2 * ow, ld, ld, probs, s.B, s.T, s.H, s.H, s.hd, 0.0f, 0,
                                     scr);

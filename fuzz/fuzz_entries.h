@@ -321,9 +321,9 @@ static inline int fuzz_request(const uint8_t *data, size_t size) {
     srv_request r;
     srv_error e;
     if (srv_request_parse((const char *)data + 1, size - 1, data[0] & 1, &r, &e)) return 0;
-    for (int t = 0; r.chat && t < SRV_TPL_COUNT; t++) {
+    for (int t = 0; r.chat && t < TLM_CHAT_COUNT; t++) {
         char *out = NULL;
-        if (srv_template_apply((srv_template)t, r.messages, r.n_messages, &out) == TLM_OK)
+        if (srv_template_apply((tlm_chat_template)t, r.messages, r.n_messages, &out) == TLM_OK)
             free(out);
     }
     srv_request_free(&r);

@@ -141,6 +141,61 @@ static void parity_case(const char *name) {
         mdl_ctx_head_rows_max(0);
     }
 
+    /* DPO against the reference's pairs: the base's log-probabilities (the adapter at scale 0),
+     * then the loss and every A and B gradient, the batch whole and split over threads. */
+    io_st_file dp;
+    CHECK_OK(io_st_open(&dp, t_path(dir, "dpo.safetensors")));
+    int NP = atoi(io_st_meta(&dp, "P")), DT = atoi(io_st_meta(&dp, "T"));
+    tlm_dpo_opts dopt = {atof(io_st_meta(&dp, "beta")), atof(io_st_meta(&dp, "label_smoothing"))};
+    size_t DN = (size_t)2 * NP * DT;
+    int32_t *dids = malloc(DN * sizeof *dids), *dtg = malloc(DN * sizeof *dtg);
+    CHECK_OK(io_st_read_i32(&dp, io_st_find(&dp, "ids"), dids, DN));
+    CHECK_OK(io_st_read_i32(&dp, io_st_find(&dp, "targets"), dtg, DN));
+    float *rf = read_tensor(&dp, "ref_logp", (size_t)2 * NP), dloss;
+    CHECK_OK(io_st_read_f32(&dp, io_st_find(&dp, "loss"), &dloss, 1));
+    double *ref = malloc((size_t)2 * NP * sizeof *ref);
+    float *tok = malloc(DN * sizeof *tok);
+    for (int dpar = 0; dpar <= 1; dpar++) {
+        tlm_train_ctx *x = NULL;
+        CHECK_OK(tlm_train_ctx_new(m, &x));
+        tlm_train_ctx_set_data_parallel(x, dpar);
+        float zero = 0.0f;
+        CHECK_OK(tlm_train_ctx_set_loras(x, one, &zero, 1));
+        CHECK_OK(tlm_train_ctx_token_logp(x, dids, dtg, 2 * NP, DT, NULL, tok));
+        double wr = 0;
+        for (int r = 0; r < 2 * NP; r++) {
+            double sum = 0;
+            for (int t = 0; t < DT; t++) sum += tok[(size_t)r * DT + t];
+            wr = fmax(wr, fabs(sum - rf[r]) / (1e-4 + 1e-4 * fabs(rf[r])));
+            ref[r] = rf[r];
+        }
+        CHECK(wr <= 1, "%s: the base's log-probabilities off the reference (%.3g)", name, wr);
+        CHECK_OK(tlm_train_ctx_set_loras(x, one, NULL, 1));
+        for (size_t i = 0; i < np; i++) g[i] = 77.0f;
+        tlm_dpo_stats st;
+        CHECK_OK(tlm_train_ctx_dpo(x, dids, dtg, NP, DT, NULL, ref, &dopt, 0, g, 0, &st));
+        CHECK_NEAR(st.loss / NP, dloss, 2e-5);
+        double w = 0;
+        for (int i = 0; i < nt; i++) {
+            char key[TLM_NAME_MAX + 8];
+            snprintf(key, sizeof key, "grad.%s", ts[i].name);
+            float *want = read_tensor(&dp, key, ts[i].numel);
+            w = fmax(w, worst(g + ts[i].offset, want, ts[i].numel, 1e-5, 1e-3));
+            free(want);
+        }
+        printf("  %-18s DPO %s: loss %.6f (reference %.6f), gradients worst error / tolerance "
+               "%.3f\n",
+               name, dpar ? "batch split" : "batch whole", st.loss / NP, (double)dloss, w);
+        CHECK(w <= 1, "%s: DPO gradients off the reference (%.3g)", name, w);
+        tlm_train_ctx_free(x);
+    }
+    free(dids);
+    free(dtg);
+    free(rf);
+    free(ref);
+    free(tok);
+    io_st_close(&dp);
+
     /* The merged model computes what the adapter on the base does. */
     tlm_model *merged = NULL;
     CHECK_OK(tlm_lora_merge(m, one, NULL, 1, &merged));

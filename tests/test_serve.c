@@ -15,60 +15,63 @@ static void test_templates(void) {
                           {"assistant", "Hello!"},
                           {"user", "Name a color."}};
     struct {
-        srv_template t;
+        tlm_chat_template t;
         const char *want;
     } cases[] = {
-        {SRV_TPL_CHATML, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
-                         "<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nName a "
-                         "color.<|im_end|>\n<|im_start|>assistant\n"},
-        {SRV_TPL_LLAMA3,
+        {TLM_CHAT_CHATML,
+         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+         "<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nName a "
+         "color.<|im_end|>\n<|im_start|>assistant\n"},
+        {TLM_CHAT_LLAMA3,
          "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
          "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant"
          "<|end_header_id|>\n\nHello!<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nName "
          "a color.<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"},
-        {SRV_TPL_LLAMA2, "<s>[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST] Hello!</s><s>[INST] "
-                         "Name a color. [/INST]"},
-        {SRV_TPL_MISTRAL, "<s>[INST] Be brief.\n\nHi [/INST] Hello!</s><s>[INST] Name a color. "
-                          "[/INST]"},
-        {SRV_TPL_GEMMA, "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>"
-                        "model\nHello!<end_of_turn>\n<start_of_turn>user\nName a color."
-                        "<end_of_turn>\n<start_of_turn>model\n"},
-        {SRV_TPL_PHI3, "<|system|>\nBe brief.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\nHello!"
-                       "<|end|>\n<|user|>\nName a color.<|end|>\n<|assistant|>\n"},
+        {TLM_CHAT_LLAMA2,
+         "<s>[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST] Hello!</s><s>[INST] "
+         "Name a color. [/INST]"},
+        {TLM_CHAT_MISTRAL, "<s>[INST] Be brief.\n\nHi [/INST] Hello!</s><s>[INST] Name a color. "
+                           "[/INST]"},
+        {TLM_CHAT_GEMMA, "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>"
+                         "model\nHello!<end_of_turn>\n<start_of_turn>user\nName a color."
+                         "<end_of_turn>\n<start_of_turn>model\n"},
+        {TLM_CHAT_PHI3, "<|system|>\nBe brief.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\nHello!"
+                        "<|end|>\n<|user|>\nName a color.<|end|>\n<|assistant|>\n"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char *out = NULL;
         CHECK_OK(srv_template_apply(cases[i].t, msgs, 4, &out));
-        CHECK(out && !strcmp(out, cases[i].want), "%s renders\n%s", srv_template_name(cases[i].t),
-              out ? out : "(null)");
+        CHECK(out && !strcmp(out, cases[i].want), "%s renders\n%s",
+              tlm_chat_template_name(cases[i].t), out ? out : "(null)");
         free(out);
-        srv_template back;
-        CHECK(srv_template_from_name(srv_template_name(cases[i].t), &back) && back == cases[i].t,
+        tlm_chat_template back;
+        CHECK(tlm_chat_template_from_name(tlm_chat_template_name(cases[i].t), &back) &&
+                  back == cases[i].t,
               "name round trip");
     }
     /* Recognition from (abridged) Jinja sources of each family. */
     struct {
         const char *jinja;
-        srv_template want;
+        tlm_chat_template want;
     } det[] = {
         {"{% for m in messages %}{{'<|im_start|>' + m['role'] + '\\n'}}{% endfor %}",
-         SRV_TPL_CHATML},
+         TLM_CHAT_CHATML},
         {"{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}",
-         SRV_TPL_LLAMA3},
-        {"{{ bos_token + '[INST] ' + '<<SYS>>\\n' + content }}", SRV_TPL_LLAMA2},
+         TLM_CHAT_LLAMA3},
+        {"{{ bos_token + '[INST] ' + '<<SYS>>\\n' + content }}", TLM_CHAT_LLAMA2},
         {"{{ bos_token }}{% for m in messages %}{{ '[INST] ' + m['content'] + ' [/INST]' }}",
-         SRV_TPL_MISTRAL},
-        {"{{ '<start_of_turn>' + role + '\\n' }}", SRV_TPL_GEMMA},
-        {"{{'<|user|>' + '\\n' + message['content'] + '<|end|>' + '\\n'}}", SRV_TPL_PHI3},
+         TLM_CHAT_MISTRAL},
+        {"{{ '<start_of_turn>' + role + '\\n' }}", TLM_CHAT_GEMMA},
+        {"{{'<|user|>' + '\\n' + message['content'] + '<|end|>' + '\\n'}}", TLM_CHAT_PHI3},
     };
     for (size_t i = 0; i < sizeof det / sizeof det[0]; i++) {
-        srv_template t = SRV_TPL_COUNT;
-        CHECK(srv_template_detect(det[i].jinja, &t) && t == det[i].want, "detect case %zu: %d", i,
-              (int)t);
+        tlm_chat_template t = TLM_CHAT_COUNT;
+        CHECK(tlm_chat_template_detect(det[i].jinja, &t) && t == det[i].want, "detect case %zu: %d",
+              i, (int)t);
     }
-    srv_template t;
-    CHECK(!srv_template_detect("{{ messages }}", &t), "an unknown template is not recognised");
-    CHECK(!srv_template_from_name("vicuna", &t), "unknown name");
+    tlm_chat_template t;
+    CHECK(!tlm_chat_template_detect("{{ messages }}", &t), "an unknown template is not recognised");
+    CHECK(!tlm_chat_template_from_name("vicuna", &t), "unknown name");
 }
 
 static int parse_fails(const char *body, int chat, const char *param, int status) {

@@ -216,8 +216,8 @@ static void check_attention(void) {
             pr[w] = malloc(np * sizeof(float));
             d[w] = malloc(nq * sizeof(float));
             memset(d[w], 0, nq * sizeof(float));
-            k_attention_fwd(o[w], pr[w], qkv, qkv + qw, qkv + qw + kw, ld, ld, B, T, H, KVH, HD, p,
-                            99, scratch);
+            k_attention_fwd(o[w], pr[w], qkv, qkv + qw, qkv + qw + kw, ld, ld, B, T, H, KVH, HD,
+                            NULL, p, 99, scratch);
             k_attention_bwd(d[w], d[w] + qw, d[w] + qw + kw, dout, qkv, qkv + qw, qkv + qw + kw, ld,
                             ld, pr[w], B, T, H, KVH, HD, p, 99, scratch);
             if (w == 0) continue;

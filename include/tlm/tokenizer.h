@@ -121,6 +121,49 @@ tlm_status tlm_tokenizer_train_bpe(const char *const *files, int n_files,
 tlm_status tlm_tokenizer_train_bpe_texts(const char *const *texts, const size_t *lens, int n_texts,
                                          const tlm_bpe_train_opts *opts, tlm_tokenizer **out);
 
+/* ---- chat templates -------------------------------------------------------------------------- */
+
+/* The common families written out in C (no Jinja interpreter): what tlm serve renders chats with,
+ * and tlm finetune its training chats, so both see the same tokens. */
+typedef enum {
+    TLM_CHAT_CHATML = 0,
+    TLM_CHAT_LLAMA2,
+    TLM_CHAT_LLAMA3,
+    TLM_CHAT_MISTRAL,
+    TLM_CHAT_GEMMA,
+    TLM_CHAT_PHI3,
+    TLM_CHAT_COUNT
+} tlm_chat_template;
+
+typedef struct {
+    const char *role; /* system, user, assistant, tool (developer is read as system) */
+    const char *content;
+} tlm_chat_message;
+
+/* Where an assistant turn's generated text lies in a rendering: bytes [begin, end) (the answer
+ * and the marker ending the turn, as a model emits them after the turn's header), and which
+ * message it is. */
+typedef struct {
+    size_t begin, end;
+    int msg;
+} tlm_chat_span;
+
+/* "chatml", "llama2", "llama3", "mistral", "gemma", "phi3". */
+const char *tlm_chat_template_name(tlm_chat_template t);
+/* 1 and *t set when name is one of tlm_chat_template_name's; 0 otherwise. */
+int tlm_chat_template_from_name(const char *name, tlm_chat_template *t);
+/* Recognises the family of a Jinja chat template (GGUF tokenizer.chat_template) by the markers its
+ * text must contain; 0 when none matches (the caller falls back to ChatML and says so). */
+int tlm_chat_template_detect(const char *jinja, tlm_chat_template *t);
+/* The text that ends an assistant turn in this family ("<|im_end|>", "<|eot_id|>", ...): a stop
+ * string for chat requests, and an end-of-turn id when the vocabulary has it as one token. */
+const char *tlm_chat_template_end(tlm_chat_template t);
+/* Renders the messages; open_turn opens the assistant's turn at the end (a prompt). *out is
+ * malloc'd, NUL-terminated; with spans, *spans (malloc'd, *n_spans of them) receives every
+ * assistant turn's, in order. */
+tlm_status tlm_chat_render(tlm_chat_template t, const tlm_chat_message *msgs, int n, int open_turn,
+                           char **out, tlm_chat_span **spans, int *n_spans);
+
 #ifdef __cplusplus
 }
 #endif

@@ -59,6 +59,7 @@ typedef struct {
     const int32_t *targets; /* [B*T] or NULL; negative targets are ignored in the loss */
     int pos_offset;         /* position of the first token (pos_offset + T <= context_length) */
     int want_probs;         /* also compute softmax probabilities */
+    const int32_t *pos;     /* [B*T] or NULL: each token's position, as tlm_batch_opts.pos */
 } tlm_forward_opts;
 
 /* Every field 0: no targets, position 0, no probabilities. */
@@ -83,6 +84,77 @@ tlm_status tlm_train_ctx_forward(tlm_train_ctx *x, const int32_t *ids, int B, in
 tlm_status tlm_train_ctx_forward_backward(tlm_train_ctx *x, const int32_t *ids,
                                           const int32_t *targets, int B, int T, int pos0,
                                           float *grads, int accumulate, float *loss);
+
+/* What a batch of examples adds to plain windows of text (instruction tuning). */
+typedef struct {
+    /* [B*T] each token's position, or NULL: pos0, pos0 + 1, ... in every row. A token at position
+     * p in column t of its row attends to the min(p, t) tokens before it and itself: examples
+     * packed into one row, their positions starting again from 0 at each, see nothing of one
+     * another (a block-diagonal causal mask), exactly as if each had a row of its own. */
+    const int32_t *pos;
+    int pos0;
+    /* > 0: the loss is the sum of the counted targets' cross-entropy divided by this (and so its
+     * gradient), not their mean: a micro-step or a process passes the whole optimizer step's
+     * count (its share of it), so the gradients of the parts add up to the mean over the step's
+     * every counted target, however many each part holds. <= 0: the batch's own count. */
+    double divisor;
+} tlm_batch_opts;
+
+/* Every field 0. */
+void tlm_batch_opts_defaults(tlm_batch_opts *o);
+/* tlm_train_ctx_forward_backward with o's positions and divisor (o NULL: the defaults). */
+tlm_status tlm_train_ctx_forward_backward_opts(tlm_train_ctx *x, const int32_t *ids,
+                                               const int32_t *targets, int B, int T,
+                                               const tlm_batch_opts *o, float *grads,
+                                               int accumulate, float *loss);
+
+/* Losses that are not a plain mean of the targets' cross-entropy (preference tuning) in two
+ * halves. The first: a training forward of the batch (kept in the context) and each target's
+ * log-probability into logp [B*T] (0 where the target is negative). ids and targets must stay
+ * unchanged until the second half; any other pass of the context in between discards the first. */
+tlm_status tlm_train_ctx_forward_logp(tlm_train_ctx *x, const int32_t *ids, const int32_t *targets,
+                                      int B, int T, const tlm_batch_opts *o, float *logp);
+/* The second: the gradient of L = -sum_t weights[t] logp[t] (weights [B*T], those of ignored
+ * targets unused) into grads (written, or added to with accumulate) — the chain rule's dL/dlogp
+ * at each target, negated — and *loss (may be NULL) the sum of weights[t] times the targets'
+ * cross-entropy. */
+tlm_status tlm_train_ctx_backward_weighted(tlm_train_ctx *x, const float *weights, float *grads,
+                                           int accumulate, float *loss);
+/* Each target's log-probability under the model as it is (no dropout, nothing kept), into logp
+ * [B*T] (0 where ignored); pos may be NULL (as tlm_batch_opts.pos). */
+tlm_status tlm_train_ctx_token_logp(tlm_train_ctx *x, const int32_t *ids, const int32_t *targets,
+                                    int B, int T, const int32_t *pos, float *logp);
+
+/* Direct preference optimisation (Rafailov et al. 2023, TRL's DPOTrainer with loss_type
+ * "sigmoid"): for a pair with chosen answer w and rejected answer l after the same prompt,
+ *   z = beta [(log pi(w) - log ref(w)) - (log pi(l) - log ref(l))]
+ *   loss = -(1 - eps) log sigmoid(z) - eps log sigmoid(-z)   (eps: label smoothing),
+ * log pi(w) the sum of the answer's tokens' log-probabilities. */
+typedef struct {
+    double beta;            /* default 0.1 */
+    double label_smoothing; /* default 0 */
+} tlm_dpo_opts;
+void tlm_dpo_opts_defaults(tlm_dpo_opts *o);
+
+/* Sums over a batch's pairs (divide by pairs for TRL's means). */
+typedef struct {
+    int pairs;
+    double loss;
+    double chosen_reward, rejected_reward; /* beta (log pi - log ref) */
+    double chosen_logp, rejected_logp;     /* log pi */
+    int correct;                           /* pairs whose chosen reward is above the rejected's */
+} tlm_dpo_stats;
+
+/* One DPO pass over P pairs: rows 2i (chosen) and 2i + 1 (rejected) of ids [2P, T], their targets
+ * negative but on the answers, pos as tlm_batch_opts.pos (NULL: 0..T-1); ref_logp [2P] the
+ * reference's sums for the rows (tlm_train_ctx_token_logp of the reference: the same context with
+ * its adapter's scale 0, or a frozen copy of the model). With grads, the gradient of the pairs'
+ * summed loss divided by divisor (<= 0: P) into grads (written, or added with accumulate);
+ * without, a forward only (evaluation). st (may be NULL) receives the pairs' sums. */
+tlm_status tlm_train_ctx_dpo(tlm_train_ctx *x, const int32_t *ids, const int32_t *targets, int P,
+                             int T, const int32_t *pos, const double *ref_logp,
+                             const tlm_dpo_opts *d, double divisor, float *grads, int accumulate,
+                             tlm_dpo_stats *st);
 
 /* ---- training -------------------------------------------------------------------------------- */
 
@@ -164,17 +236,87 @@ int32_t tlm_dataset_vocab_size(const tlm_dataset *d);
 size_t tlm_dataset_window(const tlm_dataset *d, tlm_split split, uint64_t seed, uint64_t stream,
                           uint64_t index, int T);
 
+/* ---- instruction and preference data --------------------------------------------------------- */
+
+/* JSON Lines, one example a line: {"text"}, {"prompt", "completion"}, {"messages": [{"role",
+ * "content"}, ...]} or {"prompt", "chosen", "rejected"} (strings, or lists of messages), as
+ * Hugging Face TRL reads them. AUTO: from the first line's keys. */
+typedef enum {
+    TLM_FORMAT_AUTO = 0,
+    TLM_FORMAT_TEXT,
+    TLM_FORMAT_COMPLETION,
+    TLM_FORMAT_CHAT,
+    TLM_FORMAT_DPO
+} tlm_data_format;
+/* Which tokens the loss predicts. DEFAULT: text everywhere; completions (and a pair's chosen and
+ * rejected sides) alone; chats their assistant turns. ALL: every token. ASSISTANT: the assistant
+ * turns, each with the marker ending it. COMPLETION: a chat's last assistant turn alone. */
+typedef enum {
+    TLM_LOSS_ON_DEFAULT = 0,
+    TLM_LOSS_ON_ALL,
+    TLM_LOSS_ON_ASSISTANT,
+    TLM_LOSS_ON_COMPLETION
+} tlm_loss_on;
+const char *tlm_data_format_name(tlm_data_format f);
+/* "auto", "text", "completion", "chat", "dpo" / "all", "assistant", "completion". */
+tlm_status tlm_data_format_parse(const char *name, tlm_data_format *out);
+tlm_status tlm_loss_on_parse(const char *name, tlm_loss_on *out);
+
+typedef struct {
+    tlm_data_format format;
+    tlm_loss_on loss_on;
+    /* Chats are rendered as tlm serve renders them: chatml, llama2, llama3, mistral, gemma or
+     * phi3 (NULL: chatml); the trained turns are tokenized on their own, as a model generates
+     * them after the prompt. */
+    const char *chat_template;
+    int max_len;           /* tokens; a longer example is cut to it (default 512) */
+    int truncate_keep_end; /* cut from the start, keeping the end (default: keep the start) */
+    int skip_bad;          /* count malformed lines and go on (default: stop at the first) */
+} tlm_examples_opts;
+
+typedef struct {
+    tlm_data_format format; /* the one read */
+    long lines;             /* not blank */
+    long examples;          /* kept (pairs for DPO) */
+    long bad;               /* malformed, skipped (skip_bad) */
+    long truncated;         /* cut to max_len (kept) */
+    long empty;             /* nothing left to learn after masking: skipped */
+    long tokens, trained_tokens;
+} tlm_examples_stats;
+
+/* Tokenized examples: each a sequence of ids, a flag per token saying whether the loss predicts
+ * it. Texts and completions end with EOS (trained) where the vocabulary has one; BOS starts every
+ * example where the vocabulary's models expect it (tlm_tokenizer_add_bos). */
+typedef struct tlm_examples tlm_examples;
+
+void tlm_examples_opts_defaults(tlm_examples_opts *o);
+/* Reads a JSON Lines file. A malformed line is an error naming the file, its line number and what
+ * is wrong, unless skip_bad. stats (may be NULL) receives the counts. */
+tlm_status tlm_examples_load(const char *path, const tlm_tokenizer *tok, const tlm_examples_opts *o,
+                             tlm_examples **out, tlm_examples_stats *stats);
+void tlm_examples_free(tlm_examples *e);
+/* Sequences held (a preference pair is two: chosen at 2i, rejected at 2i + 1). */
+size_t tlm_examples_count(const tlm_examples *e);
+int tlm_examples_pairs(const tlm_examples *e);
+/* Sequence i's tokens and flags (owned by e); returns its length, 0 past the end. */
+int tlm_examples_get(const tlm_examples *e, size_t i, const int32_t **ids, const uint8_t **trained);
+/* Moves the last fraction of the examples (whole pairs) into *tail (NULL when none). */
+tlm_status tlm_examples_split(tlm_examples *e, double fraction, tlm_examples **tail);
+
 /* Mean loss over `batches` fixed random windows (B x T) of a split; NAN if it cannot be computed.
  */
 double tlm_train_ctx_evaluate(tlm_train_ctx *x, const tlm_dataset *d, tlm_split split, int B, int T,
                               int batches, uint64_t seed);
 
 typedef struct {
-    long step, total; /* steps completed, steps in the run */
-    float train_loss; /* of this step's batch */
-    float val_loss;   /* NAN unless evaluated at this step */
-    double lr, grad_norm, tokens_per_s, elapsed_s;
-    long steps_this_run; /* since start or resume */
+    long step, total;                              /* steps completed, steps in the run */
+    float train_loss;                              /* of this step's batch */
+    float val_loss;                                /* NAN unless evaluated at this step */
+    double lr, grad_norm, tokens_per_s, elapsed_s; /* tokens: of examples, not padding */
+    long steps_this_run;                           /* since start or resume */
+    /* DPO: the step's pairs' sums (NULL otherwise); val_dpo those of the evaluation (NULL unless
+     * evaluated at this step). */
+    const tlm_dpo_stats *dpo, *val_dpo;
 } tlm_train_progress;
 
 /* The seam of a training step between the backward pass and the optimizer, where training over
@@ -229,6 +371,21 @@ typedef struct {
      * adapter.gguf (llama.cpp's GGUF adapter) and peft/ (a PEFT directory) in place of
      * model.safetensors. NULL: m's parameters are trained. */
     tlm_lora *lora;
+    /* Instruction tuning: rows of whole examples in place of the dataset's windows (the dataset
+     * may then be NULL). Each step takes `batch` rows of an epoch's shuffled order (epochs follow
+     * one another); a row holds one example (padded to the longest of its pass) or, with pack,
+     * several (positions restarting at each: tlm_batch_opts.pos), seq_len tokens. The loss is the
+     * mean over the step's trained tokens, whatever the micro-steps and processes. Validation:
+     * val_examples (NULL: none), up to eval_batches x batch rows of them in order. */
+    const tlm_examples *examples, *val_examples;
+    int pack;
+    /* Preference pairs (tlm_examples_pairs) train with DPO: `batch` counts pairs, the loss is the
+     * mean of the step's pairs' (tlm_train_ctx_dpo). The reference: with lora, m itself (the
+     * adapter's scale 0, no second copy); else ref_model (the frozen base, needed then). With
+     * precompute_ref its log-probabilities are computed once, before the first step. */
+    tlm_dpo_opts dpo;
+    const tlm_model *ref_model;
+    int precompute_ref;
     /* Called after every step; returning non-zero stops (after saving a checkpoint). */
     int (*on_progress)(void *user, const tlm_train_progress *p);
     void *user;

@@ -36,6 +36,9 @@ int cli_parse_int_list(const char *s, long lo, long hi, long *out, int cap);
 /* The tokenizer that travels with a model (a tlm checkpoint's DIR/tokenizer, a GGUF or Hugging
  * Face vocabulary); *out is NULL when there is none. */
 tlm_status cli_model_tokenizer(const char *model, tlm_tokenizer **out);
+/* The chat template family a GGUF's tokenizer.chat_template names: 1 and *t when recognised; 0
+ * otherwise, *present saying whether the file has one (tlm serve and finetune then use chatml). */
+int cli_gguf_template(const char *model, tlm_chat_template *t, int *present);
 /* Text files into token shards DIR/shard_NNNNNN.bin of per_shard tokens (tlm token files), on
  * every thread, reading a chunk of chunk_bytes per thread at a time (src/cli/tok_shards.c). */
 int cli_tokenize_shards(const tlm_tokenizer *tok, const char *dir, long per_shard,

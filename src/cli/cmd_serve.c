@@ -71,7 +71,7 @@ extern const size_t tlm_web_index_len;
 typedef struct {
     srv_sched *sched;
     const tlm_tokenizer *tok;
-    srv_template tpl;
+    tlm_chat_template tpl;
     const char *model_id;
     const char *api_key;
     size_t max_body;
@@ -292,7 +292,7 @@ static enum MHD_Result handle_generate(server *sv, struct MHD_Connection *c, con
     for (int i = 0; i < r->n_stop; i++) g->stops[g->n_stops++] = r->stop[i];
     int32_t end_id = -1;
     if (chat) {
-        const char *end = srv_template_end(sv->tpl);
+        const char *end = tlm_chat_template_end(sv->tpl);
         g->stops[g->n_stops++] = (char *)end;
         end_id = tlm_tokenizer_find(sv->tok, end, strlen(end));
         if (end_id >= 0 && !tlm_tokenizer_is_special(sv->tok, end_id)) end_id = -1;
@@ -489,7 +489,7 @@ static enum MHD_Result handle_models(server *sv, struct MHD_Connection *c) {
     cJSON_AddNumberToObject(meta, "n_ctx", sv->ctx);
     cJSON_AddNumberToObject(meta, "n_vocab", tlm_tokenizer_vocab_size(sv->tok));
     cJSON_AddNumberToObject(meta, "parallel", sv->parallel);
-    cJSON_AddStringToObject(meta, "chat_template", srv_template_name(sv->tpl));
+    cJSON_AddStringToObject(meta, "chat_template", tlm_chat_template_name(sv->tpl));
     cJSON_AddItemToArray(cJSON_AddArrayToObject(out, "data"), m);
     return send_json(sv, c, 200, out);
 }
@@ -663,30 +663,6 @@ static void on_signal(int sig) {
     (void)r;
 }
 
-/* The family named by a GGUF's tokenizer.chat_template; 0 when there is none or it is unknown. */
-static int gguf_template(const char *model, srv_template *t, int *present) {
-    *present = 0;
-    tlm_model_format f;
-    if (tlm_model_detect(model, &f) || f != TLM_FORMAT_GGUF) return 0;
-    io_gguf *g = NULL;
-    if (io_gguf_open(model, &g)) return 0;
-    const char *s = NULL;
-    size_t n = 0;
-    int ok = 0;
-    if (!io_gguf_get_str(g, "tokenizer.chat_template", &s, &n)) {
-        *present = 1;
-        char *z = malloc(n + 1);
-        if (z) {
-            memcpy(z, s, n);
-            z[n] = 0;
-            ok = srv_template_detect(z, t);
-            free(z);
-        }
-    }
-    io_gguf_close(g);
-    return ok;
-}
-
 static int serve_main(int argc, char **argv, cli_lora *lora) {
     const char *model_path = NULL, *tok_path = NULL, *host = "127.0.0.1", *api_key = NULL;
     const char *tpl_name = NULL, *precision = NULL;
@@ -754,10 +730,10 @@ static int serve_main(int argc, char **argv, cli_lora *lora) {
     if (inet_pton(AF_INET, host, &addr.sin_addr) != 1)
         return cli_fail("serve: --host wants an IPv4 address such as 127.0.0.1, got '%s'", host);
     server sv = {0};
-    sv.tpl = SRV_TPL_CHATML;
+    sv.tpl = TLM_CHAT_CHATML;
     const char *nice_env = core_bench_knob("TLM_SERVE_NICE");
     sv.conn_nice = nice_env ? atoi(nice_env) : 10;
-    if (tpl_name && !srv_template_from_name(tpl_name, &sv.tpl))
+    if (tpl_name && !tlm_chat_template_from_name(tpl_name, &sv.tpl))
         return cli_fail("serve: --chat-template '%s' is not one of chatml, llama2, llama3, "
                         "mistral, gemma, phi3",
                         tpl_name);
@@ -794,7 +770,7 @@ static int serve_main(int argc, char **argv, cli_lora *lora) {
     }
     if (!tpl_name) {
         int present = 0;
-        if (!gguf_template(model_path, &sv.tpl, &present) && present)
+        if (!cli_gguf_template(model_path, &sv.tpl, &present) && present)
             fprintf(stderr, "tlm: serve: the model's chat template is not one tlm knows; using "
                             "chatml (choose with --chat-template)\n");
     }
@@ -864,7 +840,7 @@ static int serve_main(int argc, char **argv, cli_lora *lora) {
                  cli_cache_type_name(vt));
     printf("tlm serve: %s, %d slots of %d positions, KV cache %s (%.1f MiB), chat template %s\n",
            sv.model_id, sv.parallel, sv.ctx, kv_desc,
-           (double)srv_sched_kv_bytes(sv.sched) / 1048576.0, srv_template_name(sv.tpl));
+           (double)srv_sched_kv_bytes(sv.sched) / 1048576.0, tlm_chat_template_name(sv.tpl));
     printf("listening on http://%s:%u/\n", host, di ? di->port : (unsigned)port);
     fflush(stdout);
     char b;

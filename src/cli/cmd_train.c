@@ -74,6 +74,30 @@ static const char *finetune_help =
     "  --lora-targets LIST    q,k,v,o,gate,up,down (default: every linear layer of the blocks);\n"
     "                         all adds the output head\n"
     "  --full                 train every parameter, starting from BASE's weights\n\n"
+    "Instruction data: --data (and --val-data) may be JSON Lines, one example a line, as TRL\n"
+    "reads them: {\"text\"}, {\"prompt\", \"completion\"}, {\"messages\": [{\"role\", "
+    "\"content\"}]}\n"
+    "(a .jsonl file, or any file whose first character is '{'). Examples are whole rows: one a\n"
+    "row, or packed several to a row of --seq-len tokens, none attending to another.\n"
+    "  --format F             text, completion, chat or dpo (default: from the first line)\n"
+    "  --loss-on L            all, assistant or completion: the tokens the loss is on (default:\n"
+    "                         a completion; a chat's assistant turns and their end-of-turn)\n"
+    "  --chat-template NAME   chatml, llama2, llama3, mistral, gemma or phi3, as tlm serve\n"
+    "                         renders them (default: BASE's GGUF template if recognised, else\n"
+    "                         chatml)\n"
+    "  --max-len N            tokens per example; longer ones are cut (default: --seq-len)\n"
+    "  --truncate keep-start|keep-end  which end of a long example to keep (default keep-start)\n"
+    "  --skip-bad             count malformed lines and go on (default: stop, naming the line)\n"
+    "  --pack, --no-pack      pack examples into rows (default: on when the median example is at\n"
+    "                         most half a row)\n"
+    "Preference pairs, {\"prompt\", \"chosen\", \"rejected\"} (strings or lists of messages), "
+    "train\n"
+    "with DPO (TRL's sigmoid loss); --batch counts pairs; the reference is BASE (LoRA: the\n"
+    "adapter switched off, no second copy; --full: BASE loaded again, frozen):\n"
+    "  --beta B               DPO's beta (default 0.1)\n"
+    "  --label-smoothing E    the chance a pair's preference is wrong (default 0)\n"
+    "  --precompute-ref       the reference's log-probabilities once, before training\n"
+    "DPO's default --lr is 5e-5 with LoRA, 1e-6 (TRL's) with --full.\n\n"
     "Defaults that differ from tlm train: --lr 2e-4 (LoRA) or 2e-5 (--full), --warmup 0\n"
     "(a tenth of --steps, at most 100), --weight-decay 0, --beta2 0.999 (PEFT and Hugging Face's\n"
     "trainer), --seq-len min(context_length, 512). Every other option is tlm train's:\n\n";
@@ -102,9 +126,14 @@ static int on_progress(void *user, const tlm_train_progress *p) {
     long eta = (long)(rate * (double)(p->total - p->step));
     char val[32] = "";
     if (!isnan(p->val_loss)) snprintf(val, sizeof val, " | val %.4f", (double)p->val_loss);
+    char pref[96] = "";
+    const tlm_dpo_stats *d = p->val_dpo ? p->val_dpo : p->dpo;
+    if (d && d->pairs)
+        snprintf(pref, sizeof pref, " | %sreward acc %.2f margin %.3f", p->val_dpo ? "val " : "",
+                 (double)d->correct / d->pairs, (d->chosen_reward - d->rejected_reward) / d->pairs);
     fprintf(stderr,
-            "%sstep %ld/%ld | loss %.4f%s | lr %.2e | norm %.3f | %.0f tok/s | ETA %ld:%02ld",
-            ps->tty ? "\r\033[K" : "", p->step, p->total, (double)p->train_loss, val, p->lr,
+            "%sstep %ld/%ld | loss %.4f%s%s | lr %.2e | norm %.3f | %.0f tok/s | ETA %ld:%02ld",
+            ps->tty ? "\r\033[K" : "", p->step, p->total, (double)p->train_loss, val, pref, p->lr,
             p->grad_norm, p->tokens_per_s, eta / 60, eta % 60);
     if (!ps->tty || !isnan(p->val_loss) || p->step == p->total) fputc('\n', stderr);
     fflush(stderr);
@@ -279,7 +308,87 @@ typedef struct {
     int full;
     tlm_lora_opts lora;
     int lr_set, warmup_set, wd_set, beta2_set;
+    tlm_examples_opts ex; /* JSON Lines data */
+    int format_set, max_len_set;
+    tlm_dpo_opts dpo;
+    int precompute_ref;
+    int pack; /* -1: by the examples' lengths */
 } finetune_opts;
+
+/* JSON Lines: a .jsonl or .json name, or a first character '{'. */
+static int is_jsonl(const char *path) {
+    size_t n = strlen(path);
+    if ((n > 6 && !strcmp(path + n - 6, ".jsonl")) || (n > 5 && !strcmp(path + n - 5, ".json")))
+        return 1;
+    FILE *f = fopen(path, "rb");
+    int c = ' ';
+    while (f && (c == ' ' || c == '\n' || c == '\r' || c == '\t')) c = fgetc(f);
+    if (f) fclose(f);
+    return c == '{';
+}
+
+static int cmp_int(const void *a, const void *b) {
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+/* The examples' median length in tokens. */
+static int median_len(const tlm_examples *e) {
+    size_t n = tlm_examples_count(e);
+    int *l = malloc((n ? n : 1) * sizeof *l);
+    if (!l) return 0;
+    for (size_t i = 0; i < n; i++) l[i] = tlm_examples_get(e, i, NULL, NULL);
+    qsort(l, n, sizeof *l, cmp_int);
+    int m = n ? l[n / 2] : 0;
+    free(l);
+    return m;
+}
+
+static const char *loss_on_text(const tlm_examples_opts *o, tlm_data_format f) {
+    if (f == TLM_FORMAT_DPO) return "the chosen and rejected answers";
+    if (o->loss_on == TLM_LOSS_ON_ALL || f == TLM_FORMAT_TEXT) return "every token";
+    if (f == TLM_FORMAT_CHAT && o->loss_on == TLM_LOSS_ON_COMPLETION)
+        return "the last assistant turn";
+    if (f == TLM_FORMAT_CHAT) return "the assistant turns";
+    return "the completions";
+}
+
+/* --data / --val-data as examples (rank 0 reports what it read); 1 on failure. */
+static int load_examples(const finetune_opts *ft, const char *data, const char *val_data,
+                         double val_fraction, const tlm_tokenizer *tok, int T, int rank,
+                         tlm_examples **ex, tlm_examples **vex, int *pack) {
+    tlm_examples_stats st, vst;
+    if (!tok) return cli_fail("finetune: JSON Lines data needs a tokenizer (-z)");
+    if (tlm_examples_load(data, tok, &ft->ex, ex, &st)) return cli_fail_status("finetune");
+    if (val_data && tlm_examples_load(val_data, tok, &ft->ex, vex, &vst))
+        return cli_fail_status("finetune: --val-data");
+    if (!val_data && tlm_examples_split(*ex, val_fraction, vex)) return cli_fail_status("finetune");
+    int med = median_len(*ex), pairs = tlm_examples_pairs(*ex);
+    if (pairs && ft->pack == 1)
+        return cli_fail("finetune: preference pairs are not packed (drop --pack)");
+    *pack = pairs ? 0 : ft->pack >= 0 ? ft->pack : med * 2 <= T;
+    if (rank != 0) return 0;
+    fprintf(stderr,
+            "examples: %ld kept of %ld lines (%s; loss on %s): %ld malformed skipped, %ld cut to "
+            "%d tokens, %ld with nothing to learn skipped\n",
+            st.examples, st.lines, tlm_data_format_name(st.format),
+            loss_on_text(&ft->ex, st.format), st.bad, st.truncated, ft->ex.max_len, st.empty);
+    if (st.format == TLM_FORMAT_CHAT || st.format == TLM_FORMAT_DPO)
+        fprintf(stderr, "chat template: %s\n", ft->ex.chat_template);
+    size_t per = pairs ? 2 : 1, nv = *vex ? tlm_examples_count(*vex) / per : 0;
+    fprintf(stderr,
+            "%zu training %s, %zu validation%s; %ld tokens, %ld trained; packing %s "
+            "(median %s %d tokens, rows of %d)\n",
+            tlm_examples_count(*ex) / per, pairs ? "pairs" : "examples", nv,
+            val_data ? " (--val-data)" : "", st.tokens, st.trained_tokens, *pack ? "on" : "off",
+            pairs ? "sequence" : "example", med, T);
+    if (pairs)
+        fprintf(stderr, "DPO: beta %g, label smoothing %g, the reference %s%s\n", ft->dpo.beta,
+                ft->dpo.label_smoothing,
+                ft->full ? "a frozen copy of BASE" : "BASE (the adapter switched off)",
+                ft->precompute_ref ? ", its log-probabilities computed once" : "");
+    return 0;
+}
 
 static int train_main(int argc, char **argv, int finetune) {
     const char *config = NULL, *data = NULL, *val_data = NULL, *tokenizer = NULL, *out = NULL,
@@ -289,8 +398,12 @@ static int train_main(int argc, char **argv, int finetune) {
     double val_fraction = 0.1, min_lr = -1;
     tlm_train_opts o;
     tlm_train_opts_defaults(&o);
-    finetune_opts ft = {finetune, NULL, 0, {0}, 0, 0, 0, 0};
+    finetune_opts ft = {0};
+    ft.on = finetune;
+    ft.pack = -1;
     tlm_lora_opts_defaults(&ft.lora);
+    tlm_examples_opts_defaults(&ft.ex);
+    tlm_dpo_opts_defaults(&ft.dpo);
     int precision_set = 0, seq_set = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
@@ -365,6 +478,69 @@ static int train_main(int argc, char **argv, int finetune) {
             if (!cli_parse_float(v, &x) || !(x >= 0 && x < 1))
                 return cli_fail("finetune: --lora-dropout must be in [0, 1) (got '%s')", v);
             ft.lora.dropout = (float)x;
+            continue;
+        }
+        if (finetune && cli_flag_value(argc, argv, &i, "--format", NULL, &v)) {
+            NEED();
+            if (tlm_data_format_parse(v, &ft.ex.format)) return cli_fail_status("finetune");
+            ft.format_set = 1;
+            continue;
+        }
+        if (finetune && cli_flag_value(argc, argv, &i, "--loss-on", NULL, &v)) {
+            NEED();
+            if (tlm_loss_on_parse(v, &ft.ex.loss_on)) return cli_fail_status("finetune");
+            continue;
+        }
+        if (finetune && cli_flag_value(argc, argv, &i, "--chat-template", NULL, &v)) {
+            NEED();
+            tlm_chat_template tp;
+            if (!tlm_chat_template_from_name(v, &tp))
+                return cli_fail("finetune: --chat-template '%s' is not one of chatml, llama2, "
+                                "llama3, mistral, gemma, phi3",
+                                v);
+            ft.ex.chat_template = v;
+            continue;
+        }
+        if (finetune && cli_flag_value(argc, argv, &i, "--truncate", NULL, &v)) {
+            NEED();
+            if (strcmp(v, "keep-start") && strcmp(v, "keep-end"))
+                return cli_fail("finetune: --truncate must be keep-start or keep-end (got '%s')",
+                                v);
+            ft.ex.truncate_keep_end = !strcmp(v, "keep-end");
+            continue;
+        }
+        if (finetune && cli_flag_value(argc, argv, &i, "--max-len", NULL, &v)) {
+            NEED();
+            if (!cli_parse_int(v, &k) || k < 2 || k > 1 << 24)
+                return cli_fail("finetune: --max-len must be an integer >= 2 (got '%s')", v);
+            ft.ex.max_len = (int)k;
+            ft.max_len_set = 1;
+            continue;
+        }
+        if (finetune && !strcmp(a, "--precompute-ref")) {
+            ft.precompute_ref = 1;
+            continue;
+        }
+        if (finetune && cli_flag_value(argc, argv, &i, "--beta", NULL, &v)) {
+            NEED();
+            if (!cli_parse_float(v, &x) || !(x > 0 && x <= 1000))
+                return cli_fail("finetune: --beta must be a positive number (got '%s')", v);
+            ft.dpo.beta = x;
+            continue;
+        }
+        if (finetune && cli_flag_value(argc, argv, &i, "--label-smoothing", NULL, &v)) {
+            NEED();
+            if (!cli_parse_float(v, &x) || !(x >= 0 && x < 0.5))
+                return cli_fail("finetune: --label-smoothing must be in [0, 0.5) (got '%s')", v);
+            ft.dpo.label_smoothing = x;
+            continue;
+        }
+        if (finetune && !strcmp(a, "--skip-bad")) {
+            ft.ex.skip_bad = 1;
+            continue;
+        }
+        if (finetune && (!strcmp(a, "--pack") || !strcmp(a, "--no-pack"))) {
+            ft.pack = !strcmp(a, "--pack");
             continue;
         }
         if (finetune) {
@@ -473,6 +649,10 @@ static int train_main(int argc, char **argv, int finetune) {
     if (use_char && (src->tokens || vsrc->tokens))
         return cli_fail("train: --char builds its vocabulary from text, and --data%s holds tokens",
                         src->tokens ? "" : " --val-data");
+    int jsonl = finetune && src->n == 1 && (ft.format_set || (!src->tokens && is_jsonl(data)));
+    if (jsonl && use_char) return cli_fail("finetune: --char is for plain text, not JSON Lines");
+    if (jsonl && val_data && (vsrc->n != 1 || vsrc->tokens))
+        return cli_fail("finetune: --val-data must be JSON Lines like --data");
     if (o.batch % (o.grad_accum > 1 ? o.grad_accum : 1) != 0)
         return cli_fail("train: --batch %d does not divide into --grad-accum %d micro-steps",
                         o.batch, o.grad_accum);
@@ -530,12 +710,28 @@ static int train_main(int argc, char **argv, int finetune) {
             return cli_fail_status("finetune: loading the base model");
         c = *tlm_model_config(m);
         if (!seq_set && c.context_length > 512) o.seq_len = 512;
+        /* JSON Lines: rows as long as the longest example allowed, unless told */
+        if (jsonl && ft.max_len_set && !seq_set)
+            o.seq_len = ft.ex.max_len < c.context_length ? ft.ex.max_len : c.context_length;
     } else if (tlm_config_load(config, &c)) {
         return cli_fail_status("train");
     }
     if (o.seq_len > c.context_length)
         return cli_fail("train: --seq-len %d exceeds the model's context_length %d", o.seq_len,
                         c.context_length);
+    int row_len = o.seq_len ? o.seq_len : c.context_length;
+    if (jsonl && !ft.max_len_set) ft.ex.max_len = row_len;
+    if (jsonl && ft.ex.max_len > row_len)
+        return cli_fail("finetune: --max-len %d exceeds the rows of %d tokens (--seq-len)",
+                        ft.ex.max_len, row_len);
+    if (jsonl && !ft.ex.chat_template) {
+        tlm_chat_template tp = TLM_CHAT_CHATML;
+        int present = 0;
+        if (!cli_gguf_template(ft.base, &tp, &present) && present && rank == 0)
+            fprintf(stderr, "tlm: finetune: the model's chat template is not one tlm knows; "
+                            "using chatml (choose with --chat-template)\n");
+        ft.ex.chat_template = tlm_chat_template_name(tp);
+    }
     tlm_tokenizer *tok = NULL;
     if (finetune && !tokenizer && !use_char) {
         /* The base's own vocabulary (GGUF, tlm and Hugging Face directories); token shards need
@@ -580,7 +776,7 @@ static int train_main(int argc, char **argv, int finetune) {
     data_src *srcs[2] = {src, vsrc};
     const char *names[2] = {"tokens", "val_tokens"};
     for (int k = 0; k < 2 && !prep; k++) {
-        if (srcs[k]->n == 0 || srcs[k]->tokens) continue;
+        if (srcs[k]->n == 0 || srcs[k]->tokens || jsonl) continue;
         char *path = NULL, *text = srcs[k]->paths[0];
         if (rank == 0)
             prep = prepare_tokens(text, out, names[k], tok, &path);
@@ -602,8 +798,16 @@ static int train_main(int argc, char **argv, int finetune) {
     int rc = 0;
     tlm_dataset *ds = NULL;
     tlm_lora *lora = NULL;
-    if (tlm_dataset_load_files((const char *const *)src->paths, src->n,
-                               (const char *const *)vsrc->paths, vsrc->n, val_fraction, &ds))
+    tlm_examples *ex = NULL, *vex = NULL;
+    tlm_model *ref = NULL;
+    if (jsonl &&
+        load_examples(&ft, data, val_data, val_fraction, tok, row_len, rank, &ex, &vex, &o.pack))
+        rc = 1;
+    else if (ex && tlm_examples_pairs(ex) && ft.full && tlm_model_load(ft.base, 0, &ref))
+        rc = cli_fail_status("finetune: loading the DPO reference");
+    else if (!jsonl &&
+             tlm_dataset_load_files((const char *const *)src->paths, src->n,
+                                    (const char *const *)vsrc->paths, vsrc->n, val_fraction, &ds))
         rc = cli_fail_status(cmd);
     else if (!finetune && tlm_model_new(&c, &m))
         rc = cli_fail_status("train");
@@ -617,16 +821,30 @@ static int train_main(int argc, char **argv, int finetune) {
     else if (rank == 0 && tok && tlm_tokenizer_save(tok, tok_dir))
         rc = cli_fail_status("train: saving tokenizer");
     o.lora = lora;
+    o.examples = ex;
+    o.val_examples = vex;
+    o.ref_model = ref;
+    o.dpo = ft.dpo;
+    o.precompute_ref = ft.precompute_ref;
+    if (ex && tlm_examples_pairs(ex) && !ft.lr_set) {
+        /* DPO moves a model a little: TRL's default for full training, more for an adapter */
+        o.lr = ft.full ? 1e-6 : 5e-5;
+        if (min_lr < 0) o.min_lr = o.lr / 10;
+    }
     size_t trained = lora ? tlm_lora_num_params(lora) : m ? tlm_model_num_params(m) : 0;
     if (!rc && g_dist && dist_hooks(g_dist, trained, &o.hooks)) rc = cli_fail_status(cmd);
     if (!rc && rank == 0) {
         tlm_param_count pc;
         tlm_config_count_params(&c, &pc);
-        fprintf(stderr,
-                "model: %zu parameters (%zu non-embedding); %zu training / %zu validation tokens; "
-                "%d threads\n",
-                pc.total, pc.non_embedding, tlm_dataset_size(ds, TLM_SPLIT_TRAIN),
-                tlm_dataset_size(ds, TLM_SPLIT_VAL), tlm_threads_get());
+        if (ds)
+            fprintf(stderr,
+                    "model: %zu parameters (%zu non-embedding); %zu training / %zu validation "
+                    "tokens; %d threads\n",
+                    pc.total, pc.non_embedding, tlm_dataset_size(ds, TLM_SPLIT_TRAIN),
+                    tlm_dataset_size(ds, TLM_SPLIT_VAL), tlm_threads_get());
+        else
+            fprintf(stderr, "model: %zu parameters (%zu non-embedding); %d threads\n", pc.total,
+                    pc.non_embedding, tlm_threads_get());
         if (lora) {
             tlm_lora_opts lo;
             tlm_lora_get_opts(lora, &lo);
@@ -688,6 +906,9 @@ static int train_main(int argc, char **argv, int finetune) {
     tlm_lora_free(lora);
     tlm_model_free(m);
     tlm_dataset_free(ds);
+    tlm_examples_free(ex);
+    tlm_examples_free(vex);
+    tlm_model_free(ref);
     tlm_tokenizer_free(tok);
     return rc;
 }

@@ -11,6 +11,7 @@
 
 #include "cli.h"
 #include "core/core.h"
+#include "io/gguf.h"
 
 int cli_fail(const char *fmt, ...) {
     va_list ap;
@@ -219,4 +220,27 @@ int cli_load_flags(const char *cmd, int read, const char *precision, unsigned *f
     }
     fprintf(stderr, "tlm: %s: --precision must be auto, fp32 or bf16 (got '%s')\n", cmd, precision);
     return 0;
+}
+
+int cli_gguf_template(const char *model, tlm_chat_template *t, int *present) {
+    *present = 0;
+    tlm_model_format f;
+    if (tlm_model_detect(model, &f) || f != TLM_FORMAT_GGUF) return 0;
+    io_gguf *g = NULL;
+    if (io_gguf_open(model, &g)) return 0;
+    const char *s = NULL;
+    size_t n = 0;
+    int ok = 0;
+    if (!io_gguf_get_str(g, "tokenizer.chat_template", &s, &n)) {
+        *present = 1;
+        char *z = malloc(n + 1);
+        if (z) {
+            memcpy(z, s, n);
+            z[n] = 0;
+            ok = tlm_chat_template_detect(z, t);
+            free(z);
+        }
+    }
+    io_gguf_close(g);
+    return ok;
 }

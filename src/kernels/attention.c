@@ -12,7 +12,9 @@
  * Scores are kept transposed, keys by queries (row j, column t): each query's softmax then runs
  * down a column, so every pass walks contiguous rows with the queries in the vector lanes and no
  * horizontal reductions, where row-wise softmaxes over short causal rows were mostly overhead.
- * Key j is visible to queries t >= j: the valid part of row j is its suffix [j, T).
+ * Key j is visible to queries t >= j: the valid part of row j is its suffix [j, T). Packed rows
+ * (several examples in one sequence) also hide the keys before a query's first visible one, lo[t]
+ * (its example's first row): their probabilities are zeros, which is all the backward needs.
  *
  * With p > 0 the probabilities are dropped out into per-thread scratch for the P.V product, while
  * probs keeps them undropped for the softmax backward. The mask index of (query t, key j) is
@@ -30,16 +32,19 @@ enum { QB = 64 };
  * row's first visible query left most of the work to scalar peel and tail code (the rows near
  * the diagonal are short), the softmax then taking 23% of an attention at T 64. The masked
  * scores they read were computed by the products (every row below t1 is), so they are finite. */
-K_INLINE void softmax_columns(float *Pt, int T) {
+K_INLINE void softmax_columns(float *Pt, int T, const int *lo) {
     for (int t0 = 0; t0 < T; t0 += QB) {
         int w = t0 + QB < T ? QB : T - t0, t1 = t0 + w;
         float mx[QB], sum[QB];
-        memcpy(mx, Pt + t0, (size_t)w * sizeof(float)); /* key 0 is visible to every query */
-        for (int j = 1; j < t1; j++) {
+        int first[QB]; /* each query's first visible key: 0, or its example's start when packed */
+        for (int i = 0; i < w; i++) first[i] = lo ? lo[t0 + i] : 0;
+        for (int i = 0; i < w; i++) mx[i] = -INFINITY;
+        for (int j = 0; j < t1; j++) {
             const float *row = Pt + (size_t)j * T + t0;
             int i0 = j - t0; /* queries before key j are masked */
 #pragma omp simd
-            for (int i = 0; i < w; i++) mx[i] = i >= i0 && row[i] > mx[i] ? row[i] : mx[i];
+            for (int i = 0; i < w; i++)
+                mx[i] = i >= i0 && j >= first[i] && row[i] > mx[i] ? row[i] : mx[i];
         }
         for (int i = 0; i < w; i++) sum[i] = 0.0f;
         for (int j = 0; j < t1; j++) {
@@ -47,7 +52,7 @@ K_INLINE void softmax_columns(float *Pt, int T) {
             int i0 = j - t0;
 #pragma omp simd
             for (int i = 0; i < w; i++) {
-                float e = i >= i0 ? k_expf(row[i] - mx[i]) : 0.0f;
+                float e = i >= i0 && j >= first[i] ? k_expf(row[i] - mx[i]) : 0.0f;
                 row[i] = e;
                 sum[i] += e;
             }
@@ -62,7 +67,7 @@ K_INLINE void softmax_columns(float *Pt, int T) {
     }
 }
 
-K_VERSIONS(softmax_columns, (float *Pt, int T), (Pt, T))
+K_VERSIONS(softmax_columns, (float *Pt, int T, const int *lo), (Pt, T, lo))
 
 /* D = Pt with the dropout mask of head block bh applied (index t*T + j for query t, key j). Not
  * versioned: the mask's hash is a call per element in every build. */
@@ -75,8 +80,8 @@ static void drop_probs(float *D, const float *Pt, int T, uint64_t key, uint64_t 
 }
 
 static void attention_fwd(float *out, float *probs, const float *q, const float *k, const float *v,
-                          int ldq, int ldkv, int B, int T, int H, int KVH, int hd, float p,
-                          uint64_t key, float *scratch) {
+                          int ldq, int ldkv, int B, int T, int H, int KVH, int hd, const int *lo,
+                          float p, uint64_t key, float *scratch) {
     int qw = ldq, kw = ldkv, ow = H * hd, group = H / KVH;
     float scale = 1.0f / sqrtf((float)hd);
     softmax_columns_fn *softmax = softmax_columns_pick();
@@ -93,7 +98,7 @@ static void attention_fwd(float *out, float *probs, const float *q, const float 
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t1, t1 - t0, hd, scale, kb, kw,
                         qb + (size_t)t0 * qw, qw, 0.0f, Pt + t0, T);
         }
-        softmax(Pt, T);
+        softmax(Pt, T, lo ? lo + (size_t)b * T : NULL);
         const float *PV = Pt;
         if (p > 0.0f) {
             float *D = scratch + (size_t)omp_get_thread_num() * T * T;
@@ -111,9 +116,9 @@ static void attention_fwd(float *out, float *probs, const float *q, const float 
 }
 
 void k_attention_fwd(float *out, float *probs, const float *q, const float *k, const float *v,
-                     int ldq, int ldkv, int B, int T, int H, int KVH, int hd, float p, uint64_t key,
-                     float *scratch) {
-    attention_fwd(out, probs, q, k, v, ldq, ldkv, B, T, H, KVH, hd, p, key, scratch);
+                     int ldq, int ldkv, int B, int T, int H, int KVH, int hd, const int *lo,
+                     float p, uint64_t key, float *scratch) {
+    attention_fwd(out, probs, q, k, v, ldq, ldkv, B, T, H, KVH, hd, lo, p, key, scratch);
 }
 
 /* Softmax backward for columns [t0, t0 + w) of dPt (queries), over their visible rows (keys):

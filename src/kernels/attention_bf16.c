@@ -238,20 +238,26 @@ static void *take(char **p, size_t n) {
 
 /* The causal softmax down each column of Pt (the fp32 kernels' softmax_columns), 16 queries at
  * a time in the lanes of one vector, and the probabilities' pair rows for the output product,
- * written in the pass that normalizes them. Entries of masked keys, and every row below the
- * block's last query, are zeros in both. */
-K_TARGET_AVX512BF16 static void softmax_pairs(float *Pt, int T, uint32_t *Pp, long Tv) {
+ * written in the pass that normalizes them. Entries of masked keys (with lo, also those before
+ * a query's first visible key), and every row below the block's last query, are zeros in both:
+ * the backward's softmax then needs no mask of its own. */
+K_TARGET_AVX512BF16 static void softmax_pairs(float *Pt, int T, uint32_t *Pp, long Tv,
+                                              const int *lo) {
     for (int c = 0; c < Tv; c += 16) {
         __mmask16 in = below(c, T);
         int j1 = c + 16 < T ? c + 16 : T; /* rows some query of the block sees */
-        __m512 mx = _mm512_maskz_loadu_ps(in, Pt + c), sum = _mm512_setzero_ps();
-        for (int j = 1; j < j1; j++) {
-            __mmask16 m = in & ~below(c, j); /* queries t >= j see key j */
+        /* each query's first visible key: 0, or its example's first row in a packed sequence */
+        __m512i first = lo ? _mm512_maskz_loadu_epi32(in, lo + c) : _mm512_setzero_si512();
+        __m512 mx = _mm512_set1_ps(-INFINITY), sum = _mm512_setzero_ps();
+#define VISIBLE(j) (in & ~below(c, j) & _mm512_cmple_epi32_mask(first, _mm512_set1_epi32(j)))
+        for (int j = 0; j < j1; j++) {
+            __mmask16 m = VISIBLE(j); /* queries t >= j (from their first key) see key j */
             __m512 x = _mm512_maskz_loadu_ps(m, Pt + (long)j * T + c);
             mx = _mm512_mask_mov_ps(mx, _mm512_mask_cmp_ps_mask(m, x, mx, _CMP_GT_OQ), x);
         }
         for (int j = 0; j < j1; j++) {
-            __mmask16 m = in & ~below(c, j);
+            __mmask16 m = VISIBLE(j);
+#undef VISIBLE
             float *row = Pt + (long)j * T + c;
             __m512 e = k_exp16_nonpos(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row), mx));
             e = _mm512_maskz_mov_ps(m, e);
@@ -273,7 +279,7 @@ K_TARGET_AVX512BF16 static void softmax_pairs(float *Pt, int T, uint32_t *Pp, lo
 
 /* Pt = softmax(scale K Q^T) down each column, and (into *Pp, taken from buf) its pair rows. */
 K_TARGET_AVX512BF16 static void head_probs(dims d, char **buf, float *Pt, uint32_t **Pp,
-                                           const float *q, const float *k, long ld) {
+                                           const float *q, const float *k, long ld, const int *lo) {
     int T = d.T, hd = d.hd, Tv = d.Tv, Te = d.Te;
     uint16_t *Kr = take(buf, (size_t)Te * hd * 2);
     uint32_t *Qt = take(buf, (size_t)hd * Tv * 2);
@@ -285,15 +291,16 @@ K_TARGET_AVX512BF16 static void head_probs(dims d, char **buf, float *Pt, uint32
     product s = {(const uint32_t *)Kr,    hd / 2, 1, Qt, Tv, Pt, T, T, T, hd / 2, COLS_FROM_ROW,
                  1.0f / sqrtf((float)hd), 0};
     run(&s);
-    softmax_pairs(Pt, T, *Pp, Tv);
+    softmax_pairs(Pt, T, *Pp, Tv, lo);
 }
 
 K_TARGET_AVX512BF16 static void head_fwd(dims d, char *buf, float *out, long ow, float *Pt,
-                                         const float *q, const float *k, const float *v, long ld) {
+                                         const float *q, const float *k, const float *v, long ld,
+                                         const int *lo) {
     int T = d.T, hd = d.hd, Te = d.Te;
     uint32_t *Pp, *Vp = take(&buf, (size_t)Te * hd * 2);
     pair_rows(Vp, hd, v, ld, T, hd);
-    head_probs(d, &buf, Pt, &Pp, q, k, ld);
+    head_probs(d, &buf, Pt, &Pp, q, k, ld, lo);
     product o = {Pp, 1, d.Tv, Vp, hd, out, ow, T, hd, Te / 2, K_TO_ROW, 1.0f, 0};
     run(&o);
 }
@@ -389,6 +396,7 @@ typedef struct {
     float *probs;          /* the forward's */
     const float *probs_in; /* the backward's */
     const float *qkv, *dout;
+    const int *lo; /* [B*T] or NULL */
     long ld;
     int H, KVH, tasks;
 } heads;
@@ -403,8 +411,8 @@ K_TARGET_AVX512BF16 static void fwd_task(const heads *a, int bh, char *buf) {
     int g = h / (a->H / a->KVH);
     const float *row = a->qkv + (size_t)b * T * a->ld;
     head_fwd(a->d, buf, a->out + (size_t)b * T * ow + h * hd, ow, a->probs + (size_t)bh * T * T,
-             row + (size_t)h * hd, row + ow + (size_t)g * hd, row + ow + kw + (size_t)g * hd,
-             a->ld);
+             row + (size_t)h * hd, row + ow + (size_t)g * hd, row + ow + kw + (size_t)g * hd, a->ld,
+             a->lo ? a->lo + (size_t)b * T : NULL);
 }
 
 /* Task bg: key/value head g of sequence b and the query heads that share it, in order, so that
@@ -427,7 +435,8 @@ K_TARGET_AVX512BF16 static void bwd_task(const heads *a, int bg, char *buf) {
             char *fb = buf + al(bwd_bytes(a->d));
             float *P = take(&fb, (size_t)T * T * 4);
             uint32_t *Pp;
-            head_probs(a->d, &fb, P, &Pp, a->qkv + x, a->qkv + kv, a->ld);
+            head_probs(a->d, &fb, P, &Pp, a->qkv + x, a->qkv + kv, a->ld,
+                       a->lo ? a->lo + (size_t)b * T : NULL);
             Pt = P;
         }
         head_bwd(a->d, buf, a->dqkv + x, a->dqkv + kv, a->dqkv + kv + kw,
@@ -453,17 +462,18 @@ static int each_head(k_bf16 *k, const heads *a, size_t per, task_fn *task) {
 }
 
 int k_bf16_attention_fwd(k_bf16 *k, float *out, float *probs, const float *qkv, int ld, int B,
-                         int T, int H, int KVH, int hd, float p) {
+                         int T, int H, int KVH, int hd, const int *lo, float p) {
     /* Dropout's masks are applied per head by the fp32 kernels. */
     if (!k || p > 0.0f || KVH <= 0 || H % KVH || hd % 16 || !k_bf16_supported()) return 0;
-    heads a = {dims_of(T, hd), out, NULL, probs, NULL, qkv, NULL, ld, H, KVH, B * H};
+    heads a = {dims_of(T, hd), out, NULL, probs, NULL, qkv, NULL, lo, ld, H, KVH, B * H};
     return each_head(k, &a, al(fwd_bytes(a.d)), fwd_task);
 }
 
 int k_bf16_attention_bwd(k_bf16 *k, float *dqkv, const float *dout, const float *qkv, int ld,
-                         const float *probs, int B, int T, int H, int KVH, int hd, float p) {
+                         const float *probs, int B, int T, int H, int KVH, int hd, const int *lo,
+                         float p) {
     if (!k || p > 0.0f || KVH <= 0 || H % KVH || hd % 16 || !k_bf16_supported()) return 0;
-    heads a = {dims_of(T, hd), NULL, dqkv, NULL, probs, qkv, dout, ld, H, KVH, B * KVH};
+    heads a = {dims_of(T, hd), NULL, dqkv, NULL, probs, qkv, dout, lo, ld, H, KVH, B * KVH};
     size_t per = al(bwd_bytes(a.d));
     if (!probs) per += al((size_t)T * T * 4) + al(fwd_bytes(a.d));
     return each_head(k, &a, per, bwd_task);
@@ -472,16 +482,17 @@ int k_bf16_attention_bwd(k_bf16 *k, float *dqkv, const float *dout, const float 
 #else /* no x86: the fp32 kernels run */
 
 int k_bf16_attention_fwd(k_bf16 *k, float *out, float *probs, const float *qkv, int ld, int B,
-                         int T, int H, int KVH, int hd, float p) {
+                         int T, int H, int KVH, int hd, const int *lo, float p) {
     (void)k, (void)out, (void)probs, (void)qkv, (void)ld, (void)B, (void)T, (void)H, (void)KVH;
-    (void)hd, (void)p;
+    (void)hd, (void)lo, (void)p;
     return 0;
 }
 
 int k_bf16_attention_bwd(k_bf16 *k, float *dqkv, const float *dout, const float *qkv, int ld,
-                         const float *probs, int B, int T, int H, int KVH, int hd, float p) {
+                         const float *probs, int B, int T, int H, int KVH, int hd, const int *lo,
+                         float p) {
     (void)k, (void)dqkv, (void)dout, (void)qkv, (void)ld, (void)probs, (void)B, (void)T, (void)H;
-    (void)KVH, (void)hd, (void)p;
+    (void)KVH, (void)hd, (void)lo, (void)p;
     return 0;
 }
 #endif

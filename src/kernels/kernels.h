@@ -250,10 +250,12 @@ void k_rope_bwd(float *dx, int ld, int N, const int *pos, int n_heads, int hd, c
  * one fused q|k|v buffer); out [B*T, H*hd]; probs [B, H, T, T] keeps the softmax (before dropout)
  * for the backward pass, transposed: keys by queries. With p > 0 the probabilities are dropped out
  * (element index (b*H + h)*T*T + t*T + j under key) and scratch holds omp_get_max_threads() * T * T
- * floats. */
+ * floats. lo [B*T] (NULL: every 0) is each query's first visible key within its sequence (packed
+ * examples: the example's first row); the backward needs no lo, the probabilities carry the mask.
+ */
 void k_attention_fwd(float *out, float *probs, const float *q, const float *k, const float *v,
-                     int ldq, int ldkv, int B, int T, int H, int KVH, int hd, float p, uint64_t key,
-                     float *scratch);
+                     int ldq, int ldkv, int B, int T, int H, int KVH, int hd, const int *lo,
+                     float p, uint64_t key, float *scratch);
 /* dq, dk, dv (same strides as q, k, v) are overwritten. scratch holds omp_get_max_threads() * T * T
  * floats, twice that with dropout. */
 void k_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
@@ -270,11 +272,12 @@ size_t k_attention_scratch_floats(int T, float p, int threads);
  * everything these write. dqkv (rows ld apart: q | k | v of H, KVH and KVH heads) is overwritten;
  * a key/value head's dK and dV sum its query heads' in their order. The backward's probs may be
  * NULL: each head's are then computed again as the forward did, in the thread's buffers (no [B, H,
- * T, T] kept). */
+ * T, T] kept), with lo's mask. lo: as k_attention_fwd's. */
 int k_bf16_attention_fwd(k_bf16 *k, float *out, float *probs, const float *qkv, int ld, int B,
-                         int T, int H, int KVH, int hd, float p);
+                         int T, int H, int KVH, int hd, const int *lo, float p);
 int k_bf16_attention_bwd(k_bf16 *k, float *dqkv, const float *dout, const float *qkv, int ld,
-                         const float *probs, int B, int T, int H, int KVH, int hd, float p);
+                         const float *probs, int B, int T, int H, int KVH, int hd, const int *lo,
+                         float p);
 
 /* ---- loss.c ---- */
 /* Mean cross-entropy over rows whose target >= 0 (NAN if none); writes softmax probabilities to
@@ -284,9 +287,15 @@ double k_cross_entropy_fwd(const float *logits, const int *targets, float *probs
 /* Training: returns the mean loss over counted rows and replaces logits in place with
  * d(loss)/d(logits) = (softmax - onehot) / divisor (zero rows for ignored targets). divisor <= 0
  * means the rows' own count; a slice of a batch passes the whole batch's count, so the slices'
- * gradients simply add up. */
-double k_cross_entropy_fwd_bwd(float *logits, const int *targets, int N, int V, int divisor,
+ * gradients simply add up (a micro-step or a process, its share of a whole step's count). */
+double k_cross_entropy_fwd_bwd(float *logits, const int *targets, int N, int V, double divisor,
                                int *count);
+/* Each row's cross-entropy into row_loss [N] (0 where the target is ignored). */
+void k_cross_entropy_rows(const float *logits, const int *targets, float *row_loss, int N, int V);
+/* The gradient of sum_i w[i] * loss_i: each row replaced by w[i] (softmax - onehot) (zeros where
+ * the target is ignored); returns that sum. */
+double k_cross_entropy_bwd_weighted(float *logits, const int *targets, const float *w, int N,
+                                    int V);
 
 /* ---- the team's share of a loop (team.c) ---- */
 /* fn(ctx, a, b) over units [a, b) covering [0, units) once, across a team of

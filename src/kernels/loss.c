@@ -85,13 +85,16 @@ K_VERSIONS(ce_grad_rows,
            (float *logits, const int *targets, int V, float inv, long r0, long r1, double *total),
            (logits, targets, V, inv, r0, r1, total))
 
-double k_cross_entropy_fwd_bwd(float *logits, const int *targets, int N, int V, int divisor,
+double k_cross_entropy_fwd_bwd(float *logits, const int *targets, int N, int V, double divisor,
                                int *count) {
     int n = 0;
     for (int i = 0; i < N; i++) n += targets[i] >= 0;
     double total = 0.0;
     if (divisor <= 0) divisor = n;
-    float inv = divisor ? 1.0f / (float)divisor : 0.0f;
+    /* a count's reciprocal in float, as before divisors could be fractions (a share of a step) */
+    float inv = divisor == 0                        ? 0.0f
+                : (double)(float)divisor == divisor ? 1.0f / (float)divisor
+                                                    : (float)(1.0 / divisor);
     ce_grad_rows_fn *f = ce_grad_rows_pick();
     if (!k_fork((long)N * V)) {
         f(logits, targets, V, inv, 0, N, &total);
@@ -107,4 +110,62 @@ double k_cross_entropy_fwd_bwd(float *logits, const int *targets, int N, int V, 
     }
     if (count) *count = n;
     return n ? total / n : NAN;
+}
+
+/* Rows [r0, r1): each row's loss term into row_loss (0 for ignored targets). */
+K_INLINE void ce_each_rows(const float *logits, const int *targets, float *row_loss, int V, long r0,
+                           long r1) {
+    for (long i = r0; i < r1; i++) row_loss[i] = (float)ce_row(logits, targets, NULL, (int)i, V);
+}
+K_VERSIONS(ce_each_rows,
+           (const float *logits, const int *targets, float *row_loss, int V, long r0, long r1),
+           (logits, targets, row_loss, V, r0, r1))
+
+void k_cross_entropy_rows(const float *logits, const int *targets, float *row_loss, int N, int V) {
+    ce_each_rows_fn *f = ce_each_rows_pick();
+    if (!k_fork((long)N * V)) {
+        f(logits, targets, row_loss, V, 0, N);
+        return;
+    }
+#pragma omp parallel
+    {
+        long r0, r1;
+        k_share(N, &r0, &r1);
+        if (r0 < r1) f(logits, targets, row_loss, V, r0, r1);
+    }
+}
+
+/* Rows [r0, r1) replaced by the gradient of w[i] times their loss term; the weighted terms summed
+ * in order into *total. */
+K_INLINE void ce_wgrad_rows(float *logits, const int *targets, const float *w, int V, long r0,
+                            long r1, double *total) {
+    double t = 0.0;
+    for (long i = r0; i < r1; i++) {
+        double l = ce_grad_row(logits + (size_t)i * V, targets[i], V, w[i]);
+        if (targets[i] >= 0) t += l * w[i];
+    }
+    *total = t;
+}
+K_VERSIONS(ce_wgrad_rows,
+           (float *logits, const int *targets, const float *w, int V, long r0, long r1,
+            double *total),
+           (logits, targets, w, V, r0, r1, total))
+
+double k_cross_entropy_bwd_weighted(float *logits, const int *targets, const float *w, int N,
+                                    int V) {
+    double total = 0.0;
+    ce_wgrad_rows_fn *f = ce_wgrad_rows_pick();
+    if (!k_fork((long)N * V)) {
+        f(logits, targets, w, V, 0, N, &total);
+    } else {
+#pragma omp parallel reduction(+ : total)
+        {
+            long r0, r1;
+            double part = 0.0;
+            k_share(N, &r0, &r1);
+            if (r0 < r1) f(logits, targets, w, V, r0, r1, &part);
+            total += part;
+        }
+    }
+    return total;
 }

@@ -79,13 +79,15 @@ int mdl_ctx_count_targets(const int32_t *targets, size_t n) {
     return k;
 }
 
-void mdl_ctx_head_loss(tlm_train_ctx *x, const int32_t *targets, int N, int divisor, float *grads,
-                       int acc, double *loss, int *counted_out) {
+void mdl_ctx_head_loss(tlm_train_ctx *x, const int32_t *targets, int N, double divisor,
+                       const float *weights, float *row_loss, float *grads, int acc, double *loss,
+                       int *counted_out) {
     const tlm_model *m = x->m;
     const tlm_config *c = &m->c;
     size_t d = (size_t)c->d_model;
     int total = mdl_ctx_count_targets(targets, (size_t)N), rows = head_rows(x, N);
-    if (divisor <= 0) divisor = total;
+    int given = divisor > 0;
+    if (!given) divisor = total;
     double sum = 0;
     for (int r0 = 0; r0 < N; r0 += rows) {
         int n = N - r0 < rows ? N - r0 : rows, cnt = 0;
@@ -97,29 +99,62 @@ void mdl_ctx_head_loss(tlm_train_ctx *x, const int32_t *targets, int N, int divi
               *rstd = x->xn_rstd + r0;
         mdl_head_fwd_pass(m, &p, xf, xn, mean, rstd, x->logits, n);
         double l;
-        if (grads) {
+        if (grads && weights) {
+            /* the weighted sum, not a mean: counted as one term */
+            sum += k_cross_entropy_bwd_weighted(x->logits, targets + r0, weights + r0, n,
+                                                c->vocab_size);
+            l = 0;
+        } else if (grads) {
             l = k_cross_entropy_fwd_bwd(x->logits, targets + r0, n, c->vocab_size, divisor, &cnt);
+        } else if (row_loss) {
+            k_cross_entropy_rows(x->logits, targets + r0, row_loss + r0, n, c->vocab_size);
+            l = 0;
+            for (int i = 0; i < n; i++) l += row_loss[r0 + i];
+            cnt = mdl_ctx_count_targets(targets + r0, (size_t)n);
+            l = cnt ? l / cnt : 0;
+        } else {
+            l = k_cross_entropy_fwd(x->logits, targets + r0, NULL, n, c->vocab_size, &cnt);
+        }
+        if (grads) {
             mdl_block_grads g = x->g;
             g.dres += (size_t)r0 * d;
             g.dtmp += (size_t)r0 * d;
             mdl_head_bwd(m, &p, xf, xn, mean, rstd, x->logits, &g, grads, n, r0 ? 1 : acc);
-        } else {
-            l = k_cross_entropy_fwd(x->logits, targets + r0, NULL, n, c->vocab_size, &cnt);
         }
         if (cnt) sum += l * cnt;
     }
-    *loss = total ? sum / total : NAN;
+    *loss = weights ? sum : given ? sum / divisor : total ? sum / total : NAN;
     if (counted_out) *counted_out = total;
 }
 
 tlm_status mdl_ctx_forward_backward_whole(tlm_train_ctx *x, const int32_t *ids,
                                           const int32_t *targets, int B, int T, int pos0,
-                                          float *grads, int accumulate, int divisor, float *loss,
-                                          int *counted_out) {
+                                          const int32_t *pos, float *grads, int accumulate,
+                                          double divisor, float *loss, int *counted_out) {
+    tlm_status s = mdl_ctx_forward(x, ids, B, T, pos0, pos, MDL_FWD_TRAIN);
+    if (s) return s;
+    return mdl_ctx_backward_whole(x, ids, targets, grads, accumulate, divisor, NULL, loss,
+                                  counted_out);
+}
+
+tlm_status mdl_ctx_forward_logp(tlm_train_ctx *x, const int32_t *ids, const int32_t *targets, int B,
+                                int T, const int32_t *pos, float *logp) {
+    tlm_status s = mdl_ctx_forward(x, ids, B, T, 0, pos, MDL_FWD_TRAIN);
+    if (s) return s;
+    double l;
+    int N = B * T;
+    mdl_ctx_head_loss(x, targets, N, 0, NULL, logp, NULL, 0, &l, NULL);
+    for (int i = 0; i < N; i++) logp[i] = -logp[i];
+    return TLM_OK;
+}
+
+tlm_status mdl_ctx_backward_whole(tlm_train_ctx *x, const int32_t *ids, const int32_t *targets,
+                                  float *grads, int accumulate, double divisor,
+                                  const float *weights, float *loss, int *counted_out) {
     const tlm_model *m = x->m;
     const tlm_config *c = &m->c;
-    tlm_status s = mdl_ctx_forward(x, ids, B, T, pos0, MDL_FWD_TRAIN);
-    if (s) return s;
+    int B = x->curB, T = x->curT;
+    tlm_status s;
     if ((s = grad_reserve(x)) != TLM_OK) return s;
     /* Without accumulate every parameter gradient is written over on its first write, so the
      * buffer needs no zeroing pass; only the embedding tables, which get scattered adds, start
@@ -136,7 +171,7 @@ tlm_status mdl_ctx_forward_backward_whole(tlm_train_ctx *x, const int32_t *ids,
     }
     int acc = accumulate, counted = 0;
     double l;
-    mdl_ctx_head_loss(x, targets, B * T, divisor, grads, acc, &l, &counted);
+    mdl_ctx_head_loss(x, targets, B * T, divisor, weights, NULL, grads, acc, &l, &counted);
     if (loss) *loss = (float)l;
     if (counted_out) *counted_out = counted;
     for (int li = c->n_layers - 1; li >= 0; li--)

@@ -18,6 +18,8 @@ struct tlm_train_ctx {
     float *xn, *xn_mean, *xn_rstd; /* the output norm */
     float *logits, *softmax;       /* [N, V] */
     int *pos;                      /* [N] */
+    int *lo;    /* [N] each query's first visible key in its row (packed rows: its example's) */
+    int packed; /* lo applies: the pass's positions restart within some row */
 
     /* Backward scratch, sized like the arena. */
     float *gbase;
@@ -54,6 +56,9 @@ struct tlm_train_ctx {
     int n_replicas;
     struct tlm_train_ctx **replicas;
     float **replica_grads;
+    /* The batch of the last tlm_train_ctx_forward_logp, whose backward is still to run. */
+    const int32_t *held_ids, *held_targets;
+    int held_B, held_T, held_R;
     size_t replica_grad_floats; /* of each buffer: the model's or the trained adapter's params */
     int is_replica;
 };
@@ -66,14 +71,19 @@ tlm_status mdl_ctx_check_targets(const tlm_config *c, const int32_t *targets, in
  * scratch, which the backward pass computes again. LOSS: the last block's output only (every
  * layer runs in the first's buffers; no logits: mdl_ctx_head_loss). */
 typedef enum { MDL_FWD_ALL, MDL_FWD_TRAIN, MDL_FWD_LOSS } mdl_fwd_mode;
+/* pos [B*T] (NULL: pos0 + t): positions restarting within a row pack several examples into it,
+ * none attending to another (tlm_batch_opts). */
 tlm_status mdl_ctx_forward(tlm_train_ctx *x, const int32_t *ids, int B, int T, int pos0,
-                           mdl_fwd_mode mode);
-/* After a forward without the head: the mean loss over the N rows' targets (>= 0), the logits
- * computed a slice of rows at a time in x->logits. With grads, the backward pass of the head too,
- * slice by slice (leaving the gradient at the last block's output in x->g.dres), the gradient of
- * the loss summed and divided by divisor (<= 0: the count) added to grads (acc) or written. */
-void mdl_ctx_head_loss(tlm_train_ctx *x, const int32_t *targets, int N, int divisor, float *grads,
-                       int acc, double *loss, int *counted_out);
+                           const int32_t *pos, mdl_fwd_mode mode);
+/* After a forward without the head: the mean loss over the N rows' targets (>= 0; with a divisor
+ * > 0 their sum over it), the logits computed a slice of rows at a time in x->logits. With grads,
+ * the backward pass of the head too, slice by slice (leaving the gradient at the last block's
+ * output in x->g.dres), the gradient of the loss summed and divided by divisor (<= 0: the count)
+ * added to grads (acc) or written; with weights [N] as well, of sum_i weights[i] loss_i instead
+ * (*loss that sum). Without grads, row_loss [N] (may be NULL) receives each row's loss. */
+void mdl_ctx_head_loss(tlm_train_ctx *x, const int32_t *targets, int N, double divisor,
+                       const float *weights, float *row_loss, float *grads, int acc, double *loss,
+                       int *counted_out);
 /* The most rows of logits mdl_ctx_head_loss computes at a time (0: its own choice), for tests
  * that make small batches take several slices. Returns the previous setting. */
 int mdl_ctx_head_rows_max(int rows);
@@ -84,12 +94,22 @@ int mdl_ctx_count_targets(const int32_t *targets, size_t n);
  * them and divided by divisor (<= 0: by their count, i.e. of the mean loss). */
 tlm_status mdl_ctx_forward_backward_whole(tlm_train_ctx *x, const int32_t *ids,
                                           const int32_t *targets, int B, int T, int pos0,
-                                          float *grads, int accumulate, int divisor, float *loss,
-                                          int *counted_out);
-/* Mean loss of a batch (forward only), split across the data-parallel replicas when training
- * would split it: evaluation then runs as fast per token as training does. */
+                                          const int32_t *pos, float *grads, int accumulate,
+                                          double divisor, float *loss, int *counted_out);
+/* A training forward of the whole batch (activations kept for mdl_ctx_backward_whole) and each
+ * target's log-probability into logp [B*T] (0 where ignored). */
+tlm_status mdl_ctx_forward_logp(tlm_train_ctx *x, const int32_t *ids, const int32_t *targets, int B,
+                                int T, const int32_t *pos, float *logp);
+/* The backward pass over the last training forward's batch (ids and targets as given to it):
+ * the loss as mdl_ctx_head_loss computes it (divisor, or weights), its gradient into grads. */
+tlm_status mdl_ctx_backward_whole(tlm_train_ctx *x, const int32_t *ids, const int32_t *targets,
+                                  float *grads, int accumulate, double divisor,
+                                  const float *weights, float *loss, int *counted_out);
+/* Mean loss of a batch (forward only; pos as mdl_ctx_forward's) and the targets it is over,
+ * split across the data-parallel replicas when training would split it: evaluation then runs as
+ * fast per token as training does. */
 tlm_status mdl_ctx_batch_loss(tlm_train_ctx *x, const int32_t *ids, const int32_t *targets, int B,
-                              int T, double *loss);
+                              int T, const int32_t *pos, double *loss, long *count);
 void mdl_ctx_free_replicas(tlm_train_ctx *x);
 void mdl_ctx_free_grads(tlm_train_ctx *x);
 /* Floats of a gradient of this context's backward pass: the trained adapter's parameters with one

@@ -27,11 +27,13 @@ static void arena_free(tlm_train_ctx *x) {
     free(x->probs);
     free(x->run);
     free(x->pos);
+    free(x->lo);
     x->base = NULL;
     x->layer = NULL;
     x->run = NULL;
     x->probs = NULL;
     x->pos = NULL;
+    x->lo = NULL;
     x->floats = 0;
     x->B = x->T = 0;
 }
@@ -219,8 +221,9 @@ tlm_status tlm_train_ctx_reserve(tlm_train_ctx *x, int B, int T) {
     x->run = calloc((size_t)c->n_layers, sizeof *x->run);
     x->probs = calloc((size_t)c->n_layers, sizeof *x->probs);
     x->pos = malloc(rows * sizeof *x->pos);
+    x->lo = malloc(rows * sizeof *x->lo);
     x->base = core_big_alloc(bytes);
-    if (!x->layer || !x->run || !x->probs || !x->pos || !x->base) {
+    if (!x->layer || !x->run || !x->probs || !x->pos || !x->lo || !x->base) {
         core_big_free(x->base, bytes);
         x->base = NULL;
         arena_free(x);
@@ -263,11 +266,12 @@ static void batch_attend_fwd(void *user, int l, float *qkv, int ld, float *att, 
     int hd = c->d_model / c->n_heads, qw = c->n_heads * hd, kw = c->n_kv_heads * hd;
     int drop = x->pass.training && c->dropout > 0.0f;
     float *probs = layer_probs(x, l);
+    const int *lo = x->packed ? x->lo : NULL;
     if (k_bf16_attention_fwd(x->pass.bf16, att, probs, qkv, ld, x->curB, x->curT, c->n_heads,
-                             c->n_kv_heads, hd, drop ? c->dropout : 0.0f))
+                             c->n_kv_heads, hd, lo, drop ? c->dropout : 0.0f))
         return;
     k_attention_fwd(att, probs, qkv, qkv + qw, qkv + qw + kw, ld, ld, x->curB, x->curT, c->n_heads,
-                    c->n_kv_heads, hd, drop ? c->dropout : 0.0f,
+                    c->n_kv_heads, hd, lo, drop ? c->dropout : 0.0f,
                     drop ? mdl_drop_key(&x->pass, l, 0) : 0, x->att_scratch);
 }
 
@@ -284,7 +288,7 @@ static void batch_attend_bwd(void *user, int l, const float *qkv, int ld, const 
      * key), the output into the scratch nothing reads. */
     if (k_bf16_attention_bwd(x->pass.bf16, dqkv, datt, qkv, ld, x->pass.recompute ? NULL : probs,
                              x->curB, x->curT, c->n_heads, c->n_kv_heads, hd,
-                             drop ? c->dropout : 0.0f))
+                             x->packed ? x->lo : NULL, drop ? c->dropout : 0.0f))
         return;
     if (x->pass.recompute) batch_attend_fwd(user, l, (float *)qkv, ld, x->run[l].attn_out, N);
     k_attention_bwd(dqkv, dqkv + qw, dqkv + qw + kw, datt, qkv, qkv + qw, qkv + qw + kw, ld, ld,
@@ -338,8 +342,32 @@ static void run_bufs(tlm_train_ctx *x, mdl_fwd_mode mode) {
     }
 }
 
+/* Positions pos0 + t, or the given ones; a packed row's queries see keys from their example's
+ * first row, t - pos[t], on (x->lo). */
+static tlm_status set_positions(tlm_train_ctx *x, int B, int T, int pos0, const int32_t *pos) {
+    int N = B * T, ctx = x->m->c.context_length;
+    x->packed = 0;
+    if (!pos) {
+        if (pos0 < 0 || pos0 > ctx - T)
+            return core_err(TLM_ERR_RANGE, "positions %d..%d exceed context_length %d", pos0,
+                            pos0 + T - 1, ctx);
+        for (int r = 0; r < N; r++) x->pos[r] = pos0 + r % T;
+        return TLM_OK;
+    }
+    for (int r = 0; r < N; r++) {
+        int t = r % T, p = pos[r];
+        if (p < 0 || p >= ctx)
+            return core_err(TLM_ERR_RANGE, "position %d at index %d outside the context (%d)", p, r,
+                            ctx);
+        x->pos[r] = p;
+        x->lo[r] = p < t ? t - p : 0;
+        x->packed |= p < t;
+    }
+    return TLM_OK;
+}
+
 tlm_status mdl_ctx_forward(tlm_train_ctx *x, const int32_t *ids, int B, int T, int pos0,
-                           mdl_fwd_mode mode) {
+                           const int32_t *pos, mdl_fwd_mode mode) {
     int training = mode == MDL_FWD_TRAIN;
     const tlm_model *m = x->m;
     const tlm_config *c = &m->c;
@@ -347,13 +375,10 @@ tlm_status mdl_ctx_forward(tlm_train_ctx *x, const int32_t *ids, int B, int T, i
     core_threads_enter();
     tlm_status s = tlm_train_ctx_reserve(x, B, T);
     if (s) return s;
-    if (pos0 < 0 || pos0 > c->context_length - T)
-        return core_err(TLM_ERR_RANGE, "positions %d..%d exceed context_length %d", pos0,
-                        pos0 + T - 1, c->context_length);
+    if ((s = set_positions(x, B, T, pos0, pos)) != TLM_OK) return s;
     int N = B * T;
     if ((s = check_ids(c, ids, (size_t)N, "token")) != TLM_OK) return s;
     if ((s = att_scratch(x, T)) != TLM_OK) return s;
-    for (int r = 0; r < N; r++) x->pos[r] = pos0 + r % T;
     x->curB = B;
     x->curT = T;
     k_bf16 *bf = x->precision == TLM_PRECISION_BF16 ? x->bf16 : NULL;
@@ -389,11 +414,12 @@ tlm_status tlm_train_ctx_forward(tlm_train_ctx *x, const int32_t *ids, int B, in
     CORE_FP_FLUSH_SCOPE();
     static const tlm_forward_opts none = {0};
     if (!x) return core_err(TLM_ERR_ARG, "forward: context must not be NULL");
+    x->held_ids = NULL; /* the activations a tlm_train_ctx_backward_weighted would read */
     if (!opts) opts = &none;
     const tlm_config *c = &x->m->c;
     if (!out) return core_err(TLM_ERR_ARG, "forward: out must not be NULL");
     tlm_status s = opts->targets ? mdl_ctx_check_targets(c, opts->targets, B, T) : TLM_OK;
-    if (!s) s = mdl_ctx_forward(x, ids, B, T, opts->pos_offset, MDL_FWD_ALL);
+    if (!s) s = mdl_ctx_forward(x, ids, B, T, opts->pos_offset, opts->pos, MDL_FWD_ALL);
     if (s) return s;
     int N = B * T;
     int counted = 0;

@@ -27,7 +27,7 @@ static tlm_status add(tlm_imatrix *im, const tlm_model *m, int l, const char *wh
 tlm_status tlm_imatrix_collect(tlm_imatrix *im, tlm_train_ctx *ctx, const int32_t *ids, int B,
                                int T, int output, const float **logits) {
     CORE_FP_FLUSH_SCOPE();
-    tlm_status s = mdl_ctx_forward(ctx, ids, B, T, 0, MDL_FWD_ALL);
+    tlm_status s = mdl_ctx_forward(ctx, ids, B, T, 0, NULL, MDL_FWD_ALL);
     if (s) return s;
     if (logits) *logits = ctx->logits;
     const tlm_model *m = ctx->m;

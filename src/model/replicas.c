@@ -105,11 +105,24 @@ static tlm_status slices_result(const slice_status *s, int R) {
     return TLM_OK;
 }
 
+void tlm_batch_opts_defaults(tlm_batch_opts *o) { *o = (tlm_batch_opts){0}; }
+
 tlm_status tlm_train_ctx_forward_backward(tlm_train_ctx *x, const int32_t *ids,
                                           const int32_t *targets, int B, int T, int pos0,
                                           float *grads, int accumulate, float *loss) {
+    tlm_batch_opts o = {NULL, pos0, 0};
+    return tlm_train_ctx_forward_backward_opts(x, ids, targets, B, T, &o, grads, accumulate, loss);
+}
+
+tlm_status tlm_train_ctx_forward_backward_opts(tlm_train_ctx *x, const int32_t *ids,
+                                               const int32_t *targets, int B, int T,
+                                               const tlm_batch_opts *o, float *grads,
+                                               int accumulate, float *loss) {
     CORE_FP_FLUSH_SCOPE();
+    static const tlm_batch_opts none = {0};
+    if (!o) o = &none;
     if (!x) return core_err(TLM_ERR_ARG, "forward_backward: context must not be NULL");
+    x->held_ids = NULL;
     const tlm_model *m = x->m;
     const tlm_config *c = &m->c;
     if (!targets || !grads)
@@ -126,13 +139,16 @@ tlm_status tlm_train_ctx_forward_backward(tlm_train_ctx *x, const int32_t *ids,
     int R;
     s = split_batch(x, B, &R);
     if (s) return s;
+    const int32_t *pos = o->pos;
+    int pos0 = o->pos0;
     if (R <= 1)
-        return mdl_ctx_forward_backward_whole(x, ids, targets, B, T, pos0, grads, accumulate, 0,
-                                              loss, NULL);
-    /* Every slice divides its loss gradient by the whole batch's target count, so the batch's
-     * gradient is the plain sum of the slices': replica 0 writes (or accumulates) straight into
-     * grads and only the others need buffers of their own. */
+        return mdl_ctx_forward_backward_whole(x, ids, targets, B, T, pos0, pos, grads, accumulate,
+                                              o->divisor, loss, NULL);
+    /* Every slice divides its loss gradient by the whole batch's target count (or the divisor),
+     * so the batch's gradient is the plain sum of the slices': replica 0 writes (or accumulates)
+     * straight into grads and only the others need buffers of their own. */
     int total = mdl_ctx_count_targets(targets, (size_t)B * T);
+    double divisor = o->divisor > 0 ? o->divisor : total;
     slice_status st[MAXR];
     float losses[MAXR];
     int counts[MAXR];
@@ -150,10 +166,10 @@ tlm_status tlm_train_ctx_forward_backward(tlm_train_ctx *x, const int32_t *ids,
             rep->drop_seed = x->drop_seed;
             /* Each replica draws its own masks: same (seed, step), different stream per slice. */
             rep->drop_step = x->drop_step * (uint64_t)R + (uint64_t)r;
-            slice_report(&st[r],
-                         mdl_ctx_forward_backward_whole(
-                             rep, ids + (size_t)b0 * T, targets + (size_t)b0 * T, b1 - b0, T, pos0,
-                             r ? g[r] : grads, r ? 0 : accumulate, total, &losses[r], &counts[r]));
+            slice_report(&st[r], mdl_ctx_forward_backward_whole(
+                                     rep, ids + (size_t)b0 * T, targets + (size_t)b0 * T, b1 - b0,
+                                     T, pos0, pos ? pos + (size_t)b0 * T : NULL, r ? g[r] : grads,
+                                     r ? 0 : accumulate, divisor, &losses[r], &counts[r]));
         }
 #pragma omp barrier
         long lo = n * tid / team, hi = n * (tid + 1) / team;
@@ -165,32 +181,141 @@ tlm_status tlm_train_ctx_forward_backward(tlm_train_ctx *x, const int32_t *ids,
         }
     }
     if ((s = slices_result(st, R)) != TLM_OK) return s;
-    /* The batch's mean loss weights each slice by its counted targets. */
+    /* Each slice's loss is its sum over the batch's divisor: they add up. */
     double lsum = 0;
     for (int r = 0; r < R; r++)
-        if (counts[r]) lsum += (double)losses[r] * counts[r];
-    if (loss) *loss = total ? (float)(lsum / (double)total) : NAN;
+        if (counts[r]) lsum += (double)losses[r];
+    if (loss) *loss = total || o->divisor > 0 ? (float)lsum : NAN;
     return TLM_OK;
 }
 
-/* The mean loss of a slice, its logits a slice of rows at a time (mdl_ctx_head_loss). */
+/* The checks every training pass makes. */
+static tlm_status check_training(tlm_train_ctx *x, const int32_t *targets, int B, int T,
+                                 const char *what) {
+    if (!x) return core_err(TLM_ERR_ARG, "%s: context must not be NULL", what);
+    if (x->n_lora > 1)
+        return core_err(TLM_ERR_UNSUPPORTED, "%s: %d adapters attached; training takes one", what,
+                        x->n_lora);
+    if (!x->m->all_f32 && !x->n_lora)
+        return core_err(TLM_ERR_UNSUPPORTED,
+                        "%s: gradients need F32 weights (load the model with "
+                        "TLM_LOAD_WRITABLE)",
+                        what);
+    return mdl_ctx_check_targets(&x->m->c, targets, B, T);
+}
+
+tlm_status tlm_train_ctx_forward_logp(tlm_train_ctx *x, const int32_t *ids, const int32_t *targets,
+                                      int B, int T, const tlm_batch_opts *o, float *logp) {
+    CORE_FP_FLUSH_SCOPE();
+    static const tlm_batch_opts none = {0};
+    if (!o) o = &none;
+    if (!targets || !logp || !ids)
+        return core_err(TLM_ERR_ARG, "forward_logp: ids, targets and logp needed");
+    if (o->pos0) return core_err(TLM_ERR_ARG, "forward_logp: pos0 must be 0 (give pos)");
+    tlm_status s = check_training(x, targets, B, T, "forward_logp");
+    int R = 1;
+    if (!s) s = split_batch(x, B, &R);
+    x->held_ids = NULL;
+    if (s) return s;
+    if (R <= 1) {
+        s = mdl_ctx_forward_logp(x, ids, targets, B, T, o->pos, logp);
+    } else {
+        slice_status st[MAXR];
+#pragma omp parallel num_threads(R)
+        {
+            int team = omp_get_num_threads();
+            for (int r = omp_get_thread_num(); r < R; r += team) {
+                int b0, b1;
+                slice(B, r, R, &b0, &b1);
+                tlm_train_ctx *rep = x->replicas[r];
+                rep->drop_seed = x->drop_seed;
+                rep->drop_step = x->drop_step * (uint64_t)R + (uint64_t)r;
+                size_t at = (size_t)b0 * T;
+                slice_report(&st[r], mdl_ctx_forward_logp(rep, ids + at, targets + at, b1 - b0, T,
+                                                          o->pos ? o->pos + at : NULL, logp + at));
+            }
+        }
+        s = slices_result(st, R);
+    }
+    if (s) return s;
+    x->held_ids = ids;
+    x->held_targets = targets;
+    x->held_B = B;
+    x->held_T = T;
+    x->held_R = R;
+    return TLM_OK;
+}
+
+tlm_status tlm_train_ctx_backward_weighted(tlm_train_ctx *x, const float *weights, float *grads,
+                                           int accumulate, float *loss) {
+    CORE_FP_FLUSH_SCOPE();
+    if (!x || !weights || !grads)
+        return core_err(TLM_ERR_ARG, "backward_weighted: context, weights and grads needed");
+    if (!x->held_ids)
+        return core_err(TLM_ERR_ARG, "backward_weighted: no tlm_train_ctx_forward_logp to follow");
+    const int32_t *ids = x->held_ids, *targets = x->held_targets;
+    int B = x->held_B, T = x->held_T, R = x->held_R;
+    x->held_ids = NULL;
+    if (R <= 1)
+        return mdl_ctx_backward_whole(x, ids, targets, grads, accumulate, 0, weights, loss, NULL);
+    slice_status st[MAXR];
+    float losses[MAXR];
+    long n = (long)mdl_ctx_grad_floats(x);
+    float *const *g = x->replica_grads;
+#pragma omp parallel num_threads(R)
+    {
+        int team = omp_get_num_threads(), tid = omp_get_thread_num();
+        for (int r = tid; r < R; r += team) {
+            int b0, b1;
+            slice(B, r, R, &b0, &b1);
+            size_t at = (size_t)b0 * T;
+            slice_report(&st[r], mdl_ctx_backward_whole(x->replicas[r], ids + at, targets + at,
+                                                        r ? g[r] : grads, r ? 0 : accumulate, 0,
+                                                        weights + at, &losses[r], NULL));
+        }
+#pragma omp barrier
+        long lo = n * tid / team, hi = n * (tid + 1) / team;
+        for (int q = 1; q < R; q++) {
+            if (st[q].st || hi <= lo) continue;
+            k_acc(grads + lo, g[q] + lo, (size_t)(hi - lo));
+        }
+    }
+    tlm_status s = slices_result(st, R);
+    if (s) return s;
+    double sum = 0;
+    for (int r = 0; r < R; r++) sum += losses[r];
+    if (loss) *loss = (float)sum;
+    return TLM_OK;
+}
+
+/* The mean loss of a slice, its logits a slice of rows at a time (mdl_ctx_head_loss); with
+ * row_loss, each row's loss too. */
 static tlm_status slice_loss(tlm_train_ctx *x, const int32_t *ids, const int32_t *targets, int B,
-                             int T, double *loss, int *counted) {
+                             int T, const int32_t *pos, double *loss, int *counted,
+                             float *row_loss) {
     CORE_FP_FLUSH_SCOPE();
     if (counted) *counted = 0;
     tlm_status s = mdl_ctx_check_targets(&x->m->c, targets, B, T);
-    if (!s) s = mdl_ctx_forward(x, ids, B, T, 0, MDL_FWD_LOSS);
-    if (!s) mdl_ctx_head_loss(x, targets, B * T, 0, NULL, 0, loss, counted);
+    if (!s) s = mdl_ctx_forward(x, ids, B, T, 0, pos, MDL_FWD_LOSS);
+    if (!s) mdl_ctx_head_loss(x, targets, B * T, 0, NULL, row_loss, NULL, 0, loss, counted);
     return s;
 }
 
-tlm_status mdl_ctx_batch_loss(tlm_train_ctx *x, const int32_t *ids, const int32_t *targets, int B,
-                              int T, double *loss) {
+static tlm_status batch_loss(tlm_train_ctx *x, const int32_t *ids, const int32_t *targets, int B,
+                             int T, const int32_t *pos, double *loss, long *count,
+                             float *row_loss) {
+    x->held_ids = NULL; /* any pass overwrites the activations a backward would read */
     *loss = NAN;
+    if (count) *count = 0;
     int R;
     tlm_status s = split_batch(x, B, &R);
     if (s) return s;
-    if (R <= 1) return slice_loss(x, ids, targets, B, T, loss, NULL);
+    if (R <= 1) {
+        int n = 0;
+        s = slice_loss(x, ids, targets, B, T, pos, loss, &n, row_loss);
+        if (count) *count = n;
+        return s;
+    }
     slice_status st[MAXR];
     double sums[MAXR];
     int counts[MAXR];
@@ -201,8 +326,10 @@ tlm_status mdl_ctx_batch_loss(tlm_train_ctx *x, const int32_t *ids, const int32_
             int b0, b1;
             slice(B, r, R, &b0, &b1);
             double l = 0;
-            tlm_status sr = slice_loss(x->replicas[r], ids + (size_t)b0 * T,
-                                       targets + (size_t)b0 * T, b1 - b0, T, &l, &counts[r]);
+            tlm_status sr =
+                slice_loss(x->replicas[r], ids + (size_t)b0 * T, targets + (size_t)b0 * T, b1 - b0,
+                           T, pos ? pos + (size_t)b0 * T : NULL, &l, &counts[r],
+                           row_loss ? row_loss + (size_t)b0 * T : NULL);
             sums[r] = !sr && counts[r] ? l * counts[r] : 0.0;
             slice_report(&st[r], sr);
         }
@@ -215,5 +342,22 @@ tlm_status mdl_ctx_batch_loss(tlm_train_ctx *x, const int32_t *ids, const int32_
         total += counts[r];
     }
     *loss = total ? sum / (double)total : NAN;
+    if (count) *count = total;
+    return TLM_OK;
+}
+
+tlm_status mdl_ctx_batch_loss(tlm_train_ctx *x, const int32_t *ids, const int32_t *targets, int B,
+                              int T, const int32_t *pos, double *loss, long *count) {
+    return batch_loss(x, ids, targets, B, T, pos, loss, count, NULL);
+}
+
+tlm_status tlm_train_ctx_token_logp(tlm_train_ctx *x, const int32_t *ids, const int32_t *targets,
+                                    int B, int T, const int32_t *pos, float *logp) {
+    if (!x || !ids || !targets || !logp)
+        return core_err(TLM_ERR_ARG, "token_logp: context, ids, targets and logp needed");
+    double loss;
+    tlm_status s = batch_loss(x, ids, targets, B, T, pos, &loss, NULL, logp);
+    if (s) return s;
+    for (size_t i = 0; i < (size_t)B * T; i++) logp[i] = -logp[i];
     return TLM_OK;
 }

@@ -10,34 +10,16 @@
 
 #include "tlm.h"
 
-/* ---- chat templates ----------------------------------------------------------------------- */
+/* ---- chat templates (tlm_chat_render) ---------------------------------------------------- */
 
-typedef enum {
-    SRV_TPL_CHATML = 0,
-    SRV_TPL_LLAMA2,
-    SRV_TPL_LLAMA3,
-    SRV_TPL_MISTRAL,
-    SRV_TPL_GEMMA,
-    SRV_TPL_PHI3,
-    SRV_TPL_COUNT
-} srv_template;
-
+/* A request's message, owned by the request. */
 typedef struct {
-    char *role; /* system, user, assistant (developer is read as system) */
+    char *role; /* system, user, assistant, tool (developer is read as system) */
     char *content;
 } srv_message;
 
-const char *srv_template_name(srv_template t);
-/* 1 and *t set when name is one of srv_template_name's; 0 otherwise. */
-int srv_template_from_name(const char *name, srv_template *t);
-/* Recognises the family of a Jinja chat template (GGUF tokenizer.chat_template) by the markers its
- * text must contain; 0 when none matches (the caller falls back to ChatML and says so). */
-int srv_template_detect(const char *jinja, srv_template *t);
 /* Renders the conversation and opens the assistant's turn. *out is malloc'd, NUL-terminated. */
-tlm_status srv_template_apply(srv_template t, const srv_message *msgs, int n, char **out);
-/* The text that ends an assistant turn in this family ("<|im_end|>", "<|eot_id|>", ...): a stop
- * string for chat requests, and an end-of-turn id when the vocabulary has it as one token. */
-const char *srv_template_end(srv_template t);
+tlm_status srv_template_apply(tlm_chat_template t, const srv_message *msgs, int n, char **out);
 
 /* ---- requests ----------------------------------------------------------------------------- */
 

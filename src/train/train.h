@@ -32,6 +32,34 @@ tlm_status trn_dataset_windows(const tlm_dataset *d, tlm_split split, uint64_t s
                                uint64_t stream, uint64_t first, int B, int T, int32_t *ids,
                                int32_t *targets);
 
+/* Rows of examples for a trainer: one example a row (a preference pair's sides in rows 2i and
+ * 2i + 1, moving together), or packed (best fit, longest first) into rows of T. Epochs follow one
+ * another, each in an order shuffled by (seed, epoch). */
+typedef struct {
+    const tlm_examples *e;
+    int T, pack;
+    size_t rows;
+    int unit;       /* rows that move together: 1, or 2 for pairs */
+    size_t *first;  /* [rows + 1]: row r holds ex[first[r] .. first[r + 1]) */
+    uint32_t *ex;   /* examples, row after row */
+    uint32_t *perm; /* the current epoch's order of units */
+    long epoch;     /* whose order perm holds (-1: none) */
+} trn_plan;
+
+tlm_status trn_plan_make(const tlm_examples *e, int T, int pack, trn_plan *p);
+void trn_plan_free(trn_plan *p);
+/* Rows first .. first + B - 1 of the stream (shuffled per epoch, or in order; ids NULL: only
+ * count them): ids, next-token
+ * targets (masked where the token is not trained, and across examples), positions from 0 at each
+ * example; *T_out the rows' length (packed: T; else the longest example among them). *tokens
+ * counts the examples' tokens (no padding), *counted the targets. */
+tlm_status trn_plan_rows(trn_plan *p, uint64_t seed, int shuffle, uint64_t first, int B,
+                         int32_t *ids, int32_t *tg, int32_t *pos, int *T_out, long *tokens,
+                         long *counted);
+/* The example each of those rows starts with (unpacked: the one it holds). */
+tlm_status trn_plan_row_examples(trn_plan *p, uint64_t seed, int shuffle, uint64_t first, int B,
+                                 uint32_t *ex);
+
 /* Everything needed to continue a run bit for bit. */
 typedef struct {
     long step; /* steps completed */

@@ -25,6 +25,7 @@ void tlm_train_opts_defaults(tlm_train_opts *o) {
     o->eval_batches = 100; /* the figure then varies by ~0.008 between seeds on Shakespeare-char */
     o->log_interval = 10;
     o->seed = 1337;
+    tlm_dpo_opts_defaults(&o->dpo);
 }
 
 typedef struct {
@@ -112,6 +113,18 @@ static tlm_status write_svg(const char *path, const history *h, long total) {
     return s;
 }
 
+/* TRL's DPO figures, means over the pairs. */
+static void log_dpo(FILE *f, const char *prefix, const tlm_dpo_stats *s) {
+    double n = s->pairs > 0 ? s->pairs : 1;
+    fprintf(f,
+            ", \"%srewards/chosen\": %.6g, \"%srewards/rejected\": %.6g, \"%srewards/margins\": "
+            "%.6g, \"%srewards/accuracies\": %.6g, \"%slogps/chosen\": %.6g, \"%slogps/rejected\": "
+            "%.6g",
+            prefix, s->chosen_reward / n, prefix, s->rejected_reward / n, prefix,
+            (s->chosen_reward - s->rejected_reward) / n, prefix, s->correct / n, prefix,
+            s->chosen_logp / n, prefix, s->rejected_logp / n);
+}
+
 /* On resume the log keeps only the steps the checkpoint covers; the history is rebuilt from it. */
 static tlm_status reload_log(const char *path, long upto, history *h) {
     char *text;
@@ -152,7 +165,7 @@ static tlm_status eval_chunks(tlm_train_ctx *x, const tlm_dataset *d, tlm_split 
         double loss;
         tlm_status s = trn_dataset_windows(d, split, seed, EVAL_STREAM, (uint64_t)i * (uint64_t)B,
                                            B, T, ids, tg);
-        if (!s) s = mdl_ctx_batch_loss(x, ids, tg, B, T, &loss);
+        if (!s) s = mdl_ctx_batch_loss(x, ids, tg, B, T, NULL, &loss, NULL);
         if (s) return s;
         *sum += loss;
     }
@@ -187,8 +200,20 @@ struct tlm_trainer {
     tlm_adamw *opt;
     trn_state st;
     tlm_schedule sched;
-    int32_t *ids, *tg;
+    int32_t *ids, *tg, *pos;
     char *ckpt, *model_path, *peft_path; /* adapters: adapter.gguf and peft/ */
+    /* examples (tlm_train_opts.examples): the rows of training and validation */
+    trn_plan plan, vplan;
+    long step_tokens; /* the last step's tokens (of examples, not padding; windows: B x T) */
+    /* DPO: rows per optimizer step and per pass (2 a pair), the reference's context (ref_model;
+     * NULL with an adapter: the trained context at scale 0), precomputed reference sums per
+     * sequence of the training and validation examples, the last step's and evaluation's sums */
+    int pairs, rows_b;
+    tlm_train_ctx *ref;
+    double *ref_logp, *vref_logp, *row_ref;
+    float *tok_logp;
+    uint32_t *row_ex;
+    tlm_dpo_stats dpo_st, val_dpo_st;
 };
 
 void tlm_trainer_free(tlm_trainer *t) {
@@ -198,6 +223,15 @@ void tlm_trainer_free(tlm_trainer *t) {
     core_big_free(t->grads, t->P.n * sizeof(float));
     free(t->ids);
     free(t->tg);
+    free(t->pos);
+    trn_plan_free(&t->plan);
+    trn_plan_free(&t->vplan);
+    tlm_train_ctx_free(t->ref);
+    free(t->ref_logp);
+    free(t->vref_logp);
+    free(t->row_ref);
+    free(t->tok_logp);
+    free(t->row_ex);
     free(t->ckpt);
     free(t->model_path);
     free(t->peft_path);
@@ -226,6 +260,94 @@ static tlm_status resume(tlm_trainer *t) {
     return s;
 }
 
+/* The reference's sums of rows [first, first + rows) of a plan (in order when shuffle is 0), whose
+ * ids and targets are in t->ids, t->tg: precomputed ones by the rows' examples, else a pass of
+ * the reference. */
+static tlm_status ref_sums(tlm_trainer *t, trn_plan *p, const double *pre, int shuffle,
+                           uint64_t first, int rows, int T, double *out) {
+    if (pre) {
+        tlm_status s = trn_plan_row_examples(p, t->st.seed, shuffle, first, rows, t->row_ex);
+        for (int r = 0; r < rows && !s; r++) out[r] = pre[t->row_ex[r]];
+        return s;
+    }
+    tlm_train_ctx *x = t->ref ? t->ref : t->x;
+    const tlm_lora *one[1] = {t->lora};
+    float zero = 0.0f;
+    /* with an adapter the reference is the base: the same context, the adapter's scale 0 */
+    tlm_status s = t->ref ? TLM_OK : tlm_train_ctx_set_loras(x, one, &zero, 1);
+    if (!s) s = tlm_train_ctx_token_logp(x, t->ids, t->tg, rows, T, t->pos, t->tok_logp);
+    tlm_status r = t->ref ? TLM_OK : tlm_train_ctx_set_loras(x, one, NULL, 1);
+    if (s || r) return s ? s : r;
+    for (int i = 0; i < rows; i++) {
+        double sum = 0;
+        for (int k = 0; k < T; k++)
+            if (t->tg[(size_t)i * T + k] >= 0) sum += t->tok_logp[(size_t)i * T + k];
+        out[i] = sum;
+    }
+    return TLM_OK;
+}
+
+/* Every sequence's reference sum, rows_b rows a pass, indexed by example. */
+static tlm_status precompute(tlm_trainer *t, trn_plan *p, double **out) {
+    size_t n = p->rows;
+    *out = malloc((n ? n : 1) * sizeof **out);
+    if (!*out) return core_err(TLM_ERR_NOMEM, "out of memory");
+    tlm_status s = TLM_OK;
+    for (size_t r0 = 0; r0 < n && !s; r0 += (size_t)t->rows_b) {
+        int rows = n - r0 < (size_t)t->rows_b ? (int)(n - r0) : t->rows_b, T;
+        long tk, ck;
+        s = trn_plan_rows(p, 0, 0, r0, rows, t->ids, t->tg, t->pos, &T, &tk, &ck);
+        if (!s) s = ref_sums(t, p, NULL, 0, r0, rows, T, t->row_ref);
+        if (!s) s = trn_plan_row_examples(p, 0, 0, r0, rows, t->row_ex);
+        for (int r = 0; r < rows && !s; r++) (*out)[t->row_ex[r]] = t->row_ref[r];
+    }
+    return s;
+}
+
+static tlm_status dpo_setup(tlm_trainer *t) {
+    size_t N = (size_t)t->rows_b * t->T;
+    t->row_ref = malloc((size_t)t->rows_b * sizeof *t->row_ref);
+    t->tok_logp = malloc(N * sizeof *t->tok_logp);
+    t->row_ex = malloc((size_t)t->rows_b * sizeof *t->row_ex);
+    if (!t->row_ref || !t->tok_logp || !t->row_ex) return core_err(TLM_ERR_NOMEM, "out of memory");
+    tlm_status s = TLM_OK;
+    if (!t->lora) {
+        s = tlm_train_ctx_new(t->o.ref_model, &t->ref);
+        if (!s) s = tlm_train_ctx_set_precision(t->ref, t->o.precision);
+        if (s) return s;
+    }
+    if (t->o.precompute_ref) {
+        s = precompute(t, &t->plan, &t->ref_logp);
+        if (!s && t->o.val_examples) s = precompute(t, &t->vplan, &t->vref_logp);
+        /* nothing reads the reference again */
+        tlm_train_ctx_free(t->ref);
+        t->ref = NULL;
+    }
+    return s;
+}
+
+static void dpo_add(tlm_dpo_stats *a, const tlm_dpo_stats *b) {
+    a->pairs += b->pairs;
+    a->loss += b->loss;
+    a->chosen_reward += b->chosen_reward;
+    a->rejected_reward += b->rejected_reward;
+    a->chosen_logp += b->chosen_logp;
+    a->rejected_logp += b->rejected_logp;
+    a->correct += b->correct;
+}
+
+/* The sums of every process (reduce_sum), on each. */
+static tlm_status dpo_reduce(tlm_trainer *t, tlm_dpo_stats *st) {
+    if (t->world <= 1) return TLM_OK;
+    const tlm_train_hooks *h = &t->o.hooks;
+    double v[7] = {st->pairs,       st->loss,          st->chosen_reward, st->rejected_reward,
+                   st->chosen_logp, st->rejected_logp, st->correct};
+    tlm_status s = h->reduce_sum(h->user, v, 7);
+    if (s) return s;
+    *st = (tlm_dpo_stats){(int)v[0], v[1], v[2], v[3], v[4], v[5], (int)v[6]};
+    return TLM_OK;
+}
+
 tlm_status tlm_trainer_new(tlm_model *m, const tlm_dataset *d, const tlm_train_opts *o,
                            tlm_trainer **out) {
     *out = NULL;
@@ -250,10 +372,28 @@ tlm_status tlm_trainer_new(tlm_model *m, const tlm_dataset *d, const tlm_train_o
         return core_err(TLM_ERR_ARG, "batch %d x sequence %d invalid for context %d", B, T,
                         c->context_length);
     if (o->steps <= 0) return core_err(TLM_ERR_ARG, "steps must be positive");
-    if (tlm_dataset_vocab_size(d) > c->vocab_size)
+    const tlm_examples *ex[2] = {o->examples, o->val_examples};
+    for (int k = 0; k < 2; k++)
+        for (size_t i = 0; ex[k] && i < tlm_examples_count(ex[k]); i++) {
+            const int32_t *ids;
+            int len = tlm_examples_get(ex[k], i, &ids, NULL);
+            for (int j = 0; j < len; j++)
+                if (ids[j] < 0 || ids[j] >= c->vocab_size)
+                    return core_err(TLM_ERR_RANGE,
+                                    "%s example %zu: token %d outside the model's vocabulary (%d)",
+                                    k ? "validation" : "training", i, ids[j], c->vocab_size);
+        }
+    int pairs = o->examples && tlm_examples_pairs(o->examples);
+    if (pairs && !o->lora && !o->ref_model)
+        return core_err(TLM_ERR_ARG,
+                        "DPO without an adapter needs the reference model (ref_model)");
+    if (pairs && o->val_examples && !tlm_examples_pairs(o->val_examples))
+        return core_err(TLM_ERR_ARG, "DPO validation data must be preference pairs too");
+    if (!o->examples && !d) return core_err(TLM_ERR_ARG, "train: no data (dataset or examples)");
+    if (!o->examples && tlm_dataset_vocab_size(d) > c->vocab_size)
         return core_err(TLM_ERR_CONFIG, "data has vocabulary %d but the model only %d",
                         tlm_dataset_vocab_size(d), c->vocab_size);
-    if (tlm_dataset_size(d, TLM_SPLIT_TRAIN) < (size_t)T + 1)
+    if (!o->examples && tlm_dataset_size(d, TLM_SPLIT_TRAIN) < (size_t)T + 1)
         return core_err(TLM_ERR_ARG, "training split has %zu tokens; a window needs %d",
                         tlm_dataset_size(d, TLM_SPLIT_TRAIN), T + 1);
     size_t begin = o->hooks.begin, end = o->hooks.end ? o->hooks.end : P.n;
@@ -284,16 +424,23 @@ tlm_status tlm_trainer_new(tlm_model *m, const tlm_dataset *d, const tlm_train_o
     t->rank = rank;
     t->world = world;
     t->b = B / (world * K);
-    size_t N = (size_t)t->b * T;
+    t->pairs = pairs;
+    t->rows_b = pairs ? 2 * t->b : t->b;
+    size_t N = (size_t)t->rows_b * T;
     t->ids = malloc(N * sizeof *t->ids);
     t->tg = malloc(N * sizeof *t->tg);
+    t->pos = o->examples ? malloc(N * sizeof *t->pos) : NULL;
     t->grads = core_big_alloc(P.n * sizeof(float));
     t->ckpt = core_path_join(o->out_dir, "checkpoint.safetensors");
     t->model_path = core_path_join(o->out_dir, o->lora ? "adapter.gguf" : "model.safetensors");
     t->peft_path = o->lora ? core_path_join(o->out_dir, "peft") : NULL;
     tlm_status s = TLM_OK;
-    if (!t->ids || !t->tg || !t->grads || !t->ckpt || !t->model_path || (o->lora && !t->peft_path))
+    if (!t->ids || !t->tg || !t->grads || !t->ckpt || !t->model_path ||
+        (o->lora && !t->peft_path) || (o->examples && !t->pos))
         s = core_err(TLM_ERR_NOMEM, "out of memory");
+    if (!s && o->examples) s = trn_plan_make(o->examples, T, o->pack, &t->plan);
+    if (!s && o->val_examples) s = trn_plan_make(o->val_examples, T, o->pack, &t->vplan);
+
     if (!s) s = tlm_train_ctx_new(m, &t->x);
     if (!s) s = tlm_train_ctx_set_precision(t->x, o->precision);
     const tlm_lora *one[1] = {o->lora};
@@ -302,7 +449,8 @@ tlm_status tlm_trainer_new(tlm_model *m, const tlm_dataset *d, const tlm_train_o
     t->st = (trn_state){0, {0, 0}, o->seed};
     core_rng_seed(&t->st.rng, o->seed, 1);
     if (!s && o->resume) s = resume(t);
-    if (!s) s = tlm_train_ctx_reserve(t->x, t->b, T);
+    if (!s) s = tlm_train_ctx_reserve(t->x, t->rows_b, T);
+    if (!s && pairs) s = dpo_setup(t);
     t->sched = (tlm_schedule){o->lr, o->min_lr, o->warmup, o->steps};
     if (s) {
         tlm_trainer_free(t);
@@ -316,8 +464,77 @@ long tlm_trainer_steps(const tlm_trainer *t) { return t->st.step; }
 tlm_train_ctx *tlm_trainer_ctx(tlm_trainer *t) { return t->x; }
 float *tlm_trainer_grads(tlm_trainer *t) { return t->grads; }
 
+/* The step's rows of examples: every process counts the whole step's trained tokens (the rows are
+ * a function of seed and step), so that each part's gradient is of its sum over the step's count
+ * (a share of it per process, whose gradients the reduction averages) and the parts add up to the
+ * step's mean, however the tokens fall into parts. */
+static tlm_status examples_backward(tlm_trainer *t, float *loss) {
+    uint64_t row0 = (uint64_t)t->st.step * (uint64_t)t->B;
+    long tokens, counted;
+    int T;
+    tlm_status s =
+        trn_plan_rows(&t->plan, t->st.seed, 1, row0, t->B, NULL, NULL, NULL, &T, &tokens, &counted);
+    if (s) return s;
+    t->step_tokens = tokens;
+    tlm_batch_opts o = {t->pos, 0, counted > 0 ? (double)counted / t->world : 1.0};
+    double sum = 0;
+    for (int k = 0; k < t->K; k++) {
+        int part = t->rank * t->K + k;
+        float l;
+        long tk, ck;
+        s = trn_plan_rows(&t->plan, t->st.seed, 1, row0 + (uint64_t)part * (uint64_t)t->b, t->b,
+                          t->ids, t->tg, t->pos, &T, &tk, &ck);
+        if (s) return s;
+        uint64_t parts = (uint64_t)t->world * (uint64_t)t->K;
+        tlm_train_ctx_set_dropout_seed(t->x, t->st.seed, (uint64_t)t->st.step * parts + part);
+        s = tlm_train_ctx_forward_backward_opts(t->x, t->ids, t->tg, t->b, T, &o, t->grads, k > 0,
+                                                &l);
+        if (s) return s;
+        if (ck) sum += l;
+    }
+    *loss = (float)sum;
+    return TLM_OK;
+}
+
+/* DPO: the step's B pairs (2B rows), each part's b; every pair's loss divided by the step's pairs
+ * (this process's share of them), so the parts add up to the mean over the step. */
+static tlm_status dpo_backward(tlm_trainer *t, float *loss) {
+    uint64_t row0 = (uint64_t)t->st.step * (uint64_t)t->B * 2;
+    long tokens, counted;
+    int T;
+    tlm_status s = trn_plan_rows(&t->plan, t->st.seed, 1, row0, 2 * t->B, NULL, NULL, NULL, &T,
+                                 &tokens, &counted);
+    if (s) return s;
+    t->step_tokens = tokens;
+    double divisor = (double)t->B / t->world;
+    tlm_dpo_stats all = {0};
+    for (int k = 0; k < t->K; k++) {
+        int part = t->rank * t->K + k;
+        uint64_t first = row0 + (uint64_t)part * (uint64_t)t->rows_b;
+        long tk, ck;
+        tlm_dpo_stats st;
+        s = trn_plan_rows(&t->plan, t->st.seed, 1, first, t->rows_b, t->ids, t->tg, t->pos, &T, &tk,
+                          &ck);
+        if (!s) s = ref_sums(t, &t->plan, t->ref_logp, 1, first, t->rows_b, T, t->row_ref);
+        if (s) return s;
+        uint64_t parts = (uint64_t)t->world * (uint64_t)t->K;
+        tlm_train_ctx_set_dropout_seed(t->x, t->st.seed, (uint64_t)t->st.step * parts + part);
+        s = tlm_train_ctx_dpo(t->x, t->ids, t->tg, t->b, T, t->pos, t->row_ref, &t->o.dpo, divisor,
+                              t->grads, k > 0, &st);
+        if (s) return s;
+        dpo_add(&all, &st);
+    }
+    /* this process's part of the step's mean; the gradient reduction averages the losses */
+    *loss = (float)(all.loss / divisor);
+    t->dpo_st = all;
+    return dpo_reduce(t, &t->dpo_st);
+}
+
 tlm_status tlm_trainer_backward(tlm_trainer *t, float *loss) {
     CORE_FP_FLUSH_SCOPE();
+    if (t->pairs) return dpo_backward(t, loss);
+    if (t->o.examples) return examples_backward(t, loss);
+    t->step_tokens = (long)t->B * t->T;
     double sum = 0;
     for (int k = 0; k < t->K; k++) {
         /* Windows of the step in order: rank r's micro-step k holds the (r K + k)-th b of them. */
@@ -431,8 +648,73 @@ tlm_status tlm_trainer_save(tlm_trainer *t) {
 
 /* The validation loss of eval_batches batches of B windows, in parts of b windows spread over the
  * processes: the mean of the parts' means, whatever the split. */
+/* Validation examples: up to eval_batches x batch rows in order, b rows a pass, the passes spread
+ * over the processes; the mean over every trained token. */
+static tlm_status evaluate_examples(tlm_trainer *t, float *val) {
+    const tlm_train_hooks *h = &t->o.hooks;
+    long rows = (long)t->o.eval_batches * t->B;
+    if ((size_t)rows > t->vplan.rows) rows = (long)t->vplan.rows;
+    double r[3] = {0, 0, 0}; /* loss sum, targets, failed */
+    tlm_status s = TLM_OK;
+    for (long c = t->rank; !s && c * t->b < rows; c += t->world) {
+        int nb = rows - c * t->b < t->b ? (int)(rows - c * t->b) : t->b, T;
+        long tk, ck, cnt;
+        double loss;
+        s = trn_plan_rows(&t->vplan, 0, 0, (uint64_t)c * t->b, nb, t->ids, t->tg, t->pos, &T, &tk,
+                          &ck);
+        if (!s) s = mdl_ctx_batch_loss(t->x, t->ids, t->tg, nb, T, t->pos, &loss, &cnt);
+        if (!s && cnt) {
+            r[0] += loss * (double)cnt;
+            r[1] += (double)cnt;
+        }
+    }
+    r[2] = s != TLM_OK;
+    if (t->world > 1) {
+        tlm_status e = h->reduce_sum(h->user, r, 3);
+        if (e) return e;
+        if (!s && r[2] > 0) return core_err(TLM_ERR_IO, "evaluation failed on another process");
+    }
+    if (s) return s;
+    *val = r[1] > 0 ? (float)(r[0] / r[1]) : NAN;
+    return TLM_OK;
+}
+
+/* DPO validation: up to eval_batches x batch pairs in order; their mean loss (and sums). */
+static tlm_status evaluate_dpo(tlm_trainer *t, float *val) {
+    long pairs = (long)t->o.eval_batches * t->B, have = (long)t->vplan.rows / 2;
+    if (pairs > have) pairs = have;
+    tlm_dpo_stats all = {0};
+    tlm_status s = TLM_OK;
+    for (long c = t->rank; !s && c * t->b < pairs; c += t->world) {
+        int np = pairs - c * t->b < t->b ? (int)(pairs - c * t->b) : t->b, T;
+        long tk, ck;
+        uint64_t first = (uint64_t)c * (uint64_t)t->rows_b;
+        tlm_dpo_stats st;
+        s = trn_plan_rows(&t->vplan, 0, 0, first, 2 * np, t->ids, t->tg, t->pos, &T, &tk, &ck);
+        if (!s) s = ref_sums(t, &t->vplan, t->vref_logp, 0, first, 2 * np, T, t->row_ref);
+        if (!s)
+            s = tlm_train_ctx_dpo(t->x, t->ids, t->tg, np, T, t->pos, t->row_ref, &t->o.dpo, 0,
+                                  NULL, 0, &st);
+        if (!s) dpo_add(&all, &st);
+    }
+    if (t->world > 1) {
+        /* a failure anywhere fails every process (the sums below are collective) */
+        double failed = s != TLM_OK;
+        tlm_status e = t->o.hooks.reduce_sum(t->o.hooks.user, &failed, 1);
+        if (e) return e;
+        if (!s && failed > 0) return core_err(TLM_ERR_IO, "evaluation failed on another process");
+    }
+    if (!s) s = dpo_reduce(t, &all);
+    if (s) return s;
+    t->val_dpo_st = all;
+    *val = all.pairs ? (float)(all.loss / all.pairs) : NAN;
+    return TLM_OK;
+}
+
 static tlm_status evaluate_split(tlm_trainer *t, float *val) {
     const tlm_train_hooks *h = &t->o.hooks;
+    if (t->pairs) return evaluate_dpo(t, val);
+    if (t->o.examples) return evaluate_examples(t, val);
     long parts = (long)t->o.eval_batches * t->world * t->K;
     double r[2] = {0, 0};
     tlm_status s = eval_chunks(t->x, t->d, TLM_SPLIT_VAL, t->b, t->T, parts, t->o.seed, t->rank,
@@ -452,8 +734,9 @@ tlm_status tlm_train_run(tlm_model *m, const tlm_dataset *d, const tlm_train_opt
     CORE_FP_FLUSH_SCOPE();
     int T = o->seq_len ? o->seq_len : m->c.context_length;
     int do_eval = o->eval_interval > 0 && o->eval_batches > 0 &&
-                  tlm_dataset_size(d, TLM_SPLIT_VAL) >= (size_t)T + 1;
-    if (o->eval_interval > 0 && o->eval_batches > 0 && !do_eval &&
+                  (o->examples ? o->val_examples != NULL
+                               : d && tlm_dataset_size(d, TLM_SPLIT_VAL) >= (size_t)T + 1);
+    if (o->eval_interval > 0 && o->eval_batches > 0 && !do_eval && !o->examples && d &&
         tlm_dataset_size(d, TLM_SPLIT_VAL) > 0)
         return core_err(TLM_ERR_ARG, "validation split has %zu tokens; a window needs %d",
                         tlm_dataset_size(d, TLM_SPLIT_VAL), T + 1);
@@ -481,7 +764,6 @@ tlm_status tlm_train_run(tlm_model *m, const tlm_dataset *d, const tlm_train_opt
         s = core_err(TLM_ERR_IO, "cannot open '%s' for writing", log_path);
         goto done;
     }
-    size_t N = (size_t)t->B * t->T;
     double t_start = core_now_s();
     long first = t->st.step;
     const tlm_train_hooks *hk = &o->hooks;
@@ -508,13 +790,23 @@ tlm_status tlm_train_run(tlm_model *m, const tlm_dataset *d, const tlm_train_opt
         int evaluate = do_eval && (step % o->eval_interval == 0 || last);
         float val = NAN;
         if (evaluate && (s = evaluate_split(t, &val)) != TLM_OK) break;
-        tlm_train_progress p = {step,        o->steps, loss,           val,
-                                lr,          norm,     (double)N / dt, core_now_s() - t_start,
-                                step - first};
+        tlm_train_progress p = {step,
+                                o->steps,
+                                loss,
+                                val,
+                                lr,
+                                norm,
+                                (double)t->step_tokens / dt,
+                                core_now_s() - t_start,
+                                step - first,
+                                t->pairs ? &t->dpo_st : NULL,
+                                t->pairs && evaluate ? &t->val_dpo_st : NULL};
         if (writer && (evaluate || last || (o->log_interval > 0 && step % o->log_interval == 0) ||
                        step == 1)) {
             fprintf(log, "{\"step\": %ld, \"train_loss\": %.6f", step, (double)loss);
             if (evaluate) fprintf(log, ", \"val_loss\": %.6f", (double)val);
+            if (p.dpo) log_dpo(log, "", p.dpo);
+            if (p.val_dpo) log_dpo(log, "val_", p.val_dpo);
             fprintf(log, ", \"lr\": %.6g, \"grad_norm\": %.6g, \"tokens_per_s\": %.1f}\n", lr, norm,
                     p.tokens_per_s);
             fflush(log);

@@ -9,6 +9,11 @@ lora.safetensors (A and B as <base tensor>.lora_a [r, in] / .lora_b [out, r]) an
 A LoRA layer computes what PEFT's lora.Linear does with dropout 0:
     y = base(x) + s * lora_B(lora_A(x)),  s = alpha / r  (rsLoRA: alpha / sqrt(r)).
 B is random here (PEFT starts it at zero) so that every gradient is non-trivial.
+
+dpo.safetensors: DPO (TRL's sigmoid loss with label smoothing) over P pairs, rows 2i chosen and
+2i + 1 rejected, targets -1 on the prompt; the reference is the base (every adapter's scale 0),
+its per-row log-probability sums ref_logp; the loss (mean over pairs) and the gradient of every A
+and B, metadata beta, label_smoothing.
 """
 
 import json
@@ -86,6 +91,47 @@ def wrap(model, targets, r, scale, gen):
     return out
 
 
+DPO_BETA, DPO_LS, DPO_PAIRS = 0.5, 0.1, 2
+
+
+def row_logp(model, ids, targets):
+    """Per row: the sum of the targets' log-probabilities (targets < 0 skipped)."""
+    logits, _ = model(ids)
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    mask = targets >= 0
+    tok = torch.gather(lp, 2, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    return (tok * mask).sum(dim=1)
+
+
+def dpo_case(model, sites, cfg, T, gen):
+    P = DPO_PAIRS
+    ids = torch.randint(0, cfg.vocab_size, (2 * P, T), generator=gen)
+    targets = torch.randint(0, cfg.vocab_size, (2 * P, T), generator=gen)
+    targets[:, :3] = -1  # the prompt
+    targets[1, T - 2:] = -1  # a shorter rejected answer
+    for _, lin in sites:
+        lin.lora_A.grad = None
+        lin.lora_B.grad = None
+    scales = [lin.scale for _, lin in sites]
+    with torch.no_grad():
+        for _, lin in sites:
+            lin.scale = 0.0
+        ref = row_logp(model, ids, targets).float()
+        for (_, lin), s in zip(sites, scales):
+            lin.scale = s
+    pi = row_logp(model, ids, targets)
+    z = DPO_BETA * ((pi[0::2] - ref[0::2]) - (pi[1::2] - ref[1::2]))
+    loss = (-(1 - DPO_LS) * torch.nn.functional.logsigmoid(z) -
+            DPO_LS * torch.nn.functional.logsigmoid(-z)).mean()
+    loss.backward()
+    out = [("ids", ids.to(torch.int32)), ("targets", targets.to(torch.int32)),
+           ("ref_logp", ref), ("loss", loss.detach().reshape(1).float())]
+    for name, lin in sites:
+        for k, p in (("a", lin.lora_A), ("b", lin.lora_B)):
+            out.append((f"grad.{name}.lora_{k}", p.grad.float()))
+    return out, loss.item()
+
+
 def main(outdir):
     root = os.path.join(outdir, "lora")
     os.makedirs(root, exist_ok=True)
@@ -125,7 +171,12 @@ def main(outdir):
                           [("ids", ids.to(torch.int32)), ("targets", targets.to(torch.int32)),
                            ("logits", logits.detach().float()),
                            ("loss", loss.detach().reshape(1).float())] + grads, metadata=meta)
-        print(f"lora {c['name']:20s} {len(sites)} matrices loss={loss.item():.4f}")
+        dpo = dpo_case(model, sites, cfg, T, gen)
+        write_safetensors(os.path.join(d, "dpo.safetensors"), dpo[0],
+                          metadata={"beta": repr(DPO_BETA), "label_smoothing": repr(DPO_LS),
+                                    "P": str(DPO_PAIRS), "T": str(T)})
+        print(f"lora {c['name']:20s} {len(sites)} matrices loss={loss.item():.4f} "
+              f"dpo={dpo[1]:.4f}")
     with open(os.path.join(root, "cases.txt"), "w") as f:
         f.write("".join(c["name"] + "\n" for c in CASES))
 
