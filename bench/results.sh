@@ -293,15 +293,6 @@ PY
 cat "$OUT/results.md"
 
 if [ "$README" = 1 ]; then
-  /usr/bin/python3 - "$ROOT/bench/README.md" "$OUT/results.md" <<'PY'
-import sys
-readme, table = sys.argv[1], open(sys.argv[2]).read()
-s = open(readme).read()
-b, e = "<!-- results:begin -->", "<!-- results:end -->"
-i, j = s.find(b), s.find(e)
-if i < 0 or j < i:
-    sys.exit("bench/README.md has no results markers")
-open(readme, "w").write(s[:i + len(b)] + "\n" + table + s[j:])
-PY
+  /usr/bin/python3 "$ROOT/bench/readme_section.py" results "$OUT/results.md"
   echo "rewrote bench/README.md's results" >&2
 fi

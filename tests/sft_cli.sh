@@ -78,7 +78,7 @@ dpo=(-m "$BASE" --data "$TMP/pairs.jsonl" --batch 4 --eval-interval 5 --eval-bat
 $TLM finetune "${dpo[@]}" -o "$TMP/d" --lr 1e-3 2>"$TMP/d.err"
 expect "DPO runs ($(tail -1 "$TMP/d.err"))" test $? -eq 0
 expect "pairs counted" grep -q "36 training pairs, 4 validation" "$TMP/d.err"
-expect "the reference named" grep -q "DPO: beta 0.1, label smoothing 0, the reference BASE (the adapter switched off)" "$TMP/d.err"
+expect "the reference named" grep -q "DPO: beta 0.1, label smoothing 0, rpo alpha 0, the reference BASE (the adapter switched off)" "$TMP/d.err"
 expect "step 1: loss ln 2" grep -q '"step": 1, "train_loss": 0.693147, "rewards/chosen": 0, "rewards/rejected": 0' "$TMP/d/log.jsonl"
 expect "TRL's figures logged" grep -q '"val_rewards/accuracies": 1' "$TMP/d/log.jsonl"
 margins() { grep -o '"rewards/margins": [-0-9.e]*' "$1/log.jsonl" | cut -d' ' -f2; }
@@ -90,6 +90,11 @@ $TLM finetune "${dpo[@]}" -o "$TMP/f1" --full --lr 1e-4 2>/dev/null
 $TLM finetune "${dpo[@]}" -o "$TMP/f2" --full --lr 1e-4 --precompute-ref 2>/dev/null
 expect "--precompute-ref gives the same run" test "$(log_col "$TMP/f1" train_loss)" = "$(log_col "$TMP/f2" train_loss)"
 expect "--full DPO learns" holds 'b < a' a=0.693147 b="$(log_col "$TMP/f1" train_loss | tail -1 | cut -d' ' -f2)"
+# --rpo-alpha adds the chosen answers' NLL: step 1's loss is ln 2 plus alpha times it.
+$TLM finetune "${dpo[@]}" -o "$TMP/r" --steps 1 --rpo-alpha 0.5 2>/dev/null
+nll=$(grep -o '"nll_loss": [-0-9.e]*' "$TMP/r/log.jsonl" | head -1 | cut -d' ' -f2)
+expect "rpo: loss ln 2 + 0.5 nll ($nll)" holds 'l - (0.693147 + 0.5 * n) < 1e-4 && (0.693147 + 0.5 * n) - l < 1e-4' \
+    n="${nll:-0}" l="$(log_col "$TMP/r" train_loss | head -1 | cut -d' ' -f2)"
 $TLM finetune "${dpo[@]}" -o "$TMP/b" --pack 2>"$TMP/b.err"
 expect "pairs are not packed" grep -q "preference pairs are not packed" "$TMP/b.err"
 finish

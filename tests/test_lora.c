@@ -146,7 +146,8 @@ static void parity_case(const char *name) {
     io_st_file dp;
     CHECK_OK(io_st_open(&dp, t_path(dir, "dpo.safetensors")));
     int NP = atoi(io_st_meta(&dp, "P")), DT = atoi(io_st_meta(&dp, "T"));
-    tlm_dpo_opts dopt = {atof(io_st_meta(&dp, "beta")), atof(io_st_meta(&dp, "label_smoothing"))};
+    tlm_dpo_opts dopt = {atof(io_st_meta(&dp, "beta")), atof(io_st_meta(&dp, "label_smoothing")),
+                         atof(io_st_meta(&dp, "rpo_alpha"))};
     size_t DN = (size_t)2 * NP * DT;
     int32_t *dids = malloc(DN * sizeof *dids), *dtg = malloc(DN * sizeof *dtg);
     CHECK_OK(io_st_read_i32(&dp, io_st_find(&dp, "ids"), dids, DN));

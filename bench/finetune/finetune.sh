@@ -156,15 +156,6 @@ json.dump(dict(lora=lora, qlora=qlora, full=full, full_batch1=full1, llama_finet
 print("\n".join(lines))
 PY
 if [ "$README" = 1 ]; then
-  /usr/bin/python3 - "$ROOT/bench/README.md" "$OUT/results.md" <<'PY'
-import sys
-path, res = sys.argv[1:3]
-t = open(path).read()
-b, e = "<!-- finetune:begin -->", "<!-- finetune:end -->"
-if b not in t or e not in t:
-    sys.exit("bench/README.md has no finetune markers")
-t = t[:t.index(b) + len(b)] + "\n" + open(res).read() + t[t.index(e):]
-open(path, "w").write(t)
-PY
+  /usr/bin/python3 "$ROOT/bench/readme_section.py" finetune "$OUT/results.md"
   echo "rewrote bench/README.md's fine-tuning table" >&2
 fi

@@ -92,15 +92,6 @@ row "base in Q4_K_M, no adapter" "$W/base-q4km.gguf" "- -"
 } >"$OUT/results.md"
 cat "$OUT/results.md"
 if [ "$README" = 1 ]; then
-  /usr/bin/python3 - "$ROOT/bench/README.md" "$OUT/results.md" <<'PY'
-import sys
-path, res = sys.argv[1:3]
-t = open(path).read()
-b, e = "<!-- learn:begin -->", "<!-- learn:end -->"
-if b not in t or e not in t:
-    sys.exit("bench/README.md has no learn markers")
-t = t[:t.index(b) + len(b)] + "\n" + open(res).read() + t[t.index(e):]
-open(path, "w").write(t)
-PY
+  /usr/bin/python3 "$ROOT/bench/readme_section.py" learn "$OUT/results.md"
   echo "rewrote bench/README.md's learning table" >&2
 fi

@@ -129,10 +129,13 @@ tlm_status tlm_train_ctx_token_logp(tlm_train_ctx *x, const int32_t *ids, const 
  * "sigmoid"): for a pair with chosen answer w and rejected answer l after the same prompt,
  *   z = beta [(log pi(w) - log ref(w)) - (log pi(l) - log ref(l))]
  *   loss = -(1 - eps) log sigmoid(z) - eps log sigmoid(-z)   (eps: label smoothing),
- * log pi(w) the sum of the answer's tokens' log-probabilities. */
+ * log pi(w) the sum of the answer's tokens' log-probabilities. rpo_alpha > 0 adds alpha times the
+ * chosen answers' mean cross-entropy over the batch (TRL's rpo_alpha, "Iterative Reasoning
+ * Preference Optimization"): it keeps the chosen answers likely while the pair's gap grows. */
 typedef struct {
     double beta;            /* default 0.1 */
     double label_smoothing; /* default 0 */
+    double rpo_alpha;       /* default 0: off */
 } tlm_dpo_opts;
 void tlm_dpo_opts_defaults(tlm_dpo_opts *o);
 
@@ -143,6 +146,7 @@ typedef struct {
     double chosen_reward, rejected_reward; /* beta (log pi - log ref) */
     double chosen_logp, rejected_logp;     /* log pi */
     int correct;                           /* pairs whose chosen reward is above the rejected's */
+    double nll;                            /* the chosen answers' mean cross-entropy, times pairs */
 } tlm_dpo_stats;
 
 /* One DPO pass over P pairs: rows 2i (chosen) and 2i + 1 (rejected) of ids [2P, T], their targets

@@ -96,6 +96,7 @@ static const char *finetune_help =
     "adapter switched off, no second copy; --full: BASE loaded again, frozen):\n"
     "  --beta B               DPO's beta (default 0.1)\n"
     "  --label-smoothing E    the chance a pair's preference is wrong (default 0)\n"
+    "  --rpo-alpha A          add A x the chosen answers' cross-entropy (TRL's rpo_alpha; 0: off)\n"
     "  --precompute-ref       the reference's log-probabilities once, before training\n"
     "DPO's default --lr is 5e-5 with LoRA, 1e-6 (TRL's) with --full.\n\n"
     "Defaults that differ from tlm train: --lr 2e-4 (LoRA) or 2e-5 (--full), --warmup 0\n"
@@ -383,8 +384,8 @@ static int load_examples(const finetune_opts *ft, const char *data, const char *
             val_data ? " (--val-data)" : "", st.tokens, st.trained_tokens, *pack ? "on" : "off",
             pairs ? "sequence" : "example", med, T);
     if (pairs)
-        fprintf(stderr, "DPO: beta %g, label smoothing %g, the reference %s%s\n", ft->dpo.beta,
-                ft->dpo.label_smoothing,
+        fprintf(stderr, "DPO: beta %g, label smoothing %g, rpo alpha %g, the reference %s%s\n",
+                ft->dpo.beta, ft->dpo.label_smoothing, ft->dpo.rpo_alpha,
                 ft->full ? "a frozen copy of BASE" : "BASE (the adapter switched off)",
                 ft->precompute_ref ? ", its log-probabilities computed once" : "");
     return 0;
@@ -526,6 +527,13 @@ static int train_main(int argc, char **argv, int finetune) {
             if (!cli_parse_float(v, &x) || !(x > 0 && x <= 1000))
                 return cli_fail("finetune: --beta must be a positive number (got '%s')", v);
             ft.dpo.beta = x;
+            continue;
+        }
+        if (finetune && cli_flag_value(argc, argv, &i, "--rpo-alpha", NULL, &v)) {
+            NEED();
+            if (!cli_parse_float(v, &x) || !(x >= 0 && x <= 1000))
+                return cli_fail("finetune: --rpo-alpha must be a number >= 0 (got '%s')", v);
+            ft.dpo.rpo_alpha = x;
             continue;
         }
         if (finetune && cli_flag_value(argc, argv, &i, "--label-smoothing", NULL, &v)) {

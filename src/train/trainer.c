@@ -114,7 +114,7 @@ static tlm_status write_svg(const char *path, const history *h, long total) {
 }
 
 /* TRL's DPO figures, means over the pairs. */
-static void log_dpo(FILE *f, const char *prefix, const tlm_dpo_stats *s) {
+static void log_dpo(FILE *f, const char *prefix, const tlm_dpo_stats *s, int rpo) {
     double n = s->pairs > 0 ? s->pairs : 1;
     fprintf(f,
             ", \"%srewards/chosen\": %.6g, \"%srewards/rejected\": %.6g, \"%srewards/margins\": "
@@ -123,6 +123,7 @@ static void log_dpo(FILE *f, const char *prefix, const tlm_dpo_stats *s) {
             prefix, s->chosen_reward / n, prefix, s->rejected_reward / n, prefix,
             (s->chosen_reward - s->rejected_reward) / n, prefix, s->correct / n, prefix,
             s->chosen_logp / n, prefix, s->rejected_logp / n);
+    if (rpo) fprintf(f, ", \"%snll_loss\": %.6g", prefix, s->nll / n);
 }
 
 /* On resume the log keeps only the steps the checkpoint covers; the history is rebuilt from it. */
@@ -334,17 +335,18 @@ static void dpo_add(tlm_dpo_stats *a, const tlm_dpo_stats *b) {
     a->chosen_logp += b->chosen_logp;
     a->rejected_logp += b->rejected_logp;
     a->correct += b->correct;
+    a->nll += b->nll;
 }
 
 /* The sums of every process (reduce_sum), on each. */
 static tlm_status dpo_reduce(tlm_trainer *t, tlm_dpo_stats *st) {
     if (t->world <= 1) return TLM_OK;
     const tlm_train_hooks *h = &t->o.hooks;
-    double v[7] = {st->pairs,       st->loss,          st->chosen_reward, st->rejected_reward,
-                   st->chosen_logp, st->rejected_logp, st->correct};
-    tlm_status s = h->reduce_sum(h->user, v, 7);
+    double v[8] = {st->pairs,       st->loss,          st->chosen_reward, st->rejected_reward,
+                   st->chosen_logp, st->rejected_logp, st->correct,       st->nll};
+    tlm_status s = h->reduce_sum(h->user, v, 8);
     if (s) return s;
-    *st = (tlm_dpo_stats){(int)v[0], v[1], v[2], v[3], v[4], v[5], (int)v[6]};
+    *st = (tlm_dpo_stats){(int)v[0], v[1], v[2], v[3], v[4], v[5], (int)v[6], v[7]};
     return TLM_OK;
 }
 
@@ -805,8 +807,8 @@ tlm_status tlm_train_run(tlm_model *m, const tlm_dataset *d, const tlm_train_opt
                        step == 1)) {
             fprintf(log, "{\"step\": %ld, \"train_loss\": %.6f", step, (double)loss);
             if (evaluate) fprintf(log, ", \"val_loss\": %.6f", (double)val);
-            if (p.dpo) log_dpo(log, "", p.dpo);
-            if (p.val_dpo) log_dpo(log, "val_", p.val_dpo);
+            if (p.dpo) log_dpo(log, "", p.dpo, o->dpo.rpo_alpha > 0);
+            if (p.val_dpo) log_dpo(log, "val_", p.val_dpo, o->dpo.rpo_alpha > 0);
             fprintf(log, ", \"lr\": %.6g, \"grad_norm\": %.6g, \"tokens_per_s\": %.1f}\n", lr, norm,
                     p.tokens_per_s);
             fflush(log);

@@ -10,7 +10,7 @@ A LoRA layer computes what PEFT's lora.Linear does with dropout 0:
     y = base(x) + s * lora_B(lora_A(x)),  s = alpha / r  (rsLoRA: alpha / sqrt(r)).
 B is random here (PEFT starts it at zero) so that every gradient is non-trivial.
 
-dpo.safetensors: DPO (TRL's sigmoid loss with label smoothing) over P pairs, rows 2i chosen and
+dpo.safetensors: DPO (TRL's sigmoid loss with label smoothing and rpo_alpha) over P pairs, rows 2i chosen and
 2i + 1 rejected, targets -1 on the prompt; the reference is the base (every adapter's scale 0),
 its per-row log-probability sums ref_logp; the loss (mean over pairs) and the gradient of every A
 and B, metadata beta, label_smoothing.
@@ -91,7 +91,7 @@ def wrap(model, targets, r, scale, gen):
     return out
 
 
-DPO_BETA, DPO_LS, DPO_PAIRS = 0.5, 0.1, 2
+DPO_BETA, DPO_LS, DPO_RPO, DPO_PAIRS = 0.5, 0.1, 0.3, 2
 
 
 def row_logp(model, ids, targets):
@@ -121,8 +121,10 @@ def dpo_case(model, sites, cfg, T, gen):
             lin.scale = s
     pi = row_logp(model, ids, targets)
     z = DPO_BETA * ((pi[0::2] - ref[0::2]) - (pi[1::2] - ref[1::2]))
+    # RPO (TRL's rpo_alpha): the chosen answers' mean cross-entropy over the batch's tokens
+    nll = -pi[0::2].sum() / (targets[0::2] >= 0).sum()
     loss = (-(1 - DPO_LS) * torch.nn.functional.logsigmoid(z) -
-            DPO_LS * torch.nn.functional.logsigmoid(-z)).mean()
+            DPO_LS * torch.nn.functional.logsigmoid(-z)).mean() + DPO_RPO * nll
     loss.backward()
     out = [("ids", ids.to(torch.int32)), ("targets", targets.to(torch.int32)),
            ("ref_logp", ref), ("loss", loss.detach().reshape(1).float())]
@@ -174,6 +176,7 @@ def main(outdir):
         dpo = dpo_case(model, sites, cfg, T, gen)
         write_safetensors(os.path.join(d, "dpo.safetensors"), dpo[0],
                           metadata={"beta": repr(DPO_BETA), "label_smoothing": repr(DPO_LS),
+                                    "rpo_alpha": repr(DPO_RPO),
                                     "P": str(DPO_PAIRS), "T": str(T)})
         print(f"lora {c['name']:20s} {len(sites)} matrices loss={loss.item():.4f} "
               f"dpo={dpo[1]:.4f}")
