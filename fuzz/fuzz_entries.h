@@ -24,6 +24,7 @@
 #include "serve/serve.h"
 #include "tlm.h"
 #include "tokenizer/tok_internal.h"
+#include "train/train.h"
 
 #define FUZZ_SPLIT "<<tlm-fuzz-split>>"
 #define FUZZ_MAX_FILES 4
@@ -328,6 +329,52 @@ static inline int fuzz_request(const uint8_t *data, size_t size) {
     }
     srv_request_free(&r);
     return 1;
+}
+
+/* Instruction data (tlm_examples_load) over arbitrary JSON Lines, with a character vocabulary of
+ * printable ASCII and newline. The first byte picks the options (format, loss-on, template,
+ * skip-bad, truncation end, packing, max_len); what loads is split and laid out in rows, which are
+ * drawn as a trainer draws them. */
+static inline int fuzz_examples(const uint8_t *data, size_t size) {
+    if (size < 1) return 0;
+    char alphabet[128];
+    int k = 0;
+    for (int c = 32; c < 127; c++) alphabet[k++] = (char)c;
+    alphabet[k++] = '\n';
+    tlm_tokenizer *tok = NULL;
+    if (tlm_tokenizer_new_char(alphabet, (size_t)k, &tok)) return 0;
+    uint8_t o0 = data[0];
+    tlm_examples_opts o;
+    tlm_examples_opts_defaults(&o);
+    o.format = (tlm_data_format)(o0 % 5);
+    o.loss_on = (tlm_loss_on)((o0 / 5) % 4);
+    o.chat_template = tlm_chat_template_name((tlm_chat_template)((o0 / 20) % TLM_CHAT_COUNT));
+    o.skip_bad = (o0 >> 7) & 1;
+    o.truncate_keep_end = (o0 >> 6) & 1;
+    o.max_len = 8 + (int)(o0 % 57);
+    const char *p = fuzz_file(".jsonl", data + 1, size - 1);
+    tlm_examples *e = NULL, *tail = NULL;
+    tlm_examples_stats st;
+    int ok = tlm_examples_load(p, tok, &o, &e, &st) == TLM_OK;
+    if (ok && tlm_examples_split(e, 0.5, &tail) == TLM_OK) {
+        int32_t ids[4 * 64], tg[4 * 64], pos[4 * 64];
+        uint32_t ex[4];
+        for (int pack = 0; pack <= 1; pack++) {
+            trn_plan plan;
+            if (trn_plan_make(e, 64, pack, &plan)) continue;
+            int T;
+            long tokens, counted;
+            for (uint64_t first = 0; first < 12; first += 4)
+                if (!trn_plan_rows(&plan, 7, 1, first, 4, ids, tg, pos, &T, &tokens, &counted))
+                    (void)trn_plan_row_examples(&plan, 7, 1, first, 4, ex);
+            trn_plan_free(&plan);
+        }
+    }
+    tlm_examples_free(tail);
+    tlm_examples_free(e);
+    tlm_tokenizer_free(tok);
+    remove(p);
+    return ok;
 }
 
 /* LoRA adapters in llama.cpp's GGUF form: read and validated, then their q/k rows moved to the

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 TLM=$(realpath "${1:-../build/tlm}")
 C=corpus
-mkdir -p "$C"/{safetensors,gguf,llama2c,tokenizer_bin,gpt2_bpe,model_load,tokenizer_load,request,imatrix,lora}
+mkdir -p "$C"/{safetensors,gguf,llama2c,tokenizer_bin,gpt2_bpe,model_load,tokenizer_load,request,imatrix,lora,examples}
 find "$C" -type f ! -name 'crash-*' -delete
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
@@ -157,5 +157,25 @@ seed("chat", 1, {"model": "m", "messages": [
     {"role": "assistant", "content": None},
     {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
     "logprobs": True, "top_logprobs": 3, "stop": "x", "user": "ignored"})
+PY
+# Instruction data (JSON Lines): the first byte picks the options (fuzz_examples).
+/usr/bin/python3 - "$C/examples" <<'PY'
+import json, sys
+d = sys.argv[1]
+def seed(name, opt, lines):
+    open(f"{d}/{name}", "wb").write(bytes([opt]) + "".join(json.dumps(l) + "\n" for l in lines).encode())
+seed("text", 56, [{"text": "the cat sat."}, {"text": "a dog ran to the log and sat."}])
+seed("completion", 52, [{"prompt": "Q: why? A:", "completion": " because."},
+                            {"prompt": "Q: who? A:", "completion": " the cat, who sat."}])
+seed("chat", 168, [{"messages": [{"role": "system", "content": "Be brief."},
+                                     {"role": "user", "content": "Hi?"},
+                                     {"role": "assistant", "content": "Hello."}]},
+                       {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}]},
+                                     {"role": "assistant", "content": "b"}]},
+                       {"messages": "not a list"}])
+seed("dpo", 109, [{"prompt": "Q: why?", "chosen": " because.", "rejected": " no."},
+                     {"prompt": [{"role": "user", "content": "Hi"}],
+                      "chosen": [{"role": "assistant", "content": "Hello."}],
+                      "rejected": [{"role": "assistant", "content": "Go."}]}])
 PY
 ls -la "$C"/*

@@ -26,6 +26,7 @@ static const struct {
     {"request", fuzz_request},
     {"imatrix", fuzz_imatrix},
     {"lora", fuzz_lora},
+    {"examples", fuzz_examples},
 };
 
 static int cmp_str(const void *a, const void *b) {

@@ -4,7 +4,8 @@
 # about new names), then DPO between two styles of answer ("The notes say X lives in Y." preferred
 # to "X lives in Y."). Held-out accuracy (the answer names the right value) and the share in the
 # preferred style before and after each stage, asked through `tlm serve` (the chat API, greedy);
-# the DPO reward margin; one held-out answer from `tlm serve --lora`. Speed, alternating the two
+# the DPO reward margin; a held-out question on the chat page of `tlm serve --lora` (headless
+# Chromium, as tests/node/serve_page.mjs drives it). Speed, alternating the two
 # sides, medians of the runs' median tokens/s: SFT packed against unpacked; a DPO step against
 # SFT over the same sequences (a DPO step of B pairs is two SFT steps of B sequences).
 # Output: bench/out/sft/ and, with README=1 (default), the table in bench/README.md between
@@ -36,9 +37,13 @@ if [ ! -f "$W/base/model.safetensors" ]; then
     -t "$THREADS" 2>"$OUT/pretrain.log"
 fi
 
-# ask NAME MODEL [--lora FILE]: held-out answers through tlm serve into $W/NAME.json
+field() { $PY -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$W/$1.json" "$2"; }
+
+# ask NAME MODEL [--lora FILE]: held-out answers through tlm serve into $W/NAME.json; with
+# PAGE=1 also the first question on the chat page in headless Chromium ($W/NAME.page.json and a
+# screenshot $OUT/chat_page.png)
 ask() {
-  local name=$1 model=$2 pid url=""
+  local name=$1 model=$2 pid url="" q
   shift 2
   "$TLM" serve -m "$model" --port 0 -t "$THREADS" --parallel 4 "$@" >"$W/serve.out" 2>"$W/serve.err" &
   pid=$!
@@ -49,10 +54,14 @@ ask() {
   done
   [ -n "$url" ] || { cat "$W/serve.err" >&2; kill "$pid"; exit 1; }
   $PY "$ROOT/bench/sft/ask.py" "$url" "$D/heldout.jsonl" 4 >"$W/$name.json"
+  if [ "${PAGE:-0}" = 1 ] && [ -x /usr/bin/chromium ]; then
+    q=$(field "$name" question)
+    (cd "$ROOT/tests/node" && node chat_page.mjs "$url" "$q" "$OUT/chat_page.png") >"$W/$name.page.json" ||
+      rm -f "$W/$name.page.json"
+  fi
   kill "$pid"
   wait "$pid" 2>/dev/null || true
 }
-field() { $PY -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$W/$1.json" "$2"; }
 
 echo "SFT ($SFT_STEPS steps), then DPO ($DPO_STEPS steps) ..." >&2
 ft=(--batch 16 --seq-len 256 -t "$THREADS" --eval-interval 100 --eval-batches 4)
@@ -64,7 +73,7 @@ ft=(--batch 16 --seq-len 256 -t "$THREADS" --eval-interval 100 --eval-batches 4)
   --eval-interval 50 --eval-batches 4 2>"$OUT/dpo.log"
 ask base "$W/base"
 ask sft "$W/base" --lora "$W/sft/adapter.gguf"
-ask dpo "$W/sft.gguf" --lora "$W/dpo/adapter.gguf"
+PAGE=1 ask dpo "$W/sft.gguf" --lora "$W/dpo/adapter.gguf"
 last_val() { grep '"val_loss"' "$1/log.jsonl" | tail -1; }
 margin=$(last_val "$W/dpo" | $PY -c 'import json,sys; print("%.2f" % json.load(sys.stdin)["val_rewards/margins"])')
 racc=$(last_val "$W/dpo" | $PY -c 'import json,sys; print("%.2f" % json.load(sys.stdin)["val_rewards/accuracies"])')
@@ -121,8 +130,13 @@ pct() { awk -v x="$(field "$1" "$2")" 'BEGIN { printf "%.0f%%", 100 * x }'; }
   echo "| + SFT adapter | $(pct sft accuracy) | $(pct sft cited) | $(pct sft exact) |"
   echo "| SFT merged + DPO adapter | $(pct dpo accuracy) | $(pct dpo cited) | $(pct dpo exact) |"
   echo
-  echo "DPO on held-out pairs: reward margin $margin, reward accuracy $racc. \`tlm serve --lora\` (DPO) asked"
-  echo "\"$(field dpo question)\" answers \"$(field dpo answer)\"."
+  echo "DPO on held-out pairs: reward margin $margin, reward accuracy $racc. Asked \"$(field dpo question)\","
+  if [ -f "$W/dpo.page.json" ]; then
+    echo "the chat page of \`tlm serve --lora\` (DPO; headless Chromium, screenshot bench/out/sft/chat_page.png)"
+    echo "answers \"$(field dpo.page answer)\"."
+  else
+    echo "\`tlm serve --lora\` (DPO) answers \"$(field dpo answer)\"."
+  fi
   echo
   echo "| speed (median tokens/s of $ROUNDS alternated runs) | tokens/s | ratio |"
   echo "| --- | ---: | ---: |"
