@@ -119,7 +119,7 @@ pct() { awk -v x="$(field "$1" "$2")" 'BEGIN { printf "%.0f%%", 100 * x }'; }
 {
   echo "Measured by \`bash bench/sft/sft.sh\` on $(date -u '+%Y-%m-%d %H:%M') UTC, tlm \`$(git -C "$ROOT" rev-parse --short HEAD)\`:"
   echo "learn.sh's 6-layer, d 256 Llama pretrained by tlm on TinyStories ($PRETRAIN_STEPS steps); LoRA"
-  echo "SFT on 3000 chats (notes about one to four invented people, a question about one; $SFT_STEPS steps of"
+  echo "SFT on 3000 chats (notes about one to three invented people, a question about one; $SFT_STEPS steps of"
   echo "16 rows of 256, packed), then DPO on 1000 pairs preferring \"The notes say ...\" answers"
   echo "($DPO_STEPS steps of 8 pairs, --rpo-alpha 1, on the SFT adapter merged with export-lora). Held out: 200"
   echo "questions about people no training example names, asked through \`tlm serve\` (greedy). $THREADS threads."
