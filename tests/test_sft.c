@@ -210,6 +210,17 @@ static void bad_positions(void) {
     CHECK(tlm_train_ctx_forward_backward_opts(x, b.pids, b.ptg, 1, T, &o, g, 0, &loss) ==
               TLM_ERR_RANGE,
           "a negative position is refused");
+    /* The two halves of a weighted pass: refused out of order, or on no context. */
+    float w[T] = {0}, lp[T];
+    CHECK(tlm_train_ctx_backward_weighted(x, w, g, 0, NULL) == TLM_ERR_ARG,
+          "a backward with no forward_logp before it is refused");
+    CHECK_ERROR_HAS("no tlm_train_ctx_forward_logp");
+    CHECK(tlm_train_ctx_forward_logp(NULL, b.pids, b.ptg, 1, T, NULL, lp) == TLM_ERR_ARG,
+          "no context");
+    CHECK_OK(tlm_train_ctx_forward_logp(x, b.pids, b.ptg, 1, T, NULL, lp));
+    CHECK_OK(tlm_train_ctx_token_logp(x, b.pids, b.ptg, 1, T, NULL, lp)); /* another pass */
+    CHECK(tlm_train_ctx_backward_weighted(x, w, g, 0, NULL) == TLM_ERR_ARG,
+          "another pass in between discards the forward");
     free(g);
     tlm_train_ctx_free(x);
     tlm_model_free(m);

@@ -105,6 +105,21 @@ static tlm_status slices_result(const slice_status *s, int R) {
     return TLM_OK;
 }
 
+/* The checks every training pass makes. */
+static tlm_status check_training(tlm_train_ctx *x, const int32_t *targets, int B, int T,
+                                 const char *what) {
+    if (!x) return core_err(TLM_ERR_ARG, "%s: context must not be NULL", what);
+    if (x->n_lora > 1)
+        return core_err(TLM_ERR_UNSUPPORTED, "%s: %d adapters attached; training takes one", what,
+                        x->n_lora);
+    if (!x->m->all_f32 && !x->n_lora)
+        return core_err(TLM_ERR_UNSUPPORTED,
+                        "%s: gradients need F32 weights (load the model with "
+                        "TLM_LOAD_WRITABLE)",
+                        what);
+    return mdl_ctx_check_targets(&x->m->c, targets, B, T);
+}
+
 void tlm_batch_opts_defaults(tlm_batch_opts *o) { *o = (tlm_batch_opts){0}; }
 
 tlm_status tlm_train_ctx_forward_backward(tlm_train_ctx *x, const int32_t *ids,
@@ -121,21 +136,11 @@ tlm_status tlm_train_ctx_forward_backward_opts(tlm_train_ctx *x, const int32_t *
     CORE_FP_FLUSH_SCOPE();
     static const tlm_batch_opts none = {0};
     if (!o) o = &none;
-    if (!x) return core_err(TLM_ERR_ARG, "forward_backward: context must not be NULL");
-    x->held_ids = NULL;
-    const tlm_model *m = x->m;
-    const tlm_config *c = &m->c;
     if (!targets || !grads)
         return core_err(TLM_ERR_ARG, "forward_backward: targets and grads needed");
-    if (x->n_lora > 1)
-        return core_err(TLM_ERR_UNSUPPORTED,
-                        "forward_backward: %d adapters attached; training takes one", x->n_lora);
-    if (!m->all_f32 && !x->n_lora)
-        return core_err(TLM_ERR_UNSUPPORTED,
-                        "forward_backward: gradients need F32 weights (load the model with "
-                        "TLM_LOAD_WRITABLE)");
-    tlm_status s = mdl_ctx_check_targets(c, targets, B, T);
+    tlm_status s = check_training(x, targets, B, T, "forward_backward");
     if (s) return s;
+    x->held_ids = NULL; /* this pass overwrites what a backward_weighted would read */
     int R;
     s = split_batch(x, B, &R);
     if (s) return s;
@@ -189,21 +194,6 @@ tlm_status tlm_train_ctx_forward_backward_opts(tlm_train_ctx *x, const int32_t *
     return TLM_OK;
 }
 
-/* The checks every training pass makes. */
-static tlm_status check_training(tlm_train_ctx *x, const int32_t *targets, int B, int T,
-                                 const char *what) {
-    if (!x) return core_err(TLM_ERR_ARG, "%s: context must not be NULL", what);
-    if (x->n_lora > 1)
-        return core_err(TLM_ERR_UNSUPPORTED, "%s: %d adapters attached; training takes one", what,
-                        x->n_lora);
-    if (!x->m->all_f32 && !x->n_lora)
-        return core_err(TLM_ERR_UNSUPPORTED,
-                        "%s: gradients need F32 weights (load the model with "
-                        "TLM_LOAD_WRITABLE)",
-                        what);
-    return mdl_ctx_check_targets(&x->m->c, targets, B, T);
-}
-
 tlm_status tlm_train_ctx_forward_logp(tlm_train_ctx *x, const int32_t *ids, const int32_t *targets,
                                       int B, int T, const tlm_batch_opts *o, float *logp) {
     CORE_FP_FLUSH_SCOPE();
@@ -213,10 +203,10 @@ tlm_status tlm_train_ctx_forward_logp(tlm_train_ctx *x, const int32_t *ids, cons
         return core_err(TLM_ERR_ARG, "forward_logp: ids, targets and logp needed");
     if (o->pos0) return core_err(TLM_ERR_ARG, "forward_logp: pos0 must be 0 (give pos)");
     tlm_status s = check_training(x, targets, B, T, "forward_logp");
-    int R = 1;
-    if (!s) s = split_batch(x, B, &R);
-    x->held_ids = NULL;
     if (s) return s;
+    x->held_ids = NULL;
+    int R = 1;
+    if ((s = split_batch(x, B, &R)) != TLM_OK) return s;
     if (R <= 1) {
         s = mdl_ctx_forward_logp(x, ids, targets, B, T, o->pos, logp);
     } else {
