@@ -99,6 +99,19 @@ static void slice_report(slice_status *s, tlm_status st) {
     snprintf(s->msg, sizeof s->msg, "%s", st ? tlm_last_error() : "");
 }
 
+/* Thread tid of team's share of the n gradient floats: replicas 1 .. R - 1 added into grads
+ * (replica 0 wrote there itself), after every slice is done (a barrier before). */
+static void add_slices(float *grads, float *const *g, const slice_status *st, int R, long n,
+                       int tid, int team) {
+    long lo = n * tid / team, hi = n * (tid + 1) / team;
+    for (int q = 1; q < R; q++) {
+        /* one stream at a time: a plain vectorized add (the runtime replica count in an inner
+         * loop kept the compiler from vectorizing), on this thread (k_fork) */
+        if (st[q].st || hi <= lo) continue;
+        k_acc(grads + lo, g[q] + lo, (size_t)(hi - lo));
+    }
+}
+
 static tlm_status slices_result(const slice_status *s, int R) {
     for (int r = 0; r < R; r++)
         if (s[r].st) return core_err(s[r].st, "%s", s[r].msg);
@@ -177,13 +190,7 @@ tlm_status tlm_train_ctx_forward_backward_opts(tlm_train_ctx *x, const int32_t *
                                      r ? 0 : accumulate, divisor, &losses[r], &counts[r]));
         }
 #pragma omp barrier
-        long lo = n * tid / team, hi = n * (tid + 1) / team;
-        for (int q = 1; q < R; q++) {
-            /* one stream at a time: a plain vectorized add (the runtime replica count in an
-             * inner loop kept the compiler from vectorizing), on this thread (k_fork) */
-            if (st[q].st || hi <= lo) continue;
-            k_acc(grads + lo, g[q] + lo, (size_t)(hi - lo));
-        }
+        add_slices(grads, g, st, R, n, tid, team);
     }
     if ((s = slices_result(st, R)) != TLM_OK) return s;
     /* Each slice's loss is its sum over the batch's divisor: they add up. */
@@ -264,11 +271,7 @@ tlm_status tlm_train_ctx_backward_weighted(tlm_train_ctx *x, const float *weight
                                                         weights + at, &losses[r], NULL));
         }
 #pragma omp barrier
-        long lo = n * tid / team, hi = n * (tid + 1) / team;
-        for (int q = 1; q < R; q++) {
-            if (st[q].st || hi <= lo) continue;
-            k_acc(grads + lo, g[q] + lo, (size_t)(hi - lo));
-        }
+        add_slices(grads, g, st, R, n, tid, team);
     }
     tlm_status s = slices_result(st, R);
     if (s) return s;
