@@ -70,8 +70,8 @@ int main(int argc, char **argv) {
                     k_attention_fwd(out, probs, qkv, qkv + ow, qkv + 2 * ow, ld, ld, s.B, s.T, s.H,
                                     s.H, s.hd, NULL, 0.0f, 0, scr);
                     k_attention_bwd(dqkv, dqkv + ow, dqkv + 2 * ow, dout, qkv, qkv + ow,
-                                    qkv + 2 * ow, ld, ld, probs, s.B, s.T, s.H, s.H, s.hd, 0.0f, 0,
-                                    scr);
+                                    qkv + 2 * ow, ld, ld, probs, s.B, s.T, s.H, s.H, s.hd, NULL,
+                                    0.0f, 0, scr);
                 }
                 t = now() - t;
                 if (t < best[bf]) best[bf] = t;

@@ -4,12 +4,15 @@
  * a divisor makes micro-steps add up to the whole step's mean. JSON Lines examples: the loss is on
  * exactly the tokens asked for (a chat's assistant turns with their end markers, a completion),
  * malformed lines are named, long examples cut as told; a trainer's step over packed rows equals
- * the same step over unpacked ones, and with micro-steps. */
+ * the same step over unpacked ones, and with micro-steps. The attention kernels on packed rows
+ * equal a double reference of their mask. */
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "harness.h"
+#include "kernels/kernels.h"
 #include "tlm.h"
 #include "train/train.h"
 
@@ -402,6 +405,130 @@ static void trainer_packing(void) {
     tlm_examples_free(e);
 }
 
+/* The attention kernels on packed rows against a double reference of the mask lo[t] <= j <= t:
+ * long enough that blocks of queries start inside examples (the products then leave out the keys
+ * before the block's first visible one), one row of sorted examples and one whose lo is not
+ * sorted (positions may restart and then run on from an earlier row), grouped heads. Masked
+ * probabilities must be exact zeros. */
+static double rel_err(const float *got, const double *want, size_t n) {
+    double e = 0, r = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)got[i] - want[i];
+        e += d * d;
+        r += want[i] * want[i];
+    }
+    return isnan(e) ? INFINITY : sqrt(e / (r > 0 ? r : 1));
+}
+
+static void packed_attention(void) {
+    enum { B = 2, TA = 150, H = 4, KVH = 2, HD = 16 };
+    int qw = H * HD, kw = KVH * HD, ld = qw + 2 * kw, group = H / KVH;
+    size_t N = (size_t)B * TA, TT = (size_t)TA * TA;
+    int lo[B * TA];
+    static const int seg[] = {37, 1, 50, 62};
+    for (int s = 0, t = 0; s < 4; t += seg[s], s++)
+        for (int i = 0; i < seg[s]; i++) lo[t + i] = t;
+    for (int t = 0; t < TA; t++) /* row 1: examples from 0 and 70, then rows seeing all before */
+        lo[TA + t] = t < 70 ? 0 : t < 100 ? 70 : t < 120 ? 0 : t;
+    float *qkv = malloc(N * ld * 4), *dout = malloc(N * qw * 4), *out = malloc(N * qw * 4);
+    float *probs = malloc(B * H * TT * 4), *dqkv = malloc(N * ld * 4);
+    double *ro = calloc(N * qw, 8), *rd = calloc(N * ld, 8), *rp = calloc(B * H * TT, 8);
+    double *P = malloc(TA * 8), *dP = malloc(TA * 8);
+    for (size_t i = 0; i < N * ld; i++) qkv[i] = 1.5f * t_unif();
+    for (size_t i = 0; i < N * qw; i++) dout[i] = t_unif();
+    double scale = 1.0 / sqrt((double)HD);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++) {
+            int g = h / group;
+            const float *r = qkv + (size_t)b * TA * ld;
+#define QR(t) (r + (size_t)(t)*ld + h * HD)
+#define KR(t) (r + (size_t)(t)*ld + qw + g * HD)
+#define VR(t) (r + (size_t)(t)*ld + qw + kw + g * HD)
+            for (int t = 0; t < TA; t++) {
+                int l = lo[b * TA + t];
+                double mx = -1e300, sum = 0, dot = 0;
+                for (int j = l; j <= t; j++) {
+                    double v = 0;
+                    for (int d = 0; d < HD; d++) v += (double)QR(t)[d] * KR(j)[d];
+                    P[j] = v * scale;
+                    mx = P[j] > mx ? P[j] : mx;
+                }
+                for (int j = l; j <= t; j++) sum += (P[j] = exp(P[j] - mx));
+                const float *go = dout + ((size_t)b * TA + t) * qw + h * HD;
+                double *o = ro + ((size_t)b * TA + t) * qw + h * HD;
+                for (int j = l; j <= t; j++) {
+                    P[j] /= sum;
+                    rp[((size_t)b * H + h) * TT + (size_t)j * TA + t] = P[j];
+                    dP[j] = 0;
+                    for (int d = 0; d < HD; d++) {
+                        o[d] += P[j] * VR(j)[d];
+                        dP[j] += (double)go[d] * VR(j)[d];
+                    }
+                    dot += P[j] * dP[j];
+                }
+                double *dq = rd + ((size_t)b * TA + t) * ld + h * HD;
+                for (int j = l; j <= t; j++) {
+                    double ds = P[j] * (dP[j] - dot) * scale;
+                    double *dk = rd + ((size_t)b * TA + j) * ld + qw + g * HD, *dv = dk + kw;
+                    for (int d = 0; d < HD; d++) {
+                        dq[d] += ds * KR(j)[d];
+                        dk[d] += ds * QR(t)[d];
+                        dv[d] += P[j] * go[d];
+                    }
+                }
+            }
+#undef QR
+#undef KR
+#undef VR
+        }
+    k_bf16 *kb = tlm_bf16_supported() ? k_bf16_new() : NULL;
+    float *scratch = malloc(k_attention_scratch_floats(TA, 0.0f, omp_get_max_threads()) * 4);
+    for (int bf = 0; bf <= (kb != NULL); bf++) {
+        memset(probs, 0x7f, B * H * TT * 4); /* huge values wherever nothing is written */
+        memset(dqkv, 0xff, N * ld * 4);
+        if (bf) {
+            CHECK(k_bf16_attention_fwd(kb, out, probs, qkv, ld, B, TA, H, KVH, HD, lo, 0.0f) &&
+                      k_bf16_attention_bwd(kb, dqkv, dout, qkv, ld, probs, B, TA, H, KVH, HD, lo,
+                                           0.0f),
+                  "bf16 attention refused");
+        } else {
+            k_attention_fwd(out, probs, qkv, qkv + qw, qkv + qw + kw, ld, ld, B, TA, H, KVH, HD, lo,
+                            0.0f, 0, scratch);
+            k_attention_bwd(dqkv, dqkv + qw, dqkv + qw + kw, dout, qkv, qkv + qw, qkv + qw + kw, ld,
+                            ld, probs, B, TA, H, KVH, HD, lo, 0.0f, 0, scratch);
+        }
+        long masked_nonzero = 0;
+        for (size_t i = 0; i < B * H * TT; i++) masked_nonzero += rp[i] == 0 && probs[i] != 0.0f;
+        double eo = rel_err(out, ro, N * qw), ep = rel_err(probs, rp, B * H * TT),
+               ed = rel_err(dqkv, rd, N * ld), tol = bf ? 1e-2 : 1e-5;
+        printf("  packed attention %s: relative error out %.2g, probs %.2g, gradients %.2g\n",
+               bf ? "bf16" : "fp32", eo, ep, ed);
+        CHECK(masked_nonzero == 0, "%ld masked probabilities are not zero", masked_nonzero);
+        CHECK(eo < tol && ep < tol && ed < tol, "packed attention (%s) differs from the reference",
+              bf ? "bf16" : "fp32");
+        if (bf) { /* the backward computing each head's probabilities again: bit for bit */
+            float *again = malloc(N * ld * 4);
+            memset(again, 0xff, N * ld * 4);
+            CHECK(k_bf16_attention_bwd(kb, again, dout, qkv, ld, NULL, B, TA, H, KVH, HD, lo, 0.0f),
+                  "bf16 attention backward refused without probs");
+            CHECK(!memcmp(again, dqkv, N * ld * 4), "recomputed probabilities change dQ, dK, dV");
+            free(again);
+        }
+    }
+    k_bf16_free(kb);
+    free(scratch);
+    free(qkv);
+    free(dout);
+    free(out);
+    free(probs);
+    free(dqkv);
+    free(ro);
+    free(rd);
+    free(rp);
+    free(P);
+    free(dP);
+}
+
 int main(void) {
     t_seed(11);
     tlm_threads_set(2);
@@ -411,6 +538,7 @@ int main(void) {
                 for (int split = 0; split <= 1; split++)
                     packed_case(learned, bf ? TLM_PRECISION_BF16 : TLM_PRECISION_FP32, lora, split);
     bad_positions();
+    packed_attention();
     const char *chars =
         "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,?!:<>|_\n";
     CHECK_OK(tlm_tokenizer_new_char(chars, strlen(chars), &g_tok));

@@ -219,7 +219,7 @@ static void check_attention(void) {
             k_attention_fwd(o[w], pr[w], qkv, qkv + qw, qkv + qw + kw, ld, ld, B, T, H, KVH, HD,
                             NULL, p, 99, scratch);
             k_attention_bwd(d[w], d[w] + qw, d[w] + qw + kw, dout, qkv, qkv + qw, qkv + qw + kw, ld,
-                            ld, pr[w], B, T, H, KVH, HD, p, 99, scratch);
+                            ld, pr[w], B, T, H, KVH, HD, NULL, p, 99, scratch);
             if (w == 0) continue;
             double eo = rel_diff(o[1], o[0], no, 1e-2), ep = rel_diff(pr[1], pr[0], np, 1e-3);
             double ed = rel_diff(d[1], d[0], nq, 1e-2);

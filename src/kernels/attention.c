@@ -22,8 +22,17 @@
  *
  * Every product runs per block of QB queries [t0, t1): those see keys [0, t1) only, so the
  * blocks of scores that are masked whole (keys t1.. for queries below t1) are never computed
- * (about 3/8 of the products' work at T 256, half at long contexts) nor read. */
+ * (about 3/8 of the products' work at T 256, half at long contexts) nor read. Packed, the block
+ * sees keys from its queries' first visible one on (block_first): the rows before it are zeros in
+ * the probabilities and are left out of every product. */
 enum { QB = 64 };
+
+/* The first key any query of [t0, t1) sees. */
+static inline int block_first(const int *lo, int t0, int t1) {
+    int f = t0;
+    for (int t = t0; lo && t < t1; t++) f = lo[t] < f ? lo[t] : f;
+    return lo ? f : 0;
+}
 
 /* Columns are taken QB at a time so that their running max and sum are small fixed arrays: this
  * runs on OpenMP workers, whose stacks (OMP_STACKSIZE) are too small for anything sized by T.
@@ -38,8 +47,11 @@ K_INLINE void softmax_columns(float *Pt, int T, const int *lo) {
         float mx[QB], sum[QB];
         int first[QB]; /* each query's first visible key: 0, or its example's start when packed */
         for (int i = 0; i < w; i++) first[i] = lo ? lo[t0 + i] : 0;
+        /* rows before j0 were not computed; no query of the block sees them */
+        int j0 = block_first(lo, t0, t1);
+        for (int j = 0; j < j0; j++) memset(Pt + (size_t)j * T + t0, 0, (size_t)w * sizeof(float));
         for (int i = 0; i < w; i++) mx[i] = -INFINITY;
-        for (int j = 0; j < t1; j++) {
+        for (int j = j0; j < t1; j++) {
             const float *row = Pt + (size_t)j * T + t0;
             int i0 = j - t0; /* queries before key j are masked */
 #pragma omp simd
@@ -47,7 +59,7 @@ K_INLINE void softmax_columns(float *Pt, int T, const int *lo) {
                 mx[i] = i >= i0 && j >= first[i] && row[i] > mx[i] ? row[i] : mx[i];
         }
         for (int i = 0; i < w; i++) sum[i] = 0.0f;
-        for (int j = 0; j < t1; j++) {
+        for (int j = j0; j < t1; j++) {
             float *row = Pt + (size_t)j * T + t0;
             int i0 = j - t0;
 #pragma omp simd
@@ -59,7 +71,7 @@ K_INLINE void softmax_columns(float *Pt, int T, const int *lo) {
         }
         for (int j = t1; j < T; j++) memset(Pt + (size_t)j * T + t0, 0, (size_t)w * sizeof(float));
         for (int i = 0; i < w; i++) sum[i] = 1.0f / sum[i];
-        for (int j = 0; j < t1; j++) {
+        for (int j = j0; j < t1; j++) {
             float *row = Pt + (size_t)j * T + t0;
 #pragma omp simd
             for (int i = 0; i < w; i++) row[i] *= sum[i];
@@ -92,13 +104,15 @@ static void attention_fwd(float *out, float *probs, const float *q, const float 
         const float *kb = k + (size_t)b * T * kw + (size_t)kvh * hd;
         const float *vb = v + (size_t)b * T * kw + (size_t)kvh * hd;
         float *Pt = probs + (size_t)bh * T * T;
+        const int *lob = lo ? lo + (size_t)b * T : NULL;
         /* Pt = scale * K Q^T */
         for (int t0 = 0; t0 < T; t0 += QB) {
-            int t1 = t0 + QB < T ? t0 + QB : T;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t1, t1 - t0, hd, scale, kb, kw,
-                        qb + (size_t)t0 * qw, qw, 0.0f, Pt + t0, T);
+            int t1 = t0 + QB < T ? t0 + QB : T, j0 = block_first(lob, t0, t1);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t1 - j0, t1 - t0, hd, scale,
+                        kb + (size_t)j0 * kw, kw, qb + (size_t)t0 * qw, qw, 0.0f,
+                        Pt + (size_t)j0 * T + t0, T);
         }
-        softmax(Pt, T, lo ? lo + (size_t)b * T : NULL);
+        softmax(Pt, T, lob);
         const float *PV = Pt;
         if (p > 0.0f) {
             float *D = scratch + (size_t)omp_get_thread_num() * T * T;
@@ -108,9 +122,10 @@ static void attention_fwd(float *out, float *probs, const float *q, const float 
         /* out = P V = Pt^T V */
         float *ob = out + (size_t)b * T * ow + (size_t)h * hd;
         for (int t0 = 0; t0 < T; t0 += QB) {
-            int t1 = t0 + QB < T ? t0 + QB : T;
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t1 - t0, hd, t1, 1.0f, PV + t0, T,
-                        vb, kw, 0.0f, ob + (size_t)t0 * ow, ow);
+            int t1 = t0 + QB < T ? t0 + QB : T, j0 = block_first(lob, t0, t1);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t1 - t0, hd, t1 - j0, 1.0f,
+                        PV + (size_t)j0 * T + t0, T, vb + (size_t)j0 * kw, kw, 0.0f,
+                        ob + (size_t)t0 * ow, ow);
         }
     }
 }
@@ -121,20 +136,23 @@ void k_attention_fwd(float *out, float *probs, const float *q, const float *k, c
     attention_fwd(out, probs, q, k, v, ldq, ldkv, B, T, H, KVH, hd, lo, p, key, scratch);
 }
 
-/* Softmax backward for columns [t0, t0 + w) of dPt (queries), over their visible rows (keys):
- * dS = P * (dP - sum_keys(P * dP)) * scale, masked entries zero. */
-K_INLINE void softmax_bwd_columns(float *dPt, const float *Pt, int T, int t0, int w, float scale) {
+/* Softmax backward for columns [t0, t0 + w) of dPt (queries), over their visible rows (keys) from
+ * j0 (the products computed no row before it): dS = P * (dP - sum_keys(P * dP)) * scale, masked
+ * entries zero. */
+K_INLINE void softmax_bwd_columns(float *dPt, const float *Pt, int T, int t0, int w, int j0,
+                                  float scale) {
     int t1 = t0 + w;
     float dot[QB];
     for (int i = 0; i < w; i++) dot[i] = 0.0f;
+    for (int j = 0; j < j0; j++) memset(dPt + (size_t)j * T + t0, 0, (size_t)w * sizeof(float));
     /* Full-width loops selecting by the mask, as in softmax_columns. */
-    for (int j = 0; j < t1; j++) {
+    for (int j = j0; j < t1; j++) {
         const float *pr = Pt + (size_t)j * T + t0, *dr = dPt + (size_t)j * T + t0;
         int i0 = j - t0;
 #pragma omp simd
         for (int i = 0; i < w; i++) dot[i] += i >= i0 ? pr[i] * dr[i] : 0.0f;
     }
-    for (int j = 0; j < t1; j++) {
+    for (int j = j0; j < t1; j++) {
         const float *pr = Pt + (size_t)j * T + t0;
         float *dr = dPt + (size_t)j * T + t0;
         int i0 = j - t0;
@@ -145,11 +163,14 @@ K_INLINE void softmax_bwd_columns(float *dPt, const float *Pt, int T, int t0, in
 }
 
 /* Softmax backward for every query, QB columns at a time as in the forward. */
-K_INLINE void softmax_bwd(float *dPt, const float *Pt, int T, float scale) {
-    for (int t0 = 0; t0 < T; t0 += QB)
-        softmax_bwd_columns(dPt, Pt, T, t0, t0 + QB < T ? QB : T - t0, scale);
+K_INLINE void softmax_bwd(float *dPt, const float *Pt, int T, const int *lo, float scale) {
+    for (int t0 = 0; t0 < T; t0 += QB) {
+        int t1 = t0 + QB < T ? t0 + QB : T;
+        softmax_bwd_columns(dPt, Pt, T, t0, t1 - t0, block_first(lo, t0, t1), scale);
+    }
 }
-K_VERSIONS(softmax_bwd, (float *dPt, const float *Pt, int T, float scale), (dPt, Pt, T, scale))
+K_VERSIONS(softmax_bwd, (float *dPt, const float *Pt, int T, const int *lo, float scale),
+           (dPt, Pt, T, lo, scale))
 
 /* dPt (keys by queries) times the dropout mask of the probabilities (index base + t*T + j). */
 static void undrop_grads(float *dPt, int T, uint64_t key, uint64_t base, float p) {
@@ -160,8 +181,8 @@ static void undrop_grads(float *dPt, int T, uint64_t key, uint64_t base, float p
 
 static void attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
                           const float *k, const float *v, int ldq, int ldkv, const float *probs,
-                          int B, int T, int H, int KVH, int hd, float p, uint64_t key,
-                          float *scratch) {
+                          int B, int T, int H, int KVH, int hd, const int *lo, float p,
+                          uint64_t key, float *scratch) {
     int qw = ldq, kw = ldkv, ow = H * hd, group = H / KVH;
     float scale = 1.0f / sqrtf((float)hd);
     size_t TT = (size_t)T * T;
@@ -177,6 +198,7 @@ static void attention_bwd(float *dq, float *dk, float *dv, const float *dout, co
         const float *vb = v + (size_t)b * T * kw + (size_t)kvh * hd;
         float *dkb = dk + (size_t)b * T * kw + (size_t)kvh * hd;
         float *dvb = dv + (size_t)b * T * kw + (size_t)kvh * hd;
+        const int *lob = lo ? lo + (size_t)b * T : NULL;
         for (int t = 0; t < T; t++) {
             memset(dkb + (size_t)t * kw, 0, (size_t)hd * sizeof(float));
             memset(dvb + (size_t)t * kw, 0, (size_t)hd * sizeof(float));
@@ -194,24 +216,26 @@ static void attention_bwd(float *dq, float *dk, float *dv, const float *dout, co
             }
             /* dV += Pd^T dO = Ptd dO; dPt = V dO^T (the gradient at the dropped probabilities) */
             for (int t0 = 0; t0 < T; t0 += QB) {
-                int t1 = t0 + QB < T ? t0 + QB : T;
+                int t1 = t0 + QB < T ? t0 + QB : T, j0 = block_first(lob, t0, t1);
                 const float *dOt = dO + (size_t)t0 * ow;
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, t1, hd, t1 - t0, 1.0f,
-                            PV + t0, T, dOt, ow, 1.0f, dvb, kw);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t1, t1 - t0, hd, 1.0f, vb, kw,
-                            dOt, ow, 0.0f, dPt + t0, T);
+                size_t r0 = (size_t)j0 * T + t0;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, t1 - j0, hd, t1 - t0, 1.0f,
+                            PV + r0, T, dOt, ow, 1.0f, dvb + (size_t)j0 * kw, kw);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t1 - j0, t1 - t0, hd, 1.0f,
+                            vb + (size_t)j0 * kw, kw, dOt, ow, 0.0f, dPt + r0, T);
             }
             /* Softmax backward per query (column): dS = P * (dP - sum_keys(P * dP)), scaled, where
              * dP is the gradient at the undropped probabilities (dPd times the mask). */
             if (p > 0.0f) undrop_grads(dPt, T, key, bh * TT, p);
-            softmax(dPt, Pt, T, scale);
+            softmax(dPt, Pt, T, lob, scale);
             /* dQ = dS K = dSt^T K; dK += dS^T Q = dSt Q */
             for (int t0 = 0; t0 < T; t0 += QB) {
-                int t1 = t0 + QB < T ? t0 + QB : T;
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t1 - t0, hd, t1, 1.0f,
-                            dPt + t0, T, kb, kw, 0.0f, dqb + (size_t)t0 * qw, qw);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, t1, hd, t1 - t0, 1.0f,
-                            dPt + t0, T, qb + (size_t)t0 * qw, qw, 1.0f, dkb, kw);
+                int t1 = t0 + QB < T ? t0 + QB : T, j0 = block_first(lob, t0, t1);
+                size_t r0 = (size_t)j0 * T + t0;
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t1 - t0, hd, t1 - j0, 1.0f,
+                            dPt + r0, T, kb + (size_t)j0 * kw, kw, 0.0f, dqb + (size_t)t0 * qw, qw);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, t1 - j0, hd, t1 - t0, 1.0f,
+                            dPt + r0, T, qb + (size_t)t0 * qw, qw, 1.0f, dkb + (size_t)j0 * kw, kw);
             }
         }
     }
@@ -219,8 +243,10 @@ static void attention_bwd(float *dq, float *dk, float *dv, const float *dout, co
 
 void k_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
                      const float *k, const float *v, int ldq, int ldkv, const float *probs, int B,
-                     int T, int H, int KVH, int hd, float p, uint64_t key, float *scratch) {
-    attention_bwd(dq, dk, dv, dout, q, k, v, ldq, ldkv, probs, B, T, H, KVH, hd, p, key, scratch);
+                     int T, int H, int KVH, int hd, const int *lo, float p, uint64_t key,
+                     float *scratch) {
+    attention_bwd(dq, dk, dv, dout, q, k, v, ldq, ldkv, probs, B, T, H, KVH, hd, lo, p, key,
+                  scratch);
 }
 
 size_t k_attention_scratch_floats(int T, float p, int threads) {

@@ -46,6 +46,9 @@ typedef struct {
     int M, N, KP, shape; /* rows, columns, pairs summed, causal shape */
     float scale;
     int add;
+    /* Packed sequences (else NULL): sm[t], a lower bound of the first key of the queries from t
+     * on, and hi[j], one past the last query that sees key j, narrow the tiles further. */
+    const int *sm, *hi;
 } product;
 
 /* MR rows x NV vectors of 16 columns over pairs [p0, p1); the last vector stores the lanes of
@@ -117,12 +120,21 @@ K_TARGET_AVX512BF16 static void run(const product *q) {
     int wide = vectors >= 4, MR = wide ? 6 : 8;
     for (int i0 = 0; i0 < q->M; i0 += MR) {
         int mr = q->M - i0 < MR ? q->M - i0 : MR, i1 = i0 + mr;
-        int p0 = 0, p1 = q->KP, vstart = 0;
-        if (q->shape == COLS_FROM_ROW) vstart = i0 / 16;
-        if (q->shape == K_TO_ROW) p1 = (i1 + 1) / 2 < q->KP ? (i1 + 1) / 2 : q->KP;
-        if (q->shape == K_FROM_ROW) p0 = i0 / 2;
-        for (int v0 = vstart; v0 < vectors; v0 += 4) {
-            int nv = vectors - v0 < 4 ? vectors - v0 : 4;
+        int p0 = 0, p1 = q->KP, vstart = 0, vend = vectors;
+        if (q->shape == COLS_FROM_ROW) {
+            vstart = i0 / 16;
+            if (q->hi && (q->hi[i1 - 1] + 15) / 16 < vend) vend = (q->hi[i1 - 1] + 15) / 16;
+        }
+        if (q->shape == K_TO_ROW) {
+            p1 = (i1 + 1) / 2 < q->KP ? (i1 + 1) / 2 : q->KP;
+            if (q->sm) p0 = q->sm[i0] / 2;
+        }
+        if (q->shape == K_FROM_ROW) {
+            p0 = i0 / 2;
+            if (q->hi && (q->hi[i1 - 1] + 1) / 2 < p1) p1 = (q->hi[i1 - 1] + 1) / 2;
+        }
+        for (int v0 = vstart; v0 < vend; v0 += 4) {
+            int nv = vend - v0 < 4 ? vend - v0 : 4;
             tile_any(mr, nv, q, i0, v0, p0, p1, v0 + nv == vectors ? tail : 0xffff);
         }
     }
@@ -240,7 +252,8 @@ static void *take(char **p, size_t n) {
  * a time in the lanes of one vector, and the probabilities' pair rows for the output product,
  * written in the pass that normalizes them. Entries of masked keys (with lo, also those before
  * a query's first visible key), and every row below the block's last query, are zeros in both:
- * the backward's softmax then needs no mask of its own. */
+ * the backward's softmax then needs no mask of its own. Scores of rows that no query of a block
+ * sees may not have been computed: they are never read, only overwritten with zeros. */
 K_TARGET_AVX512BF16 static void softmax_pairs(float *Pt, int T, uint32_t *Pp, long Tv,
                                               const int *lo) {
     for (int c = 0; c < Tv; c += 16) {
@@ -248,14 +261,15 @@ K_TARGET_AVX512BF16 static void softmax_pairs(float *Pt, int T, uint32_t *Pp, lo
         int j1 = c + 16 < T ? c + 16 : T; /* rows some query of the block sees */
         /* each query's first visible key: 0, or its example's first row in a packed sequence */
         __m512i first = lo ? _mm512_maskz_loadu_epi32(in, lo + c) : _mm512_setzero_si512();
+        int j0 = lo ? _mm512_mask_reduce_min_epi32(in, first) : 0; /* no query sees keys before */
         __m512 mx = _mm512_set1_ps(-INFINITY), sum = _mm512_setzero_ps();
 #define VISIBLE(j) (in & ~below(c, j) & _mm512_cmple_epi32_mask(first, _mm512_set1_epi32(j)))
-        for (int j = 0; j < j1; j++) {
+        for (int j = j0; j < j1; j++) {
             __mmask16 m = VISIBLE(j); /* queries t >= j (from their first key) see key j */
             __m512 x = _mm512_maskz_loadu_ps(m, Pt + (long)j * T + c);
             mx = _mm512_mask_mov_ps(mx, _mm512_mask_cmp_ps_mask(m, x, mx, _CMP_GT_OQ), x);
         }
-        for (int j = 0; j < j1; j++) {
+        for (int j = j0; j < j1; j++) {
             __mmask16 m = VISIBLE(j);
 #undef VISIBLE
             float *row = Pt + (long)j * T + c;
@@ -268,8 +282,8 @@ K_TARGET_AVX512BF16 static void softmax_pairs(float *Pt, int T, uint32_t *Pp, lo
         for (int j = 0; j < T; j += 2) {
             __m512 x = _mm512_setzero_ps(), y = _mm512_setzero_ps();
             float *r0 = Pt + (long)j * T + c, *r1 = r0 + T;
-            if (j < j1) x = _mm512_mul_ps(_mm512_maskz_loadu_ps(in, r0), inv);
-            if (j + 1 < j1) y = _mm512_mul_ps(_mm512_maskz_loadu_ps(in, r1), inv);
+            if (j >= j0 && j < j1) x = _mm512_mul_ps(_mm512_maskz_loadu_ps(in, r0), inv);
+            if (j + 1 >= j0 && j + 1 < j1) y = _mm512_mul_ps(_mm512_maskz_loadu_ps(in, r1), inv);
             _mm512_mask_storeu_ps(r0, in, x);
             if (j + 1 < T) _mm512_mask_storeu_ps(r1, in, y);
             _mm512_storeu_si512((void *)(Pp + (long)(j / 2) * Tv + c), pair_words(x, y));
@@ -279,7 +293,8 @@ K_TARGET_AVX512BF16 static void softmax_pairs(float *Pt, int T, uint32_t *Pp, lo
 
 /* Pt = softmax(scale K Q^T) down each column, and (into *Pp, taken from buf) its pair rows. */
 K_TARGET_AVX512BF16 static void head_probs(dims d, char **buf, float *Pt, uint32_t **Pp,
-                                           const float *q, const float *k, long ld, const int *lo) {
+                                           const float *q, const float *k, long ld, const int *lo,
+                                           const int *sm, const int *hi) {
     int T = d.T, hd = d.hd, Tv = d.Tv, Te = d.Te;
     uint16_t *Kr = take(buf, (size_t)Te * hd * 2);
     uint32_t *Qt = take(buf, (size_t)hd * Tv * 2);
@@ -288,44 +303,48 @@ K_TARGET_AVX512BF16 static void head_probs(dims d, char **buf, float *Pt, uint32
     pair_columns(Qt, Tv, q, ld, T, hd);
     /* Pt = scale K Q^T. Scores left of a tile's first vector are not computed: they are masked,
      * and the softmax reads them only to select them away and overwrites them. */
-    product s = {(const uint32_t *)Kr,    hd / 2, 1, Qt, Tv, Pt, T, T, T, hd / 2, COLS_FROM_ROW,
-                 1.0f / sqrtf((float)hd), 0};
+    product s = {(const uint32_t *)Kr,    hd / 2, 1,  Qt, Tv, Pt, T, T, T, hd / 2, COLS_FROM_ROW,
+                 1.0f / sqrtf((float)hd), 0,      sm, hi};
     run(&s);
     softmax_pairs(Pt, T, *Pp, Tv, lo);
 }
 
 K_TARGET_AVX512BF16 static void head_fwd(dims d, char *buf, float *out, long ow, float *Pt,
                                          const float *q, const float *k, const float *v, long ld,
-                                         const int *lo) {
+                                         const int *lo, const int *sm, const int *hi) {
     int T = d.T, hd = d.hd, Te = d.Te;
     uint32_t *Pp, *Vp = take(&buf, (size_t)Te * hd * 2);
     pair_rows(Vp, hd, v, ld, T, hd);
-    head_probs(d, &buf, Pt, &Pp, q, k, ld, lo);
-    product o = {Pp, 1, d.Tv, Vp, hd, out, ow, T, hd, Te / 2, K_TO_ROW, 1.0f, 0};
+    head_probs(d, &buf, Pt, &Pp, q, k, ld, lo, sm, hi);
+    product o = {Pp, 1, d.Tv, Vp, hd, out, ow, T, hd, Te / 2, K_TO_ROW, 1.0f, 0, sm, hi};
     run(&o);
 }
 
 /* dS = P (dP - sum_keys P dP) scale per query (column) over its visible keys, zero elsewhere, as
- * bf16 rows and pair rows. */
+ * bf16 rows and pair rows. Row j's queries run to hi[j] (packed; else T): dP past them may not
+ * have been computed. */
 K_TARGET_AVX512BF16 static void softmax_bwd(dims d, const float *Pt, const float *dP, float *D,
-                                            uint16_t *Sr, uint32_t *Sp, float scale) {
+                                            uint16_t *Sr, uint32_t *Sp, float scale,
+                                            const int *hi) {
     int T = d.T, Tv = d.Tv;
     for (int c = 0; c < Tv; c += 16) _mm512_storeu_ps(D + c, _mm512_setzero_ps());
-    for (int j = 0; j < T; j++)
-        for (int c = j / 16 * 16; c < T; c += 16) {
+    for (int j = 0; j < T; j++) {
+        int end = hi ? hi[j] : T;
+        for (int c = j / 16 * 16; c < end; c += 16) {
             /* visible: queries t >= j; dP left of the product's first vector is not computed */
-            __mmask16 m = below(c, T) & ~below(c, j);
+            __mmask16 m = below(c, end) & ~below(c, j);
             __m512 p = _mm512_maskz_loadu_ps(m, Pt + (long)j * T + c);
             __m512 g = _mm512_maskz_loadu_ps(m, dP + (long)j * Tv + c);
             _mm512_storeu_ps(D + c, _mm512_fmadd_ps(p, g, _mm512_loadu_ps(D + c)));
         }
+    }
     __m512 sc = _mm512_set1_ps(scale);
     for (int j = 0; j < d.Te; j += 2)
         for (int c = 0; c < Tv; c += 16) {
             __m512 s[2];
             for (int r = 0; r < 2; r++) {
                 int jj = j + r;
-                __mmask16 m = jj < T ? below(c, T) & ~below(c, jj) : 0;
+                __mmask16 m = jj < T ? below(c, hi ? hi[jj] : T) & ~below(c, jj) : 0;
                 __m512 p = _mm512_maskz_loadu_ps(m, Pt + (long)jj * T + c);
                 __m512 g = _mm512_maskz_loadu_ps(m, dP + (long)jj * Tv + c);
                 s[r] = _mm512_maskz_mul_ps(
@@ -344,7 +363,8 @@ K_TARGET_AVX512BF16 static void softmax_bwd(dims d, const float *Pt, const float
 /* acc: dK and dV are added to (the later heads of a group of query heads sharing k and v). */
 K_TARGET_AVX512BF16 static void head_bwd(dims d, char *buf, float *dq, float *dk, float *dv,
                                          const float *dO, long ow, const float *Pt, const float *q,
-                                         const float *k, const float *v, long ld, int acc) {
+                                         const float *k, const float *v, long ld, int acc,
+                                         const int *sm, const int *hi) {
     int T = d.T, hd = d.hd, Tv = d.Tv, Te = d.Te;
     uint16_t *Vr = take(&buf, (size_t)Te * hd * 2);
     uint32_t *dOt = take(&buf, (size_t)hd * Tv * 2), *dOp = take(&buf, (size_t)Te * hd * 2);
@@ -361,20 +381,40 @@ K_TARGET_AVX512BF16 static void head_bwd(dims d, char *buf, float *dq, float *dk
     pair_rows(Qp, hd, q, ld, T, hd);
     round_wide_rows(Pr, Tv, Pt, T, T, T);
     /* dV = Pt dO, dPt = V dO^T */
-    product pv = {(const uint32_t *)Pr, Tv / 2, 1,  dOp, hd, dv, ld, T, hd, Te / 2,
-                  K_FROM_ROW,           1.0f,   acc};
+    product pv = {(const uint32_t *)Pr, Tv / 2, 1,   dOp, hd, dv, ld, T, hd, Te / 2,
+                  K_FROM_ROW,           1.0f,   acc, sm,  hi};
     run(&pv);
     product pp = {(const uint32_t *)Vr, hd / 2, 1, dOt, Tv, dP, Tv, T, T, hd / 2,
-                  COLS_FROM_ROW,        1.0f,   0};
+                  COLS_FROM_ROW,        1.0f,   0, sm,  hi};
     run(&pp);
-    softmax_bwd(d, Pt, dP, D, Sr, Sp, 1.0f / sqrtf((float)hd));
+    softmax_bwd(d, Pt, dP, D, Sr, Sp, 1.0f / sqrtf((float)hd), hi);
     /* dQ = dS K = dSt^T K, dK = dSt Q */
-    product pq = {Sp, 1, Tv, Kp, hd, dq, ld, T, hd, Te / 2, K_TO_ROW, 1.0f, 0};
+    product pq = {Sp, 1, Tv, Kp, hd, dq, ld, T, hd, Te / 2, K_TO_ROW, 1.0f, 0, sm, hi};
     run(&pq);
-    product pk = {(const uint32_t *)Sr, Tv / 2, 1,  Qp, hd, dk, ld, T, hd, Te / 2,
-                  K_FROM_ROW,           1.0f,   acc};
+    product pk = {(const uint32_t *)Sr, Tv / 2, 1,   Qp, hd, dk, ld, T, hd, Te / 2,
+                  K_FROM_ROW,           1.0f,   acc, sm, hi};
     run(&pk);
 }
+
+/* A packed sequence's bounds (lo as k_bf16_attention_fwd's): sm[t] = min(lo[t..T)), so the queries
+ * from t on see no key before sm[t] (lo need not be sorted), and hi[j] = 1 + the last t with
+ * sm[t] <= j, past which no query sees key j. Both never decrease, so a tile's bounds are those
+ * of its first or last row. Taken from the front of buf. */
+static void bounds(char **buf, const int *lo, int T, const int **sm_out, const int **hi_out) {
+    *sm_out = *hi_out = NULL;
+    if (!lo) return;
+    int *sm = take(buf, (size_t)T * sizeof(int)), *hi = take(buf, (size_t)T * sizeof(int));
+    sm[T - 1] = lo[T - 1];
+    for (int t = T - 2; t >= 0; t--) sm[t] = lo[t] < sm[t + 1] ? lo[t] : sm[t + 1];
+    for (int j = 0, u = 0; j < T; j++) {
+        while (u + 1 < T && sm[u + 1] <= j) u++;
+        hi[j] = u + 1;
+    }
+    *sm_out = sm;
+    *hi_out = hi;
+}
+
+static size_t bounds_bytes(dims d) { return 2 * al((size_t)d.T * sizeof(int)); }
 
 /* The next task's probabilities (up to 64 KiB), which the forward left in memory: reading them
  * as misses took a third of the backward's time at T 64. */
@@ -410,9 +450,11 @@ K_TARGET_AVX512BF16 static void fwd_task(const heads *a, int bh, char *buf) {
     int T = a->d.T, hd = a->d.hd, ow = a->H * hd, kw = a->KVH * hd, b = bh / a->H, h = bh % a->H;
     int g = h / (a->H / a->KVH);
     const float *row = a->qkv + (size_t)b * T * a->ld;
+    const int *lo = a->lo ? a->lo + (size_t)b * T : NULL, *sm, *hi;
+    bounds(&buf, lo, T, &sm, &hi);
     head_fwd(a->d, buf, a->out + (size_t)b * T * ow + h * hd, ow, a->probs + (size_t)bh * T * T,
              row + (size_t)h * hd, row + ow + (size_t)g * hd, row + ow + kw + (size_t)g * hd, a->ld,
-             a->lo ? a->lo + (size_t)b * T : NULL);
+             lo, sm, hi);
 }
 
 /* Task bg: key/value head g of sequence b and the query heads that share it, in order, so that
@@ -421,6 +463,8 @@ K_TARGET_AVX512BF16 static void bwd_task(const heads *a, int bg, char *buf) {
     int T = a->d.T, hd = a->d.hd, ow = a->H * hd, kw = a->KVH * hd, b = bg / a->KVH,
         g = bg % a->KVH, group = a->H / a->KVH;
     size_t r = (size_t)b * T * a->ld, kv = r + ow + (size_t)g * hd;
+    const int *lo = a->lo ? a->lo + (size_t)b * T : NULL, *sm, *hi;
+    bounds(&buf, lo, T, &sm, &hi);
     for (int i = 0; i < group; i++) {
         int h = g * group + i, bh = b * a->H + h;
         size_t x = r + (size_t)h * hd;
@@ -435,13 +479,12 @@ K_TARGET_AVX512BF16 static void bwd_task(const heads *a, int bg, char *buf) {
             char *fb = buf + al(bwd_bytes(a->d));
             float *P = take(&fb, (size_t)T * T * 4);
             uint32_t *Pp;
-            head_probs(a->d, &fb, P, &Pp, a->qkv + x, a->qkv + kv, a->ld,
-                       a->lo ? a->lo + (size_t)b * T : NULL);
+            head_probs(a->d, &fb, P, &Pp, a->qkv + x, a->qkv + kv, a->ld, lo, sm, hi);
             Pt = P;
         }
         head_bwd(a->d, buf, a->dqkv + x, a->dqkv + kv, a->dqkv + kv + kw,
                  a->dout + (size_t)b * T * ow + h * hd, ow, Pt, a->qkv + x, a->qkv + kv,
-                 a->qkv + kv + kw, a->ld, i > 0);
+                 a->qkv + kv + kw, a->ld, i > 0, sm, hi);
     }
 }
 
@@ -466,7 +509,7 @@ int k_bf16_attention_fwd(k_bf16 *k, float *out, float *probs, const float *qkv, 
     /* Dropout's masks are applied per head by the fp32 kernels. */
     if (!k || p > 0.0f || KVH <= 0 || H % KVH || hd % 16 || !k_bf16_supported()) return 0;
     heads a = {dims_of(T, hd), out, NULL, probs, NULL, qkv, NULL, lo, ld, H, KVH, B * H};
-    return each_head(k, &a, al(fwd_bytes(a.d)), fwd_task);
+    return each_head(k, &a, bounds_bytes(a.d) + al(fwd_bytes(a.d)), fwd_task);
 }
 
 int k_bf16_attention_bwd(k_bf16 *k, float *dqkv, const float *dout, const float *qkv, int ld,
@@ -474,7 +517,7 @@ int k_bf16_attention_bwd(k_bf16 *k, float *dqkv, const float *dout, const float 
                          float p) {
     if (!k || p > 0.0f || KVH <= 0 || H % KVH || hd % 16 || !k_bf16_supported()) return 0;
     heads a = {dims_of(T, hd), NULL, dqkv, NULL, probs, qkv, dout, lo, ld, H, KVH, B * KVH};
-    size_t per = al(bwd_bytes(a.d));
+    size_t per = bounds_bytes(a.d) + al(bwd_bytes(a.d));
     if (!probs) per += al((size_t)T * T * 4) + al(fwd_bytes(a.d));
     return each_head(k, &a, per, bwd_task);
 }

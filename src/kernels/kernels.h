@@ -251,16 +251,17 @@ void k_rope_bwd(float *dx, int ld, int N, const int *pos, int n_heads, int hd, c
  * for the backward pass, transposed: keys by queries. With p > 0 the probabilities are dropped out
  * (element index (b*H + h)*T*T + t*T + j under key) and scratch holds omp_get_max_threads() * T * T
  * floats. lo [B*T] (NULL: every 0) is each query's first visible key within its sequence (packed
- * examples: the example's first row); the backward needs no lo, the probabilities carry the mask.
- */
+ * examples: the example's first row). */
 void k_attention_fwd(float *out, float *probs, const float *q, const float *k, const float *v,
                      int ldq, int ldkv, int B, int T, int H, int KVH, int hd, const int *lo,
                      float p, uint64_t key, float *scratch);
 /* dq, dk, dv (same strides as q, k, v) are overwritten. scratch holds omp_get_max_threads() * T * T
- * floats, twice that with dropout. */
+ * floats, twice that with dropout. lo: the forward's (the probabilities carry its mask; the
+ * products use it only to leave out the keys no query of a block sees). */
 void k_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
                      const float *k, const float *v, int ldq, int ldkv, const float *probs, int B,
-                     int T, int H, int KVH, int hd, float p, uint64_t key, float *scratch);
+                     int T, int H, int KVH, int hd, const int *lo, float p, uint64_t key,
+                     float *scratch);
 
 /* Floats of scratch k_attention_fwd and k_attention_bwd need for sequences of T with dropout p
  * when `threads` threads may run them (omp_get_max_threads() at the time of the call). */

@@ -293,8 +293,8 @@ static void batch_attend_bwd(void *user, int l, const float *qkv, int ld, const 
     if (x->pass.recompute) batch_attend_fwd(user, l, (float *)qkv, ld, x->run[l].attn_out, N);
     k_attention_bwd(dqkv, dqkv + qw, dqkv + qw + kw, datt, qkv, qkv + qw, qkv + qw + kw, ld, ld,
                     probs, x->curB, x->curT, c->n_heads, c->n_kv_heads, hd,
-                    drop ? c->dropout : 0.0f, drop ? mdl_drop_key(&x->pass, l, 0) : 0,
-                    x->att_scratch);
+                    x->packed ? x->lo : NULL, drop ? c->dropout : 0.0f,
+                    drop ? mdl_drop_key(&x->pass, l, 0) : 0, x->att_scratch);
 }
 
 static tlm_status check_ids(const tlm_config *c, const int32_t *ids, size_t n, const char *what) {
