@@ -57,6 +57,11 @@ static void test_errors(void) {
     expect_error("{\"d_model\": 64.5}", "integer");
     expect_error("{\"bias\": \"yes\"}", "bias");
     expect_error("{\"dropout\": 1.5}", "dropout");
+    expect_error("{\"sliding_window\": -1}", "sliding_window -1 must be in");
+    expect_error("{\"sliding_window_pattern\": 2}",
+                 "sliding_window_pattern 2 needs a sliding_window");
+    expect_error("{\"sliding_window\": 4, \"sliding_window_pattern\": -3}",
+                 "sliding_window_pattern -3");
     expect_error("[1, 2]", "object");
     expect_error("{\"d_model\": ", "not valid JSON");
     expect_error("{\"d_model\": 2000000000, \"n_heads\": 1, \"vocab_size\": 1000000}", "d_model");
@@ -245,7 +250,8 @@ static void test_roundtrip(void) {
                  "\"norm\": \"layernorm\", \"norm_position\": \"post\", \"ffn\": "
                  "\"gelu_tanh\", \"position\": \"sinusoidal\", \"rope_pairing\": "
                  "\"interleaved\", \"tie_embeddings\": false, \"bias\": true, "
-                 "\"dropout\": 0.1, \"norm_eps\": 1e-6, \"rope_theta\": 500000}",
+                 "\"dropout\": 0.1, \"norm_eps\": 1e-6, \"rope_theta\": 500000, "
+                 "\"sliding_window\": 64, \"sliding_window_pattern\": 3}",
                  &s);
     CHECK_OK(s);
     char *json = tlm_config_to_json(&a);

@@ -99,6 +99,10 @@ static const variant variants[] = {
     {"head size 32, GQA 4/2", "\"n_kv_heads\":2", 128, 4, 0},
     /* a head size no vector kernel takes: the plain loops, over a widened F16 or Q8_0 cache */
     {"head size 160", "", 320, 2, 0},
+    /* sliding windows shorter than the context: decoding past them reads only the window */
+    {"sliding window 5, every layer, GQA 4/2", "\"n_kv_heads\":2,\"sliding_window\":5", 0, 0, 0},
+    {"window 7 then global, head size 32",
+     "\"n_kv_heads\":2,\"sliding_window\":7,\"sliding_window_pattern\":2", 128, 4, 0},
 };
 
 /* Base: vocab 97, context 24, d 32, 2 layers, 4 heads, plus the variant's fields. */
@@ -207,8 +211,8 @@ static void test_invariant(int few) {
 }
 
 /* Prefill longer than one attention chunk (128 queries) after a cached prefix, and a session
- * capacity below the context length. */
-static void test_long_prefill(void) {
+ * capacity below the context length; with a sliding window (chunks start past it), the same. */
+static void test_long_prefill(int window) {
     tlm_config c;
     tlm_config_defaults(&c);
     c.vocab_size = 61;
@@ -217,6 +221,7 @@ static void test_long_prefill(void) {
     c.n_layers = 2;
     c.n_heads = 4;
     c.n_kv_heads = 2;
+    c.sliding_window = window;
     tlm_model *m = t_model(&c, 5, TLM_INIT_XAVIER);
     int T = 290, V = c.vocab_size;
     int32_t *ids = malloc(sizeof(int32_t) * T);
@@ -227,7 +232,10 @@ static void test_long_prefill(void) {
     int chunks[] = {5, 270};
     double e = run_split(s, ids, T, chunks, 2, want, V);
     CHECK(e <= TOL, "long prefill rel err %.3g", e);
-    printf("  %-50s %.2e\n", "prefill 5 + 270 (3 query chunks) + decode 15", e);
+    printf("  %-50s %.2e\n",
+           window ? "window 50: prefill 5 + 270 + decode 15"
+                  : "prefill 5 + 270 (3 query chunks) + decode 15",
+           e);
     tlm_session_free(s);
     CHECK(new_session(m, 1, 301, &s) == TLM_ERR_ARG, "capacity > context");
     CHECK_OK(new_session(m, 1, 10, &s));
@@ -978,7 +986,8 @@ int main(void) {
                    tlm_dtype_name(v_type));
         test_invariant(!runs[k].all);
         if (!runs[k].all) continue;
-        test_long_prefill();
+        test_long_prefill(0);
+        test_long_prefill(50);
         test_batch_decode();
         test_prefix_save_load();
         test_mixed_step();

@@ -62,7 +62,16 @@ typedef struct {
     int bias;           /* 0/1: biases on every Linear (not the LM head) and on LayerNorm */
     int qkv_bias;       /* 0/1: biases on the q, k and v projections only (Qwen2); bias has them */
     float dropout;      /* [0, 1) */
+    /* Sliding-window attention (Mistral, Gemma 2 and 3): a windowed layer's query at position p
+     * sees the keys at p - sliding_window + 1 .. p only; 0: every layer sees the whole context.
+     * sliding_window_pattern (llama.cpp's and Gemma's): 0 windows every layer, P > 0 makes every
+     * P-th layer (layer l with (l + 1) % P == 0) global and the others windowed. */
+    int sliding_window;
+    int sliding_window_pattern;
 } tlm_config;
+
+/* Whether layer l of a finalized config attends through the sliding window. */
+int tlm_config_layer_windowed(const tlm_config *c, int l);
 
 /* The modern defaults (pre-norm, rmsnorm, swiglu, rope, tied, no bias) with a small size. */
 void tlm_config_defaults(tlm_config *c);

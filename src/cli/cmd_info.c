@@ -79,6 +79,13 @@ static void print_table(const tlm_config *c, const tlm_param_count *pc) {
            : c->qkv_bias ? "q, k and v"
                          : "false");
     printf("  dropout         %g\n", (double)c->dropout);
+    if (c->sliding_window) {
+        int n = 0;
+        for (int l = 0; l < c->n_layers; l++) n += tlm_config_layer_windowed(c, l);
+        printf("  sliding_window  %d (%d of %d layers", c->sliding_window, n, c->n_layers);
+        if (c->sliding_window_pattern) printf("; every %d-th global", c->sliding_window_pattern);
+        printf(")\n");
+    }
     printf("\nparameters\n");
     for (int k = 0; k < TLM_COMP_COUNT; k++)
         if (pc->per_component[k])

@@ -48,6 +48,9 @@ int fmt_is_llama_style(const tlm_config *c, int qwen2_ok, char *why, size_t why_
         bad = "the model has biases";
     else if (c->qkv_bias && !qwen2_ok)
         bad = "the model has q, k and v biases (Qwen2's layout: GGUF and Hugging Face hold it)";
+    else if (c->sliding_window)
+        bad = "the model attends through a sliding window (sliding_window), which tlm writes "
+              "only in its own checkpoints";
     if (bad && why) snprintf(why, why_len, "%s", bad);
     return bad == NULL;
 }

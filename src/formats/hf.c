@@ -603,9 +603,11 @@ tlm_status tlm_model_load_hf(const char *dir, tlm_model **out) { return fmt_load
 
 /* ---- export ---------------------------------------------------------------------------------- */
 
-/* 1 if the config is GPT-2's shape: pre-norm LayerNorm with biases, learned positions, gelu. */
+/* 1 if the config is GPT-2's shape: pre-norm LayerNorm with biases, learned positions, gelu, every
+ * layer seeing the whole context. */
 static int is_gpt2_style(const tlm_config *c) {
     return c->norm == TLM_NORM_LAYERNORM && c->norm_position == TLM_NORM_PRE && c->bias &&
+           !c->sliding_window &&
            c->position == TLM_POS_LEARNED && c->n_kv_heads == c->n_heads &&
            (c->ffn == TLM_FFN_GELU_TANH || c->ffn == TLM_FFN_GELU || c->ffn == TLM_FFN_RELU);
 }

@@ -338,46 +338,57 @@ static void as_floats(const tlm_session *s, const void *Kc, const void *Vc, int 
  * of its scores, and the heads' chunks are enough tasks to balance two threads. The longest
  * chunks go first, so the short ones fill in at the end. A chunk is one call of k_attend_causal
  * where the CPU has it; otherwise two sgemm and the softmax between them. */
-/* Rows [0, rows) of scores p (S apart) made probabilities, row i over its first + i + 1 keys,
- * zeros after them. */
-K_INLINE void softmax_causal(float *p, int rows, int S, int first) {
+/* Rows [0, rows) of scores p (S apart) made probabilities, row i over its first + i + 1 keys (the
+ * last `window` of them when window > 0), zeros elsewhere. */
+K_INLINE void softmax_causal(float *p, int rows, int S, int first, int window) {
     for (int i = 0; i < rows; i++) {
         float *row = p + (size_t)i * S;
-        int last = first + i;
-        float mx = row[0];
-        for (int j = 1; j <= last; j++) mx = row[j] > mx ? row[j] : mx;
-        k_softmax_row(row, last + 1, mx);
+        int last = first + i, lo = window > 0 && last + 1 > window ? last + 1 - window : 0;
+        for (int j = 0; j < lo; j++) row[j] = 0.0f;
+        float mx = row[lo];
+        for (int j = lo + 1; j <= last; j++) mx = row[j] > mx ? row[j] : mx;
+        k_softmax_row(row + lo, last + 1 - lo, mx);
         for (int j = last + 1; j < S; j++) row[j] = 0.0f;
     }
 }
-K_VERSIONS(softmax_causal, (float *p, int rows, int S, int first), (p, rows, S, first))
+K_VERSIONS(softmax_causal, (float *p, int rows, int S, int first, int window),
+           (p, rows, S, first, window))
+
+/* The sliding window of layer l (0: it sees the whole context). */
+static int layer_window(const tlm_session *s, int l) {
+    return tlm_config_layer_windowed(&s->m->c, l) ? s->m->c.sliding_window : 0;
+}
 
 static void attend_prefill(tlm_session *s, int l, int b, int pos0, int T, int r0) {
     const tlm_config *c = &s->m->c;
     int H = c->n_heads, hd = c->d_model / H, group = H / c->n_kv_heads, qw = H * hd;
     int ld = qw + 2 * c->n_kv_heads * hd; /* row stride of the fused q|k|v buffer */
-    int chunks = (T + PCHUNK - 1) / PCHUNK;
+    int chunks = (T + PCHUNK - 1) / PCHUNK, W = layer_window(s, l);
     float scale = 1.0f / sqrtf((float)hd);
     softmax_causal_fn *softmax = softmax_causal_pick();
 #pragma omp parallel for schedule(dynamic, 1)
     for (int task = 0; task < H * chunks; task++) {
         int h = task % H, t0 = (chunks - 1 - task / H) * PCHUNK;
         int tc = T - t0 < PCHUNK ? T - t0 : PCHUNK;
-        int S = pos0 + t0 + tc; /* keys past the chunk's last query are all masked */
-        const void *Kc = infer_cache(s, l, b, 0, h / group),
-                   *Vc = infer_cache(s, l, b, 1, h / group);
+        /* keys past the chunk's last query are all masked, and in a windowed layer those before
+         * its first query's window */
+        int j0 = W > 0 && pos0 + t0 + 1 > W ? pos0 + t0 + 1 - W : 0, S = pos0 + t0 + tc - j0;
+        const char *Kc = (const char *)infer_cache(s, l, b, 0, h / group) + j0 * s->kv_row[0],
+                   *Vc = (const char *)infer_cache(s, l, b, 1, h / group) + j0 * s->kv_row[1];
         const float *q = s->qkv + (size_t)(r0 + t0) * ld + (size_t)h * hd;
         float *o = s->att + (size_t)(r0 + t0) * qw + (size_t)h * hd;
         int me = omp_get_thread_num();
         float *p = s->scores + (size_t)me * prefill_scores(s);
-        if (!k_attend_causal(q, (size_t)ld, Kc, Vc, s->kv_kind[0], s->kv_kind[1], tc, pos0 + t0, hd,
+        /* k_attend_causal has no window: a windowed layer's chunks take the products below */
+        if (!W &&
+            !k_attend_causal(q, (size_t)ld, Kc, Vc, s->kv_kind[0], s->kv_kind[1], tc, pos0 + t0, hd,
                              scale, s->wide + (size_t)me * wide_block(s), p, o, (size_t)qw))
             continue;
         const float *K, *V;
         as_floats(s, Kc, Vc, S, &K, &V);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tc, S, hd, scale, q, ld, K, hd, 0.0f,
                     p, S);
-        softmax(p, tc, S, pos0 + t0);
+        softmax(p, tc, S, pos0 + t0 - j0, W);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tc, hd, S, 1.0f, p, S, V, hd, 0.0f,
                     o, qw);
     }
@@ -414,7 +425,7 @@ K_VERSIONS(attend_plain,
  * head) pairs. */
 typedef struct {
     tlm_session *s;
-    int l;
+    int l, window;
     attend_plain_fn *plain;
 } attend_ctx;
 
@@ -427,8 +438,12 @@ static void decode_tasks(void *ctx, long a, long b) {
     float scale = 1.0f / sqrtf((float)hd);
     for (long task = a; task < b; task++) {
         int r = (int)(task / H), h = (int)(task % H), S = s->row_pos[r] + 1;
-        const void *Kc = infer_cache(s, x->l, s->row_seq[r], 0, h / group);
-        const void *Vc = infer_cache(s, x->l, s->row_seq[r], 1, h / group);
+        int j0 = x->window > 0 && S > x->window ? S - x->window : 0; /* the window's first key */
+        S -= j0;
+        const char *Kc =
+            (const char *)infer_cache(s, x->l, s->row_seq[r], 0, h / group) + j0 * s->kv_row[0];
+        const char *Vc =
+            (const char *)infer_cache(s, x->l, s->row_seq[r], 1, h / group) + j0 * s->kv_row[1];
         const float *q = s->qkv + (size_t)r * ld + (size_t)h * hd;
         float *p = s->scores + (size_t)task * s->cap;
         float *o = s->att + (size_t)r * qw + (size_t)h * hd;
@@ -446,7 +461,7 @@ static void attend_decode(tlm_session *s, int l, int N) {
     const tlm_config *c = &s->m->c;
     long work = 0;
     for (int r = 0; r < N; r++) work += (long)(s->row_pos[r] + 1) * c->d_model;
-    attend_ctx x = {s, l, attend_plain_pick()};
+    attend_ctx x = {s, l, layer_window(s, l), attend_plain_pick()};
     k_team_units((long)N * c->n_heads, work >= 32768, 1, decode_tasks, &x);
 }
 
@@ -518,7 +533,7 @@ static void cache_attend_group(void *user, int l, float *qkv, int ld, float *att
     int H = c->n_heads, group = H / c->n_kv_heads;
     store_ctx x = {s, qkv, l, ld, N};
     store_heads(&x, 2L * g, 2L * g + 2);
-    attend_ctx a = {s, l, attend_plain_pick()};
+    attend_ctx a = {s, l, layer_window(s, l), attend_plain_pick()};
     for (int r = 0; r < N; r++)
         decode_tasks(&a, (long)r * H + (long)g * group, (long)r * H + (long)(g + 1) * group);
 }

@@ -29,6 +29,11 @@ void tlm_config_defaults(tlm_config *c) {
     c->dropout = 0.0f;
 }
 
+int tlm_config_layer_windowed(const tlm_config *c, int l) {
+    int p = c->sliding_window_pattern;
+    return c->sliding_window > 0 && (p == 0 || (l + 1) % p != 0);
+}
+
 /* Enum tables: index = enum value. */
 static const char *const norm_names[] = {"rmsnorm", "layernorm"};
 static const char *const normpos_names[] = {"pre", "post"};
@@ -124,6 +129,15 @@ tlm_status tlm_config_finalize(tlm_config *c) {
     if (c->bias != 0 && c->bias != 1) return core_err(TLM_ERR_CONFIG, "bias must be true or false");
     if (c->qkv_bias != 0 && c->qkv_bias != 1)
         return core_err(TLM_ERR_CONFIG, "qkv_bias must be true or false");
+    if (c->sliding_window < 0 || c->sliding_window > TLM_MAX_CONTEXT_LENGTH)
+        return core_err(TLM_ERR_CONFIG, "sliding_window %d must be in [0, %d] (0: none)",
+                        c->sliding_window, TLM_MAX_CONTEXT_LENGTH);
+    if (c->sliding_window_pattern < 0 || c->sliding_window_pattern > TLM_MAX_N_LAYERS)
+        return core_err(TLM_ERR_CONFIG, "sliding_window_pattern %d must be in [0, %d]",
+                        c->sliding_window_pattern, TLM_MAX_N_LAYERS);
+    if (c->sliding_window_pattern && !c->sliding_window)
+        return core_err(TLM_ERR_CONFIG, "sliding_window_pattern %d needs a sliding_window",
+                        c->sliding_window_pattern);
     /* tlm_model_new builds these tables eagerly; a file header that asks for a huge context
      * must be refused here, not after minutes of filling gigabytes. */
     size_t ctx = (size_t)c->context_length;
@@ -245,6 +259,10 @@ tlm_status tlm_config_from_json(const char *json, tlm_config *c) {
             s = parse_bool(it, k, &c->bias);
         else if (!strcmp(k, "qkv_bias"))
             s = parse_bool(it, k, &c->qkv_bias);
+        else if (!strcmp(k, "sliding_window"))
+            s = parse_int(it, k, &c->sliding_window);
+        else if (!strcmp(k, "sliding_window_pattern"))
+            s = parse_int(it, k, &c->sliding_window_pattern);
         else if (!strcmp(k, "norm")) {
             if (!(s = parse_enum(it, k, norm_names, COUNT(norm_names), &e))) c->norm = e;
         } else if (!strcmp(k, "norm_position")) {
@@ -306,6 +324,10 @@ char *tlm_config_to_json(const tlm_config *c) {
     cJSON_AddBoolToObject(o, "bias", c->bias);
     if (c->qkv_bias) cJSON_AddBoolToObject(o, "qkv_bias", c->qkv_bias);
     cJSON_AddNumberToObject(o, "dropout", short_float(c->dropout));
+    if (c->sliding_window) {
+        cJSON_AddNumberToObject(o, "sliding_window", c->sliding_window);
+        cJSON_AddNumberToObject(o, "sliding_window_pattern", c->sliding_window_pattern);
+    }
     char *s = cJSON_Print(o);
     cJSON_Delete(o);
     return s;

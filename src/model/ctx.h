@@ -18,8 +18,9 @@ struct tlm_train_ctx {
     float *xn, *xn_mean, *xn_rstd; /* the output norm */
     float *logits, *softmax;       /* [N, V] */
     int *pos;                      /* [N] */
-    int *lo;    /* [N] each query's first visible key in its row (packed rows: its example's) */
-    int packed; /* lo applies: the pass's positions restart within some row */
+    int *lo;     /* [N] each query's first visible key in its row (packed rows: its example's) */
+    int packed;  /* lo applies: the pass's positions restart within some row */
+    int *lo_win; /* [N] lo narrowed to the sliding window, for the windowed layers */
 
     /* Backward scratch, sized like the arena. */
     float *gbase;

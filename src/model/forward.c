@@ -28,12 +28,14 @@ static void arena_free(tlm_train_ctx *x) {
     free(x->run);
     free(x->pos);
     free(x->lo);
+    free(x->lo_win);
     x->base = NULL;
     x->layer = NULL;
     x->run = NULL;
     x->probs = NULL;
     x->pos = NULL;
     x->lo = NULL;
+    x->lo_win = NULL;
     x->floats = 0;
     x->B = x->T = 0;
 }
@@ -222,8 +224,9 @@ tlm_status tlm_train_ctx_reserve(tlm_train_ctx *x, int B, int T) {
     x->probs = calloc((size_t)c->n_layers, sizeof *x->probs);
     x->pos = malloc(rows * sizeof *x->pos);
     x->lo = malloc(rows * sizeof *x->lo);
+    x->lo_win = malloc(rows * sizeof *x->lo_win);
     x->base = core_big_alloc(bytes);
-    if (!x->layer || !x->run || !x->probs || !x->pos || !x->lo || !x->base) {
+    if (!x->layer || !x->run || !x->probs || !x->pos || !x->lo || !x->lo_win || !x->base) {
         core_big_free(x->base, bytes);
         x->base = NULL;
         arena_free(x);
@@ -257,6 +260,13 @@ static float *layer_probs(const tlm_train_ctx *x, int l) {
     return x->pass.training && !x->pass.recompute ? x->probs[l] : x->probs[0];
 }
 
+/* Each query's first visible key in layer l: its example's (packed rows), narrowed to the window in
+ * windowed layers; NULL when every query sees its row from the start. */
+static const int *layer_lo(const tlm_train_ctx *x, int l) {
+    if (tlm_config_layer_windowed(&x->m->c, l)) return x->lo_win;
+    return x->packed ? x->lo : NULL;
+}
+
 /* The attention core of a batch of whole sequences: causal attention within each of the curB
  * sequences of curT rows, its probabilities in layer_probs. */
 static void batch_attend_fwd(void *user, int l, float *qkv, int ld, float *att, int N) {
@@ -266,7 +276,7 @@ static void batch_attend_fwd(void *user, int l, float *qkv, int ld, float *att, 
     int hd = c->d_model / c->n_heads, qw = c->n_heads * hd, kw = c->n_kv_heads * hd;
     int drop = x->pass.training && c->dropout > 0.0f;
     float *probs = layer_probs(x, l);
-    const int *lo = x->packed ? x->lo : NULL;
+    const int *lo = layer_lo(x, l);
     if (k_bf16_attention_fwd(x->pass.bf16, att, probs, qkv, ld, x->curB, x->curT, c->n_heads,
                              c->n_kv_heads, hd, lo, drop ? c->dropout : 0.0f))
         return;
@@ -287,14 +297,14 @@ static void batch_attend_bwd(void *user, int l, const float *qkv, int ld, const 
      * bf16 kernel one head at a time, else a layer at a time (dropout masks come from the layer's
      * key), the output into the scratch nothing reads. */
     if (k_bf16_attention_bwd(x->pass.bf16, dqkv, datt, qkv, ld, x->pass.recompute ? NULL : probs,
-                             x->curB, x->curT, c->n_heads, c->n_kv_heads, hd,
-                             x->packed ? x->lo : NULL, drop ? c->dropout : 0.0f))
+                             x->curB, x->curT, c->n_heads, c->n_kv_heads, hd, layer_lo(x, l),
+                             drop ? c->dropout : 0.0f))
         return;
     if (x->pass.recompute) batch_attend_fwd(user, l, (float *)qkv, ld, x->run[l].attn_out, N);
     k_attention_bwd(dqkv, dqkv + qw, dqkv + qw + kw, datt, qkv, qkv + qw, qkv + qw + kw, ld, ld,
-                    probs, x->curB, x->curT, c->n_heads, c->n_kv_heads, hd,
-                    x->packed ? x->lo : NULL, drop ? c->dropout : 0.0f,
-                    drop ? mdl_drop_key(&x->pass, l, 0) : 0, x->att_scratch);
+                    probs, x->curB, x->curT, c->n_heads, c->n_kv_heads, hd, layer_lo(x, l),
+                    drop ? c->dropout : 0.0f, drop ? mdl_drop_key(&x->pass, l, 0) : 0,
+                    x->att_scratch);
 }
 
 static tlm_status check_ids(const tlm_config *c, const int32_t *ids, size_t n, const char *what) {
@@ -345,23 +355,28 @@ static void run_bufs(tlm_train_ctx *x, mdl_fwd_mode mode) {
 /* Positions pos0 + t, or the given ones; a packed row's queries see keys from their example's
  * first row, t - pos[t], on (x->lo). */
 static tlm_status set_positions(tlm_train_ctx *x, int B, int T, int pos0, const int32_t *pos) {
-    int N = B * T, ctx = x->m->c.context_length;
+    int N = B * T, ctx = x->m->c.context_length, W = x->m->c.sliding_window;
     x->packed = 0;
     if (!pos) {
         if (pos0 < 0 || pos0 > ctx - T)
             return core_err(TLM_ERR_RANGE, "positions %d..%d exceed context_length %d", pos0,
                             pos0 + T - 1, ctx);
         for (int r = 0; r < N; r++) x->pos[r] = pos0 + r % T;
-        return TLM_OK;
+    } else {
+        for (int r = 0; r < N; r++) {
+            int t = r % T, p = pos[r];
+            if (p < 0 || p >= ctx)
+                return core_err(TLM_ERR_RANGE, "position %d at index %d outside the context (%d)",
+                                p, r, ctx);
+            x->pos[r] = p;
+            x->lo[r] = p < t ? t - p : 0;
+            x->packed |= p < t;
+        }
     }
-    for (int r = 0; r < N; r++) {
-        int t = r % T, p = pos[r];
-        if (p < 0 || p >= ctx)
-            return core_err(TLM_ERR_RANGE, "position %d at index %d outside the context (%d)", p, r,
-                            ctx);
-        x->pos[r] = p;
-        x->lo[r] = p < t ? t - p : 0;
-        x->packed |= p < t;
+    /* the window counts rows: within a row (or an example) positions advance with the rows */
+    for (int r = 0; W && r < N; r++) {
+        int t = r % T, lo = x->packed ? x->lo[r] : 0;
+        x->lo_win[r] = t - W + 1 > lo ? t - W + 1 : lo;
     }
     return TLM_OK;
 }

@@ -115,6 +115,17 @@ CASES = [
          vocab_size=40, context_length=160, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2,
          norm="rmsnorm", ffn="swiglu", position="rope", rope_pairing="half",
          tie_embeddings=True),
+    # Mistral's sliding window in every layer: each query sees its last 5 keys; GQA, an offset.
+    case("window_every_layer", B=2, T=24, pos_offset=2,
+         vocab_size=90, context_length=32, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
+         norm="rmsnorm", ffn="swiglu", position="rope", rope_pairing="interleaved",
+         tie_embeddings=False, sliding_window=5),
+    # Gemma's pattern: two windowed layers, then a global one; long enough that blocks of queries
+    # start past the window (the products leave out the keys before it).
+    case("window_pattern_long", B=1, T=150, pos_offset=1,
+         vocab_size=40, context_length=160, d_model=32, n_layers=3, n_heads=2, n_kv_heads=1,
+         norm="rmsnorm", ffn="swiglu", position="rope", rope_pairing="half",
+         tie_embeddings=True, sliding_window=40, sliding_window_pattern=3),
 ]
 
 

@@ -60,6 +60,8 @@ class Config:
     bias: bool = False
     qkv_bias: bool = False
     dropout: float = 0.0
+    sliding_window: int = 0  # 0: none; else a windowed layer's query sees its last W keys
+    sliding_window_pattern: int = 0  # 0: every layer windowed; P: layer l global iff (l+1) % P == 0
 
     @classmethod
     def from_dict(cls, d):
@@ -113,6 +115,8 @@ class Config:
         self.norm_eps = float(self.norm_eps)
         self.rope_theta = float(self.rope_theta)
         self.dropout = float(self.dropout)
+        if self.sliding_window < 0 or self.sliding_window_pattern < 0:
+            raise ValueError("sliding_window and sliding_window_pattern must be >= 0")
         return self
 
     @property
@@ -244,9 +248,11 @@ def sinusoidal_table(n_pos, d):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg):
+    def __init__(self, cfg, layer=0):
         super().__init__()
         self.cfg = cfg
+        pattern = cfg.sliding_window_pattern
+        self.window = cfg.sliding_window if pattern == 0 or (layer + 1) % pattern else 0
         hd = cfg.head_dim
         qkv_bias = cfg.bias or cfg.qkv_bias
         self.q = nn.Linear(cfg.d_model, cfg.n_heads * hd, bias=qkv_bias)
@@ -286,6 +292,8 @@ class Attention(nn.Module):
         qi = torch.arange(T)[:, None] + past
         kj = torch.arange(S)[None, :]
         scores = scores.masked_fill(kj > qi, float("-inf"))
+        if self.window:  # and the keys more than window - 1 positions back
+            scores = scores.masked_fill(kj <= qi - self.window, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         probs = F.dropout(probs, cfg.dropout, self.training)
         out = (probs @ vh).transpose(1, 2).reshape(B, T, H * hd)  # concat heads
@@ -318,11 +326,11 @@ class FFN(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg):
+    def __init__(self, cfg, layer=0):
         super().__init__()
         self.cfg = cfg
         self.attn_norm = make_norm(cfg)
-        self.attn = Attention(cfg)
+        self.attn = Attention(cfg, layer)
         self.ffn_norm = make_norm(cfg)
         self.ffn = FFN(cfg)
 
@@ -366,7 +374,7 @@ class Model(nn.Module):
             # Fixed table, not a parameter (and not in the canonical state dict).
             self.register_buffer("pe", sinusoidal_table(cfg.context_length, cfg.d_model),
                                  persistent=False)
-        self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layers)])
+        self.blocks = nn.ModuleList([Block(cfg, l) for l in range(cfg.n_layers)])
         self.output_norm = make_norm(cfg) if cfg.norm_position == "pre" else None
         self.output = (None if cfg.tie_embeddings
                        else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False))
