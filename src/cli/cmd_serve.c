@@ -312,6 +312,7 @@ static enum MHD_Result handle_generate(server *sv, struct MHD_Connection *c, con
         j->logprobs = r->logprobs;
         j->top_logprobs = r->top_logprobs;
         memcpy(j->lora_scale, lora_scale, sizeof j->lora_scale);
+        j->grammar = r->grammar;
         g->jobs[g->n_jobs++] = j;
     }
     free(ids);
