@@ -19,13 +19,13 @@
 #define GP_MAX_NAME 256
 
 typedef struct {
-    gram_el *v;
+    infer_gram_el *v;
     int n, cap;
 } gvec;
 
 typedef struct {
     char *name; /* NULL: a rule made for a group or a repetition */
-    gvec el;    /* alternatives, each closed by G_ALT, the last by G_END */
+    gvec el;    /* alternatives, each closed by INFER_G_ALT, the last by INFER_G_END */
     int defined;
     size_t ref_at; /* where it was first referred to (undefined rules are reported there) */
 } grule;
@@ -96,7 +96,7 @@ static int push(gparser *ps, int rule, uint32_t type, uint32_t v) {
         return fail_at(ps, ps->p, "the grammar grows past %d elements", GP_MAX_ELEMENTS);
     gvec *e = &ps->rules[rule].el;
     if (grow((void **)&e->v, &e->cap, e->n + 1, sizeof *e->v)) return nomem(ps);
-    e->v[e->n++] = (gram_el){type, v};
+    e->v[e->n++] = (infer_gram_el){type, v};
     return 0;
 }
 
@@ -307,7 +307,7 @@ static int push_char(gparser *ps, int rule, uint32_t lo, uint32_t hi, int negate
     int from = ps->n_rng;
     if (add_range(ps, lo, hi)) return -1;
     int set = finish_set(ps, from, negated);
-    return set < 0 ? -1 : push(ps, rule, G_SET, (uint32_t)set);
+    return set < 0 ? -1 : push(ps, rule, INFER_G_SET, (uint32_t)set);
 }
 
 static int parse_alternates(gparser *ps, int rule, int nested);
@@ -321,34 +321,34 @@ static int repeat(gparser *ps, int rule, int start, long min, long max) {
         e = &ps->rules[rule].el;
         for (int i = start; i < e->n; i++)
             if (push(ps, sub, e->v[i].type, e->v[i].v)) return -1;
-        if (push(ps, sub, G_END, 0)) return -1;
+        if (push(ps, sub, INFER_G_END, 0)) return -1;
         e = &ps->rules[rule].el;
         ps->total -= e->n - start;
         e->n = start;
-        if (push(ps, rule, G_REF, (uint32_t)sub)) return -1;
+        if (push(ps, rule, INFER_G_REF, (uint32_t)sub)) return -1;
         e = &ps->rules[rule].el;
     }
-    gram_el sym = e->v[start];
+    infer_gram_el sym = e->v[start];
     ps->total--;
     e->n = start;
     for (long i = 0; i < min; i++)
         if (push(ps, rule, sym.type, sym.v)) return -1;
     if (max < 0) {
         int r = new_rule(ps);
-        if (r < 0 || push(ps, r, sym.type, sym.v) || push(ps, r, G_REF, (uint32_t)r) ||
-            push(ps, r, G_ALT, 0) || push(ps, r, G_END, 0))
+        if (r < 0 || push(ps, r, sym.type, sym.v) || push(ps, r, INFER_G_REF, (uint32_t)r) ||
+            push(ps, r, INFER_G_ALT, 0) || push(ps, r, INFER_G_END, 0))
             return -1;
-        return push(ps, rule, G_REF, (uint32_t)r);
+        return push(ps, rule, INFER_G_REF, (uint32_t)r);
     }
     int prev = -1;
     for (long i = min; i < max; i++) {
         int r = new_rule(ps);
         if (r < 0 || push(ps, r, sym.type, sym.v)) return -1;
-        if (prev >= 0 && push(ps, r, G_REF, (uint32_t)prev)) return -1;
-        if (push(ps, r, G_ALT, 0) || push(ps, r, G_END, 0)) return -1;
+        if (prev >= 0 && push(ps, r, INFER_G_REF, (uint32_t)prev)) return -1;
+        if (push(ps, r, INFER_G_ALT, 0) || push(ps, r, INFER_G_END, 0)) return -1;
         prev = r;
     }
-    return prev >= 0 ? push(ps, rule, G_REF, (uint32_t)prev) : 0;
+    return prev >= 0 ? push(ps, rule, INFER_G_REF, (uint32_t)prev) : 0;
 }
 
 static int read_count(gparser *ps, long *v) {
@@ -409,7 +409,7 @@ static int parse_sequence(gparser *ps, int rule, int nested) {
             }
             ps->p++;
             int set = finish_set(ps, from, negated);
-            if (set < 0 || push(ps, rule, G_SET, (uint32_t)set)) return -1;
+            if (set < 0 || push(ps, rule, INFER_G_SET, (uint32_t)set)) return -1;
             last = start;
         } else if (c == '.') {
             ps->p++;
@@ -421,7 +421,7 @@ static int parse_sequence(gparser *ps, int rule, int nested) {
             if (ps->p - s > GP_MAX_NAME)
                 return fail_at(ps, s, "a rule name over %d bytes", GP_MAX_NAME);
             int r = named_rule(ps, s, (size_t)(ps->p - s));
-            if (r < 0 || push(ps, rule, G_REF, (uint32_t)r)) return -1;
+            if (r < 0 || push(ps, rule, INFER_G_REF, (uint32_t)r)) return -1;
             last = start;
         } else if (c == '(') {
             ps->p++;
@@ -433,7 +433,7 @@ static int parse_sequence(gparser *ps, int rule, int nested) {
             skip_space(ps, 1);
             if (ps->p >= ps->end || *ps->p != ')') return fail_at(ps, ps->p, "expected ')'");
             ps->p++;
-            if (push(ps, rule, G_REF, (uint32_t)sub)) return -1;
+            if (push(ps, rule, INFER_G_REF, (uint32_t)sub)) return -1;
             last = start;
         } else if (c == '*' || c == '+' || c == '?' || c == '{') {
             if (last < 0) return fail_at(ps, at, "'%c' has nothing before it to repeat", c);
@@ -476,10 +476,10 @@ static int parse_alternates(gparser *ps, int rule, int nested) {
         if (ps->p < ps->end && *ps->p == '|') {
             ps->p++;
             skip_space(ps, 1);
-            if (push(ps, rule, G_ALT, 0)) return -1;
+            if (push(ps, rule, INFER_G_ALT, 0)) return -1;
             continue;
         }
-        return push(ps, rule, G_END, 0);
+        return push(ps, rule, INFER_G_END, 0);
     }
 }
 
@@ -538,12 +538,12 @@ static int check_left_recursion(gparser *ps, const struct tlm_grammar *g, uint8_
             uint32_t pos = (uint32_t)g->alt_pos[a];
             int descended = 0;
             for (;; pos++) {
-                const gram_el *e = &g->el[pos];
-                if (e->type <= G_ALT) {
+                const infer_gram_el *e = &g->el[pos];
+                if (e->type <= INFER_G_ALT) {
                     nullable[r] = 1;
                     break;
                 }
-                if (e->type == G_SET) break;
+                if (e->type == INFER_G_SET) break;
                 int x = (int)e->v;
                 if (state[x] == 1) {
                     /* Groups and repetitions have no name: the cycle is reported at the nearest
@@ -591,8 +591,8 @@ static int root_productive(gparser *ps, const struct tlm_grammar *g, int *ok) {
     for (int r = 0; r < n; r++)
         for (int a = g->alt_off[r]; a < g->alt_off[r + 1]; a++) {
             alt_rule[a] = r;
-            for (uint32_t p = (uint32_t)g->alt_pos[a]; !gram_at_end(g, p); p++)
-                if (g->el[p].type == G_REF) {
+            for (uint32_t p = (uint32_t)g->alt_pos[a]; !infer_gram_at_end(g, p); p++)
+                if (g->el[p].type == INFER_G_REF) {
                     uses_off[g->el[p].v]++;
                     n_uses++;
                 }
@@ -606,9 +606,9 @@ static int root_productive(gparser *ps, const struct tlm_grammar *g, int *ok) {
     }
     int nw = 0;
     for (int a = 0; a < n_alts; a++) {
-        for (uint32_t p = (uint32_t)g->alt_pos[a]; !gram_at_end(g, p); p++) {
-            const gram_el *e = &g->el[p];
-            if (e->type == G_REF) {
+        for (uint32_t p = (uint32_t)g->alt_pos[a]; !infer_gram_at_end(g, p); p++) {
+            const infer_gram_el *e = &g->el[p];
+            if (e->type == INFER_G_REF) {
                 uses[uses_off[e->v]++] = a;
                 missing[a]++;
             } else if (g->set_off[e->v] == g->set_off[e->v + 1]) {
@@ -662,7 +662,8 @@ static int flatten(gparser *ps, struct tlm_grammar *g) {
     long n_el = 0, n_alts = 0;
     for (int r = 0; r < ps->n_rules; r++) {
         n_el += ps->rules[r].el.n;
-        for (int i = 0; i < ps->rules[r].el.n; i++) n_alts += ps->rules[r].el.v[i].type <= G_ALT;
+        for (int i = 0; i < ps->rules[r].el.n; i++)
+            n_alts += ps->rules[r].el.v[i].type <= INFER_G_ALT;
     }
     g->n_rules = ps->n_rules;
     g->el = malloc((size_t)(n_el ? n_el : 1) * sizeof *g->el);
@@ -676,7 +677,7 @@ static int flatten(gparser *ps, struct tlm_grammar *g) {
         g->alt_pos[na++] = at;
         for (int i = 0; i < e->n; i++) {
             g->el[at + i] = e->v[i];
-            if (e->v[i].type == G_ALT) g->alt_pos[na++] = at + i + 1;
+            if (e->v[i].type == INFER_G_ALT) g->alt_pos[na++] = at + i + 1;
         }
         at += e->n;
     }

@@ -6,18 +6,18 @@
 
 #include "core/core.h"
 
-/* Every rule is a run of elements: its alternatives one after another, each closed by G_ALT except
- * the last, which G_END closes. An alternative is a sequence of G_SET (one code point from a set
- * of ranges) and G_REF (a rule). */
-enum { G_END = 0, G_ALT, G_REF, G_SET };
+/* Every rule is a run of elements: its alternatives one after another, each closed by INFER_G_ALT
+ * except the last, which INFER_G_END closes. An alternative is a sequence of INFER_G_SET (one code
+ * point from a set of ranges) and INFER_G_REF (a rule). */
+enum { INFER_G_END = 0, INFER_G_ALT, INFER_G_REF, INFER_G_SET };
 
 typedef struct {
     uint32_t type;
-    uint32_t v; /* G_REF: rule; G_SET: set */
-} gram_el;
+    uint32_t v; /* INFER_G_REF: rule; INFER_G_SET: set */
+} infer_gram_el;
 
 struct tlm_grammar {
-    gram_el *el;
+    infer_gram_el *el;
     int n_el;
     int n_rules, root;
     int32_t *alt_off; /* [n_rules + 1] into alt_pos */
@@ -28,12 +28,12 @@ struct tlm_grammar {
     int n_sets;
 };
 
-/* An alternative's next element ends it (G_ALT or G_END). */
-static inline int gram_at_end(const struct tlm_grammar *g, uint32_t pos) {
-    return g->el[pos].type <= G_ALT;
+/* An alternative's next element ends it (INFER_G_ALT or INFER_G_END). */
+static inline int infer_gram_at_end(const struct tlm_grammar *g, uint32_t pos) {
+    return g->el[pos].type <= INFER_G_ALT;
 }
 
-static inline int gram_set_has(const struct tlm_grammar *g, uint32_t set, uint32_t cp) {
+static inline int infer_gram_set_has(const struct tlm_grammar *g, uint32_t set, uint32_t cp) {
     const uint32_t *r = g->rng + 2 * (size_t)g->set_off[set];
     int n = g->set_off[set + 1] - g->set_off[set];
     for (int i = 0; i < n; i++) {
@@ -44,8 +44,8 @@ static inline int gram_set_has(const struct tlm_grammar *g, uint32_t set, uint32
 }
 
 /* Some code point of [lo, hi] is in the set. */
-static inline int gram_set_meets(const struct tlm_grammar *g, uint32_t set, uint32_t lo,
-                                 uint32_t hi) {
+static inline int infer_gram_set_meets(const struct tlm_grammar *g, uint32_t set, uint32_t lo,
+                                       uint32_t hi) {
     const uint32_t *r = g->rng + 2 * (size_t)g->set_off[set];
     int n = g->set_off[set + 1] - g->set_off[set];
     for (int i = 0; i < n; i++)

@@ -225,15 +225,15 @@ static void expand(tlm_grammar_state *s, int from, int32_t n) {
             add_stack(s, from, -1);
             continue;
         }
-        const gram_el *e = &g->el[s->nodes[x].pos];
-        if (e->type == G_SET) {
+        const infer_gram_el *e = &g->el[s->nodes[x].pos];
+        if (e->type == INFER_G_SET) {
             add_stack(s, from, x);
             continue;
         }
         /* a reference: pop it, push where to go on after the rule, then the rule's start */
         uint32_t pos = s->nodes[x].pos, depth = s->nodes[x].depth;
         int32_t rest = s->nodes[x].up;
-        if (!gram_at_end(g, pos + 1)) {
+        if (!infer_gram_at_end(g, pos + 1)) {
             rest = new_node(s, pos + 1, rest, depth);
             if (rest == -2) continue;
         }
@@ -245,7 +245,7 @@ static void expand(tlm_grammar_state *s, int from, int32_t n) {
         /* pushed last to first, so the stacks come out in the grammar's order */
         for (int a = g->alt_off[rule + 1] - 1; a >= g->alt_off[rule]; a--) {
             uint32_t start = (uint32_t)g->alt_pos[a];
-            if (gram_at_end(g, start)) {
+            if (infer_gram_at_end(g, start)) {
                 s->work[nw++] = rest;
             } else {
                 int32_t y = new_node(s, start, rest, (rest >= 0 ? s->nodes[rest].depth : 0) + 1);
@@ -264,9 +264,9 @@ static void advance(tlm_grammar_state *s, int a0, int a1, uint32_t cp) {
         int32_t x = s->buf[i];
         if (x < 0) continue;
         const gnode *nd = &s->nodes[x];
-        if (!gram_set_has(g, g->el[nd->pos].v, cp)) continue;
+        if (!infer_gram_set_has(g, g->el[nd->pos].v, cp)) continue;
         int32_t rest = nd->up;
-        if (!gram_at_end(g, nd->pos + 1)) {
+        if (!infer_gram_at_end(g, nd->pos + 1)) {
             rest = new_node(s, nd->pos + 1, rest, nd->depth);
             if (rest == -2) continue;
         }
@@ -278,7 +278,7 @@ static void advance(tlm_grammar_state *s, int a0, int a1, uint32_t cp) {
 static int any_meets(const tlm_grammar_state *s, int a0, int a1, uint32_t lo, uint32_t hi) {
     for (int i = a0; i < a1; i++) {
         int32_t x = s->buf[i];
-        if (x >= 0 && gram_set_meets(s->g, s->g->el[s->nodes[x].pos].v, lo, hi)) return 1;
+        if (x >= 0 && infer_gram_set_meets(s->g, s->g->el[s->nodes[x].pos].v, lo, hi)) return 1;
     }
     return 0;
 }
@@ -385,7 +385,7 @@ void tlm_grammar_state_reset(tlm_grammar_state *s) {
     s->u = (utf8_at){0, 0, 0};
     for (int a = g->alt_off[g->root]; a < g->alt_off[g->root + 1]; a++) {
         uint32_t start = (uint32_t)g->alt_pos[a];
-        expand(s, 0, gram_at_end(g, start) ? -1 : new_node(s, start, -1, 1));
+        expand(s, 0, infer_gram_at_end(g, start) ? -1 : new_node(s, start, -1, 1));
     }
     if (s->overflow || commit(s, 0, s->n_buf)) s->n_stacks = 0;
 }
