@@ -3,10 +3,11 @@
 set -euo pipefail
 pkgs=(build-essential cmake clang clang-format libclang-rt-14-dev libomp-dev
       libopenblas-openmp-dev libdnnl-dev libcjson-dev openmpi-bin libopenmpi-dev libmicrohttpd-dev
-      python3 python3-torch python3-numpy chromium git qemu-user pkg-config)
+      python3 python3-torch python3-numpy python3-jsonschema chromium git qemu-user pkg-config)
 # git: test_tokenizer_gguf takes llama.cpp's vocabularies out of the source bundle node-llama-cpp carries.
 # qemu-user: tests/portable.sh runs the build for any x86-64 on emulated older CPUs.
 # pkg-config: tests/library.sh builds docs/library.md's program with tlm.pc's flags.
+# python3-jsonschema: tests/grammar.sh validates structured output with a validator of its own.
 # Node.js (for the llama.cpp and tiktoken peers from npm) may come from another source with npm inside.
 command -v npm >/dev/null 2>&1 || pkgs+=(nodejs npm)
 missing=()

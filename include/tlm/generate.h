@@ -6,6 +6,7 @@
 #include "base.h"
 #include "lora.h"
 #include "model.h"
+#include "tokenizer.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -136,12 +137,62 @@ tlm_status tlm_sampler_sample(tlm_sampler *s, const float *logits, int32_t *id);
  * tlm_session_generate accepts every prompt id and every sampled id. */
 void tlm_sampler_accept(tlm_sampler *s, int32_t id);
 
+/* ---- grammars (constrained sampling) ----------------------------------------------------------
+ *
+ * A grammar in llama.cpp's GBNF ("root ::= ..." and further rules: literals, character classes,
+ * ".", alternation, grouping, * + ? {m,n}, # comments) compiled into a pushdown automaton over
+ * Unicode code points. Left recursion, undefined rules, a missing root and grammars that match no
+ * string are refused with the line and column (tlm_last_error). Immutable once made: any number of
+ * threads may share one. */
+typedef struct tlm_grammar tlm_grammar;
+tlm_status tlm_grammar_parse(const char *gbnf, size_t len, tlm_grammar **out);
+/* Any JSON object (OpenAI's response_format {"type": "json_object"}), with bounded whitespace. */
+tlm_status tlm_grammar_json(tlm_grammar **out);
+/* A JSON Schema (its JSON text) as a grammar: type (one or a list), properties, required,
+ * additionalProperties, enum, const, items, minItems, maxItems, anyOf, oneOf (as anyOf), $ref to
+ * #/$defs/... or #/definitions/..., minLength, maxLength; annotations (title, description, ...)
+ * are ignored and any other keyword is refused by name (TLM_ERR_UNSUPPORTED). */
+tlm_status tlm_grammar_from_json_schema(const char *schema, size_t len, tlm_grammar **out);
+/* The GBNF text tlm_grammar_from_json_schema compiles (*out malloc'd, NUL-terminated). */
+tlm_status tlm_json_schema_to_gbnf(const char *schema, size_t len, char **out);
+void tlm_grammar_free(tlm_grammar *g);
+
+/* A tokenizer's vocabulary arranged for masks: every token's bytes in a trie, so that tokens
+ * sharing a prefix are checked against the grammar once for it. Ids from the tokenizer's size up
+ * to n_ids (a model's padded vocabulary) and special tokens are never allowed, except the ends of
+ * generation (tlm_tokenizer_is_eog), which are allowed exactly where the grammar is complete. The
+ * tokenizer must outlive it; immutable, shareable. */
+typedef struct tlm_grammar_vocab tlm_grammar_vocab;
+tlm_status tlm_grammar_vocab_new(const tlm_tokenizer *t, int n_ids, tlm_grammar_vocab **out);
+void tlm_grammar_vocab_free(tlm_grammar_vocab *v);
+
+/* Where one sequence stands in a grammar: the stacks of the automaton and the bytes of a UTF-8
+ * character that a token left unfinished. The grammar and vocabulary must outlive it. */
+typedef struct tlm_grammar_state tlm_grammar_state;
+tlm_status tlm_grammar_state_new(const tlm_grammar *g, const tlm_grammar_vocab *v,
+                                 tlm_grammar_state **out);
+void tlm_grammar_state_free(tlm_grammar_state *s);
+/* Back to the start of the grammar. */
+void tlm_grammar_state_reset(tlm_grammar_state *s);
+/* Sets logits[id] to -inf for every id in [0, n) the grammar does not allow next; *n_allowed
+ * (may be NULL) receives how many it allows (0 once complete without an end-of-generation token
+ * in the vocabulary, or after one was accepted). */
+tlm_status tlm_grammar_state_mask(tlm_grammar_state *s, float *logits, int n, int *n_allowed);
+/* Advances over token id; TLM_ERR_RANGE (state unchanged) when the grammar does not allow it. */
+tlm_status tlm_grammar_state_accept(tlm_grammar_state *s, int32_t id);
+/* Advances over text as if a token had these bytes (for tests and forced text). */
+tlm_status tlm_grammar_state_accept_bytes(tlm_grammar_state *s, const void *bytes, size_t len);
+/* 1 when the text so far is a complete sentence of the grammar (an end of generation may come). */
+int tlm_grammar_state_complete(const tlm_grammar_state *s);
+
 typedef enum {
     TLM_STOP_NONE = 0,
     TLM_STOP_LENGTH,   /* max_new_tokens generated */
     TLM_STOP_EOS,      /* the end-of-sequence id was generated (it is reported to on_token) */
     TLM_STOP_CONTEXT,  /* prompt + generated reached the cache capacity (context_length) */
     TLM_STOP_CALLBACK, /* on_token asked to stop */
+    TLM_STOP_GRAMMAR,  /* the grammar is complete and allows nothing more (no end-of-generation
+                        * token in the vocabulary) */
 } tlm_stop_reason;
 
 typedef struct {
@@ -151,6 +202,12 @@ typedef struct {
     /* Called with each new id as it is sampled; non-zero stops that sequence. May be NULL. */
     int (*on_token)(void *user, int seq, int32_t id);
     void *user;
+    /* The rest is off when zero. Constrained sampling: every sequence follows the grammar (each
+     * with a state of its own over grammar_vocab, which must be given with it): the disallowed
+     * ids' logits become -inf before any sampler sees them. eos_id, where set, should be one of
+     * the vocabulary's ends of generation, which the grammar allows only where it is complete. */
+    const tlm_grammar *grammar;
+    const tlm_grammar_vocab *grammar_vocab;
 } tlm_generate_opts;
 
 /* max_new_tokens 256, no EOS id, the sampler's defaults, no callback. */

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "core/core.h"
 
 // clang-format off
 static const char *generate_help =
@@ -14,6 +15,7 @@ static const char *generate_help =
     "                    [--presence-penalty X] [--frequency-penalty X] [--repeat-last-n N]\n"
     "                    [--seed S] [-t THREADS] [--print-ids] [--mmap|--no-mmap]\n"
     "                    [--precision auto|fp32|bf16] [--cache-type T | -ctk T -ctv T]\n"
+    "                    [--grammar FILE | --json-schema FILE]\n"
     "\n"
     "Samples a continuation of the prompt and streams it to stdout (the prompt first, then the\n"
     "new text, never half a UTF-8 character). Timings go to stderr at the end.\n\n"
@@ -38,6 +40,10 @@ static const char *generate_help =
     "  -t, --threads N       threads (default: all cores)\n"
     "  --print-ids           print the whole id sequence (prompt, then generated) on one line\n"
     "                        instead of text\n"
+    "  --grammar FILE        constrain the output to a GBNF grammar (llama.cpp's format; the\n"
+    "                        rule 'root' is the whole output)\n"
+    "  --json-schema FILE    constrain the output to JSON matching a JSON Schema\n"
+    "                        (docs/structured-output.md lists the keywords supported)\n"
     CLI_MMAP_HELP
     CLI_PRECISION_HELP
     CLI_CACHE_TYPE_HELP
@@ -108,7 +114,7 @@ static int parse_ids(const char *s, int32_t **ids, int *n) {
 
 int cmd_generate(int argc, char **argv) {
     const char *model_path = NULL, *tok_path = NULL, *prompt = NULL, *ids_arg = NULL;
-    const char *precision = NULL;
+    const char *precision = NULL, *grammar_path = NULL, *schema_path = NULL;
     cli_cache cache = CLI_CACHE_DEFAULT;
     cli_lora lora = {0};
     int ck;
@@ -190,6 +196,12 @@ int cmd_generate(int argc, char **argv) {
             if (!v) return cli_fail("generate: %s needs a value", a);
             if (!cli_parse_int(v, &seed) || seed < 0)
                 return cli_fail("generate: --seed wants an integer >= 0, got '%s'", v);
+        } else if (cli_flag_value(argc, argv, &i, "--grammar", NULL, &v)) {
+            if (!v) return cli_fail("generate: %s needs a value", a);
+            grammar_path = v;
+        } else if (cli_flag_value(argc, argv, &i, "--json-schema", NULL, &v)) {
+            if (!v) return cli_fail("generate: %s needs a value", a);
+            schema_path = v;
         } else if (cli_flag_value(argc, argv, &i, "-t", "--threads", &v)) {
             if (!v) return cli_fail("generate: %s needs a value", a);
             if (!cli_parse_int(v, &threads) || threads <= 0 || threads > 4096)
@@ -200,12 +212,16 @@ int cmd_generate(int argc, char **argv) {
     }
     if (!model_path) return cli_fail("generate: -m MODEL is required (see tlm generate --help)");
     if (prompt && ids_arg) return cli_fail("generate: give -p or --ids, not both");
+    if (grammar_path && schema_path)
+        return cli_fail("generate: give --grammar or --json-schema, not both");
     if (threads) tlm_threads_set((int)threads);
 
     int rc = 1;
     tlm_model *m = NULL;
     tlm_tokenizer *tok = NULL;
     tlm_session *sess = NULL;
+    tlm_grammar *grammar = NULL;
+    tlm_grammar_vocab *gvocab = NULL;
     int32_t *ids = NULL;
     int n_ids = 0;
     stream st = {0};
@@ -226,6 +242,30 @@ int cmd_generate(int argc, char **argv) {
         rc = cli_fail("generate: the tokenizer has %d ids but the model only %d",
                       (int)tlm_tokenizer_vocab_size(tok), c->vocab_size);
         goto done;
+    }
+    if (grammar_path || schema_path) {
+        /* read before the model's weights are used, so that a bad file fails fast */
+        const char *path = grammar_path ? grammar_path : schema_path;
+        char *text = NULL;
+        size_t len = 0;
+        tlm_status gst = core_read_file(path, &text, &len);
+        if (!gst)
+            gst = grammar_path ? tlm_grammar_parse(text, len, &grammar)
+                               : tlm_grammar_from_json_schema(text, len, &grammar);
+        free(text);
+        if (gst) {
+            rc = cli_fail("generate: %s: %s", path, tlm_last_error());
+            goto done;
+        }
+        if (!tok) {
+            rc = cli_fail("generate: %s needs a tokenizer (-z)",
+                          grammar_path ? "--grammar" : "--json-schema");
+            goto done;
+        }
+        if (tlm_grammar_vocab_new(tok, c->vocab_size, &gvocab)) {
+            rc = cli_fail_status("generate");
+            goto done;
+        }
     }
     if (!tok && !print_ids) {
         if (!ids_arg) {
@@ -317,6 +357,8 @@ int cmd_generate(int argc, char **argv) {
     st.tok = tok;
     tlm_generate_opts go = {.max_new_tokens = (int)n_new, .on_token = on_token, .user = &st};
     go.eos_id = tok ? tlm_tokenizer_eos(tok) : -1;
+    go.grammar = grammar;
+    go.grammar_vocab = gvocab;
     go.sampling = (tlm_sampler_opts){.temperature = (float)temp,
                                      .top_k = (int)top_k,
                                      .top_p = (float)top_p,
@@ -367,6 +409,8 @@ int cmd_generate(int argc, char **argv) {
 done:
     tlm_decoder_free(st.dec);
     tlm_session_free(sess);
+    tlm_grammar_vocab_free(gvocab);
+    tlm_grammar_free(grammar);
     cli_lora_free(&lora);
     tlm_tokenizer_free(tok);
     tlm_model_free(m);

@@ -31,7 +31,8 @@ static const char *serve_help =
     "\n"
     "Serves the OpenAI API (POST /v1/completions, /v1/chat/completions, GET /v1/models) plus\n"
     "/health, /metrics (Prometheus), /tokenize, /detokenize, /lora-adapters and a chat page\n"
-    "at /.\n\n"
+    "at /. Requests may constrain their output with response_format (json_object,\n"
+    "json_schema), json_schema or grammar (GBNF): docs/structured-output.md.\n\n"
     "  -m, --model PATH      model\n"
     "  -z, --tokenizer PATH  tokenizer; default: the model's own\n"
     "  --host ADDR           IPv4 address to bind (default 127.0.0.1: this machine only)\n"
@@ -312,6 +313,7 @@ static enum MHD_Result handle_generate(server *sv, struct MHD_Connection *c, con
         j->logprobs = r->logprobs;
         j->top_logprobs = r->top_logprobs;
         memcpy(j->lora_scale, lora_scale, sizeof j->lora_scale);
+        j->grammar = r->grammar;
         g->jobs[g->n_jobs++] = j;
     }
     free(ids);

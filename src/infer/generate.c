@@ -47,8 +47,13 @@ tlm_status tlm_session_generate(tlm_session *s, const int32_t *const *prompts,
     int *count = calloc((size_t)B, sizeof *count);
     uint8_t *active = calloc((size_t)B, 1);
     tlm_stop_reason *why = calloc((size_t)B, sizeof *why);
+    tlm_grammar_state **gs = o->grammar ? calloc((size_t)B, sizeof *gs) : NULL;
     tlm_status err = TLM_OK;
-    if (!samp || !logits || !next || !count || !active || !why) {
+    if (o->grammar && !o->grammar_vocab) {
+        err = core_err(TLM_ERR_ARG, "generate: a grammar needs its vocabulary (grammar_vocab)");
+        goto done;
+    }
+    if (!samp || !logits || !next || !count || !active || !why || (o->grammar && !gs)) {
         err = core_err(TLM_ERR_NOMEM, "out of memory");
         goto done;
     }
@@ -57,6 +62,7 @@ tlm_status tlm_session_generate(tlm_session *s, const int32_t *const *prompts,
         so.stream += (uint64_t)b;
         err = tlm_sampler_new(&so, (int)V, &samp[b]);
         for (int i = 0; !err && i < prompt_lens[b]; i++) tlm_sampler_accept(samp[b], prompts[b][i]);
+        if (!err && gs) err = tlm_grammar_state_new(o->grammar, o->grammar_vocab, &gs[b]);
     }
     if (err) goto done;
 
@@ -79,8 +85,28 @@ tlm_status tlm_session_generate(tlm_session *s, const int32_t *const *prompts,
         int any = 0;
         for (int b = 0; b < n_prompts; b++) {
             if (!active[b]) continue;
+            if (gs) {
+                /* masked before any sampler sees the logits: every sampler works over the ids the
+                 * grammar allows */
+                int n_ok = 0;
+                err = tlm_grammar_state_mask(gs[b], logits + (size_t)b * V, (int)V, &n_ok);
+                if (err) goto done;
+                if (!n_ok) {
+                    if (!tlm_grammar_state_complete(gs[b])) {
+                        err = core_err(TLM_ERR_RANGE,
+                                       "generate: no token of the vocabulary can continue the "
+                                       "grammar (sequence %d)",
+                                       b);
+                        goto done;
+                    }
+                    why[b] = TLM_STOP_GRAMMAR;
+                    active[b] = 0;
+                    continue;
+                }
+            }
             err = tlm_sampler_sample(samp[b], logits + (size_t)b * V, &next[b]);
             if (err) goto done;
+            if (gs && (err = tlm_grammar_state_accept(gs[b], next[b])) != TLM_OK) goto done;
             tlm_sampler_accept(samp[b], next[b]);
             count[b]++;
             st.new_tokens++;
@@ -112,6 +138,9 @@ done:
     if (samp)
         for (int b = 0; b < B; b++) tlm_sampler_free(samp[b]);
     free(samp);
+    if (gs)
+        for (int b = 0; b < B; b++) tlm_grammar_state_free(gs[b]);
+    free(gs);
     free(logits);
     free(next);
     free(count);

@@ -295,6 +295,71 @@ int srv_lora_scales(const srv_lora_set *s, const srv_request *r, float *out, srv
     return 0;
 }
 
+/* A schema (object or boolean) compiled into r->grammar. */
+static int compile_schema(const cJSON *schema, srv_request *r, const char *param, srv_error *e) {
+    char *text = cJSON_PrintUnformatted(schema);
+    if (!text) return fail(e, param, "out of memory");
+    tlm_status st = tlm_grammar_from_json_schema(text, strlen(text), &r->grammar);
+    free(text);
+    if (st) return fail(e, param, "'%s': %s", param, tlm_last_error());
+    return 0;
+}
+
+/* response_format (OpenAI), json_schema and grammar (llama-server): at most one of them. */
+static int parse_structured(const cJSON *root, srv_request *r, srv_error *e) {
+    const cJSON *rf = field(root, "response_format"), *js = field(root, "json_schema");
+    const cJSON *gr = field(root, "grammar");
+    const cJSON *rf_type = rf ? cJSON_GetObjectItemCaseSensitive(rf, "type") : NULL;
+    if (rf && (!cJSON_IsObject(rf) || !cJSON_IsString(rf_type)))
+        return fail(e, "response_format", "'response_format' must be an object with a 'type'");
+    /* {"type": "text"} asks for what comes without it */
+    if (rf && !strcmp(rf_type->valuestring, "text")) rf = NULL;
+    if (gr && cJSON_IsString(gr) && !*gr->valuestring) gr = NULL; /* llama-server's "" is none */
+    if ((rf != NULL) + (js != NULL) + (gr != NULL) > 1)
+        return fail(e, rf ? "response_format" : "json_schema",
+                    "give one of 'response_format', 'json_schema' and 'grammar'");
+    if (gr) {
+        if (!cJSON_IsString(gr)) return fail(e, "grammar", "'grammar' must be a string (GBNF)");
+        if (tlm_grammar_parse(gr->valuestring, strlen(gr->valuestring), &r->grammar))
+            return fail(e, "grammar", "'grammar': %s", tlm_last_error());
+        return 0;
+    }
+    if (js) {
+        if (!cJSON_IsObject(js) && !cJSON_IsBool(js))
+            return fail(e, "json_schema", "'json_schema' must be a JSON Schema (an object)");
+        return compile_schema(js, r, "json_schema", e);
+    }
+    if (!rf) return 0;
+    const char *type = rf_type->valuestring;
+    if (!strcmp(type, "json_object")) {
+        /* llama-server takes a schema here too */
+        const cJSON *schema = field(rf, "schema");
+        if (schema) return compile_schema(schema, r, "response_format", e);
+        if (tlm_grammar_json(&r->grammar))
+            return fail(e, "response_format", "'response_format': %s", tlm_last_error());
+        return 0;
+    }
+    if (!strcmp(type, "json_schema")) {
+        const cJSON *w = field(rf, "json_schema");
+        if (!cJSON_IsObject(w))
+            return fail(e, "response_format",
+                        "'response_format' of type json_schema needs 'json_schema': {\"name\", "
+                        "\"schema\"}");
+        const cJSON *schema = field(w, "schema"), *strict = field(w, "strict");
+        if (strict && !cJSON_IsBool(strict))
+            return fail(e, "response_format", "'json_schema.strict' must be true or false");
+        if (!schema) { /* a name alone: any JSON object */
+            if (tlm_grammar_json(&r->grammar))
+                return fail(e, "response_format", "'response_format': %s", tlm_last_error());
+            return 0;
+        }
+        return compile_schema(schema, r, "response_format", e);
+    }
+    return fail(e, "response_format",
+                "'response_format.type' is '%.40s'; it must be text, json_object or json_schema",
+                type);
+}
+
 int srv_request_parse(const char *body, size_t len, int chat, srv_request *r, srv_error *e) {
     memset(r, 0, sizeof *r);
     memset(e, 0, sizeof *e);
@@ -391,6 +456,7 @@ int srv_request_parse(const char *body, size_t len, int chat, srv_request *r, sr
         }
     }
     if (parse_lora(root, r, e)) goto done;
+    if (parse_structured(root, r, e)) goto done;
     rc = 0;
 done:
     cJSON_Delete(root);
@@ -409,5 +475,6 @@ void srv_request_free(srv_request *r) {
     free(r->messages);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->model);
+    tlm_grammar_free(r->grammar);
     memset(r, 0, sizeof *r);
 }

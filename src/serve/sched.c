@@ -84,6 +84,7 @@ typedef struct {
     uint64_t last_used;
     tlm_sampler *samp;
     tlm_decoder *dec;
+    tlm_grammar_state *gram;        /* the job's grammar, NULL: none */
     float lora_scale[SRV_MAX_LORA]; /* the adapters' scales its cached keys and values saw */
 } slot;
 
@@ -112,7 +113,9 @@ struct srv_sched {
     int32_t *ids;   /* [B + max(chunk, ctx)] the step's new ids, sequence by sequence */
     int *step_n;    /* [B] new ids of each slot this step */
     uint8_t *want;  /* [B] slots whose logits the step must produce */
-    int32_t *pf_id; /* [B] id sampled this step, -1 none, -2 the sampler failed */
+    int32_t *pf_id; /* [B] id sampled this step, -1 none, -2 the sampler (or grammar) failed, -3
+                     * the grammar is complete and allows no more */
+    tlm_grammar_vocab *gvocab; /* made with the first job that has a grammar */
     uint64_t clock;
     int rr; /* prefill round robin */
 
@@ -189,6 +192,8 @@ static void finish_job(srv_sched *s, slot *sl, srv_finish why) {
     sl->samp = NULL;
     tlm_decoder_free(sl->dec);
     sl->dec = NULL;
+    tlm_grammar_state_free(sl->gram);
+    sl->gram = NULL;
     s->st.jobs_done++;
     s->st.busy--;
 }
@@ -213,6 +218,7 @@ static void token_logprobs(const float *l, int V, int32_t id, int top, srv_token
     out->logprob = l[id] - lse;
     out->n_top = 0;
     for (int i = 0; i < V; i++) {
+        if (l[i] == -INFINITY) continue; /* masked out by a grammar */
         int k = out->n_top;
         if (k == top && (k == 0 || l[i] <= out->top_lp[k - 1] + lse)) continue;
         if (k < top)
@@ -444,6 +450,11 @@ static void admit(srv_sched *s) {
             fail_job(s, sl, "starting a job");
             continue;
         }
+        if (j->grammar && ((!s->gvocab && tlm_grammar_vocab_new(s->tok, s->V, &s->gvocab)) ||
+                           tlm_grammar_state_new(j->grammar, s->gvocab, &sl->gram))) {
+            fail_job(s, sl, "starting a job's grammar");
+            continue;
+        }
         for (int i = 0; i < j->n_ids; i++) tlm_sampler_accept(sl->samp, j->ids[i]);
         /* The decoder sees the prompt so that the first new piece decodes in context (the
          * SentencePiece leading space). */
@@ -541,8 +552,24 @@ static void *loop(void *arg) {
                 sl->fed += s->step_n[b];
             }
             if (!s->want[b]) continue;
+            float *row = s->logits + (size_t)b * V;
+            if (sl->gram) {
+                /* this row's own grammar state masks it before its sampler sees it */
+                int n_ok = 0;
+                if (tlm_grammar_state_mask(sl->gram, row, s->V, &n_ok)) {
+                    s->pf_id[b] = -2;
+                    continue;
+                }
+                if (!n_ok) {
+                    s->pf_id[b] = tlm_grammar_state_complete(sl->gram) ? -3 : -2;
+                    if (s->pf_id[b] == -2)
+                        core_err(TLM_ERR_RANGE, "no token of the vocabulary continues the grammar");
+                    continue;
+                }
+            }
             /* (accepted here, once: the penalties count each generated id once) */
-            if (tlm_sampler_sample(sl->samp, s->logits + (size_t)b * V, &s->pf_id[b]))
+            if (tlm_sampler_sample(sl->samp, row, &s->pf_id[b]) ||
+                (sl->gram && tlm_grammar_state_accept(sl->gram, s->pf_id[b])))
                 s->pf_id[b] = -2;
             else
                 tlm_sampler_accept(sl->samp, s->pf_id[b]);
@@ -568,6 +595,8 @@ static void *loop(void *arg) {
                 take_token(s, sl, s->logits + (size_t)b * V, s->pf_id[b]);
             } else if (s->pf_id[b] == -2) {
                 fail_job(s, sl, "sampling");
+            } else if (s->pf_id[b] == -3) {
+                finish_job(s, sl, SRV_FINISH_STOP);
             }
         }
     }
@@ -654,7 +683,9 @@ void srv_sched_free(srv_sched *s) {
         free(s->slots[b].toks);
         tlm_sampler_free(s->slots[b].samp);
         tlm_decoder_free(s->slots[b].dec);
+        tlm_grammar_state_free(s->slots[b].gram);
     }
+    tlm_grammar_vocab_free(s->gvocab);
     free(s->slots);
     free(s->logits);
     free(s->ids);

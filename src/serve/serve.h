@@ -53,6 +53,9 @@ typedef struct {
     int lora_given, n_lora;
     int lora_id[SRV_MAX_LORA];
     float lora_scale[SRV_MAX_LORA];
+    /* Structured output: OpenAI's response_format (json_object, json_schema), or llama-server's
+     * json_schema (a schema) or grammar (GBNF text); NULL: free text. */
+    tlm_grammar *grammar;
 } srv_request;
 
 typedef struct {
@@ -125,6 +128,7 @@ typedef struct srv_job {
     int32_t end_id; /* an extra end-of-turn id, -1: none */
     int logprobs, top_logprobs;
     float lora_scale[SRV_MAX_LORA]; /* of the scheduler's adapters (srv_sched_opts.loras) */
+    const tlm_grammar *grammar;     /* borrowed, NULL: none; the job's output follows it */
 
     /* outputs */
     char *text; /* sent-safe text so far */

@@ -1,0 +1,550 @@
+/* Running a compiled grammar: the states of sequences and the masks of allowed tokens.
+ *
+ * A state is a set of stacks, as in llama.cpp's grammar sampler: each stack lists where the
+ * automaton is in the rules it entered, innermost on top, and after expansion every top is a
+ * character set (an empty stack: the grammar is complete there). Reading a code point keeps the
+ * stacks whose top set holds it, moves each past its set, and expands references at the top into
+ * one stack per alternative. Stacks are linked lists of nodes in an arena (a node: an element
+ * position and the node below it), so a step shares everything below the top instead of copying.
+ *
+ * Masks walk the vocabulary's trie depth first: the stacks after a token's first bytes are
+ * computed once for every token that starts with them, and a prefix that no stack survives rules
+ * out its whole subtree at once. The walk's nodes and stack sets are pushed on the arena and the
+ * set buffer and popped when it backs out of a subtree, so a mask allocates nothing in the steady
+ * state. UTF-8 is decoded along the way; a token may end inside a character, whose bytes the state
+ * keeps, and such a prefix is alive while some top set holds a code point it can still become. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "infer/grammar.h"
+
+/* Nested deeper than this, a stack is dropped: it bounds a state's memory, and for JSON it means
+ * objects and arrays nest a few hundred levels at most. */
+#define GM_MAX_DEPTH 1024
+/* Stacks one set may hold, and nodes one expansion may make: an ambiguous grammar past them is
+ * refused rather than left to grow without bound. */
+#define GM_MAX_STACKS 4096
+#define GM_MAX_EXPAND (1 << 16)
+
+typedef struct {
+    uint32_t pos;
+    int32_t up; /* the node below, -1 at the bottom */
+    uint32_t depth;
+} gnode;
+
+enum { TOK_TEXT = 0, TOK_END, TOK_NEVER };
+
+typedef struct {
+    int32_t child, sibling;
+    int32_t tok; /* first token whose bytes end here (more via tok_next), -1 none */
+    uint8_t byte;
+} tnode;
+
+struct tlm_grammar_vocab {
+    const tlm_tokenizer *t;
+    int n_ids;
+    uint8_t *kind; /* [n_ids] TOK_ */
+    tnode *node;
+    int n_node, cap_node;
+    int32_t *tok_next; /* [n_ids] */
+    int max_len;
+};
+
+/* UTF-8 decoding between bytes: cp so far, continuation bytes still due, the least code point
+ * the sequence's length allows (shorter forms are overlong). */
+typedef struct {
+    uint32_t cp, need, min;
+} utf8_at;
+
+struct tlm_grammar_state {
+    const struct tlm_grammar *g;
+    const tlm_grammar_vocab *v;
+    gnode *nodes;
+    int n_nodes, cap_nodes;
+    int32_t *stacks; /* the state's set: node ids, -1 an empty (complete) stack */
+    int n_stacks, cap_stacks;
+    utf8_at u;
+    int ended; /* an end of generation was accepted */
+    /* scratch */
+    int32_t *buf; /* stack sets of the walk, pushed and popped */
+    int n_buf, cap_buf;
+    int32_t *work;
+    int cap_work;
+    uint8_t *allowed;
+    int overflow; /* a set or expansion went past its bound */
+    int made;     /* nodes made by the expansion in progress */
+    struct walk_frame *frames;
+    int cap_frames;
+};
+
+struct walk_frame {
+    int32_t trie, child;
+    int set0, set1; /* its stack set: buf[set0, set1) */
+    int nodes_top, buf_top;
+    utf8_at u;
+};
+
+static int grow(void **p, int *cap, int need, size_t elem) {
+    if (need <= *cap) return 0;
+    int c = *cap ? *cap : 64;
+    while (c < need) c *= 2;
+    void *q = realloc(*p, (size_t)c * elem);
+    if (!q) return -1;
+    *p = q;
+    *cap = c;
+    return 0;
+}
+
+/* ---- the vocabulary's trie ------------------------------------------------------------------ */
+
+void tlm_grammar_vocab_free(tlm_grammar_vocab *v) {
+    if (!v) return;
+    free(v->kind);
+    free(v->node);
+    free(v->tok_next);
+    free(v);
+}
+
+static int32_t trie_child(tlm_grammar_vocab *v, int32_t n, uint8_t b) {
+    int32_t c = v->node[n].child;
+    for (; c >= 0; c = v->node[c].sibling)
+        if (v->node[c].byte == b) return c;
+    if (grow((void **)&v->node, &v->cap_node, v->n_node + 1, sizeof *v->node)) return -1;
+    c = v->n_node++;
+    v->node[c] = (tnode){-1, v->node[n].child, -1, b};
+    v->node[n].child = c;
+    return c;
+}
+
+tlm_status tlm_grammar_vocab_new(const tlm_tokenizer *t, int n_ids, tlm_grammar_vocab **out) {
+    if (!out) return core_err(TLM_ERR_ARG, "grammar vocabulary: out must not be NULL");
+    *out = NULL;
+    if (!t) return core_err(TLM_ERR_ARG, "grammar vocabulary: NULL tokenizer");
+    int nt = (int)tlm_tokenizer_vocab_size(t);
+    if (n_ids < nt) n_ids = nt;
+    if (n_ids <= 0 || n_ids > TLM_MAX_VOCAB_SIZE)
+        return core_err(TLM_ERR_ARG, "grammar vocabulary: %d ids", n_ids);
+    tlm_grammar_vocab *v = calloc(1, sizeof *v);
+    if (!v) return core_err(TLM_ERR_NOMEM, "out of memory");
+    v->t = t;
+    v->n_ids = n_ids;
+    v->kind = malloc((size_t)n_ids);
+    v->tok_next = malloc((size_t)n_ids * sizeof *v->tok_next);
+    if (!v->kind || !v->tok_next || grow((void **)&v->node, &v->cap_node, 1, sizeof *v->node))
+        goto oom;
+    v->node[0] = (tnode){-1, -1, -1, 0};
+    v->n_node = 1;
+    for (int id = 0; id < n_ids; id++) {
+        v->tok_next[id] = -1;
+        const char *b;
+        size_t len;
+        if (id >= nt || tlm_tokenizer_piece(t, id, &b, &len)) {
+            v->kind[id] = TOK_NEVER;
+            continue;
+        }
+        if (tlm_tokenizer_is_eog(t, id)) {
+            v->kind[id] = TOK_END;
+            continue;
+        }
+        /* Other special tokens decode to nothing in generated text (TLM_DECODE_SKIP_SPECIAL), so
+         * their pieces are not what the grammar would see. */
+        if (!len || tlm_tokenizer_is_special(t, id)) {
+            v->kind[id] = TOK_NEVER;
+            continue;
+        }
+        v->kind[id] = TOK_TEXT;
+        int32_t n = 0;
+        for (size_t i = 0; i < len; i++)
+            if ((n = trie_child(v, n, (uint8_t)b[i])) < 0) goto oom;
+        v->tok_next[id] = v->node[n].tok;
+        v->node[n].tok = id;
+        if ((int)len > v->max_len) v->max_len = (int)len;
+    }
+    *out = v;
+    return TLM_OK;
+oom:
+    tlm_grammar_vocab_free(v);
+    return core_err(TLM_ERR_NOMEM, "out of memory for a grammar vocabulary of %d ids", n_ids);
+}
+
+/* ---- stacks --------------------------------------------------------------------------------- */
+
+static int32_t new_node(tlm_grammar_state *s, uint32_t pos, int32_t up, uint32_t depth) {
+    if (depth > GM_MAX_DEPTH) return -2; /* dropped */
+    if (++s->made > GM_MAX_EXPAND) {
+        s->overflow = 1;
+        return -2;
+    }
+    if (grow((void **)&s->nodes, &s->cap_nodes, s->n_nodes + 1, sizeof *s->nodes)) {
+        s->overflow = 2;
+        return -2;
+    }
+    s->nodes[s->n_nodes] = (gnode){pos, up, depth};
+    return s->n_nodes++;
+}
+
+static int same_stack(const tlm_grammar_state *s, int32_t a, int32_t b) {
+    while (a != b) {
+        if (a < 0 || b < 0 || s->nodes[a].pos != s->nodes[b].pos) return 0;
+        a = s->nodes[a].up;
+        b = s->nodes[b].up;
+    }
+    return 1;
+}
+
+/* Appends stack n to the set being built at buf[from, n_buf) unless it holds it already. */
+static void add_stack(tlm_grammar_state *s, int from, int32_t n) {
+    for (int i = from; i < s->n_buf; i++)
+        if (same_stack(s, s->buf[i], n)) return;
+    if (s->n_buf - from >= GM_MAX_STACKS) {
+        s->overflow = 1;
+        return;
+    }
+    if (grow((void **)&s->buf, &s->cap_buf, s->n_buf + 1, sizeof *s->buf)) {
+        s->overflow = 2;
+        return;
+    }
+    s->buf[s->n_buf++] = n;
+}
+
+/* Expands stack n until every top is a set (or the stack is empty), adding each to the set at
+ * buf[from, ...). Iterative: the nesting of references at a position is the grammar's to choose. */
+static void expand(tlm_grammar_state *s, int from, int32_t n) {
+    const struct tlm_grammar *g = s->g;
+    int nw = 0;
+    if (n == -2) return; /* the stack was dropped (too deep) */
+    if (grow((void **)&s->work, &s->cap_work, 1, sizeof *s->work)) {
+        s->overflow = 2;
+        return;
+    }
+    s->work[nw++] = n;
+    while (nw && !s->overflow) {
+        int32_t x = s->work[--nw];
+        if (x < 0) {
+            add_stack(s, from, -1);
+            continue;
+        }
+        const infer_gram_el *e = &g->el[s->nodes[x].pos];
+        if (e->type == INFER_G_SET) {
+            add_stack(s, from, x);
+            continue;
+        }
+        /* a reference: pop it, push where to go on after the rule, then the rule's start */
+        uint32_t pos = s->nodes[x].pos, depth = s->nodes[x].depth;
+        int32_t rest = s->nodes[x].up;
+        if (!infer_gram_at_end(g, pos + 1)) {
+            rest = new_node(s, pos + 1, rest, depth);
+            if (rest == -2) continue;
+        }
+        int rule = (int)e->v, na = g->alt_off[rule + 1] - g->alt_off[rule];
+        if (grow((void **)&s->work, &s->cap_work, nw + na, sizeof *s->work)) {
+            s->overflow = 2;
+            return;
+        }
+        /* pushed last to first, so the stacks come out in the grammar's order */
+        for (int a = g->alt_off[rule + 1] - 1; a >= g->alt_off[rule]; a--) {
+            uint32_t start = (uint32_t)g->alt_pos[a];
+            if (infer_gram_at_end(g, start)) {
+                s->work[nw++] = rest;
+            } else {
+                int32_t y = new_node(s, start, rest, (rest >= 0 ? s->nodes[rest].depth : 0) + 1);
+                if (y != -2) s->work[nw++] = y;
+            }
+        }
+    }
+}
+
+/* The set buf[a0, a1) after code point cp, appended at the end of buf. */
+static void advance(tlm_grammar_state *s, int a0, int a1, uint32_t cp) {
+    const struct tlm_grammar *g = s->g;
+    int from = s->n_buf;
+    s->made = 0;
+    for (int i = a0; i < a1 && !s->overflow; i++) {
+        int32_t x = s->buf[i];
+        if (x < 0) continue;
+        const gnode *nd = &s->nodes[x];
+        if (!infer_gram_set_has(g, g->el[nd->pos].v, cp)) continue;
+        int32_t rest = nd->up;
+        if (!infer_gram_at_end(g, nd->pos + 1)) {
+            rest = new_node(s, nd->pos + 1, rest, nd->depth);
+            if (rest == -2) continue;
+        }
+        expand(s, from, rest);
+    }
+}
+
+/* Some stack of buf[a0, a1) can read a code point of [lo, hi]. */
+static int any_meets(const tlm_grammar_state *s, int a0, int a1, uint32_t lo, uint32_t hi) {
+    for (int i = a0; i < a1; i++) {
+        int32_t x = s->buf[i];
+        if (x >= 0 && infer_gram_set_meets(s->g, s->g->el[s->nodes[x].pos].v, lo, hi)) return 1;
+    }
+    return 0;
+}
+
+/* One byte on from the set buf[*a0, *a1) and decoder *u: 1 and the new set (appended to buf, or
+ * the same slice while a character is unfinished) when some stack survives, 0 otherwise. */
+static int step_byte(tlm_grammar_state *s, int *a0, int *a1, utf8_at *u, uint8_t b) {
+    uint32_t cp;
+    if (u->need == 0) {
+        if (b < 0x80) {
+            cp = b;
+            goto whole;
+        }
+        if (b >= 0xC2 && b <= 0xDF)
+            *u = (utf8_at){b & 0x1Fu, 1, 0x80};
+        else if (b >= 0xE0 && b <= 0xEF)
+            *u = (utf8_at){b & 0x0Fu, 2, 0x800};
+        else if (b >= 0xF0 && b <= 0xF4)
+            *u = (utf8_at){b & 0x07u, 3, 0x10000};
+        else
+            return 0;
+    } else {
+        if ((b & 0xC0) != 0x80) return 0;
+        u->cp = (u->cp << 6) | (b & 0x3Fu);
+        if (--u->need == 0) {
+            cp = u->cp;
+            if (cp < u->min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+            goto whole;
+        }
+    }
+    {
+        uint32_t shift = 6 * u->need, lo = u->cp << shift, hi = lo | ((1u << shift) - 1);
+        if (lo < u->min) lo = u->min;
+        if (hi > 0x10FFFF) hi = 0x10FFFF;
+        return lo <= hi && any_meets(s, *a0, *a1, lo, hi);
+    }
+whole:
+    u->cp = 0;
+    {
+        int from = s->n_buf;
+        advance(s, *a0, *a1, cp);
+        *a0 = from;
+        *a1 = s->n_buf;
+        return *a1 > *a0;
+    }
+}
+
+/* ---- states --------------------------------------------------------------------------------- */
+
+void tlm_grammar_state_free(tlm_grammar_state *s) {
+    if (!s) return;
+    free(s->nodes);
+    free(s->stacks);
+    free(s->buf);
+    free(s->work);
+    free(s->allowed);
+    free(s->frames);
+    free(s);
+}
+
+static tlm_status overflow_err(const tlm_grammar_state *s) {
+    if (s->overflow == 2) return core_err(TLM_ERR_NOMEM, "grammar: out of memory");
+    return core_err(TLM_ERR_RANGE,
+                    "grammar: too ambiguous (more than %d stacks at one point, or %d nodes made "
+                    "by one step)",
+                    GM_MAX_STACKS, GM_MAX_EXPAND);
+}
+
+/* Makes buf[a0, a1) the state's set, keeping only the nodes it reaches (parents always precede
+ * their children in the arena, so one forward pass renumbers them). */
+static tlm_status commit(tlm_grammar_state *s, int a0, int a1) {
+    int n = a1 - a0;
+    if (grow((void **)&s->stacks, &s->cap_stacks, n, sizeof *s->stacks))
+        return core_err(TLM_ERR_NOMEM, "grammar: out of memory");
+    int32_t *map = malloc((size_t)(s->n_nodes ? s->n_nodes : 1) * sizeof *map);
+    if (!map) return core_err(TLM_ERR_NOMEM, "grammar: out of memory");
+    for (int i = 0; i < s->n_nodes; i++) map[i] = -1;
+    for (int i = a0; i < a1; i++)
+        for (int32_t x = s->buf[i]; x >= 0 && map[x] == -1; x = s->nodes[x].up) map[x] = 0;
+    int k = 0;
+    for (int i = 0; i < s->n_nodes; i++) {
+        if (map[i] < 0) continue;
+        gnode nd = s->nodes[i];
+        nd.up = nd.up >= 0 ? map[nd.up] : -1;
+        s->nodes[k] = nd;
+        map[i] = k++;
+    }
+    for (int i = 0; i < n; i++) s->stacks[i] = s->buf[a0 + i] >= 0 ? map[s->buf[a0 + i]] : -1;
+    s->n_stacks = n;
+    s->n_nodes = k;
+    s->n_buf = 0;
+    free(map);
+    return TLM_OK;
+}
+
+void tlm_grammar_state_reset(tlm_grammar_state *s) {
+    if (!s) return;
+    const struct tlm_grammar *g = s->g;
+    s->n_nodes = 0;
+    s->n_buf = 0;
+    s->overflow = 0;
+    s->made = 0;
+    s->ended = 0;
+    s->u = (utf8_at){0, 0, 0};
+    for (int a = g->alt_off[g->root]; a < g->alt_off[g->root + 1]; a++) {
+        uint32_t start = (uint32_t)g->alt_pos[a];
+        expand(s, 0, infer_gram_at_end(g, start) ? -1 : new_node(s, start, -1, 1));
+    }
+    if (s->overflow || commit(s, 0, s->n_buf)) s->n_stacks = 0;
+}
+
+tlm_status tlm_grammar_state_new(const tlm_grammar *g, const tlm_grammar_vocab *v,
+                                 tlm_grammar_state **out) {
+    if (!out) return core_err(TLM_ERR_ARG, "grammar state: out must not be NULL");
+    *out = NULL;
+    if (!g) return core_err(TLM_ERR_ARG, "grammar state: NULL grammar");
+    tlm_grammar_state *s = calloc(1, sizeof *s);
+    if (!s) return core_err(TLM_ERR_NOMEM, "out of memory");
+    s->g = g;
+    s->v = v;
+    if (v && !(s->allowed = malloc((size_t)v->n_ids))) {
+        tlm_grammar_state_free(s);
+        return core_err(TLM_ERR_NOMEM, "out of memory");
+    }
+    tlm_grammar_state_reset(s);
+    if (s->overflow) {
+        tlm_status st = overflow_err(s);
+        tlm_grammar_state_free(s);
+        return st;
+    }
+    *out = s;
+    return TLM_OK;
+}
+
+int tlm_grammar_state_complete(const tlm_grammar_state *s) {
+    if (!s || s->u.need) return 0;
+    for (int i = 0; i < s->n_stacks; i++)
+        if (s->stacks[i] < 0) return 1;
+    return 0;
+}
+
+/* Copies the state's set to the start of buf (the walk's first frame). */
+static int load_set(tlm_grammar_state *s) {
+    s->n_buf = 0;
+    s->overflow = 0;
+    if (grow((void **)&s->buf, &s->cap_buf, s->n_stacks, sizeof *s->buf)) return -1;
+    memcpy(s->buf, s->stacks, (size_t)s->n_stacks * sizeof *s->buf);
+    s->n_buf = s->n_stacks;
+    return 0;
+}
+
+tlm_status tlm_grammar_state_accept_bytes(tlm_grammar_state *s, const void *bytes, size_t len) {
+    if (!s || (!bytes && len)) return core_err(TLM_ERR_ARG, "grammar: NULL argument");
+    if (s->ended) return core_err(TLM_ERR_RANGE, "grammar: the generation has ended");
+    int base = s->n_nodes;
+    if (load_set(s)) return core_err(TLM_ERR_NOMEM, "grammar: out of memory");
+    int a0 = 0, a1 = s->n_buf;
+    utf8_at u = s->u;
+    const uint8_t *b = bytes;
+    for (size_t i = 0; i < len; i++) {
+        if (!step_byte(s, &a0, &a1, &u, b[i])) {
+            tlm_status st = s->overflow ? overflow_err(s)
+                                        : core_err(TLM_ERR_RANGE,
+                                                   "grammar: byte %zu (0x%02X) of the text is not "
+                                                   "allowed there",
+                                                   i, b[i]);
+            s->n_nodes = base;
+            s->n_buf = 0;
+            return st;
+        }
+    }
+    tlm_status st = commit(s, a0, a1);
+    if (st) return st;
+    s->u = u;
+    return TLM_OK;
+}
+
+tlm_status tlm_grammar_state_accept(tlm_grammar_state *s, int32_t id) {
+    if (!s || !s->v) return core_err(TLM_ERR_ARG, "grammar: a state without a vocabulary");
+    if (id < 0 || id >= s->v->n_ids)
+        return core_err(TLM_ERR_RANGE, "grammar: token %d is outside the vocabulary", (int)id);
+    if (s->ended) return core_err(TLM_ERR_RANGE, "grammar: the generation has ended");
+    switch (s->v->kind[id]) {
+    case TOK_END:
+        if (!tlm_grammar_state_complete(s))
+            return core_err(TLM_ERR_RANGE,
+                            "grammar: token %d ends the text before the grammar "
+                            "is complete",
+                            (int)id);
+        s->ended = 1;
+        return TLM_OK;
+    case TOK_NEVER:
+        return core_err(TLM_ERR_RANGE, "grammar: token %d (special or empty) is never allowed",
+                        (int)id);
+    default: break;
+    }
+    const char *b;
+    size_t len;
+    tlm_tokenizer_piece(s->v->t, id, &b, &len);
+    tlm_status st = tlm_grammar_state_accept_bytes(s, b, len);
+    if (st == TLM_ERR_RANGE)
+        return core_err(TLM_ERR_RANGE, "grammar: token %d is not allowed here", (int)id);
+    return st;
+}
+
+/* Marks allowed[] for every text token the state can read: the depth-first walk over the trie. */
+static void walk(tlm_grammar_state *s) {
+    const tlm_grammar_vocab *v = s->v;
+    int depth_cap = v->max_len + 2;
+    if (grow((void **)&s->frames, &s->cap_frames, depth_cap, sizeof *s->frames)) {
+        s->overflow = 2;
+        return;
+    }
+    struct walk_frame *f = s->frames;
+    int sp = 0;
+    f[sp++] = (struct walk_frame){0, v->node[0].child, 0, s->n_buf, s->n_nodes, s->n_buf, s->u};
+    while (sp && !s->overflow) {
+        struct walk_frame *top = &f[sp - 1];
+        int32_t c = top->child;
+        if (c < 0) {
+            sp--;
+            /* back out of the subtree: its nodes and sets go */
+            s->n_nodes = top->nodes_top;
+            s->n_buf = top->buf_top;
+            continue;
+        }
+        top->child = v->node[c].sibling;
+        int a0 = top->set0, a1 = top->set1, nodes_top = s->n_nodes, buf_top = s->n_buf;
+        utf8_at u = top->u;
+        if (!step_byte(s, &a0, &a1, &u, v->node[c].byte)) {
+            s->n_nodes = nodes_top;
+            s->n_buf = buf_top;
+            continue;
+        }
+        for (int32_t id = v->node[c].tok; id >= 0; id = v->tok_next[id]) s->allowed[id] = 1;
+        if (v->node[c].child >= 0)
+            f[sp++] = (struct walk_frame){c, v->node[c].child, a0, a1, nodes_top, buf_top, u};
+        else {
+            s->n_nodes = nodes_top;
+            s->n_buf = buf_top;
+        }
+    }
+}
+
+tlm_status tlm_grammar_state_mask(tlm_grammar_state *s, float *logits, int n, int *n_allowed) {
+    if (n_allowed) *n_allowed = 0;
+    if (!s || !logits || !s->v) return core_err(TLM_ERR_ARG, "grammar mask: NULL argument");
+    const tlm_grammar_vocab *v = s->v;
+    memset(s->allowed, 0, (size_t)v->n_ids);
+    if (!s->ended) {
+        int base = s->n_nodes;
+        if (load_set(s)) return core_err(TLM_ERR_NOMEM, "grammar: out of memory");
+        walk(s);
+        s->n_nodes = base;
+        s->n_buf = 0;
+        if (s->overflow) return overflow_err(s);
+        if (tlm_grammar_state_complete(s))
+            for (int id = 0; id < v->n_ids; id++)
+                if (v->kind[id] == TOK_END) s->allowed[id] = 1;
+    }
+    int count = 0;
+    for (int id = 0; id < n; id++) {
+        int ok = id < v->n_ids && s->allowed[id];
+        if (!ok) logits[id] = -INFINITY;
+        count += ok;
+    }
+    if (n_allowed) *n_allowed = count;
+    return TLM_OK;
+}
