@@ -3,7 +3,10 @@
  * operands in cache, k_bf16_attention_*), at the shapes of the bench recipes, on the threads OpenMP
  * gives (2 here). "shakespeare/thread" is what each thread runs when tlm train splits the
  * Shakespeare recipe's batch across two threads (its default there): half the batch on one thread.
- * The two sides alternate; best of REPS. GFLOP/s count the products' unmasked work.
+ * "sft" is bench/sft/sft.sh's model on rows of 256, each one sequence ("whole") or packed with
+ * examples of 40 to 200 rows ("packed": the kernels leave out the keys before a block's example;
+ * the same work counted, so its GFLOP/s show the saving).
+ * The two sides alternate; best of REPS. GFLOP/s count the products' unmasked causal work.
  *   bench_attn_train [REPS=20]   (bf16 needs avx512_bf16) */
 #include <omp.h>
 #include <stdio.h>
@@ -20,14 +23,15 @@ static double now(void) {
 
 typedef struct {
     const char *name;
-    int B, T, H, hd, threads;
+    int B, T, H, hd, threads, packed;
 } shape;
 
 int main(int argc, char **argv) {
     static const shape shapes[] = {
-        {"shakespeare/thread", 6, 64, 4, 32, 1}, {"shakespeare", 12, 64, 4, 32, 0},
-        {"gpt2-124M-like", 4, 256, 12, 64, 0},   {"small", 8, 256, 16, 32, 0},
-        {"nanoGPT-char", 64, 256, 6, 64, 0},
+        {"shakespeare/thread", 6, 64, 4, 32, 1, 0}, {"shakespeare", 12, 64, 4, 32, 0, 0},
+        {"gpt2-124M-like", 4, 256, 12, 64, 0, 0},   {"small", 8, 256, 16, 32, 0, 0},
+        {"nanoGPT-char", 64, 256, 6, 64, 0, 0},     {"sft whole", 16, 256, 8, 32, 0, 0},
+        {"sft packed", 16, 256, 8, 32, 0, 1},
     };
     int reps = argc > 1 ? atoi(argv[1]) : 20;
     if (reps < 1) reps = 1;
@@ -50,8 +54,14 @@ int main(int argc, char **argv) {
         float *out = malloc(N * ow * sizeof(float)), *dout = malloc(N * ow * sizeof(float));
         float *probs = malloc((size_t)s.B * s.H * TT * sizeof(float));
         float *scr = malloc(k_attention_scratch_floats(s.T, 0.0f, thr) * sizeof(float));
-        if (!qkv || !dqkv || !out || !dout || !probs || !scr) return 1;
+        int *lo = s.packed ? malloc(N * sizeof *lo) : NULL;
+        if (!qkv || !dqkv || !out || !dout || !probs || !scr || (s.packed && !lo)) return 1;
         srand(1);
+        for (int b = 0; lo && b < s.B; b++) /* examples of 40 to 200 rows, the last cut at T */
+            for (int t = 0, start = 0, len = 40 + rand() % 161; t < s.T; t++) {
+                if (t - start == len) start = t, len = 40 + rand() % 161;
+                lo[(size_t)b * s.T + t] = start;
+            }
         for (size_t i = 0; i < N * ld; i++) qkv[i] = (float)rand() / (float)RAND_MAX - 0.5f;
         for (size_t i = 0; i < N * ow; i++) dout[i] = (float)rand() / (float)RAND_MAX - 0.5f;
         double best[2] = {1e30, 1e30};
@@ -59,19 +69,19 @@ int main(int argc, char **argv) {
             for (int bf = 0; bf < 2; bf++) {
                 double t = now();
                 if (bf) {
-                    if (!k_bf16_attention_fwd(k, out, probs, qkv, ld, s.B, s.T, s.H, s.H, s.hd,
-                                              NULL, 0.0f) ||
+                    if (!k_bf16_attention_fwd(k, out, probs, qkv, ld, s.B, s.T, s.H, s.H, s.hd, lo,
+                                              0.0f) ||
                         !k_bf16_attention_bwd(k, dqkv, dout, qkv, ld, probs, s.B, s.T, s.H, s.H,
-                                              s.hd, NULL, 0.0f)) {
+                                              s.hd, lo, 0.0f)) {
                         printf("bf16 attention refused %s\n", s.name);
                         return 1;
                     }
                 } else {
                     k_attention_fwd(out, probs, qkv, qkv + ow, qkv + 2 * ow, ld, ld, s.B, s.T, s.H,
-                                    s.H, s.hd, NULL, 0.0f, 0, scr);
+                                    s.H, s.hd, lo, 0.0f, 0, scr);
                     k_attention_bwd(dqkv, dqkv + ow, dqkv + 2 * ow, dout, qkv, qkv + ow,
-                                    qkv + 2 * ow, ld, ld, probs, s.B, s.T, s.H, s.H, s.hd, NULL,
-                                    0.0f, 0, scr);
+                                    qkv + 2 * ow, ld, ld, probs, s.B, s.T, s.H, s.H, s.hd, lo, 0.0f,
+                                    0, scr);
                 }
                 t = now() - t;
                 if (t < best[bf]) best[bf] = t;
@@ -80,7 +90,7 @@ int main(int argc, char **argv) {
         double flop = 6.0 * 2.0 * s.B * s.H * s.hd * ((double)s.T * (s.T + 1) / 2);
         printf("%-20s %3d | %10.3f %7.0f | %10.3f %7.0f | %5.2fx\n", s.name, thr, best[0] * 1e3,
                flop / best[0] * 1e-9, best[1] * 1e3, flop / best[1] * 1e-9, best[0] / best[1]);
-        free(qkv), free(dqkv), free(out), free(dout), free(probs), free(scr);
+        free(qkv), free(dqkv), free(out), free(dout), free(probs), free(scr), free(lo);
     }
     k_bf16_free(k);
     return 0;

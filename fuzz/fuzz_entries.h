@@ -393,4 +393,50 @@ static inline int fuzz_lora(const uint8_t *data, size_t size) {
     return ok;
 }
 
+/* Structured output's untrusted inputs (a request's grammar or schema): the first byte picks GBNF
+ * (even) or JSON Schema (odd); the text runs to FUZZ_SPLIT, and what follows is fed to the
+ * grammar as generated text, through a character vocabulary's masks and then as bytes. */
+static inline int fuzz_grammar(const uint8_t *data, size_t size) {
+    if (size < 1) return 0;
+    const uint8_t *part[2];
+    size_t len[2];
+    fuzz_split(data + 1, size - 1, 2, part, len);
+    const char *text = (const char *)part[0], *in = (const char *)part[1];
+    size_t tlen = len[0], in_len = len[1] < 256 ? len[1] : 256;
+    tlm_grammar *g = NULL;
+    tlm_status s = data[0] & 1 ? tlm_grammar_from_json_schema(text, tlen, &g)
+                               : tlm_grammar_parse(text, tlen, &g);
+    if (s) return 0;
+    char alphabet[96];
+    int k = 0;
+    for (int c = 32; c < 127; c++) alphabet[k++] = (char)c;
+    alphabet[k++] = '\n';
+    tlm_tokenizer *tok = NULL;
+    tlm_grammar_vocab *v = NULL;
+    tlm_grammar_state *st = NULL;
+    if (!tlm_tokenizer_new_char(alphabet, (size_t)k, &tok) &&
+        !tlm_grammar_vocab_new(tok, tlm_tokenizer_vocab_size(tok) + 2, &v) &&
+        !tlm_grammar_state_new(g, v, &st)) {
+        int n = tlm_tokenizer_vocab_size(tok) + 2;
+        float *logits = calloc((size_t)n, sizeof *logits);
+        /* a token at a time: the masks must allow exactly what accept takes */
+        for (size_t i = 0; logits && i < in_len / 2; i++) {
+            int32_t id = (int32_t)(uint8_t)in[i] % n;
+            memset(logits, 0, (size_t)n * sizeof *logits);
+            if (tlm_grammar_state_mask(st, logits, n, NULL)) break;
+            tlm_status a = tlm_grammar_state_accept(st, id);
+            if ((a == TLM_OK) != (logits[id] == 0.0f)) abort();
+        }
+        tlm_grammar_state_reset(st);
+        (void)tlm_grammar_state_accept_bytes(st, in + in_len / 2, in_len - in_len / 2);
+        (void)tlm_grammar_state_complete(st);
+        free(logits);
+    }
+    tlm_grammar_state_free(st);
+    tlm_grammar_vocab_free(v);
+    tlm_tokenizer_free(tok);
+    tlm_grammar_free(g);
+    return 1;
+}
+
 #endif

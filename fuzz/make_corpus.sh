@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 TLM=$(realpath "${1:-../build/tlm}")
 C=corpus
-mkdir -p "$C"/{safetensors,gguf,llama2c,tokenizer_bin,gpt2_bpe,model_load,tokenizer_load,request,imatrix,lora,examples}
+mkdir -p "$C"/{safetensors,gguf,llama2c,tokenizer_bin,gpt2_bpe,model_load,tokenizer_load,request,imatrix,lora,examples,grammar}
 find "$C" -type f ! -name 'crash-*' -delete
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
@@ -157,6 +157,10 @@ seed("chat", 1, {"model": "m", "messages": [
     {"role": "assistant", "content": None},
     {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
     "logprobs": True, "top_logprobs": 3, "stop": "x", "user": "ignored"})
+seed("chat_schema", 1, {"messages": [{"role": "user", "content": "Name?"}], "response_format": {
+    "type": "json_schema", "json_schema": {"name": "n", "strict": True, "schema": {
+        "type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}}}})
+seed("completion_grammar", 0, {"prompt": "x", "grammar": 'root ::= "yes" | "no"'})
 PY
 # Instruction data (JSON Lines): the first byte picks the options (fuzz_examples).
 /usr/bin/python3 - "$C/examples" <<'PY'
@@ -177,5 +181,25 @@ seed("dpo", 109, [{"prompt": "Q: why?", "chosen": " because.", "rejected": " no.
                      {"prompt": [{"role": "user", "content": "Hi"}],
                       "chosen": [{"role": "assistant", "content": "Hello."}],
                       "rejected": [{"role": "assistant", "content": "Go."}]}])
+PY
+# Grammars: the first byte picks GBNF (even) or JSON Schema (odd); text to follow after the split.
+/usr/bin/python3 - "$C/grammar" <<'PY'
+import json, sys
+d = sys.argv[1]
+split = b"<<tlm-fuzz-split>>"
+def seed(name, opt, text, follow):
+    open(f"{d}/{name}", "wb").write(bytes([opt]) + text.encode() + split + follow.encode())
+seed("gbnf", 0, 'root ::= greeting (" " name)? "!"\ngreeting ::= "hi" | "hello"\n'
+     'name ::= [A-Z] [a-z]{1,8} # a capitalised name\n', "hello Ada!hi!")
+seed("gbnf_classes", 2, 'root ::= item+\nitem ::= [^,\\n]* ("," | "\\n")\n', "a,b\nc,")
+seed("schema", 1, json.dumps({
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 5},
+                   "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2},
+                   "n": {"type": ["integer", "null"]}, "ok": {"const": True},
+                   "p": {"$ref": "#/$defs/pt"}},
+    "required": ["name", "n"],
+    "$defs": {"pt": {"anyOf": [{"type": "number"}, {"type": "boolean"}]}}}),
+    '{"name": "x", "n": 3, "tags": ["a"]}')
 PY
 ls -la "$C"/*

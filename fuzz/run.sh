@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 SECS=${1:-20}
 shift || true
 TARGETS=("$@")
-[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(safetensors gguf llama2c tokenizer_bin gpt2_bpe model_load tokenizer_load request imatrix lora examples)
+[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(safetensors gguf llama2c tokenizer_bin gpt2_bpe model_load tokenizer_load request imatrix lora examples grammar)
 OUT=build-fuzz
 mkdir -p "$OUT"
 CC=${CC:-clang}

@@ -27,6 +27,7 @@ static const struct {
     {"imatrix", fuzz_imatrix},
     {"lora", fuzz_lora},
     {"examples", fuzz_examples},
+    {"grammar", fuzz_grammar},
 };
 
 static int cmp_str(const void *a, const void *b) {

@@ -6,7 +6,8 @@ Usage: /usr/bin/python3 bench/sft/make_data.py OUTDIR
 
 OUTDIR receives sft_train.jsonl, sft_val.jsonl (chats: the answer in the plain style),
 dpo_train.jsonl, dpo_val.jsonl (pairs: chosen in the cited style, rejected in the plain one) and
-heldout.jsonl (prompts of new people with the expected value, for accuracy).
+heldout.jsonl (prompts of new people with the expected value, for accuracy), and mixed.jsonl
+(chats whose notes number 1 to 12, most of them few: long-tailed lengths, for packing's speed).
 """
 
 import json
@@ -33,10 +34,9 @@ def name(rng):
     return "".join(rng.choice(SYL) for _ in range(2)).capitalize()
 
 
-def example(rng, names):
-    """Notes about 1 to 3 people (one relation each), a question about one of them: lengths vary
-    as real chats' do."""
-    people = rng.sample(names, rng.randint(1, 3))
+def example(rng, names, count=None):
+    """Notes about 1 to 3 people (or count), one relation each, a question about one of them."""
+    people = rng.sample(names, count or rng.randint(1, 3))
     notes, facts = [], []
     for p in people:
         k = rng.randrange(3)
@@ -81,6 +81,12 @@ def main(out):
             u, plain, cited, v = example(rng, new)
             f.write(json.dumps({"messages": [{"role": "user", "content": u}],
                                 "value": v, "plain": plain, "cited": cited}) + "\n")
+    # after the rest, which it leaves as it was
+    with open(os.path.join(out, "mixed.jsonl"), "w") as f:
+        for _ in range(3000):
+            u, plain, _, _ = example(rng, seen, min(12, 1 + int(rng.expovariate(1 / 2.5))))
+            f.write(json.dumps({"messages": [{"role": "user", "content": u},
+                                             {"role": "assistant", "content": plain}]}) + "\n")
 
 
 if __name__ == "__main__":

@@ -90,7 +90,7 @@ speed() { # NAME ARGS...: one run of 30 steps, its rate appended to $W/NAME.rate
   shift
   rm -rf "$W/s_$name"
   "$TLM" finetune -m "$W/base" -o "$W/s_$name" --steps 30 --log-interval 1 --eval-interval 0 \
-    --val-fraction 0 --seq-len 256 -t "$THREADS" "$@" 2>/dev/null
+    --val-fraction 0 --seq-len 256 -t "$THREADS" "$@" 2>"$W/s_$name.log"
   rate "$W/s_$name" >>"$W/$name.rates"
 }
 # SFT over the DPO pairs' sequences (prompt and answer, each side an example), for the DPO ratio
@@ -108,11 +108,15 @@ unset OPENBLAS_CORETYPE # both sides: OpenBLAS's own choice of kernels
 for _ in $(seq 1 "$ROUNDS"); do
   speed packed --data "$D/sft_train.jsonl" --batch 16 --pack
   speed unpacked --data "$D/sft_train.jsonl" --batch 16 --no-pack
+  speed mixed_packed --data "$D/mixed.jsonl" --batch 16 --pack
+  speed mixed_unpacked --data "$D/mixed.jsonl" --batch 16 --no-pack
   speed dpo --data "$D/dpo_train.jsonl" --batch 8
   speed dpo_pre --data "$D/dpo_train.jsonl" --batch 8 --precompute-ref
   speed sft_pairs --data "$D/pairs_as_sft.jsonl" --batch 16 --no-pack
 done
-for n in packed unpacked dpo dpo_pre sft_pairs; do eval "r_$n=$(median $(cat "$W/$n.rates"))"; done
+for n in packed unpacked mixed_packed mixed_unpacked dpo dpo_pre sft_pairs; do eval "r_$n=$(median $(cat "$W/$n.rates"))"; done
+# the mixed chats' median length, as tlm finetune reports it
+mixed_lengths() { sed -n 's/.*(median example \([0-9]*\) tokens.*/median \1 tokens/p' "$W/s_mixed_packed.log"; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 
 pct() { awk -v x="$(field "$1" "$2")" 'BEGIN { printf "%.0f%%", 100 * x }'; }
@@ -140,7 +144,8 @@ pct() { awk -v x="$(field "$1" "$2")" 'BEGIN { printf "%.0f%%", 100 * x }'; }
   echo
   echo "| speed (median tokens/s of $ROUNDS alternated runs) | tokens/s | ratio |"
   echo "| --- | ---: | ---: |"
-  echo "| SFT packed / unpacked (16 rows a step) | $r_packed / $r_unpacked | $(ratio "$r_packed" "$r_unpacked") |"
+  echo "| SFT packed / unpacked (16 rows a step), the chats above | $r_packed / $r_unpacked | $(ratio "$r_packed" "$r_unpacked") |"
+  echo "| SFT packed / unpacked, long-tailed lengths (1 to 12 notes, $(mixed_lengths)) | $r_mixed_packed / $r_mixed_unpacked | $(ratio "$r_mixed_packed" "$r_mixed_unpacked") |"
   echo "| DPO step / SFT over the same sequences (time per token) | $r_dpo / $r_sft_pairs | $(ratio "$r_sft_pairs" "$r_dpo") |"
   echo "| DPO with --precompute-ref / SFT over the same sequences | $r_dpo_pre / $r_sft_pairs | $(ratio "$r_sft_pairs" "$r_dpo_pre") |"
 } >"$OUT/results.md"

@@ -252,9 +252,10 @@ static int range_cmp(const void *a, const void *b) {
 /* Appends a set from ranges rng[from..] (pairs, in ps->rng): sorted, merged, complemented when
  * negated. Returns its index. */
 static int finish_set(gparser *ps, int from, int negated) {
-    uint32_t *r = ps->rng + 2 * (size_t)from;
     int n = ps->n_rng - from, m = 0;
-    qsort(r, (size_t)n, 2 * sizeof *r, range_cmp);
+    /* an empty class ("[]") has no ranges, and maybe no array yet */
+    uint32_t *r = n > 0 ? ps->rng + 2 * (size_t)from : NULL;
+    if (n > 0) qsort(r, (size_t)n, 2 * sizeof *r, range_cmp);
     for (int i = 0; i < n; i++) {
         if (m && r[2 * i] <= r[2 * (m - 1) + 1] + 1) {
             if (r[2 * i + 1] > r[2 * (m - 1) + 1]) r[2 * (m - 1) + 1] = r[2 * i + 1];
