@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -26,7 +27,7 @@
 static const char *serve_help =
     "usage: tlm serve -m MODEL [-z TOKENIZER] [--host 127.0.0.1] [--port 8080] [--parallel N]\n"
     "                 [--ctx T] [--api-key KEY] [-t THREADS] [--chat-template NAME]\n"
-    "                 [--queue N] [--max-body BYTES] [--precision auto|fp32|bf16]\n"
+    "                 [--queue N] [--max-body BYTES] [--timeout S] [--precision auto|fp32|bf16]\n"
     "                 [--cache-type T | -ctk T -ctv T] [--mmap|--no-mmap]\n"
     "\n"
     "Serves the OpenAI API (POST /v1/completions, /v1/chat/completions, GET /v1/models) plus\n"
@@ -47,6 +48,8 @@ static const char *serve_help =
     "  --chat-template NAME  chatml, llama2, llama3, mistral, gemma or phi3 (default: the\n"
     "                        GGUF's tokenizer.chat_template when recognised, else chatml)\n"
     "  --max-body BYTES      largest request body (default 1048576; larger get 413)\n"
+    "  --timeout S, -to S    seconds a client has to send its whole request, and the longest\n"
+    "                        silence on a connection, before it is closed (default 30)\n"
     "  -t, --threads N       threads (default: all cores)\n"
     "  --mmap, --no-mmap     map the file, or read it into memory on 2 MiB pages: the default\n"
     "                        where it takes at most half the memory available (loads in about\n"
@@ -76,6 +79,11 @@ typedef struct {
     const char *model_id;
     const char *api_key;
     size_t max_body;
+    /* Request bodies being received, in all (allocated bytes), and their budget: clients that
+     * send slowly cannot make the server hold more than this, however many they are. */
+    _Atomic size_t buffered;
+    size_t max_buffered;
+    int timeout; /* seconds to receive a whole request */
     int ctx, parallel;
     int conn_nice; /* nice value of connection threads (10; TLM_SERVE_NICE in benchmark builds) */
     time_t created;
@@ -551,8 +559,15 @@ static enum MHD_Result handle_metrics(server *sv, struct MHD_Connection *c) {
 typedef struct {
     char *body;
     size_t len, cap;
-    int too_big;
+    int too_big, over_budget;
+    double start; /* when its headers had arrived */
 } upload;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 static int path_is(const char *url, const char *a) {
     return !strcmp(url, a) || (!strncmp(a, "/v1/", 4) && !strcmp(url, a + 3));
@@ -582,19 +597,33 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         niced = 1;
         u = calloc(1, sizeof *u);
         if (!u) return MHD_NO;
+        u->start = now_s();
         *con_cls = u;
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
         if (cl && strtoull(cl, NULL, 10) > sv->max_body) u->too_big = 1;
         return MHD_YES;
     }
     if (*data_size) {
+        /* A body that takes longer than --timeout to arrive closes its connection: a client
+         * sending a byte at a time would otherwise hold its thread for as long as it likes. */
+        if (now_s() - u->start > sv->timeout) return MHD_NO;
         if (!u->too_big && u->len + *data_size > sv->max_body) u->too_big = 1;
-        if (!u->too_big) {
+        if (!u->too_big && !u->over_budget) {
             if (u->len + *data_size + 1 > u->cap) {
                 size_t cap = (u->len + *data_size + 1) * 2;
                 if (cap > sv->max_body + 1) cap = sv->max_body + 1;
+                size_t held = atomic_fetch_add(&sv->buffered, cap - u->cap) + (cap - u->cap);
+                if (held > sv->max_buffered) {
+                    atomic_fetch_sub(&sv->buffered, cap - u->cap);
+                    u->over_budget = 1;
+                    *data_size = 0;
+                    return MHD_YES;
+                }
                 char *q = realloc(u->body, cap);
-                if (!q) return MHD_NO;
+                if (!q) {
+                    atomic_fetch_sub(&sv->buffered, cap - u->cap);
+                    return MHD_NO;
+                }
                 u->body = q;
                 u->cap = cap;
             }
@@ -608,6 +637,10 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     if (u->too_big)
         return send_error(sv, c, 413, NULL, "the request body exceeds %zu bytes (--max-body)",
                           sv->max_body);
+    if (u->over_budget)
+        return send_error(sv, c, 503, NULL,
+                          "the server holds %zu MiB of request bodies still arriving; retry",
+                          sv->max_buffered >> 20);
     int get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
     if (!strcmp(method, "OPTIONS")) {
         struct MHD_Response *r =
@@ -646,9 +679,11 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
 
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
                       enum MHD_RequestTerminationCode toe) {
-    (void)cls, (void)c, (void)toe;
+    (void)c, (void)toe;
+    server *sv = cls;
     upload *u = *con_cls;
     if (u) {
+        atomic_fetch_sub(&sv->buffered, u->cap);
         free(u->body);
         free(u);
     }
@@ -671,7 +706,7 @@ static int serve_main(int argc, char **argv, cli_lora *lora) {
     cli_cache cache = CLI_CACHE_DEFAULT;
     int ck;
     long port = 8080, parallel = 4, ctx = 0, threads = 0, queue = 0, max_body = 1 << 20,
-         cache_mib = 1024;
+         cache_mib = 1024, timeout = 30;
     int map_mode = CLI_MAP_AUTO, lora_off = 0;
     for (int i = 1; i < argc; i++) {
         const char *v, *a = argv[i];
@@ -716,6 +751,8 @@ static int serve_main(int argc, char **argv, cli_lora *lora) {
             num = &cache_mib, lo = 0, hi = 1 << 24;
         } else if (cli_flag_value(argc, argv, &i, "--max-body", NULL, &v)) {
             num = &max_body, lo = 1024, hi = 1 << 30;
+        } else if (cli_flag_value(argc, argv, &i, "--timeout", "-to", &v)) {
+            num = &timeout, lo = 1, hi = 86400;
         } else if (cli_flag_value(argc, argv, &i, "-t", "--threads", &v)) {
             num = &threads, lo = 1, hi = 4096;
         } else {
@@ -806,6 +843,10 @@ static int serve_main(int argc, char **argv, cli_lora *lora) {
     sv.tok = tok;
     sv.api_key = api_key;
     sv.max_body = (size_t)max_body;
+    /* room for a few dozen largest bodies at once, and at least 64 MiB */
+    sv.max_buffered =
+        (size_t)max_body * 32 > ((size_t)64 << 20) ? (size_t)max_body * 32 : (size_t)64 << 20;
+    sv.timeout = (int)timeout;
     sv.ctx = srv_sched_ctx(sv.sched);
     sv.parallel = (int)parallel;
     sv.created = time(NULL);
@@ -820,12 +861,27 @@ static int serve_main(int argc, char **argv, cli_lora *lora) {
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
-    /* Connections beyond the limit are refused by the library; slow clients time out. */
-    unsigned conn_limit = (unsigned)(parallel + (queue ? queue : 4 * parallel)) * 2 + 32;
-    d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD, 0, NULL,
+    /* A thread per connection, so that clients that send slowly (or not at all) never hold up
+     * another's request: thousands of them may be open (poll, not select, past 1024 descriptors),
+     * each closed after --timeout, and their bodies held within max_buffered. Generation
+     * requests beyond the slots and the queue get 429 however many connections there are. */
+    unsigned conn_limit = 4096;
+    struct rlimit nofile;
+    if (!getrlimit(RLIMIT_NOFILE, &nofile)) {
+        if (nofile.rlim_cur < conn_limit + 256 && nofile.rlim_cur < nofile.rlim_max) {
+            nofile.rlim_cur =
+                nofile.rlim_max < conn_limit + 256 ? nofile.rlim_max : conn_limit + 256;
+            setrlimit(RLIMIT_NOFILE, &nofile);
+            getrlimit(RLIMIT_NOFILE, &nofile);
+        }
+        if (nofile.rlim_cur < conn_limit + 256)
+            conn_limit = nofile.rlim_cur > 320 ? (unsigned)nofile.rlim_cur - 256 : 64;
+    }
+    d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD, 0, NULL,
                          NULL, handler, &sv, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
                          MHD_OPTION_CONNECTION_LIMIT, conn_limit, MHD_OPTION_CONNECTION_TIMEOUT,
-                         (unsigned)30, MHD_OPTION_NOTIFY_COMPLETED, completed, &sv, MHD_OPTION_END);
+                         (unsigned)timeout, MHD_OPTION_NOTIFY_COMPLETED, completed, &sv,
+                         MHD_OPTION_END);
     if (!d) {
         rc = cli_fail("serve: cannot listen on %s:%ld (in use, or not an address of this machine)",
                       host, port);
