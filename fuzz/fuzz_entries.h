@@ -315,13 +315,13 @@ static inline int fuzz_gpt2_bpe(const uint8_t *data, size_t size) {
     return ok;
 }
 
-/* tlm serve's request parser: the first byte picks completions (even) or chat (odd); a parsed
- * chat is rendered through every template. */
+/* tlm serve's request parser: the first byte modulo 3 picks the shape (completions, chat,
+ * llama-server's /completion); a parsed chat is rendered through every template. */
 static inline int fuzz_request(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
     srv_request r;
     srv_error e;
-    if (srv_request_parse((const char *)data + 1, size - 1, data[0] & 1, &r, &e)) return 0;
+    if (srv_request_parse((const char *)data + 1, size - 1, data[0] % 3, &r, &e)) return 0;
     for (int t = 0; r.chat && t < TLM_CHAT_COUNT; t++) {
         char *out = NULL;
         if (srv_template_apply((tlm_chat_template)t, r.messages, r.n_messages, &out) == TLM_OK)

@@ -139,7 +139,8 @@ seed("tokenizer_load", "tlm_spm_dir", 4, rd(f"{w}/run_spm/tokenizer/tokenizer.js
      rd(f"{w}/run_spm/tokenizer/tokenizer.bin"))
 seed("tokenizer_load", "tlm_char_dir", 5, rd(f"{w}/run_char/tokenizer/tokenizer.json"))
 PY
-# tlm serve's request bodies: the first byte picks the endpoint (0 completions, 1 chat).
+# tlm serve's request bodies: the first byte picks the endpoint (0 completions, 1 chat, 2
+# llama-server's /completion).
 /usr/bin/python3 - "$C/request" <<'PY'
 import json, sys
 d = sys.argv[1]
@@ -161,6 +162,9 @@ seed("chat_schema", 1, {"messages": [{"role": "user", "content": "Name?"}], "res
     "type": "json_schema", "json_schema": {"name": "n", "strict": True, "schema": {
         "type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}}}})
 seed("completion_grammar", 0, {"prompt": "x", "grammar": 'root ::= "yes" | "no"'})
+seed("native", 2, {"prompt": [1, "Once", 5], "n_predict": 4, "n_probs": 2, "return_tokens": True,
+                   "logit_bias": [[3, False], ["cat", -1.5]], "ignore_eos": True, "mirostat": 0,
+                   "samplers": ["top_k", "temperature"], "seed": -1, "cache_prompt": True})
 PY
 # Instruction data (JSON Lines): the first byte picks the options (fuzz_examples).
 /usr/bin/python3 - "$C/examples" <<'PY'

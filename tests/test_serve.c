@@ -175,7 +175,7 @@ static void test_stop_scan(void) {
     n = srv_stop_scan("abcENDxyz", 9, stops, 2, &hit);
     CHECK(n == 3 && hit, "cuts at the stop: %zu", n);
     n = srv_stop_scan("a\n\nbEND", 7, stops, 2, &hit);
-    CHECK(n == 1 && hit, "the first stop wins: %zu", n);
+    CHECK(n == 1 && hit == 2, "the first stop wins, named by its index + 1: %zu, %d", n, hit);
     n = srv_stop_scan("abc\n", 4, stops, 2, &hit);
     CHECK(n == 3 && !hit, "newline held: %zu", n);
     n = srv_stop_scan("abcE", 4, NULL, 0, &hit);

@@ -30,10 +30,11 @@ static const char *serve_help =
     "                 [--queue N] [--max-body BYTES] [--timeout S] [--precision auto|fp32|bf16]\n"
     "                 [--cache-type T | -ctk T -ctv T] [--mmap|--no-mmap]\n"
     "\n"
-    "Serves the OpenAI API (POST /v1/completions, /v1/chat/completions, GET /v1/models) plus\n"
-    "/health, /metrics (Prometheus), /tokenize, /detokenize, /lora-adapters and a chat page\n"
-    "at /. Requests may constrain their output with response_format (json_object,\n"
-    "json_schema), json_schema or grammar (GBNF): docs/structured-output.md.\n\n"
+    "Serves the OpenAI API (POST /v1/completions, /v1/chat/completions, GET /v1/models),\n"
+    "llama-server's own (POST /completion, /tokenize, /detokenize, /apply-template,\n"
+    "/lora-adapters, GET /props, /health, /metrics) and a chat page at /: docs/serving.md.\n"
+    "Requests may constrain their output with response_format (json_object, json_schema),\n"
+    "json_schema or grammar (GBNF): docs/structured-output.md.\n\n"
     "  -m, --model PATH      model\n"
     "  -z, --tokenizer PATH  tokenizer; default: the model's own\n"
     "  --host ADDR           IPv4 address to bind (default 127.0.0.1: this machine only)\n"
@@ -77,6 +78,7 @@ typedef struct {
     const tlm_tokenizer *tok;
     tlm_chat_template tpl;
     const char *model_id;
+    const char *model_path;
     const char *api_key;
     size_t max_body;
     /* Request bodies being received, in all (allocated bytes), and their budget: clients that
@@ -164,6 +166,9 @@ typedef struct {
     srv_response resp;
     size_t out_pos; /* bytes of resp.out already handed to the library */
     int done;
+    int32_t *bias_id; /* the request's logit_bias, resolved to token ids */
+    float *bias;
+    int n_bias;
 } gen;
 
 static void gen_free(gen *g) {
@@ -175,6 +180,8 @@ static void gen_free(gen *g) {
     }
     srv_request_free(&g->req);
     srv_response_free(&g->resp);
+    free(g->bias_id);
+    free(g->bias);
     free(g);
 }
 
@@ -204,11 +211,91 @@ static void stream_free(void *cls) { gen_free(cls); }
 
 /* Prompt ids for the request: the template and tokenizer for chat, the text or ids given for
  * completions. SentencePiece vocabularies start with BOS, as their models were trained. */
+/* llama-server's mixed prompt: ids as they are, text tokenized (the first piece, when text, after
+ * a BOS where the vocabulary adds one). */
+static int pieces_ids(gen *g, int32_t **ids, size_t *n, char *err, size_t errlen) {
+    server *sv = g->sv;
+    const srv_request *r = &g->req;
+    int32_t bos = tlm_tokenizer_bos(sv->tok), *out = NULL;
+    size_t len = 0, cap = 0;
+    int ok = 1;
+    if (r->pieces[0].id < 0 && bos >= 0 && tlm_tokenizer_add_bos(sv->tok)) {
+        out = malloc(16 * sizeof *out);
+        cap = 16;
+        if (out) out[len++] = bos;
+        ok = out != NULL;
+    }
+    for (int i = 0; ok && i < r->n_pieces; i++) {
+        int32_t *v = NULL, one = r->pieces[i].id;
+        size_t nv = 1;
+        if (one < 0 && tlm_tokenizer_encode(sv->tok, r->pieces[i].text, strlen(r->pieces[i].text),
+                                            0, &v, &nv)) {
+            free(out);
+            return snprintf(err, errlen, "tokenizing the prompt: %s", tlm_last_error()), -1;
+        }
+        if (len + nv > cap) {
+            cap = (len + nv) * 2;
+            int32_t *q = realloc(out, cap * sizeof *out);
+            if (!q)
+                ok = 0;
+            else
+                out = q;
+        }
+        if (ok) memcpy(out + len, v ? v : &one, nv * sizeof *out);
+        if (ok) len += nv;
+        free(v);
+    }
+    if (!ok || !len) {
+        free(out);
+        return snprintf(err, errlen, ok ? "the prompt is empty" : "out of memory"), -1;
+    }
+    *ids = out;
+    *n = len;
+    return 0;
+}
+
+/* logit_bias into token ids: an id as it is, text as each token of its tokenization. */
+static int resolve_bias(gen *g, char *err, size_t errlen) {
+    const srv_request *r = &g->req;
+    int V = tlm_tokenizer_vocab_size(g->sv->tok), cap = 0;
+    for (int i = 0; i < r->n_bias; i++) {
+        const srv_bias *b = &r->bias[i];
+        int32_t *v = NULL, one = b->id;
+        size_t nv = 1;
+        if (b->id < 0 && tlm_tokenizer_encode(g->sv->tok, b->text, strlen(b->text), 0, &v, &nv))
+            return snprintf(err, errlen, "tokenizing a logit_bias text: %s", tlm_last_error()), -1;
+        if (b->id >= V) {
+            free(v);
+            return snprintf(err, errlen, "logit_bias: token id %d is outside the vocabulary (%d)",
+                            b->id, V),
+                   -1;
+        }
+        if (g->n_bias + (int)nv > cap) {
+            cap = (g->n_bias + (int)nv) * 2;
+            int32_t *qi = realloc(g->bias_id, (size_t)cap * sizeof *qi);
+            if (qi) g->bias_id = qi;
+            float *qb = realloc(g->bias, (size_t)cap * sizeof *qb);
+            if (qb) g->bias = qb;
+            if (!qi || !qb) {
+                free(v);
+                return snprintf(err, errlen, "out of memory"), -1;
+            }
+        }
+        for (size_t k = 0; k < nv; k++) {
+            g->bias_id[g->n_bias] = v ? v[k] : one;
+            g->bias[g->n_bias++] = b->bias;
+        }
+        free(v);
+    }
+    return 0;
+}
+
 static int prompt_ids(gen *g, int32_t **ids, size_t *n, char *err, size_t errlen) {
     server *sv = g->sv;
     const srv_request *r = &g->req;
     *ids = NULL;
     *n = 0;
+    if (r->pieces) return pieces_ids(g, ids, n, err, errlen);
     if (r->prompt_ids) {
         *ids = malloc((size_t)r->n_prompt_ids * sizeof **ids);
         if (!*ids) return snprintf(err, errlen, "out of memory"), -1;
@@ -254,8 +341,10 @@ static int prompt_ids(gen *g, int32_t **ids, size_t *n, char *err, size_t errlen
     return 0;
 }
 
+/* shape: SRV_COMPLETIONS, SRV_CHAT or SRV_NATIVE (llama-server's /completion) */
 static enum MHD_Result handle_generate(server *sv, struct MHD_Connection *c, const char *body,
-                                       size_t len, int chat) {
+                                       size_t len, int shape) {
+    int chat = shape == SRV_CHAT;
     if (sv->draining) return send_error(sv, c, 503, NULL, "the server is shutting down");
     gen *g = calloc(1, sizeof *g);
     if (!g) return send_error(sv, c, 500, NULL, "out of memory");
@@ -263,7 +352,7 @@ static enum MHD_Result handle_generate(server *sv, struct MHD_Connection *c, con
     g->sv = sv;
     g->conn = c;
     srv_error e;
-    if (srv_request_parse(body, len, chat, &g->req, &e)) {
+    if (srv_request_parse(body, len, shape, &g->req, &e)) {
         gen_free(g);
         return send_error(sv, c, e.status, e.param, "%s", e.message);
     }
@@ -282,6 +371,11 @@ static enum MHD_Result handle_generate(server *sv, struct MHD_Connection *c, con
     if (prompt_ids(g, &ids, &n_ids, err, sizeof err)) {
         gen_free(g);
         return send_error(sv, c, 400, chat ? "messages" : "prompt", "%s", err);
+    }
+    if (resolve_bias(g, err, sizeof err)) {
+        free(ids);
+        gen_free(g);
+        return send_error(sv, c, 400, "logit_bias", "%s", err);
     }
     if (n_ids > (size_t)sv->ctx) {
         free(ids);
@@ -322,6 +416,11 @@ static enum MHD_Result handle_generate(server *sv, struct MHD_Connection *c, con
         j->top_logprobs = r->top_logprobs;
         memcpy(j->lora_scale, lora_scale, sizeof j->lora_scale);
         j->grammar = r->grammar;
+        j->bias_id = g->bias_id;
+        j->bias = g->bias;
+        j->n_bias = g->n_bias;
+        j->ignore_eos = r->ignore_eos;
+        j->keep_ids = r->native;
         g->jobs[g->n_jobs++] = j;
     }
     free(ids);
@@ -342,6 +441,7 @@ static enum MHD_Result handle_generate(server *sv, struct MHD_Connection *c, con
         gen_free(g);
         return send_error(sv, c, 500, NULL, "out of memory");
     }
+    g->resp.n_ctx = sv->ctx;
     tlm_status st = srv_sched_submit(sv->sched, g->jobs, g->n_jobs);
     if (st) {
         /* Never queued: nothing to release. */
@@ -485,6 +585,49 @@ static enum MHD_Result handle_lora(server *sv, struct MHD_Connection *c, int pos
         if (!out) return send_error(sv, c, 500, NULL, "out of memory");
     }
     return send_body(sv, c, 200, "application/json", out, strlen(out), 0);
+}
+
+/* llama-server's GET /props: the defaults a /completion gets, the slots, the model and template. */
+static enum MHD_Result handle_props(server *sv, struct MHD_Connection *c) {
+    cJSON *out = cJSON_CreateObject();
+    cJSON *d = cJSON_AddObjectToObject(out, "default_generation_settings");
+    cJSON_AddNumberToObject(d, "n_ctx", sv->ctx);
+    cJSON *p = cJSON_AddObjectToObject(d, "params");
+    tlm_sampler_opts so;
+    tlm_sampler_opts_defaults(&so);
+    cJSON_AddNumberToObject(p, "n_predict", -1);
+    cJSON_AddNumberToObject(p, "temperature", so.temperature);
+    cJSON_AddNumberToObject(p, "top_k", so.top_k);
+    cJSON_AddNumberToObject(p, "top_p", so.top_p);
+    cJSON_AddNumberToObject(p, "min_p", 0.05);
+    cJSON_AddNumberToObject(p, "repeat_penalty", 1.0);
+    cJSON_AddNumberToObject(p, "repeat_last_n", 64);
+    cJSON_AddNumberToObject(out, "total_slots", sv->parallel);
+    cJSON_AddStringToObject(out, "model_alias", sv->model_id);
+    cJSON_AddStringToObject(out, "model_path", sv->model_path);
+    cJSON_AddStringToObject(out, "chat_template", tlm_chat_template_name(sv->tpl));
+    cJSON_AddStringToObject(out, "build_info", "tlm " TLM_VERSION);
+    cJSON *mod = cJSON_AddObjectToObject(out, "modalities");
+    cJSON_AddBoolToObject(mod, "vision", 0);
+    cJSON_AddBoolToObject(mod, "audio", 0);
+    return send_json(sv, c, 200, out);
+}
+
+/* llama-server's POST /apply-template: {"messages": [...]} rendered as the chat prompt. */
+static enum MHD_Result handle_apply_template(server *sv, struct MHD_Connection *c, const char *body,
+                                             size_t len) {
+    srv_request r;
+    srv_error e;
+    if (srv_request_parse(body, len, SRV_CHAT, &r, &e))
+        return send_error(sv, c, e.status, e.param, "%s", e.message);
+    char *text = NULL;
+    tlm_status st = srv_template_apply(sv->tpl, r.messages, r.n_messages, &text);
+    srv_request_free(&r);
+    if (st) return send_error(sv, c, 400, "messages", "%s", tlm_last_error());
+    cJSON *out = cJSON_CreateObject();
+    cJSON_AddStringToObject(out, "prompt", text);
+    free(text);
+    return send_json(sv, c, 200, out);
 }
 
 static enum MHD_Result handle_models(server *sv, struct MHD_Connection *c) {
@@ -656,7 +799,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     if (get && (!strcmp(url, "/") || !strcmp(url, "/index.html")))
         return send_body(sv, c, 200, "text/html; charset=utf-8", (const char *)tlm_web_index,
                          tlm_web_index_len, 1);
-    if (get && !strcmp(url, "/health")) {
+    if (get && (!strcmp(url, "/health") || !strcmp(url, "/v1/health"))) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "status", sv->draining ? "shutting down" : "ok");
         return send_json(sv, c, sv->draining ? 503 : 200, o);
@@ -667,9 +810,15 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     const char *body = u->body ? u->body : "";
     if (get && !strcmp(url, "/metrics")) return handle_metrics(sv, c);
     if (get && path_is(url, "/v1/models")) return handle_models(sv, c);
-    if (post && path_is(url, "/v1/completions")) return handle_generate(sv, c, body, u->len, 0);
+    if (get && !strcmp(url, "/props")) return handle_props(sv, c);
+    if (post && !strcmp(url, "/apply-template")) return handle_apply_template(sv, c, body, u->len);
+    /* llama-server's own /completion (and /completions), then OpenAI's under /v1 */
+    if (post && (!strcmp(url, "/completion") || !strcmp(url, "/completions")))
+        return handle_generate(sv, c, body, u->len, SRV_NATIVE);
+    if (post && !strcmp(url, "/v1/completions"))
+        return handle_generate(sv, c, body, u->len, SRV_COMPLETIONS);
     if (post && path_is(url, "/v1/chat/completions"))
-        return handle_generate(sv, c, body, u->len, 1);
+        return handle_generate(sv, c, body, u->len, SRV_CHAT);
     if (post && !strcmp(url, "/tokenize")) return handle_tokenize(sv, c, body, u->len);
     if ((get || post) && !strcmp(url, "/lora-adapters"))
         return handle_lora(sv, c, post, body, post ? u->len : 0);
@@ -840,6 +989,7 @@ static int serve_main(int argc, char **argv, cli_lora *lora) {
     }
     const char *base = strrchr(model_path, '/');
     sv.model_id = base && base[1] ? base + 1 : model_path;
+    sv.model_path = model_path;
     sv.tok = tok;
     sv.api_key = api_key;
     sv.max_body = (size_t)max_body;

@@ -186,9 +186,30 @@ static int parse_prompt(const cJSON *root, srv_request *r, srv_error *e) {
     if (!cJSON_IsArray(p) || cJSON_GetArraySize(p) == 0)
         return fail(e, "prompt", "'prompt' must be a string, or an array of token ids");
     int n = cJSON_GetArraySize(p);
+    const cJSON *x;
+    int texts = 0;
+    cJSON_ArrayForEach(x, p) texts += cJSON_IsString(x);
+    if (r->native && texts) { /* llama-server's mixed prompt: ids and text in one sequence */
+        r->pieces = calloc((size_t)n, sizeof *r->pieces);
+        if (!r->pieces) return fail(e, "prompt", "out of memory");
+        cJSON_ArrayForEach(x, p) {
+            srv_prompt_piece *pc = &r->pieces[r->n_pieces++];
+            pc->id = -1;
+            if (cJSON_IsString(x)) {
+                if (!(pc->text = dup_checked(x->valuestring, "prompt", e))) return -1;
+            } else if (cJSON_IsNumber(x) && x->valuedouble == floor(x->valuedouble) &&
+                       x->valuedouble >= 0 && x->valuedouble < TLM_MAX_VOCAB_SIZE) {
+                pc->id = (int32_t)x->valuedouble;
+            } else {
+                return fail(e, "prompt",
+                            "'prompt' as an array holds token ids and strings (one prompt; "
+                            "several prompts in one request are not supported)");
+            }
+        }
+        return 0;
+    }
     r->prompt_ids = malloc((size_t)n * sizeof *r->prompt_ids);
     if (!r->prompt_ids) return fail(e, "prompt", "out of memory");
-    const cJSON *x;
     cJSON_ArrayForEach(x, p) {
         if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) ||
             !(x->valuedouble >= 0 && x->valuedouble < TLM_MAX_VOCAB_SIZE))
@@ -295,6 +316,134 @@ int srv_lora_scales(const srv_lora_set *s, const srv_request *r, float *out, srv
     return 0;
 }
 
+/* One logit_bias entry: key an id (a number, or a string of digits in the object form) or text. */
+static int add_bias(srv_request *r, const cJSON *key, const char *key_text, const cJSON *v,
+                    srv_error *e) {
+    if (r->n_bias == SRV_MAX_BIAS)
+        return fail(e, "logit_bias", "'logit_bias' holds at most %d entries", SRV_MAX_BIAS);
+    srv_bias *b = &r->bias[r->n_bias];
+    b->id = -1;
+    if (cJSON_IsFalse(v)) {
+        b->bias = -INFINITY;
+    } else if (cJSON_IsNumber(v) && isfinite(v->valuedouble)) {
+        b->bias = (float)v->valuedouble;
+    } else {
+        return fail(e, "logit_bias", "a 'logit_bias' value must be a number (or false: never)");
+    }
+    const char *digits = key_text;
+    if (key && cJSON_IsNumber(key)) {
+        if (key->valuedouble != floor(key->valuedouble) || !(key->valuedouble >= 0) ||
+            key->valuedouble >= TLM_MAX_VOCAB_SIZE)
+            return fail(e, "logit_bias", "a 'logit_bias' token id must be an integer >= 0");
+        b->id = (int32_t)key->valuedouble;
+    } else if (key && cJSON_IsString(key)) {
+        digits = NULL;
+        if (!(b->text = dup_checked(key->valuestring, "logit_bias", e))) return -1;
+    } else if (!key && digits) {
+        char *end;
+        long long id = strtoll(digits, &end, 10);
+        if (*digits && !*end && id >= 0 && id < TLM_MAX_VOCAB_SIZE) {
+            b->id = (int32_t)id;
+        } else if (!(b->text = dup_checked(digits, "logit_bias", e))) {
+            return -1;
+        }
+    } else {
+        return fail(e, "logit_bias", "'logit_bias' entries are [token id or text, bias] pairs");
+    }
+    r->n_bias++;
+    return 0;
+}
+
+/* OpenAI's {"id": bias}, llama-server's [[id or text, bias or false], ...] (or the object). */
+static int parse_bias(const cJSON *root, srv_request *r, srv_error *e) {
+    const cJSON *lb = field(root, "logit_bias");
+    if (!lb) return 0;
+    if (!cJSON_IsObject(lb) && !cJSON_IsArray(lb))
+        return fail(e, "logit_bias", "'logit_bias' must be an object or an array of pairs");
+    int n = cJSON_GetArraySize(lb);
+    if (n > SRV_MAX_BIAS)
+        return fail(e, "logit_bias", "'logit_bias' holds at most %d entries", SRV_MAX_BIAS);
+    r->bias = calloc((size_t)(n > 0 ? n : 1), sizeof *r->bias);
+    if (!r->bias) return fail(e, "logit_bias", "out of memory");
+    const cJSON *x;
+    cJSON_ArrayForEach(x, lb) {
+        if (cJSON_IsObject(lb)) {
+            if (add_bias(r, NULL, x->string, x, e)) return -1;
+        } else {
+            if (!cJSON_IsArray(x) || cJSON_GetArraySize(x) != 2)
+                return fail(e, "logit_bias",
+                            "'logit_bias' entries are [token id or text, bias] pairs");
+            if (add_bias(r, cJSON_GetArrayItem(x, 0), NULL, cJSON_GetArrayItem(x, 1), e)) return -1;
+        }
+    }
+    return 0;
+}
+
+/* llama-server's /completion fields: n_probs, return_tokens, its samplers list, and the samplers
+ * tlm lacks, accepted only at the values that leave them off. */
+static int parse_native(const cJSON *root, srv_request *r, srv_error *e) {
+    long long iv;
+    double dv = 0;
+    int got, flag = 0;
+    if ((got = get_int(root, "n_probs", 0, 1 << 20, &iv, e)) < 0) return -1;
+    if (got && iv > 0) {
+        r->logprobs = 1;
+        r->top_logprobs = iv < SRV_MAX_TOP_LOGPROBS ? (int)iv : SRV_MAX_TOP_LOGPROBS;
+    }
+    if (get_bool(root, "return_tokens", &r->return_tokens, e) < 0) return -1;
+    /* accepted: tlm always reuses a cached prefix, and picks its own slot */
+    if (get_bool(root, "cache_prompt", &flag, e) < 0) return -1;
+    if (get_int(root, "id_slot", -1, 1 << 20, &iv, e) < 0) return -1;
+    if (get_int(root, "n_keep", -1, TLM_MAX_CONTEXT_LENGTH, &iv, e) < 0) return -1;
+    if ((got = get_int(root, "n_cmpl", 1, 1, &iv, e)) < 0) return -1;
+    static const struct {
+        const char *name;
+        double off;
+    } neutral[] = {{"mirostat", 0},         {"typical_p", 1},       {"dynatemp_range", 0},
+                   {"dry_multiplier", 0},   {"xtc_probability", 0}, {"n_indent", 0},
+                   {"t_max_predict_ms", 0}, {"top_n_sigma", -1}};
+    for (size_t i = 0; i < sizeof neutral / sizeof neutral[0]; i++) {
+        if ((got = get_number(root, neutral[i].name, -1e9, 1e9, &dv, e)) < 0) return -1;
+        if (got && dv != neutral[i].off)
+            return fail(e, neutral[i].name, "'%s' is not supported by tlm serve (only %g: off)",
+                        neutral[i].name, neutral[i].off);
+    }
+    int post = 0;
+    if (get_bool(root, "post_sampling_probs", &post, e) < 0) return -1;
+    if (post)
+        return fail(e, "post_sampling_probs",
+                    "'post_sampling_probs' is not supported by tlm serve (n_probs gives logprobs)");
+    const cJSON *sm = field(root, "samplers");
+    if (sm) {
+        /* which of tlm's samplers run: those listed (tlm applies them in its own order) */
+        if (!cJSON_IsArray(sm)) return fail(e, "samplers", "'samplers' must be an array of names");
+        int top_k = 0, top_p = 0, min_p = 0, temp = 0;
+        const cJSON *x;
+        cJSON_ArrayForEach(x, sm) {
+            if (!cJSON_IsString(x)) return fail(e, "samplers", "'samplers' holds names");
+            const char *s = x->valuestring;
+            if (!strcmp(s, "top_k") || !strcmp(s, "k"))
+                top_k = 1;
+            else if (!strcmp(s, "top_p") || !strcmp(s, "p"))
+                top_p = 1;
+            else if (!strcmp(s, "min_p") || !strcmp(s, "m"))
+                min_p = 1;
+            else if (!strcmp(s, "temperature") || !strcmp(s, "t"))
+                temp = 1;
+            else if (strcmp(s, "dry") && strcmp(s, "typ_p") && strcmp(s, "typical_p") &&
+                     strcmp(s, "xtc") && strcmp(s, "penalties") && strcmp(s, "infill") &&
+                     strcmp(s, "top_n_sigma") && strcmp(s, "d") && strcmp(s, "y") &&
+                     strcmp(s, "x") && strcmp(s, "e") && strcmp(s, "i") && strcmp(s, "s"))
+                return fail(e, "samplers", "'samplers': unknown sampler '%.40s'", s);
+        }
+        if (!top_k) r->sampling.top_k = 0;
+        if (!top_p) r->sampling.top_p = 1.0f;
+        if (!min_p) r->sampling.min_p = 0.0f;
+        if (!temp && r->sampling.temperature > 0.0f) r->sampling.temperature = 1.0f;
+    }
+    return 0;
+}
+
 /* A schema (object or boolean) compiled into r->grammar. */
 static int compile_schema(const cJSON *schema, srv_request *r, const char *param, srv_error *e) {
     char *text = cJSON_PrintUnformatted(schema);
@@ -360,16 +509,22 @@ static int parse_structured(const cJSON *root, srv_request *r, srv_error *e) {
                 type);
 }
 
-int srv_request_parse(const char *body, size_t len, int chat, srv_request *r, srv_error *e) {
+int srv_request_parse(const char *body, size_t len, int shape, srv_request *r, srv_error *e) {
     memset(r, 0, sizeof *r);
     memset(e, 0, sizeof *e);
+    int chat = shape == SRV_CHAT;
     r->chat = chat;
+    r->native = shape == SRV_NATIVE;
     r->max_tokens = -1;
     r->n = 1;
     tlm_sampler_opts_defaults(&r->sampling);
-    r->sampling.temperature = 1.0f; /* OpenAI's default */
-    r->sampling.top_k = 0;
-    r->sampling.top_p = 1.0f;
+    if (r->native) { /* llama-server's defaults */
+        r->sampling.min_p = 0.05f;
+    } else { /* OpenAI's */
+        r->sampling.temperature = 1.0f;
+        r->sampling.top_k = 0;
+        r->sampling.top_p = 1.0f;
+    }
     cJSON *root = cJSON_ParseWithLength(body, len);
     int rc = -1;
     if (!root) {
@@ -416,16 +571,16 @@ int srv_request_parse(const char *body, size_t len, int chat, srv_request *r, sr
     if (got) r->sampling.penalty_last_n = (int)iv;
     if ((got = get_int(root, "seed", -9007199254740991.0, 9007199254740991.0, &iv, e)) < 0)
         goto done;
-    if (got) {
+    if (got && !(r->native && iv == -1)) { /* llama-server's -1: a random seed */
         r->sampling.seed = (uint64_t)iv;
         r->seed_given = 1;
     }
     if ((got = get_int(root, "n", 1, SRV_MAX_N, &iv, e)) < 0) goto done;
-    if (got) r->n = (int)iv;
+    if (got && !r->native) r->n = (int)iv; /* not a /completion field: one answer */
     if (parse_stop(root, r, e)) goto done;
     if (get_bool(root, "stream", &r->stream, e) < 0) goto done;
     if (get_bool(root, "echo", &r->echo, e) < 0) goto done;
-    if (r->echo && chat) {
+    if (r->echo && (chat || r->native)) {
         fail(e, "echo", "'echo' is for /v1/completions");
         goto done;
     }
@@ -437,8 +592,11 @@ int srv_request_parse(const char *body, size_t len, int chat, srv_request *r, sr
         }
         if (get_bool(so, "include_usage", &r->include_usage, e) < 0) goto done;
     }
-    /* Chat: logprobs is a boolean and top_logprobs a count; completions: logprobs is the count. */
-    if (chat) {
+    /* Chat: logprobs is a boolean and top_logprobs a count; completions: logprobs is the count;
+     * llama-server's: n_probs. */
+    if (r->native) {
+        if (parse_native(root, r, e)) goto done;
+    } else if (chat) {
         if (get_bool(root, "logprobs", &r->logprobs, e) < 0) goto done;
         if ((got = get_int(root, "top_logprobs", 0, SRV_MAX_TOP_LOGPROBS, &iv, e)) < 0) goto done;
         if (got) {
@@ -457,6 +615,8 @@ int srv_request_parse(const char *body, size_t len, int chat, srv_request *r, sr
     }
     if (parse_lora(root, r, e)) goto done;
     if (parse_structured(root, r, e)) goto done;
+    if (parse_bias(root, r, e)) goto done;
+    if (get_bool(root, "ignore_eos", &r->ignore_eos, e) < 0) goto done;
     rc = 0;
 done:
     cJSON_Delete(root);
@@ -476,5 +636,9 @@ void srv_request_free(srv_request *r) {
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->model);
     tlm_grammar_free(r->grammar);
+    for (int i = 0; i < r->n_pieces; i++) free(r->pieces[i].text);
+    free(r->pieces);
+    for (int i = 0; i < r->n_bias; i++) free(r->bias[i].text);
+    free(r->bias);
     memset(r, 0, sizeof *r);
 }

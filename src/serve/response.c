@@ -193,6 +193,129 @@ static cJSON *final_json(srv_response *g) {
     return r;
 }
 
+/* ---- llama-server's /completion ---------------------------------------------------------- */
+
+/* completion_probabilities of tokens [from, to): each {id, token, bytes, logprob, top_logprobs}. */
+static cJSON *native_probs(srv_response *g, const srv_job *j, int from, int to) {
+    cJSON *a = cJSON_CreateArray();
+    for (int t = from; t < to; t++) {
+        const srv_token_lp *x = &j->lps[t];
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddNumberToObject(e, "id", x->id);
+        piece_json(g->tok, x->id, e, 1);
+        cJSON_AddNumberToObject(e, "logprob", x->logprob);
+        cJSON *tops = cJSON_AddArrayToObject(e, "top_logprobs");
+        for (int k = 0; k < x->n_top; k++) {
+            cJSON *te = cJSON_CreateObject();
+            cJSON_AddNumberToObject(te, "id", x->top_id[k]);
+            piece_json(g->tok, x->top_id[k], te, 1);
+            cJSON_AddNumberToObject(te, "logprob", x->top_lp[k]);
+            cJSON_AddItemToArray(tops, te);
+        }
+        cJSON_AddItemToArray(a, e);
+    }
+    return a;
+}
+
+static cJSON *ids_json(const srv_job *j, int from, int to) {
+    cJSON *a = cJSON_CreateArray();
+    for (int t = from; t < to; t++) cJSON_AddItemToArray(a, cJSON_CreateNumber(j->out_ids[t]));
+    return a;
+}
+
+/* The prompt as text: as given, or the pieces of its ids. */
+static void add_prompt(srv_response *g, cJSON *o, const srv_job *j) {
+    if (g->req->prompt) {
+        cJSON_AddStringToObject(o, "prompt", g->req->prompt);
+        return;
+    }
+    size_t len = 0;
+    for (int i = 0; i < j->n_ids; i++) {
+        const char *b;
+        size_t n = 0;
+        tlm_tokenizer_piece(g->tok, j->ids[i], &b, &n);
+        len += n;
+    }
+    char *s = malloc(len + 1), *w = s;
+    for (int i = 0; s && i < j->n_ids; i++) {
+        const char *b = "";
+        size_t n = 0;
+        tlm_tokenizer_piece(g->tok, j->ids[i], &b, &n);
+        memcpy(w, b, n);
+        w += n;
+    }
+    if (s) add_fixed(o, "prompt", s, len);
+    free(s);
+}
+
+/* Everything llama-server's final answer holds but the content and its tokens. */
+static void native_tail(srv_response *g, cJSON *o, const srv_job *j) {
+    const srv_request *r = g->req;
+    cJSON_AddStringToObject(o, "model", r->model ? r->model : g->model_id);
+    cJSON_AddNumberToObject(o, "tokens_predicted", j->completion_tokens);
+    cJSON_AddNumberToObject(o, "tokens_evaluated", j->n_ids);
+    cJSON *gs = cJSON_AddObjectToObject(o, "generation_settings");
+    cJSON_AddNumberToObject(gs, "n_predict", r->max_tokens);
+    cJSON_AddNumberToObject(gs, "seed", (double)r->sampling.seed);
+    cJSON_AddNumberToObject(gs, "temperature", r->sampling.temperature);
+    cJSON_AddNumberToObject(gs, "top_k", r->sampling.top_k);
+    cJSON_AddNumberToObject(gs, "top_p", r->sampling.top_p);
+    cJSON_AddNumberToObject(gs, "min_p", r->sampling.min_p);
+    cJSON_AddNumberToObject(gs, "repeat_penalty",
+                            r->sampling.repeat_penalty ? r->sampling.repeat_penalty : 1.0);
+    cJSON_AddNumberToObject(gs, "repeat_last_n",
+                            r->sampling.penalty_last_n ? r->sampling.penalty_last_n : 64);
+    cJSON_AddNumberToObject(gs, "presence_penalty", r->sampling.presence_penalty);
+    cJSON_AddNumberToObject(gs, "frequency_penalty", r->sampling.frequency_penalty);
+    cJSON_AddNumberToObject(gs, "n_probs", r->logprobs ? r->top_logprobs : 0);
+    cJSON_AddBoolToObject(gs, "ignore_eos", r->ignore_eos);
+    cJSON_AddBoolToObject(gs, "stream", r->stream);
+    cJSON *stop = cJSON_AddArrayToObject(gs, "stop");
+    for (int i = 0; i < r->n_stop; i++) cJSON_AddItemToArray(stop, cJSON_CreateString(r->stop[i]));
+    if (g->n_ctx) cJSON_AddNumberToObject(gs, "n_ctx", g->n_ctx);
+    add_prompt(g, o, j);
+    cJSON_AddBoolToObject(o, "has_new_line", j->text_len && memchr(j->text, '\n', j->text_len));
+    cJSON_AddBoolToObject(o, "truncated", g->n_ctx && j->n_ids + j->completion_tokens >= g->n_ctx);
+    const char *type = j->eos || (j->finish == SRV_FINISH_STOP && j->stop_word < 0) ? "eos"
+                       : j->stop_word >= 0                                          ? "word"
+                       : j->finish == SRV_FINISH_LENGTH                             ? "limit"
+                                                                                    : "none";
+    cJSON_AddStringToObject(o, "stop_type", type);
+    cJSON_AddStringToObject(o, "stopping_word",
+                            j->stop_word >= 0 && j->stop_word < j->n_stop ? j->stop[j->stop_word]
+                                                                          : "");
+    cJSON_AddNumberToObject(o, "tokens_cached", j->cached_tokens);
+    cJSON *t = cJSON_AddObjectToObject(o, "timings");
+    int pn = j->n_ids - j->cached_tokens, dn = j->completion_tokens;
+    double pms = j->t_first > j->t_submit ? (j->t_first - j->t_submit) * 1e3 : 0;
+    double dms = j->t_done > j->t_first && j->t_first ? (j->t_done - j->t_first) * 1e3 : 0;
+    cJSON_AddNumberToObject(t, "cache_n", j->cached_tokens);
+    cJSON_AddNumberToObject(t, "prompt_n", pn);
+    cJSON_AddNumberToObject(t, "prompt_ms", pms);
+    cJSON_AddNumberToObject(t, "prompt_per_token_ms", pn ? pms / pn : 0);
+    cJSON_AddNumberToObject(t, "prompt_per_second", pms > 0 ? pn * 1e3 / pms : 0);
+    cJSON_AddNumberToObject(t, "predicted_n", dn);
+    cJSON_AddNumberToObject(t, "predicted_ms", dms);
+    cJSON_AddNumberToObject(t, "predicted_per_token_ms", dn ? dms / dn : 0);
+    cJSON_AddNumberToObject(t, "predicted_per_second", dms > 0 ? dn * 1e3 / dms : 0);
+}
+
+/* The whole answer of job i (done): llama-server's /completion object. */
+static cJSON *native_final(srv_response *g, int i) {
+    const srv_job *j = g->jobs[i];
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "index", i);
+    add_fixed(o, "content", j->text ? j->text : "", j->text_len);
+    cJSON_AddItemToObject(
+        o, "tokens", g->req->return_tokens ? ids_json(j, 0, j->n_out_ids) : cJSON_CreateArray());
+    cJSON_AddNumberToObject(o, "id_slot", 0);
+    cJSON_AddBoolToObject(o, "stop", 1);
+    native_tail(g, o, j);
+    if (g->req->logprobs)
+        cJSON_AddItemToObject(o, "completion_probabilities", native_probs(g, j, 0, j->n_lps));
+    return o;
+}
+
 static int out_put(srv_response *g, const char *s, size_t n) {
     if (g->out_len + n > g->out_cap) {
         size_t cap = (g->out_len + n) * 2 + 256;
@@ -216,9 +339,52 @@ static void out_event(srv_response *g, cJSON *j) {
     free(s);
 }
 
+/* llama-server's stream: {content, tokens, stop: false, ...} per step, then the final object with
+ * stop: true; no [DONE]. */
+static int native_stream(srv_response *g) {
+    srv_job *j = g->jobs[0];
+    if (g->finished[0]) return 1;
+    if (j->finish == SRV_FINISH_ERROR) {
+        out_event(g, error_obj(500, NULL, j->error));
+        g->finished[0] = 1;
+        return 1;
+    }
+    int new_text = j->text_len > g->sent_text[0], new_ids = j->n_out_ids > g->sent_ids[0];
+    if (new_text || new_ids) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "index", 0);
+        add_fixed(o, "content", j->text ? j->text + g->sent_text[0] : "",
+                  j->text_len - g->sent_text[0]);
+        cJSON_AddItemToObject(o, "tokens", ids_json(j, g->sent_ids[0], j->n_out_ids));
+        cJSON_AddBoolToObject(o, "stop", 0);
+        cJSON_AddNumberToObject(o, "id_slot", -1);
+        cJSON_AddNumberToObject(o, "tokens_predicted", j->completion_tokens);
+        cJSON_AddNumberToObject(o, "tokens_evaluated", j->n_ids);
+        if (g->req->logprobs && j->n_lps > g->sent_lps[0])
+            cJSON_AddItemToObject(o, "completion_probabilities",
+                                  native_probs(g, j, g->sent_lps[0], j->n_lps));
+        out_event(g, o);
+        g->sent_text[0] = j->text_len;
+        g->sent_ids[0] = j->n_out_ids;
+        g->sent_lps[0] = j->n_lps;
+    }
+    if (!j->done) return 0;
+    cJSON *f = cJSON_CreateObject();
+    cJSON_AddNumberToObject(f, "index", 0);
+    cJSON_AddStringToObject(f, "content", "");
+    cJSON_AddItemToObject(f, "tokens", cJSON_CreateArray());
+    cJSON_AddNumberToObject(f, "id_slot", 0);
+    cJSON_AddBoolToObject(f, "stop", 1);
+    native_tail(g, f, j);
+    out_event(g, f);
+    g->finished[0] = 1;
+    return 1;
+}
+
 /* Chunks for whatever the jobs produced since the last call (lock held). Returns 1 once the
  * stream is complete. */
 int srv_response_stream(srv_response *g) {
+    if (g->req->native) return native_stream(g);
     int all_done = 1;
     for (int i = 0; i < g->n_jobs; i++) {
         srv_job *j = g->jobs[i];
@@ -309,9 +475,10 @@ int srv_response_init(srv_response *g, const tlm_tokenizer *tok, const char *mod
     g->created = created;
     g->sent_text = calloc((size_t)n_jobs, sizeof *g->sent_text);
     g->sent_lps = calloc((size_t)n_jobs, sizeof *g->sent_lps);
+    g->sent_ids = calloc((size_t)n_jobs, sizeof *g->sent_ids);
     g->finished = calloc((size_t)n_jobs, 1);
     g->role_sent = calloc((size_t)n_jobs, 1);
-    if (g->sent_text && g->sent_lps && g->finished && g->role_sent) return 0;
+    if (g->sent_text && g->sent_lps && g->sent_ids && g->finished && g->role_sent) return 0;
     srv_response_free(g);
     return -1;
 }
@@ -319,6 +486,7 @@ int srv_response_init(srv_response *g, const tlm_tokenizer *tok, const char *mod
 void srv_response_free(srv_response *g) {
     free(g->sent_text);
     free(g->sent_lps);
+    free(g->sent_ids);
     free(g->finished);
     free(g->role_sent);
     free(g->out);
@@ -326,7 +494,7 @@ void srv_response_free(srv_response *g) {
 }
 
 char *srv_response_final(srv_response *g) {
-    cJSON *r = final_json(g);
+    cJSON *r = g->req->native ? native_final(g, 0) : final_json(g);
     char *s = cJSON_PrintUnformatted(r);
     cJSON_Delete(r);
     return s;

@@ -28,7 +28,7 @@ size_t srv_stop_scan(const char *buf, size_t len, char *const *stops, int n_stop
         for (size_t p = 0; p + sl <= len && p < first; p++)
             if (!memcmp(buf + p, stops[i], sl)) {
                 first = p;
-                *hit = 1;
+                *hit = i + 1;
                 break;
             }
     }
@@ -58,6 +58,7 @@ srv_job *srv_job_new(const int32_t *ids, int n) {
     j->n_ids = n;
     j->max_tokens = -1;
     j->end_id = -1;
+    j->stop_word = -1;
     j->slot = -1;
     tlm_sampler_opts_defaults(&j->sampling);
     return j;
@@ -68,6 +69,7 @@ void srv_job_free(srv_job *j) {
     free(j->ids);
     free(j->text);
     free(j->lps);
+    free(j->out_ids);
     free(j->pend);
     free(j);
 }
@@ -116,6 +118,8 @@ struct srv_sched {
     int32_t *pf_id; /* [B] id sampled this step, -1 none, -2 the sampler (or grammar) failed, -3
                      * the grammar is complete and allows no more */
     tlm_grammar_vocab *gvocab; /* made with the first job that has a grammar */
+    int32_t *eog;              /* the vocabulary's ends of generation (ignore_eos) */
+    int n_eog;
     uint64_t clock;
     int rr; /* prefill round robin */
 
@@ -162,6 +166,7 @@ static int release_pending(srv_job *j, int all) {
     if (all && !hit) n = j->pend_len; /* at the end, a partial stop string is just text */
     append_text(j, j->pend, n);
     if (hit) {
+        j->stop_word = hit - 1;
         j->pend_len = 0;
     } else if (n) {
         memmove(j->pend, j->pend + n, j->pend_len - n);
@@ -183,6 +188,7 @@ static void finish_job(srv_sched *s, slot *sl, srv_finish why) {
     }
     if (why != SRV_FINISH_ERROR && release_pending(j, 1)) why = SRV_FINISH_STOP;
     if (j->finish != SRV_FINISH_ERROR) j->finish = why;
+    j->t_done = srv_now();
     j->done = 1;
     j->slot = -1;
     sl->job = NULL;
@@ -247,10 +253,14 @@ static void take_token(srv_sched *s, slot *sl, const float *logits, int32_t id) 
     /* EOS and the vocabulary's other ends of a turn, or the template's */
     int end = tlm_tokenizer_is_eog(s->tok, id) || (j->end_id >= 0 && id == j->end_id);
     if (end) {
+        j->eos = 1;
         finish_job(s, sl, SRV_FINISH_STOP);
         return;
     }
     j->completion_tokens++;
+    if (j->keep_ids &&
+        grow((void **)&j->out_ids, &j->out_ids_cap, (size_t)j->n_out_ids + 1, sizeof *j->out_ids))
+        j->out_ids[j->n_out_ids++] = id;
     s->st.completion_tokens++;
     if (j->logprobs) {
         if (grow((void **)&j->lps, &j->lps_cap, (size_t)j->n_lps + 1, sizeof *j->lps))
@@ -553,6 +563,10 @@ static void *loop(void *arg) {
             }
             if (!s->want[b]) continue;
             float *row = s->logits + (size_t)b * V;
+            const srv_job *jb = sl->job;
+            /* logit_bias, then ignore_eos: before the grammar, so that it still decides */
+            for (int k = 0; k < jb->n_bias; k++) row[jb->bias_id[k]] += jb->bias[k];
+            for (int k = 0; jb->ignore_eos && k < s->n_eog; k++) row[s->eog[k]] = -INFINITY;
             if (sl->gram) {
                 /* this row's own grammar state masks it before its sampler sees it */
                 int n_ok = 0;
@@ -649,7 +663,12 @@ tlm_status srv_sched_new(const tlm_model *m, const tlm_tokenizer *tok, const srv
     s->step_n = calloc((size_t)s->B, sizeof *s->step_n);
     s->want = calloc((size_t)s->B, 1);
     s->pf_id = calloc((size_t)s->B, sizeof *s->pf_id);
-    if (!s->slots || !s->logits || !s->ids || !s->step_n || !s->want || !s->pf_id) goto nomem;
+    int tv = tlm_tokenizer_vocab_size(tok) < s->V ? tlm_tokenizer_vocab_size(tok) : s->V;
+    s->eog = malloc((size_t)(tv > 0 ? tv : 1) * sizeof *s->eog);
+    for (int32_t id = 0; s->eog && id < tv; id++)
+        if (tlm_tokenizer_is_eog(tok, id)) s->eog[s->n_eog++] = id;
+    if (!s->slots || !s->logits || !s->ids || !s->step_n || !s->want || !s->pf_id || !s->eog)
+        goto nomem;
     for (int b = 0; b < s->B; b++)
         if (!(s->slots[b].toks = malloc((size_t)ctx * sizeof(int32_t)))) goto nomem;
     if (pthread_create(&s->thread, NULL, loop, s)) {
@@ -686,6 +705,7 @@ void srv_sched_free(srv_sched *s) {
         tlm_grammar_state_free(s->slots[b].gram);
     }
     tlm_grammar_vocab_free(s->gvocab);
+    free(s->eog);
     free(s->slots);
     free(s->logits);
     free(s->ids);

@@ -27,9 +27,31 @@ tlm_status srv_template_apply(tlm_chat_template t, const srv_message *msgs, int 
 #define SRV_MAX_TOP_LOGPROBS 20
 #define SRV_MAX_N 64
 #define SRV_MAX_LORA 32
+#define SRV_MAX_BIAS 1024
+
+/* The request shapes srv_request_parse reads. */
+enum {
+    SRV_COMPLETIONS = 0, /* OpenAI's POST /v1/completions */
+    SRV_CHAT = 1,        /* OpenAI's POST /v1/chat/completions */
+    SRV_NATIVE = 2,      /* llama-server's POST /completion: its fields, defaults and answer */
+};
+
+/* A piece of a llama-server prompt given as an array: token ids and text, in order. */
+typedef struct {
+    int32_t id; /* -1: text */
+    char *text;
+} srv_prompt_piece;
+
+/* logit_bias: one entry per token id, or per text (each token of its tokenization). */
+typedef struct {
+    int32_t id; /* -1: text */
+    char *text;
+    float bias; /* -INFINITY: never (llama-server's false) */
+} srv_bias;
 
 typedef struct {
     int chat;
+    int native;          /* llama-server's /completion (SRV_NATIVE) */
     char *prompt;        /* completion text, NULL when given as ids */
     int32_t *prompt_ids; /* completion given as token ids */
     int n_prompt_ids;
@@ -56,6 +78,13 @@ typedef struct {
     /* Structured output: OpenAI's response_format (json_object, json_schema), or llama-server's
      * json_schema (a schema) or grammar (GBNF text); NULL: free text. */
     tlm_grammar *grammar;
+    /* llama-server's prompt as a mixed array of ids and text (prompt and prompt_ids unset) */
+    srv_prompt_piece *pieces;
+    int n_pieces;
+    srv_bias *bias; /* logit_bias (both APIs) */
+    int n_bias;
+    int ignore_eos;    /* the vocabulary's ends of generation are never sampled */
+    int return_tokens; /* native: the generated ids in "tokens" */
 } srv_request;
 
 typedef struct {
@@ -64,10 +93,11 @@ typedef struct {
     char param[48];    /* the offending field, "" when none */
 } srv_error;
 
-/* Parses an OpenAI /v1/completions (chat 0) or /v1/chat/completions (chat 1) body. Types and
- * ranges are checked; unknown fields are ignored (OpenAI clients send many); strings must be
- * valid UTF-8. Returns 0, or -1 with *e filled (and r freed). */
-int srv_request_parse(const char *body, size_t len, int chat, srv_request *r, srv_error *e);
+/* Parses a body of the given shape (SRV_COMPLETIONS, SRV_CHAT or SRV_NATIVE). Types and ranges
+ * are checked; unknown fields are ignored (clients send many), and llama-server's samplers that
+ * tlm lacks are refused when set to anything but their neutral value; strings must be valid
+ * UTF-8. Returns 0, or -1 with *e filled (and r freed). */
+int srv_request_parse(const char *body, size_t len, int shape, srv_request *r, srv_error *e);
 void srv_request_free(srv_request *r);
 /* 1 if the bytes are valid UTF-8 (no overlongs, surrogates or code points past U+10FFFF). */
 int srv_utf8_valid(const char *s, size_t n);
@@ -93,9 +123,9 @@ int srv_lora_scales(const srv_lora_set *s, const srv_request *r, float *out, srv
 
 /* ---- stop strings ------------------------------------------------------------------------- */
 
-/* Scans text not yet sent. Returns how many bytes may be sent now: with *hit = 1 the text up to
- * the first stop string (which ends generation), otherwise all but the longest tail that could
- * still grow into a stop string. */
+/* Scans text not yet sent. Returns how many bytes may be sent now: with *hit = 1 + the index of
+ * the first stop string (which ends generation) the text up to it, otherwise (*hit = 0) all but
+ * the longest tail that could still grow into a stop string. */
 size_t srv_stop_scan(const char *buf, size_t len, char *const *stops, int n_stops, int *hit);
 
 /* ---- the scheduler ------------------------------------------------------------------------ */
@@ -129,6 +159,11 @@ typedef struct srv_job {
     int logprobs, top_logprobs;
     float lora_scale[SRV_MAX_LORA]; /* of the scheduler's adapters (srv_sched_opts.loras) */
     const tlm_grammar *grammar;     /* borrowed, NULL: none; the job's output follows it */
+    const int32_t *bias_id;         /* borrowed: logit biases added before sampling */
+    const float *bias;
+    int n_bias;
+    int ignore_eos; /* ends of generation never sampled */
+    int keep_ids;   /* record the generated ids in out_ids */
 
     /* outputs */
     char *text; /* sent-safe text so far */
@@ -137,7 +172,12 @@ typedef struct srv_job {
     int n_lps;
     size_t lps_cap;
     int prompt_tokens, cached_tokens, completion_tokens;
-    double t_submit, t_first; /* seconds (monotonic) */
+    int32_t *out_ids; /* keep_ids: every generated id */
+    int n_out_ids;
+    size_t out_ids_cap;
+    int stop_word;                    /* the index in stop of the string that ended it, -1: none */
+    int eos;                          /* ended by an end-of-generation token */
+    double t_submit, t_first, t_done; /* seconds (monotonic) */
     int done;
     srv_finish finish;
     char error[200];
@@ -214,11 +254,12 @@ double srv_now(void);
 
 /* ---- responses ---------------------------------------------------------------------------- */
 
-/* One request's answer in OpenAI's shapes, built from its jobs. Read the jobs only with the
- * scheduler's lock held (or once they are done). */
+/* One request's answer in OpenAI's shapes (or llama-server's, for a native request), built from
+ * its jobs. Read the jobs only with the scheduler's lock held (or once they are done). */
 typedef struct {
     const tlm_tokenizer *tok;
     const char *model_id;
+    int n_ctx; /* positions per slot (llama-server's "truncated"); 0: unknown */
     const srv_request *req;
     srv_job *const *jobs;
     int n_jobs;
@@ -227,6 +268,7 @@ typedef struct {
     /* streaming state */
     size_t *sent_text;
     int *sent_lps;
+    int *sent_ids;
     char *finished, *role_sent;
     int usage_sent;
     char *out; /* SSE bytes produced and not yet taken (the caller consumes and resets out_len) */
