@@ -97,4 +97,25 @@ expect "/props: slots and context" [ "$(j '[j["total_slots"], j["default_generat
 expect "/apply-template" [ "$(post /apply-template '{"messages": [{"role": "user", "content": "hi"}]}')" = 200 ]
 expect "the chat prompt, assistant turn open" [ "$(j 'j["prompt"]')" = "$(printf '<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n')" ]
 expect "/v1/health" [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/v1/health")" = 200 ]
+
+# llama-server's command line: its flags for the requests' defaults take effect, the ones that
+# mean nothing here are accepted
+kill "$PID"
+wait "$PID" 2>/dev/null
+"$TLM" serve -m "$M" --port 0 -t 1 --ctx-size 128 --alias stories -n 7 --temp 0 --top-k 1 \
+    --seed 5 -ngl 99 --batch-size 512 -ub 512 --flash-attn auto --metrics --slots --jinja -cb \
+    --no-webui >"$TMP/serve2.out" 2>"$TMP/serve2.err" &
+PID=$!
+T_PIDS+=("$PID")
+URL=
+listening2() { URL=$(sed -n 's/^listening on \(http:[^ ]*\)\/$/\1/p' "$TMP/serve2.out"); [ -n "$URL" ]; }
+wait_until 10 listening2 || { cat "$TMP/serve2.err" >&2; die "llama-server's flags refused"; }
+post /completion '{"prompt": "Once upon a time"}' >/dev/null
+expect "--n-predict 7 and --temp 0 are the defaults" [ "$(j '[j["tokens_predicted"], j["content"]]')" = "$(/usr/bin/python3 -c 'import json,sys; print(json.dumps([7, open(sys.argv[1]).read()[:len(sys.argv[2])]]))' "$TMP/greedy" "$(j 'j["content"]')")" ]
+expect "--alias names the model" [ "$(j 'j["model"]')" = stories ]
+expect "--ctx-size is the context" [ "$(j 'j["generation_settings"]["n_ctx"]')" = 128 ]
+expect "a request's own value wins" [ "$(post /completion '{"prompt": "Once upon a time", "n_predict": 3}')" = 200 ]
+expect "n_predict 3 over --n-predict 7" [ "$(j 'j["tokens_predicted"]')" = 3 ]
+expect "/props shows the defaults" [ "$(curl -s "$URL/props" | json_get '[j["default_generation_settings"]["params"][k] for k in ("n_predict", "temperature", "top_k", "seed")]')" = '[7, 0, 1, 5]' ]
+expect "--no-webui: no page at /" [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/")" = 404 ]
 finish

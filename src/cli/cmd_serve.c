@@ -48,6 +48,14 @@ static const char *serve_help =
     "  --api-key KEY         require 'Authorization: Bearer KEY' on the API\n"
     "  --chat-template NAME  chatml, llama2, llama3, mistral, gemma or phi3 (default: the\n"
     "                        GGUF's tokenizer.chat_template when recognised, else chatml)\n"
+    "  --alias NAME, -a NAME the model's name in answers (default: the file's name)\n"
+    "  --temp, --top-k, --top-p, --min-p, --seed, --repeat-penalty, --repeat-last-n,\n"
+    "  --presence-penalty, --frequency-penalty, --n-predict (-n)\n"
+    "                        the requests' defaults where they give none (llama-server's)\n"
+    "  --no-webui            no chat page at /\n"
+    "  --ctx-size N          --ctx; llama-server's flags that mean nothing here (-ngl,\n"
+    "                        --batch-size, --flash-attn, --metrics, --slots, --jinja, ...) are\n"
+    "                        accepted and ignored\n"
     "  --max-body BYTES      largest request body (default 1048576; larger get 413)\n"
     "  --timeout S, -to S    seconds a client has to send its whole request, and the longest\n"
     "                        silence on a connection, before it is closed (default 30)\n"
@@ -80,6 +88,8 @@ typedef struct {
     const char *model_id;
     const char *model_path;
     const char *api_key;
+    srv_defaults defaults; /* the requests' defaults from the command line */
+    int webui;             /* the chat page at / (--no-webui: off) */
     size_t max_body;
     /* Request bodies being received, in all (allocated bytes), and their budget: clients that
      * send slowly cannot make the server hold more than this, however many they are. */
@@ -352,7 +362,7 @@ static enum MHD_Result handle_generate(server *sv, struct MHD_Connection *c, con
     g->sv = sv;
     g->conn = c;
     srv_error e;
-    if (srv_request_parse(body, len, shape, &g->req, &e)) {
+    if (srv_request_parse_with(body, len, shape, &sv->defaults, &g->req, &e)) {
         gen_free(g);
         return send_error(sv, c, e.status, e.param, "%s", e.message);
     }
@@ -593,15 +603,24 @@ static enum MHD_Result handle_props(server *sv, struct MHD_Connection *c) {
     cJSON *d = cJSON_AddObjectToObject(out, "default_generation_settings");
     cJSON_AddNumberToObject(d, "n_ctx", sv->ctx);
     cJSON *p = cJSON_AddObjectToObject(d, "params");
-    tlm_sampler_opts so;
-    tlm_sampler_opts_defaults(&so);
-    cJSON_AddNumberToObject(p, "n_predict", -1);
-    cJSON_AddNumberToObject(p, "temperature", so.temperature);
-    cJSON_AddNumberToObject(p, "top_k", so.top_k);
-    cJSON_AddNumberToObject(p, "top_p", so.top_p);
-    cJSON_AddNumberToObject(p, "min_p", 0.05);
-    cJSON_AddNumberToObject(p, "repeat_penalty", 1.0);
-    cJSON_AddNumberToObject(p, "repeat_last_n", 64);
+    /* what a /completion without sampling fields gets */
+    srv_request r;
+    srv_error e;
+    const char *none = "{\"prompt\": \"\"}";
+    if (!srv_request_parse_with(none, strlen(none), SRV_NATIVE, &sv->defaults, &r, &e)) {
+        const tlm_sampler_opts *so = &r.sampling;
+        cJSON_AddNumberToObject(p, "n_predict", r.max_tokens);
+        cJSON_AddNumberToObject(p, "temperature", so->temperature);
+        cJSON_AddNumberToObject(p, "top_k", so->top_k);
+        cJSON_AddNumberToObject(p, "top_p", so->top_p);
+        cJSON_AddNumberToObject(p, "min_p", so->min_p);
+        cJSON_AddNumberToObject(p, "repeat_penalty", so->repeat_penalty ? so->repeat_penalty : 1);
+        cJSON_AddNumberToObject(p, "repeat_last_n", so->penalty_last_n ? so->penalty_last_n : 64);
+        cJSON_AddNumberToObject(p, "presence_penalty", so->presence_penalty);
+        cJSON_AddNumberToObject(p, "frequency_penalty", so->frequency_penalty);
+        cJSON_AddNumberToObject(p, "seed", r.seed_given ? (double)so->seed : -1);
+        srv_request_free(&r);
+    }
     cJSON_AddNumberToObject(out, "total_slots", sv->parallel);
     cJSON_AddStringToObject(out, "model_alias", sv->model_id);
     cJSON_AddStringToObject(out, "model_path", sv->model_path);
@@ -796,7 +815,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         count_status(sv, 204);
         return ok;
     }
-    if (get && (!strcmp(url, "/") || !strcmp(url, "/index.html")))
+    if (get && sv->webui && (!strcmp(url, "/") || !strcmp(url, "/index.html")))
         return send_body(sv, c, 200, "text/html; charset=utf-8", (const char *)tlm_web_index,
                          tlm_web_index_len, 1);
     if (get && (!strcmp(url, "/health") || !strcmp(url, "/v1/health"))) {
@@ -849,6 +868,101 @@ static void on_signal(int sig) {
     (void)r;
 }
 
+/* llama-server's flags for the requests' defaults: 1 taken, 0 not one of them, -1 a bad value. */
+static int default_flag(int argc, char **argv, int *i, srv_defaults *d) {
+    static const struct {
+        const char *name, *alt;
+        unsigned set;
+        double lo, hi;
+    } f[] = {{"--temp", NULL, SRV_SET_TEMP, 0, 100},
+             {"--top-k", NULL, SRV_SET_TOP_K, 0, TLM_MAX_VOCAB_SIZE},
+             {"--top-p", NULL, SRV_SET_TOP_P, 0, 1},
+             {"--min-p", NULL, SRV_SET_MIN_P, 0, 1},
+             {"--seed", "-s", SRV_SET_SEED, -1, 9007199254740991.0},
+             {"--repeat-penalty", NULL, SRV_SET_REPEAT, 0, 10},
+             {"--repeat-last-n", NULL, SRV_SET_LAST_N, 0, 1 << 20},
+             {"--presence-penalty", NULL, SRV_SET_PRESENCE, -2, 2},
+             {"--frequency-penalty", NULL, SRV_SET_FREQUENCY, -2, 2},
+             {"--n-predict", "-n", SRV_SET_N_PREDICT, -1, TLM_MAX_CONTEXT_LENGTH}};
+    for (size_t k = 0; k < sizeof f / sizeof f[0]; k++) {
+        const char *v;
+        if (!cli_flag_value(argc, argv, i, f[k].name, f[k].alt, &v)) continue;
+        char *end;
+        double x = v ? strtod(v, &end) : 0;
+        if (!v || end == v || *end || !(x >= f[k].lo && x <= f[k].hi))
+            return cli_fail("serve: %s wants a number in [%g, %g], got '%s'", f[k].name, f[k].lo,
+                            f[k].hi, v ? v : ""),
+                   -1;
+        tlm_sampler_opts *s = &d->sampling;
+        switch (f[k].set) {
+        case SRV_SET_TEMP: s->temperature = (float)x; break;
+        case SRV_SET_TOP_K: s->top_k = (int)x; break;
+        case SRV_SET_TOP_P: s->top_p = x > 0 ? (float)x : 1e-6f; break;
+        case SRV_SET_MIN_P: s->min_p = (float)x; break;
+        case SRV_SET_SEED: s->seed = (uint64_t)x; break;
+        case SRV_SET_REPEAT: s->repeat_penalty = (float)x; break;
+        case SRV_SET_LAST_N: s->penalty_last_n = x > 0 ? (int)x : 64; break;
+        case SRV_SET_PRESENCE: s->presence_penalty = (float)x; break;
+        case SRV_SET_FREQUENCY: s->frequency_penalty = (float)x; break;
+        default: d->max_tokens = (int)x; break;
+        }
+        /* --seed -1 is llama-server's random seed: no default */
+        if (!(f[k].set == SRV_SET_SEED && x < 0)) d->set |= f[k].set;
+        return 1;
+    }
+    return 0;
+}
+
+/* llama-server's flags that mean nothing for tlm (GPU layers, batch sizes, HTTP threads, flash
+ * attention, ...), accepted so that its command lines run: 1 taken, 0 not one of them. */
+static int noop_flag(int argc, char **argv, int *i) {
+    static const char *const with_value[] = {"--batch-size",
+                                             "-b",
+                                             "--ubatch-size",
+                                             "-ub",
+                                             "--n-gpu-layers",
+                                             "-ngl",
+                                             "--gpu-layers",
+                                             "--threads-batch",
+                                             "-tb",
+                                             "--threads-http",
+                                             "--cache-reuse",
+                                             "--keep",
+                                             "--split-mode",
+                                             "-sm",
+                                             "--main-gpu",
+                                             "-mg",
+                                             "--device",
+                                             "-dev",
+                                             "--numa",
+                                             "--log-file",
+                                             "--n-cpu-moe",
+                                             "-ncmoe"};
+    static const char *const alone[] = {
+        "--metrics",       "--slots",    "--no-slots",      "--cont-batching", "-cb",
+        "--jinja",         "--no-jinja", "--mlock",         "--log-disable",   "--no-warmup",
+        "--cache-prompt",  "--no-perf",  "--no-kv-offload", "-nkvo",           "--props",
+        "--embd-normalize"};
+    const char *a = argv[*i];
+    for (size_t k = 0; k < sizeof alone / sizeof alone[0]; k++)
+        if (!strcmp(a, alone[k])) return 1;
+    for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) {
+        const char *v;
+        if (cli_flag_value(argc, argv, i, with_value[k], NULL, &v)) {
+            if (!v) return cli_fail("serve: %s needs a value", a), -1;
+            return 1;
+        }
+    }
+    /* --flash-attn and -fa: alone, or with on, off or auto */
+    if (!strcmp(a, "--flash-attn") || !strcmp(a, "-fa")) {
+        if (*i + 1 < argc && (!strcmp(argv[*i + 1], "on") || !strcmp(argv[*i + 1], "off") ||
+                              !strcmp(argv[*i + 1], "auto")))
+            (*i)++;
+        return 1;
+    }
+    return 0;
+}
+
 static int serve_main(int argc, char **argv, cli_lora *lora) {
     const char *model_path = NULL, *tok_path = NULL, *host = "127.0.0.1", *api_key = NULL;
     const char *tpl_name = NULL, *precision = NULL;
@@ -856,7 +970,9 @@ static int serve_main(int argc, char **argv, cli_lora *lora) {
     int ck;
     long port = 8080, parallel = 4, ctx = 0, threads = 0, queue = 0, max_body = 1 << 20,
          cache_mib = 1024, timeout = 30;
-    int map_mode = CLI_MAP_AUTO, lora_off = 0;
+    int map_mode = CLI_MAP_AUTO, lora_off = 0, webui = 1;
+    const char *alias = NULL;
+    srv_defaults defaults = {0};
     for (int i = 1; i < argc; i++) {
         const char *v, *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -892,8 +1008,20 @@ static int serve_main(int argc, char **argv, cli_lora *lora) {
             num = &port, lo = 0, hi = 65535;
         } else if (cli_flag_value(argc, argv, &i, "--parallel", "-np", &v)) {
             num = &parallel, lo = 1, hi = 256;
-        } else if (cli_flag_value(argc, argv, &i, "--ctx", "-c", &v)) {
+        } else if (cli_flag_value(argc, argv, &i, "--ctx", "-c", &v) ||
+                   cli_flag_value(argc, argv, &i, "--ctx-size", NULL, &v)) {
             num = &ctx, lo = 1, hi = TLM_MAX_CONTEXT_LENGTH;
+        } else if (cli_flag_value(argc, argv, &i, "--alias", "-a", &v)) {
+            alias = v;
+        } else if ((ck = default_flag(argc, argv, &i, &defaults)) != 0) {
+            if (ck < 0) return 1;
+            continue;
+        } else if ((ck = noop_flag(argc, argv, &i)) != 0) {
+            if (ck < 0) return 1;
+            continue;
+        } else if (!strcmp(a, "--no-webui")) {
+            webui = 0;
+            continue;
         } else if (cli_flag_value(argc, argv, &i, "--queue", NULL, &v)) {
             num = &queue, lo = 1, hi = 1 << 16;
         } else if (cli_flag_value(argc, argv, &i, "--cache-ram", "-cram", &v)) {
@@ -988,8 +1116,10 @@ static int serve_main(int argc, char **argv, cli_lora *lora) {
         goto done;
     }
     const char *base = strrchr(model_path, '/');
-    sv.model_id = base && base[1] ? base + 1 : model_path;
+    sv.model_id = alias ? alias : base && base[1] ? base + 1 : model_path;
     sv.model_path = model_path;
+    sv.defaults = defaults;
+    sv.webui = webui;
     sv.tok = tok;
     sv.api_key = api_key;
     sv.max_body = (size_t)max_body;

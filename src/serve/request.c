@@ -510,6 +510,29 @@ static int parse_structured(const cJSON *root, srv_request *r, srv_error *e) {
 }
 
 int srv_request_parse(const char *body, size_t len, int shape, srv_request *r, srv_error *e) {
+    return srv_request_parse_with(body, len, shape, NULL, r, e);
+}
+
+static void apply_defaults(const srv_defaults *d, srv_request *r) {
+    const tlm_sampler_opts *s = &d->sampling;
+    tlm_sampler_opts *o = &r->sampling;
+    if (d->set & SRV_SET_TEMP) o->temperature = s->temperature;
+    if (d->set & SRV_SET_TOP_K) o->top_k = s->top_k;
+    if (d->set & SRV_SET_TOP_P) o->top_p = s->top_p;
+    if (d->set & SRV_SET_MIN_P) o->min_p = s->min_p;
+    if (d->set & SRV_SET_REPEAT) o->repeat_penalty = s->repeat_penalty;
+    if (d->set & SRV_SET_LAST_N) o->penalty_last_n = s->penalty_last_n;
+    if (d->set & SRV_SET_PRESENCE) o->presence_penalty = s->presence_penalty;
+    if (d->set & SRV_SET_FREQUENCY) o->frequency_penalty = s->frequency_penalty;
+    if (d->set & SRV_SET_N_PREDICT) r->max_tokens = d->max_tokens;
+    if (d->set & SRV_SET_SEED) {
+        o->seed = s->seed;
+        r->seed_given = 1;
+    }
+}
+
+int srv_request_parse_with(const char *body, size_t len, int shape, const srv_defaults *d,
+                           srv_request *r, srv_error *e) {
     memset(r, 0, sizeof *r);
     memset(e, 0, sizeof *e);
     int chat = shape == SRV_CHAT;
@@ -525,6 +548,7 @@ int srv_request_parse(const char *body, size_t len, int shape, srv_request *r, s
         r->sampling.top_k = 0;
         r->sampling.top_p = 1.0f;
     }
+    if (d) apply_defaults(d, r);
     cJSON *root = cJSON_ParseWithLength(body, len);
     int rc = -1;
     if (!root) {
@@ -571,7 +595,9 @@ int srv_request_parse(const char *body, size_t len, int shape, srv_request *r, s
     if (got) r->sampling.penalty_last_n = (int)iv;
     if ((got = get_int(root, "seed", -9007199254740991.0, 9007199254740991.0, &iv, e)) < 0)
         goto done;
-    if (got && !(r->native && iv == -1)) { /* llama-server's -1: a random seed */
+    if (got && r->native && iv == -1) { /* llama-server's -1: a random seed */
+        r->seed_given = 0;
+    } else if (got) {
         r->sampling.seed = (uint64_t)iv;
         r->seed_given = 1;
     }

@@ -98,6 +98,30 @@ typedef struct {
  * tlm lacks are refused when set to anything but their neutral value; strings must be valid
  * UTF-8. Returns 0, or -1 with *e filled (and r freed). */
 int srv_request_parse(const char *body, size_t len, int shape, srv_request *r, srv_error *e);
+
+/* The server's own defaults (llama-server's --temp, --top-k, --top-p, --min-p, --seed,
+ * --repeat-penalty, --repeat-last-n, --presence-penalty, --frequency-penalty, --n-predict): each
+ * field marked in `set` replaces the API's default, and a request's own value replaces it. */
+enum {
+    SRV_SET_TEMP = 1 << 0,
+    SRV_SET_TOP_K = 1 << 1,
+    SRV_SET_TOP_P = 1 << 2,
+    SRV_SET_MIN_P = 1 << 3,
+    SRV_SET_SEED = 1 << 4,
+    SRV_SET_REPEAT = 1 << 5, /* repeat_penalty */
+    SRV_SET_LAST_N = 1 << 6,
+    SRV_SET_PRESENCE = 1 << 7,
+    SRV_SET_FREQUENCY = 1 << 8,
+    SRV_SET_N_PREDICT = 1 << 9,
+};
+typedef struct {
+    unsigned set;
+    tlm_sampler_opts sampling;
+    int max_tokens;
+} srv_defaults;
+/* srv_request_parse with the server's defaults d (NULL: none). */
+int srv_request_parse_with(const char *body, size_t len, int shape, const srv_defaults *d,
+                           srv_request *r, srv_error *e);
 void srv_request_free(srv_request *r);
 /* 1 if the bytes are valid UTF-8 (no overlongs, surrogates or code points past U+10FFFF). */
 int srv_utf8_valid(const char *s, size_t n);
