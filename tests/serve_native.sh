@@ -97,6 +97,17 @@ expect "/props: slots and context" [ "$(j '[j["total_slots"], j["default_generat
 expect "/apply-template" [ "$(post /apply-template '{"messages": [{"role": "user", "content": "hi"}]}')" = 200 ]
 expect "the chat prompt, assistant turn open" [ "$(j 'j["prompt"]')" = "$(printf '<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n')" ]
 expect "/v1/health" [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/v1/health")" = 200 ]
+expect "/tokenize with_pieces" [ "$(post /tokenize '{"content": "Once upon a time", "with_pieces": true}')" = 200 ]
+expect "the pieces spell the text" [ "$(j '"".join(t["piece"] for t in j["tokens"]).strip()')" = "Once upon a time" ]
+expect "ids beside the pieces" [ "$(j 'all(isinstance(t["id"], int) for t in j["tokens"])')" = true ]
+post /tokenize "$(printf '{"content": "\xc3\xa1", "with_pieces": true}')" >/dev/null
+expect "a piece that is part of a character is its bytes (llama-server's example)" [ "$(j '[t["piece"] for t in j["tokens"]][-2:]')" = '[[195], [161]]' ]
+curl -s "$URL/metrics" >"$TMP/metrics"
+for name in prompt_tokens_total prompt_seconds_total tokens_predicted_total tokens_predicted_seconds_total \
+    predicted_tokens_seconds requests_processing requests_deferred n_decode_total n_busy_slots_per_decode; do
+    grep -q "^llamacpp:$name " "$TMP/metrics" && ok || bad "/metrics lacks llama-server's llamacpp:$name"
+done
+expect "llamacpp:tokens_predicted_total counts what was generated" [ "$(sed -n 's/^llamacpp:tokens_predicted_total //p' "$TMP/metrics")" -gt 24 ]
 
 # llama-server's command line: its flags for the requests' defaults take effect, the ones that
 # mean nothing here are accepted
@@ -108,7 +119,7 @@ wait "$PID" 2>/dev/null
 PID=$!
 T_PIDS+=("$PID")
 URL=
-listening2() { URL=$(sed -n 's/^listening on \(http:[^ ]*\)\/$/\1/p' "$TMP/serve2.out"); [ -n "$URL" ]; }
+listening2() { URL=$(sed -n 's/^listening on \(http:[^ ]*\)\/$/\1/p' "$TMP/serve2.out" 2>/dev/null); [ -n "$URL" ]; }
 wait_until 10 listening2 || { cat "$TMP/serve2.err" >&2; die "llama-server's flags refused"; }
 post /completion '{"prompt": "Once upon a time"}' >/dev/null
 expect "--n-predict 7 and --temp 0 are the defaults" [ "$(j '[j["tokens_predicted"], j["content"]]')" = "$(/usr/bin/python3 -c 'import json,sys; print(json.dumps([7, open(sys.argv[1]).read()[:len(sys.argv[2])]]))' "$TMP/greedy" "$(j 'j["content"]')")" ]

@@ -530,7 +530,9 @@ static enum MHD_Result handle_tokenize(server *sv, struct MHD_Connection *c, con
         cJSON_Delete(root);
         return send_error(sv, c, 400, "content", "'content' is not valid UTF-8");
     }
-    unsigned flags = cJSON_IsTrue(parse) ? TLM_ENCODE_ALLOW_SPECIAL : 0;
+    /* llama-server's defaults: special tokens parsed unless parse_special is false */
+    unsigned flags = cJSON_IsFalse(parse) ? 0 : TLM_ENCODE_ALLOW_SPECIAL;
+    int pieces = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "with_pieces"));
     if (cJSON_IsTrue(add) && tlm_tokenizer_bos(sv->tok) >= 0) flags |= TLM_ENCODE_ADD_BOS;
     int32_t *ids = NULL;
     size_t n = 0;
@@ -540,7 +542,31 @@ static enum MHD_Result handle_tokenize(server *sv, struct MHD_Connection *c, con
     }
     cJSON_Delete(root);
     cJSON *out = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(out, "tokens");
-    for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
+    for (size_t i = 0; i < n; i++) {
+        if (!pieces) {
+            cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
+            continue;
+        }
+        /* with_pieces: {"id", "piece"}, the piece a string when it is whole UTF-8, else its
+         * bytes */
+        const char *b = "";
+        size_t bn = 0;
+        tlm_tokenizer_piece(sv->tok, ids[i], &b, &bn);
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "id", ids[i]);
+        char *s = srv_utf8_valid(b, bn) ? malloc(bn + 1) : NULL;
+        if (s) {
+            memcpy(s, b, bn);
+            s[bn] = 0;
+            cJSON_AddStringToObject(o, "piece", s);
+            free(s);
+        } else {
+            cJSON *bytes = cJSON_AddArrayToObject(o, "piece");
+            for (size_t k = 0; k < bn; k++)
+                cJSON_AddItemToArray(bytes, cJSON_CreateNumber((unsigned char)b[k]));
+        }
+        cJSON_AddItemToArray(arr, o);
+    }
     free(ids);
     return send_json(sv, c, 200, out);
 }
@@ -711,6 +737,35 @@ static enum MHD_Result handle_metrics(server *sv, struct MHD_Connection *c) {
          "# HELP tlm_prompt_cache_entries Prefixes in the prompt cache.\n"
          "# TYPE tlm_prompt_cache_entries gauge\ntlm_prompt_cache_entries %d\n",
          (unsigned long long)st.cache_hits, st.cache_bytes, st.cache_entries);
+    /* llama-server's names for the same counts, so that its dashboards read tlm too; busy slots
+     * per decode is the tokens a decode step produced on average */
+    EMIT("# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.\n"
+         "# TYPE llamacpp:prompt_tokens_total counter\nllamacpp:prompt_tokens_total %llu\n"
+         "# HELP llamacpp:prompt_seconds_total Prompt process time.\n"
+         "# TYPE llamacpp:prompt_seconds_total counter\nllamacpp:prompt_seconds_total %.6f\n"
+         "# HELP llamacpp:prompt_tokens_seconds Average prompt throughput in tokens/s.\n"
+         "# TYPE llamacpp:prompt_tokens_seconds gauge\nllamacpp:prompt_tokens_seconds %.3f\n",
+         (unsigned long long)st.prompt_tokens, st.prefill_seconds,
+         st.prefill_seconds > 0 ? (double)st.prompt_tokens / st.prefill_seconds : 0.0);
+    EMIT("# HELP llamacpp:tokens_predicted_total Number of generation tokens processed.\n"
+         "# TYPE llamacpp:tokens_predicted_total counter\nllamacpp:tokens_predicted_total %llu\n"
+         "# HELP llamacpp:tokens_predicted_seconds_total Predict process time.\n"
+         "# TYPE llamacpp:tokens_predicted_seconds_total counter\n"
+         "llamacpp:tokens_predicted_seconds_total %.6f\n"
+         "# HELP llamacpp:predicted_tokens_seconds Average generation throughput in tokens/s.\n"
+         "# TYPE llamacpp:predicted_tokens_seconds gauge\nllamacpp:predicted_tokens_seconds %.3f\n",
+         (unsigned long long)st.completion_tokens, st.decode_seconds,
+         st.decode_seconds > 0 ? (double)st.completion_tokens / st.decode_seconds : 0.0);
+    EMIT("# HELP llamacpp:requests_processing Number of requests processing.\n"
+         "# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing %d\n"
+         "# HELP llamacpp:requests_deferred Number of requests deferred.\n"
+         "# TYPE llamacpp:requests_deferred gauge\nllamacpp:requests_deferred %d\n"
+         "# HELP llamacpp:n_decode_total Total number of decode calls.\n"
+         "# TYPE llamacpp:n_decode_total counter\nllamacpp:n_decode_total %llu\n"
+         "# HELP llamacpp:n_busy_slots_per_decode Average number of busy slots per decode call.\n"
+         "# TYPE llamacpp:n_busy_slots_per_decode gauge\nllamacpp:n_busy_slots_per_decode %.3f\n",
+         st.busy, st.queued, (unsigned long long)st.decode_steps,
+         st.decode_steps ? (double)st.completion_tokens / (double)st.decode_steps : 0.0);
 #undef EMIT
     if (len >= cap) len = cap - 1;
     return send_body(sv, c, 200, "text/plain; version=0.0.4", b, len, 0);
