@@ -7,7 +7,9 @@
 M=$DATA/models/stories260K.gguf
 need "$M"
 
-"$TLM" serve -m "$M" --port 0 -t 1 --parallel 2 --ctx 256 >"$TMP/serve.out" 2>"$TMP/serve.err" &
+mkdir -p "$TMP/slots"
+"$TLM" serve -m "$M" --port 0 -t 1 --parallel 2 --ctx 256 --slot-save-path "$TMP/slots" \
+    >"$TMP/serve.out" 2>"$TMP/serve.err" &
 PID=$!
 T_PIDS+=("$PID")
 listening() { URL=$(sed -n 's/^listening on \(http:[^ ]*\)\/$/\1/p' "$TMP/serve.out"); [ -n "$URL" ]; }
@@ -109,6 +111,34 @@ for name in prompt_tokens_total prompt_seconds_total tokens_predicted_total toke
 done
 expect "llamacpp:tokens_predicted_total counts what was generated" [ "$(sed -n 's/^llamacpp:tokens_predicted_total //p' "$TMP/metrics")" -gt 24 ]
 
+# /slots: a slot's cache saved, erased and restored; the restored cache serves the same prompt
+P='{"prompt": "Once upon a time there was a dog", "n_predict": 6, "temperature": 0}'
+post /completion "$P" >/dev/null
+k=$(j 'j["id_slot"]')
+first=$(j 'j["content"]')
+curl -s "$URL/slots" >"$TMP/body"
+n=$(j "j[$k][\"n_tokens\"]")
+expect "GET /slots: slot $k holds the request's $n positions, idle" [ "$(j "[j[$k]['is_processing'], j[$k]['n_tokens'] > 8]")" = '[false, true]' ]
+expect "save" [ "$(post "/slots/$k?action=save" '{"filename": "dog.bin"}')" = 200 ]
+expect "n_saved $n" [ "$(j '[j["n_saved"], j["filename"]]')" = "[$n, \"dog.bin\"]" ]
+expect "the file is in --slot-save-path" [ -s "$TMP/slots/dog.bin" ]
+expect "erase" [ "$(post "/slots/$k?action=erase" '{}')" = 200 ]
+expect "n_erased $n" [ "$(j 'j["n_erased"]')" = "$n" ]
+expect "the slot is empty" [ "$(curl -s "$URL/slots" | json_get "j[$k]['n_tokens']")" = 0 ]
+expect "restore" [ "$(post "/slots/$k?action=restore" '{"filename": "dog.bin"}')" = 200 ]
+expect "n_restored $n" [ "$(j 'j["n_restored"]')" = "$n" ]
+expect "the slot holds them again" [ "$(curl -s "$URL/slots" | json_get "j[$k]['n_tokens']")" = "$n" ]
+post /completion "$P" >/dev/null
+expect "the restored cache serves the prompt (tokens_cached $(j 'j["tokens_cached"]'))" [ "$(j 'j["tokens_cached"] > 8')" = true ]
+expect "and the same text" [ "$(j 'j["content"]')" = "$first" ]
+expect "a file name with a directory refused" [ "$(post "/slots/0?action=save" '{"filename": "../x"}')" = 400 ]
+expect "a missing file refused" [ "$(post "/slots/0?action=restore" '{"filename": "none.bin"}')" = 400 ]
+printf 'not a slot at all, but long enough to have a header......' >"$TMP/slots/junk.bin"
+expect "a file that is no slot refused" [ "$(post "/slots/0?action=restore" '{"filename": "junk.bin"}')" = 400 ]
+expect "naming the problem" grep -q "not a saved slot" "$TMP/body"
+expect "an unknown action refused" [ "$(post "/slots/0?action=fly" '{}')" = 400 ]
+expect "a slot the server lacks refused" [ "$(post "/slots/7?action=erase" '{}')" = 400 ]
+
 # llama-server's command line: its flags for the requests' defaults take effect, the ones that
 # mean nothing here are accepted
 kill "$PID"
@@ -129,4 +159,5 @@ expect "a request's own value wins" [ "$(post /completion '{"prompt": "Once upon
 expect "n_predict 3 over --n-predict 7" [ "$(j 'j["tokens_predicted"]')" = 3 ]
 expect "/props shows the defaults" [ "$(curl -s "$URL/props" | json_get '[j["default_generation_settings"]["params"][k] for k in ("n_predict", "temperature", "top_k", "seed")]')" = '[7, 0, 1, 5]' ]
 expect "--no-webui: no page at /" [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/")" = 404 ]
+expect "no --slot-save-path: saving is refused" [ "$(post "/slots/0?action=save" '{"filename": "a.bin"}')" = 501 ]
 finish

@@ -53,6 +53,7 @@ static const char *serve_help =
     "  --presence-penalty, --frequency-penalty, --n-predict (-n)\n"
     "                        the requests' defaults where they give none (llama-server's)\n"
     "  --no-webui            no chat page at /\n"
+    "  --slot-save-path DIR  where POST /slots/ID?action=save|restore writes and reads slots\n"
     "  --ctx-size N          --ctx; llama-server's flags that mean nothing here (-ngl,\n"
     "                        --batch-size, --flash-attn, --metrics, --slots, --jinja, ...) are\n"
     "                        accepted and ignored\n"
@@ -89,6 +90,7 @@ typedef struct {
     const char *model_path;
     const char *api_key;
     srv_defaults defaults; /* the requests' defaults from the command line */
+    const char *slot_dir;  /* --slot-save-path: where slots are saved and restored from */
     int webui;             /* the chat page at / (--no-webui: off) */
     size_t max_body;
     /* Request bodies being received, in all (allocated bytes), and their budget: clients that
@@ -658,6 +660,82 @@ static enum MHD_Result handle_props(server *sv, struct MHD_Connection *c) {
     return send_json(sv, c, 200, out);
 }
 
+/* llama-server's GET /slots: each slot's state. */
+static enum MHD_Result handle_slots(server *sv, struct MHD_Connection *c) {
+    cJSON *out = cJSON_CreateArray();
+    for (int b = 0; b < sv->parallel; b++) {
+        srv_slot_info in;
+        srv_sched_slot_info(sv->sched, b, &in);
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "id", b);
+        cJSON_AddNumberToObject(o, "n_ctx", sv->ctx);
+        cJSON_AddBoolToObject(o, "is_processing", in.busy);
+        cJSON_AddNumberToObject(o, "n_tokens", in.n_tokens);
+        cJSON_AddNumberToObject(o, "n_prompt_tokens", in.prompt_tokens);
+        cJSON *nt = cJSON_AddObjectToObject(o, "next_token");
+        cJSON_AddBoolToObject(nt, "has_next_token", in.busy);
+        cJSON_AddNumberToObject(nt, "n_decoded", in.decoded);
+        cJSON_AddItemToArray(out, o);
+    }
+    return send_json(sv, c, 200, out);
+}
+
+/* llama-server's POST /slots/{id}?action=save|restore|erase, files by name under --slot-save-path.
+ */
+static enum MHD_Result handle_slot_action(server *sv, struct MHD_Connection *c, const char *url,
+                                          const char *body, size_t len) {
+    char *end;
+    long id = strtol(url + strlen("/slots/"), &end, 10);
+    if (end == url + strlen("/slots/") || *end || id < 0 || id >= sv->parallel)
+        return send_error(sv, c, 400, "id_slot", "no slot '%.40s' (the server has %d)",
+                          url + strlen("/slots/"), sv->parallel);
+    const char *action = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "action");
+    srv_slot_op op = {.slot = (int)id};
+    if (action && !strcmp(action, "save"))
+        op.action = SRV_SLOT_SAVE;
+    else if (action && !strcmp(action, "restore"))
+        op.action = SRV_SLOT_RESTORE;
+    else if (action && !strcmp(action, "erase"))
+        op.action = SRV_SLOT_ERASE;
+    else
+        return send_error(sv, c, 400, "action", "'action' must be save, restore or erase");
+    char path[4096], name[256] = "";
+    if (op.action != SRV_SLOT_ERASE) {
+        if (!sv->slot_dir)
+            return send_error(sv, c, 501, NULL, "slots are saved only with --slot-save-path DIR");
+        cJSON *root = cJSON_ParseWithLength(body, len);
+        const cJSON *f = root ? cJSON_GetObjectItemCaseSensitive(root, "filename") : NULL;
+        const char *fn = cJSON_IsString(f) ? f->valuestring : "";
+        /* a plain name inside the directory, as llama-server requires */
+        int ok = *fn && strlen(fn) < sizeof name && !strchr(fn, '/') && !strchr(fn, '\\') &&
+                 strcmp(fn, ".") && strcmp(fn, "..") && srv_utf8_valid(fn, strlen(fn));
+        if (ok) snprintf(name, sizeof name, "%s", fn);
+        cJSON_Delete(root);
+        if (!ok)
+            return send_error(sv, c, 400, "filename",
+                              "the body must be {\"filename\": NAME}, a file name without a "
+                              "directory");
+        snprintf(path, sizeof path, "%s/%s", sv->slot_dir, name);
+        op.path = path;
+    }
+    if (srv_sched_slot_op(sv->sched, &op))
+        return send_error(sv, c, 400, NULL, "%s", tlm_last_error());
+    if (op.status) return send_error(sv, c, op.status, NULL, "%s", op.error);
+    cJSON *out = cJSON_CreateObject();
+    cJSON_AddNumberToObject(out, "id_slot", (double)id);
+    if (op.action == SRV_SLOT_ERASE) {
+        cJSON_AddNumberToObject(out, "n_erased", op.n_tokens);
+        return send_json(sv, c, 200, out);
+    }
+    int save = op.action == SRV_SLOT_SAVE;
+    cJSON_AddStringToObject(out, "filename", name);
+    cJSON_AddNumberToObject(out, save ? "n_saved" : "n_restored", op.n_tokens);
+    cJSON_AddNumberToObject(out, save ? "n_written" : "n_read", (double)op.bytes);
+    cJSON *t = cJSON_AddObjectToObject(out, "timings");
+    cJSON_AddNumberToObject(t, save ? "save_ms" : "restore_ms", op.seconds * 1e3);
+    return send_json(sv, c, 200, out);
+}
+
 /* llama-server's POST /apply-template: {"messages": [...]} rendered as the chat prompt. */
 static enum MHD_Result handle_apply_template(server *sv, struct MHD_Connection *c, const char *body,
                                              size_t len) {
@@ -885,6 +963,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     if (get && !strcmp(url, "/metrics")) return handle_metrics(sv, c);
     if (get && path_is(url, "/v1/models")) return handle_models(sv, c);
     if (get && !strcmp(url, "/props")) return handle_props(sv, c);
+    if (get && !strcmp(url, "/slots")) return handle_slots(sv, c);
+    if (post && !strncmp(url, "/slots/", 7)) return handle_slot_action(sv, c, url, body, u->len);
     if (post && !strcmp(url, "/apply-template")) return handle_apply_template(sv, c, body, u->len);
     /* llama-server's own /completion (and /completions), then OpenAI's under /v1 */
     if (post && (!strcmp(url, "/completion") || !strcmp(url, "/completions")))
@@ -1026,7 +1106,7 @@ static int serve_main(int argc, char **argv, cli_lora *lora) {
     long port = 8080, parallel = 4, ctx = 0, threads = 0, queue = 0, max_body = 1 << 20,
          cache_mib = 1024, timeout = 30;
     int map_mode = CLI_MAP_AUTO, lora_off = 0, webui = 1;
-    const char *alias = NULL;
+    const char *alias = NULL, *slot_dir = NULL;
     srv_defaults defaults = {0};
     for (int i = 1; i < argc; i++) {
         const char *v, *a = argv[i];
@@ -1068,6 +1148,8 @@ static int serve_main(int argc, char **argv, cli_lora *lora) {
             num = &ctx, lo = 1, hi = TLM_MAX_CONTEXT_LENGTH;
         } else if (cli_flag_value(argc, argv, &i, "--alias", "-a", &v)) {
             alias = v;
+        } else if (cli_flag_value(argc, argv, &i, "--slot-save-path", NULL, &v)) {
+            slot_dir = v;
         } else if ((ck = default_flag(argc, argv, &i, &defaults)) != 0) {
             if (ck < 0) return 1;
             continue;
@@ -1175,6 +1257,7 @@ static int serve_main(int argc, char **argv, cli_lora *lora) {
     sv.model_path = model_path;
     sv.defaults = defaults;
     sv.webui = webui;
+    sv.slot_dir = slot_dir;
     sv.tok = tok;
     sv.api_key = api_key;
     sv.max_body = (size_t)max_body;

@@ -308,7 +308,7 @@ static cJSON *native_final(srv_response *g, int i) {
     add_fixed(o, "content", j->text ? j->text : "", j->text_len);
     cJSON_AddItemToObject(
         o, "tokens", g->req->return_tokens ? ids_json(j, 0, j->n_out_ids) : cJSON_CreateArray());
-    cJSON_AddNumberToObject(o, "id_slot", 0);
+    cJSON_AddNumberToObject(o, "id_slot", j->slot_used);
     cJSON_AddBoolToObject(o, "stop", 1);
     native_tail(g, o, j);
     if (g->req->logprobs)
@@ -373,7 +373,7 @@ static int native_stream(srv_response *g) {
     cJSON_AddNumberToObject(f, "index", 0);
     cJSON_AddStringToObject(f, "content", "");
     cJSON_AddItemToObject(f, "tokens", cJSON_CreateArray());
-    cJSON_AddNumberToObject(f, "id_slot", 0);
+    cJSON_AddNumberToObject(f, "id_slot", j->slot_used);
     cJSON_AddBoolToObject(f, "stop", 1);
     native_tail(g, f, j);
     out_event(g, f);

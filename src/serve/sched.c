@@ -130,6 +130,7 @@ struct srv_sched {
     pthread_cond_t progress; /* submitters wait: output, completion */
     srv_job *qhead, *qtail;
     int queued, closed, quit;
+    srv_slot_op *ops; /* slot actions waiting for the loop */
     srv_stats st;
     pc_entry *pc; /* the prompt cache (scheduler thread only, under the lock) */
     int n_pc, cap_pc;
@@ -450,6 +451,7 @@ static void admit(srv_sched *s) {
         sl->state = SLOT_PREFILL;
         sl->last_used = ++s->clock;
         j->slot = best;
+        j->slot_used = best;
         j->cached_tokens = (int)best_lcp;
         j->prompt_tokens = j->n_ids;
         s->st.busy++;
@@ -487,6 +489,166 @@ static void drop_cancelled(srv_sched *s) {
         }
 }
 
+/* ---- slot actions (llama-server's /slots) -------------------------------------------------- */
+
+/* A saved slot: this header, the adapters' scales, the ids, then tlm_session_save_prefix's bytes.
+ */
+typedef struct {
+    char magic[8]; /* "TLMSLOT" */
+    uint32_t version, kv_type, v_type;
+    int32_t n_tokens, n_lora, vocab;
+    uint64_t kv_bytes;
+} slot_file;
+
+static void op_fail(srv_slot_op *op, const char *fmt, const char *what) {
+    op->status = 400;
+    snprintf(op->error, sizeof op->error, fmt, what);
+}
+
+static void slot_save(srv_sched *s, srv_slot_op *op) {
+    slot *sl = &s->slots[op->slot];
+    size_t kv = tlm_session_prefix_bytes(s->sess, sl->n_toks);
+    slot_file h = {"TLMSLOT",
+                   1,
+                   (uint32_t)srv_sched_kv_type(s),
+                   (uint32_t)srv_sched_v_type(s),
+                   sl->n_toks,
+                   s->n_lora,
+                   s->V,
+                   kv};
+    size_t n =
+        sizeof h + (size_t)s->n_lora * sizeof(float) + (size_t)sl->n_toks * sizeof(int32_t) + kv;
+    char *buf = malloc(n), *w = buf;
+    if (!buf) {
+        op_fail(op, "%s", "out of memory");
+        return;
+    }
+    memcpy(w, &h, sizeof h), w += sizeof h;
+    memcpy(w, sl->lora_scale, (size_t)s->n_lora * sizeof(float)), w += s->n_lora * sizeof(float);
+    memcpy(w, sl->toks, (size_t)sl->n_toks * sizeof(int32_t)), w += sl->n_toks * sizeof(int32_t);
+    tlm_status st = sl->n_toks ? tlm_session_save_prefix(s->sess, op->slot, sl->n_toks, w) : TLM_OK;
+    if (!st) st = core_write_file_atomic(op->path, buf, n);
+    free(buf);
+    if (st) {
+        op_fail(op, "saving the slot: %s", tlm_last_error());
+        return;
+    }
+    op->n_tokens = sl->n_toks;
+    op->bytes = n;
+}
+
+static void slot_restore(srv_sched *s, srv_slot_op *op) {
+    slot *sl = &s->slots[op->slot];
+    char *buf = NULL;
+    size_t n = 0;
+    if (core_read_file(op->path, &buf, &n)) {
+        op_fail(op, "%s", tlm_last_error());
+        return;
+    }
+    slot_file h;
+    if (n < sizeof h) {
+        free(buf);
+        op_fail(op, "%s is not a saved slot (too short)", op->path);
+        return;
+    }
+    memcpy(&h, buf, sizeof h);
+    const char *bad =
+        memcmp(h.magic, "TLMSLOT", 8) || h.version != 1 ? "not a saved slot"
+        : h.n_tokens < 0 || h.n_tokens > s->ctx         ? "more positions than a slot has"
+        : h.vocab != s->V || h.n_lora != s->n_lora ? "saved with another model or other adapters"
+        : h.kv_type != (uint32_t)srv_sched_kv_type(s) || h.v_type != (uint32_t)srv_sched_v_type(s)
+            ? "saved with other KV cache types"
+        : h.kv_bytes != tlm_session_prefix_bytes(s->sess, h.n_tokens) ||
+                n != sizeof h + (size_t)h.n_lora * sizeof(float) +
+                         (size_t)h.n_tokens * sizeof(int32_t) + h.kv_bytes
+            ? "its size does not match its header"
+            : NULL;
+    if (bad) {
+        free(buf);
+        snprintf(op->error, sizeof op->error, "%.200s: %s", op->path, bad);
+        op->status = 400;
+        return;
+    }
+    const char *r = buf + sizeof h;
+    const float *scales = (const float *)r;
+    const int32_t *toks = (const int32_t *)(r + (size_t)h.n_lora * sizeof(float));
+    for (int i = 0; i < h.n_tokens; i++)
+        if (toks[i] < 0 || toks[i] >= s->V) {
+            free(buf);
+            op_fail(op, "%s holds a token id outside the vocabulary", op->path);
+            return;
+        }
+    const char *kv = (const char *)(toks + h.n_tokens);
+    tlm_session_reset(s->sess, op->slot);
+    sl->n_toks = 0;
+    if (h.n_tokens && tlm_session_load_prefix(s->sess, op->slot, kv, h.n_tokens, h.n_tokens)) {
+        free(buf);
+        op_fail(op, "restoring the slot: %s", tlm_last_error());
+        return;
+    }
+    memcpy(sl->toks, toks, (size_t)h.n_tokens * sizeof(int32_t));
+    memcpy(sl->lora_scale, scales, (size_t)h.n_lora * sizeof(float));
+    if (s->n_lora) tlm_session_set_seq_lora_scales(s->sess, op->slot, sl->lora_scale);
+    sl->n_toks = h.n_tokens;
+    sl->last_used = ++s->clock;
+    op->n_tokens = h.n_tokens;
+    op->bytes = n;
+    free(buf);
+}
+
+/* Every queued slot action, between steps (lock held: nothing else touches the session). */
+static void run_slot_ops(srv_sched *s) {
+    while (s->ops) {
+        srv_slot_op *op = s->ops;
+        s->ops = op->next;
+        double t0 = srv_now();
+        slot *sl = &s->slots[op->slot];
+        if (sl->job) {
+            op->status = 400;
+            snprintf(op->error, sizeof op->error, "slot %d is processing a request", op->slot);
+        } else if (op->action == SRV_SLOT_SAVE) {
+            slot_save(s, op);
+        } else if (op->action == SRV_SLOT_RESTORE) {
+            slot_restore(s, op);
+        } else {
+            op->n_tokens = sl->n_toks;
+            sl->n_toks = 0;
+            tlm_session_reset(s->sess, op->slot);
+        }
+        op->seconds = srv_now() - t0;
+        op->done = 1;
+    }
+    pthread_cond_broadcast(&s->progress);
+}
+
+tlm_status srv_sched_slot_op(srv_sched *s, srv_slot_op *op) {
+    if (!s || !op || op->slot < 0 || op->slot >= s->B)
+        return core_err(TLM_ERR_ARG, "slot action: no slot %d", op ? op->slot : -1);
+    pthread_mutex_lock(&s->mu);
+    op->done = 0;
+    op->status = 0;
+    op->next = s->ops;
+    s->ops = op;
+    pthread_cond_signal(&s->work);
+    while (!op->done) pthread_cond_wait(&s->progress, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+    return TLM_OK;
+}
+
+void srv_sched_slot_info(srv_sched *s, int b, srv_slot_info *out) {
+    memset(out, 0, sizeof *out);
+    if (!s || b < 0 || b >= s->B) return;
+    pthread_mutex_lock(&s->mu);
+    const slot *sl = &s->slots[b];
+    out->busy = sl->job != NULL;
+    out->n_tokens = sl->n_toks;
+    if (sl->job) {
+        out->prompt_tokens = sl->job->n_ids;
+        out->decoded = sl->job->completion_tokens;
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
 static void *loop(void *arg) {
     srv_sched *s = arg;
     size_t V = (size_t)s->V;
@@ -499,6 +661,7 @@ static void *loop(void *arg) {
     pthread_mutex_lock(&s->mu);
     s->ready = 1;
     for (;;) {
+        run_slot_ops(s);
         drop_cancelled(s);
         admit(s);
         int prefilling = 0, decoding = 0;
@@ -509,7 +672,7 @@ static void *loop(void *arg) {
         pthread_cond_broadcast(&s->progress);
         if (!prefilling && !decoding) {
             if (s->quit && !s->qhead) break;
-            pthread_cond_wait(&s->work, &s->mu);
+            if (!s->ops) pthread_cond_wait(&s->work, &s->mu);
             continue;
         }
         pthread_mutex_unlock(&s->mu);

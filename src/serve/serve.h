@@ -200,6 +200,7 @@ typedef struct srv_job {
     int n_out_ids;
     size_t out_ids_cap;
     int stop_word;                    /* the index in stop of the string that ended it, -1: none */
+    int slot_used;                    /* the slot it ran in */
     int eos;                          /* ended by an end-of-generation token */
     double t_submit, t_first, t_done; /* seconds (monotonic) */
     int done;
@@ -275,6 +276,38 @@ void srv_sched_stats(srv_sched *s, srv_stats *st);
 
 /* Monotonic seconds. */
 double srv_now(void);
+
+/* One slot as llama-server's GET /slots shows it. */
+typedef struct {
+    int busy;          /* a request is generating in it */
+    int n_tokens;      /* positions its cache holds */
+    int prompt_tokens; /* the request's (busy) */
+    int decoded;       /* tokens the request generated so far (busy) */
+} srv_slot_info;
+/* Slot b's state (0 <= b < parallel). */
+void srv_sched_slot_info(srv_sched *s, int b, srv_slot_info *out);
+
+/* llama-server's slot actions on an idle slot: its cache written to a file, read back from one
+ * (the same model, cache types and adapters), or forgotten. Run by the scheduler between steps;
+ * the caller waits. */
+typedef enum { SRV_SLOT_SAVE, SRV_SLOT_RESTORE, SRV_SLOT_ERASE } srv_slot_action;
+typedef struct srv_slot_op {
+    /* in */
+    srv_slot_action action;
+    int slot;
+    const char *path; /* save, restore */
+    /* out */
+    int n_tokens;   /* saved, restored or erased */
+    size_t bytes;   /* written or read */
+    double seconds; /* the action's own time */
+    int status;     /* 0, or the HTTP status of a refusal (400: busy slot, bad file) */
+    char error[256];
+    /* scheduler-private */
+    int done;
+    struct srv_slot_op *next;
+} srv_slot_op;
+/* Queues op and waits until the scheduler ran it. TLM_OK even when op->status refuses it. */
+tlm_status srv_sched_slot_op(srv_sched *s, srv_slot_op *op);
 
 /* ---- responses ---------------------------------------------------------------------------- */
 
