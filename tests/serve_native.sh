@@ -2,13 +2,15 @@
 # llama-server's own API on tlm serve, with the requests its documentation shows: POST /completion
 # (prompt as text, ids or both; n_predict, stop, n_probs, return_tokens, logit_bias, ignore_eos,
 # stream, samplers tlm lacks refused), its answer's fields, /props, /apply-template, /v1/health,
-# and logit_bias on the OpenAI endpoint too.
+# /tokenize's pieces, /metrics' llamacpp: names, /slots with save, erase and restore, its command
+# line; logit_bias on the OpenAI endpoint too; and tool calls with the openai npm client
+# (tests/node/serve_tools.mjs).
 . "$(dirname "$0")/lib.sh"
 M=$DATA/models/stories260K.gguf
 need "$M"
 
 mkdir -p "$TMP/slots"
-"$TLM" serve -m "$M" --port 0 -t 1 --parallel 2 --ctx 256 --slot-save-path "$TMP/slots" \
+"$TLM" serve -m "$M" --port 0 -t 1 --parallel 2 --ctx 1024 --slot-save-path "$TMP/slots" \
     >"$TMP/serve.out" 2>"$TMP/serve.err" &
 PID=$!
 T_PIDS+=("$PID")
@@ -31,7 +33,7 @@ expect "tokens_evaluated is the prompt's $n_prompt tokens" [ "$(j 'j["tokens_eva
 expect "timings" [ "$(j 'sorted(k for k in j["timings"] if k.startswith(("prompt", "predicted")))')" = \
     '["predicted_ms", "predicted_n", "predicted_per_second", "predicted_per_token_ms", "prompt_ms", "prompt_n", "prompt_per_second", "prompt_per_token_ms"]' ]
 expect "timings count the tokens" [ "$(j 'j["timings"]["predicted_n"]')" = 24 ]
-expect "generation_settings echo the request" [ "$(j '[j["generation_settings"]["n_predict"], j["generation_settings"]["n_ctx"]]')" = '[24, 256]' ]
+expect "generation_settings echo the request" [ "$(j '[j["generation_settings"]["n_predict"], j["generation_settings"]["n_ctx"]]')" = '[24, 1024]' ]
 expect "the prompt as given" [ "$(j 'j["prompt"]')" = "Once upon a time" ]
 post /v1/completions '{"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0}' >/dev/null
 expect "the OpenAI endpoint gives the same text" [ "$(j 'j["choices"][0]["text"]')" = "$(cat "$TMP/greedy")" ]
@@ -95,7 +97,7 @@ expect "an unknown sampler name refused" [ "$(post /completion '{"prompt": "a", 
 
 # the other endpoints
 expect "/props" [ "$(curl -s -o "$TMP/body" -w '%{http_code}' "$URL/props")" = 200 ]
-expect "/props: slots and context" [ "$(j '[j["total_slots"], j["default_generation_settings"]["n_ctx"]]')" = '[2, 256]' ]
+expect "/props: slots and context" [ "$(j '[j["total_slots"], j["default_generation_settings"]["n_ctx"]]')" = '[2, 1024]' ]
 expect "/apply-template" [ "$(post /apply-template '{"messages": [{"role": "user", "content": "hi"}]}')" = 200 ]
 expect "the chat prompt, assistant turn open" [ "$(j 'j["prompt"]')" = "$(printf '<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n')" ]
 expect "/v1/health" [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/v1/health")" = 200 ]
@@ -138,6 +140,9 @@ expect "a file that is no slot refused" [ "$(post "/slots/0?action=restore" '{"f
 expect "naming the problem" grep -q "not a saved slot" "$TMP/body"
 expect "an unknown action refused" [ "$(post "/slots/0?action=fly" '{}')" = 400 ]
 expect "a slot the server lacks refused" [ "$(post "/slots/7?action=erase" '{}')" = 400 ]
+
+# Tool calls through the official openai package (the Hermes format of ChatML models)
+expect "tool calls with the openai client" node_run serve_tools.mjs "$URL"
 
 # llama-server's command line: its flags for the requests' defaults take effect, the ones that
 # mean nothing here are accepted

@@ -10,10 +10,10 @@
 #include "tlm.h"
 
 static void test_templates(void) {
-    srv_message msgs[] = {{"system", "Be brief."},
-                          {"user", "Hi"},
-                          {"assistant", "Hello!"},
-                          {"user", "Name a color."}};
+    srv_message msgs[] = {{"system", "Be brief.", NULL},
+                          {"user", "Hi", NULL},
+                          {"assistant", "Hello!", NULL},
+                          {"user", "Name a color.", NULL}};
     struct {
         tlm_chat_template t;
         const char *want;
@@ -668,7 +668,113 @@ static void test_cache_types(void) {
     tlm_model_free(m);
 }
 
+/* Tool calls: the Hermes rendering of tools, calls and results; calls parsed out of text (broken
+ * ones left as text); the grammar of a required call; requests refused. */
+static void test_tools(void) {
+    const char *body =
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"W?\"},{\"role\":\"assistant\","
+        "\"content\":null,\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":"
+        "{\"name\":\"w\",\"arguments\":\"{\\\"city\\\":\\\"P\\\"}\"}}]},{\"role\":\"tool\","
+        "\"tool_call_id\":\"c1\",\"content\":\"21\"},{\"role\":\"tool\",\"content\":\"22\"}],"
+        "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"w\",\"parameters\":"
+        "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},"
+        "\"required\":[\"city\"]}}}],\"tool_choice\":\"required\",\"parallel_tool_calls\":false}";
+    srv_request r;
+    srv_error e;
+    CHECK(srv_request_parse(body, strlen(body), SRV_CHAT, &r, &e) == 0, "tools request: %s",
+          e.message);
+    CHECK(r.n_tools == 1 && r.tool_choice == SRV_TOOLS_REQUIRED && !r.parallel_tools &&
+              r.grammar != NULL,
+          "tools parsed (%d tools, choice %d)", r.n_tools, r.tool_choice);
+    srv_message *m = NULL;
+    int n = 0;
+    CHECK(srv_tools_messages(&r, &m, &n, &e) == 0 && n == 4, "tool messages: %d", n);
+    if (n == 4) {
+        CHECK(!strcmp(m[0].role, "system") &&
+                  strstr(m[0].content, "<tools>\n{\"type\":"
+                                       "\"function\",\"function\":"
+                                       "{\"name\":\"w\"") &&
+                  strstr(m[0].content, "</tools>"),
+              "the tools in a system message: %s", m[0].content);
+        CHECK(!strcmp(m[2].role, "assistant") &&
+                  !strcmp(m[2].content, "<tool_call>\n{\"name\":\"w\",\"arguments\":"
+                                        "{\"city\":\"P\"}}\n</tool_call>"),
+              "a call as the model writes it: %s", m[2].content);
+        CHECK(!strcmp(m[3].role, "user") &&
+                  !strcmp(m[3].content, "<tool_response>\n21\n</tool_response>\n<tool_response>"
+                                        "\n22\n</tool_response>"),
+              "two results in one user turn: %s", m[3].content);
+    }
+    srv_messages_free(m, n);
+    /* the grammar takes a call of w with its arguments, and nothing else */
+    tlm_tokenizer *tok = NULL;
+    tlm_grammar_vocab *v = NULL;
+    tlm_grammar_state *st = NULL;
+    char alphabet[96];
+    int k = 0;
+    for (int ch = 32; ch < 127; ch++) alphabet[k++] = (char)ch;
+    alphabet[k++] = '\n';
+    CHECK_OK(tlm_tokenizer_new_char(alphabet, (size_t)k, &tok));
+    CHECK_OK(tlm_grammar_vocab_new(tok, tlm_tokenizer_vocab_size(tok), &v));
+    CHECK_OK(tlm_grammar_state_new(r.grammar, v, &st));
+    const char *good = "<tool_call>\n{\"name\": \"w\", \"arguments\": {\"city\": \"Oslo\"}}\n"
+                       "</tool_call>";
+    CHECK(!tlm_grammar_state_accept_bytes(st, good, strlen(good)) && tlm_grammar_state_complete(st),
+          "the grammar takes a call of w");
+    tlm_grammar_state_reset(st);
+    const char *bad = "<tool_call>\n{\"name\": \"x\"";
+    CHECK(tlm_grammar_state_accept_bytes(st, bad, strlen(bad)) != TLM_OK,
+          "the grammar refuses a function the tools lack");
+    tlm_grammar_state_free(st);
+    tlm_grammar_vocab_free(v);
+    tlm_tokenizer_free(tok);
+    srv_request_free(&r);
+
+    srv_tool_parse p;
+    const char *text = "Let me look. <tool_call>\n{\"name\": \"w\", \"arguments\": {\"city\": "
+                       "\"P\"}}\n</tool_call>\n<tool_call>{\"name\":\"a\",\"arguments\":\"{}\"}"
+                       "</tool_call>";
+    CHECK(srv_tools_parse(text, strlen(text), 7, &p) == 0 && p.n_calls == 2 && p.content &&
+              !strcmp(p.content, "Let me look.") && p.calls &&
+              strstr(p.calls, "\"name\":\"w\",\"arguments\":\"{\\\"city\\\":\\\"P\\\"}\"") &&
+              strstr(p.calls, "\"name\":\"a\",\"arguments\":\"{}\""),
+          "two calls and the text before them: %s / %s", p.content ? p.content : "(null)",
+          p.calls ? p.calls : "(null)");
+    srv_tool_parse_free(&p);
+    const char *broken[] = {"<tool_call>\n{\"name\": \"w\", \"argu",
+                            "<tool_call>not json</tool_call>",
+                            "<tool_call>{\"arguments\": {}}</tool_call>", "plain text", ""};
+    for (int i = 0; i < 5; i++) {
+        CHECK(srv_tools_parse(broken[i], strlen(broken[i]), 1, &p) == 0 && p.n_calls == 0 &&
+                  !p.calls,
+              "broken call %d parsed as a call", i);
+        CHECK(i == 4 ? !p.content : p.content && !strcmp(p.content, broken[i]),
+              "broken call %d kept as text: %s", i, p.content ? p.content : "(null)");
+        srv_tool_parse_free(&p);
+    }
+    CHECK(parse_fails("{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"tools\":[{\"type\":"
+                      "\"function\",\"function\":{\"name\":\"a b\"}}]}",
+                      SRV_CHAT, "tools", 400),
+          "a function name with a space");
+    CHECK(parse_fails("{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"tools\":[{\"type\":"
+                      "\"function\",\"function\":{\"name\":\"a\"}}],\"tool_choice\":{\"type\":"
+                      "\"function\",\"function\":{\"name\":\"b\"}}}",
+                      SRV_CHAT, "tool_choice", 400),
+          "a tool_choice naming no tool");
+    CHECK(parse_fails("{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"tool_choice\":"
+                      "\"required\"}",
+                      SRV_CHAT, "tool_choice", 400),
+          "tool_choice without tools");
+    CHECK(
+        parse_fails("{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"tools\":[{\"type\":"
+                    "\"function\",\"function\":{\"name\":\"a\",\"parameters\":{\"type\":\"string\","
+                    "\"format\":\"email\"}}}],\"tool_choice\":\"required\"}",
+                    SRV_CHAT, "tools", 400),
+        "a parameters schema the grammar cannot follow");
+}
+
 int main(void) {
+    test_tools();
     test_responses();
     test_templates();
     test_requests();

@@ -318,8 +318,24 @@ static int prompt_ids(gen *g, int32_t **ids, size_t *n, char *err, size_t errlen
     char *text = NULL;
     unsigned flags = 0;
     if (r->chat) {
-        if (srv_template_apply(sv->tpl, r->messages, r->n_messages, &text))
-            return snprintf(err, errlen, "%s", tlm_last_error()), -1;
+        /* tools, calls and their results in the Hermes format, which ChatML models read */
+        int tools = r->tools && r->tool_choice != SRV_TOOLS_NONE;
+        for (int i = 0; i < r->n_messages; i++)
+            tools |= !strcmp(r->messages[i].role, "tool") || r->messages[i].tool_calls;
+        srv_message *msgs = r->messages;
+        int n_msgs = r->n_messages;
+        srv_error e;
+        if (tools && sv->tpl != TLM_CHAT_CHATML)
+            return snprintf(err, errlen,
+                            "tools are written in the Hermes format of ChatML models (Qwen2.5, "
+                            "Hermes); this server's template is %s",
+                            tlm_chat_template_name(sv->tpl)),
+                   -1;
+        if (tools && srv_tools_messages(r, &msgs, &n_msgs, &e))
+            return snprintf(err, errlen, "%s", e.message), -1;
+        tlm_status ts = srv_template_apply(sv->tpl, msgs, n_msgs, &text);
+        if (msgs != r->messages) srv_messages_free(msgs, n_msgs);
+        if (ts) return snprintf(err, errlen, "%s", tlm_last_error()), -1;
         flags |= TLM_ENCODE_ALLOW_SPECIAL;
     }
     const char *src = r->chat ? text : r->prompt;

@@ -161,9 +161,9 @@ static int parse_messages(const cJSON *root, srv_request *r, srv_error *e) {
         if (!cJSON_IsString(role)) return fail(e, "messages", "each message needs a 'role' string");
         const char *ro = role->valuestring;
         if (strcmp(ro, "system") && strcmp(ro, "developer") && strcmp(ro, "user") &&
-            strcmp(ro, "assistant"))
+            strcmp(ro, "assistant") && strcmp(ro, "tool"))
             return fail(e, "messages",
-                        "role '%.40s' is not one of system, developer, user, assistant", ro);
+                        "role '%.40s' is not one of system, developer, user, assistant, tool", ro);
         srv_message *dst = &r->messages[r->n_messages++];
         if (!(dst->role = dup_checked(ro, "messages", e))) return -1;
         const cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
@@ -171,6 +171,19 @@ static int parse_messages(const cJSON *root, srv_request *r, srv_error *e) {
         if (!c && strcmp(ro, "assistant"))
             return fail(e, "messages", "a %s message needs 'content'", ro);
         if (!(dst->content = content_text(c, e))) return -1;
+        const cJSON *tc = field(m, "tool_calls");
+        if (tc && !strcmp(ro, "assistant")) {
+            if (!cJSON_IsArray(tc)) return fail(e, "messages", "'tool_calls' must be an array");
+            const cJSON *call;
+            cJSON_ArrayForEach(call, tc) {
+                const cJSON *fn = cJSON_IsObject(call) ? field(call, "function") : NULL;
+                if (!cJSON_IsObject(fn) || !cJSON_IsString(field(fn, "name")))
+                    return fail(e, "messages",
+                                "each tool call needs \"function\": {\"name\", \"arguments\"}");
+            }
+            if (!(dst->tool_calls = cJSON_PrintUnformatted(tc)))
+                return fail(e, "messages", "out of memory");
+        }
     }
     return 0;
 }
@@ -444,6 +457,67 @@ static int parse_native(const cJSON *root, srv_request *r, srv_error *e) {
     return 0;
 }
 
+/* tools, tool_choice and parallel_tool_calls (chat). */
+static int parse_tools(const cJSON *root, srv_request *r, srv_error *e) {
+    r->parallel_tools = 1;
+    const cJSON *tools = field(root, "tools"), *choice = field(root, "tool_choice");
+    if (get_bool(root, "parallel_tool_calls", &r->parallel_tools, e) < 0) return -1;
+    if (!tools) {
+        if (choice && !(cJSON_IsString(choice) && !strcmp(choice->valuestring, "none")) &&
+            !(cJSON_IsString(choice) && !strcmp(choice->valuestring, "auto")))
+            return fail(e, "tool_choice", "'tool_choice' needs 'tools'");
+        return 0;
+    }
+    if (!cJSON_IsArray(tools)) return fail(e, "tools", "'tools' must be an array");
+    const cJSON *t;
+    cJSON_ArrayForEach(t, tools) {
+        const cJSON *type = cJSON_IsObject(t) ? field(t, "type") : NULL;
+        const cJSON *fn = cJSON_IsObject(t) ? field(t, "function") : NULL;
+        const cJSON *name = fn ? field(fn, "name") : NULL,
+                    *params = fn ? field(fn, "parameters") : NULL;
+        if (!cJSON_IsString(type) || strcmp(type->valuestring, "function") || !cJSON_IsObject(fn))
+            return fail(e, "tools",
+                        "each tool must be {\"type\": \"function\", \"function\": {...}}");
+        if (!cJSON_IsString(name) || !*name->valuestring || strlen(name->valuestring) > 64 ||
+            strspn(name->valuestring, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                      "0123456789_-") != strlen(name->valuestring))
+            return fail(e, "tools",
+                        "a function's 'name' must be 1 to 64 of a-z, A-Z, 0-9, _ and -");
+        if (params && !cJSON_IsObject(params))
+            return fail(e, "tools", "a function's 'parameters' must be a JSON Schema object");
+        r->n_tools++;
+    }
+    if (!r->n_tools) return 0;
+    if (!(r->tools = cJSON_PrintUnformatted(tools))) return fail(e, "tools", "out of memory");
+    if (!choice) return 0;
+    if (cJSON_IsString(choice)) {
+        const char *c = choice->valuestring;
+        r->tool_choice = !strcmp(c, "auto")       ? SRV_TOOLS_AUTO
+                         : !strcmp(c, "none")     ? SRV_TOOLS_NONE
+                         : !strcmp(c, "required") ? SRV_TOOLS_REQUIRED
+                                                  : -1;
+        if (r->tool_choice < 0)
+            return fail(e, "tool_choice",
+                        "'tool_choice' must be auto, none, required or a function");
+        return 0;
+    }
+    const cJSON *fn = cJSON_IsObject(choice) ? field(choice, "function") : NULL;
+    const cJSON *name = fn ? field(fn, "name") : NULL;
+    if (!cJSON_IsString(name))
+        return fail(
+            e, "tool_choice",
+            "'tool_choice' names a function as {\"type\": \"function\", \"function\": {\"name\"}}");
+    int found = 0;
+    cJSON_ArrayForEach(t, tools) found |=
+        !strcmp(field(field(t, "function"), "name")->valuestring, name->valuestring);
+    if (!found)
+        return fail(e, "tool_choice", "'tool_choice' names '%.64s', which 'tools' does not have",
+                    name->valuestring);
+    r->tool_choice = SRV_TOOLS_NAMED;
+    if (!(r->tool_name = dup_checked(name->valuestring, "tool_choice", e))) return -1;
+    return 0;
+}
+
 /* A schema (object or boolean) compiled into r->grammar. */
 static int compile_schema(const cJSON *schema, srv_request *r, const char *param, srv_error *e) {
     char *text = cJSON_PrintUnformatted(schema);
@@ -642,6 +716,14 @@ int srv_request_parse_with(const char *body, size_t len, int shape, const srv_de
     if (parse_lora(root, r, e)) goto done;
     if (parse_structured(root, r, e)) goto done;
     if (parse_bias(root, r, e)) goto done;
+    if (chat && parse_tools(root, r, e)) goto done;
+    if (chat && r->tools && r->tool_choice >= SRV_TOOLS_REQUIRED) {
+        if (r->grammar) {
+            fail(e, "tool_choice", "a required tool call and a response format exclude each other");
+            goto done;
+        }
+        if (srv_tools_grammar(r, &r->grammar, e)) goto done;
+    }
     if (get_bool(root, "ignore_eos", &r->ignore_eos, e) < 0) goto done;
     rc = 0;
 done:
@@ -654,11 +736,9 @@ void srv_request_free(srv_request *r) {
     if (!r) return;
     free(r->prompt);
     free(r->prompt_ids);
-    for (int i = 0; i < r->n_messages; i++) {
-        free(r->messages[i].role);
-        free(r->messages[i].content);
-    }
-    free(r->messages);
+    srv_messages_free(r->messages, r->n_messages);
+    free(r->tools);
+    free(r->tool_name);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->model);
     tlm_grammar_free(r->grammar);

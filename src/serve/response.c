@@ -158,6 +158,22 @@ static cJSON *envelope(srv_response *g, const char *object) {
     return r;
 }
 
+/* Whether a chat's answers are read for tool calls. */
+static int tools_on(const srv_request *r) {
+    return r->chat && r->tools && r->tool_choice != SRV_TOOLS_NONE;
+}
+
+/* The ids of choice i's calls: unique per response. */
+static unsigned long long call_seed(const srv_response *g, int i) {
+    unsigned long long h = 1469598103934665603ull;
+    for (const char *p = g->id; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
+    return (h ^ (unsigned long long)i) & 0xffffffffffffull;
+}
+
+/* A chat choice with tools, streamed once it is done (the calls are known only then): the role
+ * and content, each call whole (OpenAI's delta shape, index by index), then the finish reason. */
+static int tools_stream_choice(srv_response *g, int i);
+
 /* The whole answer, once every job is done (lock held). */
 static cJSON *final_json(srv_response *g) {
     cJSON *r = envelope(g, g->req->chat ? "chat.completion" : "text_completion");
@@ -166,7 +182,18 @@ static cJSON *final_json(srv_response *g) {
         srv_job *j = g->jobs[i];
         cJSON *c = cJSON_CreateObject();
         cJSON_AddNumberToObject(c, "index", i);
-        if (g->req->chat) {
+        srv_tool_parse tp = {0};
+        if (tools_on(g->req))
+            srv_tools_parse(j->text ? j->text : "", j->text_len, call_seed(g, i), &tp);
+        if (g->req->chat && tools_on(g->req)) {
+            cJSON *m = cJSON_AddObjectToObject(c, "message");
+            cJSON_AddStringToObject(m, "role", "assistant");
+            if (tp.content)
+                cJSON_AddStringToObject(m, "content", tp.content);
+            else
+                cJSON_AddNullToObject(m, "content");
+            if (tp.calls) cJSON_AddItemToObject(m, "tool_calls", cJSON_Parse(tp.calls));
+        } else if (g->req->chat) {
             cJSON *m = cJSON_AddObjectToObject(c, "message");
             cJSON_AddStringToObject(m, "role", "assistant");
             add_fixed(m, "content", j->text ? j->text : "", j->text_len);
@@ -186,7 +213,10 @@ static cJSON *final_json(srv_response *g) {
             cJSON_AddItemToObject(c, "logprobs", logprobs_json(g, j, 0, j->n_lps));
         else
             cJSON_AddNullToObject(c, "logprobs");
-        cJSON_AddStringToObject(c, "finish_reason", finish_name(j->finish));
+        cJSON_AddStringToObject(
+            c, "finish_reason",
+            tp.n_calls && j->finish == SRV_FINISH_STOP ? "tool_calls" : finish_name(j->finish));
+        srv_tool_parse_free(&tp);
         cJSON_AddItemToArray(choices, c);
     }
     cJSON_AddItemToObject(r, "usage", usage_json(g));
@@ -386,6 +416,19 @@ static int native_stream(srv_response *g) {
 int srv_response_stream(srv_response *g) {
     if (g->req->native) return native_stream(g);
     int all_done = 1;
+    if (tools_on(g->req)) {
+        for (int i = 0; i < g->n_jobs; i++) all_done &= tools_stream_choice(g, i);
+        if (!all_done) return 0;
+        if (g->req->include_usage && !g->usage_sent) {
+            cJSON *r = envelope(g, "chat.completion.chunk");
+            cJSON_AddArrayToObject(r, "choices");
+            cJSON_AddItemToObject(r, "usage", usage_json(g));
+            out_event(g, r);
+            g->usage_sent = 1;
+        }
+        out_put(g, "data: [DONE]\n\n", 14);
+        return 1;
+    }
     for (int i = 0; i < g->n_jobs; i++) {
         srv_job *j = g->jobs[i];
         if (g->finished[i]) continue;
@@ -452,6 +495,61 @@ int srv_response_stream(srv_response *g) {
         g->usage_sent = 1;
     }
     out_put(g, "data: [DONE]\n\n", 14);
+    return 1;
+}
+
+static int tools_stream_choice(srv_response *g, int i) {
+    srv_job *j = g->jobs[i];
+    if (g->finished[i]) return 1;
+    if (!j->done) return 0;
+    if (j->finish == SRV_FINISH_ERROR) {
+        out_event(g, error_obj(500, NULL, j->error));
+        g->finished[i] = 1;
+        return 1;
+    }
+    srv_tool_parse tp = {0};
+    srv_tools_parse(j->text ? j->text : "", j->text_len, call_seed(g, i), &tp);
+    cJSON *r = envelope(g, "chat.completion.chunk");
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c, "index", i);
+    cJSON *d = cJSON_AddObjectToObject(c, "delta");
+    cJSON_AddStringToObject(d, "role", "assistant");
+    if (tp.content)
+        cJSON_AddStringToObject(d, "content", tp.content);
+    else
+        cJSON_AddNullToObject(d, "content");
+    cJSON_AddNullToObject(c, "logprobs");
+    cJSON_AddNullToObject(c, "finish_reason");
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(r, "choices"), c);
+    out_event(g, r);
+    cJSON *calls = tp.calls ? cJSON_Parse(tp.calls) : NULL;
+    int k = 0;
+    for (cJSON *call = calls ? calls->child : NULL; call; call = call->next, k++) {
+        r = envelope(g, "chat.completion.chunk");
+        c = cJSON_CreateObject();
+        cJSON_AddNumberToObject(c, "index", i);
+        cJSON *tc = cJSON_AddArrayToObject(cJSON_AddObjectToObject(c, "delta"), "tool_calls");
+        cJSON *one = cJSON_Duplicate(call, 1);
+        cJSON_AddNumberToObject(one, "index", k);
+        cJSON_AddItemToArray(tc, one);
+        cJSON_AddNullToObject(c, "logprobs");
+        cJSON_AddNullToObject(c, "finish_reason");
+        cJSON_AddItemToArray(cJSON_AddArrayToObject(r, "choices"), c);
+        out_event(g, r);
+    }
+    cJSON_Delete(calls);
+    r = envelope(g, "chat.completion.chunk");
+    c = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c, "index", i);
+    cJSON_AddObjectToObject(c, "delta");
+    cJSON_AddNullToObject(c, "logprobs");
+    cJSON_AddStringToObject(c, "finish_reason",
+                            tp.n_calls && j->finish == SRV_FINISH_STOP ? "tool_calls"
+                                                                       : finish_name(j->finish));
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(r, "choices"), c);
+    out_event(g, r);
+    srv_tool_parse_free(&tp);
+    g->finished[i] = 1;
     return 1;
 }
 

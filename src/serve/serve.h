@@ -16,6 +16,7 @@
 typedef struct {
     char *role; /* system, user, assistant, tool (developer is read as system) */
     char *content;
+    char *tool_calls; /* an assistant's "tool_calls" (their JSON text), NULL: none */
 } srv_message;
 
 /* Renders the conversation and opens the assistant's turn. *out is malloc'd, NUL-terminated. */
@@ -85,7 +86,17 @@ typedef struct {
     int n_bias;
     int ignore_eos;    /* the vocabulary's ends of generation are never sampled */
     int return_tokens; /* native: the generated ids in "tokens" */
+    /* Chat tools: "tools" (the JSON text of the array), "tool_choice" and
+     * "parallel_tool_calls". With tools (and a choice other than none) the answer's tool calls are
+     * parsed out of the text; with required or a named function a grammar makes the model call. */
+    char *tools;
+    int n_tools;
+    int tool_choice;    /* SRV_TOOLS_ */
+    char *tool_name;    /* the function tool_choice names */
+    int parallel_tools; /* several calls in one answer (default 1) */
 } srv_request;
+
+enum { SRV_TOOLS_AUTO = 0, SRV_TOOLS_NONE, SRV_TOOLS_REQUIRED, SRV_TOOLS_NAMED };
 
 typedef struct {
     int status;        /* HTTP status: 400 for everything the parser refuses */
@@ -122,6 +133,26 @@ typedef struct {
 /* srv_request_parse with the server's defaults d (NULL: none). */
 int srv_request_parse_with(const char *body, size_t len, int shape, const srv_defaults *d,
                            srv_request *r, srv_error *e);
+
+/* ---- tool calls (src/serve/tools.c): Hermes / Qwen2.5 style, ChatML ------------------------- */
+
+/* The messages a chat with tools renders: the tools' signatures in the system message, assistant
+ * tool calls as <tool_call> blocks, tool results as <tool_response> blocks in a user turn.
+ * *out (and every string in it) malloc'd; free with srv_messages_free. */
+int srv_tools_messages(const srv_request *r, srv_message **out, int *n, srv_error *e);
+void srv_messages_free(srv_message *m, int n);
+/* The grammar that makes the answer tool calls (required, or the named function): each call's
+ * arguments follow its function's parameters schema. */
+int srv_tools_grammar(const srv_request *r, tlm_grammar **out, srv_error *e);
+/* The tool calls in a generated text: the text before the first call (trimmed; NULL when empty)
+ * and a JSON array of OpenAI tool_calls (NULL when none parsed). Malformed blocks stay text. */
+typedef struct {
+    char *content;
+    char *calls; /* JSON text */
+    int n_calls;
+} srv_tool_parse;
+int srv_tools_parse(const char *text, size_t len, unsigned long long id_seed, srv_tool_parse *out);
+void srv_tool_parse_free(srv_tool_parse *p);
 void srv_request_free(srv_request *r);
 /* 1 if the bytes are valid UTF-8 (no overlongs, surrogates or code points past U+10FFFF). */
 int srv_utf8_valid(const char *s, size_t n);

@@ -1,0 +1,307 @@
+/* Tool calls in chat completions, in the Hermes format that Qwen2.5 and most ChatML models are
+ * trained on: the functions' signatures go in the system message between <tools> tags, the model
+ * answers a call as <tool_call>{"name": ..., "arguments": {...}}</tool_call>, and a tool's result
+ * comes back in a user turn between <tool_response> tags. */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "serve/serve.h"
+
+static int fail(srv_error *e, const char *param, const char *msg) {
+    e->status = 400;
+    snprintf(e->param, sizeof e->param, "%s", param);
+    snprintf(e->message, sizeof e->message, "%s", msg);
+    return -1;
+}
+
+/* A growing string. */
+typedef struct {
+    char *s;
+    size_t n, cap;
+    int oom;
+} sbuf;
+
+static void put(sbuf *b, const char *s, size_t n) {
+    if (b->oom) return;
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = (b->n + n + 1) * 2;
+        char *q = realloc(b->s, cap);
+        if (!q) {
+            b->oom = 1;
+            return;
+        }
+        b->s = q;
+        b->cap = cap;
+    }
+    memcpy(b->s + b->n, s, n);
+    b->n += n;
+    b->s[b->n] = 0;
+}
+static void puts_(sbuf *b, const char *s) { put(b, s, strlen(s)); }
+
+void srv_messages_free(srv_message *m, int n) {
+    for (int i = 0; m && i < n; i++) {
+        free(m[i].role);
+        free(m[i].content);
+        free(m[i].tool_calls);
+    }
+    free(m);
+}
+
+static char *dup_s(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *d = malloc(n);
+    if (d) memcpy(d, s, n);
+    return d;
+}
+
+/* The system message's tool block (Qwen2.5's wording, which its models were trained on). */
+static void tools_block(sbuf *b, const cJSON *tools) {
+    puts_(b, "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+             "You are provided with function signatures within <tools></tools> XML tags:\n"
+             "<tools>");
+    const cJSON *t;
+    cJSON_ArrayForEach(t, tools) {
+        char *s = cJSON_PrintUnformatted(t);
+        puts_(b, "\n");
+        if (s) puts_(b, s);
+        free(s);
+    }
+    puts_(b, "\n</tools>\n\nFor each function call, return a json object with function name and "
+             "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
+             "<function-name>, \"arguments\": <args-json-object>}\n</tool_call>");
+}
+
+/* An assistant's calls as the model writes them: arguments (a JSON string in OpenAI's shape)
+ * embedded as the object they hold. */
+static void calls_text(sbuf *b, const char *calls_json) {
+    cJSON *calls = cJSON_Parse(calls_json);
+    const cJSON *c;
+    cJSON_ArrayForEach(c, calls) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(c, "function");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        const cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "name", cJSON_IsString(name) ? name->valuestring : "");
+        cJSON *a = cJSON_IsString(args) ? cJSON_Parse(args->valuestring) : NULL;
+        if (!a) a = args && !cJSON_IsString(args) ? cJSON_Duplicate(args, 1) : cJSON_CreateObject();
+        cJSON_AddItemToObject(o, "arguments", a);
+        char *s = cJSON_PrintUnformatted(o);
+        cJSON_Delete(o);
+        if (b->n) puts_(b, "\n");
+        puts_(b, "<tool_call>\n");
+        if (s) puts_(b, s);
+        puts_(b, "\n</tool_call>");
+        free(s);
+    }
+    cJSON_Delete(calls);
+}
+
+int srv_tools_messages(const srv_request *r, srv_message **out, int *n, srv_error *e) {
+    *out = NULL;
+    *n = 0;
+    cJSON *tools = r->tools && r->tool_choice != SRV_TOOLS_NONE ? cJSON_Parse(r->tools) : NULL;
+    int has_system = r->n_messages && (!strcmp(r->messages[0].role, "system") ||
+                                       !strcmp(r->messages[0].role, "developer"));
+    srv_message *m = calloc((size_t)r->n_messages + 1, sizeof *m);
+    if (!m) {
+        cJSON_Delete(tools);
+        return fail(e, "messages", "out of memory");
+    }
+    int k = 0, oom = 0;
+    if (tools && !has_system) { /* Qwen2.5's default system line, then the tools */
+        sbuf b = {0};
+        puts_(&b, "You are a helpful assistant.");
+        tools_block(&b, tools);
+        m[k].role = dup_s("system");
+        m[k++].content = b.s;
+        oom |= b.oom || !b.s;
+    }
+    for (int i = 0; i < r->n_messages; i++) {
+        const srv_message *s = &r->messages[i];
+        sbuf b = {0};
+        const char *role = s->role;
+        if (!strcmp(role, "tool")) {
+            /* consecutive results share one user turn */
+            int first = i == 0 || strcmp(r->messages[i - 1].role, "tool");
+            if (!first) {
+                sbuf *prev = &(sbuf){m[k - 1].content, strlen(m[k - 1].content), 0, 0};
+                prev->cap = prev->n + 1;
+                puts_(prev, "\n<tool_response>\n");
+                puts_(prev, s->content);
+                puts_(prev, "\n</tool_response>");
+                m[k - 1].content = prev->s;
+                oom |= prev->oom;
+                continue;
+            }
+            role = "user";
+            puts_(&b, "<tool_response>\n");
+            puts_(&b, s->content);
+            puts_(&b, "\n</tool_response>");
+        } else {
+            puts_(&b, s->content ? s->content : "");
+            if (i == 0 && has_system && tools) tools_block(&b, tools);
+            if (s->tool_calls) calls_text(&b, s->tool_calls);
+        }
+        if (!b.s) puts_(&b, "");
+        m[k].role = dup_s(role);
+        m[k++].content = b.s;
+        oom |= b.oom || !b.s || !m[k - 1].role;
+    }
+    cJSON_Delete(tools);
+    if (oom) {
+        srv_messages_free(m, k);
+        return fail(e, "messages", "out of memory");
+    }
+    *out = m;
+    *n = k;
+    return 0;
+}
+
+/* The name `root` in GBNF text, outside literals and classes, renamed to `to`. */
+static void rename_root(sbuf *b, const char *g, const char *to) {
+    for (const char *p = g; *p;) {
+        if (*p == '"' || *p == '[') { /* a literal or a class, escapes included */
+            char close = *p == '"' ? '"' : ']';
+            const char *q = p + 1;
+            while (*q && *q != close) q += q[0] == '\\' && q[1] ? 2 : 1;
+            if (*q) q++;
+            put(b, p, (size_t)(q - p));
+            p = q;
+        } else if (!strncmp(p, "root", 4) &&
+                   (p == g ||
+                    !(p[-1] == '-' || p[-1] == '_' || (p[-1] >= 'a' && p[-1] <= 'z') ||
+                      (p[-1] >= 'A' && p[-1] <= 'Z') || (p[-1] >= '0' && p[-1] <= '9'))) &&
+                   !(p[4] == '-' || p[4] == '_' || (p[4] >= 'a' && p[4] <= 'z') ||
+                     (p[4] >= 'A' && p[4] <= 'Z') || (p[4] >= '0' && p[4] <= '9'))) {
+            puts_(b, to);
+            p += 4;
+        } else {
+            put(b, p, 1);
+            p++;
+        }
+    }
+}
+
+int srv_tools_grammar(const srv_request *r, tlm_grammar **out, srv_error *e) {
+    *out = NULL;
+    cJSON *tools = cJSON_Parse(r->tools);
+    /* the call object: one of the functions (or the named one), its arguments by its schema */
+    cJSON *schema = cJSON_CreateObject(), *any = cJSON_AddArrayToObject(schema, "anyOf");
+    const cJSON *t;
+    cJSON_ArrayForEach(t, tools) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+        const char *name = cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring;
+        if (r->tool_choice == SRV_TOOLS_NAMED && strcmp(name, r->tool_name)) continue;
+        const cJSON *params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "type", "object");
+        cJSON *props = cJSON_AddObjectToObject(o, "properties");
+        cJSON_AddStringToObject(cJSON_AddObjectToObject(props, "name"), "const", name);
+        cJSON_AddItemToObject(props, "arguments",
+                              params ? cJSON_Duplicate(params, 1) : cJSON_CreateObject());
+        cJSON *req = cJSON_AddArrayToObject(o, "required");
+        cJSON_AddItemToArray(req, cJSON_CreateString("name"));
+        cJSON_AddItemToArray(req, cJSON_CreateString("arguments"));
+        cJSON_AddItemToArray(any, o);
+    }
+    char *text = cJSON_PrintUnformatted(schema), *gbnf = NULL;
+    cJSON_Delete(schema);
+    cJSON_Delete(tools);
+    if (!text) return fail(e, "tools", "out of memory");
+    tlm_status st = tlm_json_schema_to_gbnf(text, strlen(text), &gbnf);
+    free(text);
+    if (st) {
+        char msg[sizeof e->message];
+        snprintf(msg, sizeof msg, "a tool's parameters: %s", tlm_last_error());
+        return fail(e, "tools", msg);
+    }
+    sbuf b = {0};
+    rename_root(&b, gbnf, "tool-call-object");
+    free(gbnf);
+    puts_(&b, r->parallel_tools ? "\nroot ::= tool-call (\"\\n\" tool-call)*\n"
+                                : "\nroot ::= tool-call\n");
+    puts_(&b, "tool-call ::= \"<tool_call>\\n\" tool-call-object \"\\n</tool_call>\"\n");
+    if (b.oom) {
+        free(b.s);
+        return fail(e, "tools", "out of memory");
+    }
+    st = tlm_grammar_parse(b.s, b.n, out);
+    free(b.s);
+    if (st) {
+        char msg[sizeof e->message];
+        snprintf(msg, sizeof msg, "the tools' grammar: %s", tlm_last_error());
+        return fail(e, "tools", msg);
+    }
+    return 0;
+}
+
+void srv_tool_parse_free(srv_tool_parse *p) {
+    free(p->content);
+    free(p->calls);
+    memset(p, 0, sizeof *p);
+}
+
+static const char OPEN[] = "<tool_call>", CLOSE[] = "</tool_call>";
+
+int srv_tools_parse(const char *text, size_t len, unsigned long long id_seed, srv_tool_parse *out) {
+    memset(out, 0, sizeof *out);
+    cJSON *calls = cJSON_CreateArray();
+    sbuf content = {0};
+    size_t at = 0;
+    while (at < len) {
+        const char *o = NULL;
+        for (size_t i = at; i + sizeof OPEN - 1 <= len; i++)
+            if (!memcmp(text + i, OPEN, sizeof OPEN - 1)) {
+                o = text + i;
+                break;
+            }
+        const char *c = NULL, *body = o ? o + sizeof OPEN - 1 : NULL;
+        for (const char *q = body; q && q + sizeof CLOSE - 1 <= text + len; q++)
+            if (!memcmp(q, CLOSE, sizeof CLOSE - 1)) {
+                c = q;
+                break;
+            }
+        cJSON *j = c ? cJSON_ParseWithLength(body, (size_t)(c - body)) : NULL;
+        const cJSON *name = j ? cJSON_GetObjectItemCaseSensitive(j, "name") : NULL;
+        const cJSON *args = j ? cJSON_GetObjectItemCaseSensitive(j, "arguments") : NULL;
+        if (!cJSON_IsString(name) || !args) { /* no well-formed call: the rest is text */
+            cJSON_Delete(j);
+            put(&content, text + at, len - at);
+            break;
+        }
+        if (!cJSON_GetArraySize(calls)) put(&content, text + at, (size_t)(o - text) - at);
+        char *a = cJSON_IsString(args) ? NULL : cJSON_PrintUnformatted(args);
+        cJSON *call = cJSON_CreateObject();
+        char id[40];
+        snprintf(id, sizeof id, "call_%llx%02x", id_seed, (unsigned)cJSON_GetArraySize(calls));
+        cJSON_AddStringToObject(call, "id", id);
+        cJSON_AddStringToObject(call, "type", "function");
+        cJSON *fn = cJSON_AddObjectToObject(call, "function");
+        cJSON_AddStringToObject(fn, "name", name->valuestring);
+        cJSON_AddStringToObject(fn, "arguments", a ? a : args->valuestring);
+        free(a);
+        cJSON_AddItemToArray(calls, call);
+        cJSON_Delete(j);
+        at = (size_t)(c - text) + sizeof CLOSE - 1;
+    }
+    out->n_calls = cJSON_GetArraySize(calls);
+    if (out->n_calls) out->calls = cJSON_PrintUnformatted(calls);
+    cJSON_Delete(calls);
+    /* the content without the whitespace around it; none at all is null */
+    size_t b = 0, e = content.n;
+    while (b < e && content.s[b] && strchr(" \t\r\n", content.s[b])) b++;
+    while (e > b && content.s[e - 1] && strchr(" \t\r\n", content.s[e - 1])) e--;
+    if (e > b) {
+        out->content = malloc(e - b + 1);
+        if (out->content) {
+            memcpy(out->content, content.s + b, e - b);
+            out->content[e - b] = 0;
+        }
+    }
+    free(content.s);
+    return (out->n_calls && !out->calls) || content.oom ? -1 : 0;
+}
