@@ -162,6 +162,13 @@ seed("chat_schema", 1, {"messages": [{"role": "user", "content": "Name?"}], "res
     "type": "json_schema", "json_schema": {"name": "n", "strict": True, "schema": {
         "type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}}}})
 seed("completion_grammar", 0, {"prompt": "x", "grammar": 'root ::= "yes" | "no"'})
+seed("tools", 1, {"messages": [{"role": "user", "content": "W?"},
+    {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function",
+        "function": {"name": "w", "arguments": "{\"city\": \"P\"}"}}]},
+    {"role": "tool", "tool_call_id": "c", "content": "21"}],
+    "tools": [{"type": "function", "function": {"name": "w", "parameters": {"type": "object",
+        "properties": {"city": {"type": "string"}}, "required": ["city"]}}}],
+    "tool_choice": "required", "parallel_tool_calls": False})
 seed("native", 2, {"prompt": [1, "Once", 5], "n_predict": 4, "n_probs": 2, "return_tokens": True,
                    "logit_bias": [[3, False], ["cat", -1.5]], "ignore_eos": True, "mirostat": 0,
                    "samplers": ["top_k", "temperature"], "seed": -1, "cache_prompt": True})
