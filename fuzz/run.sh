@@ -22,9 +22,11 @@ OBJ=$OUT/obj
 mkdir -p "$OBJ"
 objs=()
 todo=()
+# an object is stale when its source or any header changed since (a struct's layout may have)
+newest_h=$(find src include fuzz -name '*.h' -printf '%T@ %p\n' | sort -n | tail -1 | cut -d' ' -f2-)
 for f in $LIBSRC; do
   o=$OBJ/$(echo "$f" | tr / _).o
-  { [ ! -f "$o" ] || [ "$f" -nt "$o" ]; } && todo+=("$f")
+  { [ ! -f "$o" ] || [ "$f" -nt "$o" ] || [ "$newest_h" -nt "$o" ]; } && todo+=("$f")
   objs+=("$o")
 done
 # The objects on every core (a new file's object is built once; a failed compile fails the run).
