@@ -8,6 +8,7 @@
  * the same work counted, so its GFLOP/s show the saving).
  * The two sides alternate; best of REPS. GFLOP/s count the products' unmasked causal work.
  *   bench_attn_train [REPS=20]   (bf16 needs avx512_bf16) */
+#include <math.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,7 +54,8 @@ int main(int argc, char **argv) {
         float *qkv = malloc(N * ld * sizeof(float)), *dqkv = malloc(N * ld * sizeof(float));
         float *out = malloc(N * ow * sizeof(float)), *dout = malloc(N * ow * sizeof(float));
         float *probs = malloc((size_t)s.B * s.H * TT * sizeof(float));
-        float *scr = malloc(k_attention_scratch_floats(s.T, 0.0f, thr) * sizeof(float));
+        float sc = 1.0f / sqrtf((float)s.hd);
+        float *scr = malloc(k_attention_scratch_floats(s.T, 0.0f, 0.0f, thr) * sizeof(float));
         int *lo = s.packed ? malloc(N * sizeof *lo) : NULL;
         if (!qkv || !dqkv || !out || !dout || !probs || !scr || (s.packed && !lo)) return 1;
         srand(1);
@@ -69,19 +71,19 @@ int main(int argc, char **argv) {
             for (int bf = 0; bf < 2; bf++) {
                 double t = now();
                 if (bf) {
-                    if (!k_bf16_attention_fwd(k, out, probs, qkv, ld, s.B, s.T, s.H, s.H, s.hd, lo,
-                                              0.0f) ||
+                    if (!k_bf16_attention_fwd(k, out, probs, qkv, ld, s.B, s.T, s.H, s.H, s.hd, sc,
+                                              0.0f, lo, 0.0f) ||
                         !k_bf16_attention_bwd(k, dqkv, dout, qkv, ld, probs, s.B, s.T, s.H, s.H,
-                                              s.hd, lo, 0.0f)) {
+                                              s.hd, sc, 0.0f, lo, 0.0f)) {
                         printf("bf16 attention refused %s\n", s.name);
                         return 1;
                     }
                 } else {
                     k_attention_fwd(out, probs, qkv, qkv + ow, qkv + 2 * ow, ld, ld, s.B, s.T, s.H,
-                                    s.H, s.hd, lo, 0.0f, 0, scr);
+                                    s.H, s.hd, sc, 0.0f, lo, 0.0f, 0, scr);
                     k_attention_bwd(dqkv, dqkv + ow, dqkv + 2 * ow, dout, qkv, qkv + ow,
-                                    qkv + 2 * ow, ld, ld, probs, s.B, s.T, s.H, s.H, s.hd, lo, 0.0f,
-                                    0, scr);
+                                    qkv + 2 * ow, ld, ld, probs, s.B, s.T, s.H, s.H, s.hd, sc, 0.0f,
+                                    lo, 0.0f, 0, scr);
                 }
                 t = now() - t;
                 if (t < best[bf]) best[bf] = t;

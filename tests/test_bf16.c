@@ -197,6 +197,9 @@ static void products(k_bf16 *k, int N, int in, int out) {
     free(db);
 }
 
+/* The attention kernels' usual score scale. */
+static float sc(int hd) { return 1.0f / sqrtf((float)hd); }
+
 /* Training attention with bf16 products (k_bf16_attention_*) against double sums over the same
  * rounded operands. Each product is checked on its own: the reference takes the kernel's fp32
  * probabilities (rounded as the kernel rounds them) for P V and dV, so what is left is fp32
@@ -213,19 +216,22 @@ static void attention(k_bf16 *k, int B, int T, int H, int hd) {
     fill(qkv, N * ld, 11);
     fill(dout, N * ow, 12);
     for (size_t i = 0; i < N * ld; i++) qkv[i] *= 2.0f; /* scores of a few units: peaked rows */
-    CHECK(k_bf16_attention_fwd(k, out, probs, qkv, ld, B, T, H, H, hd, NULL, 0.0f),
+    CHECK(k_bf16_attention_fwd(k, out, probs, qkv, ld, B, T, H, H, hd, sc(hd), 0.0f, NULL, 0.0f),
           "bf16 attention forward refused");
-    CHECK(k_bf16_attention_bwd(k, dqkv, dout, qkv, ld, probs, B, T, H, H, hd, NULL, 0.0f),
+    CHECK(k_bf16_attention_bwd(k, dqkv, dout, qkv, ld, probs, B, T, H, H, hd, sc(hd), 0.0f, NULL,
+                               0.0f),
           "bf16 attention backward refused");
     /* The backward takes nothing from the forward but probs: in a later pass it is the same. */
     float *again = malloc(N * ld * sizeof *again);
     k_bf16_next_pass(k);
-    CHECK(k_bf16_attention_bwd(k, again, dout, qkv, ld, probs, B, T, H, H, hd, NULL, 0.0f),
+    CHECK(k_bf16_attention_bwd(k, again, dout, qkv, ld, probs, B, T, H, H, hd, sc(hd), 0.0f, NULL,
+                               0.0f),
           "bf16 attention backward refused");
     CHECK(!memcmp(again, dqkv, N * ld * sizeof *again), "the backward differs in a later pass");
     /* Without probs each head's are computed again: the same gradients bit for bit. */
     memset(again, 0xff, N * ld * sizeof *again);
-    CHECK(k_bf16_attention_bwd(k, again, dout, qkv, ld, NULL, B, T, H, H, hd, NULL, 0.0f),
+    CHECK(k_bf16_attention_bwd(k, again, dout, qkv, ld, NULL, B, T, H, H, hd, sc(hd), 0.0f, NULL,
+                               0.0f),
           "bf16 attention backward refused without probs");
     CHECK(!memcmp(again, dqkv, N * ld * sizeof *again),
           "the backward computing the probabilities again differs");
@@ -309,17 +315,21 @@ static void attention(k_bf16 *k, int B, int T, int H, int hd) {
     CHECK(bad_k == 0, "attention B%d T%d H%d hd%d: %d of dK off", B, T, H, hd, bad_k);
     /* Query heads that do not divide into the kv heads' groups, and dropout, are left to the
      * fp32 kernels. */
-    CHECK(!k_bf16_attention_fwd(k, out, probs, qkv, ld, B, T, H, H + 1, hd, NULL, 0.0f) &&
-              !k_bf16_attention_bwd(k, dqkv, dout, qkv, ld, probs, B, T, H, H, hd, NULL, 0.1f) &&
-              !k_bf16_attention_fwd(NULL, out, probs, qkv, ld, B, T, H, H, hd, NULL, 0.0f),
+    CHECK(!k_bf16_attention_fwd(k, out, probs, qkv, ld, B, T, H, H + 1, hd, sc(hd), 0.0f, NULL,
+                                0.0f) &&
+              !k_bf16_attention_bwd(k, dqkv, dout, qkv, ld, probs, B, T, H, H, hd, sc(hd), 0.0f,
+                                    NULL, 0.1f) &&
+              !k_bf16_attention_fwd(NULL, out, probs, qkv, ld, B, T, H, H, hd, sc(hd), 0.0f, NULL,
+                                    0.0f),
           "bf16 attention accepted grouped heads, dropout or no state");
     /* A NaN score must reach the output (training stops on a NaN loss), not be clamped away. */
     qkv[0] = NAN;
-    CHECK(k_bf16_attention_fwd(k, out, probs, qkv, ld, B, T, H, H, hd, NULL, 0.0f) &&
+    CHECK(k_bf16_attention_fwd(k, out, probs, qkv, ld, B, T, H, H, hd, sc(hd), 0.0f, NULL, 0.0f) &&
               isnan(probs[0]) && isnan(out[0]),
           "a NaN query did not reach the probabilities and the output");
     if (hd == 16) /* the same rows as heads of 8: not a whole vector */
-        CHECK(!k_bf16_attention_fwd(k, out, probs, qkv, ld, B, T, 2 * H, 2 * H, 8, NULL, 0.0f),
+        CHECK(!k_bf16_attention_fwd(k, out, probs, qkv, ld, B, T, 2 * H, 2 * H, 8, 0.5f, 0.0f, NULL,
+                                    0.0f),
               "bf16 attention accepted a head size of 8");
     free(qkv), free(dout), free(out), free(probs), free(dqkv);
     free(x), free(dO), free(P), free(s), free(dS);
@@ -348,15 +358,17 @@ static void grouped(k_bf16 *k, int B, int T, int H, int KVH, int hd) {
                        g + r * ldg + ow + (size_t)(part - 1) * kw + (size_t)(h / group) * hd,
                        (size_t)hd * sizeof *m);
     }
-    CHECK(k_bf16_attention_fwd(k, outg, pg, g, ldg, B, T, H, KVH, hd, NULL, 0.0f) &&
-              k_bf16_attention_fwd(k, outm, pm, m, ldm, B, T, H, H, hd, NULL, 0.0f),
+    CHECK(k_bf16_attention_fwd(k, outg, pg, g, ldg, B, T, H, KVH, hd, sc(hd), 0.0f, NULL, 0.0f) &&
+              k_bf16_attention_fwd(k, outm, pm, m, ldm, B, T, H, H, hd, sc(hd), 0.0f, NULL, 0.0f),
           "bf16 attention refused grouped heads");
     CHECK(!memcmp(outg, outm, N * ow * sizeof *outg) && !memcmp(pg, pm, B * H * TT * sizeof *pg),
           "grouped heads H%d KVH%d: outputs or probabilities differ from copied heads", H, KVH);
-    CHECK(k_bf16_attention_bwd(k, dg, dout, g, ldg, pg, B, T, H, KVH, hd, NULL, 0.0f) &&
-              k_bf16_attention_bwd(k, dg2, dout, g, ldg, NULL, B, T, H, KVH, hd, NULL, 0.0f) &&
-              k_bf16_attention_bwd(k, dm, dout, m, ldm, pm, B, T, H, H, hd, NULL, 0.0f),
-          "bf16 attention backward refused grouped heads");
+    CHECK(
+        k_bf16_attention_bwd(k, dg, dout, g, ldg, pg, B, T, H, KVH, hd, sc(hd), 0.0f, NULL, 0.0f) &&
+            k_bf16_attention_bwd(k, dg2, dout, g, ldg, NULL, B, T, H, KVH, hd, sc(hd), 0.0f, NULL,
+                                 0.0f) &&
+            k_bf16_attention_bwd(k, dm, dout, m, ldm, pm, B, T, H, H, hd, sc(hd), 0.0f, NULL, 0.0f),
+        "bf16 attention backward refused grouped heads");
     CHECK(!memcmp(dg, dg2, N * ldg * sizeof *dg),
           "grouped heads: the backward computing the probabilities again differs");
     long bad = 0;

@@ -62,6 +62,14 @@ static void test_errors(void) {
                  "sliding_window_pattern 2 needs a sliding_window");
     expect_error("{\"sliding_window\": 4, \"sliding_window_pattern\": -3}",
                  "sliding_window_pattern -3");
+    expect_error("{\"attn_softcap\": -1}", "attn_softcap must be >= 0");
+    expect_error("{\"final_softcap\": 1e40}", "final_softcap must be >= 0 and finite");
+    expect_error("{\"embed_scale\": -0.5}", "embed_scale must be >= 0");
+    expect_error("{\"attn_scale\": -2}", "attn_scale must be >= 0");
+    expect_error("{\"post_norms\": 2}", "post_norms");
+    expect_error("{\"post_norms\": true, \"norm_position\": \"post\"}",
+                 "post_norms needs norm_position pre");
+    expect_error("{\"ffn\": \"geglu2\"}", "swiglu|gelu|gelu_tanh|relu|geglu");
     expect_error("[1, 2]", "object");
     expect_error("{\"d_model\": ", "not valid JSON");
     expect_error("{\"d_model\": 2000000000, \"n_heads\": 1, \"vocab_size\": 1000000}", "d_model");
@@ -266,6 +274,34 @@ static void test_roundtrip(void) {
     CHECK(memcmp(&a, &c, sizeof a) == 0, "config file round trip differs");
     remove("test_config_rt.json");
     CHECK(tlm_config_load("no/such/file.json", &c) == TLM_ERR_IO, "missing file is an IO error");
+    /* Gemma 2's fields: written only when set, read back the same */
+    char *plain = tlm_config_to_json(&a);
+    CHECK(plain && !strstr(plain, "softcap") && !strstr(plain, "embed_scale") &&
+              !strstr(plain, "attn_scale") && !strstr(plain, "post_norms"),
+          "unset Gemma fields are written: %s", plain);
+    free(plain);
+    tlm_config g = cfg_json("{\"d_model\": 64, \"n_heads\": 4, \"ffn\": \"geglu\", "
+                            "\"attn_softcap\": 50, \"final_softcap\": 30, \"embed_scale\": "
+                            "8, \"attn_scale\": 0.0625, \"post_norms\": true, "
+                            "\"sliding_window\": 16, \"sliding_window_pattern\": 2}",
+                            &s);
+    CHECK_OK(s);
+    CHECK(g.ffn == TLM_FFN_GEGLU && g.d_ff == 192, "geglu d_ff %d (swiglu's)", g.d_ff);
+    CHECK(g.attn_softcap == 50.0f && g.final_softcap == 30.0f && g.embed_scale == 8.0f &&
+              g.attn_scale == 0.0625f && g.post_norms == 1,
+          "Gemma fields parsed");
+    CHECK(tlm_config_attn_scale(&g) == 0.0625f, "attn_scale used");
+    g.attn_scale = 0.0f;
+    CHECK(tlm_config_attn_scale(&g) == 0.25f, "attn_scale 0: 1/sqrt(16)");
+    g.attn_scale = 0.0625f;
+    json = tlm_config_to_json(&g);
+    CHECK(json && strstr(json, "\"ffn\":\t\"geglu\"") && strstr(json, "\"attn_softcap\":\t50") &&
+              strstr(json, "\"post_norms\":\ttrue"),
+          "Gemma fields written: %s", json);
+    tlm_config h = cfg_json(json, &s);
+    CHECK_OK(s);
+    CHECK(memcmp(&g, &h, sizeof g) == 0, "Gemma fields' JSON round trip differs");
+    free(json);
 }
 
 static tlm_param_count count(const char *json) {
@@ -289,6 +325,37 @@ static void test_counts(void) {
     tlm_param_count pc = count(modern);
     CHECK(pc.total == 123551232, "modern total %zu", pc.total);
     CHECK(pc.non_embedding == 84953856, "modern non-embedding %zu", pc.non_embedding);
+    /* Gemma 2's four norms a block: two gains of d more per layer; GEGLU has swiglu's matrices */
+    pc = count("{\"vocab_size\": 50257, \"d_model\": 768, \"n_layers\": 12, \"n_heads\": 12, "
+               "\"d_ff\": 2048, \"context_length\": 1024, \"post_norms\": true, \"ffn\": "
+               "\"geglu\", \"attn_softcap\": 50, \"final_softcap\": 30, \"embed_scale\": 27.7}");
+    CHECK(pc.total == 123551232 + 12 * 2 * 768, "post_norms total %zu", pc.total);
+    CHECK(pc.non_embedding == 84953856 + 12 * 2 * 768, "post_norms non-embedding %zu",
+          pc.non_embedding);
+    CHECK(pc.per_component[TLM_COMP_ATTN_NORM] == 12 * 2 * 768 &&
+              pc.per_component[TLM_COMP_FFN_NORM] == 12 * 2 * 768,
+          "post norms counted with their sub-layers' norms");
+    pc = count("{\"vocab_size\": 100, \"d_model\": 64, \"n_layers\": 2, \"n_heads\": 4, "
+               "\"norm\": \"layernorm\", \"bias\": true, \"post_norms\": true}");
+    CHECK(pc.per_component[TLM_COMP_ATTN_NORM] == 2 * 2 * 2 * 64, "layernorm post norms' biases");
+    {
+        tlm_status st;
+        tlm_config g = cfg_json("{\"d_model\": 64, \"n_heads\": 4, \"n_layers\": 1, "
+                                "\"post_norms\": true}",
+                                &st);
+        CHECK_OK(st);
+        tlm_tensor_info ts[16];
+        int n = tlm_config_tensors(&g, ts, 16, NULL);
+        int pa = -1, pf = -1, o = -1, ffn = -1, down = -1;
+        for (int i = 0; i < n; i++) {
+            if (!strcmp(ts[i].name, "blk.0.post_attention_norm.weight")) pa = i;
+            if (!strcmp(ts[i].name, "blk.0.post_ffw_norm.weight")) pf = i;
+            if (!strcmp(ts[i].name, "blk.0.attn_output.weight")) o = i;
+            if (!strcmp(ts[i].name, "blk.0.ffn_norm.weight")) ffn = i;
+            if (!strcmp(ts[i].name, "blk.0.ffn_down.weight")) down = i;
+        }
+        CHECK(pa == o + 1 && ffn == pa + 1 && pf == down + 1, "post norms' names and places");
+    }
     pc = count("{\"vocab_size\": 50257, \"d_model\": 768, \"n_layers\": 12, \"n_heads\": 12, "
                "\"d_ff\": 2048, \"tie_embeddings\": false}");
     CHECK(pc.total == 162148608, "untied total %zu", pc.total);

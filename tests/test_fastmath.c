@@ -22,6 +22,17 @@ int main(void) {
     CHECK(k_expf(0.0f) == 1.0f, "exp(0) = 1");
     CHECK(isnan(k_expf(NAN)) && isnan(k_erff(NAN)), "NaN propagates");
     CHECK(k_expf(INFINITY) > 1e38f && k_expf(-INFINITY) < 1e-37f, "infinities clamp");
+    /* k_tanhf (soft caps): relative error over both of its formulas and their seam at 0.3 */
+    double worst_tanh = 0;
+    for (int i = -200000; i <= 200000; i++) {
+        float x = (float)i * 1e-4f;
+        double t = tanh((double)x), r = i ? fabs(k_tanhf(x) - t) / fabs(t) : fabs(k_tanhf(x));
+        worst_tanh = r > worst_tanh ? r : worst_tanh;
+    }
+    printf("tanh max relative error %.3g\n", worst_tanh);
+    CHECK(worst_tanh < 1e-6, "tanh relative error %.3g", worst_tanh);
+    CHECK(k_tanhf(1e30f) == 1.0f && k_tanhf(-INFINITY) == -1.0f && isnan(k_tanhf(NAN)),
+          "tanh saturates, NaN propagates");
     CHECK_NEAR(k_sigmoidf(0.0f), 0.5, 1e-7);
     CHECK(k_sigmoidf(-100.0f) >= 0.0f && k_sigmoidf(100.0f) <= 1.0f, "sigmoid saturates");
     /* k_expf_nonpos: k_expf's bits for x <= 0 (the GELU gradient relies on it). */

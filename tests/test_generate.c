@@ -103,6 +103,20 @@ static const variant variants[] = {
     {"sliding window 5, every layer, GQA 4/2", "\"n_kv_heads\":2,\"sliding_window\":5", 0, 0, 0},
     {"window 7 then global, head size 32",
      "\"n_kv_heads\":2,\"sliding_window\":7,\"sliding_window_pattern\":2", 128, 4, 0},
+    /* Gemma 2's layer features: capped scores take the plain loops (no vector kernel caps) */
+    {"attn_softcap 1.5, head size 32", "\"attn_softcap\":1.5", 128, 4, 0},
+    {"attn_softcap 2, GQA 4/2", "\"attn_softcap\":2,\"n_kv_heads\":2", 0, 0, 0},
+    {"attn_scale 0.3, head size 32", "\"attn_scale\":0.3", 128, 4, 0},
+    {"final_softcap 10", "\"final_softcap\":10", 0, 0, 0},
+    {"embed_scale 5.6, untied", "\"embed_scale\":5.6,\"tie_embeddings\":false", 0, 0, 0},
+    {"post_norms layernorm bias", "\"post_norms\":true,\"norm\":\"layernorm\",\"bias\":true", 0, 0,
+     0},
+    {"geglu", "\"ffn\":\"geglu\"", 0, 0, 0},
+    {"gemma2-like, head size 32",
+     "\"n_kv_heads\":2,\"sliding_window\":7,\"sliding_window_pattern\":2,\"attn_softcap\":"
+     "2,\"final_softcap\":4,\"embed_scale\":11.3,\"attn_scale\":0.125,\"post_norms\":true,"
+     "\"ffn\":\"geglu\"",
+     128, 4, 0},
 };
 
 /* Base: vocab 97, context 24, d 32, 2 layers, 4 heads, plus the variant's fields. */
@@ -211,8 +225,9 @@ static void test_invariant(int few) {
 }
 
 /* Prefill longer than one attention chunk (128 queries) after a cached prefix, and a session
- * capacity below the context length; with a sliding window (chunks start past it), the same. */
-static void test_long_prefill(int window) {
+ * capacity below the context length; with a sliding window (chunks start past it) or soft-capped
+ * scores (chunks on the plain products), the same. */
+static void test_long_prefill(int window, float cap) {
     tlm_config c;
     tlm_config_defaults(&c);
     c.vocab_size = 61;
@@ -222,6 +237,7 @@ static void test_long_prefill(int window) {
     c.n_heads = 4;
     c.n_kv_heads = 2;
     c.sliding_window = window;
+    c.attn_softcap = cap;
     tlm_model *m = t_model(&c, 5, TLM_INIT_XAVIER);
     int T = 290, V = c.vocab_size;
     int32_t *ids = malloc(sizeof(int32_t) * T);
@@ -234,6 +250,7 @@ static void test_long_prefill(int window) {
     CHECK(e <= TOL, "long prefill rel err %.3g", e);
     printf("  %-50s %.2e\n",
            window ? "window 50: prefill 5 + 270 + decode 15"
+           : cap  ? "attn_softcap 1: prefill 5 + 270 + decode 15"
                   : "prefill 5 + 270 (3 query chunks) + decode 15",
            e);
     tlm_session_free(s);
@@ -986,8 +1003,9 @@ int main(void) {
                    tlm_dtype_name(v_type));
         test_invariant(!runs[k].all);
         if (!runs[k].all) continue;
-        test_long_prefill(0);
-        test_long_prefill(50);
+        test_long_prefill(0, 0.0f);
+        test_long_prefill(50, 0.0f);
+        test_long_prefill(0, 1.0f);
         test_batch_decode();
         test_prefix_save_load();
         test_mixed_step();

@@ -255,8 +255,59 @@ static void test_malformed(void) {
     system("rm -rf hf_bad");
 }
 
+/* Gemma 2's layer fields: every writer but tlm's own refuses them by name; tlm's checkpoint keeps
+ * them (the same logits after loading). */
+static void test_gemma_fields(void) {
+    static const char *const fields[] = {"attn_softcap", "final_softcap", "embed_scale",
+                                         "attn_scale", "post_norms"};
+    for (int i = 0; i < 5; i++) {
+        tlm_config c;
+        tlm_config_defaults(&c);
+        c.vocab_size = 40;
+        c.context_length = 16;
+        c.d_model = 32;
+        c.n_layers = 1;
+        c.n_heads = 2;
+        float *f[] = {&c.attn_softcap, &c.final_softcap, &c.embed_scale, &c.attn_scale};
+        if (i < 4)
+            *f[i] = 2.0f;
+        else
+            c.post_norms = 1;
+        tlm_model *m = t_model(&c, 3, TLM_INIT_XAVIER);
+        CHECK(tlm_model_save_gguf(m, NULL, "gemma_refused.gguf", TLM_DTYPE_F32) ==
+                      TLM_ERR_UNSUPPORTED &&
+                  strstr(tlm_last_error(), fields[i]),
+              "GGUF writer: %s", tlm_last_error());
+        CHECK(tlm_model_save_hf(m, "gemma_refused_hf", TLM_DTYPE_F32) == TLM_ERR_UNSUPPORTED &&
+                  strstr(tlm_last_error(), fields[i]),
+              "HF writer: %s", tlm_last_error());
+        CHECK(tlm_model_save_llama2c(m, "gemma_refused.bin", 1) == TLM_ERR_UNSUPPORTED &&
+                  strstr(tlm_last_error(), fields[i]),
+              "llama2.c writer: %s", tlm_last_error());
+        CHECK_OK(tlm_model_save_safetensors(m, "gemma_fields.safetensors"));
+        tlm_model *back = NULL;
+        CHECK_OK(tlm_model_load("gemma_fields.safetensors", 0, &back));
+        if (back) {
+            CHECK(!memcmp(tlm_model_config(back), tlm_model_config(m), sizeof c),
+                  "%s: config differs", fields[i]);
+            int32_t ids[6] = {1, 5, 9, 2, 39, 0};
+            tlm_forward_out a, b;
+            float want[6 * 40];
+            CHECK_OK(t_forward(m, ids, 1, 6, NULL, &a));
+            memcpy(want, a.logits, sizeof want);
+            CHECK_OK(t_forward(back, ids, 1, 6, NULL, &b));
+            CHECK(!memcmp(want, b.logits, sizeof want), "%s: logits differ after loading",
+                  fields[i]);
+            tlm_model_free(back);
+        }
+        remove("gemma_fields.safetensors");
+        tlm_model_free(m);
+    }
+}
+
 int main(void) {
     tlm_threads_set(2);
+    test_gemma_fields();
     test_cases();
     test_interleaved_export();
     test_malformed();

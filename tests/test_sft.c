@@ -482,20 +482,22 @@ static void packed_attention(void) {
 #undef VR
         }
     k_bf16 *kb = tlm_bf16_supported() ? k_bf16_new() : NULL;
-    float *scratch = malloc(k_attention_scratch_floats(TA, 0.0f, omp_get_max_threads()) * 4);
+    float sc = 1.0f / sqrtf((float)HD);
+    float *scratch = malloc(k_attention_scratch_floats(TA, 0.0f, 0.0f, omp_get_max_threads()) * 4);
     for (int bf = 0; bf <= (kb != NULL); bf++) {
         memset(probs, 0x7f, B * H * TT * 4); /* huge values wherever nothing is written */
         memset(dqkv, 0xff, N * ld * 4);
         if (bf) {
-            CHECK(k_bf16_attention_fwd(kb, out, probs, qkv, ld, B, TA, H, KVH, HD, lo, 0.0f) &&
-                      k_bf16_attention_bwd(kb, dqkv, dout, qkv, ld, probs, B, TA, H, KVH, HD, lo,
-                                           0.0f),
+            CHECK(k_bf16_attention_fwd(kb, out, probs, qkv, ld, B, TA, H, KVH, HD, sc, 0.0f, lo,
+                                       0.0f) &&
+                      k_bf16_attention_bwd(kb, dqkv, dout, qkv, ld, probs, B, TA, H, KVH, HD, sc,
+                                           0.0f, lo, 0.0f),
                   "bf16 attention refused");
         } else {
-            k_attention_fwd(out, probs, qkv, qkv + qw, qkv + qw + kw, ld, ld, B, TA, H, KVH, HD, lo,
-                            0.0f, 0, scratch);
+            k_attention_fwd(out, probs, qkv, qkv + qw, qkv + qw + kw, ld, ld, B, TA, H, KVH, HD, sc,
+                            0.0f, lo, 0.0f, 0, scratch);
             k_attention_bwd(dqkv, dqkv + qw, dqkv + qw + kw, dout, qkv, qkv + qw, qkv + qw + kw, ld,
-                            ld, probs, B, TA, H, KVH, HD, lo, 0.0f, 0, scratch);
+                            ld, probs, B, TA, H, KVH, HD, sc, 0.0f, lo, 0.0f, 0, scratch);
         }
         long masked_nonzero = 0;
         for (size_t i = 0; i < B * H * TT; i++) masked_nonzero += rp[i] == 0 && probs[i] != 0.0f;
@@ -509,7 +511,8 @@ static void packed_attention(void) {
         if (bf) { /* the backward computing each head's probabilities again: bit for bit */
             float *again = malloc(N * ld * 4);
             memset(again, 0xff, N * ld * 4);
-            CHECK(k_bf16_attention_bwd(kb, again, dout, qkv, ld, NULL, B, TA, H, KVH, HD, lo, 0.0f),
+            CHECK(k_bf16_attention_bwd(kb, again, dout, qkv, ld, NULL, B, TA, H, KVH, HD, sc, 0.0f,
+                                       lo, 0.0f),
                   "bf16 attention backward refused without probs");
             CHECK(!memcmp(again, dqkv, N * ld * 4), "recomputed probabilities change dQ, dK, dV");
             free(again);

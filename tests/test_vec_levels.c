@@ -206,7 +206,7 @@ static void check_attention(void) {
     size_t nq = (size_t)B * T * ld, no = (size_t)B * T * qw, np = (size_t)B * H * T * T;
     float *qkv = rnd(nq, 2.0f), *dout = rnd(no, 1.0f);
     float *scratch =
-        malloc(k_attention_scratch_floats(T, 0.1f, omp_get_max_threads()) * sizeof(float));
+        malloc(k_attention_scratch_floats(T, 0.1f, 0.0f, omp_get_max_threads()) * sizeof(float));
     for (int drop = 0; drop < 2; drop++) {
         float p = drop ? 0.1f : 0.0f, *o[2] = {0}, *pr[2] = {0}, *d[2] = {0};
         for (int l = n_levels - 1; l >= 0; l--) {
@@ -217,9 +217,10 @@ static void check_attention(void) {
             d[w] = malloc(nq * sizeof(float));
             memset(d[w], 0, nq * sizeof(float));
             k_attention_fwd(o[w], pr[w], qkv, qkv + qw, qkv + qw + kw, ld, ld, B, T, H, KVH, HD,
-                            NULL, p, 99, scratch);
+                            1.0f / sqrtf((float)HD), 0.0f, NULL, p, 99, scratch);
             k_attention_bwd(d[w], d[w] + qw, d[w] + qw + kw, dout, qkv, qkv + qw, qkv + qw + kw, ld,
-                            ld, pr[w], B, T, H, KVH, HD, NULL, p, 99, scratch);
+                            ld, pr[w], B, T, H, KVH, HD, 1.0f / sqrtf((float)HD), 0.0f, NULL, p, 99,
+                            scratch);
             if (w == 0) continue;
             double eo = rel_diff(o[1], o[0], no, 1e-2), ep = rel_diff(pr[1], pr[0], np, 1e-3);
             double ed = rel_diff(d[1], d[0], nq, 1e-2);

@@ -15,7 +15,14 @@ extern "C" {
 
 typedef enum { TLM_NORM_RMSNORM = 0, TLM_NORM_LAYERNORM } tlm_norm_kind;
 typedef enum { TLM_NORM_PRE = 0, TLM_NORM_POST } tlm_norm_position;
-typedef enum { TLM_FFN_SWIGLU = 0, TLM_FFN_GELU, TLM_FFN_GELU_TANH, TLM_FFN_RELU } tlm_ffn_kind;
+/* geglu: GELU-tanh(gate) * up, then down (Gemma), shaped like swiglu. */
+typedef enum {
+    TLM_FFN_SWIGLU = 0,
+    TLM_FFN_GELU,
+    TLM_FFN_GELU_TANH,
+    TLM_FFN_RELU,
+    TLM_FFN_GEGLU
+} tlm_ffn_kind;
 typedef enum {
     TLM_POS_ROPE = 0,
     TLM_POS_LEARNED,
@@ -50,7 +57,7 @@ typedef struct {
     int n_layers;       /* 1 .. TLM_MAX_N_LAYERS */
     int n_heads;        /* 1 .. TLM_MAX_N_HEADS; rope needs an even d_model / n_heads */
     int n_kv_heads;     /* 0 = n_heads; else a divisor of n_heads */
-    int d_ff; /* 1 .. TLM_MAX_D_FF; 0 = derived: swiglu 8/3*d rounded up to 64, else 4*d */
+    int d_ff; /* 1 .. TLM_MAX_D_FF; 0 = derived: swiglu, geglu 8/3*d rounded up to 64, else 4*d */
     tlm_norm_kind norm;
     float norm_eps; /* > 0, finite */
     tlm_norm_position norm_position;
@@ -68,7 +75,23 @@ typedef struct {
      * P-th layer (layer l with (l + 1) % P == 0) global and the others windowed. */
     int sliding_window;
     int sliding_window_pattern;
+    /* Gemma 2's layer features; each 0 leaves the layer as it is without it.
+     * attn_softcap: attention scores s (after the scale) become cap tanh(s / cap) before the mask
+     * and softmax. final_softcap: the logits become cap tanh(logits / cap). embed_scale: the token
+     * embedding is multiplied by it before the first block (Gemma: sqrt(d_model)); a tied head
+     * reads the table unscaled. attn_scale: the scores' scale (0: 1 / sqrt(head_dim); Gemma 2:
+     * 1 / sqrt(query_pre_attn_scalar)). post_norms (pre-norm only): a norm of its own on the
+     * attention output and on the FFN output before each residual add, Gemma 2's four norms:
+     * h = x + post_attn_norm(attn(attn_norm(x))), out = h + post_ffn_norm(ffn(ffn_norm(h))). */
+    float attn_softcap;  /* >= 0, finite */
+    float final_softcap; /* >= 0, finite */
+    float embed_scale;   /* >= 0, finite */
+    float attn_scale;    /* >= 0, finite */
+    int post_norms;      /* 0/1 */
 } tlm_config;
+
+/* The scale of layer scores q.k: attn_scale, or 1 / sqrt(head_dim) when it is 0. */
+float tlm_config_attn_scale(const tlm_config *c);
 
 /* Whether layer l of a finalized config attends through the sliding window. */
 int tlm_config_layer_windowed(const tlm_config *c, int l);

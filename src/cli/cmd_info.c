@@ -86,6 +86,11 @@ static void print_table(const tlm_config *c, const tlm_param_count *pc) {
         if (c->sliding_window_pattern) printf("; every %d-th global", c->sliding_window_pattern);
         printf(")\n");
     }
+    if (c->attn_softcap > 0.0f) printf("  attn_softcap    %g\n", (double)c->attn_softcap);
+    if (c->final_softcap > 0.0f) printf("  final_softcap   %g\n", (double)c->final_softcap);
+    if (c->embed_scale > 0.0f) printf("  embed_scale     %g\n", (double)c->embed_scale);
+    if (c->attn_scale > 0.0f) printf("  attn_scale      %g\n", (double)c->attn_scale);
+    if (c->post_norms) printf("  post_norms      true (after attention and after the ffn)\n");
     printf("\nparameters\n");
     for (int k = 0; k < TLM_COMP_COUNT; k++)
         if (pc->per_component[k])

@@ -34,8 +34,18 @@ tlm_status fmt_permute_qk(float *w, float *bias, int rows, int cols, int hd, int
     return TLM_OK;
 }
 
+const char *fmt_gemma_field(const tlm_config *c) {
+    return c->attn_softcap > 0.0f    ? "attn_softcap"
+           : c->final_softcap > 0.0f ? "final_softcap"
+           : c->embed_scale > 0.0f   ? "embed_scale"
+           : c->attn_scale > 0.0f    ? "attn_scale"
+           : c->post_norms           ? "post_norms"
+                                     : NULL;
+}
+
 int fmt_is_llama_style(const tlm_config *c, int qwen2_ok, char *why, size_t why_len) {
-    const char *bad = NULL;
+    const char *bad = NULL, *gemma = fmt_gemma_field(c);
+    char buf[160];
     if (c->norm != TLM_NORM_RMSNORM)
         bad = "norm is not rmsnorm";
     else if (c->norm_position != TLM_NORM_PRE)
@@ -51,6 +61,11 @@ int fmt_is_llama_style(const tlm_config *c, int qwen2_ok, char *why, size_t why_
     else if (c->sliding_window)
         bad = "the model attends through a sliding window (sliding_window), which tlm writes "
               "only in its own checkpoints";
+    else if (gemma) {
+        snprintf(buf, sizeof buf, "the model sets %s, which tlm writes only in its own checkpoints",
+                 gemma);
+        bad = buf;
+    }
     if (bad && why) snprintf(why, why_len, "%s", bad);
     return bad == NULL;
 }

@@ -15,6 +15,9 @@ tlm_status fmt_permute_qk(float *w, float *bias, int rows, int cols, int hd, int
 /* 1 if the config is the Llama shape that llama2.c and GGUF `llama` describe: pre-norm RMSNorm,
  * SwiGLU, RoPE, no bias; with qwen2_ok, q, k and v biases too (Qwen2's layout, which GGUF and
  * Hugging Face hold). Otherwise writes the first difference into why. */
+/* The first of Gemma 2's layer fields (attn_softcap, final_softcap, embed_scale, attn_scale,
+ * post_norms) the config sets, or NULL: no file format other than tlm's own holds them yet. */
+const char *fmt_gemma_field(const tlm_config *c);
 int fmt_is_llama_style(const tlm_config *c, int qwen2_ok, char *why, size_t why_len);
 
 /* Creates a model from c (mdl_new: writable, or views to bind), with a context message on

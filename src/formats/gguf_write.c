@@ -121,7 +121,7 @@ static tlm_status put_override(io_gguf_writer *w, const tlm_kv_override *o) {
 static tlm_status write_gguf(const tlm_model *m, const tlm_tokenizer *tok, const char *path,
                              const gguf_plan *plan) {
     const tlm_config *c = &m->c;
-    char why[96];
+    char why[160];
     /* Llama's layout, or Qwen2's: Llama with q, k and v biases, rotating halves as trained */
     if (!fmt_is_llama_style(c, 1, why, sizeof why))
         return core_err(TLM_ERR_UNSUPPORTED, "GGUF export supports Llama-style models: %s", why);

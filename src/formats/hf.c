@@ -607,8 +607,8 @@ tlm_status tlm_model_load_hf(const char *dir, tlm_model **out) { return fmt_load
  * layer seeing the whole context. */
 static int is_gpt2_style(const tlm_config *c) {
     return c->norm == TLM_NORM_LAYERNORM && c->norm_position == TLM_NORM_PRE && c->bias &&
-           !c->sliding_window &&
-           c->position == TLM_POS_LEARNED && c->n_kv_heads == c->n_heads &&
+           !c->sliding_window && !fmt_gemma_field(c) && c->position == TLM_POS_LEARNED &&
+           c->n_kv_heads == c->n_heads &&
            (c->ffn == TLM_FFN_GELU_TANH || c->ffn == TLM_FFN_GELU || c->ffn == TLM_FFN_RELU);
 }
 
@@ -836,6 +836,11 @@ tlm_status tlm_model_save_hf(const tlm_model *m, const char *dir, tlm_dtype dtyp
         return core_err(TLM_ERR_UNSUPPORTED, "Hugging Face export writes F32, F16 or BF16, not %s",
                         tlm_dtype_name(dtype));
     tlm_dtype dt = dtype;
+    if (fmt_gemma_field(c))
+        return core_err(TLM_ERR_UNSUPPORTED,
+                        "Hugging Face export: the model sets %s, which tlm writes only in its own "
+                        "checkpoints",
+                        fmt_gemma_field(c));
     int llama = fmt_is_llama_style(c, 1, NULL, 0);
     if (!llama && !is_gpt2_style(c))
         return core_err(TLM_ERR_UNSUPPORTED,

@@ -339,20 +339,21 @@ static void as_floats(const tlm_session *s, const void *Kc, const void *Vc, int 
  * chunks go first, so the short ones fill in at the end. A chunk is one call of k_attend_causal
  * where the CPU has it; otherwise two sgemm and the softmax between them. */
 /* Rows [0, rows) of scores p (S apart) made probabilities, row i over its first + i + 1 keys (the
- * last `window` of them when window > 0), zeros elsewhere. */
-K_INLINE void softmax_causal(float *p, int rows, int S, int first, int window) {
+ * last `window` of them when window > 0), zeros elsewhere; soft-capped first when cap > 0. */
+K_INLINE void softmax_causal(float *p, int rows, int S, int first, int window, float cap) {
     for (int i = 0; i < rows; i++) {
         float *row = p + (size_t)i * S;
         int last = first + i, lo = window > 0 && last + 1 > window ? last + 1 - window : 0;
         for (int j = 0; j < lo; j++) row[j] = 0.0f;
+        if (cap > 0.0f) k_softcap_row(row + lo, last + 1 - lo, cap);
         float mx = row[lo];
         for (int j = lo + 1; j <= last; j++) mx = row[j] > mx ? row[j] : mx;
         k_softmax_row(row + lo, last + 1 - lo, mx);
         for (int j = last + 1; j < S; j++) row[j] = 0.0f;
     }
 }
-K_VERSIONS(softmax_causal, (float *p, int rows, int S, int first, int window),
-           (p, rows, S, first, window))
+K_VERSIONS(softmax_causal, (float *p, int rows, int S, int first, int window, float cap),
+           (p, rows, S, first, window, cap))
 
 /* The sliding window of layer l (0: it sees the whole context). */
 static int layer_window(const tlm_session *s, int l) {
@@ -364,7 +365,7 @@ static void attend_prefill(tlm_session *s, int l, int b, int pos0, int T, int r0
     int H = c->n_heads, hd = c->d_model / H, group = H / c->n_kv_heads, qw = H * hd;
     int ld = qw + 2 * c->n_kv_heads * hd; /* row stride of the fused q|k|v buffer */
     int chunks = (T + PCHUNK - 1) / PCHUNK, W = layer_window(s, l);
-    float scale = 1.0f / sqrtf((float)hd);
+    float scale = tlm_config_attn_scale(c), cap = c->attn_softcap;
     softmax_causal_fn *softmax = softmax_causal_pick();
 #pragma omp parallel for schedule(dynamic, 1)
     for (int task = 0; task < H * chunks; task++) {
@@ -379,8 +380,9 @@ static void attend_prefill(tlm_session *s, int l, int b, int pos0, int T, int r0
         float *o = s->att + (size_t)(r0 + t0) * qw + (size_t)h * hd;
         int me = omp_get_thread_num();
         float *p = s->scores + (size_t)me * prefill_scores(s);
-        /* k_attend_causal has no window: a windowed layer's chunks take the products below */
-        if (!W &&
+        /* k_attend_causal has no window nor soft cap: such layers' chunks take the products below
+         */
+        if (!W && cap == 0.0f &&
             !k_attend_causal(q, (size_t)ld, Kc, Vc, s->kv_kind[0], s->kv_kind[1], tc, pos0 + t0, hd,
                              scale, s->wide + (size_t)me * wide_block(s), p, o, (size_t)qw))
             continue;
@@ -388,16 +390,16 @@ static void attend_prefill(tlm_session *s, int l, int b, int pos0, int T, int r0
         as_floats(s, Kc, Vc, S, &K, &V);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tc, S, hd, scale, q, ld, K, hd, 0.0f,
                     p, S);
-        softmax(p, tc, S, pos0 + t0 - j0, W);
+        softmax(p, tc, S, pos0 + t0 - j0, W, cap);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tc, hd, S, 1.0f, p, S, V, hd, 0.0f,
                     o, qw);
     }
 }
 
-/* o[hd] = softmax(scale q.K) V over S positions of floats, with p[S] as scratch: the plain loops
- * where k_attend_row has no vector version. */
+/* o[hd] = softmax(scale q.K) V over S positions of floats (the scores soft-capped when cap > 0),
+ * with p[S] as scratch: the plain loops where k_attend_row has no vector version or no cap. */
 K_INLINE void attend_plain(const float *q, const float *K, const float *V, int S, int hd,
-                           float scale, float *p, float *o) {
+                           float scale, float cap, float *p, float *o) {
     float mx = -INFINITY;
     for (int j = 0; j < S; j++) {
         const float *kj = K + (size_t)j * hd;
@@ -405,8 +407,9 @@ K_INLINE void attend_plain(const float *q, const float *K, const float *V, int S
 #pragma omp simd reduction(+ : dot)
         for (int i = 0; i < hd; i++) dot += q[i] * kj[i];
         p[j] = scale * dot;
-        mx = p[j] > mx ? p[j] : mx;
     }
+    if (cap > 0.0f) k_softcap_row(p, S, cap);
+    for (int j = 0; j < S; j++) mx = p[j] > mx ? p[j] : mx;
     k_softmax_row(p, S, mx);
     for (int i = 0; i < hd; i++) o[i] = 0.0f;
     for (int j = 0; j < S; j++) {
@@ -417,9 +420,9 @@ K_INLINE void attend_plain(const float *q, const float *K, const float *V, int S
     }
 }
 K_VERSIONS(attend_plain,
-           (const float *q, const float *K, const float *V, int S, int hd, float scale, float *p,
-            float *o),
-           (q, K, V, S, hd, scale, p, o))
+           (const float *q, const float *K, const float *V, int S, int hd, float scale, float cap,
+            float *p, float *o),
+           (q, K, V, S, hd, scale, cap, p, o))
 
 /* One query per row, each row its own sequence and position: tasks [a, b) of the N x H (row,
  * head) pairs. */
@@ -435,7 +438,7 @@ static void decode_tasks(void *ctx, long a, long b) {
     const tlm_config *c = &s->m->c;
     int H = c->n_heads, hd = c->d_model / H, group = H / c->n_kv_heads, qw = H * hd;
     int ld = qw + 2 * c->n_kv_heads * hd; /* row stride of the fused q|k|v buffer */
-    float scale = 1.0f / sqrtf((float)hd);
+    float scale = tlm_config_attn_scale(c), cap = c->attn_softcap;
     for (long task = a; task < b; task++) {
         int r = (int)(task / H), h = (int)(task % H), S = s->row_pos[r] + 1;
         int j0 = x->window > 0 && S > x->window ? S - x->window : 0; /* the window's first key */
@@ -447,10 +450,13 @@ static void decode_tasks(void *ctx, long a, long b) {
         const float *q = s->qkv + (size_t)r * ld + (size_t)h * hd;
         float *p = s->scores + (size_t)task * s->cap;
         float *o = s->att + (size_t)r * qw + (size_t)h * hd;
-        if (!k_attend_row(q, Kc, Vc, s->kv_kind[0], s->kv_kind[1], S, hd, scale, p, o)) continue;
+        /* k_attend_row has no soft cap: capped layers take the plain loops */
+        if (cap == 0.0f &&
+            !k_attend_row(q, Kc, Vc, s->kv_kind[0], s->kv_kind[1], S, hd, scale, p, o))
+            continue;
         const float *K, *V;
         as_floats(s, Kc, Vc, S, &K, &V);
-        x->plain(q, K, V, S, hd, scale, p, o);
+        x->plain(q, K, V, S, hd, scale, cap, p, o);
     }
 }
 
@@ -563,6 +569,7 @@ static void blocks(tlm_session *s, const int32_t *ids, int N, int prefill) {
                         .qkv = s->qkv,
                         .att = s->att,
                         .attn_out = s->tmp,
+                        .post = s->tmp,
                         .h = s->x,
                         .n2 = s->n,
                         .ff_a = s->ff_a,

@@ -163,3 +163,64 @@ void k_swiglu_rows_bwd(float *da, const float *dy, const float *a, int N, int ff
     swiglu_rows_bwd_fn *f = swiglu_rows_bwd_pick();
     K_RANGES(r0, r1, N, (long)N * ff, f(da, dy, a, ff, r0, r1));
 }
+
+/* GEGLU (Gemma): rows [r0, r1) of a fused gate|up buffer a [N, 2*ff], gelu_tanh(gate) * up. */
+K_INLINE void geglu_rows_fwd(float *y, const float *a, int ff, long r0, long r1) {
+    for (long i = r0; i < r1; i++) {
+        float *yi = y + (size_t)i * ff;
+        const float *g = a + (size_t)i * 2 * ff, *u = g + ff;
+        for (int j = 0; j < ff; j++) yi[j] = gelu_tanh(g[j]) * u[j];
+    }
+}
+K_VERSIONS(geglu_rows_fwd, (float *y, const float *a, int ff, long r0, long r1), (y, a, ff, r0, r1))
+
+void k_geglu_rows_fwd(float *y, const float *a, int N, int ff) {
+    geglu_rows_fwd_fn *f = geglu_rows_fwd_pick();
+    K_RANGES(r0, r1, N, (long)N * ff, f(y, a, ff, r0, r1));
+}
+
+K_INLINE void geglu_rows_bwd(float *da, const float *dy, const float *a, int ff, long r0, long r1) {
+    for (long i = r0; i < r1; i++) {
+        float *dg = da + (size_t)i * 2 * ff, *du = dg + ff;
+        const float *dyi = dy + (size_t)i * ff, *g = a + (size_t)i * 2 * ff, *u = g + ff;
+        for (int j = 0; j < ff; j++) {
+            du[j] = dyi[j] * gelu_tanh(g[j]);
+            dg[j] = dyi[j] * u[j] * gelu_tanh_grad(g[j]);
+        }
+    }
+}
+K_VERSIONS(geglu_rows_bwd, (float *da, const float *dy, const float *a, int ff, long r0, long r1),
+           (da, dy, a, ff, r0, r1))
+
+void k_geglu_rows_bwd(float *da, const float *dy, const float *a, int N, int ff) {
+    geglu_rows_bwd_fn *f = geglu_rows_bwd_pick();
+    K_RANGES(r0, r1, N, (long)N * ff, f(da, dy, a, ff, r0, r1));
+}
+
+/* cap tanh(x / cap), written with k_tanhf so that the loops vectorize. */
+K_INLINE void softcap_span(float *y, float cap, long a, long b) {
+    float inv = 1.0f / cap;
+    for (long i = a; i < b; i++) y[i] = cap * k_tanhf(y[i] * inv);
+}
+K_VERSIONS(softcap_span, (float *y, float cap, long a, long b), (y, cap, a, b))
+
+void k_softcap_fwd(float *y, size_t n, float cap) {
+    softcap_span_fn *f = softcap_span_pick();
+    K_RANGES(a, b, n, n, f(y, cap, a, b));
+}
+
+/* d/ds cap tanh(s / cap) = 1 - tanh^2 = 1 - (y / cap)^2, from the capped value y. */
+K_INLINE void softcap_bwd_span(float *dy, const float *y, float cap, long a, long b) {
+    float inv = 1.0f / cap;
+    for (long i = a; i < b; i++) {
+        float t = y[i] * inv;
+        dy[i] *= 1.0f - t * t;
+    }
+}
+K_VERSIONS(softcap_bwd_span, (float *dy, const float *y, float cap, long a, long b),
+           (dy, y, cap, a, b))
+
+void k_softcap_bwd(float *dy, const float *y, size_t n, float cap) {
+    softcap_bwd_span_fn *f = softcap_bwd_span_pick();
+    K_RANGES(a, b, n, n, f(dy, y, cap, a, b));
+}

@@ -81,6 +81,40 @@ K_INLINE void softmax_columns(float *Pt, int T, const int *lo) {
 
 K_VERSIONS(softmax_columns, (float *Pt, int T, const int *lo), (Pt, T, lo))
 
+/* The soft cap on the scores a block of queries [t0, t1) computed (rows j0 .. t1 of its columns):
+ * cap tanh(s / cap), or with deriv its derivative 1 - tanh^2(s / cap) for the backward. */
+K_INLINE void cap_block(float *Pt, int T, int t0, int t1, int j0, float cap, int deriv) {
+    float inv = 1.0f / cap;
+    for (int j = j0; j < t1; j++) {
+        float *row = Pt + (size_t)j * T;
+        if (deriv) {
+#pragma omp simd
+            for (int t = t0; t < t1; t++) {
+                float th = k_tanhf(row[t] * inv);
+                row[t] = 1.0f - th * th;
+            }
+        } else {
+#pragma omp simd
+            for (int t = t0; t < t1; t++) row[t] = cap * k_tanhf(row[t] * inv);
+        }
+    }
+}
+K_VERSIONS(cap_block, (float *Pt, int T, int t0, int t1, int j0, float cap, int deriv),
+           (Pt, T, t0, t1, j0, cap, deriv))
+
+/* Pt's blocks of scale K Q^T (keys by queries) that some query sees, soft-capped when cap > 0
+ * (or, with deriv, the cap's derivative there). */
+static void scores(float *Pt, const float *kb, const float *qb, int kw, int qw, int T, int hd,
+                   float scale, float cap, int deriv, const int *lob, cap_block_fn *capf) {
+    for (int t0 = 0; t0 < T; t0 += QB) {
+        int t1 = t0 + QB < T ? t0 + QB : T, j0 = block_first(lob, t0, t1);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t1 - j0, t1 - t0, hd, scale,
+                    kb + (size_t)j0 * kw, kw, qb + (size_t)t0 * qw, qw, 0.0f,
+                    Pt + (size_t)j0 * T + t0, T);
+        if (cap > 0.0f) capf(Pt, T, t0, t1, j0, cap, deriv);
+    }
+}
+
 /* D = Pt with the dropout mask of head block bh applied (index t*T + j for query t, key j). Not
  * versioned: the mask's hash is a call per element in every build. */
 static void drop_probs(float *D, const float *Pt, int T, uint64_t key, uint64_t bh, float p) {
@@ -92,11 +126,11 @@ static void drop_probs(float *D, const float *Pt, int T, uint64_t key, uint64_t 
 }
 
 static void attention_fwd(float *out, float *probs, const float *q, const float *k, const float *v,
-                          int ldq, int ldkv, int B, int T, int H, int KVH, int hd, const int *lo,
-                          float p, uint64_t key, float *scratch) {
+                          int ldq, int ldkv, int B, int T, int H, int KVH, int hd, float scale,
+                          float cap, const int *lo, float p, uint64_t key, float *scratch) {
     int qw = ldq, kw = ldkv, ow = H * hd, group = H / KVH;
-    float scale = 1.0f / sqrtf((float)hd);
     softmax_columns_fn *softmax = softmax_columns_pick();
+    cap_block_fn *capf = cap_block_pick();
 #pragma omp parallel for schedule(dynamic, 1)
     for (int bh = 0; bh < B * H; bh++) {
         int b = bh / H, h = bh % H, kvh = h / group;
@@ -105,13 +139,7 @@ static void attention_fwd(float *out, float *probs, const float *q, const float 
         const float *vb = v + (size_t)b * T * kw + (size_t)kvh * hd;
         float *Pt = probs + (size_t)bh * T * T;
         const int *lob = lo ? lo + (size_t)b * T : NULL;
-        /* Pt = scale * K Q^T */
-        for (int t0 = 0; t0 < T; t0 += QB) {
-            int t1 = t0 + QB < T ? t0 + QB : T, j0 = block_first(lob, t0, t1);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t1 - j0, t1 - t0, hd, scale,
-                        kb + (size_t)j0 * kw, kw, qb + (size_t)t0 * qw, qw, 0.0f,
-                        Pt + (size_t)j0 * T + t0, T);
-        }
+        scores(Pt, kb, qb, kw, qw, T, hd, scale, cap, 0, lob, capf);
         softmax(Pt, T, lob);
         const float *PV = Pt;
         if (p > 0.0f) {
@@ -131,16 +159,17 @@ static void attention_fwd(float *out, float *probs, const float *q, const float 
 }
 
 void k_attention_fwd(float *out, float *probs, const float *q, const float *k, const float *v,
-                     int ldq, int ldkv, int B, int T, int H, int KVH, int hd, const int *lo,
-                     float p, uint64_t key, float *scratch) {
-    attention_fwd(out, probs, q, k, v, ldq, ldkv, B, T, H, KVH, hd, lo, p, key, scratch);
+                     int ldq, int ldkv, int B, int T, int H, int KVH, int hd, float scale,
+                     float cap, const int *lo, float p, uint64_t key, float *scratch) {
+    attention_fwd(out, probs, q, k, v, ldq, ldkv, B, T, H, KVH, hd, scale, cap, lo, p, key,
+                  scratch);
 }
 
 /* Softmax backward for columns [t0, t0 + w) of dPt (queries), over their visible rows (keys) from
  * j0 (the products computed no row before it): dS = P * (dP - sum_keys(P * dP)) * scale, masked
- * entries zero. */
-K_INLINE void softmax_bwd_columns(float *dPt, const float *Pt, int T, int t0, int w, int j0,
-                                  float scale) {
+ * entries zero; times the soft cap's derivative F (same layout; NULL: no cap). */
+K_INLINE void softmax_bwd_columns(float *dPt, const float *Pt, const float *F, int T, int t0, int w,
+                                  int j0, float scale) {
     int t1 = t0 + w;
     float dot[QB];
     for (int i = 0; i < w; i++) dot[i] = 0.0f;
@@ -158,19 +187,26 @@ K_INLINE void softmax_bwd_columns(float *dPt, const float *Pt, int T, int t0, in
         int i0 = j - t0;
 #pragma omp simd
         for (int i = 0; i < w; i++) dr[i] = i >= i0 ? pr[i] * (dr[i] - dot[i]) * scale : 0.0f;
+        if (F) {
+            const float *fr = F + (size_t)j * T + t0;
+#pragma omp simd
+            for (int i = 0; i < w; i++) dr[i] *= i >= i0 ? fr[i] : 0.0f;
+        }
     }
     for (int j = t1; j < T; j++) memset(dPt + (size_t)j * T + t0, 0, (size_t)w * sizeof(float));
 }
 
 /* Softmax backward for every query, QB columns at a time as in the forward. */
-K_INLINE void softmax_bwd(float *dPt, const float *Pt, int T, const int *lo, float scale) {
+K_INLINE void softmax_bwd(float *dPt, const float *Pt, const float *F, int T, const int *lo,
+                          float scale) {
     for (int t0 = 0; t0 < T; t0 += QB) {
         int t1 = t0 + QB < T ? t0 + QB : T;
-        softmax_bwd_columns(dPt, Pt, T, t0, t1 - t0, block_first(lo, t0, t1), scale);
+        softmax_bwd_columns(dPt, Pt, F, T, t0, t1 - t0, block_first(lo, t0, t1), scale);
     }
 }
-K_VERSIONS(softmax_bwd, (float *dPt, const float *Pt, int T, const int *lo, float scale),
-           (dPt, Pt, T, lo, scale))
+K_VERSIONS(softmax_bwd,
+           (float *dPt, const float *Pt, const float *F, int T, const int *lo, float scale),
+           (dPt, Pt, F, T, lo, scale))
 
 /* dPt (keys by queries) times the dropout mask of the probabilities (index base + t*T + j). */
 static void undrop_grads(float *dPt, int T, uint64_t key, uint64_t base, float p) {
@@ -181,19 +217,21 @@ static void undrop_grads(float *dPt, int T, uint64_t key, uint64_t base, float p
 
 static void attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
                           const float *k, const float *v, int ldq, int ldkv, const float *probs,
-                          int B, int T, int H, int KVH, int hd, const int *lo, float p,
-                          uint64_t key, float *scratch) {
+                          int B, int T, int H, int KVH, int hd, float scale, float cap,
+                          const int *lo, float p, uint64_t key, float *scratch) {
     int qw = ldq, kw = ldkv, ow = H * hd, group = H / KVH;
-    float scale = 1.0f / sqrtf((float)hd);
-    size_t TT = (size_t)T * T;
+    size_t TT = (size_t)T * T, per = k_attention_scratch_floats(T, p, cap, 1);
     softmax_bwd_fn *softmax = softmax_bwd_pick();
+    cap_block_fn *capf = cap_block_pick();
     /* Tasks own one (batch, kv head): the query heads sharing it accumulate dK, dV serially, so
      * no two threads write the same rows. */
 #pragma omp parallel for schedule(dynamic, 1)
     for (int bk = 0; bk < B * KVH; bk++) {
         int b = bk / KVH, kvh = bk % KVH;
-        float *dPt = scratch + (size_t)omp_get_thread_num() * (p > 0.0f ? 2 : 1) * TT;
+        float *dPt = scratch + (size_t)omp_get_thread_num() * per;
         float *D = dPt + TT; /* dropped probabilities, when p > 0 */
+        /* the soft cap's derivative at each score, computed again from q and k (cap > 0) */
+        float *F = cap > 0.0f ? D + (p > 0.0f ? TT : 0) : NULL;
         const float *kb = k + (size_t)b * T * kw + (size_t)kvh * hd;
         const float *vb = v + (size_t)b * T * kw + (size_t)kvh * hd;
         float *dkb = dk + (size_t)b * T * kw + (size_t)kvh * hd;
@@ -227,7 +265,8 @@ static void attention_bwd(float *dq, float *dk, float *dv, const float *dout, co
             /* Softmax backward per query (column): dS = P * (dP - sum_keys(P * dP)), scaled, where
              * dP is the gradient at the undropped probabilities (dPd times the mask). */
             if (p > 0.0f) undrop_grads(dPt, T, key, bh * TT, p);
-            softmax(dPt, Pt, T, lob, scale);
+            if (F) scores(F, kb, qb, kw, qw, T, hd, scale, cap, 1, lob, capf);
+            softmax(dPt, Pt, F, T, lob, scale);
             /* dQ = dS K = dSt^T K; dK += dS^T Q = dSt Q */
             for (int t0 = 0; t0 < T; t0 += QB) {
                 int t1 = t0 + QB < T ? t0 + QB : T, j0 = block_first(lob, t0, t1);
@@ -243,15 +282,15 @@ static void attention_bwd(float *dq, float *dk, float *dv, const float *dout, co
 
 void k_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
                      const float *k, const float *v, int ldq, int ldkv, const float *probs, int B,
-                     int T, int H, int KVH, int hd, const int *lo, float p, uint64_t key,
-                     float *scratch) {
-    attention_bwd(dq, dk, dv, dout, q, k, v, ldq, ldkv, probs, B, T, H, KVH, hd, lo, p, key,
-                  scratch);
+                     int T, int H, int KVH, int hd, float scale, float cap, const int *lo, float p,
+                     uint64_t key, float *scratch) {
+    attention_bwd(dq, dk, dv, dout, q, k, v, ldq, ldkv, probs, B, T, H, KVH, hd, scale, cap, lo, p,
+                  key, scratch);
 }
 
-size_t k_attention_scratch_floats(int T, float p, int threads) {
+size_t k_attention_scratch_floats(int T, float p, float cap, int threads) {
     /* Per thread: the backward's dPt block, plus the dropped probabilities with dropout (the
-     * forward needs only those). */
+     * forward needs only those), plus the soft cap's derivatives with a cap. */
     size_t tt = (size_t)T * (size_t)T;
-    return (size_t)threads * tt * (p > 0.0f ? 2 : 1);
+    return (size_t)threads * tt * (1 + (p > 0.0f) + (cap > 0.0f));
 }

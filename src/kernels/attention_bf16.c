@@ -291,41 +291,68 @@ K_TARGET_AVX512BF16 static void softmax_pairs(float *Pt, int T, uint32_t *Pp, lo
     }
 }
 
-/* Pt = softmax(scale K Q^T) down each column, and (into *Pp, taken from buf) its pair rows. */
-K_TARGET_AVX512BF16 static void head_probs(dims d, char **buf, float *Pt, uint32_t **Pp,
-                                           const float *q, const float *k, long ld, const int *lo,
-                                           const int *sm, const int *hi) {
+/* Pt = scale K Q^T (keys and queries rounded into buffers taken from buf). Scores left of a tile's
+ * first vector are not computed: they are masked, and the softmax reads them only to select them
+ * away and overwrites them. */
+K_TARGET_AVX512BF16 static void head_scores(dims d, char **buf, float *Pt, const float *q,
+                                            const float *k, long ld, const int *sm, const int *hi,
+                                            float scale) {
     int T = d.T, hd = d.hd, Tv = d.Tv, Te = d.Te;
     uint16_t *Kr = take(buf, (size_t)Te * hd * 2);
     uint32_t *Qt = take(buf, (size_t)hd * Tv * 2);
-    *Pp = take(buf, (size_t)Te * Tv * 2);
     round_rows(Kr, k, ld, T, hd);
     pair_columns(Qt, Tv, q, ld, T, hd);
-    /* Pt = scale K Q^T. Scores left of a tile's first vector are not computed: they are masked,
-     * and the softmax reads them only to select them away and overwrites them. */
-    product s = {(const uint32_t *)Kr,    hd / 2, 1,  Qt, Tv, Pt, T, T, T, hd / 2, COLS_FROM_ROW,
-                 1.0f / sqrtf((float)hd), 0,      sm, hi};
+    product s = {(const uint32_t *)Kr, hd / 2, 1, Qt, Tv, Pt, T, T, T, hd / 2,
+                 COLS_FROM_ROW,        scale,  0, sm, hi};
     run(&s);
-    softmax_pairs(Pt, T, *Pp, Tv, lo);
+}
+
+/* The soft cap on the scores some query sees (row j: queries j .. hi[j]): cap tanh(s / cap), or
+ * with deriv its derivative 1 - tanh^2(s / cap), for the backward. */
+K_TARGET_AVX512BF16 static void cap_rows(float *Pt, int T, const int *hi, float cap, int deriv) {
+    float inv = 1.0f / cap;
+    for (int j = 0; j < T; j++) {
+        float *row = Pt + (long)j * T;
+        int end = hi ? hi[j] : T;
+        if (deriv)
+            for (int t = j; t < end; t++) {
+                float th = k_tanhf(row[t] * inv);
+                row[t] = 1.0f - th * th;
+            }
+        else
+            for (int t = j; t < end; t++) row[t] = cap * k_tanhf(row[t] * inv);
+    }
+}
+
+/* Pt = softmax(scale K Q^T, soft-capped when cap > 0) down each column, and (into *Pp, taken from
+ * buf) its pair rows. */
+K_TARGET_AVX512BF16 static void head_probs(dims d, char **buf, float *Pt, uint32_t **Pp,
+                                           const float *q, const float *k, long ld, const int *lo,
+                                           const int *sm, const int *hi, float scale, float cap) {
+    *Pp = take(buf, (size_t)d.Te * d.Tv * 2);
+    head_scores(d, buf, Pt, q, k, ld, sm, hi, scale);
+    if (cap > 0.0f) cap_rows(Pt, d.T, hi, cap, 0);
+    softmax_pairs(Pt, d.T, *Pp, d.Tv, lo);
 }
 
 K_TARGET_AVX512BF16 static void head_fwd(dims d, char *buf, float *out, long ow, float *Pt,
                                          const float *q, const float *k, const float *v, long ld,
-                                         const int *lo, const int *sm, const int *hi) {
+                                         const int *lo, const int *sm, const int *hi, float scale,
+                                         float cap) {
     int T = d.T, hd = d.hd, Te = d.Te;
     uint32_t *Pp, *Vp = take(&buf, (size_t)Te * hd * 2);
     pair_rows(Vp, hd, v, ld, T, hd);
-    head_probs(d, &buf, Pt, &Pp, q, k, ld, lo, sm, hi);
+    head_probs(d, &buf, Pt, &Pp, q, k, ld, lo, sm, hi, scale, cap);
     product o = {Pp, 1, d.Tv, Vp, hd, out, ow, T, hd, Te / 2, K_TO_ROW, 1.0f, 0, sm, hi};
     run(&o);
 }
 
-/* dS = P (dP - sum_keys P dP) scale per query (column) over its visible keys, zero elsewhere, as
- * bf16 rows and pair rows. Row j's queries run to hi[j] (packed; else T): dP past them may not
- * have been computed. */
-K_TARGET_AVX512BF16 static void softmax_bwd(dims d, const float *Pt, const float *dP, float *D,
-                                            uint16_t *Sr, uint32_t *Sp, float scale,
-                                            const int *hi) {
+/* dS = P (dP - sum_keys P dP) scale per query (column) over its visible keys, zero elsewhere,
+ * times the soft cap's derivative F (rows T apart; NULL: no cap), as bf16 rows and pair rows. Row
+ * j's queries run to hi[j] (packed; else T): dP past them may not have been computed. */
+K_TARGET_AVX512BF16 static void softmax_bwd(dims d, const float *Pt, const float *dP,
+                                            const float *F, float *D, uint16_t *Sr, uint32_t *Sp,
+                                            float scale, const int *hi) {
     int T = d.T, Tv = d.Tv;
     for (int c = 0; c < Tv; c += 16) _mm512_storeu_ps(D + c, _mm512_setzero_ps());
     for (int j = 0; j < T; j++) {
@@ -349,6 +376,7 @@ K_TARGET_AVX512BF16 static void softmax_bwd(dims d, const float *Pt, const float
                 __m512 g = _mm512_maskz_loadu_ps(m, dP + (long)jj * Tv + c);
                 s[r] = _mm512_maskz_mul_ps(
                     m, _mm512_mul_ps(p, _mm512_sub_ps(g, _mm512_loadu_ps(D + c))), sc);
+                if (F) s[r] = _mm512_mul_ps(s[r], _mm512_maskz_loadu_ps(m, F + (long)jj * T + c));
             }
             __m512i w = (__m512i)_mm512_cvtne2ps_pbh(s[1], s[0]);
             _mm512_storeu_si512((void *)(Sp + (long)(j / 2) * Tv + c),
@@ -364,7 +392,8 @@ K_TARGET_AVX512BF16 static void softmax_bwd(dims d, const float *Pt, const float
 K_TARGET_AVX512BF16 static void head_bwd(dims d, char *buf, float *dq, float *dk, float *dv,
                                          const float *dO, long ow, const float *Pt, const float *q,
                                          const float *k, const float *v, long ld, int acc,
-                                         const int *sm, const int *hi) {
+                                         const int *sm, const int *hi, float scale,
+                                         const float *F) {
     int T = d.T, hd = d.hd, Tv = d.Tv, Te = d.Te;
     uint16_t *Vr = take(&buf, (size_t)Te * hd * 2);
     uint32_t *dOt = take(&buf, (size_t)hd * Tv * 2), *dOp = take(&buf, (size_t)Te * hd * 2);
@@ -387,7 +416,7 @@ K_TARGET_AVX512BF16 static void head_bwd(dims d, char *buf, float *dq, float *dk
     product pp = {(const uint32_t *)Vr, hd / 2, 1, dOt, Tv, dP, Tv, T, T, hd / 2,
                   COLS_FROM_ROW,        1.0f,   0, sm,  hi};
     run(&pp);
-    softmax_bwd(d, Pt, dP, D, Sr, Sp, 1.0f / sqrtf((float)hd), hi);
+    softmax_bwd(d, Pt, dP, F, D, Sr, Sp, scale, hi);
     /* dQ = dS K = dSt^T K, dK = dSt Q */
     product pq = {Sp, 1, Tv, Kp, hd, dq, ld, T, hd, Te / 2, K_TO_ROW, 1.0f, 0, sm, hi};
     run(&pq);
@@ -439,6 +468,7 @@ typedef struct {
     const int *lo; /* [B*T] or NULL */
     long ld;
     int H, KVH, tasks;
+    float scale, cap;
 } heads;
 
 /* Task bh of B * H, on buf, the thread's per bytes of buffers. */
@@ -454,7 +484,7 @@ K_TARGET_AVX512BF16 static void fwd_task(const heads *a, int bh, char *buf) {
     bounds(&buf, lo, T, &sm, &hi);
     head_fwd(a->d, buf, a->out + (size_t)b * T * ow + h * hd, ow, a->probs + (size_t)bh * T * T,
              row + (size_t)h * hd, row + ow + (size_t)g * hd, row + ow + kw + (size_t)g * hd, a->ld,
-             lo, sm, hi);
+             lo, sm, hi, a->scale, a->cap);
 }
 
 /* Task bg: key/value head g of sequence b and the query heads that share it, in order, so that
@@ -465,10 +495,21 @@ K_TARGET_AVX512BF16 static void bwd_task(const heads *a, int bg, char *buf) {
     size_t r = (size_t)b * T * a->ld, kv = r + ow + (size_t)g * hd;
     const int *lo = a->lo ? a->lo + (size_t)b * T : NULL, *sm, *hi;
     bounds(&buf, lo, T, &sm, &hi);
+    /* past the backward's buffers: the probabilities computed again (no probs_in), then the cap's
+     * derivatives (a cap) */
+    char *rb = buf + al(bwd_bytes(a->d));
+    char *cb = a->probs_in ? rb : rb + al((size_t)T * T * 4) + al(fwd_bytes(a->d));
     for (int i = 0; i < group; i++) {
         int h = g * group + i, bh = b * a->H + h;
         size_t x = r + (size_t)h * hd;
         const float *Pt;
+        float *F = NULL;
+        if (a->cap > 0.0f) {
+            char *fb = cb;
+            F = take(&fb, (size_t)T * T * 4);
+            head_scores(a->d, &fb, F, a->qkv + x, a->qkv + kv, a->ld, sm, hi, a->scale);
+            cap_rows(F, T, hi, a->cap, 1);
+        }
         if (a->probs_in) {
             if (bh + 1 < a->tasks * group)
                 prefetch(a->probs_in + (size_t)(bh + 1) * T * T, (size_t)T * T * 4);
@@ -476,15 +517,16 @@ K_TARGET_AVX512BF16 static void bwd_task(const heads *a, int bg, char *buf) {
         } else {
             /* The head's probabilities again, as the forward computed them, into this thread's
              * buffers after the backward's: in cache for the products that read them. */
-            char *fb = buf + al(bwd_bytes(a->d));
+            char *fb = rb;
             float *P = take(&fb, (size_t)T * T * 4);
             uint32_t *Pp;
-            head_probs(a->d, &fb, P, &Pp, a->qkv + x, a->qkv + kv, a->ld, lo, sm, hi);
+            head_probs(a->d, &fb, P, &Pp, a->qkv + x, a->qkv + kv, a->ld, lo, sm, hi, a->scale,
+                       a->cap);
             Pt = P;
         }
         head_bwd(a->d, buf, a->dqkv + x, a->dqkv + kv, a->dqkv + kv + kw,
                  a->dout + (size_t)b * T * ow + h * hd, ow, Pt, a->qkv + x, a->qkv + kv,
-                 a->qkv + kv + kw, a->ld, i > 0, sm, hi);
+                 a->qkv + kv + kw, a->ld, i > 0, sm, hi, a->scale, F);
     }
 }
 
@@ -505,37 +547,42 @@ static int each_head(k_bf16 *k, const heads *a, size_t per, task_fn *task) {
 }
 
 int k_bf16_attention_fwd(k_bf16 *k, float *out, float *probs, const float *qkv, int ld, int B,
-                         int T, int H, int KVH, int hd, const int *lo, float p) {
+                         int T, int H, int KVH, int hd, float scale, float cap, const int *lo,
+                         float p) {
     /* Dropout's masks are applied per head by the fp32 kernels. */
     if (!k || p > 0.0f || KVH <= 0 || H % KVH || hd % 16 || !k_bf16_supported()) return 0;
-    heads a = {dims_of(T, hd), out, NULL, probs, NULL, qkv, NULL, lo, ld, H, KVH, B * H};
+    heads a = {dims_of(T, hd), out,   NULL, probs, NULL, qkv, NULL, lo, ld, H, KVH,
+               B * H,          scale, cap};
     return each_head(k, &a, bounds_bytes(a.d) + al(fwd_bytes(a.d)), fwd_task);
 }
 
 int k_bf16_attention_bwd(k_bf16 *k, float *dqkv, const float *dout, const float *qkv, int ld,
-                         const float *probs, int B, int T, int H, int KVH, int hd, const int *lo,
-                         float p) {
+                         const float *probs, int B, int T, int H, int KVH, int hd, float scale,
+                         float cap, const int *lo, float p) {
     if (!k || p > 0.0f || KVH <= 0 || H % KVH || hd % 16 || !k_bf16_supported()) return 0;
-    heads a = {dims_of(T, hd), NULL, dqkv, NULL, probs, qkv, dout, lo, ld, H, KVH, B * KVH};
+    heads a = {dims_of(T, hd), NULL,  dqkv, NULL, probs, qkv, dout, lo, ld, H, KVH,
+               B * KVH,        scale, cap};
     size_t per = bounds_bytes(a.d) + al(bwd_bytes(a.d));
     if (!probs) per += al((size_t)T * T * 4) + al(fwd_bytes(a.d));
+    if (cap > 0.0f) per += al((size_t)T * T * 4) + al(fwd_bytes(a.d));
     return each_head(k, &a, per, bwd_task);
 }
 
 #else /* no x86: the fp32 kernels run */
 
 int k_bf16_attention_fwd(k_bf16 *k, float *out, float *probs, const float *qkv, int ld, int B,
-                         int T, int H, int KVH, int hd, const int *lo, float p) {
+                         int T, int H, int KVH, int hd, float scale, float cap, const int *lo,
+                         float p) {
     (void)k, (void)out, (void)probs, (void)qkv, (void)ld, (void)B, (void)T, (void)H, (void)KVH;
-    (void)hd, (void)lo, (void)p;
+    (void)hd, (void)scale, (void)cap, (void)lo, (void)p;
     return 0;
 }
 
 int k_bf16_attention_bwd(k_bf16 *k, float *dqkv, const float *dout, const float *qkv, int ld,
-                         const float *probs, int B, int T, int H, int KVH, int hd, const int *lo,
-                         float p) {
+                         const float *probs, int B, int T, int H, int KVH, int hd, float scale,
+                         float cap, const int *lo, float p) {
     (void)k, (void)dqkv, (void)dout, (void)qkv, (void)ld, (void)probs, (void)B, (void)T, (void)H;
-    (void)KVH, (void)hd, (void)lo, (void)p;
+    (void)KVH, (void)hd, (void)scale, (void)cap, (void)lo, (void)p;
     return 0;
 }
 #endif

@@ -232,6 +232,13 @@ void k_act_fwd(float *y, const float *x, size_t n, k_act act);
 void k_swiglu_rows_fwd(float *y, const float *a, int N, int ff);
 /* da [N, 2*ff] (gate|up halves) from dy [N, ff]. */
 void k_swiglu_rows_bwd(float *da, const float *dy, const float *a, int N, int ff);
+/* The same with gelu_tanh(gate) in place of silu(gate) (GEGLU). */
+void k_geglu_rows_fwd(float *y, const float *a, int N, int ff);
+void k_geglu_rows_bwd(float *da, const float *dy, const float *a, int N, int ff);
+/* Soft cap (Gemma 2's logits): y = cap tanh(y / cap) in place, cap > 0. */
+void k_softcap_fwd(float *y, size_t n, float cap);
+/* dy *= the cap's derivative 1 - tanh^2, from the capped values y. */
+void k_softcap_bwd(float *dy, const float *y, size_t n, float cap);
 /* Training's forward: y = act(x), and x is overwritten with act'(x) for the backward pass. */
 void k_act_fwd_grad(float *y, float *x, size_t n, k_act act);
 
@@ -248,24 +255,27 @@ void k_rope_bwd(float *dx, int ld, int N, const int *pos, int n_heads, int hd, c
 /* ---- attention.c ---- */
 /* Causal attention. q rows have stride ldq, k and v rows stride ldkv (they may be column blocks of
  * one fused q|k|v buffer); out [B*T, H*hd]; probs [B, H, T, T] keeps the softmax (before dropout)
- * for the backward pass, transposed: keys by queries. With p > 0 the probabilities are dropped out
- * (element index (b*H + h)*T*T + t*T + j under key) and scratch holds omp_get_max_threads() * T * T
- * floats. lo [B*T] (NULL: every 0) is each query's first visible key within its sequence (packed
- * examples: the example's first row). */
+ * for the backward pass, transposed: keys by queries. Scores are scale q.k, soft-capped to
+ * cap tanh(s / cap) when cap > 0 (Gemma 2). With p > 0 the probabilities are dropped out (element
+ * index (b*H + h)*T*T + t*T + j under key). scratch: k_attention_scratch_floats. lo [B*T] (NULL:
+ * every 0) is each query's first visible key within its sequence (packed examples: the example's
+ * first row). */
 void k_attention_fwd(float *out, float *probs, const float *q, const float *k, const float *v,
-                     int ldq, int ldkv, int B, int T, int H, int KVH, int hd, const int *lo,
-                     float p, uint64_t key, float *scratch);
-/* dq, dk, dv (same strides as q, k, v) are overwritten. scratch holds omp_get_max_threads() * T * T
- * floats, twice that with dropout. lo: the forward's (the probabilities carry its mask; the
- * products use it only to leave out the keys no query of a block sees). */
+                     int ldq, int ldkv, int B, int T, int H, int KVH, int hd, float scale,
+                     float cap, const int *lo, float p, uint64_t key, float *scratch);
+/* dq, dk, dv (same strides as q, k, v) are overwritten. scale, cap: the forward's (a cap's
+ * derivative needs the scores, which are computed again a head at a time into scratch). lo: the
+ * forward's (the probabilities carry its mask; the products use it only to leave out the keys no
+ * query of a block sees). */
 void k_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
                      const float *k, const float *v, int ldq, int ldkv, const float *probs, int B,
-                     int T, int H, int KVH, int hd, const int *lo, float p, uint64_t key,
-                     float *scratch);
+                     int T, int H, int KVH, int hd, float scale, float cap, const int *lo, float p,
+                     uint64_t key, float *scratch);
 
-/* Floats of scratch k_attention_fwd and k_attention_bwd need for sequences of T with dropout p
- * when `threads` threads may run them (omp_get_max_threads() at the time of the call). */
-size_t k_attention_scratch_floats(int T, float p, int threads);
+/* Floats of scratch k_attention_fwd and k_attention_bwd need for sequences of T with dropout p and
+ * soft cap cap when `threads` threads may run them (omp_get_max_threads() at the time of the
+ * call): T * T a thread, once more with dropout, once more with a cap. */
+size_t k_attention_scratch_floats(int T, float p, float cap, int threads);
 /* The same attention of a fused q|k|v buffer (rows ld apart) with its matrix products on bf16
  * operands and fp32 accumulation, softmaxes in fp32 (attention_bf16.c). Returns 0 where it does
  * not apply (no k, no avx512_bf16, dropout, H not a multiple of KVH, a head size not a multiple of
@@ -273,12 +283,14 @@ size_t k_attention_scratch_floats(int T, float p, int threads);
  * everything these write. dqkv (rows ld apart: q | k | v of H, KVH and KVH heads) is overwritten;
  * a key/value head's dK and dV sum its query heads' in their order. The backward's probs may be
  * NULL: each head's are then computed again as the forward did, in the thread's buffers (no [B, H,
- * T, T] kept), with lo's mask. lo: as k_attention_fwd's. */
+ * T, T] kept), with lo's mask. scale, cap, lo: as k_attention_fwd's (with a cap the backward
+ * computes each head's scores again for the cap's derivative). */
 int k_bf16_attention_fwd(k_bf16 *k, float *out, float *probs, const float *qkv, int ld, int B,
-                         int T, int H, int KVH, int hd, const int *lo, float p);
-int k_bf16_attention_bwd(k_bf16 *k, float *dqkv, const float *dout, const float *qkv, int ld,
-                         const float *probs, int B, int T, int H, int KVH, int hd, const int *lo,
+                         int T, int H, int KVH, int hd, float scale, float cap, const int *lo,
                          float p);
+int k_bf16_attention_bwd(k_bf16 *k, float *dqkv, const float *dout, const float *qkv, int ld,
+                         const float *probs, int B, int T, int H, int KVH, int hd, float scale,
+                         float cap, const int *lo, float p);
 
 /* ---- loss.c ---- */
 /* Mean cross-entropy over rows whose target >= 0 (NAN if none); writes softmax probabilities to

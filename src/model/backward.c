@@ -29,7 +29,7 @@ static tlm_status grad_reserve(tlm_train_ctx *x) {
     mdl_block_grads *g = &x->g;
     /* The FFN's backward is done before the attention's starts (in both norm positions), so
      * dqkv | datt share the rows of dff_a | dff_h (swiglu; else dff_h alone). */
-    int swiglu = c->ffn == TLM_FFN_SWIGLU;
+    int swiglu = mdl_gated(c);
     size_t ffn = (swiglu ? N * ff * 2 : 0) + N * ff, att = N * ld + N * qw;
     float *shared = NULL;
     size_t sizes[] = {N * d, N * d, N * d, ffn > att ? ffn : att, c->dropout > 0.0f ? N * d : 0};
@@ -98,6 +98,11 @@ void mdl_ctx_head_loss(tlm_train_ctx *x, const int32_t *targets, int N, double d
         float *xn = x->xn + (size_t)r0 * d, *mean = x->xn_mean ? x->xn_mean + r0 : NULL,
               *rstd = x->xn_rstd + r0;
         mdl_head_fwd_pass(m, &p, xf, xn, mean, rstd, x->logits, n);
+        /* the loss's gradient replaces the capped logits, which the cap's backward reads: a copy
+         * in the probabilities' buffer, which training does not use otherwise */
+        size_t nv = (size_t)n * c->vocab_size;
+        int cap = grads && c->final_softcap > 0.0f;
+        if (cap) memcpy(x->softmax, x->logits, nv * sizeof(float));
         double l;
         if (grads && weights) {
             /* the weighted sum, not a mean: counted as one term */
@@ -115,6 +120,7 @@ void mdl_ctx_head_loss(tlm_train_ctx *x, const int32_t *targets, int N, double d
         } else {
             l = k_cross_entropy_fwd(x->logits, targets + r0, NULL, n, c->vocab_size, &cnt);
         }
+        if (cap) k_softcap_bwd(x->logits, x->softmax, nv, c->final_softcap);
         if (grads) {
             mdl_block_grads g = x->g;
             g.dres += (size_t)r0 * d;

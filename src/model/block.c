@@ -364,7 +364,8 @@ static void attn_fwd(const tlm_model *m, int l, const mdl_pass *p, const mdl_blo
     }
     linear(p, b->attn_out, c->d_model, b->att, N, W->wo, W->bo);
     lora_fwd(p, l, MDL_LORA_O, b->attn_out, c->d_model, b->att);
-    if (dropping(m, p))
+    /* with post norms the mask falls on the norm's output (mdl_block_fwd) */
+    if (dropping(m, p) && !c->post_norms)
         k_dropout(b->attn_out, b->attn_out, (size_t)N * c->d_model, c->dropout,
                   mdl_drop_key(p, l, 1));
 }
@@ -376,7 +377,7 @@ static void attn_bwd(const tlm_model *m, int l, const mdl_pass *p, const mdl_blo
     const mdl_layer_weights *W = &m->lw[l];
     const mdl_layer_offsets *o = &m->off.layer[l];
     int N = p->N, d = c->d_model, qw = c->n_heads * (d / c->n_heads), ld = mdl_qkv_width(c);
-    dout = undrop(m, p, g, dout, l, 1);
+    if (!c->post_norms) dout = undrop(m, p, g, dout, l, 1);
     if (p->frozen)
         frozen_dx(p, g->datt, dout, d, W->wo, N, 0.0f);
     else
@@ -395,17 +396,25 @@ static void attn_bwd(const tlm_model *m, int l, const mdl_pass *p, const mdl_blo
 
 /* ---- feed-forward --------------------------------------------------------------------------- */
 
+/* The gated hidden rows h [N, d_ff] from gate|up rows a. */
+static void gated_fwd(const tlm_config *c, float *h, const float *a, int N) {
+    if (c->ffn == TLM_FFN_GEGLU)
+        k_geglu_rows_fwd(h, a, N, c->d_ff);
+    else
+        k_swiglu_rows_fwd(h, a, N, c->d_ff);
+}
+
 static void ffn_fwd(const tlm_model *m, int l, const mdl_pass *p, const mdl_block_bufs *b,
                     const float *in) {
     const tlm_config *c = &m->c;
     const mdl_layer_weights *W = &m->lw[l];
     int N = p->N, d = c->d_model, ff = c->d_ff;
-    if (c->ffn == TLM_FFN_SWIGLU) {
+    if (mdl_gated(c)) {
         const tlm_weight *w[2] = {W->wgate, W->wup};
         const float *bias[2] = {W->bgate, W->bup};
         linear_parts(p, b->ff_a, 2 * ff, in, N, w, bias, 2, W->gate_up.data ? &W->gate_up : NULL);
         lora_parts_fwd(p, l, MDL_LORA_GATE, w, 2, b->ff_a, 2 * ff, in);
-        k_swiglu_rows_fwd(b->ff_h, b->ff_a, N, ff);
+        gated_fwd(c, b->ff_h, b->ff_a, N);
     } else {
         linear(p, b->ff_a, ff, in, N, W->wup, W->bup);
         lora_fwd(p, l, MDL_LORA_UP, b->ff_a, ff, in);
@@ -418,7 +427,8 @@ static void ffn_fwd(const tlm_model *m, int l, const mdl_pass *p, const mdl_bloc
     }
     linear(p, b->y, d, b->ff_h, N, W->wdown, W->bdown);
     lora_fwd(p, l, MDL_LORA_DOWN, b->y, d, b->ff_h);
-    if (dropping(m, p)) k_dropout(b->y, b->y, (size_t)N * d, c->dropout, mdl_drop_key(p, l, 2));
+    if (dropping(m, p) && !c->post_norms)
+        k_dropout(b->y, b->y, (size_t)N * d, c->dropout, mdl_drop_key(p, l, 2));
 }
 
 static void ffn_bwd(const tlm_model *m, int l, const mdl_pass *p, const mdl_block_bufs *b,
@@ -434,8 +444,11 @@ static void ffn_bwd(const tlm_model *m, int l, const mdl_pass *p, const mdl_bloc
         linear_bwd(p, g->dff_h, G + o->wdown, mdl_at(G, o->bdown), dout, b->ff_h, W->wdown->data, N,
                    ff, d, acc);
     lora_bwd(p, l, MDL_LORA_DOWN, g->dff_h, dout, d, b->ff_h);
-    if (c->ffn == TLM_FFN_SWIGLU) {
-        k_swiglu_rows_bwd(g->dff_a, g->dff_h, b->ff_a, N, ff);
+    if (mdl_gated(c)) {
+        if (c->ffn == TLM_FFN_GEGLU)
+            k_geglu_rows_bwd(g->dff_a, g->dff_h, b->ff_a, N, ff);
+        else
+            k_swiglu_rows_bwd(g->dff_a, g->dff_h, b->ff_a, N, ff);
         const tlm_weight *w[2] = {W->wgate, W->wup};
         if (p->frozen)
             frozen_parts_dx(p, din, g->dff_a, 2 * ff, &W->gate_up, w, 2, N);
@@ -461,7 +474,20 @@ void mdl_block_fwd(const tlm_model *m, int l, const mdl_pass *p, const mdl_block
     const mdl_layer_weights *W = &m->lw[l];
     int N = p->N;
     size_t nd = (size_t)N * c->d_model;
-    if (c->norm_position == TLM_NORM_PRE) {
+    if (c->norm_position == TLM_NORM_PRE && c->post_norms) {
+        norm_fwd(c, b->n1, b->n1_mean, b->n1_rstd, b->x, W->attn_norm_w, W->attn_norm_b, N);
+        attn_fwd(m, l, p, b, b->n1);
+        norm_fwd(c, b->post, b->pa_mean, b->pa_rstd, b->attn_out, W->post_attn_norm_w,
+                 W->post_attn_norm_b, N);
+        if (dropping(m, p)) k_dropout(b->post, b->post, nd, c->dropout, mdl_drop_key(p, l, 1));
+        k_add(b->h, b->x, b->post, nd);
+        norm_fwd(c, b->n2, b->n2_mean, b->n2_rstd, b->h, W->ffn_norm_w, W->ffn_norm_b, N);
+        ffn_fwd(m, l, p, b, b->n2);
+        norm_fwd(c, b->post, b->pf_mean, b->pf_rstd, b->y, W->post_ffn_norm_w, W->post_ffn_norm_b,
+                 N);
+        if (dropping(m, p)) k_dropout(b->post, b->post, nd, c->dropout, mdl_drop_key(p, l, 2));
+        k_add(b->out, b->h, b->post, nd);
+    } else if (c->norm_position == TLM_NORM_PRE) {
         norm_fwd(c, b->n1, b->n1_mean, b->n1_rstd, b->x, W->attn_norm_w, W->attn_norm_b, N);
         attn_fwd(m, l, p, b, b->n1);
         k_add(b->h, b->x, b->attn_out, nd);
@@ -494,9 +520,25 @@ void mdl_block_bwd(const tlm_model *m, int l, const mdl_pass *p, const mdl_block
         } else {
             norm_fwd(c, b->n1, b->n1_mean, b->n1_rstd, b->h, W->attn_norm_w, W->attn_norm_b, N);
         }
-        if (c->ffn == TLM_FFN_SWIGLU) k_swiglu_rows_fwd(b->ff_h, b->ff_a, N, c->d_ff);
+        if (mdl_gated(c)) gated_fwd(c, b->ff_h, b->ff_a, N);
     }
-    if (c->norm_position == TLM_NORM_PRE) {
+    float *GN = p->frozen ? NULL : G; /* the norms' gains: frozen in LoRA passes */
+    if (c->norm_position == TLM_NORM_PRE && c->post_norms) {
+        /* each post norm's backward first, into dtmp, which the sub-layer's reads before the
+         * pre norm's backward writes it again */
+        norm_bwd(c, g->dtmp, GN, o->post_ffn_norm_w, o->post_ffn_norm_b, W->post_ffn_norm_w,
+                 undrop(m, p, g, g->dres, l, 2), b->y, b->pf_mean, b->pf_rstd, N, acc);
+        ffn_bwd(m, l, p, b, b->n2, g->dtmp, g->dn, g, G, acc);
+        norm_bwd(c, g->dtmp, GN, o->ffn_norm_w, o->ffn_norm_b, W->ffn_norm_w, g->dn, b->h,
+                 b->n2_mean, b->n2_rstd, N, acc);
+        k_acc(g->dres, g->dtmp, nd);
+        norm_bwd(c, g->dtmp, GN, o->post_attn_norm_w, o->post_attn_norm_b, W->post_attn_norm_w,
+                 undrop(m, p, g, g->dres, l, 1), b->attn_out, b->pa_mean, b->pa_rstd, N, acc);
+        attn_bwd(m, l, p, b, b->n1, g->dtmp, g->dn, g, G, acc);
+        norm_bwd(c, g->dtmp, GN, o->attn_norm_w, o->attn_norm_b, W->attn_norm_w, g->dn, b->x,
+                 b->n1_mean, b->n1_rstd, N, acc);
+        k_acc(g->dres, g->dtmp, nd);
+    } else if (c->norm_position == TLM_NORM_PRE) {
         ffn_bwd(m, l, p, b, b->n2, undrop(m, p, g, g->dres, l, 2), g->dn, g, G, acc);
         norm_bwd(c, g->dtmp, p->frozen ? NULL : G, o->ffn_norm_w, o->ffn_norm_b, W->ffn_norm_w,
                  g->dn, b->h, b->n2_mean, b->n2_rstd, N, acc);
@@ -519,15 +561,17 @@ void mdl_block_bwd(const tlm_model *m, int l, const mdl_pass *p, const mdl_block
 
 /* ---- embedding and head --------------------------------------------------------------------- */
 
-/* Rows [r0, r1) of x: the rows of their token ids, plus their positions' rows when pos is not
- * NULL. */
+/* Rows [r0, r1) of x: the rows of their token ids times scale, plus their positions' rows when
+ * pos is not NULL. */
 K_INLINE void embed_rows(float *x, const tlm_weight *E, const int32_t *ids, const float *pos,
-                         const int *at, int d, long r0, long r1) {
+                         const int *at, int d, float scale, long r0, long r1) {
     for (long r = r0; r < r1; r++) {
         float *xr = x + (size_t)r * d;
         /* Only a row is read: any type the model holds widens here. */
         core_dtype_to_f32(E->dtype, (const char *)E->data + (size_t)ids[r] * E->row_bytes, xr,
                           (size_t)d);
+        if (scale != 1.0f)
+            for (int j = 0; j < d; j++) xr[j] *= scale;
         if (pos) {
             const float *pr = pos + (size_t)at[r] * d;
             for (int j = 0; j < d; j++) xr[j] += pr[j];
@@ -536,8 +580,13 @@ K_INLINE void embed_rows(float *x, const tlm_weight *E, const int32_t *ids, cons
 }
 K_VERSIONS(embed_rows,
            (float *x, const tlm_weight *E, const int32_t *ids, const float *pos, const int *at,
-            int d, long r0, long r1),
-           (x, E, ids, pos, at, d, r0, r1))
+            int d, float scale, long r0, long r1),
+           (x, E, ids, pos, at, d, scale, r0, r1))
+
+/* The token embedding's factor before the first block (embed_scale; 1 when unset). */
+static float embed_scale(const tlm_config *c) {
+    return c->embed_scale > 0.0f ? c->embed_scale : 1.0f;
+}
 
 void mdl_embed_fwd(const tlm_model *m, const mdl_pass *p, const int32_t *ids, float *x) {
     const tlm_config *c = &m->c;
@@ -546,7 +595,8 @@ void mdl_embed_fwd(const tlm_model *m, const mdl_pass *p, const int32_t *ids, fl
                        : c->position == TLM_POS_SINUSOIDAL ? m->sinus
                                                            : NULL;
     embed_rows_fn *f = embed_rows_pick();
-    K_RANGES(r0, r1, N, (long)N * d, f(x, m->tok_emb, ids, pos, p->pos, d, r0, r1));
+    float scale = embed_scale(c);
+    K_RANGES(r0, r1, N, (long)N * d, f(x, m->tok_emb, ids, pos, p->pos, d, scale, r0, r1));
     if (dropping(m, p)) k_dropout(x, x, (size_t)N * d, c->dropout, mdl_drop_key(p, -1, 0));
 }
 
@@ -571,13 +621,17 @@ void mdl_embed_bwd(const tlm_model *m, const mdl_pass *p, const int32_t *ids,
     /* A tied table already holds the head's gradient; an untied one starts from zero. */
     scatter_add_fn *add = scatter_add_pick();
     float *dE = G + m->off.tok_emb;
-    if (!acc && !c->tie_embeddings) memset(dE, 0, (size_t)c->vocab_size * d * sizeof(float));
-    add(dE, ids, g->dres, N, d);
     if (c->position == TLM_POS_LEARNED) {
         float *dPos = G + m->off.pos_emb;
         if (!acc) memset(dPos, 0, (size_t)c->context_length * d * sizeof(float));
         add(dPos, p->pos, g->dres, N, d);
     }
+    /* the table's rows were scaled, the positions' not: dres is read no more after this */
+    float scale = embed_scale(c);
+    if (scale != 1.0f)
+        for (size_t i = 0; i < nd; i++) g->dres[i] *= scale;
+    if (!acc && !c->tie_embeddings) memset(dE, 0, (size_t)c->vocab_size * d * sizeof(float));
+    add(dE, ids, g->dres, N, d);
 }
 
 void mdl_head_fwd(const tlm_model *m, const float *x, float *xn, float *xn_mean, float *xn_rstd,
@@ -597,6 +651,7 @@ void mdl_head_fwd_pass(const tlm_model *m, const mdl_pass *p, const float *x, fl
     }
     linear(p, logits, c->vocab_size, in, N, m->out_w, NULL);
     lora_fwd(p, -1, 0, logits, c->vocab_size, in);
+    if (c->final_softcap > 0.0f) k_softcap_fwd(logits, (size_t)N * c->vocab_size, c->final_softcap);
 }
 
 void mdl_head_bwd(const tlm_model *m, const mdl_pass *p, const float *x, const float *xn,

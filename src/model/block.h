@@ -18,9 +18,12 @@ typedef struct {
     float *qkv;                    /* [N, ld]: q | k | v of each row, after RoPE */
     float *att;                    /* [N, H*hd] attention output before its projection */
     float *attn_out;               /* [N, d] the projection */
+    /* post_norms: the post-norms' statistics (of attn_out and y), and post [N, d], where their
+     * outputs go before the residual adds (may be attn_out or y where nothing reads those). */
+    float *pa_mean, *pa_rstd, *pf_mean, *pf_rstd, *post;
     float *h;                      /* [N, d] pre-norm: x + attn; post-norm: x + attn before norm1 */
     float *n2, *n2_mean, *n2_rstd; /* pre-norm: norm2(h); post-norm: stats of norm2 */
-    float *ff_a; /* swiglu [N, 2*d_ff] gate|up; else [N, d_ff] up (training: act') */
+    float *ff_a; /* swiglu, geglu [N, 2*d_ff] gate|up; else [N, d_ff] up (training: act') */
     float *ff_h; /* [N, d_ff] activated hidden */
     float *y;    /* [N, d] FFN output (post-norm: n1 + ffn, norm2's input) */
     float *out;  /* [N, d] block output */
@@ -49,8 +52,8 @@ struct k_bf16;
  * and the LoRA adapters applied (NULL: none). frozen: the backward pass computes no gradient of
  * the model's own parameters (G may be NULL), only the input gradients through its weights in
  * their own types, and the adapter's gradients (LoRA training). recompute: the block's n1, n2
- * and (swiglu) ff_h are scratch shared by the layers, which its backward pass computes again from
- * x, h and ff_a before reading them. */
+ * and (gated FFNs) ff_h are scratch shared by the layers, which its backward pass computes again
+ * from x, h and ff_a before reading them. */
 typedef struct {
     int N;
     const int *pos; /* [N] */
@@ -79,7 +82,7 @@ uint64_t mdl_drop_key(const mdl_pass *p, int layer, int which);
 void mdl_embed_fwd(const tlm_model *m, const mdl_pass *p, const int32_t *ids, float *x);
 void mdl_block_fwd(const tlm_model *m, int layer, const mdl_pass *p, const mdl_block_bufs *b);
 /* logits [N, V] of rows x [N, d] (the output norm into xn first for pre-norm models; xn may be x
- * when nothing needs x afterwards). */
+ * when nothing needs x afterwards), soft-capped where final_softcap is set. */
 void mdl_head_fwd(const tlm_model *m, const float *x, float *xn, float *xn_mean, float *xn_rstd,
                   float *logits, int N);
 /* The same with the pass's precision (p->bf16). */
@@ -91,7 +94,7 @@ typedef struct {
     float *dres, *dtmp, *dn; /* [N, d] */
     float *dqkv;             /* [N, ld] */
     float *datt;             /* [N, H*hd] */
-    float *dff_a;            /* swiglu [N, 2*d_ff]; unused otherwise */
+    float *dff_a;            /* swiglu, geglu [N, 2*d_ff]; unused otherwise */
     float *dff_h;            /* [N, d_ff] */
     float *ddrop;            /* [N, d] gradient through a dropout mask (dropout > 0) */
 } mdl_block_grads;
@@ -101,7 +104,8 @@ typedef struct {
  * input. b is what the forward pass left. */
 void mdl_block_bwd(const tlm_model *m, int layer, const mdl_pass *p, const mdl_block_bufs *b,
                    const mdl_block_grads *g, float *G, int acc);
-/* The head's backward: dlogits [N, V] -> g->dres (gradient at the head's input x). */
+/* The head's backward: dlogits [N, V] (at the logits before any soft cap) -> g->dres (gradient at
+ * the head's input x). */
 void mdl_head_bwd(const tlm_model *m, const mdl_pass *p, const float *x, const float *xn,
                   const float *xn_mean, const float *xn_rstd, const float *dlogits,
                   const mdl_block_grads *g, float *G, int N, int acc);

@@ -29,6 +29,10 @@ void tlm_config_defaults(tlm_config *c) {
     c->dropout = 0.0f;
 }
 
+float tlm_config_attn_scale(const tlm_config *c) {
+    return c->attn_scale > 0.0f ? c->attn_scale : 1.0f / sqrtf((float)(c->d_model / c->n_heads));
+}
+
 int tlm_config_layer_windowed(const tlm_config *c, int l) {
     int p = c->sliding_window_pattern;
     return c->sliding_window > 0 && (p == 0 || (l + 1) % p != 0);
@@ -37,7 +41,7 @@ int tlm_config_layer_windowed(const tlm_config *c, int l) {
 /* Enum tables: index = enum value. */
 static const char *const norm_names[] = {"rmsnorm", "layernorm"};
 static const char *const normpos_names[] = {"pre", "post"};
-static const char *const ffn_names[] = {"swiglu", "gelu", "gelu_tanh", "relu"};
+static const char *const ffn_names[] = {"swiglu", "gelu", "gelu_tanh", "relu", "geglu"};
 static const char *const pos_names[] = {"rope", "learned", "sinusoidal", "none"};
 static const char *const pairing_names[] = {"half", "interleaved"};
 #define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
@@ -91,7 +95,7 @@ tlm_status tlm_config_finalize(tlm_config *c) {
     if (c->n_kv_heads == 0) c->n_kv_heads = c->n_heads;
     /* Derived from a d_model within its limit, d_ff stays within its own (174784 at most). */
     if (c->d_ff == 0) {
-        if (c->ffn == TLM_FFN_SWIGLU) {
+        if (c->ffn == TLM_FFN_SWIGLU || c->ffn == TLM_FFN_GEGLU) {
             /* 8/3 d rounded up to a multiple of 64, in integers: ceil(8d/3), then up to 64. */
             int ff = (8 * c->d_model + 2) / 3;
             c->d_ff = (ff + 63) / 64 * 64;
@@ -138,6 +142,23 @@ tlm_status tlm_config_finalize(tlm_config *c) {
     if (c->sliding_window_pattern && !c->sliding_window)
         return core_err(TLM_ERR_CONFIG, "sliding_window_pattern %d needs a sliding_window",
                         c->sliding_window_pattern);
+    struct {
+        const char *name;
+        float v;
+    } scalars[] = {{"attn_softcap", c->attn_softcap},
+                   {"final_softcap", c->final_softcap},
+                   {"embed_scale", c->embed_scale},
+                   {"attn_scale", c->attn_scale}};
+    for (int i = 0; i < COUNT(scalars); i++)
+        if (!(scalars[i].v >= 0.0f) || !isfinite(scalars[i].v))
+            return core_err(TLM_ERR_CONFIG, "%s must be >= 0 and finite (0: off; got %g)",
+                            scalars[i].name, (double)scalars[i].v);
+    if (c->post_norms != 0 && c->post_norms != 1)
+        return core_err(TLM_ERR_CONFIG, "post_norms must be true or false");
+    if (c->post_norms && c->norm_position != TLM_NORM_PRE)
+        return core_err(TLM_ERR_CONFIG,
+                        "post_norms needs norm_position pre (a post-norm block normalizes after "
+                        "each residual add already)");
     /* tlm_model_new builds these tables eagerly; a file header that asks for a huge context
      * must be refused here, not after minutes of filling gigabytes. */
     size_t ctx = (size_t)c->context_length;
@@ -263,6 +284,16 @@ tlm_status tlm_config_from_json(const char *json, tlm_config *c) {
             s = parse_int(it, k, &c->sliding_window);
         else if (!strcmp(k, "sliding_window_pattern"))
             s = parse_int(it, k, &c->sliding_window_pattern);
+        else if (!strcmp(k, "attn_softcap"))
+            s = parse_float(it, k, &c->attn_softcap);
+        else if (!strcmp(k, "final_softcap"))
+            s = parse_float(it, k, &c->final_softcap);
+        else if (!strcmp(k, "embed_scale"))
+            s = parse_float(it, k, &c->embed_scale);
+        else if (!strcmp(k, "attn_scale"))
+            s = parse_float(it, k, &c->attn_scale);
+        else if (!strcmp(k, "post_norms"))
+            s = parse_bool(it, k, &c->post_norms);
         else if (!strcmp(k, "norm")) {
             if (!(s = parse_enum(it, k, norm_names, COUNT(norm_names), &e))) c->norm = e;
         } else if (!strcmp(k, "norm_position")) {
@@ -328,6 +359,14 @@ char *tlm_config_to_json(const tlm_config *c) {
         cJSON_AddNumberToObject(o, "sliding_window", c->sliding_window);
         cJSON_AddNumberToObject(o, "sliding_window_pattern", c->sliding_window_pattern);
     }
+    if (c->attn_softcap > 0.0f)
+        cJSON_AddNumberToObject(o, "attn_softcap", short_float(c->attn_softcap));
+    if (c->final_softcap > 0.0f)
+        cJSON_AddNumberToObject(o, "final_softcap", short_float(c->final_softcap));
+    if (c->embed_scale > 0.0f)
+        cJSON_AddNumberToObject(o, "embed_scale", short_float(c->embed_scale));
+    if (c->attn_scale > 0.0f) cJSON_AddNumberToObject(o, "attn_scale", short_float(c->attn_scale));
+    if (c->post_norms) cJSON_AddBoolToObject(o, "post_norms", c->post_norms);
     char *s = cJSON_Print(o);
     cJSON_Delete(o);
     return s;

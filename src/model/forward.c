@@ -160,14 +160,14 @@ static size_t carve(tlm_train_ctx *x, int B, int T, float *base) {
     size_t N = (size_t)B * T, d = (size_t)c->d_model, ff = (size_t)c->d_ff;
     size_t qw = (size_t)c->n_heads * (d / (size_t)c->n_heads), ld = (size_t)mdl_qkv_width(c);
     size_t off = 0;
-    int ln = c->norm == TLM_NORM_LAYERNORM;
+    int ln = c->norm == TLM_NORM_LAYERNORM, pn = c->post_norms;
 #define TAKE(ptr, count)                                                                           \
     do {                                                                                           \
         size_t n_ = (count);                                                                       \
         if (base) ptr = n_ ? base + off : NULL;                                                    \
         off += (n_ + 15) & ~(size_t)15; /* keep every buffer 64-byte aligned */                    \
     } while (0)
-    float *attn_out = NULL;
+    float *attn_out = NULL, *post = NULL;
     for (int l = 0; l < c->n_layers; l++) {
         mdl_block_bufs dummy, *L = base ? &x->layer[l] : &dummy;
         TAKE(L->x, N * d);
@@ -180,9 +180,15 @@ static size_t carve(tlm_train_ctx *x, int B, int T, float *base) {
         TAKE(L->n2, N * d);
         TAKE(L->n2_mean, ln ? N : 0);
         TAKE(L->n2_rstd, N);
-        TAKE(L->ff_a, N * ff * (c->ffn == TLM_FFN_SWIGLU ? 2 : 1)); /* swiglu: gate|up rows */
+        TAKE(L->ff_a, N * ff * (mdl_gated(c) ? 2 : 1)); /* gate|up rows */
         TAKE(L->ff_h, N * ff);
         TAKE(L->y, N * d);
+        /* the post norms' backward reads their inputs: the attention's projection too */
+        TAKE(L->attn_out, pn ? N * d : 0);
+        TAKE(L->pa_mean, pn && ln ? N : 0);
+        TAKE(L->pa_rstd, pn ? N : 0);
+        TAKE(L->pf_mean, pn && ln ? N : 0);
+        TAKE(L->pf_rstd, pn ? N : 0);
         float *probs = NULL;
         TAKE(probs, (size_t)B * c->n_heads * T * T);
         if (base) x->probs[l] = probs;
@@ -193,12 +199,15 @@ static size_t carve(tlm_train_ctx *x, int B, int T, float *base) {
     TAKE(x->xn_rstd, N);
     TAKE(x->logits, N * (size_t)c->vocab_size);
     TAKE(x->softmax, N * (size_t)c->vocab_size);
-    /* The attention projection is scratch: nothing in the backward pass reads it. */
-    TAKE(attn_out, N * d);
+    /* The attention projection is scratch without post norms: nothing in the backward pass reads
+     * it then; so are the post norms' outputs. */
+    TAKE(attn_out, pn ? 0 : N * d);
+    TAKE(post, pn ? N * d : 0);
 #undef TAKE
     if (base)
         for (int l = 0; l < c->n_layers; l++) {
-            x->layer[l].attn_out = attn_out;
+            if (!pn) x->layer[l].attn_out = attn_out;
+            x->layer[l].post = post;
             x->layer[l].out = l + 1 < c->n_layers ? x->layer[l + 1].x : x->x_final;
         }
     return off;
@@ -241,7 +250,8 @@ tlm_status tlm_train_ctx_reserve(tlm_train_ctx *x, int B, int T) {
 
 /* The attention scratch for sequences of T at the current thread count. */
 static tlm_status att_scratch(tlm_train_ctx *x, int T) {
-    size_t need = k_attention_scratch_floats(T, x->m->c.dropout, omp_get_max_threads());
+    size_t need =
+        k_attention_scratch_floats(T, x->m->c.dropout, x->m->c.attn_softcap, omp_get_max_threads());
     if (need <= x->att_floats) return TLM_OK;
     core_big_free(x->att_scratch, x->att_floats * sizeof(float));
     x->att_scratch = core_big_alloc(need * sizeof(float));
@@ -275,13 +285,13 @@ static void batch_attend_fwd(void *user, int l, float *qkv, int ld, float *att, 
     const tlm_config *c = &x->m->c;
     int hd = c->d_model / c->n_heads, qw = c->n_heads * hd, kw = c->n_kv_heads * hd;
     int drop = x->pass.training && c->dropout > 0.0f;
-    float *probs = layer_probs(x, l);
+    float *probs = layer_probs(x, l), scale = tlm_config_attn_scale(c), cap = c->attn_softcap;
     const int *lo = layer_lo(x, l);
     if (k_bf16_attention_fwd(x->pass.bf16, att, probs, qkv, ld, x->curB, x->curT, c->n_heads,
-                             c->n_kv_heads, hd, lo, drop ? c->dropout : 0.0f))
+                             c->n_kv_heads, hd, scale, cap, lo, drop ? c->dropout : 0.0f))
         return;
     k_attention_fwd(att, probs, qkv, qkv + qw, qkv + qw + kw, ld, ld, x->curB, x->curT, c->n_heads,
-                    c->n_kv_heads, hd, lo, drop ? c->dropout : 0.0f,
+                    c->n_kv_heads, hd, scale, cap, lo, drop ? c->dropout : 0.0f,
                     drop ? mdl_drop_key(&x->pass, l, 0) : 0, x->att_scratch);
 }
 
@@ -292,19 +302,19 @@ static void batch_attend_bwd(void *user, int l, const float *qkv, int ld, const 
     const tlm_config *c = &x->m->c;
     int hd = c->d_model / c->n_heads, qw = c->n_heads * hd, kw = c->n_kv_heads * hd;
     int drop = c->dropout > 0.0f;
-    float *probs = layer_probs(x, l);
+    float *probs = layer_probs(x, l), scale = tlm_config_attn_scale(c), cap = c->attn_softcap;
     /* Frozen passes compute the probabilities again, exactly as the forward pass made them: the
      * bf16 kernel one head at a time, else a layer at a time (dropout masks come from the layer's
      * key), the output into the scratch nothing reads. */
     if (k_bf16_attention_bwd(x->pass.bf16, dqkv, datt, qkv, ld, x->pass.recompute ? NULL : probs,
-                             x->curB, x->curT, c->n_heads, c->n_kv_heads, hd, layer_lo(x, l),
-                             drop ? c->dropout : 0.0f))
+                             x->curB, x->curT, c->n_heads, c->n_kv_heads, hd, scale, cap,
+                             layer_lo(x, l), drop ? c->dropout : 0.0f))
         return;
     if (x->pass.recompute) batch_attend_fwd(user, l, (float *)qkv, ld, x->run[l].attn_out, N);
     k_attention_bwd(dqkv, dqkv + qw, dqkv + qw + kw, datt, qkv, qkv + qw, qkv + qw + kw, ld, ld,
-                    probs, x->curB, x->curT, c->n_heads, c->n_kv_heads, hd, layer_lo(x, l),
-                    drop ? c->dropout : 0.0f, drop ? mdl_drop_key(&x->pass, l, 0) : 0,
-                    x->att_scratch);
+                    probs, x->curB, x->curT, c->n_heads, c->n_kv_heads, hd, scale, cap,
+                    layer_lo(x, l), drop ? c->dropout : 0.0f,
+                    drop ? mdl_drop_key(&x->pass, l, 0) : 0, x->att_scratch);
 }
 
 static tlm_status check_ids(const tlm_config *c, const int32_t *ids, size_t n, const char *what) {
@@ -339,15 +349,15 @@ static void run_bufs(tlm_train_ctx *x, mdl_fwd_mode mode) {
             b->out = l + 1 < L ? z->x : x->x_final;
             continue;
         }
-        /* Pre-norm's backward never reads the FFN's output. */
-        if (mode == MDL_FWD_TRAIN && pre) b->y = z->y;
+        /* Pre-norm's backward never reads the FFN's output (but a post norm's does). */
+        if (mode == MDL_FWD_TRAIN && pre && !c->post_norms) b->y = z->y;
         /* Frozen passes keep no rounded copies of the products' inputs (nothing computes a weight
          * gradient), so the inputs can be computed again; full training's bf16 copies are found
          * by the input's address, which must then hold that layer's rows. */
         if (x->pass.recompute) {
             b->n1 = z->n1;
             if (pre) b->n2 = z->n2;
-            if (c->ffn == TLM_FFN_SWIGLU) b->ff_h = z->ff_h;
+            if (mdl_gated(c)) b->ff_h = z->ff_h;
         }
     }
 }

@@ -77,7 +77,7 @@ static void site_shape(const tlm_config *c, int layer, int t, int *in, int *out)
     case MDL_LORA_K:
     case MDL_LORA_V: *in = d, *out = kw; break;
     case MDL_LORA_O: *in = qw, *out = d; break;
-    case MDL_LORA_GATE: *in = d, *out = c->ffn == TLM_FFN_SWIGLU ? c->d_ff : 0; break;
+    case MDL_LORA_GATE: *in = d, *out = mdl_gated(c) ? c->d_ff : 0; break;
     case MDL_LORA_UP: *in = d, *out = c->d_ff; break;
     default: *in = c->d_ff, *out = d; break;
     }

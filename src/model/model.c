@@ -65,6 +65,10 @@ static void resolve_offsets(tlm_model *m) {
         L->bo = find_layer_off(m, l, "attn_output.bias");
         L->ffn_norm_w = find_layer_off(m, l, "ffn_norm.weight");
         L->ffn_norm_b = find_layer_off(m, l, "ffn_norm.bias");
+        L->post_attn_norm_w = find_layer_off(m, l, "post_attention_norm.weight");
+        L->post_attn_norm_b = find_layer_off(m, l, "post_attention_norm.bias");
+        L->post_ffn_norm_w = find_layer_off(m, l, "post_ffw_norm.weight");
+        L->post_ffn_norm_b = find_layer_off(m, l, "post_ffw_norm.bias");
         L->wgate = find_layer_off(m, l, "ffn_gate.weight");
         L->bgate = find_layer_off(m, l, "ffn_gate.bias");
         L->wup = find_layer_off(m, l, "ffn_up.weight");
@@ -127,6 +131,10 @@ static void resolve_views(tlm_model *m) {
         W->attn_norm_b = vec_at(m, L->attn_norm_b);
         W->ffn_norm_w = vec_at(m, L->ffn_norm_w);
         W->ffn_norm_b = vec_at(m, L->ffn_norm_b);
+        W->post_attn_norm_w = vec_at(m, L->post_attn_norm_w);
+        W->post_attn_norm_b = vec_at(m, L->post_attn_norm_b);
+        W->post_ffn_norm_w = vec_at(m, L->post_ffn_norm_w);
+        W->post_ffn_norm_b = vec_at(m, L->post_ffn_norm_b);
         W->wq = view_at(m, L->wq);
         W->wk = view_at(m, L->wk);
         W->wv = view_at(m, L->wv);

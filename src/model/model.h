@@ -15,6 +15,7 @@ typedef struct {
     size_t attn_norm_w, attn_norm_b;
     size_t wq, bq, wk, bk, wv, bv, wo, bo;
     size_t ffn_norm_w, ffn_norm_b;
+    size_t post_attn_norm_w, post_attn_norm_b, post_ffn_norm_w, post_ffn_norm_b; /* post_norms */
     size_t wgate, bgate, wup, bup, wdown, bdown;
 } mdl_layer_offsets;
 
@@ -30,6 +31,7 @@ typedef struct {
  * then the block multiplies by each part. */
 typedef struct {
     const float *attn_norm_w, *attn_norm_b, *ffn_norm_w, *ffn_norm_b;
+    const float *post_attn_norm_w, *post_attn_norm_b, *post_ffn_norm_w, *post_ffn_norm_b;
     const tlm_weight *wq, *wk, *wv, *wo, *wgate, *wup, *wdown;
     const float *bq, *bk, *bv, *bo, *bgate, *bup, *bdown;
     tlm_weight qkv, gate_up; /* data NULL when not fused */
@@ -101,6 +103,11 @@ static inline const float *mdl_wf(const tlm_weight *w) {
  * llama.cpp applies a GGUF's rope_freqs.weight, and rebuilds the tables; for loaders, before the
  * model is shared. */
 tlm_status mdl_set_rope_factors(tlm_model *m, const float *f, int n);
+
+/* Whether the FFN is gated (gate|up rows: swiglu, geglu). */
+static inline int mdl_gated(const tlm_config *c) {
+    return c->ffn == TLM_FFN_SWIGLU || c->ffn == TLM_FFN_GEGLU;
+}
 
 /* Index of a tensor by canonical name, -1 if absent. */
 int mdl_index(const tlm_model *m, const char *name);

@@ -88,14 +88,16 @@ static void walk(builder *b, const tlm_config *c) {
         int64_t qkv_out[] = {c->n_heads * hd, c->n_kv_heads * hd, c->n_kv_heads * hd};
         linears(b, qkv, qkv_out, 3, l, TLM_COMP_ATTN, d, c->bias || c->qkv_bias);
         linear(b, "attn_output", l, TLM_COMP_ATTN, d, c->n_heads * hd, c->bias);
+        if (c->post_norms) norm(b, c, "post_attention_norm", l, TLM_COMP_ATTN_NORM);
         norm(b, c, "ffn_norm", l, TLM_COMP_FFN_NORM);
         static const char *const gate_up[] = {"ffn_gate", "ffn_up"};
         int64_t ff_out[] = {c->d_ff, c->d_ff};
-        if (c->ffn == TLM_FFN_SWIGLU)
+        if (c->ffn == TLM_FFN_SWIGLU || c->ffn == TLM_FFN_GEGLU)
             linears(b, gate_up, ff_out, 2, l, TLM_COMP_FFN, d, c->bias);
         else
             linear(b, "ffn_up", l, TLM_COMP_FFN, c->d_ff, d, c->bias);
         linear(b, "ffn_down", l, TLM_COMP_FFN, d, c->d_ff, c->bias);
+        if (c->post_norms) norm(b, c, "post_ffw_norm", l, TLM_COMP_FFN_NORM);
     }
     /* Post-norm blocks end normalized already, so only pre-norm models have a final norm. */
     if (c->norm_position == TLM_NORM_PRE) norm(b, c, "output_norm", -1, TLM_COMP_OUTPUT_NORM);

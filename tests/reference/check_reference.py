@@ -74,6 +74,8 @@ def np_forward_one(cfg, W, ids, pos_offset):
     """One sequence ids [T] -> logits [T, V]."""
     T, d, H, KVH, hd = len(ids), cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     x = np.stack([W["token_embd.weight"][i] for i in ids])
+    if cfg.embed_scale:
+        x = x * cfg.embed_scale
     for t in range(T):
         p = pos_offset + t
         if cfg.position == "learned":
@@ -94,13 +96,18 @@ def np_forward_one(cfg, W, ids, pos_offset):
             k = np.array([[np_rope(k[t, h], pos_offset + t, cfg) for h in range(KVH)]
                           for t in range(T)])
         out = np.zeros((T, H * hd))
-        for t in range(T):  # explicit causal loop: query t looks at keys 0..t only
+        pattern, scale = cfg.sliding_window_pattern, cfg.attn_scale or 1.0 / math.sqrt(hd)
+        window = cfg.sliding_window if pattern == 0 or (l + 1) % pattern else 0
+        for t in range(T):  # explicit causal loop: query t looks at keys u0..t only
+            u0 = max(0, t - window + 1) if window else 0
             for h in range(H):
                 kvh = h // (H // KVH)
-                s = np.array([np.dot(q[t, h], k[u, kvh]) / math.sqrt(hd) for u in range(t + 1)])
+                s = np.array([np.dot(q[t, h], k[u, kvh]) * scale for u in range(u0, t + 1)])
+                if cfg.attn_softcap:
+                    s = cfg.attn_softcap * np.tanh(s / cfg.attn_softcap)
                 e = np.exp(s - s.max())
                 pr = e / e.sum()
-                out[t, h * hd:(h + 1) * hd] = sum(pr[u] * v[u, kvh] for u in range(t + 1))
+                out[t, h * hd:(h + 1) * hd] = sum(pr[u - u0] * v[u, kvh] for u in range(u0, t + 1))
         return np_linear(W, pre + "attn_output", out)
 
     def ffn(l, h_in):
@@ -109,6 +116,9 @@ def np_forward_one(cfg, W, ids, pos_offset):
         if cfg.ffn == "swiglu":
             g = np_linear(W, pre + "ffn_gate", h_in)
             act = g / (1.0 + np.exp(-g)) * up
+        elif cfg.ffn == "geglu":
+            g = np_linear(W, pre + "ffn_gate", h_in)
+            act = 0.5 * g * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (g + 0.044715 * g ** 3))) * up
         elif cfg.ffn == "gelu":
             act = np.vectorize(lambda z: 0.5 * z * (1.0 + math.erf(z / math.sqrt(2.0))))(up)
         elif cfg.ffn == "gelu_tanh":
@@ -119,7 +129,12 @@ def np_forward_one(cfg, W, ids, pos_offset):
 
     for l in range(cfg.n_layers):
         pre = f"blk.{l}."
-        if cfg.norm_position == "pre":
+        if cfg.post_norms:
+            a = attention(l, np_norm(cfg, W, pre + "attn_norm", x))
+            x = x + np_norm(cfg, W, pre + "post_attention_norm", a)
+            f = ffn(l, np_norm(cfg, W, pre + "ffn_norm", x))
+            x = x + np_norm(cfg, W, pre + "post_ffw_norm", f)
+        elif cfg.norm_position == "pre":
             x = x + attention(l, np_norm(cfg, W, pre + "attn_norm", x))
             x = x + ffn(l, np_norm(cfg, W, pre + "ffn_norm", x))
         else:
@@ -128,7 +143,10 @@ def np_forward_one(cfg, W, ids, pos_offset):
     if cfg.norm_position == "pre":
         x = np_norm(cfg, W, "output_norm", x)
     head = W["token_embd.weight"] if cfg.tie_embeddings else W["output.weight"]
-    return x @ head.T
+    logits = x @ head.T
+    if cfg.final_softcap:
+        logits = cfg.final_softcap * np.tanh(logits / cfg.final_softcap)
+    return logits
 
 
 def np_loss(logits, targets):
@@ -224,11 +242,11 @@ def check_pieces():
 
 def tiny_models():
     import gen_fixtures as g
-    for i, name in ((1, "llama"), (0, "gpt2"), (4, "post_layernorm_relu_learned"),
-                    (6, "sinusoidal_layernorm_nobias")):
-        c = g.CASES[i]
-        assert c["name"] == name
-        yield c, g.make_case(c, i)
+    index = {c["name"]: i for i, c in enumerate(g.CASES)}
+    for name in ("llama", "gpt2", "post_layernorm_relu_learned", "sinusoidal_layernorm_nobias",
+                 "gemma2_like"):
+        i = index[name]
+        yield g.CASES[i], g.make_case(g.CASES[i], i)
 
 
 def check_kv_cache():

@@ -126,6 +126,40 @@ CASES = [
          vocab_size=40, context_length=160, d_model=32, n_layers=3, n_heads=2, n_kv_heads=1,
          norm="rmsnorm", ffn="swiglu", position="rope", rope_pairing="half",
          tie_embeddings=True, sliding_window=40, sliding_window_pattern=3),
+    # Gemma 2's layer features, each alone, with caps low enough that tanh bends the values here.
+    # GEGLU: gelu_tanh(gate) * up, d_ff derived as swiglu's; biases on the linears.
+    case("geglu", B=2, T=10, pos_offset=1, omit=("d_ff",),
+         vocab_size=70, context_length=16, d_model=64, n_layers=2, n_heads=4,
+         norm="rmsnorm", ffn="geglu", position="rope", bias=True, tie_embeddings=False),
+    # Soft-capped attention scores over more than one block of 64 queries, GQA, a scale of its own.
+    case("attn_softcap_long", B=1, T=70, pos_offset=2,
+         vocab_size=50, context_length=80, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
+         norm="rmsnorm", ffn="swiglu", position="rope", tie_embeddings=True, attn_softcap=1.5),
+    case("attn_scale", B=2, T=9,
+         vocab_size=60, context_length=16, d_model=64, n_layers=1, n_heads=2,
+         norm="rmsnorm", ffn="gelu", position="rope", tie_embeddings=False, attn_scale=0.3),
+    # Soft-capped logits: the loss and every gradient through the cap.
+    case("final_softcap", B=2, T=8, ignore=True,
+         vocab_size=90, context_length=12, d_model=32, n_layers=2, n_heads=2,
+         norm="layernorm", bias=True, ffn="gelu_tanh", position="learned", tie_embeddings=False,
+         final_softcap=3.0),
+    # The embedding scaled into the blocks, the tied head reading the table unscaled.
+    case("embed_scale_tied", B=2, T=8, pos_offset=3,
+         vocab_size=80, context_length=16, d_model=64, n_layers=2, n_heads=4,
+         norm="rmsnorm", ffn="swiglu", position="sinusoidal", tie_embeddings=True,
+         embed_scale=8.0),
+    # Norms after attention and after the FFN (LayerNorm with biases: their biases too).
+    case("post_norms_layernorm", B=2, T=7,
+         vocab_size=64, context_length=12, d_model=48, n_layers=2, n_heads=3,
+         norm="layernorm", bias=True, ffn="gelu", position="learned", tie_embeddings=True,
+         post_norms=True),
+    # Gemma 2's layers together: windowed then global layers, both caps, the embedding scaled by
+    # sqrt(d), query_pre_attn_scalar 32, four norms a block, GEGLU, GQA, tied.
+    case("gemma2_like", B=2, T=40, pos_offset=1,
+         vocab_size=96, context_length=48, d_model=64, n_layers=4, n_heads=4, n_kv_heads=2,
+         norm="rmsnorm", norm_eps=1e-6, ffn="geglu", position="rope", rope_pairing="half",
+         tie_embeddings=True, sliding_window=6, sliding_window_pattern=2, attn_softcap=2.0,
+         final_softcap=4.0, embed_scale=8.0, attn_scale=32 ** -0.5, post_norms=True),
 ]
 
 

@@ -67,6 +67,15 @@ CASES = [
          config=dict(vocab_size=120, context_length=24, d_model=64, n_layers=2, n_heads=4,
                      n_kv_heads=2, norm="rmsnorm", norm_eps=1e-6, ffn="swiglu", position="rope",
                      rope_pairing="half", tie_embeddings=True, bias=False, qkv_bias=True)),
+    # Gemma 2's layers (frozen passes through both caps, the post norms, GEGLU and the windowed
+    # layers; the bf16 backward computes each head's capped scores again).
+    dict(name="gemma2_like", B=2, T=20, rank=4, alpha=8.0, rslora=False,
+         targets=["q", "k", "v", "o", "gate", "up", "down"],
+         config=dict(vocab_size=96, context_length=32, d_model=64, n_layers=2, n_heads=4,
+                     n_kv_heads=2, norm="rmsnorm", norm_eps=1e-6, ffn="geglu", position="rope",
+                     tie_embeddings=True, sliding_window=5, sliding_window_pattern=2,
+                     attn_softcap=1.5, final_softcap=4.0, embed_scale=8.0, attn_scale=0.2,
+                     post_norms=True)),
 ]
 
 

@@ -21,7 +21,7 @@ torch.set_default_dtype(torch.float32)
 
 NORMS = ("rmsnorm", "layernorm")
 NORM_POSITIONS = ("pre", "post")
-FFNS = ("swiglu", "gelu", "gelu_tanh", "relu")
+FFNS = ("swiglu", "gelu", "gelu_tanh", "relu", "geglu")
 POSITIONS = ("rope", "learned", "sinusoidal", "none")
 ROPE_PAIRINGS = ("half", "interleaved")
 
@@ -34,7 +34,7 @@ ROPE_PAIRINGS = ("half", "interleaved")
 def default_d_ff(d_model, ffn):
     """swiglu: ceil(8*d/3) rounded up to a multiple of 64 (keeps the parameter count close to a
     4*d GELU FFN with 3 matrices instead of 2). Others: 4*d. Integer arithmetic only."""
-    if ffn == "swiglu":
+    if ffn in ("swiglu", "geglu"):
         ceil_8d_3 = (8 * d_model + 2) // 3
         return (ceil_8d_3 + 63) // 64 * 64
     return 4 * d_model
@@ -62,6 +62,12 @@ class Config:
     dropout: float = 0.0
     sliding_window: int = 0  # 0: none; else a windowed layer's query sees its last W keys
     sliding_window_pattern: int = 0  # 0: every layer windowed; P: layer l global iff (l+1) % P == 0
+    # Gemma 2's layer features (0 / False: off), computed as Hugging Face's Gemma2 modeling does.
+    attn_softcap: float = 0.0  # scores become cap * tanh(scores / cap) before the mask
+    final_softcap: float = 0.0  # logits become cap * tanh(logits / cap)
+    embed_scale: float = 0.0  # the token embedding times it (0: 1); a tied head reads it unscaled
+    attn_scale: float = 0.0  # the scores' scale (0: 1 / sqrt(head_dim))
+    post_norms: bool = False  # norms on the attention and FFN outputs before the residual adds
 
     @classmethod
     def from_dict(cls, d):
@@ -117,6 +123,12 @@ class Config:
         self.dropout = float(self.dropout)
         if self.sliding_window < 0 or self.sliding_window_pattern < 0:
             raise ValueError("sliding_window and sliding_window_pattern must be >= 0")
+        for name in ("attn_softcap", "final_softcap", "embed_scale", "attn_scale"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0")
+            setattr(self, name, float(getattr(self, name)))
+        if self.post_norms and self.norm_position != "pre":
+            raise ValueError("post_norms needs norm_position pre")
         return self
 
     @property
@@ -153,11 +165,15 @@ def tensor_schema(cfg):
         linear(p + "attn_k", cfg.n_kv_heads * hd, d, qkv_bias)
         linear(p + "attn_v", cfg.n_kv_heads * hd, d, qkv_bias)
         linear(p + "attn_output", d, d)
+        if cfg.post_norms:
+            norm(p + "post_attention_norm")
         norm(p + "ffn_norm")
-        if cfg.ffn == "swiglu":
+        if cfg.ffn in ("swiglu", "geglu"):
             linear(p + "ffn_gate", cfg.d_ff, d)
         linear(p + "ffn_up", cfg.d_ff, d)
         linear(p + "ffn_down", d, cfg.d_ff)
+        if cfg.post_norms:
+            norm(p + "post_ffw_norm")
     if cfg.norm_position == "pre":
         norm("output_norm")
     if not cfg.tie_embeddings:
@@ -287,7 +303,12 @@ class Attention(nn.Module):
         v_rep = v.repeat_interleave(group, dim=2)
         # [B, heads, T, hd] for batched matmul over (batch, head).
         qh, kh, vh = q.transpose(1, 2), k_rep.transpose(1, 2), v_rep.transpose(1, 2)
-        scores = qh @ kh.transpose(-1, -2) / math.sqrt(hd)  # [B, H, T, S]
+        if cfg.attn_scale:  # Gemma 2: query_pre_attn_scalar ** -0.5
+            scores = (qh @ kh.transpose(-1, -2)) * cfg.attn_scale  # [B, H, T, S]
+        else:
+            scores = qh @ kh.transpose(-1, -2) / math.sqrt(hd)
+        if cfg.attn_softcap:  # Gemma 2's attn_logit_softcapping, before the mask
+            scores = torch.tanh(scores / cfg.attn_softcap) * cfg.attn_softcap
         # Query t (at cache index past + t) sees keys 0 .. past + t.
         qi = torch.arange(T)[:, None] + past
         kj = torch.arange(S)[None, :]
@@ -307,13 +328,16 @@ class FFN(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.kind = cfg.ffn
-        self.gate = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias) if cfg.ffn == "swiglu" else None
+        gated = cfg.ffn in ("swiglu", "geglu")
+        self.gate = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias) if gated else None
         self.up = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
         self.down = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
 
     def forward(self, x, rec=None):
         if self.kind == "swiglu":
             h = silu(self.gate(x)) * self.up(x)
+        elif self.kind == "geglu":  # Gemma: gelu_pytorch_tanh(gate) * up
+            h = gelu_tanh(self.gate(x)) * self.up(x)
         elif self.kind == "gelu":
             h = gelu_erf(self.up(x))
         elif self.kind == "gelu_tanh":
@@ -333,10 +357,21 @@ class Block(nn.Module):
         self.attn = Attention(cfg, layer)
         self.ffn_norm = make_norm(cfg)
         self.ffn = FFN(cfg)
+        # Gemma 2's post_attention_layernorm and post_feedforward_layernorm
+        self.post_attn_norm = make_norm(cfg) if cfg.post_norms else None
+        self.post_ffn_norm = make_norm(cfg) if cfg.post_norms else None
 
     def forward(self, x, cos, sin, cache=None, rec=None):
         p, train = self.cfg.dropout, self.training
-        if self.cfg.norm_position == "pre":
+        if self.cfg.post_norms:  # pre-norm with a norm on each sub-layer's output too
+            a = self.attn(self.attn_norm(x), cos, sin, cache, rec)
+            a = F.dropout(self.post_attn_norm(a), p, train)
+            x = x + a
+            if rec is not None:
+                rec["attn_out"], rec["resid_attn"] = a, x
+            f = F.dropout(self.post_ffn_norm(self.ffn(self.ffn_norm(x), rec)), p, train)
+            x = x + f
+        elif self.cfg.norm_position == "pre":
             a = F.dropout(self.attn(self.attn_norm(x), cos, sin, cache, rec), p, train)
             x = x + a
             if rec is not None:
@@ -415,11 +450,15 @@ class Model(nn.Module):
             add(p + "attn_k", blk.attn.k)
             add(p + "attn_v", blk.attn.v)
             add(p + "attn_output", blk.attn.o)
+            if blk.post_attn_norm is not None:
+                add(p + "post_attention_norm", blk.post_attn_norm)
             add(p + "ffn_norm", blk.ffn_norm)
             if blk.ffn.gate is not None:
                 add(p + "ffn_gate", blk.ffn.gate)
             add(p + "ffn_up", blk.ffn.up)
             add(p + "ffn_down", blk.ffn.down)
+            if blk.post_ffn_norm is not None:
+                add(p + "post_ffw_norm", blk.post_ffn_norm)
         if self.output_norm is not None:
             add("output_norm", self.output_norm)
         if self.output is not None:
@@ -465,7 +504,9 @@ class Model(nn.Module):
         rec = {} if self.record else None
         positions = torch.arange(pos_offset, pos_offset + T)
 
-        x = self.tok_emb(ids)  # no scaling
+        x = self.tok_emb(ids)
+        if cfg.embed_scale:  # Gemma's normalizer, sqrt(d_model): the table itself stays unscaled
+            x = x * cfg.embed_scale
         if cfg.position == "learned":
             x = x + self.pos_emb(positions)[None]
         elif cfg.position == "sinusoidal":
@@ -492,6 +533,8 @@ class Model(nn.Module):
             logits = x @ self.tok_emb.weight.t()  # LM head never has a bias
         else:
             logits = self.output(x)  # a module, so that an adapter may wrap it (gen_lora.py)
+        if cfg.final_softcap:  # Gemma 2's final_logit_softcapping
+            logits = torch.tanh(logits / cfg.final_softcap) * cfg.final_softcap
         if rec is not None:
             rec["logits"] = logits
             self.acts = rec
