@@ -39,7 +39,7 @@ typedef struct {
     tlm_session *t, *d;
     const tlm_generate_opts *o;
     tlm_spec_opts sp;
-    int V, cap, prompt_len, greedy;
+    int V, cap, greedy;
     int32_t *toks; /* [cap] the prompt, then every id emitted */
     int n;         /* ids in toks; the last is not yet in the target's cache */
     int count;     /* ids emitted */
@@ -280,7 +280,6 @@ tlm_status tlm_session_generate_spec(tlm_session *target, tlm_session *draft, co
         return core_err(TLM_ERR_RANGE,
                         "speculative: the prompt has %d tokens, more than the context of %d",
                         prompt_len, s.cap);
-    s.prompt_len = prompt_len;
     s.greedy = o->sampling.temperature == 0.0f;
     int kbuf = s.sp.draft_max;
     size_t V = (size_t)s.V;
