@@ -4,9 +4,10 @@
 . "$(dirname "$0")/lib.sh"
 
 # A tiny random tlm checkpoint (vocab 50, context 16), written without torch; the second argument
-# is its heads (4: head size 8; 1: head size 32, which a Q8_0 cache takes).
+# is its heads (4: head size 8; 1: head size 32, which a Q8_0 cache takes), the third (optional)
+# the seed of its weights.
 tiny() {
-python3 - "$1" "$2" <<'EOF'
+python3 - "$1" "$2" "${3:-1}" <<'EOF'
 import json, random, struct, sys
 cfg = {"vocab_size": 50, "context_length": 16, "d_model": 32, "n_layers": 2,
        "n_heads": int(sys.argv[2])}
@@ -20,7 +21,7 @@ for l in range(2):
                (p + "ffn_gate.weight", (ff, d)), (p + "ffn_up.weight", (ff, d)),
                (p + "ffn_down.weight", (d, ff))]
 shapes.append(("output_norm.weight", (d,)))
-rng = random.Random(1)
+rng = random.Random(int(sys.argv[3]))
 header, blobs, off = {"__metadata__": {"tlm_config": json.dumps(cfg)}}, [], 0
 for name, shape in shapes:
     n = 1
@@ -114,6 +115,35 @@ for ct in q8_0 q4_0 iq4_nl "-ctk q5_1 -ctv q5_1" "-ctk q8_0" "-ctk q8_0 -ctv q4_
     expect "$ct: prompt + 5 new ids ($out, $(cat "$TMP/err"))" test $rc -eq 0 -a ${#a[@]} -eq 8
 done
 
+# Speculative decoding: greedy ids as plain decoding gives them, with the model as its own draft
+# (everything accepted), a draft of other weights, and lookup; the counts on stderr.
+tiny "$TMP/tiny_draft.safetensors" 2 7
+plain=$($TLM generate -m "$M" --ids "3 9 3 9 3" -n 11 --temp 0 --print-ids 2>/dev/null)
+for sp in "-md $M --draft-p-min 0" "--model-draft $TMP/tiny_draft.safetensors --draft-p-min 0" \
+    "-md $TMP/tiny_draft.safetensors --draft-max 3 --draft-min 2" "--lookup" "--lookup --draft 2"; do
+    # shellcheck disable=SC2086
+    out=$($TLM generate -m "$M" --ids "3 9 3 9 3" -n 11 --temp 0 --print-ids $sp 2>"$TMP/err")
+    expect "$sp: the greedy ids of plain decoding ($out vs $plain)" test "$out" = "$plain"
+    expect "$sp: counts on stderr" grep -q "speculative (.*): [0-9]* ids proposed, [0-9]* accepted" \
+        "$TMP/err"
+done
+$TLM generate -m "$M" --ids "3 9 3 9 3" -n 11 --temp 0 --print-ids -md "$M" --draft-p-min 0 \
+    2>"$TMP/err" >/dev/null
+expect "own draft: everything accepted ($(cat "$TMP/err"))" grep -q "ids proposed, \([0-9]*\) accepted (100.0%)" "$TMP/err"
+s1=$($TLM generate -m "$M" --ids 7 -n 12 --temp 1 --seed 5 --print-ids -md "$TMP/tiny_draft.safetensors" 2>/dev/null)
+s2=$($TLM generate -m "$M" --ids 7 -n 12 --temp 1 --seed 5 --print-ids -md "$TMP/tiny_draft.safetensors" 2>/dev/null)
+read -ra a <<<"$s1"
+expect "speculative sampling: 12 ids, reproducible by seed" test ${#a[@]} -eq 13 -a "$s1" = "$s2"
+echo 'root ::= "a"' >"$TMP/a.gbnf"
+one_line_error "draft and lookup" "not both" -m "$M" --ids 1 -md "$M" --lookup
+one_line_error "lookup with a grammar" "does not take --grammar" -m "$M" --ids 1 --lookup \
+    --grammar "$TMP/a.gbnf"
+one_line_error "bad --draft-p-min" "--draft-p-min wants" -m "$M" --ids 1 --lookup --draft-p-min 2
+one_line_error "bad --draft-max" "--draft-max wants" -m "$M" --ids 1 --lookup --draft-max -1
+one_line_error "draft-min over draft-max" "more than --draft-max" -m "$M" --ids 1 --lookup \
+    --draft-max 2 --draft-min 3
+one_line_error "missing draft file" "draft model" -m "$M" --ids 1 -md "$TMP/none.safetensors"
+
 # The pretrained llama2.c stories260K: greedy decoding gives llama2.c's documented story.
 if [[ -f $DATA/models/stories260K.bin && -f $DATA/models/tok512.bin ]]; then
     D=$DATA/models
@@ -145,6 +175,15 @@ if [[ -f $DATA/models/stories260K.bin && -f $DATA/models/tok512.bin ]]; then
         pen=$($TLM generate "${g[@]}" $f 2>/dev/null)
         expect "$f changes greedy text" test -n "$pen" -a "$pen" != "$plain"
     done
+    # speculative decoding tells the same story: the model as its draft (another format of it),
+    # and lookup
+    for sp in "-md $D/stories260K.gguf" "--lookup"; do
+        # shellcheck disable=SC2086
+        out=$($TLM generate "${g[@]}" $sp 2>"$TMP/err")
+        expect "stories260K, $sp: the same story ($(tail -1 "$TMP/err"))" test "$out" = "$plain"
+    done
+    one_line_error "draft of another vocabulary" "has 50 ids in its vocabulary, the model 512" \
+        "${g[@]}" -md "$M"
     one_line_error "min-p out of range" "min-p" "${g[@]}" --min-p 1.5
     one_line_error "repeat-penalty 0" "repeat-penalty" "${g[@]}" --repeat-penalty 0
 else

@@ -136,6 +136,11 @@ tlm_status tlm_sampler_sample(tlm_sampler *s, const float *logits, int32_t *id);
 /* Records an id (of the prompt or generated) in the penalty window; a no-op without penalties.
  * tlm_session_generate accepts every prompt id and every sampled id. */
 void tlm_sampler_accept(tlm_sampler *s, int32_t id);
+/* The distribution tlm_sampler_sample draws from for these logits (after the penalties,
+ * temperature, top-k, min-p and top-p), written to probs [vocab_size]: zero outside the ids kept,
+ * and for temperature 0 a 1 at the id greedy decoding returns. Draws nothing: the sampler's random
+ * stream is left where it was. TLM_ERR_NUMERIC as tlm_sampler_sample. */
+tlm_status tlm_sampler_probs(tlm_sampler *s, const float *logits, float *probs);
 
 /* ---- grammars (constrained sampling) ----------------------------------------------------------
  *
@@ -219,6 +224,10 @@ typedef struct {
     int decode_steps;  /* tlm_session_decode calls */
     double prefill_seconds;
     double decode_seconds; /* decode steps plus sampling */
+    /* Speculative decoding (tlm_session_generate_spec; zero otherwise): ids proposed by the draft
+     * or the lookup, and how many of them the target accepted. */
+    int drafted;
+    int accepted;
 } tlm_generate_stats;
 
 /* Generates from n_prompts (<= batch) prompts at once, after resetting the session: each prompt
@@ -229,6 +238,51 @@ typedef struct {
 tlm_status tlm_session_generate(tlm_session *s, const int32_t *const *prompts,
                                 const int *prompt_lens, int n_prompts, const tlm_generate_opts *o,
                                 tlm_stop_reason *stops, tlm_generate_stats *stats);
+
+/* ---- speculative decoding --------------------------------------------------------------------
+ *
+ * A cheap proposer guesses the next few ids; the target checks them all in one batched pass (its
+ * weights read once for several tokens) and keeps the longest prefix it agrees with, plus one id
+ * of its own. The proposer is a draft model (a smaller model over the same vocabulary, drafting
+ * greedily or, when sampling, from its own distribution) or n-gram lookup: the continuation of the
+ * latest earlier occurrence of the text's last n ids, which costs nothing to compute and pays off
+ * where the output repeats its input (rewriting, extraction, code edits). Greedy decoding gives
+ * the ids tlm_session_generate gives (up to the rounding of a batched pass against a single-token
+ * one, which can only flip ties closer than about 1e-5); sampling accepts a proposed id d with
+ * probability min(1, p(d) / q(d)) and otherwise draws from max(0, p - q) renormalized (Leviathan
+ * et al. 2023, Chen et al. 2023), so every id follows the target's distribution p exactly. */
+typedef struct {
+    int draft_max;     /* the most ids proposed per target pass (llama.cpp's --draft-max) */
+    int draft_min;     /* a shorter proposal is dropped for a plain step (--draft-min) */
+    float draft_p_min; /* the draft stops proposing at an id it gives less probability (greedy:
+                        * its softmax at temperature 1; sampling: the q it drew from) */
+    /* n-gram lookup instead of a draft model: matches of lookup_ngram_max ids down to
+     * lookup_ngram_min over the prompt and the ids generated so far. */
+    int lookup;
+    int lookup_ngram_min;
+    int lookup_ngram_max;
+    /* Nonzero: the proposal length follows the acceptance, between draft_min and draft_max:
+     * from 4, doubled while the target accepts everything, cut to one past what it accepted on a
+     * rejection, and (draft_min 0) plain steps with rare one-id probes while it accepts nothing,
+     * so that a poor proposer costs little. It counts ids, never time, so that a seed gives the
+     * same ids on any machine. Zero: always up to draft_max. */
+    int adaptive;
+} tlm_spec_opts;
+
+/* llama.cpp's: draft_max 16, draft_min 0, draft_p_min 0.75; lookup off, n-grams of 4 down to 1;
+ * adaptive on. */
+void tlm_spec_opts_defaults(tlm_spec_opts *o);
+
+/* Generates from one prompt on sequence 0 of target (after resetting it), proposing with the
+ * draft session (sequence 0 of it, reset too; its model must have the target's vocabulary size)
+ * or, with draft NULL, n-gram lookup (spec->lookup must be set). The options, stops and stats
+ * are tlm_session_generate's (decode_steps counts the target's passes); a grammar is refused
+ * (TLM_ERR_UNSUPPORTED). Sampling is reproducible by seed, though its ids differ from
+ * tlm_session_generate's: the draws are made in another order. spec NULL: the defaults. */
+tlm_status tlm_session_generate_spec(tlm_session *target, tlm_session *draft, const int32_t *prompt,
+                                     int prompt_len, const tlm_generate_opts *o,
+                                     const tlm_spec_opts *spec, tlm_stop_reason *stop,
+                                     tlm_generate_stats *stats);
 
 #ifdef __cplusplus
 }

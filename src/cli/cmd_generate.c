@@ -16,6 +16,7 @@ static const char *generate_help =
     "                    [--seed S] [-t THREADS] [--print-ids] [--mmap|--no-mmap]\n"
     "                    [--precision auto|fp32|bf16] [--cache-type T | -ctk T -ctv T]\n"
     "                    [--grammar FILE | --json-schema FILE]\n"
+    "                    [-md DRAFT [--draft-max N] [--draft-min N] [--draft-p-min P] | --lookup]\n"
     "\n"
     "Samples a continuation of the prompt and streams it to stdout (the prompt first, then the\n"
     "new text, never half a UTF-8 character). Timings go to stderr at the end.\n\n"
@@ -44,6 +45,17 @@ static const char *generate_help =
     "                        rule 'root' is the whole output)\n"
     "  --json-schema FILE    constrain the output to JSON matching a JSON Schema\n"
     "                        (docs/structured-output.md lists the keywords supported)\n"
+    "\n"
+    "Speculative decoding (docs/inference.md): a cheap proposer guesses ids that the model\n"
+    "checks several at a time. Greedy output is the same as without it; sampled output\n"
+    "follows the same distribution. Not with --grammar or --json-schema.\n"
+    "  -md, --model-draft F  draft model (any format -m takes) sharing the model's vocabulary;\n"
+    "                        its cache is F32, its LoRA none\n"
+    "  --draft-max N         ids proposed per pass at most (default 16)\n"
+    "  --draft-min N         a shorter proposal is dropped for a plain step (default 0)\n"
+    "  --draft-p-min P       the draft stops at an id it gives less probability (default 0.75)\n"
+    "  --lookup              propose by n-gram lookup over the prompt and the output so far\n"
+    "                        (no draft model): for output that repeats its input\n"
     CLI_MMAP_HELP
     CLI_PRECISION_HELP
     CLI_CACHE_TYPE_HELP
@@ -114,14 +126,17 @@ static int parse_ids(const char *s, int32_t **ids, int *n) {
 
 int cmd_generate(int argc, char **argv) {
     const char *model_path = NULL, *tok_path = NULL, *prompt = NULL, *ids_arg = NULL;
-    const char *precision = NULL, *grammar_path = NULL, *schema_path = NULL;
+    const char *precision = NULL, *grammar_path = NULL, *schema_path = NULL, *draft_path = NULL;
     cli_cache cache = CLI_CACHE_DEFAULT;
     cli_lora lora = {0};
     int ck;
     long n_new = 256, top_k = 40, seed = 0, threads = 0;
     double temp = 0.8, top_p = 0.95, min_p = 0, rep_pen = 1, pres_pen = 0, freq_pen = 0;
-    long last_n = 64;
-    int print_ids = 0, map_mode = CLI_MAP_AUTO;
+    long last_n = 64, num = 0;
+    double p_min = 0;
+    int print_ids = 0, map_mode = CLI_MAP_AUTO, lookup = 0;
+    tlm_spec_opts spec;
+    tlm_spec_opts_defaults(&spec);
     for (int i = 1; i < argc; i++) {
         const char *v, *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -129,6 +144,9 @@ int cmd_generate(int argc, char **argv) {
             return 0;
         } else if (!strcmp(a, "--print-ids")) {
             print_ids = 1;
+            continue;
+        } else if (!strcmp(a, "--lookup")) {
+            lookup = 1;
             continue;
         } else if (cli_map_flag(a, &map_mode)) {
             continue;
@@ -202,6 +220,24 @@ int cmd_generate(int argc, char **argv) {
         } else if (cli_flag_value(argc, argv, &i, "--json-schema", NULL, &v)) {
             if (!v) return cli_fail("generate: %s needs a value", a);
             schema_path = v;
+        } else if (cli_flag_value(argc, argv, &i, "-md", "--model-draft", &v)) {
+            if (!v) return cli_fail("generate: %s needs a value", a);
+            draft_path = v;
+        } else if (cli_flag_value(argc, argv, &i, "--draft-max", "--draft", &v)) {
+            if (!v) return cli_fail("generate: %s needs a value", a);
+            if (!cli_parse_int(v, &num) || num < 0 || num > 256)
+                return cli_fail("generate: --draft-max wants a count in [0, 256], got '%s'", v);
+            spec.draft_max = (int)num;
+        } else if (cli_flag_value(argc, argv, &i, "--draft-min", NULL, &v)) {
+            if (!v) return cli_fail("generate: %s needs a value", a);
+            if (!cli_parse_int(v, &num) || num < 0 || num > 256)
+                return cli_fail("generate: --draft-min wants a count in [0, 256], got '%s'", v);
+            spec.draft_min = (int)num;
+        } else if (cli_flag_value(argc, argv, &i, "--draft-p-min", NULL, &v)) {
+            if (!v) return cli_fail("generate: %s needs a value", a);
+            if (!cli_parse_float(v, &p_min) || !(p_min >= 0 && p_min <= 1))
+                return cli_fail("generate: --draft-p-min wants a number in [0, 1], got '%s'", v);
+            spec.draft_p_min = (float)p_min;
         } else if (cli_flag_value(argc, argv, &i, "-t", "--threads", &v)) {
             if (!v) return cli_fail("generate: %s needs a value", a);
             if (!cli_parse_int(v, &threads) || threads <= 0 || threads > 4096)
@@ -214,12 +250,20 @@ int cmd_generate(int argc, char **argv) {
     if (prompt && ids_arg) return cli_fail("generate: give -p or --ids, not both");
     if (grammar_path && schema_path)
         return cli_fail("generate: give --grammar or --json-schema, not both");
+    if (draft_path && lookup) return cli_fail("generate: give -md or --lookup, not both");
+    if ((draft_path || lookup) && (grammar_path || schema_path))
+        return cli_fail("generate: speculative decoding (%s) does not take %s",
+                        draft_path ? "-md" : "--lookup",
+                        grammar_path ? "--grammar" : "--json-schema");
+    if (spec.draft_min > spec.draft_max)
+        return cli_fail("generate: --draft-min %d is more than --draft-max %d", spec.draft_min,
+                        spec.draft_max);
     if (threads) tlm_threads_set((int)threads);
 
     int rc = 1;
-    tlm_model *m = NULL;
+    tlm_model *m = NULL, *md = NULL;
     tlm_tokenizer *tok = NULL;
-    tlm_session *sess = NULL;
+    tlm_session *sess = NULL, *dsess = NULL;
     tlm_grammar *grammar = NULL;
     tlm_grammar_vocab *gvocab = NULL;
     int32_t *ids = NULL;
@@ -232,8 +276,20 @@ int cmd_generate(int argc, char **argv) {
         rc = cli_fail_status("generate");
         goto done;
     }
-    t_load = cli_now() - t_load;
     const tlm_config *c = tlm_model_config(m);
+    if (draft_path) {
+        if (tlm_model_load(draft_path, lf, &md)) {
+            rc = cli_fail("generate: draft model %s: %s", draft_path, tlm_last_error());
+            goto done;
+        }
+        if (tlm_model_config(md)->vocab_size != c->vocab_size) {
+            rc = cli_fail("generate: the draft model %s has %d ids in its vocabulary, the model "
+                          "%d: they must share one",
+                          draft_path, tlm_model_config(md)->vocab_size, c->vocab_size);
+            goto done;
+        }
+    }
+    t_load = cli_now() - t_load;
     if (tok_path ? tlm_tokenizer_load(tok_path, &tok) : cli_model_tokenizer(model_path, &tok)) {
         rc = cli_fail_status("generate: tokenizer");
         goto done;
@@ -325,6 +381,10 @@ int cmd_generate(int argc, char **argv) {
         rc = cli_fail_status("generate");
         goto done;
     }
+    if (md && tlm_session_new(md, NULL, &dsess)) {
+        rc = cli_fail_status("generate: draft model");
+        goto done;
+    }
     if (lora.n && cli_lora_load("generate", &lora, m)) goto done;
     if (lora.n &&
         tlm_session_set_loras(sess, (const tlm_lora *const *)lora.lora, lora.scale, lora.n)) {
@@ -371,7 +431,10 @@ int cmd_generate(int argc, char **argv) {
     tlm_stop_reason why = TLM_STOP_NONE;
     tlm_generate_stats gs;
     const int32_t *prompts[1] = {ids};
-    tlm_status s = tlm_session_generate(sess, prompts, &n_ids, 1, &go, &why, &gs);
+    spec.lookup = lookup;
+    tlm_status s = draft_path || lookup
+                       ? tlm_session_generate_spec(sess, dsess, ids, n_ids, &go, &spec, &why, &gs)
+                       : tlm_session_generate(sess, prompts, &n_ids, 1, &go, &why, &gs);
     if (st.dec) {
         const char *b;
         size_t n;
@@ -398,22 +461,34 @@ int cmd_generate(int argc, char **argv) {
     fprintf(stderr, "%smodel: loaded in %.3f s (%.1f MiB of weights %s, %.1f MiB in memory)\n", nl,
             t_load, mapped / 1048576.0,
             lf & TLM_LOAD_READ ? "read into 2 MiB pages" : "used in place", owned / 1048576.0);
+    /* The rate counts the ids after the first (each plain step makes one), so that it compares
+     * with plain decoding's where a pass makes several. */
+    int after_first = draft_path || lookup ? gs.new_tokens - 1 : gs.decode_steps;
     fprintf(stderr,
             "prompt: %d tokens in %.3f s (%.1f tok/s); generation: %d tokens, %d decode steps "
             "in %.3f s (%.1f tok/s)\n",
             gs.prompt_tokens, gs.prefill_seconds,
             gs.prefill_seconds > 0 ? gs.prompt_tokens / gs.prefill_seconds : 0.0, gs.new_tokens,
             gs.decode_steps, gs.decode_seconds,
-            gs.decode_seconds > 0 ? gs.decode_steps / gs.decode_seconds : 0.0);
+            gs.decode_seconds > 0 && after_first > 0 ? after_first / gs.decode_seconds : 0.0);
+    if (draft_path || lookup)
+        fprintf(stderr,
+                "speculative (%s): %d ids proposed, %d accepted (%.1f%%); %.2f ids per decode "
+                "step\n",
+                draft_path ? "draft model" : "lookup", gs.drafted, gs.accepted,
+                gs.drafted ? 100.0 * gs.accepted / gs.drafted : 0.0,
+                gs.decode_steps ? (double)(gs.new_tokens - 1) / gs.decode_steps : 0.0);
     rc = 0;
 done:
     tlm_decoder_free(st.dec);
     tlm_session_free(sess);
+    tlm_session_free(dsess);
     tlm_grammar_vocab_free(gvocab);
     tlm_grammar_free(grammar);
     cli_lora_free(&lora);
     tlm_tokenizer_free(tok);
     tlm_model_free(m);
+    tlm_model_free(md);
     free(ids);
     return rc;
 }

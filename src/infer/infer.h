@@ -74,6 +74,11 @@ tlm_status infer_lora_reserve(struct tlm_session *s);
 const mdl_lora_pass *infer_lora_pass(struct tlm_session *s, int N, const int *seqs, int seq);
 void infer_lora_free(struct tlm_session *s);
 
+/* Sampler internals for speculative decoding (sampler.c): a uniform draw in (0, 1) from the
+ * sampler's own stream, and dst's penalty window set to src's (same options). */
+double infer_sampler_uniform(tlm_sampler *s);
+void infer_sampler_copy_window(tlm_sampler *dst, const tlm_sampler *src);
+
 /* One cached head: positions [0, cap) of one kv head of one sequence in one layer, keys (kv 0)
  * or values (kv 1). */
 static inline void *infer_cache(const struct tlm_session *s, int l, int b, int kv, int kvh) {

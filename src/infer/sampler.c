@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/core.h"
+#include "infer/infer.h"
 
 typedef struct {
     double w;
@@ -183,9 +184,11 @@ static const float *penalized(tlm_sampler *s, const float *logits) {
     return s->pl;
 }
 
-tlm_status tlm_sampler_sample(tlm_sampler *s, const float *logits, int32_t *id) {
-    CORE_FP_FLUSH_SCOPE();
-    if (!s || !logits || !id) return core_err(TLM_ERR_ARG, "sample: NULL argument");
+/* The candidates tlm_sampler_sample draws from: *best receives the id greedy decoding returns;
+ * with a temperature, idx[0..*n) and w[0..*n) the ids kept and their unnormalized probabilities,
+ * summing to *total. */
+static tlm_status prepare(tlm_sampler *s, const float *logits, int32_t *best_out, int *n_out,
+                          double *total_out) {
     int V = s->V;
     if (s->penalize && s->n_hist) logits = penalized(s, logits);
     /* The first index of the largest logit above -inf: a branch-free pass for the maximum (and
@@ -206,10 +209,10 @@ tlm_status tlm_sampler_sample(tlm_sampler *s, const float *logits, int32_t *id) 
         }
     if (best < 0 || isinf(logits[best]))
         return core_err(TLM_ERR_NUMERIC, "sample: the logits hold no finite maximum");
-    if (s->o.temperature == 0.0f) {
-        *id = best;
-        return TLM_OK;
-    }
+    *best_out = best;
+    *n_out = 0;
+    *total_out = 0.0;
+    if (s->o.temperature == 0.0f) return TLM_OK;
     int n = V;
     if (s->o.top_k > 0 && s->o.top_k < V) {
         n = top_k_ids(logits, V, s->o.top_k, s->idx);
@@ -238,6 +241,23 @@ tlm_status tlm_sampler_sample(tlm_sampler *s, const float *logits, int32_t *id) 
         total = 0.0;
         for (int i = 0; i < n; i++) total += s->w[i];
     }
+    *n_out = n;
+    *total_out = total;
+    return TLM_OK;
+}
+
+tlm_status tlm_sampler_sample(tlm_sampler *s, const float *logits, int32_t *id) {
+    CORE_FP_FLUSH_SCOPE();
+    if (!s || !logits || !id) return core_err(TLM_ERR_ARG, "sample: NULL argument");
+    int32_t best;
+    int n;
+    double total;
+    tlm_status st = prepare(s, logits, &best, &n, &total);
+    if (st) return st;
+    if (s->o.temperature == 0.0f) {
+        *id = best;
+        return TLM_OK;
+    }
     double u = core_rng_double_open(&s->rng) * total, acc = 0.0;
     for (int i = 0; i < n; i++) {
         acc += s->w[i];
@@ -248,4 +268,30 @@ tlm_status tlm_sampler_sample(tlm_sampler *s, const float *logits, int32_t *id) 
     }
     *id = s->idx[n - 1]; /* u landed in the rounding slack at the very top */
     return TLM_OK;
+}
+
+tlm_status tlm_sampler_probs(tlm_sampler *s, const float *logits, float *probs) {
+    CORE_FP_FLUSH_SCOPE();
+    if (!s || !logits || !probs) return core_err(TLM_ERR_ARG, "sampler probs: NULL argument");
+    int32_t best;
+    int n;
+    double total;
+    tlm_status st = prepare(s, logits, &best, &n, &total);
+    if (st) return st;
+    memset(probs, 0, (size_t)s->V * sizeof *probs);
+    if (s->o.temperature == 0.0f) {
+        probs[best] = 1.0f;
+        return TLM_OK;
+    }
+    for (int i = 0; i < n; i++) probs[s->idx[i]] = (float)(s->w[i] / total);
+    return TLM_OK;
+}
+
+double infer_sampler_uniform(tlm_sampler *s) { return core_rng_double_open(&s->rng); }
+
+void infer_sampler_copy_window(tlm_sampler *dst, const tlm_sampler *src) {
+    if (!dst->penalize || !src->penalize || dst->o.penalty_last_n != src->o.penalty_last_n) return;
+    memcpy(dst->hist, src->hist, (size_t)src->o.penalty_last_n * sizeof *dst->hist);
+    dst->n_hist = src->n_hist;
+    dst->hist_pos = src->hist_pos;
 }
