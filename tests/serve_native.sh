@@ -129,7 +129,7 @@ expect "n_erased $n" [ "$(j 'j["n_erased"]')" = "$n" ]
 expect "the slot is empty" [ "$(curl -s "$URL/slots" | json_get "j[$k]['n_tokens']")" = 0 ]
 expect "restore" [ "$(post "/slots/$k?action=restore" '{"filename": "dog.bin"}')" = 200 ]
 expect "n_restored $n" [ "$(j 'j["n_restored"]')" = "$n" ]
-expect "the slot holds them again" [ "$(curl -s "$URL/slots" | json_get "j[$k]['n_tokens']")" = "$n" ]
+expect "the restored slot holds them" [ "$(curl -s "$URL/slots" | json_get "j[$k]['n_tokens']")" = "$n" ]
 post /completion "$P" >/dev/null
 expect "the restored cache serves the prompt (tokens_cached $(j 'j["tokens_cached"]'))" [ "$(j 'j["tokens_cached"] > 8')" = true ]
 expect "and the same text" [ "$(j 'j["content"]')" = "$first" ]
