@@ -307,7 +307,7 @@ static void next_probs(tlm_session *s, const tlm_sampler_opts *so, const int32_t
                        const int32_t *path, int k, double *out) {
     int32_t ids[64];
     memcpy(ids, prompt, sizeof(int32_t) * (size_t)n);
-    memcpy(ids + n, path, sizeof(int32_t) * (size_t)k);
+    if (k) memcpy(ids + n, path, sizeof(int32_t) * (size_t)k);
     float l[SV], pr[SV];
     tlm_sampler *sm = NULL;
     tlm_session_reset(s, 0);
