@@ -111,6 +111,11 @@ static tlm_status read_gguf(const io_gguf *g, const char *path, fmt_lora *out) {
                             "lora_b ne = {rank, out})",
                             path, t->name, (unsigned long long)rank, other,
                             (unsigned long long)rank_b);
+        /* a type whose size io_gguf does not know was not checked against the file: refused
+         * before anything is allocated for it */
+        if (!t->data || !o->data)
+            return core_err(TLM_ERR_UNSUPPORTED, "%s: %s or %s has a tensor type tlm cannot read",
+                            path, t->name, other);
         if (rank == 0 || rank > 65536 || in == 0 || outr == 0 || in > (1ull << 31) ||
             outr > (1ull << 31))
             return core_err(TLM_ERR_FORMAT, "%s: %s has shape {%llu, %llu}", path, t->name,
