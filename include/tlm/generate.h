@@ -48,7 +48,7 @@ void tlm_session_free(tlm_session *s);
 /* Applies n LoRA adapters to every sequence: each adapter is for this session's model and must
  * outlive its use; adapter i's products are multiplied by scales[i] (NULL: 1). Unmerged: the model
  * is unchanged and other sessions over it run without them. n = 0 removes them. Keys and values
- * already in the cache keep the adapters they were computed with. */
+ * in the cache keep the adapters they were computed with. */
 tlm_status tlm_session_set_loras(tlm_session *s, const tlm_lora *const *loras, const float *scales,
                                  int n);
 /* The session's adapters' scales for sequence seq alone (tlm_session_num_loras values; 0 leaves

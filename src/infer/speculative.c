@@ -331,9 +331,9 @@ tlm_status tlm_session_generate_spec(tlm_session *target, tlm_session *draft, co
     if ((err = tlm_sampler_sample(s.samp, s.tl, &first)) != TLM_OK) goto done;
     emit(&s, first);
 
-    /* The adaptive length: k_cur ids next round, from a short first proposal (a poor draft's
-     * first round costs little; a good one doubles to draft_max in two rounds); `pause` plain
-     * steps left before a probe. */
+    /* The adaptive length: k_cur ids a round, starting short (a poor draft then costs little, a
+     * good one reaches draft_max after two doublings); `pause`: rounds without a proposal left
+     * before a probe. */
     int k_cur = START_LEN > s.sp.draft_min ? START_LEN : s.sp.draft_min;
     int pause = 0, gap = GAP_MIN, misses = 0, probing = 0;
     while (!s.why) {
