@@ -498,6 +498,20 @@ int srv_response_stream(srv_response *g) {
     return 1;
 }
 
+/* One chat chunk of choice i: its delta (taken) and finish reason (NULL: none yet). */
+static void chunk_event(srv_response *g, int i, cJSON *delta, const char *finish) {
+    cJSON *r = envelope(g, "chat.completion.chunk"), *c = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c, "index", i);
+    cJSON_AddItemToObject(c, "delta", delta);
+    cJSON_AddNullToObject(c, "logprobs");
+    if (finish)
+        cJSON_AddStringToObject(c, "finish_reason", finish);
+    else
+        cJSON_AddNullToObject(c, "finish_reason");
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(r, "choices"), c);
+    out_event(g, r);
+}
+
 static int tools_stream_choice(srv_response *g, int i) {
     srv_job *j = g->jobs[i];
     if (g->finished[i]) return 1;
@@ -509,45 +523,25 @@ static int tools_stream_choice(srv_response *g, int i) {
     }
     srv_tool_parse tp = {0};
     srv_tools_parse(j->text ? j->text : "", j->text_len, call_seed(g, i), &tp);
-    cJSON *r = envelope(g, "chat.completion.chunk");
-    cJSON *c = cJSON_CreateObject();
-    cJSON_AddNumberToObject(c, "index", i);
-    cJSON *d = cJSON_AddObjectToObject(c, "delta");
+    cJSON *d = cJSON_CreateObject();
     cJSON_AddStringToObject(d, "role", "assistant");
     if (tp.content)
         cJSON_AddStringToObject(d, "content", tp.content);
     else
         cJSON_AddNullToObject(d, "content");
-    cJSON_AddNullToObject(c, "logprobs");
-    cJSON_AddNullToObject(c, "finish_reason");
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(r, "choices"), c);
-    out_event(g, r);
+    chunk_event(g, i, d, NULL);
     cJSON *calls = tp.calls ? cJSON_Parse(tp.calls) : NULL;
     int k = 0;
     for (cJSON *call = calls ? calls->child : NULL; call; call = call->next, k++) {
-        r = envelope(g, "chat.completion.chunk");
-        c = cJSON_CreateObject();
-        cJSON_AddNumberToObject(c, "index", i);
-        cJSON *tc = cJSON_AddArrayToObject(cJSON_AddObjectToObject(c, "delta"), "tool_calls");
+        d = cJSON_CreateObject();
         cJSON *one = cJSON_Duplicate(call, 1);
         cJSON_AddNumberToObject(one, "index", k);
-        cJSON_AddItemToArray(tc, one);
-        cJSON_AddNullToObject(c, "logprobs");
-        cJSON_AddNullToObject(c, "finish_reason");
-        cJSON_AddItemToArray(cJSON_AddArrayToObject(r, "choices"), c);
-        out_event(g, r);
+        cJSON_AddItemToArray(cJSON_AddArrayToObject(d, "tool_calls"), one);
+        chunk_event(g, i, d, NULL);
     }
     cJSON_Delete(calls);
-    r = envelope(g, "chat.completion.chunk");
-    c = cJSON_CreateObject();
-    cJSON_AddNumberToObject(c, "index", i);
-    cJSON_AddObjectToObject(c, "delta");
-    cJSON_AddNullToObject(c, "logprobs");
-    cJSON_AddStringToObject(c, "finish_reason",
-                            tp.n_calls && j->finish == SRV_FINISH_STOP ? "tool_calls"
-                                                                       : finish_name(j->finish));
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(r, "choices"), c);
-    out_event(g, r);
+    chunk_event(g, i, cJSON_CreateObject(),
+                tp.n_calls && j->finish == SRV_FINISH_STOP ? "tool_calls" : finish_name(j->finish));
     srv_tool_parse_free(&tp);
     g->finished[i] = 1;
     return 1;
