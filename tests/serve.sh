@@ -2,7 +2,8 @@
 # tlm serve end to end on the pretrained stories260K (../shared/data): curl for the HTTP edges
 # (health, metrics, 404, 401, 413, malformed bodies, 429 with Retry-After, SIGTERM draining the
 # running streams and exiting 0), then the official `openai` npm package and a bounded load test
-# (tests/node/serve_clients.mjs), and the page at / in headless Chromium (tests/node/serve_page.mjs).
+# with every kind of request in the mix (tests/node/serve_clients.mjs), and the page at / in
+# headless Chromium (tests/node/serve_page.mjs).
 . "$(dirname "$0")/lib.sh"
 M=$DATA/models/stories260K.gguf
 need "$M"
@@ -46,11 +47,11 @@ serve_refuses "no model" "MODEL is required" --port 0
 serve_refuses "bad cache type" "cache-type must be one of f16, f32" -m "$M" --cache-type q4_k
 
 KEY=sekrit
-start main --parallel 4 --ctx 256 --api-key "$KEY" --max-body 65536
+start main --parallel 4 --ctx 640 --api-key "$KEY" --max-body 65536
 AUTH=(-H "Authorization: Bearer $KEY")
-# stories260K: 5 layers x 2 x 4 kv heads x 8 x 256 positions x 4 slots, halves
+# stories260K: 5 layers x 2 x 4 kv heads x 8 x 640 positions x 4 slots, halves
 expect "start-up line: the F16 cache and its size ($(head -1 "$TMP/main.out"))" \
-    grep -q "4 slots of 256 positions, KV cache f16 (0.6 MiB)" "$TMP/main.out"
+    grep -q "4 slots of 640 positions, KV cache f16 (1.6 MiB)" "$TMP/main.out"
 expect "health" [ "$(status GET /health)" = 200 ]
 expect "page at /" [ "$(status GET /)" = 200 ]
 expect "the page is the embedded one" grep -q "<title>tlm" "$TMP/body"

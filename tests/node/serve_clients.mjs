@@ -117,21 +117,64 @@ await reader.read();
 ac.abort();
 check(await idle(), "an aborted stream leaves its slot");
 
-// Load: 16 clients, 6 requests each, mixed streamed and not; none fails, the server ends idle
-// and its memory does not grow between rounds.
+// Load: 16 clients, 6 requests each, every kind of request in the mix (plain and streamed
+// completions and chats, a JSON Schema, a required tool call, llama-server's /completion with a
+// grammar and n_probs); none fails, each answer has the shape asked for, the server ends idle and
+// its memory does not grow between rounds.
+const loadSchema = { type: "object", properties: { pick: { enum: ["red", "green"] }, n: { type: "integer" } }, required: ["pick", "n"], additionalProperties: false };
+const loadTools = [{ type: "function", function: { name: "count", parameters: { type: "object", properties: { to: { enum: [3, 5] } }, required: ["to"] } } }];
+const whole = { json: 0, tools: 0 }; /* answers complete enough to check their shape */
+async function loadRequest(c, k) {
+  const temperature = (c + k) % 3 ? 1 : 0;
+  switch ((c + k) % 6) {
+    case 0: {
+      const r = await client.completions.create({ model: "m", prompt: `Tom had ${c} ${k}`, max_tokens: 12, temperature });
+      return r.usage.completion_tokens >= 1;
+    }
+    case 1: {
+      let n = 0;
+      for await (const ch of await client.chat.completions.create({ model: "m", messages: [{ role: "user", content: `Story ${c} ${k}` }], max_tokens: 12, stream: true, temperature }))
+        if (ch.choices.length && ch.choices[0].delta.content) n++;
+      return n > 0;
+    }
+    case 2: {
+      const r = await client.chat.completions.create({ model: "m", messages: [{ role: "user", content: `Pick ${c}` }], max_tokens: 48, temperature, seed: c * 8 + k,
+        response_format: { type: "json_schema", json_schema: { name: "p", schema: loadSchema } } });
+      if (r.choices[0].finish_reason !== "stop") return true; /* cut at max_tokens: nothing to parse */
+      whole.json++;
+      const o = JSON.parse(r.choices[0].message.content);
+      return ["red", "green"].includes(o.pick) && Number.isInteger(o.n) && Object.keys(o).length === 2;
+    }
+    case 3: {
+      const r = await client.chat.completions.create({ model: "m", messages: [{ role: "user", content: `Count ${k}` }], max_tokens: 96, temperature, seed: c * 8 + k, tools: loadTools, tool_choice: "required", parallel_tool_calls: false });
+      const ch = r.choices[0];
+      if (ch.finish_reason === "length") return true;
+      whole.tools++;
+      return ch.finish_reason === "tool_calls" && ch.message.tool_calls.length >= 1 &&
+        ch.message.tool_calls.every((t) => t.function.name === "count" && [3, 5].includes(JSON.parse(t.function.arguments).to));
+    }
+    case 4: {
+      const res = await fetch(base + "/completion", { method: "POST", headers: { Authorization: "Bearer " + apiKey, "Content-Type": "application/json" },
+        body: JSON.stringify({ prompt: `Lily saw ${c}`, n_predict: 8, grammar: 'root ::= ("yes" | "no") " " [a-z]+', n_probs: 2, temperature }) });
+      const j = await res.json();
+      return res.status === 200 && /^(yes|no) [a-z]*$/.test(j.content) && j.completion_probabilities.length === j.tokens_predicted;
+    }
+    default: {
+      let text = "";
+      for await (const ch of await client.completions.create({ model: "m", prompt: `Sam ran ${k}`, max_tokens: 12, stream: true, logit_bias: { "13": -100 } }))
+        if (ch.choices.length) text += ch.choices[0].text;
+      return text.length > 0;
+    }
+  }
+}
 async function round() {
   let failed = 0;
   await Promise.all(Array.from({ length: 16 }, async (_, c) => {
     for (let k = 0; k < 6; k++) {
       try {
-        if ((c + k) % 2) {
-          let n = 0;
-          for await (const ch of await client.chat.completions.create({ model: "m", messages: [{ role: "user", content: `Story ${c} ${k}` }], max_tokens: 12, stream: true }))
-            if (ch.choices.length && ch.choices[0].delta.content) n++;
-          if (n === 0) failed++;
-        } else {
-          const r = await client.completions.create({ model: "m", prompt: `Tom had ${c} ${k}`, max_tokens: 12 });
-          if (r.usage.completion_tokens < 1) failed++;
+        if (!(await loadRequest(c, k))) {
+          failed++;
+          console.error(`load: request ${c} ${k} (kind ${(c + k) % 6}) answered out of shape`);
         }
       } catch (e) {
         failed++;
@@ -145,6 +188,7 @@ check((await round()) === 0, "load round 1 has failures");
 const rss1 = rss();
 check((await round()) === 0, "load round 2 has failures");
 const rss2 = rss();
+check(whole.json >= 8 && whole.tools >= 8, `too few whole answers to check: ${JSON.stringify(whole)}`);
 check(await idle(), "idle after the load");
 check(rss2 - rss1 < rssSlack, `RSS grew from ${rss1} to ${rss2} KiB between identical rounds`);
 const m = await metrics();
