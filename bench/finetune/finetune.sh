@@ -22,6 +22,7 @@ README=${README:-1}
 DATA=${TLM_SHARED_DATA:-$ROOT/../shared/data}
 LLAMA_DIR=${LLAMA_DIR:-$(cd "$ROOT/.." && pwd)/llama.cpp}
 TLM=$ROOT/build/tlm
+. "$ROOT/bench/lib.sh"
 make -C "$ROOT" >/dev/null
 mkdir -p "$W"
 rm -f "$OUT"/*.log "$OUT"/*.runs "$OUT"/results.*
@@ -56,8 +57,6 @@ if [ ! -f "$W/base6-f32.gguf" ]; then
 fi
 head -c 400000 "$TEXT" >"$W/text.txt"
 
-# median of numbers on stdin
-median() { sort -g | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
 # tokens/s of a tlm run: the median over its steps after the first two (log.jsonl)
 tlm_rate() { tail -n +3 "$1/log.jsonl" | sed 's/.*"tokens_per_s": \([0-9.]*\).*/\1/' | median; }
 

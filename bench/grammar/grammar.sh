@@ -15,6 +15,7 @@ W=$OUT/work
 ROUNDS=${ROUNDS:-3} N=${N:-96} THREADS=${THREADS:-2} README=${README:-1}
 DATA=${TLM_SHARED_DATA:-$ROOT/../shared/data}
 TLM=$ROOT/build/tlm
+. "$ROOT/bench/lib.sh"
 PY=/usr/bin/python3
 make -C "$ROOT" >/dev/null
 mkdir -p "$W"
@@ -60,14 +61,12 @@ for _ in $(seq 1 "$ROUNDS"); do
   run strings --json-schema "$W/strings.json"
   run enums --json-schema "$W/enums.json"
 done
-median() { sort -g "$1" | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
-p=$(median "$W/plain.rates") s=$(median "$W/strings.rates") e=$(median "$W/enums.rates")
+p=$(median <"$W/plain.rates") s=$(median <"$W/strings.rates") e=$(median <"$W/enums.rates")
 # the outputs parse as JSON (the schemas' own checks are tests/grammar.sh's)
 for k in strings enums; do
   $PY -c 'import json,sys; json.loads(open(sys.argv[1]).read().split("Here is the data:",1)[-1])' \
     "$W/$k.out" 2>/dev/null || echo "note: the $k output was cut at $N tokens (not whole JSON)" >&2
 done
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 {
   echo "Measured by \`bash bench/grammar/grammar.sh\` on $(date -u '+%Y-%m-%d %H:%M') UTC, tlm \`$(git -C "$ROOT" rev-parse --short HEAD)\`:"
   echo "stories110M-shaped random model in Q4_K_M (vocabulary 32000), $N tokens at temperature 1,"

@@ -19,6 +19,7 @@ PRETRAIN_STEPS=${PRETRAIN_STEPS:-1000} SFT_STEPS=${SFT_STEPS:-400} DPO_STEPS=${D
 ROUNDS=${ROUNDS:-3} THREADS=${THREADS:-2} README=${README:-1}
 DATA=${TLM_SHARED_DATA:-$ROOT/../shared/data}
 TLM=$ROOT/build/tlm
+. "$ROOT/bench/lib.sh"
 PY=/usr/bin/python3
 make -C "$ROOT" >/dev/null
 mkdir -p "$W"
@@ -84,7 +85,6 @@ rate() { # DIR
 v=[json.loads(l)["tokens_per_s"] for l in open(sys.argv[1]+"/log.jsonl")][1:]
 print("%.0f" % statistics.median(v))' "$1"
 }
-median() { printf '%s\n' "$@" | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
 speed() { # NAME ARGS...: one run of 30 steps, its rate appended to $W/NAME.rates
   local name=$1
   shift
@@ -114,10 +114,9 @@ for _ in $(seq 1 "$ROUNDS"); do
   speed dpo_pre --data "$D/dpo_train.jsonl" --batch 8 --precompute-ref
   speed sft_pairs --data "$D/pairs_as_sft.jsonl" --batch 16 --no-pack
 done
-for n in packed unpacked mixed_packed mixed_unpacked dpo dpo_pre sft_pairs; do eval "r_$n=$(median $(cat "$W/$n.rates"))"; done
+for n in packed unpacked mixed_packed mixed_unpacked dpo dpo_pre sft_pairs; do eval "r_$n=$(median <"$W/$n.rates")"; done
 # the mixed chats' median length, as tlm finetune reports it
 mixed_lengths() { sed -n 's/.*(median example \([0-9]*\) tokens.*/median \1 tokens/p' "$W/s_mixed_packed.log"; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 
 pct() { awk -v x="$(field "$1" "$2")" 'BEGIN { printf "%.0f%%", 100 * x }'; }
 {
