@@ -977,6 +977,61 @@ static void test_team_invariant(void) {
     tlm_model_free(m);
 }
 
+/* tlm_session_prefill_hidden: each row is its token's state whatever follows it (the row of a
+ * shorter prompt's last token), the ids enter the cache as tlm_session_prefill's do (the next
+ * logits are the same), and bad arguments are refused. */
+static void test_prefill_hidden(void) {
+    tlm_model *m = make_model("\"n_kv_heads\":2", 17);
+    CHECK(m != NULL, "%s", tlm_last_error());
+    if (!m) return;
+    int V = tlm_model_config(m)->vocab_size, d = tlm_model_config(m)->d_model;
+    int32_t ids[12];
+    random_ids(ids, 12, V, 5);
+    tlm_session *s = NULL, *t = NULL;
+    CHECK_OK(new_session(m, 2, 16, &s));
+    CHECK_OK(new_session(m, 1, 16, &t));
+    float *h = malloc(12 * (size_t)d * sizeof *h), *one = malloc(12 * (size_t)d * sizeof *one);
+    float *a = malloc((size_t)V * sizeof *a);
+    CHECK_OK(tlm_session_prefill_hidden(s, 1, ids, 12, h));
+    CHECK(tlm_session_length(s, 1) == 12 && tlm_session_length(s, 0) == 0, "lengths");
+    double worst = 0, scale = 0;
+    for (int k = 1; k <= 12; k++) {
+        tlm_session_reset(t, 0);
+        CHECK_OK(tlm_session_prefill_hidden(t, 0, ids, k, one));
+        for (int j = 0; j < d; j++) {
+            double x = h[(size_t)(k - 1) * d + j], y = one[(size_t)(k - 1) * d + j];
+            worst = fmax(worst, fabs(x - y));
+            scale = fmax(scale, fabs(x));
+        }
+    }
+    /* a pre-norm model's rows are normalized: magnitudes about 1; sums in other orders (row
+     * blocks, attention chunks) as test_invariant allows */
+    CHECK(scale > 0.1 && worst <= 1e-4 * scale, "rows against shorter prompts: %g (scale %g)",
+          worst, scale);
+    tlm_session_reset(t, 0);
+    CHECK_OK(tlm_session_prefill(t, 0, ids, 12, NULL, 0));
+    CHECK_OK(tlm_session_decode_one(t, ids[3], a));
+    int32_t step[2] = {0, ids[3]};
+    uint8_t act[2] = {0, 1};
+    float *ab = malloc(2 * (size_t)V * sizeof *ab);
+    CHECK_OK(tlm_session_decode(s, step, act, ab));
+    CHECK(!memcmp(a, ab + V, (size_t)V * sizeof *a), "the cache as tlm_session_prefill leaves it");
+    CHECK(tlm_session_prefill_hidden(s, 1, ids, 4, h) == TLM_ERR_RANGE, "past the capacity");
+    CHECK(tlm_session_prefill_hidden(s, 2, ids, 1, h) == TLM_ERR_ARG, "no sequence 2");
+    CHECK(tlm_session_prefill_hidden(s, 0, ids, 1, NULL) == TLM_ERR_ARG, "NULL rows");
+    CHECK(tlm_session_prefill_hidden(s, 0, ids, 0, h) == TLM_ERR_ARG, "no ids");
+    int32_t far = V;
+    CHECK(tlm_session_prefill_hidden(s, 0, &far, 1, h) == TLM_ERR_RANGE, "an id outside");
+    CHECK(tlm_session_length(s, 0) == 0, "nothing cached by refusals");
+    free(ab);
+    free(a);
+    free(h);
+    free(one);
+    tlm_session_free(s);
+    tlm_session_free(t);
+    tlm_model_free(m);
+}
+
 int main(void) {
     tlm_threads_set(2);
     test_team_invariant();
@@ -1008,6 +1063,7 @@ int main(void) {
         test_long_prefill(0, 1.0f);
         test_batch_decode();
         test_prefix_save_load();
+        test_prefill_hidden();
         test_mixed_step();
     }
     base_d = 32;

@@ -89,6 +89,12 @@ tlm_status tlm_session_load_prefix(tlm_session *s, int seq, const void *buf, int
  * logits when all_rows, else only the last token's [V]. */
 tlm_status tlm_session_prefill(tlm_session *s, int seq, const int32_t *ids, int n, float *logits,
                                int all_rows);
+/* Appends n tokens to sequence seq as tlm_session_prefill does and writes hidden [n, d_model]:
+ * each token's final hidden state as the output product reads it (after the output norm of a
+ * pre-norm model), which is what llama.cpp returns as a decoder model's embeddings. Adapters on
+ * the output product do not change it. */
+tlm_status tlm_session_prefill_hidden(tlm_session *s, int seq, const int32_t *ids, int n,
+                                      float *hidden);
 /* Appends one token to each sequence b with active[b] != 0 (active NULL: all of them) in one step;
  * logits [batch, V] receives the rows of the active sequences (others are left untouched). */
 tlm_status tlm_session_decode(tlm_session *s, const int32_t *ids, const uint8_t *active,

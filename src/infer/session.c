@@ -595,9 +595,9 @@ static tlm_status check_ids(const tlm_config *c, const int32_t *ids, int n) {
     return TLM_OK;
 }
 
-tlm_status tlm_session_prefill(tlm_session *s, int seq, const int32_t *ids, int n, float *logits,
-                               int all_rows) {
-    CORE_FP_FLUSH_SCOPE();
+/* Runs n ids of sequence seq through the blocks (their residual rows left in s->x) and appends
+ * them to its cache. */
+static tlm_status prefill_rows(tlm_session *s, int seq, const int32_t *ids, int n) {
     if (!s || !ids) return core_err(TLM_ERR_ARG, "prefill: session and ids must not be NULL");
     if (seq < 0 || seq >= s->B)
         return core_err(TLM_ERR_ARG, "prefill: sequence %d outside the batch of %d", seq, s->B);
@@ -622,12 +622,30 @@ tlm_status tlm_session_prefill(tlm_session *s, int seq, const int32_t *ids, int 
     }
     blocks(s, ids, n, 1);
     s->len[seq] += n;
+    return TLM_OK;
+}
+
+tlm_status tlm_session_prefill(tlm_session *s, int seq, const int32_t *ids, int n, float *logits,
+                               int all_rows) {
+    CORE_FP_FLUSH_SCOPE();
+    tlm_status st = prefill_rows(s, seq, ids, n);
+    if (st) return st;
     if (logits) {
         if (all_rows)
             head_rows(s, 0, n, logits, NULL, seq);
         else
             head_rows(s, n - 1, 1, logits, NULL, seq);
     }
+    return TLM_OK;
+}
+
+tlm_status tlm_session_prefill_hidden(tlm_session *s, int seq, const int32_t *ids, int n,
+                                      float *hidden) {
+    CORE_FP_FLUSH_SCOPE();
+    if (!hidden) return core_err(TLM_ERR_ARG, "prefill: hidden must not be NULL");
+    tlm_status st = prefill_rows(s, seq, ids, n);
+    if (st) return st;
+    mdl_head_norm(s->m, s->x, hidden, n);
     return TLM_OK;
 }
 

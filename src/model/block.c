@@ -640,6 +640,14 @@ void mdl_head_fwd(const tlm_model *m, const float *x, float *xn, float *xn_mean,
     mdl_head_fwd_pass(m, &fp32, x, xn, xn_mean, xn_rstd, logits, N);
 }
 
+void mdl_head_norm(const tlm_model *m, const float *x, float *xn, int N) {
+    const tlm_config *c = &m->c;
+    if (c->norm_position == TLM_NORM_PRE)
+        norm_fwd(c, xn, NULL, NULL, x, m->out_norm_w, m->out_norm_b, N);
+    else if (xn != x)
+        memcpy(xn, x, (size_t)N * (size_t)c->d_model * sizeof(float));
+}
+
 void mdl_head_fwd_pass(const tlm_model *m, const mdl_pass *p, const float *x, float *xn,
                        float *xn_mean, float *xn_rstd, float *logits, int N) {
     const tlm_config *c = &m->c;

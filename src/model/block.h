@@ -85,6 +85,9 @@ void mdl_block_fwd(const tlm_model *m, int layer, const mdl_pass *p, const mdl_b
  * when nothing needs x afterwards), soft-capped where final_softcap is set. */
 void mdl_head_fwd(const tlm_model *m, const float *x, float *xn, float *xn_mean, float *xn_rstd,
                   float *logits, int N);
+/* xn [N, d]: rows x as the output product reads them (the output norm of pre-norm models; post-norm
+ * blocks end normalized, so a copy). xn may be x. */
+void mdl_head_norm(const tlm_model *m, const float *x, float *xn, int N);
 /* The same with the pass's precision (p->bf16). */
 void mdl_head_fwd_pass(const tlm_model *m, const mdl_pass *p, const float *x, float *xn,
                        float *xn_mean, float *xn_rstd, float *logits, int N);
