@@ -2,6 +2,7 @@
  * penalties and min-p, and the scheduler against tlm_session_generate on the pretrained
  * stories260K. */
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -773,7 +774,167 @@ static void test_tools(void) {
         "a parameters schema the grammar cannot follow");
 }
 
+/* Embeddings: request shapes and refusals, pooling, llama.cpp's normalizations, both answers'
+ * JSON (base64 of known floats), and the scheduler's hidden rows against a session's own. */
+static void test_embeddings(void) {
+    srv_embed_request r;
+    srv_error e;
+    const char *b = "{\"input\": [\"a\", [1, 2, 3], \"\"], \"model\": \"x\", \"encoding_format\": "
+                    "\"base64\", \"embd_normalize\": 1}";
+    CHECK(srv_embed_parse(b, strlen(b), 1, 2, &r, &e) == 0, "%s", e.message);
+    CHECK(r.oai && r.n_inputs == 3 && r.base64 && r.normalize == 1 && r.model &&
+              !strcmp(r.model, "x"),
+          "parsed fields");
+    CHECK(r.n_inputs == 3 && r.inputs[0].text && !strcmp(r.inputs[0].text, "a") &&
+              r.inputs[1].n_ids == 3 && r.inputs[1].ids[2] == 3 && r.inputs[2].text &&
+              !r.inputs[2].text[0],
+          "inputs in order");
+    srv_embed_request_free(&r);
+    b = "{\"content\": [5, 6]}";
+    CHECK(srv_embed_parse(b, strlen(b), 1, 2, &r, &e) == 0, "%s", e.message);
+    CHECK(!r.oai && r.n_inputs == 1 && r.inputs[0].n_ids == 2 && r.normalize == 2,
+          "content: llama-server's shape, one input of ids, the server's default norm");
+    srv_embed_request_free(&r);
+    const char *bad[] = {"{}",
+                         "[]",
+                         "nope",
+                         "{\"input\": 3}",
+                         "{\"input\": []}",
+                         "{\"input\": [[]]}",
+                         "{\"input\": [1, \"a\"]}",
+                         "{\"input\": [\"a\", 1]}",
+                         "{\"input\": [-1]}",
+                         "{\"input\": [2.5]}",
+                         "{\"input\": [1e12]}",
+                         "{\"input\": {\"a\": 1}}",
+                         "{\"input\": [[1, \"a\"]]}",
+                         "{\"input\": \"a\", \"encoding_format\": \"int8\"}",
+                         "{\"input\": \"a\", \"encoding_format\": 1}",
+                         "{\"input\": \"a\", \"embd_normalize\": \"2\"}",
+                         "{\"input\": \"a\", \"embd_normalize\": 1.5}",
+                         "{\"input\": \"a\", \"embd_normalize\": -2}",
+                         "{\"input\": \"\xff\"}"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        memset(&e, 0, sizeof e);
+        CHECK(srv_embed_parse(bad[i], strlen(bad[i]), 1, 2, &r, &e) == -1 && e.status == 400 &&
+                  e.message[0],
+              "refused with a message: %s", bad[i]);
+        CHECK(r.inputs == NULL && r.n_inputs == 0, "nothing left allocated: %s", bad[i]);
+    }
+    /* every prefix of a valid body (truncated bodies) is refused or parsed, never a crash */
+    b = "{\"input\": [\"ab\", [1, 2]], \"encoding_format\": \"float\", \"embd_normalize\": 0}";
+    for (size_t n = 0; n <= strlen(b); n++)
+        if (!srv_embed_parse(b, n, 1, 2, &r, &e)) srv_embed_request_free(&r);
+
+    CHECK(srv_pooling_parse("mean") == SRV_POOL_MEAN &&
+              srv_pooling_parse("last") == SRV_POOL_LAST &&
+              srv_pooling_parse("cls") == SRV_POOL_CLS &&
+              srv_pooling_parse("none") == SRV_POOL_NONE && srv_pooling_parse("rank") == -1 &&
+              srv_pooling_parse(NULL) == -1,
+          "pooling names");
+    float h[6] = {1, 2, 3, 5, -1, 4}, v[2]; /* 3 rows of 2 */
+    srv_embed_pool(SRV_POOL_MEAN, h, 3, 2, v);
+    CHECK(v[0] == 1.0f && v[1] == 11.0f / 3, "mean %g %g", v[0], v[1]);
+    srv_embed_pool(SRV_POOL_CLS, h, 3, 2, v);
+    CHECK(v[0] == 1 && v[1] == 2, "cls");
+    srv_embed_pool(SRV_POOL_LAST, h, 3, 2, v);
+    CHECK(v[0] == -1 && v[1] == 4, "last");
+    float w[2] = {3, -4};
+    srv_embed_normalize(w, 2, 2);
+    CHECK_NEAR(w[0], 0.6, 1e-7);
+    CHECK_NEAR(w[1], -0.8, 1e-7);
+    w[0] = 3, w[1] = -4;
+    srv_embed_normalize(w, 2, 1);
+    CHECK_NEAR(w[0], 3.0 / 7, 1e-7);
+    w[0] = 3, w[1] = -4;
+    srv_embed_normalize(w, 2, 0);
+    CHECK_NEAR(w[1], -32760, 1e-3);
+    w[0] = 3, w[1] = -4;
+    srv_embed_normalize(w, 2, 3);
+    CHECK_NEAR(w[0], 3 / cbrt(91.0), 1e-6);
+    w[0] = 3, w[1] = -4;
+    srv_embed_normalize(w, 2, -1);
+    CHECK(w[0] == 3 && w[1] == -4, "-1 leaves it");
+    w[0] = 0, w[1] = 0;
+    srv_embed_normalize(w, 2, 2);
+    CHECK(w[0] == 0 && w[1] == 0, "a zero vector stays zero");
+
+    /* answers: 1.0f and -2.0f are 0000803f 000000c0, "AACAPwAAAMA=" in base64 */
+    float one[2] = {1.0f, -2.0f}, two[4] = {0.5f, 0.25f, 1, 2};
+    float *vecs[2] = {one, two};
+    int rows[2] = {1, 2};
+    b = "{\"input\": [\"a\", \"b\"], \"encoding_format\": \"base64\"}";
+    CHECK(srv_embed_parse(b, strlen(b), 1, 2, &r, &e) == 0, "%s", e.message);
+    char *out = srv_embed_response(&r, SRV_POOL_MEAN, vecs, rows, 2, "mdl");
+    cJSON *j = out ? cJSON_Parse(out) : NULL;
+    const cJSON *d0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "data"), 0);
+    CHECK(d0 && !strcmp(cJSON_GetObjectItem(d0, "embedding")->valuestring, "AACAPwAAAMA="),
+          "base64: %s", out ? out : "");
+    CHECK(j && !strcmp(cJSON_GetObjectItem(j, "model")->valuestring, "mdl") &&
+              cJSON_GetObjectItem(cJSON_GetObjectItem(j, "usage"), "prompt_tokens")->valueint == 3,
+          "model and usage: %s", out ? out : "");
+    cJSON_Delete(j);
+    free(out);
+    srv_embed_request_free(&r);
+    b = "{\"content\": [\"a\", \"b\"]}";
+    CHECK(srv_embed_parse(b, strlen(b), 0, 2, &r, &e) == 0, "%s", e.message);
+    out = srv_embed_response(&r, SRV_POOL_NONE, vecs, rows, 2, "mdl");
+    CHECK(out && !strcmp(out, "[{\"index\":0,\"embedding\":[[1,-2]]},{\"index\":1,\"embedding\":"
+                              "[[0.5,0.25],[1,2]]}]"),
+          "per-token rows: %s", out ? out : "");
+    free(out);
+    srv_embed_request_free(&r);
+
+    /* the scheduler's hidden rows are a session's own, beside generation */
+    tlm_model *m = NULL;
+    tlm_tokenizer *tok = NULL;
+    if (!load_stories(&m, &tok)) return;
+    int32_t *ids;
+    size_t n;
+    CHECK_OK(tlm_tokenizer_encode(tok, "Once upon a time", 16, TLM_ENCODE_ADD_BOS, &ids, &n));
+    int dm = tlm_model_config(m)->d_model;
+    float *want = malloc(n * (size_t)dm * sizeof *want), *got = calloc(n * (size_t)dm, sizeof *got);
+    tlm_session *ss = NULL;
+    CHECK_OK(tlm_session_new(m, NULL, &ss));
+    CHECK_OK(tlm_session_prefill_hidden(ss, 0, ids, (int)n, want));
+    srv_sched *s = NULL;
+    srv_sched_opts so = {.parallel = 2, .ctx = 64};
+    CHECK_OK(srv_sched_new(m, tok, &so, &s));
+    srv_embed_op op = {.ids = ids, .n = (int)n, .hidden = got};
+    CHECK(s && srv_sched_embed(s, &op) == TLM_ERR_ARG, "no embeddings session: refused");
+    srv_sched_free(s);
+    so.embeddings = 1;
+    s = NULL;
+    CHECK_OK(srv_sched_new(m, tok, &so, &s));
+    srv_job *job = greedy_job(ids, (int)n, 20);
+    CHECK_OK(srv_sched_submit(s, &job, 1));
+    CHECK_OK(srv_sched_embed(s, &op));
+    CHECK(op.status == 0 && !memcmp(got, want, n * (size_t)dm * sizeof *got),
+          "the scheduler's rows are the session's");
+    CHECK_OK(srv_sched_embed(s, &op));
+    CHECK(!memcmp(got, want, n * (size_t)dm * sizeof *got), "a second time: the same rows");
+    int32_t far[2] = {1, 1 << 20};
+    srv_embed_op bad_op = {.ids = far, .n = 2, .hidden = got};
+    CHECK_OK(srv_sched_embed(s, &bad_op));
+    CHECK(bad_op.status == 400 && strstr(bad_op.error, "vocabulary"), "an id outside: %s",
+          bad_op.error);
+    wait_done(s, &job, 1);
+    CHECK(job->completion_tokens == 20, "generation beside embeddings");
+    srv_sched_release(s, job);
+    srv_job_free(job);
+    srv_sched_close(s);
+    CHECK(srv_sched_embed(s, &op) == TLM_ERR_INTERRUPTED, "refused once draining");
+    srv_sched_free(s);
+    tlm_session_free(ss);
+    free(want);
+    free(got);
+    free(ids);
+    tlm_tokenizer_free(tok);
+    tlm_model_free(m);
+}
+
 int main(void) {
+    test_embeddings();
     test_tools();
     test_responses();
     test_templates();

@@ -39,6 +39,9 @@ tlm_status cli_model_tokenizer(const char *model, tlm_tokenizer **out);
 /* The chat template family a GGUF's tokenizer.chat_template names: 1 and *t when recognised; 0
  * otherwise, *present saying whether the file has one (tlm serve and finetune then use chatml). */
 int cli_gguf_template(const char *model, tlm_chat_template *t, int *present);
+/* The GGUF file's <architecture>.pooling_type (llama.cpp's numbers: 0 none, 1 mean, 2 cls, 3 last,
+ * 4 rank), -1 when absent or not a GGUF file. */
+int cli_gguf_pooling(const char *model);
 /* Text files into token shards DIR/shard_NNNNNN.bin of per_shard tokens (tlm token files), on
  * every thread, reading a chunk of chunk_bytes per thread at a time (src/cli/tok_shards.c). */
 int cli_tokenize_shards(const tlm_tokenizer *tok, const char *dir, long per_shard,

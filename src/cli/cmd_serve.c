@@ -57,6 +57,12 @@ static const char *serve_help =
     "  --ctx-size N          --ctx; llama-server's flags that mean nothing here (-ngl,\n"
     "                        --batch-size, --flash-attn, --metrics, --slots, --jinja, ...) are\n"
     "                        accepted and ignored\n"
+    "  --embeddings          answer POST /v1/embeddings and /embeddings (the final hidden\n"
+    "                        states, after the output norm) besides generating\n"
+    "  --pooling P           none, mean, cls or last (default: the GGUF's pooling_type, else\n"
+    "                        none, as llama-server)\n"
+    "  --embd-normalize N    pooled embeddings' norm: -1 none, 0 max absolute (int16), 2\n"
+    "                        Euclidean (default), p: p-norm\n"
     "  --max-body BYTES      largest request body (default 1048576; larger get 413)\n"
     "  --timeout S, -to S    seconds a client has to send its whole request, and the longest\n"
     "                        silence on a connection, before it is closed (default 30)\n"
@@ -106,6 +112,10 @@ typedef struct {
     pthread_mutex_t mu;
     unsigned long long by_status[600];
     srv_lora_set lora; /* the adapters and their scales for requests without their own (mu) */
+    int embeddings;    /* --embeddings: POST /v1/embeddings and /embeddings answer */
+    srv_pooling pooling;
+    int embd_normalize; /* --embd-normalize: the requests' default */
+    int d_model;
 } server;
 
 /* ---- small helpers ------------------------------------------------------------------------ */
@@ -532,6 +542,108 @@ static enum MHD_Result handle_generate(server *sv, struct MHD_Connection *c, con
 }
 
 /* ---- the other endpoints ------------------------------------------------------------------ */
+
+/* One input's ids: its ids as given, or its text tokenized as llama-server does (special tokens
+ * parsed, BOS where the vocabulary adds one). */
+static int embed_ids(server *sv, const srv_embed_input *in, int32_t **ids, int *n, char *err,
+                     size_t errlen) {
+    *ids = NULL;
+    *n = 0;
+    if (!in->text) {
+        for (int i = 0; i < in->n_ids; i++)
+            if (in->ids[i] >= tlm_tokenizer_vocab_size(sv->tok))
+                return snprintf(err, errlen, "token id %d is outside the vocabulary (%d)",
+                                in->ids[i], (int)tlm_tokenizer_vocab_size(sv->tok)),
+                       -1;
+        if (!(*ids = malloc((size_t)in->n_ids * sizeof **ids)))
+            return snprintf(err, errlen, "out of memory"), -1;
+        memcpy(*ids, in->ids, (size_t)in->n_ids * sizeof **ids);
+        *n = in->n_ids;
+        return 0;
+    }
+    unsigned flags = TLM_ENCODE_ALLOW_SPECIAL;
+    if (tlm_tokenizer_add_bos(sv->tok) && tlm_tokenizer_bos(sv->tok) >= 0)
+        flags |= TLM_ENCODE_ADD_BOS;
+    size_t nv = 0;
+    if (tlm_tokenizer_encode(sv->tok, in->text, strlen(in->text), flags, ids, &nv))
+        return snprintf(err, errlen, "tokenizing the input: %s", tlm_last_error()), -1;
+    if (nv == 0) return snprintf(err, errlen, "an input is empty (no tokens)"), -1;
+    *n = (int)nv;
+    return 0;
+}
+
+/* POST /v1/embeddings (oai) and llama-server's /embeddings and /embedding. */
+static enum MHD_Result handle_embeddings(server *sv, struct MHD_Connection *c, const char *body,
+                                         size_t len, int oai) {
+    if (!sv->embeddings)
+        return send_error(sv, c, 501, NULL,
+                          "This server does not support embeddings. Start it with `--embeddings`");
+    if (oai && sv->pooling == SRV_POOL_NONE)
+        return send_error(sv, c, 400, NULL,
+                          "Pooling type 'none' is not OAI compatible. Please use a different "
+                          "pooling type");
+    srv_embed_request r;
+    srv_error e;
+    if (srv_embed_parse(body, len, oai, sv->embd_normalize, &r, &e))
+        return send_error(sv, c, e.status, e.param, "%s", e.message);
+    int d = sv->d_model, n = r.n_inputs, status = 200;
+    float **vecs = calloc((size_t)n, sizeof *vecs);
+    int *rows = calloc((size_t)n, sizeof *rows);
+    char err[300] = "";
+    if (!vecs || !rows) {
+        snprintf(err, sizeof err, "out of memory");
+        status = 500;
+    }
+    for (int i = 0; i < n && status == 200; i++) {
+        int32_t *ids = NULL;
+        if (embed_ids(sv, &r.inputs[i], &ids, &rows[i], err, sizeof err)) {
+            status = 400;
+            break;
+        }
+        if (rows[i] > sv->ctx) {
+            snprintf(err, sizeof err,
+                     "input %d is %d tokens, more than the context of %d positions (--ctx)", i,
+                     rows[i], sv->ctx);
+            free(ids);
+            status = 400;
+            break;
+        }
+        float *hidden = malloc((size_t)rows[i] * (size_t)d * sizeof *hidden);
+        srv_embed_op op = {.ids = ids, .n = rows[i], .hidden = hidden};
+        if (!hidden) {
+            snprintf(err, sizeof err, "out of memory");
+            status = 500;
+        } else if (srv_sched_embed(sv->sched, &op)) {
+            snprintf(err, sizeof err, "%s", tlm_last_error());
+            status = 503;
+        } else if (op.status) {
+            snprintf(err, sizeof err, "%s", op.error);
+            status = op.status;
+        }
+        free(ids);
+        if (status != 200) {
+            free(hidden);
+            break;
+        }
+        if (sv->pooling == SRV_POOL_NONE) {
+            vecs[i] = hidden;
+            continue;
+        }
+        /* pooled rows are normalized (embd_normalize), every token's rows are not */
+        srv_embed_pool(sv->pooling, hidden, rows[i], d, hidden);
+        srv_embed_normalize(hidden, d, r.normalize);
+        vecs[i] = hidden;
+    }
+    char *out =
+        status == 200 ? srv_embed_response(&r, sv->pooling, vecs, rows, d, sv->model_id) : NULL;
+    for (int i = 0; vecs && i < n; i++) free(vecs[i]);
+    free(vecs);
+    free(rows);
+    srv_embed_request_free(&r);
+    if (status != 200) return send_error(sv, c, status, "input", "%s", err);
+    if (!out) return send_error(sv, c, 500, NULL, "out of memory");
+    return send_body(sv, c, 200, "application/json", out, strlen(out), 0);
+}
 
 static enum MHD_Result handle_tokenize(server *sv, struct MHD_Connection *c, const char *body,
                                        size_t len) {
@@ -989,6 +1101,9 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         return handle_generate(sv, c, body, u->len, SRV_COMPLETIONS);
     if (post && path_is(url, "/v1/chat/completions"))
         return handle_generate(sv, c, body, u->len, SRV_CHAT);
+    if (post && !strcmp(url, "/v1/embeddings")) return handle_embeddings(sv, c, body, u->len, 1);
+    if (post && (!strcmp(url, "/embeddings") || !strcmp(url, "/embedding")))
+        return handle_embeddings(sv, c, body, u->len, 0);
     if (post && !strcmp(url, "/tokenize")) return handle_tokenize(sv, c, body, u->len);
     if ((get || post) && !strcmp(url, "/lora-adapters"))
         return handle_lora(sv, c, post, body, post ? u->len : 0);
@@ -1090,10 +1205,9 @@ static int noop_flag(int argc, char **argv, int *i) {
                                              "--n-cpu-moe",
                                              "-ncmoe"};
     static const char *const alone[] = {
-        "--metrics",       "--slots",    "--no-slots",      "--cont-batching", "-cb",
-        "--jinja",         "--no-jinja", "--mlock",         "--log-disable",   "--no-warmup",
-        "--cache-prompt",  "--no-perf",  "--no-kv-offload", "-nkvo",           "--props",
-        "--embd-normalize"};
+        "--metrics",      "--slots",    "--no-slots",      "--cont-batching", "-cb",
+        "--jinja",        "--no-jinja", "--mlock",         "--log-disable",   "--no-warmup",
+        "--cache-prompt", "--no-perf",  "--no-kv-offload", "-nkvo",           "--props"};
     const char *a = argv[*i];
     for (size_t k = 0; k < sizeof alone / sizeof alone[0]; k++)
         if (!strcmp(a, alone[k])) return 1;
@@ -1122,6 +1236,8 @@ static int serve_main(int argc, char **argv, cli_lora *lora) {
     long port = 8080, parallel = 4, ctx = 0, threads = 0, queue = 0, max_body = 1 << 20,
          cache_mib = 1024, timeout = 30;
     int map_mode = CLI_MAP_AUTO, lora_off = 0, webui = 1;
+    int embeddings = 0, pooling = -1;
+    long embd_norm = 2;
     const char *alias = NULL, *slot_dir = NULL;
     srv_defaults defaults = {0};
     for (int i = 1; i < argc; i++) {
@@ -1175,6 +1291,14 @@ static int serve_main(int argc, char **argv, cli_lora *lora) {
         } else if (!strcmp(a, "--no-webui")) {
             webui = 0;
             continue;
+        } else if (!strcmp(a, "--embeddings") || !strcmp(a, "--embedding")) {
+            embeddings = 1;
+            continue;
+        } else if (cli_flag_value(argc, argv, &i, "--pooling", NULL, &v)) {
+            if (v && (pooling = srv_pooling_parse(v)) < 0)
+                return cli_fail("serve: --pooling wants none, mean, cls or last, got '%s'", v);
+        } else if (cli_flag_value(argc, argv, &i, "--embd-normalize", NULL, &v)) {
+            num = &embd_norm, lo = -1, hi = 64;
         } else if (cli_flag_value(argc, argv, &i, "--queue", NULL, &v)) {
             num = &queue, lo = 1, hi = 1 << 16;
         } else if (cli_flag_value(argc, argv, &i, "--cache-ram", "-cram", &v)) {
@@ -1249,6 +1373,19 @@ static int serve_main(int argc, char **argv, cli_lora *lora) {
         sv.lora.path[k] = lora->path[k];
         sv.lora.scale[k] = lora_off ? 0.0f : lora->scale[k];
     }
+    if (pooling < 0) {
+        /* llama-server's default: the model's own pooling, else none (a generative model) */
+        pooling = cli_gguf_pooling(model_path);
+        if (pooling == 4) {
+            rc = cli_fail("serve: the model pools for reranking (rank), which tlm serve lacks");
+            goto done;
+        }
+        if (pooling < 0 || pooling > 3) pooling = SRV_POOL_NONE;
+    }
+    sv.embeddings = embeddings;
+    sv.pooling = (srv_pooling)pooling;
+    sv.embd_normalize = (int)embd_norm;
+    sv.d_model = cfg->d_model;
     srv_sched_opts so = {.parallel = (int)parallel,
                          .ctx = (int)ctx,
                          .queue_max = (int)queue,
@@ -1256,7 +1393,8 @@ static int serve_main(int argc, char **argv, cli_lora *lora) {
                          .kv_type = cache.k,
                          .v_type = cache.v,
                          .loras = (const tlm_lora *const *)lora->lora,
-                         .n_lora = lora->n};
+                         .n_lora = lora->n,
+                         .embeddings = embeddings};
     /* Loading may have run parallel regions on this thread, which leaves a team of OpenMP threads
      * parked here. With the scheduler thread's team beside it, libgomp manages more threads than
      * there are CPUs (on 2 cores) and cuts its spin before sleeping at a barrier from
@@ -1333,6 +1471,7 @@ static int serve_main(int argc, char **argv, cli_lora *lora) {
     printf("tlm serve: %s, %d slots of %d positions, KV cache %s (%.1f MiB), chat template %s\n",
            sv.model_id, sv.parallel, sv.ctx, kv_desc,
            (double)srv_sched_kv_bytes(sv.sched) / 1048576.0, tlm_chat_template_name(sv.tpl));
+    if (embeddings) printf("embeddings: pooling %s\n", srv_pooling_name(sv.pooling));
     printf("listening on http://%s:%u/\n", host, di ? di->port : (unsigned)port);
     fflush(stdout);
     char b;

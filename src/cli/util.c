@@ -244,3 +244,20 @@ int cli_gguf_template(const char *model, tlm_chat_template *t, int *present) {
     io_gguf_close(g);
     return ok;
 }
+
+int cli_gguf_pooling(const char *model) {
+    tlm_model_format f;
+    if (tlm_model_detect(model, &f) || f != TLM_FORMAT_GGUF) return -1;
+    io_gguf *g = NULL;
+    if (io_gguf_open(model, &g)) return -1;
+    const char *arch = NULL;
+    size_t n = 0;
+    int64_t v = -1;
+    char key[160];
+    if (!io_gguf_get_str(g, "general.architecture", &arch, &n) && n < 100) {
+        snprintf(key, sizeof key, "%.*s.pooling_type", (int)n, arch);
+        if (io_gguf_get_int(g, key, &v) || v < 0 || v > 1000) v = -1;
+    }
+    io_gguf_close(g);
+    return (int)v;
+}

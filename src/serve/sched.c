@@ -130,7 +130,9 @@ struct srv_sched {
     pthread_cond_t progress; /* submitters wait: output, completion */
     srv_job *qhead, *qtail;
     int queued, closed, quit;
-    srv_slot_op *ops; /* slot actions waiting for the loop */
+    srv_slot_op *ops;     /* slot actions waiting for the loop */
+    tlm_session *emb;     /* embeddings' own session (srv_sched_opts.embeddings), NULL: none */
+    srv_embed_op *embeds; /* embeddings waiting for the loop */
     srv_stats st;
     pc_entry *pc; /* the prompt cache (scheduler thread only, under the lock) */
     int n_pc, cap_pc;
@@ -649,6 +651,45 @@ void srv_sched_slot_info(srv_sched *s, int b, srv_slot_info *out) {
     pthread_mutex_unlock(&s->mu);
 }
 
+/* Every queued embedding, between steps. The lock is let go while one computes: only this
+ * thread touches the sessions, and streams waiting on the lock would stall. */
+static void run_embeds(srv_sched *s) {
+    while (s->embeds) {
+        srv_embed_op *op = s->embeds;
+        s->embeds = op->next;
+        pthread_mutex_unlock(&s->mu);
+        tlm_session_reset(s->emb, 0);
+        tlm_status st = tlm_session_prefill_hidden(s->emb, 0, op->ids, op->n, op->hidden);
+        pthread_mutex_lock(&s->mu);
+        if (st) {
+            op->status = 400;
+            snprintf(op->error, sizeof op->error, "%s", tlm_last_error());
+        }
+        op->done = 1;
+        pthread_cond_broadcast(&s->progress);
+    }
+}
+
+tlm_status srv_sched_embed(srv_sched *s, srv_embed_op *op) {
+    if (!s || !op || !op->ids || !op->hidden)
+        return core_err(TLM_ERR_ARG, "embedding: NULL argument");
+    if (!s->emb) return core_err(TLM_ERR_ARG, "embedding: the scheduler has no embeddings session");
+    pthread_mutex_lock(&s->mu);
+    if (s->closed) {
+        pthread_mutex_unlock(&s->mu);
+        return core_err(TLM_ERR_INTERRUPTED, "embedding: the server is shutting down");
+    }
+    op->done = 0;
+    op->status = 0;
+    op->error[0] = 0;
+    op->next = s->embeds;
+    s->embeds = op;
+    pthread_cond_signal(&s->work);
+    while (!op->done) pthread_cond_wait(&s->progress, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+    return TLM_OK;
+}
+
 static void *loop(void *arg) {
     srv_sched *s = arg;
     size_t V = (size_t)s->V;
@@ -662,6 +703,7 @@ static void *loop(void *arg) {
     s->ready = 1;
     for (;;) {
         run_slot_ops(s);
+        run_embeds(s);
         drop_cancelled(s);
         admit(s);
         int prefilling = 0, decoding = 0;
@@ -672,7 +714,7 @@ static void *loop(void *arg) {
         pthread_cond_broadcast(&s->progress);
         if (!prefilling && !decoding) {
             if (s->quit && !s->qhead) break;
-            if (!s->ops) pthread_cond_wait(&s->work, &s->mu);
+            if (!s->ops && !s->embeds) pthread_cond_wait(&s->work, &s->mu);
             continue;
         }
         pthread_mutex_unlock(&s->mu);
@@ -820,6 +862,8 @@ tlm_status srv_sched_new(const tlm_model *m, const tlm_tokenizer *tok, const srv
     s->n_lora = o->n_lora;
     if (o->n_lora && (st = tlm_session_set_loras(s->sess, o->loras, NULL, o->n_lora)) != TLM_OK)
         goto fail;
+    so.batch = 1;
+    if (o->embeddings && (st = tlm_session_new(m, &so, &s->emb)) != TLM_OK) goto fail;
     s->slots = calloc((size_t)s->B, sizeof *s->slots);
     s->logits = malloc((size_t)s->B * (size_t)s->V * sizeof(float));
     s->ids = calloc((size_t)s->B + (size_t)(s->chunk > ctx ? s->chunk : ctx), sizeof *s->ids);
@@ -878,6 +922,7 @@ void srv_sched_free(srv_sched *s) {
     while (s->n_pc) pc_drop(s, s->n_pc - 1);
     free(s->pc);
     tlm_session_free(s->sess);
+    tlm_session_free(s->emb);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->work);
     pthread_cond_destroy(&s->progress);

@@ -157,6 +157,50 @@ void srv_request_free(srv_request *r);
 /* 1 if the bytes are valid UTF-8 (no overlongs, surrogates or code points past U+10FFFF). */
 int srv_utf8_valid(const char *s, size_t n);
 
+/* ---- embeddings (src/serve/embed.c) ------------------------------------------------------- */
+
+/* How a prompt's hidden rows become its embedding (llama-server's --pooling): none keeps every
+ * token's row; cls takes the first, last the last, mean their average. llama.cpp's numbers. */
+typedef enum { SRV_POOL_NONE = 0, SRV_POOL_MEAN, SRV_POOL_CLS, SRV_POOL_LAST } srv_pooling;
+/* The pooling a name (none, mean, cls, last) gives, -1 for any other. */
+int srv_pooling_parse(const char *s);
+const char *srv_pooling_name(srv_pooling p);
+
+#define SRV_MAX_EMBED_INPUTS 2048
+
+/* One input: text (to tokenize) or token ids. */
+typedef struct {
+    char *text;
+    int32_t *ids;
+    int n_ids;
+} srv_embed_input;
+
+typedef struct {
+    int oai; /* OpenAI's answer (POST /v1/embeddings with "input"), else llama-server's list */
+    srv_embed_input *inputs;
+    int n_inputs;
+    int base64;    /* encoding_format "base64" */
+    int normalize; /* embd_normalize: -1 none, 0 max absolute (int16 range), 2 Euclidean, p > 0
+                    * the p-norm */
+    char *model;   /* the request's "model", NULL when absent */
+} srv_embed_request;
+
+/* Parses an embeddings body: "input" (or llama-server's "content", which answers in its own
+ * shape) as a string, an array of ids, or an array of strings and arrays of ids;
+ * encoding_format; embd_normalize (default `normalize`). oai: the request came to
+ * /v1/embeddings. 0, or -1 with *e (400) filled. */
+int srv_embed_parse(const char *body, size_t len, int oai, int normalize, srv_embed_request *r,
+                    srv_error *e);
+void srv_embed_request_free(srv_embed_request *r);
+/* out [d] = pooled hidden [n, d] (p other than none). */
+void srv_embed_pool(srv_pooling p, const float *hidden, int n, int d, float *out);
+/* v [d] divided by its norm (srv_embed_request.normalize; -1 leaves it; a zero vector stays). */
+void srv_embed_normalize(float *v, int d, int norm);
+/* The answer (malloc'd JSON): vecs[i] the embedding of input i of n_rows[i] tokens ([n_rows[i], d]
+ * with pooling none, else [d]). */
+char *srv_embed_response(const srv_embed_request *r, srv_pooling pool, float *const *vecs,
+                         const int *n_rows, int d, const char *model_id);
+
 /* ---- LoRA adapters ------------------------------------------------------------------------ */
 
 /* The adapters a server applies (llama-server's /lora-adapters): their paths and the scales every
@@ -265,6 +309,8 @@ typedef struct {
      * share steps). They must outlive the scheduler. */
     const tlm_lora *const *loras;
     int n_lora;
+    /* A session of one sequence of ctx positions for embeddings (srv_sched_embed); 0: none. */
+    int embeddings;
 } srv_sched_opts;
 
 typedef struct {
@@ -339,6 +385,24 @@ typedef struct srv_slot_op {
 } srv_slot_op;
 /* Queues op and waits until the scheduler ran it. TLM_OK even when op->status refuses it. */
 tlm_status srv_sched_slot_op(srv_sched *s, srv_slot_op *op);
+
+/* A prompt's hidden rows (tlm_session_prefill_hidden) computed by the scheduler thread in a
+ * session of its own (srv_sched_opts.embeddings), between steps. */
+typedef struct srv_embed_op {
+    /* in */
+    const int32_t *ids;
+    int n;
+    float *hidden; /* [n, d_model], the caller's */
+    /* out */
+    int status; /* 0, or 400 with error */
+    char error[256];
+    /* scheduler-private */
+    int done;
+    struct srv_embed_op *next;
+} srv_embed_op;
+/* Queues op and waits until the scheduler ran it: TLM_OK even when op->status refuses it;
+ * TLM_ERR_ARG without srv_sched_opts.embeddings, TLM_ERR_INTERRUPTED once draining. */
+tlm_status srv_sched_embed(srv_sched *s, srv_embed_op *op);
 
 /* ---- responses ---------------------------------------------------------------------------- */
 
