@@ -317,12 +317,17 @@ static inline int fuzz_gpt2_bpe(const uint8_t *data, size_t size) {
 
 /* tlm serve's request parser: the first byte modulo 3 picks the shape (completions, chat,
  * llama-server's /completion); a parsed chat is rendered through every template, with its tools
- * in their messages. The same bytes are read as a model's answer for tool calls. */
+ * in their messages. The same bytes are read as a model's answer for tool calls and as an
+ * embeddings body. */
 static inline int fuzz_request(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
     srv_tool_parse tp;
     srv_tools_parse((const char *)data + 1, size - 1, 1, &tp);
     srv_tool_parse_free(&tp);
+    srv_embed_request er;
+    srv_error ee;
+    if (!srv_embed_parse((const char *)data + 1, size - 1, data[0] & 1, 2, &er, &ee))
+        srv_embed_request_free(&er);
     srv_request r;
     srv_error e;
     if (srv_request_parse((const char *)data + 1, size - 1, data[0] % 3, &r, &e)) return 0;
