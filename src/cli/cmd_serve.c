@@ -573,6 +573,10 @@ static int embed_ids(server *sv, const srv_embed_input *in, int32_t **ids, int *
     return 0;
 }
 
+/* With pooling none a request's answer holds every token's row: a bound on them keeps one request
+ * from holding gigabytes (64M floats, 256 MiB, and several times that as JSON text). */
+#define EMBED_MAX_ROW_FLOATS (64 << 20)
+
 /* POST /v1/embeddings (oai) and llama-server's /embeddings and /embedding. */
 static enum MHD_Result handle_embeddings(server *sv, struct MHD_Connection *c, const char *body,
                                          size_t len, int oai) {
@@ -588,6 +592,7 @@ static enum MHD_Result handle_embeddings(server *sv, struct MHD_Connection *c, c
     if (srv_embed_parse(body, len, oai, sv->embd_normalize, &r, &e))
         return send_error(sv, c, e.status, e.param, "%s", e.message);
     int d = sv->d_model, n = r.n_inputs, status = 200;
+    long long total = 0;
     float **vecs = calloc((size_t)n, sizeof *vecs);
     int *rows = calloc((size_t)n, sizeof *rows);
     char err[300] = "";
@@ -598,6 +603,17 @@ static enum MHD_Result handle_embeddings(server *sv, struct MHD_Connection *c, c
     for (int i = 0; i < n && status == 200; i++) {
         int32_t *ids = NULL;
         if (embed_ids(sv, &r.inputs[i], &ids, &rows[i], err, sizeof err)) {
+            status = 400;
+            break;
+        }
+        total += rows[i];
+        if (sv->pooling == SRV_POOL_NONE && total * d > EMBED_MAX_ROW_FLOATS) {
+            snprintf(
+                err, sizeof err,
+                "the per-token embeddings of these inputs exceed %d values (%lld tokens of %d); "
+                "send fewer inputs per request",
+                EMBED_MAX_ROW_FLOATS, total, d);
+            free(ids);
             status = 400;
             break;
         }
@@ -633,7 +649,9 @@ static enum MHD_Result handle_embeddings(server *sv, struct MHD_Connection *c, c
         /* pooled rows are normalized (embd_normalize), every token's rows are not */
         srv_embed_pool(sv->pooling, hidden, rows[i], d, hidden);
         srv_embed_normalize(hidden, d, r.normalize);
-        vecs[i] = hidden;
+        /* only the pooled vector is kept while the other inputs run */
+        float *v = realloc(hidden, (size_t)d * sizeof *v);
+        vecs[i] = v ? v : hidden;
     }
     char *out =
         status == 200 ? srv_embed_response(&r, sv->pooling, vecs, rows, d, sv->model_id) : NULL;
