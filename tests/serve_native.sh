@@ -4,7 +4,7 @@
 # stream, samplers tlm lacks refused), its answer's fields, /props, /apply-template, /v1/health,
 # /tokenize's pieces, /metrics' llamacpp: names, /slots with save, erase and restore, its command
 # line; logit_bias on the OpenAI endpoint too; and tool calls with the openai npm client
-# (tests/node/serve_tools.mjs).
+# (tests/node/serve_tools.mjs), in the Hermes format (ChatML) and in Llama 3.1's.
 . "$(dirname "$0")/lib.sh"
 M=$DATA/models/stories260K.gguf
 need "$M"
@@ -165,4 +165,16 @@ expect "n_predict 3 over --n-predict 7" [ "$(j 'j["tokens_predicted"]')" = 3 ]
 expect "/props shows the defaults" [ "$(curl -s "$URL/props" | json_get '[j["default_generation_settings"]["params"][k] for k in ("n_predict", "temperature", "top_k", "seed")]')" = '[7, 0, 1, 5]' ]
 expect "--no-webui: no page at /" [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/")" = 404 ]
 expect "no --slot-save-path: saving is refused" [ "$(post "/slots/0?action=save" '{"filename": "a.bin"}')" = 501 ]
+
+# Tool calls in Llama 3.1's format (--chat-template llama3) through the same openai client loop:
+# the required and named calls come out of the grammar as {"name", "parameters"} objects
+kill "$PID"
+wait "$PID" 2>/dev/null
+"$TLM" serve -m "$M" --port 0 -t 1 --ctx 2048 --parallel 2 --chat-template llama3 >"$TMP/serve3.out" 2>"$TMP/serve3.err" &
+PID=$!
+T_PIDS+=("$PID")
+URL=
+listening3() { URL=$(sed -n 's/^listening on \(http:[^ ]*\)\/$/\1/p' "$TMP/serve3.out" 2>/dev/null); [ -n "$URL" ]; }
+wait_until 10 listening3 || { cat "$TMP/serve3.err" >&2; die "the llama3 server did not start"; }
+expect "Llama 3 tool calls with the openai client" node_run serve_tools.mjs "$URL"
 finish

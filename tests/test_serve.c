@@ -933,8 +933,123 @@ static void test_embeddings(void) {
     tlm_model_free(m);
 }
 
+/* Llama 3.1's tool format: Meta's template's text (the tools before the first user message,
+ * indented as its tojson, a call as {"name", "parameters"}, results in ipython turns), the answer's
+ * call with or without <|python_tag|> (broken ones stay text), and the grammar of a named call. */
+static void test_tools_llama3(void) {
+    CHECK(srv_tools_format(TLM_CHAT_LLAMA3) == SRV_TOOLFMT_LLAMA3 &&
+              srv_tools_format(TLM_CHAT_CHATML) == SRV_TOOLFMT_HERMES &&
+              srv_tools_format(TLM_CHAT_GEMMA) == -1,
+          "formats of the families");
+    const char *body =
+        "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\","
+        "\"content\":\"W?\"},{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":"
+        "\"c1\",\"type\":\"function\",\"function\":{\"name\":\"w\",\"arguments\":"
+        "\"{\\\"city\\\":\\\"P\\\",\\\"n\\\":[1,2]}\"}}]},{\"role\":\"tool\",\"tool_call_id\":"
+        "\"c1\",\"content\":\"21\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":"
+        "\"w\",\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":"
+        "\"string\"}},\"required\":[\"city\"]}}}],\"tool_choice\":{\"type\":\"function\","
+        "\"function\":{\"name\":\"w\"}}}";
+    srv_request r;
+    srv_error e;
+    CHECK(srv_request_parse(body, strlen(body), SRV_CHAT, &r, &e) == 0, "%s", e.message);
+    CHECK(srv_tools_set_format(&r, SRV_TOOLFMT_LLAMA3, &e) == 0 && r.grammar, "%s", e.message);
+    srv_message *m = NULL;
+    int n = 0;
+    CHECK(srv_tools_messages(&r, &m, &n, &e) == 0 && n == 4, "llama3 messages: %d", n);
+    char *text = NULL;
+    if (n == 4) CHECK_OK(srv_template_apply(TLM_CHAT_LLAMA3, m, n, &text));
+    const char *want =
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\n"
+        "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\nBe brief.<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please "
+        "respond with a JSON for a function call with its proper arguments that best answers the "
+        "given prompt.\n\nRespond in the format {\"name\": function name, \"parameters\": "
+        "dictionary of argument name and its value}.Do not use variables.\n\n{\n    \"type\": "
+        "\"function\",\n    \"function\": {\n        \"name\": \"w\",\n        \"parameters\": "
+        "{\n            \"type\": \"object\",\n            \"properties\": {\n                "
+        "\"city\": {\n                    \"type\": \"string\"\n                }\n            "
+        "},\n            \"required\": [\n                \"city\"\n            ]\n        }\n"
+        "    }\n}\n\nW?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": "
+        "\"w\", \"parameters\": {\"city\": \"P\", \"n\": [1, 2]}}<|eot_id|><|start_header_id|>"
+        "ipython<|end_header_id|>\n\n21<|eot_id|><|start_header_id|>assistant<|end_header_id|>"
+        "\n\n";
+    CHECK(text && !strcmp(text, want), "Meta's text:\n%s", text ? text : "(null)");
+    free(text);
+    srv_messages_free(m, n);
+    /* the named call's grammar: {"name": "w", "parameters": {...}} and nothing else */
+    tlm_tokenizer *tok = NULL;
+    tlm_grammar_vocab *v = NULL;
+    tlm_grammar_state *st = NULL;
+    char alphabet[96];
+    int k = 0;
+    for (int ch = 32; ch < 127; ch++) alphabet[k++] = (char)ch;
+    alphabet[k++] = '\n';
+    CHECK_OK(tlm_tokenizer_new_char(alphabet, (size_t)k, &tok));
+    CHECK_OK(tlm_grammar_vocab_new(tok, tlm_tokenizer_vocab_size(tok), &v));
+    CHECK_OK(tlm_grammar_state_new(r.grammar, v, &st));
+    const char *good = "{\"name\": \"w\", \"parameters\": {\"city\": \"Oslo\"}}";
+    CHECK(!tlm_grammar_state_accept_bytes(st, good, strlen(good)) && tlm_grammar_state_complete(st),
+          "the grammar takes a Llama 3 call of w");
+    tlm_grammar_state_reset(st);
+    const char *bad = "<tool_call>";
+    CHECK(tlm_grammar_state_accept_bytes(st, bad, strlen(bad)) != TLM_OK,
+          "the grammar refuses the Hermes wrapper");
+    tlm_grammar_state_free(st);
+    tlm_grammar_vocab_free(v);
+    tlm_tokenizer_free(tok);
+    srv_request_free(&r);
+    /* no user message to carry the tools */
+    body = "{\"messages\":[{\"role\":\"system\",\"content\":\"s\"}],\"tools\":[{\"type\":"
+           "\"function\",\"function\":{\"name\":\"w\"}}]}";
+    CHECK(srv_request_parse(body, strlen(body), SRV_CHAT, &r, &e) == 0, "%s", e.message);
+    CHECK(srv_tools_set_format(&r, SRV_TOOLFMT_LLAMA3, &e) == 0, "%s", e.message);
+    CHECK(srv_tools_messages(&r, &m, &n, &e) == -1 && e.status == 400 && strstr(e.message, "user"),
+          "tools without a user message: %s", e.message);
+    srv_request_free(&r);
+
+    srv_tool_parse p;
+    const char *calls[] = {"<|python_tag|>{\"name\": \"w\", \"parameters\": {\"city\": \"P\"}}",
+                           " {\"name\": \"w\", \"parameters\": {\"city\": \"P\"}}\n",
+                           "{\"name\": \"w\", \"arguments\": {\"city\": \"P\"}}"};
+    for (int i = 0; i < 3; i++) {
+        CHECK(srv_tools_parse_as(SRV_TOOLFMT_LLAMA3, calls[i], strlen(calls[i]), 3, &p) == 0 &&
+                  p.n_calls == 1 && !p.content && p.calls &&
+                  strstr(p.calls, "\"name\":\"w\",\"arguments\":\"{\\\"city\\\":\\\"P\\\"}\""),
+              "call %d: %s", i, p.calls ? p.calls : "(null)");
+        srv_tool_parse_free(&p);
+    }
+    const char *two =
+        "{\"name\": \"a\", \"parameters\": {}}; {\"name\": \"b\", \"parameters\": {}}";
+    CHECK(srv_tools_parse_as(SRV_TOOLFMT_LLAMA3, two, strlen(two), 3, &p) == 0 && p.n_calls == 2,
+          "two calls: %d", p.n_calls);
+    srv_tool_parse_free(&p);
+    const char *broken[] = {"{\"name\": \"w\", \"param",
+                            "{\"name\": \"w\", \"parameters\": {}} and more",
+                            "{\"parameters\": {}}",
+                            "{\"name\": 3, \"parameters\": {}}",
+                            "{\"name\": \"w\", \"parameters\": \"x\"}",
+                            "The answer is 21.",
+                            "<|python_tag|>",
+                            ""};
+    for (int i = 0; i < 8; i++) {
+        CHECK(srv_tools_parse_as(SRV_TOOLFMT_LLAMA3, broken[i], strlen(broken[i]), 1, &p) == 0 &&
+                  p.n_calls == 0 && !p.calls,
+              "broken %d parsed as a call", i);
+        CHECK(i == 7 ? !p.content : p.content && !strcmp(p.content, broken[i]),
+              "broken %d kept as text: %s", i, p.content ? p.content : "(null)");
+        srv_tool_parse_free(&p);
+    }
+    /* every prefix of a call (a cut-off answer) is text or a call, never a crash */
+    for (size_t i = 0; i <= strlen(calls[0]); i++) {
+        CHECK(srv_tools_parse_as(SRV_TOOLFMT_LLAMA3, calls[0], i, 1, &p) == 0, "prefix %zu", i);
+        srv_tool_parse_free(&p);
+    }
+}
+
 int main(void) {
     test_embeddings();
+    test_tools_llama3();
     test_tools();
     test_responses();
     test_templates();

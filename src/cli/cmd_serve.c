@@ -329,19 +329,23 @@ static int prompt_ids(gen *g, int32_t **ids, size_t *n, char *err, size_t errlen
     char *text = NULL;
     unsigned flags = 0;
     if (r->chat) {
-        /* tools, calls and their results in the Hermes format, which ChatML models read */
+        /* tools, calls and their results in the format of the template's family */
         int tools = r->tools && r->tool_choice != SRV_TOOLS_NONE;
         for (int i = 0; i < r->n_messages; i++)
             tools |= !strcmp(r->messages[i].role, "tool") || r->messages[i].tool_calls;
         srv_message *msgs = r->messages;
         int n_msgs = r->n_messages;
         srv_error e;
-        if (tools && sv->tpl != TLM_CHAT_CHATML)
+        int format = srv_tools_format(sv->tpl);
+        if (tools && format < 0)
             return snprintf(err, errlen,
                             "tools are written in the Hermes format of ChatML models (Qwen2.5, "
-                            "Hermes); this server's template is %s",
+                            "Hermes) and in Llama 3.1's; this server's template is %s",
                             tlm_chat_template_name(sv->tpl)),
                    -1;
+        /* the answer is parsed, and a required call made, in the template's format */
+        if (tools && srv_tools_set_format(&g->req, format, &e))
+            return snprintf(err, errlen, "%s", e.message), -1;
         if (tools && srv_tools_messages(r, &msgs, &n_msgs, &e))
             return snprintf(err, errlen, "%s", e.message), -1;
         tlm_status ts = srv_template_apply(sv->tpl, msgs, n_msgs, &text);

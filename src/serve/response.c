@@ -184,7 +184,8 @@ static cJSON *final_json(srv_response *g) {
         cJSON_AddNumberToObject(c, "index", i);
         srv_tool_parse tp = {0};
         if (tools_on(g->req))
-            srv_tools_parse(j->text ? j->text : "", j->text_len, call_seed(g, i), &tp);
+            srv_tools_parse_as(g->req->tool_format, j->text ? j->text : "", j->text_len,
+                               call_seed(g, i), &tp);
         if (g->req->chat && tools_on(g->req)) {
             cJSON *m = cJSON_AddObjectToObject(c, "message");
             cJSON_AddStringToObject(m, "role", "assistant");
@@ -522,7 +523,8 @@ static int tools_stream_choice(srv_response *g, int i) {
         return 1;
     }
     srv_tool_parse tp = {0};
-    srv_tools_parse(j->text ? j->text : "", j->text_len, call_seed(g, i), &tp);
+    srv_tools_parse_as(g->req->tool_format, j->text ? j->text : "", j->text_len, call_seed(g, i),
+                       &tp);
     cJSON *d = cJSON_CreateObject();
     cJSON_AddStringToObject(d, "role", "assistant");
     if (tp.content)

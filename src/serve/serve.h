@@ -94,9 +94,13 @@ typedef struct {
     int tool_choice;    /* SRV_TOOLS_ */
     char *tool_name;    /* the function tool_choice names */
     int parallel_tools; /* several calls in one answer (default 1) */
+    int tool_format; /* SRV_TOOLFMT_: how the model writes tools and calls (srv_tools_set_format) */
 } srv_request;
 
 enum { SRV_TOOLS_AUTO = 0, SRV_TOOLS_NONE, SRV_TOOLS_REQUIRED, SRV_TOOLS_NAMED };
+/* The tool-call formats: Hermes (ChatML models: Qwen2.5, Hermes) and Meta's Llama 3.1+ (the tools
+ * in the first user message, a call as {"name", "parameters"}, results in ipython turns). */
+enum { SRV_TOOLFMT_HERMES = 0, SRV_TOOLFMT_LLAMA3 };
 
 typedef struct {
     int status;        /* HTTP status: 400 for everything the parser refuses */
@@ -134,7 +138,14 @@ typedef struct {
 int srv_request_parse_with(const char *body, size_t len, int shape, const srv_defaults *d,
                            srv_request *r, srv_error *e);
 
-/* ---- tool calls (src/serve/tools.c): Hermes / Qwen2.5 style, ChatML ------------------------- */
+/* ---- tool calls (src/serve/tools.c): Hermes (ChatML) and Llama 3.1+ ---------------------------
+ */
+
+/* The tool format of a chat template's family, -1 when tlm writes no tools for it. */
+int srv_tools_format(tlm_chat_template t);
+/* Sets r's tool format (srv_request_parse leaves Hermes) and remakes the grammar of a required or
+ * named call in it. 0, or -1 with *e. */
+int srv_tools_set_format(srv_request *r, int format, srv_error *e);
 
 /* The messages a chat with tools renders: the tools' signatures in the system message, assistant
  * tool calls as <tool_call> blocks, tool results as <tool_response> blocks in a user turn.
@@ -152,6 +163,9 @@ typedef struct {
     int n_calls;
 } srv_tool_parse;
 int srv_tools_parse(const char *text, size_t len, unsigned long long id_seed, srv_tool_parse *out);
+/* The same for a format (SRV_TOOLFMT_); srv_tools_parse reads Hermes. */
+int srv_tools_parse_as(int format, const char *text, size_t len, unsigned long long id_seed,
+                       srv_tool_parse *out);
 void srv_tool_parse_free(srv_tool_parse *p);
 void srv_request_free(srv_request *r);
 /* 1 if the bytes are valid UTF-8 (no overlongs, surrogates or code points past U+10FFFF). */

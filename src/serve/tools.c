@@ -1,7 +1,10 @@
-/* Tool calls in chat completions, in the Hermes format that Qwen2.5 and most ChatML models are
- * trained on: the functions' signatures go in the system message between <tools> tags, the model
+/* Tool calls in chat completions. In the Hermes format that Qwen2.5 and most ChatML models are
+ * trained on, the functions' signatures go in the system message between <tools> tags, the model
  * answers a call as <tool_call>{"name": ..., "arguments": {...}}</tool_call>, and a tool's result
- * comes back in a user turn between <tool_response> tags. */
+ * comes back in a user turn between <tool_response> tags. In Meta's Llama 3.1+ format (its
+ * template's default, tools in the user message) the signatures open the first user message, the
+ * model answers a JSON object {"name": ..., "parameters": {...}} (after <|python_tag|> or alone),
+ * and a result comes back in an ipython turn. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -100,10 +103,136 @@ static void calls_text(sbuf *b, const char *calls_json) {
     cJSON_Delete(calls);
 }
 
+int srv_tools_format(tlm_chat_template t) {
+    return t == TLM_CHAT_CHATML   ? SRV_TOOLFMT_HERMES
+           : t == TLM_CHAT_LLAMA3 ? SRV_TOOLFMT_LLAMA3
+                                  : -1;
+}
+
+/* JSON as Python's json.dumps writes it (Jinja's tojson in Meta's template): ", " and ": "
+ * between items inline (indent < 0), or each item on a line of its own, indent spaces a level. */
+static void py_json(sbuf *b, const cJSON *v, int indent, int depth) {
+    int obj = cJSON_IsObject(v);
+    if (!obj && !cJSON_IsArray(v)) {
+        char *s = cJSON_PrintUnformatted(v);
+        puts_(b, s ? s : "null");
+        free(s);
+        return;
+    }
+    if (!v->child) {
+        puts_(b, obj ? "{}" : "[]");
+        return;
+    }
+    puts_(b, obj ? "{" : "[");
+    for (const cJSON *c = v->child; c; c = c->next) {
+        if (indent >= 0) {
+            puts_(b, "\n");
+            for (int i = 0; i < (depth + 1) * indent; i++) puts_(b, " ");
+        }
+        if (obj) {
+            cJSON *k = cJSON_CreateString(c->string ? c->string : "");
+            char *s = k ? cJSON_PrintUnformatted(k) : NULL;
+            puts_(b, s ? s : "\"\"");
+            puts_(b, ": ");
+            free(s);
+            cJSON_Delete(k);
+        }
+        py_json(b, c, indent, depth + 1);
+        if (c->next) puts_(b, indent >= 0 ? "," : ", ");
+    }
+    if (indent >= 0) {
+        puts_(b, "\n");
+        for (int i = 0; i < depth * indent; i++) puts_(b, " ");
+    }
+    puts_(b, obj ? "}" : "]");
+}
+
+/* An assistant's calls as Llama 3.1 writes one: {"name": "f", "parameters": {...}}; several (which
+ * Meta's template refuses) one a line. */
+static void llama3_calls(sbuf *b, const char *calls_json) {
+    cJSON *calls = cJSON_Parse(calls_json);
+    const cJSON *c;
+    cJSON_ArrayForEach(c, calls) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(c, "function");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        const cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+        cJSON *a = cJSON_IsString(args) ? cJSON_Parse(args->valuestring) : NULL;
+        if (!a) a = args && !cJSON_IsString(args) ? cJSON_Duplicate(args, 1) : cJSON_CreateObject();
+        cJSON *nm = cJSON_CreateString(cJSON_IsString(name) ? name->valuestring : "");
+        if (b->n) puts_(b, "\n");
+        puts_(b, "{\"name\": ");
+        py_json(b, nm, -1, 0);
+        puts_(b, ", \"parameters\": ");
+        py_json(b, a, -1, 0);
+        puts_(b, "}");
+        cJSON_Delete(nm);
+        cJSON_Delete(a);
+    }
+    cJSON_Delete(calls);
+}
+
+/* Meta's Llama 3.1 template with tools in the user message: a system turn with the ipython
+ * environment and its dates, the signatures before the first user message, calls as JSON, results
+ * in ipython turns. */
+static int llama3_messages(const srv_request *r, const cJSON *tools, srv_message **out, int *n,
+                           srv_error *e) {
+    int i0 = r->n_messages &&
+             (!strcmp(r->messages[0].role, "system") || !strcmp(r->messages[0].role, "developer"));
+    if (tools && (i0 >= r->n_messages || strcmp(r->messages[i0].role, "user")))
+        return fail(e, "messages",
+                    "Llama 3's tools go in the first user message, and the conversation has none "
+                    "after its system message");
+    srv_message *m = calloc((size_t)r->n_messages + 1, sizeof *m);
+    if (!m) return fail(e, "messages", "out of memory");
+    int k = 0, oom = 0;
+    sbuf b = {0};
+    if (tools) puts_(&b, "Environment: ipython\n");
+    puts_(&b, "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n");
+    if (i0 && r->messages[0].content) puts_(&b, r->messages[0].content);
+    m[k].role = dup_s("system");
+    m[k++].content = b.s;
+    oom |= b.oom || !b.s || !m[0].role;
+    for (int i = i0; i < r->n_messages; i++) {
+        const srv_message *s = &r->messages[i];
+        sbuf c = {0};
+        const char *role = !strcmp(s->role, "tool") ? "ipython" : s->role;
+        if (i == i0 && tools) {
+            puts_(&c, "Given the following functions, please respond with a JSON for a function "
+                      "call with its proper arguments that best answers the given prompt.\n\n"
+                      "Respond in the format {\"name\": function name, \"parameters\": dictionary "
+                      "of argument name and its value}.Do not use variables.\n\n");
+            const cJSON *t;
+            cJSON_ArrayForEach(t, tools) {
+                py_json(&c, t, 4, 0);
+                puts_(&c, "\n\n");
+            }
+        }
+        if (s->tool_calls)
+            llama3_calls(&c, s->tool_calls);
+        else
+            puts_(&c, s->content ? s->content : "");
+        m[k].role = dup_s(role);
+        m[k++].content = c.s;
+        oom |= c.oom || !c.s || !m[k - 1].role;
+    }
+    if (oom) {
+        srv_messages_free(m, k);
+        return fail(e, "messages", "out of memory");
+    }
+    *out = m;
+    *n = k;
+    return 0;
+}
+
 int srv_tools_messages(const srv_request *r, srv_message **out, int *n, srv_error *e) {
     *out = NULL;
     *n = 0;
     cJSON *tools = r->tools && r->tool_choice != SRV_TOOLS_NONE ? cJSON_Parse(r->tools) : NULL;
+    if (r->tool_format == SRV_TOOLFMT_LLAMA3) {
+        int rc = llama3_messages(r, tools, out, n, e);
+        cJSON_Delete(tools);
+        return rc;
+    }
     int has_system = r->n_messages && (!strcmp(r->messages[0].role, "system") ||
                                        !strcmp(r->messages[0].role, "developer"));
     srv_message *m = calloc((size_t)r->n_messages + 1, sizeof *m);
@@ -191,6 +320,8 @@ int srv_tools_grammar(const srv_request *r, tlm_grammar **out, srv_error *e) {
     cJSON *tools = cJSON_Parse(r->tools);
     /* the call object: one of the functions (or the named one), its arguments by its schema */
     cJSON *schema = cJSON_CreateObject(), *any = cJSON_AddArrayToObject(schema, "anyOf");
+    int llama3 = r->tool_format == SRV_TOOLFMT_LLAMA3;
+    const char *key = llama3 ? "parameters" : "arguments";
     const cJSON *t;
     cJSON_ArrayForEach(t, tools) {
         const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
@@ -201,11 +332,11 @@ int srv_tools_grammar(const srv_request *r, tlm_grammar **out, srv_error *e) {
         cJSON_AddStringToObject(o, "type", "object");
         cJSON *props = cJSON_AddObjectToObject(o, "properties");
         cJSON_AddStringToObject(cJSON_AddObjectToObject(props, "name"), "const", name);
-        cJSON_AddItemToObject(props, "arguments",
+        cJSON_AddItemToObject(props, key,
                               params ? cJSON_Duplicate(params, 1) : cJSON_CreateObject());
         cJSON *req = cJSON_AddArrayToObject(o, "required");
         cJSON_AddItemToArray(req, cJSON_CreateString("name"));
-        cJSON_AddItemToArray(req, cJSON_CreateString("arguments"));
+        cJSON_AddItemToArray(req, cJSON_CreateString(key));
         cJSON_AddItemToArray(any, o);
     }
     char *text = cJSON_PrintUnformatted(schema), *gbnf = NULL;
@@ -222,9 +353,13 @@ int srv_tools_grammar(const srv_request *r, tlm_grammar **out, srv_error *e) {
     sbuf b = {0};
     rename_root(&b, gbnf, "tool-call-object");
     free(gbnf);
-    puts_(&b, r->parallel_tools ? "\nroot ::= tool-call (\"\\n\" tool-call)*\n"
-                                : "\nroot ::= tool-call\n");
-    puts_(&b, "tool-call ::= \"<tool_call>\\n\" tool-call-object \"\\n</tool_call>\"\n");
+    if (llama3) /* one call: Meta's template takes one back */
+        puts_(&b, "\nroot ::= tool-call-object\n");
+    else
+        puts_(&b, r->parallel_tools ? "\nroot ::= tool-call (\"\\n\" tool-call)*\n"
+                                    : "\nroot ::= tool-call\n");
+    if (!llama3)
+        puts_(&b, "tool-call ::= \"<tool_call>\\n\" tool-call-object \"\\n</tool_call>\"\n");
     if (b.oom) {
         free(b.s);
         return fail(e, "tools", "out of memory");
@@ -246,6 +381,87 @@ void srv_tool_parse_free(srv_tool_parse *p) {
 }
 
 static const char OPEN[] = "<tool_call>", CLOSE[] = "</tool_call>";
+
+int srv_tools_set_format(srv_request *r, int format, srv_error *e) {
+    if (r->tool_format == format) return 0;
+    r->tool_format = format;
+    if (!r->tools || r->tool_choice < SRV_TOOLS_REQUIRED) return 0;
+    /* the request's grammar is its call's (a response format excludes a required call) */
+    tlm_grammar_free(r->grammar);
+    r->grammar = NULL;
+    return srv_tools_grammar(r, &r->grammar, e);
+}
+
+/* Appends an OpenAI tool call to calls; 0 when name or args are not a call's. */
+static int add_call(cJSON *calls, const cJSON *name, const cJSON *args, unsigned long long seed) {
+    if (!cJSON_IsString(name) || !args) return 0;
+    char *a = cJSON_IsString(args) ? NULL : cJSON_PrintUnformatted(args);
+    cJSON *call = cJSON_CreateObject();
+    char id[40];
+    snprintf(id, sizeof id, "call_%llx%02x", seed, (unsigned)cJSON_GetArraySize(calls));
+    cJSON_AddStringToObject(call, "id", id);
+    cJSON_AddStringToObject(call, "type", "function");
+    cJSON *fn = cJSON_AddObjectToObject(call, "function");
+    cJSON_AddStringToObject(fn, "name", name->valuestring);
+    cJSON_AddStringToObject(fn, "arguments", a ? a : args->valuestring);
+    free(a);
+    cJSON_AddItemToArray(calls, call);
+    return 1;
+}
+
+/* The text trimmed into a malloc'd string, NULL when nothing is left. */
+static char *trimmed(const char *s, size_t n) {
+    size_t b = 0, e = n;
+    while (b < e && s[b] && strchr(" \t\r\n", s[b])) b++;
+    while (e > b && s[e - 1] && strchr(" \t\r\n", s[e - 1])) e--;
+    if (e <= b) return NULL;
+    char *o = malloc(e - b + 1);
+    if (o) {
+        memcpy(o, s + b, e - b);
+        o[e - b] = 0;
+    }
+    return o;
+}
+
+static int is_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
+
+/* Llama 3.1: the whole answer is calls, {"name", "parameters"} objects (or "arguments", which
+ * fine-tunes write), after an optional <|python_tag|>, separated by newlines or semicolons;
+ * anything else is text. */
+static int llama3_parse(const char *text, size_t len, unsigned long long seed,
+                        srv_tool_parse *out) {
+    static const char TAG[] = "<|python_tag|>";
+    cJSON *calls = cJSON_CreateArray();
+    size_t at = 0;
+    while (at < len && is_space(text[at])) at++;
+    if (len - at >= sizeof TAG - 1 && !memcmp(text + at, TAG, sizeof TAG - 1)) at += sizeof TAG - 1;
+    int ok = calls != NULL;
+    while (ok) {
+        while (at < len && (is_space(text[at]) || (text[at] == ';' && cJSON_GetArraySize(calls))))
+            at++;
+        if (at == len) break;
+        const char *end = NULL;
+        cJSON *j = text[at] == '{' ? cJSON_ParseWithLengthOpts(text + at, len - at, &end, 0) : NULL;
+        const cJSON *args = cJSON_GetObjectItemCaseSensitive(j, "parameters");
+        if (!args) args = cJSON_GetObjectItemCaseSensitive(j, "arguments");
+        ok = cJSON_IsObject(j) && cJSON_IsObject(args) && end &&
+             add_call(calls, cJSON_GetObjectItemCaseSensitive(j, "name"), args, seed);
+        cJSON_Delete(j);
+        if (ok) at = (size_t)(end - text);
+    }
+    out->n_calls = ok ? cJSON_GetArraySize(calls) : 0;
+    if (out->n_calls) out->calls = cJSON_PrintUnformatted(calls);
+    cJSON_Delete(calls);
+    if (!out->n_calls) out->content = trimmed(text, len);
+    return out->n_calls && !out->calls ? -1 : 0;
+}
+
+int srv_tools_parse_as(int format, const char *text, size_t len, unsigned long long id_seed,
+                       srv_tool_parse *out) {
+    if (format != SRV_TOOLFMT_LLAMA3) return srv_tools_parse(text, len, id_seed, out);
+    memset(out, 0, sizeof *out);
+    return llama3_parse(text, len, id_seed, out);
+}
 
 int srv_tools_parse(const char *text, size_t len, unsigned long long id_seed, srv_tool_parse *out) {
     memset(out, 0, sizeof *out);
