@@ -147,13 +147,15 @@ int srv_tools_format(tlm_chat_template t);
  * named call in it. 0, or -1 with *e. */
 int srv_tools_set_format(srv_request *r, int format, srv_error *e);
 
-/* The messages a chat with tools renders: the tools' signatures in the system message, assistant
- * tool calls as <tool_call> blocks, tool results as <tool_response> blocks in a user turn.
+/* The messages a chat with tools renders in r's format. Hermes: the tools' signatures in the
+ * system message, assistant tool calls as <tool_call> blocks, tool results as <tool_response>
+ * blocks in a user turn. Llama 3: a system turn with the ipython environment, the signatures
+ * before the first user message, calls as JSON objects, results in ipython turns.
  * *out (and every string in it) malloc'd; free with srv_messages_free. */
 int srv_tools_messages(const srv_request *r, srv_message **out, int *n, srv_error *e);
 void srv_messages_free(srv_message *m, int n);
-/* The grammar that makes the answer tool calls (required, or the named function): each call's
- * arguments follow its function's parameters schema. */
+/* The grammar that makes the answer tool calls in r's format (required, or the named function):
+ * each call's arguments follow its function's parameters schema. */
 int srv_tools_grammar(const srv_request *r, tlm_grammar **out, srv_error *e);
 /* The tool calls in a generated text: the text before the first call (trimmed; NULL when empty)
  * and a JSON array of OpenAI tool_calls (NULL when none parsed). Malformed blocks stay text. */
