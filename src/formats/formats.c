@@ -1,6 +1,7 @@
 /* Helpers shared by the model-format readers and writers. */
 #include "formats/formats.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,7 +44,8 @@ const char *fmt_gemma_field(const tlm_config *c) {
                                      : NULL;
 }
 
-int fmt_is_llama_style(const tlm_config *c, int qwen2_ok, char *why, size_t why_len) {
+int fmt_is_llama_style(const tlm_config *c, int qwen2_ok, int window_ok, char *why,
+                       size_t why_len) {
     const char *bad = NULL, *gemma = fmt_gemma_field(c);
     char buf[160];
     if (c->norm != TLM_NORM_RMSNORM)
@@ -58,14 +60,43 @@ int fmt_is_llama_style(const tlm_config *c, int qwen2_ok, char *why, size_t why_
         bad = "the model has biases";
     else if (c->qkv_bias && !qwen2_ok)
         bad = "the model has q, k and v biases (Qwen2's layout: GGUF and Hugging Face hold it)";
-    else if (c->sliding_window)
-        bad = "the model attends through a sliding window (sliding_window), which tlm writes "
-              "only in its own checkpoints";
+    else if (c->sliding_window && !window_ok)
+        bad = "the model attends through a sliding window (sliding_window), which this format "
+              "does not hold";
+    else if (c->sliding_window && c->sliding_window_pattern)
+        bad = "the model windows some layers only (sliding_window_pattern), which Llama's layout "
+              "does not hold (Gemma 2's does)";
     else if (gemma) {
-        snprintf(buf, sizeof buf, "the model sets %s, which tlm writes only in its own checkpoints",
-                 gemma);
+        snprintf(buf, sizeof buf,
+                 "the model sets %s, which Llama's layout does not hold (Gemma 2's does)", gemma);
         bad = buf;
     }
+    if (bad && why) snprintf(why, why_len, "%s", bad);
+    return bad == NULL;
+}
+
+int fmt_is_gemma2_style(const tlm_config *c, int for_gguf, char *why, size_t why_len) {
+    const char *bad = NULL;
+    int hd = c->d_model / c->n_heads;
+    float es = sqrtf((float)c->d_model), as = 1.0f / sqrtf((float)hd);
+    if (c->norm != TLM_NORM_RMSNORM)
+        bad = "norm is not rmsnorm";
+    else if (c->norm_position != TLM_NORM_PRE || !c->post_norms)
+        bad = "the norms are not pre-norm with post_norms";
+    else if (c->ffn != TLM_FFN_GEGLU)
+        bad = "ffn is not geglu";
+    else if (c->position != TLM_POS_ROPE)
+        bad = "position is not rope";
+    else if (c->bias || c->qkv_bias)
+        bad = "the model has biases";
+    else if (!c->tie_embeddings)
+        bad = "the head is not tied to the embedding";
+    else if (fabsf(c->embed_scale - es) > 1e-6f * es)
+        bad = "embed_scale is not sqrt(d_model)";
+    else if (for_gguf && (c->attn_softcap <= 0.0f || c->final_softcap <= 0.0f))
+        bad = "attn_softcap or final_softcap is 0 (llama.cpp's gemma2 caps both)";
+    else if (for_gguf && c->attn_scale > 0.0f && fabsf(c->attn_scale - as) > 1e-6f * as)
+        bad = "attn_scale is not 1 / sqrt(head_dim) (llama.cpp's gemma2 has no key for it)";
     if (bad && why) snprintf(why, why_len, "%s", bad);
     return bad == NULL;
 }

@@ -12,13 +12,21 @@
  * [rows] vector (or NULL) that moves with its rows. */
 tlm_status fmt_permute_qk(float *w, float *bias, int rows, int cols, int hd, int to_interleaved);
 
+/* The first of Gemma 2's layer fields (attn_softcap, final_softcap, embed_scale, attn_scale,
+ * post_norms) the config sets, or NULL. */
+const char *fmt_gemma_field(const tlm_config *c);
 /* 1 if the config is the Llama shape that llama2.c and GGUF `llama` describe: pre-norm RMSNorm,
  * SwiGLU, RoPE, no bias; with qwen2_ok, q, k and v biases too (Qwen2's layout, which GGUF and
- * Hugging Face hold). Otherwise writes the first difference into why. */
-/* The first of Gemma 2's layer fields (attn_softcap, final_softcap, embed_scale, attn_scale,
- * post_norms) the config sets, or NULL: no file format other than tlm's own holds them yet. */
-const char *fmt_gemma_field(const tlm_config *c);
-int fmt_is_llama_style(const tlm_config *c, int qwen2_ok, char *why, size_t why_len);
+ * Hugging Face hold); with window_ok, a sliding window on every layer (Mistral's). Otherwise
+ * writes the first difference into why. */
+int fmt_is_llama_style(const tlm_config *c, int qwen2_ok, int window_ok, char *why, size_t why_len);
+/* 1 if the config is Gemma 2's shape: pre-norm RMSNorm with post_norms, GeGLU, RoPE, no bias, a
+ * tied head, embed_scale sqrt(d_model) (Gemma's models scale their embeddings by it in code, not
+ * by a setting), and a sliding window on none or on a pattern of the layers. Files in llama.cpp's
+ * layout (for_gguf) also need both soft-caps, which its graph always applies, and the attention
+ * scale 1 / sqrt(head_dim), the only one it computes for the heads tlm has. Otherwise writes the
+ * first difference into why. */
+int fmt_is_gemma2_style(const tlm_config *c, int for_gguf, char *why, size_t why_len);
 
 /* Creates a model from c (mdl_new: writable, or views to bind), with a context message on
  * failure ("<path>: ..."). */

@@ -1,9 +1,11 @@
-/* Llama weights from GGUF (arch `llama`), on top of the general reader in gguf.c, which has
- * already checked every count, string, shape product and tensor byte range against the file.
- * Here: the llama.* keys become a config, each schema tensor must be present with ggml dims
- * [in, out] (innermost first, i.e. tlm's [out, in] row-major), and F32 / F16 / BF16 / Q8_0 data
- * is converted to floats. llama.cpp's `llama` rotates adjacent pairs, which is tlm's interleaved
- * pairing, so q/k rows load unchanged. */
+/* Llama weights from GGUF (arch `llama`, `qwen2`, `gemma2`), on top of the general reader in
+ * gguf.c, which has already checked every count, string, shape product and tensor byte range
+ * against the file. Here: the llama.* keys become a config, each schema tensor must be present with
+ * ggml dims [in, out] (innermost first, i.e. tlm's [out, in] row-major), and F32 / F16 / BF16 /
+ * Q8_0 data is converted to floats. llama.cpp's `llama` rotates adjacent pairs, which is tlm's
+ * interleaved pairing, and `qwen2` and `gemma2` halves, tlm's half, so q/k rows load unchanged.
+ * Gemma 2's norm weights hold 1 + w (llama.cpp's converter adds the 1), which is what tlm's norms
+ * multiply by. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,11 +54,17 @@ static tlm_status llama_config(const io_gguf *g, const char *path, tlm_config *c
     /* Qwen2 is Llama with biases on q, k and v, rotating halves (llama.cpp's NEOX RoPE: its q and
      * k rows are stored as trained, not permuted) */
     int qwen2 = alen == 5 && !memcmp(arch, "qwen2", 5);
-    if (!qwen2 && (alen != 5 || memcmp(arch, "llama", 5)))
+    int gemma2 = alen == 6 && !memcmp(arch, "gemma2", 6);
+    if (alen == 6 && !memcmp(arch, "gemma3", 6))
         return core_err(TLM_ERR_UNSUPPORTED,
-                        "%s: GGUF architecture '%.*s' is not supported (llama, qwen2)", path,
-                        (int)(alen > 40 ? 40 : alen), arch);
-    const char *pfx = qwen2 ? "qwen2" : "llama";
+                        "%s: GGUF architecture 'gemma3' is not supported: its per-head q and k "
+                        "norms and the local layers' RoPE base are not in tlm's config",
+                        path);
+    if (!qwen2 && !gemma2 && (alen != 5 || memcmp(arch, "llama", 5)))
+        return core_err(TLM_ERR_UNSUPPORTED,
+                        "%s: GGUF architecture '%.*s' is not supported (llama, qwen2, gemma2)",
+                        path, (int)(alen > 40 ? 40 : alen), arch);
+    const char *pfx = gemma2 ? "gemma2" : qwen2 ? "qwen2" : "llama";
     /* the arch's keys: each is read before the next is made */
     char key[96];
 #define KEY(k) (snprintf(key, sizeof key, "%s.%s", pfx, k), key)
@@ -88,7 +96,51 @@ static tlm_status llama_config(const io_gguf *g, const char *path, tlm_config *c
         (s = get_pos_float(g, KEY("attention.layer_norm_rms_epsilon"), 1e-5, path, &c->norm_eps)) ||
         (s = get_pos_float(g, KEY("rope.freq_base"), 10000.0, path, &c->rope_theta)))
         return s;
+    int64_t win = 0, pattern = 0, head_k = c->d_model / heads, head_v = head_k;
+    double base_swa = c->rope_theta;
+    if (((s = io_gguf_get_int(g, KEY("attention.sliding_window"), &win)) && s != TLM_ERR_RANGE) ||
+        ((s = io_gguf_get_int(g, KEY("attention.key_length"), &head_k)) && s != TLM_ERR_RANGE) ||
+        ((s = io_gguf_get_int(g, KEY("attention.value_length"), &head_v)) && s != TLM_ERR_RANGE))
+        return core_err_context(s, "%s", path);
+    if (head_k * heads != c->d_model || head_v * heads != c->d_model)
+        return core_err(TLM_ERR_UNSUPPORTED,
+                        "%s: attention key/value length %lld/%lld is not d_model / heads %d (tlm's "
+                        "heads are d_model / heads wide)",
+                        path, (long long)head_k, (long long)head_v, c->d_model / heads);
+    if (gemma2) {
+        /* llama.cpp's defaults where a key is absent: window 4096, every second layer global,
+         * caps 50 and 30 */
+        double cap_a = 50.0, cap_f = 30.0;
+        if (!io_gguf_find(g, KEY("attention.sliding_window"))) win = 4096;
+        pattern = 2;
+        if (io_gguf_find(g, KEY("attention.sliding_window_pattern")) &&
+            (s = io_gguf_get_int(g, key, &pattern)))
+            return core_err_context(s, "%s: (tlm reads a pattern given as one number)", path);
+        if ((s = get_pos_float(g, KEY("attn_logit_softcapping"), cap_a, path, &c->attn_softcap)) ||
+            (s = get_pos_float(g, KEY("final_logit_softcapping"), cap_f, path, &c->final_softcap)))
+            return s;
+        if ((s = io_gguf_get_float(g, KEY("rope.freq_base_swa"), &base_swa)) && s != TLM_ERR_RANGE)
+            return core_err_context(s, "%s", path);
+        if (base_swa != (double)c->rope_theta)
+            return core_err(TLM_ERR_UNSUPPORTED,
+                            "%s: rope.freq_base_swa %g differs from rope.freq_base %g (tlm has one "
+                            "RoPE base)",
+                            path, base_swa, (double)c->rope_theta);
+        if (win <= 0 || win > (1 << 24) || pattern < 0 || pattern > (1 << 12))
+            return core_err(TLM_ERR_FORMAT, "%s: sliding window %lld, pattern %lld", path,
+                            (long long)win, (long long)pattern);
+        /* pattern 1: every layer global */
+        if (pattern == 1) win = pattern = 0;
+        c->embed_scale = sqrtf((float)c->d_model);
+        c->attn_scale = 1.0f / sqrtf((float)(c->d_model / heads));
+        c->post_norms = 1;
+    } else if (win < 0 || win > (1 << 24)) {
+        return core_err(TLM_ERR_FORMAT, "%s: %s = %lld", path, KEY("attention.sliding_window"),
+                        (long long)win);
+    }
 #undef KEY
+    c->sliding_window = (int)win;
+    c->sliding_window_pattern = (int)pattern;
     c->n_heads = heads;
     if (rope_dims * heads != c->d_model)
         return core_err(TLM_ERR_UNSUPPORTED,
@@ -97,9 +149,9 @@ static tlm_status llama_config(const io_gguf *g, const char *path, tlm_config *c
                         path, rope_dims, c->d_model / heads);
     c->norm = TLM_NORM_RMSNORM;
     c->norm_position = TLM_NORM_PRE;
-    c->ffn = TLM_FFN_SWIGLU;
+    c->ffn = gemma2 ? TLM_FFN_GEGLU : TLM_FFN_SWIGLU;
     c->position = TLM_POS_ROPE;
-    c->rope_pairing = qwen2 ? TLM_ROPE_HALF : TLM_ROPE_INTERLEAVED;
+    c->rope_pairing = qwen2 || gemma2 ? TLM_ROPE_HALF : TLM_ROPE_INTERLEAVED;
     c->bias = 0;
     c->qkv_bias = qwen2;
     c->dropout = 0.0f;
@@ -169,7 +221,7 @@ static tlm_status load_model_shards(io_gguf **gs, int n_files, const char *path,
         }
         tlm_dtype dt;
         if ((s = tensor_type(t, ti[i].numel, path, &dt)) == TLM_OK)
-            src[i] = (mdl_bind_src){dt, t->data};
+            src[i] = (mdl_bind_src){dt, t->data, 0.0f};
     }
     free(ti);
     tlm_model *m = NULL;

@@ -1,11 +1,14 @@
-/* GGUF v3 writer for Llama-style models (arch `llama`), the layout llama.cpp loads:
+/* GGUF v3 writer for Llama-style models (arch `llama`, `qwen2`) and Gemma 2 (`gemma2`), the
+ * layouts llama.cpp loads:
  *   "GGUF" u32 version=3, u64 tensor count, u64 metadata count, metadata (key string, u32 type,
  *   value), tensor infos (name, u32 n_dims, u64 dims innermost first, u32 ggml type, u64 offset
  *   from the data start), padding to general.alignment, then the tensor data, each aligned.
  * Strings are u64 length + bytes. Matrices are [out, in] row-major in tlm, which is ggml's layout
- * with ne0 = in, so the data is written as it is. llama.cpp rotates adjacent pairs for `llama`,
- * so half-pairing q/k rows are reordered. The vocabulary goes in tokenizer.ggml.*, written by the
- * tokenizer (tokenizer/tok_gguf.h); the container itself by io/gguf_writer.h.
+ * with ne0 = in, so the data is written as it is. llama.cpp rotates adjacent pairs for `llama`
+ * and halves for `qwen2` and `gemma2`, so q/k rows of the other pairing are reordered. Gemma's
+ * norms scale by 1 + w, which llama.cpp's converter stores as one weight: tlm's norm weight. The
+ * vocabulary goes in tokenizer.ggml.*, written by the tokenizer (tokenizer/tok_gguf.h); the
+ * container itself by io/gguf_writer.h.
  *
  * Quantized files (tlm_model_quantize_gguf) follow llama-quantize: its per-tensor types, its
  * tensor order and its keys, so that quantizing a tlm-written F32 GGUF with either tool gives the
@@ -122,15 +125,27 @@ static tlm_status write_gguf(const tlm_model *m, const tlm_tokenizer *tok, const
                              const gguf_plan *plan) {
     const tlm_config *c = &m->c;
     char why[160];
-    /* Llama's layout, or Qwen2's: Llama with q, k and v biases, rotating halves as trained */
-    if (!fmt_is_llama_style(c, 1, why, sizeof why))
-        return core_err(TLM_ERR_UNSUPPORTED, "GGUF export supports Llama-style models: %s", why);
-    int qwen2 = c->qkv_bias; /* no other bias past the check */
+    /* Llama's layout (with Mistral's window), Qwen2's (Llama with q, k and v biases, rotating
+     * halves as trained) or Gemma 2's */
+    int gemma2 = fmt_is_gemma2_style(c, 1, NULL, 0);
+    if (!gemma2 && fmt_gemma_field(c)) {
+        fmt_is_gemma2_style(c, 1, why, sizeof why);
+        return core_err(TLM_ERR_UNSUPPORTED, "GGUF export as gemma2: %s", why);
+    }
+    if (!gemma2 && !fmt_is_llama_style(c, 1, 1, why, sizeof why))
+        return core_err(TLM_ERR_UNSUPPORTED,
+                        "GGUF export supports Llama-style and Gemma 2-style models: %s", why);
+    int qwen2 = !gemma2 && c->qkv_bias; /* no other bias past the checks */
     if (qwen2 && c->rope_pairing != TLM_ROPE_HALF)
         return core_err(TLM_ERR_UNSUPPORTED,
                         "GGUF export: a model with q, k and v biases is written as qwen2, which "
                         "rotates halves (rope_pairing half), not interleaved pairs");
-    const char *arch = qwen2 ? "qwen2" : "llama";
+    if (qwen2 && c->sliding_window)
+        return core_err(TLM_ERR_UNSUPPORTED,
+                        "GGUF export: qwen2 with a sliding window (llama.cpp's qwen2 has none)");
+    const char *arch = gemma2 ? "gemma2" : qwen2 ? "qwen2" : "llama";
+    /* llama.cpp rotates halves (NEOX) for qwen2 and gemma2, adjacent pairs for llama */
+    int neox = qwen2 || gemma2;
     char key[96];
 #define ARCH_KEY(k) (snprintf(key, sizeof key, "%s.%s", arch, k), key)
     tlm_status fs = fmt_need_f32(m, "GGUF export");
@@ -155,6 +170,23 @@ static tlm_status write_gguf(const tlm_model *m, const tlm_tokenizer *tok, const
     io_gguf_write_f32(&w, ARCH_KEY("rope.freq_base"), c->rope_theta);
     io_gguf_write_u32(&w, ARCH_KEY("rope.dimension_count"), (uint32_t)hd);
     tlm_status s = io_gguf_write_u32(&w, ARCH_KEY("vocab_size"), (uint32_t)c->vocab_size);
+    if (gemma2) {
+        io_gguf_write_u32(&w, ARCH_KEY("attention.key_length"), (uint32_t)hd);
+        io_gguf_write_u32(&w, ARCH_KEY("attention.value_length"), (uint32_t)hd);
+        io_gguf_write_f32(&w, ARCH_KEY("attn_logit_softcapping"), c->attn_softcap);
+        io_gguf_write_f32(&w, ARCH_KEY("final_logit_softcapping"), c->final_softcap);
+        /* llama.cpp reads a missing window as 4096 and a missing pattern as 2; a pattern of 1
+         * makes every layer global */
+        int win = c->sliding_window ? c->sliding_window : c->context_length;
+        io_gguf_write_u32(&w, ARCH_KEY("attention.sliding_window"), (uint32_t)win);
+        s = io_gguf_write_u32(&w, ARCH_KEY("attention.sliding_window_pattern"),
+                              c->sliding_window ? (uint32_t)c->sliding_window_pattern : 1u);
+    } else if (c->sliding_window) {
+        /* Mistral's window: llama.cpp's llama ignores the key (it attends over the whole
+         * context), tlm reads it back */
+        s = io_gguf_write_u32(&w, ARCH_KEY("attention.sliding_window"),
+                              (uint32_t)c->sliding_window);
+    }
     if (!s && tok) s = tok_gguf_write_vocab(&w, tok);
     const tlm_imatrix *im = plan->progress ? plan->progress->imatrix : NULL;
     if (!s && plan->quantized_layout) {
@@ -254,9 +286,9 @@ static tlm_status write_gguf(const tlm_model *m, const tlm_tokenizer *tok, const
         const float *src = mdl_wf(&m->w[i]);
         int is_q = strstr(t->name, ".attn_q.weight") != NULL;
         int is_k = strstr(t->name, ".attn_k.weight") != NULL;
-        if ((is_q || is_k) && c->rope_pairing == TLM_ROPE_HALF && !qwen2) {
+        if ((is_q || is_k) && (c->rope_pairing == TLM_ROPE_HALF) != neox) {
             memcpy(scratch, src, t->numel * sizeof(float));
-            s = fmt_permute_qk(scratch, NULL, (int)t->shape[0], (int)t->shape[1], hd, 1);
+            s = fmt_permute_qk(scratch, NULL, (int)t->shape[0], (int)t->shape[1], hd, !neox);
             src = scratch;
         }
         tlm_dtype ty = plan->types[i];

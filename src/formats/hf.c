@@ -21,7 +21,7 @@
 #define HF_MAX_SHARDS 256
 #define FMT_HF_MAX_FACTORS 4096 /* head_dim / 2 of a model with rope_scaling */
 
-typedef enum { HF_LLAMA, HF_GPT2 } hf_arch;
+typedef enum { HF_LLAMA, HF_GPT2, HF_GEMMA2 } hf_arch;
 
 /* A tensor of some shard, in the name index that spans all shards. */
 typedef struct {
@@ -303,6 +303,64 @@ static tlm_status llama3_factors(const cJSON *rs, const char *path, double theta
     return TLM_OK;
 }
 
+/* A soft-cap: absent takes Gemma2Config's default, null turns it off. */
+static tlm_status cfg_cap(const cJSON *j, const char *key, double def, float *out,
+                          const char *path) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+    double x = def;
+    if (v && cJSON_IsNull(v)) {
+        *out = 0.0f;
+        return TLM_OK;
+    }
+    tlm_status s = cfg_float(j, key, def, &x, path);
+    *out = (float)x;
+    return s;
+}
+
+/* Gemma 2's windows: layer_types ("sliding_attention" / "full_attention" a layer) as tlm's
+ * window and pattern, which must describe it; without layer_types every second layer is global,
+ * as Gemma2Config has it. */
+static tlm_status gemma2_windows(const cJSON *j, const char *path, tlm_config *c) {
+    long win = 0;
+    tlm_status s = cfg_int(j, "sliding_window", 4096, 1, 1 << 24, &win, path);
+    if (s) return s;
+    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(j, "layer_types");
+    if (!lt || cJSON_IsNull(lt)) {
+        c->sliding_window = (int)win;
+        c->sliding_window_pattern = 2;
+        return TLM_OK;
+    }
+    int n = cJSON_GetArraySize(lt), first_full = -1, n_sliding = 0;
+    if (!cJSON_IsArray(lt) || n != c->n_layers)
+        return core_err(TLM_ERR_FORMAT, "%s: config.json 'layer_types' must list %d layers", path,
+                        c->n_layers);
+    for (int l = 0; l < n; l++) {
+        const cJSON *e = cJSON_GetArrayItem(lt, l);
+        const char *t = cJSON_IsString(e) ? e->valuestring : "";
+        if (!strcmp(t, "sliding_attention"))
+            n_sliding++;
+        else if (strcmp(t, "full_attention"))
+            return core_err(TLM_ERR_FORMAT, "%s: config.json 'layer_types' %d is '%s'", path, l, t);
+        else if (first_full < 0)
+            first_full = l;
+    }
+    c->sliding_window = n_sliding ? (int)win : 0;
+    c->sliding_window_pattern = n_sliding && first_full >= 0 ? first_full + 1 : 0;
+    for (int l = 0; l < n; l++) {
+        int sliding = !strcmp(cJSON_GetArrayItem(lt, l)->valuestring, "sliding_attention");
+        if (sliding != tlm_config_layer_windowed(c, l))
+            return core_err(TLM_ERR_UNSUPPORTED,
+                            "%s: config.json 'layer_types' are not a repeating pattern of windowed "
+                            "layers each followed by one global layer",
+                            path);
+    }
+    return TLM_OK;
+}
+
+static int is_arch(const char *a0, const char *mt, const char *cls, const char *type) {
+    return a0 ? !strcmp(a0, cls) : mt && !strcmp(mt, type);
+}
+
 static tlm_status parse_config(const cJSON *j, const char *path, hf_arch *arch, tlm_config *c,
                                float *rope_factors, int *n_factors) {
     const char *mt = cfg_str(j, "model_type");
@@ -310,15 +368,25 @@ static tlm_status parse_config(const cJSON *j, const char *path, hf_arch *arch, 
     const char *a0 = cJSON_IsArray(archs) && cJSON_IsString(cJSON_GetArrayItem(archs, 0))
                          ? cJSON_GetArrayItem(archs, 0)->valuestring
                          : NULL;
-    int qwen2 = (a0 && !strcmp(a0, "Qwen2ForCausalLM")) || (!a0 && mt && !strcmp(mt, "qwen2"));
-    if (qwen2 || (a0 && !strcmp(a0, "LlamaForCausalLM")) || (!a0 && mt && !strcmp(mt, "llama")))
+    int qwen2 = is_arch(a0, mt, "Qwen2ForCausalLM", "qwen2");
+    int mistral = is_arch(a0, mt, "MistralForCausalLM", "mistral");
+    if (is_arch(a0, mt, "Gemma3ForCausalLM", "gemma3_text") ||
+        is_arch(a0, mt, "Gemma3ForConditionalGeneration", "gemma3"))
+        return core_err(TLM_ERR_UNSUPPORTED,
+                        "%s: Gemma 3 is not supported: its per-head q and k norms and the local "
+                        "layers' RoPE base are not in tlm's config",
+                        path);
+    if (qwen2 || mistral || is_arch(a0, mt, "LlamaForCausalLM", "llama"))
         *arch = HF_LLAMA;
-    else if ((a0 && !strcmp(a0, "GPT2LMHeadModel")) || (!a0 && mt && !strcmp(mt, "gpt2")))
+    else if (is_arch(a0, mt, "Gemma2ForCausalLM", "gemma2"))
+        *arch = HF_GEMMA2;
+    else if (is_arch(a0, mt, "GPT2LMHeadModel", "gpt2"))
         *arch = HF_GPT2;
     else
         return core_err(TLM_ERR_UNSUPPORTED,
                         "%s: architecture '%s' is not supported (LlamaForCausalLM, "
-                        "Qwen2ForCausalLM, GPT2LMHeadModel)",
+                        "MistralForCausalLM, Qwen2ForCausalLM, Gemma2ForCausalLM, "
+                        "GPT2LMHeadModel)",
                         path,
                         a0   ? a0
                         : mt ? mt
@@ -328,7 +396,8 @@ static tlm_status parse_config(const cJSON *j, const char *path, hf_arch *arch, 
     tlm_status s;
     tlm_config_defaults(c);
     c->dropout = 0.0f;
-    if (*arch == HF_LLAMA) {
+    int gemma2 = *arch == HF_GEMMA2;
+    if (*arch != HF_GPT2) {
         if ((s = cfg_int(j, "hidden_size", -1, 1, 1 << 20, &v[0], path)) ||
             (s = cfg_int(j, "intermediate_size", -1, 1, 1 << 24, &v[1], path)) ||
             (s = cfg_int(j, "num_hidden_layers", -1, 1, 1 << 12, &v[2], path)) ||
@@ -336,17 +405,28 @@ static tlm_status parse_config(const cJSON *j, const char *path, hf_arch *arch, 
             (s = cfg_int(j, "num_key_value_heads", v[3], 1, 1 << 12, &v[4], path)) ||
             (s = cfg_int(j, "vocab_size", -1, 1, 1 << 24, &v[5], path)) ||
             (s = cfg_int(j, "max_position_embeddings", 2048, 1, 1 << 24, &v[6], path)) ||
-            (s = cfg_int(j, "head_dim", v[3] > 0 ? v[0] / v[3] : 0, 1, 1 << 16, &v[7], path)) ||
+            (s = cfg_int(j, "head_dim",
+                         gemma2     ? 256
+                         : v[3] > 0 ? v[0] / v[3]
+                                    : 0,
+                         1, 1 << 16, &v[7], path)) ||
             (s = cfg_float(j, "rms_norm_eps", 1e-6, &eps, path)) ||
             (s = cfg_float(j, "rope_theta", 10000.0, &theta, path)))
             return s;
-        const char *act = cfg_str(j, "hidden_act");
-        if (act && strcmp(act, "silu"))
-            return core_err(TLM_ERR_UNSUPPORTED, "%s: hidden_act '%s' (only silu)", path, act);
+        /* Gemma2Config reads hidden_activation (its hidden_act is the older name) */
+        const char *act = gemma2 && cfg_str(j, "hidden_activation")
+                              ? cfg_str(j, "hidden_activation")
+                              : cfg_str(j, "hidden_act");
+        const char *want = gemma2 ? "gelu_pytorch_tanh" : "silu";
+        if (act && strcmp(act, want))
+            return core_err(TLM_ERR_UNSUPPORTED, "%s: hidden activation '%s' (only %s)", path, act,
+                            want);
         if (v[7] * v[3] != v[0])
             return core_err(TLM_ERR_UNSUPPORTED, "%s: head_dim %ld x %ld heads != hidden_size %ld",
                             path, v[7], v[3], v[0]);
         const cJSON *rs = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
+        if (rs && !cJSON_IsNull(rs) && gemma2)
+            return core_err(TLM_ERR_UNSUPPORTED, "%s: Gemma 2 with rope_scaling", path);
         if (rs && !cJSON_IsNull(rs)) {
             const char *rt = cJSON_IsObject(rs) ? cfg_str(rs, "rope_type") : NULL;
             if (!rt && cJSON_IsObject(rs)) rt = cfg_str(rs, "type");
@@ -367,6 +447,10 @@ static tlm_status parse_config(const cJSON *j, const char *path, hf_arch *arch, 
         if (qwen2 && cfg_bool(j, "use_sliding_window", 0))
             return core_err(TLM_ERR_UNSUPPORTED, "%s: Qwen2 with use_sliding_window", path);
         c->qkv_bias = qwen2;
+        /* MistralConfig's window covers every layer; null is none */
+        long win = 0;
+        if (mistral && (s = cfg_int(j, "sliding_window", 0, 1, 1 << 24, &win, path))) return s;
+        c->sliding_window = (int)win;
         c->d_model = (int)v[0];
         c->d_ff = (int)v[1];
         c->n_layers = (int)v[2];
@@ -382,8 +466,21 @@ static tlm_status parse_config(const cJSON *j, const char *path, hf_arch *arch, 
         c->rope_theta = (float)theta;
         c->rope_pairing = TLM_ROPE_HALF;
         c->bias = 0;
-        /* LlamaConfig's default is untied. */
-        c->tie_embeddings = cfg_bool(j, "tie_word_embeddings", 0);
+        /* LlamaConfig's default is untied, Gemma2Config's tied. */
+        c->tie_embeddings = cfg_bool(j, "tie_word_embeddings", gemma2);
+        if (gemma2) {
+            double qpas;
+            c->ffn = TLM_FFN_GEGLU;
+            c->post_norms = 1;
+            /* Gemma2Model scales the embeddings by sqrt(hidden_size) in its code */
+            c->embed_scale = sqrtf((float)c->d_model);
+            if ((s = cfg_float(j, "query_pre_attn_scalar", 256.0, &qpas, path)) ||
+                (s = cfg_cap(j, "attn_logit_softcapping", 50.0, &c->attn_softcap, path)) ||
+                (s = cfg_cap(j, "final_logit_softcapping", 30.0, &c->final_softcap, path)) ||
+                (s = gemma2_windows(j, path, c)))
+                return s;
+            c->attn_scale = (float)(1.0 / sqrt(qpas));
+        }
     } else {
         if ((s = cfg_int(j, "n_embd", 768, 1, 1 << 20, &v[0], path)) ||
             (s = cfg_int(j, "n_layer", 12, 1, 1 << 12, &v[2], path)) ||
@@ -424,7 +521,7 @@ static tlm_status parse_config(const cJSON *j, const char *path, hf_arch *arch, 
 /* Where tensor `name` (of shape [d0] or [d0, d1]) lies in the shards: src of the schema tensor
  * tlm_name of m. With m NULL, only checks it is there with its shape (before allocating). */
 static tlm_status source(const hf_dir *h, const char *name, int64_t d0, int64_t d1,
-                         const tlm_model *m, const char *tlm_name, mdl_bind_src *src) {
+                         const tlm_model *m, const char *tlm_name, mdl_bind_src *src, float add) {
     tlm_status s = read_tensor(h, name, d0, d1, NULL);
     if (s || !m) return s;
     int fi, ti = mdl_index(m, tlm_name);
@@ -434,40 +531,60 @@ static tlm_status source(const hf_dir *h, const char *name, int64_t d0, int64_t 
     if (!core_dtype_get(t->dtype)->is_float)
         return core_err(TLM_ERR_FORMAT, "%s: tensor '%s' has dtype %s, expected a float type",
                         h->dir, name, tlm_dtype_name(t->dtype));
-    src[ti] = (mdl_bind_src){t->dtype, h->files[fi].data + t->begin};
+    src[ti] = (mdl_bind_src){t->dtype, h->files[fi].data + t->begin, add};
     return TLM_OK;
 }
 
-/* Llama weights need no reordering (HF's half pairing is tlm's `half`): they bind in place. */
-static tlm_status load_llama(hf_dir *h, const tlm_config *c, const tlm_model *m,
+/* Llama weights need no reordering (HF's half pairing is tlm's `half`): they bind in place.
+ * Gemma 2 names its four norms after where they sit and stores w for a norm that scales by
+ * 1 + w: those are copies with the 1 added. */
+static tlm_status load_llama(hf_dir *h, const tlm_config *c, int gemma2, const tlm_model *m,
                              mdl_bind_src *src) {
     int64_t d = c->d_model, hd = d / c->n_heads, kv = hd * c->n_kv_heads, ff = c->d_ff;
+    float one = gemma2 ? 1.0f : 0.0f;
     tlm_status s =
-        source(h, "model.embed_tokens.weight", c->vocab_size, d, m, "token_embd.weight", src);
-    static const struct {
+        source(h, "model.embed_tokens.weight", c->vocab_size, d, m, "token_embd.weight", src, 0);
+    typedef struct {
         const char *hf, *tlm;
         int kind; /* 0 norm, 1 q/o [d,d], 2 k/v [kv,d], 3 gate/up [ff,d], 4 down [d,ff] */
-    } map[] = {{"input_layernorm", "attn_norm", 0},    {"self_attn.q_proj", "attn_q", 1},
-               {"self_attn.k_proj", "attn_k", 2},      {"self_attn.v_proj", "attn_v", 2},
-               {"self_attn.o_proj", "attn_output", 1}, {"post_attention_layernorm", "ffn_norm", 0},
-               {"mlp.gate_proj", "ffn_gate", 3},       {"mlp.up_proj", "ffn_up", 3},
-               {"mlp.down_proj", "ffn_down", 4}};
+    } name_map;
+    static const name_map llama_map[] = {
+        {"input_layernorm", "attn_norm", 0},    {"self_attn.q_proj", "attn_q", 1},
+        {"self_attn.k_proj", "attn_k", 2},      {"self_attn.v_proj", "attn_v", 2},
+        {"self_attn.o_proj", "attn_output", 1}, {"post_attention_layernorm", "ffn_norm", 0},
+        {"mlp.gate_proj", "ffn_gate", 3},       {"mlp.up_proj", "ffn_up", 3},
+        {"mlp.down_proj", "ffn_down", 4}};
+    static const name_map gemma2_map[] = {{"input_layernorm", "attn_norm", 0},
+                                          {"self_attn.q_proj", "attn_q", 1},
+                                          {"self_attn.k_proj", "attn_k", 2},
+                                          {"self_attn.v_proj", "attn_v", 2},
+                                          {"self_attn.o_proj", "attn_output", 1},
+                                          {"post_attention_layernorm", "post_attention_norm", 0},
+                                          {"pre_feedforward_layernorm", "ffn_norm", 0},
+                                          {"mlp.gate_proj", "ffn_gate", 3},
+                                          {"mlp.up_proj", "ffn_up", 3},
+                                          {"mlp.down_proj", "ffn_down", 4},
+                                          {"post_feedforward_layernorm", "post_ffw_norm", 0}};
+    const name_map *map = gemma2 ? gemma2_map : llama_map;
+    size_t n_map =
+        gemma2 ? sizeof gemma2_map / sizeof *gemma2_map : sizeof llama_map / sizeof *llama_map;
     for (int l = 0; l < c->n_layers && !s; l++)
-        for (size_t i = 0; i < sizeof map / sizeof *map && !s; i++) {
+        for (size_t i = 0; i < n_map && !s; i++) {
             char hn[128], tn[64];
             snprintf(hn, sizeof hn, "model.layers.%d.%s.weight", l, map[i].hf);
             snprintf(tn, sizeof tn, "blk.%d.%s.weight", l, map[i].tlm);
             int64_t shp[5][2] = {{d, 0}, {d, d}, {kv, d}, {ff, d}, {d, ff}};
-            s = source(h, hn, shp[map[i].kind][0], shp[map[i].kind][1], m, tn, src);
+            s = source(h, hn, shp[map[i].kind][0], shp[map[i].kind][1], m, tn, src,
+                       map[i].kind ? 0.0f : one);
             if (!s && c->qkv_bias && (map[i].kind == 2 || i == 1)) { /* q, k, v biases */
                 snprintf(hn, sizeof hn, "model.layers.%d.%s.bias", l, map[i].hf);
                 snprintf(tn, sizeof tn, "blk.%d.%s.bias", l, map[i].tlm);
-                s = source(h, hn, shp[map[i].kind][0], 0, m, tn, src);
+                s = source(h, hn, shp[map[i].kind][0], 0, m, tn, src, 0);
             }
         }
-    if (!s) s = source(h, "model.norm.weight", d, 0, m, "output_norm.weight", src);
+    if (!s) s = source(h, "model.norm.weight", d, 0, m, "output_norm.weight", src, one);
     if (!s && !c->tie_embeddings)
-        s = source(h, "lm_head.weight", c->vocab_size, d, m, "output.weight", src);
+        s = source(h, "lm_head.weight", c->vocab_size, d, m, "output.weight", src, 0);
     return s;
 }
 
@@ -570,13 +687,15 @@ tlm_status fmt_load_hf(const char *dir, int writable, tlm_model **out) {
     s = open_tensors(h);
     /* First check every tensor against the files, then allocate and read. GPT-2's Conv1D weights
      * are stored transposed and its q, k, v fused: those models are always copied. */
-    if (!s) s = arch == HF_LLAMA ? load_llama(h, &c, NULL, NULL) : load_gpt2(h, &c, NULL);
+    int gemma2 = arch == HF_GEMMA2;
+    if (!s) s = arch == HF_GPT2 ? load_gpt2(h, &c, NULL) : load_llama(h, &c, gemma2, NULL, NULL);
     if (!s) s = fmt_model_new(&c, dir, writable || arch == HF_GPT2, &m);
     if (!s && arch == HF_GPT2) s = load_gpt2(h, &c, m);
-    if (!s && arch == HF_LLAMA) {
+    if (!s && arch != HF_GPT2) {
         src = calloc((size_t)m->n_tensors, sizeof *src);
         core_mmap *maps = calloc((size_t)h->n_files + 1, sizeof *maps);
-        s = src && maps ? load_llama(h, &c, m, src) : core_err(TLM_ERR_NOMEM, "out of memory");
+        s = src && maps ? load_llama(h, &c, gemma2, m, src)
+                        : core_err(TLM_ERR_NOMEM, "out of memory");
         if (!s) {
             /* The model keeps the shards mapped while its views point into them. */
             for (int i = 0; i < h->n_files; i++) {
@@ -674,7 +793,20 @@ static void transpose(const float *src, int64_t rows, int64_t cols, float *dst) 
         for (int64_t k = 0; k < cols; k++) dst[k * rows + r] = src[r * cols + k];
 }
 
-static tlm_status export_llama(const tlm_model *m, tlm_dtype dt, out_list *o, cJSON *cfg) {
+/* A norm's weight; Gemma's scale by 1 + w, so w is the weight less 1. */
+static tlm_status push_norm(out_list *o, const char *name, tlm_dtype dt, int64_t d, const float *w,
+                            int gemma2) {
+    if (!gemma2) return push(o, name, dt, d, 0, w);
+    float *p;
+    tlm_status s = own_push(o, name, dt, d, 0, &p);
+    for (int64_t i = 0; i < d && !s; i++) p[i] = w[i] - 1.0f;
+    return s;
+}
+
+/* Llama's layout, Mistral's (a window on every layer), Qwen2's (q, k and v biases) or Gemma 2's
+ * (four norms a layer, GeGLU, soft-caps, a tied head). */
+static tlm_status export_llama(const tlm_model *m, tlm_dtype dt, int gemma2, out_list *o,
+                               cJSON *cfg) {
     const tlm_config *c = &m->c;
     int64_t d = c->d_model, hd = d / c->n_heads, kv = hd * c->n_kv_heads, ff = c->d_ff;
     tlm_status s = push(o, "model.embed_tokens.weight", dt, c->vocab_size, d,
@@ -682,7 +814,8 @@ static tlm_status export_llama(const tlm_model *m, tlm_dtype dt, out_list *o, cJ
     for (int l = 0; l < c->n_layers && !s; l++) {
         char n[128];
 #define N(x) (snprintf(n, sizeof n, "model.layers.%d.%s.weight", l, x), n)
-        s = push(o, N("input_layernorm"), dt, d, 0, fmt_layer_tensor_c(m, l, "attn_norm.weight"));
+        s = push_norm(o, N("input_layernorm"), dt, d, fmt_layer_tensor_c(m, l, "attn_norm.weight"),
+                      gemma2);
         for (int qk = 0; qk < 2 && !s; qk++) {
             const float *src = fmt_layer_tensor_c(m, l, qk ? "attn_k.weight" : "attn_q.weight");
             const float *bsrc =
@@ -716,23 +849,38 @@ static tlm_status export_llama(const tlm_model *m, tlm_dtype dt, out_list *o, cJ
         if (!s)
             s = push(o, N("self_attn.o_proj"), dt, d, d,
                      fmt_layer_tensor_c(m, l, "attn_output.weight"));
+        if (!s && gemma2)
+            s = push_norm(o, N("post_attention_layernorm"), dt, d,
+                          fmt_layer_tensor_c(m, l, "post_attention_norm.weight"), 1);
         if (!s)
-            s = push(o, N("post_attention_layernorm"), dt, d, 0,
-                     fmt_layer_tensor_c(m, l, "ffn_norm.weight"));
+            s = push_norm(o, N(gemma2 ? "pre_feedforward_layernorm" : "post_attention_layernorm"),
+                          dt, d, fmt_layer_tensor_c(m, l, "ffn_norm.weight"), gemma2);
         if (!s)
             s = push(o, N("mlp.gate_proj"), dt, ff, d, fmt_layer_tensor_c(m, l, "ffn_gate.weight"));
         if (!s) s = push(o, N("mlp.up_proj"), dt, ff, d, fmt_layer_tensor_c(m, l, "ffn_up.weight"));
         if (!s)
             s = push(o, N("mlp.down_proj"), dt, d, ff, fmt_layer_tensor_c(m, l, "ffn_down.weight"));
+        if (!s && gemma2)
+            s = push_norm(o, N("post_feedforward_layernorm"), dt, d,
+                          fmt_layer_tensor_c(m, l, "post_ffw_norm.weight"), 1);
 #undef N
     }
-    if (!s) s = push(o, "model.norm.weight", dt, d, 0, fmt_tensor_c(m, "output_norm.weight"));
+    if (!s)
+        s = push_norm(o, "model.norm.weight", dt, d, fmt_tensor_c(m, "output_norm.weight"), gemma2);
     if (!s && !c->tie_embeddings)
         s = push(o, "lm_head.weight", dt, c->vocab_size, d, fmt_tensor_c(m, "output.weight"));
     /* q, k and v biases alone are Qwen2's layout (transformers' Qwen2ForCausalLM) */
-    const char *arch = c->qkv_bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM";
+    int mistral = !gemma2 && c->sliding_window;
+    const char *arch = gemma2        ? "Gemma2ForCausalLM"
+                       : c->qkv_bias ? "Qwen2ForCausalLM"
+                       : mistral     ? "MistralForCausalLM"
+                                     : "LlamaForCausalLM";
     cJSON_AddItemToObject(cfg, "architectures", cJSON_CreateStringArray(&arch, 1));
-    cJSON_AddStringToObject(cfg, "model_type", c->qkv_bias ? "qwen2" : "llama");
+    cJSON_AddStringToObject(cfg, "model_type",
+                            gemma2        ? "gemma2"
+                            : c->qkv_bias ? "qwen2"
+                            : mistral     ? "mistral"
+                                          : "llama");
     cJSON_AddNumberToObject(cfg, "hidden_size", (double)d);
     cJSON_AddNumberToObject(cfg, "intermediate_size", (double)ff);
     cJSON_AddNumberToObject(cfg, "num_hidden_layers", c->n_layers);
@@ -744,10 +892,34 @@ static tlm_status export_llama(const tlm_model *m, tlm_dtype dt, out_list *o, cJ
     cJSON_AddNumberToObject(cfg, "rms_norm_eps", (double)c->norm_eps);
     cJSON_AddNumberToObject(cfg, "rope_theta", (double)c->rope_theta);
     cJSON_AddNullToObject(cfg, "rope_scaling");
-    cJSON_AddStringToObject(cfg, "hidden_act", "silu");
+    if (gemma2) {
+        /* Gemma2Config's names; its attention scale is query_pre_attn_scalar ** -0.5 */
+        double sc = tlm_config_attn_scale(c);
+        cJSON_AddStringToObject(cfg, "hidden_activation", "gelu_pytorch_tanh");
+        cJSON_AddNumberToObject(cfg, "query_pre_attn_scalar", 1.0 / (sc * sc));
+        if (c->attn_softcap > 0.0f)
+            cJSON_AddNumberToObject(cfg, "attn_logit_softcapping", (double)c->attn_softcap);
+        else
+            cJSON_AddNullToObject(cfg, "attn_logit_softcapping");
+        if (c->final_softcap > 0.0f)
+            cJSON_AddNumberToObject(cfg, "final_logit_softcapping", (double)c->final_softcap);
+        else
+            cJSON_AddNullToObject(cfg, "final_logit_softcapping");
+        cJSON_AddNumberToObject(cfg, "sliding_window",
+                                c->sliding_window ? c->sliding_window : c->context_length);
+        cJSON *lt = cJSON_AddArrayToObject(cfg, "layer_types");
+        for (int l = 0; l < c->n_layers && lt; l++)
+            cJSON_AddItemToArray(lt, cJSON_CreateString(tlm_config_layer_windowed(c, l)
+                                                            ? "sliding_attention"
+                                                            : "full_attention"));
+        cJSON_AddBoolToObject(cfg, "attention_bias", 0);
+    } else {
+        cJSON_AddStringToObject(cfg, "hidden_act", "silu");
+    }
+    if (mistral) cJSON_AddNumberToObject(cfg, "sliding_window", c->sliding_window);
     if (c->qkv_bias) {
         cJSON_AddBoolToObject(cfg, "use_sliding_window", 0);
-    } else {
+    } else if (!gemma2) {
         cJSON_AddBoolToObject(cfg, "attention_bias", 0);
         cJSON_AddBoolToObject(cfg, "mlp_bias", 0);
     }
@@ -836,23 +1008,26 @@ tlm_status tlm_model_save_hf(const tlm_model *m, const char *dir, tlm_dtype dtyp
         return core_err(TLM_ERR_UNSUPPORTED, "Hugging Face export writes F32, F16 or BF16, not %s",
                         tlm_dtype_name(dtype));
     tlm_dtype dt = dtype;
-    if (fmt_gemma_field(c))
-        return core_err(TLM_ERR_UNSUPPORTED,
-                        "Hugging Face export: the model sets %s, which tlm writes only in its own "
-                        "checkpoints",
-                        fmt_gemma_field(c));
-    int llama = fmt_is_llama_style(c, 1, NULL, 0);
+    char why[160];
+    int gemma2 = fmt_is_gemma2_style(c, 0, why, sizeof why);
+    if (!gemma2 && fmt_gemma_field(c))
+        return core_err(TLM_ERR_UNSUPPORTED, "Hugging Face export as Gemma2ForCausalLM: %s", why);
+    int llama = gemma2 || fmt_is_llama_style(c, 1, 1, NULL, 0);
     if (!llama && !is_gpt2_style(c))
         return core_err(TLM_ERR_UNSUPPORTED,
                         "Hugging Face export supports Llama-style (rmsnorm, swiglu, rope, no bias "
-                        "or q/k/v biases: Qwen2) and GPT-2-style (layernorm with bias, learned "
-                        "positions, gelu) models");
+                        "or q/k/v biases: Qwen2; a sliding window: Mistral), Gemma 2-style and "
+                        "GPT-2-style (layernorm with bias, learned positions, gelu) models");
+    if (llama && !gemma2 && c->qkv_bias && c->sliding_window)
+        return core_err(TLM_ERR_UNSUPPORTED,
+                        "Hugging Face export: q, k and v biases with a sliding window (Qwen2's "
+                        "use_sliding_window, which tlm does not write)");
     if (mkdir(dir, 0777) != 0 && errno != EEXIST)
         return core_err(TLM_ERR_IO, "cannot create directory '%s': %s", dir, strerror(errno));
     out_list o = {0};
     cJSON *cfg = cJSON_CreateObject();
     if (!cfg) return core_err(TLM_ERR_NOMEM, "out of memory");
-    tlm_status s = llama ? export_llama(m, dt, &o, cfg) : export_gpt2(m, dt, &o, cfg);
+    tlm_status s = llama ? export_llama(m, dt, gemma2, &o, cfg) : export_gpt2(m, dt, &o, cfg);
     cJSON_AddStringToObject(cfg, "torch_dtype",
                             dt == TLM_DTYPE_F16    ? "float16"
                             : dt == TLM_DTYPE_BF16 ? "bfloat16"

@@ -203,7 +203,7 @@ static tlm_status load_mapped(core_mmap *map, const char *path, int writable, tl
                 else
                     snprintf(name, sizeof name, "%s", kind_tensor[k]);
                 int ti = mdl_index(m, name);
-                if (ti >= 0) src[ti] = (mdl_bind_src){TLM_DTYPE_F32, p + off};
+                if (ti >= 0) src[ti] = (mdl_bind_src){TLM_DTYPE_F32, p + off, 0.0f};
             }
             off += cnt * sizeof(float);
         }
@@ -298,7 +298,7 @@ tlm_status tlm_model_save_llama2c(const tlm_model *m, const char *path, int vers
     if (fs) return fs;
     if (version != 0 && version != 1)
         return core_err(TLM_ERR_ARG, "llama2.c version must be 0 (legacy) or 1, not %d", version);
-    if (!fmt_is_llama_style(c, 0, why, sizeof why))
+    if (!fmt_is_llama_style(c, 0, 0, why, sizeof why))
         return core_err(TLM_ERR_UNSUPPORTED, "llama2.c cannot hold this model: %s", why);
     /* run.c hard-codes these; a model that differs would silently compute something else. */
     if (c->rope_theta != 10000.0f || fabsf(c->norm_eps - 1e-5f) > 1e-9f)

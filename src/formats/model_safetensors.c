@@ -99,7 +99,7 @@ tlm_status fmt_load_tlm_file(const char *path, int writable, tlm_model **out) {
         s = core_err(TLM_ERR_NOMEM, "out of memory");
     for (int i = 0; !s && i < m->n_tensors; i++) {
         const io_st_tensor *t = io_st_find(&f, m->tensors[i].name);
-        src[i] = (mdl_bind_src){t->dtype, f.data + t->begin};
+        src[i] = (mdl_bind_src){t->dtype, f.data + t->begin, 0.0f};
     }
     if (!s) {
         /* The model keeps the file mapped while its views point into it. */

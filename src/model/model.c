@@ -269,7 +269,10 @@ static int drops_copied(const tlm_model *m) {
  * products take what k_linear_takes (F32, F16, BF16 and the ggml block types); a token embedding
  * widens one row at a time wherever it is read. Vectors (norms, biases) and learned position
  * tables are read as floats. */
-static int used_in_place(const tlm_model *m, int i, tlm_dtype t, const void *data) {
+static int used_in_place(const tlm_model *m, int i, const mdl_bind_src *src) {
+    tlm_dtype t = src->dtype;
+    const void *data = src->data;
+    if (src->add != 0.0f) return 0;
     const core_dtype_info *d = core_dtype_get(t);
     /* plain types need their natural alignment; block types are read bytewise */
     size_t align = d->block_elems == 1 ? d->block_bytes : 1;
@@ -312,7 +315,7 @@ static tlm_status mdl_bind_views(tlm_model *m, const mdl_bind_src *src, core_mma
     /* Which tensors need a converted copy, and how much memory those copies take. */
     size_t owned = 0;
     for (int i = 0; i < m->n_tensors && !m->st.params; i++)
-        if (!used_in_place(m, i, src[i].dtype, src[i].data)) owned += copy_bytes(&m->tensors[i]);
+        if (!used_in_place(m, i, &src[i])) owned += copy_bytes(&m->tensors[i]);
     if (owned) {
         m->st.owned = core_big_alloc(owned);
         if (!m->st.owned)
@@ -327,7 +330,7 @@ static tlm_status mdl_bind_views(tlm_model *m, const mdl_bind_src *src, core_mma
         float *dst = NULL;
         if (m->st.params) {
             dst = m->st.params + t->offset;
-        } else if (used_in_place(m, i, src[i].dtype, src[i].data)) {
+        } else if (used_in_place(m, i, &src[i])) {
             f32_view(w, t, NULL); /* the shape; then the file's own type and bytes */
             w->dtype = src[i].dtype;
             w->data = src[i].data;
@@ -339,6 +342,8 @@ static tlm_status mdl_bind_views(tlm_model *m, const mdl_bind_src *src, core_mma
         }
         tlm_status s = core_dtype_to_f32(src[i].dtype, src[i].data, dst, t->numel);
         if (s) return core_err_context(s, "tensor '%s'", t->name);
+        if (src[i].add != 0.0f)
+            for (size_t k = 0; k < t->numel; k++) dst[k] += src[i].add;
         if (drops_copied(m))
             core_mmap_release(src[i].data, core_dtype_bytes(src[i].dtype, t->numel));
         f32_view(w, t, dst);

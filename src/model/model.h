@@ -81,6 +81,9 @@ tlm_status mdl_new(const tlm_config *c, int writable, tlm_model **out);
 typedef struct {
     tlm_dtype dtype;
     const void *data;
+    /* Added to every element, which makes the view a copy: Gemma's Hugging Face norms store w
+     * and scale by 1 + w, where tlm's norms scale by their weight. */
+    float add;
 } mdl_bind_src;
 
 /* Binds every view of a model made by mdl_new: writable models get the data converted into

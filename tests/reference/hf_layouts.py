@@ -7,10 +7,17 @@
                                     the same with a PEFT LoRA directory (tlm's) applied as PEFT
                                     does: each adapted HF weight W gives W x + s B (A x)
 
-Layouts follow transformers' LlamaForCausalLM and GPT2LMHeadModel state dicts:
+Layouts follow transformers' LlamaForCausalLM, MistralForCausalLM, Gemma2ForCausalLM and
+GPT2LMHeadModel state dicts:
 - Llama: the reference model rotates adjacent pairs (Meta's order); HF rotates halves and its
   converter permutes the q/k rows to match, so we apply the same permutation when writing. tlm must
   undo that (or use half pairing) to reproduce the reference's logits.
+- Mistral: Llama's names with sliding_window, a window on every layer.
+- Gemma 2: four norms a layer (input, post_attention, pre_feedforward, post_feedforward), each
+  stored as w for a norm that scales by 1 + w (the reference's norms scale by their weight: w + 1);
+  the embedding scaled by sqrt(hidden_size) in the model's code; scores scaled by
+  query_pre_attn_scalar ** -0.5 and soft-capped, logits soft-capped; layer_types says which
+  layers attend through sliding_window; q/k rows in halves as HF trains them.
 - GPT-2: Conv1D weights are [in, out], q/k/v fused in c_attn, `transformer.` prefix optional,
   causal-mask buffers attn.bias / attn.masked_bias sit in old checkpoints and must be ignored.
 Run with /usr/bin/python3 (Debian's torch).
@@ -100,7 +107,8 @@ def llama_tensors(model, cfg, dtype, arch="llama"):
     if not cfg.tie_embeddings:
         out.append(("lm_head.weight", sd["output.weight"]))
     config = {
-        "architectures": ["Qwen2ForCausalLM" if arch == "qwen2" else "LlamaForCausalLM"],
+        "architectures": [{"qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}.get(
+            arch, "LlamaForCausalLM")],
         "model_type": arch,
         "hidden_size": cfg.d_model, "intermediate_size": cfg.d_ff,
         "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
@@ -109,9 +117,51 @@ def llama_tensors(model, cfg, dtype, arch="llama"):
         "rope_theta": cfg.rope_theta, "hidden_act": "silu", "rope_scaling": None,
         "tie_word_embeddings": cfg.tie_embeddings, "torch_dtype": str(dtype).split(".")[1],
     }
+    if arch == "mistral":
+        config["sliding_window"] = cfg.sliding_window
     if arch == "qwen2":
         config.update({"use_sliding_window": False, "sliding_window": 4096,
                        "max_window_layers": cfg.n_layers})
+    return [(n, t.contiguous().to(dtype)) for n, t in out], config
+
+
+def gemma2_tensors(model, cfg, dtype):
+    sd = model.state_dict_canonical()
+    out = [("model.embed_tokens.weight", sd["token_embd.weight"])]
+    for l in range(cfg.n_layers):
+        p, b = f"model.layers.{l}.", f"blk.{l}."
+        out += [
+            (p + "input_layernorm.weight", sd[b + "attn_norm.weight"] - 1),
+            (p + "self_attn.q_proj.weight", sd[b + "attn_q.weight"]),
+            (p + "self_attn.k_proj.weight", sd[b + "attn_k.weight"]),
+            (p + "self_attn.v_proj.weight", sd[b + "attn_v.weight"]),
+            (p + "self_attn.o_proj.weight", sd[b + "attn_output.weight"]),
+            (p + "post_attention_layernorm.weight", sd[b + "post_attention_norm.weight"] - 1),
+            (p + "pre_feedforward_layernorm.weight", sd[b + "ffn_norm.weight"] - 1),
+            (p + "mlp.gate_proj.weight", sd[b + "ffn_gate.weight"]),
+            (p + "mlp.up_proj.weight", sd[b + "ffn_up.weight"]),
+            (p + "mlp.down_proj.weight", sd[b + "ffn_down.weight"]),
+            (p + "post_feedforward_layernorm.weight", sd[b + "post_ffw_norm.weight"] - 1),
+        ]
+    out.append(("model.norm.weight", sd["output_norm.weight"] - 1))
+    P = cfg.sliding_window_pattern
+    config = {
+        "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2",
+        "hidden_size": cfg.d_model, "intermediate_size": cfg.d_ff,
+        "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
+        "vocab_size": cfg.vocab_size, "max_position_embeddings": cfg.context_length,
+        "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_theta,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "query_pre_attn_scalar": round(cfg.attn_scale ** -2),
+        "attn_logit_softcapping": cfg.attn_softcap or None,
+        "final_logit_softcapping": cfg.final_softcap or None,
+        "sliding_window": cfg.sliding_window,
+        "layer_types": ["full_attention" if P and (l + 1) % P == 0 else "sliding_attention"
+                        for l in range(cfg.n_layers)],
+        "attention_bias": False, "tie_word_embeddings": True,
+        "torch_dtype": str(dtype).split(".")[1],
+    }
     return [(n, t.contiguous().to(dtype)) for n, t in out], config
 
 
@@ -167,6 +217,16 @@ CASES = [
                                  n_heads=4, n_kv_heads=2, d_ff=40, tie_embeddings=True,
                                  qkv_bias=True, norm_eps=1e-6, rope_theta=1000000.0),
      torch.float32, 1, {}),
+    # windows shorter than the context, so that they change the logits
+    ("mistral_window", "mistral", dict(vocab_size=64, context_length=32, d_model=32, n_layers=2,
+                                       n_heads=4, n_kv_heads=2, d_ff=48, tie_embeddings=False,
+                                       sliding_window=5), torch.float32, 1, {}),
+    ("gemma2_window", "gemma2", dict(vocab_size=64, context_length=32, d_model=32, n_layers=4,
+                                     n_heads=4, n_kv_heads=2, d_ff=48, tie_embeddings=True,
+                                     norm_eps=1e-6, sliding_window=6, sliding_window_pattern=2,
+                                     attn_softcap=1.5, final_softcap=2.0, attn_scale=8 ** -0.5,
+                                     embed_scale=32 ** 0.5, post_norms=True, ffn="geglu",
+                                     rope_pairing="half"), torch.float32, 1, {}),
     ("gpt2_prefix", "gpt2", dict(vocab_size=70, context_length=20, d_model=32, n_layers=2,
                                  n_heads=4, tie_embeddings=True), torch.float32, 1,
      {"prefix": "transformer.", "buffers": True}),
@@ -198,8 +258,10 @@ def cmd_write(outdir):
     os.makedirs(outdir, exist_ok=True)
     for i, (name, arch, c, dtype, shards, extra) in enumerate(CASES):
         gen = torch.Generator().manual_seed(4242 + i)
-        if arch in ("llama", "qwen2"):
+        if arch in ("llama", "qwen2", "mistral"):
             cfg = Config.from_dict(dict(c, rope_pairing="interleaved"))
+        elif arch == "gemma2":
+            cfg = Config.from_dict(c)
         else:
             cfg = Config.from_dict(dict(c, norm="layernorm", ffn="gelu_tanh", position="learned",
                                         bias=True))
@@ -211,7 +273,9 @@ def cmd_write(outdir):
             for _, p in model.canonical_params():
                 p.copy_(round_to(p, dtype))
         model.eval()
-        if arch in ("llama", "qwen2"):
+        if arch == "gemma2":
+            tensors, config = gemma2_tensors(model, cfg, dtype)
+        elif arch in ("llama", "qwen2", "mistral"):
             tensors, config = llama_tensors(model, cfg, dtype, arch)
             if "rope_scaling" in extra:
                 config["rope_scaling"] = extra["rope_scaling"]
@@ -258,14 +322,49 @@ def hf_to_canonical(path, peftdir=None):
         print(f"{peftdir}: {apply_peft(t, peftdir)} LoRA matrices applied")
     arch = hc["architectures"][0]
     sd = {}
-    if arch in ("LlamaForCausalLM", "Qwen2ForCausalLM"):
+    if arch == "Gemma2ForCausalLM":
+        # Gemma2's modeling: norms scale by 1 + w, embeddings by sqrt(hidden_size), scores by
+        # query_pre_attn_scalar ** -0.5; layer_types names the windowed layers
+        types = hc["layer_types"]
+        windowed = [x == "sliding_attention" for x in types]
+        full = [i for i, w in enumerate(windowed) if not w]
+        pattern = full[0] + 1 if full and any(windowed) else 0
+        assert all(windowed[l] == (pattern == 0 or (l + 1) % pattern != 0)
+                   for l in range(len(types))), types
+        cfg = Config.from_dict(dict(
+            vocab_size=hc["vocab_size"], context_length=hc["max_position_embeddings"],
+            d_model=hc["hidden_size"], n_layers=hc["num_hidden_layers"],
+            n_heads=hc["num_attention_heads"], n_kv_heads=hc["num_key_value_heads"],
+            d_ff=hc["intermediate_size"], norm_eps=hc["rms_norm_eps"], rope_theta=hc["rope_theta"],
+            rope_pairing="half", tie_embeddings=True, ffn="geglu", post_norms=True,
+            embed_scale=hc["hidden_size"] ** 0.5, attn_scale=hc["query_pre_attn_scalar"] ** -0.5,
+            attn_softcap=hc["attn_logit_softcapping"] or 0.0,
+            final_softcap=hc["final_logit_softcapping"] or 0.0,
+            sliding_window=hc["sliding_window"] if any(windowed) else 0,
+            sliding_window_pattern=pattern))
+        assert hc["hidden_activation"] == "gelu_pytorch_tanh" and hc["head_dim"] == cfg.head_dim
+        sd["token_embd.weight"] = t["model.embed_tokens.weight"]
+        names = [("input_layernorm", "attn_norm"), ("self_attn.q_proj", "attn_q"),
+                 ("self_attn.k_proj", "attn_k"), ("self_attn.v_proj", "attn_v"),
+                 ("self_attn.o_proj", "attn_output"),
+                 ("post_attention_layernorm", "post_attention_norm"),
+                 ("pre_feedforward_layernorm", "ffn_norm"), ("mlp.gate_proj", "ffn_gate"),
+                 ("mlp.up_proj", "ffn_up"), ("mlp.down_proj", "ffn_down"),
+                 ("post_feedforward_layernorm", "post_ffw_norm")]
+        for l in range(cfg.n_layers):
+            for h, c in names:
+                w = t[f"model.layers.{l}.{h}.weight"]
+                sd[f"blk.{l}.{c}.weight"] = w + 1 if h.endswith("layernorm") else w
+        sd["output_norm.weight"] = t["model.norm.weight"] + 1
+    elif arch in ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"):
         qwen2 = arch == "Qwen2ForCausalLM"
         cfg = Config.from_dict(dict(
             vocab_size=hc["vocab_size"], context_length=hc["max_position_embeddings"],
             d_model=hc["hidden_size"], n_layers=hc["num_hidden_layers"],
             n_heads=hc["num_attention_heads"], n_kv_heads=hc["num_key_value_heads"],
             d_ff=hc["intermediate_size"], norm_eps=hc["rms_norm_eps"], rope_theta=hc["rope_theta"],
-            rope_pairing="half", tie_embeddings=hc["tie_word_embeddings"], qkv_bias=qwen2))
+            rope_pairing="half", tie_embeddings=hc["tie_word_embeddings"], qkv_bias=qwen2,
+            sliding_window=(hc.get("sliding_window") or 0) if arch == "MistralForCausalLM" else 0))
         sd["token_embd.weight"] = t["model.embed_tokens.weight"]
         names = [("input_layernorm", "attn_norm"), ("self_attn.q_proj", "attn_q"),
                  ("self_attn.k_proj", "attn_k"), ("self_attn.v_proj", "attn_v"),
