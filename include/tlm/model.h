@@ -212,9 +212,9 @@ tlm_status tlm_model_init(tlm_model *m, uint64_t seed, tlm_init_scheme scheme);
 
 /* ---- model files ----------------------------------------------------------------------------- */
 
-/* Real model files: llama2.c .bin (legacy and version 1), GGUF v3 (arch llama and qwen2), Hugging
- * Face directories (config.json + *.safetensors: LlamaForCausalLM, Qwen2ForCausalLM,
- * GPT2LMHeadModel) and tlm's own checkpoints. Every reader validates the file against its length
+/* Real model files: llama2.c .bin (legacy and version 1), GGUF v3 (arch llama, qwen2 and gemma2),
+ * Hugging Face directories (config.json + *.safetensors: LlamaForCausalLM, MistralForCausalLM,
+ * Qwen2ForCausalLM, Gemma2ForCausalLM, GPT2LMHeadModel) and tlm's own checkpoints. Every reader validates the file against its length
  * before touching memory. Every writer needs F32 weights (a writable model, or one whose files
  * hold F32), and only GGUF holds Llama 3.1's RoPE frequency factors (rope_freqs.weight). */
 
