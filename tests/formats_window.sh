@@ -67,6 +67,20 @@ if [ "$have_node" = 1 ]; then
     expect "llama.cpp on gemma2: '$theirs' vs tlm '$ref'" test "$theirs" = "$ref"
     echo "llama.cpp == tlm on gemma2: $theirs"
 fi
+# llama.cpp's own converter on tlm's Gemma2ForCausalLM export (its +1 on the norms, its keys):
+# the GGUF it writes continues as the checkpoint. Its source is LLAMA_CPP_DIR (else ../llama.cpp
+# next to the repository); without one this check is left out.
+LLAMA_SRC=${LLAMA_CPP_DIR:-$SRC/../llama.cpp}
+if [ -f "$LLAMA_SRC/conversion/gemma.py" ]; then
+    PYTHONPATH="$SRC/tests/reference/llama_converter:$LLAMA_SRC/gguf-py:$LLAMA_SRC" \
+        /usr/bin/python3 "$SRC/tests/reference/llama_converter/run_novocab.py" "$LLAMA_SRC" \
+        "$LLAMA_SRC/convert_hf_to_gguf.py" "$TMP/g2_hf" --outfile "$TMP/g2_conv.gguf" \
+        --outtype f32 >"$TMP/conv.log" 2>&1 || die "convert_hf_to_gguf.py: $(tail -3 "$TMP/conv.log")"
+    expect "llama.cpp's converter's gemma2 GGUF continues as the checkpoint" \
+        test "$(gen "$TMP/g2_conv.gguf" "$prompt")" = "$ref"
+else
+    echo "no llama.cpp source at $LLAMA_SRC: its converter not run"
+fi
 
 # --- Mistral: a window of 8 on every layer (arch llama, MistralForCausalLM) ---------------------
 train mistral '{"context_length": 128, "d_model": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
