@@ -312,6 +312,79 @@ static void test_malformed(const char *dir) {
     free(data);
 }
 
+/* Gemma 2's layout as arch gemma2: the same logits back over a context longer than the window;
+ * what llama.cpp's gemma2 cannot hold is refused on writing, and bad keys on reading, by name. */
+static void test_gemma2(void) {
+    tlm_config c;
+    tlm_config_defaults(&c);
+    c.vocab_size = 50;
+    c.context_length = 24;
+    c.d_model = 32;
+    c.n_layers = 3;
+    c.n_heads = 4;
+    c.n_kv_heads = 2;
+    c.d_ff = 48;
+    c.ffn = TLM_FFN_GEGLU;
+    c.post_norms = 1;
+    c.embed_scale = sqrtf(32.0f);
+    c.attn_softcap = 1.5f;
+    c.final_softcap = 2.5f;
+    c.sliding_window = 5;
+    c.sliding_window_pattern = 3;
+    c.rope_pairing = TLM_ROPE_INTERLEAVED; /* gemma2 rotates halves: the writer reorders */
+    CHECK_OK(tlm_config_finalize(&c));
+    tlm_model *r = NULL, *m = t_model(&c, 5, TLM_INIT_XAVIER);
+    int32_t ids[24];
+    for (int i = 0; i < 24; i++) ids[i] = (i * 7 + 3) % 50;
+    CHECK_OK(tlm_model_save_gguf(m, NULL, "gemma2.gguf", TLM_DTYPE_F32));
+    CHECK_OK(tlm_model_load("gemma2.gguf", 0, &r));
+    if (r) {
+        const tlm_config *rc = tlm_model_config(r);
+        CHECK(rc->sliding_window == 5 && rc->sliding_window_pattern == 3 && rc->post_norms &&
+                  rc->ffn == TLM_FFN_GEGLU && rc->attn_softcap == 1.5f &&
+                  rc->final_softcap == 2.5f && rc->embed_scale == sqrtf(32.0f) &&
+                  rc->rope_pairing == TLM_ROPE_HALF && rc->tie_embeddings,
+              "gemma2 config back: window %d/%d", rc->sliding_window, rc->sliding_window_pattern);
+        double d = logits_diff(m, r, ids, 24);
+        CHECK(d < 1e-4, "gemma2 -> gguf logits differ by %g", d);
+        tlm_model_free(r);
+    }
+    char *data;
+    size_t n;
+    if (!core_read_file("gemma2.gguf", &data, &n)) {
+        uint8_t *q = (uint8_t *)data;
+        CHECK(patch_u32(q, n, "gemma2.attention.key_length", 16), "patch key_length");
+        expect_bad_mem(q, n, "attention key/value length 16/8");
+        patch_u32(q, n, "gemma2.attention.key_length", 8);
+        patch_u32(q, n, "gemma2.attention.sliding_window", 0);
+        expect_bad_mem(q, n, "sliding window 0");
+        free(data);
+    }
+    remove("gemma2.gguf");
+    /* llama.cpp's gemma2 always caps, scales embeddings by sqrt(d_model) and scores by
+     * 1 / sqrt(head_dim) */
+    static const char *const why[] = {"final_softcap is 0", "embed_scale is not sqrt(d_model)",
+                                      "attn_scale is not 1 / sqrt(head_dim)"};
+    for (int i = 0; i < 3; i++) {
+        tlm_config b = c;
+        if (i == 0)
+            b.final_softcap = 0.0f;
+        else if (i == 1)
+            b.embed_scale = 0.3f;
+        else
+            b.attn_scale = 0.3f;
+        tlm_model *x = t_model(&b, 5, TLM_INIT_XAVIER);
+        CHECK(tlm_model_save_gguf(x, NULL, "gemma2_bad.gguf", TLM_DTYPE_F32) ==
+                      TLM_ERR_UNSUPPORTED &&
+                  strstr(tlm_last_error(), "GGUF export as gemma2: ") &&
+                  strstr(tlm_last_error(), why[i]),
+              "%s: %s", why[i], tlm_last_error());
+        tlm_model_free(x);
+    }
+    tlm_model_free(m);
+    remove("gemma2_bad.gguf");
+}
+
 /* tlm's greedy continuation of seq[0 .. np) to total tokens, by full forward passes. */
 static void greedy(const tlm_model *m, int32_t *seq, int np, int total) {
     int V = tlm_model_config(m)->vocab_size;
@@ -512,6 +585,7 @@ int main(void) {
     tlm_threads_set(2);
     test_q8_0();
     test_half_roundtrip();
+    test_gemma2();
     const char *dir = t_require_shared_data();
     if (dir) {
         test_stories(dir);
