@@ -102,7 +102,8 @@ static tlm_status llama_config(const io_gguf *g, const char *path, tlm_config *c
         ((s = io_gguf_get_int(g, KEY("attention.key_length"), &head_k)) && s != TLM_ERR_RANGE) ||
         ((s = io_gguf_get_int(g, KEY("attention.value_length"), &head_v)) && s != TLM_ERR_RANGE))
         return core_err_context(s, "%s", path);
-    if (head_k * heads != c->d_model || head_v * heads != c->d_model)
+    /* compared, not multiplied: the file's values may be anything */
+    if (head_k != c->d_model / heads || head_v != head_k)
         return core_err(TLM_ERR_UNSUPPORTED,
                         "%s: attention key/value length %lld/%lld is not d_model / heads %d (tlm's "
                         "heads are d_model / heads wide)",
@@ -115,7 +116,7 @@ static tlm_status llama_config(const io_gguf *g, const char *path, tlm_config *c
         pattern = 2;
         if (io_gguf_find(g, KEY("attention.sliding_window_pattern")) &&
             (s = io_gguf_get_int(g, key, &pattern)))
-            return core_err_context(s, "%s: (tlm reads a pattern given as one number)", path);
+            return core_err_context(s, "%s: sliding_window_pattern (tlm reads one number)", path);
         if ((s = get_pos_float(g, KEY("attn_logit_softcapping"), cap_a, path, &c->attn_softcap)) ||
             (s = get_pos_float(g, KEY("final_logit_softcapping"), cap_f, path, &c->final_softcap)))
             return s;
@@ -134,6 +135,8 @@ static tlm_status llama_config(const io_gguf *g, const char *path, tlm_config *c
         c->embed_scale = sqrtf((float)c->d_model);
         c->attn_scale = 1.0f / sqrtf((float)(c->d_model / heads));
         c->post_norms = 1;
+    } else if (qwen2) {
+        win = 0; /* llama.cpp's qwen2 has no window */
     } else if (win < 0 || win > (1 << 24)) {
         return core_err(TLM_ERR_FORMAT, "%s: %s = %lld", path, KEY("attention.sliding_window"),
                         (long long)win);
