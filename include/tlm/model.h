@@ -214,9 +214,10 @@ tlm_status tlm_model_init(tlm_model *m, uint64_t seed, tlm_init_scheme scheme);
 
 /* Real model files: llama2.c .bin (legacy and version 1), GGUF v3 (arch llama, qwen2 and gemma2),
  * Hugging Face directories (config.json + *.safetensors: LlamaForCausalLM, MistralForCausalLM,
- * Qwen2ForCausalLM, Gemma2ForCausalLM, GPT2LMHeadModel) and tlm's own checkpoints. Every reader validates the file against its length
- * before touching memory. Every writer needs F32 weights (a writable model, or one whose files
- * hold F32), and only GGUF holds Llama 3.1's RoPE frequency factors (rope_freqs.weight). */
+ * Qwen2ForCausalLM, Gemma2ForCausalLM, GPT2LMHeadModel) and tlm's own checkpoints. Every reader
+ * validates the file against its length before touching memory. Every writer needs F32 weights (a
+ * writable model, or one whose files hold F32), and only GGUF holds Llama 3.1's RoPE frequency
+ * factors (rope_freqs.weight). */
 
 typedef enum {
     TLM_FORMAT_UNKNOWN = 0,
