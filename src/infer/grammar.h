@@ -2,6 +2,7 @@
 #ifndef TLM_INFER_GRAMMAR_H
 #define TLM_INFER_GRAMMAR_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "core/core.h"
@@ -52,5 +53,15 @@ static inline int infer_gram_set_meets(const struct tlm_grammar *g, uint32_t set
         if (r[2 * i] <= hi && lo <= r[2 * i + 1]) return 1;
     return 0;
 }
+
+/* A state remembers the masks of the configurations it met (bounded in entries and bytes), so
+ * that a configuration that returns, as at every step inside a free string, is not walked again.
+ * on = 0 drops the memo for good: every mask is walked (tests compare the two). Either way the
+ * memo is emptied. */
+struct tlm_grammar_state;
+void infer_gram_state_memo(struct tlm_grammar_state *s, int on);
+/* Masks answered from the memo and walked, and the bytes the memo holds. */
+void infer_gram_state_memo_stats(const struct tlm_grammar_state *s, long *hits, long *misses,
+                                 size_t *bytes);
 
 #endif

@@ -26,6 +26,12 @@
  * refused rather than left to grow without bound. */
 #define GM_MAX_STACKS 4096
 #define GM_MAX_EXPAND (1 << 16)
+/* The memo of masks: at most this many per state, within this many bytes of masks and keys, and
+ * no configuration whose key is longer (deep nesting) is kept. Inside a JSON string every step
+ * starts from the same configuration, so even a few entries save the walk there. */
+#define GM_MEMO_ENTRIES 16
+#define GM_MEMO_BYTES (4 << 20)
+#define GM_MEMO_KEY_MAX 4096
 
 typedef struct {
     uint32_t pos;
@@ -57,6 +63,15 @@ typedef struct {
     uint32_t cp, need, min;
 } utf8_at;
 
+/* A mask remembered for one configuration (the decoder and the stacks' element positions, which
+ * are all a mask depends on: a node's depth is its stack's length). */
+typedef struct {
+    uint64_t hash, used; /* used: the state's clock at the last hit, 0 for a free slot */
+    uint32_t *key;
+    int n_key, cap_key;
+    uint64_t *bits; /* [mask words] */
+} mask_memo;
+
 struct tlm_grammar_state {
     const struct tlm_grammar *g;
     const tlm_grammar_vocab *v;
@@ -71,7 +86,14 @@ struct tlm_grammar_state {
     int n_buf, cap_buf;
     int32_t *work;
     int cap_work;
-    uint8_t *allowed;
+    uint64_t *allowed; /* bit per id */
+    int words;         /* of a mask */
+    mask_memo *memo;
+    int n_memo; /* slots; 0: masks are always walked */
+    uint64_t clock;
+    uint32_t *key; /* the configuration being masked */
+    int n_key, cap_key;
+    long hits, misses;
     int overflow; /* a set or expansion went past its bound */
     int made;     /* nodes made by the expansion in progress */
     struct walk_frame *frames;
@@ -336,6 +358,12 @@ void tlm_grammar_state_free(tlm_grammar_state *s) {
     free(s->work);
     free(s->allowed);
     free(s->frames);
+    for (int i = 0; i < s->n_memo; i++) {
+        free(s->memo[i].key);
+        free(s->memo[i].bits);
+    }
+    free(s->memo);
+    free(s->key);
     free(s);
 }
 
@@ -399,9 +427,17 @@ tlm_status tlm_grammar_state_new(const tlm_grammar *g, const tlm_grammar_vocab *
     if (!s) return core_err(TLM_ERR_NOMEM, "out of memory");
     s->g = g;
     s->v = v;
-    if (v && !(s->allowed = malloc((size_t)v->n_ids))) {
-        tlm_grammar_state_free(s);
-        return core_err(TLM_ERR_NOMEM, "out of memory");
+    if (v) {
+        s->words = (v->n_ids + 63) / 64;
+        s->allowed = malloc((size_t)s->words * sizeof *s->allowed);
+        size_t per = (size_t)s->words * sizeof(uint64_t) + GM_MEMO_KEY_MAX * sizeof(uint32_t);
+        s->n_memo = (int)(GM_MEMO_BYTES / per);
+        if (s->n_memo > GM_MEMO_ENTRIES) s->n_memo = GM_MEMO_ENTRIES;
+        if (s->n_memo && !(s->memo = calloc((size_t)s->n_memo, sizeof *s->memo))) s->n_memo = 0;
+        if (!s->allowed) {
+            tlm_grammar_state_free(s);
+            return core_err(TLM_ERR_NOMEM, "out of memory");
+        }
     }
     tlm_grammar_state_reset(s);
     if (s->overflow) {
@@ -513,7 +549,8 @@ static void walk(tlm_grammar_state *s) {
             s->n_buf = buf_top;
             continue;
         }
-        for (int32_t id = v->node[c].tok; id >= 0; id = v->tok_next[id]) s->allowed[id] = 1;
+        for (int32_t id = v->node[c].tok; id >= 0; id = v->tok_next[id])
+            s->allowed[id >> 6] |= 1ull << (id & 63);
         if (v->node[c].child >= 0)
             f[sp++] = (struct walk_frame){c, v->node[c].child, a0, a1, nodes_top, buf_top, u};
         else {
@@ -523,28 +560,120 @@ static void walk(tlm_grammar_state *s) {
     }
 }
 
+/* Writes the state's configuration to key[]: the decoder, then each stack as its length and its
+ * positions from the top (a node's depth follows from the positions below it). -1 when it is longer
+ * than GM_MEMO_KEY_MAX words or memory is short. */
+static int make_key(tlm_grammar_state *s, uint64_t *hash) {
+    int n = 0;
+    uint32_t head[4] = {s->u.cp, s->u.need, s->u.min, (uint32_t)s->n_stacks};
+    if (grow((void **)&s->key, &s->cap_key, 4, sizeof *s->key)) return -1;
+    memcpy(s->key, head, sizeof head);
+    n = 4;
+    for (int i = 0; i < s->n_stacks; i++) {
+        int32_t x = s->stacks[i];
+        uint32_t len = 0;
+        for (int32_t y = x; y >= 0 && len <= GM_MEMO_KEY_MAX; y = s->nodes[y].up) len++;
+        if (n + 1 + (int64_t)len > GM_MEMO_KEY_MAX) return -1;
+        if (grow((void **)&s->key, &s->cap_key, n + 1 + (int)len, sizeof *s->key)) return -1;
+        s->key[n++] = len;
+        for (; x >= 0; x = s->nodes[x].up) s->key[n++] = s->nodes[x].pos;
+    }
+    uint64_t h = 0x9E3779B97F4A7C15ull;
+    for (int i = 0; i < n; i++) {
+        h = (h ^ s->key[i]) * 0xBF58476D1CE4E5B9ull;
+        h ^= h >> 31;
+    }
+    s->n_key = n;
+    *hash = h;
+    return 0;
+}
+
+static mask_memo *memo_find(tlm_grammar_state *s, uint64_t hash) {
+    for (int i = 0; i < s->n_memo; i++) {
+        mask_memo *m = &s->memo[i];
+        if (m->used && m->hash == hash && m->n_key == s->n_key &&
+            !memcmp(m->key, s->key, (size_t)s->n_key * sizeof *s->key))
+            return m;
+    }
+    return NULL;
+}
+
+/* Keeps allowed[] for the configuration in key[], in a free slot or the least recently used. */
+static void memo_store(tlm_grammar_state *s, uint64_t hash) {
+    mask_memo *m = NULL;
+    for (int i = 0; i < s->n_memo; i++)
+        if (!m || s->memo[i].used < m->used) m = &s->memo[i];
+    if (!m) return;
+    m->used = 0;
+    if (!m->bits && !(m->bits = malloc((size_t)s->words * sizeof *m->bits))) return;
+    if (grow((void **)&m->key, &m->cap_key, s->n_key, sizeof *m->key)) return;
+    memcpy(m->key, s->key, (size_t)s->n_key * sizeof *s->key);
+    memcpy(m->bits, s->allowed, (size_t)s->words * sizeof *s->allowed);
+    m->n_key = s->n_key;
+    m->hash = hash;
+    m->used = ++s->clock;
+}
+
+void infer_gram_state_memo(tlm_grammar_state *s, int on) {
+    if (!s) return;
+    for (int i = 0; i < s->n_memo; i++) s->memo[i].used = 0;
+    if (!on) {
+        for (int i = 0; i < s->n_memo; i++) {
+            free(s->memo[i].key);
+            free(s->memo[i].bits);
+        }
+        free(s->memo);
+        s->memo = NULL;
+        s->n_memo = 0;
+    }
+}
+
+void infer_gram_state_memo_stats(const tlm_grammar_state *s, long *hits, long *misses,
+                                 size_t *bytes) {
+    size_t b = 0;
+    for (int i = 0; i < s->n_memo; i++)
+        b += (size_t)s->memo[i].cap_key * sizeof(uint32_t) +
+             (s->memo[i].bits ? (size_t)s->words * sizeof(uint64_t) : 0);
+    if (hits) *hits = s->hits;
+    if (misses) *misses = s->misses;
+    if (bytes) *bytes = b;
+}
+
 tlm_status tlm_grammar_state_mask(tlm_grammar_state *s, float *logits, int n, int *n_allowed) {
     if (n_allowed) *n_allowed = 0;
     if (!s || !logits || !s->v) return core_err(TLM_ERR_ARG, "grammar mask: NULL argument");
     const tlm_grammar_vocab *v = s->v;
-    memset(s->allowed, 0, (size_t)v->n_ids);
+    const uint64_t *bits = s->allowed;
+    memset(s->allowed, 0, (size_t)s->words * sizeof *s->allowed);
     if (!s->ended) {
-        int base = s->n_nodes;
-        if (load_set(s)) return core_err(TLM_ERR_NOMEM, "grammar: out of memory");
-        walk(s);
-        s->n_nodes = base;
-        s->n_buf = 0;
-        if (s->overflow) return overflow_err(s);
-        if (tlm_grammar_state_complete(s))
-            for (int id = 0; id < v->n_ids; id++)
-                if (v->kind[id] == TOK_END) s->allowed[id] = 1;
+        uint64_t hash = 0;
+        int keyed = s->n_memo && !make_key(s, &hash);
+        mask_memo *m = keyed ? memo_find(s, hash) : NULL;
+        if (m) {
+            m->used = ++s->clock;
+            bits = m->bits;
+            s->hits++;
+        } else {
+            int base = s->n_nodes;
+            if (load_set(s)) return core_err(TLM_ERR_NOMEM, "grammar: out of memory");
+            walk(s);
+            s->n_nodes = base;
+            s->n_buf = 0;
+            if (s->overflow) return overflow_err(s);
+            if (tlm_grammar_state_complete(s))
+                for (int id = 0; id < v->n_ids; id++)
+                    if (v->kind[id] == TOK_END) s->allowed[id >> 6] |= 1ull << (id & 63);
+            if (keyed) memo_store(s, hash);
+            s->misses++;
+        }
     }
-    int count = 0;
-    for (int id = 0; id < n; id++) {
-        int ok = id < v->n_ids && s->allowed[id];
+    int count = 0, m = n < v->n_ids ? n : v->n_ids;
+    for (int id = 0; id < m; id++) {
+        int ok = (int)(bits[id >> 6] >> (id & 63)) & 1;
         if (!ok) logits[id] = -INFINITY;
         count += ok;
     }
+    for (int id = m; id < n; id++) logits[id] = -INFINITY;
     if (n_allowed) *n_allowed = count;
     return TLM_OK;
 }
