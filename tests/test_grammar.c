@@ -2,10 +2,12 @@
  * column, which strings a grammar accepts, UTF-8 split across tokens, masks equal to trying every
  * token one by one (a BPE vocabulary trained here with multi-byte merges and the 256 byte tokens,
  * and llama.cpp's SentencePiece and GPT-2 vocabularies), JSON Schema conversion and its refusals,
- * and generation through tlm_session_generate with a grammar on a random model. */
+ * masks remembered per configuration equal to masks walked every time over random walks, and
+ * generation through tlm_session_generate with a grammar on a random model. */
 #include <stdlib.h>
 
 #include "harness.h"
+#include "infer/grammar.h"
 
 static tlm_grammar *parse(const char *text) {
     tlm_grammar *g = NULL;
@@ -310,6 +312,165 @@ static void test_masks_real(const char *dir) {
     }
 }
 
+/* Random walks through g with two states, one remembering masks and one walking every mask: the
+ * masks must agree at every step. Each token is drawn uniformly from the allowed ones; where none
+ * is, or after max_len tokens, both states start over (the memo outlives a reset). Returns the
+ * masks the memo answered. */
+static long memo_walk(const tlm_grammar *g, const tlm_grammar_vocab *v, int n_ids, int steps,
+                      int max_len, const char *what) {
+    tlm_grammar_state *a = NULL, *b = NULL;
+    float *la = malloc((size_t)n_ids * sizeof *la), *lb = malloc((size_t)n_ids * sizeof *lb);
+    int32_t *ok = malloc((size_t)n_ids * sizeof *ok);
+    long hits = -1, misses = 0, b_hits = 0;
+    size_t bytes = 0;
+    if (!la || !lb || !ok || tlm_grammar_state_new(g, v, &a) || tlm_grammar_state_new(g, v, &b))
+        goto done;
+    infer_gram_state_memo(b, 0);
+    int len = 0, resets = 0;
+    for (int step = 0; step < steps; step++) {
+        for (int i = 0; i < n_ids; i++) la[i] = lb[i] = 0.0f;
+        int na = -1, nb = -2, diff = 0, n = 0;
+        CHECK_OK(tlm_grammar_state_mask(a, la, n_ids, &na));
+        CHECK_OK(tlm_grammar_state_mask(b, lb, n_ids, &nb));
+        for (int id = 0; id < n_ids; id++) {
+            diff += (la[id] == 0.0f) != (lb[id] == 0.0f);
+            if (la[id] == 0.0f) ok[n++] = id;
+        }
+        if (diff || na != nb || n != na) {
+            CHECK(0, "%s, step %d: the masks differ at %d ids (%d allowed against %d)", what, step,
+                  diff, na, nb);
+            break;
+        }
+        if (!n || len >= max_len) {
+            tlm_grammar_state_reset(a);
+            tlm_grammar_state_reset(b);
+            len = 0;
+            resets++;
+            continue;
+        }
+        int32_t id = ok[t_rnd() % (uint32_t)n];
+        tlm_status sa = tlm_grammar_state_accept(a, id), sb = tlm_grammar_state_accept(b, id);
+        if (sa || sb) {
+            CHECK(0, "%s, step %d: allowed token %d not accepted (%d, %d)", what, step, id, (int)sa,
+                  (int)sb);
+            break;
+        }
+        len++;
+    }
+    CHECK(resets > 0, "%s: the walks never restarted", what);
+    infer_gram_state_memo_stats(a, &hits, &misses, &bytes);
+    CHECK(bytes > 0 && bytes <= INFER_GRAM_MEMO_BYTES, "%s: the memo holds %zu bytes", what, bytes);
+    infer_gram_state_memo_stats(b, &b_hits, NULL, NULL);
+    CHECK(b_hits == 0, "%s: %ld masks answered without a memo", what, b_hits);
+done:
+    tlm_grammar_state_free(a);
+    tlm_grammar_state_free(b);
+    free(la);
+    free(lb);
+    free(ok);
+    return hits;
+}
+
+/* Masks from the memo against masks walked: JSON with strings at every depth, inside arrays,
+ * objects and keys (the same innermost position with different stacks below, and characters
+ * split across tokens), a schema with bounded strings, and grammars whose configurations do not
+ * come back (the memo evicts) or are too long to keep. */
+static void test_memo(const char *dir) {
+    const char *txt = "{\"name\": \"caf\xC3\xA9\", \"age\": 42, \"tags\": [\"a\", \"b\xC3\xA9\"], "
+                      "\"ok\": true} {\"name\": \"\xE6\x97\xA5\xE6\x9C\xAC\", \"age\": -7} "
+                      "\"\": [], {}, [[\"x\"], {\"k\": [\"\\\"\"]}], null, \"\\\\u00e9\" "
+                      "\xF0\x9F\x98\x80";
+    size_t len = strlen(txt);
+    const char *sp[] = {"<|endoftext|>"};
+    tlm_bpe_train_opts o = {.vocab_size = 1 + 256 + 150, .specials = sp, .n_specials = 1};
+    tlm_tokenizer *t = NULL;
+    tlm_grammar *j = NULL, *g = NULL, *run = NULL, *deep = NULL;
+    tlm_grammar_vocab *v = NULL;
+    CHECK_OK(tlm_tokenizer_train_bpe_texts(&txt, &len, 1, &o, &t));
+    CHECK_OK(tlm_grammar_json(&j));
+    CHECK_OK(tlm_grammar_from_json_schema(schema1, strlen(schema1), &g));
+    run = parse("root ::= [a-z0-9]{0,3000}");
+    /* five ways to nest, each a stack of its own: keys of five times the depth */
+    deep = parse("root ::= a | b | c | d | e\n"
+                 "a ::= \"(\" a \")\" | \"x\"\nb ::= \"(\" b \"]\" | \"y\"\n"
+                 "c ::= \"(\" c \"}\" | \"z\"\nd ::= \"(\" d \">\" | \"w\"\n"
+                 "e ::= \"(\" e \"|\" | \"v\"");
+    int n_ids = t ? tlm_tokenizer_vocab_size(t) + 2 : 0;
+    if (t) CHECK_OK(tlm_grammar_vocab_new(t, n_ids, &v));
+    if (!v || !j || !g || !run || !deep) goto done;
+    t_seed(47);
+    long h = memo_walk(j, v, n_ids, 4000, 80, "json");
+    CHECK(h >= 1000, "json: the memo answered %ld masks of 4000", h);
+    /* bounded strings: a configuration per character, so fewer come back */
+    h = memo_walk(g, v, n_ids, 4000, 60, "schema");
+    CHECK(h > 0, "schema: the memo answered %ld masks of 4000", h);
+    /* thousands of configurations, most never met again: entries are evicted */
+    memo_walk(run, v, n_ids, 400, 1000, "run");
+    /* past the key's bound nothing is kept, and the masks are still right */
+    tlm_grammar_state *a = NULL, *b = NULL;
+    float *la = malloc((size_t)n_ids * sizeof *la), *lb = malloc((size_t)n_ids * sizeof *lb);
+    if (la && lb && !tlm_grammar_state_new(deep, v, &a) && !tlm_grammar_state_new(deep, v, &b)) {
+        infer_gram_state_memo(b, 0);
+        long hits = 0, misses = 0;
+        size_t bytes = 0, bytes0 = 0;
+        for (int depth = 0; depth < 1000; depth++) {
+            if (depth == 10 || depth == 999) {
+                infer_gram_state_memo_stats(a, NULL, NULL, &bytes0);
+                for (int k = 0; k < 2; k++) {
+                    int na = -1, nb = -2, diff = 0;
+                    for (int i = 0; i < n_ids; i++) la[i] = lb[i] = 0.0f;
+                    CHECK_OK(tlm_grammar_state_mask(a, la, n_ids, &na));
+                    CHECK_OK(tlm_grammar_state_mask(b, lb, n_ids, &nb));
+                    for (int i = 0; i < n_ids; i++) diff += la[i] != lb[i];
+                    CHECK(diff == 0 && na == nb && na > 0, "nesting %d: %d ids differ", depth,
+                          diff);
+                }
+                infer_gram_state_memo_stats(a, &hits, &misses, &bytes);
+                if (depth == 10)
+                    CHECK(hits == 1 && misses == 1 && bytes > bytes0,
+                          "nesting 10: %ld hits, %ld misses, %zu bytes", hits, misses, bytes);
+                else
+                    CHECK(hits == 1 && misses == 3 && bytes == bytes0,
+                          "nesting 999 (a key past the bound): %ld hits, %ld misses, %zu bytes "
+                          "against %zu",
+                          hits, misses, bytes, bytes0);
+            }
+            CHECK_OK(tlm_grammar_state_accept_bytes(a, "(", 1));
+            CHECK_OK(tlm_grammar_state_accept_bytes(b, "(", 1));
+        }
+    }
+    free(la);
+    free(lb);
+    tlm_grammar_state_free(a);
+    tlm_grammar_state_free(b);
+    /* a real vocabulary: the strings of bench/grammar's schema */
+    if (dir) {
+        const char *strings = "{\"type\": \"object\", \"properties\": {\"notes\": {\"type\": "
+                              "\"array\", \"items\": {\"type\": \"string\"}, \"minItems\": 4}}, "
+                              "\"required\": [\"notes\"]}";
+        tlm_tokenizer *rt = NULL;
+        tlm_grammar *rg = NULL;
+        tlm_grammar_vocab *rv = NULL;
+        CHECK_OK(tlm_tokenizer_load(t_path(dir, "tokenizers/ggml-vocab-llama-spm.gguf"), &rt));
+        CHECK_OK(tlm_grammar_from_json_schema(strings, strlen(strings), &rg));
+        int rn = rt ? tlm_tokenizer_vocab_size(rt) : 0;
+        if (rt && rg && !tlm_grammar_vocab_new(rt, rn, &rv)) {
+            h = memo_walk(rg, rv, rn, 120, 60, "llama-spm");
+            CHECK(h >= 40, "llama-spm: the memo answered %ld masks of 120", h);
+        }
+        tlm_grammar_vocab_free(rv);
+        tlm_grammar_free(rg);
+        tlm_tokenizer_free(rt);
+    }
+done:
+    tlm_grammar_vocab_free(v);
+    tlm_grammar_free(j);
+    tlm_grammar_free(g);
+    tlm_grammar_free(run);
+    tlm_grammar_free(deep);
+    tlm_tokenizer_free(t);
+}
+
 static void schema_refused(const char *schema, tlm_status want, const char *needle) {
     tlm_grammar *g = NULL;
     tlm_status st = tlm_grammar_from_json_schema(schema, strlen(schema), &g);
@@ -489,6 +650,7 @@ int main(void) {
     test_masks();
     const char *dir = t_require_shared_data();
     if (dir) test_masks_real(dir);
+    test_memo(dir);
     test_schemas();
     test_generate();
     return t_finish("test_grammar");

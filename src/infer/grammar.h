@@ -58,6 +58,7 @@ static inline int infer_gram_set_meets(const struct tlm_grammar *g, uint32_t set
  * that a configuration that returns, as at every step inside a free string, is not walked again.
  * on = 0 drops the memo for good: every mask is walked (tests compare the two). Either way the
  * memo is emptied. */
+#define INFER_GRAM_MEMO_BYTES (4 << 20) /* the most a state's memo holds */
 struct tlm_grammar_state;
 void infer_gram_state_memo(struct tlm_grammar_state *s, int on);
 /* Masks answered from the memo and walked, and the bytes the memo holds. */

@@ -26,11 +26,11 @@
  * refused rather than left to grow without bound. */
 #define GM_MAX_STACKS 4096
 #define GM_MAX_EXPAND (1 << 16)
-/* The memo of masks: at most this many per state, within this many bytes of masks and keys, and
- * no configuration whose key is longer (deep nesting) is kept. Inside a JSON string every step
- * starts from the same configuration, so even a few entries save the walk there. */
+/* The memo of masks: at most this many entries per state (fewer where the masks of a large
+ * vocabulary would pass INFER_GRAM_MEMO_BYTES), and no configuration whose key is longer (deep
+ * nesting, many stacks) is kept. Inside a JSON string every step starts from the same
+ * configuration, so even a few entries save the walk there. */
 #define GM_MEMO_ENTRIES 16
-#define GM_MEMO_BYTES (4 << 20)
 #define GM_MEMO_KEY_MAX 4096
 
 typedef struct {
@@ -431,7 +431,7 @@ tlm_status tlm_grammar_state_new(const tlm_grammar *g, const tlm_grammar_vocab *
         s->words = (v->n_ids + 63) / 64;
         s->allowed = malloc((size_t)s->words * sizeof *s->allowed);
         size_t per = (size_t)s->words * sizeof(uint64_t) + GM_MEMO_KEY_MAX * sizeof(uint32_t);
-        s->n_memo = (int)(GM_MEMO_BYTES / per);
+        s->n_memo = (int)(INFER_GRAM_MEMO_BYTES / per);
         if (s->n_memo > GM_MEMO_ENTRIES) s->n_memo = GM_MEMO_ENTRIES;
         if (s->n_memo && !(s->memo = calloc((size_t)s->n_memo, sizeof *s->memo))) s->n_memo = 0;
         if (!s->allowed) {
