@@ -54,13 +54,16 @@ static inline int infer_gram_set_meets(const struct tlm_grammar *g, uint32_t set
     return 0;
 }
 
-/* A state remembers the masks of the configurations it met (bounded in entries and bytes), so
- * that a configuration that returns, as at every step inside a free string, is not walked again.
- * on = 0 drops the memo for good: every mask is walked (tests compare the two). Either way the
- * memo is emptied. */
+/* What a state's masks may take short cuts with (both by default; tests compare them with
+ * neither). INFER_GRAM_MEMO: remember the masks of the configurations met (bounded in entries and
+ * bytes), so that a configuration that returns, as at every step inside a free string, is not
+ * walked again. INFER_GRAM_SKIP: allow a subtree of the trie whole where the configuration reads
+ * every plain string character back to itself and the subtree's tokens continue in those only.
+ * Setting them empties the memo. */
+enum { INFER_GRAM_MEMO = 1, INFER_GRAM_SKIP = 2 };
 #define INFER_GRAM_MEMO_BYTES (4 << 20) /* the most a state's memo holds */
 struct tlm_grammar_state;
-void infer_gram_state_memo(struct tlm_grammar_state *s, int on);
+void infer_gram_state_fast(struct tlm_grammar_state *s, int flags);
 /* Masks answered from the memo and walked, and the bytes the memo holds. */
 void infer_gram_state_memo_stats(const struct tlm_grammar_state *s, long *hits, long *misses,
                                  size_t *bytes);

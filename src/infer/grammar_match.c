@@ -55,7 +55,20 @@ struct tlm_grammar_vocab {
     int n_node, cap_node;
     int32_t *tok_next; /* [n_ids] */
     int max_len;
+    /* The text tokens in the trie's depth-first order: a node's subtree holds dfs[lo, hi). */
+    int32_t *dfs, *sub_lo, *sub_hi;
+    /* [n_node] every token below the node goes on from it in whole characters of JSON's
+     * unescaped string class (see plain_cp) */
+    uint8_t *plain_below;
 };
+
+/* The code points a JSON string takes as they are: all but controls, '"', '\\' and DEL. A walk
+ * from a configuration that every one of them leaves as it is allows every token of a subtree
+ * made of them without reading it. */
+static int plain_cp(uint32_t c) {
+    return c >= 0x20 && c != '"' && c != '\\' && c != 0x7F && c <= 0x10FFFF &&
+           (c < 0xD800 || c > 0xDFFF);
+}
 
 /* UTF-8 decoding between bytes: cp so far, continuation bytes still due, the least code point
  * the sequence's length allows (shorter forms are overlong). */
@@ -94,8 +107,10 @@ struct tlm_grammar_state {
     uint32_t *key; /* the configuration being masked */
     int n_key, cap_key;
     long hits, misses;
-    int overflow; /* a set or expansion went past its bound */
-    int made;     /* nodes made by the expansion in progress */
+    int fast;           /* INFER_GRAM_ flags */
+    uint8_t *set_plain; /* [n_sets] PLAIN_ */
+    int overflow;       /* a set or expansion went past its bound */
+    int made;           /* nodes made by the expansion in progress */
     struct walk_frame *frames;
     int cap_frames;
 };
@@ -105,7 +120,11 @@ struct walk_frame {
     int set0, set1; /* its stack set: buf[set0, set1) */
     int nodes_top, buf_top;
     utf8_at u;
+    int loop; /* the set reads every plain code point back to itself: 1, 0 not, -1 unknown */
 };
+
+/* How a grammar set meets the plain code points, found when first asked. */
+enum { PLAIN_UNKNOWN = 0, PLAIN_ALL, PLAIN_NONE, PLAIN_SOME };
 
 static int grow(void **p, int *cap, int need, size_t elem) {
     if (need <= *cap) return 0;
@@ -125,6 +144,10 @@ void tlm_grammar_vocab_free(tlm_grammar_vocab *v) {
     free(v->kind);
     free(v->node);
     free(v->tok_next);
+    free(v->dfs);
+    free(v->sub_lo);
+    free(v->sub_hi);
+    free(v->plain_below);
     free(v);
 }
 
@@ -137,6 +160,86 @@ static int32_t trie_child(tlm_grammar_vocab *v, int32_t n, uint8_t b) {
     v->node[c] = (tnode){-1, v->node[n].child, -1, b};
     v->node[n].child = c;
     return c;
+}
+
+/* ok[i] for i in [0, len]: bytes [i, len) are whole, valid UTF-8 characters, all plain. */
+static void plain_suffixes(const uint8_t *b, int len, uint8_t *ok) {
+    ok[len] = 1;
+    for (int i = len - 1; i >= 0; i--) {
+        uint32_t c = b[i];
+        int n = 0;
+        ok[i] = 0;
+        if (c < 0x80) {
+            ok[i] = plain_cp(c) && ok[i + 1];
+            continue;
+        }
+        uint32_t min = 0;
+        if (c >= 0xC2 && c <= 0xDF)
+            n = 1, c &= 0x1F, min = 0x80;
+        else if (c >= 0xE0 && c <= 0xEF)
+            n = 2, c &= 0x0F, min = 0x800;
+        else if (c >= 0xF0 && c <= 0xF4)
+            n = 3, c &= 0x07, min = 0x10000;
+        if (!n || i + n > len - 1) continue;
+        int good = 1;
+        for (int k = 1; k <= n && good; k++) {
+            if ((b[i + k] & 0xC0) != 0x80) good = 0;
+            c = (c << 6) | (b[i + k] & 0x3Fu);
+        }
+        ok[i] = good && c >= min && plain_cp(c) && ok[i + n + 1];
+    }
+}
+
+/* The depth-first order of the text tokens, each node's range in it, and plain_below. */
+static int index_subtrees(tlm_grammar_vocab *v) {
+    int n = v->n_node;
+    v->dfs = malloc((size_t)v->n_ids * sizeof *v->dfs);
+    v->sub_lo = malloc((size_t)n * sizeof *v->sub_lo);
+    v->sub_hi = malloc((size_t)n * sizeof *v->sub_hi);
+    v->plain_below = malloc((size_t)n);
+    int32_t *stack = malloc((size_t)(v->max_len + 2) * 2 * sizeof *stack);
+    uint8_t *ok = malloc((size_t)v->max_len + 1);
+    if (!v->dfs || !v->sub_lo || !v->sub_hi || !v->plain_below || !stack || !ok) {
+        free(stack);
+        free(ok);
+        return -1;
+    }
+    memset(v->plain_below, 1, (size_t)n);
+    int k = 0, sp = 0;
+    /* stack pairs: a node and the next child to enter (-2: not entered yet) */
+    stack[sp++] = 0;
+    stack[sp++] = -2;
+    while (sp) {
+        int32_t nd = stack[sp - 2], c = stack[sp - 1];
+        if (c == -2) {
+            v->sub_lo[nd] = k;
+            for (int32_t id = v->node[nd].tok; id >= 0; id = v->tok_next[id]) v->dfs[k++] = id;
+            c = v->node[nd].child;
+        }
+        if (c < 0) {
+            v->sub_hi[nd] = k;
+            sp -= 2;
+            continue;
+        }
+        stack[sp - 1] = v->node[c].sibling;
+        stack[sp++] = c;
+        stack[sp++] = -2;
+    }
+    for (int id = 0; id < v->n_ids; id++) {
+        const char *b;
+        size_t len;
+        if (v->kind[id] != TOK_TEXT || tlm_tokenizer_piece(v->t, id, &b, &len)) continue;
+        plain_suffixes((const uint8_t *)b, (int)len, ok);
+        int32_t nd = 0;
+        for (size_t i = 0; i < len; i++) {
+            if (!ok[i]) v->plain_below[nd] = 0;
+            for (nd = v->node[nd].child; v->node[nd].byte != (uint8_t)b[i];)
+                nd = v->node[nd].sibling;
+        }
+    }
+    free(stack);
+    free(ok);
+    return 0;
 }
 
 tlm_status tlm_grammar_vocab_new(const tlm_tokenizer *t, int n_ids, tlm_grammar_vocab **out) {
@@ -183,6 +286,7 @@ tlm_status tlm_grammar_vocab_new(const tlm_tokenizer *t, int n_ids, tlm_grammar_
         v->node[n].tok = id;
         if ((int)len > v->max_len) v->max_len = (int)len;
     }
+    if (index_subtrees(v)) goto oom;
     *out = v;
     return TLM_OK;
 oom:
@@ -364,6 +468,7 @@ void tlm_grammar_state_free(tlm_grammar_state *s) {
     }
     free(s->memo);
     free(s->key);
+    free(s->set_plain);
     free(s);
 }
 
@@ -427,6 +532,11 @@ tlm_status tlm_grammar_state_new(const tlm_grammar *g, const tlm_grammar_vocab *
     if (!s) return core_err(TLM_ERR_NOMEM, "out of memory");
     s->g = g;
     s->v = v;
+    s->fast = INFER_GRAM_MEMO | INFER_GRAM_SKIP;
+    if (!(s->set_plain = calloc((size_t)(g->n_sets ? g->n_sets : 1), 1))) {
+        tlm_grammar_state_free(s);
+        return core_err(TLM_ERR_NOMEM, "out of memory");
+    }
     if (v) {
         s->words = (v->n_ids + 63) / 64;
         s->allowed = malloc((size_t)s->words * sizeof *s->allowed);
@@ -520,7 +630,54 @@ tlm_status tlm_grammar_state_accept(tlm_grammar_state *s, int32_t id) {
     return st;
 }
 
-/* Marks allowed[] for every text token the state can read: the depth-first walk over the trie. */
+static int set_plain(tlm_grammar_state *s, uint32_t set) {
+    if (s->set_plain[set] == PLAIN_UNKNOWN) {
+        /* the plain code points as ranges (surrogates never come out of the decoder) */
+        static const uint32_t pr[][2] = {
+            {0x20, 0x21}, {0x23, 0x5B}, {0x5D, 0x7E}, {0x80, 0xD7FF}, {0xE000, 0x10FFFF}};
+        const uint32_t *r = s->g->rng + 2 * (size_t)s->g->set_off[set];
+        int nr = s->g->set_off[set + 1] - s->g->set_off[set], all = 1, none = 1;
+        for (int k = 0; k < 5; k++) {
+            int inside = 0;
+            for (int i = 0; i < nr; i++) {
+                if (r[2 * i] <= pr[k][0] && pr[k][1] <= r[2 * i + 1]) inside = 1;
+                if (r[2 * i] <= pr[k][1] && pr[k][0] <= r[2 * i + 1]) none = 0;
+            }
+            all &= inside;
+        }
+        s->set_plain[set] = all ? PLAIN_ALL : none ? PLAIN_NONE : PLAIN_SOME;
+    }
+    return s->set_plain[set];
+}
+
+/* 1 when reading any plain code point from the set buf[a0, a1) gives the same set again. Every
+ * top holding all of them or none, every plain code point moves the same stacks, so one ('a')
+ * stands for all. */
+static int plain_loop(tlm_grammar_state *s, int a0, int a1) {
+    for (int i = a0; i < a1; i++)
+        if (s->buf[i] >= 0 && set_plain(s, s->g->el[s->nodes[s->buf[i]].pos].v) == PLAIN_SOME)
+            return 0;
+    int from = s->n_buf, nodes_top = s->n_nodes, same = 0;
+    advance(s, a0, a1, 'a');
+    if (s->overflow) {
+        /* the walk meets the same bound if it reads such a code point */
+        s->overflow = 0;
+    } else if (s->n_buf - from == a1 - a0) {
+        same = 1;
+        for (int i = from; i < s->n_buf && same; i++) {
+            int found = 0;
+            for (int k = a0; k < a1 && !found; k++) found = same_stack(s, s->buf[i], s->buf[k]);
+            same = found;
+        }
+    }
+    s->n_buf = from;
+    s->n_nodes = nodes_top;
+    return same;
+}
+
+/* Marks allowed[] for every text token the state can read: the depth-first walk over the trie.
+ * Below a node where the set reads plain code points back to itself, a subtree whose tokens go on
+ * in plain characters only is allowed whole. */
 static void walk(tlm_grammar_state *s) {
     const tlm_grammar_vocab *v = s->v;
     int depth_cap = v->max_len + 2;
@@ -528,9 +685,12 @@ static void walk(tlm_grammar_state *s) {
         s->overflow = 2;
         return;
     }
+    int skip = s->fast & INFER_GRAM_SKIP;
     struct walk_frame *f = s->frames;
     int sp = 0;
-    f[sp++] = (struct walk_frame){0, v->node[0].child, 0, s->n_buf, s->n_nodes, s->n_buf, s->u};
+    int loop0 = skip && !s->u.need ? plain_loop(s, 0, s->n_buf) : -1;
+    f[sp++] =
+        (struct walk_frame){0, v->node[0].child, 0, s->n_buf, s->n_nodes, s->n_buf, s->u, loop0};
     while (sp && !s->overflow) {
         struct walk_frame *top = &f[sp - 1];
         int32_t c = top->child;
@@ -544,19 +704,34 @@ static void walk(tlm_grammar_state *s) {
         top->child = v->node[c].sibling;
         int a0 = top->set0, a1 = top->set1, nodes_top = s->n_nodes, buf_top = s->n_buf;
         utf8_at u = top->u;
-        if (!step_byte(s, &a0, &a1, &u, v->node[c].byte)) {
+        uint8_t b = v->node[c].byte;
+        /* the code point this byte completes, if it does */
+        uint32_t cp = u.need ? (u.cp << 6) | (b & 0x3Fu) : b;
+        if (!step_byte(s, &a0, &a1, &u, b)) {
             s->n_nodes = nodes_top;
             s->n_buf = buf_top;
             continue;
         }
         for (int32_t id = v->node[c].tok; id >= 0; id = v->tok_next[id])
             s->allowed[id >> 6] |= 1ull << (id & 63);
-        if (v->node[c].child >= 0)
-            f[sp++] = (struct walk_frame){c, v->node[c].child, a0, a1, nodes_top, buf_top, u};
-        else {
+        if (v->node[c].child < 0) {
             s->n_nodes = nodes_top;
             s->n_buf = buf_top;
+            continue;
         }
+        /* known for the frame's children to inherit through plain characters */
+        int loop = u.need ? top->loop : top->loop == 1 && plain_cp(cp) ? 1 : -1;
+        if (skip && !u.need) {
+            if (loop < 0) loop = plain_loop(s, a0, a1);
+            if (loop == 1 && v->plain_below[c]) {
+                for (int32_t k = v->sub_lo[c]; k < v->sub_hi[c]; k++)
+                    s->allowed[v->dfs[k] >> 6] |= 1ull << (v->dfs[k] & 63);
+                s->n_nodes = nodes_top;
+                s->n_buf = buf_top;
+                continue;
+            }
+        }
+        f[sp++] = (struct walk_frame){c, v->node[c].child, a0, a1, nodes_top, buf_top, u, loop};
     }
 }
 
@@ -614,18 +789,10 @@ static void memo_store(tlm_grammar_state *s, uint64_t hash) {
     m->used = ++s->clock;
 }
 
-void infer_gram_state_memo(tlm_grammar_state *s, int on) {
+void infer_gram_state_fast(tlm_grammar_state *s, int flags) {
     if (!s) return;
+    s->fast = flags;
     for (int i = 0; i < s->n_memo; i++) s->memo[i].used = 0;
-    if (!on) {
-        for (int i = 0; i < s->n_memo; i++) {
-            free(s->memo[i].key);
-            free(s->memo[i].bits);
-        }
-        free(s->memo);
-        s->memo = NULL;
-        s->n_memo = 0;
-    }
 }
 
 void infer_gram_state_memo_stats(const tlm_grammar_state *s, long *hits, long *misses,
@@ -647,7 +814,7 @@ tlm_status tlm_grammar_state_mask(tlm_grammar_state *s, float *logits, int n, in
     memset(s->allowed, 0, (size_t)s->words * sizeof *s->allowed);
     if (!s->ended) {
         uint64_t hash = 0;
-        int keyed = s->n_memo && !make_key(s, &hash);
+        int keyed = (s->fast & INFER_GRAM_MEMO) && s->n_memo && !make_key(s, &hash);
         mask_memo *m = keyed ? memo_find(s, hash) : NULL;
         if (m) {
             m->used = ++s->clock;
