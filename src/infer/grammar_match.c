@@ -121,6 +121,7 @@ struct walk_frame {
     int nodes_top, buf_top;
     utf8_at u;
     int loop; /* the set reads every plain code point back to itself: 1, 0 not, -1 unknown */
+    int succ0, succ1; /* the set after any plain code point, buf[succ0, succ1); -1: not known */
 };
 
 /* How a grammar set meets the plain code points, found when first asked. */
@@ -652,8 +653,10 @@ static int set_plain(tlm_grammar_state *s, uint32_t set) {
 
 /* 1 when reading any plain code point from the set buf[a0, a1) gives the same set again. Every
  * top holding all of them or none, every plain code point moves the same stacks, so one ('a')
- * stands for all. */
-static int plain_loop(tlm_grammar_state *s, int a0, int a1) {
+ * stands for all: that set is left in buf as [*s0, *s1) (the set itself when it is the same), for
+ * the children of a trie node to share; *s0 = -1 where the plain code points differ. */
+static int plain_loop(tlm_grammar_state *s, int a0, int a1, int *s0, int *s1) {
+    *s0 = *s1 = -1;
     for (int i = a0; i < a1; i++)
         if (s->buf[i] >= 0 && set_plain(s, s->g->el[s->nodes[s->buf[i]].pos].v) == PLAIN_SOME)
             return 0;
@@ -662,7 +665,11 @@ static int plain_loop(tlm_grammar_state *s, int a0, int a1) {
     if (s->overflow) {
         /* the walk meets the same bound if it reads such a code point */
         s->overflow = 0;
-    } else if (s->n_buf - from == a1 - a0) {
+        s->n_buf = from;
+        s->n_nodes = nodes_top;
+        return 0;
+    }
+    if (s->n_buf - from == a1 - a0) {
         same = 1;
         for (int i = from; i < s->n_buf && same; i++) {
             int found = 0;
@@ -670,8 +677,15 @@ static int plain_loop(tlm_grammar_state *s, int a0, int a1) {
             same = found;
         }
     }
-    s->n_buf = from;
-    s->n_nodes = nodes_top;
+    if (same) {
+        s->n_buf = from;
+        s->n_nodes = nodes_top;
+        *s0 = a0;
+        *s1 = a1;
+    } else {
+        *s0 = from;
+        *s1 = s->n_buf;
+    }
     return same;
 }
 
@@ -688,9 +702,10 @@ static void walk(tlm_grammar_state *s) {
     int skip = s->fast & INFER_GRAM_SKIP;
     struct walk_frame *f = s->frames;
     int sp = 0;
-    int loop0 = skip && !s->u.need ? plain_loop(s, 0, s->n_buf) : -1;
-    f[sp++] =
-        (struct walk_frame){0, v->node[0].child, 0, s->n_buf, s->n_nodes, s->n_buf, s->u, loop0};
+    int set1 = s->n_buf, nodes_top0 = s->n_nodes, succ0 = -1, succ1 = -1;
+    int loop0 = skip && !s->u.need ? plain_loop(s, 0, set1, &succ0, &succ1) : -1;
+    f[sp++] = (struct walk_frame){
+        0, v->node[0].child, 0, set1, nodes_top0, set1, s->u, loop0, succ0, succ1};
     while (sp && !s->overflow) {
         struct walk_frame *top = &f[sp - 1];
         int32_t c = top->child;
@@ -707,7 +722,15 @@ static void walk(tlm_grammar_state *s) {
         uint8_t b = v->node[c].byte;
         /* the code point this byte completes, if it does */
         uint32_t cp = u.need ? (u.cp << 6) | (b & 0x3Fu) : b;
-        if (!step_byte(s, &a0, &a1, &u, b)) {
+        int alive;
+        if (top->succ0 >= 0 && !u.need && b < 0x80 && plain_cp(b)) {
+            a0 = top->succ0;
+            a1 = top->succ1;
+            alive = a1 > a0;
+        } else {
+            alive = step_byte(s, &a0, &a1, &u, b);
+        }
+        if (!alive) {
             s->n_nodes = nodes_top;
             s->n_buf = buf_top;
             continue;
@@ -721,8 +744,12 @@ static void walk(tlm_grammar_state *s) {
         }
         /* known for the frame's children to inherit through plain characters */
         int loop = u.need ? top->loop : top->loop == 1 && plain_cp(cp) ? 1 : -1;
+        int s0 = -1, s1 = -1;
         if (skip && !u.need) {
-            if (loop < 0) loop = plain_loop(s, a0, a1);
+            if (loop < 0)
+                loop = plain_loop(s, a0, a1, &s0, &s1);
+            else if (loop == 1)
+                s0 = a0, s1 = a1;
             if (loop == 1 && v->plain_below[c]) {
                 for (int32_t k = v->sub_lo[c]; k < v->sub_hi[c]; k++)
                     s->allowed[v->dfs[k] >> 6] |= 1ull << (v->dfs[k] & 63);
@@ -731,7 +758,8 @@ static void walk(tlm_grammar_state *s) {
                 continue;
             }
         }
-        f[sp++] = (struct walk_frame){c, v->node[c].child, a0, a1, nodes_top, buf_top, u, loop};
+        f[sp++] =
+            (struct walk_frame){c, v->node[c].child, a0, a1, nodes_top, buf_top, u, loop, s0, s1};
     }
 }
 
