@@ -406,10 +406,12 @@ static void test_memo(const char *dir) {
     memo_walk(g, v, n_ids, 4000, 60, "schema");
     /* thousands of configurations, most never met again: entries are evicted */
     memo_walk(run, v, n_ids, 400, 1000, "run");
-    /* loops over classes that hold some plain characters but not all, or all and more */
+    /* loops over classes that hold some plain characters but not all, or all and more, and a
+     * run of plain characters that ends in a class of some */
     const char *loops[] = {"root ::= ( \"'\" [^'e]* \"'\" \" \"? )+",
-                           "root ::= \"<\" ( . | \"\\\\\" \"q\" )* \">\""};
-    for (int i = 0; i < 2; i++) {
+                           "root ::= \"<\" ( . | \"\\\\\" \"q\" )* \">\"",
+                           "root ::= ( \"'\" .{2} [a-c]* \"'\" \" \"? )+"};
+    for (int i = 0; i < 3; i++) {
         tlm_grammar *lg = parse(loops[i]);
         if (lg) memo_walk(lg, v, n_ids, 1500, 80, loops[i]);
         tlm_grammar_free(lg);

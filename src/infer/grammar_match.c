@@ -113,6 +113,8 @@ struct tlm_grammar_state {
     int made;           /* nodes made by the expansion in progress */
     struct walk_frame *frames;
     int cap_frames;
+    int *chain; /* pairs: the walk's first set, then the sets after 1, 2, ... plain code points */
+    int cap_chain;
 };
 
 struct walk_frame {
@@ -122,6 +124,7 @@ struct walk_frame {
     utf8_at u;
     int loop; /* the set reads every plain code point back to itself: 1, 0 not, -1 unknown */
     int succ0, succ1; /* the set after any plain code point, buf[succ0, succ1); -1: not known */
+    int chk;          /* the set is chain[chk] of the walk, -1 when it is not */
 };
 
 /* How a grammar set meets the plain code points, found when first asked. */
@@ -463,6 +466,7 @@ void tlm_grammar_state_free(tlm_grammar_state *s) {
     free(s->work);
     free(s->allowed);
     free(s->frames);
+    free(s->chain);
     for (int i = 0; i < s->n_memo; i++) {
         free(s->memo[i].key);
         free(s->memo[i].bits);
@@ -701,11 +705,44 @@ static void walk(tlm_grammar_state *s) {
     }
     int skip = s->fast & INFER_GRAM_SKIP;
     struct walk_frame *f = s->frames;
-    int sp = 0;
-    int set1 = s->n_buf, nodes_top0 = s->n_nodes, succ0 = -1, succ1 = -1;
-    int loop0 = skip && !s->u.need ? plain_loop(s, 0, set1, &succ0, &succ1) : -1;
-    f[sp++] = (struct walk_frame){
-        0, v->node[0].child, 0, set1, nodes_top0, set1, s->u, loop0, succ0, succ1};
+    int sp = 0, set1 = s->n_buf;
+    /* The sets after k plain code points from the first, made once below every frame so that all
+     * trie nodes reached through plain characters only share them. */
+    int *ch = NULL, nch = 0, chain_loop = 0;
+    if (skip && !s->u.need && !grow((void **)&s->chain, &s->cap_chain, 2 * depth_cap, sizeof *ch)) {
+        ch = s->chain;
+        ch[0] = 0;
+        ch[1] = set1;
+        nch = 1;
+        while (nch < depth_cap) {
+            int s0, s1;
+            if (plain_loop(s, ch[2 * nch - 2], ch[2 * nch - 1], &s0, &s1)) {
+                chain_loop = 1;
+                break;
+            }
+            if (s0 < 0) break;
+            ch[2 * nch] = s0;
+            ch[2 * nch + 1] = s1;
+            nch++;
+            if (s1 == s0) break; /* no stack reads a plain code point */
+        }
+    }
+    /* the successor of chain[k]: chain[k + 1], chain[k] itself at the end of a loop, or none */
+#define CHAIN_NEXT(k) ((k) + 1 < nch ? (k) + 1 : chain_loop ? (k) : -1)
+    {
+        int nk = nch ? CHAIN_NEXT(0) : -1;
+        f[sp++] = (struct walk_frame){0,
+                                      v->node[0].child,
+                                      0,
+                                      set1,
+                                      s->n_nodes,
+                                      s->n_buf,
+                                      s->u,
+                                      nch ? chain_loop && nch == 1 : -1,
+                                      nk >= 0 ? ch[2 * nk] : -1,
+                                      nk >= 0 ? ch[2 * nk + 1] : -1,
+                                      nch ? 0 : -1};
+    }
     while (sp && !s->overflow) {
         struct walk_frame *top = &f[sp - 1];
         int32_t c = top->child;
@@ -722,11 +759,12 @@ static void walk(tlm_grammar_state *s) {
         uint8_t b = v->node[c].byte;
         /* the code point this byte completes, if it does */
         uint32_t cp = u.need ? (u.cp << 6) | (b & 0x3Fu) : b;
-        int alive;
+        int alive, chk = -1;
         if (top->succ0 >= 0 && !u.need && b < 0x80 && plain_cp(b)) {
             a0 = top->succ0;
             a1 = top->succ1;
             alive = a1 > a0;
+            if (top->chk >= 0) chk = CHAIN_NEXT(top->chk);
         } else {
             alive = step_byte(s, &a0, &a1, &u, b);
         }
@@ -745,6 +783,11 @@ static void walk(tlm_grammar_state *s) {
         /* known for the frame's children to inherit through plain characters */
         int loop = u.need ? top->loop : top->loop == 1 && plain_cp(cp) ? 1 : -1;
         int s0 = -1, s1 = -1;
+        if (chk >= 0) {
+            int nk = CHAIN_NEXT(chk);
+            loop = chain_loop && chk == nch - 1;
+            if (nk >= 0) s0 = ch[2 * nk], s1 = ch[2 * nk + 1];
+        }
         if (skip && !u.need) {
             if (loop < 0)
                 loop = plain_loop(s, a0, a1, &s0, &s1);
@@ -758,9 +801,10 @@ static void walk(tlm_grammar_state *s) {
                 continue;
             }
         }
-        f[sp++] =
-            (struct walk_frame){c, v->node[c].child, a0, a1, nodes_top, buf_top, u, loop, s0, s1};
+        f[sp++] = (struct walk_frame){
+            c, v->node[c].child, a0, a1, nodes_top, buf_top, u, loop, s0, s1, chk};
     }
+#undef CHAIN_NEXT
 }
 
 /* Writes the state's configuration to key[]: the decoder, then each stack as its length and its
