@@ -610,8 +610,73 @@ out:
     tlm_model_free(m50);
 }
 
+/* ---- the serve scheduler's pieces: several rows per sequence in one step, lookup alone ---- */
+
+/* tlm_session_step_rows against each sequence by itself (prefill with all rows, batch 1): the
+ * rows of drafted ids of several sequences scored in one pass. */
+static void test_step_rows(void) {
+    tlm_model *m = model(TARGET, 21);
+    if (!m) return;
+    size_t V = (size_t)tlm_model_config(m)->vocab_size;
+    tlm_session *s = NULL, *one = NULL;
+    CHECK_OK(tlm_session_new(m, &(tlm_session_opts){.batch = 3}, &s));
+    CHECK_OK(tlm_session_new(m, NULL, &one));
+    float *got = malloc(8 * V * sizeof(float)), *want = malloc(8 * V * sizeof(float));
+    if (!s || !one || !got || !want) goto out;
+    /* histories of 5, 0 and 2 ids; then 3, 1 and 4 new ids, the last 3, 1 and 2 rows asked for */
+    int32_t hist[3][5] = {{3, 9, 27, 17, 51}, {0}, {8, 2}};
+    int hn[3] = {5, 0, 2};
+    int32_t ids[8] = {4, 5, 6, 7, 40, 41, 42, 43};
+    int n[3] = {3, 1, 4}, rows[3] = {3, 1, 2};
+    for (int b = 0; b < 3; b++)
+        if (hn[b]) CHECK_OK(tlm_session_prefill(s, b, hist[b], hn[b], NULL, 0));
+    CHECK_OK(tlm_session_step_rows(s, ids, n, rows, got));
+    int off = 0, row = 0;
+    float worst = 0.0f;
+    for (int b = 0; b < 3; b++) {
+        CHECK(tlm_session_length(s, b) == hn[b] + n[b], "sequence %d holds %d", b,
+              tlm_session_length(s, b));
+        tlm_session_reset(one, 0);
+        if (hn[b]) CHECK_OK(tlm_session_prefill(one, 0, hist[b], hn[b], NULL, 0));
+        CHECK_OK(tlm_session_prefill(one, 0, ids + off, n[b], want, 1));
+        for (int r = 0; r < rows[b]; r++, row++) {
+            const float *w = want + (size_t)(n[b] - rows[b] + r) * V, *g = got + (size_t)row * V;
+            for (size_t v = 0; v < V; v++) {
+                float d = g[v] > w[v] ? g[v] - w[v] : w[v] - g[v];
+                worst = d > worst ? d : worst;
+            }
+        }
+        off += n[b];
+    }
+    CHECK(worst < 1e-4f, "step_rows against one sequence at a time: largest difference %g",
+          (double)worst);
+    int bad[3] = {1, 2, 0};
+    CHECK(tlm_session_step_rows(s, ids, n, bad, got) == TLM_ERR_ARG, "more rows than ids");
+    CHECK_ERROR_HAS("rows of logits");
+out:
+    free(got);
+    free(want);
+    tlm_session_free(s);
+    tlm_session_free(one);
+    tlm_model_free(m);
+}
+
+static void test_lookup(void) {
+    int32_t t[] = {1, 2, 3, 4, 1, 2}, out[8] = {0};
+    /* "1 2" occurred at 0: its continuation, through the ids it proposes itself */
+    CHECK(tlm_spec_lookup(t, 6, 1, 4, 5, out) == 5, "a match of 2 ids gives 5");
+    int32_t want[5] = {3, 4, 1, 2, 3};
+    CHECK(!memcmp(out, want, sizeof want), "continuation %d %d %d %d %d", out[0], out[1], out[2],
+          out[3], out[4]);
+    CHECK(tlm_spec_lookup(t, 6, 3, 4, 5, out) == 0, "no match of 3 or more ids");
+    CHECK(tlm_spec_lookup(t, 6, 0, 4, 5, out) == 0, "n-grams of 0 ids: nothing");
+    CHECK(tlm_spec_lookup(t, 6, 1, 4, 2, out) == 2 && out[0] == 3 && out[1] == 4, "kmax 2");
+}
+
 int main(void) {
     tlm_threads_set(2);
+    test_step_rows();
+    test_lookup();
     test_sampler_probs();
     test_refusals();
     test_greedy();

@@ -110,6 +110,13 @@ tlm_status tlm_session_decode_one(tlm_session *s, int32_t id, float *logits);
 tlm_status tlm_session_step(tlm_session *s, const int32_t *ids, const int *n, const uint8_t *want,
                             float *logits);
 
+/* tlm_session_step giving the logits of the last rows[b] new ids of each sequence b (0 <= rows[b]
+ * <= n[b]) rather than of the last one: logits receives sum(rows) rows of [V], sequence 0's in
+ * order, then sequence 1's, and so on. Speculative decoding of several sequences in one pass:
+ * each sequence's drafted ids are scored where the step also decodes or prefills the others. */
+tlm_status tlm_session_step_rows(tlm_session *s, const int32_t *ids, const int *n, const int *rows,
+                                 float *logits);
+
 typedef struct {
     float temperature; /* 0: greedy (argmax, lowest id on ties); else logits / temperature */
     int top_k;         /* keep the k most likely ids; <= 0 keeps all */
@@ -278,6 +285,12 @@ typedef struct {
 /* llama.cpp's: draft_max 16, draft_min 0, draft_p_min 0.75; lookup off, n-grams of 4 down to 1;
  * adaptive on. */
 void tlm_spec_opts_defaults(tlm_spec_opts *o);
+
+/* n-gram lookup's proposal (tlm_spec_opts.lookup): the continuation of the latest earlier
+ * occurrence of the last g ids of t[0..n), g from gmax down to gmin, at most kmax ids into out.
+ * Returns how many (0: no match). A continuation reaching the end of t goes on through the ids it
+ * has just proposed, so that text repeating with a short period yields a long proposal. */
+int tlm_spec_lookup(const int32_t *t, int n, int gmin, int gmax, int kmax, int32_t *out);
 
 /* Generates from one prompt on sequence 0 of target (after resetting it), proposing with the
  * draft session (sequence 0 of it, reset too; its model must have the target's vocabulary size)

@@ -29,6 +29,7 @@ static const char *serve_help =
     "                 [--ctx T] [--api-key KEY] [-t THREADS] [--chat-template NAME]\n"
     "                 [--queue N] [--max-body BYTES] [--timeout S] [--precision auto|fp32|bf16]\n"
     "                 [--cache-type T | -ctk T -ctv T] [--mmap|--no-mmap]\n"
+    "                 [-md DRAFT [--draft-max N] [--draft-min N] [--draft-p-min P] | --lookup]\n"
     "\n"
     "Serves the OpenAI API (POST /v1/completions, /v1/chat/completions, /v1/embeddings,\n"
     "GET /v1/models), llama-server's own (POST /completion, /embeddings, /tokenize,\n"
@@ -76,6 +77,18 @@ static const char *serve_help =
     CLI_LORA_HELP
     "  --lora-init-without-apply  load the adapters at scale 0 (set them with POST\n"
     "                        /lora-adapters, or per request)\n"
+    "\n"
+    "Speculative decoding (docs/serving.md): a cheap proposer guesses ids that the model checks\n"
+    "several at a time, in the same step as the other slots' tokens. Every id is the one plain\n"
+    "decoding would sample (greedy or not, with grammars, biases and penalties). Requests may\n"
+    "set speculative.n_max (0: off), speculative.n_min and speculative.p_min.\n"
+    "  -md, --model-draft F  draft model sharing the model's vocabulary (an F16 cache of its own\n"
+    "                        per slot, no LoRA)\n"
+    "  --draft-max N, --draft-n N  ids proposed per step at most (default 16)\n"
+    "  --draft-min N         a shorter proposal is dropped for a plain step (default 0)\n"
+    "  --draft-p-min P       the draft stops at an id it gives less probability (default 0.75)\n"
+    "  --lookup              propose by n-gram lookup over the prompt and the output so far\n"
+    "                        (no draft model): for output that repeats its input\n"
     "\n"
     "LoRA adapters (llama-server's API): GET /lora-adapters lists them with their scales; POST\n"
     "/lora-adapters [{\"id\": 0, \"scale\": 0.5}] sets the scales (adapters not listed: 0); a\n"
@@ -459,6 +472,9 @@ static enum MHD_Result handle_generate(server *sv, struct MHD_Connection *c, con
         j->top_logprobs = r->top_logprobs;
         memcpy(j->lora_scale, lora_scale, sizeof j->lora_scale);
         j->grammar = r->grammar;
+        j->spec_n_max = r->spec_n_max;
+        j->spec_n_min = r->spec_n_min;
+        j->spec_p_min = r->spec_p_min;
         j->bias_id = g->bias_id;
         j->bias = g->bias;
         j->n_bias = g->n_bias;
@@ -995,6 +1011,11 @@ static enum MHD_Result handle_metrics(server *sv, struct MHD_Connection *c) {
          "# TYPE llamacpp:n_busy_slots_per_decode gauge\nllamacpp:n_busy_slots_per_decode %.3f\n",
          st.busy, st.queued, (unsigned long long)st.decode_steps,
          st.decode_steps ? (double)st.completion_tokens / (double)st.decode_steps : 0.0);
+    EMIT("# HELP tlm_draft_tokens_total Ids proposed by speculative decoding.\n"
+         "# TYPE tlm_draft_tokens_total counter\ntlm_draft_tokens_total %llu\n"
+         "# HELP tlm_draft_tokens_accepted_total Proposed ids the model accepted.\n"
+         "# TYPE tlm_draft_tokens_accepted_total counter\ntlm_draft_tokens_accepted_total %llu\n",
+         (unsigned long long)st.drafted, (unsigned long long)st.accepted);
 #undef EMIT
     if (len >= cap) len = cap - 1;
     return send_body(sv, c, 200, "text/plain; version=0.0.4", b, len, 0);
@@ -1261,8 +1282,11 @@ static int serve_main(int argc, char **argv, cli_lora *lora) {
     int map_mode = CLI_MAP_AUTO, lora_off = 0, webui = 1;
     int embeddings = 0, pooling = -1;
     long embd_norm = 2;
-    const char *alias = NULL, *slot_dir = NULL;
+    const char *alias = NULL, *slot_dir = NULL, *draft_path = NULL;
     srv_defaults defaults = {0};
+    tlm_spec_opts spec;
+    tlm_spec_opts_defaults(&spec);
+    long draft_max = spec.draft_max, draft_min = spec.draft_min;
     for (int i = 1; i < argc; i++) {
         const char *v, *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -1272,6 +1296,10 @@ static int serve_main(int argc, char **argv, cli_lora *lora) {
         if (cli_map_flag(a, &map_mode)) continue;
         if (!strcmp(a, "--lora-init-without-apply")) {
             lora_off = 1;
+            continue;
+        }
+        if (!strcmp(a, "--lookup")) {
+            spec.lookup = 1;
             continue;
         }
         if ((ck = cli_lora_flag("serve", argc, argv, &i, lora)) != 0) {
@@ -1305,6 +1333,18 @@ static int serve_main(int argc, char **argv, cli_lora *lora) {
             alias = v;
         } else if (cli_flag_value(argc, argv, &i, "--slot-save-path", NULL, &v)) {
             slot_dir = v;
+        } else if (cli_flag_value(argc, argv, &i, "-md", "--model-draft", &v)) {
+            draft_path = v;
+        } else if (cli_flag_value(argc, argv, &i, "--draft-max", "--draft-n", &v) ||
+                   cli_flag_value(argc, argv, &i, "--draft", NULL, &v)) {
+            num = &draft_max, lo = 1, hi = 256;
+        } else if (cli_flag_value(argc, argv, &i, "--draft-min", NULL, &v)) {
+            num = &draft_min, lo = 0, hi = 256;
+        } else if (cli_flag_value(argc, argv, &i, "--draft-p-min", NULL, &v)) {
+            double p;
+            if (v && (!cli_parse_float(v, &p) || !(p >= 0 && p <= 1)))
+                return cli_fail("serve: --draft-p-min wants a number in [0, 1], got '%s'", v);
+            if (v) spec.draft_p_min = (float)p;
         } else if ((ck = default_flag(argc, argv, &i, &defaults)) != 0) {
             if (ck < 0) return 1;
             continue;
@@ -1340,6 +1380,12 @@ static int serve_main(int argc, char **argv, cli_lora *lora) {
             return cli_fail("serve: %s wants an integer in [%ld, %ld], got '%s'", a, lo, hi, v);
     }
     if (!model_path) return cli_fail("serve: -m MODEL is required (see tlm serve --help)");
+    if (draft_path && spec.lookup) return cli_fail("serve: give -md or --lookup, not both");
+    spec.draft_max = (int)draft_max;
+    spec.draft_min = (int)draft_min;
+    if (spec.draft_min > spec.draft_max)
+        return cli_fail("serve: --draft-min %d is more than --draft-max %d", spec.draft_min,
+                        spec.draft_max);
     struct sockaddr_in addr = {0};
     addr.sin_family = AF_INET;
     addr.sin_port = htons((uint16_t)port);
@@ -1358,11 +1404,15 @@ static int serve_main(int argc, char **argv, cli_lora *lora) {
     if (!cli_load_flags("serve", cli_read_mode(model_path, map_mode), precision, &lf)) return 1;
 
     int rc = 1;
-    tlm_model *m = NULL;
+    tlm_model *m = NULL, *md = NULL;
     tlm_tokenizer *tok = NULL;
     struct MHD_Daemon *d = NULL;
     if (tlm_model_load(model_path, lf, &m)) {
         rc = cli_fail_status("serve");
+        goto done;
+    }
+    if (draft_path && tlm_model_load(draft_path, lf, &md)) {
+        rc = cli_fail("serve: draft model %s: %s", draft_path, tlm_last_error());
         goto done;
     }
     const tlm_config *cfg = tlm_model_config(m);
@@ -1417,7 +1467,9 @@ static int serve_main(int argc, char **argv, cli_lora *lora) {
                          .v_type = cache.v,
                          .loras = (const tlm_lora *const *)lora->lora,
                          .n_lora = lora->n,
-                         .embeddings = embeddings};
+                         .embeddings = embeddings,
+                         .draft = md,
+                         .spec = spec};
     /* Loading may have run parallel regions on this thread, which leaves a team of OpenMP threads
      * parked here. With the scheduler thread's team beside it, libgomp manages more threads than
      * there are CPUs (on 2 cores) and cuts its spin before sleeping at a barrier from
@@ -1521,6 +1573,7 @@ done:
     if (sv.sched) pthread_mutex_destroy(&sv.mu);
     tlm_tokenizer_free(tok);
     tlm_model_free(m);
+    tlm_model_free(md);
     return rc;
 }
 

@@ -650,7 +650,7 @@ tlm_status tlm_session_prefill_hidden(tlm_session *s, int seq, const int32_t *id
 }
 
 static tlm_status step_rows(tlm_session *s, const int32_t *ids, const int *n, const uint8_t *want,
-                            float *logits, int N);
+                            const int *rows, float *logits, int N);
 
 /* TLM_SHARED_CORES=ignore keeps the full team for every step (share.c), in benchmark builds
  * (bench/quant/two_decoders.sh times both). */
@@ -659,14 +659,17 @@ static int share_ignored(void) {
     return e && !strcmp(e, "ignore");
 }
 
-tlm_status tlm_session_step(tlm_session *s, const int32_t *ids, const int *n, const uint8_t *want,
-                            float *logits) {
+static tlm_status step(tlm_session *s, const int32_t *ids, const int *n, const uint8_t *want,
+                       const int *rows, float *logits) {
     CORE_FP_FLUSH_SCOPE();
     if (!s || !n) return core_err(TLM_ERR_ARG, "step: session and counts must not be NULL");
     const tlm_config *c = &s->m->c;
     int N = 0;
     for (int b = 0; b < s->B; b++) {
         if (n[b] < 0) return core_err(TLM_ERR_ARG, "step: %d new ids for sequence %d", n[b], b);
+        if (rows && (rows[b] < 0 || rows[b] > n[b]))
+            return core_err(TLM_ERR_ARG, "step: %d rows of logits for %d new ids of sequence %d",
+                            rows[b], n[b], b);
         if (n[b] > s->cap - s->len[b])
             return core_err(TLM_ERR_RANGE,
                             "step: %d ids for sequence %d after %d cached exceed the context of %d "
@@ -689,15 +692,26 @@ tlm_status tlm_session_step(tlm_session *s, const int32_t *ids, const int *n, co
     /* A decode step runs no OpenMP region (attend_decode and cache_store go through k_team_units
      * too), so its products can take the pool; passes with a prompt's rows keep OpenMP. */
     int pool = k_team_pool(decode);
-    st = step_rows(s, ids, n, want, logits, N);
+    st = step_rows(s, ids, n, want, rows, logits, N);
     k_team_pool(pool);
     if (team != full) omp_set_num_threads(full);
     if (timed && !st) infer_share_after(&s->share, full, core_now_s() - w0, core_cpu_s() - c0);
     return st;
 }
 
+tlm_status tlm_session_step(tlm_session *s, const int32_t *ids, const int *n, const uint8_t *want,
+                            float *logits) {
+    return step(s, ids, n, want, NULL, logits);
+}
+
+tlm_status tlm_session_step_rows(tlm_session *s, const int32_t *ids, const int *n, const int *rows,
+                                 float *logits) {
+    if (!rows) return core_err(TLM_ERR_ARG, "step: rows must not be NULL");
+    return step(s, ids, n, NULL, rows, logits);
+}
+
 static tlm_status step_rows(tlm_session *s, const int32_t *ids, const int *n, const uint8_t *want,
-                            float *logits, int N) {
+                            const int *rows, float *logits, int N) {
     const tlm_config *c = &s->m->c;
     tlm_status st = reserve_rows(s, N);
     if (st) return st;
@@ -732,6 +746,18 @@ static tlm_status step_rows(tlm_session *s, const int32_t *ids, const int *n, co
     blocks(s, s->row_ids, N, 0);
     for (int b = 0; b < s->B; b++) s->len[b] += n[b];
     if (!logits) return TLM_OK;
+    if (rows) {
+        /* A sequence's new ids are consecutive rows (a single one, or one run), so its last
+         * rows[b] rows go through the head in one product, straight into their place. */
+        size_t V = (size_t)c->vocab_size, out = 0;
+        for (int k = 0; k < N; k += n[s->row_seq[k]]) s->want_row[s->row_seq[k]] = k;
+        for (int b = 0; b < s->B; b++) {
+            if (!rows[b]) continue;
+            head_rows(s, s->want_row[b] + n[b] - rows[b], rows[b], logits + out * V, NULL, b);
+            out += (size_t)rows[b];
+        }
+        return TLM_OK;
+    }
     /* The last row of each sequence that asked, in row order, moved to the front of the residual
      * rows (a row only moves down) so that one head product serves them all. */
     int nw = 0;

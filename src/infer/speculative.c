@@ -77,7 +77,8 @@ static int32_t draw(tlm_sampler *s, const float *w, int V) {
  * of t[0..n): at most kmax ids into out; 0 when nothing matches. A continuation that reaches the
  * end of t goes on through the ids it has just proposed (as an LZ77 copy may overlap itself), so
  * that text repeating with a short period yields a long proposal. */
-static int lookup(const int32_t *t, int n, int gmin, int gmax, int kmax, int32_t *out) {
+int tlm_spec_lookup(const int32_t *t, int n, int gmin, int gmax, int kmax, int32_t *out) {
+    if (!t || !out || gmin < 1) return 0;
     for (int g = gmax; g >= gmin; g--) {
         if (g >= n) continue;
         const int32_t *tail = t + n - g;
@@ -347,7 +348,8 @@ tlm_status tlm_session_generate_spec(tlm_session *target, tlm_session *draft, co
             if (draft)
                 err = draft_propose(&s, kmax, &k);
             else
-                k = lookup(s.toks, s.n, s.sp.lookup_ngram_min, s.sp.lookup_ngram_max, kmax, s.prop);
+                k = tlm_spec_lookup(s.toks, s.n, s.sp.lookup_ngram_min, s.sp.lookup_ngram_max, kmax,
+                                    s.prop);
             if (err) goto done;
             if (k < s.sp.draft_min) k = 0; /* too short to be worth the pass (llama.cpp's rule) */
         }

@@ -614,6 +614,8 @@ int srv_request_parse_with(const char *body, size_t len, int shape, const srv_de
     r->native = shape == SRV_NATIVE;
     r->max_tokens = -1;
     r->n = 1;
+    r->spec_n_max = r->spec_n_min = -1;
+    r->spec_p_min = -1.0f;
     tlm_sampler_opts_defaults(&r->sampling);
     if (r->native) { /* llama-server's defaults */
         r->sampling.min_p = 0.05f;
@@ -725,6 +727,14 @@ int srv_request_parse_with(const char *body, size_t len, int shape, const srv_de
         if (srv_tools_grammar(r, &r->grammar, e)) goto done;
     }
     if (get_bool(root, "ignore_eos", &r->ignore_eos, e) < 0) goto done;
+    /* llama-server's speculative decoding fields (a server without a draft model or lookup
+     * ignores them, as llama-server does); n_max 0 turns speculation off for the request */
+    if ((got = get_int(root, "speculative.n_max", 0, 1 << 20, &iv, e)) < 0) goto done;
+    if (got) r->spec_n_max = (int)iv;
+    if ((got = get_int(root, "speculative.n_min", 0, 1 << 20, &iv, e)) < 0) goto done;
+    if (got) r->spec_n_min = (int)iv;
+    if ((got = get_number(root, "speculative.p_min", 0, 1, &dv, e)) < 0) goto done;
+    if (got) r->spec_p_min = (float)dv;
     rc = 0;
 done:
     cJSON_Delete(root);

@@ -329,6 +329,10 @@ static void native_tail(srv_response *g, cJSON *o, const srv_job *j) {
     cJSON_AddNumberToObject(t, "predicted_ms", dms);
     cJSON_AddNumberToObject(t, "predicted_per_token_ms", dn ? dms / dn : 0);
     cJSON_AddNumberToObject(t, "predicted_per_second", dms > 0 ? dn * 1e3 / dms : 0);
+    if (j->n_drafted > 0) { /* llama-server's, present only where something was drafted */
+        cJSON_AddNumberToObject(t, "draft_n", j->n_drafted);
+        cJSON_AddNumberToObject(t, "draft_n_accepted", j->n_accepted);
+    }
 }
 
 /* The whole answer of job i (done): llama-server's /completion object. */

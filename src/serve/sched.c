@@ -60,6 +60,8 @@ srv_job *srv_job_new(const int32_t *ids, int n) {
     j->end_id = -1;
     j->stop_word = -1;
     j->slot = -1;
+    j->spec_n_max = j->spec_n_min = -1;
+    j->spec_p_min = -1.0f;
     tlm_sampler_opts_defaults(&j->sampling);
     return j;
 }
@@ -88,6 +90,16 @@ typedef struct {
     tlm_decoder *dec;
     tlm_grammar_state *gram;        /* the job's grammar, NULL: none */
     float lora_scale[SRV_MAX_LORA]; /* the adapters' scales its cached keys and values saw */
+    /* Speculative decoding: the job's limits, the adaptive length (spec_adapt), this step's
+     * proposal (k ids, after the next id) and the ids its rows emitted. */
+    int n_max, n_min;
+    float p_min;
+    int kcur, kmax, k, pause, gap, misses, probing;
+    int32_t *prop; /* [kbuf] */
+    int32_t *em;   /* [kbuf + 1] */
+    int n_em;
+    int32_t *dtoks; /* [ctx + 1] the ids whose keys and values the draft's sequence holds */
+    int d_len;
 } slot;
 
 /* A slot's cached prefix kept in memory after another request took the slot over. */
@@ -122,6 +134,16 @@ struct srv_sched {
     int n_eog;
     uint64_t clock;
     int rr; /* prefill round robin */
+    /* speculative decoding (spec_on): the draft model's session of B sequences (NULL: lookup) */
+    int spec_on, kbuf, dcap;
+    tlm_spec_opts sp;
+    tlm_session *dsess;
+    int *rows;      /* [B] rows of logits each slot takes from a speculative step */
+    float *vlogits; /* [B * (kbuf + 1), V] their logits */
+    float *dlogits; /* [B, V] the draft's */
+    int32_t *dids;  /* [B * (ctx + 1)] the draft's new ids of one pass */
+    int *dn;        /* [B] */
+    uint8_t *dwant; /* [B] */
 
     pthread_t thread;
     int started, ready;
@@ -378,6 +400,208 @@ static void pc_save(srv_sched *s, int b, size_t keep) {
     s->st.cache_entries = s->n_pc;
 }
 
+/* ---- speculative decoding ----------------------------------------------------------------- *
+ *
+ * A decoding slot's step carries its next id and up to k drafted ids; the rows of the pass are
+ * sampled in order with the slot's own sampler (bias, grammar, penalties) exactly as plain steps
+ * would, and each drafted id is kept while it equals what its row sampled. Every emitted id is
+ * thus the id a plain step would have drawn at that point from the same random stream, greedy or
+ * not, and a grammar is checked on every row; rejected positions are cut from the cache. */
+
+/* Plain steps between probes of a proposer that keeps missing, and the first proposal length:
+ * tlm_session_generate_spec's adaptive rule. */
+#define SPEC_GAP_MIN 8
+#define SPEC_GAP_MAX 256
+#define SPEC_START 4
+#define SPEC_KBUF 16
+
+static void spec_start(srv_sched *s, slot *sl, const srv_job *j) {
+    sl->n_max = 0;
+    if (!s->spec_on) return;
+    sl->n_max = j->spec_n_max >= 0 ? j->spec_n_max : s->sp.draft_max;
+    if (sl->n_max > s->kbuf) sl->n_max = s->kbuf;
+    sl->n_min = j->spec_n_min >= 0 ? j->spec_n_min : s->sp.draft_min;
+    if (sl->n_min > sl->n_max) sl->n_min = sl->n_max;
+    sl->p_min = j->spec_p_min >= 0.0f ? j->spec_p_min : s->sp.draft_p_min;
+    sl->kcur = SPEC_START > sl->n_min ? SPEC_START : sl->n_min;
+    sl->pause = sl->misses = sl->probing = 0;
+    sl->gap = SPEC_GAP_MIN;
+}
+
+/* How many ids slot sl may draft this step: its adaptive length, within what the job may still
+ * emit and the cache can hold (the pass appends the next id and the k drafted ones). */
+static int spec_kmax(const srv_sched *s, const slot *sl) {
+    if (!sl->n_max || sl->pause > 0) return 0;
+    int k = sl->kcur < sl->n_max ? sl->kcur : sl->n_max;
+    const srv_job *j = sl->job;
+    if (j->max_tokens >= 0 && k > j->max_tokens - j->completion_tokens - 1)
+        k = j->max_tokens - j->completion_tokens - 1;
+    if (k > s->ctx - sl->n_toks - 1) k = s->ctx - sl->n_toks - 1;
+    return k > 0 ? k : 0;
+}
+
+/* After a step that drafted k ids (kmax asked) of which a were accepted. */
+static void spec_adapt(slot *sl, int k, int a, int draft_model) {
+    if (!sl->n_max) return;
+    if (sl->pause > 0) {
+        if (--sl->pause == 0) {
+            sl->kcur = sl->n_min > 1 ? sl->n_min : 1;
+            sl->probing = 1;
+        }
+        return;
+    }
+    /* A draft model that proposes nothing paid for its pass; a lookup without a match did not. */
+    int missed = k > 0 ? a == 0 : draft_model && sl->kmax > 0;
+    if (!missed) {
+        sl->misses = sl->probing = 0;
+        sl->gap = SPEC_GAP_MIN;
+        if (k > 0 && a == k && k >= sl->kcur)
+            sl->kcur = 2 * sl->kcur < sl->n_max ? 2 * sl->kcur : sl->n_max;
+        else if (k > 0 && a < k)
+            sl->kcur = a + 1 > sl->n_min ? a + 1 : sl->n_min;
+        if (sl->kcur < 1) sl->kcur = 1;
+        return;
+    }
+    sl->misses++;
+    if (sl->n_min == 0 && (sl->probing || sl->misses >= 2)) {
+        sl->pause = sl->gap;
+        sl->gap = 2 * sl->gap < SPEC_GAP_MAX ? 2 * sl->gap : SPEC_GAP_MAX;
+        sl->misses = sl->probing = 0;
+    } else if (k > 0) {
+        sl->kcur = sl->n_min > 1 ? sl->n_min : 1;
+    }
+}
+
+/* The draft's greedy id and its probability (softmax at temperature 1). */
+static int32_t draft_pick(const float *l, int V, float *conf) {
+    int32_t best = 0;
+    for (int v = 1; v < V; v++)
+        if (l[v] > l[best]) best = v;
+    double z = 0.0;
+    for (int v = 0; v < V; v++) z += exp((double)l[v] - l[best]);
+    *conf = (float)(1.0 / z);
+    return best;
+}
+
+/* The draft model's proposals for every slot with sl->kmax > 0, in batched passes of the draft
+ * session: first each slot's ids the draft has not seen (its sequence is cut back to what still
+ * matches the slot's ids), then one id per drafting slot per pass. Sets sl->k. */
+static tlm_status draft_all(srv_sched *s) {
+    size_t V = (size_t)s->V;
+    int at = 0, any = 0;
+    for (int b = 0; b < s->B; b++) {
+        slot *sl = &s->slots[b];
+        s->dn[b] = 0;
+        s->dwant[b] = 0;
+        int k = sl->kmax;
+        if (k > s->dcap - sl->n_toks) k = s->dcap - sl->n_toks; /* the draft holds n_toks + k */
+        if (k <= 0) continue;
+        sl->k = k;
+        sl->toks[sl->n_toks] = sl->next;
+        int keep = (int)common_prefix(sl->dtoks, sl->d_len, sl->toks, sl->n_toks);
+        tlm_status err = tlm_session_truncate(s->dsess, b, keep);
+        if (err) return err;
+        int need = sl->n_toks + 1 - keep;
+        memcpy(s->dids + at, sl->toks + keep, (size_t)need * sizeof(int32_t));
+        memcpy(sl->dtoks + keep, sl->toks + keep, (size_t)need * sizeof(int32_t));
+        sl->d_len = sl->n_toks + 1;
+        at += need;
+        s->dn[b] = need;
+        s->dwant[b] = 1;
+        any = 1;
+    }
+    for (int i = 0; any; i++) {
+        tlm_status err = tlm_session_step(s->dsess, s->dids, s->dn, s->dwant, s->dlogits);
+        if (err) return err;
+        any = 0;
+        at = 0;
+        for (int b = 0; b < s->B; b++) {
+            slot *sl = &s->slots[b];
+            s->dn[b] = 0;
+            if (!s->dwant[b]) continue;
+            float conf;
+            int32_t id = draft_pick(s->dlogits + (size_t)b * V, s->V, &conf);
+            if (conf < sl->p_min) {
+                sl->k = i;
+                s->dwant[b] = 0;
+                continue;
+            }
+            sl->prop[i] = id;
+            if (i + 1 == sl->k) {
+                s->dwant[b] = 0;
+                continue;
+            }
+            s->dn[b] = 1;
+            s->dids[at++] = id;
+            sl->dtoks[sl->d_len++] = id;
+            any = 1;
+        }
+    }
+    return TLM_OK;
+}
+
+/* This step's proposals of the decoding slots (sl->k ids in sl->prop). A failing draft pass
+ * costs only the speculation: the draft's caches are forgotten and the step runs plain. */
+static void propose(srv_sched *s) {
+    int drafting = 0;
+    for (int b = 0; b < s->B; b++) {
+        slot *sl = &s->slots[b];
+        sl->k = sl->kmax = 0;
+        if (sl->state != SLOT_DECODE) continue;
+        sl->kmax = spec_kmax(s, sl);
+        if (!sl->kmax) continue;
+        if (s->dsess) {
+            drafting = 1;
+            continue;
+        }
+        sl->toks[sl->n_toks] = sl->next;
+        sl->k = tlm_spec_lookup(sl->toks, sl->n_toks + 1, s->sp.lookup_ngram_min,
+                                s->sp.lookup_ngram_max, sl->kmax, sl->prop);
+    }
+    if (drafting && draft_all(s)) {
+        tlm_session_reset(s->dsess, -1);
+        for (int b = 0; b < s->B; b++) s->slots[b].k = s->slots[b].d_len = 0;
+    }
+    for (int b = 0; b < s->B; b++)
+        if (s->slots[b].k < s->slots[b].n_min) s->slots[b].k = 0; /* too short to pay */
+}
+
+/* Samples a slot's rows in order (nr of them from row0): each row gets the job's logit biases
+ * and grammar before the slot's sampler, and the next row counts only while the id sampled is
+ * the drafted one. sl->em receives the ids (sl->n_em); the return is 0, or -2 (the sampler or
+ * grammar failed) or -3 (the grammar is complete and allows no more) at the row after them. */
+static int sample_rows(srv_sched *s, slot *sl, float *row0, int nr) {
+    size_t V = (size_t)s->V;
+    const srv_job *jb = sl->job;
+    sl->n_em = 0;
+    for (int i = 0; i < nr; i++) {
+        float *row = row0 + (size_t)i * V;
+        /* logit_bias, then ignore_eos: before the grammar, so that it still decides */
+        for (int k = 0; k < jb->n_bias; k++) row[jb->bias_id[k]] += jb->bias[k];
+        for (int k = 0; jb->ignore_eos && k < s->n_eog; k++) row[s->eog[k]] = -INFINITY;
+        if (sl->gram) {
+            /* this row's own grammar state masks it before its sampler sees it */
+            int n_ok = 0;
+            if (tlm_grammar_state_mask(sl->gram, row, s->V, &n_ok)) return -2;
+            if (!n_ok) {
+                if (tlm_grammar_state_complete(sl->gram)) return -3;
+                core_err(TLM_ERR_RANGE, "no token of the vocabulary continues the grammar");
+                return -2;
+            }
+        }
+        int32_t id;
+        /* (accepted here, once: the penalties count each generated id once) */
+        if (tlm_sampler_sample(sl->samp, row, &id) ||
+            (sl->gram && tlm_grammar_state_accept(sl->gram, id)))
+            return -2;
+        tlm_sampler_accept(sl->samp, id);
+        sl->em[sl->n_em++] = id;
+        int end = tlm_tokenizer_is_eog(s->tok, id) || (jb->end_id >= 0 && id == jb->end_id);
+        if (end || i + 1 == nr || id != sl->prop[i]) return 0;
+    }
+    return 0;
+}
+
 /* Queued jobs into free slots (lock held). */
 static void admit(srv_sched *s) {
     while (s->qhead) {
@@ -452,6 +676,7 @@ static void admit(srv_sched *s) {
         if (s->n_lora) tlm_session_set_seq_lora_scales(s->sess, best, j->lora_scale);
         sl->state = SLOT_PREFILL;
         sl->last_used = ++s->clock;
+        spec_start(s, sl, j);
         j->slot = best;
         j->slot_used = best;
         j->cached_tokens = (int)best_lcp;
@@ -699,6 +924,7 @@ static void *loop(void *arg) {
      * parallel region of the server then belongs to this thread's one OpenMP team (see
      * srv_sched_new). */
     tlm_session_prefault(s->sess);
+    if (s->dsess) tlm_session_prefault(s->dsess);
     pthread_mutex_lock(&s->mu);
     s->ready = 1;
     for (;;) {
@@ -724,12 +950,18 @@ static void *loop(void *arg) {
          * context's worth of tokens in all) when nobody is decoding, else at most `chunk` tokens,
          * so running streams wait for one chunk per step at most. Only this thread detaches jobs
          * from slots, so the slots' jobs can be read without the lock. */
-        int budget = decoding ? s->chunk : s->ctx, n_prefilled = 0, n_dec = 0;
+        int budget = decoding ? s->chunk : s->ctx, n_prefilled = 0, n_dec = 0, n_spec = 0;
+        double t0 = srv_now();
+        if (s->spec_on && decoding) propose(s);
         for (int b = 0; b < s->B; b++) {
-            s->step_n[b] = s->slots[b].state == SLOT_DECODE;
-            s->want[b] = (uint8_t)s->step_n[b];
+            slot *sl = &s->slots[b];
+            int dec = sl->state == SLOT_DECODE;
+            s->step_n[b] = dec ? 1 + sl->k : 0;
+            s->rows[b] = s->step_n[b];
+            s->want[b] = (uint8_t)dec;
             s->pf_id[b] = -1;
-            n_dec += s->step_n[b];
+            n_dec += dec;
+            n_spec += dec && sl->k > 0;
         }
         int start = s->rr;
         for (int k = 0; k < s->B && prefilling && budget > 0; k++) {
@@ -740,6 +972,7 @@ static void *loop(void *arg) {
             if (n > budget) n = budget;
             s->step_n[b] = n;
             s->want[b] = sl->fed + n == sl->job->n_ids;
+            s->rows[b] = s->want[b];
             budget -= n;
             n_prefilled += n;
             s->rr = (b + 1) % s->B;
@@ -747,51 +980,32 @@ static void *loop(void *arg) {
         int at = 0;
         for (int b = 0; b < s->B; b++) {
             slot *sl = &s->slots[b];
-            if (sl->state == SLOT_DECODE)
+            if (sl->state == SLOT_DECODE) {
                 s->ids[at] = sl->next;
-            else if (s->step_n[b])
+                memcpy(s->ids + at + 1, sl->prop, (size_t)sl->k * sizeof(int32_t));
+            } else if (s->step_n[b]) {
                 memcpy(s->ids + at, sl->job->ids + sl->fed, (size_t)s->step_n[b] * sizeof(int32_t));
+            }
             at += s->step_n[b];
         }
-        double t0 = srv_now();
-        tlm_status err = tlm_session_step(s->sess, s->ids, s->step_n, s->want, s->logits);
+        /* Speculative rows need every row's logits; plain steps keep one product for all. */
+        tlm_status err =
+            n_spec ? tlm_session_step_rows(s->sess, s->ids, s->step_n, s->rows, s->vlogits)
+                   : tlm_session_step(s->sess, s->ids, s->step_n, s->want, s->logits);
+        size_t off = 0;
         for (int b = 0; b < s->B && !err; b++) {
             slot *sl = &s->slots[b];
+            float *row0 = n_spec ? s->vlogits + off * V : s->logits + (size_t)b * V;
+            off += (size_t)s->rows[b];
+            sl->n_em = 0;
             if (!s->step_n[b]) continue;
-            if (sl->state == SLOT_DECODE) {
-                sl->toks[sl->n_toks++] = sl->next;
-            } else {
+            if (sl->state == SLOT_PREFILL) {
                 memcpy(sl->toks + sl->n_toks, sl->job->ids + sl->fed,
                        (size_t)s->step_n[b] * sizeof(int32_t));
                 sl->n_toks += s->step_n[b];
                 sl->fed += s->step_n[b];
             }
-            if (!s->want[b]) continue;
-            float *row = s->logits + (size_t)b * V;
-            const srv_job *jb = sl->job;
-            /* logit_bias, then ignore_eos: before the grammar, so that it still decides */
-            for (int k = 0; k < jb->n_bias; k++) row[jb->bias_id[k]] += jb->bias[k];
-            for (int k = 0; jb->ignore_eos && k < s->n_eog; k++) row[s->eog[k]] = -INFINITY;
-            if (sl->gram) {
-                /* this row's own grammar state masks it before its sampler sees it */
-                int n_ok = 0;
-                if (tlm_grammar_state_mask(sl->gram, row, s->V, &n_ok)) {
-                    s->pf_id[b] = -2;
-                    continue;
-                }
-                if (!n_ok) {
-                    s->pf_id[b] = tlm_grammar_state_complete(sl->gram) ? -3 : -2;
-                    if (s->pf_id[b] == -2)
-                        core_err(TLM_ERR_RANGE, "no token of the vocabulary continues the grammar");
-                    continue;
-                }
-            }
-            /* (accepted here, once: the penalties count each generated id once) */
-            if (tlm_sampler_sample(sl->samp, row, &s->pf_id[b]) ||
-                (sl->gram && tlm_grammar_state_accept(sl->gram, s->pf_id[b])))
-                s->pf_id[b] = -2;
-            else
-                tlm_sampler_accept(sl->samp, s->pf_id[b]);
+            if (s->want[b]) s->pf_id[b] = sample_rows(s, sl, row0, s->rows[b]);
         }
         double t1 = srv_now();
 
@@ -805,22 +1019,84 @@ static void *loop(void *arg) {
             s->st.prefill_seconds += t1 - t0;
         }
         s->st.prompt_tokens += (uint64_t)n_prefilled;
+        off = 0;
         for (int b = 0; b < s->B; b++) {
             slot *sl = &s->slots[b];
+            float *row0 = n_spec ? s->vlogits + off * V : s->logits + (size_t)b * V;
+            off += (size_t)s->rows[b];
             if (!s->step_n[b] || !sl->job) continue;
+            int dec = sl->state == SLOT_DECODE, k = dec ? sl->k : 0, a = 0;
             if (err) {
-                fail_job(s, sl, sl->state == SLOT_DECODE ? "decode" : "prefill");
-            } else if (s->pf_id[b] >= 0) {
-                take_token(s, sl, s->logits + (size_t)b * V, s->pf_id[b]);
-            } else if (s->pf_id[b] == -2) {
-                fail_job(s, sl, "sampling");
-            } else if (s->pf_id[b] == -3) {
-                finish_job(s, sl, SRV_FINISH_STOP);
+                fail_job(s, sl, dec ? "decode" : "prefill");
+                continue;
+            }
+            while (a < k && a < sl->n_em && sl->em[a] == sl->prop[a]) a++;
+            if (k) {
+                s->st.drafted += (uint64_t)k;
+                s->st.accepted += (uint64_t)a;
+                sl->job->n_drafted += k;
+                sl->job->n_accepted += a;
+            }
+            if (dec && !sl->n_em) sl->toks[sl->n_toks++] = sl->next;
+            /* Row j's id goes out once the ids before it are in the slot's ids: the next one,
+             * then the accepted drafted ones. */
+            for (int j = 0; j < sl->n_em && sl->job; j++) {
+                if (dec) sl->toks[sl->n_toks++] = j ? sl->prop[j - 1] : sl->next;
+                take_token(s, sl, row0 + (size_t)j * V, sl->em[j]);
+            }
+            if (sl->job && !sl->n_em) {
+                if (s->pf_id[b] == -2)
+                    fail_job(s, sl, "sampling");
+                else if (s->pf_id[b] == -3)
+                    finish_job(s, sl, SRV_FINISH_STOP);
+            }
+            if (dec && sl->n_max) {
+                /* The rejected rows' keys and values go; so do those past a finished job's end. */
+                if (tlm_session_length(s->sess, b) > sl->n_toks)
+                    tlm_session_truncate(s->sess, b, sl->n_toks);
+                spec_adapt(sl, k, a, s->dsess != NULL);
             }
         }
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;
+}
+
+static size_t V_of(const srv_sched *s) { return (size_t)s->V; }
+
+/* The proposer: a draft session of one sequence per slot over the draft model, or lookup. */
+static tlm_status spec_new(srv_sched *s, const srv_sched_opts *o) {
+    const tlm_spec_opts *sp = &o->spec;
+    if (!o->draft && !sp->lookup) return TLM_OK;
+    if (o->draft && sp->lookup)
+        return core_err(TLM_ERR_ARG, "speculative: a draft model or lookup, not both");
+    if (sp->draft_max < 1 || sp->draft_max > 256)
+        return core_err(TLM_ERR_ARG, "speculative: draft_max %d must be in [1, 256]",
+                        sp->draft_max);
+    if (sp->draft_min < 0 || sp->draft_min > sp->draft_max)
+        return core_err(TLM_ERR_ARG, "speculative: draft_min %d must be in [0, draft_max %d]",
+                        sp->draft_min, sp->draft_max);
+    if (!(sp->draft_p_min >= 0.0f && sp->draft_p_min <= 1.0f))
+        return core_err(TLM_ERR_ARG, "speculative: draft_p_min %g must be in [0, 1]",
+                        (double)sp->draft_p_min);
+    if (sp->lookup && (sp->lookup_ngram_min < 1 || sp->lookup_ngram_max < sp->lookup_ngram_min))
+        return core_err(TLM_ERR_ARG, "speculative: lookup n-grams from %d to %d",
+                        sp->lookup_ngram_min, sp->lookup_ngram_max);
+    s->sp = *sp;
+    /* a request may ask for more than the server's draft_max, up to this */
+    s->kbuf = sp->draft_max > SPEC_KBUF ? sp->draft_max : SPEC_KBUF;
+    s->spec_on = 1;
+    if (!o->draft) return TLM_OK;
+    const tlm_config *dc = tlm_model_config(o->draft);
+    if (dc->vocab_size != s->V)
+        return core_err(TLM_ERR_ARG,
+                        "speculative: the draft model's vocabulary has %d ids, the model's %d "
+                        "(they must share one)",
+                        dc->vocab_size, s->V);
+    s->dcap = s->ctx < dc->context_length ? s->ctx : dc->context_length;
+    /* F16 keys and values for the draft, as llama-server's default -ctkd/-ctvd: any head size */
+    tlm_session_opts so = {.batch = s->B, .capacity = s->dcap, .kv_type = TLM_DTYPE_F16};
+    return tlm_session_new(o->draft, &so, &s->dsess);
 }
 
 tlm_status srv_sched_new(const tlm_model *m, const tlm_tokenizer *tok, const srv_sched_opts *o,
@@ -864,9 +1140,12 @@ tlm_status srv_sched_new(const tlm_model *m, const tlm_tokenizer *tok, const srv
         goto fail;
     so.batch = 1;
     if (o->embeddings && (st = tlm_session_new(m, &so, &s->emb)) != TLM_OK) goto fail;
+    if ((st = spec_new(s, o)) != TLM_OK) goto fail;
     s->slots = calloc((size_t)s->B, sizeof *s->slots);
     s->logits = malloc((size_t)s->B * (size_t)s->V * sizeof(float));
-    s->ids = calloc((size_t)s->B + (size_t)(s->chunk > ctx ? s->chunk : ctx), sizeof *s->ids);
+    s->ids =
+        calloc((size_t)s->B * (size_t)(s->kbuf + 1) + (size_t)(s->chunk > ctx ? s->chunk : ctx),
+               sizeof *s->ids);
     s->step_n = calloc((size_t)s->B, sizeof *s->step_n);
     s->want = calloc((size_t)s->B, 1);
     s->pf_id = calloc((size_t)s->B, sizeof *s->pf_id);
@@ -876,8 +1155,29 @@ tlm_status srv_sched_new(const tlm_model *m, const tlm_tokenizer *tok, const srv
         if (tlm_tokenizer_is_eog(tok, id)) s->eog[s->n_eog++] = id;
     if (!s->slots || !s->logits || !s->ids || !s->step_n || !s->want || !s->pf_id || !s->eog)
         goto nomem;
-    for (int b = 0; b < s->B; b++)
-        if (!(s->slots[b].toks = malloc((size_t)ctx * sizeof(int32_t)))) goto nomem;
+    for (int b = 0; b < s->B; b++) {
+        slot *sl = &s->slots[b];
+        /* one past the context: a slot's next id joins its ids for the proposers */
+        if (!(sl->toks = malloc((size_t)(ctx + 1) * sizeof(int32_t)))) goto nomem;
+        if (!(sl->em = malloc((size_t)(s->kbuf + 1) * sizeof(int32_t)))) goto nomem;
+        if (s->spec_on && (!(sl->prop = malloc((size_t)s->kbuf * sizeof(int32_t))) ||
+                           !(sl->dtoks = malloc((size_t)(ctx + 1) * sizeof(int32_t)))))
+            goto nomem;
+    }
+    if (s->spec_on) {
+        size_t B = (size_t)s->B;
+        s->rows = calloc(B, sizeof *s->rows);
+        s->vlogits = malloc(B * (size_t)(s->kbuf + 1) * V_of(s) * sizeof(float));
+        s->dlogits = s->dsess ? malloc(B * V_of(s) * sizeof(float)) : NULL;
+        s->dids = s->dsess ? malloc(B * (size_t)(ctx + 1) * sizeof(int32_t)) : NULL;
+        s->dn = calloc(B, sizeof *s->dn);
+        s->dwant = calloc(B, 1);
+        if (!s->rows || !s->vlogits || (s->dsess && (!s->dlogits || !s->dids)) || !s->dn ||
+            !s->dwant)
+            goto nomem;
+    } else if (!(s->rows = calloc((size_t)s->B, sizeof *s->rows))) {
+        goto nomem;
+    }
     if (pthread_create(&s->thread, NULL, loop, s)) {
         st = core_err(TLM_ERR_NOMEM, "scheduler: cannot start its thread");
         goto fail;
@@ -907,6 +1207,9 @@ void srv_sched_free(srv_sched *s) {
     }
     for (int b = 0; s->slots && b < s->B; b++) {
         free(s->slots[b].toks);
+        free(s->slots[b].prop);
+        free(s->slots[b].em);
+        free(s->slots[b].dtoks);
         tlm_sampler_free(s->slots[b].samp);
         tlm_decoder_free(s->slots[b].dec);
         tlm_grammar_state_free(s->slots[b].gram);
@@ -919,6 +1222,13 @@ void srv_sched_free(srv_sched *s) {
     free(s->step_n);
     free(s->want);
     free(s->pf_id);
+    free(s->rows);
+    free(s->vlogits);
+    free(s->dlogits);
+    free(s->dids);
+    free(s->dn);
+    free(s->dwant);
+    tlm_session_free(s->dsess);
     while (s->n_pc) pc_drop(s, s->n_pc - 1);
     free(s->pc);
     tlm_session_free(s->sess);

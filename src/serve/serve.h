@@ -95,6 +95,9 @@ typedef struct {
     char *tool_name;    /* the function tool_choice names */
     int parallel_tools; /* several calls in one answer (default 1) */
     int tool_format; /* SRV_TOOLFMT_: how the model writes tools and calls (srv_tools_set_format) */
+    /* llama-server's speculative.n_max, speculative.n_min, speculative.p_min; -1: the server's */
+    int spec_n_max, spec_n_min;
+    float spec_p_min;
 } srv_request;
 
 enum { SRV_TOOLS_AUTO = 0, SRV_TOOLS_NONE, SRV_TOOLS_REQUIRED, SRV_TOOLS_NAMED };
@@ -279,6 +282,10 @@ typedef struct srv_job {
     int n_bias;
     int ignore_eos; /* ends of generation never sampled */
     int keep_ids;   /* record the generated ids in out_ids */
+    /* Speculative decoding (llama-server's speculative.n_max, n_min, p_min), where the scheduler
+     * has a draft model or lookup: < 0 takes the server's value; n_max 0 turns it off. */
+    int spec_n_max, spec_n_min;
+    float spec_p_min;
 
     /* outputs */
     char *text; /* sent-safe text so far */
@@ -287,7 +294,8 @@ typedef struct srv_job {
     int n_lps;
     size_t lps_cap;
     int prompt_tokens, cached_tokens, completion_tokens;
-    int32_t *out_ids; /* keep_ids: every generated id */
+    int n_drafted, n_accepted; /* ids proposed by speculation, and accepted by the model */
+    int32_t *out_ids;          /* keep_ids: every generated id */
     int n_out_ids;
     size_t out_ids_cap;
     int stop_word;                    /* the index in stop of the string that ended it, -1: none */
@@ -327,13 +335,20 @@ typedef struct {
     int n_lora;
     /* A session of one sequence of ctx positions for embeddings (srv_sched_embed); 0: none. */
     int embeddings;
+    /* Speculative decoding: a draft model over the same vocabulary (must outlive the scheduler;
+     * one cache sequence of its own per slot) or, with spec.lookup, n-gram lookup; NULL and
+     * lookup 0: off. spec: draft_max, draft_min, draft_p_min, lookup and its n-grams (adaptive
+     * is always on). */
+    const tlm_model *draft;
+    tlm_spec_opts spec;
 } srv_sched_opts;
 
 typedef struct {
     int slots, busy, queued;
     uint64_t prompt_tokens, cached_tokens, completion_tokens, decode_steps, jobs_done;
-    uint64_t cache_hits; /* admissions that loaded a prefix from the prompt cache */
-    size_t cache_bytes;  /* held by the prompt cache */
+    uint64_t cache_hits;        /* admissions that loaded a prefix from the prompt cache */
+    uint64_t drafted, accepted; /* speculative decoding's proposed ids, and those accepted */
+    size_t cache_bytes;         /* held by the prompt cache */
     int cache_entries;
     double decode_seconds, prefill_seconds;
 } srv_stats;
