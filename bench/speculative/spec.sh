@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# What speculative decoding buys one stream: decode tokens/s of plain decoding against a draft
+# model and against n-gram lookup, in tlm generate, tlm serve and llama-server (llama.cpp's
+# speculative decoding: -md with --spec-type draft-simple, and --spec-type ngram-simple), on the
+# same GGUF files, greedy. The target (d 512, 8 layers) and the draft (d 128, 2 layers) are
+# trained by tlm on the same text with the same tokenizer (llama's 32000 ids), briefly: enough for
+# them to agree on much of what they write. Two prompts: a story start (the draft's case) and a
+# text to copy out (lookup's case: the output repeats the input). Rounds alternate the sides;
+# figures are medians, with the acceptance (accepted / drafted ids) of the last round. Output:
+# bench/out/speculative/ and, with README=1 (default), the table in bench/README.md between
+# <!-- speculative:begin --> and <!-- speculative:end -->.
+# Env: ROUNDS (3), N (128 tokens), THREADS (2), STEPS (training steps of each model: 100).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+OUT=$ROOT/bench/out/speculative
+W=$OUT/work
+ROUNDS=${ROUNDS:-3} N=${N:-128} THREADS=${THREADS:-2} README=${README:-1} STEPS=${STEPS:-100}
+DATA=${TLM_SHARED_DATA:-$ROOT/../shared/data}
+TLM=$ROOT/build/tlm
+LLAMA=${LLAMA_BIN:-/work/llama.cpp/build/bin}
+PY=/usr/bin/python3
+make -C "$ROOT" >/dev/null
+mkdir -p "$W"
+unset OPENBLAS_CORETYPE # both sides: OpenBLAS's own choice of kernels
+[ -x "$LLAMA/llama-server" ] || { echo "no llama-server in $LLAMA (set LLAMA_BIN)" >&2; exit 1; }
+
+TOK=$DATA/tokenizers/ggml-vocab-llama-spm.gguf
+TEXT=$DATA/text/tinystories_2MiB.txt
+model() { # NAME D LAYERS HEADS: trained and written as GGUF once, kept in $W
+  local name=$1 d=$2 layers=$3 heads=$4
+  [ -f "$W/$name.gguf" ] && return
+  echo "training the $name (d $d, $layers layers, $STEPS steps) ..." >&2
+  cat >"$W/$name.json" <<CFG
+{"vocab_size": 32000, "context_length": 1024, "d_model": $d, "n_layers": $layers,
+ "n_heads": $heads, "n_kv_heads": $heads, "d_ff": $((d * 8 / 3 / 64 * 64 + 64)), "norm": "rmsnorm",
+ "ffn": "swiglu", "position": "rope", "rope_pairing": "interleaved", "tie_embeddings": false,
+ "bias": false}
+CFG
+  "$TLM" train -c "$W/$name.json" --data "$TEXT" -z "$TOK" -o "$W/$name" --steps "$STEPS" \
+    --batch 8 --seq-len 64 --lr 2e-3 --warmup 20 --eval-interval 0 -t "$THREADS" \
+    2>"$OUT/$name.train.log"
+  "$TLM" convert "$W/$name" "$W/$name.gguf" --to gguf -z "$TOK" 2>>"$OUT/$name.train.log"
+}
+model target 512 8 8
+model draft 128 2 2
+T=$W/target.gguf D=$W/draft.gguf
+
+# The prompts: a story's start, and a passage with the request to write it out again.
+story="Once upon a time, there was a little girl named Lily. She loved to play outside."
+passage=$(head -c 1200 "$TEXT" | tr '\n' ' ' | sed 's/"//g; s/\\//g' | cut -c 1-600)
+copy="$passage Here is the same story again: ${passage:0:60}"
+
+# tlm generate: the decode rate (ids after the first per second) and, speculating, the counts.
+gen() { # NAME PROMPT ARGS...
+  local name=$1 prompt=$2
+  shift 2
+  "$TLM" generate -m "$T" -p "$prompt" -n "$N" --temp 0 -t "$THREADS" "$@" 2>"$W/$name.err" \
+    >/dev/null
+  sed -n 's/.*generation: [0-9]* tokens, [0-9]* decode steps in [0-9.]* s (\([0-9.]*\) tok\/s).*/\1/p' \
+    "$W/$name.err" >>"$W/$name.rates"
+  sed -n 's/.*: \([0-9]*\) ids proposed, \([0-9]*\) accepted.*/\2 \1/p' "$W/$name.err" \
+    >"$W/$name.acc"
+}
+
+# Servers (tlm serve and llama-server), one slot each, started once; a round posts to each.
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; }
+trap cleanup EXIT
+port=18470
+declare -A URL
+serve() { # NAME COMMAND...
+  local name=$1
+  shift
+  port=$((port + 1))
+  "$@" --port "$port" >"$W/$name.srv.log" 2>&1 &
+  PIDS+=("$!")
+  URL[$name]=http://127.0.0.1:$port
+}
+serve tlm_plain "$TLM" serve -m "$T" -t "$THREADS" --parallel 1 --ctx 1024
+serve tlm_draft "$TLM" serve -m "$T" -t "$THREADS" --parallel 1 --ctx 1024 -md "$D"
+serve tlm_lookup "$TLM" serve -m "$T" -t "$THREADS" --parallel 1 --ctx 1024 --lookup
+LS=("$LLAMA/llama-server" -m "$T" -t "$THREADS" -tb "$THREADS" -np 1 -c 1024 --no-webui)
+serve lc_plain "${LS[@]}"
+serve lc_draft "${LS[@]}" -md "$D" --spec-type draft-simple --spec-draft-n-max 16 \
+  --spec-draft-p-min 0.75 -td "$THREADS"
+serve lc_lookup "${LS[@]}" --spec-type ngram-simple --spec-draft-n-max 16
+for name in "${!URL[@]}"; do
+  for _ in $(seq 1 120); do
+    curl -sf "${URL[$name]}/health" >/dev/null 2>&1 && break
+    sleep 1
+  done
+  curl -sf "${URL[$name]}/health" >/dev/null || { cat "$W/$name.srv.log" >&2; exit 1; }
+done
+# A server's answer: predicted_per_second, and draft_n_accepted draft_n where given.
+post() { # NAME TAG PROMPT
+  local name=$1 tag=$2 prompt=$3
+  $PY - "${URL[$name]}/completion" "$prompt" "$N" "$W/$tag.rates" "$W/$tag.acc" <<'PY'
+import json, sys, urllib.request
+url, prompt, n, rates, acc = sys.argv[1:6]
+body = json.dumps({"prompt": prompt, "n_predict": int(n), "temperature": 0, "cache_prompt": False,
+                   "ignore_eos": True}).encode()
+r = json.load(urllib.request.urlopen(urllib.request.Request(
+    url, body, {"Content-Type": "application/json"}), timeout=600))
+t = r["timings"]
+open(rates, "a").write(f'{t["predicted_per_second"]}\n')
+open(acc, "w").write(f'{t.get("draft_n_accepted", 0)} {t.get("draft_n", 0)}\n')
+PY
+}
+
+rm -f "$W"/*.rates "$W"/*.acc
+echo "$ROUNDS alternated rounds ..." >&2
+for _ in $(seq 1 "$ROUNDS"); do
+  for p in story copy; do
+    prompt=$story
+    [ $p = copy ] && prompt=$copy
+    gen "gen_plain_$p" "$prompt"
+    gen "gen_draft_$p" "$prompt" -md "$D"
+    gen "gen_lookup_$p" "$prompt" --lookup
+    for s in tlm_plain tlm_draft tlm_lookup lc_plain lc_draft lc_lookup; do post $s "${s}_$p" "$prompt"; done
+  done
+done
+median() { sort -g "$1" | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b > 0 ? a / b : 0 }'; }
+acc() { awk '{ if ($2 > 0) printf "%.0f%%", 100 * $1 / $2; else printf "-" }' "$1"; }
+{
+  echo "Measured by \`bash bench/speculative/spec.sh\` on $(date -u '+%Y-%m-%d %H:%M') UTC, tlm \`$(git -C "$ROOT" rev-parse --short HEAD)\`:"
+  echo "target d 512 / 8 layers, draft d 128 / 2 layers (vocabulary 32000, F32 GGUF, $STEPS steps each"
+  echo "on TinyStories), greedy, $N tokens, one stream, $THREADS threads, median decode tokens/s of"
+  echo "$ROUNDS alternated rounds (acceptance: accepted / drafted ids, last round)."
+  echo
+  echo "| prompt | engine | plain | draft model | (accepted) | x plain | lookup | (accepted) | x plain |"
+  echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+  for p in story copy; do
+    for e in gen tlm lc; do
+      label="tlm generate"
+      [ $e = tlm ] && label="tlm serve"
+      [ $e = lc ] && label="llama-server"
+      pl=$(median "$W/${e}_plain_$p.rates") dr=$(median "$W/${e}_draft_$p.rates")
+      lk=$(median "$W/${e}_lookup_$p.rates")
+      echo "| $p | $label | $pl | $dr | $(acc "$W/${e}_draft_$p.acc") | $(ratio "$dr" "$pl") |" \
+        "$lk | $(acc "$W/${e}_lookup_$p.acc") | $(ratio "$lk" "$pl") |"
+    done
+  done
+} >"$OUT/results.md"
+cat "$OUT/results.md"
+if [ "$README" = 1 ]; then
+  $PY "$ROOT/bench/readme_section.py" speculative "$OUT/results.md"
+  echo "rewrote bench/README.md's speculative table" >&2
+fi
