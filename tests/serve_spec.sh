@@ -138,6 +138,10 @@ expect "speculative.p_min 2 is refused" \
     [ "$(post own /completion '{"prompt": "a", "speculative.p_min": 2}' "$TMP/bad")" = 400 ]
 expect "the refusal names the field" grep -q 'speculative.p_min' "$TMP/bad"
 
+# /props: the server's limits, as llama-server shows them
+curl -s "$(url rand)/props" >"$TMP/props"
+expect "/props: speculative.n_max, n_min, p_min" [ "$(json_get '[j["default_generation_settings"]["params"]["speculative." + k] for k in ("n_max", "n_min", "p_min")]' "$TMP/props")" = "[4, 1, 0]" ]
+
 # /metrics: the server's counts
 curl -s "$(url own)/metrics" >"$TMP/metrics"
 expect "metrics: ids drafted" grep -q '^tlm_draft_tokens_total [1-9]' "$TMP/metrics"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What speculative decoding buys one stream: decode tokens/s of plain decoding against a draft
 # model and against n-gram lookup, in tlm generate, tlm serve and llama-server (llama.cpp's
-# speculative decoding: -md with --spec-type draft-simple, and --spec-type ngram-simple), on the
+# speculative decoding: -md with --spec-type draft-simple, and --spec-type ngram-simple over
+# n-grams of 4 as tlm's lookup starts from, proposing up to 16 as tlm's --draft-max), on the
 # same GGUF files, greedy. The target (d 512, 8 layers) and the draft (d 128, 2 layers) are
 # trained by tlm on the same text with the same tokenizer (llama's 32000 ids), briefly: enough for
 # them to agree on much of what they write. Two prompts: a story start (the draft's case) and a
@@ -9,12 +10,16 @@
 # figures are medians, with the acceptance (accepted / drafted ids) of the last round. Output:
 # bench/out/speculative/ and, with README=1 (default), the table in bench/README.md between
 # <!-- speculative:begin --> and <!-- speculative:end -->.
-# Env: ROUNDS (3), N (128 tokens), THREADS (2), STEPS (training steps of each model: 100).
+# The draft proposes at any confidence (--draft-p-min P_MIN, 0 as llama-server's default): briefly
+# trained over 32000 ids, it is seldom 75% sure of an id, and at tlm's default of 0.75 it would
+# propose nothing.
+# Env: ROUNDS (3), N (128 tokens), THREADS (2), STEPS (training steps of each model: 100), P_MIN.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=$ROOT/bench/out/speculative
 W=$OUT/work
 ROUNDS=${ROUNDS:-3} N=${N:-128} THREADS=${THREADS:-2} README=${README:-1} STEPS=${STEPS:-100}
+P_MIN=${P_MIN:-0}
 DATA=${TLM_SHARED_DATA:-$ROOT/../shared/data}
 TLM=$ROOT/build/tlm
 LLAMA=${LLAMA_BIN:-/work/llama.cpp/build/bin}
@@ -62,49 +67,52 @@ gen() { # NAME PROMPT ARGS...
     >"$W/$name.acc"
 }
 
-# Servers (tlm serve and llama-server), one slot each, started once; a round posts to each.
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; }
+# Servers (tlm serve and llama-server), one slot each: each started for its turn alone and stopped
+# after it (an idle server beside a measured one slows it on 2 cores).
+SPID=
+cleanup() { [ -z "$SPID" ] || kill "$SPID" 2>/dev/null || true; }
 trap cleanup EXIT
-port=18470
-declare -A URL
-serve() { # NAME COMMAND...
-  local name=$1
-  shift
-  port=$((port + 1))
-  "$@" --port "$port" >"$W/$name.srv.log" 2>&1 &
-  PIDS+=("$!")
-  URL[$name]=http://127.0.0.1:$port
-}
-serve tlm_plain "$TLM" serve -m "$T" -t "$THREADS" --parallel 1 --ctx 1024
-serve tlm_draft "$TLM" serve -m "$T" -t "$THREADS" --parallel 1 --ctx 1024 -md "$D"
-serve tlm_lookup "$TLM" serve -m "$T" -t "$THREADS" --parallel 1 --ctx 1024 --lookup
 LS=("$LLAMA/llama-server" -m "$T" -t "$THREADS" -tb "$THREADS" -np 1 -c 1024 --no-webui)
-serve lc_plain "${LS[@]}"
-serve lc_draft "${LS[@]}" -md "$D" --spec-type draft-simple --spec-draft-n-max 16 \
-  --spec-draft-p-min 0.75 -td "$THREADS"
-serve lc_lookup "${LS[@]}" --spec-type ngram-simple --spec-draft-n-max 16
-for name in "${!URL[@]}"; do
-  for _ in $(seq 1 120); do
-    curl -sf "${URL[$name]}/health" >/dev/null 2>&1 && break
+server() { # NAME: its command line
+  case $1 in
+    tlm_plain) echo "$TLM serve -m $T -t $THREADS --parallel 1 --ctx 1024" ;;
+    tlm_draft) echo "$TLM serve -m $T -t $THREADS --parallel 1 --ctx 1024 -md $D --draft-p-min $P_MIN" ;;
+    tlm_lookup) echo "$TLM serve -m $T -t $THREADS --parallel 1 --ctx 1024 --lookup" ;;
+    lc_plain) echo "${LS[*]}" ;;
+    lc_draft) echo "${LS[*]} -md $D --spec-type draft-simple --spec-draft-n-max 16 --spec-draft-p-min $P_MIN -td $THREADS" ;;
+    lc_lookup) echo "${LS[*]} --spec-type ngram-simple --spec-ngram-simple-size-n 4 --spec-ngram-simple-size-m 16" ;;
+  esac
+}
+# One server's turn: started, both prompts posted (predicted_per_second, and draft_n_accepted
+# draft_n where given), stopped.
+turn() { # NAME
+  local name=$1 url=http://127.0.0.1:18471
+  # shellcheck disable=SC2046 # the command line is words (paths without spaces)
+  $(server "$name") --port 18471 >"$W/$name.srv.log" 2>&1 &
+  SPID=$!
+  for _ in $(seq 1 300); do
+    curl -sf "$url/health" >/dev/null 2>&1 && break
     sleep 1
   done
-  curl -sf "${URL[$name]}/health" >/dev/null || { cat "$W/$name.srv.log" >&2; exit 1; }
-done
-# A server's answer: predicted_per_second, and draft_n_accepted draft_n where given.
-post() { # NAME TAG PROMPT
-  local name=$1 tag=$2 prompt=$3
-  $PY - "${URL[$name]}/completion" "$prompt" "$N" "$W/$tag.rates" "$W/$tag.acc" <<'PY'
+  curl -sf "$url/health" >/dev/null || { cat "$W/$name.srv.log" >&2; exit 1; }
+  for p in story copy; do
+    prompt=$story
+    [ $p = copy ] && prompt=$copy
+    $PY - "$url/completion" "$prompt" "$N" "$W/${name}_$p.rates" "$W/${name}_$p.acc" <<'PY'
 import json, sys, urllib.request
 url, prompt, n, rates, acc = sys.argv[1:6]
 body = json.dumps({"prompt": prompt, "n_predict": int(n), "temperature": 0, "cache_prompt": False,
                    "ignore_eos": True}).encode()
 r = json.load(urllib.request.urlopen(urllib.request.Request(
-    url, body, {"Content-Type": "application/json"}), timeout=600))
+    url, body, {"Content-Type": "application/json"}), timeout=3600))
 t = r["timings"]
 open(rates, "a").write(f'{t["predicted_per_second"]}\n')
 open(acc, "w").write(f'{t.get("draft_n_accepted", 0)} {t.get("draft_n", 0)}\n')
 PY
+  done
+  kill "$SPID"
+  wait "$SPID" 2>/dev/null || true
+  SPID=
 }
 
 rm -f "$W"/*.rates "$W"/*.acc
@@ -114,19 +122,19 @@ for _ in $(seq 1 "$ROUNDS"); do
     prompt=$story
     [ $p = copy ] && prompt=$copy
     gen "gen_plain_$p" "$prompt"
-    gen "gen_draft_$p" "$prompt" -md "$D"
+    gen "gen_draft_$p" "$prompt" -md "$D" --draft-p-min "$P_MIN"
     gen "gen_lookup_$p" "$prompt" --lookup
-    for s in tlm_plain tlm_draft tlm_lookup lc_plain lc_draft lc_lookup; do post $s "${s}_$p" "$prompt"; done
   done
+  for s in tlm_plain tlm_draft tlm_lookup lc_plain lc_draft lc_lookup; do turn $s; done
 done
-median() { sort -g "$1" | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b > 0 ? a / b : 0 }'; }
+median() { sort -g "$1" | awk '{a[NR] = $1} END {printf "%.1f", (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }'; }
 acc() { awk '{ if ($2 > 0) printf "%.0f%%", 100 * $1 / $2; else printf "-" }' "$1"; }
 {
   echo "Measured by \`bash bench/speculative/spec.sh\` on $(date -u '+%Y-%m-%d %H:%M') UTC, tlm \`$(git -C "$ROOT" rev-parse --short HEAD)\`:"
   echo "target d 512 / 8 layers, draft d 128 / 2 layers (vocabulary 32000, F32 GGUF, $STEPS steps each"
-  echo "on TinyStories), greedy, $N tokens, one stream, $THREADS threads, median decode tokens/s of"
-  echo "$ROUNDS alternated rounds (acceptance: accepted / drafted ids, last round)."
+  echo "on TinyStories), greedy, $N tokens, one stream, $THREADS threads, draft p-min $P_MIN, median"
+  echo "decode tokens/s of $ROUNDS alternated rounds (acceptance: accepted / drafted ids, last round)."
   echo
   echo "| prompt | engine | plain | draft model | (accepted) | x plain | lookup | (accepted) | x plain |"
   echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"

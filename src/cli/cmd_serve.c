@@ -125,8 +125,9 @@ typedef struct {
     _Atomic int active; /* generation requests not yet answered in full */
     pthread_mutex_t mu;
     unsigned long long by_status[600];
-    srv_lora_set lora; /* the adapters and their scales for requests without their own (mu) */
-    int embeddings;    /* --embeddings: POST /v1/embeddings and /embeddings answer */
+    srv_lora_set lora;  /* the adapters and their scales for requests without their own (mu) */
+    tlm_spec_opts spec; /* speculative decoding's limits for requests without their own */
+    int embeddings;     /* --embeddings: POST /v1/embeddings and /embeddings answer */
     srv_pooling pooling;
     int embd_normalize; /* --embd-normalize: the requests' default */
     int d_model;
@@ -814,6 +815,9 @@ static enum MHD_Result handle_props(server *sv, struct MHD_Connection *c) {
         cJSON_AddNumberToObject(p, "presence_penalty", so->presence_penalty);
         cJSON_AddNumberToObject(p, "frequency_penalty", so->frequency_penalty);
         cJSON_AddNumberToObject(p, "seed", r.seed_given ? (double)so->seed : -1);
+        cJSON_AddNumberToObject(p, "speculative.n_max", sv->spec.draft_max);
+        cJSON_AddNumberToObject(p, "speculative.n_min", sv->spec.draft_min);
+        cJSON_AddNumberToObject(p, "speculative.p_min", sv->spec.draft_p_min);
         srv_request_free(&r);
     }
     cJSON_AddNumberToObject(out, "total_slots", sv->parallel);
@@ -1485,6 +1489,7 @@ static int serve_main(int argc, char **argv, cli_lora *lora) {
     sv.model_id = alias ? alias : base && base[1] ? base + 1 : model_path;
     sv.model_path = model_path;
     sv.defaults = defaults;
+    sv.spec = spec;
     sv.webui = webui;
     sv.slot_dir = slot_dir;
     sv.tok = tok;
