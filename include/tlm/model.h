@@ -43,6 +43,8 @@ typedef enum { TLM_ROPE_HALF = 0, TLM_ROPE_INTERLEAVED } tlm_rope_pairing;
 #define TLM_MAX_N_LAYERS (1 << 12)
 #define TLM_MAX_N_HEADS (1 << 12)
 #define TLM_MAX_D_FF (1 << 20)
+/* Experts per mixture-of-experts layer (DeepSeek-V3: 256). */
+#define TLM_MAX_N_EXPERTS (1 << 10)
 /* Floats in the parameter buffer (4 TiB; 2.7x Llama 3 405B). */
 #define TLM_MAX_PARAMS ((int64_t)1 << 40)
 /* Floats in each fixed table a model builds at creation (256 MiB; a million-token context at
@@ -88,6 +90,22 @@ typedef struct {
     float embed_scale;   /* >= 0, finite */
     float attn_scale;    /* >= 0, finite */
     int post_norms;      /* 0/1 */
+    /* Mixture of experts (Mixtral, OLMoE, Qwen2-MoE, Qwen3-MoE): with n_experts > 0 every layer's
+     * FFN is a router [n_experts, d_model] whose softmax over the experts picks the n_experts_used
+     * most probable ones per token (ties: the lower index); the output is the sum of their gated
+     * FFNs (the config's ffn, swiglu or geglu, width expert_d_ff, no biases) weighted by their
+     * probabilities, renormalised to sum 1 over the chosen ones with expert_weights_norm.
+     * n_shared_experts > 0 adds Qwen2-MoE's shared expert: one gated FFN of width
+     * n_shared_experts * expert_d_ff that every token takes, times sigmoid(x . w) of a gate vector
+     * w [d_model]. Training adds router_aux_loss_coef times the load-balancing loss and
+     * router_z_loss_coef times the router z-loss to the loss (docs/model-configs.md). */
+    int n_experts;              /* 0 (dense) .. TLM_MAX_N_EXPERTS */
+    int n_experts_used;         /* 1 .. n_experts (0 when dense) */
+    int expert_d_ff;            /* 1 .. TLM_MAX_D_FF; 0 = d_ff */
+    int expert_weights_norm;    /* 0/1 */
+    int n_shared_experts;       /* 0 .. ; n_shared_experts * expert_d_ff <= TLM_MAX_D_FF */
+    float router_aux_loss_coef; /* >= 0, finite */
+    float router_z_loss_coef;   /* >= 0, finite */
 } tlm_config;
 
 /* The scale of layer scores q.k: attn_scale, or 1 / sqrt(head_dim) when it is 0. */
@@ -134,8 +152,8 @@ typedef enum {
 
 typedef struct {
     char name[TLM_NAME_MAX]; /* canonical GGUF-style name, e.g. "blk.3.attn_q.weight" */
-    int ndim;                /* 1 or 2 */
-    int64_t shape[2];        /* PyTorch order: [out, in] for matrices */
+    int ndim;                /* 1, 2, or 3 (experts' matrices [n_experts, out, in]) */
+    int64_t shape[3];        /* PyTorch order: [out, in] for matrices; unused dims 0 */
     size_t offset;           /* in floats, into the flat parameter buffer */
     size_t numel;
     int layer; /* block index, -1 outside blocks */
@@ -156,6 +174,9 @@ typedef struct {
 } tlm_param_count;
 
 void tlm_config_count_params(const tlm_config *c, tlm_param_count *out);
+/* Parameters one token computes with: every parameter but the experts it is not routed to (the
+ * total for a dense config). */
+size_t tlm_config_active_params(const tlm_config *c);
 
 /* ---- model ----------------------------------------------------------------------------------- */
 

@@ -49,6 +49,7 @@ static void print_json(const tlm_config *c, const tlm_param_count *pc, cJSON *ex
     free(cfg);
     cJSON_AddNumberToObject(o, "parameters", (double)pc->total);
     cJSON_AddNumberToObject(o, "non_embedding_parameters", (double)pc->non_embedding);
+    cJSON_AddNumberToObject(o, "active_parameters", (double)tlm_config_active_params(c));
     cJSON *comp = cJSON_AddObjectToObject(o, "components");
     for (int k = 0; k < TLM_COMP_COUNT; k++)
         if (pc->per_component[k])
@@ -91,12 +92,25 @@ static void print_table(const tlm_config *c, const tlm_param_count *pc) {
     if (c->embed_scale > 0.0f) printf("  embed_scale     %g\n", (double)c->embed_scale);
     if (c->attn_scale > 0.0f) printf("  attn_scale      %g\n", (double)c->attn_scale);
     if (c->post_norms) printf("  post_norms      true (after attention and after the ffn)\n");
+    if (c->n_experts > 0) {
+        printf("  experts         %d, %d used per token (width %d; weights %s)\n", c->n_experts,
+               c->n_experts_used, c->expert_d_ff,
+               c->expert_weights_norm ? "renormalised over the chosen" : "softmax probabilities");
+        if (c->n_shared_experts)
+            printf("  shared expert   width %d x %d, sigmoid-gated\n", c->n_shared_experts,
+                   c->expert_d_ff);
+        if (c->router_aux_loss_coef > 0.0f || c->router_z_loss_coef > 0.0f)
+            printf("  router losses   load balancing x %g, z-loss x %g\n",
+                   (double)c->router_aux_loss_coef, (double)c->router_z_loss_coef);
+    }
     printf("\nparameters\n");
     for (int k = 0; k < TLM_COMP_COUNT; k++)
         if (pc->per_component[k])
             printf("  %-20s %15zu\n", tlm_component_name((tlm_component)k), pc->per_component[k]);
     printf("  %-20s %15zu\n", "total", pc->total);
     printf("  %-20s %15zu\n", "non-embedding", pc->non_embedding);
+    if (c->n_experts > 0)
+        printf("  %-20s %15zu\n", "active per token", tlm_config_active_params(c));
 }
 
 /* The tokenizer a model path carries: itself (GGUF, tlm tokenizer dir) or DIR/tokenizer. */

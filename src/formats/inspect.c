@@ -58,8 +58,7 @@ static tlm_status list_schema(const char *path, tlm_file_tensor **out, int *n) {
         snprintf(e->name, sizeof e->name, "%s", ti[i].name);
         snprintf(e->dtype, sizeof e->dtype, "F32");
         e->ndim = ti[i].ndim;
-        e->shape[0] = ti[i].shape[0];
-        e->shape[1] = ti[i].shape[1];
+        for (int k = 0; k < ti[i].ndim; k++) e->shape[k] = ti[i].shape[k];
     }
     *n = nt;
     tlm_model_free(m);

@@ -24,8 +24,7 @@ tlm_status tlm_model_save_safetensors(const tlm_model *m, const char *path) {
         t[i].name = ti->name;
         t[i].dtype = TLM_DTYPE_F32;
         t[i].ndim = ti->ndim;
-        t[i].shape[0] = ti->shape[0];
-        t[i].shape[1] = ti->shape[1];
+        for (int k = 0; k < ti->ndim; k++) t[i].shape[k] = ti->shape[k];
         t[i].data = m->w[i].data;
     }
     const char *keys[] = {"format", "tlm_config"};
@@ -43,8 +42,9 @@ static tlm_status check_tensors(const io_st_file *f, const tlm_tensor_info *ti, 
     for (int i = 0; i < n; i++) {
         const io_st_tensor *t = io_st_find(f, ti[i].name);
         if (!t) return core_err(TLM_ERR_FORMAT, "%s: missing tensor '%s'", path, ti[i].name);
-        if (t->ndim != ti[i].ndim || t->shape[0] != ti[i].shape[0] ||
-            (ti[i].ndim == 2 && t->shape[1] != ti[i].shape[1]))
+        int same = t->ndim == ti[i].ndim;
+        for (int k = 0; same && k < ti[i].ndim; k++) same = t->shape[k] == ti[i].shape[k];
+        if (!same)
             return core_err(TLM_ERR_FORMAT, "%s: tensor '%s' has the wrong shape for this config",
                             path, ti[i].name);
         if (!core_dtype_get(t->dtype)->is_float)

@@ -69,6 +69,62 @@ static size_t sat_mul(size_t a, size_t b) {
     return core_mul_ok(a, b, &r) ? r : SIZE_MAX;
 }
 
+/* The mixture-of-experts fields: all zero for a dense config; else within their limits, on a gated
+ * FFN without biases (the experts' tensors have none). */
+static tlm_status check_experts(tlm_config *c) {
+    struct {
+        const char *name;
+        float v;
+    } coefs[] = {{"router_aux_loss_coef", c->router_aux_loss_coef},
+                 {"router_z_loss_coef", c->router_z_loss_coef}};
+    for (int i = 0; i < COUNT(coefs); i++)
+        if (!(coefs[i].v >= 0.0f) || !isfinite(coefs[i].v))
+            return core_err(TLM_ERR_CONFIG, "%s must be >= 0 and finite (got %g)", coefs[i].name,
+                            (double)coefs[i].v);
+    if (c->n_experts < 0 || c->n_experts > TLM_MAX_N_EXPERTS)
+        return core_err(TLM_ERR_CONFIG, "n_experts %d must be in [0, %d] (0: a dense FFN)",
+                        c->n_experts, TLM_MAX_N_EXPERTS);
+    if (c->n_experts == 0) {
+        struct {
+            const char *name;
+            int set;
+        } moe[] = {{"n_experts_used", c->n_experts_used != 0},
+                   {"expert_d_ff", c->expert_d_ff != 0},
+                   {"expert_weights_norm", c->expert_weights_norm != 0},
+                   {"n_shared_experts", c->n_shared_experts != 0},
+                   {"router_aux_loss_coef", c->router_aux_loss_coef != 0.0f},
+                   {"router_z_loss_coef", c->router_z_loss_coef != 0.0f}};
+        for (int i = 0; i < COUNT(moe); i++)
+            if (moe[i].set)
+                return core_err(TLM_ERR_CONFIG, "%s needs n_experts > 0 (a mixture of experts)",
+                                moe[i].name);
+        return TLM_OK;
+    }
+    if (c->n_experts_used < 1 || c->n_experts_used > c->n_experts)
+        return core_err(TLM_ERR_CONFIG, "n_experts_used %d must be in [1, n_experts %d]",
+                        c->n_experts_used, c->n_experts);
+    if (c->expert_d_ff < 0 || c->expert_d_ff > TLM_MAX_D_FF)
+        return core_err(TLM_ERR_CONFIG, "expert_d_ff %d must be in [0, %d] (0: d_ff)",
+                        c->expert_d_ff, TLM_MAX_D_FF);
+    if (c->expert_d_ff == 0) c->expert_d_ff = c->d_ff;
+    if (c->expert_weights_norm != 0 && c->expert_weights_norm != 1)
+        return core_err(TLM_ERR_CONFIG, "expert_weights_norm must be true or false");
+    if (c->n_shared_experts < 0 ||
+        (int64_t)c->n_shared_experts * c->expert_d_ff > (int64_t)TLM_MAX_D_FF)
+        return core_err(TLM_ERR_CONFIG,
+                        "n_shared_experts %d x expert_d_ff %d must be in [0, %d] (the shared "
+                        "expert's width)",
+                        c->n_shared_experts, c->expert_d_ff, TLM_MAX_D_FF);
+    if (c->ffn != TLM_FFN_SWIGLU && c->ffn != TLM_FFN_GEGLU)
+        return core_err(TLM_ERR_CONFIG,
+                        "n_experts needs a gated ffn (swiglu or geglu) for its experts; got %s",
+                        tlm_ffn_name(c->ffn));
+    if (c->bias)
+        return core_err(TLM_ERR_CONFIG, "n_experts: the experts and the router have no biases; "
+                                        "set bias false");
+    return TLM_OK;
+}
+
 tlm_status tlm_config_finalize(tlm_config *c) {
     struct {
         const char *name;
@@ -159,6 +215,8 @@ tlm_status tlm_config_finalize(tlm_config *c) {
         return core_err(TLM_ERR_CONFIG,
                         "post_norms needs norm_position pre (a post-norm block normalizes after "
                         "each residual add already)");
+    tlm_status ms = check_experts(c);
+    if (ms) return ms;
     /* tlm_model_new builds these tables eagerly; a file header that asks for a huge context
      * must be refused here, not after minutes of filling gigabytes. */
     size_t ctx = (size_t)c->context_length;
@@ -175,8 +233,9 @@ tlm_status tlm_config_finalize(tlm_config *c) {
                         "the limit of %d",
                         c->context_length, c->d_model, sat_mul(ctx, (size_t)c->d_model),
                         TLM_MAX_TABLE_FLOATS);
-    /* Within the field limits above every tensor has fewer than 2^41 elements and the whole
-     * model fewer than 2^52, so the schema's own count cannot overflow: it is the one formula. */
+    /* Within the field limits above every tensor has fewer than 2^47 elements (an expert tensor:
+     * n_experts x expert_d_ff x d_model) and the whole model fewer than 2^62, so the schema's own
+     * count cannot overflow: it is the one formula. */
     tlm_param_count pc;
     tlm_config_count_params(c, &pc);
     size_t total = pc.total,
@@ -294,6 +353,20 @@ tlm_status tlm_config_from_json(const char *json, tlm_config *c) {
             s = parse_float(it, k, &c->attn_scale);
         else if (!strcmp(k, "post_norms"))
             s = parse_bool(it, k, &c->post_norms);
+        else if (!strcmp(k, "n_experts"))
+            s = parse_int(it, k, &c->n_experts);
+        else if (!strcmp(k, "n_experts_used"))
+            s = parse_int(it, k, &c->n_experts_used);
+        else if (!strcmp(k, "expert_d_ff"))
+            s = parse_int(it, k, &c->expert_d_ff);
+        else if (!strcmp(k, "expert_weights_norm"))
+            s = parse_bool(it, k, &c->expert_weights_norm);
+        else if (!strcmp(k, "n_shared_experts"))
+            s = parse_int(it, k, &c->n_shared_experts);
+        else if (!strcmp(k, "router_aux_loss_coef"))
+            s = parse_float(it, k, &c->router_aux_loss_coef);
+        else if (!strcmp(k, "router_z_loss_coef"))
+            s = parse_float(it, k, &c->router_z_loss_coef);
         else if (!strcmp(k, "norm")) {
             if (!(s = parse_enum(it, k, norm_names, COUNT(norm_names), &e))) c->norm = e;
         } else if (!strcmp(k, "norm_position")) {
@@ -367,6 +440,15 @@ char *tlm_config_to_json(const tlm_config *c) {
         cJSON_AddNumberToObject(o, "embed_scale", short_float(c->embed_scale));
     if (c->attn_scale > 0.0f) cJSON_AddNumberToObject(o, "attn_scale", short_float(c->attn_scale));
     if (c->post_norms) cJSON_AddBoolToObject(o, "post_norms", c->post_norms);
+    if (c->n_experts) {
+        cJSON_AddNumberToObject(o, "n_experts", c->n_experts);
+        cJSON_AddNumberToObject(o, "n_experts_used", c->n_experts_used);
+        cJSON_AddNumberToObject(o, "expert_d_ff", c->expert_d_ff);
+        cJSON_AddBoolToObject(o, "expert_weights_norm", c->expert_weights_norm);
+        cJSON_AddNumberToObject(o, "n_shared_experts", c->n_shared_experts);
+        cJSON_AddNumberToObject(o, "router_aux_loss_coef", short_float(c->router_aux_loss_coef));
+        cJSON_AddNumberToObject(o, "router_z_loss_coef", short_float(c->router_z_loss_coef));
+    }
     char *s = cJSON_Print(o);
     cJSON_Delete(o);
     return s;

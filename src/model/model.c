@@ -75,6 +75,14 @@ static void resolve_offsets(tlm_model *m) {
         L->bup = find_layer_off(m, l, "ffn_up.bias");
         L->wdown = find_layer_off(m, l, "ffn_down.weight");
         L->bdown = find_layer_off(m, l, "ffn_down.bias");
+        L->router = find_layer_off(m, l, "ffn_gate_inp.weight");
+        L->gate_exps = find_layer_off(m, l, "ffn_gate_exps.weight");
+        L->up_exps = find_layer_off(m, l, "ffn_up_exps.weight");
+        L->down_exps = find_layer_off(m, l, "ffn_down_exps.weight");
+        L->gate_sh = find_layer_off(m, l, "ffn_gate_shexp.weight");
+        L->up_sh = find_layer_off(m, l, "ffn_up_shexp.weight");
+        L->down_sh = find_layer_off(m, l, "ffn_down_shexp.weight");
+        L->sh_gate = find_layer_off(m, l, "ffn_gate_inp_shexp.weight");
     }
 }
 
@@ -157,6 +165,20 @@ static void resolve_views(tlm_model *m) {
         } else {
             memset(&W->gate_up, 0, sizeof W->gate_up);
         }
+        W->router = view_at(m, L->router);
+        W->gate_exps = view_at(m, L->gate_exps);
+        W->up_exps = view_at(m, L->up_exps);
+        W->down_exps = view_at(m, L->down_exps);
+        W->gate_sh = view_at(m, L->gate_sh);
+        W->up_sh = view_at(m, L->up_sh);
+        W->down_sh = view_at(m, L->down_sh);
+        W->sh_gate = vec_at(m, L->sh_gate);
+        if (W->gate_sh) {
+            const tlm_weight *gu[2] = {W->gate_sh, W->up_sh};
+            W->gate_up_sh = fuse(gu, 2);
+        } else {
+            memset(&W->gate_up_sh, 0, sizeof W->gate_up_sh);
+        }
     }
 }
 
@@ -192,12 +214,13 @@ static tlm_status build_tables(tlm_model *m) {
     return TLM_OK;
 }
 
-/* w as an F32 view of t's floats at data (matrices [out, in]; vectors one row). */
+/* w as an F32 view of t's floats at data (matrices [out, in]; vectors one row; experts' stacked
+ * matrices [E, out, in] as [E * out, in]). */
 static void f32_view(tlm_weight *w, const tlm_tensor_info *t, const float *data) {
     w->dtype = TLM_DTYPE_F32;
     w->data = data;
-    w->rows = t->ndim == 2 ? t->shape[0] : 1;
-    w->cols = t->ndim == 2 ? t->shape[1] : t->shape[0];
+    w->rows = t->ndim == 3 ? t->shape[0] * t->shape[1] : t->ndim == 2 ? t->shape[0] : 1;
+    w->cols = t->shape[t->ndim - 1];
     w->row_bytes = (size_t)w->cols * sizeof(float);
 }
 
@@ -278,10 +301,10 @@ static int used_in_place(const tlm_model *m, int i, const mdl_bind_src *src) {
     size_t align = d->block_elems == 1 ? d->block_bytes : 1;
     if ((uintptr_t)data % align) return 0;
     const tlm_tensor_info *ti = &m->tensors[i];
-    if (ti->ndim == 2 && core_dtype_bytes(t, (uint64_t)ti->shape[1]) == 0) return 0;
+    if (ti->ndim >= 2 && core_dtype_bytes(t, (uint64_t)ti->shape[ti->ndim - 1]) == 0) return 0;
     if (t == TLM_DTYPE_F32) return 1;
     if (m->c.position == TLM_POS_LEARNED && ti->offset == m->off.pos_emb) return 0;
-    return ti->ndim == 2 && k_linear_takes(t);
+    return ti->ndim >= 2 && k_linear_takes(t);
 }
 
 tlm_status mdl_bind(tlm_model *m, const mdl_bind_src *src, core_mmap *maps, int n_maps) {
@@ -356,7 +379,7 @@ static tlm_status mdl_bind_views(tlm_model *m, const mdl_bind_src *src, core_mma
  * BF16: from F32 and F16). Learned position tables are read as floats and stay. */
 static int retyped_to(const tlm_model *m, int i, tlm_dtype to) {
     const tlm_tensor_info *t = &m->tensors[i];
-    if (t->ndim != 2 || (m->c.position == TLM_POS_LEARNED && t->offset == m->off.pos_emb)) return 0;
+    if (t->ndim < 2 || (m->c.position == TLM_POS_LEARNED && t->offset == m->off.pos_emb)) return 0;
     tlm_dtype from = m->w[i].dtype;
     return to == TLM_DTYPE_F32 ? from == TLM_DTYPE_BF16
                                : from == TLM_DTYPE_F32 || from == TLM_DTYPE_F16;
@@ -495,7 +518,8 @@ void tlm_model_memory(const tlm_model *m, size_t *mapped, size_t *owned) {
 }
 
 static int is_block_output_proj(const tlm_tensor_info *t) {
-    return strstr(t->name, ".attn_output.weight") || strstr(t->name, ".ffn_down.weight");
+    return strstr(t->name, ".attn_output.weight") || strstr(t->name, ".ffn_down.weight") ||
+           strstr(t->name, ".ffn_down_exps.weight") || strstr(t->name, ".ffn_down_shexp.weight");
 }
 
 tlm_status tlm_model_init(tlm_model *m, uint64_t seed, tlm_init_scheme scheme) {
@@ -524,7 +548,9 @@ tlm_status tlm_model_init(tlm_model *m, uint64_t seed, tlm_init_scheme scheme) {
             if (is_block_output_proj(t)) sigma /= sqrt(2.0 * m->c.n_layers);
             for (size_t j = 0; j < t->numel; j++) p[j] = (float)(core_rng_normal(&r) * sigma);
         } else {
-            sigma = t->embedding ? 1.0 : sqrt(2.0 / (double)(t->shape[0] + t->shape[1]));
+            /* fan out + fan in of one matrix (an expert's, for the stacked ones) */
+            int64_t fans = t->ndim == 3 ? t->shape[1] + t->shape[2] : t->shape[0] + t->shape[1];
+            sigma = t->embedding ? 1.0 : sqrt(2.0 / (double)fans);
             for (size_t j = 0; j < t->numel; j++)
                 p[j] = (float)core_rng_trunc_normal(&r, sigma, 3.0);
         }

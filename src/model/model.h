@@ -17,6 +17,8 @@ typedef struct {
     size_t ffn_norm_w, ffn_norm_b;
     size_t post_attn_norm_w, post_attn_norm_b, post_ffn_norm_w, post_ffn_norm_b; /* post_norms */
     size_t wgate, bgate, wup, bup, wdown, bdown;
+    /* mixture of experts: the router, the experts' stacked matrices, the shared expert */
+    size_t router, gate_exps, up_exps, down_exps, gate_sh, up_sh, down_sh, sh_gate;
 } mdl_layer_offsets;
 
 typedef struct {
@@ -35,6 +37,12 @@ typedef struct {
     const tlm_weight *wq, *wk, *wv, *wo, *wgate, *wup, *wdown;
     const float *bq, *bk, *bv, *bo, *bgate, *bup, *bdown;
     tlm_weight qkv, gate_up; /* data NULL when not fused */
+    /* Mixture of experts: the router [E, d]; the experts' matrices as [E * out, in] views, expert
+     * e's rows e * out .. (mdl_expert_view); the shared expert's matrices (gate_up_sh stacked as
+     * gate_up is) and its gate vector [d]. NULL for a dense FFN. */
+    const tlm_weight *router, *gate_exps, *up_exps, *down_exps, *gate_sh, *up_sh, *down_sh;
+    const float *sh_gate;
+    tlm_weight gate_up_sh;
 } mdl_layer_weights;
 
 /* What keeps the weights' memory alive. */
@@ -110,6 +118,14 @@ tlm_status mdl_set_rope_factors(tlm_model *m, const float *f, int n);
 /* Whether the FFN is gated (gate|up rows: swiglu, geglu). */
 static inline int mdl_gated(const tlm_config *c) {
     return c->ffn == TLM_FFN_SWIGLU || c->ffn == TLM_FFN_GEGLU;
+}
+
+/* Expert e's matrix out of a stacked [E * out, in] view: its out rows. */
+static inline tlm_weight mdl_expert_view(const tlm_weight *w, int E, int e) {
+    tlm_weight v = *w;
+    v.rows = w->rows / E;
+    v.data = (const char *)w->data + (size_t)e * (size_t)v.rows * w->row_bytes;
+    return v;
 }
 
 /* Index of a tensor by canonical name, -1 if absent. */

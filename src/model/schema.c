@@ -11,18 +11,20 @@ typedef struct {
     tlm_param_count *count; /* optional: per-component totals */
 } builder;
 
-static void add(builder *b, const char *name, int layer, tlm_component comp, int64_t d0, int64_t d1,
-                int decay, int embedding) {
+/* A tensor of shape [d0], [d0, d1] or [d0, d1, d2] (trailing dims 0 when absent). */
+static void add3(builder *b, const char *name, int layer, tlm_component comp, int64_t d0,
+                 int64_t d1, int64_t d2, int decay, int embedding) {
     tlm_tensor_info t;
     memset(&t, 0, sizeof t);
     if (layer >= 0)
         snprintf(t.name, sizeof t.name, "blk.%d.%.40s", layer, name); /* names are short */
     else
         snprintf(t.name, sizeof t.name, "%s", name);
-    t.ndim = d1 > 0 ? 2 : 1;
+    t.ndim = d2 > 0 ? 3 : d1 > 0 ? 2 : 1;
     t.shape[0] = d0;
     t.shape[1] = d1 > 0 ? d1 : 0;
-    t.numel = (size_t)d0 * (size_t)(d1 > 0 ? d1 : 1);
+    t.shape[2] = d2 > 0 ? d2 : 0;
+    t.numel = (size_t)d0 * (size_t)(d1 > 0 ? d1 : 1) * (size_t)(d2 > 0 ? d2 : 1);
     t.offset = b->offset;
     t.layer = layer;
     t.component = comp;
@@ -35,6 +37,11 @@ static void add(builder *b, const char *name, int layer, tlm_component comp, int
     }
     b->n++;
     b->offset += t.numel;
+}
+
+static void add(builder *b, const char *name, int layer, tlm_component comp, int64_t d0, int64_t d1,
+                int decay, int embedding) {
+    add3(b, name, layer, comp, d0, d1, 0, decay, embedding);
 }
 
 /* Linear layers that read the same input: their weights [out_i, in] (which decay) come first and
@@ -70,6 +77,24 @@ static void norm(builder *b, const tlm_config *c, const char *name, int layer, t
 
 static void walk(builder *b, const tlm_config *c);
 
+/* A mixture-of-experts FFN under GGUF's names: the router, each expert's gate, up and down
+ * stacked [n_experts, out, in], then the shared expert (gate|up back to back, so one product
+ * computes both) and its gate vector. */
+static void experts(builder *b, const tlm_config *c, int l) {
+    int64_t d = c->d_model, E = c->n_experts, F = c->expert_d_ff;
+    add(b, "ffn_gate_inp.weight", l, TLM_COMP_FFN, E, d, 1, 0);
+    add3(b, "ffn_gate_exps.weight", l, TLM_COMP_FFN, E, F, d, 1, 0);
+    add3(b, "ffn_up_exps.weight", l, TLM_COMP_FFN, E, F, d, 1, 0);
+    add3(b, "ffn_down_exps.weight", l, TLM_COMP_FFN, E, d, F, 1, 0);
+    if (c->n_shared_experts > 0) {
+        static const char *const sh[] = {"ffn_gate_shexp", "ffn_up_shexp"};
+        int64_t S = (int64_t)c->n_shared_experts * F, sh_out[] = {S, S};
+        linears(b, sh, sh_out, 2, l, TLM_COMP_FFN, d, 0);
+        linear(b, "ffn_down_shexp", l, TLM_COMP_FFN, d, S, 0);
+        add(b, "ffn_gate_inp_shexp.weight", l, TLM_COMP_FFN, d, 0, 1, 0);
+    }
+}
+
 int tlm_config_tensors(const tlm_config *c, tlm_tensor_info *out, int cap, size_t *n_params) {
     builder b = {out, cap, 0, 0, NULL};
     walk(&b, c);
@@ -92,11 +117,15 @@ static void walk(builder *b, const tlm_config *c) {
         norm(b, c, "ffn_norm", l, TLM_COMP_FFN_NORM);
         static const char *const gate_up[] = {"ffn_gate", "ffn_up"};
         int64_t ff_out[] = {c->d_ff, c->d_ff};
-        if (c->ffn == TLM_FFN_SWIGLU || c->ffn == TLM_FFN_GEGLU)
-            linears(b, gate_up, ff_out, 2, l, TLM_COMP_FFN, d, c->bias);
-        else
-            linear(b, "ffn_up", l, TLM_COMP_FFN, c->d_ff, d, c->bias);
-        linear(b, "ffn_down", l, TLM_COMP_FFN, d, c->d_ff, c->bias);
+        if (c->n_experts > 0) {
+            experts(b, c, l);
+        } else {
+            if (c->ffn == TLM_FFN_SWIGLU || c->ffn == TLM_FFN_GEGLU)
+                linears(b, gate_up, ff_out, 2, l, TLM_COMP_FFN, d, c->bias);
+            else
+                linear(b, "ffn_up", l, TLM_COMP_FFN, c->d_ff, d, c->bias);
+            linear(b, "ffn_down", l, TLM_COMP_FFN, d, c->d_ff, c->bias);
+        }
         if (c->post_norms) norm(b, c, "post_ffw_norm", l, TLM_COMP_FFN_NORM);
     }
     /* Post-norm blocks end normalized already, so only pre-norm models have a final norm. */
@@ -116,4 +145,12 @@ void tlm_config_count_params(const tlm_config *c, tlm_param_count *out) {
     builder b = {NULL, 0, 0, 0, out};
     walk(&b, c);
     out->total = b.offset;
+}
+
+size_t tlm_config_active_params(const tlm_config *c) {
+    tlm_param_count pc;
+    tlm_config_count_params(c, &pc);
+    if (c->n_experts <= 0) return pc.total;
+    size_t per_expert = 3 * (size_t)c->expert_d_ff * (size_t)c->d_model;
+    return pc.total - (size_t)c->n_layers * (size_t)(c->n_experts - c->n_experts_used) * per_expert;
 }

@@ -24,7 +24,7 @@ tlm_status trn_checkpoint_save(const char *path, const tlm_model *m, const tlm_a
         t[i] = (io_st_out_tensor){ti->name,
                                   TLM_DTYPE_F32,
                                   ti->ndim,
-                                  {ti->shape[0], ti->shape[1]},
+                                  {ti->shape[0], ti->shape[1], ti->shape[2]},
                                   m->st.params + ti->offset};
     }
     t[n] = (io_st_out_tensor){"optimizer.m", TLM_DTYPE_F32, 1, {(int64_t)opt->n}, opt->m};
