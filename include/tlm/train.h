@@ -108,6 +108,12 @@ tlm_status tlm_train_ctx_forward_backward_opts(tlm_train_ctx *x, const int32_t *
                                                const tlm_batch_opts *o, float *grads,
                                                int accumulate, float *loss);
 
+/* A mixture-of-experts model's router losses in the last tlm_train_ctx_forward_backward(_opts)
+ * (0 for a dense one): the load-balancing loss and the z-loss without their coefficients (the
+ * loss holds router_aux_loss_coef * aux + router_z_loss_coef * z), each over the pass's rows and
+ * layers; a pass with a divisor weighs them by its share of it, as its loss does. */
+void tlm_train_ctx_router_losses(const tlm_train_ctx *x, double *aux, double *z);
+
 /* Losses that are not a plain mean of the targets' cross-entropy (preference tuning) in two
  * halves. The first: a training forward of the batch (kept in the context) and each target's
  * log-probability into logp [B*T] (0 where the target is negative). ids and targets must stay

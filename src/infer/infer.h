@@ -34,6 +34,7 @@ struct tlm_session {
     int rows;
     float *scratch;
     size_t scratch_bytes;
+    float *moe; /* the mixture of experts' buffers (mdl_moe_floats of rows), in scratch */
     float *x, *n, *qkv, *att, *tmp, *ff_a, *ff_h;
     int *row_seq, *row_pos; /* [rows] sequence and position of each scratch row */
     int32_t *ids_tmp;       /* [B] decode: ids of the compact rows */

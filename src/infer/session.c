@@ -48,7 +48,8 @@ static tlm_status reserve_rows(tlm_session *s, int rows) {
     for (size_t i = 0; i < sizeof widths / sizeof widths[0]; i++)
         per_row += (widths[i] + 15) & ~(size_t)15;
     free_scratch(s);
-    size_t bytes = (size_t)rows * per_row * sizeof(float);
+    size_t moe = mdl_moe_floats(c, rows, 0);
+    size_t bytes = ((size_t)rows * per_row + moe) * sizeof(float);
     s->scratch = core_big_alloc(bytes);
     s->row_seq = malloc((size_t)rows * sizeof(int));
     s->row_pos = malloc((size_t)rows * sizeof(int));
@@ -69,6 +70,7 @@ static tlm_status reserve_rows(tlm_session *s, int rows) {
         /* Row-major [rows, width]: each buffer keeps its own width as the row stride. */
         p += (size_t)rows * ((widths[i] + 15) & ~(size_t)15);
     }
+    s->moe = moe ? p : NULL;
     return infer_lora_reserve(s);
 }
 
@@ -561,7 +563,8 @@ static void blocks(tlm_session *s, const int32_t *ids, int N, int prefill) {
                   NULL,
                   infer_lora_pass(s, N, s->row_seq, 0),
                   0,
-                  0};
+                  0,
+                  NULL};
     mdl_embed_fwd(m, &p, ids, s->x);
     int pre = m->c.norm_position == TLM_NORM_PRE;
     mdl_block_bufs b = {.x = s->x,
@@ -576,6 +579,7 @@ static void blocks(tlm_session *s, const int32_t *ids, int N, int prefill) {
                         .ff_h = s->ff_h,
                         .y = s->tmp,
                         .out = s->x};
+    if (s->moe) mdl_moe_carve(&m->c, N, 0, s->moe, &b);
     for (int l = 0; l < m->c.n_layers; l++) mdl_block_fwd(m, l, &p, &b);
 }
 

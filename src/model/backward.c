@@ -32,8 +32,14 @@ static tlm_status grad_reserve(tlm_train_ctx *x) {
     int swiglu = mdl_gated(c);
     size_t ffn = (swiglu ? N * ff * 2 : 0) + N * ff, att = N * ld + N * qw;
     float *shared = NULL;
-    size_t sizes[] = {N * d, N * d, N * d, ffn > att ? ffn : att, c->dropout > 0.0f ? N * d : 0};
-    float **ptrs[] = {&g->dres, &g->dtmp, &g->dn, &shared, &g->ddrop};
+    if (c->n_experts > 0) ffn = 0;
+    size_t sizes[] = {N * d,
+                      N * d,
+                      N * d,
+                      ffn > att ? ffn : att,
+                      c->dropout > 0.0f ? N * d : 0,
+                      mdl_moe_grad_floats(c, (int)N, 1)};
+    float **ptrs[] = {&g->dres, &g->dtmp, &g->dn, &shared, &g->ddrop, &g->moe};
     size_t total = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += (sizes[i] + 15) & ~15ul;
     x->gbase = core_big_alloc(total * sizeof(float));
@@ -43,8 +49,8 @@ static tlm_status grad_reserve(tlm_train_ctx *x) {
         *ptrs[i] = sizes[i] ? x->gbase + off : NULL;
         off += (sizes[i] + 15) & ~15ul;
     }
-    g->dff_a = swiglu ? shared : NULL;
-    g->dff_h = swiglu ? shared + N * ff * 2 : shared;
+    g->dff_a = swiglu && c->n_experts <= 0 ? shared : NULL;
+    g->dff_h = c->n_experts > 0 ? NULL : swiglu ? shared + N * ff * 2 : shared;
     g->dqkv = shared;
     g->datt = shared + N * ld;
     x->gfloats = total;
@@ -178,10 +184,26 @@ tlm_status mdl_ctx_backward_whole(tlm_train_ctx *x, const int32_t *ids, const in
     int acc = accumulate, counted = 0;
     double l;
     mdl_ctx_head_loss(x, targets, B * T, divisor, weights, NULL, grads, acc, &l, &counted);
+    if (x->pass.moe) {
+        /* The router losses are over the pass's rows; a pass that is part of a step (divisor
+         * given) weighs them by its share of the step's targets, so the parts add up to their
+         * mean over the parts. */
+        double aux, z, share = weights || divisor <= 0 ? 1.0 : counted / divisor;
+        mdl_moe_losses(c, x->pass.moe, &aux, &z);
+        x->pass.moe->scale = (float)share;
+        x->moe_aux = share * aux;
+        x->moe_z = share * z;
+        l += c->router_aux_loss_coef * x->moe_aux + c->router_z_loss_coef * x->moe_z;
+    }
     if (loss) *loss = (float)l;
     if (counted_out) *counted_out = counted;
     for (int li = c->n_layers - 1; li >= 0; li--)
         mdl_block_bwd(m, li, &x->pass, &x->run[li], &x->g, grads, acc);
     if (!x->pass.frozen) mdl_embed_bwd(m, &x->pass, ids, &x->g, grads, acc);
     return TLM_OK;
+}
+
+void tlm_train_ctx_router_losses(const tlm_train_ctx *x, double *aux, double *z) {
+    *aux = x ? x->moe_aux : 0;
+    *z = x ? x->moe_z : 0;
 }

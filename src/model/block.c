@@ -1,5 +1,6 @@
 /* One transformer block over rows, forward and backward side by side, sub-layer by sub-layer. */
 #include <cblas.h>
+#include <math.h>
 #include <omp.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -396,12 +397,373 @@ static void attn_bwd(const tlm_model *m, int l, const mdl_pass *p, const mdl_blo
 
 /* ---- feed-forward --------------------------------------------------------------------------- */
 
-/* The gated hidden rows h [N, d_ff] from gate|up rows a. */
-static void gated_fwd(const tlm_config *c, float *h, const float *a, int N) {
+/* The gated hidden rows h [N, ff] from gate|up rows a [N, 2 ff]. */
+static void gated_rows_fwd(const tlm_config *c, float *h, const float *a, int N, int ff) {
     if (c->ffn == TLM_FFN_GEGLU)
-        k_geglu_rows_fwd(h, a, N, c->d_ff);
+        k_geglu_rows_fwd(h, a, N, ff);
     else
-        k_swiglu_rows_fwd(h, a, N, c->d_ff);
+        k_swiglu_rows_fwd(h, a, N, ff);
+}
+
+static void gated_rows_bwd(const tlm_config *c, float *da, const float *dh, const float *a, int N,
+                           int ff) {
+    if (c->ffn == TLM_FFN_GEGLU)
+        k_geglu_rows_bwd(da, dh, a, N, ff);
+    else
+        k_swiglu_rows_bwd(da, dh, a, N, ff);
+}
+
+static void gated_fwd(const tlm_config *c, float *h, const float *a, int N) {
+    gated_rows_fwd(c, h, a, N, c->d_ff);
+}
+
+/* ---- mixture of experts --------------------------------------------------------------------- */
+
+/* The bf16 products' primitives are cached by shape: each expert's group of rows is padded (with
+ * zero rows) to a multiple of this, so a run meets few shapes however the tokens are routed. */
+#define MOE_PAD 32
+
+static size_t moe_slots(const tlm_config *c, int N, int padded) {
+    return (size_t)N * c->n_experts_used + (padded ? (size_t)c->n_experts * (MOE_PAD - 1) : 0);
+}
+
+#define MOE_ALIGN(n) (((n) + 15) & ~(size_t)15)
+
+/* One layout for counting and carving: base NULL only counts. */
+static size_t moe_layout(const tlm_config *c, int N, int padded, float *base, mdl_block_bufs *b) {
+    if (c->n_experts <= 0) return 0;
+    size_t n = (size_t)N, d = (size_t)c->d_model, E = (size_t)c->n_experts;
+    size_t K = (size_t)c->n_experts_used, F = (size_t)c->expert_d_ff;
+    size_t S = moe_slots(c, N, padded), SF = (size_t)c->n_shared_experts * F, off = 0;
+    struct {
+        void *ptr;
+        size_t n;
+    } parts[] = {{&b->r_logits, n * E}, {&b->r_probs, n * E},
+                 {&b->r_w, n * K},      {&b->r_sel, n * K},
+                 {&b->r_slot, S},       {&b->r_off, E + 1},
+                 {&b->r_pos, n * K},    {&b->e_x, S * d},
+                 {&b->e_a, S * 2 * F},  {&b->e_h, S * F},
+                 {&b->e_y, S * d},      {&b->sh_a, n * 2 * SF},
+                 {&b->sh_h, n * SF},    {&b->sh_y, SF ? n * d : 0},
+                 {&b->sh_g, SF ? n : 0}};
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+        /* ints and floats have one size: the int arrays are floats' room, used as ints only */
+        if (base) *(float **)parts[i].ptr = parts[i].n ? base + off : NULL;
+        off += MOE_ALIGN(parts[i].n);
+    }
+    return off;
+}
+
+size_t mdl_moe_floats(const tlm_config *c, int N, int padded) {
+    mdl_block_bufs dummy;
+    return moe_layout(c, N, padded, NULL, &dummy);
+}
+
+void mdl_moe_carve(const tlm_config *c, int N, int padded, float *base, mdl_block_bufs *b) {
+    moe_layout(c, N, padded, base, b);
+}
+
+/* The backward scratch: the slots' gradients at the experts' outputs, hidden, gate|up (then
+ * gate and up apart, each group's gate rows before its up rows) and inputs; the router's
+ * gradients at its probabilities and logits [N, E] and at the weights [N, K]; the shared
+ * expert's at its output, hidden and gate|up, and its input gradient [N, d]. */
+typedef struct {
+    float *dey, *deh, *dea, *dsplit, *dex, *dp, *dlog, *dw, *dsy, *dsh, *dsa, *dsx;
+} moe_grads;
+
+static size_t moe_grad_layout(const tlm_config *c, int N, int padded, float *base, moe_grads *g) {
+    if (c->n_experts <= 0) return 0;
+    size_t n = (size_t)N, d = (size_t)c->d_model, E = (size_t)c->n_experts;
+    size_t K = (size_t)c->n_experts_used, F = (size_t)c->expert_d_ff;
+    size_t S = moe_slots(c, N, padded), SF = (size_t)c->n_shared_experts * F, off = 0;
+    struct {
+        float **ptr;
+        size_t n;
+    } parts[] = {{&g->dey, S * d},        {&g->deh, S * F},      {&g->dea, S * 2 * F},
+                 {&g->dsplit, S * 2 * F}, {&g->dex, S * d},      {&g->dp, n * E},
+                 {&g->dlog, n * E},       {&g->dw, n * K},       {&g->dsy, SF ? n * d : 0},
+                 {&g->dsh, n * SF},       {&g->dsa, n * 2 * SF}, {&g->dsx, SF ? n * d : 0}};
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+        if (base) *parts[i].ptr = parts[i].n ? base + off : NULL;
+        off += MOE_ALIGN(parts[i].n);
+    }
+    return off;
+}
+
+size_t mdl_moe_grad_floats(const tlm_config *c, int N, int padded) {
+    moe_grads dummy;
+    return moe_grad_layout(c, N, padded, NULL, &dummy);
+}
+
+void mdl_moe_losses(const tlm_config *c, const mdl_moe_stats *st, double *aux, double *z) {
+    *aux = *z = 0;
+    if (c->n_experts <= 0 || !st || st->rows <= 0) return;
+    double T = (double)st->rows, sum = 0;
+    for (int e = 0; e < c->n_experts; e++) sum += (st->count[e] / T) * (st->psum[e] / T);
+    *aux = c->n_experts * sum;
+    *z = st->zsum / T;
+}
+
+/* Softmax of a row of n logits, and its logsumexp. */
+static double softmax_row(float *p, const float *x, int n) {
+    float mx = x[0];
+    for (int i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += (p[i] = expf(x[i] - mx));
+    float inv = (float)(1.0 / sum);
+    for (int i = 0; i < n; i++) p[i] *= inv;
+    return (double)mx + log(sum);
+}
+
+/* The router: softmax over the experts, the K most probable (a tie goes to the lower index) and
+ * their weights, the slots grouped by expert (in row order within a group, so every sum over them
+ * has one order), and the statistics of a training pass. */
+static void moe_route(const tlm_config *c, const mdl_pass *p, const mdl_block_bufs *b, int padded) {
+    int N = p->N, E = c->n_experts, K = c->n_experts_used;
+    mdl_moe_stats *st = p->moe;
+    int *sel = b->r_sel, *off = b->r_off;
+    memset(off, 0, (size_t)(E + 1) * sizeof *off);
+    for (int r = 0; r < N; r++) {
+        const float *lg = b->r_logits + (size_t)r * E;
+        float *pr = b->r_probs + (size_t)r * E, *w = b->r_w + (size_t)r * K;
+        double lse = softmax_row(pr, lg, E);
+        int *sr = sel + (size_t)r * K;
+        float sum = 0;
+        for (int k = 0; k < K; k++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int j = 0; j < k; j++) taken |= sr[j] == e;
+                if (!taken && (best < 0 || pr[e] > pr[best])) best = e;
+            }
+            sr[k] = best;
+            w[k] = pr[best];
+            sum += w[k];
+            off[best + 1]++;
+        }
+        if (c->expert_weights_norm)
+            for (int k = 0; k < K; k++) w[k] /= sum;
+        if (st) {
+            for (int e = 0; e < E; e++) st->psum[e] += pr[e];
+            for (int k = 0; k < K; k++) st->count[sr[k]] += 1;
+            st->zsum += lse * lse;
+        }
+    }
+    if (st) st->rows += N;
+    for (int e = 0; e < E; e++) {
+        int n = off[e + 1];
+        if (padded) n = (n + MOE_PAD - 1) / MOE_PAD * MOE_PAD;
+        off[e + 1] = off[e] + n;
+    }
+    /* each group filled in row order, then its padding marked */
+    int fill[TLM_MAX_N_EXPERTS];
+    for (int e = 0; e < E; e++) fill[e] = off[e];
+    for (int r = 0; r < N; r++)
+        for (int k = 0; k < K; k++) {
+            int e = sel[(size_t)r * K + k], at = fill[e]++;
+            b->r_slot[at] = r * K + k;
+            b->r_pos[(size_t)r * K + k] = at;
+        }
+    for (int e = 0; e < E; e++)
+        for (int at = fill[e]; at < off[e + 1]; at++) b->r_slot[at] = -1;
+}
+
+static void moe_fwd(const tlm_model *m, int l, const mdl_pass *p, const mdl_block_bufs *b,
+                    const float *in) {
+    const tlm_config *c = &m->c;
+    const mdl_layer_weights *W = &m->lw[l];
+    int N = p->N, d = c->d_model, E = c->n_experts, K = c->n_experts_used, F = c->expert_d_ff;
+    int padded = p->bf16 != NULL;
+    /* The router's product stays fp32 in a bf16 pass: bf16's rounding of the logits (2^-8 of
+     * their size) would decide close choices between experts. */
+    mdl_pass fp32 = *p;
+    fp32.bf16 = NULL;
+    linear(&fp32, b->r_logits, E, in, N, W->router, NULL);
+    moe_route(c, p, b, padded);
+    for (int e = 0; e < E; e++) {
+        int s0 = b->r_off[e], n = b->r_off[e + 1] - s0;
+        if (!n) continue;
+        float *x = b->e_x + (size_t)s0 * d, *a = b->e_a + (size_t)s0 * 2 * F;
+        float *h = b->e_h + (size_t)s0 * F, *y = b->e_y + (size_t)s0 * d;
+        for (int i = 0; i < n; i++) {
+            int slot = b->r_slot[s0 + i];
+            if (slot < 0)
+                memset(x + (size_t)i * d, 0, (size_t)d * sizeof(float));
+            else
+                memcpy(x + (size_t)i * d, in + (size_t)(slot / K) * d, (size_t)d * sizeof(float));
+        }
+        tlm_weight wg = mdl_expert_view(W->gate_exps, E, e), wu = mdl_expert_view(W->up_exps, E, e);
+        tlm_weight wd = mdl_expert_view(W->down_exps, E, e);
+        linear(p, a, 2 * F, x, n, &wg, NULL);
+        linear(p, a + F, 2 * F, x, n, &wu, NULL);
+        gated_rows_fwd(c, h, a, n, F);
+        linear(p, y, d, h, n, &wd, NULL);
+    }
+    int SF = c->n_shared_experts * F;
+    if (SF) {
+        const tlm_weight *w[2] = {W->gate_sh, W->up_sh};
+        const float *bias[2] = {NULL, NULL};
+        linear_parts(p, b->sh_a, 2 * SF, in, N, w, bias, 2,
+                     W->gate_up_sh.data ? &W->gate_up_sh : NULL);
+        gated_rows_fwd(c, b->sh_h, b->sh_a, N, SF);
+        linear(p, b->sh_y, d, b->sh_h, N, W->down_sh, NULL);
+        for (int r = 0; r < N; r++) {
+            const float *xr = in + (size_t)r * d;
+            float z = 0;
+            for (int j = 0; j < d; j++) z += xr[j] * W->sh_gate[j];
+            b->sh_g[r] = 1.0f / (1.0f + expf(-z));
+        }
+    }
+    /* each row's sum in the order of its choices, then the shared expert */
+    for (int r = 0; r < N; r++) {
+        float *yr = b->y + (size_t)r * d;
+        memset(yr, 0, (size_t)d * sizeof(float));
+        for (int k = 0; k < K; k++) {
+            float w = b->r_w[(size_t)r * K + k];
+            const float *ey = b->e_y + (size_t)b->r_pos[(size_t)r * K + k] * d;
+            for (int j = 0; j < d; j++) yr[j] += w * ey[j];
+        }
+        if (SF) {
+            float g = b->sh_g[r];
+            const float *sy = b->sh_y + (size_t)r * d;
+            for (int j = 0; j < d; j++) yr[j] += g * sy[j];
+        }
+    }
+}
+
+/* dx = dy W + beta dx in the pass's precision. */
+static void bwd_dx(const mdl_pass *p, float *dx, const float *dy, int ldy, const float *w, int N,
+                   int in, int out, float beta) {
+    if (p->bf16)
+        k_bf16_linear_bwd_dx(p->bf16, dx, dy, ldy, w, N, in, out, beta);
+    else
+        k_linear_bwd_dx(dx, dy, ldy, w, N, in, out, beta);
+}
+
+static void moe_bwd(const tlm_model *m, int l, const mdl_pass *p, const mdl_block_bufs *b,
+                    const float *in, const float *dout, float *din, const mdl_block_grads *gr,
+                    float *G, int acc) {
+    const tlm_config *c = &m->c;
+    const mdl_layer_weights *W = &m->lw[l];
+    const mdl_layer_offsets *o = &m->off.layer[l];
+    int N = p->N, d = c->d_model, E = c->n_experts, K = c->n_experts_used, F = c->expert_d_ff;
+    int padded = p->bf16 != NULL, SF = c->n_shared_experts * F;
+    moe_grads g;
+    moe_grad_layout(c, N, padded, gr->moe, &g);
+    /* the weights' and the slots' gradients */
+    for (int r = 0; r < N; r++) {
+        const float *dy = dout + (size_t)r * d;
+        for (int k = 0; k < K; k++) {
+            int at = b->r_pos[(size_t)r * K + k];
+            const float *ey = b->e_y + (size_t)at * d;
+            float *de = g.dey + (size_t)at * d, w = b->r_w[(size_t)r * K + k], dot = 0;
+            for (int j = 0; j < d; j++) {
+                dot += dy[j] * ey[j];
+                de[j] = w * dy[j];
+            }
+            g.dw[(size_t)r * K + k] = dot;
+        }
+    }
+    size_t fd = (size_t)F * d;
+    for (int e = 0; e < E; e++) {
+        int s0 = b->r_off[e], n = b->r_off[e + 1] - s0;
+        float *dWg = G + o->gate_exps + e * fd, *dWu = G + o->up_exps + e * fd;
+        float *dWd = G + o->down_exps + e * fd;
+        if (!n) {
+            /* no rows: the expert's gradient is zero, written when not accumulating */
+            if (!acc) {
+                memset(dWg, 0, fd * sizeof(float));
+                memset(dWu, 0, fd * sizeof(float));
+                memset(dWd, 0, fd * sizeof(float));
+            }
+            continue;
+        }
+        for (int i = 0; i < n; i++)
+            if (b->r_slot[s0 + i] < 0) memset(g.dey + (size_t)(s0 + i) * d, 0, (size_t)d * 4);
+        const float *x = b->e_x + (size_t)s0 * d, *a = b->e_a + (size_t)s0 * 2 * F;
+        const float *h = b->e_h + (size_t)s0 * F;
+        float *dey = g.dey + (size_t)s0 * d, *deh = g.deh + (size_t)s0 * F;
+        float *dea = g.dea + (size_t)s0 * 2 * F, *dex = g.dex + (size_t)s0 * d;
+        float *dg = g.dsplit + (size_t)s0 * 2 * F, *du = dg + (size_t)n * F;
+        tlm_weight wg = mdl_expert_view(W->gate_exps, E, e), wu = mdl_expert_view(W->up_exps, E, e);
+        tlm_weight wd = mdl_expert_view(W->down_exps, E, e);
+        linear_bwd(p, deh, dWd, NULL, dey, h, wd.data, n, F, d, acc);
+        gated_rows_bwd(c, dea, deh, a, n, F);
+        for (int i = 0; i < n; i++) {
+            memcpy(dg + (size_t)i * F, dea + (size_t)i * 2 * F, (size_t)F * sizeof(float));
+            memcpy(du + (size_t)i * F, dea + (size_t)i * 2 * F + F, (size_t)F * sizeof(float));
+        }
+        linear_bwd(p, dex, dWg, NULL, dg, x, wg.data, n, d, F, acc);
+        linear_bwd(p, NULL, dWu, NULL, du, x, NULL, n, d, F, acc);
+        bwd_dx(p, dex, du, F, wu.data, n, d, F, 1.0f);
+    }
+    /* the router: through the weights (and their renormalisation), the load-balancing loss (its
+     * f_i are constants), the softmax, and the z-loss at the logits */
+    const mdl_moe_stats *st = p->moe;
+    double T = st && st->rows > 0 ? (double)st->rows : 1;
+    float scale = st ? st->scale : 0.0f;
+    float aux = scale * c->router_aux_loss_coef, zc = scale * c->router_z_loss_coef;
+    for (int r = 0; r < N; r++) {
+        const float *pr = b->r_probs + (size_t)r * E, *w = b->r_w + (size_t)r * K;
+        const float *dw = g.dw + (size_t)r * K;
+        const int *sr = b->r_sel + (size_t)r * K;
+        float *dp = g.dp + (size_t)r * E, *dl = g.dlog + (size_t)r * E;
+        for (int e = 0; e < E; e++)
+            dp[e] = st && aux != 0.0f ? (float)(aux * E * st->count[e] / (T * T)) : 0.0f;
+        if (c->expert_weights_norm) {
+            float sum = 0, wdw = 0;
+            for (int k = 0; k < K; k++) {
+                sum += pr[sr[k]];
+                wdw += w[k] * dw[k];
+            }
+            for (int k = 0; k < K; k++) dp[sr[k]] += (dw[k] - wdw) / sum;
+        } else {
+            for (int k = 0; k < K; k++) dp[sr[k]] += dw[k];
+        }
+        float pdp = 0;
+        for (int e = 0; e < E; e++) pdp += pr[e] * dp[e];
+        float zg = 0;
+        if (st && zc != 0.0f) {
+            const float *lg = b->r_logits + (size_t)r * E;
+            float mx = lg[0];
+            for (int e = 1; e < E; e++) mx = lg[e] > mx ? lg[e] : mx;
+            double sum = 0;
+            for (int e = 0; e < E; e++) sum += exp((double)(lg[e] - mx));
+            zg = (float)(zc * 2.0 * ((double)mx + log(sum)) / T);
+        }
+        for (int e = 0; e < E; e++) dl[e] = pr[e] * (dp[e] - pdp) + zg * pr[e];
+    }
+    k_linear_bwd(din, G + o->router, NULL, g.dlog, in, W->router->data, N, d, E, acc);
+    /* the experts' input gradients, each row's in the order of its choices */
+    for (int r = 0; r < N; r++) {
+        float *dx = din + (size_t)r * d;
+        for (int k = 0; k < K; k++) {
+            const float *de = g.dex + (size_t)b->r_pos[(size_t)r * K + k] * d;
+            for (int j = 0; j < d; j++) dx[j] += de[j];
+        }
+    }
+    if (!SF) return;
+    float *dgate = G + o->sh_gate;
+    if (!acc) memset(dgate, 0, (size_t)d * sizeof(float));
+    for (int r = 0; r < N; r++) {
+        const float *dy = dout + (size_t)r * d, *sy = b->sh_y + (size_t)r * d;
+        const float *xr = in + (size_t)r * d;
+        float gv = b->sh_g[r], dot = 0, *ds = g.dsy + (size_t)r * d, *dx = din + (size_t)r * d;
+        for (int j = 0; j < d; j++) {
+            dot += dy[j] * sy[j];
+            ds[j] = gv * dy[j];
+        }
+        float dz = dot * gv * (1.0f - gv);
+        for (int j = 0; j < d; j++) {
+            dgate[j] += dz * xr[j];
+            dx[j] += dz * W->sh_gate[j];
+        }
+    }
+    linear_bwd(p, g.dsh, G + o->down_sh, NULL, g.dsy, b->sh_h, W->down_sh->data, N, SF, d, acc);
+    gated_rows_bwd(c, g.dsa, g.dsh, b->sh_a, N, SF);
+    const tlm_weight *w[2] = {W->gate_sh, W->up_sh};
+    parts_bwd(p, g.dsx, G + o->gate_sh, NULL, g.dsa, in, &W->gate_up_sh, w, 2, N, d, 2 * SF, acc);
+    k_acc(din, g.dsx, (size_t)N * d);
 }
 
 static void ffn_fwd(const tlm_model *m, int l, const mdl_pass *p, const mdl_block_bufs *b,
@@ -409,7 +771,9 @@ static void ffn_fwd(const tlm_model *m, int l, const mdl_pass *p, const mdl_bloc
     const tlm_config *c = &m->c;
     const mdl_layer_weights *W = &m->lw[l];
     int N = p->N, d = c->d_model, ff = c->d_ff;
-    if (mdl_gated(c)) {
+    if (c->n_experts > 0) {
+        moe_fwd(m, l, p, b, in);
+    } else if (mdl_gated(c)) {
         const tlm_weight *w[2] = {W->wgate, W->wup};
         const float *bias[2] = {W->bgate, W->bup};
         linear_parts(p, b->ff_a, 2 * ff, in, N, w, bias, 2, W->gate_up.data ? &W->gate_up : NULL);
@@ -425,8 +789,10 @@ static void ffn_fwd(const tlm_model *m, int l, const mdl_pass *p, const mdl_bloc
         else
             k_act_fwd(b->ff_h, b->ff_a, (size_t)N * ff, forms[c->ffn]);
     }
-    linear(p, b->y, d, b->ff_h, N, W->wdown, W->bdown);
-    lora_fwd(p, l, MDL_LORA_DOWN, b->y, d, b->ff_h);
+    if (c->n_experts <= 0) {
+        linear(p, b->y, d, b->ff_h, N, W->wdown, W->bdown);
+        lora_fwd(p, l, MDL_LORA_DOWN, b->y, d, b->ff_h);
+    }
     if (dropping(m, p) && !c->post_norms)
         k_dropout(b->y, b->y, (size_t)N * d, c->dropout, mdl_drop_key(p, l, 2));
 }
@@ -438,6 +804,10 @@ static void ffn_bwd(const tlm_model *m, int l, const mdl_pass *p, const mdl_bloc
     const mdl_layer_weights *W = &m->lw[l];
     const mdl_layer_offsets *o = &m->off.layer[l];
     int N = p->N, d = c->d_model, ff = c->d_ff;
+    if (c->n_experts > 0) {
+        moe_bwd(m, l, p, b, in, dout, din, g, G, acc);
+        return;
+    }
     if (p->frozen)
         frozen_dx(p, g->dff_h, dout, d, W->wdown, N, 0.0f);
     else
@@ -520,7 +890,7 @@ void mdl_block_bwd(const tlm_model *m, int l, const mdl_pass *p, const mdl_block
         } else {
             norm_fwd(c, b->n1, b->n1_mean, b->n1_rstd, b->h, W->attn_norm_w, W->attn_norm_b, N);
         }
-        if (mdl_gated(c)) gated_fwd(c, b->ff_h, b->ff_a, N);
+        if (mdl_gated(c) && c->n_experts <= 0) gated_fwd(c, b->ff_h, b->ff_a, N);
     }
     float *GN = p->frozen ? NULL : G; /* the norms' gains: frozen in LoRA passes */
     if (c->norm_position == TLM_NORM_PRE && c->post_norms) {

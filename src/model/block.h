@@ -27,7 +27,39 @@ typedef struct {
     float *ff_h; /* [N, d_ff] activated hidden */
     float *y;    /* [N, d] FFN output (post-norm: n1 + ffn, norm2's input) */
     float *out;  /* [N, d] block output */
+    /* Mixture of experts (mdl_moe_carve; E experts, K used, expert width F, S slots): the router's
+     * logits and softmax [N, E], each row's chosen experts and their weights [N, K], the slots
+     * (row * K + k) grouped by expert, -1 where an expert's group is padded (r_slot [S]; r_off
+     * [E + 1] each group's first slot; r_pos [N * K] each slot's place), the experts' gathered
+     * inputs [S, d], gate|up [S, 2F], hidden [S, F] and outputs [S, d]; the shared expert's
+     * gate|up [N, 2 n_shared F], hidden [N, n_shared F], output [N, d] and gate [N]. */
+    float *r_logits, *r_probs, *r_w;
+    int *r_sel, *r_slot, *r_off, *r_pos;
+    float *e_x, *e_a, *e_h, *e_y;
+    float *sh_a, *sh_h, *sh_y, *sh_g;
 } mdl_block_bufs;
+
+/* Router statistics of a training pass over all its layers, for the load-balancing and z losses
+ * (HF's load_balancing_loss_func and Switch Transformer's router_z_loss over every layer's rows
+ * concatenated): slots routed to each expert, router probabilities summed per expert, the sum of
+ * logsumexp(logits)^2, and the rows counted (rows x layers). scale: the factor the backward pass
+ * gives both losses' gradients (the pass's share of the step). */
+typedef struct {
+    double *count, *psum; /* [n_experts] */
+    double zsum;
+    long rows;
+    float scale;
+} mdl_moe_stats;
+
+/* Floats of one layer's mixture-of-experts buffers over N rows (0 for a dense config); padded:
+ * each expert's group of rows rounded up for the bf16 products. */
+size_t mdl_moe_floats(const tlm_config *c, int N, int padded);
+/* Points b's mixture-of-experts buffers into base (mdl_moe_floats(c, N, padded) floats). */
+void mdl_moe_carve(const tlm_config *c, int N, int padded, float *base, mdl_block_bufs *b);
+/* Floats of the backward pass's mixture-of-experts scratch (mdl_block_grads.moe). */
+size_t mdl_moe_grad_floats(const tlm_config *c, int N, int padded);
+/* The load-balancing loss (n_experts sum_i f_i P_i) and z-loss of the statistics, unweighted. */
+void mdl_moe_losses(const tlm_config *c, const mdl_moe_stats *st, double *aux, double *z);
 
 /* The attention core: from the q|k|v rows (stride ld, after RoPE) of a pass, the attention output
  * rows att [N, H*hd]. Training attends within each sequence of the batch and keeps the
@@ -64,6 +96,7 @@ typedef struct {
     const mdl_lora_pass *lora;
     int frozen;
     int recompute;
+    mdl_moe_stats *moe; /* training a mixture of experts: its router statistics, else NULL */
 } mdl_pass;
 
 /* Decode's q|k|v product and attention in one job (mdl_attend's fwd_group) where 1 (the default);
@@ -100,6 +133,7 @@ typedef struct {
     float *dff_a;            /* swiglu, geglu [N, 2*d_ff]; unused otherwise */
     float *dff_h;            /* [N, d_ff] */
     float *ddrop;            /* [N, d] gradient through a dropout mask (dropout > 0) */
+    float *moe;              /* mdl_moe_grad_floats (mixture of experts) */
 } mdl_block_grads;
 
 /* Gradients are written into G (the flat layout) at the model's offsets: added when acc, else

@@ -46,6 +46,13 @@ struct tlm_train_ctx {
     float *lora_saved, *lora_scratch;
     size_t lora_saved_floats, lora_scratch_floats;
 
+    /* Mixture of experts: the router statistics of the last training pass (moe_count holds
+     * count | psum), and its router losses times the pass's share of the step, as they entered
+     * its loss (a split batch: the slices' sum). */
+    mdl_moe_stats moe;
+    double *moe_count;
+    double moe_aux, moe_z;
+
     /* The pass running now. */
     mdl_pass pass;
     int curB, curT;

@@ -50,6 +50,7 @@ void tlm_train_ctx_free(tlm_train_ctx *x) {
     core_big_free(x->lora_saved, x->lora_saved_floats * sizeof(float));
     core_big_free(x->lora_scratch, x->lora_scratch_floats * sizeof(float));
     free(x->lora_use);
+    free(x->moe_count);
     free(x);
 }
 
@@ -180,8 +181,14 @@ static size_t carve(tlm_train_ctx *x, int B, int T, float *base) {
         TAKE(L->n2, N * d);
         TAKE(L->n2_mean, ln ? N : 0);
         TAKE(L->n2_rstd, N);
-        TAKE(L->ff_a, N * ff * (mdl_gated(c) ? 2 : 1)); /* gate|up rows */
-        TAKE(L->ff_h, N * ff);
+        int moe = c->n_experts > 0;
+        TAKE(L->ff_a, moe ? 0 : N * ff * (mdl_gated(c) ? 2 : 1)); /* gate|up rows */
+        TAKE(L->ff_h, moe ? 0 : N * ff);
+        /* the experts' rows padded for the bf16 products whatever the precision: a context
+         * changes precision between passes */
+        float *moe_base = NULL;
+        TAKE(moe_base, mdl_moe_floats(c, (int)N, 1));
+        if (base && moe) mdl_moe_carve(c, (int)N, 1, moe_base, L);
         TAKE(L->y, N * d);
         /* the post norms' backward reads their inputs: the attention's projection too */
         TAKE(L->attn_out, pn ? N * d : 0);
@@ -423,7 +430,17 @@ tlm_status mdl_ctx_forward(tlm_train_ctx *x, const int32_t *ids, int B, int T, i
                          bf,
                          x->n_lora ? &x->lora : NULL,
                          0,
-                         training && x->n_lora};
+                         training && x->n_lora,
+                         NULL};
+    if (training && c->n_experts > 0) {
+        if (!x->moe_count) {
+            x->moe_count = calloc(2 * (size_t)c->n_experts, sizeof(double));
+            if (!x->moe_count) return core_err(TLM_ERR_NOMEM, "out of memory");
+        }
+        memset(x->moe_count, 0, 2 * (size_t)c->n_experts * sizeof(double));
+        x->moe = (mdl_moe_stats){x->moe_count, x->moe_count + c->n_experts, 0, 0, 0.0f};
+        x->pass.moe = &x->moe;
+    }
     run_bufs(x, mode);
     mdl_embed_fwd(m, &x->pass, ids, x->run[0].x);
     for (int l = 0; l < c->n_layers; l++) mdl_block_fwd(m, l, &x->pass, &x->run[l]);

@@ -172,6 +172,10 @@ tlm_status tlm_lora_new(const tlm_model *m, const tlm_lora_opts *o, tlm_lora **o
     if (!out) return core_err(TLM_ERR_ARG, "lora_new: out must not be NULL");
     *out = NULL;
     if (!m || !o) return core_err(TLM_ERR_ARG, "lora_new: model and options needed");
+    if (m->c.n_experts > 0)
+        return core_err(TLM_ERR_UNSUPPORTED,
+                        "LoRA on a mixture-of-experts model (n_experts %d) is not supported",
+                        m->c.n_experts);
     if (o->rank <= 0 || o->rank > 65536)
         return core_err(TLM_ERR_ARG, "LoRA rank %d: must be 1 to 65536", o->rank);
     float alpha = o->alpha > 0 ? o->alpha : 2.0f * (float)o->rank;
@@ -251,6 +255,10 @@ const tlm_tensor_info *tlm_lora_tensors(const tlm_lora *a, int *n) {
 
 tlm_status mdl_lora_check(const tlm_lora *a, const tlm_model *m) {
     const tlm_config *c = &m->c;
+    if (c->n_experts > 0)
+        return core_err(TLM_ERR_UNSUPPORTED,
+                        "LoRA on a mixture-of-experts model (n_experts %d) is not supported",
+                        c->n_experts);
     if (a->c.n_layers != c->n_layers || a->c.d_model != c->d_model || a->c.n_heads != c->n_heads ||
         a->c.n_kv_heads != c->n_kv_heads || a->c.d_ff != c->d_ff ||
         a->c.vocab_size != c->vocab_size || a->c.ffn != c->ffn)

@@ -74,6 +74,11 @@ static tlm_status split_batch(tlm_train_ctx *x, int B, int *R) {
     *R = 1;
     if (threads < 2 || B < 2 || x->is_replica || omp_in_parallel() || x->data_parallel == 0)
         return TLM_OK;
+    /* The router losses are functions of the whole pass's routing (each expert's share of it),
+     * not sums over its rows: slices would each have their own. */
+    const tlm_config *c = &x->m->c;
+    if (c->n_experts > 0 && (c->router_aux_loss_coef > 0.0f || c->router_z_loss_coef > 0.0f))
+        return TLM_OK;
     int n = threads < B ? threads : B;
     if (n > MAXR) n = MAXR;
     if (x->data_parallel != 1 && !(x->m->c.d_model <= 512 && x->m->n_params <= (size_t)64 << 20))
@@ -198,6 +203,11 @@ tlm_status tlm_train_ctx_forward_backward_opts(tlm_train_ctx *x, const int32_t *
     for (int r = 0; r < R; r++)
         if (counts[r]) lsum += (double)losses[r];
     if (loss) *loss = total || o->divisor > 0 ? (float)lsum : NAN;
+    x->moe_aux = x->moe_z = 0;
+    for (int r = 0; r < R; r++) {
+        x->moe_aux += x->replicas[r]->moe_aux;
+        x->moe_z += x->replicas[r]->moe_z;
+    }
     return TLM_OK;
 }
 
