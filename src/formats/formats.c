@@ -140,6 +140,14 @@ tlm_status fmt_no_rope_factors(const tlm_model *m, const char *what) {
                     what);
 }
 
+tlm_status fmt_no_experts(const tlm_model *m, const char *what) {
+    if (m->c.n_experts <= 0) return TLM_OK;
+    return core_err(TLM_ERR_UNSUPPORTED,
+                    "%s: a mixture of experts (n_experts %d) is not supported in this format; "
+                    "tlm's own safetensors (tlm train's model.safetensors) holds it",
+                    what, m->c.n_experts);
+}
+
 tlm_status fmt_need_f32(const tlm_model *m, const char *what) {
     for (int i = 0; i < m->n_tensors; i++)
         if (m->w[i].dtype != TLM_DTYPE_F32)

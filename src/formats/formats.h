@@ -41,6 +41,8 @@ const float *fmt_tensor_c(const tlm_model *m, const char *name);
 const float *fmt_layer_tensor_c(const tlm_model *m, int layer, const char *name);
 /* Writers read F32 weights; TLM_ERR_UNSUPPORTED naming the first other one otherwise. */
 tlm_status fmt_need_f32(const tlm_model *m, const char *what);
+/* Refuses a mixture-of-experts model in a writer of a format without expert tensors. */
+tlm_status fmt_no_experts(const tlm_model *m, const char *what);
 /* Refuses a model with RoPE frequency factors (a GGUF's rope_freqs.weight) for a format that has
  * no place for them: written without, the file would hold another model. */
 tlm_status fmt_no_rope_factors(const tlm_model *m, const char *what);

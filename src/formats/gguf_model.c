@@ -74,6 +74,12 @@ static tlm_status llama_config(const io_gguf *g, const char *path, tlm_config *c
         !(sl == 4 && !memcmp(st, "none", 4)))
         return core_err(TLM_ERR_UNSUPPORTED, "%s: RoPE scaling '%.*s' is not supported", path,
                         (int)(sl > 40 ? 40 : sl), st);
+    int64_t experts = 0;
+    if (!io_gguf_get_int(g, KEY("expert_count"), &experts) && experts > 0)
+        return core_err(TLM_ERR_UNSUPPORTED,
+                        "%s: a mixture of experts (%s.expert_count %lld) is not supported in GGUF "
+                        "files",
+                        path, pfx, (long long)experts);
     tlm_config_defaults(c);
     int heads = 0, rope_dims = 0, vocab_guess = 0;
     /* The vocabulary size: llama.vocab_size, else the token list, else the embedding's rows. */

@@ -148,7 +148,8 @@ static tlm_status write_gguf(const tlm_model *m, const tlm_tokenizer *tok, const
     int neox = qwen2 || gemma2;
     char key[96];
 #define ARCH_KEY(k) (snprintf(key, sizeof key, "%s.%s", arch, k), key)
-    tlm_status fs = fmt_need_f32(m, "GGUF export");
+    tlm_status fs = fmt_no_experts(m, "GGUF export");
+    if (!fs) fs = fmt_need_f32(m, "GGUF export");
     if (fs) return fs;
     if (tok && tlm_tokenizer_vocab_size(tok) != c->vocab_size)
         return core_err(TLM_ERR_ARG, "tokenizer has %d tokens but the model's vocab_size is %d",
@@ -619,6 +620,8 @@ tlm_status tlm_model_quantize_gguf(const tlm_model *m, const tlm_tokenizer *tok,
                                    const tlm_quantize_opts *o) {
     int fi = ftype_index(o->ftype);
     if (fi < 0) return core_err(TLM_ERR_ARG, "unknown file type %d (see tlm_ftype)", (int)o->ftype);
+    tlm_status fs = fmt_no_experts(m, "GGUF export");
+    if (fs) return fs;
     int nl = m->c.n_layers;
     tlm_dtype *types = malloc(sizeof *types * (size_t)m->n_tensors);
     int *order = malloc(sizeof *order * (size_t)m->n_tensors);

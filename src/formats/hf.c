@@ -394,6 +394,15 @@ static tlm_status parse_config(const cJSON *j, const char *path, hf_arch *arch, 
     long v[8];
     double eps = 0, theta = 0;
     tlm_status s;
+    static const char *const moe_keys[] = {"num_local_experts", "num_experts", "n_routed_experts"};
+    for (int i = 0; i < 3; i++) {
+        const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, moe_keys[i]);
+        if (cJSON_IsNumber(e) && e->valuedouble > 0)
+            return core_err(TLM_ERR_UNSUPPORTED,
+                            "%s: a mixture of experts (%s %g) is not supported in Hugging Face "
+                            "files",
+                            path, moe_keys[i], e->valuedouble);
+    }
     tlm_config_defaults(c);
     c->dropout = 0.0f;
     int gemma2 = *arch == HF_GEMMA2;
@@ -1001,7 +1010,8 @@ static tlm_status export_gpt2(const tlm_model *m, tlm_dtype dt, out_list *o, cJS
 
 tlm_status tlm_model_save_hf(const tlm_model *m, const char *dir, tlm_dtype dtype) {
     const tlm_config *c = &m->c;
-    tlm_status fs = fmt_need_f32(m, "Hugging Face export");
+    tlm_status fs = fmt_no_experts(m, "Hugging Face export");
+    if (!fs) fs = fmt_need_f32(m, "Hugging Face export");
     if (!fs) fs = fmt_no_rope_factors(m, "Hugging Face export");
     if (fs) return fs;
     if (dtype != TLM_DTYPE_F32 && dtype != TLM_DTYPE_F16 && dtype != TLM_DTYPE_BF16)

@@ -293,7 +293,8 @@ static tlm_status put_kind(core_atomic_file *a, const tlm_model *m, l2c_kind k, 
 tlm_status tlm_model_save_llama2c(const tlm_model *m, const char *path, int version) {
     const tlm_config *c = &m->c;
     char why[160];
-    tlm_status fs = fmt_need_f32(m, "llama2.c export");
+    tlm_status fs = fmt_no_experts(m, "llama2.c export");
+    if (!fs) fs = fmt_need_f32(m, "llama2.c export");
     if (!fs) fs = fmt_no_rope_factors(m, "llama2.c export");
     if (fs) return fs;
     if (version != 0 && version != 1)
