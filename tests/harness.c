@@ -151,6 +151,9 @@ static int parity_open(const char *name, t_parity *p) {
     CHECK_OK(io_st_read_i32(&p->io, io_st_find(&p->io, "ids"), p->ids, N));
     CHECK_OK(io_st_read_i32(&p->io, io_st_find(&p->io, "targets"), p->targets, N));
     CHECK_OK(io_st_read_f32(&p->io, io_st_find(&p->io, "loss"), &p->loss, 1));
+    const io_st_tensor *lt = io_st_find(&p->io, "loss_train");
+    p->loss_train = p->loss;
+    if (lt) CHECK_OK(io_st_read_f32(&p->io, lt, &p->loss_train, 1));
     return 1;
 }
 

@@ -91,6 +91,7 @@ typedef struct {
     int B, T, pos;
     int32_t *ids, *targets; /* [B*T] */
     float loss;             /* the reference's mean loss */
+    float loss_train;       /* what training minimises: loss plus a mixture's router losses */
 } t_parity;
 
 /* Calls fn for every case listed in the fixtures' cases.txt; returns how many ran. A case that

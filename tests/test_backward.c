@@ -9,6 +9,24 @@
 #include "model/ctx.h"
 #include "tlm.h"
 
+/* A mixture of experts' router losses of the last pass against the reference's. */
+static void router_losses_check(t_parity *p) {
+    const io_st_tensor *ta = io_st_find(&p->io, "router_aux"), *tz = io_st_find(&p->io, "router_z");
+    double aux, z;
+    tlm_train_ctx_router_losses(p->x, &aux, &z);
+    if (!ta || !tz) {
+        CHECK(aux == 0 && z == 0, "%s: router losses %g, %g of a dense model", p->name, aux, z);
+        return;
+    }
+    float want_aux, want_z;
+    CHECK_OK(io_st_read_f32(&p->io, ta, &want_aux, 1));
+    CHECK_OK(io_st_read_f32(&p->io, tz, &want_z, 1));
+    CHECK(fabs(aux - want_aux) <= 1e-5 * (1 + fabs(want_aux)),
+          "%s: load-balancing loss %.7f vs %.7f", p->name, aux, (double)want_aux);
+    CHECK(fabs(z - want_z) <= 1e-5 * (1 + fabs(want_z)), "%s: z-loss %.7f vs %.7f", p->name, z,
+          (double)want_z);
+}
+
 static void grad_case(t_parity *p, int data_parallel) {
     tlm_model *m = p->m;
     const char *name = p->name;
@@ -17,11 +35,12 @@ static void grad_case(t_parity *p, int data_parallel) {
     tlm_train_ctx_set_data_parallel(p->x, data_parallel);
     size_t np = tlm_model_num_params(m);
     const int32_t *ids = p->ids, *tg = p->targets;
-    float *grads = malloc(np * sizeof *grads), loss_want = p->loss, loss;
+    float *grads = malloc(np * sizeof *grads), loss_want = p->loss_train, loss;
     /* Garbage in the buffer must be overwritten when not accumulating. */
     for (size_t i = 0; i < np; i++) grads[i] = 123.0f;
     CHECK_OK(tlm_train_ctx_forward_backward(p->x, ids, tg, B, T, pos, grads, 0, &loss));
     CHECK_NEAR(loss, loss_want, 1e-5);
+    router_losses_check(p);
     int n;
     const tlm_tensor_info *ts = tlm_model_tensors(m, &n);
     double worst = 0;
@@ -86,8 +105,8 @@ static void grad_case_bf16(t_parity *p, int data_parallel) {
     float *grads = malloc(np * sizeof *grads), loss;
     CHECK_OK(tlm_train_ctx_forward_backward(p->x, p->ids, p->targets, p->B, p->T, p->pos, grads, 0,
                                             &loss));
-    CHECK(fabs(loss - p->loss) <= 2 * BF16_U * fabs(p->loss), "%s bf16: loss %g vs %g", p->name,
-          loss, p->loss);
+    CHECK(fabs(loss - p->loss_train) <= 2 * BF16_U * fabs(p->loss_train), "%s bf16: loss %g vs %g",
+          p->name, loss, p->loss_train);
     int n;
     const tlm_tensor_info *ts = tlm_model_tensors(m, &n);
     double *d2 = calloc((size_t)n, sizeof *d2), *w2 = calloc((size_t)n, sizeof *w2);

@@ -160,6 +160,35 @@ CASES = [
          norm="rmsnorm", norm_eps=1e-6, ffn="geglu", position="rope", rope_pairing="half",
          tie_embeddings=True, sliding_window=6, sliding_window_pattern=2, attn_softcap=2.0,
          final_softcap=4.0, embed_scale=8.0, attn_scale=32 ** -0.5, post_norms=True),
+    # Mixtral's sparse blocks: top 2 of 4 experts renormalised, both router losses; GQA, untied.
+    case("moe_mixtral_like", B=2, T=6, pos_offset=2, ignore=True,
+         vocab_size=64, context_length=16, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
+         ffn="swiglu", tie_embeddings=False, n_experts=4, n_experts_used=2, expert_d_ff=24,
+         expert_weights_norm=True, router_aux_loss_coef=0.02, router_z_loss_coef=0.001),
+    # OLMoE's: top 2 of 8 with the softmax probabilities as they are; tied.
+    case("moe_olmoe_like", B=2, T=5,
+         vocab_size=48, context_length=12, d_model=32, n_layers=2, n_heads=2,
+         ffn="swiglu", tie_embeddings=True, n_experts=8, n_experts_used=2, expert_d_ff=16,
+         router_aux_loss_coef=0.01, router_z_loss_coef=0.001),
+    # Qwen2-MoE's: top 2 of 4 not renormalised, a shared expert twice an expert's width.
+    case("moe_qwen2_shared", B=2, T=6, pos_offset=1,
+         vocab_size=56, context_length=12, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
+         ffn="swiglu", qkv_bias=True, tie_embeddings=True, n_experts=4, n_experts_used=2,
+         expert_d_ff=16, n_shared_experts=2, router_aux_loss_coef=0.001),
+    # Experts among Gemma 2's layers: windows, caps, post norms, GEGLU; top 1 of 3 (renormalised
+    # to weight 1: the router learns from the losses alone) plus a shared expert.
+    case("moe_gemma_window", B=2, T=7,
+         vocab_size=40, context_length=16, d_model=32, n_layers=2, n_heads=2,
+         norm_eps=1e-6, ffn="geglu", tie_embeddings=True, sliding_window=3,
+         sliding_window_pattern=2, attn_softcap=3.0, final_softcap=5.0, embed_scale=4.0,
+         post_norms=True, n_experts=3, n_experts_used=1, expert_d_ff=16,
+         expert_weights_norm=True, n_shared_experts=1, router_aux_loss_coef=0.05,
+         router_z_loss_coef=0.01),
+    # Post-norm blocks with LayerNorm and 3 of 4 experts chosen, no router losses.
+    case("moe_post_layernorm", B=1, T=8,
+         vocab_size=50, context_length=12, d_model=24, n_layers=2, n_heads=2,
+         norm="layernorm", norm_position="post", ffn="swiglu", position="learned",
+         tie_embeddings=False, n_experts=4, n_experts_used=3, expert_d_ff=12),
 ]
 
 
@@ -177,8 +206,27 @@ def randomize(model, gen):
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
             elif name.endswith(".bias"):
                 p.copy_(0.1 * torch.randn(p.shape, generator=gen))
-            else:  # a matrix [out, in]
-                p.copy_(torch.randn(p.shape, generator=gen) / p.shape[1] ** 0.5)
+            elif name.endswith("ffn_gate_inp.weight"):
+                # routers: logits spread wide, so that no row's choice is a near tie (route_margin)
+                p.copy_(4.0 * torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
+            else:  # a matrix [out, in], experts' [E, out, in], the shared expert's gate [in]
+                p.copy_(torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
+
+
+def route_margin(model, ids, pos_offset):
+    """The smallest gap, over every layer's rows, between the router logits of the last expert
+    chosen and the first one left out (inf for dense models or when every expert is used): a
+    choice closer than the products' rounding (bf16's especially) could go either way."""
+    cfg = model.cfg
+    if not cfg.n_experts or cfg.n_experts_used == cfg.n_experts:
+        return float("inf")
+    with torch.no_grad():
+        model(ids, pos_offset=pos_offset)
+    k, worst = cfg.n_experts_used, float("inf")
+    for blk in model.blocks:
+        top = torch.sort(blk.ffn.router_logits, dim=-1, descending=True).values
+        worst = min(worst, (top[:, k - 1] - top[:, k]).min().item())
+    return worst
 
 
 def make_case(c, index):
@@ -193,6 +241,13 @@ def make_case(c, index):
     model.eval()
     B, T = c["B"], c["T"]
     ids = torch.randint(0, cfg.vocab_size, (B, T), generator=gen)
+    # Experts: weights drawn again (deterministically) until every routing choice is clear.
+    for attempt in range(200):
+        if route_margin(model, ids, c["pos_offset"]) > 0.25:
+            break
+        randomize(model, gen)
+    else:
+        raise RuntimeError(f"{c['name']}: no weights with clear routing choices")
     targets = torch.randint(0, cfg.vocab_size, (B, T), generator=gen)
     if c["ignore"]:
         # Ignore a few positions, including a first and a last one, but never a whole batch.
@@ -243,7 +298,15 @@ def main():
         cfg, written, model, ids, targets = make_case(c, index)
         model.zero_grad()
         logits, loss = model(ids, pos_offset=c["pos_offset"], targets=targets)
-        loss.backward()
+        # What training minimises (the router losses of a mixture of experts added): its
+        # gradients; "loss" stays the cross-entropy, which evaluation reports.
+        train_loss = model.train_loss(loss)
+        train_loss.backward()
+        extra = []
+        if cfg.n_experts:
+            extra = [("loss_train", train_loss.detach().reshape(1).float()),
+                     ("router_aux", model.router_aux.detach().reshape(1).float()),
+                     ("router_z", model.router_z.detach().reshape(1).float())]
         # Gradients of the mean loss for every parameter, for the backward-pass parity test.
         grads = [("grad." + n, g.float()) for n, g in model.canonical_grads().items()]
         logits, loss = logits.detach(), loss.detach()
@@ -258,7 +321,8 @@ def main():
         write_safetensors(
             os.path.join(d, "io.safetensors"),
             [("ids", ids.to(torch.int32)), ("targets", targets.to(torch.int32)),
-             ("logits", logits.float()), ("loss", loss.reshape(1).float())] + grads + imatrix,
+             ("logits", logits.float()), ("loss", loss.reshape(1).float())] + extra + grads
+            + imatrix,
             metadata={"pos_offset": str(c["pos_offset"]), "B": str(c["B"]), "T": str(c["T"])})
         names.append(c["name"])
         print(f"{c['name']:30s} B={c['B']} T={c['T']:2d} pos={c['pos_offset']:2d} "

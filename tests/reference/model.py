@@ -68,6 +68,16 @@ class Config:
     embed_scale: float = 0.0  # the token embedding times it (0: 1); a tied head reads it unscaled
     attn_scale: float = 0.0  # the scores' scale (0: 1 / sqrt(head_dim))
     post_norms: bool = False  # norms on the attention and FFN outputs before the residual adds
+    # Mixture of experts (0: a dense FFN), computed as Hugging Face's Mixtral / OLMoE / Qwen2-MoE
+    # sparse blocks do: softmax router, top n_experts_used (ties: the lower index), weights
+    # renormalised over the chosen with expert_weights_norm, a sigmoid-gated shared expert.
+    n_experts: int = 0
+    n_experts_used: int = 0
+    expert_d_ff: int = 0  # 0: d_ff
+    expert_weights_norm: bool = False
+    n_shared_experts: int = 0
+    router_aux_loss_coef: float = 0.0
+    router_z_loss_coef: float = 0.0
 
     @classmethod
     def from_dict(cls, d):
@@ -129,6 +139,15 @@ class Config:
             setattr(self, name, float(getattr(self, name)))
         if self.post_norms and self.norm_position != "pre":
             raise ValueError("post_norms needs norm_position pre")
+        if self.n_experts:
+            if not 1 <= self.n_experts_used <= self.n_experts:
+                raise ValueError("n_experts_used must be in [1, n_experts]")
+            if self.ffn not in ("swiglu", "geglu") or self.bias:
+                raise ValueError("experts need a gated ffn and no biases")
+            if not self.expert_d_ff:
+                self.expert_d_ff = self.d_ff
+        self.router_aux_loss_coef = float(self.router_aux_loss_coef)
+        self.router_z_loss_coef = float(self.router_z_loss_coef)
         return self
 
     @property
@@ -168,10 +187,23 @@ def tensor_schema(cfg):
         if cfg.post_norms:
             norm(p + "post_attention_norm")
         norm(p + "ffn_norm")
-        if cfg.ffn in ("swiglu", "geglu"):
-            linear(p + "ffn_gate", cfg.d_ff, d)
-        linear(p + "ffn_up", cfg.d_ff, d)
-        linear(p + "ffn_down", d, cfg.d_ff)
+        if cfg.n_experts:
+            E, Fe = cfg.n_experts, cfg.expert_d_ff
+            out.append((p + "ffn_gate_inp.weight", (E, d)))
+            out.append((p + "ffn_gate_exps.weight", (E, Fe, d)))
+            out.append((p + "ffn_up_exps.weight", (E, Fe, d)))
+            out.append((p + "ffn_down_exps.weight", (E, d, Fe)))
+            if cfg.n_shared_experts:
+                S = cfg.n_shared_experts * Fe
+                out.append((p + "ffn_gate_shexp.weight", (S, d)))
+                out.append((p + "ffn_up_shexp.weight", (S, d)))
+                out.append((p + "ffn_down_shexp.weight", (d, S)))
+                out.append((p + "ffn_gate_inp_shexp.weight", (d,)))
+        else:
+            if cfg.ffn in ("swiglu", "geglu"):
+                linear(p + "ffn_gate", cfg.d_ff, d)
+            linear(p + "ffn_up", cfg.d_ff, d)
+            linear(p + "ffn_down", d, cfg.d_ff)
         if cfg.post_norms:
             norm(p + "post_ffw_norm")
     if cfg.norm_position == "pre":
@@ -349,6 +381,78 @@ class FFN(nn.Module):
         return self.down(h)
 
 
+def route(probs, k):
+    """The k most probable experts of each row, a tie going to the lower index (a stable sort),
+    and their probabilities (through which the gradient flows)."""
+    sel = torch.sort(probs, dim=-1, descending=True, stable=True).indices[:, :k]
+    return probs.gather(1, sel), sel
+
+
+class MoE(nn.Module):
+    """A sparse mixture-of-experts FFN: each expert computes only the rows routed to it."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        E, Fe, d = cfg.n_experts, cfg.expert_d_ff, cfg.d_model
+        self.router = nn.Parameter(torch.empty(E, d))
+        self.gate_exps = nn.Parameter(torch.empty(E, Fe, d))
+        self.up_exps = nn.Parameter(torch.empty(E, Fe, d))
+        self.down_exps = nn.Parameter(torch.empty(E, d, Fe))
+        self.gate_sh = self.up_sh = self.down_sh = self.sh_gate = None
+        if cfg.n_shared_experts:
+            S = cfg.n_shared_experts * Fe
+            self.gate_sh = nn.Parameter(torch.empty(S, d))
+            self.up_sh = nn.Parameter(torch.empty(S, d))
+            self.down_sh = nn.Parameter(torch.empty(d, S))
+            self.sh_gate = nn.Parameter(torch.empty(d))
+        self.router_logits = None  # of the last forward, for the router losses
+
+    def act(self, g):
+        return gelu_tanh(g) if self.cfg.ffn == "geglu" else silu(g)
+
+    def forward(self, x, rec=None):
+        cfg = self.cfg
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        logits = x2 @ self.router.t()
+        self.router_logits = logits
+        probs = torch.softmax(logits, dim=-1)
+        w, sel = route(probs, cfg.n_experts_used)
+        if cfg.expert_weights_norm:
+            w = w / w.sum(dim=-1, keepdim=True)
+        out = torch.zeros_like(x2)
+        for e in range(cfg.n_experts):
+            rows, slot = (sel == e).nonzero(as_tuple=True)
+            if rows.numel() == 0:
+                continue
+            xe = x2[rows]
+            h = self.act(xe @ self.gate_exps[e].t()) * (xe @ self.up_exps[e].t())
+            out = out.index_add(0, rows, (h @ self.down_exps[e].t()) * w[rows, slot][:, None])
+        if self.gate_sh is not None:
+            h = self.act(x2 @ self.gate_sh.t()) * (x2 @ self.up_sh.t())
+            out = out + torch.sigmoid(x2 @ self.sh_gate)[:, None] * (h @ self.down_sh.t())
+        if rec is not None:
+            rec["router_probs"] = probs
+        return out.reshape(shape)
+
+
+def router_losses(logits_per_layer, cfg):
+    """Hugging Face's load_balancing_loss_func (Mixtral, OLMoE, Qwen2-MoE) over every layer's
+    router logits concatenated: n_experts * sum over experts of (the fraction of rows that chose
+    it, summed over the k choices) * (its mean probability); and Switch Transformer's z-loss,
+    the mean of logsumexp(logits)^2 over the same rows."""
+    logits = torch.cat(logits_per_layer, dim=0)
+    probs = torch.softmax(logits, dim=-1)
+    _, sel = route(probs, cfg.n_experts_used)
+    mask = F.one_hot(sel, cfg.n_experts).float()  # [rows, k, E]
+    tokens_per_expert = mask.mean(dim=0)
+    prob_per_expert = probs.mean(dim=0)
+    aux = (tokens_per_expert * prob_per_expert[None, :]).sum() * cfg.n_experts
+    z = torch.logsumexp(logits, dim=-1).pow(2).mean()
+    return aux, z
+
+
 class Block(nn.Module):
     def __init__(self, cfg, layer=0):
         super().__init__()
@@ -356,7 +460,7 @@ class Block(nn.Module):
         self.attn_norm = make_norm(cfg)
         self.attn = Attention(cfg, layer)
         self.ffn_norm = make_norm(cfg)
-        self.ffn = FFN(cfg)
+        self.ffn = MoE(cfg) if cfg.n_experts else FFN(cfg)
         # Gemma 2's post_attention_layernorm and post_feedforward_layernorm
         self.post_attn_norm = make_norm(cfg) if cfg.post_norms else None
         self.post_ffn_norm = make_norm(cfg) if cfg.post_norms else None
@@ -453,10 +557,22 @@ class Model(nn.Module):
             if blk.post_attn_norm is not None:
                 add(p + "post_attention_norm", blk.post_attn_norm)
             add(p + "ffn_norm", blk.ffn_norm)
-            if blk.ffn.gate is not None:
-                add(p + "ffn_gate", blk.ffn.gate)
-            add(p + "ffn_up", blk.ffn.up)
-            add(p + "ffn_down", blk.ffn.down)
+            if isinstance(blk.ffn, MoE):
+                f = blk.ffn
+                out += [(p + "ffn_gate_inp.weight", f.router),
+                        (p + "ffn_gate_exps.weight", f.gate_exps),
+                        (p + "ffn_up_exps.weight", f.up_exps),
+                        (p + "ffn_down_exps.weight", f.down_exps)]
+                if f.gate_sh is not None:
+                    out += [(p + "ffn_gate_shexp.weight", f.gate_sh),
+                            (p + "ffn_up_shexp.weight", f.up_sh),
+                            (p + "ffn_down_shexp.weight", f.down_sh),
+                            (p + "ffn_gate_inp_shexp.weight", f.sh_gate)]
+            else:
+                if blk.ffn.gate is not None:
+                    add(p + "ffn_gate", blk.ffn.gate)
+                add(p + "ffn_up", blk.ffn.up)
+                add(p + "ffn_down", blk.ffn.down)
             if blk.post_ffn_norm is not None:
                 add(p + "post_ffw_norm", blk.post_ffn_norm)
         if self.output_norm is not None:
@@ -539,10 +655,25 @@ class Model(nn.Module):
             rec["logits"] = logits
             self.acts = rec
 
+        # A mixture of experts' router losses over this forward's layers (without their
+        # coefficients); training adds router_aux_loss_coef * aux + router_z_loss_coef * z.
+        self.router_aux = self.router_z = None
+        if cfg.n_experts:
+            self.router_aux, self.router_z = router_losses(
+                [blk.ffn.router_logits for blk in self.blocks], cfg)
+
         loss = None
         if targets is not None:
             loss = cross_entropy(logits, targets)
         return logits, loss
+
+    def train_loss(self, loss):
+        """The training loss of the last forward: its cross-entropy plus the router losses."""
+        cfg = self.cfg
+        if not cfg.n_experts:
+            return loss
+        return (loss + cfg.router_aux_loss_coef * self.router_aux
+                + cfg.router_z_loss_coef * self.router_z)
 
 
 def cross_entropy(logits, targets):
