@@ -443,8 +443,117 @@ static void test_init(void) {
     tlm_model_free(m);
 }
 
+/* Mixture-of-experts fields: refusals naming the field, derived width, JSON round trip, exact
+ * parameter counts (Mixtral 8x7B's published 46.7B total, 12.9B active per token). */
+static void test_experts(void) {
+    const char *base = "{\"d_model\": 64, \"n_heads\": 4";
+    char j[512];
+    struct {
+        const char *fields, *needle;
+    } bad[] = {
+        {"\"n_experts\": 2, \"n_experts_used\": 3", "n_experts_used 3 must be in [1, n_experts 2]"},
+        {"\"n_experts\": 4", "n_experts_used 0 must be in [1, n_experts 4]"},
+        {"\"n_experts_used\": 2", "n_experts_used needs n_experts > 0"},
+        {"\"n_shared_experts\": 1", "n_shared_experts needs n_experts > 0"},
+        {"\"router_z_loss_coef\": 0.1", "router_z_loss_coef needs n_experts > 0"},
+        {"\"n_experts\": 4, \"n_experts_used\": 2, \"ffn\": \"gelu\"",
+         "n_experts needs a gated ffn (swiglu or geglu)"},
+        {"\"n_experts\": 4, \"n_experts_used\": 2, \"bias\": true", "set bias false"},
+        {"\"n_experts\": 1025, \"n_experts_used\": 2", "n_experts 1025 must be in [0, 1024]"},
+        {"\"n_experts\": -1", "n_experts -1 must be in"},
+        {"\"n_experts\": 4, \"n_experts_used\": 2, \"expert_d_ff\": 2000000",
+         "expert_d_ff 2000000"},
+        {"\"n_experts\": 4, \"n_experts_used\": 2, \"expert_d_ff\": 65536, \"n_shared_experts\": "
+         "17",
+         "n_shared_experts 17 x expert_d_ff 65536"},
+        {"\"n_experts\": 4, \"n_experts_used\": 2, \"router_aux_loss_coef\": -0.5",
+         "router_aux_loss_coef must be >= 0"},
+        {"\"n_experts\": 4, \"n_experts_used\": 2, \"expert_weights_norm\": 2",
+         "expert_weights_norm"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(j, sizeof j, "%s, %s}", base, bad[i].fields);
+        expect_error(j, bad[i].needle);
+    }
+    tlm_status s;
+    snprintf(j, sizeof j,
+             "%s, \"n_experts\": 4, \"n_experts_used\": 2, \"expert_weights_norm\": true, "
+             "\"n_shared_experts\": 2, \"router_aux_loss_coef\": 0.01, \"router_z_loss_coef\": "
+             "0.001}",
+             base);
+    tlm_config a = cfg_json(j, &s);
+    CHECK_OK(s);
+    CHECK(a.expert_d_ff == a.d_ff && a.d_ff == 192, "expert_d_ff 0 takes d_ff: %d", a.expert_d_ff);
+    char *json = tlm_config_to_json(&a);
+    CHECK(json && strstr(json, "\"n_experts\":\t4") &&
+              strstr(json, "\"expert_weights_norm\":\ttrue"),
+          "expert fields written: %s", json);
+    tlm_config b = cfg_json(json, &s);
+    CHECK_OK(s);
+    CHECK(memcmp(&a, &b, sizeof a) == 0, "expert fields' JSON round trip differs");
+    free(json);
+    /* the schema: router [E, d], experts 3-D [E, out, in], shared expert and its gate vector */
+    int n = tlm_config_tensors(&a, NULL, 0, NULL);
+    tlm_tensor_info *ti = calloc((size_t)n, sizeof *ti);
+    tlm_config_tensors(&a, ti, n, NULL);
+    int seen = 0;
+    for (int i = 0; i < n; i++) {
+        const tlm_tensor_info *t = &ti[i];
+        if (!strcmp(t->name, "blk.1.ffn_gate_inp.weight"))
+            seen += t->ndim == 2 && t->shape[0] == 4 && t->shape[1] == 64;
+        if (!strcmp(t->name, "blk.1.ffn_up_exps.weight"))
+            seen += t->ndim == 3 && t->shape[0] == 4 && t->shape[1] == 192 && t->shape[2] == 64 &&
+                    t->numel == 4 * 192 * 64;
+        if (!strcmp(t->name, "blk.1.ffn_down_exps.weight"))
+            seen += t->ndim == 3 && t->shape[0] == 4 && t->shape[1] == 64 && t->shape[2] == 192;
+        if (!strcmp(t->name, "blk.1.ffn_gate_shexp.weight"))
+            seen += t->ndim == 2 && t->shape[0] == 384 && t->shape[1] == 64;
+        if (!strcmp(t->name, "blk.1.ffn_gate_inp_shexp.weight"))
+            seen += t->ndim == 1 && t->shape[0] == 64;
+        CHECK(!strstr(t->name, "ffn_gate.") && !strstr(t->name, "ffn_down."),
+              "a dense FFN tensor in a mixture: %s", t->name);
+    }
+    CHECK(seen == 5, "expert tensors' names and shapes (%d of 5)", seen);
+    free(ti);
+    tlm_param_count pc =
+        count("{\"vocab_size\": 32000, \"context_length\": 32768, \"d_model\": "
+              "4096, \"n_layers\": 32, \"n_heads\": 32, \"n_kv_heads\": 8, "
+              "\"tie_embeddings\": false, \"n_experts\": 8, \"n_experts_used\": 2, "
+              "\"expert_d_ff\": 14336, \"expert_weights_norm\": true}");
+    CHECK(pc.total == 46702792704ull, "Mixtral 8x7B total %zu", pc.total);
+    tlm_config mx = cfg_json("{\"vocab_size\": 32000, \"context_length\": 32768, \"d_model\": "
+                             "4096, \"n_layers\": 32, \"n_heads\": 32, \"n_kv_heads\": 8, "
+                             "\"tie_embeddings\": false, \"n_experts\": 8, \"n_experts_used\": 2, "
+                             "\"expert_d_ff\": 14336}",
+                             &s);
+    CHECK_OK(s);
+    CHECK(tlm_config_active_params(&mx) == 12879925248ull, "Mixtral 8x7B active %zu",
+          tlm_config_active_params(&mx));
+    /* the shared expert: per layer a router 4x64, 3 experts' matrices 4x16x64, shared gate|up
+     * 2x(32x64), down 64x32 and a gate of 64 */
+    tlm_param_count d = count("{\"vocab_size\": 100, \"d_model\": 64, \"n_heads\": 4, "
+                              "\"n_layers\": 1}");
+    pc = count("{\"vocab_size\": 100, \"d_model\": 64, \"n_heads\": 4, \"n_layers\": 1, "
+               "\"n_experts\": 4, \"n_experts_used\": 1, \"expert_d_ff\": 16, "
+               "\"n_shared_experts\": 2}");
+    size_t dense_ffn = 3 * 192 * 64, moe_ffn = 256 + 3 * 4 * 16 * 64 + 2 * 32 * 64 + 64 * 32 + 64;
+    CHECK(pc.total == d.total - dense_ffn + moe_ffn, "shared expert count %zu vs %zu", pc.total,
+          d.total - dense_ffn + moe_ffn);
+    tlm_config sh = cfg_json("{\"vocab_size\": 100, \"d_model\": 64, \"n_heads\": 4, \"n_layers\": "
+                             "1, \"n_experts\": 4, \"n_experts_used\": 1, \"expert_d_ff\": 16, "
+                             "\"n_shared_experts\": 2}",
+                             &s);
+    CHECK(tlm_config_active_params(&sh) == pc.total - 3 * 3 * 16 * 64, "active with shared %zu",
+          tlm_config_active_params(&sh));
+    CHECK(tlm_config_active_params(&a) < count(j).total, "active below total");
+    tlm_param_count dn = count("{\"vocab_size\": 100, \"d_model\": 64, \"n_heads\": 4}");
+    tlm_config dc = cfg_json("{\"vocab_size\": 100, \"d_model\": 64, \"n_heads\": 4}", &s);
+    CHECK(tlm_config_active_params(&dc) == dn.total, "a dense config's active count is its total");
+}
+
 int main(void) {
     test_defaults();
+    test_experts();
     test_errors();
     test_field_limits();
     test_size_limits();
