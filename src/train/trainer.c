@@ -215,6 +215,9 @@ struct tlm_trainer {
     float *tok_logp;
     uint32_t *row_ex;
     tlm_dpo_stats dpo_st, val_dpo_st;
+    /* A mixture of experts: the last step's load-balancing and z losses (without their coefficients), as
+     * the loss holds them, averaged over the processes */
+    double router[2];
 };
 
 void tlm_trainer_free(tlm_trainer *t) {
@@ -470,6 +473,15 @@ float *tlm_trainer_grads(tlm_trainer *t) { return t->grads; }
  * a function of seed and step), so that each part's gradient is of its sum over the step's count
  * (a share of it per process, whose gradients the reduction averages) and the parts add up to the
  * step's mean, however the tokens fall into parts. */
+/* Micro-step k's router losses, times w, into the step's (the first writes them). */
+static void add_router_losses(tlm_trainer *t, int k, double w) {
+    double aux, z;
+    tlm_train_ctx_router_losses(t->x, &aux, &z);
+    if (k == 0) t->router[0] = t->router[1] = 0;
+    t->router[0] += w * aux;
+    t->router[1] += w * z;
+}
+
 static tlm_status examples_backward(tlm_trainer *t, float *loss) {
     uint64_t row0 = (uint64_t)t->st.step * (uint64_t)t->B;
     long tokens, counted;
@@ -493,6 +505,7 @@ static tlm_status examples_backward(tlm_trainer *t, float *loss) {
                                                 &l);
         if (s) return s;
         if (ck) sum += l;
+        add_router_losses(t, k, 1.0);
     }
     *loss = (float)sum;
     return TLM_OK;
@@ -552,6 +565,7 @@ tlm_status tlm_trainer_backward(tlm_trainer *t, float *loss) {
         s = tlm_train_ctx_forward_backward(t->x, t->ids, t->tg, t->b, t->T, 0, t->grads, k > 0, &l);
         if (s) return s;
         sum += l;
+        add_router_losses(t, k, 1.0 / t->K);
     }
     if (t->K > 1) {
         /* Every part has b x T targets, so the batch's mean is the mean of the parts' means. */
@@ -776,6 +790,12 @@ tlm_status tlm_train_run(tlm_model *m, const tlm_dataset *d, const tlm_train_opt
         if ((s = tlm_trainer_backward(t, &loss)) != TLM_OK) break;
         if (hk->reduce_grads && (s = hk->reduce_grads(hk->user, t->grads, t->P.n, &loss)) != TLM_OK)
             break;
+        int moe = t->m->c.n_experts > 0 && !t->pairs;
+        if (moe && t->world > 1) {
+            if ((s = hk->reduce_sum(hk->user, t->router, 2)) != TLM_OK) break;
+            t->router[0] /= t->world;
+            t->router[1] /= t->world;
+        }
         s = tlm_trainer_clip(t, &norm, &scale);
         if (s == TLM_ERR_NUMERIC || (!s && !isfinite(loss))) {
             s = core_err(TLM_ERR_NUMERIC,
@@ -807,6 +827,9 @@ tlm_status tlm_train_run(tlm_model *m, const tlm_dataset *d, const tlm_train_opt
                        step == 1)) {
             fprintf(log, "{\"step\": %ld, \"train_loss\": %.6f", step, (double)loss);
             if (evaluate) fprintf(log, ", \"val_loss\": %.6f", (double)val);
+            if (moe)
+                fprintf(log, ", \"router_aux_loss\": %.6g, \"router_z_loss\": %.6g", t->router[0],
+                        t->router[1]);
             if (p.dpo) log_dpo(log, "", p.dpo, o->dpo.rpo_alpha > 0);
             if (p.val_dpo) log_dpo(log, "val_", p.val_dpo, o->dpo.rpo_alpha > 0);
             fprintf(log, ", \"lr\": %.6g, \"grad_norm\": %.6g, \"tokens_per_s\": %.1f}\n", lr, norm,
