@@ -64,6 +64,22 @@ expect "peak memory per process printed" grep -q "peak memory (RSS) per process,
 expect "communication time printed" grep -q "^communication: " "$TMP/n2k1.err"
 expect "only rank 0 prints progress" test "$(grep -c "step 40/40" "$TMP/n2k1.err")" -eq 1
 
+# A mixture of experts over 2 processes: its 3-D expert tensors in the flat gradient, and the
+# router losses of each process's rows (not a sum over rows: a small difference in the curve).
+cat >"$TMP/moe.json" <<'JSON'
+{"context_length": 16, "d_model": 32, "n_layers": 2, "n_heads": 2, "n_experts": 4,
+ "n_experts_used": 2, "expert_d_ff": 24, "n_shared_experts": 1, "router_aux_loss_coef": 0.01,
+ "router_z_loss_coef": 0.001}
+JSON
+moe=("${common[@]}")
+moe[1]="$TMP/moe.json"
+$TLM train "${moe[@]}" --steps 20 -o "$TMP/moe1" 2>/dev/null
+mpi 2 $TLM train "${moe[@]}" --steps 20 -o "$TMP/moe2" 2>"$TMP/moe2.err"; rc=$?
+expect "mixture over 2 processes exits 0 (got $rc: $(tail -3 "$TMP/moe2.err"))" test $rc -eq 0
+d=$(maxdiff "$TMP/moe1" "$TMP/moe2" train_loss)
+expect "mixture N=2 vs N=1: max |dloss| $d <= 5e-3" within "$d" 5e-3
+expect "router losses logged" grep -q '"router_aux_loss"' "$TMP/moe2/log.jsonl"
+
 # Three processes: uneven ranges of the parameters (tensors straddle them), against one process
 # with 3 micro-steps.
 $TLM train "${common[@]}" --batch 6 --grad-accum 3 -o "$TMP/n1k3" 2>/dev/null
