@@ -220,6 +220,13 @@ grep -q "n_layers *3$" "$TMP/info" && grep -q "context_length *128$" "$TMP/info"
 "$TLM" generate -m "$TMP/p.gguf" -n 4 --seed 1 -p "Once" >/dev/null 2>"$TMP/log" ||
   die "generate from the pruned file: $(cat "$TMP/log")"
 ok
+# A GGUF that says it is a mixture of experts (Mixtral's llama.expert_count) is refused by name
+"$TLM" quantize "$TMP/f32.gguf" "$TMP/moe.gguf" --type q8_0 --override-kv llama.expert_count=int:8 \
+  2>"$TMP/log" || die "expert_count: $(cat "$TMP/log")"
+! "$TLM" info -m "$TMP/moe.gguf" >/dev/null 2>"$TMP/log" &&
+  grep -q "a mixture of experts (llama.expert_count 8) is not supported" "$TMP/log" ||
+  die "expert_count 8 not refused by name: $(cat "$TMP/log")"
+ok
 # --include-weights / --exclude-weights: the matrix's entries kept or dropped by name
 "$TLM" quantize "$TMP/f32.gguf" "$TMP/qs.gguf" --type q4_0 --imatrix "$TMP/im.gguf" --include-weights attn_v \
   --include-weights blk.0. 2>"$TMP/log" || die "--include-weights: $(cat "$TMP/log")"

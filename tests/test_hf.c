@@ -249,6 +249,10 @@ static void test_malformed(void) {
 #define LLAMA_KEYS                                                                                 \
     "\"hidden_size\":32,\"intermediate_size\":48,\"num_hidden_layers\":2,"                         \
     "\"num_attention_heads\":4,\"vocab_size\":64,\"tie_word_embeddings\":true"
+    /* a mixture of experts under a dense architecture's name */
+    write_text("hf_bad/config.json",
+               "{\"architectures\":[\"LlamaForCausalLM\"]," LLAMA_KEYS ",\"num_local_experts\":8}");
+    expect_bad("hf_bad", TLM_ERR_UNSUPPORTED, "mixture of experts (num_local_experts 8)");
     write_text("hf_bad/config.json",
                "{\"architectures\":[\"LlamaForCausalLM\"]," LLAMA_KEYS ",\"rope_scaling\":{"
                "\"rope_type\":\"llama3\",\"factor\":8,\"low_freq_factor\":1,"
