@@ -20,10 +20,11 @@ for f in model.safetensors checkpoint.safetensors config.json log.jsonl; do
 done
 expect "log has 150 lines" test "$(wc -l <"$TMP/a/log.jsonl")" -eq 150
 expect "log has the router losses" grep -q '"router_aux_loss": [0-9.e+-]*, "router_z_loss": [0-9.e+-]*' "$TMP/a/log.jsonl"
-# The load-balancing loss n_experts sum f_i P_i is k = 2 at perfect balance; a collapsed router
-# (every token to the same two experts, with all the probability) makes it 4.
+# The load-balancing loss n_experts sum f_i P_i is k = 2 at perfect balance (a little below where
+# the probabilities lean away from the choices); a collapsed router (every token to the same two
+# experts, with all the probability) makes it 4.
 aux=$(tail -1 "$TMP/a/log.jsonl" | sed 's/.*"router_aux_loss": \([0-9.e+-]*\).*/\1/')
-expect "load-balancing loss $aux in [2, 3)" awk -v a="$aux" 'BEGIN { exit !(a >= 2 && a < 3) }'
+expect "load-balancing loss $aux in [1.9, 3)" awk -v a="$aux" 'BEGIN { exit !(a >= 1.9 && a < 3) }'
 first=$(head -1 "$TMP/a/log.jsonl" | sed 's/.*"train_loss": \([0-9.]*\).*/\1/')
 last=$(tail -1 "$TMP/a/log.jsonl" | sed 's/.*"train_loss": \([0-9.]*\).*/\1/')
 expect "training lowers the loss ($first -> $last)" awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 1) }'

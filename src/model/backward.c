@@ -188,11 +188,15 @@ tlm_status mdl_ctx_backward_whole(tlm_train_ctx *x, const int32_t *ids, const in
         /* The router losses are over the pass's rows; a pass that is part of a step (divisor
          * given) weighs them by its share of the step's targets, so the parts add up to their
          * mean over the parts. */
-        double aux, z, share = weights || divisor <= 0 ? 1.0 : counted / divisor;
+        double aux, z, share = weights || divisor <= 0 ? 1.0 : counted / divisor, part = 1.0;
+        if (x->moe_share >= 0) {
+            share = x->moe_share;
+            part = x->moe_part;
+        }
         mdl_moe_losses(c, x->pass.moe, &aux, &z);
         x->pass.moe->scale = (float)share;
-        x->moe_aux = share * aux;
-        x->moe_z = share * z;
+        x->moe_aux = share * part * aux;
+        x->moe_z = share * part * z;
         l += c->router_aux_loss_coef * x->moe_aux + c->router_z_loss_coef * x->moe_z;
     }
     if (loss) *loss = (float)l;

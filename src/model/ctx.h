@@ -52,6 +52,10 @@ struct tlm_train_ctx {
     mdl_moe_stats moe;
     double *moe_count;
     double moe_aux, moe_z;
+    /* A slice of a split batch: the statistics are the whole batch's (merged after every slice's
+     * forward), share the losses' weight in the batch's loss and part this slice's fraction of
+     * it; moe_share < 0 otherwise (the pass's own). */
+    double moe_share, moe_part;
 
     /* The pass running now. */
     mdl_pass pass;

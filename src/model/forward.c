@@ -440,6 +440,7 @@ tlm_status mdl_ctx_forward(tlm_train_ctx *x, const int32_t *ids, int B, int T, i
         memset(x->moe_count, 0, 2 * (size_t)c->n_experts * sizeof(double));
         x->moe = (mdl_moe_stats){x->moe_count, x->moe_count + c->n_experts, 0, 0, 0.0f};
         x->pass.moe = &x->moe;
+        x->moe_share = -1;
     }
     run_bufs(x, mode);
     mdl_embed_fwd(m, &x->pass, ids, x->run[0].x);

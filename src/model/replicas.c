@@ -74,11 +74,6 @@ static tlm_status split_batch(tlm_train_ctx *x, int B, int *R) {
     *R = 1;
     if (threads < 2 || B < 2 || x->is_replica || omp_in_parallel() || x->data_parallel == 0)
         return TLM_OK;
-    /* The router losses are functions of the whole pass's routing (each expert's share of it),
-     * not sums over its rows: slices would each have their own. */
-    const tlm_config *c = &x->m->c;
-    if (c->n_experts > 0 && (c->router_aux_loss_coef > 0.0f || c->router_z_loss_coef > 0.0f))
-        return TLM_OK;
     int n = threads < B ? threads : B;
     if (n > MAXR) n = MAXR;
     if (x->data_parallel != 1 && !(x->m->c.d_model <= 512 && x->m->n_params <= (size_t)64 << 20))
@@ -102,6 +97,41 @@ typedef struct {
 static void slice_report(slice_status *s, tlm_status st) {
     s->st = st;
     snprintf(s->msg, sizeof s->msg, "%s", st ? tlm_last_error() : "");
+}
+
+/* The router statistics of every slice's forward pass summed into each slice's (the caller's
+ * moe_count as the sum's room), and each slice's part of the batch's router losses: all of them
+ * (weighed by a given divisor's share, as a whole batch's pass weighs them) spread over the
+ * slices by their rows, so that the slices' losses add up to the batch's. */
+static void merge_router_stats(tlm_train_ctx *x, const slice_status *st, int R, int B, int total,
+                               double divisor) {
+    for (int r = 0; r < R; r++)
+        if (st[r].st) return; /* the pass fails: nothing to merge */
+    int E = x->m->c.n_experts;
+    double *sum = x->moe_count, zsum = 0;
+    long rows = 0;
+    memset(sum, 0, 2 * (size_t)E * sizeof *sum);
+    for (int r = 0; r < R; r++) {
+        const mdl_moe_stats *m = &x->replicas[r]->moe;
+        for (int e = 0; e < E; e++) {
+            sum[e] += m->count[e];
+            sum[E + e] += m->psum[e];
+        }
+        zsum += m->zsum;
+        rows += m->rows;
+    }
+    double share = divisor > 0 ? total / divisor : 1.0;
+    for (int r = 0; r < R; r++) {
+        tlm_train_ctx *rep = x->replicas[r];
+        int b0, b1;
+        slice(B, r, R, &b0, &b1);
+        memcpy(rep->moe.count, sum, (size_t)E * sizeof *sum);
+        memcpy(rep->moe.psum, sum + E, (size_t)E * sizeof *sum);
+        rep->moe.zsum = zsum;
+        rep->moe.rows = rows;
+        rep->moe_share = share;
+        rep->moe_part = (double)(b1 - b0) / B;
+    }
 }
 
 /* Thread tid of team's share of the n gradient floats: replicas 1 .. R - 1 added into grads
@@ -177,8 +207,15 @@ tlm_status tlm_train_ctx_forward_backward_opts(tlm_train_ctx *x, const int32_t *
     int counts[MAXR];
     long n = (long)mdl_ctx_grad_floats(x);
     float *const *g = x->replica_grads;
-    /* The runtime may deliver fewer threads than asked (OMP_DYNAMIC, a thread limit): each thread
-     * takes slices r, r + team, ... so every slice runs whatever the team size. */
+    /* A mixture's router losses are functions of the whole batch's routing (each expert's share
+     * of it), not sums over rows: every slice's backward reads the statistics of all of them,
+     * so the slices' gradients add up to the whole batch's. */
+    const tlm_config *c = &x->m->c;
+    int moe = c->n_experts > 0;
+    if (moe && !x->moe_count && !(x->moe_count = calloc(2 * (size_t)c->n_experts, sizeof(double))))
+        return core_err(TLM_ERR_NOMEM, "out of memory");
+        /* The runtime may deliver fewer threads than asked (OMP_DYNAMIC, a thread limit): each
+         * thread takes slices r, r + team, ... so every slice runs whatever the team size. */
 #pragma omp parallel num_threads(R)
     {
         int team = omp_get_num_threads(), tid = omp_get_thread_num();
@@ -189,10 +226,22 @@ tlm_status tlm_train_ctx_forward_backward_opts(tlm_train_ctx *x, const int32_t *
             rep->drop_seed = x->drop_seed;
             /* Each replica draws its own masks: same (seed, step), different stream per slice. */
             rep->drop_step = x->drop_step * (uint64_t)R + (uint64_t)r;
-            slice_report(&st[r], mdl_ctx_forward_backward_whole(
-                                     rep, ids + (size_t)b0 * T, targets + (size_t)b0 * T, b1 - b0,
-                                     T, pos0, pos ? pos + (size_t)b0 * T : NULL, r ? g[r] : grads,
-                                     r ? 0 : accumulate, divisor, &losses[r], &counts[r]));
+            slice_report(&st[r], mdl_ctx_forward(rep, ids + (size_t)b0 * T, b1 - b0, T, pos0,
+                                                 pos ? pos + (size_t)b0 * T : NULL, MDL_FWD_TRAIN));
+        }
+#pragma omp barrier
+        if (moe) {
+#pragma omp single
+            merge_router_stats(x, st, R, B, total, o->divisor);
+        }
+        for (int r = tid; r < R; r += team) {
+            int b0, b1;
+            slice(B, r, R, &b0, &b1);
+            if (!st[r].st)
+                slice_report(&st[r], mdl_ctx_backward_whole(x->replicas[r], ids + (size_t)b0 * T,
+                                                            targets + (size_t)b0 * T,
+                                                            r ? g[r] : grads, r ? 0 : accumulate,
+                                                            divisor, NULL, &losses[r], &counts[r]));
         }
 #pragma omp barrier
         add_slices(grads, g, st, R, n, tid, team);
