@@ -188,7 +188,9 @@ tlm_status mdl_ctx_backward_whole(tlm_train_ctx *x, const int32_t *ids, const in
         /* The router losses are over the pass's rows; a pass that is part of a step (divisor
          * given) weighs them by its share of the step's targets, so the parts add up to their
          * mean over the parts. */
-        double aux, z, share = weights || divisor <= 0 ? 1.0 : counted / divisor, part = 1.0;
+        /* A weighted pass (preference tuning) is a sum over pairs with no mean to weigh the
+         * router losses into: it leaves them out. */
+        double aux, z, share = weights ? 0.0 : divisor <= 0 ? 1.0 : counted / divisor, part = 1.0;
         if (x->moe_share >= 0) {
             share = x->moe_share;
             part = x->moe_part;
