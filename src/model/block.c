@@ -435,20 +435,23 @@ static size_t moe_layout(const tlm_config *c, int N, int padded, float *base, md
     size_t n = (size_t)N, d = (size_t)c->d_model, E = (size_t)c->n_experts;
     size_t K = (size_t)c->n_experts_used, F = (size_t)c->expert_d_ff;
     size_t S = moe_slots(c, N, padded), SF = (size_t)c->n_shared_experts * F, off = 0;
+    /* the int arrays take floats' room (one size), used as ints only */
     struct {
-        void *ptr;
+        float **f;
+        int **i;
         size_t n;
-    } parts[] = {{&b->r_logits, n * E}, {&b->r_probs, n * E},
-                 {&b->r_w, n * K},      {&b->r_sel, n * K},
-                 {&b->r_slot, S},       {&b->r_off, E + 1},
-                 {&b->r_pos, n * K},    {&b->e_x, S * d},
-                 {&b->e_a, S * 2 * F},  {&b->e_h, S * F},
-                 {&b->e_y, S * d},      {&b->sh_a, n * 2 * SF},
-                 {&b->sh_h, n * SF},    {&b->sh_y, SF ? n * d : 0},
-                 {&b->sh_g, SF ? n : 0}};
+    } parts[] = {{&b->r_logits, NULL, n * E}, {&b->r_probs, NULL, n * E},
+                 {&b->r_w, NULL, n * K},      {NULL, &b->r_sel, n * K},
+                 {NULL, &b->r_slot, S},       {NULL, &b->r_off, E + 1},
+                 {NULL, &b->r_pos, n * K},    {&b->e_x, NULL, S * d},
+                 {&b->e_a, NULL, S * 2 * F},  {&b->e_h, NULL, S * F},
+                 {&b->e_y, NULL, S * d},      {&b->sh_a, NULL, n * 2 * SF},
+                 {&b->sh_h, NULL, n * SF},    {&b->sh_y, NULL, SF ? n * d : 0},
+                 {&b->sh_g, NULL, SF ? n : 0}};
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
-        /* ints and floats have one size: the int arrays are floats' room, used as ints only */
-        if (base) *(float **)parts[i].ptr = parts[i].n ? base + off : NULL;
+        float *at = base && parts[i].n ? base + off : NULL;
+        if (base && parts[i].f) *parts[i].f = at;
+        if (base && parts[i].i) *parts[i].i = (int *)at;
         off += MOE_ALIGN(parts[i].n);
     }
     return off;

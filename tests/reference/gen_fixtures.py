@@ -241,7 +241,7 @@ def make_case(c, index):
     model.eval()
     B, T = c["B"], c["T"]
     ids = torch.randint(0, cfg.vocab_size, (B, T), generator=gen)
-    # Experts: weights drawn again (deterministically) until every routing choice is clear.
+    # Experts: weights redrawn (deterministically) until every routing choice is clear.
     for attempt in range(200):
         if route_margin(model, ids, c["pos_offset"]) > 0.25:
             break
