@@ -212,10 +212,12 @@ tlm_status tlm_train_ctx_forward_backward_opts(tlm_train_ctx *x, const int32_t *
      * so the slices' gradients add up to the whole batch's. */
     const tlm_config *c = &x->m->c;
     int moe = c->n_experts > 0;
-    if (moe && !x->moe_count && !(x->moe_count = calloc(2 * (size_t)c->n_experts, sizeof(double))))
-        return core_err(TLM_ERR_NOMEM, "out of memory");
-        /* The runtime may deliver fewer threads than asked (OMP_DYNAMIC, a thread limit): each
-         * thread takes slices r, r + team, ... so every slice runs whatever the team size. */
+    if (moe && !x->moe_count) {
+        x->moe_count = calloc(2 * (size_t)c->n_experts, sizeof(double));
+        if (!x->moe_count) return core_err(TLM_ERR_NOMEM, "out of memory");
+    }
+    /* The runtime may deliver fewer threads than asked (OMP_DYNAMIC, a thread limit): each thread
+     * takes slices r, r + team, ... so every slice runs whatever the team size. */
 #pragma omp parallel num_threads(R)
     {
         int team = omp_get_num_threads(), tid = omp_get_thread_num();
