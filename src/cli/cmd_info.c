@@ -65,9 +65,10 @@ static void print_table(const tlm_config *c, const tlm_param_count *pc) {
     printf("architecture\n");
     printf("  vocab_size      %d\n  context_length  %d\n  d_model         %d\n", c->vocab_size,
            c->context_length, c->d_model);
-    printf(
-        "  n_layers        %d\n  n_heads         %d\n  n_kv_heads      %d\n  d_ff            %d\n",
-        c->n_layers, c->n_heads, c->n_kv_heads, c->d_ff);
+    printf("  n_layers        %d\n  n_heads         %d\n  n_kv_heads      %d\n", c->n_layers,
+           c->n_heads, c->n_kv_heads);
+    /* a mixture's FFN is its experts' (their width below); d_ff is then unused */
+    if (!c->n_experts) printf("  d_ff            %d\n", c->d_ff);
     printf("  norm            %s (eps %g, %s)\n", tlm_norm_name(c->norm), (double)c->norm_eps,
            tlm_norm_position_name(c->norm_position));
     printf("  ffn             %s\n", tlm_ffn_name(c->ffn));
