@@ -38,6 +38,9 @@ static void test_templates(void) {
                          "<end_of_turn>\n<start_of_turn>model\n"},
         {TLM_CHAT_PHI3, "<|system|>\nBe brief.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\nHello!"
                         "<|end|>\n<|user|>\nName a color.<|end|>\n<|assistant|>\n"},
+        /* Mistral Nemo's template: the system prompt opens the last user message */
+        {TLM_CHAT_MISTRAL_NEMO,
+         "<s>[INST]Hi[/INST]Hello!</s>[INST]Be brief.\n\nName a color.[/INST]"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char *out = NULL;
@@ -64,6 +67,9 @@ static void test_templates(void) {
          TLM_CHAT_MISTRAL},
         {"{{ '<start_of_turn>' + role + '\\n' }}", TLM_CHAT_GEMMA},
         {"{{'<|user|>' + '\\n' + message['content'] + '<|end|>' + '\\n'}}", TLM_CHAT_PHI3},
+        {"{{- bos_token }}{{- \"[AVAILABLE_TOOLS][\" }}{{- \"[INST]\" + message[\"content\"] + "
+         "\"[/INST]\" }}",
+         TLM_CHAT_MISTRAL_NEMO},
     };
     for (size_t i = 0; i < sizeof det / sizeof det[0]; i++) {
         tlm_chat_template t = TLM_CHAT_COUNT;

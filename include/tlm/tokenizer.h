@@ -132,6 +132,7 @@ typedef enum {
     TLM_CHAT_MISTRAL,
     TLM_CHAT_GEMMA,
     TLM_CHAT_PHI3,
+    TLM_CHAT_MISTRAL_NEMO, /* Mistral's tekken style (Nemo): [INST]user[/INST]answer</s> */
     TLM_CHAT_COUNT
 } tlm_chat_template;
 
@@ -148,7 +149,7 @@ typedef struct {
     int msg;
 } tlm_chat_span;
 
-/* "chatml", "llama2", "llama3", "mistral", "gemma", "phi3". */
+/* "chatml", "llama2", "llama3", "mistral", "gemma", "phi3", "mistral-nemo". */
 const char *tlm_chat_template_name(tlm_chat_template t);
 /* 1 and *t set when name is one of tlm_chat_template_name's; 0 otherwise. */
 int tlm_chat_template_from_name(const char *name, tlm_chat_template *t);

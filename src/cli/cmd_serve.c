@@ -48,8 +48,9 @@ static const char *serve_help =
     "                        over by another request keeps its prefix there for a later request\n"
     "                        that starts the same way (the next turn of a chat)\n"
     "  --api-key KEY         require 'Authorization: Bearer KEY' on the API\n"
-    "  --chat-template NAME  chatml, llama2, llama3, mistral, gemma or phi3 (default: the\n"
-    "                        GGUF's tokenizer.chat_template when recognised, else chatml)\n"
+    "  --chat-template NAME  chatml, llama2, llama3, mistral, gemma, phi3 or mistral-nemo\n"
+    "                        (default: the GGUF's tokenizer.chat_template when recognised,\n"
+    "                        else chatml)\n"
     "  --alias NAME, -a NAME the model's name in answers (default: the file's name)\n"
     "  --temp, --top-k, --top-p, --min-p, --seed, --repeat-penalty, --repeat-last-n,\n"
     "  --presence-penalty, --frequency-penalty, --n-predict (-n)\n"
@@ -1401,7 +1402,7 @@ static int serve_main(int argc, char **argv, cli_lora *lora) {
     sv.conn_nice = nice_env ? atoi(nice_env) : 10;
     if (tpl_name && !tlm_chat_template_from_name(tpl_name, &sv.tpl))
         return cli_fail("serve: --chat-template '%s' is not one of chatml, llama2, llama3, "
-                        "mistral, gemma, phi3",
+                        "mistral, gemma, phi3, mistral-nemo",
                         tpl_name);
     if (threads) tlm_threads_set((int)threads);
     unsigned lf;

@@ -82,9 +82,9 @@ static const char *finetune_help =
     "  --format F             text, completion, chat or dpo (default: from the first line)\n"
     "  --loss-on L            all, assistant or completion: the tokens the loss is on (default:\n"
     "                         a completion; a chat's assistant turns and their end-of-turn)\n"
-    "  --chat-template NAME   chatml, llama2, llama3, mistral, gemma or phi3, as tlm serve\n"
-    "                         renders them (default: BASE's GGUF template if recognised, else\n"
-    "                         chatml)\n"
+    "  --chat-template NAME   chatml, llama2, llama3, mistral, gemma, phi3 or mistral-nemo,\n"
+    "                         as tlm serve renders them (default: BASE's GGUF template if\n"
+    "                         recognised, else chatml)\n"
     "  --max-len N            tokens per example; longer ones are cut (default: --seq-len)\n"
     "  --truncate keep-start|keep-end  which end of a long example to keep (default keep-start)\n"
     "  --skip-bad             count malformed lines and go on (default: stop, naming the line)\n"
@@ -497,7 +497,7 @@ static int train_main(int argc, char **argv, int finetune) {
             tlm_chat_template tp;
             if (!tlm_chat_template_from_name(v, &tp))
                 return cli_fail("finetune: --chat-template '%s' is not one of chatml, llama2, "
-                                "llama3, mistral, gemma, phi3",
+                                "llama3, mistral, gemma, phi3, mistral-nemo",
                                 v);
             ft.ex.chat_template = v;
             continue;

@@ -6,10 +6,10 @@
 #include "core/core.h"
 #include "tlm.h"
 
-static const char *const names[TLM_CHAT_COUNT] = {"chatml",  "llama2", "llama3",
-                                                  "mistral", "gemma",  "phi3"};
-static const char *const ends[TLM_CHAT_COUNT] = {"<|im_end|>", "</s>",          "<|eot_id|>",
-                                                 "</s>",       "<end_of_turn>", "<|end|>"};
+static const char *const names[TLM_CHAT_COUNT] = {"chatml", "llama2", "llama3",      "mistral",
+                                                  "gemma",  "phi3",   "mistral-nemo"};
+static const char *const ends[TLM_CHAT_COUNT] = {"<|im_end|>",    "</s>",    "<|eot_id|>", "</s>",
+                                                 "<end_of_turn>", "<|end|>", "</s>"};
 
 const char *tlm_chat_template_name(tlm_chat_template t) {
     return (unsigned)t < TLM_CHAT_COUNT ? names[t] : "?";
@@ -41,6 +41,8 @@ int tlm_chat_template_detect(const char *j, tlm_chat_template *t) {
         *t = TLM_CHAT_PHI3;
     else if (strstr(j, "[INST]") && strstr(j, "<<SYS>>"))
         *t = TLM_CHAT_LLAMA2;
+    else if (strstr(j, "[INST]") && !strstr(j, "[INST] "))
+        *t = TLM_CHAT_MISTRAL_NEMO; /* tekken: nothing between [INST] and the text */
     else if (strstr(j, "[INST]"))
         *t = TLM_CHAT_MISTRAL;
     else
@@ -206,6 +208,32 @@ tlm_status tlm_chat_render(tlm_chat_template t, const tlm_chat_message *msgs, in
             first = 0;
             put(&b, msgs[i].content);
             put(&b, " [/INST]");
+        }
+        break;
+    }
+    case TLM_CHAT_MISTRAL_NEMO: {
+        /* <s>[INST]user[/INST]answer</s>[INST]...: one BOS, no spaces; the system prompt opens
+         * the last user message, where Mistral's tokenizer puts it (the Jinja template, which
+         * puts it there only when that message ends the chat, agrees on every prompt serve
+         * renders). */
+        system_text(msgs, n, &sys);
+        int last_user = -1;
+        for (int i = 0; i < n; i++)
+            if (!is_system(&msgs[i]) && !is_assistant(&msgs[i])) last_user = i;
+        put(&b, "<s>");
+        for (int i = 0; i < n; i++) {
+            if (is_system(&msgs[i])) continue;
+            if (is_assistant(&msgs[i])) {
+                turn(&b, msgs, i, "</s>");
+                continue;
+            }
+            put(&b, "[INST]");
+            if (i == last_user && sys.len) {
+                put(&b, sys.p);
+                put(&b, "\n\n");
+            }
+            put(&b, msgs[i].content);
+            put(&b, "[/INST]");
         }
         break;
     }
