@@ -177,4 +177,20 @@ URL=
 listening3() { URL=$(sed -n 's/^listening on \(http:[^ ]*\)\/$/\1/p' "$TMP/serve3.out" 2>/dev/null); [ -n "$URL" ]; }
 wait_until 10 listening3 || { cat "$TMP/serve3.err" >&2; die "the llama3 server did not start"; }
 expect "Llama 3 tool calls with the openai client" node_run serve_tools.mjs "$URL"
+
+# Tool calls in Mistral Nemo's format (--chat-template mistral-nemo): [AVAILABLE_TOOLS] in the
+# prompt, the grammar's call arrays, ids of 9 letters and digits carried into [TOOL_RESULTS]
+kill "$PID"
+wait "$PID" 2>/dev/null
+"$TLM" serve -m "$M" --port 0 -t 1 --ctx 2048 --parallel 2 --chat-template mistral-nemo >"$TMP/serve4.out" 2>"$TMP/serve4.err" &
+PID=$!
+T_PIDS+=("$PID")
+URL=
+listening4() { URL=$(sed -n 's/^listening on \(http:[^ ]*\)\/$/\1/p' "$TMP/serve4.out" 2>/dev/null); [ -n "$URL" ]; }
+wait_until 10 listening4 || { cat "$TMP/serve4.err" >&2; die "the mistral-nemo server did not start"; }
+expect "Mistral tool calls with the openai client" node_run serve_tools.mjs "$URL" mistral
+post /apply-template '{"messages": [{"role": "user", "content": "hi"}]}' >/dev/null
+expect "the mistral-nemo template" [ "$(j 'j["prompt"]')" = "<s>[INST]hi[/INST]" ]
+post /v1/chat/completions '{"messages": [{"role": "user", "content": "W?"}, {"role": "tool", "tool_call_id": "c1", "content": "1"}], "max_tokens": 2}' >/dev/null
+expect "a call id Mistral's template refuses is a 400" grep -q "9 letters and digits" "$TMP/body"
 finish

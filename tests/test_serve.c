@@ -11,10 +11,10 @@
 #include "tlm.h"
 
 static void test_templates(void) {
-    srv_message msgs[] = {{"system", "Be brief.", NULL},
-                          {"user", "Hi", NULL},
-                          {"assistant", "Hello!", NULL},
-                          {"user", "Name a color.", NULL}};
+    srv_message msgs[] = {{"system", "Be brief.", NULL, NULL},
+                          {"user", "Hi", NULL, NULL},
+                          {"assistant", "Hello!", NULL, NULL},
+                          {"user", "Name a color.", NULL, NULL}};
     struct {
         tlm_chat_template t;
         const char *want;
@@ -1053,8 +1053,199 @@ static void test_tools_llama3(void) {
     }
 }
 
+/* Mistral Nemo's tool format: the tekken template's text (rendered by its Jinja source: tools
+ * before the last user message, calls with their ids, results unquoted with their call ids), the
+ * 400s of ids the template refuses, the answer's calls with and without the [TOOL_CALLS] marker
+ * (which decoding drops as a control token), broken ones staying text, and the call array's
+ * grammar. */
+static void test_tools_mistral(void) {
+    CHECK(srv_tools_format(TLM_CHAT_MISTRAL_NEMO) == SRV_TOOLFMT_MISTRAL &&
+              srv_tools_format(TLM_CHAT_MISTRAL) == -1,
+          "Mistral's formats");
+    const char *body =
+        "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\","
+        "\"content\":\"W?\"},{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":"
+        "\"abcDEF123\",\"type\":\"function\",\"function\":{\"name\":\"w\",\"arguments\":"
+        "\"{\\\"city\\\":\\\"P\\\",\\\"n\\\":[1,2]}\"}}]},{\"role\":\"tool\",\"tool_call_id\":"
+        "\"abcDEF123\",\"content\":\"21\"},{\"role\":\"assistant\",\"content\":\"It is 21.\"},"
+        "{\"role\":\"user\",\"content\":\"And O?\"}],\"tools\":[{\"type\":\"function\","
+        "\"function\":{\"name\":\"w\",\"description\":\"The weather.\",\"parameters\":{\"type\":"
+        "\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"]}}}],"
+        "\"tool_choice\":\"required\",\"parallel_tool_calls\":false}";
+    srv_request r;
+    srv_error e;
+    CHECK(srv_request_parse(body, strlen(body), SRV_CHAT, &r, &e) == 0, "%s", e.message);
+    CHECK(r.n_messages == 6 && r.messages[3].tool_call_id &&
+              !strcmp(r.messages[3].tool_call_id, "abcDEF123"),
+          "the tool message keeps its tool_call_id");
+    CHECK(srv_tools_set_format(&r, SRV_TOOLFMT_MISTRAL, &e) == 0 && r.grammar, "%s", e.message);
+    char *text = NULL;
+    CHECK(srv_tools_prompt(&r, &text, &e) == 0, "%s", e.message);
+    /* the Jinja template's output for this conversation (jinja2, tojson as json.dumps) */
+    const char *want =
+        "<s>[INST]W?[/INST][TOOL_CALLS][{\"name\": \"w\", \"arguments\": {\"city\": \"P\", \"n\": "
+        "[1, 2]}, \"id\": \"abcDEF123\"}]</s>[TOOL_RESULTS]{\"content\": 21, \"call_id\": "
+        "\"abcDEF123\"}[/TOOL_RESULTS]It is 21.</s>[AVAILABLE_TOOLS][{\"type\": \"function\", "
+        "\"function\": {\"name\": \"w\", \"description\": \"The weather.\", \"parameters\": "
+        "{\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}, \"required\": "
+        "[\"city\"]}}}][/AVAILABLE_TOOLS][INST]Be brief.\n\nAnd O?[/INST]";
+    CHECK(text && !strcmp(text, want), "Mistral's text:\n%s", text ? text : "(null)");
+    free(text);
+    /* the required call's grammar: an array of one call of w, with or without a 9-long id */
+    tlm_tokenizer *tok = NULL;
+    tlm_grammar_vocab *v = NULL;
+    tlm_grammar_state *st = NULL;
+    char alphabet[96];
+    int k = 0;
+    for (int ch = 32; ch < 127; ch++) alphabet[k++] = (char)ch;
+    alphabet[k++] = '\n';
+    CHECK_OK(tlm_tokenizer_new_char(alphabet, (size_t)k, &tok));
+    CHECK_OK(tlm_grammar_vocab_new(tok, tlm_tokenizer_vocab_size(tok), &v));
+    CHECK_OK(tlm_grammar_state_new(r.grammar, v, &st));
+    const char *good[] = {"[{\"name\": \"w\", \"arguments\": {\"city\": \"Oslo\"}}]",
+                          ("[{\"name\": \"w\", \"arguments\": {\"city\": \"Oslo\"}, "
+                           "\"id\": \"abcDEF123\"}]")};
+    for (int i = 0; i < 2; i++) {
+        tlm_grammar_state_reset(st);
+        CHECK(!tlm_grammar_state_accept_bytes(st, good[i], strlen(good[i])) &&
+                  tlm_grammar_state_complete(st),
+              "the grammar takes Mistral call %d", i);
+    }
+    const char *bad[] = {"<tool_call>", "{\"name\": \"w\"",
+                         "[{\"name\": \"w\", \"arguments\": {\"city\": \"O\"}}, {",
+                         "[{\"name\": \"w\", \"arguments\": {\"city\": \"O\"}, \"id\": \"abc\"}"};
+    for (int i = 0; i < 4; i++) {
+        tlm_grammar_state_reset(st);
+        CHECK(tlm_grammar_state_accept_bytes(st, bad[i], strlen(bad[i])) != TLM_OK,
+              "the grammar refuses %s", bad[i]);
+    }
+    tlm_grammar_state_free(st);
+    srv_request_free(&r);
+    /* parallel calls: several in the array */
+    body = "{\"messages\":[{\"role\":\"user\",\"content\":\"W?\"}],\"tools\":[{\"type\":"
+           "\"function\",\"function\":{\"name\":\"w\"}}],\"tool_choice\":\"required\"}";
+    CHECK(srv_request_parse(body, strlen(body), SRV_CHAT, &r, &e) == 0, "%s", e.message);
+    CHECK(srv_tools_set_format(&r, SRV_TOOLFMT_MISTRAL, &e) == 0 && r.grammar, "%s", e.message);
+    CHECK_OK(tlm_grammar_state_new(r.grammar, v, &st));
+    const char *two =
+        "[{\"name\": \"w\", \"arguments\": {}}, {\"name\": \"w\", \"arguments\": {}}]";
+    CHECK(!tlm_grammar_state_accept_bytes(st, two, strlen(two)) && tlm_grammar_state_complete(st),
+          "parallel calls in one array");
+    tlm_grammar_state_free(st);
+    tlm_grammar_vocab_free(v);
+    tlm_tokenizer_free(tok);
+    CHECK(srv_tools_prompt(&r, &text, &e) == 0 && text &&
+              !strcmp(text, "<s>[AVAILABLE_TOOLS][{\"type\": \"function\", \"function\": "
+                            "{\"name\": \"w\"}}][/AVAILABLE_TOOLS][INST]W?[/INST]"),
+          "one user message: %s", text ? text : e.message);
+    free(text);
+    srv_request_free(&r);
+
+    /* what the template refuses is a 400 naming it */
+    const char *refused[] = {
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"W?\"},{\"role\":\"assistant\","
+        "\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"w\","
+        "\"arguments\":\"{}\"}}]}]}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"W?\"},{\"role\":\"tool\","
+        "\"tool_call_id\":\"abcDEF12-\",\"content\":\"1\"}]}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"W?\"},{\"role\":\"tool\","
+        "\"content\":\"1\"}]}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"W?\"},{\"role\":\"system\","
+        "\"content\":\"s\"}]}"};
+    const char *why[] = {"'id'", "tool_call_id", "tool_call_id", "system"};
+    for (int i = 0; i < 4; i++) {
+        CHECK(srv_request_parse(refused[i], strlen(refused[i]), SRV_CHAT, &r, &e) == 0, "%s",
+              e.message);
+        text = NULL;
+        CHECK(srv_tools_prompt(&r, &text, &e) == -1 && !text && e.status == 400 &&
+                  strstr(e.message, why[i]),
+              "refused %d: %s", i, e.message);
+        srv_request_free(&r);
+    }
+    body = "{\"messages\":[{\"role\":\"tool\",\"tool_call_id\":7,\"content\":\"1\"}]}";
+    CHECK(parse_fails(body, 1, "messages", 400), "a tool_call_id that is not a string");
+
+    srv_tool_parse p;
+    const char *calls[] = {
+        "[TOOL_CALLS][{\"name\": \"w\", \"arguments\": {\"city\": \"P\"}, \"id\": \"abcDEF123\"}]",
+        " [{\"name\": \"w\", \"arguments\": {\"city\": \"P\"}}]\n",
+        ("Let me look. [TOOL_CALLS][{\"name\": \"w\", \"arguments\": {\"city\": \"P\"}, "
+         "\"id\": 7}]")};
+    for (int i = 0; i < 3; i++) {
+        CHECK(srv_tools_parse_as(SRV_TOOLFMT_MISTRAL, calls[i], strlen(calls[i]), 3, &p) == 0 &&
+                  p.n_calls == 1 && p.calls &&
+                  strstr(p.calls, "\"name\":\"w\",\"arguments\":\"{\\\"city\\\":\\\"P\\\"}\""),
+              "call %d: %s", i, p.calls ? p.calls : "(null)");
+        CHECK(i == 2 ? p.content && !strcmp(p.content, "Let me look.") : !p.content,
+              "call %d's content: %s", i, p.content ? p.content : "(null)");
+        cJSON *j = cJSON_Parse(p.calls ? p.calls : "");
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(j, 0), "id");
+        CHECK(cJSON_IsString(id) && strlen(id->valuestring) == 9 &&
+                  strspn(id->valuestring, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                          "0123456789") == 9,
+              "call %d's id is 9 letters and digits", i);
+        CHECK(i || !strcmp(id->valuestring, "abcDEF123"), "the model's id is kept");
+        cJSON_Delete(j);
+        srv_tool_parse_free(&p);
+    }
+    const char *pair = "[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {}}, {\"name\": \"b\", "
+                       "\"arguments\": {}}]";
+    CHECK(srv_tools_parse_as(SRV_TOOLFMT_MISTRAL, pair, strlen(pair), 5, &p) == 0 && p.n_calls == 2,
+          "two calls: %d", p.n_calls);
+    cJSON *j = cJSON_Parse(p.calls ? p.calls : "");
+    const cJSON *id0 = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(j, 0), "id");
+    const cJSON *id1 = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(j, 1), "id");
+    CHECK(cJSON_IsString(id0) && cJSON_IsString(id1) && strcmp(id0->valuestring, id1->valuestring),
+          "the calls' ids differ");
+    cJSON_Delete(j);
+    srv_tool_parse_free(&p);
+    /* the whole calls before a cut or a malformed element are calls, what follows is text */
+    const char *partial[][2] = {
+        {"[TOOL_CALLS][{\"name\": \"w\", \"arguments\": {}}] and more", "and more"},
+        {"[{\"name\": \"w\", \"arguments\": {}}, 7]", "7]"},
+        {"Hm. [TOOL_CALLS][{\"name\": \"w\", \"arguments\": {}}, {\"name\": \"b\", \"argu",
+         "Hm. {\"name\": \"b\", \"argu"}};
+    for (int i = 0; i < 3; i++) {
+        CHECK(srv_tools_parse_as(SRV_TOOLFMT_MISTRAL, partial[i][0], strlen(partial[i][0]), 1,
+                                 &p) == 0 &&
+                  p.n_calls == 1 && p.calls && strstr(p.calls, "\"name\":\"w\"") && p.content &&
+                  !strcmp(p.content, partial[i][1]),
+              "partial %d: %d calls, content %s", i, p.n_calls, p.content ? p.content : "(null)");
+        srv_tool_parse_free(&p);
+    }
+    const char *broken[] = {"[TOOL_CALLS][{\"name\": \"w\", \"argu",
+                            "[TOOL_CALLS][]",
+                            "[TOOL_CALLS]",
+                            "[1, 2]",
+                            "[{\"arguments\": {}}]",
+                            "[{\"name\": 3, \"arguments\": {}}]",
+                            "[{\"name\": \"w\", \"arguments\": \"x\"}]",
+                            "[Note] it rains.",
+                            "The answer is 21.",
+                            ""};
+    for (int i = 0; i < 10; i++) {
+        CHECK(srv_tools_parse_as(SRV_TOOLFMT_MISTRAL, broken[i], strlen(broken[i]), 1, &p) == 0 &&
+                  p.n_calls == 0 && !p.calls,
+              "broken %d parsed as a call", i);
+        CHECK(i == 9 ? !p.content : p.content && !strcmp(p.content, broken[i]),
+              "broken %d kept as text: %s", i, p.content ? p.content : "(null)");
+        srv_tool_parse_free(&p);
+    }
+    /* every prefix of an answer (a cut-off one) is text and the calls it holds whole, never a
+     * crash: the count grows from none to both */
+    int last = 0;
+    for (size_t i = 0; i <= strlen(pair); i++) {
+        CHECK(srv_tools_parse_as(SRV_TOOLFMT_MISTRAL, pair, i, 1, &p) == 0 && p.n_calls >= last,
+              "prefix %zu: %d calls", i, p.n_calls);
+        last = p.n_calls;
+        srv_tool_parse_free(&p);
+    }
+    CHECK(last == 2, "the whole pair: %d calls", last);
+}
+
 int main(void) {
     test_embeddings();
+    test_tools_mistral();
     test_tools_llama3();
     test_tools();
     test_responses();

@@ -355,15 +355,18 @@ static int prompt_ids(gen *g, int32_t **ids, size_t *n, char *err, size_t errlen
         if (tools && format < 0)
             return snprintf(err, errlen,
                             "tools are written in the Hermes format of ChatML models (Qwen2.5, "
-                            "Hermes) and in Llama 3.1's; this server's template is %s",
+                            "Hermes), in Llama 3.1's and in Mistral Nemo's (mistral-nemo); this "
+                            "server's template is %s",
                             tlm_chat_template_name(sv->tpl)),
                    -1;
         /* the answer is parsed, and a required call made, in the template's format */
         if (tools && srv_tools_set_format(&g->req, format, &e))
             return snprintf(err, errlen, "%s", e.message), -1;
-        if (tools && srv_tools_messages(r, &msgs, &n_msgs, &e))
+        if (tools && format == SRV_TOOLFMT_MISTRAL) {
+            if (srv_tools_prompt(r, &text, &e)) return snprintf(err, errlen, "%s", e.message), -1;
+        } else if (tools && srv_tools_messages(r, &msgs, &n_msgs, &e))
             return snprintf(err, errlen, "%s", e.message), -1;
-        tlm_status ts = srv_template_apply(sv->tpl, msgs, n_msgs, &text);
+        tlm_status ts = text ? TLM_OK : srv_template_apply(sv->tpl, msgs, n_msgs, &text);
         if (msgs != r->messages) srv_messages_free(msgs, n_msgs);
         if (ts) return snprintf(err, errlen, "%s", tlm_last_error()), -1;
         flags |= TLM_ENCODE_ALLOW_SPECIAL;

@@ -171,6 +171,11 @@ static int parse_messages(const cJSON *root, srv_request *r, srv_error *e) {
         if (!c && strcmp(ro, "assistant"))
             return fail(e, "messages", "a %s message needs 'content'", ro);
         if (!(dst->content = content_text(c, e))) return -1;
+        const cJSON *id = field(m, "tool_call_id");
+        if (id && !strcmp(ro, "tool")) {
+            if (!cJSON_IsString(id)) return fail(e, "messages", "'tool_call_id' must be a string");
+            if (!(dst->tool_call_id = dup_checked(id->valuestring, "messages", e))) return -1;
+        }
         const cJSON *tc = field(m, "tool_calls");
         if (tc && !strcmp(ro, "assistant")) {
             if (!cJSON_IsArray(tc)) return fail(e, "messages", "'tool_calls' must be an array");

@@ -16,7 +16,8 @@
 typedef struct {
     char *role; /* system, user, assistant, tool (developer is read as system) */
     char *content;
-    char *tool_calls; /* an assistant's "tool_calls" (their JSON text), NULL: none */
+    char *tool_calls;   /* an assistant's "tool_calls" (their JSON text), NULL: none */
+    char *tool_call_id; /* a tool result's "tool_call_id", NULL: none */
 } srv_message;
 
 /* Renders the conversation and opens the assistant's turn. *out is malloc'd, NUL-terminated. */
@@ -101,9 +102,10 @@ typedef struct {
 } srv_request;
 
 enum { SRV_TOOLS_AUTO = 0, SRV_TOOLS_NONE, SRV_TOOLS_REQUIRED, SRV_TOOLS_NAMED };
-/* The tool-call formats: Hermes (ChatML models: Qwen2.5, Hermes) and Meta's Llama 3.1+ (the tools
- * in the first user message, a call as {"name", "parameters"}, results in ipython turns). */
-enum { SRV_TOOLFMT_HERMES = 0, SRV_TOOLFMT_LLAMA3 };
+/* The tool-call formats: Hermes (ChatML models: Qwen2.5, Hermes), Meta's Llama 3.1+ (the tools
+ * in the first user message, a call as {"name", "parameters"}, results in ipython turns) and
+ * Mistral's (Nemo: [AVAILABLE_TOOLS], [TOOL_CALLS] and [TOOL_RESULTS] blocks). */
+enum { SRV_TOOLFMT_HERMES = 0, SRV_TOOLFMT_LLAMA3, SRV_TOOLFMT_MISTRAL };
 
 typedef struct {
     int status;        /* HTTP status: 400 for everything the parser refuses */
@@ -156,6 +158,11 @@ int srv_tools_set_format(srv_request *r, int format, srv_error *e);
  * before the first user message, calls as JSON objects, results in ipython turns.
  * *out (and every string in it) malloc'd; free with srv_messages_free. */
 int srv_tools_messages(const srv_request *r, srv_message **out, int *n, srv_error *e);
+/* Mistral's format (mistral-nemo) puts its markers outside the [INST] turns, so the whole prompt
+ * is written here: [AVAILABLE_TOOLS] before the last user message, calls as [TOOL_CALLS][...]</s>
+ * (ids of 9 letters and digits), results as [TOOL_RESULTS]{"content": ..., "call_id": ...}
+ * [/TOOL_RESULTS]. *out is malloc'd; a message the format cannot hold is a 400. */
+int srv_tools_prompt(const srv_request *r, char **out, srv_error *e);
 void srv_messages_free(srv_message *m, int n);
 /* The grammar that makes the answer tool calls in r's format (required, or the named function):
  * each call's arguments follow its function's parameters schema. */

@@ -4,7 +4,11 @@
  * comes back in a user turn between <tool_response> tags. In Meta's Llama 3.1+ format (its
  * template's default, tools in the user message) the signatures open the first user message, the
  * model answers a JSON object {"name": ..., "parameters": {...}} (after <|python_tag|> or alone),
- * and a result comes back in an ipython turn. */
+ * and a result comes back in an ipython turn. In Mistral's (Nemo's tekken template) the signatures
+ * go in an [AVAILABLE_TOOLS] block before the last user message, the model answers
+ * [TOOL_CALLS][{"name": ..., "arguments": {...}, "id": ...}] and a result comes back as
+ * [TOOL_RESULTS]{"content": ..., "call_id": ...}[/TOOL_RESULTS], each call tied to its result by
+ * an id of 9 letters and digits. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,6 +54,7 @@ void srv_messages_free(srv_message *m, int n) {
         free(m[i].role);
         free(m[i].content);
         free(m[i].tool_calls);
+        free(m[i].tool_call_id);
     }
     free(m);
 }
@@ -104,9 +109,10 @@ static void calls_text(sbuf *b, const char *calls_json) {
 }
 
 int srv_tools_format(tlm_chat_template t) {
-    return t == TLM_CHAT_CHATML   ? SRV_TOOLFMT_HERMES
-           : t == TLM_CHAT_LLAMA3 ? SRV_TOOLFMT_LLAMA3
-                                  : -1;
+    return t == TLM_CHAT_CHATML         ? SRV_TOOLFMT_HERMES
+           : t == TLM_CHAT_LLAMA3       ? SRV_TOOLFMT_LLAMA3
+           : t == TLM_CHAT_MISTRAL_NEMO ? SRV_TOOLFMT_MISTRAL
+                                        : -1;
 }
 
 /* JSON as Python's json.dumps writes it (Jinja's tojson in Meta's template): ", " and ": "
@@ -290,6 +296,148 @@ int srv_tools_messages(const srv_request *r, srv_message **out, int *n, srv_erro
     return 0;
 }
 
+/* Mistral's ids: 9 letters and digits (its template refuses any other). */
+static int mistral_id(const char *s) {
+    if (!s || strlen(s) != 9) return 0;
+    for (int i = 0; i < 9; i++)
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') ||
+              (s[i] >= '0' && s[i] <= '9')))
+            return 0;
+    return 1;
+}
+
+/* The id of call i of an answer, 9 letters and digits drawn from the answer's seed. */
+static void mistral_make_id(char id[10], unsigned long long seed, int i) {
+    static const char A[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    unsigned long long x = seed * 0x9e3779b97f4a7c15ull + (unsigned long long)i + 1;
+    x ^= x >> 31;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 29;
+    for (int k = 0; k < 9; k++, x /= 62) id[k] = A[x % 62];
+    id[9] = 0;
+}
+
+/* [AVAILABLE_TOOLS][{"type": "function", "function": {...}}, ...][/AVAILABLE_TOOLS]: each
+ * function's keys in the request's order but "return", the values as Python's json.dumps writes
+ * them. */
+static void mistral_tools(sbuf *b, const cJSON *tools) {
+    puts_(b, "[AVAILABLE_TOOLS][");
+    const cJSON *t;
+    cJSON_ArrayForEach(t, tools) {
+        if (t != tools->child) puts_(b, ", ");
+        puts_(b, "{\"type\": \"function\", \"function\": {");
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+        int first = 1;
+        for (const cJSON *f = fn ? fn->child : NULL; f; f = f->next) {
+            if (!strcmp(f->string, "return")) continue;
+            if (!first) puts_(b, ", ");
+            first = 0;
+            cJSON *k = cJSON_CreateString(f->string);
+            py_json(b, k, -1, 0);
+            cJSON_Delete(k);
+            puts_(b, ": ");
+            py_json(b, f, -1, 0);
+        }
+        puts_(b, "}}");
+    }
+    puts_(b, "][/AVAILABLE_TOOLS]");
+}
+
+/* An assistant's calls: [TOOL_CALLS][{"name": ..., "arguments": {...}, "id": ...}, ...]. The
+ * arguments (a JSON string in OpenAI's shape) are written as the object they hold, as the model
+ * writes them. */
+static int mistral_calls(sbuf *b, const char *calls_json, srv_error *e) {
+    cJSON *calls = cJSON_Parse(calls_json);
+    puts_(b, "[TOOL_CALLS][");
+    const cJSON *c;
+    int ok = 1;
+    cJSON_ArrayForEach(c, calls) {
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(c, "id");
+        if (!cJSON_IsString(id) || !mistral_id(id->valuestring)) {
+            ok = 0;
+            break;
+        }
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(c, "function");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        const cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+        cJSON *a = cJSON_IsString(args) ? cJSON_Parse(args->valuestring) : NULL;
+        if (!a) a = args && !cJSON_IsString(args) ? cJSON_Duplicate(args, 1) : cJSON_CreateObject();
+        cJSON *nm = cJSON_CreateString(cJSON_IsString(name) ? name->valuestring : "");
+        if (c != calls->child) puts_(b, ", ");
+        puts_(b, "{\"name\": ");
+        py_json(b, nm, -1, 0);
+        puts_(b, ", \"arguments\": ");
+        py_json(b, a, -1, 0);
+        puts_(b, ", \"id\": \"");
+        puts_(b, id->valuestring);
+        puts_(b, "\"}");
+        cJSON_Delete(nm);
+        cJSON_Delete(a);
+    }
+    cJSON_Delete(calls);
+    puts_(b, "]</s>");
+    return ok ? 0
+              : fail(e, "messages",
+                     "Mistral's tool calls need an 'id' of 9 letters and digits, as the ids of "
+                     "this server's answers are");
+}
+
+int srv_tools_prompt(const srv_request *r, char **out, srv_error *e) {
+    *out = NULL;
+    int i0 = r->n_messages &&
+             (!strcmp(r->messages[0].role, "system") || !strcmp(r->messages[0].role, "developer"));
+    int last_user = -1;
+    for (int i = i0; i < r->n_messages; i++) {
+        const char *ro = r->messages[i].role;
+        if (!strcmp(ro, "system") || !strcmp(ro, "developer"))
+            return fail(e, "messages", "Mistral's template takes one system message, the first");
+        if (!strcmp(ro, "user")) last_user = i;
+    }
+    cJSON *tools = r->tools && r->tool_choice != SRV_TOOLS_NONE ? cJSON_Parse(r->tools) : NULL;
+    sbuf b = {0};
+    int rc = 0;
+    puts_(&b, "<s>");
+    for (int i = i0; i < r->n_messages && !rc; i++) {
+        const srv_message *s = &r->messages[i];
+        if (!strcmp(s->role, "user")) {
+            if (tools && i == last_user) mistral_tools(&b, tools);
+            puts_(&b, "[INST]");
+            /* the system prompt opens the last user message, as Mistral's tokenizer has it */
+            if (i0 && i == last_user) {
+                puts_(&b, r->messages[0].content ? r->messages[0].content : "");
+                puts_(&b, "\n\n");
+            }
+            puts_(&b, s->content ? s->content : "");
+            puts_(&b, "[/INST]");
+        } else if (!strcmp(s->role, "tool")) {
+            if (!mistral_id(s->tool_call_id)) {
+                rc = fail(e, "messages",
+                          "Mistral's tool results need a 'tool_call_id' of 9 letters and digits");
+                break;
+            }
+            /* the content as it is, unquoted: the template's shape */
+            puts_(&b, "[TOOL_RESULTS]{\"content\": ");
+            puts_(&b, s->content ? s->content : "");
+            puts_(&b, ", \"call_id\": \"");
+            puts_(&b, s->tool_call_id);
+            puts_(&b, "\"}[/TOOL_RESULTS]");
+        } else if (s->tool_calls) {
+            rc = mistral_calls(&b, s->tool_calls, e);
+        } else {
+            puts_(&b, s->content ? s->content : "");
+            puts_(&b, "</s>");
+        }
+    }
+    cJSON_Delete(tools);
+    if (!rc && (b.oom || !b.s)) rc = fail(e, "messages", "out of memory");
+    if (rc) {
+        free(b.s);
+        return rc;
+    }
+    *out = b.s;
+    return 0;
+}
+
 /* The name `root` in GBNF text, outside literals and classes, renamed to `to`. */
 static void rename_root(sbuf *b, const char *g, const char *to) {
     for (const char *p = g; *p;) {
@@ -321,6 +469,7 @@ int srv_tools_grammar(const srv_request *r, tlm_grammar **out, srv_error *e) {
     /* the call object: one of the functions (or the named one), its arguments by its schema */
     cJSON *schema = cJSON_CreateObject(), *any = cJSON_AddArrayToObject(schema, "anyOf");
     int llama3 = r->tool_format == SRV_TOOLFMT_LLAMA3;
+    int mistral = r->tool_format == SRV_TOOLFMT_MISTRAL;
     const char *key = llama3 ? "parameters" : "arguments";
     const cJSON *t;
     cJSON_ArrayForEach(t, tools) {
@@ -334,6 +483,12 @@ int srv_tools_grammar(const srv_request *r, tlm_grammar **out, srv_error *e) {
         cJSON_AddStringToObject(cJSON_AddObjectToObject(props, "name"), "const", name);
         cJSON_AddItemToObject(props, key,
                               params ? cJSON_Duplicate(params, 1) : cJSON_CreateObject());
+        if (mistral) { /* the model's own id, which its template wants back with the result */
+            cJSON *id = cJSON_AddObjectToObject(props, "id");
+            cJSON_AddStringToObject(id, "type", "string");
+            cJSON_AddNumberToObject(id, "minLength", 9);
+            cJSON_AddNumberToObject(id, "maxLength", 9);
+        }
         cJSON *req = cJSON_AddArrayToObject(o, "required");
         cJSON_AddItemToArray(req, cJSON_CreateString("name"));
         cJSON_AddItemToArray(req, cJSON_CreateString(key));
@@ -355,10 +510,14 @@ int srv_tools_grammar(const srv_request *r, tlm_grammar **out, srv_error *e) {
     free(gbnf);
     if (llama3) /* one call: Meta's template takes one back */
         puts_(&b, "\nroot ::= tool-call-object\n");
+    else if (mistral) /* [TOOL_CALLS] is a control token, which no grammar takes: the array */
+        puts_(&b, r->parallel_tools
+                      ? "\nroot ::= \"[\" tool-call-object (\", \" tool-call-object)* \"]\"\n"
+                      : "\nroot ::= \"[\" tool-call-object \"]\"\n");
     else
         puts_(&b, r->parallel_tools ? "\nroot ::= tool-call (\"\\n\" tool-call)*\n"
                                     : "\nroot ::= tool-call\n");
-    if (!llama3)
+    if (!llama3 && !mistral)
         puts_(&b, "tool-call ::= \"<tool_call>\\n\" tool-call-object \"\\n</tool_call>\"\n");
     if (b.oom) {
         free(b.s);
@@ -393,12 +552,10 @@ int srv_tools_set_format(srv_request *r, int format, srv_error *e) {
 }
 
 /* Appends an OpenAI tool call to calls; 0 when name or args are not a call's. */
-static int add_call(cJSON *calls, const cJSON *name, const cJSON *args, unsigned long long seed) {
+static int add_call_id(cJSON *calls, const cJSON *name, const cJSON *args, const char *id) {
     if (!cJSON_IsString(name) || !args) return 0;
     char *a = cJSON_IsString(args) ? NULL : cJSON_PrintUnformatted(args);
     cJSON *call = cJSON_CreateObject();
-    char id[40];
-    snprintf(id, sizeof id, "call_%llx%02x", seed, (unsigned)cJSON_GetArraySize(calls));
     cJSON_AddStringToObject(call, "id", id);
     cJSON_AddStringToObject(call, "type", "function");
     cJSON *fn = cJSON_AddObjectToObject(call, "function");
@@ -407,6 +564,12 @@ static int add_call(cJSON *calls, const cJSON *name, const cJSON *args, unsigned
     free(a);
     cJSON_AddItemToArray(calls, call);
     return 1;
+}
+
+static int add_call(cJSON *calls, const cJSON *name, const cJSON *args, unsigned long long seed) {
+    char id[40];
+    snprintf(id, sizeof id, "call_%llx%02x", seed, (unsigned)cJSON_GetArraySize(calls));
+    return add_call_id(calls, name, args, id);
 }
 
 /* The text trimmed into a malloc'd string, NULL when nothing is left. */
@@ -456,11 +619,98 @@ static int llama3_parse(const char *text, size_t len, unsigned long long seed,
     return out->n_calls && !out->calls ? -1 : 0;
 }
 
+/* One call object of Mistral's array at text[*at]: added to calls and *at moved past it, or 0. */
+static int mistral_call(const char *text, size_t len, size_t *at, unsigned long long seed,
+                        cJSON *calls) {
+    const char *end = NULL;
+    cJSON *c = text[*at] == '{' ? cJSON_ParseWithLengthOpts(text + *at, len - *at, &end, 0) : NULL;
+    const cJSON *args = cJSON_GetObjectItemCaseSensitive(c, "arguments");
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(c, "id");
+    char made[10];
+    int own = cJSON_IsString(id) && mistral_id(id->valuestring);
+    if (!own) mistral_make_id(made, seed, cJSON_GetArraySize(calls));
+    int ok = cJSON_IsObject(c) && cJSON_IsObject(args) && end &&
+             add_call_id(calls, cJSON_GetObjectItemCaseSensitive(c, "name"), args,
+                         own ? id->valuestring : made);
+    cJSON_Delete(c);
+    if (ok) *at = (size_t)(end - text);
+    return ok;
+}
+
+/* Mistral: text, then [TOOL_CALLS] and a JSON array of {"name", "arguments", "id"} objects. The
+ * marker is a control token, which decoding leaves out, so an answer that opens with such an array
+ * is calls too. Each whole call of the array is one, as far as they go: an answer cut off in its
+ * array keeps the calls before the cut, and what follows the last call (a cut-off or malformed
+ * one, more text) joins the content. A call keeps the model's id when it is one of 9 letters and
+ * digits. */
+static int mistral_parse(const char *text, size_t len, unsigned long long seed,
+                         srv_tool_parse *out) {
+    static const char TAG[] = "[TOOL_CALLS]";
+    const size_t tn = sizeof TAG - 1;
+    size_t at = 0, pre = 0;
+    while (at < len && is_space(text[at])) at++;
+    for (size_t i = at; i + tn <= len; i++)
+        if (!memcmp(text + i, TAG, tn)) {
+            pre = i;
+            at = i + tn;
+            break;
+        }
+    cJSON *calls = cJSON_CreateArray();
+    if (!calls) return -1;
+    while (at < len && is_space(text[at])) at++;
+    size_t rest = at; /* where the text after the calls begins */
+    while (at < len && text[at] == '[') {
+        size_t p = at + 1;
+        int closed = 0;
+        for (;;) {
+            while (p < len && is_space(text[p])) p++;
+            if (p >= len || !mistral_call(text, len, &p, seed, calls)) break;
+            rest = p;
+            while (p < len && is_space(text[p])) p++;
+            if (p < len && text[p] == ']') {
+                rest = at = p + 1;
+                closed = 1;
+                break;
+            }
+            if (p >= len || text[p] != ',') break;
+            p++;
+            while (p < len && is_space(text[p])) p++;
+            rest = p; /* a broken call is text from its start */
+        }
+        if (!closed) break;
+        /* another marker and array may follow */
+        while (at < len && is_space(text[at])) at++;
+        if (at + tn <= len && !memcmp(text + at, TAG, tn)) at += tn;
+        while (at < len && is_space(text[at])) at++;
+    }
+    out->n_calls = cJSON_GetArraySize(calls);
+    if (out->n_calls) out->calls = cJSON_PrintUnformatted(calls);
+    cJSON_Delete(calls);
+    if (!out->n_calls) {
+        out->content = trimmed(text, len);
+    } else {
+        /* the text before the marker and after the calls, a space between */
+        while (pre && is_space(text[pre - 1])) pre--;
+        size_t n = pre + 1 + (len - rest);
+        char *c = malloc(n + 1);
+        if (!c) return -1;
+        memcpy(c, text, pre);
+        c[pre] = ' ';
+        memcpy(c + pre + 1, text + rest, len - rest);
+        c[n] = 0;
+        out->content = trimmed(c, n);
+        free(c);
+    }
+    return out->n_calls && !out->calls ? -1 : 0;
+}
+
 int srv_tools_parse_as(int format, const char *text, size_t len, unsigned long long id_seed,
                        srv_tool_parse *out) {
-    if (format != SRV_TOOLFMT_LLAMA3) return srv_tools_parse(text, len, id_seed, out);
+    if (format != SRV_TOOLFMT_LLAMA3 && format != SRV_TOOLFMT_MISTRAL)
+        return srv_tools_parse(text, len, id_seed, out);
     memset(out, 0, sizeof *out);
-    return llama3_parse(text, len, id_seed, out);
+    return format == SRV_TOOLFMT_LLAMA3 ? llama3_parse(text, len, id_seed, out)
+                                        : mistral_parse(text, len, id_seed, out);
 }
 
 int srv_tools_parse(const char *text, size_t len, unsigned long long id_seed, srv_tool_parse *out) {

@@ -1,9 +1,10 @@
 // Tool calls through the official `openai` package: a required call made well-formed by the
 // grammar (name and arguments as the schema says), the same call streamed, a named function, a
 // call -> tool result -> answer loop, and tool_choice none. Usage: node serve_tools.mjs BASE_URL
+// [mistral] (a server in Mistral's format, whose call ids are 9 letters and digits)
 import OpenAI from "openai";
 
-const [base] = process.argv.slice(2);
+const [base, format] = process.argv.slice(2);
 const client = new OpenAI({ baseURL: base + "/v1", apiKey: "none", maxRetries: 0, timeout: 60000 });
 let failures = 0;
 function check(cond, what) {
@@ -36,6 +37,7 @@ const tools = [
 ];
 function validCall(c) {
   if (c.type !== "function" || typeof c.id !== "string" || !c.id) return false;
+  if (format === "mistral" && !/^[a-zA-Z0-9]{9}$/.test(c.id)) return false;
   const args = JSON.parse(c.function.arguments);
   if (c.function.name === "get_weather")
     return typeof args.city === "string" && args.city.length <= 12 && ["c", "f"].includes(args.unit) && Object.keys(args).length === 2;
