@@ -483,12 +483,6 @@ int srv_tools_grammar(const srv_request *r, tlm_grammar **out, srv_error *e) {
         cJSON_AddStringToObject(cJSON_AddObjectToObject(props, "name"), "const", name);
         cJSON_AddItemToObject(props, key,
                               params ? cJSON_Duplicate(params, 1) : cJSON_CreateObject());
-        if (mistral) { /* the model's own id, which its template wants back with the result */
-            cJSON *id = cJSON_AddObjectToObject(props, "id");
-            cJSON_AddStringToObject(id, "type", "string");
-            cJSON_AddNumberToObject(id, "minLength", 9);
-            cJSON_AddNumberToObject(id, "maxLength", 9);
-        }
         cJSON *req = cJSON_AddArrayToObject(o, "required");
         cJSON_AddItemToArray(req, cJSON_CreateString("name"));
         cJSON_AddItemToArray(req, cJSON_CreateString(key));
@@ -510,7 +504,9 @@ int srv_tools_grammar(const srv_request *r, tlm_grammar **out, srv_error *e) {
     free(gbnf);
     if (llama3) /* one call: Meta's template takes one back */
         puts_(&b, "\nroot ::= tool-call-object\n");
-    else if (mistral) /* [TOOL_CALLS] is a control token, which no grammar takes: the array */
+    else if (mistral) /* [TOOL_CALLS] is a control token, which no grammar takes: the array, its
+                       * calls without ids (schemas here cannot hold one to letters and digits,
+                       * and the parser gives each call one) */
         puts_(&b, r->parallel_tools
                       ? "\nroot ::= \"[\" tool-call-object (\", \" tool-call-object)* \"]\"\n"
                       : "\nroot ::= \"[\" tool-call-object \"]\"\n");
