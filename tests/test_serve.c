@@ -48,6 +48,20 @@ static void test_templates(void) {
         CHECK(out && !strcmp(out, cases[i].want), "%s renders\n%s",
               tlm_chat_template_name(cases[i].t), out ? out : "(null)");
         free(out);
+        /* the assistant turn finetuning trains on: the answer and the turn's end marker */
+        tlm_chat_message cm[4];
+        for (int k = 0; k < 4; k++) cm[k] = (tlm_chat_message){msgs[k].role, msgs[k].content};
+        tlm_chat_span *sp = NULL;
+        int ns = 0;
+        CHECK_OK(tlm_chat_render(cases[i].t, cm, 4, 0, &out, &sp, &ns));
+        const char *end = tlm_chat_template_end(cases[i].t);
+        size_t el = strlen(end);
+        CHECK(out && ns == 1 && sp[0].msg == 2 && sp[0].end - sp[0].begin >= 6 + el &&
+                  !memcmp(out + sp[0].end - el, end, el) &&
+                  !memcmp(out + sp[0].end - el - 6, "Hello!", 6),
+              "%s: the answer's span", tlm_chat_template_name(cases[i].t));
+        free(out);
+        free(sp);
         tlm_chat_template back;
         CHECK(tlm_chat_template_from_name(tlm_chat_template_name(cases[i].t), &back) &&
                   back == cases[i].t,
