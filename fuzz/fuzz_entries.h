@@ -317,14 +317,16 @@ static inline int fuzz_gpt2_bpe(const uint8_t *data, size_t size) {
 
 /* tlm serve's request parser: the first byte modulo 3 picks the shape (completions, chat,
  * llama-server's /completion); a parsed chat is rendered through every template, with its tools
- * in their messages (Hermes and Llama 3.1). The same bytes are read as a model's answer for tool
- * calls in both formats and as an embeddings body. */
+ * in their messages (Hermes and Llama 3.1) and in Mistral's whole prompt. The same bytes are read
+ * as a model's answer for tool calls in the three formats and as an embeddings body. */
 static inline int fuzz_request(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
     srv_tool_parse tp;
     srv_tools_parse((const char *)data + 1, size - 1, 1, &tp);
     srv_tool_parse_free(&tp);
     srv_tools_parse_as(SRV_TOOLFMT_LLAMA3, (const char *)data + 1, size - 1, 1, &tp);
+    srv_tool_parse_free(&tp);
+    srv_tools_parse_as(SRV_TOOLFMT_MISTRAL, (const char *)data + 1, size - 1, 1, &tp);
     srv_tool_parse_free(&tp);
     srv_embed_request er;
     srv_error ee;
@@ -339,6 +341,10 @@ static inline int fuzz_request(const uint8_t *data, size_t size) {
     if (r.chat && !srv_tools_set_format(&r, SRV_TOOLFMT_LLAMA3, &e) &&
         !srv_tools_messages(&r, &tm, &tn, &e))
         srv_messages_free(tm, tn);
+    char *mp = NULL;
+    if (r.chat && !srv_tools_set_format(&r, SRV_TOOLFMT_MISTRAL, &e) &&
+        !srv_tools_prompt(&r, &mp, &e))
+        free(mp);
     for (int t = 0; r.chat && t < TLM_CHAT_COUNT; t++) {
         char *out = NULL;
         if (srv_template_apply((tlm_chat_template)t, r.messages, r.n_messages, &out) == TLM_OK)

@@ -169,6 +169,14 @@ seed("tools", 1, {"messages": [{"role": "user", "content": "W?"},
     "tools": [{"type": "function", "function": {"name": "w", "parameters": {"type": "object",
         "properties": {"city": {"type": "string"}}, "required": ["city"]}}}],
     "tool_choice": "required", "parallel_tool_calls": False})
+seed("tools_mistral", 1, {"messages": [{"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "W?"},
+    {"role": "assistant", "content": None, "tool_calls": [{"id": "abcDEF123", "type": "function",
+        "function": {"name": "w", "arguments": "{\"city\": \"P\"}"}}]},
+    {"role": "tool", "tool_call_id": "abcDEF123", "content": "21"},
+    {"role": "user", "content": "[TOOL_CALLS][{\"name\": \"w\", \"arguments\": {}}]"}],
+    "tools": [{"type": "function", "function": {"name": "w", "description": "d", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}]})
 seed("native", 2, {"prompt": [1, "Once", 5], "n_predict": 4, "n_probs": 2, "return_tokens": True,
                    "logit_bias": [[3, False], ["cat", -1.5]], "ignore_eos": True, "mirostat": 0,
                    "samplers": ["top_k", "temperature"], "seed": -1, "cache_prompt": True})

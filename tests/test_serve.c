@@ -1148,6 +1148,14 @@ static void test_tools_mistral(void) {
           "one user message: %s", text ? text : e.message);
     free(text);
     srv_request_free(&r);
+    body = "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"},{\"role\":\"assistant\","
+           "\"content\":\"Hello!\",\"tool_calls\":[]},{\"role\":\"user\",\"content\":\"W?\"}]}";
+    CHECK(srv_request_parse(body, strlen(body), SRV_CHAT, &r, &e) == 0, "%s", e.message);
+    CHECK(srv_tools_prompt(&r, &text, &e) == 0 && text &&
+              !strcmp(text, "<s>[INST]Hi[/INST]Hello!</s>[INST]W?[/INST]"),
+          "an empty tool_calls is a plain answer: %s", text ? text : e.message);
+    free(text);
+    srv_request_free(&r);
 
     /* what the template refuses is a 400 naming it */
     const char *refused[] = {

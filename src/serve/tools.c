@@ -421,9 +421,9 @@ int srv_tools_prompt(const srv_request *r, char **out, srv_error *e) {
             puts_(&b, ", \"call_id\": \"");
             puts_(&b, s->tool_call_id);
             puts_(&b, "\"}[/TOOL_RESULTS]");
-        } else if (s->tool_calls) {
+        } else if (s->tool_calls && strcmp(s->tool_calls, "[]")) {
             rc = mistral_calls(&b, s->tool_calls, e);
-        } else {
+        } else { /* an empty tool_calls, which clients send, is an answer without calls */
             puts_(&b, s->content ? s->content : "");
             puts_(&b, "</s>");
         }
