@@ -443,6 +443,130 @@ static void test_mixed_step(void) {
     tlm_model_free(m);
 }
 
+/* Sliding-window layers' rings (tlm_session_opts.step_max 5, window 8: a ring of 12 positions
+ * and a mirror of 11 rows, in a context of 160): every layer windowed, then windowed and global
+ * layers in turn. Generation far past the window equals the full pass under the window mask
+ * token by token, after prefills in chunks shorter than the window and longer than it (several
+ * passes of 5), in mixed steps of batched sequences (a run split into passes, logits of some of
+ * its rows), after a cut of rejected rows; the cache's bytes are the ring's. */
+static void test_ring(int pattern) {
+    enum {
+        W = 8,
+        STEP = 5,
+        CTX = 160,
+        T = 130,
+        RING = W + STEP - 1,
+        ROWS = RING + W - 1 + STEP - 1
+    };
+    tlm_config c;
+    tlm_config_defaults(&c);
+    c.vocab_size = 61;
+    c.context_length = CTX;
+    c.d_model = base_d;
+    c.n_layers = 3;
+    c.n_heads = 4;
+    c.n_kv_heads = 2;
+    c.sliding_window = W;
+    c.sliding_window_pattern = pattern;
+    tlm_model *m = t_model(&c, 21 + (uint64_t)pattern, TLM_INIT_XAVIER);
+    int V = c.vocab_size, hd = c.d_model / c.n_heads;
+    int32_t ids[2][T];
+    float *want[2];
+    for (int b = 0; b < 2; b++) {
+        random_ids(ids[b], T, V, 90 + (uint64_t)b);
+        want[b] = full_logits(m, ids[b], T);
+    }
+    tlm_session_opts o = {.batch = 2,
+                          .capacity = 0,
+                          .kv_type = kv_type,
+                          .v_type_set = 1,
+                          .v_type = v_type,
+                          .step_max = STEP};
+    tlm_session *s = NULL, *full = NULL;
+    CHECK_OK(tlm_session_new(m, &o, &s));
+    o.step_max = CTX; /* a ring no smaller than the context: every layer keeps CTX positions */
+    CHECK_OK(tlm_session_new(m, &o, &full));
+    size_t row =
+        core_dtype_get(kv_type)->block_bytes * (size_t)hd / core_dtype_get(kv_type)->block_elems +
+        core_dtype_get(v_type)->block_bytes * (size_t)hd / core_dtype_get(v_type)->block_elems;
+    int windowed = 0;
+    for (int l = 0; l < c.n_layers; l++) windowed += tlm_config_layer_windowed(&c, l);
+    CHECK(windowed == (pattern ? 2 : 3), "%d windowed layers", windowed);
+    size_t per_seq_head = (size_t)windowed * ROWS + (size_t)(c.n_layers - windowed) * CTX;
+    CHECK(tlm_session_kv_bytes(s) == 2 * 2 * per_seq_head * row, "ring cache %zu bytes, want %zu",
+          tlm_session_kv_bytes(s), 2 * 2 * per_seq_head * row);
+    CHECK(tlm_session_kv_bytes(full) == 2 * 2 * (size_t)c.n_layers * CTX * row,
+          "full cache %zu bytes", tlm_session_kv_bytes(full));
+    /* prefills: token by token, shorter than the window, longer (passes of STEP), mixed */
+    const int splits[][3] = {{1}, {3}, {W + 12}, {2, 37, 50}};
+    const int n_chunks[] = {1, 1, 1, 3};
+    double worst = 0;
+    for (int k = 0; k < 4; k++) {
+        double e = run_split(s, ids[0], T, splits[k], n_chunks[k], want[0], V);
+        CHECK(e <= TOL, "ring, pattern %d, split %d: rel err %.3g", pattern, k, e);
+        worst = fmax(worst, e);
+    }
+    /* a step of 5 drafted rows, 3 of them wrong, cut back to the 2 right ones */
+    float *got = malloc((size_t)(T + 2) * V * sizeof *got);
+    tlm_session_reset(s, -1);
+    CHECK_OK(tlm_session_prefill(s, 0, ids[0], 40, NULL, 0));
+    int32_t draft[STEP] = {ids[0][40], ids[0][41], (ids[0][42] + 1) % V, 5, 6};
+    int n5[2] = {STEP, 0}, r5[2] = {STEP, 0};
+    CHECK_OK(tlm_session_step_rows(s, draft, n5, r5, got));
+    worst = fmax(worst, rel_err(got, want[0] + (size_t)40 * V, 2, V));
+    CHECK(tlm_session_truncate(s, 0, 10) == TLM_ERR_RANGE, "a cut past the ring");
+    CHECK(tlm_session_length(s, 0) == 45, "refused cut left %d", tlm_session_length(s, 0));
+    CHECK(tlm_session_save_prefix(s, 0, 45, got) == TLM_ERR_RANGE, "saving an overwritten prefix");
+    CHECK_OK(tlm_session_truncate(s, 0, 42));
+    for (int t = 42; t < T; t++) {
+        CHECK_OK(tlm_session_decode_one(s, ids[0][t], got));
+        worst = fmax(worst, rel_err(got, want[0] + (size_t)t * V, 1, V));
+    }
+    /* batched: sequence 0 decodes while 1 takes runs of 30 (six passes), then some of the rows
+     * of the next run */
+    tlm_session_reset(s, -1);
+    CHECK_OK(tlm_session_prefill(s, 0, ids[0], 30, NULL, 0));
+    int32_t flat[1 + 30];
+    flat[0] = ids[0][30];
+    memcpy(flat + 1, ids[1], 30 * sizeof(int32_t));
+    int n[2] = {1, 30};
+    CHECK_OK(tlm_session_step(s, flat, n, NULL, got));
+    worst = fmax(worst, rel_err(got, want[0] + (size_t)30 * V, 1, V));
+    worst = fmax(worst, rel_err(got + V, want[1] + (size_t)29 * V, 1, V));
+    flat[0] = ids[0][31];
+    memcpy(flat + 1, ids[1] + 30, 30 * sizeof(int32_t));
+    int rows[2] = {1, 12};
+    CHECK_OK(tlm_session_step_rows(s, flat, n, rows, got));
+    worst = fmax(worst, rel_err(got, want[0] + (size_t)31 * V, 1, V));
+    worst = fmax(worst, rel_err(got + V, want[1] + (size_t)48 * V, 12, V));
+    for (int t = 60; t < T; t++) {
+        int32_t pair[2] = {ids[0][t - 28], ids[1][t]};
+        CHECK_OK(tlm_session_decode(s, pair, NULL, got));
+        worst = fmax(worst, rel_err(got, want[0] + (size_t)(t - 28) * V, 1, V));
+        worst = fmax(worst, rel_err(got + V, want[1] + (size_t)t * V, 1, V));
+    }
+    /* 60 positions saved from the session without a ring, loaded into the ring */
+    CHECK_OK(tlm_session_prefill(full, 0, ids[1], 60, NULL, 0));
+    void *buf = malloc(tlm_session_prefix_bytes(full, 60));
+    CHECK_OK(tlm_session_save_prefix(full, 0, 60, buf));
+    CHECK_OK(tlm_session_load_prefix(s, 1, buf, 60, 57));
+    CHECK(tlm_session_length(s, 1) == 57, "loaded length %d", tlm_session_length(s, 1));
+    int one[2] = {0, 1};
+    for (int t = 57; t < T; t++) {
+        CHECK_OK(tlm_session_step(s, &ids[1][t], one, NULL, got));
+        worst = fmax(worst, rel_err(got + V, want[1] + (size_t)t * V, 1, V));
+    }
+    free(buf);
+    CHECK(worst <= TOL, "ring, pattern %d: rel err %.3g", pattern, worst);
+    printf("  %-50s %.2e\n", pattern ? "ring: windowed and global layers" : "ring: every layer",
+           worst);
+    free(got);
+    tlm_session_free(s);
+    tlm_session_free(full);
+    for (int b = 0; b < 2; b++) free(want[b]);
+    tlm_model_free(m);
+}
+
 /* ---- samplers ---- */
 
 #define DRAWS 20000
@@ -1086,6 +1210,8 @@ int main(void) {
         test_prefix_save_load();
         test_prefill_hidden();
         test_mixed_step();
+        test_ring(0);
+        test_ring(2);
     }
     base_d = 32;
     kv_type = v_type = TLM_DTYPE_F32;

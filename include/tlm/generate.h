@@ -38,6 +38,14 @@ typedef struct {
      * v_type_set is nonzero: v_type, any of kv_type's. Otherwise kv_type for both. */
     int v_type_set;
     tlm_dtype v_type;
+    /* The most new ids of one sequence that one pass writes into the cache of a model with
+     * sliding-window layers (<= 0: 512): such a layer keeps a ring of sliding_window + step_max - 1
+     * positions (plus a mirror of up to sliding_window + 30 rows, so that what attention reads is
+     * contiguous) instead of `capacity`, where that is smaller. Prefills and steps with more ids
+     * of a sequence run as several passes. A sequence can then be truncated by at most step_max
+     * positions past the window of its new end, and saved only while it holds no more than the
+     * ring (TLM_ERR_RANGE otherwise). Sessions without a ring ignore it. */
+    int step_max;
 } tlm_session_opts;
 
 /* batch 1, capacity 0 (context_length), F32 keys and values. */
@@ -66,6 +74,9 @@ int tlm_session_batch(const tlm_session *s);
 tlm_dtype tlm_session_kv_type(const tlm_session *s);
 tlm_dtype tlm_session_v_type(const tlm_session *s);
 int tlm_session_capacity(const tlm_session *s);
+/* Bytes of the whole KV cache (every sequence; the rings of sliding-window layers, not capacity).
+ */
+size_t tlm_session_kv_bytes(const tlm_session *s);
 /* Positions cached so far for sequence seq (its next token's position). */
 int tlm_session_length(const tlm_session *s, int seq);
 /* Keeps only the first n cached positions of sequence seq (no-op when it holds n or fewer): the

@@ -13,15 +13,23 @@ struct tlm_session {
     int B, cap;
     int *len; /* [B] cached positions per sequence */
 
-    /* Cache layout: [layer][seq][K|V][kv_head][cap][hd]. Each kv head's keys are contiguous, so
+    /* Cache layout: [layer][seq][K|V][kv_head][row][hd]. Each kv head's keys are contiguous, so
      * prefill attention is two sgemm calls per head and decode reads one stream per head. A
      * position's hd elements of one head (kv_row[0] bytes for keys, kv_row[1] for values) are
      * floats, IEEE halves, bfloat16s or GGUF blocks of 32 (kv_type[0] for keys, [1] for values;
      * kv_kind the same as the attention kernels name it, a K_KV_). */
     void *kv;
     size_t kv_bytes;
-    size_t head_stride[2]; /* cap * kv_row bytes */
     size_t kv_row[2];
+    /* Sliding-window layers whose window plus step_max - 1 positions fall short of the capacity
+     * keep a ring of ring = sliding_window + step_max - 1 positions: position p at row p mod ring,
+     * so a pass of at most step_max rows of a sequence overwrites no key its rows still see. The
+     * first l_rows - ring rows are mirrored past the ring, so that every span of keys a pass reads
+     * (a window, or a window and an attention chunk) is contiguous from its first key's row.
+     * ring 0: no layer is a ring, every layer keeps capacity positions. */
+    int ring, step_max;
+    int *l_rows;   /* [n_layers] rows per cached head: capacity, or the ring and its mirror */
+    size_t *l_off; /* [n_layers] byte offset of the layer's [seq][K|V][kv_head][row] blocks */
     tlm_dtype kv_type[2];
     int kv_kind[2];
     /* A cache's keys and values (other than floats) widened for the matrix products of prefill
@@ -80,12 +88,23 @@ void infer_lora_free(struct tlm_session *s);
 double infer_sampler_uniform(tlm_sampler *s);
 void infer_sampler_copy_window(tlm_sampler *dst, const tlm_sampler *src);
 
-/* One cached head: positions [0, cap) of one kv head of one sequence in one layer, keys (kv 0)
+/* One cached head: rows [0, l_rows[l]) of one kv head of one sequence in one layer, keys (kv 0)
  * or values (kv 1). */
 static inline void *infer_cache(const struct tlm_session *s, int l, int b, int kv, int kvh) {
-    size_t kvhs = (size_t)s->m->c.n_kv_heads, keys = kvhs * s->head_stride[0];
-    return (char *)s->kv + ((size_t)l * s->B + b) * (keys + kvhs * s->head_stride[1]) +
-           (kv ? keys : 0) + (size_t)kvh * s->head_stride[kv];
+    size_t kvhs = (size_t)s->m->c.n_kv_heads, rows = (size_t)s->l_rows[l];
+    size_t keys = kvhs * rows * s->kv_row[0];
+    return (char *)s->kv + s->l_off[l] + (size_t)b * (keys + kvhs * rows * s->kv_row[1]) +
+           (kv ? keys : 0) + (size_t)kvh * rows * s->kv_row[kv];
+}
+
+/* Whether layer l's cache is a ring (its rows are more than the ring only then: the mirror). */
+static inline int infer_is_ring(const struct tlm_session *s, int l) {
+    return s->ring && s->l_rows[l] != s->cap;
+}
+
+/* The row of position p in layer l's cache. */
+static inline size_t infer_row(const struct tlm_session *s, int l, int p) {
+    return (size_t)(infer_is_ring(s, l) ? p % s->ring : p);
 }
 
 #endif

@@ -22,6 +22,9 @@
 
 /* Queries per prefill attention task: bounds the per-thread score block to PCHUNK x capacity. */
 #define PCHUNK 32
+/* Rows of one sequence per pass where some layer's cache is a ring (tlm_session_opts.step_max):
+ * llama.cpp's default micro-batch. */
+#define SESSION_STEP_MAX 512
 
 static void free_scratch(tlm_session *s) {
     core_big_free(s->scratch, s->scratch_bytes);
@@ -161,13 +164,33 @@ tlm_status tlm_session_new(const tlm_model *m, const tlm_session_opts *o, tlm_se
         s->kv_kind[kv] = k_kv_kind(types[kv]);
         s->kv_row[kv] = hd / di->block_elems * di->block_bytes;
     }
-    int ok = core_mul_ok((size_t)c->n_layers * (size_t)c->n_kv_heads, (size_t)batch, &heads) &&
-             core_mul_ok((size_t)capacity, s->kv_row[0], &s->head_stride[0]) &&
-             core_mul_ok((size_t)capacity, s->kv_row[1], &s->head_stride[1]) &&
-             s->head_stride[0] <= SIZE_MAX - s->head_stride[1] &&
-             core_mul_ok(heads, s->head_stride[0] + s->head_stride[1], &both);
-    s->kv_bytes = both;
     tlm_status st = TLM_OK;
+    s->l_rows = calloc((size_t)c->n_layers, sizeof(int));
+    s->l_off = calloc((size_t)c->n_layers, sizeof(size_t));
+    if (!s->l_rows || !s->l_off) {
+        st = core_err(TLM_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    int step_max = o->step_max > 0 ? o->step_max : SESSION_STEP_MAX;
+    int ok = core_mul_ok((size_t)c->n_kv_heads, (size_t)batch, &heads) &&
+             s->kv_row[0] <= SIZE_MAX - s->kv_row[1];
+    for (int l = 0; l < c->n_layers && ok; l++) {
+        int W = tlm_config_layer_windowed(c, l) ? c->sliding_window : 0, rows = capacity;
+        /* the most keys one pass reads: a decode row's window, or a prefill chunk's */
+        int span = W - 1 + (step_max < PCHUNK ? step_max : PCHUNK);
+        if (W > 0 && step_max <= capacity && W + step_max - 1 + span - 1 < capacity) {
+            s->ring = W + step_max - 1;
+            s->step_max = step_max;
+            rows = s->ring + span - 1;
+        }
+        size_t layer = 0;
+        s->l_rows[l] = rows;
+        s->l_off[l] = both;
+        ok = core_mul_ok(heads * (size_t)rows, s->kv_row[0] + s->kv_row[1], &layer) &&
+             layer <= SIZE_MAX - both;
+        both += ok ? layer : 0;
+    }
+    s->kv_bytes = both;
     if (!ok) {
         st = core_err(TLM_ERR_NOMEM, "session: KV cache size overflows");
         goto fail;
@@ -216,6 +239,8 @@ void tlm_session_free(tlm_session *s) {
     free(s->seg_n);
     free(s->want_row);
     free(s->want_seq);
+    free(s->l_rows);
+    free(s->l_off);
     free(s);
 }
 
@@ -239,17 +264,26 @@ int tlm_session_batch(const tlm_session *s) { return s->B; }
 tlm_dtype tlm_session_kv_type(const tlm_session *s) { return s->kv_type[0]; }
 tlm_dtype tlm_session_v_type(const tlm_session *s) { return s->kv_type[1]; }
 int tlm_session_capacity(const tlm_session *s) { return s->cap; }
+size_t tlm_session_kv_bytes(const tlm_session *s) { return s ? s->kv_bytes : 0; }
 int tlm_session_length(const tlm_session *s, int seq) {
     return seq >= 0 && seq < s->B ? s->len[seq] : -1;
 }
 
 /* Cached keys and values depend only on the ids before them, so the first n positions of a
- * sequence stay valid for any continuation: forgetting the rest is all there is to do. */
+ * sequence stay valid for any continuation: forgetting the rest is all there is to do, as long
+ * as the rings still hold the keys position n sees. A ring holds the last `ring` positions
+ * written, so cutting at most step_max positions (the rows of one pass) is always possible. */
 tlm_status tlm_session_truncate(tlm_session *s, int seq, int n) {
     if (!s) return core_err(TLM_ERR_ARG, "session: NULL session");
     if (seq < 0 || seq >= s->B)
         return core_err(TLM_ERR_RANGE, "session: sequence %d outside the batch of %d", seq, s->B);
     if (n < 0) return core_err(TLM_ERR_ARG, "session: truncate to %d positions", n);
+    int len = s->len[seq], W = s->m->c.sliding_window, first = n - W + 1 > 0 ? n - W + 1 : 0;
+    if (s->ring && n > 0 && n < len && first < len - s->ring)
+        return core_err(TLM_ERR_RANGE,
+                        "session: truncating sequence %d from %d to %d positions: the sliding "
+                        "window's ring of %d positions has overwritten position %d",
+                        seq, len, n, s->ring, first);
     if (n < s->len[seq]) s->len[seq] = n;
     return TLM_OK;
 }
@@ -270,12 +304,23 @@ static void prefix_copy(const tlm_session *s, int seq, char *to, const char *fro
     for (int l = 0; l < c->n_layers; l++)
         for (int kv = 0; kv < 2; kv++)
             for (int h = 0; h < c->n_kv_heads; h++, at += (size_t)n_buf * s->kv_row[kv]) {
-                size_t bytes = (size_t)n * s->kv_row[kv];
-                void *blk = infer_cache(s, l, seq, kv, h);
-                if (to)
-                    memcpy(to + at, blk, bytes);
-                else
-                    memcpy(blk, from + at, bytes);
+                size_t row = s->kv_row[kv];
+                char *blk = infer_cache(s, l, seq, kv, h);
+                /* saving needs every position in place (save_prefix checks); a ring loads only the
+                 * positions it keeps, each at its row and its mirror's */
+                if (to) {
+                    memcpy(to + at, blk, (size_t)n * row);
+                } else if (!infer_is_ring(s, l)) {
+                    memcpy(blk, from + at, (size_t)n * row);
+                } else {
+                    int mirror = s->l_rows[l] - s->ring;
+                    for (int p = n > s->ring ? n - s->ring : 0; p < n; p++) {
+                        size_t r = infer_row(s, l, p);
+                        memcpy(blk + r * row, from + at + (size_t)p * row, row);
+                        if ((int)r < mirror)
+                            memcpy(blk + (r + (size_t)s->ring) * row, blk + r * row, row);
+                    }
+                }
             }
 }
 
@@ -292,6 +337,11 @@ tlm_status tlm_session_save_prefix(const tlm_session *s, int seq, int n, void *b
     if (n < 0 || n > s->len[seq])
         return core_err(TLM_ERR_RANGE, "session: saving %d positions of a sequence holding %d", n,
                         s->len[seq]);
+    if (s->ring && s->len[seq] > s->ring)
+        return core_err(TLM_ERR_RANGE,
+                        "session: saving %d positions of sequence %d: the sliding window's ring "
+                        "of %d positions keeps only the last of its %d",
+                        n, seq, s->ring, s->len[seq]);
     prefix_copy(s, seq, buf, NULL, n, n);
     return TLM_OK;
 }
@@ -376,8 +426,9 @@ static void attend_prefill(tlm_session *s, int l, int b, int pos0, int T, int r0
         /* keys past the chunk's last query are all masked, and in a windowed layer those before
          * its first query's window */
         int j0 = W > 0 && pos0 + t0 + 1 > W ? pos0 + t0 + 1 - W : 0, S = pos0 + t0 + tc - j0;
-        const char *Kc = (const char *)infer_cache(s, l, b, 0, h / group) + j0 * s->kv_row[0],
-                   *Vc = (const char *)infer_cache(s, l, b, 1, h / group) + j0 * s->kv_row[1];
+        size_t row0 = infer_row(s, l, j0);
+        const char *Kc = (const char *)infer_cache(s, l, b, 0, h / group) + row0 * s->kv_row[0],
+                   *Vc = (const char *)infer_cache(s, l, b, 1, h / group) + row0 * s->kv_row[1];
         const float *q = s->qkv + (size_t)(r0 + t0) * ld + (size_t)h * hd;
         float *o = s->att + (size_t)(r0 + t0) * qw + (size_t)h * hd;
         int me = omp_get_thread_num();
@@ -445,10 +496,11 @@ static void decode_tasks(void *ctx, long a, long b) {
         int r = (int)(task / H), h = (int)(task % H), S = s->row_pos[r] + 1;
         int j0 = x->window > 0 && S > x->window ? S - x->window : 0; /* the window's first key */
         S -= j0;
+        size_t row0 = infer_row(s, x->l, j0);
         const char *Kc =
-            (const char *)infer_cache(s, x->l, s->row_seq[r], 0, h / group) + j0 * s->kv_row[0];
+            (const char *)infer_cache(s, x->l, s->row_seq[r], 0, h / group) + row0 * s->kv_row[0];
         const char *Vc =
-            (const char *)infer_cache(s, x->l, s->row_seq[r], 1, h / group) + j0 * s->kv_row[1];
+            (const char *)infer_cache(s, x->l, s->row_seq[r], 1, h / group) + row0 * s->kv_row[1];
         const float *q = s->qkv + (size_t)r * ld + (size_t)h * hd;
         float *p = s->scores + (size_t)task * s->cap;
         float *o = s->att + (size_t)r * qw + (size_t)h * hd;
@@ -490,8 +542,9 @@ static void store_heads(void *ctx, long a, long b) {
     for (long hk = a; hk < b; hk++) {
         int h = (int)(hk / 2), kv = (int)(hk % 2);
         for (int r = 0; r < x->N; r++) {
-            char *dst = (char *)infer_cache(s, x->l, s->row_seq[r], kv, h) +
-                        (size_t)s->row_pos[r] * s->kv_row[kv];
+            char *blk = infer_cache(s, x->l, s->row_seq[r], kv, h);
+            size_t row = infer_row(s, x->l, s->row_pos[r]);
+            char *dst = blk + row * s->kv_row[kv];
             const float *src = x->qkv + (size_t)r * x->ld + qw + (size_t)kv * kw + (size_t)h * hd;
             /* as llama.cpp's CPU backend stores each type: its x86 quantize_row_q8_0 for Q8_0,
              * the reference quantizers (byte for byte, k_narrow_row) for the others */
@@ -501,6 +554,8 @@ static void store_heads(void *ctx, long a, long b) {
                 k_narrow_row(s->kv_type[kv], src, dst, hd);
             else
                 memcpy(dst, src, (size_t)hd * sizeof(float));
+            if (infer_is_ring(s, x->l) && (int)row < s->l_rows[x->l] - s->ring)
+                memcpy(blk + (row + (size_t)s->ring) * s->kv_row[kv], dst, s->kv_row[kv]);
         }
     }
 }
@@ -599,9 +654,11 @@ static tlm_status check_ids(const tlm_config *c, const int32_t *ids, int n) {
     return TLM_OK;
 }
 
-/* Runs n ids of sequence seq through the blocks (their residual rows left in s->x) and appends
- * them to its cache. */
-static tlm_status prefill_rows(tlm_session *s, int seq, const int32_t *ids, int n) {
+/* Appends n ids to sequence seq's cache, in passes of at most step_max rows where a layer is a
+ * ring; each pass's rows give hidden (normed, [n, d]) or logits (all_rows: [n, V], else the last
+ * row's). */
+static tlm_status prefill_rows(tlm_session *s, int seq, const int32_t *ids, int n, float *logits,
+                               int all_rows, float *hidden) {
     if (!s || !ids) return core_err(TLM_ERR_ARG, "prefill: session and ids must not be NULL");
     if (seq < 0 || seq >= s->B)
         return core_err(TLM_ERR_ARG, "prefill: sequence %d outside the batch of %d", seq, s->B);
@@ -614,47 +671,48 @@ static tlm_status prefill_rows(tlm_session *s, int seq, const int32_t *ids, int 
     tlm_status st = check_ids(c, ids, n);
     if (st) return st;
     core_threads_enter();
-    st = reserve_rows(s, n);
+    int M = s->step_max && s->step_max < n ? s->step_max : n;
+    st = reserve_rows(s, M);
     if (st) return st;
     st = reserve_scores(s, (size_t)omp_get_max_threads() * prefill_scores(s));
     if (!st) st = reserve_wide(s);
     if (st) return st;
-    int pos0 = s->len[seq];
-    for (int r = 0; r < n; r++) {
-        s->row_seq[r] = seq;
-        s->row_pos[r] = pos0 + r;
+    for (int a = 0, k; a < n; a += k) {
+        k = n - a < M ? n - a : M;
+        int pos0 = s->len[seq];
+        for (int r = 0; r < k; r++) {
+            s->row_seq[r] = seq;
+            s->row_pos[r] = pos0 + r;
+        }
+        blocks(s, ids + a, k, 1);
+        s->len[seq] += k;
+        if (hidden)
+            mdl_head_norm(s->m, s->x, hidden + (size_t)a * c->d_model, k);
+        else if (logits && all_rows)
+            head_rows(s, 0, k, logits + (size_t)a * c->vocab_size, NULL, seq);
+        else if (logits && a + k == n)
+            head_rows(s, k - 1, 1, logits, NULL, seq);
     }
-    blocks(s, ids, n, 1);
-    s->len[seq] += n;
     return TLM_OK;
 }
 
 tlm_status tlm_session_prefill(tlm_session *s, int seq, const int32_t *ids, int n, float *logits,
                                int all_rows) {
     CORE_FP_FLUSH_SCOPE();
-    tlm_status st = prefill_rows(s, seq, ids, n);
-    if (st) return st;
-    if (logits) {
-        if (all_rows)
-            head_rows(s, 0, n, logits, NULL, seq);
-        else
-            head_rows(s, n - 1, 1, logits, NULL, seq);
-    }
-    return TLM_OK;
+    return prefill_rows(s, seq, ids, n, logits, all_rows, NULL);
 }
 
 tlm_status tlm_session_prefill_hidden(tlm_session *s, int seq, const int32_t *ids, int n,
                                       float *hidden) {
     CORE_FP_FLUSH_SCOPE();
     if (!hidden) return core_err(TLM_ERR_ARG, "prefill: hidden must not be NULL");
-    tlm_status st = prefill_rows(s, seq, ids, n);
-    if (st) return st;
-    mdl_head_norm(s->m, s->x, hidden, n);
-    return TLM_OK;
+    return prefill_rows(s, seq, ids, n, NULL, 0, hidden);
 }
 
 static tlm_status step_rows(tlm_session *s, const int32_t *ids, const int *n, const uint8_t *want,
-                            const int *rows, float *logits, int N);
+                            const int *rows, const int *row_at, float *logits, int N);
+static tlm_status step_split(tlm_session *s, const int32_t *ids, const int *n, const uint8_t *want,
+                             const int *rows, float *logits, int N);
 
 /* TLM_SHARED_CORES=ignore keeps the full team for every step (share.c), in benchmark builds
  * (bench/quant/two_decoders.sh times both). */
@@ -696,7 +754,10 @@ static tlm_status step(tlm_session *s, const int32_t *ids, const int *n, const u
     /* A decode step runs no OpenMP region (attend_decode and cache_store go through k_team_units
      * too), so its products can take the pool; passes with a prompt's rows keep OpenMP. */
     int pool = k_team_pool(decode);
-    st = step_rows(s, ids, n, want, rows, logits, N);
+    int split = 0;
+    for (int b = 0; b < s->B && s->step_max; b++) split |= n[b] > s->step_max;
+    st = split ? step_split(s, ids, n, want, rows, logits, N)
+               : step_rows(s, ids, n, want, rows, NULL, logits, N);
     k_team_pool(pool);
     if (team != full) omp_set_num_threads(full);
     if (timed && !st) infer_share_after(&s->share, full, core_now_s() - w0, core_cpu_s() - c0);
@@ -714,8 +775,58 @@ tlm_status tlm_session_step_rows(tlm_session *s, const int32_t *ids, const int *
     return step(s, ids, n, NULL, rows, logits);
 }
 
+/* A step with more than step_max new ids of a sequence, where a layer is a ring: passes of at most
+ * step_max ids of each sequence, each pass's logits where the caller's would be (the rows a pass
+ * holds of those asked for, at their place among them). */
+static tlm_status step_split(tlm_session *s, const int32_t *ids, const int *n, const uint8_t *want,
+                             const int *rows, float *logits, int N) {
+    int B = s->B, M = s->step_max;
+    int *ints = malloc((size_t)B * 6 * sizeof(int));
+    int32_t *sub_ids = malloc((size_t)N * sizeof(int32_t));
+    uint8_t *sub_want = malloc((size_t)B);
+    if (!ints || !sub_ids || !sub_want) {
+        free(ints);
+        free(sub_ids);
+        free(sub_want);
+        return core_err(TLM_ERR_NOMEM, "out of memory for a step of %d rows", N);
+    }
+    int *done = ints, *id0 = ints + B, *out0 = ints + 2 * B, *sub_n = ints + 3 * B,
+        *sub_rows = ints + 4 * B, *row_at = ints + 5 * B;
+    for (int b = 0, at = 0, out = 0; b < B; b++) {
+        done[b] = 0;
+        id0[b] = at;
+        out0[b] = out;
+        at += n[b];
+        out += rows ? rows[b] : 0;
+    }
+    tlm_status st = TLM_OK;
+    for (;;) {
+        int sub_N = 0;
+        for (int b = 0; b < B; b++) {
+            int k = n[b] - done[b] < M ? n[b] - done[b] : M;
+            memcpy(sub_ids + sub_N, ids + id0[b] + done[b], (size_t)k * sizeof(int32_t));
+            sub_n[b] = k;
+            sub_N += k;
+            sub_want[b] = k && done[b] + k == n[b] && (!want || want[b]);
+            if (rows) {
+                int first = n[b] - rows[b], lo = done[b] > first ? done[b] : first;
+                sub_rows[b] = done[b] + k > lo ? done[b] + k - lo : 0;
+                row_at[b] = out0[b] + lo - first;
+            }
+        }
+        if (!sub_N) break;
+        st = step_rows(s, sub_ids, sub_n, sub_want, rows ? sub_rows : NULL, row_at, logits, sub_N);
+        if (st) break;
+        for (int b = 0; b < B; b++) done[b] += sub_n[b];
+    }
+    free(ints);
+    free(sub_ids);
+    free(sub_want);
+    return st;
+}
+
 static tlm_status step_rows(tlm_session *s, const int32_t *ids, const int *n, const uint8_t *want,
-                            const int *rows, float *logits, int N) {
+                            const int *rows, const int *row_at, float *logits, int N) {
     const tlm_config *c = &s->m->c;
     tlm_status st = reserve_rows(s, N);
     if (st) return st;
@@ -757,6 +868,7 @@ static tlm_status step_rows(tlm_session *s, const int32_t *ids, const int *n, co
         for (int k = 0; k < N; k += n[s->row_seq[k]]) s->want_row[s->row_seq[k]] = k;
         for (int b = 0; b < s->B; b++) {
             if (!rows[b]) continue;
+            if (row_at) out = (size_t)row_at[b];
             head_rows(s, s->want_row[b] + n[b] - rows[b], rows[b], logits + out * V, NULL, b);
             out += (size_t)rows[b];
         }
