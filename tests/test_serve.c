@@ -567,6 +567,77 @@ static void test_prompt_cache(void) {
     tlm_model_free(m);
 }
 
+/* A model whose layers all have a sliding window of 16, served with rings of 27 positions
+ * (step_max 12) over slots of 256: the text of each turn is a full cache's under the same window.
+ * A next turn continues from the slot (its prompt differs from what the slot holds in its last
+ * ten or so positions: a cut the ring allows); a prompt sharing only an early prefix finds it
+ * overwritten in the ring and starts over; the prompt cache, unable to save what the ring
+ * overwrote, keeps nothing. */
+static void test_ring(void) {
+    tlm_model *m = NULL;
+    tlm_tokenizer *tok = NULL;
+    if (!load_stories(&m, &tok)) return;
+    /* the windows are read at each pass, so setting them on the loaded model windows it */
+    tlm_config *c = (tlm_config *)tlm_model_config(m);
+    c->sliding_window = 16;
+    c->sliding_window_pattern = 0;
+    const char *first = "Lily and Ben went to the park with their mom and dad to play";
+    int32_t *a = NULL, *b = NULL, *next = NULL;
+    size_t na = 0, nb = 0, nn = 0;
+    CHECK_OK(tlm_tokenizer_encode(tok, first, strlen(first), TLM_ENCODE_ADD_BOS, &a, &na));
+    CHECK_OK(tlm_tokenizer_encode(tok, "Tom", 3, TLM_ENCODE_ADD_BOS, &b, &nb));
+    char *answer = reference_text(m, tok, a, (int)na, 30);
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s%s and", first, answer ? answer : "");
+    CHECK_OK(tlm_tokenizer_encode(tok, buf, strlen(buf), TLM_ENCODE_ADD_BOS, &next, &nn));
+    char *want = reference_text(m, tok, next, (int)nn, 8);
+    int32_t early[64];
+    int ne = 0;
+    for (size_t i = 0; i < 6 && i < na; i++) early[ne++] = a[i];
+    for (size_t i = 1; i < nb; i++) early[ne++] = b[i];
+    char *want_early = reference_text(m, tok, early, ne, 8);
+    srv_sched *s = NULL, *full = NULL;
+    srv_sched_opts so = {.parallel = 1, .ctx = 256, .prefill_chunk = 3, .cache_mib = 64};
+    CHECK_OK(srv_sched_new(m, tok, &so, &full));
+    so.step_max = 12;
+    CHECK_OK(srv_sched_new(m, tok, &so, &s));
+    if (s && full) {
+        /* rows per cached head: the ring of 27 and a mirror of 15 + 11, against 256 */
+        CHECK(srv_sched_kv_bytes(s) * 256 == srv_sched_kv_bytes(full) * 53,
+              "ring cache %zu bytes, full %zu", srv_sched_kv_bytes(s), srv_sched_kv_bytes(full));
+        srv_job *j1 = run_one(s, a, (int)na, 30);
+        CHECK(j1->text && answer && !strcmp(j1->text, answer), "first turn with rings");
+        srv_job *j3 = run_one(s, next, (int)nn, 8);
+        CHECK(j3->cached_tokens >= (int)na + 15, "next turn from the slot: %d cached",
+              j3->cached_tokens);
+        CHECK(j3->text && want && !strcmp(j3->text, want),
+              "next turn with rings gives\n%s\nnot\n%s", j3->text ? j3->text : "",
+              want ? want : "");
+        srv_job *j4 = run_one(s, early, ne, 8);
+        CHECK(j4->cached_tokens == 0, "an overwritten prefix reused: %d cached", j4->cached_tokens);
+        CHECK(j4->text && want_early && !strcmp(j4->text, want_early), "early prefix's text");
+        srv_job *j2 = run_one(s, b, (int)nb, 30);
+        srv_stats st;
+        srv_sched_stats(s, &st);
+        CHECK(st.cache_entries == 0 && st.cache_hits == 0, "prompt cache: %d entries, %llu hits",
+              st.cache_entries, (unsigned long long)st.cache_hits);
+        srv_job_free(j1);
+        srv_job_free(j2);
+        srv_job_free(j3);
+        srv_job_free(j4);
+    }
+    srv_sched_free(s);
+    srv_sched_free(full);
+    free(answer);
+    free(want);
+    free(want_early);
+    free(a);
+    free(b);
+    free(next);
+    tlm_tokenizer_free(tok);
+    tlm_model_free(m);
+}
+
 static void set_text(srv_job *j, const char *t) {
     free(j->text);
     j->text = strdup(t);
@@ -1271,6 +1342,7 @@ int main(void) {
     test_sampler_extras();
     test_scheduler();
     test_prompt_cache();
+    test_ring();
     test_cache_types();
     return t_finish("test_serve");
 }

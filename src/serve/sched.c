@@ -499,7 +499,9 @@ static tlm_status draft_all(srv_sched *s) {
         sl->k = k;
         sl->toks[sl->n_toks] = sl->next;
         int keep = (int)common_prefix(sl->dtoks, sl->d_len, sl->toks, sl->n_toks);
+        /* a draft whose sliding-window rings overwrote the window of `keep` starts over */
         tlm_status err = tlm_session_truncate(s->dsess, b, keep);
+        if (err) err = tlm_session_truncate(s->dsess, b, keep = 0);
         if (err) return err;
         int need = sl->n_toks + 1 - keep;
         memcpy(s->dids + at, sl->toks + keep, (size_t)need * sizeof(int32_t));
@@ -666,8 +668,10 @@ static void admit(srv_sched *s) {
                 best_lcp = ce_lcp;
                 s->st.cache_hits++;
             }
-        } else {
-            tlm_session_truncate(s->sess, best, (int)best_lcp);
+        } else if (tlm_session_truncate(s->sess, best, (int)best_lcp)) {
+            /* the slot's sliding-window rings overwrote the window of the shared prefix's end */
+            best_lcp = 0;
+            tlm_session_truncate(s->sess, best, 0);
         }
         sl->n_toks = (int)best_lcp;
         sl->fed = (int)best_lcp;
@@ -1128,7 +1132,8 @@ tlm_status srv_sched_new(const tlm_model *m, const tlm_tokenizer *tok, const srv
                            .capacity = ctx,
                            .kv_type = o->kv_type,
                            .v_type_set = 1,
-                           .v_type = o->v_type};
+                           .v_type = o->v_type,
+                           .step_max = o->step_max};
     tlm_status st = tlm_session_new(m, &so, &s->sess);
     if (st) goto fail;
     if (o->n_lora > SRV_MAX_LORA) {
@@ -1241,9 +1246,7 @@ void srv_sched_free(srv_sched *s) {
 
 int srv_sched_ctx(const srv_sched *s) { return s->ctx; }
 int srv_sched_parallel(const srv_sched *s) { return s->B; }
-size_t srv_sched_kv_bytes(const srv_sched *s) {
-    return tlm_session_prefix_bytes(s->sess, s->ctx) * (size_t)s->B;
-}
+size_t srv_sched_kv_bytes(const srv_sched *s) { return tlm_session_kv_bytes(s->sess); }
 tlm_dtype srv_sched_kv_type(const srv_sched *s) { return tlm_session_kv_type(s->sess); }
 tlm_dtype srv_sched_v_type(const srv_sched *s) { return tlm_session_v_type(s->sess); }
 

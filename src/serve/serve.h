@@ -331,6 +331,8 @@ typedef struct {
     int ctx;           /* positions per slot; <= 0: the model's context_length */
     int queue_max;     /* jobs waiting beyond the slots; <= 0: 4 * parallel */
     int prefill_chunk; /* prompt tokens per prefill pass while others decode; <= 0: 64 */
+    int step_max;      /* tlm_session_opts.step_max: a sliding-window layer's ring is its window
+                        * plus step_max - 1 positions; <= 0: the session's default */
     long cache_mib;    /* prompt cache in memory (MiB; <= 0: none): a slot taken over by another
                         * request keeps its keys and values here for a later request that starts
                         * the same way (llama-server's --cache-ram) */
