@@ -16,9 +16,10 @@ extern "C" {
  * it and may be shared by several sessions). Each layer caches n_kv_heads keys and values per
  * position, after RoPE, so cached keys are never rotated again. Prompts are prefilled in one
  * batched pass (matrix-matrix products); each later token goes through a matrix-vector path that
- * streams the weights once per step. Nothing is allocated per decode step. The cache holds at most
- * `capacity` positions (<= context_length); there is no sliding window: a sequence that is full
- * refuses more tokens with TLM_ERR_RANGE. */
+ * streams the weights once per step. Nothing is allocated per decode step. A sequence holds at
+ * most `capacity` positions (<= context_length); there is no context shift: a sequence that is
+ * full refuses more tokens with TLM_ERR_RANGE. A sliding-window layer keeps only a ring of its
+ * last positions (step_max below). */
 typedef struct tlm_session tlm_session;
 
 typedef struct {
@@ -39,12 +40,13 @@ typedef struct {
     int v_type_set;
     tlm_dtype v_type;
     /* The most new ids of one sequence that one pass writes into the cache of a model with
-     * sliding-window layers (<= 0: 512): such a layer keeps a ring of sliding_window + step_max - 1
-     * positions (plus a mirror of up to sliding_window + 30 rows, so that what attention reads is
-     * contiguous) instead of `capacity`, where that is smaller. Prefills and steps with more ids
-     * of a sequence run as several passes. A sequence can then be truncated by at most step_max
-     * positions past the window of its new end, and saved only while it holds no more than the
-     * ring (TLM_ERR_RANGE otherwise). Sessions without a ring ignore it. */
+     * sliding-window layers (<= 0: 512): such a layer keeps a ring of the last sliding_window +
+     * step_max - 1 positions (and a copy of its first sliding_window + 30 rows or fewer, so that
+     * what attention reads is contiguous) instead of `capacity` positions, where that is smaller.
+     * Prefills and steps with more ids of a sequence run as several passes. What a ring overwrote
+     * is gone: tlm_session_truncate refuses a cut whose new end's window it lost (a cut of at most
+     * step_max positions never is) and tlm_session_save_prefix a sequence longer than the ring
+     * (TLM_ERR_RANGE). Sessions without a ring ignore it. */
     int step_max;
 } tlm_session_opts;
 

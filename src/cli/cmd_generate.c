@@ -63,7 +63,7 @@ static const char *generate_help =
     "\n"
     "Generation stops after N tokens, at the vocabulary's EOS or another end of generation (as\n"
     "llama.cpp's: <|eot_id|>, <|im_end|>, <|endoftext|>, ...), or when prompt + output reach the\n"
-    "model's context_length (with a notice on stderr; there is no sliding window).\n";
+    "model's context_length (with a notice on stderr; no context shift).\n";
 // clang-format on
 
 typedef struct {
@@ -451,9 +451,8 @@ int cmd_generate(int argc, char **argv) {
      * timings would otherwise start mid-line. */
     const char *nl = !print_ids && isatty(STDOUT_FILENO) ? "\n" : "";
     if (why == TLM_STOP_CONTEXT) {
-        fprintf(stderr,
-                "%stlm: generate: reached context_length %d; stopping (no sliding window)\n", nl,
-                c->context_length);
+        fprintf(stderr, "%stlm: generate: reached context_length %d; stopping (no context shift)\n",
+                nl, c->context_length);
         nl = "";
     }
     size_t mapped, owned;

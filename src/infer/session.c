@@ -735,7 +735,7 @@ static tlm_status step(tlm_session *s, const int32_t *ids, const int *n, const u
         if (n[b] > s->cap - s->len[b])
             return core_err(TLM_ERR_RANGE,
                             "step: %d ids for sequence %d after %d cached exceed the context of %d "
-                            "positions (no sliding window)",
+                            "positions (no context shift)",
                             n[b], b, s->len[b], s->cap);
         N += n[b];
     }
@@ -912,7 +912,7 @@ tlm_status tlm_session_decode(tlm_session *s, const int32_t *ids, const uint8_t 
         if (!s->step_n[b]) continue;
         if (s->len[b] >= s->cap)
             return core_err(TLM_ERR_RANGE,
-                            "decode: sequence %d is full (%d positions); no sliding window", b,
+                            "decode: sequence %d is full (%d positions); no context shift", b,
                             s->cap);
         if (ids[b] < 0 || ids[b] >= c->vocab_size)
             return core_err(TLM_ERR_RANGE,
