@@ -44,9 +44,9 @@ typedef struct {
      * step_max - 1 positions (and a copy of its first sliding_window + 30 rows or fewer, so that
      * what attention reads is contiguous) instead of `capacity` positions, where that is smaller.
      * Prefills and steps with more ids of a sequence run as several passes. What a ring overwrote
-     * is gone: tlm_session_truncate refuses a cut whose new end's window it lost (a cut of at most
-     * step_max positions never is) and tlm_session_save_prefix a sequence longer than the ring
-     * (TLM_ERR_RANGE). Sessions without a ring ignore it. */
+     * is gone: tlm_session_truncate refuses a cut to n positions where it lost keys position n sees
+     * (a cut of at most step_max positions never is), and tlm_session_save_prefix a sequence longer
+     * than the ring (TLM_ERR_RANGE). Sessions without a ring ignore it. */
     int step_max;
 } tlm_session_opts;
 
