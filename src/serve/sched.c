@@ -986,7 +986,7 @@ static void *loop(void *arg) {
             slot *sl = &s->slots[b];
             if (sl->state == SLOT_DECODE) {
                 s->ids[at] = sl->next;
-                memcpy(s->ids + at + 1, sl->prop, (size_t)sl->k * sizeof(int32_t));
+                if (sl->k) memcpy(s->ids + at + 1, sl->prop, (size_t)sl->k * sizeof(int32_t));
             } else if (s->step_n[b]) {
                 memcpy(s->ids + at, sl->job->ids + sl->fed, (size_t)s->step_n[b] * sizeof(int32_t));
             }
