@@ -55,10 +55,10 @@ void tlm_session_opts_defaults(tlm_session_opts *o);
 /* A session over m with options o (NULL: the defaults). */
 tlm_status tlm_session_new(const tlm_model *m, const tlm_session_opts *o, tlm_session **out);
 void tlm_session_free(tlm_session *s);
-/* Applies n LoRA adapters to every sequence: each adapter is for this session's model and must
- * outlive its use; adapter i's products are multiplied by scales[i] (NULL: 1). Unmerged: the model
- * is unchanged and other sessions over it run without them. n = 0 removes them. Keys and values
- * in the cache keep the adapters they were computed with. */
+/* Sets n LoRA adapters on every sequence: each adapter is for this session's model and must
+ * outlive its use; adapter i's products are multiplied by scales[i] (NULL: 1). Unmerged: the
+ * model's weights stay as they are and other sessions over it run without them. n = 0 removes
+ * them. Keys and values in the cache keep the adapters they were computed with. */
 tlm_status tlm_session_set_loras(tlm_session *s, const tlm_lora *const *loras, const float *scales,
                                  int n);
 /* The session's adapters' scales for sequence seq alone (tlm_session_num_loras values; 0 leaves

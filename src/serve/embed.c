@@ -23,17 +23,6 @@ const char *srv_pooling_name(srv_pooling p) {
     return p >= SRV_POOL_NONE && p <= SRV_POOL_LAST ? pool_names[p] : "?";
 }
 
-static int fail(srv_error *e, const char *param, const char *fmt, ...) CORE_PRINTF(3, 4);
-static int fail(srv_error *e, const char *param, const char *fmt, ...) {
-    e->status = 400;
-    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(e->message, sizeof e->message, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
 void srv_embed_request_free(srv_embed_request *r) {
     for (int i = 0; r->inputs && i < r->n_inputs; i++) {
         free(r->inputs[i].text);
@@ -53,14 +42,14 @@ static int all_numbers(const cJSON *a) {
 
 static int read_ids(const cJSON *a, srv_embed_input *in, const char *param, srv_error *e) {
     int n = cJSON_GetArraySize(a);
-    if (n == 0) return fail(e, param, "an input holds no tokens");
+    if (n == 0) return srv_fail(e, param, "an input holds no tokens");
     in->ids = malloc((size_t)n * sizeof *in->ids);
-    if (!in->ids) return fail(e, param, "out of memory");
+    if (!in->ids) return srv_fail(e, param, "out of memory");
     const cJSON *x;
     cJSON_ArrayForEach(x, a) {
         double v = x->valuedouble;
         if (!cJSON_IsNumber(x) || v != floor(v) || v < 0 || v > 2147483647.0)
-            return fail(e, param, "token ids must be integers in [0, 2^31)");
+            return srv_fail(e, param, "token ids must be integers in [0, 2^31)");
         in->ids[in->n_ids++] = (int32_t)v;
     }
     return 0;
@@ -68,8 +57,9 @@ static int read_ids(const cJSON *a, srv_embed_input *in, const char *param, srv_
 
 static int read_text(const cJSON *s, srv_embed_input *in, const char *param, srv_error *e) {
     size_t n = strlen(s->valuestring);
-    if (!srv_utf8_valid(s->valuestring, n)) return fail(e, param, "'%s' is not valid UTF-8", param);
-    if (!(in->text = malloc(n + 1))) return fail(e, param, "out of memory");
+    if (!srv_utf8_valid(s->valuestring, n))
+        return srv_fail(e, param, "'%s' is not valid UTF-8", param);
+    if (!(in->text = malloc(n + 1))) return srv_fail(e, param, "out of memory");
     memcpy(in->text, s->valuestring, n + 1);
     return 0;
 }
@@ -82,7 +72,7 @@ int srv_embed_parse(const char *body, size_t len, int oai, int normalize, srv_em
     cJSON *root = cJSON_ParseWithLength(body, len);
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
-        return fail(e, "", "the body is not a JSON object");
+        return srv_fail(e, "", "the body is not a JSON object");
     }
     /* llama-server reads "input" first; "content" is its own field and always answers in its own
      * shape, whichever endpoint it came to. */
@@ -96,7 +86,7 @@ int srv_embed_parse(const char *body, size_t len, int oai, int normalize, srv_em
     r->oai = oai;
     int st = 0;
     if (!in || cJSON_IsNull(in)) {
-        st = fail(e, "input", "\"input\" or \"content\" must be provided");
+        st = srv_fail(e, "input", "\"input\" or \"content\" must be provided");
         goto done;
     }
     const cJSON *f = cJSON_GetObjectItemCaseSensitive(root, "encoding_format");
@@ -104,7 +94,8 @@ int srv_embed_parse(const char *body, size_t len, int oai, int normalize, srv_em
         if (cJSON_IsString(f) && !strcmp(f->valuestring, "base64"))
             r->base64 = 1;
         else if (!cJSON_IsString(f) || strcmp(f->valuestring, "float")) {
-            st = fail(e, "encoding_format", "'encoding_format' must be \"float\" or \"base64\"");
+            st =
+                srv_fail(e, "encoding_format", "'encoding_format' must be \"float\" or \"base64\"");
             goto done;
         }
     }
@@ -112,7 +103,7 @@ int srv_embed_parse(const char *body, size_t len, int oai, int normalize, srv_em
     if (f && !cJSON_IsNull(f)) {
         double v = f->valuedouble;
         if (!cJSON_IsNumber(f) || v != floor(v) || v < -1 || v > 64) {
-            st = fail(e, "embd_normalize", "'embd_normalize' must be an integer in [-1, 64]");
+            st = srv_fail(e, "embd_normalize", "'embd_normalize' must be an integer in [-1, 64]");
             goto done;
         }
         r->normalize = (int)v;
@@ -120,27 +111,28 @@ int srv_embed_parse(const char *body, size_t len, int oai, int normalize, srv_em
     f = cJSON_GetObjectItemCaseSensitive(root, "model");
     if (cJSON_IsString(f) && srv_utf8_valid(f->valuestring, strlen(f->valuestring)) &&
         !(r->model = strdup(f->valuestring))) {
-        st = fail(e, "model", "out of memory");
+        st = srv_fail(e, "model", "out of memory");
         goto done;
     }
     /* a string, an array of ids (one input), or an array of strings and arrays of ids */
     int one =
         cJSON_IsString(in) || (cJSON_IsArray(in) && cJSON_GetArraySize(in) > 0 && all_numbers(in));
     if (!one && (!cJSON_IsArray(in) || cJSON_GetArraySize(in) == 0)) {
-        st = fail(e, param,
-                  cJSON_IsArray(in) ? "'%s' is an empty array"
-                                    : "'%s' must be a string, an array of token ids, or an array "
-                                      "of strings and arrays of token ids",
-                  param);
+        st = srv_fail(e, param,
+                      cJSON_IsArray(in)
+                          ? "'%s' is an empty array"
+                          : "'%s' must be a string, an array of token ids, or an array "
+                            "of strings and arrays of token ids",
+                      param);
         goto done;
     }
     int n = one ? 1 : cJSON_GetArraySize(in);
     if (n > SRV_MAX_EMBED_INPUTS) {
-        st = fail(e, param, "%d inputs (at most %d)", n, SRV_MAX_EMBED_INPUTS);
+        st = srv_fail(e, param, "%d inputs (at most %d)", n, SRV_MAX_EMBED_INPUTS);
         goto done;
     }
     if (!(r->inputs = calloc((size_t)n, sizeof *r->inputs))) {
-        st = fail(e, param, "out of memory");
+        st = srv_fail(e, param, "out of memory");
         goto done;
     }
     r->n_inputs = n;
@@ -157,10 +149,10 @@ int srv_embed_parse(const char *body, size_t len, int oai, int normalize, srv_em
         else if (cJSON_IsArray(x))
             st = read_ids(x, &r->inputs[i], param, e);
         else
-            st = fail(e, param,
-                      "element %d of '%s' is neither a string nor an array of token ids "
-                      "(strings and ids mixed in one array are not read as one input)",
-                      i, param);
+            st = srv_fail(e, param,
+                          "element %d of '%s' is neither a string nor an array of token ids "
+                          "(strings and ids mixed in one array are not read as one input)",
+                          i, param);
         if (st) break;
         i++;
     }

@@ -41,8 +41,7 @@ int srv_utf8_valid(const char *str, size_t n) {
     return 1;
 }
 
-static int fail(srv_error *e, const char *param, const char *fmt, ...) CORE_PRINTF(3, 4);
-static int fail(srv_error *e, const char *param, const char *fmt, ...) {
+int srv_fail(srv_error *e, const char *param, const char *fmt, ...) {
     e->status = 400;
     snprintf(e->param, sizeof e->param, "%s", param ? param : "");
     va_list ap;
@@ -62,10 +61,10 @@ static int get_number(const cJSON *o, const char *name, double lo, double hi, do
                       srv_error *e) {
     const cJSON *f = field(o, name);
     if (!f) return 0;
-    if (!cJSON_IsNumber(f)) return fail(e, name, "'%s' must be a number", name);
+    if (!cJSON_IsNumber(f)) return srv_fail(e, name, "'%s' must be a number", name);
     double v = f->valuedouble;
     if (!(v >= lo && v <= hi))
-        return fail(e, name, "'%s' is %g; it must be between %g and %g", name, v, lo, hi);
+        return srv_fail(e, name, "'%s' is %g; it must be between %g and %g", name, v, lo, hi);
     *out = v;
     return 1;
 }
@@ -75,10 +74,11 @@ static int get_int(const cJSON *o, const char *name, double lo, double hi, long 
     const cJSON *f = field(o, name);
     if (!f) return 0;
     if (!cJSON_IsNumber(f) || f->valuedouble != floor(f->valuedouble))
-        return fail(e, name, "'%s' must be an integer", name);
+        return srv_fail(e, name, "'%s' must be an integer", name);
     double v = f->valuedouble;
     if (!(v >= lo && v <= hi))
-        return fail(e, name, "'%s' is %.17g; it must be between %.17g and %.17g", name, v, lo, hi);
+        return srv_fail(e, name, "'%s' is %.17g; it must be between %.17g and %.17g", name, v, lo,
+                        hi);
     *out = (long long)v;
     return 1;
 }
@@ -86,7 +86,7 @@ static int get_int(const cJSON *o, const char *name, double lo, double hi, long 
 static int get_bool(const cJSON *o, const char *name, int *out, srv_error *e) {
     const cJSON *f = field(o, name);
     if (!f) return 0;
-    if (!cJSON_IsBool(f)) return fail(e, name, "'%s' must be true or false", name);
+    if (!cJSON_IsBool(f)) return srv_fail(e, name, "'%s' must be true or false", name);
     *out = cJSON_IsTrue(f);
     return 1;
 }
@@ -94,12 +94,12 @@ static int get_bool(const cJSON *o, const char *name, int *out, srv_error *e) {
 static char *dup_checked(const char *s, const char *param, srv_error *e) {
     size_t n = strlen(s);
     if (!srv_utf8_valid(s, n)) {
-        fail(e, param, "'%s' is not valid UTF-8", param);
+        srv_fail(e, param, "'%s' is not valid UTF-8", param);
         return NULL;
     }
     char *d = malloc(n + 1);
     if (!d) {
-        fail(e, param, "out of memory");
+        srv_fail(e, param, "out of memory");
         e->status = 500;
         return NULL;
     }
@@ -112,7 +112,7 @@ static char *content_text(const cJSON *c, srv_error *e) {
     if (!c) return dup_checked("", "messages", e);
     if (cJSON_IsString(c)) return dup_checked(c->valuestring, "messages", e);
     if (!cJSON_IsArray(c)) {
-        fail(e, "messages", "a message's 'content' must be a string or an array of parts");
+        srv_fail(e, "messages", "a message's 'content' must be a string or an array of parts");
         return NULL;
     }
     size_t total = 1;
@@ -121,14 +121,14 @@ static char *content_text(const cJSON *c, srv_error *e) {
         const cJSON *type = cJSON_GetObjectItemCaseSensitive(p, "type");
         const cJSON *text = cJSON_GetObjectItemCaseSensitive(p, "text");
         if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") || !cJSON_IsString(text)) {
-            fail(e, "messages", "content parts must be {\"type\": \"text\", \"text\": ...}");
+            srv_fail(e, "messages", "content parts must be {\"type\": \"text\", \"text\": ...}");
             return NULL;
         }
         total += strlen(text->valuestring);
     }
     char *out = malloc(total), *w = out;
     if (!out) {
-        fail(e, "messages", "out of memory");
+        srv_fail(e, "messages", "out of memory");
         return NULL;
     }
     cJSON_ArrayForEach(p, c) {
@@ -140,7 +140,7 @@ static char *content_text(const cJSON *c, srv_error *e) {
     *w = 0;
     if (!srv_utf8_valid(out, (size_t)(w - out))) {
         free(out);
-        fail(e, "messages", "'messages' is not valid UTF-8");
+        srv_fail(e, "messages", "'messages' is not valid UTF-8");
         return NULL;
     }
     return out;
@@ -148,46 +148,49 @@ static char *content_text(const cJSON *c, srv_error *e) {
 
 static int parse_messages(const cJSON *root, srv_request *r, srv_error *e) {
     const cJSON *ms = field(root, "messages");
-    if (!ms) return fail(e, "messages", "'messages' is required");
+    if (!ms) return srv_fail(e, "messages", "'messages' is required");
     if (!cJSON_IsArray(ms) || cJSON_GetArraySize(ms) == 0)
-        return fail(e, "messages", "'messages' must be a non-empty array");
+        return srv_fail(e, "messages", "'messages' must be a non-empty array");
     int n = cJSON_GetArraySize(ms);
     r->messages = calloc((size_t)n, sizeof *r->messages);
-    if (!r->messages) return fail(e, "messages", "out of memory");
+    if (!r->messages) return srv_fail(e, "messages", "out of memory");
     const cJSON *m;
     cJSON_ArrayForEach(m, ms) {
-        if (!cJSON_IsObject(m)) return fail(e, "messages", "each message must be an object");
+        if (!cJSON_IsObject(m)) return srv_fail(e, "messages", "each message must be an object");
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
-        if (!cJSON_IsString(role)) return fail(e, "messages", "each message needs a 'role' string");
+        if (!cJSON_IsString(role))
+            return srv_fail(e, "messages", "each message needs a 'role' string");
         const char *ro = role->valuestring;
         if (strcmp(ro, "system") && strcmp(ro, "developer") && strcmp(ro, "user") &&
             strcmp(ro, "assistant") && strcmp(ro, "tool"))
-            return fail(e, "messages",
-                        "role '%.40s' is not one of system, developer, user, assistant, tool", ro);
+            return srv_fail(e, "messages",
+                            "role '%.40s' is not one of system, developer, user, assistant, tool",
+                            ro);
         srv_message *dst = &r->messages[r->n_messages++];
         if (!(dst->role = dup_checked(ro, "messages", e))) return -1;
         const cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
         if (c && cJSON_IsNull(c)) c = NULL;
         if (!c && strcmp(ro, "assistant"))
-            return fail(e, "messages", "a %s message needs 'content'", ro);
+            return srv_fail(e, "messages", "a %s message needs 'content'", ro);
         if (!(dst->content = content_text(c, e))) return -1;
         const cJSON *id = field(m, "tool_call_id");
         if (id && !strcmp(ro, "tool")) {
-            if (!cJSON_IsString(id)) return fail(e, "messages", "'tool_call_id' must be a string");
+            if (!cJSON_IsString(id))
+                return srv_fail(e, "messages", "'tool_call_id' must be a string");
             if (!(dst->tool_call_id = dup_checked(id->valuestring, "messages", e))) return -1;
         }
         const cJSON *tc = field(m, "tool_calls");
         if (tc && !strcmp(ro, "assistant")) {
-            if (!cJSON_IsArray(tc)) return fail(e, "messages", "'tool_calls' must be an array");
+            if (!cJSON_IsArray(tc)) return srv_fail(e, "messages", "'tool_calls' must be an array");
             const cJSON *call;
             cJSON_ArrayForEach(call, tc) {
                 const cJSON *fn = cJSON_IsObject(call) ? field(call, "function") : NULL;
                 if (!cJSON_IsObject(fn) || !cJSON_IsString(field(fn, "name")))
-                    return fail(e, "messages",
-                                "each tool call needs \"function\": {\"name\", \"arguments\"}");
+                    return srv_fail(e, "messages",
+                                    "each tool call needs \"function\": {\"name\", \"arguments\"}");
             }
             if (!(dst->tool_calls = cJSON_PrintUnformatted(tc)))
-                return fail(e, "messages", "out of memory");
+                return srv_fail(e, "messages", "out of memory");
         }
     }
     return 0;
@@ -195,21 +198,21 @@ static int parse_messages(const cJSON *root, srv_request *r, srv_error *e) {
 
 static int parse_prompt(const cJSON *root, srv_request *r, srv_error *e) {
     const cJSON *p = field(root, "prompt");
-    if (!p) return fail(e, "prompt", "'prompt' is required");
+    if (!p) return srv_fail(e, "prompt", "'prompt' is required");
     if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && cJSON_IsString(p->child)) p = p->child;
     if (cJSON_IsString(p)) {
         r->prompt = dup_checked(p->valuestring, "prompt", e);
         return r->prompt ? 0 : -1;
     }
     if (!cJSON_IsArray(p) || cJSON_GetArraySize(p) == 0)
-        return fail(e, "prompt", "'prompt' must be a string, or an array of token ids");
+        return srv_fail(e, "prompt", "'prompt' must be a string, or an array of token ids");
     int n = cJSON_GetArraySize(p);
     const cJSON *x;
     int texts = 0;
     cJSON_ArrayForEach(x, p) texts += cJSON_IsString(x);
     if (r->native && texts) { /* llama-server's mixed prompt: ids and text in one sequence */
         r->pieces = calloc((size_t)n, sizeof *r->pieces);
-        if (!r->pieces) return fail(e, "prompt", "out of memory");
+        if (!r->pieces) return srv_fail(e, "prompt", "out of memory");
         cJSON_ArrayForEach(x, p) {
             srv_prompt_piece *pc = &r->pieces[r->n_pieces++];
             pc->id = -1;
@@ -219,21 +222,22 @@ static int parse_prompt(const cJSON *root, srv_request *r, srv_error *e) {
                        x->valuedouble >= 0 && x->valuedouble < TLM_MAX_VOCAB_SIZE) {
                 pc->id = (int32_t)x->valuedouble;
             } else {
-                return fail(e, "prompt",
-                            "'prompt' as an array holds token ids and strings (one prompt; "
-                            "several prompts in one request are not supported)");
+                return srv_fail(e, "prompt",
+                                "'prompt' as an array holds token ids and strings (one prompt; "
+                                "several prompts in one request are not supported)");
             }
         }
         return 0;
     }
     r->prompt_ids = malloc((size_t)n * sizeof *r->prompt_ids);
-    if (!r->prompt_ids) return fail(e, "prompt", "out of memory");
+    if (!r->prompt_ids) return srv_fail(e, "prompt", "out of memory");
     cJSON_ArrayForEach(x, p) {
         if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) ||
             !(x->valuedouble >= 0 && x->valuedouble < TLM_MAX_VOCAB_SIZE))
-            return fail(e, "prompt",
-                        "'prompt' as an array holds token ids (integers >= 0); several prompts in "
-                        "one request are not supported");
+            return srv_fail(
+                e, "prompt",
+                "'prompt' as an array holds token ids (integers >= 0); several prompts in "
+                "one request are not supported");
         r->prompt_ids[r->n_prompt_ids++] = (int32_t)x->valuedouble;
     }
     return 0;
@@ -246,12 +250,13 @@ static int parse_stop(const cJSON *root, srv_request *r, srv_error *e) {
         if (!*s->valuestring) return 0;
         return (r->stop[r->n_stop++] = dup_checked(s->valuestring, "stop", e)) ? 0 : -1;
     }
-    if (!cJSON_IsArray(s)) return fail(e, "stop", "'stop' must be a string or an array of them");
+    if (!cJSON_IsArray(s))
+        return srv_fail(e, "stop", "'stop' must be a string or an array of them");
     if (cJSON_GetArraySize(s) > SRV_MAX_STOP)
-        return fail(e, "stop", "'stop' holds at most %d strings", SRV_MAX_STOP);
+        return srv_fail(e, "stop", "'stop' holds at most %d strings", SRV_MAX_STOP);
     const cJSON *x;
     cJSON_ArrayForEach(x, s) {
-        if (!cJSON_IsString(x)) return fail(e, "stop", "'stop' must hold strings");
+        if (!cJSON_IsString(x)) return srv_fail(e, "stop", "'stop' must hold strings");
         if (!*x->valuestring) continue;
         if (!(r->stop[r->n_stop++] = dup_checked(x->valuestring, "stop", e))) return -1;
     }
@@ -262,18 +267,18 @@ static int parse_stop(const cJSON *root, srv_request *r, srv_error *e) {
 static int parse_lora_list(const cJSON *l, int *ids, float *scales, int *n, const char *param,
                            srv_error *e) {
     if (!cJSON_IsArray(l))
-        return fail(e, param, "'%s' must be a list of {\"id\", \"scale\"}", param);
+        return srv_fail(e, param, "'%s' must be a list of {\"id\", \"scale\"}", param);
     *n = 0;
     const cJSON *x;
     cJSON_ArrayForEach(x, l) {
         const cJSON *id = cJSON_IsObject(x) ? cJSON_GetObjectItemCaseSensitive(x, "id") : NULL;
         const cJSON *sc = cJSON_IsObject(x) ? cJSON_GetObjectItemCaseSensitive(x, "scale") : NULL;
         if (!cJSON_IsNumber(id) || id->valuedouble != (int)id->valuedouble || id->valuedouble < 0)
-            return fail(e, param, "each '%s' entry needs an integer \"id\" >= 0", param);
+            return srv_fail(e, param, "each '%s' entry needs an integer \"id\" >= 0", param);
         if (!cJSON_IsNumber(sc) || !(sc->valuedouble >= -100 && sc->valuedouble <= 100))
-            return fail(e, param, "each '%s' entry needs a \"scale\" in [-100, 100]", param);
+            return srv_fail(e, param, "each '%s' entry needs a \"scale\" in [-100, 100]", param);
         if (*n == SRV_MAX_LORA)
-            return fail(e, param, "'%s' lists more than %d adapters", param, SRV_MAX_LORA);
+            return srv_fail(e, param, "'%s' lists more than %d adapters", param, SRV_MAX_LORA);
         ids[*n] = (int)id->valuedouble;
         scales[*n] = (float)sc->valuedouble;
         (*n)++;
@@ -308,10 +313,11 @@ int srv_lora_post(srv_lora_set *s, const char *body, size_t len, srv_error *e) {
     int ids[SRV_MAX_LORA], n = 0;
     float sc[SRV_MAX_LORA];
     int rc = root ? parse_lora_list(root, ids, sc, &n, "body", e)
-                  : fail(e, NULL, "the body is not valid JSON");
+                  : srv_fail(e, NULL, "the body is not valid JSON");
     cJSON_Delete(root);
     for (int i = 0; !rc && i < n; i++)
-        if (ids[i] >= s->n) rc = fail(e, "id", "no adapter %d (the server has %d)", ids[i], s->n);
+        if (ids[i] >= s->n)
+            rc = srv_fail(e, "id", "no adapter %d (the server has %d)", ids[i], s->n);
     if (rc) return rc;
     for (int i = 0; i < s->n; i++) s->scale[i] = 0.0f;
     for (int i = 0; i < n; i++) s->scale[ids[i]] = sc[i];
@@ -327,8 +333,8 @@ int srv_lora_scales(const srv_lora_set *s, const srv_request *r, float *out, srv
     for (int i = 0; i < s->n; i++) out[i] = 0.0f;
     for (int i = 0; i < r->n_lora; i++) {
         if (r->lora_id[i] >= s->n)
-            return fail(e, "lora", "no adapter %d (the server has %d: GET /lora-adapters)",
-                        r->lora_id[i], s->n);
+            return srv_fail(e, "lora", "no adapter %d (the server has %d: GET /lora-adapters)",
+                            r->lora_id[i], s->n);
         out[r->lora_id[i]] = r->lora_scale[i];
     }
     return 0;
@@ -338,7 +344,7 @@ int srv_lora_scales(const srv_lora_set *s, const srv_request *r, float *out, srv
 static int add_bias(srv_request *r, const cJSON *key, const char *key_text, const cJSON *v,
                     srv_error *e) {
     if (r->n_bias == SRV_MAX_BIAS)
-        return fail(e, "logit_bias", "'logit_bias' holds at most %d entries", SRV_MAX_BIAS);
+        return srv_fail(e, "logit_bias", "'logit_bias' holds at most %d entries", SRV_MAX_BIAS);
     srv_bias *b = &r->bias[r->n_bias];
     b->id = -1;
     if (cJSON_IsFalse(v)) {
@@ -346,13 +352,13 @@ static int add_bias(srv_request *r, const cJSON *key, const char *key_text, cons
     } else if (cJSON_IsNumber(v) && isfinite(v->valuedouble)) {
         b->bias = (float)v->valuedouble;
     } else {
-        return fail(e, "logit_bias", "a 'logit_bias' value must be a number (or false: never)");
+        return srv_fail(e, "logit_bias", "a 'logit_bias' value must be a number (or false: never)");
     }
     const char *digits = key_text;
     if (key && cJSON_IsNumber(key)) {
         if (key->valuedouble != floor(key->valuedouble) || !(key->valuedouble >= 0) ||
             key->valuedouble >= TLM_MAX_VOCAB_SIZE)
-            return fail(e, "logit_bias", "a 'logit_bias' token id must be an integer >= 0");
+            return srv_fail(e, "logit_bias", "a 'logit_bias' token id must be an integer >= 0");
         b->id = (int32_t)key->valuedouble;
     } else if (key && cJSON_IsString(key)) {
         digits = NULL;
@@ -366,7 +372,7 @@ static int add_bias(srv_request *r, const cJSON *key, const char *key_text, cons
             return -1;
         }
     } else {
-        return fail(e, "logit_bias", "'logit_bias' entries are [token id or text, bias] pairs");
+        return srv_fail(e, "logit_bias", "'logit_bias' entries are [token id or text, bias] pairs");
     }
     r->n_bias++;
     return 0;
@@ -377,20 +383,20 @@ static int parse_bias(const cJSON *root, srv_request *r, srv_error *e) {
     const cJSON *lb = field(root, "logit_bias");
     if (!lb) return 0;
     if (!cJSON_IsObject(lb) && !cJSON_IsArray(lb))
-        return fail(e, "logit_bias", "'logit_bias' must be an object or an array of pairs");
+        return srv_fail(e, "logit_bias", "'logit_bias' must be an object or an array of pairs");
     int n = cJSON_GetArraySize(lb);
     if (n > SRV_MAX_BIAS)
-        return fail(e, "logit_bias", "'logit_bias' holds at most %d entries", SRV_MAX_BIAS);
+        return srv_fail(e, "logit_bias", "'logit_bias' holds at most %d entries", SRV_MAX_BIAS);
     r->bias = calloc((size_t)(n > 0 ? n : 1), sizeof *r->bias);
-    if (!r->bias) return fail(e, "logit_bias", "out of memory");
+    if (!r->bias) return srv_fail(e, "logit_bias", "out of memory");
     const cJSON *x;
     cJSON_ArrayForEach(x, lb) {
         if (cJSON_IsObject(lb)) {
             if (add_bias(r, NULL, x->string, x, e)) return -1;
         } else {
             if (!cJSON_IsArray(x) || cJSON_GetArraySize(x) != 2)
-                return fail(e, "logit_bias",
-                            "'logit_bias' entries are [token id or text, bias] pairs");
+                return srv_fail(e, "logit_bias",
+                                "'logit_bias' entries are [token id or text, bias] pairs");
             if (add_bias(r, cJSON_GetArrayItem(x, 0), NULL, cJSON_GetArrayItem(x, 1), e)) return -1;
         }
     }
@@ -423,22 +429,24 @@ static int parse_native(const cJSON *root, srv_request *r, srv_error *e) {
     for (size_t i = 0; i < sizeof neutral / sizeof neutral[0]; i++) {
         if ((got = get_number(root, neutral[i].name, -1e9, 1e9, &dv, e)) < 0) return -1;
         if (got && dv != neutral[i].off)
-            return fail(e, neutral[i].name, "'%s' is not supported by tlm serve (only %g: off)",
-                        neutral[i].name, neutral[i].off);
+            return srv_fail(e, neutral[i].name, "'%s' is not supported by tlm serve (only %g: off)",
+                            neutral[i].name, neutral[i].off);
     }
     int post = 0;
     if (get_bool(root, "post_sampling_probs", &post, e) < 0) return -1;
     if (post)
-        return fail(e, "post_sampling_probs",
-                    "'post_sampling_probs' is not supported by tlm serve (n_probs gives logprobs)");
+        return srv_fail(
+            e, "post_sampling_probs",
+            "'post_sampling_probs' is not supported by tlm serve (n_probs gives logprobs)");
     const cJSON *sm = field(root, "samplers");
     if (sm) {
         /* which of tlm's samplers run: those listed (tlm applies them in its own order) */
-        if (!cJSON_IsArray(sm)) return fail(e, "samplers", "'samplers' must be an array of names");
+        if (!cJSON_IsArray(sm))
+            return srv_fail(e, "samplers", "'samplers' must be an array of names");
         int top_k = 0, top_p = 0, min_p = 0, temp = 0;
         const cJSON *x;
         cJSON_ArrayForEach(x, sm) {
-            if (!cJSON_IsString(x)) return fail(e, "samplers", "'samplers' holds names");
+            if (!cJSON_IsString(x)) return srv_fail(e, "samplers", "'samplers' holds names");
             const char *s = x->valuestring;
             if (!strcmp(s, "top_k") || !strcmp(s, "k"))
                 top_k = 1;
@@ -452,7 +460,7 @@ static int parse_native(const cJSON *root, srv_request *r, srv_error *e) {
                      strcmp(s, "xtc") && strcmp(s, "penalties") && strcmp(s, "infill") &&
                      strcmp(s, "top_n_sigma") && strcmp(s, "d") && strcmp(s, "y") &&
                      strcmp(s, "x") && strcmp(s, "e") && strcmp(s, "i") && strcmp(s, "s"))
-                return fail(e, "samplers", "'samplers': unknown sampler '%.40s'", s);
+                return srv_fail(e, "samplers", "'samplers': unknown sampler '%.40s'", s);
         }
         if (!top_k) r->sampling.top_k = 0;
         if (!top_p) r->sampling.top_p = 1.0f;
@@ -470,10 +478,10 @@ static int parse_tools(const cJSON *root, srv_request *r, srv_error *e) {
     if (!tools) {
         if (choice && !(cJSON_IsString(choice) && !strcmp(choice->valuestring, "none")) &&
             !(cJSON_IsString(choice) && !strcmp(choice->valuestring, "auto")))
-            return fail(e, "tool_choice", "'tool_choice' needs 'tools'");
+            return srv_fail(e, "tool_choice", "'tool_choice' needs 'tools'");
         return 0;
     }
-    if (!cJSON_IsArray(tools)) return fail(e, "tools", "'tools' must be an array");
+    if (!cJSON_IsArray(tools)) return srv_fail(e, "tools", "'tools' must be an array");
     const cJSON *t;
     cJSON_ArrayForEach(t, tools) {
         const cJSON *type = cJSON_IsObject(t) ? field(t, "type") : NULL;
@@ -481,19 +489,19 @@ static int parse_tools(const cJSON *root, srv_request *r, srv_error *e) {
         const cJSON *name = fn ? field(fn, "name") : NULL,
                     *params = fn ? field(fn, "parameters") : NULL;
         if (!cJSON_IsString(type) || strcmp(type->valuestring, "function") || !cJSON_IsObject(fn))
-            return fail(e, "tools",
-                        "each tool must be {\"type\": \"function\", \"function\": {...}}");
+            return srv_fail(e, "tools",
+                            "each tool must be {\"type\": \"function\", \"function\": {...}}");
         if (!cJSON_IsString(name) || !*name->valuestring || strlen(name->valuestring) > 64 ||
             strspn(name->valuestring, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
                                       "0123456789_-") != strlen(name->valuestring))
-            return fail(e, "tools",
-                        "a function's 'name' must be 1 to 64 of a-z, A-Z, 0-9, _ and -");
+            return srv_fail(e, "tools",
+                            "a function's 'name' must be 1 to 64 of a-z, A-Z, 0-9, _ and -");
         if (params && !cJSON_IsObject(params))
-            return fail(e, "tools", "a function's 'parameters' must be a JSON Schema object");
+            return srv_fail(e, "tools", "a function's 'parameters' must be a JSON Schema object");
         r->n_tools++;
     }
     if (!r->n_tools) return 0;
-    if (!(r->tools = cJSON_PrintUnformatted(tools))) return fail(e, "tools", "out of memory");
+    if (!(r->tools = cJSON_PrintUnformatted(tools))) return srv_fail(e, "tools", "out of memory");
     if (!choice) return 0;
     if (cJSON_IsString(choice)) {
         const char *c = choice->valuestring;
@@ -502,22 +510,23 @@ static int parse_tools(const cJSON *root, srv_request *r, srv_error *e) {
                          : !strcmp(c, "required") ? SRV_TOOLS_REQUIRED
                                                   : -1;
         if (r->tool_choice < 0)
-            return fail(e, "tool_choice",
-                        "'tool_choice' must be auto, none, required or a function");
+            return srv_fail(e, "tool_choice",
+                            "'tool_choice' must be auto, none, required or a function");
         return 0;
     }
     const cJSON *fn = cJSON_IsObject(choice) ? field(choice, "function") : NULL;
     const cJSON *name = fn ? field(fn, "name") : NULL;
     if (!cJSON_IsString(name))
-        return fail(
+        return srv_fail(
             e, "tool_choice",
             "'tool_choice' names a function as {\"type\": \"function\", \"function\": {\"name\"}}");
     int found = 0;
     cJSON_ArrayForEach(t, tools) found |=
         !strcmp(field(field(t, "function"), "name")->valuestring, name->valuestring);
     if (!found)
-        return fail(e, "tool_choice", "'tool_choice' names '%.64s', which 'tools' does not have",
-                    name->valuestring);
+        return srv_fail(e, "tool_choice",
+                        "'tool_choice' names '%.64s', which 'tools' does not have",
+                        name->valuestring);
     r->tool_choice = SRV_TOOLS_NAMED;
     if (!(r->tool_name = dup_checked(name->valuestring, "tool_choice", e))) return -1;
     return 0;
@@ -526,10 +535,10 @@ static int parse_tools(const cJSON *root, srv_request *r, srv_error *e) {
 /* A schema (object or boolean) compiled into r->grammar. */
 static int compile_schema(const cJSON *schema, srv_request *r, const char *param, srv_error *e) {
     char *text = cJSON_PrintUnformatted(schema);
-    if (!text) return fail(e, param, "out of memory");
+    if (!text) return srv_fail(e, param, "out of memory");
     tlm_status st = tlm_grammar_from_json_schema(text, strlen(text), &r->grammar);
     free(text);
-    if (st) return fail(e, param, "'%s': %s", param, tlm_last_error());
+    if (st) return srv_fail(e, param, "'%s': %s", param, tlm_last_error());
     return 0;
 }
 
@@ -539,22 +548,22 @@ static int parse_structured(const cJSON *root, srv_request *r, srv_error *e) {
     const cJSON *gr = field(root, "grammar");
     const cJSON *rf_type = rf ? cJSON_GetObjectItemCaseSensitive(rf, "type") : NULL;
     if (rf && (!cJSON_IsObject(rf) || !cJSON_IsString(rf_type)))
-        return fail(e, "response_format", "'response_format' must be an object with a 'type'");
+        return srv_fail(e, "response_format", "'response_format' must be an object with a 'type'");
     /* {"type": "text"} asks for what comes without it */
     if (rf && !strcmp(rf_type->valuestring, "text")) rf = NULL;
     if (gr && cJSON_IsString(gr) && !*gr->valuestring) gr = NULL; /* llama-server's "" is none */
     if ((rf != NULL) + (js != NULL) + (gr != NULL) > 1)
-        return fail(e, rf ? "response_format" : "json_schema",
-                    "give one of 'response_format', 'json_schema' and 'grammar'");
+        return srv_fail(e, rf ? "response_format" : "json_schema",
+                        "give one of 'response_format', 'json_schema' and 'grammar'");
     if (gr) {
-        if (!cJSON_IsString(gr)) return fail(e, "grammar", "'grammar' must be a string (GBNF)");
+        if (!cJSON_IsString(gr)) return srv_fail(e, "grammar", "'grammar' must be a string (GBNF)");
         if (tlm_grammar_parse(gr->valuestring, strlen(gr->valuestring), &r->grammar))
-            return fail(e, "grammar", "'grammar': %s", tlm_last_error());
+            return srv_fail(e, "grammar", "'grammar': %s", tlm_last_error());
         return 0;
     }
     if (js) {
         if (!cJSON_IsObject(js) && !cJSON_IsBool(js))
-            return fail(e, "json_schema", "'json_schema' must be a JSON Schema (an object)");
+            return srv_fail(e, "json_schema", "'json_schema' must be a JSON Schema (an object)");
         return compile_schema(js, r, "json_schema", e);
     }
     if (!rf) return 0;
@@ -564,28 +573,28 @@ static int parse_structured(const cJSON *root, srv_request *r, srv_error *e) {
         const cJSON *schema = field(rf, "schema");
         if (schema) return compile_schema(schema, r, "response_format", e);
         if (tlm_grammar_json(&r->grammar))
-            return fail(e, "response_format", "'response_format': %s", tlm_last_error());
+            return srv_fail(e, "response_format", "'response_format': %s", tlm_last_error());
         return 0;
     }
     if (!strcmp(type, "json_schema")) {
         const cJSON *w = field(rf, "json_schema");
         if (!cJSON_IsObject(w))
-            return fail(e, "response_format",
-                        "'response_format' of type json_schema needs 'json_schema': {\"name\", "
-                        "\"schema\"}");
+            return srv_fail(e, "response_format",
+                            "'response_format' of type json_schema needs 'json_schema': {\"name\", "
+                            "\"schema\"}");
         const cJSON *schema = field(w, "schema"), *strict = field(w, "strict");
         if (strict && !cJSON_IsBool(strict))
-            return fail(e, "response_format", "'json_schema.strict' must be true or false");
+            return srv_fail(e, "response_format", "'json_schema.strict' must be true or false");
         if (!schema) { /* a name alone: any JSON object */
             if (tlm_grammar_json(&r->grammar))
-                return fail(e, "response_format", "'response_format': %s", tlm_last_error());
+                return srv_fail(e, "response_format", "'response_format': %s", tlm_last_error());
             return 0;
         }
         return compile_schema(schema, r, "response_format", e);
     }
-    return fail(e, "response_format",
-                "'response_format.type' is '%.40s'; it must be text, json_object or json_schema",
-                type);
+    return srv_fail(
+        e, "response_format",
+        "'response_format.type' is '%.40s'; it must be text, json_object or json_schema", type);
 }
 
 int srv_request_parse(const char *body, size_t len, int shape, srv_request *r, srv_error *e) {
@@ -633,11 +642,11 @@ int srv_request_parse_with(const char *body, size_t len, int shape, const srv_de
     cJSON *root = cJSON_ParseWithLength(body, len);
     int rc = -1;
     if (!root) {
-        fail(e, NULL, "the body is not valid JSON");
+        srv_fail(e, NULL, "the body is not valid JSON");
         goto done;
     }
     if (!cJSON_IsObject(root)) {
-        fail(e, NULL, "the body must be a JSON object");
+        srv_fail(e, NULL, "the body must be a JSON object");
         goto done;
     }
     if (chat ? parse_messages(root, r, e) : parse_prompt(root, r, e)) goto done;
@@ -647,7 +656,7 @@ int srv_request_parse_with(const char *body, size_t len, int shape, const srv_de
     const cJSON *model = field(root, "model");
     if (model) {
         if (!cJSON_IsString(model)) {
-            fail(e, "model", "'model' must be a string");
+            srv_fail(e, "model", "'model' must be a string");
             goto done;
         }
         if (!(r->model = dup_checked(model->valuestring, "model", e))) goto done;
@@ -688,13 +697,13 @@ int srv_request_parse_with(const char *body, size_t len, int shape, const srv_de
     if (get_bool(root, "stream", &r->stream, e) < 0) goto done;
     if (get_bool(root, "echo", &r->echo, e) < 0) goto done;
     if (r->echo && (chat || r->native)) {
-        fail(e, "echo", "'echo' is for /v1/completions");
+        srv_fail(e, "echo", "'echo' is for /v1/completions");
         goto done;
     }
     const cJSON *so = field(root, "stream_options");
     if (so) {
         if (!cJSON_IsObject(so)) {
-            fail(e, "stream_options", "'stream_options' must be an object");
+            srv_fail(e, "stream_options", "'stream_options' must be an object");
             goto done;
         }
         if (get_bool(so, "include_usage", &r->include_usage, e) < 0) goto done;
@@ -708,7 +717,7 @@ int srv_request_parse_with(const char *body, size_t len, int shape, const srv_de
         if ((got = get_int(root, "top_logprobs", 0, SRV_MAX_TOP_LOGPROBS, &iv, e)) < 0) goto done;
         if (got) {
             if (!r->logprobs) {
-                fail(e, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+                srv_fail(e, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
                 goto done;
             }
             r->top_logprobs = (int)iv;
@@ -726,7 +735,8 @@ int srv_request_parse_with(const char *body, size_t len, int shape, const srv_de
     if (chat && parse_tools(root, r, e)) goto done;
     if (chat && r->tools && r->tool_choice >= SRV_TOOLS_REQUIRED) {
         if (r->grammar) {
-            fail(e, "tool_choice", "a required tool call and a response format exclude each other");
+            srv_fail(e, "tool_choice",
+                     "a required tool call and a response format exclude each other");
             goto done;
         }
         if (srv_tools_grammar(r, &r->grammar, e)) goto done;

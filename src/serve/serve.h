@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/core.h"
 #include "tlm.h"
 
 /* ---- chat templates (tlm_chat_render) ---------------------------------------------------- */
@@ -118,6 +119,9 @@ typedef struct {
  * tlm lacks are refused when set to anything but their neutral value; strings must be valid
  * UTF-8. Returns 0, or -1 with *e filled (and r freed). */
 int srv_request_parse(const char *body, size_t len, int shape, srv_request *r, srv_error *e);
+/* e as a 400 about param (NULL: none) with a formatted message; returns -1, the parsers' failure.
+ */
+int srv_fail(srv_error *e, const char *param, const char *fmt, ...) CORE_PRINTF(3, 4);
 
 /* The server's own defaults (llama-server's --temp, --top-k, --top-p, --min-p, --seed,
  * --repeat-penalty, --repeat-last-n, --presence-penalty, --frequency-penalty, --n-predict): each

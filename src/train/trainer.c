@@ -215,8 +215,8 @@ struct tlm_trainer {
     float *tok_logp;
     uint32_t *row_ex;
     tlm_dpo_stats dpo_st, val_dpo_st;
-    /* A mixture of experts: the last step's load-balancing and z losses (without their coefficients), as
-     * the loss holds them, averaged over the processes */
+    /* A mixture of experts: the last step's load-balancing and z losses (without their
+     * coefficients), as the loss holds them, averaged over the processes */
     double router[2];
 };
 
