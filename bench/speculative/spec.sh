@@ -22,6 +22,7 @@ ROUNDS=${ROUNDS:-3} N=${N:-128} THREADS=${THREADS:-2} README=${README:-1} STEPS=
 P_MIN=${P_MIN:-0}
 DATA=${TLM_SHARED_DATA:-$ROOT/../shared/data}
 TLM=$ROOT/build/tlm
+. "$ROOT/bench/lib.sh"
 LLAMA=${LLAMA_BIN:-/work/llama.cpp/build/bin}
 PY=/usr/bin/python3
 make -C "$ROOT" >/dev/null
@@ -127,8 +128,7 @@ for _ in $(seq 1 "$ROUNDS"); do
   done
   for s in tlm_plain tlm_draft tlm_lookup lc_plain lc_draft lc_lookup; do turn $s; done
 done
-median() { sort -g "$1" | awk '{a[NR] = $1} END {printf "%.1f", (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }'; }
+rate() { printf '%.1f' "$(median <"$1")"; } # FILE: the median of its rates, to one decimal
 acc() { awk '{ if ($2 > 0) printf "%.0f%%", 100 * $1 / $2; else printf "-" }' "$1"; }
 {
   echo "Measured by \`bash bench/speculative/spec.sh\` on $(date -u '+%Y-%m-%d %H:%M') UTC, tlm \`$(git -C "$ROOT" rev-parse --short HEAD)\`:"
@@ -143,8 +143,8 @@ acc() { awk '{ if ($2 > 0) printf "%.0f%%", 100 * $1 / $2; else printf "-" }' "$
       label="tlm generate"
       [ $e = tlm ] && label="tlm serve"
       [ $e = lc ] && label="llama-server"
-      pl=$(median "$W/${e}_plain_$p.rates") dr=$(median "$W/${e}_draft_$p.rates")
-      lk=$(median "$W/${e}_lookup_$p.rates")
+      pl=$(rate "$W/${e}_plain_$p.rates") dr=$(rate "$W/${e}_draft_$p.rates")
+      lk=$(rate "$W/${e}_lookup_$p.rates")
       echo "| $p | $label | $pl | $dr | $(acc "$W/${e}_draft_$p.acc") | $(ratio "$dr" "$pl") |" \
         "$lk | $(acc "$W/${e}_lookup_$p.acc") | $(ratio "$lk" "$pl") |"
     done
